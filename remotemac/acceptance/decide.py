@@ -1,0 +1,248 @@
+"""Judge the observations: memory trend, what failed or is missing, and the recommendation.
+
+Standard library only and Python 3.9 compatible: the host-side harness reuses
+``memory_stable`` on the Mac, where only the user's interpreter exists.
+
+The recommendation follows issue 7's rules, blockers first:
+
+1. required CUDA-only dependencies, multiple GPUs or operators MPS does not
+   implement -> ``linux-gpu-first`` (a Mac cannot run the workload as is);
+2. any stopping condition or missing observation -> ``linux-gpu-first`` (no
+   evidence that MPS is good enough yet);
+3. a training pipeline on Linux that must also ship on macOS -> ``both``;
+4. every observation passed and the goal is prototyping, inference or macOS
+   validation -> ``apple-silicon-first``;
+5. otherwise (training with nothing shipping on macOS) -> ``linux-gpu-first``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+APPLE_FIRST = "apple-silicon-first"
+LINUX_FIRST = "linux-gpu-first"
+BOTH = "both"
+RECOMMENDATIONS = (APPLE_FIRST, LINUX_FIRST, BOTH)
+GOALS = ("prototyping", "inference", "macos-validation", "training")
+APPLE_GOALS = ("prototyping", "inference", "macos-validation")
+
+# Defaults for the memory trend: ignore the first seconds (model build, allocator
+# warm-up, first batches), then call memory stable while it grows by less than
+# 1 MiB/s on a least-squares line. A leak of a few KiB per step at tens of steps per
+# second crosses that within a minute of samples.
+DEFAULT_WARMUP_S = 10.0
+DEFAULT_TOLERANCE_BYTES_PER_S = 1024.0 * 1024.0
+MIN_SAMPLES = 3
+
+
+def least_squares_slope(points: Sequence[tuple[float, float]]) -> float | None:
+    """Slope of the least-squares line through ``(t, y)`` points; None when undefined."""
+    n = len(points)
+    if n < 2:
+        return None
+    mean_t = sum(t for t, _ in points) / n
+    mean_y = sum(y for _, y in points) / n
+    var_t = sum((t - mean_t) ** 2 for t, _ in points)
+    if var_t == 0:
+        return None
+    cov = sum((t - mean_t) * (y - mean_y) for t, y in points)
+    return cov / var_t
+
+
+def memory_stable(samples: Sequence[tuple[float, float]],
+                  warmup_s: float = DEFAULT_WARMUP_S,
+                  tolerance_bytes_per_s: float = DEFAULT_TOLERANCE_BYTES_PER_S,
+                  ) -> dict[str, Any]:
+    """Decide from the trend after warm-up whether memory keeps growing.
+
+    A trend, not the last value: a steady run has noise and allocator steps, a
+    leaking one climbs. ``stable`` is None when fewer than three samples follow the
+    warm-up (too short a run to tell); ``peak_bytes`` covers every sample.
+    """
+    pts = sorted((float(t), float(b)) for t, b in samples)
+    peak = int(max(b for _, b in pts)) if pts else None
+    result: dict[str, Any] = {
+        "stable": None, "slope_bytes_per_s": None, "peak_bytes": peak,
+        "samples_used": 0, "warmup_s": warmup_s,
+        "tolerance_bytes_per_s": tolerance_bytes_per_s, "reason": "",
+    }
+    if not pts:
+        result["reason"] = "no memory samples"
+        return result
+    start = pts[0][0] + warmup_s
+    after = [p for p in pts if p[0] >= start]
+    result["samples_used"] = len(after)
+    slope = least_squares_slope(after) if len(after) >= MIN_SAMPLES else None
+    if slope is None:
+        result["reason"] = (f"only {len(after)} samples after the {warmup_s:g}s warm-up; "
+                            f"need {MIN_SAMPLES} spread over time")
+        return result
+    result["slope_bytes_per_s"] = slope
+    result["stable"] = slope <= tolerance_bytes_per_s
+    result["reason"] = (f"grows {slope:.0f} B/s after warm-up "
+                        f"({'within' if result['stable'] else 'above'} the "
+                        f"{tolerance_bytes_per_s:.0f} B/s tolerance)")
+    return result
+
+
+def _names(items: Sequence[Any] | None) -> list[str]:
+    """Operator names from plain strings or ``{op, count}`` objects."""
+    out = []
+    for item in items or []:
+        if isinstance(item, dict):
+            label = item.get("op") or item.get("name") or item.get("message") or item
+            count = item.get("count")
+            out.append(f"{label} ×{count}" if isinstance(count, int) and count > 1 else str(label))
+        else:
+            out.append(str(item))
+    return out
+
+
+def _fallback_policy_violations(fallback_ops: list[str], policy: Any) -> list[str]:
+    """Fallback ops that ``stop_when.fallback_ops`` does not allow."""
+    if policy in (None, "any"):
+        return list(fallback_ops)
+    if policy == "none":
+        return []
+    allowed = set(policy)
+    return [op for op in fallback_ops if op not in allowed
+            and op.replace("aten::", "") not in allowed]
+
+
+def _parse_bytes(value: Any) -> int | None:
+    """``24GiB`` / ``512MB`` / 1024 -> bytes; None when absent."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, (int, float)):
+        return int(value)
+    text = str(value).strip()
+    units = {"kib": 1024, "mib": 1024 ** 2, "gib": 1024 ** 3, "tib": 1024 ** 4,
+             "kb": 1000, "mb": 1000 ** 2, "gb": 1000 ** 3, "tb": 1000 ** 4, "b": 1}
+    lower = text.lower()
+    for unit in sorted(units, key=len, reverse=True):
+        if lower.endswith(unit):
+            return int(float(lower[: -len(unit)].strip()) * units[unit])
+    return int(float(text))
+
+
+def evaluate_observations(observations: dict[str, Any] | None,
+                          stop_when: dict[str, Any] | None = None,
+                          ) -> tuple[list[dict[str, str]], list[str]]:
+    """Stopping conditions the observations show, and the observations not made.
+
+    ``stop_when`` is the playbook's section (``fallback_ops``: any | none | list,
+    ``memory_growth``: bool, ``max_memory``). Unknown values are None in the record:
+    an empty list means "observed, none", None means "not observed".
+    """
+    obs = observations or {}
+    stop = stop_when or {}
+    conditions: list[dict[str, str]] = []
+    missing: list[str] = []
+
+    on_device = obs.get("tensors_on_device")
+    if on_device is None:
+        missing.append("tensors_on_device")
+    elif on_device is False:
+        conditions.append({"code": "tensors_not_on_device",
+                           "detail": "tensors or the model did not land on the target device"})
+
+    ops = obs.get("operators") or {}
+    if any(ops.get(k) is None for k in ("fallback_ops", "unsupported_ops", "dtype_errors")):
+        missing.append("operators")
+    unsupported = _names(ops.get("unsupported_ops"))
+    if unsupported:
+        conditions.append({"code": "unsupported_ops",
+                           "detail": "not implemented on MPS: " + ", ".join(unsupported)})
+    dtype_errors = _names(ops.get("dtype_errors"))
+    if dtype_errors:
+        conditions.append({"code": "dtype_errors", "detail": "; ".join(dtype_errors)})
+    stopping_fallbacks = _fallback_policy_violations(_names(ops.get("fallback_ops")),
+                                                     stop.get("fallback_ops", "any"))
+    if stopping_fallbacks:
+        conditions.append({"code": "fallback_ops",
+                           "detail": "ran on the CPU instead of MPS: "
+                                     + ", ".join(stopping_fallbacks)})
+
+    mem = obs.get("memory") or {}
+    growth_matters = stop.get("memory_growth", True) is not False
+    if mem.get("stable") is None:
+        if growth_matters:
+            missing.append("memory")
+    elif mem.get("stable") is False and growth_matters:
+        slope = mem.get("slope_bytes_per_s")
+        rate = f" ({slope / 1024 ** 2:.2f} MiB/s after warm-up)" if slope is not None else ""
+        conditions.append({"code": "memory_growth", "detail": "memory keeps growing" + rate})
+    limit = _parse_bytes(stop.get("max_memory"))
+    peak = mem.get("peak_bytes")
+    if limit is not None and peak is not None and peak > limit:
+        conditions.append({"code": "max_memory",
+                           "detail": f"peak {peak} bytes above max_memory {limit} bytes"})
+
+    results = obs.get("results") or {}
+    within = results.get("within_tolerance")
+    if within is None:
+        missing.append("results")
+    elif within is False:
+        failed = [f for f in results.get("files") or [] if not f.get("ok")]
+        parts = []
+        for f in failed[:5]:
+            bad = [t.get("key") for t in f.get("tensors") or [] if not t.get("ok")]
+            parts.append(f"{f.get('path')}" + (f" [{', '.join(bad[:3])}"
+                                                + (" …" if len(bad) > 3 else "") + "]"
+                                                if bad else ""))
+        if len(failed) > 5:
+            parts.append(f"+{len(failed) - 5} more")
+        conditions.append({"code": "results_outside_tolerance",
+                           "detail": "outside tolerance: " + (", ".join(parts) or "no files")})
+    return conditions, missing
+
+
+def decide(observations: dict[str, Any] | None,
+           stopping_conditions: Sequence[dict[str, Any]],
+           context: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The recommendation and the reasons for it (see the module docstring's rules).
+
+    ``context``: ``goal`` (prototyping | inference | macos-validation | training),
+    ``trains_on_linux``, ``ships_on_macos``, ``cuda_dependencies`` (list),
+    ``multi_gpu``, and optionally the playbook's ``stop_when``.
+    """
+    ctx = context or {}
+    obs = observations or {}
+    goal = ctx.get("goal") or "macos-validation"
+    blockers: list[str] = []
+    cuda = [str(d) for d in ctx.get("cuda_dependencies") or []]
+    if cuda:
+        blockers.append("requires CUDA-only dependencies: " + ", ".join(cuda))
+    if ctx.get("multi_gpu"):
+        blockers.append("needs several GPUs; an Apple-Silicon Mac has one")
+    unsupported = _names((obs.get("operators") or {}).get("unsupported_ops"))
+    if unsupported:
+        blockers.append("operators not implemented on MPS: " + ", ".join(unsupported))
+    if blockers:
+        return {"recommendation": LINUX_FIRST, "reasons": blockers}
+
+    derived, missing = evaluate_observations(obs, ctx.get("stop_when"))
+    failed: list[str] = []
+    seen = set()
+    for cond in list(stopping_conditions) + derived:
+        key = (cond.get("code"), cond.get("detail"))
+        if key not in seen:
+            seen.add(key)
+            failed.append(f"{cond.get('code')}: {cond.get('detail')}")
+    if failed or missing:
+        reasons = ["stopping condition " + f for f in failed]
+        if missing:
+            reasons.append("not observed: " + ", ".join(missing))
+        return {"recommendation": LINUX_FIRST, "reasons": reasons}
+
+    passed = "every observation passed on MPS (tensors on device, operators, memory, results)"
+    if ctx.get("ships_on_macos") and (ctx.get("trains_on_linux") or goal == "training"):
+        return {"recommendation": BOTH,
+                "reasons": [passed, "the training pipeline stays on Linux GPUs and the "
+                            "project must also ship on macOS: validate on both"]}
+    if goal in APPLE_GOALS:
+        return {"recommendation": APPLE_FIRST, "reasons": [passed, f"the goal is {goal}"]}
+    return {"recommendation": LINUX_FIRST,
+            "reasons": [passed, "the goal is training and nothing ships on macOS: "
+                                "keep training on Linux GPUs"]}

@@ -1,0 +1,506 @@
+"""remotemac's agent on the host: ``python3 hostagent.py OP`` with JSON on stdin.
+
+Standard library only, Python 3.9+. Every operation takes one JSON object on
+stdin and prints one JSON object on stdout: ``{"ok": true, "result": ...}`` or
+``{"ok": false, "error": "...", "code": "..."}``. Secrets (the data key) only
+ever arrive inside that stdin document, never in argv or the environment.
+
+Everything it creates lives under the ``root`` it is given, and is listed in
+``<root>/inventory.json`` so that ``remotemac cleanup`` can remove it later even
+if the laptop's journal is gone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+AGENT_DIR = os.path.dirname(os.path.abspath(__file__))
+HEARTBEAT_STALE_S = 15.0
+FINAL_STATES = ("finished", "failed", "timeout", "stopped")
+
+
+class AgentError(Exception):
+    def __init__(self, message: str, code: str = "error") -> None:
+        super().__init__(message)
+        self.code = code
+
+
+# ------------------------------------------------------------------ helpers
+
+
+def _safe_under(root: str, path: str) -> str:
+    """Resolve ``path`` and refuse anything that is not strictly below ``root``."""
+    real_root = os.path.realpath(root)
+    real = os.path.realpath(path)
+    if real == real_root or not real.startswith(real_root + os.sep):
+        raise AgentError("refusing %s: not below %s" % (path, root), "unsafe-path")
+    return real
+
+
+def _atomic_write_json(path: str, data: Any) -> None:
+    tmp = "%s.tmp-%d" % (path, os.getpid())
+    with open(tmp, "w") as fh:
+        json.dump(data, fh)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def _read_json(path: str, default: Any = None) -> Any:
+    try:
+        with open(path) as fh:
+            return json.load(fh)
+    except (OSError, ValueError):
+        return default
+
+
+def inventory_add(root: str, kind: str, path: str, run_id: str | None = None) -> None:
+    """Record something remotemac created; idempotent."""
+    inv_path = os.path.join(root, "inventory.json")
+    inv = _read_json(inv_path, {"version": 1, "items": []})
+    for item in inv["items"]:
+        if item["kind"] == kind and item["path"] == path:
+            return
+    inv["items"].append({"kind": kind, "path": path, "run_id": run_id, "created_at": time.time()})
+    _atomic_write_json(inv_path, inv)
+
+
+def tmux_path() -> str | None:
+    found = shutil.which("tmux")
+    if found:
+        return found
+    for candidate in ("/opt/homebrew/bin/tmux", "/usr/local/bin/tmux"):
+        if os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
+def tmux_alive(session: str) -> bool | None:
+    tmux = tmux_path()
+    if not tmux:
+        return None
+    res = subprocess.run(
+        [tmux, "has-session", "-t", "=" + session],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    return res.returncode == 0
+
+
+def pid_alive(pid: int | None) -> bool:
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def sha256_file(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while True:
+            block = fh.read(1 << 20)
+            if not block:
+                break
+            digest.update(block)
+    return digest.hexdigest()
+
+
+# ------------------------------------------------------------------ operations
+
+
+def op_ping(req: dict[str, Any]) -> dict[str, Any]:
+    import platform
+
+    return {
+        "python": sys.version.split()[0],
+        "executable": sys.executable,
+        "platform": sys.platform,
+        "machine": platform.machine(),
+        "time": time.time(),
+        "tmux": tmux_path(),
+        "agent_dir": AGENT_DIR,
+    }
+
+
+def op_prepare_run(req: dict[str, Any]) -> dict[str, Any]:
+    root, run_id = req["root"], req["run_id"]
+    os.makedirs(root, mode=0o700, exist_ok=True)
+    run_dir = os.path.join(root, "runs", run_id)
+    paths = {}
+    for sub in ("project", "data", "out", "logs", "status", "tmp", "cache"):
+        path = os.path.join(run_dir, sub)
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        paths[sub] = path
+    _safe_under(root, run_dir)
+    inventory_add(root, "run", run_dir, run_id)
+    return {"run_dir": run_dir, "paths": paths}
+
+
+def op_ensure_venv(req: dict[str, Any]) -> dict[str, Any]:
+    """Create or reuse ``envs/<key>``: one venv per (interpreter, requirements) hash."""
+    root, key = req["root"], req["key"]
+    env_dir = os.path.join(root, "envs", key)
+    ready = os.path.join(env_dir, ".remotemac-ready")
+    python = os.path.join(env_dir, "bin", "python")
+    started = time.time()
+    if os.path.exists(ready) and os.path.exists(python):
+        return {"venv_python": python, "env_dir": env_dir, "reused": True, "seconds": 0.0}
+    interpreter = shutil.which(req.get("python") or "python3")
+    if not interpreter:
+        raise AgentError("interpreter %r not found on the host" % req.get("python"), "no-python")
+    if os.path.exists(env_dir):
+        shutil.rmtree(env_dir)
+    argv = [interpreter, "-m", "venv"]
+    if req.get("system_site_packages"):
+        argv.append("--system-site-packages")
+    if not req.get("requirements"):
+        argv.append("--without-pip")
+    argv.append(env_dir)
+    _run_checked(argv, "venv creation")
+    inventory_add(root, "venv", env_dir)
+    if req.get("requirements"):
+        _run_checked(
+            [
+                python,
+                "-m",
+                "pip",
+                "install",
+                "--disable-pip-version-check",
+                "-q",
+                "-r",
+                req["requirements"],
+            ],
+            "pip install",
+        )
+    with open(ready, "w") as fh:
+        fh.write(key)
+    return {
+        "venv_python": python,
+        "env_dir": env_dir,
+        "reused": False,
+        "seconds": round(time.time() - started, 2),
+    }
+
+
+def _run_checked(argv: list[str], what: str) -> None:
+    res = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    if res.returncode != 0:
+        tail = res.stdout.decode("utf-8", "replace").strip().splitlines()[-3:]
+        raise AgentError(
+            "%s failed (exit %d): %s" % (what, res.returncode, " | ".join(tail)), "env-failed"
+        )
+
+
+def op_launch(req: dict[str, Any]) -> dict[str, Any]:
+    """Start the runner for one device, in tmux when present, else daemonised."""
+    run_dir, device, session = req["run_dir"], req["device"], req["session"]
+    status_path = os.path.join(run_dir, "status", device + ".json")
+    existing = _read_json(status_path)
+    if (existing and existing.get("state") in ("starting", "running")
+            and (tmux_alive(session) or pid_alive(existing.get("runner_pid")))):
+        return {"already_running": True, "session": session, "mode": existing.get("mode")}
+    if existing and existing.get("state") in FINAL_STATES and not req.get("relaunch"):
+        return {"already_done": True, "session": session, "status": existing}
+    spec_path = os.path.join(run_dir, "status", device + ".spec.json")
+    spec = dict(req)
+    spec["status_path"] = status_path
+    spec["log_path"] = os.path.join(run_dir, "logs", device + ".log")
+    spec.setdefault("metrics_path", os.path.join(run_dir, "logs", device + ".rss.jsonl"))
+    _atomic_write_json(spec_path, spec)
+    _atomic_write_json(
+        status_path, {"state": "starting", "device": device, "created_at": time.time()}
+    )
+    runner = os.path.join(AGENT_DIR, "runner.py")
+    argv = [sys.executable, runner, spec_path]
+    tmux = tmux_path() if req.get("use_tmux", True) else None
+    if tmux:
+        subprocess.run(
+            [tmux, "kill-session", "-t", "=" + session],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        res = subprocess.run(
+            [
+                tmux,
+                "new-session",
+                "-d",
+                "-s",
+                session,
+                "-x",
+                "200",
+                "-y",
+                "50",
+                " ".join(shlex.quote(a) for a in argv),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        if res.returncode != 0:
+            raise AgentError("tmux new-session failed: %s" % res.stdout.decode().strip(), "launch")
+        mode = "tmux"
+    else:
+        _daemonize(argv)
+        mode = "daemon"
+    deadline = time.time() + 10
+    while time.time() < deadline:
+        status = _read_json(status_path, {})
+        if status.get("state") != "starting":
+            break
+        time.sleep(0.05)
+    return {"session": session, "mode": mode, "status": _read_json(status_path, {})}
+
+
+def _daemonize(argv: list[str]) -> None:
+    """Double fork + setsid: the runner outlives this agent call and any SSH session."""
+    pid = os.fork()
+    if pid:
+        os.waitpid(pid, 0)
+        return
+    try:
+        os.setsid()
+        if os.fork():
+            os._exit(0)
+        devnull = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(devnull, fd)
+        os.execv(argv[0], argv)
+    finally:
+        os._exit(127)
+
+
+def op_probe_torch(req: dict[str, Any]) -> dict[str, Any]:
+    """Ask the workload's interpreter what torch it has (torch is never imported here)."""
+    code = (
+        "import json,sys,platform\n"
+        "d={'python':sys.version.split()[0],'machine':platform.machine()}\n"
+        "try:\n import torch\nexcept Exception as e:\n d['torch']=None\nelse:\n"
+        " d['torch']=torch.__version__\n"
+        " d['mps_built']=bool(torch.backends.mps.is_built())\n"
+        " d['mps_available']=bool(torch.backends.mps.is_available())\n"
+        " d['cuda_available']=bool(torch.cuda.is_available())\n"
+        "try:\n import numpy\n d['numpy']=numpy.__version__\nexcept Exception:\n d['numpy']=None\n"
+        "print(json.dumps(d))\n"
+    )
+    res = subprocess.run(
+        [req["python"], "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=300
+    )
+    if res.returncode != 0:
+        raise AgentError(
+            "probing %s failed: %s" % (req["python"], res.stderr.decode()[-300:]), "probe"
+        )
+    return json.loads(res.stdout.decode().strip().splitlines()[-1])
+
+
+def op_extract_project(req: dict[str, Any]) -> dict[str, Any]:
+    """Unpack the uploaded project tar into ``dest``, refusing unsafe members."""
+    import tarfile
+
+    dest, archive = req["dest"], req["archive"]
+    real_dest = os.path.realpath(dest)
+    count = 0
+    with tarfile.open(archive, "r") as tar:
+        members = tar.getmembers()
+        for member in members:
+            name = member.name
+            target = os.path.realpath(os.path.join(real_dest, name))
+            if (
+                os.path.isabs(name)
+                or ".." in name.split("/")
+                or not member.isreg()
+                and not member.isdir()
+                or not target.startswith(real_dest + os.sep)
+            ):
+                raise AgentError("unsafe member in project archive: %r" % name, "unsafe-path")
+        for member in members:
+            tar.extract(member, real_dest, set_attrs=False)
+            count += member.isreg()
+    os.unlink(archive)
+    return {"files": count}
+
+
+def op_status(req: dict[str, Any]) -> dict[str, Any]:
+    run_dir, device = req["run_dir"], req["device"]
+    status = _read_json(os.path.join(run_dir, "status", device + ".json"), None)
+    now = time.time()
+    result = {
+        "status": status,
+        "now": now,
+        "tmux_alive": tmux_alive(req.get("session", "")),
+        "log_size": _size(os.path.join(run_dir, "logs", device + ".log")),
+    }
+    if status is None:
+        result["state"] = "absent"
+        return result
+    state = status.get("state")
+    runner_alive = pid_alive(status.get("runner_pid"))
+    result["runner_alive"] = runner_alive
+    beat = status.get("heartbeat_at") or status.get("created_at") or 0
+    stale = now - beat > HEARTBEAT_STALE_S
+    if state not in FINAL_STATES and stale and not runner_alive and not result["tmux_alive"]:
+        state = "lost"
+    result["state"] = state
+    return result
+
+
+def _size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return -1
+
+
+def op_stop(req: dict[str, Any]) -> dict[str, Any]:
+    run_dir, device, session = req["run_dir"], req["device"], req.get("session", "")
+    status = _read_json(os.path.join(run_dir, "status", device + ".json"), {}) or {}
+    for key in ("child_pid", "runner_pid"):
+        pid = status.get(key)
+        if pid and pid_alive(pid):
+            with contextlib.suppress(OSError):
+                os.killpg(pid, signal.SIGTERM)
+    tmux = tmux_path()
+    if tmux and session:
+        subprocess.run(
+            [tmux, "kill-session", "-t", "=" + session],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+    return {"stopped": True}
+
+
+def op_list_outputs(req: dict[str, Any]) -> dict[str, Any]:
+    """Every entry below ``dir`` with its kind, size and sha256; links never followed."""
+    base = req["dir"]
+    entries = []
+    if not os.path.isdir(base) or os.path.islink(base):
+        return {"entries": entries}
+    for dirpath, dirnames, filenames in os.walk(base, followlinks=False):
+        for name in sorted(dirnames + filenames):
+            full = os.path.join(dirpath, name)
+            rel = os.path.relpath(full, base)
+            st = os.lstat(full)
+            if os.path.islink(full):
+                entries.append(
+                    {"path": rel, "kind": "link", "size": 0, "target": os.readlink(full)}
+                )
+            elif os.path.isdir(full):
+                entries.append({"path": rel, "kind": "dir", "size": 0})
+            elif os.path.isfile(full):
+                entries.append(
+                    {"path": rel, "kind": "file", "size": st.st_size, "sha256": sha256_file(full)}
+                )
+            else:
+                entries.append({"path": rel, "kind": "other", "size": 0})
+    return {"entries": entries}
+
+
+def op_wipe_run(req: dict[str, Any]) -> dict[str, Any]:
+    """Remove one run's directory (never following links out of ``root``)."""
+    root, run_id = req["root"], req["run_id"]
+    run_dir = os.path.join(root, "runs", run_id)
+    removed, remaining = [], []
+    for session in req.get("sessions", []):
+        tmux = tmux_path()
+        if tmux:
+            subprocess.run(
+                [tmux, "kill-session", "-t", "=" + session],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            removed.append("tmux:" + session)
+    ram = req.get("ram")
+    if ram and ram.get("path"):
+        sys.path.insert(0, AGENT_DIR)
+        import ramstore
+
+        ramstore.destroy_ram_store(ram)
+        removed.append(ram["path"])
+    keep = set(req.get("keep", []))
+    if os.path.lexists(run_dir):
+        _safe_under(root, run_dir)
+        for sub in sorted(os.listdir(run_dir)):
+            if sub in keep:
+                remaining.append(os.path.join(run_dir, sub))
+                continue
+            path = os.path.join(run_dir, sub)
+            _remove(path)
+            removed.append(path)
+        if not keep:
+            os.rmdir(run_dir)
+            removed.append(run_dir)
+    return {"removed": removed, "remaining": remaining}
+
+
+def _remove(path: str) -> None:
+    if os.path.islink(path) or not os.path.isdir(path):
+        os.unlink(path)
+    else:
+        shutil.rmtree(path)
+
+
+OPS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
+    "ping": op_ping,
+    "prepare_run": op_prepare_run,
+    "ensure_venv": op_ensure_venv,
+    "launch": op_launch,
+    "status": op_status,
+    "stop": op_stop,
+    "probe_torch": op_probe_torch,
+    "extract_project": op_extract_project,
+    "list_outputs": op_list_outputs,
+    "wipe_run": op_wipe_run,
+}
+
+
+def _lazy(module: str, name: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    def call(req: dict[str, Any]) -> dict[str, Any]:
+        sys.path.insert(0, AGENT_DIR)
+        return getattr(__import__(module), name)(req)
+
+    return call
+
+
+OPS["prepare_data"] = _lazy("dataops", "op_prepare_data")
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2 or argv[1] not in OPS:
+        sys.stdout.write(
+            json.dumps({"ok": False, "error": "usage: hostagent.py OP", "code": "usage"})
+        )
+        return 2
+    try:
+        raw = sys.stdin.read()
+        req = json.loads(raw) if raw.strip() else {}
+        result = OPS[argv[1]](req)
+    except AgentError as exc:
+        sys.stdout.write(json.dumps({"ok": False, "error": str(exc), "code": exc.code}))
+        return 1
+    except Exception as exc:  # one line back to the orchestrator, never a hang
+        sys.stdout.write(
+            json.dumps(
+                {"ok": False, "error": "%s: %s" % (type(exc).__name__, exc), "code": "internal"}
+            )
+        )
+        return 1
+    sys.stdout.write(json.dumps({"ok": True, "result": result}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,181 @@
+"""Memory sampling for the in-agent harness and for the runner.
+
+Runs on the host (Python 3.9, standard library only; torch is only touched when the
+workload already imported it). Two users:
+
+* the harness samples its own process (the Python workload runs in-process) and, on
+  MPS, the Metal allocator's figures, one JSON line per tick in ``metrics.jsonl``;
+* the runner samples a non-Python workload by pid with :func:`sample_rss`.
+
+RSS here is always the *current* resident size: ``ru_maxrss`` is a high-water mark
+and cannot show a leak's trend, so it is only used for the peak.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import resource
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import IO
+
+# /bin/ps with close_fds=False lets CPython use posix_spawn on macOS instead of fork():
+# forking a process that holds gigabytes of tensors once per second is not free.
+PS = "/bin/ps"
+
+
+def rss_from_statm(pid: int) -> int | None:
+    """Linux: resident pages from /proc/<pid>/statm times the page size."""
+    try:
+        with open(f"/proc/{pid}/statm", "rb") as f:
+            fields = f.read().split()
+        return int(fields[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def rss_from_ps(pid: int, ps: str = PS) -> int | None:
+    """macOS (and any BSD): ``ps -o rss= -p PID`` prints kilobytes; None if the pid is gone."""
+    try:
+        proc = subprocess.run(
+            [ps, "-o", "rss=", "-p", str(pid)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            close_fds=False,
+            timeout=10,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    text = proc.stdout.decode("ascii", "replace").strip()
+    if proc.returncode != 0 or not text.isdigit():
+        return None
+    return int(text) * 1024
+
+
+def sample_rss(pid: int) -> int | None:
+    """Current resident set size of ``pid`` in bytes, or None when it cannot be read."""
+    if os.path.exists("/proc/self/statm"):
+        return rss_from_statm(pid)
+    return rss_from_ps(pid)
+
+
+def peak_rss_self() -> int:
+    """High-water RSS of this process: ru_maxrss is KiB on Linux, bytes on macOS."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak) if sys.platform == "darwin" else int(peak) * 1024
+
+
+def mps_memory() -> dict[str, int]:
+    """The Metal allocator's figures, if the workload has torch with MPS available.
+
+    Never imports torch: importing from this thread while the workload's main thread
+    is importing it could deadlock on the import lock.
+    """
+    torch = sys.modules.get("torch")
+    mps = getattr(torch, "mps", None) if torch is not None else None
+    if mps is None:
+        return {}
+    try:
+        if not torch.backends.mps.is_available():
+            return {}
+        return {
+            "mps_current_allocated_bytes": int(mps.current_allocated_memory()),
+            "mps_driver_allocated_bytes": int(mps.driver_allocated_memory()),
+            "mps_recommended_max_bytes": int(mps.recommended_max_memory()),
+        }
+    except Exception:  # noqa: BLE001 - a sampler must never kill the workload
+        return {}
+
+
+def slope(points: Sequence[tuple[float, float]]) -> float | None:
+    """Least-squares slope of (t, value) points; None with fewer than two distinct t.
+
+    A trend over all samples, not the last value: one late spike must not read as a leak.
+    """
+    n = len(points)
+    if n < 2:
+        return None
+    mean_t = sum(p[0] for p in points) / n
+    mean_v = sum(p[1] for p in points) / n
+    var = sum((p[0] - mean_t) ** 2 for p in points)
+    if var == 0:
+        return None
+    return sum((p[0] - mean_t) * (p[1] - mean_v) for p in points) / var
+
+
+class Sampler(threading.Thread):
+    """Appends one JSON line per interval to ``metrics.jsonl`` and keeps the peak.
+
+    ``extra`` is called each tick (e.g. to refresh the harness's provisional record);
+    its failures are swallowed so that sampling never disturbs the workload.
+    """
+
+    def __init__(
+        self,
+        path: str,
+        interval: float,
+        mps: bool,
+        extra: Callable[[float], None] | None = None,
+    ) -> None:
+        super().__init__(name="remotemac-sampler", daemon=True)
+        self.interval = max(0.01, float(interval))
+        self.mps = mps
+        self.extra = extra
+        self.peak_rss = 0
+        self.count = 0
+        self.started = time.monotonic()
+        self._stop_event = threading.Event()
+        self._lock = threading.Lock()
+        self._out: IO[str] = open(path, "a", encoding="utf-8")  # noqa: SIM115 - closed in stop()
+
+    def sample(self) -> dict[str, object]:
+        """Take one sample and append it; safe from any thread."""
+        t = round(time.monotonic() - self.started, 3)
+        record: dict[str, object] = {"t": t, "rss_bytes": sample_rss(os.getpid())}
+        if self.mps:
+            record.update(mps_memory())
+        with self._lock:
+            rss = record["rss_bytes"]
+            if isinstance(rss, int):
+                self.peak_rss = max(self.peak_rss, rss)
+            if not self._out.closed:
+                self._out.write(json.dumps(record, sort_keys=True) + "\n")
+                self._out.flush()
+                self.count += 1
+        return record
+
+    def run(self) -> None:
+        while True:
+            with contextlib.suppress(Exception):  # see class docstring
+                self.sample()
+                if self.extra is not None:
+                    self.extra(time.monotonic() - self.started)
+            if self._stop_event.wait(self.interval):
+                return
+
+    def stop(self) -> None:
+        """Stop the thread, take a last sample and close the file."""
+        self._stop_event.set()
+        if self.is_alive() and threading.current_thread() is not self:
+            self.join(timeout=5)
+        with contextlib.suppress(Exception):
+            self.sample()
+        with self._lock:
+            self._out.close()
+
+
+def read_metrics(path: str) -> list[dict[str, object]]:
+    """Parse a metrics.jsonl file, ignoring a torn last line."""
+    rows: list[dict[str, object]] = []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            try:
+                rows.append(json.loads(line))
+            except ValueError:
+                continue
+    return rows

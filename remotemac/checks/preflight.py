@@ -1,0 +1,393 @@
+"""``remotemac preflight``: trace the workload on the local CPU, predict MPS coverage.
+
+The cheapest Mac rental is the one you learn you do not need. The workload runs
+for a bounded time in a subprocess under ``remotemac/agent/optrace.py`` (the same
+tracer that can run on the Mac), and every (operator overload, dtypes) it used is
+checked against the installed torch's own native_functions.yaml
+(``mps_coverage``). The result is a prediction for that torch version, not proof:
+some ops take a different path on MPS.
+
+Exit codes follow SPEC: 0 every traced op is predicted to run on MPS, 1 some op
+is predicted to fall back or fail (not accepted), 2 bad input.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+import tempfile
+from collections import deque
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from remotemac.errors import EXIT_ACCEPTED, EXIT_REJECTED, BadInput, RemotemacError
+
+DEFAULT_SECONDS = 60.0
+TRACER = Path(__file__).resolve().parents[1] / "agent" / "optrace.py"
+# Time for interpreter start, torch import and writing the trace, beyond --seconds.
+STARTUP_GRACE_S = 120.0
+BLOCKING = ("fail", "fallback", "unknown")
+_PYTHON = re.compile(r"^python(\d+(\.\d+)?)?$")
+_ENV_ASSIGN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
+_FLAGS = {"-u", "-B", "-O", "-OO", "-s", "-S", "-E", "-I", "-q", "-b", "-bb", "-d", "-v"}
+_FLAGS_WITH_ARG = {"-W", "-X"}
+LEGEND = (
+    "fail: NotImplementedError or TypeError on MPS (ops without a kernel run on the CPU "
+    "when PYTORCH_ENABLE_MPS_FALLBACK=1); fallback: MPS always runs it on the CPU; "
+    "unknown: not predictable; caveat: fails for some arguments"
+)
+
+
+@dataclass
+class Finding:
+    """One op predicted not to run cleanly on MPS."""
+
+    op: str
+    dtypes: list[str]
+    count: int
+    verdict: str  # fail | fallback | unknown | caveat
+    reason: str
+
+
+@dataclass
+class TracedOp:
+    """Every traced overload with the support the yaml predicts (for --json readers)."""
+
+    op: str
+    dtypes: list[str]
+    count: int
+    support: str  # mps | composite | mapped | agnostic | fallback | missing | unknown
+    via: str | None = None
+
+
+@dataclass
+class Float64Site:
+    site: str
+    dtype: str
+    ops: list[str]
+    count: int
+
+
+@dataclass
+class PreflightReport:
+    torch_version: str | None
+    traced_torch_version: str | None
+    seconds_limit: float
+    elapsed_s: float
+    stopped: str  # completed | time_limit | error
+    workload_error: str | None
+    total_ops: int
+    covered_ops: int
+    clean_ops: int
+    findings: list[Finding] = field(default_factory=list)
+    float64_sites: list[Float64Site] = field(default_factory=list)
+    output_tail: list[str] = field(default_factory=list)
+    ops: list[TracedOp] = field(default_factory=list)
+    kind: str = "prediction"
+
+    @property
+    def coverage_pct(self) -> float:
+        return 100.0 if not self.total_ops else round(100.0 * self.covered_ops / self.total_ops, 1)
+
+    @property
+    def exit_code(self) -> int:
+        """1 when any op is predicted to fail or fall back, or the workload failed."""
+        if self.workload_error or any(f.verdict in BLOCKING for f in self.findings):
+            return EXIT_REJECTED
+        return EXIT_ACCEPTED
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["coverage_pct"] = self.coverage_pct
+        data["exit_code"] = self.exit_code
+        return data
+
+
+def python_target(argv: list[str]) -> tuple[list[str], dict[str, str]]:
+    """Split ``[VAR=x] python [opts] script.py args`` into (tracer target, env).
+
+    The target is what follows ``--`` on the tracer's command line: ``script.py
+    args`` or ``-m module args``. Anything that is not a Python command is BadInput.
+    """
+    env: dict[str, str] = {}
+    rest = list(argv)
+    if rest and rest[0] == "env":
+        rest.pop(0)
+    while rest and _ENV_ASSIGN.match(rest[0]):
+        key, _, value = rest.pop(0).partition("=")
+        env[key] = value
+    if not rest or not _PYTHON.match(os.path.basename(rest[0])):
+        first = rest[0] if rest else ""
+        raise BadInput(
+            f"preflight: can only trace Python commands, workload.command starts with {first!r}",
+            hint="write it as `python script.py …` or `python -m module …`",
+        )
+    rest.pop(0)
+    while rest:
+        arg = rest[0]
+        if arg in _FLAGS:
+            rest.pop(0)
+        elif arg in _FLAGS_WITH_ARG:
+            del rest[:2]
+        elif arg[:2] in _FLAGS_WITH_ARG:
+            rest.pop(0)
+        elif arg == "-m" and len(rest) >= 2:
+            return rest, env
+        elif arg.startswith("-m") and len(arg) > 2:
+            return ["-m", arg[2:]] + rest[1:], env
+        elif arg.startswith("-"):
+            raise BadInput(
+                f"preflight: cannot trace `python {arg} …` in workload.command",
+                hint="preflight runs `python script.py …` or `python -m module …`",
+            )
+        else:
+            return rest, env
+    raise BadInput("preflight: workload.command runs python without a script or -m module")
+
+
+def substitute(command: str, values: dict[str, str]) -> str:
+    """Replace {device}/{data_dir}/{output_dir} with shell-quoted values."""
+    for name, value in values.items():
+        command = command.replace("{" + name + "}", shlex.quote(value))
+    return command
+
+
+def run_preflight(
+    command: str, cwd: Path, data_dir: Path | None, seconds: float, env: dict[str, str]
+) -> PreflightReport:
+    """Trace ``command`` on the local CPU for ``seconds`` and predict MPS coverage."""
+    from remotemac.checks import mps_coverage
+
+    if seconds <= 0:
+        raise BadInput(f"preflight: --seconds must be positive, got {seconds}")
+    cwd = Path(cwd)
+    if not cwd.is_dir():
+        raise BadInput(f"preflight: project directory {cwd} does not exist")
+    table = mps_coverage.load_table()
+    with tempfile.TemporaryDirectory(prefix="remotemac-preflight-") as tmp:
+        out_dir = Path(tmp) / "output"
+        data = Path(data_dir) if data_dir is not None else Path(tmp) / "data"
+        out_dir.mkdir()
+        if data_dir is None:
+            data.mkdir()  # no data in the playbook: an empty directory keeps {data_dir} valid
+        values = {"device": "cpu", "data_dir": str(data), "output_dir": str(out_dir)}
+        try:
+            argv = shlex.split(substitute(command, values))
+        except ValueError as exc:
+            raise BadInput(f"preflight: workload.command does not parse: {exc}") from None
+        target, cmd_env = python_target(argv)
+        trace_path = Path(tmp) / "trace.json"
+        full_env = dict(os.environ)
+        full_env.update(env)
+        full_env.update(cmd_env)
+        full_env.update(
+            REMOTEMAC_DEVICE="cpu",
+            REMOTEMAC_DATA=str(data),
+            REMOTEMAC_OUTPUT=str(out_dir),
+            CUDA_VISIBLE_DEVICES="",  # the trace must be the CPU's choices, even on a GPU box
+        )
+        tail = _run_tracer(target, trace_path, cwd, seconds, full_env)
+        try:
+            trace = json.loads(trace_path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            last = tail[-1] if tail else "no output"
+            raise RemotemacError(f"preflight: the tracer wrote no trace ({last})") from None
+    report = predict(trace, table, mps_coverage.torch_version())
+    if report.stopped == "error":
+        report.output_tail = tail
+    return report
+
+
+def _run_tracer(
+    target: list[str], trace_path: Path, cwd: Path, seconds: float, env: dict[str, str]
+) -> list[str]:
+    """Run the tracer subprocess; return the last lines it printed."""
+    cmd = [sys.executable, str(TRACER), "--seconds", str(seconds), "--out", str(trace_path)]
+    cmd += ["--", *target]
+    try:
+        proc = subprocess.run(
+            cmd,
+            cwd=cwd,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            timeout=seconds + STARTUP_GRACE_S,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        raise RemotemacError(
+            f"preflight: the workload did not stop {seconds + STARTUP_GRACE_S:.0f}s after start",
+            hint="it may block outside Python; try a smaller --seconds or check the command",
+        ) from None
+    text = proc.stdout.decode("utf-8", errors="replace")
+    return list(deque(text.splitlines(), maxlen=20))
+
+
+def predict(trace: dict[str, Any], table: Any, torch_version: str | None) -> PreflightReport:
+    """Turn a tracer JSON into the report (pure: no process, no torch)."""
+    from remotemac.checks.mps_coverage import ALWAYS_FALLBACK, FALLBACK_CHILDREN, dtype_issues
+
+    functions_seen = {f["name"].rpartition("::")[2] for f in trace.get("functions", [])}
+    by_op: dict[str, list[dict[str, Any]]] = {}
+    for rec in trace.get("ops", []):
+        by_op.setdefault(rec["op"], []).append(rec)
+
+    findings: list[Finding] = []
+    traced: list[TracedOp] = []
+    covered = 0
+    for op, recs in sorted(by_op.items()):
+        dtypes = sorted({d for r in recs for d in r.get("dtypes", []) + r.get("out_dtypes", [])})
+        count = sum(r.get("count", 0) for r in recs)
+        support = table.support(op)
+        traced.append(TracedOp(op, dtypes, count, support.kind, support.via))
+        name = op.rpartition("::")[2]
+        if support.covered:
+            covered += 1
+        elif name in FALLBACK_CHILDREN and FALLBACK_CHILDREN[name] in functions_seen:
+            parent = FALLBACK_CHILDREN[name]
+            findings.append(Finding(op, dtypes, count, "fallback",
+                                    f"always-fallback list: {parent} runs on the CPU"))
+        elif support.kind == "fallback":
+            findings.append(Finding(op, dtypes, count, "fallback",
+                                    "always-fallback list: runs on the CPU"))
+        elif support.kind == "missing":
+            where = f" (nor for its MPS counterpart {support.via})" if support.via else ""
+            findings.append(Finding(op, dtypes, count, "fail", f"no MPS kernel{where}"))
+        else:
+            findings.append(Finding(op, dtypes, count, "unknown",
+                                    "not in native_functions.yaml: cannot predict"))
+        issues: dict[tuple[str, str], tuple[set[str], int]] = {}
+        for rec in recs:
+            rec_dtypes = rec.get("dtypes", []) + rec.get("out_dtypes", [])
+            for issue in dtype_issues(op, rec_dtypes):
+                seen, n = issues.get((issue.verdict, issue.reason), (set(), 0))
+                issues[(issue.verdict, issue.reason)] = (seen | set(rec_dtypes), n + rec["count"])
+        for (verdict, reason), (seen, n) in issues.items():
+            findings.append(Finding(op, sorted(seen), n, verdict, reason))
+
+    flagged = {f.op.rpartition("::")[2] for f in findings}
+    for fn in sorted(functions_seen & ALWAYS_FALLBACK):
+        if not any(FALLBACK_CHILDREN.get(child) == fn for child in flagged):
+            findings.append(Finding(f"aten::{fn}", [], _fn_count(trace, fn), "fallback",
+                                    "always-fallback list: runs on the CPU"))
+    return PreflightReport(
+        torch_version=torch_version,
+        traced_torch_version=trace.get("torch_version"),
+        seconds_limit=float(trace.get("seconds_limit", 0.0)),
+        elapsed_s=float(trace.get("elapsed_s", 0.0)),
+        stopped=trace.get("stopped", "error"),
+        workload_error=trace.get("error"),
+        total_ops=len(by_op),
+        covered_ops=covered,
+        clean_ops=len(by_op) - len({f.op for f in findings if f.verdict in BLOCKING} & set(by_op)),
+        findings=findings,
+        float64_sites=_float64_sites(trace),
+        ops=traced,
+    )
+
+
+def _fn_count(trace: dict[str, Any], name: str) -> int:
+    return sum(f["count"] for f in trace.get("functions", []) if f["name"] == name)
+
+
+def _float64_sites(trace: dict[str, Any]) -> list[Float64Site]:
+    """Group creation records by site: the dispatch op and the user's call together."""
+    sites: dict[tuple[str, str], Float64Site] = {}
+    for rec in trace.get("float64_sites", []):
+        key = (rec["site"], rec["dtype"])
+        site = sites.setdefault(key, Float64Site(rec["site"], rec["dtype"], [], 0))
+        if rec["op"] not in site.ops:
+            site.ops.append(rec["op"])
+        if rec["op"].startswith("aten::"):
+            site.count += rec["count"]  # the torch.* twin of the same call is not a new tensor
+    for site in sites.values():
+        site.count = site.count or 1
+    return sorted(sites.values(), key=lambda s: _site_order(s.site))
+
+
+def _site_order(site: str) -> tuple[str, int]:
+    path, _, line = site.rpartition(":")
+    return (path, int(line)) if line.isdigit() else (site, 0)
+
+
+def render(report: PreflightReport, console: Any = None) -> None:
+    """Print the report as rich tables."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = console or Console()
+    version = report.torch_version or "unknown"
+    console.print(
+        f"[bold]MPS coverage prediction[/bold] for torch {version} "
+        f"(a prediction from a CPU trace of {report.elapsed_s:.1f}s, "
+        f"stopped: {report.stopped.replace('_', ' ')})"
+    )
+    if report.traced_torch_version and report.traced_torch_version != report.torch_version:
+        console.print(f"[yellow]the workload ran torch {report.traced_torch_version}[/yellow]")
+    console.print(
+        f"coverage: [bold]{report.coverage_pct:.1f}%[/bold] "
+        f"({report.covered_ops} of {report.total_ops} traced operators have an MPS kernel "
+        "or are composite)"
+    )
+    console.print(
+        f"{report.clean_ops} of {report.total_ops} predicted to run on MPS as traced "
+        "(kernel and dtypes)"
+    )
+    if report.findings:
+        table = Table(title="predicted to fall back or fail on MPS")
+        for col in ("operator", "dtypes", "calls", "verdict", "reason"):
+            table.add_column(col, overflow="fold")
+        for f in report.findings:
+            table.add_row(f.op, ", ".join(f.dtypes), str(f.count), f.verdict, f.reason)
+        console.print(table)
+        console.print(LEGEND, highlight=False)
+    if report.float64_sites:
+        table = Table(title="float64/complex128 tensors created (MPS rejects them)")
+        for col in ("where", "dtype", "made by", "tensors"):
+            table.add_column(col)
+        for s in report.float64_sites:
+            table.add_row(s.site, s.dtype, ", ".join(s.ops), str(s.count))
+        console.print(table)
+    if report.workload_error:
+        console.print(f"[red]the workload failed on the CPU:[/red] {report.workload_error}")
+        for line in report.output_tail[-10:]:
+            console.print(f"  {line}", markup=False, highlight=False)
+    verdict = "every traced operator is predicted to run on MPS" if report.exit_code == 0 \
+        else "some operators are predicted to fall back or fail on MPS"
+    console.print(f"prediction: {verdict}")
+
+
+def main_preflight(
+    playbook_path: Path, seconds: float = DEFAULT_SECONDS, as_json: bool = False, console: Any = None
+) -> int:
+    """CLI entry: load the playbook, trace, print; return the exit code."""
+    try:
+        from remotemac.playbook import load_playbook
+
+        pb = load_playbook(playbook_path)
+        base = Path(pb.base_dir)
+        data_dir = base / pb.data.path if pb.data is not None and pb.data.path else None
+        report = run_preflight(
+            pb.workload.command,
+            cwd=(base / pb.project.path).resolve(),
+            data_dir=data_dir.resolve() if data_dir is not None else None,
+            seconds=seconds,
+            env=dict(pb.workload.env),
+        )
+    except RemotemacError as err:
+        if as_json:
+            print(json.dumps({"error": err.line(), "exit_code": err.exit_code}))
+        else:
+            print(err.line(), file=sys.stderr)
+        return err.exit_code
+    if as_json:
+        print(json.dumps(report.to_dict(), sort_keys=True))
+    else:
+        render(report, console)
+    return report.exit_code

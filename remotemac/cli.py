@@ -1,0 +1,422 @@
+"""The ``remotemac`` command line.
+
+Only click and the error classes are imported at start-up: every command
+imports what it needs when it runs, so ``remotemac --help`` and ``check`` never
+pay for torch, textual or asyncssh.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from remotemac.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, BadInput, RemotemacError
+
+
+def _asyncio_run(coro):
+    import asyncio
+
+    return asyncio.run(coro)
+
+
+class Settings:
+    def __init__(self, home: str | None, ssh_config: str | None, identity: str | None,
+                 verbose: bool) -> None:
+        self._home = home
+        self.ssh_config = Path(ssh_config) if ssh_config else None
+        self.identity = Path(identity) if identity else None
+        self.verbose = verbose
+
+    @property
+    def home(self) -> Path:
+        from remotemac.home import resolve_home
+
+        return resolve_home(self._home)
+
+    def journal(self):
+        from remotemac.journal import Journal
+
+        return Journal(self.home / "journal.sqlite3")
+
+    def ssh_options(self):
+        from remotemac.engine.hosts import SSHOptions
+
+        return SSHOptions(ssh_config=self.ssh_config, identity=self.identity)
+
+
+def _fail(err: BaseException, verbose: bool) -> None:
+    if verbose:
+        import traceback
+
+        traceback.print_exception(err)
+    if isinstance(err, RemotemacError):
+        click.echo(f"remotemac: error: {err.line()}", err=True)
+        sys.exit(err.exit_code)
+    click.echo(f"remotemac: internal error: {type(err).__name__}: {err} (rerun with -v for "
+               "the traceback)", err=True)
+    sys.exit(1)
+
+
+class Group(click.Group):
+    """Turns every RemotemacError into its one line and exit code."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException):
+            raise
+        except SystemExit:
+            raise
+        except KeyboardInterrupt:
+            click.echo("remotemac: stopped", err=True)
+            sys.exit(EXIT_INTERRUPTED)
+        except Exception as err:
+            verbose = bool(ctx.obj and ctx.obj.verbose)
+            _fail(err, verbose)
+
+
+@click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--home", envvar="REMOTEMAC_HOME", help="State dir: journal, known_hosts, data keys.")
+@click.option("--ssh-config", type=click.Path(dir_okay=False), help="An ssh_config file to use.")
+@click.option("-i", "--identity", type=click.Path(dir_okay=False), help="A private key file.")
+@click.option("-v", "--verbose", is_flag=True, help="Tracebacks and more detail.")
+@click.version_option(package_name="remotemac")
+@click.pass_context
+def main(ctx: click.Context, home: str | None, ssh_config: str | None, identity: str | None,
+         verbose: bool) -> None:
+    """Run a PyTorch workload on a rented Apple-Silicon Mac, decide on evidence, leave it clean."""
+    ctx.obj = Settings(home, ssh_config, identity, verbose)
+
+
+def _renderer(as_json: bool, verbose: bool):
+    from remotemac.render import JsonRenderer, RichRenderer
+
+    return JsonRenderer() if as_json else RichRenderer(verbose)
+
+
+def _run_engine(settings: Settings, run_id: str, playbook, journal, out_dir: Path,
+                options, as_json: bool) -> int:
+    from remotemac.engine.pipeline import build_context, run_pipeline
+    from remotemac.events import ConnectionState, EventBus
+
+    bus = EventBus()
+    render = _renderer(as_json, settings.verbose)
+    bus.subscribe(render)
+    ctx = build_context(run_id=run_id, playbook=playbook, journal=journal, bus=bus,
+                        home=settings.home, out_dir=out_dir, options=options,
+                        ssh=settings.ssh_options())
+    counters = ctx.results.setdefault("_continuity", {"disconnects": 0, "reconnects": 0})
+
+    def count(event) -> None:
+        if isinstance(event, ConnectionState):
+            if event.state == "disconnected":
+                counters["disconnects"] += 1
+            elif event.state == "reconnected":
+                counters["reconnects"] += 1
+
+    bus.subscribe(count)
+    try:
+        return _asyncio_run(run_pipeline(ctx))
+    except KeyboardInterrupt:
+        render.close()
+        click.echo(f"\nremotemac: stopped locally; the job keeps running on the host. "
+                   f"Resume with: remotemac attach {run_id}", err=True)
+        sys.exit(EXIT_INTERRUPTED)
+    finally:
+        render.close()
+
+
+@main.command()
+@click.argument("playbook", type=click.Path(dir_okay=False))
+@click.option("--host", help="Override the playbook's host.")
+@click.option("--out", "out", type=click.Path(file_okay=False), help="Output dir (default ./runs/<run-id>).")
+@click.option("--json", "as_json", is_flag=True, help="Events as JSON lines.")
+@click.option("--detach", is_flag=True, help="Return once the job is launched; attach later.")
+@click.option("--keep-data", is_flag=True, help="Do not wipe the run's data after the pull.")
+@click.option("--dry-run", is_flag=True, help="Print the plan and touch nothing.")
+@click.option("--drill", type=click.Choice(["disconnect"]), help="Cut the link on purpose during the target run.")
+@click.pass_obj
+def run(settings: Settings, playbook: str, host: str | None, out: str | None, as_json: bool,
+        detach: bool, keep_data: bool, dry_run: bool, drill: str | None) -> None:
+    """Run the whole pipeline of PLAYBOOK."""
+    from remotemac.engine.context import RunOptions
+    from remotemac.journal import new_run_id
+    from remotemac.playbook import load_playbook
+
+    pb = load_playbook(playbook, overrides={"host": host} if host else None)
+    if dry_run:
+        from remotemac.engine.plan import make_plan, print_plan
+
+        plan = make_plan(pb)
+        if as_json:
+            click.echo(json.dumps(plan, indent=2))
+        else:
+            print_plan(plan)
+        return
+    journal = settings.journal()
+    run_id = new_run_id(pb.name)
+    out_dir = Path(out) if out else Path.cwd() / "runs" / run_id
+    out_dir = out_dir.resolve()
+    options = RunOptions(keep_data=keep_data, detach=detach, drill=drill)
+    journal.create_run(run_id, name=pb.name, host=pb.host,
+                       playbook_path=str(pb.source) if pb.source else None,
+                       playbook=pb.model_dump(mode="json"), out_dir=str(out_dir),
+                       options={"keep_data": keep_data, "drill": drill})
+    if not as_json:
+        click.echo(f"run {run_id} → {out_dir}")
+    sys.exit(_run_engine(settings, run_id, pb, journal, out_dir, options, as_json))
+
+
+def _load_run(journal, run_id: str):
+    from remotemac.playbook import Playbook
+
+    row = journal.get_run(run_id)
+    if row is None:
+        raise BadInput(f"unknown run id {run_id!r} (see: remotemac status)")
+    pb = Playbook.model_validate(row.playbook)
+    if row.playbook_path:
+        pb._base_dir = Path(row.playbook_path).parent
+        pb._source = Path(row.playbook_path)
+    return row, pb
+
+
+@main.command()
+@click.argument("run_id")
+@click.option("--json", "as_json", is_flag=True, help="Events as JSON lines.")
+@click.pass_obj
+def attach(settings: Settings, run_id: str, as_json: bool) -> None:
+    """Re-attach to RUN_ID and finish its pipeline."""
+    from remotemac.engine.context import RunOptions
+
+    journal = settings.journal()
+    row, pb = _load_run(journal, run_id)
+    options = RunOptions(keep_data=bool(row.options.get("keep_data")), drill=row.options.get("drill"))
+    sys.exit(_run_engine(settings, run_id, pb, journal, Path(row.out_dir), options, as_json))
+
+
+@main.command()
+@click.argument("run_id", required=False)
+@click.option("--json", "as_json", is_flag=True)
+@click.option("--ledger", is_flag=True, help="Show every command run on the host.")
+@click.pass_obj
+def status(settings: Settings, run_id: str | None, as_json: bool, ledger: bool) -> None:
+    """Runs from the journal (one run in detail with RUN_ID)."""
+    import time
+
+    journal = settings.journal()
+    if run_id:
+        row, _ = _load_run(journal, run_id)
+        phases = journal.phases(run_id)
+        if ledger:
+            path = Path(row.out_dir) / "ledger.jsonl"
+            lines = path.read_text().splitlines() if path.exists() else []
+            if as_json:
+                click.echo("\n".join(lines))
+            else:
+                for line in lines:
+                    e = json.loads(line)
+                    click.echo(f"{time.strftime('%H:%M:%S', time.localtime(e['time']))}  "
+                               f"{e['host']}  exit={e['exit_code']}  {e['command']}")
+            return
+        data = {"run_id": row.run_id, "name": row.name, "host": row.host, "state": row.state,
+                "verdict": row.verdict, "exit_code": row.exit_code, "out_dir": row.out_dir,
+                "phases": {k: v["state"] for k, v in phases.items()}}
+        if as_json:
+            click.echo(json.dumps(data))
+        else:
+            for key, value in data.items():
+                click.echo(f"{key:10} {value}")
+        return
+    rows = journal.list_runs()
+    if as_json:
+        for r in rows:
+            click.echo(json.dumps({"run_id": r.run_id, "name": r.name, "host": r.host,
+                                   "state": r.state, "verdict": r.verdict,
+                                   "created_at": r.created_at}))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table("run", "host", "state", "verdict", "age")
+    for r in rows:
+        age = int(time.time() - r.created_at)
+        table.add_row(r.run_id, r.host, r.state, r.verdict or "-", f"{age // 3600}h{age % 3600 // 60:02d}m")
+    Console().print(table)
+
+
+@main.command()
+@click.argument("run_id")
+@click.option("--device", help="One device's log (default: all).")
+@click.option("--follow", is_flag=True, help="Keep following while the run is attached.")
+@click.pass_obj
+def logs(settings: Settings, run_id: str, device: str | None, follow: bool) -> None:
+    """Print a run's log."""
+    import time
+
+    journal = settings.journal()
+    row, _ = _load_run(journal, run_id)
+    log_dir = Path(row.out_dir) / "logs"
+    files = sorted(log_dir.glob("*.log")) if log_dir.exists() else []
+    if device:
+        files = [f for f in files if f.stem == device]
+        if not files:
+            raise BadInput(f"run {run_id} has no log for device {device!r}")
+    offsets = {f: 0 for f in files}
+    while True:
+        for f in files:
+            with f.open("rb") as fh:
+                fh.seek(offsets[f])
+                data = fh.read()
+            offsets[f] += len(data)
+            if data:
+                sys.stdout.write(data.decode("utf-8", "replace"))
+                sys.stdout.flush()
+        current = journal.get_run(run_id)
+        if not follow or (current and current.state not in ("running", "detached", "created")):
+            break
+        time.sleep(0.5)
+
+
+@main.command()
+@click.argument("run_id")
+@click.pass_obj
+def pull(settings: Settings, run_id: str) -> None:
+    """Pull RUN_ID's results by hand."""
+    sys.exit(_one_phase(settings, run_id, "pull"))
+
+
+@main.command()
+@click.argument("run_id")
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@click.pass_obj
+def wipe(settings: Settings, run_id: str, yes: bool) -> None:
+    """Wipe RUN_ID's data on the host and destroy its data key."""
+    if not yes and not click.confirm(f"Wipe the data of {run_id} on its host and destroy its key?"):
+        raise BadInput("wipe not confirmed")
+    sys.exit(_one_phase(settings, run_id, "wipe"))
+
+
+def _one_phase(settings: Settings, run_id: str, phase: str) -> int:
+    from remotemac.engine.context import RunOptions
+    from remotemac.engine.pipeline import run_phase
+
+    journal = settings.journal()
+    row, pb = _load_run(journal, run_id)
+    if phase == "wipe" and pb.wipe == "manual":
+        pb = pb.model_copy(update={"wipe": "after_pull"})
+    return _asyncio_run(run_phase(
+        run_id=run_id, phase=phase, playbook=pb, journal=journal, home=settings.home,
+        out_dir=Path(row.out_dir), options=RunOptions(), ssh=settings.ssh_options(),
+        render=_renderer(False, settings.verbose)))
+
+
+@main.command()
+@click.argument("playbook", type=click.Path(dir_okay=False))
+def check(playbook: str) -> None:
+    """Validate a playbook."""
+    from remotemac.playbook import load_playbook
+
+    pb = load_playbook(playbook)
+    click.echo(f"{playbook}: ok ({pb.name}, host {pb.host})")
+
+
+@main.command()
+def schema() -> None:
+    """Print the playbook's JSON Schema."""
+    from remotemac.playbook import playbook_json_schema
+
+    click.echo(json.dumps(playbook_json_schema(), indent=2))
+
+
+@main.command()
+@click.argument("host")
+@click.option("--json", "as_json", is_flag=True)
+@click.option("--remote-root", default="~/remotemac", show_default=True)
+@click.pass_obj
+def doctor(settings: Settings, host: str, as_json: bool, remote_root: str) -> None:
+    """Is HOST fit: OS, arch, VM, Python, tmux, disk, MPS."""
+    from remotemac.checks.doctor import main_doctor
+    from remotemac.engine.hosts import open_transport
+
+    transport = open_transport(host, settings.home, settings.ssh_options())
+    sys.exit(main_doctor(host, as_json, transport, remote_root=remote_root))
+
+
+@main.command()
+@click.argument("host")
+@click.option("--fingerprint", help="Pin this SHA256:… fingerprint (as the provider published it).")
+@click.option("--yes", is_flag=True, help="Trust what the host shows without asking.")
+@click.pass_obj
+def trust(settings: Settings, host: str, fingerprint: str | None, yes: bool) -> None:
+    """Pin HOST's key in remotemac's own known_hosts (trust on first use, explicitly)."""
+    from remotemac.transport.hostkeys import trust_host
+
+    def confirm(question: str) -> bool:
+        return yes or click.confirm(question, default=False)
+
+    result = trust_host(host, settings.home, fingerprint, confirm,
+                        ssh_config=settings.ssh_config, identity=settings.identity)
+    state = "already trusted" if result.already_trusted else "trusted"
+    click.echo(f"{result.name}: {state} {result.fingerprint} ({result.path})")
+
+
+@main.command()
+@click.argument("path", type=click.Path())
+@click.option("--json", "as_json", is_flag=True)
+def audit(path: str, as_json: bool) -> None:
+    """Scan a project for CUDA-only dependencies and code paths."""
+    from remotemac.checks.audit import main_audit
+
+    sys.exit(main_audit(Path(path), as_json))
+
+
+@main.command()
+@click.argument("playbook", type=click.Path(dir_okay=False))
+@click.option("--seconds", type=float, default=30.0, show_default=True)
+@click.option("--json", "as_json", is_flag=True)
+def preflight(playbook: str, seconds: float, as_json: bool) -> None:
+    """Run the workload briefly on the local CPU and predict MPS coverage."""
+    from remotemac.checks.preflight import main_preflight
+
+    sys.exit(main_preflight(Path(playbook), seconds, as_json))
+
+
+@main.command()
+@click.argument("host")
+@click.option("--dry-run", is_flag=True)
+@click.option("--yes", is_flag=True)
+@click.option("--json", "as_json", is_flag=True)
+@click.option("--remote-root", default="~/remotemac", show_default=True)
+@click.pass_obj
+def cleanup(settings: Settings, host: str, dry_run: bool, yes: bool, as_json: bool,
+            remote_root: str) -> None:
+    """End of rental: remove everything remotemac put on HOST, verify, write a record."""
+    from remotemac.engine.cleanup import main_cleanup
+
+    sys.exit(_asyncio_run(main_cleanup(host, settings=settings, dry_run=dry_run, yes=yes,
+                                      as_json=as_json, remote_root=remote_root)))
+
+
+@main.command()
+@click.argument("playbooks", nargs=-1, type=click.Path(dir_okay=False))
+@click.pass_obj
+def tui(settings: Settings, playbooks: tuple[str, ...]) -> None:
+    """The terminal UI."""
+    try:
+        from remotemac.tui.app import run_tui
+    except ImportError as exc:
+        raise BadInput(f"the TUI is not available in this build: {exc}") from None
+    sys.exit(run_tui(settings, list(playbooks)))
+
+
+if __name__ == "__main__":  # pragma: no cover
+    try:
+        main()
+    except SystemExit as exc:
+        sys.exit(exc.code if exc.code is not None else 0)
+    except Exception:  # noqa: BLE001
+        sys.exit(EXIT_BAD_INPUT)

@@ -1,0 +1,231 @@
+"""The checksummed manifest of a dataset slice, and its root digest.
+
+Why: every byte is verified both ways, so the slice is described by the SHA-256 of
+each file's plaintext; the agent checks what it decrypted against this list before
+the workload starts. The root digest names the exact slice in the acceptance record:
+
+    root_digest = sha256( for each entry, in path order (Unicode code point order,
+                          which is also UTF-8 byte order):
+                          "<sha256 hex>  <size in decimal>  <path>\\n" encoded as UTF-8 )
+
+It is the dataset revision: two slices have the same digest exactly when they hold
+the same paths with the same contents, wherever and whenever they were hashed.
+Paths are relative POSIX paths without ``.``/``..`` parts or control characters, so
+each line is unambiguous.
+
+Hashing a large slice is slow, so a :class:`HashCache` (the journal implements it)
+remembers each file's hash by (path, size, mtime_ns, inode): an unchanged file is
+not read again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import stat
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from remotemac.errors import BadInput, IntegrityError
+
+READ_SIZE = 1 << 20
+SCHEMA = "remotemac-manifest/v1"
+
+Progress = Callable[[int, int, str], None]
+"""``progress(done_bytes, total_bytes, current_path)`` during :func:`build_manifest`."""
+
+
+@dataclass(frozen=True)
+class ManifestEntry:
+    path: str
+    size: int
+    sha256: str
+
+    def line(self) -> str:
+        return f"{self.sha256}  {self.size}  {self.path}\n"
+
+
+class HashCache(Protocol):
+    """Remembers plaintext hashes keyed by what changes when a file changes."""
+
+    def get(self, path: str, size: int, mtime_ns: int, inode: int) -> str | None: ...
+
+    def put(self, path: str, size: int, mtime_ns: int, inode: int, sha256: str) -> None: ...
+
+
+class MemoryHashCache:
+    """In-process :class:`HashCache` for tests and one-shot runs."""
+
+    def __init__(self) -> None:
+        self._data: dict[str, tuple[int, int, int, str]] = {}
+        self.hits = 0
+        self.misses = 0
+
+    def get(self, path: str, size: int, mtime_ns: int, inode: int) -> str | None:
+        found = self._data.get(path)
+        if found is not None and found[:3] == (size, mtime_ns, inode):
+            self.hits += 1
+            return found[3]
+        self.misses += 1
+        return None
+
+    def put(self, path: str, size: int, mtime_ns: int, inode: int, sha256: str) -> None:
+        self._data[path] = (size, mtime_ns, inode, sha256)
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """Entries sorted by path, and their root digest (the dataset revision)."""
+
+    entries: tuple[ManifestEntry, ...]
+    root_digest: str
+
+    @classmethod
+    def from_entries(cls, entries: Iterable[ManifestEntry]) -> Manifest:
+        ordered = tuple(sorted(entries, key=lambda e: e.path))
+        seen: set[str] = set()
+        for entry in ordered:
+            check_relpath(entry.path)
+            if entry.path in seen:
+                raise IntegrityError(f"manifest lists {entry.path!r} twice")
+            seen.add(entry.path)
+        return cls(ordered, root_digest(ordered))
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(e.size for e in self.entries)
+
+    def by_path(self) -> dict[str, ManifestEntry]:
+        return {e.path: e for e in self.entries}
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "schema": SCHEMA,
+                "root_digest": self.root_digest,
+                "files": len(self.entries),
+                "bytes": self.total_bytes,
+                "entries": [
+                    {"path": e.path, "size": e.size, "sha256": e.sha256} for e in self.entries
+                ],
+            },
+            indent=1,
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> Manifest:
+        """Parse and re-verify: a digest that does not match its entries is an error."""
+        try:
+            data = json.loads(text)
+            if data.get("schema") != SCHEMA:
+                raise ValueError(f"schema is {data.get('schema')!r}, expected {SCHEMA}")
+            entries = [
+                ManifestEntry(str(e["path"]), int(e["size"]), str(e["sha256"]))
+                for e in data["entries"]
+            ]
+            claimed = str(data["root_digest"])
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise IntegrityError(f"manifest is malformed: {exc}") from None
+        for entry in entries:
+            if entry.size < 0 or len(entry.sha256) != 64 or not _is_hex(entry.sha256):
+                raise IntegrityError(f"manifest entry {entry.path!r} has a bad size or sha256")
+        manifest = cls.from_entries(entries)
+        if manifest.root_digest != claimed:
+            raise IntegrityError(
+                f"manifest root digest {claimed[:12]}… does not match its entries "
+                f"({manifest.root_digest[:12]}…)"
+            )
+        return manifest
+
+
+def root_digest(entries: Iterable[ManifestEntry]) -> str:
+    """SHA-256 over the path-sorted entry lines (see the module doc)."""
+    digest = hashlib.sha256()
+    for entry in sorted(entries, key=lambda e: e.path):
+        digest.update(entry.line().encode("utf-8"))
+    return digest.hexdigest()
+
+
+def check_relpath(path: str) -> None:
+    """Refuse paths that could escape a directory or make a manifest line ambiguous."""
+    parts = path.split("/")
+    if (
+        not path
+        or path.startswith("/")
+        or any(p in ("", ".", "..") for p in parts)
+        or any(ord(c) < 32 or ord(c) == 127 for c in path)
+        or "\\" in path
+    ):
+        raise IntegrityError(f"manifest path {path!r} is not a plain relative path")
+
+
+def build_manifest(
+    root: Path,
+    paths: Iterable[str],
+    cache: HashCache | None = None,
+    progress: Progress | None = None,
+) -> Manifest:
+    """Hash each file under ``root`` (1 MiB reads), reusing ``cache`` hits.
+
+    Sizes and identity come from ``fstat`` of the open file, and a file whose size
+    or mtime changes while it is hashed is an error: the manifest must describe
+    exactly the bytes that will be sent.
+    """
+    root = Path(root)
+    rels = sorted(set(paths))
+    real_root = root.resolve()
+    for rel in rels:
+        check_relpath(rel)
+        resolved = (root / rel).resolve()
+        if real_root not in resolved.parents:
+            raise BadInput(f"data file {root / rel} escapes the data root through a symlink")
+    total = 0
+    for rel in rels:
+        try:
+            total += (root / rel).stat().st_size
+        except OSError as exc:
+            raise BadInput(f"cannot read data file {root / rel}: {exc.strerror}") from None
+    done = 0
+    entries = []
+    buf = bytearray(READ_SIZE)
+    view = memoryview(buf)
+    for rel in rels:
+        full = root / rel
+        with open(full, "rb") as handle:
+            before = os.fstat(handle.fileno())
+            if not stat.S_ISREG(before.st_mode):
+                raise BadInput(f"data file {full} is not a regular file")
+            key = (rel, before.st_size, before.st_mtime_ns, before.st_ino)
+            sha = cache.get(*key) if cache is not None else None
+            if sha is None:
+                hasher = hashlib.sha256()
+                size = 0
+                while True:
+                    count = handle.readinto(buf)
+                    if not count:
+                        break
+                    hasher.update(view[:count])
+                    size += count
+                    if progress is not None:
+                        progress(done + size, total, rel)
+                after = os.fstat(handle.fileno())
+                if (size, after.st_mtime_ns) != (before.st_size, before.st_mtime_ns):
+                    raise IntegrityError(
+                        f"data file {full} changed while it was hashed",
+                        hint="stop whatever writes to the dataset and sync again",
+                    )
+                sha = hasher.hexdigest()
+                if cache is not None:
+                    cache.put(*key, sha)
+            elif progress is not None:
+                progress(done + before.st_size, total, rel)
+        done += before.st_size
+        entries.append(ManifestEntry(rel, before.st_size, sha))
+    return Manifest.from_entries(entries)
+
+
+def _is_hex(text: str) -> bool:
+    return all(c in "0123456789abcdef" for c in text)

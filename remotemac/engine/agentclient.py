@@ -1,0 +1,94 @@
+"""Ship the agent to a host once per content hash, and call its operations.
+
+The engine talks to the host through ``hostagent.py OP`` with JSON in and out
+instead of shell pipelines, so macOS's BSD tools and Linux's GNU tools never
+matter, and nothing secret appears in argv.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from remotemac.engine.ledger import Ledger
+from remotemac.errors import HostError, RemotemacError
+from remotemac.transport.base import Transport
+
+AGENT_SRC = Path(__file__).resolve().parent.parent / "agent"
+
+
+@lru_cache(maxsize=1)
+def agent_bundle() -> tuple[str, dict[str, bytes]]:
+    """(content hash, {file name: bytes}) of the agent's Python files."""
+    files = {p.name: p.read_bytes() for p in sorted(AGENT_SRC.glob("*.py"))}
+    digest = hashlib.sha256()
+    for name, data in files.items():
+        digest.update(name.encode() + b"\0" + hashlib.sha256(data).digest())
+    return digest.hexdigest()[:16], files
+
+
+class AgentError(RemotemacError):
+    """The agent answered with an error."""
+
+    exit_code = 3
+
+    def __init__(self, op: str, message: str, code: str) -> None:
+        super().__init__(f"host agent {op}: {message}")
+        self.code = code
+
+
+class AgentClient:
+    def __init__(self, transport: Transport, root: str, ledger: Ledger | None = None,
+                 python: str = "python3") -> None:
+        self.transport = transport
+        self.root = root
+        self.ledger = ledger or Ledger(None)
+        self.python = python
+        self.agent_dir = ""
+
+    async def install(self) -> str:
+        """Upload the agent unless this exact version is already there."""
+        version, files = agent_bundle()
+        agent_dir = f"{self.root}/agent/{version}"
+        marker = f"{agent_dir}/.complete"
+        if await self.transport.stat(marker) is None:
+            await self.transport.makedirs(agent_dir)
+            for name, data in files.items():
+                await self.transport.write_bytes(f"{agent_dir}/{name}", data, mode=0o600)
+            await self.transport.write_bytes(marker, version.encode())
+            self.ledger.append(self.transport.name, f"upload agent {version} to {agent_dir}", 0,
+                               op="install-agent")
+        self.agent_dir = agent_dir
+        return agent_dir
+
+    async def call(self, op: str, request: dict[str, Any] | None = None, *,
+                   timeout: float | None = 600, idempotent: bool = True,
+                   python: str | None = None) -> dict[str, Any]:
+        """Run one agent operation; ``python`` picks another interpreter (the venv's)."""
+        if not self.agent_dir:
+            await self.install()
+        argv = [python or self.python, f"{self.agent_dir}/hostagent.py", op]
+        started = time.monotonic()
+        kwargs: dict[str, Any] = {"stdin": json.dumps(request or {}).encode(), "timeout": timeout}
+        if idempotent:
+            kwargs["idempotent"] = True
+        result = await self.transport.exec(argv, **kwargs)
+        self.ledger.append(self.transport.name, " ".join(argv), result.exit_code, op=op,
+                           seconds=time.monotonic() - started)
+        try:
+            answer = json.loads(result.stdout.decode("utf-8", "replace") or "{}")
+        except ValueError:
+            answer = {}
+        if not answer:
+            err = result.stderr.decode("utf-8", "replace").strip().splitlines()
+            raise HostError(
+                f"{self.transport.name}: agent {op} gave no answer (exit {result.exit_code}): "
+                + (err[-1] if err else "no output")
+            )
+        if not answer.get("ok"):
+            raise AgentError(op, answer.get("error", "unknown error"), answer.get("code", ""))
+        return answer["result"]

@@ -1,0 +1,109 @@
+"""What one run carries through its phases."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from remotemac.engine.agentclient import AgentClient
+from remotemac.engine.ledger import Ledger
+from remotemac.events import Event, EventBus
+from remotemac.journal import Journal
+from remotemac.playbook import Playbook
+from remotemac.transport.base import Transport
+
+
+@dataclass
+class RunOptions:
+    keep_data: bool = False
+    detach: bool = False
+    drill: str | None = None
+    follow_poll_s: float = 0.25
+
+
+@dataclass
+class HostBinding:
+    """One host the run uses: the target host, and the laptop for ``on: local``."""
+
+    key: str  # "remote" | "local"
+    transport: Transport
+    agent: AgentClient
+    root: str = ""
+    run_dir: str = ""
+
+
+@dataclass
+class Side:
+    """The reference or the target job."""
+
+    role: str  # "reference" | "target"
+    device: str  # as written: cpu | mps | cuda | auto
+    label: str  # log and results name: the device, made unique
+    host_key: str
+
+    def session(self, run_id: str) -> str:
+        return "remotemac-" + re.sub(r"[^A-Za-z0-9_-]", "_", f"{run_id}-{self.label}")
+
+
+@dataclass
+class RunContext:
+    run_id: str
+    playbook: Playbook
+    journal: Journal
+    bus: EventBus
+    home: Path
+    out_dir: Path
+    options: RunOptions
+    hosts: dict[str, HostBinding]
+    sides: list[Side]
+    ledger: Ledger
+    results: dict[str, Any] = field(default_factory=dict)
+
+    def emit(self, event: Event) -> None:
+        self.bus.emit(event)
+
+    def host_for(self, side: Side) -> HostBinding:
+        return self.hosts[side.host_key]
+
+    def side(self, role: str) -> Side | None:
+        return next((s for s in self.sides if s.role == role), None)
+
+
+def make_sides(playbook: Playbook) -> list[Side]:
+    """Reference first (when there is one), then the target, with unique labels."""
+    sides: list[Side] = []
+    wl = playbook.workload
+    if wl.reference is not None:
+        key = "local" if wl.reference.on == "local" and playbook.host != "local" else "remote"
+        sides.append(Side("reference", wl.reference.device, wl.reference.device, key))
+    key = "local" if wl.target.on == "local" and playbook.host != "local" else "remote"
+    label = wl.target.device
+    if sides and sides[0].label == label:
+        label = f"{label}-target"
+    sides.append(Side("target", wl.target.device, label, key))
+    return sides
+
+
+def assign_labels(sides: list[Side], devices: dict[str, str]) -> None:
+    """Name logs and results by the device each side really ran on (``auto`` resolved)."""
+    used: set[str] = set()
+    for side in sides:
+        label = devices.get(side.role, side.device)
+        if label in used:
+            label = f"{label}-{side.role}"
+        side.label = label
+        used.add(label)
+
+
+def substitute(command: str, values: dict[str, str]) -> str:
+    """Fill {device}, {data_dir}, {output_dir}, each value shell-quoted."""
+    return command.format(**{k: shlex.quote(v) for k, v in values.items()})
+
+
+def expand_root(root: str, home: str) -> str:
+    if root == "~" or root.startswith("~/"):
+        return home.rstrip("/") + root[1:]
+    return root

@@ -1,0 +1,276 @@
+"""The pipeline: provision → sync → launch/follow each device → pull → compare → record → wipe.
+
+Each phase's result is saved in the journal when it finishes, so ``attach``
+(after Ctrl-C, a crash or a laptop reboot) skips what is done and picks up
+where the run stopped. Phases only talk to hosts through the Transport and the
+agent, and only talk to the user through events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from remotemac.engine.agentclient import AgentClient
+from remotemac.engine.context import (
+    HostBinding,
+    RunContext,
+    RunOptions,
+    assign_labels,
+    make_sides,
+)
+from remotemac.engine.hosts import SSHOptions, open_transport
+from remotemac.engine.ledger import Ledger
+from remotemac.errors import (
+    EXIT_ACCEPTED,
+    EXIT_INTERRUPTED,
+    EXIT_REJECTED,
+    JobLost,
+    RemotemacError,
+)
+from remotemac.events import EventBus, PhaseFinished, PhaseStarted, RunFinished
+from remotemac.journal import Journal
+from remotemac.playbook import Playbook
+
+
+def phase_names(ctx: RunContext) -> list[str]:
+    names = ["provision", "sync"]
+    for side in ctx.sides:
+        names += [f"launch:{side.role}", f"follow:{side.role}"]
+    return names + ["pull", "compare", "record", "wipe"]
+
+
+def build_context(
+    *, run_id: str, playbook: Playbook, journal: Journal, bus: EventBus, home: Path,
+    out_dir: Path, options: RunOptions, ssh: SSHOptions | None = None,
+) -> RunContext:
+    ledger = Ledger(out_dir / "ledger.jsonl")
+    sides = make_sides(playbook)
+    hosts: dict[str, HostBinding] = {}
+    for key in sorted({s.host_key for s in sides}):
+        host = "local" if key == "local" else playbook.host
+        transport = open_transport(host, home, ssh, emit=bus.emit, run_id=run_id)
+        hosts[key] = HostBinding(key, transport, AgentClient(transport, "", ledger))
+    return RunContext(run_id=run_id, playbook=playbook, journal=journal, bus=bus, home=home,
+                      out_dir=out_dir, options=options, hosts=hosts, sides=sides, ledger=ledger)
+
+
+async def run_pipeline(ctx: RunContext) -> int:
+    """Run (or resume) every phase; returns the exit code of SPEC.md."""
+    ctx.out_dir.mkdir(parents=True, exist_ok=True)
+    (ctx.out_dir / "logs").mkdir(exist_ok=True)
+    ctx.journal.set_run_state(ctx.run_id, "running")
+    done = {name: info for name, info in ctx.journal.phases(ctx.run_id).items()
+            if info["state"] == "done"}
+    for name, info in done.items():
+        ctx.results[name] = info["result"]
+    try:
+        for binding in ctx.hosts.values():
+            await binding.transport.connect()
+        for name in phase_names(ctx):
+            if name in done:
+                _restore(ctx, name)
+                if name == "provision":
+                    for binding in ctx.hosts.values():
+                        await binding.agent.install()
+                ctx.emit(PhaseFinished(ctx.run_id, phase=name, skipped=True, detail="already done"))
+                continue
+            step = _PHASES[name.split(":")[0]]
+            ctx.emit(PhaseStarted(ctx.run_id, phase=name))
+            ctx.journal.start_phase(ctx.run_id, name)
+            started = time.monotonic()
+            try:
+                result = await step(ctx, name)
+            except BaseException as exc:
+                ctx.journal.finish_phase(ctx.run_id, name, {"error": str(exc)}, state="failed")
+                raise
+            result = result or {}
+            result.setdefault("seconds", round(time.monotonic() - started, 3))
+            ctx.results[name] = result
+            ctx.journal.finish_phase(ctx.run_id, name, result)
+            ctx.emit(PhaseFinished(ctx.run_id, phase=name, detail=result.get("summary", "")))
+            if ctx.options.detach and name.startswith("launch:"):
+                ctx.journal.set_run_state(ctx.run_id, "detached")
+                ctx.emit(RunFinished(ctx.run_id, verdict="detached", exit_code=0,
+                                     out_dir=str(ctx.out_dir),
+                                     detail=f"remotemac attach {ctx.run_id}"))
+                return 0
+    except JobLost as exc:
+        await _record_after_loss(ctx, exc)
+        ctx.journal.set_run_state(ctx.run_id, "lost", verdict="incomplete", exit_code=exc.exit_code)
+        ctx.emit(RunFinished(ctx.run_id, verdict="incomplete", exit_code=exc.exit_code,
+                             out_dir=str(ctx.out_dir), detail=exc.line()))
+        return exc.exit_code
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        ctx.journal.set_run_state(ctx.run_id, "interrupted", exit_code=EXIT_INTERRUPTED)
+        raise
+    except RemotemacError as exc:
+        ctx.journal.set_run_state(ctx.run_id, "failed", exit_code=exc.exit_code)
+        raise
+    finally:
+        for binding in ctx.hosts.values():
+            await binding.transport.close()
+    record = ctx.results.get("record", {})
+    verdict = record.get("verdict", "incomplete")
+    code = EXIT_ACCEPTED if verdict == "accepted" else EXIT_REJECTED
+    ctx.journal.set_run_state(ctx.run_id, "finished", verdict=verdict, exit_code=code)
+    ctx.emit(RunFinished(ctx.run_id, verdict=verdict, exit_code=code, out_dir=str(ctx.out_dir),
+                         detail=str(ctx.out_dir / "acceptance.md")))
+    return code
+
+
+def _restore(ctx: RunContext, name: str) -> None:
+    """Bring back what a finished phase learnt (host paths) for the phases after it."""
+    if name == "provision":
+        assign_labels(ctx.sides, ctx.results[name]["devices"])
+        for key, info in ctx.results[name]["hosts"].items():
+            binding = ctx.hosts[key]
+            binding.root = info["root"]
+            binding.agent.root = info["root"]
+            binding.run_dir = info["run_dir"]
+
+
+# ---------------------------------------------------------------- phases
+
+
+async def _provision(ctx: RunContext, _name: str) -> dict[str, Any]:
+    from remotemac.engine.provision import provision_host, resolve_device
+
+    hosts = {}
+    for key, binding in ctx.hosts.items():
+        hosts[key] = await provision_host(ctx, binding)
+    devices = {s.role: resolve_device(s.device, hosts[s.host_key]["probe"]) for s in ctx.sides}
+    assign_labels(ctx.sides, devices)
+    return {"hosts": hosts, "devices": devices,
+            "summary": ", ".join(f"{r}={d}" for r, d in devices.items())}
+
+
+async def _sync(ctx: RunContext, _name: str) -> dict[str, Any]:
+    from remotemac.engine.sync import sync_host
+
+    prov = ctx.results["provision"]["hosts"]
+    hosts = {key: await sync_host(ctx, b, prov[key]) for key, b in ctx.hosts.items()}
+    first = next(iter(hosts.values()))
+    return {"hosts": hosts, "summary": f"{first['files']} files, {first['bytes']} bytes"}
+
+
+def _requests(ctx: RunContext) -> dict[str, dict[str, Any]]:
+    from remotemac.engine.jobs import job_request
+
+    prov = ctx.results["provision"]
+    data = ctx.results["sync"]["hosts"]
+    return {
+        s.role: job_request(ctx, s, prov["devices"][s.role], prov["hosts"][s.host_key],
+                            data[s.host_key]["data_dir"])
+        for s in ctx.sides
+    }
+
+
+async def _launch(ctx: RunContext, name: str) -> dict[str, Any]:
+    from remotemac.engine.jobs import launch
+
+    role = name.split(":")[1]
+    side = ctx.side(role)
+    assert side is not None
+    requests = _requests(ctx)
+    nxt = None
+    # when the target runs on the same host, the host itself starts it after the reference
+    target = ctx.side("target")
+    if role == "reference" and target and target.host_key == side.host_key:
+        nxt = requests["target"]
+    answer = await launch(ctx, side, requests[role], nxt)
+    return {"session": requests[role]["session"], "mode": answer.get("mode"),
+            "already": bool(answer.get("already_running") or answer.get("already_done")),
+            "summary": requests[role]["session"]}
+
+
+async def _follow(ctx: RunContext, name: str) -> dict[str, Any]:
+    from remotemac.engine.jobs import follow
+
+    role = name.split(":")[1]
+    side = ctx.side(role)
+    assert side is not None
+    result = await follow(ctx, side, _requests(ctx)[role])
+    result["summary"] = f"{result['state']} (exit {result['exit_code']}), {result['lines']} lines"
+    return result
+
+
+async def _pull(ctx: RunContext, _name: str) -> dict[str, Any]:
+    from remotemac.engine.pull import pull_side
+
+    prov = ctx.results["provision"]["hosts"]
+    sides = {s.label: await pull_side(ctx, s, prov[s.host_key]["run_dir"]) for s in ctx.sides}
+    count = sum(len(v["files"]) for v in sides.values())
+    return {"sides": sides, "summary": f"{count} files verified"}
+
+
+async def _compare(ctx: RunContext, _name: str) -> dict[str, Any]:
+    from remotemac.engine.record import compare_results
+
+    return await asyncio.to_thread(compare_results, ctx)
+
+
+async def _record(ctx: RunContext, _name: str) -> dict[str, Any]:
+    from remotemac.engine.record import write_acceptance
+
+    return await write_acceptance(ctx)
+
+
+async def _wipe(ctx: RunContext, _name: str) -> dict[str, Any]:
+    from remotemac.engine.record import update_record_wipe
+    from remotemac.engine.wipe import wipe_run
+
+    if ctx.playbook.wipe == "manual" or ctx.options.keep_data:
+        return {"done": False, "summary": "kept (wipe: manual or --keep-data)"}
+    result = await wipe_run(ctx)
+    update_record_wipe(ctx, result)
+    return result
+
+
+async def _record_after_loss(ctx: RunContext, exc: JobLost) -> None:
+    from remotemac.engine.record import write_acceptance
+
+    try:
+        await write_acceptance(ctx, lost=exc.line())
+    except Exception as err:  # the loss is the news; a record failure must not hide it
+        ctx.ledger.append("local", f"record after loss failed: {err}", None, op="record")
+
+
+_PHASES: dict[str, Callable[[RunContext, str], Awaitable[dict[str, Any]]]] = {
+    "provision": _provision, "sync": _sync, "launch": _launch, "follow": _follow,
+    "pull": _pull, "compare": _compare, "record": _record, "wipe": _wipe,
+}
+
+
+async def run_phase(*, run_id: str, phase: str, playbook: Playbook, journal: Journal, home: Path,
+                    out_dir: Path, options: RunOptions, ssh: SSHOptions | None, render) -> int:
+    """Run one phase of an existing run by hand (``remotemac pull`` / ``wipe``)."""
+    bus = EventBus()
+    bus.subscribe(render)
+    ctx = build_context(run_id=run_id, playbook=playbook, journal=journal, bus=bus, home=home,
+                        out_dir=out_dir, options=options, ssh=ssh)
+    for name, info in journal.phases(run_id).items():
+        if info["state"] == "done":
+            ctx.results[name] = info["result"]
+    if "provision" not in ctx.results:
+        from remotemac.errors import BadInput
+
+        raise BadInput(f"run {run_id} was never provisioned: nothing to {phase}")
+    _restore(ctx, "provision")
+    try:
+        for binding in ctx.hosts.values():
+            await binding.transport.connect()
+        ctx.emit(PhaseStarted(run_id, phase=phase))
+        result = await _PHASES[phase](ctx, phase)
+        if journal.phase_state(run_id, phase) is None:
+            journal.start_phase(run_id, phase)
+        journal.finish_phase(run_id, phase, result)
+        ctx.emit(PhaseFinished(run_id, phase=phase, detail=result.get("summary", "")))
+    finally:
+        for binding in ctx.hosts.values():
+            await binding.transport.close()
+        render.close()
+    return 0

@@ -1,0 +1,68 @@
+"""``run --dry-run``: what a run would do, computed locally; touches no host."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from remotemac.engine.context import make_sides, substitute
+from remotemac.engine.provision import project_archive
+from remotemac.playbook import Playbook
+from remotemac.units import format_size
+
+
+def make_plan(pb: Playbook) -> dict[str, Any]:
+    root = pb.remote_root
+    run_dir = f"{root}/runs/<run-id>"
+    sides = make_sides(pb)
+    archive, files = project_archive(pb.project_dir(), list(pb.project.exclude))
+    data: dict[str, Any] = {"files": [], "bytes": 0, "encrypted": None}
+    if pb.data is not None:
+        from remotemac.data.slice import select_slice
+
+        sel = select_slice(
+            pb.data_dir(), include=list(pb.data.include), exclude=list(pb.data.exclude),
+            max_bytes=pb.data.max_bytes, sample_files=pb.data.sample.files if pb.data.sample else None,
+            seed=pb.data.sample.seed if pb.data.sample else 0,
+            files=list(pb.data.files) if pb.data.files is not None else None,
+        )
+        data = {"files": [{"path": f.path, "size": f.size, "reason": f.reason} for f in sel.files],
+                "skipped": [{"path": p, "reason": r} for p, r in sel.skipped],
+                "bytes": sel.total_bytes, "encrypted": pb.data.encrypt}
+    commands = {}
+    for side in sides:
+        values = {"device": side.device, "data_dir": f"{run_dir}/data",
+                  "output_dir": f"{run_dir}/out/{side.label}"}
+        commands[side.role] = {"host": "local" if side.host_key == "local" else pb.host,
+                               "session": side.session("<run-id>"),
+                               "command": substitute(pb.workload.command, values)}
+    phases = ["provision", "sync"] + [f"{p}:{s.role}" for s in sides for p in ("launch", "follow")]
+    phases += ["pull", "compare", "record", "wipe" if pb.wipe == "after_pull" else "wipe (manual)"]
+    return {
+        "playbook": pb.name, "host": pb.host, "phases": phases,
+        "remote_paths": {"root": root, "run_dir": run_dir, "agent": f"{root}/agent/<version>",
+                         "venv": f"{root}/envs/<requirements-hash>"},
+        "project": {"files": len(files), "bytes": len(archive)},
+        "data": data, "commands": commands,
+        "bytes_to_send": len(archive) + int(data["bytes"]),
+    }
+
+
+def print_plan(plan: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    c = Console()
+    c.print(f"[bold]Plan for {plan['playbook']}[/] on [bold]{plan['host']}[/] (dry run: nothing is touched)")
+    c.print("phases: " + " → ".join(plan["phases"]))
+    for key, value in plan["remote_paths"].items():
+        c.print(f"  {key:8} {value}")
+    c.print(f"project: {plan['project']['files']} files, {format_size(plan['project']['bytes'])}")
+    data = plan["data"]
+    if data["files"]:
+        table = Table("dataset file", "size", "why", title=f"dataset slice ({'encrypted' if data['encrypted'] else 'plain'})")
+        for f in data["files"]:
+            table.add_row(f["path"], format_size(f["size"]), f["reason"])
+        c.print(table)
+    for role, cmd in plan["commands"].items():
+        c.print(f"{role}: on {cmd['host']} in tmux {cmd['session']}: [dim]{cmd['command']}[/]")
+    c.print(f"bytes to send: {format_size(plan['bytes_to_send'])}")

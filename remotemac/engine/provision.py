@@ -1,0 +1,96 @@
+"""Provision: the run's directories, the agent, the project code and the venv."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import tarfile
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from remotemac.engine.context import HostBinding, RunContext, expand_root
+from remotemac.events import PhaseProgress
+from remotemac.ignore import walk_project
+
+
+def env_key(python: str, system_site: bool, requirements: bytes | None) -> str:
+    """Venvs are shared between runs with the same interpreter and requirements."""
+    digest = hashlib.sha256(f"{python}\0{system_site}\0".encode())
+    digest.update(requirements or b"")
+    return digest.hexdigest()[:16]
+
+
+def project_archive(project_dir: Path, exclude: list[str]) -> tuple[bytes, list[str]]:
+    files = list(walk_project(project_dir, exclude))
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for rel in files:
+            info = tar.gettarinfo(str(project_dir / rel), arcname=rel)
+            info.uid = info.gid = 0
+            info.uname = info.gname = ""
+            with open(project_dir / rel, "rb") as fh:
+                tar.addfile(info, fh)
+    return buf.getvalue(), files
+
+
+async def provision_host(ctx: RunContext, binding: HostBinding) -> dict[str, Any]:
+    pb = ctx.playbook
+    transport = binding.transport
+    if binding.key == "local" and pb.host != "local":
+        root = str(ctx.home / "local-host")
+    else:
+        root = expand_root(pb.remote_root, await transport.home())
+    binding.root = root
+    binding.agent.root = root
+    await transport.makedirs(root)
+    await binding.agent.install()
+    prepared = await binding.agent.call("prepare_run", {"root": root, "run_id": ctx.run_id})
+    binding.run_dir = prepared["run_dir"]
+    ctx.journal.record_created(transport.name, "run", binding.run_dir, ctx.run_id)
+
+    archive, files = project_archive(pb.project_dir(), list(pb.project.exclude))
+    remote_tar = f"{binding.run_dir}/tmp/project.tar"
+    with tempfile.NamedTemporaryFile(suffix=".tar") as tmp:
+        tmp.write(archive)
+        tmp.flush()
+        await transport.put(tmp.name, remote_tar)
+    await binding.agent.call("extract_project",
+                             {"dest": prepared["paths"]["project"], "archive": remote_tar})
+    ctx.emit(PhaseProgress(ctx.run_id, phase="provision", done=len(archive), total=len(archive),
+                           detail=f"{len(files)} project files"))
+
+    env = pb.environment
+    req_bytes = None
+    req_remote = None
+    if env.requirements:
+        req_bytes = (pb.project_dir() / env.requirements).read_bytes()
+        req_remote = f"{prepared['paths']['project']}/{env.requirements}"
+    venv_python = env.python
+    venv: dict[str, Any] = {"reused": None}
+    if env.venv:
+        key = env_key(env.python, env.system_site_packages, req_bytes)
+        venv = await binding.agent.call("ensure_venv", {
+            "root": root, "key": key, "python": env.python,
+            "system_site_packages": env.system_site_packages, "requirements": req_remote,
+        }, timeout=3600)
+        venv_python = venv["venv_python"]
+        ctx.journal.record_created(transport.name, "venv", venv["env_dir"], ctx.run_id)
+    probe = await binding.agent.call("probe_torch", {"python": venv_python})
+    return {
+        "root": root, "run_dir": binding.run_dir, "paths": prepared["paths"],
+        "venv_python": venv_python, "venv_reused": venv.get("reused"), "probe": probe,
+        "project_files": len(files), "project_bytes": len(archive),
+        "lock_hash": hashlib.sha256(req_bytes).hexdigest() if req_bytes else None,
+    }
+
+
+def resolve_device(device: str, probe: dict[str, Any]) -> str:
+    """``auto`` → mps, else cuda, else cpu, by what the host's torch can do."""
+    if device != "auto":
+        return device
+    if probe.get("mps_available"):
+        return "mps"
+    if probe.get("cuda_available"):
+        return "cuda"
+    return "cpu"

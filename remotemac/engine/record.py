@@ -1,0 +1,174 @@
+"""Compare the pulled outputs and write the acceptance record from what the run saw."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import time
+from pathlib import Path
+from typing import Any
+
+from remotemac.engine.context import RunContext
+
+ENV_MISMATCH_KEYS = ("torch", "numpy", "python", "lock_hash")
+
+
+def compare_results(ctx: RunContext) -> dict[str, Any]:
+    from remotemac.acceptance.compare import CompareRule, compare_outputs
+
+    ref, tgt = ctx.side("reference"), ctx.side("target")
+    if ref is None or tgt is None:
+        return {"within_tolerance": None, "files": [], "summary": "no reference to compare with"}
+    rules = [CompareRule(file=r.file, rtol=r.rtol, atol=r.atol)
+             for r in ctx.playbook.outputs.compare]
+    if not rules:
+        rules = [CompareRule(file="**/*", rtol=None, atol=None)]
+    results = ctx.out_dir / "results"
+    outcome = compare_outputs(results / ref.label, results / tgt.label, rules).to_dict()
+    ok = sum(1 for f in outcome["files"] if f.get("ok"))
+    outcome["summary"] = f"{ok}/{len(outcome['files'])} files within tolerance"
+    return outcome
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            rows.append(json.loads(line))
+        except ValueError:
+            continue
+    return rows
+
+
+def memory_samples(logs: Path, label: str) -> list[tuple[float, float]]:
+    """(t, bytes): Metal's driver memory on MPS, else the process RSS (harness or runner)."""
+    rows = _read_jsonl(logs / f"{label}.metrics.jsonl") or _read_jsonl(logs / f"{label}.rss.jsonl")
+    key = "mps_driver_allocated_bytes" if any(r.get("mps_driver_allocated_bytes") for r in rows) \
+        else "rss_bytes"
+    return [(float(r["t"]), float(r[key])) for r in rows if r.get(key)]
+
+
+def _observations(ctx: RunContext) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    from remotemac.acceptance.decide import memory_stable
+
+    tgt = ctx.side("target")
+    assert tgt is not None
+    logs = ctx.out_dir / "logs"
+    obs_file = logs / f"{tgt.label}.obs.json"
+    harness = json.loads(obs_file.read_text()) if obs_file.exists() else {}
+    samples = memory_samples(logs, tgt.label)
+    duration = samples[-1][0] - samples[0][0] if len(samples) > 1 else 0.0
+    memory = memory_stable(samples, warmup_s=min(10.0, 0.25 * duration)) if samples else {
+        "peak_bytes": None, "stable": None, "slope_bytes_per_s": None}
+    memory["samples"] = [[t, b] for t, b in samples][-200:]
+    operators = harness.get("operators") or {}
+    compare = ctx.results.get("compare", {})
+    observations = {
+        "tensors_on_device": harness.get("tensors_on_device"),
+        "operators": {
+            "fallback_ops": operators.get("fallback_ops"),
+            "unsupported_ops": operators.get("unsupported_ops"),
+            "dtype_errors": operators.get("dtype_errors"),
+        },
+        "memory": memory,
+        "results": {"within_tolerance": compare.get("within_tolerance"),
+                    "files": compare.get("files", [])},
+    }
+    # fallback ops are judged against stop_when.fallback_ops by the record builder
+    conditions = [c for c in harness.get("stopping_conditions") or []
+                  if c.get("code") != "fallback-op"]
+    for side in ctx.sides:
+        follow = ctx.results.get(f"follow:{side.role}", {})
+        if follow and follow.get("state") != "finished":
+            conditions.append({"code": "workload-failed",
+                               "detail": f"{side.role} job {follow.get('state')} with exit "
+                                         f"{follow.get('exit_code')}"})
+    return observations, conditions
+
+
+def _environment(ctx: RunContext) -> dict[str, Any]:
+    prov = ctx.results.get("provision", {})
+    sides = {}
+    for side in ctx.sides:
+        host = prov.get("hosts", {}).get(side.host_key, {})
+        probe = host.get("probe", {})
+        sides[side.role] = {
+            "host": ctx.hosts[side.host_key].transport.name, "device": prov.get("devices", {}).get(side.role),
+            "python": probe.get("python"), "machine": probe.get("machine"),
+            "torch": probe.get("torch"), "numpy": probe.get("numpy"),
+            "mps_built": probe.get("mps_built"), "mps_available": probe.get("mps_available"),
+            "lock_hash": host.get("lock_hash"),
+            "command": ctx.playbook.workload.command,
+            "pytorch_env": {k: v for k, v in ctx.playbook.workload.env.items()
+                            if k.startswith("PYTORCH_")},
+        }
+    env_dir = ctx.out_dir / "env"
+    env_dir.mkdir(exist_ok=True)
+    for role, data in sides.items():
+        (env_dir / f"{role}.json").write_text(json.dumps(data, indent=2), encoding="utf-8")
+    mismatches = []
+    if "reference" in sides and "target" in sides:
+        for key in ENV_MISMATCH_KEYS:
+            a, b = sides["reference"].get(key), sides["target"].get(key)
+            if a != b:
+                mismatches.append({"key": key, "reference": a, "target": b})
+    return {"reference": sides.get("reference"), "target": sides.get("target"),
+            "mismatches": mismatches}
+
+
+def _iso(ts: float | None) -> str | None:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts)) if ts else None
+
+
+def reproduce_command(ctx: RunContext) -> str:
+    row = ctx.journal.get_run(ctx.run_id)
+    source = row.playbook_path if row and row.playbook_path else f"{ctx.playbook.name}.yaml"
+    parts = ["remotemac", "run", source, "--host", ctx.playbook.host]
+    return " ".join(shlex.quote(p) for p in parts)
+
+
+async def write_acceptance(ctx: RunContext, lost: str | None = None) -> dict[str, Any]:
+    from remotemac.acceptance.record import build_record, write_record
+
+    observations, conditions = _observations(ctx)
+    if lost:
+        conditions.append({"code": "job-lost", "detail": lost})
+    row = ctx.journal.get_run(ctx.run_id)
+    started = row.created_at if row else time.time()
+    finished = time.time()
+    hours = (finished - started) / 3600
+    cost = ctx.playbook.cost
+    sync = ctx.results.get("sync", {}).get("hosts", {}).get("remote") or next(
+        iter(ctx.results.get("sync", {}).get("hosts", {}).values()), {})
+    counters = ctx.results.get("_continuity", {})
+    record = build_record(
+        run_id=ctx.run_id, playbook=ctx.playbook.name, host=ctx.playbook.host,
+        started_at=_iso(started), finished_at=_iso(finished), observations=observations,
+        stopping_conditions=conditions, stop_when=ctx.playbook.stop_when.model_dump(),
+        environment=_environment(ctx),
+        dataset={"revision": sync.get("revision"), "files": sync.get("files"),
+                 "bytes": sync.get("bytes"), "encrypted": sync.get("encrypted")},
+        continuity={"disconnects": counters.get("disconnects", 0),
+                    "reconnects": counters.get("reconnects", 0),
+                    "drill": ctx.options.drill},
+        cost={"hours": round(hours, 4), "hourly_rate": cost.hourly_rate,
+              "amount": round(hours * cost.hourly_rate, 4), "currency": cost.currency},
+        reproduce=reproduce_command(ctx),
+    )
+    write_record(ctx.out_dir, record)
+    return {"verdict": record["verdict"], "summary": record["verdict"],
+            "conditions": record["stopping_conditions"]}
+
+
+def update_record_wipe(ctx: RunContext, wipe: dict[str, Any]) -> None:
+    """Fold the wipe's outcome into the already written record."""
+    from remotemac.acceptance.record import write_record
+
+    path = ctx.out_dir / "acceptance.json"
+    if not path.exists():
+        return
+    record = json.loads(path.read_text(encoding="utf-8"))
+    record["wipe"] = {k: wipe.get(k) for k in ("done", "verified", "removed", "remaining")}
+    write_record(ctx.out_dir, record)

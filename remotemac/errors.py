@@ -1,0 +1,70 @@
+"""Errors that map to SPEC.md's exit codes.
+
+Every error the user can cause or meet carries the exit code it ends the process
+with and a one-line message (what, where, what to do). The CLI prints that line;
+a traceback only appears with ``-v``.
+"""
+
+from __future__ import annotations
+
+EXIT_ACCEPTED = 0
+EXIT_REJECTED = 1
+EXIT_BAD_INPUT = 2
+EXIT_HOST = 3
+EXIT_JOB_LOST = 4
+EXIT_INTEGRITY = 5
+EXIT_INTERRUPTED = 130
+
+
+class RemotemacError(Exception):
+    """Base error: ``str(err)`` is the one line shown to the user."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, *, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def line(self) -> str:
+        return f"{self.message} ({self.hint})" if self.hint else self.message
+
+
+class BadInput(RemotemacError):
+    """Usage, playbook or unknown run id."""
+
+    exit_code = EXIT_BAD_INPUT
+
+
+class HostError(RemotemacError):
+    """Unreachable host, auth failure, unknown or changed host key."""
+
+    exit_code = EXIT_HOST
+
+
+class HostKeyError(HostError):
+    """The host key is unknown or changed: never retried."""
+
+
+class AuthError(HostError):
+    """Authentication failed: never retried."""
+
+
+class TransientHostError(HostError):
+    """A link problem that a reconnect may cure."""
+
+
+class JobLost(RemotemacError):
+    """The job on the host disappeared (reboot, killed tmux server)."""
+
+    exit_code = EXIT_JOB_LOST
+
+
+class IntegrityError(RemotemacError):
+    """Checksum or decryption failure."""
+
+    exit_code = EXIT_INTEGRITY
+
+
+class UnsafePath(IntegrityError):
+    """The host sent back a name that would escape the output directory."""

@@ -1,0 +1,274 @@
+"""The journal: a SQLite file in ``--home`` that makes every phase resumable.
+
+It holds the runs, the state of each phase, the byte offset reached in each log,
+the hash cache of dataset files and the inventory of what remotemac created on
+each host (for cleanup). Several ``remotemac`` processes may use it at once: the
+database runs in WAL mode and every write is one short ``BEGIN IMMEDIATE``
+transaction, so readers never block and writers queue instead of corrupting.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS runs (
+  run_id TEXT PRIMARY KEY,
+  name TEXT NOT NULL,
+  host TEXT NOT NULL,
+  playbook_path TEXT,
+  playbook_json TEXT NOT NULL,
+  out_dir TEXT NOT NULL,
+  options_json TEXT NOT NULL DEFAULT '{}',
+  state TEXT NOT NULL DEFAULT 'created',
+  verdict TEXT,
+  exit_code INTEGER,
+  created_at REAL NOT NULL,
+  updated_at REAL NOT NULL,
+  finished_at REAL
+);
+CREATE TABLE IF NOT EXISTS phases (
+  run_id TEXT NOT NULL,
+  phase TEXT NOT NULL,
+  state TEXT NOT NULL,
+  result_json TEXT NOT NULL DEFAULT '{}',
+  started_at REAL,
+  finished_at REAL,
+  PRIMARY KEY (run_id, phase)
+);
+CREATE TABLE IF NOT EXISTS log_offsets (
+  run_id TEXT NOT NULL,
+  device TEXT NOT NULL,
+  offset INTEGER NOT NULL,
+  lines INTEGER NOT NULL DEFAULT 0,
+  updated_at REAL NOT NULL,
+  PRIMARY KEY (run_id, device)
+);
+CREATE TABLE IF NOT EXISTS hash_cache (
+  path TEXT PRIMARY KEY,
+  size INTEGER NOT NULL,
+  mtime_ns INTEGER NOT NULL,
+  inode INTEGER NOT NULL,
+  sha256 TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS inventory (
+  host TEXT NOT NULL,
+  run_id TEXT,
+  kind TEXT NOT NULL,
+  path TEXT NOT NULL,
+  created_at REAL NOT NULL,
+  removed_at REAL,
+  PRIMARY KEY (host, kind, path)
+);
+"""
+
+FINAL_STATES = {"finished", "failed", "lost", "interrupted"}
+
+
+@dataclass(frozen=True)
+class RunRow:
+    run_id: str
+    name: str
+    host: str
+    playbook_path: str | None
+    playbook: dict[str, Any]
+    out_dir: str
+    options: dict[str, Any]
+    state: str
+    verdict: str | None
+    exit_code: int | None
+    created_at: float
+    updated_at: float
+    finished_at: float | None
+
+
+def new_run_id(name: str) -> str:
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    return f"{name}-{stamp}-{secrets.token_hex(2)}"
+
+
+class Journal:
+    """Thread-safe handle on the journal file; one SQLite connection per thread."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._local = threading.local()
+        self._db().executescript(SCHEMA)  # idempotent DDL; executescript commits itself
+
+    def _db(self) -> sqlite3.Connection:
+        db = getattr(self._local, "db", None)
+        if db is None:
+            db = sqlite3.connect(self.path, timeout=60, isolation_level=None)
+            db.row_factory = sqlite3.Row
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=NORMAL")
+            db.execute("PRAGMA busy_timeout=60000")
+            self._local.db = db
+        return db
+
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        db = self._db()
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            yield db
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        db.execute("COMMIT")
+
+    def close(self) -> None:
+        db = getattr(self._local, "db", None)
+        if db is not None:
+            db.close()
+            self._local.db = None
+
+    # ------------------------------------------------------------ runs
+
+    def create_run(
+        self, run_id: str, *, name: str, host: str, playbook_path: str | None,
+        playbook: dict[str, Any], out_dir: str, options: dict[str, Any],
+    ) -> None:
+        now = time.time()
+        with self._write() as db:
+            db.execute(
+                "INSERT INTO runs (run_id, name, host, playbook_path, playbook_json, out_dir,"
+                " options_json, created_at, updated_at) VALUES (?,?,?,?,?,?,?,?,?)",
+                (run_id, name, host, playbook_path, json.dumps(playbook), out_dir,
+                 json.dumps(options), now, now),
+            )
+
+    def get_run(self, run_id: str) -> RunRow | None:
+        row = self._db().execute("SELECT * FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+        return _run_row(row) if row else None
+
+    def list_runs(self, limit: int = 200) -> list[RunRow]:
+        rows = self._db().execute(
+            "SELECT * FROM runs ORDER BY created_at DESC LIMIT ?", (limit,)
+        ).fetchall()
+        return [_run_row(r) for r in rows]
+
+    def set_run_state(
+        self, run_id: str, state: str, *, verdict: str | None = None, exit_code: int | None = None
+    ) -> None:
+        now = time.time()
+        finished = now if state in FINAL_STATES else None
+        with self._write() as db:
+            db.execute(
+                "UPDATE runs SET state = ?, verdict = COALESCE(?, verdict),"
+                " exit_code = COALESCE(?, exit_code), updated_at = ?,"
+                " finished_at = COALESCE(?, finished_at) WHERE run_id = ?",
+                (state, verdict, exit_code, now, finished, run_id),
+            )
+
+    # ------------------------------------------------------------ phases
+
+    def phase_state(self, run_id: str, phase: str) -> tuple[str, dict[str, Any]] | None:
+        row = self._db().execute(
+            "SELECT state, result_json FROM phases WHERE run_id = ? AND phase = ?", (run_id, phase)
+        ).fetchone()
+        return (row["state"], json.loads(row["result_json"])) if row else None
+
+    def phases(self, run_id: str) -> dict[str, dict[str, Any]]:
+        rows = self._db().execute(
+            "SELECT * FROM phases WHERE run_id = ? ORDER BY started_at", (run_id,)
+        ).fetchall()
+        return {
+            r["phase"]: {"state": r["state"], "result": json.loads(r["result_json"]),
+                         "started_at": r["started_at"], "finished_at": r["finished_at"]}
+            for r in rows
+        }
+
+    def start_phase(self, run_id: str, phase: str) -> None:
+        with self._write() as db:
+            db.execute(
+                "INSERT INTO phases (run_id, phase, state, started_at) VALUES (?,?,'started',?)"
+                " ON CONFLICT(run_id, phase) DO UPDATE SET state='started'",
+                (run_id, phase, time.time()),
+            )
+
+    def finish_phase(self, run_id: str, phase: str, result: dict[str, Any], state: str = "done") -> None:
+        with self._write() as db:
+            db.execute(
+                "UPDATE phases SET state = ?, result_json = ?, finished_at = ?"
+                " WHERE run_id = ? AND phase = ?",
+                (state, json.dumps(result, default=str), time.time(), run_id, phase),
+            )
+
+    # ------------------------------------------------------------ log offsets
+
+    def log_offset(self, run_id: str, device: str) -> tuple[int, int]:
+        row = self._db().execute(
+            "SELECT offset, lines FROM log_offsets WHERE run_id = ? AND device = ?", (run_id, device)
+        ).fetchone()
+        return (row["offset"], row["lines"]) if row else (0, 0)
+
+    def save_log_offset(self, run_id: str, device: str, offset: int, lines: int) -> None:
+        with self._write() as db:
+            db.execute(
+                "INSERT INTO log_offsets (run_id, device, offset, lines, updated_at) VALUES (?,?,?,?,?)"
+                " ON CONFLICT(run_id, device) DO UPDATE SET offset=excluded.offset,"
+                " lines=excluded.lines, updated_at=excluded.updated_at",
+                (run_id, device, offset, lines, time.time()),
+            )
+
+    # ------------------------------------------------------------ hash cache
+
+    def get(self, path: str, size: int, mtime_ns: int, inode: int) -> str | None:
+        """HashCache protocol: the cached sha256 if the file looks unchanged."""
+        row = self._db().execute(
+            "SELECT sha256 FROM hash_cache WHERE path = ? AND size = ? AND mtime_ns = ? AND inode = ?",
+            (path, size, mtime_ns, inode),
+        ).fetchone()
+        return row["sha256"] if row else None
+
+    def put(self, path: str, size: int, mtime_ns: int, inode: int, sha256: str) -> None:
+        with self._write() as db:
+            db.execute(
+                "INSERT OR REPLACE INTO hash_cache (path, size, mtime_ns, inode, sha256)"
+                " VALUES (?,?,?,?,?)",
+                (path, size, mtime_ns, inode, sha256),
+            )
+
+    # ------------------------------------------------------------ inventory
+
+    def record_created(self, host: str, kind: str, path: str, run_id: str | None = None) -> None:
+        with self._write() as db:
+            db.execute(
+                "INSERT INTO inventory (host, run_id, kind, path, created_at) VALUES (?,?,?,?,?)"
+                " ON CONFLICT(host, kind, path) DO UPDATE SET removed_at = NULL",
+                (host, run_id, kind, path, time.time()),
+            )
+
+    def record_removed(self, host: str, kind: str, path: str) -> None:
+        with self._write() as db:
+            db.execute(
+                "UPDATE inventory SET removed_at = ? WHERE host = ? AND kind = ? AND path = ?",
+                (time.time(), host, kind, path),
+            )
+
+    def inventory(self, host: str, include_removed: bool = False) -> list[dict[str, Any]]:
+        sql = "SELECT * FROM inventory WHERE host = ?"
+        if not include_removed:
+            sql += " AND removed_at IS NULL"
+        return [dict(r) for r in self._db().execute(sql + " ORDER BY created_at", (host,))]
+
+
+def _run_row(row: sqlite3.Row) -> RunRow:
+    return RunRow(
+        run_id=row["run_id"], name=row["name"], host=row["host"],
+        playbook_path=row["playbook_path"], playbook=json.loads(row["playbook_json"]),
+        out_dir=row["out_dir"], options=json.loads(row["options_json"]), state=row["state"],
+        verdict=row["verdict"], exit_code=row["exit_code"], created_at=row["created_at"],
+        updated_at=row["updated_at"], finished_at=row["finished_at"],
+    )

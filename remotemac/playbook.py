@@ -1,0 +1,383 @@
+"""The playbook: one YAML file that says what to run where, and how to judge it.
+
+Validation is strict on purpose: a typo in a rented-Mac run costs money, so an
+unknown key is an error with a "did you mean", and every error names the key
+path and the line and column in the file.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+import string
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
+
+from remotemac.errors import BadInput
+from remotemac.units import parse_duration, parse_size
+
+PLACEHOLDERS = ("device", "data_dir", "output_dir")
+SYSTEM_DIRS = {
+    "/", "/bin", "/sbin", "/usr", "/etc", "/var", "/tmp", "/private", "/System", "/Library",
+    "/Applications", "/Users", "/home", "/root", "/opt", "/dev", "/proc", "/sys", "/Volumes",
+    "/private/tmp", "/private/var", "/usr/local", "/opt/homebrew",
+}
+
+Size = Annotated[
+    int,
+    BeforeValidator(parse_size),
+    WithJsonSchema(
+        {
+            "anyOf": [
+                {"type": "integer", "minimum": 0},
+                {"type": "string", "pattern": r"^\d+(\.\d+)?\s*([kKmMgGtT]i?[bB]?|[bB])?$"},
+            ],
+            "description": "bytes, or a size like 500MB or 2GiB",
+        }
+    ),
+]
+Duration = Annotated[
+    float,
+    BeforeValidator(parse_duration),
+    WithJsonSchema(
+        {
+            "anyOf": [
+                {"type": "number", "exclusiveMinimum": 0},
+                {"type": "string", "pattern": r"^(\d+(\.\d+)?\s*(s|m|min|h|d)?)+$"},
+            ],
+            "description": "seconds, or a duration like 90s, 30m, 2h",
+        }
+    ),
+]
+Device = Literal["cpu", "mps", "cuda", "auto"]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Project(Strict):
+    path: str = Field(".", description="code to upload, relative to the playbook")
+    exclude: list[str] = Field(default_factory=list, description="more patterns than .gitignore")
+
+
+class Environment(Strict):
+    python: str = Field("python3", description="interpreter the remote venv is made from")
+    requirements: str | None = Field(None, description="lock or requirements file in the project")
+    venv: bool = Field(True, description="make a venv keyed by the requirements' hash")
+    system_site_packages: bool = Field(False, description="let the venv see the interpreter's packages")
+
+
+class Sample(Strict):
+    files: int = Field(gt=0)
+    seed: int = 0
+
+
+class Data(Strict):
+    path: str
+    include: list[str] = Field(default_factory=lambda: ["**/*"])
+    exclude: list[str] = Field(default_factory=list)
+    files: list[str] | None = Field(None, description="an explicit file list instead of globs")
+    max_bytes: Size | None = None
+    sample: Sample | None = None
+    classification: Literal["public", "internal", "sensitive"] = "internal"
+    approved_for_remote: bool = False
+    encrypt: bool = True
+
+    @model_validator(mode="after")
+    def _policy(self) -> Data:
+        if self.classification == "sensitive" and not self.approved_for_remote:
+            raise ValueError(
+                "sensitive data is refused unless approved_for_remote: true"
+            )
+        if not self.encrypt and self.classification != "public":
+            raise ValueError(
+                f"encrypt: false is only allowed for public data (classification is "
+                f"{self.classification})"
+            )
+        return self
+
+
+class Side(Strict):
+    device: Device
+    on: Literal["remote", "local"] = "remote"
+
+
+class Workload(Strict):
+    command: str = Field(min_length=1)
+    reference: Side | None = Field(default_factory=lambda: Side(device="cpu"))
+    target: Side = Field(default_factory=lambda: Side(device="mps"))
+    fallback: Literal["off", "diagnostic"] = "diagnostic"
+    timeout: Duration = 7200.0
+    env: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("command")
+    @classmethod
+    def _placeholders(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("the command is empty")
+        for _, name, _, _ in string.Formatter().parse(value):
+            if name is not None and name not in PLACEHOLDERS:
+                raise ValueError(
+                    f"unknown placeholder {{{name}}} (known: "
+                    + ", ".join("{" + p + "}" for p in PLACEHOLDERS) + ")"
+                )
+        return value
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, value: dict[str, str]) -> dict[str, str]:
+        for key in value:
+            if not key.replace("_", "a").isalnum() or key[0].isdigit():
+                raise ValueError(f"not an environment variable name: {key!r}")
+            if key.startswith("REMOTEMAC_"):
+                raise ValueError(f"{key} is set by remotemac itself")
+        return value
+
+
+class CompareRule(Strict):
+    file: str
+    rtol: float | None = Field(None, ge=0)
+    atol: float | None = Field(None, ge=0)
+
+
+class Outputs(Strict):
+    path: str = "out"
+    compare: list[CompareRule] = Field(default_factory=list)
+
+
+class StopWhen(Strict):
+    fallback_ops: Literal["any", "none"] | list[str] = Field(
+        "any", description="any: every fallback op stops; none: never; a list: allowed ops"
+    )
+    memory_growth: bool = True
+    max_memory: Size | None = None
+
+
+class Cost(Strict):
+    hourly_rate: float = Field(0.0, ge=0)
+    currency: str = "USD"
+
+
+class Playbook(Strict):
+    """A validated playbook; ``base_dir`` is the directory of the YAML file."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+    host: str = "local"
+    remote_root: str = "~/remotemac"
+    project: Project = Field(default_factory=Project)
+    environment: Environment = Field(default_factory=Environment)
+    data: Data | None = None
+    workload: Workload
+    outputs: Outputs = Field(default_factory=Outputs)
+    stop_when: StopWhen = Field(default_factory=StopWhen)
+    cost: Cost = Field(default_factory=Cost)
+    wipe: Literal["after_pull", "manual"] = "after_pull"
+
+    _base_dir: Path = PrivateAttr(default_factory=Path.cwd)
+    _source: Path | None = PrivateAttr(default=None)
+
+    @property
+    def base_dir(self) -> Path:
+        return self._base_dir
+
+    @property
+    def source(self) -> Path | None:
+        return self._source
+
+    @field_validator("remote_root")
+    @classmethod
+    def _safe_root(cls, value: str) -> str:
+        return check_remote_root(value)
+
+    @field_validator("host")
+    @classmethod
+    def _host(cls, value: str) -> str:
+        if not value or any(c.isspace() for c in value) or value.startswith("-"):
+            raise ValueError(f"not a host: {value!r} (write local, an ssh alias or user@host:port)")
+        return value
+
+    def project_dir(self) -> Path:
+        return (self.base_dir / self.project.path).resolve()
+
+    def data_dir(self) -> Path | None:
+        return (self.base_dir / self.data.path).resolve() if self.data else None
+
+
+def check_remote_root(value: str) -> str:
+    """Refuse a remote_root whose removal would hurt: /, ~, empty, a system dir."""
+    text = value.strip()
+    norm = os.path.normpath(text) if text else ""
+    if not norm or norm in {".", "~", "/"} or norm.startswith("~") and norm.rstrip("/") == "~":
+        raise ValueError(f"remote_root {value!r} is not allowed: use a dedicated dir like ~/remotemac")
+    if ".." in Path(norm).parts:
+        raise ValueError(f"remote_root {value!r} may not contain '..'")
+    if not (norm.startswith("~/") or norm.startswith("/")):
+        raise ValueError(f"remote_root {value!r} must start with ~/ or /")
+    if norm in SYSTEM_DIRS or (norm.startswith("/") and len(Path(norm).parts) < 3):
+        raise ValueError(f"remote_root {value!r} is a system dir: use e.g. ~/remotemac")
+    return norm
+
+
+# ---------------------------------------------------------------- loading
+
+
+class PlaybookErrors(BadInput):
+    """All problems of one playbook; ``lines`` holds one line per problem."""
+
+    def __init__(self, lines: list[str]) -> None:
+        super().__init__(lines[0] if len(lines) == 1 else f"{len(lines)} problems in playbook")
+        self.lines = lines
+
+    def line(self) -> str:
+        return "\n".join(self.lines)
+
+
+def load_playbook(path: str | os.PathLike[str], overrides: dict[str, Any] | None = None) -> Playbook:
+    """Read, parse and validate a playbook file. Raises PlaybookErrors (exit 2)."""
+    file = Path(path)
+    try:
+        text = file.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise BadInput(f"{file}: no such playbook") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise BadInput(f"{file}: cannot read playbook: {exc}") from None
+    playbook = parse_playbook(text, str(file), overrides=overrides)
+    playbook._base_dir = file.resolve().parent
+    playbook._source = file.resolve()
+    return playbook
+
+
+class PlaybookLoader(yaml.SafeLoader):
+    """YAML 1.2 booleans: only true/false. SPEC's ``on: remote`` must stay a key named "on"."""
+
+
+PlaybookLoader.yaml_implicit_resolvers = {
+    first: [(tag, regex) for tag, regex in resolvers if tag != "tag:yaml.org,2002:bool"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+PlaybookLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
+    list("tTfF"),
+)
+
+
+def parse_playbook(text: str, filename: str = "<playbook>", overrides: dict[str, Any] | None = None) -> Playbook:
+    try:
+        node = yaml.compose(text, Loader=PlaybookLoader)
+        data = yaml.load(text, Loader=PlaybookLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{filename}:{mark.line + 1}:{mark.column + 1}" if mark else filename
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise PlaybookErrors([f"{where}: bad YAML: {problem}"]) from None
+    if not isinstance(data, dict):
+        raise PlaybookErrors([f"{filename}:1:1: a playbook is a mapping of keys (name, workload, ...)"])
+    if overrides:
+        data = {**data, **{k: v for k, v in overrides.items() if v is not None}}
+    try:
+        return Playbook.model_validate(data)
+    except ValidationError as exc:
+        raise PlaybookErrors(_explain(exc, node, filename)) from None
+
+
+def _explain(exc: ValidationError, root: yaml.Node | None, filename: str) -> list[str]:
+    lines: list[str] = []
+    seen: set[str] = set()
+    for err in exc.errors():
+        loc = [p for p in err["loc"] if not (isinstance(p, str) and ("[" in p or p in _UNION_TAGS))]
+        key_path = ".".join(str(p) for p in loc) or "(top)"
+        mark = _mark_for(root, loc, key_node=err["type"] == "extra_forbidden")
+        where = f"{filename}:{mark[0]}:{mark[1]}" if mark else filename
+        message = _message(err, loc)
+        line = f"{where}: {key_path}: {message}"
+        if line not in seen:
+            seen.add(line)
+            lines.append(line)
+    return lines
+
+
+_UNION_TAGS = {"literal['any','none']", "list[str]", "int", "str", "float", "Side", "Sample"}
+
+
+def _message(err: dict[str, Any], loc: list[Any]) -> str:
+    kind = err["type"]
+    if kind == "extra_forbidden":
+        known = _fields_at(loc[:-1])
+        guess = difflib.get_close_matches(str(loc[-1]), known, n=1)
+        hint = f"; did you mean '{guess[0]}'?" if guess else f"; known keys: {', '.join(known)}"
+        return f"unknown key{hint}"
+    if kind == "missing":
+        return "required key is missing"
+    message = err["msg"]
+    for prefix in ("Value error, ", "Assertion failed, "):
+        if message.startswith(prefix):
+            message = message[len(prefix):]
+    return message
+
+
+def _fields_at(loc: list[Any]) -> list[str]:
+    """The keys the model accepts at a location, for "did you mean"."""
+    model: Any = Playbook
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        field = model.model_fields.get(part) if hasattr(model, "model_fields") else None
+        if field is None:
+            return []
+        model = _model_in(field.annotation)
+        if model is None:
+            return []
+    return sorted(model.model_fields) if hasattr(model, "model_fields") else []
+
+
+def _model_in(annotation: Any) -> Any:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in getattr(annotation, "__args__", ()) or ():
+        found = _model_in(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def _mark_for(root: yaml.Node | None, loc: list[Any], key_node: bool) -> tuple[int, int] | None:
+    """Line and column (1-based) of the node at ``loc``; nearest parent if absent."""
+    node = root
+    best = (node.start_mark.line + 1, node.start_mark.column + 1) if node is not None else None
+    for i, part in enumerate(loc):
+        if isinstance(node, yaml.MappingNode):
+            for key, value in node.value:
+                if key.value == str(part):
+                    last = i == len(loc) - 1
+                    node = key if (last and key_node) else value
+                    break
+            else:
+                return best
+        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
+            node = node.value[part]
+        else:
+            return best
+        best = (node.start_mark.line + 1, node.start_mark.column + 1)
+    return best
+
+
+def playbook_json_schema() -> dict[str, Any]:
+    schema = Playbook.model_json_schema()
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = "remotemac playbook"
+    return schema

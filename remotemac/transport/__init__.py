@@ -1,0 +1,1 @@
+"""Transports: how the engine reaches a host (``local`` or ``ssh``)."""

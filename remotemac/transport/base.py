@@ -1,0 +1,122 @@
+"""The Transport interface every phase is written against.
+
+A transport reaches one host. It runs commands (the engine mostly runs the
+shipped agent with JSON on stdin, so BSD/GNU tool differences never matter),
+moves files, and reads a file from a byte offset (how logs are followed without
+losing or repeating a line). Paths given to a transport are host paths; ``~`` is
+expanded by :meth:`Transport.home` once, never by a shell.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+
+ProgressFn = Callable[[int], None]
+"""Called with the number of bytes moved since the last call."""
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    """Outcome of one command on the host."""
+
+    command: str
+    exit_code: int
+    stdout: bytes
+    stderr: bytes
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0
+
+    def text(self) -> str:
+        return self.stdout.decode("utf-8", "replace")
+
+
+@dataclass(frozen=True)
+class RemoteStat:
+    """What a listing says about one entry, without following links."""
+
+    path: str
+    size: int
+    mtime: float
+    kind: str  # "file" | "dir" | "link" | "other"
+    extra: dict = field(default_factory=dict)
+
+
+class Transport(abc.ABC):
+    """One host. Implementations: :mod:`.local` and :mod:`.ssh`."""
+
+    #: a name for messages and the journal, e.g. ``local`` or ``me@mac:22``
+    name: str = "?"
+
+    async def __aenter__(self) -> Transport:
+        await self.connect()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    @abc.abstractmethod
+    async def connect(self) -> None:
+        """Open the link (no-op for ``local``)."""
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Close the link. Never stops anything running on the host."""
+
+    @abc.abstractmethod
+    async def home(self) -> str:
+        """The host user's home directory, as an absolute path."""
+
+    @abc.abstractmethod
+    async def exec(
+        self,
+        argv: list[str],
+        *,
+        stdin: bytes | None = None,
+        timeout: float | None = None,
+        check: bool = False,
+    ) -> ExecResult:
+        """Run ``argv`` on the host. Each element is shell-quoted by the transport.
+
+        Secrets travel on ``stdin`` only, never in ``argv`` or the environment.
+        With ``check=True`` a non-zero exit raises :class:`remotemac.errors.HostError`.
+        """
+
+    @abc.abstractmethod
+    async def read_from(self, path: str, offset: int, max_bytes: int = 1 << 20) -> bytes:
+        """Return up to ``max_bytes`` of ``path`` starting at byte ``offset``.
+
+        Returns ``b""`` at end of file, raises FileNotFoundError if it does not exist.
+        """
+
+    @abc.abstractmethod
+    async def put(self, local: str, remote: str, *, progress: ProgressFn | None = None) -> None:
+        """Copy a local file to the host (parents must exist)."""
+
+    @abc.abstractmethod
+    async def get(self, remote: str, local: str, *, progress: ProgressFn | None = None) -> None:
+        """Copy a host file to a local path."""
+
+    @abc.abstractmethod
+    async def write_bytes(self, remote: str, data: bytes, *, mode: int = 0o600) -> None:
+        """Write a small file on the host atomically (temp name then rename)."""
+
+    @abc.abstractmethod
+    async def stat(self, remote: str) -> RemoteStat | None:
+        """lstat one path; ``None`` when it does not exist."""
+
+    @abc.abstractmethod
+    async def listdir(self, remote: str) -> list[RemoteStat]:
+        """Entries of a directory (not recursive, links not followed)."""
+
+    @abc.abstractmethod
+    async def makedirs(self, remote: str, mode: int = 0o700) -> None:
+        """Create a directory and its parents; fine if it exists."""
+
+    async def stream_exec(self, argv: list[str], *, stdin: bytes | None = None) -> AsyncIterator[bytes]:
+        """Yield a command's stdout as it comes (default: all at once)."""
+        result = await self.exec(argv, stdin=stdin)
+        yield result.stdout

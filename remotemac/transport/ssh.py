@@ -1,0 +1,446 @@
+"""The ``ssh`` transport: one asyncssh connection per host, exec channels plus SFTP.
+
+Why one connection: a handshake costs round trips and auth; channels are cheap.
+OpenSSH allows 10 sessions per connection (MaxSessions), so a semaphore keeps
+exec channels at ``max_channels`` (8) plus the one SFTP session.
+
+When the link dies (RST, FIN, or keepalive finding it silently dead), the
+transport emits ``disconnected``, reconnects with backoff (see
+:mod:`.reconnect`) and re-runs the interrupted operation if it is idempotent:
+reads, stat, listdir, get, put (restarted from zero), makedirs, write_bytes, and
+exec only when the caller passes ``idempotent=True``. A non-idempotent exec
+raises :class:`TransientHostError` instead, because it may or may not have run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import posixpath
+import secrets
+import shlex
+import stat as statmod
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import TypeVar
+
+import asyncssh
+
+from remotemac.errors import HostError, TransientHostError
+from remotemac.events import ConnectionState, Event
+from remotemac.transport.base import ExecResult, ProgressFn, RemoteStat, Transport
+from remotemac.transport.reconnect import reconnect
+from remotemac.transport.sshconfig import resolve
+from remotemac.transport.sshconnect import (
+    ConnectOptions,
+    PassphrasePrompt,
+    SFTPUnavailable,
+    lost_reason,
+    open_connection,
+)
+
+T = TypeVar("T")
+
+#: SFTP tuning (see scripts/bench_transport.py): OpenSSH's sftp-server accepts
+#: reads/writes up to 255 KiB (limits@openssh.com); 64 in flight fill a fast link.
+SFTP_BLOCK_SIZE = 255 * 1024
+SFTP_MAX_REQUESTS = 64
+MAX_OP_RETRIES = 8
+
+_LINK_ERRORS = (
+    asyncssh.DisconnectError,  # includes ConnectionLost
+    asyncssh.sftp.SFTPConnectionLost,
+    asyncssh.sftp.SFTPNoConnection,
+    ConnectionError,
+    BrokenPipeError,
+    EOFError,
+)
+
+
+class SSHTransport(Transport):
+    """A host reached over SSH, as the user's own ``ssh`` would reach it."""
+
+    def __init__(
+        self,
+        host_spec: str,
+        *,
+        home_dir: Path,
+        ssh_config: Path | None = None,
+        identity: Path | None = None,
+        keepalive_interval: float = 10,
+        keepalive_count_max: int = 3,
+        reconnect_deadline: float = 300.0,
+        emit: Callable[[Event], None] | None = None,
+        run_id: str = "",
+        connect_timeout: float = 15.0,
+        max_channels: int = 8,
+        passphrase_prompt: PassphrasePrompt | None = None,
+    ) -> None:
+        self.spec = host_spec
+        self.params = resolve(host_spec, ssh_config=ssh_config, identity=identity)
+        self.name = self.params.display
+        self.reconnect_deadline = reconnect_deadline
+        self.run_id = run_id
+        self._emit_fn = emit
+        self._opts = ConnectOptions(
+            home_dir=Path(home_dir),
+            ssh_config=ssh_config,
+            identity=identity,
+            keepalive_interval=keepalive_interval,
+            keepalive_count_max=keepalive_count_max,
+            connect_timeout=connect_timeout,
+            passphrase_prompt=passphrase_prompt,
+        )
+        self._conn: asyncssh.SSHClientConnection | None = None
+        self._jumps: list[asyncssh.SSHClientConnection] = []
+        self._sftp: asyncssh.SFTPClient | None = None
+        self._sftp_lock = asyncio.Lock()
+        self._link_lock = asyncio.Lock()
+        self._channels = asyncio.Semaphore(max_channels)
+        self._generation = 0
+        self._closed = False
+        self._home: str | None = None
+        self._watch: asyncio.Task | None = None
+        #: counts for the acceptance record's ``continuity`` section
+        self.disconnects = 0
+        self.reconnects = 0
+
+    # -- link management -----------------------------------------------------------
+
+    def _emit(self, state: str, **kw: object) -> None:
+        if self._emit_fn is not None:
+            self._emit_fn(ConnectionState(self.run_id, host=self.name, state=state, **kw))  # type: ignore[arg-type]
+
+    async def connect(self) -> None:
+        """Open the link once (no retry: a wrong host or key should fail fast)."""
+        async with self._link_lock:
+            if self._conn is not None:
+                return
+            self._closed = False
+            await self._open()
+            self._emit("connected")
+
+    async def _open(self) -> None:
+        conn, jumps = await open_connection(self.params, self._opts)
+        self._conn, self._jumps, self._sftp = conn, jumps, None
+        self._generation += 1
+        self._watch = asyncio.ensure_future(self._watch_link(conn, self._generation))
+
+    async def _watch_link(self, conn: asyncssh.SSHClientConnection, generation: int) -> None:
+        """Notice a dead link even when no operation is running (keepalive, RST)."""
+        with contextlib.suppress(Exception):
+            await conn.wait_closed()
+        if not self._closed and generation == self._generation and self._conn is conn:
+            self._mark_dead(conn, "link closed")
+
+    def _mark_dead(self, conn: asyncssh.SSHClientConnection, why: str) -> None:
+        if self._conn is not conn:
+            return
+        why = lost_reason(conn) or why
+        self._conn, self._sftp = None, None
+        for jump in self._jumps:
+            jump.close()
+        self._jumps = []
+        conn.abort()
+        self.disconnects += 1
+        self._emit("disconnected", detail=why)
+
+    async def close(self) -> None:
+        self._closed = True
+        conn, self._conn, self._sftp = self._conn, None, None
+        if self._watch is not None:
+            self._watch.cancel()
+        if conn is not None:
+            conn.close()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(conn.wait_closed(), 5)
+        for jump in self._jumps:
+            jump.close()
+        self._jumps = []
+
+    async def _link(self) -> asyncssh.SSHClientConnection:
+        """The live connection, reconnecting (bounded by the deadline) if it died."""
+        if self._conn is not None and not self._conn.is_closed():
+            return self._conn
+        async with self._link_lock:
+            if self._conn is not None and not self._conn.is_closed():
+                return self._conn
+            if self._conn is not None:
+                self._mark_dead(self._conn, "link closed")
+            if self._closed:
+                raise HostError(f"transport to {self.name} is closed", hint="connect() again")
+            if self._generation == 0:
+                await self._open()
+                self._emit("connected")
+            else:
+                await reconnect(self._open, host=self.name, deadline=self.reconnect_deadline,
+                                emit=self._emit_fn, run_id=self.run_id)
+                self.reconnects += 1
+            assert self._conn is not None
+            return self._conn
+
+    async def _sftp_client(self) -> asyncssh.SFTPClient:
+        conn = await self._link()
+        async with self._sftp_lock:
+            if self._sftp is not None and self._conn is conn:
+                return self._sftp
+            try:
+                self._sftp = await conn.start_sftp_client()
+            except asyncssh.ChannelOpenError as exc:
+                if conn.is_closed() or self._conn is not conn:
+                    raise ConnectionResetError("link closed") from None
+                if "request failed" in exc.reason.lower():
+                    # sshd opened the session but refused the "sftp" subsystem request
+                    raise SFTPUnavailable(
+                        f"the SFTP subsystem is missing on {self.name}",
+                        hint="enable `Subsystem sftp` in the host's sshd_config",
+                    ) from None
+                raise SFTPUnavailable(
+                    f"cannot open an SFTP session on {self.name}: {exc.reason}",
+                    hint="too many sessions? check MaxSessions in the host's sshd_config",
+                ) from None
+            except (asyncssh.SFTPError, asyncssh.ProcessError) as exc:
+                if isinstance(exc, _LINK_ERRORS):
+                    raise
+                raise SFTPUnavailable(
+                    f"the SFTP subsystem is missing on {self.name}",
+                    hint="enable `Subsystem sftp` in the host's sshd_config",
+                ) from None
+            return self._sftp
+
+    async def _run(self, what: str, op: Callable[[], Awaitable[T]], *, idempotent: bool) -> T:
+        """Run ``op``; on a dead link reconnect and, if idempotent, run it again."""
+        for _ in range(MAX_OP_RETRIES):
+            conn = await self._link()
+            try:
+                return await op()
+            except _LINK_ERRORS as exc:
+                if self._closed:
+                    raise HostError(f"transport to {self.name} closed during {what}") from None
+                with contextlib.suppress(Exception):
+                    # let asyncssh finish closing so the cause (e.g. keepalive) is known
+                    await asyncio.wait_for(conn.wait_closed(), 1)
+                self._mark_dead(conn, f"{type(exc).__name__}: {exc}".strip())
+                if not idempotent:
+                    raise TransientHostError(
+                        f"the link to {self.name} dropped during {what}; it may or may not"
+                        f" have completed",
+                        hint="the transport reconnects on the next call",
+                    ) from None
+        raise TransientHostError(f"{what} on {self.name} kept losing the link",
+                                 hint="check the network")
+
+    # -- Transport API -------------------------------------------------------------
+
+    async def home(self) -> str:
+        if self._home is None:
+            async def op() -> str:
+                return await (await self._sftp_client()).realpath(".")
+            self._home = await self._run("home", op, idempotent=True)
+        return self._home
+
+    async def exec(
+        self,
+        argv: list[str],
+        *,
+        stdin: bytes | None = None,
+        timeout: float | None = None,
+        check: bool = False,
+        idempotent: bool = False,
+    ) -> ExecResult:
+        """Run ``argv`` (each element shell-quoted); see :meth:`Transport.exec`.
+
+        ``idempotent=True`` allows a re-run after a reconnect.
+        """
+        command = " ".join(shlex.quote(str(arg)) for arg in argv)
+
+        async def op() -> ExecResult:
+            conn = await self._link()
+            async with self._channels:
+                try:
+                    done = await conn.run(command, input=stdin, encoding=None, timeout=timeout,
+                                          check=False)
+                except asyncssh.TimeoutError:
+                    raise HostError(f"`{_short_cmd(argv)}` timed out after {timeout:g} s on"
+                                    f" {self.name}", hint="raise the timeout or check the host"
+                                    ) from None
+                except asyncssh.ChannelOpenError as exc:
+                    if self._conn is conn and not conn.is_closed():
+                        raise HostError(f"cannot open a channel on {self.name}: {exc.reason}",
+                                        hint="check MaxSessions on the host") from None
+                    raise ConnectionResetError("link closed") from None
+            code = done.returncode if done.returncode is not None else -1
+            if done.exit_status is None and done.exit_signal is None and conn.is_closed():
+                # the channel closed without an exit status: the link went away
+                raise ConnectionResetError("link closed before the command finished")
+            return ExecResult(command, code, _as_bytes(done.stdout), _as_bytes(done.stderr))
+
+        result = await self._run(f"`{_short_cmd(argv)}`", op, idempotent=idempotent)
+        if check and not result.ok:
+            lines = result.stderr.decode("utf-8", "replace").strip().splitlines()
+            last = lines[-1] if lines else "no error output"
+            raise HostError(f"`{_short_cmd(argv)}` failed on {self.name} (exit {result.exit_code}):"
+                            f" {last}")
+        return result
+
+    async def stream_exec(
+        self, argv: list[str], *, stdin: bytes | None = None
+    ) -> AsyncIterator[bytes]:
+        """Yield stdout chunks as they arrive (not retried: a stream is not idempotent)."""
+        command = " ".join(shlex.quote(str(arg)) for arg in argv)
+        conn = await self._link()
+        async with self._channels:
+            try:
+                proc = await conn.create_process(command, encoding=None)
+            except _LINK_ERRORS as exc:
+                self._mark_dead(conn, str(exc))
+                raise TransientHostError(f"the link to {self.name} dropped") from None
+            try:
+                if stdin:
+                    proc.stdin.write(stdin)
+                proc.stdin.write_eof()
+                while True:
+                    chunk = await proc.stdout.read(65536)
+                    if not chunk:
+                        break
+                    yield chunk
+                await proc.wait()
+            except _LINK_ERRORS as exc:
+                self._mark_dead(conn, str(exc))
+                raise TransientHostError(f"the link to {self.name} dropped while streaming",
+                                         hint="resume from the last offset") from None
+            finally:
+                proc.close()
+
+    async def read_from(self, path: str, offset: int, max_bytes: int = 1 << 20) -> bytes:
+        async def op() -> bytes:
+            sftp = await self._sftp_client()
+            try:
+                async with sftp.open(path, "rb") as fh:
+                    return await fh.read(max_bytes, offset)
+            except asyncssh.SFTPNoSuchFile:
+                raise FileNotFoundError(path) from None
+
+        return await self._run(f"read {path}", op, idempotent=True)
+
+    async def put(self, local: str, remote: str, *, progress: ProgressFn | None = None) -> None:
+        reporter = _Progress(progress)
+
+        async def op() -> None:
+            sftp = await self._sftp_client()
+            try:
+                await sftp.put(local, remote, block_size=SFTP_BLOCK_SIZE,
+                               max_requests=SFTP_MAX_REQUESTS, progress_handler=reporter)
+            except asyncssh.SFTPError as exc:
+                if isinstance(exc, _LINK_ERRORS):
+                    raise
+                raise HostError(f"cannot upload to {self.name}:{remote}: {exc.reason}",
+                                hint="check the remote directory exists and is writable") from None
+
+        await self._run(f"upload {remote}", op, idempotent=True)
+
+    async def get(self, remote: str, local: str, *, progress: ProgressFn | None = None) -> None:
+        reporter = _Progress(progress)
+
+        async def op() -> None:
+            sftp = await self._sftp_client()
+            try:
+                await sftp.get(remote, local, block_size=SFTP_BLOCK_SIZE,
+                               max_requests=SFTP_MAX_REQUESTS, progress_handler=reporter)
+            except asyncssh.SFTPNoSuchFile:
+                raise FileNotFoundError(remote) from None
+
+        await self._run(f"download {remote}", op, idempotent=True)
+
+    async def write_bytes(self, remote: str, data: bytes, *, mode: int = 0o600) -> None:
+        async def op() -> None:
+            sftp = await self._sftp_client()
+            tmp = f"{remote}.rm-tmp-{secrets.token_hex(4)}"
+            attrs = asyncssh.SFTPAttrs(permissions=mode)
+            try:
+                async with sftp.open(tmp, "wb", attrs) as fh:
+                    await fh.write(data)
+                await sftp.chmod(tmp, mode)
+                await sftp.posix_rename(tmp, remote)
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    await sftp.remove(tmp)
+                raise
+
+        await self._run(f"write {remote}", op, idempotent=True)
+
+    async def stat(self, remote: str) -> RemoteStat | None:
+        async def op() -> RemoteStat | None:
+            sftp = await self._sftp_client()
+            try:
+                attrs = await sftp.lstat(remote)
+            except asyncssh.SFTPNoSuchFile:
+                return None
+            return _remote_stat(remote, attrs)
+
+        return await self._run(f"stat {remote}", op, idempotent=True)
+
+    async def listdir(self, remote: str) -> list[RemoteStat]:
+        async def op() -> list[RemoteStat]:
+            sftp = await self._sftp_client()
+            try:
+                names = await sftp.readdir(remote)
+            except asyncssh.SFTPNoSuchFile:
+                raise FileNotFoundError(remote) from None
+            return sorted(
+                (_remote_stat(posixpath.join(remote, str(n.filename)), n.attrs)
+                 for n in names if n.filename not in (".", "..")),
+                key=lambda s: s.path,
+            )
+
+        return await self._run(f"list {remote}", op, idempotent=True)
+
+    async def makedirs(self, remote: str, mode: int = 0o700) -> None:
+        async def op() -> None:
+            sftp = await self._sftp_client()
+            await sftp.makedirs(remote, asyncssh.SFTPAttrs(permissions=mode), exist_ok=True)
+
+        await self._run(f"mkdir {remote}", op, idempotent=True)
+
+
+class _Progress:
+    """Turns asyncssh's cumulative progress into deltas, never counting a restart twice."""
+
+    def __init__(self, fn: ProgressFn | None) -> None:
+        self.fn = fn
+        self.reported = 0
+
+    def __call__(self, _src: bytes, _dst: bytes, done: int, _total: int) -> None:
+        if self.fn is not None and done > self.reported:
+            self.fn(done - self.reported)
+            self.reported = done
+
+
+def _remote_stat(path: str, attrs: asyncssh.SFTPAttrs) -> RemoteStat:
+    perms = attrs.permissions or 0
+    if statmod.S_ISLNK(perms):
+        kind = "link"
+    elif statmod.S_ISDIR(perms):
+        kind = "dir"
+    elif statmod.S_ISREG(perms):
+        kind = "file"
+    else:
+        kind = "other"
+    return RemoteStat(
+        path=path,
+        size=attrs.size or 0,
+        mtime=float(attrs.mtime or 0),
+        kind=kind,
+        extra={"mode": perms & 0o7777, "uid": attrs.uid, "gid": attrs.gid},
+    )
+
+
+def _as_bytes(data: object) -> bytes:
+    if data is None:
+        return b""
+    return data if isinstance(data, bytes) else str(data).encode()
+
+
+def _short_cmd(argv: list[str], limit: int = 60) -> str:
+    text = " ".join(str(a) for a in argv)
+    return text if len(text) <= limit else text[: limit - 1] + "…"

@@ -1,0 +1,75 @@
+"""Shared fixtures: a local-host playbook factory and an isolated --home.
+
+The real-sshd harness and fault proxy live in tests/harness/ (a pytest plugin).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+pytest_plugins = ["tests.harness.fixtures"]
+
+REPO = Path(__file__).resolve().parent.parent
+LINES_PROJECT = REPO / "tests" / "fixtures" / "projects" / "lines"
+
+
+@pytest.fixture
+def rm_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    home = tmp_path / "rmhome"
+    home.mkdir()
+    monkeypatch.setenv("REMOTEMAC_HOME", str(home))
+    return home
+
+
+@pytest.fixture
+def make_playbook(tmp_path: Path):
+    """Write a playbook for the ``lines`` workload on the local host; keys override."""
+
+    def make(name: str = "lines", **overrides) -> Path:
+        data = {
+            "name": name,
+            "host": "local",
+            "remote_root": str(tmp_path / "host-root"),
+            "project": {"path": str(LINES_PROJECT), "exclude": ["data/"]},
+            "environment": {"python": sys.executable, "venv": False},
+            "data": {"path": str(LINES_PROJECT / "data"), "classification": "public",
+                     "encrypt": True},
+            "workload": {
+                "command": "python3 emit.py --device {device} --data {data_dir} "
+                           "--out {output_dir} --lines 40 --seconds 0.5 --torch",
+                "reference": {"device": "cpu"},
+                "target": {"device": "cpu"},
+                "timeout": "5m",
+            },
+            "outputs": {"path": ".", "compare": [{"file": "result.json", "rtol": 1e-6,
+                                                  "atol": 1e-9}]},
+            "stop_when": {"memory_growth": False},
+        }
+        for key, value in overrides.items():
+            if isinstance(value, dict) and isinstance(data.get(key), dict):
+                data[key] = {**data[key], **value}
+            else:
+                data[key] = value
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(yaml.safe_dump(data, sort_keys=False))
+        return path
+
+    return make
+
+
+def remotemac(*args: str, cwd: Path | None = None, env: dict | None = None,
+              timeout: float = 300, check: bool = False) -> subprocess.CompletedProcess:
+    """Run the real CLI in a subprocess, as a user would."""
+    full_env = dict(os.environ)
+    full_env.update(env or {})
+    proc = subprocess.run([sys.executable, "-m", "remotemac", *args], cwd=cwd, env=full_env,
+                          capture_output=True, text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"remotemac {' '.join(args)} → {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
+    return proc

@@ -1,0 +1,121 @@
+"""pytest fixtures for the real-sshd harness (load with ``pytest_plugins``).
+
+- ``client_key``       session-wide ed25519 client key (one ssh-keygen call per run)
+- ``sshd``             a running sshd, fresh per test (start-up ~0.1 s)
+- ``sshd_factory``     ``sshd_factory(**SSHD kwargs)`` starts more; all stopped at teardown
+- ``fault_proxy``      ``fault_proxy(sshd)`` puts a FaultProxy in front of one
+- ``sshd_new_hostkey`` ``sshd_new_hostkey(sshd)`` restarts it on the same port with a new key
+- ``trusted_home``     ``trusted_home(*sshds, via_proxy=None)``: a ``--home`` dir whose
+                       known_hosts trusts those sshds
+- ``ssh_env``          ``ssh_env(sshd, proxy=None)``: (home, ssh_config, alias) ready for
+                       ``SSHTransport(alias, home_dir=home, ssh_config=cfg)``
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.harness.faultproxy import FaultProxy
+from tests.harness.sshd import SSHD, ClientKey
+
+
+@pytest.fixture(scope="session")
+def client_key(tmp_path_factory: pytest.TempPathFactory) -> ClientKey:
+    return ClientKey.generate(tmp_path_factory.mktemp("client-key"))
+
+
+@pytest.fixture
+def sshd_factory(
+    tmp_path_factory: pytest.TempPathFactory, client_key: ClientKey
+) -> Iterator[Callable[..., SSHD]]:
+    started: list[SSHD] = []
+
+    def start(**kwargs: object) -> SSHD:
+        kwargs.setdefault("client_key", client_key)
+        server = SSHD(tmp_path_factory.mktemp("sshd"), **kwargs)  # type: ignore[arg-type]
+        started.append(server)
+        return server.start()
+
+    yield start
+    for server in started:
+        server.stop()
+
+
+@pytest.fixture
+def sshd(sshd_factory: Callable[..., SSHD]) -> SSHD:
+    return sshd_factory()
+
+
+@pytest.fixture
+def fault_proxy() -> Iterator[Callable[[SSHD], FaultProxy]]:
+    proxies: list[FaultProxy] = []
+
+    def start(server: SSHD) -> FaultProxy:
+        proxy = FaultProxy(server.host, server.port).start()
+        proxies.append(proxy)
+        return proxy
+
+    yield start
+    for proxy in proxies:
+        proxy.stop()
+
+
+@pytest.fixture
+def sshd_new_hostkey() -> Callable[[SSHD], SSHD]:
+    def restart(server: SSHD) -> SSHD:
+        return server.restart(new_host_key=True)
+
+    return restart
+
+
+def trust_line(server: SSHD, port: int | None = None) -> str:
+    """known_hosts line for ``server`` reached at ``port`` (e.g. a proxy's)."""
+    port = port or server.port
+    return server.known_hosts_line(server.host if port == 22 else f"[{server.host}]:{port}")
+
+
+@pytest.fixture
+def trusted_home(tmp_path: Path) -> Callable[..., Path]:
+    """Make a remotemac home whose own known_hosts trusts the given sshds."""
+
+    def make(*servers: SSHD, proxies: dict[SSHD, FaultProxy] | None = None) -> Path:
+        home = tmp_path / "rm-home"
+        home.mkdir(exist_ok=True)
+        with open(home / "known_hosts", "a") as fh:
+            for server in servers:
+                proxy = (proxies or {}).get(server)
+                fh.write(trust_line(server, proxy.port if proxy else None))
+        return home
+
+    return make
+
+
+@pytest.fixture
+def ssh_env(tmp_path: Path, trusted_home: Callable[..., Path]) -> Callable[..., tuple]:
+    """(home, ssh_config, alias) for one sshd, optionally reached through a proxy.
+
+    The ssh_config sets ``UserKnownHostsFile`` to an empty file so the test never
+    depends on the real ``~/.ssh/known_hosts``.
+    """
+    counter = iter(range(1000))
+
+    def make(server: SSHD, proxy: FaultProxy | None = None, *, trust: bool = True,
+             extra: dict[str, str] | None = None) -> tuple[Path, Path, str]:
+        alias = f"testhost{next(counter)}"
+        empty = tmp_path / "user_known_hosts"
+        empty.touch()
+        if trust:
+            home = trusted_home(server, proxies={server: proxy} if proxy else None)
+        else:
+            home = tmp_path / "rm-home"
+            home.mkdir(exist_ok=True)
+        cfg = server.write_ssh_config(
+            tmp_path / "ssh_config", alias, known_hosts=empty,
+            port=proxy.port if proxy else None, extra=extra,
+        )
+        return home, cfg, alias
+
+    return make

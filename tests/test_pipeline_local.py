@@ -1,0 +1,147 @@
+"""The whole pipeline on the embedded host ``local`` (this machine), through the real CLI."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from remotemac.engine.pull import safe_relpath
+from remotemac.errors import UnsafePath
+from tests.conftest import remotemac
+
+
+def _expected_log(lines: int) -> list[str]:
+    out = ["tensor on cpu", "device=cpu data_files=2"]
+    for i in range(1, lines + 1):
+        out.append(f"line {i:06d} of {lines}")
+        if i % 7 == 0:
+            out.append(f"stderr line {i:06d}")
+    return out
+
+
+def test_run_local_end_to_end(make_playbook, rm_home: Path, tmp_path: Path):
+    pb = make_playbook()
+    out = tmp_path / "out"
+    proc = remotemac("run", str(pb), "--out", str(out), "--json")
+    events = [json.loads(x) for x in proc.stdout.splitlines() if x.startswith("{")]
+    assert proc.returncode == 0, proc.stderr
+    finished = [e for e in events if e["event"] == "run_finished"]
+    assert finished and finished[-1]["verdict"] == "accepted"
+    record = json.loads((out / "acceptance.json").read_text())
+    assert record["verdict"] == "accepted"
+    assert record["observations"]["results"]["within_tolerance"] is True
+    assert record["dataset"]["files"] == 2 and record["dataset"]["encrypted"] is True
+    assert (out / "acceptance.md").read_text().startswith("# Acceptance")
+    # every line the workload printed, once, in order (stdout and stderr interleaved)
+    for device in ("cpu", "cpu-target"):
+        assert (out / "logs" / f"{device}.log").read_text().splitlines() == _expected_log(40)
+        assert json.loads((out / "results" / device / "result.json").read_text())["value"] == 1.0
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert {e["path"] for e in manifest["entries"]} == {"one.csv", "two.txt"}
+    ledger = [json.loads(x) for x in (out / "ledger.jsonl").read_text().splitlines()]
+    assert any(e["op"] == "launch" for e in ledger)
+    assert all("key_hex" not in e["command"] for e in ledger)
+    # phase events in order, each phase once
+    started = [e["phase"] for e in events if e["event"] == "phase_started"]
+    assert started == ["provision", "sync", "launch:reference", "follow:reference",
+                       "launch:target", "follow:target", "pull", "compare", "record", "wipe"]
+    # wipe: the run's data is gone on the host, the key is destroyed
+    run_dir = next((tmp_path / "host-root" / "runs").iterdir())
+    assert not (run_dir / "data").exists() and not (run_dir / "out").exists()
+    assert record["wipe"]["done"] is True
+    assert not list((rm_home / "keys").glob("*.key"))
+
+
+def test_rejected_when_target_differs(make_playbook, rm_home: Path, tmp_path: Path):
+    pb = make_playbook(workload={
+        "command": "python3 emit.py --device {device} --out {output_dir} --lines 5 "
+                   "--seconds 0.1 --noise 0.5 --torch",
+        "reference": {"device": "cpu"}, "target": {"device": "cpu"}, "timeout": "5m"})
+    out = tmp_path / "out"
+    proc = remotemac("run", str(pb), "--out", str(out))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    record = json.loads((out / "acceptance.json").read_text())
+    assert record["verdict"] == "rejected"
+    assert any(c["code"] == "results_outside_tolerance" and "result.json" in c["detail"]
+               for c in record["stopping_conditions"])
+
+
+def test_failed_workload_is_a_stopping_condition(make_playbook, rm_home: Path, tmp_path: Path):
+    pb = make_playbook(workload={
+        "command": "python3 emit.py --out {output_dir} --lines 3 --seconds 0.1 --exit 3",
+        "reference": {"device": "cpu"}, "target": {"device": "cpu"}, "timeout": "5m"})
+    out = tmp_path / "out"
+    proc = remotemac("run", str(pb), "--out", str(out))
+    assert proc.returncode == 1
+    record = json.loads((out / "acceptance.json").read_text())
+    assert any(c["code"] == "workload-failed" and "exit 3" in c["detail"]
+               for c in record["stopping_conditions"])
+
+
+def test_dry_run_touches_nothing(make_playbook, rm_home: Path, tmp_path: Path):
+    pb = make_playbook()
+    proc = remotemac("run", str(pb), "--dry-run", "--json")
+    assert proc.returncode == 0, proc.stderr
+    plan = json.loads(proc.stdout)
+    assert plan["phases"][0] == "provision" and plan["phases"][-1] == "wipe"
+    assert {f["path"] for f in plan["data"]["files"]} == {"one.csv", "two.txt"}
+    assert plan["bytes_to_send"] > 0
+    assert "emit.py" in plan["commands"]["target"]["command"]
+    assert not (tmp_path / "host-root").exists()
+    assert not (rm_home / "journal.sqlite3").exists()
+    human = remotemac("run", str(pb), "--dry-run")
+    assert human.returncode == 0 and "dry run" in human.stdout
+
+
+def test_two_concurrent_runs_share_the_journal(make_playbook, rm_home: Path, tmp_path: Path):
+    pb = make_playbook()
+    procs = [subprocess.Popen([sys.executable, "-m", "remotemac", "run", str(pb), "--out",
+                               str(tmp_path / f"out{i}"), "--json"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for i in range(2)]
+    results = [p.communicate(timeout=300) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], results
+    db = sqlite3.connect(rm_home / "journal.sqlite3")
+    assert db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    runs = db.execute("SELECT run_id, state, verdict FROM runs").fetchall()
+    assert len(runs) == 2 and all(r[1:] == ("finished", "accepted") for r in runs)
+    for run_id, _, _ in runs:
+        phases = db.execute("SELECT count(*) FROM phases WHERE run_id = ? AND state = 'done'",
+                            (run_id,)).fetchone()[0]
+        assert phases == 10
+    status = remotemac("status", "--json")
+    assert len(status.stdout.strip().splitlines()) == 2
+
+
+def test_attach_skips_finished_phases(make_playbook, rm_home: Path, tmp_path: Path):
+    pb = make_playbook()
+    out = tmp_path / "out"
+    assert remotemac("run", str(pb), "--out", str(out)).returncode == 0
+    run_id = json.loads(remotemac("status", "--json").stdout.splitlines()[0])["run_id"]
+    proc = remotemac("attach", run_id, "--json")
+    assert proc.returncode == 0
+    events = [json.loads(x) for x in proc.stdout.splitlines()]
+    skipped = [e["phase"] for e in events if e["event"] == "phase_finished" and e["skipped"]]
+    assert len(skipped) == 10
+
+
+def test_unknown_run_id_is_bad_input(rm_home: Path):
+    for args in (["attach", "nope"], ["status", "nope"], ["logs", "nope"]):
+        proc = remotemac(*args)
+        assert proc.returncode == 2 and "unknown run id" in proc.stderr
+        assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("name", ["/etc/passwd", "../x", "a/../../x", "", "a\\b", "a//b", "x\0y"])
+def test_hostile_result_names_refused(name):
+    with pytest.raises(UnsafePath):
+        safe_relpath(name)
+
+
+def test_plain_result_names_pass():
+    assert str(safe_relpath("preds/a.pt")) == "preds/a.pt"

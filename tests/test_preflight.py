@@ -1,0 +1,179 @@
+"""``remotemac preflight``: real workloads traced on the local CPU with real torch."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from remotemac.agent import optrace
+from remotemac.checks.preflight import (
+    PreflightReport,
+    main_preflight,
+    python_target,
+    render,
+    run_preflight,
+    substitute,
+)
+from remotemac.errors import BadInput
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "preflight"
+COMMAND = "python train.py --device {device} --data {data_dir} --out {output_dir}"
+pytestmark = pytest.mark.timeout(180)
+
+
+def _preflight(name: str, command: str = "python train.py", seconds: float = 30) -> PreflightReport:
+    return run_preflight(command, FIXTURES / name, None, seconds, {})
+
+
+def _flagged(report: PreflightReport) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for f in report.findings:
+        out.setdefault(f.op, []).append(f"{f.verdict}: {f.reason}")
+    return out
+
+
+def _playbook(tmp_path: Path, project: Path, command: str) -> Path:
+    path = tmp_path / "playbook.yaml"
+    path.write_text(
+        f"name: preflight-test\nproject:\n  path: {project}\nworkload:\n  command: {command}\n",
+        encoding="utf-8",
+    )
+    return path
+
+
+def test_quickstart_mlp_has_full_coverage(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """Tiny MLP + Adam, through the playbook and --json: 100 %, exit 0."""
+    code = main_preflight(_playbook(tmp_path, FIXTURES / "mlp", COMMAND), 30, as_json=True)
+    data = json.loads(capsys.readouterr().out)
+    assert code == 0 == data["exit_code"]
+    assert data["kind"] == "prediction"
+    assert data["torch_version"] == importlib.metadata.version("torch")
+    assert data["coverage_pct"] == 100.0
+    assert data["findings"] == [] and data["float64_sites"] == []
+    assert data["stopped"] == "completed"
+    ops = {o["op"] for o in data["ops"]}
+    assert {"aten::addmm", "aten::mm", "aten::relu", "aten::_log_softmax"} <= ops  # really traced
+    assert any(o.startswith("aten::add") for o in ops)  # Adam's update ran too
+    assert len(ops) == data["total_ops"] >= 15
+
+
+@pytest.fixture(scope="module")
+def float64_report() -> PreflightReport:
+    return _preflight("float64")
+
+
+def test_float64_model_is_flagged_with_creation_sites(float64_report: PreflightReport) -> None:
+    report = float64_report
+    assert report.exit_code == 1
+    flagged = _flagged(report)
+    assert "fail: float64 unsupported on MPS" in flagged["aten::addmm"]
+    assert "fail: float64 unsupported on MPS" in flagged["aten::randn"]
+    sites = {s.site: s for s in report.float64_sites}
+    # train.py: line 7 `.double()` on the model, line 8 randn(dtype=float64), line 9 `.double()`
+    assert set(sites) == {"train.py:7", "train.py:8", "train.py:9"}
+    assert "aten::randn" in sites["train.py:8"].ops
+    assert sites["train.py:7"].count == 2  # weight and bias
+    assert report.covered_ops == report.total_ops  # kernels exist: the dtype is the problem
+    assert report.clean_ops < report.total_ops
+
+
+def test_linalg_svd_and_eig_are_flagged() -> None:
+    report = _preflight("linalg")
+    assert report.exit_code == 1
+    flagged = _flagged(report)
+    assert flagged["aten::_linalg_svd"] == ["fallback: always-fallback list: linalg_svd runs on the CPU"]
+    assert flagged["aten::linalg_eig"] == ["fail: no MPS kernel"]
+    assert report.coverage_pct < 100
+
+
+def test_transformer_with_sdpa_is_not_a_false_alarm() -> None:
+    report = _preflight("transformer")
+    assert report.findings == [], report.findings
+    assert report.exit_code == 0 and report.coverage_pct == 100.0
+    kinds = {o.op: (o.support, o.via) for o in report.ops}
+    # The CPU chose its flash kernel; on MPS the same call takes the math path.
+    assert kinds["aten::_scaled_dot_product_flash_attention_for_cpu"] == (
+        "mapped", "_scaled_dot_product_attention_math_for_mps")
+    assert kinds["aten::_scaled_dot_product_flash_attention_for_cpu_backward"][0] == "mapped"
+
+
+def test_time_limit_stops_an_endless_module_workload() -> None:
+    """`python -m train` (endless steps) is stopped after --seconds and still predicted."""
+    report = _preflight("mlp", "python -u -m train --steps 0 --out {output_dir}", seconds=3)
+    assert report.stopped == "time_limit"
+    assert 3.0 <= report.elapsed_s < 5.0
+    assert report.exit_code == 0 and report.total_ops >= 1
+
+
+def test_workload_error_is_reported_and_rejects(tmp_path: Path) -> None:
+    (tmp_path / "boom.py").write_text(
+        "import sys, torch\nprint('args', sys.argv[1:])\n"
+        "torch.ones(2) + 1\nraise ValueError('no data in ' + sys.argv[1])\n",
+        encoding="utf-8",
+    )
+    report = run_preflight("python boom.py {data_dir}", tmp_path, tmp_path / "d d", 10, {})
+    assert report.stopped == "error"
+    assert report.workload_error == f"ValueError: no data in {tmp_path / 'd d'}"
+    assert report.exit_code == 1
+    assert any("args" in line for line in report.output_tail)
+    assert "aten::add.Tensor" in {o.op for o in report.ops}
+
+
+def test_torch_free_loop_is_stopped_by_the_alarm(tmp_path: Path) -> None:
+    """The dispatch-hook check never runs here; the SIGALRM backstop must."""
+    script = tmp_path / "spin.py"
+    script.write_text("while True:\n    pass\n", encoding="utf-8")
+    trace = optrace.run(0.3, str(tmp_path / "t.json"), [str(script)], cwd=str(tmp_path))
+    assert trace["stopped"] == "time_limit"
+    assert 1.0 <= trace["elapsed_s"] < 3.0
+    assert json.loads((tmp_path / "t.json").read_text())["stopped"] == "time_limit"
+
+
+def test_render_labels_a_prediction_for_a_torch_version(float64_report: PreflightReport) -> None:
+    from rich.console import Console
+
+    report = float64_report
+    console = Console(file=io.StringIO(), width=160, record=True)
+    render(report, console)
+    text = console.export_text()
+    assert f"prediction for torch {importlib.metadata.version('torch')}" in text
+    assert "coverage: 100.0%" in text and "train.py:8" in text and "float64" in text
+    assert "predicted to fall back or fail" in text
+
+
+@pytest.mark.parametrize(
+    ("command", "target", "env"),
+    [
+        ("python train.py --x 1", ["train.py", "--x", "1"], {}),
+        ("python3.12 -u -W ignore -m pkg.mod a", ["-m", "pkg.mod", "a"], {}),
+        ("/usr/bin/python3 -mpkg b", ["-m", "pkg", "b"], {}),
+        ("OMP_NUM_THREADS=2 python x.py", ["x.py"], {"OMP_NUM_THREADS": "2"}),
+        ("env A=1 python x.py", ["x.py"], {"A": "1"}),
+    ],
+)
+def test_python_commands_are_understood(command: str, target: list[str], env: dict) -> None:
+    assert python_target(command.split()) == (target, env)
+
+
+@pytest.mark.parametrize("command", ["bash run.sh", "torchrun train.py", "python -c pass", "python"])
+def test_non_python_commands_are_bad_input(command: str) -> None:
+    with pytest.raises(BadInput):
+        python_target(command.split())
+
+
+def test_placeholders_are_shell_quoted() -> None:
+    got = substitute("python t.py --data {data_dir} --dev {device}", {"data_dir": "/a b", "device": "cpu"})
+    assert got == "python t.py --data '/a b' --dev cpu"
+
+
+def test_main_preflight_non_python_command_is_one_line_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    code = main_preflight(_playbook(tmp_path, FIXTURES / "mlp", "bash run.sh"), 5, as_json=False)
+    err = capsys.readouterr().err.strip()
+    assert code == 2
+    assert len(err.splitlines()) == 1 and "can only trace Python commands" in err
