@@ -11,6 +11,7 @@ import difflib
 import os
 import re
 import string
+from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -187,6 +188,12 @@ class Playbook(Strict):
     stop_when: StopWhen = Field(default_factory=StopWhen)
     cost: Cost = Field(default_factory=Cost)
     wipe: Literal["after_pull", "manual"] = "after_pull"
+    wipe_deadline: str | None = Field(
+        None,
+        description="dead-man wipe: the host wipes the run's data at this time even if the "
+        "laptop never comes back; a duration after launch (48h) or an ISO time "
+        "(2026-12-03T18:00:00+00:00)",
+    )
 
     _base_dir: Path = PrivateAttr(default_factory=Path.cwd)
     _source: Path | None = PrivateAttr(default=None)
@@ -203,6 +210,37 @@ class Playbook(Strict):
     @classmethod
     def _safe_root(cls, value: str) -> str:
         return check_remote_root(value)
+
+    @field_validator("wipe_deadline", mode="before")
+    @classmethod
+    def _deadline(cls, value: object) -> str | None:
+        if value is None:
+            return None
+        if isinstance(value, datetime):
+            return value.isoformat()
+        text = str(value).strip()
+        try:
+            parse_duration(text)
+            return text
+        except ValueError:
+            pass
+        try:
+            when = datetime.fromisoformat(text)
+        except ValueError:
+            raise ValueError(f"not a duration or an ISO time: {text!r} (write 48h or "
+                             "2026-12-03T18:00:00+00:00)") from None
+        if when.tzinfo is None:
+            raise ValueError("give the deadline a timezone, e.g. 2026-12-03T18:00:00+00:00")
+        return when.isoformat()
+
+    def wipe_deadline_at(self, launched_at: float) -> float | None:
+        """The dead-man deadline as a Unix time, or None."""
+        if self.wipe_deadline is None:
+            return None
+        try:
+            return launched_at + parse_duration(self.wipe_deadline)
+        except ValueError:
+            return datetime.fromisoformat(self.wipe_deadline).timestamp()
 
     @field_validator("host")
     @classmethod
