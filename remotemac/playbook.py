@@ -116,6 +116,9 @@ class Data(Strict):
 class Side(Strict):
     device: Device
     on: Literal["remote", "local"] = "remote"
+    host: str | None = Field(
+        None, description="dual-track: run this side on another host (e.g. a Linux GPU box)"
+    )
 
 
 class Workload(Strict):
@@ -125,17 +128,27 @@ class Workload(Strict):
     fallback: Literal["off", "diagnostic"] = "diagnostic"
     timeout: Duration = 7200.0
     env: dict[str, str] = Field(default_factory=dict)
+    resume_command: str | None = Field(
+        None, description="with on_lost: relaunch, the command that resumes from a checkpoint"
+    )
 
-    @field_validator("command")
+    @field_validator("command", "resume_command")
     @classmethod
-    def _placeholders(cls, value: str) -> str:
+    def _placeholders(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
         if not value.strip():
             raise ValueError("the command is empty")
-        for _, name, _, _ in string.Formatter().parse(value):
-            if name is not None and name not in PLACEHOLDERS:
+        try:
+            fields = list(string.Formatter().parse(value))
+        except ValueError as exc:
+            raise ValueError(f"bad braces in the command: {exc}") from None
+        for _, name, _, _ in fields:
+            if name is not None and name not in PLACEHOLDERS and not name.startswith("matrix."):
                 raise ValueError(
                     f"unknown placeholder {{{name}}} (known: "
-                    + ", ".join("{" + p + "}" for p in PLACEHOLDERS) + ")"
+                    + ", ".join("{" + p + "}" for p in PLACEHOLDERS)
+                    + ", {matrix.<key>})"
                 )
         return value
 
@@ -167,6 +180,10 @@ class StopWhen(Strict):
     )
     memory_growth: bool = True
     max_memory: Size | None = None
+    min_free_disk: Size = Field(
+        256 * 1024**2,
+        description="stop the job cleanly (storage-limit) when remote_root's volume has less free",
+    )
 
 
 class Cost(Strict):
@@ -174,11 +191,29 @@ class Cost(Strict):
     currency: str = "USD"
 
 
+class Purpose(Strict):
+    """What the user wants from the Mac; the decision rules read it."""
+
+    goal: Literal["prototyping", "inference", "macos-validation", "training"] = "macos-validation"
+    trains_on_linux: bool = True
+    ships_on_macos: bool = False
+    multi_gpu: bool = False
+
+
+MatrixValue = str | int | float | bool
+
+
 class Playbook(Strict):
     """A validated playbook; ``base_dir`` is the directory of the YAML file."""
 
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
     host: str = "local"
+    hosts: list[str] | None = Field(
+        None, description="fleet: run on every one of these hosts (overrides host)"
+    )
+    matrix: dict[str, list[MatrixValue]] | None = Field(
+        None, description="sweep: one run per combination; use {matrix.<key>} in the command"
+    )
     remote_root: str = "~/remotemac"
     project: Project = Field(default_factory=Project)
     environment: Environment = Field(default_factory=Environment)
@@ -188,6 +223,11 @@ class Playbook(Strict):
     stop_when: StopWhen = Field(default_factory=StopWhen)
     cost: Cost = Field(default_factory=Cost)
     wipe: Literal["after_pull", "manual"] = "after_pull"
+    reproduce: bool = Field(False, description="run the target twice and compare the two")
+    on_lost: Literal["fail", "relaunch"] = Field(
+        "fail", description="relaunch once (through resume_command) after a lost job"
+    )
+    purpose: Purpose = Field(default_factory=Purpose)
     wipe_deadline: str | None = Field(
         None,
         description="dead-man wipe: the host wipes the run's data at this time even if the "
@@ -245,15 +285,56 @@ class Playbook(Strict):
     @field_validator("host")
     @classmethod
     def _host(cls, value: str) -> str:
-        if not value or any(c.isspace() for c in value) or value.startswith("-"):
-            raise ValueError(f"not a host: {value!r} (write local, an ssh alias or user@host:port)")
+        return check_host(value)
+
+    @field_validator("hosts")
+    @classmethod
+    def _hosts(cls, value: list[str] | None) -> list[str] | None:
+        if value is None:
+            return None
+        if not value:
+            raise ValueError("hosts is empty: give at least one host or remove the key")
+        if len(set(value)) != len(value):
+            raise ValueError("a host appears twice in hosts")
+        return [check_host(h) for h in value]
+
+    @field_validator("matrix")
+    @classmethod
+    def _matrix(cls, value: dict[str, list[MatrixValue]] | None) -> dict[str, list[MatrixValue]] | None:
+        if value is None:
+            return None
+        for key, values in value.items():
+            if not key.isidentifier():
+                raise ValueError(f"matrix key {key!r} must be a name like batch_size")
+            if not values:
+                raise ValueError(f"matrix.{key} has no values")
         return value
+
+    @model_validator(mode="after")
+    def _matrix_used(self) -> Playbook:
+        used = {name.split(".", 1)[1] for _, name, _, _ in string.Formatter().parse(
+            self.workload.command) if name and name.startswith("matrix.")}
+        known = set(self.matrix or {})
+        if used - known:
+            raise ValueError(f"the command uses {{matrix.{sorted(used - known)[0]}}} but matrix "
+                             "has no such key")
+        return self
+
+    def target_hosts(self) -> list[str]:
+        """Every host the target runs on: ``hosts`` for a fleet, else ``host``."""
+        return list(self.hosts) if self.hosts else [self.host]
 
     def project_dir(self) -> Path:
         return (self.base_dir / self.project.path).resolve()
 
     def data_dir(self) -> Path | None:
         return (self.base_dir / self.data.path).resolve() if self.data else None
+
+
+def check_host(value: str) -> str:
+    if not value or any(c.isspace() for c in value) or value.startswith("-"):
+        raise ValueError(f"not a host: {value!r} (write local, an ssh alias or user@host:port)")
+    return value
 
 
 def check_remote_root(value: str) -> str:

@@ -6,6 +6,7 @@ import re
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from remotemac.engine.agentclient import AgentClient
@@ -98,9 +99,12 @@ def assign_labels(sides: list[Side], devices: dict[str, str]) -> None:
         used.add(label)
 
 
-def substitute(command: str, values: dict[str, str]) -> str:
-    """Fill {device}, {data_dir}, {output_dir}, each value shell-quoted."""
-    return command.format(**{k: shlex.quote(v) for k, v in values.items()})
+def substitute(command: str, values: dict[str, str],
+               matrix: dict[str, object] | None = None) -> str:
+    """Fill {device}, {data_dir}, {output_dir} and {matrix.<key>}, each value shell-quoted."""
+    quoted: dict[str, object] = {k: shlex.quote(v) for k, v in values.items()}
+    quoted["matrix"] = SimpleNamespace(**{k: shlex.quote(str(v)) for k, v in (matrix or {}).items()})
+    return command.format(**quoted)
 
 
 def expand_root(root: str, home: str) -> str:
