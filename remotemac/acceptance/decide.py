@@ -99,15 +99,26 @@ def _names(items: Sequence[Any] | None) -> list[str]:
     return out
 
 
-def _fallback_policy_violations(fallback_ops: list[str], policy: Any) -> list[str]:
-    """Fallback ops that ``stop_when.fallback_ops`` does not allow."""
-    if policy in (None, "any"):
-        return list(fallback_ops)
+def _op_name(item: Any) -> str:
+    if isinstance(item, dict):
+        return str(item.get("op") or item.get("name") or item.get("message") or item)
+    return str(item)
+
+
+def _fallback_policy_violations(fallback_ops: Sequence[Any] | None, policy: Any) -> list[str]:
+    """Labels of the fallback ops that ``stop_when.fallback_ops`` does not allow.
+
+    The policy is matched on the op's name alone (``aten::isin.Tensor_Tensor_out`` or
+    ``isin.Tensor_Tensor_out``), never on the display label that carries the count.
+    """
+    items = list(fallback_ops or [])
     if policy == "none":
         return []
-    allowed = set(policy)
-    return [op for op in fallback_ops if op not in allowed
-            and op.replace("aten::", "") not in allowed]
+    if policy not in (None, "any"):
+        allowed = set(policy)
+        items = [i for i in items if _op_name(i) not in allowed
+                 and _op_name(i).replace("aten::", "") not in allowed]
+    return _names(items)
 
 
 def _parse_bytes(value: Any) -> int | None:
@@ -157,7 +168,7 @@ def evaluate_observations(observations: dict[str, Any] | None,
     dtype_errors = _names(ops.get("dtype_errors"))
     if dtype_errors:
         conditions.append({"code": "dtype_errors", "detail": "; ".join(dtype_errors)})
-    stopping_fallbacks = _fallback_policy_violations(_names(ops.get("fallback_ops")),
+    stopping_fallbacks = _fallback_policy_violations(ops.get("fallback_ops"),
                                                      stop.get("fallback_ops", "any"))
     if stopping_fallbacks:
         conditions.append({"code": "fallback_ops",

@@ -27,6 +27,9 @@ from typing import Any
 
 AGENT_DIR = os.path.dirname(os.path.abspath(__file__))
 HEARTBEAT_STALE_S = 15.0
+#: knobs read from the agent's environment (tests, or a host where tmux misbehaves)
+ENV_STALE_S = "REMOTEMAC_HEARTBEAT_STALE_S"
+ENV_NO_TMUX = "REMOTEMAC_NO_TMUX"
 FINAL_STATES = ("finished", "failed", "timeout", "stopped")
 
 
@@ -81,6 +84,38 @@ def tmux_path() -> str | None:
     if found:
         return found
     for candidate in ("/opt/homebrew/bin/tmux", "/usr/local/bin/tmux"):
+        if os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
+def stale_after_s(req: dict[str, Any]) -> float:
+    """Seconds without a heartbeat before a job may be called lost (request, env, default)."""
+    for value in (req.get("stale_s"), os.environ.get(ENV_STALE_S)):
+        try:
+            if value is not None and float(value) > 0:
+                return float(value)
+        except ValueError:
+            pass
+    return HEARTBEAT_STALE_S
+
+
+def tmux_wanted(req: dict[str, Any]) -> bool:
+    return bool(req.get("use_tmux", True)) and os.environ.get(ENV_NO_TMUX, "") in ("", "0")
+
+
+def tmux_install_hint(platform: str, brew: str | None) -> str | None:
+    """What to tell the user when tmux is missing: an offer, never an install."""
+    if platform == "darwin" and brew:
+        return "tmux is not installed on the host; install it with `%s install tmux`" % brew
+    return None
+
+
+def brew_path() -> str | None:
+    found = shutil.which("brew")
+    if found:
+        return found
+    for candidate in ("/opt/homebrew/bin/brew", "/usr/local/bin/brew"):
         if os.access(candidate, os.X_OK):
             return candidate
     return None
@@ -218,17 +253,20 @@ def op_launch(req: dict[str, Any]) -> dict[str, Any]:
     if existing and existing.get("state") in FINAL_STATES and not req.get("relaunch"):
         return {"already_done": True, "session": session, "status": existing}
     spec_path = os.path.join(run_dir, "status", device + ".spec.json")
+    tmux = tmux_path() if tmux_wanted(req) else None
     spec = dict(req)
     spec["status_path"] = status_path
     spec["log_path"] = os.path.join(run_dir, "logs", device + ".log")
+    spec["mode"] = "tmux" if tmux else "daemon"
     spec.setdefault("metrics_path", os.path.join(run_dir, "logs", device + ".rss.jsonl"))
+    if spec.get("next"):
+        spec["next"] = dict(spec["next"], use_tmux=bool(tmux) and spec["next"].get("use_tmux", True))
     _atomic_write_json(spec_path, spec)
     _atomic_write_json(
         status_path, {"state": "starting", "device": device, "created_at": time.time()}
     )
     runner = os.path.join(AGENT_DIR, "runner.py")
     argv = [sys.executable, runner, spec_path]
-    tmux = tmux_path() if req.get("use_tmux", True) else None
     if tmux:
         subprocess.run(
             [tmux, "kill-session", "-t", "=" + session],
@@ -263,7 +301,10 @@ def op_launch(req: dict[str, Any]) -> dict[str, Any]:
         if status.get("state") != "starting":
             break
         time.sleep(0.05)
-    return {"session": session, "mode": mode, "status": _read_json(status_path, {})}
+    answer = {"session": session, "mode": mode, "status": _read_json(status_path, {})}
+    if not tmux and not tmux_path():
+        answer["tmux_hint"] = tmux_install_hint(sys.platform, brew_path())
+    return answer
 
 
 def _daemonize(argv: list[str]) -> None:
@@ -282,29 +323,6 @@ def _daemonize(argv: list[str]) -> None:
         os.execv(argv[0], argv)
     finally:
         os._exit(127)
-
-
-def op_probe_torch(req: dict[str, Any]) -> dict[str, Any]:
-    """Ask the workload's interpreter what torch it has (torch is never imported here)."""
-    code = (
-        "import json,sys,platform\n"
-        "d={'python':sys.version.split()[0],'machine':platform.machine()}\n"
-        "try:\n import torch\nexcept Exception as e:\n d['torch']=None\nelse:\n"
-        " d['torch']=torch.__version__\n"
-        " d['mps_built']=bool(torch.backends.mps.is_built())\n"
-        " d['mps_available']=bool(torch.backends.mps.is_available())\n"
-        " d['cuda_available']=bool(torch.cuda.is_available())\n"
-        "try:\n import numpy\n d['numpy']=numpy.__version__\nexcept Exception:\n d['numpy']=None\n"
-        "print(json.dumps(d))\n"
-    )
-    res = subprocess.run(
-        [req["python"], "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=300
-    )
-    if res.returncode != 0:
-        raise AgentError(
-            "probing %s failed: %s" % (req["python"], res.stderr.decode()[-300:]), "probe"
-        )
-    return json.loads(res.stdout.decode().strip().splitlines()[-1])
 
 
 def op_extract_project(req: dict[str, Any]) -> dict[str, Any]:
@@ -351,9 +369,12 @@ def op_status(req: dict[str, Any]) -> dict[str, Any]:
     runner_alive = pid_alive(status.get("runner_pid"))
     result["runner_alive"] = runner_alive
     beat = status.get("heartbeat_at") or status.get("created_at") or 0
-    stale = now - beat > HEARTBEAT_STALE_S
+    stale = now - beat > stale_after_s(req)
+    result["stale_after_s"] = stale_after_s(req)
     if state not in FINAL_STATES and stale and not runner_alive and not result["tmux_alive"]:
         state = "lost"
+        result["lost_reason"] = status.get("hangup") or (
+            "runner gone, no heartbeat for %ds" % int(now - beat))
     result["state"] = state
     return result
 
@@ -460,7 +481,6 @@ OPS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
     "launch": op_launch,
     "status": op_status,
     "stop": op_stop,
-    "probe_torch": op_probe_torch,
     "extract_project": op_extract_project,
     "list_outputs": op_list_outputs,
     "wipe_run": op_wipe_run,
@@ -476,6 +496,7 @@ def _lazy(module: str, name: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
 
 
 OPS["prepare_data"] = _lazy("dataops", "op_prepare_data")
+OPS["freeze_env"] = _lazy("envfreeze", "op_freeze_env")
 
 
 def main(argv: list[str]) -> int:

@@ -76,13 +76,32 @@ async def provision_host(ctx: RunContext, binding: HostBinding) -> dict[str, Any
         }, timeout=3600)
         venv_python = venv["venv_python"]
         ctx.journal.record_created(transport.name, "venv", venv["env_dir"], ctx.run_id)
-    probe = await binding.agent.call("probe_torch", {"python": venv_python})
+    probe = await binding.agent.call("freeze_env", {"python": venv_python})
     return {
         "root": root, "run_dir": binding.run_dir, "paths": prepared["paths"],
         "venv_python": venv_python, "venv_reused": venv.get("reused"), "probe": probe,
         "project_files": len(files), "project_bytes": len(archive),
         "lock_hash": hashlib.sha256(req_bytes).hexdigest() if req_bytes else None,
     }
+
+
+def project_revision(project_dir: Path) -> dict[str, Any]:
+    """The project's git commit and whether the work tree has uncommitted changes."""
+    import subprocess
+
+    def git(*args: str) -> str | None:
+        try:
+            out = subprocess.run(["git", "-C", str(project_dir), *args], capture_output=True,
+                                 text=True, timeout=30)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return out.stdout.strip() if out.returncode == 0 else None
+
+    commit = git("rev-parse", "HEAD")
+    if commit is None:
+        return {"git_commit": None, "dirty": None}
+    status = git("status", "--porcelain", "--untracked-files=no", "--", ".")
+    return {"git_commit": commit, "dirty": bool(status)}
 
 
 def resolve_device(device: str, probe: dict[str, Any]) -> str:

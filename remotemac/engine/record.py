@@ -89,20 +89,27 @@ def _observations(ctx: RunContext) -> tuple[dict[str, Any], list[dict[str, Any]]
 
 
 def _environment(ctx: RunContext) -> dict[str, Any]:
+    """Each side's freeze (env/<role>.json) and what differs between them that matters."""
     prov = ctx.results.get("provision", {})
+    dataset = _dataset(ctx)
     sides = {}
     for side in ctx.sides:
         host = prov.get("hosts", {}).get(side.host_key, {})
-        probe = host.get("probe", {})
+        frozen = dict(host.get("probe", {}))
+        packages = frozen.pop("packages", None)
         sides[side.role] = {
-            "host": ctx.hosts[side.host_key].transport.name, "device": prov.get("devices", {}).get(side.role),
-            "python": probe.get("python"), "machine": probe.get("machine"),
-            "torch": probe.get("torch"), "numpy": probe.get("numpy"),
-            "mps_built": probe.get("mps_built"), "mps_available": probe.get("mps_available"),
+            "host": ctx.hosts[side.host_key].transport.name,
+            "device": prov.get("devices", {}).get(side.role),
+            **{k: frozen.get(k) for k in ("os", "os_version", "arch", "chip", "python", "torch",
+                                          "numpy", "mps_built", "mps_available", "cuda_available")},
             "lock_hash": host.get("lock_hash"),
+            "project": prov.get("project"),
+            "dataset_revision": dataset.get("revision"),
             "command": ctx.playbook.workload.command,
-            "pytorch_env": {k: v for k, v in ctx.playbook.workload.env.items()
-                            if k.startswith("PYTORCH_")},
+            "pytorch_env": {**frozen.get("pytorch_env", {}),
+                            **{k: v for k, v in ctx.playbook.workload.env.items()
+                               if k.startswith("PYTORCH_")}},
+            "packages": packages,
         }
     env_dir = ctx.out_dir / "env"
     env_dir.mkdir(exist_ok=True)
@@ -110,12 +117,42 @@ def _environment(ctx: RunContext) -> dict[str, Any]:
         (env_dir / f"{role}.json").write_text(json.dumps(data, indent=2), encoding="utf-8")
     mismatches = []
     if "reference" in sides and "target" in sides:
+        ref, tgt = sides["reference"], sides["target"]
         for key in ENV_MISMATCH_KEYS:
-            a, b = sides["reference"].get(key), sides["target"].get(key)
-            if a != b:
-                mismatches.append({"key": key, "reference": a, "target": b})
-    return {"reference": sides.get("reference"), "target": sides.get("target"),
+            if ref.get(key) != tgt.get(key):
+                mismatches.append({"key": key, "reference": ref.get(key), "target": tgt.get(key)})
+        a, b = ref.get("packages") or {}, tgt.get("packages") or {}
+        for name in sorted(set(a) | set(b)):
+            if name not in ("torch", "numpy") and a.get(name) != b.get(name):
+                mismatches.append({"key": f"package:{name}", "reference": a.get(name),
+                                   "target": b.get(name)})
+    brief = {role: {k: v for k, v in data.items() if k != "packages"}
+             for role, data in sides.items()}
+    return {"reference": brief.get("reference"), "target": brief.get("target"),
             "mismatches": mismatches}
+
+
+def _dataset(ctx: RunContext) -> dict[str, Any]:
+    hosts = ctx.results.get("sync", {}).get("hosts", {})
+    return hosts.get("remote") or next(iter(hosts.values()), {})
+
+
+def _decision_context(ctx: RunContext) -> dict[str, Any]:
+    """The playbook's purpose plus the CUDA-only dependencies the audit finds in the project."""
+    purpose = ctx.playbook.purpose
+    blockers: list[str] = []
+    try:
+        from remotemac.checks.audit import audit_project
+
+        report = audit_project(ctx.playbook.project_dir())
+        blockers = [f"{f.file}:{f.line} {f.text.strip()[:80]}" for f in report.findings
+                    if f.severity == "blocker"]
+    except Exception as exc:  # the audit informs the decision; it must not sink the record
+        blockers = []
+        ctx.ledger.append("local", f"audit for the decision failed: {exc}", None, op="audit")
+    return {"goal": purpose.goal, "trains_on_linux": purpose.trains_on_linux,
+            "ships_on_macos": purpose.ships_on_macos, "multi_gpu": purpose.multi_gpu,
+            "cuda_dependencies": blockers}
 
 
 def _iso(ts: float | None) -> str | None:
@@ -140,14 +177,13 @@ async def write_acceptance(ctx: RunContext, lost: str | None = None) -> dict[str
     finished = time.time()
     hours = (finished - started) / 3600
     cost = ctx.playbook.cost
-    sync = ctx.results.get("sync", {}).get("hosts", {}).get("remote") or next(
-        iter(ctx.results.get("sync", {}).get("hosts", {}).values()), {})
+    sync = _dataset(ctx)
     counters = ctx.results.get("_continuity", {})
     record = build_record(
         run_id=ctx.run_id, playbook=ctx.playbook.name, host=ctx.playbook.host,
         started_at=_iso(started), finished_at=_iso(finished), observations=observations,
         stopping_conditions=conditions, stop_when=ctx.playbook.stop_when.model_dump(),
-        environment=_environment(ctx),
+        environment=_environment(ctx), context=_decision_context(ctx),
         dataset={"revision": sync.get("revision"), "files": sync.get("files"),
                  "bytes": sync.get("bytes"), "encrypted": sync.get("encrypted")},
         continuity={"disconnects": counters.get("disconnects", 0),

@@ -1,0 +1,98 @@
+"""Freeze one side's environment: OS, chip, Python, every installed package, torch.
+
+Runs on the host (Python 3.9, stdlib). The package list and torch facts come from
+the workload's own interpreter (the venv), asked in a subprocess, so the agent
+never imports torch itself. ``importlib.metadata`` is used rather than ``pip
+freeze`` because a venv made ``--without-pip`` has no pip.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+from typing import Any
+
+_PROBE = r"""
+import json, os, platform, sys
+d = {"python": sys.version.split()[0], "implementation": platform.python_implementation(),
+     "executable": sys.executable, "machine": platform.machine()}
+try:
+    from importlib import metadata
+    pkgs = {}
+    for dist in metadata.distributions():
+        name = (dist.metadata["Name"] or "").lower().replace("_", "-")
+        if name:
+            pkgs[name] = dist.version
+    d["packages"] = dict(sorted(pkgs.items()))
+except Exception as exc:
+    d["packages"] = None
+    d["packages_error"] = str(exc)
+try:
+    import torch
+except Exception as exc:
+    d["torch"] = None
+    d["torch_error"] = type(exc).__name__ + ": " + str(exc)[:200]
+else:
+    d["torch"] = torch.__version__
+    d["mps_built"] = bool(torch.backends.mps.is_built())
+    d["mps_available"] = bool(torch.backends.mps.is_available())
+    d["cuda_available"] = bool(torch.cuda.is_available())
+    d["cuda_version"] = torch.version.cuda
+try:
+    import numpy
+    d["numpy"] = numpy.__version__
+except Exception:
+    d["numpy"] = None
+print(json.dumps(d))
+"""
+
+
+def _first_line(argv: list) -> str:
+    try:
+        out = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                             timeout=20).stdout
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return out.decode("utf-8", "replace").strip().splitlines()[0] if out.strip() else ""
+
+
+def host_facts() -> dict:
+    """OS, version, arch and chip of this host, without the workload's interpreter."""
+    facts: dict[str, Any] = {"os": platform.system(), "arch": platform.machine(),
+                             "hostname": platform.node()}
+    if sys.platform == "darwin":
+        facts["os_version"] = platform.mac_ver()[0] or _first_line(["sw_vers", "-productVersion"])
+        facts["chip"] = _first_line(["sysctl", "-n", "machdep.cpu.brand_string"])
+        facts["translated"] = _first_line(["sysctl", "-n", "sysctl.proc_translated"]) == "1"
+        facts["vm"] = _first_line(["sysctl", "-n", "kern.hv_vmm_present"]) == "1"
+    else:
+        facts["os_version"] = platform.release()
+        chip = ""
+        try:
+            with open("/proc/cpuinfo") as fh:
+                for line in fh:
+                    if line.lower().startswith("model name"):
+                        chip = line.split(":", 1)[1].strip()
+                        break
+        except OSError:
+            pass
+        facts["chip"] = chip
+    return facts
+
+
+def op_freeze_env(req: dict) -> dict:
+    python = req["python"]
+    resolved = python if os.path.sep in python else (shutil.which(python) or python)
+    res = subprocess.run([resolved, "-c", _PROBE], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         timeout=300)
+    if res.returncode != 0:
+        tail = res.stderr.decode("utf-8", "replace").strip().splitlines()[-1:]
+        raise RuntimeError("the workload interpreter %s does not start: %s" % (python, tail))
+    frozen = json.loads(res.stdout.decode().strip().splitlines()[-1])
+    frozen.update(host_facts())
+    frozen["pytorch_env"] = {k: v for k, v in os.environ.items() if k.startswith("PYTORCH_")}
+    return frozen

@@ -1,0 +1,125 @@
+"""Issue 7 over the real sshd: the acceptance record answers the user's question.
+
+Workloads are real torch (CPU). Tests that emit MPS messages are simulations of
+MPS: the recorded message texts are raised inside a real workload on the CPU.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from remotemac.acceptance.record import validate_record
+from tests.conftest import REPO, remotemac
+
+PROJECT = REPO / "tests" / "fixtures" / "projects" / "accept"
+
+
+@pytest.fixture
+def sshd_run(sshd, ssh_env, tmp_path: Path):
+    """Run a playbook against the real sshd; returns (exit code, record, out dir)."""
+    home, cfg, alias = ssh_env(sshd)
+    counter = iter(range(100))
+
+    def run(mode: str, *, seconds: float = 1.0, stop_when: dict | None = None,
+            target: str = "remote", purpose: dict | None = None):
+        n = next(counter)
+        data = {
+            "name": f"accept-{mode}",
+            "host": alias,
+            "remote_root": str(tmp_path / f"host-root-{n}"),
+            "project": {"path": str(PROJECT)},
+            "environment": {"python": sys.executable, "venv": False},
+            "workload": {
+                "command": f"python3 work.py --device {{device}} --out {{output_dir}} "
+                           f"--mode {mode} --seconds {seconds}",
+                "reference": {"device": "cpu"},
+                "target": {"device": "cpu", "on": target},
+                "timeout": "5m",
+            },
+            "outputs": {"path": ".", "compare": [
+                {"file": "preds.pt", "rtol": 1e-5, "atol": 1e-6},
+                {"file": "metrics.json", "rtol": 1e-5, "atol": 1e-6}]},
+            "stop_when": {"memory_growth": False, **(stop_when or {})},
+        }
+        if purpose:
+            data["purpose"] = purpose
+        pb = tmp_path / f"pb{n}.yaml"
+        pb.write_text(yaml.safe_dump(data))
+        out = tmp_path / f"out{n}"
+        proc = remotemac("--home", str(home), "--ssh-config", str(cfg), "run", str(pb),
+                         "--out", str(out), timeout=240)
+        record_path = out / "acceptance.json"
+        assert record_path.exists(), proc.stdout + proc.stderr
+        record = json.loads(record_path.read_text())
+        assert validate_record(record) == []
+        return proc.returncode, record, out
+
+    return run
+
+
+def test_within_tolerance_is_accepted(sshd_run):
+    code, record, out = sshd_run("ok")
+    assert code == 0, record["stopping_conditions"]
+    assert record["verdict"] == "accepted"
+    assert record["observations"]["tensors_on_device"] is True
+    assert record["observations"]["results"]["within_tolerance"] is True
+    assert record["decision"]["recommendation"] == "apple-silicon-first"
+    env = json.loads((out / "env" / "target.json").read_text())
+    assert env["torch"] and env["packages"]["torch"].startswith(env["torch"].split("+")[0])
+    assert record["environment"]["mismatches"] == []
+    assert "| results |" in (out / "acceptance.md").read_text().lower() or \
+        "results" in (out / "acceptance.md").read_text().lower()
+
+
+def test_beyond_tolerance_is_rejected_naming_file_and_tensor(sshd_run):
+    code, record, _ = sshd_run("noise")
+    assert code == 1 and record["verdict"] == "rejected"
+    cond = [c for c in record["stopping_conditions"] if c["code"] == "results_outside_tolerance"]
+    assert cond and "preds.pt" in cond[0]["detail"] and "preds" in cond[0]["detail"]
+    files = {f["path"]: f for f in record["observations"]["results"]["files"]}
+    assert files["preds.pt"]["ok"] is False and files["preds.pt"]["max_abs_err"] > 0.1
+
+
+def test_fallback_ops_captured_and_policy_applied(sshd_run):
+    """Simulation of MPS: the recorded fallback warning, raised 3 times in a real workload."""
+    code, record, _ = sshd_run("fallback")
+    ops = record["observations"]["operators"]["fallback_ops"]
+    assert any("aten::isin.Tensor_Tensor_out" in json.dumps(op) for op in ops)
+    assert code == 1 and any(c["code"] == "fallback_ops" for c in record["stopping_conditions"])
+    code, record, _ = sshd_run("fallback", stop_when={"fallback_ops": ["aten::isin.Tensor_Tensor_out"]})
+    assert code == 0, record["stopping_conditions"]
+
+
+def test_unsupported_op_and_float64_are_stopping_conditions(sshd_run):
+    """Simulation of MPS: the recorded NotImplementedError and the float64 TypeError text."""
+    code, record, _ = sshd_run("notimpl")
+    assert code == 1
+    unsupported = json.dumps(record["observations"]["operators"]["unsupported_ops"])
+    assert "aten::isin.Tensor_Tensor_out" in unsupported
+    assert record["decision"]["recommendation"] == "linux-gpu-first"
+    code, record, _ = sshd_run("float64")
+    assert code == 1
+    assert "float64" in json.dumps(record["observations"]["operators"]["dtype_errors"])
+
+
+def test_memory_leak_is_not_stable_and_steady_is(sshd_run):
+    code, record, _ = sshd_run("leak", seconds=5, stop_when={"memory_growth": True})
+    mem = record["observations"]["memory"]
+    assert mem["stable"] is False and code == 1
+    assert any(c["code"] == "memory_growth" for c in record["stopping_conditions"])
+    code, record, _ = sshd_run("steady", seconds=5, stop_when={"memory_growth": True})
+    assert record["observations"]["memory"]["stable"] is True, record["observations"]["memory"]
+    assert code == 0, record["stopping_conditions"]
+
+
+def test_target_on_the_laptop_reference_on_the_host(sshd_run):
+    """``on: local`` for one side: both environments are frozen and compared."""
+    code, record, out = sshd_run("ok", target="local")
+    assert code == 0, record["stopping_conditions"]
+    assert record["environment"]["reference"]["host"] != record["environment"]["target"]["host"]
+    assert (out / "results" / "cpu-target" / "preds.pt").exists()
