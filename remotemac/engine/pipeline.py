@@ -20,11 +20,9 @@ from remotemac.engine.context import (
     RunContext,
     RunOptions,
     assign_labels,
-    host_for_key,
     make_sides,
-    specialize,
 )
-from remotemac.engine.hosts import SSHOptions, TransportPool, open_transport
+from remotemac.engine.hosts import SSHOptions, open_transport
 from remotemac.engine.ledger import Ledger
 from remotemac.errors import (
     EXIT_ACCEPTED,
@@ -48,28 +46,16 @@ def phase_names(ctx: RunContext) -> list[str]:
 def build_context(
     *, run_id: str, playbook: Playbook, journal: Journal, bus: EventBus, home: Path,
     out_dir: Path, options: RunOptions, ssh: SSHOptions | None = None,
-    host: str | None = None, matrix: dict[str, Any] | None = None,
-    pool: TransportPool | None = None,
 ) -> RunContext:
-    """``host``/``matrix``: one fleet run's host and variant; ``pool``: shared connections."""
-    if host is not None or matrix is not None:
-        playbook = specialize(playbook, host=host, matrix=matrix)
     ledger = Ledger(out_dir / "ledger.jsonl")
     sides = make_sides(playbook)
     hosts: dict[str, HostBinding] = {}
     for key in sorted({s.host_key for s in sides}):
-        spec = host_for_key(playbook, key)
-        transport = (pool.lease(spec, emit=bus.emit, run_id=run_id) if pool is not None
-                     else open_transport(spec, home, ssh, emit=bus.emit, run_id=run_id))
+        host = "local" if key == "local" else playbook.host
+        transport = open_transport(host, home, ssh, emit=bus.emit, run_id=run_id)
         hosts[key] = HostBinding(key, transport, AgentClient(transport, "", ledger))
-    ctx = RunContext(run_id=run_id, playbook=playbook, journal=journal, bus=bus, home=home,
-                     out_dir=out_dir, options=options, hosts=hosts, sides=sides, ledger=ledger)
-    # the engine counts link drops itself, so every front end's record has them
-    from remotemac.engine.jobs import count_connection_events
-
-    ctx.results["_continuity_tally"] = count_connection_events(bus)
-    ctx.results["_continuity"] = {"disconnects": 0, "reconnects": 0}
-    return ctx
+    return RunContext(run_id=run_id, playbook=playbook, journal=journal, bus=bus, home=home,
+                      out_dir=out_dir, options=options, hosts=hosts, sides=sides, ledger=ledger)
 
 
 async def run_pipeline(ctx: RunContext) -> int:
@@ -81,7 +67,6 @@ async def run_pipeline(ctx: RunContext) -> int:
             if info["state"] == "done"}
     for name, info in done.items():
         ctx.results[name] = info["result"]
-    ctx.results["_continuity_carried"] = list(done)
     try:
         for binding in ctx.hosts.values():
             await binding.transport.connect()
@@ -231,36 +216,10 @@ async def _compare(ctx: RunContext, _name: str) -> dict[str, Any]:
     return await asyncio.to_thread(compare_results, ctx)
 
 
-def _set_continuity(ctx: RunContext) -> None:
-    from remotemac.engine.jobs import continuity_totals
-
-    tally = ctx.results.get("_continuity_tally") or {"disconnects": 0, "reconnects": 0}
-    ctx.results["_continuity"] = continuity_totals(ctx, tally,
-                                                   ctx.results.get("_continuity_carried", []))
-
-
-def _fold_drill(ctx: RunContext) -> None:
-    """The record builder writes the drill's name; put the drill's findings there instead."""
-    import json
-
-    from remotemac.acceptance.record import write_record
-
-    drill = ctx.results.get("_continuity", {}).get("drill")
-    path = ctx.out_dir / "acceptance.json"
-    if not isinstance(drill, dict) or not path.exists():
-        return
-    record = json.loads(path.read_text(encoding="utf-8"))
-    record.setdefault("continuity", {})["drill"] = drill
-    write_record(ctx.out_dir, record)
-
-
 async def _record(ctx: RunContext, _name: str) -> dict[str, Any]:
     from remotemac.engine.record import write_acceptance
 
-    _set_continuity(ctx)
-    result = await write_acceptance(ctx)
-    _fold_drill(ctx)
-    return result
+    return await write_acceptance(ctx)
 
 
 async def _wipe(ctx: RunContext, _name: str) -> dict[str, Any]:
@@ -278,9 +237,7 @@ async def _record_after_loss(ctx: RunContext, exc: JobLost) -> None:
     from remotemac.engine.record import write_acceptance
 
     try:
-        _set_continuity(ctx)
         await write_acceptance(ctx, lost=exc.line())
-        _fold_drill(ctx)
     except Exception as err:  # the loss is the news; a record failure must not hide it
         ctx.ledger.append("local", f"record after loss failed: {err}", None, op="record")
 
