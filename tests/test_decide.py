@@ -220,3 +220,16 @@ def test_runs_under_the_interpreter_it_ships_for():
         capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "False"
+
+
+def test_no_apple_silicon_claim_without_mps_evidence():
+    from remotemac.acceptance.decide import decide as decide_fn
+
+    obs = {"tensors_on_device": True,
+           "operators": {"fallback_ops": [], "unsupported_ops": [], "dtype_errors": []},
+           "memory": {"stable": True, "peak_bytes": 1, "slope_bytes_per_s": 0.0},
+           "results": {"within_tolerance": True, "files": []}}
+    on_cpu = decide_fn(obs, [], {"goal": "inference", "target_device": "cpu"})
+    assert on_cpu["recommendation"] is None and "not MPS" in on_cpu["reasons"][0]
+    on_mps = decide_fn(obs, [], {"goal": "inference", "target_device": "mps"})
+    assert on_mps["recommendation"] == "apple-silicon-first"

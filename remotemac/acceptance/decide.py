@@ -216,7 +216,8 @@ def decide(observations: dict[str, Any] | None,
 
     ``context``: ``goal`` (prototyping | inference | macos-validation | training),
     ``trains_on_linux``, ``ships_on_macos``, ``cuda_dependencies`` (list),
-    ``multi_gpu``, and optionally the playbook's ``stop_when``.
+    ``multi_gpu``, ``target_device`` (what the target really ran on: no recommendation
+    for Apple Silicon without MPS evidence), and optionally the playbook's ``stop_when``.
     """
     ctx = context or {}
     obs = observations or {}
@@ -247,6 +248,12 @@ def decide(observations: dict[str, Any] | None,
             reasons.append("not observed: " + ", ".join(missing))
         return {"recommendation": LINUX_FIRST, "reasons": reasons}
 
+    device = ctx.get("target_device")
+    if device not in (None, "mps"):
+        return {"recommendation": None,
+                "reasons": [f"every observation passed, but the target ran on {device}, not "
+                            "MPS: this run proves the pipeline, not Apple Silicon; run it on "
+                            "an Apple-Silicon Mac to decide"]}
     passed = "every observation passed on MPS (tensors on device, operators, memory, results)"
     if ctx.get("ships_on_macos") and (ctx.get("trains_on_linux") or goal == "training"):
         return {"recommendation": BOTH,

@@ -150,7 +150,9 @@ def _decision_context(ctx: RunContext) -> dict[str, Any]:
     except Exception as exc:  # the audit informs the decision; it must not sink the record
         blockers = []
         ctx.ledger.append("local", f"audit for the decision failed: {exc}", None, op="audit")
+    target = ctx.results.get("provision", {}).get("devices", {}).get("target")
     return {"goal": purpose.goal, "trains_on_linux": purpose.trains_on_linux,
+            "target_device": target,
             "ships_on_macos": purpose.ships_on_macos, "multi_gpu": purpose.multi_gpu,
             "cuda_dependencies": blockers}
 

@@ -1,0 +1,60 @@
+"""The README's set-up commands, run verbatim in a fresh clone.
+
+The first command (install + quickstart) runs here inside a fresh venv that sees the
+machine's packages (torch is already installed from disk), in a clone of this
+repository's committed tree, with HOME pointed at a temp dir so that the host
+`local` writes its remote_root there. The second command (the tests) is what CI runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+
+
+def readme_commands() -> list[str]:
+    text = (REPO / "README.md").read_text()
+    setup = text.split("## Set up", 1)[1].split("\n## ", 1)[0]
+    return [b.strip() for b in re.findall(r"```bash\n(.*?)```", setup, re.S)]
+
+
+def test_readme_has_exactly_two_setup_commands():
+    commands = readme_commands()
+    assert len(commands) == 2 and all("\n" not in c for c in commands)
+    assert "remotemac run playbooks/quickstart.yaml" in commands[0]
+    ci = (REPO / ".ci" / "run").read_text().strip().splitlines()[-1]
+    assert ci == commands[1], "CI must run the README's test command"
+
+
+@pytest.mark.timeout(900)
+def test_first_command_verbatim_in_a_new_clone(tmp_path: Path):
+    if subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"],
+                      capture_output=True).returncode != 0:
+        pytest.fail("the repository has no commit to clone")
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", str(REPO), str(clone)], check=True)
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
+    env = {k: v for k, v in os.environ.items() if k not in ("REMOTEMAC_HOME", "VIRTUAL_ENV")}
+    env.update(PATH=f"{venv / 'bin'}:{env['PATH']}", HOME=str(tmp_path / "home"),
+               PIP_DISABLE_PIP_VERSION_CHECK="1", XDG_STATE_HOME=str(tmp_path / "state"))
+    (tmp_path / "home").mkdir()
+    proc = subprocess.run(["bash", "-c", readme_commands()[0]], cwd=clone, env=env,
+                          capture_output=True, text=True, timeout=880)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    runs = list((clone / "runs").iterdir())
+    assert len(runs) == 1
+    record = json.loads((runs[0] / "acceptance.json").read_text())
+    assert record["verdict"] == "accepted"
+    assert (runs[0] / "acceptance.md").exists()
+    # remotemac's state went to the platform's user state dir, its host root under HOME
+    assert (tmp_path / "state" / "remotemac" / "journal.sqlite3").exists()
+    assert (tmp_path / "home" / "remotemac" / "runs").is_dir()
