@@ -225,6 +225,13 @@ def status(settings: Settings, run_id: str | None, as_json: bool, ledger: bool) 
         data = {"run_id": row.run_id, "name": row.name, "host": row.host, "state": row.state,
                 "verdict": row.verdict, "exit_code": row.exit_code, "out_dir": row.out_dir,
                 "phases": {k: v["state"] for k, v in phases.items()}}
+        if row.state not in ("finished", "failed"):
+            from remotemac.engine.livestatus import live_status
+
+            _, pb = _load_run(journal, run_id)
+            data["live"] = _asyncio_run(live_status(
+                run_id=run_id, playbook=pb, journal=journal, home=settings.home,
+                out_dir=Path(row.out_dir), ssh=settings.ssh_options()))
         if as_json:
             click.echo(json.dumps(data))
         else:

@@ -145,3 +145,26 @@ def test_hostile_result_names_refused(name):
 
 def test_plain_result_names_pass():
     assert str(safe_relpath("preds/a.pt")) == "preds/a.pt"
+
+
+def test_detach_then_live_status_then_attach(make_playbook, rm_home: Path, tmp_path: Path):
+    pb = make_playbook(workload={
+        "command": "python3 emit.py --device {device} --out {output_dir} --lines 30 "
+                   "--seconds 3 --torch",
+        "reference": {"device": "cpu"}, "target": {"device": "cpu"}, "timeout": "5m"})
+    out = tmp_path / "out"
+    proc = remotemac("run", str(pb), "--out", str(out), "--detach", "--json")
+    assert proc.returncode == 0, proc.stderr
+    finished = [json.loads(x) for x in proc.stdout.splitlines()][-1]
+    assert finished["verdict"] == "detached" and "remotemac attach" in finished["detail"]
+    run_id = finished["run_id"]
+    status = json.loads(remotemac("status", run_id, "--json").stdout)
+    assert status["state"] == "detached"
+    assert status["live"]["answered"] is True
+    assert status["live"]["sides"]["cpu"]["state"] in ("running", "finished")
+    proc = remotemac("attach", run_id)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for device in ("cpu", "cpu-target"):
+        lines = (out / "logs" / f"{device}.log").read_text().splitlines()
+        assert [x for x in lines if x.startswith("line ")] == \
+            [f"line {i:06d} of 30" for i in range(1, 31)]

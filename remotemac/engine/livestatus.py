@@ -1,0 +1,56 @@
+"""``remotemac status RUN``: what the host says about a run's jobs right now.
+
+Read-only: it asks the agent for each device's status (state, exit code, heartbeat
+age, log size) and never changes the run. A host that does not answer is reported
+as such, in one line, instead of failing the command.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+from remotemac.engine.context import RunOptions
+from remotemac.events import EventBus
+from remotemac.journal import Journal
+from remotemac.playbook import Playbook
+
+
+async def live_status(*, run_id: str, playbook: Playbook, journal: Journal, home: Path,
+                      out_dir: Path, ssh: Any, timeout: float = 20.0) -> dict[str, Any]:
+    from remotemac.engine.pipeline import _restore, build_context
+
+    ctx = build_context(run_id=run_id, playbook=playbook, journal=journal, bus=EventBus(),
+                        home=home, out_dir=out_dir, options=RunOptions(), ssh=ssh)
+    for name, info in journal.phases(run_id).items():
+        if info["state"] == "done":
+            ctx.results[name] = info["result"]
+    if "provision" not in ctx.results:
+        return {"answered": False, "detail": "not provisioned yet"}
+    _restore(ctx, "provision")
+    sides: dict[str, Any] = {}
+    try:
+        async with asyncio.timeout(timeout):
+            for binding in ctx.hosts.values():
+                await binding.transport.connect()
+                await binding.agent.install()
+            for side in ctx.sides:
+                binding = ctx.host_for(side)
+                answer = await binding.agent.call("status", {
+                    "run_dir": binding.run_dir, "device": side.label,
+                    "session": side.session(run_id)})
+                status = answer.get("status") or {}
+                beat = status.get("heartbeat_at")
+                sides[side.label] = {
+                    "state": answer.get("state"), "exit_code": status.get("exit_code"),
+                    "heartbeat_age_s": round(answer["now"] - beat, 1) if beat else None,
+                    "log_bytes": answer.get("log_size"), "tmux": answer.get("tmux_alive")}
+    except Exception as exc:  # status must answer even when the host does not
+        return {"answered": False, "detail": f"host did not answer: {exc}", "sides": sides,
+                "asked_at": time.time()}
+    finally:
+        for binding in ctx.hosts.values():
+            await binding.transport.close()
+    return {"answered": True, "sides": sides, "asked_at": time.time()}
