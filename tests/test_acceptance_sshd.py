@@ -125,3 +125,12 @@ def test_target_on_the_laptop_reference_on_the_host(sshd_run):
     assert code == 0, record["stopping_conditions"]
     assert record["environment"]["reference"]["host"] != record["environment"]["target"]["host"]
     assert (out / "results" / "cpu-target" / "preds.pt").exists()
+
+
+def test_cuda_path_in_the_log_is_a_stopping_condition(sshd_run):
+    """A real CPU-build torch asked for CUDA: the record quotes the line (issue 11)."""
+    code, record, _ = sshd_run("cuda")
+    assert code == 1
+    cond = [c for c in record["stopping_conditions"] if c["code"] == "cuda-dependency"]
+    assert cond and "Torch not compiled with CUDA enabled" in cond[0]["detail"]
+    assert record["decision"]["recommendation"] == "linux-gpu-first"

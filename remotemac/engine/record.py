@@ -79,6 +79,15 @@ def _observations(ctx: RunContext) -> tuple[dict[str, Any], list[dict[str, Any]]
     # fallback ops are judged against stop_when.fallback_ops by the record builder
     conditions = [c for c in harness.get("stopping_conditions") or []
                   if c.get("code") != "fallback-op"]
+    from remotemac.acceptance.cudalog import scan_log
+
+    cuda_hits = scan_log(logs / f"{tgt.label}.log")
+    if cuda_hits:
+        first = cuda_hits[0]
+        conditions.append({"code": "cuda-dependency",
+                           "detail": f"{first['why']}: line {first['line_no']} of "
+                                     f"{first['log']}: {first['line']}",
+                           "lines": cuda_hits})
     for side in ctx.sides:
         follow = ctx.results.get(f"follow:{side.role}", {})
         if follow and follow.get("state") != "finished":
@@ -147,6 +156,12 @@ def _decision_context(ctx: RunContext) -> dict[str, Any]:
         report = audit_project(ctx.playbook.project_dir())
         blockers = [f"{f.file}:{f.line} {f.text.strip()[:80]}" for f in report.findings
                     if f.severity == "blocker"]
+        from remotemac.acceptance.cudalog import scan_log
+
+        tgt = ctx.side("target")
+        if tgt is not None:
+            blockers += [f"log {h['log']}:{h['line_no']} {h['line'][:80]}"
+                         for h in scan_log(ctx.out_dir / "logs" / f"{tgt.label}.log")[:3]]
     except Exception as exc:  # the audit informs the decision; it must not sink the record
         blockers = []
         ctx.ledger.append("local", f"audit for the decision failed: {exc}", None, op="audit")
