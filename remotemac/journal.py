@@ -10,7 +10,9 @@ transaction, so readers never block and writers queue instead of corrupting.
 from __future__ import annotations
 
 import json
+import os
 import secrets
+import socket
 import sqlite3
 import threading
 import time
@@ -35,6 +37,12 @@ CREATE TABLE IF NOT EXISTS runs (
   created_at REAL NOT NULL,
   updated_at REAL NOT NULL,
   finished_at REAL
+);
+CREATE TABLE IF NOT EXISTS owners (
+  run_id TEXT PRIMARY KEY,
+  pid INTEGER NOT NULL,
+  hostname TEXT NOT NULL,
+  claimed_at REAL NOT NULL
 );
 CREATE TABLE IF NOT EXISTS phases (
   run_id TEXT NOT NULL,
@@ -171,6 +179,29 @@ class Journal:
                 (state, verdict, exit_code, now, finished, run_id),
             )
 
+    # ------------------------------------------------------------ ownership
+
+    def claim_run(self, run_id: str) -> int | None:
+        """Make this process the one that drives ``run_id``.
+
+        Returns None on success, or the pid of a live process on this machine that
+        already drives it: two followers would write the same local log twice. A
+        dead owner (SIGKILL, crash, reboot) is taken over.
+        """
+        me, host = os.getpid(), socket.gethostname()
+        with self._write() as db:
+            row = db.execute("SELECT pid, hostname FROM owners WHERE run_id = ?",
+                             (run_id,)).fetchone()
+            if row and row["pid"] != me and row["hostname"] == host and _pid_alive(row["pid"]):
+                return int(row["pid"])
+            db.execute("INSERT OR REPLACE INTO owners (run_id, pid, hostname, claimed_at)"
+                       " VALUES (?,?,?,?)", (run_id, me, host, time.time()))
+        return None
+
+    def release_run(self, run_id: str) -> None:
+        with self._write() as db:
+            db.execute("DELETE FROM owners WHERE run_id = ? AND pid = ?", (run_id, os.getpid()))
+
     # ------------------------------------------------------------ phases
 
     def phase_state(self, run_id: str, phase: str) -> tuple[str, dict[str, Any]] | None:
@@ -262,6 +293,16 @@ class Journal:
         if not include_removed:
             sql += " AND removed_at IS NULL"
         return [dict(r) for r in self._db().execute(sql + " ORDER BY created_at", (host,))]
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _run_row(row: sqlite3.Row) -> RunRow:

@@ -168,3 +168,30 @@ def test_detach_then_live_status_then_attach(make_playbook, rm_home: Path, tmp_p
         lines = (out / "logs" / f"{device}.log").read_text().splitlines()
         assert [x for x in lines if x.startswith("line ")] == \
             [f"line {i:06d} of 30" for i in range(1, 31)]
+
+
+def test_a_run_has_one_driver_at_a_time(make_playbook, rm_home: Path, tmp_path: Path):
+    """Two processes following one run would write its local log twice: the second is refused."""
+    import time
+
+    pb = make_playbook(workload={
+        "command": "python3 emit.py --device {device} --out {output_dir} --lines 20 --seconds 6",
+        "reference": {"device": "cpu"}, "target": {"device": "cpu"}, "timeout": "5m"})
+    out = tmp_path / "out"
+    first = subprocess.Popen([sys.executable, "-m", "remotemac", "run", str(pb), "--out",
+                              str(out), "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True)
+    db = rm_home / "journal.sqlite3"
+    deadline = time.monotonic() + 60
+    run_id = None
+    while time.monotonic() < deadline and run_id is None:
+        time.sleep(0.2)
+        if db.exists():
+            row = sqlite3.connect(db).execute("SELECT run_id FROM owners").fetchone()
+            run_id = row[0] if row else None
+    assert run_id, "the first process never claimed the run"
+    second = remotemac("attach", run_id)
+    assert second.returncode == 2 and "already being driven" in second.stderr
+    first.communicate(timeout=240)
+    assert first.returncode in (0, 1)
+    assert sqlite3.connect(db).execute("SELECT count(*) FROM owners").fetchone()[0] == 0

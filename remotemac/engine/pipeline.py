@@ -28,6 +28,7 @@ from remotemac.errors import (
     EXIT_ACCEPTED,
     EXIT_INTERRUPTED,
     EXIT_REJECTED,
+    BadInput,
     JobLost,
     RemotemacError,
 )
@@ -60,6 +61,17 @@ def build_context(
 
 async def run_pipeline(ctx: RunContext) -> int:
     """Run (or resume) every phase; returns the exit code of SPEC.md."""
+    owner = ctx.journal.claim_run(ctx.run_id)
+    if owner is not None:
+        raise BadInput(f"run {ctx.run_id} is already being driven by process {owner} on this "
+                       "machine; stop it first or wait for it to finish")
+    try:
+        return await _run_pipeline(ctx)
+    finally:
+        ctx.journal.release_run(ctx.run_id)
+
+
+async def _run_pipeline(ctx: RunContext) -> int:
     ctx.out_dir.mkdir(parents=True, exist_ok=True)
     (ctx.out_dir / "logs").mkdir(exist_ok=True)
     ctx.journal.set_run_state(ctx.run_id, "running")
