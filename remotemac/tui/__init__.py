@@ -1,0 +1,1 @@
+"""The Textual front end (``remotemac tui``): same engine and events as the CLI."""

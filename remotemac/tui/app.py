@@ -1,0 +1,278 @@
+"""``remotemac tui``: the app, its actions (keys and command palette) and ``run_tui``.
+
+Actions live on the app so that every screen and the command palette share
+them; each acts on the run (or host) selected on the current screen. Every
+failure ends as a notification and an error line, never as a crash: engine work
+runs in workers whose exceptions are caught and turned into one line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from textual.app import App, SystemCommand
+from textual.binding import Binding
+from textual.screen import Screen
+
+from remotemac.tui.driver import RunDriver, error_line
+from remotemac.tui.messages import RunEnded, RunUpdated
+from remotemac.tui.screens.dialogs import ConfirmScreen, MarkdownScreen, PlaybookPicker
+from remotemac.tui.screens.hosts import HostsScreen
+from remotemac.tui.screens.run import RunScreen
+from remotemac.tui.screens.runs import RunsScreen
+
+
+class RemotemacApp(App[int]):
+    """The TUI. Tests inject a journal, a fixed ``now`` and ``reattach=False`` for snapshots."""
+
+    CSS_PATH = "app.tcss"
+    TITLE = "remotemac"
+    BINDINGS = [Binding("ctrl+c", "quit", "Quit", show=False, priority=True)]
+
+    def __init__(self, settings: Any, playbooks: list[str] | None = None, *,
+                 journal: Any = None, now: Callable[[], float] | None = None,
+                 out_root: Path | None = None, reattach: bool = True, blink: bool = True,
+                 log_max_lines: int = 10_000, flush_s: float = 0.05,
+                 remote_root: str = "~/remotemac") -> None:
+        super().__init__()
+        self.settings = settings
+        self.playbooks = list(playbooks or [])
+        self.journal = journal if journal is not None else settings.journal()
+        self.now = now or time.time
+        self.reattach = reattach
+        self.blink = blink
+        self.log_max_lines = log_max_lines
+        self.flush_s = flush_s
+        self.remote_root = remote_root
+        self.driver = RunDriver(self, settings, self.journal,
+                                out_root or Path.cwd() / "runs", keep_lines=2 * log_max_lines)
+        self.errors: list[str] = []  # every error line shown, for the status and for tests
+
+    def on_mount(self) -> None:
+        self.push_screen(RunsScreen())
+        if self.reattach:
+            self.reattach_in_flight()
+
+    def reattach_in_flight(self) -> list[str]:
+        """Pick up runs a previous TUI (or a Ctrl-C'd CLI) left running on their hosts."""
+        try:
+            run_ids = self.driver.in_flight(self.now())
+        except Exception as exc:
+            self.report_error(f"journal: {error_line(exc)}")
+            return []
+        for run_id in run_ids:
+            try:
+                self.driver.attach(run_id)
+            except Exception as exc:
+                self.report_error(f"attach {run_id}: {error_line(exc)}")
+        if run_ids:
+            self.notify(f"re-attached {len(run_ids)} run(s) in flight")
+        return run_ids
+
+    # ------------------------------------------------------------ helpers
+
+    def report_error(self, line: str) -> None:
+        self.errors.append(line)
+        self.notify(line, severity="error", timeout=10)
+
+    def _selected_run(self) -> str | None:
+        getter = getattr(self.screen, "selected_run_id", None)
+        run_id = getter() if getter else None
+        if run_id is None:
+            self.notify("select a run first", severity="warning")
+        return run_id
+
+    def _selected_host(self) -> str | None:
+        getter = getattr(self.screen, "selected_host", None)
+        host = getter() if getter else None
+        if host is None:
+            self.notify("select a host (or a run on it) first", severity="warning")
+        return host
+
+    def _known_hosts(self) -> list[str]:
+        hosts = ["local"]
+        for path in self.playbooks:
+            try:
+                from remotemac.playbook import load_playbook
+
+                hosts.append(load_playbook(path).host)
+            except Exception as exc:
+                self.report_error(error_line(exc))
+        try:
+            hosts += [r.host for r in self.journal.list_runs()]
+        except Exception as exc:
+            self.report_error(f"journal: {error_line(exc)}")
+        return list(dict.fromkeys(hosts))
+
+    def open_run(self, run_id: str) -> None:
+        if isinstance(self.screen, RunScreen) and self.screen.run_id == run_id:
+            return
+        self.push_screen(RunScreen(run_id))
+
+    def open_markdown(self, path: Path) -> None:
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError as exc:
+            self.report_error(f"cannot read {path}: {exc.strerror}")
+            return
+        self.push_screen(MarkdownScreen(path, text))
+
+    # ------------------------------------------------------------ messages from the driver
+
+    def on_run_updated(self, message: RunUpdated) -> None:
+        for screen in self.screen_stack:
+            if isinstance(screen, RunScreen) and screen.run_id == message.run_id:
+                screen.run_updated(message.event)
+            elif isinstance(screen, RunsScreen) and message.event is None:
+                screen.refresh_runs()
+
+    def on_run_ended(self, message: RunEnded) -> None:
+        if message.error:
+            self.report_error(f"{message.what} {message.run_id}: {message.error}")
+        for screen in self.screen_stack:
+            if isinstance(screen, RunScreen) and screen.run_id == message.run_id:
+                screen.run_ended()
+            elif isinstance(screen, RunsScreen):
+                screen.refresh_runs()
+
+    # ------------------------------------------------------------ actions
+
+    def action_start_run(self) -> None:
+        def started(choice: tuple[str, bool] | None) -> None:
+            if choice is None:
+                return
+            path, keep = choice
+            try:
+                run_id = self.driver.start(path, keep_data=keep)
+            except Exception as exc:
+                self.report_error(f"run {path}: {error_line(exc)}")
+                return
+            self.open_run(run_id)
+
+        self.push_screen(PlaybookPicker(self.playbooks, blink=self.blink), started)
+
+    def action_attach(self) -> None:
+        run_id = self._selected_run()
+        if run_id is None:
+            return
+        try:
+            self.driver.attach(run_id)
+        except Exception as exc:
+            self.report_error(f"attach {run_id}: {error_line(exc)}")
+            return
+        self.open_run(run_id)
+
+    def action_pull(self) -> None:
+        run_id = self._selected_run()
+        if run_id is not None:
+            self.run_worker(self._one_phase(run_id, "pull"), group="phase", exit_on_error=False)
+
+    def action_wipe(self) -> None:
+        run_id = self._selected_run()
+        if run_id is None:
+            return
+
+        def answered(yes: bool | None) -> None:
+            if yes:
+                self.run_worker(self._one_phase(run_id, "wipe"), group="phase",
+                                exit_on_error=False)
+            else:
+                self.notify(f"wipe of {run_id} cancelled")
+
+        self.push_screen(ConfirmScreen(
+            f"Wipe the data of {run_id} on its host and destroy its key?",
+            "Removes the dataset (plaintext and ciphertext), caches, tmp and outputs on the "
+            "host; logs and status stay until cleanup.", yes="Wipe"), answered)
+
+    async def _one_phase(self, run_id: str, phase: str) -> None:
+        self.notify(f"{phase} {run_id}…")
+        try:
+            code = await self.driver.one_phase(run_id, phase)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self.post_message(RunEnded(run_id, None, error_line(exc), what=phase))
+            return
+        self.notify(f"{phase} {run_id}: done (exit {code})")
+        self.post_message(RunEnded(run_id, code, None, what=phase))
+
+    def action_drill(self) -> None:
+        run_id = self._selected_run()
+        if run_id is None:
+            return
+        try:
+            cut = self.driver.drill_disconnect(run_id)
+        except Exception as exc:
+            self.report_error(error_line(exc))
+            return
+        self.notify(f"drill: cut {cut} link(s) of {run_id}; watch the badge")
+
+    def action_cleanup(self) -> None:
+        host = self._selected_host()
+        if host is not None:
+            self.run_worker(self._cleanup(host), group="cleanup", exit_on_error=False)
+
+    async def _cleanup(self, host: str) -> None:
+        """Dry run first, its list in a dialog, then the real cleanup only on yes."""
+        try:
+            _, listing = await self.driver.cleanup(host, dry_run=True,
+                                                   remote_root=self.remote_root)
+            if not await self.push_screen_wait(ConfirmScreen(
+                    f"Remove everything remotemac put on {host}?", _pretty(listing),
+                    yes="Clean up")):
+                self.notify(f"cleanup of {host} cancelled")
+                return
+            code, out = await self.driver.cleanup(host, dry_run=False,
+                                                  remote_root=self.remote_root)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self.report_error(f"cleanup {host}: {error_line(exc)}")
+            return
+        self.notify(f"cleanup {host}: exit {code}")
+        self.push_screen(MarkdownScreen(Path(f"cleanup-{host}"),
+                                        f"# cleanup {host}\n\n```\n{_pretty(out)}\n```\n"))
+
+    def action_hosts(self) -> None:
+        if not isinstance(self.screen, HostsScreen):
+            self.push_screen(HostsScreen(self._known_hosts(), self.remote_root))
+
+    async def action_quit(self) -> None:
+        """Stop following (the jobs go on on their hosts) and leave."""
+        await self.driver.stop_all()
+        self.exit(0)
+
+    # ------------------------------------------------------------ command palette
+
+    def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
+        yield SystemCommand("Run a playbook", "Start a run from a playbook", self.action_start_run)
+        yield SystemCommand("Attach", "Re-attach to the selected run", self.action_attach)
+        yield SystemCommand("Pull", "Pull the selected run's results", self.action_pull)
+        yield SystemCommand("Wipe", "Wipe the selected run's data (asks first)",
+                            self.action_wipe)
+        yield SystemCommand("Cleanup host", "Remove everything remotemac put on a host "
+                            "(dry run first, then asks)", self.action_cleanup)
+        yield SystemCommand("Drill disconnect", "Cut the selected run's SSH link on purpose",
+                            self.action_drill)
+        yield SystemCommand("Hosts", "Doctor and host keys", self.action_hosts)
+        yield SystemCommand("Quit", "Leave; remote jobs keep running", self.action_quit)
+        yield from super().get_system_commands(screen)
+
+
+def _pretty(text: str) -> str:
+    """JSON output shown indented; anything else as it is."""
+    try:
+        return json.dumps(json.loads(text), indent=2)
+    except ValueError:
+        return text.strip()
+
+
+def run_tui(settings: Any, playbooks: list[str]) -> int:
+    """Entry point of ``remotemac tui [PLAYBOOK…]``."""
+    result = RemotemacApp(settings, playbooks).run()
+    return int(result or 0)

@@ -1,0 +1,292 @@
+"""Start, attach and stop runs from the TUI: the CLI's engine calls, in Textual workers.
+
+The engine is asyncio-native, so each run is an async worker on the app's own
+loop: events arrive on the loop that draws, are folded into a
+:class:`~remotemac.tui.model.RunLive` at once, and only state changes (not log
+lines) become messages. Cancelling a worker (quitting the TUI) cancels the local
+follow only: the job lives in tmux on the host, the journal says
+``interrupted``, and the next TUI (or ``remotemac attach``) picks it up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from remotemac.errors import BadInput, RemotemacError
+from remotemac.events import ConnectionState, Event, EventBus, LogLine, PhaseProgress
+from remotemac.tui.messages import RunEnded, RunUpdated
+from remotemac.tui.model import LIVE_STATES, RunLive
+
+PROGRESS_EVERY_S = 0.1  # transfer progress repaints at most this often per phase
+REATTACH_WINDOW_S = 7 * 86400  # older in-flight runs are listed, not re-attached
+LOG_TAIL_BYTES = 4 << 20
+
+
+def error_line(exc: BaseException) -> str:
+    """The one line the UI shows for any failure (never a traceback)."""
+    if isinstance(exc, RemotemacError):
+        return exc.line()
+    return f"internal error: {type(exc).__name__}: {exc}"
+
+
+def load_run(journal: Any, run_id: str):
+    """The journal row and its playbook, as ``remotemac attach`` loads them."""
+    from remotemac.playbook import Playbook
+
+    row = journal.get_run(run_id)
+    if row is None:
+        raise BadInput(f"unknown run id {run_id!r} (see: remotemac status)")
+    pb = Playbook.model_validate(row.playbook)
+    if row.playbook_path:
+        pb._base_dir = Path(row.playbook_path).parent
+        pb._source = Path(row.playbook_path)
+    return row, pb
+
+
+def read_local_logs(out_dir: str | Path, upto: Callable[[str], int | None],
+                    max_lines: int) -> list[tuple[str, str]]:
+    """(device, line) already on disk in ``<out>/logs/<device>.log`` (blocking: use a thread).
+
+    ``upto(device)`` caps each file at the byte offset the journal saved: the engine's
+    follow resumes exactly there, so preloaded and streamed lines never overlap.
+    """
+    log_dir = Path(out_dir) / "logs"
+    files = sorted(log_dir.glob("*.log"), key=lambda p: p.stat().st_mtime) \
+        if log_dir.is_dir() else []
+    out: list[tuple[str, str]] = []
+    for path in files:
+        limit = upto(path.stem)
+        size = path.stat().st_size if limit is None else min(limit, path.stat().st_size)
+        start = max(0, size - LOG_TAIL_BYTES)
+        with path.open("rb") as fh:
+            fh.seek(start)
+            data = fh.read(size - start)
+        lines = data.decode("utf-8", "replace").splitlines()
+        if start > 0 and lines:
+            lines = lines[1:]  # a cut first line
+        out += [(path.stem, line) for line in lines[-max_lines:]]
+    return out
+
+
+class _Render:
+    """The ``render`` object :func:`run_phase` wants: a sink with ``close``."""
+
+    def __init__(self, sink: Callable[[Event], None]) -> None:
+        self._sink = sink
+
+    def __call__(self, event: Event) -> None:
+        self._sink(event)
+
+    def close(self) -> None:
+        return None
+
+
+class RunDriver:
+    """The runs this TUI drives, their live state, and the workers behind them."""
+
+    def __init__(self, app: Any, settings: Any, journal: Any, out_root: Path,
+                 keep_lines: int = 20_000) -> None:
+        self.app = app
+        self.settings = settings
+        self.journal = journal
+        self.out_root = Path(out_root)
+        self.keep_lines = keep_lines
+        self.lives: dict[str, RunLive] = {}
+        self.contexts: dict[str, Any] = {}
+        self.workers: dict[str, Any] = {}
+
+    # ------------------------------------------------------------ queries
+
+    def attached(self, run_id: str) -> bool:
+        worker = self.workers.get(run_id)
+        return worker is not None and not worker.is_finished
+
+    def in_flight(self, now: float) -> list[str]:
+        """Runs to re-attach on opening: in flight per the journal, recent, not ours yet."""
+        return [r.run_id for r in self.journal.list_runs()
+                if r.state in LIVE_STATES and now - r.created_at < REATTACH_WINDOW_S
+                and not self.attached(r.run_id)]
+
+    # ------------------------------------------------------------ runs
+
+    def start(self, playbook_path: str, *, keep_data: bool = False) -> str:
+        """Create the journal row (as ``remotemac run`` does) and drive the run in a worker."""
+        from remotemac.engine.context import RunOptions
+        from remotemac.journal import new_run_id
+        from remotemac.playbook import load_playbook
+
+        pb = load_playbook(playbook_path)
+        run_id = new_run_id(pb.name)
+        out_dir = (self.out_root / run_id).resolve()
+        self.journal.create_run(run_id, name=pb.name, host=pb.host,
+                                playbook_path=str(pb.source) if pb.source else None,
+                                playbook=pb.model_dump(mode="json"), out_dir=str(out_dir),
+                                options={"keep_data": keep_data, "drill": None})
+        self._spawn(run_id, pb, out_dir, RunOptions(keep_data=keep_data), preload=False)
+        return run_id
+
+    def attach(self, run_id: str) -> None:
+        """Re-attach to a run of the journal (after a quit, a crash, another terminal)."""
+        from remotemac.engine.context import RunOptions
+
+        if self.attached(run_id):
+            raise BadInput(f"run {run_id} is already attached here")
+        row, pb = load_run(self.journal, run_id)
+        options = RunOptions(keep_data=bool(row.options.get("keep_data")),
+                             drill=row.options.get("drill"))
+        self._spawn(run_id, pb, Path(row.out_dir), options, preload=True)
+
+    def _spawn(self, run_id: str, pb: Any, out_dir: Path, options: Any, *, preload: bool) -> None:
+        live = RunLive(run_id, host=pb.host, name=pb.name, keep_lines=self.keep_lines)
+        live.out_dir = str(out_dir)
+        live.active = True
+        self.lives[run_id] = live
+        self.workers[run_id] = self.app.run_worker(
+            self._drive(live, pb, out_dir, options, preload), name=f"run {run_id}",
+            group="runs", exit_on_error=False)
+        self.app.post_message(RunUpdated(run_id))
+
+    async def _drive(self, live: RunLive, pb: Any, out_dir: Path, options: Any,
+                     preload: bool) -> None:
+        from remotemac.engine.pipeline import build_context, run_pipeline
+
+        run_id = live.run_id
+        code: int | None = None
+        error: str | None = None
+        try:
+            if preload:
+                def upto(device: str) -> int:
+                    return self.journal.log_offset(run_id, device)[0]
+
+                lines = await asyncio.to_thread(read_local_logs, out_dir, upto, self.keep_lines)
+                for device, line in lines:
+                    live.add_line(device, line)
+            bus = EventBus()
+            bus.subscribe(self.sink(live))
+            ctx = build_context(run_id=run_id, playbook=pb, journal=self.journal, bus=bus,
+                                home=self.settings.home, out_dir=out_dir, options=options,
+                                ssh=self.settings.ssh_options())
+            counters = ctx.results.setdefault("_continuity", {"disconnects": 0, "reconnects": 0})
+
+            def count(event: Event) -> None:
+                if isinstance(event, ConnectionState) and event.state == "disconnected":
+                    counters["disconnects"] += 1
+                elif isinstance(event, ConnectionState) and event.state == "reconnected":
+                    counters["reconnects"] += 1
+
+            bus.subscribe(count)
+            self.contexts[run_id] = ctx
+            code = await run_pipeline(ctx)
+        except asyncio.CancelledError:
+            raise  # quitting: the job goes on on the host; the journal says "interrupted"
+        except Exception as exc:  # every failure becomes a line in the UI, never a crash
+            error = error_line(exc)
+        finally:
+            live.active = False
+            self.contexts.pop(run_id, None)
+        live.error = error
+        self.app.post_message(RunEnded(run_id, code, error))
+
+    def sink(self, live: RunLive) -> Callable[[Event], None]:
+        """Fold each event into ``live``; tell the UI about state changes, not lines."""
+        last: dict[str, float] = {}
+
+        def emit(event: Event) -> None:
+            live.apply(event)
+            if isinstance(event, LogLine):
+                return  # the log view takes lines in batches from live.lines
+            if isinstance(event, PhaseProgress):
+                now = time.monotonic()
+                if now - last.get(event.phase, 0.0) < PROGRESS_EVERY_S:
+                    return
+                last[event.phase] = now
+            self.app.post_message(RunUpdated(live.run_id, event))
+
+        return emit
+
+    # ------------------------------------------------------------ one phase by hand
+
+    async def one_phase(self, run_id: str, phase: str) -> int:
+        """``remotemac pull`` / ``wipe`` for one run, events into its live state."""
+        from remotemac.engine.context import RunOptions
+        from remotemac.engine.pipeline import run_phase
+
+        if self.attached(run_id):
+            raise BadInput(f"run {run_id} is still attached: {phase} it when it ends")
+        row, pb = load_run(self.journal, run_id)
+        if phase == "wipe" and pb.wipe == "manual":
+            pb = pb.model_copy(update={"wipe": "after_pull"})
+        live = self.lives.get(run_id)
+        if live is None:
+            live = self.lives[run_id] = RunLive(run_id, host=row.host, name=row.name,
+                                                keep_lines=self.keep_lines)
+            live.out_dir = row.out_dir
+        return await run_phase(
+            run_id=run_id, phase=phase, playbook=pb, journal=self.journal,
+            home=self.settings.home, out_dir=Path(row.out_dir), options=RunOptions(),
+            ssh=self.settings.ssh_options(), render=_Render(self.sink(live)))
+
+    # ------------------------------------------------------------ drill, cleanup
+
+    def drill_disconnect(self, run_id: str) -> int:
+        """Cut the live SSH link(s) of an attached run on purpose; returns links cut.
+
+        The transport notices the dead link, emits ``disconnected`` and reconnects on
+        the next operation, exactly as after a real drop.
+        """
+        ctx = self.contexts.get(run_id)
+        if ctx is None:
+            raise BadInput(f"drill: run {run_id} is not attached in this TUI",
+                           hint="attach it first (t)")
+        cut = 0
+        for binding in ctx.hosts.values():
+            transport = binding.transport
+            drop = getattr(transport, "drop_link", None)
+            if callable(drop):
+                drop("drill")
+                cut += 1
+                continue
+            conn = getattr(transport, "_conn", None)
+            if conn is not None:
+                conn.abort()
+                cut += 1
+        if not cut:
+            raise BadInput(f"drill: run {run_id} has no SSH link to cut",
+                           hint="the drill needs a remote host, not local")
+        ctx.options.drill = "disconnect"
+        return cut
+
+    async def cleanup(self, host: str, *, dry_run: bool, remote_root: str) -> tuple[int, str]:
+        """``remotemac cleanup HOST`` with its JSON output captured for a dialog."""
+        try:
+            from remotemac.engine.cleanup import main_cleanup
+        except ImportError as exc:
+            raise BadInput(f"cleanup is not available in this build: {exc}") from None
+        buf = io.StringIO()
+        with contextlib.redirect_stdout(buf):
+            code = await main_cleanup(host, settings=self.settings, dry_run=dry_run,
+                                      yes=not dry_run, as_json=True, remote_root=remote_root)
+        return int(code or 0), buf.getvalue()
+
+    # ------------------------------------------------------------ quitting
+
+    async def stop_all(self, timeout: float = 10.0) -> None:
+        """Cancel every run worker (the local follow only) and wait for the journal write."""
+        workers = [w for w in self.workers.values() if not w.is_finished]
+        for worker in workers:
+            worker.cancel()
+        if workers:
+            with contextlib.suppress(Exception, asyncio.TimeoutError):
+                await asyncio.wait_for(
+                    asyncio.gather(*(_quiet_wait(w) for w in workers)), timeout)
+
+
+async def _quiet_wait(worker: Any) -> None:
+    with contextlib.suppress(Exception, asyncio.CancelledError):
+        await worker.wait()

@@ -1,0 +1,292 @@
+"""What the TUI knows about one run, folded from engine events (no Textual here).
+
+Widgets never read events themselves: the driver folds every event into a
+:class:`RunLive` the moment it is emitted (cheap, synchronous), and widgets
+render from that state. This keeps a burst of thousands of log lines a second
+away from the widget tree (lines wait in a :class:`LineStore` until the log view
+takes them in one batch) and makes the screens easy to test with hand-made
+events.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from remotemac.events import (
+    ConnectionState,
+    Event,
+    LogLine,
+    Metric,
+    PhaseFinished,
+    PhaseProgress,
+    PhaseStarted,
+    RunFinished,
+    Warning,
+)
+
+PHASE_GROUPS = ("provision", "sync", "launch", "follow", "pull", "compare", "record", "wipe")
+LIVE_STATES = ("running", "detached", "interrupted")
+MAX_SPARK_POINTS = 120
+# the harness prints the first fallback warning of each op, as torch words it
+FALLBACK_RE = re.compile(r"The operator '(aten::[^']+)' is not currently supported on the MPS")
+
+
+@dataclass
+class PhaseState:
+    """One row of the timeline: a phase group (launch and follow cover every side)."""
+
+    name: str
+    state: str = "pending"  # pending | running | done | failed | skipped
+    done: int = 0
+    total: int | None = None
+    unit: str = "bytes"
+    detail: str = ""
+    rate: float | None = None  # units per second, from the events' own timestamps
+    subs: dict[str, str] = field(default_factory=dict)  # side -> state, for launch/follow
+    _first: tuple[float, int] | None = None
+
+    def progress(self, event: PhaseProgress) -> None:
+        if self._first is None or event.done < self._first[1]:
+            self._first = (event.ts, event.done)
+        t0, d0 = self._first
+        if event.ts > t0 and event.done > d0:
+            self.rate = (event.done - d0) / (event.ts - t0)
+        self.done, self.total, self.unit = event.done, event.total, event.unit
+        if event.detail:
+            self.detail = event.detail
+
+
+@dataclass
+class LinkState:
+    """The connection badge's facts: the last ConnectionState seen."""
+
+    state: str = "unknown"  # unknown | local | connected | disconnected | reconnecting | lost
+    host: str = ""
+    attempt: int = 0
+    next_in_s: float | None = None
+    detail: str = ""
+
+
+class LineStore:
+    """Every log line of a run, numbered; old ones dropped past ``keep`` lines.
+
+    The log view remembers how many lines it has taken (``total`` when it last
+    looked) and asks for the rest, so nothing is taken twice and, unless a
+    reader falls more than ``keep`` lines behind, nothing is skipped.
+    """
+
+    def __init__(self, keep: int = 20_000) -> None:
+        self.keep = keep
+        self.base = 0  # number of the first line still held
+        self._lines: list[str] = []
+
+    @property
+    def total(self) -> int:
+        return self.base + len(self._lines)
+
+    def append(self, line: str) -> None:
+        self._lines.append(line)
+        if len(self._lines) >= 2 * self.keep:
+            drop = len(self._lines) - self.keep
+            del self._lines[:drop]
+            self.base += drop
+
+    def extend(self, lines: list[str]) -> None:
+        for line in lines:
+            self.append(line)
+
+    def since(self, seen: int) -> list[str]:
+        """Lines numbered ``seen`` and later (what a reader has not taken yet)."""
+        return self._lines[max(0, seen - self.base):]
+
+
+class RunLive:
+    """A run as the TUI shows it; ``apply`` folds one engine event in."""
+
+    def __init__(self, run_id: str, *, host: str = "", name: str = "", keep_lines: int = 20_000):
+        self.run_id = run_id
+        self.host = host
+        self.name = name
+        self.phases: dict[str, PhaseState] = {g: PhaseState(g) for g in PHASE_GROUPS}
+        self.link = LinkState(state="local" if host == "local" else "unknown", host=host)
+        self.lines = LineStore(keep_lines)
+        self.memory: list[float] = []
+        self.fallback_ops: list[str] = []
+        self.warnings: list[str] = []
+        self.current_phase = ""
+        self.verdict: str | None = None
+        self.exit_code: int | None = None
+        self.out_dir = ""
+        self.error: str | None = None
+        self.active = False  # a worker is driving it in this TUI
+        self.link_history: list[str] = []
+
+    # ------------------------------------------------------------ folding
+
+    def apply(self, event: Event) -> None:
+        if isinstance(event, LogLine):
+            self.add_line(event.device, event.line)
+        elif isinstance(event, PhaseProgress):
+            self._group(event.phase).progress(event)
+        elif isinstance(event, PhaseStarted):
+            row, side = self._group(event.phase), _side(event.phase)
+            row.state = "running"
+            self.current_phase = event.phase
+            if side:
+                row.subs[side] = "running"
+            elif row.unit == "bytes":
+                row.done, row.total, row.rate, row._first = 0, None, None, None
+        elif isinstance(event, PhaseFinished):
+            row, side = self._group(event.phase), _side(event.phase)
+            state = "skipped" if event.skipped else ("done" if event.ok else "failed")
+            row.state = state
+            if side:
+                row.subs[side] = state
+            if event.detail and not event.skipped:
+                row.detail = event.detail
+        elif isinstance(event, Metric):
+            if event.name in ("peak_rss_bytes", "rss_bytes", "mps_allocated_bytes"):
+                self.memory.append(event.value)
+                del self.memory[:-MAX_SPARK_POINTS]
+        elif isinstance(event, ConnectionState):
+            state = "connected" if event.state == "reconnected" else event.state
+            self.link = LinkState(state, event.host, event.attempt, event.next_in_s, event.detail)
+            self.link_history.append(state)
+        elif isinstance(event, Warning):
+            self.warnings.append(event.message)
+        elif isinstance(event, RunFinished):
+            self.verdict, self.exit_code, self.out_dir = event.verdict, event.exit_code, \
+                event.out_dir or self.out_dir
+
+    def add_line(self, device: str, line: str) -> None:
+        self.lines.append(f"{device} │ {line}")
+        found = FALLBACK_RE.search(line)
+        if found and found.group(1) not in self.fallback_ops:
+            self.fallback_ops.append(found.group(1))
+
+    def _group(self, phase: str) -> PhaseState:
+        group = phase.split(":")[0]
+        if group not in self.phases:
+            self.phases[group] = PhaseState(group)
+        return self.phases[group]
+
+    # ------------------------------------------------------------ from the journal
+
+    def load_phases(self, phases: dict[str, dict[str, Any]]) -> None:
+        """Timeline of a run this TUI is not driving, from the journal's phase rows."""
+        for name, info in phases.items():
+            row, side = self._group(name), _side(name)
+            state = {"started": "running", "done": "done", "failed": "failed"}.get(
+                info.get("state", ""), info.get("state", "pending"))
+            row.state = state
+            if side:
+                row.subs[side] = state
+            summary = (info.get("result") or {}).get("summary")
+            if summary:
+                row.detail = str(summary)
+            self.current_phase = name
+
+
+def _side(phase: str) -> str:
+    return phase.split(":", 1)[1] if ":" in phase else ""
+
+
+# ---------------------------------------------------------------- acceptance
+
+
+@dataclass
+class Acceptance:
+    """The parts of acceptance.json the run screen shows."""
+
+    verdict: str
+    conditions: list[tuple[str, str]]
+    observations: list[tuple[str, str]]
+    md_path: Path | None
+
+
+def read_acceptance(out_dir: str | Path) -> Acceptance | None:
+    """``None`` while the record is not written (or unreadable: the run screen says so)."""
+    path = Path(out_dir) / "acceptance.json"
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    obs = data.get("observations") or {}
+    ops = obs.get("operators") or {}
+    mem = obs.get("memory") or {}
+    res = obs.get("results") or {}
+    rows = [
+        ("tensors on device", _fmt(obs.get("tensors_on_device"))),
+        ("fallback ops", _fmt_list(ops.get("fallback_ops"))),
+        ("unsupported ops", _fmt_list(ops.get("unsupported_ops"))),
+        ("dtype errors", _fmt_list(ops.get("dtype_errors"))),
+        ("peak memory", human_bytes(mem.get("peak_bytes"))),
+        ("memory stable", _fmt(mem.get("stable"))),
+        ("within tolerance", _fmt(res.get("within_tolerance"))),
+    ]
+    conds = [(str(c.get("code", "")), str(c.get("detail", "")))
+             for c in data.get("stopping_conditions") or []]
+    md = Path(out_dir) / "acceptance.md"
+    return Acceptance(str(data.get("verdict", "?")), conds, rows, md if md.exists() else None)
+
+
+def _fmt(value: Any) -> str:
+    return "—" if value is None else ("yes" if value is True else "no" if value is False
+                                      else str(value))
+
+
+def _fmt_list(value: Any) -> str:
+    if value is None:
+        return "—"
+    if not value:
+        return "none"
+    names = [v.get("op", str(v)) if isinstance(v, dict) else str(v) for v in value]
+    return ", ".join(names)
+
+
+# ---------------------------------------------------------------- formatting
+
+
+def human_bytes(n: float | None) -> str:
+    if n is None:
+        return "—"
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(value) < 1024 or unit == "GiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} GiB"
+
+
+def human_rate(rate: float | None, unit: str) -> str:
+    if not rate:
+        return ""
+    if unit == "bytes":
+        return f"{human_bytes(rate)}/s"
+    return f"{rate:,.0f} {unit}/s"
+
+
+def human_age(seconds: float) -> str:
+    s = max(0, int(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+
+
+def cost_so_far(playbook: dict[str, Any], created_at: float, finished_at: float | None,
+                now: float) -> str:
+    """Rental cost of the run's wall time at the playbook's hourly rate ("" if no rate)."""
+    cost = playbook.get("cost") or {}
+    rate = float(cost.get("hourly_rate") or 0.0)
+    if rate <= 0:
+        return "—"
+    hours = max(0.0, ((finished_at or now) - created_at) / 3600)
+    return f"{hours * rate:.2f} {cost.get('currency', 'USD')}"

@@ -1,0 +1,180 @@
+"""The hosts screen: doctor results per host, and trusting a host key by its fingerprint."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.text import Text
+from textual import work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.screen import Screen
+from textual.widgets import DataTable, Footer, Header, Input, Static
+
+from remotemac.tui.driver import error_line
+from remotemac.tui.screens.dialogs import ConfirmScreen
+
+_STATUS_STYLE = {"ok": "green", "warn": "yellow", "fail": "bold red", "n/a": "dim"}
+
+
+class HostsScreen(Screen):
+    """Hosts known from the journal and the playbooks; doctor and trust act on the selected one."""
+
+    BINDINGS = [
+        Binding("escape", "app.pop_screen", "Runs"),
+        Binding("d", "doctor", "Doctor"),
+        Binding("k", "trust", "Trust key"),
+        Binding("c", "app.cleanup", "Cleanup host"),
+        Binding("q", "app.quit", "Quit"),
+    ]
+
+    def __init__(self, hosts: list[str], remote_root: str = "~/remotemac") -> None:
+        super().__init__()
+        self.hosts = list(dict.fromkeys(hosts))
+        self.remote_root = remote_root
+        self.reports: dict[str, Any] = {}
+
+    def compose(self) -> ComposeResult:
+        yield Header(show_clock=False)
+        with Horizontal(id="hosts-body"):
+            with Vertical(id="hosts-side"):
+                yield DataTable(id="hosts", cursor_type="row")
+                yield Input(placeholder="add a host: alias or user@host:port", id="add-host")
+            with Vertical(id="hosts-main"):
+                yield Static("", id="doctor-title")
+                yield DataTable(id="checks", cursor_type="row")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        app: Any = self.app
+        self.sub_title = "hosts"
+        self.query_one("#add-host", Input).cursor_blink = app.blink
+        hosts = self.query_one("#hosts", DataTable)
+        hosts.add_column("host", key="host")
+        hosts.add_column("doctor", key="doctor")
+        for host in self.hosts:
+            hosts.add_row(host, self._fit_cell(host), key=host)
+        checks = self.query_one("#checks", DataTable)
+        for name in ("check", "status", "value", "why / fix"):
+            checks.add_column(name, key=name)
+        self.show_report(self.selected_host())
+        hosts.focus()
+
+    # ------------------------------------------------------------ selection
+
+    def selected_host(self) -> str | None:
+        table = self.query_one("#hosts", DataTable)
+        if table.row_count == 0:
+            return None
+        row_key, _ = table.coordinate_to_cell_key(table.cursor_coordinate)
+        return str(row_key.value)
+
+    def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        if event.data_table.id == "hosts":
+            self.show_report(str(event.row_key.value))
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        host = event.value.strip()
+        event.input.value = ""
+        if host and host not in self.hosts:
+            self.hosts.append(host)
+            self.query_one("#hosts", DataTable).add_row(host, self._fit_cell(host), key=host)
+        table = self.query_one("#hosts", DataTable)
+        if host:
+            table.move_cursor(row=table.get_row_index(host))
+            table.focus()
+
+    # ------------------------------------------------------------ doctor
+
+    def _fit_cell(self, host: str) -> Text:
+        report = self.reports.get(host)
+        if report is None:
+            return Text("not run", style="dim")
+        return Text("fit", style="green") if report.fit else Text("not fit", style="bold red")
+
+    def show_report(self, host: str | None) -> None:
+        title = self.query_one("#doctor-title", Static)
+        checks = self.query_one("#checks", DataTable)
+        checks.clear()
+        report = self.reports.get(host) if host else None
+        if host is None:
+            title.update("no hosts yet: type one below")
+            return
+        if report is None:
+            title.update(f"{host}: doctor not run yet — press d")
+            return
+        verdict = "[green]fit[/]" if report.fit else "[bold red]not fit[/]"
+        title.update(f"{host}: {verdict}")
+        for c in report.checks:
+            notes = c.why + (f" — fix: {c.fix}" if c.fix else "")
+            checks.add_row(c.name, Text(c.status, style=_STATUS_STYLE.get(c.status, "")),
+                           c.value, notes)
+
+    def set_report(self, host: str, report: Any) -> None:
+        self.reports[host] = report
+        table = self.query_one("#hosts", DataTable)
+        if host in self.hosts:
+            table.update_cell(host, "doctor", self._fit_cell(host))
+        if self.selected_host() == host:
+            self.show_report(host)
+
+    def action_doctor(self) -> None:
+        host = self.selected_host()
+        if host:
+            self.query_one("#doctor-title", Static).update(f"{host}: running doctor…")
+            self.run_doctor(host)
+
+    @work(group="doctor", exit_on_error=False)
+    async def run_doctor(self, host: str) -> None:
+        from remotemac.checks.doctor import doctor
+        from remotemac.engine.hosts import open_transport
+
+        app: Any = self.app
+        try:
+            transport = open_transport(host, app.settings.home, app.settings.ssh_options())
+            async with transport:
+                report = await doctor(transport, host, self.remote_root)
+        except Exception as exc:
+            self.query_one("#doctor-title", Static).update(f"{host}: [red]{error_line(exc)}[/]")
+            app.report_error(f"doctor {host}: {error_line(exc)}")
+            return
+        self.set_report(host, report)
+
+    # ------------------------------------------------------------ trust
+
+    def action_trust(self) -> None:
+        host = self.selected_host()
+        if host == "local":
+            self.notify("local has no host key", severity="warning")
+        elif host:
+            self.trust(host)
+
+    @work(group="trust", exit_on_error=False)
+    async def trust(self, host: str) -> None:
+        """Show the key the host offers; pin exactly that fingerprint if the user says yes."""
+        from remotemac.transport.hostkeys import fetch_host_key, trust_host_async
+
+        app: Any = self.app
+        s = app.settings
+        try:
+            key, fp = await fetch_host_key(host, home_dir=s.home, ssh_config=s.ssh_config,
+                                           identity=s.identity)
+        except Exception as exc:
+            app.report_error(f"trust {host}: {error_line(exc)}")
+            return
+        question = f"Trust {host}'s host key?"
+        details = (f"{key.get_algorithm()} {fp}\n\nCompare it with the fingerprint your "
+                   "provider published before saying yes.")
+        if not await app.push_screen_wait(ConfirmScreen(question, details, yes="Trust")):
+            self.notify(f"{host}: key not trusted")
+            return
+        try:
+            result = await trust_host_async(host, s.home, fp, lambda _q: False,
+                                            ssh_config=s.ssh_config, identity=s.identity)
+        except Exception as exc:
+            app.report_error(f"trust {host}: {error_line(exc)}")
+            return
+        state = "already trusted" if result.already_trusted else "trusted"
+        self.notify(f"{result.name}: {state} {result.fingerprint}")
+        self.query_one("#doctor-title", Static).update(f"{host}: {state} {result.fingerprint}")

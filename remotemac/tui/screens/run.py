@@ -1,0 +1,193 @@
+"""One run: timeline, live log, connection badge, memory, verdict."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+from textual import work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.screen import Screen
+from textual.widgets import Footer, Header, Input, Static
+
+from remotemac.events import RunFinished
+from remotemac.tui.driver import read_local_logs
+from remotemac.tui.model import RunLive, read_acceptance
+from remotemac.tui.widgets.connection_badge import ConnectionBadge
+from remotemac.tui.widgets.log_view import LogView
+from remotemac.tui.widgets.memory_spark import MemorySpark
+from remotemac.tui.widgets.phase_timeline import PhaseTimeline
+from remotemac.tui.widgets.verdict_panel import VerdictPanel
+
+
+class RunScreen(Screen):
+    """Shows a run the TUI drives (live) or one from the journal (as it was left)."""
+
+    BINDINGS = [
+        Binding("escape", "back", "Runs"),
+        Binding("slash", "search", "Search"),
+        Binding("n", "next_match(True)", "Older match", show=False),
+        Binding("N", "next_match(False)", "Newer match", show=False),
+        Binding("end,f", "follow", "Follow"),
+        Binding("a", "acceptance", "acceptance.md"),
+        Binding("t", "app.attach", "Attach"),
+        Binding("p", "app.pull", "Pull"),
+        Binding("w", "app.wipe", "Wipe"),
+        Binding("d", "app.drill", "Drill"),
+        Binding("q", "app.quit", "Quit"),
+    ]
+
+    def __init__(self, run_id: str) -> None:
+        super().__init__()
+        self.run_id = run_id
+        self.acceptance = None
+        self._snapshot_live = RunLive(run_id)
+
+    def compose(self) -> ComposeResult:
+        app: Any = self.app
+        yield Header(show_clock=False)
+        with Vertical(id="run-side"):
+            yield PhaseTimeline(id="timeline")
+            yield ConnectionBadge(id="badge")
+            yield MemorySpark(id="memory")
+            yield VerdictPanel(id="verdict")
+        with Vertical(id="run-main"):
+            yield LogView(max_lines=app.log_max_lines, id="log")
+            yield Input(placeholder="search the log (enter: find, n/N: older/newer)",
+                        id="search")
+            yield Static("", id="log-status")
+        yield Footer()
+
+    @property
+    def live(self) -> RunLive:
+        app: Any = self.app
+        live = app.driver.lives.get(self.run_id)
+        if live is None:
+            live = self._snapshot_live
+        return live
+
+    def on_mount(self) -> None:
+        app: Any = self.app
+        self.title = self.run_id
+        self.sub_title = "run"
+        search = self.query_one("#search", Input)
+        search.display = False
+        search.cursor_blink = app.blink
+        if self.run_id not in app.driver.lives:
+            self.load_from_journal()
+        elif self.live.out_dir:
+            self.run_worker(self.load_acceptance(), group="run-load")
+        self.refresh_state()
+        self.set_interval(app.flush_s, self.flush_logs)
+        self.query_one("#log", LogView).focus()
+
+    @work(group="run-load")
+    async def load_from_journal(self) -> None:
+        """A run nobody drives here: its phases, log files and record as they are on disk."""
+        app: Any = self.app
+        row = await asyncio.to_thread(app.journal.get_run, self.run_id)
+        if row is None:
+            return
+        phases = await asyncio.to_thread(app.journal.phases, self.run_id)
+        live = RunLive(self.run_id, host=row.host, name=row.name, keep_lines=app.log_max_lines)
+        live.out_dir, live.verdict = row.out_dir, row.verdict
+        live.load_phases(phases)
+        lines = await asyncio.to_thread(read_local_logs, row.out_dir, lambda _d: None,
+                                        app.log_max_lines)
+        for device, line in lines:
+            live.add_line(device, line)
+        if self.run_id not in app.driver.lives:
+            self._snapshot_live = live
+        await self.load_acceptance()
+        self.refresh_state()
+
+    async def load_acceptance(self) -> None:
+        out_dir = self.live.out_dir
+        if out_dir:
+            self.acceptance = await asyncio.to_thread(read_acceptance, out_dir)
+        self.refresh_state()
+
+    # ------------------------------------------------------------ updates
+
+    def flush_logs(self) -> None:
+        """Every ~50 ms: everything new in the line store, in one write."""
+        log = self.query_one("#log", LogView)
+        log.take(self.live.lines)
+        status = "following" if log.following else "paused — end/f to follow"
+        if log.term:
+            status += f" · search: {log.term!r}"
+        status += f" · {self.live.lines.total:,} lines"
+        self.query_one("#log-status", Static).update(status)
+
+    def refresh_state(self) -> None:
+        live = self.live
+        self.query_one("#timeline", PhaseTimeline).show(live.phases)
+        self.query_one("#badge", ConnectionBadge).show(live.link)
+        self.query_one("#memory", MemorySpark).show(live.memory, live.fallback_ops)
+        pending = "pending"
+        if live.error:
+            pending = f"[red]{live.error}[/]"
+        elif live.verdict and not self.acceptance:
+            pending = live.verdict
+        self.query_one("#verdict", VerdictPanel).show(self.acceptance, pending)
+
+    def run_updated(self, event: Any) -> None:
+        """Called by the app for each state change of this run."""
+        self.refresh_state()
+        if isinstance(event, RunFinished) or event is None and self.live.verdict:
+            self.run_worker(self.load_acceptance(), group="run-load")
+
+    def run_ended(self) -> None:
+        self.flush_logs()
+        self.run_worker(self.load_acceptance(), group="run-load")
+
+    # ------------------------------------------------------------ keys
+
+    def action_back(self) -> None:
+        search = self.query_one("#search", Input)
+        if search.display:
+            search.display = False
+            self.query_one("#log", LogView).focus()
+            return
+        self.app.pop_screen()
+
+    def action_search(self) -> None:
+        search = self.query_one("#search", Input)
+        search.display = True
+        search.focus()
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        if event.input.id != "search":
+            return
+        log = self.query_one("#log", LogView)
+        found = log.search(event.value.strip())
+        if found is None:
+            self.notify(f"no match for {event.value.strip()!r}", severity="warning")
+        event.input.display = False
+        log.focus()
+
+    def action_next_match(self, older: bool) -> None:
+        log = self.query_one("#log", LogView)
+        if log.term and log.search(log.term, older=older) is None:
+            self.notify("no more matches", severity="information")
+
+    def action_follow(self) -> None:
+        log = self.query_one("#log", LogView)
+        log.clear_search()
+        log.follow()
+
+    def action_acceptance(self) -> None:
+        acc = self.acceptance
+        if acc is None or acc.md_path is None:
+            self.notify("no acceptance.md yet", severity="warning")
+            return
+        self.app.open_markdown(Path(acc.md_path))  # type: ignore[attr-defined]
+
+    def selected_run_id(self) -> str:
+        return self.run_id
+
+    def selected_host(self) -> str | None:
+        return self.live.host or None

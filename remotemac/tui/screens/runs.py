@@ -1,0 +1,110 @@
+"""The runs screen: every run in the journal, and the runs this TUI drives live."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from textual import work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.screen import Screen
+from textual.widgets import DataTable, Footer, Header, Static
+
+from remotemac.tui.model import cost_so_far, human_age
+
+COLUMNS = ("run", "name", "host", "phase", "state", "verdict", "age", "cost")
+REFRESH_S = 2.0
+
+
+class RunsScreen(Screen):
+    """A table of runs; enter opens one, the footer lists the actions."""
+
+    BINDINGS = [
+        Binding("enter", "open", "Open", show=False),
+        Binding("r", "app.start_run", "Run"),
+        Binding("t", "app.attach", "Attach"),
+        Binding("p", "app.pull", "Pull"),
+        Binding("w", "app.wipe", "Wipe"),
+        Binding("c", "app.cleanup", "Cleanup host"),
+        Binding("h", "app.hosts", "Hosts"),
+        Binding("q", "app.quit", "Quit"),
+    ]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hosts_by_run: dict[str, str] = {}
+
+    def compose(self) -> ComposeResult:
+        yield Header(show_clock=False)
+        yield DataTable(id="runs", cursor_type="row", zebra_stripes=True)
+        yield Static("", id="runs-hint")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        table = self.query_one("#runs", DataTable)
+        for name in COLUMNS:
+            table.add_column(name, key=name)
+        self.sub_title = "runs"
+        self.refresh_runs()
+        self.set_interval(REFRESH_S, self.refresh_runs)
+
+    def selected_run_id(self) -> str | None:
+        table = self.query_one("#runs", DataTable)
+        if table.row_count == 0:
+            return None
+        row_key, _ = table.coordinate_to_cell_key(table.cursor_coordinate)
+        return str(row_key.value)
+
+    def selected_host(self) -> str | None:
+        run_id = self.selected_run_id()
+        return self.hosts_by_run.get(run_id) if run_id else None
+
+    @work(exclusive=True, group="runs-table")
+    async def refresh_runs(self) -> None:
+        """Read the journal off the UI loop (SQLite is a blocking call), then fill the table."""
+        try:
+            rows = await asyncio.to_thread(self._load)
+        except Exception as exc:  # a locked or broken journal: say so, keep the UI
+            self.query_one("#runs-hint", Static).update(f"journal: {exc}")
+            return
+        self._fill(rows)
+
+    def _load(self) -> list[tuple[str, str, list[Any]]]:
+        app: Any = self.app
+        now = app.now()
+        out = []
+        for r in app.journal.list_runs():
+            live = app.driver.lives.get(r.run_id)
+            if live is not None and live.current_phase:
+                phase = live.current_phase
+            else:
+                phases = app.journal.phases(r.run_id)
+                phase = next(reversed(phases), "") if phases else ""
+            state = "attached" if app.driver.attached(r.run_id) else r.state
+            out.append((r.run_id, r.host, [
+                r.run_id, r.name, r.host, phase or "—", state, r.verdict or "—",
+                human_age(now - r.created_at),
+                cost_so_far(r.playbook, r.created_at, r.finished_at, now),
+            ]))
+        return out
+
+    def _fill(self, rows: list[tuple[str, str, list[Any]]]) -> None:
+        table = self.query_one("#runs", DataTable)
+        keep = self.selected_run_id()
+        self.hosts_by_run = {run_id: host for run_id, host, _ in rows}
+        table.clear()
+        for run_id, _host, cells in rows:
+            table.add_row(*cells, key=run_id)
+        if keep is not None and keep in self.hosts_by_run:
+            table.move_cursor(row=table.get_row_index(keep), animate=False)
+        hint = "no runs yet — r starts one" if not rows else f"{len(rows)} runs"
+        self.query_one("#runs-hint", Static).update(hint)
+
+    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
+        self.app.open_run(str(event.row_key.value))  # type: ignore[attr-defined]
+
+    def action_open(self) -> None:
+        run_id = self.selected_run_id()
+        if run_id:
+            self.app.open_run(run_id)  # type: ignore[attr-defined]

@@ -1,0 +1,1 @@
+"""Widgets of the run screen: timeline, log, connection badge, memory sparkline."""

@@ -1,0 +1,91 @@
+"""The live log: batched writes, a line bound, follow that pauses on scroll-up, search.
+
+Lines never arrive here one by one: the run screen calls :meth:`LogView.take`
+every ~50 ms and everything that came in since is written with one
+``write_lines`` call (one layout, one repaint), however many thousand lines that is.
+"""
+
+from __future__ import annotations
+
+from rich.style import Style
+from textual.strip import Strip
+from textual.widgets import Log
+
+from remotemac.tui.model import LineStore
+
+MATCH_STYLE = Style(reverse=True, bold=True)
+
+
+class LogView(Log):
+    """``Log`` plus a cursor into a :class:`LineStore` and a highlighted search match."""
+
+    def __init__(self, max_lines: int = 10_000, **kwargs) -> None:
+        super().__init__(max_lines=max_lines, auto_scroll=True, **kwargs)
+        self.seen = 0  # how many lines of the store are taken
+        self.dropped = 0  # lines pruned from the top by max_lines
+        self.batches = 0
+        self.match_line: int | None = None
+        self.term = ""
+
+    @property
+    def following(self) -> bool:
+        """At the bottom, so new lines scroll into view (scrolling up pauses this)."""
+        return self.is_vertical_scroll_end or self.max_scroll_y == 0
+
+    def take(self, store: LineStore) -> int:
+        """Write every line of ``store`` not taken yet, in one batch; returns how many."""
+        lines = store.since(self.seen)
+        self.seen = store.total
+        if not lines:
+            return 0
+        batch = lines[-self.max_lines:] if self.max_lines else lines
+        before = len(self.lines)
+        self.write_lines(batch)
+        pruned = before + len(batch) - len(self.lines)
+        if pruned > 0:
+            self.dropped += pruned
+            if self.match_line is not None:
+                self.match_line = self.match_line - pruned if self.match_line >= pruned else None
+        self.batches += 1
+        return len(lines)
+
+    # ------------------------------------------------------------ search
+
+    def search(self, term: str, *, older: bool = True) -> int | None:
+        """Jump to the next match of ``term`` (older = upwards); None if there is none."""
+        if not term:
+            return None
+        if term != self.term:
+            self.term, self.match_line = term, None
+        lines = self.lines
+        if older:
+            start = (self.match_line if self.match_line is not None else len(lines)) - 1
+            order = range(start, -1, -1)
+        else:
+            start = (self.match_line + 1) if self.match_line is not None else 0
+            order = range(start, len(lines))
+        needle = term.lower()
+        for y in order:
+            if needle in lines[y].lower():
+                self._set_match(y)
+                return y
+        return None
+
+    def clear_search(self) -> None:
+        self.term = ""
+        self._set_match(None)
+
+    def follow(self) -> None:
+        self.scroll_end(animate=False)
+
+    def _set_match(self, y: int | None) -> None:
+        self.match_line = y
+        if y is not None:
+            self.scroll_to(y=max(0, y - self.size.height // 2), animate=False)
+        self.refresh()
+
+    def render_line(self, y: int) -> Strip:
+        strip = super().render_line(y)
+        if self.match_line is not None and self.scroll_offset.y + y == self.match_line:
+            strip = strip.apply_style(MATCH_STYLE)
+        return strip

@@ -1,0 +1,207 @@
+"""pytest-textual-snapshot pictures of each TUI screen.
+
+Deterministic on purpose: a fake journal with fixed run ids and times, a fixed
+"now", a fixed terminal size, no clock in the header, no cursor blink, live state
+built from hand-made events with fixed timestamps. Update with ``--snapshot-update``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from remotemac.checks.doctor import Check, DoctorReport
+from remotemac.cli import Settings
+from remotemac.events import (
+    ConnectionState,
+    LogLine,
+    Metric,
+    PhaseFinished,
+    PhaseProgress,
+    PhaseStarted,
+    RunFinished,
+)
+from remotemac.journal import RunRow
+from remotemac.tui.app import RemotemacApp
+from remotemac.tui.model import RunLive
+
+NOW = 1_790_000_000.0
+SIZE = (140, 40)
+PB = {"cost": {"hourly_rate": 1.1, "currency": "USD"}}
+
+
+def _row(run_id: str, host: str, state: str, verdict: str | None, age: float,
+         out_dir: str = "/nonexistent") -> RunRow:
+    created = NOW - age
+    return RunRow(run_id=run_id, name=run_id.rsplit("-", 3)[0], host=host, playbook_path=None,
+                  playbook=PB, out_dir=out_dir, options={}, state=state, verdict=verdict,
+                  exit_code=None, created_at=created, updated_at=created,
+                  finished_at=None if state == "running" else created + 1800)
+
+
+class FakeJournal:
+    """The reads the TUI makes, over fixed rows."""
+
+    def __init__(self, rows: list[RunRow], phases: dict[str, dict]) -> None:
+        self.rows = rows
+        self._phases = phases
+
+    def list_runs(self, limit: int = 200) -> list[RunRow]:
+        return self.rows
+
+    def get_run(self, run_id: str) -> RunRow | None:
+        return next((r for r in self.rows if r.run_id == run_id), None)
+
+    def phases(self, run_id: str) -> dict:
+        return self._phases.get(run_id, {})
+
+    def log_offset(self, run_id: str, device: str) -> tuple[int, int]:
+        return (0, 0)
+
+
+def _journal(out_dir: str = "/nonexistent") -> FakeJournal:
+    rows = [
+        _row("tiny-mlp-20260101-120000-a1b2", "mac-rental", "running", None, 2 * 3600 + 300,
+             out_dir),
+        _row("tiny-mlp-20251231-090000-c3d4", "mac-rental", "finished", "rejected", 86400 * 1.2),
+        _row("lines-20251230-080000-e5f6", "local", "finished", "accepted", 86400 * 2.5),
+    ]
+    done = {"state": "done", "result": {}}
+    phases = {
+        rows[0].run_id: {"provision": done, "sync": done, "launch:reference": done,
+                         "follow:reference": {"state": "started", "result": {}}},
+        rows[1].run_id: {"wipe": done},
+        rows[2].run_id: {"wipe": done},
+    }
+    return FakeJournal(rows, phases)
+
+
+def _app(tmp_path: Path, journal: FakeJournal) -> RemotemacApp:
+    settings = Settings(str(tmp_path / "home"), None, None, False)
+    return RemotemacApp(settings, ["examples/tiny-mlp.yaml"], journal=journal,
+                        now=lambda: NOW, out_root=tmp_path / "runs", reattach=False,
+                        blink=False)
+
+
+def _live(run_id: str, out_dir: Path) -> RunLive:
+    live = RunLive(run_id, host="mac-rental", name="tiny-mlp")
+    live.out_dir = str(out_dir)
+    t = NOW - 600
+    events = [
+        ConnectionState(run_id, host="mac-rental", state="connected", ts=t),
+        PhaseStarted(run_id, phase="provision", ts=t),
+        PhaseFinished(run_id, phase="provision", detail="target=mps", ts=t + 5),
+        PhaseStarted(run_id, phase="sync", ts=t + 5),
+        PhaseProgress(run_id, phase="sync", done=0, total=300 << 20, ts=t + 5),
+        PhaseProgress(run_id, phase="sync", done=120 << 20, total=300 << 20, ts=t + 15),
+        PhaseStarted(run_id, phase="launch:reference", ts=t + 20),
+        PhaseFinished(run_id, phase="launch:reference", ts=t + 21),
+        PhaseStarted(run_id, phase="follow:reference", ts=t + 21),
+        PhaseProgress(run_id, phase="follow:cpu", done=0, unit="lines", ts=t + 21),
+        PhaseProgress(run_id, phase="follow:cpu", done=1200, unit="lines", ts=t + 31),
+        ConnectionState(run_id, host="mac-rental", state="disconnected",
+                        detail="keepalive timeout", ts=t + 32),
+        ConnectionState(run_id, host="mac-rental", state="reconnecting", attempt=3,
+                        next_in_s=4.0, ts=t + 40),
+    ]
+    for i, mem in enumerate((310, 320, 330, 360, 380, 400, 410, 415)):
+        events.append(Metric(run_id, device="cpu", name="peak_rss_bytes", value=mem * 2**20,
+                             ts=t + 22 + i))
+    for i in range(1, 61):
+        events.append(LogLine(run_id, device="cpu", line=f"epoch {i // 10} step {i:04d} "
+                              f"loss {1 / i:.4f}", ts=t + 30))
+    events.append(LogLine(run_id, device="mps", line="UserWarning: The operator "
+                          "'aten::_linalg_svd' is not currently supported on the MPS backend "
+                          "and will fall back to run on the CPU.", ts=t + 31))
+    events.append(RunFinished(run_id, verdict="rejected", exit_code=1, out_dir=str(out_dir),
+                              ts=t + 50))
+    for event in events:
+        live.apply(event)
+    return live
+
+
+def _acceptance(out_dir: Path) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "acceptance.json").write_text(json.dumps({
+        "verdict": "rejected",
+        "stopping_conditions": [{"code": "fallback-op", "detail": "aten::_linalg_svd ran on "
+                                                                  "the CPU"}],
+        "observations": {
+            "tensors_on_device": True,
+            "operators": {"fallback_ops": [{"op": "aten::_linalg_svd"}], "unsupported_ops": [],
+                          "dtype_errors": []},
+            "memory": {"peak_bytes": 415 * 2**20, "stable": True, "slope_bytes_per_s": 0.0},
+            "results": {"within_tolerance": True, "files": []},
+        },
+    }))
+    (out_dir / "acceptance.md").write_text("# Acceptance: tiny-mlp\n\n**rejected**\n")
+
+
+def test_runs_screen(snap_compare, tmp_path):
+    assert snap_compare(_app(tmp_path, _journal()), terminal_size=SIZE)
+
+
+def test_run_screen(snap_compare, tmp_path):
+    out = tmp_path / "out"
+    _acceptance(out)
+    journal = _journal(str(out))
+    app = _app(tmp_path, journal)
+    run_id = journal.rows[0].run_id
+
+    async def before(pilot) -> None:
+        app.driver.lives[run_id] = _live(run_id, out)
+        app.open_run(run_id)
+        await pilot.pause(0.3)
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+
+    assert snap_compare(app, terminal_size=SIZE, run_before=before)
+
+
+def test_hosts_screen(snap_compare, tmp_path):
+    app = _app(tmp_path, _journal())
+    report = DoctorReport("mac-rental", [
+        Check("macos", "ok", "15.3.1", "MPS needs macOS 14+"),
+        Check("arch", "ok", "arm64"),
+        Check("vm", "warn", "virtual machine", "MPS in a VM is slower", "rent bare metal"),
+        Check("python", "ok", "3.12.8"),
+        Check("tmux", "fail", "missing", "jobs survive disconnects in tmux",
+              "brew install tmux"),
+        Check("disk", "ok", "212.0 GiB free"),
+        Check("mps", "ok", "available"),
+    ])
+
+    async def before(pilot) -> None:
+        await pilot.press("h", "down")
+        await pilot.pause()
+        app.screen.set_report("mac-rental", report)
+        await pilot.pause()
+
+    assert snap_compare(app, terminal_size=SIZE, run_before=before)
+
+
+def test_wipe_confirm_dialog(snap_compare, tmp_path):
+    assert snap_compare(_app(tmp_path, _journal()), terminal_size=SIZE, press=["down", "w"])
+
+
+def test_playbook_picker(snap_compare, tmp_path):
+    assert snap_compare(_app(tmp_path, _journal()), terminal_size=SIZE, press=["r"])
+
+
+def test_acceptance_markdown(snap_compare, tmp_path):
+    out = tmp_path / "out"
+    _acceptance(out)
+    app = _app(tmp_path, _journal(str(out)))
+
+    async def before(pilot) -> None:
+        app.open_markdown(out / "acceptance.md")
+        await pilot.pause(0.3)
+
+    assert snap_compare(app, terminal_size=SIZE, run_before=before)
+
+
+@pytest.fixture(autouse=True)
+def _fixed_home(tmp_path, monkeypatch):
+    monkeypatch.setenv("REMOTEMAC_HOME", str(tmp_path / "home"))
