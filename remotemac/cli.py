@@ -101,7 +101,7 @@ def _renderer(as_json: bool, verbose: bool):
 def _run_engine(settings: Settings, run_id: str, playbook, journal, out_dir: Path,
                 options, as_json: bool) -> int:
     from remotemac.engine.pipeline import build_context, run_pipeline
-    from remotemac.events import ConnectionState, EventBus
+    from remotemac.events import EventBus
 
     bus = EventBus()
     render = _renderer(as_json, settings.verbose)
@@ -109,16 +109,6 @@ def _run_engine(settings: Settings, run_id: str, playbook, journal, out_dir: Pat
     ctx = build_context(run_id=run_id, playbook=playbook, journal=journal, bus=bus,
                         home=settings.home, out_dir=out_dir, options=options,
                         ssh=settings.ssh_options())
-    counters = ctx.results.setdefault("_continuity", {"disconnects": 0, "reconnects": 0})
-
-    def count(event) -> None:
-        if isinstance(event, ConnectionState):
-            if event.state == "disconnected":
-                counters["disconnects"] += 1
-            elif event.state == "reconnected":
-                counters["reconnects"] += 1
-
-    bus.subscribe(count)
     try:
         return _asyncio_run(run_pipeline(ctx))
     except KeyboardInterrupt:
@@ -139,15 +129,37 @@ def _run_engine(settings: Settings, run_id: str, playbook, journal, out_dir: Pat
 @click.option("--keep-data", is_flag=True, help="Do not wipe the run's data after the pull.")
 @click.option("--dry-run", is_flag=True, help="Print the plan and touch nothing.")
 @click.option("--drill", type=click.Choice(["disconnect"]), help="Cut the link on purpose during the target run.")
+@click.option("--reproduce", is_flag=True,
+              help="Run the target twice (fresh process) and compare the two outputs.")
+@click.option("--hosts", "hosts", help="Fleet: run on these hosts or inventory groups (a,b,c).")
+@click.option("--inventory", type=click.Path(dir_okay=False), help="Fleet: a YAML inventory file.")
+@click.option("--forks", type=click.IntRange(min=1), default=8, show_default=True,
+              help="Fleet: at most this many runs at once.")
 @click.pass_obj
 def run(settings: Settings, playbook: str, host: str | None, out: str | None, as_json: bool,
-        detach: bool, keep_data: bool, dry_run: bool, drill: str | None) -> None:
-    """Run the whole pipeline of PLAYBOOK."""
+        detach: bool, keep_data: bool, dry_run: bool, drill: str | None, hosts: str | None,
+        inventory: str | None, forks: int, reproduce: bool = False) -> None:
+    """Run the whole pipeline of PLAYBOOK (on many hosts with --hosts/--inventory)."""
     from remotemac.engine.context import RunOptions
     from remotemac.journal import new_run_id
     from remotemac.playbook import load_playbook
 
     pb = load_playbook(playbook, overrides={"host": host} if host else None)
+    if reproduce:
+        pb = pb.model_copy(update={"reproduce": True})
+    host_list = [h.strip() for h in hosts.split(",") if h.strip()] if hosts else None
+    if (host_list or inventory or pb.hosts or pb.matrix) and not dry_run:
+        from remotemac.engine.fleet import is_fleet, main_fleet
+        from remotemac.engine.inventoryfile import load_inventory
+
+        inv = load_inventory(inventory) if inventory else None
+        if is_fleet(pb, host_list, inv):
+            if detach or drill:
+                raise BadInput("--detach and --drill work on one run, not on a fleet")
+            sys.exit(main_fleet(settings, pb, hosts=host_list, inventory_path=inventory,
+                                forks=forks, out=out, as_json=as_json, keep_data=keep_data))
+        if host_list or pb.hosts:  # one host, no variants: a plain run on it
+            pb = pb.model_copy(update={"host": (host_list or pb.hosts)[0], "hosts": None})
     if dry_run:
         from remotemac.engine.plan import make_plan, print_plan
 
@@ -217,10 +229,10 @@ def status(settings: Settings, run_id: str | None, as_json: bool, ledger: bool) 
             if as_json:
                 click.echo("\n".join(lines))
             else:
+                from remotemac.engine.ledger import format_entry
+
                 for line in lines:
-                    e = json.loads(line)
-                    click.echo(f"{time.strftime('%H:%M:%S', time.localtime(e['time']))}  "
-                               f"{e['host']}  exit={e['exit_code']}  {e['command']}")
+                    click.echo(format_entry(json.loads(line)))
             return
         data = {"run_id": row.run_id, "name": row.name, "host": row.host, "state": row.state,
                 "verdict": row.verdict, "exit_code": row.exit_code, "out_dir": row.out_dir,
@@ -393,19 +405,32 @@ def preflight(playbook: str, seconds: float, as_json: bool) -> None:
 
 
 @main.command()
-@click.argument("host")
+@click.argument("host", required=False)
 @click.option("--dry-run", is_flag=True)
 @click.option("--yes", is_flag=True)
 @click.option("--json", "as_json", is_flag=True)
 @click.option("--remote-root", default="~/remotemac", show_default=True)
+@click.option("--all", "all_hosts", is_flag=True, help="Every host the journal knows; one record.")
+@click.option("--out", type=click.Path(file_okay=False),
+              help="Where cleanup.json/.md go (default ./cleanup-<host>-<time>/).")
 @click.pass_obj
-def cleanup(settings: Settings, host: str, dry_run: bool, yes: bool, as_json: bool,
-            remote_root: str) -> None:
+def cleanup(settings: Settings, host: str | None, dry_run: bool, yes: bool, as_json: bool,
+            remote_root: str, all_hosts: bool, out: str | None) -> None:
     """End of rental: remove everything remotemac put on HOST, verify, write a record."""
+    if all_hosts:
+        if host:
+            raise BadInput("give a HOST or --all, not both")
+        from remotemac.engine.fleet import cleanup_all
+
+        sys.exit(_asyncio_run(cleanup_all(settings, dry_run=dry_run, yes=yes, as_json=as_json,
+                                          out=Path(out) if out else None)))
+    if not host:
+        raise BadInput("cleanup needs a HOST (or --all)")
     from remotemac.engine.cleanup import main_cleanup
 
     sys.exit(_asyncio_run(main_cleanup(host, settings=settings, dry_run=dry_run, yes=yes,
-                                      as_json=as_json, remote_root=remote_root)))
+                                      as_json=as_json, remote_root=remote_root,
+                                      out=Path(out) if out else None)))
 
 
 @main.command()

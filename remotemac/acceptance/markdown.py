@@ -260,6 +260,29 @@ def _environment(env: dict[str, Any]) -> list[str]:
     return out
 
 
+OUTCOMES = {"ok": "ok", "warning": "warning", "problem": "**PROBLEM**",
+            "not-tested": "not tested"}
+
+
+def _process_behaviour(rec: dict[str, Any]) -> list[str]:
+    """The stress questions (dropped session, lost job, drift, full disk, reproduce)."""
+    rows = rec.get("process_behaviour")
+    if rows is None:  # a record from before the table existed
+        return []
+    out = ["", "## Process behaviour", ""]
+    if not rows:
+        return out + ["Not measured."]
+    out += _table(["question", "how it was tested", "result", "outcome", "evidence"],
+                  [[_cell(r.get("question")), _cell(r.get("how_tested")), _cell(r.get("result")),
+                    OUTCOMES.get(r.get("outcome"), _cell(r.get("outcome"))),
+                    _cell(r.get("evidence"))] for r in rows])
+    caches = rec.get("caches") or []
+    if caches:
+        out += ["", "Caches (inside the run dir, wiped with it): "
+                + ", ".join(f"{_code(c.get('env'))} → {_code(c.get('path'))}" for c in caches)]
+    return out
+
+
 def render_markdown(record: dict[str, Any]) -> str:
     """acceptance.md for ``record`` (an acceptance.json object)."""
     rec = record
@@ -279,6 +302,7 @@ def render_markdown(record: dict[str, Any]) -> str:
     else:
         out.append("None.")
 
+    out += _process_behaviour(rec)
     out += _environment(rec.get("environment") or {})
     out += _kv_section("Dataset", rec.get("dataset") or {},
                        ["revision", "files", "bytes", "encrypted"])

@@ -1,65 +1,486 @@
-"""Host side of the dataset: verify it against the manifest, decrypt it into RAM.
+"""Host side of the dataset: receive the streamed slice, verify it, decrypt it into RAM.
+
+Why a stream and not file copies: the laptop hashes, encrypts and sends while this
+process, on the other end of one SSH channel, stores the ciphertext (the slice
+rests encrypted in ``<run>/data``), decrypts it into RAM-backed storage and checks
+each file's SHA-256, so every stage overlaps and nothing is read twice.
+
+``python3 dataops.py sync`` speaks this protocol on stdin/stdout:
+
+1. laptop → one JSON line: ``{"run_dir", "run_id", "src", "encrypted", "key_hex"
+   (only when encrypted; the key never touches disk, argv or the environment),
+   "ram_bytes", "entries": [{"path", "size", "sha256" or null}]}``;
+2. host → one JSON line: ``{"ok": true, "known": [[index, sha256], ...], "ram"}``:
+   the entries it already holds complete and verified (the record
+   ``<src>/.verified.jsonl`` is keyed by relative path and plaintext SHA-256,
+   because every encryption uses a fresh salt and so gives different ciphertext);
+3. laptop → frames ``b"F" index:u32 length:u64`` + ``length`` bytes (ciphertext,
+   or plaintext for public data) + the 32-byte SHA-256 of the plaintext; the host
+   answers ``{"ack": index}`` once the file is stored, decrypted and verified;
+4. laptop → ``b"E" 0:u32 length:u64`` + the final manifest as JSON; the host
+   checks every entry against its record (re-decrypting from the stored
+   ciphertext what is missing from RAM, e.g. after a reboot), removes files that
+   left the slice, and answers ``{"ok": true, "result": {...}}``.
+
+Any failure is one line ``{"ok": false, "error", "code"}`` (code ``integrity``
+for checksum or decryption failures, ``ram`` when no RAM store could be made).
+A cut link leaves only ``.part-<pid>`` files, removed on the way out; a re-run
+skips every file already acknowledged.
+
+``op_prepare_data`` (through hostagent.py) is the full check: it decrypts every
+file from its stored ciphertext again and compares it to the manifest.
 
 Standard library only, plus ``cryptography`` (imported by streamcrypt) where the
-slice is encrypted. The data key arrives in the request read from stdin and is
-kept in memory only.
+slice is encrypted; Python 3.9.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import json
 import os
-from typing import Any
+import stat
+import struct
+import sys
+from typing import Any, BinaryIO, Dict, List, Optional, Tuple
+
+RECORD = ".verified.jsonl"
+FRAME = struct.Struct(">cIQ")
+READ = 1 << 20
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 
 
-def _sha256(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while True:
-            block = fh.read(1 << 20)
-            if not block:
-                break
-            digest.update(block)
-    return digest.hexdigest()
+class DataError(Exception):
+    """One line for the laptop; ``code`` tells integrity failures from the rest."""
+
+    def __init__(self, message: str, code: str = "error") -> None:
+        super().__init__(message)
+        self.code = code
+
+
+# ------------------------------------------------------------------ paths and records
+
+
+def _check_rel(rel: str) -> str:
+    parts = rel.split("/")
+    if (
+        not rel
+        or rel.startswith("/")
+        or any(p in ("", ".", "..") for p in parts)
+        or any(ord(c) < 32 for c in rel)
+        or "\\" in rel
+    ):
+        raise DataError("unsafe dataset path %r" % rel, "unsafe-path")
+    return rel
 
 
 def _inside(base: str, rel: str) -> str:
-    if os.path.isabs(rel) or ".." in rel.split("/"):
-        raise ValueError("unsafe dataset path %r" % rel)
-    return os.path.join(base, rel)
+    return os.path.join(base, *_check_rel(rel).split("/"))
 
 
-def op_prepare_data(req: dict[str, Any]) -> dict[str, Any]:
-    """Verify (and decrypt) every manifest entry; answer where the workload reads it."""
-    src = req["src"]
-    entries: list[dict[str, Any]] = req["manifest"]
-    mismatches: list[dict[str, str]] = []
-    if not req.get("encrypted"):
-        for entry in entries:
-            path = _inside(src, entry["path"])
-            if not os.path.isfile(path) or os.path.islink(path):
-                mismatches.append({"path": entry["path"], "why": "missing"})
-            elif _sha256(path) != entry["sha256"]:
-                mismatches.append({"path": entry["path"], "why": "sha256 differs"})
-        return {"data_dir": src, "mismatches": mismatches, "ram": None}
-
-    import ramstore
-    import streamcrypt
-
-    key = bytes.fromhex(req["key_hex"])
-    ram = ramstore.create_ram_store(
-        req["run_dir"], int(req.get("ram_bytes", 64 << 20)), req["run_id"]
-    )
-    dest = ram["path"]
-    for entry in entries:
-        enc = _inside(src, entry["path"]) + ".rmenc"
-        out = _inside(dest, entry["path"])
-        os.makedirs(os.path.dirname(out), mode=0o700, exist_ok=True)
+def _make_parents(base: str, rel: str) -> None:
+    """Create the directories of ``rel`` below ``base``, refusing links on the way."""
+    current = base
+    for part in rel.split("/")[:-1]:
+        current = os.path.join(current, part)
         try:
-            streamcrypt.decrypt_file(key, entry["path"], enc, out)
-        except (streamcrypt.DecryptError, OSError) as exc:
-            mismatches.append({"path": entry["path"], "why": "decryption failed: %s" % exc})
-            continue
-        if _sha256(out) != entry["sha256"]:
-            mismatches.append({"path": entry["path"], "why": "sha256 differs after decryption"})
-    return {"data_dir": dest, "mismatches": mismatches, "ram": ram}
+            os.mkdir(current, 0o700)
+        except FileExistsError:
+            if not stat.S_ISDIR(os.lstat(current).st_mode):
+                raise DataError("%s is in the way (not a directory)" % current,
+                                "unsafe-path") from None
+
+
+def _lstat(path: str) -> Optional[os.stat_result]:
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    return st if stat.S_ISREG(st.st_mode) else None
+
+
+def load_records(src: str) -> Dict[str, Dict[str, Any]]:
+    """The last record line for each path (a torn last line is ignored)."""
+    records: Dict[str, Dict[str, Any]] = {}
+    try:
+        with open(os.path.join(src, RECORD), "rb") as fh:
+            for raw in fh:
+                try:
+                    rec = json.loads(raw.decode("utf-8"))
+                    records[str(rec["path"])] = rec
+                except (ValueError, KeyError, TypeError):
+                    continue
+    except OSError:
+        pass
+    return records
+
+
+def _stored(src: str, rec: Dict[str, Any], encrypted: bool) -> bool:
+    """Quick check (like rsync's): the stored copy still has the size it was verified with."""
+    path = _inside(src, rec["path"]) + (".rmenc" if encrypted else "")
+    st = _lstat(path)
+    if st is None:
+        return False
+    if encrypted:
+        return st.st_size == rec.get("enc_size")
+    return st.st_size == rec.get("size") and st.st_mtime_ns == rec.get("mtime_ns")
+
+
+def _plain_ok(dest: str, rec: Dict[str, Any]) -> bool:
+    st = _lstat(_inside(dest, rec["path"]))
+    return st is not None and st.st_size == rec.get("size") and (
+        st.st_mtime_ns == rec.get("plain_mtime_ns")
+    )
+
+
+class _Recorder:
+    """Appends one line per verified file; each line is written whole, so a cut leaves
+    at most a torn last line, which :func:`load_records` skips."""
+
+    def __init__(self, src: str) -> None:
+        fd = os.open(os.path.join(src, RECORD), os.O_WRONLY | os.O_CREAT | os.O_APPEND | _NOFOLLOW,
+                     0o600)
+        self._fd = fd
+
+    def add(self, rec: Dict[str, Any]) -> None:
+        os.write(self._fd, (json.dumps(rec, sort_keys=True) + "\n").encode("utf-8"))
+
+    def close(self) -> None:
+        os.close(self._fd)
+
+
+def _compact(src: str, records: Dict[str, Dict[str, Any]]) -> None:
+    tmp = os.path.join(src, RECORD + ".tmp-%d" % os.getpid())
+    with open(tmp, "w") as fh:
+        for path in sorted(records):
+            fh.write(json.dumps(records[path], sort_keys=True) + "\n")
+    os.replace(tmp, os.path.join(src, RECORD))
+
+
+# ------------------------------------------------------------------ streams
+
+
+class _Tee:
+    """Reads ``stdin``, copying every byte read into ``copy`` (the stored ciphertext)."""
+
+    def __init__(self, src: BinaryIO, copy: BinaryIO) -> None:
+        self._src = src
+        self._copy = copy
+        self.count = 0
+        self.eof = False
+
+    def read(self, size: int) -> bytes:
+        data = self._src.read(size)
+        if len(data) < size:
+            self.eof = True  # a buffered pipe read is short only at end of input
+        if data:
+            self._copy.write(data)
+            self.count += len(data)
+        return data
+
+
+class _HashSink:
+    """Writes plaintext to ``dst`` and hashes it on the way."""
+
+    def __init__(self, dst: Optional[BinaryIO]) -> None:
+        self._dst = dst
+        self.digest = hashlib.sha256()
+        self.size = 0
+
+    def write(self, data: bytes) -> int:
+        self.digest.update(data)
+        self.size += len(data)
+        if self._dst is not None:
+            self._dst.write(data)
+        return len(data)
+
+
+def _read_exact(src: BinaryIO, size: int) -> bytes:
+    data = src.read(size)
+    if len(data) != size:
+        raise EOFError("stream ended inside a frame")
+    return data
+
+
+def _open_new(path: str) -> BinaryIO:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _NOFOLLOW, 0o600)
+    return os.fdopen(fd, "wb")
+
+
+def _unlink(*paths: str) -> None:
+    for path in paths:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+
+
+class Receiver:
+    """One sync session on the host: holds the key in memory only."""
+
+    def __init__(self, req: Dict[str, Any]) -> None:
+        self.src = req["src"]
+        self.encrypted = bool(req.get("encrypted"))
+        self.key = bytes.fromhex(req["key_hex"]) if self.encrypted else b""
+        self.dest = self.src
+        self.ram: Optional[Dict[str, Any]] = None
+        if self.encrypted:
+            import ramstore
+
+            try:
+                self.ram = ramstore.create_ram_store(
+                    req["run_dir"], int(req.get("ram_bytes") or (64 << 20)), req["run_id"]
+                )
+            except ramstore.RamStoreError as exc:
+                raise DataError("no RAM-backed storage for the decrypted slice: %s" % exc,
+                                "ram") from None
+            except OSError as exc:
+                raise DataError("cannot make the RAM store: %s" % exc, "ram") from None
+            self.dest = str(self.ram["path"])
+        os.makedirs(self.src, mode=0o700, exist_ok=True)
+        self.records = load_records(self.src)
+        self.entries: List[Dict[str, Any]] = list(req.get("entries") or [])
+        for entry in self.entries:
+            _check_rel(entry["path"])
+        self.received = 0
+
+    def known(self) -> List[Tuple[int, str]]:
+        """Entries stored complete and verified (whether or not still in RAM)."""
+        out = []
+        for index, entry in enumerate(self.entries):
+            rec = self.records.get(entry["path"])
+            if rec is None or (entry.get("size") is not None and rec.get("size") != entry["size"]):
+                continue
+            if _stored(self.src, rec, self.encrypted):
+                out.append((index, str(rec["sha256"])))
+        return out
+
+    def receive(self, stdin: BinaryIO, index: int, length: int, recorder: _Recorder) -> None:
+        """Store, decrypt and verify one framed file; an error leaves no partial file."""
+        if not 0 <= index < len(self.entries):
+            raise DataError("frame for unknown entry %d" % index)
+        rel = self.entries[index]["path"]
+        stored = _inside(self.src, rel) + (".rmenc" if self.encrypted else "")
+        _make_parents(self.src, rel)
+        part = "%s.part-%d" % (stored, os.getpid())
+        plain = _inside(self.dest, rel) if self.encrypted else None
+        plain_part = None
+        if plain is not None:
+            _make_parents(self.dest, rel)
+            plain_part = os.path.join(os.path.dirname(plain),
+                                      ".%s.part-%d" % (os.path.basename(plain), os.getpid()))
+        try:
+            with _open_new(part) as copy:
+                if self.encrypted:
+                    import streamcrypt
+
+                    assert plain_part is not None
+                    with _open_new(plain_part) as out:
+                        sink = _HashSink(out)
+                        tee = _Tee(stdin, copy)
+                        try:
+                            streamcrypt.decrypt_stream(self.key, rel, tee, sink, limit=length)
+                        except streamcrypt.DecryptError as exc:
+                            if tee.eof:
+                                raise EOFError("stream ended inside a frame") from None
+                            raise DataError("dataset file %s failed decryption on the host: %s"
+                                            % (rel, exc), "integrity") from None
+                        if tee.count != length:
+                            raise EOFError("stream ended inside a frame")
+                else:
+                    sink = _HashSink(copy)
+                    left = length
+                    while left:
+                        block = stdin.read(min(READ, left))
+                        if not block:
+                            raise EOFError("stream ended inside a frame")
+                        sink.write(block)
+                        left -= len(block)
+            claimed = _read_exact(stdin, 32).hex()
+            digest = sink.digest.hexdigest()
+            if digest != claimed:
+                raise DataError("dataset file %s: sha256 on the host %s… differs from the "
+                                "laptop's %s…" % (rel, digest[:12], claimed[:12]), "integrity")
+            os.replace(part, stored)
+            rec: Dict[str, Any] = {"path": rel, "sha256": digest, "size": sink.size}
+            st = os.lstat(stored)
+            if self.encrypted:
+                assert plain is not None and plain_part is not None
+                os.replace(plain_part, plain)
+                rec["enc_size"] = st.st_size
+                rec["plain_mtime_ns"] = os.lstat(plain).st_mtime_ns
+            else:
+                rec["mtime_ns"] = st.st_mtime_ns
+        except BaseException:
+            _unlink(part, plain_part or "")
+            raise
+        recorder.add(rec)
+        self.records[rel] = rec
+        self.received += 1
+
+    def finish(self, manifest: List[Dict[str, Any]]) -> Dict[str, Any]:
+        """Check every manifest entry before launch; prune what left the slice."""
+        mismatches: List[Dict[str, str]] = []
+        redecrypted = 0
+        wanted = {}
+        for entry in manifest:
+            rel = _check_rel(entry["path"])
+            wanted[rel] = entry
+            rec = self.records.get(rel)
+            if rec is None or not _stored(self.src, rec, self.encrypted):
+                mismatches.append({"path": rel, "why": "missing on the host"})
+                continue
+            if rec["sha256"] != entry["sha256"] or rec["size"] != entry["size"]:
+                mismatches.append({"path": rel, "why": "the host holds another version"})
+                continue
+            if self.encrypted and not _plain_ok(self.dest, rec):
+                why = self._redecrypt(rec)
+                if why:
+                    mismatches.append({"path": rel, "why": why})
+                    continue
+                redecrypted += 1
+        pruned = self._prune(set(wanted))
+        self.records = {p: r for p, r in self.records.items() if p in wanted}
+        _compact(self.src, self.records)
+        return {
+            "data_dir": self.dest, "mismatches": mismatches, "ram": self.ram,
+            "received": self.received, "redecrypted": redecrypted, "pruned": pruned,
+        }
+
+    def _redecrypt(self, rec: Dict[str, Any]) -> Optional[str]:
+        """RAM lost the plaintext (reboot, workload edit): decrypt the stored copy again."""
+        import streamcrypt
+
+        rel = rec["path"]
+        plain = _inside(self.dest, rel)
+        _make_parents(self.dest, rel)
+        try:
+            streamcrypt.decrypt_file(self.key, rel, _inside(self.src, rel) + ".rmenc", plain)
+        except streamcrypt.DecryptError as exc:
+            return "stored ciphertext failed authentication (tampered or damaged): %s" % exc
+        except OSError as exc:
+            return "cannot decrypt the stored ciphertext: %s" % exc
+        sink = _HashSink(None)
+        with open(plain, "rb") as fh:
+            for block in iter(lambda: fh.read(READ), b""):
+                sink.write(block)
+        if sink.digest.hexdigest() != rec["sha256"]:
+            _unlink(plain)
+            return "sha256 differs after decrypting the stored ciphertext"
+        rec["plain_mtime_ns"] = os.lstat(plain).st_mtime_ns
+        return None
+
+    def _prune(self, wanted: set) -> int:
+        """Remove stored and decrypted files that are no longer in the slice."""
+        pruned = 0
+        roots = [(self.src, ".rmenc" if self.encrypted else "")]
+        if self.encrypted:
+            roots.append((self.dest, ""))
+        for base, ext in roots:
+            for dirpath, _dirs, files in os.walk(base):
+                for name in files:
+                    full = os.path.join(dirpath, name)
+                    rel = os.path.relpath(full, base).replace(os.sep, "/")
+                    if ".part-" in name or (base == self.src and rel.startswith(RECORD)):
+                        continue  # a session's file in flight, or its debris (wiped later)
+                    logical = rel[: -len(ext)] if ext and rel.endswith(ext) else None
+                    if not ext:
+                        logical = rel
+                    if logical not in wanted:
+                        _unlink(full)
+                        pruned += 1
+        return pruned
+
+
+# ------------------------------------------------------------------ entry points
+
+
+def _say(out: BinaryIO, obj: Dict[str, Any]) -> None:
+    out.write((json.dumps(obj) + "\n").encode("utf-8"))
+    out.flush()
+
+
+def serve(stdin: BinaryIO, stdout: BinaryIO) -> int:
+    """Run one sync session (see the module doc); returns the process exit code."""
+    try:
+        line = stdin.readline()
+        if not line:
+            return 3
+        receiver = Receiver(json.loads(line.decode("utf-8")))
+        _say(stdout, {"ok": True, "known": receiver.known(), "ram": receiver.ram})
+        recorder = _Recorder(receiver.src)
+        try:
+            while True:
+                kind, index, length = FRAME.unpack(_read_exact(stdin, FRAME.size))
+                if kind == b"F":
+                    receiver.receive(stdin, index, length, recorder)
+                    _say(stdout, {"ack": index})
+                elif kind == b"E":
+                    manifest = json.loads(_read_exact(stdin, length).decode("utf-8"))
+                    _say(stdout, {"ok": True, "result": receiver.finish(manifest)})
+                    return 0
+                else:
+                    raise DataError("unknown frame %r" % kind)
+        finally:
+            recorder.close()
+    except DataError as exc:
+        _answer_error(stdout, str(exc), exc.code)
+        return 1
+    except (EOFError, BrokenPipeError):
+        return 3  # the laptop went away; what was acknowledged is recorded
+    except Exception as exc:  # one line back to the laptop, never a traceback
+        _answer_error(stdout, "%s: %s" % (type(exc).__name__, exc), "internal")
+        return 1
+
+
+def _answer_error(stdout: BinaryIO, message: str, code: str) -> None:
+    with contextlib.suppress(OSError):
+        _say(stdout, {"ok": False, "error": message, "code": code})
+
+
+def op_prepare_data(req: Dict[str, Any]) -> Dict[str, Any]:
+    """Full check: decrypt (or hash) every manifest entry from what is stored on the host.
+
+    Slower than the sync session's quick check, and independent of its record: a
+    ciphertext edited on the host since it was received is caught here.
+    """
+    try:
+        receiver = Receiver(dict(req, entries=[]))
+    except DataError as exc:
+        return {"data_dir": None, "mismatches": [], "ram": None,
+                "error": {"message": str(exc), "code": exc.code}}
+    mismatches: List[Dict[str, str]] = []
+    for entry in req["manifest"]:
+        rel = _check_rel(entry["path"])
+        rec = {"path": rel, "sha256": entry["sha256"], "size": entry["size"]}
+        if receiver.encrypted:
+            why = receiver._redecrypt(rec)
+        else:
+            why = _hash_check(_inside(receiver.src, rel), entry["sha256"])
+        if why:
+            mismatches.append({"path": rel, "why": why})
+        elif receiver.encrypted:
+            old = receiver.records.get(rel)
+            if old is not None and old.get("sha256") == rec["sha256"]:
+                old["plain_mtime_ns"] = rec["plain_mtime_ns"]
+    if receiver.encrypted and receiver.records:
+        _compact(receiver.src, receiver.records)
+    return {"data_dir": receiver.dest, "mismatches": mismatches, "ram": receiver.ram}
+
+
+def _hash_check(path: str, expected: str) -> Optional[str]:
+    if _lstat(path) is None:
+        return "missing"
+    sink = _HashSink(None)
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(READ), b""):
+            sink.write(block)
+    return None if sink.digest.hexdigest() == expected else "sha256 differs"
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    if sys.argv[1:] != ["sync"]:
+        sys.stdout.write(json.dumps({"ok": False, "error": "usage: dataops.py sync",
+                                     "code": "usage"}) + "\n")
+        sys.exit(2)
+    sys.exit(serve(sys.stdin.buffer, sys.stdout.buffer))

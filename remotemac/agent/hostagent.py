@@ -30,7 +30,7 @@ HEARTBEAT_STALE_S = 15.0
 #: knobs read from the agent's environment (tests, or a host where tmux misbehaves)
 ENV_STALE_S = "REMOTEMAC_HEARTBEAT_STALE_S"
 ENV_NO_TMUX = "REMOTEMAC_NO_TMUX"
-FINAL_STATES = ("finished", "failed", "timeout", "stopped")
+FINAL_STATES = ("finished", "failed", "timeout", "stopped", "storage-limit")
 
 
 class AgentError(Exception):
@@ -107,7 +107,8 @@ def tmux_wanted(req: dict[str, Any]) -> bool:
 def tmux_install_hint(platform: str, brew: str | None) -> str | None:
     """What to tell the user when tmux is missing: an offer, never an install."""
     if platform == "darwin" and brew:
-        return "tmux is not installed on the host; install it with `%s install tmux`" % brew
+        return ("tmux is not installed on the host; install it with `brew install tmux`"
+                " (Homebrew: %s)" % brew)
     return None
 
 
@@ -250,11 +251,23 @@ def op_launch(req: dict[str, Any]) -> dict[str, Any]:
     if (existing and existing.get("state") in ("starting", "running")
             and (tmux_alive(session) or pid_alive(existing.get("runner_pid")))):
         return {"already_running": True, "session": session, "mode": existing.get("mode")}
-    if existing and existing.get("state") in FINAL_STATES and not req.get("relaunch"):
+    # ``relaunch: true`` starts a finished job again; ``relaunch: {reason, marker}`` (after
+    # a lost job) never does: a job that did reach its end was not lost after all
+    lost_relaunch = isinstance(req.get("relaunch"), dict)
+    if existing and existing.get("state") in FINAL_STATES and (
+            lost_relaunch or not req.get("relaunch")):
         return {"already_done": True, "session": session, "status": existing}
+    access = None
+    if not req.get("skip_access_check"):
+        sys.path.insert(0, AGENT_DIR)
+        import guards
+
+        access = guards.check_access(req)
     spec_path = os.path.join(run_dir, "status", device + ".spec.json")
     tmux = tmux_path() if tmux_wanted(req) else None
     spec = dict(req)
+    if lost_relaunch:
+        spec["relaunch"] = dict(req["relaunch"], previous=existing)
     spec["status_path"] = status_path
     spec["log_path"] = os.path.join(run_dir, "logs", device + ".log")
     spec["mode"] = "tmux" if tmux else "daemon"
@@ -301,7 +314,8 @@ def op_launch(req: dict[str, Any]) -> dict[str, Any]:
         if status.get("state") != "starting":
             break
         time.sleep(0.05)
-    answer = {"session": session, "mode": mode, "status": _read_json(status_path, {})}
+    answer = {"session": session, "mode": mode, "status": _read_json(status_path, {}),
+              "access": access}
     if not tmux and not tmux_path():
         answer["tmux_hint"] = tmux_install_hint(sys.platform, brew_path())
     return answer
@@ -496,7 +510,14 @@ def _lazy(module: str, name: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
 
 
 OPS["prepare_data"] = _lazy("dataops", "op_prepare_data")
+OPS["wipe_run_data"] = _lazy("cleanupops", "op_wipe_run_data")
+OPS["cleanup_host"] = _lazy("cleanupops", "op_cleanup_host")
+OPS["deadman_schedule"] = _lazy("deadman", "op_deadman_schedule")
+OPS["deadman_cancel"] = _lazy("deadman", "op_deadman_cancel")
 OPS["freeze_env"] = _lazy("envfreeze", "op_freeze_env")
+OPS["check_access"] = _lazy("guards", "op_check_access")
+OPS["check_space"] = _lazy("guards", "op_check_space")
+OPS["env_fingerprint"] = _lazy("guards", "op_env_fingerprint")
 
 
 def main(argv: list[str]) -> int:

@@ -26,6 +26,12 @@ import memsample  # sibling file: this script runs from the agent dir
 
 HEARTBEAT_S = 2.0
 KILL_GRACE_S = 10.0
+#: after its tmux session is destroyed the workload gets this long to exit on SIGTERM
+HANGUP_GRACE_S = 2.0
+#: free disk is checked this often (statvfs is cheap): a fast writer fills a volume in seconds
+DISK_CHECK_S = 0.5
+#: a workload stopped for lack of disk gets this long to exit on SIGTERM before SIGKILL
+STORAGE_GRACE_S = 5.0
 
 
 def _write_status(path: str, status: dict[str, Any]) -> None:
@@ -37,11 +43,102 @@ def _write_status(path: str, status: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-def build_argv(spec: dict[str, Any]) -> list[str]:
+def build_argv(spec: dict[str, Any], platform: str | None = None) -> list[str]:
+    """The workload's argv; on macOS under ``caffeinate -i`` so the Mac does not idle-sleep.
+
+    ``platform`` defaults to ``sys.platform`` (tests pass ``"darwin"`` to simulate a Mac).
+    """
     argv = ["/bin/sh", "-c", spec["command"]]
-    if sys.platform == "darwin" and spec.get("caffeinate", True) and shutil.which("caffeinate"):
-        argv = ["caffeinate", "-i"] + argv
+    platform = platform or sys.platform
+    if platform == "darwin" and spec.get("caffeinate", True):
+        caffeinate = shutil.which("caffeinate") or (
+            "/usr/bin/caffeinate" if os.access("/usr/bin/caffeinate", os.X_OK) else None)
+        if caffeinate:
+            argv = [caffeinate, "-i"] + argv
     return argv
+
+
+def _free(path: str) -> dict[str, Any] | None:
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return None
+    return {"path": path, "free": st.f_bavail * st.f_frsize, "total": st.f_blocks * st.f_frsize}
+
+
+def _mib(n: float) -> str:
+    return "%.1f MiB" % (n / 1048576.0)
+
+
+class DiskWatch:
+    """Free space of remote_root's volume (and of the RAM store), checked every DISK_CHECK_S.
+
+    Why it stops *before* the volume is full: once it is, the job's log, the status
+    file and the record of the run can no longer be written. The job is stopped when
+    the volume has less than ``min_free`` left, or would have at the next check at
+    the rate it is being filled.
+    """
+
+    def __init__(self, cfg: dict[str, Any]) -> None:
+        self.paths = dict(cfg.get("paths") or {})
+        self.min_free = int(cfg.get("min_free") or 0)
+        self.warn_free = int(cfg.get("warn_free") or 2 * self.min_free)
+        self.seen: dict[str, Any] = {}
+        self.last: tuple[float, int] | None = None
+        self.warning: str | None = None
+
+    def check(self, now: float) -> str | None:
+        """Update the figures; the reason to stop the job, or None."""
+        for name, path in self.paths.items():
+            if not path:
+                continue
+            got = _free(path)
+            if got is None:
+                continue
+            low = min(got["free"], (self.seen.get(name) or {}).get("min_free_seen", got["free"]))
+            got["min_free_seen"] = low
+            self.seen[name] = got
+        root = self.seen.get("root")
+        if root is None or not self.min_free:
+            return None
+        free = root["free"]
+        rate = 0.0
+        if self.last is not None and now > self.last[0]:
+            rate = max(0.0, (self.last[1] - free) / (now - self.last[0]))
+        self.last = (now, free)
+        projected = free - rate * DISK_CHECK_S * 2
+        if free < self.min_free or projected < self.min_free:
+            why = "only %s free on %s (min_free_disk %s)" % (
+                _mib(free), root["path"], _mib(self.min_free))
+            if free >= self.min_free:
+                why += ", filling at %s/s" % _mib(rate)
+            return why
+        if free < self.warn_free and self.warning is None:
+            self.warning = "low disk: %s free on %s; the job is stopped below %s" % (
+                _mib(free), root["path"], _mib(self.min_free))
+        ram = self.seen.get("ram")
+        if ram and ram["total"] and ram["free"] < 0.05 * ram["total"] and self.warning is None:
+            self.warning = "the RAM store %s is almost full: %s free of %s" % (
+                ram["path"], _mib(ram["free"]), _mib(ram["total"]))
+        return None
+
+    def report(self) -> dict[str, Any]:
+        return {"min_free": self.min_free, "warn_free": self.warn_free, **self.seen}
+
+
+def _marker(log_fd: int, log_path: str, text: str) -> None:
+    """Append ``text`` on a line of its own (the lost job may have left half a line)."""
+    prefix = b""
+    try:
+        size = os.path.getsize(log_path)
+        if size:
+            with open(log_path, "rb") as fh:
+                fh.seek(size - 1)
+                if fh.read(1) != b"\n":
+                    prefix = b"\n"
+    except OSError:
+        pass
+    os.write(log_fd, prefix + text.encode("utf-8", "replace") + b"\n")
 
 
 def run(spec_path: str) -> int:
@@ -61,7 +158,12 @@ def run(spec_path: str) -> int:
         "command": spec["command"],
         "session": spec.get("session"),
     }
+    if spec.get("relaunch"):
+        status["relaunched"] = spec["relaunch"]
     log_fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    if spec.get("relaunch") and spec["relaunch"].get("marker"):
+        # written by this runner only, once: a retried launch finds the job running
+        _marker(log_fd, log_path, spec["relaunch"]["marker"])
     try:
         child = subprocess.Popen(
             build_argv(spec),
@@ -88,21 +190,46 @@ def run(spec_path: str) -> int:
         stopped_by["reason"] = "signal %d" % signum
         _terminate(child)
 
+    def on_hangup(_signum: int, _frame: Any) -> None:
+        # tmux only hangs up a pane when its session is destroyed (kill-session,
+        # kill-server), never when a client detaches: the job's home is gone.
+        stopped_by["hangup"] = "the tmux session was killed"
+        _terminate(child, grace=HANGUP_GRACE_S)
+
     signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # a closing tmux client must not kill the job
+    if spec.get("mode") == "tmux":
+        signal.signal(signal.SIGHUP, on_hangup)
+    else:
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)  # daemonised: no terminal to lose
 
     deadline = (
         status["started_at"] + float(spec.get("timeout") or 0) if spec.get("timeout") else None
     )
     metrics_path = spec.get("metrics_path")
     peak = 0
+    disk = DiskWatch(spec["disk"]) if spec.get("disk") else None
+    next_beat = time.time() + HEARTBEAT_S
     while not stop.is_set():
         try:
-            code = child.wait(timeout=HEARTBEAT_S)
+            code = child.wait(timeout=DISK_CHECK_S if disk else HEARTBEAT_S)
             break
         except subprocess.TimeoutExpired:
             pass
         now = time.time()
+        if disk is not None:
+            why = disk.check(now)
+            if why and not stopped_by:
+                stopped_by["reason"] = "storage-limit"
+                stopped_by["detail"] = why
+                os.write(log_fd, ("remotemac: %s: stopping the workload\n" % why).encode())
+                _terminate(child, grace=STORAGE_GRACE_S)
+            status["disk"] = disk.report()
+            if disk.warning and "disk_warning" not in status:
+                status["disk_warning"] = disk.warning
+                _write_status(status_path, status)
+        if now < next_beat:
+            continue
+        next_beat = now + HEARTBEAT_S
         rss = memsample.sample_rss(child.pid)
         if rss:
             peak = max(peak, rss)
@@ -126,9 +253,15 @@ def run(spec_path: str) -> int:
             os.write(log_fd, b"remotemac: timeout reached, stopping the workload\n")
             _terminate(child)
     os.close(log_fd)
+    if "hangup" in stopped_by:
+        # no final state: to the orchestrator this is a job that vanished with its
+        # session (like a reboot); it reports ``lost`` once the heartbeat is stale
+        status.update(hangup_at=time.time(), hangup=stopped_by["hangup"])
+        _write_status(status_path, status)
+        return 1
     reason = stopped_by.get("reason")
-    if reason == "timeout":
-        state = "timeout"
+    if reason in ("timeout", "storage-limit"):
+        state = reason
     elif reason:
         state = "stopped"
     else:
@@ -141,7 +274,9 @@ def run(spec_path: str) -> int:
         peak_rss_bytes=peak,
     )
     if reason:
-        status["reason"] = reason
+        status["reason"] = stopped_by.get("detail") or reason
+    if disk is not None:
+        status["disk"] = disk.report()
     _write_status(status_path, status)
     _launch_next(spec, state)
     return 0
@@ -150,7 +285,7 @@ def run(spec_path: str) -> int:
 def _launch_next(spec: dict[str, Any], state: str) -> None:
     """Start the next device's job on the host itself, so the chain needs no laptop."""
     nxt = spec.get("next")
-    if not nxt or state == "stopped":
+    if not nxt or state in ("stopped", "storage-limit"):
         return
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import hostagent
@@ -162,7 +297,7 @@ def _launch_next(spec: dict[str, Any], state: str) -> None:
             fh.write("could not start the next job: %s\n" % exc)
 
 
-def _terminate(child: subprocess.Popen[bytes]) -> None:
+def _terminate(child: subprocess.Popen[bytes], grace: float = KILL_GRACE_S) -> None:
     """SIGTERM the workload's process group, SIGKILL after a grace period."""
     try:
         os.killpg(child.pid, signal.SIGTERM)
@@ -170,7 +305,7 @@ def _terminate(child: subprocess.Popen[bytes]) -> None:
         return
 
     def kill_later() -> None:
-        time.sleep(KILL_GRACE_S)
+        time.sleep(grace)
         if child.poll() is None:
             with contextlib.suppress(OSError):
                 os.killpg(child.pid, signal.SIGKILL)

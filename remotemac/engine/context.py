@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import shlex
+import string
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -27,9 +28,10 @@ class RunOptions:
 
 @dataclass
 class HostBinding:
-    """One host the run uses: the target host, and the laptop for ``on: local``."""
+    """One host the run uses: the target host, the laptop for ``on: local``, or the
+    reference's own host (``workload.reference.host``, e.g. a Linux GPU box)."""
 
-    key: str  # "remote" | "local"
+    key: str  # "remote" | "local" | "reference" (dual-track: the reference's own host)
     transport: Transport
     agent: AgentClient
     root: str = ""
@@ -79,6 +81,8 @@ def make_sides(playbook: Playbook) -> list[Side]:
     wl = playbook.workload
     if wl.reference is not None:
         key = "local" if wl.reference.on == "local" and playbook.host != "local" else "remote"
+        if wl.reference.host and wl.reference.on != "local" and wl.reference.host != playbook.host:
+            key = "local" if wl.reference.host == "local" else "reference"
         sides.append(Side("reference", wl.reference.device, wl.reference.device, key))
     key = "local" if wl.target.on == "local" and playbook.host != "local" else "remote"
     label = wl.target.device
@@ -86,6 +90,53 @@ def make_sides(playbook: Playbook) -> list[Side]:
         label = f"{label}-target"
     sides.append(Side("target", wl.target.device, label, key))
     return sides
+
+
+def host_for_key(playbook: Playbook, key: str) -> str:
+    """The host spec behind a HostBinding key."""
+    if key == "local":
+        return "local"
+    if key == "reference" and playbook.workload.reference and playbook.workload.reference.host:
+        return playbook.workload.reference.host
+    return playbook.host
+
+
+def specialize(playbook: Playbook, *, host: str | None = None,
+               matrix: dict[str, object] | None = None, remote_root: str | None = None,
+               hourly_rate: float | None = None) -> Playbook:
+    """The playbook of one fleet run: one host, one matrix variant filled into the commands.
+
+    The result is what the journal stores for that run, so ``attach`` resumes it
+    as a plain single-host run.
+    """
+    update: dict[str, object] = {}
+    if host is not None:
+        update.update(host=host, hosts=None)
+    if remote_root is not None:
+        update["remote_root"] = remote_root
+    if hourly_rate is not None:
+        update["cost"] = playbook.cost.model_copy(update={"hourly_rate": hourly_rate})
+    if matrix is not None:
+        wl = playbook.workload
+        filled = {"command": fill_matrix(wl.command, matrix)}
+        if wl.resume_command:
+            filled["resume_command"] = fill_matrix(wl.resume_command, matrix)
+        update.update(workload=wl.model_copy(update=filled), matrix=None)
+    return playbook.model_copy(update=update) if update else playbook
+
+
+def fill_matrix(command: str, matrix: dict[str, object]) -> str:
+    """Fill only the {matrix.<key>} placeholders (shell-quoted); keep {device} & co. for later."""
+    out = []
+    for literal, name, spec, conv in string.Formatter().parse(command):
+        out.append(literal.replace("{", "{{").replace("}", "}}"))
+        if name is None:
+            continue
+        if name.startswith("matrix.") and name[7:] in matrix:
+            out.append(shlex.quote(str(matrix[name[7:]])).replace("{", "{{").replace("}", "}}"))
+        else:
+            out.append("{" + name + (f"!{conv}" if conv else "") + (f":{spec}" if spec else "") + "}")
+    return "".join(out)
 
 
 def assign_labels(sides: list[Side], devices: dict[str, str]) -> None:

@@ -19,10 +19,13 @@ from remotemac.engine.context import (
     HostBinding,
     RunContext,
     RunOptions,
+    Side,
     assign_labels,
+    host_for_key,
     make_sides,
+    specialize,
 )
-from remotemac.engine.hosts import SSHOptions, open_transport
+from remotemac.engine.hosts import SSHOptions, TransportPool, open_transport
 from remotemac.engine.ledger import Ledger
 from remotemac.errors import (
     EXIT_ACCEPTED,
@@ -47,16 +50,33 @@ def phase_names(ctx: RunContext) -> list[str]:
 def build_context(
     *, run_id: str, playbook: Playbook, journal: Journal, bus: EventBus, home: Path,
     out_dir: Path, options: RunOptions, ssh: SSHOptions | None = None,
+    host: str | None = None, matrix: dict[str, Any] | None = None,
+    pool: TransportPool | None = None,
 ) -> RunContext:
+    """``host``/``matrix``: one fleet run's host and variant; ``pool``: shared connections."""
+    if host is not None or matrix is not None:
+        playbook = specialize(playbook, host=host, matrix=matrix)
     ledger = Ledger(out_dir / "ledger.jsonl")
     sides = make_sides(playbook)
+    target = next((s for s in sides if s.role == "target"), None)
+    if playbook.reproduce and target is not None:
+        # the target once more, in a fresh process: launch:reproduce/follow:reproduce
+        sides.append(Side("reproduce", target.device, f"{target.label}-reproduce",
+                          target.host_key))
     hosts: dict[str, HostBinding] = {}
     for key in sorted({s.host_key for s in sides}):
-        host = "local" if key == "local" else playbook.host
-        transport = open_transport(host, home, ssh, emit=bus.emit, run_id=run_id)
+        spec = host_for_key(playbook, key)
+        transport = (pool.lease(spec, emit=bus.emit, run_id=run_id) if pool is not None
+                     else open_transport(spec, home, ssh, emit=bus.emit, run_id=run_id))
         hosts[key] = HostBinding(key, transport, AgentClient(transport, "", ledger))
-    return RunContext(run_id=run_id, playbook=playbook, journal=journal, bus=bus, home=home,
-                      out_dir=out_dir, options=options, hosts=hosts, sides=sides, ledger=ledger)
+    ctx = RunContext(run_id=run_id, playbook=playbook, journal=journal, bus=bus, home=home,
+                     out_dir=out_dir, options=options, hosts=hosts, sides=sides, ledger=ledger)
+    # the engine counts link drops itself, so every front end's record has them
+    from remotemac.engine.jobs import count_connection_events
+
+    ctx.results["_continuity_tally"] = count_connection_events(bus)
+    ctx.results["_continuity"] = {"disconnects": 0, "reconnects": 0}
+    return ctx
 
 
 async def run_pipeline(ctx: RunContext) -> int:
@@ -79,10 +99,15 @@ async def _run_pipeline(ctx: RunContext) -> int:
             if info["state"] == "done"}
     for name, info in done.items():
         ctx.results[name] = info["result"]
+    ctx.results["_continuity_carried"] = list(done)
     try:
         for binding in ctx.hosts.values():
             await binding.transport.connect()
         for name in phase_names(ctx):
+            if name not in done and "provision" in done and "_drift_checked" not in ctx.results:
+                from remotemac.engine.drift import check_drift
+
+                await check_drift(ctx, "re-attach")
             if name in done:
                 _restore(ctx, name)
                 if name == "provision":
@@ -134,10 +159,18 @@ async def _run_pipeline(ctx: RunContext) -> int:
     return code
 
 
+def _label_sides(ctx: RunContext, devices: dict[str, str]) -> None:
+    """Labels by device; the reproduce run is the target's label + ``-reproduce``."""
+    assign_labels(ctx.sides, devices)
+    target, again = ctx.side("target"), ctx.side("reproduce")
+    if target is not None and again is not None:
+        again.label = f"{target.label}-reproduce"
+
+
 def _restore(ctx: RunContext, name: str) -> None:
     """Bring back what a finished phase learnt (host paths) for the phases after it."""
     if name == "provision":
-        assign_labels(ctx.sides, ctx.results[name]["devices"])
+        _label_sides(ctx, ctx.results[name]["devices"])
         for key, info in ctx.results[name]["hosts"].items():
             binding = ctx.hosts[key]
             binding.root = info["root"]
@@ -155,9 +188,14 @@ async def _provision(ctx: RunContext, _name: str) -> dict[str, Any]:
     for key, binding in ctx.hosts.items():
         hosts[key] = await provision_host(ctx, binding)
     devices = {s.role: resolve_device(s.device, hosts[s.host_key]["probe"]) for s in ctx.sides}
-    assign_labels(ctx.sides, devices)
+    _label_sides(ctx, devices)
     from remotemac.engine.provision import project_revision
+    from remotemac.engine.storage import check_space
 
+    for key, binding in ctx.hosts.items():
+        hosts[key]["fingerprint"] = await binding.agent.call(
+            "env_fingerprint", {"python": hosts[key]["venv_python"]})
+        hosts[key]["space"] = await check_space(ctx, binding, hosts[key])
     return {"hosts": hosts, "devices": devices,
             "project": project_revision(ctx.playbook.project_dir()),
             "summary": ", ".join(f"{r}={d}" for r, d in devices.items())}
@@ -165,9 +203,15 @@ async def _provision(ctx: RunContext, _name: str) -> dict[str, Any]:
 
 async def _sync(ctx: RunContext, _name: str) -> dict[str, Any]:
     from remotemac.engine.sync import sync_host
+    from remotemac.engine.wipe import schedule_deadman
 
     prov = ctx.results["provision"]["hosts"]
+    # the dead-man wipe is scheduled before any data is sent (issue 6)
+    deadman = {key: await schedule_deadman(ctx, b) for key, b in ctx.hosts.items()}
     hosts = {key: await sync_host(ctx, b, prov[key]) for key, b in ctx.hosts.items()}
+    for key, job in deadman.items():
+        if job:
+            hosts[key]["deadman"] = job
     first = next(iter(hosts.values()))
     return {"hosts": hosts, "summary": f"{first['files']} files, {first['bytes']} bytes"}
 
@@ -178,8 +222,8 @@ def _requests(ctx: RunContext) -> dict[str, dict[str, Any]]:
     prov = ctx.results["provision"]
     data = ctx.results["sync"]["hosts"]
     return {
-        s.role: job_request(ctx, s, prov["devices"][s.role], prov["hosts"][s.host_key],
-                            data[s.host_key]["data_dir"])
+        s.role: job_request(ctx, s, prov["devices"].get(s.role) or prov["devices"]["target"],
+                            prov["hosts"][s.host_key], data[s.host_key]["data_dir"])
         for s in ctx.sides
     }
 
@@ -190,6 +234,11 @@ async def _launch(ctx: RunContext, name: str) -> dict[str, Any]:
     role = name.split(":")[1]
     side = ctx.side(role)
     assert side is not None
+    # a target that is the run's first job starts right after the fingerprint was taken
+    if role == "target" and ctx.side("reference") and "_drift_checked" not in ctx.results:
+        from remotemac.engine.drift import check_drift
+
+        await check_drift(ctx, "before-target")
     requests = _requests(ctx)
     nxt = None
     # when the target runs on the same host, the host itself starts it after the reference
@@ -199,7 +248,7 @@ async def _launch(ctx: RunContext, name: str) -> dict[str, Any]:
     answer = await launch(ctx, side, requests[role], nxt)
     return {"session": requests[role]["session"], "mode": answer.get("mode"),
             "already": bool(answer.get("already_running") or answer.get("already_done")),
-            "summary": requests[role]["session"]}
+            "access": answer.get("access"), "summary": requests[role]["session"]}
 
 
 async def _follow(ctx: RunContext, name: str) -> dict[str, Any]:

@@ -16,17 +16,27 @@ ENV_MISMATCH_KEYS = ("torch", "numpy", "python", "lock_hash")
 def compare_results(ctx: RunContext) -> dict[str, Any]:
     from remotemac.acceptance.compare import CompareRule, compare_outputs
 
-    ref, tgt = ctx.side("reference"), ctx.side("target")
-    if ref is None or tgt is None:
-        return {"within_tolerance": None, "files": [], "summary": "no reference to compare with"}
+    ref, tgt, again = ctx.side("reference"), ctx.side("target"), ctx.side("reproduce")
     rules = [CompareRule(file=r.file, rtol=r.rtol, atol=r.atol)
              for r in ctx.playbook.outputs.compare]
     if not rules:
         rules = [CompareRule(file="**/*", rtol=None, atol=None)]
     results = ctx.out_dir / "results"
-    outcome = compare_outputs(results / ref.label, results / tgt.label, rules).to_dict()
-    ok = sum(1 for f in outcome["files"] if f.get("ok"))
-    outcome["summary"] = f"{ok}/{len(outcome['files'])} files within tolerance"
+    if ref is None or tgt is None:
+        outcome: dict[str, Any] = {"within_tolerance": None, "files": [],
+                                   "summary": "no reference to compare with"}
+    else:
+        outcome = compare_outputs(results / ref.label, results / tgt.label, rules).to_dict()
+        ok = sum(1 for f in outcome["files"] if f.get("ok"))
+        outcome["summary"] = f"{ok}/{len(outcome['files'])} files within tolerance"
+    if tgt is not None and again is not None:
+        # the same rules, target against target: does the workflow reproduce on this machine?
+        twice = compare_outputs(results / tgt.label, results / again.label, rules).to_dict()
+        outcome["reproducibility"] = {"reproduces": twice["within_tolerance"],
+                                      "first": tgt.label, "second": again.label,
+                                      "files": twice["files"]}
+        ok = sum(1 for f in twice["files"] if f.get("ok"))
+        outcome["summary"] += f"; reproduce: {ok}/{len(twice['files'])} files"
     return outcome
 
 
@@ -75,6 +85,7 @@ def _observations(ctx: RunContext) -> tuple[dict[str, Any], list[dict[str, Any]]
         "memory": memory,
         "results": {"within_tolerance": compare.get("within_tolerance"),
                     "files": compare.get("files", [])},
+        "reproducibility": compare.get("reproducibility"),
     }
     # fallback ops are judged against stop_when.fallback_ops by the record builder
     conditions = [c for c in harness.get("stopping_conditions") or []
@@ -90,10 +101,30 @@ def _observations(ctx: RunContext) -> tuple[dict[str, Any], list[dict[str, Any]]
                            "lines": cuda_hits})
     for side in ctx.sides:
         follow = ctx.results.get(f"follow:{side.role}", {})
-        if follow and follow.get("state") != "finished":
+        if follow and follow.get("state") == "storage-limit":
+            conditions.append({"code": "storage-limit",
+                               "detail": f"{side.role} job stopped cleanly before the volume "
+                                         f"was full: {follow.get('reason')}"})
+        elif follow and follow.get("state") != "finished":
             conditions.append({"code": "workload-failed",
                                "detail": f"{side.role} job {follow.get('state')} with exit "
                                          f"{follow.get('exit_code')}"})
+    again = observations["reproducibility"]
+    if again and again.get("reproduces") is False:
+        bad = [f for f in again.get("files") or [] if not f.get("ok")]
+        first = bad[0] if bad else {}
+        conditions.append({"code": "not-reproducible",
+                           "detail": f"a second run of the target in a fresh process gave "
+                                     f"different outputs: {first.get('path')} "
+                                     f"{first.get('detail') or ''}".strip()})
+    from remotemac.engine.drift import drift_summary, load_drift
+
+    drift = drift_summary(load_drift(ctx.out_dir))
+    ctx.results["_drift"] = drift
+    for change in drift["torch"]:
+        conditions.append({"code": "environment-drift",
+                           "detail": f"{change['host']}: torch changed since launch "
+                                     f"({change['when']}): {change['detail']}"})
     return observations, conditions
 
 
@@ -103,6 +134,8 @@ def _environment(ctx: RunContext) -> dict[str, Any]:
     dataset = _dataset(ctx)
     sides = {}
     for side in ctx.sides:
+        if side.role == "reproduce":
+            continue  # the target's environment, once more
         host = prov.get("hosts", {}).get(side.host_key, {})
         frozen = dict(host.get("probe", {}))
         packages = frozen.pop("packages", None)
@@ -137,8 +170,10 @@ def _environment(ctx: RunContext) -> dict[str, Any]:
                                    "target": b.get(name)})
     brief = {role: {k: v for k, v in data.items() if k != "packages"}
              for role, data in sides.items()}
+    drift = ctx.results.get("_drift") or {"checks": [], "drifts": [], "torch": []}
     return {"reference": brief.get("reference"), "target": brief.get("target"),
-            "mismatches": mismatches}
+            "mismatches": mismatches,
+            "drift": {"checks": drift["checks"], "warnings": drift["drifts"]}}
 
 
 def _dataset(ctx: RunContext) -> dict[str, Any]:
@@ -172,6 +207,16 @@ def _decision_context(ctx: RunContext) -> dict[str, Any]:
             "cuda_dependencies": blockers}
 
 
+def continuity(ctx: RunContext) -> dict[str, Any]:
+    """Disconnects and reconnects over the whole run (earlier processes included), and the drill."""
+    from remotemac.engine.jobs import continuity_totals
+
+    tally = ctx.results.get("_continuity_tally") or {"disconnects": 0, "reconnects": 0}
+    totals = continuity_totals(ctx, tally, ctx.results.get("_continuity_carried", []))
+    ctx.results["_continuity"] = totals
+    return totals
+
+
 def _iso(ts: float | None) -> str | None:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts)) if ts else None
 
@@ -180,7 +225,164 @@ def reproduce_command(ctx: RunContext) -> str:
     row = ctx.journal.get_run(ctx.run_id)
     source = row.playbook_path if row and row.playbook_path else f"{ctx.playbook.name}.yaml"
     parts = ["remotemac", "run", source, "--host", ctx.playbook.host]
+    if ctx.playbook.reproduce:
+        parts.append("--reproduce")
     return " ".join(shlex.quote(p) for p in parts)
+
+
+def caches(ctx: RunContext) -> list[dict[str, Any]]:
+    """The caches the workload was pointed at (inside the run dir, so wiped with it)."""
+    from remotemac.engine.jobs import CACHE_VARS
+
+    tgt = ctx.side("target")
+    prov = (ctx.results.get("provision") or {}).get("hosts", {})
+    if tgt is None or tgt.host_key not in prov:
+        return []
+    run_dir = prov[tgt.host_key]["run_dir"]
+    # every job on a host shares these dirs: any launch's access check covers them (a
+    # target chained after the reference on the host is checked there, not by a launch phase)
+    checked: dict[str, Any] = {}
+    for side in ctx.sides:
+        access = (ctx.results.get(f"launch:{side.role}") or {}).get("access") or {}
+        if side.host_key == tgt.host_key:
+            checked.update({c.get("path"): c.get("ok") for c in access.get("checked") or []})
+    paths = {"TORCH_HOME": "torch", "HF_HOME": "hf", "PIP_CACHE_DIR": "pip",
+             "XDG_CACHE_HOME": "xdg", "MPLCONFIGDIR": "mpl"}
+    return [{"env": var, "path": f"{run_dir}/cache/{paths[var]}",
+             "writable": checked.get(f"{run_dir}/cache/{paths[var]}")}
+            for var in CACHE_VARS]
+
+
+# ---------------------------------------------------------------- process behaviour
+
+
+def _row(question: str, how: str, result: str, evidence: str, outcome: str) -> dict[str, Any]:
+    return {"question": question, "how_tested": how, "result": result, "evidence": evidence,
+            "outcome": outcome}
+
+
+def process_behaviour(ctx: RunContext, record: dict[str, Any]) -> list[dict[str, Any]]:
+    """Five questions a careful user asks of a rented machine, answered by this run."""
+    codes = {c["code"]: c for c in record.get("stopping_conditions") or []}
+    follows = {s.role: (ctx.results.get(f"follow:{s.role}") or {}, s.label) for s in ctx.sides}
+    return [_ssh_row(record, follows), _lost_row(ctx, codes, follows),
+            _drift_row(ctx, codes), _disk_row(ctx, codes, follows),
+            _reproduce_row(ctx, record, codes)]
+
+
+def _ssh_row(record: dict[str, Any], follows: dict[str, Any]) -> dict[str, Any]:
+    q = "Does the job survive a dropped SSH session?"
+    cont = record.get("continuity") or {}
+    drill = cont.get("drill")
+    label = follows.get("target", ({}, "target"))[1]
+    evidence = f"continuity in acceptance.json; logs/{label}.log"
+    if isinstance(drill, dict) and drill.get("dropped"):
+        ok = drill.get("job_kept_running") and drill.get("log_complete")
+        return _row(q, "run --drill disconnect: the SSH link was cut once during the target run",
+                    f"job kept running: {_yes(drill.get('job_kept_running'))}; log complete: "
+                    f"{_yes(drill.get('log_complete'))}; link back after "
+                    f"{drill.get('reconnect_s')} s", evidence, "ok" if ok else "problem")
+    drops = cont.get("disconnects") or 0
+    how = "counted the link drops during this run (no drill)"
+    if drops:
+        target = follows.get("target", ({}, ""))[0]
+        ok = target.get("state") == "finished"
+        return _row(q, how, f"{drops} disconnect(s), {cont.get('reconnects') or 0} reconnect(s); "
+                    f"the target job {target.get('state') or 'did not finish'} and its log was "
+                    "followed from the saved byte offset", evidence, "ok" if ok else "problem")
+    skipped = drill.get("skipped") if isinstance(drill, dict) else None
+    return _row(q, how, f"not tested: {skipped or 'no disconnect happened'} (run with "
+                "--drill disconnect to test it)", evidence, "not-tested")
+
+
+def _lost_row(ctx: RunContext, codes: dict[str, Any], follows: dict[str, Any]) -> dict[str, Any]:
+    q = "What happens when the machine restarts or the job is lost?"
+    mode = ctx.playbook.on_lost
+    for role, (follow, label) in follows.items():
+        again = follow.get("relaunched")
+        if again:
+            ok = follow.get("state") == "finished"
+            return _row(q, f"on_lost: relaunch: the lost {role} job was relaunched once through "
+                        f"its {again.get('command')}",
+                        f"lost ({again.get('reason')}); relaunched; then {follow.get('state')} "
+                        f"with exit {follow.get('exit_code')}",
+                        f"logs/{label}.log: {again.get('marker')}", "ok" if ok else "problem")
+    if "job-lost" in codes:
+        return _row(q, f"on_lost: {mode}", f"the job was lost: {codes['job-lost']['detail']}",
+                    "stopping condition job-lost", "problem")
+    return _row(q, f"on_lost: {mode}", "not tested: no job was lost during this run",
+                "status/<label>.json heartbeats", "not-tested")
+
+
+def _drift_row(ctx: RunContext, codes: dict[str, Any]) -> dict[str, Any]:
+    q = "Did a package update change the environment during the run (drift)?"
+    drift = ctx.results.get("_drift") or {"checks": [], "drifts": [], "torch": []}
+    whens = sorted({c["when"] for c in drift["checks"] if c.get("when")})
+    how = ("the environment's fingerprint (Python, OS version, venv package set and its hash, "
+           "torch) at launch compared with the host's " + (" and ".join(whens) or "—"))
+    evidence = "env/drift.jsonl; environment.drift in acceptance.json"
+    if not drift["checks"]:
+        return _row(q, "fingerprint at launch only", "not tested: no re-attach and no reference "
+                    "run before the target", evidence, "not-tested")
+    if not drift["drifts"]:
+        return _row(q, how, "no drift", evidence, "ok")
+    text = "; ".join(d["detail"] for d in drift["drifts"][:4])
+    if drift["torch"]:
+        return _row(q, how, f"torch changed (environment-drift): {text}", evidence, "problem")
+    return _row(q, how, f"changed, not torch (a warning): {text}", evidence, "warning")
+
+
+def _disk_row(ctx: RunContext, codes: dict[str, Any], follows: dict[str, Any]) -> dict[str, Any]:
+    q = "What happens when the disk fills up?"
+    min_free = int(ctx.playbook.stop_when.min_free_disk)
+    how = (f"the runner checks free space on remote_root's volume every 0.5 s and stops the job "
+           f"(SIGTERM, then SIGKILL) below stop_when.min_free_disk = {_mib(min_free)}")
+    lows = [((f.get("disk") or {}).get("root") or {}).get("min_free_seen")
+            for f, _label in follows.values()]
+    lows = [x for x in lows if x is not None]
+    stopped = [(role, f, label) for role, (f, label) in follows.items()
+               if f.get("state") == "storage-limit"]
+    if stopped:
+        role, follow, label = stopped[0]
+        return _row(q, how, f"the {role} job was stopped with storage-limit before the volume "
+                    f"was full: {follow.get('reason')}; its log and status were kept",
+                    f"logs/{label}.log; status/{label}.json", "problem")
+    warned = [f.get("disk_warning") for f, _label in follows.values() if f.get("disk_warning")]
+    if not lows:
+        return _row(q, how, "not measured (the runner reported no disk figures)", "—",
+                    "not-tested")
+    result = f"limit not reached; lowest free space seen {_mib(min(lows))}"
+    if warned:
+        result += f"; warning: {warned[0]}"
+    return _row(q, how, result, "disk in status/<label>.json", "warning" if warned else "ok")
+
+
+def _reproduce_row(ctx: RunContext, record: dict[str, Any],
+                   codes: dict[str, Any]) -> dict[str, Any]:
+    q = "Does the workflow reproduce after a fresh process?"
+    again = (record.get("observations") or {}).get("reproducibility")
+    if not ctx.playbook.reproduce or not again:
+        return _row(q, "reproduce: false", "not tested (run with --reproduce or reproduce: true)",
+                    "—", "not-tested")
+    files = again.get("files") or []
+    ok = sum(1 for f in files if f.get("ok"))
+    how = ("reproduce: the target ran a second time in a fresh process (freshly activated venv) "
+           "and both outputs were compared with the same tolerances")
+    evidence = f"results/{again.get('first')} vs results/{again.get('second')}"
+    if again.get("reproduces"):
+        return _row(q, how, f"reproduces: {ok} of {len(files)} files within tolerance",
+                    evidence, "ok")
+    detail = codes.get("not-reproducible", {}).get("detail") or "no file compared"
+    return _row(q, how, f"does not reproduce: {ok} of {len(files)} files within tolerance; "
+                f"{detail}", evidence, "problem")
+
+
+def _yes(value: Any) -> str:
+    return {True: "yes", False: "no"}.get(value, "unknown")
+
+
+def _mib(n: float) -> str:
+    return f"{n / 1048576:.0f} MiB"
 
 
 async def write_acceptance(ctx: RunContext, lost: str | None = None) -> dict[str, Any]:
@@ -195,7 +397,7 @@ async def write_acceptance(ctx: RunContext, lost: str | None = None) -> dict[str
     hours = (finished - started) / 3600
     cost = ctx.playbook.cost
     sync = _dataset(ctx)
-    counters = ctx.results.get("_continuity", {})
+    counters = continuity(ctx)
     record = build_record(
         run_id=ctx.run_id, playbook=ctx.playbook.name, host=ctx.playbook.host,
         started_at=_iso(started), finished_at=_iso(finished), observations=observations,
@@ -205,11 +407,13 @@ async def write_acceptance(ctx: RunContext, lost: str | None = None) -> dict[str
                  "bytes": sync.get("bytes"), "encrypted": sync.get("encrypted")},
         continuity={"disconnects": counters.get("disconnects", 0),
                     "reconnects": counters.get("reconnects", 0),
-                    "drill": ctx.options.drill},
+                    "drill": counters.get("drill", ctx.options.drill)},
         cost={"hours": round(hours, 4), "hourly_rate": cost.hourly_rate,
               "amount": round(hours * cost.hourly_rate, 4), "currency": cost.currency},
         reproduce=reproduce_command(ctx),
+        caches=caches(ctx),
     )
+    record["process_behaviour"] = process_behaviour(ctx, record)
     write_record(ctx.out_dir, record)
     return {"verdict": record["verdict"], "summary": record["verdict"],
             "conditions": record["stopping_conditions"]}

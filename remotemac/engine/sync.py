@@ -1,19 +1,51 @@
-"""Sync: choose the dataset slice, checksum it, encrypt it, send it, verify it on the host.
+"""Sync: choose the dataset slice, then hash, encrypt and send it in one pipelined stream.
 
-The slice travels and rests encrypted (unless the playbook says the data is
-public and ``encrypt: false``). The data key reaches the host agent on the
-channel's stdin only, and the agent decrypts into RAM-backed storage.
+Why one stream: each file is read once; while it is read it is hashed and sealed
+(streamcrypt's chunked AEAD) in a worker thread, the event loop writes the sealed
+chunks into one SSH channel, and on the host ``agent/dataops.py sync`` stores the
+ciphertext, decrypts it into RAM-backed storage and checks the SHA-256, all at
+the same time. A bounded queue between the stages keeps memory flat (a few MiB in
+flight whatever the slice size).
+
+Why it resumes and is incremental: the host acknowledges each file once it is
+verified and keeps a record keyed by (relative path, plaintext SHA-256); a later
+sync (after a cut link, a Ctrl-C, or with a slightly changed slice) asks first and
+sends only what the host does not hold. The journal's hash cache means unchanged
+local files are not even read. A dropped link inside one sync is retried at once.
+
+The data key reaches the agent inside the stream (stdin), never in argv, the
+environment or a file on the host.
 """
 
 from __future__ import annotations
 
-import tempfile
+import asyncio
+import contextlib
+import hashlib
+import json
+import os
+import stat
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
+from remotemac.data.manifest import HashCache, Manifest, ManifestEntry, check_relpath
+from remotemac.engine.agentclient import AgentClient
 from remotemac.engine.context import HostBinding, RunContext
-from remotemac.errors import BadInput, IntegrityError
-from remotemac.events import PhaseProgress
+from remotemac.errors import BadInput, HostError, IntegrityError, TransientHostError
+from remotemac.events import Event, PhaseProgress, Warning
+from remotemac.transport.base import RemoteProcess, Transport
+
+FRAME = "F"
+BATCH_BYTES = 1 << 20
+QUEUE_BATCHES = 8
+PROGRESS_EVERY_S = 0.2
+SHOW_FILES = 200
+MAX_ATTEMPTS = 4
+
+Emit = Callable[[Event], None]
 
 
 def choose_slice(ctx: RunContext):
@@ -33,9 +65,40 @@ def choose_slice(ctx: RunContext):
     )
 
 
-async def sync_host(ctx: RunContext, binding: HostBinding, provisioned: dict[str, Any]) -> dict[str, Any]:
-    from remotemac.data.manifest import build_manifest
+@dataclass
+class _Local:
+    """One slice file as seen locally before the stream starts."""
 
+    path: str
+    size: int
+    mtime_ns: int
+    inode: int
+    sha256: str | None
+
+
+@dataclass
+class SyncStats:
+    """What one sync moved; the tests and the bench read it."""
+
+    files: int = 0
+    bytes: int = 0
+    sent_files: int = 0
+    sent_bytes: int = 0  # bytes written into the channel (frames), over all attempts
+    skipped_files: int = 0
+    skipped_bytes: int = 0
+    attempts: int = 0
+    acked: list[str] = field(default_factory=list)
+    #: bytes written into the channel by each attempt (a cut link starts a new one)
+    per_attempt: list[int] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dict(self.__dict__)
+        data.pop("acked")
+        return data
+
+
+async def sync_host(ctx: RunContext, binding: HostBinding, provisioned: dict[str, Any]) -> dict[str, Any]:
+    """The pipeline's sync phase for one host: show the selection, stream, verify."""
     data = ctx.playbook.data
     run_dir = provisioned["run_dir"]
     if data is None:
@@ -44,58 +107,390 @@ async def sync_host(ctx: RunContext, binding: HostBinding, provisioned: dict[str
     selection = choose_slice(ctx)
     root = ctx.playbook.data_dir()
     assert root is not None and selection is not None
-    paths = [f.path for f in selection.files]
-    manifest = build_manifest(root, paths, cache=ctx.journal)
-    (ctx.out_dir / "manifest.json").write_text(manifest.to_json(), encoding="utf-8")
-    total = sum(e.size for e in manifest.entries)
-    sent = 0
+    show_selection(ctx.emit, ctx.run_id, selection)
     encrypted = bool(data.encrypt)
     key = None
     if encrypted:
-        from remotemac.agent.streamcrypt import encrypt_file
         from remotemac.data.keys import load_data_key, new_data_key
 
         try:
             key = load_data_key(ctx.home, ctx.run_id)
         except IntegrityError:
             key = new_data_key(ctx.home, ctx.run_id)
-    transport = binding.transport
-    remote_data = f"{run_dir}/data"
-    made_dirs: set[str] = set()
-    for entry in manifest.entries:
-        parent = f"{remote_data}/{entry.path}".rsplit("/", 1)[0]
-        if parent not in made_dirs:
-            await transport.makedirs(parent)
-            made_dirs.add(parent)
-        local = root / entry.path
-        if encrypted:
-            with tempfile.TemporaryDirectory() as tmp:
-                enc = Path(tmp) / "blob"
-                encrypt_file(key, entry.path, str(local), str(enc))
-                await transport.put(str(enc), f"{remote_data}/{entry.path}.rmenc")
-        else:
-            await transport.put(str(local), f"{remote_data}/{entry.path}")
-        sent += entry.size
-        ctx.emit(PhaseProgress(ctx.run_id, phase="sync", done=sent, total=total,
-                               detail=entry.path))
-    request: dict[str, Any] = {
-        "run_dir": run_dir, "run_id": ctx.run_id, "src": remote_data,
-        "manifest": [{"path": e.path, "size": e.size, "sha256": e.sha256} for e in manifest.entries],
-        "encrypted": encrypted, "ram_bytes": max(total * 2, 64 << 20),
-    }
-    if key is not None:
-        request["key_hex"] = key.hex()
-    # decryption needs `cryptography`: the workload's venv may have it, macOS's python3 has not
-    answer = await binding.agent.call("prepare_data", request, timeout=3600,
-                                      python=provisioned["venv_python"])
-    if answer.get("mismatches"):
-        bad = answer["mismatches"][0]
-        raise IntegrityError(f"{transport.name}: dataset file {bad['path']} failed verification "
-                             f"on the host ({bad['why']})")
-    if answer.get("ram", {}).get("kind") in ("shm", "ramdisk"):
-        ctx.journal.record_created(transport.name, "ramstore", answer["ram"]["path"], ctx.run_id)
+    manifest, answer, stats = await sync_slice(
+        binding.transport, binding.agent, root=root, paths=[f.path for f in selection.files],
+        run_dir=run_dir, run_id=ctx.run_id, key=key, python=provisioned["venv_python"],
+        cache=ctx.journal, emit=ctx.emit,
+    )
+    (ctx.out_dir / "manifest.json").write_text(manifest.to_json(), encoding="utf-8")
+    if answer.get("ram", {}) and answer["ram"].get("kind") in ("shm", "ramdisk"):
+        ctx.journal.record_created(binding.transport.name, "ramstore", answer["ram"]["path"],
+                                   ctx.run_id)
+    if answer.get("ram") and answer["ram"].get("warning"):
+        ctx.emit(Warning(ctx.run_id, message=str(answer["ram"]["warning"]), code="ram-store"))
     return {
-        "data_dir": answer["data_dir"], "files": len(manifest.entries), "bytes": total,
-        "encrypted": encrypted, "revision": manifest.root_digest, "ram": answer.get("ram"),
+        "data_dir": answer["data_dir"], "files": len(manifest.entries),
+        "bytes": manifest.total_bytes, "encrypted": encrypted, "revision": manifest.root_digest,
+        "ram": answer.get("ram"), "transfer": stats.to_dict(),
         "selection": [{"path": f.path, "size": f.size, "reason": f.reason} for f in selection.files],
+        "summary": f"{stats.sent_files} sent, {stats.skipped_files} already on the host",
     }
+
+
+def show_selection(emit: Emit, run_id: str, selection: Any) -> None:
+    """Say which files will travel and why, before any byte is sent (unit ``files``)."""
+    from remotemac.units import format_size
+
+    files = selection.files
+    emit(PhaseProgress(run_id, phase="sync", done=0, total=len(files), unit="files",
+                       detail=f"slice: {len(files)} files, {format_size(selection.total_bytes)}, "
+                              f"{len(selection.skipped)} left out"))
+    for i, chosen in enumerate(files[:SHOW_FILES], 1):
+        emit(PhaseProgress(run_id, phase="sync", done=i, total=len(files), unit="files",
+                           detail=f"{chosen.path} ({format_size(chosen.size)}): {chosen.reason}"))
+    if len(files) > SHOW_FILES:
+        emit(PhaseProgress(run_id, phase="sync", done=len(files), total=len(files), unit="files",
+                           detail=f"… and {len(files) - SHOW_FILES} more (see manifest.json)"))
+
+
+# ---------------------------------------------------------------- the stream
+
+
+async def sync_slice(
+    transport: Transport, agent: AgentClient, *, root: Path, paths: list[str], run_dir: str,
+    run_id: str, key: bytes | None, python: str, cache: HashCache | None = None,
+    emit: Emit | None = None, ram_bytes: int | None = None, max_attempts: int = MAX_ATTEMPTS,
+    stats: SyncStats | None = None,
+) -> tuple[Manifest, dict[str, Any], SyncStats]:
+    """Make the host hold ``paths`` (relative to ``root``), verified; resume after a cut link.
+
+    Returns the manifest, the agent's final answer (``data_dir``, ``ram``, …) and the
+    transfer statistics. Raises IntegrityError (exit 5) when the host finds a file
+    that does not match, HostError when the host cannot take the data.
+    """
+    emit = emit or (lambda _e: None)
+    stats = stats or SyncStats()
+    files = await asyncio.to_thread(_stat_all, Path(root), paths, cache)
+    stats.files, stats.bytes = len(files), sum(f.size for f in files)
+    if ram_bytes is None:
+        ram_bytes = max(stats.bytes * 2, 64 << 20)
+    if not agent.agent_dir:
+        await agent.install()
+    session = _Session(transport, agent, Path(root), files, run_dir, run_id, key, python,
+                       emit, stats, ram_bytes)
+    while True:
+        stats.attempts += 1
+        try:
+            answer = await session.run()
+            break
+        except TransientHostError as exc:
+            if stats.attempts >= max_attempts:
+                raise
+            emit(Warning(run_id, message=f"sync interrupted ({exc.message}); resuming with "
+                                         f"{len(stats.acked)} files already verified",
+                         code="sync-resume"))
+    if cache is not None:
+        for f in files:
+            if f.sha256 is not None:
+                cache.put(f.path, f.size, f.mtime_ns, f.inode, f.sha256)
+    manifest = session.manifest()
+    bad = answer.get("mismatches") or []
+    if bad:
+        raise IntegrityError(f"{transport.name}: dataset file {bad[0]['path']} failed "
+                             f"verification on the host ({bad[0]['why']})"
+                             + (f"; {len(bad) - 1} more" if len(bad) > 1 else ""),
+                             hint="run again to resend it, or wipe the run if it persists")
+    return manifest, answer, stats
+
+
+def _stat_all(root: Path, paths: list[str], cache: HashCache | None) -> list[_Local]:
+    """stat every file (no read); the hash cache fills in unchanged files' SHA-256."""
+    real_root = root.resolve()
+    out = []
+    for rel in sorted(set(paths)):
+        check_relpath(rel)
+        full = root / rel
+        if real_root not in full.resolve().parents:
+            raise BadInput(f"data file {full} escapes the data root through a symlink")
+        try:
+            st = full.stat()
+        except OSError as exc:
+            raise BadInput(f"cannot read data file {full}: {exc.strerror}") from None
+        if not stat.S_ISREG(st.st_mode):
+            raise BadInput(f"data file {full} is not a regular file")
+        sha = cache.get(rel, st.st_size, st.st_mtime_ns, st.st_ino) if cache is not None else None
+        out.append(_Local(rel, st.st_size, st.st_mtime_ns, st.st_ino, sha))
+    return out
+
+
+class _Session:
+    """One agent process on the host; ``run`` may be called again after a cut link."""
+
+    def __init__(self, transport: Transport, agent: AgentClient, root: Path,
+                 files: list[_Local], run_dir: str, run_id: str, key: bytes | None, python: str,
+                 emit: Emit, stats: SyncStats, ram_bytes: int) -> None:
+        self.transport, self.agent, self.root, self.files = transport, agent, root, files
+        self.run_dir, self.run_id, self.key, self.python = run_dir, run_id, key, python
+        self.emit, self.stats, self.ram_bytes = emit, stats, ram_bytes
+
+    def manifest(self) -> Manifest:
+        return Manifest.from_entries(
+            ManifestEntry(f.path, f.size, f.sha256 or "") for f in self.files)
+
+    async def run(self) -> dict[str, Any]:
+        argv = [self.python, f"{self.agent.agent_dir}/dataops.py", "sync"]
+        started = time.monotonic()
+        proc = await self.transport.open_process(argv)
+        code: int | None = None
+        try:
+            answer = await self._talk(proc)
+            code = await proc.wait(timeout=60)
+            return answer
+        finally:
+            await proc.close()
+            self.agent.ledger.append(self.transport.name, " ".join(argv), code, op="sync-data",
+                                     seconds=time.monotonic() - started)
+
+    async def _talk(self, proc: RemoteProcess) -> dict[str, Any]:
+        hello: dict[str, Any] = {
+            "run_dir": self.run_dir, "run_id": self.run_id, "src": f"{self.run_dir}/data",
+            "encrypted": self.key is not None, "ram_bytes": self.ram_bytes,
+            "entries": [{"path": f.path, "size": f.size, "sha256": f.sha256} for f in self.files],
+        }
+        if self.key is not None:
+            hello["key_hex"] = self.key.hex()
+        await proc.write(json.dumps(hello).encode() + b"\n")
+        first = await self._answer(proc, "start")
+        self.stats.per_attempt.append(0)
+        known = {int(i): str(sha) for i, sha in first.get("known", [])}
+        plan = self._plan(known)
+        todo_bytes = sum(self.files[i].size for i, _ in plan)
+        skipped = [f for i, f in enumerate(self.files) if i in known and f.sha256 == known[i]]
+        self.stats.skipped_files = len(skipped)
+        self.stats.skipped_bytes = sum(f.size for f in skipped)
+        self.emit(PhaseProgress(self.run_id, phase="sync", done=0, total=todo_bytes,
+                                detail=f"{len(skipped)} files already verified on the host; "
+                                       f"checking or sending {len(plan)}"))
+        acks: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        reader = asyncio.ensure_future(self._read_acks(proc, acks))
+        try:
+            try:
+                if await self._send(proc, plan, todo_bytes, acks):
+                    final = json.dumps([{"path": f.path, "size": f.size, "sha256": f.sha256}
+                                        for f in self.files]).encode()
+                    await proc.write(_frame("E", 0, len(final)) + final)
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # the agent stopped reading: its last line says why
+            return await self._final(reader, acks)
+        finally:
+            reader.cancel()
+            with contextlib.suppress(BaseException):
+                await reader
+
+    def _plan(self, known: dict[int, str]) -> list[tuple[int, str | None]]:
+        """(index, sha the host holds or None) for every file that may need sending."""
+        plan = []
+        for i, f in enumerate(self.files):
+            have = known.get(i)
+            if have is not None and f.sha256 == have:
+                continue
+            plan.append((i, have))
+        return plan
+
+    async def _send(self, proc: RemoteProcess, plan: list[tuple[int, str | None]], total: int,
+                    acks: asyncio.Queue) -> bool:
+        """Producer (thread: read, hash, seal) → bounded queue → consumer (the channel).
+
+        Returns False when the agent spoke up early (an error line is waiting).
+        """
+        queue: asyncio.Queue[Any] = asyncio.Queue(maxsize=QUEUE_BATCHES)
+        pieces = _pieces(self.root, self.files, plan, self.key)
+
+        async def produce() -> None:
+            try:
+                while True:
+                    batch = await asyncio.to_thread(_next_batch, pieces)
+                    await queue.put(batch or None)
+                    if not batch:
+                        return
+            except Exception as exc:  # handed to the consumer, which raises it
+                await queue.put(exc)
+
+        producer = asyncio.ensure_future(produce())
+        done = 0
+        last = 0.0
+        try:
+            while True:
+                batch = await queue.get()
+                if batch is None:
+                    break
+                if isinstance(batch, BaseException):
+                    raise batch
+                if not acks.empty():
+                    return False
+                for item in batch:
+                    if isinstance(item, _Done):
+                        self.files[item.index] = item.local
+                        if not item.sent:
+                            self.stats.skipped_files += 1
+                            self.stats.skipped_bytes += item.local.size
+                        else:
+                            self.stats.sent_files += 1
+                        continue
+                    data, plain = item
+                    await proc.write(data)
+                    self.stats.sent_bytes += len(data)
+                    self.stats.per_attempt[-1] += len(data)
+                    done += plain
+                now = time.monotonic()
+                if now - last >= PROGRESS_EVERY_S:
+                    last = now
+                    self.emit(PhaseProgress(self.run_id, phase="sync", done=done, total=total))
+        finally:
+            producer.cancel()
+            with contextlib.suppress(BaseException):
+                await producer
+        self.emit(PhaseProgress(self.run_id, phase="sync", done=done, total=total))
+        return True
+
+    async def _read_acks(self, proc: RemoteProcess, acks: asyncio.Queue) -> None:
+        while True:
+            line = await proc.readline()
+            if not line:
+                await acks.put({"eof": True})
+                return
+            msg = json.loads(line.decode("utf-8", "replace"))
+            if "ack" in msg:
+                path = self.files[int(msg["ack"])].path
+                self.stats.acked.append(path)
+                self.emit(PhaseProgress(self.run_id, phase="sync", done=len(self.stats.acked),
+                                        total=None, unit="verified", detail=path))
+                continue
+            await acks.put(msg)
+
+    async def _final(self, reader: asyncio.Future, acks: asyncio.Queue) -> dict[str, Any]:
+        getter = asyncio.ensure_future(acks.get())
+        await asyncio.wait({getter, reader}, return_when=asyncio.FIRST_COMPLETED)
+        if not getter.done():
+            getter.cancel()
+            reader.result()  # re-raises the link error
+            raise TransientHostError(f"the agent on {self.transport.name} stopped answering")
+        return self._check(getter.result(), "finish")["result"]
+
+    async def _answer(self, proc: RemoteProcess, what: str) -> dict[str, Any]:
+        line = await proc.readline()
+        if not line:
+            code = await proc.wait(timeout=30)
+            raise HostError(f"{self.transport.name}: the data agent exited ({code}) at {what}: "
+                            f"{proc.stderr_tail() or 'no output'}",
+                            hint=f"check that {self.python} can import cryptography")
+        return self._check(json.loads(line.decode("utf-8", "replace")), what)
+
+    def _check(self, msg: dict[str, Any], what: str) -> dict[str, Any]:
+        if msg.get("eof"):
+            raise TransientHostError(f"the agent on {self.transport.name} stopped at {what}")
+        if msg.get("ok"):
+            return msg
+        error = f"{self.transport.name}: {msg.get('error', 'unknown error')}"
+        if msg.get("code") == "integrity":
+            raise IntegrityError(error, hint="run again to resend, or wipe the run")
+        if msg.get("code") == "ram":
+            raise HostError(error, hint="free memory on the host or lower data.max_bytes")
+        raise HostError(f"{error} (during {what})")
+
+
+def _frame(kind: str, index: int, length: int) -> bytes:
+    return kind.encode() + index.to_bytes(4, "big") + length.to_bytes(8, "big")
+
+
+@dataclass
+class _Done:
+    index: int
+    local: _Local
+    sent: bool
+
+
+class _HashingReader:
+    """Reads exactly ``size`` bytes of a file while hashing them (one read, two uses)."""
+
+    def __init__(self, fh: BinaryIO, size: int, path: str) -> None:
+        self.fh, self.left, self.path = fh, size, path
+        self.digest = hashlib.sha256()
+
+    def read(self, n: int) -> bytes:
+        data = self.fh.read(min(n, self.left))
+        self.left -= len(data)
+        self.digest.update(data)
+        if not data and self.left:
+            raise IntegrityError(f"data file {self.path} shrank while it was sent",
+                                 hint="stop whatever writes to the dataset and sync again")
+        return data
+
+
+def _pieces(root: Path, files: list[_Local], plan: list[tuple[int, str | None]],
+            key: bytes | None) -> Iterator[Any]:
+    """Yield (bytes, plaintext bytes covered) to send, and a _Done after each file."""
+    from remotemac.agent.streamcrypt import DEFAULT_CHUNK, ciphertext_size, iter_encrypt
+
+    for index, host_sha in plan:
+        f = files[index]
+        full = root / f.path
+        fd = os.open(full, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        with os.fdopen(fd, "rb", buffering=0) as fh:
+            before = os.fstat(fh.fileno())
+            size = before.st_size
+            if host_sha is not None and f.sha256 is None:
+                # the host holds a verified copy of this path: hash first, maybe skip sending
+                sha = _hash_all(fh, size, f.path)
+                local = _Local(f.path, size, before.st_mtime_ns, before.st_ino, sha)
+                if sha == host_sha and _unchanged(fh, before):
+                    yield _Done(index, local, sent=False)
+                    continue
+                fh.seek(0)
+            reader = _HashingReader(fh, size, f.path)
+            if key is not None:
+                yield _frame(FRAME, index, ciphertext_size(size, DEFAULT_CHUNK)), 0
+                covered = 0
+                for sealed in iter_encrypt(key, f.path, reader, DEFAULT_CHUNK):  # type: ignore[arg-type]
+                    read = size - reader.left
+                    yield sealed, read - covered
+                    covered = read
+            else:
+                yield _frame(FRAME, index, size), 0
+                while block := reader.read(BATCH_BYTES):
+                    yield block, len(block)
+            if reader.left or not _unchanged(fh, before):
+                raise IntegrityError(f"data file {full} changed while it was sent",
+                                     hint="stop whatever writes to the dataset and sync again")
+            sha = reader.digest.hexdigest()
+            yield bytes.fromhex(sha), 0
+            yield _Done(index, _Local(f.path, size, before.st_mtime_ns, before.st_ino, sha),
+                        sent=True)
+
+
+def _hash_all(fh: BinaryIO, size: int, path: str) -> str:
+    reader = _HashingReader(fh, size, path)
+    while reader.read(BATCH_BYTES):
+        pass
+    return reader.digest.hexdigest()
+
+
+def _unchanged(fh: BinaryIO, before: os.stat_result) -> bool:
+    after = os.fstat(fh.fileno())
+    return (after.st_size, after.st_mtime_ns) == (before.st_size, before.st_mtime_ns)
+
+
+def _next_batch(pieces: Iterator[Any]) -> list[Any]:
+    """Up to ~1 MiB of pieces (run in a worker thread: hashing and AES release the GIL)."""
+    batch: list[Any] = []
+    size = 0
+    for item in pieces:
+        batch.append(item)
+        if isinstance(item, _Done):
+            if size >= BATCH_BYTES // 4:
+                break
+            continue
+        size += len(item[0])
+        if size >= BATCH_BYTES:
+            break
+    return batch

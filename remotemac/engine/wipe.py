@@ -1,50 +1,98 @@
-"""Wipe a run's temporary data on the host, and shred its local data key.
+"""Wipe a run's data on the host, shred its local data key, schedule the dead-man wipe.
 
-What goes: the plaintext (RAM store), the ciphertext, caches, tmp, and outputs
-already pulled and verified. The logs, status and project stay until ``cleanup``
-(they are small and let ``status``/``logs`` still answer). Destroying the local
-data key makes any copy of the ciphertext left anywhere unreadable.
+What goes: the run's tmux sessions and processes, the plaintext (RAM store
+detached), the ciphertext, caches, tmp, and the outputs once they were pulled and
+verified (before the pull they stay, listed as remaining with that reason). The
+logs, status and project stay until ``cleanup`` (small, and they let
+``status``/``logs`` still answer). Destroying the local data key makes any copy
+of the ciphertext left anywhere unreadable. Then the agent lists what remains of
+the run on the host, and that goes into acceptance.json.
+
+The host side is cleanupops.wipe_run_data, the very function the dead-man wipe
+runs on the host at ``wipe_deadline`` (scheduled here by :func:`schedule_deadman`).
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
-from remotemac.engine.context import RunContext
+from remotemac.engine.context import HostBinding, RunContext
 
 WIPED_SUBDIRS = ("data", "tmp", "cache", "out")
+KEPT_SUBDIRS = ["project", "logs", "status"]
+
+
+def _pulled(ctx: RunContext) -> bool:
+    """Outputs are deletable once the pull phase verified them."""
+    return "pull" in ctx.results
 
 
 async def wipe_run(ctx: RunContext) -> dict[str, Any]:
     removed: list[str] = []
     remaining: list[str] = []
+    verified = True
+    pulled = _pulled(ctx)
     sync = ctx.results.get("sync", {}).get("hosts", {})
     for key, binding in ctx.hosts.items():
         if not binding.run_dir:
             continue
+        name = binding.transport.name
         sessions = [s.session(ctx.run_id) for s in ctx.sides if s.host_key == key]
         ram = (sync.get(key) or {}).get("ram")
-        answer = await binding.agent.call("wipe_run", {
+        answer = await binding.agent.call("wipe_run_data", {
             "root": binding.root, "run_id": ctx.run_id, "sessions": sessions,
-            "keep": ["project", "logs", "status"], "ram": ram,
+            "keep": KEPT_SUBDIRS, "ram": ram, "wipe_outputs": pulled, "cancel_deadman": True,
         })
-        removed += [f"{binding.transport.name}:{p}" for p in answer["removed"]]
-        remaining += [f"{binding.transport.name}:{p}" for p in answer["remaining"]]
+        ctx.ledger.append_steps(name, "wipe_run_data", answer.get("steps"))
+        removed += [f"{name}:{p}" for p in answer["removed"]]
+        remaining += [f"{name}:{p}" for p in answer["remaining"]]
+        verified = verified and bool(answer.get("verified"))
         if ram and ram.get("path"):
-            ctx.journal.record_removed(binding.transport.name, "ramstore", ram["path"])
+            ctx.journal.record_removed(name, "ramstore", ram["path"])
+        for item in answer["removed"]:
+            if item.startswith("deadman:"):
+                deadman = (sync.get(key) or {}).get("deadman") or {}
+                if deadman.get("spec"):
+                    ctx.journal.record_removed(name, "deadman", deadman["spec"])
+        # an independent look through the transport, not only the agent's word
         for sub in WIPED_SUBDIRS:
-            stat = await binding.transport.stat(f"{binding.run_dir}/{sub}")
-            if stat is not None:
-                remaining.append(f"{binding.transport.name}:{binding.run_dir}/{sub}")
+            if sub == "out" and not pulled:
+                continue
+            if await binding.transport.stat(f"{binding.run_dir}/{sub}") is not None:
+                remaining.append(f"{name}:{binding.run_dir}/{sub} (still there)")
+                verified = False
     key_destroyed = False
-    try:
-        from remotemac.data.keys import destroy_data_key
+    from remotemac.data.keys import destroy_data_key, key_path
 
-        key_destroyed = destroy_data_key(ctx.home, ctx.run_id)
-    except ImportError:
-        pass
+    key_destroyed = destroy_data_key(ctx.home, ctx.run_id)
     if key_destroyed:
         removed.append(f"local:data key of {ctx.run_id} (crypto-shredded)")
-    verified = not any(r.rsplit("/", 1)[-1] in WIPED_SUBDIRS for r in remaining)
+    if key_path(ctx.home, ctx.run_id).exists():
+        remaining.append(f"local:{key_path(ctx.home, ctx.run_id)} (data key still there)")
+        verified = False
     return {"done": True, "verified": verified, "removed": removed, "remaining": remaining,
-            "summary": f"{len(removed)} removed, {len(remaining)} remaining"}
+            "key_destroyed": key_destroyed, "outputs_wiped": pulled,
+            "summary": f"{len(removed)} removed, {len(remaining)} remaining"
+                       + ("" if verified else " (not verified)")}
+
+
+async def schedule_deadman(ctx: RunContext, binding: HostBinding,
+                           launched_at: float | None = None) -> dict[str, Any] | None:
+    """Ask the host to wipe this run's data at ``wipe_deadline`` on its own.
+
+    Called before the dataset is sent, so no byte of data reaches the host
+    without its dead-man. Returns the job (method, pid or label, deadline) or
+    None when the playbook has no deadline.
+    """
+    launched = time.time() if launched_at is None else launched_at
+    deadline = ctx.playbook.wipe_deadline_at(launched)
+    if deadline is None or binding.key != "remote" or not binding.run_dir:
+        return None
+    sessions = [s.session(ctx.run_id) for s in ctx.sides if s.host_key == binding.key]
+    job = await binding.agent.call("deadman_schedule", {
+        "root": binding.root, "run_id": ctx.run_id, "deadline": deadline, "sessions": sessions,
+    })
+    ctx.ledger.append_steps(binding.transport.name, "deadman_schedule", job.pop("steps", None))
+    ctx.journal.record_created(binding.transport.name, "deadman", job["spec"], ctx.run_id)
+    return job

@@ -12,6 +12,7 @@ from __future__ import annotations
 import abc
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from typing import BinaryIO
 
 ProgressFn = Callable[[int], None]
 """Called with the number of bytes moved since the last call."""
@@ -43,6 +44,39 @@ class RemoteStat:
     mtime: float
     kind: str  # "file" | "dir" | "link" | "other"
     extra: dict = field(default_factory=dict)
+
+
+class RemoteProcess(abc.ABC):
+    """A command on the host with a byte stream each way (see :meth:`Transport.open_process`).
+
+    Why: the dataset is streamed into the agent over one channel, so hashing,
+    encryption, the link and the host's decryption all overlap, and the data key
+    travels inside that stream, never in argv or the environment.
+    """
+
+    @abc.abstractmethod
+    async def write(self, data: bytes) -> None:
+        """Send ``data`` to the command's stdin, waiting while the link is full."""
+
+    @abc.abstractmethod
+    async def write_eof(self) -> None:
+        """Close the command's stdin."""
+
+    @abc.abstractmethod
+    async def readline(self) -> bytes:
+        """One line of stdout (with its newline); ``b""`` at end of output."""
+
+    @abc.abstractmethod
+    async def wait(self, timeout: float | None = None) -> int:
+        """The exit code, after reading what is left of stdout and stderr."""
+
+    @abc.abstractmethod
+    def stderr_tail(self) -> str:
+        """The last line the command wrote to stderr (after :meth:`wait`)."""
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Stop talking to the command (it sees EOF or a hang-up) and free the channel."""
 
 
 class Transport(abc.ABC):
@@ -120,3 +154,17 @@ class Transport(abc.ABC):
         """Yield a command's stdout as it comes (default: all at once)."""
         result = await self.exec(argv, stdin=stdin)
         yield result.stdout
+
+    async def open_process(self, argv: list[str]) -> RemoteProcess:
+        """Start ``argv`` on the host with streamed stdin/stdout (not retried on a dead link)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot stream to a command")
+
+    async def download_to(self, remote: str, dst: BinaryIO, offset: int = 0, *,
+                          progress: ProgressFn | None = None) -> int:
+        """Write ``remote[offset:]`` into the open local file ``dst`` at ``offset``.
+
+        Why: a pull that was interrupted continues where its ``.part`` file ends, and
+        the caller opens the local file itself (no symlink followed). Returns the
+        number of bytes written.
+        """
+        raise NotImplementedError(f"{type(self).__name__} cannot download from an offset")

@@ -12,9 +12,16 @@ import os
 import shutil
 import stat as stat_mod
 from pathlib import Path
+from typing import BinaryIO
 
 from remotemac.errors import HostError
-from remotemac.transport.base import ExecResult, ProgressFn, RemoteStat, Transport
+from remotemac.transport.base import (
+    ExecResult,
+    ProgressFn,
+    RemoteProcess,
+    RemoteStat,
+    Transport,
+)
 
 _COPY_BLOCK = 1 << 20
 
@@ -94,6 +101,81 @@ class LocalTransport(Transport):
 
     async def makedirs(self, remote: str, mode: int = 0o700) -> None:
         os.makedirs(remote, mode=mode, exist_ok=True)
+
+    async def open_process(self, argv: list[str]) -> RemoteProcess:
+        proc = await asyncio.create_subprocess_exec(
+            *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE, start_new_session=True, limit=_LINE_LIMIT,
+        )
+        return _LocalProcess(proc)
+
+    async def download_to(self, remote: str, dst: BinaryIO, offset: int = 0, *,
+                          progress: ProgressFn | None = None) -> int:
+        def copy() -> int:
+            written = 0
+            fd = os.open(remote, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+            with os.fdopen(fd, "rb") as src:
+                src.seek(offset)
+                dst.seek(offset)
+                while block := src.read(_COPY_BLOCK):
+                    dst.write(block)
+                    written += len(block)
+                    if progress is not None:
+                        progress(len(block))
+            return written
+
+        return await asyncio.to_thread(copy)
+
+
+_LINE_LIMIT = 64 << 20
+
+
+class _LocalProcess(RemoteProcess):
+    """A child process with pipes; stderr is drained in the background so it never blocks."""
+
+    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+        self._proc = proc
+        self._err = b""
+        self._err_task = asyncio.ensure_future(self._drain_stderr())
+
+    async def _drain_stderr(self) -> None:
+        assert self._proc.stderr is not None
+        while chunk := await self._proc.stderr.read(65536):
+            self._err = (self._err + chunk)[-4096:]
+
+    async def write(self, data: bytes) -> None:
+        assert self._proc.stdin is not None
+        self._proc.stdin.write(data)
+        await self._proc.stdin.drain()
+
+    async def write_eof(self) -> None:
+        assert self._proc.stdin is not None
+        if not self._proc.stdin.is_closing():
+            self._proc.stdin.close()
+
+    async def readline(self) -> bytes:
+        assert self._proc.stdout is not None
+        return await self._proc.stdout.readline()
+
+    async def wait(self, timeout: float | None = None) -> int:
+        code = await asyncio.wait_for(self._proc.wait(), timeout)
+        await self._err_task
+        return code
+
+    def stderr_tail(self) -> str:
+        lines = self._err.decode("utf-8", "replace").strip().splitlines()
+        return lines[-1] if lines else ""
+
+    async def close(self) -> None:
+        if self._proc.returncode is None:
+            if self._proc.stdin is not None and not self._proc.stdin.is_closing():
+                self._proc.stdin.close()
+            try:
+                await asyncio.wait_for(self._proc.wait(), 10)
+            except asyncio.TimeoutError:
+                self._proc.kill()
+                await self._proc.wait()
+        self._err_task.cancel()
 
 
 def _to_stat(path: str, st: os.stat_result) -> RemoteStat:

@@ -15,6 +15,7 @@ raises :class:`TransientHostError` instead, because it may or may not have run.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import posixpath
 import secrets
@@ -22,13 +23,19 @@ import shlex
 import stat as statmod
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import BinaryIO, TypeVar
 
 import asyncssh
 
 from remotemac.errors import HostError, TransientHostError
 from remotemac.events import ConnectionState, Event
-from remotemac.transport.base import ExecResult, ProgressFn, RemoteStat, Transport
+from remotemac.transport.base import (
+    ExecResult,
+    ProgressFn,
+    RemoteProcess,
+    RemoteStat,
+    Transport,
+)
 from remotemac.transport.reconnect import reconnect
 from remotemac.transport.sshconfig import resolve
 from remotemac.transport.sshconnect import (
@@ -104,6 +111,9 @@ class SSHTransport(Transport):
         #: counts for the acceptance record's ``continuity`` section
         self.disconnects = 0
         self.reconnects = 0
+        #: longest wait between reconnect attempts; a log follower lowers it so the
+        #: stream resumes within about a second of the link coming back
+        self.reconnect_max_wait = 30.0
 
     # -- link management -----------------------------------------------------------
 
@@ -145,6 +155,18 @@ class SSHTransport(Transport):
         self.disconnects += 1
         self._emit("disconnected", detail=why)
 
+    async def drop_connection(self, why: str = "dropped on purpose (drill)") -> bool:
+        """Abort the current connection as a dead link would (``run --drill disconnect``).
+
+        The next operation reconnects through the normal path. Returns False when
+        there was no live connection to drop.
+        """
+        conn = self._conn
+        if conn is None or conn.is_closed():
+            return False
+        self._mark_dead(conn, why)
+        return True
+
     async def close(self) -> None:
         self._closed = True
         conn, self._conn, self._sftp = self._conn, None, None
@@ -174,7 +196,9 @@ class SSHTransport(Transport):
                 self._emit("connected")
             else:
                 await reconnect(self._open, host=self.name, deadline=self.reconnect_deadline,
-                                emit=self._emit_fn, run_id=self.run_id)
+                                emit=self._emit_fn, run_id=self.run_id,
+                                initial_wait=min(0.5, self.reconnect_max_wait),
+                                max_wait=self.reconnect_max_wait)
                 self.reconnects += 1
             assert self._conn is not None
             return self._conn
@@ -401,6 +425,135 @@ class SSHTransport(Transport):
             await sftp.makedirs(remote, asyncssh.SFTPAttrs(permissions=mode), exist_ok=True)
 
         await self._run(f"mkdir {remote}", op, idempotent=True)
+
+    async def open_process(self, argv: list[str]) -> RemoteProcess:
+        """Start ``argv`` with streamed stdin/stdout on one channel (never re-run)."""
+        command = " ".join(shlex.quote(str(arg)) for arg in argv)
+        conn = await self._link()
+        await self._channels.acquire()
+        try:
+            proc = await conn.create_process(command, encoding=None)
+        except asyncssh.ChannelOpenError as exc:
+            self._channels.release()
+            if self._conn is conn and not conn.is_closed():
+                raise HostError(f"cannot open a channel on {self.name}: {exc.reason}",
+                                hint="check MaxSessions on the host") from None
+            raise TransientHostError(f"the link to {self.name} dropped") from None
+        except _LINK_ERRORS as exc:
+            self._channels.release()
+            self._mark_dead(conn, f"{type(exc).__name__}: {exc}".strip())
+            raise TransientHostError(f"the link to {self.name} dropped") from None
+        return _SSHProcess(self, conn, proc, _short_cmd(argv))
+
+    async def download_to(self, remote: str, dst: BinaryIO, offset: int = 0, *,
+                          progress: ProgressFn | None = None) -> int:
+        """Parallel SFTP reads from ``offset``; after a reconnect it goes on from where it was.
+
+        Blocks are written in order as they arrive, so ``dst`` always holds a clean
+        prefix of the file (what a later resume continues from).
+        """
+        pos = offset
+
+        async def op() -> None:
+            nonlocal pos
+            sftp = await self._sftp_client()
+            pending: collections.deque[asyncio.Future] = collections.deque()
+            try:
+                # block_size=0: one request per read; the pipelining is done here
+                block = min(SFTP_BLOCK_SIZE, sftp.limits.max_read_len or SFTP_BLOCK_SIZE)
+                async with sftp.open(remote, "rb", block_size=0) as fh:
+                    dst.seek(pos)
+                    dst.truncate()
+                    ahead = pos
+                    while True:
+                        while len(pending) < SFTP_MAX_REQUESTS:
+                            pending.append(asyncio.ensure_future(fh.read(block, ahead)))
+                            ahead += block
+                        data = await pending.popleft()
+                        if not data:
+                            return
+                        dst.write(data)
+                        pos += len(data)
+                        if progress is not None:
+                            progress(len(data))
+                        if len(data) < block:  # short read: re-aim what is in flight
+                            for task in pending:
+                                task.cancel()
+                            await asyncio.gather(*pending, return_exceptions=True)
+                            pending.clear()
+                            ahead = pos
+            except asyncssh.SFTPNoSuchFile:
+                raise FileNotFoundError(remote) from None
+            finally:
+                for task in pending:
+                    task.cancel()
+                await asyncio.gather(*pending, return_exceptions=True)
+
+        await self._run(f"download {remote}", op, idempotent=True)
+        return pos - offset
+
+
+class _SSHProcess(RemoteProcess):
+    """One exec channel with its stdin and stdout as streams; a dead link is transient."""
+
+    def __init__(self, transport: SSHTransport, conn: asyncssh.SSHClientConnection,
+                 proc: asyncssh.SSHClientProcess, what: str) -> None:
+        self._t = transport
+        self._conn = conn
+        self._proc = proc
+        self._what = what
+        self._released = False
+        self._err = b""
+
+    def _lost(self, exc: BaseException) -> TransientHostError:
+        self._t._mark_dead(self._conn, f"{type(exc).__name__}: {exc}".strip())
+        return TransientHostError(f"the link to {self._t.name} dropped during `{self._what}`",
+                                  hint="it resumes on the next attempt")
+
+    async def write(self, data: bytes) -> None:
+        try:
+            self._proc.stdin.write(data)
+            await self._proc.stdin.drain()
+        except _LINK_ERRORS as exc:
+            if not self._conn.is_closed() and isinstance(exc, BrokenPipeError):
+                raise  # the command closed its stdin (it exited); the link is fine
+            raise self._lost(exc) from None
+
+    async def write_eof(self) -> None:
+        try:
+            self._proc.stdin.write_eof()
+        except _LINK_ERRORS as exc:
+            raise self._lost(exc) from None
+
+    async def readline(self) -> bytes:
+        try:
+            line = await self._proc.stdout.readline()
+        except _LINK_ERRORS as exc:
+            raise self._lost(exc) from None
+        if not line and self._conn.is_closed():
+            raise self._lost(ConnectionResetError("link closed"))
+        return _as_bytes(line)
+
+    async def wait(self, timeout: float | None = None) -> int:
+        try:
+            self._err = _as_bytes(await asyncio.wait_for(self._proc.stderr.read(), timeout))
+            done = await asyncio.wait_for(self._proc.wait(), timeout)
+        except _LINK_ERRORS as exc:
+            raise self._lost(exc) from None
+        if done.exit_status is None and done.exit_signal is None and self._conn.is_closed():
+            raise self._lost(ConnectionResetError("link closed before the command finished"))
+        return done.returncode if done.returncode is not None else -1
+
+    def stderr_tail(self) -> str:
+        lines = self._err[-4096:].decode("utf-8", "replace").strip().splitlines()
+        return lines[-1] if lines else ""
+
+    async def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self._proc.close()
+        if not self._released:
+            self._released = True
+            self._t._channels.release()
 
 
 class _Progress:

@@ -1,0 +1,410 @@
+"""The dead-man wipe: the host wipes a run's data at a deadline on its own.
+
+Why: a rental ends whether or not the laptop comes back. With ``wipe_deadline``
+in the playbook the agent schedules, on the host itself, the same wipe the
+engine runs (cleanupops.wipe_run_data: processes stopped, RAM store destroyed,
+data/tmp/cache/out deleted), so the data does not outlive the rental.
+
+How:
+- macOS: a launchd LaunchAgent ``~/Library/LaunchAgents/com.remotemac.deadman.<run>.plist``
+  with ``StartCalendarInterval`` (launchd also runs a missed slot after the Mac
+  wakes), loaded with ``launchctl bootstrap gui/<uid>``, else ``user/<uid>``, else
+  ``launchctl load -w``; when all fail, the sleeper below. A deadline less than
+  two minutes away uses ``RunAtLoad`` and the job waits for the exact second.
+- elsewhere: a detached sleeper (double fork + setsid, stdio on /dev/null) whose
+  pid is recorded in the inventory. ``at`` is not used: it is often missing or
+  disabled, and its queue cannot be attributed to a remote_root afterwards.
+
+The job's spec lives in ``<root>/deadman/<run>.json``; what the wipe did is
+written next to it (``<run>.result.json``). ``cleanup`` finds jobs by their
+plist or command line naming the root, and removes them (bootout + delete plist,
+or kill the sleeper). Python 3.9, standard library only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import plistlib
+import re
+import shutil
+import sys
+import time
+from typing import Any, Dict, List, Optional
+
+_HERE = os.path.dirname(os.path.abspath(globals().get("__file__") or "."))
+if _HERE not in sys.path:
+    sys.path.insert(0, _HERE)
+
+LABEL_PREFIX = "com.remotemac.deadman."
+RUN_AT_LOAD_WITHIN_S = 120.0
+SLEEP_STEP_S = 30.0
+
+
+def label_for(run_id: str) -> str:
+    return LABEL_PREFIX + re.sub(r"[^A-Za-z0-9.-]", "-", run_id)
+
+
+def launch_agents_dir() -> str:
+    return os.path.join(os.path.expanduser("~"), "Library", "LaunchAgents")
+
+
+def launchctl() -> str:
+    return shutil.which("launchctl") or "/bin/launchctl"
+
+
+def spec_path(real_root: str, run_id: str) -> str:
+    return os.path.join(real_root, "deadman", run_id + ".json")
+
+
+# ------------------------------------------------------------------ scheduling
+
+
+def op_deadman_schedule(req: Dict[str, Any]) -> Dict[str, Any]:
+    return schedule(req)
+
+
+def schedule(req: Dict[str, Any], platform: Optional[str] = None) -> Dict[str, Any]:
+    """Schedule the wipe of ``run_id`` at ``deadline`` (Unix time); idempotent."""
+    import cleanupops
+
+    lexical, real_root = cleanupops.check_root(req["root"])
+    run_id = req["run_id"]
+    if not re.match(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$", run_id):
+        raise cleanupops.UnsafeRoot("run id %r is not valid" % run_id)
+    deadline = float(req["deadline"])
+    platform = platform or sys.platform
+    steps: List[Dict[str, Any]] = []
+    cancel(real_root, run_id, steps=steps, roots=[lexical, real_root], keep_spec=True)
+    spec_file = spec_path(real_root, run_id)
+    os.makedirs(os.path.dirname(spec_file), mode=0o700, exist_ok=True)
+    spec = {"root": real_root, "run_id": run_id, "deadline": deadline,
+            "sessions": list(req.get("sessions") or []), "created_at": time.time(),
+            "platform": platform}
+    _write_json(spec_file, spec)
+    job: Optional[Dict[str, Any]] = None
+    if platform == "darwin":
+        job = _schedule_launchd(spec, spec_file, steps)
+    if job is None:
+        job = _schedule_sleeper(spec_file, steps)
+    job.update({"deadline": deadline, "spec": spec_file, "run_id": run_id})
+    spec["job"] = job
+    _write_json(spec_file, spec)
+    _inventory_set(real_root, dict(job, kind="deadman", path=spec_file))
+    job["steps"] = steps
+    return job
+
+
+def _schedule_launchd(spec: Dict[str, Any], spec_file: str,
+                      steps: List[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
+    import cleanupops
+
+    label = label_for(spec["run_id"])
+    agents = launch_agents_dir()
+    created_dir = not os.path.isdir(agents)
+    os.makedirs(agents, mode=0o755, exist_ok=True)
+    plist = os.path.join(agents, label + ".plist")
+    deadline = float(spec["deadline"])
+    content: Dict[str, Any] = {
+        "Label": label,
+        "ProgramArguments": [sys.executable, os.path.join(_HERE, "deadman.py"), "fire",
+                             spec_file],
+        "StandardOutPath": spec_file[:-5] + ".log",
+        "StandardErrorPath": spec_file[:-5] + ".log",
+        "ProcessType": "Background",
+    }
+    if deadline - time.time() < RUN_AT_LOAD_WITHIN_S:
+        content["RunAtLoad"] = True
+    else:
+        content["RunAtLoad"] = False
+        content["StartCalendarInterval"] = calendar_slot(deadline)
+    with open(plist + ".tmp", "wb") as fh:
+        plistlib.dump(content, fh)
+    os.replace(plist + ".tmp", plist)
+    uid = os.getuid()
+    for argv, domain in (([launchctl(), "bootstrap", "gui/%d" % uid, plist], "gui/%d" % uid),
+                         ([launchctl(), "bootstrap", "user/%d" % uid, plist], "user/%d" % uid),
+                         ([launchctl(), "load", "-w", plist], "load")):
+        code, _out, _err = cleanupops.run_cmd(argv, steps)
+        if code == 0:
+            return {"method": "launchd", "label": label, "plist": plist, "domain": domain,
+                    "created_dir": agents if created_dir else None}
+    os.unlink(plist)
+    if created_dir:
+        with contextlib.suppress(OSError):
+            os.rmdir(agents)
+    return None
+
+
+def calendar_slot(deadline: float) -> Dict[str, int]:
+    """launchd StartCalendarInterval for the first local minute at or after ``deadline``."""
+    minute = int(-(-deadline // 60) * 60)
+    t = time.localtime(minute)
+    return {"Month": t.tm_mon, "Day": t.tm_mday, "Hour": t.tm_hour, "Minute": t.tm_min}
+
+
+def _schedule_sleeper(spec_file: str, steps: List[Dict[str, Any]]) -> Dict[str, Any]:
+    argv = [sys.executable, os.path.join(_HERE, "deadman.py"), "sleep", spec_file]
+    pid = spawn_detached(argv)
+    steps.append({"argv": argv, "code": 0, "time": time.time(), "detached_pid": pid})
+    return {"method": "sleeper", "pid": pid}
+
+
+def spawn_detached(argv: List[str]) -> int:
+    """Double fork + setsid; returns the pid of the process that runs ``argv``.
+
+    The grandchild is in its own session with stdio on /dev/null, so it outlives
+    the agent call, the SSH session (no SIGHUP) and does not hold the channel open.
+    """
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - runs in the child
+        try:
+            os.close(read_end)
+            os.setsid()
+            grandchild = os.fork()
+            if grandchild:
+                os.write(write_end, str(grandchild).encode())
+                os._exit(0)
+            os.close(write_end)
+            os.chdir("/")
+            devnull = os.open(os.devnull, os.O_RDWR)
+            for fd in (0, 1, 2):
+                os.dup2(devnull, fd)
+            os.execv(argv[0], argv)
+        finally:
+            os._exit(127)
+    os.close(write_end)
+    os.waitpid(pid, 0)
+    data = b""
+    while True:
+        chunk = os.read(read_end, 64)
+        if not chunk:
+            break
+        data += chunk
+    os.close(read_end)
+    return int(data or b"0")
+
+
+# ------------------------------------------------------------------ finding, removing
+
+
+def find_jobs(roots: List[str], run_ids: Optional[List[str]] = None) -> List[Dict[str, Any]]:
+    """Dead-man jobs that belong to one of ``roots``: plists and sleeper processes."""
+    import cleanupops
+
+    marks = [r for r in roots if r]
+    jobs: List[Dict[str, Any]] = []
+    agents = launch_agents_dir()
+    seen_labels = set()
+    if os.path.isdir(agents):
+        for name in sorted(os.listdir(agents)):
+            if not (name.startswith(LABEL_PREFIX) and name.endswith(".plist")):
+                continue
+            path = os.path.join(agents, name)
+            try:
+                with open(path, "rb") as fh:
+                    content = plistlib.load(fh)
+                args = " ".join(str(a) for a in content.get("ProgramArguments", []))
+            except Exception:  # a damaged plist of ours is still ours by name
+                content, args = {}, ""
+            if args and not any(m in args for m in marks):
+                continue
+            label = str(content.get("Label") or name[: -len(".plist")])
+            seen_labels.add(label)
+            jobs.append({"method": "launchd", "what": "launchd:" + label, "label": label,
+                         "plist": path, "run_id": _run_of(args)})
+    if run_ids and sys.platform == "darwin":
+        for label in loaded_labels():
+            if label in seen_labels:
+                continue
+            for run_id in run_ids:
+                if label == label_for(run_id):
+                    jobs.append({"method": "launchd", "what": "launchd:" + label,
+                                 "label": label, "plist": None, "run_id": run_id})
+    me = os.getpid()
+    for pid, line in cleanupops.all_processes():
+        if pid == me or "deadman.py" not in line or " sleep " not in line + " ":
+            continue
+        if any(m + "/deadman/" in line for m in marks):
+            jobs.append({"method": "sleeper", "what": "sleeper:%d" % pid, "pid": pid,
+                         "run_id": _run_of(line)})
+    return jobs
+
+
+def _run_of(text: str) -> Optional[str]:
+    match = re.search(r"/deadman/([A-Za-z0-9][A-Za-z0-9._-]*)\.json", text)
+    return match.group(1) if match else None
+
+
+def parse_launchctl_list(text: str) -> List[str]:
+    """Labels from ``launchctl list`` (TAB-separated PID, Status, Label; header first)."""
+    labels = []
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) >= 3 and fields[0] != "PID":
+            labels.append(fields[-1])
+    return labels
+
+
+def loaded_labels() -> List[str]:
+    import cleanupops
+
+    code, out, _ = cleanupops.run_cmd([launchctl(), "list"])
+    return parse_launchctl_list(out) if code == 0 else []
+
+
+def remove_job(job: Dict[str, Any], steps: List[Dict[str, Any]]) -> Dict[str, Any]:
+    """Unload + delete a LaunchAgent, or stop a sleeper; the fate for the record."""
+    import cleanupops
+
+    if job["method"] == "sleeper":
+        pid = int(job["pid"])
+        line = cleanupops.cmdline(pid)
+        if not line or "deadman.py" not in line:
+            return {"fate": "not found", "bytes": 0}
+        ok = cleanupops.terminate(pid, steps, group=False)
+        return {"fate": "removed" if ok else "failed", "bytes": 0,
+                "why": None if ok else "sleeper %d would not stop" % pid}
+    label, plist = job["label"], job.get("plist")
+    uid = os.getuid()
+    unloaded = False
+    for argv in ([launchctl(), "bootout", "gui/%d/%s" % (uid, label)],
+                 [launchctl(), "bootout", "user/%d/%s" % (uid, label)]):
+        code, _o, _e = cleanupops.run_cmd(argv, steps)
+        if code == 0:
+            unloaded = True
+            break
+    if not unloaded and plist:
+        code, _o, _e = cleanupops.run_cmd([launchctl(), "unload", plist], steps)
+        unloaded = code == 0
+    size = 0
+    if plist and os.path.lexists(plist):
+        size = os.lstat(plist).st_size
+        try:
+            os.unlink(plist)
+        except OSError as exc:
+            return {"fate": "failed", "bytes": 0, "why": "cannot delete %s: %s" % (plist, exc)}
+    still = sys.platform == "darwin" and label in loaded_labels()
+    if still:
+        return {"fate": "failed", "bytes": size, "why": "launchd still lists %s" % label}
+    return {"fate": "removed", "bytes": size}
+
+
+def cancel(real_root: str, run_id: str, steps: List[Dict[str, Any]], roots: List[str],
+           keep_spec: bool = False) -> List[Dict[str, Any]]:
+    """Remove this run's dead-man jobs (after a verified wipe, or to reschedule)."""
+    done = []
+    for job in find_jobs(roots, [run_id]):
+        if job.get("run_id") != run_id:
+            continue
+        fate = remove_job(job, steps)
+        fate["what"] = job["what"]
+        done.append(fate)
+    if not keep_spec:
+        spec_file = spec_path(real_root, run_id)
+        if os.path.isfile(spec_file) and not os.path.islink(spec_file):
+            os.unlink(spec_file)
+    return done
+
+
+def op_deadman_cancel(req: Dict[str, Any]) -> Dict[str, Any]:
+    import cleanupops
+
+    lexical, real_root = cleanupops.check_root(req["root"])
+    steps: List[Dict[str, Any]] = []
+    jobs = cancel(real_root, req["run_id"], steps=steps, roots=[lexical, real_root])
+    return {"jobs": jobs, "steps": steps}
+
+
+# ------------------------------------------------------------------ running on the host
+
+
+def fire(spec_file: str, now: Optional[float] = None) -> Optional[Dict[str, Any]]:
+    """Run the wipe when the deadline has come; None if the spec is gone or it is early."""
+    import cleanupops
+
+    try:
+        with open(spec_file) as fh:
+            spec = json.load(fh)
+    except (OSError, ValueError):
+        return None
+    deadline = float(spec["deadline"])
+    now = time.time() if now is None else now
+    if deadline - now > RUN_AT_LOAD_WITHIN_S:
+        return None  # launchd fired early (a calendar slot of another year): not yet
+    if deadline > now:
+        time.sleep(deadline - now)
+    result = cleanupops.wipe_run_data({"root": spec["root"], "run_id": spec["run_id"],
+                                       "sessions": spec.get("sessions") or [],
+                                       "wipe_outputs": True})
+    result["fired_at"] = time.time()
+    result["deadline"] = deadline
+    _write_json(spec_file[:-5] + ".result.json", result)
+    job = spec.get("job") or {}
+    with contextlib.suppress(OSError):
+        os.unlink(spec_file)
+    if job.get("method") == "launchd":
+        plist = job.get("plist")
+        if plist and os.path.lexists(plist):
+            os.unlink(plist)
+        domain = job.get("domain") or "gui/%d" % os.getuid()
+        argv = ([launchctl(), "remove", job["label"]] if domain == "load"
+                else [launchctl(), "bootout", "%s/%s" % (domain, job["label"])])
+        cleanupops.run_cmd(argv)  # last: launchd may stop this very process
+    return result
+
+
+def sleep_then_fire(spec_file: str) -> int:
+    """The sleeper: wake at the deadline (wall clock, so laptop-style sleep is fine)."""
+    while True:
+        try:
+            with open(spec_file) as fh:
+                deadline = float(json.load(fh)["deadline"])
+        except (OSError, ValueError, KeyError):
+            return 0  # cancelled: the spec is gone
+        left = deadline - time.time()
+        if left <= 0:
+            break
+        time.sleep(max(0.05, min(SLEEP_STEP_S, left)))
+    fire(spec_file)
+    return 0
+
+
+def _write_json(path: str, data: Any) -> None:
+    tmp = "%s.tmp-%d" % (path, os.getpid())
+    with open(tmp, "w") as fh:
+        json.dump(data, fh)
+    os.replace(tmp, path)
+
+
+def _inventory_set(real_root: str, item: Dict[str, Any]) -> None:
+    """Add or replace one inventory item, keeping hostagent's file format."""
+    path = os.path.join(real_root, "inventory.json")
+    try:
+        with open(path) as fh:
+            inv = json.load(fh)
+    except (OSError, ValueError):
+        inv = {"version": 1, "items": []}
+    items = [i for i in inv.get("items", [])
+             if not (i.get("kind") == item["kind"] and i.get("path") == item["path"])]
+    item = {k: v for k, v in item.items() if k != "steps"}
+    item.setdefault("created_at", time.time())
+    items.append(item)
+    inv["items"] = items
+    _write_json(path, inv)
+
+
+def main(argv: List[str]) -> int:
+    if len(argv) == 3 and argv[1] == "sleep":
+        return sleep_then_fire(argv[2])
+    if len(argv) == 3 and argv[1] == "fire":
+        fire(argv[2])
+        return 0
+    sys.stderr.write("usage: deadman.py sleep|fire SPEC\n")
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

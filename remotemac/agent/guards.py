@@ -1,0 +1,232 @@
+"""Checks before a job starts: can the workload reach its dirs, and does the run fit the disk.
+
+Runs on the host (Python 3.9, standard library). Why before launch: a workload
+that finds out after an hour that it cannot write its cache or its outputs has
+wasted the hour; so has one that fills the volume with the slice and the venv
+before the first step. Both checks answer in one line that says what to do.
+
+The access check runs in a child process with exactly the environment the runner
+gives the workload (the agent's own environment plus the job's ``env``), as the
+same user, so it sees what the workload will see.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from typing import Any, Dict, List
+
+#: the caches remotemac points inside the run dir (engine/jobs.py sets them)
+CACHE_VARS = ("TORCH_HOME", "HF_HOME", "PIP_CACHE_DIR", "XDG_CACHE_HOME", "MPLCONFIGDIR")
+#: the data check opens at most this many files (a dataset may have millions)
+READ_SAMPLE = 3
+
+
+class GuardError(Exception):
+    def __init__(self, message: str, code: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def _agent_error(message: str, code: str) -> Exception:
+    """hostagent's AgentError when it is loaded (so the code reaches the engine)."""
+    agent = sys.modules.get("hostagent") or sys.modules.get("__main__")
+    cls = getattr(agent, "AgentError", None)
+    return cls(message, code) if cls is not None else GuardError(message, code)
+
+
+def _mib(n: float) -> str:
+    return "%.1f MiB" % (n / 1048576.0)
+
+
+# ------------------------------------------------------------------ access
+
+
+def plan_access(req: Dict[str, Any]) -> Dict[str, List[List[str]]]:
+    """What to check for a launch request: [what, path] pairs to read and to write."""
+    env = req.get("env") or {}
+    read, write = [], []
+    if env.get("REMOTEMAC_DATA"):
+        read.append(["data dir", env["REMOTEMAC_DATA"]])
+    if env.get("REMOTEMAC_OUTPUT"):
+        write.append(["output dir", env["REMOTEMAC_OUTPUT"]])
+    for var in CACHE_VARS:
+        if env.get(var):
+            write.append(["cache " + var, env[var]])
+    return {"read": read, "write": write}
+
+
+def _probe(plan: Dict[str, List[List[str]]]) -> List[Dict[str, Any]]:
+    """In the workload's environment: read the data dir, create and write every other dir."""
+    results = []
+    for what, path in plan.get("read", []):
+        entry = {"what": what, "path": path, "mode": "read", "ok": True}
+        try:
+            names = sorted(os.listdir(path))
+            opened = 0
+            for dirpath, _dirs, files in os.walk(path):
+                for name in sorted(files):
+                    if opened >= READ_SAMPLE:
+                        break
+                    with open(os.path.join(dirpath, name), "rb") as fh:
+                        fh.read(1)
+                    opened += 1
+                if opened >= READ_SAMPLE:
+                    break
+            entry["entries"] = len(names)
+        except OSError as exc:
+            entry.update(ok=False, error=exc.strerror or str(exc))
+        results.append(entry)
+    for what, path in plan.get("write", []):
+        entry = {"what": what, "path": path, "mode": "write", "ok": True}
+        try:
+            os.makedirs(path, mode=0o700, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=".remotemac-access-", dir=path)
+            try:
+                os.write(fd, b"ok")
+            finally:
+                os.close(fd)
+                os.unlink(tmp)
+        except OSError as exc:
+            entry.update(ok=False, error=exc.strerror or str(exc))
+        results.append(entry)
+    return results
+
+
+def check_access(req: Dict[str, Any]) -> Dict[str, Any]:
+    """Run the probe as the workload would run; raise with one line on the first problem."""
+    plan = plan_access(req)
+    if not plan["read"] and not plan["write"]:
+        return {"checked": []}
+    env = dict(os.environ)
+    env.update(req.get("env") or {})
+    cwd = req.get("cwd") if req.get("cwd") and os.path.isdir(req["cwd"]) else None
+    res = subprocess.run([sys.executable, os.path.abspath(__file__), "access"],
+                         input=json.dumps(plan).encode(), stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, env=env, cwd=cwd, timeout=120)
+    try:
+        checked = json.loads(res.stdout.decode("utf-8", "replace"))
+    except ValueError:
+        tail = res.stderr.decode("utf-8", "replace").strip().splitlines()[-1:]
+        raise _agent_error("the access check did not run: %s" % " ".join(tail),
+                           "access") from None
+    for entry in checked:
+        if not entry["ok"]:
+            verb = "read" if entry["mode"] == "read" else "write to"
+            raise _agent_error(
+                "the workload cannot %s its %s %s (%s); fix its permissions or choose another "
+                "remote_root" % (verb, entry["what"], entry["path"], entry.get("error")),
+                "access")
+    return {"checked": checked}
+
+
+def op_check_access(req: Dict[str, Any]) -> Dict[str, Any]:
+    return check_access(req)
+
+
+# ------------------------------------------------------------------ space
+
+
+def tree_bytes(path: str) -> int:
+    """Bytes allocated below ``path`` (links not followed), like ``du``."""
+    total = 0
+    for dirpath, _dirs, files in os.walk(path):
+        for name in files:
+            try:
+                st = os.lstat(os.path.join(dirpath, name))
+            except OSError:
+                continue
+            total += getattr(st, "st_blocks", 0) * 512 or st.st_size
+    return total
+
+
+def op_check_space(req: Dict[str, Any]) -> Dict[str, Any]:
+    """Refuse a run whose slice, venv and expected outputs do not fit on remote_root's volume.
+
+    ``items`` are bytes still to be written (slice, outputs …); the venv is already
+    installed when this runs (its size is shown, and already taken from the free
+    space); ``min_free`` is what the job must leave free (stop_when.min_free_disk).
+    """
+    path = req["path"]
+    st = os.statvfs(path)
+    free = st.f_bavail * st.f_frsize
+    items = dict((k, int(v)) for k, v in (req.get("items") or {}).items())
+    min_free = int(req.get("min_free") or 0)
+    venv = tree_bytes(req["venv_dir"]) if req.get("venv_dir") and os.path.isdir(
+        req["venv_dir"]) else None
+    need = sum(items.values()) + min_free
+    answer = {"path": path, "free": free, "total": st.f_blocks * st.f_frsize, "need": need,
+              "items": items, "venv": venv, "min_free": min_free, "fits": free >= need}
+    if not answer["fits"]:
+        parts = ["%s %s" % (k, _mib(v)) for k, v in sorted(items.items())]
+        parts.append("min_free_disk %s" % _mib(min_free))
+        venv_note = "; the venv, %s, is already installed" % _mib(venv) if venv else ""
+        raise _agent_error(
+            "not enough disk for this run on %s: it needs %s free (%s%s) but %s is free; free "
+            "some space, lower stop_when.min_free_disk or choose another remote_root"
+            % (path, _mib(need), " + ".join(parts), venv_note, _mib(free)), "no-space")
+    return answer
+
+
+# ------------------------------------------------------------------ drift
+
+
+_FINGERPRINT = r"""
+import hashlib, json, sys
+d = {"python": sys.version.split()[0], "executable": sys.executable}
+pkgs = {}
+try:
+    from importlib import metadata
+    for dist in metadata.distributions():
+        name = (dist.metadata["Name"] or "").lower().replace("_", "-")
+        if name and name not in pkgs:  # the first on sys.path is the one imported
+            pkgs[name] = dist.version
+except Exception as exc:
+    d["packages_error"] = str(exc)
+d["packages"] = dict(sorted(pkgs.items()))
+d["lock_hash"] = hashlib.sha256("".join(
+    "%s==%s\n" % kv for kv in sorted(pkgs.items())).encode()).hexdigest()
+d["torch"] = pkgs.get("torch")
+try:
+    import importlib.util
+    spec = importlib.util.find_spec("torch")
+    d["torch_origin"] = spec.origin if spec else None
+except Exception:
+    d["torch_origin"] = None
+print(json.dumps(d))
+"""
+
+
+def op_env_fingerprint(req: Dict[str, Any]) -> Dict[str, Any]:
+    """Python, OS version, the venv's package set (and its hash) and torch, without
+    importing torch: cheap enough to take at launch, at every re-attach and before
+    the target run, to see whether the environment drifted in between."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import envfreeze
+
+    python = req["python"]
+    try:
+        res = subprocess.run([python, "-c", _FINGERPRINT], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, timeout=120)
+    except OSError as exc:
+        return {"error": "the workload interpreter %s does not start: %s" % (python, exc)}
+    if res.returncode != 0:
+        tail = res.stderr.decode("utf-8", "replace").strip().splitlines()[-1:]
+        return {"error": "the workload interpreter %s does not start: %s"
+                % (python, " ".join(tail))}
+    found = json.loads(res.stdout.decode().strip().splitlines()[-1])
+    facts = envfreeze.host_facts()
+    found["os"] = facts.get("os")
+    found["os_version"] = facts.get("os_version")
+    return found
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] != ["access"]:
+        sys.stderr.write("usage: guards.py access < plan.json\n")
+        sys.exit(2)
+    sys.stdout.write(json.dumps(_probe(json.loads(sys.stdin.read()))))
+    sys.exit(0)

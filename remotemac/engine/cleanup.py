@@ -1,0 +1,426 @@
+"""End of rental: remove everything remotemac put on a host, verify, write a record.
+
+What is removed comes from three sources, merged: the host's ``inventory.json``,
+the laptop's journal (its inventory table and every run on this host, with the
+paths its phases recorded) and a scan of ``remote_root`` (runs/, envs/, agent/),
+of ``remotemac-*`` tmux sessions, /dev/shm or /Volumes RAM stores and dead-man
+jobs that can be attributed to a known run or to the root. So it still works
+when inventory.json is partly gone, or when the journal knows runs the host
+forgot (and the other way round).
+
+Nothing is written on the host to do this: the agent's code travels on stdin to
+``python3 -c <bootstrap>`` and runs from memory. Installing the agent first would
+create the very ``remote_root`` a second cleanup must find gone, and leave a copy.
+
+The record goes to ``--out`` when given, else ``./cleanup-<host>-<UTC time>/``:
+``cleanup.json``, ``cleanup.md`` and ``ledger.jsonl`` (every command run on the
+host). ``--dry-run`` prints the plan and writes nothing, locally or on the host.
+Exit codes: 0 clean and verified (also: nothing to do), 1 something could not be
+removed (the record says what and why), 2 bad input or not confirmed, 3 host
+unreachable (the record says "not verified").
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from remotemac.engine.context import expand_root
+from remotemac.engine.ledger import Ledger
+from remotemac.errors import EXIT_HOST, BadInput, HostError, RemotemacError
+from remotemac.transport.base import Transport
+
+AGENT_DIR = Path(__file__).resolve().parent.parent / "agent"
+MODULES = ("ramstore", "hostagent", "deadman", "cleanupops")
+
+BOOTSTRAP = (
+    "import json,sys,types\n"
+    "d=json.loads(sys.stdin.read())\n"
+    "try:\n"
+    " for n in d['order']:\n"
+    "  m=types.ModuleType(n);m.__file__='<remotemac-agent>/'+n+'.py';sys.modules[n]=m\n"
+    "  exec(compile(d['src'][n],'remotemac-agent/'+n+'.py','exec'),m.__dict__)\n"
+    " r=getattr(sys.modules[d['module']],d['fn'])(d['req'])\n"
+    " sys.stdout.write(json.dumps({'ok':True,'result':r}))\n"
+    "except Exception as e:\n"
+    " sys.stdout.write(json.dumps({'ok':False,'error':'%s: %s'%(type(e).__name__,e)}))\n"
+)
+
+
+@dataclass
+class Knowledge:
+    """What the laptop's journal knows about one host."""
+
+    runs: list[str] = field(default_factory=list)
+    roots: list[str] = field(default_factory=list)
+    run_roots: dict[str, str] = field(default_factory=dict)
+    items: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _same_host(a: str, b: str, name: str) -> bool:
+    if a in (b, name):
+        return True
+    if "local" in (a, b):
+        return False
+    try:
+        from remotemac.transport.sshconfig import resolve
+
+        return resolve(a).display == name
+    except Exception:  # an unresolvable old spec is simply another host
+        return False
+
+
+def journal_knowledge(journal, host: str, name: str) -> Knowledge:
+    """Runs on ``host`` and every path their phases and the inventory table recorded."""
+    know = Knowledge()
+    for row in journal.list_runs(limit=1_000_000):
+        if not _same_host(row.host, host, name):
+            continue
+        know.runs.append(row.run_id)
+        phases = journal.phases(row.run_id)
+        prov = ((phases.get("provision") or {}).get("result") or {}).get("hosts", {})
+        sync = ((phases.get("sync") or {}).get("result") or {}).get("hosts", {})
+        info = prov.get("remote") or {}
+        if info.get("root"):
+            know.run_roots[row.run_id] = info["root"]
+            if info["root"] not in know.roots:
+                know.roots.append(info["root"])
+        if info.get("run_dir"):
+            know.items.append({"kind": "run", "path": info["run_dir"], "run_id": row.run_id})
+        ram = (sync.get("remote") or {}).get("ram") or {}
+        if ram.get("kind") in ("shm", "ramdisk") and ram.get("path"):
+            know.items.append({"kind": "ramstore", "path": ram["path"], "run_id": row.run_id})
+    seen = {(i["kind"], i["path"]) for i in know.items}
+    for alias in {host, name}:
+        for row in journal.inventory(alias):
+            if (row["kind"], row["path"]) not in seen:
+                seen.add((row["kind"], row["path"]))
+                know.items.append({"kind": row["kind"], "path": row["path"],
+                                   "run_id": row.get("run_id")})
+    return know
+
+
+def _assign_roots(know: Knowledge, roots: list[str]) -> tuple[list[dict], list[dict]]:
+    """Give each journal item its root; items under no root cannot be removed safely."""
+    assigned, orphans = [], []
+    for item in know.items:
+        path = item["path"]
+        root = next((r for r in roots if path == r or path.startswith(r.rstrip("/") + "/")),
+                    None)
+        if root is None and item["kind"] in ("ramstore", "deadman", "tmux"):
+            root = know.run_roots.get(item.get("run_id") or "", roots[0])
+            root = root if root in roots else roots[0]
+        if root is None:
+            orphans.append(dict(item, sources=["journal"], fate="failed", bytes=0,
+                                why="outside every remote_root: not touched"))
+        else:
+            assigned.append(dict(item, root=root))
+    return assigned, orphans
+
+
+def host_key_fingerprint(transport: Transport) -> str:
+    """SHA256 fingerprint of the key the host showed on this connection."""
+    if transport.name == "local":
+        return "n/a (local host, no SSH)"
+    getter = getattr(transport, "host_key_fingerprint", None)
+    if callable(getter):
+        return str(getter())
+    conn = getattr(transport, "_conn", None)
+    try:
+        return conn.get_server_host_key().get_fingerprint("sha256")  # type: ignore[union-attr]
+    except Exception:
+        return "unknown"
+
+
+async def call_in_memory(transport: Transport, ledger: Ledger, fn: str, req: dict[str, Any],
+                         python: str = "python3", timeout: float = 900) -> dict[str, Any]:
+    """Run ``cleanupops.<fn>(req)`` on the host from stdin: nothing lands on its disk."""
+    payload = {"order": list(MODULES), "module": "cleanupops", "fn": fn, "req": req,
+               "src": {m: (AGENT_DIR / f"{m}.py").read_text(encoding="utf-8") for m in MODULES}}
+    started = time.monotonic()
+    result = await transport.exec([python, "-c", BOOTSTRAP], stdin=json.dumps(payload).encode(),
+                                  timeout=timeout)
+    ledger.append(transport.name, f"{python} -c <remotemac agent from stdin: cleanupops.{fn}"
+                  f"{' (dry run)' if req.get('dry_run') else ''}>", result.exit_code,
+                  op=f"cleanup:{fn}", seconds=time.monotonic() - started)
+    try:
+        answer = json.loads(result.stdout.decode("utf-8", "replace") or "{}")
+    except ValueError:
+        answer = {}
+    if not answer:
+        err = result.stderr.decode("utf-8", "replace").strip().splitlines()
+        raise HostError(f"{transport.name}: cleanup agent gave no answer (exit "
+                        f"{result.exit_code}): {err[-1] if err else 'no output'}",
+                        hint="is python3 installed on the host?")
+    if not answer.get("ok"):
+        raise RemotemacError(f"{transport.name}: cleanup failed on the host: {answer.get('error')}")
+    ledger.append_steps(transport.name, f"cleanup:{fn}", answer["result"].get("steps"))
+    return answer["result"]
+
+
+def _iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts, timezone.utc).isoformat(timespec="seconds")
+
+
+def default_out_dir(host: str, when: float) -> Path:
+    safe = re.sub(r"[^A-Za-z0-9._-]", "_", host)
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime(when))
+    return Path.cwd() / f"cleanup-{safe}-{stamp}"
+
+
+def _flatten(answer: dict[str, Any]) -> list[dict[str, Any]]:
+    items = []
+    for root in answer.get("roots", []):
+        if root.get("refused"):
+            items.append({"kind": "root", "path": root["root"], "fate": "failed", "bytes": 0,
+                          "why": root["refused"], "sources": ["playbook"], "root": root["root"]})
+            continue
+        for item in root["items"]:
+            items.append(dict(item, root=root["root"]))
+    return items
+
+
+def build_record(*, host: str, name: str, fingerprint: str, started: float, dry_run: bool,
+                 answer: dict[str, Any] | None, know: Knowledge, extra_items: list[dict],
+                 error: str | None = None) -> dict[str, Any]:
+    """cleanup.json: every item and its fate, bytes freed, what remains and why."""
+    items = (_flatten(answer) if answer else []) + extra_items
+    roots = []
+    remaining: list[dict[str, Any]] = []
+    for root in (answer or {}).get("roots", []):
+        roots.append({k: root.get(k) for k in ("root", "real_root", "refused", "notes",
+                                               "bytes_freed", "verified")})
+        remaining += [dict(r, root=root["root"]) for r in root.get("remaining", [])]
+    not_removed = [{"kind": i["kind"], "path": i["path"], "why": i.get("why") or "failed"}
+                   for i in items if i.get("fate") == "failed"]
+    not_removed += [{"kind": r["kind"], "path": r["path"], "why": r["why"]} for r in remaining]
+    if error is not None:
+        status, verified = "not verified", False
+    elif dry_run:
+        status, verified = "dry run", False
+    else:
+        verified = not not_removed and all(r.get("verified") for r in roots)
+        status = "clean" if verified else "not clean"
+    freed = sum(int(i.get("bytes") or 0) for i in items if i.get("fate") == "removed")
+    return {
+        "schema": "remotemac-cleanup/1",
+        "host": host,
+        "host_name": name,
+        "host_key_fingerprint": fingerprint,
+        "started_at": _iso(started),
+        "finished_at": _iso(time.time()),
+        "dry_run": dry_run,
+        "status": status,
+        "verified": verified,
+        "error": error,
+        "remote_roots": roots,
+        "items": items,
+        "bytes_freed": freed,
+        "bytes_to_free": sum(int(i.get("bytes") or 0) for i in items
+                             if i.get("fate") == "would remove"),
+        "not_removed": not_removed,
+        "remaining": remaining,
+        "journal": {"runs": know.runs, "items": len(know.items)},
+        "host_facts": (answer or {}).get("host"),
+    }
+
+
+def render_markdown(record: dict[str, Any]) -> str:
+    lines = [f"# Cleanup of {record['host']}", "",
+             f"- status: **{record['status']}**",
+             f"- host: {record['host_name']}",
+             f"- host key: {record['host_key_fingerprint']}",
+             f"- started: {record['started_at']}, finished: {record['finished_at']}",
+             f"- bytes freed: {record['bytes_freed']}"]
+    if record.get("error"):
+        lines.append(f"- not verified: {record['error']}")
+    for root in record["remote_roots"]:
+        lines.append(f"- remote_root: {root['root']}"
+                     + (f" (refused: {root['refused']})" if root.get("refused") else ""))
+        for note in root.get("notes") or []:
+            lines.append(f"  - note: {note}")
+    lines += ["", "| kind | item | fate | bytes | why | known from |",
+              "|---|---|---|---:|---|---|"]
+    for item in record["items"]:
+        lines.append(f"| {item['kind']} | `{item['path']}` | {item.get('fate', '?')} | "
+                     f"{item.get('bytes') or 0} | {item.get('why') or ''} | "
+                     f"{', '.join(item.get('sources') or [])} |")
+    lines += ["", "## Not removed", ""]
+    if record["not_removed"]:
+        lines += [f"- {r['kind']} `{r['path']}`: {r['why']}" for r in record["not_removed"]]
+    elif record["status"] == "not verified":
+        lines.append("- unknown: the host could not be checked")
+    else:
+        lines.append("- nothing")
+    return "\n".join(lines) + "\n"
+
+
+def write_record(out_dir: Path, record: dict[str, Any]) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "cleanup.json").write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    (out_dir / "cleanup.md").write_text(render_markdown(record), encoding="utf-8")
+
+
+def _summary(record: dict[str, Any], out_dir: Path | None) -> str:
+    counts: dict[str, int] = {}
+    for item in record["items"]:
+        counts[item.get("fate", "?")] = counts.get(item.get("fate", "?"), 0) + 1
+    parts = ", ".join(f"{n} {fate}" for fate, n in sorted(counts.items())) or "nothing found"
+    where = f"; record in {out_dir}" if out_dir else ""
+    return f"cleanup {record['host']}: {record['status']} ({parts}, " \
+           f"{record['bytes_freed']} bytes freed){where}"
+
+
+def _plan_lines(record: dict[str, Any]) -> list[str]:
+    lines = [f"dry run: cleanup of {record['host']} would remove:"]
+    for item in record["items"]:
+        if item.get("fate") == "would remove":
+            lines.append(f"  {item['kind']:9} {item['path']}  ({item.get('bytes') or 0} bytes)")
+    for item in record["items"]:
+        if item.get("fate") == "failed":
+            lines.append(f"  NOT {item['kind']:5} {item['path']}: {item.get('why')}")
+    lines.append(f"  total {record['bytes_to_free']} bytes; nothing was touched")
+    return lines
+
+
+def _local_keys(home: Path, runs: list[str], dry_run: bool) -> list[dict[str, Any]]:
+    """The laptop's data keys of runs on this host: crypto-shred what is left."""
+    from remotemac.data.keys import destroy_data_key, key_path
+
+    items = []
+    for run_id in runs:
+        try:
+            path = key_path(home, run_id)
+        except BadInput:
+            continue
+        if not path.exists():
+            continue
+        if dry_run:
+            fate = "would remove"
+        else:
+            fate = "removed" if destroy_data_key(home, run_id) else "not found"
+        items.append({"kind": "local-key", "path": str(path), "run_id": run_id, "fate": fate,
+                      "bytes": 0, "sources": ["local"], "root": None})
+    return items
+
+
+def _has_work(answer: dict[str, Any]) -> bool:
+    return any(i.get("fate") == "would remove" for i in _flatten(answer))
+
+
+async def main_cleanup(host: str, *, settings, dry_run: bool = False, yes: bool = False,
+                       as_json: bool = False, remote_root: str = "~/remotemac",
+                       out: str | Path | None = None,
+                       confirm: Callable[[str], bool] | None = None,
+                       echo: Callable[[str], None] | None = None) -> int:
+    """``remotemac cleanup HOST``; returns the exit code (see the module docstring)."""
+    from remotemac.engine.hosts import open_transport
+    from remotemac.playbook import check_remote_root
+
+    echo = echo or _click_echo
+    try:
+        check_remote_root(remote_root)
+    except ValueError as exc:
+        raise BadInput(f"--remote-root: {exc}") from None
+    started = time.time()
+    journal = settings.journal()
+    transport = open_transport(host, settings.home, settings.ssh_options())
+    know = journal_knowledge(journal, host, transport.name)
+    out_dir = Path(out) if out else default_out_dir(host, started)
+    ledger = Ledger(out_dir / "ledger.jsonl", hold=True)  # written with the record only
+    answer: dict[str, Any] | None = None
+    fingerprint = "unknown"
+    error: str | None = None
+    orphans: list[dict] = []
+    try:
+        await transport.connect()
+        fingerprint = host_key_fingerprint(transport)
+        home = await transport.home()
+        primary = expand_root(remote_root, home)
+        roots = [primary] + [r for r in know.roots if r != primary]
+        known, orphans = _assign_roots(know, roots)
+        request = {"roots": roots, "known": known, "run_ids": know.runs}
+        plan = await call_in_memory(transport, ledger, "op_cleanup_host",
+                                    dict(request, dry_run=True))
+        if dry_run:
+            answer = plan
+        elif not _has_work(plan) and not _local_key_work(settings.home, know.runs):
+            answer = await call_in_memory(transport, ledger, "op_cleanup_host",
+                                          dict(request, dry_run=False))
+        else:
+            if not yes:
+                record = build_record(host=host, name=transport.name, fingerprint=fingerprint,
+                                      started=started, dry_run=True, answer=plan, know=know,
+                                      extra_items=_local_keys(settings.home, know.runs, True))
+                for line in _plan_lines(record):
+                    echo(line)
+                ask = confirm or _click_confirm
+                if not ask(f"Remove all of this from {transport.name}?"):
+                    raise BadInput("cleanup not confirmed: nothing was removed",
+                                   hint="rerun with --yes to skip the question")
+            answer = await call_in_memory(transport, ledger, "op_cleanup_host",
+                                          dict(request, dry_run=False))
+    except (HostError, OSError) as exc:
+        error = exc.line() if isinstance(exc, RemotemacError) else f"{type(exc).__name__}: {exc}"
+    finally:
+        await transport.close()
+    if error is not None:
+        journal_items = [dict(i, fate="not attempted", why="host unreachable", bytes=0,
+                              sources=["journal"]) for i in know.items]
+        record = build_record(host=host, name=transport.name, fingerprint=fingerprint,
+                              started=started, dry_run=dry_run, answer=None, know=know,
+                              extra_items=journal_items, error=error)
+        if not dry_run:
+            write_record(out_dir, record)
+            ledger.flush()
+        echo(json.dumps(record) if as_json else
+             f"cleanup {host}: not verified: {error}"
+             + ("" if dry_run else f"; record in {out_dir}"))
+        return EXIT_HOST
+    keys = _local_keys(settings.home, know.runs, dry_run)
+    record = build_record(host=host, name=transport.name, fingerprint=fingerprint,
+                          started=started, dry_run=dry_run, answer=answer, know=know,
+                          extra_items=orphans + keys)
+    if dry_run:
+        echo(json.dumps(record) if as_json else "\n".join(_plan_lines(record)))
+        return 0
+    _update_journal(journal, host, transport.name, record)
+    write_record(out_dir, record)
+    ledger.flush()
+    echo(json.dumps(record) if as_json else _summary(record, out_dir))
+    return 0 if record["verified"] else 1
+
+
+def _local_key_work(home: Path, runs: list[str]) -> bool:
+    return bool(_local_keys(home, runs, True))
+
+
+def _update_journal(journal, host: str, name: str, record: dict[str, Any]) -> None:
+    """Mark what the host no longer has as removed in the journal's inventory."""
+    gone = {(i["kind"], i["path"]) for i in record["items"]
+            if i.get("fate") in ("removed", "not found")}
+    for alias in {host, name}:
+        for row in journal.inventory(alias):
+            if record["verified"] or (row["kind"], row["path"]) in gone:
+                journal.record_removed(alias, row["kind"], row["path"])
+
+
+def _click_echo(text: str) -> None:
+    import click
+
+    click.echo(text)
+
+
+def _click_confirm(question: str) -> bool:
+    import click
+
+    try:
+        return click.confirm(question, default=False)
+    except click.Abort:
+        return False

@@ -1,0 +1,528 @@
+"""Fleet runs: one playbook over many hosts and matrix variants, on one asyncio loop.
+
+Why one loop and not a thread or a process per host: every run spends its time
+waiting on SSH, so a coroutine per run costs a few hundred KiB where a process
+would cost tens of MiB; 16 Macs are watched by one small orchestrator. A
+semaphore (``--forks``) bounds how many runs are active at once, the transport
+pool gives every host one SSH connection shared by all runs on it, and a run
+that fails (host unreachable, job lost, a bug) is recorded and never stops the
+others.
+
+Each run is an ordinary run in the journal (its own run id, record and out dir
+``<out>/<host>[/<variant>]``), so ``attach``, ``status`` and ``logs`` work on it
+alone. The fleet adds ``fleet.json`` and a summary table on top.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import re
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from remotemac.engine.context import RunOptions, specialize
+from remotemac.engine.hosts import SSHOptions, TransportPool
+from remotemac.engine.inventoryfile import HostVars, Inventory
+from remotemac.errors import (
+    EXIT_ACCEPTED,
+    EXIT_BAD_INPUT,
+    EXIT_HOST,
+    EXIT_INTEGRITY,
+    EXIT_INTERRUPTED,
+    EXIT_JOB_LOST,
+    EXIT_REJECTED,
+    BadInput,
+    RemotemacError,
+)
+from remotemac.events import Event, EventBus, PhaseFinished, Warning
+from remotemac.journal import Journal, new_run_id
+from remotemac.playbook import Playbook
+
+DEFAULT_FORKS = 8
+#: a fleet polls each job's status every 2 s (a single run: every 0.25 s); with
+#: 16 runs the faster pace would cost the hosts more agent calls than it is worth
+FLEET_FOLLOW_POLL_S = 2.0
+#: worst first: the fleet's exit code is the first of these any run ended with
+EXIT_PRECEDENCE = (EXIT_INTERRUPTED, EXIT_JOB_LOST, EXIT_HOST, EXIT_INTEGRITY, EXIT_BAD_INPUT,
+                   EXIT_REJECTED)
+EXIT_RULE = ("0 every run accepted; 1 any run rejected or incomplete; 3 a host was unreachable; "
+             "4 a job was lost (4 wins over 3, 3 over 1; 5 integrity, 2 bad input, "
+             "130 interrupted as for one run)")
+VERDICT_BY_CODE = {EXIT_JOB_LOST: "lost", EXIT_HOST: "unreachable",
+                   EXIT_INTERRUPTED: "interrupted"}
+
+
+@dataclass
+class FleetRun:
+    """One (host, variant) of the fleet and, once it ran, its outcome."""
+
+    index: int
+    host: str
+    variant: dict[str, Any] | None
+    vars: HostVars
+    out_dir: Path
+    run_id: str = ""
+    verdict: str = "pending"
+    exit_code: int | None = None
+    state: str = ""
+    reason: str = ""
+    started: float = 0.0
+    duration_s: float | None = None
+    cost: float | None = None
+    currency: str = "USD"
+
+    @property
+    def label(self) -> str:
+        return self.host + (f" [{variant_label(self.variant)}]" if self.variant else "")
+
+    def row(self) -> dict[str, Any]:
+        return {"index": self.index, "host": self.host, "variant": self.variant,
+                "run_id": self.run_id, "verdict": self.verdict, "exit_code": self.exit_code,
+                "state": self.state, "duration_s": self.duration_s, "cost": self.cost,
+                "currency": self.currency, "reason": self.reason, "out_dir": str(self.out_dir)}
+
+
+@dataclass
+class FleetResult:
+    fleet_id: str
+    runs: list[FleetRun]
+    exit_code: int
+    duration_s: float
+    connections: int
+    summary_path: Path
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+# ---------------------------------------------------------------- planning
+
+
+def variants(matrix: dict[str, list[Any]] | None) -> list[dict[str, Any] | None]:
+    """Every combination of the matrix, in key order; ``[None]`` without a matrix."""
+    if not matrix:
+        return [None]
+    keys = list(matrix)
+    return [dict(zip(keys, combo, strict=True)) for combo in itertools.product(*matrix.values())]
+
+
+def variant_label(variant: dict[str, Any] | None) -> str:
+    return ",".join(f"{k}={v}" for k, v in (variant or {}).items())
+
+
+def _dir_name(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._=,@-]", "_", text).strip(".") or "_"
+
+
+def fleet_hosts(playbook: Playbook, hosts: list[str] | None,
+                inventory: Inventory | None) -> list[str]:
+    """``--hosts`` over the playbook's hosts; inventory groups expand; all of it if none given."""
+    names = hosts or (list(playbook.hosts) if playbook.hosts else None)
+    if inventory is not None:
+        return inventory.resolve(names)
+    return names or [playbook.host]
+
+
+def plan_runs(playbook: Playbook, hosts: list[str], inventory: Inventory | None,
+              out_root: Path) -> list[FleetRun]:
+    """One run per host; with a matrix, the variants are spread round-robin over the hosts."""
+    if not hosts:
+        raise BadInput("the fleet has no hosts", hint="give --hosts, hosts: or an inventory")
+    if len(set(hosts)) != len(hosts):
+        raise BadInput("a host appears twice in the fleet")
+    runs = []
+    combos = variants(playbook.matrix)
+    pairs = ([(h, None) for h in hosts] if combos == [None]
+             else [(hosts[i % len(hosts)], v) for i, v in enumerate(combos)])
+    for i, (host, variant) in enumerate(pairs):
+        out = out_root / _dir_name(host)
+        if variant is not None:
+            out = out / _dir_name(variant_label(variant))
+        hv = inventory.host_vars(host) if inventory else HostVars()
+        runs.append(FleetRun(index=i, host=host, variant=variant, vars=hv, out_dir=out,
+                             currency=playbook.cost.currency))
+    return runs
+
+
+def is_fleet(playbook: Playbook, hosts: list[str] | None, inventory: Inventory | None) -> bool:
+    """More than one (host, variant), or an inventory: the fleet path, else a plain run."""
+    count = len(fleet_hosts(playbook, hosts, inventory))
+    return inventory is not None or count > 1 or len(variants(playbook.matrix)) > 1
+
+
+def fleet_exit_code(runs: list[FleetRun]) -> int:
+    codes = {r.exit_code for r in runs}
+    for code in EXIT_PRECEDENCE:
+        if code in codes:
+            return code
+    if any(r.exit_code not in (EXIT_ACCEPTED,) for r in runs):
+        return EXIT_REJECTED
+    return EXIT_ACCEPTED
+
+
+# ---------------------------------------------------------------- running
+
+
+class _HostGate:
+    """The first run on a host provisions alone (agent upload, venv build); the rest follow.
+
+    Two runs creating the same venv at once on one Mac would race; after the first
+    provision the venv is reused by its hash and everything else is per run.
+    """
+
+    def __init__(self) -> None:
+        self._first: dict[str, asyncio.Event] = {}
+
+    async def enter(self, host: str) -> asyncio.Event | None:
+        """None for the host's first run (it must call ``open``), else wait for it."""
+        event = self._first.get(host)
+        if event is None:
+            self._first[host] = asyncio.Event()
+            return self._first[host]
+        await event.wait()
+        return None
+
+
+async def run_fleet(
+    playbook: Playbook, runs: list[FleetRun], *, journal: Journal, home: Path, out_root: Path,
+    options: RunOptions | None = None, ssh: SSHOptions | None = None, forks: int = DEFAULT_FORKS,
+    sink: Callable[[Event], None] | None = None, fleet_id: str | None = None,
+    max_channels: int = 8,
+) -> FleetResult:
+    """Run every planned run, at most ``forks`` at once; write fleet.json; never raise for one."""
+    from remotemac.engine.pipeline import build_context, run_pipeline
+
+    if forks < 1:
+        raise BadInput("--forks must be at least 1")
+    fleet_id = fleet_id or new_run_id(playbook.name)
+    options = options or RunOptions(follow_poll_s=FLEET_FOLLOW_POLL_S)
+    out_root.mkdir(parents=True, exist_ok=True)
+    pool = TransportPool(home, ssh, max_channels=max_channels)
+    limit = asyncio.Semaphore(forks)
+    gate = _HostGate()
+    started = time.time()
+
+    async def one(run: FleetRun) -> None:
+        opened = await gate.enter(run.host)
+        async with limit:
+            try:
+                await _one_run(run, playbook, fleet_id, journal=journal, home=home,
+                               options=options, ssh=ssh, pool=pool, sink=sink,
+                               build_context=build_context, run_pipeline=run_pipeline,
+                               provisioned=opened)
+            finally:
+                if opened is not None:
+                    opened.set()
+
+    try:
+        await asyncio.gather(*(one(r) for r in runs))
+    finally:
+        await pool.close_all()
+    code = fleet_exit_code(runs)
+    summary = write_summary(out_root, playbook, runs, fleet_id=fleet_id, exit_code=code,
+                            started=started, forks=forks, connections=pool.opened)
+    return FleetResult(fleet_id, runs, code, round(time.time() - started, 3), pool.opened, summary)
+
+
+async def _one_run(run: FleetRun, playbook: Playbook, fleet_id: str, *, journal: Journal,
+                   home: Path, options: RunOptions, ssh: SSHOptions | None, pool: TransportPool,
+                   sink, build_context, run_pipeline, provisioned: asyncio.Event | None) -> None:
+    """One (host, variant): its own journal row, bus, context and record; failures stay here."""
+    run.run_id = f"{fleet_id}-{run.index:02d}"
+    run.started = time.monotonic()
+    base = specialize(playbook, remote_root=run.vars.remote_root,
+                      hourly_rate=run.vars.hourly_rate)
+    stored = specialize(base, host=run.host, matrix=run.variant)
+    run.currency = stored.cost.currency
+    bus = EventBus()
+    if sink is not None:
+        bus.subscribe(sink)
+    if provisioned is not None:
+        bus.subscribe(lambda e: provisioned.set() if isinstance(e, PhaseFinished)
+                      and e.phase == "provision" else None)
+    journal.create_run(run.run_id, name=stored.name, host=run.host,
+                       playbook_path=str(playbook.source) if playbook.source else None,
+                       playbook=stored.model_dump(mode="json"), out_dir=str(run.out_dir),
+                       options={"keep_data": options.keep_data, "fleet": fleet_id,
+                                "variant": run.variant})
+    if run.vars.rental_end is not None:
+        left = run.vars.rental_end.timestamp() - time.time()
+        if left <= 0:
+            journal.set_run_state(run.run_id, "failed", exit_code=EXIT_HOST)
+            _finish(run, "skipped", EXIT_HOST, f"rental ended {run.vars.rental_end.isoformat()}")
+            return
+        if left < stored.workload.timeout:
+            bus.emit(Warning(run.run_id, message=f"{run.host}: the rental ends in {left / 60:.0f}"
+                             " min, before the workload's timeout", code="rental-ending"))
+    try:
+        ctx = build_context(run_id=run.run_id, playbook=base, journal=journal, bus=bus,
+                            home=home, out_dir=run.out_dir, options=options, ssh=ssh,
+                            host=run.host, matrix=run.variant, pool=pool)
+        code = await run_pipeline(ctx)
+    except asyncio.CancelledError:
+        _finish(run, "interrupted", EXIT_INTERRUPTED, "stopped locally; resume with "
+                f"remotemac attach {run.run_id}")
+        raise
+    except RemotemacError as exc:
+        _finish(run, VERDICT_BY_CODE.get(exc.exit_code, "failed"), exc.exit_code, exc.line())
+        _record_without_run(run, stored, fleet_id, exc.line())
+        return
+    except Exception as exc:  # one run's bug must not sink the fleet
+        _finish(run, "failed", EXIT_REJECTED, f"internal error: {type(exc).__name__}: {exc}")
+        _record_without_run(run, stored, fleet_id, run.reason)
+        return
+    row = journal.get_run(run.run_id)
+    record = _annotate_record(run, fleet_id)
+    verdict = (row.verdict if row and row.verdict else "incomplete")
+    if code == EXIT_JOB_LOST:
+        verdict = "lost"
+    reason = ""
+    if record:
+        conds = record.get("stopping_conditions") or []
+        missing = record.get("missing_observations") or []
+        reason = (conds[0].get("detail") or conds[0].get("code", "")) if conds else (
+            f"missing: {', '.join(missing)}" if missing else "")
+        amount = (record.get("cost") or {}).get("amount")
+        run.cost = float(amount) if amount is not None else None
+    run.state = row.state if row else ""
+    _finish(run, verdict, code, reason)
+
+
+def _finish(run: FleetRun, verdict: str, code: int, reason: str) -> None:
+    run.verdict, run.exit_code, run.reason = verdict, code, reason
+    run.duration_s = round(time.monotonic() - run.started, 3) if run.started else 0.0
+    if run.cost is None and run.vars.hourly_rate is not None:
+        run.cost = round(run.duration_s / 3600 * run.vars.hourly_rate, 4)
+
+
+def _annotate_record(run: FleetRun, fleet_id: str) -> dict[str, Any] | None:
+    """Put the fleet id, host and matrix variant into the run's own record."""
+    from remotemac.acceptance.record import write_record
+
+    path = run.out_dir / "acceptance.json"
+    if not path.exists():
+        return None
+    record = json.loads(path.read_text(encoding="utf-8"))
+    record["fleet"] = {"fleet_id": fleet_id, "index": run.index, "host": run.host}
+    record["matrix"] = run.variant
+    write_record(run.out_dir, record)
+    return record
+
+
+def _record_without_run(run: FleetRun, playbook: Playbook, fleet_id: str, error: str) -> None:
+    """A host that never ran the job still gets a record: incomplete, with the reason."""
+    from remotemac.acceptance.record import build_record, write_record
+
+    if (run.out_dir / "acceptance.json").exists():
+        _annotate_record(run, fleet_id)
+        return
+    run.out_dir.mkdir(parents=True, exist_ok=True)
+    record = build_record(run_id=run.run_id, playbook=playbook.name, host=run.host,
+                          error=error, fleet={"fleet_id": fleet_id, "index": run.index,
+                                              "host": run.host}, matrix=run.variant)
+    write_record(run.out_dir, record)
+
+
+# ---------------------------------------------------------------- summary
+
+
+def write_summary(out_root: Path, playbook: Playbook, runs: list[FleetRun], *, fleet_id: str,
+                  exit_code: int, started: float, forks: int, connections: int) -> Path:
+    counts: dict[str, int] = {}
+    for r in runs:
+        counts[r.verdict] = counts.get(r.verdict, 0) + 1
+    costs = [r.cost for r in runs if r.cost is not None]
+    data = {
+        "fleet_id": fleet_id, "playbook": playbook.name,
+        "started_at": _iso(started), "finished_at": _iso(time.time()),
+        "duration_s": round(time.time() - started, 3), "forks": forks,
+        "hosts": sorted({r.host for r in runs}), "matrix": playbook.matrix,
+        "connections": connections, "counts": counts,
+        "cost": {"amount": round(sum(costs), 4) if costs else None,
+                 "currency": playbook.cost.currency},
+        "exit_code": exit_code, "exit_code_rule": EXIT_RULE,
+        "runs": [r.row() for r in runs],
+    }
+    path = out_root / "fleet.json"
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(data, indent=2, default=str), encoding="utf-8")
+    tmp.replace(path)
+    return path
+
+
+def summary_table(result: FleetResult):
+    from rich.table import Table
+
+    colours = {"accepted": "green", "rejected": "red", "lost": "magenta",
+               "unreachable": "magenta"}
+    table = Table("host", "variant", "verdict", "duration", "cost", "reason",
+                  title=f"fleet {result.fleet_id}: exit {result.exit_code}")
+    for r in result.runs:
+        colour = colours.get(r.verdict, "yellow")
+        cost = f"{r.cost:.2f} {r.currency}" if r.cost is not None else "-"
+        duration = f"{r.duration_s:.1f}s" if r.duration_s is not None else "-"
+        table.add_row(r.host, variant_label(r.variant) or "-", f"[{colour}]{r.verdict}[/]",
+                      duration, cost, r.reason or "")
+    return table
+
+
+class FleetRenderer:
+    """Many runs at once: one line per finished phase, prefixed with the run's host/variant."""
+
+    def __init__(self, runs: list[FleetRun], verbose: bool = False) -> None:
+        from rich.console import Console
+
+        self.console = Console(highlight=False)
+        self.verbose = verbose
+        self.runs = runs
+
+    def __call__(self, event: Event) -> None:
+        from remotemac.events import ConnectionState, LogLine, RunFinished
+
+        name = self._name(event.run_id)
+        if isinstance(event, PhaseFinished):
+            mark = "[dim]↷" if event.skipped else ("[green]✓" if event.ok else "[red]✗")
+            self.console.print(f"{mark} {name} {event.phase}[/] [dim]{event.detail}[/]")
+        elif isinstance(event, ConnectionState) and event.state != "connected":
+            self.console.print(f"[yellow]⚡ {name}: {event.state}[/] {event.detail}")
+        elif isinstance(event, Warning):
+            self.console.print(f"[yellow]warning:[/] {name}: {event.message}")
+        elif isinstance(event, RunFinished):
+            self.console.print(f"[bold]{name}: {event.verdict}[/] (exit {event.exit_code})")
+        elif isinstance(event, LogLine) and self.verbose:
+            self.console.print(f"[dim]{name} {event.device} │[/] ", end="")
+            self.console.out(event.line, highlight=False)
+
+    def _name(self, run_id: str) -> str:
+        for r in self.runs:
+            if r.run_id == run_id:
+                return r.label
+        return run_id
+
+    def close(self) -> None:
+        return None
+
+
+def _iso(ts: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
+
+
+# ---------------------------------------------------------------- CLI entry points
+
+
+def main_fleet(settings, playbook: Playbook, *, hosts: list[str] | None,
+               inventory_path: str | None, forks: int, out: str | None, as_json: bool,
+               keep_data: bool) -> int:
+    """``remotemac run`` for more than one (host, variant): run, print the summary, exit code."""
+    from remotemac.engine.inventoryfile import load_inventory
+
+    inventory = load_inventory(inventory_path) if inventory_path else None
+    targets = fleet_hosts(playbook, hosts, inventory)
+    fleet_id = new_run_id(playbook.name)
+    out_root = (Path(out) if out else Path.cwd() / "runs" / fleet_id).resolve()
+    runs = plan_runs(playbook, targets, inventory, out_root)
+    for r in runs:
+        r.run_id = f"{fleet_id}-{r.index:02d}"
+    if as_json:
+        from remotemac.render import JsonRenderer
+
+        sink: Any = JsonRenderer()
+    else:
+        sink = FleetRenderer(runs, settings.verbose)
+        sink.console.print(f"fleet {fleet_id}: {len(runs)} runs on {len(set(targets))} hosts "
+                           f"(forks {forks}) → {out_root}")
+    options = RunOptions(keep_data=keep_data, follow_poll_s=FLEET_FOLLOW_POLL_S)
+    try:
+        result = asyncio.run(run_fleet(
+            playbook, runs, journal=settings.journal(), home=settings.home, out_root=out_root,
+            options=options, ssh=settings.ssh_options(), forks=forks, sink=sink,
+            fleet_id=fleet_id))
+    except KeyboardInterrupt:
+        print("\nremotemac: stopped locally; the jobs keep running on their hosts. Resume one "
+              "with: remotemac attach <run-id> (see: remotemac status)", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    if as_json:
+        print(json.dumps({"event": "fleet_finished", "fleet_id": result.fleet_id,
+                          "exit_code": result.exit_code, "summary": str(result.summary_path)}),
+              flush=True)
+    else:
+        sink.console.print(summary_table(result))
+        sink.console.print(f"summary: {result.summary_path}")
+    return result.exit_code
+
+
+async def cleanup_all(settings, *, dry_run: bool, yes: bool, as_json: bool,
+                      out: str | Path | None = None, cleanup_fn=None,
+                      confirm: Callable[[str], bool] | None = None) -> int:
+    """``cleanup --all``: clean every host the journal knows; one combined record.
+
+    Each host is cleaned by ``cleanup_fn`` (remotemac.engine.cleanup.main_cleanup,
+    which also finds every other remote_root the journal knows for that host) into
+    ``<out>/<host>/``; ``<out>/cleanup-all.json`` holds every host's record and the
+    worst exit code. One confirmation covers all hosts.
+    """
+    if cleanup_fn is None:
+        from remotemac.engine.cleanup import main_cleanup
+
+        cleanup_fn = main_cleanup
+    targets: dict[str, str] = {}
+    for host, root in known_hosts(settings.journal()):
+        targets.setdefault(host, root)
+    if not targets:
+        print("cleanup --all: the journal knows no host; nothing to do")
+        return 0
+    if not (yes or dry_run):
+        import click
+
+        ask = confirm or (lambda q: click.confirm(q, default=False))
+        if not ask(f"Remove everything remotemac put on {len(targets)} host(s): "
+                   f"{', '.join(targets)}?"):
+            raise BadInput("cleanup not confirmed")
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    out_root = Path(out) if out else Path.cwd() / f"cleanup-all-{stamp}"
+    results = []
+    for host, root in targets.items():
+        folder = out_root / _dir_name(host)
+        try:
+            code = await cleanup_fn(host, settings=settings, dry_run=dry_run, yes=True,
+                                    as_json=as_json, remote_root=root, out=folder)
+            entry: dict[str, Any] = {"exit_code": int(code or 0)}
+        except RemotemacError as exc:  # one host's failure never stops the others
+            entry = {"exit_code": exc.exit_code, "error": exc.line()}
+        record_file = folder / "cleanup.json"
+        if record_file.exists():
+            entry["record"] = json.loads(record_file.read_text(encoding="utf-8"))
+        results.append({"host": host, "remote_root": root, "out": str(folder), **entry})
+    codes = {r["exit_code"] for r in results}
+    code = next((c for c in EXIT_PRECEDENCE if c in codes), EXIT_ACCEPTED)
+    if dry_run:
+        return code
+    record = {"kind": "cleanup-all", "at": _iso(time.time()), "hosts": results,
+              "exit_code": code, "exit_code_rule": "the worst host's: 4, 3, 5, 2, 1, else 0"}
+    out_root.mkdir(parents=True, exist_ok=True)
+    path = out_root / "cleanup-all.json"
+    path.write_text(json.dumps(record, indent=2, default=str) + "\n", encoding="utf-8")
+    line = {"event": "cleanup_all_finished", "record": str(path), "exit_code": code}
+    print(json.dumps(line) if as_json else
+          f"cleanup --all: {len(results)} host(s), exit {code}; record {path}", flush=True)
+    return code
+
+
+def known_hosts(journal: Journal) -> list[tuple[str, str]]:
+    """(host, remote_root) of every run's target and reference host, in first-seen order."""
+    seen: list[tuple[str, str]] = []
+    for row in reversed(journal.list_runs(limit=1_000_000)):
+        pb = row.playbook
+        root = pb.get("remote_root") or "~/remotemac"
+        pairs = [(row.host, root)]
+        ref = (pb.get("workload") or {}).get("reference") or {}
+        if ref.get("host") and ref.get("on") != "local":
+            pairs.append((ref["host"], root))
+        for pair in pairs:
+            if pair not in seen and pair[0] != "local":
+                seen.append(pair)
+    return seen

@@ -1,0 +1,164 @@
+"""The inventory file: which hosts a fleet has, in groups, with per-host vars.
+
+Why a file of its own and not more playbook keys: the playbook says *what* to
+run; the inventory says what the lab rents right now (which Macs, at what hourly
+rate, until when). The same playbook then serves one Mac or sixteen.
+
+Format (YAML)::
+
+    macs:                          # a group
+      vars: {hourly_rate: 1.10}    # applies to every host of the group
+      hosts:
+        mac-a: {rental_end: 2026-12-03T18:00:00+00:00}
+        admin@10.0.0.7:2222: {remote_root: ~/rm, hourly_rate: 1.40}
+    linux:
+      hosts: [gpu-box]             # a plain list when there are no vars
+
+A host is an ssh_config alias or ``[user@]host[:port]``. Host vars win over
+group vars. Unknown keys are errors with a "did you mean", as in the playbook.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from remotemac.errors import BadInput
+from remotemac.playbook import check_host, check_remote_root
+
+
+class HostVars(BaseModel):
+    """What the inventory may say about one host."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    hourly_rate: float | None = Field(None, ge=0, description="rental price per hour")
+    rental_end: datetime | None = Field(None, description="when the rental ends (with timezone)")
+    remote_root: str | None = Field(None, description="this host's remote_root")
+
+    @field_validator("rental_end")
+    @classmethod
+    def _tz(cls, value: datetime | None) -> datetime | None:
+        if value is not None and value.tzinfo is None:
+            raise ValueError("give rental_end a timezone, e.g. 2026-12-03T18:00:00+00:00")
+        return value
+
+    @field_validator("remote_root")
+    @classmethod
+    def _root(cls, value: str | None) -> str | None:
+        return None if value is None else check_remote_root(value)
+
+
+@dataclass
+class Inventory:
+    """Groups of hosts and each host's merged vars, in file order."""
+
+    groups: dict[str, list[str]] = field(default_factory=dict)
+    vars: dict[str, HostVars] = field(default_factory=dict)
+    source: str = "<inventory>"
+
+    def hosts(self) -> list[str]:
+        return list(self.vars)
+
+    def resolve(self, names: list[str] | None) -> list[str]:
+        """Group names expand to their hosts; other names are hosts. None: every host."""
+        if not names:
+            return self.hosts()
+        out: list[str] = []
+        for name in names:
+            for host in self.groups.get(name, [name]):
+                if host not in out:
+                    out.append(host)
+        return out
+
+    def host_vars(self, host: str) -> HostVars:
+        return self.vars.get(host) or HostVars()
+
+
+def load_inventory(path: str | Path) -> Inventory:
+    file = Path(path)
+    try:
+        text = file.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise BadInput(f"{file}: no such inventory file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise BadInput(f"{file}: cannot read inventory: {exc}") from None
+    return parse_inventory(text, str(file))
+
+
+def parse_inventory(text: str, source: str = "<inventory>") -> Inventory:
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark else source
+        raise BadInput(f"{where}: bad YAML in inventory") from None
+    if not isinstance(data, dict) or not data:
+        raise BadInput(f"{source}: an inventory is a mapping of groups",
+                       hint="e.g. macs: {hosts: [mac-a, mac-b]}")
+    inv = Inventory(source=source)
+    host_raw: dict[str, dict[str, Any]] = {}
+    for group, body in data.items():
+        where = f"{source}: {group}"
+        hosts, group_vars = _group(body, where)
+        inv.groups[str(group)] = []
+        for host, own in hosts.items():
+            try:
+                check_host(host)
+            except ValueError as exc:
+                raise BadInput(f"{where}.hosts: {exc}") from None
+            merged = {**host_raw.get(host, {}), **group_vars, **own}
+            host_raw[host] = merged
+            inv.groups[str(group)].append(host)
+    for host, raw in host_raw.items():
+        try:
+            inv.vars[host] = HostVars.model_validate(raw)
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            key = ".".join(str(p) for p in err["loc"])
+            msg = err["msg"].removeprefix("Value error, ")
+            if err["type"] == "extra_forbidden":
+                guess = difflib.get_close_matches(key, list(HostVars.model_fields), n=1)
+                msg = "unknown key" + (f"; did you mean '{guess[0]}'?" if guess else
+                                       f"; known keys: {', '.join(HostVars.model_fields)}")
+            raise BadInput(f"{source}: host {host}: {key}: {msg}") from None
+    return inv
+
+
+def _group(body: Any, where: str) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
+    """(hosts with their own vars, group vars) of one group's body."""
+    if isinstance(body, list):
+        body = {"hosts": body}
+    if not isinstance(body, dict):
+        raise BadInput(f"{where}: a group is a list of hosts or a mapping with hosts/vars")
+    unknown = set(body) - {"hosts", "vars"}
+    if unknown:
+        raise BadInput(f"{where}: unknown key {sorted(unknown)[0]!r} (a group has hosts, vars)")
+    group_vars = body.get("vars") or {}
+    if not isinstance(group_vars, dict):
+        raise BadInput(f"{where}.vars: expected a mapping of vars")
+    raw = body.get("hosts") or []
+    hosts: dict[str, dict[str, Any]] = {}
+    if isinstance(raw, list):
+        for item in raw:
+            if isinstance(item, dict) and len(item) == 1:  # - mac-a: {vars}
+                (name, own), = item.items()
+                hosts[str(name)] = dict(own or {})
+            else:
+                hosts[str(item)] = {}
+    elif isinstance(raw, dict):
+        for name, own in raw.items():
+            if own is not None and not isinstance(own, dict):
+                raise BadInput(f"{where}.hosts.{name}: host vars must be a mapping")
+            hosts[str(name)] = dict(own or {})
+    else:
+        raise BadInput(f"{where}.hosts: expected a list or a mapping of hosts")
+    if not hosts:
+        raise BadInput(f"{where}: the group has no hosts")
+    return hosts, dict(group_vars)

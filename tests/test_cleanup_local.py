@@ -1,0 +1,159 @@
+"""Cleanup on the ``local`` host: partial inventory, forgotten runs, safety, confirmation.
+
+The host state is built by hand (what the agent and the journal would have
+left), so these tests are fast; the full pipeline is covered in test_cleanup_sshd.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from remotemac.journal import Journal
+from tests.conftest import remotemac
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "remotemac" / "agent"))
+import cleanupops  # noqa: E402
+
+
+@pytest.fixture
+def host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """A fake host home with a remote_root, a canary outside it and a private tmux dir."""
+    home = tmp_path / "hosthome"
+    root = home / "remotemac"
+    root.mkdir(parents=True)
+    canary = tmp_path / "canary"
+    canary.mkdir()
+    (canary / "keep.txt").write_text("mine")
+    tmux = tmp_path / "tmux"
+    tmux.mkdir(mode=0o700)
+    rm_home = tmp_path / "rmhome"
+    env = {"REMOTEMAC_HOME": str(rm_home), "TMUX_TMPDIR": str(tmux)}
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    return {"home": home, "root": root, "canary": canary, "env": env, "rm_home": rm_home,
+            "cwd": tmp_path}
+
+
+def _make_run(root: Path, run_id: str) -> Path:
+    run_dir = root / "runs" / run_id
+    for sub in ("project", "data", "logs", "status", "out"):
+        (run_dir / sub).mkdir(parents=True)
+    (run_dir / "data" / "x.rmenc").write_bytes(b"\0" * 100)
+    return run_dir
+
+
+def _journal_run(rm_home: Path, run_id: str, root: Path) -> None:
+    journal = Journal(rm_home / "journal.sqlite3")
+    journal.create_run(run_id, name="lines", host="local", playbook_path=None, playbook={},
+                       out_dir=str(rm_home / "out"), options={})
+    journal.start_phase(run_id, "provision")
+    journal.finish_phase(run_id, "provision", {"hosts": {"remote": {
+        "root": str(root), "run_dir": str(root / "runs" / run_id)}}})
+    journal.record_created("local", "run", str(root / "runs" / run_id), run_id)
+    journal.close()
+
+
+def _cleanup(host, *args: str):
+    return remotemac("cleanup", "local", "--remote-root", str(host["root"]), *args,
+                     cwd=host["cwd"], env=host["env"])
+
+
+def test_partial_inventory_and_forgotten_runs(host):
+    root = host["root"]
+    kept = _make_run(root, "a-1")
+    _make_run(root, "b-2")  # only found by scanning runs/: inventory and journal forgot it
+    (root / "envs" / "0123abcd").mkdir(parents=True)
+    (root / "agent" / "feedbeef").mkdir(parents=True)
+    # inventory.json knows only one run (the rest of the file was lost)
+    (root / "inventory.json").write_text(json.dumps({"version": 1, "items": [
+        {"kind": "run", "path": str(kept), "run_id": "a-1", "created_at": 1.0}]}))
+    # the journal knows a run the host has already forgotten
+    _journal_run(host["rm_home"], "gone-3", root)
+    _journal_run(host["rm_home"], "a-1", root)
+    proc = _cleanup(host, "--yes", "--json")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    record = json.loads(proc.stdout.strip().splitlines()[-1])
+    fates = {(i["kind"], Path(i["path"]).name): (i["fate"], i["sources"]) for i in record["items"]}
+    assert fates[("run", "a-1")] == ("removed", ["inventory", "journal", "found"])
+    assert fates[("run", "b-2")] == ("removed", ["found"])
+    assert fates[("run", "gone-3")][0] == "not found"
+    assert fates[("venv", "0123abcd")][0] == "removed"
+    assert fates[("agent", "feedbeef")][0] == "removed"
+    assert record["status"] == "clean" and not root.exists()
+    assert host["home"].is_dir() and list(host["home"].iterdir()) == []
+
+
+def test_corrupt_inventory_and_symlinks_never_followed(host):
+    root = host["root"]
+    canary = host["canary"]
+    run_dir = _make_run(root, "c-1")
+    (root / "inventory.json").write_text("{not json")
+    (run_dir / "data" / "to-canary").symlink_to(canary)
+    (root / "escape").symlink_to(canary)
+    (root / "runs" / "evil").symlink_to(canary)  # a "run" that is a link out
+    proc = _cleanup(host, "--yes")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert (canary / "keep.txt").read_text() == "mine"
+    assert not root.exists()
+    [folder] = list(host["cwd"].glob("cleanup-local-*"))
+    record = json.loads((folder / "cleanup.json").read_text())
+    assert any("inventory.json unreadable" in n for r in record["remote_roots"]
+               for n in r["notes"])
+
+
+def test_dry_run_touches_nothing_and_confirmation_is_required(host):
+    root = host["root"]
+    _make_run(root, "d-1")
+    snapshot = sorted(str(p) for p in root.rglob("*"))
+    dry = _cleanup(host, "--dry-run")
+    assert dry.returncode == 0 and "would remove" in dry.stdout and "runs/d-1" in dry.stdout
+    assert sorted(str(p) for p in root.rglob("*")) == snapshot
+    assert not list(host["cwd"].glob("cleanup-*"))
+    no = _cleanup(host)  # stdin is not a terminal: the question is answered "no"
+    assert no.returncode == 2 and "not confirmed" in no.stderr
+    assert sorted(str(p) for p in root.rglob("*")) == snapshot
+    assert not list(host["cwd"].glob("cleanup-*"))
+
+
+@pytest.mark.parametrize("bad", ["/", "~", "", "/usr", "/etc", "~/"])
+def test_unsafe_remote_root_refused_by_cli(host, bad):
+    proc = remotemac("cleanup", "local", "--remote-root", bad, "--yes", cwd=host["cwd"],
+                     env=host["env"])
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert (host["canary"] / "keep.txt").exists()
+
+
+def test_agent_refuses_unsafe_roots(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    for bad in ("", "/", "~", "~/", str(home), str(tmp_path), "/usr/local", "/tmp", "rel/dir",
+                "/a/../etc"):
+        with pytest.raises(cleanupops.UnsafeRoot):
+            cleanupops.check_root(bad)
+    (home / "sneaky").symlink_to("/usr")
+    with pytest.raises(cleanupops.UnsafeRoot):
+        cleanupops.check_root(str(home / "sneaky"))
+    assert cleanupops.check_root("~/remotemac")[0] == str(home / "remotemac")
+
+
+def test_remove_item_never_leaves_the_root(tmp_path: Path):
+    root = tmp_path / "root"
+    root.mkdir()
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "f").write_text("x")
+    (root / "link").symlink_to(outside)
+    real = os.path.realpath(root)
+    # through a symlinked parent: refused; the link itself: only the link goes
+    assert cleanupops.remove_item(real, str(root / "link" / "f"), False)["fate"] == "failed"
+    assert cleanupops.remove_item(real, str(outside / "f"), False)["fate"] == "failed"
+    assert cleanupops.remove_item(real, str(root / "link"), False)["fate"] == "removed"
+    assert (outside / "f").read_text() == "x"
+    assert cleanupops.destroy_ram({"kind": "shm", "path": str(outside)}, [])["fate"] == "failed"
+    assert (outside / "f").exists()

@@ -1,0 +1,216 @@
+"""The dead-man wipe fires on the host at its deadline, with the laptop gone."""
+
+from __future__ import annotations
+
+import json
+import os
+import plistlib
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.test_cleanup_sshd import deadman_pids, make_target, write_playbook
+
+FIXTURES = Path(__file__).parent / "fixtures" / "macos"
+
+
+def _wait(predicate, timeout: float, step: float = 0.2) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(step)
+    return predicate()
+
+
+@pytest.mark.timeout(240)
+def test_sleeper_fires_after_the_laptop_is_gone(tmp_path: Path, sshd_factory, ssh_env):
+    """Linux path for real: sshd host, orchestrator SIGKILLed and sshd stopped."""
+    t = make_target(tmp_path, sshd_factory, ssh_env)
+    book = write_playbook(tmp_path, t.alias, t.root, "doomed", lines=200, seconds=90,
+                          wipe="manual", wipe_deadline="20s")
+    orchestrator = subprocess.Popen(
+        [sys.executable, "-m", "remotemac", "--ssh-config", str(t.ssh_config), "run", str(book),
+         "--out", str(tmp_path / "out"), "--json"],
+        env=dict(os.environ, **t.env()), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    runs = t.root / "runs"
+
+    def launched() -> bool:
+        ids = [p.name for p in runs.iterdir()] if runs.is_dir() else []
+        return bool(ids) and (Path("/dev/shm") / f"remotemac-{ids[0]}").is_dir() \
+            and bool(t.sessions())
+
+    try:
+        assert _wait(launched, 60), "the run never reached launch"
+    finally:
+        orchestrator.send_signal(signal.SIGKILL)
+        orchestrator.wait()
+    t.sshd.stop(kill_sessions=True)  # the laptop and its connection are gone
+    [run_id] = [p.name for p in runs.iterdir()]
+    run_dir = runs / run_id
+    shm = Path("/dev/shm") / f"remotemac-{run_id}"
+    assert (run_dir / "data").exists() and shm.exists(), "fired before the laptop left"
+    result = t.root / "deadman" / f"{run_id}.result.json"
+    assert _wait(result.exists, 90), "the dead-man wipe did not fire"
+    report = json.loads(result.read_text())
+    assert report["fired_at"] >= report["deadline"]
+    for sub in ("data", "tmp", "cache", "out"):
+        assert not (run_dir / sub).exists(), sub
+    assert not shm.exists()
+    assert t.sessions() == []
+    assert _wait(lambda: deadman_pids(str(t.root)) == [], 10), "the sleeper should exit"
+    assert report["verified"] is True
+    inventory = json.loads((t.root / "inventory.json").read_text())
+    [item] = [i for i in inventory["items"] if i["kind"] == "deadman"]
+    assert item["method"] == "sleeper" and item["pid"] > 1
+
+
+SHIM = textwrap.dedent('''\
+    #!{python}
+    """launchctl shim: logs its argv, keeps "loaded" labels in a state file, runs a
+    RunAtLoad job detached like launchd would, and prints `launchctl list` as the
+    recorded El Capitan sample plus the labels it loaded."""
+    import json, os, plistlib, subprocess, sys
+    state = os.environ["SHIM_STATE"]
+    loaded = json.load(open(state)) if os.path.exists(state) else {{}}
+    with open(os.environ["SHIM_LOG"], "a") as fh:
+        fh.write(" ".join(sys.argv[1:]) + "\\n")
+    cmd = sys.argv[1]
+    if cmd == "bootstrap":
+        if sys.argv[2].startswith("gui/") and os.environ.get("SHIM_NO_GUI"):
+            sys.stderr.write("Bootstrap failed: 125: Domain does not support specified action\\n")
+            sys.exit(125)
+        with open(sys.argv[3], "rb") as fh:
+            job = plistlib.load(fh)
+        loaded[job["Label"]] = sys.argv[2]
+        if job.get("RunAtLoad"):
+            subprocess.Popen(job["ProgramArguments"], start_new_session=True,
+                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+    elif cmd == "bootout":
+        label = sys.argv[2].split("/", 2)[-1]
+        if loaded.pop(label, None) is None:
+            sys.exit(3)
+    elif cmd == "list":
+        sys.stdout.write(open(os.environ["SHIM_SAMPLE"]).read())
+        for label in loaded:
+            sys.stdout.write("-\\t0\\t%s\\n" % label)
+    json.dump(loaded, open(state, "w"))
+''')
+
+
+@pytest.fixture
+def launchd_shim(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """Simulation: a shim ``launchctl`` on PATH and a private HOME."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    shim = bin_dir / "launchctl"
+    shim.write_text(SHIM.format(python=sys.executable))
+    shim.chmod(0o755)
+    home = tmp_path / "machome"
+    home.mkdir()
+    log = tmp_path / "launchctl.log"
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("SHIM_LOG", str(log))
+    monkeypatch.setenv("SHIM_STATE", str(tmp_path / "launchd-state.json"))
+    monkeypatch.setenv("SHIM_SAMPLE", str(FIXTURES / "launchctl_list__excerpt_intel_elcapitan.txt"))
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "remotemac" / "agent"))
+    import cleanupops
+    import deadman
+
+    return {"home": home, "log": log, "deadman": deadman, "cleanupops": cleanupops}
+
+
+def _fake_run(root: Path, run_id: str) -> Path:
+    run_dir = root / "runs" / run_id
+    for sub in ("data", "tmp", "cache", "out", "logs", "status", "project"):
+        (run_dir / sub).mkdir(parents=True)
+    (run_dir / "data" / "a.csv.rmenc").write_bytes(b"ciphertext")
+    (run_dir / "tmp" / "plain.csv").write_bytes(b"plaintext")
+    (run_dir / "out" / "result.json").write_text("{}")
+    (run_dir / "logs" / "cpu.log").write_text("line\n")
+    return run_dir
+
+
+def test_launchd_job_fires_and_unloads_itself(tmp_path: Path, launchd_shim):
+    """Simulation: the launchd path with a shim launchctl that runs RunAtLoad jobs."""
+    deadman = launchd_shim["deadman"]
+    root = tmp_path / "machome" / "remotemac"
+    run_id = "mac-20260101-000000-abcd"
+    run_dir = _fake_run(root, run_id)
+    job = deadman.schedule({"root": str(root), "run_id": run_id, "deadline": time.time() + 3},
+                           platform="darwin")
+    assert job["method"] == "launchd" and job["domain"] == f"gui/{os.getuid()}"
+    plist = Path(job["plist"])
+    assert plist.parent == launchd_shim["home"] / "Library" / "LaunchAgents"
+    assert plist.name == f"com.remotemac.deadman.{run_id}.plist"
+    content = plistlib.loads(plist.read_bytes())
+    assert content["RunAtLoad"] is True and content["ProgramArguments"][2] == "fire"
+    result = root / "deadman" / f"{run_id}.result.json"
+    assert _wait(result.exists, 30), "the launchd job did not fire"
+    report = json.loads(result.read_text())
+    assert report["fired_at"] >= report["deadline"]
+    for sub in ("data", "tmp", "cache", "out"):
+        assert not (run_dir / sub).exists(), sub
+    assert (run_dir / "logs" / "cpu.log").exists()
+    assert _wait(lambda: not plist.exists(), 10)
+    log = launchd_shim["log"].read_text().splitlines()
+    assert f"bootstrap gui/{os.getuid()} {plist}" in log
+    assert _wait(lambda: f"bootout gui/{os.getuid()}/{content['Label']}"
+                 in launchd_shim["log"].read_text(), 10)
+
+
+def test_launchd_far_deadline_then_cleanup_removes_it(tmp_path: Path, launchd_shim,
+                                                     monkeypatch: pytest.MonkeyPatch):
+    """Simulation: calendar slot, gui domain refused → user domain, cleanup boots it out."""
+    deadman, cleanupops = launchd_shim["deadman"], launchd_shim["cleanupops"]
+    monkeypatch.setenv("SHIM_NO_GUI", "1")
+    root = tmp_path / "machome" / "remotemac"
+    run_id = "mac-20260101-000000-beef"
+    run_dir = _fake_run(root, run_id)
+    deadline = time.time() + 2 * 86400 + 17
+    job = deadman.schedule({"root": str(root), "run_id": run_id, "deadline": deadline},
+                           platform="darwin")
+    assert job["domain"] == f"user/{os.getuid()}"
+    content = plistlib.loads(Path(job["plist"]).read_bytes())
+    assert content["RunAtLoad"] is False
+    slot = content["StartCalendarInterval"]
+    fires = time.mktime((time.localtime(deadline).tm_year, slot["Month"], slot["Day"],
+                         slot["Hour"], slot["Minute"], 0, 0, 0, -1))
+    assert deadline <= fires < deadline + 60
+    # launchd waking it early (a calendar slot in another year) must not wipe
+    assert deadman.fire(job["spec"]) is None
+    assert (run_dir / "data" / "a.csv.rmenc").exists()
+    labels = deadman.parse_launchctl_list(
+        subprocess.run(["launchctl", "list"], capture_output=True, text=True).stdout)
+    assert content["Label"] in labels and "com.apple.Finder" in labels
+    answer = cleanupops.op_cleanup_host({"roots": [str(root)], "run_ids": [run_id]})
+    [done] = answer["roots"]
+    fates = {(i["kind"], i["path"]): i["fate"] for i in done["items"]}
+    assert fates[("deadman", "launchd:" + content["Label"])] == "removed"
+    assert fates[("run", str(run_dir))] == "removed"
+    assert done["verified"] is True and not root.exists()
+    assert not Path(job["plist"]).exists()
+    assert f"bootout gui/{os.getuid()}/{content['Label']}" in launchd_shim["log"].read_text()
+    labels = deadman.parse_launchctl_list(
+        subprocess.run(["launchctl", "list"], capture_output=True, text=True).stdout)
+    assert content["Label"] not in labels
+
+
+def test_parse_launchctl_list_recorded_sample():
+    """Simulation: `launchctl list` as a real Mac printed it (recorded sample)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "remotemac" / "agent"))
+    import deadman
+
+    text = (FIXTURES / "launchctl_list__excerpt_intel_elcapitan.txt").read_text()
+    labels = deadman.parse_launchctl_list(text)
+    assert labels[0] == "com.apple.CoreAuthentication.daemon"
+    assert "com.apple.Finder" in labels and "PID" not in labels and "Label" not in labels
+    assert len(labels) == len(text.strip().splitlines()) - 1
+    assert not [x for x in labels if x.startswith(deadman.LABEL_PREFIX)]

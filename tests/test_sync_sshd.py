@@ -1,0 +1,332 @@
+"""Dataset sync over a real OpenSSH sshd: round trip, secrecy, resume, incremental, integrity.
+
+The "host" is the loopback sshd of tests/harness, running as the same user on this
+Linux machine, so its RAM-backed storage is /dev/shm and its disk is ``remote_root``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import glob
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from remotemac.data.manifest import MemoryHashCache
+from remotemac.engine.agentclient import AgentClient
+from remotemac.engine.pull import pull_dir
+from remotemac.engine.sync import SyncStats, sync_slice
+from remotemac.errors import EXIT_INTEGRITY, HostError, IntegrityError
+from remotemac.events import PhaseProgress
+from remotemac.transport.ssh import SSHTransport
+
+pytestmark = pytest.mark.timeout(120)
+
+SENTINEL = b"PLAINTEXT-SENTINEL-7f3a9c"
+
+
+class Host:
+    """One connected sshd host with the agent installed and a prepared run directory."""
+
+    def __init__(self, transport: SSHTransport, root: Path, run_id: str) -> None:
+        self.transport, self.root, self.run_id = transport, root, run_id
+        self.agent = AgentClient(transport, str(root))
+        self.run_dir = ""
+
+    async def prepare(self) -> Host:
+        await self.transport.connect()
+        answer = await self.agent.call("prepare_run", {"root": str(self.root),
+                                                       "run_id": self.run_id})
+        self.run_dir = answer["run_dir"]
+        return self
+
+    async def sync(self, data: Path, key: bytes | None, cache=None, events=None, **kw):
+        paths = sorted(str(p.relative_to(data)) for p in data.rglob("*") if p.is_file())
+        return await sync_slice(self.transport, self.agent, root=data, paths=paths,
+                                run_dir=self.run_dir, run_id=self.run_id, key=key,
+                                python=sys.executable, cache=cache,
+                                emit=(events.append if events is not None else None), **kw)
+
+
+@pytest.fixture
+def host_factory(ssh_env, tmp_path, request):
+    """``await host_factory(sshd, proxy=None)``; removes the run's /dev/shm store afterwards."""
+    made: list[Host] = []
+
+    async def make(server, proxy=None, run_id: str | None = None) -> Host:
+        home, cfg, alias = ssh_env(server, proxy)
+        rid = run_id or f"t{os.getpid()}-{len(made)}-{abs(hash(request.node.name)) % 10**8}"
+        host = Host(SSHTransport(alias, home_dir=home, ssh_config=cfg, reconnect_deadline=30),
+                    tmp_path / f"host-root-{len(made)}", rid)
+        made.append(host)
+        return await host.prepare()
+
+    yield make
+    for host in made:
+        shutil.rmtree(f"/dev/shm/remotemac-{host.run_id}", ignore_errors=True)
+
+
+def make_slice(root: Path, small: int = 30, small_size: int = 20_000, big: int = 1,
+               big_size: int = 3 << 20, sentinel: bool = True) -> Path:
+    """Many small files and a few large ones, each with the sentinel somewhere inside."""
+    for i in range(small):
+        path = root / f"d{i % 3}" / f"s{i:03d}.bin"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(os.urandom(small_size // 2) + (SENTINEL if sentinel else b"")
+                         + os.urandom(small_size // 2))
+    for i in range(big):
+        (root / f"big{i}.bin").write_bytes(os.urandom(big_size // 2) + SENTINEL
+                                           + os.urandom(big_size // 2))
+    (root / "empty.txt").write_bytes(b"")
+    return root
+
+
+def files_under(root: Path) -> list[Path]:
+    return [Path(d) / n for d, _, names in os.walk(root) for n in names]
+
+
+def grep_tree(root: Path, needle: bytes) -> list[str]:
+    return [str(p) for p in files_under(root) if p.is_file() and needle in p.read_bytes()]
+
+
+class Watcher(threading.Thread):
+    """Polls ``ps -ww -eo args`` (full width) and every readable /proc/*/environ while a sync runs."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self.stop = threading.Event()
+        self.ready = threading.Event()
+        self.ps: list[str] = []
+        self.environ: list[bytes] = []
+        self.saw_agent = False
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            out = subprocess.run(["ps", "-ww", "-eo", "args"], capture_output=True,
+                                 text=True).stdout
+            self.ps.extend(out.splitlines())
+            self.saw_agent |= "dataops.py sync" in out
+            for path in glob.glob("/proc/[0-9]*/environ"):
+                try:
+                    with open(path, "rb") as fh:
+                        self.environ.append(fh.read())
+                except OSError:
+                    continue
+            self.ready.set()
+            self.stop.wait(0.02)
+
+
+@pytest.mark.asyncio
+async def test_round_trip_plaintext_only_in_ram_key_nowhere(sshd, fault_proxy, host_factory,
+                                                           tmp_path):
+    data = make_slice(tmp_path / "data", big_size=6 << 20)
+    key = os.urandom(32)
+    proxy = fault_proxy(sshd)
+    host = await host_factory(sshd, proxy)
+    proxy.throttle(4_000_000)  # about two seconds: the watcher sees the agent at work
+    watcher = Watcher()
+    watcher.start()
+    watcher.ready.wait(10)
+    try:
+        manifest, answer, stats = await host.sync(data, key)
+    finally:
+        watcher.stop.set()
+        watcher.join()
+    try:
+        assert answer["ram"]["kind"] == "shm" and answer["data_dir"].startswith("/dev/shm/")
+        assert stats.sent_files == stats.files == len(manifest.entries) == 32
+        # what the workload reads is exactly the plaintext, from RAM
+        for entry in manifest.entries:
+            ram_copy = Path(answer["data_dir"], entry.path).read_bytes()
+            assert ram_copy == (data / entry.path).read_bytes()
+        # the host's disk has ciphertext only; neither the plaintext nor the key is there
+        stored = [p for p in files_under(host.root / "runs") if p.name.endswith(".rmenc")]
+        assert len(stored) == 32
+        assert grep_tree(host.root, SENTINEL) == []
+        assert grep_tree(host.root, key.hex().encode()) == [] and grep_tree(host.root, key) == []
+        # nor in any process's argv or environment, nor tmux's global environment
+        assert watcher.saw_agent, "the watcher never saw the agent running"
+        assert not [line for line in watcher.ps if key.hex() in line]
+        assert not [env for env in watcher.environ if key.hex().encode() in env]
+        tmux = await host.transport.exec(["sh", "-c", "tmux show-environment -g 2>&1; true"])
+        assert key.hex() not in tmux.text()
+        # ... and back: the host copies what it decrypted into an output dir, we pull it
+        out_dir = f"{host.run_dir}/out/cpu"
+        await host.transport.exec(["cp", "-r", answer["data_dir"] + "/.", out_dir], check=True)
+        pulled = await pull_dir(host.transport, host.agent, out_dir, tmp_path / "results")
+        assert len(pulled["files"]) == 32 and pulled["skipped"] == []
+        for entry in manifest.entries:
+            assert (tmp_path / "results" / entry.path).read_bytes() == \
+                (data / entry.path).read_bytes()
+    finally:
+        await host.transport.close()
+
+
+@pytest.mark.asyncio
+async def test_cut_link_resumes_without_resending_verified_files(sshd, fault_proxy,
+                                                                 host_factory, tmp_path):
+    data = make_slice(tmp_path / "data", small=40, small_size=200_000, big=0)
+    proxy = fault_proxy(sshd)
+    host = await host_factory(sshd, proxy)
+    proxy.throttle(6_000_000)
+    events: list = []
+    cut = []
+
+    def on_event(event) -> None:
+        events.append(event)
+        acked = sum(1 for e in events if isinstance(e, PhaseProgress) and e.unit == "verified")
+        if acked >= 12 and not cut:
+            cut.append(acked)
+            proxy.cut()
+
+    stats = SyncStats()
+    try:
+        manifest, answer, stats = await sync_slice(
+            host.transport, host.agent, root=data,
+            paths=sorted(str(p.relative_to(data)) for p in data.rglob("*") if p.is_file()),
+            run_dir=host.run_dir, run_id=host.run_id, key=os.urandom(32),
+            python=sys.executable, emit=on_event, stats=stats)
+    finally:
+        await host.transport.close()
+    assert cut, "the link was never cut"
+    assert stats.attempts == 2 and host.transport.reconnects >= 1
+    # every file verified exactly once: nothing verified before the cut was sent again
+    counts = collections.Counter(stats.acked)
+    assert set(counts) == {e.path for e in manifest.entries} and max(counts.values()) == 1
+    # the second attempt sent only what the first had not got verified
+    verified_first = {e.path: e.size for e in manifest.entries if e.path in stats.acked[:cut[0]]}
+    assert stats.skipped_files >= len(verified_first) >= 12
+    ciphertext_all = sum(e.size + 200 for e in manifest.entries)  # + header, tag, frame
+    assert stats.per_attempt[1] <= ciphertext_all - sum(verified_first.values())
+    assert answer["mismatches"] == []
+
+
+@pytest.mark.asyncio
+async def test_cancelled_sync_then_rerun_skips_verified_files(sshd, fault_proxy, host_factory,
+                                                              tmp_path):
+    data = make_slice(tmp_path / "data", small=30, small_size=200_000, big=0)
+    proxy = fault_proxy(sshd)
+    host = await host_factory(sshd, proxy)
+    proxy.throttle(5_000_000)
+    key = os.urandom(32)
+    first = SyncStats()
+    task = asyncio.ensure_future(host.sync(data, key, stats=first))
+    while len(first.acked) < 8:
+        await asyncio.sleep(0.02)
+        assert not task.done(), "sync finished before it could be interrupted"
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    verified_before = set(first.acked)
+    proxy.restore()
+    try:
+        _, answer, second = await host.sync(data, key)
+    finally:
+        await host.transport.close()
+    assert second.skipped_files >= len(verified_before) and not verified_before & set(second.acked)
+    assert second.sent_files == second.files - second.skipped_files
+    assert answer["mismatches"] == [] and answer["pruned"] == 0
+
+
+@pytest.mark.asyncio
+async def test_resync_unchanged_sends_under_one_percent(sshd, host_factory, tmp_path):
+    data = make_slice(tmp_path / "data", small=100, small_size=30_000, big=1)
+    key = os.urandom(32)
+    cache = MemoryHashCache()
+    host = await host_factory(sshd)
+    try:
+        _, _, cold = await host.sync(data, key, cache=cache)
+        _, answer, again = await host.sync(data, key, cache=cache)
+        assert again.sent_bytes < cold.sent_bytes / 100 and again.sent_files == 0
+        assert cache.hits >= again.files  # nothing was hashed again either
+        # one file changes, one leaves the slice: only the change travels; the leaver is pruned
+        (data / "d0" / "s000.bin").write_bytes(b"new content")
+        (data / "d1" / "s001.bin").unlink()
+        manifest, answer, third = await host.sync(data, key, cache=cache)
+        assert third.sent_files == 1 and third.acked == ["d0/s000.bin"]
+        assert answer["pruned"] == 2  # its ciphertext and its RAM copy
+        assert sorted(p.name for p in Path(answer["data_dir"]).rglob("*") if p.is_file()) == \
+            sorted(Path(e.path).name for e in manifest.entries)
+        # a new local journal (no hash cache) still sends nothing: it hashes, the host agrees
+        _, _, fresh = await host.sync(data, key, cache=MemoryHashCache())
+        assert fresh.sent_files == 0 and fresh.skipped_files == fresh.files
+    finally:
+        await host.transport.close()
+
+
+@pytest.mark.asyncio
+async def test_tampered_ciphertext_on_host_is_exit_5(sshd, host_factory, tmp_path):
+    data = make_slice(tmp_path / "data", small=5, big=0)
+    key = os.urandom(32)
+    host = await host_factory(sshd)
+    try:
+        manifest, answer, _ = await host.sync(data, key)
+        victim = Path(host.run_dir, "data", "d1", "s001.bin.rmenc")
+        blob = bytearray(victim.read_bytes())
+        blob[200] ^= 0x01
+        victim.write_bytes(bytes(blob))
+        # the full check (prepare_data) decrypts the stored ciphertext again
+        full = await host.agent.call("prepare_data", {
+            "run_dir": host.run_dir, "run_id": host.run_id, "src": f"{host.run_dir}/data",
+            "encrypted": True, "key_hex": key.hex(),
+            "manifest": [e.__dict__ for e in manifest.entries]}, python=sys.executable)
+        assert [m["path"] for m in full["mismatches"]] == ["d1/s001.bin"]
+        # the host "rebooted": RAM is empty, so the sync must decrypt what is stored, and fails
+        shutil.rmtree(answer["data_dir"])
+        with pytest.raises(IntegrityError) as err:
+            await host.sync(data, key)
+    finally:
+        await host.transport.close()
+    assert err.value.exit_code == EXIT_INTEGRITY == 5
+    line = err.value.line()
+    assert "\n" not in line and "d1/s001.bin" in line and "tampered or damaged" in line
+
+
+@pytest.mark.asyncio
+async def test_no_ram_store_is_one_clear_line(sshd, host_factory, tmp_path):
+    data = make_slice(tmp_path / "data", small=2, big=0)
+    host = await host_factory(sshd)
+    squatter = Path(f"/dev/shm/remotemac-{host.run_id}")
+    squatter.write_text("someone else's file")
+    try:
+        with pytest.raises(HostError) as err:
+            await host.sync(data, os.urandom(32))
+    finally:
+        await host.transport.close()
+        squatter.unlink()
+    line = err.value.line()
+    assert "\n" not in line and "RAM" in line and "not our own directory" in line
+    assert "Traceback" not in line
+
+
+def test_sealed_stream_hashes_what_it_sends(tmp_path):
+    """The sha256 sent after each frame is the plaintext's, read once with the encryption."""
+    from remotemac.agent.streamcrypt import decrypt_stream
+    from remotemac.engine.sync import _Local, _next_batch, _pieces
+
+    data = make_slice(tmp_path / "data", small=3, big=0)
+    key = os.urandom(32)
+    files = [_Local(str(p.relative_to(data)), p.stat().st_size, 0, 0, None)
+             for p in sorted(data.rglob("*")) if p.is_file()]
+    pieces = _pieces(data, files, [(i, None) for i in range(len(files))], key)
+    stream = b""
+    while batch := _next_batch(pieces):
+        stream += b"".join(item[0] for item in batch if isinstance(item, tuple))
+    import io
+
+    src = io.BytesIO(stream)
+    for f in files:
+        header = src.read(13)
+        length = int.from_bytes(header[5:], "big")
+        out = io.BytesIO()
+        decrypt_stream(key, f.path, src, out, limit=length)
+        plain = (data / f.path).read_bytes()
+        assert out.getvalue() == plain and src.read(32) == hashlib.sha256(plain).digest()
+    assert src.read() == b""
