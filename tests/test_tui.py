@@ -354,3 +354,35 @@ async def test_log_view_batches_bounds_and_searches(rm_home, tmp_path):
         await pilot.press("f")
         await pilot.pause()
         assert log.following
+
+
+@pytest.mark.asyncio
+async def test_fleet_screen_shows_every_host_of_the_summary(rm_home, tmp_path):
+    """The fleet screen reads the fleet.json the engine writes (engine.fleet.write_summary)."""
+    from remotemac.engine.fleet import FleetRun, write_summary
+    from remotemac.engine.inventoryfile import HostVars
+    from remotemac.playbook import parse_playbook
+    from remotemac.tui.screens.fleet import FleetScreen
+
+    pb = parse_playbook("name: sweep\nhosts: [mac-a, mac-b]\nmatrix: {bs: [1, 2]}\n"
+                        "workload: {command: 'python t.py --bs {matrix.bs}'}\n")
+    out = tmp_path / "runs" / "sweep-fleet"
+    out.mkdir(parents=True)
+    runs = [FleetRun(i, host, {"bs": bs}, HostVars(), out / host, verdict=verdict,
+                     duration_s=12.5 + i, cost=0.25, reason=reason)
+            for i, (host, bs, verdict, reason) in enumerate([
+                ("mac-a", 1, "accepted", ""), ("mac-b", 2, "lost", "tmux session gone")])]
+    write_summary(out, pb, runs, fleet_id="sweep-fleet", exit_code=4, started=1_790_000_000.0,
+                  forks=8, connections=2)
+    app = make_app(rm_home, tmp_path, reattach=False)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("f")
+        await pilot.pause()
+        assert isinstance(app.screen, FleetScreen)
+        text = screen_text(app)
+        for fragment in ("sweep-fleet", "mac-a", "mac-b", "bs=1", "bs=2", "accepted", "lost",
+                         "tmux session gone", "exit 4"):
+            assert fragment in text, fragment
+        await pilot.press("escape")
+        await pilot.pause()
+        assert not isinstance(app.screen, FleetScreen)

@@ -238,6 +238,12 @@ class RemotemacApp(App[int]):
         self.push_screen(MarkdownScreen(Path(f"cleanup-{host}"),
                                         f"# cleanup {host}\n\n```\n{_pretty(out)}\n```\n"))
 
+    def action_fleet(self) -> None:
+        from remotemac.tui.screens.fleet import FleetScreen
+
+        if not isinstance(self.screen, FleetScreen):
+            self.push_screen(FleetScreen(self.driver.out_root))
+
     def action_hosts(self) -> None:
         if not isinstance(self.screen, HostsScreen):
             self.push_screen(HostsScreen(self._known_hosts(), self.remote_root))
@@ -251,6 +257,8 @@ class RemotemacApp(App[int]):
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         yield SystemCommand("Run a playbook", "Start a run from a playbook", self.action_start_run)
+        yield SystemCommand("Fleet summary", "Every fleet run: host, verdict, duration, cost",
+                            self.action_fleet)
         yield SystemCommand("Attach", "Re-attach to the selected run", self.action_attach)
         yield SystemCommand("Pull", "Pull the selected run's results", self.action_pull)
         yield SystemCommand("Wipe", "Wipe the selected run's data (asks first)",

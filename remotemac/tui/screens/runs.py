@@ -28,6 +28,7 @@ class RunsScreen(Screen):
         Binding("w", "app.wipe", "Wipe"),
         Binding("c", "app.cleanup", "Cleanup host"),
         Binding("h", "app.hosts", "Hosts"),
+        Binding("f", "app.fleet", "Fleet"),
         Binding("q", "app.quit", "Quit"),
     ]
 
