@@ -174,26 +174,18 @@ def run(settings: Settings, playbook: str, host: str | None, out: str | None, as
     out_dir = Path(out) if out else Path.cwd() / "runs" / run_id
     out_dir = out_dir.resolve()
     options = RunOptions(keep_data=keep_data, detach=detach, drill=drill)
-    journal.create_run(run_id, name=pb.name, host=pb.host,
-                       playbook_path=str(pb.source) if pb.source else None,
-                       playbook=pb.model_dump(mode="json"), out_dir=str(out_dir),
-                       options={"keep_data": keep_data, "drill": drill})
+    from remotemac.engine.runs import register_run
+
+    register_run(journal, run_id, pb, out_dir, options={"keep_data": keep_data, "drill": drill})
     if not as_json:
         click.echo(f"run {run_id} → {out_dir}")
     sys.exit(_run_engine(settings, run_id, pb, journal, out_dir, options, as_json))
 
 
 def _load_run(journal, run_id: str):
-    from remotemac.playbook import Playbook
+    from remotemac.engine.runs import load_run
 
-    row = journal.get_run(run_id)
-    if row is None:
-        raise BadInput(f"unknown run id {run_id!r} (see: remotemac status)")
-    pb = Playbook.model_validate(row.playbook)
-    if row.playbook_path:
-        pb._base_dir = Path(row.playbook_path).parent
-        pb._source = Path(row.playbook_path)
-    return row, pb
+    return load_run(journal, run_id)
 
 
 @main.command()

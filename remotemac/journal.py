@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from remotemac.agent.hostagent import pid_alive
+
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
   run_id TEXT PRIMARY KEY,
@@ -192,7 +194,7 @@ class Journal:
         with self._write() as db:
             row = db.execute("SELECT pid, hostname FROM owners WHERE run_id = ?",
                              (run_id,)).fetchone()
-            if row and row["pid"] != me and row["hostname"] == host and _pid_alive(row["pid"]):
+            if row and row["pid"] != me and row["hostname"] == host and pid_alive(row["pid"]):
                 return int(row["pid"])
             db.execute("INSERT OR REPLACE INTO owners (run_id, pid, hostname, claimed_at)"
                        " VALUES (?,?,?,?)", (run_id, me, host, time.time()))
@@ -293,16 +295,6 @@ class Journal:
         if not include_removed:
             sql += " AND removed_at IS NULL"
         return [dict(r) for r in self._db().execute(sql + " ORDER BY created_at", (host,))]
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _run_row(row: sqlite3.Row) -> RunRow:

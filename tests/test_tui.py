@@ -386,3 +386,24 @@ async def test_fleet_screen_shows_every_host_of_the_summary(rm_home, tmp_path):
         await pilot.press("escape")
         await pilot.pause()
         assert not isinstance(app.screen, FleetScreen)
+
+
+@pytest.mark.asyncio
+async def test_runs_screen_shows_what_the_host_says_about_a_detached_run(
+        make_playbook, rm_home, tmp_path):
+    """A run driven by nobody here (detached from the CLI): the state column asks its host."""
+    import json
+
+    from tests.conftest import remotemac
+
+    pb = make_playbook(workload=fast_workload(lines=20, seconds=20))
+    proc = remotemac("run", str(pb), "--out", str(tmp_path / "out"), "--detach", "--json")
+    assert proc.returncode == 0, proc.stderr
+    run_id = json.loads(proc.stdout.splitlines()[-1])["run_id"]
+    app = make_app(rm_home, tmp_path, reattach=False, live_poll_s=0.5)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: "host: cpu running" in screen_text(app)
+                       or "host: cpu finished" in screen_text(app), 60, "the host's answer")
+        assert run_id[:20] in screen_text(app)
+    # leave nothing running: finish the run
+    assert remotemac("attach", run_id).returncode in (0, 1)

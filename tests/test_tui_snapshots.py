@@ -82,7 +82,7 @@ def _app(tmp_path: Path, journal: FakeJournal) -> RemotemacApp:
     settings = Settings(str(tmp_path / "home"), None, None, False)
     return RemotemacApp(settings, ["examples/tiny-mlp.yaml"], journal=journal,
                         now=lambda: NOW, out_root=tmp_path / "runs", reattach=False,
-                        blink=False)
+                        blink=False, live_poll_s=0)
 
 
 def _live(run_id: str, out_dir: Path) -> RunLive:

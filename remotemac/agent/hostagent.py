@@ -306,7 +306,10 @@ def op_launch(req: dict[str, Any]) -> dict[str, Any]:
             raise AgentError("tmux new-session failed: %s" % res.stdout.decode().strip(), "launch")
         mode = "tmux"
     else:
-        _daemonize(argv)
+        sys.path.insert(0, AGENT_DIR)
+        from deadman import spawn_detached  # double fork + setsid, shared with the dead-man
+
+        spawn_detached(argv)
         mode = "daemon"
     deadline = time.time() + 10
     while time.time() < deadline:
@@ -319,24 +322,6 @@ def op_launch(req: dict[str, Any]) -> dict[str, Any]:
     if not tmux and not tmux_path():
         answer["tmux_hint"] = tmux_install_hint(sys.platform, brew_path())
     return answer
-
-
-def _daemonize(argv: list[str]) -> None:
-    """Double fork + setsid: the runner outlives this agent call and any SSH session."""
-    pid = os.fork()
-    if pid:
-        os.waitpid(pid, 0)
-        return
-    try:
-        os.setsid()
-        if os.fork():
-            os._exit(0)
-        devnull = os.open(os.devnull, os.O_RDWR)
-        for fd in (0, 1, 2):
-            os.dup2(devnull, fd)
-        os.execv(argv[0], argv)
-    finally:
-        os._exit(127)
 
 
 def op_extract_project(req: dict[str, Any]) -> dict[str, Any]:
@@ -444,50 +429,6 @@ def op_list_outputs(req: dict[str, Any]) -> dict[str, Any]:
     return {"entries": entries}
 
 
-def op_wipe_run(req: dict[str, Any]) -> dict[str, Any]:
-    """Remove one run's directory (never following links out of ``root``)."""
-    root, run_id = req["root"], req["run_id"]
-    run_dir = os.path.join(root, "runs", run_id)
-    removed, remaining = [], []
-    for session in req.get("sessions", []):
-        tmux = tmux_path()
-        if tmux:
-            subprocess.run(
-                [tmux, "kill-session", "-t", "=" + session],
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
-            removed.append("tmux:" + session)
-    ram = req.get("ram")
-    if ram and ram.get("path"):
-        sys.path.insert(0, AGENT_DIR)
-        import ramstore
-
-        ramstore.destroy_ram_store(ram)
-        removed.append(ram["path"])
-    keep = set(req.get("keep", []))
-    if os.path.lexists(run_dir):
-        _safe_under(root, run_dir)
-        for sub in sorted(os.listdir(run_dir)):
-            if sub in keep:
-                remaining.append(os.path.join(run_dir, sub))
-                continue
-            path = os.path.join(run_dir, sub)
-            _remove(path)
-            removed.append(path)
-        if not keep:
-            os.rmdir(run_dir)
-            removed.append(run_dir)
-    return {"removed": removed, "remaining": remaining}
-
-
-def _remove(path: str) -> None:
-    if os.path.islink(path) or not os.path.isdir(path):
-        os.unlink(path)
-    else:
-        shutil.rmtree(path)
-
-
 OPS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
     "ping": op_ping,
     "prepare_run": op_prepare_run,
@@ -497,7 +438,6 @@ OPS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
     "stop": op_stop,
     "extract_project": op_extract_project,
     "list_outputs": op_list_outputs,
-    "wipe_run": op_wipe_run,
 }
 
 

@@ -29,6 +29,7 @@ from typing import Any
 from remotemac.engine.context import RunOptions, specialize
 from remotemac.engine.hosts import SSHOptions, TransportPool
 from remotemac.engine.inventoryfile import HostVars, Inventory
+from remotemac.engine.runs import register_run
 from remotemac.errors import (
     EXIT_ACCEPTED,
     EXIT_BAD_INPUT,
@@ -244,11 +245,9 @@ async def _one_run(run: FleetRun, playbook: Playbook, fleet_id: str, *, journal:
     if provisioned is not None:
         bus.subscribe(lambda e: provisioned.set() if isinstance(e, PhaseFinished)
                       and e.phase == "provision" else None)
-    journal.create_run(run.run_id, name=stored.name, host=run.host,
-                       playbook_path=str(playbook.source) if playbook.source else None,
-                       playbook=stored.model_dump(mode="json"), out_dir=str(run.out_dir),
-                       options={"keep_data": options.keep_data, "fleet": fleet_id,
-                                "variant": run.variant})
+    register_run(journal, run.run_id, stored, run.out_dir, source=playbook, host=run.host,
+                 options={"keep_data": options.keep_data, "fleet": fleet_id,
+                          "variant": run.variant})
     if run.vars.rental_end is not None:
         left = run.vars.rental_end.timestamp() - time.time()
         if left <= 0:

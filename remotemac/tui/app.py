@@ -38,8 +38,9 @@ class RemotemacApp(App[int]):
                  journal: Any = None, now: Callable[[], float] | None = None,
                  out_root: Path | None = None, reattach: bool = True, blink: bool = True,
                  log_max_lines: int = 10_000, flush_s: float = 0.05,
-                 remote_root: str = "~/remotemac") -> None:
+                 remote_root: str = "~/remotemac", live_poll_s: float = 30.0) -> None:
         super().__init__()
+        self.live_poll_s = live_poll_s  # 0: never ask hosts (snapshots, offline)
         self.settings = settings
         self.playbooks = list(playbooks or [])
         self.journal = journal if journal is not None else settings.journal()

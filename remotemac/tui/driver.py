@@ -35,20 +35,6 @@ def error_line(exc: BaseException) -> str:
     return f"internal error: {type(exc).__name__}: {exc}"
 
 
-def load_run(journal: Any, run_id: str):
-    """The journal row and its playbook, as ``remotemac attach`` loads them."""
-    from remotemac.playbook import Playbook
-
-    row = journal.get_run(run_id)
-    if row is None:
-        raise BadInput(f"unknown run id {run_id!r} (see: remotemac status)")
-    pb = Playbook.model_validate(row.playbook)
-    if row.playbook_path:
-        pb._base_dir = Path(row.playbook_path).parent
-        pb._source = Path(row.playbook_path)
-    return row, pb
-
-
 def read_local_logs(out_dir: str | Path, upto: Callable[[str], int | None],
                     max_lines: int) -> list[tuple[str, str]]:
     """(device, line) already on disk in ``<out>/logs/<device>.log`` (blocking: use a thread).
@@ -118,16 +104,15 @@ class RunDriver:
     def start(self, playbook_path: str, *, keep_data: bool = False) -> str:
         """Create the journal row (as ``remotemac run`` does) and drive the run in a worker."""
         from remotemac.engine.context import RunOptions
+        from remotemac.engine.runs import register_run
         from remotemac.journal import new_run_id
         from remotemac.playbook import load_playbook
 
         pb = load_playbook(playbook_path)
         run_id = new_run_id(pb.name)
         out_dir = (self.out_root / run_id).resolve()
-        self.journal.create_run(run_id, name=pb.name, host=pb.host,
-                                playbook_path=str(pb.source) if pb.source else None,
-                                playbook=pb.model_dump(mode="json"), out_dir=str(out_dir),
-                                options={"keep_data": keep_data, "drill": None})
+        register_run(self.journal, run_id, pb, out_dir,
+                     options={"keep_data": keep_data, "drill": None})
         self._spawn(run_id, pb, out_dir, RunOptions(keep_data=keep_data), preload=False)
         return run_id
 
@@ -137,6 +122,8 @@ class RunDriver:
 
         if self.attached(run_id):
             raise BadInput(f"run {run_id} is already attached here")
+        from remotemac.engine.runs import load_run
+
         row, pb = load_run(self.journal, run_id)
         options = RunOptions(keep_data=bool(row.options.get("keep_data")),
                              drill=row.options.get("drill"))
@@ -219,6 +206,8 @@ class RunDriver:
 
         if self.attached(run_id):
             raise BadInput(f"run {run_id} is still attached: {phase} it when it ends")
+        from remotemac.engine.runs import load_run
+
         row, pb = load_run(self.journal, run_id)
         if phase == "wipe" and pb.wipe == "manual":
             pb = pb.model_copy(update={"wipe": "after_pull"})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any
 
 from textual import work
@@ -15,6 +16,7 @@ from remotemac.tui.model import cost_so_far, human_age
 
 COLUMNS = ("run", "name", "host", "phase", "state", "verdict", "age", "cost")
 REFRESH_S = 2.0
+LIVE_STATES = ("running", "detached", "interrupted", "created")
 
 
 class RunsScreen(Screen):
@@ -35,6 +37,7 @@ class RunsScreen(Screen):
     def __init__(self) -> None:
         super().__init__()
         self.hosts_by_run: dict[str, str] = {}
+        self.live_by_run: dict[str, str] = {}
 
     def compose(self) -> ComposeResult:
         yield Header(show_clock=False)
@@ -49,6 +52,10 @@ class RunsScreen(Screen):
         self.sub_title = "runs"
         self.refresh_runs()
         self.set_interval(REFRESH_S, self.refresh_runs)
+        app: Any = self.app
+        if app.live_poll_s > 0:
+            self.poll_live()
+            self.set_interval(app.live_poll_s, self.poll_live)
 
     def selected_run_id(self) -> str | None:
         table = self.query_one("#runs", DataTable)
@@ -71,6 +78,33 @@ class RunsScreen(Screen):
             return
         self._fill(rows)
 
+    @work(exclusive=True, group="runs-live")
+    async def poll_live(self) -> None:
+        """Ask the hosts of runs nobody here drives what their jobs are doing right now."""
+        from remotemac.engine.livestatus import live_status
+        from remotemac.engine.runs import load_run
+
+        app: Any = self.app
+        runs = await asyncio.to_thread(app.journal.list_runs)
+        for r in runs:
+            if r.state not in LIVE_STATES or app.driver.attached(r.run_id):
+                self.live_by_run.pop(r.run_id, None)
+                continue
+            try:
+                row, pb = load_run(app.journal, r.run_id)
+                answer = await live_status(
+                    run_id=r.run_id, playbook=pb, journal=app.journal, home=app.settings.home,
+                    out_dir=Path(row.out_dir), ssh=app.settings.ssh_options(), timeout=10)
+            except Exception as exc:  # never let one host break the screen
+                self.live_by_run[r.run_id] = f"host: {type(exc).__name__}"
+                continue
+            if not answer.get("answered"):
+                self.live_by_run[r.run_id] = "host did not answer"
+                continue
+            parts = [f"{label} {info.get('state')}" for label, info in answer["sides"].items()]
+            self.live_by_run[r.run_id] = "host: " + ", ".join(parts)
+        self.refresh_runs()
+
     def _load(self) -> list[tuple[str, str, list[Any]]]:
         app: Any = self.app
         now = app.now()
@@ -83,6 +117,8 @@ class RunsScreen(Screen):
                 phases = app.journal.phases(r.run_id)
                 phase = next(reversed(phases), "") if phases else ""
             state = "attached" if app.driver.attached(r.run_id) else r.state
+            if r.run_id in self.live_by_run:
+                state = f"{state} ({self.live_by_run[r.run_id]})"
             out.append((r.run_id, r.host, [
                 r.run_id, r.name, r.host, phase or "—", state, r.verdict or "—",
                 human_age(now - r.created_at),
