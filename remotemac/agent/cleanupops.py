@@ -39,6 +39,7 @@ if _HERE not in sys.path:
 
 import deadman  # noqa: E402
 import ramstore  # noqa: E402
+from hostagent import pid_alive  # noqa: E402
 
 SYSTEM_DIRS = frozenset([
     "/", "/bin", "/sbin", "/usr", "/usr/bin", "/usr/sbin", "/usr/lib", "/usr/local",
@@ -206,18 +207,6 @@ def kill_session(name: str, steps: List[Dict[str, Any]]) -> bool:
     run_cmd([tmux, "kill-session", "-t", "=" + name], steps)
     code, _, _ = run_cmd([tmux, "has-session", "-t", "=" + name])
     return code != 0
-
-
-def pid_alive(pid: Any) -> bool:
-    if not isinstance(pid, int) or pid <= 1:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def cmdline(pid: int) -> str:

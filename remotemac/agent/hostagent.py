@@ -134,8 +134,9 @@ def tmux_alive(session: str) -> bool | None:
     return res.returncode == 0
 
 
-def pid_alive(pid: int | None) -> bool:
-    if not pid:
+def pid_alive(pid: Any) -> bool:
+    """Is ``pid`` a live process (never true for 0, 1 or a non-integer)?"""
+    if not isinstance(pid, int) or pid <= 1:
         return False
     try:
         os.kill(pid, 0)
