@@ -347,14 +347,25 @@ def schema() -> None:
 @click.argument("host")
 @click.option("--json", "as_json", is_flag=True)
 @click.option("--remote-root", default="~/remotemac", show_default=True)
+@click.option("--playbook", type=click.Path(dir_okay=False),
+              help="Check free disk against what this playbook needs (and use its remote_root).")
 @click.pass_obj
-def doctor(settings: Settings, host: str, as_json: bool, remote_root: str) -> None:
+def doctor(settings: Settings, host: str, as_json: bool, remote_root: str,
+           playbook: str | None) -> None:
     """Is HOST fit: OS, arch, VM, Python, tmux, disk, MPS."""
     from remotemac.checks.doctor import main_doctor
     from remotemac.engine.hosts import open_transport
 
+    needs = None
+    if playbook:
+        from remotemac.engine.plan import disk_needed
+        from remotemac.playbook import load_playbook
+
+        pb = load_playbook(playbook)
+        remote_root, needs = pb.remote_root, disk_needed(pb)
     transport = open_transport(host, settings.home, settings.ssh_options())
-    sys.exit(main_doctor(host, as_json, transport, remote_root=remote_root))
+    sys.exit(main_doctor(host, as_json, transport, remote_root=remote_root,
+                         needs_disk_bytes=needs))
 
 
 @main.command()

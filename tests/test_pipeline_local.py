@@ -195,3 +195,19 @@ def test_a_run_has_one_driver_at_a_time(make_playbook, rm_home: Path, tmp_path: 
     first.communicate(timeout=240)
     assert first.returncode in (0, 1)
     assert sqlite3.connect(db).execute("SELECT count(*) FROM owners").fetchone()[0] == 0
+
+
+def test_doctor_checks_disk_against_the_playbook(make_playbook, rm_home: Path):
+    """`doctor local --playbook`: a playbook needing more disk than there is fails the disk check."""
+    import shutil
+
+    free = shutil.disk_usage(Path.home()).free
+    small = make_playbook("small", stop_when={"memory_growth": False, "min_free_disk": 1024})
+    huge = make_playbook("huge", stop_when={"memory_growth": False, "min_free_disk": free * 4})
+    checks = {}
+    for name, pb in (("small", small), ("huge", huge)):
+        proc = remotemac("doctor", "local", "--playbook", str(pb), "--json", timeout=180)
+        report = json.loads(proc.stdout)
+        checks[name] = {c["name"]: c for c in report["checks"]}["disk"]
+    assert checks["small"]["status"] == "ok", checks["small"]
+    assert checks["huge"]["status"] == "fail", checks["huge"]

@@ -320,7 +320,9 @@ def render_markdown(record: dict[str, Any]) -> str:
         out.append("Unknown (no hourly rate or rental hours).")
 
     decision = rec.get("decision") or {}
-    out += ["", "## Decision", "", f"**{_cell(decision.get('recommendation'))}**", ""]
+    recommendation = decision.get("recommendation")
+    out += ["", "## Decision", "",
+            f"**{_cell(recommendation)}**" if recommendation else "**No recommendation yet.**", ""]
     out += [f"- {_cell(r)}" for r in decision.get("reasons") or []] or ["- no reasons given"]
 
     out += ["", "## Reproduce", ""]

@@ -47,6 +47,19 @@ def make_plan(pb: Playbook) -> dict[str, Any]:
     }
 
 
+VENV_ESTIMATE = 3 * 1024**3  # a torch venv; only counted when the playbook installs requirements
+
+
+def disk_needed(pb: Playbook) -> int:
+    """Bytes the run needs on remote_root's volume: ciphertext of the slice, the outputs
+    (estimated as one slice), a venv when requirements are installed, and the margin
+    ``stop_when.min_free_disk`` below which the job would be stopped."""
+    plan = make_plan(pb)
+    data = int(plan["data"]["bytes"])
+    venv = VENV_ESTIMATE if pb.environment.venv and pb.environment.requirements else 0
+    return plan["project"]["bytes"] + 2 * data + venv + pb.stop_when.min_free_disk
+
+
 def print_plan(plan: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
