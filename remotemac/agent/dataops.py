@@ -37,9 +37,11 @@ slice is encrypted; Python 3.9.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import os
+import re
 import stat
 import struct
 import sys
@@ -62,14 +64,21 @@ class DataError(Exception):
 # ------------------------------------------------------------------ paths and records
 
 
+_CONTROL = re.compile(r"[\x00-\x1f\\]")
+
+
+@functools.lru_cache(maxsize=65536)
 def _check_rel(rel: str) -> str:
-    parts = rel.split("/")
+    """A manifest path as given, or DataError: no absolute path, '..', '.', control chars.
+
+    Cached: a re-sync checks every path of the slice several times (records, manifest,
+    prune), and a slice has thousands of them.
+    """
     if (
         not rel
         or rel.startswith("/")
-        or any(p in ("", ".", "..") for p in parts)
-        or any(ord(c) < 32 for c in rel)
-        or "\\" in rel
+        or any(p in ("", ".", "..") for p in rel.split("/"))
+        or _CONTROL.search(rel)
     ):
         raise DataError("unsafe dataset path %r" % rel, "unsafe-path")
     return rel
@@ -376,10 +385,11 @@ class Receiver:
         if self.encrypted:
             roots.append((self.dest, ""))
         for base, ext in roots:
+            prefix_len = len(base.rstrip(os.sep)) + 1
             for dirpath, _dirs, files in os.walk(base):
                 for name in files:
                     full = os.path.join(dirpath, name)
-                    rel = os.path.relpath(full, base).replace(os.sep, "/")
+                    rel = full[prefix_len:].replace(os.sep, "/")  # os.walk joins below base
                     if ".part-" in name or (base == self.src and rel.startswith(RECORD)):
                         continue  # a session's file in flight, or its debris (wiped later)
                     logical = rel[: -len(ext)] if ext and rel.endswith(ext) else None
