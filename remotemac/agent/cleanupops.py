@@ -39,7 +39,7 @@ if _HERE not in sys.path:
 
 import deadman  # noqa: E402
 import ramstore  # noqa: E402
-from hostagent import pid_alive  # noqa: E402
+from hostagent import pid_alive, tmux_path  # noqa: E402
 
 SYSTEM_DIRS = frozenset([
     "/", "/bin", "/sbin", "/usr", "/usr/bin", "/usr/sbin", "/usr/lib", "/usr/local",
@@ -154,16 +154,6 @@ def session_name(run_id: str, label: str = "") -> str:
     """The tmux session name of engine/context.Side.session (prefix when no label)."""
     tail = "%s-%s" % (run_id, label) if label else run_id + "-"
     return SESSION_PREFIX + re.sub(r"[^A-Za-z0-9_-]", "_", tail)
-
-
-def tmux_path() -> Optional[str]:
-    found = shutil.which("tmux")
-    if found:
-        return found
-    for candidate in ("/opt/homebrew/bin/tmux", "/usr/local/bin/tmux"):
-        if os.access(candidate, os.X_OK):
-            return candidate
-    return None
 
 
 def run_cmd(argv: List[str], steps: Optional[List[Dict[str, Any]]] = None,
