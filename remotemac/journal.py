@@ -101,6 +101,33 @@ class RunRow:
     finished_at: float | None
 
 
+@contextmanager
+def _init_lock(lock_path: Path) -> Iterator[None]:
+    """Exclusive advisory lock held while a process sets the journal file up."""
+    import fcntl
+
+    with open(lock_path, "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _retry_locked(op: Any, deadline_s: float = 60.0) -> Any:
+    """Run ``op`` again while SQLite says "locked" without waiting (journal-mode switch)."""
+    give_up = time.monotonic() + deadline_s
+    delay = 0.01
+    while True:
+        try:
+            return op()
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > give_up:
+                raise
+            time.sleep(delay)
+            delay = min(delay * 2, 0.5)
+
+
 def new_run_id(name: str) -> str:
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
     return f"{name}-{stamp}-{secrets.token_hex(2)}"
@@ -113,16 +140,21 @@ class Journal:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._local = threading.local()
-        self._db().executescript(SCHEMA)  # idempotent DDL; executescript commits itself
+        # Two processes opening a fresh journal at once race on the switch to WAL,
+        # and SQLite answers that race with an immediate "database is locked" (the
+        # busy handler is not consulted). A flock on a sidecar file serialises the
+        # one-time set-up; afterwards WAL is a property of the file.
+        with _init_lock(self.path.with_name(self.path.name + ".lock")):
+            self._db().executescript(SCHEMA)  # idempotent DDL; executescript commits itself
 
     def _db(self) -> sqlite3.Connection:
         db = getattr(self._local, "db", None)
         if db is None:
             db = sqlite3.connect(self.path, timeout=60, isolation_level=None)
             db.row_factory = sqlite3.Row
-            db.execute("PRAGMA journal_mode=WAL")
-            db.execute("PRAGMA synchronous=NORMAL")
             db.execute("PRAGMA busy_timeout=60000")
+            _retry_locked(lambda: db.execute("PRAGMA journal_mode=WAL"))
+            db.execute("PRAGMA synchronous=NORMAL")
             self._local.db = db
         return db
 

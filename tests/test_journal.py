@@ -1,0 +1,37 @@
+"""The journal shared by several remotemac processes at once (SPEC: runs may overlap)."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import traceback
+from pathlib import Path
+
+from remotemac.journal import Journal
+
+
+def _open_and_write(path: str, barrier: mp.synchronize.Barrier, tag: int) -> str | None:
+    try:
+        barrier.wait(timeout=30)
+        journal = Journal(Path(path))
+        for i in range(5):
+            journal.create_run(f"r{tag}-{i}", name="x", host="local", playbook_path=None,
+                               playbook={}, out_dir="/tmp", options={})
+        journal.close()
+        return None
+    except Exception:  # reported to the parent, which fails the test with it
+        return traceback.format_exc()
+
+
+def test_processes_opening_a_fresh_journal_at_once_all_succeed(tmp_path: Path):
+    """Regression: the first switch to WAL raced and one process died "database is locked"."""
+    workers = 6
+    ctx = mp.get_context("spawn")
+    for round_no in range(8):
+        path = tmp_path / f"round{round_no}" / "journal.sqlite"
+        path.parent.mkdir()
+        barrier = ctx.Manager().Barrier(workers)
+        with ctx.Pool(workers) as pool:
+            errors = pool.starmap(_open_and_write,
+                                  [(str(path), barrier, w) for w in range(workers)])
+        assert [e for e in errors if e] == []
+        assert len(Journal(path).list_runs()) == workers * 5
