@@ -5,6 +5,7 @@ The real-sshd harness and fault proxy live in tests/harness/ (a pytest plugin).
 
 from __future__ import annotations
 
+import gc
 import os
 import subprocess
 import sys
@@ -73,3 +74,14 @@ def remotemac(*args: str, cwd: Path | None = None, env: dict | None = None,
     if check and proc.returncode != 0:
         raise AssertionError(f"remotemac {' '.join(args)} → {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
     return proc
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Collect leftover garbage before the summary's plugins import their modules.
+
+    CPython 3.11.7 keeps ast.parse's recursion bookkeeping in global state; a finalizer
+    that formats a traceback while a plugin's module is being parsed corrupts it and
+    the session dies with "AST constructor recursion depth mismatch".
+    """
+    gc.collect()

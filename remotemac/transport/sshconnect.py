@@ -282,10 +282,48 @@ class _Probed(Exception):
         self.check = check
 
 
+_QUIETED_LOOPS: weakref.WeakSet[asyncio.AbstractEventLoop] = weakref.WeakSet()
+
+
+def _is_lost_sftp_task(context: dict) -> bool:
+    task = context.get("future") or context.get("task")
+    coro = getattr(task, "get_coro", lambda: None)()
+    return (isinstance(context.get("exception"), (asyncssh.DisconnectError, ConnectionError))
+            and "_SFTPParallelIO" in getattr(coro, "__qualname__", ""))
+
+
+def quiet_lost_sftp_tasks(loop: asyncio.AbstractEventLoop) -> None:
+    """Drop asyncio's "Task exception was never retrieved" for asyncssh's SFTP workers.
+
+    When the link dies mid-transfer, asyncssh's parallel put/get raises the first
+    worker's ConnectionLost and leaves the others' unread; asyncio then logs each one,
+    with a traceback, when the task is garbage collected. The transport has already
+    reported the loss and retried, so those lines are noise on the user's terminal
+    (and, on CPython 3.11.7, formatting them inside a running ``ast.parse`` corrupts
+    the parser's recursion bookkeeping). Every other context goes to the handler that
+    was there before.
+    """
+    if loop in _QUIETED_LOOPS:
+        return
+    previous = loop.get_exception_handler()
+
+    def handler(loop: asyncio.AbstractEventLoop, context: dict) -> None:
+        if _is_lost_sftp_task(context):
+            return
+        if previous is not None:
+            previous(loop, context)
+        else:
+            loop.default_exception_handler(context)
+
+    loop.set_exception_handler(handler)
+    _QUIETED_LOOPS.add(loop)
+
+
 async def open_connection(
     params: HostParams, opts: ConnectOptions
 ) -> tuple[asyncssh.SSHClientConnection, list[asyncssh.SSHClientConnection]]:
     """Connect through every ProxyJump hop, strictly; return (final, jump connections)."""
+    quiet_lost_sftp_tasks(asyncio.get_running_loop())
     jumps: list[asyncssh.SSHClientConnection] = []
     tunnel = None
     try:

@@ -62,6 +62,11 @@ class _Link:
 
     async def _write(self, writer: asyncio.StreamWriter, queue: asyncio.Queue) -> None:
         proxy = self.proxy
+        # Pacing clock: each chunk is due len/rate after the previous one was due, so
+        # sleep overshoot and the time spent writing count against the budget instead
+        # of adding to it (sleeping len/rate after each write delivered ~75 % of the
+        # rate at 20 MB/s). Up to 50 ms of lag is caught up; a longer idle gap is not.
+        paced_until = 0.0
         try:
             while True:
                 due, data = await queue.get()
@@ -76,11 +81,18 @@ class _Link:
                     if self.finished == 2:
                         self.close(rst=False)
                     return
+                if proxy.rate:
+                    now = time.monotonic()
+                    if now - paced_until > 0.05:  # idle for a while: no saved-up burst
+                        paced_until = now
+                    paced_until += len(data) / proxy.rate
+                    if paced_until > now:
+                        await asyncio.sleep(paced_until - now)
+                else:
+                    paced_until = 0.0
                 writer.write(data)
                 await writer.drain()
                 proxy.bytes_forwarded += len(data)
-                if proxy.rate:
-                    await asyncio.sleep(len(data) / proxy.rate)
         except (ConnectionError, OSError):
             self.close(rst=False)
 
