@@ -70,17 +70,10 @@ def host_facts() -> dict:
         facts["translated"] = _first_line(["sysctl", "-n", "sysctl.proc_translated"]) == "1"
         facts["vm"] = _first_line(["sysctl", "-n", "kern.hv_vmm_present"]) == "1"
     else:
+        import hostfacts  # a sibling in the shipped agent dir (on sys.path there)
+
         facts["os_version"] = platform.release()
-        chip = ""
-        try:
-            with open("/proc/cpuinfo") as fh:
-                for line in fh:
-                    if line.lower().startswith("model name"):
-                        chip = line.split(":", 1)[1].strip()
-                        break
-        except OSError:
-            pass
-        facts["chip"] = chip
+        facts["chip"] = hostfacts.linux_cpu_model() or ""
     return facts
 
 

@@ -340,6 +340,18 @@ def _arch(host: Host, darwin: bool) -> dict[str, Any]:
     }
 
 
+def linux_cpu_model() -> str | None:
+    """The first "model name" of /proc/cpuinfo (Linux hosts: a reference box, CI)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                if line.lower().startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return None
+
+
 def _hardware(host: Host, darwin: bool) -> dict[str, Any]:
     if darwin:
         return {
@@ -347,15 +359,7 @@ def _hardware(host: Host, darwin: bool) -> dict[str, Any]:
             "ncpu": host.sysctl("hw.ncpu"),
             "memory_bytes": host.sysctl("hw.memsize"),
         }
-    chip = None
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
-            for line in fh:
-                if line.lower().startswith("model name"):
-                    chip = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
+    chip = linux_cpu_model()
     try:
         memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):

@@ -16,7 +16,7 @@ from typing import Any
 
 from remotemac.engine.ledger import Ledger
 from remotemac.errors import HostError, RemotemacError
-from remotemac.transport.base import Transport
+from remotemac.transport.base import ExecResult, Transport
 
 AGENT_SRC = Path(__file__).resolve().parent.parent / "agent"
 
@@ -29,6 +29,19 @@ def agent_bundle() -> tuple[str, dict[str, bytes]]:
     for name, data in files.items():
         digest.update(name.encode() + b"\0" + hashlib.sha256(data).digest())
     return digest.hexdigest()[:16], files
+
+
+def parse_answer(host: str, what: str, result: ExecResult, hint: str | None = None) -> dict[str, Any]:
+    """The agent's one JSON answer on stdout, or HostError with its last stderr line."""
+    try:
+        answer = json.loads(result.stdout.decode("utf-8", "replace") or "{}")
+    except ValueError:
+        answer = {}
+    if not answer:
+        err = result.stderr.decode("utf-8", "replace").strip().splitlines()
+        raise HostError(f"{host}: {what} gave no answer (exit {result.exit_code}): "
+                        f"{err[-1] if err else 'no output'}", hint=hint)
+    return answer
 
 
 class AgentError(RemotemacError):
@@ -79,16 +92,7 @@ class AgentClient:
         result = await self.transport.exec(argv, **kwargs)
         self.ledger.append(self.transport.name, " ".join(argv), result.exit_code, op=op,
                            seconds=time.monotonic() - started)
-        try:
-            answer = json.loads(result.stdout.decode("utf-8", "replace") or "{}")
-        except ValueError:
-            answer = {}
-        if not answer:
-            err = result.stderr.decode("utf-8", "replace").strip().splitlines()
-            raise HostError(
-                f"{self.transport.name}: agent {op} gave no answer (exit {result.exit_code}): "
-                + (err[-1] if err else "no output")
-            )
+        answer = parse_answer(self.transport.name, f"agent {op}", result)
         if not answer.get("ok"):
             raise AgentError(op, answer.get("error", "unknown error"), answer.get("code", ""))
         return answer["result"]

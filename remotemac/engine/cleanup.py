@@ -31,6 +31,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from remotemac.engine.agentclient import parse_answer
 from remotemac.engine.context import expand_root
 from remotemac.engine.ledger import Ledger
 from remotemac.errors import EXIT_HOST, BadInput, HostError, RemotemacError
@@ -149,15 +150,8 @@ async def call_in_memory(transport: Transport, ledger: Ledger, fn: str, req: dic
     ledger.append(transport.name, f"{python} -c <remotemac agent from stdin: cleanupops.{fn}"
                   f"{' (dry run)' if req.get('dry_run') else ''}>", result.exit_code,
                   op=f"cleanup:{fn}", seconds=time.monotonic() - started)
-    try:
-        answer = json.loads(result.stdout.decode("utf-8", "replace") or "{}")
-    except ValueError:
-        answer = {}
-    if not answer:
-        err = result.stderr.decode("utf-8", "replace").strip().splitlines()
-        raise HostError(f"{transport.name}: cleanup agent gave no answer (exit "
-                        f"{result.exit_code}): {err[-1] if err else 'no output'}",
-                        hint="is python3 installed on the host?")
+    answer = parse_answer(transport.name, "cleanup agent", result,
+                          hint="is python3 installed on the host?")
     if not answer.get("ok"):
         raise RemotemacError(f"{transport.name}: cleanup failed on the host: {answer.get('error')}")
     ledger.append_steps(transport.name, f"cleanup:{fn}", answer["result"].get("steps"))
