@@ -13,6 +13,7 @@ EXIT_BAD_INPUT = 2
 EXIT_HOST = 3
 EXIT_JOB_LOST = 4
 EXIT_INTEGRITY = 5
+EXIT_HOST_ENV = 6
 EXIT_INTERRUPTED = 130
 
 
@@ -52,6 +53,17 @@ class AuthError(HostError):
 
 class TransientHostError(HostError):
     """A link problem that a reconnect may cure."""
+
+
+class HostEnvError(RemotemacError):
+    """The host is reachable but lacks what the run needs, and it could not be installed.
+
+    An interpreter that is not on the host's PATH, a ``pip install`` that failed, a
+    module remotemac's agent could not bring: the user fixes the playbook or the
+    host (the message says which), not the network, so this is not exit 3.
+    """
+
+    exit_code = EXIT_HOST_ENV
 
 
 class JobLost(RemotemacError):

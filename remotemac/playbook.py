@@ -170,7 +170,7 @@ class CompareRule(Strict):
 
 
 class Outputs(Strict):
-    path: str = "out"
+    path: str = Field(".", description="what to pull, relative to {output_dir}; default: all of it")
     compare: list[CompareRule] = Field(default_factory=list)
 
 

@@ -205,8 +205,19 @@ def test_stopping_condition_or_missing_observation_is_not_apple_first():
     obs = passing_observations()
     obs["results"] = {"within_tolerance": None, "files": []}
     got = decide(obs, [], {"goal": "inference"})
-    assert got["recommendation"] == LINUX_FIRST
-    assert got["reasons"] == ["not observed: results"]
+    assert got["recommendation"] is None  # no evidence either way: no hardware advice yet
+    assert got["reasons"] == ["no recommendation yet: not observed: results"]
+
+
+def test_failed_workload_gets_no_hardware_recommendation():
+    """Issue 14: a job that failed to start is not evidence for Linux GPUs."""
+    failed = {"code": "workload-failed",
+              "detail": "target job failed with exit 1: ModuleNotFoundError: No module named "
+                        "'torch'"}
+    got = decide(passing_observations(), [failed], {"goal": "inference"})
+    assert got["recommendation"] is None
+    assert "ModuleNotFoundError" in got["reasons"][0]
+    assert "says nothing about the hardware" in got["reasons"][0]
 
 
 def test_runs_under_the_interpreter_it_ships_for():

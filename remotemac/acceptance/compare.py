@@ -478,6 +478,19 @@ def _matches(root: Path, pattern: str) -> set[str]:
     return found
 
 
+def written_summary(*dirs: Path, limit: int = 8) -> str:
+    """What the workload did write (relative paths, both sides), for a rule that matched nothing."""
+    names: set[str] = set()
+    for base in dirs:
+        if base.is_dir():
+            names.update(p.relative_to(base).as_posix() for p in base.rglob("*") if p.is_file())
+    if not names:
+        return "nothing (check that it writes under {output_dir})"
+    shown = sorted(names)[:limit]
+    more = len(names) - len(shown)
+    return ", ".join(shown) + (f" and {more} more" if more > 0 else "")
+
+
 def compare_outputs(reference_dir: Path, target_dir: Path,
                     rules: list[CompareRule]) -> ComparisonResult:
     """Compare every file the rules name; a file on one side only is a failure.
@@ -494,7 +507,8 @@ def compare_outputs(reference_dir: Path, target_dir: Path,
         if not ref_set and not tgt_set:
             files.append(FileResult(rule.file, None, None, rule.rtol, rule.atol, False,
                                     f"no file matches '{rule.file}' in the reference "
-                                    f"({reference_dir}) or the target ({target_dir}) outputs"))
+                                    f"({reference_dir}) or the target ({target_dir}) outputs; "
+                                    f"the workload wrote: {written_summary(reference_dir, target_dir)}"))
             continue
         for rel in sorted(ref_set | tgt_set):
             if rel in seen:  # the first rule that names a file decides its tolerances

@@ -7,8 +7,9 @@ The recommendation follows issue 7's rules, blockers first:
 
 1. required CUDA-only dependencies, multiple GPUs or operators MPS does not
    implement -> ``linux-gpu-first`` (a Mac cannot run the workload as is);
-2. any stopping condition or missing observation -> ``linux-gpu-first`` (no
-   evidence that MPS is good enough yet);
+2. the workload failed or was lost -> no recommendation (the run says what failed);
+   an observation missing -> no recommendation yet; any other stopping condition
+   -> ``linux-gpu-first`` (no evidence that MPS is good enough yet);
 3. a training pipeline on Linux that must also ship on macOS -> ``both``;
 4. every observation passed and the goal is prototyping, inference or macOS
    validation -> ``apple-silicon-first``;
@@ -24,6 +25,8 @@ APPLE_FIRST = "apple-silicon-first"
 LINUX_FIRST = "linux-gpu-first"
 BOTH = "both"
 RECOMMENDATIONS = (APPLE_FIRST, LINUX_FIRST, BOTH)
+#: stopping conditions after which the run is no evidence about the hardware at all
+NO_EVIDENCE = ("workload-failed", "job-lost")
 GOALS = ("prototyping", "inference", "macos-validation", "training")
 APPLE_GOALS = ("prototyping", "inference", "macos-validation")
 
@@ -242,11 +245,25 @@ def decide(observations: dict[str, Any] | None,
         if key not in seen:
             seen.add(key)
             failed.append(f"{cond.get('code')}: {cond.get('detail')}")
-    if failed or missing:
+    broken = [c for c in list(stopping_conditions) + derived if c.get("code") in NO_EVIDENCE]
+    if broken:
+        # a job that failed or was lost says nothing about the hardware: no recommendation
+        return {"recommendation": None,
+                "reasons": [f"the workload did not run to the end, so this run says nothing "
+                            f"about the hardware: {c.get('code')}: {c.get('detail')}"
+                            for c in broken]
+                + ["stopping condition " + f for f in failed
+                   if f.split(":", 1)[0] not in NO_EVIDENCE]}
+    if failed:
         reasons = ["stopping condition " + f for f in failed]
         if missing:
             reasons.append("not observed: " + ", ".join(missing))
         return {"recommendation": LINUX_FIRST, "reasons": reasons}
+    if missing:
+        return {"recommendation": None,
+                "reasons": ["no recommendation yet: not observed: " + ", ".join(missing)]
+                + ([f"results: {ctx['results_summary']}"] if ctx.get("results_summary")
+                   else [])}
 
     device = ctx.get("target_device")
     if device not in (None, "mps"):

@@ -189,61 +189,6 @@ def op_prepare_run(req: dict[str, Any]) -> dict[str, Any]:
     return {"run_dir": run_dir, "paths": paths}
 
 
-def op_ensure_venv(req: dict[str, Any]) -> dict[str, Any]:
-    """Create or reuse ``envs/<key>``: one venv per (interpreter, requirements) hash."""
-    root, key = req["root"], req["key"]
-    env_dir = os.path.join(root, "envs", key)
-    ready = os.path.join(env_dir, ".remotemac-ready")
-    python = os.path.join(env_dir, "bin", "python")
-    started = time.time()
-    if os.path.exists(ready) and os.path.exists(python):
-        return {"venv_python": python, "env_dir": env_dir, "reused": True, "seconds": 0.0}
-    interpreter = shutil.which(req.get("python") or "python3")
-    if not interpreter:
-        raise AgentError("interpreter %r not found on the host" % req.get("python"), "no-python")
-    if os.path.exists(env_dir):
-        shutil.rmtree(env_dir)
-    argv = [interpreter, "-m", "venv"]
-    if req.get("system_site_packages"):
-        argv.append("--system-site-packages")
-    if not req.get("requirements"):
-        argv.append("--without-pip")
-    argv.append(env_dir)
-    _run_checked(argv, "venv creation")
-    inventory_add(root, "venv", env_dir)
-    if req.get("requirements"):
-        _run_checked(
-            [
-                python,
-                "-m",
-                "pip",
-                "install",
-                "--disable-pip-version-check",
-                "-q",
-                "-r",
-                req["requirements"],
-            ],
-            "pip install",
-        )
-    with open(ready, "w") as fh:
-        fh.write(key)
-    return {
-        "venv_python": python,
-        "env_dir": env_dir,
-        "reused": False,
-        "seconds": round(time.time() - started, 2),
-    }
-
-
-def _run_checked(argv: list[str], what: str) -> None:
-    res = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    if res.returncode != 0:
-        tail = res.stdout.decode("utf-8", "replace").strip().splitlines()[-3:]
-        raise AgentError(
-            "%s failed (exit %d): %s" % (what, res.returncode, " | ".join(tail)), "env-failed"
-        )
-
-
 def op_launch(req: dict[str, Any]) -> dict[str, Any]:
     """Start the runner for one device, in tmux when present, else daemonised."""
     run_dir, device, session = req["run_dir"], req["device"], req["session"]
@@ -433,7 +378,6 @@ def op_list_outputs(req: dict[str, Any]) -> dict[str, Any]:
 OPS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
     "ping": op_ping,
     "prepare_run": op_prepare_run,
-    "ensure_venv": op_ensure_venv,
     "launch": op_launch,
     "status": op_status,
     "stop": op_stop,
@@ -450,6 +394,7 @@ def _lazy(module: str, name: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
     return call
 
 
+OPS["ensure_venv"] = _lazy("venvops", "op_ensure_venv")
 OPS["prepare_data"] = _lazy("dataops", "op_prepare_data")
 OPS["wipe_run_data"] = _lazy("cleanupops", "op_wipe_run_data")
 OPS["cleanup_host"] = _lazy("cleanupops", "op_cleanup_host")

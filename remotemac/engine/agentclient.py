@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from remotemac.engine.ledger import Ledger
-from remotemac.errors import HostError, RemotemacError
+from remotemac.errors import EXIT_HOST_ENV, HostError, RemotemacError
 from remotemac.transport.base import ExecResult, Transport
 
 AGENT_SRC = Path(__file__).resolve().parent.parent / "agent"
@@ -52,6 +52,22 @@ class AgentError(RemotemacError):
     def __init__(self, op: str, message: str, code: str) -> None:
         super().__init__(f"host agent {op}: {message}")
         self.code = code
+
+
+#: agent error codes that mean "the host lacks something", not "the host is unreachable"
+HOST_ENV_CODES = frozenset({"no-python", "env-failed", "missing-module", "runtime-failed"})
+
+
+class HostEnvAgentError(AgentError):
+    """The agent answered that the host's environment lacks what the run needs."""
+
+    exit_code = EXIT_HOST_ENV
+
+
+def agent_error(op: str, message: str, code: str) -> AgentError:
+    """The error class for an agent's refusal, by its code."""
+    cls = HostEnvAgentError if code in HOST_ENV_CODES else AgentError
+    return cls(op, message, code)
 
 
 class AgentClient:
@@ -94,5 +110,5 @@ class AgentClient:
                            seconds=time.monotonic() - started)
         answer = parse_answer(self.transport.name, f"agent {op}", result)
         if not answer.get("ok"):
-            raise AgentError(op, answer.get("error", "unknown error"), answer.get("code", ""))
+            raise agent_error(op, answer.get("error", "unknown error"), answer.get("code", ""))
         return answer["result"]

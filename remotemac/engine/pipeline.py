@@ -91,6 +91,24 @@ async def run_pipeline(ctx: RunContext) -> int:
         ctx.journal.release_run(ctx.run_id)
 
 
+def name_phase(exc: RemotemacError, phase: str) -> None:
+    """Every error says which phase it happened in (once, however far it travels)."""
+    if f"during {phase}" in exc.message:
+        return
+    if "(during " in exc.message:  # a sub-step named already: "(during sync, finish)"
+        exc.message = exc.message.replace("(during ", f"(during {phase}, ", 1)
+    else:
+        exc.message = f"{exc.message} (during {phase})"
+    exc.args = (exc.message,)
+
+
+def phase_ok(name: str, result: dict) -> bool:
+    """A follow phase whose job failed, timed out or was stopped is shown as failed."""
+    if name.startswith("follow:"):
+        return result.get("state") in (None, "finished")
+    return result.get("ok", True) is not False
+
+
 async def _run_pipeline(ctx: RunContext) -> int:
     ctx.out_dir.mkdir(parents=True, exist_ok=True)
     (ctx.out_dir / "logs").mkdir(exist_ok=True)
@@ -123,12 +141,16 @@ async def _run_pipeline(ctx: RunContext) -> int:
                 result = await step(ctx, name)
             except BaseException as exc:
                 ctx.journal.finish_phase(ctx.run_id, name, {"error": str(exc)}, state="failed")
+                if isinstance(exc, RemotemacError):
+                    name_phase(exc, name)
+                    ctx.emit(PhaseFinished(ctx.run_id, phase=name, ok=False, detail=exc.message))
                 raise
             result = result or {}
             result.setdefault("seconds", round(time.monotonic() - started, 3))
             ctx.results[name] = result
             ctx.journal.finish_phase(ctx.run_id, name, result)
-            ctx.emit(PhaseFinished(ctx.run_id, phase=name, detail=result.get("summary", "")))
+            ctx.emit(PhaseFinished(ctx.run_id, phase=name, ok=phase_ok(name, result),
+                                   detail=result.get("summary", "")))
             if ctx.options.detach and name.startswith("launch:"):
                 ctx.journal.set_run_state(ctx.run_id, "detached")
                 ctx.emit(RunFinished(ctx.run_id, verdict="detached", exit_code=0,

@@ -14,9 +14,14 @@ from remotemac.events import PhaseProgress
 from remotemac.ignore import walk_project
 
 
-def env_key(python: str, system_site: bool, requirements: bytes | None) -> str:
-    """Venvs are shared between runs with the same interpreter and requirements."""
-    digest = hashlib.sha256(f"{python}\0{system_site}\0".encode())
+def env_key(system_site: bool, requirements: bytes | None) -> str:
+    """The laptop's half of a venv's cache key: options and the requirements' bytes.
+
+    The host adds the other half, the identity of the interpreter the name resolves
+    to (real path, version, prefix), so ``python3`` from two different venvs never
+    shares an environment.
+    """
+    digest = hashlib.sha256(f"{system_site}\0".encode())
     digest.update(requirements or b"")
     return digest.hexdigest()[:16]
 
@@ -69,7 +74,11 @@ async def provision_host(ctx: RunContext, binding: HostBinding) -> dict[str, Any
     venv_python = env.python
     venv: dict[str, Any] = {"reused": None}
     if env.venv:
-        key = env_key(env.python, env.system_site_packages, req_bytes)
+        key = env_key(env.system_site_packages, req_bytes)
+        ctx.emit(PhaseProgress(ctx.run_id, phase="provision", done=0, total=None,
+                               unit="files", detail=f"environment from {env.python}"
+                               + (f", installing {env.requirements} with pip" if req_bytes
+                                  else "")))
         venv = await binding.agent.call("ensure_venv", {
             "root": root, "key": key, "python": env.python,
             "system_site_packages": env.system_site_packages, "requirements": req_remote,
@@ -80,6 +89,8 @@ async def provision_host(ctx: RunContext, binding: HostBinding) -> dict[str, Any
     return {
         "root": root, "run_dir": binding.run_dir, "paths": prepared["paths"],
         "venv_python": venv_python, "venv_reused": venv.get("reused"), "probe": probe,
+        "interpreter": {k: venv.get(k) for k in ("interpreter", "version",
+                                                   "interpreter_is_venv", "parent_site")},
         "project_files": len(files), "project_bytes": len(archive),
         "lock_hash": hashlib.sha256(req_bytes).hexdigest() if req_bytes else None,
     }

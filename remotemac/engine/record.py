@@ -25,6 +25,12 @@ def compare_results(ctx: RunContext) -> dict[str, Any]:
     if ref is None or tgt is None:
         outcome: dict[str, Any] = {"within_tolerance": None, "files": [],
                                    "summary": "no reference to compare with"}
+    elif not _any_file(results / ref.label) and not _any_file(results / tgt.label):
+        # nothing to compare is no evidence either way: incomplete, never "rejected"
+        outcome = {"within_tolerance": None, "files": [],
+                   "summary": "nothing to compare: neither side wrote a file under "
+                              "{output_dir} (outputs.path: "
+                              f"{ctx.playbook.outputs.path})"}
     else:
         outcome = compare_outputs(results / ref.label, results / tgt.label, rules).to_dict()
         ok = sum(1 for f in outcome["files"] if f.get("ok"))
@@ -38,6 +44,10 @@ def compare_results(ctx: RunContext) -> dict[str, Any]:
         ok = sum(1 for f in twice["files"] if f.get("ok"))
         outcome["summary"] += f"; reproduce: {ok}/{len(twice['files'])} files"
     return outcome
+
+
+def _any_file(directory: Path) -> bool:
+    return directory.is_dir() and any(p.is_file() for p in directory.rglob("*"))
 
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -73,15 +83,19 @@ def _observations(ctx: RunContext) -> tuple[dict[str, Any], list[dict[str, Any]]
     memory = memory_stable(samples, warmup_s=min(10.0, 0.25 * duration)) if samples else {
         "peak_bytes": None, "stable": None, "slope_bytes_per_s": None}
     memory["samples"] = [[t, b] for t, b in samples][-200:]
-    operators = harness.get("operators") or {}
+    # a job that never imported torch showed nothing about operators or devices:
+    # "not observed", never an empty list that reads as "pass"
+    torch_seen = bool(harness.get("torch_version") or harness.get("torch_imported"))
+    operators = (harness.get("operators") or {}) if torch_seen else {}
     compare = ctx.results.get("compare", {})
     observations = {
-        "tensors_on_device": harness.get("tensors_on_device"),
+        "tensors_on_device": harness.get("tensors_on_device") if torch_seen else None,
         "operators": {
             "fallback_ops": operators.get("fallback_ops"),
             "unsupported_ops": operators.get("unsupported_ops"),
             "dtype_errors": operators.get("dtype_errors"),
         },
+        "torch_imported": torch_seen if harness else None,
         "memory": memory,
         "results": {"within_tolerance": compare.get("within_tolerance"),
                     "files": compare.get("files", [])},
@@ -106,9 +120,11 @@ def _observations(ctx: RunContext) -> tuple[dict[str, Any], list[dict[str, Any]]
                                "detail": f"{side.role} job stopped cleanly before the volume "
                                          f"was full: {follow.get('reason')}"})
         elif follow and follow.get("state") != "finished":
+            line = last_error_line(logs / f"{side.label}.log")
             conditions.append({"code": "workload-failed",
                                "detail": f"{side.role} job {follow.get('state')} with exit "
-                                         f"{follow.get('exit_code')}"})
+                                         f"{follow.get('exit_code')}"
+                                         + (f": {line}" if line else "")})
     again = observations["reproducibility"]
     if again and again.get("reproduces") is False:
         bad = [f for f in again.get("files") or [] if not f.get("ok")]
@@ -126,6 +142,25 @@ def _observations(ctx: RunContext) -> tuple[dict[str, Any], list[dict[str, Any]]
                            "detail": f"{change['host']}: torch changed since launch "
                                      f"({change['when']}): {change['detail']}"})
     return observations, conditions
+
+
+ERROR_MARKERS = ("Error", "error:", "Exception", "Traceback", "No such file", "not found",
+                 "Killed", "Segmentation fault")
+
+
+def last_error_line(log: Path, scan: int = 64 * 1024) -> str | None:
+    """The line that says why a job failed: the last error-looking line of its log's tail."""
+    try:
+        with open(log, "rb") as fh:
+            fh.seek(max(0, log.stat().st_size - scan))
+            tail = fh.read().decode("utf-8", "replace").splitlines()
+    except OSError:
+        return None
+    lines = [ln.strip() for ln in tail if ln.strip()]
+    for line in reversed(lines):
+        if any(m in line for m in ERROR_MARKERS) and not line.startswith("File "):
+            return line[:300]
+    return lines[-1][:300] if lines else None
 
 
 def _environment(ctx: RunContext) -> dict[str, Any]:
@@ -202,6 +237,7 @@ def _decision_context(ctx: RunContext) -> dict[str, Any]:
         ctx.ledger.append("local", f"audit for the decision failed: {exc}", None, op="audit")
     target = ctx.results.get("provision", {}).get("devices", {}).get("target")
     return {"goal": purpose.goal, "trains_on_linux": purpose.trains_on_linux,
+            "results_summary": (ctx.results.get("compare") or {}).get("summary"),
             "target_device": target,
             "ships_on_macos": purpose.ships_on_macos, "multi_gpu": purpose.multi_gpu,
             "cuda_dependencies": blockers}

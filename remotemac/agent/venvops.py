@@ -1,0 +1,148 @@
+"""The workload's venv, built right from whatever interpreter the playbook names.
+
+Why this is more than ``python -m venv``: the interpreter a user names is often
+itself a venv's python (an activated venv on the laptop for host ``local``, a
+pyenv or Homebrew python on a Mac). ``--system-site-packages`` from a venv's
+python sees the *base* interpreter's site-packages, not the venv's, so a torch
+installed in the user's venv vanished from the workload's environment. Here the
+interpreter is asked who it is (real path, version, prefix, whether it is a venv),
+the cache key covers that identity, and a venv made from a venv gets the parent's
+site-packages through a ``.pth`` file, after its own.
+
+Standard library only, Python 3.9: runs on the host's OS python.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from hostagent import AgentError, inventory_add  # noqa: E402
+
+PARENT_PTH = "_remotemac_parent_site.pth"
+READY = ".remotemac-ready"
+PIP_TAIL_LINES = 6
+
+_IDENTITY_CODE = (
+    "import json, os, sys, sysconfig; p = sysconfig.get_paths(); "
+    "print(json.dumps({'executable': sys.executable, "
+    "'real': os.path.realpath(sys.executable), 'version': sys.version.split()[0], "
+    "'prefix': sys.prefix, 'base_prefix': getattr(sys, 'base_prefix', sys.prefix), "
+    "'purelib': p.get('purelib'), 'platlib': p.get('platlib')}))"
+)
+
+
+def interpreter_identity(python: str) -> dict[str, Any]:
+    """Ask ``python`` (a name on PATH or a path) who it really is."""
+    found = shutil.which(python)
+    if not found:
+        raise AgentError(
+            "interpreter %r not found on the host's PATH (install it, or set "
+            "environment.python to one that exists, e.g. python3)" % python, "no-python")
+    res = subprocess.run([found, "-I", "-c", _IDENTITY_CODE], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, timeout=60)
+    if res.returncode != 0:
+        tail = res.stderr.decode("utf-8", "replace").strip().splitlines()[-1:]
+        raise AgentError("interpreter %s does not start: %s" % (found, " ".join(tail)),
+                         "no-python")
+    ident = json.loads(res.stdout.decode("utf-8", "replace"))
+    ident["found"] = found
+    ident["in_venv"] = os.path.realpath(ident["prefix"]) != os.path.realpath(
+        ident["base_prefix"])
+    return ident
+
+
+def venv_key(base_key: str, ident: dict[str, Any]) -> str:
+    """The env dir's name: the laptop's key (requirements, options) + the interpreter's identity."""
+    digest = hashlib.sha256(base_key.encode())
+    for field in ("real", "version", "prefix"):
+        digest.update(b"\0" + str(ident.get(field)).encode())
+    return digest.hexdigest()[:16]
+
+
+def _site_dirs(python: str) -> list[str]:
+    res = subprocess.run([python, "-I", "-c", _IDENTITY_CODE], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, timeout=60)
+    if res.returncode != 0:
+        raise AgentError("new venv's python does not start", "env-failed")
+    paths = json.loads(res.stdout.decode())
+    return sorted({paths["purelib"], paths["platlib"]})
+
+
+def link_parent_site(venv_python: str, ident: dict[str, Any]) -> list[str]:
+    """Let a venv made from a venv's python see that venv's packages, after its own."""
+    parents = [p for p in sorted({ident.get("purelib"), ident.get("platlib")})
+               if p and os.path.isdir(p)]
+    own = _site_dirs(venv_python)
+    with open(os.path.join(own[0], PARENT_PTH), "w") as fh:
+        fh.write("".join(p + "\n" for p in parents))
+    return parents
+
+
+def run_pip(argv: list[str], cache_dir: str) -> None:
+    """pip with its cache under remote_root; a failure is one line with pip's last lines."""
+    env = dict(os.environ)
+    env["PIP_CACHE_DIR"] = cache_dir
+    env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
+    env["PIP_NO_INPUT"] = "1"
+    res = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+    if res.returncode != 0:
+        lines = [ln for ln in res.stdout.decode("utf-8", "replace").splitlines() if ln.strip()]
+        raise AgentError("pip install failed (exit %d): %s" % (
+            res.returncode, " | ".join(ln.strip() for ln in lines[-PIP_TAIL_LINES:])),
+            "env-failed")
+
+
+def _run_checked(argv: list[str], what: str) -> None:
+    res = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    if res.returncode != 0:
+        tail = res.stdout.decode("utf-8", "replace").strip().splitlines()[-3:]
+        raise AgentError("%s failed (exit %d): %s" % (what, res.returncode, " | ".join(tail)),
+                         "env-failed")
+
+
+def op_ensure_venv(req: dict[str, Any]) -> dict[str, Any]:
+    """Create or reuse ``envs/<key>``: one venv per (interpreter identity, requirements)."""
+    root = req["root"]
+    ident = interpreter_identity(req.get("python") or "python3")
+    key = venv_key(req["key"], ident)
+    env_dir = os.path.join(root, "envs", key)
+    ready = os.path.join(env_dir, READY)
+    python = os.path.join(env_dir, "bin", "python")
+    described = {"interpreter": ident["real"], "version": ident["version"],
+                 "interpreter_is_venv": ident["in_venv"]}
+    if os.path.exists(ready) and os.path.exists(python):
+        return dict(described, venv_python=python, env_dir=env_dir, reused=True, seconds=0.0,
+                    key=key)
+    started = time.time()
+    if os.path.exists(env_dir):  # half-made by an interrupted run: ours, start again
+        shutil.rmtree(env_dir)
+    os.makedirs(os.path.dirname(env_dir), mode=0o700, exist_ok=True)
+    argv = [ident["found"], "-m", "venv"]
+    if req.get("system_site_packages"):
+        argv.append("--system-site-packages")
+    if not req.get("requirements"):
+        argv.append("--without-pip")
+    argv.append(env_dir)
+    _run_checked(argv, "venv creation from %s" % ident["found"])
+    inventory_add(root, "venv", env_dir)
+    parents: list[str] = []
+    if req.get("system_site_packages") and ident["in_venv"]:
+        parents = link_parent_site(python, ident)
+    if req.get("requirements"):
+        cache = os.path.join(root, "cache", "pip")
+        os.makedirs(cache, mode=0o700, exist_ok=True)
+        run_pip([python, "-m", "pip", "install", "--progress-bar", "off", "-q", "-r",
+                 req["requirements"]], cache)
+    with open(ready, "w") as fh:
+        json.dump(dict(described, key=key), fh)
+    return dict(described, venv_python=python, env_dir=env_dir, reused=False, key=key,
+                parent_site=parents, seconds=round(time.time() - started, 2))
