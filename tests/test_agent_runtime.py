@@ -354,3 +354,36 @@ def test_pipeline_on_bare_agent_python_then_cleanup_removes_runtime(make_playboo
                         env={"REMOTEMAC_AGENT_PYTHON": BARE})
     assert cleaned.returncode == 0, cleaned.stdout + cleaned.stderr
     assert not runtime_root.exists()
+
+
+# ------------------------------------------------------------------ doctor
+
+
+@needs_bare
+@pytest.mark.asyncio
+async def test_doctor_reports_runtime_absent_then_present(tmp_path, monkeypatch):
+    from remotemac.checks import doctor as dr
+
+    monkeypatch.setenv("REMOTEMAC_AGENT_PYTHON", BARE)
+    root = tmp_path / "host-root"
+    before = (await dr.doctor(LocalTransport(), "local", str(root))).check("runtime")
+    assert before.status == "ok" and before.value.startswith("absent: will be installed")
+    assert "online with the host's pip" in before.value and "cryptography==" in before.why
+    await ensure_runtime(AgentClient(LocalTransport(), str(root)), home=None, method="online")
+    after = (await dr.doctor(LocalTransport(), "local", str(root))).check("runtime")
+    assert after.status == "ok" and after.value.startswith("present: cryptography ")
+    assert str(root / "runtime") in after.value
+
+
+def test_doctor_runtime_verdicts():
+    from remotemac.checks.doctor import _check_runtime
+
+    tags = {"python": "3.8.10", "system": "linux", "machine": "x86_64"}
+    old = {"present": False, "python_ok": False, "tags": tags, "pip": True, "wheels_known": True}
+    assert _check_runtime({"agent_runtime": old}).status == "fail"
+    stuck = dict(old, python_ok=True, pip=False, wheels_known=False)
+    check = _check_runtime({"agent_runtime": stuck})
+    assert check.status == "fail" and "cannot be installed" in check.value
+    offline_only = dict(stuck, wheels_known=True)
+    assert "offline from wheels" in _check_runtime({"agent_runtime": offline_only}).value
+    assert _check_runtime({}).status == "n/a"
