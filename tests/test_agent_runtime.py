@@ -387,3 +387,16 @@ def test_doctor_runtime_verdicts():
     offline_only = dict(stuck, wheels_known=True)
     assert "offline from wheels" in _check_runtime({"agent_runtime": offline_only}).value
     assert _check_runtime({}).status == "n/a"
+
+
+@needs_bare
+def test_run_whose_runtime_cannot_install_exits_6_naming_sync(make_playbook, rm_home, tmp_path):
+    """The CLI's answer to a host that can neither pip-install nor be forced offline."""
+    pb = make_playbook(agent={"python": BARE, "runtime_install": "online"})
+    proc = remotemac("run", str(pb), "--out", str(tmp_path / "out"),
+                     env={"PIP_CONFIG_FILE": os.devnull, "PIP_NO_INDEX": "1",
+                          "PIP_FIND_LINKS": ""})
+    assert proc.returncode == EXIT_HOST_ENV, proc.stdout + proc.stderr
+    errors = [ln for ln in proc.stderr.splitlines() if "error" in ln.lower()]
+    assert errors and "during sync" in errors[-1] and "pip install failed" in errors[-1]
+    assert "Traceback" not in proc.stderr
