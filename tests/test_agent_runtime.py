@@ -350,7 +350,8 @@ def test_pipeline_on_bare_agent_python_then_cleanup_removes_runtime(make_playboo
     assert not [e for e in ledger2 if e["op"] == "install-runtime"]
     runtime_root = tmp_path / "host-root" / "runtime"
     assert [p for p in runtime_root.iterdir() if (p / ".complete").is_file()]
-    cleaned = remotemac("cleanup", "local", "--yes", "--json",
+    cleaned = remotemac("cleanup", "local", "--remote-root", str(tmp_path / "host-root"),
+                        "--yes", "--json", "--out", str(tmp_path / "cleanup"), cwd=tmp_path,
                         env={"REMOTEMAC_AGENT_PYTHON": BARE})
     assert cleaned.returncode == 0, cleaned.stdout + cleaned.stderr
     assert not runtime_root.exists()
