@@ -160,7 +160,7 @@ class SSHD:
         Without it, open sessions survive, as on a real host when sshd restarts.
         """
         if kill_sessions and self.proc is not None:
-            for pid in _children(self.proc.pid):
+            for pid in _session_processes(self.proc.pid):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
         self._kill()
@@ -204,6 +204,11 @@ class SSHD:
     def tmux_dir(self) -> Path:
         """The session's ``TMUX_TMPDIR``: this host's own tmux server lives here."""
         return self.dirs.tmux_dir
+
+    @property
+    def authorized_keys(self) -> Path:
+        """The file sshd takes client keys from (empty it to revoke the key)."""
+        return self._authorized_keys_path()
 
     def session_env(self) -> dict[str, str]:
         """What sshd sets for every session of this host (its merged ``SetEnv``)."""
@@ -348,18 +353,32 @@ class SSHD:
             proc.wait()
 
 
-def _children(pid: int) -> list[int]:
-    """Direct children of ``pid`` (sshd's per-connection processes), from /proc."""
-    found = []
+def _session_processes(pid: int) -> list[int]:
+    """sshd's per-connection processes below ``pid``, at any depth, from /proc.
+
+    For a non-root login privilege separation puts the session's network process
+    (running as the user) under a root monitor: killing only the monitor would leave
+    the connection up. A session's own commands are left alone (their connection
+    going away is what ends them, as on a real host).
+    """
+    parent_of: dict[int, int] = {}
+    name_of: dict[int, str] = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            head, tail = (entry / "stat").read_text().rsplit(")", 1)
         except OSError:
             continue
-        if int(fields[1]) == pid:
-            found.append(int(entry.name))
+        parent_of[int(entry.name)] = int(tail.split()[1])
+        name_of[int(entry.name)] = head.split("(", 1)[1]
+    found, frontier = [], [pid]
+    while frontier:
+        current = frontier.pop()
+        for child, parent in parent_of.items():
+            if parent == current and name_of.get(child) == "sshd":
+                found.append(child)
+                frontier.append(child)
     return found
 
 
