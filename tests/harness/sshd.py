@@ -210,6 +210,14 @@ class SSHD:
         """The file sshd takes client keys from (empty it to revoke the key)."""
         return self._authorized_keys_path()
 
+    def host_dir(self, name: str) -> Path:
+        """A dir beside ``home`` that the login can write (a canary, a second root)."""
+        path = self.dirs.top / name
+        path.mkdir(exist_ok=True)
+        if self.lab:
+            os.chown(path, *lab.lab_ids())
+        return path
+
     def session_env(self) -> dict[str, str]:
         """What sshd sets for every session of this host (its merged ``SetEnv``)."""
         env = {**lab.session_env(), "HOME": str(self.home)} if self.lab else {}
