@@ -13,6 +13,7 @@ EXIT_BAD_INPUT = 2
 EXIT_HOST = 3
 EXIT_JOB_LOST = 4
 EXIT_INTEGRITY = 5
+EXIT_HOST_ENV = 6
 EXIT_INTERRUPTED = 130
 
 
@@ -52,6 +53,18 @@ class AuthError(HostError):
 
 class TransientHostError(HostError):
     """A link problem that a reconnect may cure."""
+
+
+class HostEnvironmentError(RemotemacError):
+    """The host is reachable but lacks something remotemac needs and could not bring or
+    build there (a Python module, pip, a wheel for its platform), or installing it failed.
+
+    Not exit 3: the link and the login are fine, and retrying will not help until
+    the host's environment (or the laptop's access to wheels) changes. The message
+    names the phase and carries pip's last lines.
+    """
+
+    exit_code = EXIT_HOST_ENV
 
 
 class JobLost(RemotemacError):

@@ -68,7 +68,9 @@ def build_context(
         spec = host_for_key(playbook, key)
         transport = (pool.lease(spec, emit=bus.emit, run_id=run_id) if pool is not None
                      else open_transport(spec, home, ssh, emit=bus.emit, run_id=run_id))
-        hosts[key] = HostBinding(key, transport, AgentClient(transport, "", ledger))
+        # agent.python names the target host's interpreter, not the laptop's (on: local)
+        python = None if key == "local" and playbook.host != "local" else playbook.agent.python
+        hosts[key] = HostBinding(key, transport, AgentClient(transport, "", ledger, python=python))
     ctx = RunContext(run_id=run_id, playbook=playbook, journal=journal, bus=bus, home=home,
                      out_dir=out_dir, options=options, hosts=hosts, sides=sides, ledger=ledger)
     # the engine counts link drops itself, so every front end's record has them

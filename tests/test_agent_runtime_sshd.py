@@ -1,0 +1,64 @@
+"""The agent runtime over a real OpenSSH sshd, with the agent on a bare CPython 3.9.
+
+The sshd of tests/harness logs in as this machine's user; the agent's interpreter
+is set to pyenv's bare 3.9 (pip and setuptools only), as a rented Mac's
+/usr/bin/python3 would be. Both ways in (pip on the host; wheels brought by the
+laptop over SFTP) end in an encrypted sync whose plaintext lands only in RAM.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from remotemac.engine.agentclient import AgentClient
+from remotemac.engine.ledger import Ledger
+from remotemac.engine.runtime import ensure_runtime
+from remotemac.engine.sync import sync_slice
+from remotemac.transport.ssh import SSHTransport
+from tests.test_agent_runtime import BARE, make_data, needs_bare
+
+pytestmark = [pytest.mark.timeout(300), needs_bare]
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("method", ["online", "offline"])
+async def test_encrypted_sync_over_sshd_with_agent_on_bare_python(sshd, ssh_env, tmp_path, method):
+    home, cfg, alias = ssh_env(sshd)
+    transport = SSHTransport(alias, home_dir=home, ssh_config=cfg)
+    root = tmp_path / "host-root"
+    run_id = f"rt-sshd-{method}"
+    ledger_path = tmp_path / "ledger.jsonl"
+    agent = AgentClient(transport, str(root), Ledger(ledger_path), python=BARE)
+    data = tmp_path / "data"
+    paths = make_data(data, files=8)
+    key = os.urandom(32)
+    await transport.connect()
+    try:
+        prepared = await agent.call("prepare_run", {"root": str(root), "run_id": run_id})
+        runtime = await ensure_runtime(agent, home=tmp_path / "rmhome", method=method,
+                                       run_id=run_id)
+        assert runtime["method"] == method and runtime["reused"] is False
+        manifest, answer, _ = await sync_slice(
+            transport, agent, root=data, paths=paths, run_dir=prepared["run_dir"],
+            run_id=run_id, key=key, runtime_dir=runtime["dir"])
+        assert answer["data_dir"].startswith("/dev/shm/")
+        for entry in manifest.entries:
+            assert Path(answer["data_dir"], entry.path).read_bytes() == \
+                (data / entry.path).read_bytes()
+        again = await ensure_runtime(agent, home=tmp_path / "rmhome", method=method)
+        assert again["reused"] is True and again["dir"] == runtime["dir"]
+    finally:
+        await transport.close()
+        shutil.rmtree(f"/dev/shm/remotemac-{run_id}", ignore_errors=True)
+    ledger = [json.loads(x) for x in ledger_path.read_text().splitlines()]
+    assert len([e for e in ledger if e["op"] == "install-runtime"]) == 1
+    assert all(e["command"].startswith(BARE + " ") for e in ledger
+               if e["op"] in ("sync-data", "runtime_ensure", "prepare_run"))
+    # the key never reached the host's disk or the ledger
+    assert not [p for p in root.rglob("*") if p.is_file() and key.hex().encode() in p.read_bytes()]
+    assert key.hex() not in ledger_path.read_text()
