@@ -17,6 +17,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import time
 import zipfile
 from pathlib import Path
@@ -401,3 +402,20 @@ def test_run_whose_runtime_cannot_install_exits_6_naming_sync(make_playbook, rm_
     errors = [ln for ln in proc.stderr.splitlines() if "error" in ln.lower()]
     assert errors and "during sync" in errors[-1] and "pip install failed" in errors[-1]
     assert "Traceback" not in proc.stderr
+
+
+def test_activate_refuses_a_cryptography_from_anywhere_else(tmp_path):
+    """The decrypting process takes cryptography from the runtime only: here the runtime
+    dir is empty and this interpreter has its own cryptography, which must be refused."""
+    fake = tmp_path / "rt"
+    fake.mkdir()
+    (fake / ".complete").write_text("{}")
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); import agentruntime as a\n"
+            "try:\n    a.activate(sys.argv[2]); print('accepted')\n"
+            "except a.RuntimeInstallError as e:\n    print('refused:', e)")
+    out = subprocess.run([sys.executable, "-c", code, str(Path(art.__file__).parent), str(fake)],
+                         capture_output=True, text=True, check=True).stdout
+    assert out.startswith("refused:") and "not the agent runtime" in out
+    missing = subprocess.run([sys.executable, "-c", code, str(Path(art.__file__).parent),
+                              str(tmp_path / "nothing")], capture_output=True, text=True).stdout
+    assert "missing or incomplete" in missing
