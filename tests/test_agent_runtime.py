@@ -246,8 +246,8 @@ async def test_encrypted_sync_on_bare_python_online_then_reused(tmp_path):
     inventory = json.loads((tmp_path / "host-root" / "inventory.json").read_text())
     assert {"runtime"} <= {i["kind"] for i in inventory["items"]}
     assert str(rt_dir) in {i["path"] for i in inventory["items"]}
-    # nothing but the runtime dir, pip's cache, the lock: no half-installed leftovers
-    assert not [p for p in rt_dir.parent.iterdir() if ".tmp-" in p.name or "upload-" in p.name]
+    # nothing but the runtime dir and pip's cache: no half-installed leftovers, no lock file
+    assert {p.name for p in rt_dir.parent.iterdir()} <= {rt_dir.name, art.PIP_CACHE}
     started = time.monotonic()
     again, _, ledger2 = await _sync_on_bare_host(tmp_path, "online", None, "rt-on-2")
     warm = time.monotonic() - started
@@ -255,6 +255,23 @@ async def test_encrypted_sync_on_bare_python_online_then_reused(tmp_path):
     assert not [e for e in ledger2 if e["op"] == "install-runtime"]
     print(f"\nonline: cold sync with runtime install {cold:.2f} s "
           f"(install {runtime['seconds']} s); second run {warm:.2f} s, 0 installs")
+
+
+@needs_bare
+@pytest.mark.asyncio
+async def test_two_runs_starting_together_install_once(tmp_path):
+    """A fleet's runs on one host ask at the same moment: one installs, the other waits and
+    reuses; the runtime is never half there."""
+    root = tmp_path / "host-root"
+    agents = [AgentClient(LocalTransport(), str(root), python=BARE) for _ in range(2)]
+    for agent in agents:  # (uploading the agent itself is another matter)
+        await agent.install()
+    answers = await asyncio.gather(*(ensure_runtime(a, home=None, method="online")
+                                     for a in agents))
+    assert sorted(a["reused"] for a in answers) == [False, True]
+    assert answers[0]["dir"] == answers[1]["dir"]
+    assert {p.name for p in (root / "runtime").iterdir()} <= {Path(answers[0]["dir"]).name,
+                                                             art.PIP_CACHE}
 
 
 @needs_bare

@@ -379,16 +379,17 @@ def _verify(target: str) -> str:
 
 
 @contextlib.contextmanager
-def _locked(path: str) -> Any:
-    """One installer per runtime at a time (fleet runs on one host start together)."""
+def _locked(directory: str) -> Any:
+    """One installer at a time (fleet runs on one host start together): a lock on the
+    ``runtime`` directory itself, so no lock file is left among the runtimes."""
     import fcntl
 
-    with open(path, "a") as fh:
-        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
 
 
 def _below(base: str, path: str) -> str:
@@ -418,7 +419,7 @@ def op_runtime_ensure(req: Dict[str, Any]) -> Dict[str, Any]:
     os.makedirs(base, mode=0o700, exist_ok=True)
     final = runtime_dir(root, tags)
     started = time.time()
-    with _locked(os.path.join(base, ".lock-" + runtime_key(tags))):
+    with _locked(base):
         marker = read_marker(final)
         if marker is not None:
             return dict(marker, dir=final, reused=True, seconds=0.0)
