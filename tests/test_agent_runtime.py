@@ -436,3 +436,27 @@ def test_activate_refuses_a_cryptography_from_anywhere_else(tmp_path):
     missing = subprocess.run([sys.executable, "-c", code, str(Path(art.__file__).parent),
                               str(tmp_path / "nothing")], capture_output=True, text=True).stdout
     assert "missing or incomplete" in missing
+
+
+def test_settings_agent_python_and_install_method(monkeypatch):
+    from remotemac.engine.agentclient import agent_python
+    from remotemac.engine.runtime import install_method
+    from remotemac.errors import BadInput
+    from remotemac.playbook import PlaybookErrors, parse_playbook
+
+    base = "name: t\nworkload: {command: 'python x.py --out {output_dir}'}\n"
+    pb = parse_playbook(base)
+    assert pb.agent.python is None and pb.agent.runtime_install is None
+    monkeypatch.delenv("REMOTEMAC_AGENT_PYTHON", raising=False)
+    monkeypatch.delenv("REMOTEMAC_RUNTIME_INSTALL", raising=False)
+    assert agent_python(pb.agent.python) == "python3" and install_method(None) == "auto"
+    pb = parse_playbook(base + "agent: {python: /usr/bin/python3, runtime_install: offline}\n")
+    assert agent_python(pb.agent.python) == "/usr/bin/python3"
+    assert install_method(pb.agent.runtime_install) == "offline"
+    monkeypatch.setenv("REMOTEMAC_RUNTIME_INSTALL", "online")  # the environment wins
+    assert install_method("offline") == "online"
+    monkeypatch.setenv("REMOTEMAC_RUNTIME_INSTALL", "sometimes")
+    with pytest.raises(BadInput):
+        install_method(None)
+    with pytest.raises(PlaybookErrors, match="runtime_install"):
+        parse_playbook(base + "agent: {runtime_install: always}\n")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -44,8 +45,10 @@ async def test_encrypted_sync_over_sshd_with_agent_on_bare_python(sshd, ssh_env,
         bare = await transport.exec(["python3", "-c", "import cryptography"])
         assert bare.exit_code != 0 and b"ModuleNotFoundError" in bare.stderr
         prepared = await agent.call("prepare_run", {"root": str(root), "run_id": run_id})
+        started = time.monotonic()
         runtime = await ensure_runtime(agent, home=tmp_path / "rmhome", method=method,
                                        run_id=run_id)
+        cold = time.monotonic() - started
         assert runtime["method"] == method and runtime["reused"] is False
         assert runtime["python"].startswith("3.9.")
         manifest, answer, _ = await sync_slice(
@@ -55,8 +58,12 @@ async def test_encrypted_sync_over_sshd_with_agent_on_bare_python(sshd, ssh_env,
         for entry in manifest.entries:
             assert Path(answer["data_dir"], entry.path).read_bytes() == \
                 (data / entry.path).read_bytes()
+        started = time.monotonic()
         again = await ensure_runtime(agent, home=tmp_path / "rmhome", method=method)
+        warm = time.monotonic() - started
         assert again["reused"] is True and again["dir"] == runtime["dir"]
+        print(f"\n{method} over sshd: cold {cold:.2f} s (host side {runtime['seconds']} s), "
+              f"second {warm:.2f} s")
     finally:
         await transport.close()
         shutil.rmtree(f"/dev/shm/remotemac-{run_id}", ignore_errors=True)
