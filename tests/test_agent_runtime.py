@@ -460,3 +460,22 @@ def test_settings_agent_python_and_install_method(monkeypatch):
         install_method(None)
     with pytest.raises(PlaybookErrors, match="runtime_install"):
         parse_playbook(base + "agent: {runtime_install: always}\n")
+
+
+@pytest.mark.parametrize("system,machine,extra", [
+    ("Darwin", "arm64", {"mac_release": "14.5"}),
+    ("Linux", "x86_64", {"glibc": (2, 31)}),
+    ("Linux", "aarch64", {"glibc": (2, 28)}),
+])
+def test_pins_have_wheels_for_every_supported_host(tmp_path, system, machine, extra):
+    """Simulation (for the Mac): the laptop's real ``pip download`` for a macOS 14 arm64
+    CPython 3.9.6 (/usr/bin/python3) and two glibc Linux hosts finds one fitting wheel per
+    pin, so the offline path works there and the pins are still the right ones."""
+    tags = _host(system, machine, **extra)
+    cache, files, cached = fetch_wheels(tmp_path / "home", tags)
+    assert not cached and cache == tmp_path / "home" / "wheels" / art.runtime_key(tags)
+    names = {art.parse_wheel_name(f["name"])[0]: f["name"] for f in files}
+    assert set(names) == {n for n, _ in art.PINS}
+    assert all(art.wheel_fits(name, tags) for name in names.values())
+    assert f"cryptography-{dict(art.PINS)['cryptography']}-cp39-abi3-" in names["cryptography"]
+    assert fetch_wheels(tmp_path / "home", tags)[2] is True  # the second time: the cache
