@@ -479,3 +479,27 @@ def test_pins_have_wheels_for_every_supported_host(tmp_path, system, machine, ex
     assert all(art.wheel_fits(name, tags) for name in names.values())
     assert f"cryptography-{dict(art.PINS)['cryptography']}-cp39-abi3-" in names["cryptography"]
     assert fetch_wheels(tmp_path / "home", tags)[2] is True  # the second time: the cache
+
+
+class _CorruptingTransport(LocalTransport):
+    """Flips one byte of every wheel it uploads (a damaged transfer)."""
+
+    async def put(self, local, remote, *, progress=None):
+        await super().put(local, remote, progress=progress)
+        if remote.endswith(".whl"):
+            blob = bytearray(Path(remote).read_bytes())
+            blob[len(blob) // 2] ^= 0x01
+            Path(remote).write_bytes(bytes(blob))
+
+
+@needs_bare
+@pytest.mark.asyncio
+async def test_a_damaged_wheel_upload_is_exit_5_and_leaves_nothing(tmp_path):
+    from remotemac.errors import IntegrityError
+
+    root = tmp_path / "host-root"
+    agent = AgentClient(_CorruptingTransport(), str(root), python=BARE)
+    with pytest.raises(IntegrityError) as err:
+        await ensure_runtime(agent, home=tmp_path / "rmhome", method="offline")
+    assert err.value.exit_code == 5 and "damaged" in err.value.line()
+    assert list((root / "runtime").iterdir()) == []  # no runtime, no upload left behind
