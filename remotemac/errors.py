@@ -1,4 +1,4 @@
-"""Errors that map to the exit codes of docs/contract.md.
+"""Errors that map to SPEC.md's exit codes.
 
 Every error the user can cause or meet carries the exit code it ends the process
 with and a one-line message (what, where, what to do). The CLI prints that line;
@@ -55,12 +55,13 @@ class TransientHostError(HostError):
     """A link problem that a reconnect may cure."""
 
 
-class HostEnvError(RemotemacError):
-    """The host is reachable but lacks what the run needs, and it could not be installed.
+class HostEnvironmentError(RemotemacError):
+    """The host is reachable but lacks something remotemac needs and could not bring or
+    build there (a Python module, pip, a wheel for its platform), or installing it failed.
 
-    An interpreter that is not on the host's PATH, a ``pip install`` that failed, a
-    module remotemac's agent could not bring: the user fixes the playbook or the
-    host (the message says which), not the network, so this is not exit 3.
+    Not exit 3: the link and the login are fine, and retrying will not help until
+    the host's environment (or the laptop's access to wheels) changes. The message
+    names the phase and carries pip's last lines.
     """
 
     exit_code = EXIT_HOST_ENV

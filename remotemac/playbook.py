@@ -83,6 +83,16 @@ class Environment(Strict):
     system_site_packages: bool = Field(False, description="let the venv see the interpreter's packages")
 
 
+class Agent(Strict):
+    python: str | None = Field(
+        None, description="the host's own interpreter the agent runs under (default: "
+        "$REMOTEMAC_AGENT_PYTHON, else python3); never the workload's venv")
+    runtime_install: Literal["auto", "online", "offline"] | None = Field(
+        None, description="how the agent's runtime (cryptography, for decryption) reaches the "
+        "host: online (pip on the host), offline (wheels from this laptop), auto (online, then "
+        "offline); $REMOTEMAC_RUNTIME_INSTALL overrides")
+
+
 class Sample(Strict):
     files: int = Field(gt=0)
     seed: int = 0
@@ -217,6 +227,7 @@ class Playbook(Strict):
     remote_root: str = "~/remotemac"
     project: Project = Field(default_factory=Project)
     environment: Environment = Field(default_factory=Environment)
+    agent: Agent = Field(default_factory=Agent)
     data: Data | None = None
     workload: Workload
     outputs: Outputs = Field(default_factory=Outputs)

@@ -60,7 +60,7 @@ def test_m1_sonoma_is_fit(m1_facts) -> None:
     st = statuses(report)
     assert report.fit
     assert st == {"macos": "ok", "arch": "ok", "hardware": "ok", "vm": "ok", "python": "ok",
-                  "clt": "ok", "tmux": "ok", "brew": "ok", "disk": "ok", "sleep": "ok",
+                  "runtime": "n/a", "clt": "ok", "tmux": "ok", "brew": "ok", "disk": "ok", "sleep": "ok",
                   "clock": "ok", "mps": "n/a"}
     assert report.check("macos").value == "macOS 14.0 (23A344)"
     assert report.check("hardware").value.startswith("Apple M1, 10 CPUs, 32.0 GiB")

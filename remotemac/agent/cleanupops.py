@@ -502,7 +502,8 @@ def collect(root: str, known: List[Dict[str, Any]], run_ids: List[str]) -> Dict[
         _add(items, kind, path, source, item.get("run_id"),
              **{k: v for k, v in item.items() if k not in ("kind", "path", "run_id", "root")})
     if root_exists:
-        for sub, kind in (("runs", "run"), ("envs", "venv"), ("agent", "agent")):
+        for sub, kind in (("runs", "run"), ("envs", "venv"), ("agent", "agent"),
+                          ("runtime", "runtime")):
             base = os.path.join(real_root, sub)
             if os.path.isdir(base) and not os.path.islink(base):
                 for name in sorted(os.listdir(base)):
@@ -550,7 +551,8 @@ def _relocate(path: str, lexical: str, real_root: str) -> str:
     return path
 
 
-_ORDER = {"deadman": 0, "tmux": 1, "ramstore": 2, "run": 3, "venv": 4, "agent": 5}
+_ORDER = {"deadman": 0, "tmux": 1, "ramstore": 2, "run": 3, "venv": 4, "agent": 5,
+          "runtime": 6}
 
 
 def op_cleanup_host(req: Dict[str, Any]) -> Dict[str, Any]:

@@ -9,6 +9,7 @@ each file's SHA-256, so every stage overlaps and nothing is read twice.
 
 1. laptop → one JSON line: ``{"run_dir", "run_id", "src", "encrypted", "key_hex"
    (only when encrypted; the key never touches disk, argv or the environment),
+   "runtime_dir" (only when encrypted: the agent runtime to decrypt with),
    "ram_bytes", "entries": [{"path", "size", "sha256" or null}]}``;
 2. host → one JSON line: ``{"ok": true, "known": [[index, sha256], ...], "ram"}``:
    the entries it already holds complete and verified (the record
@@ -30,8 +31,9 @@ skips every file already acknowledged.
 ``op_prepare_data`` (through hostagent.py) is the full check: it decrypts every
 file from its stored ciphertext again and compares it to the manifest.
 
-Standard library only, plus ``cryptography`` (imported by streamcrypt) where the
-slice is encrypted; Python 3.9.
+Standard library only; where the slice is encrypted, streamcrypt's ``cryptography``
+comes from the agent runtime named in the first line (``runtime_dir``, see
+agentruntime.py) and from nowhere else. Python 3.9.
 """
 
 from __future__ import annotations
@@ -223,6 +225,18 @@ def _unlink(*paths: str) -> None:
             os.unlink(path)
 
 
+def _use_runtime(path: Optional[str]) -> None:
+    """Decrypt with the agent runtime's cryptography only (see agentruntime.py)."""
+    import agentruntime
+
+    if not path:
+        raise DataError("no agent runtime was named for decryption", "host-env")
+    try:
+        agentruntime.activate(path)
+    except agentruntime.RuntimeInstallError as exc:
+        raise DataError(str(exc), "host-env") from None
+
+
 class Receiver:
     """One sync session on the host: holds the key in memory only."""
 
@@ -233,6 +247,7 @@ class Receiver:
         self.dest = self.src
         self.ram: Optional[Dict[str, Any]] = None
         if self.encrypted:
+            _use_runtime(req.get("runtime_dir"))
             import ramstore
 
             try:
@@ -438,7 +453,8 @@ def serve(stdin: BinaryIO, stdout: BinaryIO) -> int:
     except (EOFError, BrokenPipeError):
         return 3  # the laptop went away; what was acknowledged is recorded
     except Exception as exc:  # one line back to the laptop, never a traceback
-        _answer_error(stdout, "%s: %s" % (type(exc).__name__, exc), "internal")
+        _answer_error(stdout, "%s: %s" % (type(exc).__name__, exc),
+                      "host-env" if isinstance(exc, ImportError) else "internal")
         return 1
 
 

@@ -404,6 +404,23 @@ OPS["freeze_env"] = _lazy("envfreeze", "op_freeze_env")
 OPS["check_access"] = _lazy("guards", "op_check_access")
 OPS["check_space"] = _lazy("guards", "op_check_space")
 OPS["env_fingerprint"] = _lazy("guards", "op_env_fingerprint")
+OPS["runtime_status"] = _lazy("agentruntime", "op_runtime_status")
+OPS["runtime_ensure"] = _lazy("agentruntime", "op_runtime_ensure")
+
+
+def error_answer(exc: BaseException) -> dict[str, Any]:
+    """One line for the laptop. An exception's own ``code`` (and pip's ``tail``) travels
+    along; a missing module is the host's environment, not remotemac's bug."""
+    code = getattr(exc, "code", None)
+    if isinstance(code, str) and code:
+        answer: dict[str, Any] = {"ok": False, "error": str(exc), "code": code}
+    else:
+        answer = {"ok": False, "error": "%s: %s" % (type(exc).__name__, exc),
+                  "code": "host-env" if isinstance(exc, ImportError) else "internal"}
+    tail = getattr(exc, "tail", None)
+    if tail:
+        answer["tail"] = [str(line) for line in tail]
+    return answer
 
 
 def main(argv: list[str]) -> int:
@@ -416,15 +433,8 @@ def main(argv: list[str]) -> int:
         raw = sys.stdin.read()
         req = json.loads(raw) if raw.strip() else {}
         result = OPS[argv[1]](req)
-    except AgentError as exc:
-        sys.stdout.write(json.dumps({"ok": False, "error": str(exc), "code": exc.code}))
-        return 1
     except Exception as exc:  # one line back to the orchestrator, never a hang
-        sys.stdout.write(
-            json.dumps(
-                {"ok": False, "error": "%s: %s" % (type(exc).__name__, exc), "code": "internal"}
-            )
-        )
+        sys.stdout.write(json.dumps(error_answer(exc)))
         return 1
     sys.stdout.write(json.dumps({"ok": True, "result": result}))
     return 0

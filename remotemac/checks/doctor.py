@@ -138,6 +138,34 @@ def _check_python(facts: dict[str, Any]) -> Check:
     return Check("python", FAIL, value, "remotemac's agent and the venv need Python >= 3.9", fix)
 
 
+def _check_runtime(facts: dict[str, Any]) -> Check:
+    """The agent's own runtime (cryptography, for decrypting the slice on the host)."""
+    rt = facts.get("agent_runtime")
+    if not isinstance(rt, dict):
+        return Check("runtime", NOT_APPLICABLE, "not asked")
+    if rt.get("error"):
+        return Check("runtime", WARN, "unknown", f"the status check failed: {rt['error']}")
+    tags = rt.get("tags") or {}
+    pins = ", ".join(rt.get("pins") or [])
+    if rt.get("present"):
+        marker = rt.get("marker") or {}
+        return Check("runtime", OK, f"present: cryptography {marker.get('cryptography')} "
+                     f"({marker.get('method')}) in {rt.get('dir')}")
+    if not rt.get("python_ok"):
+        return Check("runtime", FAIL, f"absent; the agent's Python is {tags.get('python')}",
+                     "the agent runtime needs CPython 3.9 or newer",
+                     "point agent.python (or REMOTEMAC_AGENT_PYTHON) at a Python >= 3.9")
+    ways = (["online with the host's pip"] if rt.get("pip") else []) + \
+        (["offline from wheels this laptop downloads"] if rt.get("wheels_known") else [])
+    if not ways:
+        return Check("runtime", FAIL, "absent, and cannot be installed",
+                     f"the host's Python has no pip and no known wheel platform "
+                     f"({tags.get('system')} {tags.get('machine')})",
+                     "install pip for the host's python3, or use a glibc Linux or macOS host")
+    return Check("runtime", OK, f"absent: will be installed on the first encrypted sync "
+                 f"({' or '.join(ways)})", f"{pins} into {rt.get('dir')} (~17 MB)")
+
+
 def _check_clt(facts: dict[str, Any]) -> Check:
     clt = facts.get("clt")
     if clt == NA or facts.get("os") != "Darwin":
@@ -279,6 +307,7 @@ def evaluate(
         _check_hardware(facts),
         _check_vm(facts),
         _check_python(facts),
+        _check_runtime(facts),
         _check_clt(facts),
         _check_tmux(facts),
         _check_brew(facts),
@@ -308,8 +337,11 @@ async def gather_facts(
     gives ``{"collector_error": ...}`` (judged as a failed check), not an exception;
     link problems still raise :class:`remotemac.errors.HostError`.
     """
+    from remotemac.engine.agentclient import agent_python
+
+    python = agent_python()
     request = json.dumps({"remote_root": remote_root, "venv_python": venv_python})
-    result = await transport.exec(["python3", "-", request], stdin=hostfacts_source(),
+    result = await transport.exec([python, "-", request], stdin=hostfacts_source(),
                                   timeout=timeout)
     received = time.time()
     lines = result.text().strip().splitlines()
@@ -323,7 +355,25 @@ async def gather_facts(
         return {"collector_error": f"python3 on {transport.name} printed no JSON: "
                                    f"{lines[-1][:200]}", "received_at": received}
     facts["received_at"] = received
+    facts["agent_runtime"] = await gather_runtime(transport, python, remote_root, timeout)
     return facts
+
+
+async def gather_runtime(transport: Transport, python: str, remote_root: str,
+                         timeout: float = GATHER_TIMEOUT_S) -> dict[str, Any]:
+    """The agent runtime's status on the host (agentruntime.py's source on stdin)."""
+    from remotemac.agent import agentruntime
+
+    source = Path(agentruntime.__file__).read_bytes()
+    result = await transport.exec([python, "-", json.dumps({"root": remote_root})],
+                                  stdin=source, timeout=timeout)
+    lines = result.text().strip().splitlines()
+    try:
+        return json.loads(lines[-1]) if result.ok and lines else {
+            "error": (result.stderr.decode("utf-8", "replace").strip().splitlines()
+                      or [f"exit {result.exit_code}"])[-1][:200]}
+    except ValueError:
+        return {"error": lines[-1][:200]}
 
 
 async def doctor(

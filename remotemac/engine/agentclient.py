@@ -9,16 +9,27 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import time
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 from remotemac.engine.ledger import Ledger
-from remotemac.errors import EXIT_HOST_ENV, HostError, RemotemacError
+from remotemac.errors import HostEnvironmentError, HostError, RemotemacError
 from remotemac.transport.base import ExecResult, Transport
 
 AGENT_SRC = Path(__file__).resolve().parent.parent / "agent"
+#: the host's interpreter the agent runs under (never the workload's venv)
+DEFAULT_AGENT_PYTHON = "python3"
+ENV_AGENT_PYTHON = "REMOTEMAC_AGENT_PYTHON"
+#: agent error codes that mean "the host's environment lacks something" (exit 6)
+HOST_ENV_CODES = frozenset({"host-env", "env-failed", "no-python"})
+
+
+def agent_python(setting: str | None = None) -> str:
+    """The playbook's ``agent.python``, else $REMOTEMAC_AGENT_PYTHON, else ``python3``."""
+    return setting or os.environ.get(ENV_AGENT_PYTHON) or DEFAULT_AGENT_PYTHON
 
 
 @lru_cache(maxsize=1)
@@ -49,34 +60,24 @@ class AgentError(RemotemacError):
 
     exit_code = 3
 
-    def __init__(self, op: str, message: str, code: str) -> None:
-        super().__init__(f"host agent {op}: {message}")
+    def __init__(self, op: str, message: str, code: str, tail: list[str] | None = None) -> None:
+        super().__init__(f"host agent {op}: {message}"
+                         + (f" (last lines: {' | '.join(tail)})" if tail else ""))
         self.code = code
+        self.tail = tail or []
 
 
-#: agent error codes that mean "the host lacks something", not "the host is unreachable"
-HOST_ENV_CODES = frozenset({"no-python", "env-failed", "missing-module", "runtime-failed"})
-
-
-class HostEnvAgentError(AgentError):
-    """The agent answered that the host's environment lacks what the run needs."""
-
-    exit_code = EXIT_HOST_ENV
-
-
-def agent_error(op: str, message: str, code: str) -> AgentError:
-    """The error class for an agent's refusal, by its code."""
-    cls = HostEnvAgentError if code in HOST_ENV_CODES else AgentError
-    return cls(op, message, code)
+class AgentEnvironmentError(HostEnvironmentError, AgentError):
+    """The agent ran but the host's environment failed it (exit 6, not 3)."""
 
 
 class AgentClient:
     def __init__(self, transport: Transport, root: str, ledger: Ledger | None = None,
-                 python: str = "python3") -> None:
+                 python: str | None = None) -> None:
         self.transport = transport
         self.root = root
         self.ledger = ledger or Ledger(None)
-        self.python = python
+        self.python = agent_python(python)
         self.agent_dir = ""
 
     async def install(self) -> str:
@@ -97,7 +98,11 @@ class AgentClient:
     async def call(self, op: str, request: dict[str, Any] | None = None, *,
                    timeout: float | None = 600, idempotent: bool = True,
                    python: str | None = None) -> dict[str, Any]:
-        """Run one agent operation; ``python`` picks another interpreter (the venv's)."""
+        """Run one agent operation under the host's own interpreter (``self.python``).
+
+        ``python`` overrides it for this call only (tests); operations that need the
+        workload's interpreter take it in ``request`` and run it as a subprocess.
+        """
         if not self.agent_dir:
             await self.install()
         argv = [python or self.python, f"{self.agent_dir}/hostagent.py", op]
@@ -110,5 +115,7 @@ class AgentClient:
                            seconds=time.monotonic() - started)
         answer = parse_answer(self.transport.name, f"agent {op}", result)
         if not answer.get("ok"):
-            raise agent_error(op, answer.get("error", "unknown error"), answer.get("code", ""))
+            code = answer.get("code", "")
+            cls = AgentEnvironmentError if code in HOST_ENV_CODES else AgentError
+            raise cls(op, answer.get("error", "unknown error"), code, answer.get("tail"))
         return answer["result"]

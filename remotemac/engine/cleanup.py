@@ -2,7 +2,7 @@
 
 What is removed comes from three sources, merged: the host's ``inventory.json``,
 the laptop's journal (its inventory table and every run on this host, with the
-paths its phases recorded) and a scan of ``remote_root`` (runs/, envs/, agent/),
+paths its phases recorded) and a scan of ``remote_root`` (runs/, envs/, agent/, runtime/),
 of ``remotemac-*`` tmux sessions, /dev/shm or /Volumes RAM stores and dead-man
 jobs that can be attributed to a known run or to the root. So it still works
 when inventory.json is partly gone, or when the journal knows runs the host
@@ -31,7 +31,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from remotemac.engine.agentclient import parse_answer
+from remotemac.engine.agentclient import agent_python, parse_answer
 from remotemac.engine.context import expand_root
 from remotemac.engine.ledger import Ledger
 from remotemac.errors import EXIT_HOST, BadInput, HostError, RemotemacError
@@ -140,8 +140,12 @@ def host_key_fingerprint(transport: Transport) -> str:
 
 
 async def call_in_memory(transport: Transport, ledger: Ledger, fn: str, req: dict[str, Any],
-                         python: str = "python3", timeout: float = 900) -> dict[str, Any]:
-    """Run ``cleanupops.<fn>(req)`` on the host from stdin: nothing lands on its disk."""
+                         python: str | None = None, timeout: float = 900) -> dict[str, Any]:
+    """Run ``cleanupops.<fn>(req)`` on the host from stdin: nothing lands on its disk.
+
+    ``python`` defaults to the agent's interpreter ($REMOTEMAC_AGENT_PYTHON or python3).
+    """
+    python = agent_python(python)
     payload = {"order": list(MODULES), "module": "cleanupops", "fn": fn, "req": req,
                "src": {m: (AGENT_DIR / f"{m}.py").read_text(encoding="utf-8") for m in MODULES}}
     started = time.monotonic()

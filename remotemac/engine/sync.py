@@ -34,7 +34,13 @@ from typing import Any, BinaryIO
 from remotemac.data.manifest import HashCache, Manifest, ManifestEntry, check_relpath
 from remotemac.engine.agentclient import AgentClient
 from remotemac.engine.context import HostBinding, RunContext
-from remotemac.errors import BadInput, HostError, IntegrityError, TransientHostError
+from remotemac.errors import (
+    BadInput,
+    HostEnvironmentError,
+    HostError,
+    IntegrityError,
+    TransientHostError,
+)
 from remotemac.events import Event, PhaseProgress, Warning
 from remotemac.transport.base import RemoteProcess, Transport
 
@@ -117,9 +123,20 @@ async def sync_host(ctx: RunContext, binding: HostBinding, provisioned: dict[str
             key = load_data_key(ctx.home, ctx.run_id)
         except IntegrityError:
             key = new_data_key(ctx.home, ctx.run_id)
+    runtime_dir = None
+    runtime: dict[str, Any] = {}
+    if encrypted:
+        from remotemac.engine.runtime import ensure_runtime, install_method
+
+        runtime = await ensure_runtime(
+            binding.agent, home=ctx.home, method=install_method(ctx.playbook.agent.runtime_install),
+            phase="sync", run_id=ctx.run_id, emit=ctx.emit)
+        runtime_dir = runtime["dir"]
+        ctx.journal.record_created(binding.transport.name, "runtime", runtime_dir, ctx.run_id)
+    # the agent's own interpreter decrypts, never the workload's venv (it may lack modules)
     manifest, answer, stats = await sync_slice(
         binding.transport, binding.agent, root=root, paths=[f.path for f in selection.files],
-        run_dir=run_dir, run_id=ctx.run_id, key=key, python=provisioned["venv_python"],
+        run_dir=run_dir, run_id=ctx.run_id, key=key, runtime_dir=runtime_dir,
         cache=ctx.journal, emit=ctx.emit,
     )
     (ctx.out_dir / "manifest.json").write_text(manifest.to_json(), encoding="utf-8")
@@ -134,6 +151,8 @@ async def sync_host(ctx: RunContext, binding: HostBinding, provisioned: dict[str
         "ram": answer.get("ram"), "transfer": stats.to_dict(),
         "selection": [{"path": f.path, "size": f.size, "reason": f.reason} for f in selection.files],
         "summary": f"{stats.sent_files} sent, {stats.skipped_files} already on the host",
+        "runtime": {k: runtime.get(k) for k in ("dir", "reused", "method", "cryptography")}
+        if runtime else None,
     }
 
 
@@ -158,16 +177,21 @@ def show_selection(emit: Emit, run_id: str, selection: Any) -> None:
 
 async def sync_slice(
     transport: Transport, agent: AgentClient, *, root: Path, paths: list[str], run_dir: str,
-    run_id: str, key: bytes | None, python: str, cache: HashCache | None = None,
-    emit: Emit | None = None, ram_bytes: int | None = None, max_attempts: int = MAX_ATTEMPTS,
-    stats: SyncStats | None = None,
+    run_id: str, key: bytes | None, runtime_dir: str | None = None, python: str | None = None,
+    cache: HashCache | None = None, emit: Emit | None = None, ram_bytes: int | None = None,
+    max_attempts: int = MAX_ATTEMPTS, stats: SyncStats | None = None,
 ) -> tuple[Manifest, dict[str, Any], SyncStats]:
     """Make the host hold ``paths`` (relative to ``root``), verified; resume after a cut link.
 
-    Returns the manifest, the agent's final answer (``data_dir``, ``ram``, …) and the
-    transfer statistics. Raises IntegrityError (exit 5) when the host finds a file
-    that does not match, HostError when the host cannot take the data.
+    With a ``key``, ``runtime_dir`` is the agent runtime (engine/runtime.py) the host
+    decrypts with; ``python`` defaults to the agent's interpreter. Returns the
+    manifest, the agent's final answer (``data_dir``, ``ram``, …) and the transfer
+    statistics. Raises IntegrityError (exit 5) when the host finds a file that does
+    not match, HostEnvironmentError (exit 6) when the host's environment cannot
+    decrypt, HostError when the host cannot take the data.
     """
+    if key is not None and not runtime_dir:
+        raise ValueError("an encrypted sync needs the agent runtime (ensure_runtime) first")
     emit = emit or (lambda _e: None)
     stats = stats or SyncStats()
     files = await asyncio.to_thread(_stat_all, Path(root), paths, cache)
@@ -176,8 +200,8 @@ async def sync_slice(
         ram_bytes = max(stats.bytes * 2, 64 << 20)
     if not agent.agent_dir:
         await agent.install()
-    session = _Session(transport, agent, Path(root), files, run_dir, run_id, key, python,
-                       emit, stats, ram_bytes)
+    session = _Session(transport, agent, Path(root), files, run_dir, run_id, key,
+                       python or agent.python, emit, stats, ram_bytes, runtime_dir)
     while True:
         stats.attempts += 1
         try:
@@ -228,10 +252,12 @@ class _Session:
 
     def __init__(self, transport: Transport, agent: AgentClient, root: Path,
                  files: list[_Local], run_dir: str, run_id: str, key: bytes | None, python: str,
-                 emit: Emit, stats: SyncStats, ram_bytes: int) -> None:
+                 emit: Emit, stats: SyncStats, ram_bytes: int,
+                 runtime_dir: str | None = None) -> None:
         self.transport, self.agent, self.root, self.files = transport, agent, root, files
         self.run_dir, self.run_id, self.key, self.python = run_dir, run_id, key, python
         self.emit, self.stats, self.ram_bytes = emit, stats, ram_bytes
+        self.runtime_dir = runtime_dir
 
     def manifest(self) -> Manifest:
         return Manifest.from_entries(
@@ -259,6 +285,7 @@ class _Session:
         }
         if self.key is not None:
             hello["key_hex"] = self.key.hex()
+            hello["runtime_dir"] = self.runtime_dir
         await proc.write(json.dumps(hello).encode() + b"\n")
         first = await self._answer(proc, "start")
         self.stats.per_attempt.append(0)
@@ -381,9 +408,12 @@ class _Session:
         line = await proc.readline()
         if not line:
             code = await proc.wait(timeout=30)
-            raise HostError(f"{self.transport.name}: the data agent exited ({code}) at {what}: "
-                            f"{proc.stderr_tail() or 'no output'}",
-                            hint=f"check that {self.python} can import cryptography")
+            message = (f"{self.transport.name}: the data agent under {self.python} exited "
+                       f"({code}) at {what} (phase sync): {proc.stderr_tail() or 'no output'}")
+            if code not in (None, 255):  # it ran and failed: the host's environment
+                raise HostEnvironmentError(message, hint=f"check that {self.python} is "
+                                           "CPython 3.9+ on the host, or set agent.python")
+            raise HostError(message)
         return self._check(json.loads(line.decode("utf-8", "replace")), what)
 
     def _check(self, msg: dict[str, Any], what: str) -> dict[str, Any]:
@@ -396,7 +426,11 @@ class _Session:
             raise IntegrityError(error, hint="run again to resend, or wipe the run")
         if msg.get("code") == "ram":
             raise HostError(error, hint="free memory on the host or lower data.max_bytes")
-        raise HostError(f"{error} (during {what})")
+        if msg.get("code") == "host-env":
+            raise HostEnvironmentError(f"{error} (phase sync, at {what})",
+                                       hint="the agent runtime is installed at the start of "
+                                            "sync; run again, or see `remotemac doctor`")
+        raise HostError(f"{error} (phase sync, at {what})")
 
 
 def _frame(kind: str, index: int, length: int) -> bytes:
