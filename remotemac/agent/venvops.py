@@ -25,6 +25,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from agentruntime import _locked as locked_dir  # noqa: E402
 from hostagent import AgentError, inventory_add  # noqa: E402
 
 PARENT_PTH = "_remotemac_parent_site.pth"
@@ -115,17 +116,24 @@ def op_ensure_venv(req: dict[str, Any]) -> dict[str, Any]:
     ident = interpreter_identity(req.get("python") or "python3")
     key = venv_key(req["key"], ident)
     env_dir = os.path.join(root, "envs", key)
-    ready = os.path.join(env_dir, READY)
     python = os.path.join(env_dir, "bin", "python")
     described = {"interpreter": ident["real"], "version": ident["version"],
                  "interpreter_is_venv": ident["in_venv"]}
+    os.makedirs(os.path.dirname(env_dir), mode=0o700, exist_ok=True)
+    # runs starting together on one host (a fleet, three terminals) build it once
+    with locked_dir(os.path.dirname(env_dir)):
+        return _ensure_locked(req, root, ident, key, env_dir, python, described)
+
+
+def _ensure_locked(req: dict[str, Any], root: str, ident: dict[str, Any], key: str,
+                   env_dir: str, python: str, described: dict[str, Any]) -> dict[str, Any]:
+    ready = os.path.join(env_dir, READY)
     if os.path.exists(ready) and os.path.exists(python):
         return dict(described, venv_python=python, env_dir=env_dir, reused=True, seconds=0.0,
                     key=key)
     started = time.time()
     if os.path.exists(env_dir):  # half-made by an interrupted run: ours, start again
         shutil.rmtree(env_dir)
-    os.makedirs(os.path.dirname(env_dir), mode=0o700, exist_ok=True)
     argv = [ident["found"], "-m", "venv"]
     if req.get("system_site_packages"):
         argv.append("--system-site-packages")
