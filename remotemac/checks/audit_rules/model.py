@@ -106,8 +106,9 @@ RULES: dict[str, Rule] = {
         _r("dot-cuda", NEEDS_REFACTOR, ".cuda() moves to CUDA unconditionally.",
            ".to(device) with the device chosen at run time."),
         _r("cuda-at-import", NEEDS_REFACTOR, "A torch.cuda call at module level runs on import "
-           "and raises without CUDA.", "Move it into a function behind "
-           "torch.cuda.is_available(); use torch.mps / torch.accelerator equivalents."),
+           "and raises on a torch without CUDA (checked on CPU-only torch).",
+           "Move it into a function behind torch.cuda.is_available(); use torch.mps / "
+           "torch.accelerator equivalents."),
         _r("cuda-required", NEEDS_REFACTOR, "The code refuses to run without CUDA.",
            "Accept mps (torch.backends.mps.is_available()) and cpu as well."),
         _r("capability-check", NEEDS_REFACTOR, "A CUDA compute-capability check raises or "
@@ -115,11 +116,22 @@ RULES: dict[str, Rule] = {
            "(dtype support) directly on other devices."),
         _r("cuda-amp", NEEDS_REFACTOR, "torch.cuda.amp is CUDA-only (and deprecated).",
            'torch.amp.autocast(device_type=...) and torch.amp.GradScaler(...).'),
-        _r("cuda-call", NOTE, "A torch.cuda call inside a function raises if it runs without "
-           "CUDA.", "Guard it with torch.cuda.is_available() or use torch.accelerator / "
-           "torch.mps equivalents."),
+        _r("cuda-call", NOTE, "A torch.cuda call inside a function that raises on a torch "
+           "without CUDA (checked on CPU-only torch) if it runs there.",
+           "Guard it with torch.cuda.is_available() or use torch.accelerator / torch.mps "
+           "equivalents."),
+        _r("cuda-unchecked", NOTE, "A torch.cuda call this audit has not checked without CUDA: "
+           "it may raise or do nothing on a Mac.", "Guard it with torch.cuda.is_available() "
+           "or use torch.accelerator / torch.mps equivalents."),
+        _r("cpu-kernels-only", NEEDS_REFACTOR, "Optional CUDA build: CPU kernels only on macOS, "
+           "so its ops on mps tensors need a move to CPU.", "Move the tensors these ops take to "
+           "CPU and back (x.cpu() … .to(\"mps\")), or keep the work that needs them on "
+           "Linux/CUDA."),
         _r("cudnn-flag", NOTE, "torch.backends.cudnn settings have no effect on MPS.",
            "Keep them (harmless); for determinism use torch.use_deterministic_algorithms."),
+        _r("cuda-backend-flag", NOTE, "torch.backends.cuda settings (TF32 matmul, SDPA kernel "
+           "choice) have no effect on MPS.", "Keep them (harmless) for the CUDA track; MPS "
+           "picks its own kernels."),
         _r("no-mps-branch", NOTE, "Device selection falls back from cuda straight to cpu, so "
            "a Mac runs on CPU.", 'Add an "mps" branch: torch.backends.mps.is_available().'),
         _r("cu-wheel", NEEDS_REFACTOR, "A CUDA build of a wheel (+cuXXX) has no macOS "

@@ -1,33 +1,28 @@
 """Python sources, read with ``ast`` so that prose about CUDA is never a finding.
 
 Only imports, calls, attribute uses and string constants in a device position
-count; guards (``if torch.cuda.is_available():``), optional imports and
-module-level value flow decide the severity.
+count. Severity then depends on context: guards (``if torch.cuda.is_available():``,
+``and`` chains, ternaries, early exits), optional imports, and the module's value
+flow (``valueflow``) for names, options and aliases. Whether a ``torch.cuda`` call
+raises comes from ``cuda_api``, whose tables are checked against real torch.
 """
 
 from __future__ import annotations
 
 import ast
 import bisect
-import re
 import warnings
 from collections.abc import Iterator
 
+from remotemac.checks.audit_rules import pycalls, pyguards
+from remotemac.checks.audit_rules.cuda_api import behaviour
 from remotemac.checks.audit_rules.deps_rules import IMPORT_RULES, SETUP_KWARGS, requirement_rules
 from remotemac.checks.audit_rules.model import NOTE, Finding, make
+from remotemac.checks.audit_rules.valueflow import Flow, build_flow
 
-# --------------------------------------------------------------------------- python
-
-_CUDA_DEVICE = re.compile(r"^cuda(:\d+)?$", re.I)
-_SUBPROCESS = frozenset({
-    "subprocess.run", "subprocess.call", "subprocess.check_call", "subprocess.check_output",
-    "subprocess.Popen", "os.system", "os.popen", "os.execvp", "os.spawnlp",
-})
-_DEVICE_KWARGS = frozenset({"device", "map_location", "device_type", "default_device"})
-_HARMLESS_CUDA = frozenset({"is_available", "device_count", "is_initialized", "_is_compiled",
-                            "is_built"})
 _IMPORT_ERRORS = frozenset({"ImportError", "ModuleNotFoundError", "Exception", "OSError",
                             "BaseException", "RuntimeError"})
+_OPTIONAL_KWARGS = frozenset({"extras_require", "tests_require"})
 
 #: cheap pre-filter (lower-case substrings, so comments can pass it; ast decides): a
 #: Python file without any of these is not parsed, and a statement whose lines hold
@@ -36,30 +31,15 @@ PY_TRIGGERS = (
     b"cuda", b"nccl", b"triton", b"flash_attn", b"xformers", b"bitsandbytes", b"apex",
     b"deepspeed", b"vllm", b"cupy", b"cudnn", b"nvcc", b"tensorrt", b"pynvml", b"cudf",
     b"cuml", b"cugraph", b"capability", b".cu'", b'.cu"', b".cuh", b"install_requires",
-    b"extras_require",
+    b"extras_require", b"init_process_group", b"new_group",
 )
-
-
-def _is_cuda_const(node: ast.AST) -> bool:
-    if isinstance(node, ast.Constant) and isinstance(node.value, str):
-        return bool(_CUDA_DEVICE.match(node.value))
-    if isinstance(node, ast.JoinedStr) and node.values:
-        first = node.values[0]
-        return (isinstance(first, ast.Constant) and isinstance(first.value, str)
-                and first.value.lower().startswith("cuda"))
-    return False
-
-
-def _contains_cuda_device(nodes: list[ast.AST]) -> bool:
-    return any(_is_cuda_const(n) for top in nodes for n in ast.walk(top))
 
 
 class PythonScanner:
     """One pass over a module's AST, with just enough context to avoid false alarms.
 
-    Context kept: import aliases (``import torch as th``), function depth (module
-    level = import time), CUDA guards (``if torch.cuda.is_available():``,
-    ``if device == "cuda":``, ``if use_cuda:``) under which CUDA code is the
+    Context kept: the module's value flow (aliases, constants, options), function
+    depth (module level = import time), CUDA guards under which CUDA code is the
     intended branch, and ``try/except ImportError`` blocks that make imports optional.
     """
 
@@ -69,7 +49,7 @@ class PythonScanner:
         self.data = data
         self.trigger_lines = trigger_lines
         self._lines: list[str] | None = None
-        self.aliases: dict[str, str] = {}
+        self.flow = Flow()
         self.depth = 0
         self.guard = 0
         self.optional = 0
@@ -85,9 +65,9 @@ class PythonScanner:
             self._lines = self.data.decode("utf-8", "replace").splitlines()
         return self._lines[lineno - 1] if 0 < lineno <= len(self._lines) else ""
 
-    def hit(self, rule: str, node: ast.AST, *, severity: str | None = None,
+    def hit(self, rule: str, node: ast.AST | int, *, severity: str | None = None,
             why_suffix: str = "") -> None:
-        lineno = getattr(node, "lineno", 1)
+        lineno = node if isinstance(node, int) else getattr(node, "lineno", 1)
         if (rule, lineno) in self._seen:
             return
         self._seen.add((rule, lineno))
@@ -95,6 +75,7 @@ class PythonScanner:
                                   severity=severity, why_suffix=why_suffix))
 
     def run(self, tree: ast.AST) -> list[Finding]:
+        self.flow = build_flow(tree)
         self.scopes.append(tree)
         self.visit(tree)
         return self.findings
@@ -116,29 +97,36 @@ class PythonScanner:
         i = bisect.bisect_left(lines, first)
         return i < len(lines) and lines[i] <= last
 
-    def _text_mentions_mps(self, first: int, last: int) -> bool:
-        """Whether lines first..last say "mps" (text is enough for a note's guard)."""
-        if self._lines is None:
-            self.line_text(1)
-        return any("mps" in ln for ln in (self._lines or [])[first - 1:last])
-
     def generic_visit(self, node: ast.AST) -> None:
-        for child in ast.iter_child_nodes(node):
-            self.visit(child)
+        for _name, value in ast.iter_fields(node):
+            if isinstance(value, list):
+                if value and isinstance(value[0], ast.stmt):
+                    self.visit_block(value)
+                else:
+                    for item in value:
+                        if isinstance(item, ast.AST):
+                            self.visit(item)
+            elif isinstance(value, ast.AST):
+                self.visit(value)
 
     def visit_all(self, nodes: list) -> None:
         for n in nodes:
             self.visit(n)
 
+    def visit_block(self, body: list[ast.stmt]) -> None:
+        """Statements in order; after ``if not cuda: return``, the rest is the CUDA path."""
+        added = 0
+        for stmt in body:
+            self.visit(stmt)
+            if (isinstance(stmt, ast.If) and not stmt.orelse
+                    and pyguards.is_negated_guard(stmt.test, self.dotted)
+                    and pyguards.terminates(stmt.body, self.dotted)):
+                self.guard += 1
+                added += 1
+        self.guard -= added
+
     def dotted(self, node: ast.AST) -> str | None:
-        parts: list[str] = []
-        while isinstance(node, ast.Attribute):
-            parts.append(node.attr)
-            node = node.value
-        if not isinstance(node, ast.Name):
-            return None
-        parts.append(self.aliases.get(node.id, node.id))
-        return ".".join(reversed(parts))
+        return self.flow.dotted(node)
 
     # -- imports
     def _import_rule(self, module: str) -> str | None:
@@ -162,24 +150,18 @@ class PythonScanner:
 
     def visit_Import(self, node: ast.Import) -> None:
         for a in node.names:
-            if a.asname:
-                self.aliases[a.asname] = a.name
             rule = self._import_rule(a.name)
             if rule:
                 self._import_hit(rule, node)
 
     def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
         if node.level or not node.module:
-            for a in node.names:
-                self.aliases.pop(a.asname or a.name, None)
             return
         rule = self._import_rule(node.module)
         if node.module.startswith("torch.cuda.amp") and not self.guard:
             self.hit("cuda-amp", node)
         for a in node.names:
-            full = f"{node.module}.{a.name}"
-            self.aliases[a.asname or a.name] = full
-            rule = rule or self._import_rule(full)
+            rule = rule or self._import_rule(f"{node.module}.{a.name}")
         if rule:
             self._import_hit(rule, node)
 
@@ -198,7 +180,7 @@ class PythonScanner:
         self.visit_all([d for d in args.kw_defaults if d is not None])
         self.depth += 1
         self.scopes.append(node)
-        self.visit_all(node.body)
+        self.visit_block(node.body)
         self.scopes.pop()
         self.depth -= 1
 
@@ -211,76 +193,56 @@ class PythonScanner:
         self.depth -= 1
 
     def _device_default(self, name: str, default: ast.AST) -> None:
-        if "device" in name.lower() and _is_cuda_const(default) and not self.guard:
+        if "device" in name.lower() and pyguards.is_cuda_const(default) and not self.guard:
             self.hit("cuda-device", default)
 
     def _is_guard(self, test: ast.AST, *, strong: bool = False) -> bool:
-        """Whether ``test`` selects the CUDA path; ``strong`` ignores ``use_cuda``-style flags
-        (good enough to silence code behind them, too vague to claim CUDA is required)."""
-        if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
-            return False
-        for n in ast.walk(test):
-            if isinstance(n, ast.Call):
-                name = self.dotted(n.func) or ""
-                if name.endswith(("cuda.is_available", "cuda.device_count")):
-                    return True
-            elif isinstance(n, ast.Compare):
-                positive = all(isinstance(op, (ast.Eq, ast.Is, ast.In)) for op in n.ops)
-                if positive and any(_is_cuda_const(c) for c in [n.left, *n.comparators]):
-                    return True
-            elif not strong and self._is_cuda_flag(n):
-                return True
-        return False
+        return pyguards.is_guard(test, self.dotted, strong=strong)
 
-    def _is_cuda_flag(self, n: ast.AST) -> bool:
-        """``use_cuda`` or ``args.cuda``: an opt-in flag, not the torch.cuda module."""
-        if isinstance(n, ast.Name):
-            return "cuda" in n.id.lower()
-        if isinstance(n, ast.Attribute):
-            return "cuda" in n.attr.lower() and not (self.dotted(n) or "").startswith("torch.")
-        return False
-
-    def _guarded(self, node: ast.If | ast.IfExp, body: list[ast.AST],
-                 orelse: list[ast.AST]) -> None:
+    def _guarded(self, node: ast.If | ast.IfExp, body: list, orelse: list) -> None:
         self.visit(node.test)
         guard = self._is_guard(node.test)
         if guard:
             self.guard += 1
-            if (_contains_cuda_device(body) and self._is_guard(node.test, strong=True)
-                    and not self._scope_mentions_mps()
-                    and not any(self._text_mentions_mps(n.lineno, n.end_lineno or n.lineno)
-                                for n in orelse)):
+            if (pyguards.contains_cuda_device(body) and self._is_guard(node.test, strong=True)
+                    and not self._scope_picks_mps() and not pyguards.picks_mps(orelse)):
                 self.hit("no-mps-branch", node)
-        self.visit_all(body)
+        if isinstance(node, ast.If):
+            self.visit_block(body)
+        else:
+            self.visit_all(body)
         if guard:
             self.guard -= 1
-        self.visit_all(orelse)
+        if isinstance(node, ast.If):
+            self.visit_block(orelse)
+        else:
+            self.visit_all(orelse)
 
-    def _scope_mentions_mps(self) -> bool:
+    def _scope_picks_mps(self) -> bool:
         """An early-return chain (if cuda: return …; if mps: return …) is fine."""
         scope = self.scopes[-1]
         key = id(scope)
         if key not in self._mps_scope:
-            if isinstance(scope, ast.Module):
-                self._mps_scope[key] = b"mps" in self.data
-            else:
-                self._mps_scope[key] = self._text_mentions_mps(
-                    scope.lineno, scope.end_lineno or scope.lineno)
+            self._mps_scope[key] = pyguards.picks_mps([scope])
         return self._mps_scope[key]
 
     def visit_If(self, node: ast.If) -> None:
-        t = node.test
-        if (isinstance(t, ast.UnaryOp) and isinstance(t.op, ast.Not)
-                and self._is_guard(t.operand, strong=True) and not self.guard
-                and any(isinstance(s, ast.Raise) or (
-                    isinstance(s, ast.Expr) and isinstance(s.value, ast.Call)
-                    and (self.dotted(s.value.func) or "").endswith(("exit", "abort")))
-                    for s in node.body)):
+        if not self.guard and pyguards.refuses_without_cuda(node, self.dotted):
             self.hit("cuda-required", node)
         self._guarded(node, node.body, node.orelse)
 
     def visit_IfExp(self, node: ast.IfExp) -> None:
         self._guarded(node, [node.body], [node.orelse])
+
+    def visit_BoolOp(self, node: ast.BoolOp) -> None:
+        """``torch.cuda.is_available() and torch.cuda.f()``: f only runs with CUDA."""
+        added = 0
+        for value in node.values:
+            self.visit(value)
+            if isinstance(node.op, ast.And) and self._is_guard(value):
+                self.guard += 1
+                added += 1
+        self.guard -= added
 
     def visit_Assert(self, node: ast.Assert) -> None:
         if self._is_guard(node.test, strong=True) and not self.guard:
@@ -290,11 +252,11 @@ class PythonScanner:
     def visit_Try(self, node: ast.Try) -> None:
         optional = any(self._catches_import_error(h) for h in node.handlers)
         self.optional += optional
-        self.visit_all(node.body)
+        self.visit_block(node.body)
         self.optional -= optional
         self.visit_all(node.handlers)
-        self.visit_all(node.orelse)
-        self.visit_all(node.finalbody)
+        self.visit_block(node.orelse)
+        self.visit_block(node.finalbody)
 
     visit_TryStar = visit_Try
 
@@ -306,34 +268,59 @@ class PythonScanner:
 
     # -- assignments and attributes
     def visit_Assign(self, node: ast.Assign) -> None:
-        if _is_cuda_const(node.value) and not self.guard and any(
-                self._is_device_target(t) for t in node.targets):
+        if pyguards.is_cuda_const(node.value) and not self.guard and any(
+                pycalls.is_device_target(t) for t in node.targets):
             self.hit("cuda-device", node)
+        self._build_choice(node, node.targets)
         self.generic_visit(node)
 
     def visit_AnnAssign(self, node: ast.AnnAssign) -> None:
-        if node.value is not None and _is_cuda_const(node.value) and not self.guard and (
-                self._is_device_target(node.target)):
+        if node.value is not None and pyguards.is_cuda_const(node.value) and not self.guard and (
+                pycalls.is_device_target(node.target)):
             self.hit("cuda-device", node)
         self.generic_visit(node)
 
-    @staticmethod
-    def _is_device_target(target: ast.AST) -> bool:
-        name = target.id if isinstance(target, ast.Name) else (
-            target.attr if isinstance(target, ast.Attribute) else "")
-        name = name.lower()
-        return "device" in name or name in ("dev", "gpu")
+    def _build_choice(self, node: ast.Assign, targets: list[ast.AST]) -> None:
+        """``Ext = CppExtension if … else CUDAExtension`` or ``Ext = CUDAExtension`` under
+        a CUDA check: an optional CUDA build, CPU kernels only on macOS."""
+        for t in targets:
+            if not isinstance(t, ast.Name):
+                continue
+            choice = self.flow.choices.get(t.id)
+            if choice and any(o.endswith("CUDAExtension") for o in choice[0]):
+                if any(o.endswith("CppExtension") for o in choice[0]):
+                    self.hit("cpu-kernels-only", node)
+                return
+        value = self.dotted(node.value) if isinstance(node.value, (ast.Name, ast.Attribute)) \
+            else None
+        if value and value.endswith("CUDAExtension") and self.guard and self._has_cpp_build():
+            self.hit("cpu-kernels-only", node)
+
+    def _has_cpp_build(self) -> bool:
+        return any(v.endswith("CppExtension") for v in self.flow.imports.values())
 
     def visit_Attribute(self, node: ast.Attribute) -> None:
         name = self.dotted(node)
         if name is None:
             self.generic_visit(node)
             return
+        self._attribute_name(name, node)
+
+    def _attribute_name(self, name: str, node: ast.AST) -> None:
         if name.startswith("torch.backends.cudnn."):
             if not self.guard:
                 self.hit("cudnn-flag", node)
+        elif name.startswith("torch.backends.cuda."):
+            if not self.guard:
+                self.hit("cuda-backend-flag", node)
         elif name.startswith("torch.distributed.Backend.NCCL"):
-            self.hit("nccl", node)
+            self.hit("nccl", node, **self._nccl_context())
+
+    def visit_Name(self, node: ast.Name) -> None:
+        """A from-imported name: ``from torch.backends.cuda import sdp_kernel``."""
+        target = self.flow.imports.get(node.id) or self.flow.aliases.get(node.id)
+        if target and target.startswith("torch.backends."):
+            self._attribute_name(target, node)
 
     # -- calls
     def visit_Call(self, node: ast.Call) -> None:
@@ -347,97 +334,78 @@ class PythonScanner:
         elif name.endswith("get_device_capability") and not self.guard:
             self.hit("capability-check", node)
         if name.endswith("CUDAExtension") or (
-                name.startswith("torch.utils.cpp_extension.load") and self._loads_cuda(node)):
+                name.startswith("torch.utils.cpp_extension.load") and pycalls.loads_cuda(node)):
             self._cuda_build(node)
-        if name in _SUBPROCESS and any(self._is_nvcc(a) for a in node.args):
+        if name in pycalls.SUBPROCESS and any(pycalls.is_nvcc(a) for a in node.args):
             self.hit("nvcc", node)
         self._call_args(name, func, node)
+        self._process_group(name, node)
         self.generic_visit(node)
 
     def _torch_cuda_call(self, sub: str, node: ast.Call) -> None:
-        if sub in _HARMLESS_CUDA:
-            return
         if sub.startswith(("get_device_capability", "get_device_properties")):
             if not self.guard:
                 self.hit("capability-check", node)
-        elif sub.startswith("nccl"):
-            self.hit("nccl", node)
-        elif self.guard:
             return
-        elif sub.startswith("amp."):
+        if sub.startswith("nccl"):
+            self.hit("nccl", node)
+            return
+        if self.guard:
+            return
+        if sub.startswith("amp."):
             self.hit("cuda-amp", node)
-        elif self.depth == 0:
-            self.hit("cuda-at-import", node)
-        else:
-            self.hit("cuda-call", node)
+            return
+        kind = behaviour(sub)
+        if kind == "raises":
+            self.hit("cuda-at-import" if self.depth == 0 else "cuda-call", node)
+        elif kind == "unchecked":
+            self.hit("cuda-unchecked", node)
 
     def _cuda_build(self, node: ast.Call) -> None:
-        if self.guard:
+        if not self.guard:
+            self.hit("cuda-extension", node)
+        elif self._has_cpp_build():
+            self.hit("cpu-kernels-only", node)
+        else:
             self.hit("cuda-extension", node, severity=NOTE,
                      why_suffix="Here it is only built when CUDA is present.")
-        else:
-            self.hit("cuda-extension", node)
 
-    @staticmethod
-    def _loads_cuda(node: ast.Call) -> bool:
-        for kw in node.keywords:
-            if kw.arg == "cuda_sources":
-                return True
-            if kw.arg == "with_cuda" and isinstance(kw.value, ast.Constant) and kw.value.value:
-                return True
-        sources = [kw.value for kw in node.keywords if kw.arg == "sources"] + node.args[1:2]
-        for src in sources:
-            for n in ast.walk(src):
-                if (isinstance(n, ast.Constant) and isinstance(n.value, str)
-                        and n.value.endswith((".cu", ".cuh"))):
-                    return True
-        return False
+    def _nccl_context(self) -> dict[str, str]:
+        if self.guard:
+            return {"severity": NOTE, "why_suffix": "Here it sits behind a CUDA check."}
+        return {}
 
-    @staticmethod
-    def _is_nvcc(arg: ast.AST) -> bool:
-        items = arg.elts if isinstance(arg, (ast.List, ast.Tuple)) else [arg]
-        if not items:
-            return False
-        first = items[0]
-        if isinstance(first, ast.Constant) and isinstance(first.value, str):
-            words = first.value.split()
-            return bool(words) and words[0].rsplit("/", 1)[-1] == "nvcc"
-        return False
+    def _process_group(self, name: str, node: ast.Call) -> None:
+        """NCCL chosen by a literal, a variable, an option default or a dict entry."""
+        found = self.flow.keyword_string(node, "backend")
+        if found is None and name.endswith(pycalls.PROCESS_GROUP) and node.args:
+            found = self.flow.string(node.args[0])
+        if found is None or "nccl" not in found[0].lower():
+            return
+        value, line = found
+        suffix = "" if line == node.lineno else f"Here through a value set on line {line}."
+        ctx = self._nccl_context()
+        if suffix:
+            ctx["why_suffix"] = (ctx.get("why_suffix", "") + " " + suffix).strip()
+        self.hit("nccl", node, **ctx)
 
     def _call_args(self, name: str, func: ast.AST, node: ast.Call) -> None:
         attr = func.attr if isinstance(func, ast.Attribute) else name
         takes_device = name == "torch.device" or attr in ("to", "set_default_device", "device")
-        if takes_device and node.args and _is_cuda_const(node.args[0]) and not self.guard:
+        if (takes_device and node.args and pyguards.is_cuda_const(node.args[0])
+                and not self.guard):
             self.hit("cuda-device", node)
         for kw in node.keywords:
             value = kw.value
-            if _is_cuda_const(value) and self._device_keyword(kw.arg, node):
+            if pyguards.is_cuda_const(value) and pycalls.device_keyword(kw.arg, node):
                 if not self.guard:
                     self.hit("cuda-device", node)
-            elif kw.arg == "backend" and isinstance(value, ast.Constant) and isinstance(
-                    value.value, str) and "nccl" in value.value.lower():
-                self.hit("nccl", node)
-            elif kw.arg == "extra_compile_args" and isinstance(value, ast.Dict) and any(
-                    isinstance(k, ast.Constant) and k.value == "nvcc" for k in value.keys):
+            elif kw.arg == "extra_compile_args" and pycalls.nvcc_flags(value) and not self.guard:
                 self.hit("nvcc", value)
             elif kw.arg in SETUP_KWARGS and name.endswith("setup"):
-                self._setup_requirements(value)
-        if name.endswith("init_process_group") and node.args:
-            first = node.args[0]
-            if isinstance(first, ast.Constant) and isinstance(first.value, str) and (
-                    "nccl" in first.value.lower()):
-                self.hit("nccl", node)
+                self._setup_requirements(value, optional=kw.arg in _OPTIONAL_KWARGS)
 
-    @staticmethod
-    def _device_keyword(arg: str | None, node: ast.Call) -> bool:
-        """device=/map_location=…, or argparse's default= for a --device option."""
-        if arg in _DEVICE_KWARGS:
-            return True
-        return arg == "default" and any(
-            isinstance(a, ast.Constant) and isinstance(a.value, str)
-            and ("device" in a.value or "gpu" in a.value) for a in node.args)
-
-    def _setup_requirements(self, value: ast.AST) -> None:
+    def _setup_requirements(self, value: ast.AST, *, optional: bool) -> None:
         for n in ast.walk(value):
             if isinstance(n, ast.Constant) and isinstance(n.value, str):
                 rules, linux_only = requirement_rules(n.value)
@@ -445,6 +413,10 @@ class PythonScanner:
                     if linux_only:
                         self.hit(rule, n, severity=NOTE,
                                  why_suffix="Here a marker keeps it off macOS.")
+                    elif optional:
+                        self.hit(rule, n, severity=NOTE,
+                                 why_suffix="Here it is an optional extra, not installed by "
+                                 "default.")
                     else:
                         self.hit(rule, n)
 

@@ -1,0 +1,111 @@
+"""Reading Python conditions: is this branch the CUDA one, does this code pick MPS?
+
+Pure functions over ``ast`` nodes, so the scanner's guard logic can be tested
+and reused (``and`` chains, ternaries, early exits) without a visitor.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Callable
+
+Dotted = Callable[[ast.AST], "str | None"]
+
+_CUDA_DEVICE = re.compile(r"^cuda(:\d+)?$", re.I)
+_MPS_DEVICE = re.compile(r"^mps(:\d+)?$", re.I)
+_EXITS = ("exit", "abort", "skip", "skipTest")
+
+
+def is_cuda_const(node: ast.AST) -> bool:
+    """``"cuda"``, ``"cuda:0"`` or an f-string starting with cuda."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return bool(_CUDA_DEVICE.match(node.value))
+    if isinstance(node, ast.JoinedStr) and node.values:
+        first = node.values[0]
+        return (isinstance(first, ast.Constant) and isinstance(first.value, str)
+                and first.value.lower().startswith("cuda"))
+    return False
+
+
+def contains_cuda_device(nodes: list[ast.AST]) -> bool:
+    return any(is_cuda_const(n) for top in nodes for n in ast.walk(top))
+
+
+def is_cuda_flag(n: ast.AST, dotted: Dotted) -> bool:
+    """``use_cuda``, ``WITH_CUDA`` or ``args.cuda``: an opt-in flag, not the torch.cuda module."""
+    if isinstance(n, ast.Name):
+        return "cuda" in n.id.lower()
+    if isinstance(n, ast.Attribute):
+        return "cuda" in n.attr.lower() and not (dotted(n) or "").startswith("torch.")
+    return False
+
+
+def is_guard(test: ast.AST, dotted: Dotted, *, strong: bool = False) -> bool:
+    """Whether ``test`` being true selects the CUDA path.
+
+    ``strong`` ignores ``use_cuda``-style flags: good enough to silence code
+    behind them, too vague to claim the code requires CUDA.
+    """
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        return False
+    if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.Or):
+        return all(is_guard(v, dotted, strong=strong) for v in test.values)
+    for n in ast.walk(test):
+        if isinstance(n, ast.Call):
+            name = dotted(n.func) or ""
+            if name.endswith(("cuda.is_available", "cuda.device_count")):
+                return True
+        elif isinstance(n, ast.Compare):
+            positive = all(isinstance(op, (ast.Eq, ast.Is, ast.In)) for op in n.ops)
+            if positive and any(is_cuda_const(c) for c in [n.left, *n.comparators]):
+                return True
+        elif not strong and is_cuda_flag(n, dotted):
+            return True
+    return False
+
+
+def is_negated_guard(test: ast.AST, dotted: Dotted) -> bool:
+    """``not torch.cuda.is_available()`` or ``device.type != "cuda"``."""
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        operand = test.operand
+        return is_guard(operand, dotted, strong=True) or is_cuda_flag(operand, dotted)
+    if isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(
+            test.ops[0], (ast.NotEq, ast.IsNot, ast.NotIn)):
+        return any(is_cuda_const(c) for c in [test.left, *test.comparators])
+    return False
+
+
+def terminates(body: list[ast.stmt], dotted: Dotted) -> bool:
+    """A block that never falls through: return, raise, continue, break or sys.exit()."""
+    if not body:
+        return False
+    last = body[-1]
+    if isinstance(last, (ast.Return, ast.Raise, ast.Continue, ast.Break)):
+        return True
+    return (isinstance(last, ast.Expr) and isinstance(last.value, ast.Call)
+            and (dotted(last.value.func) or "").endswith(_EXITS))
+
+
+def refuses_without_cuda(node: ast.If, dotted: Dotted) -> bool:
+    """``if not torch.cuda.is_available(): raise …`` (the code requires CUDA)."""
+    t = node.test
+    return (isinstance(t, ast.UnaryOp) and isinstance(t.op, ast.Not)
+            and is_guard(t.operand, dotted, strong=True)
+            and any(isinstance(s, ast.Raise) or (
+                isinstance(s, ast.Expr) and isinstance(s.value, ast.Call)
+                and (dotted(s.value.func) or "").endswith(("exit", "abort")))
+                for s in node.body))
+
+
+def picks_mps(nodes: list[ast.AST]) -> bool:
+    """Code (not a comment) that names the MPS device: ``"mps"``, ``torch.backends.mps``,
+    ``torch.mps``."""
+    for top in nodes:
+        for n in ast.walk(top):
+            if isinstance(n, ast.Constant) and isinstance(n.value, str):
+                if _MPS_DEVICE.match(n.value):
+                    return True
+            elif isinstance(n, ast.Attribute) and n.attr == "mps":
+                return True
+    return False
