@@ -36,6 +36,12 @@ class Rule:
 
 @dataclass(frozen=True)
 class Finding:
+    """One match: where (file, line, and the notebook cell if any), what and why.
+
+    ``zone`` is "project" for the project's own code; tests, fixtures, ci and
+    docs findings are reported apart and do not count in the verdict.
+    """
+
     file: str
     line: int
     text: str
@@ -43,6 +49,14 @@ class Finding:
     why: str
     alternative: str
     rule: str
+    cell: int | None = None
+    zone: str = "project"
+
+    def where(self) -> str:
+        """``file:line``, or ``nb.ipynb:cell 3:line 2`` for a notebook."""
+        if self.cell is not None:
+            return f"{self.file}:cell {self.cell}:line {self.line}"
+        return f"{self.file}:{self.line}"
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
