@@ -415,11 +415,11 @@ def f(x, arch, dtypesIfCUDA):
     assert x.device.type != "cuda" or arch >= 90
     if not isinstance(dtypesIfCUDA, tuple):
         raise TypeError("bad")
-    assert x.device.type == "cuda"
     if x.device.type != "cuda":
-        return x.cuda()
+        x = x.cuda()
+    assert x.device.type == "cuda"
 '''
     assert py(tmp_path, source) == {
-        (8, "cuda-required", "needs-refactor"),
-        (10, "dot-cuda", "needs-refactor"),
+        (9, "dot-cuda", "needs-refactor"),
+        (10, "cuda-required", "needs-refactor"),
     }

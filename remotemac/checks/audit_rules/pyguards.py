@@ -28,8 +28,24 @@ def is_cuda_const(node: ast.AST) -> bool:
     return False
 
 
-def contains_cuda_device(nodes: list[ast.AST]) -> bool:
-    return any(is_cuda_const(n) for top in nodes for n in ast.walk(top))
+def selects_cuda_device(nodes: list[ast.AST]) -> bool:
+    """A "cuda" device picked in code: assigned, returned, or given to torch.device /
+    .to / device= (not any "cuda" string, which may be a name or a message)."""
+    for top in nodes:
+        if is_cuda_const(top):  # the value of a ternary
+            return True
+        for n in ast.walk(top):
+            if isinstance(n, (ast.Assign, ast.AnnAssign, ast.Return)) and n.value is not None:
+                if is_cuda_const(n.value):
+                    return True
+            elif isinstance(n, ast.Call):
+                func = n.func
+                attr = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+                if attr in ("device", "to") and n.args and is_cuda_const(n.args[0]):
+                    return True
+                if any(kw.arg == "device" and is_cuda_const(kw.value) for kw in n.keywords):
+                    return True
+    return False
 
 
 def is_cuda_flag(n: ast.AST, dotted: Dotted) -> bool:
@@ -63,6 +79,12 @@ def is_guard(test: ast.AST, dotted: Dotted, *, strong: bool = False) -> bool:
         elif not strong and is_cuda_flag(n, dotted):
             return True
     return False
+
+
+def is_main_check(test: ast.AST) -> bool:
+    """``if __name__ == "__main__":`` (the script's entry, not an opt-in path)."""
+    return isinstance(test, ast.Compare) and any(
+        isinstance(n, ast.Name) and n.id == "__name__" for n in [test.left, *test.comparators])
 
 
 def is_negated_guard(test: ast.AST, dotted: Dotted) -> bool:

@@ -53,6 +53,7 @@ class PythonScanner:
         self.depth = 0
         self.guard = 0
         self.optional = 0
+        self.branch = 0  # inside an if-branch that is not a CUDA check (an opt-in path)
         self.findings: list[Finding] = []
         self._seen: set[tuple[str, int]] = set()
         self._dispatch: dict[type, object] = {}
@@ -120,7 +121,9 @@ class PythonScanner:
             self.visit(stmt)
             if (isinstance(stmt, ast.If) and not stmt.orelse
                     and pyguards.is_negated_guard(stmt.test, self.dotted)
-                    and pyguards.terminates(stmt.body, self.dotted)):
+                    and pyguards.terminates(stmt.body, self.dotted)) or (
+                    isinstance(stmt, ast.Assert) and self.depth
+                    and self._is_guard(stmt.test, strong=True)):
                 self.guard += 1
                 added += 1
         self.guard -= added
@@ -202,9 +205,11 @@ class PythonScanner:
     def _guarded(self, node: ast.If | ast.IfExp, body: list, orelse: list) -> None:
         self.visit(node.test)
         guard = self._is_guard(node.test)
+        branch = isinstance(node, ast.If) and not guard and not pyguards.is_main_check(node.test)
+        self.branch += branch
         if guard:
             self.guard += 1
-            if (pyguards.contains_cuda_device(body) and self._is_guard(node.test, strong=True)
+            if (pyguards.selects_cuda_device(body) and self._is_guard(node.test, strong=True)
                     and not self._scope_picks_mps() and not pyguards.picks_mps(orelse)):
                 self.hit("no-mps-branch", node)
         if isinstance(node, ast.If):
@@ -217,6 +222,20 @@ class PythonScanner:
             self.visit_block(orelse)
         else:
             self.visit_all(orelse)
+        self.branch -= branch
+
+    def _requires_cuda(self, node: ast.AST) -> None:
+        """Code that refuses to run without CUDA; on an opt-in branch it is only a note."""
+        if self.branch:
+            self.hit("cuda-required", node, severity=NOTE,
+                     why_suffix="Here only on a conditional path, which a Mac run can avoid.")
+        else:
+            self.hit("cuda-required", node)
+
+    def _in_function(self, name: str) -> bool:
+        """Inside ``def cuda(self)``: the method that implements an explicit ``.cuda()``."""
+        scope = self.scopes[-1]
+        return isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)) and scope.name == name
 
     def _scope_picks_mps(self) -> bool:
         """An early-return chain (if cuda: return …; if mps: return …) is fine."""
@@ -228,7 +247,7 @@ class PythonScanner:
 
     def visit_If(self, node: ast.If) -> None:
         if not self.guard and pyguards.refuses_without_cuda(node, self.dotted):
-            self.hit("cuda-required", node)
+            self._requires_cuda(node)
         self._guarded(node, node.body, node.orelse)
 
     def visit_IfExp(self, node: ast.IfExp) -> None:
@@ -246,7 +265,7 @@ class PythonScanner:
 
     def visit_Assert(self, node: ast.Assert) -> None:
         if self._is_guard(node.test, strong=True) and not self.guard:
-            self.hit("cuda-required", node)
+            self._requires_cuda(node)
         self.generic_visit(node)
 
     def visit_Try(self, node: ast.Try) -> None:
@@ -327,7 +346,7 @@ class PythonScanner:
         func = node.func
         name = self.dotted(func) or ""
         if isinstance(func, ast.Attribute) and func.attr == "cuda" and name != "torch.cuda":
-            if not self.guard:
+            if not self.guard and not self._in_function("cuda"):
                 self.hit("dot-cuda", node)
         elif name.startswith("torch.cuda."):
             self._torch_cuda_call(name[len("torch.cuda."):], node)
