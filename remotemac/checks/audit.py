@@ -21,6 +21,8 @@ from typing import Any
 from remotemac.checks import audit_rules as ar
 from remotemac.checks.audit_rules import BLOCKER, NEEDS_REFACTOR, NOTE, RULES, Finding
 from remotemac.checks.audit_rules.notebook import scan_notebook
+from remotemac.checks.audit_rules.project import downgrade_lazy_modules, downgrade_optional_cuda
+from remotemac.checks.audit_rules.python_rules import ImportLog, scan_python
 from remotemac.checks.audit_rules.scope import (
     PROJECT,
     ZONES,
@@ -172,29 +174,6 @@ def _cpu_only_reason(cpu_only: list[Finding]) -> list[str]:
             "or keep that work on Linux/CUDA."]
 
 
-_OPTIONAL_BUILD_NOTE = ("This project's CUDA build is optional, so macOS builds the CPU "
-                        "kernels without it (see cpu-kernels-only).")
-
-
-def _downgrade_optional_cuda(findings: list[Finding]) -> list[Finding]:
-    """CUDA sources of an optional CUDA build are not blockers: macOS skips them.
-
-    Only when the build is optional everywhere: one unconditional CUDAExtension
-    (a blocker) keeps every CUDA source a blocker.
-    """
-    optional = any(f.rule == "cpu-kernels-only" for f in findings)
-    required = any(f.rule in ("cuda-extension", "cmake-cuda") and f.severity == BLOCKER
-                   for f in findings)
-    if not optional or required:
-        return findings
-    out = []
-    for f in findings:
-        if f.rule in ("cuda-source", "cuda-cxx", "nvcc") and f.severity == BLOCKER:
-            f = dataclasses.replace(f, severity=NOTE, why=f"{f.why} {_OPTIONAL_BUILD_NOTE}")
-        out.append(f)
-    return out
-
-
 def audit_project(path: Path, exclude: tuple[str, ...] | list[str] = ()) -> AuditReport:
     """Audit a project directory (or one file); never imports the project or torch.
 
@@ -221,6 +200,7 @@ def audit_project(path: Path, exclude: tuple[str, ...] | list[str] = ()) -> Audi
         raise BadInput(f"audit: {path} is neither a file nor a directory",
                        hint="give the project directory to scan")
     found_all: list[Finding] = []
+    log = ImportLog()
     for abspath, rel, kind in files:
         try:
             with open(abspath, "rb") as fh:
@@ -232,7 +212,10 @@ def audit_project(path: Path, exclude: tuple[str, ...] | list[str] = ()) -> Audi
             counts.skipped["binary"] += 1
             continue
         report.files_scanned += 1
-        found = SCANNERS[kind](rel, data)
+        if kind in ("python", "setup.py"):
+            found = scan_python(rel, data, force=kind == "setup.py", imports=log)
+        else:
+            found = SCANNERS[kind](rel, data)
         if found is None:
             report.unparsed.append(rel)
             continue
@@ -245,8 +228,8 @@ def audit_project(path: Path, exclude: tuple[str, ...] | list[str] = ()) -> Audi
     def key(f: Finding) -> tuple[int, str, int, int, str]:
         return order[f.severity], f.file, f.cell or 0, f.line, f.rule
 
-    report.findings = sorted(_downgrade_optional_cuda(
-        [f for f in found_all if f.zone == PROJECT]), key=key)
+    own = [f for f in found_all if f.zone == PROJECT]
+    report.findings = sorted(downgrade_lazy_modules(downgrade_optional_cuda(own), log), key=key)
     report.set_apart = sorted([f for f in found_all if f.zone != PROJECT], key=key)
     report.verdict, report.reasons = decide(report.findings)
     report.elapsed_s = time.perf_counter() - start

@@ -114,6 +114,7 @@ _QUOTED = re.compile(r'"((?:[^"\\]|\\.)*)"|\'([^\']*)\'')
 _KEY = re.compile(r'^\s*"?([A-Za-z0-9_.-]+)"?\s*=')
 _LOCK_NOTE = "Here it is pinned in a lock file; fix the declared dependency it comes from."
 _MARKER_NOTE = "Here a marker keeps it off macOS."
+_EXTRA_NOTE = "Here it is an optional extra or dependency group, not installed by default."
 
 
 def _strip_comment(line: str, *, requirements: bool = False) -> str:
@@ -143,7 +144,7 @@ class _Lines:
         self._lock_seen: set[tuple[str, str]] = set()
 
     def add(self, rule: str, lineno: int, text: str, *, linux_only: bool = False,
-            key: str = "") -> None:
+            key: str = "", optional: bool = False) -> None:
         if (rule, lineno) in self._seen:
             return
         if self.lock:
@@ -159,13 +160,17 @@ class _Lines:
         elif linux_only and RULES[rule].severity != NOTE:
             self.findings.append(make(rule, self.file, lineno, text.strip(), severity=NOTE,
                                       why_suffix=_MARKER_NOTE))
+        elif optional and RULES[rule].severity != NOTE:
+            self.findings.append(make(rule, self.file, lineno, text.strip(), severity=NOTE,
+                                      why_suffix=_EXTRA_NOTE))
         else:
             self.findings.append(make(rule, self.file, lineno, text.strip()))
 
-    def requirement(self, req: str, lineno: int, text: str) -> None:
+    def requirement(self, req: str, lineno: int, text: str, *, optional: bool = False) -> None:
         rules, linux_only = requirement_rules(req)
         for rule in rules:
-            self.add(rule, lineno, text, linux_only=linux_only, key=normalise(req))
+            self.add(rule, lineno, text, linux_only=linux_only, key=normalise(req),
+                     optional=optional)
 
     def urls(self, s: str, lineno: int, text: str) -> None:
         rule = url_rule(s)
@@ -232,14 +237,16 @@ def scan_toml(file: str, text: str, *, names_are_keys: tuple[str, ...] = (),
             out.urls(s, lineno, line)
         in_dep_table = any(t in section for t in ("dependencies", "dependency-groups",
                                                   "optional-dependencies"))
+        optional = any(t in section for t in ("dependency-groups", "optional-dependencies",
+                                              ".group.", "extras"))
         if m and (section in names_are_keys or (
                 in_dep_table and section.startswith("tool.poetry"))):
-            out.requirement(key, lineno, line)
+            out.requirement(key, lineno, line, optional=optional)
             if any(_LINUX_MARKER.search(s) for s in strings):
                 continue
         elif in_dep_table or key in _TOML_DEP_KEYS:
             for s in strings:
-                out.requirement(s, lineno, line)
+                out.requirement(s, lineno, line, optional=optional)
     return out.findings
 
 
@@ -262,7 +269,9 @@ def scan_setup_cfg(file: str, text: str) -> list[Finding]:
         relevant = section == "options.extras_require" or (
             section == "options" and key in SETUP_KWARGS)
         if relevant and value:
-            out.requirement(value, lineno, stripped)
+            out.requirement(value, lineno, stripped,
+                            optional=section == "options.extras_require" or key in (
+                                "extras_require", "tests_require"))
     return out.findings
 
 

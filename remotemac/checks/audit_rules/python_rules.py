@@ -13,12 +13,22 @@ import ast
 import bisect
 import warnings
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 
 from remotemac.checks.audit_rules import pycalls, pyguards
 from remotemac.checks.audit_rules.cuda_api import behaviour
 from remotemac.checks.audit_rules.deps_rules import IMPORT_RULES, SETUP_KWARGS, requirement_rules
 from remotemac.checks.audit_rules.model import NOTE, Finding, make
 from remotemac.checks.audit_rules.valueflow import Flow, build_flow
+
+
+@dataclass
+class ImportLog:
+    """Imports between a project's modules: (importer, module, eager, line), and every
+    Python file's text (an import the scanner did not visit is found by name there)."""
+
+    edges: list[tuple[str, str, bool, int]] = field(default_factory=list)
+    texts: dict[str, bytes] = field(default_factory=dict)
 
 _IMPORT_ERRORS = frozenset({"ImportError", "ModuleNotFoundError", "Exception", "OSError",
                             "BaseException", "RuntimeError"})
@@ -43,9 +53,12 @@ class PythonScanner:
     intended branch, and ``try/except ImportError`` blocks that make imports optional.
     """
 
-    def __init__(self, file: str, data: bytes, trigger_lines: list[int] | None = None) -> None:
-        """``trigger_lines`` (from the pre-filter) prunes statements; None visits all."""
+    def __init__(self, file: str, data: bytes, trigger_lines: list[int] | None = None,
+                 imports: ImportLog | None = None) -> None:
+        """``trigger_lines`` (from the pre-filter) prunes statements; None visits all.
+        ``imports`` collects which project modules this one imports, and how."""
         self.file = file
+        self.imports = imports
         self.data = data
         self.trigger_lines = trigger_lines
         self._lines: list[str] | None = None
@@ -151,15 +164,32 @@ class PythonScanner:
         else:
             self.hit(rule, node)
 
+    def _log_import(self, module: str, node: ast.AST) -> None:
+        if self.imports is not None:
+            eager = not (self.depth or self.guard or self.optional)
+            self.imports.edges.append((self.file, module, eager, getattr(node, "lineno", 1)))
+
     def visit_Import(self, node: ast.Import) -> None:
         for a in node.names:
+            self._log_import(a.name, node)
             rule = self._import_rule(a.name)
             if rule:
                 self._import_hit(rule, node)
 
     def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
-        if node.level or not node.module:
+        if node.level:
+            base = self.file.split("/")[:-1]
+            base = base[:len(base) - (node.level - 1)] if node.level > 1 else base
+            prefix = ".".join(base + ([node.module] if node.module else []))
+            for a in node.names:
+                self._log_import(prefix, node)
+                self._log_import(f"{prefix}.{a.name}", node)
             return
+        if not node.module:
+            return
+        self._log_import(node.module, node)
+        for a in node.names:
+            self._log_import(f"{node.module}.{a.name}", node)
         rule = self._import_rule(node.module)
         if node.module.startswith("torch.cuda.amp") and not self.guard:
             self.hit("cuda-amp", node)
@@ -461,12 +491,15 @@ def _find_all(data: bytes, word: bytes) -> Iterator[int]:
         pos = data.find(word, pos + 1)
 
 
-def scan_python(file: str, data: bytes, *, force: bool = False) -> list[Finding] | None:
+def scan_python(file: str, data: bytes, *, force: bool = False,
+                imports: ImportLog | None = None) -> list[Finding] | None:
     """Findings for one Python file; None when it does not parse (counted, not fatal).
 
     ``force`` (setup.py) parses and visits everything: requirement strings such as
-    "flash-attn" do not contain the trigger words.
+    "flash-attn" do not contain the trigger words. ``imports`` collects import edges.
     """
+    if imports is not None:
+        imports.texts[file] = data
     low = data.lower()
     if not force and not any(word in low for word in PY_TRIGGERS):
         return []
@@ -477,7 +510,8 @@ def scan_python(file: str, data: bytes, *, force: bool = False) -> list[Finding]
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return None
     try:
-        return PythonScanner(file, data, None if force else _trigger_lines(low)).run(tree)
+        return PythonScanner(file, data, None if force else _trigger_lines(low),
+                             imports).run(tree)
     except RecursionError:  # pathologically nested generated code
         return None
 
