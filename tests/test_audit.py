@@ -17,10 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from remotemac.checks import audit
 from remotemac.checks.audit import audit_project, compile_gitignore, decide, main_audit
-from remotemac.checks.audit_rules import scope
-from remotemac.checks.audit_rules import RULES, scan_python
+from remotemac.checks.audit_rules import RULES, scan_python, scope
 from remotemac.errors import BadInput
 
 REPO = Path(__file__).resolve().parents[1]

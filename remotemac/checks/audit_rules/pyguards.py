@@ -57,6 +57,11 @@ def is_cuda_flag(n: ast.AST, dotted: Dotted) -> bool:
     return False
 
 
+def is_tensor_on_cuda(n: ast.AST) -> bool:
+    """``x.is_cuda``: a tensor's own answer, as definite as torch.cuda.is_available()."""
+    return isinstance(n, ast.Attribute) and n.attr == "is_cuda"
+
+
 def is_guard(test: ast.AST, dotted: Dotted, *, strong: bool = False) -> bool:
     """Whether ``test`` being true selects the CUDA path.
 
@@ -72,6 +77,8 @@ def is_guard(test: ast.AST, dotted: Dotted, *, strong: bool = False) -> bool:
             name = dotted(n.func) or ""
             if name.endswith(("cuda.is_available", "cuda.device_count")):
                 return True
+        elif is_tensor_on_cuda(n):
+            return True
         elif isinstance(n, ast.Compare):
             positive = all(isinstance(op, (ast.Eq, ast.Is, ast.In)) for op in n.ops)
             if positive and any(is_cuda_const(c) for c in [n.left, *n.comparators]):
@@ -120,14 +127,21 @@ def refuses_without_cuda(node: ast.If, dotted: Dotted) -> bool:
                 for s in node.body))
 
 
-def picks_mps(nodes: list[ast.AST]) -> bool:
+def picks_mps(nodes: list[ast.AST], *, own_code_only: bool = False) -> bool:
     """Code (not a comment) that names the MPS device: ``"mps"``, ``torch.backends.mps``,
-    ``torch.mps``."""
-    for top in nodes:
-        for n in ast.walk(top):
-            if isinstance(n, ast.Constant) and isinstance(n.value, str):
-                if _MPS_DEVICE.match(n.value):
-                    return True
-            elif isinstance(n, ast.Attribute) and n.attr == "mps":
+    ``torch.mps``. ``own_code_only`` leaves out nested function and class bodies (a
+    module's device list is not fixed by a helper defined in it)."""
+    stack = list(nodes)
+    while stack:
+        n = stack.pop()
+        if isinstance(n, ast.Constant) and isinstance(n.value, str):
+            if _MPS_DEVICE.match(n.value):
                 return True
+        elif isinstance(n, ast.Attribute) and n.attr == "mps":
+            return True
+        for child in ast.iter_child_nodes(n):
+            if own_code_only and isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef,
+                                                    ast.ClassDef, ast.Lambda)):
+                continue
+            stack.append(child)
     return False

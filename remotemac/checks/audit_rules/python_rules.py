@@ -41,7 +41,7 @@ PY_TRIGGERS = (
     b"cuda", b"nccl", b"triton", b"flash_attn", b"xformers", b"bitsandbytes", b"apex",
     b"deepspeed", b"vllm", b"cupy", b"cudnn", b"nvcc", b"tensorrt", b"pynvml", b"cudf",
     b"cuml", b"cugraph", b"capability", b".cu'", b'.cu"', b".cuh", b"install_requires",
-    b"extras_require", b"init_process_group", b"new_group",
+    b"extras_require", b"init_process_group", b"new_group", b"sdp_kernel",
 )
 
 
@@ -272,7 +272,8 @@ class PythonScanner:
         scope = self.scopes[-1]
         key = id(scope)
         if key not in self._mps_scope:
-            self._mps_scope[key] = pyguards.picks_mps([scope])
+            self._mps_scope[key] = pyguards.picks_mps(
+                [scope], own_code_only=isinstance(scope, ast.Module))
         return self._mps_scope[key]
 
     def visit_If(self, node: ast.If) -> None:
@@ -426,7 +427,7 @@ class PythonScanner:
 
     def _process_group(self, name: str, node: ast.Call) -> None:
         """NCCL chosen by a literal, a variable, an option default or a dict entry."""
-        found = self.flow.keyword_string(node, "backend")
+        found = self.flow.keyword_string(node, "backend") if name != "dict" else None
         if found is None and name.endswith(pycalls.PROCESS_GROUP) and node.args:
             found = self.flow.string(node.args[0])
         if found is None or "nccl" not in found[0].lower():
