@@ -92,7 +92,7 @@ _CMAKE_OPTION = re.compile(r"^\s*option\s*\(\s*(\w+)", re.I)
 
 
 def _cmake_findings(out: _Lines, lineno: int, s: str, frames: list[bool],
-                    options: set[str], reported: list[bool]) -> None:
+                    reported: list[bool]) -> None:
     """One CMake line: a CUDA language/toolkit line is a blocker unless a switch guards it."""
     if not _CMAKE_CUDA.search(s):
         return
@@ -103,13 +103,36 @@ def _cmake_findings(out: _Lines, lineno: int, s: str, frames: list[bool],
         out.add("cpu-kernels-only", lineno, s)
 
 
+def _cmake_cuda_condition(cond: str, options: set[str]) -> tuple[bool, bool]:
+    """(condition is about CUDA, condition is negated with NOT)."""
+    negated = bool(re.match(r"\s*NOT\b", cond, re.I))
+    about = bool(re.search(r"cuda", cond, re.I)) or any(
+        re.search(rf"\b{re.escape(o)}\b", cond) for o in options if "CUDA" in o.upper())
+    return about, negated
+
+
+def _cmake_branch(word: str, cond: str, frames: list[tuple[bool, bool]],
+                  options: set[str]) -> None:
+    """Track if()/elseif()/else()/endif(): is the current branch the CUDA one?"""
+    if word == "if":
+        about, negated = _cmake_cuda_condition(cond, options)
+        frames.append((about and not negated, about and negated))
+    elif word == "elseif" and frames:
+        about, negated = _cmake_cuda_condition(cond, options)
+        frames[-1] = (about and not negated, False)
+    elif word == "else" and frames:
+        frames[-1] = (frames[-1][1], False)
+    elif word == "endif" and frames:
+        frames.pop()
+
+
 def scan_build_script(file: str, text: str) -> list[Finding]:
     """Shell scripts, Makefiles, CMake and Dockerfiles: nvcc, CUDA languages, CUDA env."""
     out = _Lines(file)
     cmake = file.endswith((".cmake", "CMakeLists.txt"))
     docker = "Dockerfile" in file.rsplit("/", 1)[-1]
     options: set[str] = set()
-    frames: list[bool] = []  # one per open if(): whether it switches CUDA on
+    frames: list[tuple[bool, bool]] = []  # per open if(): (this branch is CUDA, if() negated)
     reported: list[bool] = []
     for lineno, line in enumerate(text.splitlines(), 1):
         s = line.strip()
@@ -121,18 +144,9 @@ def scan_build_script(file: str, text: str) -> list[Finding]:
                 options.add(m.group(1))
             m = _CMAKE_IF.match(s)
             if m:
-                word, cond = m.group(1).lower(), m.group(2) or ""
-                cuda = bool(re.search(r"cuda", cond, re.I)) and not re.match(
-                    r"\s*NOT\b", cond, re.I) or any(re.search(rf"\b{o}\b", cond)
-                                                    for o in options if "CUDA" in o.upper())
-                if word == "if":
-                    frames.append(cuda)
-                elif word in ("elseif", "else") and frames:
-                    frames[-1] = cuda if word == "elseif" else False
-                elif word == "endif" and frames:
-                    frames.pop()
+                _cmake_branch(m.group(1).lower(), m.group(2) or "", frames, options)
                 continue
-            _cmake_findings(out, lineno, s, frames, options, reported)
+            _cmake_findings(out, lineno, s, [on for on, _ in frames], reported)
         elif _SHELL_NVCC.search(s) and not docker:
             out.add("nvcc", lineno, s)
         elif _SHELL_ENV.search(s) or (docker and "nvcc" in s):
