@@ -285,3 +285,27 @@ def test_a_module_imported_only_lazily_does_not_block(tmp_path: Path) -> None:
     found = {(f.file, f.line, f.rule, f.severity) for f in audit_project(tmp_path).findings}
     assert found == {("pkg/triton_kernels.py", 1, "triton", "note"),
                      ("pkg/eager.py", 1, "flash-attn", "blocker")}
+
+
+def test_cuda_named_implementations_and_negated_tensor_checks(tmp_path: Path) -> None:
+    source = '''import torch
+
+
+class FlashAttentionCUDAFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q):
+        assert all([t.is_cuda for t in (q,)]), "inputs must be on cuda"
+        return q
+
+
+def to_csr(index, value):
+    assert not index.is_cuda and not value.is_cuda
+    return index
+
+
+def fused(q):
+    assert q.is_cuda and q.is_contiguous()
+    return q
+'''
+    assert py(tmp_path, source) == {(7, "cuda-required", "note"),
+                                    (17, "cuda-required", "needs-refactor")}

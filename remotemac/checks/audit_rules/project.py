@@ -4,9 +4,9 @@ Two facts only show across files:
 
 - an optional CUDA build (``cpu-kernels-only`` from setup.py or CMake) means the
   ``.cu`` sources and CUDA C++ are skipped on macOS, so they are not blockers;
-- a module that imports a CUDA-only library (triton, flash_attn…) but is itself
-  imported only inside functions by the rest of the project is needed only on
-  that path: importing the package on a Mac does not touch it.
+- a module (a Triton kernel file, say) that the rest of the project imports
+  only inside functions is needed only on that path: importing the package on
+  a Mac does not run it, so its findings are notes.
 """
 
 from __future__ import annotations
@@ -45,9 +45,10 @@ def module_names(rel: str) -> set[str]:
 
 
 def downgrade_lazy_modules(findings: list[Finding], log: ImportLog) -> list[Finding]:
-    """Import blockers in a module the project imports only lazily become notes."""
+    """Findings in a module the project imports only lazily (inside a function) become
+    notes: importing the package on a Mac does not run that module."""
     lazy_where: dict[str, str] = {}
-    for rel in {f.file for f in findings if f.severity == BLOCKER and f.file.endswith(".py")
+    for rel in {f.file for f in findings if f.severity != NOTE and f.file.endswith(".py")
                 and f.cell is None}:
         where = _only_lazy(rel, log)
         if where:
@@ -55,7 +56,7 @@ def downgrade_lazy_modules(findings: list[Finding], log: ImportLog) -> list[Find
     out = []
     for f in findings:
         where = lazy_where.get(f.file)
-        if where and f.severity == BLOCKER and f.text.lstrip().startswith(("import ", "from ")):
+        if where and f.severity != NOTE:
             f = dataclasses.replace(
                 f, severity=NOTE, why=f"{f.why} Here the module is imported only inside a "
                 f"function ({where}), so only that path needs it.")

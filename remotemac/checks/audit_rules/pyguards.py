@@ -66,26 +66,26 @@ def is_guard(test: ast.AST, dotted: Dotted, *, strong: bool = False) -> bool:
     """Whether ``test`` being true selects the CUDA path.
 
     ``strong`` ignores ``use_cuda``-style flags: good enough to silence code
-    behind them, too vague to claim the code requires CUDA.
+    behind them, too vague to claim the code requires CUDA. ``not …`` parts never
+    count: ``not x.is_cuda`` selects the other path.
     """
     if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
         return False
-    if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.Or):
-        return all(is_guard(v, dotted, strong=strong) for v in test.values)
-    for n in ast.walk(test):
-        if isinstance(n, ast.Call):
-            name = dotted(n.func) or ""
-            if name.endswith(("cuda.is_available", "cuda.device_count")):
-                return True
-        elif is_tensor_on_cuda(n):
+    if isinstance(test, ast.BoolOp):
+        found = [is_guard(v, dotted, strong=strong) for v in test.values]
+        return all(found) if isinstance(test.op, ast.Or) else any(found)
+    if isinstance(test, ast.Call):
+        name = dotted(test.func) or ""
+        if name.endswith(("cuda.is_available", "cuda.device_count")):
             return True
-        elif isinstance(n, ast.Compare):
-            positive = all(isinstance(op, (ast.Eq, ast.Is, ast.In)) for op in n.ops)
-            if positive and any(is_cuda_const(c) for c in [n.left, *n.comparators]):
-                return True
-        elif not strong and is_cuda_flag(n, dotted):
+    elif isinstance(test, ast.Compare):
+        positive = all(isinstance(op, (ast.Eq, ast.Is, ast.In)) for op in test.ops)
+        if positive and any(is_cuda_const(c) for c in [test.left, *test.comparators]):
             return True
-    return False
+    elif is_tensor_on_cuda(test) or (not strong and is_cuda_flag(test, dotted)):
+        return True
+    return any(is_guard(child, dotted, strong=strong) for child in ast.iter_child_nodes(test)
+               if not isinstance(child, ast.expr_context))
 
 
 def is_main_check(test: ast.AST) -> bool:

@@ -71,6 +71,7 @@ class PythonScanner:
         self._seen: set[tuple[str, int]] = set()
         self._dispatch: dict[type, object] = {}
         self.scopes: list[ast.AST] = []
+        self.names: list[str] = [file.rsplit("/", 1)[-1]]  # file, classes, functions
         self._mps_scope: dict[int, bool] = {}
 
     # -- plumbing
@@ -213,12 +214,23 @@ class PythonScanner:
         self.visit_all([d for d in args.kw_defaults if d is not None])
         self.depth += 1
         self.scopes.append(node)
+        self.names.append(node.name)
         self.visit_block(node.body)
+        self.names.pop()
         self.scopes.pop()
         self.depth -= 1
 
     visit_FunctionDef = _function
     visit_AsyncFunctionDef = _function
+
+    def visit_ClassDef(self, node: ast.ClassDef) -> None:
+        self.names.append(node.name)
+        self.generic_visit(node)
+        self.names.pop()
+
+    def _cuda_named(self) -> str | None:
+        """The file, class or function whose name says it is the CUDA implementation."""
+        return next((n for n in reversed(self.names) if "cuda" in n.lower()), None)
 
     def visit_Lambda(self, node: ast.Lambda) -> None:
         self.depth += 1
@@ -255,8 +267,15 @@ class PythonScanner:
         self.branch -= branch
 
     def _requires_cuda(self, node: ast.AST) -> None:
-        """Code that refuses to run without CUDA; on an opt-in branch it is only a note."""
-        if self.branch:
+        """Code that refuses to run without CUDA; on an opt-in branch, or in an
+        implementation named for CUDA (``RingFlashAttentionCUDAFunction``,
+        ``kernels_cuda.py``), it is only a note: the portable path routes around it."""
+        named = self._cuda_named()
+        if named:
+            self.hit("cuda-required", node, severity=NOTE,
+                     why_suffix=f"Here inside a CUDA-specific implementation ({named}), "
+                     "which a portable path routes around.")
+        elif self.branch:
             self.hit("cuda-required", node, severity=NOTE,
                      why_suffix="Here only on a conditional path, which a Mac run can avoid.")
         else:
