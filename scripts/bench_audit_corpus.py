@@ -53,7 +53,13 @@ PACKAGES = (
     ("rotary-embedding-torch", "0.9.1", "pure PyTorch, optional Triton kernels"),
     ("ring-attention-pytorch", "0.5.20", "pure PyTorch, lazily imported Triton path"),
     ("ema-pytorch", "0.8.3", "pure PyTorch"),
+    # held out: truth written from reading the code before audit ever ran on them
+    ("chamferdist", "1.0.3", "held out: extension, CUDAExtension if CUDA else CppExtension"),
+    ("denoising-diffusion-pytorch", "2.3.4", "held out: pure PyTorch"),
+    ("vit-pytorch", "1.26.11", "held out: pure PyTorch"),
+    ("torch-ema", "0.3", "held out: pure PyTorch"),
 )
+HELD_OUT = frozenset({"chamferdist", "denoising-diffusion-pytorch", "vit-pytorch", "torch-ema"})
 
 #: setup.py of CUDA-only packages refuses to build metadata without nvcc unless told
 _SKIP_CUDA = {"CAUSAL_CONV1D_SKIP_CUDA_BUILD": "TRUE", "FLASH_ATTENTION_SKIP_CUDA_BUILD": "TRUE"}
@@ -183,6 +189,10 @@ def main() -> int:
         r = matched / rows if rows else 1.0
         print(f"{sev:16}{p:>12.3f}{r:>12.3f}   ({tp}/{n} findings right, {matched}/{rows} "
               "expected found)")
+    held, _ = score({k: v for k, v in results.items() if k in HELD_OUT},
+                    [t for t in truth if t.package in HELD_OUT])
+    print("held out only: " + ", ".join(
+        f"{sev} P {tp}/{n} R {m}/{rows}" for sev, (tp, n, m, rows) in held.items()))
     b_tp, b_n, b_m, b_rows = table["blocker"]
     r_tp, r_n, _, _ = table["needs-refactor"]
     ok = (b_tp == b_n and (b_m / b_rows if b_rows else 1.0) >= 0.95

@@ -309,3 +309,23 @@ def fused(q):
 '''
     assert py(tmp_path, source) == {(7, "cuda-required", "note"),
                                     (17, "cuda-required", "needs-refactor")}
+
+
+def test_or_early_exit_and_multiline_dot_cuda_line(tmp_path: Path) -> None:
+    source = '''import torch
+
+
+class Attend:
+    def __init__(self, flash=False):
+        if not torch.cuda.is_available() or not flash:
+            return
+        props = torch.cuda.get_device_properties(torch.device("cuda"))
+        self.big = props.major >= 8
+
+
+if __name__ == "__main__":
+    model = Attend(
+        flash=True,
+    ).cuda()
+'''
+    assert py(tmp_path, source) == {(15, "dot-cuda", "needs-refactor")}

@@ -95,7 +95,10 @@ def is_main_check(test: ast.AST) -> bool:
 
 
 def is_negated_guard(test: ast.AST, dotted: Dotted) -> bool:
-    """``not torch.cuda.is_available()`` or ``device.type != "cuda"``."""
+    """``not torch.cuda.is_available()`` or ``device.type != "cuda"``; in an ``or`` chain one
+    such part is enough (``if not cuda or not flash: return`` leaves CUDA behind)."""
+    if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.Or):
+        return any(is_negated_guard(v, dotted) for v in test.values)
     if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
         operand = test.operand
         return is_guard(operand, dotted, strong=True) or is_cuda_flag(operand, dotted)

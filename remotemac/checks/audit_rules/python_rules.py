@@ -397,7 +397,7 @@ class PythonScanner:
         name = self.dotted(func) or ""
         if isinstance(func, ast.Attribute) and func.attr == "cuda" and name != "torch.cuda":
             if not self.guard and not self._in_function("cuda"):
-                self.hit("dot-cuda", node)
+                self.hit("dot-cuda", func.end_lineno or node.lineno)  # the .cuda( line
         elif name.startswith("torch.cuda."):
             self._torch_cuda_call(name[len("torch.cuda."):], node)
         elif name.endswith("get_device_capability") and not self.guard:
