@@ -47,12 +47,20 @@ def module_names(rel: str) -> set[str]:
 def downgrade_lazy_modules(findings: list[Finding], log: ImportLog) -> list[Finding]:
     """Findings in a module the project imports only lazily (inside a function) become
     notes: importing the package on a Mac does not run that module."""
+    lazy_targets: dict[str, list[tuple[str, int]]] = {}
+    for src, mod, eager, line in log.edges:
+        if not eager:
+            lazy_targets.setdefault(mod, []).append((src, line))
+    if not lazy_targets:
+        return findings
     lazy_where: dict[str, str] = {}
     for rel in {f.file for f in findings if f.severity != NOTE and f.file.endswith(".py")
                 and f.cell is None}:
-        where = _only_lazy(rel, log)
-        if where:
-            lazy_where[rel] = where
+        names = module_names(rel)
+        if any(n in lazy_targets for n in names):
+            where = _only_lazy(rel, names, log)
+            if where:
+                lazy_where[rel] = where
     out = []
     for f in findings:
         where = lazy_where.get(f.file)
@@ -64,9 +72,8 @@ def downgrade_lazy_modules(findings: list[Finding], log: ImportLog) -> list[Find
     return out
 
 
-def _only_lazy(rel: str, log: ImportLog) -> str | None:
+def _only_lazy(rel: str, names: set[str], log: ImportLog) -> str | None:
     """Where ``rel`` is imported lazily, if the project never imports it eagerly."""
-    names = module_names(rel)
     stem = rel.rsplit("/", 1)[-1][:-3].encode()
     lazy: str | None = None
     for importer, text in log.texts.items():

@@ -154,42 +154,56 @@ class Flow:
 
 
 def build_flow(tree: ast.AST) -> Flow:
-    """One walk of ``tree`` collecting imports, bindings, options and dicts."""
+    """One pass over ``tree``'s statements (expressions are not entered, for speed)
+    collecting imports, bindings, argparse options and dicts."""
     flow = Flow()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            for a in node.names:
-                if a.asname:
-                    flow.imports[a.asname] = a.name
-        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-            for a in node.names:
-                flow.imports[a.asname or a.name] = f"{node.module}.{a.name}"
-        elif isinstance(node, ast.Assign):
-            for target in node.targets:
-                if isinstance(target, ast.Name):
-                    flow.bind(target.id, node.value, node.lineno)
-                elif isinstance(target, (ast.Tuple, ast.List)):
-                    for elt in target.elts:
-                        if isinstance(elt, ast.Name):
-                            flow.bind(elt.id, None, node.lineno)
-        elif isinstance(node, (ast.AnnAssign, ast.AugAssign)) and isinstance(
-                node.target, ast.Name):
-            value = node.value if isinstance(node, ast.AnnAssign) else None
-            flow.bind(node.target.id, value, node.lineno)
-        elif isinstance(node, (ast.For, ast.AsyncFor, ast.comprehension)):
-            for n in ast.walk(node.target):
-                if isinstance(n, ast.Name):
-                    flow.bind(n.id, None, getattr(node, "lineno", 0))
-        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
-            args = node.args
-            positional = args.posonlyargs + args.args
-            defaults: list[ast.AST | None] = [None] * (len(positional) - len(args.defaults))
-            defaults += list(args.defaults)
-            for arg, default in [*zip(positional, defaults, strict=True),
-                                 *zip(args.kwonlyargs, args.kw_defaults, strict=True)]:
-                flow.bind(arg.arg, default, getattr(default, "lineno", node.lineno))
-        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and (
-                node.func.attr == "add_argument"):
-            flow.option(node)
+    stack: list[ast.AST] = [tree]
+    while stack:
+        node = stack.pop()
+        _collect(flow, node)
+        for name in ("body", "orelse", "finalbody", "handlers", "cases"):
+            children = getattr(node, name, None)
+            if isinstance(children, list):
+                stack.extend(children)
     flow.resolve_aliases()
     return flow
+
+
+def _collect(flow: Flow, node: ast.AST) -> None:
+    """What one statement binds or declares."""
+    if isinstance(node, ast.Import):
+        for a in node.names:
+            if a.asname:
+                flow.imports[a.asname] = a.name
+    elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+        for a in node.names:
+            flow.imports[a.asname or a.name] = f"{node.module}.{a.name}"
+    elif isinstance(node, ast.Assign):
+        for target in node.targets:
+            if isinstance(target, ast.Name):
+                flow.bind(target.id, node.value, node.lineno)
+            elif isinstance(target, (ast.Tuple, ast.List)):
+                for elt in target.elts:
+                    if isinstance(elt, ast.Name):
+                        flow.bind(elt.id, None, node.lineno)
+    elif isinstance(node, (ast.AnnAssign, ast.AugAssign)) and isinstance(node.target, ast.Name):
+        flow.bind(node.target.id, node.value if isinstance(node, ast.AnnAssign) else None,
+                  node.lineno)
+    elif isinstance(node, (ast.For, ast.AsyncFor, ast.With, ast.AsyncWith)):
+        targets = [node.target] if isinstance(node, (ast.For, ast.AsyncFor)) else [
+            i.optional_vars for i in node.items if i.optional_vars is not None]
+        for t in targets:
+            for n in ast.walk(t):
+                if isinstance(n, ast.Name):
+                    flow.bind(n.id, None, node.lineno)
+    elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        args = node.args
+        positional = args.posonlyargs + args.args
+        defaults: list[ast.AST | None] = [None] * (len(positional) - len(args.defaults))
+        defaults += list(args.defaults)
+        for arg, default in [*zip(positional, defaults, strict=True),
+                             *zip(args.kwonlyargs, args.kw_defaults, strict=True)]:
+            flow.bind(arg.arg, default, getattr(default, "lineno", node.lineno))
+    elif isinstance(node, ast.Expr) and isinstance(node.value, ast.Call) and isinstance(
+            node.value.func, ast.Attribute) and node.value.func.attr == "add_argument":
+        flow.option(node.value)
