@@ -260,7 +260,8 @@ def render(report: AuditReport, console: Any) -> None:
                           Text(f.text), Text(f"{f.why}\n→ {f.alternative}"))
         console.print(table)
     else:
-        console.print(Text(f"No CUDA ties found in {report.path}'s own code.", style="green"))
+        console.print(Text(f"No CUDA ties found in the project's own code ({report.path}).",
+                           style="green"))
     apart = report.apart_counts()
     if apart:
         files = len({f.file for f in report.set_apart})
