@@ -13,26 +13,16 @@ import ast
 import bisect
 import warnings
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 
 from remotemac.checks.audit_rules import pycalls, pyguards
-from remotemac.checks.audit_rules.cuda_api import behaviour
-from remotemac.checks.audit_rules.deps_rules import IMPORT_RULES, SETUP_KWARGS, requirement_rules
-from remotemac.checks.audit_rules.model import NOTE, Finding, make
+from remotemac.checks.audit_rules.call_rules import CallRules
+from remotemac.checks.audit_rules.guard_rules import GuardRules
+from remotemac.checks.audit_rules.import_rules import ImportLog, ImportRules
+from remotemac.checks.audit_rules.model import Finding, make
 from remotemac.checks.audit_rules.valueflow import Flow, build_flow
 
+__all__ = ["PY_TRIGGERS", "ImportLog", "PythonScanner", "scan_python"]
 
-@dataclass
-class ImportLog:
-    """Imports between a project's modules: (importer, module, eager, line), and every
-    Python file's text (an import the scanner did not visit is found by name there)."""
-
-    edges: list[tuple[str, str, bool, int]] = field(default_factory=list)
-    texts: dict[str, bytes] = field(default_factory=dict)
-
-_IMPORT_ERRORS = frozenset({"ImportError", "ModuleNotFoundError", "Exception", "OSError",
-                            "BaseException", "RuntimeError"})
-_OPTIONAL_KWARGS = frozenset({"extras_require", "tests_require"})
 
 #: cheap pre-filter (lower-case substrings, so comments can pass it; ast decides): a
 #: Python file without any of these is not parsed, and a statement whose lines hold
@@ -45,7 +35,7 @@ PY_TRIGGERS = (
 )
 
 
-class PythonScanner:
+class PythonScanner(GuardRules, ImportRules, CallRules):
     """One pass over a module's AST, with just enough context to avoid false alarms.
 
     Context kept: the module's value flow (aliases, constants, options), function
@@ -128,76 +118,8 @@ class PythonScanner:
         for n in nodes:
             self.visit(n)
 
-    def visit_block(self, body: list[ast.stmt]) -> None:
-        """Statements in order; after ``if not cuda: return``, the rest is the CUDA path."""
-        added = 0
-        for stmt in body:
-            self.visit(stmt)
-            if (isinstance(stmt, ast.If) and not stmt.orelse
-                    and pyguards.is_negated_guard(stmt.test, self.dotted)
-                    and pyguards.terminates(stmt.body, self.dotted)) or (
-                    isinstance(stmt, ast.Assert) and self.depth
-                    and self._is_guard(stmt.test, strong=True)):
-                self.guard += 1
-                added += 1
-        self.guard -= added
-
     def dotted(self, node: ast.AST) -> str | None:
         return self.flow.dotted(node)
-
-    # -- imports
-    def _import_rule(self, module: str) -> str | None:
-        for key in (module, module.split(".")[0]):
-            if key in IMPORT_RULES:
-                return IMPORT_RULES[key]
-        for prefix, rule in IMPORT_RULES.items():
-            if "." in prefix and module.startswith(prefix + "."):
-                return rule
-        return None
-
-    def _import_hit(self, rule: str, node: ast.AST) -> None:
-        if self.optional:
-            self.hit(rule, node, severity=NOTE,
-                     why_suffix="Here the import is optional (try/except ImportError).")
-        elif self.guard:
-            self.hit(rule, node, severity=NOTE,
-                     why_suffix="Here the import sits behind a CUDA check.")
-        else:
-            self.hit(rule, node)
-
-    def _log_import(self, module: str, node: ast.AST) -> None:
-        if self.imports is not None:
-            eager = not (self.depth or self.guard or self.optional)
-            self.imports.edges.append((self.file, module, eager, getattr(node, "lineno", 1)))
-
-    def visit_Import(self, node: ast.Import) -> None:
-        for a in node.names:
-            self._log_import(a.name, node)
-            rule = self._import_rule(a.name)
-            if rule:
-                self._import_hit(rule, node)
-
-    def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
-        if node.level:
-            base = self.file.split("/")[:-1]
-            base = base[:len(base) - (node.level - 1)] if node.level > 1 else base
-            prefix = ".".join(base + ([node.module] if node.module else []))
-            for a in node.names:
-                self._log_import(prefix, node)
-                self._log_import(f"{prefix}.{a.name}", node)
-            return
-        if not node.module:
-            return
-        self._log_import(node.module, node)
-        for a in node.names:
-            self._log_import(f"{node.module}.{a.name}", node)
-        rule = self._import_rule(node.module)
-        if node.module.startswith("torch.cuda.amp") and not self.guard:
-            self.hit("cuda-amp", node)
-        for a in node.names:
-            rule = rule or self._import_rule(f"{node.module}.{a.name}")
-        if rule:
-            self._import_hit(rule, node)
 
     # -- scopes and guards
     def _function(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
@@ -228,10 +150,6 @@ class PythonScanner:
         self.generic_visit(node)
         self.names.pop()
 
-    def _cuda_named(self) -> str | None:
-        """The file, class or function whose name says it is the CUDA implementation."""
-        return next((n for n in reversed(self.names) if "cuda" in n.lower()), None)
-
     def visit_Lambda(self, node: ast.Lambda) -> None:
         self.depth += 1
         self.generic_visit(node)
@@ -240,100 +158,6 @@ class PythonScanner:
     def _device_default(self, name: str, default: ast.AST) -> None:
         if "device" in name.lower() and pyguards.is_cuda_const(default) and not self.guard:
             self.hit("cuda-device", default)
-
-    def _is_guard(self, test: ast.AST, *, strong: bool = False) -> bool:
-        return pyguards.is_guard(test, self.dotted, strong=strong)
-
-    def _guarded(self, node: ast.If | ast.IfExp, body: list, orelse: list) -> None:
-        self.visit(node.test)
-        guard = self._is_guard(node.test)
-        branch = isinstance(node, ast.If) and not guard and not pyguards.is_main_check(node.test)
-        self.branch += branch
-        if guard:
-            self.guard += 1
-            if (pyguards.selects_cuda_device(body) and self._is_guard(node.test, strong=True)
-                    and not self._scope_picks_mps() and not pyguards.picks_mps(orelse)):
-                self.hit("no-mps-branch", node)
-        if isinstance(node, ast.If):
-            self.visit_block(body)
-        else:
-            self.visit_all(body)
-        if guard:
-            self.guard -= 1
-        if isinstance(node, ast.If):
-            self.visit_block(orelse)
-        else:
-            self.visit_all(orelse)
-        self.branch -= branch
-
-    def _requires_cuda(self, node: ast.AST) -> None:
-        """Code that refuses to run without CUDA; on an opt-in branch, or in an
-        implementation named for CUDA (``RingFlashAttentionCUDAFunction``,
-        ``kernels_cuda.py``), it is only a note: the portable path routes around it."""
-        named = self._cuda_named()
-        if named:
-            self.hit("cuda-required", node, severity=NOTE,
-                     why_suffix=f"Here inside a CUDA-specific implementation ({named}), "
-                     "which a portable path routes around.")
-        elif self.branch:
-            self.hit("cuda-required", node, severity=NOTE,
-                     why_suffix="Here only on a conditional path, which a Mac run can avoid.")
-        else:
-            self.hit("cuda-required", node)
-
-    def _in_function(self, name: str) -> bool:
-        """Inside ``def cuda(self)``: the method that implements an explicit ``.cuda()``."""
-        scope = self.scopes[-1]
-        return isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)) and scope.name == name
-
-    def _scope_picks_mps(self) -> bool:
-        """An early-return chain (if cuda: return …; if mps: return …) is fine."""
-        scope = self.scopes[-1]
-        key = id(scope)
-        if key not in self._mps_scope:
-            self._mps_scope[key] = pyguards.picks_mps(
-                [scope], own_code_only=isinstance(scope, ast.Module))
-        return self._mps_scope[key]
-
-    def visit_If(self, node: ast.If) -> None:
-        if not self.guard and pyguards.refuses_without_cuda(node, self.dotted):
-            self._requires_cuda(node)
-        self._guarded(node, node.body, node.orelse)
-
-    def visit_IfExp(self, node: ast.IfExp) -> None:
-        self._guarded(node, [node.body], [node.orelse])
-
-    def visit_BoolOp(self, node: ast.BoolOp) -> None:
-        """``torch.cuda.is_available() and torch.cuda.f()``: f only runs with CUDA."""
-        added = 0
-        for value in node.values:
-            self.visit(value)
-            if isinstance(node.op, ast.And) and self._is_guard(value):
-                self.guard += 1
-                added += 1
-        self.guard -= added
-
-    def visit_Assert(self, node: ast.Assert) -> None:
-        if self._is_guard(node.test, strong=True) and not self.guard:
-            self._requires_cuda(node)
-        self.generic_visit(node)
-
-    def visit_Try(self, node: ast.Try) -> None:
-        optional = any(self._catches_import_error(h) for h in node.handlers)
-        self.optional += optional
-        self.visit_block(node.body)
-        self.optional -= optional
-        self.visit_all(node.handlers)
-        self.visit_block(node.orelse)
-        self.visit_block(node.finalbody)
-
-    visit_TryStar = visit_Try
-
-    def _catches_import_error(self, handler: ast.ExceptHandler) -> bool:
-        if handler.type is None:
-            return True
-        types = handler.type.elts if isinstance(handler.type, ast.Tuple) else [handler.type]
-        return any((self.dotted(t) or "").split(".")[-1] in _IMPORT_ERRORS for t in types)
 
     # -- assignments and attributes
     def visit_Assign(self, node: ast.Assign) -> None:
@@ -348,25 +172,6 @@ class PythonScanner:
                 pycalls.is_device_target(node.target)):
             self.hit("cuda-device", node)
         self.generic_visit(node)
-
-    def _build_choice(self, node: ast.Assign, targets: list[ast.AST]) -> None:
-        """``Ext = CppExtension if … else CUDAExtension`` or ``Ext = CUDAExtension`` under
-        a CUDA check: an optional CUDA build, CPU kernels only on macOS."""
-        for t in targets:
-            if not isinstance(t, ast.Name):
-                continue
-            choice = self.flow.choices.get(t.id)
-            if choice and any(o.endswith("CUDAExtension") for o in choice[0]):
-                if any(o.endswith("CppExtension") for o in choice[0]):
-                    self.hit("cpu-kernels-only", node)
-                return
-        value = self.dotted(node.value) if isinstance(node.value, (ast.Name, ast.Attribute)) \
-            else None
-        if value and value.endswith("CUDAExtension") and self.guard and self._has_cpp_build():
-            self.hit("cpu-kernels-only", node)
-
-    def _has_cpp_build(self) -> bool:
-        return any(v.endswith("CppExtension") for v in self.flow.imports.values())
 
     def visit_Attribute(self, node: ast.Attribute) -> None:
         name = self.dotted(node)
@@ -391,103 +196,12 @@ class PythonScanner:
         if target and target.startswith("torch.backends."):
             self._attribute_name(target, node)
 
-    # -- calls
-    def visit_Call(self, node: ast.Call) -> None:
-        func = node.func
-        name = self.dotted(func) or ""
-        if isinstance(func, ast.Attribute) and func.attr == "cuda" and name != "torch.cuda":
-            if not self.guard and not self._in_function("cuda"):
-                self.hit("dot-cuda", func.end_lineno or node.lineno)  # the .cuda( line
-        elif name.startswith("torch.cuda."):
-            self._torch_cuda_call(name[len("torch.cuda."):], node)
-        elif name.endswith("get_device_capability") and not self.guard:
-            self.hit("capability-check", node)
-        if name.endswith("CUDAExtension") or (
-                name.startswith("torch.utils.cpp_extension.load") and pycalls.loads_cuda(node)):
-            self._cuda_build(node)
-        if name in pycalls.SUBPROCESS and any(pycalls.is_nvcc(a) for a in node.args):
-            self.hit("nvcc", node)
-        self._call_args(name, func, node)
-        self._process_group(name, node)
-        self.generic_visit(node)
 
-    def _torch_cuda_call(self, sub: str, node: ast.Call) -> None:
-        if sub.startswith(("get_device_capability", "get_device_properties")):
-            if not self.guard:
-                self.hit("capability-check", node)
-            return
-        if sub.startswith("nccl"):
-            self.hit("nccl", node)
-            return
-        if self.guard:
-            return
-        if sub.startswith("amp."):
-            self.hit("cuda-amp", node)
-            return
-        kind = behaviour(sub)
-        if kind == "raises":
-            self.hit("cuda-at-import" if self.depth == 0 else "cuda-call", node)
-        elif kind == "unchecked":
-            self.hit("cuda-unchecked", node)
 
-    def _cuda_build(self, node: ast.Call) -> None:
-        if not self.guard:
-            self.hit("cuda-extension", node)
-        elif self._has_cpp_build():
-            self.hit("cpu-kernels-only", node)
-        else:
-            self.hit("cuda-extension", node, severity=NOTE,
-                     why_suffix="Here it is only built when CUDA is present.")
 
-    def _nccl_context(self) -> dict[str, str]:
-        if self.guard:
-            return {"severity": NOTE, "why_suffix": "Here it sits behind a CUDA check."}
-        return {}
 
-    def _process_group(self, name: str, node: ast.Call) -> None:
-        """NCCL chosen by a literal, a variable, an option default or a dict entry."""
-        found = self.flow.keyword_string(node, "backend") if name != "dict" else None
-        if found is None and name.endswith(pycalls.PROCESS_GROUP) and node.args:
-            found = self.flow.string(node.args[0])
-        if found is None or "nccl" not in found[0].lower():
-            return
-        value, line = found
-        suffix = "" if line == node.lineno else f"Here through a value set on line {line}."
-        ctx = self._nccl_context()
-        if suffix:
-            ctx["why_suffix"] = (ctx.get("why_suffix", "") + " " + suffix).strip()
-        self.hit("nccl", node, **ctx)
 
-    def _call_args(self, name: str, func: ast.AST, node: ast.Call) -> None:
-        attr = func.attr if isinstance(func, ast.Attribute) else name
-        takes_device = name == "torch.device" or attr in ("to", "set_default_device", "device")
-        if (takes_device and node.args and pyguards.is_cuda_const(node.args[0])
-                and not self.guard):
-            self.hit("cuda-device", node)
-        for kw in node.keywords:
-            value = kw.value
-            if pyguards.is_cuda_const(value) and pycalls.device_keyword(kw.arg, node):
-                if not self.guard:
-                    self.hit("cuda-device", node)
-            elif kw.arg == "extra_compile_args" and pycalls.nvcc_flags(value) and not self.guard:
-                self.hit("nvcc", value)
-            elif kw.arg in SETUP_KWARGS and name.endswith("setup"):
-                self._setup_requirements(value, optional=kw.arg in _OPTIONAL_KWARGS)
 
-    def _setup_requirements(self, value: ast.AST, *, optional: bool) -> None:
-        for n in ast.walk(value):
-            if isinstance(n, ast.Constant) and isinstance(n.value, str):
-                rules, linux_only = requirement_rules(n.value)
-                for rule in rules:
-                    if linux_only:
-                        self.hit(rule, n, severity=NOTE,
-                                 why_suffix="Here a marker keeps it off macOS.")
-                    elif optional:
-                        self.hit(rule, n, severity=NOTE,
-                                 why_suffix="Here it is an optional extra, not installed by "
-                                 "default.")
-                    else:
-                        self.hit(rule, n)
 
 
 def _trigger_lines(low: bytes) -> list[int]:
