@@ -3,26 +3,18 @@
 from __future__ import annotations
 
 import ast
-from typing import Any
 
 from remotemac.checks.audit_rules import pycalls, pyguards
 from remotemac.checks.audit_rules.cuda_api import behaviour
 from remotemac.checks.audit_rules.deps_rules import SETUP_KWARGS, requirement_rules
+from remotemac.checks.audit_rules.mixin import ScannerMixin
 from remotemac.checks.audit_rules.model import NOTE
 
 _OPTIONAL_KWARGS = frozenset({"extras_require", "tests_require"})
 
 
-class CallRules:
-    """Calls and what their arguments say.
-
-    A mixin of ``PythonScanner``, which owns the state it reads (``flow``, ``guard``,
-    ``optional``, ``depth``, ``branch``, ``scopes``, ``names``) and ``hit``/``visit``.
-    """
-
-    hit: Any
-    generic_visit: Any
-    dotted: Any
+class CallRules(ScannerMixin):
+    """Calls and what their arguments say."""
 
     def visit_Call(self, node: ast.Call) -> None:
         func = node.func

@@ -3,23 +3,14 @@
 from __future__ import annotations
 
 import ast
-from typing import Any
 
 from remotemac.checks.audit_rules import pyguards
+from remotemac.checks.audit_rules.mixin import ScannerMixin
 from remotemac.checks.audit_rules.model import NOTE
 
 
-class GuardRules:
-    """``if``/ternary/``and``/``assert`` guards, early exits and MPS branches.
-
-    A mixin of ``PythonScanner``, which owns the state it reads (``flow``, ``guard``,
-    ``optional``, ``depth``, ``branch``, ``scopes``, ``names``) and ``hit``/``visit``.
-    """
-
-    hit: Any
-    visit: Any
-    visit_all: Any
-    dotted: Any
+class GuardRules(ScannerMixin):
+    """``if``/ternary/``and``/``assert`` guards, early exits and MPS branches."""
 
     def visit_block(self, body: list[ast.stmt]) -> None:
         """Statements in order; after ``if not cuda: return``, the rest is the CUDA path."""
@@ -89,7 +80,7 @@ class GuardRules:
         scope = self.scopes[-1]
         key = id(scope)
         if key not in self._mps_scope:
-            self._mps_scope[key] = pyguards.picks_mps(
+            self._mps_scope[key] = b"mps" in self.data.lower() and pyguards.picks_mps(
                 [scope], own_code_only=isinstance(scope, ast.Module))
         return self._mps_scope[key]
 

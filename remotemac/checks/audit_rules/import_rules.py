@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import ast
 from dataclasses import dataclass, field
-from typing import Any
 
 from remotemac.checks.audit_rules.deps_rules import IMPORT_RULES
+from remotemac.checks.audit_rules.mixin import ScannerMixin
 from remotemac.checks.audit_rules.model import NOTE
 
 _IMPORT_ERRORS = frozenset({"ImportError", "ModuleNotFoundError", "Exception", "OSError",
@@ -22,17 +22,8 @@ class ImportLog:
     texts: dict[str, bytes] = field(default_factory=dict)
 
 
-class ImportRules:
-    """Import statements and ``try/except ImportError`` blocks.
-
-    A mixin of ``PythonScanner``, which owns the state it reads (``flow``, ``guard``,
-    ``optional``, ``depth``, ``branch``, ``scopes``, ``names``) and ``hit``/``visit``.
-    """
-
-    hit: Any
-    visit_all: Any
-    visit_block: Any
-    dotted: Any
+class ImportRules(ScannerMixin):
+    """Import statements and ``try/except ImportError`` blocks."""
 
     def _import_rule(self, module: str) -> str | None:
         for key in (module, module.split(".")[0]):

@@ -169,8 +169,15 @@ def build_flow(tree: ast.AST) -> Flow:
     return flow
 
 
+_BINDERS = (ast.Import, ast.ImportFrom, ast.Assign, ast.AnnAssign, ast.AugAssign, ast.For,
+            ast.AsyncFor, ast.With, ast.AsyncWith, ast.FunctionDef, ast.AsyncFunctionDef,
+            ast.Expr)
+
+
 def _collect(flow: Flow, node: ast.AST) -> None:
     """What one statement binds or declares."""
+    if not isinstance(node, _BINDERS):
+        return
     if isinstance(node, ast.Import):
         for a in node.names:
             if a.asname:
