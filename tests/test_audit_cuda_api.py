@@ -111,3 +111,20 @@ def test_lazy_calls_do_not_raise_without_cuda(name: str) -> None:
 
 def test_unknown_calls_are_unchecked_not_raising() -> None:
     assert cuda_api.behaviour("jiterator._create_jit_fn") == "unchecked"
+
+
+def test_other_rules_claims_hold_on_cpu_only_torch() -> None:
+    """dot-cuda / cuda-device ("fails where CUDA is absent") and nccl ("macOS has none"):
+    naming the device is fine, using it raises; an NCCL process group cannot start."""
+    import torch.distributed as dist
+
+    assert torch.device("cuda").type == "cuda"  # naming it does not raise…
+    with pytest.raises((AssertionError, RuntimeError)):
+        torch.zeros(1, device="cuda")  # …using it does
+    with pytest.raises((AssertionError, RuntimeError)):
+        torch.zeros(1).cuda()
+    assert not dist.is_nccl_available()
+    with warnings.catch_warnings(), pytest.raises(RuntimeError, match="NCCL"):
+        warnings.simplefilter("ignore")  # "NCCL support is not compiled", said before raising
+        dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1)
+    assert not dist.is_initialized()
