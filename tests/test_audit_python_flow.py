@@ -329,3 +329,24 @@ if __name__ == "__main__":
     ).cuda()
 '''
     assert py(tmp_path, source) == {(15, "dot-cuda", "needs-refactor")}
+
+
+def test_single_file_gpt_trainer_from_the_issue() -> None:
+    """The pure-PyTorch GPT trainer of issue 18: NCCL through a variable was missed (verdict
+    portable), backends.cuda was missed, the bf16 check and manual_seed were false alarms, and
+    the word mps in a comment hid the missing MPS branch."""
+    fixture = Path(__file__).resolve().parent / "fixtures" / "audit" / "gpt_trainer"
+    report = audit_project(fixture)
+    assert {(f.line, f.rule, f.severity) for f in report.findings} == {
+        (13, "cuda-device", "needs-refactor"),
+        (17, "nccl", "needs-refactor"),
+        (19, "cuda-device", "needs-refactor"),
+        (20, "cuda-call", "note"),  # set_device raises, but only on the ddp branch
+        (23, "cuda-backend-flag", "note"),
+        (24, "cudnn-flag", "note"),
+        (25, "no-mps-branch", "note"),
+    }
+    assert report.verdict == "dual-track"
+    assert any("multi-GPU machinery (nccl)" in r for r in report.reasons)
+    assert any(r.startswith("For the macOS track, refactor: 2 CUDA-only code path(s)")
+               for r in report.reasons)

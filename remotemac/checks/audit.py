@@ -143,8 +143,12 @@ def decide(findings: list[Finding]) -> tuple[str, list[str]]:
                               f"({_rules_of(hard)}) have no macOS build and no drop-in "
                               "replacement."]
     pipeline = [f for f in findings if RULES[f.rule].linux_pipeline and f.severity != NOTE]
-    reasons: list[str] = []
+    other = [f for f in findings if f.severity == NEEDS_REFACTOR
+             and f.rule != "cpu-kernels-only" and not RULES[f.rule].linux_pipeline]
+    refactor = (f"{len(other)} CUDA-only code path(s) or pin(s) ({_rules_of(other)}) have "
+                "portable replacements.")
     if blockers or pipeline:
+        reasons: list[str] = []
         if blockers:
             reasons.append(f"Run on both tracks: {len(blockers)} blocker(s) "
                            f"({_rules_of(blockers)}) stay on Linux/CUDA; use their portable "
@@ -152,13 +156,11 @@ def decide(findings: list[Finding]) -> tuple[str, list[str]]:
         if pipeline:
             reasons.append(f"Keep the multi-GPU machinery ({_rules_of(pipeline)}) on Linux; "
                            "make the single-device path run on macOS.")
-        return "dual-track", reasons + _cpu_only_reason(cpu_only)
-    refactor = [f for f in findings if f.severity == NEEDS_REFACTOR]
-    if refactor:
-        other = [f for f in refactor if f.rule != "cpu-kernels-only"]
         if other:
-            reasons.append(f"Refactor, then run on a Mac: {len(other)} CUDA-only code path(s) "
-                           f"or pin(s) ({_rules_of(other)}) have portable replacements.")
+            reasons.append(f"For the macOS track, refactor: {refactor}")
+        return "dual-track", reasons + _cpu_only_reason(cpu_only)
+    if other or cpu_only:
+        reasons = [f"Refactor, then run on a Mac: {refactor}"] if other else []
         return "refactor-for-portability", reasons + _cpu_only_reason(cpu_only)
     notes = len(findings)
     return "portable", ["Run it on a Mac as it is: nothing ties this project to CUDA" + (

@@ -50,7 +50,13 @@ class CallRules(ScannerMixin):
             return
         kind = behaviour(sub)
         if kind == "raises":
-            self.hit("cuda-at-import" if self.depth == 0 else "cuda-call", node)
+            if self.depth == 0 and not self.branch:
+                self.hit("cuda-at-import", node)
+            elif self.depth == 0:
+                self.hit("cuda-call", node, why_suffix="Here at module level, on a conditional "
+                         "path (an if-branch that is not a CUDA check).")
+            else:
+                self.hit("cuda-call", node)
         elif kind == "unchecked":
             self.hit("cuda-unchecked", node)
 
