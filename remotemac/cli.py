@@ -389,11 +389,13 @@ def trust(settings: Settings, host: str, fingerprint: str | None, yes: bool) -> 
 @main.command()
 @click.argument("path", type=click.Path())
 @click.option("--json", "as_json", is_flag=True)
-def audit(path: str, as_json: bool) -> None:
+@click.option("--exclude", multiple=True, metavar="GLOB",
+              help="Paths not to read, gitignore syntax (repeatable).")
+def audit(path: str, as_json: bool, exclude: tuple[str, ...]) -> None:
     """Scan a project for CUDA-only dependencies and code paths."""
     from remotemac.checks.audit import main_audit
 
-    sys.exit(main_audit(Path(path), as_json))
+    sys.exit(main_audit(Path(path), as_json, exclude=exclude))
 
 
 @main.command()
