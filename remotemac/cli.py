@@ -321,7 +321,7 @@ def logs(settings: Settings, run_id: str, device: str | None, follow: bool,
     row, _ = _load_run(journal, run_id)
     run_id = row.run_id
     log_dir = Path(row.out_dir) / "logs"
-    files = sorted(log_dir.glob("*.log")) if log_dir.exists() else []
+    files = sorted(log_dir.glob("*.log"), key=lambda f: f.stem) if log_dir.exists() else []
     if device:
         known = [f.stem for f in files]
         files = [f for f in files if f.stem == device]

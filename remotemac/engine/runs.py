@@ -86,13 +86,18 @@ def phase_already_done(journal: Journal, run_id: str, phase: str) -> str | None:
     not redone. A pull after the wipe is an error: the outputs are gone from the host.
     """
     phases = journal.phases(run_id)
-    if phase == "pull" and (phases.get("wipe") or {}).get("state") == "done":
+
+    def done(name: str) -> bool:  # a wipe kept by ``wipe: manual`` is "done" but did nothing
+        info = phases.get(name) or {}
+        return info.get("state") == "done" and (info.get("result") or {}).get("done") is not False
+
+    if phase == "pull" and done("wipe"):
         raise BadInput(f"run {run_id} was wiped: its outputs are gone from the host, "
                        "nothing to pull",
                        hint="what was pulled before the wipe is in its --out dir")
-    info = phases.get(phase) or {}
-    if info.get("state") != "done":
+    if not done(phase):
         return None
+    info = phases[phase]
     summary = (info.get("result") or {}).get("summary")
     return f"run {run_id} is already {_DONE_WORD.get(phase, phase + ' done')}" + \
         (f" ({summary})" if summary else "") + "; nothing to do"
