@@ -449,7 +449,11 @@ def schema() -> None:
 @click.pass_obj
 def doctor(settings: Settings, host: str, as_json: bool, remote_root: str,
            playbook: str | None) -> None:
-    """Is HOST fit: OS, arch, VM, Python, tmux, disk, MPS."""
+    """Is HOST fit: OS, arch, VM, Python, tmux, disk, MPS.
+
+    Exit 0 when the host is fit, 1 when it is not (a check failed), 3 when it
+    cannot be reached.
+    """
     from remotemac.checks.doctor import main_doctor
     from remotemac.engine.hosts import open_transport
 
@@ -460,9 +464,13 @@ def doctor(settings: Settings, host: str, as_json: bool, remote_root: str,
 
         pb = load_playbook(playbook)
         remote_root, needs = pb.remote_root, disk_needed(pb)
+    from remotemac.render import progress
+
     transport = open_transport(host, settings.home, settings.ssh_options())
-    sys.exit(main_doctor(host, as_json, transport, remote_root=remote_root,
-                         needs_disk_bytes=needs))
+    with progress(f"doctor: asking {host} about its OS, Python, tmux, disk and MPS"):
+        code = main_doctor(host, as_json, transport, remote_root=remote_root,
+                           needs_disk_bytes=needs)
+    sys.exit(code)
 
 
 @main.command()
@@ -492,8 +500,11 @@ def trust(settings: Settings, host: str, fingerprint: str | None, yes: bool) -> 
 def audit(path: str, as_json: bool) -> None:
     """Scan a project for CUDA-only dependencies and code paths."""
     from remotemac.checks.audit import main_audit
+    from remotemac.render import progress
 
-    sys.exit(main_audit(Path(path), as_json))
+    with progress(f"audit: reading {path}"):
+        code = main_audit(Path(path), as_json)
+    sys.exit(code)
 
 
 @main.command()
@@ -519,7 +530,7 @@ def preflight(playbook: str, seconds: float, as_json: bool) -> None:
 @click.option("--remote-root", default="~/remotemac", show_default=True)
 @click.option("--all", "all_hosts", is_flag=True, help="Every host the journal knows; one record.")
 @click.option("--out", type=click.Path(file_okay=False),
-              help="Where cleanup.json/.md go (default ./cleanup-<host>-<time>/).")
+              help="Where cleanup.json/.md go (default <home>/cleanups/cleanup-<host>-<time>/).")
 @click.pass_obj
 def cleanup(settings: Settings, host: str | None, dry_run: bool, yes: bool, as_json: bool,
             remote_root: str, all_hosts: bool, out: str | None) -> None:
@@ -542,14 +553,16 @@ def cleanup(settings: Settings, host: str | None, dry_run: bool, yes: bool, as_j
 
 @main.command()
 @click.argument("playbooks", nargs=-1, type=click.Path(dir_okay=False))
+@click.option("--pick", is_flag=True,
+              help="Do not start the PLAYBOOKs: only offer them in the run dialog (r).")
 @click.pass_obj
-def tui(settings: Settings, playbooks: tuple[str, ...]) -> None:
-    """The terminal UI."""
+def tui(settings: Settings, playbooks: tuple[str, ...], pick: bool) -> None:
+    """The terminal UI; each PLAYBOOK given starts a run at once (as `run` would)."""
     try:
         from remotemac.tui.app import run_tui
     except ImportError as exc:
         raise BadInput(f"the TUI is not available in this build: {exc}") from None
-    sys.exit(run_tui(settings, list(playbooks)))
+    sys.exit(run_tui(settings, list(playbooks), start=not pick))
 
 
 if __name__ == "__main__":  # pragma: no cover
