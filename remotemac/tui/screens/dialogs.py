@@ -79,8 +79,8 @@ class PlaybookPicker(ModalScreen["RunChoice | None"]):
                         value=self.playbooks[0] if self.playbooks else "")
             yield Input(placeholder="host (empty: the playbook's)", id="host")
             with Horizontal(id="run-boxes"):
-                yield Checkbox("keep data on the host (no wipe)", id="keep")
-                yield Checkbox("dry run: show the plan", id="dry-run")
+                yield Checkbox("keep data (no wipe)", id="keep")
+                yield Checkbox("dry run (plan only)", id="dry-run")
             with Horizontal(id="buttons"):
                 yield Button("Start", variant="success", id="start")
                 yield Button("Cancel", id="cancel")
@@ -130,7 +130,9 @@ def key_rows(screen: Screen, app_bindings: list[Binding]) -> list[tuple[str, str
             continue
         seen.add(binding.key)
         keys = " / ".join(_KEY_NAMES.get(k.strip(), k.strip()) for k in binding.key.split(","))
-        rows.append((keys, binding.description or binding.action))
+        what = binding.description or binding.action
+        rows.append((keys, f"{what}: {binding.tooltip}" if binding.tooltip else what))
+    rows.append(("↑ ↓ pgup pgdn home", "move the selection, scroll the log"))
     return rows
 
 

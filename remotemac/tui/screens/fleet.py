@@ -82,6 +82,7 @@ def _from_journal(fleet_id: str, rows: list[Any]) -> dict[str, Any]:
             "started_at": human_time(started), "exit_code": None,
             "hosts": sorted({r.host for r in rows}),
             "duration_s": (max(ends) - started) if all(ends) else None, "runs": runs,
+            "state": "finished" if all(ends) else "running",
             "_path": "journal"}
 
 
@@ -145,7 +146,8 @@ class FleetScreen(Screen):
         title.update(
             f"fleet {fleet.get('fleet_id')} ({self.index + 1}/{len(self.fleets)}) — "
             f"{fleet.get('playbook')}: {counts or 'no runs'}; "
-            + (f"exit {exit_code}; " if exit_code is not None else "running; ")
+            + (f"exit {exit_code}; " if exit_code is not None
+               else f"{fleet.get('state', 'running')}; ")
             + f"{len(fleet.get('hosts') or [])} hosts, "
             f"{human_duration(fleet.get('duration_s'))}"
             + (f", cost {cost:.2f} {(fleet.get('cost') or {}).get('currency', '')}"

@@ -24,7 +24,7 @@ class RunsScreen(Screen):
     """A table of runs; enter opens one, the footer lists the actions."""
 
     BINDINGS = [
-        Binding("enter", "open", "Open"),
+        Binding("enter", "open", "Open", priority=True),  # over the table's hidden enter
         Binding("r", "app.start_run", "Run"),
         Binding("t", "app.attach", "Attach"),
         Binding("p", "app.pull", "Pull"),
