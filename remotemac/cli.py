@@ -545,10 +545,17 @@ def cleanup(settings: Settings, host: str | None, dry_run: bool, yes: bool, as_j
     if not host:
         raise BadInput("cleanup needs a HOST (or --all)")
     from remotemac.engine.cleanup import main_cleanup
+    from remotemac.render import progress
 
-    sys.exit(_asyncio_run(main_cleanup(host, settings=settings, dry_run=dry_run, yes=yes,
-                                      as_json=as_json, remote_root=remote_root,
-                                      out=Path(out) if out else None)))
+    with progress(f"cleanup: listing what remotemac put on {host}") as stop:
+        def echo(text: str) -> None:
+            stop()  # the spinner ends before the plan, the question or the summary
+            click.echo(text)
+
+        code = _asyncio_run(main_cleanup(host, settings=settings, dry_run=dry_run, yes=yes,
+                                         as_json=as_json, remote_root=remote_root,
+                                         out=Path(out) if out else None, echo=echo))
+    sys.exit(code)
 
 
 @main.command()

@@ -8,7 +8,7 @@ import shutil
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TextIO
 
 from remotemac.events import (
@@ -52,7 +52,8 @@ class RichRenderer:
             TransferSpeedColumn,
         )
 
-        self.console = Console(stderr=False, highlight=False)
+        # soft_wrap: the terminal wraps long lines; rich would cut a path or an id in two
+        self.console = Console(stderr=False, highlight=False, soft_wrap=True)
         self.verbose = verbose
         self.progress = Progress(
             TextColumn("[bold]{task.description}"), BarColumn(), DownloadColumn(),
@@ -139,12 +140,14 @@ def fit_table(headers: Sequence[str], rows: Sequence[Sequence[str]],
 
 
 @contextlib.contextmanager
-def progress(what: str, after_s: float = 1.0, stream: TextIO | None = None) -> Iterator[None]:
+def progress(what: str, after_s: float = 1.0,
+             stream: TextIO | None = None) -> Iterator[Callable[[], None]]:
     """Say what is going on (on stderr) when it takes longer than ``after_s``.
 
     On a terminal a spinner line counts the seconds and disappears at the end; in a
     pipe or a log file one line says what is running, so nothing is silent for long.
-    Quick work prints nothing.
+    Quick work prints nothing. The context gives a ``stop()`` to call before the
+    work prints or asks something itself, so the spinner never mixes with it.
     """
     stream = stream or sys.stderr
     done = threading.Event()
@@ -168,10 +171,14 @@ def progress(what: str, after_s: float = 1.0, stream: TextIO | None = None) -> I
         stream.write("\r\x1b[K")
         stream.flush()
 
+    def stop() -> None:
+        done.set()
+        if thread.is_alive():
+            thread.join(timeout=1.0)
+
     thread = threading.Thread(target=tick, name="progress", daemon=True)
     thread.start()
     try:
-        yield
+        yield stop
     finally:
-        done.set()
-        thread.join(timeout=1.0)
+        stop()
