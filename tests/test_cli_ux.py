@@ -99,7 +99,77 @@ def test_status_at_80_columns_never_cuts_an_id(finished, tmp_path):
     assert "…" not in proc.stdout
     for run_id in ids:
         assert any(run_id in line for line in lines), (run_id, proc.stdout)
-    assert "1m" not in proc.stdout or "0h" not in proc.stdout  # one age format, not 0h01m
+
+
+def test_ages_read_the_same_in_status_and_the_tui(tmp_path):
+    """One duration format: a run 65 s old is ``1m05s`` in both front ends (was ``0h01m``)."""
+    import sqlite3
+
+    from remotemac.vocab import human_age
+
+    home = tmp_path / "home"
+    journal = Journal(home / "journal.sqlite3")
+    journal.create_run("age-20261130-000000-a9e0", name="age", host="local",
+                       playbook_path=None, playbook={}, out_dir=str(tmp_path), options={})
+    journal.set_run_state("age-20261130-000000-a9e0", "finished")
+    journal.close()
+    db = sqlite3.connect(home / "journal.sqlite3")
+    with db:
+        db.execute("UPDATE runs SET created_at = created_at - 3725")
+    db.close()
+    proc = remotemac("status", env={"REMOTEMAC_HOME": str(home), **COLS})
+    assert " 1h02m" in proc.stdout and "0h01m" not in proc.stdout, proc.stdout
+    assert human_age(3725.4) == "1h02m" and human_age(65) == "1m05s"
+
+
+def test_one_word_per_state_in_cli_and_tui(tmp_path):
+    """``status --json`` and the TUI's runs table say the same word for each journal state."""
+    import asyncio
+
+    from remotemac.cli import Settings
+    from remotemac.tui.app import RemotemacApp
+    from remotemac.tui.screens.runs import RunsScreen
+
+    home = tmp_path / "home"
+    journal = Journal(home / "journal.sqlite3")
+    states = ("finished", "failed", "lost", "interrupted")
+    for i, state in enumerate(states):
+        journal.create_run(f"w-20261130-00000{i}-000{i}", name="w", host="local",
+                           playbook_path=None, playbook={}, out_dir=str(tmp_path), options={})
+        journal.set_run_state(f"w-20261130-00000{i}-000{i}", state)
+    proc = remotemac("status", "--json", env={"REMOTEMAC_HOME": str(home)})
+    cli_words = {json.loads(x)["run_id"]: json.loads(x)["state"] for x in proc.stdout.splitlines()}
+
+    async def tui_words() -> dict[str, str]:
+        app = RemotemacApp(Settings(str(home), None, None, False), journal=journal,
+                           reattach=False, live_poll_s=0)
+        async with app.run_test():
+            screen = app.screen
+            assert isinstance(screen, RunsScreen)
+            return {cells[0]: cells[4] for _, _, cells in screen._load()}
+
+    assert asyncio.run(tui_words()) == cli_words
+    assert set(cli_words.values()) == set(states)
+
+
+def test_audit_at_80_columns_keeps_paths_whole_and_says_the_verdict_once():
+    fixture = Path(__file__).parent / "fixtures" / "audit" / "cuda_ext"
+    proc = remotemac("audit", str(fixture), env=COLS)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert out.count("keep-linux") == 1, out
+    for where in ("csrc/fused_kernel.cu:4", "model.py:3", "requirements.txt:4"):
+        assert any(line.rstrip().endswith(where) for line in out.splitlines()), where
+    assert all(len(line) <= 80 for line in out.splitlines()), out
+
+
+def test_doctor_not_fit_is_exit_1_and_documented():
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    table = readme[readme.index("Exit codes:"):]
+    row = next(line for line in table.splitlines() if line.startswith("| 1 "))
+    assert "doctor" in row and "not fit" in row
+    proc = remotemac("doctor", "local", "--json")  # this Linux machine is no Mac: not fit
+    assert proc.returncode == 1 and json.loads(proc.stdout)["fit"] is False
 
 
 def test_status_of_one_run_reads_as_lines_not_a_dict(finished):
