@@ -259,10 +259,12 @@ def status(settings: Settings, run_id: str | None, as_json: bool, ledger: bool) 
                        for k, v in phases.items()}}
         if row.state not in ("finished", "failed"):
             from remotemac.engine.livestatus import live_status
+            from remotemac.render import progress
 
-            data["live"] = _asyncio_run(live_status(
-                run_id=run_id, playbook=pb, journal=journal, home=settings.home,
-                out_dir=Path(row.out_dir), ssh=settings.ssh_options()))
+            with progress(f"status: asking {row.host} what the job is doing"):
+                data["live"] = _asyncio_run(live_status(
+                    run_id=run_id, playbook=pb, journal=journal, home=settings.home,
+                    out_dir=Path(row.out_dir), ssh=settings.ssh_options()))
         if as_json:
             click.echo(json.dumps(data, default=str))
             return

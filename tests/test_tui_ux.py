@@ -93,6 +93,30 @@ def test_every_key_has_a_palette_entry(rm_home, tmp_path):
                 f", {shown})" in helps, (screen.__name__, binding.key, binding.description)
 
 
+@pytest.mark.asyncio
+async def test_palette_entries_act_on_their_screen(rm_home, tmp_path):
+    """A screen's own key from the palette runs there (and elsewhere says where it lives)."""
+    run_id = "tiny-20261130-120000-ab12"
+    journal_run(rm_home, run_id, tmp_path / "out", state="running", verdict=None).close()
+    app = make_app(rm_home, tmp_path, reattach=False, live_poll_s=0)
+    async with app.run_test(size=SIZE) as pilot:
+        entries = {c.title: c.callback for c in app.get_system_commands(app.screen)}
+        app.call_later(entries["Device filter"])
+        await pilot.pause(0.2)
+        assert isinstance(app.screen, RunsScreen)  # not here: a warning, no crash
+        app.driver.lives[run_id] = two_device_live(run_id, 1_790_000_000.0)
+        app.call_later(entries["Open run"])
+        await wait_for(pilot, lambda: isinstance(app.screen, RunScreen), 10, "the run")
+        await pilot.pause(0.2)
+        app.call_later(entries["Device filter"])
+        await pilot.pause(0.2)
+        assert app.screen.query_one("#log", LogView).device == "cpu"
+        app.call_later(entries["Keys"])
+        await pilot.pause(0.2)
+        assert isinstance(app.screen, HelpScreen)
+        assert app.errors == []
+
+
 # ---------------------------------------------------------------- starting runs
 
 

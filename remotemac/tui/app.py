@@ -205,10 +205,10 @@ class RemotemacApp(App[int]):
         while len(self.screen_stack) > 2 and not isinstance(self.screen, RunsScreen):
             self.pop_screen()
 
-    def on_screen(self, kind: type, action: str) -> None:
+    async def on_screen(self, kind: type, action: str) -> None:
         """A palette entry for a screen's own key: run it there, or say where it lives."""
         if isinstance(self.screen, kind):
-            self.run_action(action, self.screen)
+            await self.run_action(action, self.screen)
         else:
             self.notify(f"open the {kind.__name__.removesuffix('Screen').lower()} screen first",
                         severity="warning")
@@ -357,7 +357,8 @@ class RemotemacApp(App[int]):
         ]
         for title, help_text, callback in entries:
             yield SystemCommand(title, help_text, callback)
-        yield from super().get_system_commands(screen)
+        ours = {title for title, _, _ in entries}  # ours win: "Keys" is the ? screen here
+        yield from (c for c in super().get_system_commands(screen) if c.title not in ours)
 
 
 def _pretty(text: str) -> str:

@@ -96,6 +96,7 @@ class RunScreen(Screen):
         phases = await asyncio.to_thread(app.journal.phases, self.run_id)
         live = RunLive(self.run_id, host=row.host, name=row.name, keep_lines=app.log_max_lines)
         live.out_dir, live.verdict = row.out_dir, row.verdict
+        live.started_at, live.ended_at = row.created_at, row.finished_at
         live.load_phases(phases)
         lines = await asyncio.to_thread(read_local_logs, row.out_dir, lambda _d: None,
                                         app.log_max_lines)
