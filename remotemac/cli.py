@@ -203,6 +203,13 @@ def _load_run(journal, run_id: str):
     return load_run(journal, run_id)
 
 
+def _run_row(journal, run_id: str):
+    """The journal row of RUN_ID (any unique part, or latest), without its playbook."""
+    from remotemac.engine.runs import resolve_run_id
+
+    return journal.get_run(resolve_run_id(journal, run_id))
+
+
 RUN_ID_HELP = ("RUN_ID is the full id, any unique part of it (its last 4 characters, a "
                "prefix) or 'latest'.")
 
@@ -235,7 +242,7 @@ def status(settings: Settings, run_id: str | None, as_json: bool, ledger: bool) 
 
     journal = settings.journal()
     if run_id:
-        row, pb = _load_run(journal, run_id)
+        row = _run_row(journal, run_id)
         run_id = row.run_id
         phases = journal.phases(run_id)
         if ledger:
@@ -261,6 +268,7 @@ def status(settings: Settings, run_id: str | None, as_json: bool, ledger: bool) 
             from remotemac.engine.livestatus import live_status
             from remotemac.render import progress
 
+            _, pb = _load_run(journal, run_id)
             with progress(f"status: asking {row.host} what the job is doing"):
                 data["live"] = _asyncio_run(live_status(
                     run_id=run_id, playbook=pb, journal=journal, home=settings.home,
@@ -320,7 +328,7 @@ def logs(settings: Settings, run_id: str, device: str | None, follow: bool,
     from remotemac.vocab import log_prefix
 
     journal = settings.journal()
-    row, _ = _load_run(journal, run_id)
+    row = _run_row(journal, run_id)
     run_id = row.run_id
     log_dir = Path(row.out_dir) / "logs"
     files = sorted(log_dir.glob("*.log"), key=lambda f: f.stem) if log_dir.exists() else []
@@ -331,6 +339,8 @@ def logs(settings: Settings, run_id: str, device: str | None, follow: bool,
             raise BadInput(f"run {run_id} has no log for device {device!r}",
                            hint=f"its devices: {', '.join(known)}" if known
                            else "it has no logs yet")
+    if not files and not follow:
+        click.echo(f"run {run_id} has no logs yet (in {log_dir})", err=True)
     offsets = {f: 0 for f in files}
     partial = {f: b"" for f in files}
     while True:
