@@ -325,3 +325,14 @@ def test_dry_run_names_the_devices_auto_may_become(tmp_path):
     target = json.loads(proc.stdout)["commands"]["target"]
     assert "out/auto" not in target["command"] and "cpu-target" in target["command"]
     assert target["label"] == "<mps|cuda|cpu-target>"
+
+
+def test_tui_with_playbooks_starts_them_unless_pick():
+    """README: ``remotemac tui my.yaml`` runs it (the Pilot side: tests/test_tui_ux.py)."""
+    import inspect
+
+    from remotemac.tui.app import run_tui
+
+    proc = remotemac("tui", "--help")
+    assert "starts a run" in proc.stdout and "--pick" in proc.stdout, proc.stdout
+    assert inspect.signature(run_tui).parameters["start"].default is True
