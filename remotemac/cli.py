@@ -54,11 +54,24 @@ def _fail(err: BaseException, verbose: bool) -> None:
 
         traceback.print_exception(err)
     if isinstance(err, RemotemacError):
-        click.echo(f"remotemac: error: {err.line()}", err=True)
+        for line in err.line().splitlines() or [""]:
+            click.echo(f"remotemac: error: {line}", err=True)
         sys.exit(err.exit_code)
     click.echo(f"remotemac: internal error: {type(err).__name__}: {err} (rerun with -v for "
                "the traceback)", err=True)
     sys.exit(1)
+
+
+def _quiet_broken_pipe() -> None:
+    """The reader went away (``| head``): stop quietly, as cat and git do."""
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+    sys.exit(0)
 
 
 class Group(click.Group):
@@ -74,6 +87,8 @@ class Group(click.Group):
         except KeyboardInterrupt:
             click.echo("remotemac: stopped", err=True)
             sys.exit(EXIT_INTERRUPTED)
+        except BrokenPipeError:
+            _quiet_broken_pipe()
         except Exception as err:
             verbose = bool(ctx.obj and ctx.obj.verbose)
             _fail(err, verbose)
@@ -188,7 +203,18 @@ def _load_run(journal, run_id: str):
     return load_run(journal, run_id)
 
 
-@main.command()
+def _run_row(journal, run_id: str):
+    """The journal row of RUN_ID (any unique part, or latest), without its playbook."""
+    from remotemac.engine.runs import resolve_run_id
+
+    return journal.get_run(resolve_run_id(journal, run_id))
+
+
+RUN_ID_HELP = ("RUN_ID is the full id, any unique part of it (its last 4 characters, a "
+               "prefix) or 'latest'.")
+
+
+@main.command(epilog=RUN_ID_HELP)
 @click.argument("run_id")
 @click.option("--json", "as_json", is_flag=True, help="Events as JSON lines.")
 @click.pass_obj
@@ -199,100 +225,150 @@ def attach(settings: Settings, run_id: str, as_json: bool) -> None:
     journal = settings.journal()
     row, pb = _load_run(journal, run_id)
     options = RunOptions(keep_data=bool(row.options.get("keep_data")), drill=row.options.get("drill"))
-    sys.exit(_run_engine(settings, run_id, pb, journal, Path(row.out_dir), options, as_json))
+    sys.exit(_run_engine(settings, row.run_id, pb, journal, Path(row.out_dir), options, as_json))
 
 
-@main.command()
+@main.command(epilog=RUN_ID_HELP)
 @click.argument("run_id", required=False)
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="One JSON object (per run).")
 @click.option("--ledger", is_flag=True, help="Show every command run on the host.")
 @click.pass_obj
 def status(settings: Settings, run_id: str | None, as_json: bool, ledger: bool) -> None:
     """Runs from the journal (one run in detail with RUN_ID)."""
     import time
 
+    from remotemac.render import fit_table
+    from remotemac.vocab import human_age, human_duration, human_time, phase_word, run_word
+
     journal = settings.journal()
     if run_id:
-        row, _ = _load_run(journal, run_id)
+        row = _run_row(journal, run_id)
+        run_id = row.run_id
         phases = journal.phases(run_id)
         if ledger:
             path = Path(row.out_dir) / "ledger.jsonl"
             lines = path.read_text().splitlines() if path.exists() else []
             if as_json:
-                click.echo("\n".join(lines))
+                for line in lines:
+                    click.echo(line)
             else:
                 from remotemac.engine.ledger import format_entry
 
                 for line in lines:
                     click.echo(format_entry(json.loads(line)))
             return
-        data = {"run_id": row.run_id, "name": row.name, "host": row.host, "state": row.state,
-                "verdict": row.verdict, "exit_code": row.exit_code, "out_dir": row.out_dir,
-                "phases": {k: v["state"] for k, v in phases.items()}}
+        data: dict[str, Any] = {
+            "run_id": row.run_id, "name": row.name, "host": row.host,
+            "state": run_word(row.state), "verdict": row.verdict, "exit_code": row.exit_code,
+            "out_dir": row.out_dir, "created_at": row.created_at, "finished_at": row.finished_at,
+            "phases": {k: {"state": phase_word(v["state"]),
+                           "summary": (v.get("result") or {}).get("summary")}
+                       for k, v in phases.items()}}
         if row.state not in ("finished", "failed"):
             from remotemac.engine.livestatus import live_status
+            from remotemac.render import progress
 
             _, pb = _load_run(journal, run_id)
-            data["live"] = _asyncio_run(live_status(
-                run_id=run_id, playbook=pb, journal=journal, home=settings.home,
-                out_dir=Path(row.out_dir), ssh=settings.ssh_options()))
+            with progress(f"status: asking {row.host} what the job is doing"):
+                data["live"] = _asyncio_run(live_status(
+                    run_id=run_id, playbook=pb, journal=journal, home=settings.home,
+                    out_dir=Path(row.out_dir), ssh=settings.ssh_options()))
         if as_json:
-            click.echo(json.dumps(data))
-        else:
-            for key, value in data.items():
-                click.echo(f"{key:10} {value}")
+            click.echo(json.dumps(data, default=str))
+            return
+        ended = row.finished_at or time.time()
+        facts = [("run", row.run_id), ("name", row.name), ("host", row.host),
+                 ("state", data["state"]), ("verdict", row.verdict or "—"),
+                 ("exit code", "—" if row.exit_code is None else str(row.exit_code)),
+                 ("started", human_time(row.created_at)),
+                 ("finished", human_time(row.finished_at)),
+                 ("duration", human_duration(ended - row.created_at)),
+                 ("out", row.out_dir)]
+        for key, value in facts:
+            click.echo(f"{key:10} {value}")
+        if phases:
+            click.echo("phases")
+            for line in fit_table(("  phase", "state", "result"),
+                                  [(f"  {name}", info["state"], info["summary"] or "")
+                                   for name, info in data["phases"].items()]):
+                click.echo(line)
+        for side, info in ((data.get("live") or {}).get("sides") or {}).items():
+            click.echo(f"live      {side}: {info.get('state')}")
         return
     rows = journal.list_runs()
     if as_json:
         for r in rows:
             click.echo(json.dumps({"run_id": r.run_id, "name": r.name, "host": r.host,
-                                   "state": r.state, "verdict": r.verdict,
-                                   "created_at": r.created_at}))
+                                   "state": run_word(r.state), "verdict": r.verdict,
+                                   "created_at": r.created_at, "finished_at": r.finished_at}))
         return
-    from rich.console import Console
-    from rich.table import Table
+    if not rows:
+        click.echo("no runs yet: remotemac run PLAYBOOK starts one")
+        return
+    now = time.time()
+    for line in fit_table(("run", "host", "state", "verdict", "age"),
+                          [(r.run_id, r.host, run_word(r.state), r.verdict or "—",
+                            human_age(now - r.created_at)) for r in rows]):
+        click.echo(line)
+    click.echo(f"(any unique part of a run id works, e.g. remotemac logs "
+               f"{rows[0].run_id.rsplit('-', 1)[-1]}; or 'latest')")
 
-    table = Table("run", "host", "state", "verdict", "age")
-    for r in rows:
-        age = int(time.time() - r.created_at)
-        table.add_row(r.run_id, r.host, r.state, r.verdict or "-", f"{age // 3600}h{age % 3600 // 60:02d}m")
-    Console().print(table)
 
-
-@main.command()
+@main.command(epilog=RUN_ID_HELP)
 @click.argument("run_id")
 @click.option("--device", help="One device's log (default: all).")
 @click.option("--follow", is_flag=True, help="Keep following while the run is attached.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per line: device, line.")
 @click.pass_obj
-def logs(settings: Settings, run_id: str, device: str | None, follow: bool) -> None:
-    """Print a run's log."""
+def logs(settings: Settings, run_id: str, device: str | None, follow: bool,
+         as_json: bool) -> None:
+    """Print a run's log, each line labelled with its device."""
     import time
 
+    from remotemac.vocab import log_prefix
+
     journal = settings.journal()
-    row, _ = _load_run(journal, run_id)
+    row = _run_row(journal, run_id)
+    run_id = row.run_id
     log_dir = Path(row.out_dir) / "logs"
-    files = sorted(log_dir.glob("*.log")) if log_dir.exists() else []
+    files = sorted(log_dir.glob("*.log"), key=lambda f: f.stem) if log_dir.exists() else []
     if device:
+        known = [f.stem for f in files]
         files = [f for f in files if f.stem == device]
         if not files:
-            raise BadInput(f"run {run_id} has no log for device {device!r}")
+            raise BadInput(f"run {run_id} has no log for device {device!r}",
+                           hint=f"its devices: {', '.join(known)}" if known
+                           else "it has no logs yet")
+    if not files and not follow:
+        click.echo(f"run {run_id} has no logs yet (in {log_dir})", err=True)
     offsets = {f: 0 for f in files}
+    partial = {f: b"" for f in files}
     while True:
         for f in files:
             with f.open("rb") as fh:
                 fh.seek(offsets[f])
                 data = fh.read()
             offsets[f] += len(data)
-            if data:
-                sys.stdout.write(data.decode("utf-8", "replace"))
-                sys.stdout.flush()
+            *lines, partial[f] = (partial[f] + data).split(b"\n")
+            for raw in lines:
+                text = raw.decode("utf-8", "replace")
+                if as_json:
+                    sys.stdout.write(json.dumps({"device": f.stem, "line": text}) + "\n")
+                else:
+                    sys.stdout.write(log_prefix(f.stem) + text + "\n")
+            sys.stdout.flush()
         current = journal.get_run(run_id)
         if not follow or (current and current.state not in ("running", "detached", "created")):
             break
         time.sleep(0.5)
+    for f, rest in partial.items():  # a last line without a newline
+        if rest:
+            text = rest.decode("utf-8", "replace")
+            sys.stdout.write(json.dumps({"device": f.stem, "line": text}) + "\n" if as_json
+                             else log_prefix(f.stem) + text + "\n")
 
 
-@main.command()
+@main.command(epilog=RUN_ID_HELP)
 @click.argument("run_id")
 @click.pass_obj
 def pull(settings: Settings, run_id: str) -> None:
@@ -300,12 +376,20 @@ def pull(settings: Settings, run_id: str) -> None:
     sys.exit(_one_phase(settings, run_id, "pull"))
 
 
-@main.command()
+@main.command(epilog=RUN_ID_HELP)
 @click.argument("run_id")
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
 @click.pass_obj
 def wipe(settings: Settings, run_id: str, yes: bool) -> None:
     """Wipe RUN_ID's data on the host and destroy its data key."""
+    from remotemac.engine.runs import phase_already_done, resolve_run_id
+
+    journal = settings.journal()
+    run_id = resolve_run_id(journal, run_id)
+    done = phase_already_done(journal, run_id, "wipe")
+    if done:
+        click.echo(done)
+        return
     if not yes and not click.confirm(f"Wipe the data of {run_id} on its host and destroy its key?"):
         raise BadInput("wipe not confirmed")
     sys.exit(_one_phase(settings, run_id, "wipe"))
@@ -314,9 +398,15 @@ def wipe(settings: Settings, run_id: str, yes: bool) -> None:
 def _one_phase(settings: Settings, run_id: str, phase: str) -> int:
     from remotemac.engine.context import RunOptions
     from remotemac.engine.pipeline import run_phase
+    from remotemac.engine.runs import phase_already_done
 
     journal = settings.journal()
     row, pb = _load_run(journal, run_id)
+    run_id = row.run_id
+    done = phase_already_done(journal, run_id, phase)
+    if done:
+        click.echo(done)
+        return 0
     if phase == "wipe" and pb.wipe == "manual":
         pb = pb.model_copy(update={"wipe": "after_pull"})
     return _asyncio_run(run_phase(
@@ -327,11 +417,30 @@ def _one_phase(settings: Settings, run_id: str, phase: str) -> int:
 
 @main.command()
 @click.argument("playbook", type=click.Path(dir_okay=False))
-def check(playbook: str) -> None:
-    """Validate a playbook."""
-    from remotemac.playbook import load_playbook
+@click.option("--json", "as_json", is_flag=True,
+              help="One JSON object: ok, problems (one line each), name, host.")
+def check(playbook: str, as_json: bool) -> None:
+    """Validate a playbook: its keys, and that the paths it names exist."""
+    from remotemac.checks.paths import playbook_path_problems
+    from remotemac.playbook import PlaybookErrors, load_playbook
 
-    pb = load_playbook(playbook)
+    pb = None
+    try:
+        pb = load_playbook(playbook)
+        problems = playbook_path_problems(pb, playbook)
+    except PlaybookErrors as exc:
+        problems = list(exc.lines)
+    except BadInput as exc:
+        problems = [exc.line()]
+    if as_json:
+        click.echo(json.dumps({"playbook": playbook, "ok": not problems, "problems": problems,
+                               "name": pb.name if pb else None,
+                               "host": pb.host if pb else None}))
+        if problems:
+            sys.exit(EXIT_BAD_INPUT)
+        return
+    if problems:
+        raise PlaybookErrors(problems)
     click.echo(f"{playbook}: ok ({pb.name}, host {pb.host})")
 
 
@@ -352,7 +461,11 @@ def schema() -> None:
 @click.pass_obj
 def doctor(settings: Settings, host: str, as_json: bool, remote_root: str,
            playbook: str | None) -> None:
-    """Is HOST fit: OS, arch, VM, Python, tmux, disk, MPS."""
+    """Is HOST fit: OS, arch, VM, Python, tmux, disk, MPS.
+
+    Exit 0 when the host is fit, 1 when it is not (a check failed), 3 when it
+    cannot be reached.
+    """
     from remotemac.checks.doctor import main_doctor
     from remotemac.engine.hosts import open_transport
 
@@ -363,9 +476,13 @@ def doctor(settings: Settings, host: str, as_json: bool, remote_root: str,
 
         pb = load_playbook(playbook)
         remote_root, needs = pb.remote_root, disk_needed(pb)
+    from remotemac.render import progress
+
     transport = open_transport(host, settings.home, settings.ssh_options())
-    sys.exit(main_doctor(host, as_json, transport, remote_root=remote_root,
-                         needs_disk_bytes=needs))
+    with progress(f"doctor: asking {host} about its OS, Python, tmux, disk and MPS"):
+        code = main_doctor(host, as_json, transport, remote_root=remote_root,
+                           needs_disk_bytes=needs)
+    sys.exit(code)
 
 
 @main.command()
@@ -375,6 +492,9 @@ def doctor(settings: Settings, host: str, as_json: bool, remote_root: str,
 @click.pass_obj
 def trust(settings: Settings, host: str, fingerprint: str | None, yes: bool) -> None:
     """Pin HOST's key in remotemac's own known_hosts (trust on first use, explicitly)."""
+    if host == "local":
+        click.echo("local needs no trust: it is this machine, reached without SSH")
+        return
     from remotemac.transport.hostkeys import trust_host
 
     def confirm(question: str) -> bool:
@@ -394,8 +514,11 @@ def trust(settings: Settings, host: str, fingerprint: str | None, yes: bool) -> 
 def audit(path: str, as_json: bool, exclude: tuple[str, ...]) -> None:
     """Scan a project for CUDA-only dependencies and code paths."""
     from remotemac.checks.audit import main_audit
+    from remotemac.render import progress
 
-    sys.exit(main_audit(Path(path), as_json, exclude=exclude))
+    with progress(f"audit: reading {path}"):
+        code = main_audit(Path(path), as_json, exclude=exclude)
+    sys.exit(code)
 
 
 @main.command()
@@ -405,8 +528,12 @@ def audit(path: str, as_json: bool, exclude: tuple[str, ...]) -> None:
 def preflight(playbook: str, seconds: float, as_json: bool) -> None:
     """Run the workload briefly on the local CPU and predict MPS coverage."""
     from remotemac.checks.preflight import main_preflight
+    from remotemac.render import progress
 
-    sys.exit(main_preflight(Path(playbook), seconds, as_json))
+    with progress(f"preflight: running the workload on the local CPU for up to {seconds:g}s "
+                  "and tracing its operators"):
+        code = main_preflight(Path(playbook), seconds, as_json)
+    sys.exit(code)
 
 
 @main.command()
@@ -417,7 +544,7 @@ def preflight(playbook: str, seconds: float, as_json: bool) -> None:
 @click.option("--remote-root", default="~/remotemac", show_default=True)
 @click.option("--all", "all_hosts", is_flag=True, help="Every host the journal knows; one record.")
 @click.option("--out", type=click.Path(file_okay=False),
-              help="Where cleanup.json/.md go (default ./cleanup-<host>-<time>/).")
+              help="Where cleanup.json/.md go (default <home>/cleanups/cleanup-<host>-<time>/).")
 @click.pass_obj
 def cleanup(settings: Settings, host: str | None, dry_run: bool, yes: bool, as_json: bool,
             remote_root: str, all_hosts: bool, out: str | None) -> None:
@@ -432,22 +559,31 @@ def cleanup(settings: Settings, host: str | None, dry_run: bool, yes: bool, as_j
     if not host:
         raise BadInput("cleanup needs a HOST (or --all)")
     from remotemac.engine.cleanup import main_cleanup
+    from remotemac.render import progress
 
-    sys.exit(_asyncio_run(main_cleanup(host, settings=settings, dry_run=dry_run, yes=yes,
-                                      as_json=as_json, remote_root=remote_root,
-                                      out=Path(out) if out else None)))
+    with progress(f"cleanup: listing what remotemac put on {host}") as stop:
+        def echo(text: str) -> None:
+            stop()  # the spinner ends before the plan, the question or the summary
+            click.echo(text)
+
+        code = _asyncio_run(main_cleanup(host, settings=settings, dry_run=dry_run, yes=yes,
+                                         as_json=as_json, remote_root=remote_root,
+                                         out=Path(out) if out else None, echo=echo))
+    sys.exit(code)
 
 
 @main.command()
 @click.argument("playbooks", nargs=-1, type=click.Path(dir_okay=False))
+@click.option("--pick", is_flag=True,
+              help="Do not start the PLAYBOOKs: only offer them in the run dialog (r).")
 @click.pass_obj
-def tui(settings: Settings, playbooks: tuple[str, ...]) -> None:
-    """The terminal UI."""
+def tui(settings: Settings, playbooks: tuple[str, ...], pick: bool) -> None:
+    """The terminal UI; each PLAYBOOK given starts a run at once (as `run` would)."""
     try:
         from remotemac.tui.app import run_tui
     except ImportError as exc:
         raise BadInput(f"the TUI is not available in this build: {exc}") from None
-    sys.exit(run_tui(settings, list(playbooks)))
+    sys.exit(run_tui(settings, list(playbooks), start=not pick))
 
 
 if __name__ == "__main__":  # pragma: no cover

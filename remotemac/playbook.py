@@ -426,7 +426,8 @@ def parse_playbook(text: str, filename: str = "<playbook>", overrides: dict[str,
 
 
 def _explain(exc: ValidationError, root: yaml.Node | None, filename: str) -> list[str]:
-    lines: list[str] = []
+    """One line per problem, in the order of the file (by line, then column)."""
+    lines: list[tuple[tuple[int, int], str]] = []
     seen: set[str] = set()
     for err in exc.errors():
         loc = [p for p in err["loc"] if not (isinstance(p, str) and ("[" in p or p in _UNION_TAGS))]
@@ -437,8 +438,8 @@ def _explain(exc: ValidationError, root: yaml.Node | None, filename: str) -> lis
         line = f"{where}: {key_path}: {message}"
         if line not in seen:
             seen.add(line)
-            lines.append(line)
-    return lines
+            lines.append((mark or (0, 0), line))
+    return [line for _, line in sorted(lines, key=lambda item: item[0])]
 
 
 _UNION_TAGS = {"literal['any','none']", "list[str]", "int", "str", "float", "Side", "Sample"}
@@ -453,11 +454,42 @@ def _message(err: dict[str, Any], loc: list[Any]) -> str:
         return f"unknown key{hint}"
     if kind == "missing":
         return "required key is missing"
+    if kind in _PLAIN:
+        return _PLAIN[kind].format(got=_shown(err.get("input")))
+    if kind in _BOUNDS:
+        bound = next(iter((err.get("ctx") or {}).values()), "?")
+        return f"must be {_BOUNDS[kind]} {bound}, got {_shown(err.get('input'))}"
+    if kind == "literal_error":
+        expected = (err.get("ctx") or {}).get("expected", "")
+        return f"expected one of {expected}, got {_shown(err.get('input'))}"
     message = err["msg"]
     for prefix in ("Value error, ", "Assertion failed, "):
         if message.startswith(prefix):
             message = message[len(prefix):]
     return message
+
+
+# pydantic's own wording ("Input should be a valid number, unable to parse string as a
+# number") → what a playbook author needs to read.
+_PLAIN = {
+    "float_parsing": "expected a number, got {got}", "float_type": "expected a number, got {got}",
+    "int_parsing": "expected a whole number, got {got}",
+    "int_type": "expected a whole number, got {got}",
+    "int_from_float": "expected a whole number, got {got}",
+    "bool_parsing": "expected true or false, got {got}",
+    "bool_type": "expected true or false, got {got}",
+    "string_type": "expected text, got {got}", "list_type": "expected a list, got {got}",
+    "dict_type": "expected a mapping of keys, got {got}",
+    "model_type": "expected a mapping of keys, got {got}",
+    "model_attributes_type": "expected a mapping of keys, got {got}",
+}
+_BOUNDS = {"greater_than": "greater than", "greater_than_equal": "at least",
+           "less_than": "less than", "less_than_equal": "at most"}
+
+
+def _shown(value: Any) -> str:
+    text = repr(value) if isinstance(value, str) else str(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _fields_at(loc: list[Any]) -> list[str]:

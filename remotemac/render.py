@@ -1,8 +1,14 @@
-"""Render engine events for a terminal (rich) or for scripts (JSON lines)."""
+"""Render engine events for a terminal (rich) or for scripts (JSON lines), and the
+small text layouts the CLI's tables share (fit to the terminal, never cut an id)."""
 
 from __future__ import annotations
 
+import contextlib
+import shutil
 import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TextIO
 
 from remotemac.events import (
@@ -15,6 +21,7 @@ from remotemac.events import (
     RunFinished,
     Warning,
 )
+from remotemac.vocab import human_duration, log_prefix
 
 
 class JsonRenderer:
@@ -45,7 +52,8 @@ class RichRenderer:
             TransferSpeedColumn,
         )
 
-        self.console = Console(stderr=False, highlight=False)
+        # soft_wrap: the terminal wraps long lines; rich would cut a path or an id in two
+        self.console = Console(stderr=False, highlight=False, soft_wrap=True)
         self.verbose = verbose
         self.progress = Progress(
             TextColumn("[bold]{task.description}"), BarColumn(), DownloadColumn(),
@@ -75,7 +83,7 @@ class RichRenderer:
             mark = "[dim]↷" if event.skipped else ("[green]✓" if event.ok else "[red]✗")
             c.print(f"{mark} {event.phase}[/]" + (f"  [dim]{event.detail}[/]" if event.detail else ""))
         elif isinstance(event, LogLine):
-            c.print(f"[dim]{event.device} │[/] ", end="")
+            c.print(f"[dim]{log_prefix(event.device)}[/]", end="")
             c.out(event.line, highlight=False)
         elif isinstance(event, ConnectionState):
             extra = f" (attempt {event.attempt}, next in {event.next_in_s:.1f}s)" if event.next_in_s else ""
@@ -97,3 +105,81 @@ class RichRenderer:
 
     def close(self) -> None:
         self._end_progress(None)
+
+
+# ------------------------------------------------------------------ plain layouts
+
+
+def width() -> int:
+    """The terminal's width (``COLUMNS`` or 80 when output is not a terminal)."""
+    return shutil.get_terminal_size((80, 24)).columns
+
+
+def fit_table(headers: Sequence[str], rows: Sequence[Sequence[str]],
+              columns: int | None = None) -> list[str]:
+    """Aligned columns when they fit in ``columns``; otherwise one block per row.
+
+    The first column (a run id, a host, a path) is never cut: when the row does
+    not fit, it gets a line of its own and the other cells follow below it as
+    ``header: value`` pairs, wrapped at word boundaries.
+    """
+    import textwrap
+
+    columns = columns or width()
+    cells = [[str(c) for c in row] for row in rows]
+    widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headers)]
+    if sum(widths) + 2 * (len(widths) - 1) <= columns:
+        fmt = "  ".join(f"{{:{w}}}" for w in widths)
+        return [fmt.format(*headers).rstrip()] + [fmt.format(*r).rstrip() for r in cells]
+    out: list[str] = []
+    for r in cells:
+        out.append(r[0])
+        rest = "  ".join(f"{h}: {v}" for h, v in zip(headers[1:], r[1:], strict=True) if v)
+        out += textwrap.wrap(rest, columns - 2, initial_indent="  ", subsequent_indent="  ",
+                             break_long_words=False, break_on_hyphens=False) or []
+    return out
+
+
+@contextlib.contextmanager
+def progress(what: str, after_s: float = 1.0,
+             stream: TextIO | None = None) -> Iterator[Callable[[], None]]:
+    """Say what is going on (on stderr) when it takes longer than ``after_s``.
+
+    On a terminal a spinner line counts the seconds and disappears at the end; in a
+    pipe or a log file one line says what is running, so nothing is silent for long.
+    Quick work prints nothing. The context gives a ``stop()`` to call before the
+    work prints or asks something itself, so the spinner never mixes with it.
+    """
+    stream = stream or sys.stderr
+    done = threading.Event()
+    started = time.monotonic()
+    tty = stream.isatty()
+
+    def tick() -> None:
+        if done.wait(after_s):
+            return
+        if not tty:
+            stream.write(f"remotemac: {what}…\n")
+            stream.flush()
+            return
+        frames = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
+        i = 0
+        while not done.wait(0.1):
+            stream.write(f"\r{frames[i % len(frames)]} {what}… "
+                         f"{human_duration(time.monotonic() - started)}\x1b[K")
+            stream.flush()
+            i += 1
+        stream.write("\r\x1b[K")
+        stream.flush()
+
+    def stop() -> None:
+        done.set()
+        if thread.is_alive():
+            thread.join(timeout=1.0)
+
+    thread = threading.Thread(target=tick, name="progress", daemon=True)
+    thread.start()
+    try:
+        yield stop
+    finally:
+        stop()

@@ -100,7 +100,8 @@ def test_corrupt_inventory_and_symlinks_never_followed(host):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert (canary / "keep.txt").read_text() == "mine"
     assert not root.exists()
-    [folder] = list(host["cwd"].glob("cleanup-local-*"))
+    assert not list(host["cwd"].glob("cleanup-*")), "the record went into the cwd"
+    [folder] = list((host["rm_home"] / "cleanups").glob("cleanup-local-*"))
     record = json.loads((folder / "cleanup.json").read_text())
     assert any("inventory.json unreadable" in n for r in record["remote_roots"]
                for n in r["notes"])
@@ -114,10 +115,12 @@ def test_dry_run_touches_nothing_and_confirmation_is_required(host):
     assert dry.returncode == 0 and "would remove" in dry.stdout and "runs/d-1" in dry.stdout
     assert sorted(str(p) for p in root.rglob("*")) == snapshot
     assert not list(host["cwd"].glob("cleanup-*"))
+    assert "bytes" not in dry.stdout and " KiB)" in dry.stdout, dry.stdout  # human sizes
     no = _cleanup(host)  # stdin is not a terminal: the question is answered "no"
     assert no.returncode == 2 and "not confirmed" in no.stderr
     assert sorted(str(p) for p in root.rglob("*")) == snapshot
     assert not list(host["cwd"].glob("cleanup-*"))
+    assert not (host["rm_home"] / "cleanups").exists()
 
 
 @pytest.mark.parametrize("bad", ["/", "~", "", "/usr", "/etc", "~/"])

@@ -165,6 +165,7 @@ def test_three_runs_then_cleanup_leaves_nothing(tmp_path: Path, sshd_factory, ss
     assert settled() == before, "dry run touched the host"
     assert t.sessions() and deadman_pids(str(t.root))
     assert not list(tmp_path.glob("cleanup-*")), "dry run wrote a record"
+    assert not (t.rm_home / "cleanups").exists(), "dry run wrote a record"
     planned = {(i["kind"], i["path"]) for i in plan["items"] if i["fate"] == "would remove"}
 
     proc = t.cli("cleanup", t.alias, "--remote-root", str(t.root), "--yes", cwd=tmp_path)
@@ -176,7 +177,7 @@ def test_three_runs_then_cleanup_leaves_nothing(tmp_path: Path, sshd_factory, ss
     assert processes_naming(str(t.root)) == [], "a runner or workload survived"
     assert not [p for p in Path("/dev/shm").glob("remotemac-*") if p.name[10:] in ids]
     assert (canary / "precious.txt").read_text() == "must survive"
-    [folder] = list(tmp_path.glob(f"cleanup-{t.alias}-*"))
+    [folder] = list((t.rm_home / "cleanups").glob(f"cleanup-{t.alias}-*"))
     record = json.loads((folder / "cleanup.json").read_text())
     assert record["status"] == "clean" and record["verified"] is True
     assert record["host_key_fingerprint"] == t.sshd.fingerprint
@@ -211,7 +212,7 @@ def test_unreachable_host_is_not_verified(tmp_path: Path, sshd_factory, ssh_env)
                  timeout=90)
     assert proc.returncode == 3, proc.stdout + proc.stderr
     assert "not verified" in proc.stdout
-    [folder] = list(tmp_path.glob(f"cleanup-{t.alias}-*"))
+    [folder] = list((t.rm_home / "cleanups").glob(f"cleanup-{t.alias}-*"))
     record = json.loads((folder / "cleanup.json").read_text())
     assert record["status"] == "not verified" and record["verified"] is False
     assert record["error"]

@@ -20,7 +20,7 @@ from remotemac.cli import Settings
 from remotemac.events import LogLine, PhaseProgress
 from remotemac.journal import Journal
 from remotemac.tui.app import RemotemacApp
-from remotemac.tui.model import LineStore, PhaseState, RunLive
+from remotemac.tui.model import LineStore, LogRecord, PhaseState, RunLive
 from remotemac.tui.screens.dialogs import ConfirmScreen, MarkdownScreen
 from remotemac.tui.screens.hosts import HostsScreen
 from remotemac.tui.screens.run import RunScreen
@@ -53,8 +53,12 @@ def view_lines(app: RemotemacApp, device: str) -> list[str]:
         log = app.screen.query_one("#log", LogView)
     except NoMatches:  # the run screen is not composed yet
         return []
-    prefix = f"{device} │ "
-    return [line[len(prefix):] for line in log.lines if line.startswith(prefix)]
+    out = []
+    for line in log.lines:  # "hh:mm:ss device     │ text" (time blank for preloaded lines)
+        head, sep, text = line.partition(" │ ")
+        if sep and head[9:].strip() == device:
+            out.append(text)
+    return out
 
 
 def screen_text(app: RemotemacApp) -> str:
@@ -307,11 +311,11 @@ def test_line_store_hands_out_each_line_once_and_bounds_memory():
     seen = 0
     got: list[str] = []
     for i in range(1000):
-        store.append(str(i))
+        store.append(LogRecord("cpu", str(i)))
         if i % 37 == 0:
-            got += store.since(seen)
+            got += [r.text for r in store.since(seen)]
             seen = store.total
-    got += store.since(seen)
+    got += [r.text for r in store.since(seen)]
     assert got == [str(i) for i in range(1000)]
     assert len(store._lines) < 200
 
@@ -344,13 +348,13 @@ async def test_log_view_batches_bounds_and_searches(rm_home, tmp_path):
             live.add_line("cpu", f"line {i}")
         await pilot.pause(0.2)
         assert log.batches <= 2 and len(log.lines) == 1000
-        assert log.lines[-1] == "cpu │ line 4999" and log.following
+        assert log.lines[-1].endswith("cpu        │ line 4999") and log.following
         assert log.search("line 4500") is not None and not log.following
         await pilot.press("n")  # older match: none for this exact term
-        assert log.lines[log.match_line] == "cpu │ line 4500"
+        assert log.lines[log.match_line].endswith("cpu        │ line 4500")
         live.add_line("cpu", "late line")
         await pilot.pause(0.2)
-        assert log.lines[-1] == "cpu │ late line" and not log.following  # paused: no jump
+        assert log.lines[-1].endswith("cpu        │ late line") and not log.following  # paused: no jump
         await pilot.press("f")
         await pilot.pause()
         assert log.following

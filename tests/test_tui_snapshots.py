@@ -202,6 +202,118 @@ def test_acceptance_markdown(snap_compare, tmp_path):
     assert snap_compare(app, terminal_size=SIZE, run_before=before)
 
 
+# ---------------------------------------------------------------- issue 20's screens
+
+
+def test_help_screen(snap_compare, tmp_path):
+    """``?`` on the runs screen: every key, and where the palette is."""
+    assert snap_compare(_app(tmp_path, _journal()), terminal_size=SIZE, press=["question_mark"])
+
+
+def _two_devices(run_id: str, t: float) -> RunLive:
+    live = RunLive(run_id, host="mac-rental", name="tiny-mlp")
+    live.apply(ConnectionState(run_id, host="mac-rental", state="connected", ts=t))
+    live.apply(PhaseStarted(run_id, phase="follow:target", ts=t))
+    for i in range(12):
+        live.apply(LogLine(run_id, device="cpu", line=f"epoch {i} loss {1 / (i + 1):.4f}",
+                           ts=t + 2 * i))
+        live.apply(LogLine(run_id, device="cpu-target", line=f"epoch {i} loss "
+                           f"{1 / (i + 1) + 1e-6:.4f}", ts=t + 2 * i + 1))
+    return live
+
+
+def _live_run_app(tmp_path: Path):
+    journal = _journal(str(tmp_path / "out"))
+    app = _app(tmp_path, journal)
+    run_id = journal.rows[0].run_id
+
+    async def before(pilot) -> None:
+        app.driver.lives[run_id] = _two_devices(run_id, NOW - 95)
+        app.open_run(run_id)
+        await pilot.pause(0.3)
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+
+    return app, before
+
+
+def test_live_run_two_devices(snap_compare, tmp_path):
+    """Two devices: each line with its time, the device column aligned, elapsed time."""
+    app, before = _live_run_app(tmp_path)
+    assert snap_compare(app, terminal_size=SIZE, run_before=before)
+
+
+def test_live_run_filtered_to_one_device(snap_compare, tmp_path):
+    """``l`` once: only the first device's lines (the status line says which)."""
+    app, before = _live_run_app(tmp_path)
+
+    async def filtered(pilot) -> None:
+        await before(pilot)
+        await pilot.press("l")
+        await pilot.pause()
+
+    assert snap_compare(app, terminal_size=SIZE, run_before=filtered)
+
+
+def test_finished_run_memory_from_record(snap_compare, tmp_path):
+    """A finished run opened from the journal: the gauge shows the record's peak."""
+    out = tmp_path / "out"
+    _acceptance(out)
+    journal = _journal()
+    done = journal.rows[1]
+    journal.rows[1] = RunRow(**{**done.__dict__, "out_dir": str(out)})
+    app = _app(tmp_path, journal)
+
+    async def before(pilot) -> None:
+        app.open_run(done.run_id)
+        await pilot.pause(0.3)
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+
+    assert snap_compare(app, terminal_size=SIZE, run_before=before)
+
+
+def test_fleet_screen_from_journal(snap_compare, tmp_path):
+    """Fleet runs found in the journal (no fleet.json anywhere near the cwd)."""
+    fleet = "sweep-20251229-100000-9f9f"
+    rows = []
+    for i, (host, verdict, bs) in enumerate((("mac-a", "accepted", 1), ("mac-b", "rejected", 2),
+                                             ("mac-c", "accepted", 4))):
+        row = _row(f"{fleet}-{i:02d}", host, "finished", verdict, 86400 * 3 - 60 * i)
+        rows.append(RunRow(**{**row.__dict__, "name": "sweep",
+                              "options": {"fleet": fleet, "variant": {"bs": bs}}}))
+    assert snap_compare(_app(tmp_path, FakeJournal(rows, {})), terminal_size=SIZE, press=["f"])
+
+
+def _hosts(width: int):
+    def run(snap_compare, tmp_path):
+        app = RemotemacApp(Settings(str(tmp_path / "home"), None, None, False), [],
+                           journal=_journal(), now=lambda: NOW, out_root=tmp_path / "runs",
+                           reattach=False, blink=False, live_poll_s=0)
+        report = DoctorReport("mac-rental", [
+            Check("macos", "ok", "15.3.1", "MPS needs macOS 14+"),
+            Check("vm", "warn", "virtual machine", "MPS in a VM is slower than on bare metal",
+                  "rent a bare-metal Mac"),
+            Check("tmux", "fail", "missing", "jobs survive disconnects only inside tmux",
+                  "brew install tmux, or let remotemac bring its own"),
+            Check("disk", "ok", "212.0 GiB free of 500.0 GiB at /Users/me"),
+        ])
+
+        async def before(pilot) -> None:
+            await pilot.press("h", "down")
+            await pilot.pause()
+            app.screen.set_report("mac-rental", report)
+            await pilot.pause()
+
+        assert snap_compare(app, terminal_size=(width, 30), run_before=before)
+
+    return run
+
+
+test_hosts_screen_80_columns = _hosts(80)
+test_hosts_screen_120_columns = _hosts(120)
+
+
 @pytest.fixture(autouse=True)
 def _fixed_home(tmp_path, monkeypatch):
     monkeypatch.setenv("REMOTEMAC_HOME", str(tmp_path / "home"))

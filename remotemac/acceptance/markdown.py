@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from remotemac.vocab import human_size
+
 SPARK = "▁▂▃▄▅▆▇█"
 SPARK_WIDTH = 48
 MAX_TENSOR_ROWS = 40
@@ -39,16 +41,7 @@ def sparkline(values: list[float], width: int = SPARK_WIDTH) -> str:
     return "".join(SPARK[round((v - low) * scale)] for v in values)
 
 
-def human_bytes(n: Any) -> str:
-    """1536 -> '1.5 KiB'; None -> '—'."""
-    if n is None:
-        return "—"
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(value) < 1024 or unit == "TiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{value:.1f} TiB"  # pragma: no cover - loop always returns
+human_bytes = human_size  # the one size format (remotemac.vocab), as in the CLI and TUI
 
 
 def _num(x: Any) -> str:

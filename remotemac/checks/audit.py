@@ -245,22 +245,28 @@ _VERDICT_STYLE = {"keep-linux": "bold red", "dual-track": "bold magenta",
                   "refactor-for-portability": "bold yellow", "portable": "bold green"}
 
 
+def _hang(text: str, width: int, indent: str = "  ") -> str:
+    """Indented, continuation lines two more spaces, broken between words only."""
+    import textwrap
+
+    return "\n".join(textwrap.wrap(text, max(20, width - 1), initial_indent=indent,
+                                    subsequent_indent=indent + "  ", break_long_words=False,
+                                    break_on_hyphens=False)) or indent + text
+
+
 def render(report: AuditReport, console: Any) -> None:
-    """A rich table of findings, then the verdict, its reasons and the timing."""
-    from rich.table import Table
+    """Findings one block each (where on its own line, so a path is never split), then the
+    verdict once, its reasons and the timing; reads the same at 80 columns as at 200."""
     from rich.text import Text
 
     if report.findings:
-        table = Table(title=f"CUDA audit of {report.path}", show_lines=False,
-                      expand=False, header_style="bold")
-        table.add_column("severity", no_wrap=True)
-        table.add_column("where", overflow="fold")
-        table.add_column("match", overflow="fold")
-        table.add_column("why / portable alternative", overflow="fold")
+        console.print(Text(f"CUDA audit of {report.path}", style="bold"))
         for f in report.findings:
-            table.add_row(Text(f.severity, style=_STYLE[f.severity]), Text(f.where()),
-                          Text(f.text), Text(f"{f.why}\n→ {f.alternative}"))
-        console.print(table)
+            head = Text(f"{f.severity:<15}", style=_STYLE[f.severity])
+            head.append(f.where())
+            console.print(head)
+            for label, value in (("match", f.text), ("why", f.why), ("fix", f.alternative)):
+                console.print(Text(_hang(f"{label}: {value}", console.width)))
     else:
         console.print(Text(f"No CUDA ties found in the project's own code ({report.path}).",
                            style="green"))
@@ -275,11 +281,15 @@ def render(report: AuditReport, console: Any) -> None:
     verdict.append(report.verdict, style=_VERDICT_STYLE[report.verdict])
     console.print(verdict)
     for reason in report.reasons:
-        console.print(Text(f"  {reason}"))
+        console.print(Text(_hang(reason, console.width)))
     if report.unparsed:
         console.print(Text(f"  {len(report.unparsed)} file(s) did not parse and were "
                            f"not checked: {', '.join(report.unparsed[:5])}", style="yellow"))
-    console.print(Text(report.summary(), style="dim"))
+    c = report.counts()
+    console.print(Text(_hang(f"{c[BLOCKER]} blocker(s), {c[NEEDS_REFACTOR]} needing refactor, "
+                       f"{c[NOTE]} note(s) in {report.files_scanned} file(s) read "
+                       f"({report.files_seen} seen) in {report.elapsed_s:.2f} s;", console.width, ""),
+                       style="dim"))
 
 
 def main_audit(path: Path, as_json: bool, console: Any = None,

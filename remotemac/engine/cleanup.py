@@ -12,7 +12,7 @@ Nothing is written on the host to do this: the agent's code travels on stdin to
 ``python3 -c <bootstrap>`` and runs from memory. Installing the agent first would
 create the very ``remote_root`` a second cleanup must find gone, and leave a copy.
 
-The record goes to ``--out`` when given, else ``./cleanup-<host>-<UTC time>/``:
+The record goes to ``--out`` when given, else ``<home>/cleanups/cleanup-<host>-<UTC time>/``:
 ``cleanup.json``, ``cleanup.md`` and ``ledger.jsonl`` (every command run on the
 host). ``--dry-run`` prints the plan and writes nothing, locally or on the host.
 Exit codes: 0 clean and verified (also: nothing to do), 1 something could not be
@@ -36,6 +36,7 @@ from remotemac.engine.context import expand_root
 from remotemac.engine.ledger import Ledger
 from remotemac.errors import EXIT_HOST, BadInput, HostError, RemotemacError
 from remotemac.transport.base import Transport
+from remotemac.units import format_size
 
 AGENT_DIR = Path(__file__).resolve().parent.parent / "agent"
 MODULES = ("ramstore", "hostagent", "deadman", "cleanupops")
@@ -166,10 +167,11 @@ def _iso(ts: float) -> str:
     return datetime.fromtimestamp(ts, timezone.utc).isoformat(timespec="seconds")
 
 
-def default_out_dir(host: str, when: float) -> Path:
+def default_out_dir(host: str, when: float, home: Path) -> Path:
+    """``<home>/cleanups/cleanup-<host>-<UTC time>``: with the journal, not in the cwd."""
     safe = re.sub(r"[^A-Za-z0-9._-]", "_", host)
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime(when))
-    return Path.cwd() / f"cleanup-{safe}-{stamp}"
+    return Path(home) / "cleanups" / f"cleanup-{safe}-{stamp}"
 
 
 def _flatten(answer: dict[str, Any]) -> list[dict[str, Any]]:
@@ -235,7 +237,7 @@ def render_markdown(record: dict[str, Any]) -> str:
              f"- host: {record['host_name']}",
              f"- host key: {record['host_key_fingerprint']}",
              f"- started: {record['started_at']}, finished: {record['finished_at']}",
-             f"- bytes freed: {record['bytes_freed']}"]
+             f"- freed: {format_size(record['bytes_freed'])} ({record['bytes_freed']} bytes)"]
     if record.get("error"):
         lines.append(f"- not verified: {record['error']}")
     for root in record["remote_roots"]:
@@ -272,18 +274,18 @@ def _summary(record: dict[str, Any], out_dir: Path | None) -> str:
     parts = ", ".join(f"{n} {fate}" for fate, n in sorted(counts.items())) or "nothing found"
     where = f"; record in {out_dir}" if out_dir else ""
     return f"cleanup {record['host']}: {record['status']} ({parts}, " \
-           f"{record['bytes_freed']} bytes freed){where}"
+           f"{format_size(record['bytes_freed'])} freed){where}"
 
 
 def _plan_lines(record: dict[str, Any]) -> list[str]:
     lines = [f"dry run: cleanup of {record['host']} would remove:"]
     for item in record["items"]:
         if item.get("fate") == "would remove":
-            lines.append(f"  {item['kind']:9} {item['path']}  ({item.get('bytes') or 0} bytes)")
+            lines.append(f"  {item['kind']:9} {item['path']}  ({format_size(item.get('bytes') or 0)})")
     for item in record["items"]:
         if item.get("fate") == "failed":
             lines.append(f"  NOT {item['kind']:5} {item['path']}: {item.get('why')}")
-    lines.append(f"  total {record['bytes_to_free']} bytes; nothing was touched")
+    lines.append(f"  total {format_size(record['bytes_to_free'])}; nothing was touched")
     return lines
 
 
@@ -330,7 +332,7 @@ async def main_cleanup(host: str, *, settings, dry_run: bool = False, yes: bool 
     journal = settings.journal()
     transport = open_transport(host, settings.home, settings.ssh_options())
     know = journal_knowledge(journal, host, transport.name)
-    out_dir = Path(out) if out else default_out_dir(host, started)
+    out_dir = Path(out) if out else default_out_dir(host, started, settings.home)
     ledger = Ledger(out_dir / "ledger.jsonl", hold=True)  # written with the record only
     answer: dict[str, Any] | None = None
     fingerprint = "unknown"

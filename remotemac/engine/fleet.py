@@ -484,7 +484,7 @@ async def cleanup_all(settings, *, dry_run: bool, yes: bool, as_json: bool,
                    f"{', '.join(targets)}?"):
             raise BadInput("cleanup not confirmed")
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    out_root = Path(out) if out else Path.cwd() / f"cleanup-all-{stamp}"
+    out_root = Path(out) if out else Path(settings.home) / "cleanups" / f"cleanup-all-{stamp}"
     results = []
     for host, root in targets.items():
         folder = out_root / _dir_name(host)

@@ -24,6 +24,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from remotemac.vocab import clock
+
 _ASSIGN = re.compile(
     r"(?i)\b([\w-]*(?:key|token|password|passwd|passphrase|secret|auth)[\w-]*)(=|:\s*)\S+"
 )
@@ -118,7 +120,7 @@ def read_ledger(path: Path) -> list[dict[str, Any]]:
 
 def format_entry(entry: dict[str, Any]) -> str:
     """One human line: time, host, exit code, a privileged mark, the command."""
-    stamp = time.strftime("%H:%M:%S", time.localtime(entry["time"]))
+    stamp = clock(entry["time"])  # UTC, as every time remotemac shows
     mark = " [sudo]" if entry.get("privileged") else ""
     via = "  (agent)" if entry.get("via") == "agent" else ""
     return f"{stamp}  {entry['host']}  exit={entry['exit_code']}{mark}  {entry['command']}{via}"

@@ -9,6 +9,8 @@ from remotemac.engine.provision import project_archive
 from remotemac.playbook import Playbook
 from remotemac.units import format_size
 
+AUTO_ORDER = ("mps", "cuda", "cpu")  # what ``device: auto`` becomes, first available
+
 
 def make_plan(pb: Playbook) -> dict[str, Any]:
     root = pb.remote_root
@@ -30,10 +32,18 @@ def make_plan(pb: Playbook) -> dict[str, Any]:
                 "bytes": sel.total_bytes, "encrypted": pb.data.encrypt}
     commands = {}
     for side in sides:
-        values = {"device": side.device, "data_dir": f"{run_dir}/data",
-                  "output_dir": f"{run_dir}/out/{side.label}"}
+        device, label = side.device, side.label
+        if device == "auto":  # resolved by the host's torch at run time: show what it may be
+            others = {s.label for s in sides if s is not side}
+            choices = [d if d not in others else f"{d}-{side.role}" for d in AUTO_ORDER]
+            device, label = "|".join(AUTO_ORDER), "|".join(choices)
+        values = {"device": f"<{device}>" if "|" in device else device,
+                  "data_dir": f"{run_dir}/data",
+                  "output_dir": f"{run_dir}/out/" + (f"<{label}>" if "|" in label else label)}
         commands[side.role] = {"host": "local" if side.host_key == "local" else pb.host,
                                "session": side.session("<run-id>"),
+                               "device": values["device"],
+                               "label": f"<{label}>" if "|" in label else label,
                                "command": substitute(pb.workload.command, values)}
     phases = ["provision", "sync"] + [f"{p}:{s.role}" for s in sides for p in ("launch", "follow")]
     phases += ["pull", "compare", "record", "wipe" if pb.wipe == "after_pull" else "wipe (manual)"]
@@ -77,5 +87,7 @@ def print_plan(plan: dict[str, Any]) -> None:
             table.add_row(f["path"], format_size(f["size"]), f["reason"])
         c.print(table)
     for role, cmd in plan["commands"].items():
-        c.print(f"{role}: on {cmd['host']} in tmux {cmd['session']}: [dim]{cmd['command']}[/]")
+        auto = " (auto: the first of these the host's torch offers)" if "|" in cmd["device"] else ""
+        c.print(f"{role}: device {cmd['device']}{auto}, logs/{cmd['label']}.log; on {cmd['host']} "
+                f"in tmux {cmd['session']}: [dim]{cmd['command']}[/]", soft_wrap=True)
     c.print(f"bytes to send: {format_size(plan['bytes_to_send'])}")

@@ -19,12 +19,20 @@ from textual.app import App, SystemCommand
 from textual.binding import Binding
 from textual.screen import Screen
 
-from remotemac.tui.driver import RunDriver, error_line
+from remotemac.tui.driver import AlreadyDone, RunDriver, error_line
 from remotemac.tui.messages import RunEnded, RunUpdated
-from remotemac.tui.screens.dialogs import ConfirmScreen, MarkdownScreen, PlaybookPicker
+from remotemac.tui.screens.dialogs import (
+    ConfirmScreen,
+    HelpScreen,
+    MarkdownScreen,
+    PlaybookPicker,
+    RunChoice,
+    key_rows,
+)
 from remotemac.tui.screens.hosts import HostsScreen
 from remotemac.tui.screens.run import RunScreen
 from remotemac.tui.screens.runs import RunsScreen
+from remotemac.vocab import human_size
 
 
 class RemotemacApp(App[int]):
@@ -32,14 +40,20 @@ class RemotemacApp(App[int]):
 
     CSS_PATH = "app.tcss"
     TITLE = "remotemac"
-    BINDINGS = [Binding("ctrl+c", "quit", "Quit", show=False, priority=True)]
+    BINDINGS = [
+        Binding("question_mark", "help", "Keys"),
+        Binding("ctrl+p", "command_palette", "Commands", show=False),
+        Binding("ctrl+c", "quit", "Quit", show=False, priority=True),
+    ]
 
     def __init__(self, settings: Any, playbooks: list[str] | None = None, *,
                  journal: Any = None, now: Callable[[], float] | None = None,
                  out_root: Path | None = None, reattach: bool = True, blink: bool = True,
                  log_max_lines: int = 10_000, flush_s: float = 0.05,
-                 remote_root: str = "~/remotemac", live_poll_s: float = 30.0) -> None:
+                 remote_root: str = "~/remotemac", live_poll_s: float = 30.0,
+                 start_playbooks: bool = False) -> None:
         super().__init__()
+        self.start_playbooks = start_playbooks  # ``remotemac tui my.yaml`` runs my.yaml
         self.live_poll_s = live_poll_s  # 0: never ask hosts (snapshots, offline)
         self.settings = settings
         self.playbooks = list(playbooks or [])
@@ -58,6 +72,36 @@ class RemotemacApp(App[int]):
         self.push_screen(RunsScreen())
         if self.reattach:
             self.reattach_in_flight()
+        if self.start_playbooks:
+            for path in self.playbooks:
+                self.start(RunChoice(path))
+
+    def start(self, choice: RunChoice) -> str | None:
+        """Start a run (or show its plan, for a dry run); errors become one line."""
+        if choice.dry_run:
+            self.run_worker(self._show_plan(choice), group="plan", exit_on_error=False)
+            return None
+        try:
+            run_id = self.driver.start(choice.path, keep_data=choice.keep_data, host=choice.host)
+        except Exception as exc:
+            self.report_error(f"run {choice.path}: {error_line(exc)}")
+            return None
+        self.open_run(run_id)
+        return run_id
+
+    async def _show_plan(self, choice: RunChoice) -> None:
+        """``run --dry-run`` in a viewer: the plan is computed off the UI loop."""
+        from remotemac.engine.plan import make_plan
+        from remotemac.playbook import load_playbook
+
+        try:
+            pb = load_playbook(choice.path,
+                               overrides={"host": choice.host} if choice.host else None)
+            plan = await asyncio.to_thread(make_plan, pb)
+        except Exception as exc:
+            self.report_error(f"dry run {choice.path}: {error_line(exc)}")
+            return
+        self.push_screen(MarkdownScreen(Path(choice.path), plan_markdown(plan)))
 
     def reattach_in_flight(self) -> list[str]:
         """Pick up runs a previous TUI (or a Ctrl-C'd CLI) left running on their hosts."""
@@ -144,18 +188,30 @@ class RemotemacApp(App[int]):
     # ------------------------------------------------------------ actions
 
     def action_start_run(self) -> None:
-        def started(choice: tuple[str, bool] | None) -> None:
-            if choice is None:
-                return
-            path, keep = choice
-            try:
-                run_id = self.driver.start(path, keep_data=keep)
-            except Exception as exc:
-                self.report_error(f"run {path}: {error_line(exc)}")
-                return
-            self.open_run(run_id)
+        def started(choice: RunChoice | None) -> None:
+            if choice is not None:
+                self.start(choice)
 
         self.push_screen(PlaybookPicker(self.playbooks, blink=self.blink), started)
+
+    def action_help(self) -> None:
+        if isinstance(self.screen, HelpScreen):
+            return
+        name = getattr(self.screen, "sub_title", "") or type(self.screen).__name__
+        self.push_screen(HelpScreen(name, key_rows(self.screen, self.BINDINGS)))
+
+    def action_runs(self) -> None:
+        """Back to the runs table from anywhere."""
+        while len(self.screen_stack) > 2 and not isinstance(self.screen, RunsScreen):
+            self.pop_screen()
+
+    async def on_screen(self, kind: type, action: str) -> None:
+        """A palette entry for a screen's own key: run it there, or say where it lives."""
+        if isinstance(self.screen, kind):
+            await self.run_action(action, self.screen)
+        else:
+            self.notify(f"open the {kind.__name__.removesuffix('Screen').lower()} screen first",
+                        severity="warning")
 
     def action_attach(self) -> None:
         run_id = self._selected_run()
@@ -196,6 +252,9 @@ class RemotemacApp(App[int]):
             code = await self.driver.one_phase(run_id, phase)
         except asyncio.CancelledError:
             raise
+        except AlreadyDone as done:
+            self.notify(str(done))
+            return
         except Exception as exc:
             self.post_message(RunEnded(run_id, None, error_line(exc), what=phase))
             return
@@ -243,7 +302,7 @@ class RemotemacApp(App[int]):
         from remotemac.tui.screens.fleet import FleetScreen
 
         if not isinstance(self.screen, FleetScreen):
-            self.push_screen(FleetScreen(self.driver.out_root))
+            self.push_screen(FleetScreen(self.journal, self.driver.out_root))
 
     def action_hosts(self) -> None:
         if not isinstance(self.screen, HostsScreen):
@@ -257,20 +316,49 @@ class RemotemacApp(App[int]):
     # ------------------------------------------------------------ command palette
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
-        yield SystemCommand("Run a playbook", "Start a run from a playbook", self.action_start_run)
-        yield SystemCommand("Fleet summary", "Every fleet run: host, verdict, duration, cost",
-                            self.action_fleet)
-        yield SystemCommand("Attach", "Re-attach to the selected run", self.action_attach)
-        yield SystemCommand("Pull", "Pull the selected run's results", self.action_pull)
-        yield SystemCommand("Wipe", "Wipe the selected run's data (asks first)",
-                            self.action_wipe)
-        yield SystemCommand("Cleanup host", "Remove everything remotemac put on a host "
-                            "(dry run first, then asks)", self.action_cleanup)
-        yield SystemCommand("Drill disconnect", "Cut the selected run's SSH link on purpose",
-                            self.action_drill)
-        yield SystemCommand("Hosts", "Doctor and host keys", self.action_hosts)
-        yield SystemCommand("Quit", "Leave; remote jobs keep running", self.action_quit)
-        yield from super().get_system_commands(screen)
+        """Every action by name: each key of every screen has its palette entry."""
+        from remotemac.tui.screens.fleet import FleetScreen
+
+        on = self.on_screen
+        entries: list[tuple[str, str, Callable[[], Any]]] = [
+            ("Run a playbook", "Start a run: playbook, host, keep data, dry run (r)",
+             self.action_start_run),
+            ("Runs", "Back to the table of runs", self.action_runs),
+            ("Open run", "Open the selected run: log, timeline, verdict (enter)",
+             lambda: on(RunsScreen, "open")),
+            ("Attach", "Re-attach to the selected run (t)", self.action_attach),
+            ("Pull", "Pull the selected run's results (p)", self.action_pull),
+            ("Wipe", "Wipe the selected run's data (asks first) (w)", self.action_wipe),
+            ("Drill disconnect", "Cut the selected run's SSH link on purpose (d)",
+             self.action_drill),
+            ("Search log", "Search the run's log (/)", lambda: on(RunScreen, "search")),
+            ("Older match", "Next search match upwards (n)",
+             lambda: on(RunScreen, "next_match(True)")),
+            ("Newer match", "Next search match downwards (N)",
+             lambda: on(RunScreen, "next_match(False)")),
+            ("Device filter", "Show one device's log lines, then the next, then all (l)",
+             lambda: on(RunScreen, "filter_device")),
+            ("Follow log", "Jump to the end and follow (end, f)", lambda: on(RunScreen, "follow")),
+            ("acceptance.md", "Open the run's acceptance record (a)",
+             lambda: on(RunScreen, "acceptance")),
+            ("Hosts", "Doctor and host keys (h)", self.action_hosts),
+            ("Doctor host", "Is the selected host fit (d on the hosts screen)",
+             lambda: on(HostsScreen, "doctor")),
+            ("Trust host key", "Pin the selected host's key after comparing it (k)",
+             lambda: on(HostsScreen, "trust")),
+            ("Cleanup host", "Remove everything remotemac put on a host "
+             "(dry run first, then asks) (c)", self.action_cleanup),
+            ("Fleet summary", "Every fleet run from the journal: host, verdict, duration, "
+             "cost (f)", self.action_fleet),
+            ("Next fleet", "Show the next fleet (n on the fleet screen)",
+             lambda: on(FleetScreen, "next_fleet")),
+            ("Keys", "Every key of this screen (?)", self.action_help),
+            ("Quit", "Leave; remote jobs keep running (q)", self.action_quit),
+        ]
+        for title, help_text, callback in entries:
+            yield SystemCommand(title, help_text, callback)
+        ours = {title for title, _, _ in entries}  # ours win: "Keys" is the ? screen here
+        yield from (c for c in super().get_system_commands(screen) if c.title not in ours)
 
 
 def _pretty(text: str) -> str:
@@ -281,7 +369,23 @@ def _pretty(text: str) -> str:
         return text.strip()
 
 
-def run_tui(settings: Any, playbooks: list[str]) -> int:
-    """Entry point of ``remotemac tui [PLAYBOOK…]``."""
-    result = RemotemacApp(settings, playbooks).run()
+def plan_markdown(plan: dict[str, Any]) -> str:
+    """``run --dry-run``'s plan as markdown for the viewer."""
+    lines = [f"# Plan for {plan['playbook']} on {plan['host']}", "",
+             "Dry run: nothing was touched.", "",
+             "**phases:** " + " → ".join(plan["phases"]), ""]
+    lines += [f"- {key}: `{value}`" for key, value in plan["remote_paths"].items()]
+    lines += ["", f"project: {plan['project']['files']} files, "
+                  f"{human_size(plan['project']['bytes'])}; dataset: "
+                  f"{len(plan['data']['files'])} files, {human_size(plan['data']['bytes'])}; "
+                  f"to send: {human_size(plan['bytes_to_send'])}", ""]
+    for role, cmd in plan["commands"].items():
+        lines += [f"**{role}** (device {cmd.get('device', '?')}, on {cmd['host']}):", "",
+                  f"```\n{cmd['command']}\n```", ""]
+    return "\n".join(lines)
+
+
+def run_tui(settings: Any, playbooks: list[str], start: bool = True) -> int:
+    """Entry point of ``remotemac tui [PLAYBOOK…]``: each PLAYBOOK starts a run at once."""
+    result = RemotemacApp(settings, playbooks, start_playbooks=start).run()
     return int(result or 0)

@@ -60,6 +60,10 @@ def read_local_logs(out_dir: str | Path, upto: Callable[[str], int | None],
     return out
 
 
+class AlreadyDone(Exception):
+    """``pull``/``wipe`` of a run whose phase is done: said, not redone (not an error)."""
+
+
 class _Render:
     """The ``render`` object :func:`run_phase` wants: a sink with ``close``."""
 
@@ -101,14 +105,15 @@ class RunDriver:
 
     # ------------------------------------------------------------ runs
 
-    def start(self, playbook_path: str, *, keep_data: bool = False) -> str:
+    def start(self, playbook_path: str, *, keep_data: bool = False,
+              host: str | None = None) -> str:
         """Create the journal row (as ``remotemac run`` does) and drive the run in a worker."""
         from remotemac.engine.context import RunOptions
         from remotemac.engine.runs import register_run
         from remotemac.journal import new_run_id
         from remotemac.playbook import load_playbook
 
-        pb = load_playbook(playbook_path)
+        pb = load_playbook(playbook_path, overrides={"host": host} if host else None)
         run_id = new_run_id(pb.name)
         out_dir = (self.out_root / run_id).resolve()
         register_run(self.journal, run_id, pb, out_dir,
@@ -206,9 +211,12 @@ class RunDriver:
 
         if self.attached(run_id):
             raise BadInput(f"run {run_id} is still attached: {phase} it when it ends")
-        from remotemac.engine.runs import load_run
+        from remotemac.engine.runs import load_run, phase_already_done
 
         row, pb = load_run(self.journal, run_id)
+        done = phase_already_done(self.journal, row.run_id, phase)
+        if done:
+            raise AlreadyDone(done)
         if phase == "wipe" and pb.wipe == "manual":
             pb = pb.model_copy(update={"wipe": "after_pull"})
         live = self.lives.get(run_id)

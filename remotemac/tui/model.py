@@ -27,6 +27,14 @@ from remotemac.events import (
     RunFinished,
     Warning,
 )
+from remotemac.vocab import (
+    clock,
+    human_age,  # noqa: F401 - re-exported for the screens
+    human_rate,  # noqa: F401 - re-exported for the widgets
+    human_size,
+    log_prefix,
+    phase_word,
+)
 
 PHASE_GROUPS = ("provision", "sync", "launch", "follow", "pull", "compare", "record", "wipe")
 LIVE_STATES = ("running", "detached", "interrupted")
@@ -71,6 +79,20 @@ class LinkState:
     detail: str = ""
 
 
+@dataclass(frozen=True)
+class LogRecord:
+    """One log line with its device and, when it came live, the time it was emitted."""
+
+    device: str
+    text: str
+    ts: float | None = None
+
+    def render(self) -> str:
+        """``15:21:03 cpu        │ line``: a fixed-width time and device column."""
+        return f"{clock(self.ts) if self.ts is not None else ' ' * 8} " \
+               f"{log_prefix(self.device)}{self.text}"
+
+
 class LineStore:
     """Every log line of a run, numbered; old ones dropped past ``keep`` lines.
 
@@ -82,24 +104,31 @@ class LineStore:
     def __init__(self, keep: int = 20_000) -> None:
         self.keep = keep
         self.base = 0  # number of the first line still held
-        self._lines: list[str] = []
+        self._lines: list[LogRecord] = []
+        self.devices: list[str] = []  # in order of first appearance, for the device filter
 
     @property
     def total(self) -> int:
         return self.base + len(self._lines)
 
-    def append(self, line: str) -> None:
+    def append(self, line: LogRecord) -> None:
+        if line.device not in self.devices:
+            self.devices.append(line.device)
         self._lines.append(line)
         if len(self._lines) >= 2 * self.keep:
             drop = len(self._lines) - self.keep
             del self._lines[:drop]
             self.base += drop
 
-    def extend(self, lines: list[str]) -> None:
+    def extend(self, lines: list[LogRecord]) -> None:
         for line in lines:
             self.append(line)
 
-    def since(self, seen: int) -> list[str]:
+    def held(self) -> list[LogRecord]:
+        """Every line still held (a device filter redraws the view from these)."""
+        return list(self._lines)
+
+    def since(self, seen: int) -> list[LogRecord]:
         """Lines numbered ``seen`` and later (what a reader has not taken yet)."""
         return self._lines[max(0, seen - self.base):]
 
@@ -115,6 +144,9 @@ class RunLive:
         self.link = LinkState(state="local" if host == "local" else "unknown", host=host)
         self.lines = LineStore(keep_lines)
         self.memory: list[float] = []
+        self.memory_device = ""  # whose samples ``memory`` holds (the side running last)
+        self.started_at: float | None = None  # first event's time: the elapsed clock
+        self.ended_at: float | None = None
         self.fallback_ops: list[str] = []
         self.warnings: list[str] = []
         self.current_phase = ""
@@ -128,8 +160,10 @@ class RunLive:
     # ------------------------------------------------------------ folding
 
     def apply(self, event: Event) -> None:
+        if self.started_at is None:
+            self.started_at = event.ts
         if isinstance(event, LogLine):
-            self.add_line(event.device, event.line)
+            self.add_line(event.device, event.line, event.ts)
         elif isinstance(event, PhaseProgress):
             self._group(event.phase).progress(event)
         elif isinstance(event, PhaseStarted):
@@ -149,7 +183,9 @@ class RunLive:
             if event.detail and not event.skipped:
                 row.detail = event.detail
         elif isinstance(event, Metric):
-            if event.name in ("peak_rss_bytes", "rss_bytes", "mps_allocated_bytes"):
+            if event.name in ("peak_rss_bytes", "rss_bytes"):
+                if event.device != self.memory_device:  # a new side: its own series
+                    self.memory, self.memory_device = [], event.device
                 self.memory.append(event.value)
                 del self.memory[:-MAX_SPARK_POINTS]
         elif isinstance(event, ConnectionState):
@@ -159,11 +195,12 @@ class RunLive:
         elif isinstance(event, Warning):
             self.warnings.append(event.message)
         elif isinstance(event, RunFinished):
+            self.ended_at = event.ts
             self.verdict, self.exit_code, self.out_dir = event.verdict, event.exit_code, \
                 event.out_dir or self.out_dir
 
-    def add_line(self, device: str, line: str) -> None:
-        self.lines.append(f"{device} │ {line}")
+    def add_line(self, device: str, line: str, ts: float | None = None) -> None:
+        self.lines.append(LogRecord(device, line, ts))
         found = FALLBACK_RE.search(line)
         if found and found.group(1) not in self.fallback_ops:
             self.fallback_ops.append(found.group(1))
@@ -180,8 +217,7 @@ class RunLive:
         """Timeline of a run this TUI is not driving, from the journal's phase rows."""
         for name, info in phases.items():
             row, side = self._group(name), _side(name)
-            state = {"started": "running", "done": "done", "failed": "failed"}.get(
-                info.get("state", ""), info.get("state", "pending"))
+            state = phase_word(info.get("state"))
             row.state = state
             if side:
                 row.subs[side] = state
@@ -206,6 +242,7 @@ class Acceptance:
     conditions: list[tuple[str, str]]
     observations: list[tuple[str, str]]
     md_path: Path | None
+    peak_memory: float | None = None  # observations.memory.peak_bytes: the gauge shows it
 
 
 def read_acceptance(out_dir: str | Path) -> Acceptance | None:
@@ -231,7 +268,9 @@ def read_acceptance(out_dir: str | Path) -> Acceptance | None:
     conds = [(str(c.get("code", "")), str(c.get("detail", "")))
              for c in data.get("stopping_conditions") or []]
     md = Path(out_dir) / "acceptance.md"
-    return Acceptance(str(data.get("verdict", "?")), conds, rows, md if md.exists() else None)
+    peak = mem.get("peak_bytes")
+    return Acceptance(str(data.get("verdict", "?")), conds, rows, md if md.exists() else None,
+                      float(peak) if isinstance(peak, (int, float)) else None)
 
 
 def _fmt(value: Any) -> str:
@@ -251,34 +290,7 @@ def _fmt_list(value: Any) -> str:
 # ---------------------------------------------------------------- formatting
 
 
-def human_bytes(n: float | None) -> str:
-    if n is None:
-        return "—"
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(value) < 1024 or unit == "GiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{value:.1f} GiB"
-
-
-def human_rate(rate: float | None, unit: str) -> str:
-    if not rate:
-        return ""
-    if unit == "bytes":
-        return f"{human_bytes(rate)}/s"
-    return f"{rate:,.0f} {unit}/s"
-
-
-def human_age(seconds: float) -> str:
-    s = max(0, int(seconds))
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    if s < 86400:
-        return f"{s // 3600}h{s % 3600 // 60:02d}m"
-    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+human_bytes = human_size  # the TUI's old names for the shared formatters
 
 
 def cost_so_far(playbook: dict[str, Any], created_at: float, finished_at: float | None,

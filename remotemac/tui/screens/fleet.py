@@ -1,8 +1,10 @@
 """The fleet screen: the summary of each fleet run (one row per host and variant).
 
-It reads the ``fleet.json`` files that ``remotemac run`` writes for a fleet or a
-matrix sweep under the runs folder, newest first, so a lab renting several Macs
-sees every host's verdict, duration, cost and reason in one table.
+Fleets come from the journal (every fleet run's row names its fleet), wherever
+their ``--out`` went and whatever folder the TUI started in; each fleet's
+``fleet.json`` (next to its runs) adds the summary when it is there, and a
+fleet still running (or whose folder is gone) is shown from the journal alone.
+A lab renting several Macs sees every host's verdict, duration, cost and reason.
 """
 
 from __future__ import annotations
@@ -17,22 +19,71 @@ from textual.binding import Binding
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Static
 
+from remotemac.vocab import human_duration, human_time, run_word
+
 _VERDICT_STYLE = {"accepted": "green", "rejected": "red", "lost": "magenta",
                   "unreachable": "magenta"}
 
 
-def load_fleets(out_root: Path) -> list[dict[str, Any]]:
-    """Every readable fleet.json one or two levels below ``out_root``, newest first."""
-    fleets = []
-    for path in sorted(set(out_root.glob("fleet.json")) | set(out_root.glob("*/fleet.json"))):
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            continue
-        if isinstance(data, dict) and isinstance(data.get("runs"), list):
-            data["_path"] = str(path)
-            fleets.append(data)
-    return sorted(fleets, key=lambda f: str(f.get("started_at") or ""), reverse=True)
+def _read_summary(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if isinstance(data, dict) and isinstance(data.get("runs"), list):
+        data["_path"] = str(path)
+        return data
+    return None
+
+
+def load_fleets(journal: Any, out_root: Path | None = None) -> list[dict[str, Any]]:
+    """Every fleet the journal knows (plus fleet.json files under ``out_root``), newest first."""
+    groups: dict[str, list[Any]] = {}
+    for row in journal.list_runs(limit=100_000):
+        fleet_id = (row.options or {}).get("fleet")
+        if fleet_id:
+            groups.setdefault(str(fleet_id), []).append(row)
+    fleets: dict[str, dict[str, Any]] = {}
+    for fleet_id, rows in groups.items():
+        summary = None
+        for folder in {Path(r.out_dir).parent for r in rows}:
+            found = _read_summary(folder / "fleet.json")
+            if found is not None and found.get("fleet_id") == fleet_id:
+                summary = found
+                break
+        fleets[fleet_id] = summary or _from_journal(fleet_id, rows)
+    if out_root is not None:
+        for path in sorted(set(out_root.glob("fleet.json")) | set(out_root.glob("*/fleet.json"))):
+            found = _read_summary(path)
+            if found is not None and str(found.get("fleet_id")) not in fleets:
+                fleets[str(found.get("fleet_id"))] = found
+    return sorted(fleets.values(), key=lambda f: str(f.get("started_at") or ""), reverse=True)
+
+
+def _from_journal(fleet_id: str, rows: list[Any]) -> dict[str, Any]:
+    """A fleet without its fleet.json (still running, or its folder moved): journal rows."""
+    rows = sorted(rows, key=lambda r: r.run_id)
+    counts: dict[str, int] = {}
+    runs = []
+    for r in rows:
+        verdict = r.verdict or run_word(r.state)
+        counts[verdict] = counts.get(verdict, 0) + 1
+        end = r.finished_at
+        cost = (r.playbook or {}).get("cost") or {}
+        rate = float(cost.get("hourly_rate") or 0.0)
+        runs.append({"host": r.host, "variant": (r.options or {}).get("variant"),
+                     "run_id": r.run_id, "verdict": verdict,
+                     "duration_s": (end - r.created_at) if end else None,
+                     "cost": (end - r.created_at) / 3600 * rate if end and rate else None,
+                     "currency": cost.get("currency"), "reason": "" if end else run_word(r.state)})
+    started = min(r.created_at for r in rows)
+    ends = [r.finished_at for r in rows]
+    return {"fleet_id": fleet_id, "playbook": rows[0].name, "counts": counts,
+            "started_at": human_time(started), "exit_code": None,
+            "hosts": sorted({r.host for r in rows}),
+            "duration_s": (max(ends) - started) if all(ends) else None, "runs": runs,
+            "state": "finished" if all(ends) else "running",
+            "_path": "journal"}
 
 
 def variant_text(variant: Any) -> str:
@@ -50,9 +101,10 @@ class FleetScreen(Screen):
         Binding("q", "app.quit", "Quit"),
     ]
 
-    def __init__(self, out_root: Path) -> None:
+    def __init__(self, journal: Any, out_root: Path | None = None) -> None:
         super().__init__()
-        self.out_root = Path(out_root)
+        self.journal = journal
+        self.out_root = out_root
         self.fleets: list[dict[str, Any]] = []
         self.index = 0
 
@@ -67,7 +119,11 @@ class FleetScreen(Screen):
         table = self.query_one("#fleet", DataTable)
         for name in ("host", "variant", "verdict", "duration", "cost", "reason"):
             table.add_column(name, key=name)
-        self.fleets = load_fleets(self.out_root)
+        try:
+            self.fleets = load_fleets(self.journal, self.out_root)
+        except Exception as exc:  # a locked journal: say so, keep the screen
+            self.query_one("#fleet-title", Static).update(f"journal: {exc}")
+            return
         self.show()
 
     def action_next_fleet(self) -> None:
@@ -80,17 +136,22 @@ class FleetScreen(Screen):
         table = self.query_one("#fleet", DataTable)
         table.clear()
         if not self.fleets:
-            title.update(f"no fleet runs under {self.out_root} (run a playbook with hosts: "
+            title.update("no fleet runs in the journal yet (run a playbook with hosts: "
                          "or matrix:, or --hosts)")
             return
         fleet = self.fleets[self.index]
         counts = ", ".join(f"{n} {v}" for v, n in sorted((fleet.get("counts") or {}).items()))
         cost = (fleet.get("cost") or {}).get("amount")
+        exit_code = fleet.get("exit_code")
         title.update(
             f"fleet {fleet.get('fleet_id')} ({self.index + 1}/{len(self.fleets)}) — "
-            f"{fleet.get('playbook')}: {counts or 'no runs'}; exit {fleet.get('exit_code')}; "
-            f"{len(fleet.get('hosts') or [])} hosts, {fleet.get('duration_s')} s"
-            + (f", cost {cost} {(fleet.get('cost') or {}).get('currency', '')}" if cost else ""))
+            f"{fleet.get('playbook')}: {counts or 'no runs'}; "
+            + (f"exit {exit_code}; " if exit_code is not None
+               else f"{fleet.get('state', 'running')}; ")
+            + f"{len(fleet.get('hosts') or [])} hosts, "
+            f"{human_duration(fleet.get('duration_s'))}"
+            + (f", cost {cost:.2f} {(fleet.get('cost') or {}).get('currency', '')}"
+               if isinstance(cost, (int, float)) else ""))
         for run in fleet["runs"]:
             verdict = str(run.get("verdict") or "-")
             duration = run.get("duration_s")
@@ -98,7 +159,7 @@ class FleetScreen(Screen):
             table.add_row(
                 str(run.get("host")), variant_text(run.get("variant")),
                 Text(verdict, style=_VERDICT_STYLE.get(verdict, "yellow")),
-                f"{duration:.1f}s" if isinstance(duration, (int, float)) else "-",
+                human_duration(duration) if isinstance(duration, (int, float)) else "—",
                 f"{run_cost:.2f} {run.get('currency') or ''}".strip()
                 if isinstance(run_cost, (int, float)) else "-",
                 str(run.get("reason") or ""),

@@ -4,17 +4,19 @@ from __future__ import annotations
 
 from typing import Any
 
+from rich.table import Table
 from rich.text import Text
 from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Horizontal, Vertical
+from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Input, Static
 
 from remotemac.tui.driver import error_line
 from remotemac.tui.screens.dialogs import ConfirmScreen
 
+NARROW = 100  # columns: below this the hosts screen stacks its two panes
 _STATUS_STYLE = {"ok": "green", "warn": "yellow", "fail": "bold red", "n/a": "dim"}
 
 
@@ -40,10 +42,11 @@ class HostsScreen(Screen):
         with Horizontal(id="hosts-body"):
             with Vertical(id="hosts-side"):
                 yield DataTable(id="hosts", cursor_type="row")
-                yield Input(placeholder="add a host: alias or user@host:port", id="add-host")
+                yield Input(placeholder="add: alias or user@host:port", id="add-host")
             with Vertical(id="hosts-main"):
                 yield Static("", id="doctor-title")
-                yield DataTable(id="checks", cursor_type="row")
+                with VerticalScroll(id="checks-scroll"):
+                    yield Static("", id="checks")
         yield Footer()
 
     def on_mount(self) -> None:
@@ -55,11 +58,12 @@ class HostsScreen(Screen):
         hosts.add_column("doctor", key="doctor")
         for host in self.hosts:
             hosts.add_row(host, self._fit_cell(host), key=host)
-        checks = self.query_one("#checks", DataTable)
-        for name in ("check", "status", "value", "why / fix"):
-            checks.add_column(name, key=name)
         self.show_report(self.selected_host())
         hosts.focus()
+
+    def on_resize(self, event: Any) -> None:
+        """Below 100 columns the host list goes above the report, so "why / fix" keeps room."""
+        self.set_class(self.size.width < NARROW, "narrow")
 
     # ------------------------------------------------------------ selection
 
@@ -95,8 +99,8 @@ class HostsScreen(Screen):
 
     def show_report(self, host: str | None) -> None:
         title = self.query_one("#doctor-title", Static)
-        checks = self.query_one("#checks", DataTable)
-        checks.clear()
+        checks = self.query_one("#checks", Static)
+        checks.update("")
         report = self.reports.get(host) if host else None
         if host is None:
             title.update("no hosts yet: type one below")
@@ -106,10 +110,16 @@ class HostsScreen(Screen):
             return
         verdict = "[green]fit[/]" if report.fit else "[bold red]not fit[/]"
         title.update(f"{host}: {verdict}")
+        table = Table(expand=True, show_edge=False, header_style="bold")
+        table.add_column("check", no_wrap=True)
+        table.add_column("status", no_wrap=True)
+        table.add_column("value", ratio=2, overflow="fold")
+        table.add_column("why / fix", ratio=3, overflow="fold")  # wraps: never cut
         for c in report.checks:
-            notes = c.why + (f" — fix: {c.fix}" if c.fix else "")
-            checks.add_row(c.name, Text(c.status, style=_STATUS_STYLE.get(c.status, "")),
-                           c.value, notes)
+            notes = c.why + (f"\nfix: {c.fix}" if c.fix else "")
+            table.add_row(c.name, Text(c.status, style=_STATUS_STYLE.get(c.status, "")),
+                          c.value, notes)
+        checks.update(table)
 
     def set_report(self, host: str, report: Any) -> None:
         self.reports[host] = report

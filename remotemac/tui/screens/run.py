@@ -21,6 +21,7 @@ from remotemac.tui.widgets.log_view import LogView
 from remotemac.tui.widgets.memory_spark import MemorySpark
 from remotemac.tui.widgets.phase_timeline import PhaseTimeline
 from remotemac.tui.widgets.verdict_panel import VerdictPanel
+from remotemac.vocab import human_duration
 
 
 class RunScreen(Screen):
@@ -29,10 +30,11 @@ class RunScreen(Screen):
     BINDINGS = [
         Binding("escape", "back", "Runs"),
         Binding("slash", "search", "Search"),
-        Binding("n", "next_match(True)", "Older match", show=False),
+        Binding("n", "next_match(True)", "Next match", tooltip="older match; N: newer"),
         Binding("N", "next_match(False)", "Newer match", show=False),
+        Binding("l", "filter_device", "Device", tooltip="log of one device, the next, then all"),
         Binding("end,f", "follow", "Follow"),
-        Binding("a", "acceptance", "acceptance.md"),
+        Binding("a", "acceptance", "Record", tooltip="open acceptance.md"),
         Binding("t", "app.attach", "Attach"),
         Binding("p", "app.pull", "Pull"),
         Binding("w", "app.wipe", "Wipe"),
@@ -94,6 +96,7 @@ class RunScreen(Screen):
         phases = await asyncio.to_thread(app.journal.phases, self.run_id)
         live = RunLive(self.run_id, host=row.host, name=row.name, keep_lines=app.log_max_lines)
         live.out_dir, live.verdict = row.out_dir, row.verdict
+        live.started_at, live.ended_at = row.created_at, row.finished_at
         live.load_phases(phases)
         lines = await asyncio.to_thread(read_local_logs, row.out_dir, lambda _d: None,
                                         app.log_max_lines)
@@ -116,17 +119,26 @@ class RunScreen(Screen):
         """Every ~50 ms: everything new in the line store, in one write."""
         log = self.query_one("#log", LogView)
         log.take(self.live.lines)
+        live = self.live
         status = "following" if log.following else "paused — end/f to follow"
+        status += f" · device: {log.device or 'all'}"
         if log.term:
             status += f" · search: {log.term!r}"
-        status += f" · {self.live.lines.total:,} lines"
+        status += f" · {live.lines.total:,} lines"
+        if live.started_at is not None:
+            app: Any = self.app
+            end = live.ended_at if live.ended_at is not None and not live.active else app.now()
+            status += f" · elapsed {human_duration(max(0.0, end - live.started_at))}"
         self.query_one("#log-status", Static).update(status)
 
     def refresh_state(self) -> None:
         live = self.live
         self.query_one("#timeline", PhaseTimeline).show(live.phases)
         self.query_one("#badge", ConnectionBadge).show(live.link)
-        self.query_one("#memory", MemorySpark).show(live.memory, live.fallback_ops)
+        record_peak = self.acceptance.peak_memory if self.acceptance is not None else None
+        self.query_one("#memory", MemorySpark).show(live.memory, live.fallback_ops,
+                                                    device=live.memory_device,
+                                                    record_peak=record_peak)
         pending = "pending"
         if live.error:
             pending = f"[red]{live.error}[/]"
@@ -173,6 +185,18 @@ class RunScreen(Screen):
         log = self.query_one("#log", LogView)
         if log.term and log.search(log.term, older=older) is None:
             self.notify("no more matches", severity="information")
+
+    def action_filter_device(self) -> None:
+        """Cycle the log through all devices, then each device alone."""
+        log = self.query_one("#log", LogView)
+        devices = self.live.lines.devices
+        if not devices:
+            self.notify("no log lines yet", severity="warning")
+            return
+        order: list[str | None] = [None, *devices]
+        now = order.index(log.device) if log.device in order else 0
+        log.show_device(order[(now + 1) % len(order)], self.live.lines)
+        self.flush_logs()
 
     def action_follow(self) -> None:
         log = self.query_one("#log", LogView)

@@ -12,18 +12,19 @@ from textual.binding import Binding
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Static
 
-from remotemac.tui.model import cost_so_far, human_age
+from remotemac.tui.model import cost_so_far
+from remotemac.vocab import LIVE_RUN_STATES, human_age, run_word
 
 COLUMNS = ("run", "name", "host", "phase", "state", "verdict", "age", "cost")
 REFRESH_S = 2.0
-LIVE_STATES = ("running", "detached", "interrupted", "created")
+LIVE_STATES = LIVE_RUN_STATES
 
 
 class RunsScreen(Screen):
     """A table of runs; enter opens one, the footer lists the actions."""
 
     BINDINGS = [
-        Binding("enter", "open", "Open", show=False),
+        Binding("enter", "open", "Open", priority=True),  # over the table's hidden enter
         Binding("r", "app.start_run", "Run"),
         Binding("t", "app.attach", "Attach"),
         Binding("p", "app.pull", "Pull"),
@@ -116,7 +117,7 @@ class RunsScreen(Screen):
             else:
                 phases = app.journal.phases(r.run_id)
                 phase = next(reversed(phases), "") if phases else ""
-            state = "attached" if app.driver.attached(r.run_id) else r.state
+            state = run_word(r.state, attached=app.driver.attached(r.run_id))
             if r.run_id in self.live_by_run:
                 state = f"{state} ({self.live_by_run[r.run_id]})"
             out.append((r.run_id, r.host, [

@@ -11,7 +11,7 @@ from rich.style import Style
 from textual.strip import Strip
 from textual.widgets import Log
 
-from remotemac.tui.model import LineStore
+from remotemac.tui.model import LineStore, LogRecord
 
 MATCH_STYLE = Style(reverse=True, bold=True)
 
@@ -26,6 +26,7 @@ class LogView(Log):
         self.batches = 0
         self.match_line: int | None = None
         self.term = ""
+        self.device: str | None = None  # show only this device's lines (None: all)
 
     @property
     def following(self) -> bool:
@@ -38,7 +39,10 @@ class LogView(Log):
         self.seen = store.total
         if not lines:
             return 0
-        batch = lines[-self.max_lines:] if self.max_lines else lines
+        batch = self._shown(lines)
+        if not batch:
+            return len(lines)
+        batch = batch[-self.max_lines:] if self.max_lines else batch
         before = len(self.lines)
         self.write_lines(batch)
         pruned = before + len(batch) - len(self.lines)
@@ -48,6 +52,21 @@ class LogView(Log):
                 self.match_line = self.match_line - pruned if self.match_line >= pruned else None
         self.batches += 1
         return len(lines)
+
+    def _shown(self, records: list[LogRecord]) -> list[str]:
+        return [r.render() for r in records if self.device is None or r.device == self.device]
+
+    def show_device(self, device: str | None, store: LineStore) -> None:
+        """Filter by device (None: every device): the view is redrawn from the store."""
+        self.device = device
+        self.clear()
+        self.match_line = None
+        self.dropped = 0
+        batch = self._shown(store.held())
+        if batch:
+            self.write_lines(batch[-self.max_lines:] if self.max_lines else batch)
+        self.seen = store.total
+        self.scroll_end(animate=False)
 
     # ------------------------------------------------------------ search
 

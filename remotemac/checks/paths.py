@@ -1,0 +1,38 @@
+"""``remotemac check``: the paths a playbook names exist on this machine.
+
+Validation of the keys alone said ``ok`` for a playbook whose ``project.path``
+did not exist, and ``run --dry-run`` then failed on it; ``check`` now looks at
+the same paths the run will read, and names the line each is written on.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from remotemac.playbook import Playbook, PlaybookLoader, _mark_for
+
+
+def playbook_path_problems(pb: Playbook, filename: str | Path) -> list[str]:
+    """One ``file:line:col: key: problem`` line per missing path, sorted by line."""
+    try:
+        root = yaml.compose(Path(filename).read_text(encoding="utf-8"), Loader=PlaybookLoader)
+    except (OSError, yaml.YAMLError):
+        root = None
+    wanted: list[tuple[list[str], Path | None, bool]] = [
+        (["project", "path"], pb.project_dir(), True)]
+    if pb.data is not None:
+        wanted.append((["data", "path"], pb.data_dir(), True))
+    requirements = getattr(pb.environment, "requirements", None)
+    if requirements:
+        wanted.append((["environment", "requirements"], pb.project_dir() / requirements, False))
+    found: list[tuple[tuple[int, int], str]] = []
+    for loc, path, is_dir in wanted:
+        if path is None or path.exists():
+            continue
+        mark = _mark_for(root, loc, key_node=False) or (1, 1)
+        kind = "directory" if is_dir else "file"
+        found.append((mark, f"{filename}:{mark[0]}:{mark[1]}: {'.'.join(loc)}: {kind} {path} "
+                            "does not exist (paths are relative to the playbook's folder)"))
+    return [line for _, line in sorted(found)]
