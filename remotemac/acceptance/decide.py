@@ -198,7 +198,12 @@ def evaluate_observations(observations: dict[str, Any] | None,
         failed = [f for f in results.get("files") or [] if not f.get("ok")]
         parts = []
         for f in failed[:5]:
-            bad = [t.get("key") for t in f.get("tensors") or [] if not t.get("ok")]
+            # a metadata difference (a path, a device name) fails only a strict rule
+            bad = [t.get("key") for t in f.get("tensors") or [] if not t.get("ok")
+                   and (f.get("strict") or not t.get("metadata"))]
+            if f.get("first_failing_key") in bad:
+                bad.remove(f["first_failing_key"])
+                bad.insert(0, f["first_failing_key"])
             parts.append(f"{f.get('path')}" + (f" [{', '.join(bad[:3])}"
                                                 + (" …" if len(bad) > 3 else "") + "]"
                                                 if bad else ""))

@@ -17,7 +17,8 @@ def compare_results(ctx: RunContext) -> dict[str, Any]:
     from remotemac.acceptance.compare import CompareRule, compare_outputs
 
     ref, tgt, again = ctx.side("reference"), ctx.side("target"), ctx.side("reproduce")
-    rules = [CompareRule(file=r.file, rtol=r.rtol, atol=r.atol)
+    rules = [CompareRule(file=r.file, rtol=r.rtol, atol=r.atol, keys=tuple(r.keys),
+                         ignore=tuple(r.ignore), strict=r.strict)
              for r in ctx.playbook.outputs.compare]
     if not rules:
         rules = [CompareRule(file="**/*", rtol=None, atol=None)]
