@@ -53,12 +53,18 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def memory_samples(logs: Path, label: str) -> list[tuple[float, float]]:
-    """(t, bytes): Metal's driver memory on MPS, else the process RSS (harness or runner)."""
-    rows = _read_jsonl(logs / f"{label}.metrics.jsonl") or _read_jsonl(logs / f"{label}.rss.jsonl")
-    key = "mps_driver_allocated_bytes" if any(r.get("mps_driver_allocated_bytes") for r in rows) \
-        else "rss_bytes"
-    return [(float(r["t"]), float(r[key])) for r in rows if r.get(key)]
+def memory_samples(logs: Path, label: str) -> tuple[list[tuple[float, float]], str]:
+    """(t, bytes) of the job and what they measure: Metal's driver memory summed over the
+    observed processes on MPS, else RSS summed over the job's process tree (the runner's
+    samples; an older run's harness metrics when that is all there is)."""
+    rows = _read_jsonl(logs / f"{label}.rss.jsonl") or _read_jsonl(logs / f"{label}.metrics.jsonl")
+    if any(r.get("mps_driver_allocated_bytes") for r in rows):
+        key, source = "mps_driver_allocated_bytes", "mps-driver"
+    else:
+        key = "rss_bytes"
+        source = "process-tree-rss" if any(r.get("source") == "process-tree" for r in rows) \
+            else "process-rss"
+    return [(float(r["t"]), float(r[key])) for r in rows if r.get(key)], source
 
 
 def _observations(ctx: RunContext) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -69,10 +75,14 @@ def _observations(ctx: RunContext) -> tuple[dict[str, Any], list[dict[str, Any]]
     logs = ctx.out_dir / "logs"
     obs_file = logs / f"{tgt.label}.obs.json"
     harness = json.loads(obs_file.read_text()) if obs_file.exists() else {}
-    samples = memory_samples(logs, tgt.label)
-    duration = samples[-1][0] - samples[0][0] if len(samples) > 1 else 0.0
-    memory = memory_stable(samples, warmup_s=min(10.0, 0.25 * duration)) if samples else {
+    samples, source = memory_samples(logs, tgt.label)
+    memory = memory_stable(samples) if samples else {
         "peak_bytes": None, "stable": None, "slope_bytes_per_s": None}
+    memory["source"] = source if samples else None
+    if samples and source != "mps-driver":
+        # a sample every 0.5 s can miss a short spike; each process's own high-water
+        # mark (ru_maxrss, reported by its observer) cannot
+        memory["peak_bytes"] = max(memory["peak_bytes"] or 0, int(harness.get("peak_rss_bytes") or 0))
     memory["samples"] = [[t, b] for t, b in samples][-200:]
     operators = harness.get("operators") or {}
     compare = ctx.results.get("compare", {})
@@ -84,6 +94,7 @@ def _observations(ctx: RunContext) -> tuple[dict[str, Any], list[dict[str, Any]]
             "dtype_errors": operators.get("dtype_errors"),
         },
         "memory": memory,
+        "processes": harness.get("processes"),
         "results": {"within_tolerance": compare.get("within_tolerance"),
                     "files": compare.get("files", [])},
         "reproducibility": compare.get("reproducibility"),
