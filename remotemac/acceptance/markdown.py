@@ -167,6 +167,12 @@ def _observations(rec: dict[str, Any]) -> list[str]:
     out += ["", "### Tensors on device", ""]
     out += _table(["check", "result"], [["tensors and model on the target device",
                                          _mark(obs.get("tensors_on_device"))]])
+    procs = obs.get("processes")
+    if procs is not None:
+        shown = ", ".join(f"{_code(p.get('argv0'))} (pid {p.get('pid')})" for p in procs[:8])
+        out += ["", f"Observed in-process: {len(procs)} Python process(es) that imported "
+                    f"torch{': ' + shown if shown else ''}"
+                    f"{' …' if len(procs) > 8 else ''}."]
 
     out += ["", "### Operators", ""]
     rows = (_op_rows("fallback", ops.get("fallback_ops"))
@@ -180,6 +186,12 @@ def _observations(rec: dict[str, Any]) -> list[str]:
         out.append("No fallback, unsupported operator or dtype error.")
 
     out += ["", "### Memory", ""]
+    if mem.get("source"):
+        what = {"process-tree-rss": "resident memory summed over the job's process tree",
+                "mps-driver": "Metal's driver memory summed over the observed processes",
+                "process-rss": "resident memory of the job's first process"}
+        out += [f"Measured: {what.get(mem['source'], mem['source'])}."
+                + (f" {mem['reason']}." if mem.get("reason") else ""), ""]
     out += _table(["peak", "slope after warm-up", "stable"], [[
         human_bytes(mem.get("peak_bytes")),
         f"{human_bytes(slope)}/s" if slope is not None else "—",
