@@ -217,3 +217,23 @@ def test_the_old_trend_cried_wolf_on_the_short_run():
     start = pts[0][0] + min(10.0, 0.25 * (pts[-1][0] - pts[0][0]))
     assert least_squares_slope([p for p in pts if p[0] >= start]) > MiB
     assert memory_stable(pts)["stable"] is True
+
+
+def test_job_memory_adds_metal_driver_memory_of_observed_processes(tmp_path):
+    """Simulation: the record an observed MPS process writes (its ``mps_memory``); the
+    runner's sample of the job adds it up over the live processes of the tree."""
+    obs = tmp_path / "obs"
+    obs.mkdir()
+    me = os.getpid()
+    for pid, driver, finished in ((me, 700 * MiB, False), (me + 10 ** 6, 5 * MiB, False),
+                                  (me - 1, 9 * MiB, True)):
+        (obs / f"{pid}.json").write_text(json.dumps({
+            "pid": pid, "finished": finished,
+            "mps_memory": {"mps_driver_allocated_bytes": driver}}))
+    metrics = tmp_path / "rss.jsonl"
+    memory = runner.JobMemory({"metrics_path": str(metrics),
+                               "observe": {"dir": str(obs), "device": "mps"}}, time.time())
+    memory.sample(me, time.time())
+    (row,) = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert row["mps_driver_allocated_bytes"] == 700 * MiB  # only pids in the tree, alive
+    assert row["rss_bytes"] == memory.peak > 0 and row["source"] == "process-tree"
