@@ -237,3 +237,19 @@ def test_job_memory_adds_metal_driver_memory_of_observed_processes(tmp_path):
     (row,) = [json.loads(line) for line in metrics.read_text().splitlines()]
     assert row["mps_driver_allocated_bytes"] == 700 * MiB  # only pids in the tree, alive
     assert row["rss_bytes"] == memory.peak > 0 and row["source"] == "process-tree"
+
+
+def test_job_memory_skips_a_process_past_its_end(tmp_path):
+    """A process whose observer wrote its final record is tearing down: its falling RSS
+    is not sampled (a leak's last samples must not read as memory that stopped growing)."""
+    obs = tmp_path / "obs"
+    obs.mkdir()
+    metrics = tmp_path / "rss.jsonl"
+    memory = runner.JobMemory({"metrics_path": str(metrics),
+                               "observe": {"dir": str(obs), "device": "cpu"}}, time.time())
+    record = obs / f"{os.getpid()}.json"
+    record.write_text(json.dumps({"pid": os.getpid(), "finished": False}))
+    memory.sample(os.getpid(), time.time())
+    record.write_text(json.dumps({"pid": os.getpid(), "finished": True}))
+    memory.sample(os.getpid(), time.time())
+    assert len(metrics.read_text().splitlines()) == 1

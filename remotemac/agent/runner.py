@@ -92,15 +92,24 @@ class JobMemory:
         self.max_processes = 0
 
     def sample(self, root: int, now: float) -> None:
+        """Append one sample, unless an observed process of the tree is past its end.
+
+        A process whose observer wrote its final record is in atexit or tearing down:
+        its memory falls as it frees everything, and a leak's last samples must not
+        read as memory that stopped growing.
+        """
         got = proctree.tree_rss(root, session_leader=True)
         if not got.pids:
+            return
+        records = obsmerge.read_records(self.observe["dir"]) if self.observe.get("dir") else []
+        if any(r.get("finished") and r.get("pid") in got.pids for r in records):
             return
         self.peak = max(self.peak, got.rss_bytes)
         self.max_processes = max(self.max_processes, len(got.pids))
         row: dict[str, Any] = {"t": round(now - self.started, 3), "rss_bytes": got.rss_bytes,
                                "processes": len(got.pids), "source": "process-tree"}
-        if self.mps and self.observe.get("dir"):
-            mps = obsmerge.mps_driver_bytes(obsmerge.read_records(self.observe["dir"]), got.pids)
+        if self.mps:
+            mps = obsmerge.mps_driver_bytes(records, got.pids)
             if mps is not None:
                 row["mps_driver_allocated_bytes"] = mps
         if self.path:
