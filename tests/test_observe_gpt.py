@@ -22,7 +22,7 @@ from remotemac.acceptance.record import validate_record
 from tests.conftest import REPO, remotemac
 
 PROJECT = REPO / "tests" / "fixtures" / "projects" / "gpt"
-ITERS, HOLD = 20, 1.5
+ITERS, HOLD = 20, 3
 SHELL_CMD = (f"cd src && python train.py --device {{device}} --out {{output_dir}} "
              f"--iters {ITERS} --hold {HOLD}")
 RUN_SH = "bash run.sh {device} {output_dir}"
@@ -77,6 +77,7 @@ def _assert_accepted_and_observed(code: int, record: dict, out: Path) -> None:
     assert trainers, obs["processes"]
     mem = obs["memory"]
     assert mem["stable"] is True and mem["source"] == "process-tree-rss", mem
+    assert mem["warmup_by"] == "steps", mem  # AdamW's steps, counted in-process
     real = json.loads((out / "results" / "cpu-target" / "peak.json").read_text())
     real_peak = real["peak_rss_bytes"]
     assert real["pid"] in {p["pid"] for p in trainers}

@@ -253,3 +253,31 @@ def test_job_memory_skips_a_process_past_its_end(tmp_path):
     record.write_text(json.dumps({"pid": os.getpid(), "finished": True}))
     memory.sample(os.getpid(), time.time())
     assert len(metrics.read_text().splitlines()) == 1
+
+
+def test_a_slow_torch_import_is_warm_up_not_growth(tmp_path):
+    """Recorded on a busy box: ``import torch`` took 15 s of a 20 s run. Counted from the
+    first sample, the import looks like growth; counted from the import (the runner's
+    ``observed`` column), the run is flat."""
+    from remotemac.engine.record import warmup_hints
+
+    pts = trace("slow_import_flat")
+    assert memory_stable(pts)["stable"] is False  # what a time-only warm-up concludes
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "cpu-target.rss.jsonl").write_text((TRACES / "slow_import_flat.jsonl").read_text())
+    hints = warmup_hints(logs, "cpu-target")
+    assert hints == {"active_from": pytest.approx(15.5, abs=0.3), "warm_at": None}
+    got = memory_stable(pts, **hints)
+    assert got["stable"] is True and got["warmup_by"] == "torch-import", got["reason"]
+
+
+def test_warm_up_by_optimizer_steps():
+    """AdamW allocates its moments at the first step: memory jumps after the import.
+    Warm-up by steps ends once the first steps are taken, whatever the clock says."""
+    pts = [(t * 0.5, 300.0 * MiB) for t in range(13)]           # imported, loading data
+    pts += [(6.0 + t * 0.5, 300.0 * MiB + 40 * MiB * t) for t in range(1, 7)]  # first steps
+    pts += [(9.0 + t * 0.5, 540.0 * MiB) for t in range(1, 5)]   # training, flat
+    assert memory_stable(pts, active_from=0.0)["stable"] is False  # by time: "growth"
+    got = memory_stable(pts, active_from=0.0, warm_at=9.0)        # step 5 was at 9 s
+    assert got["stable"] is True and got["warmup_by"] == "steps"

@@ -79,13 +79,24 @@ def theil_sen_slope(points: Sequence[tuple[float, float]]) -> float | None:
 
 
 def warmup_end(pts: Sequence[tuple[float, float]], warmup_s: float | None,
-               warmup_samples: int) -> float:
-    """When the warm-up ends: ``warmup_s`` after the first sample (default: 10 s, at most
-    a quarter of the run) and not before the ``warmup_samples``-th sample."""
-    start, duration = pts[0][0], pts[-1][0] - pts[0][0]
-    if warmup_s is None:
-        warmup_s = min(DEFAULT_WARMUP_S, DEFAULT_WARMUP_FRACTION * duration)
-    end = start + warmup_s
+               warmup_samples: int, active_from: float | None = None,
+               warm_at: float | None = None) -> float:
+    """When the warm-up ends, by steps or by time, and never before the
+    ``warmup_samples``-th sample.
+
+    By steps: ``warm_at``, when the workload had taken its first optimizer steps
+    (optimizer state allocated, first batches through). By time: ``warmup_s`` (default
+    10 s, at most a quarter of what follows) after ``active_from`` — when the workload
+    had imported torch: a slow import on a busy machine is a ramp, not a leak — or
+    after the first sample.
+    """
+    if warm_at is not None and warmup_s is None:
+        end = warm_at
+    else:
+        start = pts[0][0] if active_from is None else max(pts[0][0], active_from)
+        if warmup_s is None:
+            warmup_s = min(DEFAULT_WARMUP_S, DEFAULT_WARMUP_FRACTION * (pts[-1][0] - start))
+        end = start + warmup_s
     if 0 < warmup_samples < len(pts):
         end = max(end, pts[warmup_samples][0])
     return end
@@ -96,15 +107,17 @@ def memory_stable(samples: Sequence[tuple[float, float]],
                   tolerance_bytes_per_s: float = DEFAULT_TOLERANCE_BYTES_PER_S,
                   warmup_samples: int = DEFAULT_WARMUP_SAMPLES,
                   min_growth_bytes: float | None = None,
+                  active_from: float | None = None,
+                  warm_at: float | None = None,
                   ) -> dict[str, Any]:
     """Decide from the trend after warm-up whether memory keeps growing.
 
     A trend, not the last value: a steady run has noise, allocator steps and GC
     sawtooth, a leaking one climbs to the end (see the comment above for the test).
     ``stable`` is None when fewer than three samples follow the warm-up (too short a
-    run to tell); ``peak_bytes`` covers every sample. ``warmup_samples`` counts
-    sampler ticks ("steps"); ``min_growth_bytes`` defaults to MIN_GROWTH_SECONDS of
-    the tolerated rate.
+    run to tell); ``peak_bytes`` covers every sample. The warm-up: see
+    :func:`warmup_end`; ``min_growth_bytes`` defaults to MIN_GROWTH_SECONDS of the
+    tolerated rate.
     """
     pts = sorted((float(t), float(b)) for t, b in samples)
     peak = int(max(b for _, b in pts)) if pts else None
@@ -119,8 +132,10 @@ def memory_stable(samples: Sequence[tuple[float, float]],
     if not pts:
         result["reason"] = "no memory samples"
         return result
-    start = warmup_end(pts, warmup_s, warmup_samples)
+    start = warmup_end(pts, warmup_s, warmup_samples, active_from, warm_at)
     result["warmup_s"] = round(start - pts[0][0], 3)
+    result["warmup_by"] = ("steps" if warm_at is not None and warmup_s is None
+                           else "torch-import" if active_from is not None else "time")
     after = [p for p in pts if p[0] >= start]
     result["samples_used"] = len(after)
     slope = theil_sen_slope(after) if len(after) >= MIN_SAMPLES else None

@@ -68,6 +68,8 @@ class ProcessObserver(harness.Harness):  # type: ignore[misc, name-defined]
         self._stop = threading.Event()
         self.mps_now: dict[str, int] = {}
         self.mps_peak_driver = 0
+        #: optimizer steps taken: the memory trend's warm-up can end after the first few
+        self.steps = 0
 
     def start(self) -> None:
         """Hook warnings, watch the device, start the ticker, record at exit."""
@@ -76,9 +78,16 @@ class ProcessObserver(harness.Harness):  # type: ignore[misc, name-defined]
         if self.torch is not None:
             with contextlib.suppress(Exception):  # very old torch: no TorchFunctionMode
                 self.watch.enter(self.torch)
+            with contextlib.suppress(Exception):  # torch < 2.0: no global step hooks
+                from torch.optim.optimizer import register_optimizer_step_post_hook
+
+                register_optimizer_step_post_hook(self._count_step)
         atexit.register(self.finish)
         self.write_obs(fsync=False)
         threading.Thread(target=self._run, name="remotemac-observer", daemon=True).start()
+
+    def _count_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self.steps += 1
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
@@ -114,6 +123,7 @@ class ProcessObserver(harness.Harness):  # type: ignore[misc, name-defined]
             "updated_at": time.time(),
             "mps_memory": dict(self.mps_now),
             "mps_peak_driver_bytes": self.mps_peak_driver or None,
+            "optimizer_steps": self.steps,
         })
         # the process's own exit code is the job's business (the runner knows it)
         obs.pop("exit_code", None)

@@ -108,6 +108,12 @@ class JobMemory:
         self.max_processes = max(self.max_processes, len(got.pids))
         row: dict[str, Any] = {"t": round(now - self.started, 3), "rss_bytes": got.rss_bytes,
                                "processes": len(got.pids), "source": "process-tree"}
+        if self.observe.get("dir"):
+            # where the job is: torch imported (observed > 0), optimizer steps taken;
+            # the memory trend's warm-up is counted from there (decide.memory_stable)
+            live = [r for r in records if r.get("pid") in got.pids]
+            row["observed"] = len(live)
+            row["steps"] = sum(int(r.get("optimizer_steps") or 0) for r in live)
         if self.mps:
             mps = obsmerge.mps_driver_bytes(records, got.pids)
             if mps is not None:

@@ -53,6 +53,19 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
+#: the memory trend's warm-up ends after this many optimizer steps, when they are known
+WARMUP_STEPS = 5
+
+
+def warmup_hints(logs: Path, label: str) -> dict[str, float | None]:
+    """When the job had imported torch and taken its first optimizer steps (the runner's
+    ``observed``/``steps`` columns), for the memory trend's warm-up."""
+    rows = _read_jsonl(logs / f"{label}.rss.jsonl")
+    active = next((float(r["t"]) for r in rows if (r.get("observed") or 0) > 0), None)
+    warm = next((float(r["t"]) for r in rows if (r.get("steps") or 0) >= WARMUP_STEPS), None)
+    return {"active_from": active, "warm_at": warm}
+
+
 def memory_samples(logs: Path, label: str) -> tuple[list[tuple[float, float]], str]:
     """(t, bytes) of the job and what they measure: Metal's driver memory summed over the
     observed processes on MPS, else RSS summed over the job's process tree (the runner's
@@ -76,7 +89,7 @@ def _observations(ctx: RunContext) -> tuple[dict[str, Any], list[dict[str, Any]]
     obs_file = logs / f"{tgt.label}.obs.json"
     harness = json.loads(obs_file.read_text()) if obs_file.exists() else {}
     samples, source = memory_samples(logs, tgt.label)
-    memory = memory_stable(samples) if samples else {
+    memory = memory_stable(samples, **warmup_hints(logs, tgt.label)) if samples else {
         "peak_bytes": None, "stable": None, "slope_bytes_per_s": None}
     memory["source"] = source if samples else None
     if samples and source != "mps-driver":
