@@ -13,7 +13,7 @@ The exception that ends a process is read in an atexit handler from
 ``sys.last_value`` (the interpreter sets it before printing the traceback), so a
 workload that installs its own ``sys.excepthook`` does not hide it.
 
-Blind spots: a process started with ``python -I``/``-E`` (PYTHONPATH ignored) or
+Blind spots: a process started with ``python -I``, ``-E`` or ``-S`` (no sitecustomize) or
 that ends with ``os._exit`` (only the provisional record remains), and forked
 children such as DataLoader workers (not recorded; their memory still counts in the
 job's process tree).
