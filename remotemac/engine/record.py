@@ -92,10 +92,13 @@ def _observations(ctx: RunContext) -> tuple[dict[str, Any], list[dict[str, Any]]
     memory = memory_stable(samples, **warmup_hints(logs, tgt.label)) if samples else {
         "peak_bytes": None, "stable": None, "slope_bytes_per_s": None}
     memory["source"] = source if samples else None
+    # a sample every 0.5 s can miss a short spike; each process's own high-water mark
+    # (ru_maxrss, reported by its observer) cannot
+    rss_peak = max([int(r.get("rss_bytes") or 0) for r in _read_jsonl(logs / f"{tgt.label}.rss.jsonl")]
+                   + [int(harness.get("peak_rss_bytes") or 0)])
+    memory["rss_peak_bytes"] = rss_peak or None
     if samples and source != "mps-driver":
-        # a sample every 0.5 s can miss a short spike; each process's own high-water
-        # mark (ru_maxrss, reported by its observer) cannot
-        memory["peak_bytes"] = max(memory["peak_bytes"] or 0, int(harness.get("peak_rss_bytes") or 0))
+        memory["peak_bytes"] = max(memory["peak_bytes"] or 0, rss_peak)
     memory["samples"] = [[t, b] for t, b in samples][-200:]
     operators = harness.get("operators") or {}
     compare = ctx.results.get("compare", {})
