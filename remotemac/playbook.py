@@ -174,9 +174,24 @@ class Workload(Strict):
 
 
 class CompareRule(Strict):
-    file: str
-    rtol: float | None = Field(None, ge=0)
-    atol: float | None = Field(None, ge=0)
+    """One output file (a glob) and how to compare it with the reference's."""
+
+    file: str = Field(description="glob relative to {output_dir}: .pt .pth .safetensors .npy "
+                                  ".npz .json .csv")
+    rtol: float | None = Field(None, ge=0, description="relative tolerance; default: "
+                                                       "PyTorch's MPS tests' for the dtype")
+    atol: float | None = Field(None, ge=0, description="absolute tolerance; default: "
+                                                       "PyTorch's MPS tests' for the dtype")
+    keys: list[str] = Field(default_factory=list, description=(
+        "globs of key paths to compare (default: all), e.g. 'model.*', "
+        "'optimizer.state.*'; * matches any characters, dots included; a key also covers "
+        "everything below it"))
+    ignore: list[str] = Field(default_factory=list, description=(
+        "globs of key paths to skip, e.g. 'config.out_dir', 'timestamp'"))
+    strict: bool = Field(False, description=(
+        "false: strings, paths, devices and other non-numeric values that differ are "
+        "reported as metadata differences without failing; true: they fail. Device names "
+        "(cpu, mps, mps:0, cuda:1) count as equal either way"))
 
 
 class Outputs(Strict):

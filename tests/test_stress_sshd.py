@@ -123,7 +123,7 @@ def test_reproduce_catches_unseeded_noise_and_passes_a_deterministic_target(host
                                                                              tmp_path: Path):
     """reproduce: the target twice in fresh processes; noise → not-reproducible, else ok."""
     host = host_factory()
-    # ``exec``: the stdlib workload runs without the MPS harness (no torch import: faster)
+    # ``exec``: the stdlib workload never imports torch (the observer stays inert: faster)
     command = "exec python3 noise.py --device {device} --out {output_dir} --mode %s"
     ref = {"workload": {"reference": {"device": "cpu"}}}
     noisy = host.playbook("noisy", tmp_path / "root-n", command % "noisy", reproduce=True,
@@ -150,7 +150,7 @@ def test_reproduce_catches_unseeded_noise_and_passes_a_deterministic_target(host
 
     done = host.cli("run", str(steady), "--out", str(tmp_path / "out-d"), "--reproduce")
     record = record_of(tmp_path / "out-d")
-    assert done.returncode in (0, 1), done.stderr  # no harness: tensors not observed
+    assert done.returncode in (0, 1), done.stderr  # no torch: tensors not observed
     assert not any(c["code"] == "not-reproducible" for c in record["stopping_conditions"])
     assert record["observations"]["reproducibility"]["reproduces"] is True
     assert record["observations"]["results"]["within_tolerance"] is True  # CPU vs target

@@ -1,27 +1,40 @@
-"""Compare the target's outputs with the reference's, file by file and tensor by tensor.
+"""Compare the target's outputs with the reference's, file by file and key by key.
 
 This is the evidence behind the "results" observation: for every file a playbook's
 ``outputs.compare`` names, both sides are loaded into flat ``key -> leaf`` maps
-(``state_dict.fc.weight``, ``metrics.loss``, ``history[3].acc``) and each leaf is
-checked for shape and dtype agreement and for ``|a - b| <= atol + rtol * |b|``
-(``torch.allclose`` semantics, ``b`` the reference). A reviewer needs to see which
-file and which tensor failed and by how much, so every leaf is reported.
+(:mod:`remotemac.acceptance.loaders`) and each leaf is checked:
 
-numpy is required; torch is imported only when a ``.pt``/``.pth`` file is loaded,
-so comparing ``.npy``/``.json``/``.csv`` outputs works without torch.
+* arrays and tensors for shape, dtype and ``|a - b| <= atol + rtol * |b|``
+  (``torch.allclose`` semantics, ``b`` the reference); numbers the same way;
+* everything else (strings, None, bools, devices) is *metadata*: a checkpoint stores
+  its output directory, a timestamp, the device it ran on, and those differ between
+  the reference and the target by design. A metadata difference is reported and
+  fails the rule only with ``strict: true``. Device names are normalised first
+  (``mps``, ``mps:0``, ``cpu``, ``cuda:1`` are all "a device"), strict or not.
+
+A rule chooses keys with ``keys:`` (globs of key paths, default all) and skips some
+with ``ignore:``. The file's result names its first failing key and its worst keys
+(largest error relative to the tolerance), so a reviewer sees which tensor failed and
+by how much without reading every leaf.
 """
 
 from __future__ import annotations
 
-import csv
-import json
 import math
-from collections.abc import Iterator
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from remotemac.acceptance.loaders import (
+    Leaf,
+    LoadError,
+    as_number,
+    leaf_shape,
+    load_leaves,
+)
 
 # PyTorch's own MPS tests (test/test_mps.py), see /work/shared/mps-facts.md.
 FLOAT32_TOL = (1.3e-6, 1e-5)  # (rtol, atol)
@@ -32,9 +45,13 @@ EXACT_TOL = (0.0, 0.0)
 # Denominator floor for the relative error: the smallest normal float32, so that a
 # zero reference gives a large but finite relative error.
 TINY = float(np.finfo(np.float32).tiny)
-
-SUPPORTED_SUFFIXES = (".pt", ".pth", ".npy", ".npz", ".json", ".csv")
-ROOT_KEY = "(root)"  # a bare tensor/array; not "<…>", which Markdown would eat
+#: how many keys a file's result lists as its worst / its metadata differences
+WORST_KEYS = 5
+MAX_METADATA = 20
+#: a device name as torch prints one: ``cpu``, ``mps``, ``mps:0``, ``cuda:1`` …
+DEVICE_RE = re.compile(
+    r"^(?:cpu|mps|cuda|xpu|hip|meta|xla|mtia|hpu|ipu|vulkan|privateuseone)(?::\d+)?$")
+_PY_NUMBERS = ("int", "float", "number")
 
 
 @dataclass(frozen=True)
@@ -42,11 +59,16 @@ class CompareRule:
     """One ``outputs.compare`` entry: a glob relative to the output dir and tolerances.
 
     ``None`` tolerances mean "PyTorch's MPS test defaults for the leaf's dtype".
+    ``keys``/``ignore`` are globs of key paths (see :func:`key_matches`); ``strict``
+    makes metadata differences fail the rule.
     """
 
     file: str
     rtol: float | None = None
     atol: float | None = None
+    keys: tuple[str, ...] = ()
+    ignore: tuple[str, ...] = ()
+    strict: bool = False
 
 
 @dataclass
@@ -60,6 +82,8 @@ class TensorResult:
     detail: str = ""
     rtol: float | None = None
     atol: float | None = None
+    #: a non-numeric leaf: its difference fails the rule only when strict
+    metadata: bool = False
 
 
 @dataclass
@@ -72,6 +96,12 @@ class FileResult:
     ok: bool
     detail: str = ""
     tensors: list[TensorResult] = field(default_factory=list)
+    first_failing_key: str | None = None
+    worst: list[dict[str, Any]] = field(default_factory=list)
+    metadata_differences: list[dict[str, Any]] = field(default_factory=list)
+    compared: int = 0
+    ignored: int = 0
+    strict: bool = False
 
 
 @dataclass
@@ -87,19 +117,6 @@ class ComparisonResult:
         }
 
 
-@dataclass
-class Leaf:
-    """A compared value: a numeric array (with its dtype name) or any other value."""
-
-    array: np.ndarray | None
-    dtype: str | None
-    other: Any = None
-
-
-class LoadError(Exception):
-    """A file could not be read into leaves; the message becomes the file's detail."""
-
-
 def default_tolerance(dtype: str | None) -> tuple[float, float]:
     """(rtol, atol) PyTorch's MPS tests use for ``dtype``; integers and bools are exact."""
     name = (dtype or "float32").lower()
@@ -112,187 +129,26 @@ def default_tolerance(dtype: str | None) -> tuple[float, float]:
     return FLOAT32_TOL
 
 
-# ---------------------------------------------------------------- loading
+def _glob_re(pattern: str) -> re.Pattern[str]:
+    """``*`` any run of characters (dots included), ``?`` one; everything else literal.
 
-
-def _torch_dtype_name(dtype: Any) -> str:
-    return str(dtype).replace("torch.", "")
-
-
-def _tensor_leaf(tensor: Any) -> Leaf:
-    import torch
-
-    name = _torch_dtype_name(tensor.dtype)
-    t = tensor.detach().cpu()
-    if t.is_sparse:
-        t = t.to_dense()
-    if not _numpy_can_hold(t.dtype):  # bfloat16, float8, complex32 …
-        t = t.to(torch.float32) if not t.is_complex() else t.to(torch.complex64)
-    return Leaf(t.numpy(), name)
-
-
-def _numpy_can_hold(dtype: Any) -> bool:
-    import torch
-
-    return dtype in (
-        torch.float16, torch.float32, torch.float64, torch.complex64, torch.complex128,
-        torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, torch.bool,
-    )
-
-
-def _is_tensor(value: Any) -> bool:
-    mod = type(value).__module__
-    if not mod.startswith("torch"):
-        return False
-    import torch
-
-    return isinstance(value, torch.Tensor)
-
-
-def _numeric_list(value: list[Any]) -> np.ndarray | None:
-    """A rectangular list of plain numbers as an array, else None."""
-
-    def plain(v: Any) -> bool:
-        if isinstance(v, list):
-            return all(plain(x) for x in v)
-        return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-    if not value or not plain(value):
-        return None
-    try:
-        arr = np.array(value, dtype=np.float64)
-    except ValueError:  # ragged
-        return None
-    return arr
-
-
-def _join(prefix: str, key: Any) -> str:
-    if isinstance(key, int):
-        return f"{prefix}[{key}]"
-    return f"{prefix}.{key}" if prefix else str(key)
-
-
-def flatten(value: Any, prefix: str = "", *, numbers: str = "float") -> Iterator[tuple[str, Leaf]]:
-    """Yield ``(key path, leaf)`` for every leaf of nested dicts/lists/tuples.
-
-    ``numbers`` names the dtype of plain Python numbers: ``number`` for JSON/CSV (no
-    int/float distinction is meaningful there), ``float``/``int`` for pickled values.
+    Brackets are literal on purpose: key paths contain ``[0]`` list indices.
     """
-    if isinstance(value, dict):
-        for k, v in value.items():
-            yield from flatten(v, _join(prefix, str(k)), numbers=numbers)
-        return
-    if isinstance(value, (list, tuple)):
-        arr = _numeric_list(list(value)) if isinstance(value, list) else None
-        if arr is not None:
-            yield prefix or ROOT_KEY, Leaf(arr, "number" if numbers == "number" else "float64")
-            return
-        for i, v in enumerate(value):
-            yield from flatten(v, _join(prefix, i), numbers=numbers)
-        return
-    key = prefix or ROOT_KEY
-    if isinstance(value, np.ndarray):
-        yield key, Leaf(value, str(value.dtype))
-    elif _is_tensor(value):
-        yield key, _tensor_leaf(value)
-    elif isinstance(value, bool) or value is None or isinstance(value, str):
-        yield key, Leaf(None, None, value)
-    elif isinstance(value, (int, float, np.number)):
-        if numbers == "number":
-            dtype = "number"
-        else:
-            dtype = "int" if isinstance(value, (int, np.integer)) else "float"
-        yield key, Leaf(np.asarray(value, dtype=np.float64), dtype)
-    else:
-        yield key, Leaf(None, None, value)
+    body = "".join(".*" if c == "*" else "." if c == "?" else re.escape(c) for c in pattern)
+    return re.compile(rf"^{body}(?:[.\[].*)?$", re.DOTALL)
 
 
-def _load_pt(path: Path) -> dict[str, Leaf]:
-    try:
-        import torch
-    except ImportError as exc:
-        raise LoadError(f"torch is not installed here, cannot load {path.suffix} "
-                        "(pip install torch)") from exc
-    try:
-        obj = torch.load(path, weights_only=True, map_location="cpu")
-    except Exception as exc:  # noqa: BLE001 - any load failure is the file's detail
-        raise LoadError(f"cannot load with torch.load(weights_only=True): "
-                        f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from exc
-    return dict(flatten(obj, numbers="float"))
+def key_matches(key: str, patterns: tuple[str, ...] | list[str]) -> bool:
+    """Does ``key`` match a glob, or lie below a key that does (``config`` covers
+    ``config.out_dir`` and ``config.layers[0]``)?"""
+    return any(_glob_re(p).match(key) for p in patterns)
 
 
-def _load_npy(path: Path) -> dict[str, Leaf]:
-    try:
-        arr = np.load(path, allow_pickle=False)
-    except Exception as exc:  # noqa: BLE001
-        raise LoadError(f"cannot load .npy: {exc}") from exc
-    return {ROOT_KEY: Leaf(arr, str(arr.dtype))}
-
-
-def _load_npz(path: Path) -> dict[str, Leaf]:
-    try:
-        with np.load(path, allow_pickle=False) as npz:
-            return {name: Leaf(npz[name], str(npz[name].dtype)) for name in npz.files}
-    except Exception as exc:  # noqa: BLE001
-        raise LoadError(f"cannot load .npz: {exc}") from exc
-
-
-def _load_json(path: Path) -> dict[str, Leaf]:
-    try:
-        obj = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise LoadError(f"cannot parse JSON: {exc}") from exc
-    return dict(flatten(obj, numbers="number"))
-
-
-def _as_number(cell: str) -> float | None:
-    try:
-        return float(cell)
-    except ValueError:
-        return None
-
-
-def _load_csv(path: Path) -> dict[str, Leaf]:
-    """One leaf per column: numbers where both sides are numeric, text compared equal.
-
-    A first row with no numeric cell is the header and names the columns.
-    """
-    try:
-        with path.open(newline="", encoding="utf-8") as fh:
-            rows = [row for row in csv.reader(fh)]
-    except (OSError, UnicodeDecodeError, csv.Error) as exc:
-        raise LoadError(f"cannot read CSV: {exc}") from exc
-    if not rows:
-        return {}
-    header: list[str] | None = None
-    if all(_as_number(c) is None for c in rows[0]):
-        header, rows = rows[0], rows[1:]
-    width = max([len(r) for r in rows] + [len(header or [])])
-    out: dict[str, Leaf] = {}
-    for j in range(width):
-        name = header[j] if header and j < len(header) and header[j] else f"col{j}"
-        cells = [r[j] if j < len(r) else "" for r in rows]
-        out[name] = Leaf(None, "csv", cells)
-    return out
-
-
-LOADERS = {
-    ".pt": _load_pt,
-    ".pth": _load_pt,
-    ".npy": _load_npy,
-    ".npz": _load_npz,
-    ".json": _load_json,
-    ".csv": _load_csv,
-}
-
-
-def load_leaves(path: Path) -> dict[str, Leaf]:
-    """All leaves of one output file, keyed by their path inside it."""
-    loader = LOADERS.get(path.suffix.lower())
-    if loader is None:
-        raise LoadError(f"unsupported file type '{path.suffix}' "
-                        f"(supported: {' '.join(SUPPORTED_SUFFIXES)})")
-    return loader(path)
+def normalise_device(value: Any) -> Any:
+    """A device name (``mps:0``, ``cuda``, ``cpu``) as the word "device", else unchanged."""
+    if isinstance(value, str) and DEVICE_RE.match(value.strip()):
+        return "device"
+    return value
 
 
 # ---------------------------------------------------------------- comparing
@@ -352,31 +208,45 @@ def compare_arrays(a: np.ndarray, b: np.ndarray, rtol: float, atol: float) -> tu
     return max_abs, max_rel, not problems, "; ".join(problems)
 
 
+
 def _compare_csv(key: str, tgt: list[str], ref: list[str], rtol: float, atol: float,
                  ) -> TensorResult:
+    """A CSV column: numeric cells with the tolerance, text cells as metadata."""
     shape = [len(ref)]
     if len(tgt) != len(ref):
         return TensorResult(key, shape, "csv", None, None, False,
                             f"{len(tgt)} rows vs reference {len(ref)}", rtol, atol)
     num_t, num_r, text_bad = [], [], []
     for i, (ct, cr) in enumerate(zip(tgt, ref, strict=True)):
-        xt, xr = _as_number(ct), _as_number(cr)
+        xt, xr = as_number(ct), as_number(cr)
         if xt is not None and xr is not None:
             num_t.append(xt)
             num_r.append(xr)
-        elif ct != cr:
+        elif normalise_device(ct) != normalise_device(cr):
             text_bad.append(f"row {i}: {ct!r} vs reference {cr!r}")
     max_abs = max_rel = 0.0
     ok, detail = True, ""
     if num_r:
         max_abs, max_rel, ok, detail = compare_arrays(
             np.array(num_t), np.array(num_r), rtol, atol)
+    metadata = False
     if text_bad:
+        metadata = ok  # only text differs: metadata; numbers outside tolerance: a failure
         ok = False
         more = f" (+{len(text_bad) - 1} more)" if len(text_bad) > 1 else ""
         detail = "; ".join(filter(None, [detail, f"text differs at {text_bad[0]}{more}"]))
     return TensorResult(key, shape, "csv", _finite_or_none(max_abs), _finite_or_none(max_rel),
-                        ok, detail, rtol, atol)
+                        ok, detail, rtol, atol, metadata)
+
+
+def _compare_metadata(key: str, tgt: Any, ref: Any) -> TensorResult:
+    """Two non-numeric leaves: equal (device names normalised) or a metadata difference."""
+    nt, nr = normalise_device(tgt), normalise_device(ref)
+    if nt == nr and type(nt) is type(nr):
+        note = f"device {tgt} vs reference {ref} (device names normalised)" if tgt != ref else ""
+        return TensorResult(key, None, None, None, None, True, note, metadata=True)
+    return TensorResult(key, None, None, None, None, False, f"{tgt!r} vs reference {ref!r}",
+                        metadata=True)
 
 
 def compare_leaf(key: str, tgt: Leaf, ref: Leaf, rule: CompareRule) -> TensorResult:
@@ -386,17 +256,16 @@ def compare_leaf(key: str, tgt: Leaf, ref: Leaf, rule: CompareRule) -> TensorRes
     atol = rule.atol if rule.atol is not None else d_atol
     if ref.dtype == "csv" and tgt.dtype == "csv":
         return _compare_csv(key, tgt.other, ref.other, rtol, atol)
+    if ref.is_metadata and tgt.is_metadata:
+        return _compare_metadata(key, tgt.other, ref.other)
     if ref.array is None or tgt.array is None:
-        if ref.array is None and tgt.array is None:
-            ok = tgt.other == ref.other and type(tgt.other) is type(ref.other)
-            detail = "" if ok else f"{tgt.other!r} vs reference {ref.other!r}"
-            return TensorResult(key, None, None, None, None, ok, detail)
         what = lambda lf: lf.dtype if lf.array is not None else type(lf.other).__name__  # noqa: E731
         return TensorResult(key, None, ref.dtype, None, None, False,
                             f"{what(tgt)} vs reference {what(ref)}")
     shape = [int(s) for s in ref.array.shape]
     problems = []
-    if tgt.dtype != ref.dtype:
+    # plain Python numbers: 1 and 1.0 are the same value (a JSON writer may print either)
+    if tgt.dtype != ref.dtype and not (tgt.dtype in _PY_NUMBERS and ref.dtype in _PY_NUMBERS):
         problems.append(f"dtype {tgt.dtype} vs reference {ref.dtype}")
     if tgt.array.shape != ref.array.shape:
         problems.append(f"shape {list(tgt.array.shape)} vs reference {shape}")
@@ -415,35 +284,78 @@ def _max_or_none(values: list[float | None]) -> float | None:
     return max(known) if known else None
 
 
+def _excess(t: TensorResult) -> float:
+    """How far a key is from its tolerance (error / allowed error): ranks the worst keys."""
+    if t.max_abs_err is None:
+        return math.inf if not t.ok else -1.0
+    allowed = (t.atol or 0.0) + (t.rtol or 0.0) * (
+        t.max_abs_err / t.max_rel_err if t.max_rel_err else 0.0)
+    return t.max_abs_err / allowed if allowed > 0 else (math.inf if t.max_abs_err else 0.0)
+
+
+def _fails(t: TensorResult, strict: bool) -> bool:
+    return not t.ok and (strict or not t.metadata)
+
+
+def _select(leaves: dict[str, Leaf], rule: CompareRule) -> tuple[dict[str, Leaf], int]:
+    """The leaves the rule's ``keys``/``ignore`` keep, and how many it skipped."""
+    kept = {k: v for k, v in leaves.items()
+            if (not rule.keys or key_matches(k, rule.keys))
+            and not (rule.ignore and key_matches(k, rule.ignore))}
+    return kept, len(leaves) - len(kept)
+
+
+def _file_failure(rel: str, rule: CompareRule, detail: str) -> FileResult:
+    return FileResult(rel, None, None, rule.rtol, rule.atol, False, detail, strict=rule.strict)
+
+
 def compare_file(rel: str, reference: Path, target: Path, rule: CompareRule) -> FileResult:
     """Compare one output file present on both sides."""
     try:
-        ref_leaves = load_leaves(reference)
+        ref_all = load_leaves(reference)
     except LoadError as exc:
-        return FileResult(rel, None, None, rule.rtol, rule.atol, False, f"reference: {exc}")
+        return _file_failure(rel, rule, f"reference: {exc}")
     try:
-        tgt_leaves = load_leaves(target)
+        tgt_all = load_leaves(target)
     except LoadError as exc:
-        return FileResult(rel, None, None, rule.rtol, rule.atol, False, f"target: {exc}")
+        return _file_failure(rel, rule, f"target: {exc}")
+    ref_leaves, ignored = _select(ref_all, rule)
+    tgt_leaves, _ = _select(tgt_all, rule)
+    if ref_all and not ref_leaves and not tgt_leaves:
+        return _file_failure(rel, rule, f"no key of {len(ref_all)} matches keys "
+                                        f"{list(rule.keys)} / ignore {list(rule.ignore)}")
     tensors: list[TensorResult] = []
     for key, ref in ref_leaves.items():
         tgt = tgt_leaves.get(key)
         if tgt is None:
-            tensors.append(TensorResult(key, _shape(ref), ref.dtype, None, None, False,
+            tensors.append(TensorResult(key, leaf_shape(ref), ref.dtype, None, None, False,
                                         "missing in target"))
         else:
             tensors.append(compare_leaf(key, tgt, ref, rule))
     for key, tgt in tgt_leaves.items():
         if key not in ref_leaves:
-            tensors.append(TensorResult(key, _shape(tgt), tgt.dtype, None, None, False,
+            tensors.append(TensorResult(key, leaf_shape(tgt), tgt.dtype, None, None, False,
                                         "not in reference"))
-    bad = [t.key for t in tensors if not t.ok]
-    ok = not bad
+    return _summarise(rel, rule, tensors, ignored)
+
+
+def _summarise(rel: str, rule: CompareRule, tensors: list[TensorResult],
+               ignored: int) -> FileResult:
+    """The file's verdict, first failing key, worst keys and metadata differences."""
+    bad = [t for t in tensors if _fails(t, rule.strict)]
+    meta = [t for t in tensors if t.metadata and not t.ok]
+    numeric = [t for t in tensors if t.max_abs_err is not None or (not t.ok and not t.metadata)]
+    worst = sorted(numeric, key=_excess, reverse=True)[:WORST_KEYS]
+    parts = []
     if bad:
-        shown = ", ".join(bad[:5]) + (f" (+{len(bad) - 5} more)" if len(bad) > 5 else "")
-        detail = f"{len(bad)} of {len(tensors)} values outside tolerance or mismatched: {shown}"
-    else:
-        detail = ""
+        shown = ", ".join(t.key for t in bad[:5]) + (
+            f" (+{len(bad) - 5} more)" if len(bad) > 5 else "")
+        parts.append(f"{len(bad)} of {len(tensors)} values outside tolerance or mismatched: "
+                     f"{shown}; first: {bad[0].key}: {bad[0].detail}")
+    if meta:
+        verb = "fail (strict)" if rule.strict else "reported, not failing"
+        parts.append(f"{len(meta)} metadata difference(s) {verb}: "
+                     + ", ".join(t.key for t in meta[:3]) + (" …" if len(meta) > 3 else ""))
     rtols = {t.rtol for t in tensors if t.rtol is not None}
     atols = {t.atol for t in tensors if t.atol is not None}
     return FileResult(
@@ -452,15 +364,12 @@ def compare_file(rel: str, reference: Path, target: Path, rule: CompareRule) -> 
         _max_or_none([t.max_rel_err for t in tensors]),
         rule.rtol if rule.rtol is not None else (max(rtols) if rtols else None),
         rule.atol if rule.atol is not None else (max(atols) if atols else None),
-        ok, detail, tensors)
-
-
-def _shape(leaf: Leaf) -> list[int] | None:
-    if leaf.array is not None:
-        return [int(s) for s in leaf.array.shape]
-    if leaf.dtype == "csv":
-        return [len(leaf.other)]
-    return None
+        not bad, "; ".join(parts) if bad else "", tensors,
+        first_failing_key=bad[0].key if bad else None,
+        worst=[{"key": t.key, "max_abs_err": t.max_abs_err, "max_rel_err": t.max_rel_err,
+                "ok": t.ok} for t in worst],
+        metadata_differences=[{"key": t.key, "detail": t.detail} for t in meta[:MAX_METADATA]],
+        compared=len(tensors), ignored=ignored, strict=rule.strict)
 
 
 def _matches(root: Path, pattern: str) -> set[str]:
@@ -505,21 +414,22 @@ def compare_outputs(reference_dir: Path, target_dir: Path,
         ref_set = _matches(reference_dir, rule.file)
         tgt_set = _matches(target_dir, rule.file)
         if not ref_set and not tgt_set:
-            files.append(FileResult(rule.file, None, None, rule.rtol, rule.atol, False,
-                                    f"no file matches '{rule.file}' in the reference "
-                                    f"({reference_dir}) or the target ({target_dir}) outputs; "
-                                    f"the workload wrote: {written_summary(reference_dir, target_dir)}"))
+            files.append(_file_failure(rule.file, rule,
+                                       f"no file matches '{rule.file}' in the reference "
+                                       f"({reference_dir}) or the target ({target_dir}) "
+                                       f"outputs; the workload wrote: "
+                                       f"{written_summary(reference_dir, target_dir)}"))
             continue
         for rel in sorted(ref_set | tgt_set):
             if rel in seen:  # the first rule that names a file decides its tolerances
                 continue
             seen.add(rel)
             if rel not in tgt_set:
-                files.append(FileResult(rel, None, None, rule.rtol, rule.atol, False,
-                                        f"missing in target outputs ({target_dir / rel})"))
+                files.append(_file_failure(rel, rule, f"missing in target outputs "
+                                                      f"({target_dir / rel})"))
             elif rel not in ref_set:
-                files.append(FileResult(rel, None, None, rule.rtol, rule.atol, False,
-                                        f"missing in reference outputs ({reference_dir / rel})"))
+                files.append(_file_failure(rel, rule, f"missing in reference outputs "
+                                                      f"({reference_dir / rel})"))
             else:
                 files.append(compare_file(rel, reference_dir / rel, target_dir / rel, rule))
     within = bool(files) and all(f.ok for f in files)

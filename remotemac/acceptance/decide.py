@@ -30,13 +30,23 @@ NO_EVIDENCE = ("workload-failed", "job-lost")
 GOALS = ("prototyping", "inference", "macos-validation", "training")
 APPLE_GOALS = ("prototyping", "inference", "macos-validation")
 
-# Defaults for the memory trend: ignore the first seconds (model build, allocator
-# warm-up, first batches), then call memory stable while it grows by less than
-# 1 MiB/s on a least-squares line. A leak of a few KiB per step at tens of steps per
-# second crosses that within a minute of samples.
+# Memory trend. Warm-up: model build, allocator warm-up and the first batches climb
+# fast, so the first seconds (at most a quarter of a short run) and the first samples
+# are skipped. Then memory "keeps growing" only when all three hold:
+#   * the Theil–Sen slope (median of pairwise slopes: robust to GC and allocator
+#     sawtooth, to spikes and to a leftover ramp) is above the tolerance,
+#   * the slope over the last half of those samples is too: growth that stopped
+#     (a ramp, then flat) is not a leak,
+#   * the growth it implies over the window is at least MIN_GROWTH_SECONDS worth of
+#     the tolerated rate: a few noisy samples cannot cry wolf.
 DEFAULT_WARMUP_S = 10.0
+DEFAULT_WARMUP_FRACTION = 0.25
+DEFAULT_WARMUP_SAMPLES = 2
 DEFAULT_TOLERANCE_BYTES_PER_S = 1024.0 * 1024.0
+MIN_GROWTH_SECONDS = 16.0
 MIN_SAMPLES = 3
+#: Theil–Sen is quadratic: longer series are thinned to this many evenly spaced points
+MAX_TREND_POINTS = 400
 
 
 def least_squares_slope(points: Sequence[tuple[float, float]]) -> float | None:
@@ -53,39 +63,110 @@ def least_squares_slope(points: Sequence[tuple[float, float]]) -> float | None:
     return cov / var_t
 
 
+def _median(values: list[float]) -> float:
+    values = sorted(values)
+    mid = len(values) // 2
+    return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2.0
+
+
+def theil_sen_slope(points: Sequence[tuple[float, float]]) -> float | None:
+    """Median of the slopes between every two points with distinct t; None if there are none."""
+    pts = list(points)
+    if len(pts) > MAX_TREND_POINTS:
+        step = len(pts) / float(MAX_TREND_POINTS)
+        pts = [pts[int(i * step)] for i in range(MAX_TREND_POINTS)]
+    slopes = [(pts[j][1] - pts[i][1]) / (pts[j][0] - pts[i][0])
+              for i in range(len(pts)) for j in range(i + 1, len(pts))
+              if pts[j][0] != pts[i][0]]
+    return _median(slopes) if slopes else None
+
+
+def warmup_end(pts: Sequence[tuple[float, float]], warmup_s: float | None,
+               warmup_samples: int, active_from: float | None = None,
+               warm_at: float | None = None) -> float:
+    """When the warm-up ends, by steps or by time, and never before the
+    ``warmup_samples``-th sample.
+
+    By steps: ``warm_at``, when the workload had taken its first optimizer steps
+    (optimizer state allocated, first batches through). By time: ``warmup_s`` (default
+    10 s, at most a quarter of what follows) after ``active_from`` — when the workload
+    had imported torch: a slow import on a busy machine is a ramp, not a leak — or
+    after the first sample.
+    """
+    if warm_at is not None and warmup_s is None:
+        end = warm_at
+    else:
+        start = pts[0][0] if active_from is None else max(pts[0][0], active_from)
+        if warmup_s is None:
+            warmup_s = min(DEFAULT_WARMUP_S, DEFAULT_WARMUP_FRACTION * (pts[-1][0] - start))
+        end = start + warmup_s
+    if 0 < warmup_samples < len(pts):
+        end = max(end, pts[warmup_samples][0])
+    return end
+
+
 def memory_stable(samples: Sequence[tuple[float, float]],
-                  warmup_s: float = DEFAULT_WARMUP_S,
+                  warmup_s: float | None = None,
                   tolerance_bytes_per_s: float = DEFAULT_TOLERANCE_BYTES_PER_S,
+                  warmup_samples: int = DEFAULT_WARMUP_SAMPLES,
+                  min_growth_bytes: float | None = None,
+                  active_from: float | None = None,
+                  warm_at: float | None = None,
                   ) -> dict[str, Any]:
     """Decide from the trend after warm-up whether memory keeps growing.
 
-    A trend, not the last value: a steady run has noise and allocator steps, a
-    leaking one climbs. ``stable`` is None when fewer than three samples follow the
-    warm-up (too short a run to tell); ``peak_bytes`` covers every sample.
+    A trend, not the last value: a steady run has noise, allocator steps and GC
+    sawtooth, a leaking one climbs to the end (see the comment above for the test).
+    ``stable`` is None when fewer than three samples follow the warm-up (too short a
+    run to tell); ``peak_bytes`` covers every sample. The warm-up: see
+    :func:`warmup_end`; ``min_growth_bytes`` defaults to MIN_GROWTH_SECONDS of the
+    tolerated rate.
     """
     pts = sorted((float(t), float(b)) for t, b in samples)
     peak = int(max(b for _, b in pts)) if pts else None
+    if min_growth_bytes is None:
+        min_growth_bytes = MIN_GROWTH_SECONDS * tolerance_bytes_per_s
     result: dict[str, Any] = {
         "stable": None, "slope_bytes_per_s": None, "peak_bytes": peak,
-        "samples_used": 0, "warmup_s": warmup_s,
-        "tolerance_bytes_per_s": tolerance_bytes_per_s, "reason": "",
+        "samples_used": 0, "warmup_s": warmup_s, "method": "theil-sen",
+        "tolerance_bytes_per_s": tolerance_bytes_per_s, "min_growth_bytes": min_growth_bytes,
+        "reason": "",
     }
     if not pts:
         result["reason"] = "no memory samples"
         return result
-    start = pts[0][0] + warmup_s
+    start = warmup_end(pts, warmup_s, warmup_samples, active_from, warm_at)
+    result["warmup_s"] = round(start - pts[0][0], 3)
+    result["warmup_by"] = ("steps" if warm_at is not None and warmup_s is None
+                           else "torch-import" if active_from is not None else "time")
     after = [p for p in pts if p[0] >= start]
     result["samples_used"] = len(after)
-    slope = least_squares_slope(after) if len(after) >= MIN_SAMPLES else None
+    slope = theil_sen_slope(after) if len(after) >= MIN_SAMPLES else None
     if slope is None:
-        result["reason"] = (f"only {len(after)} samples after the {warmup_s:g}s warm-up; "
-                            f"need {MIN_SAMPLES} spread over time")
+        result["reason"] = (f"only {len(after)} samples after the {result['warmup_s']:g}s "
+                            f"warm-up; need {MIN_SAMPLES} spread over time")
         return result
+    late = after[len(after) // 2:]
+    late_slope = theil_sen_slope(late) if len(late) >= MIN_SAMPLES else slope
+    growth = slope * (after[-1][0] - after[0][0])
     result["slope_bytes_per_s"] = slope
-    result["stable"] = slope <= tolerance_bytes_per_s
-    result["reason"] = (f"grows {slope:.0f} B/s after warm-up "
-                        f"({'within' if result['stable'] else 'above'} the "
-                        f"{tolerance_bytes_per_s:.0f} B/s tolerance)")
+    result["late_slope_bytes_per_s"] = late_slope
+    result["growth_bytes"] = growth
+    growing = (slope > tolerance_bytes_per_s and late_slope is not None
+               and late_slope > tolerance_bytes_per_s and growth >= min_growth_bytes)
+    result["stable"] = not growing
+    if growing:
+        result["reason"] = (f"grows {slope:.0f} B/s after the {result['warmup_s']:g}s warm-up "
+                            f"({late_slope:.0f} B/s over the last half, {growth:.0f} B in all; "
+                            f"tolerance {tolerance_bytes_per_s:.0f} B/s)")
+    elif slope > tolerance_bytes_per_s:
+        why = ("stopped growing in the last half" if late_slope is None
+               or late_slope <= tolerance_bytes_per_s
+               else f"grew only {growth:.0f} B, under {min_growth_bytes:.0f} B")
+        result["reason"] = f"rose {slope:.0f} B/s after warm-up but {why}: stable"
+    else:
+        result["reason"] = (f"grows {slope:.0f} B/s after the {result['warmup_s']:g}s warm-up "
+                            f"(within the {tolerance_bytes_per_s:.0f} B/s tolerance)")
     return result
 
 
@@ -201,7 +282,12 @@ def evaluate_observations(observations: dict[str, Any] | None,
         failed = [f for f in results.get("files") or [] if not f.get("ok")]
         parts = []
         for f in failed[:5]:
-            bad = [t.get("key") for t in f.get("tensors") or [] if not t.get("ok")]
+            # a metadata difference (a path, a device name) fails only a strict rule
+            bad = [t.get("key") for t in f.get("tensors") or [] if not t.get("ok")
+                   and (f.get("strict") or not t.get("metadata"))]
+            if f.get("first_failing_key") in bad:
+                bad.remove(f["first_failing_key"])
+                bad.insert(0, f["first_failing_key"])
             parts.append(f"{f.get('path')}" + (f" [{', '.join(bad[:3])}"
                                                 + (" …" if len(bad) > 3 else "") + "]"
                                                 if bad else ""))

@@ -160,6 +160,12 @@ def _observations(rec: dict[str, Any]) -> list[str]:
     out += ["", "### Tensors on device", ""]
     out += _table(["check", "result"], [["tensors and model on the target device",
                                          _mark(obs.get("tensors_on_device"))]])
+    procs = obs.get("processes")
+    if procs is not None:
+        shown = ", ".join(f"{_code(p.get('argv0'))} (pid {p.get('pid')})" for p in procs[:8])
+        out += ["", f"Observed in-process: {len(procs)} Python process(es) that imported "
+                    f"torch{': ' + shown if shown else ''}"
+                    f"{' …' if len(procs) > 8 else ''}."]
 
     out += ["", "### Operators", ""]
     rows = (_op_rows("fallback", ops.get("fallback_ops"))
@@ -173,6 +179,12 @@ def _observations(rec: dict[str, Any]) -> list[str]:
         out.append("No fallback, unsupported operator or dtype error.")
 
     out += ["", "### Memory", ""]
+    if mem.get("source"):
+        what = {"process-tree-rss": "resident memory summed over the job's process tree",
+                "mps-driver": "Metal's driver memory summed over the observed processes",
+                "process-rss": "resident memory of the job's first process"}
+        out += [f"Measured: {what.get(mem['source'], mem['source'])}."
+                + (f" {mem['reason']}." if mem.get("reason") else ""), ""]
     out += _table(["peak", "slope after warm-up", "stable"], [[
         human_bytes(mem.get("peak_bytes")),
         f"{human_bytes(slope)}/s" if slope is not None else "—",
@@ -191,6 +203,7 @@ def _observations(rec: dict[str, Any]) -> list[str]:
                         _num(f.get("max_abs_err")), _num(f.get("max_rel_err")),
                         _num(f.get("rtol")), _num(f.get("atol")), _cell(f.get("detail") or "")]
                        for f in files])
+        out += _file_notes(files)
         pairs = [(f, t) for f in files for t in f.get("tensors") or []]
         pairs.sort(key=lambda ft: bool(ft[1].get("ok")))  # stable: failures first
         tensor_rows = [[_code(f.get("path")), _code(t.get("key")), _shape(t.get("shape")),
@@ -206,6 +219,29 @@ def _observations(rec: dict[str, Any]) -> list[str]:
     else:
         out.append("Not observed." if res.get("within_tolerance") is None
                    else "No files compared.")
+    return out
+
+
+def _file_notes(files: list[dict[str, Any]]) -> list[str]:
+    """Per file: the first failing key, the worst keys and the metadata differences."""
+    out: list[str] = []
+    for f in files:
+        lines = []
+        if f.get("first_failing_key"):
+            lines.append(f"first failing key: {_code(f['first_failing_key'])}")
+        worst = [w for w in f.get("worst") or [] if w.get("max_abs_err") is not None]
+        if worst:
+            lines.append("worst keys: " + ", ".join(
+                f"{_code(w.get('key'))} (abs {_num(w.get('max_abs_err'))}, "
+                f"rel {_num(w.get('max_rel_err'))})" for w in worst))
+        meta = f.get("metadata_differences") or []
+        if meta:
+            verb = "fail: strict rule" if f.get("strict") else "reported, not failing"
+            lines.append(f"metadata differences ({verb}): " + "; ".join(
+                f"{_code(m.get('key'))} {_cell(m.get('detail'))}" for m in meta[:5])
+                + (" …" if len(meta) > 5 else ""))
+        if lines:
+            out += ["", f"{_code(f.get('path'))}: " + "; ".join(lines)]
     return out
 
 

@@ -18,6 +18,11 @@ releases.
 
 Known blind spots: warnings raised in other processes (DataLoader workers) and a
 workload that ends with ``os._exit`` (only the provisional record remains).
+
+A job run by remotemac is observed through observer.py instead (started by the job's
+sitecustomize, jobsite.py, in every process that imports torch, whatever the
+command's shape); it reuses this module's classifier, warning counter and device
+watch. Run as a script, this module still observes one workload in-process.
 """
 
 from __future__ import annotations

@@ -22,9 +22,13 @@ import threading
 import time
 from typing import Any
 
-import memsample  # sibling file: this script runs from the agent dir
+import obsmerge  # sibling files: this script runs from the agent dir
+import proctree
 
 HEARTBEAT_S = 2.0
+#: the job's memory (RSS summed over its process tree) is sampled this often
+MEMORY_SAMPLE_S = 0.5
+AGENT_DIR = os.path.dirname(os.path.abspath(__file__))
 KILL_GRACE_S = 10.0
 #: after its tmux session is destroyed the workload gets this long to exit on SIGTERM
 HANGUP_GRACE_S = 2.0
@@ -56,6 +60,74 @@ def build_argv(spec: dict[str, Any], platform: str | None = None) -> list[str]:
         if caffeinate:
             argv = [caffeinate, "-i"] + argv
     return argv
+
+
+def prepare_observer(observe: dict[str, Any], env: dict[str, str]) -> None:
+    """Put the observer's sitecustomize first on the job's PYTHONPATH (see jobsite.py).
+
+    Its own directory holds nothing else, so no agent module can shadow a user's.
+    """
+    site = os.path.join(observe["dir"], "site")
+    os.makedirs(site, exist_ok=True)
+    shutil.copyfile(os.path.join(AGENT_DIR, "jobsite.py"), os.path.join(site, "sitecustomize.py"))
+    rest = env.get("PYTHONPATH")
+    env["PYTHONPATH"] = site + (os.pathsep + rest if rest else "")
+    env["REMOTEMAC_OBSERVE_DIR"] = observe["dir"]
+    env["REMOTEMAC_OBSERVE_AGENT"] = AGENT_DIR
+    env["REMOTEMAC_OBSERVE_DEVICE"] = str(observe.get("device") or "cpu")
+    env["REMOTEMAC_OBSERVE_FALLBACK"] = str(observe.get("fallback") or "diagnostic")
+    env["REMOTEMAC_OBSERVE_INTERVAL"] = str(observe.get("interval") or 1.0)
+
+
+class JobMemory:
+    """The job's memory over time: RSS summed over its process tree, plus Metal's
+    driver memory summed over the observed processes when the job runs on MPS."""
+
+    def __init__(self, spec: dict[str, Any], started: float) -> None:
+        self.path = spec.get("metrics_path")
+        self.observe = spec.get("observe") or {}
+        self.mps = str(self.observe.get("device") or "").startswith("mps")
+        self.started = started
+        self.peak = 0
+        self.max_processes = 0
+
+    def sample(self, root: int, now: float) -> None:
+        """Append one sample, unless an observed process of the tree is past its end.
+
+        A process whose observer wrote its final record is in atexit or tearing down:
+        its memory falls as it frees everything, and a leak's last samples must not
+        read as memory that stopped growing.
+        """
+        got = proctree.tree_rss(root, session_leader=True)
+        if not got.pids:
+            return
+        records = obsmerge.read_records(self.observe["dir"]) if self.observe.get("dir") else []
+        if any(r.get("finished") and r.get("pid") in got.pids for r in records):
+            return
+        self.peak = max(self.peak, got.rss_bytes)
+        self.max_processes = max(self.max_processes, len(got.pids))
+        row: dict[str, Any] = {"t": round(now - self.started, 3), "rss_bytes": got.rss_bytes,
+                               "processes": len(got.pids), "source": "process-tree"}
+        if self.observe.get("dir"):
+            # where the job is: torch imported (observed > 0), optimizer steps taken;
+            # the memory trend's warm-up is counted from there (decide.memory_stable)
+            live = [r for r in records if r.get("pid") in got.pids]
+            row["observed"] = len(live)
+            row["steps"] = sum(int(r.get("optimizer_steps") or 0) for r in live)
+        if self.mps:
+            mps = obsmerge.mps_driver_bytes(records, got.pids)
+            if mps is not None:
+                row["mps_driver_allocated_bytes"] = mps
+        if self.path:
+            with open(self.path, "a") as fh:
+                fh.write(json.dumps(row) + "\n")
+
+    def merge(self) -> None:
+        """Refresh the job's merged observation (status/<label>.obs.json)."""
+        if self.observe.get("dir") and self.observe.get("obs_path"):
+            with contextlib.suppress(OSError):
+                obsmerge.write_merged(self.observe["dir"], self.observe["obs_path"],
+                                      str(self.observe.get("device") or ""))
 
 
 def _free(path: str) -> dict[str, Any] | None:
@@ -148,6 +220,8 @@ def run(spec_path: str) -> int:
     env = dict(os.environ)
     env.update(spec.get("env", {}))
     env["PYTHONUNBUFFERED"] = "1"
+    if spec.get("observe"):
+        prepare_observer(spec["observe"], env)
     status: dict[str, Any] = {
         "state": "running",
         "device": spec["device"],
@@ -205,17 +279,17 @@ def run(spec_path: str) -> int:
     deadline = (
         status["started_at"] + float(spec.get("timeout") or 0) if spec.get("timeout") else None
     )
-    metrics_path = spec.get("metrics_path")
-    peak = 0
+    memory = JobMemory(spec, status["started_at"])
     disk = DiskWatch(spec["disk"]) if spec.get("disk") else None
     next_beat = time.time() + HEARTBEAT_S
     while not stop.is_set():
         try:
-            code = child.wait(timeout=DISK_CHECK_S if disk else HEARTBEAT_S)
+            code = child.wait(timeout=min(DISK_CHECK_S, MEMORY_SAMPLE_S))
             break
         except subprocess.TimeoutExpired:
             pass
         now = time.time()
+        memory.sample(child.pid, now)
         if disk is not None:
             why = disk.check(now)
             if why and not stopped_by:
@@ -230,29 +304,17 @@ def run(spec_path: str) -> int:
         if now < next_beat:
             continue
         next_beat = now + HEARTBEAT_S
-        rss = memsample.sample_rss(child.pid)
-        if rss:
-            peak = max(peak, rss)
-            if metrics_path:
-                with open(metrics_path, "a") as fh:
-                    fh.write(
-                        json.dumps(
-                            {
-                                "t": round(now - status["started_at"], 3),
-                                "rss_bytes": rss,
-                                "source": "runner",
-                            }
-                        )
-                        + "\n"
-                    )
+        memory.merge()
         status["heartbeat_at"] = now
-        status["peak_rss_bytes"] = peak
+        status["peak_rss_bytes"] = memory.peak
+        status["processes"] = memory.max_processes
         _write_status(status_path, status)
         if deadline and now > deadline and "reason" not in stopped_by:
             stopped_by["reason"] = "timeout"
             os.write(log_fd, b"remotemac: timeout reached, stopping the workload\n")
             _terminate(child)
     os.close(log_fd)
+    memory.merge()
     if "hangup" in stopped_by:
         # no final state: to the orchestrator this is a job that vanished with its
         # session (like a reboot); it reports ``lost`` once the heartbeat is stale
@@ -271,7 +333,7 @@ def run(spec_path: str) -> int:
         exit_code=code,
         ended_at=time.time(),
         heartbeat_at=time.time(),
-        peak_rss_bytes=peak,
+        peak_rss_bytes=memory.peak,
     )
     if reason:
         status["reason"] = stopped_by.get("detail") or reason

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
-import re
 import shlex
 import time
 from pathlib import Path
@@ -60,18 +59,17 @@ def job_request(ctx: RunContext, side: Side, device: str, prov: dict[str, Any],
     if device == "mps" and pb.workload.fallback == "diagnostic":
         env["PYTORCH_ENABLE_MPS_FALLBACK"] = "1"
     command = substitute(command or pb.workload.command, values)
-    agent_dir = ctx.host_for(side).agent.agent_dir
-    if agent_dir:
-        command = wrap_in_harness(command, f"{agent_dir}/harness.py", device=device,
-                                  obs=f"{run_dir}/status/{side.label}.obs.json",
-                                  metrics=f"{run_dir}/logs/{side.label}.metrics.jsonl",
-                                  fallback=pb.workload.fallback)
     return {
         "run_dir": run_dir, "device": side.label, "session": side.session(ctx.run_id),
         "command": f"mkdir -p {shlex.quote(output_dir)} && {command}",
         "metrics_path": f"{run_dir}/logs/{side.label}.rss.jsonl",
         "cwd": f"{run_dir}/project", "env": env, "timeout": pb.workload.timeout,
         "mode": "tmux", "disk": disk_watch(ctx, side, run_dir),
+        # every Python process of the job that imports torch is observed in-process,
+        # whatever the command's shape (see agent/jobsite.py and agent/observer.py)
+        "observe": {"dir": f"{run_dir}/status/{side.label}.observe",
+                    "obs_path": f"{run_dir}/status/{side.label}.obs.json",
+                    "device": device, "fallback": pb.workload.fallback, "interval": 1.0},
     }
 
 
@@ -81,35 +79,6 @@ def disk_watch(ctx: RunContext, side: Side, run_dir: str) -> dict[str, Any]:
     min_free = int(ctx.playbook.stop_when.min_free_disk)
     return {"paths": {"root": run_dir, "ram": (ram or {}).get("path")},
             "min_free": min_free, "warn_free": 2 * min_free}
-
-
-_PYTHON = re.compile(r"^(?:.*/)?python(?:\d+(?:\.\d+)?)?$")
-_SHELL_SYNTAX = set("|&;<>()$`\n")
-
-
-def wrap_in_harness(command: str, harness: str, *, device: str, obs: str, metrics: str,
-                    fallback: str) -> str:
-    """Run ``python script.py …`` / ``python -m mod …`` inside the agent's MPS harness.
-
-    Anything else (shell syntax, other interpreters, python flags we do not know) runs
-    as written: it still gets its log, exit code and RSS samples from the runner.
-    """
-    if any(c in _SHELL_SYNTAX for c in command):
-        return command
-    try:
-        argv = shlex.split(command)
-    except ValueError:
-        return command
-    if len(argv) < 2 or not _PYTHON.match(argv[0]):
-        return command
-    rest = argv[1:]
-    while rest and rest[0] in ("-u", "-B"):
-        rest = rest[1:]
-    if not rest or (rest[0].startswith("-") and rest[0] != "-m"):
-        return command
-    wrapped = [argv[0], harness, "--device", device, "--obs", obs, "--metrics", metrics,
-               "--fallback", fallback, "--", *rest]
-    return " ".join(shlex.quote(a) for a in wrapped)
 
 
 async def launch(ctx: RunContext, side: Side, request: dict[str, Any],

@@ -17,7 +17,8 @@ def compare_results(ctx: RunContext) -> dict[str, Any]:
     from remotemac.acceptance.compare import CompareRule, compare_outputs
 
     ref, tgt, again = ctx.side("reference"), ctx.side("target"), ctx.side("reproduce")
-    rules = [CompareRule(file=r.file, rtol=r.rtol, atol=r.atol)
+    rules = [CompareRule(file=r.file, rtol=r.rtol, atol=r.atol, keys=tuple(r.keys),
+                         ignore=tuple(r.ignore), strict=r.strict)
              for r in ctx.playbook.outputs.compare]
     if not rules:
         rules = [CompareRule(file="**/*", rtol=None, atol=None)]
@@ -62,12 +63,31 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def memory_samples(logs: Path, label: str) -> list[tuple[float, float]]:
-    """(t, bytes): Metal's driver memory on MPS, else the process RSS (harness or runner)."""
-    rows = _read_jsonl(logs / f"{label}.metrics.jsonl") or _read_jsonl(logs / f"{label}.rss.jsonl")
-    key = "mps_driver_allocated_bytes" if any(r.get("mps_driver_allocated_bytes") for r in rows) \
-        else "rss_bytes"
-    return [(float(r["t"]), float(r[key])) for r in rows if r.get(key)]
+#: the memory trend's warm-up ends after this many optimizer steps, when they are known
+WARMUP_STEPS = 5
+
+
+def warmup_hints(logs: Path, label: str) -> dict[str, float | None]:
+    """When the job had imported torch and taken its first optimizer steps (the runner's
+    ``observed``/``steps`` columns), for the memory trend's warm-up."""
+    rows = _read_jsonl(logs / f"{label}.rss.jsonl")
+    active = next((float(r["t"]) for r in rows if (r.get("observed") or 0) > 0), None)
+    warm = next((float(r["t"]) for r in rows if (r.get("steps") or 0) >= WARMUP_STEPS), None)
+    return {"active_from": active, "warm_at": warm}
+
+
+def memory_samples(logs: Path, label: str) -> tuple[list[tuple[float, float]], str]:
+    """(t, bytes) of the job and what they measure: Metal's driver memory summed over the
+    observed processes on MPS, else RSS summed over the job's process tree (the runner's
+    samples; an older run's harness metrics when that is all there is)."""
+    rows = _read_jsonl(logs / f"{label}.rss.jsonl") or _read_jsonl(logs / f"{label}.metrics.jsonl")
+    if any(r.get("mps_driver_allocated_bytes") for r in rows):
+        key, source = "mps_driver_allocated_bytes", "mps-driver"
+    else:
+        key = "rss_bytes"
+        source = "process-tree-rss" if any(r.get("source") == "process-tree" for r in rows) \
+            else "process-rss"
+    return [(float(r["t"]), float(r[key])) for r in rows if r.get(key)], source
 
 
 def _observations(ctx: RunContext) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -78,10 +98,17 @@ def _observations(ctx: RunContext) -> tuple[dict[str, Any], list[dict[str, Any]]
     logs = ctx.out_dir / "logs"
     obs_file = logs / f"{tgt.label}.obs.json"
     harness = json.loads(obs_file.read_text()) if obs_file.exists() else {}
-    samples = memory_samples(logs, tgt.label)
-    duration = samples[-1][0] - samples[0][0] if len(samples) > 1 else 0.0
-    memory = memory_stable(samples, warmup_s=min(10.0, 0.25 * duration)) if samples else {
+    samples, source = memory_samples(logs, tgt.label)
+    memory = memory_stable(samples, **warmup_hints(logs, tgt.label)) if samples else {
         "peak_bytes": None, "stable": None, "slope_bytes_per_s": None}
+    memory["source"] = source if samples else None
+    # a sample every 0.5 s can miss a short spike; each process's own high-water mark
+    # (ru_maxrss, reported by its observer) cannot
+    rss_peak = max([int(r.get("rss_bytes") or 0) for r in _read_jsonl(logs / f"{tgt.label}.rss.jsonl")]
+                   + [int(harness.get("peak_rss_bytes") or 0)])
+    memory["rss_peak_bytes"] = rss_peak or None
+    if samples and source != "mps-driver":
+        memory["peak_bytes"] = max(memory["peak_bytes"] or 0, rss_peak)
     memory["samples"] = [[t, b] for t, b in samples][-200:]
     # a job that never imported torch showed nothing about operators or devices:
     # "not observed", never an empty list that reads as "pass"
@@ -97,6 +124,7 @@ def _observations(ctx: RunContext) -> tuple[dict[str, Any], list[dict[str, Any]]
         },
         "torch_imported": torch_seen if harness else None,
         "memory": memory,
+        "processes": harness.get("processes"),
         "results": {"within_tolerance": compare.get("within_tolerance"),
                     "files": compare.get("files", [])},
         "reproducibility": compare.get("reproducibility"),
