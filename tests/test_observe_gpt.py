@@ -31,12 +31,13 @@ RULE = {"file": "ckpt.pt", "rtol": 1e-5, "atol": 1e-7}
 
 
 def _run(tmp_path: Path, host: str, python: str, command: str, *, env: dict | None = None,
-         cli: tuple[str, ...] = (), tag: str = "") -> tuple[int, dict, Path]:
+         cli: tuple[str, ...] = (), tag: str = "", root: Path | None = None,
+         ) -> tuple[int, dict, Path]:
     name = f"gpt-{tag or 'run'}"
     data = {
         "name": name,
         "host": host,
-        "remote_root": str(tmp_path / f"host-root-{tag}"),
+        "remote_root": str((root or tmp_path) / f"host-root-{tag}"),
         "project": {"path": str(PROJECT)},
         "environment": {"python": python, "venv": False},
         "workload": {"command": command, "reference": {"device": "cpu"},
@@ -113,23 +114,25 @@ def test_gpt_perturbed_weight_local_rejected_naming_key(tmp_path):
 
 
 @pytest.fixture
-def sshd_cli(sshd, ssh_env) -> tuple[tuple[str, ...], str]:
+def sshd_cli(sshd, ssh_env) -> tuple[tuple[str, ...], str, Path]:
+    """CLI options, the host alias and a dir the host's (lab) login can write."""
     home, cfg, alias = ssh_env(sshd)
-    return ("--home", str(home), "--ssh-config", str(cfg)), alias
+    return ("--home", str(home), "--ssh-config", str(cfg)), alias, sshd.home
 
 
 def test_gpt_host_torch_sshd_both_command_shapes_accepted(tmp_path, sshd_cli,
                                                           host_torch_python):
-    cli, alias = sshd_cli
+    cli, alias, root = sshd_cli
     for tag, command in (("ssh-sh", SHELL_CMD), ("ssh-runsh", RUN_SH)):
-        code, record, out = _run(tmp_path, alias, host_torch_python, command, cli=cli, tag=tag)
+        code, record, out = _run(tmp_path, alias, host_torch_python, command, cli=cli, tag=tag,
+                                 root=root)
         _assert_accepted_and_observed(code, record, out)
 
 
 def test_gpt_host_torch_sshd_perturbed_rejected_naming_key(tmp_path, sshd_cli,
                                                            host_torch_python):
-    cli, alias = sshd_cli
+    cli, alias, root = sshd_cli
     code, record, _ = _run(tmp_path, alias, host_torch_python, SHELL_CMD, cli=cli,
-                           tag="ssh-bad",
+                           tag="ssh-bad", root=root,
                            env={"GPT_PERTURB": PERTURBED, "GPT_PERTURB_WHEN": "cpu-target"})
     _assert_rejected_naming_key(code, record)
