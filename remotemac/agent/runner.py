@@ -23,6 +23,7 @@ import time
 from typing import Any
 
 import memsample  # sibling file: this script runs from the agent dir
+import procid  # sibling: who a process is (start time, command line), for safe kills
 
 HEARTBEAT_S = 2.0
 KILL_GRACE_S = 10.0
@@ -152,6 +153,7 @@ def run(spec_path: str) -> int:
         "state": "running",
         "device": spec["device"],
         "runner_pid": os.getpid(),
+        "runner_start": procid.identity(os.getpid()),
         "mode": spec.get("mode", ""),
         "started_at": time.time(),
         "heartbeat_at": time.time(),
@@ -164,9 +166,10 @@ def run(spec_path: str) -> int:
     if spec.get("relaunch") and spec["relaunch"].get("marker"):
         # written by this runner only, once: a retried launch finds the job running
         _marker(log_fd, log_path, spec["relaunch"]["marker"])
+    argv = build_argv(spec)
     try:
         child = subprocess.Popen(
-            build_argv(spec),
+            argv,
             cwd=spec.get("cwd") or None,
             env=env,
             stdin=subprocess.DEVNULL,
@@ -181,6 +184,10 @@ def run(spec_path: str) -> int:
         _write_status(status_path, status)
         return 127
     status["child_pid"] = child.pid
+    # wipe and cleanup signal this pid only while it is still this very process
+    status["child_start"] = procid.identity(child.pid)
+    status["child_argv"] = argv
+    status["child_cmdline"] = procid.cmdline(child.pid)
     _write_status(status_path, status)
 
     stop = threading.Event()
@@ -247,6 +254,9 @@ def run(spec_path: str) -> int:
                     )
         status["heartbeat_at"] = now
         status["peak_rss_bytes"] = peak
+        line = procid.cmdline(child.pid)  # the shell may have exec'd the command since
+        if line and child.poll() is None:
+            status["child_cmdline"] = line
         _write_status(status_path, status)
         if deadline and now > deadline and "reason" not in stopped_by:
             stopped_by["reason"] = "timeout"

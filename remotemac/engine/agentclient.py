@@ -19,6 +19,7 @@ from remotemac.errors import HostError, RemotemacError
 from remotemac.transport.base import ExecResult, Transport
 
 AGENT_SRC = Path(__file__).resolve().parent.parent / "agent"
+OWNED_MARKER = ".remotemac-owned"  # agent/safefs.py MARKER
 
 
 @lru_cache(maxsize=1)
@@ -62,6 +63,8 @@ class AgentClient:
         self.ledger = ledger or Ledger(None)
         self.python = python
         self.agent_dir = ""
+        #: the remote_root's id from its ownership marker (provision claims the root)
+        self.root_id: str | None = None
 
     async def install(self) -> str:
         """Upload the agent unless this exact version is already there."""
@@ -70,6 +73,10 @@ class AgentClient:
         marker = f"{agent_dir}/.complete"
         if await self.transport.stat(marker) is None:
             await self.transport.makedirs(agent_dir)
+            # ownership first: cleanup removes only directories that carry it
+            await self.transport.write_bytes(f"{agent_dir}/{OWNED_MARKER}", json.dumps(
+                {"kind": "agent", "version": version, "root_id": self.root_id,
+                 "created_at": time.time()}).encode())
             for name, data in files.items():
                 await self.transport.write_bytes(f"{agent_dir}/{name}", data, mode=0o600)
             await self.transport.write_bytes(marker, version.encode())

@@ -38,7 +38,7 @@ from remotemac.errors import EXIT_HOST, BadInput, HostError, RemotemacError
 from remotemac.transport.base import Transport
 
 AGENT_DIR = Path(__file__).resolve().parent.parent / "agent"
-MODULES = ("ramstore", "hostagent", "deadman", "cleanupops")
+MODULES = ("procid", "safefs", "ramstore", "hostagent", "deadman", "cleanupops")
 
 BOOTSTRAP = (
     "import json,sys,types\n"
@@ -100,6 +100,12 @@ def journal_knowledge(journal, host: str, name: str) -> Knowledge:
     seen = {(i["kind"], i["path"]) for i in know.items}
     for alias in {host, name}:
         for row in journal.inventory(alias):
+            if row["kind"] == "root":  # recorded before provision wrote anything
+                if row["path"] not in know.roots:
+                    know.roots.append(row["path"])
+                if row.get("run_id"):
+                    know.run_roots.setdefault(row["run_id"], row["path"])
+                continue
             if (row["kind"], row["path"]) not in seen:
                 seen.add((row["kind"], row["path"]))
                 know.items.append({"kind": row["kind"], "path": row["path"],

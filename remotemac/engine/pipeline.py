@@ -176,6 +176,7 @@ def _restore(ctx: RunContext, name: str) -> None:
             binding.root = info["root"]
             binding.agent.root = info["root"]
             binding.run_dir = info["run_dir"]
+            binding.agent.root_id = info.get("root_id")
 
 
 # ---------------------------------------------------------------- phases

@@ -21,6 +21,21 @@ def env_key(python: str, system_site: bool, requirements: bytes | None) -> str:
     return digest.hexdigest()[:16]
 
 
+async def claim_root(ctx: RunContext, binding: HostBinding, root: str) -> str | None:
+    """Make or adopt remote_root on the host and mark it as remotemac's; refuse (exit 2)
+    a root that is, holds or sits above the host's home, or holds files remotemac did
+    not write. Runs the agent from memory: nothing is written before the answer."""
+    from remotemac.engine.cleanup import call_in_memory
+    from remotemac.errors import BadInput
+
+    answer = await call_in_memory(binding.transport, ctx.ledger, "op_claim_root",
+                                  {"root": root, "run_id": ctx.run_id}, timeout=120)
+    if answer.get("refused"):
+        raise BadInput(f"{binding.transport.name}: remote_root {root}: {answer['refused']}",
+                       hint="nothing was written on the host")
+    return answer.get("root_id")
+
+
 def project_archive(project_dir: Path, exclude: list[str]) -> tuple[bytes, list[str]]:
     files = list(walk_project(project_dir, exclude))
     buf = io.BytesIO()
@@ -43,7 +58,10 @@ async def provision_host(ctx: RunContext, binding: HostBinding) -> dict[str, Any
         root = expand_root(pb.remote_root, await transport.home())
     binding.root = root
     binding.agent.root = root
-    await transport.makedirs(root)
+    # listed before anything is written, so cleanup finds the root even when the
+    # run dies in provision (issue 15, item 11)
+    ctx.journal.record_created(transport.name, "root", root, ctx.run_id)
+    binding.agent.root_id = await claim_root(ctx, binding, root)
     await binding.agent.install()
     prepared = await binding.agent.call("prepare_run", {"root": root, "run_id": ctx.run_id})
     binding.run_dir = prepared["run_dir"]
@@ -78,7 +96,8 @@ async def provision_host(ctx: RunContext, binding: HostBinding) -> dict[str, Any
         ctx.journal.record_created(transport.name, "venv", venv["env_dir"], ctx.run_id)
     probe = await binding.agent.call("freeze_env", {"python": venv_python})
     return {
-        "root": root, "run_dir": binding.run_dir, "paths": prepared["paths"],
+        "root": root, "root_id": binding.agent.root_id, "run_dir": binding.run_dir,
+        "paths": prepared["paths"],
         "venv_python": venv_python, "venv_reused": venv.get("reused"), "probe": probe,
         "project_files": len(files), "project_bytes": len(archive),
         "lock_hash": hashlib.sha256(req_bytes).hexdigest() if req_bytes else None,
