@@ -473,6 +473,7 @@ def wipe_run_data(req: Dict[str, Any]) -> Dict[str, Any]:
     removed: List[str] = []
     remaining: List[str] = []
     failed: List[str] = []
+    notes: List[str] = []
     prefix = session_name(run_id)
     live = [s["name"] for s in tmux_sessions()]
     sessions = set(n for n in req.get("sessions") or [] if n in live)
@@ -494,9 +495,10 @@ def wipe_run_data(req: Dict[str, Any]) -> Dict[str, Any]:
         elif fate["fate"] == "failed":
             remaining.append("ram:%s (%s)" % (ram["path"], fate.get("why")))
             failed.append(ram["path"])
+        elif fate.get("why"):
+            notes.append("ram:%s: %s" % (ram["path"], fate["why"]))
     wipe_outputs = bool(req.get("wipe_outputs", True))
     keep = set(req.get("keep") or KEPT_SUBDIRS)
-    notes: List[str] = []
     if not_ours is not None:
         remaining.append("%s (%s)" % (run_dir, not_ours))
         failed.append(run_dir)
