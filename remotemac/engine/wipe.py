@@ -74,9 +74,9 @@ async def wipe_run(ctx: RunContext) -> dict[str, Any]:
             })
         except (RemotemacError, OSError, asyncio.TimeoutError) as exc:
             line = exc.line() if isinstance(exc, RemotemacError) else f"{type(exc).__name__}: {exc}"
-            errors.append(f"{name}: {line}")
-            remaining += [f"{name}:{p} (wipe could not run)"
-                          for p in left_on_host(ctx, key, binding, pulled)]
+            left = left_on_host(ctx, key, binding, pulled)
+            errors.append(f"{name} ({line}); left on {name}: {', '.join(left)}")
+            remaining += [f"{name}:{p} (wipe could not run)" for p in left]
             verified = False
             continue
         ctx.ledger.append_steps(name, "wipe_run_data", answer.get("steps"))
@@ -115,10 +115,9 @@ async def wipe_run(ctx: RunContext) -> dict[str, Any]:
         shred = ("the local data key was crypto-shredded, so the ciphertext left there can "
                  "no longer be decrypted" if key_destroyed or not key_path(
                      ctx.home, ctx.run_id).exists() else "the local data key is still there")
-        result["error"] = (f"wipe could not run on {'; '.join(errors)}; {shred}; left on the "
-                           f"host: {', '.join(r for r in remaining if 'could not run' in r)}; "
-                           f"run `remotemac wipe {ctx.run_id}` again, or `remotemac cleanup "
-                           f"HOST`, once the host answers")
+        result["error"] = (f"wipe could not run on {'; '.join(errors)}; {shred}; run "
+                           f"`remotemac wipe {ctx.run_id}` again, or `remotemac cleanup HOST`, "
+                           "once the host answers")
     return result
 
 
