@@ -49,8 +49,9 @@ def test_item10_wipe_after_reboot_never_detaches_a_reused_disk(tmp_path: Path, h
     answer = cleanupops.wipe_run_data({"root": str(root), "run_id": RUN, "ram": ram})
     assert not hdiutil.exists(), "hdiutil was run on a disk that is no longer ours: " + (
         hdiutil.read_text() if hdiutil.exists() else "")
-    assert any("no volume is mounted at /Volumes/remotemac-%s any more (the host restarted?)"
-               ": /dev/disk3 left alone" % RUN in n for n in answer["notes"]), answer["notes"]
+    expected = (f"no volume is mounted at /Volumes/remotemac-{RUN} any more (the host "
+                "restarted?): /dev/disk3 left alone")
+    assert any(expected in n for n in answer["notes"]), answer["notes"]
 
 
 def test_item10_a_mounted_volume_on_another_device_is_left_alone(hdiutil: Path):
