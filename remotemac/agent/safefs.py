@@ -133,8 +133,13 @@ def read_json_file(path: str, limit: int = 1 << 22) -> Any:
 # ------------------------------------------------------------------ ownership markers
 
 
-def write_marker(dir_fd: int, info: Dict[str, Any]) -> Dict[str, Any]:
-    """Write ``.remotemac-owned`` in the directory ``dir_fd`` atomically (tmp + rename)."""
+def write_marker(dir_fd: int, info: Dict[str, Any], exclusive: bool = False) -> Dict[str, Any]:
+    """Write ``.remotemac-owned`` in the directory ``dir_fd`` atomically (tmp + rename).
+
+    ``exclusive``: never replace a marker already there (two runs claiming a new
+    root at once): the tmp file is hard-linked into place, which fails when the
+    name exists, and the marker that won is returned.
+    """
     data = dict(info, created_at=time.time(), pid=os.getpid())
     tmp = "%s.tmp-%d" % (MARKER, os.getpid())
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _NOFOLLOW | _CLOEXEC, 0o600,
@@ -144,7 +149,15 @@ def write_marker(dir_fd: int, info: Dict[str, Any]) -> Dict[str, Any]:
         os.fsync(fd)
     finally:
         os.close(fd)
-    os.replace(tmp, MARKER, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    if not exclusive:
+        os.replace(tmp, MARKER, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        return data
+    try:
+        os.link(tmp, MARKER, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except FileExistsError:
+        return read_marker(dir_fd) or data
+    finally:
+        os.unlink(tmp, dir_fd=dir_fd)
     return data
 
 
@@ -347,6 +360,9 @@ def ensure_owned_dir(path: str, info: Dict[str, Any]) -> Tuple[Dict[str, Any], b
             shown = ", ".join(sorted(entries)[:3]) + (" …" if len(entries) > 3 else "")
             raise NotOurs("%s holds %d entr%s remotemac did not write (%s)"
                           % (path, len(entries), "y" if len(entries) == 1 else "ies", shown))
-        return write_marker(fd, info), created
+        marker = write_marker(fd, info, exclusive=True)
+        if marker.get("kind") != info.get("kind"):
+            raise NotOurs("%s was just marked as remotemac's %s" % (path, marker.get("kind")))
+        return marker, created
     finally:
         os.close(fd)
