@@ -789,11 +789,18 @@ def _finish_root(lexical: str, real_root: str, gone: Any, dry_run: bool) -> Dict
     except (safefs.NotOurs, OSError) as exc:
         return dict(item, fate="failed", why=str(exc))
     try:
-        for name in sorted(safefs.names_at(fd)):
-            done = safefs.remove_at(fd, name) if name in CONTAINERS or name in BOOKKEEPING \
-                or ".tmp-" in name else {"failed": ["%s appeared meanwhile" % name]}
-            if done["failed"]:
-                return dict(item, fate="failed", why="; ".join(done["failed"][:3]))
+        # the marker goes last: a root that cannot be finished stays recognisable
+        for name in sorted(safefs.names_at(fd), key=lambda n: (n == safefs.MARKER, n)):
+            try:
+                if name in CONTAINERS:  # empty by now: rmdir fails on anything new in it
+                    os.rmdir(name, dir_fd=fd)
+                elif name in BOOKKEEPING or name.startswith(("inventory.json.tmp-",
+                                                             safefs.MARKER + ".tmp-")):
+                    os.unlink(name, dir_fd=fd)
+                else:
+                    return dict(item, fate="failed", why="%s appeared meanwhile" % name)
+            except OSError as exc:
+                return dict(item, fate="failed", why="%s: %s" % (name, exc.strerror or exc))
     finally:
         os.close(fd)
     try:
