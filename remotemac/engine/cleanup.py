@@ -285,6 +285,8 @@ def _plan_lines(record: dict[str, Any]) -> list[str]:
     for item in record["items"]:
         if item.get("fate") == "failed":
             lines.append(f"  NOT {item['kind']:5} {item['path']}: {item.get('why')}")
+        elif item.get("fate") == "left alone":
+            lines.append(f"  KEEP {item['kind']:4} {item['path']}: {item.get('why')}")
     lines.append(f"  total {record['bytes_to_free']} bytes; nothing was touched")
     return lines
 
