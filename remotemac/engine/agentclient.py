@@ -66,8 +66,28 @@ class AgentClient:
         #: the remote_root's id from its ownership marker (provision claims the root)
         self.root_id: str | None = None
 
+    async def claim(self, run_id: str | None = None) -> str | None:
+        """Make or adopt the root on the host and mark it as remotemac's, before anything
+        is written below it; BadInput (exit 2, nothing written) for a root that is, holds
+        or sits above the host's home, or that holds files remotemac did not write.
+        Runs the agent from memory (it is installed below the root)."""
+        from remotemac.engine.cleanup import call_in_memory
+        from remotemac.errors import BadInput
+
+        answer = await call_in_memory(self.transport, self.ledger, "op_claim_root",
+                                      {"root": self.root, "run_id": run_id},
+                                      python=self.python, timeout=120)
+        if answer.get("refused"):
+            raise BadInput(f"{self.transport.name}: remote_root {self.root}: "
+                           f"{answer['refused']}", hint="nothing was written on the host")
+        self.root_id = answer.get("root_id")
+        return self.root_id
+
     async def install(self) -> str:
-        """Upload the agent unless this exact version is already there."""
+        """Upload the agent unless this exact version is already there (the root is
+        claimed first when this client has not done it yet)."""
+        if self.root_id is None:
+            await self.claim()
         version, files = agent_bundle()
         agent_dir = f"{self.root}/agent/{version}"
         marker = f"{agent_dir}/.complete"

@@ -21,21 +21,6 @@ def env_key(python: str, system_site: bool, requirements: bytes | None) -> str:
     return digest.hexdigest()[:16]
 
 
-async def claim_root(ctx: RunContext, binding: HostBinding, root: str) -> str | None:
-    """Make or adopt remote_root on the host and mark it as remotemac's; refuse (exit 2)
-    a root that is, holds or sits above the host's home, or holds files remotemac did
-    not write. Runs the agent from memory: nothing is written before the answer."""
-    from remotemac.engine.cleanup import call_in_memory
-    from remotemac.errors import BadInput
-
-    answer = await call_in_memory(binding.transport, ctx.ledger, "op_claim_root",
-                                  {"root": root, "run_id": ctx.run_id}, timeout=120)
-    if answer.get("refused"):
-        raise BadInput(f"{binding.transport.name}: remote_root {root}: {answer['refused']}",
-                       hint="nothing was written on the host")
-    return answer.get("root_id")
-
-
 def project_archive(project_dir: Path, exclude: list[str]) -> tuple[bytes, list[str]]:
     files = list(walk_project(project_dir, exclude))
     buf = io.BytesIO()
@@ -61,7 +46,7 @@ async def provision_host(ctx: RunContext, binding: HostBinding) -> dict[str, Any
     # listed before anything is written, so cleanup finds the root even when the
     # run dies in provision (issue 15, item 11)
     ctx.journal.record_created(transport.name, "root", root, ctx.run_id)
-    binding.agent.root_id = await claim_root(ctx, binding, root)
+    await binding.agent.claim(ctx.run_id)
     await binding.agent.install()
     prepared = await binding.agent.call("prepare_run", {"root": root, "run_id": ctx.run_id})
     binding.run_dir = prepared["run_dir"]
