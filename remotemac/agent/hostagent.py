@@ -219,6 +219,9 @@ def op_prepare_run(req: dict[str, Any]) -> dict[str, Any]:
         paths[sub] = path
     _safe_under(root, run_dir)
     inventory_add(root, "run", run_dir, run_id)
+    agent = safefs.marker_of(AGENT_DIR)
+    if agent is not None and agent.get("kind") == "agent":  # this very agent, below root
+        inventory_add(root, "agent", AGENT_DIR)
     return {"run_dir": run_dir, "paths": paths}
 
 

@@ -47,7 +47,7 @@ async def provision_host(ctx: RunContext, binding: HostBinding) -> dict[str, Any
     # run dies in provision (issue 15, item 11)
     ctx.journal.record_created(transport.name, "root", root, ctx.run_id)
     await binding.agent.claim(ctx.run_id)
-    await binding.agent.install()
+    ctx.journal.record_created(transport.name, "agent", await binding.agent.install(), ctx.run_id)
     prepared = await binding.agent.call("prepare_run", {"root": root, "run_id": ctx.run_id})
     binding.run_dir = prepared["run_dir"]
     ctx.journal.record_created(transport.name, "run", binding.run_dir, ctx.run_id)
