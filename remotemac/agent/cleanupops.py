@@ -734,6 +734,9 @@ def _cleanup_root(root: str, req: Dict[str, Any], dry_run: bool,
         _size, count = tree_size(real_root)
         raise UnsafeRoot("%s: not made by remotemac (no marker; %d entries) - left alone"
                          % (lexical, max(0, count - 1)))
+    if found["exists"] and found["marker"].get("kind") != "root":
+        raise UnsafeRoot("%s: marked as remotemac's %s, not a remote_root - left alone"
+                         % (lexical, found["marker"].get("kind")))
     items = sorted(found["items"].values(), key=lambda i: (_ORDER.get(i["kind"], 9), i["path"]))
     for item in items:
         item.update(_dispose(item, real_root, lexical, found["marker"], dry_run, steps))

@@ -24,7 +24,6 @@ or kill the sleeper). Python 3.9, standard library only.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import plistlib
 import re
@@ -380,10 +379,7 @@ def sleep_then_fire(spec_file: str) -> int:
 
 
 def _write_json(path: str, data: Any) -> None:
-    tmp = "%s.tmp-%d" % (path, os.getpid())
-    with open(tmp, "w") as fh:
-        json.dump(data, fh)
-    os.replace(tmp, path)
+    safefs.write_json_atomic(path, data)
 
 
 def _inventory_set(real_root: str, item: Dict[str, Any]) -> None:

@@ -57,12 +57,7 @@ def _safe_under(root: str, path: str) -> str:
 
 
 def _atomic_write_json(path: str, data: Any) -> None:
-    tmp = "%s.tmp-%d" % (path, os.getpid())
-    with open(tmp, "w") as fh:
-        json.dump(data, fh)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    safefs.write_json_atomic(path, data)
 
 
 def _read_json(path: str, default: Any = None) -> Any:

@@ -24,6 +24,7 @@ from typing import Any
 
 import memsample  # sibling file: this script runs from the agent dir
 import procid  # sibling: who a process is (start time, command line), for safe kills
+import safefs  # sibling: file writes that never go through a planted link
 
 HEARTBEAT_S = 2.0
 KILL_GRACE_S = 10.0
@@ -36,12 +37,7 @@ STORAGE_GRACE_S = 5.0
 
 
 def _write_status(path: str, status: dict[str, Any]) -> None:
-    tmp = "%s.tmp-%d" % (path, os.getpid())
-    with open(tmp, "w") as fh:
-        json.dump(status, fh)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    safefs.write_json_atomic(path, status)
 
 
 def build_argv(spec: dict[str, Any], platform: str | None = None) -> list[str]:

@@ -23,6 +23,7 @@ Python 3.9, standard library only.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import stat
@@ -366,3 +367,21 @@ def ensure_owned_dir(path: str, info: Dict[str, Any]) -> Tuple[Dict[str, Any], b
         return marker, created
     finally:
         os.close(fd)
+
+
+def write_json_atomic(path: str, data: Any) -> None:
+    """Write JSON to ``path`` through a fresh tmp file (O_EXCL, O_NOFOLLOW) and a rename.
+
+    The tmp name is guessable (``<path>.tmp-<pid>``) and the workload can write in
+    status/: a link planted there is removed, never written through.
+    """
+    tmp = "%s.tmp-%d" % (path, os.getpid())
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(tmp)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC, 0o600)
+    try:
+        os.write(fd, json.dumps(data).encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
