@@ -38,6 +38,10 @@ SYSTEM_DIRS = {
     "/private/tmp", "/private/var", "/usr/local", "/opt/homebrew",
 }
 
+#: where homes live (/Users/<name>, /home/<name>) and homes with a fixed path
+HOME_PARENTS = {"/Users", "/home", "/var/home", "/export/home"}
+HOME_DIRS = {"/var/root", "/private/var/root"}
+
 Size = Annotated[
     int,
     BeforeValidator(parse_size),
@@ -375,6 +379,11 @@ def check_remote_root(value: str) -> str:
         raise ValueError(f"remote_root {value!r} must start with ~/ or /")
     if norm in SYSTEM_DIRS or (norm.startswith("/") and len(Path(norm).parts) < 3):
         raise ValueError(f"remote_root {value!r} is a system dir: use e.g. ~/remotemac")
+    parts = Path(norm).parts
+    if norm in HOME_DIRS or (len(parts) == 3 and "/" + parts[1] in HOME_PARENTS):
+        # cleanup removes remote_root: a home dir (the host's is checked again on the host)
+        raise ValueError(f"remote_root {value!r} looks like a home directory: use a dedicated "
+                         "dir below it, like ~/remotemac")
     return norm
 
 

@@ -15,6 +15,7 @@ import pytest
 
 from remotemac.journal import Journal
 from tests.conftest import remotemac
+from tests.hostlayout import make_run, mark
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "remotemac" / "agent"))
 import cleanupops  # noqa: E402
@@ -40,9 +41,7 @@ def host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
 
 
 def _make_run(root: Path, run_id: str) -> Path:
-    run_dir = root / "runs" / run_id
-    for sub in ("project", "data", "logs", "status", "out"):
-        (run_dir / sub).mkdir(parents=True)
+    run_dir = make_run(root, run_id)
     (run_dir / "data" / "x.rmenc").write_bytes(b"\0" * 100)
     return run_dir
 
@@ -67,8 +66,8 @@ def test_partial_inventory_and_forgotten_runs(host):
     root = host["root"]
     kept = _make_run(root, "a-1")
     _make_run(root, "b-2")  # only found by scanning runs/: inventory and journal forgot it
-    (root / "envs" / "0123abcd").mkdir(parents=True)
-    (root / "agent" / "feedbeef").mkdir(parents=True)
+    mark(root / "envs" / "0123abcd", "venv")
+    mark(root / "agent" / "feedbeef", "agent")
     # inventory.json knows only one run (the rest of the file was lost)
     (root / "inventory.json").write_text(json.dumps({"version": 1, "items": [
         {"kind": "run", "path": str(kept), "run_id": "a-1", "created_at": 1.0}]}))
@@ -97,12 +96,19 @@ def test_corrupt_inventory_and_symlinks_never_followed(host):
     (root / "escape").symlink_to(canary)
     (root / "runs" / "evil").symlink_to(canary)  # a "run" that is a link out
     proc = _cleanup(host, "--yes")
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    # the two links at the top were not made by remotemac: left alone, so the root
+    # stays (with its marker, for a later cleanup) and the cleanup is "not clean"
+    assert proc.returncode == 1, proc.stdout + proc.stderr
     assert (canary / "keep.txt").read_text() == "mine"
-    assert not root.exists()
+    assert not run_dir.exists()
+    assert sorted(p.name for p in root.rglob("*") if p.name != ".remotemac-owned") == [
+        "escape", "evil", "inventory.json", "runs"]
     assert not list(host["cwd"].glob("cleanup-*")), "the record went into the cwd"
     [folder] = list((host["rm_home"] / "cleanups").glob("cleanup-local-*"))
     record = json.loads((folder / "cleanup.json").read_text())
+    fates = {Path(i["path"]).name: i for i in record["items"]}
+    assert fates["evil"]["fate"] == "left alone" and "symlink" in fates["evil"]["why"]
+    assert fates["remotemac"]["fate"] == "left alone" and "escape" in fates["remotemac"]["why"]
     assert any("inventory.json unreadable" in n for r in record["remote_roots"]
                for n in r["notes"])
 

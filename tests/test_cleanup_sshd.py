@@ -169,6 +169,23 @@ def test_three_runs_then_cleanup_leaves_nothing(tmp_path: Path, sshd_factory, ss
     planned = {(i["kind"], i["path"]) for i in plan["items"] if i["fate"] == "would remove"}
 
     proc = t.cli("cleanup", t.alias, "--remote-root", str(t.root), "--yes", cwd=tmp_path)
+    # the two links planted at the top of remote_root were not made by remotemac: they
+    # stay, and so does the root (with its marker and inventory), and cleanup says so
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    [first] = list(tmp_path.glob(f"cleanup-{t.alias}-*"))
+    kept = json.loads((first / "cleanup.json").read_text())
+    assert tree(t.host_home) == [
+        "remotemac", "remotemac/.remotemac-owned", "remotemac/agent", "remotemac/envs",
+        "remotemac/envs/fake-env", "remotemac/inventory.json", "remotemac/link-to-canary",
+        "remotemac/runs"], json.dumps(kept["items"])
+    assert kept["status"] == "not clean"
+    [root_item] = [i for i in kept["items"] if i["kind"] == "root"]
+    assert root_item["fate"] == "left alone"
+    assert "2 entries remotemac did not make (envs/fake-env, link-to-canary)" in root_item["why"]
+    first.rename(tmp_path / "first-cleanup")
+    (t.root / "link-to-canary").unlink()
+    (t.root / "envs" / "fake-env").unlink()
+    proc = t.cli("cleanup", t.alias, "--remote-root", str(t.root), "--yes", cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     # nothing of remotemac's under the host user's home, whole tree
     assert tree(t.host_home) == []
@@ -181,16 +198,17 @@ def test_three_runs_then_cleanup_leaves_nothing(tmp_path: Path, sshd_factory, ss
     record = json.loads((folder / "cleanup.json").read_text())
     assert record["status"] == "clean" and record["verified"] is True
     assert record["host_key_fingerprint"] == t.sshd.fingerprint
-    fates = {(i["kind"], i["path"]): i["fate"] for i in record["items"]}
-    assert planned <= {k for k, v in fates.items() if v == "removed"}
+    first_fates = {(i["kind"], i["path"]): i["fate"] for i in kept["items"]}
+    assert planned == {k for k, v in first_fates.items() if v == "removed"}
     for run_id in ids:
-        assert fates[("run", str(t.root / "runs" / run_id))] == "removed"
-    kinds = {i["kind"] for i in record["items"] if i["fate"] == "removed"}
+        assert first_fates[("run", str(t.root / "runs" / run_id))] == "removed"
+    kinds = {i["kind"] for i in kept["items"] + record["items"] if i["fate"] == "removed"}
     assert {"run", "agent", "tmux", "deadman", "ramstore", "root", "local-key"} <= kinds
-    assert record["bytes_freed"] > 0 and record["not_removed"] == []
+    assert kept["bytes_freed"] > 0 and record["not_removed"] == []
     md = (folder / "cleanup.md").read_text()
     assert "status: **clean**" in md and t.sshd.fingerprint in md
-    ledger = [json.loads(x) for x in (folder / "ledger.jsonl").read_text().splitlines()]
+    ledger = [json.loads(x) for x in
+              (tmp_path / "first-cleanup" / "ledger.jsonl").read_text().splitlines()]
     assert any("kill-session" in e["command"] and e["via"] == "agent" for e in ledger)
     assert not list((t.rm_home / "keys").glob("*.key"))
 

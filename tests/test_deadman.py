@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.hostlayout import make_run
 from tests.test_cleanup_sshd import deadman_pids, make_target, write_playbook
 
 FIXTURES = Path(__file__).parent / "fixtures" / "macos"
@@ -128,9 +129,8 @@ def launchd_shim(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
 
 
 def _fake_run(root: Path, run_id: str) -> Path:
-    run_dir = root / "runs" / run_id
-    for sub in ("data", "tmp", "cache", "out", "logs", "status", "project"):
-        (run_dir / sub).mkdir(parents=True)
+    run_dir = make_run(root, run_id, ("data", "tmp", "cache", "out", "logs", "status",
+                                      "project"))
     (run_dir / "data" / "a.csv.rmenc").write_bytes(b"ciphertext")
     (run_dir / "tmp" / "plain.csv").write_bytes(b"plaintext")
     (run_dir / "out" / "result.json").write_text("{}")

@@ -66,6 +66,12 @@ class ReplayMac:
         return code, _as_disk3(out), _as_disk3(err)
 
 
+def STILL_OURS(mount: str, device: str | None) -> str | None:  # noqa: N802 - a constant
+    """Simulation: our volume is still mounted on ``device`` (see test_item10 for the
+    case where it is not)."""
+    return None
+
+
 def _as_disk3(text: str) -> str:
     return re.sub(r"\bdisk\d+\b", "disk3", text)
 
@@ -137,7 +143,8 @@ def test_macos_attach_failure_raises_without_disk_fallback() -> None:
 def test_macos_destroy_retries_busy_with_force() -> None:
     """Simulation: recorded "Resource busy" answer, then the recorded "ejected." line."""
     mac = ReplayMac({"hdiutil detach": [(16, "", BUSY), (0, EJECTED, "")]})
-    result = destroy_ram_store({"kind": "ramdisk", "device": "/dev/disk3", "path": "/V"}, run=mac)
+    result = destroy_ram_store({"kind": "ramdisk", "device": "/dev/disk3", "path": "/V"}, run=mac,
+                               probe=STILL_OURS)
     assert mac.calls == [
         ["hdiutil", "detach", "/dev/disk3"],
         ["hdiutil", "detach", "-force", "/dev/disk3"],
@@ -154,11 +161,13 @@ def test_macos_destroy_falls_back_to_unmount_disk_then_reports() -> None:
             "diskutil unmountDisk": [(0, UNMOUNT_DISK, "")],
         }
     )
-    result = destroy_ram_store({"kind": "ramdisk", "device": "/dev/disk3"}, run=mac)
+    result = destroy_ram_store({"kind": "ramdisk", "device": "/dev/disk3"}, run=mac,
+                               probe=STILL_OURS)
     assert mac.calls[2] == ["diskutil", "unmountDisk", "force", "/dev/disk3"]
     assert result["removed"] is True
     stuck = ReplayMac({"hdiutil detach": [(16, "", BUSY)] * 3})
-    result = destroy_ram_store({"kind": "ramdisk", "device": "/dev/disk3"}, run=stuck)
+    result = destroy_ram_store({"kind": "ramdisk", "device": "/dev/disk3"}, run=stuck,
+                               probe=STILL_OURS)
     assert result["removed"] is False
     assert result["error"] == '/dev/disk3: hdiutil: couldn\'t unmount "disk3" - Resource busy'
 

@@ -437,6 +437,8 @@ def op_runtime_ensure(req: Dict[str, Any]) -> Dict[str, Any]:
         try:
             if method == "online":
                 cache = os.path.join(base, PIP_CACHE)
+                os.makedirs(cache, mode=0o700, exist_ok=True)
+                _mark_owned(cache)
                 inventory_add(root, "runtime", cache)
                 _pip_install(tmp, cache)
                 installed = requirements()
@@ -451,6 +453,7 @@ def op_runtime_ensure(req: Dict[str, Any]) -> Dict[str, Any]:
                 json.dump(marker, fh)
                 fh.flush()
                 os.fsync(fh.fileno())
+            _mark_owned(tmp)
             inventory_add(root, "runtime", final)
             os.rename(tmp, final)
         except RuntimeInstallError as exc:
@@ -465,6 +468,14 @@ def op_runtime_ensure(req: Dict[str, Any]) -> Dict[str, Any]:
             if req.get("wheels_dir"):  # the upload served its purpose either way
                 shutil.rmtree(_below(base, req["wheels_dir"]), ignore_errors=True)
     return dict(marker, dir=final, reused=False, seconds=round(time.time() - started, 2))
+
+
+def _mark_owned(path: str) -> None:
+    """The ownership marker cleanup looks for: it removes only directories it made."""
+    import safefs
+
+    if safefs.marker_of(path) is None:
+        safefs.mark_dir(path, {"kind": "runtime"})
 
 
 def activate(path: str) -> Any:

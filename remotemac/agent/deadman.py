@@ -24,7 +24,6 @@ or kill the sleeper). Python 3.9, standard library only.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import plistlib
 import re
@@ -36,6 +35,9 @@ from typing import Any, Dict, List, Optional
 _HERE = os.path.dirname(os.path.abspath(globals().get("__file__") or "."))
 if _HERE not in sys.path:
     sys.path.insert(0, _HERE)
+
+import procid  # noqa: E402
+import safefs  # noqa: E402
 
 LABEL_PREFIX = "com.remotemac.deadman."
 RUN_AT_LOAD_WITHIN_S = 120.0
@@ -78,7 +80,11 @@ def schedule(req: Dict[str, Any], platform: Optional[str] = None) -> Dict[str, A
     steps: List[Dict[str, Any]] = []
     cancel(real_root, run_id, steps=steps, roots=[lexical, real_root], keep_spec=True)
     spec_file = spec_path(real_root, run_id)
-    os.makedirs(os.path.dirname(spec_file), mode=0o700, exist_ok=True)
+    spec_dir = os.path.dirname(spec_file)
+    if not os.path.isdir(spec_dir):
+        os.mkdir(spec_dir, 0o700)
+        safefs.mark_dir(spec_dir, {"kind": "deadman",
+                                   "root_id": (safefs.marker_of(real_root) or {}).get("root_id")})
     spec = {"root": real_root, "run_id": run_id, "deadline": deadline,
             "sessions": list(req.get("sessions") or []), "created_at": time.time(),
             "platform": platform}
@@ -148,7 +154,7 @@ def _schedule_sleeper(spec_file: str, steps: List[Dict[str, Any]]) -> Dict[str, 
     argv = [sys.executable, os.path.join(_HERE, "deadman.py"), "sleep", spec_file]
     pid = spawn_detached(argv)
     steps.append({"argv": argv, "code": 0, "time": time.time(), "detached_pid": pid})
-    return {"method": "sleeper", "pid": pid}
+    return {"method": "sleeper", "pid": pid, "start": procid.identity(pid)}
 
 
 def spawn_detached(argv: List[str]) -> int:
@@ -204,12 +210,11 @@ def find_jobs(roots: List[str], run_ids: Optional[List[str]] = None) -> List[Dic
                 continue
             path = os.path.join(agents, name)
             try:
-                with open(path, "rb") as fh:
-                    content = plistlib.load(fh)
+                content = plistlib.loads(safefs.read_regular_at(None, path) or b"")
                 args = " ".join(str(a) for a in content.get("ProgramArguments", []))
             except Exception:  # a damaged plist of ours is still ours by name
                 content, args = {}, ""
-            if args and not any(m in args for m in marks):
+            if args and not any(procid.names_path(args, m + "/deadman") for m in marks):
                 continue
             label = str(content.get("Label") or name[: -len(".plist")])
             seen_labels.add(label)
@@ -227,9 +232,9 @@ def find_jobs(roots: List[str], run_ids: Optional[List[str]] = None) -> List[Dic
     for pid, line in cleanupops.all_processes():
         if pid == me or "deadman.py" not in line or " sleep " not in line + " ":
             continue
-        if any(m + "/deadman/" in line for m in marks):
+        if any(procid.names_path(line, m + "/deadman") for m in marks):
             jobs.append({"method": "sleeper", "what": "sleeper:%d" % pid, "pid": pid,
-                         "run_id": _run_of(line)})
+                         "run_id": _run_of(line), "start": procid.identity(pid)})
     return jobs
 
 
@@ -264,7 +269,11 @@ def remove_job(job: Dict[str, Any], steps: List[Dict[str, Any]]) -> Dict[str, An
         line = cleanupops.cmdline(pid)
         if not line or "deadman.py" not in line:
             return {"fate": "not found", "bytes": 0}
-        ok = cleanupops.terminate(pid, steps, group=False)
+        if not procid.same_start(pid, job.get("start")):
+            return {"fate": "left alone", "bytes": 0,
+                    "why": "pid %d is not the sleeper remotemac started (start time differs)"
+                           % pid}
+        ok = cleanupops.terminate(pid, steps, group=False, start=job.get("start"))
         return {"fate": "removed" if ok else "failed", "bytes": 0,
                 "why": None if ok else "sleeper %d would not stop" % pid}
     label, plist = job["label"], job.get("plist")
@@ -325,10 +334,8 @@ def fire(spec_file: str, now: Optional[float] = None) -> Optional[Dict[str, Any]
     """Run the wipe when the deadline has come; None if the spec is gone or it is early."""
     import cleanupops
 
-    try:
-        with open(spec_file) as fh:
-            spec = json.load(fh)
-    except (OSError, ValueError):
+    spec = safefs.read_json_file(spec_file)
+    if not isinstance(spec, dict):
         return None
     deadline = float(spec["deadline"])
     now = time.time() if now is None else now
@@ -360,10 +367,9 @@ def sleep_then_fire(spec_file: str) -> int:
     """The sleeper: wake at the deadline (wall clock, so laptop-style sleep is fine)."""
     while True:
         try:
-            with open(spec_file) as fh:
-                deadline = float(json.load(fh)["deadline"])
-        except (OSError, ValueError, KeyError):
-            return 0  # cancelled: the spec is gone
+            deadline = float(safefs.read_json_file(spec_file)["deadline"])
+        except (TypeError, ValueError, KeyError):
+            return 0  # cancelled: the spec is gone (or is not a regular file)
         left = deadline - time.time()
         if left <= 0:
             break
@@ -373,19 +379,14 @@ def sleep_then_fire(spec_file: str) -> int:
 
 
 def _write_json(path: str, data: Any) -> None:
-    tmp = "%s.tmp-%d" % (path, os.getpid())
-    with open(tmp, "w") as fh:
-        json.dump(data, fh)
-    os.replace(tmp, path)
+    safefs.write_json_atomic(path, data)
 
 
 def _inventory_set(real_root: str, item: Dict[str, Any]) -> None:
     """Add or replace one inventory item, keeping hostagent's file format."""
     path = os.path.join(real_root, "inventory.json")
-    try:
-        with open(path) as fh:
-            inv = json.load(fh)
-    except (OSError, ValueError):
+    inv = safefs.read_json_file(path)
+    if not isinstance(inv, dict) or not isinstance(inv.get("items"), list):
         inv = {"version": 1, "items": []}
     items = [i for i in inv.get("items", [])
              if not (i.get("kind") == item["kind"] and i.get("path") == item["path"])]

@@ -25,6 +25,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+try:  # a sibling on the host (or preloaded by cleanup's in-memory bootstrap)
+    import safefs
+except ImportError:  # imported as remotemac.agent.hostagent (the laptop, tests)
+    from remotemac.agent import safefs
+
 AGENT_DIR = os.path.dirname(os.path.abspath(__file__))
 HEARTBEAT_STALE_S = 15.0
 #: knobs read from the agent's environment (tests, or a host where tmux misbehaves)
@@ -52,26 +57,21 @@ def _safe_under(root: str, path: str) -> str:
 
 
 def _atomic_write_json(path: str, data: Any) -> None:
-    tmp = "%s.tmp-%d" % (path, os.getpid())
-    with open(tmp, "w") as fh:
-        json.dump(data, fh)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    safefs.write_json_atomic(path, data)
 
 
 def _read_json(path: str, default: Any = None) -> Any:
-    try:
-        with open(path) as fh:
-            return json.load(fh)
-    except (OSError, ValueError):
-        return default
+    """A JSON file, or ``default``; a FIFO or a link there is never opened."""
+    data = safefs.read_json_file(path)
+    return default if data is None else data
 
 
 def inventory_add(root: str, kind: str, path: str, run_id: str | None = None) -> None:
     """Record something remotemac created; idempotent."""
     inv_path = os.path.join(root, "inventory.json")
     inv = _read_json(inv_path, {"version": 1, "items": []})
+    if not isinstance(inv, dict) or not isinstance(inv.get("items"), list):
+        inv = {"version": 1, "items": []}
     for item in inv["items"]:
         if item["kind"] == kind and item["path"] == path:
             return
@@ -175,10 +175,38 @@ def op_ping(req: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def root_marker(root: str) -> dict[str, Any]:
+    """The root's ownership marker; the root is claimed first when it has none
+    (cleanupops.op_claim_root refuses a root holding files remotemac did not write)."""
+    marker = safefs.marker_of(root)
+    if marker is not None and marker.get("kind") == "root":
+        return marker
+    sys.path.insert(0, AGENT_DIR)
+    import cleanupops
+
+    claimed = cleanupops.op_claim_root({"root": root})
+    if claimed.get("refused"):
+        raise AgentError("remote_root %s: %s" % (root, claimed["refused"]), "not-ours")
+    return safefs.marker_of(root) or {}
+
+
+def owned_dir(path: str, info: dict[str, Any]) -> str:
+    """Create (or find again) a directory remotemac owns, with its marker."""
+    try:
+        safefs.ensure_owned_dir(path, info)
+    except safefs.NotOurs as exc:
+        raise AgentError(str(exc), "not-ours") from None
+    return path
+
+
 def op_prepare_run(req: dict[str, Any]) -> dict[str, Any]:
     root, run_id = req["root"], req["run_id"]
-    os.makedirs(root, mode=0o700, exist_ok=True)
-    run_dir = os.path.join(root, "runs", run_id)
+    marker = root_marker(root)
+    runs = os.path.join(root, "runs")
+    os.makedirs(runs, mode=0o700, exist_ok=True)
+    run_dir = os.path.join(runs, run_id)
+    _safe_under(root, runs + "/x")
+    owned_dir(run_dir, {"kind": "run", "run_id": run_id, "root_id": marker.get("root_id")})
     paths = {}
     for sub in ("project", "data", "out", "logs", "status", "tmp", "cache"):
         path = os.path.join(run_dir, sub)
@@ -186,6 +214,9 @@ def op_prepare_run(req: dict[str, Any]) -> dict[str, Any]:
         paths[sub] = path
     _safe_under(root, run_dir)
     inventory_add(root, "run", run_dir, run_id)
+    agent = safefs.marker_of(AGENT_DIR)
+    if agent is not None and agent.get("kind") == "agent":  # this very agent, below root
+        inventory_add(root, "agent", AGENT_DIR)
     return {"run_dir": run_dir, "paths": paths}
 
 
@@ -334,9 +365,18 @@ def _size(path: str) -> int:
 def op_stop(req: dict[str, Any]) -> dict[str, Any]:
     run_dir, device, session = req["run_dir"], req["device"], req.get("session", "")
     status = _read_json(os.path.join(run_dir, "status", device + ".json"), {}) or {}
+    sys.path.insert(0, AGENT_DIR)
+    import cleanupops
+
+    left = []
     for key in ("child_pid", "runner_pid"):
         pid = status.get(key)
         if pid and pid_alive(pid):
+            why = (cleanupops.child_is_ours(pid, status) if key == "child_pid"
+                   else cleanupops.runner_is_ours(pid, status, [run_dir]))
+            if why:  # a reused pid: never signal it
+                left.append("process:%s (left alone: %s)" % (pid, why))
+                continue
             with contextlib.suppress(OSError):
                 os.killpg(pid, signal.SIGTERM)
     tmux = tmux_path()
@@ -346,7 +386,7 @@ def op_stop(req: dict[str, Any]) -> dict[str, Any]:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-    return {"stopped": True}
+    return {"stopped": True, "left_alone": left}
 
 
 def op_list_outputs(req: dict[str, Any]) -> dict[str, Any]:

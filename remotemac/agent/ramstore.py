@@ -25,7 +25,14 @@ import subprocess
 import sys
 from collections.abc import Callable
 
+try:  # a sibling on the host (or preloaded by cleanup's in-memory bootstrap)
+    import safefs
+except ImportError:  # imported as remotemac.agent.ramstore (the laptop, tests)
+    from remotemac.agent import safefs
+
 Runner = Callable[[list[str]], tuple[int, str, str]]
+#: why a recorded RAM disk is no longer ours (None: it still is); injectable for simulations
+Probe = Callable[[str, "str | None"], "str | None"]
 
 SECTOR = 512
 _OUTPUT_KEEP = 2000
@@ -76,19 +83,53 @@ def create_ram_store(
     return _create_tmp(run_dir, run_id, platform)
 
 
-def destroy_ram_store(info: dict[str, object], run: Runner | None = None) -> dict[str, object]:
+def volume_refusal(mount: str, device: str | None) -> str | None:
+    """Why the RAM disk recorded as ``mount`` on ``device`` is no longer ours, or None.
+
+    After a reboot the RAM disk is gone and ``/dev/diskN`` may name another disk (a
+    USB stick, a disk image): it is ours only while our volume (the mount point
+    named after the run, recorded at creation) is mounted and backed by ``device``
+    (the mount's st_dev is the device node's st_rdev, or one of its slices').
+    """
+    if not mount or not os.path.ismount(mount):
+        return (f"no volume is mounted at {mount or '(no mount point recorded)'} any more "
+                f"(the host restarted?): {device or 'its device'} left alone")
+    if device:
+        try:
+            dev = os.stat(mount).st_dev
+        except OSError as exc:
+            return f"cannot look at {mount}: {exc}"
+        nodes = [device] + [f"{device}s{i}" for i in range(1, 5)]
+        for node in nodes:
+            try:
+                if os.stat(node).st_rdev == dev:
+                    return None
+            except OSError:
+                continue
+        return f"{device} no longer holds {mount}: left alone"
+    return None
+
+
+def destroy_ram_store(info: dict[str, object], run: Runner | None = None,
+                      probe: Probe | None = None) -> dict[str, object]:
     """Remove the store described by ``info``; return ``{"removed", "steps", "error"}``.
 
-    macOS: ``hdiutil detach``, then ``-force`` when the volume is busy, then
-    ``diskutil unmountDisk force`` and a last detach. Linux/tmp: delete the directory
-    (tmp files are overwritten first, since they were on disk).
+    macOS: only while the volume is still ours (:func:`volume_refusal`; else
+    ``"why"`` says what was left alone), ``hdiutil detach``, then ``-force`` when the
+    volume is busy, then ``diskutil unmountDisk force`` and a last detach.
+    Linux/tmp: delete the directory without following links (tmp files, which
+    were on disk, are zeroed first when they have a single link).
     """
     run = run or default_run
     steps: list[dict[str, object]] = []
     kind = info.get("kind")
     path = str(info.get("path") or "")
     if kind == "ramdisk":
-        target = str(info.get("device") or path)
+        device = str(info["device"]) if info.get("device") else None
+        why = (probe or volume_refusal)(path, device)
+        if why:
+            return {"removed": False, "steps": steps, "error": None, "why": why}
+        target = str(device or path)
         code, out, err = _step(run, steps, ["hdiutil", "detach", target])
         if code != 0 and is_busy(out + err):
             code, out, err = _step(run, steps, ["hdiutil", "detach", "-force", target])
@@ -101,14 +142,20 @@ def destroy_ram_store(info: dict[str, object], run: Runner | None = None) -> dic
     if kind in ("shm", "tmp"):
         if not os.path.lexists(path):
             return {"removed": False, "steps": steps, "error": None}
-        if kind == "tmp":
-            _overwrite_tree(path)
         steps.append({"argv": ["rm", "-rf", path], "code": 0, "stdout": "", "stderr": ""})
+        parent, name = os.path.split(os.path.normpath(path))
         try:
-            shutil.rmtree(path)
-        except OSError as exc:
+            fd = safefs.open_path(parent)
+        except (safefs.NotOurs, OSError) as exc:
             return {"removed": False, "steps": steps, "error": f"cannot remove {path}: {exc}"}
-        return {"removed": True, "steps": steps, "error": None}
+        try:
+            done = safefs.remove_at(fd, name, overwrite=(kind == "tmp"))
+        finally:
+            os.close(fd)
+        if done["failed"]:
+            return {"removed": False, "steps": steps,
+                    "error": f"cannot remove {path}: {'; '.join(done['failed'][:3])}"}
+        return {"removed": True, "steps": steps, "error": None, "notes": done["notes"]}
     return {"removed": False, "steps": steps, "error": f"unknown RAM store kind {kind!r}"}
 
 
@@ -249,23 +296,3 @@ def _one_line(text: str, where: str = "") -> str:
     lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
     line = lines[-1] if lines else "no output"
     return f"{where}: {line}" if where else line
-
-
-def _overwrite_tree(path: str) -> None:
-    """Zero every regular file before deletion: tmp plaintext sat on a real disk."""
-    for dirpath, _dirs, files in os.walk(path):
-        for name in files:
-            full = os.path.join(dirpath, name)
-            try:
-                if not stat.S_ISREG(os.lstat(full).st_mode):
-                    continue
-                size = os.path.getsize(full)
-                with open(full, "r+b") as handle:
-                    block = b"\0" * (1 << 20)
-                    left = size
-                    while left > 0:
-                        left -= handle.write(block[: min(left, len(block))])
-                    handle.flush()
-                    os.fsync(handle.fileno())
-            except OSError:
-                continue

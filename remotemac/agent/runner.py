@@ -23,7 +23,9 @@ import time
 from typing import Any
 
 import obsmerge  # sibling files: this script runs from the agent dir
+import procid  # sibling: who a process is (start time, command line), for safe kills
 import proctree
+import safefs  # sibling: file writes that never go through a planted link
 
 HEARTBEAT_S = 2.0
 #: the job's memory (RSS summed over its process tree) is sampled this often
@@ -39,12 +41,7 @@ STORAGE_GRACE_S = 5.0
 
 
 def _write_status(path: str, status: dict[str, Any]) -> None:
-    tmp = "%s.tmp-%d" % (path, os.getpid())
-    with open(tmp, "w") as fh:
-        json.dump(status, fh)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    safefs.write_json_atomic(path, status)
 
 
 def build_argv(spec: dict[str, Any], platform: str | None = None) -> list[str]:
@@ -226,6 +223,7 @@ def run(spec_path: str) -> int:
         "state": "running",
         "device": spec["device"],
         "runner_pid": os.getpid(),
+        "runner_start": procid.identity(os.getpid()),
         "mode": spec.get("mode", ""),
         "started_at": time.time(),
         "heartbeat_at": time.time(),
@@ -238,9 +236,10 @@ def run(spec_path: str) -> int:
     if spec.get("relaunch") and spec["relaunch"].get("marker"):
         # written by this runner only, once: a retried launch finds the job running
         _marker(log_fd, log_path, spec["relaunch"]["marker"])
+    argv = build_argv(spec)
     try:
         child = subprocess.Popen(
-            build_argv(spec),
+            argv,
             cwd=spec.get("cwd") or None,
             env=env,
             stdin=subprocess.DEVNULL,
@@ -255,6 +254,10 @@ def run(spec_path: str) -> int:
         _write_status(status_path, status)
         return 127
     status["child_pid"] = child.pid
+    # wipe and cleanup signal this pid only while it is still this very process
+    status["child_start"] = procid.identity(child.pid)
+    status["child_argv"] = argv
+    status["child_cmdline"] = procid.cmdline(child.pid)
     _write_status(status_path, status)
 
     stop = threading.Event()
@@ -308,6 +311,9 @@ def run(spec_path: str) -> int:
         status["heartbeat_at"] = now
         status["peak_rss_bytes"] = memory.peak
         status["processes"] = memory.max_processes
+        line = procid.cmdline(child.pid)  # the shell may have exec'd the command since
+        if line and child.poll() is None:
+            status["child_cmdline"] = line
         _write_status(status_path, status)
         if deadline and now > deadline and "reason" not in stopped_by:
             stopped_by["reason"] = "timeout"

@@ -30,6 +30,7 @@ HOST_ENV_CODES = frozenset({"host-env", "env-failed", "no-python"})
 def agent_python(setting: str | None = None) -> str:
     """The playbook's ``agent.python``, else $REMOTEMAC_AGENT_PYTHON, else ``python3``."""
     return setting or os.environ.get(ENV_AGENT_PYTHON) or DEFAULT_AGENT_PYTHON
+OWNED_MARKER = ".remotemac-owned"  # agent/safefs.py MARKER
 
 
 @lru_cache(maxsize=1)
@@ -79,14 +80,40 @@ class AgentClient:
         self.ledger = ledger or Ledger(None)
         self.python = agent_python(python)
         self.agent_dir = ""
+        #: the remote_root's id from its ownership marker (provision claims the root)
+        self.root_id: str | None = None
+
+    async def claim(self, run_id: str | None = None) -> str | None:
+        """Make or adopt the root on the host and mark it as remotemac's, before anything
+        is written below it; BadInput (exit 2, nothing written) for a root that is, holds
+        or sits above the host's home, or that holds files remotemac did not write.
+        Runs the agent from memory (it is installed below the root)."""
+        from remotemac.engine.cleanup import call_in_memory
+        from remotemac.errors import BadInput
+
+        answer = await call_in_memory(self.transport, self.ledger, "op_claim_root",
+                                      {"root": self.root, "run_id": run_id},
+                                      python=self.python, timeout=120)
+        if answer.get("refused"):
+            raise BadInput(f"{self.transport.name}: remote_root {self.root}: "
+                           f"{answer['refused']}", hint="nothing was written on the host")
+        self.root_id = answer.get("root_id")
+        return self.root_id
 
     async def install(self) -> str:
-        """Upload the agent unless this exact version is already there."""
+        """Upload the agent unless this exact version is already there (the root is
+        claimed first when this client has not done it yet)."""
+        if self.root_id is None:
+            await self.claim()
         version, files = agent_bundle()
         agent_dir = f"{self.root}/agent/{version}"
         marker = f"{agent_dir}/.complete"
         if await self.transport.stat(marker) is None:
             await self.transport.makedirs(agent_dir)
+            # ownership first: cleanup removes only directories that carry it
+            await self.transport.write_bytes(f"{agent_dir}/{OWNED_MARKER}", json.dumps(
+                {"kind": "agent", "version": version, "root_id": self.root_id,
+                 "created_at": time.time()}).encode())
             for name, data in files.items():
                 await self.transport.write_bytes(f"{agent_dir}/{name}", data, mode=0o600)
             await self.transport.write_bytes(marker, version.encode())

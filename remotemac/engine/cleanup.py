@@ -39,7 +39,7 @@ from remotemac.transport.base import Transport
 from remotemac.units import format_size
 
 AGENT_DIR = Path(__file__).resolve().parent.parent / "agent"
-MODULES = ("ramstore", "hostagent", "deadman", "cleanupops")
+MODULES = ("procid", "safefs", "ramstore", "hostagent", "deadman", "cleanupops")
 
 BOOTSTRAP = (
     "import json,sys,types\n"
@@ -101,6 +101,12 @@ def journal_knowledge(journal, host: str, name: str) -> Knowledge:
     seen = {(i["kind"], i["path"]) for i in know.items}
     for alias in {host, name}:
         for row in journal.inventory(alias):
+            if row["kind"] == "root":  # recorded before provision wrote anything
+                if row["path"] not in know.roots:
+                    know.roots.append(row["path"])
+                if row.get("run_id"):
+                    know.run_roots.setdefault(row["run_id"], row["path"])
+                continue
             if (row["kind"], row["path"]) not in seen:
                 seen.add((row["kind"], row["path"]))
                 know.items.append({"kind": row["kind"], "path": row["path"],
@@ -285,6 +291,8 @@ def _plan_lines(record: dict[str, Any]) -> list[str]:
     for item in record["items"]:
         if item.get("fate") == "failed":
             lines.append(f"  NOT {item['kind']:5} {item['path']}: {item.get('why')}")
+        elif item.get("fate") == "left alone":
+            lines.append(f"  KEEP {item['kind']:4} {item['path']}: {item.get('why')}")
     lines.append(f"  total {format_size(record['bytes_to_free'])}; nothing was touched")
     return lines
 

@@ -32,6 +32,7 @@ from remotemac.errors import (
     EXIT_INTERRUPTED,
     EXIT_REJECTED,
     BadInput,
+    HostError,
     JobLost,
     RemotemacError,
 )
@@ -202,6 +203,7 @@ def _restore(ctx: RunContext, name: str) -> None:
             binding.root = info["root"]
             binding.agent.root = info["root"]
             binding.run_dir = info["run_dir"]
+            binding.agent.root_id = info.get("root_id")
 
 
 # ---------------------------------------------------------------- phases
@@ -317,6 +319,8 @@ async def _wipe(ctx: RunContext, _name: str) -> dict[str, Any]:
         return {"done": False, "summary": "kept (wipe: manual or --keep-data)"}
     result = await wipe_run(ctx)
     update_record_wipe(ctx, result)
+    if result.get("error"):  # the key is shredded; the user must hear what is left
+        raise HostError(result["error"])
     return result
 
 
@@ -351,10 +355,24 @@ async def run_phase(*, run_id: str, phase: str, playbook: Playbook, journal: Jou
         raise BadInput(f"run {run_id} was never provisioned: nothing to {phase}")
     _restore(ctx, "provision")
     try:
-        for binding in ctx.hosts.values():
-            await binding.transport.connect()
+        for key, binding in ctx.hosts.items():
+            try:
+                await binding.transport.connect()
+            except (HostError, OSError) as exc:
+                if phase != "wipe":
+                    raise
+                # the key is shredded all the same; wipe_run says what is left there
+                ctx.results.setdefault("_unreachable", {})[key] = (
+                    exc.line() if isinstance(exc, HostError) else str(exc))
         ctx.emit(PhaseStarted(run_id, phase=phase))
-        result = await _PHASES[phase](ctx, phase)
+        if phase == "wipe" and journal.phase_state(run_id, phase) is None:
+            journal.start_phase(run_id, phase)
+        try:
+            result = await _PHASES[phase](ctx, phase)
+        except RemotemacError as exc:
+            if phase == "wipe":  # the journal says the wipe did not happen, and why
+                journal.finish_phase(run_id, phase, {"error": exc.line()}, state="failed")
+            raise
         if journal.phase_state(run_id, phase) is None:
             journal.start_phase(run_id, phase)
         journal.finish_phase(run_id, phase, result)

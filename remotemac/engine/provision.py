@@ -48,8 +48,11 @@ async def provision_host(ctx: RunContext, binding: HostBinding) -> dict[str, Any
         root = expand_root(pb.remote_root, await transport.home())
     binding.root = root
     binding.agent.root = root
-    await transport.makedirs(root)
-    await binding.agent.install()
+    # listed before anything is written, so cleanup finds the root even when the
+    # run dies in provision (issue 15, item 11)
+    ctx.journal.record_created(transport.name, "root", root, ctx.run_id)
+    await binding.agent.claim(ctx.run_id)
+    ctx.journal.record_created(transport.name, "agent", await binding.agent.install(), ctx.run_id)
     prepared = await binding.agent.call("prepare_run", {"root": root, "run_id": ctx.run_id})
     binding.run_dir = prepared["run_dir"]
     ctx.journal.record_created(transport.name, "run", binding.run_dir, ctx.run_id)
@@ -87,7 +90,8 @@ async def provision_host(ctx: RunContext, binding: HostBinding) -> dict[str, Any
         ctx.journal.record_created(transport.name, "venv", venv["env_dir"], ctx.run_id)
     probe = await binding.agent.call("freeze_env", {"python": venv_python})
     return {
-        "root": root, "run_dir": binding.run_dir, "paths": prepared["paths"],
+        "root": root, "root_id": binding.agent.root_id, "run_dir": binding.run_dir,
+        "paths": prepared["paths"],
         "venv_python": venv_python, "venv_reused": venv.get("reused"), "probe": probe,
         "interpreter": {k: venv.get(k) for k in ("interpreter", "version",
                                                    "interpreter_is_venv", "parent_site")},

@@ -240,7 +240,8 @@ async def fetch_evidence(ctx: RunContext, side: Side, run_dir: str) -> list[str]
                          (f"{run_dir}/logs/{side.label}.metrics.jsonl",
                           f"{side.label}.metrics.jsonl"),
                          (f"{run_dir}/logs/{side.label}.rss.jsonl", f"{side.label}.rss.jsonl")):
-        if await binding.transport.stat(remote) is None:
+        st = await binding.transport.stat(remote)
+        if st is None or st.kind != "file":  # a FIFO or a link there is never read
             continue
         dest = ctx.out_dir / "logs" / name
         await binding.transport.get(remote, str(dest))

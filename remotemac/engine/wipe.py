@@ -14,10 +14,12 @@ runs on the host at ``wipe_deadline`` (scheduled here by :func:`schedule_deadman
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
 from remotemac.engine.context import HostBinding, RunContext
+from remotemac.errors import HostError, RemotemacError
 
 WIPED_SUBDIRS = ("data", "tmp", "cache", "out")
 KEPT_SUBDIRS = ["project", "logs", "status"]
@@ -28,22 +30,55 @@ def _pulled(ctx: RunContext) -> bool:
     return "pull" in ctx.results
 
 
+def left_on_host(ctx: RunContext, key: str, binding: HostBinding, pulled: bool) -> list[str]:
+    """What this run still has on a host whose wipe could not run, from the journal."""
+    left = [f"{binding.run_dir}/{sub}" for sub in WIPED_SUBDIRS]
+    left.append(f"{binding.run_dir} (project, logs, status)")
+    sync = (ctx.results.get("sync", {}).get("hosts", {}) or {}).get(key) or {}
+    ram = sync.get("ram") or {}
+    if ram.get("path") and ram.get("kind") != "tmp":
+        left.append(f"RAM store {ram['path']}" + (f" on {ram['device']}" if ram.get("device")
+                                                   else "") + " (plaintext)")
+    deadman = sync.get("deadman") or {}
+    if deadman.get("spec"):
+        left.append(f"dead-man wipe {deadman.get('label') or deadman.get('pid') or ''} "
+                    f"({deadman['spec']}), still scheduled")
+    left += [f"tmux session {s.session(ctx.run_id)}" for s in ctx.sides if s.host_key == key]
+    return left
+
+
 async def wipe_run(ctx: RunContext) -> dict[str, Any]:
+    """Wipe every host of the run, then shred the local data key: always, even when a
+    host's wipe cannot run (unreachable, refused), so whatever ciphertext is left there
+    is unreadable; the answer then lists exactly what is left on that host."""
     removed: list[str] = []
     remaining: list[str] = []
+    errors: list[str] = []
     verified = True
     pulled = _pulled(ctx)
     sync = ctx.results.get("sync", {}).get("hosts", {})
+    unreachable = ctx.results.get("_unreachable") or {}
     for key, binding in ctx.hosts.items():
         if not binding.run_dir:
             continue
         name = binding.transport.name
         sessions = [s.session(ctx.run_id) for s in ctx.sides if s.host_key == key]
         ram = (sync.get(key) or {}).get("ram")
-        answer = await binding.agent.call("wipe_run_data", {
-            "root": binding.root, "run_id": ctx.run_id, "sessions": sessions,
-            "keep": KEPT_SUBDIRS, "ram": ram, "wipe_outputs": pulled, "cancel_deadman": True,
-        })
+        try:
+            if unreachable.get(key):
+                raise HostError(unreachable[key])
+            answer = await binding.agent.call("wipe_run_data", {
+                "root": binding.root, "run_id": ctx.run_id, "sessions": sessions,
+                "keep": KEPT_SUBDIRS, "ram": ram, "wipe_outputs": pulled,
+                "cancel_deadman": True,
+            })
+        except (RemotemacError, OSError, asyncio.TimeoutError) as exc:
+            line = exc.line() if isinstance(exc, RemotemacError) else f"{type(exc).__name__}: {exc}"
+            left = left_on_host(ctx, key, binding, pulled)
+            errors.append(f"{name} ({line}); left on {name}: {', '.join(left)}")
+            remaining += [f"{name}:{p} (wipe could not run)" for p in left]
+            verified = False
+            continue
         ctx.ledger.append_steps(name, "wipe_run_data", answer.get("steps"))
         removed += [f"{name}:{p}" for p in answer["removed"]]
         remaining += [f"{name}:{p}" for p in answer["remaining"]]
@@ -71,10 +106,19 @@ async def wipe_run(ctx: RunContext) -> dict[str, Any]:
     if key_path(ctx.home, ctx.run_id).exists():
         remaining.append(f"local:{key_path(ctx.home, ctx.run_id)} (data key still there)")
         verified = False
-    return {"done": True, "verified": verified, "removed": removed, "remaining": remaining,
-            "key_destroyed": key_destroyed, "outputs_wiped": pulled,
-            "summary": f"{len(removed)} removed, {len(remaining)} remaining"
-                       + ("" if verified else " (not verified)")}
+    summary = f"{len(removed)} removed, {len(remaining)} remaining" + (
+        "" if verified else " (not verified)")
+    result = {"done": not errors, "verified": verified, "removed": removed,
+              "remaining": remaining, "key_destroyed": key_destroyed, "outputs_wiped": pulled,
+              "summary": summary}
+    if errors:
+        shred = ("the local data key was crypto-shredded, so the ciphertext left there can "
+                 "no longer be decrypted" if key_destroyed or not key_path(
+                     ctx.home, ctx.run_id).exists() else "the local data key is still there")
+        result["error"] = (f"wipe could not run on {'; '.join(errors)}; {shred}; run "
+                           f"`remotemac wipe {ctx.run_id}` again, or `remotemac cleanup HOST`, "
+                           "once the host answers")
+    return result
 
 
 async def schedule_deadman(ctx: RunContext, binding: HostBinding,

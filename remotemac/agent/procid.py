@@ -1,0 +1,143 @@
+"""Who a process is: its command line and its start time, so a kill hits only our own.
+
+Why: a pid in a status file outlives its process. After a reboot, or just a busy
+week, the same number belongs to something else (the user's editor, another
+root's job); a pid alone is never enough to send a signal. The runner records the
+start time of the processes it starts; wipe and cleanup signal a pid only when the
+live process has that start time and a command line remotemac recorded.
+
+Start time: Linux reads field 22 of ``/proc/<pid>/stat`` (clock ticks since boot)
+together with the boot id, so the value is unique across reboots and compared
+exactly. Elsewhere (macOS) ``ps -o etime= -p PID`` gives the elapsed time
+(``[[dd-]hh:]mm:ss``), turned into a start time with a one-second resolution and
+compared with a tolerance of ``ETIME_SLACK_S``.
+
+Path matches use component boundaries: ``/x/rr`` names ``/x/rr/runs/a`` but never
+``/x/rr2/runs/a``. Python 3.9, standard library only.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import time
+from typing import Any, Dict, List, Optional
+
+ETIME_SLACK_S = 2.0
+_ETIME = re.compile(r"^\s*(?:(?:(\d+)-)?(\d+):)?(\d+):(\d+)\s*$")
+#: characters that may stand right before or after a path inside a command line
+_EDGE_BEFORE = " \t\"'=:"
+_EDGE_AFTER = " \t\"'/:"
+
+
+def _read(path: str) -> Optional[bytes]:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        return os.read(fd, 1 << 16)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def boot_id() -> str:
+    raw = _read("/proc/sys/kernel/random/boot_id")
+    return raw.decode("ascii", "replace").strip() if raw else ""
+
+
+def parse_etime(text: str) -> Optional[int]:
+    """Seconds from ``ps -o etime`` (``43:49``, ``01:02:03``, ``2-01:02:03``)."""
+    match = _ETIME.match(text or "")
+    if not match:
+        return None
+    days, hours, minutes, seconds = (int(g) if g else 0 for g in match.groups())
+    return ((days * 24 + hours) * 60 + minutes) * 60 + seconds
+
+
+def _ps(pid: int, field: str) -> str:
+    try:
+        proc = subprocess.run(["ps", "-o", field + "=", "-p", str(pid)],
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, timeout=20,
+                              env=dict(os.environ, LC_ALL="C"))
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return proc.stdout.decode("utf-8", "replace").strip() if proc.returncode == 0 else ""
+
+
+def identity(pid: Any) -> Optional[Dict[str, Any]]:
+    """The start identity of a live ``pid`` (None when it is gone or not a pid)."""
+    if not isinstance(pid, int) or pid <= 1:
+        return None
+    if os.path.isdir("/proc/self"):
+        raw = _read("/proc/%d/stat" % pid)
+        if not raw:
+            return None
+        fields = raw[raw.rfind(b")") + 2:].split()
+        if len(fields) < 20:
+            return None
+        return {"start": "linux:%s:%s" % (boot_id(), fields[19].decode("ascii", "replace"))}
+    elapsed = parse_etime(_ps(pid, "etime"))
+    if elapsed is None:
+        return None
+    return {"start_s": time.time() - elapsed}
+
+
+def same_start(pid: Any, recorded: Any) -> bool:
+    """Does the live ``pid`` have the start identity recorded when remotemac started it?"""
+    if not isinstance(recorded, dict):
+        return False
+    now = identity(pid)
+    if now is None:
+        return False
+    if "start" in recorded or "start" in now:
+        return bool(recorded.get("start")) and recorded.get("start") == now.get("start")
+    try:
+        return abs(float(recorded["start_s"]) - float(now["start_s"])) <= ETIME_SLACK_S
+    except (KeyError, TypeError, ValueError):
+        return False
+
+
+def argv_of(pid: Any) -> List[str]:
+    """The command line as a list ([] when gone): /proc on Linux, ``ps`` elsewhere
+    (``ps`` loses the argument boundaries; words are split on blanks)."""
+    if not isinstance(pid, int) or pid <= 1:
+        return []
+    if os.path.isdir("/proc/self"):
+        raw = _read("/proc/%d/cmdline" % pid)
+        if not raw:
+            return []
+        return [a.decode("utf-8", "replace") for a in raw.rstrip(b"\0").split(b"\0")]
+    return _ps(pid, "command").split()
+
+
+def cmdline(pid: Any) -> str:
+    return " ".join(argv_of(pid))
+
+
+def names_path(text: str, path: str) -> bool:
+    """``text`` (a command line) mentions ``path`` or something below it, on a
+    component boundary: ``/x/rr`` matches ``/x/rr`` and ``/x/rr/a`` but not ``/x/rr2``."""
+    path = path.rstrip("/")
+    if not path or not text:
+        return False
+    start = 0
+    while True:
+        at = text.find(path, start)
+        if at < 0:
+            return False
+        end = at + len(path)
+        before_ok = at == 0 or text[at - 1] in _EDGE_BEFORE
+        after_ok = end == len(text) or text[end] in _EDGE_AFTER
+        if before_ok and after_ok:
+            return True
+        start = at + 1
+
+
+def is_below(path: str, root: str) -> bool:
+    """``path`` is ``root`` or below it, by whole components."""
+    root = root.rstrip("/") or "/"
+    return path == root or path.startswith(root if root == "/" else root + "/")
