@@ -7,6 +7,7 @@ left), so these tests are fast; the full pipeline is covered in test_cleanup_ssh
 from __future__ import annotations
 
 import json
+import re
 import os
 import sys
 from pathlib import Path
@@ -121,7 +122,9 @@ def test_dry_run_touches_nothing_and_confirmation_is_required(host):
     assert dry.returncode == 0 and "would remove" in dry.stdout and "runs/d-1" in dry.stdout
     assert sorted(str(p) for p in root.rglob("*")) == snapshot
     assert not list(host["cwd"].glob("cleanup-*"))
-    assert "bytes" not in dry.stdout and " KiB)" in dry.stdout, dry.stdout  # human sizes
+    # human sizes
+    assert "bytes" not in dry.stdout and re.search(r"\(\d+(\.\d)? (B|KiB|MiB)\)", dry.stdout), \
+        dry.stdout
     no = _cleanup(host)  # stdin is not a terminal: the question is answered "no"
     assert no.returncode == 2 and "not confirmed" in no.stderr
     assert sorted(str(p) for p in root.rglob("*")) == snapshot

@@ -25,8 +25,9 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import safefs  # noqa: E402
 from agentruntime import _locked as locked_dir  # noqa: E402
-from hostagent import AgentError, inventory_add  # noqa: E402
+from hostagent import AgentError, inventory_add, owned_dir, root_marker  # noqa: E402
 
 PARENT_PTH = "_remotemac_parent_site.pth"
 READY = ".remotemac-ready"
@@ -113,6 +114,7 @@ def _run_checked(argv: list[str], what: str) -> None:
 def op_ensure_venv(req: dict[str, Any]) -> dict[str, Any]:
     """Create or reuse ``envs/<key>``: one venv per (interpreter identity, requirements)."""
     root = req["root"]
+    root_id = root_marker(root).get("root_id")  # claims a new root before writing in it
     ident = interpreter_identity(req.get("python") or "python3")
     key = venv_key(req["key"], ident)
     env_dir = os.path.join(root, "envs", key)
@@ -122,18 +124,27 @@ def op_ensure_venv(req: dict[str, Any]) -> dict[str, Any]:
     os.makedirs(os.path.dirname(env_dir), mode=0o700, exist_ok=True)
     # runs starting together on one host (a fleet, three terminals) build it once
     with locked_dir(os.path.dirname(env_dir)):
-        return _ensure_locked(req, root, ident, key, env_dir, python, described)
+        return _ensure_locked(req, root, ident, key, env_dir, python,
+                              dict(described, root_id=root_id))
 
 
 def _ensure_locked(req: dict[str, Any], root: str, ident: dict[str, Any], key: str,
                    env_dir: str, python: str, described: dict[str, Any]) -> dict[str, Any]:
     ready = os.path.join(env_dir, READY)
     if os.path.exists(ready) and os.path.exists(python):
+        described.pop("root_id")
         return dict(described, venv_python=python, env_dir=env_dir, reused=True, seconds=0.0,
                     key=key)
     started = time.time()
-    if os.path.exists(env_dir):  # half-made by an interrupted run: ours, start again
-        shutil.rmtree(env_dir)
+    if safefs.marker_of(env_dir) is not None:  # a venv of ours that never got ready
+        import cleanupops
+
+        real_root = os.path.realpath(root)
+        fate = cleanupops.remove_item(real_root, os.path.join(real_root, "envs", key), False)
+        if fate["fate"] == "failed":
+            raise AgentError("cannot replace the unfinished venv %s: %s"
+                             % (env_dir, fate.get("why")), "env-failed")
+    owned_dir(env_dir, {"kind": "venv", "key": key, "root_id": described.pop("root_id")})
     argv = [ident["found"], "-m", "venv"]
     if req.get("system_site_packages"):
         argv.append("--system-site-packages")

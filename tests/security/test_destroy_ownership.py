@@ -72,7 +72,7 @@ def test_item01_cleanup_refuses_unmarked_root(env):
                      cwd=env["cwd"], env=env["vars"])
     assert tree(docs) == before, "cleanup touched a directory remotemac never made"
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    [folder] = list(env["cwd"].glob("cleanup-local-*"))
+    [folder] = list((env["rm_home"] / "cleanups").glob("cleanup-local-*"))
     record = json.loads((folder / "cleanup.json").read_text())
     [root] = record["remote_roots"]
     assert f"{docs}: not made by remotemac (no marker; 3 entries) - left alone" \
