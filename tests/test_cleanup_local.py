@@ -7,8 +7,8 @@ left), so these tests are fast; the full pipeline is covered in test_cleanup_ssh
 from __future__ import annotations
 
 import json
-import re
 import os
+import re
 import sys
 from pathlib import Path
 
