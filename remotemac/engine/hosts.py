@@ -15,7 +15,7 @@ class SSHOptions:
     identity: Path | None = None
     keepalive_interval: float = 10.0
     keepalive_count_max: int = 3
-    reconnect_deadline: float = 300.0
+    reconnect_deadline: float = 600.0
 
 
 def open_transport(host: str, home: Path, options: SSHOptions | None = None,
@@ -101,7 +101,10 @@ class TransportPool:
         return len(self._leases.get(host, ()))
 
     async def close_all(self) -> None:
+        from remotemac.engine.agentclient import close_link_agents
+
         for shared in self._shared.values():
+            await close_link_agents(shared)
             await shared.close()
         self._shared.clear()
         self._leases.clear()
@@ -122,6 +125,13 @@ class PooledTransport(Transport):
 
     def __getattr__(self, attr: str):  # spec, params, disconnects, reconnects …
         return getattr(self.shared, attr)
+
+    def link_owner(self) -> Transport:
+        return self.shared
+
+    @property
+    def reconnect_deadline(self) -> float:  # type: ignore[override]
+        return self.shared.reconnect_deadline
 
     async def connect(self) -> None:
         if self.released:  # a lease reused after close (attach-style reuse): take it again

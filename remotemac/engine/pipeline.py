@@ -151,6 +151,7 @@ async def _run_pipeline(ctx: RunContext) -> int:
         raise
     finally:
         for binding in ctx.hosts.values():
+            await binding.agent.close()
             await binding.transport.close()
     record = ctx.results.get("record", {})
     verdict = record.get("verdict", "incomplete")
@@ -337,6 +338,7 @@ async def run_phase(*, run_id: str, phase: str, playbook: Playbook, journal: Jou
         ctx.emit(PhaseFinished(run_id, phase=phase, detail=result.get("summary", "")))
     finally:
         for binding in ctx.hosts.values():
+            await binding.agent.close()
             await binding.transport.close()
         render.close()
     return 0
