@@ -34,6 +34,7 @@ from remotemac.errors import (
     BadInput,
     JobLost,
     RemotemacError,
+    TransientHostError,
 )
 from remotemac.events import EventBus, PhaseFinished, PhaseStarted, RunFinished
 from remotemac.journal import Journal
@@ -57,6 +58,7 @@ def build_context(
     if host is not None or matrix is not None:
         playbook = specialize(playbook, host=host, matrix=matrix)
     ledger = Ledger(out_dir / "ledger.jsonl")
+    ssh = (ssh or SSHOptions()).for_playbook(playbook.connection.reconnect_deadline)
     sides = make_sides(playbook)
     target = next((s for s in sides if s.role == "target"), None)
     if playbook.reproduce and target is not None:
@@ -146,6 +148,12 @@ async def _run_pipeline(ctx: RunContext) -> int:
     except (KeyboardInterrupt, asyncio.CancelledError):
         ctx.journal.set_run_state(ctx.run_id, "interrupted", exit_code=EXIT_INTERRUPTED)
         raise
+    except TransientHostError as exc:
+        # past the reconnect deadline: stop here, leave the job (and the run) to `attach`
+        ctx.journal.set_run_state(ctx.run_id, "detached", exit_code=exc.exit_code)
+        raise TransientHostError(
+            exc.message, hint="the job keeps running on the host; when the link is back, "
+                              f"resume with: remotemac attach {ctx.run_id}") from exc
     except RemotemacError as exc:
         ctx.journal.set_run_state(ctx.run_id, "failed", exit_code=exc.exit_code)
         raise
