@@ -155,3 +155,30 @@ def test_end_of_input_finishes_calls_in_flight(counting_op, tmp_path: Path):
     assert not runner.is_alive()
     assert ledger.read_text() == "x\n"
     assert json.loads((store / "c1.json").read_text())["answer"]["result"] == {"count": 1}
+
+
+def test_freeze_env_is_cached_per_environment_and_redone_when_it_changes(monkeypatch,
+                                                                          tmp_path: Path):
+    """The package probe runs once per environment key; a package added to a directory
+    on the interpreter's path (its mtime changes) makes it run again."""
+    import envfreeze
+
+    site = tmp_path / "site"
+    site.mkdir()
+    monkeypatch.setenv("PYTHONPATH", str(site))
+    probes: list[str] = []
+    real = envfreeze._probe
+    monkeypatch.setattr(envfreeze, "_probe", lambda p, r: probes.append(p) or real(p, r))
+    cache = str(tmp_path / "envs" / "key.freeze.json")
+    req = {"python": sys.executable, "cache": cache}
+    first = envfreeze.op_freeze_env(dict(req))
+    second = envfreeze.op_freeze_env(dict(req))
+    assert (first["freeze_cached"], second["freeze_cached"]) == (False, True)
+    assert len(probes) == 1
+    assert {k: v for k, v in first.items() if k != "freeze_cached"} == \
+        {k: v for k, v in second.items() if k != "freeze_cached"}
+    assert "_paths" not in first
+    time.sleep(0.01)
+    (site / "newpkg-1.0.dist-info").mkdir()  # "pip install newpkg"
+    third = envfreeze.op_freeze_env(dict(req))
+    assert third["freeze_cached"] is False and len(probes) == 2

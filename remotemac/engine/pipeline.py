@@ -80,6 +80,9 @@ def build_context(
 
     ctx.results["_continuity_tally"] = count_connection_events(bus)
     ctx.results["_continuity"] = {"disconnects": 0, "reconnects": 0}
+    from remotemac.engine.cpuusage import laptop_cpu_s
+
+    ctx.results["_cpu_start"] = laptop_cpu_s()
     return ctx
 
 

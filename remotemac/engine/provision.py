@@ -68,15 +68,17 @@ async def provision_host(ctx: RunContext, binding: HostBinding) -> dict[str, Any
         req_remote = f"{prepared['paths']['project']}/{env.requirements}"
     venv_python = env.python
     venv: dict[str, Any] = {"reused": None}
+    key = env_key(env.python, env.system_site_packages, req_bytes)
     if env.venv:
-        key = env_key(env.python, env.system_site_packages, req_bytes)
         venv = await binding.agent.call("ensure_venv", {
             "root": root, "key": key, "python": env.python,
             "system_site_packages": env.system_site_packages, "requirements": req_remote,
         }, timeout=3600)
         venv_python = venv["venv_python"]
         ctx.journal.record_created(transport.name, "venv", venv["env_dir"], ctx.run_id)
-    probe = await binding.agent.call("freeze_env", {"python": venv_python})
+    # cached per environment key on the host: the probe reruns only when it changed
+    probe = await binding.agent.call("freeze_env", {
+        "python": venv_python, "cache": f"{root}/envs/{key}.freeze.json"})
     return {
         "root": root, "run_dir": binding.run_dir, "paths": prepared["paths"],
         "venv_python": venv_python, "venv_reused": venv.get("reused"), "probe": probe,

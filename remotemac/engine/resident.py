@@ -97,32 +97,15 @@ class ResidentAgent:
         return 0.0
 
     async def _ensure(self, within: float) -> RemoteProcess:
+        """The running agent, or a new one. Its hello is not waited for: the first
+        request is sent at once and queues in the channel while Python starts (on a
+        link that stays up two seconds at a time, every round trip counts)."""
         async with self._start_lock:
             if self._proc is not None:
                 return self._proc
             if self.closed:
                 raise HostError(f"the agent on {self.transport.name} was closed")
             proc = await self.transport.open_process(self.argv, reconnect_within=within)
-            try:
-                hello = await asyncio.wait_for(read_frame(proc), HELLO_TIMEOUT_S)
-            except asyncio.TimeoutError:
-                await proc.close()
-                raise HostError(f"{self.transport.name}: the resident agent did not start within"
-                                f" {HELLO_TIMEOUT_S:.0f} s", hint="check the host's python3") from None
-            except BaseException:
-                with contextlib.suppress(Exception):
-                    await proc.close()
-                raise
-            if hello is None:
-                code = None
-                with contextlib.suppress(Exception):
-                    code = await proc.wait(5)
-                tail = proc.stderr_tail()
-                await proc.close()
-                raise HostError(f"{self.transport.name}: the resident agent exited at start"
-                                f" (exit {code}): {tail or 'no output'}",
-                                hint="check the host's python3 (3.9 or newer)")
-            self.note_cpu(hello)
             self._proc = proc
             self.starts += 1
             self._reader = asyncio.ensure_future(self._read_loop(proc))
@@ -130,20 +113,42 @@ class ResidentAgent:
 
     async def _read_loop(self, proc: RemoteProcess) -> None:
         why: BaseException = AgentGone("the resident agent ended")
+        hello = False
         try:
             while True:
-                frame = await read_frame(proc)
+                frame = await (read_frame(proc) if hello
+                               else asyncio.wait_for(read_frame(proc), HELLO_TIMEOUT_S))
                 if frame is None:
+                    if not hello:
+                        why = await self._start_failed(proc)
                     break
+                if frame.get("hello"):  # its CPU goes with the first answer, to that run
+                    hello = True
+                    continue
                 entry = self._pending.pop(str(frame.get("id", "")), None)
                 if entry is not None and not entry[1].done():
                     entry[1].set_result(frame)
         except asyncio.CancelledError:
             why = AgentGone("closed")
+        except asyncio.TimeoutError:
+            why = HostError(f"{self.transport.name}: the resident agent did not start within"
+                            f" {HELLO_TIMEOUT_S:.0f} s", hint="check the host's python3")
         except Exception as exc:  # the link dropped under the stream
             why = exc
         finally:
             self._drop(proc, why)
+
+    async def _start_failed(self, proc: RemoteProcess) -> BaseException:
+        """The agent ended before its hello. With an exit status it cannot start (no
+        python3, a Python older than 3.9): not retried. Without one the link went."""
+        code = None
+        with contextlib.suppress(Exception):
+            code = await proc.wait(5)
+        if code is None or code < 0:
+            return AgentGone("the link dropped while the agent started")
+        return HostError(f"{self.transport.name}: the resident agent exited at start"
+                         f" (exit {code}): {proc.stderr_tail() or 'no output'}",
+                         hint="check the host's python3 (3.9 or newer)")
 
     def _drop(self, proc: RemoteProcess, why: BaseException) -> None:
         """Forget ``proc``; every call in flight on it fails over to a new process."""
@@ -153,8 +158,8 @@ class ResidentAgent:
             if owner is proc:
                 self._pending.pop(call_id, None)
                 if not fut.done():
-                    fut.set_exception(AgentGone(str(why)) if not isinstance(why, AgentGone)
-                                      else why)
+                    fut.set_exception(why if isinstance(why, (AgentGone, HostError))
+                                      else AgentGone(str(why)))
         asyncio.ensure_future(_quiet_close(proc))
 
     async def call(self, op: str, request: dict[str, Any], *, store: str | None,
