@@ -182,3 +182,27 @@ def test_freeze_env_is_cached_per_environment_and_redone_when_it_changes(monkeyp
     (site / "newpkg-1.0.dist-info").mkdir()  # "pip install newpkg"
     third = envfreeze.op_freeze_env(dict(req))
     assert third["freeze_cached"] is False and len(probes) == 2
+
+
+def test_reconnect_counts_the_deadline_down():
+    """Every ``reconnecting`` event says how long is left before the run gives up."""
+    import asyncio
+
+    from remotemac.errors import TransientHostError
+    from remotemac.transport.reconnect import reconnect
+
+    events: list = []
+
+    async def never() -> None:
+        raise ConnectionRefusedError("host down")
+
+    async def go() -> None:
+        with pytest.raises(TransientHostError, match="gave up"):
+            await reconnect(never, host="mac", deadline=1.5, emit=events.append,
+                            initial_wait=0.1, max_wait=0.3, total_deadline=600)
+
+    asyncio.run(go())
+    left = [e.deadline_left_s for e in events if e.state == "reconnecting"]
+    assert len(left) >= 3 and left == sorted(left, reverse=True) and left[0] <= 1.5
+    assert all(e.deadline_s == 600 for e in events if e.state == "reconnecting")
+    assert events[-1].state == "lost"
