@@ -85,7 +85,7 @@ async def one_run(playbook: Path, home: Path, config: Path, out: Path) -> dict:
                        playbook=pb.model_dump(mode="json"), out_dir=str(out), options={})
     started = time.monotonic()
     ctx = build_context(run_id=run_id, playbook=pb, journal=journal, bus=EventBus(), home=home,
-                        out_dir=out, options=RunOptions(follow_poll_s=0.05),
+                        out_dir=out, options=RunOptions(),
                         ssh=SSHOptions(ssh_config=config))
     code = await run_pipeline(ctx)
     wall = time.monotonic() - started
@@ -130,9 +130,9 @@ def main() -> int:
         tmux_dir.mkdir()
         server = SSHD(base / "sshd", client_key=key,
                       extra_config=[f"SetEnv TMUX_TMPDIR={tmux_dir}"]).start()
-        empty = base / "user_known_hosts"
-        empty.touch()
-        config = server.write_ssh_config(base / "ssh_config", "mac", known_hosts=empty)
+        known = base / "user_known_hosts"  # for `ssh host true`
+        known.write_text(server.known_hosts_line())
+        config = server.write_ssh_config(base / "ssh_config", "mac", known_hosts=known)
         home = base / "home"
         home.mkdir()
         (home / "known_hosts").write_text(server.known_hosts_line())
