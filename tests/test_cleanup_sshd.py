@@ -1,9 +1,10 @@
 """End-of-rental cleanup against a real OpenSSH sshd: three runs, then nothing left.
 
-The sshd sessions get their own HOME and TMUX_TMPDIR (sshd_config ``SetEnv``), so
-"nothing of remotemac's under the user's home" is checked on the whole tree of a
-per-test home, and the tmux server is private to the test (other tests on this
-machine keep their ``remotemac-*`` sessions).
+The host is the fresh-host lab (tests/harness/lab.py): the playbooks use the default
+``environment`` (a venv from the host's bare python3). Each sshd's sessions get their
+own HOME and TMUX_TMPDIR under the lab user's home, so "nothing of remotemac's under
+the user's home" is checked on the whole tree of a per-test home, and the tmux server
+is private to the test (other tests on this machine keep their ``remotemac-*`` sessions).
 """
 
 from __future__ import annotations
@@ -19,8 +20,6 @@ import pytest
 import yaml
 
 from tests.conftest import LINES_PROJECT, remotemac
-
-SYSTEM_PY = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
 
 
 @dataclass
@@ -43,24 +42,19 @@ class Target:
                          timeout=timeout)
 
     def sessions(self) -> list[str]:
-        env = dict(os.environ, TMUX_TMPDIR=str(self.tmux_dir))
-        out = subprocess.run(["tmux", "list-sessions", "-F", "#{session_name}"], env=env,
-                             capture_output=True, text=True)
+        out = self.sshd.tmux("list-sessions", "-F", "#{session_name}")  # type: ignore[attr-defined]
         return [s for s in out.stdout.split() if s.startswith("remotemac-")]
 
     def kill_tmux_server(self) -> None:
-        env = dict(os.environ, TMUX_TMPDIR=str(self.tmux_dir))
-        subprocess.run(["tmux", "kill-server"], env=env, capture_output=True)
+        self.sshd.tmux("kill-server")  # type: ignore[attr-defined]
 
 
 def make_target(tmp_path: Path, sshd_factory, ssh_env) -> Target:
-    host_home = tmp_path / "hosthome"
-    tmux_dir = tmp_path / "tmux"
-    host_home.mkdir()
-    tmux_dir.mkdir(mode=0o700)
-    server = sshd_factory(extra_config=[f"SetEnv HOME={host_home} TMUX_TMPDIR={tmux_dir}"])
+    """A lab host: its session HOME and tmux dir are the sshd's own (lab user's)."""
+    server = sshd_factory()
     rm_home, cfg, alias = ssh_env(server)
-    return Target(alias, cfg, rm_home, host_home, tmux_dir, host_home / "remotemac", server)
+    return Target(alias, cfg, rm_home, server.home, server.tmux_dir, server.home / "remotemac",
+                  server)
 
 
 def write_playbook(tmp_path: Path, target_host: str, root: Path, name: str, *, lines: int = 5,
@@ -70,7 +64,6 @@ def write_playbook(tmp_path: Path, target_host: str, root: Path, name: str, *, l
         "host": target_host,
         "remote_root": str(root),
         "project": {"path": str(LINES_PROJECT), "exclude": ["data/"]},
-        "environment": {"python": SYSTEM_PY, "venv": False},
         "data": {"path": str(LINES_PROJECT / "data"), "classification": "public",
                  "encrypt": True},
         "workload": {
@@ -124,8 +117,7 @@ def tree(path: Path) -> list[str]:
 @pytest.mark.timeout(600)
 def test_three_runs_then_cleanup_leaves_nothing(tmp_path: Path, sshd_factory, ssh_env):
     t = make_target(tmp_path, sshd_factory, ssh_env)
-    canary = tmp_path / "canary"
-    canary.mkdir()
+    canary = t.sshd.host_dir("canary")  # outside the home, writable by the host user
     (canary / "precious.txt").write_text("must survive")
     # three runs at once: a plain one, one with a dead-man deadline and its data kept,
     # one detached and still running (live tmux session) when cleanup starts

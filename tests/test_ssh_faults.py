@@ -66,7 +66,7 @@ async def test_put_resumes_after_a_cut(sshd, fault_proxy, ssh_env, tmp_path, cap
     proxy = fault_proxy(sshd)
     proxy.throttle(2 << 20)
     data = os.urandom(3 << 20)
-    src, dst = tmp_path / "src.bin", tmp_path / "dst.bin"
+    src, dst = tmp_path / "src.bin", sshd.home / "dst.bin"
     src.write_bytes(data)
     events: list = []
     moved: list[int] = []
@@ -94,7 +94,7 @@ async def test_idempotent_exec_reruns_after_reset_non_idempotent_does_not(
 ):
     proxy = fault_proxy(sshd)
     events: list = []
-    marker = tmp_path / "runs"
+    marker = sshd.home / "runs"
     script = f"echo run >> {marker}; sleep 1; echo done"
     async with _transport(ssh_env(sshd, proxy), events, reconnect_deadline=20) as t:
         await t.exec(["true"])
@@ -114,7 +114,7 @@ async def test_idempotent_exec_reruns_after_reset_non_idempotent_does_not(
 async def test_log_follow_by_offset_survives_cut(sshd, fault_proxy, ssh_env, tmp_path):
     """read_from at the caller's offset after a reconnect: nothing lost, nothing repeated."""
     proxy = fault_proxy(sshd)
-    log = tmp_path / "job.log"
+    log = sshd.home / "job.log"
     log.write_bytes(b"".join(b"line %d\n" % i for i in range(2000)))
     events: list = []
     got = b""
@@ -156,7 +156,7 @@ async def test_auth_failure_after_reconnect_is_not_retried(sshd, fault_proxy, ss
     events: list = []
     async with _transport(ssh_env(sshd, proxy), events, reconnect_deadline=30) as t:
         await t.exec(["true"])
-        (sshd.workdir / "authorized_keys").write_text("")  # key revoked on the host
+        sshd.authorized_keys.write_text("")  # key revoked on the host
         proxy.cut()
         start = time.monotonic()
         with pytest.raises(AuthError):

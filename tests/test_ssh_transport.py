@@ -71,7 +71,7 @@ async def test_many_concurrent_execs_stay_under_max_sessions(sshd, ssh_env):
 
 @pytest.mark.asyncio
 async def test_sftp_round_trip(sshd, ssh_env, tmp_path):
-    remote = tmp_path / "remote"
+    remote = sshd.home / "remote"
     async with _transport(ssh_env(sshd)) as t:
         assert await t.home() == (await t.exec(["sh", "-c", "pwd"])).text().strip()
         await t.makedirs(str(remote / "a" / "b"), mode=0o750)

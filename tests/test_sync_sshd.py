@@ -1,7 +1,9 @@
 """Dataset sync over a real OpenSSH sshd: round trip, secrecy, resume, incremental, integrity.
 
-The "host" is the loopback sshd of tests/harness, running as the same user on this
-Linux machine, so its RAM-backed storage is /dev/shm and its disk is ``remote_root``.
+The "host" is the loopback sshd of tests/harness, logged in as the fresh-host lab's
+user (tests/harness/lab.py: a bare python3 3.9, no third-party module), so its
+RAM-backed storage is /dev/shm and its disk is ``remote_root`` under the session's HOME.
+The agent runs on that python3 and decrypts with the agent runtime it installed.
 """
 
 from __future__ import annotations
@@ -13,8 +15,8 @@ import hashlib
 import os
 import shutil
 import subprocess
-import sys
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -26,8 +28,8 @@ from remotemac.engine.runtime import ensure_runtime
 from remotemac.engine.sync import SyncStats, sync_slice
 from remotemac.errors import EXIT_INTEGRITY, HostError, IntegrityError
 from remotemac.events import PhaseProgress
-from remotemac.transport.local import LocalTransport
 from remotemac.transport.ssh import SSHTransport
+from tests.harness.sshd import SSHD
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -54,17 +56,31 @@ class Host:
         paths = sorted(str(p.relative_to(data)) for p in data.rglob("*") if p.is_file())
         return await sync_slice(self.transport, self.agent, root=data, paths=paths,
                                 run_dir=self.run_dir, run_id=self.run_id, key=key,
-                                runtime_dir=self.runtime_dir, python=sys.executable, cache=cache,
+                                runtime_dir=self.runtime_dir, cache=cache,
                                 emit=(events.append if events is not None else None), **kw)
 
 
 @pytest.fixture(scope="module")
-def runtime_dir(tmp_path_factory) -> str:
-    """The agent runtime (cryptography), installed once for this module's interpreter:
-    these tests are about the stream, test_agent_runtime.py about the runtime."""
-    agent = AgentClient(LocalTransport(), str(tmp_path_factory.mktemp("rt-root")),
-                        python=sys.executable)
-    return asyncio.run(ensure_runtime(agent, home=None, method="online"))["dir"]
+def runtime_dir(tmp_path_factory, client_key, fresh_host_lab) -> Iterator[str]:
+    """The agent runtime (cryptography), installed once on the lab host by the agent's
+    own python3: these tests are about the stream, test_agent_runtime.py about the runtime.
+    Every lab sshd logs in as the same user, so each test's host can read it."""
+    work = tmp_path_factory.mktemp("rt-sshd")
+    server = SSHD(work / "sshd", client_key=client_key).start()
+    try:
+        home = work / "rmhome"
+        home.mkdir()
+        (home / "known_hosts").write_text(server.known_hosts_line())
+        cfg = server.write_ssh_config(work / "ssh_config", "rt", known_hosts=work / "kh")
+
+        async def install() -> str:
+            async with SSHTransport("rt", home_dir=home, ssh_config=cfg) as transport:
+                agent = AgentClient(transport, str(server.host_dir("runtime") / "root"))
+                return (await ensure_runtime(agent, home=None, method="online"))["dir"]
+
+        yield asyncio.run(install())
+    finally:
+        server.cleanup()
 
 
 @pytest.fixture
@@ -76,7 +92,7 @@ def host_factory(ssh_env, tmp_path, request, runtime_dir):
         home, cfg, alias = ssh_env(server, proxy)
         rid = run_id or f"t{os.getpid()}-{len(made)}-{abs(hash(request.node.name)) % 10**8}"
         host = Host(SSHTransport(alias, home_dir=home, ssh_config=cfg, reconnect_deadline=30),
-                    tmp_path / f"host-root-{len(made)}", rid, runtime_dir)
+                    server.home / f"host-root-{len(made)}", rid, runtime_dir)
         made.append(host)
         return await host.prepare()
 
@@ -204,7 +220,7 @@ async def test_cut_link_resumes_without_resending_verified_files(sshd, fault_pro
             host.transport, host.agent, root=data,
             paths=sorted(str(p.relative_to(data)) for p in data.rglob("*") if p.is_file()),
             run_dir=host.run_dir, run_id=host.run_id, key=os.urandom(32),
-            runtime_dir=host.runtime_dir, python=sys.executable, emit=on_event, stats=stats)
+            runtime_dir=host.runtime_dir, emit=on_event, stats=stats)
     finally:
         await host.transport.close()
     assert cut, "the link was never cut"
@@ -288,7 +304,7 @@ async def test_tampered_ciphertext_on_host_is_exit_5(sshd, host_factory, tmp_pat
         full = await host.agent.call("prepare_data", {
             "run_dir": host.run_dir, "run_id": host.run_id, "src": f"{host.run_dir}/data",
             "encrypted": True, "key_hex": key.hex(), "runtime_dir": host.runtime_dir,
-            "manifest": [e.__dict__ for e in manifest.entries]}, python=sys.executable)
+            "manifest": [e.__dict__ for e in manifest.entries]})
         assert [m["path"] for m in full["mismatches"]] == ["d1/s001.bin"]
         # the host "rebooted": RAM is empty, so the sync must decrypt what is stored, and fails
         shutil.rmtree(answer["data_dir"])

@@ -124,6 +124,7 @@ async def sync_host(ctx: RunContext, binding: HostBinding, provisioned: dict[str
         except IntegrityError:
             key = new_data_key(ctx.home, ctx.run_id)
     runtime_dir = None
+    runtime: dict[str, Any] = {}
     if encrypted:
         from remotemac.engine.runtime import ensure_runtime, install_method
 
@@ -150,6 +151,8 @@ async def sync_host(ctx: RunContext, binding: HostBinding, provisioned: dict[str
         "ram": answer.get("ram"), "transfer": stats.to_dict(),
         "selection": [{"path": f.path, "size": f.size, "reason": f.reason} for f in selection.files],
         "summary": f"{stats.sent_files} sent, {stats.skipped_files} already on the host",
+        "runtime": {k: runtime.get(k) for k in ("dir", "reused", "method", "cryptography")}
+        if runtime else None,
     }
 
 

@@ -214,7 +214,7 @@ class SSHTransport(Transport):
             if self._sftp is not None and self._conn is conn:
                 return self._sftp
             try:
-                self._sftp = await conn.start_sftp_client()
+                self._sftp = await _refused_session_retried(conn, conn.start_sftp_client)
             except asyncssh.ChannelOpenError as exc:
                 if conn.is_closed() or self._conn is not conn:
                     raise ConnectionResetError("link closed") from None
@@ -306,8 +306,9 @@ class SSHTransport(Transport):
             conn = await self._link()
             async with self._channels:
                 try:
-                    done = await conn.run(command, input=stdin, encoding=None, timeout=timeout,
-                                          check=False)
+                    done = await _refused_session_retried(
+                        conn, lambda: conn.run(command, input=stdin, encoding=None,
+                                               timeout=timeout, check=False))
                 except asyncssh.TimeoutError:
                     raise HostError(f"`{_short_cmd(argv)}` timed out after {timeout:g} s on"
                                     f" {self.name}", hint="raise the timeout or check the host"
@@ -457,7 +458,8 @@ class SSHTransport(Transport):
         conn = await self._link(reconnect_within)
         await self._channels.acquire()
         try:
-            proc = await conn.create_process(command, encoding=None)
+            proc = await _refused_session_retried(
+                conn, lambda: conn.create_process(command, encoding=None))
         except asyncssh.ChannelOpenError as exc:
             self._channels.release()
             if self._conn is conn and not conn.is_closed():
@@ -632,3 +634,28 @@ def _as_bytes(data: object) -> bytes:
 def _short_cmd(argv: list[str], limit: int = 60) -> str:
     text = " ".join(str(a) for a in argv)
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+async def _refused_session_retried(conn: asyncssh.SSHClientConnection,
+                                   start: Callable[[], Awaitable[T]],
+                                   within: float = 3.0) -> T:
+    """Open a session channel, retrying while sshd refuses it on a live link.
+
+    sshd frees a closed session's slot only when its privilege-separated monitor
+    has reaped it, a moment after the client saw the channel close; a login that
+    is not root (every rented Mac) then gets "open failed" for a channel that
+    is within MaxSessions. Nothing ran on a refused channel, so a retry is safe.
+    """
+    deadline = time.monotonic() + within
+    pause = 0.02
+    while True:
+        try:
+            return await start()
+        except asyncssh.ChannelOpenError as exc:
+            # OpenSSH answers "open failed" with OPEN_CONNECT_FAILED for a session it will
+            # not open now; a missing subsystem or a forbidden forward is another code
+            refused = exc.code == asyncssh.OPEN_CONNECT_FAILED and exc.reason == "open failed"
+            if not refused or conn.is_closed() or time.monotonic() + pause > deadline:
+                raise
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 0.4)

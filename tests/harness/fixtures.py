@@ -1,7 +1,11 @@
 """pytest fixtures for the real-sshd harness (load with ``pytest_plugins``).
 
 - ``client_key``       session-wide ed25519 client key (one ssh-keygen call per run)
-- ``sshd``             a running sshd, fresh per test (start-up ~0.1 s)
+- ``fresh_host_lab``   session-wide: sets up the fresh-host lab (tests/harness/lab.py) and
+                       asserts, over a real ssh login, that it is bare; every sshd needs it
+- ``host_torch_python`` session-wide: path of a lab-host interpreter with torch + numpy
+                       (for tests named ``*host_torch*``)
+- ``sshd``             a running sshd, fresh per test (start-up ~0.1 s), login = lab user
 - ``sshd_factory``     ``sshd_factory(**SSHD kwargs)`` starts more; all stopped at teardown
 - ``fault_proxy``      ``fault_proxy(sshd)`` puts a FaultProxy in front of one
 - ``sshd_new_hostkey`` ``sshd_new_hostkey(sshd)`` restarts it on the same port with a new key
@@ -18,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.harness import lab
 from tests.harness.faultproxy import FaultProxy
 from tests.harness.sshd import SSHD, ClientKey
 
@@ -27,9 +32,41 @@ def client_key(tmp_path_factory: pytest.TempPathFactory) -> ClientKey:
     return ClientKey.generate(tmp_path_factory.mktemp("client-key"))
 
 
+def ssh_argv(server: SSHD, directory: Path) -> list[str]:
+    """OpenSSH client argv reaching ``server`` (own config and known_hosts)."""
+    known = server.write_known_hosts(directory / "known_hosts", append=False)
+    cfg = directory / "ssh_config"
+    cfg.write_text(server.ssh_config_block("lab", known_hosts=known,
+                                           extra={"BatchMode": "yes"}))
+    return ["ssh", "-F", str(cfg), "lab"]
+
+
+@pytest.fixture(scope="session")
+def fresh_host_lab(tmp_path_factory: pytest.TempPathFactory, client_key: ClientKey) -> dict:
+    """Set the lab up (idempotent) and prove, through a real login, that it is bare.
+
+    Fails the session's sshd tests loudly if the login sees a Python other than the
+    lab's 3.9, a third-party module, or a PATH with the test venv or /root in it.
+    """
+    lab.ensure_lab()
+    work = tmp_path_factory.mktemp("lab-probe")
+    with SSHD(work / "sshd", client_key=client_key) as server:
+        return lab.assert_bare(ssh_argv(server, work))
+
+
+@pytest.fixture(scope="session")
+def host_torch_python(fresh_host_lab: dict) -> str:
+    """An interpreter on the lab host with torch (CPU) and numpy, for ``*host_torch*`` tests.
+
+    Use it as ``environment: {python: host_torch_python, venv: false}``: the host has
+    torch preinstalled, which a rental does not; the test's name must say so.
+    """
+    return lab.ensure_host_torch_python()
+
+
 @pytest.fixture
 def sshd_factory(
-    tmp_path_factory: pytest.TempPathFactory, client_key: ClientKey
+    tmp_path_factory: pytest.TempPathFactory, client_key: ClientKey, fresh_host_lab: dict
 ) -> Iterator[Callable[..., SSHD]]:
     started: list[SSHD] = []
 
@@ -41,7 +78,7 @@ def sshd_factory(
 
     yield start
     for server in started:
-        server.stop()
+        server.cleanup()
 
 
 @pytest.fixture

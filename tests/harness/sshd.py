@@ -5,6 +5,13 @@ about how remotemac behaves against OpenSSH, so tests talk to OpenSSH itself,
 not to a Python stand-in. Each instance lives in its own temp dir with its own
 host key; the client key is shared per test session (one ``ssh-keygen`` call)
 unless a test asks for its own. Start-up is about 0.1 s.
+
+By default the login is the fresh-host lab's user (:mod:`tests.harness.lab`): a
+host as a rental delivers it, with only a bare Python 3.9 as ``python3``. Each
+instance gets its own session ``HOME`` and tmux socket dir under that user's home
+(``sshd.home``, ``sshd.tmux_dir``), removed by :meth:`SSHD.cleanup`.
+``user=getpass.getuser()`` logs in as the test runner instead (root in CI: not a
+bare host, since root's shell start-up puts pyenv first).
 """
 
 from __future__ import annotations
@@ -20,6 +27,8 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from tests.harness import lab
 
 SSHD_BIN = "/usr/sbin/sshd"
 SSH_KEYGEN = shutil.which("ssh-keygen") or "/usr/bin/ssh-keygen"
@@ -74,7 +83,10 @@ class SSHD:
     """One OpenSSH server in the foreground (``-D -e``) with its own temp dir.
 
     ``sftp=False`` leaves out the sftp subsystem (to test that error);
-    ``extra_config`` lines are appended to sshd_config verbatim.
+    ``extra_config`` lines are appended to sshd_config verbatim, except ``SetEnv``
+    lines, which are merged into one after the lab's (sshd honours only the first
+    ``SetEnv`` line; a test's variable overrides the lab's of the same name).
+    ``user`` is the login; None means the lab user.
     """
 
     def __init__(
@@ -85,12 +97,18 @@ class SSHD:
         sftp: bool = True,
         extra_config: list[str] | tuple[str, ...] = (),
         host: str = LOOPBACK,
+        user: str | None = None,
     ) -> None:
         self._own_workdir = workdir is None
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="rm-sshd-"))
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.host = host
-        self.user = getpass.getuser()
+        self.lab = user is None or user == lab.LAB_USER
+        self.user = lab.LAB_USER if self.lab else (user or getpass.getuser())
+        self.dirs = lab.HostDirs.create() if self.lab else lab.HostDirs(self.workdir / "host")
+        if not self.lab:
+            for path in (self.dirs.home, self.dirs.tmux_dir):
+                path.mkdir(parents=True, exist_ok=True)
         self.sftp = sftp
         self.extra_config = list(extra_config)
         self.client_key = client_key or ClientKey.generate(self.workdir / "client")
@@ -111,7 +129,7 @@ class SSHD:
         if os.geteuid() == 0:
             # privilege separation needs this empty dir when sshd runs as root
             os.makedirs("/run/sshd", mode=0o755, exist_ok=True)
-        authorized = self.workdir / "authorized_keys"
+        authorized = self._authorized_keys_path()
         authorized.write_bytes(self.client_key.public.read_bytes())
         attempts = 1 if port else 5
         last_log = ""
@@ -142,7 +160,7 @@ class SSHD:
         Without it, open sessions survive, as on a real host when sshd restarts.
         """
         if kill_sessions and self.proc is not None:
-            for pid in _children(self.proc.pid):
+            for pid in _session_processes(self.proc.pid):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
         self._kill()
@@ -156,7 +174,11 @@ class SSHD:
         return self.start(port=port)
 
     def cleanup(self) -> None:
+        """Stop sshd, the host's tmux server and leftovers; remove its host dirs."""
         self.stop()
+        if self.lab:
+            self.dirs.remove()
+            self._authorized_keys_path().unlink(missing_ok=True)
         if self._own_workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
@@ -172,6 +194,54 @@ class SSHD:
     def spec(self) -> str:
         """``user@127.0.0.1:port``: the host spec remotemac accepts."""
         return f"{self.user}@{self.host}:{self.port}"
+
+    @property
+    def home(self) -> Path:
+        """The session's ``HOME`` on the host: put ``remote_root`` under it."""
+        return self.dirs.home
+
+    @property
+    def tmux_dir(self) -> Path:
+        """The session's ``TMUX_TMPDIR``: this host's own tmux server lives here."""
+        return self.dirs.tmux_dir
+
+    @property
+    def authorized_keys(self) -> Path:
+        """The file sshd takes client keys from (empty it to revoke the key)."""
+        return self._authorized_keys_path()
+
+    def host_dir(self, name: str) -> Path:
+        """A dir beside ``home`` that the login can write (a canary, a second root)."""
+        path = self.dirs.top / name
+        path.mkdir(exist_ok=True)
+        if self.lab:
+            os.chown(path, *lab.lab_ids())
+        return path
+
+    def session_env(self) -> dict[str, str]:
+        """What sshd sets for every session of this host (its merged ``SetEnv``)."""
+        env = {**lab.session_env(), "HOME": str(self.home)} if self.lab else {}
+        env["TMUX_TMPDIR"] = str(self.tmux_dir)
+        for line in self.extra_config:
+            words = line.split()
+            if words and words[0].lower() == "setenv":
+                env.update(word.split("=", 1) for word in words[1:])  # type: ignore[misc]
+        return env
+
+    def run_as_user(self, argv: list[str], **kwargs: object) -> subprocess.CompletedProcess:
+        """Run ``argv`` on this machine as the login user, with the session's environment
+        (e.g. to look at the host's tmux server as the host sees it)."""
+        kwargs.setdefault("check", False)
+        if self.lab:
+            return lab.run_as_lab(argv, env=self.session_env(), **kwargs)  # type: ignore[arg-type]
+        env = {**os.environ, **self.session_env()}
+        env.pop("TMUX", None)
+        return subprocess.run(argv, env=env, capture_output=True, text=True,  # noqa: PLW1510
+                              **kwargs)  # type: ignore[call-overload]
+
+    def tmux(self, *args: str) -> subprocess.CompletedProcess:
+        """``tmux ARGS`` against this host's tmux server, as the login user."""
+        return self.run_as_user(["tmux", *args])
 
     @property
     def host_pubkey(self) -> Path:
@@ -252,8 +322,18 @@ class SSHD:
         ]
         if self.sftp:
             lines.append("Subsystem sftp internal-sftp")
-        lines.extend(self.extra_config)
+        env = self.session_env()
+        if env:
+            lines.append("SetEnv " + " ".join(f"{k}={v}" for k, v in env.items()))
+        lines.extend(x for x in self.extra_config if x.split()[:1] != ["SetEnv"]
+                     and x.split()[:1] != ["setenv"])
         self.config_path.write_text("\n".join(lines) + "\n")
+
+    def _authorized_keys_path(self) -> Path:
+        """sshd reads authorized_keys as the login user: the lab's live where it can."""
+        if self.lab:
+            return lab.LAB_KEYS / f"{self.dirs.top.name}.pub"
+        return self.workdir / "authorized_keys"
 
     def _wait_ready(self, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
@@ -281,18 +361,32 @@ class SSHD:
             proc.wait()
 
 
-def _children(pid: int) -> list[int]:
-    """Direct children of ``pid`` (sshd's per-connection processes), from /proc."""
-    found = []
+def _session_processes(pid: int) -> list[int]:
+    """sshd's per-connection processes below ``pid``, at any depth, from /proc.
+
+    For a non-root login privilege separation puts the session's network process
+    (running as the user) under a root monitor: killing only the monitor would leave
+    the connection up. A session's own commands are left alone (their connection
+    going away is what ends them, as on a real host).
+    """
+    parent_of: dict[int, int] = {}
+    name_of: dict[int, str] = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            head, tail = (entry / "stat").read_text().rsplit(")", 1)
         except OSError:
             continue
-        if int(fields[1]) == pid:
-            found.append(int(entry.name))
+        parent_of[int(entry.name)] = int(tail.split()[1])
+        name_of[int(entry.name)] = head.split("(", 1)[1]
+    found, frontier = [], [pid]
+    while frontier:
+        current = frontier.pop()
+        for child, parent in parent_of.items():
+            if parent == current and name_of.get(child) == "sshd":
+                found.append(child)
+                frontier.append(child)
     return found
 
 

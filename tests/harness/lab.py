@@ -1,0 +1,419 @@
+"""The fresh-host lab: the test sshd's login is a host as a rental delivers it.
+
+Why: a rented Mac has only the OS's ``/usr/bin/python3`` (3.9, no third-party
+module). A test whose "host" is the laptop's own venv (torch, cryptography, yaml
+all importable) cannot see what breaks on a real host. So every test over sshd
+logs in as a separate Unix user, :data:`LAB_USER`, whose session sees:
+
+- ``python3`` / ``python3.9``: a copy of pyenv's Python 3.9 with only pip and
+  setuptools (Debian's ``/usr/bin/python3`` carries ``python3-cryptography``, so it
+  is no model of a Mac);
+- ``python3.11``: a bare copy of pyenv's 3.11 (stdlib, pip, setuptools), standing
+  in for a Homebrew ``python3.11`` the user installed;
+- ``PATH=<lab bin>:/usr/bin:/bin`` (set by the fixture's sshd_config ``SetEnv``),
+  and empty shell start-up files, so nothing of the test venv or /root/.pyenv leaks in.
+
+The copies live under :data:`LAB_ROOT` (``/root`` is 0700: the lab user could not
+read pyenv's own tree). Their ``RUNPATH`` is rewritten to ``$ORIGIN/../lib`` so
+they find their ``libpython`` anywhere (venvs, tmux jobs) without
+``LD_LIBRARY_PATH``, as ``/usr/bin/python3`` does on a Mac.
+
+Set-up is idempotent, needs root, and is serialised by a lock file so parallel
+test sessions on one machine do not race. A stamp records the layout version.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import glob
+import hashlib
+import os
+import pwd
+import re
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+LAB_USER = "rmhost"
+LAB_HOME = Path("/home") / LAB_USER
+LAB_ROOT = Path("/opt/remotemac-lab")
+#: one prefix holding both interpreters, like /usr
+LAB_PREFIX = LAB_ROOT / "usr"
+LAB_BIN = LAB_PREFIX / "bin"
+#: per-sshd dirs (session HOME, tmux sockets) live here, owned by the lab user
+LAB_HOSTS = LAB_HOME / "lab"
+#: authorized_keys files: sshd reads them as the login user, so not under root's /tmp
+LAB_KEYS = LAB_ROOT / "authorized"
+LAB_VENVS = LAB_ROOT / "venvs"
+LAB_PATH = f"{LAB_BIN}:/usr/bin:/bin"
+#: wheels on this machine's disk (torch's CPU build): pip looks here before the index
+WHEELS = Path("/opt/wheels")
+#: bump when the layout changes: a stale lab is rebuilt
+LAB_VERSION = "4"
+HOST_TORCH_REQUIREMENTS = ("torch==2.13.0", "numpy")
+#: what may stay in a copied interpreter's site-packages (what python.org/Homebrew ship)
+KEEP_SITE = re.compile(r"^(pip|setuptools|_distutils_hack|pkg_resources|distutils-precedence\.pth"
+                       r"|README\.txt)([-.].*)?$")
+_ready = False
+
+
+class LabError(RuntimeError):
+    """The lab cannot be set up, or it is not bare."""
+
+
+def pyenv_root() -> Path:
+    return Path(os.environ.get("PYENV_ROOT") or "/root/.pyenv")
+
+
+def pyenv_version(minor: str) -> Path:
+    """The newest pyenv install of ``minor`` (e.g. ``3.9``)."""
+    found = sorted(glob.glob(str(pyenv_root() / "versions" / f"{minor}.*")),
+                   key=lambda p: [int(x) for x in Path(p).name.split(".") if x.isdigit()])
+    found = [p for p in found if re.fullmatch(rf"{re.escape(minor)}\.\d+", Path(p).name)]
+    if not found:
+        raise LabError(f"lab: no pyenv Python {minor} under {pyenv_root()}/versions: "
+                       f"install it (`pyenv install {minor}`) to run the sshd tests")
+    return Path(found[-1])
+
+
+def session_env() -> dict[str, str]:
+    """What the lab's sshd sets for every session (``SetEnv``), before a test's own."""
+    env = {"PATH": LAB_PATH}
+    if WHEELS.is_dir():
+        env["PIP_FIND_LINKS"] = str(WHEELS)
+    return env
+
+
+def lab_ids() -> tuple[int, int]:
+    entry = pwd.getpwnam(LAB_USER)
+    return entry.pw_uid, entry.pw_gid
+
+
+# -- set-up -----------------------------------------------------------------------
+
+
+def ensure_lab() -> None:
+    """Create the lab user and interpreters unless this layout version is in place."""
+    global _ready
+    if _ready:
+        return
+    if os.geteuid() != 0:
+        raise LabError("lab: the fresh-host sshd lab needs root (it adds the user "
+                       f"{LAB_USER!r}); run the sshd tests as root, as CI does")
+    with _locked(LAB_ROOT.parent / ".remotemac-lab.lock"):
+        _ensure_user()
+        stamp = LAB_ROOT / ".stamp"
+        want = _stamp_text()
+        if not (stamp.exists() and stamp.read_text() == want):
+            _build_interpreters()
+            stamp.write_text(want)
+        for path, mode in ((LAB_KEYS, 0o755), (LAB_HOSTS, 0o755), (LAB_VENVS, 0o755)):
+            path.mkdir(parents=True, exist_ok=True)
+            path.chmod(mode)
+        uid, gid = lab_ids()
+        for path in (LAB_HOSTS, LAB_VENVS):
+            os.chown(path, uid, gid)
+    _ready = True
+
+
+def _stamp_text() -> str:
+    return f"{LAB_VERSION} {pyenv_version('3.9')} {pyenv_version('3.11')}\n"
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _ensure_user() -> None:
+    try:
+        pwd.getpwnam(LAB_USER)
+    except KeyError:
+        _run(["useradd", "--create-home", "--home-dir", str(LAB_HOME), "--shell", "/bin/bash",
+              "--user-group", LAB_USER])
+    # sshd without PAM refuses a locked account ('!' or '!!'); '*' is "no password" but usable
+    if _shadow_password(LAB_USER) != "*":
+        _run(["usermod", "--password", "*", LAB_USER])
+    uid, gid = lab_ids()
+    LAB_HOME.mkdir(mode=0o755, exist_ok=True)
+    os.chown(LAB_HOME, uid, gid)
+    # start-up files that add nothing (Debian's skel ones set PATH bits and aliases)
+    for name in (".bashrc", ".profile", ".bash_profile", ".bash_logout"):
+        path = LAB_HOME / name
+        path.write_text("")
+        os.chown(path, uid, gid)
+
+
+def _shadow_password(user: str) -> str:
+    for line in Path("/etc/shadow").read_text().splitlines():
+        fields = line.split(":")
+        if fields[0] == user:
+            return fields[1]
+    return ""
+
+
+def _build_interpreters() -> None:
+    """Both Pythons in one prefix, as /usr holds them: a venv's ``home`` is then the
+    prefix's own bin dir, where CPython finds its stdlib (a symlinked ``python3`` in a
+    foreign bin dir would make venvs fall back to the unreadable /root/.pyenv prefix)."""
+    LAB_ROOT.mkdir(mode=0o755, parents=True, exist_ok=True)
+    LAB_ROOT.chmod(0o755)
+    tmp = LAB_PREFIX.with_name(LAB_PREFIX.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    (tmp / "bin").mkdir(parents=True)
+    (tmp / "lib").mkdir()
+    for minor in ("3.9", "3.11"):
+        copy_interpreter(pyenv_version(minor), tmp, minor)
+    (tmp / "bin" / "python3").symlink_to("python3.9")
+    (tmp / "bin" / "pip3").symlink_to("pip3.9")
+    _chmod_readable(tmp)
+    shutil.rmtree(LAB_PREFIX, ignore_errors=True)
+    tmp.rename(LAB_PREFIX)
+
+
+def copy_interpreter(src: Path, prefix: Path, minor: str) -> None:
+    """Copy pyenv's Python ``minor`` into ``prefix``: the interpreter (RUNPATH made
+    relative), its libpython, its stdlib without CPython's test suite, a site-packages
+    with only pip and setuptools, and ``pipX.Y``."""
+    stdlib = src / "lib" / f"python{minor}"
+    site = stdlib / "site-packages"
+
+    def skip(directory: str, names: list[str]) -> list[str]:
+        here = Path(directory)
+        if here == site:
+            return [n for n in names if not KEEP_SITE.match(n)]
+        if here == stdlib:
+            return [n for n in names if n == "test"]  # 70-120 MB nobody imports
+        return []
+
+    shutil.copytree(stdlib, prefix / "lib" / f"python{minor}", symlinks=True, ignore=skip)
+    for lib in (src / "lib").glob(f"libpython{minor}*.so*"):
+        shutil.copy2(lib, prefix / "lib" / lib.name, follow_symlinks=False)
+    binary = prefix / "bin" / f"python{minor}"
+    shutil.copy2(src / "bin" / f"python{minor}", binary)
+    _relative_runpath(binary, str(src / "lib").encode())
+    pip = prefix / "bin" / f"pip{minor}"
+    text = (src / "bin" / f"pip{minor}").read_text()
+    first, _, rest = text.partition("\n")
+    pip.write_text(f"#!{LAB_PREFIX / 'bin' / f'python{minor}'}\n{rest}")
+    pip.chmod(0o755)
+
+
+def _relative_runpath(binary: Path, absolute: bytes) -> None:
+    """Rewrite an absolute RUNPATH in place to ``$ORIGIN/../lib`` (same length or less)."""
+    data = binary.read_bytes()
+    needle = absolute + b"\0"
+    if needle not in data:
+        return
+    new = b"$ORIGIN/../lib"
+    binary.write_bytes(data.replace(needle, new + b"\0" * (len(needle) - len(new))))
+
+
+def _chmod_readable(top: Path) -> None:
+    for dirpath, _dirnames, filenames in os.walk(top):
+        os.chmod(dirpath, 0o755)
+        for name in filenames:
+            path = os.path.join(dirpath, name)
+            if not os.path.islink(path):
+                mode = os.stat(path).st_mode
+                os.chmod(path, 0o755 if mode & 0o111 else 0o644)
+
+
+# -- per-sshd host dirs -----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class HostDirs:
+    """One sshd's corner of the lab user's home: the session HOME and tmux's socket dir."""
+
+    top: Path
+
+    @property
+    def home(self) -> Path:
+        return self.top / "home"
+
+    @property
+    def tmux_dir(self) -> Path:
+        return self.top / "tmux"
+
+    @classmethod
+    def create(cls) -> HostDirs:
+        ensure_lab()
+        uid, gid = lab_ids()
+        top = Path(_mkdtemp(LAB_HOSTS))
+        dirs = cls(top)
+        for path in (top, dirs.home, dirs.tmux_dir):
+            path.mkdir(mode=0o700, exist_ok=True)
+            os.chown(path, uid, gid)
+        return dirs
+
+    def remove(self) -> None:
+        """Stop this host's tmux server(s) and detached leftovers, then delete the dirs."""
+        for sock in self.tmux_dir.glob("tmux-*/*"):
+            run_as_lab(["tmux", "-S", str(sock), "kill-server"], check=False)
+        _kill_lab_processes_under(self.top)
+        shutil.rmtree(self.top, ignore_errors=True)
+
+
+def _mkdtemp(parent: Path) -> str:
+    """A short unique dir name (tmux socket paths must stay under 108 bytes)."""
+    for _ in range(100):
+        name = hashlib.sha1(os.urandom(8)).hexdigest()[:8]
+        path = parent / name
+        try:
+            path.mkdir(mode=0o700)
+            return str(path)
+        except FileExistsError:
+            continue
+    raise LabError(f"lab: cannot create a host dir under {parent}")
+
+
+def _kill_lab_processes_under(top: Path) -> None:
+    """SIGKILL lab-user processes whose cwd or command line is inside ``top``."""
+    uid, _ = lab_ids()
+    prefix = str(top) + "/"
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if entry.stat().st_uid != uid:
+                continue
+            cwd = os.readlink(entry / "cwd")
+            cmdline = (entry / "cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        if (cwd + "/").startswith(prefix) or prefix in cmdline:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(int(entry.name), 9)
+
+
+def run_as_lab(argv: list[str], *, env: dict[str, str] | None = None, check: bool = True,
+               timeout: float = 600, cwd: str | None = None) -> subprocess.CompletedProcess:
+    """Run ``argv`` locally as the lab user, with the lab session's PATH (no sshd)."""
+    uid, gid = lab_ids()
+    full = {"HOME": str(LAB_HOME), "USER": LAB_USER, "LOGNAME": LAB_USER, "LANG": "C.UTF-8",
+            **session_env(), **(env or {})}
+    return subprocess.run(argv, env=full, user=uid, group=gid, extra_groups=[],
+                          capture_output=True, text=True, check=check, timeout=timeout,
+                          cwd=cwd or str(LAB_HOME))
+
+
+def _run(argv: list[str]) -> None:
+    proc = subprocess.run(argv, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise LabError(f"lab: {' '.join(argv)} failed ({proc.returncode}): "
+                       f"{(proc.stderr or proc.stdout).strip()}")
+
+
+# -- a host with torch preinstalled (tests named *host_torch*) ----------------------
+
+
+def ensure_host_torch_python() -> str:
+    """A venv on the lab host with torch (CPU) and numpy, made once and cached.
+
+    Built as the lab user from the bare ``python3.11`` with ``pip install``, as a
+    user would on a Mac with Homebrew's Python; ``PIP_FIND_LINKS`` points pip at the
+    CPU wheel on this machine's disk. Keyed by the interpreter and the requirements.
+    """
+    ensure_lab()
+    key = hashlib.sha256(f"{_stamp_text()}{HOST_TORCH_REQUIREMENTS}".encode()).hexdigest()[:12]
+    venv = LAB_VENVS / f"torch-{key}"
+    python = venv / "bin" / "python"
+    done = venv / ".complete"
+    with _locked(LAB_ROOT.parent / ".remotemac-lab-venv.lock"):
+        if done.exists():
+            return str(python)
+        shutil.rmtree(venv, ignore_errors=True)
+        started = time.monotonic()
+        run_as_lab([str(LAB_BIN / "python3.11"), "-m", "venv", str(venv)])
+        pip = run_as_lab([str(python), "-m", "pip", "install", "-q", "--no-input",
+                          "--disable-pip-version-check", *HOST_TORCH_REQUIREMENTS],
+                         check=False, env={"PIP_CACHE_DIR": str(LAB_VENVS / "pip-cache")})
+        if pip.returncode != 0:
+            tail = "\n".join((pip.stderr or pip.stdout).strip().splitlines()[-5:])
+            raise LabError(f"lab: pip install {' '.join(HOST_TORCH_REQUIREMENTS)} in {venv} "
+                           f"failed:\n{tail}")
+        done.write_text(f"built in {time.monotonic() - started:.0f}s\n")
+    return str(python)
+
+
+# -- proof that the lab is bare ------------------------------------------------------
+
+#: run by the login's ``python3`` over a real ssh session; prints one JSON object
+PROBE = r"""
+import importlib.util, json, os, shutil, subprocess, sys
+def importable(python, module):
+    code = "import importlib.util, sys; sys.exit(importlib.util.find_spec(%r) is None)" % module
+    return subprocess.run([python, "-c", code]).returncode == 0
+mods = ("cryptography", "torch", "numpy", "yaml")
+py311 = shutil.which("python3.11")
+print(json.dumps({
+    "user": os.environ.get("USER") or os.environ.get("LOGNAME"),
+    "path": os.environ.get("PATH", ""),
+    "env": {k: os.environ[k] for k in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME",
+                                        "LD_LIBRARY_PATH", "PYENV_VERSION", "CONDA_PREFIX")
+            if k in os.environ},
+    "python3": shutil.which("python3"),
+    "executable": os.path.realpath(sys.executable),
+    "version": "%d.%d.%d" % sys.version_info[:3],
+    "importable": [m for m in mods if importlib.util.find_spec(m) is not None],
+    "python3.11": py311,
+    "importable_311": [m for m in mods if py311 and importable(py311, m)],
+}))
+"""
+
+
+def bare_problems(facts: dict) -> list[str]:
+    """What makes a login *not* a host as a rental delivers it (empty: bare)."""
+    problems = []
+    if facts.get("user") != LAB_USER:
+        problems.append(f"login user is {facts.get('user')!r}, not {LAB_USER!r}")
+    if not facts.get("version", "").startswith("3.9."):
+        problems.append(f"python3 is {facts.get('version')} ({facts.get('executable')}), "
+                        "not the OS-like 3.9")
+    if not str(facts.get("executable", "")).startswith(str(LAB_PREFIX) + "/"):
+        problems.append(f"python3 resolves to {facts.get('executable')}, outside {LAB_PREFIX}")
+    for entry in facts.get("path", "").split(":"):
+        if entry.startswith("/root") or "venv" in entry or "pyenv" in entry or not entry:
+            problems.append(f"PATH leaks {entry!r} (PATH={facts.get('path')})")
+    for key, value in facts.get("env", {}).items():
+        problems.append(f"the session sets {key}={value}")
+    for module in facts.get("importable", []):
+        problems.append(f"python3 can import {module}")
+    if not facts.get("python3.11"):
+        problems.append("no bare python3.11 on PATH")
+    for module in facts.get("importable_311", []):
+        problems.append(f"python3.11 can import {module}")
+    return problems
+
+
+def probe_login(ssh_argv: list[str]) -> dict:
+    """Facts about a login, through ``ssh_argv`` (e.g. ``ssh -F cfg alias``) running
+    the login's own ``python3`` on :data:`PROBE`."""
+    import json
+
+    proc = subprocess.run([*ssh_argv, "python3", "-"], input=PROBE, capture_output=True,
+                          text=True, timeout=60)
+    if proc.returncode != 0:
+        raise LabError(f"lab: probing the login failed ({proc.returncode}): {proc.stderr.strip()}")
+    return json.loads(proc.stdout)
+
+
+def assert_bare(ssh_argv: list[str]) -> dict:
+    """Fail loudly unless the login is a bare host; return its facts."""
+    facts = probe_login(ssh_argv)
+    problems = bare_problems(facts)
+    if problems:
+        raise LabError("lab: the test sshd's login is not a bare host:\n  "
+                       + "\n  ".join(problems))
+    return facts

@@ -1,0 +1,103 @@
+"""The fresh-host lab is what every sshd test runs against: prove it is bare.
+
+A rented Mac has only the OS's ``python3`` (3.9, no third-party module). If the
+lab's login leaked the test venv (torch, cryptography, yaml importable) the sshd
+tests would pass on the laptop and fail on a real host, as issue 14 found.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.harness import lab
+from tests.harness.fixtures import ssh_argv
+
+
+def login(server, tmp_path: Path) -> list[str]:
+    return ssh_argv(server, tmp_path / f"ssh-{server.port}")
+
+
+def run(argv: list[str], script: str) -> str:
+    proc = subprocess.run([*argv, script], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.strip()
+
+
+def test_login_is_a_bare_host(fresh_host_lab: dict) -> None:
+    """The session fixture's own probe: the lab user, Python 3.9 from the lab prefix,
+    nothing third-party importable, PATH exactly the lab's."""
+    facts = fresh_host_lab
+    assert facts["user"] == lab.LAB_USER
+    assert facts["version"].startswith("3.9.")
+    assert facts["importable"] == [] and facts["importable_311"] == []
+    assert facts["path"] == lab.LAB_PATH
+    assert facts["env"] == {}
+    assert lab.bare_problems(facts) == []
+
+
+def test_probe_catches_the_test_venv_on_path(sshd_factory, tmp_path: Path) -> None:
+    """The check can fail: a session whose PATH starts with the test interpreter's bin
+    (what ``environment: {python: sys.executable}`` amounted to) is reported."""
+    leaky = f"{Path(sys.executable).parent}:{lab.LAB_PATH}"
+    server = sshd_factory(extra_config=[f"SetEnv PATH={leaky}"])
+    problems = lab.bare_problems(lab.probe_login(login(server, tmp_path)))
+    assert problems == [f"PATH leaks {str(Path(sys.executable).parent)!r} (PATH={leaky})"]
+
+
+def test_probe_catches_a_pythonpath_leak(sshd_factory, tmp_path: Path) -> None:
+    """PATH alone is not enough: a session that sets PYTHONPATH (e.g. to the test's
+    site-packages) is not a fresh host either."""
+    import yaml
+
+    site = str(Path(yaml.__file__).parent.parent)
+    server = sshd_factory(extra_config=[f"SetEnv PYTHONPATH={site}"])
+    problems = lab.bare_problems(lab.probe_login(login(server, tmp_path)))
+    assert f"the session sets PYTHONPATH={site}" in problems
+
+
+def test_root_login_is_not_a_bare_host(sshd_factory, tmp_path: Path) -> None:
+    """Why the lab has its own user: root's login is the test runner's machine."""
+    server = sshd_factory(user="root")
+    problems = lab.bare_problems(lab.probe_login(login(server, tmp_path)))
+    assert "login user is 'root', not 'rmhost'" in problems
+
+
+def test_a_venv_from_the_bare_python3_works(sshd, tmp_path: Path) -> None:
+    """What the default ``environment`` does on the host: ``python3 -m venv`` from the
+    lab's python3 gives a working 3.9 venv with pip, and no third-party module."""
+    argv = login(sshd, tmp_path)
+    env = sshd.home / "env"
+    out = run(argv, f"python3 -m venv {env} && {env}/bin/python -c "
+                    "'import sys, pip; print(sys.version_info[:2], sys.prefix != sys.base_prefix)'"
+                    f" && {env}/bin/python -c 'import yaml' 2>/dev/null || echo no-yaml")
+    assert out.splitlines() == ["(3, 9) True", "no-yaml"]
+    assert env.stat().st_uid == lab.lab_ids()[0]
+
+
+def test_host_dirs_belong_to_the_lab_user_and_go_at_cleanup(sshd_factory) -> None:
+    """remote_root under ``sshd.home`` is writable by the login; cleanup removes it with
+    the host's tmux server."""
+    server = sshd_factory()
+    uid, _ = lab.lab_ids()
+    assert server.home.stat().st_uid == uid and server.tmux_dir.stat().st_uid == uid
+    assert server.tmux("new-session", "-d", "-s", "probe", "sleep 600").returncode == 0
+    assert "probe" in server.tmux("list-sessions").stdout
+    top = server.dirs.top
+    server.cleanup()
+    assert not top.exists()
+    assert server.tmux("list-sessions").returncode != 0
+
+
+def test_host_torch_python_has_torch_and_the_bare_one_not(sshd, host_torch_python: str,
+                                                          tmp_path: Path) -> None:
+    """The one opt-in for a host with torch preinstalled: a venv of the lab's bare
+    python3.11 with torch's CPU build from this machine's disk, numpy beside it."""
+    argv = login(sshd, tmp_path)
+    out = run(argv, f"{host_torch_python} -c 'import torch, numpy; print(torch.__version__)'")
+    assert out.endswith("+cpu")
+    assert host_torch_python.startswith(str(lab.LAB_VENVS) + "/")
+    bare = subprocess.run([*argv, "python3.11 -c 'import torch'"], capture_output=True,
+                          text=True, timeout=60)
+    assert bare.returncode != 0 and "No module named 'torch'" in bare.stderr
