@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sys
 import threading
 import time
 from pathlib import Path
@@ -26,15 +25,32 @@ from remotemac.engine.ledger import Ledger
 from remotemac.transport.ssh import SSHTransport
 from tests.conftest import LINES_PROJECT
 from tests.test_detached_faults import Timeline, run_pipeline_inprocess
-from tests.test_detached_ssh import (  # noqa: F401 - host_factory is a fixture
+from tests.test_detached_ssh import (
+    SSHHost,
     expected_lines,
     first_run_id,
-    host_factory,
     local_lines,
     wait_lines,
 )
 
 pytestmark = pytest.mark.timeout(300)
+
+
+class LabHost(SSHHost):
+    """A lab sshd (bare python3 3.9 login, its own tmux server) behind a fault proxy."""
+
+    def tmux(self, *args: str):
+        return self.sshd.tmux(*args)  # type: ignore[attr-defined]
+
+
+@pytest.fixture
+def lab_host(sshd_factory, ssh_env, fault_proxy) -> LabHost:
+    server = sshd_factory()
+    proxy = fault_proxy(server)
+    home, cfg, alias = ssh_env(server, proxy, extra={
+        "ServerAliveInterval": "1", "ServerAliveCountMax": "3", "ConnectTimeout": "5"})
+    return LabHost(home, cfg, alias, server.host_dir("root"), str(server.tmux_dir), server,
+                   proxy)
 
 
 def _transport(env: tuple, events: list, **kw: object) -> SSHTransport:
@@ -48,15 +64,16 @@ def _transport(env: tuple, events: list, **kw: object) -> SSHTransport:
 
 @pytest.mark.asyncio
 async def test_one_agent_process_serves_many_calls_at_once(sshd, ssh_env, tmp_path: Path):
-    """40 calls, 10 in flight at a time: one resident process, one start, ids matched."""
+    """40 calls, 10 in flight at a time: one resident process, one start, ids matched;
+    it runs on the lab host's bare python3 3.9."""
     events: list = []
-    root = tmp_path / "root"
+    root = sshd.host_dir("root")
     async with _transport(ssh_env(sshd), events) as t:
         await t.makedirs(str(root))
         agent = AgentClient(t, str(root), Ledger(tmp_path / "ledger.jsonl"))
         for _ in range(4):
             answers = await asyncio.gather(*(agent.call("ping") for _ in range(10)))
-            assert all(a["python"] for a in answers)
+            assert all(a["python"].startswith("3.9.") for a in answers), answers[0]
         session = agent.session()
         assert session.starts == 1 and len(session.cpu_by_pid) == 1
         assert agent.host_cpu_s > 0
@@ -76,10 +93,10 @@ async def test_a_call_cut_midway_is_answered_from_the_record(sshd, fault_proxy, 
     "it may or may not have completed"."""
     proxy = fault_proxy(sshd)
     events: list = []
-    root = tmp_path / "root"
-    runs = tmp_path / "interpreter-runs.txt"
-    wrapper = tmp_path / "python-counting"
-    wrapper.write_text(f"#!/bin/sh\necho run >> {runs}\nsleep 2\nexec {sys.executable} \"$@\"\n")
+    root = sshd.host_dir("root")
+    runs = sshd.host_dir("bin") / "interpreter-runs.txt"
+    wrapper = sshd.host_dir("bin") / "python-counting"
+    wrapper.write_text(f"#!/bin/sh\necho run >> {runs}\nsleep 2\nexec python3 \"$@\"\n")
     wrapper.chmod(0o755)
     async with _transport(ssh_env(sshd, proxy), events, reconnect_deadline=60) as t:
         await t.makedirs(str(root))
@@ -111,7 +128,7 @@ def _playbook(host, path: Path, *, lines: int, seconds: float, wipe: str = "afte
         "host": host.alias,
         "remote_root": str(host.root),
         "project": {"path": str(LINES_PROJECT), "exclude": ["data/"]},
-        "environment": {"python": sys.executable, "venv": False},
+        "environment": {"python": "python3", "venv": False},
         "data": {"path": str(LINES_PROJECT / "data"), "classification": "public",
                  "encrypt": False},
         "workload": {
@@ -132,10 +149,10 @@ def _playbook(host, path: Path, *, lines: int, seconds: float, wipe: str = "afte
 
 
 def test_past_the_reconnect_deadline_the_run_stops_with_exit_3_and_the_job_runs_on(
-        host_factory, tmp_path: Path):  # noqa: F811
+        lab_host: LabHost, tmp_path: Path):
     """Blackhole the link mid-follow with a 6 s deadline: exit 3, ``remotemac attach
     <id>`` printed, a countdown shown, and the job still running on the host."""
-    host = host_factory(proxy=True)
+    host = lab_host
     pb = _playbook(host, tmp_path / "pb.yaml", lines=400, seconds=40, wipe="manual")
     out = tmp_path / "out"
     proc = host.popen("run", str(pb), "--out", str(out), "--reconnect-deadline", "6s")
@@ -177,14 +194,14 @@ def _cut_every(proxy, seconds: float, stop: threading.Event, blackhole_at: float
 
 
 @pytest.mark.timeout(600)
-def test_3000_lines_through_a_cut_every_2s_and_a_40s_blackhole(host_factory,  # noqa: F811
+def test_3000_lines_through_a_cut_every_2s_and_a_40s_blackhole(lab_host: LabHost,
                                                                tmp_path: Path):
     """The issue's bad link: cut every 2 s for the whole run, one 40 s blackhole.
 
     Every line once and in order, the result pulled and verified, the wipe
     verified, the exit code and verdict of a clean run.
     """
-    host = host_factory(proxy=True)
+    host = lab_host
     # the exit code of the same workload over a clean link (no torch: "incomplete", 1)
     clean_ctx, clean_code = asyncio.run(run_pipeline_inprocess(
         host, _playbook(host, tmp_path / "clean.yaml", lines=30, seconds=1),
