@@ -179,6 +179,7 @@ class ResidentAgent:
                     + (f"; last: {_short(last)}" if last else ""),
                     hint="check the network, then re-attach")
             fut: asyncio.Future = asyncio.get_running_loop().create_future()
+            proc: RemoteProcess | None = None
             try:
                 proc = await self._ensure(left)
                 self._pending[call_id] = (proc, fut)
@@ -190,10 +191,13 @@ class ResidentAgent:
                 last = exc
                 if first_loss is None:
                     first_loss = time.monotonic()
-                if self._proc is not None and isinstance(exc, (TransientHostError,
-                                                               BrokenPipeError)):
-                    self._drop(self._proc, exc)
+                if proc is not None and proc is self._proc and \
+                        isinstance(exc, (TransientHostError, BrokenPipeError)):
+                    self._drop(proc, exc)  # (never a newer agent another call started)
                 await asyncio.sleep(RETRY_PAUSE_S)
+            except asyncio.CancelledError:
+                self._pending.pop(call_id, None)
+                raise
             except asyncio.TimeoutError:
                 self._pending.pop(call_id, None)
                 raise HostError(f"agent {op} on {self.transport.name} did not answer within"
