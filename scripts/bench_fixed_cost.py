@@ -8,8 +8,9 @@ Figures (issue 16), each printed as a ratio or against its goal:
 * the host-side CPU of that trivial run, all agent processes together (goal: at most
   0.5 s), as the agent reports it (its own CPU and its op subprocesses').
 
-The host's agent and workload run under a bare CPython 3.9 (``--python``, the model
-of a rented Mac's /usr/bin/python3). Each run is done with the resident agent and
+The host is the test harness's lab sshd (tests/harness/lab.py): its login sees a
+bare CPython 3.9 as ``python3``, the model of a rented Mac's /usr/bin/python3; the
+agent and the workload run under it (``--python`` names another). Each run is done with the resident agent and
 with ``REMOTEMAC_AGENT_ONESHOT=1`` (one ``hostagent.py OP`` process per call, the
 old way) in turn. The sshd, its agents and jobs share this machine's cores with the
 orchestrator (and, here, with other work): figures are CPU-sensitive.
@@ -36,7 +37,7 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-BARE = "/root/.pyenv/versions/3.9.18/bin/python3.9"
+BARE = "python3"  # the lab login's bare 3.9
 
 
 def ssh_true(config: Path, alias: str, n: int) -> float:
@@ -125,18 +126,18 @@ def main() -> int:
     base = Path(tempfile.mkdtemp(prefix="rm-bench-fixed-"))
     server = None
     try:
+        from tests.harness import lab
+
+        lab.ensure_lab()
         key = ClientKey.generate(base / "client")
-        tmux_dir = base / "tmux"
-        tmux_dir.mkdir()
-        server = SSHD(base / "sshd", client_key=key,
-                      extra_config=[f"SetEnv TMUX_TMPDIR={tmux_dir}"]).start()
+        server = SSHD(base / "sshd", client_key=key).start()
         known = base / "user_known_hosts"  # for `ssh host true`
         known.write_text(server.known_hosts_line())
         config = server.write_ssh_config(base / "ssh_config", "mac", known_hosts=known)
         home = base / "home"
         home.mkdir()
         (home / "known_hosts").write_text(server.known_hosts_line())
-        root = base / "root"
+        root = server.host_dir("root")
         playbook = write_project(base, args.python, "mac", root)
         true_s = ssh_true(config, "mac", 10)
         rows: dict[str, list[dict]] = {}
@@ -166,9 +167,8 @@ def main() -> int:
               f"p90 {p90_ms:.2f} ms (goal: median <= 5 ms)")
     finally:
         if server is not None:
-            server.stop()
-        subprocess.run(["tmux", "-S", str(base / "tmux" / f"tmux-{os.getuid()}" / "default"),
-                        "kill-server"], capture_output=True, check=False)
+            server.tmux("kill-server")
+            server.cleanup()
         shutil.rmtree(base, ignore_errors=True)
     return 0
 
