@@ -172,6 +172,10 @@ def test_past_the_reconnect_deadline_the_run_stops_with_exit_3_and_the_job_runs_
     status = host.status(run_id)
     assert status.get("state") == "running", status
     assert host.tmux("has-session", "-t", f"=remotemac-{run_id}-cpu").returncode == 0
+    # and once the link is back, attach finishes the run with every line once
+    done = host.cli("attach", run_id, timeout=240)
+    assert done.returncode in (0, 1), done.stdout + done.stderr
+    assert local_lines(out)[1:] == expected_lines(400)[1:]
 
 
 def _cut_every(proxy, seconds: float, stop: threading.Event, blackhole_at: float,
@@ -233,3 +237,5 @@ def test_3000_lines_through_a_cut_every_2s_and_a_40s_blackhole(lab_host: LabHost
     wipe = ctx.results["wipe"]
     assert wipe["done"] and wipe["verified"], wipe
     assert ctx.results["_continuity"]["disconnects"] >= 10
+    cpu = json.loads((out / "acceptance.json").read_text())["cpu"]
+    assert cpu["host_s"] > 0 and cpu["laptop_s"] > 0 and cpu["agent_calls"] > 10, cpu
