@@ -206,3 +206,19 @@ def test_reconnect_counts_the_deadline_down():
     assert len(left) >= 3 and left == sorted(left, reverse=True) and left[0] <= 1.5
     assert all(e.deadline_s == 600 for e in events if e.state == "reconnecting")
     assert events[-1].state == "lost"
+
+
+def test_reconnect_deadline_precedence_flag_then_playbook_then_ten_minutes():
+    from remotemac.engine.hosts import SSHOptions
+    from remotemac.playbook import parse_playbook
+
+    text = "name: p\nworkload: {command: python3 a.py}\n"
+    default = parse_playbook(text).connection.reconnect_deadline
+    set_in_playbook = parse_playbook(text + "connection: {reconnect_deadline: 25m}\n")
+    assert default == 600.0
+    assert set_in_playbook.connection.reconnect_deadline == 1500.0
+    assert SSHOptions().for_playbook(1500.0).deadline_s == 1500.0
+    assert SSHOptions(reconnect_deadline=30.0).for_playbook(1500.0).deadline_s == 30.0
+    assert SSHOptions().deadline_s == 600.0
+    with pytest.raises(Exception, match="reconnect_deadline"):
+        parse_playbook(text + "connection: {reconnect_deadline: soon}\n")
