@@ -201,8 +201,7 @@ async def sync_slice(
     if not agent.agent_dir:
         await agent.install()
     session = _Session(transport, agent, Path(root), files, run_dir, run_id, key,
-                       python or agent.python, emit, stats, ram_bytes)
-    session.runtime_dir = runtime_dir
+                       python or agent.python, emit, stats, ram_bytes, runtime_dir)
     while True:
         stats.attempts += 1
         try:
@@ -253,11 +252,12 @@ class _Session:
 
     def __init__(self, transport: Transport, agent: AgentClient, root: Path,
                  files: list[_Local], run_dir: str, run_id: str, key: bytes | None, python: str,
-                 emit: Emit, stats: SyncStats, ram_bytes: int) -> None:
+                 emit: Emit, stats: SyncStats, ram_bytes: int,
+                 runtime_dir: str | None = None) -> None:
         self.transport, self.agent, self.root, self.files = transport, agent, root, files
         self.run_dir, self.run_id, self.key, self.python = run_dir, run_id, key, python
         self.emit, self.stats, self.ram_bytes = emit, stats, ram_bytes
-        self.runtime_dir: str | None = None
+        self.runtime_dir = runtime_dir
 
     def manifest(self) -> Manifest:
         return Manifest.from_entries(
