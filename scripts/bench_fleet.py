@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import getpass
 import json
 import os
 import resource
@@ -54,7 +55,9 @@ def child(size: int, seconds: float, torch: bool) -> dict:
     key = ClientKey.generate(base / "client")
 
     def start(**kw) -> SSHD:
-        server = SSHD(base / f"sshd{len(servers)}", client_key=key, **kw).start()
+        # the login is this user (not the lab user): fleetkit puts each root under base
+        server = SSHD(base / f"sshd{len(servers)}", client_key=key, user=getpass.getuser(),
+                      **kw).start()
         servers.append(server)
         return server
 
