@@ -225,7 +225,10 @@ def test_3000_lines_through_a_cut_every_2s_and_a_40s_blackhole(lab_host: LabHost
         cutter.join(60)
         host.proxy.restore()
     cuts = [f for f in faults if f[0] == "cut"]
-    assert ("blackhole" in [f[0] for f in faults]) and len(cuts) >= 10, faults
+    # cut every 2 s from the start to the end of the run, around the 40 s blackhole
+    kinds = [f[0] for f in faults]
+    assert "restore" in kinds and kinds.index("blackhole") >= 4, faults
+    assert len(cuts) >= 8 and kinds[-1] == "cut", faults
     assert code == clean_code, (code, clean_code)
     assert ctx.results["record"]["verdict"] == clean_ctx.results["record"]["verdict"]
     got = local_lines(out)
@@ -236,6 +239,6 @@ def test_3000_lines_through_a_cut_every_2s_and_a_40s_blackhole(lab_host: LabHost
     assert json.loads((out / "results" / "cpu" / "result.json").read_text())["lines"] == 3000
     wipe = ctx.results["wipe"]
     assert wipe["done"] and wipe["verified"], wipe
-    assert ctx.results["_continuity"]["disconnects"] >= 10
+    assert ctx.results["_continuity"]["disconnects"] >= 8
     cpu = json.loads((out / "acceptance.json").read_text())["cpu"]
     assert cpu["host_s"] > 0 and cpu["laptop_s"] > 0 and cpu["agent_calls"] > 10, cpu
