@@ -42,10 +42,32 @@ class Settings:
 
         return Journal(self.home / "journal.sqlite3")
 
+    #: ``--reconnect-deadline`` of run/attach (seconds); None: the playbook's
+    reconnect_deadline: float | None = None
+
     def ssh_options(self):
         from remotemac.engine.hosts import SSHOptions
 
-        return SSHOptions(ssh_config=self.ssh_config, identity=self.identity)
+        return SSHOptions(ssh_config=self.ssh_config, identity=self.identity,
+                          reconnect_deadline=self.reconnect_deadline)
+
+
+def _deadline_option(fn):
+    """``--reconnect-deadline`` (run, attach): how long a dropped link is retried."""
+    def store(ctx: click.Context, _param: click.Parameter, value: str | None) -> None:
+        if value is not None:
+            from remotemac.units import parse_duration
+
+            try:
+                ctx.ensure_object(Settings).reconnect_deadline = parse_duration(value)
+            except ValueError as exc:
+                raise click.BadParameter(str(exc)) from None
+
+    return click.option("--reconnect-deadline", "reconnect_deadline", metavar="DURATION",
+                        expose_value=False, callback=store,
+                        help="Keep reconnecting a dropped link this long (e.g. 10m, the "
+                             "default; playbook: connection.reconnect_deadline); past it, "
+                             "stop with exit 3 and leave the job running.")(fn)
 
 
 def _fail(err: BaseException, verbose: bool) -> None:
@@ -150,6 +172,7 @@ def _run_engine(settings: Settings, run_id: str, playbook, journal, out_dir: Pat
 @click.option("--inventory", type=click.Path(dir_okay=False), help="Fleet: a YAML inventory file.")
 @click.option("--forks", type=click.IntRange(min=1), default=8, show_default=True,
               help="Fleet: at most this many runs at once.")
+@_deadline_option
 @click.pass_obj
 def run(settings: Settings, playbook: str, host: str | None, out: str | None, as_json: bool,
         detach: bool, keep_data: bool, dry_run: bool, drill: str | None, hosts: str | None,
@@ -217,6 +240,7 @@ RUN_ID_HELP = ("RUN_ID is the full id, any unique part of it (its last 4 charact
 @main.command(epilog=RUN_ID_HELP)
 @click.argument("run_id")
 @click.option("--json", "as_json", is_flag=True, help="Events as JSON lines.")
+@_deadline_option
 @click.pass_obj
 def attach(settings: Settings, run_id: str, as_json: bool) -> None:
     """Re-attach to RUN_ID and finish its pipeline."""

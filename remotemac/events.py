@@ -72,13 +72,20 @@ class Metric(Event):
 
 @dataclass
 class ConnectionState(Event):
-    """state: connected | disconnected | reconnecting | reconnected | lost."""
+    """state: connected | disconnected | reconnecting | reconnected | lost.
+
+    While reconnecting, ``deadline_left_s`` counts down to the moment the run stops
+    locally (exit 3, the job keeps running) out of ``deadline_s`` (the reconnect
+    deadline: ``--reconnect-deadline`` / ``connection.reconnect_deadline``).
+    """
 
     host: str
     state: str
     attempt: int = 0
     next_in_s: float | None = None
     detail: str = ""
+    deadline_left_s: float | None = None
+    deadline_s: float | None = None
 
 
 @dataclass

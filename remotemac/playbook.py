@@ -215,6 +215,16 @@ class StopWhen(Strict):
     )
 
 
+class Connection(Strict):
+    """How long a dropped link is retried before the run stops locally (the job runs on)."""
+
+    reconnect_deadline: Duration = Field(
+        600.0, gt=0,
+        description="keep reconnecting this long (counted down on screen); past it the run "
+                    "stops with exit 3 and `remotemac attach <run-id>` resumes it",
+    )
+
+
 class Cost(Strict):
     hourly_rate: float = Field(0.0, ge=0)
     currency: str = "USD"
@@ -247,6 +257,7 @@ class Playbook(Strict):
     project: Project = Field(default_factory=Project)
     environment: Environment = Field(default_factory=Environment)
     agent: Agent = Field(default_factory=Agent)
+    connection: Connection = Field(default_factory=Connection)
     data: Data | None = None
     workload: Workload
     outputs: Outputs = Field(default_factory=Outputs)

@@ -87,6 +87,8 @@ class RichRenderer:
             c.out(event.line, highlight=False)
         elif isinstance(event, ConnectionState):
             extra = f" (attempt {event.attempt}, next in {event.next_in_s:.1f}s)" if event.next_in_s else ""
+            if event.deadline_left_s is not None:
+                extra += f" · gives up in {event.deadline_left_s:.0f}s"
             c.print(f"[yellow]⚡ {event.host}: {event.state}{extra}[/] {event.detail}")
         elif isinstance(event, Warning):
             c.print(f"[yellow]warning:[/] {event.message}")

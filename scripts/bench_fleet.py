@@ -7,7 +7,9 @@ stdlib workload on every host (``lines`` emitter, 2 x ~1 s).
 
 Caveat printed with the figures: the "hosts" are sshds on this machine, so
 their agents and jobs share its cores with the orchestrator; on real Macs only
-the orchestrator's own CPU (reported separately) is spent here.
+the orchestrator's own CPU (reported separately) is spent here. "host cpu s" sums
+what every run's agent reported (its processes and their op subprocesses, not the
+jobs), so the figure separates the orchestrator from the simulated hosts.
 
     python scripts/bench_fleet.py [--sizes 1,4,16] [--seconds 1.0] [--torch]
 """
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import getpass
 import json
 import os
 import resource
@@ -52,7 +55,9 @@ def child(size: int, seconds: float, torch: bool) -> dict:
     key = ClientKey.generate(base / "client")
 
     def start(**kw) -> SSHD:
-        server = SSHD(base / f"sshd{len(servers)}", client_key=key, **kw).start()
+        # the login is this user (not the lab user): fleetkit puts each root under base
+        server = SSHD(base / f"sshd{len(servers)}", client_key=key, user=getpass.getuser(),
+                      **kw).start()
         servers.append(server)
         return server
 
@@ -80,10 +85,14 @@ def child(size: int, seconds: float, torch: bool) -> dict:
         wall = time.monotonic() - started
         cpu1 = resource.getrusage(resource.RUSAGE_SELF)
         counts: dict[str, int] = {}
+        host_cpu = 0.0
         for r in result.runs:
             counts[r.verdict] = counts.get(r.verdict, 0) + 1
+            record = r.out_dir / "acceptance.json"
+            if record.exists():  # the agent's own CPU, reported per run (issue 16)
+                host_cpu += (json.loads(record.read_text()).get("cpu") or {}).get("host_s") or 0
         return {"hosts": size, "wall_s": round(wall, 2), "verdicts": counts,
-                "connections": result.connections,
+                "connections": result.connections, "host_agent_cpu_s": round(host_cpu, 2),
                 "orchestrator_cpu_s": round(cpu1.ru_utime + cpu1.ru_stime
                                             - cpu0.ru_utime - cpu0.ru_stime, 2),
                 "rss_before_kib": rss_before, "peak_rss_kib": vm_kib("VmHWM")}
@@ -118,13 +127,13 @@ def main() -> int:
     print(f"\nmachine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} "
           "(shared with other work; hosts are local sshds on the same cores)")
     print(f"{'hosts':>5} {'wall s':>8} {'x one':>6} {'orch cpu s':>10} {'peak RSS MiB':>12} "
-          f"{'Δ/host KiB':>10}  verdicts")
+          f"{'Δ/host KiB':>10} {'host cpu s':>10}  verdicts")
     for row in rows:
         per_host = ((row["peak_rss_kib"] - one["peak_rss_kib"]) / (row["hosts"] - one["hosts"])
                     if row["hosts"] != one["hosts"] else 0)
         print(f"{row['hosts']:>5} {row['wall_s']:>8.1f} {row['wall_s'] / one['wall_s']:>6.2f} "
               f"{row['orchestrator_cpu_s']:>10.2f} {row['peak_rss_kib'] / 1024:>12.1f} "
-              f"{per_host:>10.0f}  {row['verdicts']}")
+              f"{per_host:>10.0f} {row.get('host_agent_cpu_s', 0):>10.2f}  {row['verdicts']}")
     return 0
 
 

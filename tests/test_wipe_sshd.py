@@ -64,7 +64,7 @@ def test_wipe_after_run_shreds_data_and_key(tmp_path: Path, sshd_factory, ssh_en
     assert "/data" not in remaining
     ledger = [json.loads(x) for x in (out / "ledger.jsonl").read_text().splitlines()]
     assert key.hex() not in json.dumps(ledger)
-    assert any(e["op"] == "wipe_run_data" and e["via"] == "ssh" for e in ledger)
+    assert any(e["op"] == "wipe_run_data" and e["via"] in ("ssh", "resident") for e in ledger)
     assert any(e["via"] == "agent" and "rm -rf" in e["command"] and str(shm) in e["command"]
                for e in ledger)
     shown = t.cli("status", run_id, "--ledger")

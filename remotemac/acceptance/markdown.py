@@ -339,6 +339,8 @@ def render_markdown(record: dict[str, Any]) -> str:
                        ["disconnects", "reconnects", "drill"])
     out += _kv_section("Wipe", rec.get("wipe") or {}, ["done", "verified", "removed",
                                                        "remaining"])
+    if rec.get("cpu"):  # seconds: this laptop's process, the host's agent processes
+        out += _kv_section("CPU", rec["cpu"], ["laptop_s", "host_s", "agent_calls"])
     cost = rec.get("cost") or {}
     out += ["", "## Cost", ""]
     if cost.get("amount") is not None:

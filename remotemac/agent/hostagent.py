@@ -428,7 +428,8 @@ OPS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
 
 def _lazy(module: str, name: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
     def call(req: dict[str, Any]) -> dict[str, Any]:
-        sys.path.insert(0, AGENT_DIR)
+        if AGENT_DIR not in sys.path:  # the resident agent calls this thousands of times
+            sys.path.insert(0, AGENT_DIR)
         return getattr(__import__(module), name)(req)
 
     return call
@@ -476,8 +477,17 @@ def main(argv: list[str]) -> int:
     except Exception as exc:  # one line back to the orchestrator, never a hang
         sys.stdout.write(json.dumps(error_answer(exc)))
         return 1
-    sys.stdout.write(json.dumps({"ok": True, "result": result}))
+    sys.stdout.write(json.dumps({"ok": True, "result": result, "cpu_s": _cpu_seconds()}))
     return 0
+
+
+def _cpu_seconds() -> float:
+    """This process's CPU and its waited-for children's (the run's host-side CPU figure)."""
+    import resource
+
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return round(own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime, 4)
 
 
 if __name__ == "__main__":

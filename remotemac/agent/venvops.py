@@ -157,8 +157,11 @@ def _ensure_locked(req: dict[str, Any], root: str, ident: dict[str, Any], key: s
     if req.get("system_site_packages") and ident["in_venv"]:
         parents = link_parent_site(python, ident)
     if req.get("requirements"):
-        cache = os.path.join(root, "cache", "pip")
+        # pip's cache sits with the runtime's (marked as remotemac's, removed by cleanup)
+        cache = os.path.join(root, "runtime", "pip-cache")
         os.makedirs(cache, mode=0o700, exist_ok=True)
+        if safefs.marker_of(cache) is None:
+            safefs.mark_dir(cache, {"kind": "runtime"})
         run_pip([python, "-m", "pip", "install", "--progress-bar", "off", "-q", "-r",
                  req["requirements"]], cache)
     with open(ready, "w") as fh:

@@ -11,11 +11,13 @@ import hashlib
 import json
 import os
 import time
+import weakref
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 from remotemac.engine.ledger import Ledger
+from remotemac.engine.resident import ResidentAgent
 from remotemac.errors import HostEnvironmentError, HostError, RemotemacError
 from remotemac.transport.base import ExecResult, Transport
 
@@ -23,6 +25,8 @@ AGENT_SRC = Path(__file__).resolve().parent.parent / "agent"
 #: the host's interpreter the agent runs under (never the workload's venv)
 DEFAULT_AGENT_PYTHON = "python3"
 ENV_AGENT_PYTHON = "REMOTEMAC_AGENT_PYTHON"
+#: ``1``: one ``hostagent.py OP`` process per call instead of the resident agent
+ENV_ONESHOT = "REMOTEMAC_AGENT_ONESHOT"
 #: agent error codes that mean "the host's environment lacks something" (exit 6)
 HOST_ENV_CODES = frozenset({"host-env", "env-failed", "no-python"})
 
@@ -73,6 +77,14 @@ class AgentEnvironmentError(HostEnvironmentError, AgentError):
 
 
 class AgentClient:
+    """A run's handle on the host's agent.
+
+    Calls go to the link's resident agent (engine/resident.py) unless
+    ``$REMOTEMAC_AGENT_ONESHOT=1`` (or a per-call ``python``) asks for one
+    ``hostagent.py OP`` process per call. ``host_cpu_s`` sums the host-side CPU
+    the agent reported for this run's calls.
+    """
+
     def __init__(self, transport: Transport, root: str, ledger: Ledger | None = None,
                  python: str | None = None) -> None:
         self.transport = transport
@@ -80,8 +92,34 @@ class AgentClient:
         self.ledger = ledger or Ledger(None)
         self.python = agent_python(python)
         self.agent_dir = ""
+        self.resident = os.environ.get(ENV_ONESHOT, "") in ("", "0")
+        self.host_cpu_s = 0.0
+        self.calls = 0
         #: the remote_root's id from its ownership marker (provision claims the root)
         self.root_id: str | None = None
+
+    @property
+    def store(self) -> str | None:
+        """Where the host records completed calls' answers (exactly-once retries)."""
+        return f"{self.root}/agent/calls" if self.root else None
+
+    def session(self) -> ResidentAgent:
+        """The resident agent of this link (one per connection, shared by every lease)."""
+        owner = self.transport.link_owner()
+        # -S: no site-packages (stdlib only; a heavy site costs 0.2-0.4 s per start)
+        argv = (self.python, "-S", f"{self.agent_dir}/resident.py")
+        sessions = _SESSIONS.setdefault(owner, {})
+        found = sessions.get(argv)
+        if found is None or found.closed:
+            found = ResidentAgent(owner, list(argv),
+                                  reconnect_deadline=self.transport.reconnect_deadline)
+            sessions[argv] = found
+        return found
+
+    async def close(self) -> None:
+        """Stop this transport's resident agent unless the link is shared (a pool lease)."""
+        if self.transport.link_owner() is self.transport:
+            await close_link_agents(self.transport)
 
     async def claim(self, run_id: str | None = None) -> str | None:
         """Make or adopt the root on the host and mark it as remotemac's, before anything
@@ -132,6 +170,9 @@ class AgentClient:
         """
         if not self.agent_dir:
             await self.install()
+        self.calls += 1
+        if self.resident and python is None:
+            return await self._call_resident(op, request or {}, timeout)
         argv = [python or self.python, f"{self.agent_dir}/hostagent.py", op]
         started = time.monotonic()
         kwargs: dict[str, Any] = {"stdin": json.dumps(request or {}).encode(), "timeout": timeout}
@@ -141,8 +182,40 @@ class AgentClient:
         self.ledger.append(self.transport.name, " ".join(argv), result.exit_code, op=op,
                            seconds=time.monotonic() - started)
         answer = parse_answer(self.transport.name, f"agent {op}", result)
-        if not answer.get("ok"):
-            code = answer.get("code", "")
-            cls = AgentEnvironmentError if code in HOST_ENV_CODES else AgentError
-            raise cls(op, answer.get("error", "unknown error"), code, answer.get("tail"))
-        return answer["result"]
+        if isinstance(answer.get("cpu_s"), (int, float)):
+            self.host_cpu_s += float(answer["cpu_s"])
+        return _result(op, answer)
+
+    async def _call_resident(self, op: str, request: dict[str, Any],
+                             timeout: float | None) -> dict[str, Any]:
+        session = self.session()
+        started = time.monotonic()
+        frame = await session.call(op, request, store=self.store, timeout=timeout)
+        self.host_cpu_s += session.note_cpu(frame)
+        answer = frame.get("answer") or {}
+        self.ledger.append(self.transport.name, f"{' '.join(session.argv)} ← {op}"
+                           + (" (answer recorded before the link dropped)"
+                              if answer.get("replayed") else ""),
+                           0 if answer.get("ok") else 1, op=op,
+                           seconds=time.monotonic() - started, via="resident")
+        return _result(op, answer)
+
+
+async def close_link_agents(owner: Transport) -> None:
+    """Stop the resident agents on ``owner``'s link (before the link itself closes)."""
+    for found in _SESSIONS.pop(owner, {}).values():
+        await found.close()
+
+
+def _result(op: str, answer: dict[str, Any]) -> dict[str, Any]:
+    """The agent's ``result``, or its error as an exception (exit 6 for the environment)."""
+    if not answer.get("ok"):
+        code = answer.get("code", "")
+        cls = AgentEnvironmentError if code in HOST_ENV_CODES else AgentError
+        raise cls(op, answer.get("error", "unknown error"), code, answer.get("tail"))
+    return answer["result"]
+
+
+#: resident agents by link owner, then by (python, resident.py path)
+_SESSIONS: weakref.WeakKeyDictionary[Transport, dict[tuple[str, str], ResidentAgent]] = \
+    weakref.WeakKeyDictionary()

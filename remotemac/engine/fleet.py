@@ -204,6 +204,7 @@ async def run_fleet(
     fleet_id = fleet_id or new_run_id(playbook.name)
     options = options or RunOptions(follow_poll_s=FLEET_FOLLOW_POLL_S)
     out_root.mkdir(parents=True, exist_ok=True)
+    ssh = (ssh or SSHOptions()).for_playbook(playbook.connection.reconnect_deadline)
     pool = TransportPool(home, ssh, max_channels=max_channels)
     limit = asyncio.Semaphore(forks)
     gate = _HostGate()

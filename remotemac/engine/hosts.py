@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import abc
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,7 +16,18 @@ class SSHOptions:
     identity: Path | None = None
     keepalive_interval: float = 10.0
     keepalive_count_max: int = 3
-    reconnect_deadline: float = 300.0
+    #: ``None``: the playbook's ``connection.reconnect_deadline`` (default 10 minutes)
+    reconnect_deadline: float | None = None
+
+    def for_playbook(self, deadline: float) -> SSHOptions:
+        """These options with the playbook's reconnect deadline unless one was given here."""
+        if self.reconnect_deadline is not None:
+            return self
+        return dataclasses.replace(self, reconnect_deadline=deadline)
+
+    @property
+    def deadline_s(self) -> float:
+        return self.reconnect_deadline if self.reconnect_deadline is not None else 600.0
 
 
 def open_transport(host: str, home: Path, options: SSHOptions | None = None,
@@ -32,7 +44,7 @@ def open_transport(host: str, home: Path, options: SSHOptions | None = None,
     return SSHTransport(
         host, home_dir=home, ssh_config=opts.ssh_config, identity=opts.identity,
         keepalive_interval=opts.keepalive_interval, keepalive_count_max=opts.keepalive_count_max,
-        reconnect_deadline=opts.reconnect_deadline, emit=emit_fn, run_id=run_id,
+        reconnect_deadline=opts.deadline_s, emit=emit_fn, run_id=run_id,
     )
 
 
@@ -80,7 +92,7 @@ class TransportPool:
             host, home_dir=self.home, ssh_config=opts.ssh_config, identity=opts.identity,
             keepalive_interval=opts.keepalive_interval,
             keepalive_count_max=opts.keepalive_count_max,
-            reconnect_deadline=opts.reconnect_deadline, emit=lambda e: self._fan_out(host, e),
+            reconnect_deadline=opts.deadline_s, emit=lambda e: self._fan_out(host, e),
             max_channels=self.max_channels,
         )
 
@@ -101,7 +113,10 @@ class TransportPool:
         return len(self._leases.get(host, ()))
 
     async def close_all(self) -> None:
+        from remotemac.engine.agentclient import close_link_agents
+
         for shared in self._shared.values():
+            await close_link_agents(shared)
             await shared.close()
         self._shared.clear()
         self._leases.clear()
@@ -122,6 +137,13 @@ class PooledTransport(Transport):
 
     def __getattr__(self, attr: str):  # spec, params, disconnects, reconnects …
         return getattr(self.shared, attr)
+
+    def link_owner(self) -> Transport:
+        return self.shared
+
+    @property
+    def reconnect_deadline(self) -> float:  # type: ignore[override]
+        return self.shared.reconnect_deadline
 
     async def connect(self) -> None:
         if self.released:  # a lease reused after close (attach-style reuse): take it again

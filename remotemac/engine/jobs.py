@@ -170,7 +170,7 @@ class _Drill:
 async def follow(ctx: RunContext, side: Side, request: dict[str, Any]) -> dict[str, Any]:
     """Stream the log from the saved offset until the job's status is final."""
     # a pooled lease delegates to the shared transport: tune that one
-    transport = getattr(ctx.host_for(side).transport, "shared", ctx.host_for(side).transport)
+    transport = ctx.host_for(side).transport.link_owner()
     old_wait = getattr(transport, "reconnect_max_wait", None)
     if old_wait is not None:
         transport.reconnect_max_wait = min(old_wait, FOLLOW_RECONNECT_MAX_WAIT_S)  # type: ignore[attr-defined]
@@ -207,7 +207,7 @@ async def _follow(ctx: RunContext, side: Side, request: dict[str, Any]) -> dict[
     poll = ctx.options.follow_poll_s
     drill = _Drill(transport) if ctx.options.drill == "disconnect" and side.role == "target" \
         else None
-    give_up_after = float(getattr(transport, "reconnect_deadline", 300.0))
+    give_up_after = float(transport.reconnect_deadline)
     last_ok = time.monotonic()
     warned: set[str] = set()
     relaunched: dict[str, Any] | None = None

@@ -52,5 +52,6 @@ async def live_status(*, run_id: str, playbook: Playbook, journal: Journal, home
                 "asked_at": time.time()}
     finally:
         for binding in ctx.hosts.values():
+            await binding.agent.close()
             await binding.transport.close()
     return {"answered": True, "sides": sides, "asked_at": time.time()}

@@ -35,6 +35,7 @@ from remotemac.errors import (
     HostError,
     JobLost,
     RemotemacError,
+    TransientHostError,
 )
 from remotemac.events import EventBus, PhaseFinished, PhaseStarted, RunFinished
 from remotemac.journal import Journal
@@ -58,6 +59,7 @@ def build_context(
     if host is not None or matrix is not None:
         playbook = specialize(playbook, host=host, matrix=matrix)
     ledger = Ledger(out_dir / "ledger.jsonl")
+    ssh = (ssh or SSHOptions()).for_playbook(playbook.connection.reconnect_deadline)
     sides = make_sides(playbook)
     target = next((s for s in sides if s.role == "target"), None)
     if playbook.reproduce and target is not None:
@@ -81,6 +83,9 @@ def build_context(
 
     ctx.results["_continuity_tally"] = count_connection_events(bus)
     ctx.results["_continuity"] = {"disconnects": 0, "reconnects": 0}
+    from remotemac.engine.cpuusage import laptop_cpu_s
+
+    ctx.results["_cpu_start"] = laptop_cpu_s()
     return ctx
 
 
@@ -171,11 +176,18 @@ async def _run_pipeline(ctx: RunContext) -> int:
     except (KeyboardInterrupt, asyncio.CancelledError):
         ctx.journal.set_run_state(ctx.run_id, "interrupted", exit_code=EXIT_INTERRUPTED)
         raise
+    except TransientHostError as exc:
+        # past the reconnect deadline: stop here, leave the job (and the run) to `attach`
+        ctx.journal.set_run_state(ctx.run_id, "detached", exit_code=exc.exit_code)
+        raise TransientHostError(
+            exc.message, hint="the job keeps running on the host; when the link is back, "
+                              f"resume with: remotemac attach {ctx.run_id}") from exc
     except RemotemacError as exc:
         ctx.journal.set_run_state(ctx.run_id, "failed", exit_code=exc.exit_code)
         raise
     finally:
         for binding in ctx.hosts.values():
+            await binding.agent.close()
             await binding.transport.close()
     record = ctx.results.get("record", {})
     verdict = record.get("verdict", "incomplete")
@@ -379,6 +391,7 @@ async def run_phase(*, run_id: str, phase: str, playbook: Playbook, journal: Jou
         ctx.emit(PhaseFinished(run_id, phase=phase, detail=result.get("summary", "")))
     finally:
         for binding in ctx.hosts.values():
+            await binding.agent.close()
             await binding.transport.close()
         render.close()
     return 0

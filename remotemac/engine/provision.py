@@ -76,8 +76,8 @@ async def provision_host(ctx: RunContext, binding: HostBinding) -> dict[str, Any
         req_remote = f"{prepared['paths']['project']}/{env.requirements}"
     venv_python = env.python
     venv: dict[str, Any] = {"reused": None}
+    key = env_key(env.system_site_packages, req_bytes)
     if env.venv:
-        key = env_key(env.system_site_packages, req_bytes)
         ctx.emit(PhaseProgress(ctx.run_id, phase="provision", done=0, total=None,
                                unit="files", detail=f"environment from {env.python}"
                                + (f", installing {env.requirements} with pip" if req_bytes
@@ -88,7 +88,12 @@ async def provision_host(ctx: RunContext, binding: HostBinding) -> dict[str, Any
         }, timeout=3600)
         venv_python = venv["venv_python"]
         ctx.journal.record_created(transport.name, "venv", venv["env_dir"], ctx.run_id)
-    probe = await binding.agent.call("freeze_env", {"python": venv_python})
+    # cached per environment key on the host: the probe reruns only when it changed
+    # inside the venv (its identity is the key), else in the run's own dir: never loose in
+    # a directory cleanup only empties of what carries remotemac's marker
+    cache = (f"{venv['env_dir']}/.remotemac-freeze.json" if env.venv
+             else f"{binding.run_dir}/cache/freeze.json")
+    probe = await binding.agent.call("freeze_env", {"python": venv_python, "cache": cache})
     return {
         "root": root, "root_id": binding.agent.root_id, "run_dir": binding.run_dir,
         "paths": prepared["paths"],

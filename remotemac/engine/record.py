@@ -478,6 +478,7 @@ async def write_acceptance(ctx: RunContext, lost: str | None = None) -> dict[str
         caches=caches(ctx),
     )
     record["process_behaviour"] = process_behaviour(ctx, record)
+    record["cpu"] = _cpu(ctx)
     write_record(ctx.out_dir, record)
     return {"verdict": record["verdict"], "summary": record["verdict"],
             "conditions": record["stopping_conditions"]}
@@ -492,4 +493,11 @@ def update_record_wipe(ctx: RunContext, wipe: dict[str, Any]) -> None:
         return
     record = json.loads(path.read_text(encoding="utf-8"))
     record["wipe"] = {k: wipe.get(k) for k in ("done", "verified", "removed", "remaining")}
+    record["cpu"] = _cpu(ctx)  # the wipe's calls count too
     write_record(ctx.out_dir, record)
+
+
+def _cpu(ctx: RunContext) -> dict[str, Any]:
+    from remotemac.engine.cpuusage import run_cpu
+
+    return run_cpu(ctx.results, [b.agent for b in ctx.hosts.values()])

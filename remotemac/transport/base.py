@@ -66,6 +66,13 @@ class RemoteProcess(abc.ABC):
     async def readline(self) -> bytes:
         """One line of stdout (with its newline); ``b""`` at end of output."""
 
+    async def readexactly(self, size: int) -> bytes:
+        """Exactly ``size`` bytes of stdout; fewer (maybe ``b""``) only at end of output.
+
+        Why: the resident agent's answers are length-prefixed frames.
+        """
+        raise NotImplementedError(f"{type(self).__name__} cannot read frames")
+
     @abc.abstractmethod
     async def wait(self, timeout: float | None = None) -> int:
         """The exit code, after reading what is left of stdout and stderr."""
@@ -84,6 +91,15 @@ class Transport(abc.ABC):
 
     #: a name for messages and the journal, e.g. ``local`` or ``me@mac:22``
     name: str = "?"
+    #: seconds an operation keeps reconnecting before it gives up (``--reconnect-deadline``)
+    reconnect_deadline: float = 600.0
+
+    def link_owner(self) -> Transport:
+        """The transport that owns the link (a pool lease answers its shared transport).
+
+        Why: per-link services such as the resident agent are kept once per link.
+        """
+        return self
 
     async def __aenter__(self) -> Transport:
         await self.connect()
@@ -155,8 +171,13 @@ class Transport(abc.ABC):
         result = await self.exec(argv, stdin=stdin)
         yield result.stdout
 
-    async def open_process(self, argv: list[str]) -> RemoteProcess:
-        """Start ``argv`` on the host with streamed stdin/stdout (not retried on a dead link)."""
+    async def open_process(self, argv: list[str], *,
+                           reconnect_within: float | None = None) -> RemoteProcess:
+        """Start ``argv`` on the host with streamed stdin/stdout (not retried on a dead link).
+
+        ``reconnect_within``: if the link is down, reconnect for at most this many
+        seconds (default: the transport's whole reconnect deadline).
+        """
         raise NotImplementedError(f"{type(self).__name__} cannot stream to a command")
 
     async def download_to(self, remote: str, dst: BinaryIO, offset: int = 0, *,

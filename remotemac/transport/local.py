@@ -102,7 +102,8 @@ class LocalTransport(Transport):
     async def makedirs(self, remote: str, mode: int = 0o700) -> None:
         os.makedirs(remote, mode=mode, exist_ok=True)
 
-    async def open_process(self, argv: list[str]) -> RemoteProcess:
+    async def open_process(self, argv: list[str], *,
+                           reconnect_within: float | None = None) -> RemoteProcess:
         proc = await asyncio.create_subprocess_exec(
             *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE, start_new_session=True, limit=_LINE_LIMIT,
@@ -156,6 +157,13 @@ class _LocalProcess(RemoteProcess):
     async def readline(self) -> bytes:
         assert self._proc.stdout is not None
         return await self._proc.stdout.readline()
+
+    async def readexactly(self, size: int) -> bytes:
+        assert self._proc.stdout is not None
+        try:
+            return await self._proc.stdout.readexactly(size)
+        except asyncio.IncompleteReadError as exc:
+            return exc.partial
 
     async def wait(self, timeout: float | None = None) -> int:
         code = await asyncio.wait_for(self._proc.wait(), timeout)

@@ -50,11 +50,14 @@ async def reconnect(
     run_id: str = "",
     initial_wait: float = 0.5,
     max_wait: float = 30.0,
+    total_deadline: float | None = None,
 ) -> T:
     """Call ``connect`` until it succeeds, a non-transient error occurs or ``deadline`` s pass.
 
     Emits ``reconnecting`` before every attempt (``next_in_s`` is the wait before
-    it), then ``reconnected`` or ``lost``. Raises the non-transient error as is, or
+    it, ``deadline_left_s`` the time left before giving up: the CLI and the TUI
+    count it down; ``deadline_s`` is the whole deadline, ``total_deadline`` when the
+    caller already spent part of it), then ``reconnected`` or ``lost``. Raises the non-transient error as is, or
     :class:`TransientHostError` naming the last cause once the deadline is spent.
     """
     started = time.monotonic()
@@ -62,6 +65,9 @@ async def reconnect(
 
     def _emit(state: str, **kw: object) -> None:
         if emit is not None:
+            if state == "reconnecting":
+                kw["deadline_left_s"] = round(max(0.0, deadline - (time.monotonic() - started)), 1)
+                kw["deadline_s"] = total_deadline if total_deadline is not None else deadline
             emit(ConnectionState(run_id, host=host, state=state, **kw))  # type: ignore[arg-type]
 
     def _before_sleep(rs: RetryCallState) -> None:

@@ -53,7 +53,8 @@ T = TypeVar("T")
 #: reads/writes up to 255 KiB (limits@openssh.com); 64 in flight fill a fast link.
 SFTP_BLOCK_SIZE = 255 * 1024
 SFTP_MAX_REQUESTS = 64
-MAX_OP_RETRIES = 8
+#: default for how long an operation keeps reconnecting before the run stops (issue 16)
+DEFAULT_RECONNECT_DEADLINE_S = 600.0
 
 _LINK_ERRORS = (
     asyncssh.DisconnectError,  # includes ConnectionLost
@@ -77,7 +78,7 @@ class SSHTransport(Transport):
         identity: Path | None = None,
         keepalive_interval: float = 10,
         keepalive_count_max: int = 3,
-        reconnect_deadline: float = 300.0,
+        reconnect_deadline: float = DEFAULT_RECONNECT_DEADLINE_S,
         emit: Callable[[Event], None] | None = None,
         run_id: str = "",
         connect_timeout: float = 15.0,
@@ -181,8 +182,9 @@ class SSHTransport(Transport):
             jump.close()
         self._jumps = []
 
-    async def _link(self) -> asyncssh.SSHClientConnection:
-        """The live connection, reconnecting (bounded by the deadline) if it died."""
+    async def _link(self, deadline_s: float | None = None) -> asyncssh.SSHClientConnection:
+        """The live connection, reconnecting if it died, for at most ``deadline_s`` seconds
+        (default: the whole reconnect deadline)."""
         if self._conn is not None and not self._conn.is_closed():
             return self._conn
         async with self._link_lock:
@@ -196,8 +198,10 @@ class SSHTransport(Transport):
                 await self._open()
                 self._emit("connected")
             else:
-                await reconnect(self._open, host=self.name, deadline=self.reconnect_deadline,
+                budget = self.reconnect_deadline if deadline_s is None else deadline_s
+                await reconnect(self._open, host=self.name, deadline=max(0.0, budget),
                                 emit=self._emit_fn, run_id=self.run_id,
+                                total_deadline=self.reconnect_deadline,
                                 initial_wait=min(0.5, self.reconnect_max_wait),
                                 max_wait=self.reconnect_max_wait)
                 self.reconnects += 1
@@ -233,10 +237,29 @@ class SSHTransport(Transport):
                 ) from None
             return self._sftp
 
+    def deadline_left(self, since: float | None) -> float:
+        """Seconds of the reconnect deadline left for an operation that first lost the
+        link at ``since`` (monotonic; ``None``: it has not lost it yet)."""
+        if since is None:
+            return self.reconnect_deadline
+        return self.reconnect_deadline - (time.monotonic() - since)
+
     async def _run(self, what: str, op: Callable[[], Awaitable[T]], *, idempotent: bool) -> T:
-        """Run ``op``; on a dead link reconnect and, if idempotent, run it again."""
-        for _ in range(MAX_OP_RETRIES):
-            conn = await self._link()
+        """Run ``op``; on a dead link reconnect and, if idempotent, run it again.
+
+        Retries are bounded by time, not by count: a link that stays up two seconds
+        at a time still gets every short operation through, and an operation that
+        has been losing the link for ``reconnect_deadline`` seconds gives up.
+        """
+        first_loss: float | None = None
+        while True:
+            left = self.deadline_left(first_loss)
+            if left <= 0:
+                raise TransientHostError(
+                    f"{what} on {self.name} kept losing the link for"
+                    f" {self.reconnect_deadline:.0f} s (the reconnect deadline)",
+                    hint="check the network, then re-attach")
+            conn = await self._link(left)
             try:
                 return await op()
             except _LINK_ERRORS as exc:
@@ -246,14 +269,14 @@ class SSHTransport(Transport):
                     # let asyncssh finish closing so the cause (e.g. keepalive) is known
                     await asyncio.wait_for(conn.wait_closed(), 1)
                 self._mark_dead(conn, f"{type(exc).__name__}: {exc}".strip())
+                if first_loss is None:
+                    first_loss = time.monotonic()
                 if not idempotent:
                     raise TransientHostError(
                         f"the link to {self.name} dropped during {what}; it may or may not"
                         f" have completed",
                         hint="the transport reconnects on the next call",
                     ) from None
-        raise TransientHostError(f"{what} on {self.name} kept losing the link",
-                                 hint="check the network")
 
     # -- Transport API -------------------------------------------------------------
 
@@ -428,10 +451,11 @@ class SSHTransport(Transport):
 
         await self._run(f"mkdir {remote}", op, idempotent=True)
 
-    async def open_process(self, argv: list[str]) -> RemoteProcess:
+    async def open_process(self, argv: list[str], *,
+                           reconnect_within: float | None = None) -> RemoteProcess:
         """Start ``argv`` with streamed stdin/stdout on one channel (never re-run)."""
         command = " ".join(shlex.quote(str(arg)) for arg in argv)
-        conn = await self._link()
+        conn = await self._link(reconnect_within)
         await self._channels.acquire()
         try:
             proc = await _refused_session_retried(
@@ -536,6 +560,16 @@ class _SSHProcess(RemoteProcess):
         if not line and self._conn.is_closed():
             raise self._lost(ConnectionResetError("link closed"))
         return _as_bytes(line)
+
+    async def readexactly(self, size: int) -> bytes:
+        try:
+            return _as_bytes(await self._proc.stdout.readexactly(size))
+        except asyncio.IncompleteReadError as exc:
+            if self._conn.is_closed():
+                raise self._lost(ConnectionResetError("link closed")) from None
+            return _as_bytes(exc.partial)
+        except _LINK_ERRORS as exc:
+            raise self._lost(exc) from None
 
     async def wait(self, timeout: float | None = None) -> int:
         try:

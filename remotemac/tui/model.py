@@ -77,6 +77,7 @@ class LinkState:
     attempt: int = 0
     next_in_s: float | None = None
     detail: str = ""
+    deadline_left_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -190,7 +191,8 @@ class RunLive:
                 del self.memory[:-MAX_SPARK_POINTS]
         elif isinstance(event, ConnectionState):
             state = "connected" if event.state == "reconnected" else event.state
-            self.link = LinkState(state, event.host, event.attempt, event.next_in_s, event.detail)
+            self.link = LinkState(state, event.host, event.attempt, event.next_in_s, event.detail,
+                                  event.deadline_left_s)
             self.link_history.append(state)
         elif isinstance(event, Warning):
             self.warnings.append(event.message)

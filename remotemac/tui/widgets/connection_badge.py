@@ -31,6 +31,8 @@ class ConnectionBadge(Static):
             text += f" · attempt {link.attempt}"
             if link.next_in_s is not None:
                 text += f" · next try in {link.next_in_s:.1f}s"
+            if link.deadline_left_s is not None:
+                text += f" · gives up in {link.deadline_left_s:.0f}s"
         if link.host and link.state != "local":
             text += f"  [dim]{link.host}[/]"
         if link.detail and link.state in ("disconnected", "lost"):

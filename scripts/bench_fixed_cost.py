@@ -1,0 +1,177 @@
+"""Fixed cost of a run over a loopback sshd: the resident agent against one-shot calls.
+
+Figures (issue 16), each printed as a ratio or against its goal:
+
+* a warm trivial two-device run (reference and target ``python3 a.py`` on cpu, no
+  data) against one ``ssh host true`` (goal: at most 15x);
+* an agent call's median round trip (``ping``, goal: at most 5 ms);
+* the host-side CPU of that trivial run, all agent processes together (goal: at most
+  0.5 s), as the agent reports it (its own CPU and its op subprocesses').
+
+The host is the test harness's lab sshd (tests/harness/lab.py): its login sees a
+bare CPython 3.9 as ``python3``, the model of a rented Mac's /usr/bin/python3; the
+agent and the workload run under it (``--python`` names another). Each run is done with the resident agent and
+with ``REMOTEMAC_AGENT_ONESHOT=1`` (one ``hostagent.py OP`` process per call, the
+old way) in turn. The sshd, its agents and jobs share this machine's cores with the
+orchestrator (and, here, with other work): figures are CPU-sensitive.
+
+    python scripts/bench_fixed_cost.py [--python PATH] [--runs 3] [--calls 200]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+BARE = "python3"  # the lab login's bare 3.9
+
+
+def ssh_true(config: Path, alias: str, n: int) -> float:
+    """Median wall of ``ssh -F config alias true`` (a fresh connection each time)."""
+    times = []
+    for _ in range(n):
+        started = time.monotonic()
+        subprocess.run(["ssh", "-F", str(config), alias, "true"], check=True,
+                       stdin=subprocess.DEVNULL, capture_output=True)
+        times.append(time.monotonic() - started)
+    return statistics.median(times)
+
+
+def write_project(base: Path, python: str, alias: str, root: Path) -> Path:
+    project = base / "project"
+    project.mkdir()
+    (project / "a.py").write_text("print('hello from', __import__('sys').version.split()[0])\n")
+    playbook = base / "trivial.yaml"
+    playbook.write_text(yaml.safe_dump({
+        "name": "trivial",
+        "host": alias,
+        "remote_root": str(root),
+        "project": {"path": str(project)},
+        "environment": {"python": python, "venv": False},
+        "agent": {"python": python},
+        "workload": {"command": f"{python} a.py", "reference": {"device": "cpu"},
+                     "target": {"device": "cpu"}, "timeout": "5m"},
+        "outputs": {"path": "."},
+        "stop_when": {"memory_growth": False},
+    }, sort_keys=False))
+    return playbook
+
+
+async def one_run(playbook: Path, home: Path, config: Path, out: Path) -> dict:
+    from remotemac.engine.context import RunOptions
+    from remotemac.engine.hosts import SSHOptions
+    from remotemac.engine.pipeline import build_context, run_pipeline
+    from remotemac.events import EventBus
+    from remotemac.journal import Journal, new_run_id
+    from remotemac.playbook import load_playbook
+
+    pb = load_playbook(str(playbook))
+    journal = Journal(home / "journal.sqlite3")
+    run_id = new_run_id(pb.name)
+    journal.create_run(run_id, name=pb.name, host=pb.host, playbook_path=str(playbook),
+                       playbook=pb.model_dump(mode="json"), out_dir=str(out), options={})
+    started = time.monotonic()
+    ctx = build_context(run_id=run_id, playbook=pb, journal=journal, bus=EventBus(), home=home,
+                        out_dir=out, options=RunOptions(),
+                        ssh=SSHOptions(ssh_config=config))
+    code = await run_pipeline(ctx)
+    wall = time.monotonic() - started
+    record = json.loads((out / "acceptance.json").read_text())
+    ledger = [json.loads(x) for x in (out / "ledger.jsonl").read_text().splitlines()]
+    return {"wall_s": wall, "exit": code, "cpu": record.get("cpu"),
+            "execs": sum(1 for e in ledger if e.get("via") == "ssh" and e.get("op"))}
+
+
+async def call_round_trip(alias: str, home: Path, config: Path, root: Path, python: str,
+                          n: int) -> tuple[float, float]:
+    """Median and p90 of ``ping`` through the resident agent (ms)."""
+    from remotemac.engine.agentclient import AgentClient
+    from remotemac.transport.ssh import SSHTransport
+
+    async with SSHTransport(alias, home_dir=home, ssh_config=config) as t:
+        agent = AgentClient(t, str(root), python=python)
+        await agent.call("ping")
+        times = []
+        for _ in range(n):
+            started = time.perf_counter()
+            await agent.call("ping")
+            times.append((time.perf_counter() - started) * 1000)
+        await agent.close()
+    times.sort()
+    return statistics.median(times), times[int(0.9 * len(times)) - 1]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--python", default=BARE)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--calls", type=int, default=200)
+    args = ap.parse_args()
+    from tests.harness.sshd import SSHD, ClientKey
+
+    base = Path(tempfile.mkdtemp(prefix="rm-bench-fixed-"))
+    server = None
+    try:
+        from tests.harness import lab
+
+        lab.ensure_lab()
+        key = ClientKey.generate(base / "client")
+        server = SSHD(base / "sshd", client_key=key).start()
+        known = base / "user_known_hosts"  # for `ssh host true`
+        known.write_text(server.known_hosts_line())
+        config = server.write_ssh_config(base / "ssh_config", "mac", known_hosts=known)
+        home = base / "home"
+        home.mkdir()
+        (home / "known_hosts").write_text(server.known_hosts_line())
+        root = server.host_dir("root")
+        playbook = write_project(base, args.python, "mac", root)
+        true_s = ssh_true(config, "mac", 10)
+        rows: dict[str, list[dict]] = {}
+        for mode in ("resident", "one-shot"):
+            if mode == "one-shot":
+                os.environ["REMOTEMAC_AGENT_ONESHOT"] = "1"
+            else:
+                os.environ.pop("REMOTEMAC_AGENT_ONESHOT", None)
+            asyncio.run(one_run(playbook, home, config, base / f"warm-{mode}"))  # warm-up
+            rows[mode] = [asyncio.run(one_run(playbook, home, config, base / f"{mode}-{i}"))
+                          for i in range(args.runs)]
+        os.environ.pop("REMOTEMAC_AGENT_ONESHOT", None)
+        median_ms, p90_ms = asyncio.run(call_round_trip("mac", home, config, root, args.python,
+                                                        args.calls))
+        print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} "
+              "(shared; the sshd and its agents run on the same cores)")
+        print(f"host python: {args.python}; ssh host true: {true_s * 1000:.0f} ms (median of 10)")
+        for mode, runs in rows.items():
+            wall = statistics.median(r["wall_s"] for r in runs)
+            host = statistics.median(r["cpu"]["host_s"] for r in runs)
+            laptop = statistics.median(r["cpu"]["laptop_s"] for r in runs)
+            print(f"{mode:>9}: warm trivial two-device run {wall:.2f} s = "
+                  f"{wall / true_s:.1f}x ssh true (goal <= 15x); host-side CPU {host:.2f} s "
+                  f"(goal <= 0.5 s); laptop CPU {laptop:.2f} s; agent calls "
+                  f"{runs[0]['cpu']['agent_calls']}; exits {[r['exit'] for r in runs]}")
+        print(f"agent call round trip (resident, ping): median {median_ms:.2f} ms, "
+              f"p90 {p90_ms:.2f} ms (goal: median <= 5 ms)")
+    finally:
+        if server is not None:
+            server.tmux("kill-server")
+            server.cleanup()
+        shutil.rmtree(base, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
