@@ -53,11 +53,14 @@ def _fail(err: BaseException, verbose: bool) -> None:
         import traceback
 
         traceback.print_exception(err)
+    from remotemac.termsafe import escape_controls
+
     if isinstance(err, RemotemacError):
-        click.echo(f"remotemac: error: {err.line()}", err=True)
+        # an error's text may quote the host's answer: shown, never obeyed
+        click.echo(f"remotemac: error: {escape_controls(err.line())}", err=True)
         sys.exit(err.exit_code)
-    click.echo(f"remotemac: internal error: {type(err).__name__}: {err} (rerun with -v for "
-               "the traceback)", err=True)
+    click.echo(f"remotemac: internal error: {type(err).__name__}: {escape_controls(str(err))} "
+               "(rerun with -v for the traceback)", err=True)
     sys.exit(1)
 
 
@@ -92,19 +95,22 @@ def main(ctx: click.Context, home: str | None, ssh_config: str | None, identity:
     ctx.obj = Settings(home, ssh_config, identity, verbose)
 
 
-def _renderer(as_json: bool, verbose: bool):
+def _renderer(as_json: bool, verbose: bool, raw: bool = False):
     from remotemac.render import JsonRenderer, RichRenderer
 
-    return JsonRenderer() if as_json else RichRenderer(verbose)
+    return JsonRenderer() if as_json else RichRenderer(verbose, raw=raw)
+
+
+RAW_HELP = "Pass the job's terminal control sequences through (colours; also OSC/CSI: unsafe)."
 
 
 def _run_engine(settings: Settings, run_id: str, playbook, journal, out_dir: Path,
-                options, as_json: bool) -> int:
+                options, as_json: bool, raw: bool = False) -> int:
     from remotemac.engine.pipeline import build_context, run_pipeline
     from remotemac.events import EventBus
 
     bus = EventBus()
-    render = _renderer(as_json, settings.verbose)
+    render = _renderer(as_json, settings.verbose, raw)
     bus.subscribe(render)
     ctx = build_context(run_id=run_id, playbook=playbook, journal=journal, bus=bus,
                         home=settings.home, out_dir=out_dir, options=options,
@@ -135,10 +141,14 @@ def _run_engine(settings: Settings, run_id: str, playbook, journal, out_dir: Pat
 @click.option("--inventory", type=click.Path(dir_okay=False), help="Fleet: a YAML inventory file.")
 @click.option("--forks", type=click.IntRange(min=1), default=8, show_default=True,
               help="Fleet: at most this many runs at once.")
+@click.option("--raw", is_flag=True, help=RAW_HELP)
+@click.option("--show-secrets", is_flag=True,
+              help="Keep the workload command and env values unredacted in the records.")
 @click.pass_obj
 def run(settings: Settings, playbook: str, host: str | None, out: str | None, as_json: bool,
         detach: bool, keep_data: bool, dry_run: bool, drill: str | None, hosts: str | None,
-        inventory: str | None, forks: int, reproduce: bool = False) -> None:
+        inventory: str | None, forks: int, reproduce: bool = False, raw: bool = False,
+        show_secrets: bool = False) -> None:
     """Run the whole pipeline of PLAYBOOK (on many hosts with --hosts/--inventory)."""
     from remotemac.engine.context import RunOptions
     from remotemac.journal import new_run_id
@@ -148,12 +158,18 @@ def run(settings: Settings, playbook: str, host: str | None, out: str | None, as
     if reproduce:
         pb = pb.model_copy(update={"reproduce": True})
     host_list = [h.strip() for h in hosts.split(",") if h.strip()] if hosts else None
-    if (host_list or inventory or pb.hosts or pb.matrix) and not dry_run:
+    if host_list or inventory or pb.hosts or pb.matrix:
         from remotemac.engine.fleet import is_fleet, main_fleet
         from remotemac.engine.inventoryfile import load_inventory
 
         inv = load_inventory(inventory) if inventory else None
         if is_fleet(pb, host_list, inv):
+            if dry_run:
+                from remotemac.engine.plan import make_fleet_plan, print_fleet_plan
+
+                plans = make_fleet_plan(pb, host_list, inv)
+                click.echo(json.dumps(plans, indent=2)) if as_json else print_fleet_plan(plans)
+                return
             if detach or drill:
                 raise BadInput("--detach and --drill work on one run, not on a fleet")
             sys.exit(main_fleet(settings, pb, hosts=host_list, inventory_path=inventory,
@@ -173,13 +189,15 @@ def run(settings: Settings, playbook: str, host: str | None, out: str | None, as
     run_id = new_run_id(pb.name)
     out_dir = Path(out) if out else Path.cwd() / "runs" / run_id
     out_dir = out_dir.resolve()
-    options = RunOptions(keep_data=keep_data, detach=detach, drill=drill)
+    options = RunOptions(keep_data=keep_data, detach=detach, drill=drill,
+                         show_secrets=show_secrets)
     from remotemac.engine.runs import register_run
 
-    register_run(journal, run_id, pb, out_dir, options={"keep_data": keep_data, "drill": drill})
+    register_run(journal, run_id, pb, out_dir, options={"keep_data": keep_data, "drill": drill,
+                                                        "show_secrets": show_secrets})
     if not as_json:
         click.echo(f"run {run_id} → {out_dir}")
-    sys.exit(_run_engine(settings, run_id, pb, journal, out_dir, options, as_json))
+    sys.exit(_run_engine(settings, run_id, pb, journal, out_dir, options, as_json, raw))
 
 
 def _load_run(journal, run_id: str):
@@ -191,15 +209,18 @@ def _load_run(journal, run_id: str):
 @main.command()
 @click.argument("run_id")
 @click.option("--json", "as_json", is_flag=True, help="Events as JSON lines.")
+@click.option("--raw", is_flag=True, help=RAW_HELP)
 @click.pass_obj
-def attach(settings: Settings, run_id: str, as_json: bool) -> None:
+def attach(settings: Settings, run_id: str, as_json: bool, raw: bool) -> None:
     """Re-attach to RUN_ID and finish its pipeline."""
     from remotemac.engine.context import RunOptions
 
     journal = settings.journal()
     row, pb = _load_run(journal, run_id)
-    options = RunOptions(keep_data=bool(row.options.get("keep_data")), drill=row.options.get("drill"))
-    sys.exit(_run_engine(settings, run_id, pb, journal, Path(row.out_dir), options, as_json))
+    options = RunOptions(keep_data=bool(row.options.get("keep_data")), drill=row.options.get("drill"),
+                         show_secrets=bool(row.options.get("show_secrets")))
+    sys.exit(_run_engine(settings, run_id, pb, journal, Path(row.out_dir), options, as_json,
+                         raw))
 
 
 @main.command()
@@ -263,10 +284,13 @@ def status(settings: Settings, run_id: str | None, as_json: bool, ledger: bool) 
 @click.argument("run_id")
 @click.option("--device", help="One device's log (default: all).")
 @click.option("--follow", is_flag=True, help="Keep following while the run is attached.")
+@click.option("--raw", is_flag=True, help=RAW_HELP)
 @click.pass_obj
-def logs(settings: Settings, run_id: str, device: str | None, follow: bool) -> None:
-    """Print a run's log."""
+def logs(settings: Settings, run_id: str, device: str | None, follow: bool, raw: bool) -> None:
+    """Print a run's log (terminal controls shown escaped unless --raw)."""
     import time
+
+    from remotemac.termsafe import escape_controls
 
     journal = settings.journal()
     row, _ = _load_run(journal, run_id)
@@ -284,7 +308,8 @@ def logs(settings: Settings, run_id: str, device: str | None, follow: bool) -> N
                 data = fh.read()
             offsets[f] += len(data)
             if data:
-                sys.stdout.write(data.decode("utf-8", "replace"))
+                text = data.decode("utf-8", "replace")
+                sys.stdout.write(text if raw else escape_controls(text))
                 sys.stdout.flush()
         current = journal.get_run(run_id)
         if not follow or (current and current.state not in ("running", "detached", "created")):
@@ -306,6 +331,7 @@ def pull(settings: Settings, run_id: str) -> None:
 @click.pass_obj
 def wipe(settings: Settings, run_id: str, yes: bool) -> None:
     """Wipe RUN_ID's data on the host and destroy its data key."""
+    _load_run(settings.journal(), run_id)  # an unknown id is exit 2 before any question
     if not yes and not click.confirm(f"Wipe the data of {run_id} on its host and destroy its key?"):
         raise BadInput("wipe not confirmed")
     sys.exit(_one_phase(settings, run_id, "wipe"))
@@ -403,6 +429,12 @@ def audit(path: str, as_json: bool) -> None:
 def preflight(playbook: str, seconds: float, as_json: bool) -> None:
     """Run the workload briefly on the local CPU and predict MPS coverage."""
     from remotemac.checks.preflight import main_preflight
+    from remotemac.units import parse_duration
+
+    try:
+        seconds = parse_duration(seconds)
+    except ValueError as exc:
+        raise BadInput(f"--seconds: {exc}") from None
 
     sys.exit(main_preflight(Path(playbook), seconds, as_json))
 

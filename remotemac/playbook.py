@@ -29,6 +29,7 @@ from pydantic import (
 )
 
 from remotemac.errors import BadInput
+from remotemac.hostspec import split_spec
 from remotemac.units import parse_duration, parse_size
 
 PLACEHOLDERS = ("device", "data_dir", "output_dir")
@@ -68,7 +69,9 @@ Device = Literal["cpu", "mps", "cuda", "auto"]
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # allow_inf_nan=False: ``.nan``/``.inf`` in a rate or a tolerance is a typo, and
+    # json.dumps would write them as the non-JSON tokens NaN/Infinity in the records
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class Project(Strict):
@@ -169,9 +172,17 @@ class CompareRule(Strict):
     atol: float | None = Field(None, ge=0)
 
 
+DEFAULT_OUTPUT_BYTES = 20 * 1024**3
+
+
 class Outputs(Strict):
     path: str = "out"
     compare: list[CompareRule] = Field(default_factory=list)
+    max_bytes: Size = Field(
+        DEFAULT_OUTPUT_BYTES,
+        description="pull refuses outputs larger than this in total (a hostile or runaway "
+        "host cannot fill the laptop's disk); each file is also capped at its listed size",
+    )
 
 
 class StopWhen(Strict):
@@ -332,8 +343,12 @@ class Playbook(Strict):
 
 
 def check_host(value: str) -> str:
+    """``local``, an ssh alias or ``[user@]host[:port]`` (port 1-65535, IPv6 in brackets)."""
     if not value or any(c.isspace() for c in value) or value.startswith("-"):
-        raise ValueError(f"not a host: {value!r} (write local, an ssh alias or user@host:port)")
+        raise ValueError(f"not a host: {value[:60]!r} (write local, an ssh alias or "
+                         "user@host:port)")
+    if value != "local":
+        split_spec(value)
     return value
 
 
@@ -375,10 +390,7 @@ def load_playbook(path: str | os.PathLike[str], overrides: dict[str, Any] | None
         raise BadInput(f"{file}: no such playbook") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise BadInput(f"{file}: cannot read playbook: {exc}") from None
-    playbook = parse_playbook(text, str(file), overrides=overrides)
-    playbook._base_dir = file.resolve().parent
-    playbook._source = file.resolve()
-    return playbook
+    return parse_playbook(text, str(file), overrides=overrides, source=file)
 
 
 class PlaybookLoader(yaml.SafeLoader):
@@ -395,7 +407,12 @@ PlaybookLoader.add_implicit_resolver(
 )
 
 
-def parse_playbook(text: str, filename: str = "<playbook>", overrides: dict[str, Any] | None = None) -> Playbook:
+def parse_playbook(text: str, filename: str = "<playbook>", overrides: dict[str, Any] | None = None,
+                   source: Path | None = None) -> Playbook:
+    """Validate a playbook's text; with ``source`` (its file) also the paths it names.
+
+    Raises PlaybookErrors (exit 2), one line per problem with its key path and line.
+    """
     try:
         node = yaml.compose(text, Loader=PlaybookLoader)
         data = yaml.load(text, Loader=PlaybookLoader)  # noqa: S506 - a SafeLoader subclass
@@ -409,9 +426,50 @@ def parse_playbook(text: str, filename: str = "<playbook>", overrides: dict[str,
     if overrides:
         data = {**data, **{k: v for k, v in overrides.items() if v is not None}}
     try:
-        return Playbook.model_validate(data)
+        playbook = Playbook.model_validate(data)
     except ValidationError as exc:
         raise PlaybookErrors(_explain(exc, node, filename)) from None
+    except RecursionError:  # a YAML tree nested thousands deep
+        raise PlaybookErrors([f"{filename}:1:1: the playbook is nested too deeply"]) from None
+    if source is not None:
+        playbook._base_dir = source.resolve().parent
+        playbook._source = source.resolve()
+        problems = [f"{_where(node, loc, filename)}: {'.'.join(loc)}: {why}"
+                    for loc, why in _path_problems(playbook)]
+        if problems:
+            raise PlaybookErrors(problems)
+    return playbook
+
+
+def _path_problems(pb: Playbook) -> list[tuple[list[str], str]]:
+    """Local paths the playbook names that do not exist or are not what they must be.
+
+    Why at load time: ``check`` and ``--dry-run`` are where a typo should show,
+    not an "internal error" halfway through provisioning a rented Mac.
+    """
+    found: list[tuple[list[str], str]] = []
+    project = pb.project_dir()
+    if not project.exists():
+        found.append((["project", "path"], f"{project} does not exist"))
+    elif not project.is_dir():
+        found.append((["project", "path"], f"{project} is not a directory"))
+    elif pb.environment.requirements:
+        req = project / pb.environment.requirements
+        if not req.is_file():
+            found.append((["environment", "requirements"],
+                          f"{req} is not a file (it is read from the project directory)"))
+    data = pb.data_dir()
+    if data is not None:
+        if not data.exists():
+            found.append((["data", "path"], f"{data} does not exist"))
+        elif not data.is_dir():
+            found.append((["data", "path"], f"{data} is not a directory"))
+    return found
+
+
+def _where(root: yaml.Node | None, loc: list[Any], filename: str) -> str:
+    mark = _mark_for(root, loc, key_node=False)
+    return f"{filename}:{mark[0]}:{mark[1]}" if mark else filename
 
 
 def _explain(exc: ValidationError, root: yaml.Node | None, filename: str) -> list[str]:

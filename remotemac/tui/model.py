@@ -27,6 +27,7 @@ from remotemac.events import (
     RunFinished,
     Warning,
 )
+from remotemac.termsafe import escape_controls
 
 PHASE_GROUPS = ("provision", "sync", "launch", "follow", "pull", "compare", "record", "wipe")
 LIVE_STATES = ("running", "detached", "interrupted")
@@ -147,7 +148,7 @@ class RunLive:
             if side:
                 row.subs[side] = state
             if event.detail and not event.skipped:
-                row.detail = event.detail
+                row.detail = escape_controls(event.detail)
         elif isinstance(event, Metric):
             if event.name in ("peak_rss_bytes", "rss_bytes", "mps_allocated_bytes"):
                 self.memory.append(event.value)
@@ -157,13 +158,14 @@ class RunLive:
             self.link = LinkState(state, event.host, event.attempt, event.next_in_s, event.detail)
             self.link_history.append(state)
         elif isinstance(event, Warning):
-            self.warnings.append(event.message)
+            self.warnings.append(escape_controls(event.message))
         elif isinstance(event, RunFinished):
             self.verdict, self.exit_code, self.out_dir = event.verdict, event.exit_code, \
                 event.out_dir or self.out_dir
 
     def add_line(self, device: str, line: str) -> None:
-        self.lines.append(f"{device} │ {line}")
+        """Keep one job line for the log view, its terminal controls shown, not obeyed."""
+        self.lines.append(f"{escape_controls(device)} │ {escape_controls(line)}")
         found = FALLBACK_RE.search(line)
         if found and found.group(1) not in self.fallback_ops:
             self.fallback_ops.append(found.group(1))
