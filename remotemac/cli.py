@@ -250,6 +250,8 @@ def status(settings: Settings, run_id: str | None, as_json: bool, ledger: bool) 
         data = {"run_id": row.run_id, "name": row.name, "host": row.host, "state": row.state,
                 "verdict": row.verdict, "exit_code": row.exit_code, "out_dir": row.out_dir,
                 "phases": {k: v["state"] for k, v in phases.items()}}
+        if row.failed_phase or row.error:
+            data.update(failed_phase=row.failed_phase, error=row.error)
         if row.state not in ("finished", "failed"):
             from remotemac.engine.livestatus import live_status
 
@@ -260,8 +262,10 @@ def status(settings: Settings, run_id: str | None, as_json: bool, ledger: bool) 
         if as_json:
             click.echo(json.dumps(data))
         else:
+            from remotemac.termsafe import escape_controls
+
             for key, value in data.items():
-                click.echo(f"{key:10} {value}")
+                click.echo(f"{key:10} {escape_controls(str(value))}")
         return
     rows = journal.list_runs()
     if as_json:

@@ -251,8 +251,10 @@ async def _one_run(run: FleetRun, playbook: Playbook, fleet_id: str, *, journal:
     if run.vars.rental_end is not None:
         left = run.vars.rental_end.timestamp() - time.time()
         if left <= 0:
-            journal.set_run_state(run.run_id, "failed", exit_code=EXIT_HOST)
-            _finish(run, "skipped", EXIT_HOST, f"rental ended {run.vars.rental_end.isoformat()}")
+            why = f"rental ended {run.vars.rental_end.isoformat()}"
+            journal.set_run_state(run.run_id, "failed", exit_code=EXIT_HOST, phase="start",
+                                  error=why)
+            _finish(run, "skipped", EXIT_HOST, why)
             return
         if left < stored.workload.timeout:
             bus.emit(Warning(run.run_id, message=f"{run.host}: the rental ends in {left / 60:.0f}"

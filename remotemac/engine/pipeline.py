@@ -100,10 +100,12 @@ async def _run_pipeline(ctx: RunContext) -> int:
     for name, info in done.items():
         ctx.results[name] = info["result"]
     ctx.results["_continuity_carried"] = list(done)
+    current = "connect"
     try:
         for binding in ctx.hosts.values():
             await binding.transport.connect()
         for name in phase_names(ctx):
+            current = name
             if name not in done and "provision" in done and "_drift_checked" not in ctx.results:
                 from remotemac.engine.drift import check_drift
 
@@ -122,7 +124,8 @@ async def _run_pipeline(ctx: RunContext) -> int:
             try:
                 result = await step(ctx, name)
             except BaseException as exc:
-                ctx.journal.finish_phase(ctx.run_id, name, {"error": str(exc)}, state="failed")
+                ctx.journal.finish_phase(ctx.run_id, name, {"error": failure_line(exc)},
+                                         state="failed")
                 raise
             result = result or {}
             result.setdefault("seconds", round(time.monotonic() - started, 3))
@@ -137,15 +140,21 @@ async def _run_pipeline(ctx: RunContext) -> int:
                 return 0
     except JobLost as exc:
         await _record_after_loss(ctx, exc)
-        ctx.journal.set_run_state(ctx.run_id, "lost", verdict="incomplete", exit_code=exc.exit_code)
+        ctx.journal.set_run_state(ctx.run_id, "lost", verdict="incomplete", exit_code=exc.exit_code,
+                                  phase=current, error=failure_line(exc))
         ctx.emit(RunFinished(ctx.run_id, verdict="incomplete", exit_code=exc.exit_code,
                              out_dir=str(ctx.out_dir), detail=exc.line()))
         return exc.exit_code
     except (KeyboardInterrupt, asyncio.CancelledError):
         ctx.journal.set_run_state(ctx.run_id, "interrupted", exit_code=EXIT_INTERRUPTED)
         raise
-    except RemotemacError as exc:
-        ctx.journal.set_run_state(ctx.run_id, "failed", exit_code=exc.exit_code)
+    except Exception as exc:  # any exception, ours or not: the journal never says "running"
+        code = exc.exit_code if isinstance(exc, RemotemacError) else EXIT_REJECTED
+        error = failure_line(exc)
+        if current in WIPE_AFTER_FAILURE:
+            error += await _wipe_after_failure(ctx, current)
+        ctx.journal.set_run_state(ctx.run_id, "failed", exit_code=code, phase=current,
+                                  error=error)
         raise
     finally:
         for binding in ctx.hosts.values():
@@ -292,6 +301,39 @@ async def _wipe(ctx: RunContext, _name: str) -> dict[str, Any]:
     result = await wipe_run(ctx)
     update_record_wipe(ctx, result)
     return result
+
+
+def failure_line(exc: BaseException) -> str:
+    """One line for the journal: remotemac's own message, or the exception's type and text,
+    secret-looking parts redacted (an error may quote a command line)."""
+    from remotemac.engine.ledger import redact
+
+    text = exc.line() if isinstance(exc, RemotemacError) else f"{type(exc).__name__}: {exc}"
+    return redact(" ".join(text.split()))[:2000]
+
+
+#: phases after the job ended: when one fails, the run's data on the host is wiped
+#: anyway (its outputs stay when they were not pulled), so a refused pull never
+#: leaves the dataset behind
+WIPE_AFTER_FAILURE = ("pull", "compare", "record")
+
+
+async def _wipe_after_failure(ctx: RunContext, failed: str) -> str:
+    """Run the wipe phase after ``failed`` failed; returns a note for the journal's error."""
+    if ctx.playbook.wipe == "manual" or ctx.options.keep_data:
+        return "; data kept on the host (wipe: manual or --keep-data)"
+    ctx.emit(PhaseStarted(ctx.run_id, phase="wipe", detail=f"after the failed {failed}"))
+    ctx.journal.start_phase(ctx.run_id, "wipe")
+    try:
+        result = await _wipe(ctx, "wipe")
+    except Exception as exc:  # the first failure stays the news
+        ctx.journal.finish_phase(ctx.run_id, "wipe", {"error": failure_line(exc)}, state="failed")
+        ctx.emit(PhaseFinished(ctx.run_id, phase="wipe", ok=False, detail=failure_line(exc)))
+        return f"; the wipe after it failed too: {failure_line(exc)}"
+    ctx.results["wipe"] = result
+    ctx.journal.finish_phase(ctx.run_id, "wipe", result)
+    ctx.emit(PhaseFinished(ctx.run_id, phase="wipe", detail=result.get("summary", "")))
+    return f"; wiped after the failure ({result.get('summary', '')})"
 
 
 async def _record_after_loss(ctx: RunContext, exc: JobLost) -> None:
