@@ -405,7 +405,11 @@ def op_stop(req: dict[str, Any]) -> dict[str, Any]:
 
 
 def op_list_outputs(req: dict[str, Any]) -> dict[str, Any]:
-    """Every entry below ``dir`` with its kind, size and sha256; links never followed."""
+    """Every entry below ``dir`` with its kind, size and sha256; links never followed.
+
+    ``name_hex`` is the entry's relative path as the file system's bytes: the
+    orchestrator validates those bytes (UTF-8, length) rather than a decoded guess.
+    """
     base = req["dir"]
     entries = []
     if not os.path.isdir(base) or os.path.islink(base):
@@ -415,18 +419,17 @@ def op_list_outputs(req: dict[str, Any]) -> dict[str, Any]:
             full = os.path.join(dirpath, name)
             rel = os.path.relpath(full, base)
             st = os.lstat(full)
+            raw = {"name_hex": os.fsencode(rel).hex()}
             if os.path.islink(full):
-                entries.append(
-                    {"path": rel, "kind": "link", "size": 0, "target": os.readlink(full)}
-                )
+                entries.append(dict(raw, path=rel, kind="link", size=0))
             elif os.path.isdir(full):
-                entries.append({"path": rel, "kind": "dir", "size": 0})
+                entries.append(dict(raw, path=rel, kind="dir", size=0))
             elif os.path.isfile(full):
                 entries.append(
-                    {"path": rel, "kind": "file", "size": st.st_size, "sha256": sha256_file(full)}
+                    dict(raw, path=rel, kind="file", size=st.st_size, sha256=sha256_file(full))
                 )
             else:
-                entries.append({"path": rel, "kind": "other", "size": 0})
+                entries.append(dict(raw, path=rel, kind="other", size=0))
     return {"entries": entries}
 
 

@@ -275,7 +275,11 @@ async def _pull(ctx: RunContext, _name: str) -> dict[str, Any]:
     from remotemac.engine.pull import pull_side
 
     prov = ctx.results["provision"]["hosts"]
-    sides = {s.label: await pull_side(ctx, s, prov[s.host_key]["run_dir"]) for s in ctx.sides}
+    budget = ctx.playbook.outputs.max_bytes  # for the whole run, over every side
+    sides = {}
+    for s in ctx.sides:
+        sides[s.label] = await pull_side(ctx, s, prov[s.host_key]["run_dir"], max_bytes=budget)
+        budget -= sum(int(f["size"]) for f in sides[s.label]["files"])
     count = sum(len(v["files"]) for v in sides.values())
     return {"sides": sides, "summary": f"{count} files verified"}
 
