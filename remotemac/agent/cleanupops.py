@@ -39,6 +39,7 @@ if _HERE not in sys.path:
 
 import deadman  # noqa: E402
 import ramstore  # noqa: E402
+import specscrub  # noqa: E402
 from hostagent import pid_alive, tmux_path  # noqa: E402
 
 SYSTEM_DIRS = frozenset([
@@ -367,6 +368,8 @@ def wipe_run_data(req: Dict[str, Any]) -> Dict[str, Any]:
         else:
             remaining.append("tmux:%s (still running)" % name)
     removed += stop_run_processes(run_dir, steps)
+    # the launch specs stay with status/ until cleanup: their env values and command go now
+    scrubbed = specscrub.scrub_specs(run_dir)
     ram = req.get("ram") or find_ram_store(run_id)
     if ram and ram.get("path"):
         fate = destroy_ram(ram, steps)
@@ -401,7 +404,7 @@ def wipe_run_data(req: Dict[str, Any]) -> Dict[str, Any]:
         os.path.lexists(os.path.join(run_dir, s)) for s in WIPED_SUBDIRS
         if s != "out" or wipe_outputs)
     return {"removed": removed, "remaining": remaining, "steps": steps, "verified": verified,
-            "failed": failed, "run_dir": run_dir, "time": time.time()}
+            "failed": failed, "run_dir": run_dir, "time": time.time(), "scrubbed": scrubbed}
 
 
 def run_remaining(run_dir: str, keep: Any, wipe_outputs: bool) -> List[str]:
