@@ -47,9 +47,14 @@ def shown_name(name: object) -> str:
 
 
 def entry_name(entry: dict[str, Any]) -> bytes | str | None:
-    """The entry's name as the host's bytes (``name_hex``), else its ``path`` string."""
+    """The entry's name as the host's bytes (``name_hex``), else its ``path`` string.
+
+    Raises UnsafePath for a name too long to consider."""
     raw = entry.get("name_hex")
-    if isinstance(raw, str) and len(raw) <= 2 * MAX_NAME_BYTES + 2:
+    if isinstance(raw, str):
+        if len(raw) > 2 * MAX_NAME_BYTES:  # refused without decoding all of it
+            raise UnsafePath(f"refusing result name {shown_name(entry.get('path'))} "
+                             f"({len(raw) // 2} bytes): too long (at most {MAX_NAME_BYTES} bytes)")
         try:
             return bytes.fromhex(raw)
         except ValueError:
@@ -165,9 +170,7 @@ async def pull_dir(transport: Transport, agent: AgentClient, remote_dir: str, de
     for entry, rel in named:
         why = rel if isinstance(rel, str) else _refuse(entry, rel, kinds)
         if why is not None:
-            name = entry_name(entry) if isinstance(entry, dict) else None
-            skip(shown_name(name.decode("utf-8", "replace") if isinstance(name, bytes) else name),
-                 why)
+            skip(shown_name(entry.get("path") if isinstance(entry, dict) else entry), why)
             continue
         if entry["kind"] == "file":
             wanted.append((rel, entry))
