@@ -93,7 +93,11 @@ class RichRenderer:
                     + (f"  [dim]{shown(event.detail)}[/]" if event.detail else ""))
         elif isinstance(event, LogLine):
             c.print(f"[dim]{shown(event.device)} │[/] ", end="")
-            c.out(event.line if self.raw else escape_controls(event.line), highlight=False)
+            if self.raw:  # as the job wrote it: rich itself would drop BEL and friends
+                c.file.write(event.line + "\n")
+                c.file.flush()
+            else:
+                c.out(escape_controls(event.line), highlight=False)
         elif isinstance(event, ConnectionState):
             extra = f" (attempt {event.attempt}, next in {event.next_in_s:.1f}s)" if event.next_in_s else ""
             c.print(f"[yellow]⚡ {shown(event.host)}: {shown(event.state)}{extra}[/] "
