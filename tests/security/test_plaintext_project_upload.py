@@ -67,6 +67,8 @@ def test_dataset_inside_the_project_never_lands_on_the_host_in_clear(tmp_path, r
     # with the data kept (no wipe), the only plaintext is in the RAM store, never on disk
     assert files_with_marker(host) == []
     assert json.loads((out / "acceptance.json").read_text())["dataset"]["encrypted"] is True
+    assert remotemac("wipe", run_dir.name, "--yes").returncode == 0  # the RAM store goes too
+    assert files_with_marker(host) == []
 
 
 def test_plan_says_what_was_left_out_of_the_project_upload(tmp_path):
