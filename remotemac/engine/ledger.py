@@ -24,13 +24,18 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-_SECRET_WORD = r"(?:key|token|password|passwd|passphrase|secret|auth|credential|pwd|pass)"
-_VALUE = r"""(?!<redacted>)(?:'[^']*'?|"[^"]*"?|[^\s&;|]+)"""  # quoted, or one shell word
-_ASSIGN = re.compile(r"(?i)\b([\w-]*" + _SECRET_WORD + r"[\w-]*)(=|:\s*)" + _VALUE)
-_FLAG = re.compile(r"(?i)(--?[\w-]*(?:key|token|password|passphrase|secret|passwd|pwd)[\w-]*"
-                   r"|--?pass)\s+(?!-)" + _VALUE)
+# Every pattern starts only at a token boundary and bounds its backtracking, so a
+# 300 KB command line is redacted in milliseconds (an unbounded ``[\w-]*key[\w-]*``
+# took minutes on ``a-a-a-…``).
+_SECRET_WORD = re.compile(r"(?i)key|token|password|passwd|passphrase|secret|auth|credential"
+                          r"|pwd|pass")
+_VALUE = r"""(?!<redacted>)(?:'[^']{0,4096}'?|"[^"]{0,4096}"?|[^\s&;|]+)"""  # quoted or a word
+_VALUE_AT = re.compile(_VALUE)
+_ASSIGN = re.compile(r"(?<![\w-])([\w-]{1,64})(=|:[ \t]*)")
+_FLAG = re.compile(r"(?<![\w-])(--?[\w-]{1,64})([ \t]+)(?!-)")
+_FLAG_WORD = re.compile(r"(?i)key|token|password|passphrase|secret|passwd|pwd|^--?pass$")
 _BEARER = re.compile(r"(?i)\b(bearer|basic|token)(\s+)(?!<redacted>)[A-Za-z0-9._~+/=-]{6,}")
-_URL_CREDS = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/\s@]+@")
+_URL_CREDS = re.compile(r"(?i)(?<![a-z0-9+.-])([a-z][a-z0-9+.-]{0,30}://)[^/\s@]{1,512}@")
 _SHORT_PASS = re.compile(r"(?<!\S)-p(?!<redacted>)([^\s-][^\s]{3,})")
 _HEX = re.compile(r"\b[0-9a-fA-F]{32,}\b")
 _B64 = re.compile(r"(?<![\w/+-])[A-Za-z0-9+/_-]{32,}={0,2}(?![\w/+=-])")
@@ -74,6 +79,26 @@ def _looks_random(token: str) -> bool:
     return _changes(body) >= 0.4 or seps * 20 < len(body)
 
 
+def _redact_values(name_at: re.Pattern[str], secret_name: re.Pattern[str], text: str) -> str:
+    """Redact the value after each ``name=``/``--name `` whose name sounds secret.
+
+    One left-to-right pass: a non-secret name's value is not consumed, so
+    ``url=https://x?token=abc`` still loses its token.
+    """
+    out: list[str] = []
+    pos = 0
+    for m in name_at.finditer(text):
+        if m.start() < pos or not secret_name.search(m.group(1)):
+            continue
+        value = _VALUE_AT.match(text, m.end())
+        if value is None or not value.group(0):
+            continue
+        out += [text[pos:m.end()], REDACTED]
+        pos = value.end()
+    out.append(text[pos:])
+    return "".join(out)
+
+
 def redact(text: str, secrets: Iterable[str] = ()) -> str:
     """Hide secret-looking parts of a command line (or any text bound for a record).
 
@@ -86,8 +111,8 @@ def redact(text: str, secrets: Iterable[str] = ()) -> str:
         text = text.replace(secret, REDACTED)
     text = _URL_CREDS.sub(lambda m: m.group(1) + REDACTED + "@", text)
     text = _BEARER.sub(lambda m: m.group(1) + m.group(2) + REDACTED, text)
-    text = _ASSIGN.sub(lambda m: m.group(1) + m.group(2) + REDACTED, text)
-    text = _FLAG.sub(lambda m: m.group(1) + " " + REDACTED, text)
+    text = _redact_values(_ASSIGN, _SECRET_WORD, text)
+    text = _redact_values(_FLAG, _FLAG_WORD, text)
     text = _SHORT_PASS.sub("-p" + REDACTED, text)
     text = _HEX.sub(REDACTED, text)
     return _B64.sub(lambda m: REDACTED if _looks_random(m.group(0)) else m.group(0), text)
