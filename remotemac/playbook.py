@@ -393,7 +393,10 @@ def load_playbook(path: str | os.PathLike[str], overrides: dict[str, Any] | None
     return parse_playbook(text, str(file), overrides=overrides, source=file)
 
 
-class PlaybookLoader(yaml.SafeLoader):
+_BaseLoader: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when present
+
+
+class PlaybookLoader(_BaseLoader):
     """YAML 1.2 booleans: only true/false. SPEC's ``on: remote`` must stay a key named "on"."""
 
 
@@ -407,6 +410,16 @@ PlaybookLoader.add_implicit_resolver(
 )
 
 
+def _parse_yaml(text: str) -> tuple[yaml.Node | None, Any]:
+    """The document's node tree (for line numbers) and its data, parsed once."""
+    loader = PlaybookLoader(text)
+    try:
+        node = loader.get_single_node()
+        return node, (loader.construct_document(node) if node is not None else None)
+    finally:
+        loader.dispose()
+
+
 def parse_playbook(text: str, filename: str = "<playbook>", overrides: dict[str, Any] | None = None,
                    source: Path | None = None) -> Playbook:
     """Validate a playbook's text; with ``source`` (its file) also the paths it names.
@@ -414,8 +427,9 @@ def parse_playbook(text: str, filename: str = "<playbook>", overrides: dict[str,
     Raises PlaybookErrors (exit 2), one line per problem with its key path and line.
     """
     try:
-        node = yaml.compose(text, Loader=PlaybookLoader)
-        data = yaml.load(text, Loader=PlaybookLoader)  # noqa: S506 - a SafeLoader subclass
+        node, data = _parse_yaml(text)
+    except RecursionError:
+        raise PlaybookErrors([f"{filename}:1:1: bad YAML: nested too deeply"]) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{filename}:{mark.line + 1}:{mark.column + 1}" if mark else filename
