@@ -30,6 +30,7 @@ from pydantic import (
 
 from remotemac.errors import BadInput
 from remotemac.hostspec import split_spec
+from remotemac.termsafe import escape_controls
 from remotemac.units import parse_duration, parse_size
 
 PLACEHOLDERS = ("device", "data_dir", "output_dir")
@@ -74,9 +75,46 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
+def _relative_path(value: str, what: str) -> str:
+    """A path below a directory remotemac controls: relative, no ``..``, no NUL."""
+    parts = value.replace("\\", "/").split("/")
+    if not value.strip() or value.startswith(("/", "~")) or ".." in parts or "\x00" in value:
+        raise ValueError(f"{what} {value[:80]!r} must be a relative path without '..'")
+    return value
+
+
+def _globs(patterns: list[str], compile_one: Any) -> list[str]:
+    """Patterns that compile; a bad one (``[z-a]``) is an error here, not a crash later."""
+    for pattern in patterns:
+        if not pattern.strip() or "\x00" in pattern:
+            raise ValueError(f"empty or NUL pattern {pattern[:80]!r}")
+        try:
+            compile_one(pattern)
+        except (re.error, ValueError, RecursionError) as exc:
+            raise ValueError(f"bad pattern {pattern[:80]!r}: {exc}") from None
+    return patterns
+
+
+def _ignore_pattern(pattern: str) -> None:
+    from remotemac.ignore import parse_rules
+
+    parse_rules([pattern])
+
+
+def _slice_pattern(pattern: str) -> None:
+    from remotemac.data.slice import glob_match
+
+    glob_match("x", pattern)
+
+
 class Project(Strict):
     path: str = Field(".", description="code to upload, relative to the playbook")
     exclude: list[str] = Field(default_factory=list, description="more patterns than .gitignore")
+
+    @field_validator("exclude")
+    @classmethod
+    def _exclude(cls, value: list[str]) -> list[str]:
+        return _globs(value, _ignore_pattern)
 
 
 class Environment(Strict):
@@ -101,6 +139,16 @@ class Data(Strict):
     classification: Literal["public", "internal", "sensitive"] = "internal"
     approved_for_remote: bool = False
     encrypt: bool = True
+
+    @field_validator("include", "exclude")
+    @classmethod
+    def _patterns(cls, value: list[str]) -> list[str]:
+        return _globs(value, _slice_pattern)
+
+    @field_validator("files")
+    @classmethod
+    def _files(cls, value: list[str] | None) -> list[str] | None:
+        return None if value is None else [_relative_path(f, "data file") for f in value]
 
     @model_validator(mode="after")
     def _policy(self) -> Data:
@@ -171,6 +219,11 @@ class CompareRule(Strict):
     rtol: float | None = Field(None, ge=0)
     atol: float | None = Field(None, ge=0)
 
+    @field_validator("file")
+    @classmethod
+    def _file(cls, value: str) -> str:
+        return _relative_path(value, "compare file")
+
 
 DEFAULT_OUTPUT_BYTES = 20 * 1024**3
 
@@ -178,6 +231,11 @@ DEFAULT_OUTPUT_BYTES = 20 * 1024**3
 class Outputs(Strict):
     path: str = "out"
     compare: list[CompareRule] = Field(default_factory=list)
+    @field_validator("path")
+    @classmethod
+    def _path(cls, value: str) -> str:
+        return value if value.strip("/") in ("", ".") else _relative_path(value, "outputs.path")
+
     max_bytes: Size = Field(
         DEFAULT_OUTPUT_BYTES,
         description="pull refuses outputs larger than this in total (a hostile or runaway "
@@ -374,6 +432,8 @@ class PlaybookErrors(BadInput):
     """All problems of one playbook; ``lines`` holds one line per problem."""
 
     def __init__(self, lines: list[str]) -> None:
+        # one line per problem, whatever the file's keys and values hold
+        lines = [escape_controls(line).replace("\n", "\\n") for line in lines]
         super().__init__(lines[0] if len(lines) == 1 else f"{len(lines)} problems in playbook")
         self.lines = lines
 
@@ -490,8 +550,14 @@ def _explain(exc: ValidationError, root: yaml.Node | None, filename: str) -> lis
     lines: list[str] = []
     seen: set[str] = set()
     for err in exc.errors():
-        loc = [p for p in err["loc"] if not (isinstance(p, str) and ("[" in p or p in _UNION_TAGS))]
-        key_path = ".".join(str(p) for p in loc) or "(top)"
+        raw = list(err["loc"])
+        # an unknown key is the user's own word, whatever it looks like; elsewhere drop
+        # the union tags pydantic puts in the location ("list[str]", "literal[...]")
+        unknown = raw.pop() if err["type"] == "extra_forbidden" and raw else None
+        loc = [p for p in raw if not (isinstance(p, str) and ("[" in p or p in _UNION_TAGS))]
+        if unknown is not None:
+            loc.append(unknown)
+        key_path = ".".join(_shown_key(p) for p in loc) or "(top)"
         mark = _mark_for(root, loc, key_node=err["type"] == "extra_forbidden")
         where = f"{filename}:{mark[0]}:{mark[1]}" if mark else filename
         message = _message(err, loc)
@@ -502,6 +568,15 @@ def _explain(exc: ValidationError, root: yaml.Node | None, filename: str) -> lis
     return lines
 
 
+def _shown_key(part: Any) -> str:
+    """A key of the user's file for a one-line message: printable, at most 60 characters."""
+    text = str(part)
+    if text.isprintable() and len(text) <= 60:
+        return text
+    shown = repr(text)
+    return shown if len(shown) <= 60 else shown[:57] + "..."
+
+
 _UNION_TAGS = {"literal['any','none']", "list[str]", "int", "str", "float", "Side", "Sample"}
 
 
@@ -509,7 +584,7 @@ def _message(err: dict[str, Any], loc: list[Any]) -> str:
     kind = err["type"]
     if kind == "extra_forbidden":
         known = _fields_at(loc[:-1])
-        guess = difflib.get_close_matches(str(loc[-1]), known, n=1)
+        guess = difflib.get_close_matches(str(loc[-1]), known, n=1) if loc else []
         hint = f"; did you mean '{guess[0]}'?" if guess else f"; known keys: {', '.join(known)}"
         return f"unknown key{hint}"
     if kind == "missing":

@@ -63,7 +63,9 @@ def run_target(name: str, examples: int, seed_value: int | None) -> bool:
         test()
     except Exception as exc:  # noqa: BLE001 - report the shrunk failure and go on
         ok = False
-        print(f"{name}: FAILED: {type(exc).__name__}: {str(exc)[:3000]}", flush=True)
+        notes = "\n".join(getattr(exc, "__notes__", []))
+        print(f"{name}: FAILED: {type(exc).__name__}: {str(exc)[:3000]}\n{notes[:3000]}",
+              flush=True)
     took = time.monotonic() - started
     # Hypothesis also counts the examples it replays while shrinking; report what ran
     detail = ", ".join(f"{k} {v}" for k, v in sorted(outcomes.items()))

@@ -155,7 +155,8 @@ def check_playbook_text(text: str) -> str:
     if result.exception is not None and not isinstance(result.exception, SystemExit):
         raise AssertionError(f"uncaught {type(result.exception).__name__}: {result.exception}"
                              f"\n--- playbook ---\n{text[:2000]}")
-    assert "internal error" not in out and "Traceback" not in out, out[-2000:]
+    assert "internal error" not in out and "Traceback" not in out, \
+        f"{out[-2000:]}\n--- playbook ---\n{text[:2000]}"
     if result.exit_code == 0:
         plan = json.loads(out)
         json.dumps(plan, allow_nan=False)  # the plan (and the journal) are strict JSON
