@@ -38,7 +38,7 @@ from remotemac.errors import EXIT_HOST, BadInput, HostError, RemotemacError
 from remotemac.transport.base import Transport
 
 AGENT_DIR = Path(__file__).resolve().parent.parent / "agent"
-MODULES = ("ramstore", "hostagent", "deadman", "cleanupops")
+MODULES = ("ramstore", "hostagent", "deadman", "specscrub", "cleanupops")
 
 BOOTSTRAP = (
     "import json,sys,types\n"
