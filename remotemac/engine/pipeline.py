@@ -374,9 +374,13 @@ async def run_phase(*, run_id: str, phase: str, playbook: Playbook, journal: Jou
         for binding in ctx.hosts.values():
             await binding.transport.connect()
         ctx.emit(PhaseStarted(run_id, phase=phase))
-        result = await _PHASES[phase](ctx, phase)
         if journal.phase_state(run_id, phase) is None:
             journal.start_phase(run_id, phase)
+        try:
+            result = await _PHASES[phase](ctx, phase)
+        except Exception as exc:  # the journal says which phase failed and why
+            journal.finish_phase(run_id, phase, {"error": failure_line(exc)}, state="failed")
+            raise
         journal.finish_phase(run_id, phase, result)
         ctx.emit(PhaseFinished(run_id, phase=phase, detail=result.get("summary", "")))
     finally:
