@@ -243,9 +243,10 @@ def status(settings: Settings, run_id: str | None, as_json: bool, ledger: bool) 
                 click.echo("\n".join(lines))
             else:
                 from remotemac.engine.ledger import format_entry
+                from remotemac.termsafe import escape_controls
 
-                for line in lines:
-                    click.echo(format_entry(json.loads(line)))
+                for line in lines:  # agent steps carry the host's words: shown, not obeyed
+                    click.echo(escape_controls(format_entry(json.loads(line))))
             return
         data = {"run_id": row.run_id, "name": row.name, "host": row.host, "state": row.state,
                 "verdict": row.verdict, "exit_code": row.exit_code, "out_dir": row.out_dir,
