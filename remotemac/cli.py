@@ -75,12 +75,15 @@ def _fail(err: BaseException, verbose: bool) -> None:
         import traceback
 
         traceback.print_exception(err)
+    from remotemac.termsafe import escape_controls
+
     if isinstance(err, RemotemacError):
-        for line in err.line().splitlines() or [""]:
+        # an error's text may quote the host's answer: shown, never obeyed
+        for line in escape_controls(err.line()).splitlines() or [""]:
             click.echo(f"remotemac: error: {line}", err=True)
         sys.exit(err.exit_code)
-    click.echo(f"remotemac: internal error: {type(err).__name__}: {err} (rerun with -v for "
-               "the traceback)", err=True)
+    click.echo(f"remotemac: internal error: {type(err).__name__}: {escape_controls(str(err))} "
+               "(rerun with -v for the traceback)", err=True)
     sys.exit(1)
 
 
@@ -129,19 +132,22 @@ def main(ctx: click.Context, home: str | None, ssh_config: str | None, identity:
     ctx.obj = Settings(home, ssh_config, identity, verbose)
 
 
-def _renderer(as_json: bool, verbose: bool):
+def _renderer(as_json: bool, verbose: bool, raw: bool = False):
     from remotemac.render import JsonRenderer, RichRenderer
 
-    return JsonRenderer() if as_json else RichRenderer(verbose)
+    return JsonRenderer() if as_json else RichRenderer(verbose, raw=raw)
+
+
+RAW_HELP = "Pass the job's terminal control sequences through (colours; also OSC/CSI: unsafe)."
 
 
 def _run_engine(settings: Settings, run_id: str, playbook, journal, out_dir: Path,
-                options, as_json: bool) -> int:
+                options, as_json: bool, raw: bool = False) -> int:
     from remotemac.engine.pipeline import build_context, run_pipeline
     from remotemac.events import EventBus
 
     bus = EventBus()
-    render = _renderer(as_json, settings.verbose)
+    render = _renderer(as_json, settings.verbose, raw)
     bus.subscribe(render)
     ctx = build_context(run_id=run_id, playbook=playbook, journal=journal, bus=bus,
                         home=settings.home, out_dir=out_dir, options=options,
@@ -173,10 +179,14 @@ def _run_engine(settings: Settings, run_id: str, playbook, journal, out_dir: Pat
 @click.option("--forks", type=click.IntRange(min=1), default=8, show_default=True,
               help="Fleet: at most this many runs at once.")
 @_deadline_option
+@click.option("--raw", is_flag=True, help=RAW_HELP)
+@click.option("--show-secrets", is_flag=True,
+              help="Keep the workload command and env values unredacted in the records.")
 @click.pass_obj
 def run(settings: Settings, playbook: str, host: str | None, out: str | None, as_json: bool,
         detach: bool, keep_data: bool, dry_run: bool, drill: str | None, hosts: str | None,
-        inventory: str | None, forks: int, reproduce: bool = False) -> None:
+        inventory: str | None, forks: int, reproduce: bool = False, raw: bool = False,
+        show_secrets: bool = False) -> None:
     """Run the whole pipeline of PLAYBOOK (on many hosts with --hosts/--inventory)."""
     from remotemac.engine.context import RunOptions
     from remotemac.journal import new_run_id
@@ -186,12 +196,18 @@ def run(settings: Settings, playbook: str, host: str | None, out: str | None, as
     if reproduce:
         pb = pb.model_copy(update={"reproduce": True})
     host_list = [h.strip() for h in hosts.split(",") if h.strip()] if hosts else None
-    if (host_list or inventory or pb.hosts or pb.matrix) and not dry_run:
+    if host_list or inventory or pb.hosts or pb.matrix:
         from remotemac.engine.fleet import is_fleet, main_fleet
         from remotemac.engine.inventoryfile import load_inventory
 
         inv = load_inventory(inventory) if inventory else None
         if is_fleet(pb, host_list, inv):
+            if dry_run:
+                from remotemac.engine.plan import make_fleet_plan, print_fleet_plan
+
+                plans = make_fleet_plan(pb, host_list, inv)
+                click.echo(json.dumps(plans, indent=2)) if as_json else print_fleet_plan(plans)
+                return
             if detach or drill:
                 raise BadInput("--detach and --drill work on one run, not on a fleet")
             sys.exit(main_fleet(settings, pb, hosts=host_list, inventory_path=inventory,
@@ -211,13 +227,15 @@ def run(settings: Settings, playbook: str, host: str | None, out: str | None, as
     run_id = new_run_id(pb.name)
     out_dir = Path(out) if out else Path.cwd() / "runs" / run_id
     out_dir = out_dir.resolve()
-    options = RunOptions(keep_data=keep_data, detach=detach, drill=drill)
+    options = RunOptions(keep_data=keep_data, detach=detach, drill=drill,
+                         show_secrets=show_secrets)
     from remotemac.engine.runs import register_run
 
-    register_run(journal, run_id, pb, out_dir, options={"keep_data": keep_data, "drill": drill})
+    register_run(journal, run_id, pb, out_dir, options={"keep_data": keep_data, "drill": drill,
+                                                        "show_secrets": show_secrets})
     if not as_json:
         click.echo(f"run {run_id} → {out_dir}")
-    sys.exit(_run_engine(settings, run_id, pb, journal, out_dir, options, as_json))
+    sys.exit(_run_engine(settings, run_id, pb, journal, out_dir, options, as_json, raw))
 
 
 def _load_run(journal, run_id: str):
@@ -241,15 +259,18 @@ RUN_ID_HELP = ("RUN_ID is the full id, any unique part of it (its last 4 charact
 @click.argument("run_id")
 @click.option("--json", "as_json", is_flag=True, help="Events as JSON lines.")
 @_deadline_option
+@click.option("--raw", is_flag=True, help=RAW_HELP)
 @click.pass_obj
-def attach(settings: Settings, run_id: str, as_json: bool) -> None:
+def attach(settings: Settings, run_id: str, as_json: bool, raw: bool) -> None:
     """Re-attach to RUN_ID and finish its pipeline."""
     from remotemac.engine.context import RunOptions
 
     journal = settings.journal()
     row, pb = _load_run(journal, run_id)
-    options = RunOptions(keep_data=bool(row.options.get("keep_data")), drill=row.options.get("drill"))
-    sys.exit(_run_engine(settings, row.run_id, pb, journal, Path(row.out_dir), options, as_json))
+    options = RunOptions(keep_data=bool(row.options.get("keep_data")), drill=row.options.get("drill"),
+                         show_secrets=bool(row.options.get("show_secrets")))
+    sys.exit(_run_engine(settings, row.run_id, pb, journal, Path(row.out_dir), options, as_json,
+                         raw))
 
 
 @main.command(epilog=RUN_ID_HELP)
@@ -277,9 +298,10 @@ def status(settings: Settings, run_id: str | None, as_json: bool, ledger: bool) 
                     click.echo(line)
             else:
                 from remotemac.engine.ledger import format_entry
+                from remotemac.termsafe import escape_controls
 
-                for line in lines:
-                    click.echo(format_entry(json.loads(line)))
+                for line in lines:  # agent steps carry the host's words: shown, not obeyed
+                    click.echo(escape_controls(format_entry(json.loads(line))))
             return
         data: dict[str, Any] = {
             "run_id": row.run_id, "name": row.name, "host": row.host,
@@ -288,6 +310,8 @@ def status(settings: Settings, run_id: str | None, as_json: bool, ledger: bool) 
             "phases": {k: {"state": phase_word(v["state"]),
                            "summary": (v.get("result") or {}).get("summary")}
                        for k, v in phases.items()}}
+        if row.failed_phase or row.error:
+            data.update(failed_phase=row.failed_phase, error=row.error)
         if row.state not in ("finished", "failed"):
             from remotemac.engine.livestatus import live_status
             from remotemac.render import progress
@@ -301,6 +325,8 @@ def status(settings: Settings, run_id: str | None, as_json: bool, ledger: bool) 
             click.echo(json.dumps(data, default=str))
             return
         ended = row.finished_at or time.time()
+        from remotemac.termsafe import escape_controls
+
         facts = [("run", row.run_id), ("name", row.name), ("host", row.host),
                  ("state", data["state"]), ("verdict", row.verdict or "—"),
                  ("exit code", "—" if row.exit_code is None else str(row.exit_code)),
@@ -308,12 +334,15 @@ def status(settings: Settings, run_id: str | None, as_json: bool, ledger: bool) 
                  ("finished", human_time(row.finished_at)),
                  ("duration", human_duration(ended - row.created_at)),
                  ("out", row.out_dir)]
+        if row.failed_phase or row.error:
+            facts += [("failed in", row.failed_phase or "—"), ("error", row.error or "—")]
         for key, value in facts:
-            click.echo(f"{key:10} {value}")
+            click.echo(f"{key:10} {escape_controls(str(value))}")
         if phases:
             click.echo("phases")
             for line in fit_table(("  phase", "state", "result"),
-                                  [(f"  {name}", info["state"], info["summary"] or "")
+                                  [(f"  {name}", info["state"],
+                                    escape_controls(info["summary"] or ""))
                                    for name, info in data["phases"].items()]):
                 click.echo(line)
         for side, info in ((data.get("live") or {}).get("sides") or {}).items():
@@ -343,12 +372,15 @@ def status(settings: Settings, run_id: str | None, as_json: bool, ledger: bool) 
 @click.option("--device", help="One device's log (default: all).")
 @click.option("--follow", is_flag=True, help="Keep following while the run is attached.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line: device, line.")
+@click.option("--raw", is_flag=True, help=RAW_HELP)
 @click.pass_obj
 def logs(settings: Settings, run_id: str, device: str | None, follow: bool,
-         as_json: bool) -> None:
-    """Print a run's log, each line labelled with its device."""
+         as_json: bool, raw: bool) -> None:
+    """Print a run's log, each line labelled with its device (terminal controls shown
+    escaped unless --raw)."""
     import time
 
+    from remotemac.termsafe import escape_controls
     from remotemac.vocab import log_prefix
 
     journal = settings.journal()
@@ -374,12 +406,13 @@ def logs(settings: Settings, run_id: str, device: str | None, follow: bool,
                 data = fh.read()
             offsets[f] += len(data)
             *lines, partial[f] = (partial[f] + data).split(b"\n")
-            for raw in lines:
-                text = raw.decode("utf-8", "replace")
+            for chunk in lines:
+                text = chunk.decode("utf-8", "replace")
                 if as_json:
                     sys.stdout.write(json.dumps({"device": f.stem, "line": text}) + "\n")
                 else:
-                    sys.stdout.write(log_prefix(f.stem) + text + "\n")
+                    sys.stdout.write(log_prefix(f.stem) + (text if raw else escape_controls(text))
+                                     + "\n")
             sys.stdout.flush()
         current = journal.get_run(run_id)
         if not follow or (current and current.state not in ("running", "detached", "created")):
@@ -553,6 +586,12 @@ def preflight(playbook: str, seconds: float, as_json: bool) -> None:
     """Run the workload briefly on the local CPU and predict MPS coverage."""
     from remotemac.checks.preflight import main_preflight
     from remotemac.render import progress
+    from remotemac.units import parse_duration
+
+    try:
+        seconds = parse_duration(seconds)
+    except ValueError as exc:
+        raise BadInput(f"--seconds: {exc}") from None
 
     with progress(f"preflight: running the workload on the local CPU for up to {seconds:g}s "
                   "and tracing its operators"):

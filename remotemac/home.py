@@ -16,5 +16,16 @@ def resolve_home(explicit: str | os.PathLike[str] | None = None) -> Path:
         from platformdirs import user_state_dir
 
         home = Path(user_state_dir("remotemac", appauthor=False))
-    home.mkdir(parents=True, exist_ok=True, mode=0o700)
-    return home.resolve()
+    try:
+        home.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if not home.is_dir():
+            raise NotADirectoryError(f"{home} is not a directory")
+        if not os.access(home, os.W_OK | os.X_OK):
+            raise PermissionError(f"{home} is not writable")
+        return home.resolve()
+    except (OSError, RuntimeError) as exc:
+        from remotemac.errors import BadInput
+
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise BadInput(f"cannot use {str(home)[:200]!r} as remotemac's home: {why}",
+                       hint="give --home (or REMOTEMAC_HOME) a directory you can write") from None

@@ -82,6 +82,8 @@ CREATE TABLE IF NOT EXISTS inventory (
 """
 
 FINAL_STATES = {"finished", "failed", "lost", "interrupted"}
+#: columns added after the first release: (name, type); added to an older journal on open
+LATER_RUN_COLUMNS = (("failed_phase", "TEXT"), ("error", "TEXT"))
 
 
 @dataclass(frozen=True)
@@ -99,6 +101,8 @@ class RunRow:
     created_at: float
     updated_at: float
     finished_at: float | None
+    failed_phase: str | None = None  # the phase a failed run died in
+    error: str | None = None  # its one-line error
 
 
 @contextmanager
@@ -146,6 +150,10 @@ class Journal:
         # one-time set-up; afterwards WAL is a property of the file.
         with _init_lock(self.path.with_name(self.path.name + ".lock")):
             self._db().executescript(SCHEMA)  # idempotent DDL; executescript commits itself
+            have = {r["name"] for r in self._db().execute("PRAGMA table_info(runs)")}
+            for name, kind in LATER_RUN_COLUMNS:
+                if name not in have:
+                    self._db().execute(f"ALTER TABLE runs ADD COLUMN {name} {kind}")
 
     def _db(self) -> sqlite3.Connection:
         db = getattr(self._local, "db", None)
@@ -201,16 +209,22 @@ class Journal:
         return [_run_row(r) for r in rows]
 
     def set_run_state(
-        self, run_id: str, state: str, *, verdict: str | None = None, exit_code: int | None = None
+        self, run_id: str, state: str, *, verdict: str | None = None, exit_code: int | None = None,
+        phase: str | None = None, error: str | None = None,
     ) -> None:
+        """Move a run to ``state``; ``phase``/``error`` say where and why a run failed
+        (cleared when it runs again, e.g. after ``attach``)."""
         now = time.time()
         finished = now if state in FINAL_STATES else None
+        failed = state in ("failed", "lost")
         with self._write() as db:
             db.execute(
                 "UPDATE runs SET state = ?, verdict = COALESCE(?, verdict),"
                 " exit_code = COALESCE(?, exit_code), updated_at = ?,"
-                " finished_at = COALESCE(?, finished_at) WHERE run_id = ?",
-                (state, verdict, exit_code, now, finished, run_id),
+                " finished_at = COALESCE(?, finished_at), failed_phase = ?, error = ?"
+                " WHERE run_id = ?",
+                (state, verdict, exit_code, now, finished, phase if failed else None,
+                 error[:2000] if failed and error else None, run_id),
             )
 
     # ------------------------------------------------------------ ownership
@@ -336,4 +350,5 @@ def _run_row(row: sqlite3.Row) -> RunRow:
         out_dir=row["out_dir"], options=json.loads(row["options_json"]), state=row["state"],
         verdict=row["verdict"], exit_code=row["exit_code"], created_at=row["created_at"],
         updated_at=row["updated_at"], finished_at=row["finished_at"],
+        failed_phase=row["failed_phase"], error=row["error"],
     )

@@ -29,6 +29,8 @@ from pydantic import (
 )
 
 from remotemac.errors import BadInput
+from remotemac.hostspec import split_spec
+from remotemac.termsafe import escape_controls
 from remotemac.units import parse_duration, parse_size
 
 PLACEHOLDERS = ("device", "data_dir", "output_dir")
@@ -72,12 +74,51 @@ Device = Literal["cpu", "mps", "cuda", "auto"]
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # allow_inf_nan=False: ``.nan``/``.inf`` in a rate or a tolerance is a typo, and
+    # json.dumps would write them as the non-JSON tokens NaN/Infinity in the records
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+def _relative_path(value: str, what: str) -> str:
+    """A path below a directory remotemac controls: relative, no ``..``, no NUL."""
+    parts = value.replace("\\", "/").split("/")
+    if not value.strip() or value.startswith(("/", "~")) or ".." in parts or "\x00" in value:
+        raise ValueError(f"{what} {value[:80]!r} must be a relative path without '..'")
+    return value
+
+
+def _globs(patterns: list[str], compile_one: Any) -> list[str]:
+    """Patterns that compile; a bad one (``[z-a]``) is an error here, not a crash later."""
+    for pattern in patterns:
+        if not pattern.strip() or "\x00" in pattern:
+            raise ValueError(f"empty or NUL pattern {pattern[:80]!r}")
+        try:
+            compile_one(pattern)
+        except (re.error, ValueError, RecursionError) as exc:
+            raise ValueError(f"bad pattern {pattern[:80]!r}: {exc}") from None
+    return patterns
+
+
+def _ignore_pattern(pattern: str) -> None:
+    from remotemac.ignore import parse_rules
+
+    parse_rules([pattern])
+
+
+def _slice_pattern(pattern: str) -> None:
+    from remotemac.data.slice import glob_match
+
+    glob_match("x", pattern)
 
 
 class Project(Strict):
     path: str = Field(".", description="code to upload, relative to the playbook")
     exclude: list[str] = Field(default_factory=list, description="more patterns than .gitignore")
+
+    @field_validator("exclude")
+    @classmethod
+    def _exclude(cls, value: list[str]) -> list[str]:
+        return _globs(value, _ignore_pattern)
 
 
 class Environment(Strict):
@@ -112,6 +153,16 @@ class Data(Strict):
     classification: Literal["public", "internal", "sensitive"] = "internal"
     approved_for_remote: bool = False
     encrypt: bool = True
+
+    @field_validator("include", "exclude")
+    @classmethod
+    def _patterns(cls, value: list[str]) -> list[str]:
+        return _globs(value, _slice_pattern)
+
+    @field_validator("files")
+    @classmethod
+    def _files(cls, value: list[str] | None) -> list[str] | None:
+        return None if value is None else [_relative_path(f, "data file") for f in value]
 
     @model_validator(mode="after")
     def _policy(self) -> Data:
@@ -197,10 +248,28 @@ class CompareRule(Strict):
         "reported as metadata differences without failing; true: they fail. Device names "
         "(cpu, mps, mps:0, cuda:1) count as equal either way"))
 
+    @field_validator("file")
+    @classmethod
+    def _file(cls, value: str) -> str:
+        return _relative_path(value, "compare file")
+
+
+DEFAULT_OUTPUT_BYTES = 20 * 1024**3
+
 
 class Outputs(Strict):
     path: str = Field(".", description="what to pull, relative to {output_dir}; default: all of it")
     compare: list[CompareRule] = Field(default_factory=list)
+    @field_validator("path")
+    @classmethod
+    def _path(cls, value: str) -> str:
+        return value if value.strip("/") in ("", ".") else _relative_path(value, "outputs.path")
+
+    max_bytes: Size = Field(
+        DEFAULT_OUTPUT_BYTES,
+        description="pull refuses outputs larger than this in total (a hostile or runaway "
+        "host cannot fill the laptop's disk); each file is also capped at its listed size",
+    )
 
 
 class StopWhen(Strict):
@@ -373,8 +442,12 @@ class Playbook(Strict):
 
 
 def check_host(value: str) -> str:
+    """``local``, an ssh alias or ``[user@]host[:port]`` (port 1-65535, IPv6 in brackets)."""
     if not value or any(c.isspace() for c in value) or value.startswith("-"):
-        raise ValueError(f"not a host: {value!r} (write local, an ssh alias or user@host:port)")
+        raise ValueError(f"not a host: {value[:60]!r} (write local, an ssh alias or "
+                         "user@host:port)")
+    if value != "local":
+        split_spec(value)
     return value
 
 
@@ -405,6 +478,8 @@ class PlaybookErrors(BadInput):
     """All problems of one playbook; ``lines`` holds one line per problem."""
 
     def __init__(self, lines: list[str]) -> None:
+        # one line per problem, whatever the file's keys and values hold
+        lines = [escape_controls(line).replace("\n", "\\n") for line in lines]
         super().__init__(lines[0] if len(lines) == 1 else f"{len(lines)} problems in playbook")
         self.lines = lines
 
@@ -421,13 +496,13 @@ def load_playbook(path: str | os.PathLike[str], overrides: dict[str, Any] | None
         raise BadInput(f"{file}: no such playbook") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise BadInput(f"{file}: cannot read playbook: {exc}") from None
-    playbook = parse_playbook(text, str(file), overrides=overrides)
-    playbook._base_dir = file.resolve().parent
-    playbook._source = file.resolve()
-    return playbook
+    return parse_playbook(text, str(file), overrides=overrides, source=file)
 
 
-class PlaybookLoader(yaml.SafeLoader):
+_BaseLoader: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when present
+
+
+class PlaybookLoader(_BaseLoader):
     """YAML 1.2 booleans: only true/false. SPEC's ``on: remote`` must stay a key named "on"."""
 
 
@@ -441,10 +516,26 @@ PlaybookLoader.add_implicit_resolver(
 )
 
 
-def parse_playbook(text: str, filename: str = "<playbook>", overrides: dict[str, Any] | None = None) -> Playbook:
+def _parse_yaml(text: str) -> tuple[yaml.Node | None, Any]:
+    """The document's node tree (for line numbers) and its data, parsed once."""
+    loader = PlaybookLoader(text)
     try:
-        node = yaml.compose(text, Loader=PlaybookLoader)
-        data = yaml.load(text, Loader=PlaybookLoader)  # noqa: S506 - a SafeLoader subclass
+        node = loader.get_single_node()
+        return node, (loader.construct_document(node) if node is not None else None)
+    finally:
+        loader.dispose()
+
+
+def parse_playbook(text: str, filename: str = "<playbook>", overrides: dict[str, Any] | None = None,
+                   source: Path | None = None) -> Playbook:
+    """Validate a playbook's text; with ``source`` (its file) also the paths it names.
+
+    Raises PlaybookErrors (exit 2), one line per problem with its key path and line.
+    """
+    try:
+        node, data = _parse_yaml(text)
+    except RecursionError:
+        raise PlaybookErrors([f"{filename}:1:1: bad YAML: nested too deeply"]) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{filename}:{mark.line + 1}:{mark.column + 1}" if mark else filename
@@ -455,9 +546,50 @@ def parse_playbook(text: str, filename: str = "<playbook>", overrides: dict[str,
     if overrides:
         data = {**data, **{k: v for k, v in overrides.items() if v is not None}}
     try:
-        return Playbook.model_validate(data)
+        playbook = Playbook.model_validate(data)
     except ValidationError as exc:
         raise PlaybookErrors(_explain(exc, node, filename)) from None
+    except RecursionError:  # a YAML tree nested thousands deep
+        raise PlaybookErrors([f"{filename}:1:1: the playbook is nested too deeply"]) from None
+    if source is not None:
+        playbook._base_dir = source.resolve().parent
+        playbook._source = source.resolve()
+        problems = [f"{_where(node, loc, filename)}: {'.'.join(loc)}: {why}"
+                    for loc, why in _path_problems(playbook)]
+        if problems:
+            raise PlaybookErrors(problems)
+    return playbook
+
+
+def _path_problems(pb: Playbook) -> list[tuple[list[str], str]]:
+    """Local paths the playbook names that do not exist or are not what they must be.
+
+    Why at load time: ``check`` and ``--dry-run`` are where a typo should show,
+    not an "internal error" halfway through provisioning a rented Mac.
+    """
+    found: list[tuple[list[str], str]] = []
+    project = pb.project_dir()
+    if not project.exists():
+        found.append((["project", "path"], f"{project} does not exist"))
+    elif not project.is_dir():
+        found.append((["project", "path"], f"{project} is not a directory"))
+    elif pb.environment.requirements:
+        req = project / pb.environment.requirements
+        if not req.is_file():
+            found.append((["environment", "requirements"],
+                          f"{req} is not a file (it is read from the project directory)"))
+    data = pb.data_dir()
+    if data is not None:
+        if not data.exists():
+            found.append((["data", "path"], f"{data} does not exist"))
+        elif not data.is_dir():
+            found.append((["data", "path"], f"{data} is not a directory"))
+    return found
+
+
+def _where(root: yaml.Node | None, loc: list[Any], filename: str) -> str:
+    mark = _mark_for(root, loc, key_node=False)
+    return f"{filename}:{mark[0]}:{mark[1]}" if mark else filename
 
 
 def _explain(exc: ValidationError, root: yaml.Node | None, filename: str) -> list[str]:
@@ -465,8 +597,14 @@ def _explain(exc: ValidationError, root: yaml.Node | None, filename: str) -> lis
     lines: list[tuple[tuple[int, int], str]] = []
     seen: set[str] = set()
     for err in exc.errors():
-        loc = [p for p in err["loc"] if not (isinstance(p, str) and ("[" in p or p in _UNION_TAGS))]
-        key_path = ".".join(str(p) for p in loc) or "(top)"
+        raw = list(err["loc"])
+        # an unknown key is the user's own word, whatever it looks like; elsewhere drop
+        # the union tags pydantic puts in the location ("list[str]", "literal[...]")
+        unknown = raw.pop() if err["type"] == "extra_forbidden" and raw else None
+        loc = [p for p in raw if not (isinstance(p, str) and ("[" in p or p in _UNION_TAGS))]
+        if unknown is not None:
+            loc.append(unknown)
+        key_path = ".".join(_shown_key(p) for p in loc) or "(top)"
         mark = _mark_for(root, loc, key_node=err["type"] == "extra_forbidden")
         where = f"{filename}:{mark[0]}:{mark[1]}" if mark else filename
         message = _message(err, loc)
@@ -477,6 +615,15 @@ def _explain(exc: ValidationError, root: yaml.Node | None, filename: str) -> lis
     return [line for _, line in sorted(lines, key=lambda item: item[0])]
 
 
+def _shown_key(part: Any) -> str:
+    """A key of the user's file for a one-line message: printable, at most 60 characters."""
+    text = str(part)
+    if text.isprintable() and len(text) <= 60:
+        return text
+    shown = repr(text)
+    return shown if len(shown) <= 60 else shown[:57] + "..."
+
+
 _UNION_TAGS = {"literal['any','none']", "list[str]", "int", "str", "float", "Side", "Sample"}
 
 
@@ -484,7 +631,7 @@ def _message(err: dict[str, Any], loc: list[Any]) -> str:
     kind = err["type"]
     if kind == "extra_forbidden":
         known = _fields_at(loc[:-1])
-        guess = difflib.get_close_matches(str(loc[-1]), known, n=1)
+        guess = difflib.get_close_matches(str(loc[-1]), known, n=1) if loc else []
         hint = f"; did you mean '{guess[0]}'?" if guess else f"; known keys: {', '.join(known)}"
         return f"unknown key{hint}"
     if kind == "missing":

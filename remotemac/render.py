@@ -1,5 +1,12 @@
 """Render engine events for a terminal (rich) or for scripts (JSON lines), and the
-small text layouts the CLI's tables share (fit to the terminal, never cut an id)."""
+small text layouts the CLI's tables share (fit to the terminal, never cut an id).
+
+Every string that came from the job or the host is shown with its terminal
+controls escaped (:mod:`remotemac.termsafe`) and its rich markup neutralised, so a
+job cannot write the clipboard, clear the screen or break the renderer with a
+stray ``[/]``. ``raw=True`` (``--raw``) passes the job's own log lines through as
+they are, colours included.
+"""
 
 from __future__ import annotations
 
@@ -21,7 +28,15 @@ from remotemac.events import (
     RunFinished,
     Warning,
 )
+from remotemac.termsafe import escape_controls
 from remotemac.vocab import human_duration, log_prefix
+
+
+def shown(text: object) -> str:
+    """Host- or job-supplied text as inert rich markup: controls escaped, ``[`` escaped."""
+    from rich.markup import escape
+
+    return escape(escape_controls(str(text)))
 
 
 class JsonRenderer:
@@ -41,7 +56,7 @@ class JsonRenderer:
 class RichRenderer:
     """Phases as lines with progress bars for transfers; the job's log as it comes."""
 
-    def __init__(self, verbose: bool = False) -> None:
+    def __init__(self, verbose: bool = False, raw: bool = False) -> None:
         from rich.console import Console
         from rich.progress import (
             BarColumn,
@@ -55,6 +70,7 @@ class RichRenderer:
         # soft_wrap: the terminal wraps long lines; rich would cut a path or an id in two
         self.console = Console(stderr=False, highlight=False, soft_wrap=True)
         self.verbose = verbose
+        self.raw = raw
         self.progress = Progress(
             TextColumn("[bold]{task.description}"), BarColumn(), DownloadColumn(),
             TransferSpeedColumn(), TimeRemainingColumn(), console=self.console, transient=True,
@@ -65,37 +81,45 @@ class RichRenderer:
     def __call__(self, event: Event) -> None:
         c = self.console
         if isinstance(event, PhaseStarted):
-            c.print(f"[cyan]▶ {event.phase}[/]" + (f" {event.detail}" if event.detail else ""))
+            c.print(f"[cyan]▶ {shown(event.phase)}[/]"
+                    + (f" {shown(event.detail)}" if event.detail else ""))
         elif isinstance(event, PhaseProgress) and event.unit in ("files", "runtime", "wheels") \
                 and event.detail:
-            c.print(f"[dim]  {event.detail}[/]")
+            c.print(f"[dim]  {shown(event.detail)}[/]")
         elif isinstance(event, PhaseProgress) and event.unit == "bytes" and event.total:
             if not self._started:
                 self.progress.start()
                 self._started = True
             task = self._tasks.get(event.phase)
             if task is None:
-                task = self._tasks[event.phase] = self.progress.add_task(event.phase,
-                                                                          total=event.total)
+                task = self._tasks[event.phase] = self.progress.add_task(
+                    shown(event.phase), total=event.total)
             self.progress.update(task, completed=event.done, total=event.total)
         elif isinstance(event, PhaseFinished):
             self._end_progress(event.phase)
             mark = "[dim]↷" if event.skipped else ("[green]✓" if event.ok else "[red]✗")
-            c.print(f"{mark} {event.phase}[/]" + (f"  [dim]{event.detail}[/]" if event.detail else ""))
+            c.print(f"{mark} {shown(event.phase)}[/]"
+                    + (f"  [dim]{shown(event.detail)}[/]" if event.detail else ""))
         elif isinstance(event, LogLine):
-            c.print(f"[dim]{log_prefix(event.device)}[/]", end="")
-            c.out(event.line, highlight=False)
+            c.print(f"[dim]{shown(log_prefix(event.device))}[/]", end="")
+            if self.raw:  # as the job wrote it: rich itself would drop BEL and friends
+                c.file.write(event.line + "\n")
+                c.file.flush()
+            else:
+                c.out(escape_controls(event.line), highlight=False)
         elif isinstance(event, ConnectionState):
             extra = f" (attempt {event.attempt}, next in {event.next_in_s:.1f}s)" if event.next_in_s else ""
             if event.deadline_left_s is not None:
                 extra += f" · gives up in {event.deadline_left_s:.0f}s"
-            c.print(f"[yellow]⚡ {event.host}: {event.state}{extra}[/] {event.detail}")
+            c.print(f"[yellow]⚡ {shown(event.host)}: {shown(event.state)}{extra}[/] "
+                    f"{shown(event.detail)}")
         elif isinstance(event, Warning):
-            c.print(f"[yellow]warning:[/] {event.message}")
+            c.print(f"[yellow]warning:[/] {shown(event.message)}")
         elif isinstance(event, RunFinished):
             self._end_progress(None)
             colour = {"accepted": "green", "rejected": "red"}.get(event.verdict, "yellow")
-            c.print(f"[bold {colour}]{event.verdict.upper()}[/] (exit {event.exit_code})  {event.detail}")
+            c.print(f"[bold {colour}]{shown(event.verdict.upper())}[/] (exit {event.exit_code})  "
+                    f"{shown(event.detail)}")
 
     def _end_progress(self, phase: str | None) -> None:
         if phase is not None and phase in self._tasks:

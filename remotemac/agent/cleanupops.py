@@ -46,6 +46,7 @@ import deadman  # noqa: E402
 import procid  # noqa: E402
 import ramstore  # noqa: E402
 import safefs  # noqa: E402
+import specscrub  # noqa: E402
 from hostagent import pid_alive, tmux_path  # noqa: E402
 
 SYSTEM_DIRS = frozenset([
@@ -484,9 +485,12 @@ def wipe_run_data(req: Dict[str, Any]) -> Dict[str, Any]:
         else:
             remaining.append("tmux:%s (still running)" % name)
     not_ours = ownership(run_dir, "run", safefs.marker_of(real_root), run_id)
+    scrubbed: List[str] = []
     if not_ours is None:
         removed += stop_run_processes(run_dir, steps, remaining,
                                       [run_dir, os.path.join(lexical, "runs", run_id)])
+        # the launch specs stay with status/ until cleanup: their env values and command go now
+        scrubbed = specscrub.scrub_specs(run_dir)
     ram = req.get("ram") or find_ram_store(run_id)
     if ram and ram.get("path"):
         fate = destroy_ram(ram, steps)
@@ -529,7 +533,8 @@ def wipe_run_data(req: Dict[str, Any]) -> Dict[str, Any]:
         os.path.lexists(os.path.join(run_dir, s)) for s in WIPED_SUBDIRS
         if s != "out" or wipe_outputs)
     return {"removed": removed, "remaining": remaining, "steps": steps, "verified": verified,
-            "failed": failed, "run_dir": run_dir, "time": time.time(), "notes": notes}
+            "failed": failed, "run_dir": run_dir, "time": time.time(), "notes": notes,
+            "scrubbed": scrubbed}
 
 
 def _listdir(path: str) -> List[str]:

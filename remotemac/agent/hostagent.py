@@ -19,6 +19,7 @@ import os
 import shlex
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -147,14 +148,19 @@ def pid_alive(pid: Any) -> bool:
     return True
 
 
-def sha256_file(path: str) -> str:
+def sha256_file(path: str, size: int | None = None) -> str:
+    """SHA-256 of the file, or of its first ``size`` bytes (what a listing promised:
+    a file still growing hashes as it was when its size was taken)."""
     digest = hashlib.sha256()
+    left = size
     with open(path, "rb") as fh:
-        while True:
-            block = fh.read(1 << 20)
+        while left is None or left > 0:
+            block = fh.read(1 << 20 if left is None else min(1 << 20, left))
             if not block:
                 break
             digest.update(block)
+            if left is not None:
+                left -= len(block)
     return digest.hexdigest()
 
 
@@ -390,7 +396,11 @@ def op_stop(req: dict[str, Any]) -> dict[str, Any]:
 
 
 def op_list_outputs(req: dict[str, Any]) -> dict[str, Any]:
-    """Every entry below ``dir`` with its kind, size and sha256; links never followed."""
+    """Every entry below ``dir`` with its kind, size and sha256; links never followed.
+
+    ``name_hex`` is the entry's relative path as the file system's bytes: the
+    orchestrator validates those bytes (UTF-8, length) rather than a decoded guess.
+    """
     base = req["dir"]
     entries = []
     if not os.path.isdir(base) or os.path.islink(base):
@@ -399,19 +409,20 @@ def op_list_outputs(req: dict[str, Any]) -> dict[str, Any]:
         for name in sorted(dirnames + filenames):
             full = os.path.join(dirpath, name)
             rel = os.path.relpath(full, base)
-            st = os.lstat(full)
-            if os.path.islink(full):
-                entries.append(
-                    {"path": rel, "kind": "link", "size": 0, "target": os.readlink(full)}
-                )
-            elif os.path.isdir(full):
-                entries.append({"path": rel, "kind": "dir", "size": 0})
-            elif os.path.isfile(full):
-                entries.append(
-                    {"path": rel, "kind": "file", "size": st.st_size, "sha256": sha256_file(full)}
-                )
-            else:
-                entries.append({"path": rel, "kind": "other", "size": 0})
+            raw = {"path": rel, "name_hex": os.fsencode(rel).hex()}
+            try:
+                st = os.lstat(full)
+                if stat.S_ISLNK(st.st_mode):
+                    entries.append(dict(raw, kind="link", size=0))
+                elif stat.S_ISDIR(st.st_mode):
+                    entries.append(dict(raw, kind="dir", size=0))
+                elif stat.S_ISREG(st.st_mode):
+                    entries.append(dict(raw, kind="file", size=st.st_size,
+                                        sha256=sha256_file(full, st.st_size)))
+                else:
+                    entries.append(dict(raw, kind="other", size=0))
+            except OSError as exc:  # e.g. a path past PATH_MAX: listed, never pulled
+                entries.append(dict(raw, kind="unreadable", size=0, error=exc.strerror))
     return {"entries": entries}
 
 

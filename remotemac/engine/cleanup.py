@@ -39,7 +39,7 @@ from remotemac.transport.base import Transport
 from remotemac.units import format_size
 
 AGENT_DIR = Path(__file__).resolve().parent.parent / "agent"
-MODULES = ("procid", "safefs", "ramstore", "hostagent", "deadman", "cleanupops")
+MODULES = ("procid", "safefs", "ramstore", "hostagent", "deadman", "specscrub", "cleanupops")
 
 BOOTSTRAP = (
     "import json,sys,types\n"

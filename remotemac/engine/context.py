@@ -24,6 +24,7 @@ class RunOptions:
     detach: bool = False
     drill: str | None = None
     follow_poll_s: float = 0.25
+    show_secrets: bool = False  # records keep the command and env values unredacted
 
 
 @dataclass

@@ -254,8 +254,10 @@ async def _one_run(run: FleetRun, playbook: Playbook, fleet_id: str, *, journal:
     if run.vars.rental_end is not None:
         left = run.vars.rental_end.timestamp() - time.time()
         if left <= 0:
-            journal.set_run_state(run.run_id, "failed", exit_code=EXIT_HOST)
-            _finish(run, "skipped", EXIT_HOST, f"rental ended {run.vars.rental_end.isoformat()}")
+            why = f"rental ended {run.vars.rental_end.isoformat()}"
+            journal.set_run_state(run.run_id, "failed", exit_code=EXIT_HOST, phase="start",
+                                  error=why)
+            _finish(run, "skipped", EXIT_HOST, why)
             return
         if left < stored.workload.timeout:
             bus.emit(Warning(run.run_id, message=f"{run.host}: the rental ends in {left / 60:.0f}"
@@ -384,20 +386,23 @@ class FleetRenderer:
 
     def __call__(self, event: Event) -> None:
         from remotemac.events import ConnectionState, LogLine, RunFinished
+        from remotemac.render import shown
+        from remotemac.termsafe import escape_controls
 
-        name = self._name(event.run_id)
+        # host and job text is shown escaped (controls, rich markup), as in RichRenderer
+        name = shown(self._name(event.run_id))
         if isinstance(event, PhaseFinished):
             mark = "[dim]↷" if event.skipped else ("[green]✓" if event.ok else "[red]✗")
-            self.console.print(f"{mark} {name} {event.phase}[/] [dim]{event.detail}[/]")
+            self.console.print(f"{mark} {name} {shown(event.phase)}[/] [dim]{shown(event.detail)}[/]")
         elif isinstance(event, ConnectionState) and event.state != "connected":
-            self.console.print(f"[yellow]⚡ {name}: {event.state}[/] {event.detail}")
+            self.console.print(f"[yellow]⚡ {name}: {shown(event.state)}[/] {shown(event.detail)}")
         elif isinstance(event, Warning):
-            self.console.print(f"[yellow]warning:[/] {name}: {event.message}")
+            self.console.print(f"[yellow]warning:[/] {name}: {shown(event.message)}")
         elif isinstance(event, RunFinished):
-            self.console.print(f"[bold]{name}: {event.verdict}[/] (exit {event.exit_code})")
+            self.console.print(f"[bold]{name}: {shown(event.verdict)}[/] (exit {event.exit_code})")
         elif isinstance(event, LogLine) and self.verbose:
-            self.console.print(f"[dim]{name} {event.device} │[/] ", end="")
-            self.console.out(event.line, highlight=False)
+            self.console.print(f"[dim]{name} {shown(event.device)} │[/] ", end="")
+            self.console.out(escape_controls(event.line), highlight=False)
 
     def _name(self, run_id: str) -> str:
         for r in self.runs:

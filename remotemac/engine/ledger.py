@@ -26,25 +26,98 @@ from typing import Any
 
 from remotemac.vocab import clock
 
-_ASSIGN = re.compile(
-    r"(?i)\b([\w-]*(?:key|token|password|passwd|passphrase|secret|auth)[\w-]*)(=|:\s*)\S+"
-)
-_FLAG = re.compile(r"(?i)(--?[\w-]*(?:key|token|password|passphrase|secret)[\w-]*)\s+(?!-)\S+")
-_HEX = re.compile(r"\b[0-9a-fA-F]{40,}\b")
-_B64 = re.compile(r"(?<![\w/+])[A-Za-z0-9+/]{40,}={0,2}(?![\w/+=])")
+# Every pattern starts only at a token boundary and bounds its backtracking, so a
+# 300 KB command line is redacted in milliseconds (an unbounded ``[\w-]*key[\w-]*``
+# took minutes on ``a-a-a-…``).
+_SECRET_WORD = re.compile(r"(?i)key|token|password|passwd|passphrase|secret|auth|credential"
+                          r"|pwd|pass")
+_VALUE = r"""(?!<redacted>)(?:'[^']{0,4096}'?|"[^"]{0,4096}"?|[^\s&;|]+)"""  # quoted or a word
+_VALUE_AT = re.compile(_VALUE)
+_ASSIGN = re.compile(r"(?<![\w-])([\w-]{1,64})(=|:[ \t]*)")
+_FLAG = re.compile(r"(?<![\w-])(--?[\w-]{1,64})([ \t]+)(?!-)")
+_FLAG_WORD = re.compile(r"(?i)key|token|password|passphrase|secret|passwd|pwd|^--?pass$")
+_BEARER = re.compile(r"(?i)\b(bearer|basic|token)(\s+)(?!<redacted>)[A-Za-z0-9._~+/=-]{6,}")
+_URL_CREDS = re.compile(r"(?i)(?<![a-z0-9+.-])([a-z][a-z0-9+.-]{0,30}://)[^/\s@]{1,512}@")
+_SHORT_PASS = re.compile(r"(?<!\S)-p(?!<redacted>)([^\s-][^\s]{3,})")
+_HEX = re.compile(r"\b[0-9a-fA-F]{32,}\b")
+_B64 = re.compile(r"(?<![\w/+-])[A-Za-z0-9+/_-]{32,}={0,2}(?![\w/+=-])")
 _PRIVILEGED = ("sudo", "doas", "su")
 REDACTED = "<redacted>"
 
 
+def _classes(text: str) -> int:
+    """How many of lower, upper, digit occur in ``text``."""
+    return sum((any(c.islower() for c in text), any(c.isupper() for c in text),
+                any(c.isdigit() for c in text)))
+
+
+def _changes(text: str) -> float:
+    """Share of neighbouring characters of different kinds: random tokens flip often
+    (about 0.6), words and paths rarely (about 0.3)."""
+    def kind(c: str) -> int:
+        return 0 if c.islower() else 1 if c.isupper() else 2 if c.isdigit() else 3
+
+    flips = sum(kind(a) != kind(b) for a, b in zip(text, text[1:], strict=False))
+    return flips / max(1, len(text) - 1)
+
+
+def _looks_random(token: str) -> bool:
+    """A base64 / url-safe base64 run that is a key, not a path or an identifier.
+
+    Why not "every long run": paths (``/Users/me/project/runs``), run ids
+    (``tiny-mlp-20261130-160915-ab12``) and session names are long runs of the same
+    alphabet. A run is kept when it reads like one of those: it has separators
+    (``/``, ``-``, ``_``) and few flips between lower, upper and digits, or it
+    holds no mix of them at all.
+    """
+    body = token.rstrip("=")
+    seps = sum(body.count(c) for c in "/-_")
+    if seps == 0:
+        return True  # one unbroken 32+ run of the alphabet: a key whatever it holds
+    if _classes(body) < 2:
+        return False
+    if body.startswith(("/", "~")) and seps * 16 >= len(body):
+        return _changes(body) >= 0.5  # a path, unless it reads like noise
+    return _changes(body) >= 0.4 or seps * 20 < len(body)
+
+
+def _redact_values(name_at: re.Pattern[str], secret_name: re.Pattern[str], text: str) -> str:
+    """Redact the value after each ``name=``/``--name `` whose name sounds secret.
+
+    One left-to-right pass: a non-secret name's value is not consumed, so
+    ``url=https://x?token=abc`` still loses its token.
+    """
+    out: list[str] = []
+    pos = 0
+    for m in name_at.finditer(text):
+        if m.start() < pos or not secret_name.search(m.group(1)):
+            continue
+        value = _VALUE_AT.match(text, m.end())
+        if value is None or not value.group(0):
+            continue
+        out += [text[pos:m.end()], REDACTED]
+        pos = value.end()
+    out.append(text[pos:])
+    return "".join(out)
+
+
 def redact(text: str, secrets: Iterable[str] = ()) -> str:
-    """Hide secret-looking parts of a command line."""
-    for secret in secrets:
-        if secret:
-            text = text.replace(secret, REDACTED)
-    text = _ASSIGN.sub(lambda m: m.group(1) + m.group(2) + REDACTED, text)
-    text = _FLAG.sub(lambda m: m.group(1) + " " + REDACTED, text)
+    """Hide secret-looking parts of a command line (or any text bound for a record).
+
+    Covers exact values registered as secrets, ``NAME=value``/``name: value`` for
+    secret-sounding names, ``--password X``/``--pass X``/``--token X``, ``-pPASS``,
+    ``Bearer``/``Basic`` credentials, ``scheme://user:pass@`` in URLs, long hex, and
+    long base64 (standard or url-safe, with ``/``) that is not a path.
+    """
+    for secret in sorted({s for s in secrets if s}, key=len, reverse=True):
+        text = text.replace(secret, REDACTED)
+    text = _URL_CREDS.sub(lambda m: m.group(1) + REDACTED + "@", text)
+    text = _BEARER.sub(lambda m: m.group(1) + m.group(2) + REDACTED, text)
+    text = _redact_values(_ASSIGN, _SECRET_WORD, text)
+    text = _redact_values(_FLAG, _FLAG_WORD, text)
+    text = _SHORT_PASS.sub("-p" + REDACTED, text)
     text = _HEX.sub(REDACTED, text)
-    return _B64.sub(lambda m: m.group(0) if "/" in m.group(0) else REDACTED, text)
+    return _B64.sub(lambda m: REDACTED if _looks_random(m.group(0)) else m.group(0), text)
 
 
 def is_privileged(argv_or_command: list[str] | str) -> bool:

@@ -128,10 +128,12 @@ async def _run_pipeline(ctx: RunContext) -> int:
     for name, info in done.items():
         ctx.results[name] = info["result"]
     ctx.results["_continuity_carried"] = list(done)
+    current = "connect"
     try:
         for binding in ctx.hosts.values():
             await binding.transport.connect()
         for name in phase_names(ctx):
+            current = name
             if name not in done and "provision" in done and "_drift_checked" not in ctx.results:
                 from remotemac.engine.drift import check_drift
 
@@ -150,9 +152,11 @@ async def _run_pipeline(ctx: RunContext) -> int:
             try:
                 result = await step(ctx, name)
             except BaseException as exc:
-                ctx.journal.finish_phase(ctx.run_id, name, {"error": str(exc)}, state="failed")
                 if isinstance(exc, RemotemacError):
                     name_phase(exc, name)
+                ctx.journal.finish_phase(ctx.run_id, name, {"error": failure_line(exc)},
+                                         state="failed")
+                if isinstance(exc, RemotemacError):
                     ctx.emit(PhaseFinished(ctx.run_id, phase=name, ok=False, detail=exc.message))
                 raise
             result = result or {}
@@ -169,7 +173,8 @@ async def _run_pipeline(ctx: RunContext) -> int:
                 return 0
     except JobLost as exc:
         await _record_after_loss(ctx, exc)
-        ctx.journal.set_run_state(ctx.run_id, "lost", verdict="incomplete", exit_code=exc.exit_code)
+        ctx.journal.set_run_state(ctx.run_id, "lost", verdict="incomplete", exit_code=exc.exit_code,
+                                  phase=current, error=failure_line(exc))
         ctx.emit(RunFinished(ctx.run_id, verdict="incomplete", exit_code=exc.exit_code,
                              out_dir=str(ctx.out_dir), detail=exc.line()))
         return exc.exit_code
@@ -182,8 +187,13 @@ async def _run_pipeline(ctx: RunContext) -> int:
         raise TransientHostError(
             exc.message, hint="the job keeps running on the host; when the link is back, "
                               f"resume with: remotemac attach {ctx.run_id}") from exc
-    except RemotemacError as exc:
-        ctx.journal.set_run_state(ctx.run_id, "failed", exit_code=exc.exit_code)
+    except Exception as exc:  # any exception, ours or not: the journal never says "running"
+        code = exc.exit_code if isinstance(exc, RemotemacError) else EXIT_REJECTED
+        error = failure_line(exc)
+        if current in WIPE_AFTER_FAILURE:
+            error += await _wipe_after_failure(ctx, current)
+        ctx.journal.set_run_state(ctx.run_id, "failed", exit_code=code, phase=current,
+                                  error=error)
         raise
     finally:
         for binding in ctx.hosts.values():
@@ -306,7 +316,11 @@ async def _pull(ctx: RunContext, _name: str) -> dict[str, Any]:
     from remotemac.engine.pull import pull_side
 
     prov = ctx.results["provision"]["hosts"]
-    sides = {s.label: await pull_side(ctx, s, prov[s.host_key]["run_dir"]) for s in ctx.sides}
+    budget = ctx.playbook.outputs.max_bytes  # for the whole run, over every side
+    sides = {}
+    for s in ctx.sides:
+        sides[s.label] = await pull_side(ctx, s, prov[s.host_key]["run_dir"], max_bytes=budget)
+        budget -= sum(int(f["size"]) for f in sides[s.label]["files"])
     count = sum(len(v["files"]) for v in sides.values())
     return {"sides": sides, "summary": f"{count} files verified"}
 
@@ -334,6 +348,39 @@ async def _wipe(ctx: RunContext, _name: str) -> dict[str, Any]:
     if result.get("error"):  # the key is shredded; the user must hear what is left
         raise HostError(result["error"])
     return result
+
+
+def failure_line(exc: BaseException) -> str:
+    """One line for the journal: remotemac's own message, or the exception's type and text,
+    secret-looking parts redacted (an error may quote a command line)."""
+    from remotemac.engine.ledger import redact
+
+    text = exc.line() if isinstance(exc, RemotemacError) else f"{type(exc).__name__}: {exc}"
+    return redact(" ".join(text.split()))[:2000]
+
+
+#: phases after the job ended: when one fails, the run's data on the host is wiped
+#: anyway (its outputs stay when they were not pulled), so a refused pull never
+#: leaves the dataset behind
+WIPE_AFTER_FAILURE = ("pull", "compare", "record")
+
+
+async def _wipe_after_failure(ctx: RunContext, failed: str) -> str:
+    """Run the wipe phase after ``failed`` failed; returns a note for the journal's error."""
+    if ctx.playbook.wipe == "manual" or ctx.options.keep_data:
+        return "; data kept on the host (wipe: manual or --keep-data)"
+    ctx.emit(PhaseStarted(ctx.run_id, phase="wipe", detail=f"after the failed {failed}"))
+    ctx.journal.start_phase(ctx.run_id, "wipe")
+    try:
+        result = await _wipe(ctx, "wipe")
+    except Exception as exc:  # the first failure stays the news
+        ctx.journal.finish_phase(ctx.run_id, "wipe", {"error": failure_line(exc)}, state="failed")
+        ctx.emit(PhaseFinished(ctx.run_id, phase="wipe", ok=False, detail=failure_line(exc)))
+        return f"; the wipe after it failed too: {failure_line(exc)}"
+    ctx.results["wipe"] = result
+    ctx.journal.finish_phase(ctx.run_id, "wipe", result)
+    ctx.emit(PhaseFinished(ctx.run_id, phase="wipe", detail=result.get("summary", "")))
+    return f"; wiped after the failure ({result.get('summary', '')})"
 
 
 async def _record_after_loss(ctx: RunContext, exc: JobLost) -> None:
@@ -387,6 +434,11 @@ async def run_phase(*, run_id: str, phase: str, playbook: Playbook, journal: Jou
             raise
         if journal.phase_state(run_id, phase) is None:
             journal.start_phase(run_id, phase)
+        try:
+            result = await _PHASES[phase](ctx, phase)
+        except Exception as exc:  # the journal says which phase failed and why
+            journal.finish_phase(run_id, phase, {"error": failure_line(exc)}, state="failed")
+            raise
         journal.finish_phase(run_id, phase, result)
         ctx.emit(PhaseFinished(run_id, phase=phase, detail=result.get("summary", "")))
     finally:

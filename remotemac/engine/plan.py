@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from remotemac.engine.context import make_sides, substitute
-from remotemac.engine.provision import project_archive
+from remotemac.engine.projectfiles import project_upload
 from remotemac.playbook import Playbook
 from remotemac.units import format_size
 
@@ -16,7 +17,8 @@ def make_plan(pb: Playbook) -> dict[str, Any]:
     root = pb.remote_root
     run_dir = f"{root}/runs/<run-id>"
     sides = make_sides(pb)
-    archive, files = project_archive(pb.project_dir(), list(pb.project.exclude))
+    upload = project_upload(pb)
+    archive, files = upload.archive(), upload.files
     data: dict[str, Any] = {"files": [], "bytes": 0, "encrypted": None}
     if pb.data is not None:
         from remotemac.data.slice import select_slice
@@ -51,7 +53,7 @@ def make_plan(pb: Playbook) -> dict[str, Any]:
         "playbook": pb.name, "host": pb.host, "phases": phases,
         "remote_paths": {"root": root, "run_dir": run_dir, "agent": f"{root}/agent/<version>",
                          "venv": f"{root}/envs/<requirements-hash>"},
-        "project": {"files": len(files), "bytes": len(archive)},
+        "project": {"files": len(files), "bytes": len(archive), "left_out": upload.summary()},
         "data": data, "commands": commands,
         "bytes_to_send": len(archive) + int(data["bytes"]),
     }
@@ -70,24 +72,76 @@ def disk_needed(pb: Playbook) -> int:
     return plan["project"]["bytes"] + 2 * data + venv + pb.stop_when.min_free_disk
 
 
-def print_plan(plan: dict[str, Any]) -> None:
+#: the human plan shows this much of a command; ``--json`` has all of it (rich wraps a
+#: 300 KB line for minutes)
+SHOWN_COMMAND = 400
+
+
+def _short(text: str) -> str:
+    from remotemac.render import shown
+
+    if len(text) <= SHOWN_COMMAND:
+        return shown(text)
+    return shown(text[:SHOWN_COMMAND]) + f"… ({len(text)} characters; --json shows all)"
+
+
+def print_plan(plan: dict[str, Any], console: Any = None) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    c = Console()
-    c.print(f"[bold]Plan for {plan['playbook']}[/] on [bold]{plan['host']}[/] (dry run: nothing is touched)")
-    c.print("phases: " + " → ".join(plan["phases"]))
+    from remotemac.render import shown
+
+    c = console or Console()
+    c.print(f"[bold]Plan for {shown(plan['playbook'])}[/] on [bold]{shown(plan['host'])}[/] "
+            "(dry run: nothing is touched)")
+    c.print("phases: " + " → ".join(shown(p) for p in plan["phases"]))
     for key, value in plan["remote_paths"].items():
-        c.print(f"  {key:8} {value}")
-    c.print(f"project: {plan['project']['files']} files, {format_size(plan['project']['bytes'])}")
+        c.print(f"  {key:8} {shown(value)}")
+    project = plan["project"]
+    c.print(f"project: {project['files']} files, {format_size(project['bytes'])}")
+    for group in project.get("left_out", []):
+        examples = ", ".join(shown(e) for e in group["examples"])
+        more = " …" if group["files"] > len(group["examples"]) else ""
+        c.print(f"  left out of the project upload: {group['files']} files {shown(group['why'])}"
+                f" [dim]({examples}{more})[/]")
     data = plan["data"]
     if data["files"]:
         table = Table("dataset file", "size", "why", title=f"dataset slice ({'encrypted' if data['encrypted'] else 'plain'})")
         for f in data["files"]:
-            table.add_row(f["path"], format_size(f["size"]), f["reason"])
+            table.add_row(shown(f["path"]), format_size(f["size"]), shown(f["reason"]))
         c.print(table)
     for role, cmd in plan["commands"].items():
         auto = " (auto: the first of these the host's torch offers)" if "|" in cmd["device"] else ""
-        c.print(f"{role}: device {cmd['device']}{auto}, logs/{cmd['label']}.log; on {cmd['host']} "
-                f"in tmux {cmd['session']}: [dim]{cmd['command']}[/]", soft_wrap=True)
+        c.print(f"{role}: device {cmd['device']}{auto}, logs/{cmd['label']}.log; on "
+                f"{shown(cmd['host'])} in tmux {shown(cmd['session'])}: "
+                f"[dim]{_short(cmd['command'])}[/]", soft_wrap=True)
     c.print(f"bytes to send: {format_size(plan['bytes_to_send'])}")
+
+
+def make_fleet_plan(pb: Playbook, hosts: list[str] | None, inventory: Any) -> dict[str, Any]:
+    """``run --dry-run`` with ``--hosts``/``--inventory``/a matrix: one plan per fleet run."""
+    from remotemac.engine.context import specialize
+    from remotemac.engine.fleet import fleet_hosts, plan_runs, variant_label
+
+    runs = plan_runs(pb, fleet_hosts(pb, hosts, inventory), inventory, Path("runs"))
+    plans = []
+    for run in runs:
+        base = specialize(pb, remote_root=run.vars.remote_root, hourly_rate=run.vars.hourly_rate)
+        plan = make_plan(specialize(base, host=run.host, matrix=run.variant))
+        plans.append({"host": run.host, "variant": variant_label(run.variant) or None,
+                      "plan": plan})
+    return {"playbook": pb.name, "fleet": True, "runs": plans}
+
+
+def print_fleet_plan(fleet: dict[str, Any]) -> None:
+    from rich.console import Console
+
+    from remotemac.render import shown
+
+    c = Console()
+    c.print(f"[bold]Fleet plan for {shown(fleet['playbook'])}[/]: {len(fleet['runs'])} runs "
+            "(dry run: nothing is touched)")
+    for i, run in enumerate(fleet["runs"]):
+        label = shown(run["host"]) + (f" \\[{shown(run['variant'])}]" if run["variant"] else "")
+        c.rule(f"run {i}: {label}")
+        print_plan(run["plan"], c)

@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import hashlib
-import io
-import tarfile
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from remotemac.engine.context import HostBinding, RunContext, expand_root
+from remotemac.engine.projectfiles import project_upload
 from remotemac.events import PhaseProgress
-from remotemac.ignore import walk_project
 
 
 def env_key(system_site: bool, requirements: bytes | None) -> str:
@@ -24,19 +22,6 @@ def env_key(system_site: bool, requirements: bytes | None) -> str:
     digest = hashlib.sha256(f"{system_site}\0".encode())
     digest.update(requirements or b"")
     return digest.hexdigest()[:16]
-
-
-def project_archive(project_dir: Path, exclude: list[str]) -> tuple[bytes, list[str]]:
-    files = list(walk_project(project_dir, exclude))
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tar:
-        for rel in files:
-            info = tar.gettarinfo(str(project_dir / rel), arcname=rel)
-            info.uid = info.gid = 0
-            info.uname = info.gname = ""
-            with open(project_dir / rel, "rb") as fh:
-                tar.addfile(info, fh)
-    return buf.getvalue(), files
 
 
 async def provision_host(ctx: RunContext, binding: HostBinding) -> dict[str, Any]:
@@ -57,7 +42,8 @@ async def provision_host(ctx: RunContext, binding: HostBinding) -> dict[str, Any
     binding.run_dir = prepared["run_dir"]
     ctx.journal.record_created(transport.name, "run", binding.run_dir, ctx.run_id)
 
-    archive, files = project_archive(pb.project_dir(), list(pb.project.exclude))
+    upload = project_upload(pb)  # the dataset stays out: it only travels encrypted
+    archive, files = upload.archive(), upload.files
     remote_tar = f"{binding.run_dir}/tmp/project.tar"
     with tempfile.NamedTemporaryFile(suffix=".tar") as tmp:
         tmp.write(archive)
@@ -66,7 +52,9 @@ async def provision_host(ctx: RunContext, binding: HostBinding) -> dict[str, Any
     await binding.agent.call("extract_project",
                              {"dest": prepared["paths"]["project"], "archive": remote_tar})
     ctx.emit(PhaseProgress(ctx.run_id, phase="provision", done=len(archive), total=len(archive),
-                           detail=f"{len(files)} project files"))
+                           detail=f"{len(files)} project files"
+                           + (f" ({len(upload.left_out)} dataset files left out: sent "
+                              "encrypted)" if upload.left_out else "")))
 
     env = pb.environment
     req_bytes = None

@@ -13,8 +13,10 @@ removes it and ends with exit 5.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
+import re
 import stat
 from collections.abc import Callable
 from pathlib import Path, PurePosixPath
@@ -31,17 +33,73 @@ _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _HEX = set("0123456789abcdef")
 
 
-def safe_relpath(name: str) -> PurePosixPath:
-    """A host-sent name as a relative path, or UnsafePath."""
-    if not isinstance(name, str) or not name or "\x00" in name or "\\" in name:
-        raise UnsafePath(f"refusing result name {name!r}: empty, NUL or backslash")
-    path = PurePosixPath(name)
-    if path.is_absolute() or ".." in path.parts or "//" in name or name.startswith("/"):
-        raise UnsafePath(f"refusing result name {name!r}: absolute or climbs with '..'")
-    if any(part in ("", ".") for part in name.split("/")) or any(ord(c) < 32 for c in name):
-        raise UnsafePath(f"refusing result name {name!r}: empty part, '.' or control character")
-    if name.endswith(PART):
-        raise UnsafePath(f"refusing result name {name!r}: clashes with remotemac's partial files")
+#: a result's path below the output dir, in bytes, and one component of it: longer
+#: names are refused (a 5,000-character name would otherwise fail in mkdir/open)
+MAX_NAME_BYTES = 1024
+MAX_PART_BYTES = 255
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def shown_name(name: object) -> str:
+    """A host-sent name for a message: its repr (controls escaped), cut at 80 characters."""
+    text = repr(name)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def entry_name(entry: dict[str, Any]) -> bytes | str | None:
+    """The entry's name as the host's bytes (``name_hex``), else its ``path`` string.
+
+    Raises UnsafePath for a name too long to consider."""
+    raw = entry.get("name_hex")
+    if isinstance(raw, str):
+        if len(raw) > 2 * MAX_NAME_BYTES:  # refused without decoding all of it
+            raise UnsafePath(f"refusing result name {shown_name(entry.get('path'))} "
+                             f"({len(raw) // 2} bytes): too long (at most {MAX_NAME_BYTES} bytes)")
+        try:
+            return bytes.fromhex(raw)
+        except ValueError:
+            return None
+    if raw is not None:
+        return None
+    name = entry.get("path")
+    return name if isinstance(name, str) else None
+
+
+def safe_relpath(name: bytes | str | None) -> PurePosixPath:
+    """A host-sent name (bytes, or a str from an older agent) as a relative path, or UnsafePath.
+
+    Refused: anything not valid UTF-8, longer than MAX_NAME_BYTES (or a component
+    longer than MAX_PART_BYTES), empty, absolute, climbing with ``..``, with a NUL,
+    a backslash, a control character or an empty or ``.`` component, or ending
+    like remotemac's own partial files.
+    """
+    if isinstance(name, str):
+        try:
+            raw = name.encode("utf-8", "surrogateescape")
+        except UnicodeEncodeError:
+            raise UnsafePath(f"refusing result name {shown_name(name)}: not valid UTF-8") from None
+    elif isinstance(name, bytes):
+        raw = name
+    else:
+        raise UnsafePath(f"refusing result name {shown_name(name)}: not a name")
+    if len(raw) > MAX_NAME_BYTES or any(len(p) > MAX_PART_BYTES for p in raw.split(b"/")):
+        raise UnsafePath(f"refusing result name {shown_name(raw[:60])} ({len(raw)} bytes): "
+                         f"too long (at most {MAX_NAME_BYTES} bytes, {MAX_PART_BYTES} a part)")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise UnsafePath(f"refusing result name {shown_name(raw)}: not valid UTF-8") from None
+    if not text or "\x00" in text or "\\" in text:
+        raise UnsafePath(f"refusing result name {shown_name(text)}: empty, NUL or backslash")
+    path = PurePosixPath(text)
+    if path.is_absolute() or ".." in path.parts or "//" in text or text.startswith("/"):
+        raise UnsafePath(f"refusing result name {shown_name(text)}: absolute or climbs with '..'")
+    if any(part in ("", ".") for part in text.split("/")) or _CONTROL.search(text):
+        raise UnsafePath(f"refusing result name {shown_name(text)}: empty part, '.' or control "
+                         "character")
+    if text.endswith(PART):
+        raise UnsafePath(f"refusing result name {shown_name(text)}: clashes with remotemac's "
+                         "partial files")
     return path
 
 
@@ -53,22 +111,31 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-async def pull_side(ctx: RunContext, side: Side, run_dir: str) -> dict[str, Any]:
+async def pull_side(ctx: RunContext, side: Side, run_dir: str,
+                    max_bytes: int | None = None) -> dict[str, Any]:
+    """Pull one side's outputs; ``max_bytes``: what is left of ``outputs.max_bytes``."""
     binding = ctx.host_for(side)
     out_path = ctx.playbook.outputs.path.strip("/") or "."
     remote_dir = f"{run_dir}/out/{side.label}" + ("" if out_path == "." else f"/{out_path}")
     dest_root = ctx.out_dir / "results" / side.label
     result = await pull_dir(binding.transport, binding.agent, remote_dir, dest_root,
-                            emit=ctx.emit, run_id=ctx.run_id, label=side.label)
+                            emit=ctx.emit, run_id=ctx.run_id, label=side.label,
+                            max_bytes=max_bytes)
     result["evidence"] = await fetch_evidence(ctx, side, run_dir)
     return result
 
 
+class OutputsTooLarge(IntegrityError):
+    """The host lists more output than ``outputs.max_bytes`` allows: nothing is pulled."""
+
+
 async def pull_dir(transport: Transport, agent: AgentClient, remote_dir: str, dest_root: Path, *,
                    emit: Callable[[Event], None] | None = None, run_id: str = "",
-                   label: str = "") -> dict[str, Any]:
+                   label: str = "", max_bytes: int | None = None) -> dict[str, Any]:
     """Bring every regular file below ``remote_dir`` into ``dest_root``, verified.
 
+    Each file is read up to the size the listing gave, never more; ``max_bytes``
+    caps the listed total (OutputsTooLarge, exit 5, before a byte moves).
     Returns ``{"dir", "files": [{path, size, sha256}], "skipped": [{path, why}],
     "downloaded": bytes moved}``. Raises IntegrityError (exit 5) on a checksum failure.
     """
@@ -82,21 +149,37 @@ async def pull_dir(transport: Transport, agent: AgentClient, remote_dir: str, de
     if not stat.S_ISDIR(root_st.st_mode):
         raise UnsafePath(f"{dest_root} is not a plain directory; refusing to pull into it")
     dest_root = dest_root.resolve()
-    kinds = {e.get("path"): e.get("kind") for e in entries if isinstance(e, dict)}
+    named: list[tuple[Any, PurePosixPath | str]] = []  # (entry, its path or why not)
+    for entry in entries:
+        if not isinstance(entry, dict):
+            named.append((entry, "malformed listing entry"))
+            continue
+        try:
+            named.append((entry, safe_relpath(entry_name(entry))))
+        except UnsafePath as exc:
+            named.append((entry, exc.message))
+    kinds = {str(rel): e.get("kind") for e, rel in named if isinstance(rel, PurePosixPath)}
     files: list[dict[str, Any]] = []
     skipped: list[dict[str, str]] = []
     wanted: list[tuple[PurePosixPath, dict[str, Any]]] = []
-    for entry in entries:
-        name = entry.get("path") if isinstance(entry, dict) else None
-        why = _refuse(entry, kinds)
+
+    def skip(name: str, why: str) -> None:
+        skipped.append({"path": name, "why": why})
+        emit(Warning(run_id, message=f"pull {label}: skipped {name}: {why}", code="pull-skip"))
+
+    for entry, rel in named:
+        why = rel if isinstance(rel, str) else _refuse(entry, rel, kinds)
         if why is not None:
-            skipped.append({"path": repr(name), "why": why})
-            emit(Warning(run_id, message=f"pull {label}: skipped {name!r}: {why}",
-                         code="pull-skip"))
+            skip(shown_name(entry.get("path") if isinstance(entry, dict) else entry), why)
             continue
         if entry["kind"] == "file":
-            wanted.append((PurePosixPath(entry["path"]), entry))
+            wanted.append((rel, entry))
     total = sum(int(e["size"]) for _, e in wanted)
+    if max_bytes is not None and total > max_bytes:
+        raise OutputsTooLarge(
+            f"{transport.name}: {remote_dir} lists {len(wanted)} files, {total} bytes: more "
+            f"than the {max_bytes} bytes outputs.max_bytes allows; nothing was pulled",
+            hint="raise outputs.max_bytes or narrow outputs.path if that is expected")
     progress = _Progress(emit, run_id, total, label)
     checked_dirs: set[str] = set()
     for rel, entry in wanted:
@@ -104,38 +187,42 @@ async def pull_dir(transport: Transport, agent: AgentClient, remote_dir: str, de
         why = await _remote_why(transport, remote_dir, rel, checked_dirs)
         if why is None:
             why = _local_parents(dest_root, rel)
+        if why is None:
+            try:
+                await _fetch(transport, remote, dest_root.joinpath(*rel.parts), entry, progress)
+            except OSError as exc:
+                if exc.errno not in _LOCAL_REFUSALS:
+                    raise
+                why = f"cannot be written here: {exc.strerror}"
         if why is not None:
-            skipped.append({"path": str(rel), "why": why})
-            emit(Warning(run_id, message=f"pull {label}: skipped {rel}: {why}", code="pull-skip"))
+            skip(str(rel), why)
             continue
-        await _fetch(transport, remote, dest_root.joinpath(*rel.parts), entry, progress)
         files.append({"path": str(rel), "size": entry["size"], "sha256": entry["sha256"]})
     progress.flush()
     return {"dir": str(dest_root), "files": files, "skipped": skipped,
             "downloaded": progress.moved}
 
 
-def _refuse(entry: Any, kinds: dict[Any, Any]) -> str | None:
-    """Why a listing entry is not pulled (None: pull it, or it is a directory)."""
-    if not isinstance(entry, dict):
-        return "malformed listing entry"
-    try:
-        rel = safe_relpath(entry.get("path"))  # type: ignore[arg-type]
-    except UnsafePath as exc:
-        return exc.message
+#: local errors that mean "this name cannot live here", not "the pull is broken"
+_LOCAL_REFUSALS = {errno.ENAMETOOLONG, errno.ENOTDIR, errno.EISDIR, errno.ELOOP, errno.EEXIST,
+                   errno.EINVAL, errno.EILSEQ}
+
+
+def _refuse(entry: dict[str, Any], rel: PurePosixPath, kinds: dict[str, Any]) -> str | None:
+    """Why a listing entry with a valid name is not pulled (None: pull it, or a directory)."""
     kind = entry.get("kind")
     if kind == "dir":
         return None
     if kind != "file":
-        return f"{kind} not pulled (only regular files are)"
+        return f"{shown_name(kind)} not pulled (only regular files are)"
     size, sha = entry.get("size"), entry.get("sha256")
-    if not isinstance(size, int) or size < 0 or not isinstance(sha, str) or len(sha) != 64 \
-            or not set(sha) <= _HEX:
+    if not isinstance(size, int) or isinstance(size, bool) or size < 0 \
+            or not isinstance(sha, str) or len(sha) != 64 or not set(sha) <= _HEX:
         return "listing gives no valid size and sha256"
     for i in range(1, len(rel.parts)):
         parent = "/".join(rel.parts[:i])
         if kinds.get(parent, "dir") != "dir":
-            return f"its parent {parent} is a {kinds[parent]} on the host"
+            return f"its parent {parent} is a {shown_name(kinds[parent])} on the host"
     return None
 
 
@@ -168,6 +255,10 @@ def _local_parents(dest_root: Path, rel: PurePosixPath) -> str | None:
         except FileExistsError:
             if not stat.S_ISDIR(os.lstat(current).st_mode):
                 return f"local {current} is in the way (not a plain directory)"
+        except OSError as exc:
+            if exc.errno not in _LOCAL_REFUSALS:
+                raise
+            return f"cannot be written here: {exc.strerror}"
     final = current / rel.parts[-1]
     with_part = final.parent / f".{final.name}{PART}"
     for path in (final, with_part):
@@ -183,7 +274,8 @@ def _local_parents(dest_root: Path, rel: PurePosixPath) -> str | None:
 async def _fetch(transport: Transport, remote: str, dest: Path, entry: dict[str, Any],
                  progress: _Progress) -> None:
     size, expected = int(entry["size"]), entry["sha256"]
-    if dest.exists() and dest.stat().st_size == size and _sha256(dest) == expected:
+    if dest.is_file() and not dest.is_symlink() and dest.stat().st_size == size \
+            and _sha256(dest) == expected:
         progress.skip(size)  # pulled completely by an earlier attempt
         return
     part = dest.parent / f".{dest.name}{PART}"
@@ -193,7 +285,9 @@ async def _fetch(transport: Transport, remote: str, dest: Path, entry: dict[str,
         offset = have if have < size else 0
         progress.skip(offset)
         for attempt in (1, 2):
-            await transport.download_to(remote, fh, offset, progress=progress.add)
+            # never more than the listed size: a file that grows or a host that lies
+            # ends in a checksum failure, not a full disk
+            await transport.download_to(remote, fh, offset, progress=progress.add, limit=size)
             fh.flush()
             digest = _sha256(part)
             if digest == expected:
@@ -232,8 +326,16 @@ class _Progress:
                                     detail=self.label))
 
 
+#: the harness's observations and memory samples are small; a bigger one is not read
+MAX_EVIDENCE_BYTES = 256 * 1024**2
+
+
 async def fetch_evidence(ctx: RunContext, side: Side, run_dir: str) -> list[str]:
-    """Copy the harness's observations and the memory samples next to the local log."""
+    """Copy the harness's observations and the memory samples next to the local log.
+
+    Only regular files are read (a FIFO or device there is skipped with a warning:
+    opening one would hang), each up to the size its ``lstat`` gave.
+    """
     binding = ctx.host_for(side)
     fetched = []
     for remote, name in ((f"{run_dir}/status/{side.label}.obs.json", f"{side.label}.obs.json"),
@@ -241,9 +343,16 @@ async def fetch_evidence(ctx: RunContext, side: Side, run_dir: str) -> list[str]
                           f"{side.label}.metrics.jsonl"),
                          (f"{run_dir}/logs/{side.label}.rss.jsonl", f"{side.label}.rss.jsonl")):
         st = await binding.transport.stat(remote)
-        if st is None or st.kind != "file":  # a FIFO or a link there is never read
+        if st is None:
+            continue
+        if st.kind != "file" or st.size > MAX_EVIDENCE_BYTES:
+            why = f"a {st.kind}" if st.kind != "file" else f"{st.size} bytes, over the cap"
+            ctx.emit(Warning(ctx.run_id, message=f"pull {side.label}: {name} not read: it is "
+                             f"{why} on the host", code="pull-skip"))
             continue
         dest = ctx.out_dir / "logs" / name
-        await binding.transport.get(remote, str(dest))
+        fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _NOFOLLOW, 0o644)
+        with os.fdopen(fd, "wb") as fh:
+            await binding.transport.download_to(remote, fh, 0, limit=st.size)
         fetched.append(name)
     return fetched

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from remotemac.engine.context import RunContext
+from remotemac.engine.ledger import REDACTED, redact
 
 ENV_MISMATCH_KEYS = ("torch", "numpy", "python", "lock_hash")
 
@@ -191,6 +192,37 @@ def last_error_line(log: Path, scan: int = 64 * 1024) -> str | None:
     return lines[-1][:300] if lines else None
 
 
+#: workload.env names whose values are tuning knobs, kept in records when they do not
+#: look like a secret; every other value is redacted unless ``--show-secrets``
+SAFE_ENV_PREFIXES = ("PYTORCH_", "OMP_", "MKL_", "OPENBLAS_", "VECLIB_", "CUDA_VISIBLE_DEVICES",
+                     "TORCH_", "NUMEXPR_", "TOKENIZERS_PARALLELISM")
+
+
+def record_env(ctx: RunContext) -> dict[str, str]:
+    """workload.env as records show it: values treated as possibly secret.
+
+    Why: the env is where users put API tokens for the workload, and records
+    (acceptance.json, env/*.json) are shared. A known tuning knob
+    (PYTORCH_*, OMP_NUM_THREADS, …) keeps its value unless it looks like a secret.
+    """
+    env = dict(ctx.playbook.workload.env)
+    if ctx.options.show_secrets:
+        return env
+    return {k: v if k.startswith(SAFE_ENV_PREFIXES) and redact(v) == v else REDACTED
+            for k, v in env.items()}
+
+
+def record_command(ctx: RunContext) -> str:
+    """The workload command as records show it: tokens, passwords, keys and every
+    workload.env value redacted (``--show-secrets`` keeps it verbatim)."""
+    command = ctx.playbook.workload.command
+    if ctx.options.show_secrets:
+        return command
+    hidden = [v for k, v in ctx.playbook.workload.env.items()
+              if len(v) >= 4 and record_env(ctx).get(k) == REDACTED]
+    return redact(command, hidden)
+
+
 def _environment(ctx: RunContext) -> dict[str, Any]:
     """Each side's freeze (env/<role>.json) and what differs between them that matters."""
     prov = ctx.results.get("provision", {})
@@ -210,9 +242,9 @@ def _environment(ctx: RunContext) -> dict[str, Any]:
             "lock_hash": host.get("lock_hash"),
             "project": prov.get("project"),
             "dataset_revision": dataset.get("revision"),
-            "command": ctx.playbook.workload.command,
+            "command": record_command(ctx),
             "pytorch_env": {**frozen.get("pytorch_env", {}),
-                            **{k: v for k, v in ctx.playbook.workload.env.items()
+                            **{k: v for k, v in record_env(ctx).items()
                                if k.startswith("PYTORCH_")}},
             "packages": packages,
         }

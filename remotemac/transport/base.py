@@ -181,8 +181,12 @@ class Transport(abc.ABC):
         raise NotImplementedError(f"{type(self).__name__} cannot stream to a command")
 
     async def download_to(self, remote: str, dst: BinaryIO, offset: int = 0, *,
-                          progress: ProgressFn | None = None) -> int:
-        """Write ``remote[offset:]`` into the open local file ``dst`` at ``offset``.
+                          progress: ProgressFn | None = None, limit: int | None = None) -> int:
+        """Write ``remote[offset:limit]`` into the open local file ``dst`` at ``offset``.
+
+        ``limit``: never write past this many bytes of the file (a pull caps each file
+        at the size the host listed: a file that grows, or a host that lies, cannot
+        fill the laptop's disk).
 
         Why: a pull that was interrupted continues where its ``.part`` file ends, and
         the caller opens the local file itself (no symlink followed). Returns the

@@ -14,7 +14,7 @@ import stat as stat_mod
 from pathlib import Path
 from typing import BinaryIO
 
-from remotemac.errors import HostError
+from remotemac.errors import HostError, UnsafePath
 from remotemac.transport.base import (
     ExecResult,
     ProgressFn,
@@ -111,14 +111,23 @@ class LocalTransport(Transport):
         return _LocalProcess(proc)
 
     async def download_to(self, remote: str, dst: BinaryIO, offset: int = 0, *,
-                          progress: ProgressFn | None = None) -> int:
+                          progress: ProgressFn | None = None, limit: int | None = None) -> int:
         def copy() -> int:
             written = 0
-            fd = os.open(remote, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+            # O_NONBLOCK: opening a FIFO for reading would wait for a writer forever
+            fd = os.open(remote, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | os.O_NONBLOCK)
             with os.fdopen(fd, "rb") as src:
+                if not stat_mod.S_ISREG(os.fstat(fd).st_mode):
+                    raise UnsafePath(f"local: {remote} is not a regular file; not pulled")
+                os.set_blocking(fd, True)
                 src.seek(offset)
                 dst.seek(offset)
-                while block := src.read(_COPY_BLOCK):
+                dst.truncate()
+                left = None if limit is None else max(0, limit - offset)
+                while left != 0 and (block := src.read(
+                        _COPY_BLOCK if left is None else min(_COPY_BLOCK, left))):
+                    if left is not None:
+                        left -= len(block)
                     dst.write(block)
                     written += len(block)
                     if progress is not None:

@@ -473,7 +473,7 @@ class SSHTransport(Transport):
         return _SSHProcess(self, conn, proc, _short_cmd(argv))
 
     async def download_to(self, remote: str, dst: BinaryIO, offset: int = 0, *,
-                          progress: ProgressFn | None = None) -> int:
+                          progress: ProgressFn | None = None, limit: int | None = None) -> int:
         """Parallel SFTP reads from ``offset``; after a reconnect it goes on from where it was.
 
         Blocks are written in order as they arrive, so ``dst`` always holds a clean
@@ -493,17 +493,24 @@ class SSHTransport(Transport):
                     dst.truncate()
                     ahead = pos
                     while True:
-                        while len(pending) < SFTP_MAX_REQUESTS:
-                            pending.append(asyncio.ensure_future(fh.read(block, ahead)))
-                            ahead += block
+                        while len(pending) < SFTP_MAX_REQUESTS and (limit is None
+                                                                    or ahead < limit):
+                            size = block if limit is None else min(block, limit - ahead)
+                            pending.append(asyncio.ensure_future(fh.read(size, ahead)))
+                            ahead += size
+                        if not pending:
+                            return  # ``limit`` reached: the rest of the file is not ours
                         data = await pending.popleft()
+                        if limit is not None:
+                            data = data[:max(0, limit - pos)]  # a server that sends more
                         if not data:
                             return
                         dst.write(data)
                         pos += len(data)
                         if progress is not None:
                             progress(len(data))
-                        if len(data) < block:  # short read: re-aim what is in flight
+                        if len(data) < block and (limit is None or pos < limit):
+                            # short read: re-aim what is in flight
                             for task in pending:
                                 task.cancel()
                             await asyncio.gather(*pending, return_exceptions=True)

@@ -10,17 +10,16 @@ its own and so never bypasses remotemac's host key checks.
 from __future__ import annotations
 
 import getpass
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from asyncssh.config import SSHClientConfig
 
 from remotemac.errors import BadInput
+from remotemac.hostspec import split_spec
 
 DEFAULT_PORT = 22
 DEFAULT_IDENTITIES = ("id_ed25519", "id_ecdsa", "id_ecdsa_sk", "id_ed25519_sk", "id_rsa")
-_SPEC = re.compile(r"^(?:(?P<user>[^@\s]+)@)?(?P<host>\[[^\]]+\]|[^:@\s\[\]]+)(?::(?P<port>\d+))?$")
 
 
 @dataclass(frozen=True)
@@ -57,14 +56,10 @@ class HostParams:
 
 def parse_spec(spec: str) -> tuple[str | None, str, int | None]:
     """Split ``[user@]host[:port]`` (IPv6 in brackets); raise BadInput otherwise."""
-    match = _SPEC.match(spec.strip())
-    if not match:
-        raise BadInput(f"bad host {spec!r}", hint="use an ssh_config alias or [user@]host[:port]")
-    host = match["host"].strip("[]")
-    port = int(match["port"]) if match["port"] else None
-    if port is not None and not 0 < port < 65536:
-        raise BadInput(f"bad port in host {spec!r}", hint="ports are 1-65535")
-    return match["user"], host, port
+    try:
+        return split_spec(spec)
+    except ValueError as exc:
+        raise BadInput(str(exc)) from None
 
 
 def config_paths(ssh_config: Path | None) -> tuple[Path, ...]:

@@ -27,6 +27,7 @@ from remotemac.events import (
     RunFinished,
     Warning,
 )
+from remotemac.termsafe import escape_controls
 from remotemac.vocab import (
     clock,
     human_age,  # noqa: F401 - re-exported for the screens
@@ -182,7 +183,7 @@ class RunLive:
             if side:
                 row.subs[side] = state
             if event.detail and not event.skipped:
-                row.detail = event.detail
+                row.detail = escape_controls(event.detail)
         elif isinstance(event, Metric):
             if event.name in ("peak_rss_bytes", "rss_bytes"):
                 if event.device != self.memory_device:  # a new side: its own series
@@ -195,14 +196,15 @@ class RunLive:
                                   event.deadline_left_s)
             self.link_history.append(state)
         elif isinstance(event, Warning):
-            self.warnings.append(event.message)
+            self.warnings.append(escape_controls(event.message))
         elif isinstance(event, RunFinished):
             self.ended_at = event.ts
             self.verdict, self.exit_code, self.out_dir = event.verdict, event.exit_code, \
                 event.out_dir or self.out_dir
 
     def add_line(self, device: str, line: str, ts: float | None = None) -> None:
-        self.lines.append(LogRecord(device, line, ts))
+        """Keep one job line for the log view, its terminal controls shown, not obeyed."""
+        self.lines.append(LogRecord(escape_controls(device), escape_controls(line), ts))
         found = FALLBACK_RE.search(line)
         if found and found.group(1) not in self.fallback_ops:
             self.fallback_ops.append(found.group(1))
