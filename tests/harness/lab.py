@@ -117,7 +117,19 @@ def ensure_lab() -> None:
         uid, gid = lab_ids()
         for path in (LAB_HOSTS, LAB_VENVS):
             os.chown(path, uid, gid)
+        _sweep_stale_hosts()
     _ready = True
+
+
+def _sweep_stale_hosts(max_age_s: float = 12 * 3600) -> None:
+    """Remove host dirs a killed test session left behind (none younger than 12 h:
+    another session on this machine may be using them)."""
+    now = time.time()
+    for top in LAB_HOSTS.iterdir():
+        with contextlib.suppress(OSError):
+            if now - top.stat().st_mtime > max_age_s:
+                HostDirs(top).remove()
+                (LAB_KEYS / f"{top.name}.pub").unlink(missing_ok=True)
 
 
 def _stamp_text() -> str:
@@ -318,6 +330,16 @@ def _run(argv: list[str]) -> None:
 # -- a host with torch preinstalled (tests named *host_torch*) ----------------------
 
 
+def cpu_torch_source() -> list[str]:
+    """pip options that make ``torch==X`` the CPU build: the wheel on this machine's disk
+    (``PIP_FIND_LINKS``, set for the lab's sessions too) or PyTorch's CPU index, never
+    PyPI's multi-GB CUDA build (a ``+cpu`` local version sorts above the plain one)."""
+    pin = next(r for r in HOST_TORCH_REQUIREMENTS if r.startswith("torch=="))
+    if list(WHEELS.glob(f"torch-{pin.split('==')[1]}+cpu-*.whl")):
+        return ["--find-links", str(WHEELS)]
+    return ["--extra-index-url", "https://download.pytorch.org/whl/cpu"]
+
+
 def ensure_host_torch_python() -> str:
     """A venv on the lab host with torch (CPU) and numpy, made once and cached.
 
@@ -337,7 +359,8 @@ def ensure_host_torch_python() -> str:
         started = time.monotonic()
         run_as_lab([str(LAB_BIN / "python3.11"), "-m", "venv", str(venv)])
         pip = run_as_lab([str(python), "-m", "pip", "install", "-q", "--no-input",
-                          "--disable-pip-version-check", *HOST_TORCH_REQUIREMENTS],
+                          "--disable-pip-version-check", *cpu_torch_source(),
+                          *HOST_TORCH_REQUIREMENTS],
                          check=False, env={"PIP_CACHE_DIR": str(LAB_VENVS / "pip-cache")})
         if pip.returncode != 0:
             tail = "\n".join((pip.stderr or pip.stdout).strip().splitlines()[-5:])
