@@ -58,7 +58,8 @@ class RichRenderer:
         c = self.console
         if isinstance(event, PhaseStarted):
             c.print(f"[cyan]▶ {event.phase}[/]" + (f" {event.detail}" if event.detail else ""))
-        elif isinstance(event, PhaseProgress) and event.unit == "files" and event.detail:
+        elif isinstance(event, PhaseProgress) and event.unit in ("files", "runtime", "wheels") \
+                and event.detail:
             c.print(f"[dim]  {event.detail}[/]")
         elif isinstance(event, PhaseProgress) and event.unit == "bytes" and event.total:
             if not self._started:

@@ -17,6 +17,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import time
 import zipfile
 from pathlib import Path
@@ -245,8 +246,8 @@ async def test_encrypted_sync_on_bare_python_online_then_reused(tmp_path):
     inventory = json.loads((tmp_path / "host-root" / "inventory.json").read_text())
     assert {"runtime"} <= {i["kind"] for i in inventory["items"]}
     assert str(rt_dir) in {i["path"] for i in inventory["items"]}
-    # nothing but the runtime dir, pip's cache, the lock: no half-installed leftovers
-    assert not [p for p in rt_dir.parent.iterdir() if ".tmp-" in p.name or "upload-" in p.name]
+    # nothing but the runtime dir and pip's cache: no half-installed leftovers, no lock file
+    assert {p.name for p in rt_dir.parent.iterdir()} <= {rt_dir.name, art.PIP_CACHE}
     started = time.monotonic()
     again, _, ledger2 = await _sync_on_bare_host(tmp_path, "online", None, "rt-on-2")
     warm = time.monotonic() - started
@@ -254,6 +255,23 @@ async def test_encrypted_sync_on_bare_python_online_then_reused(tmp_path):
     assert not [e for e in ledger2 if e["op"] == "install-runtime"]
     print(f"\nonline: cold sync with runtime install {cold:.2f} s "
           f"(install {runtime['seconds']} s); second run {warm:.2f} s, 0 installs")
+
+
+@needs_bare
+@pytest.mark.asyncio
+async def test_two_runs_starting_together_install_once(tmp_path):
+    """A fleet's runs on one host ask at the same moment: one installs, the other waits and
+    reuses; the runtime is never half there."""
+    root = tmp_path / "host-root"
+    agents = [AgentClient(LocalTransport(), str(root), python=BARE) for _ in range(2)]
+    for agent in agents:  # (uploading the agent itself is another matter)
+        await agent.install()
+    answers = await asyncio.gather(*(ensure_runtime(a, home=None, method="online")
+                                     for a in agents))
+    assert sorted(a["reused"] for a in answers) == [False, True]
+    assert answers[0]["dir"] == answers[1]["dir"]
+    assert {p.name for p in (root / "runtime").iterdir()} <= {Path(answers[0]["dir"]).name,
+                                                             art.PIP_CACHE}
 
 
 @needs_bare
@@ -350,7 +368,8 @@ def test_pipeline_on_bare_agent_python_then_cleanup_removes_runtime(make_playboo
     assert not [e for e in ledger2 if e["op"] == "install-runtime"]
     runtime_root = tmp_path / "host-root" / "runtime"
     assert [p for p in runtime_root.iterdir() if (p / ".complete").is_file()]
-    cleaned = remotemac("cleanup", "local", "--yes", "--json",
+    cleaned = remotemac("cleanup", "local", "--remote-root", str(tmp_path / "host-root"),
+                        "--yes", "--json", "--out", str(tmp_path / "cleanup"), cwd=tmp_path,
                         env={"REMOTEMAC_AGENT_PYTHON": BARE})
     assert cleaned.returncode == 0, cleaned.stdout + cleaned.stderr
     assert not runtime_root.exists()
@@ -387,3 +406,100 @@ def test_doctor_runtime_verdicts():
     offline_only = dict(stuck, wheels_known=True)
     assert "offline from wheels" in _check_runtime({"agent_runtime": offline_only}).value
     assert _check_runtime({}).status == "n/a"
+
+
+@needs_bare
+def test_run_whose_runtime_cannot_install_exits_6_naming_sync(make_playbook, rm_home, tmp_path):
+    """The CLI's answer to a host that can neither pip-install nor be forced offline."""
+    pb = make_playbook(agent={"python": BARE, "runtime_install": "online"})
+    proc = remotemac("run", str(pb), "--out", str(tmp_path / "out"),
+                     env={"PIP_CONFIG_FILE": os.devnull, "PIP_NO_INDEX": "1",
+                          "PIP_FIND_LINKS": ""})
+    assert proc.returncode == EXIT_HOST_ENV, proc.stdout + proc.stderr
+    errors = [ln for ln in proc.stderr.splitlines() if "error" in ln.lower()]
+    assert errors and "during sync" in errors[-1] and "pip install failed" in errors[-1]
+    assert "Traceback" not in proc.stderr
+
+
+def test_activate_refuses_a_cryptography_from_anywhere_else(tmp_path):
+    """The decrypting process takes cryptography from the runtime only: here the runtime
+    dir is empty and this interpreter has its own cryptography, which must be refused."""
+    fake = tmp_path / "rt"
+    fake.mkdir()
+    (fake / ".complete").write_text("{}")
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); import agentruntime as a\n"
+            "try:\n    a.activate(sys.argv[2]); print('accepted')\n"
+            "except a.RuntimeInstallError as e:\n    print('refused:', e)")
+    out = subprocess.run([sys.executable, "-c", code, str(Path(art.__file__).parent), str(fake)],
+                         capture_output=True, text=True, check=True).stdout
+    assert out.startswith("refused:") and "not the agent runtime" in out
+    missing = subprocess.run([sys.executable, "-c", code, str(Path(art.__file__).parent),
+                              str(tmp_path / "nothing")], capture_output=True, text=True).stdout
+    assert "missing or incomplete" in missing
+
+
+def test_settings_agent_python_and_install_method(monkeypatch):
+    from remotemac.engine.agentclient import agent_python
+    from remotemac.engine.runtime import install_method
+    from remotemac.errors import BadInput
+    from remotemac.playbook import PlaybookErrors, parse_playbook
+
+    base = "name: t\nworkload: {command: 'python x.py --out {output_dir}'}\n"
+    pb = parse_playbook(base)
+    assert pb.agent.python is None and pb.agent.runtime_install is None
+    monkeypatch.delenv("REMOTEMAC_AGENT_PYTHON", raising=False)
+    monkeypatch.delenv("REMOTEMAC_RUNTIME_INSTALL", raising=False)
+    assert agent_python(pb.agent.python) == "python3" and install_method(None) == "auto"
+    pb = parse_playbook(base + "agent: {python: /usr/bin/python3, runtime_install: offline}\n")
+    assert agent_python(pb.agent.python) == "/usr/bin/python3"
+    assert install_method(pb.agent.runtime_install) == "offline"
+    monkeypatch.setenv("REMOTEMAC_RUNTIME_INSTALL", "online")  # the environment wins
+    assert install_method("offline") == "online"
+    monkeypatch.setenv("REMOTEMAC_RUNTIME_INSTALL", "sometimes")
+    with pytest.raises(BadInput):
+        install_method(None)
+    with pytest.raises(PlaybookErrors, match="runtime_install"):
+        parse_playbook(base + "agent: {runtime_install: always}\n")
+
+
+@pytest.mark.parametrize("system,machine,extra", [
+    ("Darwin", "arm64", {"mac_release": "14.5"}),
+    ("Linux", "x86_64", {"glibc": (2, 31)}),
+    ("Linux", "aarch64", {"glibc": (2, 28)}),
+])
+def test_pins_have_wheels_for_every_supported_host(tmp_path, system, machine, extra):
+    """Simulation (for the Mac): the laptop's real ``pip download`` for a macOS 14 arm64
+    CPython 3.9.6 (/usr/bin/python3) and two glibc Linux hosts finds one fitting wheel per
+    pin, so the offline path works there and the pins are still the right ones."""
+    tags = _host(system, machine, **extra)
+    cache, files, cached = fetch_wheels(tmp_path / "home", tags)
+    assert not cached and cache == tmp_path / "home" / "wheels" / art.runtime_key(tags)
+    names = {art.parse_wheel_name(f["name"])[0]: f["name"] for f in files}
+    assert set(names) == {n for n, _ in art.PINS}
+    assert all(art.wheel_fits(name, tags) for name in names.values())
+    assert f"cryptography-{dict(art.PINS)['cryptography']}-cp39-abi3-" in names["cryptography"]
+    assert fetch_wheels(tmp_path / "home", tags)[2] is True  # the second time: the cache
+
+
+class _CorruptingTransport(LocalTransport):
+    """Flips one byte of every wheel it uploads (a damaged transfer)."""
+
+    async def put(self, local, remote, *, progress=None):
+        await super().put(local, remote, progress=progress)
+        if remote.endswith(".whl"):
+            blob = bytearray(Path(remote).read_bytes())
+            blob[len(blob) // 2] ^= 0x01
+            Path(remote).write_bytes(bytes(blob))
+
+
+@needs_bare
+@pytest.mark.asyncio
+async def test_a_damaged_wheel_upload_is_exit_5_and_leaves_nothing(tmp_path):
+    from remotemac.errors import IntegrityError
+
+    root = tmp_path / "host-root"
+    agent = AgentClient(_CorruptingTransport(), str(root), python=BARE)
+    with pytest.raises(IntegrityError) as err:
+        await ensure_runtime(agent, home=tmp_path / "rmhome", method="offline")
+    assert err.value.exit_code == 5 and "damaged" in err.value.line()
+    assert list((root / "runtime").iterdir()) == []  # no runtime, no upload left behind

@@ -3,4 +3,8 @@
 The orchestrator uploads this directory once per content hash to
 ``<remote_root>/agent/<hash>/`` and calls ``hostagent.py OP`` with a JSON request
 on stdin, so that no long shell pipelines (BSD vs GNU tools) are ever built.
+It runs under the host's own ``python3`` (``agent.python``), never the workload's
+venv. The one third-party module it needs, ``cryptography`` for decrypting the
+slice, it installs itself into ``<remote_root>/runtime/<hash>/`` (agentruntime.py)
+and imports from there only.
 """

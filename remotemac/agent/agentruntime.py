@@ -114,7 +114,7 @@ def platform_tags(system: str, machine: str, mac_release: str = "",
                 tags.append("macosx_10_%d_x86_64" % m)
             if m >= 9 or not x86:
                 tags.append("macosx_10_%d_universal2" % m)
-        return [t for t in tags if x86 or "x86_64" not in t]
+        return tags
     if system == "linux":
         arch = {"arm64": "aarch64"}.get(machine, machine)
         major, minor = glibc
@@ -379,16 +379,17 @@ def _verify(target: str) -> str:
 
 
 @contextlib.contextmanager
-def _locked(path: str) -> Any:
-    """One installer per runtime at a time (fleet runs on one host start together)."""
+def _locked(directory: str) -> Any:
+    """One installer at a time (fleet runs on one host start together): a lock on the
+    ``runtime`` directory itself, so no lock file is left among the runtimes."""
     import fcntl
 
-    with open(path, "a") as fh:
-        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
 
 
 def _below(base: str, path: str) -> str:
@@ -410,15 +411,17 @@ def op_runtime_ensure(req: Dict[str, Any]) -> Dict[str, Any]:
     from hostagent import inventory_add
 
     if sys.version_info[:2] < MIN_PYTHON:
-        raise RuntimeInstallError("the host's %s is Python %s; the agent runtime needs 3.9 or newer"
-                            % (sys.executable, platform.python_version()))
+        raise RuntimeInstallError("the host's %s is Python %s; the agent runtime needs 3.9 "
+                                  "or newer" % (sys.executable, platform.python_version()))
     tags = host_tags()
     root = os.path.expanduser(req["root"])
     base = os.path.join(root, SUBDIR)
     os.makedirs(base, mode=0o700, exist_ok=True)
+    if os.path.islink(base) or not os.path.isdir(base):  # never install through a link
+        raise RuntimeInstallError("%s is not a plain directory: refused" % base, "unsafe-path")
     final = runtime_dir(root, tags)
     started = time.time()
-    with _locked(os.path.join(base, ".lock-" + runtime_key(tags))):
+    with _locked(base):
         marker = read_marker(final)
         if marker is not None:
             return dict(marker, dir=final, reused=True, seconds=0.0)

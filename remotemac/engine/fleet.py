@@ -34,6 +34,7 @@ from remotemac.errors import (
     EXIT_ACCEPTED,
     EXIT_BAD_INPUT,
     EXIT_HOST,
+    EXIT_HOST_ENV,
     EXIT_INTEGRITY,
     EXIT_INTERRUPTED,
     EXIT_JOB_LOST,
@@ -50,10 +51,11 @@ DEFAULT_FORKS = 8
 #: 16 runs the faster pace would cost the hosts more agent calls than it is worth
 FLEET_FOLLOW_POLL_S = 2.0
 #: worst first: the fleet's exit code is the first of these any run ended with
-EXIT_PRECEDENCE = (EXIT_INTERRUPTED, EXIT_JOB_LOST, EXIT_HOST, EXIT_INTEGRITY, EXIT_BAD_INPUT,
-                   EXIT_REJECTED)
+EXIT_PRECEDENCE = (EXIT_INTERRUPTED, EXIT_JOB_LOST, EXIT_HOST, EXIT_INTEGRITY, EXIT_HOST_ENV,
+                   EXIT_BAD_INPUT, EXIT_REJECTED)
 EXIT_RULE = ("0 every run accepted; 1 any run rejected or incomplete; 3 a host was unreachable; "
-             "4 a job was lost (4 wins over 3, 3 over 1; 5 integrity, 2 bad input, "
+             "4 a job was lost (4 wins over 3, 3 over 1; 5 integrity, 6 host environment, "
+             "2 bad input, "
              "130 interrupted as for one run)")
 VERDICT_BY_CODE = {EXIT_JOB_LOST: "lost", EXIT_HOST: "unreachable",
                    EXIT_INTERRUPTED: "interrupted"}

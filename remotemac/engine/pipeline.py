@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from remotemac.engine.agentclient import AgentClient
+from remotemac.engine.agentclient import DEFAULT_AGENT_PYTHON, AgentClient
 from remotemac.engine.context import (
     HostBinding,
     RunContext,
@@ -68,8 +68,10 @@ def build_context(
         spec = host_for_key(playbook, key)
         transport = (pool.lease(spec, emit=bus.emit, run_id=run_id) if pool is not None
                      else open_transport(spec, home, ssh, emit=bus.emit, run_id=run_id))
-        # agent.python names the target host's interpreter, not the laptop's (on: local)
-        python = None if key == "local" and playbook.host != "local" else playbook.agent.python
+        # agent.python (and $REMOTEMAC_AGENT_PYTHON) name the target host's interpreter,
+        # not the laptop's (a reference run with on: local)
+        python = DEFAULT_AGENT_PYTHON if key == "local" and playbook.host != "local" \
+            else playbook.agent.python
         hosts[key] = HostBinding(key, transport, AgentClient(transport, "", ledger, python=python))
     ctx = RunContext(run_id=run_id, playbook=playbook, journal=journal, bus=bus, home=home,
                      out_dir=out_dir, options=options, hosts=hosts, sides=sides, ledger=ledger)

@@ -32,7 +32,7 @@ from typing import Any
 
 from remotemac.agent.agentruntime import requirements, runtime_key
 from remotemac.engine.agentclient import AgentClient, AgentError
-from remotemac.errors import BadInput, HostEnvironmentError
+from remotemac.errors import BadInput, HostEnvironmentError, IntegrityError
 from remotemac.events import Event, PhaseProgress, Warning
 
 ENV_METHOD = "REMOTEMAC_RUNTIME_INSTALL"
@@ -161,6 +161,9 @@ async def _ensure(agent: AgentClient, request: dict[str, Any], where: str) -> di
                                    hint="the host's python3 must be CPython 3.9 or newer") \
             from None
     except AgentError as exc:
+        if exc.code == "integrity":  # an uploaded wheel arrived damaged
+            raise IntegrityError(f"{where}: {exc.message}",
+                                 hint="run again to upload the wheels afresh") from None
         raise HostEnvironmentError(f"{where}: {exc.message}") from None
 
 

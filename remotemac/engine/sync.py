@@ -124,6 +124,7 @@ async def sync_host(ctx: RunContext, binding: HostBinding, provisioned: dict[str
         except IntegrityError:
             key = new_data_key(ctx.home, ctx.run_id)
     runtime_dir = None
+    runtime: dict[str, Any] = {}
     if encrypted:
         from remotemac.engine.runtime import ensure_runtime, install_method
 
@@ -150,6 +151,8 @@ async def sync_host(ctx: RunContext, binding: HostBinding, provisioned: dict[str
         "ram": answer.get("ram"), "transfer": stats.to_dict(),
         "selection": [{"path": f.path, "size": f.size, "reason": f.reason} for f in selection.files],
         "summary": f"{stats.sent_files} sent, {stats.skipped_files} already on the host",
+        "runtime": {k: runtime.get(k) for k in ("dir", "reused", "method", "cryptography")}
+        if runtime else None,
     }
 
 
@@ -198,8 +201,7 @@ async def sync_slice(
     if not agent.agent_dir:
         await agent.install()
     session = _Session(transport, agent, Path(root), files, run_dir, run_id, key,
-                       python or agent.python, emit, stats, ram_bytes)
-    session.runtime_dir = runtime_dir
+                       python or agent.python, emit, stats, ram_bytes, runtime_dir)
     while True:
         stats.attempts += 1
         try:
@@ -250,11 +252,12 @@ class _Session:
 
     def __init__(self, transport: Transport, agent: AgentClient, root: Path,
                  files: list[_Local], run_dir: str, run_id: str, key: bytes | None, python: str,
-                 emit: Emit, stats: SyncStats, ram_bytes: int) -> None:
+                 emit: Emit, stats: SyncStats, ram_bytes: int,
+                 runtime_dir: str | None = None) -> None:
         self.transport, self.agent, self.root, self.files = transport, agent, root, files
         self.run_dir, self.run_id, self.key, self.python = run_dir, run_id, key, python
         self.emit, self.stats, self.ram_bytes = emit, stats, ram_bytes
-        self.runtime_dir: str | None = None
+        self.runtime_dir = runtime_dir
 
     def manifest(self) -> Manifest:
         return Manifest.from_entries(
