@@ -273,7 +273,13 @@ class HostDirs:
         """Stop this host's tmux server(s) and detached leftovers, then delete the dirs."""
         for sock in self.tmux_dir.glob("tmux-*/*"):
             run_as_lab(["tmux", "-S", str(sock), "kill-server"], check=False)
-        _kill_lab_processes_under(self.top)
+        # a runner or workload still writing would refill a dir rmtree just emptied
+        for _ in range(20):
+            if not _kill_lab_processes_under(self.top):
+                shutil.rmtree(self.top, ignore_errors=True)
+                if not self.top.exists():
+                    return
+            time.sleep(0.1)
         shutil.rmtree(self.top, ignore_errors=True)
 
 
@@ -290,10 +296,12 @@ def _mkdtemp(parent: Path) -> str:
     raise LabError(f"lab: cannot create a host dir under {parent}")
 
 
-def _kill_lab_processes_under(top: Path) -> None:
-    """SIGKILL lab-user processes whose cwd or command line is inside ``top``."""
+def _kill_lab_processes_under(top: Path) -> list[int]:
+    """SIGKILL lab-user processes whose cwd or command line is inside ``top``; the pids
+    that were still there (empty: none left)."""
     uid, _ = lab_ids()
     prefix = str(top) + "/"
+    found: list[int] = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -307,6 +315,8 @@ def _kill_lab_processes_under(top: Path) -> None:
         if (cwd + "/").startswith(prefix) or prefix in cmdline:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(int(entry.name), 9)
+                found.append(int(entry.name))
+    return found
 
 
 def run_as_lab(argv: list[str], *, env: dict[str, str] | None = None, check: bool = True,
