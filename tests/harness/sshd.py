@@ -176,6 +176,8 @@ class SSHD:
         if self.lab and self._dirs is not None:
             self._dirs.remove()
             self._authorized_keys_path().unlink(missing_ok=True)
+        elif self._dirs is not None:
+            self.tmux("kill-server")
         if self._own_workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
