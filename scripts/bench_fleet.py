@@ -48,6 +48,7 @@ def child(size: int, seconds: float, torch: bool) -> dict:
     from remotemac.journal import Journal
     from remotemac.playbook import load_playbook
     from tests import fleetkit as fk
+    from tests.harness import lab
     from tests.harness.sshd import SSHD, ClientKey
 
     base = Path(tempfile.mkdtemp(prefix="rm-bench-fleet-"))
@@ -68,10 +69,12 @@ def child(size: int, seconds: float, torch: bool) -> dict:
         inv_path = fk.write_inventory(base / "inventory.yaml", macs)
         command = (f"python3 emit.py --device {{device}} --out {{output_dir}} --lines 10 "
                    f"--seconds {seconds}" + (" --torch" if torch else ""))
-        overrides = {} if torch else {"environment": {"python": "/usr/bin/python3",
-                                                      "venv": False}}
+        # the lab host's own bare python3 (no venv to build per host: this measures the
+        # orchestrator), or with --torch the lab's torch interpreter
+        python = lab.ensure_host_torch_python() if torch else None
+        overrides = {} if torch else {"environment": {"python": "python3", "venv": False}}
         pb_path = fk.write_playbook(base / "bench.yaml", workload={"command": command},
-                                    **overrides)
+                                    python=python, **overrides)
         pb = load_playbook(pb_path)
         inventory = load_inventory(inv_path)
         runs = plan_runs(pb, inventory.hosts(), inventory, base / "out")
@@ -98,7 +101,7 @@ def child(size: int, seconds: float, torch: bool) -> dict:
                 "rss_before_kib": rss_before, "peak_rss_kib": vm_kib("VmHWM")}
     finally:
         for server in servers:
-            server.stop()
+            server.cleanup()
         shutil.rmtree(base, ignore_errors=True)
 
 

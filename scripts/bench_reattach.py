@@ -1,7 +1,7 @@
 """How fast does a followed log resume after the link comes back?
 
-Runs the whole pipeline against a throwaway sshd (this machine, real tmux) behind
-the fault proxy: a workload printing LINES numbered lines over SECONDS while the
+Runs the whole pipeline against a throwaway sshd (the fresh-host lab of
+tests/harness/lab.py on this machine, real tmux) behind the fault proxy: a workload printing LINES numbered lines over SECONDS while the
 link is cut CUTS times and blackholed once (keepalive 1 s x 3). Prints whether
 every line arrived exactly once, the job's exit code, and the time from link
 restored to the first new log line (median, p90, max).
@@ -42,9 +42,7 @@ def main() -> int:
     args = ap.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="rm-bench-reattach-"))
-    tmux_dir = tempfile.mkdtemp(prefix="rmtmux-", dir="/tmp")
-    server = SSHD(work / "sshd", client_key=ClientKey.generate(work / "key"),
-                  extra_config=[f"SetEnv TMUX_TMPDIR={tmux_dir}"]).start()
+    server = SSHD(work / "sshd", client_key=ClientKey.generate(work / "key")).start()
     proxy = FaultProxy(server.host, server.port).start()
     host = None
     try:
@@ -57,7 +55,8 @@ def main() -> int:
                                       port=proxy.port, extra={"ServerAliveInterval": "1",
                                                               "ServerAliveCountMax": "3",
                                                               "ConnectTimeout": "5"})
-        host = SSHHost(home, cfg, "benchhost", work / "host-root", tmux_dir, server, proxy)
+        host = SSHHost(home, cfg, "benchhost", server.home / "host-root", str(server.tmux_dir),
+                       server, proxy)
         result = fault_run(host, proxy, work, lines=args.lines, seconds=args.seconds,
                            cuts=args.cuts, blackhole=not args.no_blackhole)
         got = local_lines(result["out"])
@@ -87,7 +86,7 @@ def main() -> int:
         proxy.stop()
         if host is not None:
             cleanup_host(host)
-        server.stop()
+        server.cleanup()
         shutil.rmtree(work, ignore_errors=True)
 
 

@@ -39,6 +39,7 @@ sys.path.insert(0, str(ROOT))
 
 from remotemac.data.manifest import MemoryHashCache  # noqa: E402
 from remotemac.engine.agentclient import AgentClient  # noqa: E402
+from remotemac.engine.runtime import ensure_runtime  # noqa: E402
 from remotemac.engine.sync import sync_slice  # noqa: E402
 from remotemac.transport.ssh import SSHTransport  # noqa: E402
 from tests.harness.faultproxy import FaultProxy  # noqa: E402
@@ -114,7 +115,8 @@ class Bench:
         server.write_known_hosts(self.home / "known_hosts")
         self.user_kh = server.write_known_hosts(tmp / "user_known_hosts")
         self.cfg = server.write_ssh_config(tmp / "ssh_config", "bench", known_hosts=self.user_kh)
-        self.host_root = tmp / "host-root"
+        self.host_root = server.home / "host-root"  # the lab host's user writes here
+        self.runtime_dir = ""
         self.caches: dict[str, MemoryHashCache] = {}
         self.keys: dict[str, bytes] = {}
         self.run_dirs: dict[str, str] = {}
@@ -134,9 +136,13 @@ class Bench:
         key = self.keys.setdefault(run_id, os.urandom(32))
         if run_id not in self.run_dirs:  # the provision phase's job, not timed
             async with SSHTransport("bench", home_dir=self.home, ssh_config=self.cfg) as t:
-                run = await AgentClient(t, str(self.host_root)).call(
+                agent = AgentClient(t, str(self.host_root))
+                run = await agent.call(
                     "prepare_run", {"root": str(self.host_root), "run_id": run_id})
                 self.run_dirs[run_id] = run["run_dir"]
+                if not self.runtime_dir:  # the host's python3 decrypts with its runtime
+                    self.runtime_dir = (await ensure_runtime(agent, home=None,
+                                                             method="online"))["dir"]
         transport = SSHTransport(alias, home_dir=self.home, ssh_config=cfg or self.cfg)
         reset_peak_rss()
         start = time.perf_counter()
@@ -145,7 +151,7 @@ class Bench:
             run = {"run_dir": self.run_dirs[run_id]}
             _, answer, stats = await sync_slice(
                 transport, agent, root=data, paths=paths, run_dir=run["run_dir"], run_id=run_id,
-                key=key, python=sys.executable, cache=cache)
+                key=key, runtime_dir=self.runtime_dir, cache=cache)
         seconds = time.perf_counter() - start
         if answer["mismatches"]:
             raise SystemExit(f"sync verification failed: {answer['mismatches'][:1]}")
@@ -156,15 +162,21 @@ class Bench:
         shutil.rmtree(self.host_root / "runs" / run_id, ignore_errors=True)
         self.run_dirs.pop(run_id, None)
 
-    def scp(self, data: Path, dest: Path) -> float:
+    def host_dir(self, dest: Path) -> None:
+        """A destination dir the host's (lab) user owns, as scp/rsync write as that user."""
         dest.mkdir(parents=True, exist_ok=True)
+        owner = self.server.home.stat()
+        os.chown(dest, owner.st_uid, owner.st_gid)
+
+    def scp(self, data: Path, dest: Path) -> float:
+        self.host_dir(dest)
         start = time.perf_counter()
         subprocess.run(["scp", "-q", "-r", "-F", str(self.cfg), "-c", CIPHER, str(data),
                         f"bench:{dest}/"], check=True)
         return time.perf_counter() - start
 
     def rsync(self, data: Path, dest: Path) -> float:
-        dest.mkdir(parents=True, exist_ok=True)
+        self.host_dir(dest)
         start = time.perf_counter()
         subprocess.run(["rsync", "-a", "-e", f"ssh -F {self.cfg} -c {CIPHER}", f"{data}/",
                         f"bench:{dest}/"], check=True)
@@ -211,9 +223,10 @@ async def main() -> int:
         try:
             # 1. cold
             t_rm, rss_cold, st_cold = await bench.sync(data, paths, "bench-cold")
-            t_scp = bench.scp(data, tmp / "scp-dest")
-            shutil.rmtree(tmp / "scp-dest")
-            t_rsync = bench.rsync(data, tmp / "rsync-dest")
+            dests = server.home
+            t_scp = bench.scp(data, dests / "scp-dest")
+            shutil.rmtree(dests / "scp-dest")
+            t_rsync = bench.rsync(data, dests / "rsync-dest")
             print(f"cold  remotemac      {fmt(t_rm, size)}  peak RSS {rss_cold:6.1f} MiB")
             print(f"cold  scp -r         {fmt(t_scp, size)}")
             print(f"cold  rsync          {fmt(t_rsync, size)}")
@@ -222,18 +235,18 @@ async def main() -> int:
             # 2. re-sync with 1% changed
             changed = change_files(data, paths, args.changed)
             t_rm2, rss2, st2 = await bench.sync(data, paths, "bench-cold")
-            t_rsync2 = bench.rsync(data, tmp / "rsync-dest")
+            t_rsync2 = bench.rsync(data, dests / "rsync-dest")
             print(f"resync ({len(changed)} files changed) remotemac {t_rm2:6.2f} s "
                   f"(sent {st2['sent_files']} files, {st2['sent_bytes'] / 1e6:.1f} MB), "
                   f"rsync {t_rsync2:6.2f} s; speed-up vs rsync {t_rsync2 / t_rm2:.2f}x "
                   f"(goal > 1)  peak RSS {rss2:.1f} MiB", flush=True)
             # unchanged re-sync, for the record
             t_rm3, _, st3 = await bench.sync(data, paths, "bench-cold")
-            t_rsync3 = bench.rsync(data, tmp / "rsync-dest")
+            t_rsync3 = bench.rsync(data, dests / "rsync-dest")
             print(f"resync (unchanged) remotemac {t_rm3:6.2f} s (sent {st3['sent_bytes']} B), "
                   f"rsync {t_rsync3:6.2f} s", flush=True)
             bench.drop_run("bench-cold")
-            shutil.rmtree(tmp / "rsync-dest")
+            shutil.rmtree(dests / "rsync-dest")
             # 3. throttled
             sub, acc = [], 0
             for rel in paths:
@@ -253,7 +266,7 @@ async def main() -> int:
                 probe.write_bytes(os.urandom(40_000_000))
                 start = time.perf_counter()
                 subprocess.run(["scp", "-q", "-F", str(cfg), "-c", CIPHER, str(probe),
-                                f"{alias}:{tmp / 'probe-copy.bin'}"], check=True)
+                                f"{alias}:{dests / 'probe-copy.bin'}"], check=True)
                 link = probe.stat().st_size / (time.perf_counter() - start)
             finally:
                 proxy.stop()
@@ -279,7 +292,7 @@ async def main() -> int:
         finally:
             for run_id in ("bench-cold", "bench-throttled", "bench-rss"):
                 bench.drop_run(run_id)
-            server.stop()
+            server.cleanup()
     return 0
 
 

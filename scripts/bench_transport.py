@@ -83,8 +83,7 @@ async def main() -> int:
             cfg = server.write_ssh_config(tmp / "ssh_config", "bench", known_hosts=user_kh)
             src = tmp / "payload.bin"
             make_file(src, args.size)
-            remote_dir = tmp / "remote"
-            remote_dir.mkdir()
+            remote_dir = server.host_dir("remote")  # the lab host's user writes here
             async with SSHTransport("bench", home_dir=home, ssh_config=cfg) as transport:
                 t_sftp = await sftp_put(transport, src, str(remote_dir / "sftp.bin"))
             if (remote_dir / "sftp.bin").stat().st_size != args.size:
@@ -94,7 +93,7 @@ async def main() -> int:
             if (remote_dir / "scp.bin").stat().st_size != args.size:
                 raise SystemExit("scp copy has the wrong size")
         finally:
-            server.stop()
+            server.cleanup()
     mib = args.size / (1 << 20)
     print(f"size {mib:.0f} MiB, block {args.block_size} B, {args.requests} requests in flight")
     print(f"remotemac sftp put : {t_sftp:7.2f} s  {mib / t_sftp:8.1f} MiB/s")

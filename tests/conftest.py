@@ -30,7 +30,11 @@ def rm_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 @pytest.fixture
 def make_playbook(tmp_path: Path):
-    """Write a playbook for the ``lines`` workload on the local host; keys override."""
+    """Write a playbook for the ``lines`` workload on the local host; keys override.
+
+    A top-level key given as None is left out (e.g. ``environment=None``: the default
+    environment, as a playbook over the fresh-host sshd should use).
+    """
 
     def make(name: str = "lines", **overrides) -> Path:
         data = {
@@ -53,7 +57,9 @@ def make_playbook(tmp_path: Path):
             "stop_when": {"memory_growth": False},
         }
         for key, value in overrides.items():
-            if isinstance(value, dict) and isinstance(data.get(key), dict):
+            if value is None:
+                data.pop(key, None)
+            elif isinstance(value, dict) and isinstance(data.get(key), dict):
                 data[key] = {**data[key], **value}
             else:
                 data[key] = value

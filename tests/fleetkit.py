@@ -1,8 +1,13 @@
 """Shared set-up for the fleet, matrix and dual-track tests (and scripts/bench_fleet.py).
 
-A "host" here is a real OpenSSH sshd on loopback with its own remote_root and
-its own tmux server (``SetEnv TMUX_TMPDIR``), so killing one host's tmux server
-loses that host's jobs only, as a reboot of one rented Mac would.
+A "host" here is a real OpenSSH sshd on loopback, logged in as the fresh-host lab's
+user (tests/harness/lab.py), with its own remote_root under its session HOME and its
+own tmux server (``sshd.tmux_dir``), so killing one host's tmux server loses that
+host's jobs only, as a reboot of one rented Mac would.
+
+Records are "accepted" only when the harness saw where tensors live, which needs
+torch on the host: a rental has none, so tests that want accepted records pass
+``python=host_torch_python`` (and say ``host_torch`` in their names).
 """
 
 from __future__ import annotations
@@ -16,9 +21,6 @@ import yaml
 
 REPO = Path(__file__).resolve().parent.parent
 LINES_PROJECT = REPO / "tests" / "fixtures" / "projects" / "lines"
-#: the interpreter the jobs run with: this one, which has torch (the harness needs it to
-#: observe where tensors live; without it every record is "incomplete")
-HOST_PYTHON = sys.executable
 
 
 @dataclass
@@ -30,15 +32,7 @@ class FakeMac:
 
     def kill_tmux(self) -> None:
         """The host's tmux server dies with every job in it (what a reboot does)."""
-        sock = self.tmux_dir / f"tmux-{_uid()}" / "default"
-        subprocess.run(["tmux", "-S", str(sock), "kill-server"], capture_output=True,
-                       check=False)
-
-
-def _uid() -> int:
-    import os
-
-    return os.getuid()
+        self.sshd.tmux("kill-server")  # type: ignore[attr-defined]
 
 
 def start_macs(count: int, base: Path, start_sshd) -> tuple[list[FakeMac], Path]:
@@ -48,12 +42,10 @@ def start_macs(count: int, base: Path, start_sshd) -> tuple[list[FakeMac], Path]
     empty = base / "user_known_hosts"
     empty.touch()
     for i in range(count):
-        tmux_dir = base / f"h{i:02d}" / "tmux"
-        tmux_dir.mkdir(parents=True, exist_ok=True)
-        server = start_sshd(extra_config=[f"SetEnv TMUX_TMPDIR={tmux_dir}"])
+        server = start_sshd()
         alias = f"h{i:02d}"
         server.write_ssh_config(config, alias, known_hosts=empty)
-        macs.append(FakeMac(alias, server, base / f"h{i:02d}" / "root", tmux_dir))
+        macs.append(FakeMac(alias, server, server.home / "root", server.tmux_dir))
     return macs, config
 
 
@@ -70,15 +62,18 @@ def write_inventory(path: Path, macs: list[FakeMac], rate: float = 1.5) -> Path:
     return path
 
 
-def write_playbook(path: Path, *, lines: int = 6, seconds: float = 0.3, **overrides) -> Path:
+def write_playbook(path: Path, *, lines: int = 6, seconds: float = 0.3,
+                   python: str | None = None, **overrides) -> Path:
+    """The ``lines`` workload; with ``python`` (a host interpreter with torch) it puts a
+    tensor on the device, without it the default environment runs it torch-free."""
     data = {
         "name": path.stem,
-        "remote_root": str(path.parent / "default-root"),
+        "remote_root": "~/remotemac-default",  # each host's own HOME
         "project": {"path": str(LINES_PROJECT), "exclude": ["data/"]},
-        "environment": {"python": HOST_PYTHON, "venv": False},
+        **({"environment": {"python": python, "venv": False}} if python else {}),
         "workload": {
             "command": f"python3 emit.py --device {{device}} --out {{output_dir}} "
-                       f"--lines {lines} --seconds {seconds} --torch",
+                       f"--lines {lines} --seconds {seconds}" + (" --torch" if python else ""),
             "reference": {"device": "cpu"},
             "target": {"device": "cpu"},
             "timeout": "5m",

@@ -2,12 +2,15 @@
 
 Workloads are real torch (CPU). Tests that emit MPS messages are simulations of
 MPS: the recorded message texts are raised inside a real workload on the CPU.
+
+Every workload here needs torch on the host, which a rental does not have: the tests
+say ``host_torch`` and run on the lab host's torch interpreter (``host_torch_python``),
+not the laptop's.
 """
 
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,7 +23,7 @@ PROJECT = REPO / "tests" / "fixtures" / "projects" / "accept"
 
 
 @pytest.fixture
-def sshd_run(sshd, ssh_env, tmp_path: Path):
+def sshd_run(sshd, ssh_env, tmp_path: Path, host_torch_python: str):
     """Run a playbook against the real sshd; returns (exit code, record, out dir)."""
     home, cfg, alias = ssh_env(sshd)
     counter = iter(range(100))
@@ -31,9 +34,9 @@ def sshd_run(sshd, ssh_env, tmp_path: Path):
         data = {
             "name": f"accept-{mode}",
             "host": alias,
-            "remote_root": str(tmp_path / f"host-root-{n}"),
+            "remote_root": str(sshd.home / f"host-root-{n}"),
             "project": {"path": str(PROJECT)},
-            "environment": {"python": sys.executable, "venv": False},
+            "environment": {"python": host_torch_python, "venv": False},
             "workload": {
                 "command": f"python3 work.py --device {{device}} --out {{output_dir}} "
                            f"--mode {mode} --seconds {seconds}",
@@ -62,7 +65,7 @@ def sshd_run(sshd, ssh_env, tmp_path: Path):
     return run
 
 
-def test_within_tolerance_is_accepted(sshd_run):
+def test_host_torch_within_tolerance_is_accepted(sshd_run):
     code, record, out = sshd_run("ok")
     assert code == 0, record["stopping_conditions"]
     assert record["verdict"] == "accepted"
@@ -78,7 +81,7 @@ def test_within_tolerance_is_accepted(sshd_run):
         "results" in (out / "acceptance.md").read_text().lower()
 
 
-def test_beyond_tolerance_is_rejected_naming_file_and_tensor(sshd_run):
+def test_host_torch_beyond_tolerance_is_rejected_naming_file_and_tensor(sshd_run):
     code, record, _ = sshd_run("noise")
     assert code == 1 and record["verdict"] == "rejected"
     cond = [c for c in record["stopping_conditions"] if c["code"] == "results_outside_tolerance"]
@@ -87,7 +90,7 @@ def test_beyond_tolerance_is_rejected_naming_file_and_tensor(sshd_run):
     assert files["preds.pt"]["ok"] is False and files["preds.pt"]["max_abs_err"] > 1e-5
 
 
-def test_fallback_ops_captured_and_policy_applied(sshd_run):
+def test_host_torch_fallback_ops_captured_and_policy_applied(sshd_run):
     """Simulation of MPS: the recorded fallback warning, raised 3 times in a real workload."""
     code, record, _ = sshd_run("fallback")
     ops = record["observations"]["operators"]["fallback_ops"]
@@ -97,7 +100,7 @@ def test_fallback_ops_captured_and_policy_applied(sshd_run):
     assert code == 0, record["stopping_conditions"]
 
 
-def test_unsupported_op_and_float64_are_stopping_conditions(sshd_run):
+def test_host_torch_unsupported_op_and_float64_are_stopping_conditions(sshd_run):
     """Simulation of MPS: the recorded NotImplementedError and the float64 TypeError text."""
     code, record, _ = sshd_run("notimpl")
     assert code == 1
@@ -109,7 +112,7 @@ def test_unsupported_op_and_float64_are_stopping_conditions(sshd_run):
     assert "float64" in json.dumps(record["observations"]["operators"]["dtype_errors"])
 
 
-def test_memory_leak_is_not_stable_and_steady_is(sshd_run):
+def test_host_torch_memory_leak_is_not_stable_and_steady_is(sshd_run):
     code, record, _ = sshd_run("leak", seconds=5, stop_when={"memory_growth": True})
     mem = record["observations"]["memory"]
     assert mem["stable"] is False and code == 1
@@ -119,7 +122,7 @@ def test_memory_leak_is_not_stable_and_steady_is(sshd_run):
     assert code == 0, record["stopping_conditions"]
 
 
-def test_target_on_the_laptop_reference_on_the_host(sshd_run):
+def test_host_torch_target_on_the_laptop_reference_on_the_host(sshd_run):
     """``on: local`` for one side: both environments are frozen and compared."""
     code, record, out = sshd_run("ok", target="local")
     assert code == 0, record["stopping_conditions"]
@@ -127,7 +130,7 @@ def test_target_on_the_laptop_reference_on_the_host(sshd_run):
     assert (out / "results" / "cpu-target" / "preds.pt").exists()
 
 
-def test_cuda_path_in_the_log_is_a_stopping_condition(sshd_run):
+def test_host_torch_cuda_path_in_the_log_is_a_stopping_condition(sshd_run):
     """A real CPU-build torch asked for CUDA: the record quotes the line (issue 11)."""
     code, record, _ = sshd_run("cuda")
     assert code == 1

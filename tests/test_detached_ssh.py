@@ -1,20 +1,19 @@
 """Detached jobs over the real sshd with real tmux: Ctrl-C, SIGKILL + attach, lost, daemon, drill.
 
 Every test runs the real ``remotemac`` CLI in a subprocess against a test sshd on
-127.0.0.1; the "host" is this machine, with its own tmux socket dir per test
-(``TMUX_TMPDIR`` set through sshd's ``SetEnv``) so that ``tmux kill-server``
-only ever kills the test's own server.
+127.0.0.1; the "host" is the fresh-host lab (tests/harness/lab.py: its own user with a
+bare python3, the playbook's default ``environment``), with its own tmux socket dir
+per sshd (``sshd.tmux_dir``) so that ``tmux kill-server`` only ever kills the test's
+own server.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -60,9 +59,8 @@ class SSHHost:
         return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
     def tmux(self, *args: str) -> subprocess.CompletedProcess:
-        env = dict(os.environ, TMUX_TMPDIR=self.tmux_dir)
-        env.pop("TMUX", None)
-        return subprocess.run(["tmux", *args], env=env, capture_output=True, text=True)
+        """tmux on the host's own server, as the host's user."""
+        return self.sshd.tmux(*args)  # type: ignore[attr-defined]
 
     def run_dir(self, run_id: str) -> Path:
         return self.root / "runs" / run_id
@@ -76,20 +74,17 @@ def make_host(tmp_path: Path, sshd_factory: Callable, ssh_env: Callable, *,
               proxy_factory: Callable | None = None, env: dict[str, str] | None = None,
               ) -> tuple[SSHHost, object]:
     """An sshd (optionally behind a fault proxy) whose sessions see ``env``."""
-    tmux_dir = tempfile.mkdtemp(prefix="rmtmux-", dir="/tmp")
-    setenv = {"TMUX_TMPDIR": tmux_dir, **(env or {})}
-    server = sshd_factory(extra_config=["SetEnv " + " ".join(f"{k}={v}"
-                                                            for k, v in setenv.items())])
+    extra = ["SetEnv " + " ".join(f"{k}={v}" for k, v in env.items())] if env else []
+    server = sshd_factory(extra_config=extra)
     proxy = proxy_factory(server) if proxy_factory else None
     home, cfg, alias = ssh_env(server, proxy, extra={
         "ServerAliveInterval": "1", "ServerAliveCountMax": "3", "ConnectTimeout": "5"})
-    root = tmp_path / "host-root"
-    return SSHHost(home, cfg, alias, root, tmux_dir, server, proxy), proxy
+    root = server.home / "host-root"
+    return SSHHost(home, cfg, alias, root, str(server.tmux_dir), server, proxy), proxy
 
 
 def cleanup_host(host: SSHHost) -> None:
     host.tmux("kill-server")
-    shutil.rmtree(host.tmux_dir, ignore_errors=True)
 
 
 def write_playbook(host: SSHHost, path: Path, *, lines: int, seconds: float,
@@ -100,7 +95,6 @@ def write_playbook(host: SSHHost, path: Path, *, lines: int, seconds: float,
         "host": host.alias,
         "remote_root": str(host.root),
         "project": {"path": str(LINES_PROJECT), "exclude": ["data/"]},
-        "environment": {"python": sys.executable, "venv": False},
         "data": {"path": str(LINES_PROJECT / "data"), "classification": "public",
                  "encrypt": encrypt},
         "workload": {

@@ -3,7 +3,9 @@
 Simulation: both hosts are real sshd instances on this machine; the reference's
 ``device: cpu`` stands in for ``cuda`` (there is no GPU here), and host A's
 environment is made to differ by one extra installed package (a dist-info on its
-PYTHONPATH, set by its sshd), so the record has a real mismatch to name.
+PYTHONPATH, set by its sshd), so the record has a real mismatch to name. The record
+must be accepted, which needs torch on both hosts: they run the lab host's torch
+interpreter (hence ``host_torch``).
 """
 
 from __future__ import annotations
@@ -27,23 +29,26 @@ def test_reference_side_gets_its_own_host_key():
     assert {s.host_key for s in make_sides(same)} == {"remote"}
 
 
-def test_reference_on_host_a_target_on_host_b(sshd_factory, tmp_path):
-    marker = tmp_path / "linux-site"
+def test_host_torch_reference_on_host_a_target_on_host_b(sshd_factory, tmp_path,
+                                                         host_torch_python):
+    config = tmp_path / "ssh_config"
+    empty = tmp_path / "user_known_hosts"
+    empty.touch()
+    host_a = sshd_factory()
+    marker = host_a.host_dir("linux-site")  # host A's user must read it
     dist = marker / "linux_only_marker-1.0.dist-info"
     dist.mkdir(parents=True)
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: linux-only-marker\n"
                                    "Version: 1.0\n")
-    config = tmp_path / "ssh_config"
-    empty = tmp_path / "user_known_hosts"
-    empty.touch()
-    host_a = sshd_factory(extra_config=[f"SetEnv PYTHONPATH={marker}"])
+    host_a.extra_config.append(f"SetEnv PYTHONPATH={marker}")
+    host_a.restart()
     host_b = sshd_factory()
     host_a.write_ssh_config(config, "linux-gpu", known_hosts=empty)
     host_b.write_ssh_config(config, "mac-b", known_hosts=empty)
     home = tmp_path / "home"
     home.mkdir()
     (home / "known_hosts").write_text(host_a.known_hosts_line() + host_b.known_hosts_line())
-    pb = fk.write_playbook(tmp_path / "dual.yaml", host="mac-b",
+    pb = fk.write_playbook(tmp_path / "dual.yaml", host="mac-b", python=host_torch_python,
                            workload={"reference": {"device": "cpu", "host": "linux-gpu"}})
     out = tmp_path / "out"
     proc = fk.cli("--ssh-config", str(config), "run", str(pb), "--out", str(out),

@@ -101,3 +101,12 @@ def test_host_torch_python_has_torch_and_the_bare_one_not(sshd, host_torch_pytho
     bare = subprocess.run([*argv, "python3.11 -c 'import torch'"], capture_output=True,
                           text=True, timeout=60)
     assert bare.returncode != 0 and "No module named 'torch'" in bare.stderr
+
+
+def test_the_laptops_interpreter_is_out_of_reach(sshd, tmp_path: Path) -> None:
+    """What keeps every sshd test honest: a playbook whose ``environment.python`` is the
+    test runner's own interpreter cannot run on the lab host at all (root's home is
+    0700), so no sshd test can pass ``sys.executable`` as the host's Python."""
+    proc = subprocess.run([*login(sshd, tmp_path), f"{sys.executable} -c 'print(1)'"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0 and "Permission denied" in proc.stderr, proc

@@ -1,4 +1,8 @@
-"""A matrix sweep: 4 variants spread over 2 real sshd hosts, through the real CLI."""
+"""A matrix sweep: 4 variants spread over 2 real sshd hosts, through the real CLI.
+
+The records must be accepted, which needs torch on the host: the lab host's torch
+interpreter stands in for a host with torch preinstalled (hence ``host_torch``).
+"""
 
 from __future__ import annotations
 
@@ -8,13 +12,13 @@ from pathlib import Path
 from tests import fleetkit as fk
 
 
-def test_four_variants_over_two_hosts(sshd_factory, tmp_path):
+def test_host_torch_four_variants_over_two_hosts(sshd_factory, tmp_path, host_torch_python):
     macs, config = fk.start_macs(2, tmp_path, sshd_factory)
     home = tmp_path / "home"
     fk.trust(home, macs)
     inventory = fk.write_inventory(tmp_path / "inventory.yaml", macs, rate=2.0)
     pb = fk.write_playbook(
-        tmp_path / "sweep.yaml",
+        tmp_path / "sweep.yaml", python=host_torch_python,
         workload={"command": "python3 emit.py --device {device} --out {output_dir} "
                              "--lines {matrix.lines} --seconds {matrix.seconds} --torch"},
         matrix={"lines": [3, 5], "seconds": [0.1, 0.2]},

@@ -1,6 +1,6 @@
 """Pulling results from a hostile host over a real sshd: nothing lands outside ``--out``.
 
-The host is the loopback sshd of tests/harness. "Hostile" means its output directory
+The host is the loopback sshd of tests/harness, logged in as the fresh-host lab's user. "Hostile" means its output directory
 holds links, a FIFO and a symlinked directory, and its agent (which the host
 controls) is replaced by one that lies in its listing.
 """
@@ -18,7 +18,8 @@ import pytest
 from remotemac.engine.pull import pull_dir
 from remotemac.errors import EXIT_INTEGRITY, IntegrityError
 from tests.test_sync_sshd import files_under
-from tests.test_sync_sshd import host_factory as host_factory  # the fixture, shared
+from tests.test_sync_sshd import host_factory as host_factory  # the fixtures, shared
+from tests.test_sync_sshd import runtime_dir as runtime_dir
 
 pytestmark = pytest.mark.timeout(120)
 

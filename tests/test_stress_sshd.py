@@ -1,19 +1,18 @@
 """Issue 11 over the real sshd with real tmux: reproduce, full disk, lost job relaunch, drift.
 
 Every test runs the real ``remotemac`` CLI against a test sshd on 127.0.0.1; the host
-is this machine with its own tmux socket dir per test (``TMUX_TMPDIR`` through sshd's
-``SetEnv``), so ``tmux kill-server`` only kills the test's own server. The workloads
-are in tests/fixtures/projects/stress/ (standard library, a few seconds each).
+is the fresh-host lab (tests/harness/lab.py: a bare python3, the playbook's default
+``environment``) with its own tmux socket dir per sshd, so ``tmux kill-server`` only
+kills the test's own server. The workloads are in tests/fixtures/projects/stress/
+(standard library, a few seconds each).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -33,10 +32,8 @@ class Host:
     """A test sshd as a remotemac host, with its own tmux server."""
 
     def __init__(self, tmp_path: Path, sshd_factory, ssh_env, env: dict[str, str]) -> None:
-        self.tmux_dir = tempfile.mkdtemp(prefix="rmtmux-", dir="/tmp")
-        setenv = {"TMUX_TMPDIR": self.tmux_dir, **env}
-        self.sshd = sshd_factory(extra_config=["SetEnv " + " ".join(
-            f"{k}={v}" for k, v in setenv.items())])
+        extra = ["SetEnv " + " ".join(f"{k}={v}" for k, v in env.items())] if env else []
+        self.sshd = sshd_factory(extra_config=extra)
         self.home, self.cfg, self.alias = ssh_env(self.sshd, extra={
             "ServerAliveInterval": "1", "ServerAliveCountMax": "3", "ConnectTimeout": "5"})
         self.tmp = tmp_path
@@ -52,15 +49,16 @@ class Host:
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
     def tmux(self, *args: str) -> subprocess.CompletedProcess:
-        env = dict(os.environ, TMUX_TMPDIR=self.tmux_dir)
-        env.pop("TMUX", None)
-        return subprocess.run(["tmux", *args], env=env, capture_output=True, text=True)
+        return self.sshd.tmux(*args)
+
+    def root(self, name: str) -> Path:
+        """A remote_root the host's user can write (under its session HOME)."""
+        return self.sshd.home / name
 
     def playbook(self, name: str, root: Path, command: str, **extra) -> Path:
         data = {
             "name": name, "host": self.alias, "remote_root": str(root),
             "project": {"path": str(PROJECT)},
-            "environment": {"python": sys.executable, "venv": False},
             "workload": {"command": command, "reference": None, "target": {"device": "cpu"},
                          "timeout": "5m"},
             "outputs": {"path": ".", "compare": [{"file": "result.json", "rtol": 1e-6,
@@ -79,7 +77,6 @@ class Host:
 
     def close(self) -> None:
         self.tmux("kill-server")
-        shutil.rmtree(self.tmux_dir, ignore_errors=True)
 
 
 @pytest.fixture
@@ -126,9 +123,9 @@ def test_reproduce_catches_unseeded_noise_and_passes_a_deterministic_target(host
     # ``exec``: the stdlib workload never imports torch (the observer stays inert: faster)
     command = "exec python3 noise.py --device {device} --out {output_dir} --mode %s"
     ref = {"workload": {"reference": {"device": "cpu"}}}
-    noisy = host.playbook("noisy", tmp_path / "root-n", command % "noisy", reproduce=True,
+    noisy = host.playbook("noisy", host.root("root-n"), command % "noisy", reproduce=True,
                           **ref)
-    steady = host.playbook("steady", tmp_path / "root-d", command % "deterministic", **ref)
+    steady = host.playbook("steady", host.root("root-d"), command % "deterministic", **ref)
 
     done = host.cli("run", str(noisy), "--out", str(tmp_path / "out-n"))
     assert done.returncode == 1, done.stderr
@@ -166,24 +163,35 @@ def test_reproduce_catches_unseeded_noise_and_passes_a_deterministic_target(host
 
 
 @pytest.fixture
-def small_volume(tmp_path: Path):
-    """A 64 MiB tmpfs (root may mount in this sandbox; the test says so when it cannot)."""
-    vol = tmp_path / "vol"
-    vol.mkdir()
-    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(vol)],
-                         capture_output=True, text=True)
-    if res.returncode != 0:
-        pytest.fail(f"cannot mount a 64 MiB tmpfs here ({res.stderr.strip()}); "
-                    "the storage-limit stop is still covered by test_stress_units.py")
-    yield vol
-    subprocess.run(["umount", "-l", str(vol)], capture_output=True)
+def small_volume(sshd_factory):
+    """``small_volume(host)``: a 64 MiB tmpfs the host's user owns, beside its home (root
+    may mount in this sandbox; the test says so when it cannot). Unmounted before the
+    host's dirs are removed."""
+    mounted: list[Path] = []
+
+    def mount(host: Host) -> Path:
+        vol = host.sshd.host_dir("vol")
+        uid, gid = vol.stat().st_uid, vol.stat().st_gid
+        res = subprocess.run(["mount", "-t", "tmpfs", "-o",
+                              f"size=64m,uid={uid},gid={gid},mode=0700", "tmpfs", str(vol)],
+                             capture_output=True, text=True)
+        if res.returncode != 0:
+            pytest.fail(f"cannot mount a 64 MiB tmpfs here ({res.stderr.strip()}); "
+                        "the storage-limit stop is still covered by test_stress_units.py")
+        mounted.append(vol)
+        return vol
+
+    yield mount
+    for vol in mounted:
+        subprocess.run(["umount", "-l", str(vol)], capture_output=True)
 
 
-def test_full_disk_stops_with_storage_limit_and_keeps_the_run(host_factory, small_volume: Path,
+def test_full_disk_stops_with_storage_limit_and_keeps_the_run(host_factory, small_volume,
                                                              tmp_path: Path):
     """remote_root on a 64 MiB tmpfs; a workload that writes until full is stopped in time."""
     host = host_factory()
-    root = small_volume / "root"
+    vol = small_volume(host)
+    root = vol / "root"
     # first, provision refuses a run whose margin cannot fit at all: one line, nothing sent
     greedy = host.playbook("greedy", root, "exec python3 fill.py --out {output_dir}",
                            stop_when={"min_free_disk": "100MiB"})
@@ -205,7 +213,7 @@ def test_full_disk_stops_with_storage_limit_and_keeps_the_run(host_factory, smal
     assert disk["total"] == 64 << 20
     # stopped before the volume was full: never below 8 MiB free, and the job did write
     assert disk["min_free_seen"] > 8 << 20, disk
-    free_now = shutil.disk_usage(small_volume).free
+    free_now = shutil.disk_usage(vol).free
     assert free_now > 8 << 20
     log = (out / "logs" / "cpu.log").read_text().splitlines()
     written = [ln for ln in log if ln.startswith("fill: ") and ln.endswith("MiB written")]
@@ -234,7 +242,7 @@ def test_killed_tmux_server_relaunches_through_resume_command(host_factory, tmp_
     """on_lost: relaunch; kill the test's tmux server mid-job → resumed, finished, one marker."""
     host = host_factory(REMOTEMAC_HEARTBEAT_STALE_S="3")
     pb = host.playbook(
-        "resume", tmp_path / "root",
+        "resume", host.root("root"),
         "exec python3 steps.py --out {output_dir} --steps 60 --sleep 0.1",
         on_lost="relaunch",
         workload={"resume_command": "exec python3 steps.py --out {output_dir} --steps 60 "
@@ -268,7 +276,7 @@ def test_killed_tmux_server_relaunches_through_resume_command(host_factory, tmp_
     events = [json.loads(x) for x in stdout.splitlines() if x.startswith("{")]
     assert sum(1 for e in events if e.get("code") == "relaunched") == 1
     run_id = newest_run(host.home)
-    status = json.loads((tmp_path / "root" / "runs" / run_id / "status" / "cpu.json")
+    status = json.loads((host.root("root") / "runs" / run_id / "status" / "cpu.json")
                         .read_text())
     assert status["state"] == "finished" and status["relaunched"]["previous"]["hangup"]
 
@@ -279,13 +287,12 @@ def test_killed_tmux_server_relaunches_through_resume_command(host_factory, tmp_
 def test_torch_changed_between_launch_and_attach_is_environment_drift(host_factory,
                                                                      tmp_path: Path):
     """Simulation of a package update: a newer torch (and another package) appear in the venv
-    between `run --detach` and `attach`: torch → environment-drift, the other → a warning."""
+    (the default one, from the host's bare python3) between `run --detach` and `attach`:
+    torch → environment-drift, the other → a warning."""
     host = host_factory()
-    root = tmp_path / "root"
+    root = host.root("root")
     pb = host.playbook("drift", root,
-                       "exec python3 steps.py --out {output_dir} --steps 20 --sleep 0.1",
-                       environment={"python": sys.executable, "venv": True,
-                                    "system_site_packages": True})
+                       "exec python3 steps.py --out {output_dir} --steps 20 --sleep 0.1")
     out = tmp_path / "out"
     launched = host.cli("run", str(pb), "--out", str(out), "--detach")
     assert launched.returncode == 0, launched.stderr

@@ -126,8 +126,8 @@ async def test_link_cut_badge_reconnects_and_no_line_is_lost(
 ):
     proxy = fault_proxy(sshd)
     home, cfg, alias = ssh_env(sshd, proxy)
-    pb = make_playbook(host=alias, workload=fast_workload(300, 6),
-                       environment={"python": "python3", "venv": False})
+    pb = make_playbook(host=alias, workload=fast_workload(300, 6), environment=None,
+                       remote_root=str(sshd.home / "host-root"))
     app = make_app(home, tmp_path, [pb], ssh_config=str(cfg))
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press("r")

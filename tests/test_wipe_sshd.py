@@ -1,4 +1,8 @@
-"""``remotemac wipe RUN`` over real SSH: data gone, key shredded, record updated, ledger clean."""
+"""``remotemac wipe RUN`` over real SSH: data gone, key shredded, record updated, ledger clean.
+
+The host is the fresh-host lab (bare python3 3.9, default ``environment``): an encrypted
+run completes there with the agent's own runtime, then is wiped.
+"""
 
 from __future__ import annotations
 
@@ -36,6 +40,10 @@ def test_wipe_after_run_shreds_data_and_key(tmp_path: Path, sshd_factory, ssh_en
     streamcrypt.decrypt_file(key, rel, str(blobs[0]), str(tmp_path / "plain-before"))
     assert (tmp_path / "plain-before").read_bytes() == (
         Path(__file__).parent / "fixtures/projects/lines/data" / rel).read_bytes()
+    # it ran on the bare host: its own python3 (3.9, a venv of it), no cryptography there
+    target_env = json.loads((out / "env" / "target.json").read_text())
+    assert target_env["python"].startswith("3.9."), target_env["python"]
+    assert "cryptography" not in target_env.get("packages", {})
     # the data key never appears in the ledger, not even as hex
     ledger_text = (out / "ledger.jsonl").read_text()
     assert key.hex() not in ledger_text and key.hex().upper() not in ledger_text

@@ -117,7 +117,19 @@ def ensure_lab() -> None:
         uid, gid = lab_ids()
         for path in (LAB_HOSTS, LAB_VENVS):
             os.chown(path, uid, gid)
+        _sweep_stale_hosts()
     _ready = True
+
+
+def _sweep_stale_hosts(max_age_s: float = 12 * 3600) -> None:
+    """Remove host dirs a killed test session left behind (none younger than 12 h:
+    another session on this machine may be using them)."""
+    now = time.time()
+    for top in LAB_HOSTS.iterdir():
+        with contextlib.suppress(OSError):
+            if now - top.stat().st_mtime > max_age_s:
+                HostDirs(top).remove()
+                (LAB_KEYS / f"{top.name}.pub").unlink(missing_ok=True)
 
 
 def _stamp_text() -> str:
@@ -261,7 +273,13 @@ class HostDirs:
         """Stop this host's tmux server(s) and detached leftovers, then delete the dirs."""
         for sock in self.tmux_dir.glob("tmux-*/*"):
             run_as_lab(["tmux", "-S", str(sock), "kill-server"], check=False)
-        _kill_lab_processes_under(self.top)
+        # a runner or workload still writing would refill a dir rmtree just emptied
+        for _ in range(20):
+            if not _kill_lab_processes_under(self.top):
+                shutil.rmtree(self.top, ignore_errors=True)
+                if not self.top.exists():
+                    return
+            time.sleep(0.1)
         shutil.rmtree(self.top, ignore_errors=True)
 
 
@@ -278,10 +296,12 @@ def _mkdtemp(parent: Path) -> str:
     raise LabError(f"lab: cannot create a host dir under {parent}")
 
 
-def _kill_lab_processes_under(top: Path) -> None:
-    """SIGKILL lab-user processes whose cwd or command line is inside ``top``."""
+def _kill_lab_processes_under(top: Path) -> list[int]:
+    """SIGKILL lab-user processes whose cwd or command line is inside ``top``; the pids
+    that were still there (empty: none left)."""
     uid, _ = lab_ids()
     prefix = str(top) + "/"
+    found: list[int] = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -295,6 +315,8 @@ def _kill_lab_processes_under(top: Path) -> None:
         if (cwd + "/").startswith(prefix) or prefix in cmdline:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(int(entry.name), 9)
+                found.append(int(entry.name))
+    return found
 
 
 def run_as_lab(argv: list[str], *, env: dict[str, str] | None = None, check: bool = True,
@@ -318,6 +340,16 @@ def _run(argv: list[str]) -> None:
 # -- a host with torch preinstalled (tests named *host_torch*) ----------------------
 
 
+def cpu_torch_source() -> list[str]:
+    """pip options that make ``torch==X`` the CPU build: the wheel on this machine's disk
+    (``PIP_FIND_LINKS``, set for the lab's sessions too) or PyTorch's CPU index, never
+    PyPI's multi-GB CUDA build (a ``+cpu`` local version sorts above the plain one)."""
+    pin = next(r for r in HOST_TORCH_REQUIREMENTS if r.startswith("torch=="))
+    if list(WHEELS.glob(f"torch-{pin.split('==')[1]}+cpu-*.whl")):
+        return ["--find-links", str(WHEELS)]
+    return ["--extra-index-url", "https://download.pytorch.org/whl/cpu"]
+
+
 def ensure_host_torch_python() -> str:
     """A venv on the lab host with torch (CPU) and numpy, made once and cached.
 
@@ -337,7 +369,8 @@ def ensure_host_torch_python() -> str:
         started = time.monotonic()
         run_as_lab([str(LAB_BIN / "python3.11"), "-m", "venv", str(venv)])
         pip = run_as_lab([str(python), "-m", "pip", "install", "-q", "--no-input",
-                          "--disable-pip-version-check", *HOST_TORCH_REQUIREMENTS],
+                          "--disable-pip-version-check", *cpu_torch_source(),
+                          *HOST_TORCH_REQUIREMENTS],
                          check=False, env={"PIP_CACHE_DIR": str(LAB_VENVS / "pip-cache")})
         if pip.returncode != 0:
             tail = "\n".join((pip.stderr or pip.stdout).strip().splitlines()[-5:])

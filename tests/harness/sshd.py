@@ -105,10 +105,7 @@ class SSHD:
         self.host = host
         self.lab = user is None or user == lab.LAB_USER
         self.user = lab.LAB_USER if self.lab else (user or getpass.getuser())
-        self.dirs = lab.HostDirs.create() if self.lab else lab.HostDirs(self.workdir / "host")
-        if not self.lab:
-            for path in (self.dirs.home, self.dirs.tmux_dir):
-                path.mkdir(parents=True, exist_ok=True)
+        self._dirs: lab.HostDirs | None = None
         self.sftp = sftp
         self.extra_config = list(extra_config)
         self.client_key = client_key or ClientKey.generate(self.workdir / "client")
@@ -176,9 +173,11 @@ class SSHD:
     def cleanup(self) -> None:
         """Stop sshd, the host's tmux server and leftovers; remove its host dirs."""
         self.stop()
-        if self.lab:
-            self.dirs.remove()
+        if self.lab and self._dirs is not None:
+            self._dirs.remove()
             self._authorized_keys_path().unlink(missing_ok=True)
+        elif self._dirs is not None:
+            self.tmux("kill-server")
         if self._own_workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
@@ -194,6 +193,18 @@ class SSHD:
     def spec(self) -> str:
         """``user@127.0.0.1:port``: the host spec remotemac accepts."""
         return f"{self.user}@{self.host}:{self.port}"
+
+    @property
+    def dirs(self) -> lab.HostDirs:
+        """This host's dirs, made on first use (an sshd never started leaves nothing)."""
+        if self._dirs is None:
+            if self.lab:
+                self._dirs = lab.HostDirs.create()
+            else:
+                self._dirs = lab.HostDirs(self.workdir / "host")
+                for path in (self._dirs.home, self._dirs.tmux_dir):
+                    path.mkdir(parents=True, exist_ok=True)
+        return self._dirs
 
     @property
     def home(self) -> Path:
