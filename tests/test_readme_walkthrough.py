@@ -18,7 +18,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import pwd
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -136,6 +138,10 @@ def test_walkthrough_commands_are_what_this_test_runs():
 
 @pytest.mark.timeout(1500)
 def test_readme_example_and_walkthrough_verbatim_on_a_fresh_host(sshd, tmp_path: Path):
+    # `~` on the host is the login's home (as sshd's SFTP sees it): the lab user's own
+    host_root = Path(pwd.getpwnam(sshd.user).pw_dir) / "remotemac"
+    if host_root.exists():  # left by an earlier, interrupted run of this test
+        shutil.rmtree(host_root)
     laptop = tmp_path / "laptop-home"
     project = laptop / "code" / "my-project"
     project.mkdir(parents=True)
@@ -196,11 +202,12 @@ def test_readme_example_and_walkthrough_verbatim_on_a_fresh_host(sshd, tmp_path:
     log = (out / "logs" / "cpu-target.log").read_text()
     assert log.count("epoch 0 loss") == 1 and "done: accuracy" in log
     # the host: wiped after pull, no plaintext of the slice anywhere, then cleaned up
-    host_files = [p for p in sshd.home.rglob("*") if p.is_file() and not p.is_symlink()]
+    host_files = [p for top in (sshd.home, host_root.parent) for p in top.rglob("*")
+                  if p.is_file() and not p.is_symlink()]
     leaked = [p for p in host_files
               if p.stat().st_size < 1 << 20
               and hashlib.sha256(p.read_bytes()).hexdigest() in plaintext]
     assert leaked == [], leaked
-    assert not (sshd.home / "remotemac").exists(), "cleanup left the root behind"
+    assert not host_root.exists(), "cleanup left the root behind"
     ledger = (out / "ledger.jsonl").read_text()
     assert "runtime" in ledger  # the agent brought its own crypto runtime

@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from remotemac.engine.pull import pull_dir
-from tests.test_cleanup_sshd import SYSTEM_PY, make_target, run_ids
+from tests.test_cleanup_sshd import make_target, run_ids
 from tests.test_pull_sshd import hostile_agent
 from tests.test_sync_sshd import host_factory as host_factory  # the fixture, shared
 
@@ -75,7 +75,7 @@ def write_book(tmp_path: Path, alias: str, root: Path, project: Path, **extra) -
     book = {
         "name": "hostile", "host": alias, "remote_root": str(root),
         "project": {"path": str(project)},
-        "environment": {"python": SYSTEM_PY, "venv": False},
+        "environment": {"venv": False},  # the host's own python3: the job needs no torch
         "data": {"path": str(project / "data"), "classification": "public"},
         "workload": {"command": "python3 hostile.py {output_dir}",
                      "reference": {"device": "cpu"}, "target": {"device": "cpu"},
