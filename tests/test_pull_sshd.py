@@ -107,6 +107,7 @@ async def test_lying_agent_cannot_write_outside_out(sshd, host_factory, tmp_path
         "not even a dict",
     ]
     await host.agent.install()
+    host.agent.resident = False  # the lying agent is a one-shot script
     hostile_agent(host.agent.agent_dir, lies)
     dest = tmp_path / "out" / "results" / "cpu"
     before = snapshot(tmp_path, tmp_path / "out")
@@ -133,6 +134,7 @@ async def test_checksum_mismatch_is_exit_5_and_leaves_no_part_file(sshd, host_fa
     (remote_out / "model.bin").write_bytes(payload)
     await host.agent.install()
     # the listing was made, then the file changed before the transfer
+    host.agent.resident = False  # the lying agent is a one-shot script
     hostile_agent(host.agent.agent_dir, [
         {"path": "model.bin", "kind": "file", "size": len(payload), "sha256": sha(b"before")}])
     dest = tmp_path / "out" / "results" / "cpu"

@@ -113,9 +113,11 @@ def test_item05_pull_skips_a_fifo_in_status(tmp_path: Path):
     (run_dir / "logs" / "cpu.rss.jsonl").write_text('{"t": 0}\n')
     out = tmp_path / "out"
     (out / "logs").mkdir(parents=True)
+    said: list = []
     ctx = SimpleNamespace(host_for=lambda side: SimpleNamespace(transport=LocalTransport()),
-                          out_dir=out)
+                          out_dir=out, run_id="r", emit=said.append)
     got = asyncio.run(asyncio.wait_for(
         fetch_evidence(ctx, SimpleNamespace(label="cpu"), str(run_dir)), 20))
     assert got == ["cpu.rss.jsonl"]
     assert not (out / "logs" / "cpu.obs.json").exists()
+    assert any("cpu.obs.json not read" in w.message for w in said)  # and the user is told

@@ -23,6 +23,7 @@ from remotemac.engine.pull import pull_dir
 from tests.test_cleanup_sshd import make_target, run_ids
 from tests.test_pull_sshd import hostile_agent
 from tests.test_sync_sshd import host_factory as host_factory  # the fixture, shared
+from tests.test_sync_sshd import runtime_dir as runtime_dir  # host_factory needs it
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -190,6 +191,7 @@ async def test_a_listing_of_10_bytes_never_pulls_5_mib(sshd, host_factory, tmp_p
     remote_out.mkdir(parents=True)
     (remote_out / "lie.bin").write_bytes(payload)
     await host.agent.install()
+    host.agent.resident = False  # the lying agent is a one-shot script
     hostile_agent(host.agent.agent_dir, [
         {"path": "lie.bin", "kind": "file", "size": 10,
          "sha256": hashlib.sha256(head).hexdigest()}])
