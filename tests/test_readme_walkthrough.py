@@ -18,9 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import pwd
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -138,10 +136,8 @@ def test_walkthrough_commands_are_what_this_test_runs():
 
 @pytest.mark.timeout(1500)
 def test_readme_example_and_walkthrough_verbatim_on_a_fresh_host(sshd, tmp_path: Path):
-    # `~` on the host is the login's home (as sshd's SFTP sees it): the lab user's own
-    host_root = Path(pwd.getpwnam(sshd.user).pw_dir) / "remotemac"
-    if host_root.exists():  # left by an earlier, interrupted run of this test
-        shutil.rmtree(host_root)
+    # `~` on the host is the login's $HOME: this sshd's own home in the lab
+    host_root = sshd.home / "remotemac"
     laptop = tmp_path / "laptop-home"
     project = laptop / "code" / "my-project"
     project.mkdir(parents=True)
@@ -202,8 +198,7 @@ def test_readme_example_and_walkthrough_verbatim_on_a_fresh_host(sshd, tmp_path:
     log = (out / "logs" / "cpu-target.log").read_text()
     assert log.count("epoch 0 loss") == 1 and "done: accuracy" in log
     # the host: wiped after pull, no plaintext of the slice anywhere, then cleaned up
-    host_files = [p for top in (sshd.home, host_root.parent) for p in top.rglob("*")
-                  if p.is_file() and not p.is_symlink()]
+    host_files = [p for p in sshd.home.rglob("*") if p.is_file() and not p.is_symlink()]
     leaked = [p for p in host_files
               if p.stat().st_size < 1 << 20
               and hashlib.sha256(p.read_bytes()).hexdigest() in plaintext]

@@ -64,7 +64,7 @@ def test_wipe_after_run_shreds_data_and_key(tmp_path: Path, sshd_factory, ssh_en
     record = json.loads((out / "acceptance.json").read_text())
     wipe = record["wipe"]
     assert wipe["done"] is True and wipe["verified"] is True
-    assert any(r.endswith(f"{run_dir}/data") for r in wipe["removed"])
+    assert any(r.endswith(f"{run_dir}/data") for r in wipe["removed"]), wipe
     assert any("crypto-shredded" in r for r in wipe["removed"])
     assert any(f"ram:{shm}" in r for r in wipe["removed"])
     remaining = " ".join(wipe["remaining"])

@@ -424,14 +424,6 @@ async def run_phase(*, run_id: str, phase: str, playbook: Playbook, journal: Jou
                 ctx.results.setdefault("_unreachable", {})[key] = (
                     exc.line() if isinstance(exc, HostError) else str(exc))
         ctx.emit(PhaseStarted(run_id, phase=phase))
-        if phase == "wipe" and journal.phase_state(run_id, phase) is None:
-            journal.start_phase(run_id, phase)
-        try:
-            result = await _PHASES[phase](ctx, phase)
-        except RemotemacError as exc:
-            if phase == "wipe":  # the journal says the wipe did not happen, and why
-                journal.finish_phase(run_id, phase, {"error": exc.line()}, state="failed")
-            raise
         if journal.phase_state(run_id, phase) is None:
             journal.start_phase(run_id, phase)
         try:

@@ -281,10 +281,22 @@ class SSHTransport(Transport):
     # -- Transport API -------------------------------------------------------------
 
     async def home(self) -> str:
+        """The login's ``$HOME``: what ``~`` means to the agent and the job on the host.
+
+        Why not SFTP's ``realpath(".")``: that is the directory sshd starts sessions in
+        (the passwd entry's home). When a host sets ``HOME`` otherwise (sshd's
+        ``SetEnv``, a login script), the agent's ``expanduser`` and the laptop would
+        then disagree about where ``~/remotemac`` is. The SFTP answer stays the
+        fallback for a login whose shell prints nothing.
+        """
         if self._home is None:
-            async def op() -> str:
-                return await (await self._sftp_client()).realpath(".")
-            self._home = await self._run("home", op, idempotent=True)
+            result = await self.exec(["printenv", "HOME"], timeout=30, idempotent=True)
+            home = result.stdout.decode("utf-8", "replace").strip()
+            if result.exit_code != 0 or not home.startswith("/"):
+                async def op() -> str:
+                    return await (await self._sftp_client()).realpath(".")
+                home = await self._run("home", op, idempotent=True)
+            self._home = home
         return self._home
 
     async def exec(
