@@ -62,7 +62,7 @@ async def test_exec_timeout_is_a_host_error(sshd, ssh_env):
 async def test_many_concurrent_execs_stay_under_max_sessions(sshd, ssh_env):
     """OpenSSH refuses an 11th session; 30 concurrent execs must all succeed."""
     async with _transport(ssh_env(sshd)) as t:
-        await t.home()  # the SFTP session holds one channel too
+        await t.stat("/")  # the SFTP session holds one channel too
         results = await asyncio.gather(
             *(t.exec(["sh", "-c", f"sleep 0.2; echo {i}"]) for i in range(30))
         )
@@ -73,7 +73,10 @@ async def test_many_concurrent_execs_stay_under_max_sessions(sshd, ssh_env):
 async def test_sftp_round_trip(sshd, ssh_env, tmp_path):
     remote = sshd.home / "remote"
     async with _transport(ssh_env(sshd)) as t:
-        assert await t.home() == (await t.exec(["sh", "-c", "pwd"])).text().strip()
+        # `~` means one place to the laptop and to the agent's expanduser on the host
+        expanded = (await t.exec(["python3", "-c",
+                                  "import os; print(os.path.expanduser('~'))"])).text()
+        assert await t.home() == expanded.strip()
         await t.makedirs(str(remote / "a" / "b"), mode=0o750)
         await t.makedirs(str(remote / "a" / "b"))  # exists: fine
         assert (remote / "a" / "b").is_dir()
