@@ -172,17 +172,17 @@ def test_three_runs_then_cleanup_leaves_nothing(tmp_path: Path, sshd_factory, ss
     # the two links planted at the top of remote_root were not made by remotemac: they
     # stay, and so does the root (with its marker and inventory), and cleanup says so
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    [first] = list(tmp_path.glob(f"cleanup-{t.alias}-*"))
+    [first] = list((t.rm_home / "cleanups").glob(f"cleanup-{t.alias}-*"))
     kept = json.loads((first / "cleanup.json").read_text())
     assert tree(t.host_home) == [
         "remotemac", "remotemac/.remotemac-owned", "remotemac/agent", "remotemac/envs",
         "remotemac/envs/fake-env", "remotemac/inventory.json", "remotemac/link-to-canary",
-        "remotemac/runs"], json.dumps(kept["items"])
+        "remotemac/runs", "remotemac/runtime"], json.dumps(kept["items"])
     assert kept["status"] == "not clean"
     [root_item] = [i for i in kept["items"] if i["kind"] == "root"]
     assert root_item["fate"] == "left alone"
     assert "2 entries remotemac did not make (envs/fake-env, link-to-canary)" in root_item["why"]
-    first.rename(tmp_path / "first-cleanup")
+    first.rename(tmp_path / "first-cleanup")  # so the second record is the only one there
     (t.root / "link-to-canary").unlink()
     (t.root / "envs" / "fake-env").unlink()
     proc = t.cli("cleanup", t.alias, "--remote-root", str(t.root), "--yes", cwd=tmp_path)

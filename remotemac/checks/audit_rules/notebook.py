@@ -9,12 +9,11 @@ IPython magics and shell escapes (``%``, ``!``) become blank lines; a cell magic
 
 from __future__ import annotations
 
-import ast
 import dataclasses
 import json
-import warnings
 
 from remotemac.checks.audit_rules.model import Finding
+from remotemac.checks.audit_rules.parsing import parse_source
 from remotemac.checks.audit_rules.python_rules import PythonScanner
 
 
@@ -42,9 +41,7 @@ def _python_lines(source: str) -> list[str] | None:
         return None
     lines = ["" if ln.lstrip().startswith(("%", "!")) else ln for ln in lines]
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            ast.parse("\n".join(lines))
+        parse_source("\n".join(lines))
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return None
     return lines
@@ -67,7 +64,7 @@ def scan_notebook(file: str, data: bytes) -> list[Finding] | None:
     text = "\n".join(joined).encode()
     if not text.strip():
         return []
-    tree = ast.parse(text)
+    tree = parse_source(text, filename=file)
     findings = PythonScanner(file, text, None).run(tree)
     return [dataclasses.replace(f, cell=where[f.line - 1][0], line=where[f.line - 1][1])
             for f in findings]

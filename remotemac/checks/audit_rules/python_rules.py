@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import ast
 import bisect
-import warnings
 from collections.abc import Iterator
 
 from remotemac.checks.audit_rules import pycalls, pyguards
@@ -19,6 +18,7 @@ from remotemac.checks.audit_rules.call_rules import CallRules
 from remotemac.checks.audit_rules.guard_rules import GuardRules
 from remotemac.checks.audit_rules.import_rules import ImportLog, ImportRules
 from remotemac.checks.audit_rules.model import Finding, make
+from remotemac.checks.audit_rules.parsing import parse_source
 from remotemac.checks.audit_rules.valueflow import Flow, build_flow
 
 __all__ = ["PY_TRIGGERS", "ImportLog", "PythonScanner", "scan_python"]
@@ -238,9 +238,7 @@ def scan_python(file: str, data: bytes, *, force: bool = False,
     if not force and not any(word in low for word in PY_TRIGGERS):
         return []
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # invalid escapes etc. are not ours to report
-            tree = ast.parse(data, filename=file)
+        tree = parse_source(data, filename=file)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return None
     try:
