@@ -1,6 +1,13 @@
 """Shared fixtures: a local-host playbook factory and an isolated --home.
 
 The real-sshd harness and fault proxy live in tests/harness/ (a pytest plugin).
+
+Markers (registered in pyproject.toml) are applied here, so a contributor can run the fast
+tests alone with ``pytest -m "not sshd and not e2e"``; CI runs everything:
+
+- ``sshd``  the test starts a real OpenSSH sshd (it uses one of ``SSHD_FIXTURES``);
+- ``e2e``   the test drives the real CLI through a whole run (listed in ``E2E``);
+- ``slow``  the test takes more than a few seconds on a 2-core machine (listed in ``SLOW``).
 """
 
 from __future__ import annotations
@@ -74,6 +81,32 @@ def remotemac(*args: str, cwd: Path | None = None, env: dict | None = None,
     if check and proc.returncode != 0:
         raise AssertionError(f"remotemac {' '.join(args)} → {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
     return proc
+
+
+SSHD_FIXTURES = frozenset({"sshd", "sshd_factory", "fresh_host_lab", "host_torch_python"})
+# Tests that spawn the CLI for a whole run (module, or module::test-name prefix).
+E2E: tuple[str, ...] = ()
+# Tests that take more than a few seconds but need no sshd (module, or module::name prefix).
+SLOW: tuple[str, ...] = ()
+
+
+def _listed(item: pytest.Item, entries: tuple[str, ...]) -> bool:
+    """Whether ``item`` matches an entry: a module file name, or ``module::name`` prefix."""
+    module = item.path.name
+    name = f"{module}::{item.name}"
+    return any(entry == module or name.startswith(entry) for entry in entries)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark sshd, e2e and slow tests by what they use, so ``-m`` can select the fast ones."""
+    for item in items:
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if fixtures & SSHD_FIXTURES:
+            item.add_marker(pytest.mark.sshd)
+        if _listed(item, E2E):
+            item.add_marker(pytest.mark.e2e)
+        if _listed(item, SLOW):
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.hookimpl(tryfirst=True)
