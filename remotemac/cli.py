@@ -187,8 +187,9 @@ def run(settings: Settings, playbook: str, host: str | None, out: str | None, as
         pb = pb.model_copy(update={"reproduce": True})
     host_list = [h.strip() for h in hosts.split(",") if h.strip()] if hosts else None
     if (host_list or inventory or pb.hosts or pb.matrix) and not dry_run:
-        from remotemac.engine.fleet import is_fleet, main_fleet
+        from remotemac.engine.fleet import is_fleet
         from remotemac.engine.inventoryfile import load_inventory
+        from remotemac.frontend.fleet import main_fleet
 
         inv = load_inventory(inventory) if inventory else None
         if is_fleet(pb, host_list, inv):
@@ -199,7 +200,8 @@ def run(settings: Settings, playbook: str, host: str | None, out: str | None, as
         if host_list or pb.hosts:  # one host, no variants: a plain run on it
             pb = pb.model_copy(update={"host": (host_list or pb.hosts)[0], "hosts": None})
     if dry_run:
-        from remotemac.engine.plan import make_plan, print_plan
+        from remotemac.engine.plan import make_plan
+        from remotemac.frontend.plan import print_plan
 
         plan = make_plan(pb)
         if as_json:
@@ -490,8 +492,8 @@ def doctor(settings: Settings, host: str, as_json: bool, remote_root: str,
     Exit 0 when the host is fit, 1 when it is not (a check failed), 3 when it
     cannot be reached.
     """
-    from remotemac.checks.doctor import main_doctor
     from remotemac.engine.hosts import open_transport
+    from remotemac.frontend.doctor import main_doctor
 
     needs = None
     if playbook:
@@ -537,7 +539,7 @@ def trust(settings: Settings, host: str, fingerprint: str | None, yes: bool) -> 
               help="Paths not to read, gitignore syntax (repeatable).")
 def audit(path: str, as_json: bool, exclude: tuple[str, ...]) -> None:
     """Scan a project for CUDA-only dependencies and code paths."""
-    from remotemac.checks.audit import main_audit
+    from remotemac.frontend.audit import main_audit
     from remotemac.render import progress
 
     with progress(f"audit: reading {path}"):
@@ -551,7 +553,7 @@ def audit(path: str, as_json: bool, exclude: tuple[str, ...]) -> None:
 @click.option("--json", "as_json", is_flag=True)
 def preflight(playbook: str, seconds: float, as_json: bool) -> None:
     """Run the workload briefly on the local CPU and predict MPS coverage."""
-    from remotemac.checks.preflight import main_preflight
+    from remotemac.frontend.preflight import main_preflight
     from remotemac.render import progress
 
     with progress(f"preflight: running the workload on the local CPU for up to {seconds:g}s "
@@ -577,12 +579,14 @@ def cleanup(settings: Settings, host: str | None, dry_run: bool, yes: bool, as_j
         if host:
             raise BadInput("give a HOST or --all, not both")
         from remotemac.engine.fleet import cleanup_all
+        from remotemac.frontend.prompts import confirm
 
         sys.exit(_asyncio_run(cleanup_all(settings, dry_run=dry_run, yes=yes, as_json=as_json,
-                                          out=Path(out) if out else None)))
+                                          out=Path(out) if out else None, confirm=confirm)))
     if not host:
         raise BadInput("cleanup needs a HOST (or --all)")
     from remotemac.engine.cleanup import main_cleanup
+    from remotemac.frontend.prompts import confirm
     from remotemac.render import progress
 
     with progress(f"cleanup: listing what remotemac put on {host}") as stop:
@@ -592,7 +596,8 @@ def cleanup(settings: Settings, host: str | None, dry_run: bool, yes: bool, as_j
 
         code = _asyncio_run(main_cleanup(host, settings=settings, dry_run=dry_run, yes=yes,
                                          as_json=as_json, remote_root=remote_root,
-                                         out=Path(out) if out else None, echo=echo))
+                                         out=Path(out) if out else None, echo=echo,
+                                         confirm=confirm))
     sys.exit(code)
 
 

@@ -331,7 +331,7 @@ async def main_cleanup(host: str, *, settings, dry_run: bool = False, yes: bool 
     from remotemac.engine.hosts import open_transport
     from remotemac.playbook import check_remote_root
 
-    echo = echo or _click_echo
+    echo = echo or _print_line
     try:
         check_remote_root(remote_root)
     except ValueError as exc:
@@ -368,8 +368,9 @@ async def main_cleanup(host: str, *, settings, dry_run: bool = False, yes: bool 
                                       extra_items=_local_keys(settings.home, know.runs, True))
                 for line in _plan_lines(record):
                     echo(line)
-                ask = confirm or _click_confirm
-                if not ask(f"Remove all of this from {transport.name}?"):
+                # the front end asks; without a way to ask, nothing is removed
+                question = f"Remove all of this from {transport.name}?"
+                if confirm is None or not confirm(question):
                     raise BadInput("cleanup not confirmed: nothing was removed",
                                    hint="rerun with --yes to skip the question")
             answer = await call_in_memory(transport, ledger, "op_cleanup_host",
@@ -419,16 +420,6 @@ def _update_journal(journal, host: str, name: str, record: dict[str, Any]) -> No
                 journal.record_removed(alias, row["kind"], row["path"])
 
 
-def _click_echo(text: str) -> None:
-    import click
-
-    click.echo(text)
-
-
-def _click_confirm(question: str) -> bool:
-    import click
-
-    try:
-        return click.confirm(question, default=False)
-    except click.Abort:
-        return False
+def _print_line(text: str) -> None:
+    """Default output: one line on stdout (the CLI passes its own, the TUI a buffer)."""
+    print(text, flush=True)
