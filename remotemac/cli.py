@@ -615,10 +615,17 @@ def tui(settings: Settings, playbooks: tuple[str, ...], pick: bool) -> None:
     sys.exit(run_tui(settings, list(playbooks), start=not pick))
 
 
-if __name__ == "__main__":  # pragma: no cover
+def entry() -> None:
+    """``python -m remotemac`` / ``python -m remotemac.cli``: ``main`` plus the errors raised
+    before a command runs (while click parses), each as its one line and exit code."""
     try:
         main()
-    except SystemExit as exc:
-        sys.exit(exc.code if exc.code is not None else 0)
-    except Exception:  # noqa: BLE001
-        sys.exit(EXIT_BAD_INPUT)
+    except KeyboardInterrupt:
+        click.echo("remotemac: stopped", err=True)
+        sys.exit(EXIT_INTERRUPTED)
+    except Exception as err:  # noqa: BLE001 - never a silent exit code
+        _fail(err, any(arg in ("-v", "--verbose") for arg in sys.argv[1:]))
+
+
+if __name__ == "__main__":  # pragma: no cover
+    entry()

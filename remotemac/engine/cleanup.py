@@ -27,7 +27,6 @@ import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +35,7 @@ from remotemac.engine.context import expand_root
 from remotemac.engine.ledger import Ledger
 from remotemac.errors import EXIT_HOST, BadInput, HostError, RemotemacError
 from remotemac.transport.base import Transport
-from remotemac.units import format_size
+from remotemac.units import format_size, iso_utc
 
 AGENT_DIR = Path(__file__).resolve().parent.parent / "agent"
 MODULES = ("procid", "safefs", "ramstore", "hostagent", "deadman", "cleanupops")
@@ -169,10 +168,6 @@ async def call_in_memory(transport: Transport, ledger: Ledger, fn: str, req: dic
     return answer["result"]
 
 
-def _iso(ts: float) -> str:
-    return datetime.fromtimestamp(ts, timezone.utc).isoformat(timespec="seconds")
-
-
 def default_out_dir(host: str, when: float, home: Path) -> Path:
     """``<home>/cleanups/cleanup-<host>-<UTC time>``: with the journal, not in the cwd."""
     safe = re.sub(r"[^A-Za-z0-9._-]", "_", host)
@@ -219,8 +214,8 @@ def build_record(*, host: str, name: str, fingerprint: str, started: float, dry_
         "host": host,
         "host_name": name,
         "host_key_fingerprint": fingerprint,
-        "started_at": _iso(started),
-        "finished_at": _iso(time.time()),
+        "started_at": iso_utc(started),
+        "finished_at": iso_utc(time.time()),
         "dry_run": dry_run,
         "status": status,
         "verified": verified,

@@ -45,6 +45,7 @@ from remotemac.errors import (
 from remotemac.events import Event, EventBus, PhaseFinished, Warning
 from remotemac.journal import Journal, new_run_id
 from remotemac.playbook import Playbook
+from remotemac.units import iso_utc
 
 DEFAULT_FORKS = 8
 #: a fleet polls each job's status every 2 s (a single run: every 0.25 s); with
@@ -340,7 +341,7 @@ def write_summary(out_root: Path, playbook: Playbook, runs: list[FleetRun], *, f
     costs = [r.cost for r in runs if r.cost is not None]
     data = {
         "fleet_id": fleet_id, "playbook": playbook.name,
-        "started_at": _iso(started), "finished_at": _iso(time.time()),
+        "started_at": iso_utc(started), "finished_at": iso_utc(time.time()),
         "duration_s": round(time.time() - started, 3), "forks": forks,
         "hosts": sorted({r.host for r in runs}), "matrix": playbook.matrix,
         "connections": connections, "counts": counts,
@@ -354,10 +355,6 @@ def write_summary(out_root: Path, playbook: Playbook, runs: list[FleetRun], *, f
     tmp.write_text(json.dumps(data, indent=2, default=str), encoding="utf-8")
     tmp.replace(path)
     return path
-
-
-def _iso(ts: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
 
 
 # ---------------------------------------------------------------- cleanup --all
@@ -409,7 +406,7 @@ async def cleanup_all(settings, *, dry_run: bool, yes: bool, as_json: bool,
     code = next((c for c in EXIT_PRECEDENCE if c in codes), EXIT_ACCEPTED)
     if dry_run:
         return code
-    record = {"kind": "cleanup-all", "at": _iso(time.time()), "hosts": results,
+    record = {"kind": "cleanup-all", "at": iso_utc(time.time()), "hosts": results,
               "exit_code": code, "exit_code_rule": "the worst host's: 4, 3, 5, 2, 1, else 0"}
     out_root.mkdir(parents=True, exist_ok=True)
     path = out_root / "cleanup-all.json"
