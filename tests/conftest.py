@@ -83,11 +83,52 @@ def remotemac(*args: str, cwd: Path | None = None, env: dict | None = None,
     return proc
 
 
-SSHD_FIXTURES = frozenset({"sshd", "sshd_factory", "fresh_host_lab", "host_torch_python"})
-# Tests that spawn the CLI for a whole run (module, or module::test-name prefix).
-E2E: tuple[str, ...] = ()
-# Tests that take more than a few seconds but need no sshd (module, or module::name prefix).
-SLOW: tuple[str, ...] = ()
+SSHD_FIXTURES = frozenset({"sshd", "sshd_factory", "fresh_host_lab", "host_torch_python",
+                           "client_key"})
+# Tests that run a workload end to end: the CLI or the TUI through a whole run, the
+# harness or preflight over real torch (a module, or a ``module::test-name`` prefix).
+E2E: tuple[str, ...] = (
+    "test_readme_quickstart.py",
+    "test_readme_walkthrough.py",
+    "test_observe_gpt.py",
+    "test_pipeline_local.py",
+    "test_fleet.py",
+    "test_tui.py::test_quickstart_on_local",
+    "test_tui.py::test_wipe_asks_first",
+    "test_tui.py::test_quit_keeps_the_job",
+    "test_tui.py::test_runs_screen_shows_what_the_host_says",
+    "test_tui_ux.py::test_tui_with_a_playbook_runs_it",
+    "test_tui_ux.py::test_run_dialog_dry_run",
+    "test_agent_runtime.py::test_pipeline_on_bare_agent_python",
+    "test_agent_runtime.py::test_run_whose_runtime_cannot_install",
+    "test_harness.py::test_sigterm_writes_the_final_record",
+    "test_preflight.py::test_quickstart_mlp",
+    "test_preflight.py::test_float64_model",
+    "test_preflight.py::test_linalg_svd",
+    "test_preflight.py::test_transformer_with_sdpa",
+    "test_preflight.py::test_time_limit_stops",
+    "test_preflight.py::test_workload_error_is_reported",
+    "test_preflight.py::test_render_labels",
+    "test_cli_ux.py::test_preflight_is_not_silent",
+)
+# Module-scoped fixtures that run whole workloads: a test using one is e2e too.
+E2E_FIXTURES: dict[str, frozenset[str]] = {
+    "test_harness.py": frozenset({"runs"}),  # every harness scenario over real torch
+    "test_cli_ux.py": frozenset({"finished"}),  # two CLI runs
+}
+# Tests that take seconds without an sshd or a whole run (processes, timers, shims).
+SLOW: tuple[str, ...] = (
+    "test_journal.py::test_processes_opening_a_fresh_journal_at_once",
+    "test_hostfacts.py::test_collect_facts",
+    "test_hostfacts.py::test_mps_probe_real_torch",
+    "test_stress_units.py::test_runner_",
+    "test_deadman.py::test_launchd_job_fires",
+    "test_agent_runtime.py::test_encrypted_sync_on_bare_python",
+    "test_agent_runtime.py::test_two_runs_starting_together",
+    "test_agent_runtime.py::test_doctor_reports_runtime_absent_then_present",
+    "test_observe_job.py::test_torchrun_workers_are_observed",
+    "test_preflight.py::test_torch_free_loop_is_stopped",
+)
 
 
 def _listed(item: pytest.Item, entries: tuple[str, ...]) -> bool:
@@ -103,7 +144,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         fixtures = set(getattr(item, "fixturenames", ()))
         if fixtures & SSHD_FIXTURES:
             item.add_marker(pytest.mark.sshd)
-        if _listed(item, E2E):
+        if _listed(item, E2E) or fixtures & E2E_FIXTURES.get(item.path.name, frozenset()):
             item.add_marker(pytest.mark.e2e)
         if _listed(item, SLOW):
             item.add_marker(pytest.mark.slow)
