@@ -6,7 +6,9 @@ Markers (registered in pyproject.toml) are applied here, so a contributor can ru
 tests alone with ``pytest -m "not sshd and not e2e"``; CI runs everything:
 
 - ``sshd``  the test starts a real OpenSSH sshd (it uses one of ``SSHD_FIXTURES``);
-- ``e2e``   the test drives the real CLI through a whole run (listed in ``E2E``);
+- ``e2e``   a real workload or agent process runs to its end: the CLI or the TUI through a
+            whole run, the harness, runner or observer over a real workload, the agent
+            runtime installed with pip, a deadman timer firing (listed in ``E2E``);
 - ``slow``  the test takes more than a few seconds on a 2-core machine (listed in ``SLOW``).
 """
 
@@ -110,6 +112,17 @@ E2E: tuple[str, ...] = (
     "test_preflight.py::test_workload_error_is_reported",
     "test_preflight.py::test_render_labels",
     "test_cli_ux.py::test_preflight_is_not_silent",
+    "test_harness.py::test_runs_on_python_39_without_torch",
+    "test_observe_job.py::test_shell_wrapped_script_and_its_subprocess_are_observed",
+    "test_observe_job.py::test_torchrun_workers_are_observed",
+    "test_stress_units.py::test_runner_",
+    "test_deadman.py::test_launchd_",
+    "test_agent_runtime.py::test_encrypted_sync_on_bare_python",
+    "test_agent_runtime.py::test_two_runs_starting_together",
+    "test_agent_runtime.py::test_auto_falls_back_to_laptop_wheels",
+    "test_agent_runtime.py::test_failed_online_install",
+    "test_agent_runtime.py::test_doctor_reports_runtime_absent_then_present",
+    "test_agent_runtime.py::test_a_damaged_wheel_upload",
 )
 # Module-scoped fixtures that run whole workloads: a test using one is e2e too.
 E2E_FIXTURES: dict[str, frozenset[str]] = {
@@ -120,14 +133,13 @@ E2E_FIXTURES: dict[str, frozenset[str]] = {
 SLOW: tuple[str, ...] = (
     "test_journal.py::test_processes_opening_a_fresh_journal_at_once",
     "test_hostfacts.py::test_collect_facts",
+    "test_hostfacts.py::test_shims_replay_and_fail_like_the_tool",
     "test_hostfacts.py::test_mps_probe_real_torch",
-    "test_stress_units.py::test_runner_",
-    "test_deadman.py::test_launchd_job_fires",
-    "test_agent_runtime.py::test_encrypted_sync_on_bare_python",
-    "test_agent_runtime.py::test_two_runs_starting_together",
-    "test_agent_runtime.py::test_doctor_reports_runtime_absent_then_present",
-    "test_observe_job.py::test_torchrun_workers_are_observed",
+    "test_doctor.py::test_doctor_coroutine_wires_gather_and_evaluate",
+    "test_resident.py::test_freeze_env_is_cached",
     "test_preflight.py::test_torch_free_loop_is_stopped",
+    "test_ssh_faults.py::test_fault_proxy_throttle",
+    "test_tui_snapshots.py",
 )
 
 
