@@ -1,4 +1,4 @@
-from remotemac.cli import main
+from remotemac.cli import entry
 
 if __name__ == "__main__":
-    main()
+    entry()

@@ -197,13 +197,15 @@ def run(settings: Settings, playbook: str, host: str | None, out: str | None, as
         pb = pb.model_copy(update={"reproduce": True})
     host_list = [h.strip() for h in hosts.split(",") if h.strip()] if hosts else None
     if host_list or inventory or pb.hosts or pb.matrix:
-        from remotemac.engine.fleet import is_fleet, main_fleet
+        from remotemac.engine.fleet import is_fleet
         from remotemac.engine.inventoryfile import load_inventory
+        from remotemac.frontend.fleet import main_fleet
 
         inv = load_inventory(inventory) if inventory else None
         if is_fleet(pb, host_list, inv):
             if dry_run:
-                from remotemac.engine.plan import make_fleet_plan, print_fleet_plan
+                from remotemac.engine.plan import make_fleet_plan
+                from remotemac.frontend.plan import print_fleet_plan
 
                 plans = make_fleet_plan(pb, host_list, inv)
                 click.echo(json.dumps(plans, indent=2)) if as_json else print_fleet_plan(plans)
@@ -215,7 +217,8 @@ def run(settings: Settings, playbook: str, host: str | None, out: str | None, as
         if host_list or pb.hosts:  # one host, no variants: a plain run on it
             pb = pb.model_copy(update={"host": (host_list or pb.hosts)[0], "hosts": None})
     if dry_run:
-        from remotemac.engine.plan import make_plan, print_plan
+        from remotemac.engine.plan import make_plan
+        from remotemac.frontend.plan import print_plan
 
         plan = make_plan(pb)
         if as_json:
@@ -523,8 +526,8 @@ def doctor(settings: Settings, host: str, as_json: bool, remote_root: str,
     Exit 0 when the host is fit, 1 when it is not (a check failed), 3 when it
     cannot be reached.
     """
-    from remotemac.checks.doctor import main_doctor
     from remotemac.engine.hosts import open_transport
+    from remotemac.frontend.doctor import main_doctor
 
     needs = None
     if playbook:
@@ -570,7 +573,7 @@ def trust(settings: Settings, host: str, fingerprint: str | None, yes: bool) -> 
               help="Paths not to read, gitignore syntax (repeatable).")
 def audit(path: str, as_json: bool, exclude: tuple[str, ...]) -> None:
     """Scan a project for CUDA-only dependencies and code paths."""
-    from remotemac.checks.audit import main_audit
+    from remotemac.frontend.audit import main_audit
     from remotemac.render import progress
 
     with progress(f"audit: reading {path}"):
@@ -584,7 +587,7 @@ def audit(path: str, as_json: bool, exclude: tuple[str, ...]) -> None:
 @click.option("--json", "as_json", is_flag=True)
 def preflight(playbook: str, seconds: float, as_json: bool) -> None:
     """Run the workload briefly on the local CPU and predict MPS coverage."""
-    from remotemac.checks.preflight import main_preflight
+    from remotemac.frontend.preflight import main_preflight
     from remotemac.render import progress
     from remotemac.units import parse_duration
 
@@ -616,12 +619,14 @@ def cleanup(settings: Settings, host: str | None, dry_run: bool, yes: bool, as_j
         if host:
             raise BadInput("give a HOST or --all, not both")
         from remotemac.engine.fleet import cleanup_all
+        from remotemac.frontend.prompts import confirm
 
         sys.exit(_asyncio_run(cleanup_all(settings, dry_run=dry_run, yes=yes, as_json=as_json,
-                                          out=Path(out) if out else None)))
+                                          out=Path(out) if out else None, confirm=confirm)))
     if not host:
         raise BadInput("cleanup needs a HOST (or --all)")
     from remotemac.engine.cleanup import main_cleanup
+    from remotemac.frontend.prompts import confirm
     from remotemac.render import progress
 
     with progress(f"cleanup: listing what remotemac put on {host}") as stop:
@@ -631,7 +636,8 @@ def cleanup(settings: Settings, host: str | None, dry_run: bool, yes: bool, as_j
 
         code = _asyncio_run(main_cleanup(host, settings=settings, dry_run=dry_run, yes=yes,
                                          as_json=as_json, remote_root=remote_root,
-                                         out=Path(out) if out else None, echo=echo))
+                                         out=Path(out) if out else None, echo=echo,
+                                         confirm=confirm))
     sys.exit(code)
 
 
@@ -649,10 +655,17 @@ def tui(settings: Settings, playbooks: tuple[str, ...], pick: bool) -> None:
     sys.exit(run_tui(settings, list(playbooks), start=not pick))
 
 
-if __name__ == "__main__":  # pragma: no cover
+def entry() -> None:
+    """``python -m remotemac`` / ``python -m remotemac.cli``: ``main`` plus the errors raised
+    before a command runs (while click parses), each as its one line and exit code."""
     try:
         main()
-    except SystemExit as exc:
-        sys.exit(exc.code if exc.code is not None else 0)
-    except Exception:  # noqa: BLE001
-        sys.exit(EXIT_BAD_INPUT)
+    except KeyboardInterrupt:
+        click.echo("remotemac: stopped", err=True)
+        sys.exit(EXIT_INTERRUPTED)
+    except Exception as err:  # noqa: BLE001 - never a silent exit code
+        _fail(err, any(arg in ("-v", "--verbose") for arg in sys.argv[1:]))
+
+
+if __name__ == "__main__":  # pragma: no cover
+    entry()

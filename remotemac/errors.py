@@ -1,4 +1,4 @@
-"""Errors that map to SPEC.md's exit codes.
+"""Errors that map to the exit codes of docs/contract.md.
 
 Every error the user can cause or meet carries the exit code it ends the process
 with and a one-line message (what, where, what to do). The CLI prints that line;

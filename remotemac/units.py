@@ -1,9 +1,11 @@
-"""Sizes like ``2GiB`` and durations like ``2h``, as users write them in playbooks."""
+"""Sizes like ``2GiB`` and durations like ``2h``, as users write them in playbooks; and the
+one timestamp form every record uses (``2026-05-01T12:00:00Z``)."""
 
 from __future__ import annotations
 
 import math
 import re
+import time
 
 _SIZE_UNITS = {
     "": 1, "b": 1,
@@ -100,3 +102,8 @@ def format_size(n: int | float) -> str:
             return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
         value /= 1024
     return f"{value:.1f} TiB"
+
+
+def iso_utc(ts: float) -> str:
+    """A Unix time as the records write it: UTC, whole seconds, ``Z`` (never ``+00:00``)."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))

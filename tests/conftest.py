@@ -1,6 +1,15 @@
 """Shared fixtures: a local-host playbook factory and an isolated --home.
 
 The real-sshd harness and fault proxy live in tests/harness/ (a pytest plugin).
+
+Markers (registered in pyproject.toml) are applied here, so a contributor can run the fast
+tests alone with ``pytest -m "not sshd and not e2e"``; CI runs everything:
+
+- ``sshd``  the test starts a real OpenSSH sshd (it uses one of ``SSHD_FIXTURES``);
+- ``e2e``   a real workload or agent process runs to its end: the CLI or the TUI through a
+            whole run, the harness, runner or observer over a real workload, the agent
+            runtime installed with pip, a deadman timer firing (listed in ``E2E``);
+- ``slow``  the test takes more than a few seconds on a 2-core machine (listed in ``SLOW``).
 """
 
 from __future__ import annotations
@@ -80,6 +89,83 @@ def remotemac(*args: str, cwd: Path | None = None, env: dict | None = None,
     if check and proc.returncode != 0:
         raise AssertionError(f"remotemac {' '.join(args)} → {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
     return proc
+
+
+SSHD_FIXTURES = frozenset({"sshd", "sshd_factory", "fresh_host_lab", "host_torch_python",
+                           "client_key"})
+# Tests that run a workload end to end: the CLI or the TUI through a whole run, the
+# harness or preflight over real torch (a module, or a ``module::test-name`` prefix).
+E2E: tuple[str, ...] = (
+    "test_readme_quickstart.py",
+    "test_readme_walkthrough.py",
+    "test_observe_gpt.py",
+    "test_pipeline_local.py",
+    "test_fleet.py",
+    "test_tui.py::test_quickstart_on_local",
+    "test_tui.py::test_wipe_asks_first",
+    "test_tui.py::test_quit_keeps_the_job",
+    "test_tui.py::test_runs_screen_shows_what_the_host_says",
+    "test_tui_ux.py::test_tui_with_a_playbook_runs_it",
+    "test_tui_ux.py::test_run_dialog_dry_run",
+    "test_agent_runtime.py::test_pipeline_on_bare_agent_python",
+    "test_agent_runtime.py::test_run_whose_runtime_cannot_install",
+    "test_harness.py::test_sigterm_writes_the_final_record",
+    "test_preflight.py::test_quickstart_mlp",
+    "test_preflight.py::test_float64_model",
+    "test_preflight.py::test_linalg_svd",
+    "test_preflight.py::test_transformer_with_sdpa",
+    "test_preflight.py::test_time_limit_stops",
+    "test_preflight.py::test_workload_error_is_reported",
+    "test_preflight.py::test_render_labels",
+    "test_cli_ux.py::test_preflight_is_not_silent",
+    "test_harness.py::test_runs_on_python_39_without_torch",
+    "test_observe_job.py::test_shell_wrapped_script_and_its_subprocess_are_observed",
+    "test_observe_job.py::test_torchrun_workers_are_observed",
+    "test_stress_units.py::test_runner_",
+    "test_deadman.py::test_launchd_",
+    "test_agent_runtime.py::test_encrypted_sync_on_bare_python",
+    "test_agent_runtime.py::test_two_runs_starting_together",
+    "test_agent_runtime.py::test_auto_falls_back_to_laptop_wheels",
+    "test_agent_runtime.py::test_failed_online_install",
+    "test_agent_runtime.py::test_doctor_reports_runtime_absent_then_present",
+    "test_agent_runtime.py::test_a_damaged_wheel_upload",
+)
+# Module-scoped fixtures that run whole workloads: a test using one is e2e too.
+E2E_FIXTURES: dict[str, frozenset[str]] = {
+    "test_harness.py": frozenset({"runs"}),  # every harness scenario over real torch
+    "test_cli_ux.py": frozenset({"finished"}),  # two CLI runs
+}
+# Tests that take seconds without an sshd or a whole run (processes, timers, shims).
+SLOW: tuple[str, ...] = (
+    "test_journal.py::test_processes_opening_a_fresh_journal_at_once",
+    "test_hostfacts.py::test_collect_facts",
+    "test_hostfacts.py::test_shims_replay_and_fail_like_the_tool",
+    "test_hostfacts.py::test_mps_probe_real_torch",
+    "test_doctor.py::test_doctor_coroutine_wires_gather_and_evaluate",
+    "test_resident.py::test_freeze_env_is_cached",
+    "test_preflight.py::test_torch_free_loop_is_stopped",
+    "test_ssh_faults.py::test_fault_proxy_throttle",
+    "test_tui_snapshots.py",
+)
+
+
+def _listed(item: pytest.Item, entries: tuple[str, ...]) -> bool:
+    """Whether ``item`` matches an entry: a module file name, or ``module::name`` prefix."""
+    module = item.path.name
+    name = f"{module}::{item.name}"
+    return any(entry == module or name.startswith(entry) for entry in entries)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark sshd, e2e and slow tests by what they use, so ``-m`` can select the fast ones."""
+    for item in items:
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if fixtures & SSHD_FIXTURES:
+            item.add_marker(pytest.mark.sshd)
+        if _listed(item, E2E) or fixtures & E2E_FIXTURES.get(item.path.name, frozenset()):
+            item.add_marker(pytest.mark.e2e)
+        if _listed(item, SLOW):
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.hookimpl(tryfirst=True)

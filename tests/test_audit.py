@@ -17,9 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from remotemac.checks.audit import audit_project, compile_gitignore, decide, main_audit
+from remotemac.checks.audit import audit_project, compile_gitignore, decide
 from remotemac.checks.audit_rules import RULES, scan_python, scope
 from remotemac.errors import BadInput
+from remotemac.frontend.audit import main_audit
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "tests" / "fixtures" / "audit"

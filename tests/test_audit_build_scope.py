@@ -7,8 +7,9 @@ import io
 import json
 from pathlib import Path
 
-from remotemac.checks.audit import audit_project, main_audit
+from remotemac.checks.audit import audit_project
 from remotemac.checks.audit_rules import scan_build_script, scan_cxx
+from remotemac.frontend.audit import main_audit
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "tests" / "fixtures" / "audit"

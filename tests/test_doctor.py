@@ -17,6 +17,7 @@ import pytest
 
 from remotemac.agent import hostfacts as hf
 from remotemac.checks import doctor as dr
+from remotemac.frontend import doctor as doctor_cli
 from remotemac.transport.local import LocalTransport
 
 SHIMS = Path(__file__).parent / "fixtures" / "macos" / "shims"
@@ -238,7 +239,7 @@ async def test_gather_facts_without_python3(tmp_path) -> None:
 
 def test_main_doctor_json_on_this_linux_host(tmp_path, capsys) -> None:
     """`doctor local --json` here: one JSON object, not fit (Linux has no MPS), exit 1."""
-    rc = dr.main_doctor("local", True, LocalTransport(), remote_root=str(tmp_path))
+    rc = doctor_cli.main_doctor("local", True, LocalTransport(), remote_root=str(tmp_path))
     out = json.loads(capsys.readouterr().out)
     assert rc == 1 and out["fit"] is False and out["host"] == "local"
     assert {c["name"] for c in out["checks"]} >= {"macos", "arch", "disk", "tmux", "mps"}
@@ -250,15 +251,15 @@ def test_render_and_exit_code(m1_facts) -> None:
 
     console = Console(record=True, width=160)
     report = dr.evaluate(m1_facts, host="mac-rental")
-    assert dr.emit(report, False, console) == 0
+    assert doctor_cli.emit(report, False, console) == 0
     text = console.export_text()
     assert "remotemac doctor mac-rental: fit" in text and "macOS 14.0 (23A344)" in text
     short = dr.evaluate(m1_facts, needs_disk_bytes=m1_facts["disk"]["free_bytes"] * 2)
     console = Console(record=True, width=160)
-    assert dr.emit(short, False, console) == 1
+    assert doctor_cli.emit(short, False, console) == 1
     assert "not fit" in console.export_text()
     console = Console(record=True, width=160)
-    assert dr.emit(short, True, console) == 1
+    assert doctor_cli.emit(short, True, console) == 1
     assert json.loads(console.export_text())["fit"] is False
 
 

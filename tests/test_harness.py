@@ -33,7 +33,7 @@ FALLBACK_2022 = MAC / "pytorch_mps_fallback_userwarning__2022_torch1.13dev.txt"
 FALLBACK_CONDA = MAC / "pytorch_mps_fallback_userwarning__2022_conda_build.txt"
 NOTIMPL = sorted(MAC.glob("pytorch_mps_notimplementederror__*.txt"))
 OOM = sorted(MAC.glob("pytorch_mps_oom_runtimeerror__*.txt"))
-# Not in the recorded samples: the text is PyTorch's own (mps-facts.md, EmptyTensor.cpp);
+# Not in the recorded samples: the text is PyTorch's own (EmptyTensor.cpp);
 # the tail "Please use float32 instead." as reported in pytorch/pytorch#122602.
 FLOAT64 = (
     "Cannot convert a MPS Tensor to float64 dtype as the MPS framework doesn't support "

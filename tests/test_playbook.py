@@ -75,7 +75,7 @@ def test_defaults_and_units():
 
 
 def test_spec_example_playbook_is_valid():
-    """The playbook printed in SPEC.md (and the README) validates as is."""
+    """The playbook printed in the README (and docs/contract.md) validates as is."""
     readme = (REPO / "README.md").read_text()
     block = readme.split("```yaml\n", 1)[1].split("```", 1)[0]
     pb = parse_playbook(block)

@@ -12,13 +12,12 @@ import pytest
 from remotemac.agent import optrace
 from remotemac.checks.preflight import (
     PreflightReport,
-    main_preflight,
     python_target,
-    render,
     run_preflight,
     substitute,
 )
 from remotemac.errors import BadInput
+from remotemac.frontend.preflight import main_preflight, render
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "preflight"
 COMMAND = "python train.py --device {device} --data {data_dir} --out {output_dir}"

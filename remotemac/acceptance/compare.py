@@ -36,7 +36,7 @@ from remotemac.acceptance.loaders import (
     load_leaves,
 )
 
-# PyTorch's own MPS tests (test/test_mps.py), see /work/shared/mps-facts.md.
+# PyTorch's own MPS tests (test/test_mps.py).
 FLOAT32_TOL = (1.3e-6, 1e-5)  # (rtol, atol)
 FLOAT16_TOL = (5e-2, 5e-2)
 BFLOAT16_TOL = (1e-1, 5e-2)

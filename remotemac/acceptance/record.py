@@ -1,6 +1,6 @@
 """Build, validate and write the acceptance record (acceptance.json + acceptance.md).
 
-The record is the product's answer, so it always has every key SPEC.md lists:
+The record is the product's answer, so it always has every key docs/contract.md lists:
 unknown values are explicit nulls (an empty list means "observed, none"), and the
 verdict is derived here from the evidence, never passed in, so no caller can
 call a run accepted that is missing an observation.

@@ -489,7 +489,7 @@ def activate(path: str) -> Any:
     if real not in sys.path:
         sys.path.insert(0, real)
     try:
-        import cryptography
+        import cryptography  # agent-imports: lazy (the agent runtime's venv)
     except ImportError as exc:
         raise RuntimeInstallError("cannot import cryptography from the agent runtime %s: %s"
                             % (path, exc)) from None

@@ -361,7 +361,7 @@ class Harness:
             if importlib.util.find_spec("torch") is None:
                 self.torch_error = "torch is not installed"
                 return
-            import torch  # noqa: PLC0415 - lazily, after prepare_environment
+            import torch  # noqa: PLC0415  # agent-imports: lazy, after prepare_environment
         except Exception as exc:  # noqa: BLE001 - a broken install is a finding, not a crash
             self.torch_error = f"{type(exc).__name__}: {first_line(str(exc))}"
             return

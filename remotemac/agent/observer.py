@@ -79,7 +79,9 @@ class ProcessObserver(harness.Harness):  # type: ignore[misc, name-defined]
             with contextlib.suppress(Exception):  # very old torch: no TorchFunctionMode
                 self.watch.enter(self.torch)
             with contextlib.suppress(Exception):  # torch < 2.0: no global step hooks
-                from torch.optim.optimizer import register_optimizer_step_post_hook
+                from torch.optim.optimizer import (  # agent-imports: lazy (workload's torch)
+                    register_optimizer_step_post_hook,
+                )
 
                 register_optimizer_step_post_hook(self._count_step)
         atexit.register(self.finish)

@@ -121,8 +121,8 @@ class Recorder:
 
 def _make_modes(rec: Recorder, torch: Any) -> tuple[Any, Any]:
     """Build the dispatch-level and function-level modes bound to ``rec``."""
-    from torch.overrides import TorchFunctionMode
-    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.overrides import TorchFunctionMode  # agent-imports: lazy (workload's torch)
+    from torch.utils._python_dispatch import TorchDispatchMode  # agent-imports: lazy
 
     class OpRecorder(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
@@ -185,7 +185,7 @@ def run(
         "seconds_limit": seconds,
     }
     try:
-        import torch
+        import torch  # agent-imports: lazy (the traced script's torch)
     except ImportError as exc:
         trace.update(stopped="error", error=f"torch is not importable: {exc}", elapsed_s=0.0)
         _write(out_path, trace)

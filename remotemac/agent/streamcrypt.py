@@ -260,7 +260,7 @@ def _open_header(data_key: bytes, relpath: str, header: bytes) -> tuple[bytes, i
 
 
 def _open_chunk(aead: Any, counter: int, last: bool, sealed: bytes, relpath: str) -> bytes:
-    from cryptography.exceptions import InvalidTag
+    from cryptography.exceptions import InvalidTag  # agent-imports: lazy (agent runtime)
 
     try:
         return aead.decrypt(_nonce(counter, last), sealed, None)
@@ -279,7 +279,9 @@ def _nonce(counter: int, last: bool) -> bytes:
 
 
 def _aead(key: bytes) -> Any:
-    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+    from cryptography.hazmat.primitives.ciphers.aead import (  # agent-imports: lazy
+        AESGCM,
+    )
 
     return AESGCM(key)
 

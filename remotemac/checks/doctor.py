@@ -9,9 +9,7 @@ re-shipping code. Each check says what it saw, why it matters and how to fix it.
 
 from __future__ import annotations
 
-import asyncio
 import json
-import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -383,52 +381,3 @@ async def doctor(
     """Gather on an open transport and judge."""
     facts = await gather_facts(transport, remote_root, venv_python)
     return evaluate(facts, needs_disk_bytes, host=host)
-
-
-# --------------------------------------------------------------------------- output
-
-_STYLES = {OK: "green", WARN: "yellow", FAIL: "bold red", NOT_APPLICABLE: "dim"}
-
-
-def render(report: DoctorReport, console: Any = None) -> None:
-    """The human table (rich, imported here so ``--json`` and the agent never need it)."""
-    from rich.console import Console
-    from rich.table import Table
-
-    console = console or Console()
-    verdict = "[green]fit[/]" if report.fit else "[bold red]not fit[/]"
-    table = Table(title=f"remotemac doctor {report.host}: {verdict}", title_justify="left")
-    table.add_column("check")
-    table.add_column("status")
-    table.add_column("value", overflow="fold")
-    table.add_column("why / fix", overflow="fold")
-    for c in report.checks:
-        notes = c.why + (f"\nfix: {c.fix}" if c.fix else "")
-        table.add_row(c.name, f"[{_STYLES[c.status]}]{c.status}[/]", c.value, notes)
-    console.print(table)
-
-
-def emit(report: DoctorReport, as_json: bool, console: Any = None) -> int:
-    """Print the report (table or one JSON object); exit 0 only if fit, else 1."""
-    if as_json:
-        text = json.dumps(report.to_dict(), sort_keys=True, default=str)
-        if console is not None:
-            console.out(text, highlight=False)
-        else:
-            sys.stdout.write(text + "\n")
-    else:
-        render(report, console)
-    return 0 if report.fit else 1
-
-
-def main_doctor(
-    host: str, as_json: bool, transport: Transport, console: Any = None, *,
-    remote_root: str = "~/remotemac", needs_disk_bytes: int | None = None,
-) -> int:
-    """``remotemac doctor HOST [--json]``: connects, gathers, judges, prints, closes."""
-
-    async def _run() -> DoctorReport:
-        async with transport:
-            return await doctor(transport, host, remote_root, needs_disk_bytes)
-
-    return emit(asyncio.run(_run()), as_json, console)

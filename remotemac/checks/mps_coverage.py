@@ -3,7 +3,7 @@
 The wheel ships ``torchgen/packaged/ATen/native/native_functions.yaml``; it says
 which backends have a kernel for each operator overload. Reading it (instead of
 keeping our own list) makes the prediction follow the torch version the user has.
-The rules, from docs/mps-facts:
+The rules, as PyTorch applies them:
 
 * an ``MPS`` key in ``dispatch:`` (keys are comma lists) is an MPS kernel;
 * composite keys, or no ``dispatch:`` at all, run on any backend;

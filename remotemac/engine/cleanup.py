@@ -27,7 +27,6 @@ import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +35,7 @@ from remotemac.engine.context import expand_root
 from remotemac.engine.ledger import Ledger
 from remotemac.errors import EXIT_HOST, BadInput, HostError, RemotemacError
 from remotemac.transport.base import Transport
-from remotemac.units import format_size
+from remotemac.units import format_size, iso_utc
 
 AGENT_DIR = Path(__file__).resolve().parent.parent / "agent"
 MODULES = ("procid", "safefs", "ramstore", "hostagent", "deadman", "specscrub", "cleanupops")
@@ -169,10 +168,6 @@ async def call_in_memory(transport: Transport, ledger: Ledger, fn: str, req: dic
     return answer["result"]
 
 
-def _iso(ts: float) -> str:
-    return datetime.fromtimestamp(ts, timezone.utc).isoformat(timespec="seconds")
-
-
 def default_out_dir(host: str, when: float, home: Path) -> Path:
     """``<home>/cleanups/cleanup-<host>-<UTC time>``: with the journal, not in the cwd."""
     safe = re.sub(r"[^A-Za-z0-9._-]", "_", host)
@@ -219,8 +214,8 @@ def build_record(*, host: str, name: str, fingerprint: str, started: float, dry_
         "host": host,
         "host_name": name,
         "host_key_fingerprint": fingerprint,
-        "started_at": _iso(started),
-        "finished_at": _iso(time.time()),
+        "started_at": iso_utc(started),
+        "finished_at": iso_utc(time.time()),
         "dry_run": dry_run,
         "status": status,
         "verified": verified,
@@ -331,7 +326,7 @@ async def main_cleanup(host: str, *, settings, dry_run: bool = False, yes: bool 
     from remotemac.engine.hosts import open_transport
     from remotemac.playbook import check_remote_root
 
-    echo = echo or _click_echo
+    echo = echo or _print_line
     try:
         check_remote_root(remote_root)
     except ValueError as exc:
@@ -368,8 +363,9 @@ async def main_cleanup(host: str, *, settings, dry_run: bool = False, yes: bool 
                                       extra_items=_local_keys(settings.home, know.runs, True))
                 for line in _plan_lines(record):
                     echo(line)
-                ask = confirm or _click_confirm
-                if not ask(f"Remove all of this from {transport.name}?"):
+                # the front end asks; without a way to ask, nothing is removed
+                question = f"Remove all of this from {transport.name}?"
+                if confirm is None or not confirm(question):
                     raise BadInput("cleanup not confirmed: nothing was removed",
                                    hint="rerun with --yes to skip the question")
             answer = await call_in_memory(transport, ledger, "op_cleanup_host",
@@ -419,16 +415,6 @@ def _update_journal(journal, host: str, name: str, record: dict[str, Any]) -> No
                 journal.record_removed(alias, row["kind"], row["path"])
 
 
-def _click_echo(text: str) -> None:
-    import click
-
-    click.echo(text)
-
-
-def _click_confirm(question: str) -> bool:
-    import click
-
-    try:
-        return click.confirm(question, default=False)
-    except click.Abort:
-        return False
+def _print_line(text: str) -> None:
+    """Default output: one line on stdout (the CLI passes its own, the TUI a buffer)."""
+    print(text, flush=True)

@@ -65,6 +65,9 @@ class RunContext:
     sides: list[Side]
     ledger: Ledger
     results: dict[str, Any] = field(default_factory=dict)
+    #: links cut by hand while the run was attached (the TUI's drill, ``d``); the record
+    #: counts them so a drop on purpose is never mistaken for a flaky network
+    drills: list[dict[str, Any]] = field(default_factory=list)
 
     def emit(self, event: Event) -> None:
         self.bus.emit(event)

@@ -10,7 +10,8 @@ others.
 
 Each run is an ordinary run in the journal (its own run id, record and out dir
 ``<out>/<host>[/<variant>]``), so ``attach``, ``status`` and ``logs`` work on it
-alone. The fleet adds ``fleet.json`` and a summary table on top.
+alone. The fleet adds ``fleet.json`` on top; remotemac.frontend.fleet prints the lines and
+the summary table.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ import asyncio
 import itertools
 import json
 import re
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -45,6 +45,7 @@ from remotemac.errors import (
 from remotemac.events import Event, EventBus, PhaseFinished, Warning
 from remotemac.journal import Journal, new_run_id
 from remotemac.playbook import Playbook
+from remotemac.units import iso_utc
 
 DEFAULT_FORKS = 8
 #: a fleet polls each job's status every 2 s (a single run: every 0.25 s); with
@@ -342,7 +343,7 @@ def write_summary(out_root: Path, playbook: Playbook, runs: list[FleetRun], *, f
     costs = [r.cost for r in runs if r.cost is not None]
     data = {
         "fleet_id": fleet_id, "playbook": playbook.name,
-        "started_at": _iso(started), "finished_at": _iso(time.time()),
+        "started_at": iso_utc(started), "finished_at": iso_utc(time.time()),
         "duration_s": round(time.time() - started, 3), "forks": forks,
         "hosts": sorted({r.host for r in runs}), "matrix": playbook.matrix,
         "connections": connections, "counts": counts,
@@ -358,108 +359,7 @@ def write_summary(out_root: Path, playbook: Playbook, runs: list[FleetRun], *, f
     return path
 
 
-def summary_table(result: FleetResult):
-    from rich.table import Table
-
-    colours = {"accepted": "green", "rejected": "red", "lost": "magenta",
-               "unreachable": "magenta"}
-    table = Table("host", "variant", "verdict", "duration", "cost", "reason",
-                  title=f"fleet {result.fleet_id}: exit {result.exit_code}")
-    for r in result.runs:
-        colour = colours.get(r.verdict, "yellow")
-        cost = f"{r.cost:.2f} {r.currency}" if r.cost is not None else "-"
-        duration = f"{r.duration_s:.1f}s" if r.duration_s is not None else "-"
-        table.add_row(r.host, variant_label(r.variant) or "-", f"[{colour}]{r.verdict}[/]",
-                      duration, cost, r.reason or "")
-    return table
-
-
-class FleetRenderer:
-    """Many runs at once: one line per finished phase, prefixed with the run's host/variant."""
-
-    def __init__(self, runs: list[FleetRun], verbose: bool = False) -> None:
-        from rich.console import Console
-
-        self.console = Console(highlight=False)
-        self.verbose = verbose
-        self.runs = runs
-
-    def __call__(self, event: Event) -> None:
-        from remotemac.events import ConnectionState, LogLine, RunFinished
-        from remotemac.render import shown
-        from remotemac.termsafe import escape_controls
-
-        # host and job text is shown escaped (controls, rich markup), as in RichRenderer
-        name = shown(self._name(event.run_id))
-        if isinstance(event, PhaseFinished):
-            mark = "[dim]↷" if event.skipped else ("[green]✓" if event.ok else "[red]✗")
-            self.console.print(f"{mark} {name} {shown(event.phase)}[/] [dim]{shown(event.detail)}[/]")
-        elif isinstance(event, ConnectionState) and event.state != "connected":
-            self.console.print(f"[yellow]⚡ {name}: {shown(event.state)}[/] {shown(event.detail)}")
-        elif isinstance(event, Warning):
-            self.console.print(f"[yellow]warning:[/] {name}: {shown(event.message)}")
-        elif isinstance(event, RunFinished):
-            self.console.print(f"[bold]{name}: {shown(event.verdict)}[/] (exit {event.exit_code})")
-        elif isinstance(event, LogLine) and self.verbose:
-            self.console.print(f"[dim]{name} {shown(event.device)} │[/] ", end="")
-            self.console.out(escape_controls(event.line), highlight=False)
-
-    def _name(self, run_id: str) -> str:
-        for r in self.runs:
-            if r.run_id == run_id:
-                return r.label
-        return run_id
-
-    def close(self) -> None:
-        return None
-
-
-def _iso(ts: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
-
-
-# ---------------------------------------------------------------- CLI entry points
-
-
-def main_fleet(settings, playbook: Playbook, *, hosts: list[str] | None,
-               inventory_path: str | None, forks: int, out: str | None, as_json: bool,
-               keep_data: bool) -> int:
-    """``remotemac run`` for more than one (host, variant): run, print the summary, exit code."""
-    from remotemac.engine.inventoryfile import load_inventory
-
-    inventory = load_inventory(inventory_path) if inventory_path else None
-    targets = fleet_hosts(playbook, hosts, inventory)
-    fleet_id = new_run_id(playbook.name)
-    out_root = (Path(out) if out else Path.cwd() / "runs" / fleet_id).resolve()
-    runs = plan_runs(playbook, targets, inventory, out_root)
-    for r in runs:
-        r.run_id = f"{fleet_id}-{r.index:02d}"
-    if as_json:
-        from remotemac.render import JsonRenderer
-
-        sink: Any = JsonRenderer()
-    else:
-        sink = FleetRenderer(runs, settings.verbose)
-        sink.console.print(f"fleet {fleet_id}: {len(runs)} runs on {len(set(targets))} hosts "
-                           f"(forks {forks}) → {out_root}")
-    options = RunOptions(keep_data=keep_data, follow_poll_s=FLEET_FOLLOW_POLL_S)
-    try:
-        result = asyncio.run(run_fleet(
-            playbook, runs, journal=settings.journal(), home=settings.home, out_root=out_root,
-            options=options, ssh=settings.ssh_options(), forks=forks, sink=sink,
-            fleet_id=fleet_id))
-    except KeyboardInterrupt:
-        print("\nremotemac: stopped locally; the jobs keep running on their hosts. Resume one "
-              "with: remotemac attach <run-id> (see: remotemac status)", file=sys.stderr)
-        return EXIT_INTERRUPTED
-    if as_json:
-        print(json.dumps({"event": "fleet_finished", "fleet_id": result.fleet_id,
-                          "exit_code": result.exit_code, "summary": str(result.summary_path)}),
-              flush=True)
-    else:
-        sink.console.print(summary_table(result))
-        sink.console.print(f"summary: {result.summary_path}")
-    return result.exit_code
+# ---------------------------------------------------------------- cleanup --all
 
 
 async def cleanup_all(settings, *, dry_run: bool, yes: bool, as_json: bool,
@@ -483,12 +383,12 @@ async def cleanup_all(settings, *, dry_run: bool, yes: bool, as_json: bool,
         print("cleanup --all: the journal knows no host; nothing to do")
         return 0
     if not (yes or dry_run):
-        import click
-
-        ask = confirm or (lambda q: click.confirm(q, default=False))
-        if not ask(f"Remove everything remotemac put on {len(targets)} host(s): "
-                   f"{', '.join(targets)}?"):
-            raise BadInput("cleanup not confirmed")
+        # the front end asks (click in the CLI); without a way to ask, nothing is removed
+        question = (f"Remove everything remotemac put on {len(targets)} host(s): "
+                    f"{', '.join(targets)}?")
+        if confirm is None or not confirm(question):
+            raise BadInput("cleanup not confirmed: nothing was removed",
+                           hint="rerun with --yes to skip the question")
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     out_root = Path(out) if out else Path(settings.home) / "cleanups" / f"cleanup-all-{stamp}"
     results = []
@@ -508,7 +408,7 @@ async def cleanup_all(settings, *, dry_run: bool, yes: bool, as_json: bool,
     code = next((c for c in EXIT_PRECEDENCE if c in codes), EXIT_ACCEPTED)
     if dry_run:
         return code
-    record = {"kind": "cleanup-all", "at": _iso(time.time()), "hosts": results,
+    record = {"kind": "cleanup-all", "at": iso_utc(time.time()), "hosts": results,
               "exit_code": code, "exit_code_rule": "the worst host's: 4, 3, 5, 2, 1, else 0"}
     out_root.mkdir(parents=True, exist_ok=True)
     path = out_root / "cleanup-all.json"

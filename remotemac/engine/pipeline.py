@@ -90,7 +90,7 @@ def build_context(
 
 
 async def run_pipeline(ctx: RunContext) -> int:
-    """Run (or resume) every phase; returns the exit code of SPEC.md."""
+    """Run (or resume) every phase; returns the exit code of docs/contract.md."""
     owner = ctx.journal.claim_run(ctx.run_id)
     if owner is not None:
         raise BadInput(f"run {ctx.run_id} is already being driven by process {owner} on this "

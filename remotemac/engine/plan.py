@@ -8,7 +8,6 @@ from typing import Any
 from remotemac.engine.context import make_sides, substitute
 from remotemac.engine.projectfiles import project_upload
 from remotemac.playbook import Playbook
-from remotemac.units import format_size
 
 AUTO_ORDER = ("mps", "cuda", "cpu")  # what ``device: auto`` becomes, first available
 
@@ -72,52 +71,6 @@ def disk_needed(pb: Playbook) -> int:
     return plan["project"]["bytes"] + 2 * data + venv + pb.stop_when.min_free_disk
 
 
-#: the human plan shows this much of a command; ``--json`` has all of it (rich wraps a
-#: 300 KB line for minutes)
-SHOWN_COMMAND = 400
-
-
-def _short(text: str) -> str:
-    from remotemac.render import shown
-
-    if len(text) <= SHOWN_COMMAND:
-        return shown(text)
-    return shown(text[:SHOWN_COMMAND]) + f"… ({len(text)} characters; --json shows all)"
-
-
-def print_plan(plan: dict[str, Any], console: Any = None) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    from remotemac.render import shown
-
-    c = console or Console()
-    c.print(f"[bold]Plan for {shown(plan['playbook'])}[/] on [bold]{shown(plan['host'])}[/] "
-            "(dry run: nothing is touched)")
-    c.print("phases: " + " → ".join(shown(p) for p in plan["phases"]))
-    for key, value in plan["remote_paths"].items():
-        c.print(f"  {key:8} {shown(value)}")
-    project = plan["project"]
-    c.print(f"project: {project['files']} files, {format_size(project['bytes'])}")
-    for group in project.get("left_out", []):
-        examples = ", ".join(shown(e) for e in group["examples"])
-        more = " …" if group["files"] > len(group["examples"]) else ""
-        c.print(f"  left out of the project upload: {group['files']} files {shown(group['why'])}"
-                f" [dim]({examples}{more})[/]")
-    data = plan["data"]
-    if data["files"]:
-        table = Table("dataset file", "size", "why", title=f"dataset slice ({'encrypted' if data['encrypted'] else 'plain'})")
-        for f in data["files"]:
-            table.add_row(shown(f["path"]), format_size(f["size"]), shown(f["reason"]))
-        c.print(table)
-    for role, cmd in plan["commands"].items():
-        auto = " (auto: the first of these the host's torch offers)" if "|" in cmd["device"] else ""
-        c.print(f"{role}: device {cmd['device']}{auto}, logs/{cmd['label']}.log; on "
-                f"{shown(cmd['host'])} in tmux {shown(cmd['session'])}: "
-                f"[dim]{_short(cmd['command'])}[/]", soft_wrap=True)
-    c.print(f"bytes to send: {format_size(plan['bytes_to_send'])}")
-
-
 def make_fleet_plan(pb: Playbook, hosts: list[str] | None, inventory: Any) -> dict[str, Any]:
     """``run --dry-run`` with ``--hosts``/``--inventory``/a matrix: one plan per fleet run."""
     from remotemac.engine.context import specialize
@@ -131,17 +84,3 @@ def make_fleet_plan(pb: Playbook, hosts: list[str] | None, inventory: Any) -> di
         plans.append({"host": run.host, "variant": variant_label(run.variant) or None,
                       "plan": plan})
     return {"playbook": pb.name, "fleet": True, "runs": plans}
-
-
-def print_fleet_plan(fleet: dict[str, Any]) -> None:
-    from rich.console import Console
-
-    from remotemac.render import shown
-
-    c = Console()
-    c.print(f"[bold]Fleet plan for {shown(fleet['playbook'])}[/]: {len(fleet['runs'])} runs "
-            "(dry run: nothing is touched)")
-    for i, run in enumerate(fleet["runs"]):
-        label = shown(run["host"]) + (f" \\[{shown(run['variant'])}]" if run["variant"] else "")
-        c.rule(f"run {i}: {label}")
-        print_plan(run["plan"], c)

@@ -169,8 +169,8 @@ async def pull_dir(transport: Transport, agent: AgentClient, remote_dir: str, de
 
     for entry, rel in named:
         why = rel if isinstance(rel, str) else _refuse(entry, rel, kinds)
-        if why is not None:
-            skip(shown_name(entry.get("path") if isinstance(entry, dict) else entry), why)
+        if why is not None or isinstance(rel, str):
+            skip(shown_name(entry.get("path") if isinstance(entry, dict) else entry), why or "")
             continue
         if entry["kind"] == "file":
             wanted.append((rel, entry))

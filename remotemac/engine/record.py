@@ -10,6 +10,7 @@ from typing import Any
 
 from remotemac.engine.context import RunContext
 from remotemac.engine.ledger import REDACTED, redact
+from remotemac.units import iso_utc
 
 ENV_MISMATCH_KEYS = ("torch", "numpy", "python", "lock_hash")
 
@@ -309,12 +310,16 @@ def continuity(ctx: RunContext) -> dict[str, Any]:
 
     tally = ctx.results.get("_continuity_tally") or {"disconnects": 0, "reconnects": 0}
     totals = continuity_totals(ctx, tally, ctx.results.get("_continuity_carried", []))
+    if ctx.drills and not isinstance(totals.get("drill"), dict):
+        totals["drill"] = {"kind": "disconnect", "by": "tui", "cuts": len(ctx.drills),
+                           "dropped": sum(1 for d in ctx.drills if d.get("dropped")),
+                           "at": [d.get("at") for d in ctx.drills]}
     ctx.results["_continuity"] = totals
     return totals
 
 
 def _iso(ts: float | None) -> str | None:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts)) if ts else None
+    return iso_utc(ts) if ts else None
 
 
 def reproduce_command(ctx: RunContext) -> str:
@@ -372,7 +377,7 @@ def _ssh_row(record: dict[str, Any], follows: dict[str, Any]) -> dict[str, Any]:
     drill = cont.get("drill")
     label = follows.get("target", ({}, "target"))[1]
     evidence = f"continuity in acceptance.json; logs/{label}.log"
-    if isinstance(drill, dict) and drill.get("dropped"):
+    if isinstance(drill, dict) and drill.get("dropped") and drill.get("by") != "tui":
         ok = drill.get("job_kept_running") and drill.get("log_complete")
         return _row(q, "run --drill disconnect: the SSH link was cut once during the target run",
                     f"job kept running: {_yes(drill.get('job_kept_running'))}; log complete: "
@@ -380,6 +385,9 @@ def _ssh_row(record: dict[str, Any], follows: dict[str, Any]) -> dict[str, Any]:
                     f"{drill.get('reconnect_s')} s", evidence, "ok" if ok else "problem")
     drops = cont.get("disconnects") or 0
     how = "counted the link drops during this run (no drill)"
+    if isinstance(drill, dict) and drill.get("by") == "tui":
+        how = (f"the SSH link was cut by hand from the TUI ({drill.get('dropped')} of "
+               f"{drill.get('cuts')} drill(s) found a live link); counted the drops")
     if drops:
         target = follows.get("target", ({}, ""))[0]
         ok = target.get("state") == "finished"

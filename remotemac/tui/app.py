@@ -261,12 +261,12 @@ class RemotemacApp(App[int]):
         self.notify(f"{phase} {run_id}: done (exit {code})")
         self.post_message(RunEnded(run_id, code, None, what=phase))
 
-    def action_drill(self) -> None:
+    async def action_drill(self) -> None:
         run_id = self._selected_run()
         if run_id is None:
             return
         try:
-            cut = self.driver.drill_disconnect(run_id)
+            cut = await self.driver.drill_disconnect(run_id)
         except Exception as exc:
             self.report_error(error_line(exc))
             return

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import io
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -22,6 +21,7 @@ from remotemac.errors import BadInput, RemotemacError
 from remotemac.events import ConnectionState, Event, EventBus, LogLine, PhaseProgress
 from remotemac.tui.messages import RunEnded, RunUpdated
 from remotemac.tui.model import LIVE_STATES, RunLive
+from remotemac.units import iso_utc
 
 PROGRESS_EVERY_S = 0.1  # transfer progress repaints at most this often per phase
 REATTACH_WINDOW_S = 7 * 86400  # older in-flight runs are listed, not re-attached
@@ -231,32 +231,33 @@ class RunDriver:
 
     # ------------------------------------------------------------ drill, cleanup
 
-    def drill_disconnect(self, run_id: str) -> int:
+    async def drill_disconnect(self, run_id: str) -> int:
         """Cut the live SSH link(s) of an attached run on purpose; returns links cut.
 
-        The transport notices the dead link, emits ``disconnected`` and reconnects on
-        the next operation, exactly as after a real drop.
+        Each host's link goes through the transport's public ``drop_connection``, so the
+        transport emits ``disconnected``, counts the drop and reconnects on the next
+        operation, exactly as after a real drop; the run context keeps the drill so the
+        record says the link was cut on purpose.
         """
         ctx = self.contexts.get(run_id)
         if ctx is None:
             raise BadInput(f"drill: run {run_id} is not attached in this TUI",
                            hint="attach it first (t)")
         cut = 0
+        links = 0
         for binding in ctx.hosts.values():
-            transport = binding.transport
-            drop = getattr(transport, "drop_link", None)
-            if callable(drop):
-                drop("drill")
-                cut += 1
+            owner = binding.transport.link_owner()  # a pool lease: its shared transport
+            drop = getattr(owner, "drop_connection", None)  # local has no link to cut
+            if drop is None:
                 continue
-            conn = getattr(transport, "_conn", None)
-            if conn is not None:
-                conn.abort()
-                cut += 1
-        if not cut:
+            links += 1
+            dropped = bool(await drop("dropped on purpose (TUI drill)"))
+            ctx.drills.append({"host": owner.name, "dropped": dropped,
+                               "at": iso_utc(time.time())})
+            cut += dropped
+        if not links:
             raise BadInput(f"drill: run {run_id} has no SSH link to cut",
                            hint="the drill needs a remote host, not local")
-        ctx.options.drill = "disconnect"
         return cut
 
     async def cleanup(self, host: str, *, dry_run: bool, remote_root: str) -> tuple[int, str]:
@@ -265,11 +266,11 @@ class RunDriver:
             from remotemac.engine.cleanup import main_cleanup
         except ImportError as exc:
             raise BadInput(f"cleanup is not available in this build: {exc}") from None
-        buf = io.StringIO()
-        with contextlib.redirect_stdout(buf):
-            code = await main_cleanup(host, settings=self.settings, dry_run=dry_run,
-                                      yes=not dry_run, as_json=True, remote_root=remote_root)
-        return int(code or 0), buf.getvalue()
+        lines: list[str] = []  # main_cleanup's output, passed in: stdout stays the terminal's
+        code = await main_cleanup(host, settings=self.settings, dry_run=dry_run,
+                                  yes=not dry_run, as_json=True, remote_root=remote_root,
+                                  echo=lines.append)
+        return int(code or 0), "".join(line + "\n" for line in lines)
 
     # ------------------------------------------------------------ quitting
 

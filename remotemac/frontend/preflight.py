@@ -1,0 +1,87 @@
+"""``remotemac preflight PLAYBOOK``: the CPU trace's MPS prediction, as tables or JSON."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from remotemac.checks.preflight import DEFAULT_SECONDS, LEGEND, PreflightReport, run_preflight
+from remotemac.errors import RemotemacError
+from remotemac.playbook import load_playbook
+
+
+def render(report: PreflightReport, console: Any = None) -> None:
+    """Print the report as rich tables."""
+    console = console or Console()
+    version = report.torch_version or "unknown"
+    console.print(
+        f"[bold]MPS coverage prediction[/bold] for torch {version} "
+        f"(a prediction from a CPU trace of {report.elapsed_s:.1f}s, "
+        f"stopped: {report.stopped.replace('_', ' ')})"
+    )
+    if report.traced_torch_version and report.traced_torch_version != report.torch_version:
+        console.print(f"[yellow]the workload ran torch {report.traced_torch_version}[/yellow]")
+    console.print(
+        f"coverage: [bold]{report.coverage_pct:.1f}%[/bold] "
+        f"({report.covered_ops} of {report.total_ops} traced operators have an MPS kernel "
+        "or are composite)"
+    )
+    console.print(
+        f"{report.clean_ops} of {report.total_ops} predicted to run on MPS as traced "
+        "(kernel and dtypes)"
+    )
+    if report.findings:
+        table = Table(title="predicted to fall back or fail on MPS")
+        for col in ("operator", "dtypes", "calls", "verdict", "reason"):
+            table.add_column(col, overflow="fold")
+        for f in report.findings:
+            table.add_row(f.op, ", ".join(f.dtypes), str(f.count), f.verdict, f.reason)
+        console.print(table)
+        console.print(LEGEND, highlight=False)
+    if report.float64_sites:
+        table = Table(title="float64/complex128 tensors created (MPS rejects them)")
+        for col in ("where", "dtype", "made by", "tensors"):
+            table.add_column(col)
+        for s in report.float64_sites:
+            table.add_row(s.site, s.dtype, ", ".join(s.ops), str(s.count))
+        console.print(table)
+    if report.workload_error:
+        console.print(f"[red]the workload failed on the CPU:[/red] {report.workload_error}")
+        for line in report.output_tail[-10:]:
+            console.print(f"  {line}", markup=False, highlight=False)
+    verdict = "every traced operator is predicted to run on MPS" if report.exit_code == 0 \
+        else "some operators are predicted to fall back or fail on MPS"
+    console.print(f"prediction: {verdict}")
+
+
+def main_preflight(
+    playbook_path: Path, seconds: float = DEFAULT_SECONDS, as_json: bool = False, console: Any = None
+) -> int:
+    """CLI entry: load the playbook, trace, print; return the exit code."""
+    try:
+        pb = load_playbook(playbook_path)
+        base = Path(pb.base_dir)
+        data_dir = base / pb.data.path if pb.data is not None and pb.data.path else None
+        report = run_preflight(
+            pb.workload.command,
+            cwd=(base / pb.project.path).resolve(),
+            data_dir=data_dir.resolve() if data_dir is not None else None,
+            seconds=seconds,
+            env=dict(pb.workload.env),
+        )
+    except RemotemacError as err:
+        if as_json:
+            print(json.dumps({"error": err.line(), "exit_code": err.exit_code}))
+        else:
+            print(err.line(), file=sys.stderr)
+        return err.exit_code
+    if as_json:
+        print(json.dumps(report.to_dict(), sort_keys=True))
+    else:
+        render(report, console)
+    return report.exit_code

@@ -1,0 +1,13 @@
+"""Questions asked on the terminal (click), passed to the engine as plain callables."""
+
+from __future__ import annotations
+
+import click
+
+
+def confirm(question: str) -> bool:
+    """Ask yes/no, default no; an aborted prompt (Ctrl-C, end of input) is a no."""
+    try:
+        return click.confirm(question, default=False)
+    except click.Abort:
+        return False
