@@ -210,8 +210,9 @@ def run(settings: Settings, playbook: str, host: str | None, out: str | None, as
                 plans = make_fleet_plan(pb, host_list, inv)
                 click.echo(json.dumps(plans, indent=2)) if as_json else print_fleet_plan(plans)
                 return
-            if detach or drill:
-                raise BadInput("--detach and --drill work on one run, not on a fleet")
+            if detach or drill or raw or show_secrets:
+                raise BadInput("--detach, --drill, --raw and --show-secrets work on one run, "
+                               "not on a fleet")
             sys.exit(main_fleet(settings, pb, hosts=host_list, inventory_path=inventory,
                                 forks=forks, out=out, as_json=as_json, keep_data=keep_data))
         if host_list or pb.hosts:  # one host, no variants: a plain run on it
@@ -349,7 +350,8 @@ def status(settings: Settings, run_id: str | None, as_json: bool, ledger: bool) 
                                    for name, info in data["phases"].items()]):
                 click.echo(line)
         for side, info in ((data.get("live") or {}).get("sides") or {}).items():
-            click.echo(f"live      {side}: {info.get('state')}")
+            click.echo(f"live      {escape_controls(str(side))}: "
+                       f"{escape_controls(str(info.get('state')))}")
         return
     rows = journal.list_runs()
     if as_json:
@@ -425,7 +427,8 @@ def logs(settings: Settings, run_id: str, device: str | None, follow: bool,
         if rest:
             text = rest.decode("utf-8", "replace")
             sys.stdout.write(json.dumps({"device": f.stem, "line": text}) + "\n" if as_json
-                             else log_prefix(f.stem) + text + "\n")
+                             else log_prefix(f.stem) + (text if raw else escape_controls(text))
+                             + "\n")
 
 
 @main.command(epilog=RUN_ID_HELP)

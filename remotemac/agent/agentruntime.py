@@ -425,7 +425,13 @@ def op_runtime_ensure(req: Dict[str, Any]) -> Dict[str, Any]:
         marker = read_marker(final)
         if marker is not None:
             return dict(marker, dir=final, reused=True, seconds=0.0)
-        if os.path.lexists(final):  # never complete: a leftover from something else
+        if os.path.lexists(final):  # never complete: ours (marked) is replaced, else refused
+            import safefs
+
+            owner = safefs.marker_of(final)
+            if not owner or owner.get("kind") != "runtime":
+                raise RuntimeInstallError("%s is in the way and is not remotemac's runtime: left "
+                                          "alone (move it, then run again)" % final, "host-env")
             shutil.rmtree(final, ignore_errors=True)
         method = req.get("method") or "online"
         if method == "offline" and not req.get("wheels_dir"):

@@ -59,7 +59,7 @@ SYSTEM_DIRS = frozenset([
 ])
 WIPED_SUBDIRS = ("data", "tmp", "cache", "out")
 KEPT_SUBDIRS = ("project", "logs", "status")
-FINAL_STATES = ("finished", "failed", "timeout", "stopped")
+FINAL_STATES = ("finished", "failed", "timeout", "stopped", "storage-limit")
 SESSION_PREFIX = "remotemac-"
 SHM_ROOT = "/dev/shm"
 VOLUMES = "/Volumes"

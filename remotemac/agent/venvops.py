@@ -136,10 +136,13 @@ def _ensure_locked(req: dict[str, Any], root: str, ident: dict[str, Any], key: s
         return dict(described, venv_python=python, env_dir=env_dir, reused=True, seconds=0.0,
                     key=key)
     started = time.time()
-    if safefs.marker_of(env_dir) is not None:  # a venv of ours that never got ready
+    if safefs.marker_of(env_dir) is not None:  # a venv that never got ready: ours?
         import cleanupops
 
         real_root = os.path.realpath(root)
+        not_ours = cleanupops.ownership(env_dir, "venv", safefs.marker_of(real_root))
+        if not_ours is not None:
+            raise AgentError("%s: %s; left alone" % (env_dir, not_ours), "env-failed")
         fate = cleanupops.remove_item(real_root, os.path.join(real_root, "envs", key), False)
         if fate["fate"] == "failed":
             raise AgentError("cannot replace the unfinished venv %s: %s"

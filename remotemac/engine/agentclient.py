@@ -28,7 +28,8 @@ ENV_AGENT_PYTHON = "REMOTEMAC_AGENT_PYTHON"
 #: ``1``: one ``hostagent.py OP`` process per call instead of the resident agent
 ENV_ONESHOT = "REMOTEMAC_AGENT_ONESHOT"
 #: agent error codes that mean "the host's environment lacks something" (exit 6)
-HOST_ENV_CODES = frozenset({"host-env", "env-failed", "no-python"})
+HOST_ENV_CODES = frozenset({"host-env", "env-failed", "no-python", "missing-module",
+                            "runtime-failed"})
 
 
 def agent_python(setting: str | None = None) -> str:

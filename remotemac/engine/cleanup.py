@@ -279,15 +279,19 @@ def _summary(record: dict[str, Any], out_dir: Path | None) -> str:
 
 
 def _plan_lines(record: dict[str, Any]) -> list[str]:
-    lines = [f"dry run: cleanup of {record['host']} would remove:"]
+    """The dry run's lines; names come from the host's listings, so they are shown escaped."""
+    from remotemac.termsafe import escape_controls as esc
+
+    lines = [f"dry run: cleanup of {esc(record['host'])} would remove:"]
     for item in record["items"]:
         if item.get("fate") == "would remove":
-            lines.append(f"  {item['kind']:9} {item['path']}  ({format_size(item.get('bytes') or 0)})")
+            lines.append(f"  {item['kind']:9} {esc(item['path'])}  "
+                         f"({format_size(item.get('bytes') or 0)})")
     for item in record["items"]:
         if item.get("fate") == "failed":
-            lines.append(f"  NOT {item['kind']:5} {item['path']}: {item.get('why')}")
+            lines.append(f"  NOT {item['kind']:5} {esc(item['path'])}: {esc(str(item.get('why')))}")
         elif item.get("fate") == "left alone":
-            lines.append(f"  KEEP {item['kind']:4} {item['path']}: {item.get('why')}")
+            lines.append(f"  KEEP {item['kind']:4} {esc(item['path'])}: {esc(str(item.get('why')))}")
     lines.append(f"  total {format_size(record['bytes_to_free'])}; nothing was touched")
     return lines
 

@@ -190,6 +190,8 @@ async def pull_dir(transport: Transport, agent: AgentClient, remote_dir: str, de
         if why is None:
             try:
                 await _fetch(transport, remote, dest_root.joinpath(*rel.parts), entry, progress)
+            except FileNotFoundError:  # listed, then gone (the job or the host removed it)
+                why = "gone from the host after it was listed"
             except OSError as exc:
                 if exc.errno not in _LOCAL_REFUSALS:
                     raise

@@ -25,9 +25,11 @@ def render(report: DoctorReport, console: Any = None) -> None:
     table.add_column("status")
     table.add_column("value", overflow="fold")
     table.add_column("why / fix", overflow="fold")
-    for c in report.checks:
-        notes = c.why + (f"\nfix: {c.fix}" if c.fix else "")
-        table.add_row(c.name, f"[{_STYLES[c.status]}]{c.status}[/]", c.value, notes)
+    from remotemac.render import shown
+
+    for c in report.checks:  # values and notes quote the host: shown, never obeyed
+        notes = shown(c.why) + (f"\nfix: {shown(c.fix)}" if c.fix else "")
+        table.add_row(c.name, f"[{_STYLES[c.status]}]{c.status}[/]", shown(c.value), notes)
     console.print(table)
 
 

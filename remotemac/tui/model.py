@@ -192,8 +192,8 @@ class RunLive:
                 del self.memory[:-MAX_SPARK_POINTS]
         elif isinstance(event, ConnectionState):
             state = "connected" if event.state == "reconnected" else event.state
-            self.link = LinkState(state, event.host, event.attempt, event.next_in_s, event.detail,
-                                  event.deadline_left_s)
+            self.link = LinkState(state, event.host, event.attempt, event.next_in_s,
+                                  escape_controls(event.detail or ""), event.deadline_left_s)
             self.link_history.append(state)
         elif isinstance(event, Warning):
             self.warnings.append(escape_controls(event.message))
@@ -227,7 +227,7 @@ class RunLive:
                 row.subs[side] = state
             summary = (info.get("result") or {}).get("summary")
             if summary:
-                row.detail = str(summary)
+                row.detail = escape_controls(str(summary))
             self.current_phase = name
 
 
