@@ -14,6 +14,9 @@ import ast
 import gc
 import warnings
 
+#: the parser, looked up here so a test can stand in for it without touching ``ast``
+_parse = ast.parse
+
 
 def parse_source(source: str | bytes, filename: str = "<unknown>") -> ast.Module:
     """``ast.parse`` without warnings (invalid escapes are not ours to report)."""
@@ -23,7 +26,7 @@ def parse_source(source: str | bytes, filename: str = "<unknown>") -> ast.Module
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                return ast.parse(source, filename=filename)
+                return _parse(source, filename=filename)
         except SystemError as exc:
             if "recursion depth mismatch" not in str(exc) or attempt == 2:
                 raise
