@@ -14,6 +14,7 @@ import platform
 import shutil
 import subprocess
 import sys
+import threading
 from typing import Any, Optional
 
 _PROBE = r"""
@@ -126,7 +127,7 @@ def op_freeze_env(req: dict) -> dict:
         paths = frozen.pop("_paths", [])
         if cache:
             os.makedirs(os.path.dirname(cache), mode=0o700, exist_ok=True)
-            tmp = "%s.tmp-%d" % (cache, os.getpid())
+            tmp = "%s.tmp-%d-%d" % (cache, os.getpid(), threading.get_ident())
             with open(tmp, "w") as fh:
                 json.dump({"stamp": env_stamp(resolved, paths), "paths": paths,
                            "frozen": frozen}, fh)

@@ -97,15 +97,19 @@ def run_op(op: str, req: Dict[str, Any]) -> Dict[str, Any]:
         return hostagent.error_answer(exc)
 
 
+_STORE_MADE = threading.Lock()
+
+
 def answer_once(call_id: str, op: str, req: Dict[str, Any], store: Optional[str]) -> Dict[str, Any]:
     """Run the call, or return its recorded answer if this id already completed."""
     if not store:
         return run_op(op, req)
     if not os.path.isdir(store):
-        os.makedirs(store, mode=0o700, exist_ok=True)
-        # marked like the agent's other dirs: cleanup removes only what carries a marker
-        if hostagent.safefs.marker_of(store) is None:
-            hostagent.safefs.mark_dir(store, {"kind": "agent"})
+        with _STORE_MADE:  # calls arrive on several threads at once
+            os.makedirs(store, mode=0o700, exist_ok=True)
+            # marked like the agent's other dirs: cleanup removes only what carries a marker
+            if hostagent.safefs.marker_of(store) is None:
+                hostagent.safefs.mark_dir(store, {"kind": "agent"})
     record = os.path.join(store, call_id + ".json")
     lock_path = os.path.join(store, call_id + ".lock")
     fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)

@@ -27,6 +27,7 @@ import contextlib
 import json
 import os
 import stat
+import threading
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -142,7 +143,8 @@ def write_marker(dir_fd: int, info: Dict[str, Any], exclusive: bool = False) -> 
     name exists, and the marker that won is returned.
     """
     data = dict(info, created_at=time.time(), pid=os.getpid())
-    tmp = "%s.tmp-%d" % (MARKER, os.getpid())
+    # pid and thread: the resident agent marks from several threads of one process
+    tmp = "%s.tmp-%d-%d" % (MARKER, os.getpid(), threading.get_ident())
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _NOFOLLOW | _CLOEXEC, 0o600,
                  dir_fd=dir_fd)
     try:
@@ -372,10 +374,10 @@ def ensure_owned_dir(path: str, info: Dict[str, Any]) -> Tuple[Dict[str, Any], b
 def write_json_atomic(path: str, data: Any) -> None:
     """Write JSON to ``path`` through a fresh tmp file (O_EXCL, O_NOFOLLOW) and a rename.
 
-    The tmp name is guessable (``<path>.tmp-<pid>``) and the workload can write in
+    The tmp name is guessable (``<path>.tmp-<pid>-<thread>``) and the workload can write in
     status/: a link planted there is removed, never written through.
     """
-    tmp = "%s.tmp-%d" % (path, os.getpid())
+    tmp = "%s.tmp-%d-%d" % (path, os.getpid(), threading.get_ident())
     with contextlib.suppress(FileNotFoundError):
         os.unlink(tmp)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC, 0o600)
