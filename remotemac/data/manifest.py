@@ -141,6 +141,15 @@ class Manifest:
         return manifest
 
 
+def sha256_file(path: Path | str) -> str:
+    """The hex SHA-256 of a local file, read in 1 MiB blocks (pulls, wheels, project checks)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()
+
+
 def root_digest(entries: Iterable[ManifestEntry]) -> str:
     """SHA-256 over the path-sorted entry lines (see the module doc)."""
     digest = hashlib.sha256()

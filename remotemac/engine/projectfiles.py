@@ -18,7 +18,6 @@ The plan (``run --dry-run``) lists what was left out and why.
 
 from __future__ import annotations
 
-import hashlib
 import io
 import os
 import stat
@@ -26,6 +25,7 @@ import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from remotemac.data.manifest import sha256_file
 from remotemac.errors import BadInput
 from remotemac.ignore import walk_project
 from remotemac.playbook import Playbook
@@ -82,13 +82,6 @@ def _data_index(data_dir: Path) -> dict[tuple[int, int], tuple[str, int]]:
     return index
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        while block := fh.read(1 << 20):
-            digest.update(block)
-    return digest.hexdigest()
-
 
 def project_upload(pb: Playbook) -> ProjectUpload:
     """The project files to upload, the dataset left out; BadInput for a sensitive copy."""
@@ -136,9 +129,9 @@ def project_upload(pb: Playbook) -> ProjectUpload:
 
 def _refuse_copy(pb: Playbook, data_dir: Path, rel: str, full: Path, same_size: list[str]) -> None:
     """A project file with the content of a sensitive dataset file: refuse, say which."""
-    mine = _sha256(full)
+    mine = sha256_file(full)
     for drel in same_size:
-        if _sha256(data_dir / drel) == mine:
+        if sha256_file(data_dir / drel) == mine:
             raise BadInput(
                 f"project file {rel} is a copy of sensitive dataset file {drel}: it would be "
                 "uploaded in the clear with the code",

@@ -14,7 +14,6 @@ removes it and ends with exit 5.
 from __future__ import annotations
 
 import errno
-import hashlib
 import os
 import re
 import stat
@@ -22,6 +21,7 @@ from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from remotemac.data.manifest import sha256_file
 from remotemac.engine.agentclient import AgentClient
 from remotemac.engine.context import RunContext, Side
 from remotemac.errors import IntegrityError, UnsafePath
@@ -102,13 +102,6 @@ def safe_relpath(name: bytes | str | None) -> PurePosixPath:
                          "partial files")
     return path
 
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        while block := fh.read(1 << 20):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 async def pull_side(ctx: RunContext, side: Side, run_dir: str,
@@ -277,7 +270,7 @@ async def _fetch(transport: Transport, remote: str, dest: Path, entry: dict[str,
                  progress: _Progress) -> None:
     size, expected = int(entry["size"]), entry["sha256"]
     if dest.is_file() and not dest.is_symlink() and dest.stat().st_size == size \
-            and _sha256(dest) == expected:
+            and sha256_file(dest) == expected:
         progress.skip(size)  # pulled completely by an earlier attempt
         return
     part = dest.parent / f".{dest.name}{PART}"
@@ -291,7 +284,7 @@ async def _fetch(transport: Transport, remote: str, dest: Path, entry: dict[str,
             # ends in a checksum failure, not a full disk
             await transport.download_to(remote, fh, offset, progress=progress.add, limit=size)
             fh.flush()
-            digest = _sha256(part)
+            digest = sha256_file(part)
             if digest == expected:
                 break
             if attempt == 1 and offset > 0:

@@ -19,7 +19,6 @@ quotes pip's last lines.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import os
 import shutil
@@ -31,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from remotemac.agent.agentruntime import requirements, runtime_key
+from remotemac.data.manifest import sha256_file
 from remotemac.engine.agentclient import AgentClient, AgentError
 from remotemac.errors import BadInput, HostEnvironmentError, IntegrityError
 from remotemac.events import Event, PhaseProgress, Warning
@@ -102,7 +102,7 @@ def fetch_wheels(home: Path, tags: dict[str, Any],
                 "this laptop could not download the agent runtime's wheels for the host "
                 f"({tags['python_tag']}, {tags['platforms'][0]}): " + " | ".join(tail),
                 hint="check this laptop's pip and its access to the package index")
-        files = [{"name": p.name, "sha256": _sha256(p)} for p in sorted(tmp.glob("*.whl"))]
+        files = [{"name": p.name, "sha256": sha256_file(p)} for p in sorted(tmp.glob("*.whl"))]
         (tmp / MARKER).write_text(json.dumps({"files": files, "tags": tags}), encoding="utf-8")
         shutil.rmtree(cache, ignore_errors=True)
         os.replace(tmp, cache)
@@ -110,13 +110,6 @@ def fetch_wheels(home: Path, tags: dict[str, Any],
         shutil.rmtree(tmp, ignore_errors=True)
     return cache, files, False
 
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 async def ensure_runtime(agent: AgentClient, *, home: Path | None, method: str = "auto",
