@@ -24,8 +24,9 @@ def _asyncio_run(coro):
 
 
 class Settings:
-    def __init__(self, home: str | None, ssh_config: str | None, identity: str | None,
-                 verbose: bool) -> None:
+    def __init__(
+        self, home: str | None, ssh_config: str | None, identity: str | None, verbose: bool
+    ) -> None:
         self._home = home
         self.ssh_config = Path(ssh_config) if ssh_config else None
         self.identity = Path(identity) if identity else None
@@ -48,12 +49,16 @@ class Settings:
     def ssh_options(self):
         from remotemac.engine.hosts import SSHOptions
 
-        return SSHOptions(ssh_config=self.ssh_config, identity=self.identity,
-                          reconnect_deadline=self.reconnect_deadline)
+        return SSHOptions(
+            ssh_config=self.ssh_config,
+            identity=self.identity,
+            reconnect_deadline=self.reconnect_deadline,
+        )
 
 
 def _deadline_option(fn):
     """``--reconnect-deadline`` (run, attach): how long a dropped link is retried."""
+
     def store(ctx: click.Context, _param: click.Parameter, value: str | None) -> None:
         if value is not None:
             from remotemac.units import parse_duration
@@ -63,11 +68,16 @@ def _deadline_option(fn):
             except ValueError as exc:
                 raise click.BadParameter(str(exc)) from None
 
-    return click.option("--reconnect-deadline", "reconnect_deadline", metavar="DURATION",
-                        expose_value=False, callback=store,
-                        help="Keep reconnecting a dropped link this long (e.g. 10m, the "
-                             "default; playbook: connection.reconnect_deadline); past it, "
-                             "stop with exit 3 and leave the job running.")(fn)
+    return click.option(
+        "--reconnect-deadline",
+        "reconnect_deadline",
+        metavar="DURATION",
+        expose_value=False,
+        callback=store,
+        help="Keep reconnecting a dropped link this long (e.g. 10m, the "
+        "default; playbook: connection.reconnect_deadline); past it, "
+        "stop with exit 3 and leave the job running.",
+    )(fn)
 
 
 def _fail(err: BaseException, verbose: bool) -> None:
@@ -82,8 +92,11 @@ def _fail(err: BaseException, verbose: bool) -> None:
         for line in escape_controls(err.line()).splitlines() or [""]:
             click.echo(f"remotemac: error: {line}", err=True)
         sys.exit(err.exit_code)
-    click.echo(f"remotemac: internal error: {type(err).__name__}: {escape_controls(str(err))} "
-               "(rerun with -v for the traceback)", err=True)
+    click.echo(
+        f"remotemac: internal error: {type(err).__name__}: {escape_controls(str(err))} "
+        "(rerun with -v for the traceback)",
+        err=True,
+    )
     sys.exit(1)
 
 
@@ -126,8 +139,13 @@ class Group(click.Group):
 @click.option("-v", "--verbose", is_flag=True, help="Tracebacks and more detail.")
 @click.version_option(package_name="remotemac")
 @click.pass_context
-def main(ctx: click.Context, home: str | None, ssh_config: str | None, identity: str | None,
-         verbose: bool) -> None:
+def main(
+    ctx: click.Context,
+    home: str | None,
+    ssh_config: str | None,
+    identity: str | None,
+    verbose: bool,
+) -> None:
     """Run a PyTorch workload on a rented Apple-Silicon Mac, decide on evidence, leave it clean."""
     ctx.obj = Settings(home, ssh_config, identity, verbose)
 
@@ -141,23 +159,41 @@ def _renderer(as_json: bool, verbose: bool, raw: bool = False):
 RAW_HELP = "Pass the job's terminal control sequences through (colours; also OSC/CSI: unsafe)."
 
 
-def _run_engine(settings: Settings, run_id: str, playbook, journal, out_dir: Path,
-                options, as_json: bool, raw: bool = False) -> int:
+def _run_engine(
+    settings: Settings,
+    run_id: str,
+    playbook,
+    journal,
+    out_dir: Path,
+    options,
+    as_json: bool,
+    raw: bool = False,
+) -> int:
     from remotemac.engine.pipeline import build_context, run_pipeline
     from remotemac.events import EventBus
 
     bus = EventBus()
     render = _renderer(as_json, settings.verbose, raw)
     bus.subscribe(render)
-    ctx = build_context(run_id=run_id, playbook=playbook, journal=journal, bus=bus,
-                        home=settings.home, out_dir=out_dir, options=options,
-                        ssh=settings.ssh_options())
+    ctx = build_context(
+        run_id=run_id,
+        playbook=playbook,
+        journal=journal,
+        bus=bus,
+        home=settings.home,
+        out_dir=out_dir,
+        options=options,
+        ssh=settings.ssh_options(),
+    )
     try:
         return _asyncio_run(run_pipeline(ctx))
     except KeyboardInterrupt:
         render.close()
-        click.echo(f"\nremotemac: stopped locally; the job keeps running on the host. "
-                   f"Resume with: remotemac attach {run_id}", err=True)
+        click.echo(
+            f"\nremotemac: stopped locally; the job keeps running on the host. "
+            f"Resume with: remotemac attach {run_id}",
+            err=True,
+        )
         sys.exit(EXIT_INTERRUPTED)
     finally:
         render.close()
@@ -166,27 +202,57 @@ def _run_engine(settings: Settings, run_id: str, playbook, journal, out_dir: Pat
 @main.command()
 @click.argument("playbook", type=click.Path(dir_okay=False))
 @click.option("--host", help="Override the playbook's host.")
-@click.option("--out", "out", type=click.Path(file_okay=False), help="Output dir (default ./runs/<run-id>).")
+@click.option(
+    "--out", "out", type=click.Path(file_okay=False), help="Output dir (default ./runs/<run-id>)."
+)
 @click.option("--json", "as_json", is_flag=True, help="Events as JSON lines.")
 @click.option("--detach", is_flag=True, help="Return once the job is launched; attach later.")
 @click.option("--keep-data", is_flag=True, help="Do not wipe the run's data after the pull.")
 @click.option("--dry-run", is_flag=True, help="Print the plan and touch nothing.")
-@click.option("--drill", type=click.Choice(["disconnect"]), help="Cut the link on purpose during the target run.")
-@click.option("--reproduce", is_flag=True,
-              help="Run the target twice (fresh process) and compare the two outputs.")
+@click.option(
+    "--drill",
+    type=click.Choice(["disconnect"]),
+    help="Cut the link on purpose during the target run.",
+)
+@click.option(
+    "--reproduce",
+    is_flag=True,
+    help="Run the target twice (fresh process) and compare the two outputs.",
+)
 @click.option("--hosts", "hosts", help="Fleet: run on these hosts or inventory groups (a,b,c).")
 @click.option("--inventory", type=click.Path(dir_okay=False), help="Fleet: a YAML inventory file.")
-@click.option("--forks", type=click.IntRange(min=1), default=8, show_default=True,
-              help="Fleet: at most this many runs at once.")
+@click.option(
+    "--forks",
+    type=click.IntRange(min=1),
+    default=8,
+    show_default=True,
+    help="Fleet: at most this many runs at once.",
+)
 @_deadline_option
 @click.option("--raw", is_flag=True, help=RAW_HELP)
-@click.option("--show-secrets", is_flag=True,
-              help="Keep the workload command and env values unredacted in the records.")
+@click.option(
+    "--show-secrets",
+    is_flag=True,
+    help="Keep the workload command and env values unredacted in the records.",
+)
 @click.pass_obj
-def run(settings: Settings, playbook: str, host: str | None, out: str | None, as_json: bool,
-        detach: bool, keep_data: bool, dry_run: bool, drill: str | None, hosts: str | None,
-        inventory: str | None, forks: int, reproduce: bool = False, raw: bool = False,
-        show_secrets: bool = False) -> None:
+def run(
+    settings: Settings,
+    playbook: str,
+    host: str | None,
+    out: str | None,
+    as_json: bool,
+    detach: bool,
+    keep_data: bool,
+    dry_run: bool,
+    drill: str | None,
+    hosts: str | None,
+    inventory: str | None,
+    forks: int,
+    reproduce: bool = False,
+    raw: bool = False,
+    show_secrets: bool = False,
+) -> None:
     """Run the whole pipeline of PLAYBOOK (on many hosts with --hosts/--inventory)."""
     from remotemac.engine.context import RunOptions
     from remotemac.journal import new_run_id
@@ -211,10 +277,21 @@ def run(settings: Settings, playbook: str, host: str | None, out: str | None, as
                 click.echo(json.dumps(plans, indent=2)) if as_json else print_fleet_plan(plans)
                 return
             if detach or drill or raw or show_secrets:
-                raise BadInput("--detach, --drill, --raw and --show-secrets work on one run, "
-                               "not on a fleet")
-            sys.exit(main_fleet(settings, pb, hosts=host_list, inventory_path=inventory,
-                                forks=forks, out=out, as_json=as_json, keep_data=keep_data))
+                raise BadInput(
+                    "--detach, --drill, --raw and --show-secrets work on one run, not on a fleet"
+                )
+            sys.exit(
+                main_fleet(
+                    settings,
+                    pb,
+                    hosts=host_list,
+                    inventory_path=inventory,
+                    forks=forks,
+                    out=out,
+                    as_json=as_json,
+                    keep_data=keep_data,
+                )
+            )
         if host_list or pb.hosts:  # one host, no variants: a plain run on it
             pb = pb.model_copy(update={"host": (host_list or pb.hosts)[0], "hosts": None})
     if dry_run:
@@ -231,12 +308,16 @@ def run(settings: Settings, playbook: str, host: str | None, out: str | None, as
     run_id = new_run_id(pb.name)
     out_dir = Path(out) if out else Path.cwd() / "runs" / run_id
     out_dir = out_dir.resolve()
-    options = RunOptions(keep_data=keep_data, detach=detach, drill=drill,
-                         show_secrets=show_secrets)
+    options = RunOptions(keep_data=keep_data, detach=detach, drill=drill, show_secrets=show_secrets)
     from remotemac.engine.runs import register_run
 
-    register_run(journal, run_id, pb, out_dir, options={"keep_data": keep_data, "drill": drill,
-                                                        "show_secrets": show_secrets})
+    register_run(
+        journal,
+        run_id,
+        pb,
+        out_dir,
+        options={"keep_data": keep_data, "drill": drill, "show_secrets": show_secrets},
+    )
     if not as_json:
         click.echo(f"run {run_id} → {out_dir}")
     sys.exit(_run_engine(settings, run_id, pb, journal, out_dir, options, as_json, raw))
@@ -255,8 +336,9 @@ def _run_row(journal, run_id: str):
     return journal.get_run(resolve_run_id(journal, run_id))
 
 
-RUN_ID_HELP = ("RUN_ID is the full id, any unique part of it (its last 4 characters, a "
-               "prefix) or 'latest'.")
+RUN_ID_HELP = (
+    "RUN_ID is the full id, any unique part of it (its last 4 characters, a prefix) or 'latest'."
+)
 
 
 @main.command(epilog=RUN_ID_HELP)
@@ -271,10 +353,14 @@ def attach(settings: Settings, run_id: str, as_json: bool, raw: bool) -> None:
 
     journal = settings.journal()
     row, pb = _load_run(journal, run_id)
-    options = RunOptions(keep_data=bool(row.options.get("keep_data")), drill=row.options.get("drill"),
-                         show_secrets=bool(row.options.get("show_secrets")))
-    sys.exit(_run_engine(settings, row.run_id, pb, journal, Path(row.out_dir), options, as_json,
-                         raw))
+    options = RunOptions(
+        keep_data=bool(row.options.get("keep_data")),
+        drill=row.options.get("drill"),
+        show_secrets=bool(row.options.get("show_secrets")),
+    )
+    sys.exit(
+        _run_engine(settings, row.run_id, pb, journal, Path(row.out_dir), options, as_json, raw)
+    )
 
 
 @main.command(epilog=RUN_ID_HELP)
@@ -308,12 +394,23 @@ def status(settings: Settings, run_id: str | None, as_json: bool, ledger: bool) 
                     click.echo(escape_controls(format_entry(json.loads(line))))
             return
         data: dict[str, Any] = {
-            "run_id": row.run_id, "name": row.name, "host": row.host,
-            "state": run_word(row.state), "verdict": row.verdict, "exit_code": row.exit_code,
-            "out_dir": row.out_dir, "created_at": row.created_at, "finished_at": row.finished_at,
-            "phases": {k: {"state": phase_word(v["state"]),
-                           "summary": (v.get("result") or {}).get("summary")}
-                       for k, v in phases.items()}}
+            "run_id": row.run_id,
+            "name": row.name,
+            "host": row.host,
+            "state": run_word(row.state),
+            "verdict": row.verdict,
+            "exit_code": row.exit_code,
+            "out_dir": row.out_dir,
+            "created_at": row.created_at,
+            "finished_at": row.finished_at,
+            "phases": {
+                k: {
+                    "state": phase_word(v["state"]),
+                    "summary": (v.get("result") or {}).get("summary"),
+                }
+                for k, v in phases.items()
+            },
+        }
         if row.failed_phase or row.error:
             data.update(failed_phase=row.failed_phase, error=row.error)
         if row.state not in ("finished", "failed"):
@@ -322,54 +419,86 @@ def status(settings: Settings, run_id: str | None, as_json: bool, ledger: bool) 
 
             _, pb = _load_run(journal, run_id)
             with progress(f"status: asking {row.host} what the job is doing"):
-                data["live"] = _asyncio_run(live_status(
-                    run_id=run_id, playbook=pb, journal=journal, home=settings.home,
-                    out_dir=Path(row.out_dir), ssh=settings.ssh_options()))
+                data["live"] = _asyncio_run(
+                    live_status(
+                        run_id=run_id,
+                        playbook=pb,
+                        journal=journal,
+                        home=settings.home,
+                        out_dir=Path(row.out_dir),
+                        ssh=settings.ssh_options(),
+                    )
+                )
         if as_json:
             click.echo(json.dumps(data, default=str))
             return
         ended = row.finished_at or time.time()
         from remotemac.termsafe import escape_controls
 
-        facts = [("run", row.run_id), ("name", row.name), ("host", row.host),
-                 ("state", data["state"]), ("verdict", row.verdict or "—"),
-                 ("exit code", "—" if row.exit_code is None else str(row.exit_code)),
-                 ("started", human_time(row.created_at)),
-                 ("finished", human_time(row.finished_at)),
-                 ("duration", human_duration(ended - row.created_at)),
-                 ("out", row.out_dir)]
+        facts = [
+            ("run", row.run_id),
+            ("name", row.name),
+            ("host", row.host),
+            ("state", data["state"]),
+            ("verdict", row.verdict or "—"),
+            ("exit code", "—" if row.exit_code is None else str(row.exit_code)),
+            ("started", human_time(row.created_at)),
+            ("finished", human_time(row.finished_at)),
+            ("duration", human_duration(ended - row.created_at)),
+            ("out", row.out_dir),
+        ]
         if row.failed_phase or row.error:
             facts += [("failed in", row.failed_phase or "—"), ("error", row.error or "—")]
         for key, value in facts:
             click.echo(f"{key:10} {escape_controls(str(value))}")
         if phases:
             click.echo("phases")
-            for line in fit_table(("  phase", "state", "result"),
-                                  [(f"  {name}", info["state"],
-                                    escape_controls(info["summary"] or ""))
-                                   for name, info in data["phases"].items()]):
+            for line in fit_table(
+                ("  phase", "state", "result"),
+                [
+                    (f"  {name}", info["state"], escape_controls(info["summary"] or ""))
+                    for name, info in data["phases"].items()
+                ],
+            ):
                 click.echo(line)
         for side, info in ((data.get("live") or {}).get("sides") or {}).items():
-            click.echo(f"live      {escape_controls(str(side))}: "
-                       f"{escape_controls(str(info.get('state')))}")
+            click.echo(
+                f"live      {escape_controls(str(side))}: {escape_controls(str(info.get('state')))}"
+            )
         return
     rows = journal.list_runs()
     if as_json:
         for r in rows:
-            click.echo(json.dumps({"run_id": r.run_id, "name": r.name, "host": r.host,
-                                   "state": run_word(r.state), "verdict": r.verdict,
-                                   "created_at": r.created_at, "finished_at": r.finished_at}))
+            click.echo(
+                json.dumps(
+                    {
+                        "run_id": r.run_id,
+                        "name": r.name,
+                        "host": r.host,
+                        "state": run_word(r.state),
+                        "verdict": r.verdict,
+                        "created_at": r.created_at,
+                        "finished_at": r.finished_at,
+                    }
+                )
+            )
         return
     if not rows:
         click.echo("no runs yet: remotemac run PLAYBOOK starts one")
         return
     now = time.time()
-    for line in fit_table(("run", "host", "state", "verdict", "age"),
-                          [(r.run_id, r.host, run_word(r.state), r.verdict or "—",
-                            human_age(now - r.created_at)) for r in rows]):
+    for line in fit_table(
+        ("run", "host", "state", "verdict", "age"),
+        [
+            (r.run_id, r.host, run_word(r.state), r.verdict or "—", human_age(now - r.created_at))
+            for r in rows
+        ],
+    ):
         click.echo(line)
-    click.echo(f"(any unique part of a run id works, e.g. remotemac logs "
-               f"{rows[0].run_id.rsplit('-', 1)[-1]}; or 'latest')")
+    click.echo(
+        f"(any unique part of a run id works, e.g. remotemac logs "
+        f"{rows[0].run_id.rsplit('-', 1)[-1]}; or 'latest')"
+    )
 
 
 @main.command(epilog=RUN_ID_HELP)
@@ -379,8 +508,9 @@ def status(settings: Settings, run_id: str | None, as_json: bool, ledger: bool) 
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line: device, line.")
 @click.option("--raw", is_flag=True, help=RAW_HELP)
 @click.pass_obj
-def logs(settings: Settings, run_id: str, device: str | None, follow: bool,
-         as_json: bool, raw: bool) -> None:
+def logs(
+    settings: Settings, run_id: str, device: str | None, follow: bool, as_json: bool, raw: bool
+) -> None:
     """Print a run's log, each line labelled with its device (terminal controls shown
     escaped unless --raw)."""
     import time
@@ -397,9 +527,10 @@ def logs(settings: Settings, run_id: str, device: str | None, follow: bool,
         known = [f.stem for f in files]
         files = [f for f in files if f.stem == device]
         if not files:
-            raise BadInput(f"run {run_id} has no log for device {device!r}",
-                           hint=f"its devices: {', '.join(known)}" if known
-                           else "it has no logs yet")
+            raise BadInput(
+                f"run {run_id} has no log for device {device!r}",
+                hint=f"its devices: {', '.join(known)}" if known else "it has no logs yet",
+            )
     if not files and not follow:
         click.echo(f"run {run_id} has no logs yet (in {log_dir})", err=True)
     offsets = {f: 0 for f in files}
@@ -416,8 +547,9 @@ def logs(settings: Settings, run_id: str, device: str | None, follow: bool,
                 if as_json:
                     sys.stdout.write(json.dumps({"device": f.stem, "line": text}) + "\n")
                 else:
-                    sys.stdout.write(log_prefix(f.stem) + (text if raw else escape_controls(text))
-                                     + "\n")
+                    sys.stdout.write(
+                        log_prefix(f.stem) + (text if raw else escape_controls(text)) + "\n"
+                    )
             sys.stdout.flush()
         current = journal.get_run(run_id)
         if not follow or (current and current.state not in ("running", "detached", "created")):
@@ -426,9 +558,11 @@ def logs(settings: Settings, run_id: str, device: str | None, follow: bool,
     for f, rest in partial.items():  # a last line without a newline
         if rest:
             text = rest.decode("utf-8", "replace")
-            sys.stdout.write(json.dumps({"device": f.stem, "line": text}) + "\n" if as_json
-                             else log_prefix(f.stem) + (text if raw else escape_controls(text))
-                             + "\n")
+            sys.stdout.write(
+                json.dumps({"device": f.stem, "line": text}) + "\n"
+                if as_json
+                else log_prefix(f.stem) + (text if raw else escape_controls(text)) + "\n"
+            )
 
 
 @main.command(epilog=RUN_ID_HELP)
@@ -472,16 +606,29 @@ def _one_phase(settings: Settings, run_id: str, phase: str) -> int:
         return 0
     if phase == "wipe" and pb.wipe == "manual":
         pb = pb.model_copy(update={"wipe": "after_pull"})
-    return _asyncio_run(run_phase(
-        run_id=run_id, phase=phase, playbook=pb, journal=journal, home=settings.home,
-        out_dir=Path(row.out_dir), options=RunOptions(), ssh=settings.ssh_options(),
-        render=_renderer(False, settings.verbose)))
+    return _asyncio_run(
+        run_phase(
+            run_id=run_id,
+            phase=phase,
+            playbook=pb,
+            journal=journal,
+            home=settings.home,
+            out_dir=Path(row.out_dir),
+            options=RunOptions(),
+            ssh=settings.ssh_options(),
+            render=_renderer(False, settings.verbose),
+        )
+    )
 
 
 @main.command()
 @click.argument("playbook", type=click.Path(dir_okay=False))
-@click.option("--json", "as_json", is_flag=True,
-              help="One JSON object: ok, problems (one line each), name, host.")
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="One JSON object: ok, problems (one line each), name, host.",
+)
 def check(playbook: str, as_json: bool) -> None:
     """Validate a playbook: its keys, and that the paths it names exist."""
     from remotemac.checks.paths import playbook_path_problems
@@ -496,9 +643,17 @@ def check(playbook: str, as_json: bool) -> None:
     except BadInput as exc:
         problems = [exc.line()]
     if as_json:
-        click.echo(json.dumps({"playbook": playbook, "ok": not problems, "problems": problems,
-                               "name": pb.name if pb else None,
-                               "host": pb.host if pb else None}))
+        click.echo(
+            json.dumps(
+                {
+                    "playbook": playbook,
+                    "ok": not problems,
+                    "problems": problems,
+                    "name": pb.name if pb else None,
+                    "host": pb.host if pb else None,
+                }
+            )
+        )
         if problems:
             sys.exit(EXIT_BAD_INPUT)
         return
@@ -519,11 +674,15 @@ def schema() -> None:
 @click.argument("host")
 @click.option("--json", "as_json", is_flag=True)
 @click.option("--remote-root", default="~/remotemac", show_default=True)
-@click.option("--playbook", type=click.Path(dir_okay=False),
-              help="Check free disk against what this playbook needs (and use its remote_root).")
+@click.option(
+    "--playbook",
+    type=click.Path(dir_okay=False),
+    help="Check free disk against what this playbook needs (and use its remote_root).",
+)
 @click.pass_obj
-def doctor(settings: Settings, host: str, as_json: bool, remote_root: str,
-           playbook: str | None) -> None:
+def doctor(
+    settings: Settings, host: str, as_json: bool, remote_root: str, playbook: str | None
+) -> None:
     """Is HOST fit: OS, arch, VM, Python, tmux, disk, MPS.
 
     Exit 0 when the host is fit, 1 when it is not (a check failed), 3 when it
@@ -543,8 +702,9 @@ def doctor(settings: Settings, host: str, as_json: bool, remote_root: str,
 
     transport = open_transport(host, settings.home, settings.ssh_options())
     with progress(f"doctor: asking {host} about its OS, Python, tmux, disk and MPS"):
-        code = main_doctor(host, as_json, transport, remote_root=remote_root,
-                           needs_disk_bytes=needs)
+        code = main_doctor(
+            host, as_json, transport, remote_root=remote_root, needs_disk_bytes=needs
+        )
     sys.exit(code)
 
 
@@ -563,8 +723,14 @@ def trust(settings: Settings, host: str, fingerprint: str | None, yes: bool) -> 
     def confirm(question: str) -> bool:
         return yes or click.confirm(question, default=False)
 
-    result = trust_host(host, settings.home, fingerprint, confirm,
-                        ssh_config=settings.ssh_config, identity=settings.identity)
+    result = trust_host(
+        host,
+        settings.home,
+        fingerprint,
+        confirm,
+        ssh_config=settings.ssh_config,
+        identity=settings.identity,
+    )
     state = "already trusted" if result.already_trusted else "trusted"
     click.echo(f"{result.name}: {state} {result.fingerprint} ({result.path})")
 
@@ -572,8 +738,12 @@ def trust(settings: Settings, host: str, fingerprint: str | None, yes: bool) -> 
 @main.command()
 @click.argument("path", type=click.Path())
 @click.option("--json", "as_json", is_flag=True)
-@click.option("--exclude", multiple=True, metavar="GLOB",
-              help="Paths not to read, gitignore syntax (repeatable).")
+@click.option(
+    "--exclude",
+    multiple=True,
+    metavar="GLOB",
+    help="Paths not to read, gitignore syntax (repeatable).",
+)
 def audit(path: str, as_json: bool, exclude: tuple[str, ...]) -> None:
     """Scan a project for CUDA-only dependencies and code paths."""
     from remotemac.frontend.audit import main_audit
@@ -599,8 +769,10 @@ def preflight(playbook: str, seconds: float, as_json: bool) -> None:
     except ValueError as exc:
         raise BadInput(f"--seconds: {exc}") from None
 
-    with progress(f"preflight: running the workload on the local CPU for up to {seconds:g}s "
-                  "and tracing its operators"):
+    with progress(
+        f"preflight: running the workload on the local CPU for up to {seconds:g}s "
+        "and tracing its operators"
+    ):
         code = main_preflight(Path(playbook), seconds, as_json)
     sys.exit(code)
 
@@ -612,11 +784,22 @@ def preflight(playbook: str, seconds: float, as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True)
 @click.option("--remote-root", default="~/remotemac", show_default=True)
 @click.option("--all", "all_hosts", is_flag=True, help="Every host the journal knows; one record.")
-@click.option("--out", type=click.Path(file_okay=False),
-              help="Where cleanup.json/.md go (default <home>/cleanups/cleanup-<host>-<time>/).")
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False),
+    help="Where cleanup.json/.md go (default <home>/cleanups/cleanup-<host>-<time>/).",
+)
 @click.pass_obj
-def cleanup(settings: Settings, host: str | None, dry_run: bool, yes: bool, as_json: bool,
-            remote_root: str, all_hosts: bool, out: str | None) -> None:
+def cleanup(
+    settings: Settings,
+    host: str | None,
+    dry_run: bool,
+    yes: bool,
+    as_json: bool,
+    remote_root: str,
+    all_hosts: bool,
+    out: str | None,
+) -> None:
     """End of rental: remove everything remotemac put on HOST, verify, write a record."""
     if all_hosts:
         if host:
@@ -624,8 +807,18 @@ def cleanup(settings: Settings, host: str | None, dry_run: bool, yes: bool, as_j
         from remotemac.engine.fleet import cleanup_all
         from remotemac.frontend.prompts import confirm
 
-        sys.exit(_asyncio_run(cleanup_all(settings, dry_run=dry_run, yes=yes, as_json=as_json,
-                                          out=Path(out) if out else None, confirm=confirm)))
+        sys.exit(
+            _asyncio_run(
+                cleanup_all(
+                    settings,
+                    dry_run=dry_run,
+                    yes=yes,
+                    as_json=as_json,
+                    out=Path(out) if out else None,
+                    confirm=confirm,
+                )
+            )
+        )
     if not host:
         raise BadInput("cleanup needs a HOST (or --all)")
     from remotemac.engine.cleanup import main_cleanup
@@ -633,21 +826,34 @@ def cleanup(settings: Settings, host: str | None, dry_run: bool, yes: bool, as_j
     from remotemac.render import progress
 
     with progress(f"cleanup: listing what remotemac put on {host}") as stop:
+
         def echo(text: str) -> None:
             stop()  # the spinner ends before the plan, the question or the summary
             click.echo(text)
 
-        code = _asyncio_run(main_cleanup(host, settings=settings, dry_run=dry_run, yes=yes,
-                                         as_json=as_json, remote_root=remote_root,
-                                         out=Path(out) if out else None, echo=echo,
-                                         confirm=confirm))
+        code = _asyncio_run(
+            main_cleanup(
+                host,
+                settings=settings,
+                dry_run=dry_run,
+                yes=yes,
+                as_json=as_json,
+                remote_root=remote_root,
+                out=Path(out) if out else None,
+                echo=echo,
+                confirm=confirm,
+            )
+        )
     sys.exit(code)
 
 
 @main.command()
 @click.argument("playbooks", nargs=-1, type=click.Path(dir_okay=False))
-@click.option("--pick", is_flag=True,
-              help="Do not start the PLAYBOOKs: only offer them in the run dialog (r).")
+@click.option(
+    "--pick",
+    is_flag=True,
+    help="Do not start the PLAYBOOKs: only offer them in the run dialog (r).",
+)
 @click.pass_obj
 def tui(settings: Settings, playbooks: tuple[str, ...], pick: bool) -> None:
     """The terminal UI; each PLAYBOOK given starts a run at once (as `run` would)."""

@@ -27,5 +27,7 @@ def resolve_home(explicit: str | os.PathLike[str] | None = None) -> Path:
         from remotemac.errors import BadInput
 
         why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        raise BadInput(f"cannot use {str(home)[:200]!r} as remotemac's home: {why}",
-                       hint="give --home (or REMOTEMAC_HOME) a directory you can write") from None
+        raise BadInput(
+            f"cannot use {str(home)[:200]!r} as remotemac's home: {why}",
+            hint="give --home (or REMOTEMAC_HOME) a directory you can write",
+        ) from None

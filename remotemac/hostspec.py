@@ -18,8 +18,10 @@ def split_spec(spec: str) -> tuple[str | None, str, int | None]:
     text = spec.strip()
     match = _SPEC.match(text) if len(text) <= MAX_SPEC else None
     if not match:
-        raise ValueError(f"not a host: {text[:60]!r} (write local, an ssh alias or "
-                         "[user@]host[:port], IPv6 in brackets)")
+        raise ValueError(
+            f"not a host: {text[:60]!r} (write local, an ssh alias or "
+            "[user@]host[:port], IPv6 in brackets)"
+        )
     port_text = match["port"]
     port = int(port_text) if port_text and len(port_text) <= 5 else (0 if port_text else None)
     if port is not None and not 0 < port < 65536:

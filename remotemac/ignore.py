@@ -14,8 +14,19 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-ALWAYS_SKIP = {".git", ".hg", ".svn", "__pycache__", ".venv", "venv", ".mypy_cache",
-               ".pytest_cache", ".ruff_cache", ".tox", "node_modules"}
+ALWAYS_SKIP = {
+    ".git",
+    ".hg",
+    ".svn",
+    "__pycache__",
+    ".venv",
+    "venv",
+    ".mypy_cache",
+    ".pytest_cache",
+    ".ruff_cache",
+    ".tox",
+    "node_modules",
+}
 
 
 @dataclass(frozen=True)
@@ -108,8 +119,9 @@ def walk_project(root: Path, extra_excludes: list[str] | None = None) -> Iterato
         local = list(inherited)
         gi = full / ".gitignore"
         if gi.is_file():
-            local += parse_rules(gi.read_text(encoding="utf-8", errors="replace").splitlines(),
-                                 rel_dir)
+            local += parse_rules(
+                gi.read_text(encoding="utf-8", errors="replace").splitlines(), rel_dir
+            )
         try:
             entries = sorted(os.scandir(full), key=lambda e: e.name)
         except OSError:

@@ -186,16 +186,32 @@ class Journal:
     # ------------------------------------------------------------ runs
 
     def create_run(
-        self, run_id: str, *, name: str, host: str, playbook_path: str | None,
-        playbook: dict[str, Any], out_dir: str, options: dict[str, Any],
+        self,
+        run_id: str,
+        *,
+        name: str,
+        host: str,
+        playbook_path: str | None,
+        playbook: dict[str, Any],
+        out_dir: str,
+        options: dict[str, Any],
     ) -> None:
         now = time.time()
         with self._write() as db:
             db.execute(
                 "INSERT INTO runs (run_id, name, host, playbook_path, playbook_json, out_dir,"
                 " options_json, created_at, updated_at) VALUES (?,?,?,?,?,?,?,?,?)",
-                (run_id, name, host, playbook_path, json.dumps(playbook), out_dir,
-                 json.dumps(options), now, now),
+                (
+                    run_id,
+                    name,
+                    host,
+                    playbook_path,
+                    json.dumps(playbook),
+                    out_dir,
+                    json.dumps(options),
+                    now,
+                    now,
+                ),
             )
 
     def get_run(self, run_id: str) -> RunRow | None:
@@ -203,14 +219,22 @@ class Journal:
         return _run_row(row) if row else None
 
     def list_runs(self, limit: int = 200) -> list[RunRow]:
-        rows = self._db().execute(
-            "SELECT * FROM runs ORDER BY created_at DESC LIMIT ?", (limit,)
-        ).fetchall()
+        rows = (
+            self._db()
+            .execute("SELECT * FROM runs ORDER BY created_at DESC LIMIT ?", (limit,))
+            .fetchall()
+        )
         return [_run_row(r) for r in rows]
 
     def set_run_state(
-        self, run_id: str, state: str, *, verdict: str | None = None, exit_code: int | None = None,
-        phase: str | None = None, error: str | None = None,
+        self,
+        run_id: str,
+        state: str,
+        *,
+        verdict: str | None = None,
+        exit_code: int | None = None,
+        phase: str | None = None,
+        error: str | None = None,
     ) -> None:
         """Move a run to ``state``; ``phase``/``error`` say where and why a run failed
         (cleared when it runs again, e.g. after ``attach``)."""
@@ -223,8 +247,16 @@ class Journal:
                 " exit_code = COALESCE(?, exit_code), updated_at = ?,"
                 " finished_at = COALESCE(?, finished_at), failed_phase = ?, error = ?"
                 " WHERE run_id = ?",
-                (state, verdict, exit_code, now, finished, phase if failed else None,
-                 error[:2000] if failed and error else None, run_id),
+                (
+                    state,
+                    verdict,
+                    exit_code,
+                    now,
+                    finished,
+                    phase if failed else None,
+                    error[:2000] if failed and error else None,
+                    run_id,
+                ),
             )
 
     # ------------------------------------------------------------ ownership
@@ -238,12 +270,16 @@ class Journal:
         """
         me, host = os.getpid(), socket.gethostname()
         with self._write() as db:
-            row = db.execute("SELECT pid, hostname FROM owners WHERE run_id = ?",
-                             (run_id,)).fetchone()
+            row = db.execute(
+                "SELECT pid, hostname FROM owners WHERE run_id = ?", (run_id,)
+            ).fetchone()
             if row and row["pid"] != me and row["hostname"] == host and pid_alive(row["pid"]):
                 return int(row["pid"])
-            db.execute("INSERT OR REPLACE INTO owners (run_id, pid, hostname, claimed_at)"
-                       " VALUES (?,?,?,?)", (run_id, me, host, time.time()))
+            db.execute(
+                "INSERT OR REPLACE INTO owners (run_id, pid, hostname, claimed_at)"
+                " VALUES (?,?,?,?)",
+                (run_id, me, host, time.time()),
+            )
         return None
 
     def release_run(self, run_id: str) -> None:
@@ -253,18 +289,29 @@ class Journal:
     # ------------------------------------------------------------ phases
 
     def phase_state(self, run_id: str, phase: str) -> tuple[str, dict[str, Any]] | None:
-        row = self._db().execute(
-            "SELECT state, result_json FROM phases WHERE run_id = ? AND phase = ?", (run_id, phase)
-        ).fetchone()
+        row = (
+            self._db()
+            .execute(
+                "SELECT state, result_json FROM phases WHERE run_id = ? AND phase = ?",
+                (run_id, phase),
+            )
+            .fetchone()
+        )
         return (row["state"], json.loads(row["result_json"])) if row else None
 
     def phases(self, run_id: str) -> dict[str, dict[str, Any]]:
-        rows = self._db().execute(
-            "SELECT * FROM phases WHERE run_id = ? ORDER BY started_at", (run_id,)
-        ).fetchall()
+        rows = (
+            self._db()
+            .execute("SELECT * FROM phases WHERE run_id = ? ORDER BY started_at", (run_id,))
+            .fetchall()
+        )
         return {
-            r["phase"]: {"state": r["state"], "result": json.loads(r["result_json"]),
-                         "started_at": r["started_at"], "finished_at": r["finished_at"]}
+            r["phase"]: {
+                "state": r["state"],
+                "result": json.loads(r["result_json"]),
+                "started_at": r["started_at"],
+                "finished_at": r["finished_at"],
+            }
             for r in rows
         }
 
@@ -276,7 +323,9 @@ class Journal:
                 (run_id, phase, time.time()),
             )
 
-    def finish_phase(self, run_id: str, phase: str, result: dict[str, Any], state: str = "done") -> None:
+    def finish_phase(
+        self, run_id: str, phase: str, result: dict[str, Any], state: str = "done"
+    ) -> None:
         with self._write() as db:
             db.execute(
                 "UPDATE phases SET state = ?, result_json = ?, finished_at = ?"
@@ -287,9 +336,14 @@ class Journal:
     # ------------------------------------------------------------ log offsets
 
     def log_offset(self, run_id: str, device: str) -> tuple[int, int]:
-        row = self._db().execute(
-            "SELECT offset, lines FROM log_offsets WHERE run_id = ? AND device = ?", (run_id, device)
-        ).fetchone()
+        row = (
+            self._db()
+            .execute(
+                "SELECT offset, lines FROM log_offsets WHERE run_id = ? AND device = ?",
+                (run_id, device),
+            )
+            .fetchone()
+        )
         return (row["offset"], row["lines"]) if row else (0, 0)
 
     def save_log_offset(self, run_id: str, device: str, offset: int, lines: int) -> None:
@@ -305,10 +359,14 @@ class Journal:
 
     def get(self, path: str, size: int, mtime_ns: int, inode: int) -> str | None:
         """HashCache protocol: the cached sha256 if the file looks unchanged."""
-        row = self._db().execute(
-            "SELECT sha256 FROM hash_cache WHERE path = ? AND size = ? AND mtime_ns = ? AND inode = ?",
-            (path, size, mtime_ns, inode),
-        ).fetchone()
+        row = (
+            self._db()
+            .execute(
+                "SELECT sha256 FROM hash_cache WHERE path = ? AND size = ? AND mtime_ns = ? AND inode = ?",
+                (path, size, mtime_ns, inode),
+            )
+            .fetchone()
+        )
         return row["sha256"] if row else None
 
     def put(self, path: str, size: int, mtime_ns: int, inode: int, sha256: str) -> None:
@@ -345,10 +403,19 @@ class Journal:
 
 def _run_row(row: sqlite3.Row) -> RunRow:
     return RunRow(
-        run_id=row["run_id"], name=row["name"], host=row["host"],
-        playbook_path=row["playbook_path"], playbook=json.loads(row["playbook_json"]),
-        out_dir=row["out_dir"], options=json.loads(row["options_json"]), state=row["state"],
-        verdict=row["verdict"], exit_code=row["exit_code"], created_at=row["created_at"],
-        updated_at=row["updated_at"], finished_at=row["finished_at"],
-        failed_phase=row["failed_phase"], error=row["error"],
+        run_id=row["run_id"],
+        name=row["name"],
+        host=row["host"],
+        playbook_path=row["playbook_path"],
+        playbook=json.loads(row["playbook_json"]),
+        out_dir=row["out_dir"],
+        options=json.loads(row["options_json"]),
+        state=row["state"],
+        verdict=row["verdict"],
+        exit_code=row["exit_code"],
+        created_at=row["created_at"],
+        updated_at=row["updated_at"],
+        finished_at=row["finished_at"],
+        failed_phase=row["failed_phase"],
+        error=row["error"],
     )

@@ -35,9 +35,29 @@ from remotemac.units import parse_duration, parse_size
 
 PLACEHOLDERS = ("device", "data_dir", "output_dir")
 SYSTEM_DIRS = {
-    "/", "/bin", "/sbin", "/usr", "/etc", "/var", "/tmp", "/private", "/System", "/Library",
-    "/Applications", "/Users", "/home", "/root", "/opt", "/dev", "/proc", "/sys", "/Volumes",
-    "/private/tmp", "/private/var", "/usr/local", "/opt/homebrew",
+    "/",
+    "/bin",
+    "/sbin",
+    "/usr",
+    "/etc",
+    "/var",
+    "/tmp",
+    "/private",
+    "/System",
+    "/Library",
+    "/Applications",
+    "/Users",
+    "/home",
+    "/root",
+    "/opt",
+    "/dev",
+    "/proc",
+    "/sys",
+    "/Volumes",
+    "/private/tmp",
+    "/private/var",
+    "/usr/local",
+    "/opt/homebrew",
 }
 
 #: where homes live (/Users/<name>, /home/<name>) and homes with a fixed path
@@ -125,17 +145,23 @@ class Environment(Strict):
     python: str = Field("python3", description="interpreter the remote venv is made from")
     requirements: str | None = Field(None, description="lock or requirements file in the project")
     venv: bool = Field(True, description="make a venv keyed by the requirements' hash")
-    system_site_packages: bool = Field(False, description="let the venv see the interpreter's packages")
+    system_site_packages: bool = Field(
+        False, description="let the venv see the interpreter's packages"
+    )
 
 
 class Agent(Strict):
     python: str | None = Field(
-        None, description="the host's own interpreter the agent runs under (default: "
-        "$REMOTEMAC_AGENT_PYTHON, else python3); never the workload's venv")
+        None,
+        description="the host's own interpreter the agent runs under (default: "
+        "$REMOTEMAC_AGENT_PYTHON, else python3); never the workload's venv",
+    )
     runtime_install: Literal["auto", "online", "offline"] | None = Field(
-        None, description="how the agent's runtime (cryptography, for decryption) reaches the "
+        None,
+        description="how the agent's runtime (cryptography, for decryption) reaches the "
         "host: online (pip on the host), offline (wheels from this laptop), auto (online, then "
-        "offline); $REMOTEMAC_RUNTIME_INSTALL overrides")
+        "offline); $REMOTEMAC_RUNTIME_INSTALL overrides",
+    )
 
 
 class Sample(Strict):
@@ -167,9 +193,7 @@ class Data(Strict):
     @model_validator(mode="after")
     def _policy(self) -> Data:
         if self.classification == "sensitive" and not self.approved_for_remote:
-            raise ValueError(
-                "sensitive data is refused unless approved_for_remote: true"
-            )
+            raise ValueError("sensitive data is refused unless approved_for_remote: true")
         if not self.encrypt and self.classification != "public":
             raise ValueError(
                 f"encrypt: false is only allowed for public data (classification is "
@@ -231,22 +255,35 @@ class Workload(Strict):
 class CompareRule(Strict):
     """One output file (a glob) and how to compare it with the reference's."""
 
-    file: str = Field(description="glob relative to {output_dir}: .pt .pth .safetensors .npy "
-                                  ".npz .json .csv")
-    rtol: float | None = Field(None, ge=0, description="relative tolerance; default: "
-                                                       "PyTorch's MPS tests' for the dtype")
-    atol: float | None = Field(None, ge=0, description="absolute tolerance; default: "
-                                                       "PyTorch's MPS tests' for the dtype")
-    keys: list[str] = Field(default_factory=list, description=(
-        "globs of key paths to compare (default: all), e.g. 'model.*', "
-        "'optimizer.state.*'; * matches any characters, dots included; a key also covers "
-        "everything below it"))
-    ignore: list[str] = Field(default_factory=list, description=(
-        "globs of key paths to skip, e.g. 'config.out_dir', 'timestamp'"))
-    strict: bool = Field(False, description=(
-        "false: strings, paths, devices and other non-numeric values that differ are "
-        "reported as metadata differences without failing; true: they fail. Device names "
-        "(cpu, mps, mps:0, cuda:1) count as equal either way"))
+    file: str = Field(
+        description="glob relative to {output_dir}: .pt .pth .safetensors .npy .npz .json .csv"
+    )
+    rtol: float | None = Field(
+        None, ge=0, description="relative tolerance; default: PyTorch's MPS tests' for the dtype"
+    )
+    atol: float | None = Field(
+        None, ge=0, description="absolute tolerance; default: PyTorch's MPS tests' for the dtype"
+    )
+    keys: list[str] = Field(
+        default_factory=list,
+        description=(
+            "globs of key paths to compare (default: all), e.g. 'model.*', "
+            "'optimizer.state.*'; * matches any characters, dots included; a key also covers "
+            "everything below it"
+        ),
+    )
+    ignore: list[str] = Field(
+        default_factory=list,
+        description=("globs of key paths to skip, e.g. 'config.out_dir', 'timestamp'"),
+    )
+    strict: bool = Field(
+        False,
+        description=(
+            "false: strings, paths, devices and other non-numeric values that differ are "
+            "reported as metadata differences without failing; true: they fail. Device names "
+            "(cpu, mps, mps:0, cuda:1) count as equal either way"
+        ),
+    )
 
     @field_validator("file")
     @classmethod
@@ -260,6 +297,7 @@ DEFAULT_OUTPUT_BYTES = 20 * 1024**3
 class Outputs(Strict):
     path: str = Field(".", description="what to pull, relative to {output_dir}; default: all of it")
     compare: list[CompareRule] = Field(default_factory=list)
+
     @field_validator("path")
     @classmethod
     def _path(cls, value: str) -> str:
@@ -288,9 +326,10 @@ class Connection(Strict):
     """How long a dropped link is retried before the run stops locally (the job runs on)."""
 
     reconnect_deadline: Duration = Field(
-        600.0, gt=0,
+        600.0,
+        gt=0,
         description="keep reconnecting this long (counted down on screen); past it the run "
-                    "stops with exit 3 and `remotemac attach <run-id>` resumes it",
+        "stops with exit 3 and `remotemac attach <run-id>` resumes it",
     )
 
 
@@ -377,8 +416,9 @@ class Playbook(Strict):
         try:
             when = datetime.fromisoformat(text)
         except ValueError:
-            raise ValueError(f"not a duration or an ISO time: {text!r} (write 48h or "
-                             "2026-12-03T18:00:00+00:00)") from None
+            raise ValueError(
+                f"not a duration or an ISO time: {text!r} (write 48h or 2026-12-03T18:00:00+00:00)"
+            ) from None
         if when.tzinfo is None:
             raise ValueError("give the deadline a timezone, e.g. 2026-12-03T18:00:00+00:00")
         return when.isoformat()
@@ -410,7 +450,9 @@ class Playbook(Strict):
 
     @field_validator("matrix")
     @classmethod
-    def _matrix(cls, value: dict[str, list[MatrixValue]] | None) -> dict[str, list[MatrixValue]] | None:
+    def _matrix(
+        cls, value: dict[str, list[MatrixValue]] | None
+    ) -> dict[str, list[MatrixValue]] | None:
         if value is None:
             return None
         for key, values in value.items():
@@ -422,12 +464,16 @@ class Playbook(Strict):
 
     @model_validator(mode="after")
     def _matrix_used(self) -> Playbook:
-        used = {name.split(".", 1)[1] for _, name, _, _ in string.Formatter().parse(
-            self.workload.command) if name and name.startswith("matrix.")}
+        used = {
+            name.split(".", 1)[1]
+            for _, name, _, _ in string.Formatter().parse(self.workload.command)
+            if name and name.startswith("matrix.")
+        }
         known = set(self.matrix or {})
         if used - known:
-            raise ValueError(f"the command uses {{matrix.{sorted(used - known)[0]}}} but matrix "
-                             "has no such key")
+            raise ValueError(
+                f"the command uses {{matrix.{sorted(used - known)[0]}}} but matrix has no such key"
+            )
         return self
 
     def target_hosts(self) -> list[str]:
@@ -444,8 +490,9 @@ class Playbook(Strict):
 def check_host(value: str) -> str:
     """``local``, an ssh alias or ``[user@]host[:port]`` (port 1-65535, IPv6 in brackets)."""
     if not value or any(c.isspace() for c in value) or value.startswith("-"):
-        raise ValueError(f"not a host: {value[:60]!r} (write local, an ssh alias or "
-                         "user@host:port)")
+        raise ValueError(
+            f"not a host: {value[:60]!r} (write local, an ssh alias or user@host:port)"
+        )
     if value != "local":
         split_spec(value)
     return value
@@ -456,7 +503,9 @@ def check_remote_root(value: str) -> str:
     text = value.strip()
     norm = os.path.normpath(text) if text else ""
     if not norm or norm in {".", "~", "/"} or norm.startswith("~") and norm.rstrip("/") == "~":
-        raise ValueError(f"remote_root {value!r} is not allowed: use a dedicated dir like ~/remotemac")
+        raise ValueError(
+            f"remote_root {value!r} is not allowed: use a dedicated dir like ~/remotemac"
+        )
     if ".." in Path(norm).parts:
         raise ValueError(f"remote_root {value!r} may not contain '..'")
     if not (norm.startswith("~/") or norm.startswith("/")):
@@ -466,8 +515,10 @@ def check_remote_root(value: str) -> str:
     parts = Path(norm).parts
     if norm in HOME_DIRS or (len(parts) == 3 and "/" + parts[1] in HOME_PARENTS):
         # cleanup removes remote_root: a home dir (the host's is checked again on the host)
-        raise ValueError(f"remote_root {value!r} looks like a home directory: use a dedicated "
-                         "dir below it, like ~/remotemac")
+        raise ValueError(
+            f"remote_root {value!r} looks like a home directory: use a dedicated "
+            "dir below it, like ~/remotemac"
+        )
     return norm
 
 
@@ -487,7 +538,9 @@ class PlaybookErrors(BadInput):
         return "\n".join(self.lines)
 
 
-def load_playbook(path: str | os.PathLike[str], overrides: dict[str, Any] | None = None) -> Playbook:
+def load_playbook(
+    path: str | os.PathLike[str], overrides: dict[str, Any] | None = None
+) -> Playbook:
     """Read, parse and validate a playbook file. Raises PlaybookErrors (exit 2)."""
     file = Path(path)
     try:
@@ -511,7 +564,8 @@ PlaybookLoader.yaml_implicit_resolvers = {
     for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
 }
 PlaybookLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
+    "tag:yaml.org,2002:bool",
+    re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
     list("tTfF"),
 )
 
@@ -526,8 +580,12 @@ def _parse_yaml(text: str) -> tuple[yaml.Node | None, Any]:
         loader.dispose()
 
 
-def parse_playbook(text: str, filename: str = "<playbook>", overrides: dict[str, Any] | None = None,
-                   source: Path | None = None) -> Playbook:
+def parse_playbook(
+    text: str,
+    filename: str = "<playbook>",
+    overrides: dict[str, Any] | None = None,
+    source: Path | None = None,
+) -> Playbook:
     """Validate a playbook's text; with ``source`` (its file) also the paths it names.
 
     Raises PlaybookErrors (exit 2), one line per problem with its key path and line.
@@ -542,7 +600,9 @@ def parse_playbook(text: str, filename: str = "<playbook>", overrides: dict[str,
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise PlaybookErrors([f"{where}: bad YAML: {problem}"]) from None
     if not isinstance(data, dict):
-        raise PlaybookErrors([f"{filename}:1:1: a playbook is a mapping of keys (name, workload, ...)"])
+        raise PlaybookErrors(
+            [f"{filename}:1:1: a playbook is a mapping of keys (name, workload, ...)"]
+        )
     if overrides:
         data = {**data, **{k: v for k, v in overrides.items() if v is not None}}
     try:
@@ -554,8 +614,10 @@ def parse_playbook(text: str, filename: str = "<playbook>", overrides: dict[str,
     if source is not None:
         playbook._base_dir = source.resolve().parent
         playbook._source = source.resolve()
-        problems = [f"{_where(node, loc, filename)}: {'.'.join(loc)}: {why}"
-                    for loc, why in _path_problems(playbook)]
+        problems = [
+            f"{_where(node, loc, filename)}: {'.'.join(loc)}: {why}"
+            for loc, why in _path_problems(playbook)
+        ]
         if problems:
             raise PlaybookErrors(problems)
     return playbook
@@ -576,8 +638,12 @@ def _path_problems(pb: Playbook) -> list[tuple[list[str], str]]:
     elif pb.environment.requirements:
         req = project / pb.environment.requirements
         if not req.is_file():
-            found.append((["environment", "requirements"],
-                          f"{req} is not a file (it is read from the project directory)"))
+            found.append(
+                (
+                    ["environment", "requirements"],
+                    f"{req} is not a file (it is read from the project directory)",
+                )
+            )
     data = pb.data_dir()
     if data is not None:
         if not data.exists():
@@ -647,26 +713,32 @@ def _message(err: dict[str, Any], loc: list[Any]) -> str:
     message = err["msg"]
     for prefix in ("Value error, ", "Assertion failed, "):
         if message.startswith(prefix):
-            message = message[len(prefix):]
+            message = message[len(prefix) :]
     return message
 
 
 # pydantic's own wording ("Input should be a valid number, unable to parse string as a
 # number") → what a playbook author needs to read.
 _PLAIN = {
-    "float_parsing": "expected a number, got {got}", "float_type": "expected a number, got {got}",
+    "float_parsing": "expected a number, got {got}",
+    "float_type": "expected a number, got {got}",
     "int_parsing": "expected a whole number, got {got}",
     "int_type": "expected a whole number, got {got}",
     "int_from_float": "expected a whole number, got {got}",
     "bool_parsing": "expected true or false, got {got}",
     "bool_type": "expected true or false, got {got}",
-    "string_type": "expected text, got {got}", "list_type": "expected a list, got {got}",
+    "string_type": "expected text, got {got}",
+    "list_type": "expected a list, got {got}",
     "dict_type": "expected a mapping of keys, got {got}",
     "model_type": "expected a mapping of keys, got {got}",
     "model_attributes_type": "expected a mapping of keys, got {got}",
 }
-_BOUNDS = {"greater_than": "greater than", "greater_than_equal": "at least",
-           "less_than": "less than", "less_than_equal": "at most"}
+_BOUNDS = {
+    "greater_than": "greater than",
+    "greater_than_equal": "at least",
+    "less_than": "less than",
+    "less_than_equal": "at most",
+}
 
 
 def _shown(value: Any) -> str:
@@ -712,7 +784,9 @@ def _mark_for(root: yaml.Node | None, loc: list[Any], key_node: bool) -> tuple[i
                     break
             else:
                 return best
-        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
+        elif (
+            isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value)
+        ):
             node = node.value[part]
         else:
             return best

@@ -72,8 +72,13 @@ class RichRenderer:
         self.verbose = verbose
         self.raw = raw
         self.progress = Progress(
-            TextColumn("[bold]{task.description}"), BarColumn(), DownloadColumn(),
-            TransferSpeedColumn(), TimeRemainingColumn(), console=self.console, transient=True,
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            DownloadColumn(),
+            TransferSpeedColumn(),
+            TimeRemainingColumn(),
+            console=self.console,
+            transient=True,
         )
         self._tasks: dict[str, Any] = {}
         self._started = False
@@ -81,10 +86,15 @@ class RichRenderer:
     def __call__(self, event: Event) -> None:
         c = self.console
         if isinstance(event, PhaseStarted):
-            c.print(f"[cyan]▶ {shown(event.phase)}[/]"
-                    + (f" {shown(event.detail)}" if event.detail else ""))
-        elif isinstance(event, PhaseProgress) and event.unit in ("files", "runtime", "wheels") \
-                and event.detail:
+            c.print(
+                f"[cyan]▶ {shown(event.phase)}[/]"
+                + (f" {shown(event.detail)}" if event.detail else "")
+            )
+        elif (
+            isinstance(event, PhaseProgress)
+            and event.unit in ("files", "runtime", "wheels")
+            and event.detail
+        ):
             c.print(f"[dim]  {shown(event.detail)}[/]")
         elif isinstance(event, PhaseProgress) and event.unit == "bytes" and event.total:
             if not self._started:
@@ -93,13 +103,16 @@ class RichRenderer:
             task = self._tasks.get(event.phase)
             if task is None:
                 task = self._tasks[event.phase] = self.progress.add_task(
-                    shown(event.phase), total=event.total)
+                    shown(event.phase), total=event.total
+                )
             self.progress.update(task, completed=event.done, total=event.total)
         elif isinstance(event, PhaseFinished):
             self._end_progress(event.phase)
             mark = "[dim]↷" if event.skipped else ("[green]✓" if event.ok else "[red]✗")
-            c.print(f"{mark} {shown(event.phase)}[/]"
-                    + (f"  [dim]{shown(event.detail)}[/]" if event.detail else ""))
+            c.print(
+                f"{mark} {shown(event.phase)}[/]"
+                + (f"  [dim]{shown(event.detail)}[/]" if event.detail else "")
+            )
         elif isinstance(event, LogLine):
             c.print(f"[dim]{shown(log_prefix(event.device))}[/]", end="")
             if self.raw:  # as the job wrote it: rich itself would drop BEL and friends
@@ -108,18 +121,26 @@ class RichRenderer:
             else:
                 c.out(escape_controls(event.line), highlight=False)
         elif isinstance(event, ConnectionState):
-            extra = f" (attempt {event.attempt}, next in {event.next_in_s:.1f}s)" if event.next_in_s else ""
+            extra = (
+                f" (attempt {event.attempt}, next in {event.next_in_s:.1f}s)"
+                if event.next_in_s
+                else ""
+            )
             if event.deadline_left_s is not None:
                 extra += f" · gives up in {event.deadline_left_s:.0f}s"
-            c.print(f"[yellow]⚡ {shown(event.host)}: {shown(event.state)}{extra}[/] "
-                    f"{shown(event.detail)}")
+            c.print(
+                f"[yellow]⚡ {shown(event.host)}: {shown(event.state)}{extra}[/] "
+                f"{shown(event.detail)}"
+            )
         elif isinstance(event, Warning):
             c.print(f"[yellow]warning:[/] {shown(event.message)}")
         elif isinstance(event, RunFinished):
             self._end_progress(None)
             colour = {"accepted": "green", "rejected": "red"}.get(event.verdict, "yellow")
-            c.print(f"[bold {colour}]{shown(event.verdict.upper())}[/] (exit {event.exit_code})  "
-                    f"{shown(event.detail)}")
+            c.print(
+                f"[bold {colour}]{shown(event.verdict.upper())}[/] (exit {event.exit_code})  "
+                f"{shown(event.detail)}"
+            )
 
     def _end_progress(self, phase: str | None) -> None:
         if phase is not None and phase in self._tasks:
@@ -141,8 +162,9 @@ def width() -> int:
     return shutil.get_terminal_size((80, 24)).columns
 
 
-def fit_table(headers: Sequence[str], rows: Sequence[Sequence[str]],
-              columns: int | None = None) -> list[str]:
+def fit_table(
+    headers: Sequence[str], rows: Sequence[Sequence[str]], columns: int | None = None
+) -> list[str]:
     """Aligned columns when they fit in ``columns``; otherwise one block per row.
 
     The first column (a run id, a host, a path) is never cut: when the row does
@@ -161,14 +183,24 @@ def fit_table(headers: Sequence[str], rows: Sequence[Sequence[str]],
     for r in cells:
         out.append(r[0])
         rest = "  ".join(f"{h}: {v}" for h, v in zip(headers[1:], r[1:], strict=True) if v)
-        out += textwrap.wrap(rest, columns - 2, initial_indent="  ", subsequent_indent="  ",
-                             break_long_words=False, break_on_hyphens=False) or []
+        out += (
+            textwrap.wrap(
+                rest,
+                columns - 2,
+                initial_indent="  ",
+                subsequent_indent="  ",
+                break_long_words=False,
+                break_on_hyphens=False,
+            )
+            or []
+        )
     return out
 
 
 @contextlib.contextmanager
-def progress(what: str, after_s: float = 1.0,
-             stream: TextIO | None = None) -> Iterator[Callable[[], None]]:
+def progress(
+    what: str, after_s: float = 1.0, stream: TextIO | None = None
+) -> Iterator[Callable[[], None]]:
     """Say what is going on (on stderr) when it takes longer than ``after_s``.
 
     On a terminal a spinner line counts the seconds and disappears at the end; in a
@@ -191,8 +223,10 @@ def progress(what: str, after_s: float = 1.0,
         frames = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
         i = 0
         while not done.wait(0.1):
-            stream.write(f"\r{frames[i % len(frames)]} {what}… "
-                         f"{human_duration(time.monotonic() - started)}\x1b[K")
+            stream.write(
+                f"\r{frames[i % len(frames)]} {what}… "
+                f"{human_duration(time.monotonic() - started)}\x1b[K"
+            )
             stream.flush()
             i += 1
         stream.write("\r\x1b[K")

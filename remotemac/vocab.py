@@ -16,20 +16,24 @@ from remotemac.units import format_size
 
 # A run's state as the journal stores it → the one word users see.
 RUN_STATES: dict[str, str] = {
-    "created": "created",      # registered, nothing done yet
-    "running": "running",      # a remotemac process is driving it
-    "detached": "detached",    # launched with --detach: the host runs it, nobody follows
+    "created": "created",  # registered, nothing done yet
+    "running": "running",  # a remotemac process is driving it
+    "detached": "detached",  # launched with --detach: the host runs it, nobody follows
     "interrupted": "interrupted",  # the follower stopped (Ctrl-C, quit): the host runs on
-    "finished": "finished",    # the pipeline ended; see the verdict
-    "failed": "failed",        # the pipeline stopped on an error
-    "lost": "lost",            # the job vanished on the host
+    "finished": "finished",  # the pipeline ended; see the verdict
+    "failed": "failed",  # the pipeline stopped on an error
+    "lost": "lost",  # the job vanished on the host
 }
 ATTACHED = "attached"  # the TUI drives it right now (a TUI-only fact, one word for it)
 
 # A phase's state as the journal stores it (or the TUI folds from events) → its word.
 PHASE_STATES: dict[str, str] = {
-    "pending": "pending", "started": "running", "running": "running", "done": "done",
-    "failed": "failed", "skipped": "skipped",
+    "pending": "pending",
+    "started": "running",
+    "running": "running",
+    "done": "done",
+    "failed": "failed",
+    "skipped": "skipped",
 }
 LIVE_RUN_STATES = ("created", "running", "detached", "interrupted")
 

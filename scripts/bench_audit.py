@@ -43,11 +43,16 @@ def batches(n: int, seed: int = {i}):
     for _ in range(n):
         yield torch.from_numpy(rng.standard_normal((32, {w})).astype("float32"))
 '''
-COMMENT_ONLY = PLAIN + '''
+COMMENT_ONLY = (
+    PLAIN
+    + """
 
 # Historical note: this used to call .cuda() on every batch (see issue {i}).
-'''
-CUDA_ISMS = PLAIN + '''
+"""
+)
+CUDA_ISMS = (
+    PLAIN
+    + """
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -57,17 +62,18 @@ def step(model, x):
     out = model(x.to("cuda"))
     torch.cuda.synchronize()
     return out
-'''
-KERNEL = '''#include <cuda_runtime.h>
+"""
+)
+KERNEL = """#include <cuda_runtime.h>
 __global__ void k{i}(float* x, int n) {{ int j = threadIdx.x; if (j < n) x[j] *= 2; }}
-'''
-CPP = '''#include <torch/extension.h>
+"""
+CPP = """#include <torch/extension.h>
 int helper{i}(int x) {{ return x * 2; }}
-'''
-SHELL = '''#!/bin/sh
+"""
+SHELL = """#!/bin/sh
 set -e
 python train.py --seed {i}
-'''
+"""
 DOC = "# Notes {i}\n\nThis page talks about CUDA and `.cuda()`; it is not read.\n"
 
 

@@ -98,8 +98,9 @@ def load_truth(path: Path = TRUTH) -> list[Truth]:
             if not why.strip():
                 raise ValueError(f"{path.name}:{n}: say why")
             if where.startswith("/") and where.endswith("/") and len(where) > 2:
-                rows.append(Truth(package, file, None, re.compile(where[1:-1]), rule,
-                                  severity, why))
+                rows.append(
+                    Truth(package, file, None, re.compile(where[1:-1]), rule, severity, why)
+                )
             else:
                 rows.append(Truth(package, file, int(where), None, rule, severity, why))
     return rows
@@ -111,21 +112,35 @@ def fetch(name: str, version: str, cache: Path) -> Path:
     stem = f"{name}-{version}".replace("-", "_").lower() + "."
 
     def cached() -> list[Path]:
-        return [p for p in cache.glob("*.tar.gz")
-                if p.name.lower().replace("-", "_").startswith(stem)]
+        return [
+            p for p in cache.glob("*.tar.gz") if p.name.lower().replace("-", "_").startswith(stem)
+        ]
 
     found = cached()
     if not found:
-        cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
-               "--no-binary", ":all:", "-d", str(cache), f"{name}=={version}"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--quiet",
+            "--no-deps",
+            "--no-binary",
+            ":all:",
+            "-d",
+            str(cache),
+            f"{name}=={version}",
+        ]
         env = {**os.environ, **_SKIP_CUDA}
         done = subprocess.run(cmd, env=env, capture_output=True, text=True)
         if done.returncode != 0:  # setup.py that imports torch: build in this environment
-            done = subprocess.run([*cmd, "--no-build-isolation"], env=env,
-                                  capture_output=True, text=True)
+            done = subprocess.run(
+                [*cmd, "--no-build-isolation"], env=env, capture_output=True, text=True
+            )
         if done.returncode != 0:
-            raise SystemExit(f"pip download {name}=={version} failed: "
-                             f"{done.stderr.strip().splitlines()[-1:]}")
+            raise SystemExit(
+                f"pip download {name}=={version} failed: {done.stderr.strip().splitlines()[-1:]}"
+            )
         found = cached()
     archive = found[0]
     target = cache / "src" / archive.name[: -len(".tar.gz")]
@@ -135,8 +150,9 @@ def fetch(name: str, version: str, cache: Path) -> Path:
     return target
 
 
-def score(results: dict[str, list[Finding]], truth: list[Truth]
-          ) -> tuple[dict[str, tuple[int, int, int, int]], list[str]]:
+def score(
+    results: dict[str, list[Finding]], truth: list[Truth]
+) -> tuple[dict[str, tuple[int, int, int, int]], list[str]]:
     """Per severity: (true positives, findings, matched truth rows, truth rows); misses."""
     out: dict[str, tuple[int, int, int, int]] = {}
     misses: list[str] = []
@@ -177,28 +193,42 @@ def main() -> int:
         results[name] = report.findings
         verdicts[name] = report.verdict
     table, misses = score(results, truth)
-    print(f"{len(PACKAGES)} sdists, {sum(len(v) for v in results.values())} findings in "
-          f"their own code, {len(truth)} truth rows, audit time {elapsed:.2f} s")
+    print(
+        f"{len(PACKAGES)} sdists, {sum(len(v) for v in results.values())} findings in "
+        f"their own code, {len(truth)} truth rows, audit time {elapsed:.2f} s"
+    )
     for name, _v, kind in PACKAGES:
         c = Counter(f.severity for f in results[name])
-        print(f"  {name:24} {verdicts[name]:26} {c['blocker']:3} B {c['needs-refactor']:3} R "
-              f"{c['note']:3} N   ({kind})")
+        print(
+            f"  {name:24} {verdicts[name]:26} {c['blocker']:3} B {c['needs-refactor']:3} R "
+            f"{c['note']:3} N   ({kind})"
+        )
     print(f"{'severity':16}{'precision':>12}{'recall':>12}")
     for sev, (tp, n, matched, rows) in table.items():
         p = tp / n if n else 1.0
         r = matched / rows if rows else 1.0
-        print(f"{sev:16}{p:>12.3f}{r:>12.3f}   ({tp}/{n} findings right, {matched}/{rows} "
-              "expected found)")
-    held, _ = score({k: v for k, v in results.items() if k in HELD_OUT},
-                    [t for t in truth if t.package in HELD_OUT])
-    print("held out only: " + ", ".join(
-        f"{sev} P {tp}/{n} R {m}/{rows}" for sev, (tp, n, m, rows) in held.items()))
+        print(
+            f"{sev:16}{p:>12.3f}{r:>12.3f}   ({tp}/{n} findings right, {matched}/{rows} "
+            "expected found)"
+        )
+    held, _ = score(
+        {k: v for k, v in results.items() if k in HELD_OUT},
+        [t for t in truth if t.package in HELD_OUT],
+    )
+    print(
+        "held out only: "
+        + ", ".join(f"{sev} P {tp}/{n} R {m}/{rows}" for sev, (tp, n, m, rows) in held.items())
+    )
     b_tp, b_n, b_m, b_rows = table["blocker"]
     r_tp, r_n, _, _ = table["needs-refactor"]
-    ok = (b_tp == b_n and (b_m / b_rows if b_rows else 1.0) >= 0.95
-          and (r_tp / r_n if r_n else 1.0) >= 0.9)
-    print("goals (blocker P = 1.0, R >= 0.95; needs-refactor P >= 0.9):",
-          "met" if ok else "NOT met")
+    ok = (
+        b_tp == b_n
+        and (b_m / b_rows if b_rows else 1.0) >= 0.95
+        and (r_tp / r_n if r_n else 1.0) >= 0.9
+    )
+    print(
+        "goals (blocker P = 1.0, R >= 0.95; needs-refactor P >= 0.9):", "met" if ok else "NOT met"
+    )
     if args.show_misses or not ok:
         for m in misses:
             print("  " + m)

@@ -33,7 +33,7 @@ def imported_heavy(args: list[str]) -> list[str]:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     line = [x for x in out.stdout.splitlines() if x.startswith("HEAVY=")][-1]
-    return [m for m in line[len("HEAVY="):].split(",") if m]
+    return [m for m in line[len("HEAVY=") :].split(",") if m]
 
 
 def main() -> None:

@@ -45,8 +45,12 @@ def ssh_true(config: Path, alias: str, n: int) -> float:
     times = []
     for _ in range(n):
         started = time.monotonic()
-        subprocess.run(["ssh", "-F", str(config), alias, "true"], check=True,
-                       stdin=subprocess.DEVNULL, capture_output=True)
+        subprocess.run(
+            ["ssh", "-F", str(config), alias, "true"],
+            check=True,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+        )
         times.append(time.monotonic() - started)
     return statistics.median(times)
 
@@ -56,18 +60,27 @@ def write_project(base: Path, python: str, alias: str, root: Path) -> Path:
     project.mkdir()
     (project / "a.py").write_text("print('hello from', __import__('sys').version.split()[0])\n")
     playbook = base / "trivial.yaml"
-    playbook.write_text(yaml.safe_dump({
-        "name": "trivial",
-        "host": alias,
-        "remote_root": str(root),
-        "project": {"path": str(project)},
-        "environment": {"python": python, "venv": False},
-        "agent": {"python": python},
-        "workload": {"command": f"{python} a.py", "reference": {"device": "cpu"},
-                     "target": {"device": "cpu"}, "timeout": "5m"},
-        "outputs": {"path": "."},
-        "stop_when": {"memory_growth": False},
-    }, sort_keys=False))
+    playbook.write_text(
+        yaml.safe_dump(
+            {
+                "name": "trivial",
+                "host": alias,
+                "remote_root": str(root),
+                "project": {"path": str(project)},
+                "environment": {"python": python, "venv": False},
+                "agent": {"python": python},
+                "workload": {
+                    "command": f"{python} a.py",
+                    "reference": {"device": "cpu"},
+                    "target": {"device": "cpu"},
+                    "timeout": "5m",
+                },
+                "outputs": {"path": "."},
+                "stop_when": {"memory_growth": False},
+            },
+            sort_keys=False,
+        )
+    )
     return playbook
 
 
@@ -82,22 +95,41 @@ async def one_run(playbook: Path, home: Path, config: Path, out: Path) -> dict:
     pb = load_playbook(str(playbook))
     journal = Journal(home / "journal.sqlite3")
     run_id = new_run_id(pb.name)
-    journal.create_run(run_id, name=pb.name, host=pb.host, playbook_path=str(playbook),
-                       playbook=pb.model_dump(mode="json"), out_dir=str(out), options={})
+    journal.create_run(
+        run_id,
+        name=pb.name,
+        host=pb.host,
+        playbook_path=str(playbook),
+        playbook=pb.model_dump(mode="json"),
+        out_dir=str(out),
+        options={},
+    )
     started = time.monotonic()
-    ctx = build_context(run_id=run_id, playbook=pb, journal=journal, bus=EventBus(), home=home,
-                        out_dir=out, options=RunOptions(),
-                        ssh=SSHOptions(ssh_config=config))
+    ctx = build_context(
+        run_id=run_id,
+        playbook=pb,
+        journal=journal,
+        bus=EventBus(),
+        home=home,
+        out_dir=out,
+        options=RunOptions(),
+        ssh=SSHOptions(ssh_config=config),
+    )
     code = await run_pipeline(ctx)
     wall = time.monotonic() - started
     record = json.loads((out / "acceptance.json").read_text())
     ledger = [json.loads(x) for x in (out / "ledger.jsonl").read_text().splitlines()]
-    return {"wall_s": wall, "exit": code, "cpu": record.get("cpu"),
-            "execs": sum(1 for e in ledger if e.get("via") == "ssh" and e.get("op"))}
+    return {
+        "wall_s": wall,
+        "exit": code,
+        "cpu": record.get("cpu"),
+        "execs": sum(1 for e in ledger if e.get("via") == "ssh" and e.get("op")),
+    }
 
 
-async def call_round_trip(alias: str, home: Path, config: Path, root: Path, python: str,
-                          n: int) -> tuple[float, float]:
+async def call_round_trip(
+    alias: str, home: Path, config: Path, root: Path, python: str, n: int
+) -> tuple[float, float]:
     """Median and p90 of ``ping`` through the resident agent (ms)."""
     from remotemac.engine.agentclient import AgentClient
     from remotemac.transport.ssh import SSHTransport
@@ -147,24 +179,33 @@ def main() -> int:
             else:
                 os.environ.pop("REMOTEMAC_AGENT_ONESHOT", None)
             asyncio.run(one_run(playbook, home, config, base / f"warm-{mode}"))  # warm-up
-            rows[mode] = [asyncio.run(one_run(playbook, home, config, base / f"{mode}-{i}"))
-                          for i in range(args.runs)]
+            rows[mode] = [
+                asyncio.run(one_run(playbook, home, config, base / f"{mode}-{i}"))
+                for i in range(args.runs)
+            ]
         os.environ.pop("REMOTEMAC_AGENT_ONESHOT", None)
-        median_ms, p90_ms = asyncio.run(call_round_trip("mac", home, config, root, args.python,
-                                                        args.calls))
-        print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} "
-              "(shared; the sshd and its agents run on the same cores)")
+        median_ms, p90_ms = asyncio.run(
+            call_round_trip("mac", home, config, root, args.python, args.calls)
+        )
+        print(
+            f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} "
+            "(shared; the sshd and its agents run on the same cores)"
+        )
         print(f"host python: {args.python}; ssh host true: {true_s * 1000:.0f} ms (median of 10)")
         for mode, runs in rows.items():
             wall = statistics.median(r["wall_s"] for r in runs)
             host = statistics.median(r["cpu"]["host_s"] for r in runs)
             laptop = statistics.median(r["cpu"]["laptop_s"] for r in runs)
-            print(f"{mode:>9}: warm trivial two-device run {wall:.2f} s = "
-                  f"{wall / true_s:.1f}x ssh true (goal <= 15x); host-side CPU {host:.2f} s "
-                  f"(goal <= 0.5 s); laptop CPU {laptop:.2f} s; agent calls "
-                  f"{runs[0]['cpu']['agent_calls']}; exits {[r['exit'] for r in runs]}")
-        print(f"agent call round trip (resident, ping): median {median_ms:.2f} ms, "
-              f"p90 {p90_ms:.2f} ms (goal: median <= 5 ms)")
+            print(
+                f"{mode:>9}: warm trivial two-device run {wall:.2f} s = "
+                f"{wall / true_s:.1f}x ssh true (goal <= 15x); host-side CPU {host:.2f} s "
+                f"(goal <= 0.5 s); laptop CPU {laptop:.2f} s; agent calls "
+                f"{runs[0]['cpu']['agent_calls']}; exits {[r['exit'] for r in runs]}"
+            )
+        print(
+            f"agent call round trip (resident, ping): median {median_ms:.2f} ms, "
+            f"p90 {p90_ms:.2f} ms (goal: median <= 5 ms)"
+        )
     finally:
         if server is not None:
             server.tmux("kill-server")

@@ -57,8 +57,9 @@ def child(size: int, seconds: float, torch: bool) -> dict:
 
     def start(**kw) -> SSHD:
         # the login is this user (not the lab user): fleetkit puts each root under base
-        server = SSHD(base / f"sshd{len(servers)}", client_key=key, user=getpass.getuser(),
-                      **kw).start()
+        server = SSHD(
+            base / f"sshd{len(servers)}", client_key=key, user=getpass.getuser(), **kw
+        ).start()
         servers.append(server)
         return server
 
@@ -67,24 +68,35 @@ def child(size: int, seconds: float, torch: bool) -> dict:
         home = base / "home"
         fk.trust(home, macs)
         inv_path = fk.write_inventory(base / "inventory.yaml", macs)
-        command = (f"python3 emit.py --device {{device}} --out {{output_dir}} --lines 10 "
-                   f"--seconds {seconds}" + (" --torch" if torch else ""))
+        command = (
+            f"python3 emit.py --device {{device}} --out {{output_dir}} --lines 10 "
+            f"--seconds {seconds}" + (" --torch" if torch else "")
+        )
         # the lab host's own bare python3 (no venv to build per host: this measures the
         # orchestrator), or with --torch the lab's torch interpreter
         python = lab.ensure_host_torch_python() if torch else None
         overrides = {} if torch else {"environment": {"python": "python3", "venv": False}}
-        pb_path = fk.write_playbook(base / "bench.yaml", workload={"command": command},
-                                    python=python, **overrides)
+        pb_path = fk.write_playbook(
+            base / "bench.yaml", workload={"command": command}, python=python, **overrides
+        )
         pb = load_playbook(pb_path)
         inventory = load_inventory(inv_path)
         runs = plan_runs(pb, inventory.hosts(), inventory, base / "out")
         rss_before = vm_kib("VmHWM")
         cpu0 = resource.getrusage(resource.RUSAGE_SELF)
         started = time.monotonic()
-        result = asyncio.run(run_fleet(
-            pb, runs, journal=Journal(home / "journal.sqlite3"), home=home,
-            out_root=base / "out", options=RunOptions(follow_poll_s=FLEET_FOLLOW_POLL_S),
-            ssh=SSHOptions(ssh_config=config), forks=size))
+        result = asyncio.run(
+            run_fleet(
+                pb,
+                runs,
+                journal=Journal(home / "journal.sqlite3"),
+                home=home,
+                out_root=base / "out",
+                options=RunOptions(follow_poll_s=FLEET_FOLLOW_POLL_S),
+                ssh=SSHOptions(ssh_config=config),
+                forks=size,
+            )
+        )
         wall = time.monotonic() - started
         cpu1 = resource.getrusage(resource.RUSAGE_SELF)
         counts: dict[str, int] = {}
@@ -94,11 +106,18 @@ def child(size: int, seconds: float, torch: bool) -> dict:
             record = r.out_dir / "acceptance.json"
             if record.exists():  # the agent's own CPU, reported per run (issue 16)
                 host_cpu += (json.loads(record.read_text()).get("cpu") or {}).get("host_s") or 0
-        return {"hosts": size, "wall_s": round(wall, 2), "verdicts": counts,
-                "connections": result.connections, "host_agent_cpu_s": round(host_cpu, 2),
-                "orchestrator_cpu_s": round(cpu1.ru_utime + cpu1.ru_stime
-                                            - cpu0.ru_utime - cpu0.ru_stime, 2),
-                "rss_before_kib": rss_before, "peak_rss_kib": vm_kib("VmHWM")}
+        return {
+            "hosts": size,
+            "wall_s": round(wall, 2),
+            "verdicts": counts,
+            "connections": result.connections,
+            "host_agent_cpu_s": round(host_cpu, 2),
+            "orchestrator_cpu_s": round(
+                cpu1.ru_utime + cpu1.ru_stime - cpu0.ru_utime - cpu0.ru_stime, 2
+            ),
+            "rss_before_kib": rss_before,
+            "peak_rss_kib": vm_kib("VmHWM"),
+        }
     finally:
         for server in servers:
             server.cleanup()
@@ -127,16 +146,25 @@ def main() -> int:
         rows.append(json.loads(proc.stdout.strip().splitlines()[-1]))
         print(json.dumps(rows[-1]), flush=True)
     one = rows[0]
-    print(f"\nmachine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} "
-          "(shared with other work; hosts are local sshds on the same cores)")
-    print(f"{'hosts':>5} {'wall s':>8} {'x one':>6} {'orch cpu s':>10} {'peak RSS MiB':>12} "
-          f"{'Δ/host KiB':>10} {'host cpu s':>10}  verdicts")
+    print(
+        f"\nmachine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} "
+        "(shared with other work; hosts are local sshds on the same cores)"
+    )
+    print(
+        f"{'hosts':>5} {'wall s':>8} {'x one':>6} {'orch cpu s':>10} {'peak RSS MiB':>12} "
+        f"{'Δ/host KiB':>10} {'host cpu s':>10}  verdicts"
+    )
     for row in rows:
-        per_host = ((row["peak_rss_kib"] - one["peak_rss_kib"]) / (row["hosts"] - one["hosts"])
-                    if row["hosts"] != one["hosts"] else 0)
-        print(f"{row['hosts']:>5} {row['wall_s']:>8.1f} {row['wall_s'] / one['wall_s']:>6.2f} "
-              f"{row['orchestrator_cpu_s']:>10.2f} {row['peak_rss_kib'] / 1024:>12.1f} "
-              f"{per_host:>10.0f} {row.get('host_agent_cpu_s', 0):>10.2f}  {row['verdicts']}")
+        per_host = (
+            (row["peak_rss_kib"] - one["peak_rss_kib"]) / (row["hosts"] - one["hosts"])
+            if row["hosts"] != one["hosts"]
+            else 0
+        )
+        print(
+            f"{row['hosts']:>5} {row['wall_s']:>8.1f} {row['wall_s'] / one['wall_s']:>6.2f} "
+            f"{row['orchestrator_cpu_s']:>10.2f} {row['peak_rss_kib'] / 1024:>12.1f} "
+            f"{per_host:>10.0f} {row.get('host_agent_cpu_s', 0):>10.2f}  {row['verdicts']}"
+        )
     return 0
 
 

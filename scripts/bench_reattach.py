@@ -51,20 +51,34 @@ def main() -> int:
         (home / "known_hosts").write_text(trust_line(server, proxy.port))
         empty = work / "user_known_hosts"
         empty.touch()
-        cfg = server.write_ssh_config(work / "ssh_config", "benchhost", known_hosts=empty,
-                                      port=proxy.port, extra={"ServerAliveInterval": "1",
-                                                              "ServerAliveCountMax": "3",
-                                                              "ConnectTimeout": "5"})
-        host = SSHHost(home, cfg, "benchhost", server.home / "host-root", str(server.tmux_dir),
-                       server, proxy)
-        result = fault_run(host, proxy, work, lines=args.lines, seconds=args.seconds,
-                           cuts=args.cuts, blackhole=not args.no_blackhole)
+        cfg = server.write_ssh_config(
+            work / "ssh_config",
+            "benchhost",
+            known_hosts=empty,
+            port=proxy.port,
+            extra={"ServerAliveInterval": "1", "ServerAliveCountMax": "3", "ConnectTimeout": "5"},
+        )
+        host = SSHHost(
+            home, cfg, "benchhost", server.home / "host-root", str(server.tmux_dir), server, proxy
+        )
+        result = fault_run(
+            host,
+            proxy,
+            work,
+            lines=args.lines,
+            seconds=args.seconds,
+            cuts=args.cuts,
+            blackhole=not args.no_blackhole,
+        )
         got = local_lines(result["out"])
         want = expected_lines(args.lines)
         waits = sorted(result["resume_s"])
         figures = {
-            "lines_expected": len(want), "lines_local": len(got), "exactly_once_in_order": got == want,
-            "job_state": result["follow"].get("state"), "job_exit_code": result["follow"].get("exit_code"),
+            "lines_expected": len(want),
+            "lines_local": len(got),
+            "exactly_once_in_order": got == want,
+            "job_state": result["follow"].get("state"),
+            "job_exit_code": result["follow"].get("exit_code"),
             "faults": [f["kind"] for f in result["faults"]].count("cut"),
             "blackholes": [f["kind"] for f in result["faults"]].count("blackhole"),
             "disconnects": result["continuity"].get("disconnects"),
@@ -73,7 +87,8 @@ def main() -> int:
             "resume_p90_s": round(result["p90_s"], 3) if waits else None,
             "resume_max_s": round(waits[-1], 3) if waits else None,
             "blackhole_resume_s": round(result["resume_s"][-1], 3)
-            if waits and not args.no_blackhole else None,
+            if waits and not args.no_blackhole
+            else None,
             "wall_s": round(result["seconds"], 1),
         }
         if args.json:

@@ -60,8 +60,9 @@ async def main() -> None:
     parser.add_argument("--pypi", action="store_true")
     args = parser.parse_args()
     if args.pypi:
-        os.environ.update(PIP_CONFIG_FILE=os.devnull, PIP_FIND_LINKS="",
-                          PIP_INDEX_URL="https://pypi.org/simple")
+        os.environ.update(
+            PIP_CONFIG_FILE=os.devnull, PIP_FIND_LINKS="", PIP_INDEX_URL="https://pypi.org/simple"
+        )
     with tempfile.TemporaryDirectory() as tmp:
         base = Path(tmp)
         home = base / "home"
@@ -78,8 +79,10 @@ async def main() -> None:
         rows.append(("offline, second run", s, a, n))
         print(f"agent python: {args.python}; index: {'pypi.org' if args.pypi else 'pip config'}")
         for name, seconds, answer, installs in rows:
-            print(f"{name:34s} {seconds:6.2f} s  reused={answer['reused']!s:5s} "
-                  f"host-side {answer.get('seconds')} s  installs={installs}")
+            print(
+                f"{name:34s} {seconds:6.2f} s  reused={answer['reused']!s:5s} "
+                f"host-side {answer.get('seconds')} s  installs={installs}"
+            )
 
 
 if __name__ == "__main__":

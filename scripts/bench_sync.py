@@ -69,7 +69,7 @@ def make_slice(root: Path, size: int, small_share: float = 0.3, big_files: int =
             left = n
             while left > 0:
                 start = rng.randrange(0, len(block) - min(left, len(block)) + 1)
-                piece = block[start:start + min(left, len(block))]
+                piece = block[start : start + min(left, len(block))]
                 fh.write(piece)
                 left -= len(piece)
         paths.append(rel)
@@ -125,12 +125,19 @@ class Bench:
         for kh in (self.home / "known_hosts", self.user_kh):
             with open(kh, "a") as fh:
                 fh.write(self.server.known_hosts_line(f"[{self.server.host}]:{proxy.port}"))
-        cfg = self.server.write_ssh_config(self.tmp / "ssh_config_proxy", "benchproxy",
-                                           known_hosts=self.user_kh, port=proxy.port)
+        cfg = self.server.write_ssh_config(
+            self.tmp / "ssh_config_proxy", "benchproxy", known_hosts=self.user_kh, port=proxy.port
+        )
         return cfg, "benchproxy"
 
-    async def sync(self, data: Path, paths: list[str], run_id: str,
-                   cfg: Path | None = None, alias: str = "bench") -> tuple[float, float, dict]:
+    async def sync(
+        self,
+        data: Path,
+        paths: list[str],
+        run_id: str,
+        cfg: Path | None = None,
+        alias: str = "bench",
+    ) -> tuple[float, float, dict]:
         """(seconds including a fresh connection, peak RSS MiB, stats) of one remotemac sync."""
         cache = self.caches.setdefault(run_id, MemoryHashCache())
         key = self.keys.setdefault(run_id, os.urandom(32))
@@ -138,11 +145,13 @@ class Bench:
             async with SSHTransport("bench", home_dir=self.home, ssh_config=self.cfg) as t:
                 agent = AgentClient(t, str(self.host_root))
                 run = await agent.call(
-                    "prepare_run", {"root": str(self.host_root), "run_id": run_id})
+                    "prepare_run", {"root": str(self.host_root), "run_id": run_id}
+                )
                 self.run_dirs[run_id] = run["run_dir"]
                 if not self.runtime_dir:  # the host's python3 decrypts with its runtime
-                    self.runtime_dir = (await ensure_runtime(agent, home=None,
-                                                             method="online"))["dir"]
+                    self.runtime_dir = (await ensure_runtime(agent, home=None, method="online"))[
+                        "dir"
+                    ]
         transport = SSHTransport(alias, home_dir=self.home, ssh_config=cfg or self.cfg)
         reset_peak_rss()
         start = time.perf_counter()
@@ -150,8 +159,16 @@ class Bench:
             agent = AgentClient(transport, str(self.host_root))
             run = {"run_dir": self.run_dirs[run_id]}
             _, answer, stats = await sync_slice(
-                transport, agent, root=data, paths=paths, run_dir=run["run_dir"], run_id=run_id,
-                key=key, runtime_dir=self.runtime_dir, cache=cache)
+                transport,
+                agent,
+                root=data,
+                paths=paths,
+                run_dir=run["run_dir"],
+                run_id=run_id,
+                key=key,
+                runtime_dir=self.runtime_dir,
+                cache=cache,
+            )
         seconds = time.perf_counter() - start
         if answer["mismatches"]:
             raise SystemExit(f"sync verification failed: {answer['mismatches'][:1]}")
@@ -171,15 +188,19 @@ class Bench:
     def scp(self, data: Path, dest: Path) -> float:
         self.host_dir(dest)
         start = time.perf_counter()
-        subprocess.run(["scp", "-q", "-r", "-F", str(self.cfg), "-c", CIPHER, str(data),
-                        f"bench:{dest}/"], check=True)
+        subprocess.run(
+            ["scp", "-q", "-r", "-F", str(self.cfg), "-c", CIPHER, str(data), f"bench:{dest}/"],
+            check=True,
+        )
         return time.perf_counter() - start
 
     def rsync(self, data: Path, dest: Path) -> float:
         self.host_dir(dest)
         start = time.perf_counter()
-        subprocess.run(["rsync", "-a", "-e", f"ssh -F {self.cfg} -c {CIPHER}", f"{data}/",
-                        f"bench:{dest}/"], check=True)
+        subprocess.run(
+            ["rsync", "-a", "-e", f"ssh -F {self.cfg} -c {CIPHER}", f"{data}/", f"bench:{dest}/"],
+            check=True,
+        )
         return time.perf_counter() - start
 
 
@@ -202,11 +223,19 @@ def fmt(seconds: float, size: int) -> str:
 async def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", type=parse_size, default=1 << 30, help="slice size (1GiB)")
-    parser.add_argument("--throttle-size", type=parse_size, default=200 << 20,
-                        help="slice size for the throttled sync (200MiB)")
+    parser.add_argument(
+        "--throttle-size",
+        type=parse_size,
+        default=200 << 20,
+        help="slice size for the throttled sync (200MiB)",
+    )
     parser.add_argument("--rate", type=float, default=20e6, help="throttle, bytes/s (20e6)")
-    parser.add_argument("--rss-size", type=parse_size, default=0,
-                        help="also sync a slice this big just to measure peak RSS (e.g. 2GiB)")
+    parser.add_argument(
+        "--rss-size",
+        type=parse_size,
+        default=0,
+        help="also sync a slice this big just to measure peak RSS (e.g. 2GiB)",
+    )
     parser.add_argument("--changed", type=float, default=0.01, help="share changed (0.01)")
     args = parser.parse_args()
 
@@ -217,9 +246,12 @@ async def main() -> int:
         data = tmp / "slice"
         paths = make_slice(data, args.size)
         size = args.size
-        print(f"slice: {len(paths)} files, {size / 2**20:.0f} MiB "
-              f"({sum(p.startswith('shards/') for p in paths)} small, 3 large); "
-              f"{os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}", flush=True)
+        print(
+            f"slice: {len(paths)} files, {size / 2**20:.0f} MiB "
+            f"({sum(p.startswith('shards/') for p in paths)} small, 3 large); "
+            f"{os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}",
+            flush=True,
+        )
         try:
             # 1. cold
             t_rm, rss_cold, st_cold = await bench.sync(data, paths, "bench-cold")
@@ -236,15 +268,21 @@ async def main() -> int:
             changed = change_files(data, paths, args.changed)
             t_rm2, rss2, st2 = await bench.sync(data, paths, "bench-cold")
             t_rsync2 = bench.rsync(data, dests / "rsync-dest")
-            print(f"resync ({len(changed)} files changed) remotemac {t_rm2:6.2f} s "
-                  f"(sent {st2['sent_files']} files, {st2['sent_bytes'] / 1e6:.1f} MB), "
-                  f"rsync {t_rsync2:6.2f} s; speed-up vs rsync {t_rsync2 / t_rm2:.2f}x "
-                  f"(goal > 1)  peak RSS {rss2:.1f} MiB", flush=True)
+            print(
+                f"resync ({len(changed)} files changed) remotemac {t_rm2:6.2f} s "
+                f"(sent {st2['sent_files']} files, {st2['sent_bytes'] / 1e6:.1f} MB), "
+                f"rsync {t_rsync2:6.2f} s; speed-up vs rsync {t_rsync2 / t_rm2:.2f}x "
+                f"(goal > 1)  peak RSS {rss2:.1f} MiB",
+                flush=True,
+            )
             # unchanged re-sync, for the record
             t_rm3, _, st3 = await bench.sync(data, paths, "bench-cold")
             t_rsync3 = bench.rsync(data, dests / "rsync-dest")
-            print(f"resync (unchanged) remotemac {t_rm3:6.2f} s (sent {st3['sent_bytes']} B), "
-                  f"rsync {t_rsync3:6.2f} s", flush=True)
+            print(
+                f"resync (unchanged) remotemac {t_rm3:6.2f} s (sent {st3['sent_bytes']} B), "
+                f"rsync {t_rsync3:6.2f} s",
+                flush=True,
+            )
             bench.drop_run("bench-cold")
             shutil.rmtree(dests / "rsync-dest")
             # 3. throttled
@@ -265,20 +303,36 @@ async def main() -> int:
                 probe = tmp / "probe.bin"
                 probe.write_bytes(os.urandom(40_000_000))
                 start = time.perf_counter()
-                subprocess.run(["scp", "-q", "-F", str(cfg), "-c", CIPHER, str(probe),
-                                f"{alias}:{dests / 'probe-copy.bin'}"], check=True)
+                subprocess.run(
+                    [
+                        "scp",
+                        "-q",
+                        "-F",
+                        str(cfg),
+                        "-c",
+                        CIPHER,
+                        str(probe),
+                        f"{alias}:{dests / 'probe-copy.bin'}",
+                    ],
+                    check=True,
+                )
                 link = probe.stat().st_size / (time.perf_counter() - start)
             finally:
                 proxy.stop()
             bench.drop_run("bench-throttled")
             rate = acc / t_th
-            print(f"throttled {args.rate / 1e6:.0f} MB/s: {len(sub)} files {acc / 2**20:.0f} MiB "
-                  f"in {t_th:.2f} s = {rate / 1e6:.1f} MB/s of plaintext; "
-                  f"ratio to link {rate / args.rate:.2f} (goal >= 0.90); "
-                  f"wire bytes {st_th['sent_bytes'] / 1e6:.1f} MB; peak RSS {rss_th:.1f} MiB",
-                  flush=True)
-            print(f"      scp through the same throttled proxy: {link / 1e6:.1f} MB/s; "
-                  f"remotemac/scp there {rate / link:.2f}", flush=True)
+            print(
+                f"throttled {args.rate / 1e6:.0f} MB/s: {len(sub)} files {acc / 2**20:.0f} MiB "
+                f"in {t_th:.2f} s = {rate / 1e6:.1f} MB/s of plaintext; "
+                f"ratio to link {rate / args.rate:.2f} (goal >= 0.90); "
+                f"wire bytes {st_th['sent_bytes'] / 1e6:.1f} MB; peak RSS {rss_th:.1f} MiB",
+                flush=True,
+            )
+            print(
+                f"      scp through the same throttled proxy: {link / 1e6:.1f} MB/s; "
+                f"remotemac/scp there {rate / link:.2f}",
+                flush=True,
+            )
             shutil.rmtree(data)
             # 4. a bigger slice for the memory figure
             if args.rss_size:
@@ -286,9 +340,12 @@ async def main() -> int:
                 big_paths = make_slice(big, args.rss_size)
                 t_big, rss_big, _ = await bench.sync(big, big_paths, "bench-rss")
                 bench.drop_run("bench-rss")
-                print(f"rss   {args.rss_size / 2**30:.1f} GiB slice ({len(big_paths)} files) "
-                      f"synced in {t_big:.2f} s; orchestrator peak RSS {rss_big:.1f} MiB "
-                      f"(goal < 200 MiB)", flush=True)
+                print(
+                    f"rss   {args.rss_size / 2**30:.1f} GiB slice ({len(big_paths)} files) "
+                    f"synced in {t_big:.2f} s; orchestrator peak RSS {rss_big:.1f} MiB "
+                    f"(goal < 200 MiB)",
+                    flush=True,
+                )
         finally:
             for run_id in ("bench-cold", "bench-throttled", "bench-rss"):
                 bench.drop_run(run_id)

@@ -41,8 +41,13 @@ class _NoRuns:
 
 async def bench(total: int, burst: int, every_ms: float) -> int:
     home = Path(tempfile.mkdtemp(prefix="rm-bench-"))
-    app = RemotemacApp(Settings(str(home), None, None, False), journal=_NoRuns(),
-                       reattach=False, blink=False, out_root=home / "runs")
+    app = RemotemacApp(
+        Settings(str(home), None, None, False),
+        journal=_NoRuns(),
+        reattach=False,
+        blink=False,
+        out_root=home / "runs",
+    )
     latencies: list[float] = []
     async with app.run_test(size=(140, 40)) as pilot:
         live = app.driver.lives["bench"] = RunLive("bench", host="local")
@@ -67,8 +72,14 @@ async def bench(total: int, burst: int, every_ms: float) -> int:
             while sent < total:
                 for _ in range(min(burst, total - sent)):
                     sent += 1
-                    sink(LogLine("bench", device="mps", line=f"step {sent:06d} loss 0.{sent:05d}"
-                                 " lr 1e-4 throughput 1234.5 samples/s"))
+                    sink(
+                        LogLine(
+                            "bench",
+                            device="mps",
+                            line=f"step {sent:06d} loss 0.{sent:05d}"
+                            " lr 1e-4 throughput 1234.5 samples/s",
+                        )
+                    )
                 await asyncio.sleep(every_ms / 1000)
             done.set()
 
@@ -94,13 +105,18 @@ async def bench(total: int, burst: int, every_ms: float) -> int:
     print(f"streaming time        {streamed:.2f} s  → {total / streamed:,.0f} lines/s offered")
     print(f"all lines in view at  {drained:.2f} s  ({total / drained:,.0f} lines/s)")
     print(f"log view batches      {log.batches} (≈{total / max(log.batches, 1):,.0f} lines each)")
-    print(f"log view holds        {len(log.lines):,} lines (max_lines {log.max_lines:,}); "
-          f"last: {last!r}")
+    print(
+        f"log view holds        {len(log.lines):,} lines (max_lines {log.max_lines:,}); "
+        f"last: {last!r}"
+    )
     print(f"key presses           {len(lat)}")
-    print(f"key→handler latency   median {statistics.median(lat):.1f} ms, p95 {p95:.1f} ms, "
-          f"max {lat[-1]:.1f} ms")
-    ok = lat[-1] < 100 and last.endswith(f"step {total:06d} loss 0.{total:05d} lr 1e-4 "
-                                         "throughput 1234.5 samples/s")
+    print(
+        f"key→handler latency   median {statistics.median(lat):.1f} ms, p95 {p95:.1f} ms, "
+        f"max {lat[-1]:.1f} ms"
+    )
+    ok = lat[-1] < 100 and last.endswith(
+        f"step {total:06d} loss 0.{total:05d} lr 1e-4 throughput 1234.5 samples/s"
+    )
     print("result                " + ("OK: every key handled in < 100 ms" if ok else "SLOW"))
     return 0 if ok else 1
 

@@ -54,7 +54,9 @@ def violations(agent_dir: Path = AGENT) -> list[str]:
                 if name == "remotemac.agent" or name.startswith("remotemac.agent."):
                     continue
                 if name.split(".")[0] not in allowed:
-                    found.append(f"{path.relative_to(agent_dir.parent.parent)}:{node.lineno}: {name}")
+                    found.append(
+                        f"{path.relative_to(agent_dir.parent.parent)}:{node.lineno}: {name}"
+                    )
     return found
 
 

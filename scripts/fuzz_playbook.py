@@ -53,8 +53,9 @@ def run_target(name: str, examples: int, seed_value: int | None) -> bool:
         else:
             outcomes[check(value)] += 1
 
-    test = settings(max_examples=examples, deadline=None, database=None,
-                    suppress_health_check=list(HealthCheck))(given(strategy)(one))
+    test = settings(
+        max_examples=examples, deadline=None, database=None, suppress_health_check=list(HealthCheck)
+    )(given(strategy)(one))
     if seed_value is not None:
         test = seed(seed_value)(test)
     started = time.monotonic()
@@ -64,13 +65,17 @@ def run_target(name: str, examples: int, seed_value: int | None) -> bool:
     except Exception as exc:  # noqa: BLE001 - report the shrunk failure and go on
         ok = False
         notes = "\n".join(getattr(exc, "__notes__", []))
-        print(f"{name}: FAILED: {type(exc).__name__}: {str(exc)[:3000]}\n{notes[:3000]}",
-              flush=True)
+        print(
+            f"{name}: FAILED: {type(exc).__name__}: {str(exc)[:3000]}\n{notes[:3000]}", flush=True
+        )
     took = time.monotonic() - started
     # Hypothesis also counts the examples it replays while shrinking; report what ran
     detail = ", ".join(f"{k} {v}" for k, v in sorted(outcomes.items()))
-    print(f"{name}: {sum(outcomes.values())} examples ({detail}) in {took:.0f} s: "
-          f"{'ok' if ok else 'FAILED'}", flush=True)
+    print(
+        f"{name}: {sum(outcomes.values())} examples ({detail}) in {took:.0f} s: "
+        f"{'ok' if ok else 'FAILED'}",
+        flush=True,
+    )
     return ok
 
 

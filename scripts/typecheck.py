@@ -24,9 +24,12 @@ ERROR = re.compile(r"^(?P<path>[^:]+):\d+(?::\d+)?: error: (?P<msg>.*?)\s+\[(?P<
 
 def current() -> list[str]:
     """mypy's errors as baseline lines (sorted, duplicates kept)."""
-    proc = subprocess.run([sys.executable, "-m", "mypy", "--no-error-summary",
-                           "--hide-error-context", "--no-pretty"], cwd=REPO,
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "mypy", "--no-error-summary", "--hide-error-context", "--no-pretty"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
     if proc.returncode not in (0, 1) or "error: " in proc.stderr:
         sys.exit(f"mypy did not run: {proc.stderr.strip() or proc.stdout.strip()}")
     lines = []
@@ -51,8 +54,10 @@ def main() -> int:
         print(f"fixed (remove from the baseline): {line}")
     for line in sorted(new.elements()):
         print(f"new type error: {line}")
-    print(f"mypy: {sum(now.values())} error(s), {sum(new.values())} new, "
-          f"{sum(fixed.values())} fixed against the baseline of {sum(known.values())}")
+    print(
+        f"mypy: {sum(now.values())} error(s), {sum(new.values())} new, "
+        f"{sum(fixed.values())} fixed against the baseline of {sum(known.values())}"
+    )
     return 1 if new else 0
 
 

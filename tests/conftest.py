@@ -52,17 +52,22 @@ def make_playbook(tmp_path: Path):
             "remote_root": str(tmp_path / "host-root"),
             "project": {"path": str(LINES_PROJECT), "exclude": ["data/"]},
             "environment": {"python": sys.executable, "venv": False},
-            "data": {"path": str(LINES_PROJECT / "data"), "classification": "public",
-                     "encrypt": True},
+            "data": {
+                "path": str(LINES_PROJECT / "data"),
+                "classification": "public",
+                "encrypt": True,
+            },
             "workload": {
                 "command": "python3 emit.py --device {device} --data {data_dir} "
-                           "--out {output_dir} --lines 40 --seconds 0.5 --torch",
+                "--out {output_dir} --lines 40 --seconds 0.5 --torch",
                 "reference": {"device": "cpu"},
                 "target": {"device": "cpu"},
                 "timeout": "5m",
             },
-            "outputs": {"path": ".", "compare": [{"file": "result.json", "rtol": 1e-6,
-                                                  "atol": 1e-9}]},
+            "outputs": {
+                "path": ".",
+                "compare": [{"file": "result.json", "rtol": 1e-6, "atol": 1e-9}],
+            },
             "stop_when": {"memory_growth": False},
         }
         for key, value in overrides.items():
@@ -79,20 +84,34 @@ def make_playbook(tmp_path: Path):
     return make
 
 
-def remotemac(*args: str, cwd: Path | None = None, env: dict | None = None,
-              timeout: float = 300, check: bool = False) -> subprocess.CompletedProcess:
+def remotemac(
+    *args: str,
+    cwd: Path | None = None,
+    env: dict | None = None,
+    timeout: float = 300,
+    check: bool = False,
+) -> subprocess.CompletedProcess:
     """Run the real CLI in a subprocess, as a user would."""
     full_env = dict(os.environ)
     full_env.update(env or {})
-    proc = subprocess.run([sys.executable, "-m", "remotemac", *args], cwd=cwd, env=full_env,
-                          capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(
+        [sys.executable, "-m", "remotemac", *args],
+        cwd=cwd,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     if check and proc.returncode != 0:
-        raise AssertionError(f"remotemac {' '.join(args)} → {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
+        raise AssertionError(
+            f"remotemac {' '.join(args)} → {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+        )
     return proc
 
 
-SSHD_FIXTURES = frozenset({"sshd", "sshd_factory", "fresh_host_lab", "host_torch_python",
-                           "client_key"})
+SSHD_FIXTURES = frozenset(
+    {"sshd", "sshd_factory", "fresh_host_lab", "host_torch_python", "client_key"}
+)
 # Tests that run a workload end to end: the CLI or the TUI through a whole run, the
 # harness or preflight over real torch (a module, or a ``module::test-name`` prefix).
 E2E: tuple[str, ...] = (

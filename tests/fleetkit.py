@@ -62,8 +62,9 @@ def write_inventory(path: Path, macs: list[FakeMac], rate: float = 1.5) -> Path:
     return path
 
 
-def write_playbook(path: Path, *, lines: int = 6, seconds: float = 0.3,
-                   python: str | None = None, **overrides) -> Path:
+def write_playbook(
+    path: Path, *, lines: int = 6, seconds: float = 0.3, python: str | None = None, **overrides
+) -> Path:
     """The ``lines`` workload; with ``python`` (a host interpreter with torch) it puts a
     tensor on the device, without it the default environment runs it torch-free."""
     data = {
@@ -73,7 +74,7 @@ def write_playbook(path: Path, *, lines: int = 6, seconds: float = 0.3,
         **({"environment": {"python": python, "venv": False}} if python else {}),
         "workload": {
             "command": f"python3 emit.py --device {{device}} --out {{output_dir}} "
-                       f"--lines {lines} --seconds {seconds}" + (" --torch" if python else ""),
+            f"--lines {lines} --seconds {seconds}" + (" --torch" if python else ""),
             "reference": {"device": "cpu"},
             "target": {"device": "cpu"},
             "timeout": "5m",
@@ -95,5 +96,11 @@ def cli(*args: str, home: Path, cwd: Path, timeout: float = 300) -> subprocess.C
     import os
 
     env = dict(os.environ, REMOTEMAC_HOME=str(home))
-    return subprocess.run([sys.executable, "-m", "remotemac", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "remotemac", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )

@@ -28,8 +28,14 @@ def sshd_run(sshd, ssh_env, tmp_path: Path, host_torch_python: str):
     home, cfg, alias = ssh_env(sshd)
     counter = iter(range(100))
 
-    def run(mode: str, *, seconds: float = 1.0, stop_when: dict | None = None,
-            target: str = "remote", purpose: dict | None = None):
+    def run(
+        mode: str,
+        *,
+        seconds: float = 1.0,
+        stop_when: dict | None = None,
+        target: str = "remote",
+        purpose: dict | None = None,
+    ):
         n = next(counter)
         data = {
             "name": f"accept-{mode}",
@@ -39,14 +45,18 @@ def sshd_run(sshd, ssh_env, tmp_path: Path, host_torch_python: str):
             "environment": {"python": host_torch_python, "venv": False},
             "workload": {
                 "command": f"python3 work.py --device {{device}} --out {{output_dir}} "
-                           f"--mode {mode} --seconds {seconds}",
+                f"--mode {mode} --seconds {seconds}",
                 "reference": {"device": "cpu"},
                 "target": {"device": "cpu", "on": target},
                 "timeout": "5m",
             },
-            "outputs": {"path": ".", "compare": [
-                {"file": "preds.pt", "rtol": 1e-5, "atol": 1e-6},
-                {"file": "metrics.json", "rtol": 1e-5, "atol": 1e-6}]},
+            "outputs": {
+                "path": ".",
+                "compare": [
+                    {"file": "preds.pt", "rtol": 1e-5, "atol": 1e-6},
+                    {"file": "metrics.json", "rtol": 1e-5, "atol": 1e-6},
+                ],
+            },
             "stop_when": {"memory_growth": False, **(stop_when or {})},
         }
         if purpose:
@@ -54,8 +64,17 @@ def sshd_run(sshd, ssh_env, tmp_path: Path, host_torch_python: str):
         pb = tmp_path / f"pb{n}.yaml"
         pb.write_text(yaml.safe_dump(data))
         out = tmp_path / f"out{n}"
-        proc = remotemac("--home", str(home), "--ssh-config", str(cfg), "run", str(pb),
-                         "--out", str(out), timeout=240)
+        proc = remotemac(
+            "--home",
+            str(home),
+            "--ssh-config",
+            str(cfg),
+            "run",
+            str(pb),
+            "--out",
+            str(out),
+            timeout=240,
+        )
         record_path = out / "acceptance.json"
         assert record_path.exists(), proc.stdout + proc.stderr
         record = json.loads(record_path.read_text())
@@ -77,8 +96,10 @@ def test_host_torch_within_tolerance_is_accepted(sshd_run):
     env = json.loads((out / "env" / "target.json").read_text())
     assert env["torch"] and env["packages"]["torch"].startswith(env["torch"].split("+")[0])
     assert record["environment"]["mismatches"] == []
-    assert "| results |" in (out / "acceptance.md").read_text().lower() or \
-        "results" in (out / "acceptance.md").read_text().lower()
+    assert (
+        "| results |" in (out / "acceptance.md").read_text().lower()
+        or "results" in (out / "acceptance.md").read_text().lower()
+    )
 
 
 def test_host_torch_beyond_tolerance_is_rejected_naming_file_and_tensor(sshd_run):
@@ -96,7 +117,9 @@ def test_host_torch_fallback_ops_captured_and_policy_applied(sshd_run):
     ops = record["observations"]["operators"]["fallback_ops"]
     assert any("aten::isin.Tensor_Tensor_out" in json.dumps(op) for op in ops)
     assert code == 1 and any(c["code"] == "fallback_ops" for c in record["stopping_conditions"])
-    code, record, _ = sshd_run("fallback", stop_when={"fallback_ops": ["aten::isin.Tensor_Tensor_out"]})
+    code, record, _ = sshd_run(
+        "fallback", stop_when={"fallback_ops": ["aten::isin.Tensor_Tensor_out"]}
+    )
     assert code == 0, record["stopping_conditions"]
 
 

@@ -59,28 +59,46 @@ def test_linux_tags_follow_glibc_down_to_manylinux2014():
 
 def _host(system: str, machine: str, python: str = "3.9.6", **kw) -> dict:
     major, minor = python.split(".")[:2]
-    return {"python": python, "python_tag": f"cp{major}{minor}", "implementation": "cp",
-            "abi": f"cp{major}{minor}", "system": system.lower(), "machine": machine,
-            "platforms": art.platform_tags(system, machine, **kw)}
+    return {
+        "python": python,
+        "python_tag": f"cp{major}{minor}",
+        "implementation": "cp",
+        "abi": f"cp{major}{minor}",
+        "system": system.lower(),
+        "machine": machine,
+        "platforms": art.platform_tags(system, machine, **kw),
+    }
 
 
-@pytest.mark.parametrize("name,host,fits", [
-    ("cryptography-50.0.2-cp39-abi3-macosx_11_0_arm64.whl", ("Darwin", "arm64"), True),
-    ("cryptography-48.0.1-cp39-abi3-macosx_10_9_universal2.whl", ("Darwin", "arm64"), True),
-    ("cryptography-50.0.2-cp311-abi3-macosx_11_0_arm64.whl", ("Darwin", "arm64"), False),
-    ("cffi-2.0.0-cp39-cp39-macosx_11_0_arm64.whl", ("Darwin", "arm64"), True),
-    ("cffi-2.0.0-cp310-cp310-macosx_11_0_arm64.whl", ("Darwin", "arm64"), False),
-    ("cffi-2.0.0-cp39-cp39-manylinux2014_x86_64.manylinux_2_17_x86_64.whl",
-     ("Linux", "x86_64"), True),
-    ("cffi-2.0.0-cp39-cp39-manylinux2014_x86_64.manylinux_2_17_x86_64.whl",
-     ("Linux", "aarch64"), False),
-    ("cryptography-50.0.2-cp39-abi3-manylinux_2_34_x86_64.whl", ("Linux", "x86_64"), False),
-    ("pycparser-2.23-py3-none-any.whl", ("Darwin", "arm64"), True),
-])
+@pytest.mark.parametrize(
+    "name,host,fits",
+    [
+        ("cryptography-50.0.2-cp39-abi3-macosx_11_0_arm64.whl", ("Darwin", "arm64"), True),
+        ("cryptography-48.0.1-cp39-abi3-macosx_10_9_universal2.whl", ("Darwin", "arm64"), True),
+        ("cryptography-50.0.2-cp311-abi3-macosx_11_0_arm64.whl", ("Darwin", "arm64"), False),
+        ("cffi-2.0.0-cp39-cp39-macosx_11_0_arm64.whl", ("Darwin", "arm64"), True),
+        ("cffi-2.0.0-cp310-cp310-macosx_11_0_arm64.whl", ("Darwin", "arm64"), False),
+        (
+            "cffi-2.0.0-cp39-cp39-manylinux2014_x86_64.manylinux_2_17_x86_64.whl",
+            ("Linux", "x86_64"),
+            True,
+        ),
+        (
+            "cffi-2.0.0-cp39-cp39-manylinux2014_x86_64.manylinux_2_17_x86_64.whl",
+            ("Linux", "aarch64"),
+            False,
+        ),
+        ("cryptography-50.0.2-cp39-abi3-manylinux_2_34_x86_64.whl", ("Linux", "x86_64"), False),
+        ("pycparser-2.23-py3-none-any.whl", ("Darwin", "arm64"), True),
+    ],
+)
 def test_wheel_fits_only_its_host(name, host, fits):
     system, machine = host
-    tags = _host(system, machine, mac_release="14.5") if system == "Darwin" else \
-        _host(system, machine, glibc=(2, 31))
+    tags = (
+        _host(system, machine, mac_release="14.5")
+        if system == "Darwin"
+        else _host(system, machine, glibc=(2, 31))
+    )
     assert art.wheel_fits(name, tags) is fits
 
 
@@ -97,8 +115,9 @@ def test_pip_download_names_the_full_python_version_and_every_platform(tmp_path)
 def test_runtime_key_changes_with_python_and_platform():
     mac = _host("Darwin", "arm64", mac_release="14.5")
     assert art.runtime_key(mac) == art.runtime_key(dict(mac, python="3.9.18"))
-    assert art.runtime_key(mac) != art.runtime_key(_host("Darwin", "arm64", "3.10.1",
-                                                         mac_release="14.5"))
+    assert art.runtime_key(mac) != art.runtime_key(
+        _host("Darwin", "arm64", "3.10.1", mac_release="14.5")
+    )
     assert art.runtime_key(mac) != art.runtime_key(_host("Linux", "aarch64", glibc=(2, 31)))
 
 
@@ -109,8 +128,13 @@ def _record_hash(data: bytes) -> str:
     return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
 
 
-def make_wheel(path: Path, members: dict[str, bytes], *, record_override: dict | None = None,
-               symlink: str | None = None) -> Path:
+def make_wheel(
+    path: Path,
+    members: dict[str, bytes],
+    *,
+    record_override: dict | None = None,
+    symlink: str | None = None,
+) -> Path:
     """A wheel with a correct RECORD unless told otherwise."""
     dist = "demo-1.0.dist-info"
     members = {**members, f"{dist}/METADATA": b"Name: demo\nVersion: 1.0\n"}
@@ -122,7 +146,7 @@ def make_wheel(path: Path, members: dict[str, bytes], *, record_override: dict |
             zf.writestr(name, data)
         if symlink:
             info = zipfile.ZipInfo(symlink)
-            info.external_attr = (0o120777 << 16)
+            info.external_attr = 0o120777 << 16
             zf.writestr(info, b"/etc/passwd")
             rows.append(f"{symlink},,")
         zf.writestr(f"{dist}/RECORD", "\n".join(rows + [f"{dist}/RECORD,,"]) + "\n")
@@ -130,11 +154,14 @@ def make_wheel(path: Path, members: dict[str, bytes], *, record_override: dict |
 
 
 def test_unzip_installs_purelib_and_platlib_and_skips_scripts(tmp_path):
-    wheel = make_wheel(tmp_path / "demo-1.0-py3-none-any.whl", {
-        "demo/__init__.py": b"X = 1\n",
-        "demo-1.0.data/platlib/demo_ext.py": b"Y = 2\n",
-        "demo-1.0.data/scripts/demo": b"#!/bin/sh\n",
-    })
+    wheel = make_wheel(
+        tmp_path / "demo-1.0-py3-none-any.whl",
+        {
+            "demo/__init__.py": b"X = 1\n",
+            "demo-1.0.data/platlib/demo_ext.py": b"Y = 2\n",
+            "demo-1.0.data/scripts/demo": b"#!/bin/sh\n",
+        },
+    )
     target = tmp_path / "t"
     written = art.install_wheel(str(wheel), str(target))
     assert (target / "demo" / "__init__.py").read_bytes() == b"X = 1\n"
@@ -143,8 +170,9 @@ def test_unzip_installs_purelib_and_platlib_and_skips_scripts(tmp_path):
     assert "demo_ext.py" in written and not (target / "bin").exists()
 
 
-@pytest.mark.parametrize("bad", ["../escape.py", "demo/../../escape.py", "/tmp/abs.py",
-                                 "C:/win.py", "demo\\..\\x.py"])
+@pytest.mark.parametrize(
+    "bad", ["../escape.py", "demo/../../escape.py", "/tmp/abs.py", "C:/win.py", "demo\\..\\x.py"]
+)
 def test_unzip_refuses_members_that_escape(tmp_path, bad):
     wheel = make_wheel(tmp_path / "demo-1.0-py3-none-any.whl", {bad: b"evil\n"})
     with pytest.raises(art.RuntimeInstallError) as err:
@@ -155,12 +183,18 @@ def test_unzip_refuses_members_that_escape(tmp_path, bad):
 
 def test_unzip_refuses_symlinks_and_records_that_lie(tmp_path):
     (tmp_path / "a").mkdir()
-    linked = make_wheel(tmp_path / "a" / "demo-1.0-py3-none-any.whl", {"demo/__init__.py": b""},
-                        symlink="demo/passwd")
+    linked = make_wheel(
+        tmp_path / "a" / "demo-1.0-py3-none-any.whl",
+        {"demo/__init__.py": b""},
+        symlink="demo/passwd",
+    )
     with pytest.raises(art.RuntimeInstallError, match="symlink"):
         art.install_wheel(str(linked), str(tmp_path / "t1"))
-    lying = make_wheel(tmp_path / "demo-1.0-py3-none-any.whl", {"demo/__init__.py": b"X = 1\n"},
-                       record_override={"demo/__init__.py": _record_hash(b"X = 2\n")})
+    lying = make_wheel(
+        tmp_path / "demo-1.0-py3-none-any.whl",
+        {"demo/__init__.py": b"X = 1\n"},
+        record_override={"demo/__init__.py": _record_hash(b"X = 2\n")},
+    )
     with pytest.raises(art.RuntimeInstallError, match="RECORD hash"):
         art.install_wheel(str(lying), str(tmp_path / "t2"))
     buf = io.BytesIO()
@@ -194,8 +228,9 @@ def make_data(root: Path, files: int = 6, size: int = 300_000) -> list[str]:
     return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
 
 
-async def _sync_on_bare_host(tmp_path: Path, method: str, home: Path | None,
-                             run_id: str) -> tuple[dict, dict, list[dict]]:
+async def _sync_on_bare_host(
+    tmp_path: Path, method: str, home: Path | None, run_id: str
+) -> tuple[dict, dict, list[dict]]:
     """Agent under the bare 3.9: prepare, bring the runtime, encrypted sync; (runtime, answer,
     ledger)."""
     root = tmp_path / "host-root"
@@ -206,15 +241,27 @@ async def _sync_on_bare_host(tmp_path: Path, method: str, home: Path | None,
     prepared = await agent.call("prepare_run", {"root": str(root), "run_id": run_id})
     runtime = await ensure_runtime(agent, home=home, method=method, run_id=run_id)
     data = tmp_path / "data"
-    paths = make_data(data) if not data.exists() else \
-        sorted(str(p.relative_to(data)) for p in data.rglob("*") if p.is_file())
+    paths = (
+        make_data(data)
+        if not data.exists()
+        else sorted(str(p.relative_to(data)) for p in data.rglob("*") if p.is_file())
+    )
     try:
         manifest, answer, _ = await sync_slice(
-            agent.transport, agent, root=data, paths=paths, run_dir=prepared["run_dir"],
-            run_id=run_id, key=os.urandom(32), runtime_dir=runtime["dir"])
+            agent.transport,
+            agent,
+            root=data,
+            paths=paths,
+            run_dir=prepared["run_dir"],
+            run_id=run_id,
+            key=os.urandom(32),
+            runtime_dir=runtime["dir"],
+        )
         for entry in manifest.entries:
-            assert Path(answer["data_dir"], entry.path).read_bytes() == \
-                (data / entry.path).read_bytes()
+            assert (
+                Path(answer["data_dir"], entry.path).read_bytes()
+                == (data / entry.path).read_bytes()
+            )
     finally:
         shutil.rmtree(f"/dev/shm/remotemac-{run_id}", ignore_errors=True)
     ledger = [json.loads(x) for x in ledger_path.read_text().splitlines()]
@@ -240,7 +287,8 @@ async def test_encrypted_sync_on_bare_python_online_then_reused(tmp_path):
     assert rt_dir.parent == tmp_path / "host-root" / "runtime" and (rt_dir / ".complete").is_file()
     assert [e for e in ledger if e["op"] == "install-runtime"][0]["command"].startswith(
         f"installed cryptography=={runtime['cryptography']}, cffi==2.0.0, pycparser==2.23 into "
-        f"{rt_dir}")
+        f"{rt_dir}"
+    )
     # the data agent ran under the bare interpreter, not the workload's
     assert [e for e in ledger if e["op"] == "sync-data"][0]["command"].startswith(BARE + " ")
     inventory = json.loads((tmp_path / "host-root" / "inventory.json").read_text())
@@ -253,8 +301,10 @@ async def test_encrypted_sync_on_bare_python_online_then_reused(tmp_path):
     warm = time.monotonic() - started
     assert again["reused"] is True and again["dir"] == runtime["dir"]
     assert not [e for e in ledger2 if e["op"] == "install-runtime"]
-    print(f"\nonline: cold sync with runtime install {cold:.2f} s "
-          f"(install {runtime['seconds']} s); second run {warm:.2f} s, 0 installs")
+    print(
+        f"\nonline: cold sync with runtime install {cold:.2f} s "
+        f"(install {runtime['seconds']} s); second run {warm:.2f} s, 0 installs"
+    )
 
 
 @needs_bare
@@ -266,12 +316,13 @@ async def test_two_runs_starting_together_install_once(tmp_path):
     agents = [AgentClient(LocalTransport(), str(root), python=BARE) for _ in range(2)]
     for agent in agents:  # (uploading the agent itself is another matter)
         await agent.install()
-    answers = await asyncio.gather(*(ensure_runtime(a, home=None, method="online")
-                                     for a in agents))
+    answers = await asyncio.gather(*(ensure_runtime(a, home=None, method="online") for a in agents))
     assert sorted(a["reused"] for a in answers) == [False, True]
     assert answers[0]["dir"] == answers[1]["dir"]
-    assert {p.name for p in (root / "runtime").iterdir()} <= {Path(answers[0]["dir"]).name,
-                                                             art.PIP_CACHE}
+    assert {p.name for p in (root / "runtime").iterdir()} <= {
+        Path(answers[0]["dir"]).name,
+        art.PIP_CACHE,
+    }
 
 
 @needs_bare
@@ -285,20 +336,35 @@ async def test_encrypted_sync_on_bare_python_offline_from_laptop_wheels(tmp_path
     cached = list((home / "wheels").iterdir())
     assert len(cached) == 1 and len(list(cached[0].glob("*.whl"))) == 3
     assert any(e["op"] == "upload-wheels" for e in ledger)
-    assert not [p for p in (tmp_path / "host-root" / "runtime").iterdir()
-                if "upload-" in p.name or ".tmp-" in p.name]
-    print(f"\noffline: cold sync with wheel download + upload + unzip {cold:.2f} s "
-          f"(host-side unzip install {runtime['seconds']} s)")
+    assert not [
+        p
+        for p in (tmp_path / "host-root" / "runtime").iterdir()
+        if "upload-" in p.name or ".tmp-" in p.name
+    ]
+    print(
+        f"\noffline: cold sync with wheel download + upload + unzip {cold:.2f} s "
+        f"(host-side unzip install {runtime['seconds']} s)"
+    )
 
 
 @needs_bare
 @pytest.mark.asyncio
 async def test_auto_falls_back_to_laptop_wheels_when_host_pip_fails(tmp_path, monkeypatch):
     home = tmp_path / "rmhome"
-    tags = json.loads(subprocess.run(
-        [BARE, "-c", "import sys, json; sys.path.insert(0, sys.argv[1]); import agentruntime; "
-                     "print(json.dumps(agentruntime.host_tags()))",
-         str(Path(art.__file__).parent)], capture_output=True, text=True, check=True).stdout)
+    tags = json.loads(
+        subprocess.run(
+            [
+                BARE,
+                "-c",
+                "import sys, json; sys.path.insert(0, sys.argv[1]); import agentruntime; "
+                "print(json.dumps(agentruntime.host_tags()))",
+                str(Path(art.__file__).parent),
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    )
     await asyncio.to_thread(fetch_wheels, home, tags)  # the laptop's cache, filled earlier
     # the host cannot reach any index (the agent inherits this environment locally)
     monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
@@ -327,8 +393,11 @@ async def test_failed_online_install_is_exit_6_with_pips_last_lines(tmp_path, mo
     assert "\n" not in line and "during sync" in line and "pip install failed" in line
     assert "No matching distribution" in line or "from versions: none" in line
     assert not (tmp_path / "host-root" / "runtime" / "").joinpath("x").exists()
-    assert not [p for p in (tmp_path / "host-root" / "runtime").iterdir()
-                if p.is_dir() and p.name != art.PIP_CACHE]
+    assert not [
+        p
+        for p in (tmp_path / "host-root" / "runtime").iterdir()
+        if p.is_dir() and p.name != art.PIP_CACHE
+    ]
 
 
 @needs_bare
@@ -340,16 +409,24 @@ async def test_decrypting_without_the_runtime_is_exit_6_not_3(tmp_path):
     prepared = await agent.call("prepare_run", {"root": str(root), "run_id": "rt-missing"})
     data = tmp_path / "data"
     with pytest.raises(HostEnvironmentError) as err:
-        await sync_slice(agent.transport, agent, root=data, paths=make_data(data, files=1),
-                         run_dir=prepared["run_dir"], run_id="rt-missing", key=os.urandom(32),
-                         runtime_dir=str(root / "runtime" / "0123456789abcdef"))
+        await sync_slice(
+            agent.transport,
+            agent,
+            root=data,
+            paths=make_data(data, files=1),
+            run_dir=prepared["run_dir"],
+            run_id="rt-missing",
+            key=os.urandom(32),
+            runtime_dir=str(root / "runtime" / "0123456789abcdef"),
+        )
     assert err.value.exit_code == 6
     assert "agent runtime" in err.value.line() and "phase sync" in err.value.line()
 
 
 @needs_bare
-def test_pipeline_on_bare_agent_python_then_cleanup_removes_runtime(make_playbook, rm_home,
-                                                                     tmp_path):
+def test_pipeline_on_bare_agent_python_then_cleanup_removes_runtime(
+    make_playbook, rm_home, tmp_path
+):
     """The whole run with the agent on the bare 3.9 (an encrypted slice); a second run
     reuses the runtime; cleanup removes it."""
     pb = make_playbook(agent={"python": BARE})
@@ -359,7 +436,9 @@ def test_pipeline_on_bare_agent_python_then_cleanup_removes_runtime(make_playboo
     ledger = [json.loads(x) for x in (out1 / "ledger.jsonl").read_text().splitlines()]
     installs = [e for e in ledger if e["op"] == "install-runtime"]
     assert len(installs) == 1 and "installed cryptography==" in installs[0]["command"]
-    agent_calls = [e for e in ledger if "hostagent.py" in e["command"] or "dataops.py" in e["command"]]
+    agent_calls = [
+        e for e in ledger if "hostagent.py" in e["command"] or "dataops.py" in e["command"]
+    ]
     assert agent_calls and all(e["command"].startswith(BARE + " ") for e in agent_calls)
     assert json.loads((out1 / "acceptance.json").read_text())["dataset"]["encrypted"] is True
     second = remotemac("run", str(pb), "--out", str(out2))
@@ -368,9 +447,18 @@ def test_pipeline_on_bare_agent_python_then_cleanup_removes_runtime(make_playboo
     assert not [e for e in ledger2 if e["op"] == "install-runtime"]
     runtime_root = tmp_path / "host-root" / "runtime"
     assert [p for p in runtime_root.iterdir() if (p / ".complete").is_file()]
-    cleaned = remotemac("cleanup", "local", "--remote-root", str(tmp_path / "host-root"),
-                        "--yes", "--json", "--out", str(tmp_path / "cleanup"), cwd=tmp_path,
-                        env={"REMOTEMAC_AGENT_PYTHON": BARE})
+    cleaned = remotemac(
+        "cleanup",
+        "local",
+        "--remote-root",
+        str(tmp_path / "host-root"),
+        "--yes",
+        "--json",
+        "--out",
+        str(tmp_path / "cleanup"),
+        cwd=tmp_path,
+        env={"REMOTEMAC_AGENT_PYTHON": BARE},
+    )
     assert cleaned.returncode == 0, cleaned.stdout + cleaned.stderr
     assert not runtime_root.exists()
 
@@ -412,9 +500,13 @@ def test_doctor_runtime_verdicts():
 def test_run_whose_runtime_cannot_install_exits_6_naming_sync(make_playbook, rm_home, tmp_path):
     """The CLI's answer to a host that can neither pip-install nor be forced offline."""
     pb = make_playbook(agent={"python": BARE, "runtime_install": "online"})
-    proc = remotemac("run", str(pb), "--out", str(tmp_path / "out"),
-                     env={"PIP_CONFIG_FILE": os.devnull, "PIP_NO_INDEX": "1",
-                          "PIP_FIND_LINKS": ""})
+    proc = remotemac(
+        "run",
+        str(pb),
+        "--out",
+        str(tmp_path / "out"),
+        env={"PIP_CONFIG_FILE": os.devnull, "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": ""},
+    )
     assert proc.returncode == EXIT_HOST_ENV, proc.stdout + proc.stderr
     errors = [ln for ln in proc.stderr.splitlines() if "error" in ln.lower()]
     assert errors and "during sync" in errors[-1] and "pip install failed" in errors[-1]
@@ -427,14 +519,23 @@ def test_activate_refuses_a_cryptography_from_anywhere_else(tmp_path):
     fake = tmp_path / "rt"
     fake.mkdir()
     (fake / ".complete").write_text("{}")
-    code = ("import sys; sys.path.insert(0, sys.argv[1]); import agentruntime as a\n"
-            "try:\n    a.activate(sys.argv[2]); print('accepted')\n"
-            "except a.RuntimeInstallError as e:\n    print('refused:', e)")
-    out = subprocess.run([sys.executable, "-c", code, str(Path(art.__file__).parent), str(fake)],
-                         capture_output=True, text=True, check=True).stdout
+    code = (
+        "import sys; sys.path.insert(0, sys.argv[1]); import agentruntime as a\n"
+        "try:\n    a.activate(sys.argv[2]); print('accepted')\n"
+        "except a.RuntimeInstallError as e:\n    print('refused:', e)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(Path(art.__file__).parent), str(fake)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert out.startswith("refused:") and "not the agent runtime" in out
-    missing = subprocess.run([sys.executable, "-c", code, str(Path(art.__file__).parent),
-                              str(tmp_path / "nothing")], capture_output=True, text=True).stdout
+    missing = subprocess.run(
+        [sys.executable, "-c", code, str(Path(art.__file__).parent), str(tmp_path / "nothing")],
+        capture_output=True,
+        text=True,
+    ).stdout
     assert "missing or incomplete" in missing
 
 
@@ -462,11 +563,14 @@ def test_settings_agent_python_and_install_method(monkeypatch):
         parse_playbook(base + "agent: {runtime_install: always}\n")
 
 
-@pytest.mark.parametrize("system,machine,extra", [
-    ("Darwin", "arm64", {"mac_release": "14.5"}),
-    ("Linux", "x86_64", {"glibc": (2, 31)}),
-    ("Linux", "aarch64", {"glibc": (2, 28)}),
-])
+@pytest.mark.parametrize(
+    "system,machine,extra",
+    [
+        ("Darwin", "arm64", {"mac_release": "14.5"}),
+        ("Linux", "x86_64", {"glibc": (2, 31)}),
+        ("Linux", "aarch64", {"glibc": (2, 28)}),
+    ],
+)
 def test_pins_have_wheels_for_every_supported_host(tmp_path, system, machine, extra):
     """Simulation (for the Mac): the laptop's real ``pip download`` for a macOS 14 arm64
     CPython 3.9.6 (/usr/bin/python3) and two glibc Linux hosts finds one fitting wheel per

@@ -46,31 +46,46 @@ async def test_encrypted_sync_over_sshd_with_agent_on_bare_python(sshd, ssh_env,
         assert bare.exit_code != 0 and b"ModuleNotFoundError" in bare.stderr
         prepared = await agent.call("prepare_run", {"root": str(root), "run_id": run_id})
         started = time.monotonic()
-        runtime = await ensure_runtime(agent, home=tmp_path / "rmhome", method=method,
-                                       run_id=run_id)
+        runtime = await ensure_runtime(
+            agent, home=tmp_path / "rmhome", method=method, run_id=run_id
+        )
         cold = time.monotonic() - started
         assert runtime["method"] == method and runtime["reused"] is False
         assert runtime["python"].startswith("3.9.")
         manifest, answer, _ = await sync_slice(
-            transport, agent, root=data, paths=paths, run_dir=prepared["run_dir"],
-            run_id=run_id, key=key, runtime_dir=runtime["dir"])
+            transport,
+            agent,
+            root=data,
+            paths=paths,
+            run_dir=prepared["run_dir"],
+            run_id=run_id,
+            key=key,
+            runtime_dir=runtime["dir"],
+        )
         assert answer["data_dir"].startswith("/dev/shm/")
         for entry in manifest.entries:
-            assert Path(answer["data_dir"], entry.path).read_bytes() == \
-                (data / entry.path).read_bytes()
+            assert (
+                Path(answer["data_dir"], entry.path).read_bytes()
+                == (data / entry.path).read_bytes()
+            )
         started = time.monotonic()
         again = await ensure_runtime(agent, home=tmp_path / "rmhome", method=method)
         warm = time.monotonic() - started
         assert again["reused"] is True and again["dir"] == runtime["dir"]
-        print(f"\n{method} over sshd: cold {cold:.2f} s (host side {runtime['seconds']} s), "
-              f"second {warm:.2f} s")
+        print(
+            f"\n{method} over sshd: cold {cold:.2f} s (host side {runtime['seconds']} s), "
+            f"second {warm:.2f} s"
+        )
     finally:
         await transport.close()
         shutil.rmtree(f"/dev/shm/remotemac-{run_id}", ignore_errors=True)
     ledger = [json.loads(x) for x in ledger_path.read_text().splitlines()]
     assert len([e for e in ledger if e["op"] == "install-runtime"]) == 1
-    assert all(e["command"].startswith("python3 ") for e in ledger
-               if e["op"] in ("sync-data", "runtime_ensure", "prepare_run"))
+    assert all(
+        e["command"].startswith("python3 ")
+        for e in ledger
+        if e["op"] in ("sync-data", "runtime_ensure", "prepare_run")
+    )
     # the key never reached the host's disk or the ledger
     assert not [p for p in root.rglob("*") if p.is_file() and key.hex().encode() in p.read_bytes()]
     assert key.hex() not in ledger_path.read_text()

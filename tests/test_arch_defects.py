@@ -38,19 +38,30 @@ runpy.run_module(sys.argv.pop(1), run_name="__main__", alter_sys=True)
 
 @pytest.mark.parametrize("module", ["remotemac.cli", "remotemac"])
 def test_an_error_outside_a_command_is_one_line_not_a_silent_exit_2(module: str) -> None:
-    code = BOOM.replace('sys.argv = ["remotemac", "status"]',
-                        f'sys.argv = ["remotemac", "{module}", "status"]')
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          cwd=REPO, timeout=60)
+    code = BOOM.replace(
+        'sys.argv = ["remotemac", "status"]', f'sys.argv = ["remotemac", "{module}", "status"]'
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60
+    )
     assert proc.returncode == 1, (proc.returncode, proc.stderr)
     assert proc.stderr.strip().splitlines() == [
         "remotemac: internal error: RuntimeError: boom while parsing (rerun with -v for the "
-        "traceback)"], proc.stderr
+        "traceback)"
+    ], proc.stderr
 
 
 def test_cleanup_record_timestamps_are_utc_with_z_like_every_record() -> None:
-    record = build_record(host="h", name="h", fingerprint="SHA256:x", started=time.time() - 5,
-                          dry_run=False, answer=None, know=Knowledge(), extra_items=[])
+    record = build_record(
+        host="h",
+        name="h",
+        fingerprint="SHA256:x",
+        started=time.time() - 5,
+        dry_run=False,
+        answer=None,
+        know=Knowledge(),
+        extra_items=[],
+    )
     for key in ("started_at", "finished_at"):
         assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", record[key]), record[key]
 
@@ -80,8 +91,9 @@ async def test_tui_cleanup_leaves_the_process_stdout_alone(tmp_path: Path, monke
     root.mkdir(parents=True)
     monkeypatch.setenv("TMUX_TMPDIR", str(tmp_path))
     settings = Settings(str(tmp_path / "rmhome"), None, None, False)
-    driver = RunDriver(app=None, settings=settings, journal=settings.journal(),
-                       out_root=tmp_path / "runs")
+    driver = RunDriver(
+        app=None, settings=settings, journal=settings.journal(), out_root=tmp_path / "runs"
+    )
     terminal = io.StringIO()
     monkeypatch.setattr(sys, "stdout", terminal)
     done = asyncio.Event()

@@ -39,6 +39,7 @@ def py(tmp_path: Path, source: str, name: str = "mod.py") -> set[tuple[int, str,
 
 # ------------------------------------------------------------------ fixture projects
 
+
 def test_pure_pytorch_project_is_portable() -> None:
     report = audit_project(FIXTURES / "pure_torch")
     assert report.findings == []
@@ -68,8 +69,13 @@ def test_comments_docstrings_and_plain_strings_are_not_findings() -> None:
     lines = {(f, line) for f, line, _, _ in table(FIXTURES / "cuda_ext")}
     # model.py: 1 docstring, 5 comment, 6 log string; setup.py 4 comment;
     # fused.cpp 2 commented-out include
-    for quiet in [("model.py", 1), ("model.py", 5), ("model.py", 6), ("setup.py", 4),
-                  ("csrc/fused.cpp", 2)]:
+    for quiet in [
+        ("model.py", 1),
+        ("model.py", 5),
+        ("model.py", 6),
+        ("setup.py", 4),
+        ("csrc/fused.cpp", 2),
+    ]:
         assert quiet not in lines
     assert table(FIXTURES / "pure_torch") == set()  # its docstring says .cuda() and "cuda"
 
@@ -91,8 +97,9 @@ def test_dot_cuda_and_torch_device_cuda_need_refactor() -> None:
 
 
 def test_cuda_wheels_and_index_urls_in_requirements() -> None:
-    found = {(f, line, r, s) for f, line, r, s in table(FIXTURES / "cuda_ext")
-             if f == "requirements.txt"}
+    found = {
+        (f, line, r, s) for f, line, r, s in table(FIXTURES / "cuda_ext") if f == "requirements.txt"
+    }
     assert found == {
         ("requirements.txt", 1, "cuda-index", "needs-refactor"),
         ("requirements.txt", 2, "cu-wheel", "needs-refactor"),
@@ -157,8 +164,9 @@ def test_dependency_file_formats() -> None:
 
 # ------------------------------------------------------------------ python rules
 
+
 def test_python_rules_resolve_aliases_guards_and_build_calls(tmp_path: Path) -> None:
-    source = '''import subprocess
+    source = """import subprocess
 import torch as th
 from torch.utils.cpp_extension import load
 from torch.cuda.amp import GradScaler
@@ -181,7 +189,7 @@ def run(model, x, rank, use_cuda):
 
 
 parser_default = dict(device="cuda")
-'''
+"""
     assert py(tmp_path, source) == {
         (4, "cuda-amp", "needs-refactor"),
         (6, "cuda-at-import", "needs-refactor"),
@@ -195,7 +203,7 @@ parser_default = dict(device="cuda")
 
 
 def test_guarded_cuda_build_and_argparse_default(tmp_path: Path) -> None:
-    source = '''import argparse
+    source = """import argparse
 import torch
 from torch.utils.cpp_extension import CUDAExtension
 
@@ -205,7 +213,7 @@ if torch.cuda.is_available():
 p = argparse.ArgumentParser()
 p.add_argument("--device", default="cuda")
 p.add_argument("--name", default="cuda")
-'''
+"""
     assert py(tmp_path, source) == {
         (7, "cuda-extension", "note"),
         (9, "cuda-device", "needs-refactor"),
@@ -225,6 +233,7 @@ def test_unparsable_python_is_reported_not_fatal(tmp_path: Path) -> None:
 
 
 # ------------------------------------------------------------------ walking the tree
+
 
 def test_gitignore_patterns() -> None:
     def ignored(patterns: str, rel: str, is_dir: bool = False) -> bool:
@@ -248,8 +257,7 @@ def test_gitignore_patterns() -> None:
     assert not ignored("# comment\n\n[ab].py", "c.py")
 
 
-def test_walk_honours_gitignore_and_skips_tools_envs_binaries(tmp_path: Path,
-                                                             monkeypatch) -> None:
+def test_walk_honours_gitignore_and_skips_tools_envs_binaries(tmp_path: Path, monkeypatch) -> None:
     (tmp_path / ".gitignore").write_text("build/\n*.gen.py\n")
     for rel, text in {
         "build/x.py": "import flash_attn\n",
@@ -292,13 +300,17 @@ def test_this_repository_has_no_blockers_in_its_own_code() -> None:
 
 # ------------------------------------------------------------------ verdict and output
 
+
 def test_decision_rules_order() -> None:
     def f(rule: str, severity: str | None = None):
         from remotemac.checks.audit_rules import make
+
         return make(rule, "x.py", 1, "x", severity=severity)
 
-    assert decide([]) == ("portable", ["Run it on a Mac as it is: nothing ties this project "
-                                       "to CUDA."])
+    assert decide([]) == (
+        "portable",
+        ["Run it on a Mac as it is: nothing ties this project to CUDA."],
+    )
     assert decide([f("cudnn-flag")])[0] == "portable"
     assert decide([f("dot-cuda"), f("cudnn-flag")])[0] == "refactor-for-portability"
     assert decide([f("nccl"), f("dot-cuda")])[0] == "dual-track"
@@ -318,8 +330,17 @@ def test_main_audit_json(tmp_path: Path) -> None:
     assert {"path", "files_scanned", "elapsed_s", "findings", "verdict", "summary"} <= set(data)
     assert data["verdict"] == "keep-linux"
     assert data["files_scanned"] == 5
-    assert set(data["findings"][0]) == {"file", "line", "text", "severity", "why",
-                                        "alternative", "rule", "cell", "zone"}
+    assert set(data["findings"][0]) == {
+        "file",
+        "line",
+        "text",
+        "severity",
+        "why",
+        "alternative",
+        "rule",
+        "cell",
+        "zone",
+    }
     assert data["elapsed_s"] >= 0
 
 
@@ -327,8 +348,9 @@ def test_main_audit_table_names_findings_and_verdict() -> None:
     from rich.console import Console
 
     buf = io.StringIO()
-    assert main_audit(FIXTURES / "cuda_ext", as_json=False,
-                      console=Console(file=buf, width=200)) == 0
+    assert (
+        main_audit(FIXTURES / "cuda_ext", as_json=False, console=Console(file=buf, width=200)) == 0
+    )
     out = buf.getvalue()
     assert "model.py:3" in out and "keep-linux" in out and "blocker" in out
     assert " s;" in out  # elapsed time is reported
@@ -343,18 +365,23 @@ def test_missing_path_is_bad_input(tmp_path: Path) -> None:
 
 def test_import_stays_light() -> None:
     """The CLI imports this module at start: no rich, never torch."""
-    code = ("import sys; import remotemac.checks.audit; "
-            "print('rich' in sys.modules, 'torch' in sys.modules)")
-    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
-                         text=True, check=True).stdout.split()
+    code = (
+        "import sys; import remotemac.checks.audit; "
+        "print('rich' in sys.modules, 'torch' in sys.modules)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout.split()
     assert out == ["False", "False"]
 
 
 # ------------------------------------------------------------------ speed
 
+
 def _bench_module():
-    spec = importlib.util.spec_from_file_location("bench_audit", REPO / "scripts" /
-                                                  "bench_audit.py")
+    spec = importlib.util.spec_from_file_location(
+        "bench_audit", REPO / "scripts" / "bench_audit.py"
+    )
     module = importlib.util.module_from_spec(spec)
     assert spec.loader is not None
     spec.loader.exec_module(module)
@@ -388,8 +415,10 @@ def test_statement_pruning_never_changes_findings() -> None:
 def test_single_file_and_unreadable_kinds(tmp_path: Path) -> None:
     report = audit_project(FIXTURES / "cuda_ext" / "model.py")
     assert {(f.file, f.line, f.rule) for f in report.findings} == {
-        ("model.py", 3, "flash-attn"), ("model.py", 15, "dot-cuda"),
-        ("model.py", 16, "cuda-device")}
+        ("model.py", 3, "flash-attn"),
+        ("model.py", 15, "dot-cuda"),
+        ("model.py", 16, "cuda-device"),
+    }
     (tmp_path / "notes.md").write_text("cuda\n")
     with pytest.raises(BadInput):
         audit_project(tmp_path / "notes.md")
@@ -397,17 +426,20 @@ def test_single_file_and_unreadable_kinds(tmp_path: Path) -> None:
 
 def test_syntax_warnings_do_not_leak(tmp_path: Path) -> None:
     (tmp_path / "w.py").write_text('import torch\nPAT = "\\d+"\nx = torch.zeros(1).cuda()\n')
-    code = ("import warnings; warnings.simplefilter('error'); from pathlib import Path; "
-            "from remotemac.checks.audit import audit_project; "
-            f"print(len(audit_project(Path({str(tmp_path)!r})).findings))")
-    out = subprocess.run([sys.executable, "-W", "error", "-c", code], cwd=REPO,
-                         capture_output=True, text=True)
+    code = (
+        "import warnings; warnings.simplefilter('error'); from pathlib import Path; "
+        "from remotemac.checks.audit import audit_project; "
+        f"print(len(audit_project(Path({str(tmp_path)!r})).findings))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-W", "error", "-c", code], cwd=REPO, capture_output=True, text=True
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "1" and out.stderr == ""
 
 
 def test_negative_comparisons_and_flags_are_not_cuda_requirements(tmp_path: Path) -> None:
-    source = '''import torch
+    source = """import torch
 
 
 def f(x, arch, dtypesIfCUDA):
@@ -417,7 +449,7 @@ def f(x, arch, dtypesIfCUDA):
     if x.device.type != "cuda":
         x = x.cuda()
     assert x.device.type == "cuda"
-'''
+"""
     assert py(tmp_path, source) == {
         (9, "dot-cuda", "needs-refactor"),
         (10, "cuda-required", "needs-refactor"),

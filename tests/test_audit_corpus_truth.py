@@ -14,7 +14,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 def _bench():
     spec = importlib.util.spec_from_file_location(
-        "bench_audit_corpus", REPO / "scripts" / "bench_audit_corpus.py")
+        "bench_audit_corpus", REPO / "scripts" / "bench_audit_corpus.py"
+    )
     module = importlib.util.module_from_spec(spec)
     assert spec.loader is not None
     sys.modules[spec.name] = module  # dataclasses look their module up

@@ -13,8 +13,10 @@ torch = pytest.importorskip("torch")
 
 from remotemac.checks.audit_rules import cuda_api  # noqa: E402
 
-pytestmark = pytest.mark.skipif(torch.cuda.is_available() or torch.backends.cuda.is_built(),
-                                reason="needs a torch built without CUDA")
+pytestmark = pytest.mark.skipif(
+    torch.cuda.is_available() or torch.backends.cuda.is_built(),
+    reason="needs a torch built without CUDA",
+)
 
 C = torch.cuda
 

@@ -31,8 +31,9 @@ def test_a_spurious_depth_mismatch_is_retried_once_and_gc_is_restored(monkeypatc
 def test_other_system_errors_and_syntax_errors_are_not_swallowed(monkeypatch):
     with pytest.raises(SyntaxError):
         parsing.parse_source("def (:\n")
-    monkeypatch.setattr(parsing, "_parse",
-                        lambda *a, **k: (_ for _ in ()).throw(SystemError("other")))
+    monkeypatch.setattr(
+        parsing, "_parse", lambda *a, **k: (_ for _ in ()).throw(SystemError("other"))
+    )
     with pytest.raises(SystemError, match="other"):
         parsing.parse_source("x = 1\n")
     assert gc.isenabled()

@@ -21,22 +21,23 @@ def findings(tmp_path: Path, source: str, name: str = "mod.py"):
 
 # ------------------------------------------------------------------ value flow (missed)
 
+
 def test_nccl_through_a_variable_is_found_at_the_call(tmp_path: Path) -> None:
-    source = '''import torch.distributed as dist
+    source = """import torch.distributed as dist
 
 backend = 'nccl'
 
 
 def setup(rank, world):
     dist.init_process_group(backend=backend, rank=rank, world_size=world)
-'''
+"""
     found = findings(tmp_path, source)
     assert {(f.line, f.rule, f.severity) for f in found} == {(7, "nccl", "needs-refactor")}
     assert "line 3" in found[0].why
 
 
 def test_nccl_through_argparse_default_dict_kwargs_and_env(tmp_path: Path) -> None:
-    source = '''import argparse
+    source = """import argparse
 import os
 import torch.distributed as dist
 
@@ -49,14 +50,17 @@ dist.init_process_group(**cfg)
 opts = {"backend": "nccl"}
 dist.init_process_group(opts["backend"])
 dist.new_group(backend=os.environ.get("BACKEND", "nccl"))
-'''
+"""
     assert py(tmp_path, source) == {
-        (8, "nccl", "needs-refactor"), (10, "nccl", "needs-refactor"),
-        (12, "nccl", "needs-refactor"), (13, "nccl", "needs-refactor")}
+        (8, "nccl", "needs-refactor"),
+        (10, "nccl", "needs-refactor"),
+        (12, "nccl", "needs-refactor"),
+        (13, "nccl", "needs-refactor"),
+    }
 
 
 def test_a_backend_chosen_at_run_time_is_not_a_finding(tmp_path: Path) -> None:
-    source = '''import torch
+    source = """import torch
 import torch.distributed as dist
 
 backend = "nccl" if torch.cuda.is_available() else "gloo"
@@ -67,12 +71,12 @@ if not torch.cuda.is_available():
 dist.init_process_group(other)
 if torch.cuda.is_available():
     dist.init_process_group("nccl")
-'''
+"""
     assert py(tmp_path, source) == {(11, "nccl", "note")}  # behind the CUDA check
 
 
 def test_torch_backends_cuda_chains_and_imported_names(tmp_path: Path) -> None:
-    source = '''import torch
+    source = """import torch
 from torch.backends.cuda import sdp_kernel
 
 torch.backends.cuda.matmul.allow_tf32 = True
@@ -81,13 +85,16 @@ with sdp_kernel(enable_flash=False):
     pass
 if torch.cuda.is_available():
     torch.backends.cuda.matmul.allow_tf32 = False
-'''
-    assert py(tmp_path, source) == {(4, "cuda-backend-flag", "note"), (5, "cudnn-flag", "note"),
-                                    (6, "cuda-backend-flag", "note")}
+"""
+    assert py(tmp_path, source) == {
+        (4, "cuda-backend-flag", "note"),
+        (5, "cudnn-flag", "note"),
+        (6, "cuda-backend-flag", "note"),
+    }
 
 
 def test_assigned_aliases_resolve(tmp_path: Path) -> None:
-    source = '''import torch
+    source = """import torch
 from torch.utils.cpp_extension import CUDAExtension
 
 cuda = torch.cuda
@@ -99,42 +106,44 @@ def f():
 
 
 ext = Ext("x", ["x.cu"])
-'''
+"""
     assert py(tmp_path, source) == {(9, "cuda-call", "note"), (12, "cuda-extension", "blocker")}
 
 
 def test_alias_choosing_cpp_or_cuda_extension_is_an_optional_cuda_build(tmp_path: Path) -> None:
-    source = '''import os
+    source = """import os
 from setuptools import setup
 from torch.utils.cpp_extension import CppExtension, CUDAExtension
 
 WITH_CUDA = os.getenv("FORCE_CUDA", "0") == "1"
 Extension = CppExtension if not WITH_CUDA else CUDAExtension
 setup(name="x", ext_modules=[Extension("x._C", ["csrc/x.cpp"])])
-'''
+"""
     found = findings(tmp_path, source, "setup.py")
     assert {(f.line, f.rule, f.severity) for f in found} == {
-        (6, "cpu-kernels-only", "needs-refactor")}
+        (6, "cpu-kernels-only", "needs-refactor")
+    }
     assert "CPU kernels only on macOS" in found[0].why
     assert "mps tensors need a move to CPU" in found[0].why
 
 
 def test_guarded_cuda_extension_with_a_cpp_build_is_cpu_kernels_only(tmp_path: Path) -> None:
-    source = '''import torch
+    source = """import torch
 from torch.utils.cpp_extension import CppExtension, CUDAExtension, CUDA_HOME
 
 WITH_CUDA = torch.cuda.is_available() and CUDA_HOME is not None
 ext = [CppExtension("x_cpu", ["cpu/x.cpp"])]
 if WITH_CUDA:
     ext.append(CUDAExtension("x_cuda", ["cuda/x.cu"], extra_compile_args={"nvcc": ["-O3"]}))
-'''
+"""
     assert py(tmp_path, source, "setup.py") == {(7, "cpu-kernels-only", "needs-refactor")}
 
 
 # ------------------------------------------------------------------ reasons that cannot lie
 
+
 def test_lazy_cuda_calls_are_not_said_to_raise(tmp_path: Path) -> None:
-    source = '''import torch
+    source = """import torch
 
 torch.cuda.manual_seed(0)
 torch.cuda.manual_seed_all(0)
@@ -147,10 +156,12 @@ def f():
     torch.cuda.synchronize()
     torch.cuda.jiterator._create_jit_fn("x")
     return n
-'''
+"""
     found = findings(tmp_path, source)
     assert {(f.line, f.rule, f.severity) for f in found} == {
-        (11, "cuda-call", "note"), (12, "cuda-unchecked", "note")}
+        (11, "cuda-call", "note"),
+        (12, "cuda-unchecked", "note"),
+    }
     raising = next(f for f in found if f.rule == "cuda-call")
     assert "raises" in raising.why and "checked on CPU-only torch" in raising.why
     unchecked = next(f for f in found if f.rule == "cuda-unchecked")
@@ -158,7 +169,7 @@ def f():
 
 
 def test_short_circuit_ternary_and_early_exit_guards(tmp_path: Path) -> None:
-    source = '''import torch
+    source = """import torch
 
 bf16 = torch.cuda.is_available() and torch.cuda.is_bf16_supported()
 name = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
@@ -185,14 +196,16 @@ def h(x):
 
 def i():
     torch.cuda.synchronize()
-'''
+"""
     # h: x.is_cuda is a tensor's own answer, so the assert requires CUDA and guards the rest
-    assert py(tmp_path, source) == {(22, "cuda-required", "needs-refactor"),
-                                    (27, "cuda-call", "note")}
+    assert py(tmp_path, source) == {
+        (22, "cuda-required", "needs-refactor"),
+        (27, "cuda-call", "note"),
+    }
 
 
 def test_cuda_requirement_on_an_opt_in_branch_is_a_note(tmp_path: Path) -> None:
-    source = '''import torch
+    source = """import torch
 
 
 def attend(q, pack):
@@ -204,23 +217,26 @@ def attend(q, pack):
 
 def main(x):
     assert x.device.type == "cuda"
-'''
-    assert py(tmp_path, source) == {(6, "cuda-required", "note"),
-                                    (12, "cuda-required", "needs-refactor")}
+"""
+    assert py(tmp_path, source) == {
+        (6, "cuda-required", "note"),
+        (12, "cuda-required", "needs-refactor"),
+    }
 
 
 def test_a_method_named_cuda_is_the_explicit_api(tmp_path: Path) -> None:
-    source = '''class Storage:
+    source = """class Storage:
     def cuda(self):
         return Storage(self.col.cuda())
 
     def move(self):
         return self.col.cuda()
-'''
+"""
     assert py(tmp_path, source) == {(6, "dot-cuda", "needs-refactor")}
 
 
 # ------------------------------------------------------------------ MPS branch by code
+
 
 def test_the_word_mps_in_a_comment_does_not_hide_a_missing_mps_branch(tmp_path: Path) -> None:
     source = '''import torch
@@ -235,7 +251,7 @@ def pick():
 
 
 def test_mps_code_elsewhere_in_the_function_is_an_mps_branch(tmp_path: Path) -> None:
-    source = '''import torch
+    source = """import torch
 
 
 def pick():
@@ -249,23 +265,28 @@ def pick():
 devices = [torch.device("cpu")]
 if torch.cuda.is_available():
     devices += [torch.device("cuda:0")]
-'''
+"""
     assert py(tmp_path, source) == {(13, "no-mps-branch", "note")}
 
 
 # ------------------------------------------------------------------ dependencies
 
+
 def test_optional_extras_are_notes_not_blockers(tmp_path: Path) -> None:
     (tmp_path / "pyproject.toml").write_text(
         '[project]\nname = "x"\ndependencies = ["torch"]\n\n'
-        '[project.optional-dependencies]\nflash = ["flash-attn>=2.0"]\n')
+        '[project.optional-dependencies]\nflash = ["flash-attn>=2.0"]\n'
+    )
     (tmp_path / "setup.py").write_text(
         'from setuptools import setup\nsetup(name="x", install_requires=["triton"],\n'
-        '      extras_require={"fast": ["xformers"]})\n')
+        '      extras_require={"fast": ["xformers"]})\n'
+    )
     found = {(f.file, f.line, f.rule, f.severity) for f in audit_project(tmp_path).findings}
-    assert found == {("pyproject.toml", 6, "flash-attn", "note"),
-                     ("setup.py", 2, "triton", "blocker"),
-                     ("setup.py", 3, "xformers", "note")}
+    assert found == {
+        ("pyproject.toml", 6, "flash-attn", "note"),
+        ("setup.py", 2, "triton", "blocker"),
+        ("setup.py", 3, "xformers", "note"),
+    }
 
 
 def test_a_module_imported_only_lazily_does_not_block(tmp_path: Path) -> None:
@@ -277,18 +298,22 @@ def test_a_module_imported_only_lazily_does_not_block(tmp_path: Path) -> None:
         "    if fused:\n"
         "        from pkg.triton_kernels import fused_attend\n"
         "        return fused_attend(q)\n"
-        "    return q\n")
-    (pkg / "triton_kernels.py").write_text("import triton\n\n\ndef fused_attend(q):\n"
-                                           "    return q\n")
+        "    return q\n"
+    )
+    (pkg / "triton_kernels.py").write_text(
+        "import triton\n\n\ndef fused_attend(q):\n    return q\n"
+    )
     (pkg / "eager.py").write_text("import flash_attn\n")
     (pkg / "user.py").write_text("from pkg import eager\n")
     found = {(f.file, f.line, f.rule, f.severity) for f in audit_project(tmp_path).findings}
-    assert found == {("pkg/triton_kernels.py", 1, "triton", "note"),
-                     ("pkg/eager.py", 1, "flash-attn", "blocker")}
+    assert found == {
+        ("pkg/triton_kernels.py", 1, "triton", "note"),
+        ("pkg/eager.py", 1, "flash-attn", "blocker"),
+    }
 
 
 def test_cuda_named_implementations_and_negated_tensor_checks(tmp_path: Path) -> None:
-    source = '''import torch
+    source = """import torch
 
 
 class FlashAttentionCUDAFunction(torch.autograd.Function):
@@ -306,13 +331,15 @@ def to_csr(index, value):
 def fused(q):
     assert q.is_cuda and q.is_contiguous()
     return q
-'''
-    assert py(tmp_path, source) == {(7, "cuda-required", "note"),
-                                    (17, "cuda-required", "needs-refactor")}
+"""
+    assert py(tmp_path, source) == {
+        (7, "cuda-required", "note"),
+        (17, "cuda-required", "needs-refactor"),
+    }
 
 
 def test_or_early_exit_and_multiline_dot_cuda_line(tmp_path: Path) -> None:
-    source = '''import torch
+    source = """import torch
 
 
 class Attend:
@@ -327,7 +354,7 @@ if __name__ == "__main__":
     model = Attend(
         flash=True,
     ).cuda()
-'''
+"""
     assert py(tmp_path, source) == {(15, "dot-cuda", "needs-refactor")}
 
 
@@ -348,5 +375,7 @@ def test_single_file_gpt_trainer_from_the_issue() -> None:
     }
     assert report.verdict == "dual-track"
     assert any("multi-GPU machinery (nccl)" in r for r in report.reasons)
-    assert any(r.startswith("For the macOS track, refactor: 2 CUDA-only code path(s)")
-               for r in report.reasons)
+    assert any(
+        r.startswith("For the macOS track, refactor: 2 CUDA-only code path(s)")
+        for r in report.reasons
+    )

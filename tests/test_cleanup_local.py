@@ -37,8 +37,14 @@ def host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     env = {"REMOTEMAC_HOME": str(rm_home), "TMUX_TMPDIR": str(tmux)}
     for k, v in env.items():
         monkeypatch.setenv(k, v)
-    return {"home": home, "root": root, "canary": canary, "env": env, "rm_home": rm_home,
-            "cwd": tmp_path}
+    return {
+        "home": home,
+        "root": root,
+        "canary": canary,
+        "env": env,
+        "rm_home": rm_home,
+        "cwd": tmp_path,
+    }
 
 
 def _make_run(root: Path, run_id: str) -> Path:
@@ -49,18 +55,35 @@ def _make_run(root: Path, run_id: str) -> Path:
 
 def _journal_run(rm_home: Path, run_id: str, root: Path) -> None:
     journal = Journal(rm_home / "journal.sqlite3")
-    journal.create_run(run_id, name="lines", host="local", playbook_path=None, playbook={},
-                       out_dir=str(rm_home / "out"), options={})
+    journal.create_run(
+        run_id,
+        name="lines",
+        host="local",
+        playbook_path=None,
+        playbook={},
+        out_dir=str(rm_home / "out"),
+        options={},
+    )
     journal.start_phase(run_id, "provision")
-    journal.finish_phase(run_id, "provision", {"hosts": {"remote": {
-        "root": str(root), "run_dir": str(root / "runs" / run_id)}}})
+    journal.finish_phase(
+        run_id,
+        "provision",
+        {"hosts": {"remote": {"root": str(root), "run_dir": str(root / "runs" / run_id)}}},
+    )
     journal.record_created("local", "run", str(root / "runs" / run_id), run_id)
     journal.close()
 
 
 def _cleanup(host, *args: str):
-    return remotemac("cleanup", "local", "--remote-root", str(host["root"]), *args,
-                     cwd=host["cwd"], env=host["env"])
+    return remotemac(
+        "cleanup",
+        "local",
+        "--remote-root",
+        str(host["root"]),
+        *args,
+        cwd=host["cwd"],
+        env=host["env"],
+    )
 
 
 def test_partial_inventory_and_forgotten_runs(host):
@@ -70,8 +93,14 @@ def test_partial_inventory_and_forgotten_runs(host):
     mark(root / "envs" / "0123abcd", "venv")
     mark(root / "agent" / "feedbeef", "agent")
     # inventory.json knows only one run (the rest of the file was lost)
-    (root / "inventory.json").write_text(json.dumps({"version": 1, "items": [
-        {"kind": "run", "path": str(kept), "run_id": "a-1", "created_at": 1.0}]}))
+    (root / "inventory.json").write_text(
+        json.dumps(
+            {
+                "version": 1,
+                "items": [{"kind": "run", "path": str(kept), "run_id": "a-1", "created_at": 1.0}],
+            }
+        )
+    )
     # the journal knows a run the host has already forgotten
     _journal_run(host["rm_home"], "gone-3", root)
     _journal_run(host["rm_home"], "a-1", root)
@@ -103,15 +132,18 @@ def test_corrupt_inventory_and_symlinks_never_followed(host):
     assert (canary / "keep.txt").read_text() == "mine"
     assert not run_dir.exists()
     assert sorted(p.name for p in root.rglob("*") if p.name != ".remotemac-owned") == [
-        "escape", "evil", "inventory.json", "runs"]
+        "escape",
+        "evil",
+        "inventory.json",
+        "runs",
+    ]
     assert not list(host["cwd"].glob("cleanup-*")), "the record went into the cwd"
     [folder] = list((host["rm_home"] / "cleanups").glob("cleanup-local-*"))
     record = json.loads((folder / "cleanup.json").read_text())
     fates = {Path(i["path"]).name: i for i in record["items"]}
     assert fates["evil"]["fate"] == "left alone" and "symlink" in fates["evil"]["why"]
     assert fates["remotemac"]["fate"] == "left alone" and "escape" in fates["remotemac"]["why"]
-    assert any("inventory.json unreadable" in n for r in record["remote_roots"]
-               for n in r["notes"])
+    assert any("inventory.json unreadable" in n for r in record["remote_roots"] for n in r["notes"])
 
 
 def test_dry_run_touches_nothing_and_confirmation_is_required(host):
@@ -123,8 +155,9 @@ def test_dry_run_touches_nothing_and_confirmation_is_required(host):
     assert sorted(str(p) for p in root.rglob("*")) == snapshot
     assert not list(host["cwd"].glob("cleanup-*"))
     # human sizes
-    assert "bytes" not in dry.stdout and re.search(r"\(\d+(\.\d)? (B|KiB|MiB)\)", dry.stdout), \
+    assert "bytes" not in dry.stdout and re.search(r"\(\d+(\.\d)? (B|KiB|MiB)\)", dry.stdout), (
         dry.stdout
+    )
     no = _cleanup(host)  # stdin is not a terminal: the question is answered "no"
     assert no.returncode == 2 and "not confirmed" in no.stderr
     assert sorted(str(p) for p in root.rglob("*")) == snapshot
@@ -134,8 +167,9 @@ def test_dry_run_touches_nothing_and_confirmation_is_required(host):
 
 @pytest.mark.parametrize("bad", ["/", "~", "", "/usr", "/etc", "~/"])
 def test_unsafe_remote_root_refused_by_cli(host, bad):
-    proc = remotemac("cleanup", "local", "--remote-root", bad, "--yes", cwd=host["cwd"],
-                     env=host["env"])
+    proc = remotemac(
+        "cleanup", "local", "--remote-root", bad, "--yes", cwd=host["cwd"], env=host["env"]
+    )
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert (host["canary"] / "keep.txt").exists()
 
@@ -144,8 +178,18 @@ def test_agent_refuses_unsafe_roots(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     home = tmp_path / "home"
     home.mkdir()
     monkeypatch.setenv("HOME", str(home))
-    for bad in ("", "/", "~", "~/", str(home), str(tmp_path), "/usr/local", "/tmp", "rel/dir",
-                "/a/../etc"):
+    for bad in (
+        "",
+        "/",
+        "~",
+        "~/",
+        str(home),
+        str(tmp_path),
+        "/usr/local",
+        "/tmp",
+        "rel/dir",
+        "/a/../etc",
+    ):
         with pytest.raises(cleanupops.UnsafeRoot):
             cleanupops.check_root(bad)
     (home / "sneaky").symlink_to("/usr")

@@ -38,8 +38,9 @@ class Target:
         return {"REMOTEMAC_HOME": str(self.rm_home), "TMUX_TMPDIR": str(self.tmux_dir)}
 
     def cli(self, *args: str, cwd: Path | None = None, timeout: float = 300):
-        return remotemac("--ssh-config", str(self.ssh_config), *args, cwd=cwd, env=self.env(),
-                         timeout=timeout)
+        return remotemac(
+            "--ssh-config", str(self.ssh_config), *args, cwd=cwd, env=self.env(), timeout=timeout
+        )
 
     def sessions(self) -> list[str]:
         out = self.sshd.tmux("list-sessions", "-F", "#{session_name}")  # type: ignore[attr-defined]
@@ -53,25 +54,35 @@ def make_target(tmp_path: Path, sshd_factory, ssh_env) -> Target:
     """A lab host: its session HOME and tmux dir are the sshd's own (lab user's)."""
     server = sshd_factory()
     rm_home, cfg, alias = ssh_env(server)
-    return Target(alias, cfg, rm_home, server.home, server.tmux_dir, server.home / "remotemac",
-                  server)
+    return Target(
+        alias, cfg, rm_home, server.home, server.tmux_dir, server.home / "remotemac", server
+    )
 
 
-def write_playbook(tmp_path: Path, target_host: str, root: Path, name: str, *, lines: int = 5,
-                   seconds: float = 0.2, **extra) -> Path:
+def write_playbook(
+    tmp_path: Path,
+    target_host: str,
+    root: Path,
+    name: str,
+    *,
+    lines: int = 5,
+    seconds: float = 0.2,
+    **extra,
+) -> Path:
     data = {
         "name": name,
         "host": target_host,
         "remote_root": str(root),
         "project": {"path": str(LINES_PROJECT), "exclude": ["data/"]},
-        "data": {"path": str(LINES_PROJECT / "data"), "classification": "public",
-                 "encrypt": True},
+        "data": {"path": str(LINES_PROJECT / "data"), "classification": "public", "encrypt": True},
         "workload": {
             "command": "python3 emit.py --device {device} --data {data_dir} --out {output_dir}"
-                       f" --lines {lines} --seconds {seconds}",
-            "reference": {"device": "cpu"}, "target": {"device": "cpu"}, "timeout": "5m"},
-        "outputs": {"path": ".", "compare": [{"file": "result.json", "rtol": 1e-6,
-                                              "atol": 1e-9}]},
+            f" --lines {lines} --seconds {seconds}",
+            "reference": {"device": "cpu"},
+            "target": {"device": "cpu"},
+            "timeout": "5m",
+        },
+        "outputs": {"path": ".", "compare": [{"file": "result.json", "rtol": 1e-6, "atol": 1e-9}]},
         "stop_when": {"memory_growth": False},
     }
     data.update(extra)
@@ -123,18 +134,34 @@ def test_three_runs_then_cleanup_leaves_nothing(tmp_path: Path, sshd_factory, ss
     # one detached and still running (live tmux session) when cleanup starts
     books = [
         write_playbook(tmp_path, t.alias, t.root, "plain"),
-        write_playbook(tmp_path, t.alias, t.root, "deadline", wipe="manual",
-                       wipe_deadline="2h"),
+        write_playbook(tmp_path, t.alias, t.root, "deadline", wipe="manual", wipe_deadline="2h"),
         write_playbook(tmp_path, t.alias, t.root, "busy", lines=400, seconds=120),
     ]
     procs = []
     for i, book in enumerate(books):
-        args = [sys.executable, "-m", "remotemac", "--ssh-config", str(t.ssh_config), "run",
-                str(book), "--out", str(tmp_path / f"out{i}"), "--json"]
+        args = [
+            sys.executable,
+            "-m",
+            "remotemac",
+            "--ssh-config",
+            str(t.ssh_config),
+            "run",
+            str(book),
+            "--out",
+            str(tmp_path / f"out{i}"),
+            "--json",
+        ]
         if i == 2:
             args.append("--detach")
-        procs.append(subprocess.Popen(args, env=dict(os.environ, **t.env()),
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        procs.append(
+            subprocess.Popen(
+                args,
+                env=dict(os.environ, **t.env()),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
     outs = [p.communicate(timeout=400) for p in procs]
     # without torch the verdict is "incomplete" (exit 1): these runs only need to finish
     assert [p.returncode for p in procs][:2] in ([0, 0], [1, 1], [0, 1], [1, 0]), outs
@@ -157,8 +184,9 @@ def test_three_runs_then_cleanup_leaves_nothing(tmp_path: Path, sshd_factory, ss
         return [p for p in tree(t.host_home) if "/runs/busy-" not in p]
 
     before = settled()
-    dry = t.cli("cleanup", t.alias, "--remote-root", str(t.root), "--dry-run", "--json",
-                cwd=tmp_path)
+    dry = t.cli(
+        "cleanup", t.alias, "--remote-root", str(t.root), "--dry-run", "--json", cwd=tmp_path
+    )
     assert dry.returncode == 0, dry.stderr
     plan = json.loads(dry.stdout)
     assert plan["status"] == "dry run"
@@ -175,9 +203,16 @@ def test_three_runs_then_cleanup_leaves_nothing(tmp_path: Path, sshd_factory, ss
     [first] = list((t.rm_home / "cleanups").glob(f"cleanup-{t.alias}-*"))
     kept = json.loads((first / "cleanup.json").read_text())
     assert tree(t.host_home) == [
-        "remotemac", "remotemac/.remotemac-owned", "remotemac/agent", "remotemac/envs",
-        "remotemac/envs/fake-env", "remotemac/inventory.json", "remotemac/link-to-canary",
-        "remotemac/runs", "remotemac/runtime"], json.dumps(kept["items"])
+        "remotemac",
+        "remotemac/.remotemac-owned",
+        "remotemac/agent",
+        "remotemac/envs",
+        "remotemac/envs/fake-env",
+        "remotemac/inventory.json",
+        "remotemac/link-to-canary",
+        "remotemac/runs",
+        "remotemac/runtime",
+    ], json.dumps(kept["items"])
     assert kept["status"] == "not clean"
     [root_item] = [i for i in kept["items"] if i["kind"] == "root"]
     assert root_item["fate"] == "left alone"
@@ -207,14 +242,15 @@ def test_three_runs_then_cleanup_leaves_nothing(tmp_path: Path, sshd_factory, ss
     assert kept["bytes_freed"] > 0 and record["not_removed"] == []
     md = (folder / "cleanup.md").read_text()
     assert "status: **clean**" in md and t.sshd.fingerprint in md
-    ledger = [json.loads(x) for x in
-              (tmp_path / "first-cleanup" / "ledger.jsonl").read_text().splitlines()]
+    ledger = [
+        json.loads(x)
+        for x in (tmp_path / "first-cleanup" / "ledger.jsonl").read_text().splitlines()
+    ]
     assert any("kill-session" in e["command"] and e["via"] == "agent" for e in ledger)
     assert not list((t.rm_home / "keys").glob("*.key"))
 
     # idempotent: a second cleanup has nothing to do and says the host is clean
-    again = t.cli("cleanup", t.alias, "--remote-root", str(t.root), "--yes", "--json",
-                  cwd=tmp_path)
+    again = t.cli("cleanup", t.alias, "--remote-root", str(t.root), "--yes", "--json", cwd=tmp_path)
     assert again.returncode == 0, again.stderr
     second = json.loads(again.stdout.strip().splitlines()[-1])
     assert second["status"] == "clean" and second["bytes_freed"] == 0
@@ -226,8 +262,9 @@ def test_three_runs_then_cleanup_leaves_nothing(tmp_path: Path, sshd_factory, ss
 def test_unreachable_host_is_not_verified(tmp_path: Path, sshd_factory, ssh_env):
     t = make_target(tmp_path, sshd_factory, ssh_env)
     t.sshd.stop()
-    proc = t.cli("cleanup", t.alias, "--remote-root", str(t.root), "--yes", cwd=tmp_path,
-                 timeout=90)
+    proc = t.cli(
+        "cleanup", t.alias, "--remote-root", str(t.root), "--yes", cwd=tmp_path, timeout=90
+    )
     assert proc.returncode == 3, proc.stdout + proc.stderr
     assert "not verified" in proc.stdout
     [folder] = list((t.rm_home / "cleanups").glob(f"cleanup-{t.alias}-*"))
@@ -235,4 +272,3 @@ def test_unreachable_host_is_not_verified(tmp_path: Path, sshd_factory, ssh_env)
     assert record["status"] == "not verified" and record["verified"] is False
     assert record["error"]
     assert "not verified" in (folder / "cleanup.md").read_text()
-

@@ -25,16 +25,20 @@ COLS = {"COLUMNS": "80"}
 
 def lines_playbook(folder: Path, name: str = "lines", **overrides) -> Path:
     data = {
-        "name": name, "host": "local", "remote_root": str(folder / "host-root"),
+        "name": name,
+        "host": "local",
+        "remote_root": str(folder / "host-root"),
         "project": {"path": str(LINES_PROJECT), "exclude": ["data/"]},
         "environment": {"python": sys.executable, "venv": False},
         "data": {"path": str(LINES_PROJECT / "data"), "classification": "public"},
-        "workload": {"command": "python3 emit.py --device {device} --data {data_dir} "
-                                "--out {output_dir} --lines 12 --seconds 0.2",
-                     "reference": {"device": "cpu"}, "target": {"device": "cpu"},
-                     "timeout": "5m"},
-        "outputs": {"path": ".", "compare": [{"file": "result.json", "rtol": 1e-6,
-                                              "atol": 1e-9}]},
+        "workload": {
+            "command": "python3 emit.py --device {device} --data {data_dir} "
+            "--out {output_dir} --lines 12 --seconds 0.2",
+            "reference": {"device": "cpu"},
+            "target": {"device": "cpu"},
+            "timeout": "5m",
+        },
+        "outputs": {"path": ".", "compare": [{"file": "result.json", "rtol": 1e-6, "atol": 1e-9}]},
         "stop_when": {"memory_growth": False},
     }
     data.update(overrides)
@@ -88,9 +92,15 @@ def test_status_at_80_columns_never_cuts_an_id(finished, tmp_path):
     journal = Journal(home / "journal.sqlite3")
     ids = [f"a-rather-long-experiment-name-{i}-20261130-152103-{i:04x}" for i in range(3)]
     for run_id in ids:
-        journal.create_run(run_id, name=run_id[:30], host="mac-rental-with-a-long-alias",
-                           playbook_path=None, playbook={}, out_dir=str(tmp_path / run_id),
-                           options={})
+        journal.create_run(
+            run_id,
+            name=run_id[:30],
+            host="mac-rental-with-a-long-alias",
+            playbook_path=None,
+            playbook={},
+            out_dir=str(tmp_path / run_id),
+            options={},
+        )
         journal.set_run_state(run_id, "finished", verdict="accepted", exit_code=0)
     journal.close()
     proc = remotemac("status", env={"REMOTEMAC_HOME": str(home), **COLS})
@@ -111,8 +121,15 @@ def test_ages_read_the_same_in_status_and_the_tui(tmp_path):
 
     home = tmp_path / "home"
     journal = Journal(home / "journal.sqlite3")
-    journal.create_run("age-20261130-000000-a9e0", name="age", host="local",
-                       playbook_path=None, playbook={}, out_dir=str(tmp_path), options={})
+    journal.create_run(
+        "age-20261130-000000-a9e0",
+        name="age",
+        host="local",
+        playbook_path=None,
+        playbook={},
+        out_dir=str(tmp_path),
+        options={},
+    )
     journal.set_run_state("age-20261130-000000-a9e0", "finished")
     journal.close()
     db = sqlite3.connect(home / "journal.sqlite3")
@@ -136,15 +153,23 @@ def test_one_word_per_state_in_cli_and_tui(tmp_path):
     journal = Journal(home / "journal.sqlite3")
     states = ("finished", "failed", "lost", "interrupted")
     for i, state in enumerate(states):
-        journal.create_run(f"w-20261130-00000{i}-000{i}", name="w", host="local",
-                           playbook_path=None, playbook={}, out_dir=str(tmp_path), options={})
+        journal.create_run(
+            f"w-20261130-00000{i}-000{i}",
+            name="w",
+            host="local",
+            playbook_path=None,
+            playbook={},
+            out_dir=str(tmp_path),
+            options={},
+        )
         journal.set_run_state(f"w-20261130-00000{i}-000{i}", state)
     proc = remotemac("status", "--json", env={"REMOTEMAC_HOME": str(home)})
     cli_words = {json.loads(x)["run_id"]: json.loads(x)["state"] for x in proc.stdout.splitlines()}
 
     async def tui_words() -> dict[str, str]:
-        app = RemotemacApp(Settings(str(home), None, None, False), journal=journal,
-                           reattach=False, live_poll_s=0)
+        app = RemotemacApp(
+            Settings(str(home), None, None, False), journal=journal, reattach=False, live_poll_s=0
+        )
         async with app.run_test():
             screen = app.screen
             assert isinstance(screen, RunsScreen)
@@ -167,7 +192,7 @@ def test_audit_at_80_columns_keeps_paths_whole_and_says_the_verdict_once():
 
 def test_doctor_not_fit_is_exit_1_and_documented():
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    table = readme[readme.index("Exit codes:"):]
+    table = readme[readme.index("Exit codes:") :]
     row = next(line for line in table.splitlines() if line.startswith("| 1 "))
     assert "doctor" in row and "not fit" in row
     proc = remotemac("doctor", "local", "--json")  # this Linux machine is no Mac: not fit
@@ -179,15 +204,23 @@ def test_status_of_one_run_reads_as_lines_not_a_dict(finished):
     assert proc.returncode == 0, proc.stderr
     assert "{" not in proc.stdout and "'state'" not in proc.stdout
     assert "pull" in proc.stdout and "done" in proc.stdout and "duration" in proc.stdout
-    assert all(len(line) <= 80 or finished["auto"] in line or "/" in line
-               for line in proc.stdout.splitlines())
+    assert all(
+        len(line) <= 80 or finished["auto"] in line or "/" in line
+        for line in proc.stdout.splitlines()
+    )
 
 
 def test_ledger_into_head_ends_quietly(finished):
     env = {**finished["env"], "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    out = subprocess.run(f"{sys.executable} -m remotemac status {finished['auto']} --ledger "
-                         "| head -1", shell=True, capture_output=True, text=True, env=env,
-                         cwd=finished["folder"], timeout=60)
+    out = subprocess.run(
+        f"{sys.executable} -m remotemac status {finished['auto']} --ledger | head -1",
+        shell=True,
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=finished["folder"],
+        timeout=60,
+    )
     assert out.stderr == "", out.stderr
     assert len(out.stdout.splitlines()) == 1
 
@@ -200,16 +233,30 @@ def test_ledger_broken_pipe_on_a_long_ledger(tmp_path):
     entry = {"time": 1.0, "host": "local", "exit_code": 0, "command": "true " + "x" * 80}
     (out_dir / "ledger.jsonl").write_text((json.dumps(entry) + "\n") * 20_000)
     journal = Journal(home / "journal.sqlite3")
-    journal.create_run("big-20261130-000000-beef", name="big", host="local",
-                       playbook_path=None, playbook={"name": "big", "host": "local",
-                                                     "workload": {"command": "true"}},
-                       out_dir=str(out_dir), options={})
+    journal.create_run(
+        "big-20261130-000000-beef",
+        name="big",
+        host="local",
+        playbook_path=None,
+        playbook={"name": "big", "host": "local", "workload": {"command": "true"}},
+        out_dir=str(out_dir),
+        options={},
+    )
     journal.set_run_state("big-20261130-000000-beef", "finished")
     journal.close()
-    env = {"REMOTEMAC_HOME": str(home), "PATH": "/usr/bin:/bin",
-           "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    out = subprocess.run(f"{sys.executable} -m remotemac status beef --ledger | head -1",
-                         shell=True, capture_output=True, text=True, env=env, timeout=60)
+    env = {
+        "REMOTEMAC_HOME": str(home),
+        "PATH": "/usr/bin:/bin",
+        "PYTHONPATH": str(Path(__file__).resolve().parents[1]),
+    }
+    out = subprocess.run(
+        f"{sys.executable} -m remotemac status beef --ledger | head -1",
+        shell=True,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
     assert "BrokenPipe" not in out.stderr and "error" not in out.stderr, out.stderr
     assert out.stdout.count("\n") == 1
 
@@ -272,8 +319,11 @@ def test_pull_again_of_a_kept_run_says_already_pulled(finished):
 
 
 def test_check_looks_at_the_paths_and_takes_json(tmp_path):
-    pb = lines_playbook(tmp_path, project={"path": "no-such-project"},
-                        data={"path": "no-such-data", "classification": "public"})
+    pb = lines_playbook(
+        tmp_path,
+        project={"path": "no-such-project"},
+        data={"path": "no-such-data", "classification": "public"},
+    )
     proc = remotemac("check", str(pb))
     assert proc.returncode == 2
     err = proc.stderr.splitlines()
@@ -289,8 +339,10 @@ def test_check_looks_at_the_paths_and_takes_json(tmp_path):
 
 def test_many_errors_each_prefixed_sorted_plain(tmp_path):
     pb = tmp_path / "bad.yaml"
-    pb.write_text("name: x\nhost: local\nnonsense: 1\nworkload:\n  command: echo\n"
-                  "  target: {device: tpu}\n  timeout: abc\ncost: {hourly_rate: abc}\n")
+    pb.write_text(
+        "name: x\nhost: local\nnonsense: 1\nworkload:\n  command: echo\n"
+        "  target: {device: tpu}\n  timeout: abc\ncost: {hourly_rate: abc}\n"
+    )
     proc = remotemac("check", str(pb))
     assert proc.returncode == 2
     err = proc.stderr.splitlines()
@@ -310,18 +362,30 @@ def test_trust_local_needs_no_trust(tmp_path):
 
 
 def test_preflight_is_not_silent(tmp_path):
-    pb = lines_playbook(tmp_path, workload={
-        "command": "python3 emit.py --device {device} --data {data_dir} --out {output_dir} "
-                   "--lines 30 --seconds 3", "reference": {"device": "cpu"},
-        "target": {"device": "cpu"}, "timeout": "5m"})
+    pb = lines_playbook(
+        tmp_path,
+        workload={
+            "command": "python3 emit.py --device {device} --data {data_dir} --out {output_dir} "
+            "--lines 30 --seconds 3",
+            "reference": {"device": "cpu"},
+            "target": {"device": "cpu"},
+            "timeout": "5m",
+        },
+    )
     proc = remotemac("preflight", str(pb), "--seconds", "3", cwd=tmp_path)
     assert "remotemac: preflight: running the workload" in proc.stderr, proc.stderr
 
 
 def test_dry_run_names_the_devices_auto_may_become(tmp_path):
-    pb = lines_playbook(tmp_path, workload={
-        "command": "python3 emit.py --device {device} --data {data_dir} --out {output_dir}",
-        "reference": {"device": "cpu"}, "target": {"device": "auto"}, "timeout": "5m"})
+    pb = lines_playbook(
+        tmp_path,
+        workload={
+            "command": "python3 emit.py --device {device} --data {data_dir} --out {output_dir}",
+            "reference": {"device": "cpu"},
+            "target": {"device": "auto"},
+            "timeout": "5m",
+        },
+    )
     proc = remotemac("run", str(pb), "--dry-run", "--json", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     target = json.loads(proc.stdout)["commands"]["target"]

@@ -34,8 +34,11 @@ def _model_outputs(seed: int = 0) -> dict:
     torch.manual_seed(seed)
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
     x = torch.randn(5, 4)
-    return {"state_dict": model.state_dict(), "preds": [model(x).detach(), x],
-            "meta": {"epoch": 3, "name": "tiny"}}
+    return {
+        "state_dict": model.state_dict(),
+        "preds": [model(x).detach(), x],
+        "meta": {"epoch": 3, "name": "tiny"},
+    }
 
 
 def _by_key(file_result: dict) -> dict:
@@ -80,10 +83,25 @@ def test_within_tolerance_is_ok(sides):
     assert f["ok"] is True and f["detail"] == ""
     assert 0 < f["max_abs_err"] < 1e-5
     assert (f["rtol"], f["atol"]) == FLOAT32_TOL  # defaults for float32
-    assert set(f) >= {"path", "max_abs_err", "max_rel_err", "rtol", "atol", "ok", "detail",
-                      "tensors"}
-    assert set(f["tensors"][0]) >= {"key", "shape", "dtype", "max_abs_err", "max_rel_err", "ok",
-                                    "detail"}
+    assert set(f) >= {
+        "path",
+        "max_abs_err",
+        "max_rel_err",
+        "rtol",
+        "atol",
+        "ok",
+        "detail",
+        "tensors",
+    }
+    assert set(f["tensors"][0]) >= {
+        "key",
+        "shape",
+        "dtype",
+        "max_abs_err",
+        "max_rel_err",
+        "ok",
+        "detail",
+    }
 
 
 def test_rule_tolerance_overrides_dtype_default(sides):
@@ -119,8 +137,7 @@ def test_default_tolerances_follow_pytorch_mps_tests(sides):
 def test_dtype_and_shape_mismatch(sides):
     ref, tgt = sides
     torch.save({"a": torch.zeros(2, 3), "b": torch.zeros(2, 3)}, ref / "x.pt")
-    torch.save({"a": torch.zeros(2, 3, dtype=torch.float16), "b": torch.zeros(3, 2)},
-               tgt / "x.pt")
+    torch.save({"a": torch.zeros(2, 3, dtype=torch.float16), "b": torch.zeros(3, 2)}, tgt / "x.pt")
     res = compare_outputs(ref, tgt, [CompareRule("x.pt")]).to_dict()
     t = _by_key(res["files"][0])
     assert t["a"]["ok"] is False and "dtype float16 vs reference float32" in t["a"]["detail"]
@@ -155,9 +172,12 @@ def test_npz_names_the_array(sides):
 
 def test_json_numbers_at_any_depth(sides):
     ref, tgt = sides
-    doc = {"metrics": {"loss": 0.25, "per_class": [[0.5, 0.25], [0.125, 1.0]]},
-           "history": [{"epoch": 1, "acc": 0.9}, {"epoch": 2, "acc": 0.95}],
-           "model": "tiny", "converged": True}
+    doc = {
+        "metrics": {"loss": 0.25, "per_class": [[0.5, 0.25], [0.125, 1.0]]},
+        "history": [{"epoch": 1, "acc": 0.9}, {"epoch": 2, "acc": 0.95}],
+        "model": "tiny",
+        "converged": True,
+    }
     (ref / "metrics.json").write_text(json.dumps(doc))
     doc["history"][1]["acc"] = 0.96
     doc["metrics"]["per_class"][1][0] = 0.125 + 1e-9
@@ -275,8 +295,13 @@ def test_numpy_formats_work_without_torch(sides):
                                                         "*.pt")])
         print(json.dumps({{f.path: [f.ok, f.detail] for f in res.files}}))
     """)
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          cwd=Path(__file__).resolve().parents[1], timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).resolve().parents[1],
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stderr
     got = json.loads(proc.stdout)
     assert got["a.npy"] == [True, ""] and got["b.npz"] == [True, ""]

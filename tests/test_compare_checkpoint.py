@@ -39,14 +39,29 @@ def _checkpoint(out_dir: str, device: str, *, perturb: str | None = None) -> dic
     state = model.state_dict()
     if perturb:
         state[perturb] = state[perturb] + 1e-2
-    return {"model": state, "optimizer": opt.state_dict(), "iter_num": 2,
-            "best_val_loss": float(loss.detach()), "device_obj": torch.device(device),
-            "config": {"out_dir": out_dir, "device": device, "n_layer": 2,
-                       "saved_at": f"2026-11-30T16:0{len(out_dir) % 10}:00Z"}}
+    return {
+        "model": state,
+        "optimizer": opt.state_dict(),
+        "iter_num": 2,
+        "best_val_loss": float(loss.detach()),
+        "device_obj": torch.device(device),
+        "config": {
+            "out_dir": out_dir,
+            "device": device,
+            "n_layer": 2,
+            "saved_at": f"2026-11-30T16:0{len(out_dir) % 10}:00Z",
+        },
+    }
 
 
-def _save_pair(ref: Path, tgt: Path, *, ref_device: str = "cpu", tgt_device: str = "mps:0",
-               perturb: str | None = None) -> None:
+def _save_pair(
+    ref: Path,
+    tgt: Path,
+    *,
+    ref_device: str = "cpu",
+    tgt_device: str = "mps:0",
+    perturb: str | None = None,
+) -> None:
     torch.save(_checkpoint(str(ref / "out"), ref_device), ref / "ckpt.pt")
     torch.save(_checkpoint(str(tgt / "out-other"), tgt_device, perturb=perturb), tgt / "ckpt.pt")
 
@@ -68,8 +83,13 @@ def test_paths_devices_and_timestamps_are_metadata_not_failures(sides):
     assert keys["config.device"]["ok"] is True and "normalised" in keys["config.device"]["detail"]
     assert keys["device_obj"]["ok"] is True
     # the optimizer state and numbers were compared, not skipped
-    assert {"optimizer.state.0.exp_avg", "optimizer.param_groups[0].betas[1]", "iter_num",
-            "best_val_loss", "model.2.weight"} <= set(keys)
+    assert {
+        "optimizer.state.0.exp_avg",
+        "optimizer.param_groups[0].betas[1]",
+        "iter_num",
+        "best_val_loss",
+        "model.2.weight",
+    } <= set(keys)
     assert f["compared"] == len(f["tensors"]) and f["first_failing_key"] is None
 
 
@@ -102,8 +122,7 @@ def test_keys_and_ignore_globs(sides):
     assert only_opt["ok"] is True
     assert all(t["key"].startswith("optimizer.") for t in only_opt["tensors"])
     assert only_opt["ignored"] > 0
-    skip = _file(ref, tgt, CompareRule("ckpt.pt", ignore=("model.0.bias", "config"),
-                                       strict=True))
+    skip = _file(ref, tgt, CompareRule("ckpt.pt", ignore=("model.0.bias", "config"), strict=True))
     assert skip["ok"] is True, skip["detail"]
     assert not any(t["key"].startswith(("config", "model.0.bias")) for t in skip["tensors"])
     none = _file(ref, tgt, CompareRule("ckpt.pt", keys=("nothing.*",)))
@@ -118,12 +137,16 @@ def test_glob_semantics():
     assert not key_matches("model.h.0.attn.bias", ("model.*.weight",))
 
 
-def _write_safetensors(path: Path, tensors: dict[str, tuple[str, list[int], bytes]],
-                       meta: dict[str, str]) -> None:
+def _write_safetensors(
+    path: Path, tensors: dict[str, tuple[str, list[int], bytes]], meta: dict[str, str]
+) -> None:
     header, body = {"__metadata__": meta}, b""
     for name, (dtype, shape, raw) in tensors.items():
-        header[name] = {"dtype": dtype, "shape": shape,
-                        "data_offsets": [len(body), len(body) + len(raw)]}
+        header[name] = {
+            "dtype": dtype,
+            "shape": shape,
+            "data_offsets": [len(body), len(body) + len(raw)],
+        }
         body += raw
     blob = json.dumps(header).encode()
     path.write_bytes(struct.pack("<Q", len(blob)) + blob + body)
@@ -137,11 +160,15 @@ def test_safetensors_without_the_library(sides):
     ref, tgt = sides
     w = np.linspace(-1, 1, 6, dtype=np.float32)
     for side, delta, where in ((ref, 0.0, "/ref/run"), (tgt, 0.5, "/tgt/run")):
-        _write_safetensors(side / "model.safetensors", {
-            "w": ("F32", [2, 3], (w + delta * (np.arange(6) == 4)).astype("<f4").tobytes()),
-            "h": ("BF16", [3], _bf16(np.array([1.0, 2.0, 3.0]))),
-            "step": ("I64", [], np.array(7, dtype="<i8").tobytes())},
-            {"format": "pt", "out_dir": where})
+        _write_safetensors(
+            side / "model.safetensors",
+            {
+                "w": ("F32", [2, 3], (w + delta * (np.arange(6) == 4)).astype("<f4").tobytes()),
+                "h": ("BF16", [3], _bf16(np.array([1.0, 2.0, 3.0]))),
+                "step": ("I64", [], np.array(7, dtype="<i8").tobytes()),
+            },
+            {"format": "pt", "out_dir": where},
+        )
     tensors, meta = read_safetensors(ref / "model.safetensors")
     assert tensors["h"].dtype == "bfloat16" and tensors["h"].array.tolist() == [1.0, 2.0, 3.0]
     assert tensors["step"].array.shape == () and meta["out_dir"] == "/ref/run"
@@ -149,7 +176,7 @@ def test_safetensors_without_the_library(sides):
     assert f["ok"] is False and f["first_failing_key"] == "w"
     assert "worst at [1, 1]" in {t["key"]: t for t in f["tensors"]}["w"]["detail"]
     assert [m["key"] for m in f["metadata_differences"]] == ["__metadata__.out_dir"]
-    (tgt / "model.safetensors").write_bytes(struct.pack("<Q", 10 ** 9) + b"{}")
+    (tgt / "model.safetensors").write_bytes(struct.pack("<Q", 10**9) + b"{}")
     with pytest.raises(LoadError, match="header size"):
         read_safetensors(tgt / "model.safetensors")
 
@@ -157,12 +184,14 @@ def test_safetensors_without_the_library(sides):
 def test_json_csv_npz_follow_the_same_rules(sides):
     ref, tgt = sides
     for side, path in ((ref, "/a/out"), (tgt, "/b/out")):
-        (side / "m.json").write_text(json.dumps({"loss": 0.5, "out_dir": path,
-                                                 "device": "cpu" if side is ref else "mps"}))
+        (side / "m.json").write_text(
+            json.dumps({"loss": 0.5, "out_dir": path, "device": "cpu" if side is ref else "mps"})
+        )
         (side / "l.csv").write_text(f"step,loss,ckpt\n1,0.5,{path}/1.pt\n2,0.25,{path}/2.pt\n")
         np.savez(side / "a.npz", x=np.arange(3.0))
-    res = compare_outputs(ref, tgt, [CompareRule("m.json"), CompareRule("l.csv"),
-                                     CompareRule("a.npz", ignore=("y",))]).to_dict()
+    res = compare_outputs(
+        ref, tgt, [CompareRule("m.json"), CompareRule("l.csv"), CompareRule("a.npz", ignore=("y",))]
+    ).to_dict()
     assert res["within_tolerance"] is True, [f["detail"] for f in res["files"]]
     by = {f["path"]: f for f in res["files"]}
     assert [m["key"] for m in by["m.json"]["metadata_differences"]] == ["out_dir"]

@@ -33,18 +33,40 @@ def _wait(predicate, timeout: float, step: float = 0.2) -> bool:
 def test_sleeper_fires_after_the_laptop_is_gone(tmp_path: Path, sshd_factory, ssh_env):
     """Linux path for real: sshd host, orchestrator SIGKILLed and sshd stopped."""
     t = make_target(tmp_path, sshd_factory, ssh_env)
-    book = write_playbook(tmp_path, t.alias, t.root, "doomed", lines=200, seconds=90,
-                          wipe="manual", wipe_deadline="20s")
+    book = write_playbook(
+        tmp_path,
+        t.alias,
+        t.root,
+        "doomed",
+        lines=200,
+        seconds=90,
+        wipe="manual",
+        wipe_deadline="20s",
+    )
     orchestrator = subprocess.Popen(
-        [sys.executable, "-m", "remotemac", "--ssh-config", str(t.ssh_config), "run", str(book),
-         "--out", str(tmp_path / "out"), "--json"],
-        env=dict(os.environ, **t.env()), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        [
+            sys.executable,
+            "-m",
+            "remotemac",
+            "--ssh-config",
+            str(t.ssh_config),
+            "run",
+            str(book),
+            "--out",
+            str(tmp_path / "out"),
+            "--json",
+        ],
+        env=dict(os.environ, **t.env()),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     runs = t.root / "runs"
 
     def launched() -> bool:
         ids = [p.name for p in runs.iterdir()] if runs.is_dir() else []
-        return bool(ids) and (Path("/dev/shm") / f"remotemac-{ids[0]}").is_dir() \
-            and bool(t.sessions())
+        return (
+            bool(ids) and (Path("/dev/shm") / f"remotemac-{ids[0]}").is_dir() and bool(t.sessions())
+        )
 
     try:
         assert _wait(launched, 60), "the run never reached launch"
@@ -129,8 +151,7 @@ def launchd_shim(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
 
 
 def _fake_run(root: Path, run_id: str) -> Path:
-    run_dir = make_run(root, run_id, ("data", "tmp", "cache", "out", "logs", "status",
-                                      "project"))
+    run_dir = make_run(root, run_id, ("data", "tmp", "cache", "out", "logs", "status", "project"))
     (run_dir / "data" / "a.csv.rmenc").write_bytes(b"ciphertext")
     (run_dir / "tmp" / "plain.csv").write_bytes(b"plaintext")
     (run_dir / "out" / "result.json").write_text("{}")
@@ -144,8 +165,9 @@ def test_launchd_job_fires_and_unloads_itself(tmp_path: Path, launchd_shim):
     root = tmp_path / "machome" / "remotemac"
     run_id = "mac-20260101-000000-abcd"
     run_dir = _fake_run(root, run_id)
-    job = deadman.schedule({"root": str(root), "run_id": run_id, "deadline": time.time() + 3},
-                           platform="darwin")
+    job = deadman.schedule(
+        {"root": str(root), "run_id": run_id, "deadline": time.time() + 3}, platform="darwin"
+    )
     assert job["method"] == "launchd" and job["domain"] == f"gui/{os.getuid()}"
     plist = Path(job["plist"])
     assert plist.parent == launchd_shim["home"] / "Library" / "LaunchAgents"
@@ -162,12 +184,15 @@ def test_launchd_job_fires_and_unloads_itself(tmp_path: Path, launchd_shim):
     assert _wait(lambda: not plist.exists(), 10)
     log = launchd_shim["log"].read_text().splitlines()
     assert f"bootstrap gui/{os.getuid()} {plist}" in log
-    assert _wait(lambda: f"bootout gui/{os.getuid()}/{content['Label']}"
-                 in launchd_shim["log"].read_text(), 10)
+    assert _wait(
+        lambda: f"bootout gui/{os.getuid()}/{content['Label']}" in launchd_shim["log"].read_text(),
+        10,
+    )
 
 
-def test_launchd_far_deadline_then_cleanup_removes_it(tmp_path: Path, launchd_shim,
-                                                     monkeypatch: pytest.MonkeyPatch):
+def test_launchd_far_deadline_then_cleanup_removes_it(
+    tmp_path: Path, launchd_shim, monkeypatch: pytest.MonkeyPatch
+):
     """Simulation: calendar slot, gui domain refused → user domain, cleanup boots it out."""
     deadman, cleanupops = launchd_shim["deadman"], launchd_shim["cleanupops"]
     monkeypatch.setenv("SHIM_NO_GUI", "1")
@@ -175,20 +200,33 @@ def test_launchd_far_deadline_then_cleanup_removes_it(tmp_path: Path, launchd_sh
     run_id = "mac-20260101-000000-beef"
     run_dir = _fake_run(root, run_id)
     deadline = time.time() + 2 * 86400 + 17
-    job = deadman.schedule({"root": str(root), "run_id": run_id, "deadline": deadline},
-                           platform="darwin")
+    job = deadman.schedule(
+        {"root": str(root), "run_id": run_id, "deadline": deadline}, platform="darwin"
+    )
     assert job["domain"] == f"user/{os.getuid()}"
     content = plistlib.loads(Path(job["plist"]).read_bytes())
     assert content["RunAtLoad"] is False
     slot = content["StartCalendarInterval"]
-    fires = time.mktime((time.localtime(deadline).tm_year, slot["Month"], slot["Day"],
-                         slot["Hour"], slot["Minute"], 0, 0, 0, -1))
+    fires = time.mktime(
+        (
+            time.localtime(deadline).tm_year,
+            slot["Month"],
+            slot["Day"],
+            slot["Hour"],
+            slot["Minute"],
+            0,
+            0,
+            0,
+            -1,
+        )
+    )
     assert deadline <= fires < deadline + 60
     # launchd waking it early (a calendar slot in another year) must not wipe
     assert deadman.fire(job["spec"]) is None
     assert (run_dir / "data" / "a.csv.rmenc").exists()
     labels = deadman.parse_launchctl_list(
-        subprocess.run(["launchctl", "list"], capture_output=True, text=True).stdout)
+        subprocess.run(["launchctl", "list"], capture_output=True, text=True).stdout
+    )
     assert content["Label"] in labels and "com.apple.Finder" in labels
     answer = cleanupops.op_cleanup_host({"roots": [str(root)], "run_ids": [run_id]})
     [done] = answer["roots"]
@@ -199,7 +237,8 @@ def test_launchd_far_deadline_then_cleanup_removes_it(tmp_path: Path, launchd_sh
     assert not Path(job["plist"]).exists()
     assert f"bootout gui/{os.getuid()}/{content['Label']}" in launchd_shim["log"].read_text()
     labels = deadman.parse_launchctl_list(
-        subprocess.run(["launchctl", "list"], capture_output=True, text=True).stdout)
+        subprocess.run(["launchctl", "list"], capture_output=True, text=True).stdout
+    )
     assert content["Label"] not in labels
 
 

@@ -77,8 +77,9 @@ def test_the_last_value_does_not_decide():
 
 
 def test_too_short_a_run_is_unknown():
-    got = memory_stable([(0.0, 1.0), (1.0, 2.0), (12.0, 3.0)], warmup_s=10,
-                        tolerance_bytes_per_s=MiB)
+    got = memory_stable(
+        [(0.0, 1.0), (1.0, 2.0), (12.0, 3.0)], warmup_s=10, tolerance_bytes_per_s=MiB
+    )
     assert got["stable"] is None and got["slope_bytes_per_s"] is None
     assert "only 1 samples" in got["reason"]
     assert memory_stable([], 10, MiB)["peak_bytes"] is None
@@ -92,14 +93,19 @@ def test_least_squares_slope():
 def test_decide_module_runs_on_python_39():
     """The host reuses this module: it must stay stdlib-only and Python 3.9 compatible."""
     source = Path(decide_mod.__file__)
-    imports = [line for line in source.read_text().splitlines()
-               if line.startswith(("import ", "from "))]
+    imports = [
+        line for line in source.read_text().splitlines() if line.startswith(("import ", "from "))
+    ]
     allowed = ("from __future__", "from typing", "from collections.abc")
     assert all(line.startswith(allowed) for line in imports), imports
     vermin = shutil.which("vermin")
     assert vermin, "vermin is a test dependency"
-    proc = subprocess.run([vermin, "-t=3.9-", "--violations", "--no-tips", str(source)],
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [vermin, "-t=3.9-", "--violations", "--no-tips", str(source)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
@@ -113,15 +119,23 @@ def test_evaluate_passing_observations():
 def test_evaluate_names_failures_and_missing():
     obs = passing_observations()
     obs["tensors_on_device"] = None
-    obs["operators"] = {"fallback_ops": [{"op": "aten::_linalg_svd", "count": 3}],
-                        "unsupported_ops": ["aten::_fft_r2c"],
-                        "dtype_errors": ["Cannot convert a MPS Tensor to float64 dtype"]}
-    obs["memory"] = {"peak_bytes": 30 * 1024 * MiB, "stable": False,
-                     "slope_bytes_per_s": 2 * MiB}
-    obs["results"] = {"within_tolerance": False, "files": [
-        {"path": "preds/a.pt", "ok": False,
-         "tensors": [{"key": "logits", "ok": False}, {"key": "x", "ok": True}]},
-        {"path": "metrics.json", "ok": True}]}
+    obs["operators"] = {
+        "fallback_ops": [{"op": "aten::_linalg_svd", "count": 3}],
+        "unsupported_ops": ["aten::_fft_r2c"],
+        "dtype_errors": ["Cannot convert a MPS Tensor to float64 dtype"],
+    }
+    obs["memory"] = {"peak_bytes": 30 * 1024 * MiB, "stable": False, "slope_bytes_per_s": 2 * MiB}
+    obs["results"] = {
+        "within_tolerance": False,
+        "files": [
+            {
+                "path": "preds/a.pt",
+                "ok": False,
+                "tensors": [{"key": "logits", "ok": False}, {"key": "x", "ok": True}],
+            },
+            {"path": "metrics.json", "ok": True},
+        ],
+    }
     conds, missing = evaluate_observations(obs, {"max_memory": "24GiB"})
     by_code = {c["code"]: c["detail"] for c in conds}
     assert missing == ["tensors_on_device"]
@@ -142,8 +156,9 @@ def test_fallback_policy():
     assert codes({"fallback_ops": "none"}) == []
     assert codes({"fallback_ops": ["col2im", "aten::linalg_svd"]}) == []
     conds = evaluate_observations(obs, {"fallback_ops": ["col2im"]})[0]
-    assert conds == [{"code": "fallback_ops",
-                      "detail": "ran on the CPU instead of MPS: aten::linalg_svd"}]
+    assert conds == [
+        {"code": "fallback_ops", "detail": "ran on the CPU instead of MPS: aten::linalg_svd"}
+    ]
 
 
 def test_memory_growth_off_makes_memory_optional():
@@ -164,11 +179,17 @@ def test_all_pass_and_mac_goal_is_apple_first(goal):
 
 
 def test_training_on_linux_that_ships_on_macos_is_both():
-    got = decide(passing_observations(), [],
-                 {"goal": "training", "trains_on_linux": True, "ships_on_macos": True})
+    got = decide(
+        passing_observations(),
+        [],
+        {"goal": "training", "trains_on_linux": True, "ships_on_macos": True},
+    )
     assert got["recommendation"] == BOTH
-    got = decide(passing_observations(), [],
-                 {"goal": "inference", "trains_on_linux": True, "ships_on_macos": True})
+    got = decide(
+        passing_observations(),
+        [],
+        {"goal": "inference", "trains_on_linux": True, "ships_on_macos": True},
+    )
     assert got["recommendation"] == BOTH
 
 
@@ -179,10 +200,15 @@ def test_training_with_nothing_on_macos_stays_on_linux():
 
 
 def test_cuda_dependencies_force_linux():
-    got = decide(passing_observations(), [], {"goal": "inference",
-                                              "cuda_dependencies": ["flash-attn", "apex"]})
-    assert got == {"recommendation": LINUX_FIRST,
-                   "reasons": ["requires CUDA-only dependencies: flash-attn, apex"]}
+    got = decide(
+        passing_observations(),
+        [],
+        {"goal": "inference", "cuda_dependencies": ["flash-attn", "apex"]},
+    )
+    assert got == {
+        "recommendation": LINUX_FIRST,
+        "reasons": ["requires CUDA-only dependencies: flash-attn, apex"],
+    }
 
 
 def test_multi_gpu_forces_linux():
@@ -200,8 +226,11 @@ def test_unsupported_ops_force_linux_even_when_shipping_on_macos():
 
 
 def test_stopping_condition_or_missing_observation_is_not_apple_first():
-    got = decide(passing_observations(), [{"code": "out_of_memory", "detail": "MPS backend out "
-                                           "of memory"}], {"goal": "inference"})
+    got = decide(
+        passing_observations(),
+        [{"code": "out_of_memory", "detail": "MPS backend out of memory"}],
+        {"goal": "inference"},
+    )
     assert got["recommendation"] == LINUX_FIRST
     assert got["reasons"] == ["stopping condition out_of_memory: MPS backend out of memory"]
     obs = passing_observations()
@@ -213,9 +242,10 @@ def test_stopping_condition_or_missing_observation_is_not_apple_first():
 
 def test_failed_workload_gets_no_hardware_recommendation():
     """Issue 14: a job that failed to start is not evidence for Linux GPUs."""
-    failed = {"code": "workload-failed",
-              "detail": "target job failed with exit 1: ModuleNotFoundError: No module named "
-                        "'torch'"}
+    failed = {
+        "code": "workload-failed",
+        "detail": "target job failed with exit 1: ModuleNotFoundError: No module named 'torch'",
+    }
     got = decide(passing_observations(), [failed], {"goal": "inference"})
     assert got["recommendation"] is None
     assert "ModuleNotFoundError" in got["reasons"][0]
@@ -225,12 +255,19 @@ def test_failed_workload_gets_no_hardware_recommendation():
 def test_runs_under_the_interpreter_it_ships_for():
     """The module has no package-relative imports: it loads standalone as the host would."""
     proc = subprocess.run(
-        [sys.executable, "-I", "-c",
-         "import importlib.util as u, sys; s = u.spec_from_file_location('d', sys.argv[1]);"
-         " m = u.module_from_spec(s); s.loader.exec_module(m);"
-         " print(m.memory_stable([(t, 5.0 * t) for t in range(30)], 5, 1.0)['stable'])",
-         decide_mod.__file__],
-        capture_output=True, text=True, timeout=60)
+        [
+            sys.executable,
+            "-I",
+            "-c",
+            "import importlib.util as u, sys; s = u.spec_from_file_location('d', sys.argv[1]);"
+            " m = u.module_from_spec(s); s.loader.exec_module(m);"
+            " print(m.memory_stable([(t, 5.0 * t) for t in range(30)], 5, 1.0)['stable'])",
+            decide_mod.__file__,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "False"
 
@@ -238,10 +275,12 @@ def test_runs_under_the_interpreter_it_ships_for():
 def test_no_apple_silicon_claim_without_mps_evidence():
     from remotemac.acceptance.decide import decide as decide_fn
 
-    obs = {"tensors_on_device": True,
-           "operators": {"fallback_ops": [], "unsupported_ops": [], "dtype_errors": []},
-           "memory": {"stable": True, "peak_bytes": 1, "slope_bytes_per_s": 0.0},
-           "results": {"within_tolerance": True, "files": []}}
+    obs = {
+        "tensors_on_device": True,
+        "operators": {"fallback_ops": [], "unsupported_ops": [], "dtype_errors": []},
+        "memory": {"stable": True, "peak_bytes": 1, "slope_bytes_per_s": 0.0},
+        "results": {"within_tolerance": True, "files": []},
+    }
     on_cpu = decide_fn(obs, [], {"goal": "inference", "target_device": "cpu"})
     assert on_cpu["recommendation"] is None and "not MPS" in on_cpu["reasons"][0]
     on_mps = decide_fn(obs, [], {"goal": "inference", "target_device": "mps"})

@@ -43,17 +43,31 @@ class Timeline:
             return list(self.events)
 
     def count(self, kind: str, state: str | None = None, after: float = 0.0) -> int:
-        return sum(1 for t, e in self.snapshot() if t >= after and e.kind == kind
-                   and (state is None or getattr(e, "state", None) == state))
+        return sum(
+            1
+            for t, e in self.snapshot()
+            if t >= after
+            and e.kind == kind
+            and (state is None or getattr(e, "state", None) == state)
+        )
 
     def following(self, role: str = "target") -> bool:
         names = [(e.kind, getattr(e, "phase", "")) for _, e in self.snapshot()]
-        return ("phase_started", f"follow:{role}") in names and \
-            ("phase_finished", f"follow:{role}") not in names
+        return ("phase_started", f"follow:{role}") in names and (
+            "phase_finished",
+            f"follow:{role}",
+        ) not in names
 
 
-def inject_faults(proxy: Any, timeline: Timeline, *, cuts: int, blackhole: bool,
-                  min_lines: int = 100, gap_s: float = 0.6) -> list[dict[str, Any]]:
+def inject_faults(
+    proxy: Any,
+    timeline: Timeline,
+    *,
+    cuts: int,
+    blackhole: bool,
+    min_lines: int = 100,
+    gap_s: float = 0.6,
+) -> list[dict[str, Any]]:
     """Cut the link ``cuts`` times (each on a fresh link), then blackhole it once.
 
     Returns one entry per fault: kind, when it was injected and when the link was
@@ -63,12 +77,15 @@ def inject_faults(proxy: Any, timeline: Timeline, *, cuts: int, blackhole: bool,
     faults: list[dict[str, Any]] = []
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and not (
-            timeline.following() and timeline.count("log_line") >= min_lines):
+        timeline.following() and timeline.count("log_line") >= min_lines
+    ):
         time.sleep(0.05)
     while len(faults) < cuts and timeline.following():
         # wait for the link to be back from the previous cut, then a little traffic
-        while timeline.count("connection_state", "reconnected") < len(faults) \
-                and time.monotonic() < deadline:
+        while (
+            timeline.count("connection_state", "reconnected") < len(faults)
+            and time.monotonic() < deadline
+        ):
             time.sleep(0.02)
         time.sleep(gap_s)
         at = time.monotonic()
@@ -80,8 +97,10 @@ def inject_faults(proxy: Any, timeline: Timeline, *, cuts: int, blackhole: bool,
         time.sleep(gap_s)
         at = time.monotonic()
         proxy.blackhole()
-        while timeline.count("connection_state", "disconnected", after=at) == 0 \
-                and time.monotonic() - at < 15:
+        while (
+            timeline.count("connection_state", "disconnected", after=at) == 0
+            and time.monotonic() - at < 15
+        ):
             time.sleep(0.05)
         time.sleep(0.5)
         proxy.restore()
@@ -94,8 +113,14 @@ def resume_times(timeline: Timeline, faults: list[dict[str, Any]]) -> list[float
     events = timeline.snapshot()
     out = []
     for fault in faults:
-        dropped = next((t for t, e in events if t >= fault["at"]
-                        and e.kind == "connection_state" and e.state == "disconnected"), None)
+        dropped = next(
+            (
+                t
+                for t, e in events
+                if t >= fault["at"] and e.kind == "connection_state" and e.state == "disconnected"
+            ),
+            None,
+        )
         if dropped is None:
             continue
         start = max(fault["restored"], dropped)
@@ -105,8 +130,9 @@ def resume_times(timeline: Timeline, faults: list[dict[str, Any]]) -> list[float
     return out
 
 
-async def run_pipeline_inprocess(host: SSHHost, playbook: Path, out: Path,
-                                 timeline: Timeline) -> tuple[Any, int]:
+async def run_pipeline_inprocess(
+    host: SSHHost, playbook: Path, out: Path, timeline: Timeline
+) -> tuple[Any, int]:
     """What ``remotemac run PLAYBOOK`` does, with our own listener on the event bus."""
     from remotemac.engine.context import RunOptions
     from remotemac.engine.hosts import SSHOptions
@@ -118,36 +144,69 @@ async def run_pipeline_inprocess(host: SSHHost, playbook: Path, out: Path,
     pb = load_playbook(str(playbook))
     journal = Journal(host.home / "journal.sqlite3")
     run_id = new_run_id(pb.name)
-    journal.create_run(run_id, name=pb.name, host=pb.host, playbook_path=str(playbook),
-                       playbook=pb.model_dump(mode="json"), out_dir=str(out), options={})
+    journal.create_run(
+        run_id,
+        name=pb.name,
+        host=pb.host,
+        playbook_path=str(playbook),
+        playbook=pb.model_dump(mode="json"),
+        out_dir=str(out),
+        options={},
+    )
     bus = EventBus()
     bus.subscribe(timeline)
-    ctx = build_context(run_id=run_id, playbook=pb, journal=journal, bus=bus, home=host.home,
-                        out_dir=out, options=RunOptions(),
-                        ssh=SSHOptions(ssh_config=host.ssh_config, keepalive_interval=1,
-                                       keepalive_count_max=3, reconnect_deadline=120))
+    ctx = build_context(
+        run_id=run_id,
+        playbook=pb,
+        journal=journal,
+        bus=bus,
+        home=host.home,
+        out_dir=out,
+        options=RunOptions(),
+        ssh=SSHOptions(
+            ssh_config=host.ssh_config,
+            keepalive_interval=1,
+            keepalive_count_max=3,
+            reconnect_deadline=120,
+        ),
+    )
     return ctx, await run_pipeline(ctx)
 
 
-def fault_run(host: SSHHost, proxy: Any, tmp: Path, *, lines: int = 5000, seconds: float = 30,
-              cuts: int = 20, blackhole: bool = True) -> dict[str, Any]:
+def fault_run(
+    host: SSHHost,
+    proxy: Any,
+    tmp: Path,
+    *,
+    lines: int = 5000,
+    seconds: float = 30,
+    cuts: int = 20,
+    blackhole: bool = True,
+) -> dict[str, Any]:
     """Run the workload through the faults; return what happened and the figures."""
     playbook = write_playbook(host, tmp / "faults.yaml", lines=lines, seconds=seconds)
     out = tmp / "out"
     timeline = Timeline()
     faults: list[dict[str, Any]] = []
     injector = threading.Thread(
-        target=lambda: faults.extend(inject_faults(proxy, timeline, cuts=cuts,
-                                                   blackhole=blackhole)), daemon=True)
+        target=lambda: faults.extend(
+            inject_faults(proxy, timeline, cuts=cuts, blackhole=blackhole)
+        ),
+        daemon=True,
+    )
     injector.start()
     started = time.monotonic()
     ctx, code = asyncio.run(run_pipeline_inprocess(host, playbook, out, timeline))
     injector.join(timeout=30)
     waits = resume_times(timeline, faults)
     return {
-        "exit_code": code, "follow": ctx.results.get("follow:target", {}),
-        "continuity": ctx.results.get("_continuity", {}), "faults": faults,
-        "resume_s": waits, "out": out, "seconds": time.monotonic() - started,
+        "exit_code": code,
+        "follow": ctx.results.get("follow:target", {}),
+        "continuity": ctx.results.get("_continuity", {}),
+        "faults": faults,
+        "resume_s": waits,
+        "out": out,
+        "seconds": time.monotonic() - started,
         "median_s": statistics.median(waits) if waits else None,
         "p90_s": sorted(waits)[max(0, int(round(0.9 * len(waits))) - 1)] if waits else None,
     }
@@ -169,5 +228,7 @@ def test_5000_lines_through_20_cuts_and_a_blackhole(host_factory, tmp_path: Path
     assert len(result["resume_s"]) == 21
     # the goal is a median under 2 s; the bound here is loose for a loaded CI box
     assert result["median_s"] < 4.0, result["resume_s"]
-    print(f"resume after link restored: median {result['median_s']:.2f} s, "
-          f"p90 {result['p90_s']:.2f} s, n={len(result['resume_s'])}")
+    print(
+        f"resume after link restored: median {result['median_s']:.2f} s, "
+        f"p90 {result['p90_s']:.2f} s, n={len(result['resume_s'])}"
+    )

@@ -39,8 +39,14 @@ def _as_darwin(code: str, *, path: str, stdin: str = "") -> subprocess.Completed
     prog = f"import sys; sys.platform = 'darwin'; sys.path.insert(0, {str(AGENT)!r})\n" + code
     env = dict(os.environ, PATH=path)
     env.pop("TMUX", None)
-    return subprocess.run([sys.executable, "-c", prog], input=stdin, env=env,
-                          capture_output=True, text=True, timeout=30)
+    return subprocess.run(
+        [sys.executable, "-c", prog],
+        input=stdin,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
 
 
 def test_runner_wraps_the_workload_in_caffeinate_on_macos(tmp_path: Path):
@@ -50,16 +56,25 @@ def test_runner_wraps_the_workload_in_caffeinate_on_macos(tmp_path: Path):
     _shim(shims, "caffeinate", f'printf "%s\\n" "$@" > {argv_log}\nshift\nexec "$@"\n')
     for sub in ("logs", "status"):
         (tmp_path / sub).mkdir()
-    spec = {"command": "echo hello from the workload; exit 5", "device": "mps",
-            "status_path": str(tmp_path / "status" / "mps.json"),
-            "log_path": str(tmp_path / "logs" / "mps.log"), "mode": "daemon"}
+    spec = {
+        "command": "echo hello from the workload; exit 5",
+        "device": "mps",
+        "status_path": str(tmp_path / "status" / "mps.json"),
+        "log_path": str(tmp_path / "logs" / "mps.log"),
+        "mode": "daemon",
+    }
     spec_path = tmp_path / "spec.json"
     spec_path.write_text(json.dumps(spec))
-    res = _as_darwin(f"import runner; sys.exit(runner.run({str(spec_path)!r}))",
-                     path=f"{shims}:/usr/bin:/bin")
+    res = _as_darwin(
+        f"import runner; sys.exit(runner.run({str(spec_path)!r}))", path=f"{shims}:/usr/bin:/bin"
+    )
     assert res.returncode == 0, res.stderr
     assert argv_log.read_text().splitlines() == [
-        "-i", "/bin/sh", "-c", "echo hello from the workload; exit 5"]
+        "-i",
+        "/bin/sh",
+        "-c",
+        "echo hello from the workload; exit 5",
+    ]
     assert (tmp_path / "logs" / "mps.log").read_text() == "hello from the workload\n"
     status = json.loads((tmp_path / "status" / "mps.json").read_text())
     assert status["state"] == "failed" and status["exit_code"] == 5
@@ -71,8 +86,13 @@ def test_build_argv_only_adds_caffeinate_on_macos(tmp_path: Path, monkeypatch):
     caffeinate = _shim(shims, "caffeinate", 'exec "$@"\n')
     monkeypatch.setenv("PATH", f"{shims}:/usr/bin:/bin")
     spec = {"command": "python3 train.py"}
-    assert runner.build_argv(spec, "darwin") == [str(caffeinate), "-i", "/bin/sh", "-c",
-                                                 "python3 train.py"]
+    assert runner.build_argv(spec, "darwin") == [
+        str(caffeinate),
+        "-i",
+        "/bin/sh",
+        "-c",
+        "python3 train.py",
+    ]
     assert runner.build_argv(spec, "linux") == ["/bin/sh", "-c", "python3 train.py"]
     assert runner.build_argv(dict(spec, caffeinate=False), "darwin")[0] == "/bin/sh"
 
@@ -81,8 +101,14 @@ def _launch_request(tmp_path: Path) -> dict:
     run_dir = tmp_path / "run"
     for sub in ("logs", "status"):
         (run_dir / sub).mkdir(parents=True, exist_ok=True)
-    return {"run_dir": str(run_dir), "device": "cpu", "session": "remotemac-sim-cpu",
-            "command": "echo done", "env": {}, "cwd": str(tmp_path)}
+    return {
+        "run_dir": str(run_dir),
+        "device": "cpu",
+        "session": "remotemac-sim-cpu",
+        "command": "echo done",
+        "env": {},
+        "cwd": str(tmp_path),
+    }
 
 
 def test_no_tmux_with_homebrew_offers_brew_install_tmux(tmp_path: Path):
@@ -94,8 +120,11 @@ def test_no_tmux_with_homebrew_offers_brew_install_tmux(tmp_path: Path):
     ran = tmp_path / "brew-ran"
     _shim(shims, "brew", f"touch {ran}\nexit 1\n")
     req = _launch_request(tmp_path)
-    res = _as_darwin("import hostagent; sys.exit(hostagent.main(['hostagent.py', 'launch']))",
-                     path=str(shims), stdin=json.dumps(req))  # no tmux on PATH
+    res = _as_darwin(
+        "import hostagent; sys.exit(hostagent.main(['hostagent.py', 'launch']))",
+        path=str(shims),
+        stdin=json.dumps(req),
+    )  # no tmux on PATH
     answer = json.loads(res.stdout)
     assert answer["ok"], answer
     result = answer["result"]

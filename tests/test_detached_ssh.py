@@ -50,12 +50,21 @@ class SSHHost:
     proxy: object = None
 
     def cli(self, *args: str, **kw: object) -> subprocess.CompletedProcess:
-        return remotemac("--home", str(self.home), "--ssh-config", str(self.ssh_config), *args,
-                         **kw)  # type: ignore[arg-type]
+        return remotemac(
+            "--home", str(self.home), "--ssh-config", str(self.ssh_config), *args, **kw
+        )  # type: ignore[arg-type]
 
     def popen(self, *args: str) -> subprocess.Popen:
-        argv = [sys.executable, "-m", "remotemac", "--home", str(self.home), "--ssh-config",
-                str(self.ssh_config), *args]
+        argv = [
+            sys.executable,
+            "-m",
+            "remotemac",
+            "--home",
+            str(self.home),
+            "--ssh-config",
+            str(self.ssh_config),
+            *args,
+        ]
         return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
     def tmux(self, *args: str) -> subprocess.CompletedProcess:
@@ -70,15 +79,23 @@ class SSHHost:
         return json.loads(path.read_text()) if path.exists() else {}
 
 
-def make_host(tmp_path: Path, sshd_factory: Callable, ssh_env: Callable, *,
-              proxy_factory: Callable | None = None, env: dict[str, str] | None = None,
-              ) -> tuple[SSHHost, object]:
+def make_host(
+    tmp_path: Path,
+    sshd_factory: Callable,
+    ssh_env: Callable,
+    *,
+    proxy_factory: Callable | None = None,
+    env: dict[str, str] | None = None,
+) -> tuple[SSHHost, object]:
     """An sshd (optionally behind a fault proxy) whose sessions see ``env``."""
     extra = ["SetEnv " + " ".join(f"{k}={v}" for k, v in env.items())] if env else []
     server = sshd_factory(extra_config=extra)
     proxy = proxy_factory(server) if proxy_factory else None
-    home, cfg, alias = ssh_env(server, proxy, extra={
-        "ServerAliveInterval": "1", "ServerAliveCountMax": "3", "ConnectTimeout": "5"})
+    home, cfg, alias = ssh_env(
+        server,
+        proxy,
+        extra={"ServerAliveInterval": "1", "ServerAliveCountMax": "3", "ConnectTimeout": "5"},
+    )
     root = server.home / "host-root"
     return SSHHost(home, cfg, alias, root, str(server.tmux_dir), server, proxy), proxy
 
@@ -87,20 +104,30 @@ def cleanup_host(host: SSHHost) -> None:
     host.tmux("kill-server")
 
 
-def write_playbook(host: SSHHost, path: Path, *, lines: int, seconds: float,
-                   encrypt: bool = True, exit_code: int = 0) -> Path:
+def write_playbook(
+    host: SSHHost,
+    path: Path,
+    *,
+    lines: int,
+    seconds: float,
+    encrypt: bool = True,
+    exit_code: int = 0,
+) -> Path:
     """A target-only playbook for ``emit.py`` on the test host."""
     data = {
         "name": "detached",
         "host": host.alias,
         "remote_root": str(host.root),
         "project": {"path": str(LINES_PROJECT), "exclude": ["data/"]},
-        "data": {"path": str(LINES_PROJECT / "data"), "classification": "public",
-                 "encrypt": encrypt},
+        "data": {
+            "path": str(LINES_PROJECT / "data"),
+            "classification": "public",
+            "encrypt": encrypt,
+        },
         "workload": {
             "command": f"python3 emit.py --device {{device}} --data {{data_dir}} "
-                       f"--out {{output_dir}} --lines {lines} --seconds {seconds} "
-                       f"--exit {exit_code}",
+            f"--out {{output_dir}} --lines {lines} --seconds {seconds} "
+            f"--exit {exit_code}",
             "reference": None,
             "target": {"device": "cpu"},
             "timeout": "10m",
@@ -130,10 +157,12 @@ def wait_for(predicate: Callable[[], object], timeout: float, what: str) -> obje
 
 def wait_lines(proc: subprocess.Popen, out: Path, count: int, timeout: float = 90) -> None:
     """Until the running CLI has followed ``count`` lines (fails early if it exited)."""
+
     def ready() -> bool:
         if proc.poll() is not None:
-            raise AssertionError(f"remotemac exited {proc.returncode}: "
-                                 f"{proc.stderr.read() if proc.stderr else ''}")
+            raise AssertionError(
+                f"remotemac exited {proc.returncode}: {proc.stderr.read() if proc.stderr else ''}"
+            )
         return len(local_lines(out)) >= count
 
     wait_for(ready, timeout, f"{count} followed lines")
@@ -173,8 +202,9 @@ def host_factory(tmp_path: Path, sshd_factory, ssh_env, fault_proxy) -> Iterator
     made: list[SSHHost] = []
 
     def make(*, proxy: bool = False, env: dict[str, str] | None = None) -> SSHHost:
-        host, _ = make_host(tmp_path, sshd_factory, ssh_env,
-                            proxy_factory=fault_proxy if proxy else None, env=env)
+        host, _ = make_host(
+            tmp_path, sshd_factory, ssh_env, proxy_factory=fault_proxy if proxy else None, env=env
+        )
         made.append(host)
         return host
 
@@ -227,12 +257,13 @@ def test_sigkill_of_run_then_attach_completes_the_log(host_factory, tmp_path: Pa
     assert local_lines(out) == expected_lines(400), "lost or repeated lines after SIGKILL"
     assert before < len(expected_lines(400))
     # the job's own exit code is reported (the workload exits 3: a failed job)
-    follow = [e for e in events if e["event"] == "phase_finished"
-              and e["phase"] == "follow:target"]
+    follow = [e for e in events if e["event"] == "phase_finished" and e["phase"] == "follow:target"]
     assert follow and "exit 3" in follow[-1]["detail"], events
     record = json.loads((out / "acceptance.json").read_text())
-    assert any(c["code"] == "workload-failed" and "exit 3" in c["detail"]
-               for c in record["stopping_conditions"])
+    assert any(
+        c["code"] == "workload-failed" and "exit 3" in c["detail"]
+        for c in record["stopping_conditions"]
+    )
 
 
 def test_killed_tmux_server_is_a_lost_job_exit_4(host_factory, tmp_path: Path):
@@ -255,8 +286,7 @@ def test_killed_tmux_server_is_a_lost_job_exit_4(host_factory, tmp_path: Path):
     assert record["verdict"] != "accepted"
 
 
-def test_without_tmux_the_daemonised_runner_survives_ssh_going_away(host_factory,
-                                                                    tmp_path: Path):
+def test_without_tmux_the_daemonised_runner_survives_ssh_going_away(host_factory, tmp_path: Path):
     """No tmux (REMOTEMAC_NO_TMUX=1): double fork + setsid; sshd and all its sessions die."""
     host = host_factory(env={"REMOTEMAC_NO_TMUX": "1"})
     pb = write_playbook(host, tmp_path / "pb.yaml", lines=200, seconds=6)
@@ -300,8 +330,10 @@ def test_no_secret_in_argv_env_or_tmux_environment(host_factory, tmp_path: Path)
             assert b"REMOTEMAC_RUN_ID=" + run_id.encode() in environ
         checked += 1
     assert checked >= 2
-    for args in (("show-environment", "-g"), ("show-environment", "-t",
-                                              f"=remotemac-{run_id}-cpu")):
+    for args in (
+        ("show-environment", "-g"),
+        ("show-environment", "-t", f"=remotemac-{run_id}-cpu"),
+    ):
         shown = host.tmux(*args)
         assert shown.returncode == 0 and key_hex not in shown.stdout.lower()
     # the data really is encrypted with that key on the host (the test is about that key)

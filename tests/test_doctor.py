@@ -60,9 +60,21 @@ def test_m1_sonoma_is_fit(m1_facts) -> None:
     report = dr.evaluate(m1_facts, local_time=m1_facts["clock"] + 1.0)
     st = statuses(report)
     assert report.fit
-    assert st == {"macos": "ok", "arch": "ok", "hardware": "ok", "vm": "ok", "python": "ok",
-                  "runtime": "n/a", "clt": "ok", "tmux": "ok", "brew": "ok", "disk": "ok", "sleep": "ok",
-                  "clock": "ok", "mps": "n/a"}
+    assert st == {
+        "macos": "ok",
+        "arch": "ok",
+        "hardware": "ok",
+        "vm": "ok",
+        "python": "ok",
+        "runtime": "n/a",
+        "clt": "ok",
+        "tmux": "ok",
+        "brew": "ok",
+        "disk": "ok",
+        "sleep": "ok",
+        "clock": "ok",
+        "mps": "n/a",
+    }
     assert report.check("macos").value == "macOS 14.0 (23A344)"
     assert report.check("hardware").value.startswith("Apple M1, 10 CPUs, 32.0 GiB")
     assert "sleep disabled" in report.check("sleep").value  # SleepDisabled 1 in the capture
@@ -122,9 +134,15 @@ def test_vm_unknown_is_not_applicable(facts) -> None:
     assert dr.evaluate(facts).check("vm").status == "n/a"
 
 
-@pytest.mark.parametrize(("versions", "status"), [
-    ([], "fail"), (["2.7.18"], "fail"), (["3.8.18"], "fail"), (["3.8.18", "3.9.6"], "ok"),
-])
+@pytest.mark.parametrize(
+    ("versions", "status"),
+    [
+        ([], "fail"),
+        (["2.7.18"], "fail"),
+        (["3.8.18"], "fail"),
+        (["3.8.18", "3.9.6"], "ok"),
+    ],
+)
 def test_python_floor(facts, versions, status) -> None:
     facts["pythons"] = [{"path": f"/x/python{v}", "version": v} for v in versions]
     check = dr.evaluate(facts).check("python")

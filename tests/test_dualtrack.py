@@ -18,19 +18,24 @@ from tests import fleetkit as fk
 
 
 def test_reference_side_gets_its_own_host_key():
-    pb = parse_playbook("name: d\nhost: mac\nworkload:\n  command: python3 t.py\n"
-                        "  reference: {device: cuda, host: linux-gpu}\n")
+    pb = parse_playbook(
+        "name: d\nhost: mac\nworkload:\n  command: python3 t.py\n"
+        "  reference: {device: cuda, host: linux-gpu}\n"
+    )
     sides = make_sides(pb)
-    assert [(s.role, s.host_key) for s in sides] == [("reference", "reference"),
-                                                     ("target", "remote")]
+    assert [(s.role, s.host_key) for s in sides] == [
+        ("reference", "reference"),
+        ("target", "remote"),
+    ]
     assert host_for_key(pb, "reference") == "linux-gpu" and host_for_key(pb, "remote") == "mac"
-    same = parse_playbook("name: d\nhost: mac\nworkload:\n  command: python3 t.py\n"
-                          "  reference: {device: cpu, host: mac}\n")
+    same = parse_playbook(
+        "name: d\nhost: mac\nworkload:\n  command: python3 t.py\n"
+        "  reference: {device: cpu, host: mac}\n"
+    )
     assert {s.host_key for s in make_sides(same)} == {"remote"}
 
 
-def test_host_torch_reference_on_host_a_target_on_host_b(sshd_factory, tmp_path,
-                                                         host_torch_python):
+def test_host_torch_reference_on_host_a_target_on_host_b(sshd_factory, tmp_path, host_torch_python):
     config = tmp_path / "ssh_config"
     empty = tmp_path / "user_known_hosts"
     empty.touch()
@@ -38,8 +43,7 @@ def test_host_torch_reference_on_host_a_target_on_host_b(sshd_factory, tmp_path,
     marker = host_a.host_dir("linux-site")  # host A's user must read it
     dist = marker / "linux_only_marker-1.0.dist-info"
     dist.mkdir(parents=True)
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: linux-only-marker\n"
-                                   "Version: 1.0\n")
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: linux-only-marker\nVersion: 1.0\n")
     host_a.extra_config.append(f"SetEnv PYTHONPATH={marker}")
     host_a.restart()
     host_b = sshd_factory()
@@ -48,11 +52,24 @@ def test_host_torch_reference_on_host_a_target_on_host_b(sshd_factory, tmp_path,
     home = tmp_path / "home"
     home.mkdir()
     (home / "known_hosts").write_text(host_a.known_hosts_line() + host_b.known_hosts_line())
-    pb = fk.write_playbook(tmp_path / "dual.yaml", host="mac-b", python=host_torch_python,
-                           workload={"reference": {"device": "cpu", "host": "linux-gpu"}})
+    pb = fk.write_playbook(
+        tmp_path / "dual.yaml",
+        host="mac-b",
+        python=host_torch_python,
+        workload={"reference": {"device": "cpu", "host": "linux-gpu"}},
+    )
     out = tmp_path / "out"
-    proc = fk.cli("--ssh-config", str(config), "run", str(pb), "--out", str(out),
-                  home=home, cwd=tmp_path, timeout=600)
+    proc = fk.cli(
+        "--ssh-config",
+        str(config),
+        "run",
+        str(pb),
+        "--out",
+        str(out),
+        home=home,
+        cwd=tmp_path,
+        timeout=600,
+    )
     assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-2000:])
     record = json.loads((out / "acceptance.json").read_text())
     assert record["verdict"] == "accepted"
@@ -60,8 +77,9 @@ def test_host_torch_reference_on_host_a_target_on_host_b(sshd_factory, tmp_path,
     assert env["reference"]["host"] == f"{host_a.user}@127.0.0.1:{host_a.port}"
     assert env["target"]["host"] == f"{host_b.user}@127.0.0.1:{host_b.port}"
     assert env["reference"]["device"] == "cpu" and env["target"]["device"] == "cpu"
-    assert {"key": "package:linux-only-marker", "reference": "1.0", "target": None} \
-        in env["mismatches"]
+    assert {"key": "package:linux-only-marker", "reference": "1.0", "target": None} in env[
+        "mismatches"
+    ]
     # each job ran on its own host: the reference's log came over host A's link
     ledger = [json.loads(x) for x in (out / "ledger.jsonl").read_text().splitlines()]
     launches = {e["host"] for e in ledger if e["op"] == "launch"}

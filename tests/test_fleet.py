@@ -53,9 +53,14 @@ def sixteen(tmp_path_factory, client_key, fresh_host_lab, host_torch_python):
         macs, config = fk.start_macs(FLEET, base, start)
         home = base / "home"
         fk.trust(home, macs)
-        yield {"macs": macs, "config": config, "home": home, "base": base,
-               "python": host_torch_python,
-               "inventory": fk.write_inventory(base / "inventory.yaml", macs, rate=1.5)}
+        yield {
+            "macs": macs,
+            "config": config,
+            "home": home,
+            "base": base,
+            "python": host_torch_python,
+            "inventory": fk.write_inventory(base / "inventory.yaml", macs, rate=1.5),
+        }
     finally:
         for server in servers:
             server.cleanup()
@@ -70,9 +75,21 @@ def test_host_torch_sixteen_hosts_all_accepted(sixteen):
     pb = fk.write_playbook(base / "fleet16.yaml", lines=4, seconds=0.2, python=sixteen["python"])
     out = base / "out-all"
     logins = [_accepted_logins(m.sshd) for m in macs]
-    proc = fk.cli("--ssh-config", str(sixteen["config"]), "run", str(pb), "--inventory",
-                  str(sixteen["inventory"]), "--forks", "16", "--out", str(out),
-                  home=sixteen["home"], cwd=base, timeout=600)
+    proc = fk.cli(
+        "--ssh-config",
+        str(sixteen["config"]),
+        "run",
+        str(pb),
+        "--inventory",
+        str(sixteen["inventory"]),
+        "--forks",
+        "16",
+        "--out",
+        str(out),
+        home=sixteen["home"],
+        cwd=base,
+        timeout=600,
+    )
     summary = json.loads((out / "fleet.json").read_text())
     assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-3000:], summary["runs"])
     assert summary["exit_code"] == 0 and summary["counts"] == {"accepted": FLEET}
@@ -89,8 +106,10 @@ def test_host_torch_sixteen_hosts_all_accepted(sixteen):
     assert [_accepted_logins(m.sshd) - n for m, n in zip(macs, logins, strict=True)] == [1] * FLEET
     # the table names every host with its verdict
     for mac in macs:
-        assert any(line.lstrip("│ ").startswith(mac.alias) and "accepted" in line
-                   for line in proc.stdout.splitlines())
+        assert any(
+            line.lstrip("│ ").startswith(mac.alias) and "accepted" in line
+            for line in proc.stdout.splitlines()
+        )
     # every run is a journal entry of its own
     status = fk.cli("status", "--json", home=sixteen["home"], cwd=base)
     rows = [json.loads(x) for x in status.stdout.splitlines()]
@@ -101,14 +120,30 @@ def test_host_torch_sixteen_hosts_all_accepted(sixteen):
 def test_host_torch_one_host_lost_mid_run_the_others_finish(sixteen):
     macs, base = sixteen["macs"], sixteen["base"]
     victim = macs[5]
-    pb = fk.write_playbook(base / "fleet16lost.yaml", lines=20, seconds=5,
-                           python=sixteen["python"])
+    pb = fk.write_playbook(base / "fleet16lost.yaml", lines=20, seconds=5, python=sixteen["python"])
     out = base / "out-lost"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "remotemac", "--ssh-config", str(sixteen["config"]), "run",
-         str(pb), "--inventory", str(sixteen["inventory"]), "--forks", "16", "--out", str(out)],
-        cwd=base, env={**os.environ, "REMOTEMAC_HOME": str(sixteen["home"])},
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-m",
+            "remotemac",
+            "--ssh-config",
+            str(sixteen["config"]),
+            "run",
+            str(pb),
+            "--inventory",
+            str(sixteen["inventory"]),
+            "--forks",
+            "16",
+            "--out",
+            str(out),
+        ],
+        cwd=base,
+        env={**os.environ, "REMOTEMAC_HOME": str(sixteen["home"])},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     killed = threading.Event()
 
     def kill_when_running() -> None:
@@ -141,8 +176,10 @@ def test_host_torch_one_host_lost_mid_run_the_others_finish(sixteen):
     assert any(c["code"] == "job-lost" for c in record["stopping_conditions"])
     for mac in macs:
         if mac is not victim:
-            assert json.loads((out / mac.alias / "acceptance.json").read_text())["verdict"] \
+            assert (
+                json.loads((out / mac.alias / "acceptance.json").read_text())["verdict"]
                 == "accepted"
+            )
     lines = [x for x in stdout.splitlines() if x.lstrip("│ ").startswith(victim.alias)]
     assert any("lost" in x for x in lines), stdout[-3000:]
 
@@ -158,16 +195,29 @@ def test_unreachable_host_is_exit_3_and_never_stops_the_others(sshd_factory, tmp
     fk.trust(home, macs)
     pb = fk.write_playbook(tmp_path / "partial.yaml", lines=3, seconds=0.1)
     out = tmp_path / "out"
-    proc = fk.cli("--ssh-config", str(config), "run", str(pb), "--hosts", "h00,gone",
-                  "--out", str(out), home=home, cwd=tmp_path, timeout=300)
+    proc = fk.cli(
+        "--ssh-config",
+        str(config),
+        "run",
+        str(pb),
+        "--hosts",
+        "h00,gone",
+        "--out",
+        str(out),
+        home=home,
+        cwd=tmp_path,
+        timeout=300,
+    )
     summary = json.loads((out / "fleet.json").read_text())
     assert proc.returncode == 3, (proc.stdout[-2000:], summary["runs"])
     by_host = {r["host"]: r for r in summary["runs"]}
     assert by_host["h00"]["exit_code"] in (0, 1), by_host["h00"]
     assert by_host["h00"]["verdict"] not in ("unreachable", "lost")
     assert (out / "h00" / "acceptance.json").exists()
-    assert json.loads((out / "h00" / "results" / "cpu-target" / "result.json").read_text())[
-        "lines"] == 3
+    assert (
+        json.loads((out / "h00" / "results" / "cpu-target" / "result.json").read_text())["lines"]
+        == 3
+    )
     assert by_host["gone"]["verdict"] == "unreachable" and by_host["gone"]["exit_code"] == 3
     assert "refused" in by_host["gone"]["reason"]
     record = json.loads((out / "gone" / "acceptance.json").read_text())
@@ -190,9 +240,12 @@ matrix:
 
 def test_matrix_variants_spread_round_robin(tmp_path: Path):
     pb = parse_playbook(PLAYBOOK)
-    assert variants(pb.matrix) == [{"bs": 8, "dtype": "float32"}, {"bs": 8, "dtype": "it's {odd}"},
-                                   {"bs": 16, "dtype": "float32"},
-                                   {"bs": 16, "dtype": "it's {odd}"}]
+    assert variants(pb.matrix) == [
+        {"bs": 8, "dtype": "float32"},
+        {"bs": 8, "dtype": "it's {odd}"},
+        {"bs": 16, "dtype": "float32"},
+        {"bs": 16, "dtype": "it's {odd}"},
+    ]
     runs = plan_runs(pb, ["a", "b"], None, tmp_path)
     assert [(r.host, r.variant["bs"]) for r in runs] == [("a", 8), ("b", 8), ("a", 16), ("b", 16)]
     assert runs[0].out_dir == tmp_path / "a" / "bs=8,dtype=float32"
@@ -203,9 +256,17 @@ def test_fill_matrix_quotes_and_keeps_other_placeholders():
     cmd = "python3 t.py --dtype {matrix.dtype} --out {output_dir} --json '{{}}'"
     filled = fill_matrix(cmd, {"dtype": "it's {odd}"})
     # the later .format of {output_dir} must see the quoted value literally
-    assert filled.format(output_dir="/o") == "python3 t.py --dtype 'it'\"'\"'s {odd}' --out /o --json '{}'"
-    pb = specialize(parse_playbook(PLAYBOOK), host="b", matrix={"bs": 8, "dtype": "float32"},
-                    remote_root="/srv/rm", hourly_rate=2.0)
+    assert (
+        filled.format(output_dir="/o")
+        == "python3 t.py --dtype 'it'\"'\"'s {odd}' --out /o --json '{}'"
+    )
+    pb = specialize(
+        parse_playbook(PLAYBOOK),
+        host="b",
+        matrix={"bs": 8, "dtype": "float32"},
+        remote_root="/srv/rm",
+        hourly_rate=2.0,
+    )
     assert pb.host == "b" and pb.hosts is None and pb.matrix is None
     assert pb.remote_root == "/srv/rm" and pb.cost.hourly_rate == 2.0
     assert "--bs 8 --dtype float32" in pb.workload.command
@@ -213,8 +274,10 @@ def test_fill_matrix_quotes_and_keeps_other_placeholders():
 
 def test_fleet_exit_code_precedence(tmp_path: Path):
     def runs(*codes):
-        return [FleetRun(i, f"h{i}", None, HostVars(), tmp_path, exit_code=c)
-                for i, c in enumerate(codes)]
+        return [
+            FleetRun(i, f"h{i}", None, HostVars(), tmp_path, exit_code=c)
+            for i, c in enumerate(codes)
+        ]
 
     assert fleet_exit_code(runs(0, 0)) == 0
     assert fleet_exit_code(runs(0, 1)) == 1
@@ -240,21 +303,27 @@ def test_inventory_groups_and_vars():
     assert inv.host_vars("admin@10.0.0.7:2222").hourly_rate == 1.4
     assert inv.host_vars("admin@10.0.0.7:2222").remote_root == "~/rm"
     assert inv.resolve(["linux", "mac-a"]) == ["gpu-box", "mac-a"]
-    pb = parse_playbook(PLAYBOOK.replace("matrix:\n  bs: [8, 16]\n  dtype: [float32, \"it's {odd}\"]\n",
-                                         "").replace(" --bs {matrix.bs} --dtype {matrix.dtype}", ""))
+    pb = parse_playbook(
+        PLAYBOOK.replace('matrix:\n  bs: [8, 16]\n  dtype: [float32, "it\'s {odd}"]\n', "").replace(
+            " --bs {matrix.bs} --dtype {matrix.dtype}", ""
+        )
+    )
     assert fleet_hosts(pb, ["macs"], inv) == ["mac-a", "admin@10.0.0.7:2222"]
     assert fleet_hosts(pb, None, inv) == inv.hosts()
     assert fleet_hosts(pb, ["x", "y"], None) == ["x", "y"]
 
 
-@pytest.mark.parametrize("text, needle", [
-    ("g:\n  hosts:\n    a: {hourly_rat: 1}\n", "did you mean 'hourly_rate'"),
-    ("g:\n  hosts:\n    a: {remote_root: /}\n", "remote_root"),
-    ("g:\n  hosts:\n    a: {rental_end: 2030-01-01T00:00:00}\n", "timezone"),
-    ("g:\n  hosts: []\n", "no hosts"),
-    ("- a\n- b\n", "mapping of groups"),
-    ("g:\n  hostz: [a]\n", "unknown key 'hostz'"),
-])
+@pytest.mark.parametrize(
+    "text, needle",
+    [
+        ("g:\n  hosts:\n    a: {hourly_rat: 1}\n", "did you mean 'hourly_rate'"),
+        ("g:\n  hosts:\n    a: {remote_root: /}\n", "remote_root"),
+        ("g:\n  hosts:\n    a: {rental_end: 2030-01-01T00:00:00}\n", "timezone"),
+        ("g:\n  hosts: []\n", "no hosts"),
+        ("- a\n- b\n", "mapping of groups"),
+        ("g:\n  hostz: [a]\n", "unknown key 'hostz'"),
+    ],
+)
 def test_inventory_errors_are_one_line(text: str, needle: str):
     with pytest.raises(BadInput) as err:
         parse_inventory(text, "inv.yaml")
@@ -277,8 +346,9 @@ async def test_pool_one_connection_per_host_close_only_releases(sshd, ssh_env):
     await a.close()  # a run ending must not cut the other run's link
     assert (await b.exec(["echo", "still"])).stdout == b"still\n"
     # 6 commands at once over a 2-channel cap all complete on the one connection
-    results = await asyncio.gather(*(b.exec(["sh", "-c", f"sleep 0.2; echo {i}"])
-                                                   for i in range(6)))
+    results = await asyncio.gather(
+        *(b.exec(["sh", "-c", f"sleep 0.2; echo {i}"]) for i in range(6))
+    )
     assert [r.stdout for r in results] == [f"{i}\n".encode() for i in range(6)]
     assert sshd.log().count("Accepted publickey") == 1
     await pool.close_all()

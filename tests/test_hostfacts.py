@@ -50,13 +50,23 @@ def make_host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, scenario: str) ->
 @pytest.mark.parametrize(
     ("name", "expected"),
     [
-        ("sw_vers__m1_macos14.0.txt",
-         {"product_name": "macOS", "product_version": "14.0", "build_version": "23A344"}),
-        ("sw_vers__rsr_macos13.3.1a.txt",
-         {"product_name": "macOS", "product_version": "13.3.1",
-          "product_version_extra": "(a)", "build_version": "22E772610a"}),
-        ("sw_vers__intel_macos10.13.3_single_tab.txt",
-         {"product_name": "Mac OS X", "product_version": "10.13.3", "build_version": "17D47"}),
+        (
+            "sw_vers__m1_macos14.0.txt",
+            {"product_name": "macOS", "product_version": "14.0", "build_version": "23A344"},
+        ),
+        (
+            "sw_vers__rsr_macos13.3.1a.txt",
+            {
+                "product_name": "macOS",
+                "product_version": "13.3.1",
+                "product_version_extra": "(a)",
+                "build_version": "22E772610a",
+            },
+        ),
+        (
+            "sw_vers__intel_macos10.13.3_single_tab.txt",
+            {"product_name": "Mac OS X", "product_version": "10.13.3", "build_version": "17D47"},
+        ),
     ],
 )
 def test_parse_sw_vers_recorded(name: str, expected: dict) -> None:
@@ -98,14 +108,18 @@ def test_parse_sysctl_dump_recorded(name, ncpu, memsize, brand, arm64) -> None:
 
 def test_parse_sysctl_vmm_present_and_line_excerpts() -> None:
     """Simulation: kern.hv_vmm_present on bare metal, and the single-line excerpts."""
-    assert hf.parse_sysctl_dump(sample("sysctl_kern.hv_vmm_present__line_290_of_m1pro_dump.txt")) \
-        == {"kern.hv_vmm_present": 0}
-    assert hf.parse_sysctl_dump(sample("sysctl_hw.memsize__line_3_of_m1pro_dump.txt")) \
-        == {"hw.memsize": 34359738368}
-    assert hf.parse_sysctl_dump(sample("sysctl_hw.ncpu__line_1_of_m1pro_dump.txt")) \
-        == {"hw.ncpu": 10}
-    assert hf.parse_sysctl_dump(sample("sysctl_hw.optional.arm64__line_56_of_m1pro_dump.txt")) \
-        == {"hw.optional.arm64": 1}
+    assert hf.parse_sysctl_dump(
+        sample("sysctl_kern.hv_vmm_present__line_290_of_m1pro_dump.txt")
+    ) == {"kern.hv_vmm_present": 0}
+    assert hf.parse_sysctl_dump(sample("sysctl_hw.memsize__line_3_of_m1pro_dump.txt")) == {
+        "hw.memsize": 34359738368
+    }
+    assert hf.parse_sysctl_dump(sample("sysctl_hw.ncpu__line_1_of_m1pro_dump.txt")) == {
+        "hw.ncpu": 10
+    }
+    assert hf.parse_sysctl_dump(sample("sysctl_hw.optional.arm64__line_56_of_m1pro_dump.txt")) == {
+        "hw.optional.arm64": 1
+    }
     line = sample("sysctl_machdep.cpu.brand_string__line_107_of_m1pro_dump.txt")
     assert hf.parse_sysctl_dump(line) == {"machdep.cpu.brand_string": "Apple M1 Pro"}
     # the whole dump agrees with the excerpt taken from it
@@ -122,7 +136,9 @@ def test_parse_sysctl_value_recorded() -> None:
 
 def test_sysctl_unknown_oid_is_not_a_value() -> None:
     """Simulation: the recorded `unknown oid` error text never parses as a key."""
-    assert hf.parse_sysctl_dump(sample("sysctl_kern.hv_support__gha_macos14_arm64_runner.txt")) == {}
+    assert (
+        hf.parse_sysctl_dump(sample("sysctl_kern.hv_support__gha_macos14_arm64_runner.txt")) == {}
+    )
 
 
 # --------------------------------------------------------------------------- uname
@@ -149,8 +165,12 @@ def test_parse_pmset_g_recorded() -> None:
     """Simulation: `pmset -g` of an Apple-Silicon MBP (reporter's ** markup stripped)."""
     parsed = hf.parse_pmset_g(sample("pmset_-g__apple_silicon_mbp_2022.txt").replace("**", ""))
     assert parsed["SleepDisabled"] == 1
-    assert (parsed["sleep"], parsed["disksleep"], parsed["displaysleep"], parsed["standby"]) \
-        == (1, 10, 10, 1)
+    assert (parsed["sleep"], parsed["disksleep"], parsed["displaysleep"], parsed["standby"]) == (
+        1,
+        10,
+        10,
+        1,
+    )
     assert parsed["Sleep On Power Button"] == 1
     assert parsed["hibernatefile"] == "/var/vm/sleepimage"
     assert parsed["lowpowermode"] == 0
@@ -206,8 +226,9 @@ def test_parse_df_512_blocks() -> None:
 
 def test_parse_df_real_posix_output(tmp_path: Path) -> None:
     """`df -P -k` on this machine (GNU or BSD) agrees with os.statvfs within 1 %."""
-    out = subprocess.run(["df", "-P", "-k", str(tmp_path)], capture_output=True, text=True,
-                         check=True).stdout
+    out = subprocess.run(
+        ["df", "-P", "-k", str(tmp_path)], capture_output=True, text=True, check=True
+    ).stdout
     row = hf.df_volume_for(hf.parse_df(out), str(tmp_path))
     st = os.statvfs(tmp_path)
     assert row is not None
@@ -224,7 +245,7 @@ def test_parse_versions_and_probe() -> None:
     assert hf.parse_python_version("Python 3.9.6\n") == "3.9.6"
     assert hf.parse_python_version("\nPython 2.7.18\n") == "2.7.18"  # Python 2 prints on stderr
     assert hf.parse_python_version("bash: python3: command not found") is None
-    probe = "UserWarning: something\n{\"torch\": \"2.5.1\", \"built\": true, \"available\": true}\n"
+    probe = 'UserWarning: something\n{"torch": "2.5.1", "built": true, "available": true}\n'
     assert hf.parse_mps_probe(probe) == {"torch": "2.5.1", "built": True, "available": True}
     assert hf.parse_mps_probe("Traceback ...\n") is None
     assert hf.parse_mps_probe("{not json\n") is None
@@ -260,8 +281,9 @@ def test_shims_replay_and_fail_like_the_tool(tmp_path, monkeypatch) -> None:
 def test_sysctl_shim_unknown_oid_like_the_runner(tmp_path, monkeypatch) -> None:
     """Simulation: a key the host lacks fails with the recorded GitHub-runner error text."""
     bindir = Path(make_host(tmp_path, monkeypatch, "intel_high_sierra"))
-    result = subprocess.run([str(bindir / "sysctl"), "kern.hv_support"], capture_output=True,
-                            text=True)
+    result = subprocess.run(
+        [str(bindir / "sysctl"), "kern.hv_support"], capture_output=True, text=True
+    )
     assert result.returncode == 1 and result.stdout == ""
     assert result.stderr == sample("sysctl_kern.hv_support__gha_macos14_arm64_runner.txt")
 
@@ -369,8 +391,9 @@ def test_disk_falls_back_to_df(tmp_path, monkeypatch) -> None:
 
 def test_mps_probe_real_torch(tmp_path) -> None:
     """The MPS probe run for real with this interpreter (a Linux torch has no MPS)."""
-    facts = hf.collect_facts(remote_root=str(tmp_path), venv_python=sys.executable,
-                             search_path=str(tmp_path))
+    facts = hf.collect_facts(
+        remote_root=str(tmp_path), venv_python=sys.executable, search_path=str(tmp_path)
+    )
     mps = facts["mps"]
     assert mps["python"] == sys.executable
     if importlib.util.find_spec("torch") is None:
@@ -388,8 +411,11 @@ def test_venv_found_under_remote_root(tmp_path) -> None:
     facts = hf.collect_facts(remote_root=str(tmp_path), search_path=str(tmp_path / "none"))
     assert facts["mps"]["torch"] is None
     assert "torch" in facts["mps"]["error"]
-    missing = hf.collect_facts(remote_root=str(tmp_path), venv_python=str(tmp_path / "nope"),
-                               search_path=str(tmp_path / "none"))
+    missing = hf.collect_facts(
+        remote_root=str(tmp_path),
+        venv_python=str(tmp_path / "nope"),
+        search_path=str(tmp_path / "none"),
+    )
     assert "error" in missing["mps"]
 
 
@@ -398,9 +424,14 @@ def test_venv_found_under_remote_root(tmp_path) -> None:
 
 def _oldest_python() -> str:
     """A Python 3.9 when this machine has one (pyenv or PATH), else this interpreter."""
-    for candidate in [shutil.which("python3.9"), *glob.glob(os.path.expanduser(
-            "~/.pyenv/versions/3.9*/bin/python3.9"))]:
-        if candidate and subprocess.run([candidate, "--version"], capture_output=True).returncode == 0:
+    for candidate in [
+        shutil.which("python3.9"),
+        *glob.glob(os.path.expanduser("~/.pyenv/versions/3.9*/bin/python3.9")),
+    ]:
+        if (
+            candidate
+            and subprocess.run([candidate, "--version"], capture_output=True).returncode == 0
+        ):
             return candidate
     return sys.executable
 
@@ -409,8 +440,9 @@ def test_main_as_shipped_source_on_stdin(tmp_path) -> None:
     """`python3 - REQUEST` with the source on stdin (how doctor runs it), on Python 3.9 if present."""
     python = _oldest_python()
     request = json.dumps({"remote_root": str(tmp_path / "rm"), "venv_python": None})
-    proc = subprocess.run([python, "-", request], input=HOSTFACTS.read_bytes(),
-                          capture_output=True, timeout=120)
+    proc = subprocess.run(
+        [python, "-", request], input=HOSTFACTS.read_bytes(), capture_output=True, timeout=120
+    )
     assert proc.returncode == 0, proc.stderr
     facts = json.loads(proc.stdout)
     assert facts["schema"] == hf.SCHEMA and facts["disk"]["path"] == str(tmp_path)
@@ -420,8 +452,11 @@ def test_main_as_shipped_source_on_stdin(tmp_path) -> None:
 def test_vermin_python39() -> None:
     """The collector is shipped to Macs whose python3 is 3.9: vermin must agree."""
     vermin = shutil.which("vermin") or str(Path(sys.executable).parent / "vermin")
-    proc = subprocess.run([vermin, "-t=3.9-", "--violations", "--no-tips", str(HOSTFACTS)],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [vermin, "-t=3.9-", "--violations", "--no-tips", str(HOSTFACTS)],
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
@@ -430,10 +465,17 @@ def test_stdlib_only() -> None:
     import ast
 
     tree = ast.parse(HOSTFACTS.read_text())
-    names = {alias.name.split(".")[0] for node in ast.walk(tree)
-             if isinstance(node, ast.Import) for alias in node.names}
-    names |= {node.module.split(".")[0] for node in ast.walk(tree)
-              if isinstance(node, ast.ImportFrom) and node.module}
+    names = {
+        alias.name.split(".")[0]
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Import)
+        for alias in node.names
+    }
+    names |= {
+        node.module.split(".")[0]
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and node.module
+    }
     assert names <= set(sys.stdlib_module_names)
 
 
@@ -443,8 +485,11 @@ def test_every_sample_used_keeps_its_source() -> None:
     for spec in (SHIMS / "scenarios").glob("*.json"):
         text = spec.read_text()
         used |= {name for name in os.listdir(FIXTURES) if f'"{name}"' in text}
-    used |= {name for name in os.listdir(FIXTURES)
-             if name.endswith(".txt") and f'"{name}"' in Path(__file__).read_text()}
+    used |= {
+        name
+        for name in os.listdir(FIXTURES)
+        if name.endswith(".txt") and f'"{name}"' in Path(__file__).read_text()
+    }
     readme = (FIXTURES / "README.md").read_text()
     assert len(used) >= 25
     for name in used:

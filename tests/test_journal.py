@@ -14,8 +14,15 @@ def _open_and_write(path: str, barrier: mp.synchronize.Barrier, tag: int) -> str
         barrier.wait(timeout=30)
         journal = Journal(Path(path))
         for i in range(5):
-            journal.create_run(f"r{tag}-{i}", name="x", host="local", playbook_path=None,
-                               playbook={}, out_dir="/tmp", options={})
+            journal.create_run(
+                f"r{tag}-{i}",
+                name="x",
+                host="local",
+                playbook_path=None,
+                playbook={},
+                out_dir="/tmp",
+                options={},
+            )
         journal.close()
         return None
     except Exception:  # reported to the parent, which fails the test with it
@@ -31,7 +38,8 @@ def test_processes_opening_a_fresh_journal_at_once_all_succeed(tmp_path: Path):
         path.parent.mkdir()
         barrier = ctx.Manager().Barrier(workers)
         with ctx.Pool(workers) as pool:
-            errors = pool.starmap(_open_and_write,
-                                  [(str(path), barrier, w) for w in range(workers)])
+            errors = pool.starmap(
+                _open_and_write, [(str(path), barrier, w) for w in range(workers)]
+            )
         assert [e for e in errors if e] == []
         assert len(Journal(path).list_runs()) == workers * 5

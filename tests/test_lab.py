@@ -69,9 +69,12 @@ def test_a_venv_from_the_bare_python3_works(sshd, tmp_path: Path) -> None:
     lab's python3 gives a working 3.9 venv with pip, and no third-party module."""
     argv = login(sshd, tmp_path)
     env = sshd.home / "env"
-    out = run(argv, f"python3 -m venv {env} && {env}/bin/python -c "
-                    "'import sys, pip; print(sys.version_info[:2], sys.prefix != sys.base_prefix)'"
-                    f" && {env}/bin/python -c 'import yaml' 2>/dev/null || echo no-yaml")
+    out = run(
+        argv,
+        f"python3 -m venv {env} && {env}/bin/python -c "
+        "'import sys, pip; print(sys.version_info[:2], sys.prefix != sys.base_prefix)'"
+        f" && {env}/bin/python -c 'import yaml' 2>/dev/null || echo no-yaml",
+    )
     assert out.splitlines() == ["(3, 9) True", "no-yaml"]
     assert env.stat().st_uid == lab.lab_ids()[0]
 
@@ -90,16 +93,18 @@ def test_host_dirs_belong_to_the_lab_user_and_go_at_cleanup(sshd_factory) -> Non
     assert server.tmux("list-sessions").returncode != 0
 
 
-def test_host_torch_python_has_torch_and_the_bare_one_not(sshd, host_torch_python: str,
-                                                          tmp_path: Path) -> None:
+def test_host_torch_python_has_torch_and_the_bare_one_not(
+    sshd, host_torch_python: str, tmp_path: Path
+) -> None:
     """The one opt-in for a host with torch preinstalled: a venv of the lab's bare
     python3.11 with torch's CPU build from this machine's disk, numpy beside it."""
     argv = login(sshd, tmp_path)
     out = run(argv, f"{host_torch_python} -c 'import torch, numpy; print(torch.__version__)'")
     assert out.endswith("+cpu")
     assert host_torch_python.startswith(str(lab.LAB_VENVS) + "/")
-    bare = subprocess.run([*argv, "python3.11 -c 'import torch'"], capture_output=True,
-                          text=True, timeout=60)
+    bare = subprocess.run(
+        [*argv, "python3.11 -c 'import torch'"], capture_output=True, text=True, timeout=60
+    )
     assert bare.returncode != 0 and "No module named 'torch'" in bare.stderr
 
 
@@ -107,6 +112,10 @@ def test_the_laptops_interpreter_is_out_of_reach(sshd, tmp_path: Path) -> None:
     """What keeps every sshd test honest: a playbook whose ``environment.python`` is the
     test runner's own interpreter cannot run on the lab host at all (root's home is
     0700), so no sshd test can pass ``sys.executable`` as the host's Python."""
-    proc = subprocess.run([*login(sshd, tmp_path), f"{sys.executable} -c 'print(1)'"],
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [*login(sshd, tmp_path), f"{sys.executable} -c 'print(1)'"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode != 0 and "Permission denied" in proc.stderr, proc

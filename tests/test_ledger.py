@@ -11,8 +11,10 @@ from remotemac.engine.ledger import Ledger, format_entry, is_privileged, read_le
 
 def test_redact_hides_secret_shapes():
     key_hex = os.urandom(32).hex()
-    line = (f"tool --key-hex {key_hex} password=hunter2 TOKEN=abc --passphrase s3cret "
-            f"Authorization: Bearer-xyz cat /runs/lines-20261130-035331-7547/status/cpu.json")
+    line = (
+        f"tool --key-hex {key_hex} password=hunter2 TOKEN=abc --passphrase s3cret "
+        f"Authorization: Bearer-xyz cat /runs/lines-20261130-035331-7547/status/cpu.json"
+    )
     out = redact(line)
     for secret in (key_hex, "hunter2", "abc ", "s3cret", "Bearer-xyz"):
         assert secret not in out + " "
@@ -45,8 +47,9 @@ def test_agent_steps_and_hold(tmp_path: Path):
     path = tmp_path / "sub" / "ledger.jsonl"
     ledger = Ledger(path, hold=True)
     ledger.append("mac", ["python3", "-c", "<bootstrap>"], 0, op="cleanup")
-    ledger.append_steps("mac", "cleanup", [{"argv": ["tmux", "kill-session", "-t", "=s"],
-                                             "code": 0, "time": 5.0}])
+    ledger.append_steps(
+        "mac", "cleanup", [{"argv": ["tmux", "kill-session", "-t", "=s"], "code": 0, "time": 5.0}]
+    )
     assert not path.exists(), "held entries are not written before flush"
     ledger.flush()
     entries = [json.loads(x) for x in path.read_text().splitlines()]

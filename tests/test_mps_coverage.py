@@ -143,8 +143,9 @@ def test_always_fallback_list_matches_mps_facts() -> None:
 )
 def test_dtype_rules(op: str, dtypes: list[str], expected: list[tuple[str, str]]) -> None:
     issues = dtype_issues(op, dtypes)
-    assert [(i.verdict, i.reason.split(":")[0].replace(" unsupported on MPS", "")) for i in issues] \
-        == expected
+    assert [
+        (i.verdict, i.reason.split(":")[0].replace(" unsupported on MPS", "")) for i in issues
+    ] == expected
 
 
 def test_table_is_cached_and_finding_it_does_not_import_torch() -> None:

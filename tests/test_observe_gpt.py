@@ -23,16 +23,26 @@ from tests.conftest import REPO, remotemac
 
 PROJECT = REPO / "tests" / "fixtures" / "projects" / "gpt"
 ITERS, HOLD = 20, 3
-SHELL_CMD = (f"cd src && python train.py --device {{device}} --out {{output_dir}} "
-             f"--iters {ITERS} --hold {HOLD}")
+SHELL_CMD = (
+    f"cd src && python train.py --device {{device}} --out {{output_dir}} "
+    f"--iters {ITERS} --hold {HOLD}"
+)
 RUN_SH = "bash run.sh {device} {output_dir}"
 PERTURBED = "h.1.mlp.0.weight"
 RULE = {"file": "ckpt.pt", "rtol": 1e-5, "atol": 1e-7}
 
 
-def _run(tmp_path: Path, host: str, python: str, command: str, *, env: dict | None = None,
-         cli: tuple[str, ...] = (), tag: str = "", root: Path | None = None,
-         ) -> tuple[int, dict, Path]:
+def _run(
+    tmp_path: Path,
+    host: str,
+    python: str,
+    command: str,
+    *,
+    env: dict | None = None,
+    cli: tuple[str, ...] = (),
+    tag: str = "",
+    root: Path | None = None,
+) -> tuple[int, dict, Path]:
     name = f"gpt-{tag or 'run'}"
     data = {
         "name": name,
@@ -40,9 +50,13 @@ def _run(tmp_path: Path, host: str, python: str, command: str, *, env: dict | No
         "remote_root": str((root or tmp_path) / f"host-root-{tag}"),
         "project": {"path": str(PROJECT)},
         "environment": {"python": python, "venv": False},
-        "workload": {"command": command, "reference": {"device": "cpu"},
-                     "target": {"device": "cpu"}, "timeout": "10m",
-                     "env": {"GPT_ITERS": str(ITERS), "GPT_HOLD": str(HOLD), **(env or {})}},
+        "workload": {
+            "command": command,
+            "reference": {"device": "cpu"},
+            "target": {"device": "cpu"},
+            "timeout": "10m",
+            "env": {"GPT_ITERS": str(ITERS), "GPT_HOLD": str(HOLD), **(env or {})},
+        },
         "outputs": {"path": ".", "compare": [RULE]},
     }
     pb = tmp_path / f"{name}.yaml"
@@ -105,8 +119,14 @@ def test_gpt_run_sh_local_accepted_and_observed(tmp_path):
 
 
 def test_gpt_perturbed_weight_local_rejected_naming_key(tmp_path):
-    code, record, _ = _run(tmp_path, "local", sys.executable, SHELL_CMD, tag="bad",
-                           env={"GPT_PERTURB": PERTURBED, "GPT_PERTURB_WHEN": "cpu-target"})
+    code, record, _ = _run(
+        tmp_path,
+        "local",
+        sys.executable,
+        SHELL_CMD,
+        tag="bad",
+        env={"GPT_PERTURB": PERTURBED, "GPT_PERTURB_WHEN": "cpu-target"},
+    )
     _assert_rejected_naming_key(code, record)
 
 
@@ -120,19 +140,25 @@ def sshd_cli(sshd, ssh_env) -> tuple[tuple[str, ...], str, Path]:
     return ("--home", str(home), "--ssh-config", str(cfg)), alias, sshd.home
 
 
-def test_gpt_host_torch_sshd_both_command_shapes_accepted(tmp_path, sshd_cli,
-                                                          host_torch_python):
+def test_gpt_host_torch_sshd_both_command_shapes_accepted(tmp_path, sshd_cli, host_torch_python):
     cli, alias, root = sshd_cli
     for tag, command in (("ssh-sh", SHELL_CMD), ("ssh-runsh", RUN_SH)):
-        code, record, out = _run(tmp_path, alias, host_torch_python, command, cli=cli, tag=tag,
-                                 root=root)
+        code, record, out = _run(
+            tmp_path, alias, host_torch_python, command, cli=cli, tag=tag, root=root
+        )
         _assert_accepted_and_observed(code, record, out)
 
 
-def test_gpt_host_torch_sshd_perturbed_rejected_naming_key(tmp_path, sshd_cli,
-                                                           host_torch_python):
+def test_gpt_host_torch_sshd_perturbed_rejected_naming_key(tmp_path, sshd_cli, host_torch_python):
     cli, alias, root = sshd_cli
-    code, record, _ = _run(tmp_path, alias, host_torch_python, SHELL_CMD, cli=cli,
-                           tag="ssh-bad", root=root,
-                           env={"GPT_PERTURB": PERTURBED, "GPT_PERTURB_WHEN": "cpu-target"})
+    code, record, _ = _run(
+        tmp_path,
+        alias,
+        host_torch_python,
+        SHELL_CMD,
+        cli=cli,
+        tag="ssh-bad",
+        root=root,
+        env={"GPT_PERTURB": PERTURBED, "GPT_PERTURB_WHEN": "cpu-target"},
+    )
     _assert_rejected_naming_key(code, record)

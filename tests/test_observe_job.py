@@ -29,18 +29,22 @@ import runner  # noqa: E402  - the agent's script imports its siblings by bare n
 MiB = 1 << 20
 MACOS = REPO / "tests" / "fixtures" / "macos"
 TRACES = REPO / "tests" / "fixtures" / "memtraces"
-FALLBACK_TEXT = ("The operator 'aten::isin.Tensor_Tensor_out' is not currently supported on "
-                 "the MPS backend and will fall back to run on the CPU.")
-NOTIMPL_TEXT = ("The operator 'aten::isin.Tensor_Tensor_out' is not currently implemented "
-                "for the MPS device.")
+FALLBACK_TEXT = (
+    "The operator 'aten::isin.Tensor_Tensor_out' is not currently supported on "
+    "the MPS backend and will fall back to run on the CPU."
+)
+NOTIMPL_TEXT = (
+    "The operator 'aten::isin.Tensor_Tensor_out' is not currently implemented for the MPS device."
+)
 
 
 def job_env(tmp_path: Path, device: str = "cpu") -> tuple[dict, Path]:
     env = dict(os.environ)
     env.pop("PYTHONPATH", None)
     obs = tmp_path / "obs"
-    runner.prepare_observer({"dir": str(obs), "device": device, "fallback": "diagnostic",
-                             "interval": 0.2}, env)
+    runner.prepare_observer(
+        {"dir": str(obs), "device": device, "fallback": "diagnostic", "interval": 0.2}, env
+    )
     return env, obs
 
 
@@ -53,11 +57,19 @@ def records(obs: Path) -> list[dict]:
 
 def test_inert_when_torch_is_never_imported(tmp_path):
     env, obs = job_env(tmp_path)
-    code = ("import sys, json; import email.parser; "
-            "print(json.dumps([type(f).__name__ for f in sys.meta_path])); "
-            "print('_remotemac_observer' in sys.modules)")
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                         timeout=60, check=True).stdout.splitlines()
+    code = (
+        "import sys, json; import email.parser; "
+        "print(json.dumps([type(f).__name__ for f in sys.meta_path])); "
+        "print('_remotemac_observer' in sys.modules)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout.splitlines()
     assert "_TorchFinder" in json.loads(out[0])  # waiting for torch, nothing else
     assert out[1] == "False" and records(obs) == []
 
@@ -69,8 +81,14 @@ def test_chains_to_the_sitecustomize_it_hides(tmp_path):
     (theirs / "sitecustomize.py").write_text("import os\nos.environ['THEIRS_RAN'] = '1'\n")
     env["PYTHONPATH"] += os.pathsep + str(theirs)
     code = "import os, sitecustomize; print(os.environ.get('THEIRS_RAN'), sitecustomize.__file__)"
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                         timeout=60, check=True).stdout.split()
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout.split()
     assert out == ["1", str(theirs / "sitecustomize.py")]
 
 
@@ -81,7 +99,8 @@ def test_shell_wrapped_script_and_its_subprocess_are_observed(tmp_path):
     env, obs = job_env(tmp_path)
     sub = tmp_path / "sub"
     sub.mkdir()
-    (sub / "t.py").write_text(textwrap.dedent(f"""
+    (sub / "t.py").write_text(
+        textwrap.dedent(f"""
         import subprocess, sys, warnings
         import torch
         model = torch.nn.Linear(3, 3)
@@ -93,28 +112,51 @@ def test_shell_wrapped_script_and_its_subprocess_are_observed(tmp_path):
         else:
             sys.excepthook = lambda *a: print("user hook", file=sys.stderr)
             raise NotImplementedError({NOTIMPL_TEXT!r})
-    """))
-    proc = subprocess.run(["/bin/sh", "-c", "cd sub && python3 t.py parent"], cwd=tmp_path,
-                          env=env, capture_output=True, text=True, timeout=180)
+    """)
+    )
+    proc = subprocess.run(
+        ["/bin/sh", "-c", "cd sub && python3 t.py parent"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr.count("UserWarning: The operator") == 2  # the first per process
     merged = obsmerge.merge(records(obs), "cpu")
     assert sorted(p["argv"][-1] for p in merged["processes"]) == ["child", "parent"]
     assert all(p["argv0"] == "t.py" and p["finished"] for p in merged["processes"])
     assert merged["tensors_on_device"] is True and merged["model_on_device"] is True
-    assert merged["operators"]["fallback_ops"] == [{"op": "aten::isin.Tensor_Tensor_out",
-                                                   "count": 6}]
+    assert merged["operators"]["fallback_ops"] == [
+        {"op": "aten::isin.Tensor_Tensor_out", "count": 6}
+    ]
     assert [u["op"] for u in merged["operators"]["unsupported_ops"]] == [
-        "aten::isin.Tensor_Tensor_out"]
+        "aten::isin.Tensor_Tensor_out"
+    ]
     assert any(c["code"] == "unsupported-op" for c in merged["stopping_conditions"])
 
 
 def test_torchrun_workers_are_observed(tmp_path):
     env, obs = job_env(tmp_path)
-    (tmp_path / "w.py").write_text("import os, torch\nx = torch.ones(2) * int(os.environ['RANK'])\n")
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                           "--nproc_per_node=2", "w.py"], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=300)
+    (tmp_path / "w.py").write_text(
+        "import os, torch\nx = torch.ones(2) * int(os.environ['RANK'])\n"
+    )
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node=2",
+            "w.py",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     merged = obsmerge.merge(records(obs), "cpu")
     workers = [p for p in merged["processes"] if p["argv0"].endswith("w.py")]
@@ -125,8 +167,11 @@ def test_torchrun_workers_are_observed(tmp_path):
 def test_merge_of_no_process_is_not_observed():
     merged = obsmerge.merge([], "mps")
     assert merged["tensors_on_device"] is None and merged["processes"] == []
-    assert merged["operators"] == {"fallback_ops": None, "unsupported_ops": None,
-                                   "dtype_errors": None}
+    assert merged["operators"] == {
+        "fallback_ops": None,
+        "unsupported_ops": None,
+        "dtype_errors": None,
+    }
 
 
 # ---------------------------------------------------------------- the process tree
@@ -177,9 +222,11 @@ def test_macos_ps_output_builds_the_tree(tmp_path):
     pid=,ppid=,rss=`` would."""
     sample = MACOS / "ps_ax_-o_pid,ppid,pgid,pcpu,time,vsz,rss,etime,command__apple_silicon.txt"
     shim = tmp_path / "ps"
-    shim.write_text(f"#!/bin/sh\n[ \"$*\" = '-A -o pid=,ppid=,rss=' ] || exit 1\n"
-                    f"awk '{{printf \"%5d %5d %6d\\n\", $1, $2, $7}}' '{sample}'\n"
-                    "echo '  bogus line'\n")
+    shim.write_text(
+        f"#!/bin/sh\n[ \"$*\" = '-A -o pid=,ppid=,rss=' ] || exit 1\n"
+        f"awk '{{printf \"%5d %5d %6d\\n\", $1, $2, $7}}' '{sample}'\n"
+        "echo '  bogus line'\n"
+    )
     shim.chmod(0o755)
     table = proctree.ps_table(str(shim))
     assert table == {3644: (3608, None, 9120 * 1024), 3662: (3644, None, 6320 * 1024)}
@@ -225,14 +272,24 @@ def test_job_memory_adds_metal_driver_memory_of_observed_processes(tmp_path):
     obs = tmp_path / "obs"
     obs.mkdir()
     me = os.getpid()
-    for pid, driver, finished in ((me, 700 * MiB, False), (me + 10 ** 6, 5 * MiB, False),
-                                  (me - 1, 9 * MiB, True)):
-        (obs / f"{pid}.json").write_text(json.dumps({
-            "pid": pid, "finished": finished,
-            "mps_memory": {"mps_driver_allocated_bytes": driver}}))
+    for pid, driver, finished in (
+        (me, 700 * MiB, False),
+        (me + 10**6, 5 * MiB, False),
+        (me - 1, 9 * MiB, True),
+    ):
+        (obs / f"{pid}.json").write_text(
+            json.dumps(
+                {
+                    "pid": pid,
+                    "finished": finished,
+                    "mps_memory": {"mps_driver_allocated_bytes": driver},
+                }
+            )
+        )
     metrics = tmp_path / "rss.jsonl"
-    memory = runner.JobMemory({"metrics_path": str(metrics),
-                               "observe": {"dir": str(obs), "device": "mps"}}, time.time())
+    memory = runner.JobMemory(
+        {"metrics_path": str(metrics), "observe": {"dir": str(obs), "device": "mps"}}, time.time()
+    )
     memory.sample(me, time.time())
     (row,) = [json.loads(line) for line in metrics.read_text().splitlines()]
     assert row["mps_driver_allocated_bytes"] == 700 * MiB  # only pids in the tree, alive
@@ -245,8 +302,9 @@ def test_job_memory_skips_a_process_past_its_end(tmp_path):
     obs = tmp_path / "obs"
     obs.mkdir()
     metrics = tmp_path / "rss.jsonl"
-    memory = runner.JobMemory({"metrics_path": str(metrics),
-                               "observe": {"dir": str(obs), "device": "cpu"}}, time.time())
+    memory = runner.JobMemory(
+        {"metrics_path": str(metrics), "observe": {"dir": str(obs), "device": "cpu"}}, time.time()
+    )
     record = obs / f"{os.getpid()}.json"
     record.write_text(json.dumps({"pid": os.getpid(), "finished": False}))
     memory.sample(os.getpid(), time.time())
@@ -275,9 +333,9 @@ def test_a_slow_torch_import_is_warm_up_not_growth(tmp_path):
 def test_warm_up_by_optimizer_steps():
     """AdamW allocates its moments at the first step: memory jumps after the import.
     Warm-up by steps ends once the first steps are taken, whatever the clock says."""
-    pts = [(t * 0.5, 300.0 * MiB) for t in range(13)]           # imported, loading data
+    pts = [(t * 0.5, 300.0 * MiB) for t in range(13)]  # imported, loading data
     pts += [(6.0 + t * 0.5, 300.0 * MiB + 40 * MiB * t) for t in range(1, 7)]  # first steps
-    pts += [(9.0 + t * 0.5, 540.0 * MiB) for t in range(1, 5)]   # training, flat
+    pts += [(9.0 + t * 0.5, 540.0 * MiB) for t in range(1, 5)]  # training, flat
     assert memory_stable(pts, active_from=0.0)["stable"] is False  # by time: "growth"
-    got = memory_stable(pts, active_from=0.0, warm_at=9.0)        # step 5 was at 9 s
+    got = memory_stable(pts, active_from=0.0, warm_at=9.0)  # step 5 was at 9 s
     assert got["stable"] is True and got["warmup_by"] == "steps"

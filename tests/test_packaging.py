@@ -27,7 +27,10 @@ def test_the_version_is_written_once_in_the_package() -> None:
 
 
 def test_every_requirement_is_listed_once() -> None:
-    lists = [PROJECT["project"]["dependencies"], *PROJECT["project"]["optional-dependencies"].values()]
+    lists = [
+        PROJECT["project"]["dependencies"],
+        *PROJECT["project"]["optional-dependencies"].values(),
+    ]
     names = [_name(r) for deps in lists for r in deps]
     assert len(names) == len(set(names)), sorted(n for n in names if names.count(n) > 1)
     assert "bcrypt" not in names  # through asyncssh's own extra, which pins what it needs

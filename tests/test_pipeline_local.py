@@ -48,8 +48,18 @@ def test_run_local_end_to_end(make_playbook, rm_home: Path, tmp_path: Path):
     assert all("key_hex" not in e["command"] for e in ledger)
     # phase events in order, each phase once
     started = [e["phase"] for e in events if e["event"] == "phase_started"]
-    assert started == ["provision", "sync", "launch:reference", "follow:reference",
-                       "launch:target", "follow:target", "pull", "compare", "record", "wipe"]
+    assert started == [
+        "provision",
+        "sync",
+        "launch:reference",
+        "follow:reference",
+        "launch:target",
+        "follow:target",
+        "pull",
+        "compare",
+        "record",
+        "wipe",
+    ]
     # wipe: the run's data is gone on the host, the key is destroyed
     run_dir = next((tmp_path / "host-root" / "runs").iterdir())
     assert not (run_dir / "data").exists() and not (run_dir / "out").exists()
@@ -58,29 +68,43 @@ def test_run_local_end_to_end(make_playbook, rm_home: Path, tmp_path: Path):
 
 
 def test_rejected_when_target_differs(make_playbook, rm_home: Path, tmp_path: Path):
-    pb = make_playbook(workload={
-        "command": "python3 emit.py --device {device} --out {output_dir} --lines 5 "
-                   "--seconds 0.1 --noise 0.5 --torch",
-        "reference": {"device": "cpu"}, "target": {"device": "cpu"}, "timeout": "5m"})
+    pb = make_playbook(
+        workload={
+            "command": "python3 emit.py --device {device} --out {output_dir} --lines 5 "
+            "--seconds 0.1 --noise 0.5 --torch",
+            "reference": {"device": "cpu"},
+            "target": {"device": "cpu"},
+            "timeout": "5m",
+        }
+    )
     out = tmp_path / "out"
     proc = remotemac("run", str(pb), "--out", str(out))
     assert proc.returncode == 1, proc.stdout + proc.stderr
     record = json.loads((out / "acceptance.json").read_text())
     assert record["verdict"] == "rejected"
-    assert any(c["code"] == "results_outside_tolerance" and "result.json" in c["detail"]
-               for c in record["stopping_conditions"])
+    assert any(
+        c["code"] == "results_outside_tolerance" and "result.json" in c["detail"]
+        for c in record["stopping_conditions"]
+    )
 
 
 def test_failed_workload_is_a_stopping_condition(make_playbook, rm_home: Path, tmp_path: Path):
-    pb = make_playbook(workload={
-        "command": "python3 emit.py --out {output_dir} --lines 3 --seconds 0.1 --exit 3",
-        "reference": {"device": "cpu"}, "target": {"device": "cpu"}, "timeout": "5m"})
+    pb = make_playbook(
+        workload={
+            "command": "python3 emit.py --out {output_dir} --lines 3 --seconds 0.1 --exit 3",
+            "reference": {"device": "cpu"},
+            "target": {"device": "cpu"},
+            "timeout": "5m",
+        }
+    )
     out = tmp_path / "out"
     proc = remotemac("run", str(pb), "--out", str(out))
     assert proc.returncode == 1
     record = json.loads((out / "acceptance.json").read_text())
-    assert any(c["code"] == "workload-failed" and "exit 3" in c["detail"]
-               for c in record["stopping_conditions"])
+    assert any(
+        c["code"] == "workload-failed" and "exit 3" in c["detail"]
+        for c in record["stopping_conditions"]
+    )
 
 
 def test_dry_run_touches_nothing(make_playbook, rm_home: Path, tmp_path: Path):
@@ -100,10 +124,24 @@ def test_dry_run_touches_nothing(make_playbook, rm_home: Path, tmp_path: Path):
 
 def test_two_concurrent_runs_share_the_journal(make_playbook, rm_home: Path, tmp_path: Path):
     pb = make_playbook()
-    procs = [subprocess.Popen([sys.executable, "-m", "remotemac", "run", str(pb), "--out",
-                               str(tmp_path / f"out{i}"), "--json"],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for i in range(2)]
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "remotemac",
+                "run",
+                str(pb),
+                "--out",
+                str(tmp_path / f"out{i}"),
+                "--json",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(2)
+    ]
     results = [p.communicate(timeout=300) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], results
     db = sqlite3.connect(rm_home / "journal.sqlite3")
@@ -111,8 +149,9 @@ def test_two_concurrent_runs_share_the_journal(make_playbook, rm_home: Path, tmp
     runs = db.execute("SELECT run_id, state, verdict FROM runs").fetchall()
     assert len(runs) == 2 and all(r[1:] == ("finished", "accepted") for r in runs)
     for run_id, _, _ in runs:
-        phases = db.execute("SELECT count(*) FROM phases WHERE run_id = ? AND state = 'done'",
-                            (run_id,)).fetchone()[0]
+        phases = db.execute(
+            "SELECT count(*) FROM phases WHERE run_id = ? AND state = 'done'", (run_id,)
+        ).fetchone()[0]
         assert phases == 10
     status = remotemac("status", "--json")
     assert len(status.stdout.strip().splitlines()) == 2
@@ -148,10 +187,15 @@ def test_plain_result_names_pass():
 
 
 def test_detach_then_live_status_then_attach(make_playbook, rm_home: Path, tmp_path: Path):
-    pb = make_playbook(workload={
-        "command": "python3 emit.py --device {device} --out {output_dir} --lines 30 "
-                   "--seconds 3 --torch",
-        "reference": {"device": "cpu"}, "target": {"device": "cpu"}, "timeout": "5m"})
+    pb = make_playbook(
+        workload={
+            "command": "python3 emit.py --device {device} --out {output_dir} --lines 30 "
+            "--seconds 3 --torch",
+            "reference": {"device": "cpu"},
+            "target": {"device": "cpu"},
+            "timeout": "5m",
+        }
+    )
     out = tmp_path / "out"
     proc = remotemac("run", str(pb), "--out", str(out), "--detach", "--json")
     assert proc.returncode == 0, proc.stderr
@@ -166,21 +210,30 @@ def test_detach_then_live_status_then_attach(make_playbook, rm_home: Path, tmp_p
     assert proc.returncode == 0, proc.stdout + proc.stderr
     for device in ("cpu", "cpu-target"):
         lines = (out / "logs" / f"{device}.log").read_text().splitlines()
-        assert [x for x in lines if x.startswith("line ")] == \
-            [f"line {i:06d} of 30" for i in range(1, 31)]
+        assert [x for x in lines if x.startswith("line ")] == [
+            f"line {i:06d} of 30" for i in range(1, 31)
+        ]
 
 
 def test_a_run_has_one_driver_at_a_time(make_playbook, rm_home: Path, tmp_path: Path):
     """Two processes following one run would write its local log twice: the second is refused."""
     import time
 
-    pb = make_playbook(workload={
-        "command": "python3 emit.py --device {device} --out {output_dir} --lines 20 --seconds 6",
-        "reference": {"device": "cpu"}, "target": {"device": "cpu"}, "timeout": "5m"})
+    pb = make_playbook(
+        workload={
+            "command": "python3 emit.py --device {device} --out {output_dir} --lines 20 --seconds 6",
+            "reference": {"device": "cpu"},
+            "target": {"device": "cpu"},
+            "timeout": "5m",
+        }
+    )
     out = tmp_path / "out"
-    first = subprocess.Popen([sys.executable, "-m", "remotemac", "run", str(pb), "--out",
-                              str(out), "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             text=True)
+    first = subprocess.Popen(
+        [sys.executable, "-m", "remotemac", "run", str(pb), "--out", str(out), "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     db = rm_home / "journal.sqlite3"
     deadline = time.monotonic() + 60
     run_id = None

@@ -17,24 +17,69 @@ BROKEN = [
     ("bad yaml", "name: a\nworkload: [\n", "bad YAML", 3),
     ("unknown key", "name: a\nworkload:\n  command: x\n  comand: y\n", "workload.comand", 4),
     ("unknown top key", "name: a\nworkload: {command: x}\nouputs: {}\n", "ouputs", 3),
-    ("wrong type", "name: a\nworkload: {command: x}\ncost:\n  hourly_rate: lots\n",
-     "cost.hourly_rate", 4),
-    ("bad size", "name: a\nworkload: {command: x}\ndata:\n  path: d\n  classification: public\n"
-     "  max_bytes: 2XB\n", "data.max_bytes", 6),
-    ("negative timeout", "name: a\nworkload:\n  command: x\n  timeout: -3\n", "workload.timeout", 4),
+    (
+        "wrong type",
+        "name: a\nworkload: {command: x}\ncost:\n  hourly_rate: lots\n",
+        "cost.hourly_rate",
+        4,
+    ),
+    (
+        "bad size",
+        "name: a\nworkload: {command: x}\ndata:\n  path: d\n  classification: public\n"
+        "  max_bytes: 2XB\n",
+        "data.max_bytes",
+        6,
+    ),
+    (
+        "negative timeout",
+        "name: a\nworkload:\n  command: x\n  timeout: -3\n",
+        "workload.timeout",
+        4,
+    ),
     ("missing command", "name: a\nworkload:\n  target: {device: mps}\n", "workload.command", 3),
-    ("encrypt false on sensitive", "name: a\nworkload: {command: x}\ndata:\n  path: d\n"
-     "  classification: sensitive\n  approved_for_remote: true\n  encrypt: false\n", "data", 4),
-    ("sensitive not approved", "name: a\nworkload: {command: x}\ndata:\n  path: d\n"
-     "  classification: sensitive\n", "data", 4),
-    ("bad device", "name: a\nworkload:\n  command: x\n  target: {device: tpu}\n",
-     "workload.target.device", 4),
-    ("bad placeholder", "name: a\nworkload:\n  command: 'python t.py {dev}'\n", "workload.command", 3),
-    ("remote_root is home", "name: a\nremote_root: '~'\nworkload: {command: x}\n", "remote_root", 2),
-    ("remote_root system dir", "name: a\nremote_root: /usr\nworkload: {command: x}\n",
-     "remote_root", 2),
-    ("negative rtol", "name: a\nworkload: {command: x}\noutputs:\n  compare:\n"
-     "    - {file: m.json, rtol: -1}\n", "outputs.compare.0.rtol", 5),
+    (
+        "encrypt false on sensitive",
+        "name: a\nworkload: {command: x}\ndata:\n  path: d\n"
+        "  classification: sensitive\n  approved_for_remote: true\n  encrypt: false\n",
+        "data",
+        4,
+    ),
+    (
+        "sensitive not approved",
+        "name: a\nworkload: {command: x}\ndata:\n  path: d\n  classification: sensitive\n",
+        "data",
+        4,
+    ),
+    (
+        "bad device",
+        "name: a\nworkload:\n  command: x\n  target: {device: tpu}\n",
+        "workload.target.device",
+        4,
+    ),
+    (
+        "bad placeholder",
+        "name: a\nworkload:\n  command: 'python t.py {dev}'\n",
+        "workload.command",
+        3,
+    ),
+    (
+        "remote_root is home",
+        "name: a\nremote_root: '~'\nworkload: {command: x}\n",
+        "remote_root",
+        2,
+    ),
+    (
+        "remote_root system dir",
+        "name: a\nremote_root: /usr\nworkload: {command: x}\n",
+        "remote_root",
+        2,
+    ),
+    (
+        "negative rtol",
+        "name: a\nworkload: {command: x}\noutputs:\n  compare:\n    - {file: m.json, rtol: -1}\n",
+        "outputs.compare.0.rtol",
+        5,
+    ),
     ("bad wipe", "name: a\nworkload: {command: x}\nwipe: sometimes\n", "wipe", 3),
     ("missing name", "workload: {command: x}\n", "name", 1),
     ("not a mapping", "- just\n- a list\n", "mapping", 1),

@@ -84,7 +84,9 @@ def test_linalg_svd_and_eig_are_flagged() -> None:
     report = _preflight("linalg")
     assert report.exit_code == 1
     flagged = _flagged(report)
-    assert flagged["aten::_linalg_svd"] == ["fallback: always-fallback list: linalg_svd runs on the CPU"]
+    assert flagged["aten::_linalg_svd"] == [
+        "fallback: always-fallback list: linalg_svd runs on the CPU"
+    ]
     assert flagged["aten::linalg_eig"] == ["fail: no MPS kernel"]
     assert report.coverage_pct < 100
 
@@ -96,7 +98,9 @@ def test_transformer_with_sdpa_is_not_a_false_alarm() -> None:
     kinds = {o.op: (o.support, o.via) for o in report.ops}
     # The CPU chose its flash kernel; on MPS the same call takes the math path.
     assert kinds["aten::_scaled_dot_product_flash_attention_for_cpu"] == (
-        "mapped", "_scaled_dot_product_attention_math_for_mps")
+        "mapped",
+        "_scaled_dot_product_attention_math_for_mps",
+    )
     assert kinds["aten::_scaled_dot_product_flash_attention_for_cpu_backward"][0] == "mapped"
 
 
@@ -158,14 +162,18 @@ def test_python_commands_are_understood(command: str, target: list[str], env: di
     assert python_target(command.split()) == (target, env)
 
 
-@pytest.mark.parametrize("command", ["bash run.sh", "torchrun train.py", "python -c pass", "python"])
+@pytest.mark.parametrize(
+    "command", ["bash run.sh", "torchrun train.py", "python -c pass", "python"]
+)
 def test_non_python_commands_are_bad_input(command: str) -> None:
     with pytest.raises(BadInput):
         python_target(command.split())
 
 
 def test_placeholders_are_shell_quoted() -> None:
-    got = substitute("python t.py --data {data_dir} --dev {device}", {"data_dir": "/a b", "device": "cpu"})
+    got = substitute(
+        "python t.py --data {data_dir} --dev {device}", {"data_dir": "/a b", "device": "cpu"}
+    )
     assert got == "python t.py --data '/a b' --dev cpu"
 
 

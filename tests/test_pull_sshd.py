@@ -54,9 +54,14 @@ def sha(data: bytes) -> str:
 
 
 def snapshot(root: Path, skip: Path) -> dict[str, bytes]:
-    return {str(p): p.read_bytes() for p in files_under(root)
-            if skip not in p.parents and p.is_file() and not p.is_symlink()
-            and "host-root" not in str(p)}
+    return {
+        str(p): p.read_bytes()
+        for p in files_under(root)
+        if skip not in p.parents
+        and p.is_file()
+        and not p.is_symlink()
+        and "host-root" not in str(p)
+    }
 
 
 @pytest.mark.asyncio
@@ -74,8 +79,10 @@ async def test_real_listing_skips_links_fifo_and_linked_dirs(sshd, host_factory,
         await host.transport.close()
     assert sorted(f["path"] for f in result["files"]) == ["good.txt", "sub/nested.json"]
     assert {s["path"] for s in result["skipped"]} == {"'evil'", "'pipe'", "'linkdir'"}
-    assert sorted(str(p.relative_to(dest)) for p in files_under(dest)) == \
-        ["good.txt", "sub/nested.json"]
+    assert sorted(str(p.relative_to(dest)) for p in files_under(dest)) == [
+        "good.txt",
+        "sub/nested.json",
+    ]
     assert not any(p.is_symlink() for p in files_under(dest))
     assert (outside / "canary.txt").read_bytes() == CANARY
 
@@ -98,7 +105,12 @@ async def test_lying_agent_cannot_write_outside_out(sshd, host_factory, tmp_path
         {"path": "evil", "kind": "file", "size": len(CANARY), "sha256": sha(CANARY)},
         {"path": "pipe", "kind": "file", "size": 0, "sha256": sha(b"")},
         {"path": "linkdir", "kind": "dir", "size": 0},
-        {"path": "linkdir/secret.txt", "kind": "file", "size": 15, "sha256": sha(b"outside secret\n")},
+        {
+            "path": "linkdir/secret.txt",
+            "kind": "file",
+            "size": 15,
+            "sha256": sha(b"outside secret\n"),
+        },
         {"path": "a\\..\\..\\b", "kind": "file", "size": 1, "sha256": evil},
         {"path": "nul\x00name", "kind": "file", "size": 1, "sha256": evil},
         {"path": "dev", "kind": "device", "size": 0},
@@ -121,8 +133,9 @@ async def test_lying_agent_cannot_write_outside_out(sshd, host_factory, tmp_path
     assert snapshot(tmp_path, tmp_path / "out") == before
     assert (outside / "canary.txt").read_bytes() == CANARY
     assert not (tmp_path / "escape").exists() and not (outside / "abs-escape").exists()
-    assert [str(p.relative_to(tmp_path / "out")) for p in files_under(tmp_path / "out")] == \
-        ["results/cpu/good.txt"]
+    assert [str(p.relative_to(tmp_path / "out")) for p in files_under(tmp_path / "out")] == [
+        "results/cpu/good.txt"
+    ]
 
 
 @pytest.mark.asyncio
@@ -135,8 +148,10 @@ async def test_checksum_mismatch_is_exit_5_and_leaves_no_part_file(sshd, host_fa
     await host.agent.install()
     # the listing was made, then the file changed before the transfer
     host.agent.resident = False  # the lying agent is a one-shot script
-    hostile_agent(host.agent.agent_dir, [
-        {"path": "model.bin", "kind": "file", "size": len(payload), "sha256": sha(b"before")}])
+    hostile_agent(
+        host.agent.agent_dir,
+        [{"path": "model.bin", "kind": "file", "size": len(payload), "sha256": sha(b"before")}],
+    )
     dest = tmp_path / "out" / "results" / "cpu"
     try:
         with pytest.raises(IntegrityError) as err:
@@ -149,8 +164,9 @@ async def test_checksum_mismatch_is_exit_5_and_leaves_no_part_file(sshd, host_fa
 
 
 @pytest.mark.asyncio
-async def test_interrupted_pull_continues_from_its_part_file(sshd, fault_proxy, host_factory,
-                                                             tmp_path):
+async def test_interrupted_pull_continues_from_its_part_file(
+    sshd, fault_proxy, host_factory, tmp_path
+):
     proxy = fault_proxy(sshd)
     host = await host_factory(sshd, proxy)
     remote_out = Path(host.run_dir, "out", "cpu")

@@ -143,8 +143,9 @@ def test_macos_attach_failure_raises_without_disk_fallback() -> None:
 def test_macos_destroy_retries_busy_with_force() -> None:
     """Simulation: recorded "Resource busy" answer, then the recorded "ejected." line."""
     mac = ReplayMac({"hdiutil detach": [(16, "", BUSY), (0, EJECTED, "")]})
-    result = destroy_ram_store({"kind": "ramdisk", "device": "/dev/disk3", "path": "/V"}, run=mac,
-                               probe=STILL_OURS)
+    result = destroy_ram_store(
+        {"kind": "ramdisk", "device": "/dev/disk3", "path": "/V"}, run=mac, probe=STILL_OURS
+    )
     assert mac.calls == [
         ["hdiutil", "detach", "/dev/disk3"],
         ["hdiutil", "detach", "-force", "/dev/disk3"],
@@ -161,13 +162,15 @@ def test_macos_destroy_falls_back_to_unmount_disk_then_reports() -> None:
             "diskutil unmountDisk": [(0, UNMOUNT_DISK, "")],
         }
     )
-    result = destroy_ram_store({"kind": "ramdisk", "device": "/dev/disk3"}, run=mac,
-                               probe=STILL_OURS)
+    result = destroy_ram_store(
+        {"kind": "ramdisk", "device": "/dev/disk3"}, run=mac, probe=STILL_OURS
+    )
     assert mac.calls[2] == ["diskutil", "unmountDisk", "force", "/dev/disk3"]
     assert result["removed"] is True
     stuck = ReplayMac({"hdiutil detach": [(16, "", BUSY)] * 3})
-    result = destroy_ram_store({"kind": "ramdisk", "device": "/dev/disk3"}, run=stuck,
-                               probe=STILL_OURS)
+    result = destroy_ram_store(
+        {"kind": "ramdisk", "device": "/dev/disk3"}, run=stuck, probe=STILL_OURS
+    )
     assert result["removed"] is False
     assert result["error"] == '/dev/disk3: hdiutil: couldn\'t unmount "disk3" - Resource busy'
 

@@ -42,20 +42,31 @@ def test_first_command_verbatim_in_a_new_clone(tmp_path: Path):
     installs torch's CPU build and the package, and runs the quickstart, whose host
     ``local`` then builds the workload's venv from that activated venv's python3.
     """
-    if subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"],
-                      capture_output=True).returncode != 0:
+    if (
+        subprocess.run(
+            ["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True
+        ).returncode
+        != 0
+    ):
         pytest.fail("the repository has no commit to clone")
     clone = tmp_path / "clone"
     subprocess.run(["git", "clone", "-q", str(REPO), str(clone)], check=True)
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("REMOTEMAC_HOME", "VIRTUAL_ENV", "PYTHONPATH")}
-    env.update(HOME=str(tmp_path / "home"), PIP_DISABLE_PIP_VERSION_CHECK="1",
-               XDG_STATE_HOME=str(tmp_path / "state"))
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("REMOTEMAC_HOME", "VIRTUAL_ENV", "PYTHONPATH")
+    }
+    env.update(
+        HOME=str(tmp_path / "home"),
+        PIP_DISABLE_PIP_VERSION_CHECK="1",
+        XDG_STATE_HOME=str(tmp_path / "state"),
+    )
     (tmp_path / "home").mkdir()
     command = readme_commands()[0]
     assert "venv" in command and "--system-site-packages" not in command
-    proc = subprocess.run(["bash", "-c", command], cwd=clone, env=env,
-                          capture_output=True, text=True, timeout=1150)
+    proc = subprocess.run(
+        ["bash", "-c", command], cwd=clone, env=env, capture_output=True, text=True, timeout=1150
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "ACCEPTED" in proc.stdout
     runs = list((clone / "runs").iterdir())
@@ -72,5 +83,8 @@ def test_first_command_verbatim_in_a_new_clone(tmp_path: Path):
     # the torch the user installed is the CPU build, not a CUDA one
     torch_version = subprocess.run(
         [str(clone / ".venv" / "bin" / "python"), "-c", "import torch; print(torch.__version__)"],
-        capture_output=True, text=True, env=env).stdout.strip()
+        capture_output=True,
+        text=True,
+        env=env,
+    ).stdout.strip()
     assert torch_version.endswith("+cpu"), torch_version

@@ -128,8 +128,19 @@ def test_walkthrough_commands_are_what_this_test_runs():
     """The parser sees every walkthrough command (so a README edit cannot skip one)."""
     commands = readme_walkthrough()
     verbs = [c.split()[1] for c in commands]
-    for verb in ("audit", "preflight", "check", "trust", "doctor", "run", "status", "logs",
-                 "wipe", "cleanup", "tui"):
+    for verb in (
+        "audit",
+        "preflight",
+        "check",
+        "trust",
+        "doctor",
+        "run",
+        "status",
+        "logs",
+        "wipe",
+        "cleanup",
+        "tui",
+    ):
         assert verb in verbs, verb
     assert readme_playbook()["workload"]["target"]["device"] == "mps"
 
@@ -149,20 +160,22 @@ def test_readme_example_and_walkthrough_verbatim_on_a_fresh_host(sshd, tmp_path:
     text = readme_playbook_text()
     assert text.count("target: {device: mps}") == 1
     # the one change: no Mac here
-    (project / "my.yaml").write_text(text.replace("target: {device: mps}",
-                                                  "target: {device: cpu}"))
+    (project / "my.yaml").write_text(text.replace("target: {device: mps}", "target: {device: cpu}"))
 
     # the user's ssh config names the rented host; no known_hosts yet: `trust` pins it
     known = laptop / ".ssh" / "known_hosts"
     known.parent.mkdir(mode=0o700)
     known.touch()
     sshd.write_ssh_config(laptop / ".ssh" / "config", "mac-rental", known_hosts=known)
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("REMOTEMAC_HOME", "XDG_STATE_HOME", "PYTHONPATH")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("REMOTEMAC_HOME", "XDG_STATE_HOME", "PYTHONPATH")
+    }
     env.update(HOME=str(laptop), PYTHONPATH=str(REPO), COLUMNS="100")
     bindir = tmp_path / "bin"
     bindir.mkdir()
-    (bindir / "remotemac").write_text(f"#!/bin/sh\nexec {sys.executable} -m remotemac \"$@\"\n")
+    (bindir / "remotemac").write_text(f'#!/bin/sh\nexec {sys.executable} -m remotemac "$@"\n')
     (bindir / "remotemac").chmod(0o755)
     env["PATH"] = f"{bindir}:{env['PATH']}"
 
@@ -174,14 +187,23 @@ def test_readme_example_and_walkthrough_verbatim_on_a_fresh_host(sshd, tmp_path:
             continue  # interactive: the same engine is driven by the Pilot tests
         line = command.replace("SHA256:…", sshd.fingerprint)
         if run_id:
-            line = line.replace(" 7299 ", f" {run_id[-4:]} ").replace("--device mps",
-                                                                      "--device cpu-target")
-        proc = subprocess.run(["bash", "-c", line], cwd=project, env=env, input="y\n",
-                              capture_output=True, text=True, timeout=900)
+            line = line.replace(" 7299 ", f" {run_id[-4:]} ").replace(
+                "--device mps", "--device cpu-target"
+            )
+        proc = subprocess.run(
+            ["bash", "-c", line],
+            cwd=project,
+            env=env,
+            input="y\n",
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
         outputs[command] = proc
         allowed = {0, 1} if verb in ("doctor", "preflight") else {0}
-        assert proc.returncode in allowed, f"{line} → {proc.returncode}\n{proc.stdout[-2500:]}" \
-                                           f"\n{proc.stderr[-2500:]}"
+        assert proc.returncode in allowed, (
+            f"{line} → {proc.returncode}\n{proc.stdout[-2500:]}\n{proc.stderr[-2500:]}"
+        )
         if command == "remotemac run my.yaml":
             run_id = next(p.name for p in (project / "runs").iterdir())
 
@@ -199,9 +221,11 @@ def test_readme_example_and_walkthrough_verbatim_on_a_fresh_host(sshd, tmp_path:
     assert log.count("epoch 0 loss") == 1 and "done: accuracy" in log
     # the host: wiped after pull, no plaintext of the slice anywhere, then cleaned up
     host_files = [p for p in sshd.home.rglob("*") if p.is_file() and not p.is_symlink()]
-    leaked = [p for p in host_files
-              if p.stat().st_size < 1 << 20
-              and hashlib.sha256(p.read_bytes()).hexdigest() in plaintext]
+    leaked = [
+        p
+        for p in host_files
+        if p.stat().st_size < 1 << 20 and hashlib.sha256(p.read_bytes()).hexdigest() in plaintext
+    ]
     assert leaked == [], leaked
     assert not host_root.exists(), "cleanup left the root behind"
     ledger = (out / "ledger.jsonl").read_text()

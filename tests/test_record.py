@@ -22,9 +22,24 @@ from remotemac.acceptance.record import (
 )
 
 MiB = 1024 * 1024
-SPEC_KEYS = ["schema_version", "run_id", "playbook", "host", "started_at", "finished_at",
-             "verdict", "stopping_conditions", "observations", "environment", "dataset",
-             "continuity", "wipe", "cost", "decision", "reproduce"]
+SPEC_KEYS = [
+    "schema_version",
+    "run_id",
+    "playbook",
+    "host",
+    "started_at",
+    "finished_at",
+    "verdict",
+    "stopping_conditions",
+    "observations",
+    "environment",
+    "dataset",
+    "continuity",
+    "wipe",
+    "cost",
+    "decision",
+    "reproduce",
+]
 
 
 def train_tiny(out_dir: Path, *, drift: float = 0.0) -> None:
@@ -48,12 +63,16 @@ def train_tiny(out_dir: Path, *, drift: float = 0.0) -> None:
     (out_dir / "preds").mkdir(parents=True)
     torch.save({"state_dict": model.state_dict()}, out_dir / "model.pt")
     torch.save(preds, out_dir / "preds" / "train.pt")
-    (out_dir / "metrics.json").write_text(json.dumps(
-        {"final": {"loss": float(torch.nn.functional.mse_loss(preds, y))}}))
+    (out_dir / "metrics.json").write_text(
+        json.dumps({"final": {"loss": float(torch.nn.functional.mse_loss(preds, y))}})
+    )
 
 
-RULES = [CompareRule("metrics.json", rtol=1e-4, atol=1e-5),
-         CompareRule("preds/*.pt", rtol=1e-3, atol=1e-4), CompareRule("model.pt")]
+RULES = [
+    CompareRule("metrics.json", rtol=1e-4, atol=1e-5),
+    CompareRule("preds/*.pt", rtol=1e-3, atol=1e-4),
+    CompareRule("model.pt"),
+]
 
 
 def observations(results, *, stable_series=True) -> dict:
@@ -62,24 +81,37 @@ def observations(results, *, stable_series=True) -> dict:
     return {
         "tensors_on_device": True,
         "operators": {"fallback_ops": [], "unsupported_ops": [], "dtype_errors": []},
-        "memory": {"peak_bytes": mem["peak_bytes"], "stable": mem["stable"],
-                   "slope_bytes_per_s": mem["slope_bytes_per_s"],
-                   "samples": [list(s) for s in series]},
+        "memory": {
+            "peak_bytes": mem["peak_bytes"],
+            "stable": mem["stable"],
+            "slope_bytes_per_s": mem["slope_bytes_per_s"],
+            "samples": [list(s) for s in series],
+        },
         "results": results,
     }
 
 
 def full_record(results, **kw) -> dict:
     parts = dict(
-        run_id="20260101-tiny-ab12", playbook="tiny-mlp", host="mac-rental",
-        started_at="2026-01-01T10:00:00Z", finished_at="2026-01-01T10:30:00Z",
+        run_id="20260101-tiny-ab12",
+        playbook="tiny-mlp",
+        host="mac-rental",
+        started_at="2026-01-01T10:00:00Z",
+        finished_at="2026-01-01T10:30:00Z",
         observations=observations(results),
-        environment={"reference": {"torch": "2.13.0", "python": "3.12.1"},
-                     "target": {"torch": "2.13.0", "python": "3.12.1"}, "mismatches": []},
+        environment={
+            "reference": {"torch": "2.13.0", "python": "3.12.1"},
+            "target": {"torch": "2.13.0", "python": "3.12.1"},
+            "mismatches": [],
+        },
         dataset={"revision": "sha256:ab", "files": 200, "bytes": 1 << 20, "encrypted": True},
         continuity={"disconnects": 1, "reconnects": 1, "drill": "passed"},
-        wipe={"done": True, "verified": True, "removed": ["~/remotemac/runs/x/data"],
-              "remaining": []},
+        wipe={
+            "done": True,
+            "verified": True,
+            "removed": ["~/remotemac/runs/x/data"],
+            "remaining": [],
+        },
         cost={"hours": 2.5, "hourly_rate": 1.1, "currency": "USD"},
         context={"goal": "inference"},
         reproduce="remotemac run playbooks/tiny.yaml --host mac-rental",
@@ -109,7 +141,9 @@ def test_workload_within_tolerance_is_accepted(runs, tmp_path):
     assert json.loads(json_path.read_text()) == rec
     assert md_path.read_text().startswith("# Acceptance: tiny-mlp — ACCEPTED\n")
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
-        "acceptance.json", "acceptance.md"]  # no temporary files left behind
+        "acceptance.json",
+        "acceptance.md",
+    ]  # no temporary files left behind
 
 
 def test_workload_beyond_tolerance_is_rejected_naming_file_and_tensor(runs):
@@ -133,14 +167,14 @@ def test_workload_beyond_tolerance_is_rejected_naming_file_and_tensor(runs):
 
 def test_every_spec_key_is_present_even_when_nothing_is_known():
     rec = build_record(run_id="r1")
-    assert list(rec)[: len(SPEC_KEYS) + 1] == SPEC_KEYS[:7] + ["missing_observations"] + \
-        SPEC_KEYS[7:]
+    assert (
+        list(rec)[: len(SPEC_KEYS) + 1] == SPEC_KEYS[:7] + ["missing_observations"] + SPEC_KEYS[7:]
+    )
     assert rec["schema_version"] == "1"
     assert rec["verdict"] == "incomplete"
     assert rec["missing_observations"] == ["tensors_on_device", "operators", "memory", "results"]
     obs = rec["observations"]
-    assert obs["operators"] == {"fallback_ops": None, "unsupported_ops": None,
-                                "dtype_errors": None}
+    assert obs["operators"] == {"fallback_ops": None, "unsupported_ops": None, "dtype_errors": None}
     assert obs["memory"] == {"peak_bytes": None, "stable": None, "slope_bytes_per_s": None}
     assert rec["wipe"] == {"done": None, "verified": None, "removed": [], "remaining": []}
     assert rec["cost"]["amount"] is None
@@ -153,12 +187,15 @@ def test_lost_job_is_incomplete_and_a_stopping_condition_rejects(runs):
     obs["results"] = None  # the target never finished: nothing to compare
     rec = build_record(run_id="r", observations=obs)
     assert rec["verdict"] == "incomplete" and rec["missing_observations"] == ["results"]
-    rec = build_record(run_id="r", observations=observations(results),
-                       stopping_conditions=[{"code": "out_of_memory",
-                                             "detail": "MPS backend out of memory"}])
+    rec = build_record(
+        run_id="r",
+        observations=observations(results),
+        stopping_conditions=[{"code": "out_of_memory", "detail": "MPS backend out of memory"}],
+    )
     assert rec["verdict"] == "rejected"
-    assert rec["stopping_conditions"] == [{"code": "out_of_memory",
-                                           "detail": "MPS backend out of memory"}]
+    assert rec["stopping_conditions"] == [
+        {"code": "out_of_memory", "detail": "MPS backend out of memory"}
+    ]
 
 
 def test_leaking_memory_rejects(runs):
@@ -181,26 +218,41 @@ def test_schema_uses_only_what_the_validator_checks():
                 walk(sub)
             if "items" in node:
                 walk(node["items"])
+
     schema = load_schema()
     walk(schema)
     assert schema["required"] == SPEC_KEYS
     assert validate(1, {"minimum": 0}) == ["$: schema uses unsupported keyword(s) ['minimum']"]
 
 
-@pytest.mark.parametrize("breakage, expected", [
-    (lambda r: r.pop("wipe"), "$: missing required key 'wipe'"),
-    (lambda r: r.update(verdict="maybe"),
-     "$.verdict: 'maybe' is not one of ['accepted', 'rejected', 'incomplete']"),
-    (lambda r: r["decision"].update(recommendation="windows-first"), "$.decision.recommendation"),
-    (lambda r: r["observations"]["memory"].pop("stable"),
-     "$.observations.memory: missing required key 'stable'"),
-    (lambda r: r["observations"].update(tensors_on_device="yes"),
-     "$.observations.tensors_on_device: expected boolean or null, got str"),
-    (lambda r: r["observations"]["results"]["files"][0].pop("max_abs_err"),
-     "$.observations.results.files[0]: missing required key 'max_abs_err'"),
-    (lambda r: r.update(schema_version=1), "$.schema_version: expected string, got int"),
-    (lambda r: r["cost"].update(amount=float("nan")), "not representable as strict JSON"),
-])
+@pytest.mark.parametrize(
+    "breakage, expected",
+    [
+        (lambda r: r.pop("wipe"), "$: missing required key 'wipe'"),
+        (
+            lambda r: r.update(verdict="maybe"),
+            "$.verdict: 'maybe' is not one of ['accepted', 'rejected', 'incomplete']",
+        ),
+        (
+            lambda r: r["decision"].update(recommendation="windows-first"),
+            "$.decision.recommendation",
+        ),
+        (
+            lambda r: r["observations"]["memory"].pop("stable"),
+            "$.observations.memory: missing required key 'stable'",
+        ),
+        (
+            lambda r: r["observations"].update(tensors_on_device="yes"),
+            "$.observations.tensors_on_device: expected boolean or null, got str",
+        ),
+        (
+            lambda r: r["observations"]["results"]["files"][0].pop("max_abs_err"),
+            "$.observations.results.files[0]: missing required key 'max_abs_err'",
+        ),
+        (lambda r: r.update(schema_version=1), "$.schema_version: expected string, got int"),
+        (lambda r: r["cost"].update(amount=float("nan")), "not representable as strict JSON"),
+    ],
+)
 def test_broken_records_do_not_validate(runs, breakage, expected):
     rec = full_record(compare_outputs(runs["cpu"], runs["same"], RULES))
     assert validate_record(rec) == []
@@ -238,12 +290,23 @@ def test_infinite_values_are_written_as_null(tmp_path):
 def test_markdown_has_every_section_and_table(runs):
     rec = full_record(compare_outputs(runs["cpu"], runs["same"], RULES))
     rec["observations"]["operators"]["fallback_ops"] = [{"op": "aten::col2im", "count": 12}]
-    rec["environment"]["mismatches"] = [{"key": "numpy", "reference": "2.4.6",
-                                         "target": "2.3.0"}]
+    rec["environment"]["mismatches"] = [{"key": "numpy", "reference": "2.4.6", "target": "2.3.0"}]
     md = render_markdown(rec)
-    for heading in ("## Observations", "### Tensors on device", "### Operators", "### Memory",
-                    "### Results", "## Stopping conditions", "## Environment", "## Dataset",
-                    "## Continuity", "## Wipe", "## Cost", "## Decision", "## Reproduce"):
+    for heading in (
+        "## Observations",
+        "### Tensors on device",
+        "### Operators",
+        "### Memory",
+        "### Results",
+        "## Stopping conditions",
+        "## Environment",
+        "## Dataset",
+        "## Continuity",
+        "## Wipe",
+        "## Cost",
+        "## Decision",
+        "## Reproduce",
+    ):
         assert f"\n{heading}\n" in md, heading
     assert "| observation | result | summary |" in md
     assert "| fallback | aten::col2im | 12 |" in md

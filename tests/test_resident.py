@@ -32,8 +32,8 @@ def frame(obj: dict) -> bytes:
 def frames(data: bytes) -> list[dict]:
     out, pos = [], 0
     while pos < len(data):
-        (size,) = struct.unpack(">I", data[pos:pos + 4])
-        out.append(json.loads(data[pos + 4:pos + 4 + size]))
+        (size,) = struct.unpack(">I", data[pos : pos + 4])
+        out.append(json.loads(data[pos + 4 : pos + 4 + size]))
         pos += 4 + size
     return out
 
@@ -67,8 +67,10 @@ def serve(requests: list[dict]) -> list[dict]:
 def test_answers_carry_ids_and_several_run_at_once(counting_op, tmp_path: Path):
     """Three calls in flight; each answer names its id; the hello comes first."""
     ledger, _, _ = counting_op
-    answers = serve([{"id": f"c{i}", "op": "append", "req": {"line": str(i)}} for i in range(3)]
-                    + [{"id": "p", "op": "ping", "req": {}}])
+    answers = serve(
+        [{"id": f"c{i}", "op": "append", "req": {"line": str(i)}} for i in range(3)]
+        + [{"id": "p", "op": "ping", "req": {}}]
+    )
     assert answers[0]["hello"] == 1 and answers[0]["pid"] == os.getpid()
     by_id = {a["id"]: a for a in answers[1:]}
     assert set(by_id) == {"c0", "c1", "c2", "p"}
@@ -79,8 +81,12 @@ def test_answers_carry_ids_and_several_run_at_once(counting_op, tmp_path: Path):
 
 
 def test_unknown_op_and_bad_id_are_answers_not_crashes(tmp_path: Path):
-    answers = serve([{"id": "x", "op": "nope", "req": {}},
-                     {"id": "../evil", "op": "ping", "req": {}, "store": str(tmp_path)}])
+    answers = serve(
+        [
+            {"id": "x", "op": "nope", "req": {}},
+            {"id": "../evil", "op": "ping", "req": {}, "store": str(tmp_path)},
+        ]
+    )
     by_id = {a["id"]: a["answer"] for a in answers[1:]}
     assert by_id["x"]["code"] == "usage"
     assert by_id["../evil"]["code"] == "usage"
@@ -145,8 +151,10 @@ def test_end_of_input_finishes_calls_in_flight(counting_op, tmp_path: Path):
                 raise BrokenPipeError("the channel is gone")
             return super().write(data)
 
-    server = resident.Server(io.BytesIO(frame({"id": "c1", "op": "append", "req": {"line": "x"},
-                                               "store": str(store)})), Gone())
+    server = resident.Server(
+        io.BytesIO(frame({"id": "c1", "op": "append", "req": {"line": "x"}, "store": str(store)})),
+        Gone(),
+    )
     runner = threading.Thread(target=server.serve)
     runner.start()
     assert started.wait(10)
@@ -157,8 +165,9 @@ def test_end_of_input_finishes_calls_in_flight(counting_op, tmp_path: Path):
     assert json.loads((store / "c1.json").read_text())["answer"]["result"] == {"count": 1}
 
 
-def test_freeze_env_is_cached_per_environment_and_redone_when_it_changes(monkeypatch,
-                                                                          tmp_path: Path):
+def test_freeze_env_is_cached_per_environment_and_redone_when_it_changes(
+    monkeypatch, tmp_path: Path
+):
     """The package probe runs once per environment key; a package added to a directory
     on the interpreter's path (its mtime changes) makes it run again."""
     import envfreeze
@@ -175,8 +184,9 @@ def test_freeze_env_is_cached_per_environment_and_redone_when_it_changes(monkeyp
     second = envfreeze.op_freeze_env(dict(req))
     assert (first["freeze_cached"], second["freeze_cached"]) == (False, True)
     assert len(probes) == 1
-    assert {k: v for k, v in first.items() if k != "freeze_cached"} == \
-        {k: v for k, v in second.items() if k != "freeze_cached"}
+    assert {k: v for k, v in first.items() if k != "freeze_cached"} == {
+        k: v for k, v in second.items() if k != "freeze_cached"
+    }
     assert "_paths" not in first
     time.sleep(0.01)
     (site / "newpkg-1.0.dist-info").mkdir()  # "pip install newpkg"
@@ -198,8 +208,15 @@ def test_reconnect_counts_the_deadline_down():
 
     async def go() -> None:
         with pytest.raises(TransientHostError, match="gave up"):
-            await reconnect(never, host="mac", deadline=1.5, emit=events.append,
-                            initial_wait=0.1, max_wait=0.3, total_deadline=600)
+            await reconnect(
+                never,
+                host="mac",
+                deadline=1.5,
+                emit=events.append,
+                initial_wait=0.1,
+                max_wait=0.3,
+                total_deadline=600,
+            )
 
     asyncio.run(go())
     left = [e.deadline_left_s for e in events if e.state == "reconnecting"]

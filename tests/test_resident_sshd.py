@@ -47,10 +47,12 @@ class LabHost(SSHHost):
 def lab_host(sshd_factory, ssh_env, fault_proxy) -> LabHost:
     server = sshd_factory()
     proxy = fault_proxy(server)
-    home, cfg, alias = ssh_env(server, proxy, extra={
-        "ServerAliveInterval": "1", "ServerAliveCountMax": "3", "ConnectTimeout": "5"})
-    return LabHost(home, cfg, alias, server.host_dir("root"), str(server.tmux_dir), server,
-                   proxy)
+    home, cfg, alias = ssh_env(
+        server,
+        proxy,
+        extra={"ServerAliveInterval": "1", "ServerAliveCountMax": "3", "ConnectTimeout": "5"},
+    )
+    return LabHost(home, cfg, alias, server.host_dir("root"), str(server.tmux_dir), server, proxy)
 
 
 def _transport(env: tuple, events: list, **kw: object) -> SSHTransport:
@@ -58,8 +60,7 @@ def _transport(env: tuple, events: list, **kw: object) -> SSHTransport:
     kw.setdefault("keepalive_interval", 1)
     kw.setdefault("keepalive_count_max", 3)
     kw.setdefault("connect_timeout", 2)
-    return SSHTransport(alias, home_dir=home, ssh_config=cfg, emit=events.append,
-                        **kw)  # type: ignore[arg-type]
+    return SSHTransport(alias, home_dir=home, ssh_config=cfg, emit=events.append, **kw)  # type: ignore[arg-type]
 
 
 @pytest.mark.asyncio
@@ -85,8 +86,9 @@ async def test_one_agent_process_serves_many_calls_at_once(sshd, ssh_env, tmp_pa
 
 
 @pytest.mark.asyncio
-async def test_a_call_cut_midway_is_answered_from_the_record(sshd, fault_proxy, ssh_env,
-                                                             tmp_path: Path):
+async def test_a_call_cut_midway_is_answered_from_the_record(
+    sshd, fault_proxy, ssh_env, tmp_path: Path
+):
     """ensure_venv is not idempotent (it makes a venv; its answer says ``reused``): cut the
     link while it runs. The retried call gets the recorded answer (``reused: False``) and
     the interpreter that builds the venv ran once (counted), instead of a second run or
@@ -96,15 +98,25 @@ async def test_a_call_cut_midway_is_answered_from_the_record(sshd, fault_proxy, 
     root = sshd.host_dir("root")
     runs = sshd.host_dir("bin") / "interpreter-runs.txt"
     wrapper = sshd.host_dir("bin") / "python-counting"
-    wrapper.write_text(f"#!/bin/sh\necho \"run $*\" >> {runs}\nsleep 2\nexec python3 \"$@\"\n")
+    wrapper.write_text(f'#!/bin/sh\necho "run $*" >> {runs}\nsleep 2\nexec python3 "$@"\n')
     wrapper.chmod(0o755)
     async with _transport(ssh_env(sshd, proxy), events, reconnect_deadline=60) as t:
         await t.makedirs(str(root))
         agent = AgentClient(t, str(root), Ledger(tmp_path / "ledger.jsonl"))
         await agent.call("ping")
-        call = asyncio.ensure_future(agent.call("ensure_venv", {
-            "root": str(root), "key": "k1", "python": str(wrapper),
-            "system_site_packages": False, "requirements": None}, timeout=120))
+        call = asyncio.ensure_future(
+            agent.call(
+                "ensure_venv",
+                {
+                    "root": str(root),
+                    "key": "k1",
+                    "python": str(wrapper),
+                    "system_site_packages": False,
+                    "requirements": None,
+                },
+                timeout=120,
+            )
+        )
         deadline = time.monotonic() + 60
         while not runs.exists() and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
@@ -123,19 +135,25 @@ async def test_a_call_cut_midway_is_answered_from_the_record(sshd, fault_proxy, 
     assert len(venv) == 1 and "answer recorded before the link dropped" in venv[0]["command"]
 
 
-def _playbook(host, path: Path, *, lines: int, seconds: float, wipe: str = "after_pull",
-              deadline: str | None = None) -> Path:
+def _playbook(
+    host,
+    path: Path,
+    *,
+    lines: int,
+    seconds: float,
+    wipe: str = "after_pull",
+    deadline: str | None = None,
+) -> Path:
     data = {
         "name": "resident",
         "host": host.alias,
         "remote_root": str(host.root),
         "project": {"path": str(LINES_PROJECT), "exclude": ["data/"]},
         "environment": {"python": "python3", "venv": False},
-        "data": {"path": str(LINES_PROJECT / "data"), "classification": "public",
-                 "encrypt": False},
+        "data": {"path": str(LINES_PROJECT / "data"), "classification": "public", "encrypt": False},
         "workload": {
             "command": f"python3 emit.py --device {{device}} --data {{data_dir}} "
-                       f"--out {{output_dir}} --lines {lines} --seconds {seconds}",
+            f"--out {{output_dir}} --lines {lines} --seconds {seconds}",
             "reference": None,
             "target": {"device": "cpu"},
             "timeout": "10m",
@@ -151,7 +169,8 @@ def _playbook(host, path: Path, *, lines: int, seconds: float, wipe: str = "afte
 
 
 def test_past_the_reconnect_deadline_the_run_stops_with_exit_3_and_the_job_runs_on(
-        lab_host: LabHost, tmp_path: Path):
+    lab_host: LabHost, tmp_path: Path
+):
     """Blackhole the link mid-follow with a 6 s deadline: exit 3, ``remotemac attach
     <id>`` printed, a countdown shown, and the job still running on the host."""
     host = lab_host
@@ -180,8 +199,9 @@ def test_past_the_reconnect_deadline_the_run_stops_with_exit_3_and_the_job_runs_
     assert local_lines(out)[1:] == expected_lines(400)[1:]
 
 
-def _cut_every(proxy, seconds: float, stop: threading.Event, blackhole_at: float,
-               blackhole_s: float, log: list) -> None:
+def _cut_every(
+    proxy, seconds: float, stop: threading.Event, blackhole_at: float, blackhole_s: float, log: list
+) -> None:
     """Cut the link every ``seconds`` for the whole run; once, blackhole it for a while."""
     t0 = time.monotonic()
     blackholed = False
@@ -200,8 +220,7 @@ def _cut_every(proxy, seconds: float, stop: threading.Event, blackhole_at: float
 
 
 @pytest.mark.timeout(600)
-def test_3000_lines_through_a_cut_every_2s_and_a_40s_blackhole(lab_host: LabHost,
-                                                               tmp_path: Path):
+def test_3000_lines_through_a_cut_every_2s_and_a_40s_blackhole(lab_host: LabHost, tmp_path: Path):
     """The issue's bad link: cut every 2 s for the whole run, one 40 s blackhole.
 
     Every line once and in order, the result pulled and verified, the wipe
@@ -209,16 +228,22 @@ def test_3000_lines_through_a_cut_every_2s_and_a_40s_blackhole(lab_host: LabHost
     """
     host = lab_host
     # the exit code of the same workload over a clean link (no torch: "incomplete", 1)
-    clean_ctx, clean_code = asyncio.run(run_pipeline_inprocess(
-        host, _playbook(host, tmp_path / "clean.yaml", lines=30, seconds=1),
-        tmp_path / "clean", Timeline()))
+    clean_ctx, clean_code = asyncio.run(
+        run_pipeline_inprocess(
+            host,
+            _playbook(host, tmp_path / "clean.yaml", lines=30, seconds=1),
+            tmp_path / "clean",
+            Timeline(),
+        )
+    )
     pb = _playbook(host, tmp_path / "pb.yaml", lines=3000, seconds=60)
     out = tmp_path / "out"
     timeline = Timeline()
     stop = threading.Event()
     faults: list = []
-    cutter = threading.Thread(target=_cut_every,
-                              args=(host.proxy, 2.0, stop, 12.0, 40.0, faults), daemon=True)
+    cutter = threading.Thread(
+        target=_cut_every, args=(host.proxy, 2.0, stop, 12.0, 40.0, faults), daemon=True
+    )
     cutter.start()
     try:
         ctx, code = asyncio.run(run_pipeline_inprocess(host, pb, out, timeline))

@@ -32,8 +32,7 @@ def _transport(env: tuple, events: list, **kw: object) -> SSHTransport:
     kw.setdefault("keepalive_interval", 1)
     kw.setdefault("keepalive_count_max", 3)
     kw.setdefault("connect_timeout", 2)
-    return SSHTransport(alias, home_dir=home, ssh_config=cfg, emit=events.append,
-                        **kw)  # type: ignore[arg-type]
+    return SSHTransport(alias, home_dir=home, ssh_config=cfg, emit=events.append, **kw)  # type: ignore[arg-type]
 
 
 async def _wait_for_state(events: list, state: str, timeout: float) -> float:

@@ -78,8 +78,9 @@ async def test_changed_key_refused_even_after_trusting_the_old_one(sshd, ssh_env
 async def test_key_change_during_reconnect_is_not_retried(sshd, ssh_env, sshd_new_hostkey):
     home, cfg, alias = ssh_env(sshd)
     events: list = []
-    t = SSHTransport(alias, home_dir=home, ssh_config=cfg, emit=events.append,
-                     reconnect_deadline=30)
+    t = SSHTransport(
+        alias, home_dir=home, ssh_config=cfg, emit=events.append, reconnect_deadline=30
+    )
     async with t:
         assert (await t.stat("/")) is not None
         sshd_new_hostkey(sshd)  # kills the session and comes back with another key
@@ -94,8 +95,7 @@ async def test_users_own_known_hosts_counts_including_hashed_entries(sshd, ssh_e
     home, cfg, alias = ssh_env(sshd, trust=False)
     user_kh = tmp_path / "user_known_hosts"  # the file ssh_env's config points at
     sshd.write_known_hosts(user_kh)
-    subprocess.run(["ssh-keygen", "-q", "-H", "-f", str(user_kh)], check=True,
-                   capture_output=True)
+    subprocess.run(["ssh-keygen", "-q", "-H", "-f", str(user_kh)], check=True, capture_output=True)
     assert user_kh.read_text().startswith("|1|")  # hashed, as Debian's ssh writes them
     async with SSHTransport(alias, home_dir=home, ssh_config=cfg) as t:
         assert (await t.exec(["true"])).ok

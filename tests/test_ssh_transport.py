@@ -74,8 +74,9 @@ async def test_sftp_round_trip(sshd, ssh_env, tmp_path):
     remote = sshd.home / "remote"
     async with _transport(ssh_env(sshd)) as t:
         # `~` means one place to the laptop and to the agent's expanduser on the host
-        expanded = (await t.exec(["python3", "-c",
-                                  "import os; print(os.path.expanduser('~'))"])).text()
+        expanded = (
+            await t.exec(["python3", "-c", "import os; print(os.path.expanduser('~'))"])
+        ).text()
         assert await t.home() == expanded.strip()
         await t.makedirs(str(remote / "a" / "b"), mode=0o750)
         await t.makedirs(str(remote / "a" / "b"))  # exists: fine
@@ -114,8 +115,9 @@ async def test_proxyjump_through_second_sshd(sshd_factory, fault_proxy, ssh_env,
     jump_proxy = fault_proxy(jump)
     home, cfg, _ = ssh_env(jump, jump_proxy)  # alias testhost0 → jump via proxy
     (home / "known_hosts").open("a").write(target.known_hosts_line())
-    target.write_ssh_config(cfg, "target", known_hosts=tmp_path / "user_known_hosts",
-                            extra={"ProxyJump": "testhost0"})
+    target.write_ssh_config(
+        cfg, "target", known_hosts=tmp_path / "user_known_hosts", extra={"ProxyJump": "testhost0"}
+    )
     events: list = []
     async with SSHTransport("target", home_dir=home, ssh_config=cfg, emit=events.append) as t:
         res = await t.exec(["sh", "-c", "echo $SSH_CONNECTION"])
@@ -131,8 +133,9 @@ async def test_proxyjump_jump_host_key_is_checked_too(sshd_factory, ssh_env, tmp
     jump, target = sshd_factory(), sshd_factory()
     home, cfg, _ = ssh_env(jump, trust=False)
     (home / "known_hosts").write_text(target.known_hosts_line())  # only the target is trusted
-    target.write_ssh_config(cfg, "target", known_hosts=tmp_path / "user_known_hosts",
-                            extra={"ProxyJump": "testhost0"})
+    target.write_ssh_config(
+        cfg, "target", known_hosts=tmp_path / "user_known_hosts", extra={"ProxyJump": "testhost0"}
+    )
     with pytest.raises(HostKeyError, match=rf"unknown host key for \[127.0.0.1\]:{jump.port}"):
         await SSHTransport("target", home_dir=home, ssh_config=cfg).connect()
 
@@ -152,7 +155,9 @@ async def test_connection_refused_is_one_clear_line(tmp_path):
 @pytest.mark.asyncio
 async def test_dns_failure_is_one_clear_line(tmp_path):
     with pytest.raises(DNSError) as err:
-        await SSHTransport("me@no-such-host.invalid", home_dir=tmp_path, connect_timeout=5).connect()
+        await SSHTransport(
+            "me@no-such-host.invalid", home_dir=tmp_path, connect_timeout=5
+        ).connect()
     assert err.value.exit_code == EXIT_HOST
     assert "cannot resolve host name 'no-such-host.invalid'" in err.value.line()
 
@@ -197,8 +202,9 @@ async def test_passphrase_protected_key_is_prompted_not_stored(sshd_factory, ssh
 
     # no terminal and no agent: a clear auth error that says what to do
     with pytest.raises(AuthError, match="ssh-add"):
-        await SSHTransport(alias, home_dir=home, ssh_config=cfg,
-                           passphrase_prompt=lambda _p: None).connect()
+        await SSHTransport(
+            alias, home_dir=home, ssh_config=cfg, passphrase_prompt=lambda _p: None
+        ).connect()
 
 
 @pytest.mark.asyncio

@@ -34,8 +34,10 @@ class Host:
     def __init__(self, tmp_path: Path, sshd_factory, ssh_env, env: dict[str, str]) -> None:
         extra = ["SetEnv " + " ".join(f"{k}={v}" for k, v in env.items())] if env else []
         self.sshd = sshd_factory(extra_config=extra)
-        self.home, self.cfg, self.alias = ssh_env(self.sshd, extra={
-            "ServerAliveInterval": "1", "ServerAliveCountMax": "3", "ConnectTimeout": "5"})
+        self.home, self.cfg, self.alias = ssh_env(
+            self.sshd,
+            extra={"ServerAliveInterval": "1", "ServerAliveCountMax": "3", "ConnectTimeout": "5"},
+        )
         self.tmp = tmp_path
 
     def argv(self, *args: str) -> list[str]:
@@ -45,8 +47,12 @@ class Host:
         return remotemac(*self.argv(*args), timeout=timeout)
 
     def popen(self, *args: str) -> subprocess.Popen:
-        return subprocess.Popen([sys.executable, "-m", "remotemac", *self.argv(*args)],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        return subprocess.Popen(
+            [sys.executable, "-m", "remotemac", *self.argv(*args)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
 
     def tmux(self, *args: str) -> subprocess.CompletedProcess:
         return self.sshd.tmux(*args)
@@ -57,12 +63,20 @@ class Host:
 
     def playbook(self, name: str, root: Path, command: str, **extra) -> Path:
         data = {
-            "name": name, "host": self.alias, "remote_root": str(root),
+            "name": name,
+            "host": self.alias,
+            "remote_root": str(root),
             "project": {"path": str(PROJECT)},
-            "workload": {"command": command, "reference": None, "target": {"device": "cpu"},
-                         "timeout": "5m"},
-            "outputs": {"path": ".", "compare": [{"file": "result.json", "rtol": 1e-6,
-                                                  "atol": 1e-9}]},
+            "workload": {
+                "command": command,
+                "reference": None,
+                "target": {"device": "cpu"},
+                "timeout": "5m",
+            },
+            "outputs": {
+                "path": ".",
+                "compare": [{"file": "result.json", "rtol": 1e-6, "atol": 1e-9}],
+            },
             "stop_when": {"memory_growth": False},
             "wipe": "manual",
         }
@@ -116,15 +130,15 @@ def newest_run(home: Path) -> str:
 # ---------------------------------------------------------------------- reproduce
 
 
-def test_reproduce_catches_unseeded_noise_and_passes_a_deterministic_target(host_factory,
-                                                                             tmp_path: Path):
+def test_reproduce_catches_unseeded_noise_and_passes_a_deterministic_target(
+    host_factory, tmp_path: Path
+):
     """reproduce: the target twice in fresh processes; noise → not-reproducible, else ok."""
     host = host_factory()
     # ``exec``: the stdlib workload never imports torch (the observer stays inert: faster)
     command = "exec python3 noise.py --device {device} --out {output_dir} --mode %s"
     ref = {"workload": {"reference": {"device": "cpu"}}}
-    noisy = host.playbook("noisy", host.root("root-n"), command % "noisy", reproduce=True,
-                          **ref)
+    noisy = host.playbook("noisy", host.root("root-n"), command % "noisy", reproduce=True, **ref)
     steady = host.playbook("steady", host.root("root-d"), command % "deterministic", **ref)
 
     done = host.cli("run", str(noisy), "--out", str(tmp_path / "out-n"))
@@ -140,8 +154,7 @@ def test_reproduce_catches_unseeded_noise_and_passes_a_deterministic_target(host
     assert answer["outcome"] == "problem" and "does not reproduce" in answer["result"]
     # two distinct processes wrote two distinct outputs, each pulled and verified
     first = json.loads((tmp_path / "out-n/results/cpu-target/result.json").read_text())
-    second = json.loads((tmp_path / "out-n/results/cpu-target-reproduce/result.json")
-                        .read_text())
+    second = json.loads((tmp_path / "out-n/results/cpu-target-reproduce/result.json").read_text())
     assert first != second
     assert "Process behaviour" in (tmp_path / "out-n" / "acceptance.md").read_text()
 
@@ -154,8 +167,12 @@ def test_reproduce_catches_unseeded_noise_and_passes_a_deterministic_target(host
     answer = row(record, "reproduce")
     assert answer["outcome"] == "ok" and answer["result"].startswith("reproduces: 1 of 1")
     assert record["reproduce"].endswith("--reproduce")
-    assert {c["env"] for c in record["caches"]} >= {"TORCH_HOME", "HF_HOME", "PIP_CACHE_DIR",
-                                                    "XDG_CACHE_HOME"}
+    assert {c["env"] for c in record["caches"]} >= {
+        "TORCH_HOME",
+        "HF_HOME",
+        "PIP_CACHE_DIR",
+        "XDG_CACHE_HOME",
+    }
     assert all(c["writable"] is True for c in record["caches"])
 
 
@@ -172,12 +189,24 @@ def small_volume(sshd_factory):
     def mount(host: Host) -> Path:
         vol = host.sshd.host_dir("vol")
         uid, gid = vol.stat().st_uid, vol.stat().st_gid
-        res = subprocess.run(["mount", "-t", "tmpfs", "-o",
-                              f"size=64m,uid={uid},gid={gid},mode=0700", "tmpfs", str(vol)],
-                             capture_output=True, text=True)
+        res = subprocess.run(
+            [
+                "mount",
+                "-t",
+                "tmpfs",
+                "-o",
+                f"size=64m,uid={uid},gid={gid},mode=0700",
+                "tmpfs",
+                str(vol),
+            ],
+            capture_output=True,
+            text=True,
+        )
         if res.returncode != 0:
-            pytest.fail(f"cannot mount a 64 MiB tmpfs here ({res.stderr.strip()}); "
-                        "the storage-limit stop is still covered by test_stress_units.py")
+            pytest.fail(
+                f"cannot mount a 64 MiB tmpfs here ({res.stderr.strip()}); "
+                "the storage-limit stop is still covered by test_stress_units.py"
+            )
         mounted.append(vol)
         return vol
 
@@ -186,23 +215,32 @@ def small_volume(sshd_factory):
         subprocess.run(["umount", "-l", str(vol)], capture_output=True)
 
 
-def test_full_disk_stops_with_storage_limit_and_keeps_the_run(host_factory, small_volume,
-                                                             tmp_path: Path):
+def test_full_disk_stops_with_storage_limit_and_keeps_the_run(
+    host_factory, small_volume, tmp_path: Path
+):
     """remote_root on a 64 MiB tmpfs; a workload that writes until full is stopped in time."""
     host = host_factory()
     vol = small_volume(host)
     root = vol / "root"
     # first, provision refuses a run whose margin cannot fit at all: one line, nothing sent
-    greedy = host.playbook("greedy", root, "exec python3 fill.py --out {output_dir}",
-                           stop_when={"min_free_disk": "100MiB"})
+    greedy = host.playbook(
+        "greedy",
+        root,
+        "exec python3 fill.py --out {output_dir}",
+        stop_when={"min_free_disk": "100MiB"},
+    )
     refused = host.cli("run", str(greedy), "--out", str(tmp_path / "out-g"))
     assert refused.returncode == 3, refused.stderr
     lines = [ln for ln in refused.stderr.splitlines() if "not enough disk" in ln]
     assert len(lines) == 1 and "min_free_disk 100.0 MiB" in lines[0], refused.stderr
     assert "remote_root" in lines[0]
 
-    pb = host.playbook("fill", root, "exec python3 fill.py --out {output_dir} --sleep 0.1",
-                       stop_when={"min_free_disk": "16MiB"})
+    pb = host.playbook(
+        "fill",
+        root,
+        "exec python3 fill.py --out {output_dir} --sleep 0.1",
+        stop_when={"min_free_disk": "16MiB"},
+    )
     out = tmp_path / "out"
     done = host.cli("run", str(pb), "--out", str(out), "--json", timeout=140)
     assert done.returncode == 1, done.stderr
@@ -218,12 +256,12 @@ def test_full_disk_stops_with_storage_limit_and_keeps_the_run(host_factory, smal
     log = (out / "logs" / "cpu.log").read_text().splitlines()
     written = [ln for ln in log if ln.startswith("fill: ") and ln.endswith("MiB written")]
     assert len(written) >= 20, log[-5:]
-    assert any(ln.startswith("remotemac: only") and "stopping the workload" in ln
-               for ln in log)
+    assert any(ln.startswith("remotemac: only") and "stopping the workload" in ln for ln in log)
     assert "fill: SIGTERM" in log[-1] and not any("No space" in ln for ln in log)
     # logs, status and record intact: the local log is the host's log, byte for byte
-    assert (out / "logs" / "cpu.log").read_bytes() == \
-        (root / "runs" / run_id / "logs" / "cpu.log").read_bytes()
+    assert (out / "logs" / "cpu.log").read_bytes() == (
+        root / "runs" / run_id / "logs" / "cpu.log"
+    ).read_bytes()
     record = record_of(out)
     cond = [c for c in record["stopping_conditions"] if c["code"] == "storage-limit"]
     assert cond and "before the volume was full" in cond[0]["detail"]
@@ -242,11 +280,15 @@ def test_killed_tmux_server_relaunches_through_resume_command(host_factory, tmp_
     """on_lost: relaunch; kill the test's tmux server mid-job → resumed, finished, one marker."""
     host = host_factory(REMOTEMAC_HEARTBEAT_STALE_S="3")
     pb = host.playbook(
-        "resume", host.root("root"),
+        "resume",
+        host.root("root"),
         "exec python3 steps.py --out {output_dir} --steps 60 --sleep 0.1",
         on_lost="relaunch",
-        workload={"resume_command": "exec python3 steps.py --out {output_dir} --steps 60 "
-                                    "--sleep 0.02 --resume"})
+        workload={
+            "resume_command": "exec python3 steps.py --out {output_dir} --steps 60 "
+            "--sleep 0.02 --resume"
+        },
+    )
     out = tmp_path / "out"
     proc = host.popen("run", str(pb), "--out", str(out), "--json")
     log = out / "logs" / "cpu.log"
@@ -268,31 +310,31 @@ def test_killed_tmux_server_relaunches_through_resume_command(host_factory, tmp_
     result = json.loads((out / "results" / "cpu" / "result.json").read_text())
     assert result == {"steps": 60, "total": 1830}  # sum(1..60): no step lost or repeated
     record = record_of(out)
-    assert not any(c["code"] in ("job-lost", "workload-failed")
-                   for c in record["stopping_conditions"])
+    assert not any(
+        c["code"] in ("job-lost", "workload-failed") for c in record["stopping_conditions"]
+    )
     answer = row(record, "lost")
     assert answer["outcome"] == "ok" and "relaunched" in answer["result"]
     assert "resume_command" in answer["how_tested"] and MARKER in answer["evidence"]
     events = [json.loads(x) for x in stdout.splitlines() if x.startswith("{")]
     assert sum(1 for e in events if e.get("code") == "relaunched") == 1
     run_id = newest_run(host.home)
-    status = json.loads((host.root("root") / "runs" / run_id / "status" / "cpu.json")
-                        .read_text())
+    status = json.loads((host.root("root") / "runs" / run_id / "status" / "cpu.json").read_text())
     assert status["state"] == "finished" and status["relaunched"]["previous"]["hangup"]
 
 
 # ---------------------------------------------------------------------- drift
 
 
-def test_torch_changed_between_launch_and_attach_is_environment_drift(host_factory,
-                                                                     tmp_path: Path):
+def test_torch_changed_between_launch_and_attach_is_environment_drift(host_factory, tmp_path: Path):
     """Simulation of a package update: a newer torch (and another package) appear in the venv
     (the default one, from the host's bare python3) between `run --detach` and `attach`:
     torch → environment-drift, the other → a warning."""
     host = host_factory()
     root = host.root("root")
-    pb = host.playbook("drift", root,
-                       "exec python3 steps.py --out {output_dir} --steps 20 --sleep 0.1")
+    pb = host.playbook(
+        "drift", root, "exec python3 steps.py --out {output_dir} --steps 20 --sleep 0.1"
+    )
     out = tmp_path / "out"
     launched = host.cli("run", str(pb), "--out", str(out), "--detach")
     assert launched.returncode == 0, launched.stderr
@@ -304,8 +346,7 @@ def test_torch_changed_between_launch_and_attach_is_environment_drift(host_facto
     for name, version in (("torch", "2.14.0"), ("fakepkg", "1.0")):
         info = site / f"{name}-{version}.dist-info"
         info.mkdir()
-        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\n"
-                                       f"Version: {version}\n")
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
     done = host.cli("attach", run_id, "--json")
     assert done.returncode == 1, done.stderr
     record = record_of(out)

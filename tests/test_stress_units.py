@@ -22,24 +22,42 @@ AGENT = Path(__file__).resolve().parent.parent / "remotemac" / "agent"
 
 
 def agent(op: str, req: dict) -> dict:
-    res = subprocess.run([sys.executable, str(AGENT / "hostagent.py"), op],
-                         input=json.dumps(req), capture_output=True, text=True, timeout=60)
+    res = subprocess.run(
+        [sys.executable, str(AGENT / "hostagent.py"), op],
+        input=json.dumps(req),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     return json.loads(res.stdout)
 
 
 def job_env(run_dir: Path, output: Path) -> dict:
-    return {"REMOTEMAC_DATA": str(run_dir / "data"), "REMOTEMAC_OUTPUT": str(output),
-            **{var: str(run_dir / "cache" / sub) for var, sub in (
-                ("TORCH_HOME", "torch"), ("HF_HOME", "hf"), ("PIP_CACHE_DIR", "pip"),
-                ("XDG_CACHE_HOME", "xdg"), ("MPLCONFIGDIR", "mpl"))}}
+    return {
+        "REMOTEMAC_DATA": str(run_dir / "data"),
+        "REMOTEMAC_OUTPUT": str(output),
+        **{
+            var: str(run_dir / "cache" / sub)
+            for var, sub in (
+                ("TORCH_HOME", "torch"),
+                ("HF_HOME", "hf"),
+                ("PIP_CACHE_DIR", "pip"),
+                ("XDG_CACHE_HOME", "xdg"),
+                ("MPLCONFIGDIR", "mpl"),
+            )
+        },
+    }
 
 
 @pytest.fixture
 def read_only_dir(tmp_path: Path):
     path = tmp_path / "ro"
     path.mkdir()
-    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(path)],
-                         capture_output=True, text=True)
+    res = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(path)],
+        capture_output=True,
+        text=True,
+    )
     if res.returncode != 0:
         pytest.fail(f"cannot mount a read-only tmpfs here: {res.stderr.strip()}")
     yield path
@@ -50,28 +68,39 @@ def test_access_check_creates_the_caches_in_the_workloads_environment(tmp_path: 
     run_dir = tmp_path / "run"
     (run_dir / "data").mkdir(parents=True)
     (run_dir / "data" / "a.csv").write_text("x\n1\n")
-    answer = agent("check_access", {"env": job_env(run_dir, run_dir / "out" / "cpu"),
-                                    "cwd": str(tmp_path)})
+    answer = agent(
+        "check_access", {"env": job_env(run_dir, run_dir / "out" / "cpu"), "cwd": str(tmp_path)}
+    )
     assert answer["ok"], answer
     checked = answer["result"]["checked"]
-    assert {c["what"] for c in checked} == {"data dir", "output dir", "cache TORCH_HOME",
-                                            "cache HF_HOME", "cache PIP_CACHE_DIR",
-                                            "cache XDG_CACHE_HOME", "cache MPLCONFIGDIR"}
+    assert {c["what"] for c in checked} == {
+        "data dir",
+        "output dir",
+        "cache TORCH_HOME",
+        "cache HF_HOME",
+        "cache PIP_CACHE_DIR",
+        "cache XDG_CACHE_HOME",
+        "cache MPLCONFIGDIR",
+    }
     assert all(c["ok"] for c in checked)
     for sub in ("torch", "hf", "pip", "xdg", "mpl"):
         assert (run_dir / "cache" / sub).is_dir()
         assert os.listdir(run_dir / "cache" / sub) == []  # the probe file is gone
 
 
-def test_launch_is_refused_when_the_output_dir_is_not_writable(tmp_path: Path,
-                                                              read_only_dir: Path):
+def test_launch_is_refused_when_the_output_dir_is_not_writable(tmp_path: Path, read_only_dir: Path):
     """A read-only output dir: one line naming it, and no job started."""
     run_dir = tmp_path / "run"
     for sub in ("data", "logs", "status"):
         (run_dir / sub).mkdir(parents=True)
-    req = {"run_dir": str(run_dir), "device": "cpu", "session": "remotemac-test-ro",
-           "command": "echo never", "env": job_env(run_dir, read_only_dir / "out"),
-           "use_tmux": False}
+    req = {
+        "run_dir": str(run_dir),
+        "device": "cpu",
+        "session": "remotemac-test-ro",
+        "command": "echo never",
+        "env": job_env(run_dir, read_only_dir / "out"),
+        "use_tmux": False,
+    }
     answer = agent("launch", req)
     assert answer["ok"] is False and answer["code"] == "access"
     assert "\n" not in answer["error"]
@@ -84,12 +113,21 @@ def _run_runner(tmp_path: Path, disk: dict, command: str) -> dict:
     run_dir = tmp_path / "run"
     for sub in ("logs", "status"):
         (run_dir / sub).mkdir(parents=True, exist_ok=True)
-    spec = {"device": "cpu", "command": command, "status_path": str(run_dir / "status/cpu.json"),
-            "log_path": str(run_dir / "logs/cpu.log"), "mode": "daemon", "disk": disk}
+    spec = {
+        "device": "cpu",
+        "command": command,
+        "status_path": str(run_dir / "status/cpu.json"),
+        "log_path": str(run_dir / "logs/cpu.log"),
+        "mode": "daemon",
+        "disk": disk,
+    }
     (run_dir / "spec.json").write_text(json.dumps(spec))
     started = time.monotonic()
-    subprocess.run([sys.executable, str(AGENT / "runner.py"), str(run_dir / "spec.json")],
-                   timeout=60, check=True)
+    subprocess.run(
+        [sys.executable, str(AGENT / "runner.py"), str(run_dir / "spec.json")],
+        timeout=60,
+        check=True,
+    )
     status = json.loads((run_dir / "status/cpu.json").read_text())
     status["_seconds"] = time.monotonic() - started
     status["_log"] = (run_dir / "logs/cpu.log").read_text()
@@ -100,8 +138,11 @@ def test_runner_stops_below_min_free_with_sigterm_then_sigkill(tmp_path: Path):
     """Shim threshold: min_free above what this volume has free; a workload that ignores
     SIGTERM is killed after the grace period, and the final state is storage-limit."""
     free = shutil.disk_usage(tmp_path).free
-    status = _run_runner(tmp_path, {"paths": {"root": str(tmp_path)}, "min_free": free + (1 << 30)},
-                         "trap '' TERM; echo started; sleep 30")
+    status = _run_runner(
+        tmp_path,
+        {"paths": {"root": str(tmp_path)}, "min_free": free + (1 << 30)},
+        "trap '' TERM; echo started; sleep 30",
+    )
     assert status["state"] == "storage-limit"
     assert "min_free_disk" in status["reason"] and str(tmp_path) in status["reason"]
     assert status["exit_code"] == -9  # SIGTERM ignored: SIGKILL after the grace period
@@ -113,8 +154,11 @@ def test_runner_stops_below_min_free_with_sigterm_then_sigkill(tmp_path: Path):
 
 def test_runner_warns_between_the_thresholds_and_lets_the_job_finish(tmp_path: Path):
     free = shutil.disk_usage(tmp_path).free
-    status = _run_runner(tmp_path, {"paths": {"root": str(tmp_path)}, "min_free": 1 << 20,
-                                    "warn_free": free + (1 << 30)}, "sleep 1.2; echo done")
+    status = _run_runner(
+        tmp_path,
+        {"paths": {"root": str(tmp_path)}, "min_free": 1 << 20, "warn_free": free + (1 << 30)},
+        "sleep 1.2; echo done",
+    )
     assert status["state"] == "finished" and status["exit_code"] == 0
     assert status["disk_warning"].startswith("low disk:")
     assert status["disk"]["root"]["min_free_seen"] <= free + (64 << 20)
@@ -137,11 +181,20 @@ def test_drift_comparison_on_a_real_fingerprint():
     assert {c["key"] for c in changes} == {"torch", "lock_hash"}
     assert all(c["touches_torch"] for c in changes)
 
-    gone = compare_fingerprints(before, agent("env_fingerprint",
-                                              {"python": "/nonexistent/python"})["result"])
+    gone = compare_fingerprints(
+        before, agent("env_fingerprint", {"python": "/nonexistent/python"})["result"]
+    )
     assert gone[0]["key"] == "interpreter" and gone[0]["touches_torch"]
 
-    summary = drift_summary([{"when": "re-attach", "host_name": "h", "host": "remote",
-                              "changes": compare_fingerprints(before, other)}])
+    summary = drift_summary(
+        [
+            {
+                "when": "re-attach",
+                "host_name": "h",
+                "host": "remote",
+                "changes": compare_fingerprints(before, other),
+            }
+        ]
+    )
     assert summary["torch"] == [] and len(summary["drifts"]) == 1
     assert summary["drifts"][0]["detail"] == "packages fakepkg - → 1.0"

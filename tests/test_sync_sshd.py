@@ -47,17 +47,27 @@ class Host:
 
     async def prepare(self) -> Host:
         await self.transport.connect()
-        answer = await self.agent.call("prepare_run", {"root": str(self.root),
-                                                       "run_id": self.run_id})
+        answer = await self.agent.call(
+            "prepare_run", {"root": str(self.root), "run_id": self.run_id}
+        )
         self.run_dir = answer["run_dir"]
         return self
 
     async def sync(self, data: Path, key: bytes | None, cache=None, events=None, **kw):
         paths = sorted(str(p.relative_to(data)) for p in data.rglob("*") if p.is_file())
-        return await sync_slice(self.transport, self.agent, root=data, paths=paths,
-                                run_dir=self.run_dir, run_id=self.run_id, key=key,
-                                runtime_dir=self.runtime_dir, cache=cache,
-                                emit=(events.append if events is not None else None), **kw)
+        return await sync_slice(
+            self.transport,
+            self.agent,
+            root=data,
+            paths=paths,
+            run_dir=self.run_dir,
+            run_id=self.run_id,
+            key=key,
+            runtime_dir=self.runtime_dir,
+            cache=cache,
+            emit=(events.append if events is not None else None),
+            **kw,
+        )
 
 
 @pytest.fixture(scope="module")
@@ -91,8 +101,12 @@ def host_factory(ssh_env, tmp_path, request, runtime_dir):
     async def make(server, proxy=None, run_id: str | None = None) -> Host:
         home, cfg, alias = ssh_env(server, proxy)
         rid = run_id or f"t{os.getpid()}-{len(made)}-{abs(hash(request.node.name)) % 10**8}"
-        host = Host(SSHTransport(alias, home_dir=home, ssh_config=cfg, reconnect_deadline=30),
-                    server.home / f"host-root-{len(made)}", rid, runtime_dir)
+        host = Host(
+            SSHTransport(alias, home_dir=home, ssh_config=cfg, reconnect_deadline=30),
+            server.home / f"host-root-{len(made)}",
+            rid,
+            runtime_dir,
+        )
         made.append(host)
         return await host.prepare()
 
@@ -101,17 +115,27 @@ def host_factory(ssh_env, tmp_path, request, runtime_dir):
         shutil.rmtree(f"/dev/shm/remotemac-{host.run_id}", ignore_errors=True)
 
 
-def make_slice(root: Path, small: int = 30, small_size: int = 20_000, big: int = 1,
-               big_size: int = 3 << 20, sentinel: bool = True) -> Path:
+def make_slice(
+    root: Path,
+    small: int = 30,
+    small_size: int = 20_000,
+    big: int = 1,
+    big_size: int = 3 << 20,
+    sentinel: bool = True,
+) -> Path:
     """Many small files and a few large ones, each with the sentinel somewhere inside."""
     for i in range(small):
         path = root / f"d{i % 3}" / f"s{i:03d}.bin"
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(os.urandom(small_size // 2) + (SENTINEL if sentinel else b"")
-                         + os.urandom(small_size // 2))
+        path.write_bytes(
+            os.urandom(small_size // 2)
+            + (SENTINEL if sentinel else b"")
+            + os.urandom(small_size // 2)
+        )
     for i in range(big):
-        (root / f"big{i}.bin").write_bytes(os.urandom(big_size // 2) + SENTINEL
-                                           + os.urandom(big_size // 2))
+        (root / f"big{i}.bin").write_bytes(
+            os.urandom(big_size // 2) + SENTINEL + os.urandom(big_size // 2)
+        )
     (root / "empty.txt").write_bytes(b"")
     return root
 
@@ -137,8 +161,9 @@ class Watcher(threading.Thread):
 
     def run(self) -> None:
         while not self.stop.is_set():
-            out = subprocess.run(["ps", "-ww", "-eo", "args"], capture_output=True,
-                                 text=True).stdout
+            out = subprocess.run(
+                ["ps", "-ww", "-eo", "args"], capture_output=True, text=True
+            ).stdout
             self.ps.extend(out.splitlines())
             self.saw_agent |= "dataops.py sync" in out
             for path in glob.glob("/proc/[0-9]*/environ"):
@@ -152,8 +177,9 @@ class Watcher(threading.Thread):
 
 
 @pytest.mark.asyncio
-async def test_round_trip_plaintext_only_in_ram_key_nowhere(sshd, fault_proxy, host_factory,
-                                                           tmp_path):
+async def test_round_trip_plaintext_only_in_ram_key_nowhere(
+    sshd, fault_proxy, host_factory, tmp_path
+):
     data = make_slice(tmp_path / "data", big_size=6 << 20)
     key = os.urandom(32)
     proxy = fault_proxy(sshd)
@@ -191,15 +217,17 @@ async def test_round_trip_plaintext_only_in_ram_key_nowhere(sshd, fault_proxy, h
         pulled = await pull_dir(host.transport, host.agent, out_dir, tmp_path / "results")
         assert len(pulled["files"]) == 32 and pulled["skipped"] == []
         for entry in manifest.entries:
-            assert (tmp_path / "results" / entry.path).read_bytes() == \
-                (data / entry.path).read_bytes()
+            assert (tmp_path / "results" / entry.path).read_bytes() == (
+                data / entry.path
+            ).read_bytes()
     finally:
         await host.transport.close()
 
 
 @pytest.mark.asyncio
-async def test_cut_link_resumes_without_resending_verified_files(sshd, fault_proxy,
-                                                                 host_factory, tmp_path):
+async def test_cut_link_resumes_without_resending_verified_files(
+    sshd, fault_proxy, host_factory, tmp_path
+):
     data = make_slice(tmp_path / "data", small=40, small_size=200_000, big=0)
     proxy = fault_proxy(sshd)
     host = await host_factory(sshd, proxy)
@@ -217,10 +245,17 @@ async def test_cut_link_resumes_without_resending_verified_files(sshd, fault_pro
     stats = SyncStats()
     try:
         manifest, answer, stats = await sync_slice(
-            host.transport, host.agent, root=data,
+            host.transport,
+            host.agent,
+            root=data,
             paths=sorted(str(p.relative_to(data)) for p in data.rglob("*") if p.is_file()),
-            run_dir=host.run_dir, run_id=host.run_id, key=os.urandom(32),
-            runtime_dir=host.runtime_dir, emit=on_event, stats=stats)
+            run_dir=host.run_dir,
+            run_id=host.run_id,
+            key=os.urandom(32),
+            runtime_dir=host.runtime_dir,
+            emit=on_event,
+            stats=stats,
+        )
     finally:
         await host.transport.close()
     assert cut, "the link was never cut"
@@ -229,7 +264,7 @@ async def test_cut_link_resumes_without_resending_verified_files(sshd, fault_pro
     counts = collections.Counter(stats.acked)
     assert set(counts) == {e.path for e in manifest.entries} and max(counts.values()) == 1
     # the second attempt sent only what the first had not got verified
-    verified_first = {e.path: e.size for e in manifest.entries if e.path in stats.acked[:cut[0]]}
+    verified_first = {e.path: e.size for e in manifest.entries if e.path in stats.acked[: cut[0]]}
     assert stats.skipped_files >= len(verified_first) >= 12
     ciphertext_all = sum(e.size + 200 for e in manifest.entries)  # + header, tag, frame
     assert stats.per_attempt[1] <= ciphertext_all - sum(verified_first.values())
@@ -237,8 +272,9 @@ async def test_cut_link_resumes_without_resending_verified_files(sshd, fault_pro
 
 
 @pytest.mark.asyncio
-async def test_cancelled_sync_then_rerun_skips_verified_files(sshd, fault_proxy, host_factory,
-                                                              tmp_path):
+async def test_cancelled_sync_then_rerun_skips_verified_files(
+    sshd, fault_proxy, host_factory, tmp_path
+):
     data = make_slice(tmp_path / "data", small=30, small_size=200_000, big=0)
     proxy = fault_proxy(sshd)
     host = await host_factory(sshd, proxy)
@@ -280,8 +316,9 @@ async def test_resync_unchanged_sends_under_one_percent(sshd, host_factory, tmp_
         manifest, answer, third = await host.sync(data, key, cache=cache)
         assert third.sent_files == 1 and third.acked == ["d0/s000.bin"]
         assert answer["pruned"] == 2  # its ciphertext and its RAM copy
-        assert sorted(p.name for p in Path(answer["data_dir"]).rglob("*") if p.is_file()) == \
-            sorted(Path(e.path).name for e in manifest.entries)
+        assert sorted(p.name for p in Path(answer["data_dir"]).rglob("*") if p.is_file()) == sorted(
+            Path(e.path).name for e in manifest.entries
+        )
         # a new local journal (no hash cache) still sends nothing: it hashes, the host agrees
         _, _, fresh = await host.sync(data, key, cache=MemoryHashCache())
         assert fresh.sent_files == 0 and fresh.skipped_files == fresh.files
@@ -301,10 +338,18 @@ async def test_tampered_ciphertext_on_host_is_exit_5(sshd, host_factory, tmp_pat
         blob[200] ^= 0x01
         victim.write_bytes(bytes(blob))
         # the full check (prepare_data) decrypts the stored ciphertext again
-        full = await host.agent.call("prepare_data", {
-            "run_dir": host.run_dir, "run_id": host.run_id, "src": f"{host.run_dir}/data",
-            "encrypted": True, "key_hex": key.hex(), "runtime_dir": host.runtime_dir,
-            "manifest": [e.__dict__ for e in manifest.entries]})
+        full = await host.agent.call(
+            "prepare_data",
+            {
+                "run_dir": host.run_dir,
+                "run_id": host.run_id,
+                "src": f"{host.run_dir}/data",
+                "encrypted": True,
+                "key_hex": key.hex(),
+                "runtime_dir": host.runtime_dir,
+                "manifest": [e.__dict__ for e in manifest.entries],
+            },
+        )
         assert [m["path"] for m in full["mismatches"]] == ["d1/s001.bin"]
         # the host "rebooted": RAM is empty, so the sync must decrypt what is stored, and fails
         shutil.rmtree(answer["data_dir"])
@@ -341,8 +386,11 @@ def test_sealed_stream_hashes_what_it_sends(tmp_path):
 
     data = make_slice(tmp_path / "data", small=3, big=0)
     key = os.urandom(32)
-    files = [_Local(str(p.relative_to(data)), p.stat().st_size, 0, 0, None)
-             for p in sorted(data.rglob("*")) if p.is_file()]
+    files = [
+        _Local(str(p.relative_to(data)), p.stat().st_size, 0, 0, None)
+        for p in sorted(data.rglob("*"))
+        if p.is_file()
+    ]
     pieces = _pieces(data, files, [(i, None) for i in range(len(files))], key)
     stream = b""
     while batch := _next_batch(pieces):

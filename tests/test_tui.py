@@ -43,9 +43,13 @@ def expected_log(lines: int, torch: bool = False) -> list[str]:
 
 
 def fast_workload(lines: int, seconds: float) -> dict:
-    return {"command": f"python3 emit.py --device {{device}} --data {{data_dir}} "
-                       f"--out {{output_dir}} --lines {lines} --seconds {seconds}",
-            "reference": {"device": "cpu"}, "target": {"device": "cpu"}, "timeout": "5m"}
+    return {
+        "command": f"python3 emit.py --device {{device}} --data {{data_dir}} "
+        f"--out {{output_dir}} --lines {lines} --seconds {seconds}",
+        "reference": {"device": "cpu"},
+        "target": {"device": "cpu"},
+        "timeout": "5m",
+    }
 
 
 def view_lines(app: RemotemacApp, device: str) -> list[str]:
@@ -77,8 +81,9 @@ async def wait_for(pilot, predicate, timeout: float, what: str) -> float:
 
 def make_app(home: Path, tmp_path: Path, playbooks=(), **kw) -> RemotemacApp:
     settings = Settings(str(home), kw.pop("ssh_config", None), None, False)
-    return RemotemacApp(settings, [str(p) for p in playbooks], out_root=tmp_path / "runs",
-                        blink=False, **kw)
+    return RemotemacApp(
+        settings, [str(p) for p in playbooks], out_root=tmp_path / "runs", blink=False, **kw
+    )
 
 
 def run_screen(app: RemotemacApp) -> RunScreen:
@@ -97,8 +102,12 @@ async def test_quickstart_on_local_shows_log_and_verdict(make_playbook, rm_home,
         await pilot.press("r")  # the picker lists the PLAYBOOK args
         await pilot.pause()
         await pilot.press("enter")
-        await wait_for(pilot, lambda: isinstance(app.screen, RunScreen)
-                       and app.screen.acceptance is not None, 120, "the verdict")
+        await wait_for(
+            pilot,
+            lambda: isinstance(app.screen, RunScreen) and app.screen.acceptance is not None,
+            120,
+            "the verdict",
+        )
         screen = run_screen(app)
         await pilot.pause(0.2)
         assert screen.acceptance.verdict == "accepted"
@@ -126,8 +135,12 @@ async def test_link_cut_badge_reconnects_and_no_line_is_lost(
 ):
     proxy = fault_proxy(sshd)
     home, cfg, alias = ssh_env(sshd, proxy)
-    pb = make_playbook(host=alias, workload=fast_workload(300, 6), environment=None,
-                       remote_root=str(sshd.home / "host-root"))
+    pb = make_playbook(
+        host=alias,
+        workload=fast_workload(300, 6),
+        environment=None,
+        remote_root=str(sshd.home / "host-root"),
+    )
     app = make_app(home, tmp_path, [pb], ssh_config=str(cfg))
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press("r")
@@ -137,8 +150,7 @@ async def test_link_cut_badge_reconnects_and_no_line_is_lost(
         screen = run_screen(app)
         badge = screen.query_one("#badge", ConnectionBadge)
         await wait_for(pilot, lambda: badge.state == "connected", 30, "connected")
-        await wait_for(pilot, lambda: len(view_lines(app, "cpu-target")) > 20, 90,
-                       "target lines")
+        await wait_for(pilot, lambda: len(view_lines(app, "cpu-target")) > 20, 90, "target lines")
         proxy.refuse(True)  # the host is "down" for a while: reconnects fail until restore
         await asyncio.to_thread(proxy.cut)
         cut_at = time.monotonic()
@@ -152,7 +164,7 @@ async def test_link_cut_badge_reconnects_and_no_line_is_lost(
         await pilot.pause(0.2)
         shown = [s for s in badge.shown if s != "unknown"]  # "unknown": before connecting
         assert shown[0] == "connected" and shown[-1] == "connected"
-        assert "reconnecting" in shown[shown.index("connected") + 1:]
+        assert "reconnecting" in shown[shown.index("connected") + 1 :]
         assert proxy.accepted >= 2
         out = Path(screen.live.out_dir)
         for device in ("cpu", "cpu-target"):
@@ -193,8 +205,12 @@ async def test_wipe_asks_first_and_wipes_on_yes(make_playbook, rm_home, tmp_path
         await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen), 5, "the question")
         await pilot.press("y")
         journal = Journal(rm_home / "journal.sqlite3")
-        await wait_for(pilot, lambda: (journal.phase_state(run_id, "wipe") or ("", {}))[1]
-                       .get("done") is True, 30, "the wipe")
+        await wait_for(
+            pilot,
+            lambda: (journal.phase_state(run_id, "wipe") or ("", {}))[1].get("done") is True,
+            30,
+            "the wipe",
+        )
         assert not (run_dir / "data").exists() and not (run_dir / "out").exists()
         assert not list((rm_home / "keys").glob("*.key"))
         assert app.errors == []
@@ -224,8 +240,9 @@ async def test_quit_keeps_the_job_and_reopening_reattaches(make_playbook, rm_hom
     async with again.run_test(size=SIZE) as pilot:
         await wait_for(pilot, lambda: again.driver.attached(run_id), 10, "re-attach")
         again.open_run(run_id)
-        await wait_for(pilot, lambda: journal.get_run(run_id).state == "finished", 120,
-                       "the run's end")
+        await wait_for(
+            pilot, lambda: journal.get_run(run_id).state == "finished", 120, "the run's end"
+        )
         await pilot.pause(0.3)
         skipped = [p for p, s in run_screen(again).live.phases.items() if s.state == "skipped"]
         assert "provision" in skipped and "sync" in skipped
@@ -255,13 +272,18 @@ async def test_trust_shows_the_fingerprint_and_pins_only_on_yes(sshd, ssh_env, t
         assert sshd.fingerprint in app.screen.details
         await pilot.press("n")
         await pilot.pause(0.3)
-        assert not known.exists() or sshd.host_pubkey.read_text().split()[1] \
-            not in known.read_text()
+        assert (
+            not known.exists() or sshd.host_pubkey.read_text().split()[1] not in known.read_text()
+        )
         await pilot.press("k")
         await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen), 15, "the question")
         await pilot.press("y")
-        await wait_for(pilot, lambda: known.exists() and sshd.host_pubkey.read_text().split()[1]
-                       in known.read_text(), 15, "the pin")
+        await wait_for(
+            pilot,
+            lambda: known.exists() and sshd.host_pubkey.read_text().split()[1] in known.read_text(),
+            15,
+            "the pin",
+        )
         assert app.errors == []
 
 
@@ -329,10 +351,21 @@ def test_transfer_rate_comes_from_event_timestamps():
 
 def test_fallback_ops_are_found_in_the_log():
     live = RunLive("r", host="mac")
-    live.apply(LogLine("r", device="mps", line="UserWarning: The operator 'aten::_linalg_svd' "
-                       "is not currently supported on the MPS backend and will fall back"))
-    live.apply(LogLine("r", device="mps", line="The operator 'aten::_linalg_svd' is not "
-                       "currently supported on the MPS backend"))
+    live.apply(
+        LogLine(
+            "r",
+            device="mps",
+            line="UserWarning: The operator 'aten::_linalg_svd' "
+            "is not currently supported on the MPS backend and will fall back",
+        )
+    )
+    live.apply(
+        LogLine(
+            "r",
+            device="mps",
+            line="The operator 'aten::_linalg_svd' is not currently supported on the MPS backend",
+        )
+    )
     assert live.fallback_ops == ["aten::_linalg_svd"]
 
 
@@ -354,7 +387,9 @@ async def test_log_view_batches_bounds_and_searches(rm_home, tmp_path):
         assert log.lines[log.match_line].endswith("cpu        │ line 4500")
         live.add_line("cpu", "late line")
         await pilot.pause(0.2)
-        assert log.lines[-1].endswith("cpu        │ late line") and not log.following  # paused: no jump
+        assert (
+            log.lines[-1].endswith("cpu        │ late line") and not log.following
+        )  # paused: no jump
         await pilot.press("f")
         await pilot.pause()
         assert log.following
@@ -368,24 +403,55 @@ async def test_fleet_screen_shows_every_host_of_the_summary(rm_home, tmp_path):
     from remotemac.playbook import parse_playbook
     from remotemac.tui.screens.fleet import FleetScreen
 
-    pb = parse_playbook("name: sweep\nhosts: [mac-a, mac-b]\nmatrix: {bs: [1, 2]}\n"
-                        "workload: {command: 'python t.py --bs {matrix.bs}'}\n")
+    pb = parse_playbook(
+        "name: sweep\nhosts: [mac-a, mac-b]\nmatrix: {bs: [1, 2]}\n"
+        "workload: {command: 'python t.py --bs {matrix.bs}'}\n"
+    )
     out = tmp_path / "runs" / "sweep-fleet"
     out.mkdir(parents=True)
-    runs = [FleetRun(i, host, {"bs": bs}, HostVars(), out / host, verdict=verdict,
-                     duration_s=12.5 + i, cost=0.25, reason=reason)
-            for i, (host, bs, verdict, reason) in enumerate([
-                ("mac-a", 1, "accepted", ""), ("mac-b", 2, "lost", "tmux session gone")])]
-    write_summary(out, pb, runs, fleet_id="sweep-fleet", exit_code=4, started=1_790_000_000.0,
-                  forks=8, connections=2)
+    runs = [
+        FleetRun(
+            i,
+            host,
+            {"bs": bs},
+            HostVars(),
+            out / host,
+            verdict=verdict,
+            duration_s=12.5 + i,
+            cost=0.25,
+            reason=reason,
+        )
+        for i, (host, bs, verdict, reason) in enumerate(
+            [("mac-a", 1, "accepted", ""), ("mac-b", 2, "lost", "tmux session gone")]
+        )
+    ]
+    write_summary(
+        out,
+        pb,
+        runs,
+        fleet_id="sweep-fleet",
+        exit_code=4,
+        started=1_790_000_000.0,
+        forks=8,
+        connections=2,
+    )
     app = make_app(rm_home, tmp_path, reattach=False)
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press("f")
         await pilot.pause()
         assert isinstance(app.screen, FleetScreen)
         text = screen_text(app)
-        for fragment in ("sweep-fleet", "mac-a", "mac-b", "bs=1", "bs=2", "accepted", "lost",
-                         "tmux session gone", "exit 4"):
+        for fragment in (
+            "sweep-fleet",
+            "mac-a",
+            "mac-b",
+            "bs=1",
+            "bs=2",
+            "accepted",
+            "lost",
+            "tmux session gone",
+            "exit 4",
+        ):
             assert fragment in text, fragment
         await pilot.press("escape")
         await pilot.pause()
@@ -394,7 +460,8 @@ async def test_fleet_screen_shows_every_host_of_the_summary(rm_home, tmp_path):
 
 @pytest.mark.asyncio
 async def test_runs_screen_shows_what_the_host_says_about_a_detached_run(
-        make_playbook, rm_home, tmp_path):
+    make_playbook, rm_home, tmp_path
+):
     """A run driven by nobody here (detached from the CLI): the state column asks its host."""
     import json
 
@@ -406,8 +473,14 @@ async def test_runs_screen_shows_what_the_host_says_about_a_detached_run(
     run_id = json.loads(proc.stdout.splitlines()[-1])["run_id"]
     app = make_app(rm_home, tmp_path, reattach=False, live_poll_s=0.5)
     async with app.run_test(size=SIZE) as pilot:
-        await wait_for(pilot, lambda: "host: cpu running" in screen_text(app)
-                       or "host: cpu finished" in screen_text(app), 60, "the host's answer")
+        await wait_for(
+            pilot,
+            lambda: (
+                "host: cpu running" in screen_text(app) or "host: cpu finished" in screen_text(app)
+            ),
+            60,
+            "the host's answer",
+        )
         assert run_id[:20] in screen_text(app)
     # leave nothing running: finish the run
     assert remotemac("attach", run_id).returncode in (0, 1)

@@ -32,8 +32,12 @@ async def test_tui_drill_cuts_the_link_through_the_transport_and_the_record_coun
 ):
     home, cfg, alias = ssh_env(sshd)
     # remote_root in the sshd session's own HOME: the lab user cannot write the test's tmp
-    pb = make_playbook(host=alias, workload=fast_workload(200, 5), remote_root="~/remotemac",
-                       environment={"python": "python3", "venv": False})
+    pb = make_playbook(
+        host=alias,
+        workload=fast_workload(200, 5),
+        remote_root="~/remotemac",
+        environment={"python": "python3", "venv": False},
+    )
     app = make_app(home, tmp_path, [pb], ssh_config=str(cfg))
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press("r")
@@ -42,11 +46,14 @@ async def test_tui_drill_cuts_the_link_through_the_transport_and_the_record_coun
         await wait_for(pilot, lambda: isinstance(app.screen, RunScreen), 10, "the run screen")
         screen = run_screen(app)
         badge = screen.query_one("#badge", ConnectionBadge)
-        await wait_for(pilot, lambda: len(view_lines(app, "cpu-target")) > 20, 90,
-                       "target lines")
+        await wait_for(pilot, lambda: len(view_lines(app, "cpu-target")) > 20, 90, "target lines")
         await pilot.press("d")
-        await wait_for(pilot, lambda: "disconnected" in badge.shown
-                       or "reconnecting" in badge.shown, 10, "the badge to show the cut")
+        await wait_for(
+            pilot,
+            lambda: "disconnected" in badge.shown or "reconnecting" in badge.shown,
+            10,
+            "the badge to show the cut",
+        )
         await wait_for(pilot, lambda: screen.acceptance is not None, 120, "the record")
         await pilot.pause(0.2)
         assert app.errors == []
@@ -57,6 +64,7 @@ async def test_tui_drill_cuts_the_link_through_the_transport_and_the_record_coun
         drill = cont["drill"]
         assert drill["by"] == "tui" and drill["cuts"] == 1 and drill["dropped"] == 1, drill
         assert view_lines(app, "cpu-target") == expected_log(200)
-        row = next(r for r in record["process_behaviour"]
-                   if "dropped SSH session" in r.get("question", ""))
+        row = next(
+            r for r in record["process_behaviour"] if "dropped SSH session" in r.get("question", "")
+        )
         assert "from the TUI" in json.dumps(row)

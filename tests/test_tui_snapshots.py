@@ -32,13 +32,30 @@ SIZE = (140, 40)
 PB = {"cost": {"hourly_rate": 1.1, "currency": "USD"}}
 
 
-def _row(run_id: str, host: str, state: str, verdict: str | None, age: float,
-         out_dir: str = "/nonexistent") -> RunRow:
+def _row(
+    run_id: str,
+    host: str,
+    state: str,
+    verdict: str | None,
+    age: float,
+    out_dir: str = "/nonexistent",
+) -> RunRow:
     created = NOW - age
-    return RunRow(run_id=run_id, name=run_id.rsplit("-", 3)[0], host=host, playbook_path=None,
-                  playbook=PB, out_dir=out_dir, options={}, state=state, verdict=verdict,
-                  exit_code=None, created_at=created, updated_at=created,
-                  finished_at=None if state == "running" else created + 1800)
+    return RunRow(
+        run_id=run_id,
+        name=run_id.rsplit("-", 3)[0],
+        host=host,
+        playbook_path=None,
+        playbook=PB,
+        out_dir=out_dir,
+        options={},
+        state=state,
+        verdict=verdict,
+        exit_code=None,
+        created_at=created,
+        updated_at=created,
+        finished_at=None if state == "running" else created + 1800,
+    )
 
 
 class FakeJournal:
@@ -63,15 +80,20 @@ class FakeJournal:
 
 def _journal(out_dir: str = "/nonexistent") -> FakeJournal:
     rows = [
-        _row("tiny-mlp-20260101-120000-a1b2", "mac-rental", "running", None, 2 * 3600 + 300,
-             out_dir),
+        _row(
+            "tiny-mlp-20260101-120000-a1b2", "mac-rental", "running", None, 2 * 3600 + 300, out_dir
+        ),
         _row("tiny-mlp-20251231-090000-c3d4", "mac-rental", "finished", "rejected", 86400 * 1.2),
         _row("lines-20251230-080000-e5f6", "local", "finished", "accepted", 86400 * 2.5),
     ]
     done = {"state": "done", "result": {}}
     phases = {
-        rows[0].run_id: {"provision": done, "sync": done, "launch:reference": done,
-                         "follow:reference": {"state": "started", "result": {}}},
+        rows[0].run_id: {
+            "provision": done,
+            "sync": done,
+            "launch:reference": done,
+            "follow:reference": {"state": "started", "result": {}},
+        },
         rows[1].run_id: {"wipe": done},
         rows[2].run_id: {"wipe": done},
     }
@@ -80,9 +102,16 @@ def _journal(out_dir: str = "/nonexistent") -> FakeJournal:
 
 def _app(tmp_path: Path, journal: FakeJournal) -> RemotemacApp:
     settings = Settings(str(tmp_path / "home"), None, None, False)
-    return RemotemacApp(settings, ["examples/tiny-mlp.yaml"], journal=journal,
-                        now=lambda: NOW, out_root=tmp_path / "runs", reattach=False,
-                        blink=False, live_poll_s=0)
+    return RemotemacApp(
+        settings,
+        ["examples/tiny-mlp.yaml"],
+        journal=journal,
+        now=lambda: NOW,
+        out_root=tmp_path / "runs",
+        reattach=False,
+        blink=False,
+        live_poll_s=0,
+    )
 
 
 def _live(run_id: str, out_dir: Path) -> RunLive:
@@ -101,22 +130,39 @@ def _live(run_id: str, out_dir: Path) -> RunLive:
         PhaseStarted(run_id, phase="follow:reference", ts=t + 21),
         PhaseProgress(run_id, phase="follow:cpu", done=0, unit="lines", ts=t + 21),
         PhaseProgress(run_id, phase="follow:cpu", done=1200, unit="lines", ts=t + 31),
-        ConnectionState(run_id, host="mac-rental", state="disconnected",
-                        detail="keepalive timeout", ts=t + 32),
-        ConnectionState(run_id, host="mac-rental", state="reconnecting", attempt=3,
-                        next_in_s=4.0, ts=t + 40),
+        ConnectionState(
+            run_id, host="mac-rental", state="disconnected", detail="keepalive timeout", ts=t + 32
+        ),
+        ConnectionState(
+            run_id, host="mac-rental", state="reconnecting", attempt=3, next_in_s=4.0, ts=t + 40
+        ),
     ]
     for i, mem in enumerate((310, 320, 330, 360, 380, 400, 410, 415)):
-        events.append(Metric(run_id, device="cpu", name="peak_rss_bytes", value=mem * 2**20,
-                             ts=t + 22 + i))
+        events.append(
+            Metric(run_id, device="cpu", name="peak_rss_bytes", value=mem * 2**20, ts=t + 22 + i)
+        )
     for i in range(1, 61):
-        events.append(LogLine(run_id, device="cpu", line=f"epoch {i // 10} step {i:04d} "
-                              f"loss {1 / i:.4f}", ts=t + 30))
-    events.append(LogLine(run_id, device="mps", line="UserWarning: The operator "
-                          "'aten::_linalg_svd' is not currently supported on the MPS backend "
-                          "and will fall back to run on the CPU.", ts=t + 31))
-    events.append(RunFinished(run_id, verdict="rejected", exit_code=1, out_dir=str(out_dir),
-                              ts=t + 50))
+        events.append(
+            LogLine(
+                run_id,
+                device="cpu",
+                line=f"epoch {i // 10} step {i:04d} loss {1 / i:.4f}",
+                ts=t + 30,
+            )
+        )
+    events.append(
+        LogLine(
+            run_id,
+            device="mps",
+            line="UserWarning: The operator "
+            "'aten::_linalg_svd' is not currently supported on the MPS backend "
+            "and will fall back to run on the CPU.",
+            ts=t + 31,
+        )
+    )
+    events.append(
+        RunFinished(run_id, verdict="rejected", exit_code=1, out_dir=str(out_dir), ts=t + 50)
+    )
     for event in events:
         live.apply(event)
     return live
@@ -124,18 +170,26 @@ def _live(run_id: str, out_dir: Path) -> RunLive:
 
 def _acceptance(out_dir: Path) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "acceptance.json").write_text(json.dumps({
-        "verdict": "rejected",
-        "stopping_conditions": [{"code": "fallback-op", "detail": "aten::_linalg_svd ran on "
-                                                                  "the CPU"}],
-        "observations": {
-            "tensors_on_device": True,
-            "operators": {"fallback_ops": [{"op": "aten::_linalg_svd"}], "unsupported_ops": [],
-                          "dtype_errors": []},
-            "memory": {"peak_bytes": 415 * 2**20, "stable": True, "slope_bytes_per_s": 0.0},
-            "results": {"within_tolerance": True, "files": []},
-        },
-    }))
+    (out_dir / "acceptance.json").write_text(
+        json.dumps(
+            {
+                "verdict": "rejected",
+                "stopping_conditions": [
+                    {"code": "fallback-op", "detail": "aten::_linalg_svd ran on the CPU"}
+                ],
+                "observations": {
+                    "tensors_on_device": True,
+                    "operators": {
+                        "fallback_ops": [{"op": "aten::_linalg_svd"}],
+                        "unsupported_ops": [],
+                        "dtype_errors": [],
+                    },
+                    "memory": {"peak_bytes": 415 * 2**20, "stable": True, "slope_bytes_per_s": 0.0},
+                    "results": {"within_tolerance": True, "files": []},
+                },
+            }
+        )
+    )
     (out_dir / "acceptance.md").write_text("# Acceptance: tiny-mlp\n\n**rejected**\n")
 
 
@@ -162,16 +216,20 @@ def test_run_screen(snap_compare, tmp_path):
 
 def test_hosts_screen(snap_compare, tmp_path):
     app = _app(tmp_path, _journal())
-    report = DoctorReport("mac-rental", [
-        Check("macos", "ok", "15.3.1", "MPS needs macOS 14+"),
-        Check("arch", "ok", "arm64"),
-        Check("vm", "warn", "virtual machine", "MPS in a VM is slower", "rent bare metal"),
-        Check("python", "ok", "3.12.8"),
-        Check("tmux", "fail", "missing", "jobs survive disconnects in tmux",
-              "brew install tmux"),
-        Check("disk", "ok", "212.0 GiB free"),
-        Check("mps", "ok", "available"),
-    ])
+    report = DoctorReport(
+        "mac-rental",
+        [
+            Check("macos", "ok", "15.3.1", "MPS needs macOS 14+"),
+            Check("arch", "ok", "arm64"),
+            Check("vm", "warn", "virtual machine", "MPS in a VM is slower", "rent bare metal"),
+            Check("python", "ok", "3.12.8"),
+            Check(
+                "tmux", "fail", "missing", "jobs survive disconnects in tmux", "brew install tmux"
+            ),
+            Check("disk", "ok", "212.0 GiB free"),
+            Check("mps", "ok", "available"),
+        ],
+    )
 
     async def before(pilot) -> None:
         await pilot.press("h", "down")
@@ -215,10 +273,17 @@ def _two_devices(run_id: str, t: float) -> RunLive:
     live.apply(ConnectionState(run_id, host="mac-rental", state="connected", ts=t))
     live.apply(PhaseStarted(run_id, phase="follow:target", ts=t))
     for i in range(12):
-        live.apply(LogLine(run_id, device="cpu", line=f"epoch {i} loss {1 / (i + 1):.4f}",
-                           ts=t + 2 * i))
-        live.apply(LogLine(run_id, device="cpu-target", line=f"epoch {i} loss "
-                           f"{1 / (i + 1) + 1e-6:.4f}", ts=t + 2 * i + 1))
+        live.apply(
+            LogLine(run_id, device="cpu", line=f"epoch {i} loss {1 / (i + 1):.4f}", ts=t + 2 * i)
+        )
+        live.apply(
+            LogLine(
+                run_id,
+                device="cpu-target",
+                line=f"epoch {i} loss {1 / (i + 1) + 1e-6:.4f}",
+                ts=t + 2 * i + 1,
+            )
+        )
     return live
 
 
@@ -277,27 +342,55 @@ def test_fleet_screen_from_journal(snap_compare, tmp_path):
     """Fleet runs found in the journal (no fleet.json anywhere near the cwd)."""
     fleet = "sweep-20251229-100000-9f9f"
     rows = []
-    for i, (host, verdict, bs) in enumerate((("mac-a", "accepted", 1), ("mac-b", "rejected", 2),
-                                             ("mac-c", "accepted", 4))):
+    for i, (host, verdict, bs) in enumerate(
+        (("mac-a", "accepted", 1), ("mac-b", "rejected", 2), ("mac-c", "accepted", 4))
+    ):
         row = _row(f"{fleet}-{i:02d}", host, "finished", verdict, 86400 * 3 - 60 * i)
-        rows.append(RunRow(**{**row.__dict__, "name": "sweep",
-                              "options": {"fleet": fleet, "variant": {"bs": bs}}}))
+        rows.append(
+            RunRow(
+                **{
+                    **row.__dict__,
+                    "name": "sweep",
+                    "options": {"fleet": fleet, "variant": {"bs": bs}},
+                }
+            )
+        )
     assert snap_compare(_app(tmp_path, FakeJournal(rows, {})), terminal_size=SIZE, press=["f"])
 
 
 def _hosts(width: int):
     def run(snap_compare, tmp_path):
-        app = RemotemacApp(Settings(str(tmp_path / "home"), None, None, False), [],
-                           journal=_journal(), now=lambda: NOW, out_root=tmp_path / "runs",
-                           reattach=False, blink=False, live_poll_s=0)
-        report = DoctorReport("mac-rental", [
-            Check("macos", "ok", "15.3.1", "MPS needs macOS 14+"),
-            Check("vm", "warn", "virtual machine", "MPS in a VM is slower than on bare metal",
-                  "rent a bare-metal Mac"),
-            Check("tmux", "fail", "missing", "jobs survive disconnects only inside tmux",
-                  "brew install tmux, or let remotemac bring its own"),
-            Check("disk", "ok", "212.0 GiB free of 500.0 GiB at /Users/me"),
-        ])
+        app = RemotemacApp(
+            Settings(str(tmp_path / "home"), None, None, False),
+            [],
+            journal=_journal(),
+            now=lambda: NOW,
+            out_root=tmp_path / "runs",
+            reattach=False,
+            blink=False,
+            live_poll_s=0,
+        )
+        report = DoctorReport(
+            "mac-rental",
+            [
+                Check("macos", "ok", "15.3.1", "MPS needs macOS 14+"),
+                Check(
+                    "vm",
+                    "warn",
+                    "virtual machine",
+                    "MPS in a VM is slower than on bare metal",
+                    "rent a bare-metal Mac",
+                ),
+                Check(
+                    "tmux",
+                    "fail",
+                    "missing",
+                    "jobs survive disconnects only inside tmux",
+                    "brew install tmux, or let remotemac bring its own",
+                ),
+                Check("disk", "ok", "212.0 GiB free of 500.0 GiB at /Users/me"),
+            ],
+        )
 
         async def before(pilot) -> None:
             await pilot.press("h", "down")

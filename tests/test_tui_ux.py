@@ -31,16 +31,34 @@ from tests.test_tui import make_app, screen_text, wait_for
 
 pytestmark = pytest.mark.timeout(180)
 SIZE = (120, 40)
-PB = {"name": "tiny", "host": "local", "workload": {"command": "true"},
-      "cost": {"hourly_rate": 2.0, "currency": "USD"}}
+PB = {
+    "name": "tiny",
+    "host": "local",
+    "workload": {"command": "true"},
+    "cost": {"hourly_rate": 2.0, "currency": "USD"},
+}
 
 
-def journal_run(home: Path, run_id: str, out_dir: Path, *, options: dict | None = None,
-                state: str = "finished", verdict: str | None = "accepted",
-                host: str = "local") -> Journal:
+def journal_run(
+    home: Path,
+    run_id: str,
+    out_dir: Path,
+    *,
+    options: dict | None = None,
+    state: str = "finished",
+    verdict: str | None = "accepted",
+    host: str = "local",
+) -> Journal:
     journal = Journal(home / "journal.sqlite3")
-    journal.create_run(run_id, name=run_id.rsplit("-", 3)[0], host=host, playbook_path=None,
-                       playbook=PB, out_dir=str(out_dir), options=options or {})
+    journal.create_run(
+        run_id,
+        name=run_id.rsplit("-", 3)[0],
+        host=host,
+        playbook_path=None,
+        playbook=PB,
+        out_dir=str(out_dir),
+        options=options or {},
+    )
     if state != "created":
         journal.set_run_state(run_id, state, verdict=verdict, exit_code=0)
     return journal
@@ -89,8 +107,11 @@ def test_every_key_has_a_palette_entry(rm_home, tmp_path):
                 continue  # escape: leaving a screen is not an action
             keys = binding.key.split(",")
             shown = {"slash": "/"}.get(keys[0], keys[0])
-            assert f"({shown}" in helps or f"{shown} on the" in helps or \
-                f", {shown})" in helps, (screen.__name__, binding.key, binding.description)
+            assert f"({shown}" in helps or f"{shown} on the" in helps or f", {shown})" in helps, (
+                screen.__name__,
+                binding.key,
+                binding.description,
+            )
 
 
 @pytest.mark.asyncio
@@ -122,16 +143,24 @@ async def test_palette_entries_act_on_their_screen(rm_home, tmp_path):
 
 @pytest.mark.asyncio
 async def test_tui_with_a_playbook_runs_it(make_playbook, rm_home, tmp_path):
-    pb = make_playbook(workload={"command": "python3 emit.py --device {device} --data "
-                                            "{data_dir} --out {output_dir} --lines 5 "
-                                            "--seconds 0.2",
-                                 "reference": {"device": "cpu"}, "target": {"device": "cpu"},
-                                 "timeout": "5m"})
-    app = make_app(rm_home, tmp_path, [pb], reattach=False, live_poll_s=0,
-                   start_playbooks=True)
+    pb = make_playbook(
+        workload={
+            "command": "python3 emit.py --device {device} --data "
+            "{data_dir} --out {output_dir} --lines 5 "
+            "--seconds 0.2",
+            "reference": {"device": "cpu"},
+            "target": {"device": "cpu"},
+            "timeout": "5m",
+        }
+    )
+    app = make_app(rm_home, tmp_path, [pb], reattach=False, live_poll_s=0, start_playbooks=True)
     async with app.run_test(size=SIZE) as pilot:
-        await wait_for(pilot, lambda: isinstance(app.screen, RunScreen)
-                       and app.screen.acceptance is not None, 120, "the run's record")
+        await wait_for(
+            pilot,
+            lambda: isinstance(app.screen, RunScreen) and app.screen.acceptance is not None,
+            120,
+            "the run's record",
+        )
         assert app.errors == []
     assert [r.name for r in Journal(rm_home / "journal.sqlite3").list_runs()] == ["lines"]
 
@@ -158,8 +187,12 @@ async def test_run_dialog_dry_run_and_host_override(make_playbook, rm_home, tmp_
         await pilot.pause()
         app.screen.query_one("#host").value = "local"
         app.screen.query_one("#start").press()
-        await wait_for(pilot, lambda: isinstance(app.screen, RunScreen)
-                       and app.screen.acceptance is not None, 120, "the run on local")
+        await wait_for(
+            pilot,
+            lambda: isinstance(app.screen, RunScreen) and app.screen.acceptance is not None,
+            120,
+            "the run on local",
+        )
         [row] = Journal(rm_home / "journal.sqlite3").list_runs()
         assert row.host == "local" and app.errors == []
 
@@ -195,8 +228,9 @@ async def test_log_lines_are_timestamped_aligned_and_filterable(rm_home, tmp_pat
         assert "elapsed 2m05s" in status and "device: all" in status
         await pilot.press("l")
         await pilot.pause(0.2)
-        assert [line.split("│")[1].strip() for line in log.lines] == \
-            [f"cpu step {i}" for i in range(6)]
+        assert [line.split("│")[1].strip() for line in log.lines] == [
+            f"cpu step {i}" for i in range(6)
+        ]
         await pilot.press("l")
         await pilot.pause(0.2)
         assert all("mps step" in line for line in log.lines) and len(log.lines) == 6
@@ -214,9 +248,15 @@ async def test_log_lines_are_timestamped_aligned_and_filterable(rm_home, tmp_pat
 
 def write_record(out_dir: Path, peak: int) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "acceptance.json").write_text(json.dumps({
-        "verdict": "accepted", "stopping_conditions": [],
-        "observations": {"memory": {"peak_bytes": peak, "stable": True}}}))
+    (out_dir / "acceptance.json").write_text(
+        json.dumps(
+            {
+                "verdict": "accepted",
+                "stopping_conditions": [],
+                "observations": {"memory": {"peak_bytes": peak, "stable": True}},
+            }
+        )
+    )
 
 
 @pytest.mark.asyncio
@@ -228,8 +268,12 @@ async def test_finished_run_shows_memory_from_the_record(rm_home, tmp_path):
     app = make_app(rm_home, tmp_path, reattach=False, live_poll_s=0)
     async with app.run_test(size=SIZE) as pilot:
         app.open_run(run_id)
-        await wait_for(pilot, lambda: isinstance(app.screen, RunScreen)
-                       and app.screen.acceptance is not None, 10, "the record")
+        await wait_for(
+            pilot,
+            lambda: isinstance(app.screen, RunScreen) and app.screen.acceptance is not None,
+            10,
+            "the record",
+        )
         await pilot.pause(0.2)
         label = str(app.screen.query_one("#mem-label").render())
         assert "306.0 MiB" in label and "record" in label, label
@@ -244,8 +288,7 @@ async def test_live_gauge_agrees_with_the_record_once_written(rm_home, tmp_path)
     async with app.run_test(size=SIZE) as pilot:
         live = RunLive(run_id, host="local")
         live.out_dir = str(out)
-        live.apply(Metric(run_id, device="cpu-target", name="peak_rss_bytes",
-                          value=1.6 * 2**20))
+        live.apply(Metric(run_id, device="cpu-target", name="peak_rss_bytes", value=1.6 * 2**20))
         app.driver.lives[run_id] = live
         app.open_run(run_id)
         await pilot.pause(0.3)
@@ -262,12 +305,23 @@ async def test_fleet_screen_reads_the_journal_not_the_cwd(rm_home, tmp_path):
     fleet = "sweep-20261130-120000-f1f1"
     journal = None
     for i, (host, verdict) in enumerate((("mac-a", "accepted"), ("mac-b", "rejected"))):
-        journal = journal_run(rm_home, f"{fleet}-{i:02d}", elsewhere / f"{fleet}-{i:02d}",
-                              options={"fleet": fleet, "variant": {"bs": i + 1}},
-                              verdict=verdict, host=host)
-    journal_run(rm_home, "other-20261130-130000-0a0a-00", tmp_path / "x" / "r",
-                options={"fleet": "other-20261130-130000-0a0a"}, state="running",
-                verdict=None, host="mac-c")
+        journal = journal_run(
+            rm_home,
+            f"{fleet}-{i:02d}",
+            elsewhere / f"{fleet}-{i:02d}",
+            options={"fleet": fleet, "variant": {"bs": i + 1}},
+            verdict=verdict,
+            host=host,
+        )
+    journal_run(
+        rm_home,
+        "other-20261130-130000-0a0a-00",
+        tmp_path / "x" / "r",
+        options={"fleet": "other-20261130-130000-0a0a"},
+        state="running",
+        verdict=None,
+        host="mac-c",
+    )
     journal.close()
     app = make_app(rm_home, tmp_path / "cwd-runs", reattach=False, live_poll_s=0)
     async with app.run_test(size=SIZE) as pilot:
@@ -284,13 +338,26 @@ async def test_fleet_screen_reads_the_journal_not_the_cwd(rm_home, tmp_path):
             assert fragment in text, fragment
 
 
-REPORT = DoctorReport("mac-rental", [
-    Check("macos", "fail", "Linux", "MPS exists only on macOS (14 or newer)",
-          "use an Apple-Silicon Mac as HOST"),
-    Check("tmux", "fail", "missing", "jobs survive disconnects only inside tmux sessions",
-          "brew install tmux, or let remotemac bring its own"),
-    Check("disk", "ok", "212.0 GiB free of 500.0 GiB at /Users/me"),
-])
+REPORT = DoctorReport(
+    "mac-rental",
+    [
+        Check(
+            "macos",
+            "fail",
+            "Linux",
+            "MPS exists only on macOS (14 or newer)",
+            "use an Apple-Silicon Mac as HOST",
+        ),
+        Check(
+            "tmux",
+            "fail",
+            "missing",
+            "jobs survive disconnects only inside tmux sessions",
+            "brew install tmux, or let remotemac bring its own",
+        ),
+        Check("disk", "ok", "212.0 GiB free of 500.0 GiB at /Users/me"),
+    ],
+)
 
 
 @pytest.mark.parametrize("width", [80, 120])
@@ -321,8 +388,9 @@ async def test_pull_again_in_the_tui_is_said_not_redone(rm_home, tmp_path):
     for phase, result in (("provision", {}), ("pull", {"summary": "2 files verified"})):
         journal.start_phase(run_id, phase)
         journal.finish_phase(run_id, phase, result)
-    app = RemotemacApp(make_app(rm_home, tmp_path).settings, journal=journal,
-                       reattach=False, live_poll_s=0)
+    app = RemotemacApp(
+        make_app(rm_home, tmp_path).settings, journal=journal, reattach=False, live_poll_s=0
+    )
     async with app.run_test(size=SIZE):
         with pytest.raises(AlreadyDone, match="already pulled"):
             await app.driver.one_phase("ab12", "pull")

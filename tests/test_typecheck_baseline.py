@@ -34,5 +34,6 @@ def test_a_new_error_fails_and_a_fixed_one_is_reported(tmp_path, monkeypatch, ca
 def test_mypy_output_lines_become_baseline_lines() -> None:
     match = _typecheck().ERROR.match(
         'remotemac/engine/plan.py:24: error: Argument 1 to "select_slice" has incompatible '
-        'type "Path | None"; expected "Path"  [arg-type]')
+        'type "Path | None"; expected "Path"  [arg-type]'
+    )
     assert match and match["path"] == "remotemac/engine/plan.py" and match["code"] == "arg-type"

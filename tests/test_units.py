@@ -3,10 +3,18 @@ import pytest
 from remotemac.units import format_size, parse_duration, parse_size
 
 
-@pytest.mark.parametrize("text,expected", [
-    ("2GiB", 2 * 1024**3), ("500MB", 500 * 1000**2), ("1.5KiB", 1536), (4096, 4096),
-    ("10", 10), ("3 mib", 3 * 1024**2), ("1TB", 10**12),
-])
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        ("2GiB", 2 * 1024**3),
+        ("500MB", 500 * 1000**2),
+        ("1.5KiB", 1536),
+        (4096, 4096),
+        ("10", 10),
+        ("3 mib", 3 * 1024**2),
+        ("1TB", 10**12),
+    ],
+)
 def test_sizes(text, expected):
     assert parse_size(text) == expected
 
@@ -17,9 +25,17 @@ def test_bad_sizes(bad):
         parse_size(bad)
 
 
-@pytest.mark.parametrize("text,expected", [
-    ("2h", 7200), ("90s", 90), ("30m", 1800), ("1h30m", 5400), (12, 12), ("1d", 86400),
-])
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        ("2h", 7200),
+        ("90s", 90),
+        ("30m", 1800),
+        ("1h30m", 5400),
+        (12, 12),
+        ("1d", 86400),
+    ],
+)
 def test_durations(text, expected):
     assert parse_duration(text) == expected
 

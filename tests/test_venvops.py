@@ -16,25 +16,37 @@ from pathlib import Path
 AGENT = Path(__file__).resolve().parent.parent / "remotemac" / "agent" / "hostagent.py"
 
 
-def ensure_venv(root: Path, python: str, *, key: str = "k", system_site: bool = True,
-                path: str | None = None) -> dict:
+def ensure_venv(
+    root: Path, python: str, *, key: str = "k", system_site: bool = True, path: str | None = None
+) -> dict:
     env = dict(os.environ)
     if path is not None:
         env["PATH"] = path
     proc = subprocess.run(
         [sys.executable, str(AGENT), "ensure_venv"],
-        input=json.dumps({"root": str(root), "key": key, "python": python,
-                          "system_site_packages": system_site}).encode(),
-        capture_output=True, env=env, timeout=300)
+        input=json.dumps(
+            {"root": str(root), "key": key, "python": python, "system_site_packages": system_site}
+        ).encode(),
+        capture_output=True,
+        env=env,
+        timeout=300,
+    )
     return json.loads(proc.stdout)
 
 
 def make_parent_venv(where: Path, module: str) -> Path:
     """A venv (as a user's activated one) holding a module its base interpreter lacks."""
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(where)], check=True)
-    site = subprocess.run([str(where / "bin" / "python"), "-c",
-                           "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                          capture_output=True, text=True, check=True).stdout.strip()
+    site = subprocess.run(
+        [
+            str(where / "bin" / "python"),
+            "-c",
+            "import sysconfig; print(sysconfig.get_paths()['purelib'])",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     Path(site, f"{module}.py").write_text("WHO = 'parent venv'\n")
     return where / "bin" / "python3"
 
@@ -50,17 +62,28 @@ def test_venv_from_a_venvs_python_sees_that_venvs_packages(tmp_path: Path):
     assert answer["ok"], answer
     result = answer["result"]
     assert result["interpreter_is_venv"] is True and result["reused"] is False
-    seen = subprocess.run([result["venv_python"], "-c", "import rm_probe_parent as m; print(m.WHO)"],
-                          capture_output=True, text=True)
+    seen = subprocess.run(
+        [result["venv_python"], "-c", "import rm_probe_parent as m; print(m.WHO)"],
+        capture_output=True,
+        text=True,
+    )
     assert seen.stdout.strip() == "parent venv", seen.stderr
     # the workload's own venv comes first: its packages shadow the parent's
-    own = subprocess.run([result["venv_python"], "-c",
-                          "import sys, sysconfig; p = sysconfig.get_paths()['purelib'];"
-                          "print(sys.path.index(p))"], capture_output=True, text=True)
+    own = subprocess.run(
+        [
+            result["venv_python"],
+            "-c",
+            "import sys, sysconfig; p = sysconfig.get_paths()['purelib'];print(sys.path.index(p))",
+        ],
+        capture_output=True,
+        text=True,
+    )
     parent_site = result["parent_site"][0]
-    where = subprocess.run([result["venv_python"], "-c",
-                            f"import sys; print(sys.path.index({parent_site!r}))"],
-                           capture_output=True, text=True)
+    where = subprocess.run(
+        [result["venv_python"], "-c", f"import sys; print(sys.path.index({parent_site!r}))"],
+        capture_output=True,
+        text=True,
+    )
     assert int(own.stdout) < int(where.stdout)
 
 
@@ -80,8 +103,12 @@ def test_same_name_two_interpreters_two_venvs(tmp_path: Path):
 def test_runs_starting_together_build_the_venv_once(tmp_path: Path):
     """Three runs on one host at once: one builds, the others reuse (no half-made venv)."""
     with ThreadPoolExecutor(3) as pool:
-        answers = list(pool.map(lambda _: ensure_venv(tmp_path / "root", sys.executable,
-                                                      system_site=False), range(3)))
+        answers = list(
+            pool.map(
+                lambda _: ensure_venv(tmp_path / "root", sys.executable, system_site=False),
+                range(3),
+            )
+        )
     assert all(a["ok"] for a in answers), answers
     assert sorted(a["result"]["reused"] for a in answers) == [False, True, True]
     assert len({a["result"]["env_dir"] for a in answers}) == 1

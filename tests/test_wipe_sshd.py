@@ -39,7 +39,8 @@ def test_wipe_after_run_shreds_data_and_key(tmp_path: Path, sshd_factory, ssh_en
     rel = str(blobs[0].relative_to(copies))[: -len(".rmenc")]
     streamcrypt.decrypt_file(key, rel, str(blobs[0]), str(tmp_path / "plain-before"))
     assert (tmp_path / "plain-before").read_bytes() == (
-        Path(__file__).parent / "fixtures/projects/lines/data" / rel).read_bytes()
+        Path(__file__).parent / "fixtures/projects/lines/data" / rel
+    ).read_bytes()
     # it ran on the bare host: its own python3 (3.9, a venv of it), no cryptography there
     target_env = json.loads((out / "env" / "target.json").read_text())
     assert target_env["python"].startswith("3.9."), target_env["python"]
@@ -73,7 +74,9 @@ def test_wipe_after_run_shreds_data_and_key(tmp_path: Path, sshd_factory, ssh_en
     ledger = [json.loads(x) for x in (out / "ledger.jsonl").read_text().splitlines()]
     assert key.hex() not in json.dumps(ledger)
     assert any(e["op"] == "wipe_run_data" and e["via"] in ("ssh", "resident") for e in ledger)
-    assert any(e["via"] == "agent" and "rm -rf" in e["command"] and str(shm) in e["command"]
-               for e in ledger)
+    assert any(
+        e["via"] == "agent" and "rm -rf" in e["command"] and str(shm) in e["command"]
+        for e in ledger
+    )
     shown = t.cli("status", run_id, "--ledger")
     assert "wipe_run_data" in shown.stdout

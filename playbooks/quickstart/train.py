@@ -17,8 +17,12 @@ from torch import nn
 def load(path):
     with open(path, newline="") as fh:
         rows = list(csv.DictReader(fh))
-    x = torch.tensor([[float(r[k]) for k in ("sepal_length", "sepal_width", "petal_length",
-                                              "petal_width")] for r in rows])
+    x = torch.tensor(
+        [
+            [float(r[k]) for k in ("sepal_length", "sepal_width", "petal_length", "petal_width")]
+            for r in rows
+        ]
+    )
     y = torch.tensor([int(r["species"]) for r in rows])
     return (x - x.mean(0)) / x.std(0), y
 

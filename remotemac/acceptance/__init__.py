@@ -16,8 +16,14 @@ from remotemac.acceptance.record import build_record, validate_record, write_rec
 _COMPARE_NAMES = ("CompareRule", "ComparisonResult", "compare_outputs")
 
 __all__ = [
-    "CompareRule", "ComparisonResult", "build_record", "compare_outputs",
-    "evaluate_observations", "memory_stable", "render_markdown", "validate_record",
+    "CompareRule",
+    "ComparisonResult",
+    "build_record",
+    "compare_outputs",
+    "evaluate_observations",
+    "memory_stable",
+    "render_markdown",
+    "validate_record",
     "write_record",
 ]
 

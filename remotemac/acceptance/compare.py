@@ -50,7 +50,8 @@ WORST_KEYS = 5
 MAX_METADATA = 20
 #: a device name as torch prints one: ``cpu``, ``mps``, ``mps:0``, ``cuda:1`` …
 DEVICE_RE = re.compile(
-    r"^(?:cpu|mps|cuda|xpu|hip|meta|xla|mtia|hpu|ipu|vulkan|privateuseone)(?::\d+)?$")
+    r"^(?:cpu|mps|cuda|xpu|hip|meta|xla|mtia|hpu|ipu|vulkan|privateuseone)(?::\d+)?$"
+)
 _PY_NUMBERS = ("int", "float", "number")
 
 
@@ -165,8 +166,9 @@ def _fmt(x: Any) -> str:
     return f"{float(x):.6g}"
 
 
-def compare_arrays(a: np.ndarray, b: np.ndarray, rtol: float, atol: float) -> tuple[
-        float, float, bool, str]:
+def compare_arrays(
+    a: np.ndarray, b: np.ndarray, rtol: float, atol: float
+) -> tuple[float, float, bool, str]:
     """Compare target ``a`` with reference ``b`` of equal shape.
 
     Returns (max_abs_err, max_rel_err, ok, detail). Equal values (including equal
@@ -194,28 +196,43 @@ def compare_arrays(a: np.ndarray, b: np.ndarray, rtol: float, atol: float) -> tu
     n_nan = int(nan_mismatch.sum())
     if n_nan:
         idx = tuple(int(i) for i in np.argwhere(nan_mismatch)[0])
-        problems.append(f"NaN positions differ at {n_nan} of {a.size} elements, "
-                        f"first at {list(idx)}")
+        problems.append(
+            f"NaN positions differ at {n_nan} of {a.size} elements, first at {list(idx)}"
+        )
     n_bad = int(bad.sum())
     if n_bad:
         worst = np.unravel_index(int(np.argmax(np.where(bad, diff, -1.0))), a.shape)
         at = [int(i) for i in worst]
         problems.append(
             f"{n_bad} of {a.size} elements outside rtol={rtol:g} atol={atol:g}; worst at "
-            f"{at}: {_fmt(a[worst])} vs reference {_fmt(b[worst])}")
+            f"{at}: {_fmt(a[worst])} vs reference {_fmt(b[worst])}"
+        )
     if not math.isfinite(max_abs):
         problems.append("infinite error (an infinity where the other side is finite)")
     return max_abs, max_rel, not problems, "; ".join(problems)
 
 
-
-def _compare_csv(key: str, tgt: list[str], ref: list[str], rtol: float, atol: float,
-                 ) -> TensorResult:
+def _compare_csv(
+    key: str,
+    tgt: list[str],
+    ref: list[str],
+    rtol: float,
+    atol: float,
+) -> TensorResult:
     """A CSV column: numeric cells with the tolerance, text cells as metadata."""
     shape = [len(ref)]
     if len(tgt) != len(ref):
-        return TensorResult(key, shape, "csv", None, None, False,
-                            f"{len(tgt)} rows vs reference {len(ref)}", rtol, atol)
+        return TensorResult(
+            key,
+            shape,
+            "csv",
+            None,
+            None,
+            False,
+            f"{len(tgt)} rows vs reference {len(ref)}",
+            rtol,
+            atol,
+        )
     num_t, num_r, text_bad = [], [], []
     for i, (ct, cr) in enumerate(zip(tgt, ref, strict=True)):
         xt, xr = as_number(ct), as_number(cr)
@@ -227,16 +244,25 @@ def _compare_csv(key: str, tgt: list[str], ref: list[str], rtol: float, atol: fl
     max_abs = max_rel = 0.0
     ok, detail = True, ""
     if num_r:
-        max_abs, max_rel, ok, detail = compare_arrays(
-            np.array(num_t), np.array(num_r), rtol, atol)
+        max_abs, max_rel, ok, detail = compare_arrays(np.array(num_t), np.array(num_r), rtol, atol)
     metadata = False
     if text_bad:
         metadata = ok  # only text differs: metadata; numbers outside tolerance: a failure
         ok = False
         more = f" (+{len(text_bad) - 1} more)" if len(text_bad) > 1 else ""
         detail = "; ".join(filter(None, [detail, f"text differs at {text_bad[0]}{more}"]))
-    return TensorResult(key, shape, "csv", _finite_or_none(max_abs), _finite_or_none(max_rel),
-                        ok, detail, rtol, atol, metadata)
+    return TensorResult(
+        key,
+        shape,
+        "csv",
+        _finite_or_none(max_abs),
+        _finite_or_none(max_rel),
+        ok,
+        detail,
+        rtol,
+        atol,
+        metadata,
+    )
 
 
 def _compare_metadata(key: str, tgt: Any, ref: Any) -> TensorResult:
@@ -245,8 +271,9 @@ def _compare_metadata(key: str, tgt: Any, ref: Any) -> TensorResult:
     if nt == nr and type(nt) is type(nr):
         note = f"device {tgt} vs reference {ref} (device names normalised)" if tgt != ref else ""
         return TensorResult(key, None, None, None, None, True, note, metadata=True)
-    return TensorResult(key, None, None, None, None, False, f"{tgt!r} vs reference {ref!r}",
-                        metadata=True)
+    return TensorResult(
+        key, None, None, None, None, False, f"{tgt!r} vs reference {ref!r}", metadata=True
+    )
 
 
 def compare_leaf(key: str, tgt: Leaf, ref: Leaf, rule: CompareRule) -> TensorResult:
@@ -260,8 +287,9 @@ def compare_leaf(key: str, tgt: Leaf, ref: Leaf, rule: CompareRule) -> TensorRes
         return _compare_metadata(key, tgt.other, ref.other)
     if ref.array is None or tgt.array is None:
         what = lambda lf: lf.dtype if lf.array is not None else type(lf.other).__name__  # noqa: E731
-        return TensorResult(key, None, ref.dtype, None, None, False,
-                            f"{what(tgt)} vs reference {what(ref)}")
+        return TensorResult(
+            key, None, ref.dtype, None, None, False, f"{what(tgt)} vs reference {what(ref)}"
+        )
     shape = [int(s) for s in ref.array.shape]
     problems = []
     # plain Python numbers: 1 and 1.0 are the same value (a JSON writer may print either)
@@ -269,14 +297,23 @@ def compare_leaf(key: str, tgt: Leaf, ref: Leaf, rule: CompareRule) -> TensorRes
         problems.append(f"dtype {tgt.dtype} vs reference {ref.dtype}")
     if tgt.array.shape != ref.array.shape:
         problems.append(f"shape {list(tgt.array.shape)} vs reference {shape}")
-        return TensorResult(key, shape, ref.dtype, None, None, False, "; ".join(problems),
-                            rtol, atol)
+        return TensorResult(
+            key, shape, ref.dtype, None, None, False, "; ".join(problems), rtol, atol
+        )
     max_abs, max_rel, ok, detail = compare_arrays(tgt.array, ref.array, rtol, atol)
     if detail:
         problems.append(detail)
-    return TensorResult(key, shape, ref.dtype, _finite_or_none(max_abs),
-                        _finite_or_none(max_rel), ok and not problems, "; ".join(problems),
-                        rtol, atol)
+    return TensorResult(
+        key,
+        shape,
+        ref.dtype,
+        _finite_or_none(max_abs),
+        _finite_or_none(max_rel),
+        ok and not problems,
+        "; ".join(problems),
+        rtol,
+        atol,
+    )
 
 
 def _max_or_none(values: list[float | None]) -> float | None:
@@ -289,7 +326,8 @@ def _excess(t: TensorResult) -> float:
     if t.max_abs_err is None:
         return math.inf if not t.ok else -1.0
     allowed = (t.atol or 0.0) + (t.rtol or 0.0) * (
-        t.max_abs_err / t.max_rel_err if t.max_rel_err else 0.0)
+        t.max_abs_err / t.max_rel_err if t.max_rel_err else 0.0
+    )
     return t.max_abs_err / allowed if allowed > 0 else (math.inf if t.max_abs_err else 0.0)
 
 
@@ -299,9 +337,12 @@ def _fails(t: TensorResult, strict: bool) -> bool:
 
 def _select(leaves: dict[str, Leaf], rule: CompareRule) -> tuple[dict[str, Leaf], int]:
     """The leaves the rule's ``keys``/``ignore`` keep, and how many it skipped."""
-    kept = {k: v for k, v in leaves.items()
-            if (not rule.keys or key_matches(k, rule.keys))
-            and not (rule.ignore and key_matches(k, rule.ignore))}
+    kept = {
+        k: v
+        for k, v in leaves.items()
+        if (not rule.keys or key_matches(k, rule.keys))
+        and not (rule.ignore and key_matches(k, rule.ignore))
+    }
     return kept, len(leaves) - len(kept)
 
 
@@ -322,25 +363,33 @@ def compare_file(rel: str, reference: Path, target: Path, rule: CompareRule) -> 
     ref_leaves, ignored = _select(ref_all, rule)
     tgt_leaves, _ = _select(tgt_all, rule)
     if ref_all and not ref_leaves and not tgt_leaves:
-        return _file_failure(rel, rule, f"no key of {len(ref_all)} matches keys "
-                                        f"{list(rule.keys)} / ignore {list(rule.ignore)}")
+        return _file_failure(
+            rel,
+            rule,
+            f"no key of {len(ref_all)} matches keys {list(rule.keys)} / ignore {list(rule.ignore)}",
+        )
     tensors: list[TensorResult] = []
     for key, ref in ref_leaves.items():
         tgt = tgt_leaves.get(key)
         if tgt is None:
-            tensors.append(TensorResult(key, leaf_shape(ref), ref.dtype, None, None, False,
-                                        "missing in target"))
+            tensors.append(
+                TensorResult(
+                    key, leaf_shape(ref), ref.dtype, None, None, False, "missing in target"
+                )
+            )
         else:
             tensors.append(compare_leaf(key, tgt, ref, rule))
     for key, tgt in tgt_leaves.items():
         if key not in ref_leaves:
-            tensors.append(TensorResult(key, leaf_shape(tgt), tgt.dtype, None, None, False,
-                                        "not in reference"))
+            tensors.append(
+                TensorResult(key, leaf_shape(tgt), tgt.dtype, None, None, False, "not in reference")
+            )
     return _summarise(rel, rule, tensors, ignored)
 
 
-def _summarise(rel: str, rule: CompareRule, tensors: list[TensorResult],
-               ignored: int) -> FileResult:
+def _summarise(
+    rel: str, rule: CompareRule, tensors: list[TensorResult], ignored: int
+) -> FileResult:
     """The file's verdict, first failing key, worst keys and metadata differences."""
     bad = [t for t in tensors if _fails(t, rule.strict)]
     meta = [t for t in tensors if t.metadata and not t.ok]
@@ -349,13 +398,19 @@ def _summarise(rel: str, rule: CompareRule, tensors: list[TensorResult],
     parts = []
     if bad:
         shown = ", ".join(t.key for t in bad[:5]) + (
-            f" (+{len(bad) - 5} more)" if len(bad) > 5 else "")
-        parts.append(f"{len(bad)} of {len(tensors)} values outside tolerance or mismatched: "
-                     f"{shown}; first: {bad[0].key}: {bad[0].detail}")
+            f" (+{len(bad) - 5} more)" if len(bad) > 5 else ""
+        )
+        parts.append(
+            f"{len(bad)} of {len(tensors)} values outside tolerance or mismatched: "
+            f"{shown}; first: {bad[0].key}: {bad[0].detail}"
+        )
     if meta:
         verb = "fail (strict)" if rule.strict else "reported, not failing"
-        parts.append(f"{len(meta)} metadata difference(s) {verb}: "
-                     + ", ".join(t.key for t in meta[:3]) + (" …" if len(meta) > 3 else ""))
+        parts.append(
+            f"{len(meta)} metadata difference(s) {verb}: "
+            + ", ".join(t.key for t in meta[:3])
+            + (" …" if len(meta) > 3 else "")
+        )
     rtols = {t.rtol for t in tensors if t.rtol is not None}
     atols = {t.atol for t in tensors if t.atol is not None}
     return FileResult(
@@ -364,12 +419,19 @@ def _summarise(rel: str, rule: CompareRule, tensors: list[TensorResult],
         _max_or_none([t.max_rel_err for t in tensors]),
         rule.rtol if rule.rtol is not None else (max(rtols) if rtols else None),
         rule.atol if rule.atol is not None else (max(atols) if atols else None),
-        not bad, "; ".join(parts) if bad else "", tensors,
+        not bad,
+        "; ".join(parts) if bad else "",
+        tensors,
         first_failing_key=bad[0].key if bad else None,
-        worst=[{"key": t.key, "max_abs_err": t.max_abs_err, "max_rel_err": t.max_rel_err,
-                "ok": t.ok} for t in worst],
+        worst=[
+            {"key": t.key, "max_abs_err": t.max_abs_err, "max_rel_err": t.max_rel_err, "ok": t.ok}
+            for t in worst
+        ],
         metadata_differences=[{"key": t.key, "detail": t.detail} for t in meta[:MAX_METADATA]],
-        compared=len(tensors), ignored=ignored, strict=rule.strict)
+        compared=len(tensors),
+        ignored=ignored,
+        strict=rule.strict,
+    )
 
 
 def _matches(root: Path, pattern: str) -> set[str]:
@@ -400,8 +462,9 @@ def written_summary(*dirs: Path, limit: int = 8) -> str:
     return ", ".join(shown) + (f" and {more} more" if more > 0 else "")
 
 
-def compare_outputs(reference_dir: Path, target_dir: Path,
-                    rules: list[CompareRule]) -> ComparisonResult:
+def compare_outputs(
+    reference_dir: Path, target_dir: Path, rules: list[CompareRule]
+) -> ComparisonResult:
     """Compare every file the rules name; a file on one side only is a failure.
 
     ``within_tolerance`` is True only when at least one file was compared and every
@@ -414,22 +477,31 @@ def compare_outputs(reference_dir: Path, target_dir: Path,
         ref_set = _matches(reference_dir, rule.file)
         tgt_set = _matches(target_dir, rule.file)
         if not ref_set and not tgt_set:
-            files.append(_file_failure(rule.file, rule,
-                                       f"no file matches '{rule.file}' in the reference "
-                                       f"({reference_dir}) or the target ({target_dir}) "
-                                       f"outputs; the workload wrote: "
-                                       f"{written_summary(reference_dir, target_dir)}"))
+            files.append(
+                _file_failure(
+                    rule.file,
+                    rule,
+                    f"no file matches '{rule.file}' in the reference "
+                    f"({reference_dir}) or the target ({target_dir}) "
+                    f"outputs; the workload wrote: "
+                    f"{written_summary(reference_dir, target_dir)}",
+                )
+            )
             continue
         for rel in sorted(ref_set | tgt_set):
             if rel in seen:  # the first rule that names a file decides its tolerances
                 continue
             seen.add(rel)
             if rel not in tgt_set:
-                files.append(_file_failure(rel, rule, f"missing in target outputs "
-                                                      f"({target_dir / rel})"))
+                files.append(
+                    _file_failure(rel, rule, f"missing in target outputs ({target_dir / rel})")
+                )
             elif rel not in ref_set:
-                files.append(_file_failure(rel, rule, f"missing in reference outputs "
-                                                      f"({reference_dir / rel})"))
+                files.append(
+                    _file_failure(
+                        rel, rule, f"missing in reference outputs ({reference_dir / rel})"
+                    )
+                )
             else:
                 files.append(compare_file(rel, reference_dir / rel, target_dir / rel, rule))
     within = bool(files) and all(f.ok for f in files)

@@ -11,13 +11,20 @@ import re
 from pathlib import Path
 
 PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
-    (why, re.compile(rx)) for why, rx in (
+    (why, re.compile(rx))
+    for why, rx in (
         ("torch built without CUDA was asked for CUDA", r"Torch not compiled with CUDA enabled"),
         ("no CUDA GPU on this machine", r"No CUDA GPUs are available"),
-        ("the CUDA driver is missing", r"(?i)found no nvidia driver|CUDA driver (?:version|initiali[sz]ation|is insufficient)"),
+        (
+            "the CUDA driver is missing",
+            r"(?i)found no nvidia driver|CUDA driver (?:version|initiali[sz]ation|is insufficient)",
+        ),
         ("the CUDA runtime library was loaded", r"libcudart(?:\.so)?"),
         ("the CUDA compiler was invoked", r"\bnvcc\b"),
-        ("NCCL (CUDA-only collective backend) was used", r"\bNCCL\b(?: error|WARN|INFO)?|ProcessGroupNCCL"),
+        (
+            "NCCL (CUDA-only collective backend) was used",
+            r"\bNCCL\b(?: error|WARN|INFO)?|ProcessGroupNCCL",
+        ),
         ("a CUDA runtime error", r"\bCUDA error\b|cudaGetDeviceCount|CUDA_VISIBLE_DEVICES"),
     )
 )
@@ -33,8 +40,14 @@ def scan_log(path: Path, max_hits: int = MAX_HITS) -> list[dict[str, object]]:
         for number, line in enumerate(fh, 1):
             for why, pattern in PATTERNS:
                 if pattern.search(line):
-                    hits.append({"line_no": number, "line": line.strip()[:300], "why": why,
-                                 "log": path.name})
+                    hits.append(
+                        {
+                            "line_no": number,
+                            "line": line.strip()[:300],
+                            "why": why,
+                            "log": path.name,
+                        }
+                    )
                     break
             if len(hits) >= max_hits:
                 break

@@ -75,15 +75,22 @@ def theil_sen_slope(points: Sequence[tuple[float, float]]) -> float | None:
     if len(pts) > MAX_TREND_POINTS:
         step = len(pts) / float(MAX_TREND_POINTS)
         pts = [pts[int(i * step)] for i in range(MAX_TREND_POINTS)]
-    slopes = [(pts[j][1] - pts[i][1]) / (pts[j][0] - pts[i][0])
-              for i in range(len(pts)) for j in range(i + 1, len(pts))
-              if pts[j][0] != pts[i][0]]
+    slopes = [
+        (pts[j][1] - pts[i][1]) / (pts[j][0] - pts[i][0])
+        for i in range(len(pts))
+        for j in range(i + 1, len(pts))
+        if pts[j][0] != pts[i][0]
+    ]
     return _median(slopes) if slopes else None
 
 
-def warmup_end(pts: Sequence[tuple[float, float]], warmup_s: float | None,
-               warmup_samples: int, active_from: float | None = None,
-               warm_at: float | None = None) -> float:
+def warmup_end(
+    pts: Sequence[tuple[float, float]],
+    warmup_s: float | None,
+    warmup_samples: int,
+    active_from: float | None = None,
+    warm_at: float | None = None,
+) -> float:
     """When the warm-up ends, by steps or by time, and never before the
     ``warmup_samples``-th sample.
 
@@ -105,14 +112,15 @@ def warmup_end(pts: Sequence[tuple[float, float]], warmup_s: float | None,
     return end
 
 
-def memory_stable(samples: Sequence[tuple[float, float]],
-                  warmup_s: float | None = None,
-                  tolerance_bytes_per_s: float = DEFAULT_TOLERANCE_BYTES_PER_S,
-                  warmup_samples: int = DEFAULT_WARMUP_SAMPLES,
-                  min_growth_bytes: float | None = None,
-                  active_from: float | None = None,
-                  warm_at: float | None = None,
-                  ) -> dict[str, Any]:
+def memory_stable(
+    samples: Sequence[tuple[float, float]],
+    warmup_s: float | None = None,
+    tolerance_bytes_per_s: float = DEFAULT_TOLERANCE_BYTES_PER_S,
+    warmup_samples: int = DEFAULT_WARMUP_SAMPLES,
+    min_growth_bytes: float | None = None,
+    active_from: float | None = None,
+    warm_at: float | None = None,
+) -> dict[str, Any]:
     """Decide from the trend after warm-up whether memory keeps growing.
 
     A trend, not the last value: a steady run has noise, allocator steps and GC
@@ -127,9 +135,14 @@ def memory_stable(samples: Sequence[tuple[float, float]],
     if min_growth_bytes is None:
         min_growth_bytes = MIN_GROWTH_SECONDS * tolerance_bytes_per_s
     result: dict[str, Any] = {
-        "stable": None, "slope_bytes_per_s": None, "peak_bytes": peak,
-        "samples_used": 0, "warmup_s": warmup_s, "method": "theil-sen",
-        "tolerance_bytes_per_s": tolerance_bytes_per_s, "min_growth_bytes": min_growth_bytes,
+        "stable": None,
+        "slope_bytes_per_s": None,
+        "peak_bytes": peak,
+        "samples_used": 0,
+        "warmup_s": warmup_s,
+        "method": "theil-sen",
+        "tolerance_bytes_per_s": tolerance_bytes_per_s,
+        "min_growth_bytes": min_growth_bytes,
         "reason": "",
     }
     if not pts:
@@ -137,36 +150,53 @@ def memory_stable(samples: Sequence[tuple[float, float]],
         return result
     start = warmup_end(pts, warmup_s, warmup_samples, active_from, warm_at)
     result["warmup_s"] = round(start - pts[0][0], 3)
-    result["warmup_by"] = ("steps" if warm_at is not None and warmup_s is None
-                           else "torch-import" if active_from is not None else "time")
+    result["warmup_by"] = (
+        "steps"
+        if warm_at is not None and warmup_s is None
+        else "torch-import"
+        if active_from is not None
+        else "time"
+    )
     after = [p for p in pts if p[0] >= start]
     result["samples_used"] = len(after)
     slope = theil_sen_slope(after) if len(after) >= MIN_SAMPLES else None
     if slope is None:
-        result["reason"] = (f"only {len(after)} samples after the {result['warmup_s']:g}s "
-                            f"warm-up; need {MIN_SAMPLES} spread over time")
+        result["reason"] = (
+            f"only {len(after)} samples after the {result['warmup_s']:g}s "
+            f"warm-up; need {MIN_SAMPLES} spread over time"
+        )
         return result
-    late = after[len(after) // 2:]
+    late = after[len(after) // 2 :]
     late_slope = theil_sen_slope(late) if len(late) >= MIN_SAMPLES else slope
     growth = slope * (after[-1][0] - after[0][0])
     result["slope_bytes_per_s"] = slope
     result["late_slope_bytes_per_s"] = late_slope
     result["growth_bytes"] = growth
-    growing = (slope > tolerance_bytes_per_s and late_slope is not None
-               and late_slope > tolerance_bytes_per_s and growth >= min_growth_bytes)
+    growing = (
+        slope > tolerance_bytes_per_s
+        and late_slope is not None
+        and late_slope > tolerance_bytes_per_s
+        and growth >= min_growth_bytes
+    )
     result["stable"] = not growing
     if growing:
-        result["reason"] = (f"grows {slope:.0f} B/s after the {result['warmup_s']:g}s warm-up "
-                            f"({late_slope:.0f} B/s over the last half, {growth:.0f} B in all; "
-                            f"tolerance {tolerance_bytes_per_s:.0f} B/s)")
+        result["reason"] = (
+            f"grows {slope:.0f} B/s after the {result['warmup_s']:g}s warm-up "
+            f"({late_slope:.0f} B/s over the last half, {growth:.0f} B in all; "
+            f"tolerance {tolerance_bytes_per_s:.0f} B/s)"
+        )
     elif slope > tolerance_bytes_per_s:
-        why = ("stopped growing in the last half" if late_slope is None
-               or late_slope <= tolerance_bytes_per_s
-               else f"grew only {growth:.0f} B, under {min_growth_bytes:.0f} B")
+        why = (
+            "stopped growing in the last half"
+            if late_slope is None or late_slope <= tolerance_bytes_per_s
+            else f"grew only {growth:.0f} B, under {min_growth_bytes:.0f} B"
+        )
         result["reason"] = f"rose {slope:.0f} B/s after warm-up but {why}: stable"
     else:
-        result["reason"] = (f"grows {slope:.0f} B/s after the {result['warmup_s']:g}s warm-up "
-                            f"(within the {tolerance_bytes_per_s:.0f} B/s tolerance)")
+        result["reason"] = (
+            f"grows {slope:.0f} B/s after the {result['warmup_s']:g}s warm-up "
+            f"(within the {tolerance_bytes_per_s:.0f} B/s tolerance)"
+        )
     return result
 
 
@@ -200,8 +230,11 @@ def _fallback_policy_violations(fallback_ops: Sequence[Any] | None, policy: Any)
         return []
     if policy not in (None, "any"):
         allowed = set(policy)
-        items = [i for i in items if _op_name(i) not in allowed
-                 and _op_name(i).replace("aten::", "") not in allowed]
+        items = [
+            i
+            for i in items
+            if _op_name(i) not in allowed and _op_name(i).replace("aten::", "") not in allowed
+        ]
     return _names(items)
 
 
@@ -212,8 +245,17 @@ def _parse_bytes(value: Any) -> int | None:
     if isinstance(value, (int, float)):
         return int(value)
     text = str(value).strip()
-    units = {"kib": 1024, "mib": 1024 ** 2, "gib": 1024 ** 3, "tib": 1024 ** 4,
-             "kb": 1000, "mb": 1000 ** 2, "gb": 1000 ** 3, "tb": 1000 ** 4, "b": 1}
+    units = {
+        "kib": 1024,
+        "mib": 1024**2,
+        "gib": 1024**3,
+        "tib": 1024**4,
+        "kb": 1000,
+        "mb": 1000**2,
+        "gb": 1000**3,
+        "tb": 1000**4,
+        "b": 1,
+    }
     lower = text.lower()
     for unit in sorted(units, key=len, reverse=True):
         if lower.endswith(unit):
@@ -221,9 +263,10 @@ def _parse_bytes(value: Any) -> int | None:
     return int(float(text))
 
 
-def evaluate_observations(observations: dict[str, Any] | None,
-                          stop_when: dict[str, Any] | None = None,
-                          ) -> tuple[list[dict[str, str]], list[str]]:
+def evaluate_observations(
+    observations: dict[str, Any] | None,
+    stop_when: dict[str, Any] | None = None,
+) -> tuple[list[dict[str, str]], list[str]]:
     """Stopping conditions the observations show, and the observations not made.
 
     ``stop_when`` is the playbook's section (``fallback_ops``: any | none | list,
@@ -239,25 +282,37 @@ def evaluate_observations(observations: dict[str, Any] | None,
     if on_device is None:
         missing.append("tensors_on_device")
     elif on_device is False:
-        conditions.append({"code": "tensors_not_on_device",
-                           "detail": "tensors or the model did not land on the target device"})
+        conditions.append(
+            {
+                "code": "tensors_not_on_device",
+                "detail": "tensors or the model did not land on the target device",
+            }
+        )
 
     ops = obs.get("operators") or {}
     if any(ops.get(k) is None for k in ("fallback_ops", "unsupported_ops", "dtype_errors")):
         missing.append("operators")
     unsupported = _names(ops.get("unsupported_ops"))
     if unsupported:
-        conditions.append({"code": "unsupported_ops",
-                           "detail": "not implemented on MPS: " + ", ".join(unsupported)})
+        conditions.append(
+            {
+                "code": "unsupported_ops",
+                "detail": "not implemented on MPS: " + ", ".join(unsupported),
+            }
+        )
     dtype_errors = _names(ops.get("dtype_errors"))
     if dtype_errors:
         conditions.append({"code": "dtype_errors", "detail": "; ".join(dtype_errors)})
-    stopping_fallbacks = _fallback_policy_violations(ops.get("fallback_ops"),
-                                                     stop.get("fallback_ops", "any"))
+    stopping_fallbacks = _fallback_policy_violations(
+        ops.get("fallback_ops"), stop.get("fallback_ops", "any")
+    )
     if stopping_fallbacks:
-        conditions.append({"code": "fallback_ops",
-                           "detail": "ran on the CPU instead of MPS: "
-                                     + ", ".join(stopping_fallbacks)})
+        conditions.append(
+            {
+                "code": "fallback_ops",
+                "detail": "ran on the CPU instead of MPS: " + ", ".join(stopping_fallbacks),
+            }
+        )
 
     mem = obs.get("memory") or {}
     growth_matters = stop.get("memory_growth", True) is not False
@@ -266,13 +321,14 @@ def evaluate_observations(observations: dict[str, Any] | None,
             missing.append("memory")
     elif mem.get("stable") is False and growth_matters:
         slope = mem.get("slope_bytes_per_s")
-        rate = f" ({slope / 1024 ** 2:.2f} MiB/s after warm-up)" if slope is not None else ""
+        rate = f" ({slope / 1024**2:.2f} MiB/s after warm-up)" if slope is not None else ""
         conditions.append({"code": "memory_growth", "detail": "memory keeps growing" + rate})
     limit = _parse_bytes(stop.get("max_memory"))
     peak = mem.get("peak_bytes")
     if limit is not None and peak is not None and peak > limit:
-        conditions.append({"code": "max_memory",
-                           "detail": f"peak {peak} bytes above max_memory {limit} bytes"})
+        conditions.append(
+            {"code": "max_memory", "detail": f"peak {peak} bytes above max_memory {limit} bytes"}
+        )
 
     results = obs.get("results") or {}
     within = results.get("within_tolerance")
@@ -283,24 +339,34 @@ def evaluate_observations(observations: dict[str, Any] | None,
         parts = []
         for f in failed[:5]:
             # a metadata difference (a path, a device name) fails only a strict rule
-            bad = [t.get("key") for t in f.get("tensors") or [] if not t.get("ok")
-                   and (f.get("strict") or not t.get("metadata"))]
+            bad = [
+                t.get("key")
+                for t in f.get("tensors") or []
+                if not t.get("ok") and (f.get("strict") or not t.get("metadata"))
+            ]
             if f.get("first_failing_key") in bad:
                 bad.remove(f["first_failing_key"])
                 bad.insert(0, f["first_failing_key"])
-            parts.append(f"{f.get('path')}" + (f" [{', '.join(bad[:3])}"
-                                                + (" …" if len(bad) > 3 else "") + "]"
-                                                if bad else ""))
+            parts.append(
+                f"{f.get('path')}"
+                + (f" [{', '.join(bad[:3])}" + (" …" if len(bad) > 3 else "") + "]" if bad else "")
+            )
         if len(failed) > 5:
             parts.append(f"+{len(failed) - 5} more")
-        conditions.append({"code": "results_outside_tolerance",
-                           "detail": "outside tolerance: " + (", ".join(parts) or "no files")})
+        conditions.append(
+            {
+                "code": "results_outside_tolerance",
+                "detail": "outside tolerance: " + (", ".join(parts) or "no files"),
+            }
+        )
     return conditions, missing
 
 
-def decide(observations: dict[str, Any] | None,
-           stopping_conditions: Sequence[dict[str, Any]],
-           context: dict[str, Any] | None = None) -> dict[str, Any]:
+def decide(
+    observations: dict[str, Any] | None,
+    stopping_conditions: Sequence[dict[str, Any]],
+    context: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """The recommendation and the reasons for it (see the module docstring's rules).
 
     ``context``: ``goal`` (prototyping | inference | macos-validation | training),
@@ -334,36 +400,53 @@ def decide(observations: dict[str, Any] | None,
     broken = [c for c in list(stopping_conditions) + derived if c.get("code") in NO_EVIDENCE]
     if broken:
         # a job that failed or was lost says nothing about the hardware: no recommendation
-        return {"recommendation": None,
-                "reasons": [f"the workload did not run to the end, so this run says nothing "
-                            f"about the hardware: {c.get('code')}: {c.get('detail')}"
-                            for c in broken]
-                + ["stopping condition " + f for f in failed
-                   if f.split(":", 1)[0] not in NO_EVIDENCE]}
+        return {
+            "recommendation": None,
+            "reasons": [
+                f"the workload did not run to the end, so this run says nothing "
+                f"about the hardware: {c.get('code')}: {c.get('detail')}"
+                for c in broken
+            ]
+            + ["stopping condition " + f for f in failed if f.split(":", 1)[0] not in NO_EVIDENCE],
+        }
     if failed:
         reasons = ["stopping condition " + f for f in failed]
         if missing:
             reasons.append("not observed: " + ", ".join(missing))
         return {"recommendation": LINUX_FIRST, "reasons": reasons}
     if missing:
-        return {"recommendation": None,
-                "reasons": ["no recommendation yet: not observed: " + ", ".join(missing)]
-                + ([f"results: {ctx['results_summary']}"] if ctx.get("results_summary")
-                   else [])}
+        return {
+            "recommendation": None,
+            "reasons": ["no recommendation yet: not observed: " + ", ".join(missing)]
+            + ([f"results: {ctx['results_summary']}"] if ctx.get("results_summary") else []),
+        }
 
     device = ctx.get("target_device")
     if device not in (None, "mps"):
-        return {"recommendation": None,
-                "reasons": [f"every observation passed, but the target ran on {device}, not "
-                            "MPS: this run proves the pipeline, not Apple Silicon; run it on "
-                            "an Apple-Silicon Mac to decide"]}
+        return {
+            "recommendation": None,
+            "reasons": [
+                f"every observation passed, but the target ran on {device}, not "
+                "MPS: this run proves the pipeline, not Apple Silicon; run it on "
+                "an Apple-Silicon Mac to decide"
+            ],
+        }
     passed = "every observation passed on MPS (tensors on device, operators, memory, results)"
     if ctx.get("ships_on_macos") and (ctx.get("trains_on_linux") or goal == "training"):
-        return {"recommendation": BOTH,
-                "reasons": [passed, "the training pipeline stays on Linux GPUs and the "
-                            "project must also ship on macOS: validate on both"]}
+        return {
+            "recommendation": BOTH,
+            "reasons": [
+                passed,
+                "the training pipeline stays on Linux GPUs and the "
+                "project must also ship on macOS: validate on both",
+            ],
+        }
     if goal in APPLE_GOALS:
         return {"recommendation": APPLE_FIRST, "reasons": [passed, f"the goal is {goal}"]}
-    return {"recommendation": LINUX_FIRST,
-            "reasons": [passed, "the goal is training and nothing ships on macOS: "
-                                "keep training on Linux GPUs"]}
+    return {
+        "recommendation": LINUX_FIRST,
+        "reasons": [
+            passed,
+            "the goal is training and nothing ships on macOS: keep training on Linux GPUs",
+        ],
+    }

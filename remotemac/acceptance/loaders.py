@@ -73,8 +73,17 @@ def _numpy_can_hold(dtype: Any) -> bool:
     import torch
 
     return dtype in (
-        torch.float16, torch.float32, torch.float64, torch.complex64, torch.complex128,
-        torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, torch.bool,
+        torch.float16,
+        torch.float32,
+        torch.float64,
+        torch.complex64,
+        torch.complex128,
+        torch.int8,
+        torch.int16,
+        torch.int32,
+        torch.int64,
+        torch.uint8,
+        torch.bool,
     )
 
 
@@ -152,22 +161,33 @@ def _load_pt(path: Path) -> dict[str, Leaf]:
     try:
         import torch
     except ImportError as exc:
-        raise LoadError(f"torch is not installed here, cannot load {path.suffix} "
-                        "(pip install torch)") from exc
+        raise LoadError(
+            f"torch is not installed here, cannot load {path.suffix} (pip install torch)"
+        ) from exc
     try:
         obj = torch.load(path, weights_only=True, map_location="cpu")
     except Exception as exc:  # noqa: BLE001 - any load failure is the file's detail
-        raise LoadError(f"cannot load with torch.load(weights_only=True): "
-                        f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from exc
+        raise LoadError(
+            f"cannot load with torch.load(weights_only=True): "
+            f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
+        ) from exc
     return dict(flatten(obj, numbers="float"))
 
 
 # safetensors dtype -> (numpy dtype, name as torch prints it); BF16 and F8 are widened
 _ST_DTYPES: dict[str, tuple[str, str]] = {
-    "F64": ("<f8", "float64"), "F32": ("<f4", "float32"), "F16": ("<f2", "float16"),
-    "I64": ("<i8", "int64"), "I32": ("<i4", "int32"), "I16": ("<i2", "int16"),
-    "I8": ("i1", "int8"), "U8": ("u1", "uint8"), "U16": ("<u2", "uint16"),
-    "U32": ("<u4", "uint32"), "U64": ("<u8", "uint64"), "BOOL": ("?", "bool"),
+    "F64": ("<f8", "float64"),
+    "F32": ("<f4", "float32"),
+    "F16": ("<f2", "float16"),
+    "I64": ("<i8", "int64"),
+    "I32": ("<i4", "int32"),
+    "I16": ("<i2", "int16"),
+    "I8": ("i1", "int8"),
+    "U8": ("u1", "uint8"),
+    "U16": ("<u2", "uint16"),
+    "U32": ("<u4", "uint32"),
+    "U64": ("<u8", "uint64"),
+    "BOOL": ("?", "bool"),
     "BF16": ("<u2", "bfloat16"),
 }
 
@@ -189,13 +209,13 @@ def read_safetensors(path: Path) -> tuple[dict[str, Leaf], dict[str, str]]:
     if size > SAFETENSORS_MAX_HEADER or 8 + size > len(data):
         raise LoadError(f"not a .safetensors file (header size {size} for {len(data)} bytes)")
     try:
-        header = json.loads(data[8:8 + size].decode("utf-8"))
+        header = json.loads(data[8 : 8 + size].decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as exc:
         raise LoadError(f"cannot parse the .safetensors header: {exc}") from exc
     if not isinstance(header, dict):
         raise LoadError("the .safetensors header is not a JSON object")
     meta = header.pop("__metadata__", None) or {}
-    body = memoryview(data)[8 + size:]
+    body = memoryview(data)[8 + size :]
     out: dict[str, Leaf] = {}
     for name, info in header.items():
         try:
@@ -206,8 +226,10 @@ def read_safetensors(path: Path) -> tuple[dict[str, Leaf], dict[str, str]]:
             raise LoadError(f"tensor {name!r}: unsupported or malformed entry ({exc})") from exc
         count = int(np.prod(shape)) if shape else 1
         if not 0 <= begin <= end <= len(body) or end - begin != count * np.dtype(np_dtype).itemsize:
-            raise LoadError(f"tensor {name!r}: offsets {begin}..{end} do not fit its "
-                            f"{info['dtype']} shape {shape} in {len(body)} bytes")
+            raise LoadError(
+                f"tensor {name!r}: offsets {begin}..{end} do not fit its "
+                f"{info['dtype']} shape {shape} in {len(body)} bytes"
+            )
         arr = np.frombuffer(body[begin:end], dtype=np_dtype).reshape(shape)
         if label == "bfloat16":  # the upper half of a float32
             arr = (arr.astype(np.uint32) << 16).view(np.float32)
@@ -292,8 +314,9 @@ def load_leaves(path: Path) -> dict[str, Leaf]:
     """All leaves of one output file, keyed by their path inside it."""
     loader = LOADERS.get(path.suffix.lower())
     if loader is None:
-        raise LoadError(f"unsupported file type '{path.suffix}' "
-                        f"(supported: {' '.join(SUPPORTED_SUFFIXES)})")
+        raise LoadError(
+            f"unsupported file type '{path.suffix}' (supported: {' '.join(SUPPORTED_SUFFIXES)})"
+        )
     return loader(path)
 
 

@@ -137,40 +137,64 @@ def _observations(rec: dict[str, Any]) -> list[str]:
     mem = obs.get("memory") or {}
     res = obs.get("results") or {}
     files = res.get("files") or []
-    n_ops = sum(len(ops.get(k) or []) for k in ("fallback_ops", "unsupported_ops",
-                                                   "dtype_errors"))
+    n_ops = sum(len(ops.get(k) or []) for k in ("fallback_ops", "unsupported_ops", "dtype_errors"))
     slope = mem.get("slope_bytes_per_s")
     slope_text = f", slope {human_bytes(slope)}/s" if slope is not None else ""
     bad_files = sum(1 for f in files if not f.get("ok"))
     out = ["## Observations", ""]
-    out += _table(["observation", "result", "summary"], [
-        ["tensors on device", _mark(obs.get("tensors_on_device")),
-         {True: "tensors and model on the target device", False: "not on the target device",
-          None: "—"}.get(obs.get("tensors_on_device"), "—")],
-        ["operators", _mark(_operators_ok(ops, conds)),
-         f"{len(ops.get('fallback_ops') or [])} fallback, "
-         f"{len(ops.get('unsupported_ops') or [])} unsupported, "
-         f"{len(ops.get('dtype_errors') or [])} dtype errors"],
-        ["memory", _mark(_memory_ok(mem, conds)),
-         f"peak {human_bytes(mem.get('peak_bytes'))}{slope_text}"],
-        ["results", _mark(res.get("within_tolerance")),
-         f"{len(files) - bad_files} of {len(files)} files within tolerance"],
-    ])
+    out += _table(
+        ["observation", "result", "summary"],
+        [
+            [
+                "tensors on device",
+                _mark(obs.get("tensors_on_device")),
+                {
+                    True: "tensors and model on the target device",
+                    False: "not on the target device",
+                    None: "—",
+                }.get(obs.get("tensors_on_device"), "—"),
+            ],
+            [
+                "operators",
+                _mark(_operators_ok(ops, conds)),
+                f"{len(ops.get('fallback_ops') or [])} fallback, "
+                f"{len(ops.get('unsupported_ops') or [])} unsupported, "
+                f"{len(ops.get('dtype_errors') or [])} dtype errors",
+            ],
+            [
+                "memory",
+                _mark(_memory_ok(mem, conds)),
+                f"peak {human_bytes(mem.get('peak_bytes'))}{slope_text}",
+            ],
+            [
+                "results",
+                _mark(res.get("within_tolerance")),
+                f"{len(files) - bad_files} of {len(files)} files within tolerance",
+            ],
+        ],
+    )
 
     out += ["", "### Tensors on device", ""]
-    out += _table(["check", "result"], [["tensors and model on the target device",
-                                         _mark(obs.get("tensors_on_device"))]])
+    out += _table(
+        ["check", "result"],
+        [["tensors and model on the target device", _mark(obs.get("tensors_on_device"))]],
+    )
     procs = obs.get("processes")
     if procs is not None:
         shown = ", ".join(f"{_code(p.get('argv0'))} (pid {p.get('pid')})" for p in procs[:8])
-        out += ["", f"Observed in-process: {len(procs)} Python process(es) that imported "
-                    f"torch{': ' + shown if shown else ''}"
-                    f"{' …' if len(procs) > 8 else ''}."]
+        out += [
+            "",
+            f"Observed in-process: {len(procs)} Python process(es) that imported "
+            f"torch{': ' + shown if shown else ''}"
+            f"{' …' if len(procs) > 8 else ''}.",
+        ]
 
     out += ["", "### Operators", ""]
-    rows = (_op_rows("fallback", ops.get("fallback_ops"))
-            + _op_rows("unsupported", ops.get("unsupported_ops"))
-            + _op_rows("dtype error", ops.get("dtype_errors")))
+    rows = (
+        _op_rows("fallback", ops.get("fallback_ops"))
+        + _op_rows("unsupported", ops.get("unsupported_ops"))
+        + _op_rows("dtype error", ops.get("dtype_errors"))
+    )
     if n_ops:
         out += _table(["kind", "operator", "count", "detail"], rows)
     elif _operators_ok(ops, conds) is None:
@@ -180,45 +204,90 @@ def _observations(rec: dict[str, Any]) -> list[str]:
 
     out += ["", "### Memory", ""]
     if mem.get("source"):
-        what = {"process-tree-rss": "resident memory summed over the job's process tree",
-                "mps-driver": "Metal's driver memory summed over the observed processes",
-                "process-rss": "resident memory of the job's first process"}
-        out += [f"Measured: {what.get(mem['source'], mem['source'])}."
-                + (f" {mem['reason']}." if mem.get("reason") else ""), ""]
-    out += _table(["peak", "slope after warm-up", "stable"], [[
-        human_bytes(mem.get("peak_bytes")),
-        f"{human_bytes(slope)}/s" if slope is not None else "—",
-        _mark(mem.get("stable")),
-    ]])
-    samples = [s[1] for s in mem.get("samples") or [] if isinstance(s, (list, tuple))
-               and len(s) >= 2 and s[1] is not None]
+        what = {
+            "process-tree-rss": "resident memory summed over the job's process tree",
+            "mps-driver": "Metal's driver memory summed over the observed processes",
+            "process-rss": "resident memory of the job's first process",
+        }
+        out += [
+            f"Measured: {what.get(mem['source'], mem['source'])}."
+            + (f" {mem['reason']}." if mem.get("reason") else ""),
+            "",
+        ]
+    out += _table(
+        ["peak", "slope after warm-up", "stable"],
+        [
+            [
+                human_bytes(mem.get("peak_bytes")),
+                f"{human_bytes(slope)}/s" if slope is not None else "—",
+                _mark(mem.get("stable")),
+            ]
+        ],
+    )
+    samples = [
+        s[1]
+        for s in mem.get("samples") or []
+        if isinstance(s, (list, tuple)) and len(s) >= 2 and s[1] is not None
+    ]
     if samples:
-        out += ["", f"`{sparkline(samples)}` {human_bytes(min(samples))} → "
-                    f"{human_bytes(max(samples))} over {len(samples)} samples"]
+        out += [
+            "",
+            f"`{sparkline(samples)}` {human_bytes(min(samples))} → "
+            f"{human_bytes(max(samples))} over {len(samples)} samples",
+        ]
 
     out += ["", "### Results", ""]
     if files:
-        out += _table(["file", "result", "max abs err", "max rel err", "rtol", "atol", "detail"],
-                      [[_code(f.get("path")), _mark(f.get("ok")),
-                        _num(f.get("max_abs_err")), _num(f.get("max_rel_err")),
-                        _num(f.get("rtol")), _num(f.get("atol")), _cell(f.get("detail") or "")]
-                       for f in files])
+        out += _table(
+            ["file", "result", "max abs err", "max rel err", "rtol", "atol", "detail"],
+            [
+                [
+                    _code(f.get("path")),
+                    _mark(f.get("ok")),
+                    _num(f.get("max_abs_err")),
+                    _num(f.get("max_rel_err")),
+                    _num(f.get("rtol")),
+                    _num(f.get("atol")),
+                    _cell(f.get("detail") or ""),
+                ]
+                for f in files
+            ],
+        )
         out += _file_notes(files)
         pairs = [(f, t) for f in files for t in f.get("tensors") or []]
         pairs.sort(key=lambda ft: bool(ft[1].get("ok")))  # stable: failures first
-        tensor_rows = [[_code(f.get("path")), _code(t.get("key")), _shape(t.get("shape")),
-                        _cell(t.get("dtype")), _num(t.get("max_abs_err")),
-                        _num(t.get("max_rel_err")), _mark(t.get("ok")),
-                        _cell(t.get("detail") or "")] for f, t in pairs]
+        tensor_rows = [
+            [
+                _code(f.get("path")),
+                _code(t.get("key")),
+                _shape(t.get("shape")),
+                _cell(t.get("dtype")),
+                _num(t.get("max_abs_err")),
+                _num(t.get("max_rel_err")),
+                _mark(t.get("ok")),
+                _cell(t.get("detail") or ""),
+            ]
+            for f, t in pairs
+        ]
         if tensor_rows:
             out += ["", "Per tensor (failures first):", ""]
-            out += _table(["file", "tensor", "shape", "dtype", "max abs err", "max rel err",
-                           "result", "detail"], tensor_rows[:MAX_TENSOR_ROWS])
+            out += _table(
+                [
+                    "file",
+                    "tensor",
+                    "shape",
+                    "dtype",
+                    "max abs err",
+                    "max rel err",
+                    "result",
+                    "detail",
+                ],
+                tensor_rows[:MAX_TENSOR_ROWS],
+            )
             if len(tensor_rows) > MAX_TENSOR_ROWS:
                 out += ["", f"… {len(tensor_rows) - MAX_TENSOR_ROWS} more in acceptance.json."]
     else:
-        out.append("Not observed." if res.get("within_tolerance") is None
-                   else "No files compared.")
+        out.append("Not observed." if res.get("within_tolerance") is None else "No files compared.")
     return out
 
 
@@ -231,15 +300,22 @@ def _file_notes(files: list[dict[str, Any]]) -> list[str]:
             lines.append(f"first failing key: {_code(f['first_failing_key'])}")
         worst = [w for w in f.get("worst") or [] if w.get("max_abs_err") is not None]
         if worst:
-            lines.append("worst keys: " + ", ".join(
-                f"{_code(w.get('key'))} (abs {_num(w.get('max_abs_err'))}, "
-                f"rel {_num(w.get('max_rel_err'))})" for w in worst))
+            lines.append(
+                "worst keys: "
+                + ", ".join(
+                    f"{_code(w.get('key'))} (abs {_num(w.get('max_abs_err'))}, "
+                    f"rel {_num(w.get('max_rel_err'))})"
+                    for w in worst
+                )
+            )
         meta = f.get("metadata_differences") or []
         if meta:
             verb = "fail: strict rule" if f.get("strict") else "reported, not failing"
-            lines.append(f"metadata differences ({verb}): " + "; ".join(
-                f"{_code(m.get('key'))} {_cell(m.get('detail'))}" for m in meta[:5])
-                + (" …" if len(meta) > 5 else ""))
+            lines.append(
+                f"metadata differences ({verb}): "
+                + "; ".join(f"{_code(m.get('key'))} {_cell(m.get('detail'))}" for m in meta[:5])
+                + (" …" if len(meta) > 5 else "")
+            )
         if lines:
             out += ["", f"{_code(f.get('path'))}: " + "; ".join(lines)]
     return out
@@ -270,8 +346,13 @@ def _environment(env: dict[str, Any]) -> list[str]:
         rows = []
         for m in mism:
             if isinstance(m, dict):
-                rows.append([_cell(m.get("key") or m.get("name")), _cell(m.get("reference")),
-                             _cell(m.get("target"))])
+                rows.append(
+                    [
+                        _cell(m.get("key") or m.get("name")),
+                        _cell(m.get("reference")),
+                        _cell(m.get("target")),
+                    ]
+                )
             else:
                 rows.append([_cell(m), "", ""])
         out += ["Mismatches that matter:", ""]
@@ -279,18 +360,33 @@ def _environment(env: dict[str, Any]) -> list[str]:
     else:
         out.append("No mismatch between reference and target that matters.")
     ref, tgt = env.get("reference") or {}, env.get("target") or {}
-    keys = [k for k in ("os", "os_version", "arch", "chip", "python", "torch", "numpy",
-                        "mps_built", "mps_available", "lock_hash", "git_commit", "git_dirty")
-            if k in ref or k in tgt]
+    keys = [
+        k
+        for k in (
+            "os",
+            "os_version",
+            "arch",
+            "chip",
+            "python",
+            "torch",
+            "numpy",
+            "mps_built",
+            "mps_available",
+            "lock_hash",
+            "git_commit",
+            "git_dirty",
+        )
+        if k in ref or k in tgt
+    ]
     if keys:
         out += [""]
-        out += _table(["", "reference", "target"],
-                      [[k, _value(ref.get(k)), _value(tgt.get(k))] for k in keys])
+        out += _table(
+            ["", "reference", "target"], [[k, _value(ref.get(k)), _value(tgt.get(k))] for k in keys]
+        )
     return out
 
 
-OUTCOMES = {"ok": "ok", "warning": "warning", "problem": "**PROBLEM**",
-            "not-tested": "not tested"}
+OUTCOMES = {"ok": "ok", "warning": "warning", "problem": "**PROBLEM**", "not-tested": "not tested"}
 
 
 def _process_behaviour(rec: dict[str, Any]) -> list[str]:
@@ -301,14 +397,26 @@ def _process_behaviour(rec: dict[str, Any]) -> list[str]:
     out = ["", "## Process behaviour", ""]
     if not rows:
         return out + ["Not measured."]
-    out += _table(["question", "how it was tested", "result", "outcome", "evidence"],
-                  [[_cell(r.get("question")), _cell(r.get("how_tested")), _cell(r.get("result")),
-                    OUTCOMES.get(r.get("outcome"), _cell(r.get("outcome"))),
-                    _cell(r.get("evidence"))] for r in rows])
+    out += _table(
+        ["question", "how it was tested", "result", "outcome", "evidence"],
+        [
+            [
+                _cell(r.get("question")),
+                _cell(r.get("how_tested")),
+                _cell(r.get("result")),
+                OUTCOMES.get(r.get("outcome"), _cell(r.get("outcome"))),
+                _cell(r.get("evidence")),
+            ]
+            for r in rows
+        ],
+    )
     caches = rec.get("caches") or []
     if caches:
-        out += ["", "Caches (inside the run dir, wiped with it): "
-                + ", ".join(f"{_code(c.get('env'))} → {_code(c.get('path'))}" for c in caches)]
+        out += [
+            "",
+            "Caches (inside the run dir, wiped with it): "
+            + ", ".join(f"{_code(c.get('env'))} → {_code(c.get('path'))}" for c in caches),
+        ]
     return out
 
 
@@ -318,45 +426,65 @@ def render_markdown(record: dict[str, Any]) -> str:
     verdict = (rec.get("verdict") or "incomplete").upper()
     name = rec.get("playbook") or rec.get("run_id") or "run"
     out = [f"# Acceptance: {_cell(name)} — {verdict}", "", _summary(rec), ""]
-    out += _table(["run", "host", "started", "finished"], [[
-        _code(rec.get("run_id")), _cell(rec.get("host")),
-        _cell(rec.get("started_at")), _cell(rec.get("finished_at"))]])
+    out += _table(
+        ["run", "host", "started", "finished"],
+        [
+            [
+                _code(rec.get("run_id")),
+                _cell(rec.get("host")),
+                _cell(rec.get("started_at")),
+                _cell(rec.get("finished_at")),
+            ]
+        ],
+    )
     out += [""] + _observations(rec)
 
     out += ["", "## Stopping conditions", ""]
     conds = rec.get("stopping_conditions") or []
     if conds:
-        out += _table(["code", "detail"], [[_code(c.get("code")), _cell(c.get("detail"))]
-                                           for c in conds])
+        out += _table(
+            ["code", "detail"], [[_code(c.get("code")), _cell(c.get("detail"))] for c in conds]
+        )
     else:
         out.append("None.")
 
     out += _process_behaviour(rec)
     out += _environment(rec.get("environment") or {})
-    out += _kv_section("Dataset", rec.get("dataset") or {},
-                       ["revision", "files", "bytes", "encrypted"])
-    out += _kv_section("Continuity", rec.get("continuity") or {},
-                       ["disconnects", "reconnects", "drill"])
-    out += _kv_section("Wipe", rec.get("wipe") or {}, ["done", "verified", "removed",
-                                                       "remaining"])
+    out += _kv_section(
+        "Dataset", rec.get("dataset") or {}, ["revision", "files", "bytes", "encrypted"]
+    )
+    out += _kv_section(
+        "Continuity", rec.get("continuity") or {}, ["disconnects", "reconnects", "drill"]
+    )
+    out += _kv_section("Wipe", rec.get("wipe") or {}, ["done", "verified", "removed", "remaining"])
     if rec.get("cpu"):  # seconds: this laptop's process, the host's agent processes
         out += _kv_section("CPU", rec["cpu"], ["laptop_s", "host_s", "agent_calls"])
     cost = rec.get("cost") or {}
     out += ["", "## Cost", ""]
     if cost.get("amount") is not None:
-        out.append(f"{_num(cost.get('hours'))} h × {_num(cost.get('hourly_rate'))} "
-                   f"{_cell(cost.get('currency'))}/h = **{cost['amount']:.2f} "
-                   f"{_cell(cost.get('currency'))}**")
+        out.append(
+            f"{_num(cost.get('hours'))} h × {_num(cost.get('hourly_rate'))} "
+            f"{_cell(cost.get('currency'))}/h = **{cost['amount']:.2f} "
+            f"{_cell(cost.get('currency'))}**"
+        )
     else:
         out.append("Unknown (no hourly rate or rental hours).")
 
     decision = rec.get("decision") or {}
     recommendation = decision.get("recommendation")
-    out += ["", "## Decision", "",
-            f"**{_cell(recommendation)}**" if recommendation else "**No recommendation yet.**", ""]
+    out += [
+        "",
+        "## Decision",
+        "",
+        f"**{_cell(recommendation)}**" if recommendation else "**No recommendation yet.**",
+        "",
+    ]
     out += [f"- {_cell(r)}" for r in decision.get("reasons") or []] or ["- no reasons given"]
 
     out += ["", "## Reproduce", ""]
-    out += ["```sh", rec.get("reproduce") or "# unknown", "```"] if rec.get("reproduce") \
+    out += (
+        ["```sh", rec.get("reproduce") or "# unknown", "```"]
+        if rec.get("reproduce")
         else ["Unknown."]
+    )
     return "\n".join(out) + "\n"

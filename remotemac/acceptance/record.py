@@ -30,10 +30,20 @@ SCHEMA_FILE = "acceptance.schema.json"
 JSON_NAME = "acceptance.json"
 MD_NAME = "acceptance.md"
 
-SUPPORTED_KEYWORDS = frozenset({
-    "$schema", "$id", "title", "description",
-    "type", "required", "properties", "enum", "items", "additionalProperties",
-})
+SUPPORTED_KEYWORDS = frozenset(
+    {
+        "$schema",
+        "$id",
+        "title",
+        "description",
+        "type",
+        "required",
+        "properties",
+        "enum",
+        "items",
+        "additionalProperties",
+    }
+)
 
 
 # ---------------------------------------------------------------- defaults
@@ -64,8 +74,10 @@ def _merge(default: Any, given: Any) -> Any:
     if given is None:
         return copy.deepcopy(default)
     if isinstance(default, dict) and isinstance(given, dict):
-        out = {k: _merge(v, given.get(k)) if k in given else copy.deepcopy(v)
-               for k, v in default.items()}
+        out = {
+            k: _merge(v, given.get(k)) if k in given else copy.deepcopy(v)
+            for k, v in default.items()
+        }
         for k, v in given.items():
             if k not in out:
                 out[k] = copy.deepcopy(v)
@@ -86,8 +98,11 @@ def _as_plain(value: Any) -> Any:
 
 def _cost(cost: dict[str, Any]) -> dict[str, Any]:
     """Fill ``amount`` from rental hours x hourly rate when both are known."""
-    if cost.get("amount") is None and cost.get("hours") is not None \
-            and cost.get("hourly_rate") is not None:
+    if (
+        cost.get("amount") is None
+        and cost.get("hours") is not None
+        and cost.get("hourly_rate") is not None
+    ):
         cost["amount"] = round(float(cost["hours"]) * float(cost["hourly_rate"]), 2)
     return cost
 
@@ -101,20 +116,26 @@ def verdict_for(stopping_conditions: list[dict[str, Any]], missing: list[str]) -
     return "accepted"
 
 
-def build_record(*, run_id: str, playbook: str | None = None, host: str | None = None,
-                 started_at: str | None = None, finished_at: str | None = None,
-                 observations: dict[str, Any] | None = None,
-                 stopping_conditions: list[dict[str, Any]] | None = None,
-                 stop_when: dict[str, Any] | None = None,
-                 context: dict[str, Any] | None = None,
-                 environment: dict[str, Any] | None = None,
-                 dataset: dict[str, Any] | None = None,
-                 continuity: dict[str, Any] | None = None,
-                 wipe: dict[str, Any] | None = None,
-                 cost: dict[str, Any] | None = None,
-                 decision: dict[str, Any] | None = None,
-                 reproduce: str | None = None,
-                 **extra: Any) -> dict[str, Any]:
+def build_record(
+    *,
+    run_id: str,
+    playbook: str | None = None,
+    host: str | None = None,
+    started_at: str | None = None,
+    finished_at: str | None = None,
+    observations: dict[str, Any] | None = None,
+    stopping_conditions: list[dict[str, Any]] | None = None,
+    stop_when: dict[str, Any] | None = None,
+    context: dict[str, Any] | None = None,
+    environment: dict[str, Any] | None = None,
+    dataset: dict[str, Any] | None = None,
+    continuity: dict[str, Any] | None = None,
+    wipe: dict[str, Any] | None = None,
+    cost: dict[str, Any] | None = None,
+    decision: dict[str, Any] | None = None,
+    reproduce: str | None = None,
+    **extra: Any,
+) -> dict[str, Any]:
     """The acceptance record with every SPEC key present, and its verdict derived.
 
     ``stopping_conditions`` are the ones met while running (out of memory, a lost
@@ -128,8 +149,11 @@ def build_record(*, run_id: str, playbook: str | None = None, host: str | None =
     derived, missing = evaluate_observations(obs, stop_when)
     conditions: list[dict[str, Any]] = []
     for cond in given + derived:
-        cond = {"code": str(cond.get("code", "")), "detail": str(cond.get("detail", "")),
-                **{k: v for k, v in cond.items() if k not in ("code", "detail")}}
+        cond = {
+            "code": str(cond.get("code", "")),
+            "detail": str(cond.get("detail", "")),
+            **{k: v for k, v in cond.items() if k not in ("code", "detail")},
+        }
         if all((c["code"], c["detail"]) != (cond["code"], cond["detail"]) for c in conditions):
             conditions.append(cond)
     if decision is None:
@@ -176,8 +200,9 @@ _TYPES: dict[str, Any] = {
     "string": lambda v: isinstance(v, str),
     "boolean": lambda v: isinstance(v, bool),
     "null": lambda v: v is None,
-    "integer": lambda v: isinstance(v, int) and not isinstance(v, bool)
-    or isinstance(v, float) and v.is_integer(),
+    "integer": lambda v: (
+        isinstance(v, int) and not isinstance(v, bool) or isinstance(v, float) and v.is_integer()
+    ),
     "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
 }
 
@@ -196,8 +221,9 @@ def validate(instance: Any, schema: dict[str, Any], path: str = "$") -> list[str
         types = schema["type"] if isinstance(schema["type"], list) else [schema["type"]]
         if not any(_TYPES[t](instance) for t in types):
             return [f"{path}: expected {' or '.join(types)}, got {type(instance).__name__}"]
-    if "enum" in schema and not any(instance == e and type(instance) is type(e)
-                                    for e in schema["enum"]):
+    if "enum" in schema and not any(
+        instance == e and type(instance) is type(e) for e in schema["enum"]
+    ):
         problems.append(f"{path}: {instance!r} is not one of {schema['enum']}")
     if isinstance(instance, dict):
         for key in schema.get("required", []):
@@ -272,7 +298,8 @@ def write_record(out_dir: Path, record: dict[str, Any]) -> tuple[Path, Path]:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     json_path, md_path = out_dir / JSON_NAME, out_dir / MD_NAME
-    _write_atomic(json_path, json.dumps(clean, indent=2, ensure_ascii=False,
-                                        allow_nan=False) + "\n")
+    _write_atomic(
+        json_path, json.dumps(clean, indent=2, ensure_ascii=False, allow_nan=False) + "\n"
+    )
     _write_atomic(md_path, render_markdown(clean))
     return json_path, md_path

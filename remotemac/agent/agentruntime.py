@@ -88,8 +88,9 @@ def requirements() -> List[str]:
 # ------------------------------------------------------------------ which wheels fit
 
 
-def platform_tags(system: str, machine: str, mac_release: str = "",
-                  glibc: Tuple[int, int] = (0, 0)) -> List[str]:
+def platform_tags(
+    system: str, machine: str, mac_release: str = "", glibc: Tuple[int, int] = (0, 0)
+) -> List[str]:
     """Wheel platform tags this host accepts, most specific first (what pip's
     ``packaging`` would say, for the two systems remotemac meets)."""
     system = system.lower()
@@ -145,9 +146,13 @@ def host_tags() -> Dict[str, Any]:
     impl = {"CPython": "cp"}.get(platform.python_implementation(), "other")
     major, minor = sys.version_info[:2]
     return {
-        "python": platform.python_version(), "python_tag": "%s%d%d" % (impl, major, minor),
-        "implementation": impl, "abi": "%s%d%d" % (impl, major, minor),
-        "system": system.lower(), "machine": machine, "mac_release": mac,
+        "python": platform.python_version(),
+        "python_tag": "%s%d%d" % (impl, major, minor),
+        "implementation": impl,
+        "abi": "%s%d%d" % (impl, major, minor),
+        "system": system.lower(),
+        "machine": machine,
+        "mac_release": mac,
         "glibc": "%d.%d" % _glibc() if system == "Linux" else "",
         "platforms": platform_tags(system, machine, mac, _glibc()),
         "executable": sys.executable,
@@ -157,7 +162,8 @@ def host_tags() -> Dict[str, Any]:
 def runtime_key(tags: Dict[str, Any]) -> str:
     """Content hash: pinned set + interpreter (major.minor) + platform tags."""
     ident = {
-        "pins": requirements(), "python": tags["python_tag"],
+        "pins": requirements(),
+        "python": tags["python_tag"],
         "platforms": tags["platforms"],
     }
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
@@ -263,13 +269,17 @@ def install_wheel(path: str, target: str) -> List[str]:
                 continue
             signature = name.startswith(dist_info + "/RECORD")
             if name not in hashes and not signature:
-                raise RuntimeInstallError("wheel member %r is not in its RECORD" % name, "bad-wheel")
+                raise RuntimeInstallError(
+                    "wheel member %r is not in its RECORD" % name, "bad-wheel"
+                )
             rel = _destination(name, dist_info)
             dest = os.path.join(target, *rel.split("/")) if rel else None
             if dest is not None:
                 os.makedirs(os.path.dirname(dest), exist_ok=True)
-            with zf.open(info) as src, (open(dest, "xb") if dest is not None
-                                        else contextlib.nullcontext()) as out:
+            with (
+                zf.open(info) as src,
+                open(dest, "xb") if dest is not None else contextlib.nullcontext() as out,
+            ):
                 digest = hashlib.sha256()
                 for block in iter(lambda: src.read(1 << 20), b""):
                     digest.update(block)
@@ -280,16 +290,18 @@ def install_wheel(path: str, target: str) -> List[str]:
                 algo, _, value = want.partition("=")
                 got = base64.urlsafe_b64encode(digest.digest()).rstrip(b"=").decode()
                 if algo != "sha256" or value != got:
-                    raise RuntimeInstallError("wheel member %r does not match its RECORD hash" % name,
-                                        "bad-wheel")
+                    raise RuntimeInstallError(
+                        "wheel member %r does not match its RECORD hash" % name, "bad-wheel"
+                    )
             if dest is not None:
                 os.chmod(dest, 0o755 if mode & 0o111 else 0o644)
                 written.append(rel or "")
     return written
 
 
-def install_wheels(wheels_dir: str, wanted: Iterable[Dict[str, str]], tags: Dict[str, Any],
-                   target: str) -> List[str]:
+def install_wheels(
+    wheels_dir: str, wanted: Iterable[Dict[str, str]], tags: Dict[str, Any], target: str
+) -> List[str]:
     """Check each uploaded wheel (sha256, name among the pins, tags fit) and unpack it."""
     pins = {_norm(n): v for n, v in PINS}
     seen = set()
@@ -302,16 +314,20 @@ def install_wheels(wheels_dir: str, wanted: Iterable[Dict[str, str]], tags: Dict
             for block in iter(lambda: fh.read(1 << 20), b""):
                 sha.update(block)
         if sha.hexdigest() != item["sha256"]:
-            raise RuntimeInstallError("uploaded wheel %s is damaged (sha256 differs)" % name,
-                                "integrity")
+            raise RuntimeInstallError(
+                "uploaded wheel %s is damaged (sha256 differs)" % name, "integrity"
+            )
         dist, version, _ = parse_wheel_name(name)
         if pins.get(dist) != version:
-            raise RuntimeInstallError("wheel %s is not in the pinned set %s" % (name, requirements()),
-                                "bad-wheel")
+            raise RuntimeInstallError(
+                "wheel %s is not in the pinned set %s" % (name, requirements()), "bad-wheel"
+            )
         if not wheel_fits(name, tags):
-            raise RuntimeInstallError("wheel %s does not fit this host (%s, %s)"
-                                % (name, tags["python_tag"], ", ".join(tags["platforms"][:3])),
-                                "bad-wheel")
+            raise RuntimeInstallError(
+                "wheel %s does not fit this host (%s, %s)"
+                % (name, tags["python_tag"], ", ".join(tags["platforms"][:3])),
+                "bad-wheel",
+            )
         install_wheel(path, target)
         seen.add(dist)
         installed.append("%s==%s" % (dist, version))
@@ -342,39 +358,79 @@ def op_runtime_status(req: Dict[str, Any]) -> Dict[str, Any]:
     tags = host_tags()
     path = runtime_dir(req["root"], tags)
     marker = read_marker(path)
-    pip = subprocess.run([sys.executable, "-m", "pip", "--version"], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE).returncode == 0
+    pip = (
+        subprocess.run(
+            [sys.executable, "-m", "pip", "--version"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        ).returncode
+        == 0
+    )
     return {
-        "key": runtime_key(tags), "dir": path, "present": marker is not None, "marker": marker,
-        "tags": tags, "pins": requirements(), "pip": pip,
-        "python_ok": sys.version_info[:2] >= MIN_PYTHON, "wheels_known": bool(tags["platforms"]),
+        "key": runtime_key(tags),
+        "dir": path,
+        "present": marker is not None,
+        "marker": marker,
+        "tags": tags,
+        "pins": requirements(),
+        "pip": pip,
+        "python_ok": sys.version_info[:2] >= MIN_PYTHON,
+        "wheels_known": bool(tags["platforms"]),
     }
 
 
 def _pip_install(target: str, cache: str) -> None:
-    argv = [sys.executable, "-m", "pip", "install", "--target", target, "--only-binary=:all:",
-            "--no-input", "--disable-pip-version-check", "--no-warn-script-location",
-            "--no-compile", "--timeout", str(PIP_NET_TIMEOUT_S), "--retries", "1",
-            "--cache-dir", cache] + requirements()
+    argv = [
+        sys.executable,
+        "-m",
+        "pip",
+        "install",
+        "--target",
+        target,
+        "--only-binary=:all:",
+        "--no-input",
+        "--disable-pip-version-check",
+        "--no-warn-script-location",
+        "--no-compile",
+        "--timeout",
+        str(PIP_NET_TIMEOUT_S),
+        "--retries",
+        "1",
+        "--cache-dir",
+        cache,
+    ] + requirements()
     try:
-        res = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                             stdin=subprocess.DEVNULL, timeout=PIP_TOTAL_TIMEOUT_S)
+        res = subprocess.run(
+            argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            timeout=PIP_TOTAL_TIMEOUT_S,
+        )
     except subprocess.TimeoutExpired:
-        raise RuntimeInstallError("pip install took longer than %ds" % PIP_TOTAL_TIMEOUT_S,
-                            "online-failed") from None
+        raise RuntimeInstallError(
+            "pip install took longer than %ds" % PIP_TOTAL_TIMEOUT_S, "online-failed"
+        ) from None
     if res.returncode != 0:
         lines = [ln for ln in res.stdout.decode("utf-8", "replace").splitlines() if ln.strip()]
-        raise RuntimeInstallError("pip install failed (exit %d)" % res.returncode, "online-failed",
-                            lines[-4:])
+        raise RuntimeInstallError(
+            "pip install failed (exit %d)" % res.returncode, "online-failed", lines[-4:]
+        )
 
 
 def _verify(target: str) -> str:
     """Import cryptography from ``target`` only, in a fresh interpreter; its version."""
-    res = subprocess.run([sys.executable, "-s", "-c", IMPORT_CHECK, target],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    res = subprocess.run(
+        [sys.executable, "-s", "-c", IMPORT_CHECK, target],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+    )
     if res.returncode != 0:
         lines = res.stderr.decode("utf-8", "replace").strip().splitlines()
-        raise RuntimeInstallError("the installed cryptography does not import", "host-env", lines[-3:])
+        raise RuntimeInstallError(
+            "the installed cryptography does not import", "host-env", lines[-3:]
+        )
     return res.stdout.decode().strip()
 
 
@@ -411,8 +467,10 @@ def op_runtime_ensure(req: Dict[str, Any]) -> Dict[str, Any]:
     from hostagent import inventory_add
 
     if sys.version_info[:2] < MIN_PYTHON:
-        raise RuntimeInstallError("the host's %s is Python %s; the agent runtime needs 3.9 "
-                                  "or newer" % (sys.executable, platform.python_version()))
+        raise RuntimeInstallError(
+            "the host's %s is Python %s; the agent runtime needs 3.9 "
+            "or newer" % (sys.executable, platform.python_version())
+        )
     tags = host_tags()
     root = os.path.expanduser(req["root"])
     base = os.path.join(root, SUBDIR)
@@ -430,13 +488,20 @@ def op_runtime_ensure(req: Dict[str, Any]) -> Dict[str, Any]:
 
             owner = safefs.marker_of(final)
             if not owner or owner.get("kind") != "runtime":
-                raise RuntimeInstallError("%s is in the way and is not remotemac's runtime: left "
-                                          "alone (move it, then run again)" % final, "host-env")
+                raise RuntimeInstallError(
+                    "%s is in the way and is not remotemac's runtime: left "
+                    "alone (move it, then run again)" % final,
+                    "host-env",
+                )
             shutil.rmtree(final, ignore_errors=True)
         method = req.get("method") or "online"
         if method == "offline" and not req.get("wheels_dir"):
-            return {"failed": "the wheels must come from the laptop", "tail": [],
-                    "dir": final, "tags": tags}
+            return {
+                "failed": "the wheels must come from the laptop",
+                "tail": [],
+                "dir": final,
+                "tags": tags,
+            }
         tmp = "%s.tmp-%d" % (final, os.getpid())
         shutil.rmtree(tmp, ignore_errors=True)
         os.makedirs(tmp, mode=0o700)
@@ -449,12 +514,18 @@ def op_runtime_ensure(req: Dict[str, Any]) -> Dict[str, Any]:
                 _pip_install(tmp, cache)
                 installed = requirements()
             else:
-                installed = install_wheels(_below(base, req["wheels_dir"]),
-                                           req.get("wheels") or [], tags, tmp)
+                installed = install_wheels(
+                    _below(base, req["wheels_dir"]), req.get("wheels") or [], tags, tmp
+                )
             version = _verify(tmp)
-            marker = {"key": runtime_key(tags), "method": method, "installed": installed,
-                      "cryptography": version, "python": tags["python"],
-                      "installed_at": time.time()}
+            marker = {
+                "key": runtime_key(tags),
+                "method": method,
+                "installed": installed,
+                "cryptography": version,
+                "python": tags["python"],
+                "installed_at": time.time(),
+            }
             with open(os.path.join(tmp, MARKER), "w") as fh:
                 json.dump(marker, fh)
                 fh.flush()
@@ -497,12 +568,14 @@ def activate(path: str) -> Any:
     try:
         import cryptography  # agent-imports: lazy (the agent runtime's venv)
     except ImportError as exc:
-        raise RuntimeInstallError("cannot import cryptography from the agent runtime %s: %s"
-                            % (path, exc)) from None
+        raise RuntimeInstallError(
+            "cannot import cryptography from the agent runtime %s: %s" % (path, exc)
+        ) from None
     where = os.path.realpath(getattr(cryptography, "__file__", "") or "")
     if not where.startswith(real + os.sep):
-        raise RuntimeInstallError("cryptography was imported from %s, not the agent runtime %s"
-                            % (where, path))
+        raise RuntimeInstallError(
+            "cryptography was imported from %s, not the agent runtime %s" % (where, path)
+        )
     return cryptography
 
 

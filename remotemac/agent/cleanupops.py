@@ -49,14 +49,54 @@ import safefs  # noqa: E402
 import specscrub  # noqa: E402
 from hostagent import pid_alive, tmux_path  # noqa: E402
 
-SYSTEM_DIRS = frozenset([
-    "/", "/bin", "/sbin", "/usr", "/usr/bin", "/usr/sbin", "/usr/lib", "/usr/local",
-    "/usr/local/bin", "/usr/share", "/etc", "/var", "/var/tmp", "/tmp", "/private",
-    "/private/tmp", "/private/var", "/private/etc", "/System", "/Library", "/Applications",
-    "/Users", "/Users/Shared", "/home", "/opt", "/opt/homebrew", "/dev", "/dev/shm", "/proc",
-    "/sys", "/root", "/Volumes", "/cores", "/boot", "/lib", "/lib64", "/lib32", "/srv", "/mnt",
-    "/media", "/run", "/snap", "/nix", "/Network",
-])
+SYSTEM_DIRS = frozenset(
+    [
+        "/",
+        "/bin",
+        "/sbin",
+        "/usr",
+        "/usr/bin",
+        "/usr/sbin",
+        "/usr/lib",
+        "/usr/local",
+        "/usr/local/bin",
+        "/usr/share",
+        "/etc",
+        "/var",
+        "/var/tmp",
+        "/tmp",
+        "/private",
+        "/private/tmp",
+        "/private/var",
+        "/private/etc",
+        "/System",
+        "/Library",
+        "/Applications",
+        "/Users",
+        "/Users/Shared",
+        "/home",
+        "/opt",
+        "/opt/homebrew",
+        "/dev",
+        "/dev/shm",
+        "/proc",
+        "/sys",
+        "/root",
+        "/Volumes",
+        "/cores",
+        "/boot",
+        "/lib",
+        "/lib64",
+        "/lib32",
+        "/srv",
+        "/mnt",
+        "/media",
+        "/run",
+        "/snap",
+        "/nix",
+        "/Network",
+    ]
+)
 WIPED_SUBDIRS = ("data", "tmp", "cache", "out")
 KEPT_SUBDIRS = ("project", "logs", "status")
 FINAL_STATES = ("finished", "failed", "timeout", "stopped", "storage-limit")
@@ -125,7 +165,7 @@ def open_parent(real_root: str, path: str) -> Tuple[int, str]:
     target = below(real_root, path)
     if target is None:
         raise safefs.NotOurs("outside remote_root: refused")
-    parts = target[len(real_root.rstrip("/")) + 1:].split("/")
+    parts = target[len(real_root.rstrip("/")) + 1 :].split("/")
     fd = safefs.open_path(real_root)
     try:
         for part in parts[:-1]:
@@ -138,16 +178,22 @@ def open_parent(real_root: str, path: str) -> Tuple[int, str]:
     return fd, parts[-1]
 
 
-def remove_item(real_root: str, path: str, dry_run: bool,
-                overwrite: bool = False) -> Dict[str, Any]:
+def remove_item(
+    real_root: str, path: str, dry_run: bool, overwrite: bool = False
+) -> Dict[str, Any]:
     """Remove one path below the root; the answer says its fate, size and why."""
     try:
         fd, name = open_parent(real_root, path)
     except (safefs.NotOurs, OSError) as exc:
         if isinstance(exc, FileNotFoundError):
             return {"fate": "not found", "bytes": 0}
-        return {"fate": "failed", "why": str(exc) if isinstance(exc, safefs.NotOurs)
-                else "%s: %s" % (type(exc).__name__, exc.strerror or exc), "bytes": 0}
+        return {
+            "fate": "failed",
+            "why": str(exc)
+            if isinstance(exc, safefs.NotOurs)
+            else "%s: %s" % (type(exc).__name__, exc.strerror or exc),
+            "bytes": 0,
+        }
     try:
         if safefs.lstat_at(fd, name) is None:
             return {"fate": "not found", "bytes": 0}
@@ -161,15 +207,18 @@ def remove_item(real_root: str, path: str, dry_run: bool,
     if done["notes"]:
         answer["notes"] = done["notes"][:20]
     if done["failed"]:
-        answer.update(fate="failed", bytes=done["bytes"],
-                      why="; ".join(done["failed"][:5]) + (
-                          " (and %d more)" % (len(done["failed"]) - 5)
-                          if len(done["failed"]) > 5 else ""))
+        answer.update(
+            fate="failed",
+            bytes=done["bytes"],
+            why="; ".join(done["failed"][:5])
+            + (" (and %d more)" % (len(done["failed"]) - 5) if len(done["failed"]) > 5 else ""),
+        )
     return answer
 
 
-def ownership(path: str, kind: str, root_marker: Optional[Dict[str, Any]],
-              run_id: Optional[str] = None) -> Optional[str]:
+def ownership(
+    path: str, kind: str, root_marker: Optional[Dict[str, Any]], run_id: Optional[str] = None
+) -> Optional[str]:
     """None when ``path`` is a directory remotemac made (its marker names ``kind``,
     the run and the root); else why it is not, for the record."""
     try:
@@ -203,14 +252,17 @@ def session_name(run_id: str, label: str = "") -> str:
     return SESSION_PREFIX + re.sub(r"[^A-Za-z0-9_-]", "_", tail)
 
 
-def run_cmd(argv: List[str], steps: Optional[List[Dict[str, Any]]] = None,
-            timeout: float = 60) -> Tuple[int, str, str]:
+def run_cmd(
+    argv: List[str], steps: Optional[List[Dict[str, Any]]] = None, timeout: float = 60
+) -> Tuple[int, str, str]:
     """Run a command without a shell; record it in ``steps`` for the ledger."""
     try:
-        proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              timeout=timeout)
-        code, out, err = (proc.returncode, proc.stdout.decode("utf-8", "replace"),
-                          proc.stderr.decode("utf-8", "replace"))
+        proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=timeout)
+        code, out, err = (
+            proc.returncode,
+            proc.stdout.decode("utf-8", "replace"),
+            proc.stderr.decode("utf-8", "replace"),
+        )
     except FileNotFoundError:
         code, out, err = 127, "", "%s: command not found" % argv[0]
     except subprocess.TimeoutExpired:
@@ -225,8 +277,9 @@ def tmux_sessions() -> List[Dict[str, str]]:
     tmux = tmux_path()
     if not tmux:
         return []
-    code, out, _ = run_cmd([tmux, "list-panes", "-a", "-F",
-                            "#{session_name}\t#{pane_start_command}"])
+    code, out, _ = run_cmd(
+        [tmux, "list-panes", "-a", "-F", "#{session_name}\t#{pane_start_command}"]
+    )
     if code != 0:
         return []
     seen: Dict[str, str] = {}
@@ -269,13 +322,18 @@ def all_processes() -> List[Tuple[int, str]]:
     return found
 
 
-def terminate(pid: int, steps: List[Dict[str, Any]], group: bool = True,
-              start: Optional[Dict[str, Any]] = None) -> bool:
+def terminate(
+    pid: int,
+    steps: List[Dict[str, Any]],
+    group: bool = True,
+    start: Optional[Dict[str, Any]] = None,
+) -> bool:
     """SIGTERM (the group when ``pid`` leads one), then SIGKILL after a grace.
 
     With ``start`` (procid.identity recorded earlier) no signal is sent once the
     pid stopped being that process: the SIGKILL cannot hit a reused pid.
     """
+
     def send(sig: int) -> None:
         if start is not None and not procid.same_start(pid, start):
             return
@@ -320,8 +378,9 @@ def runner_is_ours(pid: Any, status: Dict[str, Any], run_dirs: List[str]) -> Opt
     line = cmdline(pid)
     if "runner.py" not in line or not any(procid.names_path(line, d) for d in run_dirs):
         return "its command line is not this run's runner"
-    if status.get("runner_start") is not None and \
-            not procid.same_start(pid, status["runner_start"]):
+    if status.get("runner_start") is not None and not procid.same_start(
+        pid, status["runner_start"]
+    ):
         return "started at another time than the runner remotemac recorded"
     return None
 
@@ -340,9 +399,12 @@ def child_is_ours(pid: Any, status: Dict[str, Any]) -> Optional[str]:
     return None
 
 
-def stop_run_processes(run_dir: str, steps: List[Dict[str, Any]],
-                       left: Optional[List[str]] = None,
-                       run_dirs: Optional[List[str]] = None) -> List[str]:
+def stop_run_processes(
+    run_dir: str,
+    steps: List[Dict[str, Any]],
+    left: Optional[List[str]] = None,
+    run_dirs: Optional[List[str]] = None,
+) -> List[str]:
     """Stop the runners (and their workloads) a run's status files name.
 
     A status file is read only when it is a regular file (a FIFO there never
@@ -399,8 +461,9 @@ def stop_run_processes(run_dir: str, steps: List[Dict[str, Any]],
 # ------------------------------------------------------------------ RAM store
 
 
-def find_ram_store(run_id: str, platform: Optional[str] = None,
-                   shm_root: str = SHM_ROOT, volumes: str = VOLUMES) -> Optional[Dict[str, Any]]:
+def find_ram_store(
+    run_id: str, platform: Optional[str] = None, shm_root: str = SHM_ROOT, volumes: str = VOLUMES
+) -> Optional[Dict[str, Any]]:
     """The RAM store ramstore.py would have made for ``run_id``, if it is there."""
     platform = platform or sys.platform
     name = "remotemac-%s" % run_id
@@ -415,15 +478,19 @@ def find_ram_store(run_id: str, platform: Optional[str] = None,
     return None
 
 
-def ram_refusal(info: Dict[str, Any], shm_root: str = SHM_ROOT,
-                volumes: str = VOLUMES) -> Optional[str]:
+def ram_refusal(
+    info: Dict[str, Any], shm_root: str = SHM_ROOT, volumes: str = VOLUMES
+) -> Optional[str]:
     """Why a RAM store may not be destroyed (None: it is remotemac's by name and owner)."""
     path = str(info.get("path") or "")
     base = os.path.basename(path.rstrip("/"))
     kind = info.get("kind")
     allowed = {"shm": shm_root, "ramdisk": volumes}.get(str(kind))
-    if allowed is None or os.path.dirname(path.rstrip("/")) != allowed \
-            or not base.startswith("remotemac-"):
+    if (
+        allowed is None
+        or os.path.dirname(path.rstrip("/")) != allowed
+        or not base.startswith("remotemac-")
+    ):
         return "not a remotemac RAM store: refused"
     if kind == "shm" and os.path.lexists(path):
         info_st = os.lstat(path)
@@ -432,8 +499,12 @@ def ram_refusal(info: Dict[str, Any], shm_root: str = SHM_ROOT,
     return None
 
 
-def destroy_ram(info: Dict[str, Any], steps: List[Dict[str, Any]],
-                shm_root: str = SHM_ROOT, volumes: str = VOLUMES) -> Dict[str, Any]:
+def destroy_ram(
+    info: Dict[str, Any],
+    steps: List[Dict[str, Any]],
+    shm_root: str = SHM_ROOT,
+    volumes: str = VOLUMES,
+) -> Dict[str, Any]:
     """Destroy a RAM store, refusing anything that is not remotemac's by name and owner."""
     path = str(info.get("path") or "")
     if info.get("kind") == "tmp":
@@ -487,8 +558,9 @@ def wipe_run_data(req: Dict[str, Any]) -> Dict[str, Any]:
     not_ours = ownership(run_dir, "run", safefs.marker_of(real_root), run_id)
     scrubbed: List[str] = []
     if not_ours is None:
-        removed += stop_run_processes(run_dir, steps, remaining,
-                                      [run_dir, os.path.join(lexical, "runs", run_id)])
+        removed += stop_run_processes(
+            run_dir, steps, remaining, [run_dir, os.path.join(lexical, "runs", run_id)]
+        )
         # the launch specs stay with status/ until cleanup: their env values and command go now
         scrubbed = specscrub.scrub_specs(run_dir)
     ram = req.get("ram") or find_ram_store(run_id)
@@ -523,18 +595,35 @@ def wipe_run_data(req: Dict[str, Any]) -> Dict[str, Any]:
             if job.get("fate") == "removed":
                 removed.append("deadman:%s" % job.get("what"))
     if not_ours is None:
-        remaining += [r for r in run_remaining(run_dir, keep, wipe_outputs)
-                      if r.split(" (", 1)[0] not in failed]
+        remaining += [
+            r
+            for r in run_remaining(run_dir, keep, wipe_outputs)
+            if r.split(" (", 1)[0] not in failed
+        ]
     ram_left = find_ram_store(run_id)
     if ram_left:
         remaining.append("ram:%s" % ram_left["path"])
-    verified = not failed and not ram_left and not any(
-        r.startswith("tmux:") for r in remaining) and not any(
-        os.path.lexists(os.path.join(run_dir, s)) for s in WIPED_SUBDIRS
-        if s != "out" or wipe_outputs)
-    return {"removed": removed, "remaining": remaining, "steps": steps, "verified": verified,
-            "failed": failed, "run_dir": run_dir, "time": time.time(), "notes": notes,
-            "scrubbed": scrubbed}
+    verified = (
+        not failed
+        and not ram_left
+        and not any(r.startswith("tmux:") for r in remaining)
+        and not any(
+            os.path.lexists(os.path.join(run_dir, s))
+            for s in WIPED_SUBDIRS
+            if s != "out" or wipe_outputs
+        )
+    )
+    return {
+        "removed": removed,
+        "remaining": remaining,
+        "steps": steps,
+        "verified": verified,
+        "failed": failed,
+        "run_dir": run_dir,
+        "time": time.time(),
+        "notes": notes,
+        "scrubbed": scrubbed,
+    }
 
 
 def _listdir(path: str) -> List[str]:
@@ -605,8 +694,14 @@ def read_inventory(real_root: str) -> Tuple[List[Dict[str, Any]], Optional[str]]
     return items, None
 
 
-def _add(items: Dict[Tuple[str, str], Dict[str, Any]], kind: str, path: str, source: str,
-         run_id: Optional[str] = None, **extra: Any) -> None:
+def _add(
+    items: Dict[Tuple[str, str], Dict[str, Any]],
+    kind: str,
+    path: str,
+    source: str,
+    run_id: Optional[str] = None,
+    **extra: Any,
+) -> None:
     key = (kind, path)
     item = items.get(key)
     if item is None:
@@ -641,19 +736,27 @@ def collect(root: str, known: List[Dict[str, Any]], run_ids: List[str]) -> Dict[
         if kind == "deadman":  # matched to the live job below, by run id or pid
             entry = deadmen.setdefault(item.get("run_id") or path, {"spec": path, "sources": []})
             entry["sources"].append(source)
-            entry.update({k: item[k] for k in ("pid", "label", "plist", "method", "start")
-                          if k in item})
+            entry.update(
+                {k: item[k] for k in ("pid", "label", "plist", "method", "start") if k in item}
+            )
             continue
-        _add(items, kind, path, source, item.get("run_id"),
-             **{k: v for k, v in item.items() if k not in ("kind", "path", "run_id", "root")})
+        _add(
+            items,
+            kind,
+            path,
+            source,
+            item.get("run_id"),
+            **{k: v for k, v in item.items() if k not in ("kind", "path", "run_id", "root")},
+        )
     if root_exists:
         for sub, kind in CONTAINERS.items():
             base = os.path.join(real_root, sub)
             for name in _listdir(base):
                 if kind == "run":
                     ids.add(name)
-                _add(items, kind, os.path.join(base, name), "found",
-                     name if kind == "run" else None)
+                _add(
+                    items, kind, os.path.join(base, name), "found", name if kind == "run" else None
+                )
         if os.path.lexists(os.path.join(real_root, "deadman")):
             _add(items, "deadman-dir", os.path.join(real_root, "deadman"), "found")
     ids.discard("")
@@ -665,17 +768,29 @@ def collect(root: str, known: List[Dict[str, Any]], run_ids: List[str]) -> Dict[
         name = session["name"]
         mine = any(name.startswith(session_name(r)) for r in ids) or (
             procid.names_path(session["command"], real_root)
-            or procid.names_path(session["command"], lexical))
+            or procid.names_path(session["command"], lexical)
+        )
         if mine:
             _add(items, "tmux", name, "found")
     jobs = deadman.find_jobs([lexical, real_root], sorted(ids))
     for key, entry in deadmen.items():
         pid = entry.get("pid")
-        if entry.get("method") == "sleeper" and isinstance(pid, int) and \
-                not any(j.get("pid") == pid for j in jobs) and "deadman.py" in cmdline(pid) \
-                and procid.same_start(pid, entry.get("start")):
-            jobs.append({"method": "sleeper", "what": "sleeper:%d" % pid, "pid": pid,
-                         "run_id": key, "start": entry.get("start")})
+        if (
+            entry.get("method") == "sleeper"
+            and isinstance(pid, int)
+            and not any(j.get("pid") == pid for j in jobs)
+            and "deadman.py" in cmdline(pid)
+            and procid.same_start(pid, entry.get("start"))
+        ):
+            jobs.append(
+                {
+                    "method": "sleeper",
+                    "what": "sleeper:%d" % pid,
+                    "pid": pid,
+                    "run_id": key,
+                    "start": entry.get("start"),
+                }
+            )
     for job in jobs:
         _add(items, "deadman", job["what"], "found", job.get("run_id"), job=job)
         entry = deadmen.pop(job.get("run_id") or "", None)
@@ -687,25 +802,44 @@ def collect(root: str, known: List[Dict[str, Any]], run_ids: List[str]) -> Dict[
     for item in list(items.values()):
         if item["kind"] == "ramstore" and "ram_kind" not in item:
             item["ram_kind"] = "ramdisk" if item["path"].startswith(VOLUMES + "/") else "shm"
-    return {"root": lexical, "real_root": real_root, "items": items, "notes": notes,
-            "run_ids": sorted(ids), "exists": root_exists,
-            "marker": safefs.marker_of(real_root) if root_exists else None}
+    return {
+        "root": lexical,
+        "real_root": real_root,
+        "items": items,
+        "notes": notes,
+        "run_ids": sorted(ids),
+        "exists": root_exists,
+        "marker": safefs.marker_of(real_root) if root_exists else None,
+    }
 
 
 def _relocate(path: str, lexical: str, real_root: str) -> str:
     """Inventory paths may use the lexical root; compare everything on the real one."""
     if path == lexical or path.startswith(lexical.rstrip("/") + "/"):
-        return real_root + path[len(lexical):]
+        return real_root + path[len(lexical) :]
     return path
 
 
-_ORDER = {"deadman": 0, "tmux": 1, "ramstore": 2, "run": 3, "venv": 4, "agent": 5,
-          "runtime": 6, "deadman-dir": 7}
+_ORDER = {
+    "deadman": 0,
+    "tmux": 1,
+    "ramstore": 2,
+    "run": 3,
+    "venv": 4,
+    "agent": 5,
+    "runtime": 6,
+    "deadman-dir": 7,
+}
 #: directories of a root that hold one owned directory per run / venv / agent version
 CONTAINERS = {"runs": "run", "envs": "venv", "agent": "agent", "runtime": "runtime"}
 #: marker kind of each item kind that is a directory below the root
-DIR_KINDS = {"run": "run", "venv": "venv", "agent": "agent", "runtime": "runtime",
-             "deadman-dir": "deadman"}
+DIR_KINDS = {
+    "run": "run",
+    "venv": "venv",
+    "agent": "agent",
+    "runtime": "runtime",
+    "deadman-dir": "deadman",
+}
 #: files remotemac keeps at the top of a root (removed last, with the root)
 BOOKKEEPING = ("inventory.json", safefs.MARKER)
 
@@ -724,13 +858,22 @@ def op_cleanup_host(req: Dict[str, Any]) -> Dict[str, Any]:
         try:
             answers.append(_cleanup_root(root, req, dry_run, steps))
         except UnsafeRoot as exc:
-            answers.append({"root": root, "refused": str(exc), "items": [], "remaining": [],
-                            "bytes_freed": 0, "verified": False})
+            answers.append(
+                {
+                    "root": root,
+                    "refused": str(exc),
+                    "items": [],
+                    "remaining": [],
+                    "bytes_freed": 0,
+                    "verified": False,
+                }
+            )
     return {"roots": answers, "steps": steps, "host": _host_facts(), "dry_run": dry_run}
 
 
-def _cleanup_root(root: str, req: Dict[str, Any], dry_run: bool,
-                  steps: List[Dict[str, Any]]) -> Dict[str, Any]:
+def _cleanup_root(
+    root: str, req: Dict[str, Any], dry_run: bool, steps: List[Dict[str, Any]]
+) -> Dict[str, Any]:
     """One root: the same decisions for the dry run and the real one (only the last
     step, doing it, differs), so the dry run lists exactly what would go."""
     known = [k for k in req.get("known") or [] if k.get("root") in (None, root)]
@@ -738,11 +881,15 @@ def _cleanup_root(root: str, req: Dict[str, Any], dry_run: bool,
     real_root, lexical = found["real_root"], found["root"]
     if found["exists"] and found["marker"] is None:
         _size, count = tree_size(real_root)
-        raise UnsafeRoot("%s: not made by remotemac (no marker; %d entries) - left alone"
-                         % (lexical, max(0, count - 1)))
+        raise UnsafeRoot(
+            "%s: not made by remotemac (no marker; %d entries) - left alone"
+            % (lexical, max(0, count - 1))
+        )
     if found["exists"] and found["marker"].get("kind") != "root":
-        raise UnsafeRoot("%s: marked as remotemac's %s, not a remote_root - left alone"
-                         % (lexical, found["marker"].get("kind")))
+        raise UnsafeRoot(
+            "%s: marked as remotemac's %s, not a remote_root - left alone"
+            % (lexical, found["marker"].get("kind"))
+        )
     items = sorted(found["items"].values(), key=lambda i: (_ORDER.get(i["kind"], 9), i["path"]))
     for item in items:
         item.update(_dispose(item, real_root, lexical, found["marker"], dry_run, steps))
@@ -753,10 +900,17 @@ def _cleanup_root(root: str, req: Dict[str, Any], dry_run: bool,
     would = sum(int(i.get("bytes") or 0) for i in items if i.get("fate") == "would remove")
     for item in items:
         item.pop("job", None)
-    return {"root": lexical, "real_root": real_root, "items": items, "notes": found["notes"],
-            "remaining": remaining, "bytes_freed": freed, "bytes_to_free": would,
-            "verified": not dry_run and not remaining,
-            "run_ids": found["run_ids"]}
+    return {
+        "root": lexical,
+        "real_root": real_root,
+        "items": items,
+        "notes": found["notes"],
+        "remaining": remaining,
+        "bytes_freed": freed,
+        "bytes_to_free": would,
+        "verified": not dry_run and not remaining,
+        "run_ids": found["run_ids"],
+    }
 
 
 def _finish_root(lexical: str, real_root: str, gone: Any, dry_run: bool) -> Dict[str, Any]:
@@ -768,28 +922,37 @@ def _finish_root(lexical: str, real_root: str, gone: Any, dry_run: bool) -> Dict
     """
     item: Dict[str, Any] = {"kind": "root", "path": lexical, "sources": ["playbook"], "bytes": 0}
     if os.path.islink(lexical):
-        return dict(item, fate="failed",
-                    why="remote_root is a symlink: not followed, remove it by hand")
+        return dict(
+            item, fate="failed", why="remote_root is a symlink: not followed, remove it by hand"
+        )
     if not os.path.lexists(real_root):
         return dict(item, fate="not found")
     foreign: List[str] = []
     for name in _listdir(real_root):
         path = os.path.join(real_root, name)
-        if path in gone or name in BOOKKEEPING or name.startswith(("inventory.json.tmp-",
-                                                                   safefs.MARKER + ".tmp-")):
+        if (
+            path in gone
+            or name in BOOKKEEPING
+            or name.startswith(("inventory.json.tmp-", safefs.MARKER + ".tmp-"))
+        ):
             continue
         if name in CONTAINERS and os.path.isdir(path) and not os.path.islink(path):
-            foreign += [os.path.join(path, n) for n in _listdir(path)
-                        if os.path.join(path, n) not in gone]
+            foreign += [
+                os.path.join(path, n) for n in _listdir(path) if os.path.join(path, n) not in gone
+            ]
             continue
         foreign.append(path)
     if foreign:
         shown = ", ".join(os.path.relpath(p, real_root) for p in foreign[:5])
         more = " and %d more" % (len(foreign) - 5) if len(foreign) > 5 else ""
-        return dict(item, fate="left alone", foreign=foreign[:50],
-                    why="kept: it holds %d entr%s remotemac did not make (%s%s); remove them "
-                        "by hand, then run cleanup again"
-                        % (len(foreign), "y" if len(foreign) == 1 else "ies", shown, more))
+        return dict(
+            item,
+            fate="left alone",
+            foreign=foreign[:50],
+            why="kept: it holds %d entr%s remotemac did not make (%s%s); remove them "
+            "by hand, then run cleanup again"
+            % (len(foreign), "y" if len(foreign) == 1 else "ies", shown, more),
+        )
     size, _count = tree_size(real_root)
     if dry_run:
         return dict(item, fate="would remove", bytes=size)
@@ -803,8 +966,9 @@ def _finish_root(lexical: str, real_root: str, gone: Any, dry_run: bool) -> Dict
             try:
                 if name in CONTAINERS:  # empty by now: rmdir fails on anything new in it
                     os.rmdir(name, dir_fd=fd)
-                elif name in BOOKKEEPING or name.startswith(("inventory.json.tmp-",
-                                                             safefs.MARKER + ".tmp-")):
+                elif name in BOOKKEEPING or name.startswith(
+                    ("inventory.json.tmp-", safefs.MARKER + ".tmp-")
+                ):
                     os.unlink(name, dir_fd=fd)
                 else:
                     return dict(item, fate="failed", why="%s appeared meanwhile" % name)
@@ -819,9 +983,14 @@ def _finish_root(lexical: str, real_root: str, gone: Any, dry_run: bool) -> Dict
     return dict(item, fate="removed", bytes=size)
 
 
-def _dispose(item: Dict[str, Any], real_root: str, lexical: str,
-             root_marker: Optional[Dict[str, Any]], dry_run: bool,
-             steps: List[Dict[str, Any]]) -> Dict[str, Any]:
+def _dispose(
+    item: Dict[str, Any],
+    real_root: str,
+    lexical: str,
+    root_marker: Optional[Dict[str, Any]],
+    dry_run: bool,
+    steps: List[Dict[str, Any]],
+) -> Dict[str, Any]:
     kind, path = item["kind"], item["path"]
     if kind == "deadman":
         job = item.get("job")
@@ -829,8 +998,11 @@ def _dispose(item: Dict[str, Any], real_root: str, lexical: str,
             jobs = [j for j in deadman.find_jobs([lexical, real_root]) if j["what"] == path]
             job = jobs[0] if jobs else None
         if job is None:
-            return {"fate": "not found", "bytes": 0, "why": "no longer scheduled (fired or "
-                    "cancelled by a wipe)"}
+            return {
+                "fate": "not found",
+                "bytes": 0,
+                "why": "no longer scheduled (fired or cancelled by a wipe)",
+            }
         if dry_run:
             return {"fate": "would remove", "bytes": 0}
         return deadman.remove_job(job, steps)
@@ -847,26 +1019,32 @@ def _dispose(item: Dict[str, Any], real_root: str, lexical: str,
             return {"fate": "not found", "bytes": 0}
         if dry_run:
             refused = ram_refusal(info)
-            return {"fate": "failed", "why": refused, "bytes": 0} if refused else \
-                {"fate": "would remove", "bytes": tree_size(path)[0]}
+            return (
+                {"fate": "failed", "why": refused, "bytes": 0}
+                if refused
+                else {"fate": "would remove", "bytes": tree_size(path)[0]}
+            )
         return destroy_ram(info, steps)
     if below(real_root, path) is None:
         return {"fate": "failed", "why": "outside remote_root: refused", "bytes": 0}
     if not os.path.lexists(path):
         return {"fate": "not found", "bytes": 0}
-    not_ours = ownership(path, DIR_KINDS.get(kind, kind), root_marker,
-                         item.get("run_id") if kind == "run" else None)
+    not_ours = ownership(
+        path, DIR_KINDS.get(kind, kind), root_marker, item.get("run_id") if kind == "run" else None
+    )
     if not_ours is not None:
         return {"fate": "left alone", "why": not_ours, "bytes": 0}
     if kind == "run" and not dry_run:
-        stop_run_processes(path, steps, None,
-                           [path, _relocate_back(path, lexical, real_root)])
-    return remove_item(real_root, path, dry_run, overwrite=False) if kind != "run" else \
-        _remove_run(real_root, path, dry_run)
+        stop_run_processes(path, steps, None, [path, _relocate_back(path, lexical, real_root)])
+    return (
+        remove_item(real_root, path, dry_run, overwrite=False)
+        if kind != "run"
+        else _remove_run(real_root, path, dry_run)
+    )
 
 
 def _relocate_back(path: str, lexical: str, real_root: str) -> str:
-    return lexical + path[len(real_root):] if procid.is_below(path, real_root) else path
+    return lexical + path[len(real_root) :] if procid.is_below(path, real_root) else path
 
 
 def _remove_run(real_root: str, path: str, dry_run: bool) -> Dict[str, Any]:
@@ -883,16 +1061,23 @@ def verify(lexical: str, real_root: str, run_ids: List[str]) -> List[Dict[str, s
     left: List[Dict[str, str]] = []
     if os.path.lexists(real_root):
         size, count = tree_size(real_root)
-        left.append({"kind": "root", "path": real_root,
-                     "why": "still exists (%d entries, %d bytes)" % (count, size)})
+        left.append(
+            {
+                "kind": "root",
+                "path": real_root,
+                "why": "still exists (%d entries, %d bytes)" % (count, size),
+            }
+        )
     for run_id in run_ids:
         ram = find_ram_store(run_id)
         if ram:
             left.append({"kind": "ramstore", "path": ram["path"], "why": "still exists"})
     for session in tmux_sessions():
-        if any(session["name"].startswith(session_name(r)) for r in run_ids) or \
-                procid.names_path(session["command"], real_root) or \
-                procid.names_path(session["command"], lexical):
+        if (
+            any(session["name"].startswith(session_name(r)) for r in run_ids)
+            or procid.names_path(session["command"], real_root)
+            or procid.names_path(session["command"], lexical)
+        ):
             left.append({"kind": "tmux", "path": session["name"], "why": "still running"})
     for job in deadman.find_jobs([lexical, real_root]):
         left.append({"kind": "deadman", "path": job["what"], "why": "still scheduled"})
@@ -917,19 +1102,29 @@ def op_claim_root(req: Dict[str, Any]) -> Dict[str, Any]:
     try:
         if not os.path.isdir(parent):
             os.makedirs(parent, 0o700)
-        marker, created = safefs.ensure_owned_dir(real_root, {
-            "kind": "root", "root_id": secrets.token_hex(8), "run_id": req.get("run_id")})
+        marker, created = safefs.ensure_owned_dir(
+            real_root,
+            {"kind": "root", "root_id": secrets.token_hex(8), "run_id": req.get("run_id")},
+        )
     except safefs.NotOurs as exc:
         return {"refused": "%s; choose a new or empty directory for remote_root" % exc}
     except OSError as exc:
         return {"refused": "cannot create %s: %s" % (lexical, exc.strerror or exc)}
-    return {"root": lexical, "real_root": real_root, "root_id": marker.get("root_id"),
-            "created": created}
+    return {
+        "root": lexical,
+        "real_root": real_root,
+        "root_id": marker.get("root_id"),
+        "created": created,
+    }
 
 
 def _host_facts() -> Dict[str, Any]:
     import platform
 
-    return {"platform": sys.platform, "machine": platform.machine(),
-            "user": os.environ.get("USER") or str(os.getuid()),
-            "home": os.path.expanduser("~"), "time": time.time()}
+    return {
+        "platform": sys.platform,
+        "machine": platform.machine(),
+        "user": os.environ.get("USER") or str(os.getuid()),
+        "home": os.path.expanduser("~"),
+        "time": time.time(),
+    }

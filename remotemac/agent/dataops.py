@@ -99,8 +99,9 @@ def _make_parents(base: str, rel: str) -> None:
             os.mkdir(current, 0o700)
         except FileExistsError:
             if not stat.S_ISDIR(os.lstat(current).st_mode):
-                raise DataError("%s is in the way (not a directory)" % current,
-                                "unsafe-path") from None
+                raise DataError(
+                    "%s is in the way (not a directory)" % current, "unsafe-path"
+                ) from None
 
 
 def _lstat(path: str) -> Optional[os.stat_result]:
@@ -140,8 +141,10 @@ def _stored(src: str, rec: Dict[str, Any], encrypted: bool) -> bool:
 
 def _plain_ok(dest: str, rec: Dict[str, Any]) -> bool:
     st = _lstat(_inside(dest, rec["path"]))
-    return st is not None and st.st_size == rec.get("size") and (
-        st.st_mtime_ns == rec.get("plain_mtime_ns")
+    return (
+        st is not None
+        and st.st_size == rec.get("size")
+        and (st.st_mtime_ns == rec.get("plain_mtime_ns"))
     )
 
 
@@ -150,8 +153,9 @@ class _Recorder:
     at most a torn last line, which :func:`load_records` skips."""
 
     def __init__(self, src: str) -> None:
-        fd = os.open(os.path.join(src, RECORD), os.O_WRONLY | os.O_CREAT | os.O_APPEND | _NOFOLLOW,
-                     0o600)
+        fd = os.open(
+            os.path.join(src, RECORD), os.O_WRONLY | os.O_CREAT | os.O_APPEND | _NOFOLLOW, 0o600
+        )
         self._fd = fd
 
     def add(self, rec: Dict[str, Any]) -> None:
@@ -255,8 +259,9 @@ class Receiver:
                     req["run_dir"], int(req.get("ram_bytes") or (64 << 20)), req["run_id"]
                 )
             except ramstore.RamStoreError as exc:
-                raise DataError("no RAM-backed storage for the decrypted slice: %s" % exc,
-                                "ram") from None
+                raise DataError(
+                    "no RAM-backed storage for the decrypted slice: %s" % exc, "ram"
+                ) from None
             except OSError as exc:
                 raise DataError("cannot make the RAM store: %s" % exc, "ram") from None
             self.dest = str(self.ram["path"])
@@ -290,8 +295,9 @@ class Receiver:
         plain_part = None
         if plain is not None:
             _make_parents(self.dest, rel)
-            plain_part = os.path.join(os.path.dirname(plain),
-                                      ".%s.part-%d" % (os.path.basename(plain), os.getpid()))
+            plain_part = os.path.join(
+                os.path.dirname(plain), ".%s.part-%d" % (os.path.basename(plain), os.getpid())
+            )
         try:
             with _open_new(part) as copy:
                 if self.encrypted:
@@ -306,8 +312,10 @@ class Receiver:
                         except streamcrypt.DecryptError as exc:
                             if tee.eof:
                                 raise EOFError("stream ended inside a frame") from None
-                            raise DataError("dataset file %s failed decryption on the host: %s"
-                                            % (rel, exc), "integrity") from None
+                            raise DataError(
+                                "dataset file %s failed decryption on the host: %s" % (rel, exc),
+                                "integrity",
+                            ) from None
                         if tee.count != length:
                             raise EOFError("stream ended inside a frame")
                 else:
@@ -322,8 +330,11 @@ class Receiver:
             claimed = _read_exact(stdin, 32).hex()
             digest = sink.digest.hexdigest()
             if digest != claimed:
-                raise DataError("dataset file %s: sha256 on the host %s… differs from the "
-                                "laptop's %s…" % (rel, digest[:12], claimed[:12]), "integrity")
+                raise DataError(
+                    "dataset file %s: sha256 on the host %s… differs from the "
+                    "laptop's %s…" % (rel, digest[:12], claimed[:12]),
+                    "integrity",
+                )
             os.replace(part, stored)
             rec: Dict[str, Any] = {"path": rel, "sha256": digest, "size": sink.size}
             st = os.lstat(stored)
@@ -366,8 +377,12 @@ class Receiver:
         self.records = {p: r for p, r in self.records.items() if p in wanted}
         _compact(self.src, self.records)
         return {
-            "data_dir": self.dest, "mismatches": mismatches, "ram": self.ram,
-            "received": self.received, "redecrypted": redecrypted, "pruned": pruned,
+            "data_dir": self.dest,
+            "mismatches": mismatches,
+            "ram": self.ram,
+            "received": self.received,
+            "redecrypted": redecrypted,
+            "pruned": pruned,
         }
 
     def _redecrypt(self, rec: Dict[str, Any]) -> Optional[str]:
@@ -453,8 +468,11 @@ def serve(stdin: BinaryIO, stdout: BinaryIO) -> int:
     except (EOFError, BrokenPipeError):
         return 3  # the laptop went away; what was acknowledged is recorded
     except Exception as exc:  # one line back to the laptop, never a traceback
-        _answer_error(stdout, "%s: %s" % (type(exc).__name__, exc),
-                      "host-env" if isinstance(exc, ImportError) else "internal")
+        _answer_error(
+            stdout,
+            "%s: %s" % (type(exc).__name__, exc),
+            "host-env" if isinstance(exc, ImportError) else "internal",
+        )
         return 1
 
 
@@ -472,8 +490,12 @@ def op_prepare_data(req: Dict[str, Any]) -> Dict[str, Any]:
     try:
         receiver = Receiver(dict(req, entries=[]))
     except DataError as exc:
-        return {"data_dir": None, "mismatches": [], "ram": None,
-                "error": {"message": str(exc), "code": exc.code}}
+        return {
+            "data_dir": None,
+            "mismatches": [],
+            "ram": None,
+            "error": {"message": str(exc), "code": exc.code},
+        }
     mismatches: List[Dict[str, str]] = []
     for entry in req["manifest"]:
         rel = _check_rel(entry["path"])
@@ -506,7 +528,8 @@ def _hash_check(path: str, expected: str) -> Optional[str]:
 if __name__ == "__main__":
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     if sys.argv[1:] != ["sync"]:
-        sys.stdout.write(json.dumps({"ok": False, "error": "usage: dataops.py sync",
-                                     "code": "usage"}) + "\n")
+        sys.stdout.write(
+            json.dumps({"ok": False, "error": "usage: dataops.py sync", "code": "usage"}) + "\n"
+        )
         sys.exit(2)
     sys.exit(serve(sys.stdin.buffer, sys.stdout.buffer))

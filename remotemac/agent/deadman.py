@@ -83,11 +83,18 @@ def schedule(req: Dict[str, Any], platform: Optional[str] = None) -> Dict[str, A
     spec_dir = os.path.dirname(spec_file)
     if not os.path.isdir(spec_dir):
         os.mkdir(spec_dir, 0o700)
-        safefs.mark_dir(spec_dir, {"kind": "deadman",
-                                   "root_id": (safefs.marker_of(real_root) or {}).get("root_id")})
-    spec = {"root": real_root, "run_id": run_id, "deadline": deadline,
-            "sessions": list(req.get("sessions") or []), "created_at": time.time(),
-            "platform": platform}
+        safefs.mark_dir(
+            spec_dir,
+            {"kind": "deadman", "root_id": (safefs.marker_of(real_root) or {}).get("root_id")},
+        )
+    spec = {
+        "root": real_root,
+        "run_id": run_id,
+        "deadline": deadline,
+        "sessions": list(req.get("sessions") or []),
+        "created_at": time.time(),
+        "platform": platform,
+    }
     _write_json(spec_file, spec)
     job: Optional[Dict[str, Any]] = None
     if platform == "darwin":
@@ -102,8 +109,9 @@ def schedule(req: Dict[str, Any], platform: Optional[str] = None) -> Dict[str, A
     return job
 
 
-def _schedule_launchd(spec: Dict[str, Any], spec_file: str,
-                      steps: List[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
+def _schedule_launchd(
+    spec: Dict[str, Any], spec_file: str, steps: List[Dict[str, Any]]
+) -> Optional[Dict[str, Any]]:
     import cleanupops
 
     label = label_for(spec["run_id"])
@@ -114,8 +122,7 @@ def _schedule_launchd(spec: Dict[str, Any], spec_file: str,
     deadline = float(spec["deadline"])
     content: Dict[str, Any] = {
         "Label": label,
-        "ProgramArguments": [sys.executable, os.path.join(_HERE, "deadman.py"), "fire",
-                             spec_file],
+        "ProgramArguments": [sys.executable, os.path.join(_HERE, "deadman.py"), "fire", spec_file],
         "StandardOutPath": spec_file[:-5] + ".log",
         "StandardErrorPath": spec_file[:-5] + ".log",
         "ProcessType": "Background",
@@ -129,13 +136,20 @@ def _schedule_launchd(spec: Dict[str, Any], spec_file: str,
         plistlib.dump(content, fh)
     os.replace(plist + ".tmp", plist)
     uid = os.getuid()
-    for argv, domain in (([launchctl(), "bootstrap", "gui/%d" % uid, plist], "gui/%d" % uid),
-                         ([launchctl(), "bootstrap", "user/%d" % uid, plist], "user/%d" % uid),
-                         ([launchctl(), "load", "-w", plist], "load")):
+    for argv, domain in (
+        ([launchctl(), "bootstrap", "gui/%d" % uid, plist], "gui/%d" % uid),
+        ([launchctl(), "bootstrap", "user/%d" % uid, plist], "user/%d" % uid),
+        ([launchctl(), "load", "-w", plist], "load"),
+    ):
         code, _out, _err = cleanupops.run_cmd(argv, steps)
         if code == 0:
-            return {"method": "launchd", "label": label, "plist": plist, "domain": domain,
-                    "created_dir": agents if created_dir else None}
+            return {
+                "method": "launchd",
+                "label": label,
+                "plist": plist,
+                "domain": domain,
+                "created_dir": agents if created_dir else None,
+            }
     os.unlink(plist)
     if created_dir:
         with contextlib.suppress(OSError):
@@ -218,23 +232,44 @@ def find_jobs(roots: List[str], run_ids: Optional[List[str]] = None) -> List[Dic
                 continue
             label = str(content.get("Label") or name[: -len(".plist")])
             seen_labels.add(label)
-            jobs.append({"method": "launchd", "what": "launchd:" + label, "label": label,
-                         "plist": path, "run_id": _run_of(args)})
+            jobs.append(
+                {
+                    "method": "launchd",
+                    "what": "launchd:" + label,
+                    "label": label,
+                    "plist": path,
+                    "run_id": _run_of(args),
+                }
+            )
     if run_ids and sys.platform == "darwin":
         for label in loaded_labels():
             if label in seen_labels:
                 continue
             for run_id in run_ids:
                 if label == label_for(run_id):
-                    jobs.append({"method": "launchd", "what": "launchd:" + label,
-                                 "label": label, "plist": None, "run_id": run_id})
+                    jobs.append(
+                        {
+                            "method": "launchd",
+                            "what": "launchd:" + label,
+                            "label": label,
+                            "plist": None,
+                            "run_id": run_id,
+                        }
+                    )
     me = os.getpid()
     for pid, line in cleanupops.all_processes():
         if pid == me or "deadman.py" not in line or " sleep " not in line + " ":
             continue
         if any(procid.names_path(line, m + "/deadman") for m in marks):
-            jobs.append({"method": "sleeper", "what": "sleeper:%d" % pid, "pid": pid,
-                         "run_id": _run_of(line), "start": procid.identity(pid)})
+            jobs.append(
+                {
+                    "method": "sleeper",
+                    "what": "sleeper:%d" % pid,
+                    "pid": pid,
+                    "run_id": _run_of(line),
+                    "start": procid.identity(pid),
+                }
+            )
     return jobs
 
 
@@ -270,17 +305,24 @@ def remove_job(job: Dict[str, Any], steps: List[Dict[str, Any]]) -> Dict[str, An
         if not line or "deadman.py" not in line:
             return {"fate": "not found", "bytes": 0}
         if not procid.same_start(pid, job.get("start")):
-            return {"fate": "left alone", "bytes": 0,
-                    "why": "pid %d is not the sleeper remotemac started (start time differs)"
-                           % pid}
+            return {
+                "fate": "left alone",
+                "bytes": 0,
+                "why": "pid %d is not the sleeper remotemac started (start time differs)" % pid,
+            }
         ok = cleanupops.terminate(pid, steps, group=False, start=job.get("start"))
-        return {"fate": "removed" if ok else "failed", "bytes": 0,
-                "why": None if ok else "sleeper %d would not stop" % pid}
+        return {
+            "fate": "removed" if ok else "failed",
+            "bytes": 0,
+            "why": None if ok else "sleeper %d would not stop" % pid,
+        }
     label, plist = job["label"], job.get("plist")
     uid = os.getuid()
     unloaded = False
-    for argv in ([launchctl(), "bootout", "gui/%d/%s" % (uid, label)],
-                 [launchctl(), "bootout", "user/%d/%s" % (uid, label)]):
+    for argv in (
+        [launchctl(), "bootout", "gui/%d/%s" % (uid, label)],
+        [launchctl(), "bootout", "user/%d/%s" % (uid, label)],
+    ):
         code, _o, _e = cleanupops.run_cmd(argv, steps)
         if code == 0:
             unloaded = True
@@ -301,8 +343,13 @@ def remove_job(job: Dict[str, Any], steps: List[Dict[str, Any]]) -> Dict[str, An
     return {"fate": "removed", "bytes": size}
 
 
-def cancel(real_root: str, run_id: str, steps: List[Dict[str, Any]], roots: List[str],
-           keep_spec: bool = False) -> List[Dict[str, Any]]:
+def cancel(
+    real_root: str,
+    run_id: str,
+    steps: List[Dict[str, Any]],
+    roots: List[str],
+    keep_spec: bool = False,
+) -> List[Dict[str, Any]]:
     """Remove this run's dead-man jobs (after a verified wipe, or to reschedule)."""
     done = []
     for job in find_jobs(roots, [run_id]):
@@ -343,9 +390,14 @@ def fire(spec_file: str, now: Optional[float] = None) -> Optional[Dict[str, Any]
         return None  # launchd fired early (a calendar slot of another year): not yet
     if deadline > now:
         time.sleep(deadline - now)
-    result = cleanupops.wipe_run_data({"root": spec["root"], "run_id": spec["run_id"],
-                                       "sessions": spec.get("sessions") or [],
-                                       "wipe_outputs": True})
+    result = cleanupops.wipe_run_data(
+        {
+            "root": spec["root"],
+            "run_id": spec["run_id"],
+            "sessions": spec.get("sessions") or [],
+            "wipe_outputs": True,
+        }
+    )
     result["fired_at"] = time.time()
     result["deadline"] = deadline
     _write_json(spec_file[:-5] + ".result.json", result)
@@ -357,8 +409,11 @@ def fire(spec_file: str, now: Optional[float] = None) -> Optional[Dict[str, Any]
         if plist and os.path.lexists(plist):
             os.unlink(plist)
         domain = job.get("domain") or "gui/%d" % os.getuid()
-        argv = ([launchctl(), "remove", job["label"]] if domain == "load"
-                else [launchctl(), "bootout", "%s/%s" % (domain, job["label"])])
+        argv = (
+            [launchctl(), "remove", job["label"]]
+            if domain == "load"
+            else [launchctl(), "bootout", "%s/%s" % (domain, job["label"])]
+        )
         cleanupops.run_cmd(argv)  # last: launchd may stop this very process
     return result
 
@@ -388,8 +443,11 @@ def _inventory_set(real_root: str, item: Dict[str, Any]) -> None:
     inv = safefs.read_json_file(path)
     if not isinstance(inv, dict) or not isinstance(inv.get("items"), list):
         inv = {"version": 1, "items": []}
-    items = [i for i in inv.get("items", [])
-             if not (i.get("kind") == item["kind"] and i.get("path") == item["path"])]
+    items = [
+        i
+        for i in inv.get("items", [])
+        if not (i.get("kind") == item["kind"] and i.get("path") == item["path"])
+    ]
     item = {k: v for k, v in item.items() if k != "steps"}
     item.setdefault("created_at", time.time())
     items.append(item)

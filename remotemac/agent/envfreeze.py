@@ -55,8 +55,9 @@ print(json.dumps(d))
 
 def _first_line(argv: list) -> str:
     try:
-        out = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                             timeout=20).stdout
+        out = subprocess.run(
+            argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, timeout=20
+        ).stdout
     except (OSError, subprocess.SubprocessError):
         return ""
     return out.decode("utf-8", "replace").strip().splitlines()[0] if out.strip() else ""
@@ -64,8 +65,11 @@ def _first_line(argv: list) -> str:
 
 def host_facts() -> dict:
     """OS, version, arch and chip of this host, without the workload's interpreter."""
-    facts: dict[str, Any] = {"os": platform.system(), "arch": platform.machine(),
-                             "hostname": platform.node()}
+    facts: dict[str, Any] = {
+        "os": platform.system(),
+        "arch": platform.machine(),
+        "hostname": platform.node(),
+    }
     if sys.platform == "darwin":
         facts["os_version"] = platform.mac_ver()[0] or _first_line(["sw_vers", "-productVersion"])
         facts["chip"] = _first_line(["sysctl", "-n", "machdep.cpu.brand_string"])
@@ -95,8 +99,9 @@ def env_stamp(resolved: str, paths: list) -> list:
 
 
 def _probe(python: str, resolved: str) -> dict:
-    res = subprocess.run([resolved, "-c", _PROBE], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         timeout=300)
+    res = subprocess.run(
+        [resolved, "-c", _PROBE], stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=300
+    )
     if res.returncode != 0:
         tail = res.stderr.decode("utf-8", "replace").strip().splitlines()[-1:]
         raise RuntimeError("the workload interpreter %s does not start: %s" % (python, tail))
@@ -129,8 +134,9 @@ def op_freeze_env(req: dict) -> dict:
             os.makedirs(os.path.dirname(cache), mode=0o700, exist_ok=True)
             tmp = "%s.tmp-%d-%d" % (cache, os.getpid(), threading.get_ident())
             with open(tmp, "w") as fh:
-                json.dump({"stamp": env_stamp(resolved, paths), "paths": paths,
-                           "frozen": frozen}, fh)
+                json.dump(
+                    {"stamp": env_stamp(resolved, paths), "paths": paths, "frozen": frozen}, fh
+                )
             os.replace(tmp, cache)
     frozen.pop("_paths", None)
     frozen.update(host_facts())

@@ -104,22 +104,28 @@ def check_access(req: Dict[str, Any]) -> Dict[str, Any]:
     env = dict(os.environ)
     env.update(req.get("env") or {})
     cwd = req.get("cwd") if req.get("cwd") and os.path.isdir(req["cwd"]) else None
-    res = subprocess.run([sys.executable, os.path.abspath(__file__), "access"],
-                         input=json.dumps(plan).encode(), stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, env=env, cwd=cwd, timeout=120)
+    res = subprocess.run(
+        [sys.executable, os.path.abspath(__file__), "access"],
+        input=json.dumps(plan).encode(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+        cwd=cwd,
+        timeout=120,
+    )
     try:
         checked = json.loads(res.stdout.decode("utf-8", "replace"))
     except ValueError:
         tail = res.stderr.decode("utf-8", "replace").strip().splitlines()[-1:]
-        raise _agent_error("the access check did not run: %s" % " ".join(tail),
-                           "access") from None
+        raise _agent_error("the access check did not run: %s" % " ".join(tail), "access") from None
     for entry in checked:
         if not entry["ok"]:
             verb = "read" if entry["mode"] == "read" else "write to"
             raise _agent_error(
                 "the workload cannot %s its %s %s (%s); fix its permissions or choose another "
                 "remote_root" % (verb, entry["what"], entry["path"], entry.get("error")),
-                "access")
+                "access",
+            )
     return {"checked": checked}
 
 
@@ -155,11 +161,22 @@ def op_check_space(req: Dict[str, Any]) -> Dict[str, Any]:
     free = st.f_bavail * st.f_frsize
     items = dict((k, int(v)) for k, v in (req.get("items") or {}).items())
     min_free = int(req.get("min_free") or 0)
-    venv = tree_bytes(req["venv_dir"]) if req.get("venv_dir") and os.path.isdir(
-        req["venv_dir"]) else None
+    venv = (
+        tree_bytes(req["venv_dir"])
+        if req.get("venv_dir") and os.path.isdir(req["venv_dir"])
+        else None
+    )
     need = sum(items.values()) + min_free
-    answer = {"path": path, "free": free, "total": st.f_blocks * st.f_frsize, "need": need,
-              "items": items, "venv": venv, "min_free": min_free, "fits": free >= need}
+    answer = {
+        "path": path,
+        "free": free,
+        "total": st.f_blocks * st.f_frsize,
+        "need": need,
+        "items": items,
+        "venv": venv,
+        "min_free": min_free,
+        "fits": free >= need,
+    }
     if not answer["fits"]:
         parts = ["%s %s" % (k, _mib(v)) for k, v in sorted(items.items())]
         parts.append("min_free_disk %s" % _mib(min_free))
@@ -167,7 +184,9 @@ def op_check_space(req: Dict[str, Any]) -> Dict[str, Any]:
         raise _agent_error(
             "not enough disk for this run on %s: it needs %s free (%s%s) but %s is free; free "
             "some space, lower stop_when.min_free_disk or choose another remote_root"
-            % (path, _mib(need), " + ".join(parts), venv_note, _mib(free)), "no-space")
+            % (path, _mib(need), " + ".join(parts), venv_note, _mib(free)),
+            "no-space",
+        )
     return answer
 
 
@@ -209,14 +228,19 @@ def op_env_fingerprint(req: Dict[str, Any]) -> Dict[str, Any]:
 
     python = req["python"]
     try:
-        res = subprocess.run([python, "-c", _FINGERPRINT], stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, timeout=120)
+        res = subprocess.run(
+            [python, "-c", _FINGERPRINT],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            timeout=120,
+        )
     except OSError as exc:
         return {"error": "the workload interpreter %s does not start: %s" % (python, exc)}
     if res.returncode != 0:
         tail = res.stderr.decode("utf-8", "replace").strip().splitlines()[-1:]
-        return {"error": "the workload interpreter %s does not start: %s"
-                % (python, " ".join(tail))}
+        return {
+            "error": "the workload interpreter %s does not start: %s" % (python, " ".join(tail))
+        }
     found = json.loads(res.stdout.decode().strip().splitlines()[-1])
     facts = envfreeze.host_facts()
     found["os"] = facts.get("os")

@@ -108,8 +108,10 @@ def tmux_wanted(req: dict[str, Any]) -> bool:
 def tmux_install_hint(platform: str, brew: str | None) -> str | None:
     """What to tell the user when tmux is missing: an offer, never an install."""
     if platform == "darwin" and brew:
-        return ("tmux is not installed on the host; install it with `brew install tmux`"
-                " (Homebrew: %s)" % brew)
+        return (
+            "tmux is not installed on the host; install it with `brew install tmux`"
+            " (Homebrew: %s)" % brew
+        )
     return None
 
 
@@ -231,14 +233,20 @@ def op_launch(req: dict[str, Any]) -> dict[str, Any]:
     run_dir, device, session = req["run_dir"], req["device"], req["session"]
     status_path = os.path.join(run_dir, "status", device + ".json")
     existing = _read_json(status_path)
-    if (existing and existing.get("state") in ("starting", "running")
-            and (tmux_alive(session) or pid_alive(existing.get("runner_pid")))):
+    if (
+        existing
+        and existing.get("state") in ("starting", "running")
+        and (tmux_alive(session) or pid_alive(existing.get("runner_pid")))
+    ):
         return {"already_running": True, "session": session, "mode": existing.get("mode")}
     # ``relaunch: true`` starts a finished job again; ``relaunch: {reason, marker}`` (after
     # a lost job) never does: a job that did reach its end was not lost after all
     lost_relaunch = isinstance(req.get("relaunch"), dict)
-    if existing and existing.get("state") in FINAL_STATES and (
-            lost_relaunch or not req.get("relaunch")):
+    if (
+        existing
+        and existing.get("state") in FINAL_STATES
+        and (lost_relaunch or not req.get("relaunch"))
+    ):
         return {"already_done": True, "session": session, "status": existing}
     access = None
     if not req.get("skip_access_check"):
@@ -256,7 +264,9 @@ def op_launch(req: dict[str, Any]) -> dict[str, Any]:
     spec["mode"] = "tmux" if tmux else "daemon"
     spec.setdefault("metrics_path", os.path.join(run_dir, "logs", device + ".rss.jsonl"))
     if spec.get("next"):
-        spec["next"] = dict(spec["next"], use_tmux=bool(tmux) and spec["next"].get("use_tmux", True))
+        spec["next"] = dict(
+            spec["next"], use_tmux=bool(tmux) and spec["next"].get("use_tmux", True)
+        )
     _atomic_write_json(spec_path, spec)
     _atomic_write_json(
         status_path, {"state": "starting", "device": device, "created_at": time.time()}
@@ -300,8 +310,12 @@ def op_launch(req: dict[str, Any]) -> dict[str, Any]:
         if status.get("state") != "starting":
             break
         time.sleep(0.05)
-    answer = {"session": session, "mode": mode, "status": _read_json(status_path, {}),
-              "access": access}
+    answer = {
+        "session": session,
+        "mode": mode,
+        "status": _read_json(status_path, {}),
+        "access": access,
+    }
     if not tmux and not tmux_path():
         answer["tmux_hint"] = tmux_install_hint(sys.platform, brew_path())
     return answer
@@ -356,7 +370,8 @@ def op_status(req: dict[str, Any]) -> dict[str, Any]:
     if state not in FINAL_STATES and stale and not runner_alive and not result["tmux_alive"]:
         state = "lost"
         result["lost_reason"] = status.get("hangup") or (
-            "runner gone, no heartbeat for %ds" % int(now - beat))
+            "runner gone, no heartbeat for %ds" % int(now - beat)
+        )
     result["state"] = state
     return result
 
@@ -378,8 +393,11 @@ def op_stop(req: dict[str, Any]) -> dict[str, Any]:
     for key in ("child_pid", "runner_pid"):
         pid = status.get(key)
         if pid and pid_alive(pid):
-            why = (cleanupops.child_is_ours(pid, status) if key == "child_pid"
-                   else cleanupops.runner_is_ours(pid, status, [run_dir]))
+            why = (
+                cleanupops.child_is_ours(pid, status)
+                if key == "child_pid"
+                else cleanupops.runner_is_ours(pid, status, [run_dir])
+            )
             if why:  # a reused pid: never signal it
                 left.append("process:%s (left alone: %s)" % (pid, why))
                 continue
@@ -417,8 +435,11 @@ def op_list_outputs(req: dict[str, Any]) -> dict[str, Any]:
                 elif stat.S_ISDIR(st.st_mode):
                     entries.append(dict(raw, kind="dir", size=0))
                 elif stat.S_ISREG(st.st_mode):
-                    entries.append(dict(raw, kind="file", size=st.st_size,
-                                        sha256=sha256_file(full, st.st_size)))
+                    entries.append(
+                        dict(
+                            raw, kind="file", size=st.st_size, sha256=sha256_file(full, st.st_size)
+                        )
+                    )
                 else:
                     entries.append(dict(raw, kind="other", size=0))
             except OSError as exc:  # e.g. a path past PATH_MAX: listed, never pulled
@@ -467,8 +488,11 @@ def error_answer(exc: BaseException) -> dict[str, Any]:
     if isinstance(code, str) and code:
         answer: dict[str, Any] = {"ok": False, "error": str(exc), "code": code}
     else:
-        answer = {"ok": False, "error": "%s: %s" % (type(exc).__name__, exc),
-                  "code": "host-env" if isinstance(exc, ImportError) else "internal"}
+        answer = {
+            "ok": False,
+            "error": "%s: %s" % (type(exc).__name__, exc),
+            "code": "host-env" if isinstance(exc, ImportError) else "internal",
+        }
     tail = getattr(exc, "tail", None)
     if tail:
         answer["tail"] = [str(line) for line in tail]

@@ -30,14 +30,16 @@ def _start_observer(torch, env_before_torch):
     agent = os.environ.get("REMOTEMAC_OBSERVE_AGENT") or ""
     try:
         spec = importlib.util.spec_from_file_location(
-            "_remotemac_observer", os.path.join(agent, "observer.py"))
+            "_remotemac_observer", os.path.join(agent, "observer.py")
+        )
         module = importlib.util.module_from_spec(spec)
         sys.modules["_remotemac_observer"] = module
         spec.loader.exec_module(module)
         module.start(torch, env_before_torch)
     except Exception as exc:  # noqa: BLE001 - the job must run even if observing fails
-        sys.stderr.write("remotemac: could not observe this process (%s: %s)\n"
-                         % (type(exc).__name__, exc))
+        sys.stderr.write(
+            "remotemac: could not observe this process (%s: %s)\n" % (type(exc).__name__, exc)
+        )
 
 
 class _ObservingLoader:
@@ -94,8 +96,7 @@ def _fallback_variable():
 
 def _chain():
     """Run the sitecustomize this one hides, as site.py would have."""
-    paths = [p for p in sys.path
-             if os.path.abspath(p or os.curdir) != _HERE]
+    paths = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
     spec = importlib.machinery.PathFinder.find_spec("sitecustomize", paths)
     if spec is None or spec.loader is None:
         return

@@ -57,14 +57,19 @@ memsample = harness.memsample
 class ProcessObserver(harness.Harness):  # type: ignore[misc, name-defined]
     """The harness's observation of one process, without running the workload itself."""
 
-    def __init__(self, obs_dir: str, device: str, fallback: str, interval: float,
-                 env_before_torch: bool) -> None:
+    def __init__(
+        self, obs_dir: str, device: str, fallback: str, interval: float, env_before_torch: bool
+    ) -> None:
         pid = os.getpid()
-        super().__init__(device, os.path.join(obs_dir, "%d.json" % pid),
-                         os.devnull, fallback=fallback, interval=interval)
+        super().__init__(
+            device,
+            os.path.join(obs_dir, "%d.json" % pid),
+            os.devnull,
+            fallback=fallback,
+            interval=interval,
+        )
         self.env_before_torch = env_before_torch
-        self.pytorch_env = {k: v for k, v in sorted(os.environ.items())
-                            if k.startswith("PYTORCH_")}
+        self.pytorch_env = {k: v for k, v in sorted(os.environ.items()) if k.startswith("PYTORCH_")}
         self._stop = threading.Event()
         self.mps_now: dict[str, int] = {}
         self.mps_peak_driver = 0
@@ -112,21 +117,24 @@ class ProcessObserver(harness.Harness):  # type: ignore[misc, name-defined]
         obs = super().observation()
         if self.device_type == "mps":
             self.mps_now = memsample.mps_memory()
-            self.mps_peak_driver = max(self.mps_peak_driver,
-                                       self.mps_now.get("mps_driver_allocated_bytes", 0))
+            self.mps_peak_driver = max(
+                self.mps_peak_driver, self.mps_now.get("mps_driver_allocated_bytes", 0)
+            )
         argv = list(getattr(sys, "argv", []) or [])
-        obs.update({
-            "schema": PROCESS_SCHEMA,
-            "pid": self.pid,
-            "ppid": os.getppid(),
-            "argv0": argv[0] if argv else None,
-            "argv": [a[:200] for a in argv[:12]],
-            "executable": sys.executable,
-            "updated_at": time.time(),
-            "mps_memory": dict(self.mps_now),
-            "mps_peak_driver_bytes": self.mps_peak_driver or None,
-            "optimizer_steps": self.steps,
-        })
+        obs.update(
+            {
+                "schema": PROCESS_SCHEMA,
+                "pid": self.pid,
+                "ppid": os.getppid(),
+                "argv0": argv[0] if argv else None,
+                "argv": [a[:200] for a in argv[:12]],
+                "executable": sys.executable,
+                "updated_at": time.time(),
+                "mps_memory": dict(self.mps_now),
+                "mps_peak_driver_bytes": self.mps_peak_driver or None,
+                "optimizer_steps": self.steps,
+            }
+        )
         # the process's own exit code is the job's business (the runner knows it)
         obs.pop("exit_code", None)
         obs.pop("samples", None)

@@ -71,9 +71,14 @@ def merge(records: List[Dict[str, Any]], device: str = "") -> Dict[str, Any]:
                 continue  # re-derived below from the summed counts
             if cond not in conditions:
                 conditions.append(cond)
-    conditions += [{"code": "fallback-op", "op": f["op"],
-                    "detail": "%s fell back to the CPU %d time(s)" % (f["op"], f["count"])}
-                   for f in fallback_ops]
+    conditions += [
+        {
+            "code": "fallback-op",
+            "op": f["op"],
+            "detail": "%s fell back to the CPU %d time(s)" % (f["op"], f["count"]),
+        }
+        for f in fallback_ops
+    ]
     first = next((r.get("first_on_device") for r in records if r.get("first_on_device")), None)
     peaks = [r.get("peak_rss_bytes") or 0 for r in records]
     torch_versions = _union([r.get("torch_version") for r in records if r.get("torch_version")])
@@ -89,32 +94,48 @@ def merge(records: List[Dict[str, Any]], device: str = "") -> Dict[str, Any]:
         "operators": {
             "fallback_ops": fallback_ops if records else None,
             "unsupported_ops": _union([u for o in ops for u in o.get("unsupported_ops") or []])
-            if records else None,
+            if records
+            else None,
             "dtype_errors": _union([d for o in ops for d in o.get("dtype_errors") or []])
-            if records else None,
+            if records
+            else None,
         },
         "oom": any(r.get("oom") for r in records),
         "stopping_conditions": conditions,
         "torch_version": torch_versions[0] if torch_versions else None,
         "mps": records[0].get("mps") if records else None,
-        "fallback_env_before_torch": all(r.get("fallback_env_before_torch") is not False
-                                         for r in records),
+        "fallback_env_before_torch": all(
+            r.get("fallback_env_before_torch") is not False for r in records
+        ),
         "peak_rss_bytes": max(peaks) if peaks else 0,
-        "mps_peak_driver_bytes": max([r.get("mps_peak_driver_bytes") or 0 for r in records],
-                                     default=0) or None,
-        "processes": [{"pid": r.get("pid"), "ppid": r.get("ppid"), "argv0": r.get("argv0"),
-                       "argv": r.get("argv"), "executable": r.get("executable"),
-                       "finished": r.get("finished"),
-                       "tensors_on_device": r.get("tensors_on_device"),
-                       "peak_rss_bytes": r.get("peak_rss_bytes")} for r in records],
+        "mps_peak_driver_bytes": max(
+            [r.get("mps_peak_driver_bytes") or 0 for r in records], default=0
+        )
+        or None,
+        "processes": [
+            {
+                "pid": r.get("pid"),
+                "ppid": r.get("ppid"),
+                "argv0": r.get("argv0"),
+                "argv": r.get("argv"),
+                "executable": r.get("executable"),
+                "finished": r.get("finished"),
+                "tensors_on_device": r.get("tensors_on_device"),
+                "peak_rss_bytes": r.get("peak_rss_bytes"),
+            }
+            for r in records
+        ],
     }
 
 
 def mps_driver_bytes(records: List[Dict[str, Any]], pids: List[int]) -> Optional[int]:
     """Metal's driver memory summed over the live processes ``pids``; None if none has it."""
     alive = set(pids)
-    values = [(r.get("mps_memory") or {}).get("mps_driver_allocated_bytes")
-              for r in records if r.get("pid") in alive and not r.get("finished")]
+    values = [
+        (r.get("mps_memory") or {}).get("mps_driver_allocated_bytes")
+        for r in records
+        if r.get("pid") in alive and not r.get("finished")
+    ]
     known = [int(v) for v in values if isinstance(v, int)]
     return sum(known) if known else None
 

@@ -172,9 +172,7 @@ def _target(argv: list[str]) -> tuple[str, str, list[str]]:
     return "script", argv[0], argv
 
 
-def run(
-    seconds: float, out_path: str, argv: list[str], cwd: str | None = None
-) -> dict[str, Any]:
+def run(seconds: float, out_path: str, argv: list[str], cwd: str | None = None) -> dict[str, Any]:
     """Run the workload under the recorders and write the trace; return it."""
     kind, name, script_argv = _target(argv)
     cwd = os.path.abspath(cwd or os.getcwd())
@@ -256,7 +254,10 @@ def _arm_alarm(rec: Recorder, seconds: float) -> Any:
     Returns what is needed to put back any handler and timer that were there
     before (when the tracer runs inside another program, such as a test runner).
     """
-    if not hasattr(signal, "setitimer") or threading.current_thread() is not threading.main_thread():
+    if (
+        not hasattr(signal, "setitimer")
+        or threading.current_thread() is not threading.main_thread()
+    ):
         return None
 
     def _ring(signum: int, frame: Any) -> None:

@@ -60,9 +60,13 @@ def parse_etime(text: str) -> Optional[int]:
 
 def _ps(pid: int, field: str) -> str:
     try:
-        proc = subprocess.run(["ps", "-o", field + "=", "-p", str(pid)],
-                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, timeout=20,
-                              env=dict(os.environ, LC_ALL="C"))
+        proc = subprocess.run(
+            ["ps", "-o", field + "=", "-p", str(pid)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            timeout=20,
+            env=dict(os.environ, LC_ALL="C"),
+        )
     except (OSError, subprocess.SubprocessError):
         return ""
     return proc.stdout.decode("utf-8", "replace").strip() if proc.returncode == 0 else ""
@@ -76,7 +80,7 @@ def identity(pid: Any) -> Optional[Dict[str, Any]]:
         raw = _read("/proc/%d/stat" % pid)
         if not raw:
             return None
-        fields = raw[raw.rfind(b")") + 2:].split()
+        fields = raw[raw.rfind(b")") + 2 :].split()
         if len(fields) < 20:
             return None
         return {"start": "linux:%s:%s" % (boot_id(), fields[19].decode("ascii", "replace"))}

@@ -46,7 +46,7 @@ def linux_table(proc: str = "/proc") -> Table:
         except OSError:  # exited between listdir and open
             continue
         # comm (field 2) may hold spaces and parentheses: split after the last ')'
-        fields = raw[raw.rfind(b")") + 2:].split()
+        fields = raw[raw.rfind(b")") + 2 :].split()
         try:  # field N of proc(5) is fields[N - 3]
             table[int(name)] = (int(fields[1]), int(fields[3]), int(fields[21]) * page)
         except (IndexError, ValueError):
@@ -72,8 +72,13 @@ def ps_table(ps: str = PS) -> Table:
     """The process table from ``ps``; empty when ps cannot run."""
     try:
         # close_fds=False lets CPython posix_spawn on macOS instead of forking the runner
-        proc = subprocess.run([ps, "-A", "-o", "pid=,ppid=,rss="], stdout=subprocess.PIPE,
-                              stderr=subprocess.DEVNULL, close_fds=False, timeout=10)
+        proc = subprocess.run(
+            [ps, "-A", "-o", "pid=,ppid=,rss="],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            close_fds=False,
+            timeout=10,
+        )
     except (OSError, subprocess.SubprocessError):
         return {}
     return parse_ps(proc.stdout.decode("ascii", "replace"))
@@ -103,8 +108,7 @@ def tree(table: Table, root: int, session_leader: bool = False) -> List[int]:
     return sorted(found)
 
 
-def tree_rss(root: int, table: Optional[Table] = None,
-             session_leader: bool = False) -> TreeSample:
+def tree_rss(root: int, table: Optional[Table] = None, session_leader: bool = False) -> TreeSample:
     """Sum of RSS over ``root``'s tree; ``TreeSample(0, [])`` once everything exited."""
     table = process_table() if table is None else table
     pids = tree(table, root, session_leader)

@@ -92,8 +92,10 @@ def volume_refusal(mount: str, device: str | None) -> str | None:
     (the mount's st_dev is the device node's st_rdev, or one of its slices').
     """
     if not mount or not os.path.ismount(mount):
-        return (f"no volume is mounted at {mount or '(no mount point recorded)'} any more "
-                f"(the host restarted?): {device or 'its device'} left alone")
+        return (
+            f"no volume is mounted at {mount or '(no mount point recorded)'} any more "
+            f"(the host restarted?): {device or 'its device'} left alone"
+        )
     if device:
         try:
             dev = os.stat(mount).st_dev
@@ -110,8 +112,9 @@ def volume_refusal(mount: str, device: str | None) -> str | None:
     return None
 
 
-def destroy_ram_store(info: dict[str, object], run: Runner | None = None,
-                      probe: Probe | None = None) -> dict[str, object]:
+def destroy_ram_store(
+    info: dict[str, object], run: Runner | None = None, probe: Probe | None = None
+) -> dict[str, object]:
     """Remove the store described by ``info``; return ``{"removed", "steps", "error"}``.
 
     macOS: only while the volume is still ours (:func:`volume_refusal`; else
@@ -153,8 +156,11 @@ def destroy_ram_store(info: dict[str, object], run: Runner | None = None,
         finally:
             os.close(fd)
         if done["failed"]:
-            return {"removed": False, "steps": steps,
-                    "error": f"cannot remove {path}: {'; '.join(done['failed'][:3])}"}
+            return {
+                "removed": False,
+                "steps": steps,
+                "error": f"cannot remove {path}: {'; '.join(done['failed'][:3])}",
+            }
         return {"removed": True, "steps": steps, "error": None, "notes": done["notes"]}
     return {"removed": False, "steps": steps, "error": f"unknown RAM store kind {kind!r}"}
 

@@ -80,8 +80,12 @@ def encode_frame(obj: Dict[str, Any]) -> bytes:
 
 def _safe_id(call_id: Any) -> str:
     text = str(call_id)
-    if not text or len(text) > 128 or not all(c.isalnum() or c in "-_." for c in text) \
-            or text.startswith("."):
+    if (
+        not text
+        or len(text) > 128
+        or not all(c.isalnum() or c in "-_." for c in text)
+        or text.startswith(".")
+    ):
         raise hostagent.AgentError("bad call id %r" % text[:40], "usage")
     return text
 
@@ -145,8 +149,9 @@ def prune_store(store: str, keep: int = STORE_KEEP, max_age_s: float = STORE_MAX
             aged.append((os.stat(os.path.join(store, name)).st_mtime, name))
     aged.sort()
     now = time.time()
-    drop = [n for i, (mtime, n) in enumerate(aged)
-            if i < len(aged) - keep or now - mtime > max_age_s]
+    drop = [
+        n for i, (mtime, n) in enumerate(aged) if i < len(aged) - keep or now - mtime > max_age_s
+    ]
     for name in drop:
         with contextlib.suppress(OSError):
             os.unlink(os.path.join(store, name))
@@ -185,12 +190,20 @@ class Server:
         except Exception as exc:
             answer = hostagent.error_answer(exc)
         self.served += 1
-        self.send({"id": call_id, "answer": answer, "cpu_s": hostagent._cpu_seconds(),
-                   "pid": os.getpid()})
+        self.send(
+            {"id": call_id, "answer": answer, "cpu_s": hostagent._cpu_seconds(), "pid": os.getpid()}
+        )
 
     def serve(self) -> int:
-        self.send({"id": "", "hello": 1, "pid": os.getpid(), "cpu_s": hostagent._cpu_seconds(),
-                   "python": sys.version.split()[0]})
+        self.send(
+            {
+                "id": "",
+                "hello": 1,
+                "pid": os.getpid(),
+                "cpu_s": hostagent._cpu_seconds(),
+                "python": sys.version.split()[0],
+            }
+        )
         with ThreadPoolExecutor(max_workers=WORKERS) as pool:
             while True:
                 try:
@@ -200,9 +213,14 @@ class Server:
                 if frame is None:
                     break  # end of input: finish what is in flight, then exit
                 if frame.get("op") == "__usage__":
-                    self.send({"id": str(frame.get("id", "")), "pid": os.getpid(),
-                               "cpu_s": hostagent._cpu_seconds(),
-                               "answer": {"ok": True, "result": {"cpu_s": hostagent._cpu_seconds()}}})
+                    self.send(
+                        {
+                            "id": str(frame.get("id", "")),
+                            "pid": os.getpid(),
+                            "cpu_s": hostagent._cpu_seconds(),
+                            "answer": {"ok": True, "result": {"cpu_s": hostagent._cpu_seconds()}},
+                        }
+                    )
                     continue
                 pool.submit(self.handle, frame)
         return 0

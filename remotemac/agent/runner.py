@@ -53,7 +53,8 @@ def build_argv(spec: dict[str, Any], platform: str | None = None) -> list[str]:
     platform = platform or sys.platform
     if platform == "darwin" and spec.get("caffeinate", True):
         caffeinate = shutil.which("caffeinate") or (
-            "/usr/bin/caffeinate" if os.access("/usr/bin/caffeinate", os.X_OK) else None)
+            "/usr/bin/caffeinate" if os.access("/usr/bin/caffeinate", os.X_OK) else None
+        )
         if caffeinate:
             argv = [caffeinate, "-i"] + argv
     return argv
@@ -103,8 +104,12 @@ class JobMemory:
             return
         self.peak = max(self.peak, got.rss_bytes)
         self.max_processes = max(self.max_processes, len(got.pids))
-        row: dict[str, Any] = {"t": round(now - self.started, 3), "rss_bytes": got.rss_bytes,
-                               "processes": len(got.pids), "source": "process-tree"}
+        row: dict[str, Any] = {
+            "t": round(now - self.started, 3),
+            "rss_bytes": got.rss_bytes,
+            "processes": len(got.pids),
+            "source": "process-tree",
+        }
         if self.observe.get("dir"):
             # where the job is: torch imported (observed > 0), optimizer steps taken;
             # the memory trend's warm-up is counted from there (decide.memory_stable)
@@ -123,8 +128,11 @@ class JobMemory:
         """Refresh the job's merged observation (status/<label>.obs.json)."""
         if self.observe.get("dir") and self.observe.get("obs_path"):
             with contextlib.suppress(OSError):
-                obsmerge.write_merged(self.observe["dir"], self.observe["obs_path"],
-                                      str(self.observe.get("device") or ""))
+                obsmerge.write_merged(
+                    self.observe["dir"],
+                    self.observe["obs_path"],
+                    str(self.observe.get("device") or ""),
+                )
 
 
 def _free(path: str) -> dict[str, Any] | None:
@@ -178,17 +186,26 @@ class DiskWatch:
         projected = free - rate * DISK_CHECK_S * 2
         if free < self.min_free or projected < self.min_free:
             why = "only %s free on %s (min_free_disk %s)" % (
-                _mib(free), root["path"], _mib(self.min_free))
+                _mib(free),
+                root["path"],
+                _mib(self.min_free),
+            )
             if free >= self.min_free:
                 why += ", filling at %s/s" % _mib(rate)
             return why
         if free < self.warn_free and self.warning is None:
             self.warning = "low disk: %s free on %s; the job is stopped below %s" % (
-                _mib(free), root["path"], _mib(self.min_free))
+                _mib(free),
+                root["path"],
+                _mib(self.min_free),
+            )
         ram = self.seen.get("ram")
         if ram and ram["total"] and ram["free"] < 0.05 * ram["total"] and self.warning is None:
             self.warning = "the RAM store %s is almost full: %s free of %s" % (
-                ram["path"], _mib(ram["free"]), _mib(ram["total"]))
+                ram["path"],
+                _mib(ram["free"]),
+                _mib(ram["total"]),
+            )
         return None
 
     def report(self) -> dict[str, Any]:

@@ -51,8 +51,7 @@ def lstat_at(dir_fd: int, name: str) -> Optional[os.stat_result]:
         return None
 
 
-def open_subdir(dir_fd: Optional[int], name: str,
-                expect: Optional[os.stat_result] = None) -> int:
+def open_subdir(dir_fd: Optional[int], name: str, expect: Optional[os.stat_result] = None) -> int:
     """Open a directory entry without following a link; check it is what ``expect`` saw."""
     try:
         fd = os.open(name, DIR_FLAGS, dir_fd=dir_fd)
@@ -145,8 +144,9 @@ def write_marker(dir_fd: int, info: Dict[str, Any], exclusive: bool = False) -> 
     data = dict(info, created_at=time.time(), pid=os.getpid())
     # pid and thread: the resident agent marks from several threads of one process
     tmp = "%s.tmp-%d-%d" % (MARKER, os.getpid(), threading.get_ident())
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _NOFOLLOW | _CLOEXEC, 0o600,
-                 dir_fd=dir_fd)
+    fd = os.open(
+        tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _NOFOLLOW | _CLOEXEC, 0o600, dir_fd=dir_fd
+    )
     try:
         os.write(fd, json.dumps(data).encode())
         os.fsync(fd)
@@ -244,8 +244,11 @@ def zero_file_at(dir_fd: int, name: str, st: os.stat_result) -> str:
         return "cannot open: %s" % (exc.strerror or exc)
     try:
         got = os.fstat(fd)
-        if (got.st_dev, got.st_ino) != (st.st_dev, st.st_ino) or got.st_nlink != 1 \
-                or not stat.S_ISREG(got.st_mode):
+        if (
+            (got.st_dev, got.st_ino) != (st.st_dev, st.st_ino)
+            or got.st_nlink != 1
+            or not stat.S_ISREG(got.st_mode)
+        ):
             return "changed while it was being wiped: unlinked, not overwritten"
         left = got.st_size
         while left > 0:
@@ -313,8 +316,9 @@ def _listing(fd: int, label: str, out: Dict[str, Any]) -> List[str]:
         return []
 
 
-def _remove_leaf(dir_fd: int, name: str, st: os.stat_result, overwrite: bool,
-                 out: Dict[str, Any], label: str) -> None:
+def _remove_leaf(
+    dir_fd: int, name: str, st: os.stat_result, overwrite: bool, out: Dict[str, Any], label: str
+) -> None:
     if overwrite and stat.S_ISREG(st.st_mode):
         why = zero_file_at(dir_fd, name, st)
         if why:
@@ -352,17 +356,22 @@ def ensure_owned_dir(path: str, info: Dict[str, Any]) -> Tuple[Dict[str, Any], b
         marker = read_marker(fd)
         if marker is not None:
             if marker.get("kind") != info.get("kind") or (
-                    info.get("run_id") and info.get("kind") != "root"
-                    and marker.get("run_id") != info.get("run_id")):
-                raise NotOurs("%s is marked as remotemac's %s %s, not this %s"
-                              % (path, marker.get("kind"), marker.get("run_id") or "",
-                                 info.get("kind")))
+                info.get("run_id")
+                and info.get("kind") != "root"
+                and marker.get("run_id") != info.get("run_id")
+            ):
+                raise NotOurs(
+                    "%s is marked as remotemac's %s %s, not this %s"
+                    % (path, marker.get("kind"), marker.get("run_id") or "", info.get("kind"))
+                )
             return marker, False
         entries = [n for n in os.listdir(fd) if not n.startswith(MARKER + ".tmp-")]
         if entries:
             shown = ", ".join(sorted(entries)[:3]) + (" …" if len(entries) > 3 else "")
-            raise NotOurs("%s holds %d entr%s remotemac did not write (%s)"
-                          % (path, len(entries), "y" if len(entries) == 1 else "ies", shown))
+            raise NotOurs(
+                "%s holds %d entr%s remotemac did not write (%s)"
+                % (path, len(entries), "y" if len(entries) == 1 else "ies", shown)
+            )
         marker = write_marker(fd, info, exclusive=True)
         if marker.get("kind") != info.get("kind"):
             raise NotOurs("%s was just marked as remotemac's %s" % (path, marker.get("kind")))

@@ -48,17 +48,21 @@ def interpreter_identity(python: str) -> dict[str, Any]:
     if not found:
         raise AgentError(
             "interpreter %r not found on the host's PATH (install it, or set "
-            "environment.python to one that exists, e.g. python3)" % python, "no-python")
-    res = subprocess.run([found, "-I", "-c", _IDENTITY_CODE], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, timeout=60)
+            "environment.python to one that exists, e.g. python3)" % python,
+            "no-python",
+        )
+    res = subprocess.run(
+        [found, "-I", "-c", _IDENTITY_CODE],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        timeout=60,
+    )
     if res.returncode != 0:
         tail = res.stderr.decode("utf-8", "replace").strip().splitlines()[-1:]
-        raise AgentError("interpreter %s does not start: %s" % (found, " ".join(tail)),
-                         "no-python")
+        raise AgentError("interpreter %s does not start: %s" % (found, " ".join(tail)), "no-python")
     ident = json.loads(res.stdout.decode("utf-8", "replace"))
     ident["found"] = found
-    ident["in_venv"] = os.path.realpath(ident["prefix"]) != os.path.realpath(
-        ident["base_prefix"])
+    ident["in_venv"] = os.path.realpath(ident["prefix"]) != os.path.realpath(ident["base_prefix"])
     return ident
 
 
@@ -71,8 +75,12 @@ def venv_key(base_key: str, ident: dict[str, Any]) -> str:
 
 
 def _site_dirs(python: str) -> list[str]:
-    res = subprocess.run([python, "-I", "-c", _IDENTITY_CODE], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, timeout=60)
+    res = subprocess.run(
+        [python, "-I", "-c", _IDENTITY_CODE],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        timeout=60,
+    )
     if res.returncode != 0:
         raise AgentError("new venv's python does not start", "env-failed")
     paths = json.loads(res.stdout.decode())
@@ -81,8 +89,9 @@ def _site_dirs(python: str) -> list[str]:
 
 def link_parent_site(venv_python: str, ident: dict[str, Any]) -> list[str]:
     """Let a venv made from a venv's python see that venv's packages, after its own."""
-    parents = [p for p in sorted({ident.get("purelib"), ident.get("platlib")})
-               if p and os.path.isdir(p)]
+    parents = [
+        p for p in sorted({ident.get("purelib"), ident.get("platlib")}) if p and os.path.isdir(p)
+    ]
     own = _site_dirs(venv_python)
     with open(os.path.join(own[0], PARENT_PTH), "w") as fh:
         fh.write("".join(p + "\n" for p in parents))
@@ -98,17 +107,20 @@ def run_pip(argv: list[str], cache_dir: str) -> None:
     res = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
     if res.returncode != 0:
         lines = [ln for ln in res.stdout.decode("utf-8", "replace").splitlines() if ln.strip()]
-        raise AgentError("pip install failed (exit %d): %s" % (
-            res.returncode, " | ".join(ln.strip() for ln in lines[-PIP_TAIL_LINES:])),
-            "env-failed")
+        raise AgentError(
+            "pip install failed (exit %d): %s"
+            % (res.returncode, " | ".join(ln.strip() for ln in lines[-PIP_TAIL_LINES:])),
+            "env-failed",
+        )
 
 
 def _run_checked(argv: list[str], what: str) -> None:
     res = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     if res.returncode != 0:
         tail = res.stdout.decode("utf-8", "replace").strip().splitlines()[-3:]
-        raise AgentError("%s failed (exit %d): %s" % (what, res.returncode, " | ".join(tail)),
-                         "env-failed")
+        raise AgentError(
+            "%s failed (exit %d): %s" % (what, res.returncode, " | ".join(tail)), "env-failed"
+        )
 
 
 def op_ensure_venv(req: dict[str, Any]) -> dict[str, Any]:
@@ -119,22 +131,34 @@ def op_ensure_venv(req: dict[str, Any]) -> dict[str, Any]:
     key = venv_key(req["key"], ident)
     env_dir = os.path.join(root, "envs", key)
     python = os.path.join(env_dir, "bin", "python")
-    described = {"interpreter": ident["real"], "version": ident["version"],
-                 "interpreter_is_venv": ident["in_venv"]}
+    described = {
+        "interpreter": ident["real"],
+        "version": ident["version"],
+        "interpreter_is_venv": ident["in_venv"],
+    }
     os.makedirs(os.path.dirname(env_dir), mode=0o700, exist_ok=True)
     # runs starting together on one host (a fleet, three terminals) build it once
     with locked_dir(os.path.dirname(env_dir)):
-        return _ensure_locked(req, root, ident, key, env_dir, python,
-                              dict(described, root_id=root_id))
+        return _ensure_locked(
+            req, root, ident, key, env_dir, python, dict(described, root_id=root_id)
+        )
 
 
-def _ensure_locked(req: dict[str, Any], root: str, ident: dict[str, Any], key: str,
-                   env_dir: str, python: str, described: dict[str, Any]) -> dict[str, Any]:
+def _ensure_locked(
+    req: dict[str, Any],
+    root: str,
+    ident: dict[str, Any],
+    key: str,
+    env_dir: str,
+    python: str,
+    described: dict[str, Any],
+) -> dict[str, Any]:
     ready = os.path.join(env_dir, READY)
     if os.path.exists(ready) and os.path.exists(python):
         described.pop("root_id")
-        return dict(described, venv_python=python, env_dir=env_dir, reused=True, seconds=0.0,
-                    key=key)
+        return dict(
+            described, venv_python=python, env_dir=env_dir, reused=True, seconds=0.0, key=key
+        )
     started = time.time()
     if safefs.marker_of(env_dir) is not None:  # a venv that never got ready: ours?
         import cleanupops
@@ -145,8 +169,10 @@ def _ensure_locked(req: dict[str, Any], root: str, ident: dict[str, Any], key: s
             raise AgentError("%s: %s; left alone" % (env_dir, not_ours), "env-failed")
         fate = cleanupops.remove_item(real_root, os.path.join(real_root, "envs", key), False)
         if fate["fate"] == "failed":
-            raise AgentError("cannot replace the unfinished venv %s: %s"
-                             % (env_dir, fate.get("why")), "env-failed")
+            raise AgentError(
+                "cannot replace the unfinished venv %s: %s" % (env_dir, fate.get("why")),
+                "env-failed",
+            )
     owned_dir(env_dir, {"kind": "venv", "key": key, "root_id": described.pop("root_id")})
     argv = [ident["found"], "-m", "venv"]
     if req.get("system_site_packages"):
@@ -165,9 +191,28 @@ def _ensure_locked(req: dict[str, Any], root: str, ident: dict[str, Any], key: s
         os.makedirs(cache, mode=0o700, exist_ok=True)
         if safefs.marker_of(cache) is None:
             safefs.mark_dir(cache, {"kind": "runtime"})
-        run_pip([python, "-m", "pip", "install", "--progress-bar", "off", "-q", "-r",
-                 req["requirements"]], cache)
+        run_pip(
+            [
+                python,
+                "-m",
+                "pip",
+                "install",
+                "--progress-bar",
+                "off",
+                "-q",
+                "-r",
+                req["requirements"],
+            ],
+            cache,
+        )
     with open(ready, "w") as fh:
         json.dump(dict(described, key=key), fh)
-    return dict(described, venv_python=python, env_dir=env_dir, reused=False, key=key,
-                parent_site=parents, seconds=round(time.time() - started, 2))
+    return dict(
+        described,
+        venv_python=python,
+        env_dir=env_dir,
+        reused=False,
+        key=key,
+        parent_site=parents,
+        seconds=round(time.time() - started, 2),
+    )

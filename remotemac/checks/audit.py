@@ -65,6 +65,7 @@ SCANNERS: dict[str, Scanner] = {
 }
 # --------------------------------------------------------------------------- report
 
+
 @dataclass
 class AuditReport:
     """Everything ``audit`` found, plus what it skipped and how long it took.
@@ -95,11 +96,16 @@ class AuditReport:
     def summary(self) -> str:
         c = self.counts()
         apart = self.apart_counts()
-        aside = (" (+ " + ", ".join(f"{n} in {z}" for z, n in apart.items())
-                 + ", set apart)") if apart else ""
-        return (f"{c[BLOCKER]} blocker(s), {c[NEEDS_REFACTOR]} needing refactor, "
-                f"{c[NOTE]} note(s){aside} in {self.files_scanned} file(s) read "
-                f"({self.files_seen} seen) in {self.elapsed_s:.2f} s; verdict: {self.verdict}")
+        aside = (
+            (" (+ " + ", ".join(f"{n} in {z}" for z, n in apart.items()) + ", set apart)")
+            if apart
+            else ""
+        )
+        return (
+            f"{c[BLOCKER]} blocker(s), {c[NEEDS_REFACTOR]} needing refactor, "
+            f"{c[NOTE]} note(s){aside} in {self.files_scanned} file(s) read "
+            f"({self.files_seen} seen) in {self.elapsed_s:.2f} s; verdict: {self.verdict}"
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -138,23 +144,36 @@ def decide(findings: list[Finding]) -> tuple[str, list[str]]:
     hard = [f for f in blockers if not RULES[f.rule].replaceable]
     cpu_only = [f for f in findings if f.rule == "cpu-kernels-only" and f.severity != NOTE]
     if hard:
-        return "keep-linux", [f"Keep this project on Linux/CUDA: {len(hard)} blocker(s) "
-                              f"({_rules_of(hard)}) have no macOS build and no drop-in "
-                              "replacement."]
+        return "keep-linux", [
+            f"Keep this project on Linux/CUDA: {len(hard)} blocker(s) "
+            f"({_rules_of(hard)}) have no macOS build and no drop-in "
+            "replacement."
+        ]
     pipeline = [f for f in findings if RULES[f.rule].linux_pipeline and f.severity != NOTE]
-    other = [f for f in findings if f.severity == NEEDS_REFACTOR
-             and f.rule != "cpu-kernels-only" and not RULES[f.rule].linux_pipeline]
-    refactor = (f"{len(other)} CUDA-only code path(s) or pin(s) ({_rules_of(other)}) have "
-                "portable replacements.")
+    other = [
+        f
+        for f in findings
+        if f.severity == NEEDS_REFACTOR
+        and f.rule != "cpu-kernels-only"
+        and not RULES[f.rule].linux_pipeline
+    ]
+    refactor = (
+        f"{len(other)} CUDA-only code path(s) or pin(s) ({_rules_of(other)}) have "
+        "portable replacements."
+    )
     if blockers or pipeline:
         reasons: list[str] = []
         if blockers:
-            reasons.append(f"Run on both tracks: {len(blockers)} blocker(s) "
-                           f"({_rules_of(blockers)}) stay on Linux/CUDA; use their portable "
-                           "alternative on macOS.")
+            reasons.append(
+                f"Run on both tracks: {len(blockers)} blocker(s) "
+                f"({_rules_of(blockers)}) stay on Linux/CUDA; use their portable "
+                "alternative on macOS."
+            )
         if pipeline:
-            reasons.append(f"Keep the multi-GPU machinery ({_rules_of(pipeline)}) on Linux; "
-                           "make the single-device path run on macOS.")
+            reasons.append(
+                f"Keep the multi-GPU machinery ({_rules_of(pipeline)}) on Linux; "
+                "make the single-device path run on macOS."
+            )
         if other:
             reasons.append(f"For the macOS track, refactor: {refactor}")
         return "dual-track", reasons + _cpu_only_reason(cpu_only)
@@ -162,17 +181,21 @@ def decide(findings: list[Finding]) -> tuple[str, list[str]]:
         reasons = [f"Refactor, then run on a Mac: {refactor}"] if other else []
         return "refactor-for-portability", reasons + _cpu_only_reason(cpu_only)
     notes = len(findings)
-    return "portable", ["Run it on a Mac as it is: nothing ties this project to CUDA" + (
-        f" ({notes} note(s) to read)." if notes else ".")]
+    return "portable", [
+        "Run it on a Mac as it is: nothing ties this project to CUDA"
+        + (f" ({notes} note(s) to read)." if notes else ".")
+    ]
 
 
 def _cpu_only_reason(cpu_only: list[Finding]) -> list[str]:
     if not cpu_only:
         return []
     where = ", ".join(f.where() for f in cpu_only[:3])
-    return [f"On macOS it builds its CPU kernels only (optional CUDA build: {where}): its "
-            "ops on mps tensors fail, so move those tensors to CPU around them (a refactor) "
-            "or keep that work on Linux/CUDA."]
+    return [
+        f"On macOS it builds its CPU kernels only (optional CUDA build: {where}): its "
+        "ops on mps tensors fail, so move those tensors to CPU around them (a refactor) "
+        "or keep that work on Linux/CUDA."
+    ]
 
 
 def audit_project(path: Path, exclude: tuple[str, ...] | list[str] = ()) -> AuditReport:
@@ -183,23 +206,26 @@ def audit_project(path: Path, exclude: tuple[str, ...] | list[str] = ()) -> Audi
     start = time.perf_counter()
     path = Path(path)
     if not path.exists():
-        raise BadInput(f"audit: {path} does not exist",
-                       hint="give the project directory to scan")
+        raise BadInput(f"audit: {path} does not exist", hint="give the project directory to scan")
     root = path.resolve()
     report = AuditReport(path=str(path))
     counts = WalkCounts()
     if root.is_file():
         kind = classify(root.name, root.parent.name)
         if kind is None:
-            raise BadInput(f"audit: {path} is not a source or dependency file audit reads",
-                           hint="give the project directory to scan")
+            raise BadInput(
+                f"audit: {path} is not a source or dependency file audit reads",
+                hint="give the project directory to scan",
+            )
         files: Iterator[tuple[str, str, str]] = iter([(str(root), root.name, kind)])
         counts.files_seen = 1
     elif root.is_dir():
         files = walk(root, counts, compile_gitignore("\n".join(exclude)))
     else:
-        raise BadInput(f"audit: {path} is neither a file nor a directory",
-                       hint="give the project directory to scan")
+        raise BadInput(
+            f"audit: {path} is neither a file nor a directory",
+            hint="give the project directory to scan",
+        )
     found_all: list[Finding] = []
     log = ImportLog()
     for abspath, rel, kind in files:
@@ -221,8 +247,7 @@ def audit_project(path: Path, exclude: tuple[str, ...] | list[str] = ()) -> Audi
             report.unparsed.append(rel)
             continue
         z = zone(rel)
-        found_all.extend(found if z == PROJECT else
-                         [dataclasses.replace(f, zone=z) for f in found])
+        found_all.extend(found if z == PROJECT else [dataclasses.replace(f, zone=z) for f in found])
     report.files_seen, report.skipped = counts.files_seen, counts.skipped
     order = {s: i for i, s in enumerate(ar.SEVERITIES)}
 

@@ -72,17 +72,32 @@ def _gib(n: int | None) -> str:
 def _check_macos(facts: dict[str, Any]) -> Check:
     macos = facts.get("macos")
     if facts.get("os") != "Darwin" or macos == NA:
-        return Check("macos", FAIL, str(facts.get("os") or "unknown OS"),
-                     "MPS exists only on macOS (14 or newer)", "use an Apple-Silicon Mac as HOST")
+        return Check(
+            "macos",
+            FAIL,
+            str(facts.get("os") or "unknown OS"),
+            "MPS exists only on macOS (14 or newer)",
+            "use an Apple-Silicon Mac as HOST",
+        )
     if not isinstance(macos, dict) or not macos.get("product_version"):
-        return Check("macos", FAIL, "unknown", "sw_vers gave no version",
-                     "check that /usr/bin/sw_vers runs on the host")
+        return Check(
+            "macos",
+            FAIL,
+            "unknown",
+            "sw_vers gave no version",
+            "check that /usr/bin/sw_vers runs on the host",
+        )
     version = macos["product_version"]
     extra = f" {macos['product_version_extra']}" if macos.get("product_version_extra") else ""
     value = f"macOS {version}{extra} ({macos.get('build_version', '?')})"
     if version_tuple(version) < MIN_MACOS:
-        return Check("macos", FAIL, value, "PyTorch's MPS backend needs macOS 14.0 or newer",
-                     "upgrade the host to macOS 14 (Sonoma) or newer, or rent a newer Mac")
+        return Check(
+            "macos",
+            FAIL,
+            value,
+            "PyTorch's MPS backend needs macOS 14.0 or newer",
+            "upgrade the host to macOS 14 (Sonoma) or newer, or rent a newer Mac",
+        )
     return Check("macos", OK, value)
 
 
@@ -93,13 +108,21 @@ def _check_arch(facts: dict[str, Any]) -> Check:
         return Check("arch", NOT_APPLICABLE, machine, "not macOS")
     if arch.get("translated") is True:
         return Check(
-            "arch", WARN, f"{machine} under Rosetta 2 (arm64 hardware)",
+            "arch",
+            WARN,
+            f"{machine} under Rosetta 2 (arm64 hardware)",
             "a venv made from an x86_64 python gets an x86_64 torch, which has no MPS",
-            "use a native arm64 python3 (/usr/bin/python3 or /opt/homebrew/bin/python3)")
+            "use a native arm64 python3 (/usr/bin/python3 or /opt/homebrew/bin/python3)",
+        )
     if machine == "arm64":
         return Check("arch", OK, machine)
-    return Check("arch", FAIL, machine, "MPS needs Apple Silicon (arm64); this is an Intel Mac",
-                 "rent an Apple-Silicon Mac (M1 or newer)")
+    return Check(
+        "arch",
+        FAIL,
+        machine,
+        "MPS needs Apple Silicon (arm64); this is an Intel Mac",
+        "rent an Apple-Silicon Mac (M1 or newer)",
+    )
 
 
 def _check_hardware(facts: dict[str, Any]) -> Check:
@@ -119,9 +142,13 @@ def _check_vm(facts: dict[str, Any]) -> Check:
     if present is None:
         return Check("vm", NOT_APPLICABLE, "unknown", "sysctl kern.hv_vmm_present is missing")
     if present:
-        return Check("vm", WARN, "virtual machine (kern.hv_vmm_present = 1)",
-                     "MPS is unavailable in many macOS VMs (GitHub's arm64 runners among them)",
-                     "see the mps row once a venv exists; rent a bare-metal Mac if it fails")
+        return Check(
+            "vm",
+            WARN,
+            "virtual machine (kern.hv_vmm_present = 1)",
+            "MPS is unavailable in many macOS VMs (GitHub's arm64 runners among them)",
+            "see the mps row once a venv exists; rent a bare-metal Mac if it fails",
+        )
     return Check("vm", OK, "bare metal")
 
 
@@ -131,8 +158,11 @@ def _check_python(facts: dict[str, Any]) -> Check:
     value = ", ".join(f"{p['version']} ({p['path']})" for p in pythons) or "none found"
     if good:
         return Check("python", OK, value)
-    fix = ("xcode-select --install (brings python3 3.9), or brew install python@3.12"
-           if facts.get("os") == "Darwin" else "install python3 >= 3.9")
+    fix = (
+        "xcode-select --install (brings python3 3.9), or brew install python@3.12"
+        if facts.get("os") == "Darwin"
+        else "install python3 >= 3.9"
+    )
     return Check("python", FAIL, value, "remotemac's agent and the venv need Python >= 3.9", fix)
 
 
@@ -147,21 +177,38 @@ def _check_runtime(facts: dict[str, Any]) -> Check:
     pins = ", ".join(rt.get("pins") or [])
     if rt.get("present"):
         marker = rt.get("marker") or {}
-        return Check("runtime", OK, f"present: cryptography {marker.get('cryptography')} "
-                     f"({marker.get('method')}) in {rt.get('dir')}")
+        return Check(
+            "runtime",
+            OK,
+            f"present: cryptography {marker.get('cryptography')} "
+            f"({marker.get('method')}) in {rt.get('dir')}",
+        )
     if not rt.get("python_ok"):
-        return Check("runtime", FAIL, f"absent; the agent's Python is {tags.get('python')}",
-                     "the agent runtime needs CPython 3.9 or newer",
-                     "point agent.python (or REMOTEMAC_AGENT_PYTHON) at a Python >= 3.9")
-    ways = (["online with the host's pip"] if rt.get("pip") else []) + \
-        (["offline from wheels this laptop downloads"] if rt.get("wheels_known") else [])
+        return Check(
+            "runtime",
+            FAIL,
+            f"absent; the agent's Python is {tags.get('python')}",
+            "the agent runtime needs CPython 3.9 or newer",
+            "point agent.python (or REMOTEMAC_AGENT_PYTHON) at a Python >= 3.9",
+        )
+    ways = (["online with the host's pip"] if rt.get("pip") else []) + (
+        ["offline from wheels this laptop downloads"] if rt.get("wheels_known") else []
+    )
     if not ways:
-        return Check("runtime", FAIL, "absent, and cannot be installed",
-                     f"the host's Python has no pip and no known wheel platform "
-                     f"({tags.get('system')} {tags.get('machine')})",
-                     "install pip for the host's python3, or use a glibc Linux or macOS host")
-    return Check("runtime", OK, f"absent: will be installed on the first encrypted sync "
-                 f"({' or '.join(ways)})", f"{pins} into {rt.get('dir')} (~17 MB)")
+        return Check(
+            "runtime",
+            FAIL,
+            "absent, and cannot be installed",
+            f"the host's Python has no pip and no known wheel platform "
+            f"({tags.get('system')} {tags.get('machine')})",
+            "install pip for the host's python3, or use a glibc Linux or macOS host",
+        )
+    return Check(
+        "runtime",
+        OK,
+        f"absent: will be installed on the first encrypted sync ({' or '.join(ways)})",
+        f"{pins} into {rt.get('dir')} (~17 MB)",
+    )
 
 
 def _check_clt(facts: dict[str, Any]) -> Check:
@@ -171,9 +218,14 @@ def _check_clt(facts: dict[str, Any]) -> Check:
     path = (clt or {}).get("path")
     if path:
         return Check("clt", OK, path)
-    return Check("clt", WARN, "not installed",
-                 "without the command line tools there is no git, no compiler for sdist wheels "
-                 "and /usr/bin/python3 is only an installer stub", "xcode-select --install")
+    return Check(
+        "clt",
+        WARN,
+        "not installed",
+        "without the command line tools there is no git, no compiler for sdist wheels "
+        "and /usr/bin/python3 is only an installer stub",
+        "xcode-select --install",
+    )
 
 
 def _check_tmux(facts: dict[str, Any]) -> Check:
@@ -181,9 +233,14 @@ def _check_tmux(facts: dict[str, Any]) -> Check:
     if tmux:
         return Check("tmux", OK, f"{tmux.get('version') or '?'} ({tmux.get('path')})")
     fix = "brew install tmux" if facts.get("os") == "Darwin" else "install tmux"
-    return Check("tmux", WARN, "not found",
-                 "remotemac falls back to its own daemonised runner; jobs still survive "
-                 "disconnects, but you cannot attach a terminal to them", fix)
+    return Check(
+        "tmux",
+        WARN,
+        "not found",
+        "remotemac falls back to its own daemonised runner; jobs still survive "
+        "disconnects, but you cannot attach a terminal to them",
+        fix,
+    )
 
 
 def _check_brew(facts: dict[str, Any]) -> Check:
@@ -192,28 +249,48 @@ def _check_brew(facts: dict[str, Any]) -> Check:
         return Check("brew", OK, str(brew.get("path")))
     if facts.get("os") != "Darwin":
         return Check("brew", NOT_APPLICABLE, "not found", "only used on macOS")
-    return Check("brew", WARN, "not found", "remotemac offers to install tmux through Homebrew",
-                 "install Homebrew (https://brew.sh), or go without tmux")
+    return Check(
+        "brew",
+        WARN,
+        "not found",
+        "remotemac offers to install tmux through Homebrew",
+        "install Homebrew (https://brew.sh), or go without tmux",
+    )
 
 
 def _check_disk(facts: dict[str, Any], needs: int | None) -> Check:
     disk = facts.get("disk") or {}
     free = disk.get("free_bytes")
     if free is None:
-        return Check("disk", FAIL, "unknown", disk.get("error") or "no disk facts",
-                     "check that remote_root's volume is mounted")
+        return Check(
+            "disk",
+            FAIL,
+            "unknown",
+            disk.get("error") or "no disk facts",
+            "check that remote_root's volume is mounted",
+        )
     where = disk.get("path", "?")
     value = f"{_gib(free)} free of {_gib(disk.get('total_bytes'))} at {where}"
     if needs is not None:
         value += f" (needs {_gib(needs)})"
         if free < needs:
-            return Check("disk", FAIL, value, "the playbook needs more space than is free",
-                         f"free {_gib(needs - free)} on the volume of {where}, "
-                         "or lower data.max_bytes in the playbook")
+            return Check(
+                "disk",
+                FAIL,
+                value,
+                "the playbook needs more space than is free",
+                f"free {_gib(needs - free)} on the volume of {where}, "
+                "or lower data.max_bytes in the playbook",
+            )
         return Check("disk", OK, value)
     if free < LOW_DISK_BYTES:
-        return Check("disk", WARN, value, "a torch venv and pip's cache alone take about 3 GiB",
-                     f"free space on the volume of {where}")
+        return Check(
+            "disk",
+            WARN,
+            value,
+            "a torch venv and pip's cache alone take about 3 GiB",
+            f"free space on the volume of {where}",
+        )
     return Check("disk", OK, value)
 
 
@@ -223,16 +300,23 @@ def _check_sleep(facts: dict[str, Any]) -> Check:
         return Check("sleep", NOT_APPLICABLE, "n/a", "not macOS")
     if not pmset:
         return Check("sleep", NOT_APPLICABLE, "unknown", "pmset -g gave nothing")
-    value = ", ".join(f"{k} {pmset.get(k)}" for k in ("sleep", "disksleep", "displaysleep",
-                                                        "standby") if pmset.get(k) is not None)
+    value = ", ".join(
+        f"{k} {pmset.get(k)}"
+        for k in ("sleep", "disksleep", "displaysleep", "standby")
+        if pmset.get(k) is not None
+    )
     if pmset.get("SleepDisabled") == 1:
         return Check("sleep", OK, f"sleep disabled system-wide ({value})")
     if pmset.get("sleep") in (0, None):
         return Check("sleep", OK, value or "no sleep timer")
-    return Check("sleep", WARN, value,
-                 f"the Mac idle-sleeps after {pmset['sleep']} min; remotemac runs jobs under "
-                 "caffeinate -i, which only holds while a job runs",
-                 "optional: sudo pmset -a sleep 0")
+    return Check(
+        "sleep",
+        WARN,
+        value,
+        f"the Mac idle-sleeps after {pmset['sleep']} min; remotemac runs jobs under "
+        "caffeinate -i, which only holds while a job runs",
+        "optional: sudo pmset -a sleep 0",
+    )
 
 
 def _check_clock(facts: dict[str, Any], local_time: float | None) -> Check:
@@ -242,10 +326,14 @@ def _check_clock(facts: dict[str, Any], local_time: float | None) -> Check:
     skew = float(remote) - float(local_time)
     value = f"host is {abs(skew):.1f} s {'ahead' if skew >= 0 else 'behind'}"
     if abs(skew) > MAX_SKEW_S:
-        fix = ("sudo systemsetup -setusingnetworktime on" if facts.get("os") == "Darwin"
-               else "enable NTP (timedatectl set-ntp true)")
-        return Check("clock", WARN, value,
-                     "heartbeat ages and log times compare host and local clocks", fix)
+        fix = (
+            "sudo systemsetup -setusingnetworktime on"
+            if facts.get("os") == "Darwin"
+            else "enable NTP (timedatectl set-ntp true)"
+        )
+        return Check(
+            "clock", WARN, value, "heartbeat ages and log times compare host and local clocks", fix
+        )
     return Check("clock", OK, value)
 
 
@@ -257,27 +345,46 @@ def _mps_unavailable_reason(facts: dict[str, Any]) -> tuple[str, str]:
         return "torch needs macOS 14+ for MPS", "upgrade the host to macOS 14 or newer"
     if isinstance(facts.get("vm"), dict) and facts["vm"].get("hv_vmm_present"):
         return "this VM exposes no Metal GPU to torch", "rent a bare-metal Mac"
-    return ("torch sees no Metal device", "run `python -c 'import torch; "
-            "print(torch.backends.mps.is_available())'` in the venv to investigate")
+    return (
+        "torch sees no Metal device",
+        "run `python -c 'import torch; "
+        "print(torch.backends.mps.is_available())'` in the venv to investigate",
+    )
 
 
 def _check_mps(facts: dict[str, Any]) -> Check:
     mps = facts.get("mps")
     if not mps:
-        return Check("mps", NOT_APPLICABLE, "no venv yet",
-                     "checked once remotemac has made a venv under remote_root/envs")
+        return Check(
+            "mps",
+            NOT_APPLICABLE,
+            "no venv yet",
+            "checked once remotemac has made a venv under remote_root/envs",
+        )
     if mps.get("error"):
-        return Check("mps", WARN, f"venv python failed: {mps['error']}",
-                     "the venv under remote_root/envs looks broken",
-                     "remove it; remotemac recreates it on the next run")
+        return Check(
+            "mps",
+            WARN,
+            f"venv python failed: {mps['error']}",
+            "the venv under remote_root/envs looks broken",
+            "remove it; remotemac recreates it on the next run",
+        )
     if not mps.get("torch"):
-        return Check("mps", NOT_APPLICABLE, "torch not installed in the venv",
-                     "checked once the venv has torch")
+        return Check(
+            "mps",
+            NOT_APPLICABLE,
+            "torch not installed in the venv",
+            "checked once the venv has torch",
+        )
     torch = f"torch {mps['torch']}"
     if not mps.get("built"):
-        return Check("mps", FAIL, f"{torch}: built without MPS",
-                     "this torch wheel is an x86_64 or non-macOS build",
-                     "make the venv from a native arm64 python3 and reinstall torch")
+        return Check(
+            "mps",
+            FAIL,
+            f"{torch}: built without MPS",
+            "this torch wheel is an x86_64 or non-macOS build",
+            "make the venv from a native arm64 python3 and reinstall torch",
+        )
     if not mps.get("available"):
         why, fix = _mps_unavailable_reason(facts)
         return Check("mps", FAIL, f"{torch}: MPS built but not available", why, fix)
@@ -293,9 +400,13 @@ def evaluate(
 ) -> DoctorReport:
     """Judge the facts. ``local_time`` defaults to when the facts arrived (``received_at``)."""
     if facts.get("collector_error"):
-        check = Check("collector", FAIL, facts["collector_error"],
-                      "the facts could not be gathered on the host",
-                      "install python3 >= 3.9 on the host (macOS: xcode-select --install)")
+        check = Check(
+            "collector",
+            FAIL,
+            facts["collector_error"],
+            "the facts could not be gathered on the host",
+            "install python3 >= 3.9 on the host (macOS: xcode-select --install)",
+        )
         return DoctorReport(host, [check], facts)
     if local_time is None:
         local_time = facts.get("received_at")
@@ -326,7 +437,9 @@ def hostfacts_source() -> bytes:
 
 
 async def gather_facts(
-    transport: Transport, remote_root: str, venv_python: str | None = None,
+    transport: Transport,
+    remote_root: str,
+    venv_python: str | None = None,
     timeout: float = GATHER_TIMEOUT_S,
 ) -> dict[str, Any]:
     """Run the collector on the host: source on stdin, the request as one JSON argument.
@@ -339,44 +452,60 @@ async def gather_facts(
 
     python = agent_python()
     request = json.dumps({"remote_root": remote_root, "venv_python": venv_python})
-    result = await transport.exec([python, "-", request], stdin=hostfacts_source(),
-                                  timeout=timeout)
+    result = await transport.exec([python, "-", request], stdin=hostfacts_source(), timeout=timeout)
     received = time.time()
     lines = result.text().strip().splitlines()
     if not result.ok or not lines:
         last = (result.stderr.decode("utf-8", "replace").strip().splitlines() or ["no output"])[-1]
-        return {"collector_error": f"python3 on {transport.name} exited {result.exit_code}: "
-                                   f"{last[:200]}", "received_at": received}
+        return {
+            "collector_error": f"python3 on {transport.name} exited {result.exit_code}: "
+            f"{last[:200]}",
+            "received_at": received,
+        }
     try:
         facts = json.loads(lines[-1])
     except ValueError:
-        return {"collector_error": f"python3 on {transport.name} printed no JSON: "
-                                   f"{lines[-1][:200]}", "received_at": received}
+        return {
+            "collector_error": f"python3 on {transport.name} printed no JSON: {lines[-1][:200]}",
+            "received_at": received,
+        }
     facts["received_at"] = received
     facts["agent_runtime"] = await gather_runtime(transport, python, remote_root, timeout)
     return facts
 
 
-async def gather_runtime(transport: Transport, python: str, remote_root: str,
-                         timeout: float = GATHER_TIMEOUT_S) -> dict[str, Any]:
+async def gather_runtime(
+    transport: Transport, python: str, remote_root: str, timeout: float = GATHER_TIMEOUT_S
+) -> dict[str, Any]:
     """The agent runtime's status on the host (agentruntime.py's source on stdin)."""
     from remotemac.agent import agentruntime
 
     source = Path(agentruntime.__file__).read_bytes()
-    result = await transport.exec([python, "-", json.dumps({"root": remote_root})],
-                                  stdin=source, timeout=timeout)
+    result = await transport.exec(
+        [python, "-", json.dumps({"root": remote_root})], stdin=source, timeout=timeout
+    )
     lines = result.text().strip().splitlines()
     try:
-        return json.loads(lines[-1]) if result.ok and lines else {
-            "error": (result.stderr.decode("utf-8", "replace").strip().splitlines()
-                      or [f"exit {result.exit_code}"])[-1][:200]}
+        return (
+            json.loads(lines[-1])
+            if result.ok and lines
+            else {
+                "error": (
+                    result.stderr.decode("utf-8", "replace").strip().splitlines()
+                    or [f"exit {result.exit_code}"]
+                )[-1][:200]
+            }
+        )
     except ValueError:
         return {"error": lines[-1][:200]}
 
 
 async def doctor(
-    transport: Transport, host: str, remote_root: str = "~/remotemac",
-    needs_disk_bytes: int | None = None, venv_python: str | None = None,
+    transport: Transport,
+    host: str,
+    remote_root: str = "~/remotemac",
+    needs_disk_bytes: int | None = None,
+    venv_python: str | None = None,
 ) -> DoctorReport:
     """Gather on an open transport and judge."""
     facts = await gather_facts(transport, remote_root, venv_python)

@@ -21,7 +21,8 @@ def playbook_path_problems(pb: Playbook, filename: str | Path) -> list[str]:
     except (OSError, yaml.YAMLError):
         root = None
     wanted: list[tuple[list[str], Path | None, bool]] = [
-        (["project", "path"], pb.project_dir(), True)]
+        (["project", "path"], pb.project_dir(), True)
+    ]
     if pb.data is not None:
         wanted.append((["data", "path"], pb.data_dir(), True))
     requirements = getattr(pb.environment, "requirements", None)
@@ -33,6 +34,11 @@ def playbook_path_problems(pb: Playbook, filename: str | Path) -> list[str]:
             continue
         mark = _mark_for(root, loc, key_node=False) or (1, 1)
         kind = "directory" if is_dir else "file"
-        found.append((mark, f"{filename}:{mark[0]}:{mark[1]}: {'.'.join(loc)}: {kind} {path} "
-                            "does not exist (paths are relative to the playbook's folder)"))
+        found.append(
+            (
+                mark,
+                f"{filename}:{mark[0]}:{mark[1]}: {'.'.join(loc)}: {kind} {path} "
+                "does not exist (paths are relative to the playbook's folder)",
+            )
+        )
     return [line for _, line in sorted(found)]

@@ -251,17 +251,24 @@ def predict(trace: dict[str, Any], table: Any, torch_version: str | None) -> Pre
             covered += 1
         elif name in FALLBACK_CHILDREN and FALLBACK_CHILDREN[name] in functions_seen:
             parent = FALLBACK_CHILDREN[name]
-            findings.append(Finding(op, dtypes, count, "fallback",
-                                    f"always-fallback list: {parent} runs on the CPU"))
+            findings.append(
+                Finding(
+                    op, dtypes, count, "fallback", f"always-fallback list: {parent} runs on the CPU"
+                )
+            )
         elif support.kind == "fallback":
-            findings.append(Finding(op, dtypes, count, "fallback",
-                                    "always-fallback list: runs on the CPU"))
+            findings.append(
+                Finding(op, dtypes, count, "fallback", "always-fallback list: runs on the CPU")
+            )
         elif support.kind == "missing":
             where = f" (nor for its MPS counterpart {support.via})" if support.via else ""
             findings.append(Finding(op, dtypes, count, "fail", f"no MPS kernel{where}"))
         else:
-            findings.append(Finding(op, dtypes, count, "unknown",
-                                    "not in native_functions.yaml: cannot predict"))
+            findings.append(
+                Finding(
+                    op, dtypes, count, "unknown", "not in native_functions.yaml: cannot predict"
+                )
+            )
         issues: dict[tuple[str, str], tuple[set[str], int]] = {}
         for rec in recs:
             rec_dtypes = rec.get("dtypes", []) + rec.get("out_dtypes", [])
@@ -274,8 +281,15 @@ def predict(trace: dict[str, Any], table: Any, torch_version: str | None) -> Pre
     flagged = {f.op.rpartition("::")[2] for f in findings}
     for fn in sorted(functions_seen & ALWAYS_FALLBACK):
         if not any(FALLBACK_CHILDREN.get(child) == fn for child in flagged):
-            findings.append(Finding(f"aten::{fn}", [], _fn_count(trace, fn), "fallback",
-                                    "always-fallback list: runs on the CPU"))
+            findings.append(
+                Finding(
+                    f"aten::{fn}",
+                    [],
+                    _fn_count(trace, fn),
+                    "fallback",
+                    "always-fallback list: runs on the CPU",
+                )
+            )
     return PreflightReport(
         torch_version=torch_version,
         traced_torch_version=trace.get("torch_version"),

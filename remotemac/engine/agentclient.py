@@ -28,13 +28,16 @@ ENV_AGENT_PYTHON = "REMOTEMAC_AGENT_PYTHON"
 #: ``1``: one ``hostagent.py OP`` process per call instead of the resident agent
 ENV_ONESHOT = "REMOTEMAC_AGENT_ONESHOT"
 #: agent error codes that mean "the host's environment lacks something" (exit 6)
-HOST_ENV_CODES = frozenset({"host-env", "env-failed", "no-python", "missing-module",
-                            "runtime-failed"})
+HOST_ENV_CODES = frozenset(
+    {"host-env", "env-failed", "no-python", "missing-module", "runtime-failed"}
+)
 
 
 def agent_python(setting: str | None = None) -> str:
     """The playbook's ``agent.python``, else $REMOTEMAC_AGENT_PYTHON, else ``python3``."""
     return setting or os.environ.get(ENV_AGENT_PYTHON) or DEFAULT_AGENT_PYTHON
+
+
 OWNED_MARKER = ".remotemac-owned"  # agent/safefs.py MARKER
 
 
@@ -48,7 +51,9 @@ def agent_bundle() -> tuple[str, dict[str, bytes]]:
     return digest.hexdigest()[:16], files
 
 
-def parse_answer(host: str, what: str, result: ExecResult, hint: str | None = None) -> dict[str, Any]:
+def parse_answer(
+    host: str, what: str, result: ExecResult, hint: str | None = None
+) -> dict[str, Any]:
     """The agent's one JSON answer on stdout, or HostError with its last stderr line."""
     try:
         answer = json.loads(result.stdout.decode("utf-8", "replace") or "{}")
@@ -56,8 +61,11 @@ def parse_answer(host: str, what: str, result: ExecResult, hint: str | None = No
         answer = {}
     if not answer:
         err = result.stderr.decode("utf-8", "replace").strip().splitlines()
-        raise HostError(f"{host}: {what} gave no answer (exit {result.exit_code}): "
-                        f"{err[-1] if err else 'no output'}", hint=hint)
+        raise HostError(
+            f"{host}: {what} gave no answer (exit {result.exit_code}): "
+            f"{err[-1] if err else 'no output'}",
+            hint=hint,
+        )
     return answer
 
 
@@ -67,8 +75,9 @@ class AgentError(RemotemacError):
     exit_code = 3
 
     def __init__(self, op: str, message: str, code: str, tail: list[str] | None = None) -> None:
-        super().__init__(f"host agent {op}: {message}"
-                         + (f" (last lines: {' | '.join(tail)})" if tail else ""))
+        super().__init__(
+            f"host agent {op}: {message}" + (f" (last lines: {' | '.join(tail)})" if tail else "")
+        )
         self.code = code
         self.tail = tail or []
 
@@ -86,8 +95,13 @@ class AgentClient:
     the agent reported for this run's calls.
     """
 
-    def __init__(self, transport: Transport, root: str, ledger: Ledger | None = None,
-                 python: str | None = None) -> None:
+    def __init__(
+        self,
+        transport: Transport,
+        root: str,
+        ledger: Ledger | None = None,
+        python: str | None = None,
+    ) -> None:
         self.transport = transport
         self.root = root
         self.ledger = ledger or Ledger(None)
@@ -112,8 +126,9 @@ class AgentClient:
         sessions = _SESSIONS.setdefault(owner, {})
         found = sessions.get(argv)
         if found is None or found.closed:
-            found = ResidentAgent(owner, list(argv),
-                                  reconnect_deadline=self.transport.reconnect_deadline)
+            found = ResidentAgent(
+                owner, list(argv), reconnect_deadline=self.transport.reconnect_deadline
+            )
             sessions[argv] = found
         return found
 
@@ -130,12 +145,19 @@ class AgentClient:
         from remotemac.engine.cleanup import call_in_memory
         from remotemac.errors import BadInput
 
-        answer = await call_in_memory(self.transport, self.ledger, "op_claim_root",
-                                      {"root": self.root, "run_id": run_id},
-                                      python=self.python, timeout=120)
+        answer = await call_in_memory(
+            self.transport,
+            self.ledger,
+            "op_claim_root",
+            {"root": self.root, "run_id": run_id},
+            python=self.python,
+            timeout=120,
+        )
         if answer.get("refused"):
-            raise BadInput(f"{self.transport.name}: remote_root {self.root}: "
-                           f"{answer['refused']}", hint="nothing was written on the host")
+            raise BadInput(
+                f"{self.transport.name}: remote_root {self.root}: {answer['refused']}",
+                hint="nothing was written on the host",
+            )
         self.root_id = answer.get("root_id")
         return self.root_id
 
@@ -150,20 +172,35 @@ class AgentClient:
         if await self.transport.stat(marker) is None:
             await self.transport.makedirs(agent_dir)
             # ownership first: cleanup removes only directories that carry it
-            await self.transport.write_bytes(f"{agent_dir}/{OWNED_MARKER}", json.dumps(
-                {"kind": "agent", "version": version, "root_id": self.root_id,
-                 "created_at": time.time()}).encode())
+            await self.transport.write_bytes(
+                f"{agent_dir}/{OWNED_MARKER}",
+                json.dumps(
+                    {
+                        "kind": "agent",
+                        "version": version,
+                        "root_id": self.root_id,
+                        "created_at": time.time(),
+                    }
+                ).encode(),
+            )
             for name, data in files.items():
                 await self.transport.write_bytes(f"{agent_dir}/{name}", data, mode=0o600)
             await self.transport.write_bytes(marker, version.encode())
-            self.ledger.append(self.transport.name, f"upload agent {version} to {agent_dir}", 0,
-                               op="install-agent")
+            self.ledger.append(
+                self.transport.name, f"upload agent {version} to {agent_dir}", 0, op="install-agent"
+            )
         self.agent_dir = agent_dir
         return agent_dir
 
-    async def call(self, op: str, request: dict[str, Any] | None = None, *,
-                   timeout: float | None = 600, idempotent: bool = True,
-                   python: str | None = None) -> dict[str, Any]:
+    async def call(
+        self,
+        op: str,
+        request: dict[str, Any] | None = None,
+        *,
+        timeout: float | None = 600,
+        idempotent: bool = True,
+        python: str | None = None,
+    ) -> dict[str, Any]:
         """Run one agent operation under the host's own interpreter (``self.python``).
 
         ``python`` overrides it for this call only (tests); operations that need the
@@ -180,25 +217,35 @@ class AgentClient:
         if idempotent:
             kwargs["idempotent"] = True
         result = await self.transport.exec(argv, **kwargs)
-        self.ledger.append(self.transport.name, " ".join(argv), result.exit_code, op=op,
-                           seconds=time.monotonic() - started)
+        self.ledger.append(
+            self.transport.name,
+            " ".join(argv),
+            result.exit_code,
+            op=op,
+            seconds=time.monotonic() - started,
+        )
         answer = parse_answer(self.transport.name, f"agent {op}", result)
         if isinstance(answer.get("cpu_s"), (int, float)):
             self.host_cpu_s += float(answer["cpu_s"])
         return _result(op, answer)
 
-    async def _call_resident(self, op: str, request: dict[str, Any],
-                             timeout: float | None) -> dict[str, Any]:
+    async def _call_resident(
+        self, op: str, request: dict[str, Any], timeout: float | None
+    ) -> dict[str, Any]:
         session = self.session()
         started = time.monotonic()
         frame = await session.call(op, request, store=self.store, timeout=timeout)
         self.host_cpu_s += session.note_cpu(frame)
         answer = frame.get("answer") or {}
-        self.ledger.append(self.transport.name, f"{' '.join(session.argv)} ← {op}"
-                           + (" (answer recorded before the link dropped)"
-                              if answer.get("replayed") else ""),
-                           0 if answer.get("ok") else 1, op=op,
-                           seconds=time.monotonic() - started, via="resident")
+        self.ledger.append(
+            self.transport.name,
+            f"{' '.join(session.argv)} ← {op}"
+            + (" (answer recorded before the link dropped)" if answer.get("replayed") else ""),
+            0 if answer.get("ok") else 1,
+            op=op,
+            seconds=time.monotonic() - started,
+            via="resident",
+        )
         return _result(op, answer)
 
 
@@ -218,5 +265,6 @@ def _result(op: str, answer: dict[str, Any]) -> dict[str, Any]:
 
 
 #: resident agents by link owner, then by (python, resident.py path)
-_SESSIONS: weakref.WeakKeyDictionary[Transport, dict[tuple[str, str], ResidentAgent]] = \
+_SESSIONS: weakref.WeakKeyDictionary[Transport, dict[tuple[str, str], ResidentAgent]] = (
     weakref.WeakKeyDictionary()
+)

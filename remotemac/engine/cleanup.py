@@ -108,8 +108,9 @@ def journal_knowledge(journal, host: str, name: str) -> Knowledge:
                 continue
             if (row["kind"], row["path"]) not in seen:
                 seen.add((row["kind"], row["path"]))
-                know.items.append({"kind": row["kind"], "path": row["path"],
-                                   "run_id": row.get("run_id")})
+                know.items.append(
+                    {"kind": row["kind"], "path": row["path"], "run_id": row.get("run_id")}
+                )
     return know
 
 
@@ -118,14 +119,20 @@ def _assign_roots(know: Knowledge, roots: list[str]) -> tuple[list[dict], list[d
     assigned, orphans = [], []
     for item in know.items:
         path = item["path"]
-        root = next((r for r in roots if path == r or path.startswith(r.rstrip("/") + "/")),
-                    None)
+        root = next((r for r in roots if path == r or path.startswith(r.rstrip("/") + "/")), None)
         if root is None and item["kind"] in ("ramstore", "deadman", "tmux"):
             root = know.run_roots.get(item.get("run_id") or "", roots[0])
             root = root if root in roots else roots[0]
         if root is None:
-            orphans.append(dict(item, sources=["journal"], fate="failed", bytes=0,
-                                why="outside every remote_root: not touched"))
+            orphans.append(
+                dict(
+                    item,
+                    sources=["journal"],
+                    fate="failed",
+                    bytes=0,
+                    why="outside every remote_root: not touched",
+                )
+            )
         else:
             assigned.append(dict(item, root=root))
     return assigned, orphans
@@ -145,23 +152,41 @@ def host_key_fingerprint(transport: Transport) -> str:
         return "unknown"
 
 
-async def call_in_memory(transport: Transport, ledger: Ledger, fn: str, req: dict[str, Any],
-                         python: str | None = None, timeout: float = 900) -> dict[str, Any]:
+async def call_in_memory(
+    transport: Transport,
+    ledger: Ledger,
+    fn: str,
+    req: dict[str, Any],
+    python: str | None = None,
+    timeout: float = 900,
+) -> dict[str, Any]:
     """Run ``cleanupops.<fn>(req)`` on the host from stdin: nothing lands on its disk.
 
     ``python`` defaults to the agent's interpreter ($REMOTEMAC_AGENT_PYTHON or python3).
     """
     python = agent_python(python)
-    payload = {"order": list(MODULES), "module": "cleanupops", "fn": fn, "req": req,
-               "src": {m: (AGENT_DIR / f"{m}.py").read_text(encoding="utf-8") for m in MODULES}}
+    payload = {
+        "order": list(MODULES),
+        "module": "cleanupops",
+        "fn": fn,
+        "req": req,
+        "src": {m: (AGENT_DIR / f"{m}.py").read_text(encoding="utf-8") for m in MODULES},
+    }
     started = time.monotonic()
-    result = await transport.exec([python, "-c", BOOTSTRAP], stdin=json.dumps(payload).encode(),
-                                  timeout=timeout)
-    ledger.append(transport.name, f"{python} -c <remotemac agent from stdin: cleanupops.{fn}"
-                  f"{' (dry run)' if req.get('dry_run') else ''}>", result.exit_code,
-                  op=f"cleanup:{fn}", seconds=time.monotonic() - started)
-    answer = parse_answer(transport.name, "cleanup agent", result,
-                          hint="is python3 installed on the host?")
+    result = await transport.exec(
+        [python, "-c", BOOTSTRAP], stdin=json.dumps(payload).encode(), timeout=timeout
+    )
+    ledger.append(
+        transport.name,
+        f"{python} -c <remotemac agent from stdin: cleanupops.{fn}"
+        f"{' (dry run)' if req.get('dry_run') else ''}>",
+        result.exit_code,
+        op=f"cleanup:{fn}",
+        seconds=time.monotonic() - started,
+    )
+    answer = parse_answer(
+        transport.name, "cleanup agent", result, hint="is python3 installed on the host?"
+    )
     if not answer.get("ok"):
         raise RemotemacError(f"{transport.name}: cleanup failed on the host: {answer.get('error')}")
     ledger.append_steps(transport.name, f"cleanup:{fn}", answer["result"].get("steps"))
@@ -179,27 +204,52 @@ def _flatten(answer: dict[str, Any]) -> list[dict[str, Any]]:
     items = []
     for root in answer.get("roots", []):
         if root.get("refused"):
-            items.append({"kind": "root", "path": root["root"], "fate": "failed", "bytes": 0,
-                          "why": root["refused"], "sources": ["playbook"], "root": root["root"]})
+            items.append(
+                {
+                    "kind": "root",
+                    "path": root["root"],
+                    "fate": "failed",
+                    "bytes": 0,
+                    "why": root["refused"],
+                    "sources": ["playbook"],
+                    "root": root["root"],
+                }
+            )
             continue
         for item in root["items"]:
             items.append(dict(item, root=root["root"]))
     return items
 
 
-def build_record(*, host: str, name: str, fingerprint: str, started: float, dry_run: bool,
-                 answer: dict[str, Any] | None, know: Knowledge, extra_items: list[dict],
-                 error: str | None = None) -> dict[str, Any]:
+def build_record(
+    *,
+    host: str,
+    name: str,
+    fingerprint: str,
+    started: float,
+    dry_run: bool,
+    answer: dict[str, Any] | None,
+    know: Knowledge,
+    extra_items: list[dict],
+    error: str | None = None,
+) -> dict[str, Any]:
     """cleanup.json: every item and its fate, bytes freed, what remains and why."""
     items = (_flatten(answer) if answer else []) + extra_items
     roots = []
     remaining: list[dict[str, Any]] = []
     for root in (answer or {}).get("roots", []):
-        roots.append({k: root.get(k) for k in ("root", "real_root", "refused", "notes",
-                                               "bytes_freed", "verified")})
+        roots.append(
+            {
+                k: root.get(k)
+                for k in ("root", "real_root", "refused", "notes", "bytes_freed", "verified")
+            }
+        )
         remaining += [dict(r, root=root["root"]) for r in root.get("remaining", [])]
-    not_removed = [{"kind": i["kind"], "path": i["path"], "why": i.get("why") or "failed"}
-                   for i in items if i.get("fate") == "failed"]
+    not_removed = [
+        {"kind": i["kind"], "path": i["path"], "why": i.get("why") or "failed"}
+        for i in items
+        if i.get("fate") == "failed"
+    ]
     not_removed += [{"kind": r["kind"], "path": r["path"], "why": r["why"]} for r in remaining]
     if error is not None:
         status, verified = "not verified", False
@@ -223,8 +273,9 @@ def build_record(*, host: str, name: str, fingerprint: str, started: float, dry_
         "remote_roots": roots,
         "items": items,
         "bytes_freed": freed,
-        "bytes_to_free": sum(int(i.get("bytes") or 0) for i in items
-                             if i.get("fate") == "would remove"),
+        "bytes_to_free": sum(
+            int(i.get("bytes") or 0) for i in items if i.get("fate") == "would remove"
+        ),
         "not_removed": not_removed,
         "remaining": remaining,
         "journal": {"runs": know.runs, "items": len(know.items)},
@@ -233,25 +284,31 @@ def build_record(*, host: str, name: str, fingerprint: str, started: float, dry_
 
 
 def render_markdown(record: dict[str, Any]) -> str:
-    lines = [f"# Cleanup of {record['host']}", "",
-             f"- status: **{record['status']}**",
-             f"- host: {record['host_name']}",
-             f"- host key: {record['host_key_fingerprint']}",
-             f"- started: {record['started_at']}, finished: {record['finished_at']}",
-             f"- freed: {format_size(record['bytes_freed'])} ({record['bytes_freed']} bytes)"]
+    lines = [
+        f"# Cleanup of {record['host']}",
+        "",
+        f"- status: **{record['status']}**",
+        f"- host: {record['host_name']}",
+        f"- host key: {record['host_key_fingerprint']}",
+        f"- started: {record['started_at']}, finished: {record['finished_at']}",
+        f"- freed: {format_size(record['bytes_freed'])} ({record['bytes_freed']} bytes)",
+    ]
     if record.get("error"):
         lines.append(f"- not verified: {record['error']}")
     for root in record["remote_roots"]:
-        lines.append(f"- remote_root: {root['root']}"
-                     + (f" (refused: {root['refused']})" if root.get("refused") else ""))
+        lines.append(
+            f"- remote_root: {root['root']}"
+            + (f" (refused: {root['refused']})" if root.get("refused") else "")
+        )
         for note in root.get("notes") or []:
             lines.append(f"  - note: {note}")
-    lines += ["", "| kind | item | fate | bytes | why | known from |",
-              "|---|---|---|---:|---|---|"]
+    lines += ["", "| kind | item | fate | bytes | why | known from |", "|---|---|---|---:|---|---|"]
     for item in record["items"]:
-        lines.append(f"| {item['kind']} | `{item['path']}` | {item.get('fate', '?')} | "
-                     f"{item.get('bytes') or 0} | {item.get('why') or ''} | "
-                     f"{', '.join(item.get('sources') or [])} |")
+        lines.append(
+            f"| {item['kind']} | `{item['path']}` | {item.get('fate', '?')} | "
+            f"{item.get('bytes') or 0} | {item.get('why') or ''} | "
+            f"{', '.join(item.get('sources') or [])} |"
+        )
     lines += ["", "## Not removed", ""]
     if record["not_removed"]:
         lines += [f"- {r['kind']} `{r['path']}`: {r['why']}" for r in record["not_removed"]]
@@ -274,8 +331,10 @@ def _summary(record: dict[str, Any], out_dir: Path | None) -> str:
         counts[item.get("fate", "?")] = counts.get(item.get("fate", "?"), 0) + 1
     parts = ", ".join(f"{n} {fate}" for fate, n in sorted(counts.items())) or "nothing found"
     where = f"; record in {out_dir}" if out_dir else ""
-    return f"cleanup {record['host']}: {record['status']} ({parts}, " \
-           f"{format_size(record['bytes_freed'])} freed){where}"
+    return (
+        f"cleanup {record['host']}: {record['status']} ({parts}, "
+        f"{format_size(record['bytes_freed'])} freed){where}"
+    )
 
 
 def _plan_lines(record: dict[str, Any]) -> list[str]:
@@ -285,13 +344,16 @@ def _plan_lines(record: dict[str, Any]) -> list[str]:
     lines = [f"dry run: cleanup of {esc(record['host'])} would remove:"]
     for item in record["items"]:
         if item.get("fate") == "would remove":
-            lines.append(f"  {item['kind']:9} {esc(item['path'])}  "
-                         f"({format_size(item.get('bytes') or 0)})")
+            lines.append(
+                f"  {item['kind']:9} {esc(item['path'])}  ({format_size(item.get('bytes') or 0)})"
+            )
     for item in record["items"]:
         if item.get("fate") == "failed":
             lines.append(f"  NOT {item['kind']:5} {esc(item['path'])}: {esc(str(item.get('why')))}")
         elif item.get("fate") == "left alone":
-            lines.append(f"  KEEP {item['kind']:4} {esc(item['path'])}: {esc(str(item.get('why')))}")
+            lines.append(
+                f"  KEEP {item['kind']:4} {esc(item['path'])}: {esc(str(item.get('why')))}"
+            )
     lines.append(f"  total {format_size(record['bytes_to_free'])}; nothing was touched")
     return lines
 
@@ -312,8 +374,17 @@ def _local_keys(home: Path, runs: list[str], dry_run: bool) -> list[dict[str, An
             fate = "would remove"
         else:
             fate = "removed" if destroy_data_key(home, run_id) else "not found"
-        items.append({"kind": "local-key", "path": str(path), "run_id": run_id, "fate": fate,
-                      "bytes": 0, "sources": ["local"], "root": None})
+        items.append(
+            {
+                "kind": "local-key",
+                "path": str(path),
+                "run_id": run_id,
+                "fate": fate,
+                "bytes": 0,
+                "sources": ["local"],
+                "root": None,
+            }
+        )
     return items
 
 
@@ -321,11 +392,18 @@ def _has_work(answer: dict[str, Any]) -> bool:
     return any(i.get("fate") == "would remove" for i in _flatten(answer))
 
 
-async def main_cleanup(host: str, *, settings, dry_run: bool = False, yes: bool = False,
-                       as_json: bool = False, remote_root: str = "~/remotemac",
-                       out: str | Path | None = None,
-                       confirm: Callable[[str], bool] | None = None,
-                       echo: Callable[[str], None] | None = None) -> int:
+async def main_cleanup(
+    host: str,
+    *,
+    settings,
+    dry_run: bool = False,
+    yes: bool = False,
+    as_json: bool = False,
+    remote_root: str = "~/remotemac",
+    out: str | Path | None = None,
+    confirm: Callable[[str], bool] | None = None,
+    echo: Callable[[str], None] | None = None,
+) -> int:
     """``remotemac cleanup HOST``; returns the exit code (see the module docstring)."""
     from remotemac.engine.hosts import open_transport
     from remotemac.playbook import check_remote_root
@@ -353,48 +431,80 @@ async def main_cleanup(host: str, *, settings, dry_run: bool = False, yes: bool 
         roots = [primary] + [r for r in know.roots if r != primary]
         known, orphans = _assign_roots(know, roots)
         request = {"roots": roots, "known": known, "run_ids": know.runs}
-        plan = await call_in_memory(transport, ledger, "op_cleanup_host",
-                                    dict(request, dry_run=True))
+        plan = await call_in_memory(
+            transport, ledger, "op_cleanup_host", dict(request, dry_run=True)
+        )
         if dry_run:
             answer = plan
         elif not _has_work(plan) and not _local_key_work(settings.home, know.runs):
-            answer = await call_in_memory(transport, ledger, "op_cleanup_host",
-                                          dict(request, dry_run=False))
+            answer = await call_in_memory(
+                transport, ledger, "op_cleanup_host", dict(request, dry_run=False)
+            )
         else:
             if not yes:
-                record = build_record(host=host, name=transport.name, fingerprint=fingerprint,
-                                      started=started, dry_run=True, answer=plan, know=know,
-                                      extra_items=_local_keys(settings.home, know.runs, True))
+                record = build_record(
+                    host=host,
+                    name=transport.name,
+                    fingerprint=fingerprint,
+                    started=started,
+                    dry_run=True,
+                    answer=plan,
+                    know=know,
+                    extra_items=_local_keys(settings.home, know.runs, True),
+                )
                 for line in _plan_lines(record):
                     echo(line)
                 # the front end asks; without a way to ask, nothing is removed
                 question = f"Remove all of this from {transport.name}?"
                 if confirm is None or not confirm(question):
-                    raise BadInput("cleanup not confirmed: nothing was removed",
-                                   hint="rerun with --yes to skip the question")
-            answer = await call_in_memory(transport, ledger, "op_cleanup_host",
-                                          dict(request, dry_run=False))
+                    raise BadInput(
+                        "cleanup not confirmed: nothing was removed",
+                        hint="rerun with --yes to skip the question",
+                    )
+            answer = await call_in_memory(
+                transport, ledger, "op_cleanup_host", dict(request, dry_run=False)
+            )
     except (HostError, OSError) as exc:
         error = exc.line() if isinstance(exc, RemotemacError) else f"{type(exc).__name__}: {exc}"
     finally:
         await transport.close()
     if error is not None:
-        journal_items = [dict(i, fate="not attempted", why="host unreachable", bytes=0,
-                              sources=["journal"]) for i in know.items]
-        record = build_record(host=host, name=transport.name, fingerprint=fingerprint,
-                              started=started, dry_run=dry_run, answer=None, know=know,
-                              extra_items=journal_items, error=error)
+        journal_items = [
+            dict(i, fate="not attempted", why="host unreachable", bytes=0, sources=["journal"])
+            for i in know.items
+        ]
+        record = build_record(
+            host=host,
+            name=transport.name,
+            fingerprint=fingerprint,
+            started=started,
+            dry_run=dry_run,
+            answer=None,
+            know=know,
+            extra_items=journal_items,
+            error=error,
+        )
         if not dry_run:
             write_record(out_dir, record)
             ledger.flush()
-        echo(json.dumps(record) if as_json else
-             f"cleanup {host}: not verified: {error}"
-             + ("" if dry_run else f"; record in {out_dir}"))
+        echo(
+            json.dumps(record)
+            if as_json
+            else f"cleanup {host}: not verified: {error}"
+            + ("" if dry_run else f"; record in {out_dir}")
+        )
         return EXIT_HOST
     keys = _local_keys(settings.home, know.runs, dry_run)
-    record = build_record(host=host, name=transport.name, fingerprint=fingerprint,
-                          started=started, dry_run=dry_run, answer=answer, know=know,
-                          extra_items=orphans + keys)
+    record = build_record(
+        host=host,
+        name=transport.name,
+        fingerprint=fingerprint,
+        started=started,
+        dry_run=dry_run,
+        answer=answer,
+        know=know,
+        extra_items=orphans + keys,
+    )
     if dry_run:
         echo(json.dumps(record) if as_json else "\n".join(_plan_lines(record)))
         return 0
@@ -411,8 +521,9 @@ def _local_key_work(home: Path, runs: list[str]) -> bool:
 
 def _update_journal(journal, host: str, name: str, record: dict[str, Any]) -> None:
     """Mark what the host no longer has as removed in the journal's inventory."""
-    gone = {(i["kind"], i["path"]) for i in record["items"]
-            if i.get("fate") in ("removed", "not found")}
+    gone = {
+        (i["kind"], i["path"]) for i in record["items"] if i.get("fate") in ("removed", "not found")
+    }
     for alias in {host, name}:
         for row in journal.inventory(alias):
             if record["verified"] or (row["kind"], row["path"]) in gone:

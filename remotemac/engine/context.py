@@ -105,9 +105,14 @@ def host_for_key(playbook: Playbook, key: str) -> str:
     return playbook.host
 
 
-def specialize(playbook: Playbook, *, host: str | None = None,
-               matrix: dict[str, object] | None = None, remote_root: str | None = None,
-               hourly_rate: float | None = None) -> Playbook:
+def specialize(
+    playbook: Playbook,
+    *,
+    host: str | None = None,
+    matrix: dict[str, object] | None = None,
+    remote_root: str | None = None,
+    hourly_rate: float | None = None,
+) -> Playbook:
     """The playbook of one fleet run: one host, one matrix variant filled into the commands.
 
     The result is what the journal stores for that run, so ``attach`` resumes it
@@ -139,7 +144,9 @@ def fill_matrix(command: str, matrix: dict[str, object]) -> str:
         if name.startswith("matrix.") and name[7:] in matrix:
             out.append(shlex.quote(str(matrix[name[7:]])).replace("{", "{{").replace("}", "}}"))
         else:
-            out.append("{" + name + (f"!{conv}" if conv else "") + (f":{spec}" if spec else "") + "}")
+            out.append(
+                "{" + name + (f"!{conv}" if conv else "") + (f":{spec}" if spec else "") + "}"
+            )
     return "".join(out)
 
 
@@ -154,11 +161,14 @@ def assign_labels(sides: list[Side], devices: dict[str, str]) -> None:
         used.add(label)
 
 
-def substitute(command: str, values: dict[str, str],
-               matrix: dict[str, object] | None = None) -> str:
+def substitute(
+    command: str, values: dict[str, str], matrix: dict[str, object] | None = None
+) -> str:
     """Fill {device}, {data_dir}, {output_dir} and {matrix.<key>}, each value shell-quoted."""
     quoted: dict[str, object] = {k: shlex.quote(v) for k, v in values.items()}
-    quoted["matrix"] = SimpleNamespace(**{k: shlex.quote(str(v)) for k, v in (matrix or {}).items()})
+    quoted["matrix"] = SimpleNamespace(
+        **{k: shlex.quote(str(v)) for k, v in (matrix or {}).items()}
+    )
     return command.format(**quoted)
 
 

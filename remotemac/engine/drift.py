@@ -32,17 +32,30 @@ def touches_torch(key: str, name: str = "") -> bool:
 def compare_fingerprints(before: dict[str, Any], after: dict[str, Any]) -> list[dict[str, Any]]:
     """What changed, one entry per key: {key, before, after, touches_torch[, packages]}."""
     if after.get("error"):
-        return [{"key": "interpreter", "before": before.get("executable"),
-                 "after": after["error"], "touches_torch": True}]
+        return [
+            {
+                "key": "interpreter",
+                "before": before.get("executable"),
+                "after": after["error"],
+                "touches_torch": True,
+            }
+        ]
     changes = []
     for key in KEYS:
         if before.get(key) != after.get(key):
-            change: dict[str, Any] = {"key": key, "before": before.get(key),
-                                      "after": after.get(key), "touches_torch": touches_torch(key)}
+            change: dict[str, Any] = {
+                "key": key,
+                "before": before.get(key),
+                "after": after.get(key),
+                "touches_torch": touches_torch(key),
+            }
             if key == "lock_hash":
                 a, b = before.get("packages") or {}, after.get("packages") or {}
-                pkgs = [{"name": n, "before": a.get(n), "after": b.get(n)}
-                        for n in sorted(set(a) | set(b)) if a.get(n) != b.get(n)]
+                pkgs = [
+                    {"name": n, "before": a.get(n), "after": b.get(n)}
+                    for n in sorted(set(a) | set(b))
+                    if a.get(n) != b.get(n)
+                ]
                 change["packages"] = pkgs
                 change["touches_torch"] = any(touches_torch("", p["name"]) for p in pkgs)
             changes.append(change)
@@ -63,13 +76,23 @@ async def check_drift(ctx: RunContext, when: str) -> list[dict[str, Any]]:
         if not before or key not in ctx.hosts:
             continue  # provisioned by a version that took no fingerprint: nothing to compare
         changes = compare_fingerprints(before, await fingerprint(ctx, key))
-        entry = {"when": when, "at": round(time.time(), 3), "host": key,
-                 "host_name": ctx.hosts[key].transport.name, "changes": changes}
+        entry = {
+            "when": when,
+            "at": round(time.time(), 3),
+            "host": key,
+            "host_name": ctx.hosts[key].transport.name,
+            "changes": changes,
+        }
         entries.append(entry)
         for change in changes:
-            ctx.emit(Warning(ctx.run_id, code="environment-drift",
-                             message=f"{entry['host_name']}: the environment changed since "
-                                     f"launch ({when}): {describe(change)}"))
+            ctx.emit(
+                Warning(
+                    ctx.run_id,
+                    code="environment-drift",
+                    message=f"{entry['host_name']}: the environment changed since "
+                    f"launch ({when}): {describe(change)}",
+                )
+            )
     path = ctx.out_dir / "env" / DRIFT_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a", encoding="utf-8") as fh:
@@ -81,8 +104,10 @@ async def check_drift(ctx: RunContext, when: str) -> list[dict[str, Any]]:
 
 def describe(change: dict[str, Any]) -> str:
     if change.get("packages"):
-        return "packages " + ", ".join(f"{p['name']} {p['before'] or '-'} → {p['after'] or '-'}"
-                                       for p in change["packages"][:5])
+        return "packages " + ", ".join(
+            f"{p['name']} {p['before'] or '-'} → {p['after'] or '-'}"
+            for p in change["packages"][:5]
+        )
     return f"{change['key']} {change.get('before')} → {change.get('after')}"
 
 
@@ -108,9 +133,23 @@ def drift_summary(entries: list[dict[str, Any]]) -> dict[str, Any]:
             if key in seen:
                 continue
             seen.add(key)
-            drifts.append({"when": entry.get("when"), "host": entry.get("host_name"),
-                           **change, "detail": describe(change)})
-    return {"checks": [{"when": e.get("when"), "host": e.get("host_name"),
-                        "changes": len(e.get("changes") or [])} for e in entries],
-            "drifts": drifts,
-            "torch": [d for d in drifts if d.get("touches_torch")]}
+            drifts.append(
+                {
+                    "when": entry.get("when"),
+                    "host": entry.get("host_name"),
+                    **change,
+                    "detail": describe(change),
+                }
+            )
+    return {
+        "checks": [
+            {
+                "when": e.get("when"),
+                "host": e.get("host_name"),
+                "changes": len(e.get("changes") or []),
+            }
+            for e in entries
+        ],
+        "drifts": drifts,
+        "torch": [d for d in drifts if d.get("touches_torch")],
+    }

@@ -52,14 +52,22 @@ DEFAULT_FORKS = 8
 #: 16 runs the faster pace would cost the hosts more agent calls than it is worth
 FLEET_FOLLOW_POLL_S = 2.0
 #: worst first: the fleet's exit code is the first of these any run ended with
-EXIT_PRECEDENCE = (EXIT_INTERRUPTED, EXIT_JOB_LOST, EXIT_HOST, EXIT_INTEGRITY, EXIT_HOST_ENV,
-                   EXIT_BAD_INPUT, EXIT_REJECTED)
-EXIT_RULE = ("0 every run accepted; 1 any run rejected or incomplete; 3 a host was unreachable; "
-             "4 a job was lost (4 wins over 3, 3 over 1; 5 integrity, 6 host environment, "
-             "2 bad input, "
-             "130 interrupted as for one run)")
-VERDICT_BY_CODE = {EXIT_JOB_LOST: "lost", EXIT_HOST: "unreachable",
-                   EXIT_INTERRUPTED: "interrupted"}
+EXIT_PRECEDENCE = (
+    EXIT_INTERRUPTED,
+    EXIT_JOB_LOST,
+    EXIT_HOST,
+    EXIT_INTEGRITY,
+    EXIT_HOST_ENV,
+    EXIT_BAD_INPUT,
+    EXIT_REJECTED,
+)
+EXIT_RULE = (
+    "0 every run accepted; 1 any run rejected or incomplete; 3 a host was unreachable; "
+    "4 a job was lost (4 wins over 3, 3 over 1; 5 integrity, 6 host environment, "
+    "2 bad input, "
+    "130 interrupted as for one run)"
+)
+VERDICT_BY_CODE = {EXIT_JOB_LOST: "lost", EXIT_HOST: "unreachable", EXIT_INTERRUPTED: "interrupted"}
 
 
 @dataclass
@@ -86,10 +94,20 @@ class FleetRun:
         return self.host + (f" [{variant_label(self.variant)}]" if self.variant else "")
 
     def row(self) -> dict[str, Any]:
-        return {"index": self.index, "host": self.host, "variant": self.variant,
-                "run_id": self.run_id, "verdict": self.verdict, "exit_code": self.exit_code,
-                "state": self.state, "duration_s": self.duration_s, "cost": self.cost,
-                "currency": self.currency, "reason": self.reason, "out_dir": str(self.out_dir)}
+        return {
+            "index": self.index,
+            "host": self.host,
+            "variant": self.variant,
+            "run_id": self.run_id,
+            "verdict": self.verdict,
+            "exit_code": self.exit_code,
+            "state": self.state,
+            "duration_s": self.duration_s,
+            "cost": self.cost,
+            "currency": self.currency,
+            "reason": self.reason,
+            "out_dir": str(self.out_dir),
+        }
 
 
 @dataclass
@@ -122,8 +140,9 @@ def _dir_name(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._=,@-]", "_", text).strip(".") or "_"
 
 
-def fleet_hosts(playbook: Playbook, hosts: list[str] | None,
-                inventory: Inventory | None) -> list[str]:
+def fleet_hosts(
+    playbook: Playbook, hosts: list[str] | None, inventory: Inventory | None
+) -> list[str]:
     """``--hosts`` over the playbook's hosts; inventory groups expand; all of it if none given."""
     names = hosts or (list(playbook.hosts) if playbook.hosts else None)
     if inventory is not None:
@@ -131,8 +150,9 @@ def fleet_hosts(playbook: Playbook, hosts: list[str] | None,
     return names or [playbook.host]
 
 
-def plan_runs(playbook: Playbook, hosts: list[str], inventory: Inventory | None,
-              out_root: Path) -> list[FleetRun]:
+def plan_runs(
+    playbook: Playbook, hosts: list[str], inventory: Inventory | None, out_root: Path
+) -> list[FleetRun]:
     """One run per host; with a matrix, the variants are spread round-robin over the hosts."""
     if not hosts:
         raise BadInput("the fleet has no hosts", hint="give --hosts, hosts: or an inventory")
@@ -140,15 +160,26 @@ def plan_runs(playbook: Playbook, hosts: list[str], inventory: Inventory | None,
         raise BadInput("a host appears twice in the fleet")
     runs = []
     combos = variants(playbook.matrix)
-    pairs = ([(h, None) for h in hosts] if combos == [None]
-             else [(hosts[i % len(hosts)], v) for i, v in enumerate(combos)])
+    pairs = (
+        [(h, None) for h in hosts]
+        if combos == [None]
+        else [(hosts[i % len(hosts)], v) for i, v in enumerate(combos)]
+    )
     for i, (host, variant) in enumerate(pairs):
         out = out_root / _dir_name(host)
         if variant is not None:
             out = out / _dir_name(variant_label(variant))
         hv = inventory.host_vars(host) if inventory else HostVars()
-        runs.append(FleetRun(index=i, host=host, variant=variant, vars=hv, out_dir=out,
-                             currency=playbook.cost.currency))
+        runs.append(
+            FleetRun(
+                index=i,
+                host=host,
+                variant=variant,
+                vars=hv,
+                out_dir=out,
+                currency=playbook.cost.currency,
+            )
+        )
     return runs
 
 
@@ -192,9 +223,17 @@ class _HostGate:
 
 
 async def run_fleet(
-    playbook: Playbook, runs: list[FleetRun], *, journal: Journal, home: Path, out_root: Path,
-    options: RunOptions | None = None, ssh: SSHOptions | None = None, forks: int = DEFAULT_FORKS,
-    sink: Callable[[Event], None] | None = None, fleet_id: str | None = None,
+    playbook: Playbook,
+    runs: list[FleetRun],
+    *,
+    journal: Journal,
+    home: Path,
+    out_root: Path,
+    options: RunOptions | None = None,
+    ssh: SSHOptions | None = None,
+    forks: int = DEFAULT_FORKS,
+    sink: Callable[[Event], None] | None = None,
+    fleet_id: str | None = None,
     max_channels: int = 8,
 ) -> FleetResult:
     """Run every planned run, at most ``forks`` at once; write fleet.json; never raise for one."""
@@ -215,10 +254,20 @@ async def run_fleet(
         opened = await gate.enter(run.host)
         async with limit:
             try:
-                await _one_run(run, playbook, fleet_id, journal=journal, home=home,
-                               options=options, ssh=ssh, pool=pool, sink=sink,
-                               build_context=build_context, run_pipeline=run_pipeline,
-                               provisioned=opened)
+                await _one_run(
+                    run,
+                    playbook,
+                    fleet_id,
+                    journal=journal,
+                    home=home,
+                    options=options,
+                    ssh=ssh,
+                    pool=pool,
+                    sink=sink,
+                    build_context=build_context,
+                    run_pipeline=run_pipeline,
+                    provisioned=opened,
+                )
             finally:
                 if opened is not None:
                     opened.set()
@@ -228,49 +277,100 @@ async def run_fleet(
     finally:
         await pool.close_all()
     code = fleet_exit_code(runs)
-    summary = write_summary(out_root, playbook, runs, fleet_id=fleet_id, exit_code=code,
-                            started=started, forks=forks, connections=pool.opened)
+    summary = write_summary(
+        out_root,
+        playbook,
+        runs,
+        fleet_id=fleet_id,
+        exit_code=code,
+        started=started,
+        forks=forks,
+        connections=pool.opened,
+    )
     return FleetResult(fleet_id, runs, code, round(time.time() - started, 3), pool.opened, summary)
 
 
-async def _one_run(run: FleetRun, playbook: Playbook, fleet_id: str, *, journal: Journal,
-                   home: Path, options: RunOptions, ssh: SSHOptions | None, pool: TransportPool,
-                   sink, build_context, run_pipeline, provisioned: asyncio.Event | None) -> None:
+async def _one_run(
+    run: FleetRun,
+    playbook: Playbook,
+    fleet_id: str,
+    *,
+    journal: Journal,
+    home: Path,
+    options: RunOptions,
+    ssh: SSHOptions | None,
+    pool: TransportPool,
+    sink,
+    build_context,
+    run_pipeline,
+    provisioned: asyncio.Event | None,
+) -> None:
     """One (host, variant): its own journal row, bus, context and record; failures stay here."""
     run.run_id = f"{fleet_id}-{run.index:02d}"
     run.started = time.monotonic()
-    base = specialize(playbook, remote_root=run.vars.remote_root,
-                      hourly_rate=run.vars.hourly_rate)
+    base = specialize(playbook, remote_root=run.vars.remote_root, hourly_rate=run.vars.hourly_rate)
     stored = specialize(base, host=run.host, matrix=run.variant)
     run.currency = stored.cost.currency
     bus = EventBus()
     if sink is not None:
         bus.subscribe(sink)
     if provisioned is not None:
-        bus.subscribe(lambda e: provisioned.set() if isinstance(e, PhaseFinished)
-                      and e.phase == "provision" else None)
-    register_run(journal, run.run_id, stored, run.out_dir, source=playbook, host=run.host,
-                 options={"keep_data": options.keep_data, "fleet": fleet_id,
-                          "variant": run.variant})
+        bus.subscribe(
+            lambda e: (
+                provisioned.set()
+                if isinstance(e, PhaseFinished) and e.phase == "provision"
+                else None
+            )
+        )
+    register_run(
+        journal,
+        run.run_id,
+        stored,
+        run.out_dir,
+        source=playbook,
+        host=run.host,
+        options={"keep_data": options.keep_data, "fleet": fleet_id, "variant": run.variant},
+    )
     if run.vars.rental_end is not None:
         left = run.vars.rental_end.timestamp() - time.time()
         if left <= 0:
             why = f"rental ended {run.vars.rental_end.isoformat()}"
-            journal.set_run_state(run.run_id, "failed", exit_code=EXIT_HOST, phase="start",
-                                  error=why)
+            journal.set_run_state(
+                run.run_id, "failed", exit_code=EXIT_HOST, phase="start", error=why
+            )
             _finish(run, "skipped", EXIT_HOST, why)
             return
         if left < stored.workload.timeout:
-            bus.emit(Warning(run.run_id, message=f"{run.host}: the rental ends in {left / 60:.0f}"
-                             " min, before the workload's timeout", code="rental-ending"))
+            bus.emit(
+                Warning(
+                    run.run_id,
+                    message=f"{run.host}: the rental ends in {left / 60:.0f}"
+                    " min, before the workload's timeout",
+                    code="rental-ending",
+                )
+            )
     try:
-        ctx = build_context(run_id=run.run_id, playbook=base, journal=journal, bus=bus,
-                            home=home, out_dir=run.out_dir, options=options, ssh=ssh,
-                            host=run.host, matrix=run.variant, pool=pool)
+        ctx = build_context(
+            run_id=run.run_id,
+            playbook=base,
+            journal=journal,
+            bus=bus,
+            home=home,
+            out_dir=run.out_dir,
+            options=options,
+            ssh=ssh,
+            host=run.host,
+            matrix=run.variant,
+            pool=pool,
+        )
         code = await run_pipeline(ctx)
     except asyncio.CancelledError:
-        _finish(run, "interrupted", EXIT_INTERRUPTED, "stopped locally; resume with "
-                f"remotemac attach {run.run_id}")
+        _finish(
+            run,
+            "interrupted",
+            EXIT_INTERRUPTED,
+            f"stopped locally; resume with remotemac attach {run.run_id}",
+        )
         raise
     except RemotemacError as exc:
         _finish(run, VERDICT_BY_CODE.get(exc.exit_code, "failed"), exc.exit_code, exc.line())
@@ -282,15 +382,18 @@ async def _one_run(run: FleetRun, playbook: Playbook, fleet_id: str, *, journal:
         return
     row = journal.get_run(run.run_id)
     record = _annotate_record(run, fleet_id)
-    verdict = (row.verdict if row and row.verdict else "incomplete")
+    verdict = row.verdict if row and row.verdict else "incomplete"
     if code == EXIT_JOB_LOST:
         verdict = "lost"
     reason = ""
     if record:
         conds = record.get("stopping_conditions") or []
         missing = record.get("missing_observations") or []
-        reason = (conds[0].get("detail") or conds[0].get("code", "")) if conds else (
-            f"missing: {', '.join(missing)}" if missing else "")
+        reason = (
+            (conds[0].get("detail") or conds[0].get("code", ""))
+            if conds
+            else (f"missing: {', '.join(missing)}" if missing else "")
+        )
         amount = (record.get("cost") or {}).get("amount")
         run.cost = float(amount) if amount is not None else None
     run.state = row.state if row else ""
@@ -326,30 +429,52 @@ def _record_without_run(run: FleetRun, playbook: Playbook, fleet_id: str, error:
         _annotate_record(run, fleet_id)
         return
     run.out_dir.mkdir(parents=True, exist_ok=True)
-    record = build_record(run_id=run.run_id, playbook=playbook.name, host=run.host,
-                          error=error, fleet={"fleet_id": fleet_id, "index": run.index,
-                                              "host": run.host}, matrix=run.variant)
+    record = build_record(
+        run_id=run.run_id,
+        playbook=playbook.name,
+        host=run.host,
+        error=error,
+        fleet={"fleet_id": fleet_id, "index": run.index, "host": run.host},
+        matrix=run.variant,
+    )
     write_record(run.out_dir, record)
 
 
 # ---------------------------------------------------------------- summary
 
 
-def write_summary(out_root: Path, playbook: Playbook, runs: list[FleetRun], *, fleet_id: str,
-                  exit_code: int, started: float, forks: int, connections: int) -> Path:
+def write_summary(
+    out_root: Path,
+    playbook: Playbook,
+    runs: list[FleetRun],
+    *,
+    fleet_id: str,
+    exit_code: int,
+    started: float,
+    forks: int,
+    connections: int,
+) -> Path:
     counts: dict[str, int] = {}
     for r in runs:
         counts[r.verdict] = counts.get(r.verdict, 0) + 1
     costs = [r.cost for r in runs if r.cost is not None]
     data = {
-        "fleet_id": fleet_id, "playbook": playbook.name,
-        "started_at": iso_utc(started), "finished_at": iso_utc(time.time()),
-        "duration_s": round(time.time() - started, 3), "forks": forks,
-        "hosts": sorted({r.host for r in runs}), "matrix": playbook.matrix,
-        "connections": connections, "counts": counts,
-        "cost": {"amount": round(sum(costs), 4) if costs else None,
-                 "currency": playbook.cost.currency},
-        "exit_code": exit_code, "exit_code_rule": EXIT_RULE,
+        "fleet_id": fleet_id,
+        "playbook": playbook.name,
+        "started_at": iso_utc(started),
+        "finished_at": iso_utc(time.time()),
+        "duration_s": round(time.time() - started, 3),
+        "forks": forks,
+        "hosts": sorted({r.host for r in runs}),
+        "matrix": playbook.matrix,
+        "connections": connections,
+        "counts": counts,
+        "cost": {
+            "amount": round(sum(costs), 4) if costs else None,
+            "currency": playbook.cost.currency,
+        },
+        "exit_code": exit_code,
+        "exit_code_rule": EXIT_RULE,
         "runs": [r.row() for r in runs],
     }
     path = out_root / "fleet.json"
@@ -362,9 +487,16 @@ def write_summary(out_root: Path, playbook: Playbook, runs: list[FleetRun], *, f
 # ---------------------------------------------------------------- cleanup --all
 
 
-async def cleanup_all(settings, *, dry_run: bool, yes: bool, as_json: bool,
-                      out: str | Path | None = None, cleanup_fn=None,
-                      confirm: Callable[[str], bool] | None = None) -> int:
+async def cleanup_all(
+    settings,
+    *,
+    dry_run: bool,
+    yes: bool,
+    as_json: bool,
+    out: str | Path | None = None,
+    cleanup_fn=None,
+    confirm: Callable[[str], bool] | None = None,
+) -> int:
     """``cleanup --all``: clean every host the journal knows; one combined record.
 
     Each host is cleaned by ``cleanup_fn`` (remotemac.engine.cleanup.main_cleanup,
@@ -384,19 +516,29 @@ async def cleanup_all(settings, *, dry_run: bool, yes: bool, as_json: bool,
         return 0
     if not (yes or dry_run):
         # the front end asks (click in the CLI); without a way to ask, nothing is removed
-        question = (f"Remove everything remotemac put on {len(targets)} host(s): "
-                    f"{', '.join(targets)}?")
+        question = (
+            f"Remove everything remotemac put on {len(targets)} host(s): {', '.join(targets)}?"
+        )
         if confirm is None or not confirm(question):
-            raise BadInput("cleanup not confirmed: nothing was removed",
-                           hint="rerun with --yes to skip the question")
+            raise BadInput(
+                "cleanup not confirmed: nothing was removed",
+                hint="rerun with --yes to skip the question",
+            )
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     out_root = Path(out) if out else Path(settings.home) / "cleanups" / f"cleanup-all-{stamp}"
     results = []
     for host, root in targets.items():
         folder = out_root / _dir_name(host)
         try:
-            code = await cleanup_fn(host, settings=settings, dry_run=dry_run, yes=True,
-                                    as_json=as_json, remote_root=root, out=folder)
+            code = await cleanup_fn(
+                host,
+                settings=settings,
+                dry_run=dry_run,
+                yes=True,
+                as_json=as_json,
+                remote_root=root,
+                out=folder,
+            )
             entry: dict[str, Any] = {"exit_code": int(code or 0)}
         except RemotemacError as exc:  # one host's failure never stops the others
             entry = {"exit_code": exc.exit_code, "error": exc.line()}
@@ -408,14 +550,23 @@ async def cleanup_all(settings, *, dry_run: bool, yes: bool, as_json: bool,
     code = next((c for c in EXIT_PRECEDENCE if c in codes), EXIT_ACCEPTED)
     if dry_run:
         return code
-    record = {"kind": "cleanup-all", "at": iso_utc(time.time()), "hosts": results,
-              "exit_code": code, "exit_code_rule": "the worst host's: 4, 3, 5, 2, 1, else 0"}
+    record = {
+        "kind": "cleanup-all",
+        "at": iso_utc(time.time()),
+        "hosts": results,
+        "exit_code": code,
+        "exit_code_rule": "the worst host's: 4, 3, 5, 2, 1, else 0",
+    }
     out_root.mkdir(parents=True, exist_ok=True)
     path = out_root / "cleanup-all.json"
     path.write_text(json.dumps(record, indent=2, default=str) + "\n", encoding="utf-8")
     line = {"event": "cleanup_all_finished", "record": str(path), "exit_code": code}
-    print(json.dumps(line) if as_json else
-          f"cleanup --all: {len(results)} host(s), exit {code}; record {path}", flush=True)
+    print(
+        json.dumps(line)
+        if as_json
+        else f"cleanup --all: {len(results)} host(s), exit {code}; record {path}",
+        flush=True,
+    )
     return code
 
 

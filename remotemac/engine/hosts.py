@@ -30,8 +30,9 @@ class SSHOptions:
         return self.reconnect_deadline if self.reconnect_deadline is not None else 600.0
 
 
-def open_transport(host: str, home: Path, options: SSHOptions | None = None,
-                   emit=None, run_id: str = "") -> Transport:
+def open_transport(
+    host: str, home: Path, options: SSHOptions | None = None, emit=None, run_id: str = ""
+) -> Transport:
     """Build (not connect) the transport; ssh is imported only when needed."""
     if host == "local":
         from remotemac.transport.local import LocalTransport
@@ -42,11 +43,16 @@ def open_transport(host: str, home: Path, options: SSHOptions | None = None,
     opts = options or SSHOptions()
     emit_fn = emit if emit is not None else (lambda _e: None)
     return SSHTransport(
-        host, home_dir=home, ssh_config=opts.ssh_config, identity=opts.identity,
-        keepalive_interval=opts.keepalive_interval, keepalive_count_max=opts.keepalive_count_max,
-        reconnect_deadline=opts.deadline_s, emit=emit_fn, run_id=run_id,
+        host,
+        home_dir=home,
+        ssh_config=opts.ssh_config,
+        identity=opts.identity,
+        keepalive_interval=opts.keepalive_interval,
+        keepalive_count_max=opts.keepalive_count_max,
+        reconnect_deadline=opts.deadline_s,
+        emit=emit_fn,
+        run_id=run_id,
     )
-
 
 
 class TransportPool:
@@ -60,8 +66,9 @@ class TransportPool:
     the SSH transport's own semaphore (``max_channels``).
     """
 
-    def __init__(self, home: Path, options: SSHOptions | None = None,
-                 max_channels: int = 8) -> None:
+    def __init__(
+        self, home: Path, options: SSHOptions | None = None, max_channels: int = 8
+    ) -> None:
         self.home = home
         self.options = options
         self.max_channels = max_channels
@@ -89,10 +96,14 @@ class TransportPool:
 
         opts = self.options or SSHOptions()
         return SSHTransport(
-            host, home_dir=self.home, ssh_config=opts.ssh_config, identity=opts.identity,
+            host,
+            home_dir=self.home,
+            ssh_config=opts.ssh_config,
+            identity=opts.identity,
             keepalive_interval=opts.keepalive_interval,
             keepalive_count_max=opts.keepalive_count_max,
-            reconnect_deadline=opts.deadline_s, emit=lambda e: self._fan_out(host, e),
+            reconnect_deadline=opts.deadline_s,
+            emit=lambda e: self._fan_out(host, e),
             max_channels=self.max_channels,
         )
 
@@ -125,8 +136,9 @@ class TransportPool:
 class PooledTransport(Transport):
     """A run's lease on a pooled transport: everything is delegated except ``close``."""
 
-    def __init__(self, pool: TransportPool, host: str, shared: Transport, emit,
-                 run_id: str) -> None:
+    def __init__(
+        self, pool: TransportPool, host: str, shared: Transport, emit, run_id: str
+    ) -> None:
         self.pool = pool
         self.host = host
         self.shared = shared
@@ -174,6 +186,6 @@ def _delegate(name: str):
 # every other Transport operation (exec, put, get, read_from, open_process, …, and any
 # added later) goes to the shared transport, so a lease never falls back to a default
 for _name, _value in vars(Transport).items():
-    if (not _name.startswith("_") and callable(_value) and _name not in vars(PooledTransport)):
+    if not _name.startswith("_") and callable(_value) and _name not in vars(PooledTransport):
         setattr(PooledTransport, _name, _delegate(_name))
 abc.update_abstractmethods(PooledTransport)

@@ -100,8 +100,10 @@ def parse_inventory(text: str, source: str = "<inventory>") -> Inventory:
         where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark else source
         raise BadInput(f"{where}: bad YAML in inventory") from None
     if not isinstance(data, dict) or not data:
-        raise BadInput(f"{source}: an inventory is a mapping of groups",
-                       hint="e.g. macs: {hosts: [mac-a, mac-b]}")
+        raise BadInput(
+            f"{source}: an inventory is a mapping of groups",
+            hint="e.g. macs: {hosts: [mac-a, mac-b]}",
+        )
     inv = Inventory(source=source)
     host_raw: dict[str, dict[str, Any]] = {}
     for group, body in data.items():
@@ -125,8 +127,11 @@ def parse_inventory(text: str, source: str = "<inventory>") -> Inventory:
             msg = err["msg"].removeprefix("Value error, ")
             if err["type"] == "extra_forbidden":
                 guess = difflib.get_close_matches(key, list(HostVars.model_fields), n=1)
-                msg = "unknown key" + (f"; did you mean '{guess[0]}'?" if guess else
-                                       f"; known keys: {', '.join(HostVars.model_fields)}")
+                msg = "unknown key" + (
+                    f"; did you mean '{guess[0]}'?"
+                    if guess
+                    else f"; known keys: {', '.join(HostVars.model_fields)}"
+                )
             raise BadInput(f"{source}: host {host}: {key}: {msg}") from None
     return inv
 
@@ -148,7 +153,7 @@ def _group(body: Any, where: str) -> tuple[dict[str, dict[str, Any]], dict[str, 
     if isinstance(raw, list):
         for item in raw:
             if isinstance(item, dict) and len(item) == 1:  # - mac-a: {vars}
-                (name, own), = item.items()
+                ((name, own),) = item.items()
                 hosts[str(name)] = dict(own or {})
             else:
                 hosts[str(item)] = {}

@@ -34,8 +34,14 @@ FOLLOW_RECONNECT_MAX_WAIT_S = 1.0
 DRILL_AFTER_LINES = 20
 
 
-def job_request(ctx: RunContext, side: Side, device: str, prov: dict[str, Any],
-                data_dir: str, command: str | None = None) -> dict[str, Any]:
+def job_request(
+    ctx: RunContext,
+    side: Side,
+    device: str,
+    prov: dict[str, Any],
+    data_dir: str,
+    command: str | None = None,
+) -> dict[str, Any]:
     """The agent's launch request for one side; ``command`` overrides the workload's
     (a relaunch runs ``resume_command``)."""
     pb = ctx.playbook
@@ -44,14 +50,20 @@ def job_request(ctx: RunContext, side: Side, device: str, prov: dict[str, Any],
     values = {"device": device, "data_dir": data_dir, "output_dir": output_dir}
     venv_bin = os.path.dirname(prov["venv_python"]) if "/" in prov["venv_python"] else ""
     env = dict(pb.workload.env)
-    env.update({
-        "REMOTEMAC_DEVICE": device, "REMOTEMAC_DATA": data_dir, "REMOTEMAC_OUTPUT": output_dir,
-        "REMOTEMAC_RUN_ID": ctx.run_id,
-        # caches live in the run dir so that wipe and cleanup remove them too
-        "TORCH_HOME": f"{run_dir}/cache/torch", "HF_HOME": f"{run_dir}/cache/hf",
-        "PIP_CACHE_DIR": f"{run_dir}/cache/pip", "XDG_CACHE_HOME": f"{run_dir}/cache/xdg",
-        "MPLCONFIGDIR": f"{run_dir}/cache/mpl",
-    })
+    env.update(
+        {
+            "REMOTEMAC_DEVICE": device,
+            "REMOTEMAC_DATA": data_dir,
+            "REMOTEMAC_OUTPUT": output_dir,
+            "REMOTEMAC_RUN_ID": ctx.run_id,
+            # caches live in the run dir so that wipe and cleanup remove them too
+            "TORCH_HOME": f"{run_dir}/cache/torch",
+            "HF_HOME": f"{run_dir}/cache/hf",
+            "PIP_CACHE_DIR": f"{run_dir}/cache/pip",
+            "XDG_CACHE_HOME": f"{run_dir}/cache/xdg",
+            "MPLCONFIGDIR": f"{run_dir}/cache/mpl",
+        }
+    )
     if venv_bin and pb.environment.venv:
         env["VIRTUAL_ENV"] = os.path.dirname(venv_bin)
     if venv_bin:
@@ -60,16 +72,25 @@ def job_request(ctx: RunContext, side: Side, device: str, prov: dict[str, Any],
         env["PYTORCH_ENABLE_MPS_FALLBACK"] = "1"
     command = substitute(command or pb.workload.command, values)
     return {
-        "run_dir": run_dir, "device": side.label, "session": side.session(ctx.run_id),
+        "run_dir": run_dir,
+        "device": side.label,
+        "session": side.session(ctx.run_id),
         "command": f"mkdir -p {shlex.quote(output_dir)} && {command}",
         "metrics_path": f"{run_dir}/logs/{side.label}.rss.jsonl",
-        "cwd": f"{run_dir}/project", "env": env, "timeout": pb.workload.timeout,
-        "mode": "tmux", "disk": disk_watch(ctx, side, run_dir),
+        "cwd": f"{run_dir}/project",
+        "env": env,
+        "timeout": pb.workload.timeout,
+        "mode": "tmux",
+        "disk": disk_watch(ctx, side, run_dir),
         # every Python process of the job that imports torch is observed in-process,
         # whatever the command's shape (see agent/jobsite.py and agent/observer.py)
-        "observe": {"dir": f"{run_dir}/status/{side.label}.observe",
-                    "obs_path": f"{run_dir}/status/{side.label}.obs.json",
-                    "device": device, "fallback": pb.workload.fallback, "interval": 1.0},
+        "observe": {
+            "dir": f"{run_dir}/status/{side.label}.observe",
+            "obs_path": f"{run_dir}/status/{side.label}.obs.json",
+            "device": device,
+            "fallback": pb.workload.fallback,
+            "interval": 1.0,
+        },
     }
 
 
@@ -77,12 +98,16 @@ def disk_watch(ctx: RunContext, side: Side, run_dir: str) -> dict[str, Any]:
     """What the runner watches: remote_root's volume (through the run dir) and the RAM store."""
     ram = ((ctx.results.get("sync") or {}).get("hosts", {}).get(side.host_key) or {}).get("ram")
     min_free = int(ctx.playbook.stop_when.min_free_disk)
-    return {"paths": {"root": run_dir, "ram": (ram or {}).get("path")},
-            "min_free": min_free, "warn_free": 2 * min_free}
+    return {
+        "paths": {"root": run_dir, "ram": (ram or {}).get("path")},
+        "min_free": min_free,
+        "warn_free": 2 * min_free,
+    }
 
 
-async def launch(ctx: RunContext, side: Side, request: dict[str, Any],
-                 next_request: dict[str, Any] | None = None) -> dict[str, Any]:
+async def launch(
+    ctx: RunContext, side: Side, request: dict[str, Any], next_request: dict[str, Any] | None = None
+) -> dict[str, Any]:
     binding = ctx.host_for(side)
     req = dict(request)
     if next_request is not None:
@@ -90,8 +115,14 @@ async def launch(ctx: RunContext, side: Side, request: dict[str, Any],
     answer = await binding.agent.call("launch", req)
     if answer.get("tmux_hint"):
         # an offer, never a silent install: the daemonised runner works without tmux
-        ctx.emit(Warning(ctx.run_id, message=f"{binding.transport.name}: {answer['tmux_hint']}"
-                         " (the job runs daemonised meanwhile)", code="no-tmux"))
+        ctx.emit(
+            Warning(
+                ctx.run_id,
+                message=f"{binding.transport.name}: {answer['tmux_hint']}"
+                " (the job runs daemonised meanwhile)",
+                code="no-tmux",
+            )
+        )
     return answer
 
 
@@ -113,8 +144,9 @@ def count_connection_events(bus: EventBus) -> dict[str, int]:
     return tally
 
 
-def continuity_totals(ctx: RunContext, tally: dict[str, int],
-                      carried_phases: list[str]) -> dict[str, Any]:
+def continuity_totals(
+    ctx: RunContext, tally: dict[str, int], carried_phases: list[str]
+) -> dict[str, Any]:
     """This process's tally plus what follow phases finished by earlier processes counted."""
     totals: dict[str, Any] = dict(tally)
     drill = None
@@ -135,8 +167,12 @@ class _Drill:
 
     def __init__(self, transport: Any) -> None:
         self.transport = transport
-        self.result: dict[str, Any] = {"kind": "disconnect", "job_kept_running": None,
-                                       "log_complete": None, "reconnect_s": None}
+        self.result: dict[str, Any] = {
+            "kind": "disconnect",
+            "job_kept_running": None,
+            "log_complete": None,
+            "reconnect_s": None,
+        }
         self.t0 = 0.0
         self.runner_pid: Any = None
         self.pending = False
@@ -164,7 +200,8 @@ class _Drill:
         self.result["job_kept_running"] = bool(
             answer.get("state") not in ("lost", "absent")
             and status.get("runner_pid") == self.runner_pid
-            and (answer.get("runner_alive") or answer.get("state") in FINAL))
+            and (answer.get("runner_alive") or answer.get("state") in FINAL)
+        )
 
 
 async def follow(ctx: RunContext, side: Side, request: dict[str, Any]) -> dict[str, Any]:
@@ -186,8 +223,10 @@ async def follow(ctx: RunContext, side: Side, request: dict[str, Any]) -> dict[s
 
 
 def _link_counts(transport: Any) -> dict[str, int]:
-    return {"disconnects": int(getattr(transport, "disconnects", 0)),
-            "reconnects": int(getattr(transport, "reconnects", 0))}
+    return {
+        "disconnects": int(getattr(transport, "disconnects", 0)),
+        "reconnects": int(getattr(transport, "reconnects", 0)),
+    }
 
 
 async def _follow(ctx: RunContext, side: Side, request: dict[str, Any]) -> dict[str, Any]:
@@ -205,8 +244,9 @@ async def _follow(ctx: RunContext, side: Side, request: dict[str, Any]) -> dict[
     status: dict[str, Any] = {}
     pending = b""
     poll = ctx.options.follow_poll_s
-    drill = _Drill(transport) if ctx.options.drill == "disconnect" and side.role == "target" \
-        else None
+    drill = (
+        _Drill(transport) if ctx.options.drill == "disconnect" and side.role == "target" else None
+    )
     give_up_after = float(transport.reconnect_deadline)
     last_ok = time.monotonic()
     warned: set[str] = set()
@@ -237,8 +277,14 @@ async def _follow(ctx: RunContext, side: Side, request: dict[str, Any]) -> dict[
                     out.flush()
                     for raw in complete.splitlines():
                         lines += 1
-                        ctx.emit(LogLine(ctx.run_id, device=side.label,
-                                         line=raw.decode("utf-8", "replace"), offset=offset))
+                        ctx.emit(
+                            LogLine(
+                                ctx.run_id,
+                                device=side.label,
+                                line=raw.decode("utf-8", "replace"),
+                                offset=offset,
+                            )
+                        )
                         offset += len(raw) + 1
             now = time.monotonic()
             if now - last_save >= SAVE_EVERY_S:
@@ -250,8 +296,13 @@ async def _follow(ctx: RunContext, side: Side, request: dict[str, Any]) -> dict[
                 last_status = now
                 try:
                     answer = await binding.agent.call(
-                        "status", {"run_dir": request["run_dir"], "device": side.label,
-                                   "session": request["session"]})
+                        "status",
+                        {
+                            "run_dir": request["run_dir"],
+                            "device": side.label,
+                            "session": request["session"],
+                        },
+                    )
                 except TransientHostError:
                     if time.monotonic() - last_ok > give_up_after:
                         raise
@@ -263,8 +314,14 @@ async def _follow(ctx: RunContext, side: Side, request: dict[str, Any]) -> dict[
                     drill.saw_status(answer)
                 _warn_once(ctx, side, status, warned)
                 if status.get("peak_rss_bytes"):
-                    ctx.emit(Metric(ctx.run_id, device=side.label, name="peak_rss_bytes",
-                                    value=float(status["peak_rss_bytes"])))
+                    ctx.emit(
+                        Metric(
+                            ctx.run_id,
+                            device=side.label,
+                            name="peak_rss_bytes",
+                            value=float(status["peak_rss_bytes"]),
+                        )
+                    )
                 if state in FINAL and answer.get("log_size", -1) <= offset + len(pending):
                     break
                 if state == "lost":
@@ -279,27 +336,52 @@ async def _follow(ctx: RunContext, side: Side, request: dict[str, Any]) -> dict[
                         f"heartbeat for {int(answer['now'] - (status.get('heartbeat_at') or 0))}s)"
                         " — was the host rebooted?"
                     )
-                ctx.emit(PhaseProgress(ctx.run_id, phase=f"follow:{side.role}", done=lines,
-                                       unit="lines", detail=state or ""))
-                if drill and not drill.pending and "skipped" not in drill.result \
-                        and state == "running" and lines >= DRILL_AFTER_LINES:
+                ctx.emit(
+                    PhaseProgress(
+                        ctx.run_id,
+                        phase=f"follow:{side.role}",
+                        done=lines,
+                        unit="lines",
+                        detail=state or "",
+                    )
+                )
+                if (
+                    drill
+                    and not drill.pending
+                    and "skipped" not in drill.result
+                    and state == "running"
+                    and lines >= DRILL_AFTER_LINES
+                ):
                     await drill.cut(status, lines)
             if not chunk:
                 await asyncio.sleep(poll)
         if pending:  # a last line without newline: the job is over, keep it
             out.write(pending + b"\n")
             lines += 1
-            ctx.emit(LogLine(ctx.run_id, device=side.label,
-                             line=pending.decode("utf-8", "replace"), offset=offset))
+            ctx.emit(
+                LogLine(
+                    ctx.run_id,
+                    device=side.label,
+                    line=pending.decode("utf-8", "replace"),
+                    offset=offset,
+                )
+            )
             offset += len(pending)
     ctx.journal.save_log_offset(ctx.run_id, side.label, offset, lines)
     if not status:
         raise HostError(f"{transport.name}: no status for the {side.label} job")
-    result = {"state": status.get("state"), "exit_code": status.get("exit_code"),
-              "started_at": status.get("started_at"), "ended_at": status.get("ended_at"),
-              "peak_rss_bytes": status.get("peak_rss_bytes"), "lines": lines, "bytes": offset,
-              "reason": status.get("reason"), "disk": status.get("disk"),
-              "disk_warning": status.get("disk_warning")}
+    result = {
+        "state": status.get("state"),
+        "exit_code": status.get("exit_code"),
+        "started_at": status.get("started_at"),
+        "ended_at": status.get("ended_at"),
+        "peak_rss_bytes": status.get("peak_rss_bytes"),
+        "lines": lines,
+        "bytes": offset,
+        "reason": status.get("reason"),
+        "disk": status.get("disk"),
+        "disk_warning": status.get("disk_warning"),
+    }
     # the host remembers a relaunch even when this process did not make it (re-attach)
     again = relaunched or status.get("relaunched")
     if again:
@@ -326,8 +408,9 @@ def may_relaunch(ctx: RunContext, status: dict[str, Any]) -> bool:
     return ctx.playbook.on_lost == "relaunch" and not status.get("relaunched")
 
 
-async def relaunch(ctx: RunContext, side: Side, request: dict[str, Any],
-                   reason: str) -> dict[str, Any]:
+async def relaunch(
+    ctx: RunContext, side: Side, request: dict[str, Any], reason: str
+) -> dict[str, Any]:
     """Start a lost job again (``resume_command`` if given), appending to the same log.
 
     The runner writes the marker line into the log when it starts, so the line is
@@ -337,34 +420,41 @@ async def relaunch(ctx: RunContext, side: Side, request: dict[str, Any],
     pb = ctx.playbook
     resume = pb.workload.resume_command
     prov = ctx.results["provision"]
-    data_dir = ((ctx.results.get("sync") or {}).get("hosts", {}).get(side.host_key)
-                or {}).get("data_dir") or request.get("env", {}).get("REMOTEMAC_DATA", "")
+    data_dir = ((ctx.results.get("sync") or {}).get("hosts", {}).get(side.host_key) or {}).get(
+        "data_dir"
+    ) or request.get("env", {}).get("REMOTEMAC_DATA", "")
     device = prov["devices"].get(side.role) or prov["devices"].get("target")
-    req = job_request(ctx, side, device, prov["hosts"][side.host_key], data_dir,
-                      command=resume)
+    req = job_request(ctx, side, device, prov["hosts"][side.host_key], data_dir, command=resume)
     marker = RELAUNCH_MARKER.format(reason=reason)
-    info = {"reason": reason, "marker": marker, "at": time.time(),
-            "command": "resume_command" if resume else "command"}
+    info = {
+        "reason": reason,
+        "marker": marker,
+        "at": time.time(),
+        "command": "resume_command" if resume else "command",
+    }
     req["relaunch"] = info
-    ctx.emit(Warning(ctx.run_id, message=f"the {side.label} job was lost ({reason}); "
-                     f"relaunching it once through its {info['command']} (on_lost: relaunch)",
-                     code="relaunched"))
+    ctx.emit(
+        Warning(
+            ctx.run_id,
+            message=f"the {side.label} job was lost ({reason}); "
+            f"relaunching it once through its {info['command']} (on_lost: relaunch)",
+            code="relaunched",
+        )
+    )
     await ctx.host_for(side).agent.call("launch", req)
     return info
 
 
-async def log_matches_host(ctx: RunContext, side: Side, request: dict[str, Any],
-                           local_log: Path) -> bool:
+async def log_matches_host(
+    ctx: RunContext, side: Side, request: dict[str, Any], local_log: Path
+) -> bool:
     """True when the local log is byte-identical to the host's (size and sha256)."""
     binding = ctx.host_for(side)
     listing = await binding.agent.call("list_outputs", {"dir": f"{request['run_dir']}/logs"})
-    entry = next((e for e in listing.get("entries", []) if e["path"] == f"{side.label}.log"),
-                 None)
+    entry = next((e for e in listing.get("entries", []) if e["path"] == f"{side.label}.log"), None)
     if entry is None:
         return False
     data = local_log.read_bytes()
     if len(data) == entry["size"] + 1 and data.endswith(b"\n"):
         data = data[:-1]  # the last line had no newline on the host; we added one
     return len(data) == entry["size"] and hashlib.sha256(data).hexdigest() == entry["sha256"]
-
-

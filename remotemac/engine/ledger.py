@@ -29,8 +29,10 @@ from remotemac.vocab import clock
 # Every pattern starts only at a token boundary and bounds its backtracking, so a
 # 300 KB command line is redacted in milliseconds (an unbounded ``[\w-]*key[\w-]*``
 # took minutes on ``a-a-a-…``).
-_SECRET_WORD = re.compile(r"(?i)key|token|password|passwd|passphrase|secret|auth|credential"
-                          r"|pwd|pass")
+_SECRET_WORD = re.compile(
+    r"(?i)key|token|password|passwd|passphrase|secret|auth|credential"
+    r"|pwd|pass"
+)
 _VALUE = r"""(?!<redacted>)(?:'[^']{0,4096}'?|"[^"]{0,4096}"?|[^\s&;|]+)"""  # quoted or a word
 _VALUE_AT = re.compile(_VALUE)
 _ASSIGN = re.compile(r"(?<![\w-])([\w-]{1,64})(=|:[ \t]*)")
@@ -47,13 +49,19 @@ REDACTED = "<redacted>"
 
 def _classes(text: str) -> int:
     """How many of lower, upper, digit occur in ``text``."""
-    return sum((any(c.islower() for c in text), any(c.isupper() for c in text),
-                any(c.isdigit() for c in text)))
+    return sum(
+        (
+            any(c.islower() for c in text),
+            any(c.isupper() for c in text),
+            any(c.isdigit() for c in text),
+        )
+    )
 
 
 def _changes(text: str) -> float:
     """Share of neighbouring characters of different kinds: random tokens flip often
     (about 0.6), words and paths rarely (about 0.3)."""
+
     def kind(c: str) -> int:
         return 0 if c.islower() else 1 if c.isupper() else 2 if c.isdigit() else 3
 
@@ -95,7 +103,7 @@ def _redact_values(name_at: re.Pattern[str], secret_name: re.Pattern[str], text:
         value = _VALUE_AT.match(text, m.end())
         if value is None or not value.group(0):
             continue
-        out += [text[pos:m.end()], REDACTED]
+        out += [text[pos : m.end()], REDACTED]
         pos = value.end()
     out.append(text[pos:])
     return "".join(out)
@@ -122,8 +130,11 @@ def redact(text: str, secrets: Iterable[str] = ()) -> str:
 
 def is_privileged(argv_or_command: list[str] | str) -> bool:
     """True when the command runs through sudo/doas/su (also behind ``env`` or a path)."""
-    words = (argv_or_command.split() if isinstance(argv_or_command, str)
-             else [str(a) for a in argv_or_command])
+    words = (
+        argv_or_command.split()
+        if isinstance(argv_or_command, str)
+        else [str(a) for a in argv_or_command]
+    )
     for word in words[:3]:
         if os.path.basename(word) in _PRIVILEGED:
             return True
@@ -155,16 +166,31 @@ class Ledger:
         if value and len(value) >= 6:
             self._secrets.add(value)
 
-    def append(self, host: str, command: str | list[str], exit_code: int | None, *,
-               op: str = "", privileged: bool = False, seconds: float = 0.0,
-               via: str = "ssh", when: float | None = None) -> None:
+    def append(
+        self,
+        host: str,
+        command: str | list[str],
+        exit_code: int | None,
+        *,
+        op: str = "",
+        privileged: bool = False,
+        seconds: float = 0.0,
+        via: str = "ssh",
+        when: float | None = None,
+    ) -> None:
         if self.path is None and self._held is None:
             return
         text = command if isinstance(command, str) else " ".join(str(a) for a in command)
-        entry = {"time": when if when is not None else time.time(), "host": host, "op": op,
-                 "command": redact(text, self._secrets), "exit_code": exit_code,
-                 "privileged": bool(privileged or is_privileged(command)),
-                 "seconds": round(seconds, 3), "via": via}
+        entry = {
+            "time": when if when is not None else time.time(),
+            "host": host,
+            "op": op,
+            "command": redact(text, self._secrets),
+            "exit_code": exit_code,
+            "privileged": bool(privileged or is_privileged(command)),
+            "seconds": round(seconds, 3),
+            "via": via,
+        }
         line = json.dumps(entry) + "\n"
         with self._lock:
             if self._held is not None:
@@ -179,16 +205,23 @@ class Ledger:
         """Commands the host agent ran for one operation (``{"argv", "code", "time"}``)."""
         for step in steps or ():
             argv = step.get("argv") or []
-            self.append(host, [str(a) for a in argv], step.get("code"), op=op, via="agent",
-                        when=step.get("time"))
+            self.append(
+                host,
+                [str(a) for a in argv],
+                step.get("code"),
+                op=op,
+                via="agent",
+                when=step.get("time"),
+            )
 
 
 def read_ledger(path: Path) -> list[dict[str, Any]]:
     """The entries of a ledger file (missing file: none)."""
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()
-            if line.strip()]
+    return [
+        json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()
+    ]
 
 
 def format_entry(entry: dict[str, Any]) -> str:

@@ -18,12 +18,28 @@ from remotemac.journal import Journal
 from remotemac.playbook import Playbook
 
 
-async def live_status(*, run_id: str, playbook: Playbook, journal: Journal, home: Path,
-                      out_dir: Path, ssh: Any, timeout: float = 20.0) -> dict[str, Any]:
+async def live_status(
+    *,
+    run_id: str,
+    playbook: Playbook,
+    journal: Journal,
+    home: Path,
+    out_dir: Path,
+    ssh: Any,
+    timeout: float = 20.0,
+) -> dict[str, Any]:
     from remotemac.engine.pipeline import _restore, build_context
 
-    ctx = build_context(run_id=run_id, playbook=playbook, journal=journal, bus=EventBus(),
-                        home=home, out_dir=out_dir, options=RunOptions(), ssh=ssh)
+    ctx = build_context(
+        run_id=run_id,
+        playbook=playbook,
+        journal=journal,
+        bus=EventBus(),
+        home=home,
+        out_dir=out_dir,
+        options=RunOptions(),
+        ssh=ssh,
+    )
     for name, info in journal.phases(run_id).items():
         if info["state"] == "done":
             ctx.results[name] = info["result"]
@@ -38,18 +54,30 @@ async def live_status(*, run_id: str, playbook: Playbook, journal: Journal, home
                 await binding.agent.install()
             for side in ctx.sides:
                 binding = ctx.host_for(side)
-                answer = await binding.agent.call("status", {
-                    "run_dir": binding.run_dir, "device": side.label,
-                    "session": side.session(run_id)})
+                answer = await binding.agent.call(
+                    "status",
+                    {
+                        "run_dir": binding.run_dir,
+                        "device": side.label,
+                        "session": side.session(run_id),
+                    },
+                )
                 status = answer.get("status") or {}
                 beat = status.get("heartbeat_at")
                 sides[side.label] = {
-                    "state": answer.get("state"), "exit_code": status.get("exit_code"),
+                    "state": answer.get("state"),
+                    "exit_code": status.get("exit_code"),
                     "heartbeat_age_s": round(answer["now"] - beat, 1) if beat else None,
-                    "log_bytes": answer.get("log_size"), "tmux": answer.get("tmux_alive")}
+                    "log_bytes": answer.get("log_size"),
+                    "tmux": answer.get("tmux_alive"),
+                }
     except Exception as exc:  # status must answer even when the host does not
-        return {"answered": False, "detail": f"host did not answer: {exc}", "sides": sides,
-                "asked_at": time.time()}
+        return {
+            "answered": False,
+            "detail": f"host did not answer: {exc}",
+            "sides": sides,
+            "asked_at": time.time(),
+        }
     finally:
         for binding in ctx.hosts.values():
             await binding.agent.close()

@@ -50,9 +50,17 @@ def phase_names(ctx: RunContext) -> list[str]:
 
 
 def build_context(
-    *, run_id: str, playbook: Playbook, journal: Journal, bus: EventBus, home: Path,
-    out_dir: Path, options: RunOptions, ssh: SSHOptions | None = None,
-    host: str | None = None, matrix: dict[str, Any] | None = None,
+    *,
+    run_id: str,
+    playbook: Playbook,
+    journal: Journal,
+    bus: EventBus,
+    home: Path,
+    out_dir: Path,
+    options: RunOptions,
+    ssh: SSHOptions | None = None,
+    host: str | None = None,
+    matrix: dict[str, Any] | None = None,
     pool: TransportPool | None = None,
 ) -> RunContext:
     """``host``/``matrix``: one fleet run's host and variant; ``pool``: shared connections."""
@@ -64,20 +72,35 @@ def build_context(
     target = next((s for s in sides if s.role == "target"), None)
     if playbook.reproduce and target is not None:
         # the target once more, in a fresh process: launch:reproduce/follow:reproduce
-        sides.append(Side("reproduce", target.device, f"{target.label}-reproduce",
-                          target.host_key))
+        sides.append(Side("reproduce", target.device, f"{target.label}-reproduce", target.host_key))
     hosts: dict[str, HostBinding] = {}
     for key in sorted({s.host_key for s in sides}):
         spec = host_for_key(playbook, key)
-        transport = (pool.lease(spec, emit=bus.emit, run_id=run_id) if pool is not None
-                     else open_transport(spec, home, ssh, emit=bus.emit, run_id=run_id))
+        transport = (
+            pool.lease(spec, emit=bus.emit, run_id=run_id)
+            if pool is not None
+            else open_transport(spec, home, ssh, emit=bus.emit, run_id=run_id)
+        )
         # agent.python (and $REMOTEMAC_AGENT_PYTHON) name the target host's interpreter,
         # not the laptop's (a reference run with on: local)
-        python = DEFAULT_AGENT_PYTHON if key == "local" and playbook.host != "local" \
+        python = (
+            DEFAULT_AGENT_PYTHON
+            if key == "local" and playbook.host != "local"
             else playbook.agent.python
+        )
         hosts[key] = HostBinding(key, transport, AgentClient(transport, "", ledger, python=python))
-    ctx = RunContext(run_id=run_id, playbook=playbook, journal=journal, bus=bus, home=home,
-                     out_dir=out_dir, options=options, hosts=hosts, sides=sides, ledger=ledger)
+    ctx = RunContext(
+        run_id=run_id,
+        playbook=playbook,
+        journal=journal,
+        bus=bus,
+        home=home,
+        out_dir=out_dir,
+        options=options,
+        hosts=hosts,
+        sides=sides,
+        ledger=ledger,
+    )
     # the engine counts link drops itself, so every front end's record has them
     from remotemac.engine.jobs import count_connection_events
 
@@ -93,8 +116,10 @@ async def run_pipeline(ctx: RunContext) -> int:
     """Run (or resume) every phase; returns the exit code of docs/contract.md."""
     owner = ctx.journal.claim_run(ctx.run_id)
     if owner is not None:
-        raise BadInput(f"run {ctx.run_id} is already being driven by process {owner} on this "
-                       "machine; stop it first or wait for it to finish")
+        raise BadInput(
+            f"run {ctx.run_id} is already being driven by process {owner} on this "
+            "machine; stop it first or wait for it to finish"
+        )
     try:
         return await _run_pipeline(ctx)
     finally:
@@ -123,8 +148,11 @@ async def _run_pipeline(ctx: RunContext) -> int:
     ctx.out_dir.mkdir(parents=True, exist_ok=True)
     (ctx.out_dir / "logs").mkdir(exist_ok=True)
     ctx.journal.set_run_state(ctx.run_id, "running")
-    done = {name: info for name, info in ctx.journal.phases(ctx.run_id).items()
-            if info["state"] == "done"}
+    done = {
+        name: info
+        for name, info in ctx.journal.phases(ctx.run_id).items()
+        if info["state"] == "done"
+    }
     for name, info in done.items():
         ctx.results[name] = info["result"]
     ctx.results["_continuity_carried"] = list(done)
@@ -154,8 +182,9 @@ async def _run_pipeline(ctx: RunContext) -> int:
             except BaseException as exc:
                 if isinstance(exc, RemotemacError):
                     name_phase(exc, name)
-                ctx.journal.finish_phase(ctx.run_id, name, {"error": failure_line(exc)},
-                                         state="failed")
+                ctx.journal.finish_phase(
+                    ctx.run_id, name, {"error": failure_line(exc)}, state="failed"
+                )
                 if isinstance(exc, RemotemacError):
                     ctx.emit(PhaseFinished(ctx.run_id, phase=name, ok=False, detail=exc.message))
                 raise
@@ -163,20 +192,45 @@ async def _run_pipeline(ctx: RunContext) -> int:
             result.setdefault("seconds", round(time.monotonic() - started, 3))
             ctx.results[name] = result
             ctx.journal.finish_phase(ctx.run_id, name, result)
-            ctx.emit(PhaseFinished(ctx.run_id, phase=name, ok=phase_ok(name, result),
-                                   detail=result.get("summary", "")))
+            ctx.emit(
+                PhaseFinished(
+                    ctx.run_id,
+                    phase=name,
+                    ok=phase_ok(name, result),
+                    detail=result.get("summary", ""),
+                )
+            )
             if ctx.options.detach and name.startswith("launch:"):
                 ctx.journal.set_run_state(ctx.run_id, "detached")
-                ctx.emit(RunFinished(ctx.run_id, verdict="detached", exit_code=0,
-                                     out_dir=str(ctx.out_dir),
-                                     detail=f"remotemac attach {ctx.run_id}"))
+                ctx.emit(
+                    RunFinished(
+                        ctx.run_id,
+                        verdict="detached",
+                        exit_code=0,
+                        out_dir=str(ctx.out_dir),
+                        detail=f"remotemac attach {ctx.run_id}",
+                    )
+                )
                 return 0
     except JobLost as exc:
         await _record_after_loss(ctx, exc)
-        ctx.journal.set_run_state(ctx.run_id, "lost", verdict="incomplete", exit_code=exc.exit_code,
-                                  phase=current, error=failure_line(exc))
-        ctx.emit(RunFinished(ctx.run_id, verdict="incomplete", exit_code=exc.exit_code,
-                             out_dir=str(ctx.out_dir), detail=exc.line()))
+        ctx.journal.set_run_state(
+            ctx.run_id,
+            "lost",
+            verdict="incomplete",
+            exit_code=exc.exit_code,
+            phase=current,
+            error=failure_line(exc),
+        )
+        ctx.emit(
+            RunFinished(
+                ctx.run_id,
+                verdict="incomplete",
+                exit_code=exc.exit_code,
+                out_dir=str(ctx.out_dir),
+                detail=exc.line(),
+            )
+        )
         return exc.exit_code
     except (KeyboardInterrupt, asyncio.CancelledError):
         ctx.journal.set_run_state(ctx.run_id, "interrupted", exit_code=EXIT_INTERRUPTED)
@@ -185,15 +239,16 @@ async def _run_pipeline(ctx: RunContext) -> int:
         # past the reconnect deadline: stop here, leave the job (and the run) to `attach`
         ctx.journal.set_run_state(ctx.run_id, "detached", exit_code=exc.exit_code)
         raise TransientHostError(
-            exc.message, hint="the job keeps running on the host; when the link is back, "
-                              f"resume with: remotemac attach {ctx.run_id}") from exc
+            exc.message,
+            hint="the job keeps running on the host; when the link is back, "
+            f"resume with: remotemac attach {ctx.run_id}",
+        ) from exc
     except Exception as exc:  # any exception, ours or not: the journal never says "running"
         code = exc.exit_code if isinstance(exc, RemotemacError) else EXIT_REJECTED
         error = failure_line(exc)
         if current in WIPE_AFTER_FAILURE:
             error += await _wipe_after_failure(ctx, current)
-        ctx.journal.set_run_state(ctx.run_id, "failed", exit_code=code, phase=current,
-                                  error=error)
+        ctx.journal.set_run_state(ctx.run_id, "failed", exit_code=code, phase=current, error=error)
         raise
     finally:
         for binding in ctx.hosts.values():
@@ -203,8 +258,15 @@ async def _run_pipeline(ctx: RunContext) -> int:
     verdict = record.get("verdict", "incomplete")
     code = EXIT_ACCEPTED if verdict == "accepted" else EXIT_REJECTED
     ctx.journal.set_run_state(ctx.run_id, "finished", verdict=verdict, exit_code=code)
-    ctx.emit(RunFinished(ctx.run_id, verdict=verdict, exit_code=code, out_dir=str(ctx.out_dir),
-                         detail=str(ctx.out_dir / "acceptance.md")))
+    ctx.emit(
+        RunFinished(
+            ctx.run_id,
+            verdict=verdict,
+            exit_code=code,
+            out_dir=str(ctx.out_dir),
+            detail=str(ctx.out_dir / "acceptance.md"),
+        )
+    )
     return code
 
 
@@ -244,11 +306,15 @@ async def _provision(ctx: RunContext, _name: str) -> dict[str, Any]:
 
     for key, binding in ctx.hosts.items():
         hosts[key]["fingerprint"] = await binding.agent.call(
-            "env_fingerprint", {"python": hosts[key]["venv_python"]})
+            "env_fingerprint", {"python": hosts[key]["venv_python"]}
+        )
         hosts[key]["space"] = await check_space(ctx, binding, hosts[key])
-    return {"hosts": hosts, "devices": devices,
-            "project": project_revision(ctx.playbook.project_dir()),
-            "summary": ", ".join(f"{r}={d}" for r, d in devices.items())}
+    return {
+        "hosts": hosts,
+        "devices": devices,
+        "project": project_revision(ctx.playbook.project_dir()),
+        "summary": ", ".join(f"{r}={d}" for r, d in devices.items()),
+    }
 
 
 async def _sync(ctx: RunContext, _name: str) -> dict[str, Any]:
@@ -272,8 +338,13 @@ def _requests(ctx: RunContext) -> dict[str, dict[str, Any]]:
     prov = ctx.results["provision"]
     data = ctx.results["sync"]["hosts"]
     return {
-        s.role: job_request(ctx, s, prov["devices"].get(s.role) or prov["devices"]["target"],
-                            prov["hosts"][s.host_key], data[s.host_key]["data_dir"])
+        s.role: job_request(
+            ctx,
+            s,
+            prov["devices"].get(s.role) or prov["devices"]["target"],
+            prov["hosts"][s.host_key],
+            data[s.host_key]["data_dir"],
+        )
         for s in ctx.sides
     }
 
@@ -296,9 +367,13 @@ async def _launch(ctx: RunContext, name: str) -> dict[str, Any]:
     if role == "reference" and target and target.host_key == side.host_key:
         nxt = requests["target"]
     answer = await launch(ctx, side, requests[role], nxt)
-    return {"session": requests[role]["session"], "mode": answer.get("mode"),
-            "already": bool(answer.get("already_running") or answer.get("already_done")),
-            "access": answer.get("access"), "summary": requests[role]["session"]}
+    return {
+        "session": requests[role]["session"],
+        "mode": answer.get("mode"),
+        "already": bool(answer.get("already_running") or answer.get("already_done")),
+        "access": answer.get("access"),
+        "summary": requests[role]["session"],
+    }
 
 
 async def _follow(ctx: RunContext, name: str) -> dict[str, Any]:
@@ -393,18 +468,42 @@ async def _record_after_loss(ctx: RunContext, exc: JobLost) -> None:
 
 
 _PHASES: dict[str, Callable[[RunContext, str], Awaitable[dict[str, Any]]]] = {
-    "provision": _provision, "sync": _sync, "launch": _launch, "follow": _follow,
-    "pull": _pull, "compare": _compare, "record": _record, "wipe": _wipe,
+    "provision": _provision,
+    "sync": _sync,
+    "launch": _launch,
+    "follow": _follow,
+    "pull": _pull,
+    "compare": _compare,
+    "record": _record,
+    "wipe": _wipe,
 }
 
 
-async def run_phase(*, run_id: str, phase: str, playbook: Playbook, journal: Journal, home: Path,
-                    out_dir: Path, options: RunOptions, ssh: SSHOptions | None, render) -> int:
+async def run_phase(
+    *,
+    run_id: str,
+    phase: str,
+    playbook: Playbook,
+    journal: Journal,
+    home: Path,
+    out_dir: Path,
+    options: RunOptions,
+    ssh: SSHOptions | None,
+    render,
+) -> int:
     """Run one phase of an existing run by hand (``remotemac pull`` / ``wipe``)."""
     bus = EventBus()
     bus.subscribe(render)
-    ctx = build_context(run_id=run_id, playbook=playbook, journal=journal, bus=bus, home=home,
-                        out_dir=out_dir, options=options, ssh=ssh)
+    ctx = build_context(
+        run_id=run_id,
+        playbook=playbook,
+        journal=journal,
+        bus=bus,
+        home=home,
+        out_dir=out_dir,
+        options=options,
+        ssh=ssh,
+    )
     for name, info in journal.phases(run_id).items():
         if info["state"] == "done":
             ctx.results[name] = info["result"]
@@ -422,7 +521,8 @@ async def run_phase(*, run_id: str, phase: str, playbook: Playbook, journal: Jou
                     raise
                 # the key is shredded all the same; wipe_run says what is left there
                 ctx.results.setdefault("_unreachable", {})[key] = (
-                    exc.line() if isinstance(exc, HostError) else str(exc))
+                    exc.line() if isinstance(exc, HostError) else str(exc)
+                )
         ctx.emit(PhaseStarted(run_id, phase=phase))
         if journal.phase_state(run_id, phase) is None:
             journal.start_phase(run_id, phase)

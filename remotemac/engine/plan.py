@@ -23,14 +23,20 @@ def make_plan(pb: Playbook) -> dict[str, Any]:
         from remotemac.data.slice import select_slice
 
         sel = select_slice(
-            pb.data_dir(), include=list(pb.data.include), exclude=list(pb.data.exclude),
-            max_bytes=pb.data.max_bytes, sample_files=pb.data.sample.files if pb.data.sample else None,
+            pb.data_dir(),
+            include=list(pb.data.include),
+            exclude=list(pb.data.exclude),
+            max_bytes=pb.data.max_bytes,
+            sample_files=pb.data.sample.files if pb.data.sample else None,
             seed=pb.data.sample.seed if pb.data.sample else 0,
             files=list(pb.data.files) if pb.data.files is not None else None,
         )
-        data = {"files": [{"path": f.path, "size": f.size, "reason": f.reason} for f in sel.files],
-                "skipped": [{"path": p, "reason": r} for p, r in sel.skipped],
-                "bytes": sel.total_bytes, "encrypted": pb.data.encrypt}
+        data = {
+            "files": [{"path": f.path, "size": f.size, "reason": f.reason} for f in sel.files],
+            "skipped": [{"path": p, "reason": r} for p, r in sel.skipped],
+            "bytes": sel.total_bytes,
+            "encrypted": pb.data.encrypt,
+        }
     commands = {}
     for side in sides:
         device, label = side.device, side.label
@@ -38,22 +44,33 @@ def make_plan(pb: Playbook) -> dict[str, Any]:
             others = {s.label for s in sides if s is not side}
             choices = [d if d not in others else f"{d}-{side.role}" for d in AUTO_ORDER]
             device, label = "|".join(AUTO_ORDER), "|".join(choices)
-        values = {"device": f"<{device}>" if "|" in device else device,
-                  "data_dir": f"{run_dir}/data",
-                  "output_dir": f"{run_dir}/out/" + (f"<{label}>" if "|" in label else label)}
-        commands[side.role] = {"host": "local" if side.host_key == "local" else pb.host,
-                               "session": side.session("<run-id>"),
-                               "device": values["device"],
-                               "label": f"<{label}>" if "|" in label else label,
-                               "command": substitute(pb.workload.command, values)}
+        values = {
+            "device": f"<{device}>" if "|" in device else device,
+            "data_dir": f"{run_dir}/data",
+            "output_dir": f"{run_dir}/out/" + (f"<{label}>" if "|" in label else label),
+        }
+        commands[side.role] = {
+            "host": "local" if side.host_key == "local" else pb.host,
+            "session": side.session("<run-id>"),
+            "device": values["device"],
+            "label": f"<{label}>" if "|" in label else label,
+            "command": substitute(pb.workload.command, values),
+        }
     phases = ["provision", "sync"] + [f"{p}:{s.role}" for s in sides for p in ("launch", "follow")]
     phases += ["pull", "compare", "record", "wipe" if pb.wipe == "after_pull" else "wipe (manual)"]
     return {
-        "playbook": pb.name, "host": pb.host, "phases": phases,
-        "remote_paths": {"root": root, "run_dir": run_dir, "agent": f"{root}/agent/<version>",
-                         "venv": f"{root}/envs/<requirements-hash>"},
+        "playbook": pb.name,
+        "host": pb.host,
+        "phases": phases,
+        "remote_paths": {
+            "root": root,
+            "run_dir": run_dir,
+            "agent": f"{root}/agent/<version>",
+            "venv": f"{root}/envs/<requirements-hash>",
+        },
         "project": {"files": len(files), "bytes": len(archive), "left_out": upload.summary()},
-        "data": data, "commands": commands,
+        "data": data,
+        "commands": commands,
         "bytes_to_send": len(archive) + int(data["bytes"]),
     }
 
@@ -81,6 +98,7 @@ def make_fleet_plan(pb: Playbook, hosts: list[str] | None, inventory: Any) -> di
     for run in runs:
         base = specialize(pb, remote_root=run.vars.remote_root, hourly_rate=run.vars.hourly_rate)
         plan = make_plan(specialize(base, host=run.host, matrix=run.variant))
-        plans.append({"host": run.host, "variant": variant_label(run.variant) or None,
-                      "plan": plan})
+        plans.append(
+            {"host": run.host, "variant": variant_label(run.variant) or None, "plan": plan}
+        )
     return {"playbook": pb.name, "fleet": True, "runs": plans}

@@ -59,8 +59,9 @@ class ProjectUpload:
         groups: dict[str, list[str]] = {}
         for rel, why in self.left_out:
             groups.setdefault(why, []).append(rel)
-        return [{"why": why, "files": len(rels), "examples": rels[:3]}
-                for why, rels in groups.items()]
+        return [
+            {"why": why, "files": len(rels), "examples": rels[:3]} for why, rels in groups.items()
+        ]
 
 
 def _inside(path: Path, root: Path) -> bool:
@@ -82,7 +83,6 @@ def _data_index(data_dir: Path) -> dict[tuple[int, int], tuple[str, int]]:
     return index
 
 
-
 def project_upload(pb: Playbook) -> ProjectUpload:
     """The project files to upload, the dataset left out; BadInput for a sensitive copy."""
     from remotemac.data.slice import glob_match
@@ -96,8 +96,9 @@ def project_upload(pb: Playbook) -> ProjectUpload:
         return upload
     data = pb.data
     data_inside = data_dir != root and _inside(data_dir, root)
-    listed = ({f[2:] if f.startswith("./") else f for f in data.files}
-              if data.files is not None else None)
+    listed = (
+        {f[2:] if f.startswith("./") else f for f in data.files} if data.files is not None else None
+    )
     index = _data_index(data_dir)
     by_size: dict[int, list[str]] = {}
     if data.classification == "sensitive":
@@ -110,8 +111,11 @@ def project_upload(pb: Playbook) -> ProjectUpload:
             why = "inside data.path (sent encrypted by sync)"
         elif _inside(full, data_dir):
             drel = full.relative_to(data_dir).as_posix()
-            if (drel in listed) if listed is not None else any(
-                    glob_match(drel, p) for p in data.include):
+            if (
+                (drel in listed)
+                if listed is not None
+                else any(glob_match(drel, p) for p in data.include)
+            ):
                 why = "matches data.include (sent encrypted by sync)"
         if why is None and not _inside(full, data_dir):
             st = os.lstat(full)
@@ -135,4 +139,5 @@ def _refuse_copy(pb: Playbook, data_dir: Path, rel: str, full: Path, same_size: 
             raise BadInput(
                 f"project file {rel} is a copy of sensitive dataset file {drel}: it would be "
                 "uploaded in the clear with the code",
-                hint="remove it from the project or add it to project.exclude")
+                hint="remove it from the project or add it to project.exclude",
+            )

@@ -49,12 +49,23 @@ async def provision_host(ctx: RunContext, binding: HostBinding) -> dict[str, Any
         tmp.write(archive)
         tmp.flush()
         await transport.put(tmp.name, remote_tar)
-    await binding.agent.call("extract_project",
-                             {"dest": prepared["paths"]["project"], "archive": remote_tar})
-    ctx.emit(PhaseProgress(ctx.run_id, phase="provision", done=len(archive), total=len(archive),
-                           detail=f"{len(files)} project files"
-                           + (f" ({len(upload.left_out)} dataset files left out: sent "
-                              "encrypted)" if upload.left_out else "")))
+    await binding.agent.call(
+        "extract_project", {"dest": prepared["paths"]["project"], "archive": remote_tar}
+    )
+    ctx.emit(
+        PhaseProgress(
+            ctx.run_id,
+            phase="provision",
+            done=len(archive),
+            total=len(archive),
+            detail=f"{len(files)} project files"
+            + (
+                f" ({len(upload.left_out)} dataset files left out: sent encrypted)"
+                if upload.left_out
+                else ""
+            ),
+        )
+    )
 
     env = pb.environment
     req_bytes = None
@@ -66,29 +77,52 @@ async def provision_host(ctx: RunContext, binding: HostBinding) -> dict[str, Any
     venv: dict[str, Any] = {"reused": None}
     key = env_key(env.system_site_packages, req_bytes)
     if env.venv:
-        ctx.emit(PhaseProgress(ctx.run_id, phase="provision", done=0, total=None,
-                               unit="files", detail=f"environment from {env.python}"
-                               + (f", installing {env.requirements} with pip" if req_bytes
-                                  else "")))
-        venv = await binding.agent.call("ensure_venv", {
-            "root": root, "key": key, "python": env.python,
-            "system_site_packages": env.system_site_packages, "requirements": req_remote,
-        }, timeout=3600)
+        ctx.emit(
+            PhaseProgress(
+                ctx.run_id,
+                phase="provision",
+                done=0,
+                total=None,
+                unit="files",
+                detail=f"environment from {env.python}"
+                + (f", installing {env.requirements} with pip" if req_bytes else ""),
+            )
+        )
+        venv = await binding.agent.call(
+            "ensure_venv",
+            {
+                "root": root,
+                "key": key,
+                "python": env.python,
+                "system_site_packages": env.system_site_packages,
+                "requirements": req_remote,
+            },
+            timeout=3600,
+        )
         venv_python = venv["venv_python"]
         ctx.journal.record_created(transport.name, "venv", venv["env_dir"], ctx.run_id)
     # cached per environment key on the host: the probe reruns only when it changed
     # inside the venv (its identity is the key), else in the run's own dir: never loose in
     # a directory cleanup only empties of what carries remotemac's marker
-    cache = (f"{venv['env_dir']}/.remotemac-freeze.json" if env.venv
-             else f"{binding.run_dir}/cache/freeze.json")
+    cache = (
+        f"{venv['env_dir']}/.remotemac-freeze.json"
+        if env.venv
+        else f"{binding.run_dir}/cache/freeze.json"
+    )
     probe = await binding.agent.call("freeze_env", {"python": venv_python, "cache": cache})
     return {
-        "root": root, "root_id": binding.agent.root_id, "run_dir": binding.run_dir,
+        "root": root,
+        "root_id": binding.agent.root_id,
+        "run_dir": binding.run_dir,
         "paths": prepared["paths"],
-        "venv_python": venv_python, "venv_reused": venv.get("reused"), "probe": probe,
-        "interpreter": {k: venv.get(k) for k in ("interpreter", "version",
-                                                   "interpreter_is_venv", "parent_site")},
-        "project_files": len(files), "project_bytes": len(archive),
+        "venv_python": venv_python,
+        "venv_reused": venv.get("reused"),
+        "probe": probe,
+        "interpreter": {
+            k: venv.get(k) for k in ("interpreter", "version", "interpreter_is_venv", "parent_site")
+        },
+        "project_files": len(files),
+        "project_bytes": len(archive),
         "lock_hash": hashlib.sha256(req_bytes).hexdigest() if req_bytes else None,
     }
 
@@ -99,8 +133,9 @@ def project_revision(project_dir: Path) -> dict[str, Any]:
 
     def git(*args: str) -> str | None:
         try:
-            out = subprocess.run(["git", "-C", str(project_dir), *args], capture_output=True,
-                                 text=True, timeout=30)
+            out = subprocess.run(
+                ["git", "-C", str(project_dir), *args], capture_output=True, text=True, timeout=30
+            )
         except (OSError, subprocess.SubprocessError):
             return None
         return out.stdout.strip() if out.returncode == 0 else None

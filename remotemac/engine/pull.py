@@ -53,8 +53,10 @@ def entry_name(entry: dict[str, Any]) -> bytes | str | None:
     raw = entry.get("name_hex")
     if isinstance(raw, str):
         if len(raw) > 2 * MAX_NAME_BYTES:  # refused without decoding all of it
-            raise UnsafePath(f"refusing result name {shown_name(entry.get('path'))} "
-                             f"({len(raw) // 2} bytes): too long (at most {MAX_NAME_BYTES} bytes)")
+            raise UnsafePath(
+                f"refusing result name {shown_name(entry.get('path'))} "
+                f"({len(raw) // 2} bytes): too long (at most {MAX_NAME_BYTES} bytes)"
+            )
         try:
             return bytes.fromhex(raw)
         except ValueError:
@@ -83,8 +85,10 @@ def safe_relpath(name: bytes | str | None) -> PurePosixPath:
     else:
         raise UnsafePath(f"refusing result name {shown_name(name)}: not a name")
     if len(raw) > MAX_NAME_BYTES or any(len(p) > MAX_PART_BYTES for p in raw.split(b"/")):
-        raise UnsafePath(f"refusing result name {shown_name(raw[:60])} ({len(raw)} bytes): "
-                         f"too long (at most {MAX_NAME_BYTES} bytes, {MAX_PART_BYTES} a part)")
+        raise UnsafePath(
+            f"refusing result name {shown_name(raw[:60])} ({len(raw)} bytes): "
+            f"too long (at most {MAX_NAME_BYTES} bytes, {MAX_PART_BYTES} a part)"
+        )
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
@@ -95,25 +99,34 @@ def safe_relpath(name: bytes | str | None) -> PurePosixPath:
     if path.is_absolute() or ".." in path.parts or "//" in text or text.startswith("/"):
         raise UnsafePath(f"refusing result name {shown_name(text)}: absolute or climbs with '..'")
     if any(part in ("", ".") for part in text.split("/")) or _CONTROL.search(text):
-        raise UnsafePath(f"refusing result name {shown_name(text)}: empty part, '.' or control "
-                         "character")
+        raise UnsafePath(
+            f"refusing result name {shown_name(text)}: empty part, '.' or control character"
+        )
     if text.endswith(PART):
-        raise UnsafePath(f"refusing result name {shown_name(text)}: clashes with remotemac's "
-                         "partial files")
+        raise UnsafePath(
+            f"refusing result name {shown_name(text)}: clashes with remotemac's partial files"
+        )
     return path
 
 
-
-async def pull_side(ctx: RunContext, side: Side, run_dir: str,
-                    max_bytes: int | None = None) -> dict[str, Any]:
+async def pull_side(
+    ctx: RunContext, side: Side, run_dir: str, max_bytes: int | None = None
+) -> dict[str, Any]:
     """Pull one side's outputs; ``max_bytes``: what is left of ``outputs.max_bytes``."""
     binding = ctx.host_for(side)
     out_path = ctx.playbook.outputs.path.strip("/") or "."
     remote_dir = f"{run_dir}/out/{side.label}" + ("" if out_path == "." else f"/{out_path}")
     dest_root = ctx.out_dir / "results" / side.label
-    result = await pull_dir(binding.transport, binding.agent, remote_dir, dest_root,
-                            emit=ctx.emit, run_id=ctx.run_id, label=side.label,
-                            max_bytes=max_bytes)
+    result = await pull_dir(
+        binding.transport,
+        binding.agent,
+        remote_dir,
+        dest_root,
+        emit=ctx.emit,
+        run_id=ctx.run_id,
+        label=side.label,
+        max_bytes=max_bytes,
+    )
     result["evidence"] = await fetch_evidence(ctx, side, run_dir)
     return result
 
@@ -122,9 +135,17 @@ class OutputsTooLarge(IntegrityError):
     """The host lists more output than ``outputs.max_bytes`` allows: nothing is pulled."""
 
 
-async def pull_dir(transport: Transport, agent: AgentClient, remote_dir: str, dest_root: Path, *,
-                   emit: Callable[[Event], None] | None = None, run_id: str = "",
-                   label: str = "", max_bytes: int | None = None) -> dict[str, Any]:
+async def pull_dir(
+    transport: Transport,
+    agent: AgentClient,
+    remote_dir: str,
+    dest_root: Path,
+    *,
+    emit: Callable[[Event], None] | None = None,
+    run_id: str = "",
+    label: str = "",
+    max_bytes: int | None = None,
+) -> dict[str, Any]:
     """Bring every regular file below ``remote_dir`` into ``dest_root``, verified.
 
     Each file is read up to the size the listing gave, never more; ``max_bytes``
@@ -172,7 +193,8 @@ async def pull_dir(transport: Transport, agent: AgentClient, remote_dir: str, de
         raise OutputsTooLarge(
             f"{transport.name}: {remote_dir} lists {len(wanted)} files, {total} bytes: more "
             f"than the {max_bytes} bytes outputs.max_bytes allows; nothing was pulled",
-            hint="raise outputs.max_bytes or narrow outputs.path if that is expected")
+            hint="raise outputs.max_bytes or narrow outputs.path if that is expected",
+        )
     progress = _Progress(emit, run_id, total, label)
     checked_dirs: set[str] = set()
     for rel, entry in wanted:
@@ -194,13 +216,19 @@ async def pull_dir(transport: Transport, agent: AgentClient, remote_dir: str, de
             continue
         files.append({"path": str(rel), "size": entry["size"], "sha256": entry["sha256"]})
     progress.flush()
-    return {"dir": str(dest_root), "files": files, "skipped": skipped,
-            "downloaded": progress.moved}
+    return {"dir": str(dest_root), "files": files, "skipped": skipped, "downloaded": progress.moved}
 
 
 #: local errors that mean "this name cannot live here", not "the pull is broken"
-_LOCAL_REFUSALS = {errno.ENAMETOOLONG, errno.ENOTDIR, errno.EISDIR, errno.ELOOP, errno.EEXIST,
-                   errno.EINVAL, errno.EILSEQ}
+_LOCAL_REFUSALS = {
+    errno.ENAMETOOLONG,
+    errno.ENOTDIR,
+    errno.EISDIR,
+    errno.ELOOP,
+    errno.EEXIST,
+    errno.EINVAL,
+    errno.EILSEQ,
+}
 
 
 def _refuse(entry: dict[str, Any], rel: PurePosixPath, kinds: dict[str, Any]) -> str | None:
@@ -211,8 +239,14 @@ def _refuse(entry: dict[str, Any], rel: PurePosixPath, kinds: dict[str, Any]) ->
     if kind != "file":
         return f"{shown_name(kind)} not pulled (only regular files are)"
     size, sha = entry.get("size"), entry.get("sha256")
-    if not isinstance(size, int) or isinstance(size, bool) or size < 0 \
-            or not isinstance(sha, str) or len(sha) != 64 or not set(sha) <= _HEX:
+    if (
+        not isinstance(size, int)
+        or isinstance(size, bool)
+        or size < 0
+        or not isinstance(sha, str)
+        or len(sha) != 64
+        or not set(sha) <= _HEX
+    ):
         return "listing gives no valid size and sha256"
     for i in range(1, len(rel.parts)):
         parent = "/".join(rel.parts[:i])
@@ -221,8 +255,9 @@ def _refuse(entry: dict[str, Any], rel: PurePosixPath, kinds: dict[str, Any]) ->
     return None
 
 
-async def _remote_why(transport: Transport, remote_dir: str, rel: PurePosixPath,
-                      checked: set[str]) -> str | None:
+async def _remote_why(
+    transport: Transport, remote_dir: str, rel: PurePosixPath, checked: set[str]
+) -> str | None:
     """lstat the host's entry and each parent: a link, FIFO or device is never read."""
     for i in range(1, len(rel.parts)):
         parent = "/".join(rel.parts[:i])
@@ -230,7 +265,9 @@ async def _remote_why(transport: Transport, remote_dir: str, rel: PurePosixPath,
             continue
         st = await transport.stat(f"{remote_dir}/{parent}")
         if st is None or st.kind != "dir":
-            return f"its parent {parent} is {'missing' if st is None else 'a ' + st.kind} on the host"
+            return (
+                f"its parent {parent} is {'missing' if st is None else 'a ' + st.kind} on the host"
+            )
         checked.add(parent)
     st = await transport.stat(f"{remote_dir}/{rel}")
     if st is None:
@@ -266,11 +303,16 @@ def _local_parents(dest_root: Path, rel: PurePosixPath) -> str | None:
     return None
 
 
-async def _fetch(transport: Transport, remote: str, dest: Path, entry: dict[str, Any],
-                 progress: _Progress) -> None:
+async def _fetch(
+    transport: Transport, remote: str, dest: Path, entry: dict[str, Any], progress: _Progress
+) -> None:
     size, expected = int(entry["size"]), entry["sha256"]
-    if dest.is_file() and not dest.is_symlink() and dest.stat().st_size == size \
-            and sha256_file(dest) == expected:
+    if (
+        dest.is_file()
+        and not dest.is_symlink()
+        and dest.stat().st_size == size
+        and sha256_file(dest) == expected
+    ):
         progress.skip(size)  # pulled completely by an earlier attempt
         return
     part = dest.parent / f".{dest.name}{PART}"
@@ -292,9 +334,11 @@ async def _fetch(transport: Transport, remote: str, dest: Path, entry: dict[str,
                 continue
             fh.close()
             part.unlink(missing_ok=True)
-            raise IntegrityError(f"{transport.name}: result {remote} failed its checksum after "
-                                 f"transfer (expected {expected[:12]}…, got {digest[:12]}…)",
-                                 hint="the file changed on the host or was damaged; pull again")
+            raise IntegrityError(
+                f"{transport.name}: result {remote} failed its checksum after "
+                f"transfer (expected {expected[:12]}…, got {digest[:12]}…)",
+                hint="the file changed on the host or was damaged; pull again",
+            )
     os.replace(part, dest)
 
 
@@ -317,8 +361,11 @@ class _Progress:
     def flush(self) -> None:
         if self.done != self._last:
             self._last = self.done
-            self.emit(PhaseProgress(self.run_id, phase="pull", done=self.done, total=self.total,
-                                    detail=self.label))
+            self.emit(
+                PhaseProgress(
+                    self.run_id, phase="pull", done=self.done, total=self.total, detail=self.label
+                )
+            )
 
 
 #: the harness's observations and memory samples are small; a bigger one is not read
@@ -333,17 +380,23 @@ async def fetch_evidence(ctx: RunContext, side: Side, run_dir: str) -> list[str]
     """
     binding = ctx.host_for(side)
     fetched = []
-    for remote, name in ((f"{run_dir}/status/{side.label}.obs.json", f"{side.label}.obs.json"),
-                         (f"{run_dir}/logs/{side.label}.metrics.jsonl",
-                          f"{side.label}.metrics.jsonl"),
-                         (f"{run_dir}/logs/{side.label}.rss.jsonl", f"{side.label}.rss.jsonl")):
+    for remote, name in (
+        (f"{run_dir}/status/{side.label}.obs.json", f"{side.label}.obs.json"),
+        (f"{run_dir}/logs/{side.label}.metrics.jsonl", f"{side.label}.metrics.jsonl"),
+        (f"{run_dir}/logs/{side.label}.rss.jsonl", f"{side.label}.rss.jsonl"),
+    ):
         st = await binding.transport.stat(remote)
         if st is None:
             continue
         if st.kind != "file" or st.size > MAX_EVIDENCE_BYTES:
             why = f"a {st.kind}" if st.kind != "file" else f"{st.size} bytes, over the cap"
-            ctx.emit(Warning(ctx.run_id, message=f"pull {side.label}: {name} not read: it is "
-                             f"{why} on the host", code="pull-skip"))
+            ctx.emit(
+                Warning(
+                    ctx.run_id,
+                    message=f"pull {side.label}: {name} not read: it is {why} on the host",
+                    code="pull-skip",
+                )
+            )
             continue
         dest = ctx.out_dir / "logs" / name
         fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _NOFOLLOW, 0o644)

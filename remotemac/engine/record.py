@@ -19,21 +19,35 @@ def compare_results(ctx: RunContext) -> dict[str, Any]:
     from remotemac.acceptance.compare import CompareRule, compare_outputs
 
     ref, tgt, again = ctx.side("reference"), ctx.side("target"), ctx.side("reproduce")
-    rules = [CompareRule(file=r.file, rtol=r.rtol, atol=r.atol, keys=tuple(r.keys),
-                         ignore=tuple(r.ignore), strict=r.strict)
-             for r in ctx.playbook.outputs.compare]
+    rules = [
+        CompareRule(
+            file=r.file,
+            rtol=r.rtol,
+            atol=r.atol,
+            keys=tuple(r.keys),
+            ignore=tuple(r.ignore),
+            strict=r.strict,
+        )
+        for r in ctx.playbook.outputs.compare
+    ]
     if not rules:
         rules = [CompareRule(file="**/*", rtol=None, atol=None)]
     results = ctx.out_dir / "results"
     if ref is None or tgt is None:
-        outcome: dict[str, Any] = {"within_tolerance": None, "files": [],
-                                   "summary": "no reference to compare with"}
+        outcome: dict[str, Any] = {
+            "within_tolerance": None,
+            "files": [],
+            "summary": "no reference to compare with",
+        }
     elif not _any_file(results / ref.label) and not _any_file(results / tgt.label):
         # nothing to compare is no evidence either way: incomplete, never "rejected"
-        outcome = {"within_tolerance": None, "files": [],
-                   "summary": "nothing to compare: neither side wrote a file under "
-                              "{output_dir} (outputs.path: "
-                              f"{ctx.playbook.outputs.path})"}
+        outcome = {
+            "within_tolerance": None,
+            "files": [],
+            "summary": "nothing to compare: neither side wrote a file under "
+            "{output_dir} (outputs.path: "
+            f"{ctx.playbook.outputs.path})",
+        }
     else:
         outcome = compare_outputs(results / ref.label, results / tgt.label, rules).to_dict()
         ok = sum(1 for f in outcome["files"] if f.get("ok"))
@@ -41,9 +55,12 @@ def compare_results(ctx: RunContext) -> dict[str, Any]:
     if tgt is not None and again is not None:
         # the same rules, target against target: does the workflow reproduce on this machine?
         twice = compare_outputs(results / tgt.label, results / again.label, rules).to_dict()
-        outcome["reproducibility"] = {"reproduces": twice["within_tolerance"],
-                                      "first": tgt.label, "second": again.label,
-                                      "files": twice["files"]}
+        outcome["reproducibility"] = {
+            "reproduces": twice["within_tolerance"],
+            "first": tgt.label,
+            "second": again.label,
+            "files": twice["files"],
+        }
         ok = sum(1 for f in twice["files"] if f.get("ok"))
         outcome["summary"] += f"; reproduce: {ok}/{len(twice['files'])} files"
     return outcome
@@ -87,8 +104,11 @@ def memory_samples(logs: Path, label: str) -> tuple[list[tuple[float, float]], s
         key, source = "mps_driver_allocated_bytes", "mps-driver"
     else:
         key = "rss_bytes"
-        source = "process-tree-rss" if any(r.get("source") == "process-tree" for r in rows) \
+        source = (
+            "process-tree-rss"
+            if any(r.get("source") == "process-tree" for r in rows)
             else "process-rss"
+        )
     return [(float(r["t"]), float(r[key])) for r in rows if r.get(key)], source
 
 
@@ -101,13 +121,18 @@ def _observations(ctx: RunContext) -> tuple[dict[str, Any], list[dict[str, Any]]
     obs_file = logs / f"{tgt.label}.obs.json"
     harness = json.loads(obs_file.read_text()) if obs_file.exists() else {}
     samples, source = memory_samples(logs, tgt.label)
-    memory = memory_stable(samples, **warmup_hints(logs, tgt.label)) if samples else {
-        "peak_bytes": None, "stable": None, "slope_bytes_per_s": None}
+    memory = (
+        memory_stable(samples, **warmup_hints(logs, tgt.label))
+        if samples
+        else {"peak_bytes": None, "stable": None, "slope_bytes_per_s": None}
+    )
     memory["source"] = source if samples else None
     # a sample every 0.5 s can miss a short spike; each process's own high-water mark
     # (ru_maxrss, reported by its observer) cannot
-    rss_peak = max([int(r.get("rss_bytes") or 0) for r in _read_jsonl(logs / f"{tgt.label}.rss.jsonl")]
-                   + [int(harness.get("peak_rss_bytes") or 0)])
+    rss_peak = max(
+        [int(r.get("rss_bytes") or 0) for r in _read_jsonl(logs / f"{tgt.label}.rss.jsonl")]
+        + [int(harness.get("peak_rss_bytes") or 0)]
+    )
     memory["rss_peak_bytes"] = rss_peak or None
     if samples and source != "mps-driver":
         memory["peak_bytes"] = max(memory["peak_bytes"] or 0, rss_peak)
@@ -127,55 +152,85 @@ def _observations(ctx: RunContext) -> tuple[dict[str, Any], list[dict[str, Any]]
         "torch_imported": torch_seen if harness else None,
         "memory": memory,
         "processes": harness.get("processes"),
-        "results": {"within_tolerance": compare.get("within_tolerance"),
-                    "files": compare.get("files", [])},
+        "results": {
+            "within_tolerance": compare.get("within_tolerance"),
+            "files": compare.get("files", []),
+        },
         "reproducibility": compare.get("reproducibility"),
     }
     # fallback ops are judged against stop_when.fallback_ops by the record builder
-    conditions = [c for c in harness.get("stopping_conditions") or []
-                  if c.get("code") != "fallback-op"]
+    conditions = [
+        c for c in harness.get("stopping_conditions") or [] if c.get("code") != "fallback-op"
+    ]
     from remotemac.acceptance.cudalog import scan_log
 
     cuda_hits = scan_log(logs / f"{tgt.label}.log")
     if cuda_hits:
         first = cuda_hits[0]
-        conditions.append({"code": "cuda-dependency",
-                           "detail": f"{first['why']}: line {first['line_no']} of "
-                                     f"{first['log']}: {first['line']}",
-                           "lines": cuda_hits})
+        conditions.append(
+            {
+                "code": "cuda-dependency",
+                "detail": f"{first['why']}: line {first['line_no']} of "
+                f"{first['log']}: {first['line']}",
+                "lines": cuda_hits,
+            }
+        )
     for side in ctx.sides:
         follow = ctx.results.get(f"follow:{side.role}", {})
         if follow and follow.get("state") == "storage-limit":
-            conditions.append({"code": "storage-limit",
-                               "detail": f"{side.role} job stopped cleanly before the volume "
-                                         f"was full: {follow.get('reason')}"})
+            conditions.append(
+                {
+                    "code": "storage-limit",
+                    "detail": f"{side.role} job stopped cleanly before the volume "
+                    f"was full: {follow.get('reason')}",
+                }
+            )
         elif follow and follow.get("state") != "finished":
             line = last_error_line(logs / f"{side.label}.log")
-            conditions.append({"code": "workload-failed",
-                               "detail": f"{side.role} job {follow.get('state')} with exit "
-                                         f"{follow.get('exit_code')}"
-                                         + (f": {line}" if line else "")})
+            conditions.append(
+                {
+                    "code": "workload-failed",
+                    "detail": f"{side.role} job {follow.get('state')} with exit "
+                    f"{follow.get('exit_code')}" + (f": {line}" if line else ""),
+                }
+            )
     again = observations["reproducibility"]
     if again and again.get("reproduces") is False:
         bad = [f for f in again.get("files") or [] if not f.get("ok")]
         first = bad[0] if bad else {}
-        conditions.append({"code": "not-reproducible",
-                           "detail": f"a second run of the target in a fresh process gave "
-                                     f"different outputs: {first.get('path')} "
-                                     f"{first.get('detail') or ''}".strip()})
+        conditions.append(
+            {
+                "code": "not-reproducible",
+                "detail": f"a second run of the target in a fresh process gave "
+                f"different outputs: {first.get('path')} "
+                f"{first.get('detail') or ''}".strip(),
+            }
+        )
     from remotemac.engine.drift import drift_summary, load_drift
 
     drift = drift_summary(load_drift(ctx.out_dir))
     ctx.results["_drift"] = drift
     for change in drift["torch"]:
-        conditions.append({"code": "environment-drift",
-                           "detail": f"{change['host']}: torch changed since launch "
-                                     f"({change['when']}): {change['detail']}"})
+        conditions.append(
+            {
+                "code": "environment-drift",
+                "detail": f"{change['host']}: torch changed since launch "
+                f"({change['when']}): {change['detail']}",
+            }
+        )
     return observations, conditions
 
 
-ERROR_MARKERS = ("Error", "error:", "Exception", "Traceback", "No such file", "not found",
-                 "Killed", "Segmentation fault")
+ERROR_MARKERS = (
+    "Error",
+    "error:",
+    "Exception",
+    "Traceback",
+    "No such file",
+    "not found",
+    "Killed",
+    "Segmentation fault",
+)
 
 
 def last_error_line(log: Path, scan: int = 64 * 1024) -> str | None:
@@ -195,8 +250,17 @@ def last_error_line(log: Path, scan: int = 64 * 1024) -> str | None:
 
 #: workload.env names whose values are tuning knobs, kept in records when they do not
 #: look like a secret; every other value is redacted unless ``--show-secrets``
-SAFE_ENV_PREFIXES = ("PYTORCH_", "OMP_", "MKL_", "OPENBLAS_", "VECLIB_", "CUDA_VISIBLE_DEVICES",
-                     "TORCH_", "NUMEXPR_", "TOKENIZERS_PARALLELISM")
+SAFE_ENV_PREFIXES = (
+    "PYTORCH_",
+    "OMP_",
+    "MKL_",
+    "OPENBLAS_",
+    "VECLIB_",
+    "CUDA_VISIBLE_DEVICES",
+    "TORCH_",
+    "NUMEXPR_",
+    "TOKENIZERS_PARALLELISM",
+)
 
 
 def record_env(ctx: RunContext) -> dict[str, str]:
@@ -209,8 +273,10 @@ def record_env(ctx: RunContext) -> dict[str, str]:
     env = dict(ctx.playbook.workload.env)
     if ctx.options.show_secrets:
         return env
-    return {k: v if k.startswith(SAFE_ENV_PREFIXES) and redact(v) == v else REDACTED
-            for k, v in env.items()}
+    return {
+        k: v if k.startswith(SAFE_ENV_PREFIXES) and redact(v) == v else REDACTED
+        for k, v in env.items()
+    }
 
 
 def record_command(ctx: RunContext) -> str:
@@ -219,8 +285,11 @@ def record_command(ctx: RunContext) -> str:
     command = ctx.playbook.workload.command
     if ctx.options.show_secrets:
         return command
-    hidden = [v for k, v in ctx.playbook.workload.env.items()
-              if len(v) >= 4 and record_env(ctx).get(k) == REDACTED]
+    hidden = [
+        v
+        for k, v in ctx.playbook.workload.env.items()
+        if len(v) >= 4 and record_env(ctx).get(k) == REDACTED
+    ]
     return redact(command, hidden)
 
 
@@ -238,15 +307,29 @@ def _environment(ctx: RunContext) -> dict[str, Any]:
         sides[side.role] = {
             "host": ctx.hosts[side.host_key].transport.name,
             "device": prov.get("devices", {}).get(side.role),
-            **{k: frozen.get(k) for k in ("os", "os_version", "arch", "chip", "python", "torch",
-                                          "numpy", "mps_built", "mps_available", "cuda_available")},
+            **{
+                k: frozen.get(k)
+                for k in (
+                    "os",
+                    "os_version",
+                    "arch",
+                    "chip",
+                    "python",
+                    "torch",
+                    "numpy",
+                    "mps_built",
+                    "mps_available",
+                    "cuda_available",
+                )
+            },
             "lock_hash": host.get("lock_hash"),
             "project": prov.get("project"),
             "dataset_revision": dataset.get("revision"),
             "command": record_command(ctx),
-            "pytorch_env": {**frozen.get("pytorch_env", {}),
-                            **{k: v for k, v in record_env(ctx).items()
-                               if k.startswith("PYTORCH_")}},
+            "pytorch_env": {
+                **frozen.get("pytorch_env", {}),
+                **{k: v for k, v in record_env(ctx).items() if k.startswith("PYTORCH_")},
+            },
             "packages": packages,
         }
     env_dir = ctx.out_dir / "env"
@@ -262,14 +345,19 @@ def _environment(ctx: RunContext) -> dict[str, Any]:
         a, b = ref.get("packages") or {}, tgt.get("packages") or {}
         for name in sorted(set(a) | set(b)):
             if name not in ("torch", "numpy") and a.get(name) != b.get(name):
-                mismatches.append({"key": f"package:{name}", "reference": a.get(name),
-                                   "target": b.get(name)})
-    brief = {role: {k: v for k, v in data.items() if k != "packages"}
-             for role, data in sides.items()}
+                mismatches.append(
+                    {"key": f"package:{name}", "reference": a.get(name), "target": b.get(name)}
+                )
+    brief = {
+        role: {k: v for k, v in data.items() if k != "packages"} for role, data in sides.items()
+    }
     drift = ctx.results.get("_drift") or {"checks": [], "drifts": [], "torch": []}
-    return {"reference": brief.get("reference"), "target": brief.get("target"),
-            "mismatches": mismatches,
-            "drift": {"checks": drift["checks"], "warnings": drift["drifts"]}}
+    return {
+        "reference": brief.get("reference"),
+        "target": brief.get("target"),
+        "mismatches": mismatches,
+        "drift": {"checks": drift["checks"], "warnings": drift["drifts"]},
+    }
 
 
 def _dataset(ctx: RunContext) -> dict[str, Any]:
@@ -285,23 +373,32 @@ def _decision_context(ctx: RunContext) -> dict[str, Any]:
         from remotemac.checks.audit import audit_project
 
         report = audit_project(ctx.playbook.project_dir())
-        blockers = [f"{f.file}:{f.line} {f.text.strip()[:80]}" for f in report.findings
-                    if f.severity == "blocker"]
+        blockers = [
+            f"{f.file}:{f.line} {f.text.strip()[:80]}"
+            for f in report.findings
+            if f.severity == "blocker"
+        ]
         from remotemac.acceptance.cudalog import scan_log
 
         tgt = ctx.side("target")
         if tgt is not None:
-            blockers += [f"log {h['log']}:{h['line_no']} {h['line'][:80]}"
-                         for h in scan_log(ctx.out_dir / "logs" / f"{tgt.label}.log")[:3]]
+            blockers += [
+                f"log {h['log']}:{h['line_no']} {h['line'][:80]}"
+                for h in scan_log(ctx.out_dir / "logs" / f"{tgt.label}.log")[:3]
+            ]
     except Exception as exc:  # the audit informs the decision; it must not sink the record
         blockers = []
         ctx.ledger.append("local", f"audit for the decision failed: {exc}", None, op="audit")
     target = ctx.results.get("provision", {}).get("devices", {}).get("target")
-    return {"goal": purpose.goal, "trains_on_linux": purpose.trains_on_linux,
-            "results_summary": (ctx.results.get("compare") or {}).get("summary"),
-            "target_device": target,
-            "ships_on_macos": purpose.ships_on_macos, "multi_gpu": purpose.multi_gpu,
-            "cuda_dependencies": blockers}
+    return {
+        "goal": purpose.goal,
+        "trains_on_linux": purpose.trains_on_linux,
+        "results_summary": (ctx.results.get("compare") or {}).get("summary"),
+        "target_device": target,
+        "ships_on_macos": purpose.ships_on_macos,
+        "multi_gpu": purpose.multi_gpu,
+        "cuda_dependencies": blockers,
+    }
 
 
 def continuity(ctx: RunContext) -> dict[str, Any]:
@@ -311,9 +408,13 @@ def continuity(ctx: RunContext) -> dict[str, Any]:
     tally = ctx.results.get("_continuity_tally") or {"disconnects": 0, "reconnects": 0}
     totals = continuity_totals(ctx, tally, ctx.results.get("_continuity_carried", []))
     if ctx.drills and not isinstance(totals.get("drill"), dict):
-        totals["drill"] = {"kind": "disconnect", "by": "tui", "cuts": len(ctx.drills),
-                           "dropped": sum(1 for d in ctx.drills if d.get("dropped")),
-                           "at": [d.get("at") for d in ctx.drills]}
+        totals["drill"] = {
+            "kind": "disconnect",
+            "by": "tui",
+            "cuts": len(ctx.drills),
+            "dropped": sum(1 for d in ctx.drills if d.get("dropped")),
+            "at": [d.get("at") for d in ctx.drills],
+        }
     ctx.results["_continuity"] = totals
     return totals
 
@@ -347,28 +448,47 @@ def caches(ctx: RunContext) -> list[dict[str, Any]]:
         access = (ctx.results.get(f"launch:{side.role}") or {}).get("access") or {}
         if side.host_key == tgt.host_key:
             checked.update({c.get("path"): c.get("ok") for c in access.get("checked") or []})
-    paths = {"TORCH_HOME": "torch", "HF_HOME": "hf", "PIP_CACHE_DIR": "pip",
-             "XDG_CACHE_HOME": "xdg", "MPLCONFIGDIR": "mpl"}
-    return [{"env": var, "path": f"{run_dir}/cache/{paths[var]}",
-             "writable": checked.get(f"{run_dir}/cache/{paths[var]}")}
-            for var in CACHE_VARS]
+    paths = {
+        "TORCH_HOME": "torch",
+        "HF_HOME": "hf",
+        "PIP_CACHE_DIR": "pip",
+        "XDG_CACHE_HOME": "xdg",
+        "MPLCONFIGDIR": "mpl",
+    }
+    return [
+        {
+            "env": var,
+            "path": f"{run_dir}/cache/{paths[var]}",
+            "writable": checked.get(f"{run_dir}/cache/{paths[var]}"),
+        }
+        for var in CACHE_VARS
+    ]
 
 
 # ---------------------------------------------------------------- process behaviour
 
 
 def _row(question: str, how: str, result: str, evidence: str, outcome: str) -> dict[str, Any]:
-    return {"question": question, "how_tested": how, "result": result, "evidence": evidence,
-            "outcome": outcome}
+    return {
+        "question": question,
+        "how_tested": how,
+        "result": result,
+        "evidence": evidence,
+        "outcome": outcome,
+    }
 
 
 def process_behaviour(ctx: RunContext, record: dict[str, Any]) -> list[dict[str, Any]]:
     """Five questions a careful user asks of a rented machine, answered by this run."""
     codes = {c["code"]: c for c in record.get("stopping_conditions") or []}
     follows = {s.role: (ctx.results.get(f"follow:{s.role}") or {}, s.label) for s in ctx.sides}
-    return [_ssh_row(record, follows), _lost_row(ctx, codes, follows),
-            _drift_row(ctx, codes), _disk_row(ctx, codes, follows),
-            _reproduce_row(ctx, record, codes)]
+    return [
+        _ssh_row(record, follows),
+        _lost_row(ctx, codes, follows),
+        _drift_row(ctx, codes),
+        _disk_row(ctx, codes, follows),
+        _reproduce_row(ctx, record, codes),
+    ]
 
 
 def _ssh_row(record: dict[str, Any], follows: dict[str, Any]) -> dict[str, Any]:
@@ -379,24 +499,43 @@ def _ssh_row(record: dict[str, Any], follows: dict[str, Any]) -> dict[str, Any]:
     evidence = f"continuity in acceptance.json; logs/{label}.log"
     if isinstance(drill, dict) and drill.get("dropped") and drill.get("by") != "tui":
         ok = drill.get("job_kept_running") and drill.get("log_complete")
-        return _row(q, "run --drill disconnect: the SSH link was cut once during the target run",
-                    f"job kept running: {_yes(drill.get('job_kept_running'))}; log complete: "
-                    f"{_yes(drill.get('log_complete'))}; link back after "
-                    f"{drill.get('reconnect_s')} s", evidence, "ok" if ok else "problem")
+        return _row(
+            q,
+            "run --drill disconnect: the SSH link was cut once during the target run",
+            f"job kept running: {_yes(drill.get('job_kept_running'))}; log complete: "
+            f"{_yes(drill.get('log_complete'))}; link back after "
+            f"{drill.get('reconnect_s')} s",
+            evidence,
+            "ok" if ok else "problem",
+        )
     drops = cont.get("disconnects") or 0
     how = "counted the link drops during this run (no drill)"
     if isinstance(drill, dict) and drill.get("by") == "tui":
-        how = (f"the SSH link was cut by hand from the TUI ({drill.get('dropped')} of "
-               f"{drill.get('cuts')} drill(s) found a live link); counted the drops")
+        how = (
+            f"the SSH link was cut by hand from the TUI ({drill.get('dropped')} of "
+            f"{drill.get('cuts')} drill(s) found a live link); counted the drops"
+        )
     if drops:
         target = follows.get("target", ({}, ""))[0]
         ok = target.get("state") == "finished"
-        return _row(q, how, f"{drops} disconnect(s), {cont.get('reconnects') or 0} reconnect(s); "
-                    f"the target job {target.get('state') or 'did not finish'} and its log was "
-                    "followed from the saved byte offset", evidence, "ok" if ok else "problem")
+        return _row(
+            q,
+            how,
+            f"{drops} disconnect(s), {cont.get('reconnects') or 0} reconnect(s); "
+            f"the target job {target.get('state') or 'did not finish'} and its log was "
+            "followed from the saved byte offset",
+            evidence,
+            "ok" if ok else "problem",
+        )
     skipped = drill.get("skipped") if isinstance(drill, dict) else None
-    return _row(q, how, f"not tested: {skipped or 'no disconnect happened'} (run with "
-                "--drill disconnect to test it)", evidence, "not-tested")
+    return _row(
+        q,
+        how,
+        f"not tested: {skipped or 'no disconnect happened'} (run with "
+        "--drill disconnect to test it)",
+        evidence,
+        "not-tested",
+    )
 
 
 def _lost_row(ctx: RunContext, codes: dict[str, Any], follows: dict[str, Any]) -> dict[str, Any]:
@@ -406,28 +545,49 @@ def _lost_row(ctx: RunContext, codes: dict[str, Any], follows: dict[str, Any]) -
         again = follow.get("relaunched")
         if again:
             ok = follow.get("state") == "finished"
-            return _row(q, f"on_lost: relaunch: the lost {role} job was relaunched once through "
-                        f"its {again.get('command')}",
-                        f"lost ({again.get('reason')}); relaunched; then {follow.get('state')} "
-                        f"with exit {follow.get('exit_code')}",
-                        f"logs/{label}.log: {again.get('marker')}", "ok" if ok else "problem")
+            return _row(
+                q,
+                f"on_lost: relaunch: the lost {role} job was relaunched once through "
+                f"its {again.get('command')}",
+                f"lost ({again.get('reason')}); relaunched; then {follow.get('state')} "
+                f"with exit {follow.get('exit_code')}",
+                f"logs/{label}.log: {again.get('marker')}",
+                "ok" if ok else "problem",
+            )
     if "job-lost" in codes:
-        return _row(q, f"on_lost: {mode}", f"the job was lost: {codes['job-lost']['detail']}",
-                    "stopping condition job-lost", "problem")
-    return _row(q, f"on_lost: {mode}", "not tested: no job was lost during this run",
-                "status/<label>.json heartbeats", "not-tested")
+        return _row(
+            q,
+            f"on_lost: {mode}",
+            f"the job was lost: {codes['job-lost']['detail']}",
+            "stopping condition job-lost",
+            "problem",
+        )
+    return _row(
+        q,
+        f"on_lost: {mode}",
+        "not tested: no job was lost during this run",
+        "status/<label>.json heartbeats",
+        "not-tested",
+    )
 
 
 def _drift_row(ctx: RunContext, codes: dict[str, Any]) -> dict[str, Any]:
     q = "Did a package update change the environment during the run (drift)?"
     drift = ctx.results.get("_drift") or {"checks": [], "drifts": [], "torch": []}
     whens = sorted({c["when"] for c in drift["checks"] if c.get("when")})
-    how = ("the environment's fingerprint (Python, OS version, venv package set and its hash, "
-           "torch) at launch compared with the host's " + (" and ".join(whens) or "—"))
+    how = (
+        "the environment's fingerprint (Python, OS version, venv package set and its hash, "
+        "torch) at launch compared with the host's " + (" and ".join(whens) or "—")
+    )
     evidence = "env/drift.jsonl; environment.drift in acceptance.json"
     if not drift["checks"]:
-        return _row(q, "fingerprint at launch only", "not tested: no re-attach and no reference "
-                    "run before the target", evidence, "not-tested")
+        return _row(
+            q,
+            "fingerprint at launch only",
+            "not tested: no re-attach and no reference run before the target",
+            evidence,
+            "not-tested",
+        )
     if not drift["drifts"]:
         return _row(q, how, "no drift", evidence, "ok")
     text = "; ".join(d["detail"] for d in drift["drifts"][:4])
@@ -439,46 +599,71 @@ def _drift_row(ctx: RunContext, codes: dict[str, Any]) -> dict[str, Any]:
 def _disk_row(ctx: RunContext, codes: dict[str, Any], follows: dict[str, Any]) -> dict[str, Any]:
     q = "What happens when the disk fills up?"
     min_free = int(ctx.playbook.stop_when.min_free_disk)
-    how = (f"the runner checks free space on remote_root's volume every 0.5 s and stops the job "
-           f"(SIGTERM, then SIGKILL) below stop_when.min_free_disk = {_mib(min_free)}")
-    lows = [((f.get("disk") or {}).get("root") or {}).get("min_free_seen")
-            for f, _label in follows.values()]
+    how = (
+        f"the runner checks free space on remote_root's volume every 0.5 s and stops the job "
+        f"(SIGTERM, then SIGKILL) below stop_when.min_free_disk = {_mib(min_free)}"
+    )
+    lows = [
+        ((f.get("disk") or {}).get("root") or {}).get("min_free_seen")
+        for f, _label in follows.values()
+    ]
     lows = [x for x in lows if x is not None]
-    stopped = [(role, f, label) for role, (f, label) in follows.items()
-               if f.get("state") == "storage-limit"]
+    stopped = [
+        (role, f, label)
+        for role, (f, label) in follows.items()
+        if f.get("state") == "storage-limit"
+    ]
     if stopped:
         role, follow, label = stopped[0]
-        return _row(q, how, f"the {role} job was stopped with storage-limit before the volume "
-                    f"was full: {follow.get('reason')}; its log and status were kept",
-                    f"logs/{label}.log; status/{label}.json", "problem")
+        return _row(
+            q,
+            how,
+            f"the {role} job was stopped with storage-limit before the volume "
+            f"was full: {follow.get('reason')}; its log and status were kept",
+            f"logs/{label}.log; status/{label}.json",
+            "problem",
+        )
     warned = [f.get("disk_warning") for f, _label in follows.values() if f.get("disk_warning")]
     if not lows:
-        return _row(q, how, "not measured (the runner reported no disk figures)", "—",
-                    "not-tested")
+        return _row(q, how, "not measured (the runner reported no disk figures)", "—", "not-tested")
     result = f"limit not reached; lowest free space seen {_mib(min(lows))}"
     if warned:
         result += f"; warning: {warned[0]}"
     return _row(q, how, result, "disk in status/<label>.json", "warning" if warned else "ok")
 
 
-def _reproduce_row(ctx: RunContext, record: dict[str, Any],
-                   codes: dict[str, Any]) -> dict[str, Any]:
+def _reproduce_row(
+    ctx: RunContext, record: dict[str, Any], codes: dict[str, Any]
+) -> dict[str, Any]:
     q = "Does the workflow reproduce after a fresh process?"
     again = (record.get("observations") or {}).get("reproducibility")
     if not ctx.playbook.reproduce or not again:
-        return _row(q, "reproduce: false", "not tested (run with --reproduce or reproduce: true)",
-                    "—", "not-tested")
+        return _row(
+            q,
+            "reproduce: false",
+            "not tested (run with --reproduce or reproduce: true)",
+            "—",
+            "not-tested",
+        )
     files = again.get("files") or []
     ok = sum(1 for f in files if f.get("ok"))
-    how = ("reproduce: the target ran a second time in a fresh process (freshly activated venv) "
-           "and both outputs were compared with the same tolerances")
+    how = (
+        "reproduce: the target ran a second time in a fresh process (freshly activated venv) "
+        "and both outputs were compared with the same tolerances"
+    )
     evidence = f"results/{again.get('first')} vs results/{again.get('second')}"
     if again.get("reproduces"):
-        return _row(q, how, f"reproduces: {ok} of {len(files)} files within tolerance",
-                    evidence, "ok")
+        return _row(
+            q, how, f"reproduces: {ok} of {len(files)} files within tolerance", evidence, "ok"
+        )
     detail = codes.get("not-reproducible", {}).get("detail") or "no file compared"
-    return _row(q, how, f"does not reproduce: {ok} of {len(files)} files within tolerance; "
-                f"{detail}", evidence, "problem")
+    return _row(
+        q,
+        how,
+        f"does not reproduce: {ok} of {len(files)} files within tolerance; {detail}",
+        evidence,
+        "problem",
+    )
 
 
 def _yes(value: Any) -> str:
@@ -503,25 +688,44 @@ async def write_acceptance(ctx: RunContext, lost: str | None = None) -> dict[str
     sync = _dataset(ctx)
     counters = continuity(ctx)
     record = build_record(
-        run_id=ctx.run_id, playbook=ctx.playbook.name, host=ctx.playbook.host,
-        started_at=_iso(started), finished_at=_iso(finished), observations=observations,
-        stopping_conditions=conditions, stop_when=ctx.playbook.stop_when.model_dump(),
-        environment=_environment(ctx), context=_decision_context(ctx),
-        dataset={"revision": sync.get("revision"), "files": sync.get("files"),
-                 "bytes": sync.get("bytes"), "encrypted": sync.get("encrypted")},
-        continuity={"disconnects": counters.get("disconnects", 0),
-                    "reconnects": counters.get("reconnects", 0),
-                    "drill": counters.get("drill", ctx.options.drill)},
-        cost={"hours": round(hours, 4), "hourly_rate": cost.hourly_rate,
-              "amount": round(hours * cost.hourly_rate, 4), "currency": cost.currency},
+        run_id=ctx.run_id,
+        playbook=ctx.playbook.name,
+        host=ctx.playbook.host,
+        started_at=_iso(started),
+        finished_at=_iso(finished),
+        observations=observations,
+        stopping_conditions=conditions,
+        stop_when=ctx.playbook.stop_when.model_dump(),
+        environment=_environment(ctx),
+        context=_decision_context(ctx),
+        dataset={
+            "revision": sync.get("revision"),
+            "files": sync.get("files"),
+            "bytes": sync.get("bytes"),
+            "encrypted": sync.get("encrypted"),
+        },
+        continuity={
+            "disconnects": counters.get("disconnects", 0),
+            "reconnects": counters.get("reconnects", 0),
+            "drill": counters.get("drill", ctx.options.drill),
+        },
+        cost={
+            "hours": round(hours, 4),
+            "hourly_rate": cost.hourly_rate,
+            "amount": round(hours * cost.hourly_rate, 4),
+            "currency": cost.currency,
+        },
         reproduce=reproduce_command(ctx),
         caches=caches(ctx),
     )
     record["process_behaviour"] = process_behaviour(ctx, record)
     record["cpu"] = _cpu(ctx)
     write_record(ctx.out_dir, record)
-    return {"verdict": record["verdict"], "summary": record["verdict"],
-            "conditions": record["stopping_conditions"]}
+    return {
+        "verdict": record["verdict"],
+        "summary": record["verdict"],
+        "conditions": record["stopping_conditions"],
+    }
 
 
 def update_record_wipe(ctx: RunContext, wipe: dict[str, Any]) -> None:

@@ -60,8 +60,7 @@ async def read_frame(proc: RemoteProcess) -> dict[str, Any] | None:
 class ResidentAgent:
     """One resident agent on one host link, shared by every run leasing that link."""
 
-    def __init__(self, transport: Transport, argv: list[str], *,
-                 reconnect_deadline: float) -> None:
+    def __init__(self, transport: Transport, argv: list[str], *, reconnect_deadline: float) -> None:
         self.transport = transport
         self.argv = argv
         self.reconnect_deadline = reconnect_deadline
@@ -116,8 +115,11 @@ class ResidentAgent:
         hello = False
         try:
             while True:
-                frame = await (read_frame(proc) if hello
-                               else asyncio.wait_for(read_frame(proc), HELLO_TIMEOUT_S))
+                frame = await (
+                    read_frame(proc)
+                    if hello
+                    else asyncio.wait_for(read_frame(proc), HELLO_TIMEOUT_S)
+                )
                 if frame is None:
                     if not hello:
                         why = await self._start_failed(proc)
@@ -131,8 +133,11 @@ class ResidentAgent:
         except asyncio.CancelledError:
             why = AgentGone("closed")
         except asyncio.TimeoutError:
-            why = HostError(f"{self.transport.name}: the resident agent did not start within"
-                            f" {HELLO_TIMEOUT_S:.0f} s", hint="check the host's python3")
+            why = HostError(
+                f"{self.transport.name}: the resident agent did not start within"
+                f" {HELLO_TIMEOUT_S:.0f} s",
+                hint="check the host's python3",
+            )
         except Exception as exc:  # the link dropped under the stream
             why = exc
         finally:
@@ -146,9 +151,11 @@ class ResidentAgent:
             code = await proc.wait(5)
         if code is None or code < 0:
             return AgentGone("the link dropped while the agent started")
-        return HostError(f"{self.transport.name}: the resident agent exited at start"
-                         f" (exit {code}): {proc.stderr_tail() or 'no output'}",
-                         hint="check the host's python3 (3.9 or newer)")
+        return HostError(
+            f"{self.transport.name}: the resident agent exited at start"
+            f" (exit {code}): {proc.stderr_tail() or 'no output'}",
+            hint="check the host's python3 (3.9 or newer)",
+        )
 
     def _drop(self, proc: RemoteProcess, why: BaseException) -> None:
         """Forget ``proc``; every call in flight on it fails over to a new process."""
@@ -158,12 +165,20 @@ class ResidentAgent:
             if owner is proc:
                 self._pending.pop(call_id, None)
                 if not fut.done():
-                    fut.set_exception(why if isinstance(why, (AgentGone, HostError))
-                                      else AgentGone(str(why)))
+                    fut.set_exception(
+                        why if isinstance(why, (AgentGone, HostError)) else AgentGone(str(why))
+                    )
         asyncio.ensure_future(_quiet_close(proc))
 
-    async def call(self, op: str, request: dict[str, Any], *, store: str | None,
-                   timeout: float | None, call_id: str | None = None) -> dict[str, Any]:
+    async def call(
+        self,
+        op: str,
+        request: dict[str, Any],
+        *,
+        store: str | None,
+        timeout: float | None,
+        call_id: str | None = None,
+    ) -> dict[str, Any]:
         """Send one call (retried with the same id until the deadline) and return its frame."""
         call_id = call_id or self.new_id()
         frame = encode_frame({"id": call_id, "op": op, "req": request, "store": store})
@@ -177,7 +192,8 @@ class ResidentAgent:
                     f"agent {op} on {self.transport.name}: the link kept dropping for"
                     f" {self.reconnect_deadline:.0f} s (the reconnect deadline)"
                     + (f"; last: {_short(last)}" if last else ""),
-                    hint="check the network, then re-attach")
+                    hint="check the network, then re-attach",
+                )
             fut: asyncio.Future = asyncio.get_running_loop().create_future()
             proc: RemoteProcess | None = None
             try:
@@ -191,8 +207,11 @@ class ResidentAgent:
                 last = exc
                 if first_loss is None:
                     first_loss = time.monotonic()
-                if proc is not None and proc is self._proc and \
-                        isinstance(exc, (TransientHostError, BrokenPipeError)):
+                if (
+                    proc is not None
+                    and proc is self._proc
+                    and isinstance(exc, (TransientHostError, BrokenPipeError))
+                ):
                     self._drop(proc, exc)  # (never a newer agent another call started)
                 await asyncio.sleep(RETRY_PAUSE_S)
             except asyncio.CancelledError:
@@ -200,9 +219,10 @@ class ResidentAgent:
                 raise
             except asyncio.TimeoutError:
                 self._pending.pop(call_id, None)
-                raise HostError(f"agent {op} on {self.transport.name} did not answer within"
-                                f" {timeout:g} s", hint="raise the timeout or check the host"
-                                ) from None
+                raise HostError(
+                    f"agent {op} on {self.transport.name} did not answer within {timeout:g} s",
+                    hint="raise the timeout or check the host",
+                ) from None
 
     async def close(self) -> None:
         """Close the channel: the agent sees end of input, finishes what is in flight, exits."""

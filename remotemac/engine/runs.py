@@ -14,15 +14,27 @@ from remotemac.journal import Journal, RunRow
 from remotemac.playbook import Playbook
 
 
-def register_run(journal: Journal, run_id: str, playbook: Playbook, out_dir: Path, *,
-                 source: Playbook | None = None, host: str | None = None,
-                 options: dict[str, Any] | None = None) -> None:
+def register_run(
+    journal: Journal,
+    run_id: str,
+    playbook: Playbook,
+    out_dir: Path,
+    *,
+    source: Playbook | None = None,
+    host: str | None = None,
+    options: dict[str, Any] | None = None,
+) -> None:
     """Record a new run; ``source`` is the playbook file's model when ``playbook`` is derived."""
     origin = source or playbook
-    journal.create_run(run_id, name=playbook.name, host=host or playbook.host,
-                       playbook_path=str(origin.source) if origin.source else None,
-                       playbook=playbook.model_dump(mode="json"), out_dir=str(out_dir),
-                       options=dict(options or {}))
+    journal.create_run(
+        run_id,
+        name=playbook.name,
+        host=host or playbook.host,
+        playbook_path=str(origin.source) if origin.source else None,
+        playbook=playbook.model_dump(mode="json"),
+        out_dir=str(out_dir),
+        options=dict(options or {}),
+    )
 
 
 LATEST = ("latest", "last")
@@ -45,18 +57,28 @@ def resolve_run_id(journal: Journal, text: str) -> str:
     ids = [r.run_id for r in journal.list_runs(limit=1_000_000)]
     if text.lower() in LATEST:
         if not ids:
-            raise BadInput("no runs yet, so no latest run", hint="start one: remotemac run PLAYBOOK")
+            raise BadInput(
+                "no runs yet, so no latest run", hint="start one: remotemac run PLAYBOOK"
+            )
         return ids[0]  # list_runs is newest first
-    for matches in ([i for i in ids if i.endswith("-" + text)],
-                    [i for i in ids if i.startswith(text)],
-                    [i for i in ids if text in i]):
+    for matches in (
+        [i for i in ids if i.endswith("-" + text)],
+        [i for i in ids if i.startswith(text)],
+        [i for i in ids if text in i],
+    ):
         if len(matches) == 1:
             return matches[0]
         if matches:
             shown = ", ".join(matches[:_SHOW_CANDIDATES])
-            more = f" and {len(matches) - _SHOW_CANDIDATES} more" if len(matches) > _SHOW_CANDIDATES else ""
-            raise BadInput(f"run id {text!r} is ambiguous: {len(matches)} runs match "
-                           f"({shown}{more})", hint="give more of the id")
+            more = (
+                f" and {len(matches) - _SHOW_CANDIDATES} more"
+                if len(matches) > _SHOW_CANDIDATES
+                else ""
+            )
+            raise BadInput(
+                f"run id {text!r} is ambiguous: {len(matches)} runs match ({shown}{more})",
+                hint="give more of the id",
+            )
     raise BadInput(f"unknown run id {text!r}", hint="see: remotemac status")
 
 
@@ -92,12 +114,16 @@ def phase_already_done(journal: Journal, run_id: str, phase: str) -> str | None:
         return info.get("state") == "done" and (info.get("result") or {}).get("done") is not False
 
     if phase == "pull" and done("wipe"):
-        raise BadInput(f"run {run_id} was wiped: its outputs are gone from the host, "
-                       "nothing to pull",
-                       hint="what was pulled before the wipe is in its --out dir")
+        raise BadInput(
+            f"run {run_id} was wiped: its outputs are gone from the host, nothing to pull",
+            hint="what was pulled before the wipe is in its --out dir",
+        )
     if not done(phase):
         return None
     info = phases[phase]
     summary = (info.get("result") or {}).get("summary")
-    return f"run {run_id} is already {_DONE_WORD.get(phase, phase + ' done')}" + \
-        (f" ({summary})" if summary else "") + "; nothing to do"
+    return (
+        f"run {run_id} is already {_DONE_WORD.get(phase, phase + ' done')}"
+        + (f" ({summary})" if summary else "")
+        + "; nothing to do"
+    )

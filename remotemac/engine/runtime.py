@@ -63,18 +63,35 @@ def pip_download_argv(tags: dict[str, Any], dest: Path) -> list[str]:
         raise HostEnvironmentError(
             f"no known wheel platform for the host ({tags.get('system')} {tags.get('machine')}"
             f"{', glibc ' + tags['glibc'] if tags.get('glibc') else ''})",
-            hint="let the host reach a package index (agent.runtime_install: online)")
-    argv = [sys.executable, "-m", "pip", "download", "--only-binary=:all:", "--no-input",
-            "--disable-pip-version-check", "--python-version", str(tags["python"]),
-            "--implementation", str(tags["implementation"]), "--abi", str(tags["abi"]),
-            "--abi", "abi3", "--abi", "none"]
+            hint="let the host reach a package index (agent.runtime_install: online)",
+        )
+    argv = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--only-binary=:all:",
+        "--no-input",
+        "--disable-pip-version-check",
+        "--python-version",
+        str(tags["python"]),
+        "--implementation",
+        str(tags["implementation"]),
+        "--abi",
+        str(tags["abi"]),
+        "--abi",
+        "abi3",
+        "--abi",
+        "none",
+    ]
     for plat in tags["platforms"]:
         argv += ["--platform", plat]
     return argv + ["-d", str(dest), *requirements()]
 
 
-def fetch_wheels(home: Path, tags: dict[str, Any],
-                 timeout: float = DOWNLOAD_TIMEOUT_S) -> tuple[Path, list[dict[str, str]], bool]:
+def fetch_wheels(
+    home: Path, tags: dict[str, Any], timeout: float = DOWNLOAD_TIMEOUT_S
+) -> tuple[Path, list[dict[str, str]], bool]:
     """(dir, [{name, sha256}], from cache) of the host's wheels, downloaded once per key."""
     cache = home / "wheels" / runtime_key(tags)
     marker = cache / MARKER
@@ -90,18 +107,25 @@ def fetch_wheels(home: Path, tags: dict[str, Any],
     tmp.mkdir(parents=True, mode=0o700)
     try:
         try:
-            res = subprocess.run(pip_download_argv(tags, tmp), capture_output=True, text=True,
-                                 timeout=timeout, stdin=subprocess.DEVNULL)
+            res = subprocess.run(
+                pip_download_argv(tags, tmp),
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                stdin=subprocess.DEVNULL,
+            )
         except subprocess.TimeoutExpired:
             raise HostEnvironmentError(
                 f"downloading the agent runtime's wheels on this laptop took over {timeout:.0f}s",
-                hint="check this laptop's access to the package index") from None
+                hint="check this laptop's access to the package index",
+            ) from None
         if res.returncode != 0:
             tail = [ln for ln in (res.stdout + res.stderr).splitlines() if ln.strip()][-4:]
             raise HostEnvironmentError(
                 "this laptop could not download the agent runtime's wheels for the host "
                 f"({tags['python_tag']}, {tags['platforms'][0]}): " + " | ".join(tail),
-                hint="check this laptop's pip and its access to the package index")
+                hint="check this laptop's pip and its access to the package index",
+            )
         files = [{"name": p.name, "sha256": sha256_file(p)} for p in sorted(tmp.glob("*.whl"))]
         (tmp / MARKER).write_text(json.dumps({"files": files, "tags": tags}), encoding="utf-8")
         shutil.rmtree(cache, ignore_errors=True)
@@ -111,10 +135,15 @@ def fetch_wheels(home: Path, tags: dict[str, Any],
     return cache, files, False
 
 
-
-async def ensure_runtime(agent: AgentClient, *, home: Path | None, method: str = "auto",
-                         phase: str = "sync", run_id: str = "",
-                         emit: Emit | None = None) -> dict[str, Any]:
+async def ensure_runtime(
+    agent: AgentClient,
+    *,
+    home: Path | None,
+    method: str = "auto",
+    phase: str = "sync",
+    run_id: str = "",
+    emit: Emit | None = None,
+) -> dict[str, Any]:
     """Make the host hold the agent runtime; its answer (``dir``, ``reused``, ``method``,
     ``installed``, ``seconds``). ``home=None`` rules the offline path out."""
     emit = emit or (lambda _e: None)
@@ -123,26 +152,46 @@ async def ensure_runtime(agent: AgentClient, *, home: Path | None, method: str =
     first = "offline" if method == "offline" else "online"
     answer = await _ensure(agent, {"root": agent.root, "method": first}, where)
     if answer.get("failed"):
-        reason = answer["failed"] + (": " + " | ".join(answer["tail"]) if answer.get("tail")
-                                     else "")
+        reason = answer["failed"] + (
+            ": " + " | ".join(answer["tail"]) if answer.get("tail") else ""
+        )
         if method == "online" or home is None:
             raise HostEnvironmentError(
                 f"{where} with pip on the host failed: {reason}",
                 hint="let the host reach the package index, or set agent.runtime_install: "
-                     "offline (or REMOTEMAC_RUNTIME_INSTALL=offline) so this laptop brings "
-                     "the wheels")
+                "offline (or REMOTEMAC_RUNTIME_INSTALL=offline) so this laptop brings "
+                "the wheels",
+            )
         if first == "online":
-            emit(Warning(run_id, code="runtime-offline",
-                         message=f"{host} cannot install the agent runtime online ({reason}); "
-                                 "bringing the wheels from this laptop"))
+            emit(
+                Warning(
+                    run_id,
+                    code="runtime-offline",
+                    message=f"{host} cannot install the agent runtime online ({reason}); "
+                    "bringing the wheels from this laptop",
+                )
+            )
         answer = await _offline(agent, home, answer["tags"], where, emit, run_id, phase)
     if not answer.get("reused"):
-        agent.ledger.append(host, f"installed {', '.join(answer.get('installed') or [])} into "
-                                  f"{answer['dir']} ({answer.get('method')}, "
-                                  f"{answer.get('seconds')} s)", 0, op="install-runtime")
-        emit(PhaseProgress(run_id, phase=phase, done=1, total=1, unit="runtime",
-                           detail=f"agent runtime: cryptography {answer.get('cryptography')} "
-                                  f"installed {answer.get('method')} in {answer.get('seconds')} s"))
+        agent.ledger.append(
+            host,
+            f"installed {', '.join(answer.get('installed') or [])} into "
+            f"{answer['dir']} ({answer.get('method')}, "
+            f"{answer.get('seconds')} s)",
+            0,
+            op="install-runtime",
+        )
+        emit(
+            PhaseProgress(
+                run_id,
+                phase=phase,
+                done=1,
+                total=1,
+                unit="runtime",
+                detail=f"agent runtime: cryptography {answer.get('cryptography')} "
+                f"installed {answer.get('method')} in {answer.get('seconds')} s",
+            )
+        )
     return answer
 
 
@@ -150,32 +199,60 @@ async def _ensure(agent: AgentClient, request: dict[str, Any], where: str) -> di
     try:
         return await agent.call("runtime_ensure", request, timeout=ENSURE_TIMEOUT_S)
     except HostEnvironmentError as exc:
-        raise HostEnvironmentError(f"{where}: {exc.message}",
-                                   hint="the host's python3 must be CPython 3.9 or newer") \
-            from None
+        raise HostEnvironmentError(
+            f"{where}: {exc.message}", hint="the host's python3 must be CPython 3.9 or newer"
+        ) from None
     except AgentError as exc:
         if exc.code == "integrity":  # an uploaded wheel arrived damaged
-            raise IntegrityError(f"{where}: {exc.message}",
-                                 hint="run again to upload the wheels afresh") from None
+            raise IntegrityError(
+                f"{where}: {exc.message}", hint="run again to upload the wheels afresh"
+            ) from None
         raise HostEnvironmentError(f"{where}: {exc.message}") from None
 
 
-async def _offline(agent: AgentClient, home: Path, tags: dict[str, Any], where: str,
-                   emit: Emit, run_id: str, phase: str) -> dict[str, Any]:
+async def _offline(
+    agent: AgentClient,
+    home: Path,
+    tags: dict[str, Any],
+    where: str,
+    emit: Emit,
+    run_id: str,
+    phase: str,
+) -> dict[str, Any]:
     started = time.monotonic()
     local, files, cached = await asyncio.to_thread(fetch_wheels, home, tags)
-    emit(PhaseProgress(run_id, phase=phase, done=0, total=len(files), unit="wheels",
-                       detail=f"agent runtime: {len(files)} wheels for {tags['python_tag']} "
-                              f"{tags['platforms'][0]} "
-                              f"{'from the cache in ' + str(local) if cached else 'downloaded'}"
-                              f" in {time.monotonic() - started:.1f} s"))
+    emit(
+        PhaseProgress(
+            run_id,
+            phase=phase,
+            done=0,
+            total=len(files),
+            unit="wheels",
+            detail=f"agent runtime: {len(files)} wheels for {tags['python_tag']} "
+            f"{tags['platforms'][0]} "
+            f"{'from the cache in ' + str(local) if cached else 'downloaded'}"
+            f" in {time.monotonic() - started:.1f} s",
+        )
+    )
     remote = f"{agent.root}/runtime/upload-{runtime_key(tags)}-{os.getpid()}"
     await agent.transport.makedirs(remote)
     for i, item in enumerate(files, 1):
         await agent.transport.put(str(local / item["name"]), f"{remote}/{item['name']}")
-        emit(PhaseProgress(run_id, phase=phase, done=i, total=len(files), unit="wheels",
-                           detail=f"uploaded {item['name']}"))
-    agent.ledger.append(agent.transport.name, f"upload {len(files)} wheels to {remote}", 0,
-                        op="upload-wheels")
-    return await _ensure(agent, {"root": agent.root, "method": "offline", "wheels_dir": remote,
-                                 "wheels": files}, where)
+        emit(
+            PhaseProgress(
+                run_id,
+                phase=phase,
+                done=i,
+                total=len(files),
+                unit="wheels",
+                detail=f"uploaded {item['name']}",
+            )
+        )
+    agent.ledger.append(
+        agent.transport.name, f"upload {len(files)} wheels to {remote}", 0, op="upload-wheels"
+    )
+    return await _ensure(
+        agent,
+        {"root": agent.root, "method": "offline", "wheels_dir": remote, "wheels": files},
+        where,
+    )

@@ -25,18 +25,25 @@ def slice_bytes(ctx: RunContext) -> int:
     return int(selection.total_bytes) if selection is not None else 0
 
 
-async def check_space(ctx: RunContext, binding: HostBinding,
-                      provisioned: dict[str, Any]) -> dict[str, Any]:
+async def check_space(
+    ctx: RunContext, binding: HostBinding, provisioned: dict[str, Any]
+) -> dict[str, Any]:
     """The agent's ``check_space`` for this host (raises AgentError ``no-space`` on refusal)."""
     if "_slice_bytes" not in ctx.results:  # every host gets the slice: select it once
         ctx.results["_slice_bytes"] = slice_bytes(ctx)
     data = ctx.results["_slice_bytes"]
     venv_python = provisioned.get("venv_python") or ""
-    venv_dir = venv_python.rsplit("/bin/", 1)[0] if ctx.playbook.environment.venv \
-        and "/bin/" in venv_python else None
-    return await binding.agent.call("check_space", {
-        "path": provisioned["run_dir"],
-        "items": {"slice": data, "outputs (est.)": data},
-        "venv_dir": venv_dir,
-        "min_free": int(ctx.playbook.stop_when.min_free_disk),
-    })
+    venv_dir = (
+        venv_python.rsplit("/bin/", 1)[0]
+        if ctx.playbook.environment.venv and "/bin/" in venv_python
+        else None
+    )
+    return await binding.agent.call(
+        "check_space",
+        {
+            "path": provisioned["run_dir"],
+            "items": {"slice": data, "outputs (est.)": data},
+            "venv_dir": venv_dir,
+            "min_free": int(ctx.playbook.stop_when.min_free_disk),
+        },
+    )

@@ -64,7 +64,10 @@ def choose_slice(ctx: RunContext):
     if not root.is_dir():
         raise BadInput(f"data.path: {root} is not a directory")
     return select_slice(
-        root, include=list(data.include), exclude=list(data.exclude), max_bytes=data.max_bytes,
+        root,
+        include=list(data.include),
+        exclude=list(data.exclude),
+        max_bytes=data.max_bytes,
         sample_files=data.sample.files if data.sample else None,
         seed=data.sample.seed if data.sample else 0,
         files=list(data.files) if data.files is not None else None,
@@ -103,13 +106,20 @@ class SyncStats:
         return data
 
 
-async def sync_host(ctx: RunContext, binding: HostBinding, provisioned: dict[str, Any]) -> dict[str, Any]:
+async def sync_host(
+    ctx: RunContext, binding: HostBinding, provisioned: dict[str, Any]
+) -> dict[str, Any]:
     """The pipeline's sync phase for one host: show the selection, stream, verify."""
     data = ctx.playbook.data
     run_dir = provisioned["run_dir"]
     if data is None:
-        return {"data_dir": f"{run_dir}/data", "files": 0, "bytes": 0, "encrypted": False,
-                "revision": None}
+        return {
+            "data_dir": f"{run_dir}/data",
+            "files": 0,
+            "bytes": 0,
+            "encrypted": False,
+            "revision": None,
+        }
     selection = choose_slice(ctx)
     root = ctx.playbook.data_dir()
     assert root is not None and selection is not None
@@ -129,30 +139,50 @@ async def sync_host(ctx: RunContext, binding: HostBinding, provisioned: dict[str
         from remotemac.engine.runtime import ensure_runtime, install_method
 
         runtime = await ensure_runtime(
-            binding.agent, home=ctx.home, method=install_method(ctx.playbook.agent.runtime_install),
-            phase="sync", run_id=ctx.run_id, emit=ctx.emit)
+            binding.agent,
+            home=ctx.home,
+            method=install_method(ctx.playbook.agent.runtime_install),
+            phase="sync",
+            run_id=ctx.run_id,
+            emit=ctx.emit,
+        )
         runtime_dir = runtime["dir"]
         ctx.journal.record_created(binding.transport.name, "runtime", runtime_dir, ctx.run_id)
     # the agent's own interpreter decrypts, never the workload's venv (it may lack modules)
     manifest, answer, stats = await sync_slice(
-        binding.transport, binding.agent, root=root, paths=[f.path for f in selection.files],
-        run_dir=run_dir, run_id=ctx.run_id, key=key, runtime_dir=runtime_dir,
-        cache=ctx.journal, emit=ctx.emit,
+        binding.transport,
+        binding.agent,
+        root=root,
+        paths=[f.path for f in selection.files],
+        run_dir=run_dir,
+        run_id=ctx.run_id,
+        key=key,
+        runtime_dir=runtime_dir,
+        cache=ctx.journal,
+        emit=ctx.emit,
     )
     (ctx.out_dir / "manifest.json").write_text(manifest.to_json(), encoding="utf-8")
     if answer.get("ram", {}) and answer["ram"].get("kind") in ("shm", "ramdisk"):
-        ctx.journal.record_created(binding.transport.name, "ramstore", answer["ram"]["path"],
-                                   ctx.run_id)
+        ctx.journal.record_created(
+            binding.transport.name, "ramstore", answer["ram"]["path"], ctx.run_id
+        )
     if answer.get("ram") and answer["ram"].get("warning"):
         ctx.emit(Warning(ctx.run_id, message=str(answer["ram"]["warning"]), code="ram-store"))
     return {
-        "data_dir": answer["data_dir"], "files": len(manifest.entries),
-        "bytes": manifest.total_bytes, "encrypted": encrypted, "revision": manifest.root_digest,
-        "ram": answer.get("ram"), "transfer": stats.to_dict(),
-        "selection": [{"path": f.path, "size": f.size, "reason": f.reason} for f in selection.files],
+        "data_dir": answer["data_dir"],
+        "files": len(manifest.entries),
+        "bytes": manifest.total_bytes,
+        "encrypted": encrypted,
+        "revision": manifest.root_digest,
+        "ram": answer.get("ram"),
+        "transfer": stats.to_dict(),
+        "selection": [
+            {"path": f.path, "size": f.size, "reason": f.reason} for f in selection.files
+        ],
         "summary": f"{stats.sent_files} sent, {stats.skipped_files} already on the host",
         "runtime": {k: runtime.get(k) for k in ("dir", "reused", "method", "cryptography")}
-        if runtime else None,
+        if runtime
+        else None,
     }
 
 
@@ -161,25 +191,60 @@ def show_selection(emit: Emit, run_id: str, selection: Any) -> None:
     from remotemac.units import format_size
 
     files = selection.files
-    emit(PhaseProgress(run_id, phase="sync", done=0, total=len(files), unit="files",
-                       detail=f"slice: {len(files)} files, {format_size(selection.total_bytes)}, "
-                              f"{len(selection.skipped)} left out"))
+    emit(
+        PhaseProgress(
+            run_id,
+            phase="sync",
+            done=0,
+            total=len(files),
+            unit="files",
+            detail=f"slice: {len(files)} files, {format_size(selection.total_bytes)}, "
+            f"{len(selection.skipped)} left out",
+        )
+    )
     for i, chosen in enumerate(files[:SHOW_FILES], 1):
-        emit(PhaseProgress(run_id, phase="sync", done=i, total=len(files), unit="files",
-                           detail=f"{chosen.path} ({format_size(chosen.size)}): {chosen.reason}"))
+        emit(
+            PhaseProgress(
+                run_id,
+                phase="sync",
+                done=i,
+                total=len(files),
+                unit="files",
+                detail=f"{chosen.path} ({format_size(chosen.size)}): {chosen.reason}",
+            )
+        )
     if len(files) > SHOW_FILES:
-        emit(PhaseProgress(run_id, phase="sync", done=len(files), total=len(files), unit="files",
-                           detail=f"… and {len(files) - SHOW_FILES} more (see manifest.json)"))
+        emit(
+            PhaseProgress(
+                run_id,
+                phase="sync",
+                done=len(files),
+                total=len(files),
+                unit="files",
+                detail=f"… and {len(files) - SHOW_FILES} more (see manifest.json)",
+            )
+        )
 
 
 # ---------------------------------------------------------------- the stream
 
 
 async def sync_slice(
-    transport: Transport, agent: AgentClient, *, root: Path, paths: list[str], run_dir: str,
-    run_id: str, key: bytes | None, runtime_dir: str | None = None, python: str | None = None,
-    cache: HashCache | None = None, emit: Emit | None = None, ram_bytes: int | None = None,
-    max_attempts: int = MAX_ATTEMPTS, stats: SyncStats | None = None,
+    transport: Transport,
+    agent: AgentClient,
+    *,
+    root: Path,
+    paths: list[str],
+    run_dir: str,
+    run_id: str,
+    key: bytes | None,
+    runtime_dir: str | None = None,
+    python: str | None = None,
+    cache: HashCache | None = None,
+    emit: Emit | None = None,
+    ram_bytes: int | None = None,
+    max_attempts: int = MAX_ATTEMPTS,
+    stats: SyncStats | None = None,
 ) -> tuple[Manifest, dict[str, Any], SyncStats]:
     """Make the host hold ``paths`` (relative to ``root``), verified; resume after a cut link.
 
@@ -200,8 +265,20 @@ async def sync_slice(
         ram_bytes = max(stats.bytes * 2, 64 << 20)
     if not agent.agent_dir:
         await agent.install()
-    session = _Session(transport, agent, Path(root), files, run_dir, run_id, key,
-                       python or agent.python, emit, stats, ram_bytes, runtime_dir)
+    session = _Session(
+        transport,
+        agent,
+        Path(root),
+        files,
+        run_dir,
+        run_id,
+        key,
+        python or agent.python,
+        emit,
+        stats,
+        ram_bytes,
+        runtime_dir,
+    )
     while True:
         stats.attempts += 1
         try:
@@ -210,9 +287,14 @@ async def sync_slice(
         except TransientHostError as exc:
             if stats.attempts >= max_attempts:
                 raise
-            emit(Warning(run_id, message=f"sync interrupted ({exc.message}); resuming with "
-                                         f"{len(stats.acked)} files already verified",
-                         code="sync-resume"))
+            emit(
+                Warning(
+                    run_id,
+                    message=f"sync interrupted ({exc.message}); resuming with "
+                    f"{len(stats.acked)} files already verified",
+                    code="sync-resume",
+                )
+            )
     if cache is not None:
         for f in files:
             if f.sha256 is not None:
@@ -220,10 +302,12 @@ async def sync_slice(
     manifest = session.manifest()
     bad = answer.get("mismatches") or []
     if bad:
-        raise IntegrityError(f"{transport.name}: dataset file {bad[0]['path']} failed "
-                             f"verification on the host ({bad[0]['why']})"
-                             + (f"; {len(bad) - 1} more" if len(bad) > 1 else ""),
-                             hint="run again to resend it, or wipe the run if it persists")
+        raise IntegrityError(
+            f"{transport.name}: dataset file {bad[0]['path']} failed "
+            f"verification on the host ({bad[0]['why']})"
+            + (f"; {len(bad) - 1} more" if len(bad) > 1 else ""),
+            hint="run again to resend it, or wipe the run if it persists",
+        )
     return manifest, answer, stats
 
 
@@ -250,10 +334,21 @@ def _stat_all(root: Path, paths: list[str], cache: HashCache | None) -> list[_Lo
 class _Session:
     """One agent process on the host; ``run`` may be called again after a cut link."""
 
-    def __init__(self, transport: Transport, agent: AgentClient, root: Path,
-                 files: list[_Local], run_dir: str, run_id: str, key: bytes | None, python: str,
-                 emit: Emit, stats: SyncStats, ram_bytes: int,
-                 runtime_dir: str | None = None) -> None:
+    def __init__(
+        self,
+        transport: Transport,
+        agent: AgentClient,
+        root: Path,
+        files: list[_Local],
+        run_dir: str,
+        run_id: str,
+        key: bytes | None,
+        python: str,
+        emit: Emit,
+        stats: SyncStats,
+        ram_bytes: int,
+        runtime_dir: str | None = None,
+    ) -> None:
         self.transport, self.agent, self.root, self.files = transport, agent, root, files
         self.run_dir, self.run_id, self.key, self.python = run_dir, run_id, key, python
         self.emit, self.stats, self.ram_bytes = emit, stats, ram_bytes
@@ -261,7 +356,8 @@ class _Session:
 
     def manifest(self) -> Manifest:
         return Manifest.from_entries(
-            ManifestEntry(f.path, f.size, f.sha256 or "") for f in self.files)
+            ManifestEntry(f.path, f.size, f.sha256 or "") for f in self.files
+        )
 
     async def run(self) -> dict[str, Any]:
         argv = [self.python, f"{self.agent.agent_dir}/dataops.py", "sync"]
@@ -274,13 +370,21 @@ class _Session:
             return answer
         finally:
             await proc.close()
-            self.agent.ledger.append(self.transport.name, " ".join(argv), code, op="sync-data",
-                                     seconds=time.monotonic() - started)
+            self.agent.ledger.append(
+                self.transport.name,
+                " ".join(argv),
+                code,
+                op="sync-data",
+                seconds=time.monotonic() - started,
+            )
 
     async def _talk(self, proc: RemoteProcess) -> dict[str, Any]:
         hello: dict[str, Any] = {
-            "run_dir": self.run_dir, "run_id": self.run_id, "src": f"{self.run_dir}/data",
-            "encrypted": self.key is not None, "ram_bytes": self.ram_bytes,
+            "run_dir": self.run_dir,
+            "run_id": self.run_id,
+            "src": f"{self.run_dir}/data",
+            "encrypted": self.key is not None,
+            "ram_bytes": self.ram_bytes,
             "entries": [{"path": f.path, "size": f.size, "sha256": f.sha256} for f in self.files],
         }
         if self.key is not None:
@@ -295,16 +399,24 @@ class _Session:
         skipped = [f for i, f in enumerate(self.files) if i in known and f.sha256 == known[i]]
         self.stats.skipped_files = len(skipped)
         self.stats.skipped_bytes = sum(f.size for f in skipped)
-        self.emit(PhaseProgress(self.run_id, phase="sync", done=0, total=todo_bytes,
-                                detail=f"{len(skipped)} files already verified on the host; "
-                                       f"checking or sending {len(plan)}"))
+        self.emit(
+            PhaseProgress(
+                self.run_id,
+                phase="sync",
+                done=0,
+                total=todo_bytes,
+                detail=f"{len(skipped)} files already verified on the host; "
+                f"checking or sending {len(plan)}",
+            )
+        )
         acks: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
         reader = asyncio.ensure_future(self._read_acks(proc, acks))
         try:
             try:
                 if await self._send(proc, plan, todo_bytes, acks):
-                    final = json.dumps([{"path": f.path, "size": f.size, "sha256": f.sha256}
-                                        for f in self.files]).encode()
+                    final = json.dumps(
+                        [{"path": f.path, "size": f.size, "sha256": f.sha256} for f in self.files]
+                    ).encode()
                     await proc.write(_frame("E", 0, len(final)) + final)
             except (BrokenPipeError, ConnectionResetError):
                 pass  # the agent stopped reading: its last line says why
@@ -324,8 +436,13 @@ class _Session:
             plan.append((i, have))
         return plan
 
-    async def _send(self, proc: RemoteProcess, plan: list[tuple[int, str | None]], total: int,
-                    acks: asyncio.Queue) -> bool:
+    async def _send(
+        self,
+        proc: RemoteProcess,
+        plan: list[tuple[int, str | None]],
+        total: int,
+        acks: asyncio.Queue,
+    ) -> bool:
         """Producer (thread: read, hash, seal) → bounded queue → consumer (the channel).
 
         Returns False when the agent spoke up early (an error line is waiting).
@@ -390,8 +507,16 @@ class _Session:
             if "ack" in msg:
                 path = self.files[int(msg["ack"])].path
                 self.stats.acked.append(path)
-                self.emit(PhaseProgress(self.run_id, phase="sync", done=len(self.stats.acked),
-                                        total=None, unit="verified", detail=path))
+                self.emit(
+                    PhaseProgress(
+                        self.run_id,
+                        phase="sync",
+                        done=len(self.stats.acked),
+                        total=None,
+                        unit="verified",
+                        detail=path,
+                    )
+                )
                 continue
             await acks.put(msg)
 
@@ -408,11 +533,16 @@ class _Session:
         line = await proc.readline()
         if not line:
             code = await proc.wait(timeout=30)
-            message = (f"{self.transport.name}: the data agent under {self.python} exited "
-                       f"({code}) at {what} (phase sync): {proc.stderr_tail() or 'no output'}")
+            message = (
+                f"{self.transport.name}: the data agent under {self.python} exited "
+                f"({code}) at {what} (phase sync): {proc.stderr_tail() or 'no output'}"
+            )
             if code not in (None, 255):  # it ran and failed: the host's environment
-                raise HostEnvironmentError(message, hint=f"check that {self.python} is "
-                                           "CPython 3.9+ on the host, or set agent.python")
+                raise HostEnvironmentError(
+                    message,
+                    hint=f"check that {self.python} is "
+                    "CPython 3.9+ on the host, or set agent.python",
+                )
             raise HostError(message)
         return self._check(json.loads(line.decode("utf-8", "replace")), what)
 
@@ -427,9 +557,11 @@ class _Session:
         if msg.get("code") == "ram":
             raise HostError(error, hint="free memory on the host or lower data.max_bytes")
         if msg.get("code") == "host-env":
-            raise HostEnvironmentError(f"{error} (phase sync, at {what})",
-                                       hint="the agent runtime is installed at the start of "
-                                            "sync; run again, or see `remotemac doctor`")
+            raise HostEnvironmentError(
+                f"{error} (phase sync, at {what})",
+                hint="the agent runtime is installed at the start of "
+                "sync; run again, or see `remotemac doctor`",
+            )
         raise HostError(f"{error} (phase sync, at {what})")
 
 
@@ -456,13 +588,16 @@ class _HashingReader:
         self.left -= len(data)
         self.digest.update(data)
         if not data and self.left:
-            raise IntegrityError(f"data file {self.path} shrank while it was sent",
-                                 hint="stop whatever writes to the dataset and sync again")
+            raise IntegrityError(
+                f"data file {self.path} shrank while it was sent",
+                hint="stop whatever writes to the dataset and sync again",
+            )
         return data
 
 
-def _pieces(root: Path, files: list[_Local], plan: list[tuple[int, str | None]],
-            key: bytes | None) -> Iterator[Any]:
+def _pieces(
+    root: Path, files: list[_Local], plan: list[tuple[int, str | None]], key: bytes | None
+) -> Iterator[Any]:
     """Yield (bytes, plaintext bytes covered) to send, and a _Done after each file."""
     from remotemac.agent.streamcrypt import DEFAULT_CHUNK, ciphertext_size, iter_encrypt
 
@@ -494,12 +629,15 @@ def _pieces(root: Path, files: list[_Local], plan: list[tuple[int, str | None]],
                 while block := reader.read(BATCH_BYTES):
                     yield block, len(block)
             if reader.left or not _unchanged(fh, before):
-                raise IntegrityError(f"data file {full} changed while it was sent",
-                                     hint="stop whatever writes to the dataset and sync again")
+                raise IntegrityError(
+                    f"data file {full} changed while it was sent",
+                    hint="stop whatever writes to the dataset and sync again",
+                )
             sha = reader.digest.hexdigest()
             yield bytes.fromhex(sha), 0
-            yield _Done(index, _Local(f.path, size, before.st_mtime_ns, before.st_ino, sha),
-                        sent=True)
+            yield _Done(
+                index, _Local(f.path, size, before.st_mtime_ns, before.st_ino, sha), sent=True
+            )
 
 
 def _hash_all(fh: BinaryIO, size: int, path: str) -> str:

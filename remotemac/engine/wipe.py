@@ -37,12 +37,17 @@ def left_on_host(ctx: RunContext, key: str, binding: HostBinding, pulled: bool) 
     sync = (ctx.results.get("sync", {}).get("hosts", {}) or {}).get(key) or {}
     ram = sync.get("ram") or {}
     if ram.get("path") and ram.get("kind") != "tmp":
-        left.append(f"RAM store {ram['path']}" + (f" on {ram['device']}" if ram.get("device")
-                                                   else "") + " (plaintext)")
+        left.append(
+            f"RAM store {ram['path']}"
+            + (f" on {ram['device']}" if ram.get("device") else "")
+            + " (plaintext)"
+        )
     deadman = sync.get("deadman") or {}
     if deadman.get("spec"):
-        left.append(f"dead-man wipe {deadman.get('label') or deadman.get('pid') or ''} "
-                    f"({deadman['spec']}), still scheduled")
+        left.append(
+            f"dead-man wipe {deadman.get('label') or deadman.get('pid') or ''} "
+            f"({deadman['spec']}), still scheduled"
+        )
     left += [f"tmux session {s.session(ctx.run_id)}" for s in ctx.sides if s.host_key == key]
     return left
 
@@ -67,11 +72,18 @@ async def wipe_run(ctx: RunContext) -> dict[str, Any]:
         try:
             if unreachable.get(key):
                 raise HostError(unreachable[key])
-            answer = await binding.agent.call("wipe_run_data", {
-                "root": binding.root, "run_id": ctx.run_id, "sessions": sessions,
-                "keep": KEPT_SUBDIRS, "ram": ram, "wipe_outputs": pulled,
-                "cancel_deadman": True,
-            })
+            answer = await binding.agent.call(
+                "wipe_run_data",
+                {
+                    "root": binding.root,
+                    "run_id": ctx.run_id,
+                    "sessions": sessions,
+                    "keep": KEPT_SUBDIRS,
+                    "ram": ram,
+                    "wipe_outputs": pulled,
+                    "cancel_deadman": True,
+                },
+            )
         except (RemotemacError, OSError, asyncio.TimeoutError) as exc:
             line = exc.line() if isinstance(exc, RemotemacError) else f"{type(exc).__name__}: {exc}"
             left = left_on_host(ctx, key, binding, pulled)
@@ -107,22 +119,35 @@ async def wipe_run(ctx: RunContext) -> dict[str, Any]:
         remaining.append(f"local:{key_path(ctx.home, ctx.run_id)} (data key still there)")
         verified = False
     summary = f"{len(removed)} removed, {len(remaining)} remaining" + (
-        "" if verified else " (not verified)")
-    result = {"done": not errors, "verified": verified, "removed": removed,
-              "remaining": remaining, "key_destroyed": key_destroyed, "outputs_wiped": pulled,
-              "summary": summary}
+        "" if verified else " (not verified)"
+    )
+    result = {
+        "done": not errors,
+        "verified": verified,
+        "removed": removed,
+        "remaining": remaining,
+        "key_destroyed": key_destroyed,
+        "outputs_wiped": pulled,
+        "summary": summary,
+    }
     if errors:
-        shred = ("the local data key was crypto-shredded, so the ciphertext left there can "
-                 "no longer be decrypted" if key_destroyed or not key_path(
-                     ctx.home, ctx.run_id).exists() else "the local data key is still there")
-        result["error"] = (f"wipe could not run on {'; '.join(errors)}; {shred}; run "
-                           f"`remotemac wipe {ctx.run_id}` again, or `remotemac cleanup HOST`, "
-                           "once the host answers")
+        shred = (
+            "the local data key was crypto-shredded, so the ciphertext left there can "
+            "no longer be decrypted"
+            if key_destroyed or not key_path(ctx.home, ctx.run_id).exists()
+            else "the local data key is still there"
+        )
+        result["error"] = (
+            f"wipe could not run on {'; '.join(errors)}; {shred}; run "
+            f"`remotemac wipe {ctx.run_id}` again, or `remotemac cleanup HOST`, "
+            "once the host answers"
+        )
     return result
 
 
-async def schedule_deadman(ctx: RunContext, binding: HostBinding,
-                           launched_at: float | None = None) -> dict[str, Any] | None:
+async def schedule_deadman(
+    ctx: RunContext, binding: HostBinding, launched_at: float | None = None
+) -> dict[str, Any] | None:
     """Ask the host to wipe this run's data at ``wipe_deadline`` on its own.
 
     Called before the dataset is sent, so no byte of data reaches the host
@@ -134,9 +159,15 @@ async def schedule_deadman(ctx: RunContext, binding: HostBinding,
     if deadline is None or binding.key != "remote" or not binding.run_dir:
         return None
     sessions = [s.session(ctx.run_id) for s in ctx.sides if s.host_key == binding.key]
-    job = await binding.agent.call("deadman_schedule", {
-        "root": binding.root, "run_id": ctx.run_id, "deadline": deadline, "sessions": sessions,
-    })
+    job = await binding.agent.call(
+        "deadman_schedule",
+        {
+            "root": binding.root,
+            "run_id": ctx.run_id,
+            "deadline": deadline,
+            "sessions": sessions,
+        },
+    )
     ctx.ledger.append_steps(binding.transport.name, "deadman_schedule", job.pop("steps", None))
     ctx.journal.record_created(binding.transport.name, "deadman", job["spec"], ctx.run_id)
     return job

@@ -47,8 +47,13 @@ def emit(report: DoctorReport, as_json: bool, console: Any = None) -> int:
 
 
 def main_doctor(
-    host: str, as_json: bool, transport: Transport, console: Any = None, *,
-    remote_root: str = "~/remotemac", needs_disk_bytes: int | None = None,
+    host: str,
+    as_json: bool,
+    transport: Transport,
+    console: Any = None,
+    *,
+    remote_root: str = "~/remotemac",
+    needs_disk_bytes: int | None = None,
 ) -> int:
     """``remotemac doctor HOST [--json]``: connects, gathers, judges, prints, closes."""
 

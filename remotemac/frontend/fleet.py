@@ -34,16 +34,28 @@ from remotemac.playbook import Playbook
 def summary_table(result: FleetResult):
     from remotemac.render import shown
 
-    colours = {"accepted": "green", "rejected": "red", "lost": "magenta",
-               "unreachable": "magenta"}
-    table = Table("host", "variant", "verdict", "duration", "cost", "reason",
-                  title=f"fleet {result.fleet_id}: exit {result.exit_code}")
+    colours = {"accepted": "green", "rejected": "red", "lost": "magenta", "unreachable": "magenta"}
+    table = Table(
+        "host",
+        "variant",
+        "verdict",
+        "duration",
+        "cost",
+        "reason",
+        title=f"fleet {result.fleet_id}: exit {result.exit_code}",
+    )
     for r in result.runs:
         colour = colours.get(r.verdict, "yellow")
         cost = f"{r.cost:.2f} {r.currency}" if r.cost is not None else "-"
         duration = f"{r.duration_s:.1f}s" if r.duration_s is not None else "-"
-        table.add_row(shown(r.host), shown(variant_label(r.variant) or "-"),
-                      f"[{colour}]{shown(r.verdict)}[/]", duration, cost, shown(r.reason or ""))
+        table.add_row(
+            shown(r.host),
+            shown(variant_label(r.variant) or "-"),
+            f"[{colour}]{shown(r.verdict)}[/]",
+            duration,
+            cost,
+            shown(r.reason or ""),
+        )
     return table
 
 
@@ -63,7 +75,9 @@ class FleetRenderer:
         name = shown(self._name(event.run_id))
         if isinstance(event, PhaseFinished):
             mark = "[dim]↷" if event.skipped else ("[green]✓" if event.ok else "[red]✗")
-            self.console.print(f"{mark} {name} {shown(event.phase)}[/] [dim]{shown(event.detail)}[/]")
+            self.console.print(
+                f"{mark} {name} {shown(event.phase)}[/] [dim]{shown(event.detail)}[/]"
+            )
         elif isinstance(event, ConnectionState) and event.state != "connected":
             self.console.print(f"[yellow]⚡ {name}: {shown(event.state)}[/] {shown(event.detail)}")
         elif isinstance(event, Warning):
@@ -84,9 +98,17 @@ class FleetRenderer:
         return None
 
 
-def main_fleet(settings, playbook: Playbook, *, hosts: list[str] | None,
-               inventory_path: str | None, forks: int, out: str | None, as_json: bool,
-               keep_data: bool) -> int:
+def main_fleet(
+    settings,
+    playbook: Playbook,
+    *,
+    hosts: list[str] | None,
+    inventory_path: str | None,
+    forks: int,
+    out: str | None,
+    as_json: bool,
+    keep_data: bool,
+) -> int:
     """``remotemac run`` for more than one (host, variant): run, print the summary, exit code."""
     from remotemac.engine.inventoryfile import load_inventory
 
@@ -103,22 +125,45 @@ def main_fleet(settings, playbook: Playbook, *, hosts: list[str] | None,
         sink: Any = JsonRenderer()
     else:
         sink = FleetRenderer(runs, settings.verbose)
-        sink.console.print(f"fleet {fleet_id}: {len(runs)} runs on {len(set(targets))} hosts "
-                           f"(forks {forks}) → {out_root}")
+        sink.console.print(
+            f"fleet {fleet_id}: {len(runs)} runs on {len(set(targets))} hosts "
+            f"(forks {forks}) → {out_root}"
+        )
     options = RunOptions(keep_data=keep_data, follow_poll_s=FLEET_FOLLOW_POLL_S)
     try:
-        result = asyncio.run(run_fleet(
-            playbook, runs, journal=settings.journal(), home=settings.home, out_root=out_root,
-            options=options, ssh=settings.ssh_options(), forks=forks, sink=sink,
-            fleet_id=fleet_id))
+        result = asyncio.run(
+            run_fleet(
+                playbook,
+                runs,
+                journal=settings.journal(),
+                home=settings.home,
+                out_root=out_root,
+                options=options,
+                ssh=settings.ssh_options(),
+                forks=forks,
+                sink=sink,
+                fleet_id=fleet_id,
+            )
+        )
     except KeyboardInterrupt:
-        print("\nremotemac: stopped locally; the jobs keep running on their hosts. Resume one "
-              "with: remotemac attach <run-id> (see: remotemac status)", file=sys.stderr)
+        print(
+            "\nremotemac: stopped locally; the jobs keep running on their hosts. Resume one "
+            "with: remotemac attach <run-id> (see: remotemac status)",
+            file=sys.stderr,
+        )
         return EXIT_INTERRUPTED
     if as_json:
-        print(json.dumps({"event": "fleet_finished", "fleet_id": result.fleet_id,
-                          "exit_code": result.exit_code, "summary": str(result.summary_path)}),
-              flush=True)
+        print(
+            json.dumps(
+                {
+                    "event": "fleet_finished",
+                    "fleet_id": result.fleet_id,
+                    "exit_code": result.exit_code,
+                    "summary": str(result.summary_path),
+                }
+            ),
+            flush=True,
+        )
     else:
         sink.console.print(summary_table(result))
         sink.console.print(f"summary: {result.summary_path}")

@@ -30,8 +30,10 @@ def print_plan(plan: dict[str, Any], console: Any = None) -> None:
     from remotemac.render import shown
 
     c = console or Console()
-    c.print(f"[bold]Plan for {shown(plan['playbook'])}[/] on [bold]{shown(plan['host'])}[/] "
-            "(dry run: nothing is touched)")
+    c.print(
+        f"[bold]Plan for {shown(plan['playbook'])}[/] on [bold]{shown(plan['host'])}[/] "
+        "(dry run: nothing is touched)"
+    )
     c.print("phases: " + " → ".join(shown(p) for p in plan["phases"]))
     for key, value in plan["remote_paths"].items():
         c.print(f"  {key:8} {shown(value)}")
@@ -40,19 +42,29 @@ def print_plan(plan: dict[str, Any], console: Any = None) -> None:
     for group in project.get("left_out", []):
         examples = ", ".join(shown(e) for e in group["examples"])
         more = " …" if group["files"] > len(group["examples"]) else ""
-        c.print(f"  left out of the project upload: {group['files']} files {shown(group['why'])}"
-                f" [dim]({examples}{more})[/]")
+        c.print(
+            f"  left out of the project upload: {group['files']} files {shown(group['why'])}"
+            f" [dim]({examples}{more})[/]"
+        )
     data = plan["data"]
     if data["files"]:
-        table = Table("dataset file", "size", "why", title=f"dataset slice ({'encrypted' if data['encrypted'] else 'plain'})")
+        table = Table(
+            "dataset file",
+            "size",
+            "why",
+            title=f"dataset slice ({'encrypted' if data['encrypted'] else 'plain'})",
+        )
         for f in data["files"]:
             table.add_row(shown(f["path"]), format_size(f["size"]), shown(f["reason"]))
         c.print(table)
     for role, cmd in plan["commands"].items():
         auto = " (auto: the first of these the host's torch offers)" if "|" in cmd["device"] else ""
-        c.print(f"{role}: device {cmd['device']}{auto}, logs/{cmd['label']}.log; on "
-                f"{shown(cmd['host'])} in tmux {shown(cmd['session'])}: "
-                f"[dim]{_short(cmd['command'])}[/]", soft_wrap=True)
+        c.print(
+            f"{role}: device {cmd['device']}{auto}, logs/{cmd['label']}.log; on "
+            f"{shown(cmd['host'])} in tmux {shown(cmd['session'])}: "
+            f"[dim]{_short(cmd['command'])}[/]",
+            soft_wrap=True,
+        )
     c.print(f"bytes to send: {format_size(plan['bytes_to_send'])}")
 
 
@@ -60,8 +72,10 @@ def print_fleet_plan(fleet: dict[str, Any]) -> None:
     from remotemac.render import shown
 
     c = Console()
-    c.print(f"[bold]Fleet plan for {shown(fleet['playbook'])}[/]: {len(fleet['runs'])} runs "
-            "(dry run: nothing is touched)")
+    c.print(
+        f"[bold]Fleet plan for {shown(fleet['playbook'])}[/]: {len(fleet['runs'])} runs "
+        "(dry run: nothing is touched)"
+    )
     for i, run in enumerate(fleet["runs"]):
         label = shown(run["host"]) + (f" \\[{shown(run['variant'])}]" if run["variant"] else "")
         c.rule(f"run {i}: {label}")

@@ -54,13 +54,19 @@ def render(report: PreflightReport, console: Any = None) -> None:
         console.print(f"[red]the workload failed on the CPU:[/red] {report.workload_error}")
         for line in report.output_tail[-10:]:
             console.print(f"  {line}", markup=False, highlight=False)
-    verdict = "every traced operator is predicted to run on MPS" if report.exit_code == 0 \
+    verdict = (
+        "every traced operator is predicted to run on MPS"
+        if report.exit_code == 0
         else "some operators are predicted to fall back or fail on MPS"
+    )
     console.print(f"prediction: {verdict}")
 
 
 def main_preflight(
-    playbook_path: Path, seconds: float = DEFAULT_SECONDS, as_json: bool = False, console: Any = None
+    playbook_path: Path,
+    seconds: float = DEFAULT_SECONDS,
+    as_json: bool = False,
+    console: Any = None,
 ) -> int:
     """CLI entry: load the playbook, trace, print; return the exit code."""
     try:

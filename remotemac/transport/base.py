@@ -166,13 +166,16 @@ class Transport(abc.ABC):
     async def makedirs(self, remote: str, mode: int = 0o700) -> None:
         """Create a directory and its parents; fine if it exists."""
 
-    async def stream_exec(self, argv: list[str], *, stdin: bytes | None = None) -> AsyncIterator[bytes]:
+    async def stream_exec(
+        self, argv: list[str], *, stdin: bytes | None = None
+    ) -> AsyncIterator[bytes]:
         """Yield a command's stdout as it comes (default: all at once)."""
         result = await self.exec(argv, stdin=stdin)
         yield result.stdout
 
-    async def open_process(self, argv: list[str], *,
-                           reconnect_within: float | None = None) -> RemoteProcess:
+    async def open_process(
+        self, argv: list[str], *, reconnect_within: float | None = None
+    ) -> RemoteProcess:
         """Start ``argv`` on the host with streamed stdin/stdout (not retried on a dead link).
 
         ``reconnect_within``: if the link is down, reconnect for at most this many
@@ -180,8 +183,15 @@ class Transport(abc.ABC):
         """
         raise NotImplementedError(f"{type(self).__name__} cannot stream to a command")
 
-    async def download_to(self, remote: str, dst: BinaryIO, offset: int = 0, *,
-                          progress: ProgressFn | None = None, limit: int | None = None) -> int:
+    async def download_to(
+        self,
+        remote: str,
+        dst: BinaryIO,
+        offset: int = 0,
+        *,
+        progress: ProgressFn | None = None,
+        limit: int | None = None,
+    ) -> int:
         """Write ``remote[offset:limit]`` into the open local file ``dst`` at ``offset``.
 
         ``limit``: never write past this many bytes of the file (a pull caps each file

@@ -131,7 +131,9 @@ class VerifyingClient(asyncssh.SSHClient):
         # kept so the transport can say *why* the link died (e.g. keepalive)
         self.lost_reason = str(exc) if exc else "closed by the host"
 
-    def validate_host_public_key(self, host: str, addr: str, port: int, key: asyncssh.SSHKey) -> bool:
+    def validate_host_public_key(
+        self, host: str, addr: str, port: int, key: asyncssh.SSHKey
+    ) -> bool:
         self.check.offered = key
         return False
 
@@ -163,7 +165,10 @@ async def fetch_host_key(
     from remotemac.transport.sshconnect import probe_host_key
 
     key = await probe_host_key(
-        host_spec, home_dir=Path(home_dir), ssh_config=ssh_config, identity=identity,
+        host_spec,
+        home_dir=Path(home_dir),
+        ssh_config=ssh_config,
+        identity=identity,
         timeout=timeout,
     )
     return key, fingerprint(key)

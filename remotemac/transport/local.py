@@ -39,8 +39,13 @@ class LocalTransport(Transport):
         return str(Path.home())
 
     async def exec(
-        self, argv: list[str], *, stdin: bytes | None = None, timeout: float | None = None,
-        check: bool = False, idempotent: bool = False,
+        self,
+        argv: list[str],
+        *,
+        stdin: bytes | None = None,
+        timeout: float | None = None,
+        check: bool = False,
+        idempotent: bool = False,
     ) -> ExecResult:
         proc = await asyncio.create_subprocess_exec(
             *argv,
@@ -102,16 +107,28 @@ class LocalTransport(Transport):
     async def makedirs(self, remote: str, mode: int = 0o700) -> None:
         os.makedirs(remote, mode=mode, exist_ok=True)
 
-    async def open_process(self, argv: list[str], *,
-                           reconnect_within: float | None = None) -> RemoteProcess:
+    async def open_process(
+        self, argv: list[str], *, reconnect_within: float | None = None
+    ) -> RemoteProcess:
         proc = await asyncio.create_subprocess_exec(
-            *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE, start_new_session=True, limit=_LINE_LIMIT,
+            *argv,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            start_new_session=True,
+            limit=_LINE_LIMIT,
         )
         return _LocalProcess(proc)
 
-    async def download_to(self, remote: str, dst: BinaryIO, offset: int = 0, *,
-                          progress: ProgressFn | None = None, limit: int | None = None) -> int:
+    async def download_to(
+        self,
+        remote: str,
+        dst: BinaryIO,
+        offset: int = 0,
+        *,
+        progress: ProgressFn | None = None,
+        limit: int | None = None,
+    ) -> int:
         def copy() -> int:
             written = 0
             # O_NONBLOCK: opening a FIFO for reading would wait for a writer forever
@@ -124,8 +141,9 @@ class LocalTransport(Transport):
                 dst.seek(offset)
                 dst.truncate()
                 left = None if limit is None else max(0, limit - offset)
-                while left != 0 and (block := src.read(
-                        _COPY_BLOCK if left is None else min(_COPY_BLOCK, left))):
+                while left != 0 and (
+                    block := src.read(_COPY_BLOCK if left is None else min(_COPY_BLOCK, left))
+                ):
                     if left is not None:
                         left -= len(block)
                     dst.write(block)

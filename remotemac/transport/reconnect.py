@@ -73,8 +73,12 @@ async def reconnect(
     def _before_sleep(rs: RetryCallState) -> None:
         wait = rs.next_action.sleep if rs.next_action else 0.0
         exc = rs.outcome.exception() if rs.outcome else None
-        _emit("reconnecting", attempt=rs.attempt_number + 1, next_in_s=round(wait, 3),
-              detail=_short(exc))
+        _emit(
+            "reconnecting",
+            attempt=rs.attempt_number + 1,
+            next_in_s=round(wait, 3),
+            detail=_short(exc),
+        )
 
     retrying = AsyncRetrying(
         retry=retry_if_exception(is_transient),

@@ -199,11 +199,16 @@ class SSHTransport(Transport):
                 self._emit("connected")
             else:
                 budget = self.reconnect_deadline if deadline_s is None else deadline_s
-                await reconnect(self._open, host=self.name, deadline=max(0.0, budget),
-                                emit=self._emit_fn, run_id=self.run_id,
-                                total_deadline=self.reconnect_deadline,
-                                initial_wait=min(0.5, self.reconnect_max_wait),
-                                max_wait=self.reconnect_max_wait)
+                await reconnect(
+                    self._open,
+                    host=self.name,
+                    deadline=max(0.0, budget),
+                    emit=self._emit_fn,
+                    run_id=self.run_id,
+                    total_deadline=self.reconnect_deadline,
+                    initial_wait=min(0.5, self.reconnect_max_wait),
+                    max_wait=self.reconnect_max_wait,
+                )
                 self.reconnects += 1
             assert self._conn is not None
             return self._conn
@@ -258,7 +263,8 @@ class SSHTransport(Transport):
                 raise TransientHostError(
                     f"{what} on {self.name} kept losing the link for"
                     f" {self.reconnect_deadline:.0f} s (the reconnect deadline)",
-                    hint="check the network, then re-attach")
+                    hint="check the network, then re-attach",
+                )
             conn = await self._link(left)
             try:
                 return await op()
@@ -293,8 +299,10 @@ class SSHTransport(Transport):
             result = await self.exec(["printenv", "HOME"], timeout=30, idempotent=True)
             home = result.stdout.decode("utf-8", "replace").strip()
             if result.exit_code != 0 or not home.startswith("/"):
+
                 async def op() -> str:
                     return await (await self._sftp_client()).realpath(".")
+
                 home = await self._run("home", op, idempotent=True)
             self._home = home
         return self._home
@@ -319,16 +327,22 @@ class SSHTransport(Transport):
             async with self._channels:
                 try:
                     done = await _refused_session_retried(
-                        conn, lambda: conn.run(command, input=stdin, encoding=None,
-                                               timeout=timeout, check=False))
+                        conn,
+                        lambda: conn.run(
+                            command, input=stdin, encoding=None, timeout=timeout, check=False
+                        ),
+                    )
                 except asyncssh.TimeoutError:
-                    raise HostError(f"`{_short_cmd(argv)}` timed out after {timeout:g} s on"
-                                    f" {self.name}", hint="raise the timeout or check the host"
-                                    ) from None
+                    raise HostError(
+                        f"`{_short_cmd(argv)}` timed out after {timeout:g} s on {self.name}",
+                        hint="raise the timeout or check the host",
+                    ) from None
                 except asyncssh.ChannelOpenError as exc:
                     if self._conn is conn and not conn.is_closed():
-                        raise HostError(f"cannot open a channel on {self.name}: {exc.reason}",
-                                        hint="check MaxSessions on the host") from None
+                        raise HostError(
+                            f"cannot open a channel on {self.name}: {exc.reason}",
+                            hint="check MaxSessions on the host",
+                        ) from None
                     raise ConnectionResetError("link closed") from None
             code = done.returncode if done.returncode is not None else -1
             if done.exit_status is None and done.exit_signal is None and conn.is_closed():
@@ -340,8 +354,9 @@ class SSHTransport(Transport):
         if check and not result.ok:
             lines = result.stderr.decode("utf-8", "replace").strip().splitlines()
             last = lines[-1] if lines else "no error output"
-            raise HostError(f"`{_short_cmd(argv)}` failed on {self.name} (exit {result.exit_code}):"
-                            f" {last}")
+            raise HostError(
+                f"`{_short_cmd(argv)}` failed on {self.name} (exit {result.exit_code}): {last}"
+            )
         return result
 
     async def stream_exec(
@@ -368,8 +383,10 @@ class SSHTransport(Transport):
                 await proc.wait()
             except _LINK_ERRORS as exc:
                 self._mark_dead(conn, str(exc))
-                raise TransientHostError(f"the link to {self.name} dropped while streaming",
-                                         hint="resume from the last offset") from None
+                raise TransientHostError(
+                    f"the link to {self.name} dropped while streaming",
+                    hint="resume from the last offset",
+                ) from None
             finally:
                 proc.close()
 
@@ -390,13 +407,20 @@ class SSHTransport(Transport):
         async def op() -> None:
             sftp = await self._sftp_client()
             try:
-                await sftp.put(local, remote, block_size=SFTP_BLOCK_SIZE,
-                               max_requests=SFTP_MAX_REQUESTS, progress_handler=reporter)
+                await sftp.put(
+                    local,
+                    remote,
+                    block_size=SFTP_BLOCK_SIZE,
+                    max_requests=SFTP_MAX_REQUESTS,
+                    progress_handler=reporter,
+                )
             except asyncssh.SFTPError as exc:
                 if isinstance(exc, _LINK_ERRORS):
                     raise
-                raise HostError(f"cannot upload to {self.name}:{remote}: {exc.reason}",
-                                hint="check the remote directory exists and is writable") from None
+                raise HostError(
+                    f"cannot upload to {self.name}:{remote}: {exc.reason}",
+                    hint="check the remote directory exists and is writable",
+                ) from None
 
         await self._run(f"upload {remote}", op, idempotent=True)
 
@@ -406,8 +430,13 @@ class SSHTransport(Transport):
         async def op() -> None:
             sftp = await self._sftp_client()
             try:
-                await sftp.get(remote, local, block_size=SFTP_BLOCK_SIZE,
-                               max_requests=SFTP_MAX_REQUESTS, progress_handler=reporter)
+                await sftp.get(
+                    remote,
+                    local,
+                    block_size=SFTP_BLOCK_SIZE,
+                    max_requests=SFTP_MAX_REQUESTS,
+                    progress_handler=reporter,
+                )
             except asyncssh.SFTPNoSuchFile:
                 raise FileNotFoundError(remote) from None
 
@@ -449,8 +478,11 @@ class SSHTransport(Transport):
             except asyncssh.SFTPNoSuchFile:
                 raise FileNotFoundError(remote) from None
             return sorted(
-                (_remote_stat(posixpath.join(remote, str(n.filename)), n.attrs)
-                 for n in names if n.filename not in (".", "..")),
+                (
+                    _remote_stat(posixpath.join(remote, str(n.filename)), n.attrs)
+                    for n in names
+                    if n.filename not in (".", "..")
+                ),
                 key=lambda s: s.path,
             )
 
@@ -463,20 +495,24 @@ class SSHTransport(Transport):
 
         await self._run(f"mkdir {remote}", op, idempotent=True)
 
-    async def open_process(self, argv: list[str], *,
-                           reconnect_within: float | None = None) -> RemoteProcess:
+    async def open_process(
+        self, argv: list[str], *, reconnect_within: float | None = None
+    ) -> RemoteProcess:
         """Start ``argv`` with streamed stdin/stdout on one channel (never re-run)."""
         command = " ".join(shlex.quote(str(arg)) for arg in argv)
         conn = await self._link(reconnect_within)
         await self._channels.acquire()
         try:
             proc = await _refused_session_retried(
-                conn, lambda: conn.create_process(command, encoding=None))
+                conn, lambda: conn.create_process(command, encoding=None)
+            )
         except asyncssh.ChannelOpenError as exc:
             self._channels.release()
             if self._conn is conn and not conn.is_closed():
-                raise HostError(f"cannot open a channel on {self.name}: {exc.reason}",
-                                hint="check MaxSessions on the host") from None
+                raise HostError(
+                    f"cannot open a channel on {self.name}: {exc.reason}",
+                    hint="check MaxSessions on the host",
+                ) from None
             raise TransientHostError(f"the link to {self.name} dropped") from None
         except _LINK_ERRORS as exc:
             self._channels.release()
@@ -484,8 +520,15 @@ class SSHTransport(Transport):
             raise TransientHostError(f"the link to {self.name} dropped") from None
         return _SSHProcess(self, conn, proc, _short_cmd(argv))
 
-    async def download_to(self, remote: str, dst: BinaryIO, offset: int = 0, *,
-                          progress: ProgressFn | None = None, limit: int | None = None) -> int:
+    async def download_to(
+        self,
+        remote: str,
+        dst: BinaryIO,
+        offset: int = 0,
+        *,
+        progress: ProgressFn | None = None,
+        limit: int | None = None,
+    ) -> int:
         """Parallel SFTP reads from ``offset``; after a reconnect it goes on from where it was.
 
         Blocks are written in order as they arrive, so ``dst`` always holds a clean
@@ -505,8 +548,7 @@ class SSHTransport(Transport):
                     dst.truncate()
                     ahead = pos
                     while True:
-                        while len(pending) < SFTP_MAX_REQUESTS and (limit is None
-                                                                    or ahead < limit):
+                        while len(pending) < SFTP_MAX_REQUESTS and (limit is None or ahead < limit):
                             size = block if limit is None else min(block, limit - ahead)
                             pending.append(asyncio.ensure_future(fh.read(size, ahead)))
                             ahead += size
@@ -514,7 +556,7 @@ class SSHTransport(Transport):
                             return  # ``limit`` reached: the rest of the file is not ours
                         data = await pending.popleft()
                         if limit is not None:
-                            data = data[:max(0, limit - pos)]  # a server that sends more
+                            data = data[: max(0, limit - pos)]  # a server that sends more
                         if not data:
                             return
                         dst.write(data)
@@ -542,8 +584,13 @@ class SSHTransport(Transport):
 class _SSHProcess(RemoteProcess):
     """One exec channel with its stdin and stdout as streams; a dead link is transient."""
 
-    def __init__(self, transport: SSHTransport, conn: asyncssh.SSHClientConnection,
-                 proc: asyncssh.SSHClientProcess, what: str) -> None:
+    def __init__(
+        self,
+        transport: SSHTransport,
+        conn: asyncssh.SSHClientConnection,
+        proc: asyncssh.SSHClientProcess,
+        what: str,
+    ) -> None:
         self._t = transport
         self._conn = conn
         self._proc = proc
@@ -553,8 +600,10 @@ class _SSHProcess(RemoteProcess):
 
     def _lost(self, exc: BaseException) -> TransientHostError:
         self._t._mark_dead(self._conn, f"{type(exc).__name__}: {exc}".strip())
-        return TransientHostError(f"the link to {self._t.name} dropped during `{self._what}`",
-                                  hint="it resumes on the next attempt")
+        return TransientHostError(
+            f"the link to {self._t.name} dropped during `{self._what}`",
+            hint="it resumes on the next attempt",
+        )
 
     async def write(self, data: bytes) -> None:
         try:
@@ -655,9 +704,9 @@ def _short_cmd(argv: list[str], limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-async def _refused_session_retried(conn: asyncssh.SSHClientConnection,
-                                   start: Callable[[], Awaitable[T]],
-                                   within: float = 3.0) -> T:
+async def _refused_session_retried(
+    conn: asyncssh.SSHClientConnection, start: Callable[[], Awaitable[T]], within: float = 3.0
+) -> T:
     """Open a session channel, retrying while sshd refuses it on a live link.
 
     sshd frees a closed session's slot only when its privilege-separated monitor

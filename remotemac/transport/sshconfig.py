@@ -81,11 +81,20 @@ def resolve(
     local_user = getpass.getuser()
     try:
         cfg = SSHClientConfig.load(
-            None, list(paths), False, False, False, local_user,
-            user if user else (), host, port if port else (),
+            None,
+            list(paths),
+            False,
+            False,
+            False,
+            local_user,
+            user if user else (),
+            host,
+            port if port else (),
         )
     except Exception as exc:  # asyncssh.ConfigParseError and OSError
-        raise BadInput(f"cannot read ssh config: {exc}", hint="fix the file or pass --ssh-config") from None
+        raise BadInput(
+            f"cannot read ssh config: {exc}", hint="fix the file or pass --ssh-config"
+        ) from None
 
     identities: list[Path] = []
     if identity is not None:

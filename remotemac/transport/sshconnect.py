@@ -105,10 +105,10 @@ def _agent_public_blobs() -> set[bytes]:
             return set()
         count, pos, blobs = int.from_bytes(body[1:5], "big"), 5, set()
         for _ in range(count):
-            size = int.from_bytes(body[pos:pos + 4], "big")
-            blobs.add(body[pos + 4:pos + 4 + size])
+            size = int.from_bytes(body[pos : pos + 4], "big")
+            blobs.add(body[pos + 4 : pos + 4 + size])
             pos += 4 + size
-            pos += 4 + int.from_bytes(body[pos:pos + 4], "big")  # comment
+            pos += 4 + int.from_bytes(body[pos : pos + 4], "big")  # comment
         return blobs
     except (OSError, ValueError):
         return set()
@@ -168,8 +168,10 @@ def _load_encrypted(path: Path, prompt: PassphrasePrompt, notes: list[str]) -> l
     for _ in range(3):
         passphrase = prompt(path)
         if passphrase is None:
-            notes.append(f"key {path} is passphrase-protected and there is no terminal to ask"
-                         f" (add it to ssh-agent: ssh-add {path})")
+            notes.append(
+                f"key {path} is passphrase-protected and there is no terminal to ask"
+                f" (add it to ssh-agent: ssh-add {path})"
+            )
             return []
         try:
             return asyncssh.load_keypairs([str(path)], passphrase=passphrase)
@@ -204,7 +206,10 @@ async def _connect_hop(
     if params.server_alive_interval is not None and keepalive == ConnectOptions.keepalive_interval:
         keepalive = params.server_alive_interval  # ssh_config wins over our default
     count_max = opts.keepalive_count_max
-    if params.server_alive_count_max is not None and count_max == ConnectOptions.keepalive_count_max:
+    if (
+        params.server_alive_count_max is not None
+        and count_max == ConnectOptions.keepalive_count_max
+    ):
         count_max = params.server_alive_count_max
     timeout = opts.connect_timeout
     if params.connect_timeout and timeout == ConnectOptions.connect_timeout:
@@ -255,25 +260,35 @@ async def _connect_hop(
             hint="check -i/IdentityFile, ssh-add -l, and authorized_keys on the host",
         ) from None
     except socket.gaierror as exc:
-        raise DNSError(f"cannot resolve host name {params.hostname!r} ({exc.strerror})",
-                       hint="check the host name or your network/DNS") from None
+        raise DNSError(
+            f"cannot resolve host name {params.hostname!r} ({exc.strerror})",
+            hint="check the host name or your network/DNS",
+        ) from None
     except ConnectionRefusedError:
-        raise ConnectRefused(f"connection refused by {where}",
-                             hint="is sshd running there and the port right?") from None
+        raise ConnectRefused(
+            f"connection refused by {where}", hint="is sshd running there and the port right?"
+        ) from None
     except (asyncio.TimeoutError, TimeoutError):
-        raise ConnectTimeout(f"timed out after {timeout:g} s connecting to {where}",
-                             hint="is the host up and reachable from here?") from None
+        raise ConnectTimeout(
+            f"timed out after {timeout:g} s connecting to {where}",
+            hint="is the host up and reachable from here?",
+        ) from None
     except asyncssh.ChannelOpenError as exc:
         # ProxyJump: the jump host could not reach the next hop
-        raise TransientHostError(f"cannot reach {where} through the jump host: {exc.reason}",
-                                 hint="check ProxyJump and the HostName/Port behind it") from None
+        raise TransientHostError(
+            f"cannot reach {where} through the jump host: {exc.reason}",
+            hint="check ProxyJump and the HostName/Port behind it",
+        ) from None
     except asyncssh.DisconnectError as exc:
-        raise TransientHostError(f"{where} closed the connection: {exc.reason}",
-                                 hint="retry; check the host's sshd logs if it persists") from None
+        raise TransientHostError(
+            f"{where} closed the connection: {exc.reason}",
+            hint="retry; check the host's sshd logs if it persists",
+        ) from None
     except OSError as exc:
         reason = exc.strerror or errno.errorcode.get(exc.errno or 0, str(exc))
-        raise TransientHostError(f"cannot connect to {where}: {reason}",
-                                 hint="check the network and the host") from None
+        raise TransientHostError(
+            f"cannot connect to {where}: {reason}", hint="check the network and the host"
+        ) from None
 
 
 class _Probed(Exception):
@@ -288,8 +303,9 @@ _QUIETED_LOOPS: weakref.WeakSet[asyncio.AbstractEventLoop] = weakref.WeakSet()
 def _is_lost_sftp_task(context: dict) -> bool:
     task = context.get("future") or context.get("task")
     coro = getattr(task, "get_coro", lambda: None)()
-    return (isinstance(context.get("exception"), (asyncssh.DisconnectError, ConnectionError))
-            and "_SFTPParallelIO" in getattr(coro, "__qualname__", ""))
+    return isinstance(
+        context.get("exception"), (asyncssh.DisconnectError, ConnectionError)
+    ) and "_SFTPParallelIO" in getattr(coro, "__qualname__", "")
 
 
 def quiet_lost_sftp_tasks(loop: asyncio.AbstractEventLoop) -> None:
@@ -349,8 +365,9 @@ async def probe_host_key(
 ) -> asyncssh.SSHKey:
     """The key ``host_spec`` offers, learned from a key exchange that trusts nothing."""
     params = resolve(host_spec, ssh_config=ssh_config, identity=identity)
-    opts = ConnectOptions(home_dir=home_dir, ssh_config=ssh_config, identity=identity,
-                          connect_timeout=timeout)
+    opts = ConnectOptions(
+        home_dir=home_dir, ssh_config=ssh_config, identity=identity, connect_timeout=timeout
+    )
     jumps: list[asyncssh.SSHClientConnection] = []
     tunnel = None
     try:

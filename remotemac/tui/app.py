@@ -46,12 +46,22 @@ class RemotemacApp(App[int]):
         Binding("ctrl+c", "quit", "Quit", show=False, priority=True),
     ]
 
-    def __init__(self, settings: Any, playbooks: list[str] | None = None, *,
-                 journal: Any = None, now: Callable[[], float] | None = None,
-                 out_root: Path | None = None, reattach: bool = True, blink: bool = True,
-                 log_max_lines: int = 10_000, flush_s: float = 0.05,
-                 remote_root: str = "~/remotemac", live_poll_s: float = 30.0,
-                 start_playbooks: bool = False) -> None:
+    def __init__(
+        self,
+        settings: Any,
+        playbooks: list[str] | None = None,
+        *,
+        journal: Any = None,
+        now: Callable[[], float] | None = None,
+        out_root: Path | None = None,
+        reattach: bool = True,
+        blink: bool = True,
+        log_max_lines: int = 10_000,
+        flush_s: float = 0.05,
+        remote_root: str = "~/remotemac",
+        live_poll_s: float = 30.0,
+        start_playbooks: bool = False,
+    ) -> None:
         super().__init__()
         self.start_playbooks = start_playbooks  # ``remotemac tui my.yaml`` runs my.yaml
         self.live_poll_s = live_poll_s  # 0: never ask hosts (snapshots, offline)
@@ -64,8 +74,13 @@ class RemotemacApp(App[int]):
         self.log_max_lines = log_max_lines
         self.flush_s = flush_s
         self.remote_root = remote_root
-        self.driver = RunDriver(self, settings, self.journal,
-                                out_root or Path.cwd() / "runs", keep_lines=2 * log_max_lines)
+        self.driver = RunDriver(
+            self,
+            settings,
+            self.journal,
+            out_root or Path.cwd() / "runs",
+            keep_lines=2 * log_max_lines,
+        )
         self.errors: list[str] = []  # every error line shown, for the status and for tests
 
     def on_mount(self) -> None:
@@ -95,8 +110,9 @@ class RemotemacApp(App[int]):
         from remotemac.playbook import load_playbook
 
         try:
-            pb = load_playbook(choice.path,
-                               overrides={"host": choice.host} if choice.host else None)
+            pb = load_playbook(
+                choice.path, overrides={"host": choice.host} if choice.host else None
+            )
             plan = await asyncio.to_thread(make_plan, pb)
         except Exception as exc:
             self.report_error(f"dry run {choice.path}: {error_line(exc)}")
@@ -210,8 +226,10 @@ class RemotemacApp(App[int]):
         if isinstance(self.screen, kind):
             await self.run_action(action, self.screen)
         else:
-            self.notify(f"open the {kind.__name__.removesuffix('Screen').lower()} screen first",
-                        severity="warning")
+            self.notify(
+                f"open the {kind.__name__.removesuffix('Screen').lower()} screen first",
+                severity="warning",
+            )
 
     def action_attach(self) -> None:
         run_id = self._selected_run()
@@ -236,15 +254,19 @@ class RemotemacApp(App[int]):
 
         def answered(yes: bool | None) -> None:
             if yes:
-                self.run_worker(self._one_phase(run_id, "wipe"), group="phase",
-                                exit_on_error=False)
+                self.run_worker(self._one_phase(run_id, "wipe"), group="phase", exit_on_error=False)
             else:
                 self.notify(f"wipe of {run_id} cancelled")
 
-        self.push_screen(ConfirmScreen(
-            f"Wipe the data of {run_id} on its host and destroy its key?",
-            "Removes the dataset (plaintext and ciphertext), caches, tmp and outputs on the "
-            "host; logs and status stay until cleanup.", yes="Wipe"), answered)
+        self.push_screen(
+            ConfirmScreen(
+                f"Wipe the data of {run_id} on its host and destroy its key?",
+                "Removes the dataset (plaintext and ciphertext), caches, tmp and outputs on the "
+                "host; logs and status stay until cleanup.",
+                yes="Wipe",
+            ),
+            answered,
+        )
 
     async def _one_phase(self, run_id: str, phase: str) -> None:
         self.notify(f"{phase} {run_id}…")
@@ -280,23 +302,26 @@ class RemotemacApp(App[int]):
     async def _cleanup(self, host: str) -> None:
         """Dry run first, its list in a dialog, then the real cleanup only on yes."""
         try:
-            _, listing = await self.driver.cleanup(host, dry_run=True,
-                                                   remote_root=self.remote_root)
-            if not await self.push_screen_wait(ConfirmScreen(
-                    f"Remove everything remotemac put on {host}?", _pretty(listing),
-                    yes="Clean up")):
+            _, listing = await self.driver.cleanup(host, dry_run=True, remote_root=self.remote_root)
+            if not await self.push_screen_wait(
+                ConfirmScreen(
+                    f"Remove everything remotemac put on {host}?", _pretty(listing), yes="Clean up"
+                )
+            ):
                 self.notify(f"cleanup of {host} cancelled")
                 return
-            code, out = await self.driver.cleanup(host, dry_run=False,
-                                                  remote_root=self.remote_root)
+            code, out = await self.driver.cleanup(host, dry_run=False, remote_root=self.remote_root)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
             self.report_error(f"cleanup {host}: {error_line(exc)}")
             return
         self.notify(f"cleanup {host}: exit {code}")
-        self.push_screen(MarkdownScreen(Path(f"cleanup-{host}"),
-                                        f"# cleanup {host}\n\n```\n{_pretty(out)}\n```\n"))
+        self.push_screen(
+            MarkdownScreen(
+                Path(f"cleanup-{host}"), f"# cleanup {host}\n\n```\n{_pretty(out)}\n```\n"
+            )
+        )
 
     def action_fleet(self) -> None:
         from remotemac.tui.screens.fleet import FleetScreen
@@ -321,37 +346,73 @@ class RemotemacApp(App[int]):
 
         on = self.on_screen
         entries: list[tuple[str, str, Callable[[], Any]]] = [
-            ("Run a playbook", "Start a run: playbook, host, keep data, dry run (r)",
-             self.action_start_run),
+            (
+                "Run a playbook",
+                "Start a run: playbook, host, keep data, dry run (r)",
+                self.action_start_run,
+            ),
             ("Runs", "Back to the table of runs", self.action_runs),
-            ("Open run", "Open the selected run: log, timeline, verdict (enter)",
-             lambda: on(RunsScreen, "open")),
+            (
+                "Open run",
+                "Open the selected run: log, timeline, verdict (enter)",
+                lambda: on(RunsScreen, "open"),
+            ),
             ("Attach", "Re-attach to the selected run (t)", self.action_attach),
             ("Pull", "Pull the selected run's results (p)", self.action_pull),
             ("Wipe", "Wipe the selected run's data (asks first) (w)", self.action_wipe),
-            ("Drill disconnect", "Cut the selected run's SSH link on purpose (d)",
-             self.action_drill),
+            (
+                "Drill disconnect",
+                "Cut the selected run's SSH link on purpose (d)",
+                self.action_drill,
+            ),
             ("Search log", "Search the run's log (/)", lambda: on(RunScreen, "search")),
-            ("Older match", "Next search match upwards (n)",
-             lambda: on(RunScreen, "next_match(True)")),
-            ("Newer match", "Next search match downwards (N)",
-             lambda: on(RunScreen, "next_match(False)")),
-            ("Device filter", "Show one device's log lines, then the next, then all (l)",
-             lambda: on(RunScreen, "filter_device")),
+            (
+                "Older match",
+                "Next search match upwards (n)",
+                lambda: on(RunScreen, "next_match(True)"),
+            ),
+            (
+                "Newer match",
+                "Next search match downwards (N)",
+                lambda: on(RunScreen, "next_match(False)"),
+            ),
+            (
+                "Device filter",
+                "Show one device's log lines, then the next, then all (l)",
+                lambda: on(RunScreen, "filter_device"),
+            ),
             ("Follow log", "Jump to the end and follow (end, f)", lambda: on(RunScreen, "follow")),
-            ("acceptance.md", "Open the run's acceptance record (a)",
-             lambda: on(RunScreen, "acceptance")),
+            (
+                "acceptance.md",
+                "Open the run's acceptance record (a)",
+                lambda: on(RunScreen, "acceptance"),
+            ),
             ("Hosts", "Doctor and host keys (h)", self.action_hosts),
-            ("Doctor host", "Is the selected host fit (d on the hosts screen)",
-             lambda: on(HostsScreen, "doctor")),
-            ("Trust host key", "Pin the selected host's key after comparing it (k)",
-             lambda: on(HostsScreen, "trust")),
-            ("Cleanup host", "Remove everything remotemac put on a host "
-             "(dry run first, then asks) (c)", self.action_cleanup),
-            ("Fleet summary", "Every fleet run from the journal: host, verdict, duration, "
-             "cost (f)", self.action_fleet),
-            ("Next fleet", "Show the next fleet (n on the fleet screen)",
-             lambda: on(FleetScreen, "next_fleet")),
+            (
+                "Doctor host",
+                "Is the selected host fit (d on the hosts screen)",
+                lambda: on(HostsScreen, "doctor"),
+            ),
+            (
+                "Trust host key",
+                "Pin the selected host's key after comparing it (k)",
+                lambda: on(HostsScreen, "trust"),
+            ),
+            (
+                "Cleanup host",
+                "Remove everything remotemac put on a host (dry run first, then asks) (c)",
+                self.action_cleanup,
+            ),
+            (
+                "Fleet summary",
+                "Every fleet run from the journal: host, verdict, duration, cost (f)",
+                self.action_fleet,
+            ),
+            (
+                "Next fleet",
+                "Show the next fleet (n on the fleet screen)",
+                lambda: on(FleetScreen, "next_fleet"),
+            ),
             ("Keys", "Every key of this screen (?)", self.action_help),
             ("Quit", "Leave; remote jobs keep running (q)", self.action_quit),
         ]
@@ -371,17 +432,30 @@ def _pretty(text: str) -> str:
 
 def plan_markdown(plan: dict[str, Any]) -> str:
     """``run --dry-run``'s plan as markdown for the viewer."""
-    lines = [f"# Plan for {plan['playbook']} on {plan['host']}", "",
-             "Dry run: nothing was touched.", "",
-             "**phases:** " + " → ".join(plan["phases"]), ""]
+    lines = [
+        f"# Plan for {plan['playbook']} on {plan['host']}",
+        "",
+        "Dry run: nothing was touched.",
+        "",
+        "**phases:** " + " → ".join(plan["phases"]),
+        "",
+    ]
     lines += [f"- {key}: `{value}`" for key, value in plan["remote_paths"].items()]
-    lines += ["", f"project: {plan['project']['files']} files, "
-                  f"{human_size(plan['project']['bytes'])}; dataset: "
-                  f"{len(plan['data']['files'])} files, {human_size(plan['data']['bytes'])}; "
-                  f"to send: {human_size(plan['bytes_to_send'])}", ""]
+    lines += [
+        "",
+        f"project: {plan['project']['files']} files, "
+        f"{human_size(plan['project']['bytes'])}; dataset: "
+        f"{len(plan['data']['files'])} files, {human_size(plan['data']['bytes'])}; "
+        f"to send: {human_size(plan['bytes_to_send'])}",
+        "",
+    ]
     for role, cmd in plan["commands"].items():
-        lines += [f"**{role}** (device {cmd.get('device', '?')}, on {cmd['host']}):", "",
-                  f"```\n{cmd['command']}\n```", ""]
+        lines += [
+            f"**{role}** (device {cmd.get('device', '?')}, on {cmd['host']}):",
+            "",
+            f"```\n{cmd['command']}\n```",
+            "",
+        ]
     return "\n".join(lines)
 
 

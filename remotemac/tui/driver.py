@@ -35,16 +35,18 @@ def error_line(exc: BaseException) -> str:
     return f"internal error: {type(exc).__name__}: {exc}"
 
 
-def read_local_logs(out_dir: str | Path, upto: Callable[[str], int | None],
-                    max_lines: int) -> list[tuple[str, str]]:
+def read_local_logs(
+    out_dir: str | Path, upto: Callable[[str], int | None], max_lines: int
+) -> list[tuple[str, str]]:
     """(device, line) already on disk in ``<out>/logs/<device>.log`` (blocking: use a thread).
 
     ``upto(device)`` caps each file at the byte offset the journal saved: the engine's
     follow resumes exactly there, so preloaded and streamed lines never overlap.
     """
     log_dir = Path(out_dir) / "logs"
-    files = sorted(log_dir.glob("*.log"), key=lambda p: p.stat().st_mtime) \
-        if log_dir.is_dir() else []
+    files = (
+        sorted(log_dir.glob("*.log"), key=lambda p: p.stat().st_mtime) if log_dir.is_dir() else []
+    )
     out: list[tuple[str, str]] = []
     for path in files:
         limit = upto(path.stem)
@@ -80,8 +82,9 @@ class _Render:
 class RunDriver:
     """The runs this TUI drives, their live state, and the workers behind them."""
 
-    def __init__(self, app: Any, settings: Any, journal: Any, out_root: Path,
-                 keep_lines: int = 20_000) -> None:
+    def __init__(
+        self, app: Any, settings: Any, journal: Any, out_root: Path, keep_lines: int = 20_000
+    ) -> None:
         self.app = app
         self.settings = settings
         self.journal = journal
@@ -99,14 +102,17 @@ class RunDriver:
 
     def in_flight(self, now: float) -> list[str]:
         """Runs to re-attach on opening: in flight per the journal, recent, not ours yet."""
-        return [r.run_id for r in self.journal.list_runs()
-                if r.state in LIVE_STATES and now - r.created_at < REATTACH_WINDOW_S
-                and not self.attached(r.run_id)]
+        return [
+            r.run_id
+            for r in self.journal.list_runs()
+            if r.state in LIVE_STATES
+            and now - r.created_at < REATTACH_WINDOW_S
+            and not self.attached(r.run_id)
+        ]
 
     # ------------------------------------------------------------ runs
 
-    def start(self, playbook_path: str, *, keep_data: bool = False,
-              host: str | None = None) -> str:
+    def start(self, playbook_path: str, *, keep_data: bool = False, host: str | None = None) -> str:
         """Create the journal row (as ``remotemac run`` does) and drive the run in a worker."""
         from remotemac.engine.context import RunOptions
         from remotemac.engine.runs import register_run
@@ -116,8 +122,9 @@ class RunDriver:
         pb = load_playbook(playbook_path, overrides={"host": host} if host else None)
         run_id = new_run_id(pb.name)
         out_dir = (self.out_root / run_id).resolve()
-        register_run(self.journal, run_id, pb, out_dir,
-                     options={"keep_data": keep_data, "drill": None})
+        register_run(
+            self.journal, run_id, pb, out_dir, options={"keep_data": keep_data, "drill": None}
+        )
         self._spawn(run_id, pb, out_dir, RunOptions(keep_data=keep_data), preload=False)
         return run_id
 
@@ -130,8 +137,9 @@ class RunDriver:
         from remotemac.engine.runs import load_run
 
         row, pb = load_run(self.journal, run_id)
-        options = RunOptions(keep_data=bool(row.options.get("keep_data")),
-                             drill=row.options.get("drill"))
+        options = RunOptions(
+            keep_data=bool(row.options.get("keep_data")), drill=row.options.get("drill")
+        )
         self._spawn(run_id, pb, Path(row.out_dir), options, preload=True)
 
     def _spawn(self, run_id: str, pb: Any, out_dir: Path, options: Any, *, preload: bool) -> None:
@@ -140,12 +148,16 @@ class RunDriver:
         live.active = True
         self.lives[run_id] = live
         self.workers[run_id] = self.app.run_worker(
-            self._drive(live, pb, out_dir, options, preload), name=f"run {run_id}",
-            group="runs", exit_on_error=False)
+            self._drive(live, pb, out_dir, options, preload),
+            name=f"run {run_id}",
+            group="runs",
+            exit_on_error=False,
+        )
         self.app.post_message(RunUpdated(run_id))
 
-    async def _drive(self, live: RunLive, pb: Any, out_dir: Path, options: Any,
-                     preload: bool) -> None:
+    async def _drive(
+        self, live: RunLive, pb: Any, out_dir: Path, options: Any, preload: bool
+    ) -> None:
         from remotemac.engine.pipeline import build_context, run_pipeline
 
         run_id = live.run_id
@@ -153,6 +165,7 @@ class RunDriver:
         error: str | None = None
         try:
             if preload:
+
                 def upto(device: str) -> int:
                     return self.journal.log_offset(run_id, device)[0]
 
@@ -161,9 +174,16 @@ class RunDriver:
                     live.add_line(device, line)
             bus = EventBus()
             bus.subscribe(self.sink(live))
-            ctx = build_context(run_id=run_id, playbook=pb, journal=self.journal, bus=bus,
-                                home=self.settings.home, out_dir=out_dir, options=options,
-                                ssh=self.settings.ssh_options())
+            ctx = build_context(
+                run_id=run_id,
+                playbook=pb,
+                journal=self.journal,
+                bus=bus,
+                home=self.settings.home,
+                out_dir=out_dir,
+                options=options,
+                ssh=self.settings.ssh_options(),
+            )
             counters = ctx.results.setdefault("_continuity", {"disconnects": 0, "reconnects": 0})
 
             def count(event: Event) -> None:
@@ -221,13 +241,21 @@ class RunDriver:
             pb = pb.model_copy(update={"wipe": "after_pull"})
         live = self.lives.get(run_id)
         if live is None:
-            live = self.lives[run_id] = RunLive(run_id, host=row.host, name=row.name,
-                                                keep_lines=self.keep_lines)
+            live = self.lives[run_id] = RunLive(
+                run_id, host=row.host, name=row.name, keep_lines=self.keep_lines
+            )
             live.out_dir = row.out_dir
         return await run_phase(
-            run_id=run_id, phase=phase, playbook=pb, journal=self.journal,
-            home=self.settings.home, out_dir=Path(row.out_dir), options=RunOptions(),
-            ssh=self.settings.ssh_options(), render=_Render(self.sink(live)))
+            run_id=run_id,
+            phase=phase,
+            playbook=pb,
+            journal=self.journal,
+            home=self.settings.home,
+            out_dir=Path(row.out_dir),
+            options=RunOptions(),
+            ssh=self.settings.ssh_options(),
+            render=_Render(self.sink(live)),
+        )
 
     # ------------------------------------------------------------ drill, cleanup
 
@@ -241,8 +269,9 @@ class RunDriver:
         """
         ctx = self.contexts.get(run_id)
         if ctx is None:
-            raise BadInput(f"drill: run {run_id} is not attached in this TUI",
-                           hint="attach it first (t)")
+            raise BadInput(
+                f"drill: run {run_id} is not attached in this TUI", hint="attach it first (t)"
+            )
         cut = 0
         links = 0
         for binding in ctx.hosts.values():
@@ -252,12 +281,13 @@ class RunDriver:
                 continue
             links += 1
             dropped = bool(await drop("dropped on purpose (TUI drill)"))
-            ctx.drills.append({"host": owner.name, "dropped": dropped,
-                               "at": iso_utc(time.time())})
+            ctx.drills.append({"host": owner.name, "dropped": dropped, "at": iso_utc(time.time())})
             cut += dropped
         if not links:
-            raise BadInput(f"drill: run {run_id} has no SSH link to cut",
-                           hint="the drill needs a remote host, not local")
+            raise BadInput(
+                f"drill: run {run_id} has no SSH link to cut",
+                hint="the drill needs a remote host, not local",
+            )
         return cut
 
     async def cleanup(self, host: str, *, dry_run: bool, remote_root: str) -> tuple[int, str]:
@@ -267,9 +297,15 @@ class RunDriver:
         except ImportError as exc:
             raise BadInput(f"cleanup is not available in this build: {exc}") from None
         lines: list[str] = []  # main_cleanup's output, passed in: stdout stays the terminal's
-        code = await main_cleanup(host, settings=self.settings, dry_run=dry_run,
-                                  yes=not dry_run, as_json=True, remote_root=remote_root,
-                                  echo=lines.append)
+        code = await main_cleanup(
+            host,
+            settings=self.settings,
+            dry_run=dry_run,
+            yes=not dry_run,
+            as_json=True,
+            remote_root=remote_root,
+            echo=lines.append,
+        )
         return int(code or 0), "".join(line + "\n" for line in lines)
 
     # ------------------------------------------------------------ quitting
@@ -281,8 +317,7 @@ class RunDriver:
             worker.cancel()
         if workers:
             with contextlib.suppress(Exception, asyncio.TimeoutError):
-                await asyncio.wait_for(
-                    asyncio.gather(*(_quiet_wait(w) for w in workers)), timeout)
+                await asyncio.wait_for(asyncio.gather(*(_quiet_wait(w) for w in workers)), timeout)
 
 
 async def _quiet_wait(worker: Any) -> None:

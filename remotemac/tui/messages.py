@@ -19,8 +19,9 @@ class RunUpdated(Message):
 class RunEnded(Message):
     """The worker driving a run (or one phase of it) is over."""
 
-    def __init__(self, run_id: str, exit_code: int | None, error: str | None = None,
-                 what: str = "run") -> None:
+    def __init__(
+        self, run_id: str, exit_code: int | None, error: str | None = None, what: str = "run"
+    ) -> None:
         super().__init__()
         self.run_id = run_id
         self.exit_code = exit_code

@@ -91,8 +91,10 @@ class LogRecord:
 
     def render(self) -> str:
         """``15:21:03 cpu        │ line``: a fixed-width time and device column."""
-        return f"{clock(self.ts) if self.ts is not None else ' ' * 8} " \
-               f"{log_prefix(self.device)}{self.text}"
+        return (
+            f"{clock(self.ts) if self.ts is not None else ' ' * 8} "
+            f"{log_prefix(self.device)}{self.text}"
+        )
 
 
 class LineStore:
@@ -132,7 +134,7 @@ class LineStore:
 
     def since(self, seen: int) -> list[LogRecord]:
         """Lines numbered ``seen`` and later (what a reader has not taken yet)."""
-        return self._lines[max(0, seen - self.base):]
+        return self._lines[max(0, seen - self.base) :]
 
 
 class RunLive:
@@ -192,15 +194,24 @@ class RunLive:
                 del self.memory[:-MAX_SPARK_POINTS]
         elif isinstance(event, ConnectionState):
             state = "connected" if event.state == "reconnected" else event.state
-            self.link = LinkState(state, event.host, event.attempt, event.next_in_s,
-                                  escape_controls(event.detail or ""), event.deadline_left_s)
+            self.link = LinkState(
+                state,
+                event.host,
+                event.attempt,
+                event.next_in_s,
+                escape_controls(event.detail or ""),
+                event.deadline_left_s,
+            )
             self.link_history.append(state)
         elif isinstance(event, Warning):
             self.warnings.append(escape_controls(event.message))
         elif isinstance(event, RunFinished):
             self.ended_at = event.ts
-            self.verdict, self.exit_code, self.out_dir = event.verdict, event.exit_code, \
-                event.out_dir or self.out_dir
+            self.verdict, self.exit_code, self.out_dir = (
+                event.verdict,
+                event.exit_code,
+                event.out_dir or self.out_dir,
+            )
 
     def add_line(self, device: str, line: str, ts: float | None = None) -> None:
         """Keep one job line for the log view, its terminal controls shown, not obeyed."""
@@ -269,17 +280,27 @@ def read_acceptance(out_dir: str | Path) -> Acceptance | None:
         ("memory stable", _fmt(mem.get("stable"))),
         ("within tolerance", _fmt(res.get("within_tolerance"))),
     ]
-    conds = [(str(c.get("code", "")), str(c.get("detail", "")))
-             for c in data.get("stopping_conditions") or []]
+    conds = [
+        (str(c.get("code", "")), str(c.get("detail", "")))
+        for c in data.get("stopping_conditions") or []
+    ]
     md = Path(out_dir) / "acceptance.md"
     peak = mem.get("peak_bytes")
-    return Acceptance(str(data.get("verdict", "?")), conds, rows, md if md.exists() else None,
-                      float(peak) if isinstance(peak, (int, float)) else None)
+    return Acceptance(
+        str(data.get("verdict", "?")),
+        conds,
+        rows,
+        md if md.exists() else None,
+        float(peak) if isinstance(peak, (int, float)) else None,
+    )
 
 
 def _fmt(value: Any) -> str:
-    return "—" if value is None else ("yes" if value is True else "no" if value is False
-                                      else str(value))
+    return (
+        "—"
+        if value is None
+        else ("yes" if value is True else "no" if value is False else str(value))
+    )
 
 
 def _fmt_list(value: Any) -> str:
@@ -297,8 +318,9 @@ def _fmt_list(value: Any) -> str:
 human_bytes = human_size  # the TUI's old names for the shared formatters
 
 
-def cost_so_far(playbook: dict[str, Any], created_at: float, finished_at: float | None,
-                now: float) -> str:
+def cost_so_far(
+    playbook: dict[str, Any], created_at: float, finished_at: float | None, now: float
+) -> str:
     """Rental cost of the run's wall time at the playbook's hourly rate ("" if no rate)."""
     cost = playbook.get("cost") or {}
     rate = float(cost.get("hourly_rate") or 0.0)

@@ -130,8 +130,9 @@ class FaultProxy:
         self.bytes_forwarded = 0
         self._links: set[_Link] = set()
         self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True,
-                                        name="fault-proxy")
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, daemon=True, name="fault-proxy"
+        )
         self._server: asyncio.AbstractServer | None = None
         self._flowing: asyncio.Event | None = None
 

@@ -36,8 +36,7 @@ def ssh_argv(server: SSHD, directory: Path) -> list[str]:
     """OpenSSH client argv reaching ``server`` (own config and known_hosts)."""
     known = server.write_known_hosts(directory / "known_hosts", append=False)
     cfg = directory / "ssh_config"
-    cfg.write_text(server.ssh_config_block("lab", known_hosts=known,
-                                           extra={"BatchMode": "yes"}))
+    cfg.write_text(server.ssh_config_block("lab", known_hosts=known, extra={"BatchMode": "yes"}))
     return ["ssh", "-F", str(cfg), "lab"]
 
 
@@ -139,8 +138,13 @@ def ssh_env(tmp_path: Path, trusted_home: Callable[..., Path]) -> Callable[..., 
     """
     counter = iter(range(1000))
 
-    def make(server: SSHD, proxy: FaultProxy | None = None, *, trust: bool = True,
-             extra: dict[str, str] | None = None) -> tuple[Path, Path, str]:
+    def make(
+        server: SSHD,
+        proxy: FaultProxy | None = None,
+        *,
+        trust: bool = True,
+        extra: dict[str, str] | None = None,
+    ) -> tuple[Path, Path, str]:
         alias = f"testhost{next(counter)}"
         empty = tmp_path / "user_known_hosts"
         empty.touch()
@@ -150,8 +154,11 @@ def ssh_env(tmp_path: Path, trusted_home: Callable[..., Path]) -> Callable[..., 
             home = tmp_path / "rm-home"
             home.mkdir(exist_ok=True)
         cfg = server.write_ssh_config(
-            tmp_path / "ssh_config", alias, known_hosts=empty,
-            port=proxy.port if proxy else None, extra=extra,
+            tmp_path / "ssh_config",
+            alias,
+            known_hosts=empty,
+            port=proxy.port if proxy else None,
+            extra=extra,
         )
         return home, cfg, alias
 

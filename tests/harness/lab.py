@@ -56,8 +56,10 @@ WHEELS = Path("/opt/wheels")
 LAB_VERSION = "4"
 HOST_TORCH_REQUIREMENTS = ("torch==2.13.0", "numpy")
 #: what may stay in a copied interpreter's site-packages (what python.org/Homebrew ship)
-KEEP_SITE = re.compile(r"^(pip|setuptools|_distutils_hack|pkg_resources|distutils-precedence\.pth"
-                       r"|README\.txt)([-.].*)?$")
+KEEP_SITE = re.compile(
+    r"^(pip|setuptools|_distutils_hack|pkg_resources|distutils-precedence\.pth"
+    r"|README\.txt)([-.].*)?$"
+)
 _ready = False
 
 
@@ -71,12 +73,16 @@ def pyenv_root() -> Path:
 
 def pyenv_version(minor: str) -> Path:
     """The newest pyenv install of ``minor`` (e.g. ``3.9``)."""
-    found = sorted(glob.glob(str(pyenv_root() / "versions" / f"{minor}.*")),
-                   key=lambda p: [int(x) for x in Path(p).name.split(".") if x.isdigit()])
+    found = sorted(
+        glob.glob(str(pyenv_root() / "versions" / f"{minor}.*")),
+        key=lambda p: [int(x) for x in Path(p).name.split(".") if x.isdigit()],
+    )
     found = [p for p in found if re.fullmatch(rf"{re.escape(minor)}\.\d+", Path(p).name)]
     if not found:
-        raise LabError(f"lab: no pyenv Python {minor} under {pyenv_root()}/versions: "
-                       f"install it (`pyenv install {minor}`) to run the sshd tests")
+        raise LabError(
+            f"lab: no pyenv Python {minor} under {pyenv_root()}/versions: "
+            f"install it (`pyenv install {minor}`) to run the sshd tests"
+        )
     return Path(found[-1])
 
 
@@ -102,8 +108,10 @@ def ensure_lab() -> None:
     if _ready:
         return
     if os.geteuid() != 0:
-        raise LabError("lab: the fresh-host sshd lab needs root (it adds the user "
-                       f"{LAB_USER!r}); run the sshd tests as root, as CI does")
+        raise LabError(
+            "lab: the fresh-host sshd lab needs root (it adds the user "
+            f"{LAB_USER!r}); run the sshd tests as root, as CI does"
+        )
     with _locked(LAB_ROOT.parent / ".remotemac-lab.lock"):
         _ensure_user()
         stamp = LAB_ROOT / ".stamp"
@@ -151,8 +159,18 @@ def _ensure_user() -> None:
     try:
         pwd.getpwnam(LAB_USER)
     except KeyError:
-        _run(["useradd", "--create-home", "--home-dir", str(LAB_HOME), "--shell", "/bin/bash",
-              "--user-group", LAB_USER])
+        _run(
+            [
+                "useradd",
+                "--create-home",
+                "--home-dir",
+                str(LAB_HOME),
+                "--shell",
+                "/bin/bash",
+                "--user-group",
+                LAB_USER,
+            ]
+        )
     # sshd without PAM refuses a locked account ('!' or '!!'); '*' is "no password" but usable
     if _shadow_password(LAB_USER) != "*":
         _run(["usermod", "--password", "*", LAB_USER])
@@ -319,22 +337,45 @@ def _kill_lab_processes_under(top: Path) -> list[int]:
     return found
 
 
-def run_as_lab(argv: list[str], *, env: dict[str, str] | None = None, check: bool = True,
-               timeout: float = 600, cwd: str | None = None) -> subprocess.CompletedProcess:
+def run_as_lab(
+    argv: list[str],
+    *,
+    env: dict[str, str] | None = None,
+    check: bool = True,
+    timeout: float = 600,
+    cwd: str | None = None,
+) -> subprocess.CompletedProcess:
     """Run ``argv`` locally as the lab user, with the lab session's PATH (no sshd)."""
     uid, gid = lab_ids()
-    full = {"HOME": str(LAB_HOME), "USER": LAB_USER, "LOGNAME": LAB_USER, "LANG": "C.UTF-8",
-            **session_env(), **(env or {})}
-    return subprocess.run(argv, env=full, user=uid, group=gid, extra_groups=[],
-                          capture_output=True, text=True, check=check, timeout=timeout,
-                          cwd=cwd or str(LAB_HOME))
+    full = {
+        "HOME": str(LAB_HOME),
+        "USER": LAB_USER,
+        "LOGNAME": LAB_USER,
+        "LANG": "C.UTF-8",
+        **session_env(),
+        **(env or {}),
+    }
+    return subprocess.run(
+        argv,
+        env=full,
+        user=uid,
+        group=gid,
+        extra_groups=[],
+        capture_output=True,
+        text=True,
+        check=check,
+        timeout=timeout,
+        cwd=cwd or str(LAB_HOME),
+    )
 
 
 def _run(argv: list[str]) -> None:
     proc = subprocess.run(argv, capture_output=True, text=True)
     if proc.returncode != 0:
-        raise LabError(f"lab: {' '.join(argv)} failed ({proc.returncode}): "
-                       f"{(proc.stderr or proc.stdout).strip()}")
+        raise LabError(
+            f"lab: {' '.join(argv)} failed ({proc.returncode}): "
+            f"{(proc.stderr or proc.stdout).strip()}"
+        )
 
 
 # -- a host with torch preinstalled (tests named *host_torch*) ----------------------
@@ -368,14 +409,26 @@ def ensure_host_torch_python() -> str:
         shutil.rmtree(venv, ignore_errors=True)
         started = time.monotonic()
         run_as_lab([str(LAB_BIN / "python3.11"), "-m", "venv", str(venv)])
-        pip = run_as_lab([str(python), "-m", "pip", "install", "-q", "--no-input",
-                          "--disable-pip-version-check", *cpu_torch_source(),
-                          *HOST_TORCH_REQUIREMENTS],
-                         check=False, env={"PIP_CACHE_DIR": str(LAB_VENVS / "pip-cache")})
+        pip = run_as_lab(
+            [
+                str(python),
+                "-m",
+                "pip",
+                "install",
+                "-q",
+                "--no-input",
+                "--disable-pip-version-check",
+                *cpu_torch_source(),
+                *HOST_TORCH_REQUIREMENTS,
+            ],
+            check=False,
+            env={"PIP_CACHE_DIR": str(LAB_VENVS / "pip-cache")},
+        )
         if pip.returncode != 0:
             tail = "\n".join((pip.stderr or pip.stdout).strip().splitlines()[-5:])
-            raise LabError(f"lab: pip install {' '.join(HOST_TORCH_REQUIREMENTS)} in {venv} "
-                           f"failed:\n{tail}")
+            raise LabError(
+                f"lab: pip install {' '.join(HOST_TORCH_REQUIREMENTS)} in {venv} failed:\n{tail}"
+            )
         done.write_text(f"built in {time.monotonic() - started:.0f}s\n")
     return str(python)
 
@@ -412,8 +465,9 @@ def bare_problems(facts: dict) -> list[str]:
     if facts.get("user") != LAB_USER:
         problems.append(f"login user is {facts.get('user')!r}, not {LAB_USER!r}")
     if not facts.get("version", "").startswith("3.9."):
-        problems.append(f"python3 is {facts.get('version')} ({facts.get('executable')}), "
-                        "not the OS-like 3.9")
+        problems.append(
+            f"python3 is {facts.get('version')} ({facts.get('executable')}), not the OS-like 3.9"
+        )
     if not str(facts.get("executable", "")).startswith(str(LAB_PREFIX) + "/"):
         problems.append(f"python3 resolves to {facts.get('executable')}, outside {LAB_PREFIX}")
     for entry in facts.get("path", "").split(":"):
@@ -435,8 +489,9 @@ def probe_login(ssh_argv: list[str]) -> dict:
     the login's own ``python3`` on :data:`PROBE`."""
     import json
 
-    proc = subprocess.run([*ssh_argv, "python3", "-"], input=PROBE, capture_output=True,
-                          text=True, timeout=60)
+    proc = subprocess.run(
+        [*ssh_argv, "python3", "-"], input=PROBE, capture_output=True, text=True, timeout=60
+    )
     if proc.returncode != 0:
         raise LabError(f"lab: probing the login failed ({proc.returncode}): {proc.stderr.strip()}")
     return json.loads(proc.stdout)
@@ -447,6 +502,5 @@ def assert_bare(ssh_argv: list[str]) -> dict:
     facts = probe_login(ssh_argv)
     problems = bare_problems(facts)
     if problems:
-        raise LabError("lab: the test sshd's login is not a bare host:\n  "
-                       + "\n  ".join(problems))
+        raise LabError("lab: the test sshd's login is not a bare host:\n  " + "\n  ".join(problems))
     return facts

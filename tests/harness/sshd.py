@@ -247,8 +247,13 @@ class SSHD:
             return lab.run_as_lab(argv, env=self.session_env(), **kwargs)  # type: ignore[arg-type]
         env = {**os.environ, **self.session_env()}
         env.pop("TMUX", None)
-        return subprocess.run(argv, env=env, capture_output=True, text=True,  # noqa: PLW1510
-                              **kwargs)  # type: ignore[call-overload]
+        return subprocess.run(
+            argv,
+            env=env,
+            capture_output=True,
+            text=True,  # noqa: PLW1510
+            **kwargs,
+        )  # type: ignore[call-overload]
 
     def tmux(self, *args: str) -> subprocess.CompletedProcess:
         """``tmux ARGS`` against this host's tmux server, as the login user."""
@@ -336,8 +341,11 @@ class SSHD:
         env = self.session_env()
         if env:
             lines.append("SetEnv " + " ".join(f"{k}={v}" for k, v in env.items()))
-        lines.extend(x for x in self.extra_config if x.split()[:1] != ["SetEnv"]
-                     and x.split()[:1] != ["setenv"])
+        lines.extend(
+            x
+            for x in self.extra_config
+            if x.split()[:1] != ["SetEnv"] and x.split()[:1] != ["setenv"]
+        )
         self.config_path.write_text("\n".join(lines) + "\n")
 
     def _authorized_keys_path(self) -> Path:

@@ -70,8 +70,12 @@ def test_item03_cleanup_and_tmp_store_never_zero_a_hard_linked_file(tmp_path: Pa
 
 def _in_child(code: str, timeout: float = 30) -> subprocess.CompletedProcess:
     """Run host-side code in its own process: a hang is a timeout, not a stuck test."""
-    return subprocess.run([sys.executable, "-c", f"import sys; sys.path.insert(0, {AGENT!r})\n"
-                           + code], capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-c", f"import sys; sys.path.insert(0, {AGENT!r})\n" + code],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def test_item05_fifos_never_hang_wipe_deadman_or_cleanup(tmp_path: Path):
@@ -85,18 +89,26 @@ def test_item05_fifos_never_hang_wipe_deadman_or_cleanup(tmp_path: Path):
     os.mkfifo(root / "deadman" / f"{RUN}.json")
     req = json.dumps({"root": str(root), "run_id": RUN})
     started = time.monotonic()
-    wipe = _in_child(f"import cleanupops, json; r = cleanupops.wipe_run_data({req})\n"
-                     "print(json.dumps(r['verified']))")
+    wipe = _in_child(
+        f"import cleanupops, json; r = cleanupops.wipe_run_data({req})\n"
+        "print(json.dumps(r['verified']))"
+    )
     assert wipe.returncode == 0 and wipe.stdout.strip() == "true", wipe.stderr
-    fire = _in_child(f"import deadman; print(deadman.fire({str(root / 'deadman' / (RUN + '.json'))!r}))")
+    fire = _in_child(
+        f"import deadman; print(deadman.fire({str(root / 'deadman' / (RUN + '.json'))!r}))"
+    )
     assert fire.returncode == 0 and fire.stdout.strip() == "None", fire.stderr
-    sleeper = _in_child("import deadman; print(deadman.sleep_then_fire("
-                        f"{str(root / 'deadman' / (RUN + '.json'))!r}))")
+    sleeper = _in_child(
+        "import deadman; print(deadman.sleep_then_fire("
+        f"{str(root / 'deadman' / (RUN + '.json'))!r}))"
+    )
     assert sleeper.returncode == 0 and sleeper.stdout.strip() == "0", sleeper.stderr
     os.mkfifo(root / "inventory.json")
     creq = json.dumps({"roots": [str(root)], "run_ids": [RUN]})
-    clean = _in_child(f"import cleanupops, json; a = cleanupops.op_cleanup_host({creq})\n"
-                      "print(json.dumps(a['roots'][0]['notes']))")
+    clean = _in_child(
+        f"import cleanupops, json; a = cleanupops.op_cleanup_host({creq})\n"
+        "print(json.dumps(a['roots'][0]['notes']))"
+    )
     assert clean.returncode == 0, clean.stderr
     assert "inventory.json unreadable (not a regular JSON file)" in json.loads(clean.stdout)
     assert time.monotonic() - started < 60
@@ -114,10 +126,15 @@ def test_item05_pull_skips_a_fifo_in_status(tmp_path: Path):
     out = tmp_path / "out"
     (out / "logs").mkdir(parents=True)
     said: list = []
-    ctx = SimpleNamespace(host_for=lambda side: SimpleNamespace(transport=LocalTransport()),
-                          out_dir=out, run_id="r", emit=said.append)
-    got = asyncio.run(asyncio.wait_for(
-        fetch_evidence(ctx, SimpleNamespace(label="cpu"), str(run_dir)), 20))
+    ctx = SimpleNamespace(
+        host_for=lambda side: SimpleNamespace(transport=LocalTransport()),
+        out_dir=out,
+        run_id="r",
+        emit=said.append,
+    )
+    got = asyncio.run(
+        asyncio.wait_for(fetch_evidence(ctx, SimpleNamespace(label="cpu"), str(run_dir)), 20)
+    )
     assert got == ["cpu.rss.jsonl"]
     assert not (out / "logs" / "cpu.obs.json").exists()
     assert any("cpu.obs.json not read" in w.message for w in said)  # and the user is told

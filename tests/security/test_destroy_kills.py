@@ -44,8 +44,11 @@ def old_and_bystander():
     """The workload the runner started (gone now), then an unrelated process group
     leader that got its pid's place in the status (the user's editor, after a reboot)."""
     old = subprocess.Popen(["sleep", "300"], start_new_session=True)
-    recorded = {"child_start": procid.identity(old.pid), "child_argv": ["sleep", "300"],
-                "child_cmdline": procid.cmdline(old.pid)}
+    recorded = {
+        "child_start": procid.identity(old.pid),
+        "child_argv": ["sleep", "300"],
+        "child_cmdline": procid.cmdline(old.pid),
+    }
     old.kill()
     old.wait()
     time.sleep(0.05)  # start times count clock ticks (10 ms): a later process has a later one
@@ -63,11 +66,15 @@ def test_item06_stale_child_pid_never_kills_a_reused_pid(tmp_path: Path, old_and
     root = mark_root(tmp_path / "root")
     run_id = "p-20260101-000000-eeee"
     run_dir = make_run(root, run_id, SUBS)
-    (run_dir / "status" / "cpu.json").write_text(json.dumps(dict(
-        recorded, state="running", runner_pid=bystander.pid, child_pid=bystander.pid)))
+    (run_dir / "status" / "cpu.json").write_text(
+        json.dumps(
+            dict(recorded, state="running", runner_pid=bystander.pid, child_pid=bystander.pid)
+        )
+    )
     # written by hand or an older runner: a pid and nothing to tell who it is
-    (run_dir / "status" / "mps.json").write_text(json.dumps(
-        {"state": "running", "child_pid": bystander.pid}))
+    (run_dir / "status" / "mps.json").write_text(
+        json.dumps({"state": "running", "child_pid": bystander.pid})
+    )
     answer = cleanupops.wipe_run_data({"root": str(root), "run_id": run_id})
     time.sleep(0.3)
     assert _alive(bystander.pid), "wipe killed a process remotemac did not start"
@@ -79,15 +86,23 @@ def test_item06_stale_child_pid_never_kills_a_reused_pid(tmp_path: Path, old_and
     assert _alive(bystander.pid), "cleanup killed a process remotemac did not start"
 
 
-def test_item06_the_job_remotemac_started_is_still_stopped(tmp_path: Path,
-                                                         monkeypatch: pytest.MonkeyPatch):
+def test_item06_the_job_remotemac_started_is_still_stopped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
     """The other side of the check: the runner records who it started, and wipe stops it."""
     monkeypatch.setenv("REMOTEMAC_NO_TMUX", "1")
     root = mark_root(tmp_path / "root")
     run_id = "q-20260101-000000-ffff"
     run_dir = make_run(root, run_id, SUBS)
-    hostagent.op_launch({"run_dir": str(run_dir), "device": "cpu", "session": "unused",
-                         "command": "sleep 120; echo done", "skip_access_check": True})
+    hostagent.op_launch(
+        {
+            "run_dir": str(run_dir),
+            "device": "cpu",
+            "session": "unused",
+            "command": "sleep 120; echo done",
+            "skip_access_check": True,
+        }
+    )
     status = {}
     for _ in range(100):
         status = json.loads((run_dir / "status" / "cpu.json").read_text())
@@ -104,8 +119,9 @@ def test_item06_the_job_remotemac_started_is_still_stopped(tmp_path: Path,
     assert not _alive(child) and not _alive(runner)
 
 
-def test_item04_cleanup_of_a_root_spares_the_root_named_like_it(tmp_path: Path,
-                                                              monkeypatch: pytest.MonkeyPatch):
+def test_item04_cleanup_of_a_root_spares_the_root_named_like_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
     """Roots ``…/rr`` and ``…/rr2``: cleaning rr leaves rr2's tmux job, its dead-man
     sleeper and its LaunchAgent alone."""
     tmux_dir = tmp_path / "tmux"
@@ -119,14 +135,27 @@ def test_item04_cleanup_of_a_root_spares_the_root_named_like_it(tmp_path: Path,
     other = "o-20260101-000000-abab"
     run2 = make_run(rr2, other, SUBS)
     session = "remotemac-" + other + "-cpu"
-    subprocess.run(["tmux", "new-session", "-d", "-s", session,
-                    f"sleep 300 # {run2}/status/cpu.spec.json"], check=True)
-    job = deadman.schedule({"root": str(rr2), "run_id": other, "deadline": time.time() + 3600},
-                           platform="linux")
+    subprocess.run(
+        ["tmux", "new-session", "-d", "-s", session, f"sleep 300 # {run2}/status/cpu.spec.json"],
+        check=True,
+    )
+    job = deadman.schedule(
+        {"root": str(rr2), "run_id": other, "deadline": time.time() + 3600}, platform="linux"
+    )
     plist = agents / f"{deadman.LABEL_PREFIX}{other}.plist"
-    plist.write_bytes(plistlib.dumps({"Label": deadman.LABEL_PREFIX + other,
-                                      "ProgramArguments": [sys.executable, "deadman.py", "fire",
-                                                           f"{rr2}/deadman/{other}.json"]}))
+    plist.write_bytes(
+        plistlib.dumps(
+            {
+                "Label": deadman.LABEL_PREFIX + other,
+                "ProgramArguments": [
+                    sys.executable,
+                    "deadman.py",
+                    "fire",
+                    f"{rr2}/deadman/{other}.json",
+                ],
+            }
+        )
+    )
     try:
         assert deadman.find_jobs([str(rr)]) == []
         answer = cleanupops.op_cleanup_host({"roots": [str(rr)], "run_ids": []})

@@ -24,8 +24,10 @@ import cleanupops  # noqa: E402
 
 
 def tree(path: Path) -> dict[str, bytes | None]:
-    return {str(p.relative_to(path)): (p.read_bytes() if p.is_file() else None)
-            for p in sorted(path.rglob("*"))}
+    return {
+        str(p.relative_to(path)): (p.read_bytes() if p.is_file() else None)
+        for p in sorted(path.rglob("*"))
+    }
 
 
 @pytest.fixture
@@ -35,24 +37,30 @@ def env(tmp_path: Path) -> dict:
     rm_home = tmp_path / "rmhome"
     tmux = tmp_path / "tmux"
     tmux.mkdir(mode=0o700)
-    return {"home": home, "rm_home": rm_home, "cwd": tmp_path,
-            "vars": {"HOME": str(home), "REMOTEMAC_HOME": str(rm_home),
-                     "TMUX_TMPDIR": str(tmux)}}
+    return {
+        "home": home,
+        "rm_home": rm_home,
+        "cwd": tmp_path,
+        "vars": {"HOME": str(home), "REMOTEMAC_HOME": str(rm_home), "TMUX_TMPDIR": str(tmux)},
+    }
 
 
 def playbook(tmp_path: Path, root: str, name: str = "own", **extra) -> Path:
     data = {
-        "name": name, "host": "local", "remote_root": root,
+        "name": name,
+        "host": "local",
+        "remote_root": root,
         "project": {"path": str(LINES_PROJECT), "exclude": ["data/"]},
         "environment": {"python": sys.executable, "venv": False},
-        "data": {"path": str(LINES_PROJECT / "data"), "classification": "public",
-                 "encrypt": True},
-        "workload": {"command": "python3 emit.py --device {device} --data {data_dir} "
-                                "--out {output_dir} --lines 3 --seconds 0.1",
-                     "reference": {"device": "cpu"}, "target": {"device": "cpu"},
-                     "timeout": "5m"},
-        "outputs": {"path": ".", "compare": [{"file": "result.json", "rtol": 1e-6,
-                                              "atol": 1e-9}]},
+        "data": {"path": str(LINES_PROJECT / "data"), "classification": "public", "encrypt": True},
+        "workload": {
+            "command": "python3 emit.py --device {device} --data {data_dir} "
+            "--out {output_dir} --lines 3 --seconds 0.1",
+            "reference": {"device": "cpu"},
+            "target": {"device": "cpu"},
+            "timeout": "5m",
+        },
+        "outputs": {"path": ".", "compare": [{"file": "result.json", "rtol": 1e-6, "atol": 1e-9}]},
         "stop_when": {"memory_growth": False},
     }
     data.update(extra)
@@ -68,15 +76,15 @@ def test_item01_cleanup_refuses_unmarked_root(env):
     (docs / "thesis" / "ch1.tex").write_text("\\chapter{One}")
     (docs / "notes.txt").write_text("mine")
     before = tree(docs)
-    proc = remotemac("cleanup", "local", "--remote-root", "~/Documents", "--yes",
-                     cwd=env["cwd"], env=env["vars"])
+    proc = remotemac(
+        "cleanup", "local", "--remote-root", "~/Documents", "--yes", cwd=env["cwd"], env=env["vars"]
+    )
     assert tree(docs) == before, "cleanup touched a directory remotemac never made"
     assert proc.returncode == 1, proc.stdout + proc.stderr
     [folder] = list((env["rm_home"] / "cleanups").glob("cleanup-local-*"))
     record = json.loads((folder / "cleanup.json").read_text())
     [root] = record["remote_roots"]
-    assert f"{docs}: not made by remotemac (no marker; 3 entries) - left alone" \
-        == root["refused"]
+    assert f"{docs}: not made by remotemac (no marker; 3 entries) - left alone" == root["refused"]
     assert record["status"] == "not clean" and record["bytes_freed"] == 0
 
 
@@ -89,8 +97,16 @@ def test_item01_cleanup_keeps_user_files_in_a_marked_root(env):
     (root / "my-results" / "table.csv").write_text("1,2\n")
     (root / "runs" / "copied-by-hand").mkdir()  # no marker: not remotemac's
     (root / "runs" / "copied-by-hand" / "keep.txt").write_text("k")
-    proc = remotemac("cleanup", "local", "--remote-root", str(root), "--yes", "--json",
-                     cwd=env["cwd"], env=env["vars"])
+    proc = remotemac(
+        "cleanup",
+        "local",
+        "--remote-root",
+        str(root),
+        "--yes",
+        "--json",
+        cwd=env["cwd"],
+        env=env["vars"],
+    )
     assert proc.returncode == 1, proc.stdout + proc.stderr
     record = json.loads(proc.stdout.strip().splitlines()[-1])
     fates = {Path(i["path"]).name: i for i in record["items"]}
@@ -119,18 +135,33 @@ def test_item07_run_refuses_home_or_foreign_root_before_writing(tmp_path: Path, 
     home = env["home"]
     (home / "Documents").mkdir()
     (home / "Documents" / "cv.pdf").write_bytes(b"%PDF")
-    root = {"home": str(home), "above-home": str(home.parent),
-            "users-files": str(home / "Documents")}[where]
+    root = {
+        "home": str(home),
+        "above-home": str(home.parent),
+        "users-files": str(home / "Documents"),
+    }[where]
     before = tree(home)
-    proc = remotemac("run", str(playbook(tmp_path, root)), "--out", str(tmp_path / "out"),
-                     cwd=tmp_path, env=env["vars"])
+    proc = remotemac(
+        "run",
+        str(playbook(tmp_path, root)),
+        "--out",
+        str(tmp_path / "out"),
+        cwd=tmp_path,
+        env=env["vars"],
+    )
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert tree(home) == before, "provision wrote into the refused root"
     line = proc.stderr.strip().splitlines()[-1]
-    assert {"home": "home dir", "above-home": "home dir",
-            "users-files": "1 entry remotemac did not write (cv.pdf)"}[where] in line, line
-    assert not list((env["rm_home"] / "keys").glob("*.key")) if \
-        (env["rm_home"] / "keys").exists() else True
+    assert {
+        "home": "home dir",
+        "above-home": "home dir",
+        "users-files": "1 entry remotemac did not write (cv.pdf)",
+    }[where] in line, line
+    assert (
+        not list((env["rm_home"] / "keys").glob("*.key"))
+        if (env["rm_home"] / "keys").exists()
+        else True
+    )
 
 
 @pytest.mark.timeout(300)
@@ -138,10 +169,10 @@ def test_item11_cleanup_finds_root_of_run_failed_in_provision(tmp_path: Path, en
     """A run that died in provision (no such interpreter for the venv) left its root;
     cleanup with the default --remote-root still finds and removes it."""
     root = tmp_path / "elsewhere" / "rmroot"
-    book = playbook(tmp_path, str(root), environment={"python": "python-nope-3.99",
-                                                      "venv": True})
-    proc = remotemac("run", str(book), "--out", str(tmp_path / "out"), cwd=tmp_path,
-                     env=env["vars"])
+    book = playbook(tmp_path, str(root), environment={"python": "python-nope-3.99", "venv": True})
+    proc = remotemac(
+        "run", str(book), "--out", str(tmp_path / "out"), cwd=tmp_path, env=env["vars"]
+    )
     assert proc.returncode != 0 and root.is_dir(), proc.stdout + proc.stderr
     journal = Journal(env["rm_home"] / "journal.sqlite3")
     [run] = journal.list_runs()
@@ -188,13 +219,18 @@ def test_item15_dry_run_lists_exactly_what_cleanup_removes(tmp_path: Path, env):
     removed = {(i["kind"], i["path"]) for i in real["items"] if i["fate"] == "removed"}
     assert would == removed
     assert ("ramstore", str(shm)) in would and ("run", str(run_dir)) in would
-    left_dry = {(i["kind"], i["path"], i["fate"]) for i in dry["items"]
-                if i["fate"] not in ("would remove", "not found")}
-    left_real = {(i["kind"], i["path"], i["fate"]) for i in real["items"]
-                 if i["fate"] not in ("removed", "not found")}
+    left_dry = {
+        (i["kind"], i["path"], i["fate"])
+        for i in dry["items"]
+        if i["fate"] not in ("would remove", "not found")
+    }
+    left_real = {
+        (i["kind"], i["path"], i["fate"])
+        for i in real["items"]
+        if i["fate"] not in ("removed", "not found")
+    }
     assert left_dry == left_real
     assert ("root", str(root), "left alone") in left_real
-    assert {("run", str(root / "runs" / n), "left alone") for n in ("stray", "link")} \
-        <= left_real
+    assert {("run", str(root / "runs" / n), "left alone") for n in ("stray", "link")} <= left_real
     assert (root / "user.txt").exists() and (root / "runs" / "stray" / "f").exists()
     assert root.is_dir() and (root.parent / "home").is_dir()

@@ -12,8 +12,12 @@ AGENT = str(Path(__file__).resolve().parents[2] / "remotemac" / "agent")
 sys.path.insert(0, AGENT)
 import procid  # noqa: E402
 
-PS = (Path(__file__).resolve().parents[1] / "fixtures" / "macos"
-      / "ps_ax_-o_pid,ppid,pgid,pcpu,time,vsz,rss,etime,command__apple_silicon.txt")
+PS = (
+    Path(__file__).resolve().parents[1]
+    / "fixtures"
+    / "macos"
+    / "ps_ax_-o_pid,ppid,pgid,pcpu,time,vsz,rss,etime,command__apple_silicon.txt"
+)
 
 
 def test_item06_etime_from_recorded_macos_ps():

@@ -34,8 +34,9 @@ def hdiutil(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     bin_dir.mkdir()
     log = tmp_path / "hdiutil.log"
     shim = bin_dir / "hdiutil"
-    shim.write_text(f"#!/bin/sh\necho \"$@\" >> {log}\n"
-                    f"cat {FIXTURES / 'hdiutil_eject__ejected.txt'}\n")
+    shim.write_text(
+        f'#!/bin/sh\necho "$@" >> {log}\ncat {FIXTURES / "hdiutil_eject__ejected.txt"}\n'
+    )
     shim.chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     return log
@@ -48,16 +49,18 @@ def test_item10_wipe_after_reboot_never_detaches_a_reused_disk(tmp_path: Path, h
     ram = {"kind": "ramdisk", "path": f"/Volumes/remotemac-{RUN}", "device": "/dev/disk3"}
     answer = cleanupops.wipe_run_data({"root": str(root), "run_id": RUN, "ram": ram})
     assert not hdiutil.exists(), "hdiutil was run on a disk that is no longer ours: " + (
-        hdiutil.read_text() if hdiutil.exists() else "")
-    expected = (f"no volume is mounted at /Volumes/remotemac-{RUN} any more (the host "
-                "restarted?): /dev/disk3 left alone")
+        hdiutil.read_text() if hdiutil.exists() else ""
+    )
+    expected = (
+        f"no volume is mounted at /Volumes/remotemac-{RUN} any more (the host "
+        "restarted?): /dev/disk3 left alone"
+    )
     assert any(expected in n for n in answer["notes"]), answer["notes"]
 
 
 def test_item10_a_mounted_volume_on_another_device_is_left_alone(hdiutil: Path):
     """Simulation: something is mounted at the recorded mount point, but the recorded
     device node is not what backs it (here "/" and /dev/null stand in for them)."""
-    result = ramstore.destroy_ram_store({"kind": "ramdisk", "path": "/",
-                                         "device": "/dev/null"})
+    result = ramstore.destroy_ram_store({"kind": "ramdisk", "path": "/", "device": "/dev/null"})
     assert result["removed"] is False and result["why"] == "/dev/null no longer holds /: left alone"
     assert not hdiutil.exists()

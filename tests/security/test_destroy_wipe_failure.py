@@ -16,7 +16,8 @@ from tests.test_cleanup_sshd import make_target, write_playbook
 
 @pytest.mark.timeout(300)
 def test_wipe_that_cannot_run_still_shreds_the_key_and_says_what_is_left(
-        tmp_path: Path, sshd_factory, ssh_env):
+    tmp_path: Path, sshd_factory, ssh_env
+):
     t = make_target(tmp_path, sshd_factory, ssh_env)
     book = write_playbook(tmp_path, t.alias, t.root, "gone", wipe="manual")
     out = tmp_path / "out"

@@ -16,11 +16,17 @@ from tests.conftest import remotemac
 
 
 def test_a_foreign_exception_marks_the_run_failed_with_phase_and_error(
-        make_playbook, rm_home: Path, tmp_path: Path):
-    book = make_playbook("foreign", workload={"command": "python3 emit.py --device {device} "
-                                                         "--out {output_dir} --lines 3 "
-                                                         "--seconds 0.1",
-                                              "reference": None})
+    make_playbook, rm_home: Path, tmp_path: Path
+):
+    book = make_playbook(
+        "foreign",
+        workload={
+            "command": "python3 emit.py --device {device} "
+            "--out {output_dir} --lines 3 "
+            "--seconds 0.1",
+            "reference": None,
+        },
+    )
     out = tmp_path / "out"
     out.mkdir()
     (out / "results").write_text("in the way\n")

@@ -34,8 +34,12 @@ def test_fifo_evidence_is_skipped_with_a_warning_and_never_opened(tmp_path: Path
     (out / "logs").mkdir(parents=True)
     events = []
     transport = LocalTransport()
-    ctx = SimpleNamespace(host_for=lambda _side: SimpleNamespace(transport=transport),
-                          out_dir=out, emit=events.append, run_id="r1")
+    ctx = SimpleNamespace(
+        host_for=lambda _side: SimpleNamespace(transport=transport),
+        out_dir=out,
+        emit=events.append,
+        run_id="r1",
+    )
     side = Side("target", "cpu", "cpu", "remote")
     fetched = asyncio.run(fetch_evidence(ctx, side, str(run_dir)))
     assert fetched == ["cpu.metrics.jsonl"]

@@ -27,7 +27,7 @@ from tests.test_sync_sshd import runtime_dir as runtime_dir  # host_factory need
 
 pytestmark = pytest.mark.timeout(300)
 
-HOSTILE_JOB = r'''
+HOSTILE_JOB = r"""
 import json, os, subprocess, sys, time
 out = sys.argv[1]
 os.makedirs(out, exist_ok=True)
@@ -61,7 +61,7 @@ subprocess.Popen([sys.executable, "-c",
     start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 time.sleep(0.5)
 print("planted", flush=True)
-'''
+"""
 
 
 def hostile_project(tmp_path: Path) -> Path:
@@ -74,13 +74,18 @@ def hostile_project(tmp_path: Path) -> Path:
 
 def write_book(tmp_path: Path, alias: str, root: Path, project: Path, **extra) -> Path:
     book = {
-        "name": "hostile", "host": alias, "remote_root": str(root),
+        "name": "hostile",
+        "host": alias,
+        "remote_root": str(root),
         "project": {"path": str(project)},
         "environment": {"venv": False},  # the host's own python3: the job needs no torch
         "data": {"path": str(project / "data"), "classification": "public"},
-        "workload": {"command": "python3 hostile.py {output_dir}",
-                     "reference": {"device": "cpu"}, "target": {"device": "cpu"},
-                     "timeout": "5m"},
+        "workload": {
+            "command": "python3 hostile.py {output_dir}",
+            "reference": {"device": "cpu"},
+            "target": {"device": "cpu"},
+            "timeout": "5m",
+        },
         "outputs": {"path": "."},
         "stop_when": {"memory_growth": False},
     }
@@ -107,14 +112,17 @@ def journal_row(rm_home: Path, run_id: str) -> dict:
     db = sqlite3.connect(rm_home / "journal.sqlite3")
     db.row_factory = sqlite3.Row
     row = dict(db.execute("SELECT * FROM runs WHERE run_id = ?", (run_id,)).fetchone())
-    phases = {r["phase"]: r["state"] for r in db.execute(
-        "SELECT phase, state FROM phases WHERE run_id = ?", (run_id,))}
+    phases = {
+        r["phase"]: r["state"]
+        for r in db.execute("SELECT phase, state FROM phases WHERE run_id = ?", (run_id,))
+    }
     db.close()
     return {**row, "phases": phases}
 
 
 def test_hostile_names_and_growing_file_are_refused_cleanly_and_the_run_still_wipes(
-        tmp_path, sshd_factory, ssh_env):
+    tmp_path, sshd_factory, ssh_env
+):
     t = make_target(tmp_path, sshd_factory, ssh_env)
     project = hostile_project(tmp_path)
     book = write_book(tmp_path, t.alias, t.root, project)
@@ -155,14 +163,17 @@ def test_hostile_names_and_growing_file_are_refused_cleanly_and_the_run_still_wi
 
 
 def test_outputs_over_max_bytes_refuse_the_pull_mark_the_run_failed_and_still_wipe(
-        tmp_path, sshd_factory, ssh_env):
+    tmp_path, sshd_factory, ssh_env
+):
     t = make_target(tmp_path, sshd_factory, ssh_env)
     project = hostile_project(tmp_path)
     (project / "hostile.py").write_text(
         "import os, sys\nout = sys.argv[1]\nos.makedirs(out, exist_ok=True)\n"
-        "open(os.path.join(out, 'big.bin'), 'wb').write(os.urandom(5 << 20))\n")
-    book = write_book(tmp_path, t.alias, t.root, project, outputs={"path": ".",
-                                                                    "max_bytes": "1MiB"})
+        "open(os.path.join(out, 'big.bin'), 'wb').write(os.urandom(5 << 20))\n"
+    )
+    book = write_book(
+        tmp_path, t.alias, t.root, project, outputs={"path": ".", "max_bytes": "1MiB"}
+    )
     out = tmp_path / "out"
     proc = t.cli("run", str(book), "--out", str(out))
     text = proc.stdout + proc.stderr
@@ -192,9 +203,17 @@ async def test_a_listing_of_10_bytes_never_pulls_5_mib(sshd, host_factory, tmp_p
     (remote_out / "lie.bin").write_bytes(payload)
     await host.agent.install()
     host.agent.resident = False  # the lying agent is a one-shot script
-    hostile_agent(host.agent.agent_dir, [
-        {"path": "lie.bin", "kind": "file", "size": 10,
-         "sha256": hashlib.sha256(head).hexdigest()}])
+    hostile_agent(
+        host.agent.agent_dir,
+        [
+            {
+                "path": "lie.bin",
+                "kind": "file",
+                "size": 10,
+                "sha256": hashlib.sha256(head).hexdigest(),
+            }
+        ],
+    )
     dest = tmp_path / "out" / "results" / "cpu"
     try:
         result = await pull_dir(host.transport, host.agent, str(remote_out), dest)

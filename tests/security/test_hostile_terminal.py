@@ -18,9 +18,15 @@ from remotemac.events import LogLine, Warning
 from remotemac.termsafe import escape_controls
 from tests.conftest import remotemac
 
-HOSTILE = ("\x1b]52;c;aGFja2VkIGNsaXBib2FyZA==\x07", "\x1b]0;pwned title\x07", "\x1b[2J",
-           "\x9b31m", "\x07", "\x1b[31mred\x1b[0m")
-JOB = r'''
+HOSTILE = (
+    "\x1b]52;c;aGFja2VkIGNsaXBib2FyZA==\x07",
+    "\x1b]0;pwned title\x07",
+    "\x1b[2J",
+    "\x9b31m",
+    "\x07",
+    "\x1b[31mred\x1b[0m",
+)
+JOB = r"""
 import sys
 sys.stdout.write("clip:\x1b]52;c;aGFja2VkIGNsaXBib2FyZA==\x07 title:\x1b]0;pwned title\x07\n")
 sys.stdout.write("clear:\x1b[2J c1:\x9b31m bell:\x07 cr:over\rwrite bidi:\u202egnp.exe\n")
@@ -29,7 +35,7 @@ sys.stdout.flush()
 import json, os
 os.makedirs(sys.argv[1], exist_ok=True)
 json.dump({"value": 1.0}, open(os.path.join(sys.argv[1], "result.json"), "w"))
-'''
+"""
 CONTROL_BYTES = ("\x1b", "\x07", "\x9b", "\u202e", "\r")
 
 
@@ -39,13 +45,20 @@ def escape_book(tmp_path: Path) -> Path:
     (project / "esc.py").write_text(JOB, encoding="utf-8")
     (project / "data" / "a.txt").write_text("a\n")
     book = {
-        "name": "esc", "host": "local", "remote_root": str(tmp_path / "host-root"),
+        "name": "esc",
+        "host": "local",
+        "remote_root": str(tmp_path / "host-root"),
         "project": {"path": str(project)},
         "environment": {"python": sys.executable, "venv": False},
         "data": {"path": str(project / "data"), "classification": "public"},
-        "workload": {"command": "python3 esc.py {output_dir}", "reference": None,
-                     "target": {"device": "cpu"}, "timeout": "2m"},
-        "outputs": {"path": "."}, "stop_when": {"memory_growth": False},
+        "workload": {
+            "command": "python3 esc.py {output_dir}",
+            "reference": None,
+            "target": {"device": "cpu"},
+            "timeout": "2m",
+        },
+        "outputs": {"path": "."},
+        "stop_when": {"memory_growth": False},
     }
     path = tmp_path / "esc.yaml"
     path.write_text(yaml.safe_dump(book, sort_keys=False))
@@ -79,8 +92,7 @@ def test_rich_renderer_escapes_log_lines_and_host_text_and_does_not_parse_their_
     from remotemac.render import RichRenderer
 
     render = RichRenderer()
-    render.console = Console(file=io.StringIO(), force_terminal=True, width=200,
-                             highlight=False)
+    render.console = Console(file=io.StringIO(), force_terminal=True, width=200, highlight=False)
     render(LogLine("r", device="mps", line="x\x1b]52;c;QUJD\x07y [/] [bold]z"))
     render(Warning("r", message="host said \x1b[2J[/oops]", code="w"))
     shown = render.console.file.getvalue()
@@ -88,8 +100,7 @@ def test_rich_renderer_escapes_log_lines_and_host_text_and_does_not_parse_their_
     assert "\\x1b]52;c;QUJD\\x07" in shown and "[/]" in shown and "[/oops]" in shown
 
     raw = RichRenderer(raw=True)
-    raw.console = Console(file=io.StringIO(), force_terminal=True, width=200,
-                             highlight=False)
+    raw.console = Console(file=io.StringIO(), force_terminal=True, width=200, highlight=False)
     raw(LogLine("r", device="mps", line="\x1b]0;title\x07"))
     assert "\x1b]0;title\x07" in raw.console.file.getvalue()
 

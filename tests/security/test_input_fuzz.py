@@ -35,30 +35,129 @@ from remotemac.engine.ledger import redact
 from remotemac.engine.pull import pull_dir, safe_relpath
 from remotemac.errors import RemotemacError, UnsafePath
 
-CI = settings(max_examples=int(os.environ.get("REMOTEMAC_FUZZ_EXAMPLES", "80")), deadline=None,
-              derandomize=True, database=None,
-              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
-                                     HealthCheck.function_scoped_fixture])
+CI = settings(
+    max_examples=int(os.environ.get("REMOTEMAC_FUZZ_EXAMPLES", "80")),
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[
+        HealthCheck.too_slow,
+        HealthCheck.data_too_large,
+        HealthCheck.function_scoped_fixture,
+    ],
+)
 
 # ------------------------------------------------------------------ playbooks
 
 SPECIAL_STRINGS = [
-    "2h", "90s", "1e309", "9" * 60 + "h", ".nan", "nan", "inf", "-1", "0", "2GiB", "1e29TiB",
-    "~/remotemac", "~", "/", "..", "../x", "/etc", "{device}", "{x}", "{", "}", "{matrix.a}",
-    "local", "mac:99999", "mac:abc", "[::1", "[::1]:22", "u@h:22", "-oProxyCommand=x",
-    "**/*", "[z-a]", "[", "\\", "*.npy", "data/", "proj", "proj/data", "proj/train.py",
-    "public", "sensitive", "mps", "cpu", "auto", "remote", "after_pull", "manual", "relaunch",
-    "x" * 300, "\x1b]52;c;QQ==\x07", "a\x00b", "é✓", "2026-12-03T18:00:00+00:00",
+    "2h",
+    "90s",
+    "1e309",
+    "9" * 60 + "h",
+    ".nan",
+    "nan",
+    "inf",
+    "-1",
+    "0",
+    "2GiB",
+    "1e29TiB",
+    "~/remotemac",
+    "~",
+    "/",
+    "..",
+    "../x",
+    "/etc",
+    "{device}",
+    "{x}",
+    "{",
+    "}",
+    "{matrix.a}",
+    "local",
+    "mac:99999",
+    "mac:abc",
+    "[::1",
+    "[::1]:22",
+    "u@h:22",
+    "-oProxyCommand=x",
+    "**/*",
+    "[z-a]",
+    "[",
+    "\\",
+    "*.npy",
+    "data/",
+    "proj",
+    "proj/data",
+    "proj/train.py",
+    "public",
+    "sensitive",
+    "mps",
+    "cpu",
+    "auto",
+    "remote",
+    "after_pull",
+    "manual",
+    "relaunch",
+    "x" * 300,
+    "\x1b]52;c;QQ==\x07",
+    "a\x00b",
+    "é✓",
+    "2026-12-03T18:00:00+00:00",
 ]
-KEYS = ["name", "host", "hosts", "matrix", "remote_root", "project", "environment", "data",
-        "workload", "outputs", "stop_when", "cost", "wipe", "reproduce", "on_lost", "purpose",
-        "wipe_deadline", "path", "exclude", "include", "files", "max_bytes", "sample", "seed",
-        "classification", "approved_for_remote", "encrypt", "command", "reference", "target",
-        "device", "on", "fallback", "timeout", "env", "compare", "file", "rtol", "atol",
-        "fallback_ops", "memory_growth", "max_memory", "min_free_disk", "hourly_rate",
-        "currency", "python", "requirements", "venv", "goal", "resume_command"]
+KEYS = [
+    "name",
+    "host",
+    "hosts",
+    "matrix",
+    "remote_root",
+    "project",
+    "environment",
+    "data",
+    "workload",
+    "outputs",
+    "stop_when",
+    "cost",
+    "wipe",
+    "reproduce",
+    "on_lost",
+    "purpose",
+    "wipe_deadline",
+    "path",
+    "exclude",
+    "include",
+    "files",
+    "max_bytes",
+    "sample",
+    "seed",
+    "classification",
+    "approved_for_remote",
+    "encrypt",
+    "command",
+    "reference",
+    "target",
+    "device",
+    "on",
+    "fallback",
+    "timeout",
+    "env",
+    "compare",
+    "file",
+    "rtol",
+    "atol",
+    "fallback_ops",
+    "memory_growth",
+    "max_memory",
+    "min_free_disk",
+    "hourly_rate",
+    "currency",
+    "python",
+    "requirements",
+    "venv",
+    "goal",
+    "resume_command",
+]
 scalars = st.one_of(
-    st.none(), st.booleans(),
+    st.none(),
+    st.booleans(),
     st.integers(min_value=-(10**40), max_value=10**40),
     st.floats(allow_nan=True, allow_infinity=True),
     st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=40),
@@ -75,16 +174,30 @@ trees = st.recursive(
 def base_playbook() -> dict[str, Any]:
     """A valid playbook whose paths exist in the fuzz directory (see :func:`fuzz_dir`)."""
     return {
-        "name": "fuzz", "host": "local", "remote_root": "~/remotemac",
+        "name": "fuzz",
+        "host": "local",
+        "remote_root": "~/remotemac",
         "project": {"path": "proj", "exclude": ["*.ckpt"]},
         "environment": {"python": "python3", "requirements": "requirements.txt"},
-        "data": {"path": "proj/data", "include": ["**/*.npy"], "max_bytes": "1MiB",
-                 "sample": {"files": 2, "seed": 0}, "classification": "internal"},
-        "workload": {"command": "python train.py --device {device} --out {output_dir}",
-                     "reference": {"device": "cpu"}, "target": {"device": "mps"},
-                     "timeout": "1h", "env": {"OMP_NUM_THREADS": "2"}},
-        "outputs": {"path": ".", "compare": [{"file": "m.json", "rtol": 1e-4}],
-                    "max_bytes": "1GiB"},
+        "data": {
+            "path": "proj/data",
+            "include": ["**/*.npy"],
+            "max_bytes": "1MiB",
+            "sample": {"files": 2, "seed": 0},
+            "classification": "internal",
+        },
+        "workload": {
+            "command": "python train.py --device {device} --out {output_dir}",
+            "reference": {"device": "cpu"},
+            "target": {"device": "mps"},
+            "timeout": "1h",
+            "env": {"OMP_NUM_THREADS": "2"},
+        },
+        "outputs": {
+            "path": ".",
+            "compare": [{"file": "m.json", "rtol": 1e-4}],
+            "max_bytes": "1GiB",
+        },
         "stop_when": {"fallback_ops": "any", "max_memory": "8GiB"},
         "cost": {"hourly_rate": 1.1, "currency": "USD"},
         "wipe": "after_pull",
@@ -119,8 +232,9 @@ playbook_texts = st.one_of(
     mutated_playbooks().map(_dump),
     trees.map(_dump),
     st.text(max_size=200),
-    mutated_playbooks().map(_dump).flatmap(
-        lambda text: st.integers(0, len(text)).map(lambda cut: text[:cut])),
+    mutated_playbooks()
+    .map(_dump)
+    .flatmap(lambda text: st.integers(0, len(text)).map(lambda cut: text[:cut])),
 )
 
 
@@ -149,14 +263,20 @@ def check_playbook_text(text: str) -> str:
 
     path = _FUZZ_DIR / "book.yaml"
     path.write_text(text, encoding="utf-8", errors="surrogateescape")
-    result = _RUNNER.invoke(main, ["--home", str(_FUZZ_DIR / "home"), "run", "--dry-run",
-                                   "--json", str(path)], catch_exceptions=True)
+    result = _RUNNER.invoke(
+        main,
+        ["--home", str(_FUZZ_DIR / "home"), "run", "--dry-run", "--json", str(path)],
+        catch_exceptions=True,
+    )
     out = result.output
     if result.exception is not None and not isinstance(result.exception, SystemExit):
-        raise AssertionError(f"uncaught {type(result.exception).__name__}: {result.exception}"
-                             f"\n--- playbook ---\n{text[:2000]}")
-    assert "internal error" not in out and "Traceback" not in out, \
+        raise AssertionError(
+            f"uncaught {type(result.exception).__name__}: {result.exception}"
+            f"\n--- playbook ---\n{text[:2000]}"
+        )
+    assert "internal error" not in out and "Traceback" not in out, (
         f"{out[-2000:]}\n--- playbook ---\n{text[:2000]}"
+    )
     if result.exit_code == 0:
         plan = json.loads(out)
         json.dumps(plan, allow_nan=False)  # the plan (and the journal) are strict JSON
@@ -193,9 +313,26 @@ def test_any_playbook_is_valid_or_exit_2_never_internal(text):
 
 name_bytes = st.one_of(
     st.binary(max_size=300),
-    st.lists(st.sampled_from([b"a", b"..", b".", b"/", b"\\", b"\x00", b"\xff", b"\xc3\xa9",
-                              b"\x1b[2J", b"\xe2\x80\xae", b".rmpart", b"x" * 255, b"y" * 256]),
-             max_size=12).map(b"".join),
+    st.lists(
+        st.sampled_from(
+            [
+                b"a",
+                b"..",
+                b".",
+                b"/",
+                b"\\",
+                b"\x00",
+                b"\xff",
+                b"\xc3\xa9",
+                b"\x1b[2J",
+                b"\xe2\x80\xae",
+                b".rmpart",
+                b"x" * 255,
+                b"y" * 256,
+            ]
+        ),
+        max_size=12,
+    ).map(b"".join),
     st.integers(1, 40).map(lambda n: b"/".join([b"d" * 250] * n)),
 )
 name_strs = st.text(max_size=200)
@@ -211,7 +348,9 @@ def check_remote_name(name: bytes | str) -> str:
         return "refused"
     text = str(rel)
     raw = text.encode("utf-8")
-    assert len(raw) <= getattr(pull, "MAX_NAME_BYTES", 1024) and all(len(p.encode()) <= 255 for p in rel.parts)
+    assert len(raw) <= getattr(pull, "MAX_NAME_BYTES", 1024) and all(
+        len(p.encode()) <= 255 for p in rel.parts
+    )
     assert not rel.is_absolute() and all(p not in ("", ".", "..") for p in rel.parts)
     assert not re.search(r"[\x00-\x1f\x7f-\x9f\\]", text)
     root = Path("/base/out")
@@ -235,15 +374,26 @@ class _ListingAgent:
         return {"entries": self.entries}
 
 
-entry_values = st.one_of(scalars, st.sampled_from(["file", "dir", "link", "other"]),
-                         st.text(alphabet="0123456789abcdef", min_size=64, max_size=64))
-listing_entries = st.lists(st.one_of(
-    st.fixed_dictionaries({"path": st.one_of(name_strs, st.sampled_from(["a", "b/c", "d"])),
-                           "kind": st.sampled_from(["file", "dir", "link", "other", "x"]),
-                           "size": st.one_of(st.integers(-5, 1 << 40), scalars),
-                           "sha256": entry_values},
-                          optional={"name_hex": st.one_of(name_bytes.map(bytes.hex), scalars)}),
-    trees), max_size=8)
+entry_values = st.one_of(
+    scalars,
+    st.sampled_from(["file", "dir", "link", "other"]),
+    st.text(alphabet="0123456789abcdef", min_size=64, max_size=64),
+)
+listing_entries = st.lists(
+    st.one_of(
+        st.fixed_dictionaries(
+            {
+                "path": st.one_of(name_strs, st.sampled_from(["a", "b/c", "d"])),
+                "kind": st.sampled_from(["file", "dir", "link", "other", "x"]),
+                "size": st.one_of(st.integers(-5, 1 << 40), scalars),
+                "sha256": entry_values,
+            },
+            optional={"name_hex": st.one_of(name_bytes.map(bytes.hex), scalars)},
+        ),
+        trees,
+    ),
+    max_size=8,
+)
 
 
 def check_listing(entries: Any, work: Path) -> str:
@@ -261,8 +411,14 @@ def check_listing(entries: Any, work: Path) -> str:
     except RemotemacError as exc:
         assert "\n" not in exc.line()
         outcome = "refused"
-    outside = [p for p in work.rglob("*") if p != work / "out" and work / "out" not in p.parents
-               and remote not in p.parents and p != remote]
+    outside = [
+        p
+        for p in work.rglob("*")
+        if p != work / "out"
+        and work / "out" not in p.parents
+        and remote not in p.parents
+        and p != remote
+    ]
     assert outside == [], outside
     return outcome
 
@@ -276,13 +432,33 @@ def test_any_listing_pulls_inside_out_or_refuses(entries):
 
 # ------------------------------------------------------------------ redaction
 
-words = st.lists(st.sampled_from(["python", "train.py", "--epochs", "3", "--out", "/tmp/o",
-                                  "&&", "echo", "ok", "-v", "x=1", "data/", ";", "|"]),
-                 max_size=5).map(" ".join)
-password = st.text(alphabet="ABCDEFGHJKabcdefghjk0123456789!#%^*()_+=.~", min_size=6,
-                   max_size=30).filter(lambda s: not s.startswith(("-", "=")))
+words = st.lists(
+    st.sampled_from(
+        [
+            "python",
+            "train.py",
+            "--epochs",
+            "3",
+            "--out",
+            "/tmp/o",
+            "&&",
+            "echo",
+            "ok",
+            "-v",
+            "x=1",
+            "data/",
+            ";",
+            "|",
+        ]
+    ),
+    max_size=5,
+).map(" ".join)
+password = st.text(
+    alphabet="ABCDEFGHJKabcdefghjk0123456789!#%^*()_+=.~", min_size=6, max_size=30
+).filter(lambda s: not s.startswith(("-", "=")))
 token = st.text(alphabet="ABCDEFabcdef0123456789._~+/-", min_size=8, max_size=60).filter(
-    lambda s: not s.startswith("-"))
+    lambda s: not s.startswith("-")
+)
 
 
 @st.composite
@@ -295,8 +471,11 @@ def random_b64(draw, urlsafe: bool) -> str:
 @st.composite
 def secret_in_text(draw) -> tuple[str, str]:
     """(text, secret): one of the issue's forms, between random command words."""
-    form = draw(st.sampled_from(["bearer", "url", "short-p", "--pass", "assign", "flag",
-                                 "b64", "b64url", "hex"]))
+    form = draw(
+        st.sampled_from(
+            ["bearer", "url", "short-p", "--pass", "assign", "flag", "b64", "b64url", "hex"]
+        )
+    )
     if form == "bearer":
         secret = draw(token)
         piece = f"-H 'Authorization: Bearer {secret}'"

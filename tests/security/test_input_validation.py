@@ -31,8 +31,12 @@ def project(tmp_path: Path) -> Path:
 
 def book(tmp_path: Path, **overrides) -> Path:
     proj = project(tmp_path)
-    data = {"name": "t", "host": "local", "project": {"path": str(proj)},
-            "workload": {"command": "python train.py"}}
+    data = {
+        "name": "t",
+        "host": "local",
+        "project": {"path": str(proj)},
+        "workload": {"command": "python train.py"},
+    }
     for key, value in overrides.items():
         if isinstance(value, dict) and isinstance(data.get(key), dict):
             data[key] = {**data[key], **value}
@@ -58,8 +62,10 @@ CASES = {
     "timeout-nan": ({"workload": {"timeout": float("nan")}}, "workload.timeout"),
     "timeout-inf": ({"workload": {"timeout": float("inf")}}, "workload.timeout"),
     "timeout-huge-text": ({"workload": {"timeout": "9" * 400 + "h"}}, "workload.timeout"),
-    "size-absurd": ({"data": {"path": "proj/data", "max_bytes": "9" * 40 + "TiB"}},
-                    "data.max_bytes"),
+    "size-absurd": (
+        {"data": {"path": "proj/data", "max_bytes": "9" * 40 + "TiB"}},
+        "data.max_bytes",
+    ),
     "size-1e29": ({"data": {"path": "proj/data", "max_bytes": "1e29TiB"}}, "data.max_bytes"),
     "size-int-huge": ({"stop_when": {"max_memory": 10**40}}, "stop_when.max_memory"),
     "rate-inf": ({"cost": {"hourly_rate": float("inf")}}, "cost.hourly_rate"),
@@ -67,8 +73,10 @@ CASES = {
     "port-abc": ({"host": "mac:abc"}, "host"),
     "ipv6-unclosed": ({"host": "[::1"}, "host"),
     "hosts-port": ({"hosts": ["a", "b:0"]}, "hosts"),
-    "requirements-missing": ({"environment": {"requirements": "requirements.lock"}},
-                             "environment.requirements"),
+    "requirements-missing": (
+        {"environment": {"requirements": "requirements.lock"}},
+        "environment.requirements",
+    ),
     "project-missing": ({"project": {"path": "nope"}}, "project.path"),
     "project-not-dir": ({"project": {"path": "proj/afile"}}, "project.path"),
     "data-missing": ({"data": {"path": "nope"}}, "data.path"),
@@ -98,8 +106,13 @@ def test_bad_home_is_exit_2(tmp_path):
 
 
 def test_wipe_checks_the_run_id_before_asking(tmp_path, rm_home):
-    proc = subprocess.run(["python", "-m", "remotemac", "wipe", "no-such-run"], input="",
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        ["python", "-m", "remotemac", "wipe", "no-such-run"],
+        input="",
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert "Wipe the data" not in proc.stdout + proc.stderr
     assert_one_line_exit_2(proc, "unknown run id")
 
@@ -116,8 +129,7 @@ def test_dry_run_of_a_300kb_command_is_quick(tmp_path):
 
 def test_dry_run_honours_hosts_and_inventory(tmp_path):
     path = book(tmp_path)
-    proc = remotemac("run", "--dry-run", "--json", "--hosts", "local,alice@mac-a:2222",
-                     str(path))
+    proc = remotemac("run", "--dry-run", "--json", "--hosts", "local,alice@mac-a:2222", str(path))
     assert proc.returncode == 0, proc.stderr
     plan = json.loads(proc.stdout)
     assert [r["host"] for r in plan["runs"]] == ["local", "alice@mac-a:2222"]

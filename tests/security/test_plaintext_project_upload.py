@@ -30,15 +30,26 @@ def readme_layout(tmp_path: Path, **data_extra) -> Path:
     for f in (project / "data").iterdir():
         f.write_bytes(f.read_bytes() + b"\n" + MARKER + b" " + f.name.encode() + b"\n")
     book = {
-        "name": "readme", "host": "local", "remote_root": str(tmp_path / "host-root"),
+        "name": "readme",
+        "host": "local",
+        "remote_root": str(tmp_path / "host-root"),
         "project": {"path": "."},
         "environment": {"python": sys.executable, "venv": False},
-        "data": {"path": "./data", "classification": "sensitive", "approved_for_remote": True,
-                 **data_extra},
-        "workload": {"command": "python3 emit.py --device {device} --data {data_dir} "
-                                "--out {output_dir} --lines 3 --seconds 0.1",
-                     "reference": None, "target": {"device": "cpu"}, "timeout": "2m"},
-        "outputs": {"path": "."}, "stop_when": {"memory_growth": False},
+        "data": {
+            "path": "./data",
+            "classification": "sensitive",
+            "approved_for_remote": True,
+            **data_extra,
+        },
+        "workload": {
+            "command": "python3 emit.py --device {device} --data {data_dir} "
+            "--out {output_dir} --lines 3 --seconds 0.1",
+            "reference": None,
+            "target": {"device": "cpu"},
+            "timeout": "2m",
+        },
+        "outputs": {"path": "."},
+        "stop_when": {"memory_growth": False},
     }
     path = project / "remotemac.yaml"
     path.write_text(yaml.safe_dump(book, sort_keys=False))

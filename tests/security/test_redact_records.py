@@ -25,8 +25,10 @@ FORMS = {
     "url-safe base64": (f"curl -d k={URLSAFE[:10]} {URLSAFE}", URLSAFE),
     "Bearer": ("curl -H 'Authorization: Bearer abcDEF123ghiJKL' x", "abcDEF123ghiJKL"),
     "URL credentials": ("git clone https://bob:hunter2pass@example.com/r.git", "hunter2pass"),
-    "URL token": ("pip install git+https://ghp_16C7e42F292c6912E7710c838347Ae178B4a@github.com/x",
-                  "ghp_16C7e42F292c6912E7710c838347Ae178B4a"),
+    "URL token": (
+        "pip install git+https://ghp_16C7e42F292c6912E7710c838347Ae178B4a@github.com/x",
+        "ghp_16C7e42F292c6912E7710c838347Ae178B4a",
+    ),
     "-pPASS": ("mysql -uroot -pS3cretPass db", "S3cretPass"),
     "--pass X": ("tool --pass hunter22 --verbose", "hunter22"),
     "--password=X": ("tool --password='two words'", "two words"),
@@ -41,36 +43,54 @@ def test_redaction_covers_every_form_from_the_issue(form):
 
 
 def test_redaction_keeps_paths_ids_and_plain_flags():
-    for text in ("python3 /Users/researcher/remotemac/agent/0123abcd/hostagent.py launch",
-                 "tmux new-session -d -s remotemac-tiny-mlp-20261130-160915-abcd-target",
-                 "rm -rf /dev/shm/remotemac-tiny-mlp-20261130-160915-abcd",
-                 "python train.py --epochs 10 --batch-size 64 --out /home/me/runs/tinymlp/out",
-                 "mkdir -p /tmp/x", "ssh -p 2222 host"):
+    for text in (
+        "python3 /Users/researcher/remotemac/agent/0123abcd/hostagent.py launch",
+        "tmux new-session -d -s remotemac-tiny-mlp-20261130-160915-abcd-target",
+        "rm -rf /dev/shm/remotemac-tiny-mlp-20261130-160915-abcd",
+        "python train.py --epochs 10 --batch-size 64 --out /home/me/runs/tinymlp/out",
+        "mkdir -p /tmp/x",
+        "ssh -p 2222 host",
+    ):
         assert redact(text) == text
 
 
 TOKEN_ENV = "zz-secret-value-42"
 INLINE = "tOk3nVaLue9zz"
-COMMAND = (f"SERVICE_TOKEN={INLINE} python3 emit.py --device {{device}} --out {{output_dir}} "
-           "--lines 3 --seconds 0.1 # Bearer abcDEF123456xyz https://bob:hunter2pw@example.com "
-           "-pPassw0rdX --pass hunter3pw")
+COMMAND = (
+    f"SERVICE_TOKEN={INLINE} python3 emit.py --device {{device}} --out {{output_dir}} "
+    "--lines 3 --seconds 0.1 # Bearer abcDEF123456xyz https://bob:hunter2pw@example.com "
+    "-pPassw0rdX --pass hunter3pw"
+)
 SECRETS = (TOKEN_ENV, INLINE, "abcDEF123456xyz", "hunter2pw", "Passw0rdX", "hunter3pw")
 
 
 def secret_book(make_playbook):
-    return make_playbook("secrets", workload={
-        "command": COMMAND, "reference": None,
-        "env": {"API_TOKEN": TOKEN_ENV, "OMP_NUM_THREADS": "2",
-                "PYTORCH_ENABLE_MPS_FALLBACK": "1"}})
+    return make_playbook(
+        "secrets",
+        workload={
+            "command": COMMAND,
+            "reference": None,
+            "env": {
+                "API_TOKEN": TOKEN_ENV,
+                "OMP_NUM_THREADS": "2",
+                "PYTORCH_ENABLE_MPS_FALLBACK": "1",
+            },
+        },
+    )
 
 
 def test_records_redact_the_command_and_env_and_the_wipe_scrubs_host_specs(
-        make_playbook, rm_home: Path, tmp_path: Path):
+    make_playbook, rm_home: Path, tmp_path: Path
+):
     out = tmp_path / "out"
     proc = remotemac("run", str(secret_book(make_playbook)), "--out", str(out))
     assert proc.returncode in (0, 1), proc.stdout + proc.stderr
-    for path in [out / "acceptance.json", out / "acceptance.md", out / "ledger.jsonl",
-                 *sorted((out / "env").glob("*.json"))]:
+    for path in [
+        out / "acceptance.json",
+        out / "acceptance.md",
+        out / "ledger.jsonl",
+        *sorted((out / "env").glob("*.json")),
+    ]:
         text = path.read_text()
         for secret in SECRETS:
             assert secret not in text, (path.name, secret)

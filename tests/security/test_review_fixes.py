@@ -22,9 +22,19 @@ from remotemac.engine.cleanup import _plan_lines  # noqa: E402
 
 
 def test_cleanup_dry_run_shows_host_names_escaped():
-    record = {"host": "mac", "bytes_to_free": 10, "items": [
-        {"fate": "would remove", "kind": "run", "path": "/r/runs/x\x1b]52;c;QUJD\x07", "bytes": 10},
-        {"fate": "left alone", "kind": "root", "path": "/r", "why": "holds \x1b[2Jevil"}]}
+    record = {
+        "host": "mac",
+        "bytes_to_free": 10,
+        "items": [
+            {
+                "fate": "would remove",
+                "kind": "run",
+                "path": "/r/runs/x\x1b]52;c;QUJD\x07",
+                "bytes": 10,
+            },
+            {"fate": "left alone", "kind": "root", "path": "/r", "why": "holds \x1b[2Jevil"},
+        ],
+    }
     text = "\n".join(_plan_lines(record))
     assert "\x1b" not in text and "\x07" not in text
     assert "\\x1b]52" in text or "^[" in text or "\\e" in text  # shown, not obeyed
@@ -42,25 +52,29 @@ def test_a_runtime_dir_in_the_way_that_is_not_ours_is_left_alone(tmp_path: Path)
 
 def test_an_unready_venv_marked_as_something_else_is_left_alone(tmp_path: Path):
     root = tmp_path / "root"
-    claim = subprocess.run([sys.executable, str(AGENT / "hostagent.py"), "prepare_run"],
-                           input=json.dumps({"root": str(root), "run_id": "r1"}).encode(),
-                           capture_output=True)
+    claim = subprocess.run(
+        [sys.executable, str(AGENT / "hostagent.py"), "prepare_run"],
+        input=json.dumps({"root": str(root), "run_id": "r1"}).encode(),
+        capture_output=True,
+    )
     assert json.loads(claim.stdout)["ok"], claim.stdout
     # what the identity of this interpreter makes the env dir: ask the op once, then plant
-    first = subprocess.run([sys.executable, str(AGENT / "hostagent.py"), "ensure_venv"],
-                           input=json.dumps({"root": str(root), "key": "k",
-                                             "python": sys.executable}).encode(),
-                           capture_output=True)
+    first = subprocess.run(
+        [sys.executable, str(AGENT / "hostagent.py"), "ensure_venv"],
+        input=json.dumps({"root": str(root), "key": "k", "python": sys.executable}).encode(),
+        capture_output=True,
+    )
     env_dir = Path(json.loads(first.stdout)["result"]["env_dir"])
     os.remove(env_dir / ".remotemac-ready")
     marker = json.loads((env_dir / ".remotemac-owned").read_text())
     marker["kind"] = "run"  # someone else's claim on this directory
     (env_dir / ".remotemac-owned").write_text(json.dumps(marker))
     (env_dir / "keep.txt").write_text("not the venv's")
-    again = subprocess.run([sys.executable, str(AGENT / "hostagent.py"), "ensure_venv"],
-                           input=json.dumps({"root": str(root), "key": "k",
-                                             "python": sys.executable}).encode(),
-                           capture_output=True)
+    again = subprocess.run(
+        [sys.executable, str(AGENT / "hostagent.py"), "ensure_venv"],
+        input=json.dumps({"root": str(root), "key": "k", "python": sys.executable}).encode(),
+        capture_output=True,
+    )
     answer = json.loads(again.stdout)
     assert answer["ok"] is False and "left alone" in answer["error"], answer
     assert (env_dir / "keep.txt").exists()

@@ -32,8 +32,24 @@ from remotemac.checks.audit_rules.model import (
 from remotemac.checks.audit_rules.python_rules import PythonScanner, scan_python
 
 __all__ = [
-    "BLOCKER", "NEEDS_REFACTOR", "NOTE", "RULES", "SEVERITIES", "Finding", "PythonScanner",
-    "Rule", "make", "requirement_rules", "scan_build_script", "scan_conda",
-    "scan_conda_explicit", "scan_cuda_source", "scan_cxx", "scan_json_lock", "scan_python",
-    "scan_requirements", "scan_setup_cfg", "scan_toml",
+    "BLOCKER",
+    "NEEDS_REFACTOR",
+    "NOTE",
+    "RULES",
+    "SEVERITIES",
+    "Finding",
+    "PythonScanner",
+    "Rule",
+    "make",
+    "requirement_rules",
+    "scan_build_script",
+    "scan_conda",
+    "scan_conda_explicit",
+    "scan_cuda_source",
+    "scan_cxx",
+    "scan_json_lock",
+    "scan_python",
+    "scan_requirements",
+    "scan_setup_cfg",
+    "scan_toml",
 ]

@@ -19,10 +19,23 @@ _CXX_CUDA = re.compile(
     r"#\s*include\s*[<\"](?:cuda[\w_]*\.h|cublas\w*\.h|cudnn\w*\.h|curand\w*\.h|cusparse\w*\.h"
     r"|nccl\.h|thrust/|cub/|ATen/cuda/|c10/cuda/)|__global__|<<<|\bat::cuda::|\bc10::cuda::"
 )
-_CXX_WORDS = ("cuda", "__global__", "<<<", "cublas", "cudnn", "curand", "cusparse", "nccl",
-              "thrust/", "cub/")
-_CMAKE_CUDA = re.compile(r"enable_language\s*\(\s*CUDA|LANGUAGES[^)]*\bCUDA\b"
-                         r"|find_package\s*\(\s*CUDA(?:Toolkit)?\b", re.I)
+_CXX_WORDS = (
+    "cuda",
+    "__global__",
+    "<<<",
+    "cublas",
+    "cudnn",
+    "curand",
+    "cusparse",
+    "nccl",
+    "thrust/",
+    "cub/",
+)
+_CMAKE_CUDA = re.compile(
+    r"enable_language\s*\(\s*CUDA|LANGUAGES[^)]*\bCUDA\b"
+    r"|find_package\s*\(\s*CUDA(?:Toolkit)?\b",
+    re.I,
+)
 _SHELL_NVCC = re.compile(r"(?:^|[\s;&|(/])nvcc(?:\s|$)")
 _SHELL_ENV = re.compile(r"CUDA_VISIBLE_DEVICES|nvidia-smi|\bFROM\s+nvidia/cuda|CUDA_HOME")
 
@@ -70,8 +83,10 @@ def scan_cxx(file: str, text: str) -> list[Finding]:
             elif kind in ("elif", "else") and frames:
                 opened = frames[-1][1]
                 flipped = opened.startswith("#ifndef") and _CUDA_MACRO.search(opened)
-                frames[-1] = (bool(flipped) or (kind == "elif" and cuda_condition("if", cond)),
-                              opened)
+                frames[-1] = (
+                    bool(flipped) or (kind == "elif" and cuda_condition("if", cond)),
+                    opened,
+                )
             elif kind == "endif" and frames:
                 frames.pop()
         s = line.lstrip()
@@ -82,8 +97,16 @@ def scan_cxx(file: str, text: str) -> list[Finding]:
             out.add("cuda-cxx", lineno, s)
         elif ("cuda-cxx", lineno) not in out._seen:
             out._seen.add(("cuda-cxx", lineno))
-            out.findings.append(make("cuda-cxx", file, lineno, s, severity=NOTE,
-                                     why_suffix=_CXX_GUARD_NOTE.format(guard)))
+            out.findings.append(
+                make(
+                    "cuda-cxx",
+                    file,
+                    lineno,
+                    s,
+                    severity=NOTE,
+                    why_suffix=_CXX_GUARD_NOTE.format(guard),
+                )
+            )
     return out.findings
 
 
@@ -91,8 +114,9 @@ _CMAKE_IF = re.compile(r"^\s*(if|elseif|else|endif)\s*\((.*)\)?", re.I)
 _CMAKE_OPTION = re.compile(r"^\s*option\s*\(\s*(\w+)", re.I)
 
 
-def _cmake_findings(out: _Lines, lineno: int, s: str, frames: list[bool],
-                    reported: list[bool]) -> None:
+def _cmake_findings(
+    out: _Lines, lineno: int, s: str, frames: list[bool], reported: list[bool]
+) -> None:
     """One CMake line: a CUDA language/toolkit line is a blocker unless a switch guards it."""
     if not _CMAKE_CUDA.search(s):
         return
@@ -107,12 +131,12 @@ def _cmake_cuda_condition(cond: str, options: set[str]) -> tuple[bool, bool]:
     """(condition is about CUDA, condition is negated with NOT)."""
     negated = bool(re.match(r"\s*NOT\b", cond, re.I))
     about = bool(re.search(r"cuda", cond, re.I)) or any(
-        re.search(rf"\b{re.escape(o)}\b", cond) for o in options if "CUDA" in o.upper())
+        re.search(rf"\b{re.escape(o)}\b", cond) for o in options if "CUDA" in o.upper()
+    )
     return about, negated
 
 
-def _cmake_branch(word: str, cond: str, frames: list[tuple[bool, bool]],
-                  options: set[str]) -> None:
+def _cmake_branch(word: str, cond: str, frames: list[tuple[bool, bool]], options: set[str]) -> None:
     """Track if()/elseif()/else()/endif(): is the current branch the CUDA one?"""
     if word == "if":
         about, negated = _cmake_cuda_condition(cond, options)

@@ -23,11 +23,12 @@ class CallRules(ScannerMixin):
             if not self.guard and not self._in_function("cuda"):
                 self.hit("dot-cuda", func.end_lineno or node.lineno)  # the .cuda( line
         elif name.startswith("torch.cuda."):
-            self._torch_cuda_call(name[len("torch.cuda."):], node)
+            self._torch_cuda_call(name[len("torch.cuda.") :], node)
         elif name.endswith("get_device_capability") and not self.guard:
             self.hit("capability-check", node)
         if name.endswith("CUDAExtension") or (
-                name.startswith("torch.utils.cpp_extension.load") and pycalls.loads_cuda(node)):
+            name.startswith("torch.utils.cpp_extension.load") and pycalls.loads_cuda(node)
+        ):
             self._cuda_build(node)
         if name in pycalls.SUBPROCESS and any(pycalls.is_nvcc(a) for a in node.args):
             self.hit("nvcc", node)
@@ -53,8 +54,12 @@ class CallRules(ScannerMixin):
             if self.depth == 0 and not self.branch:
                 self.hit("cuda-at-import", node)
             elif self.depth == 0:
-                self.hit("cuda-call", node, why_suffix="Here at module level, on a conditional "
-                         "path (an if-branch that is not a CUDA check).")
+                self.hit(
+                    "cuda-call",
+                    node,
+                    why_suffix="Here at module level, on a conditional "
+                    "path (an if-branch that is not a CUDA check).",
+                )
             else:
                 self.hit("cuda-call", node)
         elif kind == "unchecked":
@@ -66,8 +71,12 @@ class CallRules(ScannerMixin):
         elif self._has_cpp_build():
             self.hit("cpu-kernels-only", node)
         else:
-            self.hit("cuda-extension", node, severity=NOTE,
-                     why_suffix="Here it is only built when CUDA is present.")
+            self.hit(
+                "cuda-extension",
+                node,
+                severity=NOTE,
+                why_suffix="Here it is only built when CUDA is present.",
+            )
 
     def _nccl_context(self) -> dict[str, str]:
         if self.guard:
@@ -91,8 +100,7 @@ class CallRules(ScannerMixin):
     def _call_args(self, name: str, func: ast.AST, node: ast.Call) -> None:
         attr = func.attr if isinstance(func, ast.Attribute) else name
         takes_device = name == "torch.device" or attr in ("to", "set_default_device", "device")
-        if (takes_device and node.args and pyguards.is_cuda_const(node.args[0])
-                and not self.guard):
+        if takes_device and node.args and pyguards.is_cuda_const(node.args[0]) and not self.guard:
             self.hit("cuda-device", node)
         for kw in node.keywords:
             value = kw.value
@@ -110,12 +118,16 @@ class CallRules(ScannerMixin):
                 rules, linux_only = requirement_rules(n.value)
                 for rule in rules:
                     if linux_only:
-                        self.hit(rule, n, severity=NOTE,
-                                 why_suffix="Here a marker keeps it off macOS.")
+                        self.hit(
+                            rule, n, severity=NOTE, why_suffix="Here a marker keeps it off macOS."
+                        )
                     elif optional:
-                        self.hit(rule, n, severity=NOTE,
-                                 why_suffix="Here it is an optional extra, not installed by "
-                                 "default.")
+                        self.hit(
+                            rule,
+                            n,
+                            severity=NOTE,
+                            why_suffix="Here it is an optional extra, not installed by default.",
+                        )
                     else:
                         self.hit(rule, n)
 
@@ -130,8 +142,9 @@ class CallRules(ScannerMixin):
                 if any(o.endswith("CppExtension") for o in choice[0]):
                     self.hit("cpu-kernels-only", node)
                 return
-        value = self.dotted(node.value) if isinstance(node.value, (ast.Name, ast.Attribute)) \
-            else None
+        value = (
+            self.dotted(node.value) if isinstance(node.value, (ast.Name, ast.Attribute)) else None
+        )
         if value and value.endswith("CUDAExtension") and self.guard and self._has_cpp_build():
             self.hit("cpu-kernels-only", node)
 

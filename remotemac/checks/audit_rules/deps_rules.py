@@ -14,33 +14,75 @@ from remotemac.checks.audit_rules.model import NOTE, RULES, Finding, make
 
 #: import name (top level, or dotted prefix) -> rule
 IMPORT_RULES: dict[str, str] = {
-    "flash_attn": "flash-attn", "flash_attn_interface": "flash-attn",
-    "xformers": "xformers", "bitsandbytes": "bitsandbytes", "apex": "apex",
-    "deepspeed": "deepspeed", "vllm": "vllm", "cupy": "cupy", "cupyx": "cupy",
-    "triton": "triton", "pycuda": "pycuda", "cuda": "pycuda", "tensorrt": "tensorrt",
-    "torch_tensorrt": "tensorrt", "numba.cuda": "numba-cuda", "cudf": "rapids",
-    "cuml": "rapids", "cugraph": "rapids", "torch.cuda.nccl": "nccl", "pynvml": "nvml",
+    "flash_attn": "flash-attn",
+    "flash_attn_interface": "flash-attn",
+    "xformers": "xformers",
+    "bitsandbytes": "bitsandbytes",
+    "apex": "apex",
+    "deepspeed": "deepspeed",
+    "vllm": "vllm",
+    "cupy": "cupy",
+    "cupyx": "cupy",
+    "triton": "triton",
+    "pycuda": "pycuda",
+    "cuda": "pycuda",
+    "tensorrt": "tensorrt",
+    "torch_tensorrt": "tensorrt",
+    "numba.cuda": "numba-cuda",
+    "cudf": "rapids",
+    "cuml": "rapids",
+    "cugraph": "rapids",
+    "torch.cuda.nccl": "nccl",
+    "pynvml": "nvml",
 }
 
 #: normalised distribution name -> rule
 DIST_RULES: dict[str, str] = {
-    "flash-attn": "flash-attn", "flash-attn-3": "flash-attn", "xformers": "xformers",
-    "bitsandbytes": "bitsandbytes", "apex": "apex", "deepspeed": "deepspeed", "vllm": "vllm",
-    "cupy": "cupy", "triton": "triton", "pycuda": "pycuda", "cuda-python": "pycuda",
-    "tensorrt": "tensorrt", "torch-tensorrt": "tensorrt", "cudf": "rapids", "cuml": "rapids",
-    "cugraph": "rapids", "nvidia-ml-py": "nvml", "nvidia-ml-py3": "nvml", "pynvml": "nvml",
-    "onnxruntime-gpu": "gpu-variant", "tensorflow-gpu": "gpu-variant",
-    "paddlepaddle-gpu": "gpu-variant", "mxnet-cu": "gpu-variant",
+    "flash-attn": "flash-attn",
+    "flash-attn-3": "flash-attn",
+    "xformers": "xformers",
+    "bitsandbytes": "bitsandbytes",
+    "apex": "apex",
+    "deepspeed": "deepspeed",
+    "vllm": "vllm",
+    "cupy": "cupy",
+    "triton": "triton",
+    "pycuda": "pycuda",
+    "cuda-python": "pycuda",
+    "tensorrt": "tensorrt",
+    "torch-tensorrt": "tensorrt",
+    "cudf": "rapids",
+    "cuml": "rapids",
+    "cugraph": "rapids",
+    "nvidia-ml-py": "nvml",
+    "nvidia-ml-py3": "nvml",
+    "pynvml": "nvml",
+    "onnxruntime-gpu": "gpu-variant",
+    "tensorflow-gpu": "gpu-variant",
+    "paddlepaddle-gpu": "gpu-variant",
+    "mxnet-cu": "gpu-variant",
 }
 
 #: conda package names that only exist for CUDA platforms
-CONDA_CUDA = frozenset({
-    "cudatoolkit", "cuda-toolkit", "pytorch-cuda", "cudnn", "nccl", "cuda", "cuda-nvcc",
-    "cuda-runtime", "cuda-cudart", "cuda-libraries", "pytorch-gpu", "tensorflow-gpu", "cutensor",
-})
+CONDA_CUDA = frozenset(
+    {
+        "cudatoolkit",
+        "cuda-toolkit",
+        "pytorch-cuda",
+        "cudnn",
+        "nccl",
+        "cuda",
+        "cuda-nvcc",
+        "cuda-runtime",
+        "cuda-cudart",
+        "cuda-libraries",
+        "pytorch-gpu",
+        "tensorflow-gpu",
+        "cutensor",
+    }
+)
 
-SETUP_KWARGS = frozenset({"install_requires", "extras_require", "setup_requires",
-                           "tests_require"})
+SETUP_KWARGS = frozenset({"install_requires", "extras_require", "setup_requires", "tests_require"})
 _NORM = re.compile(r"[-_.]+")
 _REQ = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(\[[^\]]*\])?\s*(.*)$", re.S)
 _CU_VERSION = re.compile(r"(?:\+|%2[bB])cu\d{2,3}")
@@ -52,7 +94,9 @@ _CUDA_INDEX = re.compile(
 _LINUX_MARKER = re.compile(
     r"(sys_platform|platform_system)\s*==\s*['\"](linux|win32|windows)['\"]"
     r"|sys_platform\s*!=\s*['\"]darwin['\"]|platform_system\s*!=\s*['\"]darwin['\"]"
-    r"|platform_machine\s*==\s*['\"](x86_64|amd64|AMD64)['\"]", re.I)
+    r"|platform_machine\s*==\s*['\"](x86_64|amd64|AMD64)['\"]",
+    re.I,
+)
 
 
 def normalise(name: str) -> str:
@@ -143,8 +187,16 @@ class _Lines:
         self._seen: set[tuple[str, int]] = set()
         self._lock_seen: set[tuple[str, str]] = set()
 
-    def add(self, rule: str, lineno: int, text: str, *, linux_only: bool = False,
-            key: str = "", optional: bool = False) -> None:
+    def add(
+        self,
+        rule: str,
+        lineno: int,
+        text: str,
+        *,
+        linux_only: bool = False,
+        key: str = "",
+        optional: bool = False,
+    ) -> None:
         if (rule, lineno) in self._seen:
             return
         if self.lock:
@@ -155,22 +207,26 @@ class _Lines:
             self._lock_seen.add(k)
         self._seen.add((rule, lineno))
         if self.lock:
-            self.findings.append(make(rule, self.file, lineno, text.strip(), severity=NOTE,
-                                      why_suffix=_LOCK_NOTE))
+            self.findings.append(
+                make(rule, self.file, lineno, text.strip(), severity=NOTE, why_suffix=_LOCK_NOTE)
+            )
         elif linux_only and RULES[rule].severity != NOTE:
-            self.findings.append(make(rule, self.file, lineno, text.strip(), severity=NOTE,
-                                      why_suffix=_MARKER_NOTE))
+            self.findings.append(
+                make(rule, self.file, lineno, text.strip(), severity=NOTE, why_suffix=_MARKER_NOTE)
+            )
         elif optional and RULES[rule].severity != NOTE:
-            self.findings.append(make(rule, self.file, lineno, text.strip(), severity=NOTE,
-                                      why_suffix=_EXTRA_NOTE))
+            self.findings.append(
+                make(rule, self.file, lineno, text.strip(), severity=NOTE, why_suffix=_EXTRA_NOTE)
+            )
         else:
             self.findings.append(make(rule, self.file, lineno, text.strip()))
 
     def requirement(self, req: str, lineno: int, text: str, *, optional: bool = False) -> None:
         rules, linux_only = requirement_rules(req)
         for rule in rules:
-            self.add(rule, lineno, text, linux_only=linux_only, key=normalise(req),
-                     optional=optional)
+            self.add(
+                rule, lineno, text, linux_only=linux_only, key=normalise(req), optional=optional
+            )
 
     def urls(self, s: str, lineno: int, text: str) -> None:
         rule = url_rule(s)
@@ -200,12 +256,20 @@ def scan_requirements(file: str, text: str) -> list[Finding]:
     return out.findings
 
 
-_TOML_DEP_KEYS = frozenset({"dependencies", "requires", "dev-dependencies",
-                            "constraint-dependencies", "override-dependencies"})
+_TOML_DEP_KEYS = frozenset(
+    {
+        "dependencies",
+        "requires",
+        "dev-dependencies",
+        "constraint-dependencies",
+        "override-dependencies",
+    }
+)
 
 
-def scan_toml(file: str, text: str, *, names_are_keys: tuple[str, ...] = (),
-              lock: bool = False) -> list[Finding]:
+def scan_toml(
+    file: str, text: str, *, names_are_keys: tuple[str, ...] = (), lock: bool = False
+) -> list[Finding]:
     """pyproject.toml, Pipfile and TOML lock files, line by line (no TOML parser needed).
 
     Requirement strings only count inside dependency keys or tables, so a
@@ -235,12 +299,16 @@ def scan_toml(file: str, text: str, *, names_are_keys: tuple[str, ...] = (),
             continue
         for s in strings:
             out.urls(s, lineno, line)
-        in_dep_table = any(t in section for t in ("dependencies", "dependency-groups",
-                                                  "optional-dependencies"))
-        optional = any(t in section for t in ("dependency-groups", "optional-dependencies",
-                                              ".group.", "extras"))
-        if m and (section in names_are_keys or (
-                in_dep_table and section.startswith("tool.poetry"))):
+        in_dep_table = any(
+            t in section for t in ("dependencies", "dependency-groups", "optional-dependencies")
+        )
+        optional = any(
+            t in section
+            for t in ("dependency-groups", "optional-dependencies", ".group.", "extras")
+        )
+        if m and (
+            section in names_are_keys or (in_dep_table and section.startswith("tool.poetry"))
+        ):
             out.requirement(key, lineno, line, optional=optional)
             if any(_LINUX_MARKER.search(s) for s in strings):
                 continue
@@ -267,11 +335,16 @@ def scan_setup_cfg(file: str, text: str) -> list[Finding]:
         if not raw[:1].isspace() and ("=" in line or ":" in line):
             key, _, value = (p.strip() for p in re.split(r"([=:])", line, maxsplit=1))
         relevant = section == "options.extras_require" or (
-            section == "options" and key in SETUP_KWARGS)
+            section == "options" and key in SETUP_KWARGS
+        )
         if relevant and value:
-            out.requirement(value, lineno, stripped,
-                            optional=section == "options.extras_require" or key in (
-                                "extras_require", "tests_require"))
+            out.requirement(
+                value,
+                lineno,
+                stripped,
+                optional=section == "options.extras_require"
+                or key in ("extras_require", "tests_require"),
+            )
     return out.findings
 
 
@@ -302,12 +375,20 @@ def scan_conda(file: str, text: str, *, lock: bool = False) -> list[Finding]:
             continue
         name = re.split(r"[=<>!~ \[]", item, maxsplit=1)[0].lower()
         build = item.split("=")[2] if item.count("=") >= 2 else ""
-        if (name in CONDA_CUDA or name.startswith(("cuda-", "libcu", "magma-cuda"))
-                or "cuda" in build.lower()):
+        if (
+            name in CONDA_CUDA
+            or name.startswith(("cuda-", "libcu", "magma-cuda"))
+            or "cuda" in build.lower()
+        ):
             out.add("conda-cuda", lineno, stripped, key=name)
         else:
-            out.requirement(item.replace("=", "==", 1) if "==" not in item and "=" in item
-                            and not re.search(r"[<>!~]=", item) else item, lineno, stripped)
+            out.requirement(
+                item.replace("=", "==", 1)
+                if "==" not in item and "=" in item and not re.search(r"[<>!~]=", item)
+                else item,
+                lineno,
+                stripped,
+            )
     return out.findings
 
 
@@ -339,5 +420,3 @@ def scan_json_lock(file: str, text: str) -> list[Finding]:
         elif k in ("version", "url"):
             out.urls(rest, lineno, raw)
     return out.findings
-
-

@@ -17,11 +17,16 @@ class GuardRules(ScannerMixin):
         added = 0
         for stmt in body:
             self.visit(stmt)
-            if (isinstance(stmt, ast.If) and not stmt.orelse
-                    and pyguards.is_negated_guard(stmt.test, self.dotted)
-                    and pyguards.terminates(stmt.body, self.dotted)) or (
-                    isinstance(stmt, ast.Assert) and self.depth
-                    and self._is_guard(stmt.test, strong=True)):
+            if (
+                isinstance(stmt, ast.If)
+                and not stmt.orelse
+                and pyguards.is_negated_guard(stmt.test, self.dotted)
+                and pyguards.terminates(stmt.body, self.dotted)
+            ) or (
+                isinstance(stmt, ast.Assert)
+                and self.depth
+                and self._is_guard(stmt.test, strong=True)
+            ):
                 self.guard += 1
                 added += 1
         self.guard -= added
@@ -36,8 +41,12 @@ class GuardRules(ScannerMixin):
         self.branch += branch
         if guard:
             self.guard += 1
-            if (pyguards.selects_cuda_device(body) and self._is_guard(node.test, strong=True)
-                    and not self._scope_picks_mps() and not pyguards.picks_mps(orelse)):
+            if (
+                pyguards.selects_cuda_device(body)
+                and self._is_guard(node.test, strong=True)
+                and not self._scope_picks_mps()
+                and not pyguards.picks_mps(orelse)
+            ):
                 self.hit("no-mps-branch", node)
         if isinstance(node, ast.If):
             self.visit_block(body)
@@ -57,12 +66,20 @@ class GuardRules(ScannerMixin):
         ``kernels_cuda.py``), it is only a note: the portable path routes around it."""
         named = self._cuda_named()
         if named:
-            self.hit("cuda-required", node, severity=NOTE,
-                     why_suffix=f"Here inside a CUDA-specific implementation ({named}), "
-                     "which a portable path routes around.")
+            self.hit(
+                "cuda-required",
+                node,
+                severity=NOTE,
+                why_suffix=f"Here inside a CUDA-specific implementation ({named}), "
+                "which a portable path routes around.",
+            )
         elif self.branch:
-            self.hit("cuda-required", node, severity=NOTE,
-                     why_suffix="Here only on a conditional path, which a Mac run can avoid.")
+            self.hit(
+                "cuda-required",
+                node,
+                severity=NOTE,
+                why_suffix="Here only on a conditional path, which a Mac run can avoid.",
+            )
         else:
             self.hit("cuda-required", node)
 
@@ -81,7 +98,8 @@ class GuardRules(ScannerMixin):
         key = id(scope)
         if key not in self._mps_scope:
             self._mps_scope[key] = b"mps" in self.data.lower() and pyguards.picks_mps(
-                [scope], own_code_only=isinstance(scope, ast.Module))
+                [scope], own_code_only=isinstance(scope, ast.Module)
+            )
         return self._mps_scope[key]
 
     def visit_If(self, node: ast.If) -> None:

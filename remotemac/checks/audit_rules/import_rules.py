@@ -9,8 +9,9 @@ from remotemac.checks.audit_rules.deps_rules import IMPORT_RULES
 from remotemac.checks.audit_rules.mixin import ScannerMixin
 from remotemac.checks.audit_rules.model import NOTE
 
-_IMPORT_ERRORS = frozenset({"ImportError", "ModuleNotFoundError", "Exception", "OSError",
-                            "BaseException", "RuntimeError"})
+_IMPORT_ERRORS = frozenset(
+    {"ImportError", "ModuleNotFoundError", "Exception", "OSError", "BaseException", "RuntimeError"}
+)
 
 
 @dataclass
@@ -36,11 +37,16 @@ class ImportRules(ScannerMixin):
 
     def _import_hit(self, rule: str, node: ast.AST) -> None:
         if self.optional:
-            self.hit(rule, node, severity=NOTE,
-                     why_suffix="Here the import is optional (try/except ImportError).")
+            self.hit(
+                rule,
+                node,
+                severity=NOTE,
+                why_suffix="Here the import is optional (try/except ImportError).",
+            )
         elif self.guard:
-            self.hit(rule, node, severity=NOTE,
-                     why_suffix="Here the import sits behind a CUDA check.")
+            self.hit(
+                rule, node, severity=NOTE, why_suffix="Here the import sits behind a CUDA check."
+            )
         else:
             self.hit(rule, node)
 
@@ -59,7 +65,7 @@ class ImportRules(ScannerMixin):
     def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
         if node.level:
             base = self.file.split("/")[:-1]
-            base = base[:len(base) - (node.level - 1)] if node.level > 1 else base
+            base = base[: len(base) - (node.level - 1)] if node.level > 1 else base
             prefix = ".".join(base + ([node.module] if node.module else []))
             for a in node.names:
                 self._log_import(prefix, node)

@@ -66,5 +66,7 @@ def scan_notebook(file: str, data: bytes) -> list[Finding] | None:
         return []
     tree = parse_source(text, filename=file)
     findings = PythonScanner(file, text, None).run(tree)
-    return [dataclasses.replace(f, cell=where[f.line - 1][0], line=where[f.line - 1][1])
-            for f in findings]
+    return [
+        dataclasses.replace(f, cell=where[f.line - 1][0], line=where[f.line - 1][1])
+        for f in findings
+    ]

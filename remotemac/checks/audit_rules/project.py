@@ -16,8 +16,10 @@ import dataclasses
 from remotemac.checks.audit_rules.model import BLOCKER, NOTE, Finding
 from remotemac.checks.audit_rules.python_rules import ImportLog
 
-_OPTIONAL_BUILD_NOTE = ("This project's CUDA build is optional, so macOS builds the CPU "
-                        "kernels without it (see cpu-kernels-only).")
+_OPTIONAL_BUILD_NOTE = (
+    "This project's CUDA build is optional, so macOS builds the CPU "
+    "kernels without it (see cpu-kernels-only)."
+)
 _BUILD_RULES = ("cuda-source", "cuda-cxx", "nvcc")
 
 
@@ -28,12 +30,17 @@ def downgrade_optional_cuda(findings: list[Finding]) -> list[Finding]:
     or CMake CUDA language (a blocker) keeps every CUDA source a blocker.
     """
     optional = any(f.rule == "cpu-kernels-only" for f in findings)
-    required = any(f.rule in ("cuda-extension", "cmake-cuda") and f.severity == BLOCKER
-                   for f in findings)
+    required = any(
+        f.rule in ("cuda-extension", "cmake-cuda") and f.severity == BLOCKER for f in findings
+    )
     if not optional or required:
         return findings
-    return [dataclasses.replace(f, severity=NOTE, why=f"{f.why} {_OPTIONAL_BUILD_NOTE}")
-            if f.rule in _BUILD_RULES and f.severity == BLOCKER else f for f in findings]
+    return [
+        dataclasses.replace(f, severity=NOTE, why=f"{f.why} {_OPTIONAL_BUILD_NOTE}")
+        if f.rule in _BUILD_RULES and f.severity == BLOCKER
+        else f
+        for f in findings
+    ]
 
 
 def module_names(rel: str) -> set[str]:
@@ -54,8 +61,9 @@ def downgrade_lazy_modules(findings: list[Finding], log: ImportLog) -> list[Find
     if not lazy_targets:
         return findings
     lazy_where: dict[str, str] = {}
-    for rel in {f.file for f in findings if f.severity != NOTE and f.file.endswith(".py")
-                and f.cell is None}:
+    for rel in {
+        f.file for f in findings if f.severity != NOTE and f.file.endswith(".py") and f.cell is None
+    }:
         names = module_names(rel)
         if any(n in lazy_targets for n in names):
             where = _only_lazy(rel, names, log)
@@ -66,8 +74,11 @@ def downgrade_lazy_modules(findings: list[Finding], log: ImportLog) -> list[Find
         where = lazy_where.get(f.file)
         if where and f.severity != NOTE:
             f = dataclasses.replace(
-                f, severity=NOTE, why=f"{f.why} Here the module is imported only inside a "
-                f"function ({where}), so only that path needs it.")
+                f,
+                severity=NOTE,
+                why=f"{f.why} Here the module is imported only inside a "
+                f"function ({where}), so only that path needs it.",
+            )
         out.append(f)
     return out
 
@@ -79,8 +90,9 @@ def _only_lazy(rel: str, names: set[str], log: ImportLog) -> str | None:
     for importer, text in log.texts.items():
         if importer == rel or stem not in text:
             continue
-        edges = [(eager, line) for src, mod, eager, line in log.edges
-                 if src == importer and mod in names]
+        edges = [
+            (eager, line) for src, mod, eager, line in log.edges if src == importer and mod in names
+        ]
         if not edges or any(eager for eager, _ in edges):
             return None  # an eager import, or a mention whose import was not seen
         lazy = lazy or f"{importer}:{edges[0][1]}"

@@ -4,10 +4,19 @@ from __future__ import annotations
 
 import ast
 
-SUBPROCESS = frozenset({
-    "subprocess.run", "subprocess.call", "subprocess.check_call", "subprocess.check_output",
-    "subprocess.Popen", "os.system", "os.popen", "os.execvp", "os.spawnlp",
-})
+SUBPROCESS = frozenset(
+    {
+        "subprocess.run",
+        "subprocess.call",
+        "subprocess.check_call",
+        "subprocess.check_output",
+        "subprocess.Popen",
+        "os.system",
+        "os.popen",
+        "os.execvp",
+        "os.spawnlp",
+    }
+)
 DEVICE_KWARGS = frozenset({"device", "map_location", "device_type", "default_device"})
 PROCESS_GROUP = ("init_process_group", "new_group")
 
@@ -22,8 +31,11 @@ def loads_cuda(node: ast.Call) -> bool:
     sources = [kw.value for kw in node.keywords if kw.arg == "sources"] + node.args[1:2]
     for src in sources:
         for n in ast.walk(src):
-            if (isinstance(n, ast.Constant) and isinstance(n.value, str)
-                    and n.value.endswith((".cu", ".cuh"))):
+            if (
+                isinstance(n, ast.Constant)
+                and isinstance(n.value, str)
+                and n.value.endswith((".cu", ".cuh"))
+            ):
                 return True
     return False
 
@@ -45,14 +57,20 @@ def device_keyword(arg: str | None, node: ast.Call) -> bool:
     if arg in DEVICE_KWARGS:
         return True
     return arg == "default" and any(
-        isinstance(a, ast.Constant) and isinstance(a.value, str)
-        and ("device" in a.value or "gpu" in a.value) for a in node.args)
+        isinstance(a, ast.Constant)
+        and isinstance(a.value, str)
+        and ("device" in a.value or "gpu" in a.value)
+        for a in node.args
+    )
 
 
 def is_device_target(target: ast.AST) -> bool:
     """An assignment target named like a device (device, dev, gpu, self.device)."""
-    name = target.id if isinstance(target, ast.Name) else (
-        target.attr if isinstance(target, ast.Attribute) else "")
+    name = (
+        target.id
+        if isinstance(target, ast.Name)
+        else (target.attr if isinstance(target, ast.Attribute) else "")
+    )
     name = name.lower()
     return "device" in name or name in ("dev", "gpu")
 
@@ -60,4 +78,5 @@ def is_device_target(target: ast.AST) -> bool:
 def nvcc_flags(value: ast.AST) -> bool:
     """``extra_compile_args={"nvcc": [...]}``."""
     return isinstance(value, ast.Dict) and any(
-        isinstance(k, ast.Constant) and k.value == "nvcc" for k in value.keys)
+        isinstance(k, ast.Constant) and k.value == "nvcc" for k in value.keys
+    )

@@ -23,8 +23,11 @@ def is_cuda_const(node: ast.AST) -> bool:
         return bool(_CUDA_DEVICE.match(node.value))
     if isinstance(node, ast.JoinedStr) and node.values:
         first = node.values[0]
-        return (isinstance(first, ast.Constant) and isinstance(first.value, str)
-                and first.value.lower().startswith("cuda"))
+        return (
+            isinstance(first, ast.Constant)
+            and isinstance(first.value, str)
+            and first.value.lower().startswith("cuda")
+        )
     return False
 
 
@@ -84,14 +87,18 @@ def is_guard(test: ast.AST, dotted: Dotted, *, strong: bool = False) -> bool:
             return True
     elif is_tensor_on_cuda(test) or (not strong and is_cuda_flag(test, dotted)):
         return True
-    return any(is_guard(child, dotted, strong=strong) for child in ast.iter_child_nodes(test)
-               if not isinstance(child, ast.expr_context))
+    return any(
+        is_guard(child, dotted, strong=strong)
+        for child in ast.iter_child_nodes(test)
+        if not isinstance(child, ast.expr_context)
+    )
 
 
 def is_main_check(test: ast.AST) -> bool:
     """``if __name__ == "__main__":`` (the script's entry, not an opt-in path)."""
     return isinstance(test, ast.Compare) and any(
-        isinstance(n, ast.Name) and n.id == "__name__" for n in [test.left, *test.comparators])
+        isinstance(n, ast.Name) and n.id == "__name__" for n in [test.left, *test.comparators]
+    )
 
 
 def is_negated_guard(test: ast.AST, dotted: Dotted) -> bool:
@@ -102,8 +109,11 @@ def is_negated_guard(test: ast.AST, dotted: Dotted) -> bool:
     if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
         operand = test.operand
         return is_guard(operand, dotted, strong=True) or is_cuda_flag(operand, dotted)
-    if isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(
-            test.ops[0], (ast.NotEq, ast.IsNot, ast.NotIn)):
+    if (
+        isinstance(test, ast.Compare)
+        and len(test.ops) == 1
+        and isinstance(test.ops[0], (ast.NotEq, ast.IsNot, ast.NotIn))
+    ):
         return any(is_cuda_const(c) for c in [test.left, *test.comparators])
     return False
 
@@ -115,19 +125,30 @@ def terminates(body: list[ast.stmt], dotted: Dotted) -> bool:
     last = body[-1]
     if isinstance(last, (ast.Return, ast.Raise, ast.Continue, ast.Break)):
         return True
-    return (isinstance(last, ast.Expr) and isinstance(last.value, ast.Call)
-            and (dotted(last.value.func) or "").endswith(_EXITS))
+    return (
+        isinstance(last, ast.Expr)
+        and isinstance(last.value, ast.Call)
+        and (dotted(last.value.func) or "").endswith(_EXITS)
+    )
 
 
 def refuses_without_cuda(node: ast.If, dotted: Dotted) -> bool:
     """``if not torch.cuda.is_available(): raise …`` (the code requires CUDA)."""
     t = node.test
-    return (isinstance(t, ast.UnaryOp) and isinstance(t.op, ast.Not)
-            and is_guard(t.operand, dotted, strong=True)
-            and any(isinstance(s, ast.Raise) or (
-                isinstance(s, ast.Expr) and isinstance(s.value, ast.Call)
-                and (dotted(s.value.func) or "").endswith(("exit", "abort")))
-                for s in node.body))
+    return (
+        isinstance(t, ast.UnaryOp)
+        and isinstance(t.op, ast.Not)
+        and is_guard(t.operand, dotted, strong=True)
+        and any(
+            isinstance(s, ast.Raise)
+            or (
+                isinstance(s, ast.Expr)
+                and isinstance(s.value, ast.Call)
+                and (dotted(s.value.func) or "").endswith(("exit", "abort"))
+            )
+            for s in node.body
+        )
+    )
 
 
 def picks_mps(nodes: list[ast.AST], *, own_code_only: bool = False) -> bool:
@@ -143,8 +164,9 @@ def picks_mps(nodes: list[ast.AST], *, own_code_only: bool = False) -> bool:
         elif isinstance(n, ast.Attribute) and n.attr == "mps":
             return True
         for child in ast.iter_child_nodes(n):
-            if own_code_only and isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef,
-                                                    ast.ClassDef, ast.Lambda)):
+            if own_code_only and isinstance(
+                child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
+            ):
                 continue
             stack.append(child)
     return False

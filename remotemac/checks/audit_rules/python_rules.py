@@ -28,10 +28,32 @@ __all__ = ["PY_TRIGGERS", "ImportLog", "PythonScanner", "scan_python"]
 #: Python file without any of these is not parsed, and a statement whose lines hold
 #: none of them is not visited (imports always are)
 PY_TRIGGERS = (
-    b"cuda", b"nccl", b"triton", b"flash_attn", b"xformers", b"bitsandbytes", b"apex",
-    b"deepspeed", b"vllm", b"cupy", b"cudnn", b"nvcc", b"tensorrt", b"pynvml", b"cudf",
-    b"cuml", b"cugraph", b"capability", b".cu'", b'.cu"', b".cuh", b"install_requires",
-    b"extras_require", b"init_process_group", b"new_group", b"sdp_kernel",
+    b"cuda",
+    b"nccl",
+    b"triton",
+    b"flash_attn",
+    b"xformers",
+    b"bitsandbytes",
+    b"apex",
+    b"deepspeed",
+    b"vllm",
+    b"cupy",
+    b"cudnn",
+    b"nvcc",
+    b"tensorrt",
+    b"pynvml",
+    b"cudf",
+    b"cuml",
+    b"cugraph",
+    b"capability",
+    b".cu'",
+    b'.cu"',
+    b".cuh",
+    b"install_requires",
+    b"extras_require",
+    b"init_process_group",
+    b"new_group",
+    b"sdp_kernel",
 )
 
 
@@ -43,8 +65,13 @@ class PythonScanner(GuardRules, ImportRules, CallRules):
     intended branch, and ``try/except ImportError`` blocks that make imports optional.
     """
 
-    def __init__(self, file: str, data: bytes, trigger_lines: list[int] | None = None,
-                 imports: ImportLog | None = None) -> None:
+    def __init__(
+        self,
+        file: str,
+        data: bytes,
+        trigger_lines: list[int] | None = None,
+        imports: ImportLog | None = None,
+    ) -> None:
         """``trigger_lines`` (from the pre-filter) prunes statements; None visits all.
         ``imports`` collects which project modules this one imports, and how."""
         self.file = file
@@ -70,14 +97,23 @@ class PythonScanner(GuardRules, ImportRules, CallRules):
             self._lines = self.data.decode("utf-8", "replace").splitlines()
         return self._lines[lineno - 1] if 0 < lineno <= len(self._lines) else ""
 
-    def hit(self, rule: str, node: ast.AST | int, *, severity: str | None = None,
-            why_suffix: str = "") -> None:
+    def hit(
+        self, rule: str, node: ast.AST | int, *, severity: str | None = None, why_suffix: str = ""
+    ) -> None:
         lineno = node if isinstance(node, int) else getattr(node, "lineno", 1)
         if (rule, lineno) in self._seen:
             return
         self._seen.add((rule, lineno))
-        self.findings.append(make(rule, self.file, lineno, self.line_text(lineno).strip(),
-                                  severity=severity, why_suffix=why_suffix))
+        self.findings.append(
+            make(
+                rule,
+                self.file,
+                lineno,
+                self.line_text(lineno).strip(),
+                severity=severity,
+                why_suffix=why_suffix,
+            )
+        )
 
     def run(self, tree: ast.AST) -> list[Finding]:
         self.flow = build_flow(tree)
@@ -86,9 +122,12 @@ class PythonScanner(GuardRules, ImportRules, CallRules):
         return self.findings
 
     def visit(self, node: ast.AST) -> None:
-        if (self.trigger_lines is not None and isinstance(node, ast.stmt)
-                and not isinstance(node, (ast.Import, ast.ImportFrom))
-                and not self._has_trigger(node.lineno, node.end_lineno or node.lineno)):
+        if (
+            self.trigger_lines is not None
+            and isinstance(node, ast.stmt)
+            and not isinstance(node, (ast.Import, ast.ImportFrom))
+            and not self._has_trigger(node.lineno, node.end_lineno or node.lineno)
+        ):
             return
         cls = node.__class__
         fn = self._dispatch.get(cls)
@@ -126,8 +165,9 @@ class PythonScanner(GuardRules, ImportRules, CallRules):
         self.visit_all(node.decorator_list)
         args = node.args
         positional = args.posonlyargs + args.args
-        for arg, default in zip(positional[len(positional) - len(args.defaults):],
-                                args.defaults, strict=True):
+        for arg, default in zip(
+            positional[len(positional) - len(args.defaults) :], args.defaults, strict=True
+        ):
             self._device_default(arg.arg, default)
         for arg, default in zip(args.kwonlyargs, args.kw_defaults, strict=True):
             if default is not None:
@@ -161,15 +201,22 @@ class PythonScanner(GuardRules, ImportRules, CallRules):
 
     # -- assignments and attributes
     def visit_Assign(self, node: ast.Assign) -> None:
-        if pyguards.is_cuda_const(node.value) and not self.guard and any(
-                pycalls.is_device_target(t) for t in node.targets):
+        if (
+            pyguards.is_cuda_const(node.value)
+            and not self.guard
+            and any(pycalls.is_device_target(t) for t in node.targets)
+        ):
             self.hit("cuda-device", node)
         self._build_choice(node, node.targets)
         self.generic_visit(node)
 
     def visit_AnnAssign(self, node: ast.AnnAssign) -> None:
-        if node.value is not None and pyguards.is_cuda_const(node.value) and not self.guard and (
-                pycalls.is_device_target(node.target)):
+        if (
+            node.value is not None
+            and pyguards.is_cuda_const(node.value)
+            and not self.guard
+            and (pycalls.is_device_target(node.target))
+        ):
             self.hit("cuda-device", node)
         self.generic_visit(node)
 
@@ -197,17 +244,9 @@ class PythonScanner(GuardRules, ImportRules, CallRules):
             self._attribute_name(target, node)
 
 
-
-
-
-
-
-
-
 def _trigger_lines(low: bytes) -> list[int]:
     """Sorted line numbers holding a trigger word (``low`` is the lower-cased source)."""
-    positions = sorted(
-        pos for word in PY_TRIGGERS if word in low for pos in _find_all(low, word))
+    positions = sorted(pos for word in PY_TRIGGERS if word in low for pos in _find_all(low, word))
     out: list[int] = []
     line, last = 1, 0
     for pos in positions:
@@ -225,8 +264,9 @@ def _find_all(data: bytes, word: bytes) -> Iterator[int]:
         pos = data.find(word, pos + 1)
 
 
-def scan_python(file: str, data: bytes, *, force: bool = False,
-                imports: ImportLog | None = None) -> list[Finding] | None:
+def scan_python(
+    file: str, data: bytes, *, force: bool = False, imports: ImportLog | None = None
+) -> list[Finding] | None:
     """Findings for one Python file; None when it does not parse (counted, not fatal).
 
     ``force`` (setup.py) parses and visits everything: requirement strings such as
@@ -242,9 +282,6 @@ def scan_python(file: str, data: bytes, *, force: bool = False,
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return None
     try:
-        return PythonScanner(file, data, None if force else _trigger_lines(low),
-                             imports).run(tree)
+        return PythonScanner(file, data, None if force else _trigger_lines(low), imports).run(tree)
     except RecursionError:  # pathologically nested generated code
         return None
-
-

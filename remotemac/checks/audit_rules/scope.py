@@ -19,12 +19,26 @@ from pathlib import Path
 
 MAX_SOURCE_BYTES = 2_000_000
 MAX_LOCK_BYTES = 50_000_000
-ALWAYS_SKIP_DIRS = frozenset({".git", ".hg", ".svn", "__pycache__", "node_modules", ".tox",
-                              ".nox", ".mypy_cache", ".pytest_cache", ".ruff_cache",
-                              "site-packages", ".ipynb_checkpoints"})
+ALWAYS_SKIP_DIRS = frozenset(
+    {
+        ".git",
+        ".hg",
+        ".svn",
+        "__pycache__",
+        "node_modules",
+        ".tox",
+        ".nox",
+        ".mypy_cache",
+        ".pytest_cache",
+        ".ruff_cache",
+        "site-packages",
+        ".ipynb_checkpoints",
+    }
+)
 ENV_MARKERS = ("pyvenv.cfg", "conda-meta")  # a directory holding one is an environment
 
 # --------------------------------------------------------------------------- .gitignore
+
 
 def _translate(pattern: str) -> str:
     """A gitignore glob as a regex body: ``*``/``?`` stay within one path component."""
@@ -50,7 +64,7 @@ def _translate(pattern: str) -> str:
             if j == -1:
                 out.append(re.escape(c))
             else:
-                body = pattern[i + 1:j]
+                body = pattern[i + 1 : j]
                 if body[:1] in ("!", "^"):
                     body = "^" + body[1:]
                 out.append("[" + body.replace("\\", "\\\\") + "]")
@@ -111,7 +125,7 @@ class IgnoreStack:
             if base:
                 if not rel.startswith(base + "/"):
                     continue
-                sub = rel[len(base) + 1:]
+                sub = rel[len(base) + 1 :]
             else:
                 sub = rel
             for p in reversed(patterns):
@@ -122,19 +136,37 @@ class IgnoreStack:
         return False
 
 
-
 # --------------------------------------------------------------------------- file kinds
 
 _BY_NAME = {
-    "setup.py": "setup.py", "pyproject.toml": "pyproject", "Pipfile": "pipfile",
-    "poetry.lock": "toml-lock", "uv.lock": "toml-lock", "pdm.lock": "toml-lock",
-    "Pipfile.lock": "json-lock", "setup.cfg": "setup.cfg", "Makefile": "build",
-    "makefile": "build", "GNUmakefile": "build", "CMakeLists.txt": "build",
+    "setup.py": "setup.py",
+    "pyproject.toml": "pyproject",
+    "Pipfile": "pipfile",
+    "poetry.lock": "toml-lock",
+    "uv.lock": "toml-lock",
+    "pdm.lock": "toml-lock",
+    "Pipfile.lock": "json-lock",
+    "setup.cfg": "setup.cfg",
+    "Makefile": "build",
+    "makefile": "build",
+    "GNUmakefile": "build",
+    "CMakeLists.txt": "build",
 }
 _BY_SUFFIX = {
-    ".py": "python", ".cu": "cuda", ".cuh": "cuda", ".c": "cxx", ".cc": "cxx", ".cpp": "cxx",
-    ".cxx": "cxx", ".h": "cxx", ".hh": "cxx", ".hpp": "cxx", ".cmake": "build", ".sh": "build",
-    ".bash": "build", ".ipynb": "notebook",
+    ".py": "python",
+    ".cu": "cuda",
+    ".cuh": "cuda",
+    ".c": "cxx",
+    ".cc": "cxx",
+    ".cpp": "cxx",
+    ".cxx": "cxx",
+    ".h": "cxx",
+    ".hh": "cxx",
+    ".hpp": "cxx",
+    ".cmake": "build",
+    ".sh": "build",
+    ".bash": "build",
+    ".ipynb": "notebook",
 }
 
 
@@ -145,8 +177,11 @@ def classify(name: str, parent: str) -> str | None:
         return kind
     low = name.lower()
     if low.endswith((".txt", ".in")) and (
-            low.startswith(("requirements", "constraints")) or "requirements" in parent.lower()
-            or "-requirements" in low or "_requirements" in low):
+        low.startswith(("requirements", "constraints"))
+        or "requirements" in parent.lower()
+        or "-requirements" in low
+        or "_requirements" in low
+    ):
         if "conda" in low or "explicit" in low:
             return "conda-explicit"
         return "requirements"
@@ -166,14 +201,36 @@ def classify(name: str, parent: str) -> str | None:
 PROJECT = "project"
 #: a directory name anywhere in the path → the zone of everything under it
 _ZONE_DIRS = {
-    "fixtures": "fixtures", "testdata": "fixtures", "test_data": "fixtures",
-    "tests": "tests", "test": "tests", "testing": "tests",
-    ".github": "ci", ".gitlab": "ci", ".circleci": "ci", ".buildkite": "ci", "ci": "ci",
-    ".ci": "ci", ".azure-pipelines": "ci", "conda": "ci", "recipe": "ci", "packaging": "ci",
-    "docs": "docs", "doc": "docs",
+    "fixtures": "fixtures",
+    "testdata": "fixtures",
+    "test_data": "fixtures",
+    "tests": "tests",
+    "test": "tests",
+    "testing": "tests",
+    ".github": "ci",
+    ".gitlab": "ci",
+    ".circleci": "ci",
+    ".buildkite": "ci",
+    "ci": "ci",
+    ".ci": "ci",
+    ".azure-pipelines": "ci",
+    "conda": "ci",
+    "recipe": "ci",
+    "packaging": "ci",
+    "docs": "docs",
+    "doc": "docs",
 }
-_CI_FILES = frozenset({".gitlab-ci.yml", ".travis.yml", "azure-pipelines.yml", "jenkinsfile",
-                       "noxfile.py", "tox.ini", "appveyor.yml"})
+_CI_FILES = frozenset(
+    {
+        ".gitlab-ci.yml",
+        ".travis.yml",
+        "azure-pipelines.yml",
+        "jenkinsfile",
+        "noxfile.py",
+        "tox.ini",
+        "appveyor.yml",
+    }
+)
 ZONES = ("fixtures", "tests", "ci", "docs")
 
 
@@ -188,13 +245,18 @@ def zone(rel: str) -> str:
     name = parts[-1].lower()
     if name in _CI_FILES:
         return "ci"
-    if name.startswith("test_") and name.endswith(".py") or name.endswith("_test.py") or (
-            name == "conftest.py"):
+    if (
+        name.startswith("test_")
+        and name.endswith(".py")
+        or name.endswith("_test.py")
+        or (name == "conftest.py")
+    ):
         return "tests"
     return PROJECT
 
 
 # --------------------------------------------------------------------------- walk
+
 
 @dataclass
 class WalkCounts:
@@ -204,8 +266,11 @@ class WalkCounts:
     skipped: Counter[str] = field(default_factory=Counter)
 
 
-def walk(root: Path, counts: WalkCounts, excludes: list[IgnorePattern] | None = None,
-         ) -> Iterator[tuple[str, str, str]]:
+def walk(
+    root: Path,
+    counts: WalkCounts,
+    excludes: list[IgnorePattern] | None = None,
+) -> Iterator[tuple[str, str, str]]:
     """Yield (absolute path, relative posix path, kind) for every file to read.
 
     ``excludes`` (from ``--exclude``) apply like a .gitignore at the root that
@@ -270,8 +335,9 @@ def walk(root: Path, counts: WalkCounts, excludes: list[IgnorePattern] | None = 
         stack.extend(reversed(subdirs))
 
 
-def _skip_reason(name: str, rel: str, is_dir: bool, ignores: IgnoreStack,
-                 excluded: IgnoreStack) -> str:
+def _skip_reason(
+    name: str, rel: str, is_dir: bool, ignores: IgnoreStack, excluded: IgnoreStack
+) -> str:
     if is_dir and name in ALWAYS_SKIP_DIRS:
         return "tool-dir"
     if excluded.ignored(rel, is_dir):

@@ -80,8 +80,12 @@ class Flow:
         name = self.dotted(func) or ""
         if name in _ENV_GETTERS and len(node.args) >= 2:
             return self.string(node.args[1])
-        if (isinstance(func, ast.Attribute) and func.attr == "get"
-                and isinstance(func.value, ast.Name) and node.args):
+        if (
+            isinstance(func, ast.Attribute)
+            and func.attr == "get"
+            and isinstance(func.value, ast.Name)
+            and node.args
+        ):
             key = node.args[0]
             if isinstance(key, ast.Constant) and isinstance(key.value, str):
                 found = self.dicts.get(func.value.id, {}).get(key.value)
@@ -111,26 +115,43 @@ class Flow:
             self.strings.setdefault(name, []).append(_UNKNOWN)
         if isinstance(value, ast.Dict):
             self.dicts[name] = {
-                k.value: (v.value, v.lineno) for k, v in zip(value.keys, value.values, strict=True)
-                if isinstance(k, ast.Constant) and isinstance(k.value, str)
-                and isinstance(v, ast.Constant) and isinstance(v.value, str)}
-        elif isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and (
-                value.func.id == "dict"):
+                k.value: (v.value, v.lineno)
+                for k, v in zip(value.keys, value.values, strict=True)
+                if isinstance(k, ast.Constant)
+                and isinstance(k.value, str)
+                and isinstance(v, ast.Constant)
+                and isinstance(v.value, str)
+            }
+        elif (
+            isinstance(value, ast.Call)
+            and isinstance(value.func, ast.Name)
+            and (value.func.id == "dict")
+        ):
             self.dicts[name] = {
-                kw.arg: (kw.value.value, kw.value.lineno) for kw in value.keywords
-                if kw.arg and isinstance(kw.value, ast.Constant)
-                and isinstance(kw.value.value, str)}
+                kw.arg: (kw.value.value, kw.value.lineno)
+                for kw in value.keywords
+                if kw.arg and isinstance(kw.value, ast.Constant) and isinstance(kw.value.value, str)
+            }
 
     def option(self, call: ast.Call) -> None:
         """``parser.add_argument("--dist-backend", default="nccl")`` → dist_backend."""
         default = next((kw.value for kw in call.keywords if kw.arg == "default"), None)
         if not (isinstance(default, ast.Constant) and isinstance(default.value, str)):
             return
-        dest = next((kw.value.value for kw in call.keywords if kw.arg == "dest"
-                     and isinstance(kw.value, ast.Constant)), None)
+        dest = next(
+            (
+                kw.value.value
+                for kw in call.keywords
+                if kw.arg == "dest" and isinstance(kw.value, ast.Constant)
+            ),
+            None,
+        )
         if dest is None:
-            flags = [a.value for a in call.args
-                     if isinstance(a, ast.Constant) and isinstance(a.value, str)]
+            flags = [
+                a.value
+                for a in call.args
+                if isinstance(a, ast.Constant) and isinstance(a.value, str)
+            ]
             long = [f for f in flags if f.startswith("--")] or flags
             if not long:
                 return
@@ -169,9 +190,20 @@ def build_flow(tree: ast.AST) -> Flow:
     return flow
 
 
-_BINDERS = (ast.Import, ast.ImportFrom, ast.Assign, ast.AnnAssign, ast.AugAssign, ast.For,
-            ast.AsyncFor, ast.With, ast.AsyncWith, ast.FunctionDef, ast.AsyncFunctionDef,
-            ast.Expr)
+_BINDERS = (
+    ast.Import,
+    ast.ImportFrom,
+    ast.Assign,
+    ast.AnnAssign,
+    ast.AugAssign,
+    ast.For,
+    ast.AsyncFor,
+    ast.With,
+    ast.AsyncWith,
+    ast.FunctionDef,
+    ast.AsyncFunctionDef,
+    ast.Expr,
+)
 
 
 def _collect(flow: Flow, node: ast.AST) -> None:
@@ -194,11 +226,15 @@ def _collect(flow: Flow, node: ast.AST) -> None:
                     if isinstance(elt, ast.Name):
                         flow.bind(elt.id, None, node.lineno)
     elif isinstance(node, (ast.AnnAssign, ast.AugAssign)) and isinstance(node.target, ast.Name):
-        flow.bind(node.target.id, node.value if isinstance(node, ast.AnnAssign) else None,
-                  node.lineno)
+        flow.bind(
+            node.target.id, node.value if isinstance(node, ast.AnnAssign) else None, node.lineno
+        )
     elif isinstance(node, (ast.For, ast.AsyncFor, ast.With, ast.AsyncWith)):
-        targets = [node.target] if isinstance(node, (ast.For, ast.AsyncFor)) else [
-            i.optional_vars for i in node.items if i.optional_vars is not None]
+        targets = (
+            [node.target]
+            if isinstance(node, (ast.For, ast.AsyncFor))
+            else [i.optional_vars for i in node.items if i.optional_vars is not None]
+        )
         for t in targets:
             for n in ast.walk(t):
                 if isinstance(n, ast.Name):
@@ -208,9 +244,15 @@ def _collect(flow: Flow, node: ast.AST) -> None:
         positional = args.posonlyargs + args.args
         defaults: list[ast.AST | None] = [None] * (len(positional) - len(args.defaults))
         defaults += list(args.defaults)
-        for arg, default in [*zip(positional, defaults, strict=True),
-                             *zip(args.kwonlyargs, args.kw_defaults, strict=True)]:
+        for arg, default in [
+            *zip(positional, defaults, strict=True),
+            *zip(args.kwonlyargs, args.kw_defaults, strict=True),
+        ]:
             flow.bind(arg.arg, default, getattr(default, "lineno", node.lineno))
-    elif isinstance(node, ast.Expr) and isinstance(node.value, ast.Call) and isinstance(
-            node.value.func, ast.Attribute) and node.value.func.attr == "add_argument":
+    elif (
+        isinstance(node, ast.Expr)
+        and isinstance(node.value, ast.Call)
+        and isinstance(node.value.func, ast.Attribute)
+        and node.value.func.attr == "add_argument"
+    ):
         flow.option(node.value)

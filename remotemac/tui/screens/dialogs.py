@@ -24,8 +24,11 @@ from textual.widgets import (
 class ConfirmScreen(ModalScreen[bool]):
     """A yes/no question; ``y`` / ``n`` (or escape) answer from the keyboard."""
 
-    BINDINGS = [Binding("y", "answer(True)", "Yes"), Binding("n", "answer(False)", "No"),
-                Binding("escape", "answer(False)", "No", show=False)]
+    BINDINGS = [
+        Binding("y", "answer(True)", "Yes"),
+        Binding("n", "answer(False)", "No"),
+        Binding("escape", "answer(False)", "No", show=False),
+    ]
 
     def __init__(self, question: str, details: str = "", yes: str = "Yes") -> None:
         super().__init__()
@@ -75,8 +78,11 @@ class PlaybookPicker(ModalScreen["RunChoice | None"]):
             yield Label("Start a run", id="question")
             if self.playbooks:
                 yield OptionList(*self.playbooks, id="playbooks")
-            yield Input(placeholder="path/to/playbook.yaml", id="path",
-                        value=self.playbooks[0] if self.playbooks else "")
+            yield Input(
+                placeholder="path/to/playbook.yaml",
+                id="path",
+                value=self.playbooks[0] if self.playbooks else "",
+            )
             yield Input(placeholder="host (empty: the playbook's)", id="host")
             with Horizontal(id="run-boxes"):
                 yield Checkbox("keep data (no wipe)", id="keep")
@@ -117,8 +123,14 @@ class PlaybookPicker(ModalScreen["RunChoice | None"]):
             self.notify("type the path of a playbook", severity="warning")
             return
         host = self.query_one("#host", Input).value.strip() or None
-        self.dismiss(RunChoice(path, self.query_one("#keep", Checkbox).value, host,
-                               self.query_one("#dry-run", Checkbox).value))
+        self.dismiss(
+            RunChoice(
+                path,
+                self.query_one("#keep", Checkbox).value,
+                host,
+                self.query_one("#dry-run", Checkbox).value,
+            )
+        )
 
 
 def key_rows(screen: Screen, app_bindings: list[Binding]) -> list[tuple[str, str]]:
@@ -136,8 +148,14 @@ def key_rows(screen: Screen, app_bindings: list[Binding]) -> list[tuple[str, str
     return rows
 
 
-_KEY_NAMES = {"slash": "/", "question_mark": "?", "escape": "esc", "enter": "enter",
-              "ctrl+p": "ctrl+p", "ctrl+c": "ctrl+c"}
+_KEY_NAMES = {
+    "slash": "/",
+    "question_mark": "?",
+    "escape": "esc",
+    "enter": "enter",
+    "ctrl+p": "ctrl+p",
+    "ctrl+c": "ctrl+c",
+}
 
 
 class HelpScreen(ModalScreen[None]):
@@ -162,8 +180,10 @@ class HelpScreen(ModalScreen[None]):
             yield Label(f"Keys: {self.title_text}", id="question")
             with VerticalScroll(id="details"):
                 yield Static(table)
-            yield Label("ctrl+p opens the command palette: every action by name. "
-                        "esc closes this.", id="help-hint")
+            yield Label(
+                "ctrl+p opens the command palette: every action by name. esc closes this.",
+                id="help-hint",
+            )
 
     def action_close(self) -> None:
         self.dismiss(None)

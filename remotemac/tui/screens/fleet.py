@@ -21,8 +21,12 @@ from textual.widgets import DataTable, Footer, Header, Static
 
 from remotemac.vocab import human_duration, human_time, run_word
 
-_VERDICT_STYLE = {"accepted": "green", "rejected": "red", "lost": "magenta",
-                  "unreachable": "magenta"}
+_VERDICT_STYLE = {
+    "accepted": "green",
+    "rejected": "red",
+    "lost": "magenta",
+    "unreachable": "magenta",
+}
 
 
 def _read_summary(path: Path) -> dict[str, Any] | None:
@@ -71,19 +75,32 @@ def _from_journal(fleet_id: str, rows: list[Any]) -> dict[str, Any]:
         end = r.finished_at
         cost = (r.playbook or {}).get("cost") or {}
         rate = float(cost.get("hourly_rate") or 0.0)
-        runs.append({"host": r.host, "variant": (r.options or {}).get("variant"),
-                     "run_id": r.run_id, "verdict": verdict,
-                     "duration_s": (end - r.created_at) if end else None,
-                     "cost": (end - r.created_at) / 3600 * rate if end and rate else None,
-                     "currency": cost.get("currency"), "reason": "" if end else run_word(r.state)})
+        runs.append(
+            {
+                "host": r.host,
+                "variant": (r.options or {}).get("variant"),
+                "run_id": r.run_id,
+                "verdict": verdict,
+                "duration_s": (end - r.created_at) if end else None,
+                "cost": (end - r.created_at) / 3600 * rate if end and rate else None,
+                "currency": cost.get("currency"),
+                "reason": "" if end else run_word(r.state),
+            }
+        )
     started = min(r.created_at for r in rows)
     ends = [r.finished_at for r in rows]
-    return {"fleet_id": fleet_id, "playbook": rows[0].name, "counts": counts,
-            "started_at": human_time(started), "exit_code": None,
-            "hosts": sorted({r.host for r in rows}),
-            "duration_s": (max(ends) - started) if all(ends) else None, "runs": runs,
-            "state": "finished" if all(ends) else "running",
-            "_path": "journal"}
+    return {
+        "fleet_id": fleet_id,
+        "playbook": rows[0].name,
+        "counts": counts,
+        "started_at": human_time(started),
+        "exit_code": None,
+        "hosts": sorted({r.host for r in rows}),
+        "duration_s": (max(ends) - started) if all(ends) else None,
+        "runs": runs,
+        "state": "finished" if all(ends) else "running",
+        "_path": "journal",
+    }
 
 
 def variant_text(variant: Any) -> str:
@@ -136,8 +153,10 @@ class FleetScreen(Screen):
         table = self.query_one("#fleet", DataTable)
         table.clear()
         if not self.fleets:
-            title.update("no fleet runs in the journal yet (run a playbook with hosts: "
-                         "or matrix:, or --hosts)")
+            title.update(
+                "no fleet runs in the journal yet (run a playbook with hosts: "
+                "or matrix:, or --hosts)"
+            )
             return
         fleet = self.fleets[self.index]
         counts = ", ".join(f"{n} {v}" for v, n in sorted((fleet.get("counts") or {}).items()))
@@ -146,21 +165,30 @@ class FleetScreen(Screen):
         title.update(
             f"fleet {fleet.get('fleet_id')} ({self.index + 1}/{len(self.fleets)}) — "
             f"{fleet.get('playbook')}: {counts or 'no runs'}; "
-            + (f"exit {exit_code}; " if exit_code is not None
-               else f"{fleet.get('state', 'running')}; ")
+            + (
+                f"exit {exit_code}; "
+                if exit_code is not None
+                else f"{fleet.get('state', 'running')}; "
+            )
             + f"{len(fleet.get('hosts') or [])} hosts, "
             f"{human_duration(fleet.get('duration_s'))}"
-            + (f", cost {cost:.2f} {(fleet.get('cost') or {}).get('currency', '')}"
-               if isinstance(cost, (int, float)) else ""))
+            + (
+                f", cost {cost:.2f} {(fleet.get('cost') or {}).get('currency', '')}"
+                if isinstance(cost, (int, float))
+                else ""
+            )
+        )
         for run in fleet["runs"]:
             verdict = str(run.get("verdict") or "-")
             duration = run.get("duration_s")
             run_cost = run.get("cost")
             table.add_row(
-                str(run.get("host")), variant_text(run.get("variant")),
+                str(run.get("host")),
+                variant_text(run.get("variant")),
                 Text(verdict, style=_VERDICT_STYLE.get(verdict, "yellow")),
                 human_duration(duration) if isinstance(duration, (int, float)) else "—",
                 f"{run_cost:.2f} {run.get('currency') or ''}".strip()
-                if isinstance(run_cost, (int, float)) else "-",
+                if isinstance(run_cost, (int, float))
+                else "-",
                 str(run.get("reason") or ""),
             )

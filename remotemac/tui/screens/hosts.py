@@ -117,8 +117,9 @@ class HostsScreen(Screen):
         table.add_column("why / fix", ratio=3, overflow="fold")  # wraps: never cut
         for c in report.checks:
             notes = c.why + (f"\nfix: {c.fix}" if c.fix else "")
-            table.add_row(c.name, Text(c.status, style=_STATUS_STYLE.get(c.status, "")),
-                          c.value, notes)
+            table.add_row(
+                c.name, Text(c.status, style=_STATUS_STYLE.get(c.status, "")), c.value, notes
+            )
         checks.update(table)
 
     def set_report(self, host: str, report: Any) -> None:
@@ -168,20 +169,24 @@ class HostsScreen(Screen):
         app: Any = self.app
         s = app.settings
         try:
-            key, fp = await fetch_host_key(host, home_dir=s.home, ssh_config=s.ssh_config,
-                                           identity=s.identity)
+            key, fp = await fetch_host_key(
+                host, home_dir=s.home, ssh_config=s.ssh_config, identity=s.identity
+            )
         except Exception as exc:
             app.report_error(f"trust {host}: {error_line(exc)}")
             return
         question = f"Trust {host}'s host key?"
-        details = (f"{key.get_algorithm()} {fp}\n\nCompare it with the fingerprint your "
-                   "provider published before saying yes.")
+        details = (
+            f"{key.get_algorithm()} {fp}\n\nCompare it with the fingerprint your "
+            "provider published before saying yes."
+        )
         if not await app.push_screen_wait(ConfirmScreen(question, details, yes="Trust")):
             self.notify(f"{host}: key not trusted")
             return
         try:
-            result = await trust_host_async(host, s.home, fp, lambda _q: False,
-                                            ssh_config=s.ssh_config, identity=s.identity)
+            result = await trust_host_async(
+                host, s.home, fp, lambda _q: False, ssh_config=s.ssh_config, identity=s.identity
+            )
         except Exception as exc:
             app.report_error(f"trust {host}: {error_line(exc)}")
             return

@@ -58,8 +58,7 @@ class RunScreen(Screen):
             yield VerdictPanel(id="verdict")
         with Vertical(id="run-main"):
             yield LogView(max_lines=app.log_max_lines, id="log")
-            yield Input(placeholder="search the log (enter: find, n/N: older/newer)",
-                        id="search")
+            yield Input(placeholder="search the log (enter: find, n/N: older/newer)", id="search")
             yield Static("", id="log-status")
         yield Footer()
 
@@ -98,8 +97,9 @@ class RunScreen(Screen):
         live.out_dir, live.verdict = row.out_dir, row.verdict
         live.started_at, live.ended_at = row.created_at, row.finished_at
         live.load_phases(phases)
-        lines = await asyncio.to_thread(read_local_logs, row.out_dir, lambda _d: None,
-                                        app.log_max_lines)
+        lines = await asyncio.to_thread(
+            read_local_logs, row.out_dir, lambda _d: None, app.log_max_lines
+        )
         for device, line in lines:
             live.add_line(device, line)
         if self.run_id not in app.driver.lives:
@@ -136,9 +136,9 @@ class RunScreen(Screen):
         self.query_one("#timeline", PhaseTimeline).show(live.phases)
         self.query_one("#badge", ConnectionBadge).show(live.link)
         record_peak = self.acceptance.peak_memory if self.acceptance is not None else None
-        self.query_one("#memory", MemorySpark).show(live.memory, live.fallback_ops,
-                                                    device=live.memory_device,
-                                                    record_peak=record_peak)
+        self.query_one("#memory", MemorySpark).show(
+            live.memory, live.fallback_ops, device=live.memory_device, record_peak=record_peak
+        )
         pending = "pending"
         if live.error:
             pending = f"[red]{live.error}[/]"

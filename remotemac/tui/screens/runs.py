@@ -94,8 +94,14 @@ class RunsScreen(Screen):
             try:
                 row, pb = load_run(app.journal, r.run_id)
                 answer = await live_status(
-                    run_id=r.run_id, playbook=pb, journal=app.journal, home=app.settings.home,
-                    out_dir=Path(row.out_dir), ssh=app.settings.ssh_options(), timeout=10)
+                    run_id=r.run_id,
+                    playbook=pb,
+                    journal=app.journal,
+                    home=app.settings.home,
+                    out_dir=Path(row.out_dir),
+                    ssh=app.settings.ssh_options(),
+                    timeout=10,
+                )
             except Exception as exc:  # never let one host break the screen
                 self.live_by_run[r.run_id] = f"host: {type(exc).__name__}"
                 continue
@@ -120,11 +126,22 @@ class RunsScreen(Screen):
             state = run_word(r.state, attached=app.driver.attached(r.run_id))
             if r.run_id in self.live_by_run:
                 state = f"{state} ({self.live_by_run[r.run_id]})"
-            out.append((r.run_id, r.host, [
-                r.run_id, r.name, r.host, phase or "—", state, r.verdict or "—",
-                human_age(now - r.created_at),
-                cost_so_far(r.playbook, r.created_at, r.finished_at, now),
-            ]))
+            out.append(
+                (
+                    r.run_id,
+                    r.host,
+                    [
+                        r.run_id,
+                        r.name,
+                        r.host,
+                        phase or "—",
+                        state,
+                        r.verdict or "—",
+                        human_age(now - r.created_at),
+                        cost_so_far(r.playbook, r.created_at, r.finished_at, now),
+                    ],
+                )
+            )
         return out
 
     def _fill(self, rows: list[tuple[str, str, list[Any]]]) -> None:

@@ -42,7 +42,7 @@ class LogView(Log):
         batch = self._shown(lines)
         if not batch:
             return len(lines)
-        batch = batch[-self.max_lines:] if self.max_lines else batch
+        batch = batch[-self.max_lines :] if self.max_lines else batch
         before = len(self.lines)
         self.write_lines(batch)
         pruned = before + len(batch) - len(self.lines)
@@ -64,7 +64,7 @@ class LogView(Log):
         self.dropped = 0
         batch = self._shown(store.held())
         if batch:
-            self.write_lines(batch[-self.max_lines:] if self.max_lines else batch)
+            self.write_lines(batch[-self.max_lines :] if self.max_lines else batch)
         self.seen = store.total
         self.scroll_end(animate=False)
 

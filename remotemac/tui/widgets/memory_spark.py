@@ -17,8 +17,14 @@ class MemorySpark(Vertical):
         yield Sparkline([], id="mem-spark")
         yield Label("fallback ops: none seen", id="fallback-label")
 
-    def show(self, values: list[float], fallback_ops: list[str], *, device: str = "",
-             record_peak: float | None = None) -> None:
+    def show(
+        self,
+        values: list[float],
+        fallback_ops: list[str],
+        *,
+        device: str = "",
+        record_peak: float | None = None,
+    ) -> None:
         """Live samples of one side while it runs; the record's peak once it is written.
 
         The record's figure wins when there is one, so the gauge and the verdict
@@ -30,8 +36,7 @@ class MemorySpark(Vertical):
             label.update(f"memory peak {human_bytes(record_peak)} (from the record)")
         elif values:
             who = f" {device}" if device else ""
-            label.update(f"memory{who} {human_bytes(values[-1])} "
-                         f"(peak {human_bytes(max(values))})")
+            label.update(f"memory{who} {human_bytes(values[-1])} (peak {human_bytes(max(values))})")
         if values and list(spark.data or []) != values:
             spark.data = list(values)
         ops = ", ".join(fallback_ops) if fallback_ops else "none seen"

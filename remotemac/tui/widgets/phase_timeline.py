@@ -9,8 +9,13 @@ from textual.widgets import Static
 
 from remotemac.tui.model import PhaseState, human_bytes, human_rate
 
-_ICON = {"pending": ("·", "dim"), "running": ("▶", "bold cyan"), "done": ("✓", "green"),
-         "failed": ("✗", "bold red"), "skipped": ("↷", "dim")}
+_ICON = {
+    "pending": ("·", "dim"),
+    "running": ("▶", "bold cyan"),
+    "done": ("✓", "green"),
+    "failed": ("✗", "bold red"),
+    "skipped": ("↷", "dim"),
+}
 
 
 class PhaseTimeline(Static):
@@ -24,8 +29,12 @@ class PhaseTimeline(Static):
         table.add_column(ratio=1, no_wrap=True, overflow="ellipsis")
         for row in phases.values():
             icon, style = _ICON.get(row.state, ("?", ""))
-            table.add_row(Text(icon, style=style), Text(row.name, style=style),
-                          self._bar(row), Text(self._figures(row), style="dim"))
+            table.add_row(
+                Text(icon, style=style),
+                Text(row.name, style=style),
+                self._bar(row),
+                Text(self._figures(row), style="dim"),
+            )
         self.update(table)
 
     @staticmethod

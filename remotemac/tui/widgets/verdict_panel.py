@@ -22,8 +22,9 @@ class VerdictPanel(Static):
         table = Table.grid(padding=(0, 1))
         table.add_column(style="dim", no_wrap=True)
         table.add_column(overflow="fold")
-        table.add_row("verdict", Text(acc.verdict.upper(),
-                                      style=_COLOUR.get(acc.verdict, "bold yellow")))
+        table.add_row(
+            "verdict", Text(acc.verdict.upper(), style=_COLOUR.get(acc.verdict, "bold yellow"))
+        )
         for code, detail in acc.conditions:
             table.add_row("stop", Text(f"{code}: {detail}", style="red"))
         for name, value in acc.observations:
