@@ -418,8 +418,14 @@ def op_list_outputs(req: dict[str, Any]) -> dict[str, Any]:
 
     ``name_hex`` is the entry's relative path as the file system's bytes: the
     orchestrator validates those bytes (UTF-8, length) rather than a decoded guess.
+    ``hash: false`` leaves the sha256 out: the pull starts moving bytes on that quick
+    listing while a second call hashes the files on the host. ``upto`` (name_hex to
+    size, from the quick listing) hashes only the first that many bytes of each file
+    and gives that size, so a file still growing hashes as it was first listed.
     """
     base = req["dir"]
+    with_hash = req.get("hash", True) is not False
+    upto = req.get("upto") if isinstance(req.get("upto"), dict) else {}
     entries = []
     if not os.path.isdir(base) or os.path.islink(base):
         return {"entries": entries}
@@ -435,11 +441,14 @@ def op_list_outputs(req: dict[str, Any]) -> dict[str, Any]:
                 elif stat.S_ISDIR(st.st_mode):
                     entries.append(dict(raw, kind="dir", size=0))
                 elif stat.S_ISREG(st.st_mode):
-                    entries.append(
-                        dict(
-                            raw, kind="file", size=st.st_size, sha256=sha256_file(full, st.st_size)
-                        )
-                    )
+                    size = st.st_size
+                    cap = upto.get(raw["name_hex"])
+                    if isinstance(cap, int) and 0 <= cap < size:
+                        size = cap
+                    entry = dict(raw, kind="file", size=size)
+                    if with_hash:
+                        entry["sha256"] = sha256_file(full, size)
+                    entries.append(entry)
                 else:
                     entries.append(dict(raw, kind="other", size=0))
             except OSError as exc:  # e.g. a path past PATH_MAX: listed, never pulled

@@ -13,13 +13,17 @@ removes it and ends with exit 5.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import errno
+import hashlib
 import os
 import re
 import stat
-from collections.abc import Callable
+import unicodedata
+from collections.abc import Awaitable, Callable
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, BinaryIO
 
 from remotemac.data.manifest import sha256_file
 from remotemac.engine.agentclient import AgentClient
@@ -154,10 +158,87 @@ async def pull_dir(
     "downloaded": bytes moved}``. Raises IntegrityError (exit 5) on a checksum failure.
     """
     emit = emit or (lambda _e: None)
-    listing = await agent.call("list_outputs", {"dir": remote_dir})
+    entries = await _listing(transport, agent, remote_dir, {"hash": False})
+    # the host hashes each file up to the size just listed (a file still growing is
+    # verified as it was listed) while the bytes move
+    upto = {
+        e["name_hex"]: e["size"]
+        for e in entries
+        if isinstance(e, dict) and isinstance(e.get("name_hex"), str) and e.get("kind") == "file"
+    }
+    sums = _Sums(_listing(transport, agent, remote_dir, {"upto": upto}))
+    try:
+        return await _pull_listed(
+            transport,
+            entries,
+            sums,
+            remote_dir,
+            dest_root,
+            emit=emit,
+            run_id=run_id,
+            label=label,
+            max_bytes=max_bytes,
+        )
+    finally:
+        await sums.close()
+
+
+async def _listing(
+    transport: Transport, agent: AgentClient, remote_dir: str, request: dict[str, Any]
+) -> list[Any]:
+    listing = await agent.call("list_outputs", {"dir": remote_dir, **request})
     entries = listing.get("entries") if isinstance(listing, dict) else None
     if not isinstance(entries, list):
         raise IntegrityError(f"{transport.name}: the output listing of {remote_dir} is malformed")
+    return entries
+
+
+class _Sums:
+    """The host's SHA-256 of every listed file, from a second listing made while bytes move.
+
+    Why: hashing a GiB of results on the host takes seconds; the quick listing (names,
+    kinds, sizes) starts the transfer at once and each file waits for its sum only
+    when its last byte has landed (and been hashed here as it was written).
+    """
+
+    def __init__(self, listing: Awaitable[list[Any]]) -> None:
+        self._task = asyncio.ensure_future(listing)
+        self._by_name: dict[bytes | str | None, Any] | None = None
+
+    async def entry(self, name: bytes | str | None) -> Any:
+        """The hashed listing's entry for ``name`` (None when it is not there)."""
+        if self._by_name is None:
+            # shielded: one file's fetch being cancelled must not cancel everyone's listing
+            entries = await asyncio.shield(self._task)
+            by_name: dict[bytes | str | None, Any] = {}
+            for entry in entries:
+                if isinstance(entry, dict):
+                    with contextlib.suppress(UnsafePath):
+                        by_name[entry_name(entry)] = entry
+            self._by_name = by_name
+        return self._by_name.get(name)
+
+    async def close(self) -> None:
+        self._task.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)
+
+
+class _NotPulled(Exception):
+    """The hashed listing says this file is not to be pulled after all (a skip, not an error)."""
+
+
+async def _pull_listed(
+    transport: Transport,
+    entries: list[Any],
+    sums: _Sums,
+    remote_dir: str,
+    dest_root: Path,
+    *,
+    emit: Callable[[Event], None],
+    run_id: str,
+    label: str,
+    max_bytes: int | None,
+) -> dict[str, Any]:
     dest_root.mkdir(parents=True, exist_ok=True)
     root_st = os.lstat(dest_root)
     if not stat.S_ISDIR(root_st.st_mode):
@@ -182,7 +263,7 @@ async def pull_dir(
         emit(Warning(run_id, message=f"pull {label}: skipped {name}: {why}", code="pull-skip"))
 
     for entry, rel in named:
-        why = rel if isinstance(rel, str) else _refuse(entry, rel, kinds)
+        why = rel if isinstance(rel, str) else _refuse(entry, rel, kinds, hashed=False)
         if why is not None or isinstance(rel, str):
             skip(shown_name(entry.get("path") if isinstance(entry, dict) else entry), why or "")
             continue
@@ -197,26 +278,96 @@ async def pull_dir(
         )
     progress = _Progress(emit, run_id, total, label)
     checked_dirs: set[str] = set()
-    for rel, entry in wanted:
-        remote = f"{remote_dir}/{rel}"
+    outcome: list[dict[str, Any] | str | None] = [None] * len(wanted)
+    # a name listed twice, or two names one local file on a case-insensitive disk
+    # (``A.bin``, ``a.bin`` on macOS): those are fetched one after the other
+    same_file: dict[str, asyncio.Lock] = {}
+
+    async def one(index: int) -> None:
+        rel, _entry = wanted[index]
+        key = unicodedata.normalize("NFD", str(rel)).casefold()
+        async with same_file.setdefault(key, asyncio.Lock()):
+            await fetch_one(index)
+
+    async def fetch_one(index: int) -> None:
+        rel, entry = wanted[index]
+        remote, size = f"{remote_dir}/{rel}", int(entry["size"])
+
+        async def expected() -> str:
+            """The host's sum for this file, from the hashed listing, or why not to pull it."""
+            hashed = await sums.entry(entry_name(entry))
+            if not isinstance(hashed, dict):
+                raise IntegrityError(
+                    f"{transport.name}: result {remote} is missing from the host's hashed listing",
+                    hint="the outputs changed on the host while they were pulled; pull again",
+                )
+            why = _refuse(hashed, rel, kinds)
+            if why is not None:
+                raise _NotPulled(why)
+            if hashed["size"] != size:
+                raise IntegrityError(
+                    f"{transport.name}: result {remote} changed size on the host while it was "
+                    f"pulled ({size} then {hashed['size']} bytes)",
+                    hint="let the job finish writing its outputs, then pull again",
+                )
+            return str(hashed["sha256"])
+
         why = await _remote_why(transport, remote_dir, rel, checked_dirs)
         if why is None:
             why = _local_parents(dest_root, rel)
+        digest = ""
         if why is None:
             try:
-                await _fetch(transport, remote, dest_root.joinpath(*rel.parts), entry, progress)
+                digest = await _fetch(
+                    transport, remote, dest_root.joinpath(*rel.parts), size, expected, progress
+                )
+            except _NotPulled as exc:
+                why = str(exc)
             except FileNotFoundError:  # listed, then gone (the job or the host removed it)
                 why = "gone from the host after it was listed"
             except OSError as exc:
                 if exc.errno not in _LOCAL_REFUSALS:
                     raise
                 why = f"cannot be written here: {exc.strerror}"
-        if why is not None:
-            skip(str(rel), why)
-            continue
-        files.append({"path": str(rel), "size": entry["size"], "sha256": entry["sha256"]})
+        outcome[index] = why or {"path": str(rel), "size": size, "sha256": digest}
+
+    await _bounded(one, len(wanted), FILES_IN_FLIGHT)
+    for (rel, _entry), got in zip(wanted, outcome, strict=True):
+        if isinstance(got, dict):
+            files.append(got)
+        else:
+            skip(str(rel), got or "not pulled")
     progress.flush()
-    return {"dir": str(dest_root), "files": files, "skipped": skipped, "downloaded": progress.moved}
+    return {
+        "dir": str(dest_root),
+        "files": files,
+        "skipped": skipped,
+        "downloaded": progress.moved,
+        "bytes": {"total": total, "moved": progress.moved, "reused": progress.reused},
+    }
+
+
+#: files fetched at once: at 80 ms a small file costs about three round trips (lstat,
+#: open, read), so one at a time would spend most of a pull of many files waiting;
+#: the transport's pool of read requests bounds the memory they hold together
+FILES_IN_FLIGHT = 48
+
+
+async def _bounded(job: Callable[[int], Awaitable[None]], count: int, limit: int) -> None:
+    """Run ``job(0..count-1)`` with at most ``limit`` at once; the first error cancels the rest."""
+    indexes = iter(range(count))
+
+    async def worker() -> None:
+        for index in indexes:
+            await job(index)
+
+    tasks = [asyncio.ensure_future(worker()) for _ in range(min(limit, count))]
+    try:
+        await asyncio.gather(*tasks)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 #: local errors that mean "this name cannot live here", not "the pull is broken"
@@ -231,8 +382,12 @@ _LOCAL_REFUSALS = {
 }
 
 
-def _refuse(entry: dict[str, Any], rel: PurePosixPath, kinds: dict[str, Any]) -> str | None:
-    """Why a listing entry with a valid name is not pulled (None: pull it, or a directory)."""
+def _refuse(
+    entry: dict[str, Any], rel: PurePosixPath, kinds: dict[str, Any], *, hashed: bool = True
+) -> str | None:
+    """Why a listing entry with a valid name is not pulled (None: pull it, or a directory).
+
+    ``hashed=False``: the quick listing, whose files carry no sha256 yet."""
     kind = entry.get("kind")
     if kind == "dir":
         return None
@@ -243,9 +398,7 @@ def _refuse(entry: dict[str, Any], rel: PurePosixPath, kinds: dict[str, Any]) ->
         not isinstance(size, int)
         or isinstance(size, bool)
         or size < 0
-        or not isinstance(sha, str)
-        or len(sha) != 64
-        or not set(sha) <= _HEX
+        or (hashed and (not isinstance(sha, str) or len(sha) != 64 or not set(sha) <= _HEX))
     ):
         return "listing gives no valid size and sha256"
     for i in range(1, len(rel.parts)):
@@ -304,56 +457,128 @@ def _local_parents(dest_root: Path, rel: PurePosixPath) -> str | None:
 
 
 async def _fetch(
-    transport: Transport, remote: str, dest: Path, entry: dict[str, Any], progress: _Progress
-) -> None:
-    size, expected = int(entry["size"]), entry["sha256"]
-    if (
-        dest.is_file()
-        and not dest.is_symlink()
-        and dest.stat().st_size == size
-        and sha256_file(dest) == expected
-    ):
-        progress.skip(size)  # pulled completely by an earlier attempt
-        return
+    transport: Transport,
+    remote: str,
+    dest: Path,
+    size: int,
+    expected: Callable[[], Awaitable[str]],
+    progress: _Progress,
+) -> str:
+    """One file into ``.<name>.rmpart``, hashed as it is written, renamed when it matches.
+
+    A ``.rmpart`` left by an earlier attempt is hashed once and continued from its
+    end; if the result then fails its checksum the prefix came from another version
+    of the file, and the file is fetched once more from the start. Returns the sum.
+    """
+    if dest.is_file() and not dest.is_symlink() and dest.stat().st_size == size:
+        want = await expected()
+        if sha256_file(dest) == want:
+            progress.skip(size)  # pulled completely by an earlier attempt
+            return want
     part = dest.parent / f".{dest.name}{PART}"
     fd = os.open(part, os.O_RDWR | os.O_CREAT | _NOFOLLOW, 0o600)
     with os.fdopen(fd, "r+b") as fh:
         have = os.fstat(fh.fileno()).st_size
-        offset = have if have < size else 0
+        offset = have if have <= size else 0
+        sink = HashingSink(fh, offset)
         progress.skip(offset)
         for attempt in (1, 2):
             # never more than the listed size: a file that grows or a host that lies
             # ends in a checksum failure, not a full disk
-            await transport.download_to(remote, fh, offset, progress=progress.add, limit=size)
-            fh.flush()
-            digest = sha256_file(part)
-            if digest == expected:
+            await transport.download_to(remote, sink, offset, progress=progress.add, limit=size)
+            digest = sink.hexdigest()
+            try:
+                want = await expected()
+            except _NotPulled:
+                fh.close()
+                part.unlink(missing_ok=True)
+                raise
+            if digest == want:
                 break
             if attempt == 1 and offset > 0:
-                offset = 0  # the resumed prefix came from another version: start over once
+                progress.unskip(offset)  # the resumed prefix came from another version
+                offset = 0
                 continue
             fh.close()
             part.unlink(missing_ok=True)
             raise IntegrityError(
                 f"{transport.name}: result {remote} failed its checksum after "
-                f"transfer (expected {expected[:12]}…, got {digest[:12]}…)",
+                f"transfer (expected {want[:12]}…, got {digest[:12]}…)",
                 hint="the file changed on the host or was damaged; pull again",
             )
     os.replace(part, dest)
+    return want
+
+
+class HashingSink:
+    """A local file that SHA-256-hashes what is written to it, in order.
+
+    Why: the transport writes a clean prefix (in order, and after a reconnect it
+    seeks back to where the prefix ends), so the digest of the whole file is ready
+    when the last byte lands; the file is never read a second time. A seek to any
+    other offset re-hashes the prefix up to there from the file.
+    """
+
+    def __init__(self, fh: BinaryIO, prefix: int = 0) -> None:
+        self.fh = fh
+        self._hash = hashlib.sha256()
+        self.pos = 0
+        self._rehash(prefix)
+
+    def _rehash(self, upto: int) -> None:
+        self._hash, self.pos = hashlib.sha256(), 0
+        self.fh.seek(0)
+        while self.pos < upto:
+            block = self.fh.read(min(1 << 20, upto - self.pos))
+            if not block:
+                break
+            self._hash.update(block)
+            self.pos += len(block)
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        if whence != 0:
+            raise ValueError("HashingSink seeks from the start only")
+        if offset != self.pos:
+            self._rehash(offset)
+        return self.fh.seek(offset)
+
+    def truncate(self, size: int | None = None) -> int:
+        if size is not None and size != self.pos:
+            raise ValueError("HashingSink truncates at the hashed prefix only")
+        return self.fh.truncate(self.pos)
+
+    def write(self, data: bytes) -> int:
+        self._hash.update(data)
+        self.pos += len(data)
+        return self.fh.write(data)
+
+    def hexdigest(self) -> str:
+        self.fh.flush()
+        return self._hash.hexdigest()
 
 
 class _Progress:
     def __init__(self, emit: Callable[[Event], None], run_id: str, total: int, label: str) -> None:
         self.emit, self.run_id, self.total, self.label = emit, run_id, total, label
         self.done = 0
-        self.moved = 0
+        self.moved = 0  # bytes that travelled over the link
+        self.reused = 0  # bytes already here: a complete file or a .rmpart's prefix
         self._last = -1
 
     def add(self, count: int) -> None:
         self.moved += count
-        self.skip(count)
+        self._advance(count)
 
     def skip(self, count: int) -> None:
+        self.reused += count
+        self._advance(count)
+
+    def unskip(self, count: int) -> None:
+        """A reused prefix turned out stale: its bytes travel again."""
+        self.reused -= count
+        self.done -= count
+
+    def _advance(self, count: int) -> None:
         self.done += count
         if self.done - self._last >= (4 << 20) or self.done >= self.total:
             self.flush()

@@ -53,6 +53,10 @@ T = TypeVar("T")
 #: reads/writes up to 255 KiB (limits@openssh.com); 64 in flight fill a fast link.
 SFTP_BLOCK_SIZE = 255 * 1024
 SFTP_MAX_REQUESTS = 64
+#: read requests in flight over every download of one transport at once: 96 x 255 KiB
+#: (24 MiB) is three times the bandwidth-delay product of 100 MB/s at 80 ms, and the
+#: most a pull holds in memory however many files it fetches together
+SFTP_READS_IN_FLIGHT = 96
 #: default for how long an operation keeps reconnecting before the run stops (issue 16)
 DEFAULT_RECONNECT_DEADLINE_S = 600.0
 
@@ -106,6 +110,8 @@ class SSHTransport(Transport):
         self._sftp_lock = asyncio.Lock()
         self._link_lock = asyncio.Lock()
         self._channels = asyncio.Semaphore(max_channels)
+        self._read_slots = asyncio.Semaphore(SFTP_READS_IN_FLIGHT)  # see download_to
+        self._closing: set[asyncio.Task] = set()
         self._generation = 0
         self._closed = False
         self._home: str | None = None
@@ -529,56 +535,88 @@ class SSHTransport(Transport):
         progress: ProgressFn | None = None,
         limit: int | None = None,
     ) -> int:
-        """Parallel SFTP reads from ``offset``; after a reconnect it goes on from where it was.
+        """Pipelined SFTP reads from ``offset``; after a reconnect it goes on from where it was.
 
         Blocks are written in order as they arrive, so ``dst`` always holds a clean
-        prefix of the file (what a later resume continues from).
+        prefix of the file (what a later resume continues from, and what lets a
+        caller hash the bytes as they are written). Every download of this transport
+        draws its requests from one pool (``SFTP_READS_IN_FLIGHT``): many files at
+        once keep a long link busy, and memory holds at most that many blocks. The
+        handle is closed in the background: a small file does not wait a round trip
+        for it.
         """
         pos = offset
 
         async def op() -> None:
             nonlocal pos
             sftp = await self._sftp_client()
-            pending: collections.deque[asyncio.Future] = collections.deque()
+            # block_size=0: one request per read; the pipelining is done here
+            block = min(SFTP_BLOCK_SIZE, sftp.limits.max_read_len or SFTP_BLOCK_SIZE)
             try:
-                # block_size=0: one request per read; the pipelining is done here
-                block = min(SFTP_BLOCK_SIZE, sftp.limits.max_read_len or SFTP_BLOCK_SIZE)
-                async with sftp.open(remote, "rb", block_size=0) as fh:
-                    dst.seek(pos)
-                    dst.truncate()
-                    ahead = pos
-                    while True:
-                        while len(pending) < SFTP_MAX_REQUESTS and (limit is None or ahead < limit):
-                            size = block if limit is None else min(block, limit - ahead)
-                            pending.append(asyncio.ensure_future(fh.read(size, ahead)))
-                            ahead += size
-                        if not pending:
-                            return  # ``limit`` reached: the rest of the file is not ours
-                        data = await pending.popleft()
-                        if limit is not None:
-                            data = data[: max(0, limit - pos)]  # a server that sends more
-                        if not data:
-                            return
-                        dst.write(data)
-                        pos += len(data)
-                        if progress is not None:
-                            progress(len(data))
-                        if len(data) < block and (limit is None or pos < limit):
-                            # short read: re-aim what is in flight
-                            for task in pending:
-                                task.cancel()
-                            await asyncio.gather(*pending, return_exceptions=True)
-                            pending.clear()
-                            ahead = pos
+                fh = await sftp.open(remote, "rb", block_size=0)
             except asyncssh.SFTPNoSuchFile:
                 raise FileNotFoundError(remote) from None
-            finally:
+            pending: collections.deque[asyncio.Future] = collections.deque()
+            slots = self._read_slots
+
+            def drop_pending() -> None:
                 for task in pending:
                     task.cancel()
-                await asyncio.gather(*pending, return_exceptions=True)
+                    slots.release()
+                pending.clear()
+
+            try:
+                dst.seek(pos)
+                dst.truncate()
+                ahead = pos
+                while True:
+                    while len(pending) < SFTP_MAX_REQUESTS and (limit is None or ahead < limit):
+                        if pending and slots.locked():
+                            break  # write what we have; other files hold the pool
+                        await slots.acquire()
+                        size = block if limit is None else min(block, limit - ahead)
+                        pending.append(asyncio.ensure_future(fh.read(size, ahead)))
+                        ahead += size
+                    if not pending:
+                        return  # ``limit`` reached: the rest of the file is not ours
+                    try:
+                        data = await pending.popleft()
+                    finally:
+                        slots.release()
+                    if limit is not None:
+                        data = data[: max(0, limit - pos)]  # a server that sends more
+                    if not data:
+                        return
+                    dst.write(data)
+                    pos += len(data)
+                    if progress is not None:
+                        progress(len(data))
+                    if len(data) < block and (limit is None or pos < limit):
+                        # short read: re-aim what is in flight
+                        tasks = list(pending)
+                        drop_pending()
+                        await asyncio.gather(*tasks, return_exceptions=True)
+                        ahead = pos
+            finally:
+                tasks = list(pending)
+                drop_pending()
+                await asyncio.gather(*tasks, return_exceptions=True)
+                self._close_later(fh)
 
         await self._run(f"download {remote}", op, idempotent=True)
         return pos - offset
+
+    def _close_later(self, fh: asyncssh.SFTPClientFile) -> None:
+        """Close an SFTP handle without waiting for the answer (a dead link just drops it)."""
+        task = asyncio.ensure_future(fh.close())
+        self._closing.add(task)
+
+        def done(task: asyncio.Task) -> None:
+            self._closing.discard(task)
+            if not task.cancelled():
+                task.exception()  # retrieved: a close on a dead link is not news
+
+        task.add_done_callback(done)
 
 
 class _SSHProcess(RemoteProcess):

@@ -1,0 +1,264 @@
+"""Benchmark: ``remotemac pull`` of results against scp and rsync of the same files.
+
+Everything comes from the same loopback sshd of tests/harness (the machine plays both
+laptop and host, so the two ends share its cores), once straight and once through
+the fault proxy with a long link (``--rtt 0.08 --rate 100e6``: 80 ms round trip,
+100 MB/s shared by every connection):
+
+1. one large result (``--size``, 1 GiB), then ``--files`` small ones (2,000 files of
+   the same total size): remotemac (listing with SHA-256 on the host, transfer,
+   verification of every byte, rename into place) against ``scp -r`` and ``rsync -a``
+   (which verify nothing end to end); ``--repeat N`` prints medians and ratios;
+2. resume: a pull of the large file stopped when half of it has arrived, then pulled
+   again; the share of the file that travels again (goal < 55 %);
+3. the orchestrator's peak RSS (VmHWM, reset before each remotemac pull).
+
+Every timing includes a fresh SSH connection, like scp's and rsync's.
+
+    python scripts/bench_pull.py                          # 1 GiB, 2,000 files, both links
+    python scripts/bench_pull.py --repeat 5
+    python scripts/bench_pull.py --size 64MiB --files 200 --links loopback   # quick look
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from remotemac.engine.agentclient import AgentClient  # noqa: E402
+from remotemac.engine.pull import PART, pull_dir  # noqa: E402
+from remotemac.transport.ssh import SSHTransport  # noqa: E402
+from scripts.bench_sync import CIPHER, parse_size, peak_rss_mib, reset_peak_rss  # noqa: E402
+from tests.harness.sshd import SSHD  # noqa: E402
+
+
+def write_random(path: Path, size: int) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as fh:
+        left = size
+        while left:
+            block = min(left, 1 << 20)
+            fh.write(os.urandom(block))
+            left -= block
+
+
+def make_results(src: Path, size: int, files: int) -> dict[str, Path]:
+    """``one/model.bin`` of ``size`` bytes and ``many/`` with ``files`` files of the same total."""
+    write_random(src / "one" / "model.bin", size)
+    rng = random.Random(7)
+    weights = [rng.uniform(0.5, 1.5) for _ in range(files)]
+    scale = size / sum(weights)
+    sizes = [int(w * scale) for w in weights]
+    sizes[0] += size - sum(sizes)
+    for i, n in enumerate(sizes):
+        write_random(src / "many" / f"step{i // 100:02d}" / f"shard-{i:05d}.npy", n)
+    return {"one file": src / "one", f"{files} files": src / "many"}
+
+
+def make_proxy(server: SSHD, rtt: float, rate: float) -> Any:
+    """The lead's separate-process proxy when this tree has it, else the in-thread one."""
+    try:
+        from tests.harness.faultproxy import ProxyProcess  # type: ignore[attr-defined]
+    except ImportError:
+        ProxyProcess = None  # noqa: N806
+    if ProxyProcess is not None:
+        proxy = ProxyProcess(server.host, server.port).start()
+    else:
+        from tests.harness.faultproxy import FaultProxy
+
+        proxy = FaultProxy(server.host, server.port).start()
+    proxy.latency(rtt / 2)  # each way
+    proxy.throttle(rate)
+    return proxy
+
+
+class Bench:
+    def __init__(self, tmp: Path, server: SSHD) -> None:
+        self.tmp, self.server = tmp, server
+        self.home = tmp / "home"
+        self.home.mkdir()
+        server.write_known_hosts(self.home / "known_hosts")
+        self.user_kh = server.write_known_hosts(tmp / "user_known_hosts")
+        self.links: dict[str, tuple[Path, str]] = {
+            "loopback": (
+                server.write_ssh_config(tmp / "cfg", "bench", known_hosts=self.user_kh),
+                "bench",
+            )
+        }
+        self.host_root = str(server.home / "host-root")
+
+    def add_proxy(self, name: str, port: int) -> None:
+        for kh in (self.home / "known_hosts", self.user_kh):
+            with open(kh, "a") as fh:
+                fh.write(self.server.known_hosts_line(f"[{self.server.host}]:{port}"))
+        cfg = self.server.write_ssh_config(
+            self.tmp / f"cfg-{name}", "benchproxy", known_hosts=self.user_kh, port=port
+        )
+        self.links[name] = (cfg, "benchproxy")
+
+    def transport(self, link: str) -> SSHTransport:
+        cfg, alias = self.links[link]
+        return SSHTransport(alias, home_dir=self.home, ssh_config=cfg)
+
+    async def install_agent(self) -> None:
+        async with self.transport("loopback") as t:
+            await AgentClient(t, self.host_root).call("ping", {})
+
+    async def pull(
+        self, link: str, src: Path, dest: Path, *, stop_at: float | None = None
+    ) -> tuple[float, float, dict[str, Any]]:
+        """(seconds with a fresh connection, peak RSS MiB, pull result) of one pull.
+
+        ``stop_at``: cancel the pull once that share of the (single) file is in its
+        ``.rmpart``, as a laptop that loses power would leave it."""
+        reset_peak_rss()
+        start = time.perf_counter()
+        async with self.transport(link) as t:
+            job = pull_dir(t, AgentClient(t, self.host_root), str(src), dest)
+            if stop_at is None:
+                result = await job
+            else:
+                result = await stop_when_half(job, dest, src, stop_at)
+        return time.perf_counter() - start, peak_rss_mib(), result
+
+    def scp(self, link: str, src: Path, dest: Path) -> float:
+        cfg, alias = self.links[link]
+        start = time.perf_counter()
+        subprocess.run(
+            ["scp", "-q", "-r", "-F", str(cfg), "-c", CIPHER, f"{alias}:{src}", str(dest)],
+            check=True,
+        )
+        return time.perf_counter() - start
+
+    def rsync(self, link: str, src: Path, dest: Path) -> float:
+        cfg, alias = self.links[link]
+        start = time.perf_counter()
+        subprocess.run(
+            ["rsync", "-a", "-e", f"ssh -F {cfg} -c {CIPHER}", f"{alias}:{src}/", f"{dest}/"],
+            check=True,
+        )
+        return time.perf_counter() - start
+
+
+async def stop_when_half(job: Any, dest: Path, src: Path, share: float) -> dict[str, Any]:
+    (name,) = [p.name for p in src.iterdir()]
+    size = (src / name).stat().st_size
+    part = dest / f".{name}{PART}"
+    task = asyncio.ensure_future(job)
+    while not (part.exists() and part.stat().st_size >= share * size):
+        if task.done():
+            raise SystemExit("the pull ended before it could be stopped half-way")
+        await asyncio.sleep(0.005)
+    task.cancel()
+    try:
+        await task
+    except asyncio.CancelledError:
+        pass
+    return {"part": part.stat().st_size}
+
+
+def median_of(
+    repeat: int, tool: Callable[[str, Path, Path], float], link: str, src: Path, local: Path
+) -> float:
+    """The median time of ``repeat`` copies by ``tool`` into a fresh ``local``."""
+    times = []
+    for _ in range(repeat):
+        shutil.rmtree(local, ignore_errors=True)
+        local.mkdir()
+        times.append(tool(link, src, local))
+    return statistics.median(times)
+
+
+def fmt(seconds: float, size: int) -> str:
+    return f"{seconds:7.2f} s {size / seconds / 1e6:7.1f} MB/s"
+
+
+async def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size", type=parse_size, default=1 << 30, help="bytes per shape (1GiB)")
+    parser.add_argument("--files", type=int, default=2000, help="small files (2000)")
+    parser.add_argument("--repeat", type=int, default=1, help="runs per figure; medians (1)")
+    parser.add_argument("--rtt", type=float, default=0.08, help="proxy round trip, s (0.08)")
+    parser.add_argument("--rate", type=float, default=100e6, help="proxy bytes/s (100e6)")
+    parser.add_argument("--links", default="loopback,proxy", help="loopback,proxy")
+    parser.add_argument("--no-rsync", action="store_true", help="skip rsync")
+    args = parser.parse_args()
+    links = args.links.split(",")
+
+    with tempfile.TemporaryDirectory(prefix="rm-bench-pull-", dir=os.environ.get("TMPDIR")) as t:
+        tmp = Path(t)
+        server = SSHD(tmp / "sshd").start()
+        proxy = None
+        try:
+            bench = Bench(tmp, server)
+            shapes = make_results(server.home / "results", args.size, args.files)
+            owner = server.home.stat()
+            for path in [server.home / "results", *(server.home / "results").rglob("*")]:
+                os.chown(path, owner.st_uid, owner.st_gid)
+            await bench.install_agent()
+            if "proxy" in links:
+                proxy = make_proxy(server, args.rtt, args.rate)
+                bench.add_proxy("proxy", proxy.port)
+            print(
+                f"results: {args.size / 2**20:.0f} MiB as one file and as {args.files} files; "
+                f"{os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}; proxy: "
+                f"{args.rtt * 1000:.0f} ms RTT, {args.rate / 1e6:.0f} MB/s "
+                f"({type(proxy).__name__ if proxy else 'unused'}); medians of {args.repeat}",
+                flush=True,
+            )
+            local = tmp / "local"
+            for link in links:
+                for shape, src in shapes.items():
+                    rm_times, rss = [], []
+                    for _ in range(args.repeat):
+                        shutil.rmtree(local, ignore_errors=True)
+                        seconds, peak, _ = await bench.pull(link, src, local)
+                        rm_times.append(seconds)
+                        rss.append(peak)
+                    t_rm = statistics.median(rm_times)
+                    t_scp = median_of(args.repeat, bench.scp, link, src, local)
+                    line = (
+                        f"{link:8} {shape:11} remotemac {fmt(t_rm, args.size)}  "
+                        f"scp {fmt(t_scp, args.size)}  ratio {t_scp / t_rm:.2f}"
+                    )
+                    if not args.no_rsync:
+                        t_rs = median_of(args.repeat, bench.rsync, link, src, local)
+                        line += f"  rsync {fmt(t_rs, args.size)}  ratio {t_rs / t_rm:.2f}"
+                    print(f"{line}  peak RSS {max(rss):.0f} MiB", flush=True)
+            # resume: stopped half-way, pulled again
+            for link in links:
+                src = shapes["one file"]
+                shutil.rmtree(local, ignore_errors=True)
+                _, _, half = await bench.pull(link, src, local, stop_at=0.5)
+                seconds, peak, result = await bench.pull(link, src, local)
+                moved = result["bytes"]["moved"]
+                print(
+                    f"{link:8} resume: stopped with {half['part'] / args.size:.0%} in .rmpart; "
+                    f"the next pull sent {moved / args.size:.1%} of the file again "
+                    f"(goal < 55%), reused {result['bytes']['reused'] / args.size:.1%}, "
+                    f"{seconds:.2f} s, verified; peak RSS {peak:.0f} MiB",
+                    flush=True,
+                )
+        finally:
+            if proxy is not None:
+                proxy.stop()
+            server.cleanup()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(asyncio.run(main()))
