@@ -28,7 +28,7 @@ from typing import Any, BinaryIO
 from remotemac.data.manifest import sha256_file
 from remotemac.engine.agentclient import AgentClient
 from remotemac.engine.context import RunContext, Side
-from remotemac.errors import IntegrityError, UnsafePath
+from remotemac.errors import IntegrityError, RemotemacError, UnsafePath
 from remotemac.events import Event, PhaseProgress, Warning
 from remotemac.transport.base import Transport
 
@@ -277,7 +277,7 @@ async def _pull_listed(
             hint="raise outputs.max_bytes or narrow outputs.path if that is expected",
         )
     progress = _Progress(emit, run_id, total, label)
-    checked_dirs: set[str] = set()
+    remote_kinds = _RemoteKinds(transport, remote_dir)
     outcome: list[dict[str, Any] | str | None] = [None] * len(wanted)
     # a name listed twice, or two names one local file on a case-insensitive disk
     # (``A.bin``, ``a.bin`` on macOS): those are fetched one after the other
@@ -312,7 +312,7 @@ async def _pull_listed(
                 )
             return str(hashed["sha256"])
 
-        why = await _remote_why(transport, remote_dir, rel, checked_dirs)
+        why = await remote_kinds.why_not(rel)
         if why is None:
             why = _local_parents(dest_root, rel)
         digest = ""
@@ -408,26 +408,62 @@ def _refuse(
     return None
 
 
-async def _remote_why(
-    transport: Transport, remote_dir: str, rel: PurePosixPath, checked: set[str]
-) -> str | None:
-    """lstat the host's entry and each parent: a link, FIFO or device is never read."""
-    for i in range(1, len(rel.parts)):
-        parent = "/".join(rel.parts[:i])
-        if parent in checked:
-            continue
-        st = await transport.stat(f"{remote_dir}/{parent}")
-        if st is None or st.kind != "dir":
-            return (
-                f"its parent {parent} is {'missing' if st is None else 'a ' + st.kind} on the host"
-            )
-        checked.add(parent)
-    st = await transport.stat(f"{remote_dir}/{rel}")
-    if st is None:
-        return "gone from the host"
-    if st.kind != "file":
-        return f"it is a {st.kind} on the host, not a regular file"
-    return None
+#: a directory listing that could not be read as a whole: ask about each entry instead
+_ONE_BY_ONE: dict[str, str] = {}
+
+
+class _RemoteKinds:
+    """The host's own ``lstat`` of each entry, read one directory listing at a time.
+
+    Why listings: SFTP's readdir answers with each entry's lstat, so a link, FIFO or
+    device (never to be opened: a FIFO would hang the host's sftp-server) is seen
+    for a whole directory in a round trip or two, instead of one lstat per file.
+    """
+
+    def __init__(self, transport: Transport, remote_dir: str) -> None:
+        self.transport, self.remote_dir = transport, remote_dir
+        self._dirs: dict[str, asyncio.Future[dict[str, str] | None]] = {}
+
+    async def _kinds(self, parent: str) -> dict[str, str] | None:
+        """name -> kind in ``parent`` (relative; "" is the output dir), None if it is gone."""
+        if parent not in self._dirs:
+            self._dirs[parent] = asyncio.ensure_future(self._list(parent))
+        return await asyncio.shield(self._dirs[parent])
+
+    async def _list(self, parent: str) -> dict[str, str] | None:
+        path = f"{self.remote_dir}/{parent}" if parent else self.remote_dir
+        try:
+            found = await self.transport.listdir(path)
+        except FileNotFoundError:
+            return None
+        except RemotemacError:
+            raise
+        except Exception:  # noqa: BLE001 - e.g. a name the SFTP client cannot decode
+            return _ONE_BY_ONE  # this directory is checked one lstat per entry
+        return {PurePosixPath(st.path).name: st.kind for st in found}
+
+    async def _kind(self, parent: str, name: str) -> str | None:
+        kinds = await self._kinds(parent)
+        if kinds is _ONE_BY_ONE:
+            where = "/".join(p for p in (self.remote_dir, parent, name) if p)
+            st = await self.transport.stat(where)
+            return None if st is None else st.kind
+        return None if kinds is None else kinds.get(name)
+
+    async def why_not(self, rel: PurePosixPath) -> str | None:
+        """Why ``rel`` is not read (a parent not a directory, the entry not a file)."""
+        for i in range(1, len(rel.parts) + 1):
+            parent, name = "/".join(rel.parts[: i - 1]), rel.parts[i - 1]
+            kind = await self._kind(parent, name)
+            if i < len(rel.parts):
+                if kind != "dir":
+                    where = "/".join(rel.parts[:i])
+                    return f"its parent {where} is {'missing' if kind is None else 'a ' + kind} on the host"
+            elif kind is None:
+                return "gone from the host"
+            elif kind != "file":
+                return f"it is a {kind} on the host, not a regular file"
+        return None
 
 
 def _local_parents(dest_root: Path, rel: PurePosixPath) -> str | None:
