@@ -28,6 +28,7 @@ from remotemac.events import (
     RunFinished,
     Warning,
 )
+from remotemac.progressrate import RateMeter, transfer_figures
 from remotemac.termsafe import escape_controls
 from remotemac.vocab import human_duration, log_prefix
 
@@ -56,31 +57,26 @@ class JsonRenderer:
 class RichRenderer:
     """Phases as lines with progress bars for transfers; the job's log as it comes."""
 
-    def __init__(self, verbose: bool = False, raw: bool = False) -> None:
+    def __init__(self, verbose: bool = False, raw: bool = False, console: Any = None) -> None:
         from rich.console import Console
-        from rich.progress import (
-            BarColumn,
-            DownloadColumn,
-            Progress,
-            TextColumn,
-            TimeRemainingColumn,
-            TransferSpeedColumn,
-        )
+        from rich.progress import BarColumn, Progress, TextColumn
 
         # soft_wrap: the terminal wraps long lines; rich would cut a path or an id in two
-        self.console = Console(stderr=False, highlight=False, soft_wrap=True)
+        self.console = console or Console(stderr=False, highlight=False, soft_wrap=True)
         self.verbose = verbose
         self.raw = raw
+        # done/total, smoothed rate and ETA come from the events' own timestamps
+        # (progressrate), so a replayed or a remote stream of events reads the same;
+        # phase (8) + bar (24) + figures (at most 44) and spaces fit in 80 columns
         self.progress = Progress(
-            TextColumn("[bold]{task.description}"),
-            BarColumn(),
-            DownloadColumn(),
-            TransferSpeedColumn(),
-            TimeRemainingColumn(),
+            TextColumn("[bold]{task.description:<8}"),
+            BarColumn(bar_width=24),
+            TextColumn("{task.fields[figures]}"),
             console=self.console,
             transient=True,
         )
         self._tasks: dict[str, Any] = {}
+        self._meters: dict[str, RateMeter] = {}
         self._started = False
 
     def __call__(self, event: Event) -> None:
@@ -103,9 +99,14 @@ class RichRenderer:
             task = self._tasks.get(event.phase)
             if task is None:
                 task = self._tasks[event.phase] = self.progress.add_task(
-                    shown(event.phase), total=event.total
+                    shown(event.phase), total=event.total, figures=""
                 )
-            self.progress.update(task, completed=event.done, total=event.total)
+            meter = self._meters.setdefault(event.phase, RateMeter())
+            meter.update(event.ts, event.done)
+            figures = transfer_figures(
+                event.done, event.total, meter.rate, meter.eta(event.done, event.total)
+            )
+            self.progress.update(task, completed=event.done, total=event.total, figures=figures)
         elif isinstance(event, PhaseFinished):
             self._end_progress(event.phase)
             mark = "[dim]↷" if event.skipped else ("[green]✓" if event.ok else "[red]✗")
@@ -145,10 +146,12 @@ class RichRenderer:
     def _end_progress(self, phase: str | None) -> None:
         if phase is not None and phase in self._tasks:
             self.progress.remove_task(self._tasks.pop(phase))
+            self._meters.pop(phase, None)
         if self._started and (phase is None or not self._tasks):
             self.progress.stop()
             self._started = False
             self._tasks.clear()
+            self._meters.clear()
 
     def close(self) -> None:
         self._end_progress(None)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import random
 import shutil
@@ -164,10 +165,8 @@ async def stop_when_half(job: Any, dest: Path, src: Path, share: float) -> dict[
             raise SystemExit("the pull ended before it could be stopped half-way")
         await asyncio.sleep(0.005)
     task.cancel()
-    try:
+    with contextlib.suppress(asyncio.CancelledError):
         await task
-    except asyncio.CancelledError:
-        pass
     return {"part": part.stat().st_size}
 
 

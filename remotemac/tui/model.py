@@ -27,6 +27,7 @@ from remotemac.events import (
     RunFinished,
     Warning,
 )
+from remotemac.progressrate import RateMeter
 from remotemac.termsafe import escape_controls
 from remotemac.vocab import (
     clock,
@@ -54,16 +55,15 @@ class PhaseState:
     total: int | None = None
     unit: str = "bytes"
     detail: str = ""
-    rate: float | None = None  # units per second, from the events' own timestamps
+    rate: float | None = None  # units per second, smoothed, from the events' own timestamps
+    eta: float | None = None  # seconds left at that rate
     subs: dict[str, str] = field(default_factory=dict)  # side -> state, for launch/follow
-    _first: tuple[float, int] | None = None
+    _meter: RateMeter = field(default_factory=RateMeter, repr=False)
 
     def progress(self, event: PhaseProgress) -> None:
-        if self._first is None or event.done < self._first[1]:
-            self._first = (event.ts, event.done)
-        t0, d0 = self._first
-        if event.ts > t0 and event.done > d0:
-            self.rate = (event.done - d0) / (event.ts - t0)
+        self._meter.update(event.ts, event.done)
+        self.rate = self._meter.rate
+        self.eta = self._meter.eta(event.done, event.total)
         self.done, self.total, self.unit = event.done, event.total, event.unit
         if event.detail:
             self.detail = event.detail
@@ -177,7 +177,8 @@ class RunLive:
             if side:
                 row.subs[side] = "running"
             elif row.unit == "bytes":
-                row.done, row.total, row.rate, row._first = 0, None, None, None
+                row.done, row.total, row.rate, row.eta = 0, None, None, None
+                row._meter = RateMeter()
         elif isinstance(event, PhaseFinished):
             row, side = self._group(event.phase), _side(event.phase)
             state = "skipped" if event.skipped else ("done" if event.ok else "failed")

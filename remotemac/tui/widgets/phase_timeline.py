@@ -7,7 +7,8 @@ from rich.table import Table
 from rich.text import Text
 from textual.widgets import Static
 
-from remotemac.tui.model import PhaseState, human_bytes, human_rate
+from remotemac.progressrate import transfer_figures
+from remotemac.tui.model import PhaseState, human_rate
 
 _ICON = {
     "pending": ("·", "dim"),
@@ -48,10 +49,13 @@ class PhaseTimeline(Static):
 
     @staticmethod
     def _figures(row: PhaseState) -> str:
-        parts = []
         if row.unit == "bytes" and row.total:
-            parts.append(f"{human_bytes(row.done)}/{human_bytes(row.total)}")
-        elif row.unit != "bytes" and row.done:
+            running = row.state == "running"
+            return transfer_figures(
+                row.done, row.total, row.rate if running else None, row.eta if running else None
+            )
+        parts = []
+        if row.unit != "bytes" and row.done:
             parts.append(f"{row.done:,} {row.unit}")
         rate = human_rate(row.rate, row.unit)
         if rate and row.state == "running":
