@@ -76,6 +76,16 @@ def make_proxy(server: SSHD, rtt: float, rate: float) -> Any:
         from tests.harness.faultproxy import ProxyProcess  # type: ignore[attr-defined]
     except ImportError:
         ProxyProcess = None  # noqa: N806
+    if os.environ.get("BENCH_PROXY_CMD"):  # dev: a proxy in its own process
+        import subprocess as sp
+
+        proc = sp.Popen(
+            [sys.executable, os.environ["BENCH_PROXY_CMD"], server.host, str(server.port),
+             str(rtt), str(rate)], stdin=sp.PIPE, stdout=sp.PIPE, text=True)
+        class P:
+            port = int(proc.stdout.readline())
+            def stop(self): proc.kill()
+        return P()
     if ProxyProcess is not None:
         proxy = ProxyProcess(server.host, server.port).start()
     else:
@@ -194,7 +204,9 @@ async def main() -> int:
     parser.add_argument("--rtt", type=float, default=0.08, help="proxy round trip, s (0.08)")
     parser.add_argument("--rate", type=float, default=100e6, help="proxy bytes/s (100e6)")
     parser.add_argument("--links", default="loopback,proxy", help="loopback,proxy")
-    parser.add_argument("--no-rsync", action="store_true", help="skip rsync")
+    parser.add_argument(
+        "--compare", default="scp,rsync", help="tools to compare with: scp,rsync or none"
+    )
     args = parser.parse_args()
     links = args.links.split(",")
 
@@ -229,14 +241,11 @@ async def main() -> int:
                         rm_times.append(seconds)
                         rss.append(peak)
                     t_rm = statistics.median(rm_times)
-                    t_scp = median_of(args.repeat, bench.scp, link, src, local)
-                    line = (
-                        f"{link:8} {shape:11} remotemac {fmt(t_rm, args.size)}  "
-                        f"scp {fmt(t_scp, args.size)}  ratio {t_scp / t_rm:.2f}"
-                    )
-                    if not args.no_rsync:
-                        t_rs = median_of(args.repeat, bench.rsync, link, src, local)
-                        line += f"  rsync {fmt(t_rs, args.size)}  ratio {t_rs / t_rm:.2f}"
+                    line = f"{link:8} {shape:11} remotemac {fmt(t_rm, args.size)}"
+                    for tool in ("scp", "rsync"):
+                        if tool in args.compare.split(","):
+                            other = median_of(args.repeat, getattr(bench, tool), link, src, local)
+                            line += f"  {tool} {fmt(other, args.size)}  ratio {other / t_rm:.2f}"
                     print(f"{line}  peak RSS {max(rss):.0f} MiB", flush=True)
             # resume: stopped half-way, pulled again
             for link in links:
