@@ -44,6 +44,7 @@ from remotemac.engine.agentclient import AgentClient  # noqa: E402
 from remotemac.engine.pull import PART, pull_dir  # noqa: E402
 from remotemac.transport.ssh import SSHTransport  # noqa: E402
 from scripts.bench_sync import CIPHER, parse_size, peak_rss_mib, reset_peak_rss  # noqa: E402
+from tests.harness.faultproxy import ProxyProcess  # noqa: E402
 from tests.harness.sshd import SSHD  # noqa: E402
 
 
@@ -70,31 +71,9 @@ def make_results(src: Path, size: int, files: int) -> dict[str, Path]:
     return {"one file": src / "one", f"{files} files": src / "many"}
 
 
-def make_proxy(server: SSHD, rtt: float, rate: float) -> Any:
-    """The lead's separate-process proxy when this tree has it, else the in-thread one."""
-    try:
-        from tests.harness.faultproxy import ProxyProcess  # type: ignore[attr-defined]
-    except ImportError:
-        ProxyProcess = None  # noqa: N806
-    if os.environ.get("BENCH_PROXY_CMD"):  # dev: a proxy in its own process
-        import subprocess as sp
-
-        proc = sp.Popen(
-            [sys.executable, os.environ["BENCH_PROXY_CMD"], server.host, str(server.port),
-             str(rtt), str(rate)], stdin=sp.PIPE, stdout=sp.PIPE, text=True)
-        class P:
-            port = int(proc.stdout.readline())
-            def stop(self): proc.kill()
-        return P()
-    if ProxyProcess is not None:
-        proxy = ProxyProcess(server.host, server.port).start()
-    else:
-        from tests.harness.faultproxy import FaultProxy
-
-        proxy = FaultProxy(server.host, server.port).start()
-    proxy.latency(rtt / 2)  # each way
-    proxy.throttle(rate)
-    return proxy
+def make_proxy(server: SSHD, rtt: float, rate: float) -> ProxyProcess:
+    """The fault proxy in its own process: it shares no GIL with the pull it carries."""
+    return ProxyProcess(server.host, server.port, rtt=rtt, rate=rate).start()
 
 
 class Bench:
@@ -228,7 +207,7 @@ async def main() -> int:
                 f"results: {args.size / 2**20:.0f} MiB as one file and as {args.files} files; "
                 f"{os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}; proxy: "
                 f"{args.rtt * 1000:.0f} ms RTT, {args.rate / 1e6:.0f} MB/s "
-                f"({type(proxy).__name__ if proxy else 'unused'}); medians of {args.repeat}",
+                f"(its own process); medians of {args.repeat}",
                 flush=True,
             )
             local = tmp / "local"
