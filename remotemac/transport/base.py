@@ -12,10 +12,21 @@ from __future__ import annotations
 import abc
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import BinaryIO
+from typing import Protocol
 
 ProgressFn = Callable[[int], None]
 """Called with the number of bytes moved since the last call."""
+
+
+class DownloadSink(Protocol):
+    """Where :meth:`Transport.download_to` writes: an open file, or a wrapper of one
+    (the pull hashes what it writes, so a file is never read twice)."""
+
+    def seek(self, offset: int, whence: int = 0, /) -> int: ...
+
+    def truncate(self, size: int | None = None, /) -> int: ...
+
+    def write(self, data: bytes, /) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -186,7 +197,7 @@ class Transport(abc.ABC):
     async def download_to(
         self,
         remote: str,
-        dst: BinaryIO,
+        dst: DownloadSink,
         offset: int = 0,
         *,
         progress: ProgressFn | None = None,

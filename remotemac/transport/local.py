@@ -12,10 +12,10 @@ import os
 import shutil
 import stat as stat_mod
 from pathlib import Path
-from typing import BinaryIO
 
 from remotemac.errors import HostError, UnsafePath
 from remotemac.transport.base import (
+    DownloadSink,
     ExecResult,
     ProgressFn,
     RemoteProcess,
@@ -123,7 +123,7 @@ class LocalTransport(Transport):
     async def download_to(
         self,
         remote: str,
-        dst: BinaryIO,
+        dst: DownloadSink,
         offset: int = 0,
         *,
         progress: ProgressFn | None = None,

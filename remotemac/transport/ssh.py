@@ -24,13 +24,14 @@ import stat as statmod
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
-from typing import BinaryIO, TypeVar
+from typing import TypeVar
 
 import asyncssh
 
 from remotemac.errors import HostError, TransientHostError
 from remotemac.events import ConnectionState, Event
 from remotemac.transport.base import (
+    DownloadSink,
     ExecResult,
     ProgressFn,
     RemoteProcess,
@@ -529,7 +530,7 @@ class SSHTransport(Transport):
     async def download_to(
         self,
         remote: str,
-        dst: BinaryIO,
+        dst: DownloadSink,
         offset: int = 0,
         *,
         progress: ProgressFn | None = None,
