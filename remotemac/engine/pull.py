@@ -445,24 +445,23 @@ class _RemoteKinds:
 
     def __init__(self, transport: Transport, remote_dir: str) -> None:
         self.transport, self.remote_dir = transport, remote_dir
-        self._dirs: dict[str, asyncio.Future[dict[str, str] | None]] = {}
+        self._dirs: dict[str, asyncio.Future[dict[str, str]]] = {}
 
-    async def _kinds(self, parent: str) -> dict[str, str] | None:
-        """name -> kind in ``parent`` (relative; "" is the output dir), None if it is gone."""
+    async def _kinds(self, parent: str) -> dict[str, str]:
+        """name -> kind in ``parent`` (relative; "" is the output dir), or _ONE_BY_ONE."""
         if parent not in self._dirs:
             self._dirs[parent] = asyncio.ensure_future(self._list(parent))
         return await asyncio.shield(self._dirs[parent])
 
-    async def _list(self, parent: str) -> dict[str, str] | None:
+    async def _list(self, parent: str) -> dict[str, str]:
         path = f"{self.remote_dir}/{parent}" if parent else self.remote_dir
         try:
             found = await self.transport.listdir(path)
-        except FileNotFoundError:
-            return None
         except RemotemacError:
             raise
-        except Exception:  # noqa: BLE001 - e.g. a name the SFTP client cannot decode
-            return _ONE_BY_ONE  # this directory is checked one lstat per entry
+        except Exception:  # noqa: BLE001 - a name the SFTP client cannot decode, an
+            # entry gone mid-listing, the directory itself gone: ask entry by entry
+            return _ONE_BY_ONE
         return {PurePosixPath(st.path).name: st.kind for st in found}
 
     async def _kind(self, parent: str, name: str) -> str | None:
@@ -471,7 +470,7 @@ class _RemoteKinds:
             where = "/".join(p for p in (self.remote_dir, parent, name) if p)
             st = await self.transport.stat(where)
             return None if st is None else st.kind
-        return None if kinds is None else kinds.get(name)
+        return kinds.get(name)
 
     async def why_not(self, rel: PurePosixPath) -> str | None:
         """Why ``rel`` is not read (a parent not a directory, the entry not a file)."""
