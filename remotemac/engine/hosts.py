@@ -4,30 +4,13 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from dataclasses import dataclass
+import inspect
 from pathlib import Path
 
 from remotemac.transport.base import Transport
+from remotemac.transport.options import SSHOptions
 
-
-@dataclass(frozen=True)
-class SSHOptions:
-    ssh_config: Path | None = None
-    identity: Path | None = None
-    keepalive_interval: float = 10.0
-    keepalive_count_max: int = 3
-    #: ``None``: the playbook's ``connection.reconnect_deadline`` (default 10 minutes)
-    reconnect_deadline: float | None = None
-
-    def for_playbook(self, deadline: float) -> SSHOptions:
-        """These options with the playbook's reconnect deadline unless one was given here."""
-        if self.reconnect_deadline is not None:
-            return self
-        return dataclasses.replace(self, reconnect_deadline=deadline)
-
-    @property
-    def deadline_s(self) -> float:
-        return self.reconnect_deadline if self.reconnect_deadline is not None else 600.0
+__all__ = ["PooledTransport", "SSHOptions", "TransportPool", "open_transport"]
 
 
 def open_transport(
@@ -40,19 +23,8 @@ def open_transport(
         return LocalTransport()
     from remotemac.transport.ssh import SSHTransport
 
-    opts = options or SSHOptions()
     emit_fn = emit if emit is not None else (lambda _e: None)
-    return SSHTransport(
-        host,
-        home_dir=home,
-        ssh_config=opts.ssh_config,
-        identity=opts.identity,
-        keepalive_interval=opts.keepalive_interval,
-        keepalive_count_max=opts.keepalive_count_max,
-        reconnect_deadline=opts.deadline_s,
-        emit=emit_fn,
-        run_id=run_id,
-    )
+    return SSHTransport(host, home_dir=home, options=options, emit=emit_fn, run_id=run_id)
 
 
 class TransportPool:
@@ -67,11 +39,12 @@ class TransportPool:
     """
 
     def __init__(
-        self, home: Path, options: SSHOptions | None = None, max_channels: int = 8
+        self, home: Path, options: SSHOptions | None = None, max_channels: int | None = None
     ) -> None:
         self.home = home
-        self.options = options
-        self.max_channels = max_channels
+        self.options = options or SSHOptions()
+        if max_channels is not None:
+            self.options = dataclasses.replace(self.options, max_channels=max_channels)
         self._shared: dict[str, Transport] = {}
         self._leases: dict[str, list[PooledTransport]] = {}
         self.opened = 0  # transports built (one per host): the figure the tests check
@@ -94,23 +67,12 @@ class TransportPool:
             return LocalTransport()
         from remotemac.transport.ssh import SSHTransport
 
-        opts = self.options or SSHOptions()
         return SSHTransport(
-            host,
-            home_dir=self.home,
-            ssh_config=opts.ssh_config,
-            identity=opts.identity,
-            keepalive_interval=opts.keepalive_interval,
-            keepalive_count_max=opts.keepalive_count_max,
-            reconnect_deadline=opts.deadline_s,
-            emit=lambda e: self._fan_out(host, e),
-            max_channels=self.max_channels,
+            host, home_dir=self.home, options=self.options, emit=lambda e: self._fan_out(host, e)
         )
 
     def _fan_out(self, host: str, event) -> None:
         """A link event of the shared connection concerns every run leasing it."""
-        import dataclasses
-
         for lease in list(self._leases.get(host, ())):
             if lease.emit is not None:
                 lease.emit(dataclasses.replace(event, run_id=lease.run_id))
@@ -147,9 +109,6 @@ class PooledTransport(Transport):
         self.name = shared.name
         self.released = False
 
-    def __getattr__(self, attr: str):  # spec, params, disconnects, reconnects …
-        return getattr(self.shared, attr)
-
     def link_owner(self) -> Transport:
         return self.shared
 
@@ -174,9 +133,16 @@ class PooledTransport(Transport):
             yield chunk
 
 
-def _delegate(name: str):
-    async def method(self: PooledTransport, *args, **kwargs):
-        return await getattr(self.shared, name)(*args, **kwargs)
+def _delegate(name: str, value: object):
+    """A PooledTransport method that calls the shared transport's ``name``."""
+    if inspect.iscoroutinefunction(value):
+
+        async def method(self: PooledTransport, *args, **kwargs):
+            return await getattr(self.shared, name)(*args, **kwargs)
+    else:  # link_stats, has_link, reconnect_wait_capped …: plain calls
+
+        def method(self: PooledTransport, *args, **kwargs):  # type: ignore[misc]
+            return getattr(self.shared, name)(*args, **kwargs)
 
     method.__name__ = name
     method.__doc__ = f"Delegated to the pooled transport's ``{name}``."
@@ -187,5 +153,5 @@ def _delegate(name: str):
 # added later) goes to the shared transport, so a lease never falls back to a default
 for _name, _value in vars(Transport).items():
     if not _name.startswith("_") and callable(_value) and _name not in vars(PooledTransport):
-        setattr(PooledTransport, _name, _delegate(_name))
+        setattr(PooledTransport, _name, _delegate(_name, _value))
 abc.update_abstractmethods(PooledTransport)

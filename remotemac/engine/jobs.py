@@ -20,6 +20,7 @@ from typing import Any
 from remotemac.engine.context import RunContext, Side, substitute
 from remotemac.errors import HostError, JobLost, TransientHostError
 from remotemac.events import ConnectionState, EventBus, LogLine, Metric, PhaseProgress, Warning
+from remotemac.transport.base import Transport
 
 FINAL = ("finished", "failed", "timeout", "stopped", "storage-limit")
 #: the line the runner writes into the log when it starts a lost job again
@@ -165,7 +166,7 @@ def continuity_totals(
 class _Drill:
     """``run --drill disconnect``: cut the link once mid-follow and see what survived."""
 
-    def __init__(self, transport: Any) -> None:
+    def __init__(self, transport: Transport) -> None:
         self.transport = transport
         self.result: dict[str, Any] = {
             "kind": "disconnect",
@@ -178,14 +179,13 @@ class _Drill:
         self.pending = False
 
     async def cut(self, status: dict[str, Any], lines: int) -> None:
-        drop = getattr(self.transport, "drop_connection", None)
         self.result["lines_before"] = lines
-        if drop is None:
+        if not self.transport.has_link():
             self.result["skipped"] = f"{self.transport.name} has no link to cut"
             return
         self.runner_pid = status.get("runner_pid")
         self.t0 = time.monotonic()
-        self.result["dropped"] = bool(await drop())
+        self.result["dropped"] = bool(await self.transport.drop_connection())
         self.pending = True
 
     def link_back(self) -> None:
@@ -206,27 +206,12 @@ class _Drill:
 
 async def follow(ctx: RunContext, side: Side, request: dict[str, Any]) -> dict[str, Any]:
     """Stream the log from the saved offset until the job's status is final."""
-    # a pooled lease delegates to the shared transport: tune that one
-    transport = ctx.host_for(side).transport.link_owner()
-    old_wait = getattr(transport, "reconnect_max_wait", None)
-    if old_wait is not None:
-        transport.reconnect_max_wait = min(old_wait, FOLLOW_RECONNECT_MAX_WAIT_S)  # type: ignore[attr-defined]
-    before = _link_counts(transport)
-    try:
+    transport = ctx.host_for(side).transport
+    before = transport.link_stats()
+    with transport.reconnect_wait_capped(FOLLOW_RECONNECT_MAX_WAIT_S):
         result = await _follow(ctx, side, request)
-    finally:
-        if old_wait is not None:
-            transport.reconnect_max_wait = old_wait  # type: ignore[attr-defined]
-    after = _link_counts(transport)
-    result["continuity"] = {k: after[k] - before[k] for k in after}
+    result["continuity"] = transport.link_stats().since(before)
     return result
-
-
-def _link_counts(transport: Any) -> dict[str, int]:
-    return {
-        "disconnects": int(getattr(transport, "disconnects", 0)),
-        "reconnects": int(getattr(transport, "reconnects", 0)),
-    }
 
 
 async def _follow(ctx: RunContext, side: Side, request: dict[str, Any]) -> dict[str, Any]:

@@ -276,11 +276,10 @@ class RunDriver:
         links = 0
         for binding in ctx.hosts.values():
             owner = binding.transport.link_owner()  # a pool lease: its shared transport
-            drop = getattr(owner, "drop_connection", None)  # local has no link to cut
-            if drop is None:
+            if not owner.has_link():  # local has no link to cut
                 continue
             links += 1
-            dropped = bool(await drop("dropped on purpose (TUI drill)"))
+            dropped = bool(await owner.drop_connection("dropped on purpose (TUI drill)"))
             ctx.drills.append({"host": owner.name, "dropped": dropped, "at": iso_utc(time.time())})
             cut += dropped
         if not links:
