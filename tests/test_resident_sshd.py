@@ -269,6 +269,6 @@ def test_3000_lines_through_a_cut_every_2s_and_a_40s_blackhole(lab_host: LabHost
     assert json.loads((out / "results" / "cpu" / "result.json").read_text())["lines"] == 3000
     wipe = ctx.results["wipe"]
     assert wipe["done"] and wipe["verified"], wipe
-    assert ctx.results["_continuity"]["disconnects"] >= 8
+    assert ctx.continuity["disconnects"] >= 8
     cpu = json.loads((out / "acceptance.json").read_text())["cpu"]
     assert cpu["host_s"] > 0 and cpu["laptop_s"] > 0 and cpu["agent_calls"] > 10, cpu

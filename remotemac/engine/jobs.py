@@ -20,6 +20,7 @@ from typing import Any
 from remotemac.engine.context import RunContext, Side, substitute
 from remotemac.errors import HostError, JobLost, TransientHostError
 from remotemac.events import ConnectionState, EventBus, LogLine, Metric, PhaseProgress, Warning
+from remotemac.phases import Phase, PhaseKey, follow_key
 from remotemac.transport.base import Transport
 
 FINAL = ("finished", "failed", "timeout", "stopped", "storage-limit")
@@ -152,7 +153,7 @@ def continuity_totals(
     totals: dict[str, Any] = dict(tally)
     drill = None
     for name in ctx.results:
-        if not name.startswith("follow:"):
+        if PhaseKey.group(name) != Phase.FOLLOW:
             continue
         result = ctx.results.get(name) or {}
         if name in carried_phases:
@@ -324,7 +325,7 @@ async def _follow(ctx: RunContext, side: Side, request: dict[str, Any]) -> dict[
                 ctx.emit(
                     PhaseProgress(
                         ctx.run_id,
-                        phase=f"follow:{side.role}",
+                        phase=follow_key(side.role).name,
                         done=lines,
                         unit="lines",
                         detail=state or "",

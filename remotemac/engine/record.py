@@ -10,6 +10,7 @@ from typing import Any
 
 from remotemac.engine.context import RunContext
 from remotemac.engine.ledger import REDACTED, redact
+from remotemac.phases import follow_key, launch_key
 from remotemac.units import iso_utc
 
 ENV_MISMATCH_KEYS = ("torch", "numpy", "python", "lock_hash")
@@ -176,7 +177,7 @@ def _observations(ctx: RunContext) -> tuple[dict[str, Any], list[dict[str, Any]]
             }
         )
     for side in ctx.sides:
-        follow = ctx.results.get(f"follow:{side.role}", {})
+        follow = ctx.results.get(follow_key(side.role).name, {})
         if follow and follow.get("state") == "storage-limit":
             conditions.append(
                 {
@@ -209,7 +210,7 @@ def _observations(ctx: RunContext) -> tuple[dict[str, Any], list[dict[str, Any]]
     from remotemac.engine.drift import drift_summary, load_drift
 
     drift = drift_summary(load_drift(ctx.out_dir))
-    ctx.results["_drift"] = drift
+    ctx.drift = drift
     for change in drift["torch"]:
         conditions.append(
             {
@@ -351,7 +352,7 @@ def _environment(ctx: RunContext) -> dict[str, Any]:
     brief = {
         role: {k: v for k, v in data.items() if k != "packages"} for role, data in sides.items()
     }
-    drift = ctx.results.get("_drift") or {"checks": [], "drifts": [], "torch": []}
+    drift = ctx.drift or {"checks": [], "drifts": [], "torch": []}
     return {
         "reference": brief.get("reference"),
         "target": brief.get("target"),
@@ -405,8 +406,7 @@ def continuity(ctx: RunContext) -> dict[str, Any]:
     """Disconnects and reconnects over the whole run (earlier processes included), and the drill."""
     from remotemac.engine.jobs import continuity_totals
 
-    tally = ctx.results.get("_continuity_tally") or {"disconnects": 0, "reconnects": 0}
-    totals = continuity_totals(ctx, tally, ctx.results.get("_continuity_carried", []))
+    totals = continuity_totals(ctx, ctx.link_tally, ctx.carried_phases)
     if ctx.drills and not isinstance(totals.get("drill"), dict):
         totals["drill"] = {
             "kind": "disconnect",
@@ -415,7 +415,7 @@ def continuity(ctx: RunContext) -> dict[str, Any]:
             "dropped": sum(1 for d in ctx.drills if d.get("dropped")),
             "at": [d.get("at") for d in ctx.drills],
         }
-    ctx.results["_continuity"] = totals
+    ctx.continuity = totals
     return totals
 
 
@@ -445,7 +445,7 @@ def caches(ctx: RunContext) -> list[dict[str, Any]]:
     # target chained after the reference on the host is checked there, not by a launch phase)
     checked: dict[str, Any] = {}
     for side in ctx.sides:
-        access = (ctx.results.get(f"launch:{side.role}") or {}).get("access") or {}
+        access = (ctx.results.get(launch_key(side.role).name) or {}).get("access") or {}
         if side.host_key == tgt.host_key:
             checked.update({c.get("path"): c.get("ok") for c in access.get("checked") or []})
     paths = {
@@ -481,7 +481,7 @@ def _row(question: str, how: str, result: str, evidence: str, outcome: str) -> d
 def process_behaviour(ctx: RunContext, record: dict[str, Any]) -> list[dict[str, Any]]:
     """Five questions a careful user asks of a rented machine, answered by this run."""
     codes = {c["code"]: c for c in record.get("stopping_conditions") or []}
-    follows = {s.role: (ctx.results.get(f"follow:{s.role}") or {}, s.label) for s in ctx.sides}
+    follows = {s.role: (ctx.results.get(follow_key(s.role).name) or {}, s.label) for s in ctx.sides}
     return [
         _ssh_row(record, follows),
         _lost_row(ctx, codes, follows),
@@ -573,7 +573,7 @@ def _lost_row(ctx: RunContext, codes: dict[str, Any], follows: dict[str, Any]) -
 
 def _drift_row(ctx: RunContext, codes: dict[str, Any]) -> dict[str, Any]:
     q = "Did a package update change the environment during the run (drift)?"
-    drift = ctx.results.get("_drift") or {"checks": [], "drifts": [], "torch": []}
+    drift = ctx.drift or {"checks": [], "drifts": [], "torch": []}
     whens = sorted({c["when"] for c in drift["checks"] if c.get("when")})
     how = (
         "the environment's fingerprint (Python, OS version, venv package set and its hash, "
@@ -744,4 +744,4 @@ def update_record_wipe(ctx: RunContext, wipe: dict[str, Any]) -> None:
 def _cpu(ctx: RunContext) -> dict[str, Any]:
     from remotemac.engine.cpuusage import run_cpu
 
-    return run_cpu(ctx.results, [b.agent for b in ctx.hosts.values()])
+    return run_cpu(ctx.cpu_start, [b.agent for b in ctx.hosts.values()])

@@ -62,7 +62,7 @@ async def wipe_run(ctx: RunContext) -> dict[str, Any]:
     verified = True
     pulled = _pulled(ctx)
     sync = ctx.results.get("sync", {}).get("hosts", {})
-    unreachable = ctx.results.get("_unreachable") or {}
+    unreachable = ctx.unreachable
     for key, binding in ctx.hosts.items():
         if not binding.run_dir:
             continue
