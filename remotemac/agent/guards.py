@@ -193,16 +193,21 @@ def op_check_space(req: Dict[str, Any]) -> Dict[str, Any]:
 # ------------------------------------------------------------------ drift
 
 
+def _fingerprint_source() -> str:
+    """The probe run by the workload's interpreter: agentutil's package probe, the
+    same one envfreeze runs, so both name the copy of a package that is imported
+    (the agent dir is on sys.path: op_env_fingerprint put it there)."""
+    from agentutil import PACKAGES_PROBE
+
+    return PACKAGES_PROBE + _FINGERPRINT
+
+
 _FINGERPRINT = r"""
 import hashlib, json, sys
 d = {"python": sys.version.split()[0], "executable": sys.executable}
 pkgs = {}
 try:
-    from importlib import metadata
-    for dist in metadata.distributions():
-        name = (dist.metadata["Name"] or "").lower().replace("_", "-")
-        if name and name not in pkgs:  # the first on sys.path is the one imported
-            pkgs[name] = dist.version
+    pkgs = installed_packages()
 except Exception as exc:
     d["packages_error"] = str(exc)
 d["packages"] = dict(sorted(pkgs.items()))
@@ -229,7 +234,7 @@ def op_env_fingerprint(req: Dict[str, Any]) -> Dict[str, Any]:
     python = req["python"]
     try:
         res = subprocess.run(
-            [python, "-c", _FINGERPRINT],
+            [python, "-c", _fingerprint_source()],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             timeout=120,

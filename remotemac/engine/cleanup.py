@@ -38,7 +38,18 @@ from remotemac.transport.base import Transport
 from remotemac.units import format_size, iso_utc
 
 AGENT_DIR = Path(__file__).resolve().parent.parent / "agent"
-MODULES = ("procid", "safefs", "ramstore", "hostagent", "deadman", "specscrub", "cleanupops")
+#: loaded in this order by the in-memory bootstrap: each after the siblings it imports
+MODULES = (
+    "procid",
+    "agentutil",
+    "safefs",
+    "ramstore",
+    "hostagent",
+    "deadman",
+    "specscrub",
+    "wipeops",
+    "cleanupops",
+)
 
 BOOTSTRAP = (
     "import json,sys,types\n"
