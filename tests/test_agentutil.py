@@ -25,12 +25,19 @@ def _dist(site: Path, name: str, version: str) -> None:
 
 @pytest.fixture
 def two_copies(tmp_path: Path, monkeypatch) -> str:
-    """``shadowpkg`` 1.0 first on the path, 2.0 after it: ``import`` would load 1.0."""
+    """``shadowpkg`` 1.0 first on the path, 2.0 after it: ``import`` would load 1.0.
+
+    The interpreter runs with ``-S`` (no site-packages): only the two copies are
+    listed and the probe's ``import torch`` fails at once instead of taking seconds.
+    """
     first, second = tmp_path / "first", tmp_path / "second"
     _dist(first, "shadowpkg", "1.0")
     _dist(second, "shadowpkg", "2.0")
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(first), str(second)]))
-    return sys.executable
+    python = tmp_path / "python-no-site"
+    python.write_text(f'#!/bin/sh\nexec "{sys.executable}" -S "$@"\n')
+    python.chmod(0o755)
+    return str(python)
 
 
 def test_record_and_drift_check_name_the_copy_that_is_imported(two_copies: str):

@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 
 from remotemac.agent import harness, memsample
+from tests.trendkit import least_squares_slope
 
 ROOT = Path(__file__).resolve().parent.parent
 HARNESS = ROOT / "remotemac" / "agent" / "harness.py"
@@ -296,7 +297,7 @@ def test_leaking_workload_grows_and_steady_one_does_not(runs: dict[str, Run]) ->
         assert run.code == 0, run.err
         points = [(m["t"], m["rss_bytes"]) for m in run.metrics if m["t"] >= 0.5]
         assert len(points) >= 10
-        slopes[name] = memsample.slope(points)
+        slopes[name] = least_squares_slope(points)
     assert slopes["leak"] > 10 * MB
     assert abs(slopes["steady"]) < 1 * MB
 

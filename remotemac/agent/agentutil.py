@@ -101,14 +101,20 @@ def pid_alive(pid: Any) -> bool:
     return True
 
 
-def tmux_path() -> Optional[str]:
-    found = shutil.which("tmux")
+def find_tool(name: str) -> Optional[str]:
+    """``name`` on PATH, else in Homebrew's prefixes (an ssh login's PATH often lacks them)."""
+    found = shutil.which(name)
     if found:
         return found
-    for candidate in ("/opt/homebrew/bin/tmux", "/usr/local/bin/tmux"):
+    for prefix in ("/opt/homebrew/bin", "/usr/local/bin"):
+        candidate = os.path.join(prefix, name)
         if os.access(candidate, os.X_OK):
             return candidate
     return None
+
+
+def tmux_path() -> Optional[str]:
+    return find_tool("tmux")
 
 
 def run_cmd(

@@ -1,27 +1,16 @@
 """Host side of end-of-rental cleanup: find what remotemac left under a root, remove it.
 
-It removes things the way the run wipe does (wipeops.py, whose primitives it
-uses), with the same safety rules:
+It removes things the way the run wipe does, under the safety rules written out
+in wipeops.py (only below the real path of ``root``, only what carries remotemac's
+marker, every file operation through safefs.py, a process signalled only when it
+is the one remotemac started). Cleanup adds: a root without a marker is left
+alone, with what was found in it; a root is removed only when nothing but
+remotemac's own entries is left in it; a dead-man job outside ``root`` is only
+touched when its name carries a known run id or names ``root`` on a
+path-component boundary.
 
-- nothing outside the real path of ``root`` is ever touched; ``root`` itself is
-  refused when it is empty, ``/``, the home directory, an ancestor of it, or a
-  system directory (the same rule as the playbook's ``check_remote_root``, written
-  again here with the standard library because this file runs on the host);
-- ownership before destruction: a directory is removed only when it carries
-  remotemac's marker (``.remotemac-owned``, see safefs.py) naming its kind, run and
-  root; a root without a marker is left alone, with what was found in it; a root
-  is removed only when nothing but remotemac's own entries is left in it;
-- every file operation goes through safefs.py: relative to opened directories,
-  ``O_NOFOLLOW``, FIFOs and devices never opened, hard-linked files never zeroed;
-- everything outside ``root`` that remotemac makes (a tmux session, a /dev/shm
-  dir, a RAM disk, a dead-man job) is only touched when it can be attributed to a
-  run of this ``root``: its name carries a known run id or it names ``root`` on a
-  path-component boundary; a process is signalled only when its command line and
-  its start time are the ones recorded when remotemac started it (procid.py).
-
-Python 3.9, standard library only. Imports its siblings by plain name: they sit
-next to it in the agent directory, or are preloaded by the in-memory bootstrap
-``cleanup`` uses so that nothing is written to the host (see engine/cleanup.py).
+Python 3.9, standard library only; siblings are imported by plain name, as in
+wipeops.py (``cleanup`` preloads them all from stdin: see engine/cleanup.py).
 """
 
 from __future__ import annotations

@@ -17,7 +17,6 @@ import hashlib
 import json
 import os
 import shlex
-import shutil
 import signal
 import stat
 import subprocess
@@ -28,10 +27,10 @@ from typing import Any
 
 try:  # a sibling on the host (or preloaded by cleanup's in-memory bootstrap)
     import safefs
-    from agentutil import pid_alive, tmux_path
+    from agentutil import find_tool, pid_alive, tmux_path
 except ImportError:  # imported as remotemac.agent.hostagent (the laptop, tests)
     from remotemac.agent import safefs
-    from remotemac.agent.agentutil import pid_alive, tmux_path
+    from remotemac.agent.agentutil import find_tool, pid_alive, tmux_path
 
 __all__ = ["pid_alive", "tmux_path"]  # re-exported: the journal asks hostagent
 
@@ -110,13 +109,7 @@ def tmux_install_hint(platform: str, brew: str | None) -> str | None:
 
 
 def brew_path() -> str | None:
-    found = shutil.which("brew")
-    if found:
-        return found
-    for candidate in ("/opt/homebrew/bin/brew", "/usr/local/bin/brew"):
-        if os.access(candidate, os.X_OK):
-            return candidate
-    return None
+    return find_tool("brew")
 
 
 def tmux_alive(session: str) -> bool | None:

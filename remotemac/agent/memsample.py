@@ -21,7 +21,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import IO
 
 # /bin/ps with close_fds=False lets CPython use posix_spawn on macOS instead of fork():
@@ -90,22 +90,6 @@ def mps_memory() -> dict[str, int]:
         }
     except Exception:  # noqa: BLE001 - a sampler must never kill the workload
         return {}
-
-
-def slope(points: Sequence[tuple[float, float]]) -> float | None:
-    """Least-squares slope of (t, value) points; None with fewer than two distinct t.
-
-    A trend over all samples, not the last value: one late spike must not read as a leak.
-    """
-    n = len(points)
-    if n < 2:
-        return None
-    mean_t = sum(p[0] for p in points) / n
-    mean_v = sum(p[1] for p in points) / n
-    var = sum((p[0] - mean_t) ** 2 for p in points)
-    if var == 0:
-        return None
-    return sum((p[0] - mean_t) * (p[1] - mean_v) for p in points) / var
 
 
 class Sampler(threading.Thread):
