@@ -33,6 +33,14 @@ _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 
 
+# ------------------------------------------------------------------ messages
+
+
+def format_mib(n: float) -> str:
+    """Bytes as the agent's messages write them: ``512.0 MiB``."""
+    return "%.1f MiB" % (n / 1048576.0)
+
+
 # ------------------------------------------------------------------ files
 
 

@@ -11,7 +11,7 @@ from typing import Any
 from remotemac.engine.context import RunContext
 from remotemac.engine.ledger import REDACTED, redact
 from remotemac.phases import follow_key, launch_key
-from remotemac.units import iso_utc
+from remotemac.units import format_size, iso_utc
 
 ENV_MISMATCH_KEYS = ("torch", "numpy", "python", "lock_hash")
 
@@ -20,19 +20,7 @@ def compare_results(ctx: RunContext) -> dict[str, Any]:
     from remotemac.acceptance.compare import CompareRule, compare_outputs
 
     ref, tgt, again = ctx.side("reference"), ctx.side("target"), ctx.side("reproduce")
-    rules = [
-        CompareRule(
-            file=r.file,
-            rtol=r.rtol,
-            atol=r.atol,
-            keys=tuple(r.keys),
-            ignore=tuple(r.ignore),
-            strict=r.strict,
-        )
-        for r in ctx.playbook.outputs.compare
-    ]
-    if not rules:
-        rules = [CompareRule(file="**/*", rtol=None, atol=None)]
+    rules = list(ctx.playbook.outputs.compare) or [CompareRule(file="**/*")]
     results = ctx.out_dir / "results"
     if ref is None or tgt is None:
         outcome: dict[str, Any] = {
@@ -601,7 +589,7 @@ def _disk_row(ctx: RunContext, codes: dict[str, Any], follows: dict[str, Any]) -
     min_free = int(ctx.playbook.stop_when.min_free_disk)
     how = (
         f"the runner checks free space on remote_root's volume every 0.5 s and stops the job "
-        f"(SIGTERM, then SIGKILL) below stop_when.min_free_disk = {_mib(min_free)}"
+        f"(SIGTERM, then SIGKILL) below stop_when.min_free_disk = {format_size(min_free)}"
     )
     lows = [
         ((f.get("disk") or {}).get("root") or {}).get("min_free_seen")
@@ -626,7 +614,7 @@ def _disk_row(ctx: RunContext, codes: dict[str, Any], follows: dict[str, Any]) -
     warned = [f.get("disk_warning") for f, _label in follows.values() if f.get("disk_warning")]
     if not lows:
         return _row(q, how, "not measured (the runner reported no disk figures)", "—", "not-tested")
-    result = f"limit not reached; lowest free space seen {_mib(min(lows))}"
+    result = f"limit not reached; lowest free space seen {format_size(min(lows))}"
     if warned:
         result += f"; warning: {warned[0]}"
     return _row(q, how, result, "disk in status/<label>.json", "warning" if warned else "ok")
@@ -668,10 +656,6 @@ def _reproduce_row(
 
 def _yes(value: Any) -> str:
     return {True: "yes", False: "no"}.get(value, "unknown")
-
-
-def _mib(n: float) -> str:
-    return f"{n / 1048576:.0f} MiB"
 
 
 async def write_acceptance(ctx: RunContext, lost: str | None = None) -> dict[str, Any]:
