@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from remotemac.acceptance.markdown import ENV_FACT_KEYS
 from remotemac.engine.context import RunContext
 from remotemac.engine.ledger import REDACTED, redact
 from remotemac.phases import follow_key, launch_key
@@ -296,21 +297,7 @@ def _environment(ctx: RunContext) -> dict[str, Any]:
         sides[side.role] = {
             "host": ctx.hosts[side.host_key].transport.name,
             "device": prov.get("devices", {}).get(side.role),
-            **{
-                k: frozen.get(k)
-                for k in (
-                    "os",
-                    "os_version",
-                    "arch",
-                    "chip",
-                    "python",
-                    "torch",
-                    "numpy",
-                    "mps_built",
-                    "mps_available",
-                    "cuda_available",
-                )
-            },
+            **{k: frozen.get(k) for k in (*ENV_FACT_KEYS, "cuda_available")},
             "lock_hash": host.get("lock_hash"),
             "project": prov.get("project"),
             "dataset_revision": dataset.get("revision"),
