@@ -6,7 +6,12 @@ import json
 import os
 from pathlib import Path
 
-from remotemac.engine.ledger import Ledger, format_entry, is_privileged, read_ledger, redact
+from remotemac.engine.ledger import Ledger, format_entry, is_privileged, redact
+
+
+def read_ledger(path: Path) -> list[dict]:
+    """The entries of a ledger file, as ``remotemac ledger`` reads them."""
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
 
 
 def test_redact_hides_secret_shapes():

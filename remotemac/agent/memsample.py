@@ -151,15 +151,3 @@ class Sampler(threading.Thread):
             self.sample()
         with self._lock:
             self._out.close()
-
-
-def read_metrics(path: str) -> list[dict[str, object]]:
-    """Parse a metrics.jsonl file, ignoring a torn last line."""
-    rows: list[dict[str, object]] = []
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            try:
-                rows.append(json.loads(line))
-            except ValueError:
-                continue
-    return rows

@@ -578,11 +578,11 @@ def _disk_row(ctx: RunContext, codes: dict[str, Any], follows: dict[str, Any]) -
         f"the runner checks free space on remote_root's volume every 0.5 s and stops the job "
         f"(SIGTERM, then SIGKILL) below stop_when.min_free_disk = {format_size(min_free)}"
     )
-    lows = [
+    seen = (
         ((f.get("disk") or {}).get("root") or {}).get("min_free_seen")
         for f, _label in follows.values()
-    ]
-    lows = [x for x in lows if x is not None]
+    )
+    lows: list[float] = [float(x) for x in seen if x is not None]
     stopped = [
         (role, f, label)
         for role, (f, label) in follows.items()
