@@ -29,8 +29,8 @@ from remotemac.engine.fleet import (
     plan_runs,
     variants,
 )
-from remotemac.engine.hosts import TransportPool
 from remotemac.engine.inventoryfile import HostVars, parse_inventory
+from remotemac.engine.pool import TransportPool
 from remotemac.errors import BadInput
 from remotemac.playbook import parse_playbook
 from tests import fleetkit as fk

@@ -25,9 +25,10 @@ from remotemac.engine.context import (
     make_sides,
     specialize,
 )
-from remotemac.engine.hosts import SSHOptions, TransportPool, open_transport
+from remotemac.engine.hosts import open_transport
 from remotemac.engine.ledger import Ledger
 from remotemac.engine.phaseresults import LaunchResult, PhaseResult, ProvisionResult, as_dict
+from remotemac.engine.pool import TransportPool
 from remotemac.errors import (
     EXIT_ACCEPTED,
     EXIT_INTERRUPTED,
@@ -42,6 +43,7 @@ from remotemac.events import EventBus, PhaseFinished, PhaseStarted, RunFinished
 from remotemac.journal import Journal
 from remotemac.phases import Phase, PhaseKey, follow_key, launch_key
 from remotemac.playbook import Playbook
+from remotemac.transport.options import SSHOptions
 
 
 def phase_keys(ctx: RunContext) -> list[PhaseKey]:
