@@ -23,19 +23,8 @@ from typing import Any
 import pytest
 
 from remotemac.agent import harness, memsample
+from remotemac.engine.record import read_jsonl
 from tests.trendkit import least_squares_slope
-
-
-def _read_metrics(path: Path) -> list[dict[str, Any]]:
-    """The harness's metrics.jsonl, a torn last line left out."""
-    rows = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            rows.append(json.loads(line))
-        except ValueError:
-            continue
-    return rows
-
 
 ROOT = Path(__file__).resolve().parent.parent
 HARNESS = ROOT / "remotemac" / "agent" / "harness.py"
@@ -92,7 +81,7 @@ class Started:
     def wait(self, timeout: float = 45) -> Run:
         code = self.proc.wait(timeout=timeout)
         obs = json.loads(self.obs.read_text()) if self.obs.exists() else {}
-        rows = _read_metrics(self.metrics) if self.metrics.exists() else []
+        rows = read_jsonl(self.metrics) if self.metrics.exists() else []
         return Run(code, self.out.read_text(), self.err.read_text(), obs, rows)
 
 

@@ -60,7 +60,8 @@ def _any_file(directory: Path) -> bool:
     return directory.is_dir() and any(p.is_file() for p in directory.rglob("*"))
 
 
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """The rows of a JSON-lines file (metrics, ledger); a torn line left out, none when missing."""
     if not path.exists():
         return []
     rows = []
@@ -79,7 +80,7 @@ WARMUP_STEPS = 5
 def warmup_hints(logs: Path, label: str) -> dict[str, float | None]:
     """When the job had imported torch and taken its first optimizer steps (the runner's
     ``observed``/``steps`` columns), for the memory trend's warm-up."""
-    rows = _read_jsonl(logs / f"{label}.rss.jsonl")
+    rows = read_jsonl(logs / f"{label}.rss.jsonl")
     active = next((float(r["t"]) for r in rows if (r.get("observed") or 0) > 0), None)
     warm = next((float(r["t"]) for r in rows if (r.get("steps") or 0) >= WARMUP_STEPS), None)
     return {"active_from": active, "warm_at": warm}
@@ -89,7 +90,7 @@ def memory_samples(logs: Path, label: str) -> tuple[list[tuple[float, float]], s
     """(t, bytes) of the job and what they measure: Metal's driver memory summed over the
     observed processes on MPS, else RSS summed over the job's process tree (the runner's
     samples; an older run's harness metrics when that is all there is)."""
-    rows = _read_jsonl(logs / f"{label}.rss.jsonl") or _read_jsonl(logs / f"{label}.metrics.jsonl")
+    rows = read_jsonl(logs / f"{label}.rss.jsonl") or read_jsonl(logs / f"{label}.metrics.jsonl")
     if any(r.get("mps_driver_allocated_bytes") for r in rows):
         key, source = "mps_driver_allocated_bytes", "mps-driver"
     else:
@@ -120,7 +121,7 @@ def _observations(ctx: RunContext) -> tuple[dict[str, Any], list[dict[str, Any]]
     # a sample every 0.5 s can miss a short spike; each process's own high-water mark
     # (ru_maxrss, reported by its observer) cannot
     rss_peak = max(
-        [int(r.get("rss_bytes") or 0) for r in _read_jsonl(logs / f"{tgt.label}.rss.jsonl")]
+        [int(r.get("rss_bytes") or 0) for r in read_jsonl(logs / f"{tgt.label}.rss.jsonl")]
         + [int(harness.get("peak_rss_bytes") or 0)]
     )
     memory["rss_peak_bytes"] = rss_peak or None
