@@ -6,6 +6,7 @@ import abc
 import dataclasses
 import inspect
 from pathlib import Path
+from typing import Any
 
 from remotemac.transport.base import ExecResult, ProgressFn, RemoteStat, Transport
 from remotemac.transport.options import SSHOptions
@@ -121,15 +122,8 @@ class PooledTransport(Transport):
     async def home(self) -> str:
         return await self.shared.home()
 
-    async def exec(
-        self,
-        argv: list[str],
-        *,
-        stdin: bytes | None = None,
-        timeout: float | None = None,
-        check: bool = False,
-    ) -> ExecResult:
-        return await self.shared.exec(argv, stdin=stdin, timeout=timeout, check=check)
+    async def exec(self, argv: list[str], **options: Any) -> ExecResult:
+        return await self.shared.exec(argv, **options)
 
     async def read_from(self, path: str, offset: int, max_bytes: int = 1 << 20) -> bytes:
         return await self.shared.read_from(path, offset, max_bytes)
