@@ -41,6 +41,7 @@ from remotemac.data.manifest import MemoryHashCache  # noqa: E402
 from remotemac.engine.agentclient import AgentClient  # noqa: E402
 from remotemac.engine.runtime import ensure_runtime  # noqa: E402
 from remotemac.engine.sync import sync_slice  # noqa: E402
+from remotemac.transport.options import SSHOptions  # noqa: E402
 from remotemac.transport.ssh import SSHTransport  # noqa: E402
 from tests.harness.faultproxy import FaultProxy  # noqa: E402
 from tests.harness.sshd import SSHD  # noqa: E402
@@ -142,7 +143,9 @@ class Bench:
         cache = self.caches.setdefault(run_id, MemoryHashCache())
         key = self.keys.setdefault(run_id, os.urandom(32))
         if run_id not in self.run_dirs:  # the provision phase's job, not timed
-            async with SSHTransport("bench", home_dir=self.home, ssh_config=self.cfg) as t:
+            async with SSHTransport(
+                "bench", home_dir=self.home, options=SSHOptions(ssh_config=self.cfg)
+            ) as t:
                 agent = AgentClient(t, str(self.host_root))
                 run = await agent.call(
                     "prepare_run", {"root": str(self.host_root), "run_id": run_id}
@@ -152,7 +155,9 @@ class Bench:
                     self.runtime_dir = (await ensure_runtime(agent, home=None, method="online"))[
                         "dir"
                     ]
-        transport = SSHTransport(alias, home_dir=self.home, ssh_config=cfg or self.cfg)
+        transport = SSHTransport(
+            alias, home_dir=self.home, options=SSHOptions(ssh_config=cfg or self.cfg)
+        )
         reset_peak_rss()
         start = time.perf_counter()
         async with transport:

@@ -22,6 +22,7 @@ import yaml
 
 from remotemac.engine.agentclient import AgentClient
 from remotemac.engine.ledger import Ledger
+from remotemac.transport.options import SSHOptions
 from remotemac.transport.ssh import SSHTransport
 from tests.conftest import LINES_PROJECT
 from tests.test_detached_faults import Timeline, run_pipeline_inprocess
@@ -60,7 +61,9 @@ def _transport(env: tuple, events: list, **kw: object) -> SSHTransport:
     kw.setdefault("keepalive_interval", 1)
     kw.setdefault("keepalive_count_max", 3)
     kw.setdefault("connect_timeout", 2)
-    return SSHTransport(alias, home_dir=home, ssh_config=cfg, emit=events.append, **kw)  # type: ignore[arg-type]
+    return SSHTransport(
+        alias, home_dir=home, options=SSHOptions(ssh_config=cfg, **kw), emit=events.append
+    )  # type: ignore[arg-type]
 
 
 @pytest.mark.asyncio
@@ -266,6 +269,6 @@ def test_3000_lines_through_a_cut_every_2s_and_a_40s_blackhole(lab_host: LabHost
     assert json.loads((out / "results" / "cpu" / "result.json").read_text())["lines"] == 3000
     wipe = ctx.results["wipe"]
     assert wipe["done"] and wipe["verified"], wipe
-    assert ctx.results["_continuity"]["disconnects"] >= 8
+    assert ctx.continuity["disconnects"] >= 8
     cpu = json.loads((out / "acceptance.json").read_text())["cpu"]
     assert cpu["host_s"] > 0 and cpu["laptop_s"] > 0 and cpu["agent_calls"] > 10, cpu

@@ -28,6 +28,7 @@ from remotemac.engine.runtime import ensure_runtime
 from remotemac.engine.sync import SyncStats, sync_slice
 from remotemac.errors import EXIT_INTEGRITY, HostError, IntegrityError
 from remotemac.events import PhaseProgress
+from remotemac.transport.options import SSHOptions
 from remotemac.transport.ssh import SSHTransport
 from tests.harness.sshd import SSHD
 
@@ -84,7 +85,9 @@ def runtime_dir(tmp_path_factory, client_key, fresh_host_lab) -> Iterator[str]:
         cfg = server.write_ssh_config(work / "ssh_config", "rt", known_hosts=work / "kh")
 
         async def install() -> str:
-            async with SSHTransport("rt", home_dir=home, ssh_config=cfg) as transport:
+            async with SSHTransport(
+                "rt", home_dir=home, options=SSHOptions(ssh_config=cfg)
+            ) as transport:
                 agent = AgentClient(transport, str(server.host_dir("runtime") / "root"))
                 return (await ensure_runtime(agent, home=None, method="online"))["dir"]
 
@@ -102,7 +105,9 @@ def host_factory(ssh_env, tmp_path, request, runtime_dir):
         home, cfg, alias = ssh_env(server, proxy)
         rid = run_id or f"t{os.getpid()}-{len(made)}-{abs(hash(request.node.name)) % 10**8}"
         host = Host(
-            SSHTransport(alias, home_dir=home, ssh_config=cfg, reconnect_deadline=30),
+            SSHTransport(
+                alias, home_dir=home, options=SSHOptions(ssh_config=cfg, reconnect_deadline=30)
+            ),
             server.home / f"host-root-{len(made)}",
             rid,
             runtime_dir,
@@ -259,7 +264,7 @@ async def test_cut_link_resumes_without_resending_verified_files(
     finally:
         await host.transport.close()
     assert cut, "the link was never cut"
-    assert stats.attempts == 2 and host.transport.reconnects >= 1
+    assert stats.attempts == 2 and host.transport.link_stats().reconnects >= 1
     # every file verified exactly once: nothing verified before the cut was sent again
     counts = collections.Counter(stats.acked)
     assert set(counts) == {e.path for e in manifest.entries} and max(counts.values()) == 1

@@ -180,18 +180,6 @@ def decrypt_stream(
         current = following
 
 
-def encrypt_file(
-    data_key: bytes, relpath: str, src_path: str, dst_path: str, chunk_size: int = DEFAULT_CHUNK
-) -> int:
-    """Encrypt a file to ``dst_path`` (written under a temp name, then renamed)."""
-    with open(src_path, "rb") as src:
-
-        def fill(dst: BinaryIO) -> int:
-            return encrypt_stream(data_key, relpath, src, dst, chunk_size)
-
-        return _atomic_write(dst_path, fill)
-
-
 def decrypt_file(data_key: bytes, relpath: str, src_path: str, dst_path: str) -> int:
     """Decrypt to ``dst_path`` all-or-nothing; return the plaintext size.
 

@@ -38,7 +38,18 @@ from remotemac.transport.base import Transport
 from remotemac.units import format_size, iso_utc
 
 AGENT_DIR = Path(__file__).resolve().parent.parent / "agent"
-MODULES = ("procid", "safefs", "ramstore", "hostagent", "deadman", "specscrub", "cleanupops")
+#: loaded in this order by the in-memory bootstrap: each after the siblings it imports
+MODULES = (
+    "procid",
+    "agentutil",
+    "safefs",
+    "ramstore",
+    "hostagent",
+    "deadman",
+    "specscrub",
+    "wipeops",
+    "cleanupops",
+)
 
 BOOTSTRAP = (
     "import json,sys,types\n"
@@ -140,16 +151,9 @@ def _assign_roots(know: Knowledge, roots: list[str]) -> tuple[list[dict], list[d
 
 def host_key_fingerprint(transport: Transport) -> str:
     """SHA256 fingerprint of the key the host showed on this connection."""
-    if transport.name == "local":
+    if not transport.has_link():
         return "n/a (local host, no SSH)"
-    getter = getattr(transport, "host_key_fingerprint", None)
-    if callable(getter):
-        return str(getter())
-    conn = getattr(transport, "_conn", None)
-    try:
-        return conn.get_server_host_key().get_fingerprint("sha256")  # type: ignore[union-attr]
-    except Exception:
-        return "unknown"
+    return transport.host_key_fingerprint() or "unknown"
 
 
 async def call_in_memory(
