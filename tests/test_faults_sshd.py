@@ -1,0 +1,272 @@
+"""Issue 16's bad link during the long transfers: a 3,000-step training job whose link is
+cut every 2 s while its dataset syncs, and while a 200 MiB result file is pulled.
+
+Real sshd (the lab host: a bare python3 3.9 login and its own tmux server), the fault
+proxy in front, the whole pipeline in this process as ``remotemac run`` runs it. The
+workload is tests/fixtures/projects/trainer: a shell command that ``cd``s and sets an
+environment variable, a script that checks the dataset in a child process, trains
+with a checkpoint (a pickled config dict) every 500 steps and writes its metrics
+and, here, a 200 MiB ``weights.bin``.
+
+Cuts come every 2 s for the whole run. So that the transfer under test spans several
+cuts whatever this machine's speed, the cutter also cuts inside it each time it has
+moved a set number of bytes since the last cut (the phase's own progress events).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import pickle
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from remotemac.events import PhaseFinished, PhaseProgress, PhaseStarted
+from tests.conftest import REPO
+from tests.test_detached_faults import Timeline, run_pipeline_inprocess
+from tests.test_detached_ssh import local_lines
+from tests.test_resident_sshd import LabHost, lab_host  # noqa: F401 - a fixture
+
+pytestmark = [pytest.mark.timeout(900), pytest.mark.e2e, pytest.mark.slow]
+
+TRAINER = REPO / "tests" / "fixtures" / "projects" / "trainer"
+MIB = 1 << 20
+
+
+def make_dataset(root: Path, *, small: int, small_kib: int, large_mib: tuple[int, ...]) -> int:
+    """Token shards (many small files) and large token files, plus MANIFEST.json with each
+    file's size and SHA-256 (what the workload checks on the host). Returns the file count."""
+    manifest: dict[str, dict[str, Any]] = {}
+
+    def put(rel: str, size: int) -> None:
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        data = os.urandom(size)
+        path.write_bytes(data)
+        manifest[rel] = {"size": size, "sha256": hashlib.sha256(data).hexdigest()}
+
+    for i in range(small):
+        put(f"shards/{i // 100:02d}/shard-{i:05d}.bin", small_kib * 1024)
+    for i, mib in enumerate(large_mib):
+        put(f"tokens-{i}.bin", mib * MIB)
+    (root / "MANIFEST.json").write_text(json.dumps(manifest, sort_keys=True))
+    return len(manifest) + 1
+
+
+def trainer_playbook(
+    host: LabHost,
+    path: Path,
+    data: Path,
+    *,
+    steps: int,
+    seconds: float,
+    weights_mib: int = 0,
+    reference: bool = False,
+) -> Path:
+    """The trainer on the lab host: target only, or reference and target (both CPU)."""
+    command = (
+        "cd src && TRAIN_SEED=7 python3 train.py --device {device} --data {data_dir} "
+        f"--out {{output_dir}} --steps {steps} --seconds {seconds} --weights-mib {weights_mib}"
+        ' && echo "train.sh: exit $?"'
+    )
+    doc = {
+        "name": "trainer",
+        "host": host.alias,
+        "remote_root": str(host.root),
+        "project": {"path": str(TRAINER)},
+        "environment": {"python": "python3", "venv": False},
+        "data": {"path": str(data), "classification": "public", "encrypt": False},
+        "workload": {
+            "command": command,
+            "reference": {"device": "cpu"} if reference else None,
+            "target": {"device": "cpu"},
+            "timeout": "15m",
+        },
+        # the verdict rests on the small JSON; the 200 MiB file is pulled and verified
+        "outputs": {
+            "path": ".",
+            "compare": [{"file": "metrics.json", "keys": ["final_loss"], "rtol": 1e-9}],
+        },
+        "stop_when": {"memory_growth": False},
+        "wipe": "after_pull",
+    }
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def trainer_lines(steps: int, files: int, size: int, weights_mib: int) -> list[str]:
+    """Every line train.py (and its data check, and the shell) prints, in order."""
+    import math
+
+    out = [f"data: {files} files, {size} bytes, every sha256 matches"]
+    for step in range(1, steps + 1):
+        out.append(f"step {step:06d} of {steps}: loss {4.0 * math.exp(-step / 1000.0) + 0.5:.6f}")
+        if step % 500 == 0 or step == steps:
+            out.append(f"step {step:06d}: saved checkpoint to ckpt.pkl")
+    if weights_mib:
+        out.append(f"wrote weights.bin: {weights_mib} MiB")
+    out += [f"training done: {steps} steps", "train.sh: exit 0"]
+    return out
+
+
+class Cutter(threading.Thread):
+    """Cut the link every ``every`` s for the whole run; inside ``phase``, also each time
+    the phase has moved ``step_bytes`` since the last cut (from its byte progress events).
+
+    ``cuts`` lists ``(seconds since start, phase running, links the cut closed)``.
+    """
+
+    def __init__(
+        self, proxy: Any, timeline: Timeline, *, every: float, phase: str, step_bytes: int
+    ) -> None:
+        super().__init__(daemon=True)
+        self.proxy, self.timeline = proxy, timeline
+        self.every, self.phase, self.step_bytes = every, phase, step_bytes
+        self.stop = threading.Event()
+        self.cuts: list[tuple[float, str, int]] = []
+
+    def run(self) -> None:
+        t0 = last_cut = time.monotonic()
+        seen, moved, prev, current = 0, 0, 0, ""
+        while not self.stop.wait(0.02):
+            events = self.timeline.snapshot()[seen:]
+            seen += len(events)
+            for _, event in events:
+                if isinstance(event, PhaseStarted):
+                    current = event.phase
+                elif isinstance(event, PhaseFinished) and event.phase == current:
+                    current = ""
+                elif (
+                    isinstance(event, PhaseProgress)
+                    and event.phase == self.phase
+                    and event.unit == "bytes"
+                ):
+                    # sync counts each attempt from zero; pull counts the whole phase
+                    moved += event.done - prev if event.done >= prev else event.done
+                    prev = event.done
+            now = time.monotonic()
+            if now - last_cut >= self.every or (current == self.phase and moved >= self.step_bytes):
+                self.cuts.append((round(now - t0, 2), current, self.proxy.cut()))
+                last_cut, moved = now, 0
+
+    def during(self, phase: str) -> list[tuple[float, str, int]]:
+        """The cuts that closed a live link while ``phase`` ran."""
+        return [c for c in self.cuts if c[1] == phase and c[2] > 0]
+
+
+def clean_run(host: LabHost, tmp: Path) -> tuple[Any, int]:
+    """The same workload, small, over a link nobody cuts: the exit code and verdict to match."""
+    data = tmp / "clean-data"
+    make_dataset(data, small=3, small_kib=4, large_mib=())
+    pb = trainer_playbook(host, tmp / "clean.yaml", data, steps=20, seconds=0.5, reference=True)
+    return asyncio.run(run_pipeline_inprocess(host, pb, tmp / "clean", Timeline()))
+
+
+def cut_run(host: LabHost, pb: Path, out: Path, *, phase: str, step_bytes: int) -> tuple:
+    timeline = Timeline()
+    cutter = Cutter(host.proxy, timeline, every=2.0, phase=phase, step_bytes=step_bytes)
+    cutter.start()
+    try:
+        ctx, code = asyncio.run(run_pipeline_inprocess(host, pb, out, timeline))
+    finally:
+        cutter.stop.set()
+        cutter.join(30)
+        host.proxy.restore()
+    phases = ctx.journal.phases(ctx.run_id)
+    failed = {k: v["result"] for k, v in phases.items() if v["state"] != "done"}
+    assert "wipe" in ctx.results and not failed, (code, failed, cutter.cuts)
+    return ctx, code, cutter
+
+
+def check_finished_like_a_clean_run(
+    ctx: Any, code: int, clean: tuple[Any, int], out: Path, lines: list[str], labels: list[str]
+) -> None:
+    """Each log line once and in order, outputs pulled and verified, wipe verified, the
+    clean run's verdict and exit code."""
+    clean_ctx, clean_code = clean
+    assert code == clean_code, (code, clean_code, ctx.results.get("record"))
+    assert ctx.results["record"]["verdict"] == clean_ctx.results["record"]["verdict"]
+    for label in labels:
+        assert local_lines(out, label) == lines, label
+        results = out / "results" / label
+        metrics = json.loads((results / "metrics.json").read_text())
+        assert metrics["steps"] == 3000, metrics
+        ckpt = pickle.loads((results / "ckpt.pkl").read_bytes())
+        assert ckpt["iter_num"] == 3000 and ckpt["config"]["device"] == "cpu", ckpt["config"]
+        pulled = {f["path"]: f for f in ctx.results["pull"]["sides"][label]["files"]}
+        assert {"metrics.json", "ckpt.pkl"} <= set(pulled), pulled
+    wipe = ctx.results["wipe"]
+    assert wipe["done"] and wipe["verified"], wipe
+
+
+@pytest.mark.timeout(900)
+def test_3000_steps_with_the_link_cut_every_2s_during_sync(lab_host: LabHost, tmp_path: Path):  # noqa: F811
+    """A 200 MiB slice (600 shards and two token files of 24 and 16 MiB) synced through
+    cuts every 2 s plus one per 32 MiB moved: the sync resumes after each cut with what
+    the host verified, the workload finds every file's SHA-256 as in the manifest, and
+    the run ends as a clean run does."""
+    host = lab_host
+    clean = clean_run(host, tmp_path)
+    data = tmp_path / "dataset"
+    files = make_dataset(data, small=600, small_kib=256, large_mib=(24, 16))
+    size = sum(p.stat().st_size for p in data.rglob("*") if p.is_file())
+    manifest_bytes = size - (data / "MANIFEST.json").stat().st_size
+    pb = trainer_playbook(host, tmp_path / "pb.yaml", data, steps=3000, seconds=20)
+    out = tmp_path / "out"
+    ctx, code, cutter = cut_run(host, pb, out, phase="sync", step_bytes=32 * MIB)
+    in_sync = cutter.during("sync")
+    assert len(in_sync) >= 5, cutter.cuts
+    (synced,) = ctx.results["sync"]["hosts"].values()
+    transfer = synced["transfer"]
+    assert transfer["attempts"] >= 6 and synced["files"] == files, transfer
+    # the cuts went on through the job and past it (every 2 s for the whole run)
+    assert len(cutter.during("follow:target")) >= 5, cutter.cuts
+    lines = trainer_lines(3000, files - 1, manifest_bytes, 0)
+    check_finished_like_a_clean_run(ctx, code, clean, out, lines, ["cpu"])
+
+
+@pytest.mark.timeout(900)
+def test_3000_steps_with_the_link_cut_every_2s_during_pull_of_200_mib(
+    lab_host: LabHost,  # noqa: F811
+    tmp_path: Path,
+):
+    """Reference and target each write a 200 MiB weights.bin next to their metrics.json:
+    the pull goes through cuts every 2 s plus one per 40 MiB moved, resumes inside the
+    file after each, and every pulled file matches the SHA-256 the workload computed
+    as it wrote it; the verdict rests on metrics.json as in a clean run."""
+    host = lab_host
+    clean = clean_run(host, tmp_path)
+    data = tmp_path / "dataset"
+    files = make_dataset(data, small=4, small_kib=64, large_mib=())
+    size = sum(p.stat().st_size for p in data.rglob("*") if p.is_file())
+    manifest_bytes = size - (data / "MANIFEST.json").stat().st_size
+    pb = trainer_playbook(
+        host, tmp_path / "pb.yaml", data, steps=3000, seconds=15, weights_mib=200, reference=True
+    )
+    out = tmp_path / "out"
+    ctx, code, cutter = cut_run(host, pb, out, phase="pull", step_bytes=40 * MIB)
+    assert len(cutter.during("pull")) >= 5, cutter.cuts
+    labels = sorted(ctx.results["pull"]["sides"])
+    assert len(labels) == 2, labels
+    for label in labels:
+        weights = out / "results" / label / "weights.bin"
+        metrics = json.loads((out / "results" / label / "metrics.json").read_text())
+        assert weights.stat().st_size == 200 * MIB
+        digest = hashlib.sha256()
+        with weights.open("rb") as fh:
+            for block in iter(lambda fh=fh: fh.read(8 * MIB), b""):
+                digest.update(block)
+        assert digest.hexdigest() == metrics["weights_sha256"], label
+        assert not list((out / "results" / label).glob(".*.rmpart")), label
+    assert ctx.results["compare"]["files"] and all(
+        f["ok"] for f in ctx.results["compare"]["files"]
+    ), ctx.results["compare"]
+    lines = trainer_lines(3000, files - 1, manifest_bytes, 200)
+    check_finished_like_a_clean_run(ctx, code, clean, out, lines, labels)
