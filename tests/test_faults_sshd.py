@@ -265,6 +265,10 @@ def test_3000_steps_with_the_link_cut_every_2s_during_pull_of_200_mib(
                 digest.update(block)
         assert digest.hexdigest() == metrics["weights_sha256"], label
         assert not list((out / "results" / label).glob(".*.rmpart")), label
+        # resumed inside the file after each cut, never started over
+        pulled = ctx.results["pull"]["sides"][label]
+        listed = sum(int(f["size"]) for f in pulled["files"])
+        assert listed <= pulled["downloaded"] < listed + 16 * MIB, pulled
     assert ctx.results["compare"]["files"] and all(
         f["ok"] for f in ctx.results["compare"]["files"]
     ), ctx.results["compare"]
