@@ -275,13 +275,16 @@ async def _follow(ctx: RunContext, side: Side, request: dict[str, Any]) -> dict[
                     complete, pending = pending[: cut + 1], pending[cut + 1 :]
                     out.write(complete)
                     out.flush()
-                    for raw in complete.splitlines():
+                    # split on b"\n" only: the offset must advance by the bytes read, and
+                    # splitlines() also ends lines at "\r" and drops it from "\r\n" (a job
+                    # printing CRLF or progress bars made the offset lag, re-reading bytes)
+                    for raw in complete.split(b"\n")[:-1]:
                         lines += 1
                         ctx.emit(
                             LogLine(
                                 ctx.run_id,
                                 device=side.label,
-                                line=raw.decode("utf-8", "replace"),
+                                line=shown_line(raw),
                                 offset=offset,
                             )
                         )
@@ -362,7 +365,7 @@ async def _follow(ctx: RunContext, side: Side, request: dict[str, Any]) -> dict[
                 LogLine(
                     ctx.run_id,
                     device=side.label,
-                    line=pending.decode("utf-8", "replace"),
+                    line=shown_line(pending),
                     offset=offset,
                 )
             )
@@ -393,6 +396,13 @@ async def _follow(ctx: RunContext, side: Side, request: dict[str, Any]) -> dict[
             drill.result["skipped"] = "the job ended before the drill could cut the link"
         result["drill"] = drill.result
     return result
+
+
+def shown_line(raw: bytes) -> str:
+    """A log line as a terminal leaves it: what follows its last carriage return (a
+    progress bar's last state), without the ``\r`` of a CRLF ending."""
+    raw = raw[:-1] if raw.endswith(b"\r") else raw
+    return raw.rsplit(b"\r", 1)[-1].decode("utf-8", "replace")
 
 
 def _warn_once(ctx: RunContext, side: Side, status: dict[str, Any], warned: set[str]) -> None:
