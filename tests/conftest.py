@@ -148,6 +148,8 @@ E2E: tuple[str, ...] = (
     "test_agent_runtime.py::test_failed_online_install",
     "test_agent_runtime.py::test_doctor_reports_runtime_absent_then_present",
     "test_agent_runtime.py::test_a_damaged_wheel_upload",
+    "test_resident_sshd.py::test_3000_lines",
+    "test_faults_sshd.py",
 )
 # Module-scoped fixtures that run whole workloads: a test using one is e2e too.
 E2E_FIXTURES: dict[str, frozenset[str]] = {
@@ -165,6 +167,8 @@ SLOW: tuple[str, ...] = (
     "test_preflight.py::test_torch_free_loop_is_stopped",
     "test_ssh_faults.py::test_fault_proxy_throttle",
     "test_tui_snapshots.py",
+    "test_resident_sshd.py::test_3000_lines",
+    "test_faults_sshd.py",
 )
 
 
