@@ -281,9 +281,9 @@ async def sync_slice(
         runtime_dir,
     )
     # retried by deadline, not by count (issue 16): a link that stays up two seconds at a
-    # time still verifies files on every attempt; only a link that verified nothing for
-    # the whole reconnect deadline gives up
-    verified, last_progress, idle = len(stats.acked), time.monotonic(), 0
+    # time still verifies files on every attempt; the sync gives up when it has lost the
+    # link for the whole reconnect deadline since it last verified a file
+    verified, first_loss, idle = len(stats.acked), None, 0
     while True:
         stats.attempts += 1
         try:
@@ -291,12 +291,12 @@ async def sync_slice(
             break
         except TransientHostError as exc:
             now = time.monotonic()
-            if len(stats.acked) > verified:
-                verified, last_progress, idle = len(stats.acked), now, 0
+            if len(stats.acked) > verified or first_loss is None:
+                verified, first_loss, idle = len(stats.acked), now, 0
             else:
                 idle += 1
             if (max_attempts is not None and stats.attempts >= max_attempts) or (
-                now - last_progress >= transport.reconnect_deadline
+                now - first_loss >= transport.reconnect_deadline
             ):
                 raise
             emit(
