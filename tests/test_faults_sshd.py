@@ -32,7 +32,7 @@ from remotemac.events import PhaseFinished, PhaseProgress, PhaseStarted
 from tests.conftest import REPO
 from tests.test_detached_faults import Timeline, run_pipeline_inprocess
 from tests.test_detached_ssh import local_lines
-from tests.test_resident_sshd import LabHost, lab_host  # noqa: F401 - a fixture
+from tests.test_resident_sshd import LabHost, _transport, lab_host  # noqa: F401 - a fixture
 
 pytestmark = pytest.mark.timeout(900)  # e2e and slow: listed in tests/conftest.py
 
@@ -118,17 +118,25 @@ def trainer_lines(steps: int, files: int, size: int, weights_mib: int) -> list[s
 
 class Cutter(threading.Thread):
     """Cut the link every ``every`` s for the whole run; inside ``phase``, also each time
-    the phase has moved ``step_bytes`` since the last cut (from its byte progress events).
+    the phase has made ``step`` progress since the last cut: bytes moved (its byte
+    progress events), or with ``unit="verified"`` files the host verified (one event each).
 
     ``cuts`` lists ``(seconds since start, phase running, links the cut closed)``.
     """
 
     def __init__(
-        self, proxy: Any, timeline: Timeline, *, every: float, phase: str, step_bytes: int
+        self,
+        proxy: Any,
+        timeline: Timeline,
+        *,
+        every: float,
+        phase: str,
+        step: int,
+        unit: str = "bytes",
     ) -> None:
         super().__init__(daemon=True)
         self.proxy, self.timeline = proxy, timeline
-        self.every, self.phase, self.step_bytes = every, phase, step_bytes
+        self.every, self.phase, self.step, self.unit = every, phase, step, unit
         self.stop = threading.Event()
         self.cuts: list[tuple[float, str, int]] = []
 
@@ -146,13 +154,15 @@ class Cutter(threading.Thread):
                 elif (
                     isinstance(event, PhaseProgress)
                     and event.phase == self.phase
-                    and event.unit == "bytes"
+                    and event.unit == self.unit
                 ):
-                    # sync counts each attempt from zero; pull counts the whole phase
-                    moved += event.done - prev if event.done >= prev else event.done
-                    prev = event.done
+                    if self.unit == "verified":
+                        moved += 1
+                    else:  # pull counts bytes for the whole phase
+                        moved += event.done - prev if event.done >= prev else event.done
+                        prev = event.done
             now = time.monotonic()
-            if now - last_cut >= self.every or (current == self.phase and moved >= self.step_bytes):
+            if now - last_cut >= self.every or (current == self.phase and moved >= self.step):
                 self.cuts.append((round(now - t0, 2), current, self.proxy.cut()))
                 last_cut, moved = now, 0
 
@@ -171,9 +181,9 @@ def clean_run(host: LabHost, tmp: Path, *, reference: bool) -> tuple[Any, int]:
     return asyncio.run(run_pipeline_inprocess(host, pb, tmp / "clean", Timeline()))
 
 
-def cut_run(host: LabHost, pb: Path, out: Path, *, phase: str, step_bytes: int) -> tuple:
+def cut_run(host: LabHost, pb: Path, out: Path, *, phase: str, **step: Any) -> tuple:
     timeline = Timeline()
-    cutter = Cutter(host.proxy, timeline, every=2.0, phase=phase, step_bytes=step_bytes)
+    cutter = Cutter(host.proxy, timeline, every=2.0, phase=phase, **step)
     cutter.start()
     try:
         ctx, code = asyncio.run(run_pipeline_inprocess(host, pb, out, timeline))
@@ -211,9 +221,10 @@ def check_finished_like_a_clean_run(
 @pytest.mark.timeout(900)
 def test_3000_steps_with_the_link_cut_every_2s_during_sync(lab_host: LabHost, tmp_path: Path):  # noqa: F811
     """A 182 MiB slice (600 shards of 256 KiB, token files of 20 and 12 MiB) synced through
-    cuts every 2 s plus one per 28 MiB moved: the sync resumes after each cut with what
-    the host verified (more attempts than the four a count once allowed), the workload
-    finds every file's SHA-256 as in the manifest, and the run ends as a clean run does."""
+    cuts every 2 s plus one per 100 files the host verified: the sync resumes after each
+    cut with what the host verified (more attempts than the four a count once allowed),
+    the workload finds every file's SHA-256 as in the manifest, and the run ends as a
+    clean run does."""
     host = lab_host
     clean = clean_run(host, tmp_path, reference=False)
     data = tmp_path / "dataset"
@@ -222,12 +233,12 @@ def test_3000_steps_with_the_link_cut_every_2s_during_sync(lab_host: LabHost, tm
     manifest_bytes = size - (data / "MANIFEST.json").stat().st_size
     pb = trainer_playbook(host, tmp_path / "pb.yaml", data, steps=3000, seconds=20)
     out = tmp_path / "out"
-    ctx, code, cutter = cut_run(host, pb, out, phase="sync", step_bytes=28 * MIB)
+    ctx, code, cutter = cut_run(host, pb, out, phase="sync", step=100, unit="verified")
     in_sync = cutter.during("sync")
-    assert len(in_sync) >= 4, cutter.cuts
+    assert len(in_sync) >= 5, cutter.cuts
     (synced,) = ctx.results["sync"]["hosts"].values()
     transfer = synced["transfer"]
-    assert transfer["attempts"] >= 5 and synced["files"] == files, transfer
+    assert transfer["attempts"] >= 6 and synced["files"] == files, transfer
     # the cuts went on through the job and past it (every 2 s for the whole run)
     assert len(cutter.during("follow:target")) >= 5, cutter.cuts
     lines = trainer_lines(3000, files - 1, manifest_bytes, 0)
@@ -253,7 +264,7 @@ def test_3000_steps_with_the_link_cut_every_2s_during_pull_of_200_mib(
         host, tmp_path / "pb.yaml", data, steps=3000, seconds=15, weights_mib=200, reference=True
     )
     out = tmp_path / "out"
-    ctx, code, cutter = cut_run(host, pb, out, phase="pull", step_bytes=40 * MIB)
+    ctx, code, cutter = cut_run(host, pb, out, phase="pull", step=40 * MIB)
     assert len(cutter.during("pull")) >= 5, cutter.cuts
     labels = sorted(ctx.results["pull"]["sides"])
     assert len(labels) == 2, labels
@@ -276,3 +287,39 @@ def test_3000_steps_with_the_link_cut_every_2s_during_pull_of_200_mib(
     ), ctx.results["compare"]
     lines = trainer_lines(3000, files - 1, manifest_bytes, 200)
     check_finished_like_a_clean_run(ctx, code, clean, out, lines, labels)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.asyncio
+async def test_a_download_that_keeps_moving_outlives_the_reconnect_deadline(
+    sshd, fault_proxy, ssh_env, tmp_path: Path
+):
+    """A 48 MiB file at 8 MB/s (6 s) with the link cut every second and a 3 s reconnect
+    deadline: each cut resumes at the byte reached, and since every attempt moved the
+    file on, the deadline counts from the last progress, not from the first cut (it
+    used to give up 3 s after the first cut, half way through)."""
+    proxy = fault_proxy(sshd)
+    src = sshd.host_dir("root") / "weights.bin"
+    data = os.urandom(48 * MIB)
+    src.write_bytes(data)
+    proxy.throttle(8_000_000)
+    stop, cuts = threading.Event(), []
+
+    def cut_every_second() -> None:
+        while not stop.wait(1.0):
+            cuts.append(proxy.cut())
+
+    events: list = []
+    async with _transport(ssh_env(sshd, proxy), events, reconnect_deadline=3) as t:
+        await t.stat(str(src))  # connected before the cuts start
+        cutter = threading.Thread(target=cut_every_second, daemon=True)
+        cutter.start()
+        try:
+            with (tmp_path / "weights.bin").open("w+b") as fh:
+                moved = await t.download_to(str(src), fh, 0, limit=len(data))
+        finally:
+            stop.set()
+            cutter.join(10)
+            proxy.restore()
+    assert moved == len(data) and t.disconnects >= 3, (moved, t.disconnects, cuts)
+    assert (tmp_path / "weights.bin").read_bytes() == data
