@@ -28,6 +28,9 @@ from typing import Any
 import pytest
 import yaml
 
+from remotemac.engine.agentclient import AgentClient
+from remotemac.engine.sync import sync_slice
+from remotemac.errors import TransientHostError
 from remotemac.events import PhaseFinished, PhaseProgress, PhaseStarted
 from tests.conftest import REPO
 from tests.test_detached_faults import Timeline, run_pipeline_inprocess
@@ -323,3 +326,45 @@ async def test_a_download_that_keeps_moving_outlives_the_reconnect_deadline(
             proxy.restore()
     assert moved == len(data) and t.disconnects >= 3, (moved, t.disconnects, cuts)
     assert (tmp_path / "weights.bin").read_bytes() == data
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.asyncio
+async def test_a_sync_that_cannot_reach_the_host_stops_at_the_deadline(
+    sshd, fault_proxy, ssh_env, tmp_path: Path
+):
+    """The other side of retry by deadline: once the host stops answering (the proxy
+    cuts the link mid-stream and refuses every new connection) the sync stops with
+    TransientHostError (exit 3) when it has lost the link for the reconnect deadline,
+    neither retrying forever nor waiting out a count of attempts."""
+    data = tmp_path / "data"
+    make_dataset(data, small=20, small_kib=64, large_mib=(8,))
+    paths = sorted(str(p.relative_to(data)) for p in data.rglob("*") if p.is_file())
+    proxy = fault_proxy(sshd)
+    proxy.throttle(2_000_000)  # about 5 s of sending: the cut lands mid-stream
+    root = sshd.host_dir("root")
+    stopped: list[float] = []
+
+    def on_event(event: object) -> None:
+        if isinstance(event, PhaseProgress) and event.unit == "verified" and not stopped:
+            stopped.append(time.monotonic())
+            proxy.refuse(True)
+            proxy.cut()
+
+    async with _transport(ssh_env(sshd, proxy), [], reconnect_deadline=3) as t:
+        agent = AgentClient(t, str(root))
+        prepared = await agent.call("prepare_run", {"root": str(root), "run_id": "r1"})
+        with pytest.raises(TransientHostError):
+            await sync_slice(
+                t,
+                agent,
+                root=data,
+                paths=paths,
+                run_dir=prepared["run_dir"],
+                run_id="r1",
+                key=None,
+                emit=on_event,
+            )
+    assert stopped, "the sync never verified a file"
+    took = time.monotonic() - stopped[0]
+    assert 2 <= took < 15, took
