@@ -10,7 +10,11 @@ and, here, a 200 MiB ``weights.bin``.
 
 Cuts come every 2 s for the whole run. So that the transfer under test spans several
 cuts whatever this machine's speed, the cutter also cuts inside it each time it has
-moved a set number of bytes since the last cut (the phase's own progress events).
+made a set progress since the last cut (files the host verified, bytes pulled: the
+phase's own progress events).
+
+Two shorter tests hold the deadline's two sides: a download that gains ground on every
+reconnect outlives the reconnect deadline; a sync that cannot reach the host stops at it.
 """
 
 from __future__ import annotations
