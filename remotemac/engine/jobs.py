@@ -400,7 +400,7 @@ async def _follow(ctx: RunContext, side: Side, request: dict[str, Any]) -> dict[
 
 def shown_line(raw: bytes) -> str:
     """A log line as a terminal leaves it: what follows its last carriage return (a
-    progress bar's last state), without the ``\r`` of a CRLF ending."""
+    progress bar's last state), without the ``\\r`` of a CRLF ending."""
     raw = raw[:-1] if raw.endswith(b"\r") else raw
     return raw.rsplit(b"\r", 1)[-1].decode("utf-8", "replace")
 
