@@ -156,6 +156,8 @@ E2E: tuple[str, ...] = (
     "test_plaintext_project_upload.py::test_dataset_inside_the_project_never_lands",
     "test_redact_records.py::test_records_redact_the_command_and_env",
     "test_redact_records.py::test_show_secrets_keeps_them_in_the_records",
+    "test_resident_sshd.py::test_3000_lines",
+    "test_faults_sshd.py",
 )
 # Module-scoped fixtures that run whole workloads: a test using one is e2e too.
 E2E_FIXTURES: dict[str, frozenset[str]] = {
@@ -195,6 +197,8 @@ SLOW: tuple[str, ...] = (
     "test_doctor.py::test_gather_facts_local_transport",
     "test_doctor.py::test_main_doctor_json_on_this_linux_host",
     "test_input_validation.py::test_preflight_seconds_out_of_range_is_exit_2",
+    "test_resident_sshd.py::test_3000_lines",
+    "test_faults_sshd.py",
 )
 
 

@@ -138,6 +138,34 @@ async def test_a_call_cut_midway_is_answered_from_the_record(
     assert len(venv) == 1 and "answer recorded before the link dropped" in venv[0]["command"]
 
 
+@pytest.mark.asyncio
+async def test_claiming_the_root_survives_a_cut(sshd, fault_proxy, ssh_env, tmp_path: Path):
+    """The first thing a run does on the host is claim its root (an exec of the agent from
+    stdin). Cut the link while it runs: the claim is run again on the new link and adopts
+    the root the first attempt made (same root id), instead of failing the run with
+    "it may or may not have completed"."""
+    proxy = fault_proxy(sshd)
+    events: list = []
+    root = sshd.host_dir("root") / "claimed"
+    runs = sshd.host_dir("bin") / "claim-runs.txt"
+    wrapper = sshd.host_dir("bin") / "python-slow"
+    wrapper.write_text(f'#!/bin/sh\necho "run" >> {runs}\nsleep 2\nexec python3 "$@"\n')
+    wrapper.chmod(0o755)
+    async with _transport(ssh_env(sshd, proxy), events, reconnect_deadline=60) as t:
+        agent = AgentClient(t, str(root), Ledger(tmp_path / "ledger.jsonl"), python=str(wrapper))
+        claim = asyncio.ensure_future(agent.claim("run-1"))
+        deadline = time.monotonic() + 60
+        while not runs.exists() and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        assert runs.exists(), "the claim never started"
+        assert proxy.cut() >= 1
+        root_id = await asyncio.wait_for(claim, 120)
+    assert t.disconnects >= 1
+    assert len(runs.read_text().splitlines()) == 2  # run again on the new link
+    marker = json.loads((root / ".remotemac-owned").read_text())
+    assert root_id and marker["root_id"] == root_id, (root_id, marker)
+
+
 def _playbook(
     host,
     path: Path,

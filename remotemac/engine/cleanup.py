@@ -163,10 +163,13 @@ async def call_in_memory(
     req: dict[str, Any],
     python: str | None = None,
     timeout: float = 900,
+    idempotent: bool = False,
 ) -> dict[str, Any]:
     """Run ``cleanupops.<fn>(req)`` on the host from stdin: nothing lands on its disk.
 
     ``python`` defaults to the agent's interpreter ($REMOTEMAC_AGENT_PYTHON or python3).
+    ``idempotent``: the call may run again after the link dropped under it (claiming
+    the root does: a second run adopts what the first made).
     """
     python = agent_python(python)
     payload = {
@@ -177,9 +180,10 @@ async def call_in_memory(
         "src": {m: (AGENT_DIR / f"{m}.py").read_text(encoding="utf-8") for m in MODULES},
     }
     started = time.monotonic()
-    result = await transport.exec(
-        [python, "-c", BOOTSTRAP], stdin=json.dumps(payload).encode(), timeout=timeout
-    )
+    kwargs: dict[str, Any] = {"stdin": json.dumps(payload).encode(), "timeout": timeout}
+    if idempotent:  # only passed when asked: not every transport takes it
+        kwargs["idempotent"] = True
+    result = await transport.exec([python, "-c", BOOTSTRAP], **kwargs)
     ledger.append(
         transport.name,
         f"{python} -c <remotemac agent from stdin: cleanupops.{fn}"

@@ -314,7 +314,7 @@ class _LogFollower:
             LogLine(
                 self.ctx.run_id,
                 device=self.side.label,
-                line=raw.decode("utf-8", "replace"),
+                line=shown_line(raw),
                 offset=self.offset,
             )
         )
@@ -330,7 +330,10 @@ class _LogFollower:
         complete, self.pending = self.pending[: cut + 1], self.pending[cut + 1 :]
         out.write(complete)
         out.flush()
-        for raw in complete.splitlines():
+        # split on b"\n" only: the offset must advance by the bytes read, and
+        # splitlines() also ends lines at "\r" and drops it from "\r\n" (a job
+        # printing CRLF or progress bars made the offset lag, re-reading bytes)
+        for raw in complete.split(b"\n")[:-1]:
             self.lines += 1
             self._emit_line(raw)
             self.offset += len(raw) + 1
@@ -444,6 +447,13 @@ class _LogFollower:
                 drill.result["skipped"] = "the job ended before the drill could cut the link"
             result["drill"] = drill.result
         return result
+
+
+def shown_line(raw: bytes) -> str:
+    """A log line as a terminal leaves it: what follows its last carriage return (a
+    progress bar's last state), without the ``\\r`` of a CRLF ending."""
+    raw = raw[:-1] if raw.endswith(b"\r") else raw
+    return raw.rsplit(b"\r", 1)[-1].decode("utf-8", "replace")
 
 
 def _warn_once(ctx: RunContext, side: Side, status: dict[str, Any], warned: set[str]) -> None:

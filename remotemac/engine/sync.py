@@ -49,7 +49,8 @@ BATCH_BYTES = 1 << 20
 QUEUE_BATCHES = 8
 PROGRESS_EVERY_S = 0.2
 SHOW_FILES = 200
-MAX_ATTEMPTS = 4
+#: first pause before a sync attempt that verified nothing more (doubling, at most 2 s)
+RETRY_PAUSE_S = 0.05
 
 Emit = Callable[[Event], None]
 
@@ -243,7 +244,7 @@ async def sync_slice(
     cache: HashCache | None = None,
     emit: Emit | None = None,
     ram_bytes: int | None = None,
-    max_attempts: int = MAX_ATTEMPTS,
+    max_attempts: int | None = None,
     stats: SyncStats | None = None,
 ) -> tuple[Manifest, dict[str, Any], SyncStats]:
     """Make the host hold ``paths`` (relative to ``root``), verified; resume after a cut link.
@@ -279,13 +280,24 @@ async def sync_slice(
         ram_bytes,
         runtime_dir,
     )
+    # retried by deadline, not by count (issue 16): a link that stays up two seconds at a
+    # time still verifies files on every attempt; the sync gives up when it has lost the
+    # link for the whole reconnect deadline since it last verified a file
+    verified, first_loss, idle = len(stats.acked), None, 0
     while True:
         stats.attempts += 1
         try:
             answer = await session.run()
             break
         except TransientHostError as exc:
-            if stats.attempts >= max_attempts:
+            now = time.monotonic()
+            if len(stats.acked) > verified or first_loss is None:
+                verified, first_loss, idle = len(stats.acked), now, 0
+            else:
+                idle += 1
+            if (max_attempts is not None and stats.attempts >= max_attempts) or (
+                now - first_loss >= transport.reconnect_deadline
+            ):
                 raise
             emit(
                 Warning(
@@ -295,6 +307,7 @@ async def sync_slice(
                     code="sync-resume",
                 )
             )
+            await asyncio.sleep(min(RETRY_PAUSE_S * 2**idle, 2.0))
     if cache is not None:
         for f in files:
             if f.sha256 is not None:

@@ -259,14 +259,25 @@ class SSHTransport(Transport):
             return self.reconnect_deadline
         return self.reconnect_deadline - (time.monotonic() - since)
 
-    async def _run(self, what: str, op: Callable[[], Awaitable[T]], *, idempotent: bool) -> T:
+    async def _run(
+        self,
+        what: str,
+        op: Callable[[], Awaitable[T]],
+        *,
+        idempotent: bool,
+        progress: Callable[[], int] | None = None,
+    ) -> T:
         """Run ``op``; on a dead link reconnect and, if idempotent, run it again.
 
         Retries are bounded by time, not by count: a link that stays up two seconds
         at a time still gets every short operation through, and an operation that
         has been losing the link for ``reconnect_deadline`` seconds gives up.
+        ``progress`` (a resumable operation's position): when it moved since the last
+        loss, the deadline starts again (a long download that gains ground on every
+        reconnect is not stopped half way).
         """
         first_loss: float | None = None
+        mark = progress() if progress is not None else 0
         while True:
             left = self.deadline_left(first_loss)
             if left <= 0:
@@ -285,6 +296,8 @@ class SSHTransport(Transport):
                     # let asyncssh finish closing so the cause (e.g. keepalive) is known
                     await asyncio.wait_for(conn.wait_closed(), 1)
                 self._mark_dead(conn, f"{type(exc).__name__}: {exc}".strip())
+                if progress is not None and progress() != mark:
+                    mark, first_loss = progress(), None
                 if first_loss is None:
                     first_loss = time.monotonic()
                 if not idempotent:
@@ -587,7 +600,7 @@ class SSHTransport(Transport):
                     task.cancel()
                 await asyncio.gather(*pending, return_exceptions=True)
 
-        await self._run(f"download {remote}", op, idempotent=True)
+        await self._run(f"download {remote}", op, idempotent=True, progress=lambda: pos)
         return pos - offset
 
 
