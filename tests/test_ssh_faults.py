@@ -16,7 +16,7 @@ import pytest
 from remotemac.errors import AuthError, HostKeyError, TransientHostError
 from remotemac.transport.reconnect import is_transient, reconnect
 from remotemac.transport.ssh import SSHTransport
-from tests.harness.faultproxy import FaultProxy
+from tests.harness.faultproxy import FaultProxy, ProxyProcess
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -278,3 +278,116 @@ def test_fault_proxy_throttle_delivers_the_nominal_rate():
     finally:
         proxy.stop()
         listener.close()
+
+
+def _blast(port: int, size: int, block: bytes) -> None:
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        for _ in range(size // len(block)):
+            sock.sendall(block)
+        sock.shutdown(socket.SHUT_WR)
+        sock.recv(1)  # the sink closes once it has everything
+
+
+def _sink(listener: socket.socket, received: list[int], count: int) -> None:
+    conns = [listener.accept()[0] for _ in range(count)]
+
+    def drain(conn: socket.socket) -> None:
+        with conn:
+            total = 0
+            while data := conn.recv(1 << 20):
+                total += len(data)
+            received.append(total)
+
+    threads = [threading.Thread(target=drain, args=(c,), daemon=True) for c in conns]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+
+
+def test_fault_proxy_far_link_is_not_capped_by_the_relay():
+    """At 400 ms RTT and 40 MB/s one connection still gets the rate (8 MB in flight).
+
+    Regression: the relay held at most 64 chunks of 64 KiB per direction, so a far,
+    fast link (80 ms at 100 MB/s needs 4 MB in flight) was capped by the relay itself.
+    """
+    listener = socket.create_server(("127.0.0.1", 0))
+    received: list[int] = []
+    server = threading.Thread(target=_sink, args=(listener, received, 1), daemon=True)
+    server.start()
+    proxy = FaultProxy("127.0.0.1", listener.getsockname()[1]).start()
+    rate, size = 40e6, 80 << 20
+    try:
+        proxy.throttle(rate)
+        proxy.rtt(0.4)
+        start = time.monotonic()
+        _blast(proxy.port, size, b"x" * (1 << 20))
+        server.join(30)
+        elapsed = time.monotonic() - start - 0.2  # the first byte's one-way delay
+        assert received == [size]
+        assert 0.85 <= size / elapsed / rate <= 1.05, f"{size / elapsed / 1e6:.1f} MB/s"
+    finally:
+        proxy.stop()
+        listener.close()
+
+
+def test_fault_proxy_bandwidth_is_shared_by_all_connections():
+    """Two connections through a 20 MB/s link share it: a second connection is no bonus.
+
+    Regression: each connection was paced on its own, so N connections got N times
+    the link, flattering any multi-stream transfer measured through the proxy.
+    """
+    listener = socket.create_server(("127.0.0.1", 0))
+    received: list[int] = []
+    server = threading.Thread(target=_sink, args=(listener, received, 2), daemon=True)
+    server.start()
+    proxy = FaultProxy("127.0.0.1", listener.getsockname()[1]).start()
+    rate, size = 20e6, 20 << 20
+    try:
+        proxy.throttle(rate)
+        start = time.monotonic()
+        senders = [
+            threading.Thread(target=_blast, args=(proxy.port, size, b"y" * (1 << 20)))
+            for _ in range(2)
+        ]
+        for thread in senders:
+            thread.start()
+        for thread in senders:
+            thread.join(60)
+        server.join(30)
+        elapsed = time.monotonic() - start
+        assert sorted(received) == [size, size]
+        assert 2 * size / elapsed / rate <= 1.05, f"{2 * size / elapsed / 1e6:.1f} MB/s"
+    finally:
+        proxy.stop()
+        listener.close()
+
+
+def test_fault_proxy_process_mode_cuts_after_a_byte_count():
+    """The bench's out-of-process proxy relays, cuts once past N bytes, and reports them."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    got = bytearray()
+
+    def sink() -> None:
+        conn, _ = listener.accept()
+        with conn, contextlib.suppress(OSError):
+            while data := conn.recv(65536):
+                got.extend(data)
+
+    server = threading.Thread(target=sink, daemon=True)
+    server.start()
+    proxy = ProxyProcess("127.0.0.1", listener.getsockname()[1], cut_after=1 << 20).start()
+    try:
+        with (
+            socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as sock,
+            contextlib.suppress(OSError),
+        ):
+            for _ in range(64):
+                sock.sendall(b"z" * (256 << 10))
+                time.sleep(0.01)
+        server.join(10)
+    finally:
+        proxy.stop()
+        listener.close()
+    assert (1 << 20) <= len(got) < (16 << 20), len(got)
+    assert proxy.bytes_forwarded == len(got)
