@@ -488,3 +488,41 @@ async def test_cut_partial_is_invisible_and_a_changed_file_starts_afresh(
     assert answer["mismatches"] == [] and _partials(host) == []
     held = Path(answer["data_dir"]) / "train.bin"
     assert held.read_bytes() == (data / "train.bin").read_bytes()
+
+
+@pytest.mark.asyncio
+async def test_several_streams_keep_one_consistent_record(sshd, host_factory, tmp_path):
+    """Three receivers at once: every file verified once, the record whole (a re-sync
+    sends nothing), the plaintext right."""
+    data = make_slice(tmp_path / "data", small=60, small_size=100_000, big=3, big_size=4 << 20)
+    key = os.urandom(32)
+    host = await host_factory(sshd)
+    try:
+        manifest, answer, stats = await host.sync(data, key, streams=3)
+        _, _, again = await host.sync(data, key, cache=MemoryHashCache())
+    finally:
+        await host.transport.close()
+    assert stats.streams == 3 and answer["mismatches"] == []
+    counts = collections.Counter(stats.acked)
+    assert set(counts) == {e.path for e in manifest.entries} and max(counts.values()) == 1
+    assert again.sent_files == 0 and again.skipped_files == again.files
+    record = (Path(host.run_dir) / "data" / ".verified.jsonl").read_text().splitlines()
+    assert len(record) == len(manifest.entries)
+    for entry in manifest.entries:
+        held = (Path(answer["data_dir"]) / entry.path).read_bytes()
+        assert hashlib.sha256(held).hexdigest() == entry.sha256
+
+
+@pytest.mark.asyncio
+async def test_long_round_trip_opens_more_streams(sshd, fault_proxy, host_factory, tmp_path):
+    """At ~80 ms RTT one channel's 2 MiB window caps it near 25 MB/s: auto opens more."""
+    data = make_slice(tmp_path / "data", small=8, small_size=3 << 20, big=2, big_size=8 << 20)
+    proxy = fault_proxy(sshd)
+    host = await host_factory(sshd, proxy)
+    proxy.latency(0.04)
+    try:
+        _, answer, stats = await host.sync(data, os.urandom(32))
+    finally:
+        await host.transport.close()
+    assert stats.rtt_ms is not None and stats.rtt_ms >= 70
+    assert stats.streams == 5 and answer["mismatches"] == []
