@@ -53,6 +53,8 @@ from typing import Any, BinaryIO, Dict, List, Optional, Tuple
 RECORD = ".verified.jsonl"
 #: cut transfers kept for resuming: ``<sha256(path)[:32]>-<pid>.rmenc`` + ``.json``
 PARTIAL = ".remotemac-partial"
+#: only files this big are kept for resuming when cut (below, resending is cheap)
+RESUMABLE = 8 << 20
 FRAME = struct.Struct(">cIQ")
 META_LEN = struct.Struct(">I")
 READ = 1 << 20
@@ -324,7 +326,11 @@ class Receiver:
         return path
 
     def _partial_metas(self) -> List[Tuple[str, Dict[str, Any]]]:
-        """(base path without extension, meta) of every kept cut transfer."""
+        """(base path without extension, meta) of every kept cut transfer.
+
+        Metas are written whole (temp name, then rename), so one that does not parse
+        is damage, not another stream's file being written: it goes.
+        """
         out = []
         directory = os.path.join(self.src, PARTIAL)
         with contextlib.suppress(OSError):
@@ -425,8 +431,10 @@ class Receiver:
             "mtime_ns": entry.get("mtime_ns"),
             "pid": os.getpid(),
         }
-        with _open_new(base + ".json") as fh:
+        tmp = "%s.tmp-%d" % (base, os.getpid())
+        with _open_new(tmp) as fh:
             fh.write(json.dumps(meta).encode("utf-8"))
+        os.replace(tmp, base + ".json")
         return base
 
     # -------------------------------------------------------------- receiving
@@ -441,8 +449,8 @@ class Receiver:
     ) -> None:
         """Store, decrypt and verify one framed file; the job never sees a partial file.
 
-        Encrypted, the ciphertext arrives under ``.remotemac-partial/`` and stays there
-        when the link is cut (resumable; see :meth:`partials`); ``resume`` continues
+        An encrypted file of RESUMABLE bytes or more arrives under ``.remotemac-partial/``
+        and stays there when the link is cut (see :meth:`partials`); ``resume`` continues
         such a one (the frame carries chunks ``resume["chunks"]`` on). Plaintext only
         ever goes to a hidden part file in RAM, renamed into place once verified.
         """
@@ -460,9 +468,10 @@ class Receiver:
             plain_part = os.path.join(
                 os.path.dirname(plain), ".%s.part-%d" % (os.path.basename(plain), os.getpid())
             )
+        if plain is not None and (resume is not None or length >= RESUMABLE):
             base = self._claim_partial(rel, entry, resume)
             part, meta = base + ".rmenc", base + ".json"
-        else:
+        else:  # small or public: a cut resends it whole (keeping it costs two more files)
             part = "%s.part-%d" % (stored, os.getpid())
         keep_partial = False
         try:
@@ -503,7 +512,7 @@ class Receiver:
                 rec["mtime_ns"] = st.st_mtime_ns
         except (EOFError, OSError) as exc:
             # a cut link: the stored ciphertext stays for the next session to resume
-            keep_partial = self.encrypted and (keep_partial or isinstance(exc, EOFError))
+            keep_partial = bool(meta) and (keep_partial or isinstance(exc, EOFError))
             _unlink(plain_part or "", *(() if keep_partial else (part, meta or "")))
             raise
         except BaseException:

@@ -506,7 +506,7 @@ class _Session:
                 if sent[i]:
                     with contextlib.suppress(BrokenPipeError, ConnectionResetError):
                         await procs[i].write(_frame("D", 0, 0))
-                await self._final(readers[i], queues[i])
+            await _all([self._final(readers[i], queues[i]) for i in range(1, len(procs))])
             if all(sent):
                 final = json.dumps(
                     [{"path": f.path, "size": f.size, "sha256": f.sha256} for f in self.files]
@@ -535,16 +535,20 @@ class _Session:
     ) -> None:
         """Open up to ``count`` more receivers; the host refusing a channel just means fewer."""
         line = json.dumps(dict(hello, worker=True)).encode() + b"\n"
-        for _ in range(count):
+
+        async def one() -> bool:
             try:
                 proc = await self.transport.open_process(argv)
             except TransientHostError:
                 raise
             except HostError:
-                return  # MaxSessions reached: go on with the channels we have
+                return False  # MaxSessions reached: go on with the channels we have
             procs.append(proc)
             await proc.write(line)
             await self._answer(proc, "start")
+            return True
+
+        await _all([one() for _ in range(count)])  # together: each costs round trips
 
     def _plan(self, known: dict[int, str], partial: dict[int, dict[str, Any]]) -> list[_Job]:
         """Every file that may need sending, with what the host holds of it."""
@@ -701,9 +705,11 @@ class _Session:
         raise HostError(f"{error} (phase sync, at {what})")
 
 
-async def _all(coros: list[Awaitable[bool]]) -> list[bool]:
+async def _all(coros: list[Awaitable[Any]]) -> list[Any]:
     """Run the streams together; the first failure cancels the others and is raised."""
     tasks = [asyncio.ensure_future(c) for c in coros]
+    if not tasks:
+        return []
     try:
         await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
         for task in tasks:
