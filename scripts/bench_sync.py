@@ -293,8 +293,9 @@ async def cold_round(
 async def resume_figure(bench: Bench, tmp: Path, size: int, args: Any) -> None:
     """One ``size`` file through the far link, cut when half of it has been forwarded."""
     data = tmp / "resume"
-    paths = make_shape(data, "B", size)[:1]
-    one = (data / paths[0]).stat().st_size
+    paths, write = _writer(data, random.Random(2))
+    write("train.bin", size)
+    one = size
     proxy = ProxyProcess(
         bench.server.host, bench.server.port, rtt=args.rtt, rate=args.rate, cut_after=one // 2
     ).start()
@@ -330,7 +331,7 @@ async def main() -> int:
         "--resume-size", type=parse_size, default=None, help="file cut at 50 %% (--size)"
     )
     parser.add_argument(
-        "--scp-cap", type=float, default=3.0, help="stop scp at this many times the best (3)"
+        "--scp-cap", type=float, default=2.0, help="stop scp at this many times the best (2)"
     )
     parser.add_argument("--changed", type=float, default=0.01, help="re-sync: share changed")
     args = parser.parse_args()
