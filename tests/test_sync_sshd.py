@@ -458,7 +458,9 @@ async def test_cut_partial_is_invisible_and_a_changed_file_starts_afresh(
     size = 32 << 20
     data = tmp_path / "data"
     data.mkdir()
-    (data / "train.bin").write_bytes(os.urandom(size))
+    (data / "train.bin").write_bytes(
+        os.urandom(size // 4) + SENTINEL + os.urandom(size - size // 4 - len(SENTINEL))
+    )
     proxy = fault_proxy(sshd)
     host = await host_factory(sshd, proxy)
     proxy.throttle(20_000_000)
@@ -476,6 +478,9 @@ async def test_cut_partial_is_invisible_and_a_changed_file_starts_afresh(
             await asyncio.sleep(0.05)
         kept = _partials(host)
         assert len(kept) == 2 and {Path(k).suffix for k in kept} == {".rmenc", ".json"}
+        part_dir = Path(host.run_dir) / "data" / ".remotemac-partial"
+        assert grep_tree(part_dir, SENTINEL) == []  # kept as ciphertext (the sentinel was sent)
+        assert os.path.getsize(next(part_dir.glob("*.rmenc"))) > size // 3
         ram = Path(f"/dev/shm/remotemac-{host.run_id}")
         assert [p for p in files_under(ram) if "train" in p.name] == []  # no plaintext part
         (data / "train.bin").write_bytes(os.urandom(size))
@@ -526,3 +531,27 @@ async def test_long_round_trip_opens_more_streams(sshd, fault_proxy, host_factor
         await host.transport.close()
     assert stats.rtt_ms is not None and stats.rtt_ms >= 70
     assert stats.streams == 5 and answer["mismatches"] == []
+
+
+@pytest.mark.asyncio
+async def test_cut_during_several_streams_resumes_each_big_file(
+    sshd, fault_proxy, host_factory, tmp_path
+):
+    """Three streams, three big files cut mid-way: the next attempt continues each one
+    (on whichever channel takes it), and everything verifies."""
+    data = make_slice(tmp_path / "data", small=6, small_size=50_000, big=3, big_size=12 << 20)
+    proxy = fault_proxy(sshd)
+    host = await host_factory(sshd, proxy)
+    proxy.latency(0.02)  # 40 ms RTT: three streams
+    proxy.throttle(20_000_000)
+    proxy.cut_after(20 << 20)
+    try:
+        manifest, answer, stats = await host.sync(data, os.urandom(32))
+    finally:
+        await host.transport.close()
+    assert stats.attempts == 2 and stats.streams == 3, stats
+    assert stats.resumed_files >= 2 and stats.resumed_bytes >= 10 << 20
+    assert answer["mismatches"] == [] and _partials(host) == []
+    for entry in manifest.entries:
+        held = (Path(answer["data_dir"]) / entry.path).read_bytes()
+        assert hashlib.sha256(held).hexdigest() == entry.sha256

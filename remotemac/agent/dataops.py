@@ -1,7 +1,7 @@
 """Host side of the dataset: receive the streamed slice, verify it, decrypt it into RAM.
 
 Why a stream and not file copies: the laptop hashes, encrypts and sends while this
-process, on the other end of one SSH channel, stores the ciphertext (the slice
+process, on the other end of an SSH channel (one of several on a far link), stores the ciphertext (the slice
 rests encrypted in ``<run>/data``), decrypts it into RAM-backed storage and checks
 each file's SHA-256, so every stage overlaps and nothing is read twice.
 
@@ -10,23 +10,37 @@ each file's SHA-256, so every stage overlaps and nothing is read twice.
 1. laptop → one JSON line: ``{"run_dir", "run_id", "src", "encrypted", "key_hex"
    (only when encrypted; the key never touches disk, argv or the environment),
    "runtime_dir" (only when encrypted: the agent runtime to decrypt with),
-   "ram_bytes", "entries": [{"path", "size", "sha256" or null}]}``;
-2. host → one JSON line: ``{"ok": true, "known": [[index, sha256], ...], "ram"}``:
-   the entries it already holds complete and verified (the record
+   "ram_bytes", "entries": [{"path", "size", "sha256" or null, "mtime_ns"}],
+   "worker" (true on the extra channels of a multi-stream sync)}``;
+2. host → one JSON line: ``{"ok": true, "known": [[index, sha256], ...], "partial":
+   [[index, {...}], ...], "ram"}`` (a worker answers ``{"ok": true, "ram"}``):
+   ``known`` are the entries it already holds complete and verified (the record
    ``<src>/.verified.jsonl`` is keyed by relative path and plaintext SHA-256,
    because every encryption uses a fresh salt and so gives different ciphertext);
-3. laptop → frames ``b"F" index:u32 length:u64`` + ``length`` bytes (ciphertext,
-   or plaintext for public data) + the 32-byte SHA-256 of the plaintext; the host
-   answers ``{"ack": index}`` once the file is stored, decrypted and verified;
-4. laptop → ``b"E" 0:u32 length:u64`` + the final manifest as JSON; the host
-   checks every entry against its record (re-decrypting from the stored
-   ciphertext what is missing from RAM, e.g. after a reboot), removes files that
-   left the slice, and answers ``{"ok": true, "result": {...}}``.
+   ``partial`` the cut transfers it kept (``.remotemac-partial/``, ciphertext only,
+   files of RESUMABLE bytes or more): ``{"partial", "chunks", "offset",
+   "prefix_sha256", "header", "size", "mtime_ns"}``, ``chunks`` being the whole
+   chunks that authenticate and ``offset`` their plaintext length;
+3. laptop → ``b"P" 0 0`` (optional, any number): the host answers ``{"ok": true,
+   "pong": true}`` (the laptop sizes its streams by this round trip);
+4. laptop → frames ``b"F" index:u32 length:u64`` + ``length`` bytes (ciphertext,
+   or plaintext for public data) + the 32-byte SHA-256 of the plaintext, or
+   ``b"R" index:u32 length:u64`` + ``meta_len:u32`` + ``{"partial", "chunks",
+   "prefix_sha256"}`` + the ciphertext from chunk ``chunks`` on + the SHA-256 (the
+   host decrypts the kept prefix again, checks its hash, continues after it); the
+   host answers ``{"ack": index}`` once the file is stored, decrypted and verified;
+5. a worker gets ``b"D" 0 0`` and answers ``{"ok": true, "result": {"received"}}``;
+   the first channel, once every worker is done, ``b"E" 0:u32 length:u64`` + the
+   final manifest as JSON: the host checks every entry against its record
+   (re-decrypting from the stored ciphertext what is missing from RAM, e.g. after a
+   reboot), removes files that left the slice and kept cut transfers, and answers
+   ``{"ok": true, "result": {...}}``.
 
 Any failure is one line ``{"ok": false, "error", "code"}`` (code ``integrity``
 for checksum or decryption failures, ``ram`` when no RAM store could be made).
-A cut link leaves only ``.part-<pid>`` files, removed on the way out; a re-run
-skips every file already acknowledged.
+A cut link leaves ``.part-<pid>`` files (removed on the way out, or by the next
+finish once that process is gone) and, for large files, the kept ciphertext; a
+re-run skips every file already acknowledged and resumes the kept ones.
 
 ``op_prepare_data`` (through hostagent.py) is the full check: it decrypts every
 file from its stored ciphertext again and compares it to the manifest.

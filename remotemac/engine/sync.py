@@ -1,17 +1,24 @@
-"""Sync: choose the dataset slice, then hash, encrypt and send it in one pipelined stream.
+"""Sync: choose the dataset slice, then hash, encrypt and send it in pipelined streams.
 
-Why one stream: each file is read once; while it is read it is hashed and sealed
+Why a stream: each file is read once; while it is read it is hashed and sealed
 (streamcrypt's chunked AEAD) in a worker thread, the event loop writes the sealed
-chunks into one SSH channel, and on the host ``agent/dataops.py sync`` stores the
+chunks into an SSH channel, and on the host ``agent/dataops.py sync`` stores the
 ciphertext, decrypts it into RAM-backed storage and checks the SHA-256, all at
 the same time. A bounded queue between the stages keeps memory flat (a few MiB in
-flight whatever the slice size).
+flight per stream whatever the slice size).
+
+Why several streams on a far link: sshd gives each channel a 2 MiB window, so one
+channel carries at most WINDOW_BYTES per round trip (~25 MB/s at 80 ms). The first
+channel pings the agent; :func:`choose_streams` turns that round trip into a number
+of channels, which take files from one shared queue, largest first.
 
 Why it resumes and is incremental: the host acknowledges each file once it is
 verified and keeps a record keyed by (relative path, plaintext SHA-256); a later
 sync (after a cut link, a Ctrl-C, or with a slightly changed slice) asks first and
-sends only what the host does not hold. The journal's hash cache means unchanged
-local files are not even read. A dropped link inside one sync is retried at once.
+sends only what the host does not hold. A large file cut mid-way continues after
+its last chunk that authenticated on the host (see :func:`_resume_point` for why
+that is safe). The journal's hash cache means unchanged local files are not even
+read. A dropped link inside one sync is retried at once.
 
 The data key reaches the agent inside the stream (stdin), never in argv, the
 environment or a file on the host.
@@ -198,7 +205,9 @@ async def sync_host(
         "selection": [
             {"path": f.path, "size": f.size, "reason": f.reason} for f in selection.files
         ],
-        "summary": f"{stats.sent_files} sent, {stats.skipped_files} already on the host",
+        "summary": f"{stats.sent_files} sent, {stats.skipped_files} already on the host"
+        + (f", {stats.resumed_files} resumed mid-file" if stats.resumed_files else "")
+        + (f", {stats.streams} streams" if stats.streams > 1 else ""),
         "runtime": {k: runtime.get(k) for k in ("dir", "reused", "method", "cryptography")}
         if runtime
         else None,
