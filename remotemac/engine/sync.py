@@ -476,7 +476,9 @@ class _Session:
         self.stats.skipped_files = len(skipped)
         self.stats.skipped_bytes = sum(f.size for f in skipped)
         if plan:
-            if self.streams is None:
+            if self.streams is None and choose_streams(1.0, todo_bytes, len(plan)) == 1:
+                wanted = 1  # one stream even on a 1 s round trip: no ping
+            elif self.streams is None:
                 rtt = await self._rtt(main)
                 self.stats.rtt_ms = round(rtt * 1000, 2)
                 wanted = choose_streams(rtt, todo_bytes, len(plan))
