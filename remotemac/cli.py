@@ -47,7 +47,7 @@ class Settings:
     reconnect_deadline: float | None = None
 
     def ssh_options(self):
-        from remotemac.engine.hosts import SSHOptions
+        from remotemac.transport.options import SSHOptions
 
         return SSHOptions(
             ssh_config=self.ssh_config,

@@ -32,6 +32,7 @@ from remotemac.errors import BadInput
 from remotemac.hostspec import split_spec
 from remotemac.termsafe import escape_controls
 from remotemac.units import parse_duration, parse_size
+from remotemac.userfiles import read_user_file, yaml_error_where
 
 PLACEHOLDERS = ("device", "data_dir", "output_dir")
 SYSTEM_DIRS = {
@@ -543,12 +544,7 @@ def load_playbook(
 ) -> Playbook:
     """Read, parse and validate a playbook file. Raises PlaybookErrors (exit 2)."""
     file = Path(path)
-    try:
-        text = file.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise BadInput(f"{file}: no such playbook") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise BadInput(f"{file}: cannot read playbook: {exc}") from None
+    text = read_user_file(file, "playbook")
     return parse_playbook(text, str(file), overrides=overrides, source=file)
 
 
@@ -595,8 +591,7 @@ def parse_playbook(
     except RecursionError:
         raise PlaybookErrors([f"{filename}:1:1: bad YAML: nested too deeply"]) from None
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{filename}:{mark.line + 1}:{mark.column + 1}" if mark else filename
+        where = yaml_error_where(exc, filename)
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise PlaybookErrors([f"{where}: bad YAML: {problem}"]) from None
     if not isinstance(data, dict):

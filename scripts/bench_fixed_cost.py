@@ -132,9 +132,10 @@ async def call_round_trip(
 ) -> tuple[float, float]:
     """Median and p90 of ``ping`` through the resident agent (ms)."""
     from remotemac.engine.agentclient import AgentClient
+    from remotemac.transport.options import SSHOptions
     from remotemac.transport.ssh import SSHTransport
 
-    async with SSHTransport(alias, home_dir=home, ssh_config=config) as t:
+    async with SSHTransport(alias, home_dir=home, options=SSHOptions(ssh_config=config)) as t:
         agent = AgentClient(t, str(root), python=python)
         await agent.call("ping")
         times = []

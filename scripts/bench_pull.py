@@ -42,6 +42,7 @@ sys.path.insert(0, str(ROOT))
 
 from remotemac.engine.agentclient import AgentClient  # noqa: E402
 from remotemac.engine.pull import PART, pull_dir  # noqa: E402
+from remotemac.transport.options import SSHOptions  # noqa: E402
 from remotemac.transport.ssh import SSHTransport  # noqa: E402
 from scripts.bench_sync import CIPHER, parse_size, peak_rss_mib, reset_peak_rss  # noqa: E402
 from tests.harness.faultproxy import ProxyProcess  # noqa: E402
@@ -102,7 +103,7 @@ class Bench:
 
     def transport(self, link: str) -> SSHTransport:
         cfg, alias = self.links[link]
-        return SSHTransport(alias, home_dir=self.home, ssh_config=cfg)
+        return SSHTransport(alias, home_dir=self.home, options=SSHOptions(ssh_config=cfg))
 
     async def install_agent(self) -> None:
         async with self.transport("loopback") as t:

@@ -1,22 +1,26 @@
-"""Benchmark: remotemac's encrypted dataset sync against scp and rsync, in one run.
+"""Benchmark: remotemac's encrypted dataset push against scp and rsync, near and far.
 
-Everything goes to the same loopback sshd of tests/harness (the machine plays both
-laptop and host, so the two ends share its cores):
+Everything goes to the loopback sshd of tests/harness (the machine plays both laptop
+and host, so the two ends share its cores), straight ("loopback") and through the
+fault proxy emulating a far link ("far": by default 80 ms RTT, 100 MB/s, the proxy in
+its own process so it shares no GIL with the orchestrator):
 
-1. cold sync of a slice (many small files and a few large ones): remotemac
-   (hash + encrypt + send + store + decrypt into /dev/shm + verify) against
-   ``scp -c aes128-gcm@openssh.com -r`` and ``rsync -a -e 'ssh -c aes128-gcm…'``
-   of the same plaintext (which neither encrypt at rest nor verify);
-2. re-sync after 1% of the files changed, against rsync's re-sync;
-3. a cold sync through the fault proxy throttled to 20 MB/s, against that link rate;
-4. the orchestrator's peak RSS (VmHWM, reset before each measurement) for each,
-   and optionally for a separate, larger slice (``--rss-size 2GiB``).
+1. cold sync of shape A (``--size`` bytes in 16–256 KiB files) and shape B (three
+   large files): remotemac (hash + encrypt + send + store + decrypt into /dev/shm +
+   verify, over as many channels as the measured round trip calls for) against
+   ``scp -c aes128-gcm@openssh.com -r`` and ``rsync -a -e 'ssh -c aes128-gcm…'`` of
+   the same plaintext (which neither encrypt at rest nor verify). scp is stopped at
+   ``--scp-cap`` times the best time (thousands of files over a far link wait a round
+   trip each): its figure is then a bound. ``--repeat N`` rounds, medians printed;
+2. a re-sync of shape A after 1 % of the files changed, against rsync's (loopback);
+3. push resume: one file of ``--resume-size`` through the far link, cut once half of
+   it has been forwarded; the bytes the second attempt sent, as a share of the file;
+4. the orchestrator's peak RSS (VmHWM, reset before each sync) over all of them.
 
 Every remotemac timing includes a fresh SSH connection, like scp's and rsync's.
 
-    python scripts/bench_sync.py                       # 1 GiB slice, 200 MiB throttled
-    python scripts/bench_sync.py --rss-size 2GiB
-    python scripts/bench_sync.py --size 128MiB --throttle-size 32MiB   # quick look
+    python scripts/bench_sync.py --repeat 5                   # 1 GiB shapes, 80 ms, 100 MB/s
+    python scripts/bench_sync.py --size 64MiB --links loopback  # quick look
 """
 
 from __future__ import annotations
@@ -28,11 +32,15 @@ import random
 import re
 import resource
 import shutil
+import signal
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -40,13 +48,18 @@ sys.path.insert(0, str(ROOT))
 from remotemac.data.manifest import MemoryHashCache  # noqa: E402
 from remotemac.engine.agentclient import AgentClient  # noqa: E402
 from remotemac.engine.runtime import ensure_runtime  # noqa: E402
-from remotemac.engine.sync import sync_slice  # noqa: E402
+from remotemac.engine.sync import SyncStats, sync_slice  # noqa: E402
+from remotemac.transport.options import SSHOptions  # noqa: E402
 from remotemac.transport.ssh import SSHTransport  # noqa: E402
-from tests.harness.faultproxy import FaultProxy  # noqa: E402
+from tests.harness.faultproxy import ProxyProcess  # noqa: E402
 from tests.harness.sshd import SSHD  # noqa: E402
 
 CIPHER = "aes128-gcm@openssh.com"
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+SHAPES = {
+    "A": "many 16–256 KiB files",
+    "B": "three large files",
+}
 
 
 def parse_size(text: str) -> int:
@@ -56,11 +69,10 @@ def parse_size(text: str) -> int:
     return int(match[1]) * _UNITS[match[2]]
 
 
-def make_slice(root: Path, size: int, small_share: float = 0.3, big_files: int = 3) -> list[str]:
-    """Incompressible files: ``small_share`` of the bytes in 16–256 KiB files, the rest large."""
-    rng = random.Random(0)
+def _writer(root: Path, rng: random.Random) -> tuple[list[str], Any]:
+    """Incompressible bytes cut from one random block (writing 1 GiB of urandom is slow)."""
     block = os.urandom(8 << 20)
-    paths = []
+    paths: list[str] = []
 
     def write(rel: str, n: int) -> None:
         path = root / rel
@@ -74,16 +86,23 @@ def make_slice(root: Path, size: int, small_share: float = 0.3, big_files: int =
                 left -= len(piece)
         paths.append(rel)
 
-    small_left = int(size * small_share)
-    i = 0
-    while small_left > 0:
-        n = min(small_left, rng.randrange(16 << 10, 256 << 10))
-        write(f"shards/{i // 500:03d}/s{i:05d}.bin", n)
-        small_left -= n
-        i += 1
-    big_left = size - int(size * small_share)
-    for j in range(big_files):
-        write(f"big/b{j}.bin", big_left // big_files + (big_left % big_files if j == 0 else 0))
+    return paths, write
+
+
+def make_shape(root: Path, shape: str, size: int) -> list[str]:
+    """Shape A: ``size`` bytes in 16–256 KiB files; shape B: three files of size/3."""
+    rng = random.Random(0)
+    paths, write = _writer(root, rng)
+    if shape == "A":
+        left, i = size, 0
+        while left > 0:
+            n = min(left, rng.randrange(16 << 10, 256 << 10))
+            write(f"shards/{i // 500:03d}/s{i:05d}.bin", n)
+            left -= n
+            i += 1
+    else:
+        for j in range(3):
+            write(f"big/b{j}.bin", size // 3 + (size % 3 if j == 0 else 0))
     return sorted(paths)
 
 
@@ -107,6 +126,15 @@ def peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+@dataclass
+class Link:
+    """How the laptop reaches the host: straight (loopback) or through the far-link proxy."""
+
+    name: str
+    cfg: Path
+    alias: str
+
+
 class Bench:
     def __init__(self, tmp: Path, server: SSHD) -> None:
         self.tmp, self.server = tmp, server
@@ -115,69 +143,74 @@ class Bench:
         server.write_known_hosts(self.home / "known_hosts")
         self.user_kh = server.write_known_hosts(tmp / "user_known_hosts")
         self.cfg = server.write_ssh_config(tmp / "ssh_config", "bench", known_hosts=self.user_kh)
+        self.loopback = Link("loopback", self.cfg, "bench")
         self.host_root = server.home / "host-root"  # the lab host's user writes here
         self.runtime_dir = ""
         self.caches: dict[str, MemoryHashCache] = {}
         self.keys: dict[str, bytes] = {}
         self.run_dirs: dict[str, str] = {}
+        self.peak_rss = 0.0
 
-    def proxied(self, proxy: FaultProxy) -> tuple[Path, str]:
+    def proxied(self, port: int, name: str) -> Link:
         for kh in (self.home / "known_hosts", self.user_kh):
             with open(kh, "a") as fh:
-                fh.write(self.server.known_hosts_line(f"[{self.server.host}]:{proxy.port}"))
+                fh.write(self.server.known_hosts_line(f"[{self.server.host}]:{port}"))
+        alias = f"bench{port}"
         cfg = self.server.write_ssh_config(
-            self.tmp / "ssh_config_proxy", "benchproxy", known_hosts=self.user_kh, port=proxy.port
+            self.tmp / f"ssh_config_{port}", alias, known_hosts=self.user_kh, port=port
         )
-        return cfg, "benchproxy"
+        return Link(name, cfg, alias)
+
+    async def prepare(self, run_id: str) -> None:
+        """The provision phase's job (a run dir, the agent runtime): not timed."""
+        if run_id in self.run_dirs:
+            return
+        options = SSHOptions(ssh_config=self.cfg)
+        async with SSHTransport("bench", home_dir=self.home, options=options) as t:
+            agent = AgentClient(t, str(self.host_root))
+            run = await agent.call("prepare_run", {"root": str(self.host_root), "run_id": run_id})
+            self.run_dirs[run_id] = run["run_dir"]
+            if not self.runtime_dir:  # the host's python3 decrypts with its runtime
+                self.runtime_dir = (await ensure_runtime(agent, home=None, method="online"))["dir"]
 
     async def sync(
-        self,
-        data: Path,
-        paths: list[str],
-        run_id: str,
-        cfg: Path | None = None,
-        alias: str = "bench",
-    ) -> tuple[float, float, dict]:
-        """(seconds including a fresh connection, peak RSS MiB, stats) of one remotemac sync."""
+        self, data: Path, paths: list[str], run_id: str, link: Link, max_attempts: int = 4
+    ) -> tuple[float, SyncStats]:
+        """(seconds including a fresh connection, stats) of one remotemac sync."""
+        await self.prepare(run_id)
         cache = self.caches.setdefault(run_id, MemoryHashCache())
         key = self.keys.setdefault(run_id, os.urandom(32))
-        if run_id not in self.run_dirs:  # the provision phase's job, not timed
-            async with SSHTransport("bench", home_dir=self.home, ssh_config=self.cfg) as t:
-                agent = AgentClient(t, str(self.host_root))
-                run = await agent.call(
-                    "prepare_run", {"root": str(self.host_root), "run_id": run_id}
-                )
-                self.run_dirs[run_id] = run["run_dir"]
-                if not self.runtime_dir:  # the host's python3 decrypts with its runtime
-                    self.runtime_dir = (await ensure_runtime(agent, home=None, method="online"))[
-                        "dir"
-                    ]
-        transport = SSHTransport(alias, home_dir=self.home, ssh_config=cfg or self.cfg)
+        options = SSHOptions(ssh_config=link.cfg, reconnect_deadline=60)
+        transport = SSHTransport(link.alias, home_dir=self.home, options=options)
+        stats = SyncStats()
         reset_peak_rss()
         start = time.perf_counter()
         async with transport:
             agent = AgentClient(transport, str(self.host_root))
-            run = {"run_dir": self.run_dirs[run_id]}
             _, answer, stats = await sync_slice(
                 transport,
                 agent,
                 root=data,
                 paths=paths,
-                run_dir=run["run_dir"],
+                run_dir=self.run_dirs[run_id],
                 run_id=run_id,
                 key=key,
                 runtime_dir=self.runtime_dir,
                 cache=cache,
+                stats=stats,
+                max_attempts=max_attempts,
             )
         seconds = time.perf_counter() - start
+        self.peak_rss = max(self.peak_rss, peak_rss_mib())
         if answer["mismatches"]:
             raise SystemExit(f"sync verification failed: {answer['mismatches'][:1]}")
-        return seconds, peak_rss_mib(), stats.to_dict()
+        return seconds, stats
 
     def drop_run(self, run_id: str) -> None:
         shutil.rmtree(f"/dev/shm/remotemac-{run_id}", ignore_errors=True)
         shutil.rmtree(self.host_root / "runs" / run_id, ignore_errors=True)
         self.run_dirs.pop(run_id, None)
+        self.caches.pop(run_id, None)
 
     def host_dir(self, dest: Path) -> None:
         """A destination dir the host's (lab) user owns, as scp/rsync write as that user."""
@@ -185,22 +218,29 @@ class Bench:
         owner = self.server.home.stat()
         os.chown(dest, owner.st_uid, owner.st_gid)
 
-    def scp(self, data: Path, dest: Path) -> float:
+    def copy(self, tool: str, data: Path, link: Link, cap: float | None) -> float | None:
+        """Seconds for ``scp -r`` or ``rsync -a`` of ``data``; None when stopped at ``cap``."""
+        dest = self.server.home / f"{tool}-dest"
+        shutil.rmtree(dest, ignore_errors=True)
         self.host_dir(dest)
+        if tool == "scp":
+            argv = ["scp", "-q", "-r", "-F", str(link.cfg), "-c", CIPHER]
+            argv += [str(data), f"{link.alias}:{dest}/"]
+        else:
+            argv = ["rsync", "-a", "-e", f"ssh -F {link.cfg} -c {CIPHER}"]
+            argv += [f"{data}/", f"{link.alias}:{dest}/"]
         start = time.perf_counter()
-        subprocess.run(
-            ["scp", "-q", "-r", "-F", str(self.cfg), "-c", CIPHER, str(data), f"bench:{dest}/"],
-            check=True,
-        )
-        return time.perf_counter() - start
-
-    def rsync(self, data: Path, dest: Path) -> float:
-        self.host_dir(dest)
-        start = time.perf_counter()
-        subprocess.run(
-            ["rsync", "-a", "-e", f"ssh -F {self.cfg} -c {CIPHER}", f"{data}/", f"bench:{dest}/"],
-            check=True,
-        )
+        proc = subprocess.Popen(argv, start_new_session=True)
+        try:
+            proc.wait(timeout=cap)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait()
+            return None
+        finally:
+            shutil.rmtree(dest, ignore_errors=True)
+        if proc.returncode:
+            raise SystemExit(f"{tool} failed ({proc.returncode})")
         return time.perf_counter() - start
 
 
@@ -216,138 +256,167 @@ def change_files(data: Path, paths: list[str], share: float) -> list[str]:
     return chosen
 
 
-def fmt(seconds: float, size: int) -> str:
-    return f"{seconds:7.2f} s {size / seconds / 1e6:8.1f} MB/s"
+def rate(size: int, seconds: float | None) -> str:
+    return "stopped" if seconds is None else f"{size / seconds / 1e6:6.1f} MB/s"
+
+
+async def cold_round(
+    bench: Bench,
+    link: Link,
+    shape: str,
+    data: Path,
+    paths: list[str],
+    size: int,
+    args: Any,
+    tag: str,
+) -> dict[str, Any]:
+    """One cold sync of a shape over a link, then scp and rsync of the same bytes."""
+    run_id = f"bench-{tag}"
+    t_rm, stats = await bench.sync(data, paths, run_id, link)
+    bench.drop_run(run_id)
+    t_rsync = bench.copy("rsync", data, link, None)
+    # scp of thousands of files over a far link waits a round trip per file: stop it
+    # once it is clearly the slower tool (its time is then only a lower bound)
+    cap = max(args.scp_cap * min(t_rm, t_rsync or t_rm), 20.0)
+    t_scp = bench.copy("scp", data, link, cap)
+    faster = min(t for t in (t_scp, t_rsync) if t is not None)
+    row = {"rm": t_rm, "scp": t_scp, "rsync": t_rsync, "ratio": faster / t_rm}
+    print(
+        f"  {link.name:8s} {shape}  remotemac {rate(size, t_rm)} ({stats.streams} streams, "
+        f"rtt {stats.rtt_ms} ms)  scp {rate(size, t_scp)}"
+        + (f" (> {cap:.0f} s)" if t_scp is None else "")
+        + f"  rsync {rate(size, t_rsync)}  ratio to the faster {row['ratio']:.2f}",
+        flush=True,
+    )
+    return row
+
+
+async def resume_figure(bench: Bench, tmp: Path, size: int, args: Any) -> None:
+    """One ``size`` file through the far link, cut when half of it has been forwarded."""
+    data = tmp / "resume"
+    paths, write = _writer(data, random.Random(2))
+    write("train.bin", size)
+    one = size
+    proxy = ProxyProcess(
+        bench.server.host, bench.server.port, rtt=args.rtt, rate=args.rate, cut_after=one // 2
+    ).start()
+    try:
+        link = bench.proxied(proxy.port, "far")
+        seconds, stats = await bench.sync(data, paths, "bench-resume", link)
+    finally:
+        proxy.stop()
+        bench.drop_run("bench-resume")
+        shutil.rmtree(data, ignore_errors=True)
+    again = stats.per_attempt[1] if len(stats.per_attempt) > 1 else None
+    print(
+        f"resume  {one / 2**20:.0f} MiB file cut at 50 % of it forwarded: "
+        + (
+            f"attempt 2 sent {again / 1e6:.1f} MB = {100 * again / one:.1f} % of the file "
+            f"(goal < 55 %); {stats.resumed_bytes / 2**20:.0f} MiB kept; {seconds:.1f} s in all"
+            if again is not None
+            else f"the cut did not land (attempts {stats.attempts})"
+        ),
+        flush=True,
+    )
 
 
 async def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--size", type=parse_size, default=1 << 30, help="slice size (1GiB)")
+    parser.add_argument("--size", type=parse_size, default=1 << 30, help="per shape (1GiB)")
+    parser.add_argument("--rtt", type=float, default=0.08, help="far link round trip (0.08 s)")
+    parser.add_argument("--rate", type=float, default=100e6, help="far link bytes/s (100e6)")
+    parser.add_argument("--repeat", type=int, default=1, help="rounds; medians printed (1)")
+    parser.add_argument("--shapes", default="AB", help="A, B or AB")
+    parser.add_argument("--links", default="loopback,far", help="loopback, far or both")
     parser.add_argument(
-        "--throttle-size",
-        type=parse_size,
-        default=200 << 20,
-        help="slice size for the throttled sync (200MiB)",
+        "--resume-size", type=parse_size, default=None, help="file cut at 50 %% (--size)"
     )
-    parser.add_argument("--rate", type=float, default=20e6, help="throttle, bytes/s (20e6)")
     parser.add_argument(
-        "--rss-size",
-        type=parse_size,
-        default=0,
-        help="also sync a slice this big just to measure peak RSS (e.g. 2GiB)",
+        "--scp-cap", type=float, default=2.0, help="stop scp at this many times the best (2)"
     )
-    parser.add_argument("--changed", type=float, default=0.01, help="share changed (0.01)")
+    parser.add_argument("--changed", type=float, default=0.01, help="re-sync: share changed")
     args = parser.parse_args()
-
+    links = args.links.split(",")
     with tempfile.TemporaryDirectory(prefix="rm-bench-sync-", dir=os.environ.get("TMPDIR")) as t:
         tmp = Path(t)
         server = SSHD(tmp / "sshd").start()
         bench = Bench(tmp, server)
-        data = tmp / "slice"
-        paths = make_slice(data, args.size)
-        size = args.size
-        print(
-            f"slice: {len(paths)} files, {size / 2**20:.0f} MiB "
-            f"({sum(p.startswith('shards/') for p in paths)} small, 3 large); "
-            f"{os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}",
-            flush=True,
-        )
+        proxy = None
+        results: dict[tuple[str, str], list[dict[str, Any]]] = {}
         try:
-            # 1. cold
-            t_rm, rss_cold, st_cold = await bench.sync(data, paths, "bench-cold")
-            dests = server.home
-            t_scp = bench.scp(data, dests / "scp-dest")
-            shutil.rmtree(dests / "scp-dest")
-            t_rsync = bench.rsync(data, dests / "rsync-dest")
-            print(f"cold  remotemac      {fmt(t_rm, size)}  peak RSS {rss_cold:6.1f} MiB")
-            print(f"cold  scp -r         {fmt(t_scp, size)}")
-            print(f"cold  rsync          {fmt(t_rsync, size)}")
-            print(f"      ratio remotemac/scp throughput  : {t_scp / t_rm:.2f}  (goal >= 0.90)")
-            print(f"      ratio remotemac/rsync throughput: {t_rsync / t_rm:.2f}", flush=True)
-            # 2. re-sync with 1% changed
-            changed = change_files(data, paths, args.changed)
-            t_rm2, rss2, st2 = await bench.sync(data, paths, "bench-cold")
-            t_rsync2 = bench.rsync(data, dests / "rsync-dest")
+            shapes = {s: make_shape(tmp / f"shape-{s}", s, args.size) for s in args.shapes}
             print(
-                f"resync ({len(changed)} files changed) remotemac {t_rm2:6.2f} s "
-                f"(sent {st2['sent_files']} files, {st2['sent_bytes'] / 1e6:.1f} MB), "
-                f"rsync {t_rsync2:6.2f} s; speed-up vs rsync {t_rsync2 / t_rm2:.2f}x "
-                f"(goal > 1)  peak RSS {rss2:.1f} MiB",
+                f"{args.size / 2**20:.0f} MiB per shape: "
+                + ", ".join(f"{s} = {len(p)} files ({SHAPES[s]})" for s, p in shapes.items())
+                + f"; far link {args.rtt * 1000:.0f} ms RTT, {args.rate / 1e6:.0f} MB/s "
+                f"(fault proxy in its own process); {os.cpu_count()} cores shared by both "
+                f"ends, load {os.getloadavg()[0]:.1f}",
                 flush=True,
             )
-            # unchanged re-sync, for the record
-            t_rm3, _, st3 = await bench.sync(data, paths, "bench-cold")
-            t_rsync3 = bench.rsync(data, dests / "rsync-dest")
-            print(
-                f"resync (unchanged) remotemac {t_rm3:6.2f} s (sent {st3['sent_bytes']} B), "
-                f"rsync {t_rsync3:6.2f} s",
-                flush=True,
-            )
-            bench.drop_run("bench-cold")
-            shutil.rmtree(dests / "rsync-dest")
-            # 3. throttled
-            sub, acc = [], 0
-            for rel in paths:
-                if acc >= args.throttle_size:
-                    break
-                n = (data / rel).stat().st_size
-                if acc + n <= args.throttle_size * 1.1:
-                    sub.append(rel)
-                    acc += n
-            proxy = FaultProxy(server.host, server.port).start()
-            try:
-                cfg, alias = bench.proxied(proxy)
-                proxy.throttle(args.rate)
-                t_th, rss_th, st_th = await bench.sync(data, sub, "bench-throttled", cfg, alias)
-                # what the throttled link really carries: scp of one 40 MB file through it
-                probe = tmp / "probe.bin"
-                probe.write_bytes(os.urandom(40_000_000))
-                start = time.perf_counter()
-                subprocess.run(
-                    [
-                        "scp",
-                        "-q",
-                        "-F",
-                        str(cfg),
-                        "-c",
-                        CIPHER,
-                        str(probe),
-                        f"{alias}:{dests / 'probe-copy.bin'}",
-                    ],
-                    check=True,
-                )
-                link = probe.stat().st_size / (time.perf_counter() - start)
-            finally:
-                proxy.stop()
-            bench.drop_run("bench-throttled")
-            rate = acc / t_th
-            print(
-                f"throttled {args.rate / 1e6:.0f} MB/s: {len(sub)} files {acc / 2**20:.0f} MiB "
-                f"in {t_th:.2f} s = {rate / 1e6:.1f} MB/s of plaintext; "
-                f"ratio to link {rate / args.rate:.2f} (goal >= 0.90); "
-                f"wire bytes {st_th['sent_bytes'] / 1e6:.1f} MB; peak RSS {rss_th:.1f} MiB",
-                flush=True,
-            )
-            print(
-                f"      scp through the same throttled proxy: {link / 1e6:.1f} MB/s; "
-                f"remotemac/scp there {rate / link:.2f}",
-                flush=True,
-            )
-            shutil.rmtree(data)
-            # 4. a bigger slice for the memory figure
-            if args.rss_size:
-                big = tmp / "rss-slice"
-                big_paths = make_slice(big, args.rss_size)
-                t_big, rss_big, _ = await bench.sync(big, big_paths, "bench-rss")
-                bench.drop_run("bench-rss")
+            targets = []
+            if "loopback" in links:
+                targets.append(bench.loopback)
+            if "far" in links:
+                proxy = ProxyProcess(server.host, server.port, rtt=args.rtt, rate=args.rate)
+                targets.append(bench.proxied(proxy.start().port, "far"))
+            for r in range(args.repeat):
+                print(f"round {r + 1}/{args.repeat} (load {os.getloadavg()[0]:.1f})", flush=True)
+                for link in targets:
+                    for s, paths in shapes.items():
+                        row = await cold_round(
+                            bench, link, s, tmp / f"shape-{s}", paths, args.size, args, f"{s}{r}"
+                        )
+                        results.setdefault((link.name, s), []).append(row)
+            print(f"medians of {args.repeat} (throughput of the same bytes):")
+            for (name, s), rows in results.items():
+
+                def med(key: str, rows: list[dict[str, Any]] = rows) -> float | None:
+                    got = [x[key] for x in rows if x[key] is not None]
+                    return statistics.median(got) if len(got) == len(rows) else None
+
                 print(
-                    f"rss   {args.rss_size / 2**30:.1f} GiB slice ({len(big_paths)} files) "
-                    f"synced in {t_big:.2f} s; orchestrator peak RSS {rss_big:.1f} MiB "
-                    f"(goal < 200 MiB)",
+                    f"  {name:8s} {s}  remotemac {rate(args.size, med('rm'))}  "
+                    f"scp {rate(args.size, med('scp'))}  rsync {rate(args.size, med('rsync'))}  "
+                    f"ratio to the faster {statistics.median(x['ratio'] for x in rows):.2f} "
+                    f"(goal >= 0.90; each: " + ", ".join(f"{x['ratio']:.2f}" for x in rows) + ")",
                     flush=True,
                 )
+            if "A" in shapes and "loopback" in links:
+                data, paths = tmp / "shape-A", shapes["A"]
+                await bench.sync(data, paths, "bench-resync", bench.loopback)
+                changed = change_files(data, paths, args.changed)
+                t_rm, st = await bench.sync(data, paths, "bench-resync", bench.loopback)
+                bench.drop_run("bench-resync")
+                dest = server.home / "rsync-dest"
+                bench.host_dir(dest)
+                link = bench.loopback
+                rs = ["rsync", "-a", "-e", f"ssh -F {link.cfg} -c {CIPHER}", f"{data}/"]
+                subprocess.run(rs + [f"{link.alias}:{dest}/"], check=True)
+                change_files(data, paths, args.changed)
+                start = time.perf_counter()
+                subprocess.run(rs + [f"{link.alias}:{dest}/"], check=True)
+                t_rs = time.perf_counter() - start
+                shutil.rmtree(dest, ignore_errors=True)
+                print(
+                    f"resync  loopback A, {len(changed)} files changed: remotemac {t_rm:.2f} s "
+                    f"({st.sent_files} files sent), rsync {t_rs:.2f} s",
+                    flush=True,
+                )
+            if proxy is not None:
+                proxy.stop()
+                proxy = None
+            for s in list(shapes):
+                shutil.rmtree(tmp / f"shape-{s}", ignore_errors=True)
+            await resume_figure(bench, tmp, args.resume_size or args.size, args)
+            print(
+                f"peak RSS of the orchestrator over every sync: {bench.peak_rss:.1f} MiB "
+                "(goal < 200 MiB)",
+                flush=True,
+            )
         finally:
-            for run_id in ("bench-cold", "bench-throttled", "bench-rss"):
+            if proxy is not None:
+                proxy.stop()
+            for run_id in list(bench.run_dirs):
                 bench.drop_run(run_id)
             server.cleanup()
     return 0

@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from remotemac.transport import ssh as ssh_mod  # noqa: E402
+from remotemac.transport.options import SSHOptions  # noqa: E402
 from remotemac.transport.ssh import SSHTransport  # noqa: E402
 from tests.harness.sshd import SSHD  # noqa: E402
 
@@ -84,7 +85,9 @@ async def main() -> int:
             src = tmp / "payload.bin"
             make_file(src, args.size)
             remote_dir = server.host_dir("remote")  # the lab host's user writes here
-            async with SSHTransport("bench", home_dir=home, ssh_config=cfg) as transport:
+            async with SSHTransport(
+                "bench", home_dir=home, options=SSHOptions(ssh_config=cfg)
+            ) as transport:
                 t_sftp = await sftp_put(transport, src, str(remote_dir / "sftp.bin"))
             if (remote_dir / "sftp.bin").stat().st_size != args.size:
                 raise SystemExit("sftp copy has the wrong size")

@@ -21,6 +21,7 @@ from remotemac.engine.agentclient import AgentClient
 from remotemac.engine.ledger import Ledger
 from remotemac.engine.runtime import ensure_runtime
 from remotemac.engine.sync import sync_slice
+from remotemac.transport.options import SSHOptions
 from remotemac.transport.ssh import SSHTransport
 from tests.test_agent_runtime import make_data
 
@@ -31,7 +32,7 @@ pytestmark = [pytest.mark.timeout(300)]
 @pytest.mark.parametrize("method", ["online", "offline"])
 async def test_encrypted_sync_over_sshd_with_agent_on_bare_python(sshd, ssh_env, tmp_path, method):
     home, cfg, alias = ssh_env(sshd)
-    transport = SSHTransport(alias, home_dir=home, ssh_config=cfg)
+    transport = SSHTransport(alias, home_dir=home, options=SSHOptions(ssh_config=cfg))
     root = sshd.home / "host-root"
     run_id = f"rt-sshd-{method}"
     ledger_path = tmp_path / "ledger.jsonl"

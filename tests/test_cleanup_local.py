@@ -19,7 +19,7 @@ from tests.conftest import remotemac
 from tests.hostlayout import make_run, mark
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "remotemac" / "agent"))
-import cleanupops  # noqa: E402
+import wipeops  # noqa: E402
 
 
 @pytest.fixture
@@ -190,12 +190,12 @@ def test_agent_refuses_unsafe_roots(tmp_path: Path, monkeypatch: pytest.MonkeyPa
         "rel/dir",
         "/a/../etc",
     ):
-        with pytest.raises(cleanupops.UnsafeRoot):
-            cleanupops.check_root(bad)
+        with pytest.raises(wipeops.UnsafeRoot):
+            wipeops.check_root(bad)
     (home / "sneaky").symlink_to("/usr")
-    with pytest.raises(cleanupops.UnsafeRoot):
-        cleanupops.check_root(str(home / "sneaky"))
-    assert cleanupops.check_root("~/remotemac")[0] == str(home / "remotemac")
+    with pytest.raises(wipeops.UnsafeRoot):
+        wipeops.check_root(str(home / "sneaky"))
+    assert wipeops.check_root("~/remotemac")[0] == str(home / "remotemac")
 
 
 def test_remove_item_never_leaves_the_root(tmp_path: Path):
@@ -207,9 +207,9 @@ def test_remove_item_never_leaves_the_root(tmp_path: Path):
     (root / "link").symlink_to(outside)
     real = os.path.realpath(root)
     # through a symlinked parent: refused; the link itself: only the link goes
-    assert cleanupops.remove_item(real, str(root / "link" / "f"), False)["fate"] == "failed"
-    assert cleanupops.remove_item(real, str(outside / "f"), False)["fate"] == "failed"
-    assert cleanupops.remove_item(real, str(root / "link"), False)["fate"] == "removed"
+    assert wipeops.remove_item(real, str(root / "link" / "f"), False)["fate"] == "failed"
+    assert wipeops.remove_item(real, str(outside / "f"), False)["fate"] == "failed"
+    assert wipeops.remove_item(real, str(root / "link"), False)["fate"] == "removed"
     assert (outside / "f").read_text() == "x"
-    assert cleanupops.destroy_ram({"kind": "shm", "path": str(outside)}, [])["fate"] == "failed"
+    assert wipeops.destroy_ram({"kind": "shm", "path": str(outside)}, [])["fate"] == "failed"
     assert (outside / "f").exists()

@@ -52,7 +52,7 @@ def test_beyond_tolerance_names_file_and_tensor(sides):
     out["state_dict"]["2.weight"] = out["state_dict"]["2.weight"] + 1e-2
     torch.save(out, tgt / "model.pt")
 
-    res = compare_outputs(ref, tgt, [CompareRule("model.pt")]).to_dict()
+    res = compare_outputs(ref, tgt, [CompareRule(file="model.pt")]).to_dict()
 
     assert res["within_tolerance"] is False
     (f,) = res["files"]
@@ -76,7 +76,7 @@ def test_within_tolerance_is_ok(sides):
     out["preds"][0] = out["preds"][0] * (1 + 2e-7)
     torch.save(out, tgt / "model.pt")
 
-    res = compare_outputs(ref, tgt, [CompareRule("model.pt")]).to_dict()
+    res = compare_outputs(ref, tgt, [CompareRule(file="model.pt")]).to_dict()
 
     assert res["within_tolerance"] is True
     (f,) = res["files"]
@@ -108,8 +108,8 @@ def test_rule_tolerance_overrides_dtype_default(sides):
     ref, tgt = sides
     torch.save(torch.ones(3), ref / "p.pt")
     torch.save(torch.ones(3) + 1e-3, tgt / "p.pt")
-    loose = compare_outputs(ref, tgt, [CompareRule("p.pt", rtol=1e-2, atol=0.0)]).to_dict()
-    strict = compare_outputs(ref, tgt, [CompareRule("p.pt")]).to_dict()
+    loose = compare_outputs(ref, tgt, [CompareRule(file="p.pt", rtol=1e-2, atol=0.0)]).to_dict()
+    strict = compare_outputs(ref, tgt, [CompareRule(file="p.pt")]).to_dict()
     assert loose["within_tolerance"] is True
     assert loose["files"][0]["rtol"] == 1e-2
     assert strict["within_tolerance"] is False
@@ -128,7 +128,7 @@ def test_default_tolerances_follow_pytorch_mps_tests(sides):
         name = str(dtype).replace("torch.", "")
         torch.save(base.to(dtype), ref / f"{name}.pt")
         torch.save((base + diff).to(dtype), tgt / f"{name}.pt")
-    res = compare_outputs(ref, tgt, [CompareRule("*.pt")]).to_dict()
+    res = compare_outputs(ref, tgt, [CompareRule(file="*.pt")]).to_dict()
     ok = {f["path"]: f["ok"] for f in res["files"]}
     assert ok == {"bfloat16.pt": True, "float16.pt": True, "float32.pt": False}
     assert _by_key(res["files"][0])["(root)"]["dtype"] == "bfloat16"
@@ -138,7 +138,7 @@ def test_dtype_and_shape_mismatch(sides):
     ref, tgt = sides
     torch.save({"a": torch.zeros(2, 3), "b": torch.zeros(2, 3)}, ref / "x.pt")
     torch.save({"a": torch.zeros(2, 3, dtype=torch.float16), "b": torch.zeros(3, 2)}, tgt / "x.pt")
-    res = compare_outputs(ref, tgt, [CompareRule("x.pt")]).to_dict()
+    res = compare_outputs(ref, tgt, [CompareRule(file="x.pt")]).to_dict()
     t = _by_key(res["files"][0])
     assert t["a"]["ok"] is False and "dtype float16 vs reference float32" in t["a"]["detail"]
     assert t["b"]["ok"] is False and "shape [3, 2] vs reference [2, 3]" in t["b"]["detail"]
@@ -149,7 +149,7 @@ def test_structure_mismatch_missing_and_extra_keys(sides):
     ref, tgt = sides
     torch.save({"a": torch.zeros(2), "b": torch.zeros(2)}, ref / "x.pt")
     torch.save({"a": torch.zeros(2), "c": torch.zeros(2)}, tgt / "x.pt")
-    t = _by_key(compare_outputs(ref, tgt, [CompareRule("x.pt")]).to_dict()["files"][0])
+    t = _by_key(compare_outputs(ref, tgt, [CompareRule(file="x.pt")]).to_dict()["files"][0])
     assert t["a"]["ok"] is True
     assert (t["b"]["ok"], t["b"]["detail"]) == (False, "missing in target")
     assert (t["c"]["ok"], t["c"]["detail"]) == (False, "not in reference")
@@ -163,7 +163,7 @@ def test_npz_names_the_array(sides):
     bad = labels.copy()
     bad[2] = 7
     np.savez(tgt / "out.npz", logits=logits, labels=bad)
-    res = compare_outputs(ref, tgt, [CompareRule("*.npz")]).to_dict()
+    res = compare_outputs(ref, tgt, [CompareRule(file="*.npz")]).to_dict()
     t = _by_key(res["files"][0])
     assert t["logits"]["ok"] is True and t["logits"]["max_abs_err"] == 0.0
     assert t["labels"]["ok"] is False  # integers are compared exactly
@@ -183,7 +183,7 @@ def test_json_numbers_at_any_depth(sides):
     doc["metrics"]["per_class"][1][0] = 0.125 + 1e-9
     doc["model"] = "tiny2"
     (tgt / "metrics.json").write_text(json.dumps(doc))
-    res = compare_outputs(ref, tgt, [CompareRule("metrics.json", rtol=1e-4, atol=1e-5)])
+    res = compare_outputs(ref, tgt, [CompareRule(file="metrics.json", rtol=1e-4, atol=1e-5)])
     t = _by_key(res.to_dict()["files"][0])
     assert t["history[1].acc"]["ok"] is False
     assert t["history[1].acc"]["max_abs_err"] == pytest.approx(0.01)
@@ -197,13 +197,13 @@ def test_csv_numeric_and_text_cells(sides):
     ref, tgt = sides
     (ref / "log.csv").write_text("step,loss,split\n1,0.5,train\n2,0.25,train\n3,0.125,val\n")
     (tgt / "log.csv").write_text("step,loss,split\n1,0.5,train\n2,0.3,train\n3,0.125,test\n")
-    res = compare_outputs(ref, tgt, [CompareRule("log.csv", rtol=1e-4, atol=1e-5)]).to_dict()
+    res = compare_outputs(ref, tgt, [CompareRule(file="log.csv", rtol=1e-4, atol=1e-5)]).to_dict()
     t = _by_key(res["files"][0])
     assert t["step"]["ok"] is True and t["step"]["shape"] == [3]
     assert t["loss"]["ok"] is False and t["loss"]["max_abs_err"] == pytest.approx(0.05)
     assert t["split"]["ok"] is False and "row 2: 'test' vs reference 'val'" in t["split"]["detail"]
     (tgt / "log.csv").write_text("step,loss,split\n1,0.5,train\n")
-    t = _by_key(compare_outputs(ref, tgt, [CompareRule("log.csv")]).to_dict()["files"][0])
+    t = _by_key(compare_outputs(ref, tgt, [CompareRule(file="log.csv")]).to_dict()["files"][0])
     assert t["loss"]["detail"] == "1 rows vs reference 3"
 
 
@@ -214,7 +214,7 @@ def test_nan_positions_must_agree(sides):
     np.save(tgt / "a.npy", np.array([1.0, nan, 3.0, np.inf], dtype=np.float32))
     np.save(ref / "b.npy", np.array([1.0, nan, 3.0], dtype=np.float32))
     np.save(tgt / "b.npy", np.array([1.0, 2.0, nan], dtype=np.float32))
-    res = compare_outputs(ref, tgt, [CompareRule("*.npy")]).to_dict()
+    res = compare_outputs(ref, tgt, [CompareRule(file="*.npy")]).to_dict()
     a, b = res["files"]
     assert (a["path"], a["ok"], a["max_abs_err"]) == ("a.npy", True, 0.0)
     assert b["ok"] is False
@@ -225,7 +225,7 @@ def test_infinity_against_finite_fails(sides):
     ref, tgt = sides
     np.save(ref / "a.npy", np.array([1.0, 2.0]))
     np.save(tgt / "a.npy", np.array([1.0, np.inf]))
-    (f,) = compare_outputs(ref, tgt, [CompareRule("a.npy")]).to_dict()["files"]
+    (f,) = compare_outputs(ref, tgt, [CompareRule(file="a.npy")]).to_dict()["files"]
     assert f["ok"] is False and f["max_abs_err"] is None  # strict JSON: no Infinity
     assert "infinite error" in f["tensors"][0]["detail"]
 
@@ -238,7 +238,9 @@ def test_missing_files_are_failures(sides):
         torch.save(torch.ones(2), ref / "preds" / name)
     torch.save(torch.ones(2), tgt / "preds" / "a.pt")
     torch.save(torch.ones(2), tgt / "preds" / "extra.pt")
-    res = compare_outputs(ref, tgt, [CompareRule("preds/*.pt"), CompareRule("metrics.json")])
+    res = compare_outputs(
+        ref, tgt, [CompareRule(file="preds/*.pt"), CompareRule(file="metrics.json")]
+    )
     files = {f.path: f for f in res.files}
     assert res.within_tolerance is False
     assert files["preds/a.pt"].ok is True
@@ -255,7 +257,7 @@ def test_link_out_of_the_output_dir_is_not_followed(sides, tmp_path):
     np.save(secret, np.ones(2))
     np.save(ref / "a.npy", np.ones(2))
     (tgt / "a.npy").symlink_to(secret)
-    (f,) = compare_outputs(ref, tgt, [CompareRule("a.npy")]).files
+    (f,) = compare_outputs(ref, tgt, [CompareRule(file="a.npy")]).files
     assert f.ok is False and f.detail.startswith("missing in target")
 
 
@@ -265,7 +267,7 @@ def test_unreadable_and_unsupported_files(sides):
     (tgt / "m.pt").write_bytes(b"not a checkpoint")
     (ref / "notes.txt").write_text("a")
     (tgt / "notes.txt").write_text("a")
-    res = compare_outputs(ref, tgt, [CompareRule("m.pt"), CompareRule("notes.txt")])
+    res = compare_outputs(ref, tgt, [CompareRule(file="m.pt"), CompareRule(file="notes.txt")])
     m, notes = res.files
     assert m.ok is False and m.detail.startswith("target: cannot load with torch.load")
     assert notes.ok is False and "unsupported file type '.txt'" in notes.detail
@@ -291,7 +293,7 @@ def test_numpy_formats_work_without_torch(sides):
         sys.modules["torch"] = None  # import torch -> ImportError
         from remotemac.acceptance.compare import CompareRule, compare_outputs
         res = compare_outputs({str(ref)!r}, {str(tgt)!r},
-                              [CompareRule(p) for p in ("*.npy", "*.npz", "*.json", "*.csv",
+                              [CompareRule(file=p) for p in ("*.npy", "*.npz", "*.json", "*.csv",
                                                         "*.pt")])
         print(json.dumps({{f.path: [f.ok, f.detail] for f in res.files}}))
     """)

@@ -74,7 +74,7 @@ def test_paths_devices_and_timestamps_are_metadata_not_failures(sides):
     """Before issue 17 the out_dir string alone rejected a bit-identical checkpoint."""
     ref, tgt = sides
     _save_pair(ref, tgt)
-    f = _file(ref, tgt, CompareRule("ckpt.pt", rtol=1e-5, atol=1e-6))
+    f = _file(ref, tgt, CompareRule(file="ckpt.pt", rtol=1e-5, atol=1e-6))
     assert f["ok"] is True, f["detail"]
     meta = {m["key"] for m in f["metadata_differences"]}
     assert meta == {"config.out_dir", "config.saved_at"}
@@ -96,7 +96,7 @@ def test_paths_devices_and_timestamps_are_metadata_not_failures(sides):
 def test_a_perturbed_weight_is_named_first_and_worst(sides):
     ref, tgt = sides
     _save_pair(ref, tgt, perturb="2.weight")
-    f = _file(ref, tgt, CompareRule("ckpt.pt", rtol=1e-5, atol=1e-6))
+    f = _file(ref, tgt, CompareRule(file="ckpt.pt", rtol=1e-5, atol=1e-6))
     assert f["ok"] is False
     assert f["first_failing_key"] == "model.2.weight"
     assert f["worst"][0]["key"] == "model.2.weight"
@@ -108,7 +108,7 @@ def test_a_perturbed_weight_is_named_first_and_worst(sides):
 def test_strict_makes_metadata_fail(sides):
     ref, tgt = sides
     _save_pair(ref, tgt)
-    f = _file(ref, tgt, CompareRule("ckpt.pt", rtol=1e-5, atol=1e-6, strict=True))
+    f = _file(ref, tgt, CompareRule(file="ckpt.pt", rtol=1e-5, atol=1e-6, strict=True))
     assert f["ok"] is False and f["first_failing_key"] == "config.out_dir"
     assert "fail (strict)" in f["detail"]
     # a device name stays normalised even when strict
@@ -118,14 +118,16 @@ def test_strict_makes_metadata_fail(sides):
 def test_keys_and_ignore_globs(sides):
     ref, tgt = sides
     _save_pair(ref, tgt, perturb="0.bias")
-    only_opt = _file(ref, tgt, CompareRule("ckpt.pt", keys=("optimizer.*",), strict=True))
+    only_opt = _file(ref, tgt, CompareRule(file="ckpt.pt", keys=("optimizer.*",), strict=True))
     assert only_opt["ok"] is True
     assert all(t["key"].startswith("optimizer.") for t in only_opt["tensors"])
     assert only_opt["ignored"] > 0
-    skip = _file(ref, tgt, CompareRule("ckpt.pt", ignore=("model.0.bias", "config"), strict=True))
+    skip = _file(
+        ref, tgt, CompareRule(file="ckpt.pt", ignore=("model.0.bias", "config"), strict=True)
+    )
     assert skip["ok"] is True, skip["detail"]
     assert not any(t["key"].startswith(("config", "model.0.bias")) for t in skip["tensors"])
-    none = _file(ref, tgt, CompareRule("ckpt.pt", keys=("nothing.*",)))
+    none = _file(ref, tgt, CompareRule(file="ckpt.pt", keys=("nothing.*",)))
     assert none["ok"] is False and "no key of" in none["detail"]
 
 
@@ -172,7 +174,7 @@ def test_safetensors_without_the_library(sides):
     tensors, meta = read_safetensors(ref / "model.safetensors")
     assert tensors["h"].dtype == "bfloat16" and tensors["h"].array.tolist() == [1.0, 2.0, 3.0]
     assert tensors["step"].array.shape == () and meta["out_dir"] == "/ref/run"
-    f = _file(ref, tgt, CompareRule("*.safetensors", rtol=1e-5, atol=1e-6))
+    f = _file(ref, tgt, CompareRule(file="*.safetensors", rtol=1e-5, atol=1e-6))
     assert f["ok"] is False and f["first_failing_key"] == "w"
     assert "worst at [1, 1]" in {t["key"]: t for t in f["tensors"]}["w"]["detail"]
     assert [m["key"] for m in f["metadata_differences"]] == ["__metadata__.out_dir"]
@@ -190,11 +192,17 @@ def test_json_csv_npz_follow_the_same_rules(sides):
         (side / "l.csv").write_text(f"step,loss,ckpt\n1,0.5,{path}/1.pt\n2,0.25,{path}/2.pt\n")
         np.savez(side / "a.npz", x=np.arange(3.0))
     res = compare_outputs(
-        ref, tgt, [CompareRule("m.json"), CompareRule("l.csv"), CompareRule("a.npz", ignore=("y",))]
+        ref,
+        tgt,
+        [
+            CompareRule(file="m.json"),
+            CompareRule(file="l.csv"),
+            CompareRule(file="a.npz", ignore=("y",)),
+        ],
     ).to_dict()
     assert res["within_tolerance"] is True, [f["detail"] for f in res["files"]]
     by = {f["path"]: f for f in res["files"]}
     assert [m["key"] for m in by["m.json"]["metadata_differences"]] == ["out_dir"]
     assert [m["key"] for m in by["l.csv"]["metadata_differences"]] == ["ckpt"]
-    strict = compare_outputs(ref, tgt, [CompareRule("l.csv", strict=True)]).to_dict()
+    strict = compare_outputs(ref, tgt, [CompareRule(file="l.csv", strict=True)]).to_dict()
     assert strict["files"][0]["first_failing_key"] == "ckpt"

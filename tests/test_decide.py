@@ -17,9 +17,9 @@ from remotemac.acceptance.decide import (
     LINUX_FIRST,
     decide,
     evaluate_observations,
-    least_squares_slope,
     memory_stable,
 )
+from tests.trendkit import least_squares_slope
 
 MiB = 1024 * 1024
 
@@ -83,11 +83,6 @@ def test_too_short_a_run_is_unknown():
     assert got["stable"] is None and got["slope_bytes_per_s"] is None
     assert "only 1 samples" in got["reason"]
     assert memory_stable([], 10, MiB)["peak_bytes"] is None
-
-
-def test_least_squares_slope():
-    assert least_squares_slope([(0, 1), (1, 3), (2, 5)]) == pytest.approx(2.0)
-    assert least_squares_slope([(1, 1), (1, 2)]) is None
 
 
 def test_decide_module_runs_on_python_39():

@@ -202,7 +202,7 @@ def fault_run(
     return {
         "exit_code": code,
         "follow": ctx.results.get("follow:target", {}),
-        "continuity": ctx.results.get("_continuity", {}),
+        "continuity": ctx.continuity,
         "faults": faults,
         "resume_s": waits,
         "out": out,

@@ -29,8 +29,8 @@ from remotemac.engine.fleet import (
     plan_runs,
     variants,
 )
-from remotemac.engine.hosts import TransportPool
 from remotemac.engine.inventoryfile import HostVars, parse_inventory
+from remotemac.engine.pool import TransportPool
 from remotemac.errors import BadInput
 from remotemac.playbook import parse_playbook
 from tests import fleetkit as fk
@@ -352,3 +352,38 @@ async def test_pool_one_connection_per_host_close_only_releases(sshd, ssh_env):
     assert [r.stdout for r in results] == [f"{i}\n".encode() for i in range(6)]
     assert sshd.log().count("Accepted publickey") == 1
     await pool.close_all()
+
+
+@pytest.mark.asyncio
+async def test_pool_lease_answers_the_link_interface_of_its_connection(sshd, ssh_env):
+    """A lease answers has_link/host_key_fingerprint/link_stats from the shared link,
+    synchronously, and a drill's drop through the lease is counted on that link."""
+    home, cfg, alias = ssh_env(sshd)
+    from remotemac.engine.hosts import SSHOptions
+
+    pool = TransportPool(home, SSHOptions(ssh_config=cfg))
+    lease = pool.lease(alias, run_id="run-a")
+    await lease.connect()
+    try:
+        assert lease.has_link() is True
+        assert lease.host_key_fingerprint() == sshd.fingerprint
+        before = lease.link_stats()
+        assert await lease.drop_connection("test") is True
+        assert (await lease.exec(["true"])).ok  # reconnects through the normal path
+        assert lease.link_stats().since(before) == {"disconnects": 1, "reconnects": 1}
+    finally:
+        await pool.close_all()
+
+
+@pytest.mark.asyncio
+async def test_local_transport_has_no_link_to_cut():
+    from remotemac.transport.local import LocalTransport
+
+    local = TransportPool(Path("/nonexistent"), None).lease("local")
+    for t in (LocalTransport(), local):
+        assert t.has_link() is False
+        assert await t.drop_connection() is False
+        assert t.host_key_fingerprint() is None
+        assert t.link_stats().disconnects == 0
+        with t.reconnect_wait_capped(1.0):
+            pass

@@ -23,6 +23,8 @@ from typing import Any
 import pytest
 
 from remotemac.agent import harness, memsample
+from remotemac.engine.record import read_jsonl
+from tests.trendkit import least_squares_slope
 
 ROOT = Path(__file__).resolve().parent.parent
 HARNESS = ROOT / "remotemac" / "agent" / "harness.py"
@@ -79,7 +81,7 @@ class Started:
     def wait(self, timeout: float = 45) -> Run:
         code = self.proc.wait(timeout=timeout)
         obs = json.loads(self.obs.read_text()) if self.obs.exists() else {}
-        rows = memsample.read_metrics(str(self.metrics)) if self.metrics.exists() else []
+        rows = read_jsonl(self.metrics) if self.metrics.exists() else []
         return Run(code, self.out.read_text(), self.err.read_text(), obs, rows)
 
 
@@ -296,7 +298,7 @@ def test_leaking_workload_grows_and_steady_one_does_not(runs: dict[str, Run]) ->
         assert run.code == 0, run.err
         points = [(m["t"], m["rss_bytes"]) for m in run.metrics if m["t"] >= 0.5]
         assert len(points) >= 10
-        slopes[name] = memsample.slope(points)
+        slopes[name] = least_squares_slope(points)
     assert slopes["leak"] > 10 * MB
     assert abs(slopes["steady"]) < 1 * MB
 

@@ -85,48 +85,6 @@ def test_version_tuple() -> None:
 # --------------------------------------------------------------------------- sysctl
 
 
-@pytest.mark.parametrize(
-    ("name", "ncpu", "memsize", "brand", "arm64"),
-    [
-        ("sysctl_hw_machdep__apple_m1_macos11.txt", None, None, "Apple processor", 1),
-        ("sysctl_hw_machdep__apple_m1pro_macos12.txt", 8, 17179869184, "Apple M1 Pro", 1),
-        ("sysctl_hw_machdep__apple_m2_macos12.txt", 8, 17179869184, "Apple M2", 1),
-        ("sysctl_hw_machdep__apple_m3max_macos15.txt", 14, 38654705664, "Apple M3 Max", 1),
-        ("sysctl_hw_machdep__apple_m4max_macos15.txt", 16, 68719476736, "Apple M4 Max", 1),
-        ("sysctl_hw_machdep_kern_hw.model.txt", 10, 34359738368, "Apple M1 Pro", 1),
-    ],
-)
-def test_parse_sysctl_dump_recorded(name, ncpu, memsize, brand, arm64) -> None:
-    """Simulation: `sysctl hw machdep` dumps of M1 .. M4 Max."""
-    table = hf.parse_sysctl_dump(sample(name))
-    assert table.get("hw.ncpu") == ncpu
-    assert table.get("hw.memsize") == memsize
-    assert table["machdep.cpu.brand_string"] == brand
-    assert table["hw.optional.arm64"] == arm64
-    assert all("." in key for key in table)
-
-
-def test_parse_sysctl_vmm_present_and_line_excerpts() -> None:
-    """Simulation: kern.hv_vmm_present on bare metal, and the single-line excerpts."""
-    assert hf.parse_sysctl_dump(
-        sample("sysctl_kern.hv_vmm_present__line_290_of_m1pro_dump.txt")
-    ) == {"kern.hv_vmm_present": 0}
-    assert hf.parse_sysctl_dump(sample("sysctl_hw.memsize__line_3_of_m1pro_dump.txt")) == {
-        "hw.memsize": 34359738368
-    }
-    assert hf.parse_sysctl_dump(sample("sysctl_hw.ncpu__line_1_of_m1pro_dump.txt")) == {
-        "hw.ncpu": 10
-    }
-    assert hf.parse_sysctl_dump(sample("sysctl_hw.optional.arm64__line_56_of_m1pro_dump.txt")) == {
-        "hw.optional.arm64": 1
-    }
-    line = sample("sysctl_machdep.cpu.brand_string__line_107_of_m1pro_dump.txt")
-    assert hf.parse_sysctl_dump(line) == {"machdep.cpu.brand_string": "Apple M1 Pro"}
-    # the whole dump agrees with the excerpt taken from it
-    full = hf.parse_sysctl_dump(sample("sysctl_hw_machdep_kern_hw.model.txt"))
-    assert full["kern.hv_vmm_present"] == 0
-
-
 def test_parse_sysctl_value_recorded() -> None:
     """Simulation: `sysctl -n machdep.cpu.brand_string` on an M1; integers become ints."""
     assert hf.parse_sysctl_value(sample("sysctl_-n_machdep.cpu.brand_string__m1.txt")) == "Apple M1"
@@ -134,28 +92,7 @@ def test_parse_sysctl_value_recorded() -> None:
     assert hf.parse_sysctl_value("\n") is None
 
 
-def test_sysctl_unknown_oid_is_not_a_value() -> None:
-    """Simulation: the recorded `unknown oid` error text never parses as a key."""
-    assert (
-        hf.parse_sysctl_dump(sample("sysctl_kern.hv_support__gha_macos14_arm64_runner.txt")) == {}
-    )
-
-
 # --------------------------------------------------------------------------- uname
-
-
-@pytest.mark.parametrize(
-    ("name", "machine"),
-    [
-        ("uname_-m__m2_native_iterm2.txt", "arm64"),
-        ("uname_-m__m2_vscode_terminal_under_rosetta.txt", "x86_64"),
-        ("uname_-pm__m1_native_via_arch_-arm64.txt", "arm64"),
-        ("uname_-pm__m1_under_rosetta.txt", "x86_64"),
-    ],
-)
-def test_parse_uname_machine_recorded(name: str, machine: str) -> None:
-    """Simulation: native arm64 and Rosetta (x86_64) shells on M1/M2."""
-    assert hf.parse_uname_machine(sample(name)) == machine
 
 
 # --------------------------------------------------------------------------- pmset
@@ -491,7 +428,7 @@ def test_every_sample_used_keeps_its_source() -> None:
         if name.endswith(".txt") and f'"{name}"' in Path(__file__).read_text()
     }
     readme = (FIXTURES / "README.md").read_text()
-    assert len(used) >= 25
+    assert len(used) >= 17  # the sysctl-dump and uname parsers left with their tests (issue 21)
     for name in used:
         source = (FIXTURES / f"{name}.source").read_text()
         assert name in source and f"`{name}`" in readme, name

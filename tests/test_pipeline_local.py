@@ -264,3 +264,27 @@ def test_doctor_checks_disk_against_the_playbook(make_playbook, rm_home: Path):
         checks[name] = {c["name"]: c for c in report["checks"]}["disk"]
     assert checks["small"]["status"] == "ok", checks["small"]
     assert checks["huge"]["status"] == "fail", checks["huge"]
+
+
+def test_crlf_and_progress_bar_output_is_followed_byte_exact(
+    make_playbook, rm_home: Path, tmp_path: Path
+):
+    """A job printing CRLF line ends and ``\\r`` progress bars (tqdm-style): the local log
+    is the host's byte for byte, each line once. The follower once counted line ends
+    with ``splitlines()``, whose "\\r\\n" is one byte short: its offset lagged by one byte
+    per line and the next read fetched those bytes again."""
+    emit = (
+        "python3 -c 'import sys; [sys.stdout.write(\"epoch %d  10%%|#\\r 100%%|##########|"
+        " step %06d\\r\\n\" % (i // 100, i)) for i in range(3000)]' && python3 -c 'import "
+        'json; json.dump(dict(v=1), open("{output_dir}/result.json", "w"))\''
+    )
+    pb = make_playbook(workload={"command": emit})
+    out = tmp_path / "out"
+    proc = remotemac("run", str(pb), "--out", str(out))
+    # (no torch in this job: nothing observed on the device, so "incomplete", exit 1)
+    assert proc.returncode == 1 and "INCOMPLETE" in proc.stdout, proc.stdout + proc.stderr
+    expected = b"".join(
+        b"epoch %d  10%%|#\r 100%%|##########| step %06d\r\n" % (i // 100, i) for i in range(3000)
+    )
+    for device in ("cpu", "cpu-target"):
+        assert (out / "logs" / f"{device}.log").read_bytes() == expected, device

@@ -69,9 +69,9 @@ def train_tiny(out_dir: Path, *, drift: float = 0.0) -> None:
 
 
 RULES = [
-    CompareRule("metrics.json", rtol=1e-4, atol=1e-5),
-    CompareRule("preds/*.pt", rtol=1e-3, atol=1e-4),
-    CompareRule("model.pt"),
+    CompareRule(file="metrics.json", rtol=1e-4, atol=1e-5),
+    CompareRule(file="preds/*.pt", rtol=1e-3, atol=1e-4),
+    CompareRule(file="model.pt"),
 ]
 
 

@@ -22,6 +22,7 @@ import yaml
 
 from remotemac.engine.agentclient import AgentClient
 from remotemac.engine.ledger import Ledger
+from remotemac.transport.options import SSHOptions
 from remotemac.transport.ssh import SSHTransport
 from tests.conftest import LINES_PROJECT
 from tests.test_detached_faults import Timeline, run_pipeline_inprocess
@@ -60,7 +61,9 @@ def _transport(env: tuple, events: list, **kw: object) -> SSHTransport:
     kw.setdefault("keepalive_interval", 1)
     kw.setdefault("keepalive_count_max", 3)
     kw.setdefault("connect_timeout", 2)
-    return SSHTransport(alias, home_dir=home, ssh_config=cfg, emit=events.append, **kw)  # type: ignore[arg-type]
+    return SSHTransport(
+        alias, home_dir=home, options=SSHOptions(ssh_config=cfg, **kw), emit=events.append
+    )  # type: ignore[arg-type]
 
 
 @pytest.mark.asyncio
@@ -133,6 +136,34 @@ async def test_a_call_cut_midway_is_answered_from_the_record(
     entries = [json.loads(x) for x in (tmp_path / "ledger.jsonl").read_text().splitlines()]
     venv = [e for e in entries if e["op"] == "ensure_venv"]
     assert len(venv) == 1 and "answer recorded before the link dropped" in venv[0]["command"]
+
+
+@pytest.mark.asyncio
+async def test_claiming_the_root_survives_a_cut(sshd, fault_proxy, ssh_env, tmp_path: Path):
+    """The first thing a run does on the host is claim its root (an exec of the agent from
+    stdin). Cut the link while it runs: the claim is run again on the new link and adopts
+    the root the first attempt made (same root id), instead of failing the run with
+    "it may or may not have completed"."""
+    proxy = fault_proxy(sshd)
+    events: list = []
+    root = sshd.host_dir("root") / "claimed"
+    runs = sshd.host_dir("bin") / "claim-runs.txt"
+    wrapper = sshd.host_dir("bin") / "python-slow"
+    wrapper.write_text(f'#!/bin/sh\necho "run" >> {runs}\nsleep 2\nexec python3 "$@"\n')
+    wrapper.chmod(0o755)
+    async with _transport(ssh_env(sshd, proxy), events, reconnect_deadline=60) as t:
+        agent = AgentClient(t, str(root), Ledger(tmp_path / "ledger.jsonl"), python=str(wrapper))
+        claim = asyncio.ensure_future(agent.claim("run-1"))
+        deadline = time.monotonic() + 60
+        while not runs.exists() and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        assert runs.exists(), "the claim never started"
+        assert proxy.cut() >= 1
+        root_id = await asyncio.wait_for(claim, 120)
+    assert t.disconnects >= 1
+    assert len(runs.read_text().splitlines()) == 2  # run again on the new link
+    marker = json.loads((root / ".remotemac-owned").read_text())
+    assert root_id and marker["root_id"] == root_id, (root_id, marker)
 
 
 def _playbook(
@@ -266,6 +297,6 @@ def test_3000_lines_through_a_cut_every_2s_and_a_40s_blackhole(lab_host: LabHost
     assert json.loads((out / "results" / "cpu" / "result.json").read_text())["lines"] == 3000
     wipe = ctx.results["wipe"]
     assert wipe["done"] and wipe["verified"], wipe
-    assert ctx.results["_continuity"]["disconnects"] >= 8
+    assert ctx.continuity["disconnects"] >= 8
     cpu = json.loads((out / "acceptance.json").read_text())["cpu"]
     assert cpu["host_s"] > 0 and cpu["laptop_s"] > 0 and cpu["agent_calls"] > 10, cpu

@@ -14,6 +14,7 @@ import time
 import pytest
 
 from remotemac.errors import AuthError, HostKeyError, TransientHostError
+from remotemac.transport.options import SSHOptions
 from remotemac.transport.reconnect import is_transient, reconnect
 from remotemac.transport.ssh import SSHTransport
 from tests.harness.faultproxy import FaultProxy, ProxyProcess
@@ -32,7 +33,9 @@ def _transport(env: tuple, events: list, **kw: object) -> SSHTransport:
     kw.setdefault("keepalive_interval", 1)
     kw.setdefault("keepalive_count_max", 3)
     kw.setdefault("connect_timeout", 2)
-    return SSHTransport(alias, home_dir=home, ssh_config=cfg, emit=events.append, **kw)  # type: ignore[arg-type]
+    return SSHTransport(
+        alias, home_dir=home, options=SSHOptions(ssh_config=cfg, **kw), emit=events.append
+    )  # type: ignore[arg-type]
 
 
 async def _wait_for_state(events: list, state: str, timeout: float) -> float:

@@ -13,6 +13,7 @@ from remotemac.transport.hostkeys import (
     trust_host,
     trust_host_async,
 )
+from remotemac.transport.options import SSHOptions
 from remotemac.transport.ssh import SSHTransport
 
 pytestmark = pytest.mark.timeout(60)
@@ -26,7 +27,7 @@ def _never(question: str) -> bool:
 async def test_unknown_key_refused_then_accepted_after_trust_with_fingerprint(sshd, ssh_env):
     home, cfg, alias = ssh_env(sshd, trust=False)
     with pytest.raises(HostKeyError) as err:
-        await SSHTransport(alias, home_dir=home, ssh_config=cfg).connect()
+        await SSHTransport(alias, home_dir=home, options=SSHOptions(ssh_config=cfg)).connect()
     line = err.value.line()
     assert err.value.exit_code == EXIT_HOST
     assert f"unknown host key for [127.0.0.1]:{sshd.port}: {sshd.fingerprint}" in line
@@ -35,7 +36,7 @@ async def test_unknown_key_refused_then_accepted_after_trust_with_fingerprint(ss
     result = await trust_host_async(alias, home, sshd.fingerprint, _never, ssh_config=cfg)
     assert result.fingerprint == sshd.fingerprint and not result.already_trusted
     assert (home / "known_hosts").read_text() == sshd.known_hosts_line()
-    async with SSHTransport(alias, home_dir=home, ssh_config=cfg) as t:
+    async with SSHTransport(alias, home_dir=home, options=SSHOptions(ssh_config=cfg)) as t:
         assert (await t.exec(["true"])).ok
     again = await trust_host_async(alias, home, None, _never, ssh_config=cfg)
     assert again.already_trusted
@@ -66,7 +67,7 @@ async def test_changed_key_refused_even_after_trusting_the_old_one(sshd, ssh_env
     sshd_new_hostkey(sshd)
     assert sshd.fingerprint != old_fp
     with pytest.raises(HostKeyError) as err:
-        await SSHTransport(alias, home_dir=home, ssh_config=cfg).connect()
+        await SSHTransport(alias, home_dir=home, options=SSHOptions(ssh_config=cfg)).connect()
     assert "HOST KEY CHANGED" in err.value.line() and sshd.fingerprint in err.value.line()
     # trust refuses to overwrite a pin, even when given the new key's fingerprint
     with pytest.raises(HostKeyError, match="HOST KEY CHANGED"):
@@ -79,7 +80,10 @@ async def test_key_change_during_reconnect_is_not_retried(sshd, ssh_env, sshd_ne
     home, cfg, alias = ssh_env(sshd)
     events: list = []
     t = SSHTransport(
-        alias, home_dir=home, ssh_config=cfg, emit=events.append, reconnect_deadline=30
+        alias,
+        home_dir=home,
+        options=SSHOptions(ssh_config=cfg, reconnect_deadline=30),
+        emit=events.append,
     )
     async with t:
         assert (await t.stat("/")) is not None
@@ -97,7 +101,7 @@ async def test_users_own_known_hosts_counts_including_hashed_entries(sshd, ssh_e
     sshd.write_known_hosts(user_kh)
     subprocess.run(["ssh-keygen", "-q", "-H", "-f", str(user_kh)], check=True, capture_output=True)
     assert user_kh.read_text().startswith("|1|")  # hashed, as Debian's ssh writes them
-    async with SSHTransport(alias, home_dir=home, ssh_config=cfg) as t:
+    async with SSHTransport(alias, home_dir=home, options=SSHOptions(ssh_config=cfg)) as t:
         assert (await t.exec(["true"])).ok
     assert not (home / "known_hosts").exists()
 
@@ -107,7 +111,7 @@ async def test_key_pinned_for_port_22_does_not_vouch_for_another_port(sshd, ssh_
     home, cfg, alias = ssh_env(sshd, trust=False)
     (home / "known_hosts").write_text(sshd.known_hosts_line(name=sshd.host))  # "127.0.0.1 key"
     with pytest.raises(HostKeyError, match="unknown host key"):
-        await SSHTransport(alias, home_dir=home, ssh_config=cfg).connect()
+        await SSHTransport(alias, home_dir=home, options=SSHOptions(ssh_config=cfg)).connect()
 
 
 @pytest.mark.asyncio
@@ -116,7 +120,7 @@ async def test_revoked_key_is_refused(sshd, ssh_env):
     with open(home / "known_hosts", "a") as fh:
         fh.write("@revoked " + sshd.known_hosts_line())
     with pytest.raises(HostKeyError, match="revoked"):
-        await SSHTransport(alias, home_dir=home, ssh_config=cfg).connect()
+        await SSHTransport(alias, home_dir=home, options=SSHOptions(ssh_config=cfg)).connect()
 
 
 @pytest.mark.asyncio

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from remotemac.errors import EXIT_HOST, AuthError, HostError, HostKeyError
+from remotemac.transport.options import SSHOptions
 from remotemac.transport.ssh import SSHTransport
 from remotemac.transport.sshconnect import (
     ConnectRefused,
@@ -25,7 +26,7 @@ pytestmark = pytest.mark.timeout(60)
 
 def _transport(env: tuple, **kw: object) -> SSHTransport:
     home, cfg, alias = env
-    return SSHTransport(alias, home_dir=home, ssh_config=cfg, **kw)  # type: ignore[arg-type]
+    return SSHTransport(alias, home_dir=home, options=SSHOptions(ssh_config=cfg, **kw))  # type: ignore[arg-type]
 
 
 @pytest.mark.asyncio
@@ -119,7 +120,9 @@ async def test_proxyjump_through_second_sshd(sshd_factory, fault_proxy, ssh_env,
         cfg, "target", known_hosts=tmp_path / "user_known_hosts", extra={"ProxyJump": "testhost0"}
     )
     events: list = []
-    async with SSHTransport("target", home_dir=home, ssh_config=cfg, emit=events.append) as t:
+    async with SSHTransport(
+        "target", home_dir=home, options=SSHOptions(ssh_config=cfg), emit=events.append
+    ) as t:
         res = await t.exec(["sh", "-c", "echo $SSH_CONNECTION"])
         assert res.ok
         assert jump_proxy.accepted == 1 and jump_proxy.bytes_forwarded > 0
@@ -137,7 +140,7 @@ async def test_proxyjump_jump_host_key_is_checked_too(sshd_factory, ssh_env, tmp
         cfg, "target", known_hosts=tmp_path / "user_known_hosts", extra={"ProxyJump": "testhost0"}
     )
     with pytest.raises(HostKeyError, match=rf"unknown host key for \[127.0.0.1\]:{jump.port}"):
-        await SSHTransport("target", home_dir=home, ssh_config=cfg).connect()
+        await SSHTransport("target", home_dir=home, options=SSHOptions(ssh_config=cfg)).connect()
 
 
 @pytest.mark.asyncio
@@ -156,7 +159,7 @@ async def test_connection_refused_is_one_clear_line(tmp_path):
 async def test_dns_failure_is_one_clear_line(tmp_path):
     with pytest.raises(DNSError) as err:
         await SSHTransport(
-            "me@no-such-host.invalid", home_dir=tmp_path, connect_timeout=5
+            "me@no-such-host.invalid", home_dir=tmp_path, options=SSHOptions(connect_timeout=5)
         ).connect()
     assert err.value.exit_code == EXIT_HOST
     assert "cannot resolve host name 'no-such-host.invalid'" in err.value.line()
@@ -178,7 +181,9 @@ async def test_auth_failure_is_fast_and_clear(sshd, ssh_env, tmp_path):
     home, _cfg, _alias = ssh_env(sshd)
     start = time.monotonic()
     with pytest.raises(AuthError) as err:
-        await SSHTransport(sshd.spec, home_dir=home, identity=stranger.private).connect()
+        await SSHTransport(
+            sshd.spec, home_dir=home, options=SSHOptions(identity=stranger.private)
+        ).connect()
     assert time.monotonic() - start < 3
     assert err.value.exit_code == EXIT_HOST
     assert f"authentication failed for {sshd.user}@127.0.0.1:{sshd.port}" in err.value.line()
@@ -195,7 +200,9 @@ async def test_passphrase_protected_key_is_prompted_not_stored(sshd_factory, ssh
         asked.append(path)
         return "s3cret-pass"
 
-    async with SSHTransport(alias, home_dir=home, ssh_config=cfg, passphrase_prompt=prompt) as t:
+    async with SSHTransport(
+        alias, home_dir=home, options=SSHOptions(ssh_config=cfg, passphrase_prompt=prompt)
+    ) as t:
         assert (await t.exec(["true"])).ok
     assert asked == [locked.private]
     assert not any(b"s3cret-pass" in p.read_bytes() for p in home.rglob("*") if p.is_file())
@@ -203,7 +210,9 @@ async def test_passphrase_protected_key_is_prompted_not_stored(sshd_factory, ssh
     # no terminal and no agent: a clear auth error that says what to do
     with pytest.raises(AuthError, match="ssh-add"):
         await SSHTransport(
-            alias, home_dir=home, ssh_config=cfg, passphrase_prompt=lambda _p: None
+            alias,
+            home_dir=home,
+            options=SSHOptions(ssh_config=cfg, passphrase_prompt=lambda _p: None),
         ).connect()
 
 
@@ -215,3 +224,12 @@ async def test_missing_sftp_subsystem(sshd_factory, ssh_env):
         with pytest.raises(SFTPUnavailable, match="SFTP subsystem is missing") as err:
             await t.read_from("/etc/hostname", 0)
         assert err.value.exit_code == EXIT_HOST
+
+
+def test_options_travel_whole_to_the_transport(tmp_path):
+    """One SSHOptions object reaches the transport: its deadline and channel cap apply."""
+    opts = SSHOptions(reconnect_deadline=42.0, max_channels=3)
+    t = SSHTransport("me@127.0.0.1:1", home_dir=tmp_path, options=opts)
+    assert t.options is opts and t.reconnect_deadline == 42.0
+    assert t._channels._value == 3
+    assert SSHTransport("me@127.0.0.1:1", home_dir=tmp_path).reconnect_deadline == 600.0

@@ -252,7 +252,8 @@ def test_decrypt_file_leaves_nothing_on_failure(tmp_path) -> None:
     src, blob_path, dst = tmp_path / "p.bin", tmp_path / "p.enc", tmp_path / "out" / "p.bin"
     dst.parent.mkdir()
     src.write_bytes(PLAIN3)
-    size = sc.encrypt_file(KEY, "p.bin", str(src), str(blob_path), CS)
+    with open(src, "rb") as plain, open(blob_path, "wb") as out:
+        size = sc.encrypt_stream(KEY, "p.bin", plain, out, CS)
     assert size == blob_path.stat().st_size == sc.ciphertext_size(len(PLAIN3), CS)
     blob = blob_path.read_bytes()
     blob_path.write_bytes(blob[:-1])  # the last chunk is damaged: the first two verify

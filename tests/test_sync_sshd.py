@@ -28,6 +28,7 @@ from remotemac.engine.runtime import ensure_runtime
 from remotemac.engine.sync import SyncStats, sync_slice
 from remotemac.errors import EXIT_INTEGRITY, HostError, IntegrityError
 from remotemac.events import PhaseProgress
+from remotemac.transport.options import SSHOptions
 from remotemac.transport.ssh import SSHTransport
 from tests.harness.sshd import SSHD
 
@@ -84,7 +85,9 @@ def runtime_dir(tmp_path_factory, client_key, fresh_host_lab) -> Iterator[str]:
         cfg = server.write_ssh_config(work / "ssh_config", "rt", known_hosts=work / "kh")
 
         async def install() -> str:
-            async with SSHTransport("rt", home_dir=home, ssh_config=cfg) as transport:
+            async with SSHTransport(
+                "rt", home_dir=home, options=SSHOptions(ssh_config=cfg)
+            ) as transport:
                 agent = AgentClient(transport, str(server.host_dir("runtime") / "root"))
                 return (await ensure_runtime(agent, home=None, method="online"))["dir"]
 
@@ -102,7 +105,9 @@ def host_factory(ssh_env, tmp_path, request, runtime_dir):
         home, cfg, alias = ssh_env(server, proxy)
         rid = run_id or f"t{os.getpid()}-{len(made)}-{abs(hash(request.node.name)) % 10**8}"
         host = Host(
-            SSHTransport(alias, home_dir=home, ssh_config=cfg, reconnect_deadline=30),
+            SSHTransport(
+                alias, home_dir=home, options=SSHOptions(ssh_config=cfg, reconnect_deadline=30)
+            ),
             server.home / f"host-root-{len(made)}",
             rid,
             runtime_dir,
@@ -259,7 +264,7 @@ async def test_cut_link_resumes_without_resending_verified_files(
     finally:
         await host.transport.close()
     assert cut, "the link was never cut"
-    assert stats.attempts == 2 and host.transport.reconnects >= 1
+    assert stats.attempts == 2 and host.transport.link_stats().reconnects >= 1
     # every file verified exactly once: nothing verified before the cut was sent again
     counts = collections.Counter(stats.acked)
     assert set(counts) == {e.path for e in manifest.entries} and max(counts.values()) == 1
@@ -382,7 +387,7 @@ async def test_no_ram_store_is_one_clear_line(sshd, host_factory, tmp_path):
 def test_sealed_stream_hashes_what_it_sends(tmp_path):
     """The sha256 sent after each frame is the plaintext's, read once with the encryption."""
     from remotemac.agent.streamcrypt import decrypt_stream
-    from remotemac.engine.sync import _Local, _next_batch, _pieces
+    from remotemac.engine.sync import _Job, _Local, _next_batch, _pieces
 
     data = make_slice(tmp_path / "data", small=3, big=0)
     key = os.urandom(32)
@@ -391,7 +396,8 @@ def test_sealed_stream_hashes_what_it_sends(tmp_path):
         for p in sorted(data.rglob("*"))
         if p.is_file()
     ]
-    pieces = _pieces(data, files, [(i, None) for i in range(len(files))], key)
+    work = collections.deque(_Job(i, None, None) for i in range(len(files)))
+    pieces = _pieces(data, files, work, key)
     stream = b""
     while batch := _next_batch(pieces):
         stream += b"".join(item[0] for item in batch if isinstance(item, tuple))
@@ -406,3 +412,151 @@ def test_sealed_stream_hashes_what_it_sends(tmp_path):
         plain = (data / f.path).read_bytes()
         assert out.getvalue() == plain and src.read(32) == hashlib.sha256(plain).digest()
     assert src.read() == b""
+
+
+async def _cut_after(proxy, nbytes: int) -> None:
+    """Cut every link once the proxy has forwarded ``nbytes`` more (the host got them)."""
+    start = proxy.bytes_forwarded
+    while proxy.bytes_forwarded - start < nbytes:
+        await asyncio.sleep(0.005)
+    proxy.cut()
+
+
+def _partials(host: Host) -> list[str]:
+    return sorted(os.listdir(Path(host.run_dir) / "data" / ".remotemac-partial"))
+
+
+@pytest.mark.asyncio
+async def test_big_file_cut_halfway_resumes_inside_the_file(
+    sshd, fault_proxy, host_factory, tmp_path
+):
+    """Before in-file resume the second attempt resent the whole file (~100 %)."""
+    size = 96 << 20
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "train.bin").write_bytes(os.urandom(size))
+    proxy = fault_proxy(sshd)
+    host = await host_factory(sshd, proxy)
+    proxy.throttle(30_000_000)
+    stats = SyncStats()
+    cutter = asyncio.ensure_future(_cut_after(proxy, size // 2))
+    try:
+        manifest, answer, stats = await host.sync(data, os.urandom(32), stats=stats)
+    finally:
+        cutter.cancel()
+        await host.transport.close()
+    assert cutter.done() and stats.attempts == 2 and host.transport.reconnects >= 1
+    assert stats.resumed_files == 1 and stats.resumed_bytes >= size * 0.4
+    assert stats.per_attempt[1] < size * 0.55, stats.per_attempt
+    assert answer["mismatches"] == [] and stats.acked == ["train.bin"]
+    held = Path(answer["data_dir"]) / "train.bin"
+    assert hashlib.sha256(held.read_bytes()).hexdigest() == manifest.entries[0].sha256
+    assert _partials(host) == []  # the kept part became the stored ciphertext
+
+
+@pytest.mark.asyncio
+async def test_cut_partial_is_invisible_and_a_changed_file_starts_afresh(
+    sshd, fault_proxy, host_factory, tmp_path
+):
+    """The kept part is ciphertext outside the data dir; a file changed since it was cut
+    (same size, new bytes and mtime) is not resumed: sent whole, the stale part dropped."""
+    size = 32 << 20
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "train.bin").write_bytes(
+        os.urandom(size // 4) + SENTINEL + os.urandom(size - size // 4 - len(SENTINEL))
+    )
+    proxy = fault_proxy(sshd)
+    host = await host_factory(sshd, proxy)
+    proxy.throttle(20_000_000)
+    key = os.urandom(32)
+    cutter = asyncio.ensure_future(_cut_after(proxy, size // 2))
+    try:
+        with pytest.raises(HostError):
+            await host.sync(data, key, max_attempts=1)
+        for _ in range(200):  # the host's receiver sees the cut and exits
+            if (
+                "dataops.py sync"
+                not in subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+            ):
+                break
+            await asyncio.sleep(0.05)
+        kept = _partials(host)
+        assert len(kept) == 2 and {Path(k).suffix for k in kept} == {".rmenc", ".json"}
+        part_dir = Path(host.run_dir) / "data" / ".remotemac-partial"
+        assert grep_tree(part_dir, SENTINEL) == []  # kept as ciphertext (the sentinel was sent)
+        assert os.path.getsize(next(part_dir.glob("*.rmenc"))) > size // 3
+        ram = Path(f"/dev/shm/remotemac-{host.run_id}")
+        assert [p for p in files_under(ram) if "train" in p.name] == []  # no plaintext part
+        (data / "train.bin").write_bytes(os.urandom(size))
+        proxy.restore()
+        manifest, answer, again = await host.sync(data, key)
+    finally:
+        cutter.cancel()
+        await host.transport.close()
+    assert again.resumed_files == 0 and again.per_attempt[0] > size
+    assert answer["mismatches"] == [] and _partials(host) == []
+    held = Path(answer["data_dir"]) / "train.bin"
+    assert held.read_bytes() == (data / "train.bin").read_bytes()
+
+
+@pytest.mark.asyncio
+async def test_several_streams_keep_one_consistent_record(sshd, host_factory, tmp_path):
+    """Three receivers at once: every file verified once, the record whole (a re-sync
+    sends nothing), the plaintext right."""
+    data = make_slice(tmp_path / "data", small=60, small_size=100_000, big=3, big_size=4 << 20)
+    key = os.urandom(32)
+    host = await host_factory(sshd)
+    try:
+        manifest, answer, stats = await host.sync(data, key, streams=3)
+        _, _, again = await host.sync(data, key, cache=MemoryHashCache())
+    finally:
+        await host.transport.close()
+    assert stats.streams == 3 and answer["mismatches"] == []
+    counts = collections.Counter(stats.acked)
+    assert set(counts) == {e.path for e in manifest.entries} and max(counts.values()) == 1
+    assert again.sent_files == 0 and again.skipped_files == again.files
+    record = (Path(host.run_dir) / "data" / ".verified.jsonl").read_text().splitlines()
+    assert len(record) == len(manifest.entries)
+    for entry in manifest.entries:
+        held = (Path(answer["data_dir"]) / entry.path).read_bytes()
+        assert hashlib.sha256(held).hexdigest() == entry.sha256
+
+
+@pytest.mark.asyncio
+async def test_long_round_trip_opens_more_streams(sshd, fault_proxy, host_factory, tmp_path):
+    """At ~80 ms RTT one channel's 2 MiB window caps it near 25 MB/s: auto opens more."""
+    data = make_slice(tmp_path / "data", small=8, small_size=3 << 20, big=2, big_size=8 << 20)
+    proxy = fault_proxy(sshd)
+    host = await host_factory(sshd, proxy)
+    proxy.latency(0.04)
+    try:
+        _, answer, stats = await host.sync(data, os.urandom(32))
+    finally:
+        await host.transport.close()
+    assert stats.rtt_ms is not None and stats.rtt_ms >= 70
+    assert stats.streams == 5 and answer["mismatches"] == []
+
+
+@pytest.mark.asyncio
+async def test_cut_during_several_streams_resumes_each_big_file(
+    sshd, fault_proxy, host_factory, tmp_path
+):
+    """Three streams, three big files cut mid-way: the next attempt continues each one
+    (on whichever channel takes it), and everything verifies."""
+    data = make_slice(tmp_path / "data", small=6, small_size=50_000, big=3, big_size=12 << 20)
+    proxy = fault_proxy(sshd)
+    host = await host_factory(sshd, proxy)
+    proxy.latency(0.02)  # 40 ms RTT: three streams
+    proxy.throttle(20_000_000)
+    proxy.cut_after(20 << 20)
+    try:
+        manifest, answer, stats = await host.sync(data, os.urandom(32))
+    finally:
+        await host.transport.close()
+    assert stats.attempts == 2 and stats.streams == 3, stats
+    assert stats.resumed_files >= 2 and stats.resumed_bytes >= 10 << 20
+    assert answer["mismatches"] == [] and _partials(host) == []
+    for entry in manifest.entries:
+        held = (Path(answer["data_dir"]) / entry.path).read_bytes()
+        assert hashlib.sha256(held).hexdigest() == entry.sha256

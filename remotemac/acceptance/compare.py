@@ -35,6 +35,7 @@ from remotemac.acceptance.loaders import (
     leaf_shape,
     load_leaves,
 )
+from remotemac.playbook import CompareRule
 
 # PyTorch's own MPS tests (test/test_mps.py).
 FLOAT32_TOL = (1.3e-6, 1e-5)  # (rtol, atol)
@@ -53,23 +54,6 @@ DEVICE_RE = re.compile(
     r"^(?:cpu|mps|cuda|xpu|hip|meta|xla|mtia|hpu|ipu|vulkan|privateuseone)(?::\d+)?$"
 )
 _PY_NUMBERS = ("int", "float", "number")
-
-
-@dataclass(frozen=True)
-class CompareRule:
-    """One ``outputs.compare`` entry: a glob relative to the output dir and tolerances.
-
-    ``None`` tolerances mean "PyTorch's MPS test defaults for the leaf's dtype".
-    ``keys``/``ignore`` are globs of key paths (see :func:`key_matches`); ``strict``
-    makes metadata differences fail the rule.
-    """
-
-    file: str
-    rtol: float | None = None
-    atol: float | None = None
-    keys: tuple[str, ...] = ()
-    ignore: tuple[str, ...] = ()
-    strict: bool = False
 
 
 @dataclass

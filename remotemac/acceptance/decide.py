@@ -49,20 +49,6 @@ MIN_SAMPLES = 3
 MAX_TREND_POINTS = 400
 
 
-def least_squares_slope(points: Sequence[tuple[float, float]]) -> float | None:
-    """Slope of the least-squares line through ``(t, y)`` points; None when undefined."""
-    n = len(points)
-    if n < 2:
-        return None
-    mean_t = sum(t for t, _ in points) / n
-    mean_y = sum(y for _, y in points) / n
-    var_t = sum((t - mean_t) ** 2 for t, _ in points)
-    if var_t == 0:
-        return None
-    cov = sum((t - mean_t) * (y - mean_y) for t, y in points)
-    return cov / var_t
-
-
 def _median(values: list[float]) -> float:
     values = sorted(values)
     mid = len(values) // 2

@@ -11,6 +11,19 @@ from typing import Any
 
 from remotemac.vocab import human_size
 
+#: the environment facts each side's record carries (engine/record.py writes them)
+ENV_FACT_KEYS = (
+    "os",
+    "os_version",
+    "arch",
+    "chip",
+    "python",
+    "torch",
+    "numpy",
+    "mps_built",
+    "mps_available",
+)
+
 SPARK = "▁▂▃▄▅▆▇█"
 SPARK_WIDTH = 48
 MAX_TENSOR_ROWS = 40
@@ -361,22 +374,7 @@ def _environment(env: dict[str, Any]) -> list[str]:
         out.append("No mismatch between reference and target that matters.")
     ref, tgt = env.get("reference") or {}, env.get("target") or {}
     keys = [
-        k
-        for k in (
-            "os",
-            "os_version",
-            "arch",
-            "chip",
-            "python",
-            "torch",
-            "numpy",
-            "mps_built",
-            "mps_available",
-            "lock_hash",
-            "git_commit",
-            "git_dirty",
-        )
-        if k in ref or k in tgt
+        k for k in (*ENV_FACT_KEYS, "lock_hash", "git_commit", "git_dirty") if k in ref or k in tgt
     ]
     if keys:
         out += [""]

@@ -1,7 +1,7 @@
 """Host side of the dataset: receive the streamed slice, verify it, decrypt it into RAM.
 
 Why a stream and not file copies: the laptop hashes, encrypts and sends while this
-process, on the other end of one SSH channel, stores the ciphertext (the slice
+process, on the other end of an SSH channel (one of several on a far link), stores the ciphertext (the slice
 rests encrypted in ``<run>/data``), decrypts it into RAM-backed storage and checks
 each file's SHA-256, so every stage overlaps and nothing is read twice.
 
@@ -10,23 +10,37 @@ each file's SHA-256, so every stage overlaps and nothing is read twice.
 1. laptop → one JSON line: ``{"run_dir", "run_id", "src", "encrypted", "key_hex"
    (only when encrypted; the key never touches disk, argv or the environment),
    "runtime_dir" (only when encrypted: the agent runtime to decrypt with),
-   "ram_bytes", "entries": [{"path", "size", "sha256" or null}]}``;
-2. host → one JSON line: ``{"ok": true, "known": [[index, sha256], ...], "ram"}``:
-   the entries it already holds complete and verified (the record
+   "ram_bytes", "entries": [{"path", "size", "sha256" or null, "mtime_ns"}],
+   "worker" (true on the extra channels of a multi-stream sync)}``;
+2. host → one JSON line: ``{"ok": true, "known": [[index, sha256], ...], "partial":
+   [[index, {...}], ...], "ram"}`` (a worker answers ``{"ok": true, "ram"}``):
+   ``known`` are the entries it already holds complete and verified (the record
    ``<src>/.verified.jsonl`` is keyed by relative path and plaintext SHA-256,
    because every encryption uses a fresh salt and so gives different ciphertext);
-3. laptop → frames ``b"F" index:u32 length:u64`` + ``length`` bytes (ciphertext,
-   or plaintext for public data) + the 32-byte SHA-256 of the plaintext; the host
-   answers ``{"ack": index}`` once the file is stored, decrypted and verified;
-4. laptop → ``b"E" 0:u32 length:u64`` + the final manifest as JSON; the host
-   checks every entry against its record (re-decrypting from the stored
-   ciphertext what is missing from RAM, e.g. after a reboot), removes files that
-   left the slice, and answers ``{"ok": true, "result": {...}}``.
+   ``partial`` the cut transfers it kept (``.remotemac-partial/``, ciphertext only,
+   files of RESUMABLE bytes or more): ``{"partial", "chunks", "offset",
+   "prefix_sha256", "header", "size", "mtime_ns"}``, ``chunks`` being the whole
+   chunks that authenticate and ``offset`` their plaintext length;
+3. laptop → ``b"P" 0 0`` (optional, any number): the host answers ``{"ok": true,
+   "pong": true}`` (the laptop sizes its streams by this round trip);
+4. laptop → frames ``b"F" index:u32 length:u64`` + ``length`` bytes (ciphertext,
+   or plaintext for public data) + the 32-byte SHA-256 of the plaintext, or
+   ``b"R" index:u32 length:u64`` + ``meta_len:u32`` + ``{"partial", "chunks",
+   "prefix_sha256"}`` + the ciphertext from chunk ``chunks`` on + the SHA-256 (the
+   host decrypts the kept prefix again, checks its hash, continues after it); the
+   host answers ``{"ack": index}`` once the file is stored, decrypted and verified;
+5. a worker gets ``b"D" 0 0`` and answers ``{"ok": true, "result": {"received"}}``;
+   the first channel, once every worker is done, ``b"E" 0:u32 length:u64`` + the
+   final manifest as JSON: the host checks every entry against its record
+   (re-decrypting from the stored ciphertext what is missing from RAM, e.g. after a
+   reboot), removes files that left the slice and kept cut transfers, and answers
+   ``{"ok": true, "result": {...}}``.
 
 Any failure is one line ``{"ok": false, "error", "code"}`` (code ``integrity``
 for checksum or decryption failures, ``ram`` when no RAM store could be made).
-A cut link leaves only ``.part-<pid>`` files, removed on the way out; a re-run
-skips every file already acknowledged.
+A cut link leaves ``.part-<pid>`` files (removed on the way out, or by the next
+finish once that process is gone) and, for large files, the kept ciphertext; a
+re-run skips every file already acknowledged and resumes the kept ones.
 
 ``op_prepare_data`` (through hostagent.py) is the full check: it decrypts every
 file from its stored ciphertext again and compares it to the manifest.
@@ -39,6 +53,7 @@ agentruntime.py) and from nowhere else. Python 3.9.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import functools
 import hashlib
 import json
@@ -50,7 +65,12 @@ import sys
 from typing import Any, BinaryIO, Dict, List, Optional, Tuple
 
 RECORD = ".verified.jsonl"
+#: cut transfers kept for resuming: ``<sha256(path)[:32]>-<pid>.rmenc`` + ``.json``
+PARTIAL = ".remotemac-partial"
+#: only files this big are kept for resuming when cut (below, resending is cheap)
+RESUMABLE = 8 << 20
 FRAME = struct.Struct(">cIQ")
+META_LEN = struct.Struct(">I")
 READ = 1 << 20
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 
@@ -159,10 +179,36 @@ class _Recorder:
         self._fd = fd
 
     def add(self, rec: Dict[str, Any]) -> None:
-        os.write(self._fd, (json.dumps(rec, sort_keys=True) + "\n").encode("utf-8"))
+        # several receivers (one per stream) append to the same record: one locked write
+        line = (json.dumps(rec, sort_keys=True) + "\n").encode("utf-8")
+        fcntl.flock(self._fd, fcntl.LOCK_EX)
+        try:
+            os.write(self._fd, line)
+        finally:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
 
     def close(self) -> None:
         os.close(self._fd)
+
+
+def _alive(pid: Any, wait: float = 0.0) -> bool:
+    """Whether process ``pid`` (another receiver on this host) still runs; waits up to
+    ``wait`` seconds for it to end (a session cut by the link exits at its next read)."""
+    import time
+
+    if not isinstance(pid, int) or pid <= 0 or pid == os.getpid():
+        return False
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            pass
+        if time.monotonic() >= deadline:
+            return True
+        time.sleep(0.05)
 
 
 def _compact(src: str, records: Dict[str, Dict[str, Any]]) -> None:
@@ -283,42 +329,173 @@ class Receiver:
                 out.append((index, str(rec["sha256"])))
         return out
 
-    def receive(self, stdin: BinaryIO, index: int, length: int, recorder: _Recorder) -> None:
-        """Store, decrypt and verify one framed file; an error leaves no partial file."""
+    # -------------------------------------------------------------- cut transfers
+
+    def _partial_dir(self) -> str:
+        path = os.path.join(self.src, PARTIAL)
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(path, 0o700)
+        if not stat.S_ISDIR(os.lstat(path).st_mode):
+            raise DataError("%s is in the way (not a directory)" % path, "unsafe-path")
+        return path
+
+    def _partial_metas(self) -> List[Tuple[str, Dict[str, Any]]]:
+        """(base path without extension, meta) of every kept cut transfer.
+
+        Metas are written whole (temp name, then rename), so one that does not parse
+        is damage, not another stream's file being written: it goes.
+        """
+        out = []
+        directory = os.path.join(self.src, PARTIAL)
+        with contextlib.suppress(OSError):
+            for name in sorted(os.listdir(directory)):
+                if not name.endswith(".json"):
+                    continue
+                base = os.path.join(directory, name[: -len(".json")])
+                try:
+                    with open(base + ".json", "rb") as fh:
+                        meta = json.loads(fh.read().decode("utf-8"))
+                    _check_rel(meta["path"])
+                except (OSError, ValueError, KeyError, TypeError, DataError):
+                    _unlink(base + ".json", base + ".rmenc")
+                    continue
+                out.append((base, meta))
+        return out
+
+    def partials(self, known: List[Tuple[int, str]]) -> List[Tuple[int, Dict[str, Any]]]:
+        """Cut transfers worth resuming: [index, {partial, chunks, offset, prefix_sha256,
+        header, size, mtime_ns}], the verified prefix being whole chunks that authenticate.
+
+        Stale ones (the entry left the slice, is already verified, or its size or the
+        laptop's mtime changed) are deleted; so is all but the longest per file. The
+        laptop resumes only when its own prefix hashes the same.
+        """
+        if not self.encrypted:
+            return []
+        import streamcrypt
+
+        index_of = {e["path"]: i for i, e in enumerate(self.entries)}
+        done = {i for i, _ in known}
+        best: Dict[int, Dict[str, Any]] = {}
+        for base, meta in self._partial_metas():
+            if _alive(meta.get("pid"), wait=3.0):
+                continue  # an earlier session still writes it (it dies of the cut soon)
+            index = index_of.get(meta["path"])
+            entry = self.entries[index] if index is not None else None
+            if (
+                entry is None
+                or index in done
+                or (entry.get("size"), entry.get("mtime_ns"))
+                != (meta.get("size"), meta.get("mtime_ns"))
+            ):
+                _unlink(base + ".json", base + ".rmenc")
+                continue
+            sink = _HashSink(None)
+            try:
+                with open(base + ".rmenc", "rb") as fh:
+                    header, chunks = streamcrypt.verified_prefix(self.key, meta["path"], fh, sink)
+            except OSError:
+                header, chunks = b"", 0
+            old = best.get(index)
+            if not chunks or (old is not None and old["chunks"] >= chunks):
+                _unlink(base + ".json", base + ".rmenc")
+                continue
+            if old is not None:
+                _unlink(old["base"] + ".json", old["base"] + ".rmenc")
+            best[index] = {
+                "base": base,
+                "partial": os.path.basename(base),
+                "chunks": chunks,
+                "offset": sink.size,
+                "prefix_sha256": sink.digest.hexdigest(),
+                "header": header.hex(),
+                "size": meta["size"],
+                "mtime_ns": meta["mtime_ns"],
+            }
+        return [(i, {k: v for k, v in info.items() if k != "base"}) for i, info in best.items()]
+
+    def _drop_partials(self, rel: str) -> None:
+        """Forget every cut transfer of ``rel`` no live session is writing."""
+        for base, meta in self._partial_metas():
+            if meta["path"] == rel and not _alive(meta.get("pid")):
+                _unlink(base + ".json", base + ".rmenc")
+
+    def _claim_partial(self, rel: str, entry: Dict[str, Any], resume: Optional[Dict[str, Any]]):
+        """The path this session stores ``rel``'s ciphertext under while it arrives.
+
+        ``resume`` names a cut transfer to continue: it is renamed to this session's
+        name first (so two sessions never write one file); otherwise older ones go.
+        """
+        directory = self._partial_dir()
+        base = os.path.join(
+            directory, "%s-%d" % (hashlib.sha256(rel.encode("utf-8")).hexdigest()[:32], os.getpid())
+        )
+        if resume is None:
+            self._drop_partials(rel)
+        else:
+            old = os.path.join(directory, os.path.basename(str(resume["partial"])))
+            try:
+                os.replace(old + ".rmenc", base + ".rmenc")
+            except OSError:
+                raise DataError("the cut transfer of %s to resume is gone" % rel) from None
+            _unlink(old + ".json")
+        meta = {
+            "path": rel,
+            "size": entry.get("size"),
+            "mtime_ns": entry.get("mtime_ns"),
+            "pid": os.getpid(),
+        }
+        tmp = "%s.tmp-%d" % (base, os.getpid())
+        with _open_new(tmp) as fh:
+            fh.write(json.dumps(meta).encode("utf-8"))
+        os.replace(tmp, base + ".json")
+        return base
+
+    # -------------------------------------------------------------- receiving
+
+    def receive(
+        self,
+        stdin: BinaryIO,
+        index: int,
+        length: int,
+        recorder: _Recorder,
+        resume: Optional[Dict[str, Any]] = None,
+    ) -> None:
+        """Store, decrypt and verify one framed file; the job never sees a partial file.
+
+        An encrypted file of RESUMABLE bytes or more arrives under ``.remotemac-partial/``
+        and stays there when the link is cut (see :meth:`partials`); ``resume`` continues
+        such a one (the frame carries chunks ``resume["chunks"]`` on). Plaintext only
+        ever goes to a hidden part file in RAM, renamed into place once verified.
+        """
         if not 0 <= index < len(self.entries):
             raise DataError("frame for unknown entry %d" % index)
-        rel = self.entries[index]["path"]
+        entry = self.entries[index]
+        rel = entry["path"]
         stored = _inside(self.src, rel) + (".rmenc" if self.encrypted else "")
         _make_parents(self.src, rel)
-        part = "%s.part-%d" % (stored, os.getpid())
         plain = _inside(self.dest, rel) if self.encrypted else None
         plain_part = None
+        meta = None
         if plain is not None:
             _make_parents(self.dest, rel)
             plain_part = os.path.join(
                 os.path.dirname(plain), ".%s.part-%d" % (os.path.basename(plain), os.getpid())
             )
+        if plain is not None and (resume is not None or length >= RESUMABLE):
+            base = self._claim_partial(rel, entry, resume)
+            part, meta = base + ".rmenc", base + ".json"
+        else:  # small or public: a cut resends it whole (keeping it costs two more files)
+            part = "%s.part-%d" % (stored, os.getpid())
+        keep_partial = False
         try:
-            with _open_new(part) as copy:
-                if self.encrypted:
-                    import streamcrypt
-
-                    assert plain_part is not None
-                    with _open_new(plain_part) as out:
-                        sink = _HashSink(out)
-                        tee = _Tee(stdin, copy)
-                        try:
-                            streamcrypt.decrypt_stream(self.key, rel, tee, sink, limit=length)
-                        except streamcrypt.DecryptError as exc:
-                            if tee.eof:
-                                raise EOFError("stream ended inside a frame") from None
-                            raise DataError(
-                                "dataset file %s failed decryption on the host: %s" % (rel, exc),
-                                "integrity",
-                            ) from None
-                        if tee.count != length:
-                            raise EOFError("stream ended inside a frame")
-                else:
+            if self.encrypted:
+                assert plain_part is not None
+                with _open_new(plain_part) as out:
+                    sink = _HashSink(out)
+                    self._receive_sealed(stdin, rel, length, part, sink, resume)
+            else:
+                with _open_new(part) as copy:
                     sink = _HashSink(copy)
                     left = length
                     while left:
@@ -327,7 +504,9 @@ class Receiver:
                             raise EOFError("stream ended inside a frame")
                         sink.write(block)
                         left -= len(block)
+            keep_partial = True  # the ciphertext is whole; a cut from here resumes at its end
             claimed = _read_exact(stdin, 32).hex()
+            keep_partial = False
             digest = sink.digest.hexdigest()
             if digest != claimed:
                 raise DataError(
@@ -345,18 +524,74 @@ class Receiver:
                 rec["plain_mtime_ns"] = os.lstat(plain).st_mtime_ns
             else:
                 rec["mtime_ns"] = st.st_mtime_ns
-        except BaseException:
-            _unlink(part, plain_part or "")
+        except (EOFError, OSError) as exc:
+            # a cut link: the stored ciphertext stays for the next session to resume
+            keep_partial = bool(meta) and (keep_partial or isinstance(exc, EOFError))
+            _unlink(plain_part or "", *(() if keep_partial else (part, meta or "")))
             raise
+        except BaseException:
+            _unlink(part, plain_part or "", meta or "")
+            raise
+        if meta:
+            _unlink(meta)
         recorder.add(rec)
         self.records[rel] = rec
         self.received += 1
+
+    def _receive_sealed(
+        self,
+        stdin: BinaryIO,
+        rel: str,
+        length: int,
+        part: str,
+        sink: _HashSink,
+        resume: Optional[Dict[str, Any]],
+    ) -> None:
+        """Tee the ciphertext into ``part`` while decrypting it into ``sink``.
+
+        Resuming, the kept prefix is authenticated and decrypted into ``sink`` again
+        first (it must hash as it did when reported), then cut to exactly the chunks
+        the laptop continues after.
+        """
+        import streamcrypt
+
+        mode = "r+b" if resume is not None else "wb"
+        fd = os.open(
+            part, os.O_RDWR | os.O_CREAT | _NOFOLLOW | (0 if resume else os.O_TRUNC), 0o600
+        )
+        with os.fdopen(fd, mode) as copy:
+            where = None
+            if resume is not None:
+                chunks = int(resume["chunks"])
+                header, got = streamcrypt.verified_prefix(self.key, rel, copy, sink, chunks)
+                if got != chunks or sink.digest.hexdigest() != resume["prefix_sha256"]:
+                    raise DataError(
+                        "the kept part of %s changed on the host since it was reported" % rel,
+                        "integrity",
+                    )
+                cs = streamcrypt.header_chunk_size(header)
+                copy.truncate(streamcrypt.HEADER_LEN + chunks * (cs + streamcrypt.TAG_LEN))
+                copy.seek(0, os.SEEK_END)
+                where = (header, chunks)
+            tee = _Tee(stdin, copy)
+            try:
+                streamcrypt.decrypt_stream(self.key, rel, tee, sink, limit=length, resume=where)
+            except streamcrypt.DecryptError as exc:
+                if tee.eof:
+                    raise EOFError("stream ended inside a frame") from None
+                raise DataError(
+                    "dataset file %s failed decryption on the host: %s" % (rel, exc),
+                    "integrity",
+                ) from None
+            if tee.count != length:
+                raise EOFError("stream ended inside a frame")
 
     def finish(self, manifest: List[Dict[str, Any]]) -> Dict[str, Any]:
         """Check every manifest entry before launch; prune what left the slice."""
         mismatches: List[Dict[str, str]] = []
         redecrypted = 0
         wanted = {}
+        self.records = load_records(self.src)  # with what the other streams verified
         for entry in manifest:
             rel = _check_rel(entry["path"])
             wanted[rel] = entry
@@ -374,6 +609,9 @@ class Receiver:
                     continue
                 redecrypted += 1
         pruned = self._prune(set(wanted))
+        for base, meta in self._partial_metas():  # every wanted file is whole: none resumes
+            if not _alive(meta.get("pid")):
+                _unlink(base + ".json", base + ".rmenc")
         self.records = {p: r for p, r in self.records.items() if p in wanted}
         _compact(self.src, self.records)
         return {
@@ -420,8 +658,13 @@ class Receiver:
                 for name in files:
                     full = os.path.join(dirpath, name)
                     rel = full[prefix_len:].replace(os.sep, "/")  # os.walk joins below base
-                    if ".part-" in name or (base == self.src and rel.startswith(RECORD)):
-                        continue  # a session's file in flight, or its debris (wiped later)
+                    if ".part-" in name:
+                        pid = name.rsplit(".part-", 1)[1]
+                        if pid.isdigit() and not _alive(int(pid)):
+                            _unlink(full)  # debris of a session that was killed mid-file
+                        continue  # else a live session's file in flight
+                    if base == self.src and (rel.startswith(RECORD) or rel.startswith(PARTIAL)):
+                        continue
                     logical = rel[: -len(ext)] if ext and rel.endswith(ext) else None
                     if not ext:
                         logical = rel
@@ -445,8 +688,14 @@ def serve(stdin: BinaryIO, stdout: BinaryIO) -> int:
         line = stdin.readline()
         if not line:
             return 3
-        receiver = Receiver(json.loads(line.decode("utf-8")))
-        _say(stdout, {"ok": True, "known": receiver.known(), "ram": receiver.ram})
+        req = json.loads(line.decode("utf-8"))
+        receiver = Receiver(req)
+        if req.get("worker"):
+            _say(stdout, {"ok": True, "ram": receiver.ram})
+        else:
+            known = receiver.known()
+            partial = receiver.partials(known)
+            _say(stdout, {"ok": True, "known": known, "partial": partial, "ram": receiver.ram})
         recorder = _Recorder(receiver.src)
         try:
             while True:
@@ -454,6 +703,16 @@ def serve(stdin: BinaryIO, stdout: BinaryIO) -> int:
                 if kind == b"F":
                     receiver.receive(stdin, index, length, recorder)
                     _say(stdout, {"ack": index})
+                elif kind == b"R":
+                    (size,) = META_LEN.unpack(_read_exact(stdin, META_LEN.size))
+                    resume = json.loads(_read_exact(stdin, size).decode("utf-8"))
+                    receiver.receive(stdin, index, length, recorder, resume)
+                    _say(stdout, {"ack": index})
+                elif kind == b"P":
+                    _say(stdout, {"ok": True, "pong": True})
+                elif kind == b"D":  # one of several streams is done: the first one finishes
+                    _say(stdout, {"ok": True, "result": {"received": receiver.received}})
+                    return 0
                 elif kind == b"E":
                     manifest = json.loads(_read_exact(stdin, length).decode("utf-8"))
                     _say(stdout, {"ok": True, "result": receiver.finish(manifest)})

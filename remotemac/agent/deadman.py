@@ -2,7 +2,7 @@
 
 Why: a rental ends whether or not the laptop comes back. With ``wipe_deadline``
 in the playbook the agent schedules, on the host itself, the same wipe the
-engine runs (cleanupops.wipe_run_data: processes stopped, RAM store destroyed,
+engine runs (wipeops.wipe_run_data: processes stopped, RAM store destroyed,
 data/tmp/cache/out deleted), so the data does not outlive the rental.
 
 How:
@@ -36,6 +36,7 @@ _HERE = os.path.dirname(os.path.abspath(globals().get("__file__") or "."))
 if _HERE not in sys.path:
     sys.path.insert(0, _HERE)
 
+import agentutil  # noqa: E402
 import procid  # noqa: E402
 import safefs  # noqa: E402
 
@@ -69,12 +70,12 @@ def op_deadman_schedule(req: Dict[str, Any]) -> Dict[str, Any]:
 
 def schedule(req: Dict[str, Any], platform: Optional[str] = None) -> Dict[str, Any]:
     """Schedule the wipe of ``run_id`` at ``deadline`` (Unix time); idempotent."""
-    import cleanupops
+    import wipeops
 
-    lexical, real_root = cleanupops.check_root(req["root"])
+    lexical, real_root = wipeops.check_root(req["root"])
     run_id = req["run_id"]
     if not re.match(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$", run_id):
-        raise cleanupops.UnsafeRoot("run id %r is not valid" % run_id)
+        raise wipeops.UnsafeRoot("run id %r is not valid" % run_id)
     deadline = float(req["deadline"])
     platform = platform or sys.platform
     steps: List[Dict[str, Any]] = []
@@ -112,7 +113,6 @@ def schedule(req: Dict[str, Any], platform: Optional[str] = None) -> Dict[str, A
 def _schedule_launchd(
     spec: Dict[str, Any], spec_file: str, steps: List[Dict[str, Any]]
 ) -> Optional[Dict[str, Any]]:
-    import cleanupops
 
     label = label_for(spec["run_id"])
     agents = launch_agents_dir()
@@ -141,7 +141,7 @@ def _schedule_launchd(
         ([launchctl(), "bootstrap", "user/%d" % uid, plist], "user/%d" % uid),
         ([launchctl(), "load", "-w", plist], "load"),
     ):
-        code, _out, _err = cleanupops.run_cmd(argv, steps)
+        code, _out, _err = agentutil.run_cmd(argv, steps)
         if code == 0:
             return {
                 "method": "launchd",
@@ -212,7 +212,6 @@ def spawn_detached(argv: List[str]) -> int:
 
 def find_jobs(roots: List[str], run_ids: Optional[List[str]] = None) -> List[Dict[str, Any]]:
     """Dead-man jobs that belong to one of ``roots``: plists and sleeper processes."""
-    import cleanupops
 
     marks = [r for r in roots if r]
     jobs: List[Dict[str, Any]] = []
@@ -257,7 +256,7 @@ def find_jobs(roots: List[str], run_ids: Optional[List[str]] = None) -> List[Dic
                         }
                     )
     me = os.getpid()
-    for pid, line in cleanupops.all_processes():
+    for pid, line in agentutil.all_processes():
         if pid == me or "deadman.py" not in line or " sleep " not in line + " ":
             continue
         if any(procid.names_path(line, m + "/deadman") for m in marks):
@@ -289,19 +288,17 @@ def parse_launchctl_list(text: str) -> List[str]:
 
 
 def loaded_labels() -> List[str]:
-    import cleanupops
 
-    code, out, _ = cleanupops.run_cmd([launchctl(), "list"])
+    code, out, _ = agentutil.run_cmd([launchctl(), "list"])
     return parse_launchctl_list(out) if code == 0 else []
 
 
 def remove_job(job: Dict[str, Any], steps: List[Dict[str, Any]]) -> Dict[str, Any]:
     """Unload + delete a LaunchAgent, or stop a sleeper; the fate for the record."""
-    import cleanupops
 
     if job["method"] == "sleeper":
         pid = int(job["pid"])
-        line = cleanupops.cmdline(pid)
+        line = agentutil.cmdline(pid)
         if not line or "deadman.py" not in line:
             return {"fate": "not found", "bytes": 0}
         if not procid.same_start(pid, job.get("start")):
@@ -310,7 +307,7 @@ def remove_job(job: Dict[str, Any], steps: List[Dict[str, Any]]) -> Dict[str, An
                 "bytes": 0,
                 "why": "pid %d is not the sleeper remotemac started (start time differs)" % pid,
             }
-        ok = cleanupops.terminate(pid, steps, group=False, start=job.get("start"))
+        ok = agentutil.terminate(pid, steps, group=False, start=job.get("start"))
         return {
             "fate": "removed" if ok else "failed",
             "bytes": 0,
@@ -323,12 +320,12 @@ def remove_job(job: Dict[str, Any], steps: List[Dict[str, Any]]) -> Dict[str, An
         [launchctl(), "bootout", "gui/%d/%s" % (uid, label)],
         [launchctl(), "bootout", "user/%d/%s" % (uid, label)],
     ):
-        code, _o, _e = cleanupops.run_cmd(argv, steps)
+        code, _o, _e = agentutil.run_cmd(argv, steps)
         if code == 0:
             unloaded = True
             break
     if not unloaded and plist:
-        code, _o, _e = cleanupops.run_cmd([launchctl(), "unload", plist], steps)
+        code, _o, _e = agentutil.run_cmd([launchctl(), "unload", plist], steps)
         unloaded = code == 0
     size = 0
     if plist and os.path.lexists(plist):
@@ -366,9 +363,9 @@ def cancel(
 
 
 def op_deadman_cancel(req: Dict[str, Any]) -> Dict[str, Any]:
-    import cleanupops
+    import wipeops
 
-    lexical, real_root = cleanupops.check_root(req["root"])
+    lexical, real_root = wipeops.check_root(req["root"])
     steps: List[Dict[str, Any]] = []
     jobs = cancel(real_root, req["run_id"], steps=steps, roots=[lexical, real_root])
     return {"jobs": jobs, "steps": steps}
@@ -379,7 +376,7 @@ def op_deadman_cancel(req: Dict[str, Any]) -> Dict[str, Any]:
 
 def fire(spec_file: str, now: Optional[float] = None) -> Optional[Dict[str, Any]]:
     """Run the wipe when the deadline has come; None if the spec is gone or it is early."""
-    import cleanupops
+    import wipeops
 
     spec = safefs.read_json_file(spec_file)
     if not isinstance(spec, dict):
@@ -390,7 +387,7 @@ def fire(spec_file: str, now: Optional[float] = None) -> Optional[Dict[str, Any]
         return None  # launchd fired early (a calendar slot of another year): not yet
     if deadline > now:
         time.sleep(deadline - now)
-    result = cleanupops.wipe_run_data(
+    result = wipeops.wipe_run_data(
         {
             "root": spec["root"],
             "run_id": spec["run_id"],
@@ -414,7 +411,7 @@ def fire(spec_file: str, now: Optional[float] = None) -> Optional[Dict[str, Any]
             if domain == "load"
             else [launchctl(), "bootout", "%s/%s" % (domain, job["label"])]
         )
-        cleanupops.run_cmd(argv)  # last: launchd may stop this very process
+        agentutil.run_cmd(argv)  # last: launchd may stop this very process
     return result
 
 

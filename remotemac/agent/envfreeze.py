@@ -14,21 +14,21 @@ import platform
 import shutil
 import subprocess
 import sys
-import threading
 from typing import Any, Optional
 
-_PROBE = r"""
+try:  # a sibling in the shipped agent dir (on sys.path there)
+    from agentutil import PACKAGES_PROBE, write_json_atomic
+except ImportError:  # imported as remotemac.agent.envfreeze (the laptop, tests)
+    from remotemac.agent.agentutil import PACKAGES_PROBE, write_json_atomic
+
+_PROBE = (
+    PACKAGES_PROBE
+    + r"""
 import json, os, platform, sys
 d = {"python": sys.version.split()[0], "implementation": platform.python_implementation(),
      "executable": sys.executable, "machine": platform.machine()}
 try:
-    from importlib import metadata
-    pkgs = {}
-    for dist in metadata.distributions():
-        name = (dist.metadata["Name"] or "").lower().replace("_", "-")
-        if name:
-            pkgs[name] = dist.version
-    d["packages"] = dict(sorted(pkgs.items()))
+    d["packages"] = installed_packages()
 except Exception as exc:
     d["packages"] = None
     d["packages_error"] = str(exc)
@@ -51,6 +51,7 @@ except Exception:
 d["_paths"] = [p for p in sys.path if p and os.path.isdir(p)]
 print(json.dumps(d))
 """
+)
 
 
 def _first_line(argv: list) -> str:
@@ -132,12 +133,9 @@ def op_freeze_env(req: dict) -> dict:
         paths = frozen.pop("_paths", [])
         if cache:
             os.makedirs(os.path.dirname(cache), mode=0o700, exist_ok=True)
-            tmp = "%s.tmp-%d-%d" % (cache, os.getpid(), threading.get_ident())
-            with open(tmp, "w") as fh:
-                json.dump(
-                    {"stamp": env_stamp(resolved, paths), "paths": paths, "frozen": frozen}, fh
-                )
-            os.replace(tmp, cache)
+            write_json_atomic(
+                cache, {"stamp": env_stamp(resolved, paths), "paths": paths, "frozen": frozen}
+            )
     frozen.pop("_paths", None)
     frozen.update(host_facts())
     frozen["pytorch_env"] = {k: v for k, v in os.environ.items() if k.startswith("PYTORCH_")}

@@ -19,6 +19,11 @@ import sys
 import tempfile
 from typing import Any, Dict, List
 
+try:  # a sibling in the agent dir (guards.py also runs as a script from there)
+    from agentutil import format_mib
+except ImportError:  # imported as remotemac.agent.guards (the laptop, tests)
+    from remotemac.agent.agentutil import format_mib
+
 #: the caches remotemac points inside the run dir (engine/jobs.py sets them)
 CACHE_VARS = ("TORCH_HOME", "HF_HOME", "PIP_CACHE_DIR", "XDG_CACHE_HOME", "MPLCONFIGDIR")
 #: the data check opens at most this many files (a dataset may have millions)
@@ -36,10 +41,6 @@ def _agent_error(message: str, code: str) -> Exception:
     agent = sys.modules.get("hostagent") or sys.modules.get("__main__")
     cls = getattr(agent, "AgentError", None)
     return cls(message, code) if cls is not None else GuardError(message, code)
-
-
-def _mib(n: float) -> str:
-    return "%.1f MiB" % (n / 1048576.0)
 
 
 # ------------------------------------------------------------------ access
@@ -178,13 +179,13 @@ def op_check_space(req: Dict[str, Any]) -> Dict[str, Any]:
         "fits": free >= need,
     }
     if not answer["fits"]:
-        parts = ["%s %s" % (k, _mib(v)) for k, v in sorted(items.items())]
-        parts.append("min_free_disk %s" % _mib(min_free))
-        venv_note = "; the venv, %s, is already installed" % _mib(venv) if venv else ""
+        parts = ["%s %s" % (k, format_mib(v)) for k, v in sorted(items.items())]
+        parts.append("min_free_disk %s" % format_mib(min_free))
+        venv_note = "; the venv, %s, is already installed" % format_mib(venv) if venv else ""
         raise _agent_error(
             "not enough disk for this run on %s: it needs %s free (%s%s) but %s is free; free "
             "some space, lower stop_when.min_free_disk or choose another remote_root"
-            % (path, _mib(need), " + ".join(parts), venv_note, _mib(free)),
+            % (path, format_mib(need), " + ".join(parts), venv_note, format_mib(free)),
             "no-space",
         )
     return answer
@@ -193,16 +194,21 @@ def op_check_space(req: Dict[str, Any]) -> Dict[str, Any]:
 # ------------------------------------------------------------------ drift
 
 
+def _fingerprint_source() -> str:
+    """The probe run by the workload's interpreter: agentutil's package probe, the
+    same one envfreeze runs, so both name the copy of a package that is imported
+    (the agent dir is on sys.path: op_env_fingerprint put it there)."""
+    from agentutil import PACKAGES_PROBE
+
+    return PACKAGES_PROBE + _FINGERPRINT
+
+
 _FINGERPRINT = r"""
 import hashlib, json, sys
 d = {"python": sys.version.split()[0], "executable": sys.executable}
 pkgs = {}
 try:
-    from importlib import metadata
-    for dist in metadata.distributions():
-        name = (dist.metadata["Name"] or "").lower().replace("_", "-")
-        if name and name not in pkgs:  # the first on sys.path is the one imported
-            pkgs[name] = dist.version
+    pkgs = installed_packages()
 except Exception as exc:
     d["packages_error"] = str(exc)
 d["packages"] = dict(sorted(pkgs.items()))
@@ -229,7 +235,7 @@ def op_env_fingerprint(req: Dict[str, Any]) -> Dict[str, Any]:
     python = req["python"]
     try:
         res = subprocess.run(
-            [python, "-c", _FINGERPRINT],
+            [python, "-c", _fingerprint_source()],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             timeout=120,

@@ -17,7 +17,6 @@ import hashlib
 import json
 import os
 import shlex
-import shutil
 import signal
 import stat
 import subprocess
@@ -28,8 +27,12 @@ from typing import Any
 
 try:  # a sibling on the host (or preloaded by cleanup's in-memory bootstrap)
     import safefs
+    from agentutil import find_tool, pid_alive, tmux_path
 except ImportError:  # imported as remotemac.agent.hostagent (the laptop, tests)
     from remotemac.agent import safefs
+    from remotemac.agent.agentutil import find_tool, pid_alive, tmux_path
+
+__all__ = ["pid_alive", "tmux_path"]  # re-exported: the journal asks hostagent
 
 AGENT_DIR = os.path.dirname(os.path.abspath(__file__))
 HEARTBEAT_STALE_S = 15.0
@@ -80,16 +83,6 @@ def inventory_add(root: str, kind: str, path: str, run_id: str | None = None) ->
     _atomic_write_json(inv_path, inv)
 
 
-def tmux_path() -> str | None:
-    found = shutil.which("tmux")
-    if found:
-        return found
-    for candidate in ("/opt/homebrew/bin/tmux", "/usr/local/bin/tmux"):
-        if os.access(candidate, os.X_OK):
-            return candidate
-    return None
-
-
 def stale_after_s(req: dict[str, Any]) -> float:
     """Seconds without a heartbeat before a job may be called lost (request, env, default)."""
     for value in (req.get("stale_s"), os.environ.get(ENV_STALE_S)):
@@ -116,13 +109,7 @@ def tmux_install_hint(platform: str, brew: str | None) -> str | None:
 
 
 def brew_path() -> str | None:
-    found = shutil.which("brew")
-    if found:
-        return found
-    for candidate in ("/opt/homebrew/bin/brew", "/usr/local/bin/brew"):
-        if os.access(candidate, os.X_OK):
-            return candidate
-    return None
+    return find_tool("brew")
 
 
 def tmux_alive(session: str) -> bool | None:
@@ -135,19 +122,6 @@ def tmux_alive(session: str) -> bool | None:
         stderr=subprocess.DEVNULL,
     )
     return res.returncode == 0
-
-
-def pid_alive(pid: Any) -> bool:
-    """Is ``pid`` a live process (never true for 0, 1 or a non-integer)?"""
-    if not isinstance(pid, int) or pid <= 1:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def sha256_file(path: str, size: int | None = None) -> str:
@@ -387,16 +361,16 @@ def op_stop(req: dict[str, Any]) -> dict[str, Any]:
     run_dir, device, session = req["run_dir"], req["device"], req.get("session", "")
     status = _read_json(os.path.join(run_dir, "status", device + ".json"), {}) or {}
     sys.path.insert(0, AGENT_DIR)
-    import cleanupops
+    import wipeops
 
     left = []
     for key in ("child_pid", "runner_pid"):
         pid = status.get(key)
         if pid and pid_alive(pid):
             why = (
-                cleanupops.child_is_ours(pid, status)
+                wipeops.child_is_ours(pid, status)
                 if key == "child_pid"
-                else cleanupops.runner_is_ours(pid, status, [run_dir])
+                else wipeops.runner_is_ours(pid, status, [run_dir])
             )
             if why:  # a reused pid: never signal it
                 left.append("process:%s (left alone: %s)" % (pid, why))
@@ -478,7 +452,7 @@ def _lazy(module: str, name: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
 
 OPS["ensure_venv"] = _lazy("venvops", "op_ensure_venv")
 OPS["prepare_data"] = _lazy("dataops", "op_prepare_data")
-OPS["wipe_run_data"] = _lazy("cleanupops", "op_wipe_run_data")
+OPS["wipe_run_data"] = _lazy("wipeops", "op_wipe_run_data")
 OPS["cleanup_host"] = _lazy("cleanupops", "op_cleanup_host")
 OPS["deadman_schedule"] = _lazy("deadman", "op_deadman_schedule")
 OPS["deadman_cancel"] = _lazy("deadman", "op_deadman_cancel")

@@ -102,22 +102,6 @@ def parse_sysctl_value(text: str) -> Any | None:
     return value
 
 
-def parse_sysctl_dump(text: str) -> dict[str, Any]:
-    """``sysctl NAME...`` output (``name: value`` lines, BSD form) -> {name: value}."""
-    out: dict[str, Any] = {}
-    for line in text.splitlines():
-        name, sep, value = line.partition(": ")
-        if sep and "." in name and " " not in name:  # skips "sysctl: unknown oid ..." lines
-            out[name] = parse_sysctl_value(value)
-    return out
-
-
-def parse_uname_machine(text: str) -> str | None:
-    """``uname -m`` -> ``arm64`` / ``x86_64`` (first word; ``None`` when empty)."""
-    words = text.split()
-    return words[0] if words else None
-
-
 def parse_pmset_g(text: str) -> dict[str, Any]:
     """``pmset -g`` -> {setting: int or str, ..., "notes": {setting: "(...)"}}.
 

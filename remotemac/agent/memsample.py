@@ -21,7 +21,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import IO
 
 # /bin/ps with close_fds=False lets CPython use posix_spawn on macOS instead of fork():
@@ -92,22 +92,6 @@ def mps_memory() -> dict[str, int]:
         return {}
 
 
-def slope(points: Sequence[tuple[float, float]]) -> float | None:
-    """Least-squares slope of (t, value) points; None with fewer than two distinct t.
-
-    A trend over all samples, not the last value: one late spike must not read as a leak.
-    """
-    n = len(points)
-    if n < 2:
-        return None
-    mean_t = sum(p[0] for p in points) / n
-    mean_v = sum(p[1] for p in points) / n
-    var = sum((p[0] - mean_t) ** 2 for p in points)
-    if var == 0:
-        return None
-    return sum((p[0] - mean_t) * (p[1] - mean_v) for p in points) / var
-
-
 class Sampler(threading.Thread):
     """Appends one JSON line per interval to ``metrics.jsonl`` and keeps the peak.
 
@@ -167,15 +151,3 @@ class Sampler(threading.Thread):
             self.sample()
         with self._lock:
             self._out.close()
-
-
-def read_metrics(path: str) -> list[dict[str, object]]:
-    """Parse a metrics.jsonl file, ignoring a torn last line."""
-    rows: list[dict[str, object]] = []
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            try:
-                rows.append(json.loads(line))
-            except ValueError:
-                continue
-    return rows

@@ -16,6 +16,11 @@ import os
 import time
 from typing import Any, Dict, List, Optional
 
+try:  # a sibling in the agent dir (runner.py runs from there)
+    from agentutil import write_json_atomic
+except ImportError:  # imported as remotemac.agent.obsmerge (the laptop, tests)
+    from remotemac.agent.agentutil import write_json_atomic
+
 OBS_SCHEMA = "remotemac.harness.obs/1"
 
 
@@ -143,9 +148,5 @@ def mps_driver_bytes(records: List[Dict[str, Any]], pids: List[int]) -> Optional
 def write_merged(obs_dir: str, obs_path: str, device: str = "") -> Dict[str, Any]:
     """Merge ``obs_dir`` into ``obs_path`` atomically; returns the merged observation."""
     merged = merge(read_records(obs_dir), device)
-    tmp = "%s.tmp.%d" % (obs_path, os.getpid())
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(merged, f, indent=2, sort_keys=True)
-        f.write("\n")
-    os.replace(tmp, obs_path)
+    write_json_atomic(obs_path, merged, indent=2, sort_keys=True, newline=True, fsync=False)
     return merged

@@ -190,12 +190,6 @@ def ejected(stdout: str, device: str) -> bool:
     return f'"{disk}" ejected.' in stdout
 
 
-def unmounted_all(stdout: str, device: str) -> bool:
-    """``diskutil unmountDisk`` success line for ``device``."""
-    disk = device.rsplit("/", 1)[-1]
-    return f"Unmount of all volumes on {disk} was successful" in stdout
-
-
 def _create_ramdisk(size_bytes: int, run_id: str, run: Runner) -> dict[str, object]:
     name = f"remotemac-{run_id}"
     mount = f"/Volumes/{name}"

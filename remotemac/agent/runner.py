@@ -26,6 +26,7 @@ import obsmerge  # sibling files: this script runs from the agent dir
 import procid  # sibling: who a process is (start time, command line), for safe kills
 import proctree
 import safefs  # sibling: file writes that never go through a planted link
+from agentutil import format_mib
 
 HEARTBEAT_S = 2.0
 #: the job's memory (RSS summed over its process tree) is sampled this often
@@ -143,10 +144,6 @@ def _free(path: str) -> dict[str, Any] | None:
     return {"path": path, "free": st.f_bavail * st.f_frsize, "total": st.f_blocks * st.f_frsize}
 
 
-def _mib(n: float) -> str:
-    return "%.1f MiB" % (n / 1048576.0)
-
-
 class DiskWatch:
     """Free space of remote_root's volume (and of the RAM store), checked every DISK_CHECK_S.
 
@@ -186,25 +183,25 @@ class DiskWatch:
         projected = free - rate * DISK_CHECK_S * 2
         if free < self.min_free or projected < self.min_free:
             why = "only %s free on %s (min_free_disk %s)" % (
-                _mib(free),
+                format_mib(free),
                 root["path"],
-                _mib(self.min_free),
+                format_mib(self.min_free),
             )
             if free >= self.min_free:
-                why += ", filling at %s/s" % _mib(rate)
+                why += ", filling at %s/s" % format_mib(rate)
             return why
         if free < self.warn_free and self.warning is None:
             self.warning = "low disk: %s free on %s; the job is stopped below %s" % (
-                _mib(free),
+                format_mib(free),
                 root["path"],
-                _mib(self.min_free),
+                format_mib(self.min_free),
             )
         ram = self.seen.get("ram")
         if ram and ram["total"] and ram["free"] < 0.05 * ram["total"] and self.warning is None:
             self.warning = "the RAM store %s is almost full: %s free of %s" % (
                 ram["path"],
-                _mib(ram["free"]),
-                _mib(ram["total"]),
+                format_mib(ram["free"]),
+                format_mib(ram["total"]),
             )
         return None
 

@@ -23,7 +23,6 @@ Python 3.9, standard library only.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import stat
@@ -381,18 +380,9 @@ def ensure_owned_dir(path: str, info: Dict[str, Any]) -> Tuple[Dict[str, Any], b
 
 
 def write_json_atomic(path: str, data: Any) -> None:
-    """Write JSON to ``path`` through a fresh tmp file (O_EXCL, O_NOFOLLOW) and a rename.
-
-    The tmp name is guessable (``<path>.tmp-<pid>-<thread>``) and the workload can write in
-    status/: a link planted there is removed, never written through.
-    """
-    tmp = "%s.tmp-%d-%d" % (path, os.getpid(), threading.get_ident())
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(tmp)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC, 0o600)
+    """Write JSON to ``path`` atomically, never through a planted link (agentutil's)."""
     try:
-        os.write(fd, json.dumps(data).encode())
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+        from agentutil import write_json_atomic as write
+    except ImportError:  # imported as remotemac.agent.safefs (the laptop, tests)
+        from remotemac.agent.agentutil import write_json_atomic as write
+    write(path, data)

@@ -99,19 +99,34 @@ def ciphertext_size(plain_size: int, chunk_size: int = DEFAULT_CHUNK) -> int:
 
 
 def iter_encrypt(
-    data_key: bytes, relpath: str, src: BinaryIO, chunk_size: int = DEFAULT_CHUNK
+    data_key: bytes,
+    relpath: str,
+    src: BinaryIO,
+    chunk_size: int = DEFAULT_CHUNK,
+    *,
+    resume: tuple[bytes, int] | None = None,
 ) -> Iterator[bytes]:
     """Yield the header, then each sealed chunk of ``src``, for a pipelined sender.
 
     Reads one chunk ahead so the last chunk can be flagged; memory is two chunks.
+    ``resume=(header, first_chunk)`` continues a cut stream instead: same salt (taken
+    from ``header``, whose MAC must verify under ``data_key``), counter from
+    ``first_chunk``, no header yielded, ``src`` positioned at ``first_chunk *
+    chunk_size``. The caller must make sure the plaintext from there on is the same
+    as when that stream was first sealed (same key and nonces: a different plaintext
+    would reuse a GCM nonce); the sync checks the file's size, mtime and prefix hash.
     """
-    _check_chunk_size(chunk_size)
-    salt = os.urandom(SALT_LEN)
-    payload_key, mac_key = _derive(data_key, salt, relpath)
-    prefix = MAGIC + chunk_size.to_bytes(4, "big") + salt
-    yield prefix + hmac.new(mac_key, prefix, hashlib.sha256).digest()
+    if resume is None:
+        _check_chunk_size(chunk_size)
+        salt = os.urandom(SALT_LEN)
+        payload_key, mac_key = _derive(data_key, salt, relpath)
+        prefix = MAGIC + chunk_size.to_bytes(4, "big") + salt
+        yield prefix + hmac.new(mac_key, prefix, hashlib.sha256).digest()
+        counter = 0
+    else:
+        payload_key, chunk_size = open_header(data_key, relpath, resume[0])
+        counter = resume[1]
     aead = _aead(payload_key)
-    counter = 0
     current = _read_exact(src, chunk_size)
     while True:
         following = _read_exact(src, chunk_size) if len(current) == chunk_size else b""
@@ -121,6 +136,46 @@ def iter_encrypt(
             return
         counter += 1
         current = following
+
+
+def header_chunk_size(header: bytes) -> int:
+    """The chunk size a (not yet authenticated) header names; 0 when it is too short."""
+    if len(header) < HEADER_LEN:
+        return 0
+    return int.from_bytes(header[len(MAGIC) : len(MAGIC) + 4], "big")
+
+
+def verified_prefix(
+    data_key: bytes, relpath: str, src: BinaryIO, dst: BinaryIO, max_chunks: int | None = None
+) -> tuple[bytes, int]:
+    """(header, n) for a cut ciphertext: its first ``n`` whole non-final chunks authenticate.
+
+    Their plaintext is written to ``dst``. Why: a cut transfer resumes after the last
+    chunk that verified (each chunk is sealed on its own, its counter in the nonce);
+    a torn or damaged chunk and everything after it is sent again. ``(b"", 0)`` when
+    the header itself is missing or not ours. A final chunk (flag 1) never counts, so
+    at least one chunk is always left to send.
+    """
+    header = _read_exact(src, HEADER_LEN)
+    if len(header) < HEADER_LEN:
+        return b"", 0
+    try:
+        payload_key, chunk_size = open_header(data_key, relpath, header)
+    except DecryptError:
+        return b"", 0
+    aead = _aead(payload_key)
+    counter = 0
+    while max_chunks is None or counter < max_chunks:
+        sealed = _read_exact(src, chunk_size + TAG_LEN)
+        if len(sealed) < chunk_size + TAG_LEN:
+            break
+        try:
+            plain = _open_chunk(aead, counter, False, sealed, relpath)
+        except DecryptError:
+            break
+        dst.write(plain)
+        counter += 1
+    return header, counter
 
 
 def encrypt_stream(
@@ -144,6 +199,8 @@ def decrypt_stream(
     src: BinaryIO,
     dst: BinaryIO,
     limit: int | None = None,
+    *,
+    resume: tuple[bytes, int] | None = None,
 ) -> int:
     """Decrypt ``src`` into ``dst``; return the number of plaintext bytes written.
 
@@ -151,15 +208,20 @@ def decrypt_stream(
     verified prefix is already in ``dst``: use :func:`decrypt_file` for
     all-or-nothing output. ``limit`` reads exactly that many ciphertext bytes
     (one file framed inside a longer stream); otherwise ``src`` is read to EOF.
+    ``resume=(header, first_chunk)``: ``src`` holds only the chunks from
+    ``first_chunk`` on (the tail of a cut stream, see :func:`iter_encrypt`).
     """
     reader = _Limited(src, limit) if limit is not None else src
-    header = _read_exact(reader, HEADER_LEN)
-    if len(header) < HEADER_LEN:
-        raise DecryptError(f"{relpath}: truncated header ({len(header)} of {HEADER_LEN} bytes)")
-    payload_key, chunk_size = _open_header(data_key, relpath, header)
+    if resume is None:
+        header = _read_exact(reader, HEADER_LEN)
+        if len(header) < HEADER_LEN:
+            raise DecryptError(f"{relpath}: truncated header ({len(header)} of {HEADER_LEN} bytes)")
+        counter = 0
+    else:
+        header, counter = resume
+    payload_key, chunk_size = open_header(data_key, relpath, header)
     aead = _aead(payload_key)
     sealed_size = chunk_size + TAG_LEN
-    counter = 0
     written = 0
     current = _read_exact(reader, sealed_size)
     if not current:
@@ -178,18 +240,6 @@ def decrypt_stream(
             return written
         counter += 1
         current = following
-
-
-def encrypt_file(
-    data_key: bytes, relpath: str, src_path: str, dst_path: str, chunk_size: int = DEFAULT_CHUNK
-) -> int:
-    """Encrypt a file to ``dst_path`` (written under a temp name, then renamed)."""
-    with open(src_path, "rb") as src:
-
-        def fill(dst: BinaryIO) -> int:
-            return encrypt_stream(data_key, relpath, src, dst, chunk_size)
-
-        return _atomic_write(dst_path, fill)
 
 
 def decrypt_file(data_key: bytes, relpath: str, src_path: str, dst_path: str) -> int:
@@ -242,7 +292,8 @@ def _derive(data_key: bytes, salt: bytes, relpath: str) -> tuple[bytes, bytes]:
     return okm[:KEY_LEN], okm[KEY_LEN:]
 
 
-def _open_header(data_key: bytes, relpath: str, header: bytes) -> tuple[bytes, int]:
+def open_header(data_key: bytes, relpath: str, header: bytes) -> tuple[bytes, int]:
+    """(payload key, chunk size) of a header that authenticates under this key and path."""
     if header[: len(MAGIC)] != MAGIC:
         raise DecryptError(f"{relpath}: not a remotemac-enc/v1 file (bad magic)")
     body_end = HEADER_LEN - MAC_LEN

@@ -161,13 +161,13 @@ def _ensure_locked(
         )
     started = time.time()
     if safefs.marker_of(env_dir) is not None:  # a venv that never got ready: ours?
-        import cleanupops
+        import wipeops
 
         real_root = os.path.realpath(root)
-        not_ours = cleanupops.ownership(env_dir, "venv", safefs.marker_of(real_root))
+        not_ours = wipeops.ownership(env_dir, "venv", safefs.marker_of(real_root))
         if not_ours is not None:
             raise AgentError("%s: %s; left alone" % (env_dir, not_ours), "env-failed")
-        fate = cleanupops.remove_item(real_root, os.path.join(real_root, "envs", key), False)
+        fate = wipeops.remove_item(real_root, os.path.join(real_root, "envs", key), False)
         if fate["fate"] == "failed":
             raise AgentError(
                 "cannot replace the unfinished venv %s: %s" % (env_dir, fate.get("why")),

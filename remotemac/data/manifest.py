@@ -98,9 +98,6 @@ class Manifest:
     def total_bytes(self) -> int:
         return sum(e.size for e in self.entries)
 
-    def by_path(self) -> dict[str, ManifestEntry]:
-        return {e.path: e for e in self.entries}
-
     def to_json(self) -> str:
         return json.dumps(
             {
@@ -114,31 +111,6 @@ class Manifest:
             },
             indent=1,
         )
-
-    @classmethod
-    def from_json(cls, text: str) -> Manifest:
-        """Parse and re-verify: a digest that does not match its entries is an error."""
-        try:
-            data = json.loads(text)
-            if data.get("schema") != SCHEMA:
-                raise ValueError(f"schema is {data.get('schema')!r}, expected {SCHEMA}")
-            entries = [
-                ManifestEntry(str(e["path"]), int(e["size"]), str(e["sha256"]))
-                for e in data["entries"]
-            ]
-            claimed = str(data["root_digest"])
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise IntegrityError(f"manifest is malformed: {exc}") from None
-        for entry in entries:
-            if entry.size < 0 or len(entry.sha256) != 64 or not _is_hex(entry.sha256):
-                raise IntegrityError(f"manifest entry {entry.path!r} has a bad size or sha256")
-        manifest = cls.from_entries(entries)
-        if manifest.root_digest != claimed:
-            raise IntegrityError(
-                f"manifest root digest {claimed[:12]}… does not match its entries "
-                f"({manifest.root_digest[:12]}…)"
-            )
-        return manifest
 
 
 def sha256_file(path: Path | str) -> str:
@@ -234,7 +206,3 @@ def build_manifest(
         done += before.st_size
         entries.append(ManifestEntry(rel, before.st_size, sha))
     return Manifest.from_entries(entries)
-
-
-def _is_hex(text: str) -> bool:
-    return all(c in "0123456789abcdef" for c in text)

@@ -152,6 +152,8 @@ class AgentClient:
             {"root": self.root, "run_id": run_id},
             python=self.python,
             timeout=120,
+            # a cut link retries it: a second claim adopts the root the first one made
+            idempotent=True,
         )
         if answer.get("refused"):
             raise BadInput(

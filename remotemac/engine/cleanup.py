@@ -38,7 +38,18 @@ from remotemac.transport.base import Transport
 from remotemac.units import format_size, iso_utc
 
 AGENT_DIR = Path(__file__).resolve().parent.parent / "agent"
-MODULES = ("procid", "safefs", "ramstore", "hostagent", "deadman", "specscrub", "cleanupops")
+#: loaded in this order by the in-memory bootstrap: each after the siblings it imports
+MODULES = (
+    "procid",
+    "agentutil",
+    "safefs",
+    "ramstore",
+    "hostagent",
+    "deadman",
+    "specscrub",
+    "wipeops",
+    "cleanupops",
+)
 
 BOOTSTRAP = (
     "import json,sys,types\n"
@@ -140,16 +151,9 @@ def _assign_roots(know: Knowledge, roots: list[str]) -> tuple[list[dict], list[d
 
 def host_key_fingerprint(transport: Transport) -> str:
     """SHA256 fingerprint of the key the host showed on this connection."""
-    if transport.name == "local":
+    if not transport.has_link():
         return "n/a (local host, no SSH)"
-    getter = getattr(transport, "host_key_fingerprint", None)
-    if callable(getter):
-        return str(getter())
-    conn = getattr(transport, "_conn", None)
-    try:
-        return conn.get_server_host_key().get_fingerprint("sha256")  # type: ignore[union-attr]
-    except Exception:
-        return "unknown"
+    return transport.host_key_fingerprint() or "unknown"
 
 
 async def call_in_memory(
@@ -159,10 +163,13 @@ async def call_in_memory(
     req: dict[str, Any],
     python: str | None = None,
     timeout: float = 900,
+    idempotent: bool = False,
 ) -> dict[str, Any]:
     """Run ``cleanupops.<fn>(req)`` on the host from stdin: nothing lands on its disk.
 
     ``python`` defaults to the agent's interpreter ($REMOTEMAC_AGENT_PYTHON or python3).
+    ``idempotent``: the call may run again after the link dropped under it (claiming
+    the root does: a second run adopts what the first made).
     """
     python = agent_python(python)
     payload = {
@@ -173,9 +180,10 @@ async def call_in_memory(
         "src": {m: (AGENT_DIR / f"{m}.py").read_text(encoding="utf-8") for m in MODULES},
     }
     started = time.monotonic()
-    result = await transport.exec(
-        [python, "-c", BOOTSTRAP], stdin=json.dumps(payload).encode(), timeout=timeout
-    )
+    kwargs: dict[str, Any] = {"stdin": json.dumps(payload).encode(), "timeout": timeout}
+    if idempotent:  # only passed when asked: not every transport takes it
+        kwargs["idempotent"] = True
+    result = await transport.exec([python, "-c", BOOTSTRAP], **kwargs)
     ledger.append(
         transport.name,
         f"{python} -c <remotemac agent from stdin: cleanupops.{fn}"

@@ -64,10 +64,28 @@ class RunContext:
     hosts: dict[str, HostBinding]
     sides: list[Side]
     ledger: Ledger
+    #: each finished phase's journal result, by wire name (``"launch:target"``); the
+    #: keys are phase names only: run state lives in the fields below
     results: dict[str, Any] = field(default_factory=dict)
     #: links cut by hand while the run was attached (the TUI's drill, ``d``); the record
     #: counts them so a drop on purpose is never mistaken for a flaky network
     drills: list[dict[str, Any]] = field(default_factory=list)
+    #: this process's disconnects/reconnects, counted from ConnectionState events
+    link_tally: dict[str, int] = field(default_factory=lambda: {"disconnects": 0, "reconnects": 0})
+    #: phases an earlier process finished (their follow results carry their own counts)
+    carried_phases: list[str] = field(default_factory=list)
+    #: the record's ``continuity`` section as last written (totals over every process)
+    continuity: dict[str, Any] = field(default_factory=lambda: {"disconnects": 0, "reconnects": 0})
+    #: the laptop's CPU seconds when the run started in this process (the record's ``cpu``)
+    cpu_start: float | None = None
+    #: when the environment-drift check ran in this process (``re-attach``, ``before-target``)
+    drift_checked: str | None = None
+    #: the record's drift summary (checks, drifts, torch versions)
+    drift: dict[str, Any] | None = None
+    #: the dataset slice's bytes, selected once for every host
+    slice_bytes: Any = None
+    #: host key -> why it could not be reached (``remotemac wipe`` goes on without it)
+    unreachable: dict[str, str] = field(default_factory=dict)
 
     def emit(self, event: Event) -> None:
         self.bus.emit(event)

@@ -21,9 +21,9 @@ def laptop_cpu_s() -> float:
     return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
 
 
-def run_cpu(results: dict[str, Any], agents: list[Any]) -> dict[str, Any]:
-    """The record's ``cpu`` section; ``agents`` are the run's AgentClients."""
-    start = results.get("_cpu_start")
+def run_cpu(start: float | None, agents: list[Any]) -> dict[str, Any]:
+    """The record's ``cpu`` section; ``start``: the laptop's CPU seconds when the run
+    started here; ``agents``: the run's AgentClients."""
     return {
         "laptop_s": round(laptop_cpu_s() - start, 3) if isinstance(start, float) else None,
         "host_s": round(sum(a.host_cpu_s for a in agents), 3),

@@ -98,7 +98,7 @@ async def check_drift(ctx: RunContext, when: str) -> list[dict[str, Any]]:
     with open(path, "a", encoding="utf-8") as fh:
         for entry in entries:
             fh.write(json.dumps(entry) + "\n")
-    ctx.results["_drift_checked"] = when
+    ctx.drift_checked = when
     return entries
 
 

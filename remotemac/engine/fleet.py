@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from remotemac.engine.context import RunOptions, specialize
-from remotemac.engine.hosts import SSHOptions, TransportPool
 from remotemac.engine.inventoryfile import HostVars, Inventory
+from remotemac.engine.pool import TransportPool
 from remotemac.engine.runs import register_run
 from remotemac.errors import (
     EXIT_ACCEPTED,
@@ -45,6 +45,7 @@ from remotemac.errors import (
 from remotemac.events import Event, EventBus, PhaseFinished, Warning
 from remotemac.journal import Journal, new_run_id
 from remotemac.playbook import Playbook
+from remotemac.transport.options import SSHOptions
 from remotemac.units import iso_utc
 
 DEFAULT_FORKS = 8

@@ -2,32 +2,12 @@
 
 from __future__ import annotations
 
-import abc
-import dataclasses
-from dataclasses import dataclass
 from pathlib import Path
 
 from remotemac.transport.base import Transport
+from remotemac.transport.options import SSHOptions
 
-
-@dataclass(frozen=True)
-class SSHOptions:
-    ssh_config: Path | None = None
-    identity: Path | None = None
-    keepalive_interval: float = 10.0
-    keepalive_count_max: int = 3
-    #: ``None``: the playbook's ``connection.reconnect_deadline`` (default 10 minutes)
-    reconnect_deadline: float | None = None
-
-    def for_playbook(self, deadline: float) -> SSHOptions:
-        """These options with the playbook's reconnect deadline unless one was given here."""
-        if self.reconnect_deadline is not None:
-            return self
-        return dataclasses.replace(self, reconnect_deadline=deadline)
-
-    @property
-    def deadline_s(self) -> float:
-        return self.reconnect_deadline if self.reconnect_deadline is not None else 600.0
+__all__ = ["SSHOptions", "open_transport"]
 
 
 def open_transport(
@@ -40,152 +20,5 @@ def open_transport(
         return LocalTransport()
     from remotemac.transport.ssh import SSHTransport
 
-    opts = options or SSHOptions()
     emit_fn = emit if emit is not None else (lambda _e: None)
-    return SSHTransport(
-        host,
-        home_dir=home,
-        ssh_config=opts.ssh_config,
-        identity=opts.identity,
-        keepalive_interval=opts.keepalive_interval,
-        keepalive_count_max=opts.keepalive_count_max,
-        reconnect_deadline=opts.deadline_s,
-        emit=emit_fn,
-        run_id=run_id,
-    )
-
-
-class TransportPool:
-    """One transport per host for the whole process, shared by every run on that host.
-
-    Why: a fleet run (or a matrix sweep with several variants on one Mac) would
-    otherwise open one SSH connection per run and host, paying a handshake and an
-    auth each time and running into the host's MaxStartups. Each run gets a
-    :class:`PooledTransport` lease: its ``close()`` only releases the lease; the
-    connection closes in :meth:`close_all`. Channels per connection are capped by
-    the SSH transport's own semaphore (``max_channels``).
-    """
-
-    def __init__(
-        self, home: Path, options: SSHOptions | None = None, max_channels: int = 8
-    ) -> None:
-        self.home = home
-        self.options = options
-        self.max_channels = max_channels
-        self._shared: dict[str, Transport] = {}
-        self._leases: dict[str, list[PooledTransport]] = {}
-        self.opened = 0  # transports built (one per host): the figure the tests check
-
-    def lease(self, host: str, *, emit=None, run_id: str = "") -> PooledTransport:
-        """A handle on ``host``'s shared transport; events reach ``emit`` under ``run_id``."""
-        shared = self._shared.get(host)
-        if shared is None:
-            shared = self._build(host)
-            self._shared[host] = shared
-            self.opened += 1
-        lease = PooledTransport(self, host, shared, emit, run_id)
-        self._leases.setdefault(host, []).append(lease)
-        return lease
-
-    def _build(self, host: str) -> Transport:
-        if host == "local":
-            from remotemac.transport.local import LocalTransport
-
-            return LocalTransport()
-        from remotemac.transport.ssh import SSHTransport
-
-        opts = self.options or SSHOptions()
-        return SSHTransport(
-            host,
-            home_dir=self.home,
-            ssh_config=opts.ssh_config,
-            identity=opts.identity,
-            keepalive_interval=opts.keepalive_interval,
-            keepalive_count_max=opts.keepalive_count_max,
-            reconnect_deadline=opts.deadline_s,
-            emit=lambda e: self._fan_out(host, e),
-            max_channels=self.max_channels,
-        )
-
-    def _fan_out(self, host: str, event) -> None:
-        """A link event of the shared connection concerns every run leasing it."""
-        import dataclasses
-
-        for lease in list(self._leases.get(host, ())):
-            if lease.emit is not None:
-                lease.emit(dataclasses.replace(event, run_id=lease.run_id))
-
-    def _release(self, lease: PooledTransport) -> None:
-        leases = self._leases.get(lease.host, [])
-        if lease in leases:
-            leases.remove(lease)
-
-    def active(self, host: str) -> int:
-        return len(self._leases.get(host, ()))
-
-    async def close_all(self) -> None:
-        from remotemac.engine.agentclient import close_link_agents
-
-        for shared in self._shared.values():
-            await close_link_agents(shared)
-            await shared.close()
-        self._shared.clear()
-        self._leases.clear()
-
-
-class PooledTransport(Transport):
-    """A run's lease on a pooled transport: everything is delegated except ``close``."""
-
-    def __init__(
-        self, pool: TransportPool, host: str, shared: Transport, emit, run_id: str
-    ) -> None:
-        self.pool = pool
-        self.host = host
-        self.shared = shared
-        self.emit = emit
-        self.run_id = run_id
-        self.name = shared.name
-        self.released = False
-
-    def __getattr__(self, attr: str):  # spec, params, disconnects, reconnects …
-        return getattr(self.shared, attr)
-
-    def link_owner(self) -> Transport:
-        return self.shared
-
-    @property
-    def reconnect_deadline(self) -> float:  # type: ignore[override]
-        return self.shared.reconnect_deadline
-
-    async def connect(self) -> None:
-        if self.released:  # a lease reused after close (attach-style reuse): take it again
-            self.released = False
-            self.pool._leases.setdefault(self.host, []).append(self)
-        await self.shared.connect()
-
-    async def close(self) -> None:
-        """Release only: other runs on this host keep using the connection."""
-        if not self.released:
-            self.released = True
-            self.pool._release(self)
-
-    async def stream_exec(self, argv: list[str], *, stdin: bytes | None = None):
-        async for chunk in self.shared.stream_exec(argv, stdin=stdin):
-            yield chunk
-
-
-def _delegate(name: str):
-    async def method(self: PooledTransport, *args, **kwargs):
-        return await getattr(self.shared, name)(*args, **kwargs)
-
-    method.__name__ = name
-    method.__doc__ = f"Delegated to the pooled transport's ``{name}``."
-    return method
-
-
-# every other Transport operation (exec, put, get, read_from, open_process, …, and any
-# added later) goes to the shared transport, so a lease never falls back to a default
-for _name, _value in vars(Transport).items():
-    if not _name.startswith("_") and callable(_value) and _name not in vars(PooledTransport):
-        setattr(PooledTransport, _name, _delegate(_name))
-abc.update_abstractmethods(PooledTransport)
+    return SSHTransport(host, home_dir=home, options=options, emit=emit_fn, run_id=run_id)

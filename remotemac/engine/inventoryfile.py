@@ -31,6 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from remotemac.errors import BadInput
 from remotemac.playbook import check_host, check_remote_root
+from remotemac.userfiles import read_user_file, yaml_error_where
 
 
 class HostVars(BaseModel):
@@ -83,22 +84,14 @@ class Inventory:
 
 def load_inventory(path: str | Path) -> Inventory:
     file = Path(path)
-    try:
-        text = file.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise BadInput(f"{file}: no such inventory file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise BadInput(f"{file}: cannot read inventory: {exc}") from None
-    return parse_inventory(text, str(file))
+    return parse_inventory(read_user_file(file, "inventory file"), str(file))
 
 
 def parse_inventory(text: str, source: str = "<inventory>") -> Inventory:
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark else source
-        raise BadInput(f"{where}: bad YAML in inventory") from None
+        raise BadInput(f"{yaml_error_where(exc, source)}: bad YAML in inventory") from None
     if not isinstance(data, dict) or not data:
         raise BadInput(
             f"{source}: an inventory is a mapping of groups",

@@ -15,11 +15,13 @@ import os
 import shlex
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from remotemac.engine.context import RunContext, Side, substitute
 from remotemac.errors import HostError, JobLost, TransientHostError
 from remotemac.events import ConnectionState, EventBus, LogLine, Metric, PhaseProgress, Warning
+from remotemac.phases import Phase, PhaseKey, follow_key
+from remotemac.transport.base import Transport
 
 FINAL = ("finished", "failed", "timeout", "stopped", "storage-limit")
 #: the line the runner writes into the log when it starts a lost job again
@@ -151,7 +153,7 @@ def continuity_totals(
     totals: dict[str, Any] = dict(tally)
     drill = None
     for name in ctx.results:
-        if not name.startswith("follow:"):
+        if PhaseKey.group(name) != Phase.FOLLOW:
             continue
         result = ctx.results.get(name) or {}
         if name in carried_phases:
@@ -165,7 +167,7 @@ def continuity_totals(
 class _Drill:
     """``run --drill disconnect``: cut the link once mid-follow and see what survived."""
 
-    def __init__(self, transport: Any) -> None:
+    def __init__(self, transport: Transport) -> None:
         self.transport = transport
         self.result: dict[str, Any] = {
             "kind": "disconnect",
@@ -178,14 +180,13 @@ class _Drill:
         self.pending = False
 
     async def cut(self, status: dict[str, Any], lines: int) -> None:
-        drop = getattr(self.transport, "drop_connection", None)
         self.result["lines_before"] = lines
-        if drop is None:
+        if not self.transport.has_link():
             self.result["skipped"] = f"{self.transport.name} has no link to cut"
             return
         self.runner_pid = status.get("runner_pid")
         self.t0 = time.monotonic()
-        self.result["dropped"] = bool(await drop())
+        self.result["dropped"] = bool(await self.transport.drop_connection())
         self.pending = True
 
     def link_back(self) -> None:
@@ -206,193 +207,253 @@ class _Drill:
 
 async def follow(ctx: RunContext, side: Side, request: dict[str, Any]) -> dict[str, Any]:
     """Stream the log from the saved offset until the job's status is final."""
-    # a pooled lease delegates to the shared transport: tune that one
-    transport = ctx.host_for(side).transport.link_owner()
-    old_wait = getattr(transport, "reconnect_max_wait", None)
-    if old_wait is not None:
-        transport.reconnect_max_wait = min(old_wait, FOLLOW_RECONNECT_MAX_WAIT_S)  # type: ignore[attr-defined]
-    before = _link_counts(transport)
-    try:
+    transport = ctx.host_for(side).transport
+    before = transport.link_stats()
+    with transport.reconnect_wait_capped(FOLLOW_RECONNECT_MAX_WAIT_S):
         result = await _follow(ctx, side, request)
-    finally:
-        if old_wait is not None:
-            transport.reconnect_max_wait = old_wait  # type: ignore[attr-defined]
-    after = _link_counts(transport)
-    result["continuity"] = {k: after[k] - before[k] for k in after}
+    result["continuity"] = transport.link_stats().since(before)
     return result
-
-
-def _link_counts(transport: Any) -> dict[str, int]:
-    return {
-        "disconnects": int(getattr(transport, "disconnects", 0)),
-        "reconnects": int(getattr(transport, "reconnects", 0)),
-    }
 
 
 async def _follow(ctx: RunContext, side: Side, request: dict[str, Any]) -> dict[str, Any]:
-    binding = ctx.host_for(side)
-    transport = binding.transport
-    remote_log = f"{request['run_dir']}/logs/{side.label}.log"
-    local_log = ctx.out_dir / "logs" / f"{side.label}.log"
-    local_log.parent.mkdir(parents=True, exist_ok=True)
-    offset, lines = ctx.journal.log_offset(ctx.run_id, side.label)
-    # the local copy may hold bytes written after the last saved offset: cut them
-    with open(local_log, "ab") as fh:
-        fh.truncate(offset)
-    last_save = time.monotonic()
-    last_status = 0.0
-    status: dict[str, Any] = {}
-    pending = b""
-    poll = ctx.options.follow_poll_s
-    drill = (
-        _Drill(transport) if ctx.options.drill == "disconnect" and side.role == "target" else None
-    )
-    give_up_after = float(transport.reconnect_deadline)
-    last_ok = time.monotonic()
-    warned: set[str] = set()
-    relaunched: dict[str, Any] | None = None
-    with open(local_log, "ab") as out:
-        while True:
-            try:
-                chunk = await transport.read_from(remote_log, offset + len(pending))
-            except FileNotFoundError:
-                chunk = b""
-            except TransientHostError:
-                # the transport gave up on this one operation (the link kept dropping
-                # under it); the job does not care: keep following until the link has
-                # been unusable for as long as a reconnect may take
-                if time.monotonic() - last_ok > give_up_after:
-                    raise
-                await asyncio.sleep(poll)
-                continue
-            last_ok = time.monotonic()
-            if drill:
-                drill.link_back()
-            if chunk:
-                pending += chunk
-                cut = pending.rfind(b"\n")
-                if cut >= 0:
-                    complete, pending = pending[: cut + 1], pending[cut + 1 :]
-                    out.write(complete)
-                    out.flush()
-                    for raw in complete.splitlines():
-                        lines += 1
-                        ctx.emit(
-                            LogLine(
-                                ctx.run_id,
-                                device=side.label,
-                                line=raw.decode("utf-8", "replace"),
-                                offset=offset,
-                            )
-                        )
-                        offset += len(raw) + 1
-            now = time.monotonic()
-            if now - last_save >= SAVE_EVERY_S:
-                ctx.journal.save_log_offset(ctx.run_id, side.label, offset, lines)
-                last_save = now
-            if chunk and len(chunk) >= (1 << 20):
-                continue  # more is waiting: read again before sleeping
-            if now - last_status >= 1.0 or not chunk:
-                last_status = now
-                try:
-                    answer = await binding.agent.call(
-                        "status",
-                        {
-                            "run_dir": request["run_dir"],
-                            "device": side.label,
-                            "session": request["session"],
-                        },
-                    )
-                except TransientHostError:
-                    if time.monotonic() - last_ok > give_up_after:
-                        raise
-                    continue
-                last_ok = time.monotonic()
-                status = answer.get("status") or {}
-                state = answer.get("state")
-                if drill:
-                    drill.saw_status(answer)
-                _warn_once(ctx, side, status, warned)
-                if status.get("peak_rss_bytes"):
-                    ctx.emit(
-                        Metric(
-                            ctx.run_id,
-                            device=side.label,
-                            name="peak_rss_bytes",
-                            value=float(status["peak_rss_bytes"]),
-                        )
-                    )
-                if state in FINAL and answer.get("log_size", -1) <= offset + len(pending):
-                    break
-                if state == "lost":
-                    ctx.journal.save_log_offset(ctx.run_id, side.label, offset, lines)
-                    reason = answer.get("lost_reason") or "runner gone"
-                    if may_relaunch(ctx, status) and relaunched is None:
-                        relaunched = await relaunch(ctx, side, request, reason)
+    return await _LogFollower(ctx, side, request).run()
+
+
+class _LogFollower:
+    """Follow one job: copy its log line by line, poll its status, until it is over.
+
+    Steps, each a method: read the next chunk of the host's log (riding out link
+    drops), write and announce its complete lines, save the offset now and then, ask
+    the agent for the job's status (warnings, metrics, a lost job relaunched or
+    reported, the drill's cut), and build the phase result at the end.
+    """
+
+    def __init__(self, ctx: RunContext, side: Side, request: dict[str, Any]) -> None:
+        self.ctx, self.side, self.request = ctx, side, request
+        self.binding = ctx.host_for(side)
+        self.transport = self.binding.transport
+        self.remote_log = f"{request['run_dir']}/logs/{side.label}.log"
+        self.local_log = ctx.out_dir / "logs" / f"{side.label}.log"
+        self.local_log.parent.mkdir(parents=True, exist_ok=True)
+        self.offset, self.lines = ctx.journal.log_offset(ctx.run_id, side.label)
+        # the local copy may hold bytes written after the last saved offset: cut them
+        with open(self.local_log, "ab") as fh:
+            fh.truncate(self.offset)
+        self.pending = b""  # bytes after the last newline, not written yet
+        self.status: dict[str, Any] = {}
+        self.poll = ctx.options.follow_poll_s
+        self.drill = (
+            _Drill(self.transport)
+            if ctx.options.drill == "disconnect" and side.role == "target"
+            else None
+        )
+        self.give_up_after = float(self.transport.reconnect_deadline)
+        self.last_ok = self.last_save = time.monotonic()
+        self.last_status = 0.0
+        self.warned: set[str] = set()
+        self.relaunched: dict[str, Any] | None = None
+
+    async def run(self) -> dict[str, Any]:
+        with open(self.local_log, "ab") as out:
+            while True:
+                chunk = await self._read_chunk()
+                if chunk is None:
+                    continue  # the read failed on a dropping link: try again
+                self._write_lines(out, chunk)
+                now = time.monotonic()
+                if now - self.last_save >= SAVE_EVERY_S:
+                    self._save_offset()
+                    self.last_save = now
+                if len(chunk) >= (1 << 20):
+                    continue  # more is waiting: read again before sleeping
+                if now - self.last_status >= 1.0 or not chunk:
+                    self.last_status = now
+                    step = await self._check_status()
+                    if step == "over":
+                        break
+                    if step == "again":
                         continue
-                    raise JobLost(
-                        f"{transport.name}: the {side.label} job was lost "
-                        f"({answer.get('lost_reason') or 'runner gone'}; tmux session gone, no "
-                        f"heartbeat for {int(answer['now'] - (status.get('heartbeat_at') or 0))}s)"
-                        " — was the host rebooted?"
-                    )
-                ctx.emit(
-                    PhaseProgress(
-                        ctx.run_id,
-                        phase=f"follow:{side.role}",
-                        done=lines,
-                        unit="lines",
-                        detail=state or "",
-                    )
-                )
-                if (
-                    drill
-                    and not drill.pending
-                    and "skipped" not in drill.result
-                    and state == "running"
-                    and lines >= DRILL_AFTER_LINES
-                ):
-                    await drill.cut(status, lines)
-            if not chunk:
-                await asyncio.sleep(poll)
-        if pending:  # a last line without newline: the job is over, keep it
-            out.write(pending + b"\n")
-            lines += 1
+                if not chunk:
+                    await asyncio.sleep(self.poll)
+            self._write_last_line(out)
+        self._save_offset()
+        if not self.status:
+            raise HostError(f"{self.transport.name}: no status for the {self.side.label} job")
+        return await self._result()
+
+    def _link_unusable_too_long(self) -> bool:
+        return time.monotonic() - self.last_ok > self.give_up_after
+
+    def _link_ok(self) -> None:
+        self.last_ok = time.monotonic()
+
+    def _save_offset(self) -> None:
+        self.ctx.journal.save_log_offset(self.ctx.run_id, self.side.label, self.offset, self.lines)
+
+    async def _read_chunk(self) -> bytes | None:
+        """The log's next bytes (``b""``: nothing new); None when the link failed the read."""
+        try:
+            chunk = await self.transport.read_from(self.remote_log, self.offset + len(self.pending))
+        except FileNotFoundError:
+            chunk = b""
+        except TransientHostError:
+            # the transport gave up on this one operation (the link kept dropping
+            # under it); the job does not care: keep following until the link has
+            # been unusable for as long as a reconnect may take
+            if self._link_unusable_too_long():
+                raise
+            await asyncio.sleep(self.poll)
+            return None
+        self._link_ok()
+        if self.drill:
+            self.drill.link_back()
+        return chunk
+
+    def _emit_line(self, raw: bytes) -> None:
+        self.ctx.emit(
+            LogLine(
+                self.ctx.run_id,
+                device=self.side.label,
+                line=shown_line(raw),
+                offset=self.offset,
+            )
+        )
+
+    def _write_lines(self, out: BinaryIO, chunk: bytes) -> None:
+        """Write and announce every complete line; keep a partial last line pending."""
+        if not chunk:
+            return
+        self.pending += chunk
+        cut = self.pending.rfind(b"\n")
+        if cut < 0:
+            return
+        complete, self.pending = self.pending[: cut + 1], self.pending[cut + 1 :]
+        out.write(complete)
+        out.flush()
+        # split on b"\n" only: the offset must advance by the bytes read, and
+        # splitlines() also ends lines at "\r" and drops it from "\r\n" (a job
+        # printing CRLF or progress bars made the offset lag, re-reading bytes)
+        for raw in complete.split(b"\n")[:-1]:
+            self.lines += 1
+            self._emit_line(raw)
+            self.offset += len(raw) + 1
+
+    def _write_last_line(self, out: BinaryIO) -> None:
+        """A last line without newline: the job is over, keep it."""
+        if not self.pending:
+            return
+        out.write(self.pending + b"\n")
+        self.lines += 1
+        self._emit_line(self.pending)
+        self.offset += len(self.pending)
+
+    async def _check_status(self) -> str:
+        """Ask the agent how the job is; ``over``, ``again`` (read now) or ``wait``."""
+        ctx, side, request = self.ctx, self.side, self.request
+        try:
+            answer = await self.binding.agent.call(
+                "status",
+                {
+                    "run_dir": request["run_dir"],
+                    "device": side.label,
+                    "session": request["session"],
+                },
+            )
+        except TransientHostError:
+            if self._link_unusable_too_long():
+                raise
+            return "again"
+        self._link_ok()
+        self.status = status = answer.get("status") or {}
+        state = answer.get("state")
+        if self.drill:
+            self.drill.saw_status(answer)
+        _warn_once(ctx, side, status, self.warned)
+        if status.get("peak_rss_bytes"):
             ctx.emit(
-                LogLine(
+                Metric(
                     ctx.run_id,
                     device=side.label,
-                    line=pending.decode("utf-8", "replace"),
-                    offset=offset,
+                    name="peak_rss_bytes",
+                    value=float(status["peak_rss_bytes"]),
                 )
             )
-            offset += len(pending)
-    ctx.journal.save_log_offset(ctx.run_id, side.label, offset, lines)
-    if not status:
-        raise HostError(f"{transport.name}: no status for the {side.label} job")
-    result = {
-        "state": status.get("state"),
-        "exit_code": status.get("exit_code"),
-        "started_at": status.get("started_at"),
-        "ended_at": status.get("ended_at"),
-        "peak_rss_bytes": status.get("peak_rss_bytes"),
-        "lines": lines,
-        "bytes": offset,
-        "reason": status.get("reason"),
-        "disk": status.get("disk"),
-        "disk_warning": status.get("disk_warning"),
-    }
-    # the host remembers a relaunch even when this process did not make it (re-attach)
-    again = relaunched or status.get("relaunched")
-    if again:
-        result["relaunched"] = {k: again.get(k) for k in ("reason", "marker", "command", "at")}
-    if drill:
-        if drill.pending:
-            drill.result["log_complete"] = await log_matches_host(ctx, side, request, local_log)
-        elif "skipped" not in drill.result:
-            drill.result["skipped"] = "the job ended before the drill could cut the link"
-        result["drill"] = drill.result
-    return result
+        if state in FINAL and answer.get("log_size", -1) <= self.offset + len(self.pending):
+            return "over"
+        if state == "lost":
+            await self._job_lost(answer)
+            return "again"  # relaunched (a second loss raises)
+        ctx.emit(
+            PhaseProgress(
+                ctx.run_id,
+                phase=follow_key(side.role).name,
+                done=self.lines,
+                unit="lines",
+                detail=state or "",
+            )
+        )
+        drill = self.drill
+        if (
+            drill
+            and not drill.pending
+            and "skipped" not in drill.result
+            and state == "running"
+            and self.lines >= DRILL_AFTER_LINES
+        ):
+            await drill.cut(status, self.lines)
+        return "wait"
+
+    async def _job_lost(self, answer: dict[str, Any]) -> None:
+        """Relaunch a lost job once when the playbook says so; otherwise raise JobLost."""
+        self._save_offset()
+        status = self.status
+        reason = answer.get("lost_reason") or "runner gone"
+        if may_relaunch(self.ctx, status) and self.relaunched is None:
+            self.relaunched = await relaunch(self.ctx, self.side, self.request, reason)
+            return
+        raise JobLost(
+            f"{self.transport.name}: the {self.side.label} job was lost "
+            f"({reason}; tmux session gone, no "
+            f"heartbeat for {int(answer['now'] - (status.get('heartbeat_at') or 0))}s)"
+            " — was the host rebooted?"
+        )
+
+    async def _result(self) -> dict[str, Any]:
+        """The follow phase's result for the journal (and the drill's findings)."""
+        status = self.status
+        result = {
+            "state": status.get("state"),
+            "exit_code": status.get("exit_code"),
+            "started_at": status.get("started_at"),
+            "ended_at": status.get("ended_at"),
+            "peak_rss_bytes": status.get("peak_rss_bytes"),
+            "lines": self.lines,
+            "bytes": self.offset,
+            "reason": status.get("reason"),
+            "disk": status.get("disk"),
+            "disk_warning": status.get("disk_warning"),
+        }
+        # the host remembers a relaunch even when this process did not make it (re-attach)
+        again = self.relaunched or status.get("relaunched")
+        if again:
+            result["relaunched"] = {k: again.get(k) for k in ("reason", "marker", "command", "at")}
+        drill = self.drill
+        if drill:
+            if drill.pending:
+                drill.result["log_complete"] = await log_matches_host(
+                    self.ctx, self.side, self.request, self.local_log
+                )
+            elif "skipped" not in drill.result:
+                drill.result["skipped"] = "the job ended before the drill could cut the link"
+            result["drill"] = drill.result
+        return result
+
+
+def shown_line(raw: bytes) -> str:
+    """A log line as a terminal leaves it: what follows its last carriage return (a
+    progress bar's last state), without the ``\\r`` of a CRLF ending."""
+    raw = raw[:-1] if raw.endswith(b"\r") else raw
+    return raw.rsplit(b"\r", 1)[-1].decode("utf-8", "replace")
 
 
 def _warn_once(ctx: RunContext, side: Side, status: dict[str, Any], warned: set[str]) -> None:

@@ -215,15 +215,6 @@ class Ledger:
             )
 
 
-def read_ledger(path: Path) -> list[dict[str, Any]]:
-    """The entries of a ledger file (missing file: none)."""
-    if not path.exists():
-        return []
-    return [
-        json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()
-    ]
-
-
 def format_entry(entry: dict[str, Any]) -> str:
     """One human line: time, host, exit code, a privileged mark, the command."""
     stamp = clock(entry["time"])  # UTC, as every time remotemac shows

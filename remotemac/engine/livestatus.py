@@ -28,7 +28,8 @@ async def live_status(
     ssh: Any,
     timeout: float = 20.0,
 ) -> dict[str, Any]:
-    from remotemac.engine.pipeline import _restore, build_context
+    from remotemac.engine.pipeline import build_context, restore_phase
+    from remotemac.phases import Phase, PhaseKey
 
     ctx = build_context(
         run_id=run_id,
@@ -43,9 +44,9 @@ async def live_status(
     for name, info in journal.phases(run_id).items():
         if info["state"] == "done":
             ctx.results[name] = info["result"]
-    if "provision" not in ctx.results:
+    if Phase.PROVISION not in ctx.results:
         return {"answered": False, "detail": "not provisioned yet"}
-    _restore(ctx, "provision")
+    restore_phase(ctx, PhaseKey(Phase.PROVISION))
     sides: dict[str, Any] = {}
     try:
         async with asyncio.timeout(timeout):

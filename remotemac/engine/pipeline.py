@@ -25,8 +25,10 @@ from remotemac.engine.context import (
     make_sides,
     specialize,
 )
-from remotemac.engine.hosts import SSHOptions, TransportPool, open_transport
+from remotemac.engine.hosts import open_transport
 from remotemac.engine.ledger import Ledger
+from remotemac.engine.phaseresults import LaunchResult, PhaseResult, ProvisionResult, as_dict
+from remotemac.engine.pool import TransportPool
 from remotemac.errors import (
     EXIT_ACCEPTED,
     EXIT_INTERRUPTED,
@@ -39,14 +41,17 @@ from remotemac.errors import (
 )
 from remotemac.events import EventBus, PhaseFinished, PhaseStarted, RunFinished
 from remotemac.journal import Journal
+from remotemac.phases import Phase, PhaseKey, follow_key, launch_key
 from remotemac.playbook import Playbook
+from remotemac.transport.options import SSHOptions
 
 
-def phase_names(ctx: RunContext) -> list[str]:
-    names = ["provision", "sync"]
+def phase_keys(ctx: RunContext) -> list[PhaseKey]:
+    """Every phase of this run, in order (launch and follow once per side)."""
+    keys = [PhaseKey(Phase.PROVISION), PhaseKey(Phase.SYNC)]
     for side in ctx.sides:
-        names += [f"launch:{side.role}", f"follow:{side.role}"]
-    return names + ["pull", "compare", "record", "wipe"]
+        keys += [launch_key(side.role), follow_key(side.role)]
+    return keys + [PhaseKey(p) for p in (Phase.PULL, Phase.COMPARE, Phase.RECORD, Phase.WIPE)]
 
 
 def build_context(
@@ -104,11 +109,10 @@ def build_context(
     # the engine counts link drops itself, so every front end's record has them
     from remotemac.engine.jobs import count_connection_events
 
-    ctx.results["_continuity_tally"] = count_connection_events(bus)
-    ctx.results["_continuity"] = {"disconnects": 0, "reconnects": 0}
+    ctx.link_tally = count_connection_events(bus)
     from remotemac.engine.cpuusage import laptop_cpu_s
 
-    ctx.results["_cpu_start"] = laptop_cpu_s()
+    ctx.cpu_start = laptop_cpu_s()
     return ctx
 
 
@@ -137,9 +141,9 @@ def name_phase(exc: RemotemacError, phase: str) -> None:
     exc.args = (exc.message,)
 
 
-def phase_ok(name: str, result: dict) -> bool:
+def phase_ok(key: PhaseKey, result: dict) -> bool:
     """A follow phase whose job failed, timed out or was stopped is shown as failed."""
-    if name.startswith("follow:"):
+    if key.phase is Phase.FOLLOW:
         return result.get("state") in (None, "finished")
     return result.get("ok", True) is not False
 
@@ -155,30 +159,30 @@ async def _run_pipeline(ctx: RunContext) -> int:
     }
     for name, info in done.items():
         ctx.results[name] = info["result"]
-    ctx.results["_continuity_carried"] = list(done)
+    ctx.carried_phases = list(done)
     current = "connect"
     try:
         for binding in ctx.hosts.values():
             await binding.transport.connect()
-        for name in phase_names(ctx):
-            current = name
-            if name not in done and "provision" in done and "_drift_checked" not in ctx.results:
+        for key in phase_keys(ctx):
+            name = current = key.name
+            if name not in done and Phase.PROVISION in done and ctx.drift_checked is None:
                 from remotemac.engine.drift import check_drift
 
                 await check_drift(ctx, "re-attach")
             if name in done:
-                _restore(ctx, name)
-                if name == "provision":
+                restore_phase(ctx, key)
+                if key.phase is Phase.PROVISION:
                     for binding in ctx.hosts.values():
                         await binding.agent.install()
                 ctx.emit(PhaseFinished(ctx.run_id, phase=name, skipped=True, detail="already done"))
                 continue
-            step = _PHASES[name.split(":")[0]]
+            step = _PHASES[key.phase]
             ctx.emit(PhaseStarted(ctx.run_id, phase=name))
             ctx.journal.start_phase(ctx.run_id, name)
             started = time.monotonic()
             try:
-                result = await step(ctx, name)
+                result = as_dict(await step(ctx, key))
             except BaseException as exc:
                 if isinstance(exc, RemotemacError):
                     name_phase(exc, name)
@@ -188,7 +192,6 @@ async def _run_pipeline(ctx: RunContext) -> int:
                 if isinstance(exc, RemotemacError):
                     ctx.emit(PhaseFinished(ctx.run_id, phase=name, ok=False, detail=exc.message))
                 raise
-            result = result or {}
             result.setdefault("seconds", round(time.monotonic() - started, 3))
             ctx.results[name] = result
             ctx.journal.finish_phase(ctx.run_id, name, result)
@@ -196,11 +199,11 @@ async def _run_pipeline(ctx: RunContext) -> int:
                 PhaseFinished(
                     ctx.run_id,
                     phase=name,
-                    ok=phase_ok(name, result),
+                    ok=phase_ok(key, result),
                     detail=result.get("summary", ""),
                 )
             )
-            if ctx.options.detach and name.startswith("launch:"):
+            if ctx.options.detach and key.phase is Phase.LAUNCH:
                 ctx.journal.set_run_state(ctx.run_id, "detached")
                 ctx.emit(
                     RunFinished(
@@ -278,11 +281,11 @@ def _label_sides(ctx: RunContext, devices: dict[str, str]) -> None:
         again.label = f"{target.label}-reproduce"
 
 
-def _restore(ctx: RunContext, name: str) -> None:
+def restore_phase(ctx: RunContext, phase: PhaseKey) -> None:
     """Bring back what a finished phase learnt (host paths) for the phases after it."""
-    if name == "provision":
-        _label_sides(ctx, ctx.results[name]["devices"])
-        for key, info in ctx.results[name]["hosts"].items():
+    if phase.phase is Phase.PROVISION:
+        _label_sides(ctx, ctx.results[phase.name]["devices"])
+        for key, info in ctx.results[phase.name]["hosts"].items():
             binding = ctx.hosts[key]
             binding.root = info["root"]
             binding.agent.root = info["root"]
@@ -293,7 +296,7 @@ def _restore(ctx: RunContext, name: str) -> None:
 # ---------------------------------------------------------------- phases
 
 
-async def _provision(ctx: RunContext, _name: str) -> dict[str, Any]:
+async def _provision(ctx: RunContext, _key: PhaseKey) -> ProvisionResult:
     from remotemac.engine.provision import provision_host, resolve_device
 
     hosts = {}
@@ -309,19 +312,19 @@ async def _provision(ctx: RunContext, _name: str) -> dict[str, Any]:
             "env_fingerprint", {"python": hosts[key]["venv_python"]}
         )
         hosts[key]["space"] = await check_space(ctx, binding, hosts[key])
-    return {
-        "hosts": hosts,
-        "devices": devices,
-        "project": project_revision(ctx.playbook.project_dir()),
-        "summary": ", ".join(f"{r}={d}" for r, d in devices.items()),
-    }
+    return ProvisionResult(
+        hosts=hosts,
+        devices=devices,
+        project=project_revision(ctx.playbook.project_dir()),
+        summary=", ".join(f"{r}={d}" for r, d in devices.items()),
+    )
 
 
-async def _sync(ctx: RunContext, _name: str) -> dict[str, Any]:
+async def _sync(ctx: RunContext, _key: PhaseKey) -> dict[str, Any]:
     from remotemac.engine.sync import sync_host
     from remotemac.engine.wipe import schedule_deadman
 
-    prov = ctx.results["provision"]["hosts"]
+    prov = ctx.results[Phase.PROVISION]["hosts"]
     # the dead-man wipe is scheduled before any data is sent (issue 6)
     deadman = {key: await schedule_deadman(ctx, b) for key, b in ctx.hosts.items()}
     hosts = {key: await sync_host(ctx, b, prov[key]) for key, b in ctx.hosts.items()}
@@ -335,8 +338,8 @@ async def _sync(ctx: RunContext, _name: str) -> dict[str, Any]:
 def _requests(ctx: RunContext) -> dict[str, dict[str, Any]]:
     from remotemac.engine.jobs import job_request
 
-    prov = ctx.results["provision"]
-    data = ctx.results["sync"]["hosts"]
+    prov = ctx.results[Phase.PROVISION]
+    data = ctx.results[Phase.SYNC]["hosts"]
     return {
         s.role: job_request(
             ctx,
@@ -349,14 +352,14 @@ def _requests(ctx: RunContext) -> dict[str, dict[str, Any]]:
     }
 
 
-async def _launch(ctx: RunContext, name: str) -> dict[str, Any]:
+async def _launch(ctx: RunContext, key: PhaseKey) -> LaunchResult:
     from remotemac.engine.jobs import launch
 
-    role = name.split(":")[1]
-    side = ctx.side(role)
-    assert side is not None
+    role = key.role
+    side = ctx.side(role) if role else None
+    assert role is not None and side is not None
     # a target that is the run's first job starts right after the fingerprint was taken
-    if role == "target" and ctx.side("reference") and "_drift_checked" not in ctx.results:
+    if role == "target" and ctx.side("reference") and ctx.drift_checked is None:
         from remotemac.engine.drift import check_drift
 
         await check_drift(ctx, "before-target")
@@ -367,30 +370,30 @@ async def _launch(ctx: RunContext, name: str) -> dict[str, Any]:
     if role == "reference" and target and target.host_key == side.host_key:
         nxt = requests["target"]
     answer = await launch(ctx, side, requests[role], nxt)
-    return {
-        "session": requests[role]["session"],
-        "mode": answer.get("mode"),
-        "already": bool(answer.get("already_running") or answer.get("already_done")),
-        "access": answer.get("access"),
-        "summary": requests[role]["session"],
-    }
+    return LaunchResult(
+        session=requests[role]["session"],
+        mode=answer.get("mode"),
+        already=bool(answer.get("already_running") or answer.get("already_done")),
+        access=answer.get("access"),
+        summary=requests[role]["session"],
+    )
 
 
-async def _follow(ctx: RunContext, name: str) -> dict[str, Any]:
+async def _follow(ctx: RunContext, key: PhaseKey) -> dict[str, Any]:
     from remotemac.engine.jobs import follow
 
-    role = name.split(":")[1]
-    side = ctx.side(role)
-    assert side is not None
+    role = key.role
+    side = ctx.side(role) if role else None
+    assert role is not None and side is not None
     result = await follow(ctx, side, _requests(ctx)[role])
     result["summary"] = f"{result['state']} (exit {result['exit_code']}), {result['lines']} lines"
     return result
 
 
-async def _pull(ctx: RunContext, _name: str) -> dict[str, Any]:
+async def _pull(ctx: RunContext, _key: PhaseKey) -> dict[str, Any]:
     from remotemac.engine.pull import pull_side
 
-    prov = ctx.results["provision"]["hosts"]
+    prov = ctx.results[Phase.PROVISION]["hosts"]
     budget = ctx.playbook.outputs.max_bytes  # for the whole run, over every side
     sides = {}
     for s in ctx.sides:
@@ -400,19 +403,19 @@ async def _pull(ctx: RunContext, _name: str) -> dict[str, Any]:
     return {"sides": sides, "summary": f"{count} files verified"}
 
 
-async def _compare(ctx: RunContext, _name: str) -> dict[str, Any]:
+async def _compare(ctx: RunContext, _key: PhaseKey) -> dict[str, Any]:
     from remotemac.engine.record import compare_results
 
     return await asyncio.to_thread(compare_results, ctx)
 
 
-async def _record(ctx: RunContext, _name: str) -> dict[str, Any]:
+async def _record(ctx: RunContext, _key: PhaseKey) -> dict[str, Any]:
     from remotemac.engine.record import write_acceptance
 
     return await write_acceptance(ctx)
 
 
-async def _wipe(ctx: RunContext, _name: str) -> dict[str, Any]:
+async def _wipe(ctx: RunContext, _key: PhaseKey) -> dict[str, Any]:
     from remotemac.engine.record import update_record_wipe
     from remotemac.engine.wipe import wipe_run
 
@@ -437,7 +440,7 @@ def failure_line(exc: BaseException) -> str:
 #: phases after the job ended: when one fails, the run's data on the host is wiped
 #: anyway (its outputs stay when they were not pulled), so a refused pull never
 #: leaves the dataset behind
-WIPE_AFTER_FAILURE = ("pull", "compare", "record")
+WIPE_AFTER_FAILURE = (Phase.PULL, Phase.COMPARE, Phase.RECORD)
 
 
 async def _wipe_after_failure(ctx: RunContext, failed: str) -> str:
@@ -447,12 +450,12 @@ async def _wipe_after_failure(ctx: RunContext, failed: str) -> str:
     ctx.emit(PhaseStarted(ctx.run_id, phase="wipe", detail=f"after the failed {failed}"))
     ctx.journal.start_phase(ctx.run_id, "wipe")
     try:
-        result = await _wipe(ctx, "wipe")
+        result = await _wipe(ctx, PhaseKey(Phase.WIPE))
     except Exception as exc:  # the first failure stays the news
         ctx.journal.finish_phase(ctx.run_id, "wipe", {"error": failure_line(exc)}, state="failed")
         ctx.emit(PhaseFinished(ctx.run_id, phase="wipe", ok=False, detail=failure_line(exc)))
         return f"; the wipe after it failed too: {failure_line(exc)}"
-    ctx.results["wipe"] = result
+    ctx.results[Phase.WIPE] = result
     ctx.journal.finish_phase(ctx.run_id, "wipe", result)
     ctx.emit(PhaseFinished(ctx.run_id, phase="wipe", detail=result.get("summary", "")))
     return f"; wiped after the failure ({result.get('summary', '')})"
@@ -467,15 +470,17 @@ async def _record_after_loss(ctx: RunContext, exc: JobLost) -> None:
         ctx.ledger.append("local", f"record after loss failed: {err}", None, op="record")
 
 
-_PHASES: dict[str, Callable[[RunContext, str], Awaitable[dict[str, Any]]]] = {
-    "provision": _provision,
-    "sync": _sync,
-    "launch": _launch,
-    "follow": _follow,
-    "pull": _pull,
-    "compare": _compare,
-    "record": _record,
-    "wipe": _wipe,
+PhaseStep = Callable[[RunContext, PhaseKey], Awaitable["dict[str, Any] | PhaseResult"]]
+
+_PHASES: dict[Phase, PhaseStep] = {
+    Phase.PROVISION: _provision,
+    Phase.SYNC: _sync,
+    Phase.LAUNCH: _launch,
+    Phase.FOLLOW: _follow,
+    Phase.PULL: _pull,
+    Phase.COMPARE: _compare,
+    Phase.RECORD: _record,
+    Phase.WIPE: _wipe,
 }
 
 
@@ -507,11 +512,9 @@ async def run_phase(
     for name, info in journal.phases(run_id).items():
         if info["state"] == "done":
             ctx.results[name] = info["result"]
-    if "provision" not in ctx.results:
-        from remotemac.errors import BadInput
-
+    if Phase.PROVISION not in ctx.results:
         raise BadInput(f"run {run_id} was never provisioned: nothing to {phase}")
-    _restore(ctx, "provision")
+    restore_phase(ctx, PhaseKey(Phase.PROVISION))
     try:
         for key, binding in ctx.hosts.items():
             try:
@@ -520,14 +523,12 @@ async def run_phase(
                 if phase != "wipe":
                     raise
                 # the key is shredded all the same; wipe_run says what is left there
-                ctx.results.setdefault("_unreachable", {})[key] = (
-                    exc.line() if isinstance(exc, HostError) else str(exc)
-                )
+                ctx.unreachable[key] = exc.line() if isinstance(exc, HostError) else str(exc)
         ctx.emit(PhaseStarted(run_id, phase=phase))
         if journal.phase_state(run_id, phase) is None:
             journal.start_phase(run_id, phase)
         try:
-            result = await _PHASES[phase](ctx, phase)
+            result = as_dict(await _PHASES[Phase(phase)](ctx, PhaseKey(Phase(phase))))
         except Exception as exc:  # the journal says which phase failed and why
             journal.finish_phase(run_id, phase, {"error": failure_line(exc)}, state="failed")
             raise

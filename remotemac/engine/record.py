@@ -8,9 +8,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from remotemac.acceptance.markdown import ENV_FACT_KEYS
 from remotemac.engine.context import RunContext
 from remotemac.engine.ledger import REDACTED, redact
-from remotemac.units import iso_utc
+from remotemac.phases import follow_key, launch_key
+from remotemac.units import format_size, iso_utc
 
 ENV_MISMATCH_KEYS = ("torch", "numpy", "python", "lock_hash")
 
@@ -19,19 +21,7 @@ def compare_results(ctx: RunContext) -> dict[str, Any]:
     from remotemac.acceptance.compare import CompareRule, compare_outputs
 
     ref, tgt, again = ctx.side("reference"), ctx.side("target"), ctx.side("reproduce")
-    rules = [
-        CompareRule(
-            file=r.file,
-            rtol=r.rtol,
-            atol=r.atol,
-            keys=tuple(r.keys),
-            ignore=tuple(r.ignore),
-            strict=r.strict,
-        )
-        for r in ctx.playbook.outputs.compare
-    ]
-    if not rules:
-        rules = [CompareRule(file="**/*", rtol=None, atol=None)]
+    rules = list(ctx.playbook.outputs.compare) or [CompareRule(file="**/*")]
     results = ctx.out_dir / "results"
     if ref is None or tgt is None:
         outcome: dict[str, Any] = {
@@ -70,7 +60,8 @@ def _any_file(directory: Path) -> bool:
     return directory.is_dir() and any(p.is_file() for p in directory.rglob("*"))
 
 
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """The rows of a JSON-lines file (metrics, ledger); a torn line left out, none when missing."""
     if not path.exists():
         return []
     rows = []
@@ -89,7 +80,7 @@ WARMUP_STEPS = 5
 def warmup_hints(logs: Path, label: str) -> dict[str, float | None]:
     """When the job had imported torch and taken its first optimizer steps (the runner's
     ``observed``/``steps`` columns), for the memory trend's warm-up."""
-    rows = _read_jsonl(logs / f"{label}.rss.jsonl")
+    rows = read_jsonl(logs / f"{label}.rss.jsonl")
     active = next((float(r["t"]) for r in rows if (r.get("observed") or 0) > 0), None)
     warm = next((float(r["t"]) for r in rows if (r.get("steps") or 0) >= WARMUP_STEPS), None)
     return {"active_from": active, "warm_at": warm}
@@ -99,7 +90,7 @@ def memory_samples(logs: Path, label: str) -> tuple[list[tuple[float, float]], s
     """(t, bytes) of the job and what they measure: Metal's driver memory summed over the
     observed processes on MPS, else RSS summed over the job's process tree (the runner's
     samples; an older run's harness metrics when that is all there is)."""
-    rows = _read_jsonl(logs / f"{label}.rss.jsonl") or _read_jsonl(logs / f"{label}.metrics.jsonl")
+    rows = read_jsonl(logs / f"{label}.rss.jsonl") or read_jsonl(logs / f"{label}.metrics.jsonl")
     if any(r.get("mps_driver_allocated_bytes") for r in rows):
         key, source = "mps_driver_allocated_bytes", "mps-driver"
     else:
@@ -130,7 +121,7 @@ def _observations(ctx: RunContext) -> tuple[dict[str, Any], list[dict[str, Any]]
     # a sample every 0.5 s can miss a short spike; each process's own high-water mark
     # (ru_maxrss, reported by its observer) cannot
     rss_peak = max(
-        [int(r.get("rss_bytes") or 0) for r in _read_jsonl(logs / f"{tgt.label}.rss.jsonl")]
+        [int(r.get("rss_bytes") or 0) for r in read_jsonl(logs / f"{tgt.label}.rss.jsonl")]
         + [int(harness.get("peak_rss_bytes") or 0)]
     )
     memory["rss_peak_bytes"] = rss_peak or None
@@ -176,7 +167,7 @@ def _observations(ctx: RunContext) -> tuple[dict[str, Any], list[dict[str, Any]]
             }
         )
     for side in ctx.sides:
-        follow = ctx.results.get(f"follow:{side.role}", {})
+        follow = ctx.results.get(follow_key(side.role).name, {})
         if follow and follow.get("state") == "storage-limit":
             conditions.append(
                 {
@@ -209,7 +200,7 @@ def _observations(ctx: RunContext) -> tuple[dict[str, Any], list[dict[str, Any]]
     from remotemac.engine.drift import drift_summary, load_drift
 
     drift = drift_summary(load_drift(ctx.out_dir))
-    ctx.results["_drift"] = drift
+    ctx.drift = drift
     for change in drift["torch"]:
         conditions.append(
             {
@@ -307,21 +298,7 @@ def _environment(ctx: RunContext) -> dict[str, Any]:
         sides[side.role] = {
             "host": ctx.hosts[side.host_key].transport.name,
             "device": prov.get("devices", {}).get(side.role),
-            **{
-                k: frozen.get(k)
-                for k in (
-                    "os",
-                    "os_version",
-                    "arch",
-                    "chip",
-                    "python",
-                    "torch",
-                    "numpy",
-                    "mps_built",
-                    "mps_available",
-                    "cuda_available",
-                )
-            },
+            **{k: frozen.get(k) for k in (*ENV_FACT_KEYS, "cuda_available")},
             "lock_hash": host.get("lock_hash"),
             "project": prov.get("project"),
             "dataset_revision": dataset.get("revision"),
@@ -351,7 +328,7 @@ def _environment(ctx: RunContext) -> dict[str, Any]:
     brief = {
         role: {k: v for k, v in data.items() if k != "packages"} for role, data in sides.items()
     }
-    drift = ctx.results.get("_drift") or {"checks": [], "drifts": [], "torch": []}
+    drift = ctx.drift or {"checks": [], "drifts": [], "torch": []}
     return {
         "reference": brief.get("reference"),
         "target": brief.get("target"),
@@ -405,8 +382,7 @@ def continuity(ctx: RunContext) -> dict[str, Any]:
     """Disconnects and reconnects over the whole run (earlier processes included), and the drill."""
     from remotemac.engine.jobs import continuity_totals
 
-    tally = ctx.results.get("_continuity_tally") or {"disconnects": 0, "reconnects": 0}
-    totals = continuity_totals(ctx, tally, ctx.results.get("_continuity_carried", []))
+    totals = continuity_totals(ctx, ctx.link_tally, ctx.carried_phases)
     if ctx.drills and not isinstance(totals.get("drill"), dict):
         totals["drill"] = {
             "kind": "disconnect",
@@ -415,7 +391,7 @@ def continuity(ctx: RunContext) -> dict[str, Any]:
             "dropped": sum(1 for d in ctx.drills if d.get("dropped")),
             "at": [d.get("at") for d in ctx.drills],
         }
-    ctx.results["_continuity"] = totals
+    ctx.continuity = totals
     return totals
 
 
@@ -445,7 +421,7 @@ def caches(ctx: RunContext) -> list[dict[str, Any]]:
     # target chained after the reference on the host is checked there, not by a launch phase)
     checked: dict[str, Any] = {}
     for side in ctx.sides:
-        access = (ctx.results.get(f"launch:{side.role}") or {}).get("access") or {}
+        access = (ctx.results.get(launch_key(side.role).name) or {}).get("access") or {}
         if side.host_key == tgt.host_key:
             checked.update({c.get("path"): c.get("ok") for c in access.get("checked") or []})
     paths = {
@@ -481,7 +457,7 @@ def _row(question: str, how: str, result: str, evidence: str, outcome: str) -> d
 def process_behaviour(ctx: RunContext, record: dict[str, Any]) -> list[dict[str, Any]]:
     """Five questions a careful user asks of a rented machine, answered by this run."""
     codes = {c["code"]: c for c in record.get("stopping_conditions") or []}
-    follows = {s.role: (ctx.results.get(f"follow:{s.role}") or {}, s.label) for s in ctx.sides}
+    follows = {s.role: (ctx.results.get(follow_key(s.role).name) or {}, s.label) for s in ctx.sides}
     return [
         _ssh_row(record, follows),
         _lost_row(ctx, codes, follows),
@@ -573,7 +549,7 @@ def _lost_row(ctx: RunContext, codes: dict[str, Any], follows: dict[str, Any]) -
 
 def _drift_row(ctx: RunContext, codes: dict[str, Any]) -> dict[str, Any]:
     q = "Did a package update change the environment during the run (drift)?"
-    drift = ctx.results.get("_drift") or {"checks": [], "drifts": [], "torch": []}
+    drift = ctx.drift or {"checks": [], "drifts": [], "torch": []}
     whens = sorted({c["when"] for c in drift["checks"] if c.get("when")})
     how = (
         "the environment's fingerprint (Python, OS version, venv package set and its hash, "
@@ -601,13 +577,13 @@ def _disk_row(ctx: RunContext, codes: dict[str, Any], follows: dict[str, Any]) -
     min_free = int(ctx.playbook.stop_when.min_free_disk)
     how = (
         f"the runner checks free space on remote_root's volume every 0.5 s and stops the job "
-        f"(SIGTERM, then SIGKILL) below stop_when.min_free_disk = {_mib(min_free)}"
+        f"(SIGTERM, then SIGKILL) below stop_when.min_free_disk = {format_size(min_free)}"
     )
-    lows = [
+    seen = (
         ((f.get("disk") or {}).get("root") or {}).get("min_free_seen")
         for f, _label in follows.values()
-    ]
-    lows = [x for x in lows if x is not None]
+    )
+    lows: list[float] = [float(x) for x in seen if x is not None]
     stopped = [
         (role, f, label)
         for role, (f, label) in follows.items()
@@ -626,7 +602,7 @@ def _disk_row(ctx: RunContext, codes: dict[str, Any], follows: dict[str, Any]) -
     warned = [f.get("disk_warning") for f, _label in follows.values() if f.get("disk_warning")]
     if not lows:
         return _row(q, how, "not measured (the runner reported no disk figures)", "—", "not-tested")
-    result = f"limit not reached; lowest free space seen {_mib(min(lows))}"
+    result = f"limit not reached; lowest free space seen {format_size(min(lows))}"
     if warned:
         result += f"; warning: {warned[0]}"
     return _row(q, how, result, "disk in status/<label>.json", "warning" if warned else "ok")
@@ -668,10 +644,6 @@ def _reproduce_row(
 
 def _yes(value: Any) -> str:
     return {True: "yes", False: "no"}.get(value, "unknown")
-
-
-def _mib(n: float) -> str:
-    return f"{n / 1048576:.0f} MiB"
 
 
 async def write_acceptance(ctx: RunContext, lost: str | None = None) -> dict[str, Any]:
@@ -744,4 +716,4 @@ def update_record_wipe(ctx: RunContext, wipe: dict[str, Any]) -> None:
 def _cpu(ctx: RunContext) -> dict[str, Any]:
     from remotemac.engine.cpuusage import run_cpu
 
-    return run_cpu(ctx.results, [b.agent for b in ctx.hosts.values()])
+    return run_cpu(ctx.cpu_start, [b.agent for b in ctx.hosts.values()])

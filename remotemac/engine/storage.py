@@ -29,9 +29,9 @@ async def check_space(
     ctx: RunContext, binding: HostBinding, provisioned: dict[str, Any]
 ) -> dict[str, Any]:
     """The agent's ``check_space`` for this host (raises AgentError ``no-space`` on refusal)."""
-    if "_slice_bytes" not in ctx.results:  # every host gets the slice: select it once
-        ctx.results["_slice_bytes"] = slice_bytes(ctx)
-    data = ctx.results["_slice_bytes"]
+    if ctx.slice_bytes is None:  # every host gets the slice: select it once
+        ctx.slice_bytes = slice_bytes(ctx)
+    data = ctx.slice_bytes
     venv_python = provisioned.get("venv_python") or ""
     venv_dir = (
         venv_python.rsplit("/bin/", 1)[0]

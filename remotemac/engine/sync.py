@@ -1,17 +1,24 @@
-"""Sync: choose the dataset slice, then hash, encrypt and send it in one pipelined stream.
+"""Sync: choose the dataset slice, then hash, encrypt and send it in pipelined streams.
 
-Why one stream: each file is read once; while it is read it is hashed and sealed
+Why a stream: each file is read once; while it is read it is hashed and sealed
 (streamcrypt's chunked AEAD) in a worker thread, the event loop writes the sealed
-chunks into one SSH channel, and on the host ``agent/dataops.py sync`` stores the
+chunks into an SSH channel, and on the host ``agent/dataops.py sync`` stores the
 ciphertext, decrypts it into RAM-backed storage and checks the SHA-256, all at
 the same time. A bounded queue between the stages keeps memory flat (a few MiB in
-flight whatever the slice size).
+flight per stream whatever the slice size).
+
+Why several streams on a far link: sshd gives each channel a 2 MiB window, so one
+channel carries at most WINDOW_BYTES per round trip (~25 MB/s at 80 ms). The first
+channel pings the agent; :func:`choose_streams` turns that round trip into a number
+of channels, which take files from one shared queue, largest first.
 
 Why it resumes and is incremental: the host acknowledges each file once it is
 verified and keeps a record keyed by (relative path, plaintext SHA-256); a later
 sync (after a cut link, a Ctrl-C, or with a slightly changed slice) asks first and
-sends only what the host does not hold. The journal's hash cache means unchanged
-local files are not even read. A dropped link inside one sync is retried at once.
+sends only what the host does not hold. A large file cut mid-way continues after
+its last chunk that authenticated on the host (see :func:`_resume_point` for why
+that is safe). The journal's hash cache means unchanged local files are not even
+read. A dropped link inside one sync is retried at once.
 
 The data key reaches the agent inside the stream (stdin), never in argv, the
 environment or a file on the host.
@@ -20,13 +27,15 @@ environment or a file on the host.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import hashlib
 import json
+import math
 import os
 import stat
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -47,9 +56,22 @@ from remotemac.transport.base import RemoteProcess, Transport
 FRAME = "F"
 BATCH_BYTES = 1 << 20
 QUEUE_BATCHES = 8
+#: OpenSSH's sshd advertises this window per session channel: one channel carries at
+#: most WINDOW_BYTES per round trip, ~25 MB/s at 80 ms
+WINDOW_BYTES = 2 << 20
+#: the rate the streams are sized for (1 Gbit/s); a slower link just fills sooner
+TARGET_RATE = 125e6
+#: the transport's 8 exec channels (MaxSessions is 10) minus the agent's and a spare
+MAX_STREAMS = 6
+#: a stream is only worth opening for this much data (a channel costs a round trip
+#: and a python start on the host)
+MIN_STREAM_BYTES = 8 << 20
+#: the host keeps a cut file this big for resuming (agent/dataops.py RESUMABLE)
+PARTIAL_MIN_BYTES = 8 << 20
 PROGRESS_EVERY_S = 0.2
 SHOW_FILES = 200
-MAX_ATTEMPTS = 4
+#: first pause before a sync attempt that verified nothing more (doubling, at most 2 s)
+RETRY_PAUSE_S = 0.05
 
 Emit = Callable[[Event], None]
 
@@ -96,6 +118,13 @@ class SyncStats:
     skipped_files: int = 0
     skipped_bytes: int = 0
     attempts: int = 0
+    #: files continued from the host's verified prefix of a cut transfer, and the
+    #: plaintext bytes that therefore did not travel again
+    resumed_files: int = 0
+    resumed_bytes: int = 0
+    #: parallel channels the last attempt used, and the round trip they were sized by
+    streams: int = 0
+    rtt_ms: float | None = None
     acked: list[str] = field(default_factory=list)
     #: bytes written into the channel by each attempt (a cut link starts a new one)
     per_attempt: list[int] = field(default_factory=list)
@@ -179,11 +208,18 @@ async def sync_host(
         "selection": [
             {"path": f.path, "size": f.size, "reason": f.reason} for f in selection.files
         ],
-        "summary": f"{stats.sent_files} sent, {stats.skipped_files} already on the host",
+        "summary": f"{stats.sent_files} sent, {stats.skipped_files} already on the host"
+        + (f", {stats.resumed_files} resumed mid-file" if stats.resumed_files else "")
+        + (f", {stats.streams} streams" if stats.streams > 1 else ""),
         "runtime": {k: runtime.get(k) for k in ("dir", "reused", "method", "cryptography")}
         if runtime
         else None,
     }
+
+
+def _progress(stats: SyncStats) -> int:
+    """What a cut attempt did not lose: files verified plus 8 MiB steps of bytes sent."""
+    return len(stats.acked) + stats.sent_bytes // PARTIAL_MIN_BYTES
 
 
 def show_selection(emit: Emit, run_id: str, selection: Any) -> None:
@@ -243,8 +279,9 @@ async def sync_slice(
     cache: HashCache | None = None,
     emit: Emit | None = None,
     ram_bytes: int | None = None,
-    max_attempts: int = MAX_ATTEMPTS,
+    max_attempts: int | None = None,
     stats: SyncStats | None = None,
+    streams: int | None = None,
 ) -> tuple[Manifest, dict[str, Any], SyncStats]:
     """Make the host hold ``paths`` (relative to ``root``), verified; resume after a cut link.
 
@@ -253,7 +290,9 @@ async def sync_slice(
     manifest, the agent's final answer (``data_dir``, ``ram``, …) and the transfer
     statistics. Raises IntegrityError (exit 5) when the host finds a file that does
     not match, HostEnvironmentError (exit 6) when the host's environment cannot
-    decrypt, HostError when the host cannot take the data.
+    decrypt, HostError when the host cannot take the data. ``streams`` forces the
+    number of parallel channels; by default it follows the measured round trip
+    (:func:`choose_streams`).
     """
     if key is not None and not runtime_dir:
         raise ValueError("an encrypted sync needs the agent runtime (ensure_runtime) first")
@@ -278,14 +317,27 @@ async def sync_slice(
         stats,
         ram_bytes,
         runtime_dir,
+        streams,
     )
+    # retried by deadline, not by count (issue 16): a link that stays up two seconds at a
+    # time still verifies files on every attempt; the sync gives up when it has lost the
+    # link for the whole reconnect deadline since it last made progress: a verified
+    # file, or 8 MiB more sent (the host keeps a cut file of that size to resume it)
+    verified, first_loss, idle = _progress(stats), None, 0
     while True:
         stats.attempts += 1
         try:
             answer = await session.run()
             break
         except TransientHostError as exc:
-            if stats.attempts >= max_attempts:
+            now = time.monotonic()
+            if _progress(stats) > verified or first_loss is None:
+                verified, first_loss, idle = _progress(stats), now, 0
+            else:
+                idle += 1
+            if (max_attempts is not None and stats.attempts >= max_attempts) or (
+                now - first_loss >= transport.reconnect_deadline
+            ):
                 raise
             emit(
                 Warning(
@@ -295,6 +347,7 @@ async def sync_slice(
                     code="sync-resume",
                 )
             )
+            await asyncio.sleep(min(RETRY_PAUSE_S * 2**idle, 2.0))
     if cache is not None:
         for f in files:
             if f.sha256 is not None:
@@ -331,8 +384,36 @@ def _stat_all(root: Path, paths: list[str], cache: HashCache | None) -> list[_Lo
     return out
 
 
+def choose_streams(
+    rtt: float,
+    todo_bytes: int,
+    files: int,
+    cap: int = MAX_STREAMS,
+    target_rate: float = TARGET_RATE,
+) -> int:
+    """Parallel channels for one sync: enough windows in flight to carry ``target_rate``
+    over ``rtt`` seconds, never more than ``cap``, the files to send, or one per
+    MIN_STREAM_BYTES (on loopback one stream is best: both ends share the CPUs)."""
+    want = math.ceil(target_rate * rtt / WINDOW_BYTES)
+    return max(1, min(want, cap, files, todo_bytes // MIN_STREAM_BYTES))
+
+
+@dataclass
+class _Job:
+    """One file to send: what the host holds of it (a verified copy, a cut transfer)."""
+
+    index: int
+    host_sha: str | None
+    partial: dict[str, Any] | None
+
+
 class _Session:
-    """One agent process on the host; ``run`` may be called again after a cut link."""
+    """One sync attempt's channels on the host; ``run`` may be called again after a cut link.
+
+    The first channel says what the host holds and finishes the sync; when one
+    channel's window cannot fill the link (long round trip), more are opened and
+    every channel takes the next file from one shared queue (largest first).
+    """
 
     def __init__(
         self,
@@ -348,11 +429,16 @@ class _Session:
         stats: SyncStats,
         ram_bytes: int,
         runtime_dir: str | None = None,
+        streams: int | None = None,
     ) -> None:
         self.transport, self.agent, self.root, self.files = transport, agent, root, files
         self.run_dir, self.run_id, self.key, self.python = run_dir, run_id, key, python
         self.emit, self.stats, self.ram_bytes = emit, stats, ram_bytes
         self.runtime_dir = runtime_dir
+        self.streams = streams
+        self._done = 0
+        self._last_progress = 0.0
+        self._halt = False  # a channel's agent spoke up early: the others stop taking files
 
     def manifest(self) -> Manifest:
         return Manifest.from_entries(
@@ -362,43 +448,67 @@ class _Session:
     async def run(self) -> dict[str, Any]:
         argv = [self.python, f"{self.agent.agent_dir}/dataops.py", "sync"]
         started = time.monotonic()
-        proc = await self.transport.open_process(argv)
+        procs: list[RemoteProcess] = []
         code: int | None = None
         try:
-            answer = await self._talk(proc)
-            code = await proc.wait(timeout=60)
+            procs.append(await self.transport.open_process(argv))
+            answer = await self._talk(argv, procs)
+            code = await procs[0].wait(timeout=60)
             return answer
         finally:
-            await proc.close()
+            for proc in procs:
+                await proc.close()
             self.agent.ledger.append(
                 self.transport.name,
-                " ".join(argv),
+                " ".join(argv) + (f" ×{len(procs)} streams" if len(procs) > 1 else ""),
                 code,
                 op="sync-data",
                 seconds=time.monotonic() - started,
             )
 
-    async def _talk(self, proc: RemoteProcess) -> dict[str, Any]:
+    def _hello(self) -> dict[str, Any]:
         hello: dict[str, Any] = {
             "run_dir": self.run_dir,
             "run_id": self.run_id,
             "src": f"{self.run_dir}/data",
             "encrypted": self.key is not None,
             "ram_bytes": self.ram_bytes,
-            "entries": [{"path": f.path, "size": f.size, "sha256": f.sha256} for f in self.files],
+            "entries": [
+                {"path": f.path, "size": f.size, "sha256": f.sha256, "mtime_ns": f.mtime_ns}
+                for f in self.files
+            ],
         }
         if self.key is not None:
             hello["key_hex"] = self.key.hex()
             hello["runtime_dir"] = self.runtime_dir
-        await proc.write(json.dumps(hello).encode() + b"\n")
-        first = await self._answer(proc, "start")
+        return hello
+
+    async def _talk(self, argv: list[str], procs: list[RemoteProcess]) -> dict[str, Any]:
+        main = procs[0]
+        hello = self._hello()
+        await main.write(json.dumps(hello).encode() + b"\n")
+        first = await self._answer(main, "start")
         self.stats.per_attempt.append(0)
         known = {int(i): str(sha) for i, sha in first.get("known", [])}
-        plan = self._plan(known)
-        todo_bytes = sum(self.files[i].size for i, _ in plan)
+        partial = {int(i): dict(info) for i, info in first.get("partial", [])}
+        plan = self._plan(known, partial)
+        todo_bytes = sum(self.files[j.index].size for j in plan)
         skipped = [f for i, f in enumerate(self.files) if i in known and f.sha256 == known[i]]
         self.stats.skipped_files = len(skipped)
         self.stats.skipped_bytes = sum(f.size for f in skipped)
+        if plan:
+            if self.streams is None and choose_streams(1.0, todo_bytes, len(plan)) == 1:
+                wanted = 1  # one stream even on a 1 s round trip: no ping
+            elif self.streams is None:
+                rtt = await self._rtt(main)
+                self.stats.rtt_ms = round(rtt * 1000, 2)
+                wanted = choose_streams(rtt, todo_bytes, len(plan))
+            else:
+                wanted = max(1, min(self.streams, MAX_STREAMS, len(plan)))
+            await self._open_workers(argv, hello, wanted - 1, procs)
+            if len(procs) > 1:  # largest first, so no channel is left with a big file at the end
+                plan.sort(key=lambda j: -self.files[j.index].size)
+        self.stats.streams = len(procs)
         self.emit(
             PhaseProgress(
                 self.run_id,
@@ -406,40 +516,95 @@ class _Session:
                 done=0,
                 total=todo_bytes,
                 detail=f"{len(skipped)} files already verified on the host; "
-                f"checking or sending {len(plan)}",
+                f"checking or sending {len(plan)}"
+                + (f" over {len(procs)} streams" if len(procs) > 1 else ""),
             )
         )
-        acks: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
-        reader = asyncio.ensure_future(self._read_acks(proc, acks))
+        work = collections.deque(plan)
+        self._done, self._halt = 0, False
+        queues: list[asyncio.Queue[dict[str, Any]]] = [asyncio.Queue() for _ in procs]
+        readers = [
+            asyncio.ensure_future(self._read_acks(p, q)) for p, q in zip(procs, queues, strict=True)
+        ]
         try:
-            try:
-                if await self._send(proc, plan, todo_bytes, acks):
-                    final = json.dumps(
-                        [{"path": f.path, "size": f.size, "sha256": f.sha256} for f in self.files]
-                    ).encode()
-                    await proc.write(_frame("E", 0, len(final)) + final)
-            except (BrokenPipeError, ConnectionResetError):
-                pass  # the agent stopped reading: its last line says why
-            return await self._final(reader, acks)
+            sent = await _all(
+                [
+                    self._send_safely(p, work, todo_bytes, q)
+                    for p, q in zip(procs, queues, strict=True)
+                ]
+            )
+            self.emit(PhaseProgress(self.run_id, phase="sync", done=self._done, total=todo_bytes))
+            for i in range(1, len(procs)):
+                if sent[i]:
+                    with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                        await procs[i].write(_frame("D", 0, 0))
+            await _all([self._final(readers[i], queues[i]) for i in range(1, len(procs))])
+            if all(sent):
+                final = json.dumps(
+                    [{"path": f.path, "size": f.size, "sha256": f.sha256} for f in self.files]
+                ).encode()
+                with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                    await main.write(_frame("E", 0, len(final)) + final)
+            return await self._final(readers[0], queues[0])
         finally:
-            reader.cancel()
-            with contextlib.suppress(BaseException):
-                await reader
+            for reader in readers:
+                reader.cancel()
+                with contextlib.suppress(BaseException):
+                    await reader
 
-    def _plan(self, known: dict[int, str]) -> list[tuple[int, str | None]]:
-        """(index, sha the host holds or None) for every file that may need sending."""
+    async def _rtt(self, proc: RemoteProcess, probes: int = 2) -> float:
+        """The round trip through the channel (the fastest of a few pings)."""
+        best = math.inf
+        for _ in range(probes):
+            started = time.monotonic()
+            await proc.write(_frame("P", 0, 0))
+            self._check(json.loads((await proc.readline()) or b'{"eof": true}'), "ping")
+            best = min(best, time.monotonic() - started)
+        return best
+
+    async def _open_workers(
+        self, argv: list[str], hello: dict[str, Any], count: int, procs: list[RemoteProcess]
+    ) -> None:
+        """Open up to ``count`` more receivers; the host refusing a channel just means fewer."""
+        line = json.dumps(dict(hello, worker=True)).encode() + b"\n"
+
+        async def one() -> bool:
+            try:
+                proc = await self.transport.open_process(argv)
+            except TransientHostError:
+                raise
+            except HostError:
+                return False  # MaxSessions reached: go on with the channels we have
+            procs.append(proc)
+            await proc.write(line)
+            await self._answer(proc, "start")
+            return True
+
+        await _all([one() for _ in range(count)])  # together: each costs round trips
+
+    def _plan(self, known: dict[int, str], partial: dict[int, dict[str, Any]]) -> list[_Job]:
+        """Every file that may need sending, with what the host holds of it."""
         plan = []
         for i, f in enumerate(self.files):
             have = known.get(i)
             if have is not None and f.sha256 == have:
                 continue
-            plan.append((i, have))
+            plan.append(_Job(i, have, partial.get(i)))
         return plan
+
+    async def _send_safely(
+        self, proc: RemoteProcess, work: collections.deque, total: int, acks: asyncio.Queue
+    ) -> bool:
+        try:
+            return await self._send(proc, work, total, acks)
+        except (BrokenPipeError, ConnectionResetError):
+            self._halt = True
+            return False  # the agent stopped reading: its last line says why
 
     async def _send(
         self,
         proc: RemoteProcess,
-        plan: list[tuple[int, str | None]],
+        work: collections.deque,
         total: int,
         acks: asyncio.Queue,
     ) -> bool:
@@ -448,7 +613,7 @@ class _Session:
         Returns False when the agent spoke up early (an error line is waiting).
         """
         queue: asyncio.Queue[Any] = asyncio.Queue(maxsize=QUEUE_BATCHES)
-        pieces = _pieces(self.root, self.files, plan, self.key)
+        pieces = _pieces(self.root, self.files, work, self.key, lambda: self._halt)
 
         async def produce() -> None:
             try:
@@ -461,8 +626,6 @@ class _Session:
                 await queue.put(exc)
 
         producer = asyncio.ensure_future(produce())
-        done = 0
-        last = 0.0
         try:
             while True:
                 batch = await queue.get()
@@ -471,31 +634,40 @@ class _Session:
                 if isinstance(batch, BaseException):
                     raise batch
                 if not acks.empty():
+                    self._halt = True
                     return False
                 for item in batch:
                     if isinstance(item, _Done):
-                        self.files[item.index] = item.local
-                        if not item.sent:
-                            self.stats.skipped_files += 1
-                            self.stats.skipped_bytes += item.local.size
-                        else:
-                            self.stats.sent_files += 1
+                        self._file_done(item)
                         continue
                     data, plain = item
-                    await proc.write(data)
+                    if data:
+                        await proc.write(data)
                     self.stats.sent_bytes += len(data)
                     self.stats.per_attempt[-1] += len(data)
-                    done += plain
+                    self._done += plain
                 now = time.monotonic()
-                if now - last >= PROGRESS_EVERY_S:
-                    last = now
-                    self.emit(PhaseProgress(self.run_id, phase="sync", done=done, total=total))
+                if now - self._last_progress >= PROGRESS_EVERY_S:
+                    self._last_progress = now
+                    self.emit(
+                        PhaseProgress(self.run_id, phase="sync", done=self._done, total=total)
+                    )
         finally:
             producer.cancel()
             with contextlib.suppress(BaseException):
                 await producer
-        self.emit(PhaseProgress(self.run_id, phase="sync", done=done, total=total))
         return True
+
+    def _file_done(self, item: _Done) -> None:
+        self.files[item.index] = item.local
+        if not item.sent:
+            self.stats.skipped_files += 1
+            self.stats.skipped_bytes += item.local.size
+            return
+        self.stats.sent_files += 1
+        if item.resumed:
+            self.stats.resumed_files += 1
+            self.stats.resumed_bytes += item.resumed
 
     async def _read_acks(self, proc: RemoteProcess, acks: asyncio.Queue) -> None:
         while True:
@@ -565,6 +737,25 @@ class _Session:
         raise HostError(f"{error} (phase sync, at {what})")
 
 
+async def _all(coros: list[Awaitable[Any]]) -> list[Any]:
+    """Run the streams together; the first failure cancels the others and is raised."""
+    tasks = [asyncio.ensure_future(c) for c in coros]
+    if not tasks:
+        return []
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        for task in tasks:
+            if task.done() and not task.cancelled() and task.exception() is not None:
+                raise task.exception()  # type: ignore[misc]
+        return [task.result() for task in tasks]
+    finally:
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(BaseException):
+                await task
+
+
 def _frame(kind: str, index: int, length: int) -> bytes:
     return kind.encode() + index.to_bytes(4, "big") + length.to_bytes(8, "big")
 
@@ -574,14 +765,19 @@ class _Done:
     index: int
     local: _Local
     sent: bool
+    resumed: int = 0  # plaintext bytes the host already held (a resumed cut transfer)
 
 
 class _HashingReader:
     """Reads exactly ``size`` bytes of a file while hashing them (one read, two uses)."""
 
     def __init__(self, fh: BinaryIO, size: int, path: str) -> None:
-        self.fh, self.left, self.path = fh, size, path
+        self.fh, self.left, self.path, self.size = fh, size, path, size
         self.digest = hashlib.sha256()
+
+    def rewind(self) -> None:
+        self.fh.seek(0)
+        self.left, self.digest = self.size, hashlib.sha256()
 
     def read(self, n: int) -> bytes:
         data = self.fh.read(min(n, self.left))
@@ -596,36 +792,54 @@ class _HashingReader:
 
 
 def _pieces(
-    root: Path, files: list[_Local], plan: list[tuple[int, str | None]], key: bytes | None
+    root: Path,
+    files: list[_Local],
+    work: collections.deque,
+    key: bytes | None,
+    halted: Callable[[], bool] = lambda: False,
 ) -> Iterator[Any]:
-    """Yield (bytes, plaintext bytes covered) to send, and a _Done after each file."""
+    """Yield (bytes, plaintext bytes covered) to send, and a _Done after each file.
+
+    Takes the next file from ``work`` (shared by every stream) only when ready for it.
+    """
     from remotemac.agent.streamcrypt import DEFAULT_CHUNK, ciphertext_size, iter_encrypt
 
-    for index, host_sha in plan:
-        f = files[index]
+    while not halted():
+        try:
+            job = work.popleft()
+        except IndexError:
+            return
+        f = files[job.index]
         full = root / f.path
         fd = os.open(full, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
         with os.fdopen(fd, "rb", buffering=0) as fh:
             before = os.fstat(fh.fileno())
             size = before.st_size
-            if host_sha is not None and f.sha256 is None:
+            if job.host_sha is not None and f.sha256 is None:
                 # the host holds a verified copy of this path: hash first, maybe skip sending
                 sha = _hash_all(fh, size, f.path)
                 local = _Local(f.path, size, before.st_mtime_ns, before.st_ino, sha)
-                if sha == host_sha and _unchanged(fh, before):
-                    yield _Done(index, local, sent=False)
+                if sha == job.host_sha and _unchanged(fh, before):
+                    yield _Done(job.index, local, sent=False)
                     continue
                 fh.seek(0)
             reader = _HashingReader(fh, size, f.path)
+            resumed = 0
             if key is not None:
-                yield _frame(FRAME, index, ciphertext_size(size, DEFAULT_CHUNK)), 0
-                covered = 0
-                for sealed in iter_encrypt(key, f.path, reader, DEFAULT_CHUNK):  # type: ignore[arg-type]
+                resume = _resume_point(job, reader, before, key, f.path)
+                if resume is None:
+                    yield _frame(FRAME, job.index, ciphertext_size(size, DEFAULT_CHUNK)), 0
+                    chunk, where = DEFAULT_CHUNK, None
+                else:
+                    frame, chunk, where, resumed = resume
+                    yield frame, resumed
+                covered = resumed
+                for sealed in iter_encrypt(key, f.path, reader, chunk, resume=where):  # type: ignore[arg-type]
                     read = size - reader.left
                     yield sealed, read - covered
                     covered = read
             else:
-                yield _frame(FRAME, index, size), 0
+                yield _frame(FRAME, job.index, size), 0
                 while block := reader.read(BATCH_BYTES):
                     yield block, len(block)
             if reader.left or not _unchanged(fh, before):
@@ -636,8 +850,59 @@ def _pieces(
             sha = reader.digest.hexdigest()
             yield bytes.fromhex(sha), 0
             yield _Done(
-                index, _Local(f.path, size, before.st_mtime_ns, before.st_ino, sha), sent=True
+                job.index,
+                _Local(f.path, size, before.st_mtime_ns, before.st_ino, sha),
+                sent=True,
+                resumed=resumed,
             )
+
+
+def _resume_point(
+    job: _Job, reader: _HashingReader, before: os.stat_result, key: bytes, path: str
+) -> tuple[bytes, int, tuple[bytes, int], int] | None:
+    """(R frame, chunk size, (header, first chunk), plaintext offset) to continue the
+    host's cut transfer of this file, or None to send it whole.
+
+    Resumes only when the file has the size and mtime it had when that transfer
+    began, the header is ours (its MAC verifies under this key for this path) and
+    the first ``offset`` bytes hash as the host's verified prefix does: the tail is
+    then sealed again under the same key and nonces with the same plaintext (a
+    changed file would reuse GCM nonces with other plaintext, so it starts afresh).
+    The prefix is read from disk to hash it, never sent.
+    """
+    from remotemac.agent.streamcrypt import (
+        HEADER_LEN,
+        TAG_LEN,
+        DecryptError,
+        ciphertext_size,
+        header_chunk_size,
+        open_header,
+    )
+
+    partial, size = job.partial, before.st_size
+    if not partial or (size, before.st_mtime_ns) != (partial.get("size"), partial.get("mtime_ns")):
+        return None
+    header = bytes.fromhex(str(partial.get("header", "")))
+    chunk = header_chunk_size(header)
+    chunks = int(partial.get("chunks", 0))
+    offset = chunks * chunk
+    if not chunk or not 0 < offset < size or offset != partial.get("offset"):
+        return None
+    try:
+        open_header(key, path, header)
+    except DecryptError:
+        return None
+    while reader.left > size - offset:
+        reader.read(min(BATCH_BYTES, reader.left - (size - offset)))
+    if reader.digest.hexdigest() != partial.get("prefix_sha256"):
+        reader.rewind()
+        return None
+    meta = json.dumps(
+        {"partial": partial["partial"], "chunks": chunks, "prefix_sha256": partial["prefix_sha256"]}
+    ).encode()
+    tail = ciphertext_size(size, chunk) - HEADER_LEN - chunks * (chunk + TAG_LEN)
+    frame = _frame("R", job.index, tail) + len(meta).to_bytes(4, "big") + meta
+    return frame, chunk, (header, chunks), offset
 
 
 def _hash_all(fh: BinaryIO, size: int, path: str) -> str:

@@ -8,7 +8,7 @@ logs, status and project stay until ``cleanup`` (small, and they let
 of the ciphertext left anywhere unreadable. Then the agent lists what remains of
 the run on the host, and that goes into acceptance.json.
 
-The host side is cleanupops.wipe_run_data, the very function the dead-man wipe
+The host side is wipeops.wipe_run_data, the very function the dead-man wipe
 runs on the host at ``wipe_deadline`` (scheduled here by :func:`schedule_deadman`).
 """
 
@@ -62,7 +62,7 @@ async def wipe_run(ctx: RunContext) -> dict[str, Any]:
     verified = True
     pulled = _pulled(ctx)
     sync = ctx.results.get("sync", {}).get("hosts", {})
-    unreachable = ctx.results.get("_unreachable") or {}
+    unreachable = ctx.unreachable
     for key, binding in ctx.hosts.items():
         if not binding.run_dir:
             continue

@@ -10,7 +10,8 @@ expanded by :meth:`Transport.home` once, never by a shell.
 from __future__ import annotations
 
 import abc
-from collections.abc import AsyncIterator, Callable
+import contextlib
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -55,6 +56,21 @@ class RemoteStat:
     mtime: float
     kind: str  # "file" | "dir" | "link" | "other"
     extra: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class LinkStats:
+    """How often this transport's link dropped and came back (the record's ``continuity``)."""
+
+    disconnects: int = 0
+    reconnects: int = 0
+
+    def since(self, before: LinkStats) -> dict[str, int]:
+        """The drops and reconnects after ``before``, as the record writes them."""
+        return {
+            "disconnects": self.disconnects - before.disconnects,
+            "reconnects": self.reconnects - before.reconnects,
+        }
 
 
 class RemoteProcess(abc.ABC):
@@ -111,6 +127,38 @@ class Transport(abc.ABC):
         Why: per-link services such as the resident agent are kept once per link.
         """
         return self
+
+    # -- the link (SSH has one; ``local`` answers that there is nothing to cut) --------
+
+    def has_link(self) -> bool:
+        """Whether there is a network link that can drop (and be dropped on purpose)."""
+        return False
+
+    async def drop_connection(self, why: str = "dropped on purpose (drill)") -> bool:
+        """Cut the link as a dead network would; the next operation reconnects.
+
+        Why public: the disconnect drills (``run --drill disconnect``, the TUI's)
+        must go through the transport so the drop is counted and announced like a
+        real one. Returns False when there was no live link to cut.
+        """
+        return False
+
+    def link_stats(self) -> LinkStats:
+        """Drops and reconnects so far (zero for a transport without a link)."""
+        return LinkStats()
+
+    def host_key_fingerprint(self) -> str | None:
+        """SHA256 fingerprint of the key the host showed on this link; None without one."""
+        return None
+
+    @contextlib.contextmanager
+    def reconnect_wait_capped(self, seconds: float) -> Iterator[None]:
+        """Wait at most ``seconds`` between reconnect attempts inside this block.
+
+        Why: a log follower wants the stream back within about a second of the link
+        returning, while other operations back off further to spare the host.
+        """
+        yield
 
     async def __aenter__(self) -> Transport:
         await self.connect()

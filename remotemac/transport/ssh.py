@@ -22,7 +22,7 @@ import secrets
 import shlex
 import stat as statmod
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
 
@@ -33,16 +33,16 @@ from remotemac.events import ConnectionState, Event
 from remotemac.transport.base import (
     DownloadSink,
     ExecResult,
+    LinkStats,
     ProgressFn,
     RemoteProcess,
     RemoteStat,
     Transport,
 )
+from remotemac.transport.options import SSHOptions
 from remotemac.transport.reconnect import reconnect
 from remotemac.transport.sshconfig import resolve
 from remotemac.transport.sshconnect import (
-    ConnectOptions,
-    PassphrasePrompt,
     SFTPUnavailable,
     lost_reason,
     open_connection,
@@ -59,8 +59,6 @@ SFTP_MAX_REQUESTS = 64
 #: pull holds in memory however many files it fetches together (more only queues up
 #: in the link, delaying every other answer: 96 was no faster)
 SFTP_READS_IN_FLIGHT = 64
-#: default for how long an operation keeps reconnecting before the run stops (issue 16)
-DEFAULT_RECONNECT_DEADLINE_S = 600.0
 
 _LINK_ERRORS = (
     asyncssh.DisconnectError,  # includes ConnectionLost
@@ -80,38 +78,25 @@ class SSHTransport(Transport):
         host_spec: str,
         *,
         home_dir: Path,
-        ssh_config: Path | None = None,
-        identity: Path | None = None,
-        keepalive_interval: float = 10,
-        keepalive_count_max: int = 3,
-        reconnect_deadline: float = DEFAULT_RECONNECT_DEADLINE_S,
+        options: SSHOptions | None = None,
         emit: Callable[[Event], None] | None = None,
         run_id: str = "",
-        connect_timeout: float = 15.0,
-        max_channels: int = 8,
-        passphrase_prompt: PassphrasePrompt | None = None,
     ) -> None:
+        opts = options or SSHOptions()
         self.spec = host_spec
-        self.params = resolve(host_spec, ssh_config=ssh_config, identity=identity)
+        self.options = opts
+        self.home_dir = Path(home_dir)
+        self.params = resolve(host_spec, ssh_config=opts.ssh_config, identity=opts.identity)
         self.name = self.params.display
-        self.reconnect_deadline = reconnect_deadline
+        self.reconnect_deadline = opts.deadline_s
         self.run_id = run_id
         self._emit_fn = emit
-        self._opts = ConnectOptions(
-            home_dir=Path(home_dir),
-            ssh_config=ssh_config,
-            identity=identity,
-            keepalive_interval=keepalive_interval,
-            keepalive_count_max=keepalive_count_max,
-            connect_timeout=connect_timeout,
-            passphrase_prompt=passphrase_prompt,
-        )
         self._conn: asyncssh.SSHClientConnection | None = None
         self._jumps: list[asyncssh.SSHClientConnection] = []
         self._sftp: asyncssh.SFTPClient | None = None
         self._sftp_lock = asyncio.Lock()
         self._link_lock = asyncio.Lock()
-        self._channels = asyncio.Semaphore(max_channels)
+        self._channels = asyncio.Semaphore(opts.max_channels)
         self._read_slots = asyncio.Semaphore(SFTP_READS_IN_FLIGHT)  # see download_to
         self._closing: set[asyncio.Task] = set()
         self._generation = 0
@@ -141,7 +126,7 @@ class SSHTransport(Transport):
             self._emit("connected")
 
     async def _open(self) -> None:
-        conn, jumps = await open_connection(self.params, self._opts)
+        conn, jumps = await open_connection(self.params, self.options, self.home_dir)
         self._conn, self._jumps, self._sftp = conn, jumps, None
         self._generation += 1
         self._watch = asyncio.ensure_future(self._watch_link(conn, self._generation))
@@ -165,6 +150,9 @@ class SSHTransport(Transport):
         self.disconnects += 1
         self._emit("disconnected", detail=why)
 
+    def has_link(self) -> bool:
+        return True
+
     async def drop_connection(self, why: str = "dropped on purpose (drill)") -> bool:
         """Abort the current connection as a dead link would (``run --drill disconnect``).
 
@@ -176,6 +164,28 @@ class SSHTransport(Transport):
             return False
         self._mark_dead(conn, why)
         return True
+
+    def link_stats(self) -> LinkStats:
+        return LinkStats(disconnects=self.disconnects, reconnects=self.reconnects)
+
+    def host_key_fingerprint(self) -> str | None:
+        """The SHA256 fingerprint of the key the host showed on the live connection."""
+        conn = self._conn
+        if conn is None:
+            return None
+        key = conn.get_server_host_key()
+        return key.get_fingerprint("sha256") if key is not None else None
+
+    @contextlib.contextmanager
+    def reconnect_wait_capped(self, seconds: float) -> Iterator[None]:
+        """Lower the longest wait between reconnect attempts for a while (a log
+        follower resumes within about a second of the link coming back)."""
+        old = self.reconnect_max_wait
+        self.reconnect_max_wait = min(old, seconds)
+        try:
+            yield
+        finally:
+            self.reconnect_max_wait = old
 
     async def close(self) -> None:
         self._closed = True
@@ -257,14 +267,25 @@ class SSHTransport(Transport):
             return self.reconnect_deadline
         return self.reconnect_deadline - (time.monotonic() - since)
 
-    async def _run(self, what: str, op: Callable[[], Awaitable[T]], *, idempotent: bool) -> T:
+    async def _run(
+        self,
+        what: str,
+        op: Callable[[], Awaitable[T]],
+        *,
+        idempotent: bool,
+        progress: Callable[[], int] | None = None,
+    ) -> T:
         """Run ``op``; on a dead link reconnect and, if idempotent, run it again.
 
         Retries are bounded by time, not by count: a link that stays up two seconds
         at a time still gets every short operation through, and an operation that
         has been losing the link for ``reconnect_deadline`` seconds gives up.
+        ``progress`` (a resumable operation's position): when it moved since the last
+        loss, the deadline starts again (a long download that gains ground on every
+        reconnect is not stopped half way).
         """
         first_loss: float | None = None
+        mark = progress() if progress is not None else 0
         while True:
             left = self.deadline_left(first_loss)
             if left <= 0:
@@ -283,6 +304,8 @@ class SSHTransport(Transport):
                     # let asyncssh finish closing so the cause (e.g. keepalive) is known
                     await asyncio.wait_for(conn.wait_closed(), 1)
                 self._mark_dead(conn, f"{type(exc).__name__}: {exc}".strip())
+                if progress is not None and progress() != mark:
+                    mark, first_loss = progress(), None
                 if first_loss is None:
                     first_loss = time.monotonic()
                 if not idempotent:
@@ -605,7 +628,7 @@ class SSHTransport(Transport):
                 await asyncio.gather(*tasks, return_exceptions=True)
                 self._close_later(fh)
 
-        await self._run(f"download {remote}", op, idempotent=True)
+        await self._run(f"download {remote}", op, idempotent=True, progress=lambda: pos)
         return pos - offset
 
     def _close_later(self, fh: asyncssh.SFTPClientFile) -> None:

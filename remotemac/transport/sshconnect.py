@@ -15,17 +15,23 @@ import os
 import socket
 import sys
 import weakref
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import asyncssh
 
 from remotemac.errors import AuthError, HostError, HostKeyError, TransientHostError
 from remotemac.transport.hostkeys import HostKeyPolicy, KeyCheck, VerifyingClient
+from remotemac.transport.options import (
+    DEFAULT_CONNECT_TIMEOUT_S,
+    DEFAULT_KEEPALIVE_COUNT_MAX,
+    DEFAULT_KEEPALIVE_INTERVAL_S,
+    PassphrasePrompt,
+    SSHOptions,
+)
 from remotemac.transport.sshconfig import HostParams, default_identities, resolve
 
-PassphrasePrompt = Callable[[Path], "str | None"]
+T = TypeVar("T")
 
 # AES-GCM first: hardware AES on both ends makes it the fastest cipher for bulk
 # SFTP; chacha20 stays available for hosts without AES-NI.
@@ -70,19 +76,6 @@ class ConnectTimeout(TransientHostError):
 
 class SFTPUnavailable(HostError):
     """The host's sshd has no sftp subsystem."""
-
-
-@dataclass(frozen=True)
-class ConnectOptions:
-    """Knobs shared by every hop of one transport."""
-
-    home_dir: Path
-    ssh_config: Path | None = None
-    identity: Path | None = None
-    keepalive_interval: float = 10.0
-    keepalive_count_max: int = 3
-    connect_timeout: float = 15.0
-    passphrase_prompt: PassphrasePrompt | None = None
 
 
 def default_passphrase_prompt(path: Path) -> str | None:
@@ -190,14 +183,20 @@ def _load_encrypted(path: Path, prompt: PassphrasePrompt, notes: list[str]) -> l
     return []
 
 
+def _first(*values: T | None) -> T:
+    """The first value that is not ``None`` (the caller's, then ssh_config's, then ours)."""
+    return next(v for v in values if v is not None)
+
+
 async def _connect_hop(
     params: HostParams,
-    opts: ConnectOptions,
+    opts: SSHOptions,
+    home_dir: Path,
     tunnel: asyncssh.SSHClientConnection | None,
     *,
     probe: bool = False,
 ) -> asyncssh.SSHClientConnection:
-    policy = HostKeyPolicy(opts.home_dir, params.known_hosts_files)
+    policy = HostKeyPolicy(home_dir, params.known_hosts_files)
     known_hosts, check = policy.for_connection(params.key_name)
     if probe:
         check.pinned = []
@@ -206,18 +205,16 @@ async def _connect_hop(
             return [], [], []
 
     client_keys, notes = ([], []) if probe else load_client_keys(params, opts.passphrase_prompt)
-    keepalive = opts.keepalive_interval
-    if params.server_alive_interval is not None and keepalive == ConnectOptions.keepalive_interval:
-        keepalive = params.server_alive_interval  # ssh_config wins over our default
-    count_max = opts.keepalive_count_max
-    if (
-        params.server_alive_count_max is not None
-        and count_max == ConnectOptions.keepalive_count_max
-    ):
-        count_max = params.server_alive_count_max
-    timeout = opts.connect_timeout
-    if params.connect_timeout and timeout == ConnectOptions.connect_timeout:
-        timeout = params.connect_timeout
+    keepalive = _first(
+        opts.keepalive_interval, params.server_alive_interval, DEFAULT_KEEPALIVE_INTERVAL_S
+    )
+    count_max = _first(
+        opts.keepalive_count_max, params.server_alive_count_max, DEFAULT_KEEPALIVE_COUNT_MAX
+    )
+    # ssh_config's ConnectTimeout 0 means "the system's": ours then
+    timeout = _first(
+        opts.connect_timeout, params.connect_timeout or None, DEFAULT_CONNECT_TIMEOUT_S
+    )
     kwargs: dict = dict(
         host=params.hostname,
         port=params.port,
@@ -341,7 +338,7 @@ def quiet_lost_sftp_tasks(loop: asyncio.AbstractEventLoop) -> None:
 
 
 async def open_connection(
-    params: HostParams, opts: ConnectOptions
+    params: HostParams, opts: SSHOptions, home_dir: Path
 ) -> tuple[asyncssh.SSHClientConnection, list[asyncssh.SSHClientConnection]]:
     """Connect through every ProxyJump hop, strictly; return (final, jump connections)."""
     quiet_lost_sftp_tasks(asyncio.get_running_loop())
@@ -350,9 +347,9 @@ async def open_connection(
     try:
         for jump_spec in params.proxy_jump:
             jump = resolve(jump_spec, ssh_config=opts.ssh_config)
-            tunnel = await _connect_hop(jump, opts, tunnel)
+            tunnel = await _connect_hop(jump, opts, home_dir, tunnel)
             jumps.append(tunnel)
-        conn = await _connect_hop(params, opts, tunnel)
+        conn = await _connect_hop(params, opts, home_dir, tunnel)
     except BaseException:
         for jump_conn in reversed(jumps):
             jump_conn.close()
@@ -370,16 +367,16 @@ async def probe_host_key(
 ) -> asyncssh.SSHKey:
     """The key ``host_spec`` offers, learned from a key exchange that trusts nothing."""
     params = resolve(host_spec, ssh_config=ssh_config, identity=identity)
-    opts = ConnectOptions(
-        home_dir=home_dir, ssh_config=ssh_config, identity=identity, connect_timeout=timeout
-    )
+    opts = SSHOptions(ssh_config=ssh_config, identity=identity, connect_timeout=timeout)
     jumps: list[asyncssh.SSHClientConnection] = []
     tunnel = None
     try:
         for jump_spec in params.proxy_jump:
-            tunnel = await _connect_hop(resolve(jump_spec, ssh_config=ssh_config), opts, tunnel)
+            tunnel = await _connect_hop(
+                resolve(jump_spec, ssh_config=ssh_config), opts, home_dir, tunnel
+            )
             jumps.append(tunnel)
-        conn = await _connect_hop(params, opts, tunnel, probe=True)
+        conn = await _connect_hop(params, opts, home_dir, tunnel, probe=True)
         conn.close()  # pragma: no cover - the probe never authenticates
         raise HostKeyError(f"{params.key_name} offered no host key", hint="retry")
     except _Probed as probed:

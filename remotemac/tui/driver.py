@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from remotemac.errors import BadInput, RemotemacError
-from remotemac.events import ConnectionState, Event, EventBus, LogLine, PhaseProgress
+from remotemac.events import Event, EventBus, LogLine, PhaseProgress
 from remotemac.tui.messages import RunEnded, RunUpdated
 from remotemac.tui.model import LIVE_STATES, RunLive
 from remotemac.units import iso_utc
@@ -184,15 +184,7 @@ class RunDriver:
                 options=options,
                 ssh=self.settings.ssh_options(),
             )
-            counters = ctx.results.setdefault("_continuity", {"disconnects": 0, "reconnects": 0})
-
-            def count(event: Event) -> None:
-                if isinstance(event, ConnectionState) and event.state == "disconnected":
-                    counters["disconnects"] += 1
-                elif isinstance(event, ConnectionState) and event.state == "reconnected":
-                    counters["reconnects"] += 1
-
-            bus.subscribe(count)
+            # link drops are counted by the engine (ctx.link_tally), for every front end
             self.contexts[run_id] = ctx
             code = await run_pipeline(ctx)
         except asyncio.CancelledError:
@@ -276,11 +268,10 @@ class RunDriver:
         links = 0
         for binding in ctx.hosts.values():
             owner = binding.transport.link_owner()  # a pool lease: its shared transport
-            drop = getattr(owner, "drop_connection", None)  # local has no link to cut
-            if drop is None:
+            if not owner.has_link():  # local has no link to cut
                 continue
             links += 1
-            dropped = bool(await drop("dropped on purpose (TUI drill)"))
+            dropped = bool(await owner.drop_connection("dropped on purpose (TUI drill)"))
             ctx.drills.append({"host": owner.name, "dropped": dropped, "at": iso_utc(time.time())})
             cut += dropped
         if not links:

@@ -27,6 +27,7 @@ from remotemac.events import (
     RunFinished,
     Warning,
 )
+from remotemac.phases import PhaseKey
 from remotemac.progressrate import RateMeter
 from remotemac.termsafe import escape_controls
 from remotemac.vocab import (
@@ -222,7 +223,7 @@ class RunLive:
             self.fallback_ops.append(found.group(1))
 
     def _group(self, phase: str) -> PhaseState:
-        group = phase.split(":")[0]
+        group = PhaseKey.group(phase)
         if group not in self.phases:
             self.phases[group] = PhaseState(group)
         return self.phases[group]
@@ -244,7 +245,7 @@ class RunLive:
 
 
 def _side(phase: str) -> str:
-    return phase.split(":", 1)[1] if ":" in phase else ""
+    return PhaseKey.side(phase) or ""
 
 
 # ---------------------------------------------------------------- acceptance

@@ -12,7 +12,7 @@
 - ``trusted_home``     ``trusted_home(*sshds, via_proxy=None)``: a ``--home`` dir whose
                        known_hosts trusts those sshds
 - ``ssh_env``          ``ssh_env(sshd, proxy=None)``: (home, ssh_config, alias) ready for
-                       ``SSHTransport(alias, home_dir=home, ssh_config=cfg)``
+                       ``SSHTransport(alias, home_dir=home, options=SSHOptions(ssh_config=cfg))``
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ AGENT = str(Path(__file__).resolve().parents[2] / "remotemac" / "agent")
 sys.path.insert(0, AGENT)
 import cleanupops  # noqa: E402
 import ramstore  # noqa: E402
+import wipeops  # noqa: E402
 
 RUN = "w-20260101-000000-cccc"
 SUBS = ("data", "tmp", "cache", "out", "logs", "status", "project")
@@ -43,7 +44,7 @@ def test_item03_wipe_never_zeroes_a_hard_linked_file(tmp_path: Path):
     os.link(victim, run_dir / "tmp" / "x")
     (run_dir / "tmp" / "y").symlink_to(victim)
     (run_dir / "tmp" / "plain.csv").write_bytes(b"plaintext" * 10)
-    answer = cleanupops.wipe_run_data({"root": str(root), "run_id": RUN})
+    answer = wipeops.wipe_run_data({"root": str(root), "run_id": RUN})
     assert victim.read_text() == "precious words"
     assert not (run_dir / "tmp").exists() and answer["verified"] is True
     assert any("hard-linked (2 names): unlinked, not overwritten" in n for n in answer["notes"])
@@ -90,8 +91,7 @@ def test_item05_fifos_never_hang_wipe_deadman_or_cleanup(tmp_path: Path):
     req = json.dumps({"root": str(root), "run_id": RUN})
     started = time.monotonic()
     wipe = _in_child(
-        f"import cleanupops, json; r = cleanupops.wipe_run_data({req})\n"
-        "print(json.dumps(r['verified']))"
+        f"import wipeops, json; r = wipeops.wipe_run_data({req})\nprint(json.dumps(r['verified']))"
     )
     assert wipe.returncode == 0 and wipe.stdout.strip() == "true", wipe.stderr
     fire = _in_child(

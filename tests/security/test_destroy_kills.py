@@ -26,6 +26,7 @@ import cleanupops  # noqa: E402
 import deadman  # noqa: E402
 import hostagent  # noqa: E402
 import procid  # noqa: E402
+import wipeops  # noqa: E402
 
 SUBS = ("data", "tmp", "cache", "out", "logs", "status", "project")
 
@@ -75,7 +76,7 @@ def test_item06_stale_child_pid_never_kills_a_reused_pid(tmp_path: Path, old_and
     (run_dir / "status" / "mps.json").write_text(
         json.dumps({"state": "running", "child_pid": bystander.pid})
     )
-    answer = cleanupops.wipe_run_data({"root": str(root), "run_id": run_id})
+    answer = wipeops.wipe_run_data({"root": str(root), "run_id": run_id})
     time.sleep(0.3)
     assert _alive(bystander.pid), "wipe killed a process remotemac did not start"
     left = " | ".join(answer["remaining"])
@@ -111,7 +112,7 @@ def test_item06_the_job_remotemac_started_is_still_stopped(
         time.sleep(0.05)
     child, runner = status["child_pid"], status["runner_pid"]
     assert status["child_start"] and status["runner_start"] and status["child_argv"]
-    answer = cleanupops.wipe_run_data({"root": str(root), "run_id": run_id})
+    answer = wipeops.wipe_run_data({"root": str(root), "run_id": run_id})
     assert f"process:{runner}" in answer["removed"]
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and (_alive(child) or _alive(runner)):

@@ -21,8 +21,8 @@ from tests.hostlayout import make_run, mark_root
 
 AGENT = str(Path(__file__).resolve().parents[2] / "remotemac" / "agent")
 sys.path.insert(0, AGENT)
-import cleanupops  # noqa: E402
 import ramstore  # noqa: E402
+import wipeops  # noqa: E402
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "macos"
 RUN = "m-20260101-000000-dddd"
@@ -47,7 +47,7 @@ def test_item10_wipe_after_reboot_never_detaches_a_reused_disk(tmp_path: Path, h
     root = mark_root(tmp_path / "root")
     make_run(root, RUN, ("data", "tmp", "logs", "status"))
     ram = {"kind": "ramdisk", "path": f"/Volumes/remotemac-{RUN}", "device": "/dev/disk3"}
-    answer = cleanupops.wipe_run_data({"root": str(root), "run_id": RUN, "ram": ram})
+    answer = wipeops.wipe_run_data({"root": str(root), "run_id": RUN, "ram": ram})
     assert not hdiutil.exists(), "hdiutil was run on a disk that is no longer ours: " + (
         hdiutil.read_text() if hdiutil.exists() else ""
     )

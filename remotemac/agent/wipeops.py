@@ -1,0 +1,555 @@
+"""Host side of wiping a run: stop its processes, destroy its RAM store, remove its data.
+
+Why its own module: the engine's ``wipe`` and the dead-man wipe that fires on the
+host when the laptop never came back run this very code (cleanupops.py, the
+end-of-rental cleanup, builds on it). The safety rules:
+
+- nothing outside the real path of ``root`` is ever touched; ``root`` itself is
+  refused when it is empty, ``/``, the home directory, an ancestor of it, or a
+  system directory (the same rule as the playbook's ``check_remote_root``, written
+  again here with the standard library because this file runs on the host);
+- ownership before destruction: a directory is removed only when it carries
+  remotemac's marker (``.remotemac-owned``, see safefs.py) naming its kind, run and
+  root;
+- every file operation goes through safefs.py: relative to opened directories,
+  ``O_NOFOLLOW``, FIFOs and devices never opened, hard-linked files never zeroed;
+- everything outside ``root`` that remotemac makes (a tmux session, a /dev/shm
+  dir, a RAM disk) is only touched when it can be attributed to a run of this
+  ``root``; a process is signalled only when its command line and its start time
+  are the ones recorded when remotemac started it (procid.py).
+
+Python 3.9, standard library only. Imports its siblings by plain name: they sit
+next to it in the agent directory, or are preloaded by the in-memory bootstrap
+``cleanup`` uses so that nothing is written to the host (see engine/cleanup.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import stat
+import sys
+import time
+from typing import Any, Dict, List, Optional, Tuple
+
+_HERE = os.path.dirname(os.path.abspath(globals().get("__file__") or "."))
+if _HERE not in sys.path:
+    sys.path.insert(0, _HERE)
+
+import deadman  # noqa: E402
+import procid  # noqa: E402
+import ramstore  # noqa: E402
+import safefs  # noqa: E402
+import specscrub  # noqa: E402
+from agentutil import (  # noqa: E402
+    SESSION_PREFIX,
+    cmdline,
+    kill_session,
+    pid_alive,
+    terminate,
+    tmux_sessions,
+)
+
+SYSTEM_DIRS = frozenset(
+    [
+        "/",
+        "/bin",
+        "/sbin",
+        "/usr",
+        "/usr/bin",
+        "/usr/sbin",
+        "/usr/lib",
+        "/usr/local",
+        "/usr/local/bin",
+        "/usr/share",
+        "/etc",
+        "/var",
+        "/var/tmp",
+        "/tmp",
+        "/private",
+        "/private/tmp",
+        "/private/var",
+        "/private/etc",
+        "/System",
+        "/Library",
+        "/Applications",
+        "/Users",
+        "/Users/Shared",
+        "/home",
+        "/opt",
+        "/opt/homebrew",
+        "/dev",
+        "/dev/shm",
+        "/proc",
+        "/sys",
+        "/root",
+        "/Volumes",
+        "/cores",
+        "/boot",
+        "/lib",
+        "/lib64",
+        "/lib32",
+        "/srv",
+        "/mnt",
+        "/media",
+        "/run",
+        "/snap",
+        "/nix",
+        "/Network",
+    ]
+)
+WIPED_SUBDIRS = ("data", "tmp", "cache", "out")
+KEPT_SUBDIRS = ("project", "logs", "status")
+FINAL_STATES = ("finished", "failed", "timeout", "stopped", "storage-limit")
+SHM_ROOT = "/dev/shm"
+VOLUMES = "/Volumes"
+
+
+class UnsafeRoot(Exception):
+    """The root is not a place remotemac may delete in."""
+
+
+# ------------------------------------------------------------------ safety
+
+
+def check_root(root: str) -> Tuple[str, str]:
+    """``(lexical, real)`` absolute forms of ``root``, or raise :class:`UnsafeRoot`."""
+    text = (root or "").strip()
+    if not text:
+        raise UnsafeRoot("remote_root is empty")
+    expanded = os.path.expanduser(text) if text.startswith("~") else text
+    if not os.path.isabs(expanded):
+        raise UnsafeRoot("remote_root %r is not absolute" % root)
+    if ".." in expanded.split("/"):
+        raise UnsafeRoot("remote_root %r contains '..'" % root)
+    norm = os.path.normpath(expanded)
+    real = os.path.realpath(norm)
+    home = os.path.normpath(os.path.expanduser("~"))
+    homes = {home, os.path.realpath(home)}
+    for candidate in (norm, real):
+        if candidate in SYSTEM_DIRS or len(candidate.strip("/").split("/")) < 2:
+            raise UnsafeRoot("remote_root %r is a system dir" % root)
+        for h in homes:
+            if candidate == h or h.startswith(candidate.rstrip("/") + "/"):
+                raise UnsafeRoot("remote_root %r is the home dir or holds it" % root)
+    return norm, real
+
+
+def below(real_root: str, path: str) -> Optional[str]:
+    """``path`` normalised, if strictly below ``real_root`` (compared lexically: the
+    removal itself walks the components with ``O_NOFOLLOW``, so a link on the way
+    is refused there, not resolved here)."""
+    norm = os.path.normpath(path)
+    if ".." in norm.split("/") or not norm.startswith(real_root.rstrip("/") + "/"):
+        return None
+    return norm
+
+
+def tree_size(path: str) -> Tuple[int, int]:
+    """(bytes, entries) below ``path``, links counted as themselves, never followed."""
+    parent, name = os.path.split(os.path.normpath(path))
+    try:
+        fd = safefs.open_path(parent)
+    except (safefs.NotOurs, OSError):
+        return 0, 0
+    try:
+        return safefs.tree_size_at(fd, name)
+    finally:
+        os.close(fd)
+
+
+def open_parent(real_root: str, path: str) -> Tuple[int, str]:
+    """An fd on the directory holding ``path`` (walked from the root, never through a
+    link) and the last component; raises safefs.NotOurs when it leaves the root."""
+    target = below(real_root, path)
+    if target is None:
+        raise safefs.NotOurs("outside remote_root: refused")
+    parts = target[len(real_root.rstrip("/")) + 1 :].split("/")
+    fd = safefs.open_path(real_root)
+    try:
+        for part in parts[:-1]:
+            child = safefs.open_subdir(fd, part)
+            os.close(fd)
+            fd = child
+    except safefs.NotOurs:
+        os.close(fd)
+        raise safefs.NotOurs("a link or a non-directory on the way: refused") from None
+    return fd, parts[-1]
+
+
+def remove_item(
+    real_root: str, path: str, dry_run: bool, overwrite: bool = False
+) -> Dict[str, Any]:
+    """Remove one path below the root; the answer says its fate, size and why."""
+    try:
+        fd, name = open_parent(real_root, path)
+    except (safefs.NotOurs, OSError) as exc:
+        if isinstance(exc, FileNotFoundError):
+            return {"fate": "not found", "bytes": 0}
+        return {
+            "fate": "failed",
+            "why": str(exc)
+            if isinstance(exc, safefs.NotOurs)
+            else "%s: %s" % (type(exc).__name__, exc.strerror or exc),
+            "bytes": 0,
+        }
+    try:
+        if safefs.lstat_at(fd, name) is None:
+            return {"fate": "not found", "bytes": 0}
+        size, _count = safefs.tree_size_at(fd, name)
+        if dry_run:
+            return {"fate": "would remove", "bytes": size}
+        done = safefs.remove_at(fd, name, overwrite=overwrite)
+    finally:
+        os.close(fd)
+    answer: Dict[str, Any] = {"fate": "removed", "bytes": size}
+    if done["notes"]:
+        answer["notes"] = done["notes"][:20]
+    if done["failed"]:
+        answer.update(
+            fate="failed",
+            bytes=done["bytes"],
+            why="; ".join(done["failed"][:5])
+            + (" (and %d more)" % (len(done["failed"]) - 5) if len(done["failed"]) > 5 else ""),
+        )
+    return answer
+
+
+def ownership(
+    path: str, kind: str, root_marker: Optional[Dict[str, Any]], run_id: Optional[str] = None
+) -> Optional[str]:
+    """None when ``path`` is a directory remotemac made (its marker names ``kind``,
+    the run and the root); else why it is not, for the record."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None  # gone: nothing to decide
+    if stat.S_ISLNK(st.st_mode):
+        return "not made by remotemac (a symlink; it and its target are left alone)"
+    if not stat.S_ISDIR(st.st_mode):
+        return "not made by remotemac (not a directory, no marker)"
+    marker = safefs.marker_of(path)
+    if marker is None:
+        _size, count = tree_size(path)
+        return "not made by remotemac (no marker; %d entries) - left alone" % max(0, count - 1)
+    if marker.get("kind") != kind:
+        return "marked as a %s, not a %s - left alone" % (marker.get("kind"), kind)
+    if run_id and marker.get("run_id") not in (None, run_id):
+        return "marked for run %s, not %s - left alone" % (marker.get("run_id"), run_id)
+    root_id = (root_marker or {}).get("root_id")
+    if root_id and marker.get("root_id") not in (None, root_id):
+        return "marked for another remote_root - left alone"
+    return None
+
+
+# ------------------------------------------------------------------ processes
+
+
+def session_name(run_id: str, label: str = "") -> str:
+    """The tmux session name of engine/context.Side.session (prefix when no label)."""
+    tail = "%s-%s" % (run_id, label) if label else run_id + "-"
+    return SESSION_PREFIX + re.sub(r"[^A-Za-z0-9_-]", "_", tail)
+
+
+def runner_is_ours(pid: Any, status: Dict[str, Any], run_dirs: List[str]) -> Optional[str]:
+    """None when ``pid`` is the runner of one of ``run_dirs``; else why it is left alone."""
+    line = cmdline(pid)
+    if "runner.py" not in line or not any(procid.names_path(line, d) for d in run_dirs):
+        return "its command line is not this run's runner"
+    if status.get("runner_start") is not None and not procid.same_start(
+        pid, status["runner_start"]
+    ):
+        return "started at another time than the runner remotemac recorded"
+    return None
+
+
+def child_is_ours(pid: Any, status: Dict[str, Any]) -> Optional[str]:
+    """None when ``pid`` is the workload the runner started (same start time, and a
+    command line the runner recorded); else why it is left alone."""
+    if status.get("child_start") is None:
+        return "no start time recorded for it"
+    if not procid.same_start(pid, status["child_start"]):
+        return "started at another time than the workload remotemac started (pid reused)"
+    line = cmdline(pid)
+    known = [" ".join(status.get("child_argv") or []), status.get("child_cmdline") or ""]
+    if not line or line not in [k for k in known if k]:
+        return "its command line is not the one remotemac recorded"
+    return None
+
+
+def stop_run_processes(
+    run_dir: str,
+    steps: List[Dict[str, Any]],
+    left: Optional[List[str]] = None,
+    run_dirs: Optional[List[str]] = None,
+) -> List[str]:
+    """Stop the runners (and their workloads) a run's status files name.
+
+    A status file is read only when it is a regular file (a FIFO there never
+    blocks); a pid is signalled only when procid says it is the very process
+    remotemac started. What is left alone goes to ``left`` with the reason.
+    """
+    stopped: List[str] = []
+    left = left if left is not None else []
+    status_dir = os.path.join(run_dir, "status")
+    try:
+        fd = safefs.open_path(status_dir)
+    except (safefs.NotOurs, OSError):
+        return stopped
+    try:
+        names = safefs.names_at(fd)
+        statuses = []
+        for name in names:
+            if not name.endswith(".json") or name.endswith(".spec.json"):
+                continue
+            raw = safefs.read_regular_at(fd, name, 1 << 20)
+            try:
+                status = json.loads(raw.decode("utf-8")) if raw else None
+            except ValueError:
+                status = None
+            if isinstance(status, dict):
+                statuses.append(status)
+    finally:
+        os.close(fd)
+    dirs = run_dirs or [run_dir]
+    for status in statuses:
+        runner, child = status.get("runner_pid"), status.get("child_pid")
+        if pid_alive(runner):
+            why = runner_is_ours(runner, status, dirs)
+            if why is None:
+                terminate(runner, steps, start=status.get("runner_start"))
+                stopped.append("process:%s" % runner)
+            else:
+                left.append("process:%s (left alone: %s)" % (runner, why))
+        if pid_alive(child) and status.get("state") not in FINAL_STATES:
+            why = child_is_ours(child, status)
+            if why is None:
+                try:
+                    leader = os.getpgid(child) == child
+                except OSError:
+                    leader = False
+                if leader:
+                    terminate(child, steps, start=status.get("child_start"))
+                    stopped.append("process:%s" % child)
+            else:
+                left.append("process:%s (left alone: %s)" % (child, why))
+    return stopped
+
+
+# ------------------------------------------------------------------ RAM store
+
+
+def find_ram_store(
+    run_id: str, platform: Optional[str] = None, shm_root: str = SHM_ROOT, volumes: str = VOLUMES
+) -> Optional[Dict[str, Any]]:
+    """The RAM store ramstore.py would have made for ``run_id``, if it is there."""
+    platform = platform or sys.platform
+    name = "remotemac-%s" % run_id
+    if platform == "darwin":
+        mount = os.path.join(volumes, name)
+        if os.path.ismount(mount) or os.path.isdir(mount):
+            return {"path": mount, "kind": "ramdisk", "device": None}
+        return None
+    path = os.path.join(shm_root, name)
+    if os.path.isdir(path) and not os.path.islink(path):
+        return {"path": path, "kind": "shm", "device": None}
+    return None
+
+
+def ram_refusal(
+    info: Dict[str, Any], shm_root: str = SHM_ROOT, volumes: str = VOLUMES
+) -> Optional[str]:
+    """Why a RAM store may not be destroyed (None: it is remotemac's by name and owner)."""
+    path = str(info.get("path") or "")
+    base = os.path.basename(path.rstrip("/"))
+    kind = info.get("kind")
+    allowed = {"shm": shm_root, "ramdisk": volumes}.get(str(kind))
+    if (
+        allowed is None
+        or os.path.dirname(path.rstrip("/")) != allowed
+        or not base.startswith("remotemac-")
+    ):
+        return "not a remotemac RAM store: refused"
+    if kind == "shm" and os.path.lexists(path):
+        info_st = os.lstat(path)
+        if not stat.S_ISDIR(info_st.st_mode) or info_st.st_uid != os.geteuid():
+            return "not our own directory: refused"
+    return None
+
+
+def destroy_ram(
+    info: Dict[str, Any],
+    steps: List[Dict[str, Any]],
+    shm_root: str = SHM_ROOT,
+    volumes: str = VOLUMES,
+) -> Dict[str, Any]:
+    """Destroy a RAM store, refusing anything that is not remotemac's by name and owner."""
+    path = str(info.get("path") or "")
+    if info.get("kind") == "tmp":
+        return {"fate": "removed with the run dir", "bytes": 0}
+    refused = ram_refusal(info, shm_root, volumes)
+    if refused:
+        return {"fate": "failed", "why": refused, "bytes": 0}
+    if not os.path.lexists(path) and info.get("kind") == "shm":
+        return {"fate": "not found", "bytes": 0}
+    size, _ = tree_size(path)
+    result = ramstore.destroy_ram_store(dict(info))
+    for step in result.get("steps", []):
+        steps.append({"argv": step.get("argv"), "code": step.get("code"), "time": time.time()})
+    if result.get("removed"):
+        return {"fate": "removed", "bytes": size}
+    if result.get("error"):
+        return {"fate": "failed", "why": result["error"], "bytes": 0}
+    return {"fate": "not found", "bytes": 0, "why": result.get("why")}
+
+
+# ------------------------------------------------------------------ one run's wipe
+
+
+def wipe_run_data(req: Dict[str, Any]) -> Dict[str, Any]:
+    """Stop a run, destroy its RAM store, delete its data, tmp, cache (and outputs).
+
+    ``wipe_outputs`` false keeps ``out`` (not pulled yet). The project, logs and
+    status stay (small, and ``status``/``logs`` still answer) until ``cleanup``.
+    Used by the ``wipe_run_data`` op and by the dead-man wipe on the host. The run
+    dir's contents are deleted only when it carries remotemac's marker for this run.
+    """
+    lexical, real_root = check_root(req["root"])
+    run_id = req["run_id"]
+    if not re.match(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$", run_id):
+        raise UnsafeRoot("run id %r is not valid" % run_id)
+    run_dir = os.path.join(real_root, "runs", run_id)
+    steps: List[Dict[str, Any]] = []
+    removed: List[str] = []
+    remaining: List[str] = []
+    failed: List[str] = []
+    notes: List[str] = []
+    prefix = session_name(run_id)
+    live = [s["name"] for s in tmux_sessions()]
+    sessions = set(n for n in req.get("sessions") or [] if n in live)
+    sessions.update(n for n in live if n.startswith(prefix))
+    for name in sorted(sessions):
+        if kill_session(name, steps):
+            removed.append("tmux:" + name)
+        else:
+            remaining.append("tmux:%s (still running)" % name)
+    not_ours = ownership(run_dir, "run", safefs.marker_of(real_root), run_id)
+    scrubbed: List[str] = []
+    if not_ours is None:
+        removed += stop_run_processes(
+            run_dir, steps, remaining, [run_dir, os.path.join(lexical, "runs", run_id)]
+        )
+        # the launch specs stay with status/ until cleanup: their env values and command go now
+        scrubbed = specscrub.scrub_specs(run_dir)
+    ram = req.get("ram") or find_ram_store(run_id)
+    if ram and ram.get("path"):
+        fate = destroy_ram(ram, steps)
+        if fate["fate"] == "removed":
+            removed.append("ram:%s" % ram["path"])
+        elif fate["fate"] == "failed":
+            remaining.append("ram:%s (%s)" % (ram["path"], fate.get("why")))
+            failed.append(ram["path"])
+        elif fate.get("why"):
+            notes.append("ram:%s: %s" % (ram["path"], fate["why"]))
+    wipe_outputs = bool(req.get("wipe_outputs", True))
+    keep = set(req.get("keep") or KEPT_SUBDIRS)
+    if not_ours is not None:
+        remaining.append("%s (%s)" % (run_dir, not_ours))
+        failed.append(run_dir)
+    elif os.path.isdir(run_dir):
+        for sub in listdir_or_empty(run_dir):
+            path = os.path.join(run_dir, sub)
+            if sub in keep or sub == safefs.MARKER or (sub == "out" and not wipe_outputs):
+                continue
+            fate = remove_item(real_root, path, False, overwrite=(sub == "tmp"))
+            notes += fate.get("notes") or []
+            if fate["fate"] == "removed":
+                removed.append(path)
+            elif fate["fate"] == "failed":
+                failed.append(path)
+                remaining.append("%s (%s)" % (path, fate.get("why")))
+    if req.get("cancel_deadman"):
+        for job in deadman.cancel(real_root, run_id, steps=steps, roots=[lexical, real_root]):
+            if job.get("fate") == "removed":
+                removed.append("deadman:%s" % job.get("what"))
+    if not_ours is None:
+        remaining += [
+            r
+            for r in run_remaining(run_dir, keep, wipe_outputs)
+            if r.split(" (", 1)[0] not in failed
+        ]
+    ram_left = find_ram_store(run_id)
+    if ram_left:
+        remaining.append("ram:%s" % ram_left["path"])
+    verified = (
+        not failed
+        and not ram_left
+        and not any(r.startswith("tmux:") for r in remaining)
+        and not any(
+            os.path.lexists(os.path.join(run_dir, s))
+            for s in WIPED_SUBDIRS
+            if s != "out" or wipe_outputs
+        )
+    )
+    return {
+        "removed": removed,
+        "remaining": remaining,
+        "steps": steps,
+        "verified": verified,
+        "failed": failed,
+        "run_dir": run_dir,
+        "time": time.time(),
+        "notes": notes,
+        "scrubbed": scrubbed,
+    }
+
+
+def listdir_or_empty(path: str) -> List[str]:
+    """Names in a directory opened without following a link ([] when it is not one)."""
+    try:
+        fd = safefs.open_path(path)
+    except (safefs.NotOurs, OSError):
+        return []
+    try:
+        return safefs.names_at(fd)
+    except OSError:
+        return []
+    finally:
+        os.close(fd)
+
+
+def run_remaining(run_dir: str, keep: Any, wipe_outputs: bool) -> List[str]:
+    """What is left of a run dir, one line per top-level entry, with why it stays."""
+    out: List[str] = []
+    if not os.path.lexists(run_dir):
+        return out
+    for sub in listdir_or_empty(run_dir):
+        if sub == safefs.MARKER:
+            continue
+        path = os.path.join(run_dir, sub)
+        size, count = tree_size(path)
+        if sub in keep:
+            why = "kept until cleanup"
+        elif sub == "out" and not wipe_outputs:
+            why = "kept: outputs not pulled yet"
+        else:
+            why = "could not be removed"
+        out.append("%s (%s; %d entries, %d bytes)" % (path, why, count, size))
+    return out
+
+
+def op_wipe_run_data(req: Dict[str, Any]) -> Dict[str, Any]:
+    try:
+        return wipe_run_data(req)
+    except UnsafeRoot as exc:
+        raise _agent_error(str(exc)) from None
+
+
+def _agent_error(message: str) -> Exception:
+    try:
+        import hostagent
+
+        return hostagent.AgentError(message, "unsafe-path")
+    except ImportError:  # pragma: no cover - hostagent always ships alongside
+        return RuntimeError(message)

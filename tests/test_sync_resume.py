@@ -1,0 +1,88 @@
+"""Resume inside a file and the choice of parallel streams: the pieces, without a host.
+
+The end-to-end promises (a cut 1/2-way resumes, stale partials go, several streams
+keep the host's record whole) are in tests/test_sync_sshd.py, over the real sshd.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+
+from remotemac.agent import streamcrypt as sc
+from remotemac.engine.sync import MAX_STREAMS, choose_streams
+
+CS = sc.MIN_CHUNK
+KEY = os.urandom(32)
+
+
+def _sealed(plain: bytes, path: str = "train.bin") -> bytes:
+    out = io.BytesIO()
+    sc.encrypt_stream(KEY, path, io.BytesIO(plain), out, CS)
+    return out.getvalue()
+
+
+def test_verified_prefix_stops_before_a_torn_or_damaged_chunk():
+    plain = os.urandom(10 * CS + 123)
+    blob = _sealed(plain)
+    whole = (CS + sc.TAG_LEN) * 10
+    # cut inside chunk 6: chunks 0..5 verify, their plaintext comes out
+    out = io.BytesIO()
+    header, n = sc.verified_prefix(
+        KEY, "train.bin", io.BytesIO(blob[: sc.HEADER_LEN + 6 * (CS + sc.TAG_LEN) + 99]), out
+    )
+    assert n == 6 and header == blob[: sc.HEADER_LEN] and out.getvalue() == plain[: 6 * CS]
+    # a bit flipped in chunk 3: only 0..2 count, whatever follows
+    bad = bytearray(blob)
+    bad[sc.HEADER_LEN + 3 * (CS + sc.TAG_LEN) + 7] ^= 1
+    assert sc.verified_prefix(KEY, "train.bin", io.BytesIO(bytes(bad)), io.BytesIO())[1] == 3
+    # the whole file: the final chunk (flag 1) never counts, so one is always left to send
+    assert (
+        sc.verified_prefix(
+            KEY, "train.bin", io.BytesIO(blob[: sc.HEADER_LEN + whole]), io.BytesIO()
+        )[1]
+        == 10
+    )
+    assert sc.verified_prefix(KEY, "train.bin", io.BytesIO(blob), io.BytesIO())[1] == 10
+    # another key or path: nothing is ours
+    assert sc.verified_prefix(os.urandom(32), "train.bin", io.BytesIO(blob), io.BytesIO()) == (
+        b"",
+        0,
+    )
+    assert sc.verified_prefix(KEY, "other.bin", io.BytesIO(blob), io.BytesIO()) == (b"", 0)
+
+
+def test_resumed_tail_decrypts_after_the_kept_prefix():
+    """The kept prefix + a tail sealed later from chunk k decrypts to the file, and a
+    tail sealed under a foreign header is refused before any chunk is made."""
+    plain = os.urandom(7 * CS + 5)
+    blob = _sealed(plain)
+    header, k = blob[: sc.HEADER_LEN], 4
+    src = io.BytesIO(plain)
+    src.seek(k * CS)
+    tail = b"".join(sc.iter_encrypt(KEY, "train.bin", src, CS, resume=(header, k)))
+    prefix = blob[: sc.HEADER_LEN + k * (CS + sc.TAG_LEN)]
+    assert prefix + tail == blob  # same key, nonces and plaintext: the very same bytes
+    out = io.BytesIO()
+    sc.decrypt_stream(KEY, "train.bin", io.BytesIO(tail), out, limit=len(tail), resume=(header, k))
+    assert (
+        hashlib.sha256(plain[: k * CS] + out.getvalue()).digest() == hashlib.sha256(plain).digest()
+    )
+    try:
+        next(sc.iter_encrypt(os.urandom(32), "train.bin", io.BytesIO(b"x"), CS, resume=(header, k)))
+    except sc.DecryptError:
+        pass
+    else:
+        raise AssertionError("a header sealed under another key was accepted")
+
+
+def test_streams_follow_the_round_trip():
+    many = 1 << 30
+    assert choose_streams(0.0002, many, 5000) == 1  # loopback: one stream
+    assert choose_streams(0.005, many, 5000) == 1
+    assert choose_streams(0.04, many, 5000) == 3  # 125 MB/s x 40 ms / 2 MiB = 2.4
+    assert choose_streams(0.08, many, 5000) == 5
+    assert choose_streams(0.15, many, 5000) == MAX_STREAMS
+    assert choose_streams(0.08, many, 2) == 2  # never more streams than files
+    assert choose_streams(0.08, 10 << 20, 5000) == 1  # too little data to open channels
