@@ -21,6 +21,7 @@ from remotemac.engine.context import RunContext, Side, substitute
 from remotemac.errors import HostError, JobLost, TransientHostError
 from remotemac.events import ConnectionState, EventBus, LogLine, Metric, PhaseProgress, Warning
 from remotemac.phases import Phase, PhaseKey, follow_key
+from remotemac.termsafe import has_controls
 from remotemac.transport.base import Transport
 
 FINAL = ("finished", "failed", "timeout", "stopped", "storage-limit")
@@ -451,9 +452,18 @@ class _LogFollower:
 
 def shown_line(raw: bytes) -> str:
     """A log line as a terminal leaves it: what follows its last carriage return (a
-    progress bar's last state), without the ``\\r`` of a CRLF ending."""
+    progress bar's last state), without the ``\\r`` of a CRLF ending.
+
+    Only plain text is dropped that way: when what a ``\\r`` would overwrite holds a
+    terminal control (a hostile job hiding an escape sequence behind a progress bar),
+    the whole line is kept, and the front ends show every control escaped.
+    """
     raw = raw[:-1] if raw.endswith(b"\r") else raw
-    return raw.rsplit(b"\r", 1)[-1].decode("utf-8", "replace")
+    text = raw.decode("utf-8", "replace")
+    overwritten, cr, last = text.rpartition("\r")
+    if cr and not has_controls(overwritten.replace("\r", "")):
+        return last
+    return text
 
 
 def _warn_once(ctx: RunContext, side: Side, status: dict[str, Any], warned: set[str]) -> None:
