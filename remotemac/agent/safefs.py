@@ -354,17 +354,10 @@ def ensure_owned_dir(path: str, info: Dict[str, Any]) -> Tuple[Dict[str, Any], b
     try:
         marker = read_marker(fd)
         if marker is not None:
-            if marker.get("kind") != info.get("kind") or (
-                info.get("run_id")
-                and info.get("kind") != "root"
-                and marker.get("run_id") != info.get("run_id")
-            ):
-                raise NotOurs(
-                    "%s is marked as remotemac's %s %s, not this %s"
-                    % (path, marker.get("kind"), marker.get("run_id") or "", info.get("kind"))
-                )
+            _check_marker(path, marker, info)
             return marker, False
-        entries = [n for n in os.listdir(fd) if not n.startswith(MARKER + ".tmp-")]
+        # the marker itself may appear now: a concurrent claim of the same new root won
+        entries = [n for n in os.listdir(fd) if n != MARKER and not n.startswith(MARKER + ".tmp-")]
         if entries:
             shown = ", ".join(sorted(entries)[:3]) + (" …" if len(entries) > 3 else "")
             raise NotOurs(
@@ -372,11 +365,23 @@ def ensure_owned_dir(path: str, info: Dict[str, Any]) -> Tuple[Dict[str, Any], b
                 % (path, len(entries), "y" if len(entries) == 1 else "ies", shown)
             )
         marker = write_marker(fd, info, exclusive=True)
-        if marker.get("kind") != info.get("kind"):
-            raise NotOurs("%s was just marked as remotemac's %s" % (path, marker.get("kind")))
+        _check_marker(path, marker, info)
         return marker, created
     finally:
         os.close(fd)
+
+
+def _check_marker(path: str, marker: Dict[str, Any], info: Dict[str, Any]) -> None:
+    """Refuse a directory marked as another kind of remotemac directory, or another run's."""
+    if marker.get("kind") != info.get("kind") or (
+        info.get("run_id")
+        and info.get("kind") != "root"
+        and marker.get("run_id") != info.get("run_id")
+    ):
+        raise NotOurs(
+            "%s is marked as remotemac's %s %s, not this %s"
+            % (path, marker.get("kind"), marker.get("run_id") or "", info.get("kind"))
+        )
 
 
 def write_json_atomic(path: str, data: Any) -> None:
