@@ -335,8 +335,14 @@ async def main() -> int:
         "--scp-cap", type=float, default=2.0, help="stop scp at this many times the best (2)"
     )
     parser.add_argument("--changed", type=float, default=0.01, help="re-sync: share changed")
+    parser.add_argument(
+        "--parts",
+        default="cold,resync,resume",
+        help="which figures: cold, resync, resume (comma-separated; all by default)",
+    )
     args = parser.parse_args()
     links = args.links.split(",")
+    parts = set(args.parts.split(","))
     with tempfile.TemporaryDirectory(prefix="rm-bench-sync-", dir=os.environ.get("TMPDIR")) as t:
         tmp = Path(t)
         server = SSHD(tmp / "sshd").start()
@@ -359,7 +365,7 @@ async def main() -> int:
             if "far" in links:
                 proxy = ProxyProcess(server.host, server.port, rtt=args.rtt, rate=args.rate)
                 targets.append(bench.proxied(proxy.start().port, "far"))
-            for r in range(args.repeat):
+            for r in range(args.repeat if "cold" in parts else 0):
                 print(f"round {r + 1}/{args.repeat} (load {os.getloadavg()[0]:.1f})", flush=True)
                 for link in targets:
                     for s, paths in shapes.items():
@@ -367,7 +373,8 @@ async def main() -> int:
                             bench, link, s, tmp / f"shape-{s}", paths, args.size, args, f"{s}{r}"
                         )
                         results.setdefault((link.name, s), []).append(row)
-            print(f"medians of {args.repeat} (throughput of the same bytes):")
+            if results:
+                print(f"medians of {args.repeat} (throughput of the same bytes):")
             for (name, s), rows in results.items():
 
                 def med(key: str, rows: list[dict[str, Any]] = rows) -> float | None:
@@ -381,7 +388,7 @@ async def main() -> int:
                     f"(goal >= 0.90; each: " + ", ".join(f"{x['ratio']:.2f}" for x in rows) + ")",
                     flush=True,
                 )
-            if "A" in shapes and "loopback" in links:
+            if "A" in shapes and "loopback" in links and "resync" in parts:
                 data, paths = tmp / "shape-A", shapes["A"]
                 await bench.sync(data, paths, "bench-resync", bench.loopback)
                 changed = change_files(data, paths, args.changed)
@@ -407,7 +414,8 @@ async def main() -> int:
                 proxy = None
             for s in list(shapes):
                 shutil.rmtree(tmp / f"shape-{s}", ignore_errors=True)
-            await resume_figure(bench, tmp, args.resume_size or args.size, args)
+            if "resume" in parts:
+                await resume_figure(bench, tmp, args.resume_size or args.size, args)
             print(
                 f"peak RSS of the orchestrator over every sync: {bench.peak_rss:.1f} MiB "
                 "(goal < 200 MiB)",

@@ -107,7 +107,8 @@ def _check_rel(rel: str) -> str:
 
 
 def _inside(base: str, rel: str) -> str:
-    return os.path.join(base, *_check_rel(rel).split("/"))
+    # POSIX hosts only: a checked relative path joins as it is (no per-part split)
+    return os.path.join(base, _check_rel(rel))
 
 
 def _make_parents(base: str, rel: str) -> None:
@@ -135,17 +136,38 @@ def _lstat(path: str) -> Optional[os.stat_result]:
 def load_records(src: str) -> Dict[str, Dict[str, Any]]:
     """The last record line for each path (a torn last line is ignored)."""
     records: Dict[str, Dict[str, Any]] = {}
+    _read_records(src, 0, records)
+    return records
+
+
+def _read_records(src: str, offset: int, records: Dict[str, Dict[str, Any]]) -> Tuple[int, int]:
+    """Add the record lines from byte ``offset`` on to ``records``: (end offset, lines).
+
+    The end offset lets a later call read only what was appended since (the other
+    streams' files), so a re-sync of a large unchanged slice parses the record once.
+    All lines are parsed in one ``json.loads`` (per-line calls cost more than the
+    parsing); a torn or foreign line sends it line by line.
+    """
     try:
         with open(os.path.join(src, RECORD), "rb") as fh:
-            for raw in fh:
-                try:
-                    rec = json.loads(raw.decode("utf-8"))
-                    records[str(rec["path"])] = rec
-                except (ValueError, KeyError, TypeError):
-                    continue
+            fh.seek(offset)
+            raw = fh.read()
     except OSError:
-        pass
-    return records
+        return offset, 0
+    whole = raw[: raw.rfind(b"\n") + 1]  # a torn last line (no newline yet) waits
+    lines = whole.splitlines()
+    try:
+        parsed = json.loads(b"[" + b",".join(lines) + b"]")
+        for rec in parsed:
+            records[str(rec["path"])] = rec
+    except (ValueError, KeyError, TypeError):
+        for line in lines:
+            try:
+                rec = json.loads(line.decode("utf-8"))
+                records[str(rec["path"])] = rec
+            except (ValueError, KeyError, TypeError):
+                continue
+    return offset + len(whole), len(lines)
 
 
 def _stored(src: str, rec: Dict[str, Any], encrypted: bool) -> bool:
@@ -312,7 +334,10 @@ class Receiver:
                 raise DataError("cannot make the RAM store: %s" % exc, "ram") from None
             self.dest = str(self.ram["path"])
         os.makedirs(self.src, mode=0o700, exist_ok=True)
-        self.records = load_records(self.src)
+        self.records: Dict[str, Dict[str, Any]] = {}
+        self._record_end, self._record_lines = _read_records(self.src, 0, self.records)
+        #: paths whose stored copy this session saw (known) or wrote: finish trusts it
+        self._stored_seen: set = set()
         self.entries: List[Dict[str, Any]] = list(req.get("entries") or [])
         for entry in self.entries:
             _check_rel(entry["path"])
@@ -327,6 +352,7 @@ class Receiver:
                 continue
             if _stored(self.src, rec, self.encrypted):
                 out.append((index, str(rec["sha256"])))
+                self._stored_seen.add(entry["path"])
         return out
 
     # -------------------------------------------------------------- cut transfers
@@ -536,6 +562,7 @@ class Receiver:
             _unlink(meta)
         recorder.add(rec)
         self.records[rel] = rec
+        self._stored_seen.add(rel)
         self.received += 1
 
     def _receive_sealed(
@@ -587,16 +614,27 @@ class Receiver:
                 raise EOFError("stream ended inside a frame")
 
     def finish(self, manifest: List[Dict[str, Any]]) -> Dict[str, Any]:
-        """Check every manifest entry before launch; prune what left the slice."""
+        """Check every manifest entry before launch; prune what left the slice.
+
+        Per unchanged file this is one lstat of its plaintext (the job reads it: it must
+        have the size and mtime it had when it was verified); its stored ciphertext was
+        seen by :meth:`known` moments ago, and the record is read once per session
+        (plus what the other streams appended) and rewritten only when it shrinks or
+        has grown to twice its live lines.
+        """
         mismatches: List[Dict[str, str]] = []
         redecrypted = 0
         wanted = {}
-        self.records = load_records(self.src)  # with what the other streams verified
+        # with what the other streams verified
+        self._record_end, lines = _read_records(self.src, self._record_end, self.records)
+        self._record_lines += lines
         for entry in manifest:
             rel = _check_rel(entry["path"])
             wanted[rel] = entry
             rec = self.records.get(rel)
-            if rec is None or not _stored(self.src, rec, self.encrypted):
+            if rec is None or (
+                rel not in self._stored_seen and not _stored(self.src, rec, self.encrypted)
+            ):
                 mismatches.append({"path": rel, "why": "missing on the host"})
                 continue
             if rec["sha256"] != entry["sha256"] or rec["size"] != entry["size"]:
@@ -612,8 +650,10 @@ class Receiver:
         for base, meta in self._partial_metas():  # every wanted file is whole: none resumes
             if not _alive(meta.get("pid")):
                 _unlink(base + ".json", base + ".rmenc")
-        self.records = {p: r for p, r in self.records.items() if p in wanted}
-        _compact(self.src, self.records)
+        live = {p: r for p, r in self.records.items() if p in wanted}
+        if redecrypted or len(live) < len(self.records) or self._record_lines > 2 * len(live) + 64:
+            _compact(self.src, live)
+        self.records = live
         return {
             "data_dir": self.dest,
             "mismatches": mismatches,
