@@ -17,7 +17,8 @@ its own process so it shares no GIL with the orchestrator):
    it has been forwarded; the bytes the second attempt sent, as a share of the file;
 4. the orchestrator's peak RSS (VmHWM, reset before each sync) over all of them.
 
-Every remotemac timing includes a fresh SSH connection, like scp's and rsync's.
+Every remotemac timing includes a fresh SSH connection, like scp's and rsync's; the
+agent is already on the host (provision installs it before the sync phase of a run).
 
     python scripts/bench_sync.py --repeat 5                   # 1 GiB shapes, 80 ms, 100 MB/s
     python scripts/bench_sync.py --size 64MiB --links loopback  # quick look
@@ -146,6 +147,7 @@ class Bench:
         self.loopback = Link("loopback", self.cfg, "bench")
         self.host_root = server.home / "host-root"  # the lab host's user writes here
         self.runtime_dir = ""
+        self.agent_dir = ""  # installed by provision in a run: the sync phase finds it there
         self.caches: dict[str, MemoryHashCache] = {}
         self.keys: dict[str, bytes] = {}
         self.run_dirs: dict[str, str] = {}
@@ -172,6 +174,7 @@ class Bench:
             self.run_dirs[run_id] = run["run_dir"]
             if not self.runtime_dir:  # the host's python3 decrypts with its runtime
                 self.runtime_dir = (await ensure_runtime(agent, home=None, method="online"))["dir"]
+            self.agent_dir = agent.agent_dir or await agent.install()
 
     async def sync(
         self, data: Path, paths: list[str], run_id: str, link: Link, max_attempts: int = 4
@@ -187,6 +190,7 @@ class Bench:
         start = time.perf_counter()
         async with transport:
             agent = AgentClient(transport, str(self.host_root))
+            agent.agent_dir = self.agent_dir
             _, answer, stats = await sync_slice(
                 transport,
                 agent,
