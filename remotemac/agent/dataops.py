@@ -107,8 +107,9 @@ def _check_rel(rel: str) -> str:
 
 
 def _inside(base: str, rel: str) -> str:
-    # POSIX hosts only: a checked relative path joins as it is (no per-part split)
-    return os.path.join(base, _check_rel(rel))
+    # POSIX hosts only: a checked relative path joins as it is (a re-sync calls this
+    # for every file of the slice, so plain concatenation rather than os.path.join)
+    return (base if base.endswith("/") else base + "/") + _check_rel(rel)
 
 
 def _make_parents(base: str, rel: str) -> None:
@@ -694,22 +695,25 @@ class Receiver:
             roots.append((self.dest, ""))
         for base, ext in roots:
             prefix_len = len(base.rstrip(os.sep)) + 1
-            for dirpath, _dirs, files in os.walk(base):
+            for dirpath, dirs, files in os.walk(base):
+                below = dirpath[prefix_len:]  # os.walk joins below base with "/"
+                prefix = below + "/" if below else ""
+                top_of_src = not prefix and base == self.src
+                if top_of_src:
+                    dirs[:] = [d for d in dirs if not d.startswith(PARTIAL)]
                 for name in files:
-                    full = os.path.join(dirpath, name)
-                    rel = full[prefix_len:].replace(os.sep, "/")  # os.walk joins below base
                     if ".part-" in name:
                         pid = name.rsplit(".part-", 1)[1]
                         if pid.isdigit() and not _alive(int(pid)):
-                            _unlink(full)  # debris of a session that was killed mid-file
+                            _unlink(dirpath + "/" + name)  # debris of a session killed mid-file
                         continue  # else a live session's file in flight
-                    if base == self.src and (rel.startswith(RECORD) or rel.startswith(PARTIAL)):
+                    if top_of_src and (name.startswith(RECORD) or name.startswith(PARTIAL)):
                         continue
-                    logical = rel[: -len(ext)] if ext and rel.endswith(ext) else None
-                    if not ext:
-                        logical = rel
-                    if logical not in wanted:
-                        _unlink(full)
+                    rel = prefix + name
+                    if ext:  # a stored copy is "<path>.rmenc"; anything else there goes
+                        rel = rel[: -len(ext)] if rel.endswith(ext) else ""
+                    if rel not in wanted:
+                        _unlink(dirpath + "/" + name)
                         pruned += 1
         return pruned
 

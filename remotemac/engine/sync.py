@@ -298,12 +298,20 @@ async def sync_slice(
         raise ValueError("an encrypted sync needs the agent runtime (ensure_runtime) first")
     emit = emit or (lambda _e: None)
     stats = stats or SyncStats()
-    files = await asyncio.to_thread(_stat_all, Path(root), paths, cache)
+    if not agent.agent_dir:
+        await agent.install()
+    python = python or agent.python
+    # the host opens the channel and starts its receiver while the slice is stat'ed here
+    # (on a re-sync of thousands of unchanged files both are a good part of the time)
+    opening = asyncio.ensure_future(transport.open_process(_receiver_argv(python, agent.agent_dir)))
+    try:
+        files = await asyncio.to_thread(_stat_all, Path(root), paths, cache)
+    except BaseException:
+        await _discard(opening)
+        raise
     stats.files, stats.bytes = len(files), sum(f.size for f in files)
     if ram_bytes is None:
         ram_bytes = max(stats.bytes * 2, 64 << 20)
-    if not agent.agent_dir:
-        await agent.install()
     session = _Session(
         transport,
         agent,
@@ -312,12 +320,13 @@ async def sync_slice(
         run_dir,
         run_id,
         key,
-        python or agent.python,
+        python,
         emit,
         stats,
         ram_bytes,
         runtime_dir,
         streams,
+        opening,
     )
     # retried by deadline, not by count (issue 16): a link that stays up two seconds at a
     # time still verifies files on every attempt; the sync gives up when it has lost the
@@ -362,6 +371,20 @@ async def sync_slice(
             hint="run again to resend it, or wipe the run if it persists",
         )
     return manifest, answer, stats
+
+
+def _receiver_argv(python: str, agent_dir: str) -> list[str]:
+    # -S: stdlib only (cryptography comes from the runtime dir it names), and a host
+    # python with a large site-packages costs 0.2-0.4 s per start without it
+    return [python, "-S", f"{agent_dir}/dataops.py", "sync"]
+
+
+async def _discard(opening: asyncio.Future) -> None:
+    """Close a channel opened ahead that will not be used (or stop its opening)."""
+    opening.cancel()
+    with contextlib.suppress(BaseException):
+        proc = await opening
+        await proc.close()
 
 
 def _stat_all(root: Path, paths: list[str], cache: HashCache | None) -> list[_Local]:
@@ -447,8 +470,10 @@ class _Session:
         ram_bytes: int,
         runtime_dir: str | None = None,
         streams: int | None = None,
+        opening: asyncio.Future | None = None,
     ) -> None:
         self.transport, self.agent, self.root, self.files = transport, agent, root, files
+        self._opening = opening  # the first attempt's channel, opened while stat'ing
         self.run_dir, self.run_id, self.key, self.python = run_dir, run_id, key, python
         self.emit, self.stats, self.ram_bytes = emit, stats, ram_bytes
         self.runtime_dir = runtime_dir
@@ -463,14 +488,13 @@ class _Session:
         )
 
     async def run(self) -> dict[str, Any]:
-        # -S: stdlib only (cryptography comes from the runtime dir it names), and a host
-        # python with a large site-packages costs 0.2-0.4 s per start without it
-        argv = [self.python, "-S", f"{self.agent.agent_dir}/dataops.py", "sync"]
+        argv = _receiver_argv(self.python, self.agent.agent_dir)
         started = time.monotonic()
         procs: list[RemoteProcess] = []
         code: int | None = None
         try:
-            procs.append(await self.transport.open_process(argv))
+            opening, self._opening = self._opening, None
+            procs.append(await (opening or self.transport.open_process(argv)))
             answer = await self._talk(argv, procs)
             code = await procs[0].wait(timeout=60)
             return answer
