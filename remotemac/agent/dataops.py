@@ -31,7 +31,9 @@ each file's SHA-256, so every stage overlaps and nothing is read twice.
    host answers ``{"ack": index}`` once the file is stored, decrypted and verified;
 5. a worker gets ``b"D" 0 0`` and answers ``{"ok": true, "result": {"received"}}``;
    the first channel, once every worker is done, ``b"E" 0:u32 length:u64`` + the
-   final manifest as JSON: the host checks every entry against its record
+   final manifest as JSON (``{"changed": [[index, size, sha256], ...]}``, the entries
+   whose size or hash differ from the hello's, or a whole list): the host checks every
+   entry against its record
    (re-decrypting from the stored ciphertext what is missing from RAM, e.g. after a
    reboot), removes files that left the slice and kept cut transfers, and answers
    ``{"ok": true, "result": {...}}``.
@@ -614,6 +616,19 @@ class Receiver:
             if tee.count != length:
                 raise EOFError("stream ended inside a frame")
 
+    def final_manifest(self, final: Any) -> List[Dict[str, Any]]:
+        """The manifest the E frame describes: the hello's entries with ``changed``
+        ([index, size, sha256] the laptop learnt while sending) applied; a list is a
+        whole manifest."""
+        if isinstance(final, list):
+            return final
+        changed = {int(i): (size, sha) for i, size, sha in final.get("changed") or []}
+        out = []
+        for index, entry in enumerate(self.entries):
+            size, sha = changed.get(index, (entry["size"], entry["sha256"]))
+            out.append({"path": entry["path"], "size": size, "sha256": sha})
+        return out
+
     def finish(self, manifest: List[Dict[str, Any]]) -> Dict[str, Any]:
         """Check every manifest entry before launch; prune what left the slice.
 
@@ -758,7 +773,8 @@ def serve(stdin: BinaryIO, stdout: BinaryIO) -> int:
                     _say(stdout, {"ok": True, "result": {"received": receiver.received}})
                     return 0
                 elif kind == b"E":
-                    manifest = json.loads(_read_exact(stdin, length).decode("utf-8"))
+                    final = json.loads(_read_exact(stdin, length).decode("utf-8"))
+                    manifest = receiver.final_manifest(final)
                     _say(stdout, {"ok": True, "result": receiver.finish(manifest)})
                     return 0
                 else:

@@ -583,8 +583,16 @@ class _Session:
                         await procs[i].write(_frame("D", 0, 0))
             await _all([self._final(readers[i], queues[i]) for i in range(1, len(procs))])
             if all(sent):
+                # the host holds the hello's entries: only what changed since travels
+                said = hello["entries"]
                 final = json.dumps(
-                    [{"path": f.path, "size": f.size, "sha256": f.sha256} for f in self.files]
+                    {
+                        "changed": [
+                            [i, f.size, f.sha256]
+                            for i, f in enumerate(self.files)
+                            if (f.size, f.sha256) != (said[i]["size"], said[i]["sha256"])
+                        ]
+                    }
                 ).encode()
                 with contextlib.suppress(BrokenPipeError, ConnectionResetError):
                     await main.write(_frame("E", 0, len(final)) + final)
