@@ -17,7 +17,8 @@ its own process so it shares no GIL with the orchestrator):
    it has been forwarded; the bytes the second attempt sent, as a share of the file;
 4. the orchestrator's peak RSS (VmHWM, reset before each sync) over all of them.
 
-Every remotemac timing includes a fresh SSH connection, like scp's and rsync's.
+Every remotemac timing includes a fresh SSH connection, like scp's and rsync's; the
+agent is already on the host (provision installs it before the sync phase of a run).
 
     python scripts/bench_sync.py --repeat 5                   # 1 GiB shapes, 80 ms, 100 MB/s
     python scripts/bench_sync.py --size 64MiB --links loopback  # quick look
@@ -146,6 +147,7 @@ class Bench:
         self.loopback = Link("loopback", self.cfg, "bench")
         self.host_root = server.home / "host-root"  # the lab host's user writes here
         self.runtime_dir = ""
+        self.agent_dir = ""  # installed by provision in a run: the sync phase finds it there
         self.caches: dict[str, MemoryHashCache] = {}
         self.keys: dict[str, bytes] = {}
         self.run_dirs: dict[str, str] = {}
@@ -172,6 +174,7 @@ class Bench:
             self.run_dirs[run_id] = run["run_dir"]
             if not self.runtime_dir:  # the host's python3 decrypts with its runtime
                 self.runtime_dir = (await ensure_runtime(agent, home=None, method="online"))["dir"]
+            self.agent_dir = agent.agent_dir or await agent.install()
 
     async def sync(
         self, data: Path, paths: list[str], run_id: str, link: Link, max_attempts: int = 4
@@ -187,6 +190,7 @@ class Bench:
         start = time.perf_counter()
         async with transport:
             agent = AgentClient(transport, str(self.host_root))
+            agent.agent_dir = self.agent_dir
             _, answer, stats = await sync_slice(
                 transport,
                 agent,
@@ -335,8 +339,14 @@ async def main() -> int:
         "--scp-cap", type=float, default=2.0, help="stop scp at this many times the best (2)"
     )
     parser.add_argument("--changed", type=float, default=0.01, help="re-sync: share changed")
+    parser.add_argument(
+        "--parts",
+        default="cold,resync,resume",
+        help="which figures: cold, resync, resume (comma-separated; all by default)",
+    )
     args = parser.parse_args()
     links = args.links.split(",")
+    parts = set(args.parts.split(","))
     with tempfile.TemporaryDirectory(prefix="rm-bench-sync-", dir=os.environ.get("TMPDIR")) as t:
         tmp = Path(t)
         server = SSHD(tmp / "sshd").start()
@@ -359,7 +369,7 @@ async def main() -> int:
             if "far" in links:
                 proxy = ProxyProcess(server.host, server.port, rtt=args.rtt, rate=args.rate)
                 targets.append(bench.proxied(proxy.start().port, "far"))
-            for r in range(args.repeat):
+            for r in range(args.repeat if "cold" in parts else 0):
                 print(f"round {r + 1}/{args.repeat} (load {os.getloadavg()[0]:.1f})", flush=True)
                 for link in targets:
                     for s, paths in shapes.items():
@@ -367,7 +377,8 @@ async def main() -> int:
                             bench, link, s, tmp / f"shape-{s}", paths, args.size, args, f"{s}{r}"
                         )
                         results.setdefault((link.name, s), []).append(row)
-            print(f"medians of {args.repeat} (throughput of the same bytes):")
+            if results:
+                print(f"medians of {args.repeat} (throughput of the same bytes):")
             for (name, s), rows in results.items():
 
                 def med(key: str, rows: list[dict[str, Any]] = rows) -> float | None:
@@ -381,7 +392,7 @@ async def main() -> int:
                     f"(goal >= 0.90; each: " + ", ".join(f"{x['ratio']:.2f}" for x in rows) + ")",
                     flush=True,
                 )
-            if "A" in shapes and "loopback" in links:
+            if "A" in shapes and "loopback" in links and "resync" in parts:
                 data, paths = tmp / "shape-A", shapes["A"]
                 await bench.sync(data, paths, "bench-resync", bench.loopback)
                 changed = change_files(data, paths, args.changed)
@@ -407,7 +418,8 @@ async def main() -> int:
                 proxy = None
             for s in list(shapes):
                 shutil.rmtree(tmp / f"shape-{s}", ignore_errors=True)
-            await resume_figure(bench, tmp, args.resume_size or args.size, args)
+            if "resume" in parts:
+                await resume_figure(bench, tmp, args.resume_size or args.size, args)
             print(
                 f"peak RSS of the orchestrator over every sync: {bench.peak_rss:.1f} MiB "
                 "(goal < 200 MiB)",

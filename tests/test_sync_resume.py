@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import os
 
 from remotemac.agent import streamcrypt as sc
@@ -86,3 +87,55 @@ def test_streams_follow_the_round_trip():
     assert choose_streams(0.15, many, 5000) == MAX_STREAMS
     assert choose_streams(0.08, many, 2) == 2  # never more streams than files
     assert choose_streams(0.08, 10 << 20, 5000) == 1  # too little data to open channels
+
+
+def _session(src: str, entries: list[dict], frames: bytes) -> dict:
+    """One in-process dataops sync session on public data: hello, ``frames``, finish."""
+    from remotemac.agent import dataops
+
+    hello = {"run_dir": src, "run_id": "t", "src": src, "encrypted": False, "entries": entries}
+    manifest = json.dumps([{k: e[k] for k in ("path", "size", "sha256")} for e in entries])
+    stdin = io.BytesIO(
+        json.dumps(hello).encode()
+        + b"\n"
+        + frames
+        + dataops.FRAME.pack(b"E", 0, len(manifest))
+        + manifest.encode()
+    )
+    out = io.BytesIO()
+    assert dataops.serve(stdin, out) == 0
+    lines = [json.loads(x) for x in out.getvalue().splitlines()]
+    return {"hello": lines[0], "final": lines[-1]}
+
+
+def test_resync_of_unchanged_files_is_one_lstat_each_and_no_record_rewrite(tmp_path, monkeypatch):
+    """A re-sync of an unchanged slice costs the host one lstat per file (its stored
+    copy, seen when it says what it holds; finish trusts that sighting), parses the
+    record once and leaves it as it is (no compaction of an unchanged record)."""
+    from remotemac.agent import dataops
+
+    src = str(tmp_path / "data")
+    blobs = {f"d{i % 3}/f{i:03d}.bin": os.urandom(100 + i) for i in range(60)}
+    entries = [
+        {"path": p, "size": len(b), "sha256": hashlib.sha256(b).hexdigest(), "mtime_ns": 1}
+        for p, b in sorted(blobs.items())
+    ]
+    frames = b"".join(
+        dataops.FRAME.pack(b"F", i, e["size"]) + blobs[e["path"]] + bytes.fromhex(e["sha256"])
+        for i, e in enumerate(entries)
+    )
+    first = _session(src, entries, frames)
+    assert first["final"]["result"]["received"] == len(entries)
+    record = os.path.join(src, dataops.RECORD)
+    before = os.stat(record)
+    calls = []
+    real_lstat = os.lstat
+    monkeypatch.setattr(dataops.os, "lstat", lambda p: calls.append(p) or real_lstat(p))
+    again = _session(src, entries, b"")
+    assert len(again["hello"]["known"]) == len(entries)
+    result = again["final"]["result"]
+    assert result["mismatches"] == [] and result["received"] == 0
+    per_file = [p for p in calls if p.endswith(".bin")]
+    assert len(per_file) <= len(entries), f"{len(per_file)} lstats for {len(entries)} files"
+    after = os.stat(record)
+    assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)

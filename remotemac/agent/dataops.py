@@ -31,7 +31,9 @@ each file's SHA-256, so every stage overlaps and nothing is read twice.
    host answers ``{"ack": index}`` once the file is stored, decrypted and verified;
 5. a worker gets ``b"D" 0 0`` and answers ``{"ok": true, "result": {"received"}}``;
    the first channel, once every worker is done, ``b"E" 0:u32 length:u64`` + the
-   final manifest as JSON: the host checks every entry against its record
+   final manifest as JSON (``{"changed": [[index, size, sha256], ...]}``, the entries
+   whose size or hash differ from the hello's, or a whole list): the host checks every
+   entry against its record
    (re-decrypting from the stored ciphertext what is missing from RAM, e.g. after a
    reboot), removes files that left the slice and kept cut transfers, and answers
    ``{"ok": true, "result": {...}}``.
@@ -107,7 +109,9 @@ def _check_rel(rel: str) -> str:
 
 
 def _inside(base: str, rel: str) -> str:
-    return os.path.join(base, *_check_rel(rel).split("/"))
+    # POSIX hosts only: a checked relative path joins as it is (a re-sync calls this
+    # for every file of the slice, so plain concatenation rather than os.path.join)
+    return (base if base.endswith("/") else base + "/") + _check_rel(rel)
 
 
 def _make_parents(base: str, rel: str) -> None:
@@ -135,17 +139,38 @@ def _lstat(path: str) -> Optional[os.stat_result]:
 def load_records(src: str) -> Dict[str, Dict[str, Any]]:
     """The last record line for each path (a torn last line is ignored)."""
     records: Dict[str, Dict[str, Any]] = {}
+    _read_records(src, 0, records)
+    return records
+
+
+def _read_records(src: str, offset: int, records: Dict[str, Dict[str, Any]]) -> Tuple[int, int]:
+    """Add the record lines from byte ``offset`` on to ``records``: (end offset, lines).
+
+    The end offset lets a later call read only what was appended since (the other
+    streams' files), so a re-sync of a large unchanged slice parses the record once.
+    All lines are parsed in one ``json.loads`` (per-line calls cost more than the
+    parsing); a torn or foreign line sends it line by line.
+    """
     try:
         with open(os.path.join(src, RECORD), "rb") as fh:
-            for raw in fh:
-                try:
-                    rec = json.loads(raw.decode("utf-8"))
-                    records[str(rec["path"])] = rec
-                except (ValueError, KeyError, TypeError):
-                    continue
+            fh.seek(offset)
+            raw = fh.read()
     except OSError:
-        pass
-    return records
+        return offset, 0
+    whole = raw[: raw.rfind(b"\n") + 1]  # a torn last line (no newline yet) waits
+    lines = whole.splitlines()
+    try:
+        parsed = json.loads(b"[" + b",".join(lines) + b"]")
+        for rec in parsed:
+            records[str(rec["path"])] = rec
+    except (ValueError, KeyError, TypeError):
+        for line in lines:
+            try:
+                rec = json.loads(line.decode("utf-8"))
+                records[str(rec["path"])] = rec
+            except (ValueError, KeyError, TypeError):
+                continue
+    return offset + len(whole), len(lines)
 
 
 def _stored(src: str, rec: Dict[str, Any], encrypted: bool) -> bool:
@@ -312,7 +337,10 @@ class Receiver:
                 raise DataError("cannot make the RAM store: %s" % exc, "ram") from None
             self.dest = str(self.ram["path"])
         os.makedirs(self.src, mode=0o700, exist_ok=True)
-        self.records = load_records(self.src)
+        self.records: Dict[str, Dict[str, Any]] = {}
+        self._record_end, self._record_lines = _read_records(self.src, 0, self.records)
+        #: paths whose stored copy this session saw (known) or wrote: finish trusts it
+        self._stored_seen: set = set()
         self.entries: List[Dict[str, Any]] = list(req.get("entries") or [])
         for entry in self.entries:
             _check_rel(entry["path"])
@@ -327,6 +355,7 @@ class Receiver:
                 continue
             if _stored(self.src, rec, self.encrypted):
                 out.append((index, str(rec["sha256"])))
+                self._stored_seen.add(entry["path"])
         return out
 
     # -------------------------------------------------------------- cut transfers
@@ -536,6 +565,7 @@ class Receiver:
             _unlink(meta)
         recorder.add(rec)
         self.records[rel] = rec
+        self._stored_seen.add(rel)
         self.received += 1
 
     def _receive_sealed(
@@ -586,17 +616,41 @@ class Receiver:
             if tee.count != length:
                 raise EOFError("stream ended inside a frame")
 
+    def final_manifest(self, final: Any) -> List[Dict[str, Any]]:
+        """The manifest the E frame describes: the hello's entries with ``changed``
+        ([index, size, sha256] the laptop learnt while sending) applied; a list is a
+        whole manifest."""
+        if isinstance(final, list):
+            return final
+        changed = {int(i): (size, sha) for i, size, sha in final.get("changed") or []}
+        out = []
+        for index, entry in enumerate(self.entries):
+            size, sha = changed.get(index, (entry["size"], entry["sha256"]))
+            out.append({"path": entry["path"], "size": size, "sha256": sha})
+        return out
+
     def finish(self, manifest: List[Dict[str, Any]]) -> Dict[str, Any]:
-        """Check every manifest entry before launch; prune what left the slice."""
+        """Check every manifest entry before launch; prune what left the slice.
+
+        Per unchanged file this is one lstat of its plaintext (the job reads it: it must
+        have the size and mtime it had when it was verified); its stored ciphertext was
+        seen by :meth:`known` moments ago, and the record is read once per session
+        (plus what the other streams appended) and rewritten only when it shrinks or
+        has grown to twice its live lines.
+        """
         mismatches: List[Dict[str, str]] = []
         redecrypted = 0
         wanted = {}
-        self.records = load_records(self.src)  # with what the other streams verified
+        # with what the other streams verified
+        self._record_end, lines = _read_records(self.src, self._record_end, self.records)
+        self._record_lines += lines
         for entry in manifest:
             rel = _check_rel(entry["path"])
             wanted[rel] = entry
             rec = self.records.get(rel)
-            if rec is None or not _stored(self.src, rec, self.encrypted):
+            if rec is None or (
+                rel not in self._stored_seen and not _stored(self.src, rec, self.encrypted)
+            ):
                 mismatches.append({"path": rel, "why": "missing on the host"})
                 continue
             if rec["sha256"] != entry["sha256"] or rec["size"] != entry["size"]:
@@ -612,8 +666,10 @@ class Receiver:
         for base, meta in self._partial_metas():  # every wanted file is whole: none resumes
             if not _alive(meta.get("pid")):
                 _unlink(base + ".json", base + ".rmenc")
-        self.records = {p: r for p, r in self.records.items() if p in wanted}
-        _compact(self.src, self.records)
+        live = {p: r for p, r in self.records.items() if p in wanted}
+        if redecrypted or len(live) < len(self.records) or self._record_lines > 2 * len(live) + 64:
+            _compact(self.src, live)
+        self.records = live
         return {
             "data_dir": self.dest,
             "mismatches": mismatches,
@@ -654,22 +710,25 @@ class Receiver:
             roots.append((self.dest, ""))
         for base, ext in roots:
             prefix_len = len(base.rstrip(os.sep)) + 1
-            for dirpath, _dirs, files in os.walk(base):
+            for dirpath, dirs, files in os.walk(base):
+                below = dirpath[prefix_len:]  # os.walk joins below base with "/"
+                prefix = below + "/" if below else ""
+                top_of_src = not prefix and base == self.src
+                if top_of_src:
+                    dirs[:] = [d for d in dirs if not d.startswith(PARTIAL)]
                 for name in files:
-                    full = os.path.join(dirpath, name)
-                    rel = full[prefix_len:].replace(os.sep, "/")  # os.walk joins below base
                     if ".part-" in name:
                         pid = name.rsplit(".part-", 1)[1]
                         if pid.isdigit() and not _alive(int(pid)):
-                            _unlink(full)  # debris of a session that was killed mid-file
+                            _unlink(dirpath + "/" + name)  # debris of a session killed mid-file
                         continue  # else a live session's file in flight
-                    if base == self.src and (rel.startswith(RECORD) or rel.startswith(PARTIAL)):
+                    if top_of_src and (name.startswith(RECORD) or name.startswith(PARTIAL)):
                         continue
-                    logical = rel[: -len(ext)] if ext and rel.endswith(ext) else None
-                    if not ext:
-                        logical = rel
-                    if logical not in wanted:
-                        _unlink(full)
+                    rel = prefix + name
+                    if ext:  # a stored copy is "<path>.rmenc"; anything else there goes
+                        rel = rel[: -len(ext)] if rel.endswith(ext) else ""
+                    if rel not in wanted:
+                        _unlink(dirpath + "/" + name)
                         pruned += 1
         return pruned
 
@@ -714,7 +773,8 @@ def serve(stdin: BinaryIO, stdout: BinaryIO) -> int:
                     _say(stdout, {"ok": True, "result": {"received": receiver.received}})
                     return 0
                 elif kind == b"E":
-                    manifest = json.loads(_read_exact(stdin, length).decode("utf-8"))
+                    final = json.loads(_read_exact(stdin, length).decode("utf-8"))
+                    manifest = receiver.final_manifest(final)
                     _say(stdout, {"ok": True, "result": receiver.finish(manifest)})
                     return 0
                 else:
