@@ -44,7 +44,14 @@ from remotemac.engine.agentclient import AgentClient  # noqa: E402
 from remotemac.engine.pull import PART, pull_dir  # noqa: E402
 from remotemac.transport.options import SSHOptions  # noqa: E402
 from remotemac.transport.ssh import SSHTransport  # noqa: E402
-from scripts.bench_sync import CIPHER, parse_size, peak_rss_mib, reset_peak_rss  # noqa: E402
+from scripts.bench_sync import (  # noqa: E402
+    CIPHER,
+    BenchHost,
+    Link,
+    parse_size,
+    peak_rss_mib,
+    reset_peak_rss,
+)
 from tests.harness.faultproxy import ProxyProcess  # noqa: E402
 from tests.harness.sshd import SSHD  # noqa: E402
 
@@ -77,33 +84,18 @@ def make_proxy(server: SSHD, rtt: float, rate: float) -> ProxyProcess:
     return ProxyProcess(server.host, server.port, rtt=rtt, rate=rate).start()
 
 
-class Bench:
+class Bench(BenchHost):
     def __init__(self, tmp: Path, server: SSHD) -> None:
-        self.tmp, self.server = tmp, server
-        self.home = tmp / "home"
-        self.home.mkdir()
-        server.write_known_hosts(self.home / "known_hosts")
-        self.user_kh = server.write_known_hosts(tmp / "user_known_hosts")
-        self.links: dict[str, tuple[Path, str]] = {
-            "loopback": (
-                server.write_ssh_config(tmp / "cfg", "bench", known_hosts=self.user_kh),
-                "bench",
-            )
-        }
+        super().__init__(tmp, server)
+        self.links: dict[str, Link] = {"loopback": self.loopback}
         self.host_root = str(server.home / "host-root")
 
     def add_proxy(self, name: str, port: int) -> None:
-        for kh in (self.home / "known_hosts", self.user_kh):
-            with open(kh, "a") as fh:
-                fh.write(self.server.known_hosts_line(f"[{self.server.host}]:{port}"))
-        cfg = self.server.write_ssh_config(
-            self.tmp / f"cfg-{name}", "benchproxy", known_hosts=self.user_kh, port=port
-        )
-        self.links[name] = (cfg, "benchproxy")
+        self.links[name] = self.proxied(port, name)
 
     def transport(self, link: str) -> SSHTransport:
-        cfg, alias = self.links[link]
-        return SSHTransport(alias, home_dir=self.home, options=SSHOptions(ssh_config=cfg))
+        via = self.links[link]
+        return SSHTransport(via.alias, home_dir=self.home, options=SSHOptions(ssh_config=via.cfg))
 
     async def install_agent(self) -> None:
         async with self.transport("loopback") as t:
@@ -128,7 +120,7 @@ class Bench:
 
     def scp(self, link: str, src: Path, dest: Path, *extra: str) -> float:
         """OpenSSH's scp: the SFTP protocol (its default since 9.0; one file at a time)."""
-        cfg, alias = self.links[link]
+        cfg, alias = self.links[link].cfg, self.links[link].alias
         start = time.perf_counter()
         subprocess.run(
             ["scp", *extra, "-q", "-r", "-F", str(cfg), "-c", CIPHER, f"{alias}:{src}", str(dest)],
@@ -142,7 +134,7 @@ class Bench:
         return self.scp(link, src, dest, "-O")
 
     def rsync(self, link: str, src: Path, dest: Path) -> float:
-        cfg, alias = self.links[link]
+        cfg, alias = self.links[link].cfg, self.links[link].alias
         start = time.perf_counter()
         subprocess.run(
             ["rsync", "-a", "-e", f"ssh -F {cfg} -c {CIPHER}", f"{alias}:{src}/", f"{dest}/"],

@@ -136,7 +136,10 @@ class Link:
     alias: str
 
 
-class Bench:
+class BenchHost:
+    """The laptop side of a bench against one sshd: its own known_hosts and ssh_config,
+    the loopback link, and a link through a proxy on demand (bench_sync, bench_pull)."""
+
     def __init__(self, tmp: Path, server: SSHD) -> None:
         self.tmp, self.server = tmp, server
         self.home = tmp / "home"
@@ -145,13 +148,6 @@ class Bench:
         self.user_kh = server.write_known_hosts(tmp / "user_known_hosts")
         self.cfg = server.write_ssh_config(tmp / "ssh_config", "bench", known_hosts=self.user_kh)
         self.loopback = Link("loopback", self.cfg, "bench")
-        self.host_root = server.home / "host-root"  # the lab host's user writes here
-        self.runtime_dir = ""
-        self.agent_dir = ""  # installed by provision in a run: the sync phase finds it there
-        self.caches: dict[str, MemoryHashCache] = {}
-        self.keys: dict[str, bytes] = {}
-        self.run_dirs: dict[str, str] = {}
-        self.peak_rss = 0.0
 
     def proxied(self, port: int, name: str) -> Link:
         for kh in (self.home / "known_hosts", self.user_kh):
@@ -162,6 +158,18 @@ class Bench:
             self.tmp / f"ssh_config_{port}", alias, known_hosts=self.user_kh, port=port
         )
         return Link(name, cfg, alias)
+
+
+class Bench(BenchHost):
+    def __init__(self, tmp: Path, server: SSHD) -> None:
+        super().__init__(tmp, server)
+        self.host_root = server.home / "host-root"  # the lab host's user writes here
+        self.runtime_dir = ""
+        self.agent_dir = ""  # installed by provision in a run: the sync phase finds it there
+        self.caches: dict[str, MemoryHashCache] = {}
+        self.keys: dict[str, bytes] = {}
+        self.run_dirs: dict[str, str] = {}
+        self.peak_rss = 0.0
 
     async def prepare(self, run_id: str) -> None:
         """The provision phase's job (a run dir, the agent runtime): not timed."""
