@@ -985,8 +985,6 @@ def _next_batch(pieces: Iterator[Any]) -> _Batch:
     for item in pieces:
         if isinstance(item, _Done):
             done.append(item)
-            if size >= BATCH_BYTES // 4:
-                break
             continue
         parts.append(item[0])
         plain += item[1]
