@@ -55,7 +55,7 @@ from remotemac.transport.base import RemoteProcess, Transport
 
 FRAME = "F"
 BATCH_BYTES = 1 << 20
-QUEUE_BATCHES = 8
+QUEUE_BATCHES = 4
 #: OpenSSH's sshd advertises this window per session channel: one channel carries at
 #: most WINDOW_BYTES per round trip, ~25 MB/s at 80 ms
 WINDOW_BYTES = 2 << 20
@@ -481,6 +481,10 @@ class _Session:
         self._done = 0
         self._last_progress = 0.0
         self._halt = False  # a channel's agent spoke up early: the others stop taking files
+        #: files sent whole whose acknowledgement has not come (the host batches them: a
+        #: cut can lose the last line; the next attempt's hello lists them as known)
+        self._unacked: set[int] = set()
+        self._acked: set[int] = set()  # (an ack can overtake its own file's _Done)
 
     def manifest(self) -> Manifest:
         return Manifest.from_entries(
@@ -533,6 +537,9 @@ class _Session:
         first = await self._answer(main, "start")
         self.stats.per_attempt.append(0)
         known = {int(i): str(sha) for i, sha in first.get("known", [])}
+        for index in sorted(self._unacked.intersection(known)):
+            self._verified(index)
+        self._unacked.clear()
         partial = {int(i): dict(info) for i, info in first.get("partial", [])}
         plan = self._plan(known, partial)
         todo_bytes = sum(self.files[j.index].size for j in plan)
@@ -713,9 +720,28 @@ class _Session:
             self.stats.skipped_bytes += item.local.size
             return
         self.stats.sent_files += 1
+        if item.index not in self._acked:
+            self._unacked.add(item.index)
         if item.resumed:
             self.stats.resumed_files += 1
             self.stats.resumed_bytes += item.resumed
+
+    def _verified(self, index: int) -> None:
+        """The host verified file ``index``: count it and say so (one event per file)."""
+        self._unacked.discard(index)
+        self._acked.add(index)
+        path = self.files[index].path
+        self.stats.acked.append(path)
+        self.emit(
+            PhaseProgress(
+                self.run_id,
+                phase="sync",
+                done=len(self.stats.acked),
+                total=None,
+                unit="verified",
+                detail=path,
+            )
+        )
 
     async def _read_acks(self, proc: RemoteProcess, acks: asyncio.Queue) -> None:
         while True:
@@ -726,19 +752,7 @@ class _Session:
             msg = json.loads(line.decode("utf-8", "replace"))
             if "acks" in msg:  # files the host verified since its last such line
                 for index in msg["acks"]:
-                    self.stats.acked.append(self.files[int(index)].path)
-                if not msg["acks"]:
-                    continue
-                self.emit(
-                    PhaseProgress(
-                        self.run_id,
-                        phase="sync",
-                        done=len(self.stats.acked),
-                        total=None,
-                        unit="verified",
-                        detail=self.stats.acked[-1],
-                    )
-                )
+                    self._verified(int(index))
                 continue
             await acks.put(msg)
 
