@@ -12,7 +12,7 @@ import json
 import os
 
 from remotemac.agent import streamcrypt as sc
-from remotemac.engine.sync import MAX_STREAMS, choose_streams
+from remotemac.engine.sync import MAX_STREAMS, SMALL_FILE_STREAMS, choose_streams
 
 CS = sc.MIN_CHUNK
 KEY = os.urandom(32)
@@ -80,13 +80,23 @@ def test_resumed_tail_decrypts_after_the_kept_prefix():
 
 def test_streams_follow_the_round_trip():
     many = 1 << 30
-    assert choose_streams(0.0002, many, 5000) == 1  # loopback: one stream
-    assert choose_streams(0.005, many, 5000) == 1
-    assert choose_streams(0.04, many, 5000) == 3  # 125 MB/s x 40 ms / 2 MiB = 2.4
-    assert choose_streams(0.08, many, 5000) == 5
-    assert choose_streams(0.15, many, 5000) == MAX_STREAMS
+    big = 200  # files of ~5 MiB
+    assert choose_streams(0.0002, many, big) == 1  # loopback, large files: one stream
+    assert choose_streams(0.005, many, big) == 1
+    assert choose_streams(0.04, many, big) == 3  # 125 MB/s x 40 ms / 2 MiB = 2.4
+    assert choose_streams(0.08, many, big) == 5
+    assert choose_streams(0.15, many, big) == MAX_STREAMS
     assert choose_streams(0.08, many, 2) == 2  # never more streams than files
     assert choose_streams(0.08, 10 << 20, 5000) == 1  # too little data to open channels
+
+
+def test_many_small_files_get_several_receivers_even_on_a_near_link():
+    """Each receiver creates and hashes its own files: 1 GiB in 16-256 KiB files is
+    spread over SMALL_FILE_STREAMS on loopback; the far link's own count still wins."""
+    many = 1 << 30
+    assert choose_streams(0.0002, many, 7681) == SMALL_FILE_STREAMS
+    assert choose_streams(0.08, many, 7681) == 5
+    assert choose_streams(0.0002, 16 << 20, 200) == 2  # 8 MiB per stream at least
 
 
 def _session(src: str, entries: list[dict], frames: bytes) -> dict:
