@@ -10,6 +10,7 @@ import hashlib
 import io
 import json
 import os
+from pathlib import Path
 
 from remotemac.agent import streamcrypt as sc
 from remotemac.engine.sync import MAX_STREAMS, SMALL_FILE_STREAMS, choose_streams
@@ -149,3 +150,26 @@ def test_resync_of_unchanged_files_is_one_lstat_each_and_no_record_rewrite(tmp_p
     assert len(per_file) <= len(entries), f"{len(per_file)} lstats for {len(entries)} files"
     after = os.stat(record)
     assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
+
+
+def test_a_file_whose_ack_a_cut_lost_counts_as_verified_once_from_the_next_hello():
+    """The host sends its acks in batches: a cut can lose the last line. The next
+    attempt's hello lists those files as known; each is then reported verified once
+    (one event), and one already acknowledged, or not held by the host, is not."""
+    from remotemac.engine.sync import SyncStats, _Done, _Local, _Session
+    from remotemac.events import PhaseProgress
+
+    files = [_Local(f"f{i}", 10, 0, i, None) for i in range(5)]
+    events: list = []
+    args = (None, None, Path("."), files, "run", "r1", None, "python3", events.append)
+    session = _Session(*args, SyncStats(), 1 << 20)  # type: ignore[arg-type]
+    for i in range(5):
+        session._file_done(_Done(i, files[i], sent=True))
+    session._verified(0)  # acknowledged before the cut
+    session._verified(1)
+    session._learn_known({0: "a", 1: "b", 2: "c", 3: "d"})  # 4: the cut one, not held
+    assert session.stats.acked == ["f0", "f1", "f2", "f3"]
+    verified = [e.detail for e in events if isinstance(e, PhaseProgress)]
+    assert verified == ["f0", "f1", "f2", "f3"]
+    session._learn_known({0: "a", 1: "b", 2: "c", 3: "d", 4: "e"})  # a later attempt
+    assert session.stats.acked == ["f0", "f1", "f2", "f3"]

@@ -551,9 +551,7 @@ class _Session:
         first = await self._answer(main, "start")
         self.stats.per_attempt.append(0)
         known = {int(i): str(sha) for i, sha in first.get("known", [])}
-        for index in sorted(self._unacked.intersection(known)):
-            self._verified(index)
-        self._unacked.clear()
+        self._learn_known(known)
         partial = {int(i): dict(info) for i, info in first.get("partial", [])}
         plan = self._plan(known, partial)
         todo_bytes = sum(self.files[j.index].size for j in plan)
@@ -739,6 +737,13 @@ class _Session:
         if item.resumed:
             self.stats.resumed_files += 1
             self.stats.resumed_bytes += item.resumed
+
+    def _learn_known(self, known: dict[int, str]) -> None:
+        """An attempt's hello: files sent whole before whose ack a cut lost, and which
+        the host holds verified, count as verified now (once)."""
+        for index in sorted(self._unacked.intersection(known)):
+            self._verified(index)
+        self._unacked.clear()
 
     def _verified(self, index: int) -> None:
         """The host verified file ``index``: count it and say so (one event per file)."""
