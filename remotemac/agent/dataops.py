@@ -1,9 +1,12 @@
 """Host side of the dataset: receive the streamed slice, verify it, decrypt it into RAM.
 
 Why a stream and not file copies: the laptop hashes, encrypts and sends while this
-process, on the other end of an SSH channel (one of several on a far link), stores the ciphertext (the slice
-rests encrypted in ``<run>/data``), decrypts it into RAM-backed storage and checks
-each file's SHA-256, so every stage overlaps and nothing is read twice.
+process, on the other end of an SSH channel (one of several on a far link or for many
+small files), stores the ciphertext (the slice rests encrypted in ``<run>/data``),
+decrypts it into RAM-backed storage and checks each file's SHA-256, so every stage
+overlaps and nothing is read twice. Within this process the reading thread reads and
+decrypts, and a second one (writebehind.py) creates and writes the files, hashes the
+plaintext, checks it and acknowledges it.
 
 ``python3 dataops.py sync`` speaks this protocol on stdin/stdout:
 
