@@ -228,11 +228,13 @@ def test_linux_too_small_is_an_error(tmp_path: Path, run_id: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "platform,shm_root", [("freebsd13", "/dev/shm"), ("linux", "/nonexistent")]
+    "platform,shm_root", [("freebsd13", "/dev/shm"), ("linux", "no-such-dir")]
 )
 def test_elsewhere_falls_back_to_run_tmp_with_warning(
     tmp_path: Path, platform: str, shm_root: str
 ) -> None:
+    if not shm_root.startswith("/"):  # a missing shm root of this test's own, never a shared path
+        shm_root = str(tmp_path / shm_root)
     info = create_ram_store(str(tmp_path), 1 << 20, "r1", platform=platform, shm_root=shm_root)
     path = Path(info["path"])
     assert info["kind"] == "tmp" and path.parent == tmp_path / "tmp"
