@@ -5,16 +5,20 @@ process, on the other end of an SSH channel (one of several on a far link), stor
 rests encrypted in ``<run>/data``), decrypts it into RAM-backed storage and checks
 each file's SHA-256, so every stage overlaps and nothing is read twice.
 
-``python3 dataops.py sync`` speaks this protocol on stdin/stdout:
+``python3 dataops.py sync [--runtime DIR]`` speaks this protocol on stdin/stdout (the
+runtime named in argv, the same as the hello's, is imported while the hello is on its
+way):
 
 1. laptop → one JSON line: ``{"run_dir", "run_id", "src", "encrypted", "key_hex"
    (only when encrypted; the key never touches disk, argv or the environment),
    "runtime_dir" (only when encrypted: the agent runtime to decrypt with),
    "ram_bytes", "entries": [{"path", "size", "sha256" or null, "mtime_ns"}],
    "worker" (true on the extra channels of a multi-stream sync)}``;
-2. host → one JSON line: ``{"ok": true, "known": [[index, sha256], ...], "partial":
-   [[index, {...}], ...], "ram"}`` (a worker answers ``{"ok": true, "ram"}``):
-   ``known`` are the entries it already holds complete and verified (the record
+2. host → one JSON line: ``{"ok": true, "todo": [[index, sha256 or null], ...],
+   "partial": [[index, {...}], ...], "ram"}`` (a worker answers ``{"ok": true, "ram"}``):
+   ``todo`` are the entries it does not hold complete and verified with the hello's
+   size and SHA-256, each with the hash of the verified copy of that path it holds
+   (same size), if any; every other entry it holds (the record
    ``<src>/.verified.jsonl`` is keyed by relative path and plaintext SHA-256,
    because every encryption uses a fresh salt and so gives different ciphertext);
    ``partial`` the cut transfers it kept (``.remotemac-partial/``, ciphertext only,
@@ -35,7 +39,8 @@ each file's SHA-256, so every stage overlaps and nothing is read twice.
    whose size or hash differ from the hello's, or a whole list): the host checks every
    entry against its record
    (re-decrypting from the stored ciphertext what is missing from RAM, e.g. after a
-   reboot), removes files that left the slice and kept cut transfers, and answers
+   reboot), removes files that left the slice (those its record lists; after a cut
+   session, any file the manifest does not list) and kept cut transfers, and answers
    ``{"ok": true, "result": {...}}``.
 
 Any failure is one line ``{"ok": false, "error", "code"}`` (code ``integrity``
@@ -69,6 +74,11 @@ from typing import Any, BinaryIO, Dict, List, Optional, Tuple
 RECORD = ".verified.jsonl"
 #: cut transfers kept for resuming: ``<sha256(path)[:32]>-<pid>.rmenc`` + ``.json``
 PARTIAL = ".remotemac-partial"
+#: ``<src>/.remotemac-writing-<pid>``: made before a session's first write into the
+#: data dirs, removed when it ends cleanly. One left by another process means that
+#: session was cut (or still runs) and may have left debris: finish then walks both
+#: trees; otherwise it prunes by the record alone (see :meth:`Receiver.finish`)
+WRITING = ".remotemac-writing-"
 #: only files this big are kept for resuming when cut (below, resending is cheap)
 RESUMABLE = 8 << 20
 FRAME = struct.Struct(">cIQ")
@@ -341,10 +351,50 @@ class Receiver:
         self._record_end, self._record_lines = _read_records(self.src, 0, self.records)
         #: paths whose stored copy this session saw (known) or wrote: finish trusts it
         self._stored_seen: set = set()
+        self._writing_mark = ""  # this session's WRITING marker, once it writes
         self.entries: List[Dict[str, Any]] = list(req.get("entries") or [])
         for entry in self.entries:
             _check_rel(entry["path"])
         self.received = 0
+
+    def writing(self) -> None:
+        """Mark the data dirs as being written by this process (before its first write)."""
+        if not self._writing_mark:
+            path = os.path.join(self.src, WRITING + str(os.getpid()))
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | _NOFOLLOW, 0o600))
+            self._writing_mark = path
+
+    def done_writing(self) -> None:
+        """This session ended cleanly: whatever it wrote is in place and recorded."""
+        if self._writing_mark:
+            _unlink(self._writing_mark)
+            self._writing_mark = ""
+
+    def _other_writers(self) -> List[Tuple[str, int]]:
+        """(marker, pid) of every other session that wrote here and did not end cleanly."""
+        out = []
+        with contextlib.suppress(OSError):
+            for name in os.listdir(self.src):
+                pid = name[len(WRITING) :]
+                if name.startswith(WRITING) and pid.isdigit() and int(pid) != os.getpid():
+                    out.append((os.path.join(self.src, name), int(pid)))
+        return out
+
+    def todo(self, known: List[Tuple[int, str]]) -> List[Tuple[int, Optional[str]]]:
+        """The entries the host does not hold as the hello describes them: [index, the
+        SHA-256 of the verified copy of that path it holds (same size), or None].
+
+        The start answer carries only these (a re-sync of thousands of unchanged files
+        answers a few lines, not one per file); every other entry is held, verified,
+        with the hello's size and hash.
+        """
+        have = dict(known)
+        out = []
+        for index, entry in enumerate(self.entries):
+            sha = have.get(index)
+            if sha is None or sha != entry.get("sha256"):
+                out.append((index, sha))
+        return out
 
     def known(self) -> List[Tuple[int, str]]:
         """Entries stored complete and verified (whether or not still in RAM)."""
@@ -499,6 +549,7 @@ class Receiver:
         """
         if not 0 <= index < len(self.entries):
             raise DataError("frame for unknown entry %d" % index)
+        self.writing()
         entry = self.entries[index]
         rel = entry["path"]
         stored = _inside(self.src, rel) + (".rmenc" if self.encrypted else "")
@@ -636,7 +687,9 @@ class Receiver:
         have the size and mtime it had when it was verified); its stored ciphertext was
         seen by :meth:`known` moments ago, and the record is read once per session
         (plus what the other streams appended) and rewritten only when it shrinks or
-        has grown to twice its live lines.
+        has grown to twice its live lines. Both trees are walked for debris only when
+        another session's WRITING marker says it did not end cleanly (a clean session
+        leaves nothing its record does not list).
         """
         mismatches: List[Dict[str, str]] = []
         redecrypted = 0
@@ -662,7 +715,13 @@ class Receiver:
                     mismatches.append({"path": rel, "why": why})
                     continue
                 redecrypted += 1
-        pruned = self._prune(set(wanted))
+        others = self._other_writers()
+        if others:  # a cut session may have left debris: walk both trees
+            ended = [mark for mark, pid in others if not _alive(pid)]
+            pruned = self._prune(set(wanted))
+            _unlink(*ended)
+        else:  # every session ended cleanly: only recorded files can be left over
+            pruned = self._prune_recorded(wanted)
         for base, meta in self._partial_metas():  # every wanted file is whole: none resumes
             if not _alive(meta.get("pid")):
                 _unlink(base + ".json", base + ".rmenc")
@@ -670,6 +729,7 @@ class Receiver:
         if redecrypted or len(live) < len(self.records) or self._record_lines > 2 * len(live) + 64:
             _compact(self.src, live)
         self.records = live
+        self.done_writing()
         return {
             "data_dir": self.dest,
             "mismatches": mismatches,
@@ -685,6 +745,7 @@ class Receiver:
 
         rel = rec["path"]
         plain = _inside(self.dest, rel)
+        self.writing()
         _make_parents(self.dest, rel)
         try:
             streamcrypt.decrypt_file(self.key, rel, _inside(self.src, rel) + ".rmenc", plain)
@@ -701,6 +762,25 @@ class Receiver:
             return "sha256 differs after decrypting the stored ciphertext"
         rec["plain_mtime_ns"] = os.lstat(plain).st_mtime_ns
         return None
+
+    def _prune_recorded(self, wanted: Dict[str, Any]) -> int:
+        """Remove the stored and decrypted copies of recorded files that left the slice.
+
+        Enough when no session was cut since the last walk: a clean session leaves
+        nothing in the data dirs that its record does not list.
+        """
+        pruned = 0
+        for rel in self.records:
+            if rel in wanted:
+                continue
+            paths = [_inside(self.src, rel) + (".rmenc" if self.encrypted else "")]
+            if self.encrypted:
+                paths.append(_inside(self.dest, rel))
+            for path in paths:
+                if _lstat(path) is not None:
+                    _unlink(path)
+                    pruned += 1
+        return pruned
 
     def _prune(self, wanted: set) -> int:
         """Remove stored and decrypted files that are no longer in the slice."""
@@ -722,7 +802,7 @@ class Receiver:
                         if pid.isdigit() and not _alive(int(pid)):
                             _unlink(dirpath + "/" + name)  # debris of a session killed mid-file
                         continue  # else a live session's file in flight
-                    if top_of_src and (name.startswith(RECORD) or name.startswith(PARTIAL)):
+                    if top_of_src and name.startswith((RECORD, PARTIAL, WRITING)):
                         continue
                     rel = prefix + name
                     if ext:  # a stored copy is "<path>.rmenc"; anything else there goes
@@ -741,9 +821,49 @@ def _say(out: BinaryIO, obj: Dict[str, Any]) -> None:
     out.flush()
 
 
-def serve(stdin: BinaryIO, stdout: BinaryIO) -> int:
+#: Linux's F_SETPIPE_SZ (fcntl names it from Python 3.10 on), and the size asked for
+_F_SETPIPE_SZ = 1031
+PIPE_BYTES = 1 << 20
+
+
+def _widen_pipe(stdin: BinaryIO) -> None:
+    """Linux: grow the stdin pipe from sshd to 1 MiB (the unprivileged maximum).
+
+    With the default 64 KiB, every 64 KiB of the stream costs a round of wake-ups
+    between sshd and this process; on a busy host (or the loopback bench, where
+    both ends share the cores) 10 MB took 60-170 ms through it, ~20 ms through
+    1 MiB. macOS has no such call (its pipes size themselves); a refusal (the
+    user's pipe quota) just keeps the default.
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    with contextlib.suppress(Exception):
+        fd = stdin.fileno()
+        if stat.S_ISFIFO(os.fstat(fd).st_mode):
+            fcntl.fcntl(fd, _F_SETPIPE_SZ, PIPE_BYTES)
+
+
+def _preload(runtime_dir: Optional[str]) -> None:
+    """Import the cipher from the runtime named in argv while the hello is on its way.
+
+    The laptop stats its slice before it sends the hello, so this import (tens of ms)
+    costs no time; a runtime that fails here fails again, with its message, when
+    the hello names it (:class:`Receiver`).
+    """
+    if not runtime_dir:
+        return
+    with contextlib.suppress(Exception):
+        _use_runtime(runtime_dir)
+        import streamcrypt
+
+        streamcrypt._aead(bytes(32))
+
+
+def serve(stdin: BinaryIO, stdout: BinaryIO, runtime_dir: Optional[str] = None) -> int:
     """Run one sync session (see the module doc); returns the process exit code."""
     try:
+        _widen_pipe(stdin)
+        _preload(runtime_dir)
         line = stdin.readline()
         if not line:
             return 3
@@ -754,7 +874,8 @@ def serve(stdin: BinaryIO, stdout: BinaryIO) -> int:
         else:
             known = receiver.known()
             partial = receiver.partials(known)
-            _say(stdout, {"ok": True, "known": known, "partial": partial, "ram": receiver.ram})
+            todo = receiver.todo(known)
+            _say(stdout, {"ok": True, "todo": todo, "partial": partial, "ram": receiver.ram})
         recorder = _Recorder(receiver.src)
         try:
             while True:
@@ -770,6 +891,7 @@ def serve(stdin: BinaryIO, stdout: BinaryIO) -> int:
                 elif kind == b"P":
                     _say(stdout, {"ok": True, "pong": True})
                 elif kind == b"D":  # one of several streams is done: the first one finishes
+                    receiver.done_writing()
                     _say(stdout, {"ok": True, "result": {"received": receiver.received}})
                     return 0
                 elif kind == b"E":
@@ -831,6 +953,7 @@ def op_prepare_data(req: Dict[str, Any]) -> Dict[str, Any]:
                 old["plain_mtime_ns"] = rec["plain_mtime_ns"]
     if receiver.encrypted and receiver.records:
         _compact(receiver.src, receiver.records)
+    receiver.done_writing()
     return {"data_dir": receiver.dest, "mismatches": mismatches, "ram": receiver.ram}
 
 
@@ -846,9 +969,13 @@ def _hash_check(path: str, expected: str) -> Optional[str]:
 
 if __name__ == "__main__":
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    if sys.argv[1:] != ["sync"]:
+    args = sys.argv[1:]
+    if args[:1] != ["sync"] or args[1:] not in ([], ["--runtime", args[-1]]):
         sys.stdout.write(
-            json.dumps({"ok": False, "error": "usage: dataops.py sync", "code": "usage"}) + "\n"
+            json.dumps(
+                {"ok": False, "error": "usage: dataops.py sync [--runtime DIR]", "code": "usage"}
+            )
+            + "\n"
         )
         sys.exit(2)
-    sys.exit(serve(sys.stdin.buffer, sys.stdout.buffer))
+    sys.exit(serve(sys.stdin.buffer, sys.stdout.buffer, args[2] if len(args) == 3 else None))

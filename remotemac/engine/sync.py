@@ -303,7 +303,8 @@ async def sync_slice(
     python = python or agent.python
     # the host opens the channel and starts its receiver while the slice is stat'ed here
     # (on a re-sync of thousands of unchanged files both are a good part of the time)
-    opening = asyncio.ensure_future(transport.open_process(_receiver_argv(python, agent.agent_dir)))
+    argv = _receiver_argv(python, agent.agent_dir, runtime_dir if key is not None else None)
+    opening = asyncio.ensure_future(transport.open_process(argv))
     try:
         files = await asyncio.to_thread(_stat_all, Path(root), paths, cache)
     except BaseException:
@@ -373,10 +374,13 @@ async def sync_slice(
     return manifest, answer, stats
 
 
-def _receiver_argv(python: str, agent_dir: str) -> list[str]:
+def _receiver_argv(python: str, agent_dir: str, runtime_dir: str | None = None) -> list[str]:
     # -S: stdlib only (cryptography comes from the runtime dir it names), and a host
-    # python with a large site-packages costs 0.2-0.4 s per start without it
-    return [python, "-S", f"{agent_dir}/dataops.py", "sync"]
+    # python with a large site-packages costs 0.2-0.4 s per start without it; the
+    # runtime in argv is imported while the laptop stats the slice (not a secret)
+    return [python, "-S", f"{agent_dir}/dataops.py", "sync"] + (
+        ["--runtime", runtime_dir] if runtime_dir else []
+    )
 
 
 async def _discard(opening: asyncio.Future) -> None:
@@ -438,6 +442,14 @@ def choose_streams(
     return max(1, min(want, cap, files, todo_bytes // MIN_STREAM_BYTES))
 
 
+def _plan_todo(todo: list[list[Any]], partial: dict[int, dict[str, Any]]) -> list[_Job]:
+    """Every file that may need sending: the host's ``todo`` (the entries it does not
+    hold as the hello described them), with the hash of the copy it holds of that
+    path (hashed here first: an unchanged file whose mtime moved is not sent) and
+    its kept cut transfer."""
+    return [_Job(int(i), str(sha) if sha else None, partial.get(int(i))) for i, sha in todo]
+
+
 @dataclass
 class _Job:
     """One file to send: what the host holds of it (a verified copy, a cut transfer)."""
@@ -481,14 +493,19 @@ class _Session:
         self._done = 0
         self._last_progress = 0.0
         self._halt = False  # a channel's agent spoke up early: the others stop taking files
+        self._manifest: Manifest | None = None  # built once every file's hash is known
 
     def manifest(self) -> Manifest:
-        return Manifest.from_entries(
-            ManifestEntry(f.path, f.size, f.sha256 or "") for f in self.files
-        )
+        if self._manifest is None:
+            self._manifest = Manifest.from_entries(
+                ManifestEntry(f.path, f.size, f.sha256 or "") for f in self.files
+            )
+        return self._manifest
 
     async def run(self) -> dict[str, Any]:
-        argv = _receiver_argv(self.python, self.agent.agent_dir)
+        argv = _receiver_argv(
+            self.python, self.agent.agent_dir, self.runtime_dir if self.key is not None else None
+        )
         started = time.monotonic()
         procs: list[RemoteProcess] = []
         code: int | None = None
@@ -532,13 +549,12 @@ class _Session:
         await main.write(json.dumps(hello).encode() + b"\n")
         first = await self._answer(main, "start")
         self.stats.per_attempt.append(0)
-        known = {int(i): str(sha) for i, sha in first.get("known", [])}
         partial = {int(i): dict(info) for i, info in first.get("partial", [])}
-        plan = self._plan(known, partial)
+        plan = _plan_todo(first["todo"], partial)
         todo_bytes = sum(self.files[j.index].size for j in plan)
-        skipped = [f for i, f in enumerate(self.files) if i in known and f.sha256 == known[i]]
-        self.stats.skipped_files = len(skipped)
-        self.stats.skipped_bytes = sum(f.size for f in skipped)
+        skipped = len(self.files) - len(plan)
+        self.stats.skipped_files = skipped
+        self.stats.skipped_bytes = sum(f.size for f in self.files) - todo_bytes
         if plan:
             if self.streams is None and choose_streams(1.0, todo_bytes, len(plan)) == 1:
                 wanted = 1  # one stream even on a 1 s round trip: no ping
@@ -558,7 +574,7 @@ class _Session:
                 phase="sync",
                 done=0,
                 total=todo_bytes,
-                detail=f"{len(skipped)} files already verified on the host; "
+                detail=f"{skipped} files already verified on the host; "
                 f"checking or sending {len(plan)}"
                 + (f" over {len(procs)} streams" if len(procs) > 1 else ""),
             )
@@ -596,6 +612,9 @@ class _Session:
                 ).encode()
                 with contextlib.suppress(BrokenPipeError, ConnectionResetError):
                     await main.write(_frame("E", 0, len(final)) + final)
+                # every hash is known now: build the manifest while the host checks
+                self._manifest = None
+                self.manifest()
             return await self._final(readers[0], queues[0])
         finally:
             for reader in readers:
@@ -632,16 +651,6 @@ class _Session:
             return True
 
         await _all([one() for _ in range(count)])  # together: each costs round trips
-
-    def _plan(self, known: dict[int, str], partial: dict[int, dict[str, Any]]) -> list[_Job]:
-        """Every file that may need sending, with what the host holds of it."""
-        plan = []
-        for i, f in enumerate(self.files):
-            have = known.get(i)
-            if have is not None and f.sha256 == have:
-                continue
-            plan.append(_Job(i, have, partial.get(i)))
-        return plan
 
     async def _send_safely(
         self, proc: RemoteProcess, work: collections.deque, total: int, acks: asyncio.Queue
