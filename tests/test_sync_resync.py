@@ -151,21 +151,3 @@ def test_stdin_pipe_is_widened_on_linux():
     finally:
         os.close(read_fd)
         os.close(write_fd)
-
-
-def test_lstat_each_matches_lstat_per_path(tmp_path):
-    """The per-directory lookups answer as a whole-path lstat would: regular files
-    only, None for a missing file or directory or a symlink, in any order."""
-    base = tmp_path / "b"
-    (base / "a" / "x").mkdir(parents=True)
-    (base / "top.bin").write_bytes(b"1")
-    (base / "a" / "one.bin").write_bytes(b"22")
-    (base / "a" / "x" / "two.bin").write_bytes(b"333")
-    (base / "a" / "link.bin").symlink_to(base / "top.bin")
-    rels = ["a/one.bin", "a/x/two.bin", "top.bin", "a/link.bin", "a/gone.bin", "no/dir.bin"]
-    rels += ["a/one.bin"]  # back to a directory seen before
-    got = dataops._lstat_each(str(base), rels)
-    assert [st.st_size if st else None for st in got] == [2, 3, 1, None, None, None, 2]
-    assert got[0].st_mtime_ns == os.lstat(base / "a" / "one.bin").st_mtime_ns
-    (base / "a" / "one.bin.rmenc").write_bytes(b"4444")
-    assert dataops._lstat_each(str(base), ["a/one.bin"], ".rmenc")[0].st_size == 4

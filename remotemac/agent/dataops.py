@@ -85,7 +85,6 @@ FRAME = struct.Struct(">cIQ")
 META_LEN = struct.Struct(">I")
 READ = 1 << 20
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
-_DIR_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0)
 
 
 class DataError(Exception):
@@ -184,44 +183,10 @@ def _read_records(src: str, offset: int, records: Dict[str, Dict[str, Any]]) -> 
     return offset + len(whole), len(lines)
 
 
-def _lstat_each(base: str, rels: List[str], suffix: str = "") -> List[Optional[os.stat_result]]:
-    """``_lstat(base/rel + suffix)`` for each rel, looked up from its directory.
-
-    A re-sync checks every file of the slice twice (stored copy, RAM copy): a lookup
-    of one name under an open directory instead of a path of ten components saves
-    most of each lstat. Paths in order keep one directory open at a time.
-    """
-    if os.stat not in os.supports_dir_fd:
-        return [_lstat(_inside(base, rel) + suffix) for rel in rels]
-    out: List[Optional[os.stat_result]] = []
-    head, fd = None, -1
-    try:
-        for rel in rels:
-            parent, _, name = _check_rel(rel).rpartition("/")
-            if parent != head:
-                if fd >= 0:
-                    os.close(fd)
-                head, fd = parent, -1
-                with contextlib.suppress(OSError):
-                    fd = os.open(_inside(base, parent) if parent else base, _DIR_FLAGS)
-            st = None
-            if fd >= 0:
-                with contextlib.suppress(OSError):
-                    st = os.lstat(name + suffix, dir_fd=fd)
-            out.append(st if st is not None and stat.S_ISREG(st.st_mode) else None)
-    finally:
-        if fd >= 0:
-            os.close(fd)
-    return out
-
-
 def _stored(src: str, rec: Dict[str, Any], encrypted: bool) -> bool:
     """Quick check (like rsync's): the stored copy still has the size it was verified with."""
     path = _inside(src, rec["path"]) + (".rmenc" if encrypted else "")
-    return _stored_as(_lstat(path), rec, encrypted)
-
-
-def _stored_as(st: Optional[os.stat_result], rec: Dict[str, Any], encrypted: bool) -> bool:
+    st = _lstat(path)
     if st is None:
         return False
     if encrypted:
@@ -229,8 +194,8 @@ def _stored_as(st: Optional[os.stat_result], rec: Dict[str, Any], encrypted: boo
     return st.st_size == rec.get("size") and st.st_mtime_ns == rec.get("mtime_ns")
 
 
-def _plain_as(st: Optional[os.stat_result], rec: Dict[str, Any]) -> bool:
-    """The RAM copy has the size and mtime it had when it was verified."""
+def _plain_ok(dest: str, rec: Dict[str, Any]) -> bool:
+    st = _lstat(_inside(dest, rec["path"]))
     return (
         st is not None
         and st.st_size == rec.get("size")
@@ -433,19 +398,14 @@ class Receiver:
 
     def known(self) -> List[Tuple[int, str]]:
         """Entries stored complete and verified (whether or not still in RAM)."""
-        held = []
+        out = []
         for index, entry in enumerate(self.entries):
             rec = self.records.get(entry["path"])
             if rec is None or (entry.get("size") is not None and rec.get("size") != entry["size"]):
                 continue
-            held.append((index, rec))
-        suffix = ".rmenc" if self.encrypted else ""
-        sts = _lstat_each(self.src, [rec["path"] for _, rec in held], suffix)
-        out = []
-        for (index, rec), st in zip(held, sts):
-            if _stored_as(st, rec, self.encrypted):
+            if _stored(self.src, rec, self.encrypted):
                 out.append((index, str(rec["sha256"])))
-                self._stored_seen.add(rec["path"])
+                self._stored_seen.add(entry["path"])
         return out
 
     # -------------------------------------------------------------- cut transfers
@@ -737,12 +697,7 @@ class Receiver:
         # with what the other streams verified
         self._record_end, lines = _read_records(self.src, self._record_end, self.records)
         self._record_lines += lines
-        plain = (
-            _lstat_each(self.dest, [e["path"] for e in manifest])
-            if self.encrypted
-            else [None] * len(manifest)
-        )
-        for entry, plain_st in zip(manifest, plain):
+        for entry in manifest:
             rel = _check_rel(entry["path"])
             wanted[rel] = entry
             rec = self.records.get(rel)
@@ -754,7 +709,7 @@ class Receiver:
             if rec["sha256"] != entry["sha256"] or rec["size"] != entry["size"]:
                 mismatches.append({"path": rel, "why": "the host holds another version"})
                 continue
-            if self.encrypted and not _plain_as(plain_st, rec):
+            if self.encrypted and not _plain_ok(self.dest, rec):
                 why = self._redecrypt(rec)
                 if why:
                     mismatches.append({"path": rel, "why": why})
