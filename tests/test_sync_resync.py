@@ -18,6 +18,7 @@ import pytest
 from remotemac.agent import dataops
 from remotemac.engine.sync import _receiver_argv
 from tests.test_sync_resume import _session
+from tests.test_sync_sshd import host_factory, make_slice, runtime_dir  # noqa: F401 (fixtures)
 
 
 def _slice(n: int = 12) -> tuple[dict[str, bytes], list[dict]]:
@@ -151,3 +152,31 @@ def test_stdin_pipe_is_widened_on_linux():
     finally:
         os.close(read_fd)
         os.close(write_fd)
+
+
+@pytest.mark.asyncio
+@pytest.mark.timeout(120)
+async def test_resync_redecrypts_ram_copies_lost_or_changed_before_it(
+    sshd,
+    host_factory,  # noqa: F811
+    tmp_path,
+):
+    """The RAM copies are looked at once per session (right after the start answer,
+    not in finish): one deleted and one edited on the host are decrypted again from
+    the stored ciphertext, and the job then reads exactly the laptop's bytes."""
+    data = make_slice(tmp_path / "data", small=12, small_size=20_000, big=0)
+    key = os.urandom(32)
+    host = await host_factory(sshd)
+    try:
+        _, first, _ = await host.sync(data, key)
+        ram = Path(first["data_dir"])
+        (ram / "d0" / "s000.bin").unlink()
+        edited = ram / "d1" / "s001.bin"
+        edited.write_bytes(edited.read_bytes() + b"edited on the host")
+        manifest, answer, stats = await host.sync(data, key)
+        assert stats.sent_files == 0 and answer["mismatches"] == []
+        assert answer["redecrypted"] == 2
+        for entry in manifest.entries:
+            assert (ram / entry.path).read_bytes() == (data / entry.path).read_bytes()
+    finally:
+        await host.transport.close()

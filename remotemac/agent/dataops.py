@@ -351,6 +351,8 @@ class Receiver:
         self._record_end, self._record_lines = _read_records(self.src, 0, self.records)
         #: paths whose stored copy this session saw (known) or wrote: finish trusts it
         self._stored_seen: set = set()
+        #: path -> the RAM copy's mtime this session saw matching its record (see check_ram)
+        self._ram_seen: Dict[str, int] = {}
         self._writing_mark = ""  # this session's WRITING marker, once it writes
         self.entries: List[Dict[str, Any]] = list(req.get("entries") or [])
         for entry in self.entries:
@@ -407,6 +409,20 @@ class Receiver:
                 out.append((index, str(rec["sha256"])))
                 self._stored_seen.add(entry["path"])
         return out
+
+    def check_ram(self) -> None:
+        """Look at the RAM copy of every file held (size and mtime as recorded).
+
+        Run once the start answer is out, while the laptop prepares its first files,
+        rather than in :meth:`finish`, which then trusts these sightings (and its
+        own writes) as it trusts :meth:`known`'s of the stored copies.
+        """
+        if not self.encrypted:
+            return
+        for rel in self._stored_seen:
+            rec = self.records[rel]
+            if _plain_ok(self.dest, rec):
+                self._ram_seen[rel] = rec["plain_mtime_ns"]
 
     # -------------------------------------------------------------- cut transfers
 
@@ -617,6 +633,8 @@ class Receiver:
         recorder.add(rec)
         self.records[rel] = rec
         self._stored_seen.add(rel)
+        if self.encrypted:
+            self._ram_seen[rel] = rec["plain_mtime_ns"]
         self.received += 1
 
     def _receive_sealed(
@@ -683,9 +701,10 @@ class Receiver:
     def finish(self, manifest: List[Dict[str, Any]]) -> Dict[str, Any]:
         """Check every manifest entry before launch; prune what left the slice.
 
-        Per unchanged file this is one lstat of its plaintext (the job reads it: it must
-        have the size and mtime it had when it was verified); its stored ciphertext was
-        seen by :meth:`known` moments ago, and the record is read once per session
+        Per unchanged file this costs no syscall: its plaintext (the job reads it: it
+        must have the size and mtime it had when it was verified) was seen by
+        :meth:`check_ram` and its stored ciphertext by :meth:`known` moments ago, at the
+        start of this session, or this session wrote them; the record is read once per session
         (plus what the other streams appended) and rewritten only when it shrinks or
         has grown to twice its live lines. Both trees are walked for debris only when
         another session's WRITING marker says it did not end cleanly (a clean session
@@ -709,7 +728,11 @@ class Receiver:
             if rec["sha256"] != entry["sha256"] or rec["size"] != entry["size"]:
                 mismatches.append({"path": rel, "why": "the host holds another version"})
                 continue
-            if self.encrypted and not _plain_ok(self.dest, rec):
+            if (
+                self.encrypted
+                and self._ram_seen.get(rel, -1) != rec.get("plain_mtime_ns")
+                and not _plain_ok(self.dest, rec)
+            ):
                 why = self._redecrypt(rec)
                 if why:
                     mismatches.append({"path": rel, "why": why})
@@ -876,6 +899,7 @@ def serve(stdin: BinaryIO, stdout: BinaryIO, runtime_dir: Optional[str] = None) 
             partial = receiver.partials(known)
             todo = receiver.todo(known)
             _say(stdout, {"ok": True, "todo": todo, "partial": partial, "ram": receiver.ram})
+            receiver.check_ram()
         recorder = _Recorder(receiver.src)
         try:
             while True:
