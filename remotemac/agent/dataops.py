@@ -63,9 +63,11 @@ import contextlib
 import fcntl
 import functools
 import hashlib
+import io
 import json
 import os
 import re
+import select
 import stat
 import struct
 import sys
@@ -331,8 +333,12 @@ class Receiver:
         self.key = bytes.fromhex(req["key_hex"]) if self.encrypted else b""
         self.dest = self.src
         self.ram: Optional[Dict[str, Any]] = None
+        #: the runtime to decrypt with: activated (tens of ms of imports) when the first
+        #: byte needs decrypting, or while nothing else waits (see serve)
+        self.runtime_dir = req.get("runtime_dir")
         if self.encrypted:
-            _use_runtime(req.get("runtime_dir"))
+            if not self.runtime_dir:
+                raise DataError("no agent runtime was named for decryption", "host-env")
             import ramstore
 
             try:
@@ -410,6 +416,11 @@ class Receiver:
                 self._stored_seen.add(entry["path"])
         return out
 
+    def cipher(self) -> None:
+        """Make the runtime's cryptography importable (once; DataError host-env if not)."""
+        if self.encrypted:
+            _use_runtime(self.runtime_dir)
+
     def check_ram(self) -> None:
         """Look at the RAM copy of every file held (size and mtime as recorded).
 
@@ -486,6 +497,7 @@ class Receiver:
                 _unlink(base + ".json", base + ".rmenc")
                 continue
             sink = _HashSink(None)
+            self.cipher()
             try:
                 with open(base + ".rmenc", "rb") as fh:
                     header, chunks = streamcrypt.verified_prefix(self.key, meta["path"], fh, sink)
@@ -652,6 +664,7 @@ class Receiver:
         first (it must hash as it did when reported), then cut to exactly the chunks
         the laptop continues after.
         """
+        self.cipher()
         import streamcrypt
 
         mode = "r+b" if resume is not None else "wb"
@@ -764,6 +777,7 @@ class Receiver:
 
     def _redecrypt(self, rec: Dict[str, Any]) -> Optional[str]:
         """RAM lost the plaintext (reboot, workload edit): decrypt the stored copy again."""
+        self.cipher()
         import streamcrypt
 
         rel = rec["path"]
@@ -866,12 +880,22 @@ def _widen_pipe(stdin: BinaryIO) -> None:
             fcntl.fcntl(fd, _F_SETPIPE_SZ, PIPE_BYTES)
 
 
-def _preload(runtime_dir: Optional[str]) -> None:
-    """Import the cipher from the runtime named in argv while the hello is on its way.
+def _waiting(stdin: BinaryIO) -> bool:
+    """Whether input is already there to read (False when that cannot be told)."""
+    try:
+        return bool(select.select([stdin.fileno()], [], [], 0)[0])
+    except (OSError, ValueError, io.UnsupportedOperation):
+        return False
 
-    The laptop stats its slice before it sends the hello, so this import (tens of ms)
-    costs no time; a runtime that fails here fails again, with its message, when
-    the hello names it (:class:`Receiver`).
+
+def _preload(runtime_dir: Optional[str]) -> None:
+    """Import the cipher from the runtime named in argv while nothing else waits.
+
+    The laptop stats its slice before it sends the hello: when the hello is not
+    there yet, this import (tens of ms) costs no time; when it is, the import
+    waits until the start answer is out (the laptop then plans and reads its first
+    files). A runtime that fails here fails again, with its message, when a byte
+    needs decrypting (:meth:`Receiver.cipher`).
     """
     if not runtime_dir:
         return
@@ -886,7 +910,8 @@ def serve(stdin: BinaryIO, stdout: BinaryIO, runtime_dir: Optional[str] = None) 
     """Run one sync session (see the module doc); returns the process exit code."""
     try:
         _widen_pipe(stdin)
-        _preload(runtime_dir)
+        if not _waiting(stdin):
+            _preload(runtime_dir)
         line = stdin.readline()
         if not line:
             return 3
@@ -894,12 +919,14 @@ def serve(stdin: BinaryIO, stdout: BinaryIO, runtime_dir: Optional[str] = None) 
         receiver = Receiver(req)
         if req.get("worker"):
             _say(stdout, {"ok": True, "ram": receiver.ram})
+            receiver.cipher()
         else:
             known = receiver.known()
             partial = receiver.partials(known)
             todo = receiver.todo(known)
             _say(stdout, {"ok": True, "todo": todo, "partial": partial, "ram": receiver.ram})
             receiver.check_ram()
+            receiver.cipher()
         recorder = _Recorder(receiver.src)
         try:
             while True:
@@ -954,6 +981,7 @@ def op_prepare_data(req: Dict[str, Any]) -> Dict[str, Any]:
     """
     try:
         receiver = Receiver(dict(req, entries=[]))
+        receiver.cipher()
     except DataError as exc:
         return {
             "data_dir": None,
