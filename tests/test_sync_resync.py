@@ -180,3 +180,18 @@ async def test_resync_redecrypts_ram_copies_lost_or_changed_before_it(
             assert (ram / entry.path).read_bytes() == (data / entry.path).read_bytes()
     finally:
         await host.transport.close()
+
+
+def test_manifest_of_checked_paths_still_refuses_duplicates_and_stat_checks_paths(tmp_path):
+    """The sync's manifest skips the path check its stat pass made; nothing else."""
+    from remotemac.data.manifest import Manifest, ManifestEntry
+    from remotemac.engine.sync import _stat_all
+    from remotemac.errors import IntegrityError
+
+    entry = ManifestEntry("a.bin", 1, "0" * 64)
+    with pytest.raises(IntegrityError):
+        Manifest.from_entries([entry, entry], checked=True)
+    (tmp_path / "a.bin").write_bytes(b"x")
+    with pytest.raises(IntegrityError):  # check_relpath's, before any stat
+        _stat_all(tmp_path, ["a.bin", "../a.bin"], None)
+    assert [f.path for f in _stat_all(tmp_path, ["a.bin", "a.bin"], None)] == ["a.bin"]

@@ -498,7 +498,8 @@ class _Session:
     def manifest(self) -> Manifest:
         if self._manifest is None:
             self._manifest = Manifest.from_entries(
-                ManifestEntry(f.path, f.size, f.sha256 or "") for f in self.files
+                (ManifestEntry(f.path, f.size, f.sha256 or "") for f in self.files),
+                checked=True,  # _stat_all checked every path
             )
         return self._manifest
 
