@@ -195,3 +195,18 @@ def test_manifest_of_checked_paths_still_refuses_duplicates_and_stat_checks_path
     with pytest.raises(IntegrityError):  # check_relpath's, before any stat
         _stat_all(tmp_path, ["a.bin", "../a.bin"], None)
     assert [f.path for f in _stat_all(tmp_path, ["a.bin", "a.bin"], None)] == ["a.bin"]
+
+
+def test_hello_columns_read_as_entries():
+    """The laptop sends its entries as one list per field (json encodes thousands of
+    dicts ten times slower); the host reads them as the entries they describe."""
+    req = {"columns": {"path": ["a", "b"], "size": [1, 2], "sha256": ["x", None]}}
+    req["columns"]["mtime_ns"] = [5, 6]
+    assert dataops._entries(req) == [
+        {"path": "a", "size": 1, "sha256": "x", "mtime_ns": 5},
+        {"path": "b", "size": 2, "sha256": None, "mtime_ns": 6},
+    ]
+    req["columns"]["size"].append(3)
+    with pytest.raises(dataops.DataError):
+        dataops._entries(req)
+    assert dataops._entries({"entries": [{"path": "a"}]}) == [{"path": "a"}]

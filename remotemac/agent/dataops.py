@@ -12,7 +12,8 @@ way):
 1. laptop → one JSON line: ``{"run_dir", "run_id", "src", "encrypted", "key_hex"
    (only when encrypted; the key never touches disk, argv or the environment),
    "runtime_dir" (only when encrypted: the agent runtime to decrypt with),
-   "ram_bytes", "entries": [{"path", "size", "sha256" or null, "mtime_ns"}],
+   "ram_bytes", "columns": {"path": [...], "size": [...], "sha256": [... or null],
+   "mtime_ns": [...]} (or "entries": [{"path", "size", "sha256", "mtime_ns"}]),
    "worker" (true on the extra channels of a multi-stream sync)}``;
 2. host → one JSON line: ``{"ok": true, "todo": [[index, sha256 or null], ...],
    "partial": [[index, {...}], ...], "ram"}`` (a worker answers ``{"ok": true, "ram"}``):
@@ -324,6 +325,19 @@ def _use_runtime(path: Optional[str]) -> None:
         raise DataError(str(exc), "host-env") from None
 
 
+def _entries(req: Dict[str, Any]) -> List[Dict[str, Any]]:
+    """The hello's entries: ``columns`` (one list per field, as the laptop sends them:
+    much cheaper to encode and parse) or ``entries`` (a list of dicts)."""
+    cols = req.get("columns")
+    if not cols:
+        return list(req.get("entries") or [])
+    fields = ("path", "size", "sha256", "mtime_ns")
+    lists = [cols[k] for k in fields]
+    if len({len(x) for x in lists}) != 1:
+        raise DataError("the hello's columns differ in length")
+    return [dict(zip(fields, row)) for row in zip(*lists)]
+
+
 class Receiver:
     """One sync session on the host: holds the key in memory only."""
 
@@ -360,7 +374,7 @@ class Receiver:
         #: path -> the RAM copy's mtime this session saw matching its record (see check_ram)
         self._ram_seen: Dict[str, int] = {}
         self._writing_mark = ""  # this session's WRITING marker, once it writes
-        self.entries: List[Dict[str, Any]] = list(req.get("entries") or [])
+        self.entries: List[Dict[str, Any]] = _entries(req)
         for entry in self.entries:
             _check_rel(entry["path"])
         self.received = 0
