@@ -16,7 +16,7 @@ way):
    "mtime_ns": [...]} (or "entries": [{"path", "size", "sha256", "mtime_ns"}]),
    "worker" (true on the extra channels of a multi-stream sync)}``;
 2. host → one JSON line: ``{"ok": true, "todo": [[index, sha256 or null], ...],
-   "partial": [[index, {...}], ...], "ram"}`` (a worker answers ``{"ok": true, "ram"}``):
+   "partial": [[index, {...}], ...]}`` (a worker answers ``{"ok": true, "ram"}``):
    ``todo`` are the entries it does not hold complete and verified with the hello's
    size and SHA-256, each with the hash of the verified copy of that path it holds
    (same size), if any; every other entry it holds (the record
@@ -345,27 +345,15 @@ class Receiver:
         self.src = req["src"]
         self.encrypted = bool(req.get("encrypted"))
         self.key = bytes.fromhex(req["key_hex"]) if self.encrypted else b""
-        self.dest = self.src
+        #: where the job reads the slice: the RAM store, made on first use (see dest)
+        self._dest: Optional[str] = None if self.encrypted else self.src
+        self._req = req
         self.ram: Optional[Dict[str, Any]] = None
         #: the runtime to decrypt with: activated (tens of ms of imports) when the first
         #: byte needs decrypting, or while nothing else waits (see serve)
         self.runtime_dir = req.get("runtime_dir")
-        if self.encrypted:
-            if not self.runtime_dir:
-                raise DataError("no agent runtime was named for decryption", "host-env")
-            import ramstore
-
-            try:
-                self.ram = ramstore.create_ram_store(
-                    req["run_dir"], int(req.get("ram_bytes") or (64 << 20)), req["run_id"]
-                )
-            except ramstore.RamStoreError as exc:
-                raise DataError(
-                    "no RAM-backed storage for the decrypted slice: %s" % exc, "ram"
-                ) from None
-            except OSError as exc:
-                raise DataError("cannot make the RAM store: %s" % exc, "ram") from None
-            self.dest = str(self.ram["path"])
+        if self.encrypted and not self.runtime_dir:
+            raise DataError("no agent runtime was named for decryption", "host-env")
         os.makedirs(self.src, mode=0o700, exist_ok=True)
         self.records: Dict[str, Dict[str, Any]] = {}
         self._record_end, self._record_lines = _read_records(self.src, 0, self.records)
@@ -430,6 +418,27 @@ class Receiver:
                 self._stored_seen.add(entry["path"])
         return out
 
+    @property
+    def dest(self) -> str:
+        """The RAM store of an encrypted slice (made here on first use, so the start
+        answer does not wait for it), or the data dir itself for public data."""
+        if self._dest is None:
+            import ramstore
+
+            req = self._req
+            try:
+                self.ram = ramstore.create_ram_store(
+                    req["run_dir"], int(req.get("ram_bytes") or (64 << 20)), req["run_id"]
+                )
+            except ramstore.RamStoreError as exc:
+                raise DataError(
+                    "no RAM-backed storage for the decrypted slice: %s" % exc, "ram"
+                ) from None
+            except OSError as exc:
+                raise DataError("cannot make the RAM store: %s" % exc, "ram") from None
+            self._dest = str(self.ram["path"])
+        return self._dest
+
     def cipher(self) -> None:
         """Make the runtime's cryptography importable (once; DataError host-env if not)."""
         if self.encrypted:
@@ -444,9 +453,10 @@ class Receiver:
         """
         if not self.encrypted:
             return
+        dest = self.dest
         for rel in self._stored_seen:
             rec = self.records[rel]
-            if _plain_ok(self.dest, rec):
+            if _plain_ok(dest, rec):
                 self._ram_seen[rel] = rec["plain_mtime_ns"]
 
     # -------------------------------------------------------------- cut transfers
@@ -932,13 +942,15 @@ def serve(stdin: BinaryIO, stdout: BinaryIO, runtime_dir: Optional[str] = None) 
         req = json.loads(line.decode("utf-8"))
         receiver = Receiver(req)
         if req.get("worker"):
-            _say(stdout, {"ok": True, "ram": receiver.ram})
+            _say(stdout, {"ok": True, "ram": receiver.dest and receiver.ram})
             receiver.cipher()
         else:
             known = receiver.known()
             partial = receiver.partials(known)
             todo = receiver.todo(known)
-            _say(stdout, {"ok": True, "todo": todo, "partial": partial, "ram": receiver.ram})
+            _say(stdout, {"ok": True, "todo": todo, "partial": partial})
+            # while the laptop plans and reads its first files: the RAM store, a look
+            # at the RAM copies, the cipher
             receiver.check_ram()
             receiver.cipher()
         recorder = _Recorder(receiver.src)
@@ -996,6 +1008,7 @@ def op_prepare_data(req: Dict[str, Any]) -> Dict[str, Any]:
     try:
         receiver = Receiver(dict(req, entries=[]))
         receiver.cipher()
+        receiver.dest  # noqa: B018 (makes the RAM store: its errors answer here)
     except DataError as exc:
         return {
             "data_dir": None,
