@@ -210,3 +210,15 @@ def test_hello_columns_read_as_entries():
     with pytest.raises(dataops.DataError):
         dataops._entries(req)
     assert dataops._entries({"entries": [{"path": "a"}]}) == [{"path": "a"}]
+
+
+def test_host_path_check_refuses_what_it_did():
+    """One regex now: every unsafe form is still refused, names with dots are not."""
+    for bad in ["", "/a", "a//b", "a/./b", "a/../b", "a/.", "a/..", "a/", ".", "..", "../a"]:
+        with pytest.raises(dataops.DataError):
+            dataops._check_rel(bad)
+    for bad in ["a\x00b", "a\nb", "a\x1fb", "a\\b"]:
+        with pytest.raises(dataops.DataError):
+            dataops._check_rel(bad)
+    for good in ["a", ".hidden", "a/...", "a/..b/c", "d/.x.bin", "a b/ü.bin", "a\x7fb"]:
+        assert dataops._check_rel(good) == good

@@ -101,7 +101,9 @@ class DataError(Exception):
 # ------------------------------------------------------------------ paths and records
 
 
-_CONTROL = re.compile(r"[\x00-\x1f\\]")
+#: an empty, "." or ".." part (so also a leading "/"), a control character or a
+#: backslash: one search per path (a re-sync checks thousands)
+_UNSAFE = re.compile(r"(?:^|/)\.{0,2}(?:/|$)|[\x00-\x1f\\]")
 
 
 @functools.lru_cache(maxsize=65536)
@@ -111,12 +113,7 @@ def _check_rel(rel: str) -> str:
     Cached: a re-sync checks every path of the slice several times (records, manifest,
     prune), and a slice has thousands of them.
     """
-    if (
-        not rel
-        or rel.startswith("/")
-        or any(p in ("", ".", "..") for p in rel.split("/"))
-        or _CONTROL.search(rel)
-    ):
+    if _UNSAFE.search(rel):
         raise DataError("unsafe dataset path %r" % rel, "unsafe-path")
     return rel
 
