@@ -222,3 +222,18 @@ def test_host_path_check_refuses_what_it_did():
             dataops._check_rel(bad)
     for good in ["a", ".hidden", "a/...", "a/..b/c", "d/.x.bin", "a b/ü.bin", "a\x7fb"]:
         assert dataops._check_rel(good) == good
+
+
+def test_receiver_process_exits_with_the_sessions_code():
+    """It leaves by os._exit (no teardown of the session's dicts): the code still tells
+    a laptop that went away (3) from bad usage (2), and every line is out first."""
+    script = str(Path(dataops.__file__))
+    gone = subprocess.run([sys.executable, "-S", script, "sync"], input=b"", capture_output=True)
+    assert gone.returncode == 3
+    bad = subprocess.run([sys.executable, "-S", script, "sync", "--x"], capture_output=True)
+    assert bad.returncode == 2 and b"usage" in bad.stdout
+    hello = json.dumps({"src": "/nonexistent/\x00", "encrypted": False}).encode() + b"\n"
+    failed = subprocess.run(
+        [sys.executable, "-S", script, "sync"], input=hello, capture_output=True
+    )
+    assert failed.returncode == 1 and json.loads(failed.stdout)["ok"] is False
