@@ -7,6 +7,7 @@ pay for torch, textual or asyncssh.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -15,45 +16,13 @@ from typing import Any
 import click
 
 from remotemac.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, BadInput, RemotemacError
+from remotemac.settings import LocalSettings
 
 
 def _asyncio_run(coro):
     import asyncio
 
     return asyncio.run(coro)
-
-
-class Settings:
-    def __init__(
-        self, home: str | None, ssh_config: str | None, identity: str | None, verbose: bool
-    ) -> None:
-        self._home = home
-        self.ssh_config = Path(ssh_config) if ssh_config else None
-        self.identity = Path(identity) if identity else None
-        self.verbose = verbose
-
-    @property
-    def home(self) -> Path:
-        from remotemac.home import resolve_home
-
-        return resolve_home(self._home)
-
-    def journal(self):
-        from remotemac.journal import Journal
-
-        return Journal(self.home / "journal.sqlite3")
-
-    #: ``--reconnect-deadline`` of run/attach (seconds); None: the playbook's
-    reconnect_deadline: float | None = None
-
-    def ssh_options(self):
-        from remotemac.transport.options import SSHOptions
-
-        return SSHOptions(
-            ssh_config=self.ssh_config,
-            identity=self.identity,
-            reconnect_deadline=self.reconnect_deadline,
-        )
 
 
 def _deadline_option(fn):
@@ -64,9 +33,13 @@ def _deadline_option(fn):
             from remotemac.units import parse_duration
 
             try:
-                ctx.ensure_object(Settings).reconnect_deadline = parse_duration(value)
+                deadline = parse_duration(value)
             except ValueError as exc:
                 raise click.BadParameter(str(exc)) from None
+            # this command's settings only (the group's object is frozen and shared)
+            ctx.obj = dataclasses.replace(
+                ctx.find_object(LocalSettings) or LocalSettings(), reconnect_deadline=deadline
+            )
 
     return click.option(
         "--reconnect-deadline",
@@ -147,7 +120,7 @@ def main(
     verbose: bool,
 ) -> None:
     """Run a PyTorch workload on a rented Apple-Silicon Mac, decide on evidence, leave it clean."""
-    ctx.obj = Settings(home, ssh_config, identity, verbose)
+    ctx.obj = LocalSettings.from_options(home, ssh_config, identity, verbose)
 
 
 def _renderer(as_json: bool, verbose: bool, raw: bool = False):
@@ -160,7 +133,7 @@ RAW_HELP = "Pass the job's terminal control sequences through (colours; also OSC
 
 
 def _run_engine(
-    settings: Settings,
+    settings: LocalSettings,
     run_id: str,
     playbook,
     journal,
@@ -237,7 +210,7 @@ def _run_engine(
 )
 @click.pass_obj
 def run(
-    settings: Settings,
+    settings: LocalSettings,
     playbook: str,
     host: str | None,
     out: str | None,
@@ -347,7 +320,7 @@ RUN_ID_HELP = (
 @_deadline_option
 @click.option("--raw", is_flag=True, help=RAW_HELP)
 @click.pass_obj
-def attach(settings: Settings, run_id: str, as_json: bool, raw: bool) -> None:
+def attach(settings: LocalSettings, run_id: str, as_json: bool, raw: bool) -> None:
     """Re-attach to RUN_ID and finish its pipeline."""
     from remotemac.engine.context import RunOptions
 
@@ -368,7 +341,7 @@ def attach(settings: Settings, run_id: str, as_json: bool, raw: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="One JSON object (per run).")
 @click.option("--ledger", is_flag=True, help="Show every command run on the host.")
 @click.pass_obj
-def status(settings: Settings, run_id: str | None, as_json: bool, ledger: bool) -> None:
+def status(settings: LocalSettings, run_id: str | None, as_json: bool, ledger: bool) -> None:
     """Runs from the journal (one run in detail with RUN_ID)."""
     import time
 
@@ -509,7 +482,7 @@ def status(settings: Settings, run_id: str | None, as_json: bool, ledger: bool) 
 @click.option("--raw", is_flag=True, help=RAW_HELP)
 @click.pass_obj
 def logs(
-    settings: Settings, run_id: str, device: str | None, follow: bool, as_json: bool, raw: bool
+    settings: LocalSettings, run_id: str, device: str | None, follow: bool, as_json: bool, raw: bool
 ) -> None:
     """Print a run's log, each line labelled with its device (terminal controls shown
     escaped unless --raw)."""
@@ -568,7 +541,7 @@ def logs(
 @main.command(epilog=RUN_ID_HELP)
 @click.argument("run_id")
 @click.pass_obj
-def pull(settings: Settings, run_id: str) -> None:
+def pull(settings: LocalSettings, run_id: str) -> None:
     """Pull RUN_ID's results by hand."""
     sys.exit(_one_phase(settings, run_id, "pull"))
 
@@ -577,7 +550,7 @@ def pull(settings: Settings, run_id: str) -> None:
 @click.argument("run_id")
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
 @click.pass_obj
-def wipe(settings: Settings, run_id: str, yes: bool) -> None:
+def wipe(settings: LocalSettings, run_id: str, yes: bool) -> None:
     """Wipe RUN_ID's data on the host and destroy its data key."""
     from remotemac.engine.runs import phase_already_done, resolve_run_id
 
@@ -592,7 +565,7 @@ def wipe(settings: Settings, run_id: str, yes: bool) -> None:
     sys.exit(_one_phase(settings, run_id, "wipe"))
 
 
-def _one_phase(settings: Settings, run_id: str, phase: str) -> int:
+def _one_phase(settings: LocalSettings, run_id: str, phase: str) -> int:
     from remotemac.engine.context import RunOptions
     from remotemac.engine.pipeline import run_phase
     from remotemac.engine.runs import phase_already_done
@@ -681,7 +654,7 @@ def schema() -> None:
 )
 @click.pass_obj
 def doctor(
-    settings: Settings, host: str, as_json: bool, remote_root: str, playbook: str | None
+    settings: LocalSettings, host: str, as_json: bool, remote_root: str, playbook: str | None
 ) -> None:
     """Is HOST fit: OS, arch, VM, Python, tmux, disk, MPS.
 
@@ -713,7 +686,7 @@ def doctor(
 @click.option("--fingerprint", help="Pin this SHA256:… fingerprint (as the provider published it).")
 @click.option("--yes", is_flag=True, help="Trust what the host shows without asking.")
 @click.pass_obj
-def trust(settings: Settings, host: str, fingerprint: str | None, yes: bool) -> None:
+def trust(settings: LocalSettings, host: str, fingerprint: str | None, yes: bool) -> None:
     """Pin HOST's key in remotemac's own known_hosts (trust on first use, explicitly)."""
     if host == "local":
         click.echo("local needs no trust: it is this machine, reached without SSH")
@@ -791,7 +764,7 @@ def preflight(playbook: str, seconds: float, as_json: bool) -> None:
 )
 @click.pass_obj
 def cleanup(
-    settings: Settings,
+    settings: LocalSettings,
     host: str | None,
     dry_run: bool,
     yes: bool,
@@ -810,7 +783,9 @@ def cleanup(
         sys.exit(
             _asyncio_run(
                 cleanup_all(
-                    settings,
+                    journal=settings.journal(),
+                    home=settings.home,
+                    ssh=settings.ssh_options(),
                     dry_run=dry_run,
                     yes=yes,
                     as_json=as_json,
@@ -834,7 +809,9 @@ def cleanup(
         code = _asyncio_run(
             main_cleanup(
                 host,
-                settings=settings,
+                journal=settings.journal(),
+                home=settings.home,
+                ssh=settings.ssh_options(),
                 dry_run=dry_run,
                 yes=yes,
                 as_json=as_json,
@@ -855,7 +832,7 @@ def cleanup(
     help="Do not start the PLAYBOOKs: only offer them in the run dialog (r).",
 )
 @click.pass_obj
-def tui(settings: Settings, playbooks: tuple[str, ...], pick: bool) -> None:
+def tui(settings: LocalSettings, playbooks: tuple[str, ...], pick: bool) -> None:
     """The terminal UI; each PLAYBOOK given starts a run at once (as `run` would)."""
     try:
         from remotemac.tui.app import run_tui

@@ -20,8 +20,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from remotemac.cli import Settings  # noqa: E402
 from remotemac.events import LogLine  # noqa: E402
+from remotemac.settings import LocalSettings  # noqa: E402
 from remotemac.tui.app import RemotemacApp  # noqa: E402
 from remotemac.tui.model import RunLive  # noqa: E402
 from remotemac.tui.screens.run import RunScreen  # noqa: E402
@@ -42,7 +42,7 @@ class _NoRuns:
 async def bench(total: int, burst: int, every_ms: float) -> int:
     home = Path(tempfile.mkdtemp(prefix="rm-bench-"))
     app = RemotemacApp(
-        Settings(str(home), None, None, False),
+        LocalSettings.from_options(str(home)),
         journal=_NoRuns(),
         reattach=False,
         blink=False,

@@ -13,7 +13,12 @@ the host, not here, where everything is installed. This reads every import state
 A lazy import of what the host provides at run time (the workload's torch, the agent
 runtime's cryptography) carries ``# agent-imports: lazy`` on its line and is allowed.
 
-Exit 0 when clean, 1 with one line per violation (file:line: module) otherwise.
+It also checks the in-memory bootstrap's load order (engine/agentship.py's
+IN_MEMORY_ORDER): each module after every sibling it imports when it loads, and each
+entry's shipped prefix holding every sibling its modules import inside functions, so a
+module that gains an import fails here and not on a host in the middle of a cleanup.
+
+Exit 0 when clean, 1 with one line per violation otherwise.
 """
 
 from __future__ import annotations
@@ -60,11 +65,82 @@ def violations(agent_dir: Path = AGENT) -> list[str]:
     return found
 
 
+def _siblings(node: ast.Import | ast.ImportFrom, own: set[str]) -> set[str]:
+    """The agent modules one import statement names (bare, ``remotemac.agent.X`` or relative)."""
+    if isinstance(node, ast.Import):
+        names = [alias.name for alias in node.names]
+    elif node.level or node.module == "remotemac.agent":  # from . / remotemac.agent import X
+        names = [node.module or ""] if node.level and node.module else []
+        names += [alias.name for alias in node.names]
+    else:
+        names = [node.module or ""]
+    found = set()
+    for name in names:
+        name = name.removeprefix("remotemac.agent.")
+        if name.split(".")[0] in own:
+            found.add(name.split(".")[0])
+    return found
+
+
+def sibling_imports(agent_dir: Path = AGENT) -> dict[str, tuple[set[str], set[str]]]:
+    """Per agent module: (siblings imported when it loads, siblings imported in a function)."""
+    own = {path.stem for path in agent_dir.glob("*.py")}
+    graph: dict[str, tuple[set[str], set[str]]] = {}
+    for path in sorted(agent_dir.glob("*.py")):
+        load: set[str] = set()
+        late: set[str] = set()
+
+        def visit(node: ast.AST, in_function: bool, load=load, late=late) -> None:
+            for child in ast.iter_child_nodes(node):
+                if isinstance(child, (ast.Import, ast.ImportFrom)):
+                    (late if in_function else load).update(_siblings(child, own))
+                nested = isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+                visit(child, in_function or nested)
+
+        visit(parse_source(path.read_text(), filename=str(path)), False)
+        graph[path.stem] = (load - {path.stem}, late - load - {path.stem})
+    return graph
+
+
+def bootstrap_violations(
+    order: tuple[str, ...], entries: tuple[str, ...], agent_dir: Path = AGENT
+) -> list[str]:
+    """Where the in-memory bootstrap's order would fail on a host (see the docstring)."""
+    graph = sibling_imports(agent_dir)
+    found: list[str] = []
+    for i, name in enumerate(order):
+        if name not in graph:
+            found.append(f"IN_MEMORY_ORDER names {name}, which is not an agent module")
+            continue
+        for dep in sorted(graph[name][0] - set(order[:i])):
+            found.append(
+                f"IN_MEMORY_ORDER: {name} imports {dep} when it loads: put {dep} before {name}"
+            )
+    for entry in entries:
+        if entry not in order:
+            found.append(f"IN_MEMORY_ENTRIES names {entry}, which IN_MEMORY_ORDER lacks")
+            continue
+        shipped = order[: order.index(entry) + 1]
+        for name in shipped:
+            _, late = graph.get(name, (set(), set()))
+            for dep in sorted(late - set(shipped)):  # load-time ones: checked above
+                found.append(
+                    f"IN_MEMORY_ORDER: a call into {entry} ships {shipped[0]}..{entry}, "
+                    f"but {name} imports {dep}: put {dep} before {entry}"
+                )
+    return found
+
+
 def main() -> int:
+    from remotemac.engine.agentship import IN_MEMORY_ENTRIES, IN_MEMORY_ORDER
+
     found = violations()
     for line in found:
         print(f"{line}: the agent may import only the standard library and itself")
-    return 1 if found else 0
+    order = bootstrap_violations(IN_MEMORY_ORDER, IN_MEMORY_ENTRIES)
+    for line in order:
+        print(line)
+    return 1 if found or order else 0
 
 
 if __name__ == "__main__":

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from remotemac.cli import Settings
 from remotemac.engine.cleanup import Knowledge, build_record
+from remotemac.settings import LocalSettings
 from remotemac.tui.driver import RunDriver
 
 REPO = Path(__file__).resolve().parent.parent
@@ -90,7 +90,7 @@ async def test_tui_cleanup_leaves_the_process_stdout_alone(tmp_path: Path, monke
     root = tmp_path / "hosthome" / "remotemac"
     root.mkdir(parents=True)
     monkeypatch.setenv("TMUX_TMPDIR", str(tmp_path))
-    settings = Settings(str(tmp_path / "rmhome"), None, None, False)
+    settings = LocalSettings.from_options(str(tmp_path / "rmhome"))
     driver = RunDriver(
         app=None, settings=settings, journal=settings.journal(), out_root=tmp_path / "runs"
     )

@@ -272,3 +272,32 @@ def test_unreachable_host_is_not_verified(tmp_path: Path, sshd_factory, ssh_env)
     assert record["status"] == "not verified" and record["verified"] is False
     assert record["error"]
     assert "not verified" in (folder / "cleanup.md").read_text()
+
+
+def test_cleanup_all_reaches_every_journal_host_over_ssh(tmp_path: Path, sshd_factory, ssh_env):
+    """``cleanup --all``: the hosts come from the journal, each is reached with the CLI's
+    SSH options (--ssh-config), and an empty host is a clean record (exit 0), written
+    under --out with the combined ``cleanup-all.json``."""
+    from remotemac.journal import Journal
+
+    t = make_target(tmp_path, sshd_factory, ssh_env)
+    journal = Journal(t.rm_home / "journal.sqlite3")
+    journal.create_run(
+        "gone-20261130-000000-aa",
+        name="gone",
+        host=t.alias,
+        playbook_path=None,
+        playbook={"remote_root": str(t.root)},
+        out_dir=str(tmp_path / "out"),
+        options={},
+    )
+    journal.close()
+    out = tmp_path / "all"
+    proc = t.cli("cleanup", "--all", "--yes", "--out", str(out), cwd=tmp_path, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    combined = json.loads((out / "cleanup-all.json").read_text())
+    [host] = combined["hosts"]
+    assert host["host"] == t.alias and host["remote_root"] == str(t.root)
+    assert host["exit_code"] == 0 and host["record"]["status"] == "clean"
+    assert host["record"]["host_key_fingerprint"].startswith("SHA256:")
+    assert not t.root.exists()  # nothing was created on the host to clean it

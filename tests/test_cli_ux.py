@@ -145,7 +145,7 @@ def test_one_word_per_state_in_cli_and_tui(tmp_path):
     """``status --json`` and the TUI's runs table say the same word for each journal state."""
     import asyncio
 
-    from remotemac.cli import Settings
+    from remotemac.settings import LocalSettings
     from remotemac.tui.app import RemotemacApp
     from remotemac.tui.screens.runs import RunsScreen
 
@@ -168,7 +168,7 @@ def test_one_word_per_state_in_cli_and_tui(tmp_path):
 
     async def tui_words() -> dict[str, str]:
         app = RemotemacApp(
-            Settings(str(home), None, None, False), journal=journal, reattach=False, live_poll_s=0
+            LocalSettings.from_options(str(home)), journal=journal, reattach=False, live_poll_s=0
         )
         async with app.run_test():
             screen = app.screen

@@ -373,17 +373,25 @@ def _oldest_python() -> str:
     return sys.executable
 
 
-def test_main_as_shipped_source_on_stdin(tmp_path) -> None:
-    """`python3 - REQUEST` with the source on stdin (how doctor runs it), on Python 3.9 if present."""
+def test_facts_from_memory_as_doctor_ships_them(tmp_path) -> None:
+    """The in-memory bootstrap with hostfacts' source on stdin (how doctor runs it), on
+    Python 3.9 if present: one JSON line of facts, nothing written."""
+    from remotemac.engine.agentship import BOOTSTRAP, in_memory_payload
+
     python = _oldest_python()
-    request = json.dumps({"remote_root": str(tmp_path / "rm"), "venv_python": None})
+    request = {"remote_root": str(tmp_path / "rm"), "venv_python": None}
     proc = subprocess.run(
-        [python, "-", request], input=HOSTFACTS.read_bytes(), capture_output=True, timeout=120
+        [python, "-c", BOOTSTRAP],
+        input=in_memory_payload("hostfacts", "op_facts", request),
+        capture_output=True,
+        timeout=120,
     )
     assert proc.returncode == 0, proc.stderr
-    facts = json.loads(proc.stdout)
-    assert facts["schema"] == hf.SCHEMA and facts["disk"]["path"] == str(tmp_path)
+    answer = json.loads(proc.stdout)
+    facts = answer["result"]
+    assert answer["ok"] and facts["schema"] == hf.SCHEMA and facts["disk"]["path"] == str(tmp_path)
     assert facts["python_running"]["executable"] == python
+    assert not (tmp_path / "rm").exists()
 
 
 def test_vermin_python39() -> None:

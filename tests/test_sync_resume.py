@@ -10,9 +10,10 @@ import hashlib
 import io
 import json
 import os
+from pathlib import Path
 
 from remotemac.agent import streamcrypt as sc
-from remotemac.engine.sync import MAX_STREAMS, choose_streams
+from remotemac.engine.sync import MAX_STREAMS, SMALL_FILE_STREAMS, choose_streams
 
 CS = sc.MIN_CHUNK
 KEY = os.urandom(32)
@@ -80,13 +81,23 @@ def test_resumed_tail_decrypts_after_the_kept_prefix():
 
 def test_streams_follow_the_round_trip():
     many = 1 << 30
-    assert choose_streams(0.0002, many, 5000) == 1  # loopback: one stream
-    assert choose_streams(0.005, many, 5000) == 1
-    assert choose_streams(0.04, many, 5000) == 3  # 125 MB/s x 40 ms / 2 MiB = 2.4
-    assert choose_streams(0.08, many, 5000) == 5
-    assert choose_streams(0.15, many, 5000) == MAX_STREAMS
+    big = 200  # files of ~5 MiB
+    assert choose_streams(0.0002, many, big) == 1  # loopback, large files: one stream
+    assert choose_streams(0.005, many, big) == 1
+    assert choose_streams(0.04, many, big) == 3  # 125 MB/s x 40 ms / 2 MiB = 2.4
+    assert choose_streams(0.08, many, big) == 5
+    assert choose_streams(0.15, many, big) == MAX_STREAMS
     assert choose_streams(0.08, many, 2) == 2  # never more streams than files
     assert choose_streams(0.08, 10 << 20, 5000) == 1  # too little data to open channels
+
+
+def test_many_small_files_get_several_receivers_even_on_a_near_link():
+    """Each receiver creates and hashes its own files: 1 GiB in 16-256 KiB files is
+    spread over SMALL_FILE_STREAMS on loopback; the far link's own count still wins."""
+    many = 1 << 30
+    assert choose_streams(0.0002, many, 7681) == SMALL_FILE_STREAMS
+    assert choose_streams(0.08, many, 7681) == 5
+    assert choose_streams(0.0002, 16 << 20, 200) == 2  # 8 MiB per stream at least
 
 
 def _session(src: str, entries: list[dict], frames: bytes) -> dict:
@@ -139,3 +150,27 @@ def test_resync_of_unchanged_files_is_one_lstat_each_and_no_record_rewrite(tmp_p
     assert len(per_file) <= len(entries), f"{len(per_file)} lstats for {len(entries)} files"
     after = os.stat(record)
     assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
+
+
+def test_a_file_whose_ack_a_cut_lost_counts_as_verified_once_from_the_next_hello():
+    """The host sends its acks in batches: a cut can lose the last line. The next
+    attempt's start answer leaves those files out of its ``todo`` (held as the hello
+    says); each is then reported verified once (one event), and one already
+    acknowledged, or still in the todo (not held by the host), is not."""
+    from remotemac.engine.sync import SyncStats, _Done, _Local, _Session
+    from remotemac.events import PhaseProgress
+
+    files = [_Local(f"f{i}", 10, 0, i, None) for i in range(5)]
+    events: list = []
+    args = (None, None, Path("."), files, "run", "r1", None, "python3", events.append)
+    session = _Session(*args, SyncStats(), 1 << 20)  # type: ignore[arg-type]
+    for i in range(5):
+        session._file_done(_Done(i, files[i], sent=True))
+    session._verified(0)  # acknowledged before the cut
+    session._verified(1)
+    session._learn_held({4})  # 4: the cut one, not held
+    assert session.stats.acked == ["f0", "f1", "f2", "f3"]
+    verified = [e.detail for e in events if isinstance(e, PhaseProgress)]
+    assert verified == ["f0", "f1", "f2", "f3"]
+    session._learn_held(set())  # a later attempt
+    assert session.stats.acked == ["f0", "f1", "f2", "f3"]

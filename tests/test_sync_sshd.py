@@ -399,8 +399,8 @@ def test_sealed_stream_hashes_what_it_sends(tmp_path):
     work = collections.deque(_Job(i, None, None) for i in range(len(files)))
     pieces = _pieces(data, files, work, key)
     stream = b""
-    while batch := _next_batch(pieces):
-        stream += b"".join(item[0] for item in batch if isinstance(item, tuple))
+    while (batch := _next_batch(pieces)).data:
+        stream += batch.data
     import io
 
     src = io.BytesIO(stream)

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 from textual.css.query import NoMatches
 
-from remotemac.cli import Settings
 from remotemac.events import LogLine, PhaseProgress
 from remotemac.journal import Journal
+from remotemac.settings import LocalSettings
 from remotemac.tui.app import RemotemacApp
 from remotemac.tui.model import LineStore, LogRecord, PhaseState, RunLive
 from remotemac.tui.screens.dialogs import ConfirmScreen, MarkdownScreen
@@ -80,7 +80,7 @@ async def wait_for(pilot, predicate, timeout: float, what: str) -> float:
 
 
 def make_app(home: Path, tmp_path: Path, playbooks=(), **kw) -> RemotemacApp:
-    settings = Settings(str(home), kw.pop("ssh_config", None), None, False)
+    settings = LocalSettings.from_options(str(home), kw.pop("ssh_config", None))
     return RemotemacApp(
         settings, [str(p) for p in playbooks], out_root=tmp_path / "runs", blink=False, **kw
     )

@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 
 from remotemac.checks.doctor import Check, DoctorReport
-from remotemac.cli import Settings
 from remotemac.events import (
     ConnectionState,
     LogLine,
@@ -24,6 +23,7 @@ from remotemac.events import (
     RunFinished,
 )
 from remotemac.journal import RunRow
+from remotemac.settings import LocalSettings
 from remotemac.tui.app import RemotemacApp
 from remotemac.tui.model import RunLive
 
@@ -101,7 +101,7 @@ def _journal(out_dir: str = "/nonexistent") -> FakeJournal:
 
 
 def _app(tmp_path: Path, journal: FakeJournal) -> RemotemacApp:
-    settings = Settings(str(tmp_path / "home"), None, None, False)
+    settings = LocalSettings.from_options(str(tmp_path / "home"))
     return RemotemacApp(
         settings,
         ["examples/tiny-mlp.yaml"],
@@ -361,7 +361,7 @@ def test_fleet_screen_from_journal(snap_compare, tmp_path):
 def _hosts(width: int):
     def run(snap_compare, tmp_path):
         app = RemotemacApp(
-            Settings(str(tmp_path / "home"), None, None, False),
+            LocalSettings.from_options(str(tmp_path / "home")),
             [],
             journal=_journal(),
             now=lambda: NOW,

@@ -21,8 +21,8 @@ Two ways in, chosen by the laptop (engine/runtime.py):
 The runtime directory is keyed by a hash of the pinned set, the host's Python
 (implementation and major.minor) and its platform tags, built in a temporary
 directory and renamed into place with a ``.complete`` marker inside, so a
-half-installed runtime is never used. Python 3.9, standard library only; the
-status part runs stand-alone (``python3 - '{"op": "status", ...}'``) for doctor.
+half-installed runtime is never used. Python 3.9, standard library only; doctor
+calls :func:`op_runtime_status` from memory (engine/agentship.py), installing nothing.
 """
 
 from __future__ import annotations
@@ -577,14 +577,3 @@ def activate(path: str) -> Any:
             "cryptography was imported from %s, not the agent runtime %s" % (where, path)
         )
     return cryptography
-
-
-def main(argv: List[str]) -> int:
-    """Stand-alone status (doctor sends this file on stdin): one JSON line."""
-    req = json.loads(argv[1]) if len(argv) > 1 else {}
-    sys.stdout.write(json.dumps(op_runtime_status(req)) + "\n")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv))

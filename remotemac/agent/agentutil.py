@@ -22,7 +22,7 @@ import threading
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
-try:  # a sibling on the host (or preloaded by cleanup's in-memory bootstrap)
+try:  # a sibling on the host (or preloaded by the in-memory bootstrap)
     import procid
 except ImportError:  # imported as remotemac.agent.agentutil (the laptop, tests)
     from remotemac.agent import procid

@@ -1,9 +1,12 @@
 """Host side of the dataset: receive the streamed slice, verify it, decrypt it into RAM.
 
 Why a stream and not file copies: the laptop hashes, encrypts and sends while this
-process, on the other end of an SSH channel (one of several on a far link), stores the ciphertext (the slice
-rests encrypted in ``<run>/data``), decrypts it into RAM-backed storage and checks
-each file's SHA-256, so every stage overlaps and nothing is read twice.
+process, on the other end of an SSH channel (one of several on a far link or for many
+small files), stores the ciphertext (the slice rests encrypted in ``<run>/data``),
+decrypts it into RAM-backed storage and checks each file's SHA-256, so every stage
+overlaps and nothing is read twice. Within this process the reading thread reads and
+decrypts, and a second one (writebehind.py) creates and writes the files, hashes the
+plaintext, checks it and acknowledges it.
 
 ``python3 dataops.py sync [--runtime DIR]`` speaks this protocol on stdin/stdout (the
 runtime named in argv, the same as the hello's, is imported while the hello is on its
@@ -33,7 +36,8 @@ way):
    ``b"R" index:u32 length:u64`` + ``meta_len:u32`` + ``{"partial", "chunks",
    "prefix_sha256"}`` + the ciphertext from chunk ``chunks`` on + the SHA-256 (the
    host decrypts the kept prefix again, checks its hash, continues after it); the
-   host answers ``{"ack": index}`` once the file is stored, decrypted and verified;
+   host answers ``{"acks": [index, ...]}`` once files are stored, decrypted and
+   verified (one line for all that were verified within ~20 ms, see writebehind.py);
 5. a worker gets ``b"D" 0 0`` and answers ``{"ok": true, "result": {"received"}}``;
    the first channel, once every worker is done, ``b"E" 0:u32 length:u64`` + the
    final manifest as JSON (``{"changed": [[index, size, sha256], ...]}``, the entries
@@ -72,7 +76,13 @@ import select
 import stat
 import struct
 import sys
+import threading
 from typing import Any, BinaryIO, Dict, List, Optional, Tuple
+
+try:  # a sibling on the host
+    from writebehind import WriteBehind
+except ImportError:  # imported as remotemac.agent.dataops (the laptop, tests)
+    from remotemac.agent.writebehind import WriteBehind
 
 RECORD = ".verified.jsonl"
 #: cut transfers kept for resuming: ``<sha256(path)[:32]>-<pid>.rmenc`` + ``.json``
@@ -88,6 +98,8 @@ FRAME = struct.Struct(">cIQ")
 META_LEN = struct.Struct(">I")
 READ = 1 << 20
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+#: bytes queued for the write-behind thread at most (received, not yet stored)
+BEHIND_BYTES = 32 << 20
 
 
 class DataError(Exception):
@@ -280,19 +292,70 @@ class _Tee:
 
 
 class _HashSink:
-    """Writes plaintext to ``dst`` and hashes it on the way."""
+    """Writes plaintext to ``dst`` and hashes it on the way; with ``behind``, both happen
+    on the write-behind thread (the caller reads ``digest`` only after it drained)."""
 
-    def __init__(self, dst: Optional[BinaryIO]) -> None:
+    def __init__(self, dst: Optional[BinaryIO], behind: Optional[WriteBehind] = None) -> None:
         self._dst = dst
+        self._behind = behind
         self.digest = hashlib.sha256()
         self.size = 0
 
     def write(self, data: bytes) -> int:
-        self.digest.update(data)
         self.size += len(data)
+        if self._behind is not None:
+            self._behind.submit(functools.partial(self._write, data), len(data))
+        else:
+            self._write(data)
+        return len(data)
+
+    def _write(self, data: bytes) -> None:
+        self.digest.update(data)
         if self._dst is not None:
             self._dst.write(data)
+
+    def hexdigest(self) -> str:
+        if self._behind is not None:
+            self._behind.drain()
+        return self.digest.hexdigest()
+
+
+class _Pieces:
+    """A sink that keeps what is written (one small file's plaintext, in memory)."""
+
+    def __init__(self, pieces: List[bytes]) -> None:
+        self.pieces = pieces
+
+    def write(self, data: bytes) -> int:
+        self.pieces.append(data)
         return len(data)
+
+
+class _Lines:
+    """stdout of the session: JSON lines from the reader and the write-behind thread.
+
+    Acknowledgements are gathered and sent as one ``{"acks": [...]}`` line by
+    :meth:`flush_acks` (the write-behind thread's idle step), not one line per file.
+    """
+
+    def __init__(self, out: BinaryIO) -> None:
+        self._out = out
+        self._lock = threading.Lock()
+        self._acks: List[int] = []
+
+    def say(self, obj: Dict[str, Any]) -> None:
+        with self._lock:
+            _say(self._out, obj)
+
+    def ack(self, index: int) -> None:
+        with self._lock:
+            self._acks.append(index)
+
+    def flush_acks(self) -> None:
+        with self._lock:
+            if self._acks:
+                acks, self._acks = self._acks, []
+                _say(self._out, {"acks": acks})
 
 
 def _read_exact(src: BinaryIO, size: int) -> bytes:
@@ -366,6 +429,9 @@ class Receiver:
         for entry in self.entries:
             _check_rel(entry["path"])
         self.received = 0
+        self.recorder: Optional[_Recorder] = None
+        self.lines: Optional[_Lines] = None
+        self._made: set = set()
 
     def writing(self) -> None:
         """Mark the data dirs as being written by this process (before its first write)."""
@@ -601,15 +667,19 @@ class Receiver:
         stdin: BinaryIO,
         index: int,
         length: int,
-        recorder: _Recorder,
+        behind: WriteBehind,
         resume: Optional[Dict[str, Any]] = None,
     ) -> None:
-        """Store, decrypt and verify one framed file; the job never sees a partial file.
+        """Read one framed file; store, decrypt and verify it (partly on ``behind``).
 
-        An encrypted file of RESUMABLE bytes or more arrives under ``.remotemac-partial/``
-        and stays there when the link is cut (see :meth:`partials`); ``resume`` continues
-        such a one (the frame carries chunks ``resume["chunks"]`` on). Plaintext only
-        ever goes to a hidden part file in RAM, renamed into place once verified.
+        The job never sees a partial file. An encrypted file below RESUMABLE bytes is
+        read and decrypted in memory here, then stored, hashed, checked and renamed
+        into place on the write-behind thread while the next one is read. A larger one
+        streams (its plaintext written and hashed on that thread) and arrives under
+        ``.remotemac-partial/``, where it stays when the link is cut (see
+        :meth:`partials`); ``resume`` continues such a one (the frame carries chunks
+        ``resume["chunks"]`` on). Plaintext only ever goes to a hidden part file in
+        RAM, renamed into place once verified.
         """
         if not 0 <= index < len(self.entries):
             raise DataError("frame for unknown entry %d" % index)
@@ -617,73 +687,160 @@ class Receiver:
         entry = self.entries[index]
         rel = entry["path"]
         stored = _inside(self.src, rel) + (".rmenc" if self.encrypted else "")
-        _make_parents(self.src, rel)
+        self._make_parents(self.src, rel)
         plain = _inside(self.dest, rel) if self.encrypted else None
         plain_part = None
         meta = None
         if plain is not None:
-            _make_parents(self.dest, rel)
+            self._make_parents(self.dest, rel)
             plain_part = os.path.join(
                 os.path.dirname(plain), ".%s.part-%d" % (os.path.basename(plain), os.getpid())
             )
+            if resume is None and length < RESUMABLE:
+                self._receive_small(stdin, index, rel, length, stored, plain, plain_part, behind)
+                return
         if plain is not None and (resume is not None or length >= RESUMABLE):
             base = self._claim_partial(rel, entry, resume)
             part, meta = base + ".rmenc", base + ".json"
-        else:  # small or public: a cut resends it whole (keeping it costs two more files)
+        else:  # public: a cut resends it whole
             part = "%s.part-%d" % (stored, os.getpid())
         keep_partial = False
+        out = _open_new(plain_part if plain_part is not None else part)
+        sink = _HashSink(out, behind)
         try:
             if self.encrypted:
-                assert plain_part is not None
-                with _open_new(plain_part) as out:
-                    sink = _HashSink(out)
-                    self._receive_sealed(stdin, rel, length, part, sink, resume)
+                self._receive_sealed(stdin, rel, length, part, sink, resume)
             else:
-                with _open_new(part) as copy:
-                    sink = _HashSink(copy)
-                    left = length
-                    while left:
-                        block = stdin.read(min(READ, left))
-                        if not block:
-                            raise EOFError("stream ended inside a frame")
-                        sink.write(block)
-                        left -= len(block)
+                left = length
+                while left:
+                    block = stdin.read(min(READ, left))
+                    if not block:
+                        raise EOFError("stream ended inside a frame")
+                    sink.write(block)
+                    left -= len(block)
             keep_partial = True  # the ciphertext is whole; a cut from here resumes at its end
             claimed = _read_exact(stdin, 32).hex()
             keep_partial = False
-            digest = sink.digest.hexdigest()
-            if digest != claimed:
-                raise DataError(
-                    "dataset file %s: sha256 on the host %s… differs from the "
-                    "laptop's %s…" % (rel, digest[:12], claimed[:12]),
-                    "integrity",
-                )
-            os.replace(part, stored)
-            rec: Dict[str, Any] = {"path": rel, "sha256": digest, "size": sink.size}
-            st = os.lstat(stored)
-            if self.encrypted:
-                assert plain is not None and plain_part is not None
-                os.replace(plain_part, plain)
-                rec["enc_size"] = st.st_size
-                rec["plain_mtime_ns"] = os.lstat(plain).st_mtime_ns
-            else:
-                rec["mtime_ns"] = st.st_mtime_ns
         except (EOFError, OSError) as exc:
             # a cut link: the stored ciphertext stays for the next session to resume
+            behind.wait_idle()  # it may still be writing the plaintext
+            out.close()
             keep_partial = bool(meta) and (keep_partial or isinstance(exc, EOFError))
             _unlink(plain_part or "", *(() if keep_partial else (part, meta or "")))
             raise
         except BaseException:
+            behind.wait_idle()
+            out.close()
             _unlink(part, plain_part or "", meta or "")
             raise
-        if meta:
-            _unlink(meta)
-        recorder.add(rec)
-        self.records[rel] = rec
-        self._stored_seen.add(rel)
+
+        def finish() -> None:
+            try:
+                out.close()
+                digest = sink.digest.hexdigest()
+                self._check_digest(rel, digest, claimed)
+                os.replace(part, stored)
+                rec: Dict[str, Any] = {"path": rel, "sha256": digest, "size": sink.size}
+                st = os.lstat(stored)
+                if plain is not None and plain_part is not None:
+                    os.replace(plain_part, plain)
+                    rec["enc_size"] = st.st_size
+                    rec["plain_mtime_ns"] = os.lstat(plain).st_mtime_ns
+                else:
+                    rec["mtime_ns"] = st.st_mtime_ns
+            except BaseException:
+                _unlink(part, plain_part or "", meta or "")
+                raise
+            if meta:
+                _unlink(meta)
+            self._verified(index, rec)
+
+        behind.submit(finish)
+
+    def _receive_small(
+        self,
+        stdin: BinaryIO,
+        index: int,
+        rel: str,
+        length: int,
+        stored: str,
+        plain: str,
+        plain_part: str,
+        behind: WriteBehind,
+    ) -> None:
+        """An encrypted file below RESUMABLE bytes: read and decrypt it here (in memory),
+        and leave storing, hashing, checking and renaming to the write-behind thread.
+
+        A cut link leaves nothing of it (it is resent whole)."""
+        self.cipher()
+        import streamcrypt
+
+        sealed = _read_exact(stdin, length)
+        claimed = _read_exact(stdin, 32).hex()
+        pieces: List[bytes] = []
+        try:
+            streamcrypt.decrypt_stream(self.key, rel, io.BytesIO(sealed), _Pieces(pieces))
+        except streamcrypt.DecryptError as exc:
+            raise DataError(
+                "dataset file %s failed decryption on the host: %s" % (rel, exc), "integrity"
+            ) from None
+
+        def store() -> None:
+            part = "%s.part-%d" % (stored, os.getpid())
+            try:
+                with _open_new(part) as fh:
+                    fh.write(sealed)
+                digest = hashlib.sha256()
+                size = 0
+                with _open_new(plain_part) as fh:
+                    for piece in pieces:
+                        digest.update(piece)
+                        fh.write(piece)
+                        size += len(piece)
+                self._check_digest(rel, digest.hexdigest(), claimed)
+                os.replace(part, stored)
+                os.replace(plain_part, plain)
+                rec = {
+                    "path": rel,
+                    "sha256": claimed,
+                    "size": size,
+                    "enc_size": os.lstat(stored).st_size,
+                    "plain_mtime_ns": os.lstat(plain).st_mtime_ns,
+                }
+            except BaseException:
+                _unlink(part, plain_part)
+                raise
+            self._verified(index, rec)
+
+        behind.submit(store, 2 * length)
+
+    @staticmethod
+    def _check_digest(rel: str, digest: str, claimed: str) -> None:
+        if digest != claimed:
+            raise DataError(
+                "dataset file %s: sha256 on the host %s… differs from the "
+                "laptop's %s…" % (rel, digest[:12], claimed[:12]),
+                "integrity",
+            )
+
+    def _verified(self, index: int, rec: Dict[str, Any]) -> None:
+        """On the write-behind thread: record a verified file and acknowledge it."""
+        assert self.recorder is not None and self.lines is not None
+        self.recorder.add(rec)
+        self.records[rec["path"]] = rec
+        self._stored_seen.add(rec["path"])
         if self.encrypted:
-            self._ram_seen[rel] = rec["plain_mtime_ns"]
+            self._ram_seen[rec["path"]] = rec["plain_mtime_ns"]
         self.received += 1
+        self.lines.ack(index)
+
+    def _make_parents(self, base: str, rel: str) -> None:
+        """:func:`_make_parents`, once per directory per session (thousands of files
+        share a few directories)."""
+        parent = rel.rpartition("/")[0]
+        if (base, parent) not in self._made:
+            _make_parents(base, rel)
+            self._made.add((base, parent))
 
     def _receive_sealed(
         self,
@@ -712,7 +869,7 @@ class Receiver:
             if resume is not None:
                 chunks = int(resume["chunks"])
                 header, got = streamcrypt.verified_prefix(self.key, rel, copy, sink, chunks)
-                if got != chunks or sink.digest.hexdigest() != resume["prefix_sha256"]:
+                if got != chunks or sink.hexdigest() != resume["prefix_sha256"]:
                     raise DataError(
                         "the kept part of %s changed on the host since it was reported" % rel,
                         "integrity",
@@ -944,6 +1101,7 @@ def _preload(runtime_dir: Optional[str]) -> None:
 
 def serve(stdin: BinaryIO, stdout: BinaryIO, runtime_dir: Optional[str] = None) -> int:
     """Run one sync session (see the module doc); returns the process exit code."""
+    lines = _Lines(stdout)
     try:
         _widen_pipe(stdin)
         if not _waiting(stdin):
@@ -954,61 +1112,70 @@ def serve(stdin: BinaryIO, stdout: BinaryIO, runtime_dir: Optional[str] = None) 
         req = json.loads(line.decode("utf-8"))
         receiver = Receiver(req)
         if req.get("worker"):
-            _say(stdout, {"ok": True, "ram": receiver.dest and receiver.ram})
+            lines.say({"ok": True, "ram": receiver.dest and receiver.ram})
             receiver.cipher()
         else:
             known = receiver.known()
             partial = receiver.partials(known)
             todo = receiver.todo(known)
-            _say(stdout, {"ok": True, "todo": todo, "partial": partial})
+            lines.say({"ok": True, "todo": todo, "partial": partial})
             # while the laptop plans and reads its first files: the RAM store, a look
             # at the RAM copies, the cipher
             receiver.check_ram()
             receiver.cipher()
-        recorder = _Recorder(receiver.src)
+        receiver.recorder, receiver.lines = _Recorder(receiver.src), lines
+        behind = WriteBehind(BEHIND_BYTES, idle=lines.flush_acks)
         try:
-            while True:
-                kind, index, length = FRAME.unpack(_read_exact(stdin, FRAME.size))
-                if kind == b"F":
-                    receiver.receive(stdin, index, length, recorder)
-                    _say(stdout, {"ack": index})
-                elif kind == b"R":
-                    (size,) = META_LEN.unpack(_read_exact(stdin, META_LEN.size))
-                    resume = json.loads(_read_exact(stdin, size).decode("utf-8"))
-                    receiver.receive(stdin, index, length, recorder, resume)
-                    _say(stdout, {"ack": index})
-                elif kind == b"P":
-                    _say(stdout, {"ok": True, "pong": True})
-                elif kind == b"D":  # one of several streams is done: the first one finishes
-                    receiver.done_writing()
-                    _say(stdout, {"ok": True, "result": {"received": receiver.received}})
-                    return 0
-                elif kind == b"E":
-                    final = json.loads(_read_exact(stdin, length).decode("utf-8"))
-                    manifest = receiver.final_manifest(final)
-                    _say(stdout, {"ok": True, "result": receiver.finish(manifest)})
-                    return 0
-                else:
-                    raise DataError("unknown frame %r" % kind)
+            return _frames(stdin, receiver, behind, lines)
         finally:
-            recorder.close()
+            behind.close()  # what was read whole is still stored, verified and recorded
+            lines.flush_acks()
+            receiver.recorder.close()
     except DataError as exc:
-        _answer_error(stdout, str(exc), exc.code)
+        _answer_error(lines, str(exc), exc.code)
         return 1
     except (EOFError, BrokenPipeError):
         return 3  # the laptop went away; what was acknowledged is recorded
     except Exception as exc:  # one line back to the laptop, never a traceback
         _answer_error(
-            stdout,
+            lines,
             "%s: %s" % (type(exc).__name__, exc),
             "host-env" if isinstance(exc, ImportError) else "internal",
         )
         return 1
 
 
-def _answer_error(stdout: BinaryIO, message: str, code: str) -> None:
+def _frames(stdin: BinaryIO, receiver: Receiver, behind: WriteBehind, lines: _Lines) -> int:
+    """Read frames until the session ends (the D or E frame); the exit code."""
+    while True:
+        kind, index, length = FRAME.unpack(_read_exact(stdin, FRAME.size))
+        if kind == b"F":
+            receiver.receive(stdin, index, length, behind)
+        elif kind == b"R":
+            (size,) = META_LEN.unpack(_read_exact(stdin, META_LEN.size))
+            resume = json.loads(_read_exact(stdin, size).decode("utf-8"))
+            receiver.receive(stdin, index, length, behind, resume)
+        elif kind == b"P":
+            lines.say({"ok": True, "pong": True})
+        elif kind == b"D":  # one of several streams is done: the first one finishes
+            behind.drain()
+            receiver.done_writing()
+            lines.say({"ok": True, "result": {"received": receiver.received}})
+            return 0
+        elif kind == b"E":
+            final = json.loads(_read_exact(stdin, length).decode("utf-8"))
+            behind.drain()
+            manifest = receiver.final_manifest(final)
+            lines.say({"ok": True, "result": receiver.finish(manifest)})
+            return 0
+        else:
+            raise DataError("unknown frame %r" % kind)
+
+
+def _answer_error(lines: _Lines, message: str, code: str) -> None:
     with contextlib.suppress(OSError):
-        _say(stdout, {"ok": False, "error": message, "code": code})
+        lines.flush_acks()
+        lines.say({"ok": False, "error": message, "code": code})
 
 
 def op_prepare_data(req: Dict[str, Any]) -> Dict[str, Any]:

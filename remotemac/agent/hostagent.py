@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-try:  # a sibling on the host (or preloaded by cleanup's in-memory bootstrap)
+try:  # a sibling on the host (or preloaded by the in-memory bootstrap)
     import safefs
     from agentutil import find_tool, pid_alive, tmux_path
 except ImportError:  # imported as remotemac.agent.hostagent (the laptop, tests)

@@ -1,9 +1,9 @@
 """Facts about the host that decide whether it can run an MPS job (``remotemac doctor``).
 
 Runs ON THE HOST: Python 3.9, standard library only. The orchestrator sends this
-file's source on stdin to ``python3 -`` with the request as one JSON argument
-(``{"remote_root": ..., "venv_python": ...}``, no secrets), and reads one JSON
-object back. Only facts are gathered here; judging them (what is fit, what to
+file's source from memory (engine/agentship.py: nothing is written on the host) and
+calls :func:`op_facts` with ``{"remote_root": ..., "venv_python": ...}``; the facts
+come back as one JSON object. Only facts are gathered here; judging them (what is fit, what to
 fix) happens locally in :mod:`remotemac.checks.doctor`, so the rules can change
 without re-shipping anything.
 
@@ -503,18 +503,9 @@ def collect_facts(
     return facts
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Read the request (argv[1] JSON, else stdin JSON), print the facts as one JSON line."""
-    args = sys.argv[1:] if argv is None else argv
-    raw = args[0] if args else (sys.stdin.read() if not sys.stdin.isatty() else "")
-    request = json.loads(raw or "{}")
-    facts = collect_facts(
-        remote_root=request.get("remote_root") or "~/remotemac",
-        venv_python=request.get("venv_python"),
+def op_facts(req: dict[str, Any]) -> dict[str, Any]:
+    """The facts for ``{"remote_root": ..., "venv_python": ...}`` (doctor's in-memory call)."""
+    return collect_facts(
+        remote_root=req.get("remote_root") or "~/remotemac",
+        venv_python=req.get("venv_python"),
     )
-    sys.stdout.write(json.dumps(facts, sort_keys=True) + "\n")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

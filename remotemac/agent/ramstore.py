@@ -25,7 +25,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 
-try:  # a sibling on the host (or preloaded by cleanup's in-memory bootstrap)
+try:  # a sibling on the host (or preloaded by the in-memory bootstrap)
     import safefs
 except ImportError:  # imported as remotemac.agent.ramstore (the laptop, tests)
     from remotemac.agent import safefs

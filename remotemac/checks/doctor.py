@@ -1,7 +1,7 @@
 """``remotemac doctor HOST``: is this host fit to run a PyTorch job on MPS?
 
-The facts are gathered on the host by :mod:`remotemac.agent.hostfacts` (sent as
-source to ``python3 -``, so nothing has to be installed first); this module
+The facts are gathered on the host by :mod:`remotemac.agent.hostfacts` (its source
+runs from memory, engine/agentship.py, so nothing is installed or left behind); this module
 judges them locally, so the rules live in one place and can change without
 re-shipping code. Each check says what it saw, why it matters and how to fix it.
 ``fit`` means no check failed; warnings are things remotemac works around.
@@ -9,13 +9,10 @@ re-shipping code. Each check says what it saw, why it matters and how to fix it.
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
-from remotemac.agent import hostfacts
 from remotemac.agent.hostfacts import NA, version_tuple
 from remotemac.transport.base import Transport
 
@@ -431,18 +428,13 @@ def evaluate(
 # --------------------------------------------------------------------------- gathering
 
 
-def hostfacts_source() -> bytes:
-    """The collector's source, as sent to the host's ``python3 -``."""
-    return Path(hostfacts.__file__).read_bytes()
-
-
 async def gather_facts(
     transport: Transport,
     remote_root: str,
     venv_python: str | None = None,
     timeout: float = GATHER_TIMEOUT_S,
 ) -> dict[str, Any]:
-    """Run the collector on the host: source on stdin, the request as one JSON argument.
+    """Run the collector on the host from memory (engine/agentship.py), request on stdin.
 
     Nothing is uploaded or left behind. A host without a working ``python3``
     gives ``{"collector_error": ...}`` (judged as a failed check), not an exception;
@@ -451,24 +443,11 @@ async def gather_facts(
     from remotemac.engine.agentclient import agent_python
 
     python = agent_python()
-    request = json.dumps({"remote_root": remote_root, "venv_python": venv_python})
-    result = await transport.exec([python, "-", request], stdin=hostfacts_source(), timeout=timeout)
+    request = {"remote_root": remote_root, "venv_python": venv_python}
+    facts, why = await _in_memory(transport, python, "hostfacts", "op_facts", request, timeout)
     received = time.time()
-    lines = result.text().strip().splitlines()
-    if not result.ok or not lines:
-        last = (result.stderr.decode("utf-8", "replace").strip().splitlines() or ["no output"])[-1]
-        return {
-            "collector_error": f"python3 on {transport.name} exited {result.exit_code}: "
-            f"{last[:200]}",
-            "received_at": received,
-        }
-    try:
-        facts = json.loads(lines[-1])
-    except ValueError:
-        return {
-            "collector_error": f"python3 on {transport.name} printed no JSON: {lines[-1][:200]}",
-            "received_at": received,
-        }
+    if facts is None:
+        return {"collector_error": f"{python} on {transport.name} {why}", "received_at": received}
     facts["received_at"] = received
     facts["agent_runtime"] = await gather_runtime(transport, python, remote_root, timeout)
     return facts
@@ -477,27 +456,35 @@ async def gather_facts(
 async def gather_runtime(
     transport: Transport, python: str, remote_root: str, timeout: float = GATHER_TIMEOUT_S
 ) -> dict[str, Any]:
-    """The agent runtime's status on the host (agentruntime.py's source on stdin)."""
-    from remotemac.agent import agentruntime
-
-    source = Path(agentruntime.__file__).read_bytes()
-    result = await transport.exec(
-        [python, "-", json.dumps({"root": remote_root})], stdin=source, timeout=timeout
+    """The agent runtime's status on the host (agentruntime.py from memory)."""
+    status, why = await _in_memory(
+        transport, python, "agentruntime", "op_runtime_status", {"root": remote_root}, timeout
     )
-    lines = result.text().strip().splitlines()
-    try:
-        return (
-            json.loads(lines[-1])
-            if result.ok and lines
-            else {
-                "error": (
-                    result.stderr.decode("utf-8", "replace").strip().splitlines()
-                    or [f"exit {result.exit_code}"]
-                )[-1][:200]
-            }
-        )
-    except ValueError:
-        return {"error": lines[-1][:200]}
+    return status if status is not None else {"error": why}
+
+
+async def _in_memory(
+    transport: Transport,
+    python: str,
+    module: str,
+    fn: str,
+    request: dict[str, Any],
+    timeout: float,
+) -> tuple[dict[str, Any] | None, str]:
+    """(``module.fn``'s answer, "") or (None, "exited N: why" / "printed no JSON: …")."""
+    from remotemac.engine.agentship import exec_in_memory, read_answer
+
+    result = await exec_in_memory(transport, python, module, fn, request, timeout=timeout)
+    answer = read_answer(result)
+    if answer is not None and answer.get("ok") and isinstance(answer.get("result"), dict):
+        return answer["result"], ""
+    if answer is not None:  # the host's code raised: "Type: message", as a traceback ends
+        return None, f"exited {result.exit_code}: {str(answer.get('error'))[:200]}"
+    printed = result.text().strip().splitlines()
+    if result.ok and printed:
+        return None, f"printed no JSON: {printed[-1][:200]}"
+    err = result.stderr.decode("utf-8", "replace").strip().splitlines() or ["no output"]
+    return None, f"exited {result.exit_code}: {err[-1][:200]}"
 
 
 async def doctor(

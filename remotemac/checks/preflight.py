@@ -28,7 +28,6 @@ from typing import Any
 from remotemac.errors import EXIT_ACCEPTED, EXIT_REJECTED, BadInput, RemotemacError
 
 DEFAULT_SECONDS = 60.0
-TRACER = Path(__file__).resolve().parents[1] / "agent" / "optrace.py"
 # Time for interpreter start, torch import and writing the trace, beyond --seconds.
 STARTUP_GRACE_S = 120.0
 BLOCKING = ("fail", "fallback", "unknown")
@@ -207,7 +206,10 @@ def _run_tracer(
     target: list[str], trace_path: Path, cwd: Path, seconds: float, env: dict[str, str]
 ) -> list[str]:
     """Run the tracer subprocess; return the last lines it printed."""
-    cmd = [sys.executable, str(TRACER), "--seconds", str(seconds), "--out", str(trace_path)]
+    from remotemac.engine.agentship import agent_file
+
+    tracer = agent_file("optrace")  # run here, by path: its own frames are skipped by file
+    cmd = [sys.executable, str(tracer), "--seconds", str(seconds), "--out", str(trace_path)]
     cmd += ["--", *target]
     try:
         proc = subprocess.run(

@@ -7,21 +7,18 @@ matter, and nothing secret appears in argv.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import time
 import weakref
-from functools import lru_cache
-from pathlib import Path
 from typing import Any
 
+from remotemac.engine.agentship import agent_bundle, exec_in_memory
 from remotemac.engine.ledger import Ledger
 from remotemac.engine.resident import ResidentAgent
 from remotemac.errors import HostEnvironmentError, HostError, RemotemacError
 from remotemac.transport.base import ExecResult, Transport
 
-AGENT_SRC = Path(__file__).resolve().parent.parent / "agent"
 #: the host's interpreter the agent runs under (never the workload's venv)
 DEFAULT_AGENT_PYTHON = "python3"
 ENV_AGENT_PYTHON = "REMOTEMAC_AGENT_PYTHON"
@@ -41,16 +38,6 @@ def agent_python(setting: str | None = None) -> str:
 OWNED_MARKER = ".remotemac-owned"  # agent/safefs.py MARKER
 
 
-@lru_cache(maxsize=1)
-def agent_bundle() -> tuple[str, dict[str, bytes]]:
-    """(content hash, {file name: bytes}) of the agent's Python files."""
-    files = {p.name: p.read_bytes() for p in sorted(AGENT_SRC.glob("*.py"))}
-    digest = hashlib.sha256()
-    for name, data in files.items():
-        digest.update(name.encode() + b"\0" + hashlib.sha256(data).digest())
-    return digest.hexdigest()[:16], files
-
-
 def parse_answer(
     host: str, what: str, result: ExecResult, hint: str | None = None
 ) -> dict[str, Any]:
@@ -67,6 +54,45 @@ def parse_answer(
             hint=hint,
         )
     return answer
+
+
+async def call_in_memory(
+    transport: Transport,
+    ledger: Ledger,
+    fn: str,
+    req: dict[str, Any],
+    python: str | None = None,
+    timeout: float = 900,
+    idempotent: bool = False,
+) -> dict[str, Any]:
+    """Run ``cleanupops.<fn>(req)`` on the host from memory: nothing lands on its disk.
+
+    For cleanup (it must not recreate the root it removes) and for claiming the root
+    (the agent is installed below it). ``python`` defaults to the agent's interpreter
+    ($REMOTEMAC_AGENT_PYTHON or python3). ``idempotent``: the call may run again after
+    the link dropped under it (claiming the root does: a second run adopts what the
+    first made).
+    """
+    python = agent_python(python)
+    started = time.monotonic()
+    result = await exec_in_memory(
+        transport, python, "cleanupops", fn, req, timeout=timeout, idempotent=idempotent
+    )
+    ledger.append(
+        transport.name,
+        f"{python} -c <remotemac agent from stdin: cleanupops.{fn}"
+        f"{' (dry run)' if req.get('dry_run') else ''}>",
+        result.exit_code,
+        op=f"cleanup:{fn}",
+        seconds=time.monotonic() - started,
+    )
+    answer = parse_answer(
+        transport.name, "cleanup agent", result, hint="is python3 installed on the host?"
+    )
+    if not answer.get("ok"):
+        raise RemotemacError(f"{transport.name}: cleanup failed on the host: {answer.get('error')}")
+    ledger.append_steps(transport.name, f"cleanup:{fn}", answer["result"].get("steps"))
+    return answer["result"]
 
 
 class AgentError(RemotemacError):
@@ -142,7 +168,6 @@ class AgentClient:
         is written below it; BadInput (exit 2, nothing written) for a root that is, holds
         or sits above the host's home, or that holds files remotemac did not write.
         Runs the agent from memory (it is installed below the root)."""
-        from remotemac.engine.cleanup import call_in_memory
         from remotemac.errors import BadInput
 
         answer = await call_in_memory(

@@ -9,8 +9,9 @@ when inventory.json is partly gone, or when the journal knows runs the host
 forgot (and the other way round).
 
 Nothing is written on the host to do this: the agent's code travels on stdin to
-``python3 -c <bootstrap>`` and runs from memory. Installing the agent first would
-create the very ``remote_root`` a second cleanup must find gone, and leave a copy.
+``python3 -c <bootstrap>`` and runs from memory (engine/agentship.py). Installing the
+agent first would create the very ``remote_root`` a second cleanup must find gone, and
+leave a copy.
 
 The record goes to ``--out`` when given, else ``<home>/cleanups/cleanup-<host>-<UTC time>/``:
 ``cleanup.json``, ``cleanup.md`` and ``ledger.jsonl`` (every command run on the
@@ -30,39 +31,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from remotemac.engine.agentclient import agent_python, parse_answer
+from remotemac.engine.agentclient import call_in_memory
 from remotemac.engine.context import expand_root
 from remotemac.engine.ledger import Ledger
 from remotemac.errors import EXIT_HOST, BadInput, HostError, RemotemacError
+from remotemac.journal import Journal
 from remotemac.transport.base import Transport
+from remotemac.transport.options import SSHOptions
 from remotemac.units import format_size, iso_utc
-
-AGENT_DIR = Path(__file__).resolve().parent.parent / "agent"
-#: loaded in this order by the in-memory bootstrap: each after the siblings it imports
-MODULES = (
-    "procid",
-    "agentutil",
-    "safefs",
-    "ramstore",
-    "hostagent",
-    "deadman",
-    "specscrub",
-    "wipeops",
-    "cleanupops",
-)
-
-BOOTSTRAP = (
-    "import json,sys,types\n"
-    "d=json.loads(sys.stdin.read())\n"
-    "try:\n"
-    " for n in d['order']:\n"
-    "  m=types.ModuleType(n);m.__file__='<remotemac-agent>/'+n+'.py';sys.modules[n]=m\n"
-    "  exec(compile(d['src'][n],'remotemac-agent/'+n+'.py','exec'),m.__dict__)\n"
-    " r=getattr(sys.modules[d['module']],d['fn'])(d['req'])\n"
-    " sys.stdout.write(json.dumps({'ok':True,'result':r}))\n"
-    "except Exception as e:\n"
-    " sys.stdout.write(json.dumps({'ok':False,'error':'%s: %s'%(type(e).__name__,e)}))\n"
-)
 
 
 @dataclass
@@ -88,7 +64,7 @@ def _same_host(a: str, b: str, name: str) -> bool:
         return False
 
 
-def journal_knowledge(journal, host: str, name: str) -> Knowledge:
+def journal_knowledge(journal: Journal, host: str, name: str) -> Knowledge:
     """Runs on ``host`` and every path their phases and the inventory table recorded."""
     know = Knowledge()
     for row in journal.list_runs(limit=1_000_000):
@@ -110,17 +86,17 @@ def journal_knowledge(journal, host: str, name: str) -> Knowledge:
             know.items.append({"kind": "ramstore", "path": ram["path"], "run_id": row.run_id})
     seen = {(i["kind"], i["path"]) for i in know.items}
     for alias in {host, name}:
-        for row in journal.inventory(alias):
-            if row["kind"] == "root":  # recorded before provision wrote anything
-                if row["path"] not in know.roots:
-                    know.roots.append(row["path"])
-                if row.get("run_id"):
-                    know.run_roots.setdefault(row["run_id"], row["path"])
+        for entry in journal.inventory(alias):
+            if entry["kind"] == "root":  # recorded before provision wrote anything
+                if entry["path"] not in know.roots:
+                    know.roots.append(entry["path"])
+                if entry.get("run_id"):
+                    know.run_roots.setdefault(entry["run_id"], entry["path"])
                 continue
-            if (row["kind"], row["path"]) not in seen:
-                seen.add((row["kind"], row["path"]))
+            if (entry["kind"], entry["path"]) not in seen:
+                seen.add((entry["kind"], entry["path"]))
                 know.items.append(
-                    {"kind": row["kind"], "path": row["path"], "run_id": row.get("run_id")}
+                    {"kind": entry["kind"], "path": entry["path"], "run_id": entry.get("run_id")}
                 )
     return know
 
@@ -154,51 +130,6 @@ def host_key_fingerprint(transport: Transport) -> str:
     if not transport.has_link():
         return "n/a (local host, no SSH)"
     return transport.host_key_fingerprint() or "unknown"
-
-
-async def call_in_memory(
-    transport: Transport,
-    ledger: Ledger,
-    fn: str,
-    req: dict[str, Any],
-    python: str | None = None,
-    timeout: float = 900,
-    idempotent: bool = False,
-) -> dict[str, Any]:
-    """Run ``cleanupops.<fn>(req)`` on the host from stdin: nothing lands on its disk.
-
-    ``python`` defaults to the agent's interpreter ($REMOTEMAC_AGENT_PYTHON or python3).
-    ``idempotent``: the call may run again after the link dropped under it (claiming
-    the root does: a second run adopts what the first made).
-    """
-    python = agent_python(python)
-    payload = {
-        "order": list(MODULES),
-        "module": "cleanupops",
-        "fn": fn,
-        "req": req,
-        "src": {m: (AGENT_DIR / f"{m}.py").read_text(encoding="utf-8") for m in MODULES},
-    }
-    started = time.monotonic()
-    kwargs: dict[str, Any] = {"stdin": json.dumps(payload).encode(), "timeout": timeout}
-    if idempotent:  # only passed when asked: not every transport takes it
-        kwargs["idempotent"] = True
-    result = await transport.exec([python, "-c", BOOTSTRAP], **kwargs)
-    ledger.append(
-        transport.name,
-        f"{python} -c <remotemac agent from stdin: cleanupops.{fn}"
-        f"{' (dry run)' if req.get('dry_run') else ''}>",
-        result.exit_code,
-        op=f"cleanup:{fn}",
-        seconds=time.monotonic() - started,
-    )
-    answer = parse_answer(
-        transport.name, "cleanup agent", result, hint="is python3 installed on the host?"
-    )
-    if not answer.get("ok"):
-        raise RemotemacError(f"{transport.name}: cleanup failed on the host: {answer.get('error')}")
-    ledger.append_steps(transport.name, f"cleanup:{fn}", answer["result"].get("steps"))
-    return answer["result"]
 
 
 def default_out_dir(host: str, when: float, home: Path) -> Path:
@@ -403,7 +334,9 @@ def _has_work(answer: dict[str, Any]) -> bool:
 async def main_cleanup(
     host: str,
     *,
-    settings,
+    journal: Journal,
+    home: Path,
+    ssh: SSHOptions | None = None,
     dry_run: bool = False,
     yes: bool = False,
     as_json: bool = False,
@@ -412,7 +345,11 @@ async def main_cleanup(
     confirm: Callable[[str], bool] | None = None,
     echo: Callable[[str], None] | None = None,
 ) -> int:
-    """``remotemac cleanup HOST``; returns the exit code (see the module docstring)."""
+    """``remotemac cleanup HOST``; returns the exit code (see the module docstring).
+
+    ``journal`` and ``home`` are the laptop's (what runs it knows of, where the record
+    and the data keys are); ``ssh`` says how to reach ``host``.
+    """
     from remotemac.engine.hosts import open_transport
     from remotemac.playbook import check_remote_root
 
@@ -422,10 +359,9 @@ async def main_cleanup(
     except ValueError as exc:
         raise BadInput(f"--remote-root: {exc}") from None
     started = time.time()
-    journal = settings.journal()
-    transport = open_transport(host, settings.home, settings.ssh_options())
+    transport = open_transport(host, home, ssh)
     know = journal_knowledge(journal, host, transport.name)
-    out_dir = Path(out) if out else default_out_dir(host, started, settings.home)
+    out_dir = Path(out) if out else default_out_dir(host, started, home)
     ledger = Ledger(out_dir / "ledger.jsonl", hold=True)  # written with the record only
     answer: dict[str, Any] | None = None
     fingerprint = "unknown"
@@ -434,8 +370,8 @@ async def main_cleanup(
     try:
         await transport.connect()
         fingerprint = host_key_fingerprint(transport)
-        home = await transport.home()
-        primary = expand_root(remote_root, home)
+        host_home = await transport.home()
+        primary = expand_root(remote_root, host_home)
         roots = [primary] + [r for r in know.roots if r != primary]
         known, orphans = _assign_roots(know, roots)
         request = {"roots": roots, "known": known, "run_ids": know.runs}
@@ -444,7 +380,7 @@ async def main_cleanup(
         )
         if dry_run:
             answer = plan
-        elif not _has_work(plan) and not _local_key_work(settings.home, know.runs):
+        elif not _has_work(plan) and not _local_key_work(home, know.runs):
             answer = await call_in_memory(
                 transport, ledger, "op_cleanup_host", dict(request, dry_run=False)
             )
@@ -458,7 +394,7 @@ async def main_cleanup(
                     dry_run=True,
                     answer=plan,
                     know=know,
-                    extra_items=_local_keys(settings.home, know.runs, True),
+                    extra_items=_local_keys(home, know.runs, True),
                 )
                 for line in _plan_lines(record):
                     echo(line)
@@ -502,7 +438,7 @@ async def main_cleanup(
             + ("" if dry_run else f"; record in {out_dir}")
         )
         return EXIT_HOST
-    keys = _local_keys(settings.home, know.runs, dry_run)
+    keys = _local_keys(home, know.runs, dry_run)
     record = build_record(
         host=host,
         name=transport.name,
@@ -527,7 +463,7 @@ def _local_key_work(home: Path, runs: list[str]) -> bool:
     return bool(_local_keys(home, runs, True))
 
 
-def _update_journal(journal, host: str, name: str, record: dict[str, Any]) -> None:
+def _update_journal(journal: Journal, host: str, name: str, record: dict[str, Any]) -> None:
     """Mark what the host no longer has as removed in the journal's inventory."""
     gone = {
         (i["kind"], i["path"]) for i in record["items"] if i.get("fate") in ("removed", "not found")

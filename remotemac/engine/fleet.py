@@ -489,8 +489,10 @@ def write_summary(
 
 
 async def cleanup_all(
-    settings,
     *,
+    journal: Journal,
+    home: Path,
+    ssh: SSHOptions | None = None,
     dry_run: bool,
     yes: bool,
     as_json: bool,
@@ -510,7 +512,7 @@ async def cleanup_all(
 
         cleanup_fn = main_cleanup
     targets: dict[str, str] = {}
-    for host, root in known_hosts(settings.journal()):
+    for host, root in known_hosts(journal):
         targets.setdefault(host, root)
     if not targets:
         print("cleanup --all: the journal knows no host; nothing to do")
@@ -526,14 +528,16 @@ async def cleanup_all(
                 hint="rerun with --yes to skip the question",
             )
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    out_root = Path(out) if out else Path(settings.home) / "cleanups" / f"cleanup-all-{stamp}"
+    out_root = Path(out) if out else Path(home) / "cleanups" / f"cleanup-all-{stamp}"
     results = []
     for host, root in targets.items():
         folder = out_root / _dir_name(host)
         try:
             code = await cleanup_fn(
                 host,
-                settings=settings,
+                journal=journal,
+                home=home,
+                ssh=ssh,
                 dry_run=dry_run,
                 yes=True,
                 as_json=as_json,

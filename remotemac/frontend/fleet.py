@@ -29,6 +29,7 @@ from remotemac.errors import EXIT_INTERRUPTED
 from remotemac.events import ConnectionState, Event, LogLine, PhaseFinished, RunFinished, Warning
 from remotemac.journal import new_run_id
 from remotemac.playbook import Playbook
+from remotemac.settings import LocalSettings
 
 
 def summary_table(result: FleetResult):
@@ -99,7 +100,7 @@ class FleetRenderer:
 
 
 def main_fleet(
-    settings,
+    settings: LocalSettings,
     playbook: Playbook,
     *,
     hosts: list[str] | None,

@@ -19,6 +19,8 @@ from textual.app import App, SystemCommand
 from textual.binding import Binding
 from textual.screen import Screen
 
+from remotemac.journal import Journal
+from remotemac.settings import LocalSettings
 from remotemac.tui.driver import AlreadyDone, RunDriver, error_line
 from remotemac.tui.messages import RunEnded, RunUpdated
 from remotemac.tui.screens.dialogs import (
@@ -48,10 +50,10 @@ class RemotemacApp(App[int]):
 
     def __init__(
         self,
-        settings: Any,
+        settings: LocalSettings,
         playbooks: list[str] | None = None,
         *,
-        journal: Any = None,
+        journal: Journal | None = None,
         now: Callable[[], float] | None = None,
         out_root: Path | None = None,
         reattach: bool = True,
@@ -459,7 +461,7 @@ def plan_markdown(plan: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def run_tui(settings: Any, playbooks: list[str], start: bool = True) -> int:
+def run_tui(settings: LocalSettings, playbooks: list[str], start: bool = True) -> int:
     """Entry point of ``remotemac tui [PLAYBOOK…]``: each PLAYBOOK starts a run at once."""
     result = RemotemacApp(settings, playbooks, start_playbooks=start).run()
     return int(result or 0)

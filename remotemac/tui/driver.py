@@ -19,6 +19,8 @@ from typing import Any
 
 from remotemac.errors import BadInput, RemotemacError
 from remotemac.events import Event, EventBus, LogLine, PhaseProgress
+from remotemac.journal import Journal
+from remotemac.settings import LocalSettings
 from remotemac.tui.messages import RunEnded, RunUpdated
 from remotemac.tui.model import LIVE_STATES, RunLive
 from remotemac.units import iso_utc
@@ -83,7 +85,12 @@ class RunDriver:
     """The runs this TUI drives, their live state, and the workers behind them."""
 
     def __init__(
-        self, app: Any, settings: Any, journal: Any, out_root: Path, keep_lines: int = 20_000
+        self,
+        app: Any,
+        settings: LocalSettings,
+        journal: Journal,
+        out_root: Path,
+        keep_lines: int = 20_000,
     ) -> None:
         self.app = app
         self.settings = settings
@@ -290,7 +297,9 @@ class RunDriver:
         lines: list[str] = []  # main_cleanup's output, passed in: stdout stays the terminal's
         code = await main_cleanup(
             host,
-            settings=self.settings,
+            journal=self.settings.journal(),
+            home=self.settings.home,
+            ssh=self.settings.ssh_options(),
             dry_run=dry_run,
             yes=not dry_run,
             as_json=True,

@@ -13,6 +13,7 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Input, Static
 
+from remotemac.settings import LocalSettings
 from remotemac.tui.driver import error_line
 from remotemac.tui.screens.dialogs import ConfirmScreen
 
@@ -142,8 +143,9 @@ class HostsScreen(Screen):
         from remotemac.engine.hosts import open_transport
 
         app: Any = self.app
+        settings: LocalSettings = app.settings
         try:
-            transport = open_transport(host, app.settings.home, app.settings.ssh_options())
+            transport = open_transport(host, settings.home, settings.ssh_options())
             async with transport:
                 report = await doctor(transport, host, self.remote_root)
         except Exception as exc:
@@ -167,7 +169,7 @@ class HostsScreen(Screen):
         from remotemac.transport.hostkeys import fetch_host_key, trust_host_async
 
         app: Any = self.app
-        s = app.settings
+        s: LocalSettings = app.settings
         try:
             key, fp = await fetch_host_key(
                 host, home_dir=s.home, ssh_config=s.ssh_config, identity=s.identity

@@ -12,6 +12,7 @@ from textual.binding import Binding
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Static
 
+from remotemac.settings import LocalSettings
 from remotemac.tui.model import cost_so_far
 from remotemac.vocab import LIVE_RUN_STATES, human_age, run_word
 
@@ -86,6 +87,7 @@ class RunsScreen(Screen):
         from remotemac.engine.runs import load_run
 
         app: Any = self.app
+        settings: LocalSettings = app.settings
         runs = await asyncio.to_thread(app.journal.list_runs)
         for r in runs:
             if r.state not in LIVE_STATES or app.driver.attached(r.run_id):
@@ -97,9 +99,9 @@ class RunsScreen(Screen):
                     run_id=r.run_id,
                     playbook=pb,
                     journal=app.journal,
-                    home=app.settings.home,
+                    home=settings.home,
                     out_dir=Path(row.out_dir),
-                    ssh=app.settings.ssh_options(),
+                    ssh=settings.ssh_options(),
                     timeout=10,
                 )
             except Exception as exc:  # never let one host break the screen

@@ -1,0 +1,140 @@
+"""The agent's sources, and the two ways they reach a host.
+
+The agent (``remotemac/agent/*.py``) runs on the host under its own ``python3``.
+It gets there in one of two ways, both built here and nowhere else:
+
+* **Uploaded** (:func:`agent_bundle`): every file, keyed by a content hash, into
+  ``<remote_root>/agent/<hash>/`` (engine/agentclient.py). Runs use it: the
+  resident agent and the sync receiver start from there.
+* **In memory** (:func:`exec_in_memory`): a few modules' sources travel on stdin
+  to ``python3 -c BOOTSTRAP``, which loads them as modules and calls one function.
+  Nothing lands on the host's disk, which is what cleanup (it must not recreate
+  the root it removes, nor leave a copy) and doctor (it must leave nothing behind)
+  need, and how the root is claimed before anything is written below it.
+
+The request is JSON on stdin (it may hold paths and run ids, never anything for
+argv); the answer is one JSON line ``{"ok": true, "result": ...}`` or
+``{"ok": false, "error": "Type: message"}`` with exit status 1, so a caller
+reads both the same way. :data:`IN_MEMORY_ORDER` says which modules can travel
+this way and in which order they load; scripts/check_agent_imports.py fails CI
+when a module gains a sibling import the order does not satisfy.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from remotemac.transport.base import ExecResult, Transport
+
+AGENT_SRC = Path(__file__).resolve().parent.parent / "agent"
+
+#: The modules the in-memory bootstrap loads, in load order: each after every sibling it
+#: imports when it loads. A call into module M ships the prefix of this tuple up to M,
+#: which must also hold every sibling M's prefix imports inside a function (they resolve
+#: through ``sys.modules`` when called). Checked by scripts/check_agent_imports.py.
+IN_MEMORY_ORDER: tuple[str, ...] = (
+    "hostfacts",  # doctor: facts; imports no sibling, so it travels alone
+    "procid",
+    "agentutil",
+    "safefs",
+    "ramstore",
+    "specscrub",
+    "envfreeze",
+    "guards",
+    "hostagent",
+    "deadman",
+    "wipeops",
+    "cleanupops",  # cleanup, and claiming the root
+    "agentruntime",  # doctor: the agent runtime's status (its install path imports hostagent)
+)
+#: the modules callers enter through (each one's prefix of IN_MEMORY_ORDER is closed)
+IN_MEMORY_ENTRIES: tuple[str, ...] = ("hostfacts", "cleanupops", "agentruntime")
+
+#: Python 3.9, standard library only; the request and the sources come on stdin.
+BOOTSTRAP = (
+    "import json,sys,types\n"
+    "d=json.loads(sys.stdin.read())\n"
+    "try:\n"
+    " for n,s in d['modules']:\n"
+    "  m=types.ModuleType(n);m.__file__='<remotemac-agent>/'+n+'.py';sys.modules[n]=m\n"
+    "  exec(compile(s,'remotemac-agent/'+n+'.py','exec'),m.__dict__)\n"
+    " r=getattr(sys.modules[d['module']],d['fn'])(d['req'])\n"
+    " sys.stdout.write(json.dumps({'ok':True,'result':r})+'\\n')\n"
+    "except Exception as e:\n"
+    " sys.stdout.write(json.dumps({'ok':False,'error':'%s: %s'%(type(e).__name__,e)})+'\\n')\n"
+    " sys.exit(1)\n"
+)
+
+
+def agent_file(module: str) -> Path:
+    """Where one agent module lives on this machine (preflight runs optrace.py locally)."""
+    path = AGENT_SRC / f"{module}.py"
+    if not path.is_file():
+        raise ValueError(f"no agent module {module!r} in {AGENT_SRC}")
+    return path
+
+
+@lru_cache(maxsize=1)
+def agent_bundle() -> tuple[str, dict[str, bytes]]:
+    """(content hash, {file name: bytes}) of the agent's Python files, for upload."""
+    files = {p.name: p.read_bytes() for p in sorted(AGENT_SRC.glob("*.py"))}
+    digest = hashlib.sha256()
+    for name, data in files.items():
+        digest.update(name.encode() + b"\0" + hashlib.sha256(data).digest())
+    return digest.hexdigest()[:16], files
+
+
+def in_memory_modules(module: str) -> list[str]:
+    """The modules a call into ``module`` ships: IN_MEMORY_ORDER up to and with it."""
+    if module not in IN_MEMORY_ENTRIES:
+        raise ValueError(f"{module} is not an in-memory entry ({', '.join(IN_MEMORY_ENTRIES)})")
+    return list(IN_MEMORY_ORDER[: IN_MEMORY_ORDER.index(module) + 1])
+
+
+def in_memory_payload(module: str, fn: str, req: dict[str, Any]) -> bytes:
+    """What the bootstrap reads on stdin: the sources in load order, the call, the request."""
+    _, files = agent_bundle()
+    return json.dumps(
+        {
+            "modules": [[m, files[f"{m}.py"].decode("utf-8")] for m in in_memory_modules(module)],
+            "module": module,
+            "fn": fn,
+            "req": req,
+        }
+    ).encode()
+
+
+async def exec_in_memory(
+    transport: Transport,
+    python: str,
+    module: str,
+    fn: str,
+    req: dict[str, Any],
+    *,
+    timeout: float | None,
+    idempotent: bool = False,
+) -> ExecResult:
+    """Run ``module.fn(req)`` on the host from memory; :func:`read_answer` reads the result.
+
+    ``idempotent``: the call may run again after the link dropped under it.
+    """
+    kwargs: dict[str, Any] = {"stdin": in_memory_payload(module, fn, req), "timeout": timeout}
+    if idempotent:  # only passed when asked: not every transport takes it
+        kwargs["idempotent"] = True
+    return await transport.exec([python, "-c", BOOTSTRAP], **kwargs)
+
+
+def read_answer(result: ExecResult) -> dict[str, Any] | None:
+    """The bootstrap's answer (its last stdout line), or None when it printed none."""
+    lines = result.text().strip().splitlines()
+    if not lines:
+        return None
+    try:
+        answer = json.loads(lines[-1])
+    except ValueError:
+        return None
+    return answer if isinstance(answer, dict) and "ok" in answer else None

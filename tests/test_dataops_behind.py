@@ -1,0 +1,157 @@
+"""The host receiver (agent/dataops.py) with its write-behind thread, in process.
+
+The laptop's own framing (engine/sync.py ``_pieces``) produces the stream; the agent
+runtime's activation and the RAM store are faked (a unit test: the real sshd path is
+tests/test_sync_sshd.py), the encryption, hashing and files are real.
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import io
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+AGENT = Path(__file__).resolve().parent.parent / "remotemac" / "agent"
+
+
+@pytest.fixture
+def dataops(monkeypatch, tmp_path):
+    monkeypatch.syspath_prepend(str(AGENT))  # the agent imports its siblings by bare name
+    import ramstore
+
+    from remotemac.agent import dataops
+
+    ram = tmp_path / "ram"
+
+    def fake_store(run_dir, size, run_id):
+        ram.mkdir(exist_ok=True)
+        return {"path": str(ram), "kind": "shm", "device": None, "warning": None, "steps": []}
+
+    monkeypatch.setattr(dataops, "_use_runtime", lambda path: None)
+    monkeypatch.setattr(ramstore, "create_ram_store", fake_store)
+    return dataops
+
+
+def _slice(root: Path, sizes: dict[str, int]) -> list[str]:
+    for rel, size in sizes.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(os.urandom(size))
+    return sorted(sizes)
+
+
+def _stream(root: Path, paths: list[str], key: bytes, tamper: int | None = None) -> bytes:
+    """hello + the laptop's frames for every file (+ the E frame); ``tamper``: the
+    index of a file whose claimed SHA-256 is flipped."""
+    from remotemac.engine.sync import _Done, _frame, _Job, _pieces, _stat_all
+
+    files = _stat_all(root, paths, None)
+    hello = {
+        "run_dir": str(root.parent / "run"),
+        "run_id": "t",
+        "src": str(root.parent / "run" / "data"),
+        "encrypted": True,
+        "key_hex": key.hex(),
+        "runtime_dir": "faked",
+        "entries": [
+            {"path": f.path, "size": f.size, "sha256": None, "mtime_ns": f.mtime_ns} for f in files
+        ],
+    }
+    out = [json.dumps(hello).encode() + b"\n"]
+    work = collections.deque(_Job(i, None, None) for i in range(len(files)))
+    current = -1
+    for item in _pieces(root, files, work, key):
+        if isinstance(item, _Done):
+            files[item.index] = item.local
+            continue
+        data = item[0]
+        if len(data) == 13 and item[1] == 0:  # a frame (a header is 84 bytes, a chunk
+            current = int.from_bytes(data[1:5], "big")  # covers plaintext)
+        if tamper is not None and current == tamper and len(data) == 32 and item[1] == 0:
+            data = bytes(32)  # the claimed SHA-256 of that file
+        out.append(data)
+    final = json.dumps({"changed": [[i, f.size, f.sha256] for i, f in enumerate(files)]}).encode()
+    out.append(_frame("E", 0, len(final)) + final)
+    return b"".join(out)
+
+
+def _run(dataops, stream: bytes) -> tuple[int, list[dict]]:
+    out = io.BytesIO()
+    code = dataops.serve(io.BytesIO(stream), out)
+    return code, [json.loads(x) for x in out.getvalue().splitlines()]
+
+
+def _leftovers(*dirs: Path) -> list[str]:
+    return sorted(str(p) for d in dirs for p in d.rglob("*") if ".part" in p.name)
+
+
+def test_small_and_large_files_arrive_verified_with_acks_in_few_lines(
+    dataops, tmp_path, monkeypatch
+):
+    """Small files take the in-memory path, a large one streams; every one is stored
+    encrypted, decrypted into the RAM store, verified, recorded and acknowledged, and
+    the acknowledgements come batched (one line per file before the write-behind)."""
+    root = tmp_path / "data"
+    sizes = {f"d{i % 4}/s{i:03d}.bin": 1000 + 3000 * i for i in range(80)}
+    sizes["big/train.bin"] = dataops.RESUMABLE + 300_000
+    paths = _slice(root, sizes)
+    key = os.urandom(32)
+    # acks wait for a quiet second (default 20 ms): the test does not hang on timing
+    behind = dataops.WriteBehind
+    monkeypatch.setattr(dataops, "WriteBehind", lambda *a, **k: behind(*a, **k, idle_after=1.0))
+    code, lines = _run(dataops, _stream(root, paths, key))
+    assert code == 0, lines[-1]
+    result = lines[-1]["result"]
+    assert result["mismatches"] == [] and result["received"] == len(paths)
+    acked = [i for line in lines if "acks" in line for i in line["acks"]]
+    assert sorted(acked) == list(range(len(paths)))
+    assert len([line for line in lines if "acks" in line]) <= 3
+    ram, src = tmp_path / "ram", tmp_path / "run" / "data"
+    for rel in paths:
+        assert (ram / rel).read_bytes() == (root / rel).read_bytes()
+        stored = (src / (rel + ".rmenc")).read_bytes()
+        assert (
+            stored.startswith(b"remotemac-enc/v1") and (root / rel).read_bytes()[:64] not in stored
+        )
+    records = dataops.load_records(str(src))
+    assert {r["sha256"] for r in records.values()} == {
+        hashlib.sha256((root / p).read_bytes()).hexdigest() for p in paths
+    }
+    assert _leftovers(ram, src) == []
+
+
+def test_a_small_file_that_does_not_hash_as_claimed_is_an_integrity_error(dataops, tmp_path):
+    """The check moved to the write-behind thread: its failure still ends the session
+    with one integrity line, the bad file is neither recorded nor left in RAM, and no
+    file after it is recorded as verified."""
+    root = tmp_path / "data"
+    paths = _slice(root, {f"f{i:02d}.bin": 5000 + i for i in range(12)})
+    code, lines = _run(dataops, _stream(root, paths, os.urandom(32), tamper=5))
+    assert code == 1
+    assert lines[-1]["code"] == "integrity" and paths[5] in lines[-1]["error"]
+    records = dataops.load_records(str(tmp_path / "run" / "data"))
+    assert paths[5] not in records
+    assert not any(p > paths[5] for p in records)
+    assert not (tmp_path / "ram" / paths[5]).exists()
+    assert _leftovers(tmp_path / "ram", tmp_path / "run" / "data") == []
+
+
+def test_a_cut_inside_a_file_keeps_every_file_read_whole(dataops, tmp_path):
+    """The link drops in the middle of a file: the files before it (still queued on
+    the write-behind thread) are stored and recorded before the receiver exits, and
+    nothing of the cut one is left behind."""
+    root = tmp_path / "data"
+    paths = _slice(root, {f"f{i:02d}.bin": 40_000 for i in range(20)})
+    stream = _stream(root, paths, os.urandom(32))
+    code, lines = _run(dataops, stream[: len(stream) // 2])
+    assert code == 3
+    records = dataops.load_records(str(tmp_path / "run" / "data"))
+    assert 5 <= len(records) < len(paths)
+    acked = [i for line in lines if "acks" in line for i in line["acks"]]
+    assert sorted(acked) == list(range(len(records)))
+    assert _leftovers(tmp_path / "ram", tmp_path / "run" / "data") == []
