@@ -143,7 +143,7 @@ def test_resync_of_unchanged_files_is_one_lstat_each_and_no_record_rewrite(tmp_p
     real_lstat = os.lstat
     monkeypatch.setattr(dataops.os, "lstat", lambda p: calls.append(p) or real_lstat(p))
     again = _session(src, entries, b"")
-    assert len(again["hello"]["known"]) == len(entries)
+    assert again["hello"]["todo"] == []  # every file held as the hello says
     result = again["final"]["result"]
     assert result["mismatches"] == [] and result["received"] == 0
     per_file = [p for p in calls if p.endswith(".bin")]
@@ -154,8 +154,9 @@ def test_resync_of_unchanged_files_is_one_lstat_each_and_no_record_rewrite(tmp_p
 
 def test_a_file_whose_ack_a_cut_lost_counts_as_verified_once_from_the_next_hello():
     """The host sends its acks in batches: a cut can lose the last line. The next
-    attempt's hello lists those files as known; each is then reported verified once
-    (one event), and one already acknowledged, or not held by the host, is not."""
+    attempt's start answer leaves those files out of its ``todo`` (held as the hello
+    says); each is then reported verified once (one event), and one already
+    acknowledged, or still in the todo (not held by the host), is not."""
     from remotemac.engine.sync import SyncStats, _Done, _Local, _Session
     from remotemac.events import PhaseProgress
 
@@ -167,9 +168,9 @@ def test_a_file_whose_ack_a_cut_lost_counts_as_verified_once_from_the_next_hello
         session._file_done(_Done(i, files[i], sent=True))
     session._verified(0)  # acknowledged before the cut
     session._verified(1)
-    session._learn_known({0: "a", 1: "b", 2: "c", 3: "d"})  # 4: the cut one, not held
+    session._learn_held({4})  # 4: the cut one, not held
     assert session.stats.acked == ["f0", "f1", "f2", "f3"]
     verified = [e.detail for e in events if isinstance(e, PhaseProgress)]
     assert verified == ["f0", "f1", "f2", "f3"]
-    session._learn_known({0: "a", 1: "b", 2: "c", 3: "d", 4: "e"})  # a later attempt
+    session._learn_held(set())  # a later attempt
     assert session.stats.acked == ["f0", "f1", "f2", "f3"]

@@ -8,16 +8,21 @@ overlaps and nothing is read twice. Within this process the reading thread reads
 decrypts, and a second one (writebehind.py) creates and writes the files, hashes the
 plaintext, checks it and acknowledges it.
 
-``python3 dataops.py sync`` speaks this protocol on stdin/stdout:
+``python3 dataops.py sync [--runtime DIR]`` speaks this protocol on stdin/stdout (the
+runtime named in argv, the same as the hello's, is imported while the hello is on its
+way):
 
 1. laptop → one JSON line: ``{"run_dir", "run_id", "src", "encrypted", "key_hex"
    (only when encrypted; the key never touches disk, argv or the environment),
    "runtime_dir" (only when encrypted: the agent runtime to decrypt with),
-   "ram_bytes", "entries": [{"path", "size", "sha256" or null, "mtime_ns"}],
+   "ram_bytes", "columns": {"path": [...], "size": [...], "sha256": [... or null],
+   "mtime_ns": [...]} (or "entries": [{"path", "size", "sha256", "mtime_ns"}]),
    "worker" (true on the extra channels of a multi-stream sync)}``;
-2. host → one JSON line: ``{"ok": true, "known": [[index, sha256], ...], "partial":
-   [[index, {...}], ...], "ram"}`` (a worker answers ``{"ok": true, "ram"}``):
-   ``known`` are the entries it already holds complete and verified (the record
+2. host → one JSON line: ``{"ok": true, "todo": [[index, sha256 or null], ...],
+   "partial": [[index, {...}], ...]}`` (a worker answers ``{"ok": true, "ram"}``):
+   ``todo`` are the entries it does not hold complete and verified with the hello's
+   size and SHA-256, each with the hash of the verified copy of that path it holds
+   (same size), if any; every other entry it holds (the record
    ``<src>/.verified.jsonl`` is keyed by relative path and plaintext SHA-256,
    because every encryption uses a fresh salt and so gives different ciphertext);
    ``partial`` the cut transfers it kept (``.remotemac-partial/``, ciphertext only,
@@ -39,7 +44,8 @@ plaintext, checks it and acknowledges it.
    whose size or hash differ from the hello's, or a whole list): the host checks every
    entry against its record
    (re-decrypting from the stored ciphertext what is missing from RAM, e.g. after a
-   reboot), removes files that left the slice and kept cut transfers, and answers
+   reboot), removes files that left the slice (those its record lists; after a cut
+   session, any file the manifest does not list) and kept cut transfers, and answers
    ``{"ok": true, "result": {...}}``.
 
 Any failure is one line ``{"ok": false, "error", "code"}`` (code ``integrity``
@@ -66,6 +72,7 @@ import io
 import json
 import os
 import re
+import select
 import stat
 import struct
 import sys
@@ -80,6 +87,11 @@ except ImportError:  # imported as remotemac.agent.dataops (the laptop, tests)
 RECORD = ".verified.jsonl"
 #: cut transfers kept for resuming: ``<sha256(path)[:32]>-<pid>.rmenc`` + ``.json``
 PARTIAL = ".remotemac-partial"
+#: ``<src>/.remotemac-writing-<pid>``: made before a session's first write into the
+#: data dirs, removed when it ends cleanly. One left by another process means that
+#: session was cut (or still runs) and may have left debris: finish then walks both
+#: trees; otherwise it prunes by the record alone (see :meth:`Receiver.finish`)
+WRITING = ".remotemac-writing-"
 #: only files this big are kept for resuming when cut (below, resending is cheap)
 RESUMABLE = 8 << 20
 FRAME = struct.Struct(">cIQ")
@@ -88,10 +100,6 @@ READ = 1 << 20
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 #: bytes queued for the write-behind thread at most (received, not yet stored)
 BEHIND_BYTES = 32 << 20
-#: Linux's F_SETPIPE_SZ (Python 3.9's fcntl lacks the name): a bigger stdin pipe lets
-#: sshd hand over more per wake-up
-_F_SETPIPE_SZ = 1031
-PIPE_BYTES = 1 << 20
 
 
 class DataError(Exception):
@@ -105,7 +113,9 @@ class DataError(Exception):
 # ------------------------------------------------------------------ paths and records
 
 
-_CONTROL = re.compile(r"[\x00-\x1f\\]")
+#: an empty, "." or ".." part (so also a leading "/"), a control character or a
+#: backslash: one search per path (a re-sync checks thousands)
+_UNSAFE = re.compile(r"(?:^|/)\.{0,2}(?:/|$)|[\x00-\x1f\\]")
 
 
 @functools.lru_cache(maxsize=65536)
@@ -115,12 +125,7 @@ def _check_rel(rel: str) -> str:
     Cached: a re-sync checks every path of the slice several times (records, manifest,
     prune), and a slice has thousands of them.
     """
-    if (
-        not rel
-        or rel.startswith("/")
-        or any(p in ("", ".", "..") for p in rel.split("/"))
-        or _CONTROL.search(rel)
-    ):
+    if _UNSAFE.search(rel):
         raise DataError("unsafe dataset path %r" % rel, "unsafe-path")
     return rel
 
@@ -193,8 +198,11 @@ def _read_records(src: str, offset: int, records: Dict[str, Dict[str, Any]]) -> 
 def _stored(src: str, rec: Dict[str, Any], encrypted: bool) -> bool:
     """Quick check (like rsync's): the stored copy still has the size it was verified with."""
     path = _inside(src, rec["path"]) + (".rmenc" if encrypted else "")
-    st = _lstat(path)
-    if st is None:
+    return _stored_as(_lstat(path), rec, encrypted)
+
+
+def _stored_as(st: Optional[os.stat_result], rec: Dict[str, Any], encrypted: bool) -> bool:
+    if st is None or not stat.S_ISREG(st.st_mode):
         return False
     if encrypted:
         return st.st_size == rec.get("enc_size")
@@ -380,6 +388,19 @@ def _use_runtime(path: Optional[str]) -> None:
         raise DataError(str(exc), "host-env") from None
 
 
+def _entries(req: Dict[str, Any]) -> List[Dict[str, Any]]:
+    """The hello's entries: ``columns`` (one list per field, as the laptop sends them:
+    much cheaper to encode and parse) or ``entries`` (a list of dicts)."""
+    cols = req.get("columns")
+    if not cols:
+        return list(req.get("entries") or [])
+    fields = ("path", "size", "sha256", "mtime_ns")
+    lists = [cols[k] for k in fields]
+    if len({len(x) for x in lists}) != 1:
+        raise DataError("the hello's columns differ in length")
+    return [dict(zip(fields, row)) for row in zip(*lists)]
+
+
 class Receiver:
     """One sync session on the host: holds the key in memory only."""
 
@@ -387,12 +408,99 @@ class Receiver:
         self.src = req["src"]
         self.encrypted = bool(req.get("encrypted"))
         self.key = bytes.fromhex(req["key_hex"]) if self.encrypted else b""
-        self.dest = self.src
+        #: where the job reads the slice: the RAM store, made on first use (see dest)
+        self._dest: Optional[str] = None if self.encrypted else self.src
+        self._req = req
         self.ram: Optional[Dict[str, Any]] = None
-        if self.encrypted:
-            _use_runtime(req.get("runtime_dir"))
+        #: the runtime to decrypt with: activated (tens of ms of imports) when the first
+        #: byte needs decrypting, or while nothing else waits (see serve)
+        self.runtime_dir = req.get("runtime_dir")
+        if self.encrypted and not self.runtime_dir:
+            raise DataError("no agent runtime was named for decryption", "host-env")
+        os.makedirs(self.src, mode=0o700, exist_ok=True)
+        self.records: Dict[str, Dict[str, Any]] = {}
+        self._record_end, self._record_lines = _read_records(self.src, 0, self.records)
+        #: paths whose stored copy this session saw (known) or wrote: finish trusts it
+        self._stored_seen: set = set()
+        #: path -> the RAM copy's mtime this session saw matching its record (see check_ram)
+        self._ram_seen: Dict[str, int] = {}
+        self._writing_mark = ""  # this session's WRITING marker, once it writes
+        self.entries: List[Dict[str, Any]] = _entries(req)
+        for entry in self.entries:
+            _check_rel(entry["path"])
+        self.received = 0
+        self.recorder: Optional[_Recorder] = None
+        self.lines: Optional[_Lines] = None
+        self._made: set = set()
+
+    def writing(self) -> None:
+        """Mark the data dirs as being written by this process (before its first write)."""
+        if not self._writing_mark:
+            path = os.path.join(self.src, WRITING + str(os.getpid()))
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | _NOFOLLOW, 0o600))
+            self._writing_mark = path
+
+    def done_writing(self) -> None:
+        """This session ended cleanly: whatever it wrote is in place and recorded."""
+        if self._writing_mark:
+            _unlink(self._writing_mark)
+            self._writing_mark = ""
+
+    def _other_writers(self) -> List[Tuple[str, int]]:
+        """(marker, pid) of every other session that wrote here and did not end cleanly."""
+        out = []
+        with contextlib.suppress(OSError):
+            for name in os.listdir(self.src):
+                pid = name[len(WRITING) :]
+                if name.startswith(WRITING) and pid.isdigit() and int(pid) != os.getpid():
+                    out.append((os.path.join(self.src, name), int(pid)))
+        return out
+
+    def todo(self, known: List[Tuple[int, str]]) -> List[Tuple[int, Optional[str]]]:
+        """The entries the host does not hold as the hello describes them: [index, the
+        SHA-256 of the verified copy of that path it holds (same size), or None].
+
+        The start answer carries only these (a re-sync of thousands of unchanged files
+        answers a few lines, not one per file); every other entry is held, verified,
+        with the hello's size and hash.
+        """
+        have = dict(known)
+        out = []
+        for index, entry in enumerate(self.entries):
+            sha = have.get(index)
+            if sha is None or sha != entry.get("sha256"):
+                out.append((index, sha))
+        return out
+
+    def known(self) -> List[Tuple[int, str]]:
+        """Entries stored complete and verified (whether or not still in RAM)."""
+        out = []
+        records, seen, encrypted = self.records, self._stored_seen, self.encrypted
+        base = self.src if self.src.endswith("/") else self.src + "/"
+        suffix = ".rmenc" if encrypted else ""
+        for index, entry in enumerate(self.entries):
+            path = entry["path"]  # checked when the hello was read
+            rec = records.get(path)
+            if rec is None or (entry.get("size") is not None and rec.get("size") != entry["size"]):
+                continue
+            # _stored, inlined: this loop runs for every file of the slice
+            try:
+                st = os.lstat(base + path + suffix)
+            except OSError:
+                continue
+            if _stored_as(st, rec, encrypted):
+                out.append((index, str(rec["sha256"])))
+                seen.add(path)
+        return out
+
+    @property
+    def dest(self) -> str:
+        """The RAM store of an encrypted slice (made here on first use, so the start
+        answer does not wait for it), or the data dir itself for public data."""
+        if self._dest is None:
             import ramstore
 
+            req = self._req
             try:
                 self.ram = ramstore.create_ram_store(
                     req["run_dir"], int(req.get("ram_bytes") or (64 << 20)), req["run_id"]
@@ -403,31 +511,28 @@ class Receiver:
                 ) from None
             except OSError as exc:
                 raise DataError("cannot make the RAM store: %s" % exc, "ram") from None
-            self.dest = str(self.ram["path"])
-        os.makedirs(self.src, mode=0o700, exist_ok=True)
-        self.records: Dict[str, Dict[str, Any]] = {}
-        self._record_end, self._record_lines = _read_records(self.src, 0, self.records)
-        #: paths whose stored copy this session saw (known) or wrote: finish trusts it
-        self._stored_seen: set = set()
-        self.entries: List[Dict[str, Any]] = list(req.get("entries") or [])
-        for entry in self.entries:
-            _check_rel(entry["path"])
-        self.received = 0
-        self.recorder: Optional[_Recorder] = None
-        self.lines: Optional[_Lines] = None
-        self._made: set = set()
+            self._dest = str(self.ram["path"])
+        return self._dest
 
-    def known(self) -> List[Tuple[int, str]]:
-        """Entries stored complete and verified (whether or not still in RAM)."""
-        out = []
-        for index, entry in enumerate(self.entries):
-            rec = self.records.get(entry["path"])
-            if rec is None or (entry.get("size") is not None and rec.get("size") != entry["size"]):
-                continue
-            if _stored(self.src, rec, self.encrypted):
-                out.append((index, str(rec["sha256"])))
-                self._stored_seen.add(entry["path"])
-        return out
+    def cipher(self) -> None:
+        """Make the runtime's cryptography importable (once; DataError host-env if not)."""
+        if self.encrypted:
+            _use_runtime(self.runtime_dir)
+
+    def check_ram(self) -> None:
+        """Look at the RAM copy of every file held (size and mtime as recorded).
+
+        Run once the start answer is out, while the laptop prepares its first files,
+        rather than in :meth:`finish`, which then trusts these sightings (and its
+        own writes) as it trusts :meth:`known`'s of the stored copies.
+        """
+        if not self.encrypted:
+            return
+        dest = self.dest
+        for rel in self._stored_seen:
+            rec = self.records[rel]
+            if _plain_ok(dest, rec):
+                self._ram_seen[rel] = rec["plain_mtime_ns"]
 
     # -------------------------------------------------------------- cut transfers
 
@@ -472,12 +577,15 @@ class Receiver:
         """
         if not self.encrypted:
             return []
+        metas = self._partial_metas()
+        if not metas:  # the usual case: no cut transfer, nothing to import or index
+            return []
         import streamcrypt
 
         index_of = {e["path"]: i for i, e in enumerate(self.entries)}
         done = {i for i, _ in known}
         best: Dict[int, Dict[str, Any]] = {}
-        for base, meta in self._partial_metas():
+        for base, meta in metas:
             if _alive(meta.get("pid"), wait=3.0):
                 continue  # an earlier session still writes it (it dies of the cut soon)
             index = index_of.get(meta["path"])
@@ -491,6 +599,7 @@ class Receiver:
                 _unlink(base + ".json", base + ".rmenc")
                 continue
             sink = _HashSink(None)
+            self.cipher()
             try:
                 with open(base + ".rmenc", "rb") as fh:
                     header, chunks = streamcrypt.verified_prefix(self.key, meta["path"], fh, sink)
@@ -574,6 +683,7 @@ class Receiver:
         """
         if not 0 <= index < len(self.entries):
             raise DataError("frame for unknown entry %d" % index)
+        self.writing()
         entry = self.entries[index]
         rel = entry["path"]
         stored = _inside(self.src, rel) + (".rmenc" if self.encrypted else "")
@@ -662,6 +772,7 @@ class Receiver:
         and leave storing, hashing, checking and renaming to the write-behind thread.
 
         A cut link leaves nothing of it (it is resent whole)."""
+        self.cipher()
         import streamcrypt
 
         sealed = _read_exact(stdin, length)
@@ -718,6 +829,8 @@ class Receiver:
         self.recorder.add(rec)
         self.records[rec["path"]] = rec
         self._stored_seen.add(rec["path"])
+        if self.encrypted:
+            self._ram_seen[rec["path"]] = rec["plain_mtime_ns"]
         self.received += 1
         self.lines.ack(index)
 
@@ -744,6 +857,7 @@ class Receiver:
         first (it must hash as it did when reported), then cut to exactly the chunks
         the laptop continues after.
         """
+        self.cipher()
         import streamcrypt
 
         mode = "r+b" if resume is not None else "wb"
@@ -793,11 +907,14 @@ class Receiver:
     def finish(self, manifest: List[Dict[str, Any]]) -> Dict[str, Any]:
         """Check every manifest entry before launch; prune what left the slice.
 
-        Per unchanged file this is one lstat of its plaintext (the job reads it: it must
-        have the size and mtime it had when it was verified); its stored ciphertext was
-        seen by :meth:`known` moments ago, and the record is read once per session
+        Per unchanged file this costs no syscall: its plaintext (the job reads it: it
+        must have the size and mtime it had when it was verified) was seen by
+        :meth:`check_ram` and its stored ciphertext by :meth:`known` moments ago, at the
+        start of this session, or this session wrote them; the record is read once per session
         (plus what the other streams appended) and rewritten only when it shrinks or
-        has grown to twice its live lines.
+        has grown to twice its live lines. Both trees are walked for debris only when
+        another session's WRITING marker says it did not end cleanly (a clean session
+        leaves nothing its record does not list).
         """
         mismatches: List[Dict[str, str]] = []
         redecrypted = 0
@@ -817,13 +934,23 @@ class Receiver:
             if rec["sha256"] != entry["sha256"] or rec["size"] != entry["size"]:
                 mismatches.append({"path": rel, "why": "the host holds another version"})
                 continue
-            if self.encrypted and not _plain_ok(self.dest, rec):
+            if (
+                self.encrypted
+                and self._ram_seen.get(rel, -1) != rec.get("plain_mtime_ns")
+                and not _plain_ok(self.dest, rec)
+            ):
                 why = self._redecrypt(rec)
                 if why:
                     mismatches.append({"path": rel, "why": why})
                     continue
                 redecrypted += 1
-        pruned = self._prune(set(wanted))
+        others = self._other_writers()
+        if others:  # a cut session may have left debris: walk both trees
+            ended = [mark for mark, pid in others if not _alive(pid)]
+            pruned = self._prune(set(wanted))
+            _unlink(*ended)
+        else:  # every session ended cleanly: only recorded files can be left over
+            pruned = self._prune_recorded(wanted)
         for base, meta in self._partial_metas():  # every wanted file is whole: none resumes
             if not _alive(meta.get("pid")):
                 _unlink(base + ".json", base + ".rmenc")
@@ -831,6 +958,7 @@ class Receiver:
         if redecrypted or len(live) < len(self.records) or self._record_lines > 2 * len(live) + 64:
             _compact(self.src, live)
         self.records = live
+        self.done_writing()
         return {
             "data_dir": self.dest,
             "mismatches": mismatches,
@@ -842,10 +970,12 @@ class Receiver:
 
     def _redecrypt(self, rec: Dict[str, Any]) -> Optional[str]:
         """RAM lost the plaintext (reboot, workload edit): decrypt the stored copy again."""
+        self.cipher()
         import streamcrypt
 
         rel = rec["path"]
         plain = _inside(self.dest, rel)
+        self.writing()
         _make_parents(self.dest, rel)
         try:
             streamcrypt.decrypt_file(self.key, rel, _inside(self.src, rel) + ".rmenc", plain)
@@ -862,6 +992,25 @@ class Receiver:
             return "sha256 differs after decrypting the stored ciphertext"
         rec["plain_mtime_ns"] = os.lstat(plain).st_mtime_ns
         return None
+
+    def _prune_recorded(self, wanted: Dict[str, Any]) -> int:
+        """Remove the stored and decrypted copies of recorded files that left the slice.
+
+        Enough when no session was cut since the last walk: a clean session leaves
+        nothing in the data dirs that its record does not list.
+        """
+        pruned = 0
+        for rel in self.records:
+            if rel in wanted:
+                continue
+            paths = [_inside(self.src, rel) + (".rmenc" if self.encrypted else "")]
+            if self.encrypted:
+                paths.append(_inside(self.dest, rel))
+            for path in paths:
+                if _lstat(path) is not None:
+                    _unlink(path)
+                    pruned += 1
+        return pruned
 
     def _prune(self, wanted: set) -> int:
         """Remove stored and decrypted files that are no longer in the slice."""
@@ -883,7 +1032,7 @@ class Receiver:
                         if pid.isdigit() and not _alive(int(pid)):
                             _unlink(dirpath + "/" + name)  # debris of a session killed mid-file
                         continue  # else a live session's file in flight
-                    if top_of_src and (name.startswith(RECORD) or name.startswith(PARTIAL)):
+                    if top_of_src and name.startswith((RECORD, PARTIAL, WRITING)):
                         continue
                     rel = prefix + name
                     if ext:  # a stored copy is "<path>.rmenc"; anything else there goes
@@ -902,22 +1051,78 @@ def _say(out: BinaryIO, obj: Dict[str, Any]) -> None:
     out.flush()
 
 
-def serve(stdin: BinaryIO, stdout: BinaryIO) -> int:
+#: Linux's F_SETPIPE_SZ (fcntl names it from Python 3.10 on), and the size asked for
+_F_SETPIPE_SZ = 1031
+PIPE_BYTES = 1 << 20
+
+
+def _widen_pipe(stdin: BinaryIO) -> None:
+    """Linux: grow the stdin pipe from sshd to 1 MiB (the unprivileged maximum).
+
+    With the default 64 KiB, every 64 KiB of the stream costs a round of wake-ups
+    between sshd and this process; on a busy host (or the loopback bench, where
+    both ends share the cores) 10 MB took 60-170 ms through it, ~20 ms through
+    1 MiB. macOS has no such call (its pipes size themselves); a refusal (the
+    user's pipe quota) just keeps the default.
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    with contextlib.suppress(Exception):
+        fd = stdin.fileno()
+        if stat.S_ISFIFO(os.fstat(fd).st_mode):
+            fcntl.fcntl(fd, _F_SETPIPE_SZ, PIPE_BYTES)
+
+
+def _waiting(stdin: BinaryIO) -> bool:
+    """Whether input is already there to read (False when that cannot be told)."""
+    try:
+        return bool(select.select([stdin.fileno()], [], [], 0)[0])
+    except (OSError, ValueError, io.UnsupportedOperation):
+        return False
+
+
+def _preload(runtime_dir: Optional[str]) -> None:
+    """Import the cipher from the runtime named in argv while nothing else waits.
+
+    The laptop stats its slice before it sends the hello: when the hello is not
+    there yet, this import (tens of ms) costs no time; when it is, the import
+    waits until the start answer is out (the laptop then plans and reads its first
+    files). A runtime that fails here fails again, with its message, when a byte
+    needs decrypting (:meth:`Receiver.cipher`).
+    """
+    if not runtime_dir:
+        return
+    with contextlib.suppress(Exception):
+        _use_runtime(runtime_dir)
+        import streamcrypt
+
+        streamcrypt._aead(bytes(32))
+
+
+def serve(stdin: BinaryIO, stdout: BinaryIO, runtime_dir: Optional[str] = None) -> int:
     """Run one sync session (see the module doc); returns the process exit code."""
     lines = _Lines(stdout)
     try:
+        _widen_pipe(stdin)
+        if not _waiting(stdin):
+            _preload(runtime_dir)
         line = stdin.readline()
         if not line:
             return 3
         req = json.loads(line.decode("utf-8"))
         receiver = Receiver(req)
         if req.get("worker"):
-            lines.say({"ok": True, "ram": receiver.ram})
+            lines.say({"ok": True, "ram": receiver.dest and receiver.ram})
+            receiver.cipher()
         else:
             known = receiver.known()
             partial = receiver.partials(known)
-            lines.say({"ok": True, "known": known, "partial": partial, "ram": receiver.ram})
-        _widen_pipe(stdin)
+            todo = receiver.todo(known)
+            lines.say({"ok": True, "todo": todo, "partial": partial})
+            # while the laptop plans and reads its first files: the RAM store, a look
+            # at the RAM copies, the cipher
+            receiver.check_ram()
+            receiver.cipher()
         receiver.recorder, receiver.lines = _Recorder(receiver.src), lines
         behind = WriteBehind(BEHIND_BYTES, idle=lines.flush_acks)
         try:
@@ -954,6 +1159,7 @@ def _frames(stdin: BinaryIO, receiver: Receiver, behind: WriteBehind, lines: _Li
             lines.say({"ok": True, "pong": True})
         elif kind == b"D":  # one of several streams is done: the first one finishes
             behind.drain()
+            receiver.done_writing()
             lines.say({"ok": True, "result": {"received": receiver.received}})
             return 0
         elif kind == b"E":
@@ -964,14 +1170,6 @@ def _frames(stdin: BinaryIO, receiver: Receiver, behind: WriteBehind, lines: _Li
             return 0
         else:
             raise DataError("unknown frame %r" % kind)
-
-
-def _widen_pipe(stdin: BinaryIO) -> None:
-    """On Linux, ask for a 1 MiB stdin pipe (sshd then hands over more per wake-up);
-    elsewhere, or when refused, the pipe stays as it is."""
-    if sys.platform.startswith("linux"):
-        with contextlib.suppress(OSError, ValueError, AttributeError):
-            fcntl.fcntl(stdin.fileno(), _F_SETPIPE_SZ, PIPE_BYTES)
 
 
 def _answer_error(lines: _Lines, message: str, code: str) -> None:
@@ -988,6 +1186,8 @@ def op_prepare_data(req: Dict[str, Any]) -> Dict[str, Any]:
     """
     try:
         receiver = Receiver(dict(req, entries=[]))
+        receiver.cipher()
+        receiver.dest  # noqa: B018 (makes the RAM store: its errors answer here)
     except DataError as exc:
         return {
             "data_dir": None,
@@ -1011,6 +1211,7 @@ def op_prepare_data(req: Dict[str, Any]) -> Dict[str, Any]:
                 old["plain_mtime_ns"] = rec["plain_mtime_ns"]
     if receiver.encrypted and receiver.records:
         _compact(receiver.src, receiver.records)
+    receiver.done_writing()
     return {"data_dir": receiver.dest, "mismatches": mismatches, "ram": receiver.ram}
 
 
@@ -1026,9 +1227,18 @@ def _hash_check(path: str, expected: str) -> Optional[str]:
 
 if __name__ == "__main__":
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    if sys.argv[1:] != ["sync"]:
+    args = sys.argv[1:]
+    if args[:1] != ["sync"] or args[1:] not in ([], ["--runtime", args[-1]]):
         sys.stdout.write(
-            json.dumps({"ok": False, "error": "usage: dataops.py sync", "code": "usage"}) + "\n"
+            json.dumps(
+                {"ok": False, "error": "usage: dataops.py sync [--runtime DIR]", "code": "usage"}
+            )
+            + "\n"
         )
         sys.exit(2)
-    sys.exit(serve(sys.stdin.buffer, sys.stdout.buffer))
+    code = serve(sys.stdin.buffer, sys.stdout.buffer, args[2] if len(args) == 3 else None)
+    # every answer is flushed and every record line written (os.write): skip the
+    # interpreter's teardown of the session's thousands of dicts, which the laptop waits for
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

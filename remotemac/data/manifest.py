@@ -85,11 +85,14 @@ class Manifest:
     root_digest: str
 
     @classmethod
-    def from_entries(cls, entries: Iterable[ManifestEntry]) -> Manifest:
+    def from_entries(cls, entries: Iterable[ManifestEntry], *, checked: bool = False) -> Manifest:
+        """``checked``: the caller ran :func:`check_relpath` on every path already (a
+        sync's slice, stat'ed path by path), so it is not run a second time here."""
         ordered = tuple(sorted(entries, key=lambda e: e.path))
         seen: set[str] = set()
         for entry in ordered:
-            check_relpath(entry.path)
+            if not checked:
+                check_relpath(entry.path)
             if entry.path in seen:
                 raise IntegrityError(f"manifest lists {entry.path!r} twice")
             seen.add(entry.path)
