@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import remotemac
+from tests.conftest import remotemac, remotemac_in_process
 
 
 def project(tmp_path: Path) -> Path:
@@ -88,7 +88,8 @@ CASES = {
 def test_bad_playbook_values_are_one_line_with_key_and_line(case, tmp_path):
     overrides, key = CASES[case]
     path = book(tmp_path, **overrides)
-    line = assert_one_line_exit_2(remotemac("check", str(path)), key, f"{path}:")
+    proc = remotemac_in_process("check", str(path))  # real processes: --seconds, --home below
+    line = assert_one_line_exit_2(proc, key, f"{path}:")
     assert line.split(f"{path}:")[1].split(":")[0].isdigit()  # the line number
 
 
