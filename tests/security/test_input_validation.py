@@ -88,7 +88,7 @@ CASES = {
 def test_bad_playbook_values_are_one_line_with_key_and_line(case, tmp_path):
     overrides, key = CASES[case]
     path = book(tmp_path, **overrides)
-    proc = remotemac_in_process("check", str(path))  # real processes: --seconds, --home below
+    proc = remotemac_in_process("check", str(path))  # real processes: --home, dry runs below
     line = assert_one_line_exit_2(proc, key, f"{path}:")
     assert line.split(f"{path}:")[1].split(":")[0].isdigit()  # the line number
 
@@ -96,7 +96,8 @@ def test_bad_playbook_values_are_one_line_with_key_and_line(case, tmp_path):
 def test_preflight_seconds_out_of_range_is_exit_2(tmp_path):
     path = book(tmp_path)
     for value in ("1e309", "nan", "-5", "0"):
-        assert_one_line_exit_2(remotemac("preflight", str(path), "--seconds", value), "--seconds")
+        proc = remotemac_in_process("preflight", str(path), "--seconds", value)
+        assert_one_line_exit_2(proc, "--seconds")
 
 
 def test_bad_home_is_exit_2(tmp_path):
