@@ -220,7 +220,6 @@ SLOW: tuple[str, ...] = (
     "test_destroy_ownership.py::test_item11_cleanup_finds_root_of_run_failed_in_provision",
     "test_doctor.py::test_gather_facts_local_transport",
     "test_doctor.py::test_main_doctor_json_on_this_linux_host",
-    "test_input_validation.py::test_preflight_seconds_out_of_range_is_exit_2",
     "test_resident_sshd.py::test_3000_lines",
     "test_faults_sshd.py",
 )
