@@ -14,6 +14,7 @@ import re
 from pathlib import Path
 
 import pytest
+from textual.widgets import DataTable
 
 from remotemac.checks.doctor import Check, DoctorReport
 from remotemac.events import LogLine, Metric, PhaseStarted
@@ -69,6 +70,11 @@ def has(app: RemotemacApp, screen: type, selector: str) -> bool:
     return isinstance(app.screen, screen) and bool(app.screen.query(selector))
 
 
+def runs_listed(app: RemotemacApp) -> bool:
+    """The runs table has read the journal (a worker thread does, after the screen is up)."""
+    return has(app, RunsScreen, "#runs") and app.screen.query_one("#runs", DataTable).row_count > 0
+
+
 # ---------------------------------------------------------------- keys and palette
 
 
@@ -93,6 +99,7 @@ async def test_footer_shows_open_and_next_match(rm_home, tmp_path):
     journal_run(rm_home, "tiny-20261130-120000-ab12", tmp_path / "out").close()
     app = make_app(rm_home, tmp_path, reattach=False, live_poll_s=0)
     async with app.run_test(size=(160, 30)) as pilot:
+        await wait_for(pilot, lambda: runs_listed(app), 10, "the run in the table")
         await wait_for(pilot, lambda: "Open" in screen_text(app), 10, "Open in the footer")
         await pilot.press("enter")
         await wait_for(pilot, lambda: isinstance(app.screen, RunScreen), 10, "the run screen")
@@ -131,6 +138,7 @@ async def test_palette_entries_act_on_their_screen(rm_home, tmp_path):
         await pilot.pause()  # the call_later is handled before the app is idle
         assert isinstance(app.screen, RunsScreen)  # not here: a warning, no crash
         app.driver.lives[run_id] = two_device_live(run_id, 1_790_000_000.0)
+        await wait_for(pilot, lambda: runs_listed(app), 10, "the run in the table")
         app.call_later(entries["Open run"])
         await wait_for(pilot, lambda: isinstance(app.screen, RunScreen), 10, "the run")
         await wait_for(pilot, lambda: len(app.screen.query_one("#log", LogView).lines), 10, "log")
