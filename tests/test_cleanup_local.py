@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from remotemac.journal import Journal
-from tests.conftest import remotemac
+from tests.conftest import remotemac, remotemac_in_process
 from tests.hostlayout import make_run, mark
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "remotemac" / "agent"))
@@ -166,10 +166,9 @@ def test_dry_run_touches_nothing_and_confirmation_is_required(host):
 
 
 @pytest.mark.parametrize("bad", ["/", "~", "", "/usr", "/etc", "~/"])
-def test_unsafe_remote_root_refused_by_cli(host, bad):
-    proc = remotemac(
-        "cleanup", "local", "--remote-root", bad, "--yes", cwd=host["cwd"], env=host["env"]
-    )
+def test_unsafe_remote_root_refused_by_cli(host, bad, monkeypatch):
+    monkeypatch.chdir(host["cwd"])  # host's env is set in this process already
+    proc = remotemac_in_process("cleanup", "local", "--remote-root", bad, "--yes")
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert (host["canary"] / "keep.txt").exists()
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from remotemac.playbook import PlaybookErrors, check_remote_root, parse_playbook
-from tests.conftest import REPO, remotemac
+from tests.conftest import REPO, remotemac, remotemac_in_process
 
 GOOD = "name: ok\nworkload:\n  command: python t.py --device {device}\n"
 
@@ -90,7 +90,7 @@ BROKEN = [
 def test_broken_playbooks_fail_in_one_line(tmp_path: Path, label, text, key, line):
     path = tmp_path / "pb.yaml"
     path.write_text(text)
-    proc = remotemac("check", str(path))
+    proc = remotemac_in_process("check", str(path))  # test_missing_file_*: a real process
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr + proc.stdout
     lines = [x for x in proc.stderr.splitlines() if x.strip()]

@@ -177,13 +177,16 @@ async def test_reconnect_never_swallows_cancellation():
         attempts += 1
         raise ConnectionRefusedError()
 
-    task = asyncio.ensure_future(reconnect(connect, host="h", deadline=30, initial_wait=0.2))
-    await asyncio.sleep(0.5)
+    task = asyncio.ensure_future(
+        reconnect(connect, host="h", deadline=30, initial_wait=0.02, max_wait=0.05)
+    )
+    while attempts < 3:  # it is retrying
+        await asyncio.sleep(0.01)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
     seen = attempts
-    await asyncio.sleep(0.5)
+    await asyncio.sleep(0.25)  # five of the longest waits
     assert attempts == seen  # nothing keeps retrying in the background
 
 
@@ -202,7 +205,7 @@ def test_fault_proxy_throttle_latency_and_reset():
     stop = threading.Event()
 
     def echo() -> None:
-        listener.settimeout(0.2)
+        listener.settimeout(0.02)  # how long the test's end waits for this thread
         while not stop.is_set():
             try:
                 conn, _ = listener.accept()
@@ -216,21 +219,21 @@ def test_fault_proxy_throttle_latency_and_reset():
     server.start()
     proxy = FaultProxy("127.0.0.1", listener.getsockname()[1]).start()
     try:
-        proxy.latency(0.3)
+        proxy.latency(0.15)
         with socket.create_connection(("127.0.0.1", proxy.port), timeout=5) as sock:
             start = time.monotonic()
             sock.sendall(b"ping")
             assert sock.recv(4) == b"ping"
-            assert 0.6 <= time.monotonic() - start < 2  # 0.3 s each way
+            assert 0.3 <= time.monotonic() - start < 1.5  # 0.15 s each way
         proxy.restore()
         proxy.throttle(40_000)
         with socket.create_connection(("127.0.0.1", proxy.port), timeout=5) as sock:
             start = time.monotonic()
-            sock.sendall(b"x" * 60_000)
+            sock.sendall(b"x" * 20_000)  # 0.5 s each way, paced by one clock per direction
             got = 0
-            while got < 60_000:
+            while got < 20_000:
                 got += len(sock.recv(65536))
-            assert 1.2 <= time.monotonic() - start < 5
+            assert 0.45 <= time.monotonic() - start < 4
         proxy.restore()
         with socket.create_connection(("127.0.0.1", proxy.port), timeout=5) as sock:
             sock.sendall(b"a")
@@ -265,7 +268,7 @@ def test_fault_proxy_throttle_delivers_the_nominal_rate():
     server = threading.Thread(target=sink, daemon=True)
     server.start()
     proxy = FaultProxy("127.0.0.1", listener.getsockname()[1]).start()
-    rate, size = 20e6, 30 << 20
+    rate, size = 20e6, 16 << 20  # 0.8 s
     try:
         proxy.throttle(rate)
         block = b"x" * (1 << 20)
@@ -291,7 +294,10 @@ def _blast(port: int, size: int, block: bytes) -> None:
         sock.recv(1)  # the sink closes once it has everything
 
 
-def _sink(listener: socket.socket, received: list[int], count: int) -> None:
+def _sink(
+    listener: socket.socket, received: list[int], count: int, done_at: list[float] | None = None
+) -> None:
+    """Accept ``count`` connections and drain each; ``done_at`` gets when each one's EOF came."""
     conns = [listener.accept()[0] for _ in range(count)]
 
     def drain(conn: socket.socket) -> None:
@@ -299,6 +305,8 @@ def _sink(listener: socket.socket, received: list[int], count: int) -> None:
             total = 0
             while data := conn.recv(1 << 20):
                 total += len(data)
+            if done_at is not None:
+                done_at.append(time.monotonic())
             received.append(total)
 
     threads = [threading.Thread(target=drain, args=(c,), daemon=True) for c in conns]
@@ -316,17 +324,20 @@ def test_fault_proxy_far_link_is_not_capped_by_the_relay():
     """
     listener = socket.create_server(("127.0.0.1", 0))
     received: list[int] = []
-    server = threading.Thread(target=_sink, args=(listener, received, 1), daemon=True)
+    done_at: list[float] = []
+    server = threading.Thread(target=_sink, args=(listener, received, 1, done_at), daemon=True)
     server.start()
     proxy = FaultProxy("127.0.0.1", listener.getsockname()[1]).start()
-    rate, size = 40e6, 80 << 20
+    rate, size = 40e6, 40 << 20  # 1 s; a relay capped at 4 MB in flight takes 2 s
     try:
         proxy.throttle(rate)
         proxy.rtt(0.4)
         start = time.monotonic()
         _blast(proxy.port, size, b"x" * (1 << 20))
         server.join(30)
-        elapsed = time.monotonic() - start - 0.2  # the first byte's one-way delay
+        # until the last byte arrived, less the first byte's one-way delay (the sink's
+        # FIN coming back through the link is not transfer time)
+        elapsed = done_at[0] - start - 0.2
         assert received == [size]
         assert 0.85 <= size / elapsed / rate <= 1.05, f"{size / elapsed / 1e6:.1f} MB/s"
     finally:
@@ -345,7 +356,7 @@ def test_fault_proxy_bandwidth_is_shared_by_all_connections():
     server = threading.Thread(target=_sink, args=(listener, received, 2), daemon=True)
     server.start()
     proxy = FaultProxy("127.0.0.1", listener.getsockname()[1]).start()
-    rate, size = 20e6, 20 << 20
+    rate, size = 20e6, 8 << 20  # 0.8 s for both; paced apart they would take 0.4 s
     try:
         proxy.throttle(rate)
         start = time.monotonic()

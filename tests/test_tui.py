@@ -379,14 +379,14 @@ async def test_log_view_batches_bounds_and_searches(rm_home, tmp_path):
         log = app.screen.query_one("#log", LogView)
         for i in range(5000):
             live.add_line("cpu", f"line {i}")
-        await pilot.pause(0.2)
+        await wait_for(pilot, lambda: log.lines and log.lines[-1].endswith("4999"), 10, "5000")
         assert log.batches <= 2 and len(log.lines) == 1000
         assert log.lines[-1].endswith("cpu        │ line 4999") and log.following
         assert log.search("line 4500") is not None and not log.following
         await pilot.press("n")  # older match: none for this exact term
         assert log.lines[log.match_line].endswith("cpu        │ line 4500")
         live.add_line("cpu", "late line")
-        await pilot.pause(0.2)
+        await wait_for(pilot, lambda: log.lines[-1].endswith("late line"), 10, "the late line")
         assert (
             log.lines[-1].endswith("cpu        │ late line") and not log.following
         )  # paused: no jump

@@ -8,6 +8,7 @@ built from hand-made events with fixed timestamps. Update with ``--snapshot-upda
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,8 @@ from remotemac.journal import RunRow
 from remotemac.settings import LocalSettings
 from remotemac.tui.app import RemotemacApp
 from remotemac.tui.model import RunLive
+from remotemac.tui.screens.run import RunScreen
+from remotemac.tui.widgets.log_view import LogView
 
 NOW = 1_790_000_000.0
 SIZE = (140, 40)
@@ -112,6 +115,26 @@ def _app(tmp_path: Path, journal: FakeJournal) -> RemotemacApp:
         blink=False,
         live_poll_s=0,
     )
+
+
+async def _run_screen_settled(pilot, app: RemotemacApp, timeout: float = 10.0) -> None:
+    """Until the run screen is mounted, its loads are done and its log has taken every
+    line of the store (what a fixed 0.3 s pause used to wait for, in less time)."""
+    deadline = time.monotonic() + timeout
+
+    async def until(ready) -> None:
+        while not ready():
+            assert time.monotonic() < deadline, "the run screen did not settle"
+            await pilot.pause(0.02)
+
+    await until(lambda: isinstance(app.screen, RunScreen) and bool(app.screen.query("#log")))
+    await app.workers.wait_for_complete()
+    screen = app.screen
+    log = screen.query_one("#log", LogView)
+    status = screen.query_one("#log-status")
+    total = screen.live.lines.total  # a flush has run once the status counts the lines
+    await until(lambda: log.seen == total and f"{total:,} lines" in str(status.render()))
+    await pilot.pause()
 
 
 def _live(run_id: str, out_dir: Path) -> RunLive:
@@ -207,9 +230,7 @@ def test_run_screen(snap_compare, tmp_path):
     async def before(pilot) -> None:
         app.driver.lives[run_id] = _live(run_id, out)
         app.open_run(run_id)
-        await pilot.pause(0.3)
-        await app.workers.wait_for_complete()
-        await pilot.pause()
+        await _run_screen_settled(pilot, app)
 
     assert snap_compare(app, terminal_size=SIZE, run_before=before)
 
@@ -295,9 +316,7 @@ def _live_run_app(tmp_path: Path):
     async def before(pilot) -> None:
         app.driver.lives[run_id] = _two_devices(run_id, NOW - 95)
         app.open_run(run_id)
-        await pilot.pause(0.3)
-        await app.workers.wait_for_complete()
-        await pilot.pause()
+        await _run_screen_settled(pilot, app)
 
     return app, before
 
@@ -331,9 +350,7 @@ def test_finished_run_memory_from_record(snap_compare, tmp_path):
 
     async def before(pilot) -> None:
         app.open_run(done.run_id)
-        await pilot.pause(0.3)
-        await app.workers.wait_for_complete()
-        await pilot.pause()
+        await _run_screen_settled(pilot, app)
 
     assert snap_compare(app, terminal_size=SIZE, run_before=before)
 

@@ -14,6 +14,7 @@ import re
 from pathlib import Path
 
 import pytest
+from textual.widgets import DataTable
 
 from remotemac.checks.doctor import Check, DoctorReport
 from remotemac.events import LogLine, Metric, PhaseStarted
@@ -64,6 +65,16 @@ def journal_run(
     return journal
 
 
+def has(app: RemotemacApp, screen: type, selector: str) -> bool:
+    """Whether ``screen`` is up and has mounted ``selector`` (what a fixed pause waited for)."""
+    return isinstance(app.screen, screen) and bool(app.screen.query(selector))
+
+
+def runs_listed(app: RemotemacApp) -> bool:
+    """The runs table has read the journal (a worker thread does, after the screen is up)."""
+    return has(app, RunsScreen, "#runs") and app.screen.query_one("#runs", DataTable).row_count > 0
+
+
 # ---------------------------------------------------------------- keys and palette
 
 
@@ -88,13 +99,14 @@ async def test_footer_shows_open_and_next_match(rm_home, tmp_path):
     journal_run(rm_home, "tiny-20261130-120000-ab12", tmp_path / "out").close()
     app = make_app(rm_home, tmp_path, reattach=False, live_poll_s=0)
     async with app.run_test(size=(160, 30)) as pilot:
-        await pilot.pause(0.3)
-        assert "Open" in screen_text(app)
+        await wait_for(pilot, lambda: runs_listed(app), 10, "the run in the table")
+        await wait_for(pilot, lambda: "Open" in screen_text(app), 10, "Open in the footer")
         await pilot.press("enter")
         await wait_for(pilot, lambda: isinstance(app.screen, RunScreen), 10, "the run screen")
-        await pilot.pause(0.2)
-        text = screen_text(app)
-        assert "n Next match" in text and "l Device" in text and "q Quit" in text
+        keys = ("n Next match", "l Device", "q Quit")
+        await wait_for(
+            pilot, lambda: all(k in screen_text(app) for k in keys), 10, "the run's footer"
+        )
 
 
 def test_every_key_has_a_palette_entry(rm_home, tmp_path):
@@ -123,18 +135,19 @@ async def test_palette_entries_act_on_their_screen(rm_home, tmp_path):
     async with app.run_test(size=SIZE) as pilot:
         entries = {c.title: c.callback for c in app.get_system_commands(app.screen)}
         app.call_later(entries["Device filter"])
-        await pilot.pause(0.2)
+        await pilot.pause()  # the call_later is handled before the app is idle
         assert isinstance(app.screen, RunsScreen)  # not here: a warning, no crash
         app.driver.lives[run_id] = two_device_live(run_id, 1_790_000_000.0)
+        await wait_for(pilot, lambda: runs_listed(app), 10, "the run in the table")
         app.call_later(entries["Open run"])
         await wait_for(pilot, lambda: isinstance(app.screen, RunScreen), 10, "the run")
-        await pilot.pause(0.2)
+        await wait_for(pilot, lambda: len(app.screen.query_one("#log", LogView).lines), 10, "log")
         app.call_later(entries["Device filter"])
-        await pilot.pause(0.2)
-        assert app.screen.query_one("#log", LogView).device == "cpu"
+        await wait_for(
+            pilot, lambda: app.screen.query_one("#log", LogView).device == "cpu", 10, "cpu only"
+        )
         app.call_later(entries["Keys"])
-        await pilot.pause(0.2)
-        assert isinstance(app.screen, HelpScreen)
+        await wait_for(pilot, lambda: isinstance(app.screen, HelpScreen), 10, "the keys")
         assert app.errors == []
 
 
@@ -218,28 +231,29 @@ async def test_log_lines_are_timestamped_aligned_and_filterable(rm_home, tmp_pat
     async with app.run_test(size=SIZE) as pilot:
         app.driver.lives[run_id] = two_device_live(run_id, t0)
         app.open_run(run_id)
-        await pilot.pause(0.3)
+        await wait_for(pilot, lambda: has(app, RunScreen, "#log"), 10, "the run screen")
         log = app.screen.query_one("#log", LogView)
+        await wait_for(pilot, lambda: len(log.lines) == 12, 10, "12 lines")
         lines = list(log.lines)
-        assert len(lines) == 12
         assert all(re.match(r"\d\d:\d\d:\d\d (cpu|mps) +│ ", line) for line in lines), lines
         assert len({line.index("│") for line in lines}) == 1
         status = str(app.screen.query_one("#log-status").render())
         assert "elapsed 2m05s" in status and "device: all" in status
         await pilot.press("l")
-        await pilot.pause(0.2)
+        await wait_for(pilot, lambda: log.device == "cpu" and len(log.lines) == 6, 10, "cpu")
         assert [line.split("│")[1].strip() for line in log.lines] == [
             f"cpu step {i}" for i in range(6)
         ]
         await pilot.press("l")
-        await pilot.pause(0.2)
-        assert all("mps step" in line for line in log.lines) and len(log.lines) == 6
+        await wait_for(pilot, lambda: log.device == "mps" and len(log.lines) == 6, 10, "mps")
+        assert all("mps step" in line for line in log.lines)
         app.driver.lives[run_id].apply(LogLine(run_id, device="cpu", line="late", ts=t0 + 9))
         app.driver.lives[run_id].apply(LogLine(run_id, device="mps", line="later", ts=t0 + 9))
-        await pilot.pause(0.2)
-        assert log.lines[-1].endswith("│ later") and not any(x[-4:] == "late" for x in log.lines)
+        await wait_for(pilot, lambda: log.lines[-1].endswith("│ later"), 10, "the new mps line")
+        await pilot.pause(2 * app.flush_s)  # a flush after it: the cpu line still stays out
+        assert not any(x[-4:] == "late" for x in log.lines)
         await pilot.press("l")
-        await pilot.pause(0.2)
+        await wait_for(pilot, lambda: log.device is None, 10, "all devices")
         assert len(log.lines) == 14
 
 
@@ -274,8 +288,9 @@ async def test_finished_run_shows_memory_from_the_record(rm_home, tmp_path):
             10,
             "the record",
         )
-        await pilot.pause(0.2)
-        label = str(app.screen.query_one("#mem-label").render())
+        mem = app.screen.query_one("#mem-label")
+        await wait_for(pilot, lambda: "306.0 MiB" in str(mem.render()), 10, "the gauge")
+        label = str(mem.render())
         assert "306.0 MiB" in label and "record" in label, label
 
 
@@ -291,12 +306,12 @@ async def test_live_gauge_agrees_with_the_record_once_written(rm_home, tmp_path)
         live.apply(Metric(run_id, device="cpu-target", name="peak_rss_bytes", value=1.6 * 2**20))
         app.driver.lives[run_id] = live
         app.open_run(run_id)
-        await pilot.pause(0.3)
-        assert "cpu-target 1.6 MiB" in str(app.screen.query_one("#mem-label").render())
+        await wait_for(pilot, lambda: has(app, RunScreen, "#mem-label"), 10, "the run screen")
+        mem = app.screen.query_one("#mem-label")
+        await wait_for(pilot, lambda: "cpu-target 1.6 MiB" in str(mem.render()), 10, "live")
         write_record(out, 306 * 2**20)
         await app.screen.load_acceptance()
-        await pilot.pause(0.1)
-        assert "306.0 MiB" in str(app.screen.query_one("#mem-label").render())
+        await wait_for(pilot, lambda: "306.0 MiB" in str(mem.render()), 10, "the record's")
 
 
 @pytest.mark.asyncio
@@ -326,13 +341,13 @@ async def test_fleet_screen_reads_the_journal_not_the_cwd(rm_home, tmp_path):
     app = make_app(rm_home, tmp_path / "cwd-runs", reattach=False, live_poll_s=0)
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press("f")
-        await pilot.pause(0.3)
-        assert isinstance(app.screen, FleetScreen)
+        await wait_for(pilot, lambda: isinstance(app.screen, FleetScreen), 10, "the fleets")
+        await wait_for(pilot, lambda: "mac-c" in screen_text(app), 10, "the newest fleet")
         text = screen_text(app)
         assert "no fleet runs" not in text
         assert "other-20261130-130000-0a0a" in text and "running" in text and "mac-c" in text
         await pilot.press("n")
-        await pilot.pause(0.2)
+        await wait_for(pilot, lambda: "bs=2" in screen_text(app), 10, "the next fleet")
         text = screen_text(app)
         for fragment in (fleet, "mac-a", "mac-b", "bs=1", "bs=2", "accepted", "rejected"):
             assert fragment in text, fragment
@@ -369,8 +384,12 @@ async def test_hosts_screen_keeps_why_and_fix_whole(rm_home, tmp_path, width):
         await pilot.pause()
         app.screen.reports["local"] = REPORT
         app.screen.show_report("local")
-        await pilot.pause(0.2)
-        text = re.sub(r"[│┃\s]+", " ", screen_text(app))
+
+        def flat() -> str:
+            return re.sub(r"[│┃\s]+", " ", screen_text(app))
+
+        await wait_for(pilot, lambda: REPORT.checks[0].why in flat(), 10, "the report")
+        text = flat()
         for check in REPORT.checks:
             assert check.why in text, (width, check.why)
             if check.fix:

@@ -26,6 +26,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 RunFn = Callable[[Sequence[str]], tuple[int, str, str]]
@@ -373,7 +374,7 @@ def _pythons(host: Host, clt_present: bool) -> list[dict[str, str]]:
     On macOS without the command line tools ``/usr/bin/python3`` is only a stub
     that opens an install dialog on the Mac's screen, so it is not run then.
     """
-    found: list[dict[str, str]] = []
+    paths: list[str] = []
     seen = set()
     for name in PYTHON_NAMES:
         for path in host.which_all(name):
@@ -381,11 +382,16 @@ def _pythons(host: Host, clt_present: bool) -> list[dict[str, str]]:
             if real in seen or (path == SYSTEM_PYTHON and not clt_present):
                 continue
             seen.add(real)
-            rc, out, err = host.run([path, "--version"])
-            version = parse_python_version(out + "\n" + err) if rc == 0 else None
-            if version:
-                found.append({"path": path, "version": version})
-    return found
+            paths.append(path)
+
+    def version(path: str) -> str | None:
+        rc, out, err = host.run([path, "--version"])
+        return parse_python_version(out + "\n" + err) if rc == 0 else None
+
+    # At once: a version manager's shims (pyenv: one per python3.N) take ~0.1 s each.
+    with ThreadPoolExecutor(max_workers=max(1, len(paths))) as pool:
+        versions = list(pool.map(version, paths))
+    return [{"path": p, "version": v} for p, v in zip(paths, versions) if v]
 
 
 def _tool(host: Host, name: str, version_args: Sequence[str], parse: Any) -> Any:
@@ -479,26 +485,37 @@ def collect_facts(
     host = Host(run, search_path)
     os_name = _uname(host, "-s", platform.system())
     darwin = os_name == "Darwin"
-    clt = _clt(host, darwin)
-    clt_present = isinstance(clt, dict) and bool(clt.get("path"))
     venv = venv_python or find_venv_python(remote_root)
+
+    def pythons() -> list[dict[str, str]]:
+        clt = _clt(host, darwin)
+        return _pythons(host, not darwin or (isinstance(clt, dict) and bool(clt.get("path"))))
+
+    # The probes are independent commands: run them at once, so doctor waits for the
+    # slowest (the MPS probe's ``import torch``) rather than for their sum.
+    probes: dict[str, Callable[[], Any]] = {
+        "mps": lambda: _mps(host, venv),
+        "pythons": pythons,
+        "clt": lambda: _clt(host, darwin),
+        "macos": lambda: _macos(host) if darwin else NA,
+        "arch": lambda: _arch(host, darwin),
+        "hardware": lambda: _hardware(host, darwin),
+        "vm": lambda: _vm(host, darwin),
+        "tmux": lambda: _tool(host, "tmux", ["-V"], parse_tmux_version),
+        "brew": lambda: _tool(host, "brew", [], None),  # `brew --version` may self-update
+        "disk": lambda: _disk(host, remote_root),
+        "pmset": lambda: _pmset(host, darwin),
+    }
+    with ThreadPoolExecutor(max_workers=len(probes)) as pool:
+        futures = {key: pool.submit(probe) for key, probe in probes.items()}
+        found = {key: future.result() for key, future in futures.items()}
     facts: dict[str, Any] = {
         "schema": SCHEMA,
         "os": os_name,
-        "macos": _macos(host) if darwin else NA,
-        "arch": _arch(host, darwin),
-        "hardware": _hardware(host, darwin),
-        "vm": _vm(host, darwin),
-        "pythons": _pythons(host, clt_present or not darwin),
         "python_running": {"executable": sys.executable, "version": platform.python_version()},
-        "clt": clt,
-        "tmux": _tool(host, "tmux", ["-V"], parse_tmux_version),
-        "brew": _tool(host, "brew", [], None),  # `brew --version` is slow and may self-update
-        "disk": _disk(host, remote_root),
-        "pmset": _pmset(host, darwin),
-        "mps": _mps(host, venv),
     }
-    facts["errors"] = host.errors
+    facts.update(found)
+    facts["errors"] = sorted(host.errors)  # appended from the probes' threads
     facts["clock"] = time.time()  # last, so it is close to when the orchestrator gets the reply
     return facts
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import remotemac
+from tests.conftest import remotemac, remotemac_in_process
 
 
 def project(tmp_path: Path) -> Path:
@@ -88,14 +88,16 @@ CASES = {
 def test_bad_playbook_values_are_one_line_with_key_and_line(case, tmp_path):
     overrides, key = CASES[case]
     path = book(tmp_path, **overrides)
-    line = assert_one_line_exit_2(remotemac("check", str(path)), key, f"{path}:")
+    proc = remotemac_in_process("check", str(path))  # real processes: --home, dry runs below
+    line = assert_one_line_exit_2(proc, key, f"{path}:")
     assert line.split(f"{path}:")[1].split(":")[0].isdigit()  # the line number
 
 
 def test_preflight_seconds_out_of_range_is_exit_2(tmp_path):
     path = book(tmp_path)
     for value in ("1e309", "nan", "-5", "0"):
-        assert_one_line_exit_2(remotemac("preflight", str(path), "--seconds", value), "--seconds")
+        proc = remotemac_in_process("preflight", str(path), "--seconds", value)
+        assert_one_line_exit_2(proc, "--seconds")
 
 
 def test_bad_home_is_exit_2(tmp_path):
