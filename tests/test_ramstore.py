@@ -227,9 +227,7 @@ def test_linux_too_small_is_an_error(tmp_path: Path, run_id: str) -> None:
     assert not os.path.lexists(f"/dev/shm/remotemac-{run_id}")
 
 
-@pytest.mark.parametrize(
-    "platform,shm_root", [("freebsd13", "/dev/shm"), ("linux", "no-such-dir")]
-)
+@pytest.mark.parametrize("platform,shm_root", [("freebsd13", "/dev/shm"), ("linux", "no-such-dir")])
 def test_elsewhere_falls_back_to_run_tmp_with_warning(
     tmp_path: Path, platform: str, shm_root: str
 ) -> None:
