@@ -60,6 +60,13 @@ def test_first_command_verbatim_in_a_new_clone(tmp_path: Path):
         HOME=str(tmp_path / "home"),
         PIP_DISABLE_PIP_VERSION_CHECK="1",
         XDG_STATE_HOME=str(tmp_path / "state"),
+        # pip settings, not a change to the command: where the command's extra index
+        # (download.pytorch.org) cannot be reached, pip would retry it five times per
+        # package (~75 s here) before taking torch from the machine's find-links; and
+        # byte-compiling torch's ~20,000 files on install costs ~20 s that the run's
+        # imports do not need (Python compiles what it imports)
+        PIP_RETRIES="0",
+        PIP_COMPILE="0",  # (pip reads PIP_NO_COMPILE=1 as "compile": its --no-* quirk)
     )
     (tmp_path / "home").mkdir()
     command = readme_commands()[0]

@@ -467,7 +467,9 @@ async def test_runs_screen_shows_what_the_host_says_about_a_detached_run(
 
     from tests.conftest import remotemac
 
-    pb = make_playbook(workload=fast_workload(lines=20, seconds=20))
+    # long enough that the screen usually finds the reference side still running (either
+    # answer comes from the host); attach then waits out both sides, so no longer
+    pb = make_playbook(workload=fast_workload(lines=20, seconds=6))
     proc = remotemac("run", str(pb), "--out", str(tmp_path / "out"), "--detach", "--json")
     assert proc.returncode == 0, proc.stderr
     run_id = json.loads(proc.stdout.splitlines()[-1])["run_id"]

@@ -180,7 +180,15 @@ async def test_tui_with_a_playbook_runs_it(make_playbook, rm_home, tmp_path):
 
 @pytest.mark.asyncio
 async def test_run_dialog_dry_run_and_host_override(make_playbook, rm_home, tmp_path):
-    pb = make_playbook(host="mac-nowhere.invalid")
+    # the promise is the dialog's dry run and host override, not the verdict: a small
+    # torch-free workload (two torch imports cost ~10 s of this test on a loaded machine)
+    pb = make_playbook(
+        host="mac-nowhere.invalid",
+        workload={
+            "command": "python3 emit.py --device {device} --data {data_dir} "
+            "--out {output_dir} --lines 5 --seconds 0.2"
+        },
+    )
     app = make_app(rm_home, tmp_path, [pb], reattach=False, live_poll_s=0)
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press("r")
