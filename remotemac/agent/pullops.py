@@ -8,6 +8,8 @@ trip between them, and a file cut part-way is asked for again from an offset.
 
 ``python3 -S pullops.py send`` speaks this protocol on stdin/stdout:
 
+0. laptop → ``{"ping": true}`` lines (optional, any number), each answered by a
+   ``b"P" 0 0`` frame: the laptop sizes its channel window by this round trip;
 1. laptop → one JSON line ``{"dir": output dir, "files": [[index, name_hex, offset,
    limit], ...]}``: ``name_hex`` is the file's path below ``dir`` as bytes (the name
    the listing gave), ``offset`` what the laptop already holds of it, ``limit`` the
@@ -185,10 +187,14 @@ def serve(stdin: BinaryIO, out: int) -> int:
     """Run one pull stream (see the module doc); returns the process exit code."""
     sender = Sender(out)
     try:
-        line = stdin.readline()
-        if not line:
-            return 3
-        req = json.loads(line.decode("utf-8"))
+        while True:
+            line = stdin.readline()
+            if not line:
+                return 3
+            req = json.loads(line.decode("utf-8"))
+            if not (isinstance(req, dict) and req.get("ping")):
+                break
+            sender.frame(b"P", 0)
         files = _files(req)
         base_fd = os.open(req["dir"], os.O_RDONLY | _DIRECTORY | _NOFOLLOW)
         try:
