@@ -17,9 +17,12 @@ trip between them, and a file cut part-way is asked for again from an offset.
 2. host → for each file, in the order asked, frames ``kind:c index:u32 length:u64``:
    ``b"D"`` + ``length`` bytes of the file, continuing from ``offset`` (chunks of at
    most CHUNK); then ``b"H"`` + the 32-byte SHA-256 of the file's bytes from 0 to
-   where the data ended (the prefix the laptop holds is read and hashed here, not
-   sent); or instead ``b"X"`` + a JSON ``{"why"}``: the file is not sent (a link,
-   FIFO or device, gone, or a parent that is not a directory);
+   where the data ended; or instead ``b"X"`` + a JSON ``{"why"}``: the file is not
+   sent (a link, FIFO or device, gone, or a parent that is not a directory). When
+   ``offset`` is not 0 the data is preceded by ``b"V"`` + the SHA-256 of the file's
+   first ``offset`` bytes (read and hashed here, not sent), and the laptop answers
+   one line: ``go`` (its prefix is the same: continue from ``offset``) or
+   ``restart`` (send the file from 0);
 3. ``b"Z" 0 0`` once every file was sent; any failure is ``b"E" 0 length`` + JSON
    ``{"error", "code"}`` and the end of the stream.
 
@@ -121,8 +124,8 @@ class Sender:
     """Writes frames to the laptop; the hash of each block runs on a helper thread
     while the next block is read and written (hashlib lets go of the GIL)."""
 
-    def __init__(self, out: int) -> None:
-        self.out = out
+    def __init__(self, out: int, stdin: BinaryIO) -> None:
+        self.out, self.stdin = out, stdin
         self.pool = concurrent.futures.ThreadPoolExecutor(1)
         if sys.platform.startswith("linux"):
             # a pipe of the default size only costs more wake-ups
@@ -154,6 +157,14 @@ class Sender:
                     break
                 digest.update(block)
                 done += len(block)
+            if offset:
+                self.frame(b"V", index, digest.copy().digest())
+                answer = self.stdin.readline()
+                if answer == b"restart\n":
+                    digest, done = hashlib.sha256(), 0
+                    os.lseek(fd, 0, os.SEEK_SET)
+                elif answer != b"go\n":
+                    raise BrokenPipeError("no answer to the prefix check")
             pending = None
             while done < limit:
                 block = os.read(fd, min(CHUNK, limit - done))
@@ -185,7 +196,7 @@ def _files(req: Any) -> List[Tuple[int, bytes, int, int]]:
 
 def serve(stdin: BinaryIO, out: int) -> int:
     """Run one pull stream (see the module doc); returns the process exit code."""
-    sender = Sender(out)
+    sender = Sender(out, stdin)
     try:
         while True:
             line = stdin.readline()

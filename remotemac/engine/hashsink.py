@@ -78,6 +78,11 @@ class HashingSink:
         self.pos += len(data)
         return len(data)
 
+    def prefix_hexdigest(self) -> str:
+        """The digest of what was written so far (the file goes on being hashed)."""
+        self._drain()
+        return self._hash.copy().hexdigest()
+
     def hexdigest(self) -> str:
         self._drain()
         self.fh.flush()
