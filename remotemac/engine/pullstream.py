@@ -158,7 +158,7 @@ def split_streams(files: list[StreamFile], streams: int | None = None) -> list[l
     for f in files:
         slot = home.get(f.key)
         if slot is None:
-            slot = min(count - 1, done * count // total) if total else 0
+            slot = min(count - 1, (2 * done + f.size) * count // (2 * total)) if total else 0
             home[f.key] = slot
         groups[slot].append(f)
         done += f.size
