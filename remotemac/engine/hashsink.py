@@ -20,7 +20,8 @@ _THREADS: dict[str, concurrent.futures.ThreadPoolExecutor] = {}
 HASH_BACKLOG = 32
 
 
-def _thread(name: str) -> concurrent.futures.ThreadPoolExecutor:
+def pull_thread(name: str) -> concurrent.futures.ThreadPoolExecutor:
+    """The pull's one thread called ``name`` (``pull-write`` or ``pull-sha256``)."""
     if name not in _THREADS:
         _THREADS[name] = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=name)
     return _THREADS[name]
@@ -73,8 +74,8 @@ class HashingSink:
     def write(self, data: bytes) -> int:
         while len(self._backlog) >= HASH_BACKLOG:
             self._backlog.popleft().result()  # the hashing thread is behind: wait for it
-        self._backlog.append(_thread("pull-write").submit(self.fh.write, data))
-        self._backlog.append(_thread("pull-sha256").submit(self._hash.update, data))
+        self._backlog.append(pull_thread("pull-write").submit(self.fh.write, data))
+        self._backlog.append(pull_thread("pull-sha256").submit(self._hash.update, data))
         self.pos += len(data)
         return len(data)
 

@@ -22,8 +22,10 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import concurrent.futures
 import contextlib
 import errno
+import hashlib
 import json
 import os
 import stat
@@ -32,10 +34,10 @@ import time
 from collections.abc import Awaitable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Protocol
+from typing import Any, BinaryIO, Protocol
 
 from remotemac.data.manifest import sha256_file
-from remotemac.engine.hashsink import HashingSink
+from remotemac.engine.hashsink import HASH_BACKLOG, HashingSink, pull_thread
 from remotemac.errors import HostError, IntegrityError, TransientHostError
 from remotemac.transport.base import RemoteProcess, Transport
 
@@ -99,6 +101,7 @@ class StreamFile:
     why: str | None = None
     _fh: BinaryIO | None = None
     _sink: HashingSink | None = None
+    _landing: _Landing | None = None
     _discard: bool = False
 
     @property
@@ -108,6 +111,8 @@ class StreamFile:
     @property
     def held(self) -> int:
         """Bytes of this file in its ``.rmpart`` so far (its prefix and what landed)."""
+        if self._landing is not None:
+            return self._landing.pos
         return self._sink.pos if self._sink is not None else self.offset
 
     def plan(self, progress: ProgressSink, first: bool) -> None:
@@ -131,11 +136,78 @@ class StreamFile:
     def close(self) -> None:
         if self._fh is not None:
             self._fh.close()
-        self._fh, self._sink = None, None
+        if self._landing is not None:
+            self._landing.abandon()
+        self._fh, self._sink, self._landing = None, None, None
 
     def drop_part(self) -> None:
         self.close()
         self.part.unlink(missing_ok=True)
+
+
+Backlog = collections.deque[concurrent.futures.Future[Any]]
+
+
+class _Landing:
+    """A file fetched from its start, opened, written, hashed and renamed into place on
+    the pull's threads, so the event loop never waits for a file to end.
+
+    Why: with 1,000 small files the loop spent 0.5 s in ``open`` and 0.7 s waiting for
+    each file's last block to be hashed before it read the next frame. ``backlog`` is
+    shared by a stream's files: it bounds the blocks waiting for the threads.
+    """
+
+    def __init__(self, part: Path, backlog: Backlog) -> None:
+        self.part, self.backlog, self.pos = part, backlog, 0
+        self._hash = hashlib.sha256()
+        self._fd = pull_thread("pull-write").submit(_create, part)
+
+    def _write(self, data: bytes) -> None:
+        if self._fd.exception() is not None:  # done: it ran earlier on this thread
+            return
+        view, fd = memoryview(data), self._fd.result()
+        while view:
+            view = view[os.write(fd, view) :]
+
+    def write(self, data: bytes) -> None:
+        while len(self.backlog) >= HASH_BACKLOG:
+            self.backlog.popleft().result()  # the threads are behind: wait for them
+        self.backlog.append(pull_thread("pull-write").submit(self._write, data))
+        self.backlog.append(pull_thread("pull-sha256").submit(self._hash.update, data))
+        self.pos += len(data)
+
+    def finish(self, dest: Path, digest: str) -> concurrent.futures.Future[tuple[str, str]]:
+        """(``ok``, digest) once renamed to ``dest``; (``why``, text) if it cannot be
+        written here; (``bad``, its digest) if it differs (its ``.rmpart`` removed)."""
+        hashed = pull_thread("pull-sha256").submit(self._hash.hexdigest)
+
+        def done() -> tuple[str, str]:
+            error = self._fd.exception()
+            if isinstance(error, OSError) and error.errno in LOCAL_REFUSALS:
+                return "why", f"cannot be written here: {error.strerror}"
+            fd = self._fd.result()
+            os.close(fd)
+            got = hashed.result()
+            if got != digest:
+                self.part.unlink(missing_ok=True)
+                return "bad", got
+            os.replace(self.part, dest)
+            return "ok", got
+
+        return pull_thread("pull-write").submit(done)
+
+    def abandon(self) -> None:
+        """Stop here (a cut, a failure): what was written stays, a clean prefix."""
+        for fut in list(self.backlog):
+            with contextlib.suppress(Exception):
+                fut.result()
+        with contextlib.suppress(Exception):
+            os.close(self._fd.result())
+
+
+def _create(part: Path) -> int:
+    fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _NOFOLLOW, 0o600)
+    return fd
 
 
 def choose_window(rtt: float, streams: int = 1) -> int:
@@ -220,8 +292,22 @@ class _Stream:
         self.asked = 0  # files at the queue's head that the current request covers
         self.last = time.monotonic()  # the last time bytes or a verdict arrived
         self.window: int | None = None  # chosen on the first channel by its round trip
+        self.backlog: Backlog = collections.deque()  # blocks waiting for the pull's threads
+        #: files whose last frame came, being checked and renamed on the pull's threads
+        self.finishing: collections.deque[tuple[StreamFile, asyncio.Future[Any]]] = (
+            collections.deque()
+        )
 
     async def run(self) -> None:
+        try:
+            await self._run()
+        except Exception:
+            # a damaged file already received tells more than what broke after it
+            while self.finishing:
+                await self._collect()
+            raise
+
+    async def _run(self) -> None:
         pause = 0.05
         while self.queue:
             before = self.last
@@ -231,11 +317,31 @@ class _Stream:
             except TransientHostError:
                 if time.monotonic() - self.last >= self.t.reconnect_deadline:
                     raise
-                for f in self.queue:  # what landed is kept; the hash state too
+                for f in self.queue:  # what landed is kept (and a resumed file's hash state)
                     f.offset = f.held
+                    if f._landing is not None:  # checked against the host's prefix digest
+                        f._landing.abandon()
+                        f._landing = None
                 # a channel refused again and again on a live link: do not spin
                 pause = 0.05 if self.last != before else min(1.0, pause * 2)
                 await asyncio.sleep(pause)
+        while self.finishing:
+            await self._collect()
+
+    async def _collect(self) -> None:
+        """The oldest finishing file's verdict: in place, not writable here, or damaged."""
+        f, fut = self.finishing.popleft()
+        verdict, value = await fut
+        if verdict == "ok":
+            f.sha256 = value
+        elif verdict == "why":
+            f.why = value
+        else:
+            raise IntegrityError(
+                f"{self.t.name}: result {f.remote} failed its checksum after transfer "
+                f"(got {value[:12]}…, not the host's digest)",
+                hint="the file changed on the host or was damaged; pull again",
+            )
 
     async def _once(self, reconnect_within: float) -> None:
         window = self.window or BASE_WINDOW
@@ -373,10 +479,15 @@ class _Stream:
     async def _land(self, f: StreamFile, data: bytes) -> None:
         if f.whole:
             raise self._broken("data for a file asked for its digest only", f)
-        if f._sink is None and not f._discard:
-            await self._open(f)
-        if f._sink is not None:
-            f._sink.write(data)
+        if f.offset == 0 and f._sink is None:  # from its start: on the pull's threads
+            if f._landing is None:
+                f._landing = _Landing(f.part, self.backlog)
+            f._landing.write(data)
+        else:
+            if f._sink is None and not f._discard:
+                await self._open(f)
+            if f._sink is not None:
+                f._sink.write(data)
         self.progress.add(len(data))
         self.last = time.monotonic()
 
@@ -391,17 +502,25 @@ class _Stream:
             self.progress.skip(f.size)
             self._next()
             return
+        if f.offset == 0 and f._sink is None:
+            landing, f._landing = f._landing or _Landing(f.part, self.backlog), None
+            if landing.pos != f.size:
+                landing.abandon()
+                f.drop_part()
+                raise self._changed_size(f, landing.pos)
+            fut = asyncio.wrap_future(landing.finish(f.dest, digest))
+            self.finishing.append((f, fut))
+            self._next()
+            if len(self.finishing) > 256:
+                await self._collect()
+            return
         if f._sink is None:
             await self._open(f)  # an empty file, or a prefix that held it all
         assert f._sink is not None
         got, held = f._sink.hexdigest(), f._sink.pos
         if held != f.size:
             f.drop_part()
-            raise IntegrityError(
-                f"{self.t.name}: result {f.remote} changed size on the host while it was "
-                f"pulled ({f.size} bytes listed, {held} there)",
-                hint="let the job finish writing its outputs, then pull again",
-            )
+            raise self._changed_size(f, held)
         if got == digest:
             f.close()
             os.replace(f.part, f.dest)
@@ -418,6 +537,13 @@ class _Stream:
             f"{self.t.name}: result {f.remote} failed its checksum after transfer "
             f"(expected {digest[:12]}…, got {got[:12]}…)",
             hint="the file changed on the host or was damaged; pull again",
+        )
+
+    def _changed_size(self, f: StreamFile, held: int) -> IntegrityError:
+        return IntegrityError(
+            f"{self.t.name}: result {f.remote} changed size on the host while it was "
+            f"pulled ({f.size} bytes listed, {held} there)",
+            hint="let the job finish writing its outputs, then pull again",
         )
 
     def _again(self, f: StreamFile) -> None:
