@@ -1,14 +1,16 @@
 """Pull results from the host: verified, resumable, and never outside ``--out``.
 
-The agent lists the output directory with kinds, sizes and SHA-256. The host is
-not trusted: every name is validated (no absolute paths, no ``..``, no NUL or
+The agent lists the output directory with kinds and sizes. The host is not
+trusted: every name is validated (no absolute paths, no ``..``, no NUL or
 backslash), every local directory on the way is created by us and checked to be
-a real directory (no link can lead out), the host's own entry and its parents
-are ``lstat``-ed so a link, FIFO or device there is skipped and never read, and
-each file is written to ``.<name>.rmpart`` (opened without following links) and
-renamed into place only when its SHA-256 matches. An interrupted pull leaves the
-``.rmpart`` file, and the next pull continues from its end; a checksum failure
-removes it and ends with exit 5.
+a real directory (no link can lead out), and each file is written to
+``.<name>.rmpart`` (opened without following links) and renamed into place only
+when its SHA-256 matches. The bytes come down exec channels from the host's
+``pullops.py`` (pullstream.py: it skips links, FIFOs and devices unopened and
+hashes each file as it reads it); SFTP with a hashed listing is the fallback. An
+interrupted pull leaves the ``.rmpart`` file, and the next pull continues from its
+end once the host's digest of that prefix agrees; a checksum failure removes it and
+ends with exit 5.
 """
 
 from __future__ import annotations

@@ -13,9 +13,10 @@ frame for another file, a byte past the listed size, an unknown frame or a bad
 digest frame is an IntegrityError (exit 5): the host never chooses a local name.
 
 A cut link costs only what was in flight: the stream is asked for again from the
-byte each file holds (its hash state kept), within the transport's reconnect
-deadline. A resumed prefix that turns out to be another version of the file (its
-digest differs) is fetched once more from its start.
+byte each file holds, within the transport's reconnect deadline. For a file asked
+from a non-zero offset the host first sends the SHA-256 of that prefix and this
+side answers ``go`` or ``restart``: a prefix from another version of the file (a
+stale ``.rmpart``, a result changed on the host) costs no byte before it is found.
 """
 
 from __future__ import annotations
