@@ -47,6 +47,8 @@ FRAME = struct.Struct(">cIQ")
 PART = ".rmpart"
 #: the largest data frame accepted (the host sends 1 MiB): bounds what one frame holds
 MAX_CHUNK = 8 << 20
+#: bytes of one-frame files a stream holds while they wait to be written (peak RSS)
+FINISHING_BYTES = 8 << 20
 #: the largest skip or error message accepted from the host
 MAX_NOTE = 64 << 10
 #: the laptop's receive window per channel: one channel carries this much per round
@@ -193,6 +195,11 @@ class _Landing:
             self._start()
             self._submit(data)
         self.pos += len(data)
+
+    @property
+    def whole_job(self) -> bool:
+        """Whether the file is still one block in memory (finished as one job)."""
+        return self._fd is None
 
     def finish(self, dest: Path, digest: str) -> concurrent.futures.Future[tuple[str, str]]:
         """(``ok``, digest) once renamed to ``dest``; (``why``, text) if it cannot be
@@ -344,9 +351,10 @@ class _Stream:
         self.window: int | None = None  # chosen on the first channel by its round trip
         self.backlog: Backlog = collections.deque()  # blocks waiting for the pull's threads
         #: files whose last frame came, being checked and renamed on the pull's threads
-        self.finishing: collections.deque[tuple[StreamFile, asyncio.Future[Any]]] = (
+        self.finishing: collections.deque[tuple[StreamFile, asyncio.Future[Any], int]] = (
             collections.deque()
         )
+        self.finishing_bytes = 0  # the one-frame files among them hold their bytes
 
     async def run(self) -> None:
         try:
@@ -380,7 +388,8 @@ class _Stream:
 
     async def _collect(self) -> None:
         """The oldest finishing file's verdict: in place, not writable here, or damaged."""
-        f, fut = self.finishing.popleft()
+        f, fut, held = self.finishing.popleft()
+        self.finishing_bytes -= held
         verdict, value = await fut
         if verdict == "ok":
             f.sha256 = value
@@ -558,10 +567,12 @@ class _Stream:
                 landing.abandon()
                 f.drop_part()
                 raise self._changed_size(f, landing.pos)
+            held = f.size if landing.whole_job else 0
             fut = asyncio.wrap_future(landing.finish(f.dest, digest))
-            self.finishing.append((f, fut))
+            self.finishing.append((f, fut, held))
+            self.finishing_bytes += held
             self._next()
-            if len(self.finishing) > 256:
+            while len(self.finishing) > 256 or self.finishing_bytes > FINISHING_BYTES:
                 await self._collect()
             return
         if f._sink is None:
