@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, Protocol
 
 from remotemac.data.manifest import sha256_file
-from remotemac.engine.hashsink import HASH_BACKLOG, HashingSink, pull_thread
+from remotemac.engine.hashsink import HashingSink, pull_thread
 from remotemac.errors import HostError, IntegrityError, TransientHostError
 from remotemac.transport.base import RemoteProcess, Transport
 
@@ -47,8 +47,12 @@ FRAME = struct.Struct(">cIQ")
 PART = ".rmpart"
 #: the largest data frame accepted (the host sends 1 MiB): bounds what one frame holds
 MAX_CHUNK = 8 << 20
-#: bytes of one-frame files a stream holds while they wait to be written (peak RSS)
-FINISHING_BYTES = 8 << 20
+#: a stream's blocks waiting for the writing and hashing threads (two futures each),
+#: and the bytes of one-frame files waiting to be written: together with the channel
+#: window, what a stream holds. Kept small: blocks of many sizes alive at once
+#: fragment the laptop's heap (peak RSS 160-200 MiB with 8 MiB and 16 blocks)
+STREAM_BACKLOG = 8
+FINISHING_BYTES = 4 << 20
 #: the largest skip or error message accepted from the host
 MAX_NOTE = 64 << 10
 #: the laptop's receive window per channel: one channel carries this much per round
@@ -61,9 +65,11 @@ MAX_WINDOW = 32 << 20
 #: twice a 100 MB/s link: the fault proxy's 80 ms, 100 MB/s link gave 58 MB/s with
 #: 12 MiB windows and 68 MB/s with 25 MiB on one file (its queue adds to the round trip)
 TARGET_RATE = 200e6
-#: channels at once; on one host both ends share the same cores, and one stream per
-#: channel keeps files whole (each is hashed in order as it lands)
-STREAMS = 2
+#: channels a pull's files are split over (each file whole on one, hashed in order as
+#: it lands). One: a stream has no round trip between files, its window is sized for
+#: the link, and on loopback both ends share the same cores; two gave no measurable
+#: gain there and raised the laptop's peak RSS from ~70 to 130-235 MiB (1,000 files)
+STREAMS = 1
 #: a second stream only pays for this much data (it costs a python start on the host)
 MIN_STREAM_BYTES = 64 << 20
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
@@ -177,7 +183,7 @@ class _Landing:
         return self._fd
 
     def _submit(self, data: bytes) -> None:
-        while len(self.backlog) >= HASH_BACKLOG:
+        while len(self.backlog) >= STREAM_BACKLOG:
             self.backlog.popleft().result()  # the threads are behind: wait for them
         self.backlog.append(pull_thread("pull-write").submit(self._write, data))
         self.backlog.append(pull_thread("pull-sha256").submit(self._hash.update, data))
