@@ -47,12 +47,9 @@ FRAME = struct.Struct(">cIQ")
 PART = ".rmpart"
 #: the largest data frame accepted (the host sends 1 MiB): bounds what one frame holds
 MAX_CHUNK = 8 << 20
-#: a stream's blocks waiting for the writing and hashing threads (two futures each),
-#: and the bytes of one-frame files waiting to be written: together with the channel
-#: window, what a stream holds. Kept small: blocks of many sizes alive at once
-#: fragment the laptop's heap (peak RSS 160-200 MiB with 8 MiB and 16 blocks)
-STREAM_BACKLOG = 8
-FINISHING_BYTES = 4 << 20
+#: a stream's blocks waiting for the writing and hashing threads (two futures each):
+#: with the channel window, what a stream holds in memory
+STREAM_BACKLOG = 16
 #: the largest skip or error message accepted from the host
 MAX_NOTE = 64 << 10
 #: the laptop's receive window per channel: one channel carries this much per round
@@ -67,8 +64,9 @@ MAX_WINDOW = 32 << 20
 TARGET_RATE = 200e6
 #: channels a pull's files are split over (each file whole on one, hashed in order as
 #: it lands). One: a stream has no round trip between files, its window is sized for
-#: the link, and on loopback both ends share the same cores; two gave no measurable
-#: gain there and raised the laptop's peak RSS from ~70 to 130-235 MiB (1,000 files)
+#: the link, and on loopback both ends share the same cores (1 and 2 streams gave
+#: 1.8-4.6 s each for 1,000 files of 512 MiB on the shared 2-core machine: no
+#: difference to see through its noise, and one stream holds less memory)
 STREAMS = 1
 #: a second stream only pays for this much data (it costs a python start on the host)
 MIN_STREAM_BYTES = 64 << 20
@@ -162,58 +160,31 @@ class _Landing:
     the pull's threads, so the event loop never waits for a file to end.
 
     Why: with 1,000 small files the loop spent 0.5 s in ``open`` and 0.7 s waiting for
-    each file's last block to be hashed before it read the next frame. A file of one
-    frame (most results) is kept until its digest comes and handed to the writing
-    thread as one job. ``backlog`` is shared by a stream's files: it bounds the blocks
-    waiting for the threads.
+    each file's last block to be hashed before it read the next frame. ``backlog`` is
+    shared by a stream's files: it bounds the blocks waiting for the threads. (Keeping
+    a one-frame file until its digest came, to hand it over as one job, raised the
+    laptop's peak RSS from 65 to 210-270 MiB over 1,000 files: glibc's heap.)
     """
 
     def __init__(self, part: Path, backlog: Backlog) -> None:
         self.part, self.backlog, self.pos = part, backlog, 0
         self._hash = hashlib.sha256()
-        self._fd: concurrent.futures.Future[int] | None = None
-        self._first = b""  # the first block, kept until a second one or the digest comes
+        self._fd = pull_thread("pull-write").submit(_create, part)
 
-    def _start(self) -> concurrent.futures.Future[int]:
-        if self._fd is None:
-            self._fd = pull_thread("pull-write").submit(_create, self.part)
-            first, self._first = self._first, b""
-            if first:
-                self._submit(first)
-        return self._fd
-
-    def _submit(self, data: bytes) -> None:
+    def write(self, data: bytes) -> None:
         while len(self.backlog) >= STREAM_BACKLOG:
             self.backlog.popleft().result()  # the threads are behind: wait for them
         self.backlog.append(pull_thread("pull-write").submit(self._write, data))
         self.backlog.append(pull_thread("pull-sha256").submit(self._hash.update, data))
-
-    def _write(self, data: bytes) -> None:
-        fd = self._fd  # set before any write was submitted; its open ran earlier here
-        assert fd is not None
-        if fd.exception() is None:
-            _write_all(fd.result(), data)
-
-    def write(self, data: bytes) -> None:
-        if self._fd is None and not self._first:
-            self._first = data
-        else:
-            self._start()
-            self._submit(data)
         self.pos += len(data)
 
-    @property
-    def whole_job(self) -> bool:
-        """Whether the file is still one block in memory (finished as one job)."""
-        return self._fd is None
+    def _write(self, data: bytes) -> None:
+        if self._fd.exception() is None:  # done: its open ran earlier on this thread
+            _write_all(self._fd.result(), data)
 
     def finish(self, dest: Path, digest: str) -> concurrent.futures.Future[tuple[str, str]]:
         """(``ok``, digest) once renamed to ``dest``; (``why``, text) if it cannot be
         written here; (``bad``, its digest) if it differs (its ``.rmpart`` removed)."""
-        if self._fd is None:  # one block at most: one job
-            return pull_thread("pull-write").submit(
-                _land_whole, self.part, dest, self._first, digest
-            )
         fd = self._fd
         hashed = pull_thread("pull-sha256").submit(self._hash.hexdigest)
 
@@ -227,7 +198,7 @@ class _Landing:
 
     def abandon(self) -> None:
         """Stop here (a cut, a failure): what was written stays, a clean prefix."""
-        fd = self._start()
+        fd = self._fd
         for fut in list(self.backlog):
             with contextlib.suppress(Exception):
                 fut.result()
@@ -258,19 +229,6 @@ def _settle(part: Path, dest: Path, got: str, digest: str) -> tuple[str, str]:
         return "bad", got
     os.replace(part, dest)
     return "ok", got
-
-
-def _land_whole(part: Path, dest: Path, data: bytes, digest: str) -> tuple[str, str]:
-    """A file of one block: created, written, hashed, renamed (on the writing thread)."""
-    try:
-        fd = _create(part)
-    except OSError as exc:
-        return _refused(exc)
-    try:
-        _write_all(fd, data)
-    finally:
-        os.close(fd)
-    return _settle(part, dest, hashlib.sha256(data).hexdigest(), digest)
 
 
 def choose_window(rtt: float, streams: int = 1) -> int:
@@ -357,10 +315,9 @@ class _Stream:
         self.window: int | None = None  # chosen on the first channel by its round trip
         self.backlog: Backlog = collections.deque()  # blocks waiting for the pull's threads
         #: files whose last frame came, being checked and renamed on the pull's threads
-        self.finishing: collections.deque[tuple[StreamFile, asyncio.Future[Any], int]] = (
+        self.finishing: collections.deque[tuple[StreamFile, asyncio.Future[Any]]] = (
             collections.deque()
         )
-        self.finishing_bytes = 0  # the one-frame files among them hold their bytes
 
     async def run(self) -> None:
         try:
@@ -394,8 +351,7 @@ class _Stream:
 
     async def _collect(self) -> None:
         """The oldest finishing file's verdict: in place, not writable here, or damaged."""
-        f, fut, held = self.finishing.popleft()
-        self.finishing_bytes -= held
+        f, fut = self.finishing.popleft()
         verdict, value = await fut
         if verdict == "ok":
             f.sha256 = value
@@ -573,12 +529,10 @@ class _Stream:
                 landing.abandon()
                 f.drop_part()
                 raise self._changed_size(f, landing.pos)
-            held = f.size if landing.whole_job else 0
             fut = asyncio.wrap_future(landing.finish(f.dest, digest))
-            self.finishing.append((f, fut, held))
-            self.finishing_bytes += held
+            self.finishing.append((f, fut))
             self._next()
-            while len(self.finishing) > 256 or self.finishing_bytes > FINISHING_BYTES:
+            while len(self.finishing) > 256:
                 await self._collect()
             return
         if f._sink is None:
