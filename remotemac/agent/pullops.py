@@ -170,12 +170,17 @@ class Sender:
                 block = os.read(fd, min(CHUNK, limit - done))
                 if not block:
                     break  # shorter than listed: the laptop sees the size differ
+                done += len(block)
+                if done >= limit and pending is None:
+                    # a file of one block (most results): hashed here, no thread hand-off
+                    digest.update(block)
+                    self._write(FRAME.pack(b"D", index, len(block)) + block)
+                    break
                 self._write(FRAME.pack(b"D", index, len(block)))
                 if pending is not None:
                     pending.result()
                 pending = self.pool.submit(digest.update, block)
                 self._write(block)
-                done += len(block)
             if pending is not None:
                 pending.result()
         finally:
