@@ -166,12 +166,23 @@ class _Landing:
     laptop's peak RSS from 65 to 210-270 MiB over 1,000 files: glibc's heap.)
     """
 
-    def __init__(self, part: Path, backlog: Backlog) -> None:
-        self.part, self.backlog, self.pos = part, backlog, 0
+    def __init__(self, part: Path, backlog: Backlog, size: int) -> None:
+        self.part, self.backlog, self.pos, self.size = part, backlog, 0, size
         self._hash = hashlib.sha256()
-        self._fd = pull_thread("pull-write").submit(_create, part)
+        self._fd: concurrent.futures.Future[int] | None = None
+        #: a file that comes as one block: created, written and hashed as one job
+        self._whole: concurrent.futures.Future[tuple[str, str]] | None = None
 
     def write(self, data: bytes) -> None:
+        if self._fd is None and self._whole is None and len(data) == self.size:
+            while len(self.backlog) >= STREAM_BACKLOG:
+                self.backlog.popleft().result()  # the threads are behind: wait for them
+            self._whole = pull_thread("pull-write").submit(_land_whole, self.part, data)
+            self.backlog.append(self._whole)
+            self.pos += len(data)
+            return
+        if self._fd is None:
+            self._fd = pull_thread("pull-write").submit(_create, self.part)
         while len(self.backlog) >= STREAM_BACKLOG:
             self.backlog.popleft().result()  # the threads are behind: wait for them
         self.backlog.append(pull_thread("pull-write").submit(self._write, data))
@@ -179,12 +190,23 @@ class _Landing:
         self.pos += len(data)
 
     def _write(self, data: bytes) -> None:
+        assert self._fd is not None  # set before any write was submitted
         if self._fd.exception() is None:  # done: its open ran earlier on this thread
             _write_all(self._fd.result(), data)
 
     def finish(self, dest: Path, digest: str) -> concurrent.futures.Future[tuple[str, str]]:
         """(``ok``, digest) once renamed to ``dest``; (``why``, text) if it cannot be
         written here; (``bad``, its digest) if it differs (its ``.rmpart`` removed)."""
+        whole = self._whole
+        if whole is not None:
+
+            def settle() -> tuple[str, str]:
+                verdict, got = whole.result()
+                return (verdict, got) if verdict == "why" else _settle(self.part, dest, got, digest)
+
+            return pull_thread("pull-write").submit(settle)
+        if self._fd is None:  # an empty file
+            self._fd = pull_thread("pull-write").submit(_create, self.part)
         fd = self._fd
         hashed = pull_thread("pull-sha256").submit(self._hash.hexdigest)
 
@@ -198,16 +220,30 @@ class _Landing:
 
     def abandon(self) -> None:
         """Stop here (a cut, a failure): what was written stays, a clean prefix."""
-        fd = self._fd
         for fut in list(self.backlog):
             with contextlib.suppress(Exception):
                 fut.result()
-        with contextlib.suppress(Exception):
-            os.close(fd.result())
+        if self._fd is not None:
+            with contextlib.suppress(Exception):
+                os.close(self._fd.result())
 
 
 def _create(part: Path) -> int:
     return os.open(part, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _NOFOLLOW, 0o600)
+
+
+def _land_whole(part: Path, data: bytes) -> tuple[str, str]:
+    """A file of one block into its ``.rmpart`` (on the writing thread): (``hashed``,
+    its digest), or (``why``, text) when it cannot be created here."""
+    try:
+        fd = _create(part)
+    except OSError as exc:
+        return _refused(exc)
+    try:
+        _write_all(fd, data)
+    finally:
+        os.close(fd)
+    return "hashed", hashlib.sha256(data).hexdigest()
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -502,7 +538,7 @@ class _Stream:
             raise self._broken("data for a file asked for its digest only", f)
         if f.offset == 0 and f._sink is None:  # from its start: on the pull's threads
             if f._landing is None:
-                f._landing = _Landing(f.part, self.backlog)
+                f._landing = _Landing(f.part, self.backlog, f.size)
             f._landing.write(data)
         else:
             if f._sink is None and not f._discard:
@@ -524,7 +560,7 @@ class _Stream:
             self._next()
             return
         if f.offset == 0 and f._sink is None:
-            landing, f._landing = f._landing or _Landing(f.part, self.backlog), None
+            landing, f._landing = f._landing or _Landing(f.part, self.backlog, f.size), None
             if landing.pos != f.size:
                 landing.abandon()
                 f.drop_part()
