@@ -160,10 +160,11 @@ class _Landing:
     the pull's threads, so the event loop never waits for a file to end.
 
     Why: with 1,000 small files the loop spent 0.5 s in ``open`` and 0.7 s waiting for
-    each file's last block to be hashed before it read the next frame. ``backlog`` is
-    shared by a stream's files: it bounds the blocks waiting for the threads. (Keeping
-    a one-frame file until its digest came, to hand it over as one job, raised the
-    laptop's peak RSS from 65 to 210-270 MiB over 1,000 files: glibc's heap.)
+    each file's last block to be hashed before it read the next frame. A file that
+    comes as one block (most results) is created, written and hashed as one job.
+    ``backlog`` is shared by a stream's files and bounds the blocks waiting for the
+    threads: every job counts (one-block jobs left out of it piled up and raised the
+    laptop's peak RSS from 70 to 220-270 MiB over 1,000 files).
     """
 
     def __init__(self, part: Path, backlog: Backlog, size: int) -> None:
