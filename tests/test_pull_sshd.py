@@ -140,6 +140,8 @@ async def test_lying_agent_cannot_write_outside_out(sshd, host_factory, tmp_path
 
 @pytest.mark.asyncio
 async def test_checksum_mismatch_is_exit_5_and_leaves_no_part_file(sshd, host_factory, tmp_path):
+    """Over SFTP (the fallback) the sum comes from the hashed listing; a streamed pull's
+    own checksum failure is tests/test_pull_stream_sshd.py's."""
     host = await host_factory(sshd)
     remote_out = Path(host.run_dir, "out", "cpu")
     remote_out.mkdir(parents=True)
@@ -155,7 +157,7 @@ async def test_checksum_mismatch_is_exit_5_and_leaves_no_part_file(sshd, host_fa
     dest = tmp_path / "out" / "results" / "cpu"
     try:
         with pytest.raises(IntegrityError) as err:
-            await pull_dir(host.transport, host.agent, str(remote_out), dest)
+            await pull_dir(host.transport, host.agent, str(remote_out), dest, sftp=True)
     finally:
         await host.transport.close()
     assert err.value.exit_code == EXIT_INTEGRITY

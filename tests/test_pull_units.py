@@ -5,6 +5,8 @@ from __future__ import annotations
 import hashlib
 import resource
 
+import pytest
+
 from remotemac.engine import pull
 from remotemac.engine.pull import FILES_IN_FLIGHT, HashingSink, files_in_flight
 
@@ -38,3 +40,63 @@ def test_files_in_flight_fit_a_small_open_files_limit(monkeypatch):
     raised = []
     monkeypatch.setattr(resource, "setrlimit", lambda _r, limits: raised.append(limits))
     assert files_in_flight() == pull.FILES_IN_FLIGHT and raised == [(8192, resource.RLIM_INFINITY)]
+
+
+def test_the_host_sender_opens_only_regular_files_below_its_dir_without_links(tmp_path):
+    """agent/pullops.py's own checks (the host's side of a streamed pull): a link, a
+    FIFO, a linked or missing parent, a climbing name are refused, never opened."""
+    import os
+
+    from remotemac.agent.pullops import Skip, open_below
+
+    out, outside = tmp_path / "out", tmp_path / "outside"
+    (out / "sub").mkdir(parents=True)
+    outside.mkdir()
+    (outside / "secret").write_bytes(b"secret")
+    (out / "sub" / "ok.bin").write_bytes(b"fine")
+    os.symlink(outside / "secret", out / "link")
+    os.symlink(outside, out / "linkdir")
+    os.mkfifo(out / "pipe")
+    (out / "plain").write_bytes(b"x")
+    base = os.open(out, os.O_RDONLY)
+    try:
+        fd = open_below(base, b"sub/ok.bin")
+        assert os.read(fd, 10) == b"fine"
+        os.close(fd)
+        refused = {
+            b"link": "link",
+            b"linkdir/secret": "parent linkdir is a link",
+            b"pipe": "fifo",
+            b"plain/x": "parent plain is a regular file",
+            b"gone": "gone",
+            b"sub/../link": "plain relative",
+            b"/etc/passwd": "plain relative",
+            b"sub": "dir",
+        }
+        for name, why in refused.items():
+            with pytest.raises(Skip, match=why):
+                open_below(base, name)
+    finally:
+        os.close(base)
+
+
+def test_streams_split_by_bytes_and_one_local_file_stays_on_one_stream(tmp_path):
+    from remotemac.engine.pullstream import (
+        BASE_WINDOW,
+        MAX_WINDOW,
+        StreamFile,
+        choose_window,
+        split_streams,
+    )
+
+    def f(i: int, size: int, key: str) -> StreamFile:
+        return StreamFile(i, b"n", "r", tmp_path / str(i), size, key=key)
+
+    files = [f(i, 100 << 20, f"k{i}") for i in range(4)] + [f(4, 1, "k0")]
+    groups = split_streams(files, 2)
+    assert [[x.index for x in g] for g in groups] == [[0, 1, 4], [2, 3]]
+    assert len(split_streams([f(0, 1 << 30, "a")], 2)) == 1  # one file: one stream
+    assert len(split_streams([f(i, 1 << 20, str(i)) for i in range(9)], 2)) == 1  # 9 MiB
+    assert choose_window(0.0005) == BASE_WINDOW  # loopback: the small window
+    assert 16 << 20 < choose_window(0.08) <= MAX_WINDOW  # 80 ms: one channel fills 100 MB/s
+    assert choose_window(0.08, 2) < choose_window(0.08)

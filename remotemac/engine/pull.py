@@ -1,40 +1,40 @@
 """Pull results from the host: verified, resumable, and never outside ``--out``.
 
-The agent lists the output directory with kinds, sizes and SHA-256. The host is
-not trusted: every name is validated (no absolute paths, no ``..``, no NUL or
+The agent lists the output directory with kinds and sizes. The host is not
+trusted: every name is validated (no absolute paths, no ``..``, no NUL or
 backslash), every local directory on the way is created by us and checked to be
-a real directory (no link can lead out), the host's own entry and its parents
-are ``lstat``-ed so a link, FIFO or device there is skipped and never read, and
-each file is written to ``.<name>.rmpart`` (opened without following links) and
-renamed into place only when its SHA-256 matches. An interrupted pull leaves the
-``.rmpart`` file, and the next pull continues from its end; a checksum failure
-removes it and ends with exit 5.
+a real directory (no link can lead out), and each file is written to
+``.<name>.rmpart`` (opened without following links) and renamed into place only
+when its SHA-256 matches. The bytes come down exec channels from the host's
+``pullops.py`` (pullstream.py: it skips links, FIFOs and devices unopened and
+hashes each file as it reads it); SFTP with a hashed listing is the fallback. An
+interrupted pull leaves the ``.rmpart`` file, and the next pull continues from its
+end once the host's digest of that prefix agrees; a checksum failure removes it and
+ends with exit 5.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
-import concurrent.futures
 import contextlib
-import errno
-import hashlib
 import os
 import re
 import stat
 import unicodedata
 from collections.abc import Awaitable, Callable
 from pathlib import Path, PurePosixPath
-from typing import Any, BinaryIO
+from typing import Any
 
 from remotemac.data.manifest import sha256_file
 from remotemac.engine.agentclient import AgentClient
 from remotemac.engine.context import RunContext, Side
+from remotemac.engine.hashsink import HashingSink
+from remotemac.engine.pullstream import LOCAL_REFUSALS as _LOCAL_REFUSALS
+from remotemac.engine.pullstream import PART, StreamFile, pull_streamed, sender_argv
 from remotemac.errors import IntegrityError, RemotemacError, UnsafePath
 from remotemac.events import Event, PhaseProgress, Warning
 from remotemac.transport.base import Transport
 
-PART = ".rmpart"
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _HEX = set("0123456789abcdef")
 
@@ -151,6 +151,7 @@ async def pull_dir(
     run_id: str = "",
     label: str = "",
     max_bytes: int | None = None,
+    sftp: bool = False,
 ) -> dict[str, Any]:
     """Bring every regular file below ``remote_dir`` into ``dest_root``, verified.
 
@@ -158,9 +159,26 @@ async def pull_dir(
     caps the listed total (OutputsTooLarge, exit 5, before a byte moves).
     Returns ``{"dir", "files": [{path, size, sha256}], "skipped": [{path, why}],
     "downloaded": bytes moved}``. Raises IntegrityError (exit 5) on a checksum failure.
+
+    The bytes come down exec channels from the host's ``pullops.py`` (pullstream.py),
+    which hashes each file as it reads it; ``sftp=True``, or a transport that cannot
+    stream to a command, fetches them over SFTP with a hashed listing instead.
     """
     emit = emit or (lambda _e: None)
     entries = await _listing(transport, agent, remote_dir, {"hash": False})
+    if not sftp and _can_stream(transport):
+        return await _pull_listed(
+            transport,
+            entries,
+            None,
+            remote_dir,
+            dest_root,
+            emit=emit,
+            run_id=run_id,
+            label=label,
+            max_bytes=max_bytes,
+            sender=sender_argv(agent.python, agent.agent_dir),
+        )
     # the host hashes each file up to the size just listed (a file still growing is
     # verified as it was listed) while the bytes move
     upto = {
@@ -183,6 +201,12 @@ async def pull_dir(
         )
     finally:
         await sums.close()
+
+
+def _can_stream(transport: Transport) -> bool:
+    """Whether ``transport`` can run the host's sender with streamed output."""
+    owner = type(transport.link_owner())
+    return owner.open_process is not Transport.open_process
 
 
 async def _listing(
@@ -232,7 +256,7 @@ class _NotPulled(Exception):
 async def _pull_listed(
     transport: Transport,
     entries: list[Any],
-    sums: _Sums,
+    sums: _Sums | None,
     remote_dir: str,
     dest_root: Path,
     *,
@@ -240,7 +264,10 @@ async def _pull_listed(
     run_id: str,
     label: str,
     max_bytes: int | None,
+    sender: list[str] | None = None,
 ) -> dict[str, Any]:
+    """Validate the listing, then fetch what it names: streamed (``sender``, the host's
+    command) or over SFTP checked against ``sums``."""
     dest_root.mkdir(parents=True, exist_ok=True)
     root_st = os.lstat(dest_root)
     if not stat.S_ISDIR(root_st.st_mode):
@@ -279,16 +306,84 @@ async def _pull_listed(
             hint="raise outputs.max_bytes or narrow outputs.path if that is expected",
         )
     progress = _Progress(emit, run_id, total, label)
-    remote_kinds = _RemoteKinds(transport, remote_dir)
     outcome: list[dict[str, Any] | str | None] = [None] * len(wanted)
+    if sums is None:
+        assert sender is not None
+        await _streamed(transport, sender, remote_dir, dest_root, wanted, outcome, progress)
+    else:
+        await _sftp(transport, sums, remote_dir, dest_root, wanted, kinds, outcome, progress)
+    for (rel, _entry), got in zip(wanted, outcome, strict=True):
+        if isinstance(got, dict):
+            files.append(got)
+        else:
+            skip(str(rel), got or "not pulled")
+    progress.flush()
+    return {
+        "dir": str(dest_root),
+        "files": files,
+        "skipped": skipped,
+        "downloaded": progress.moved,
+        "bytes": {"total": total, "moved": progress.moved, "reused": progress.reused},
+    }
+
+
+def _same_file(rel: PurePosixPath) -> str:
+    """One key for names that are one local file on a case-insensitive disk (macOS)."""
+    return unicodedata.normalize("NFD", str(rel)).casefold()
+
+
+async def _streamed(
+    transport: Transport,
+    sender: list[str],
+    remote_dir: str,
+    dest_root: Path,
+    wanted: list[tuple[PurePosixPath, dict[str, Any]]],
+    outcome: list[dict[str, Any] | str | None],
+    progress: _Progress,
+) -> None:
+    """Every wanted file down the host's sender; ``outcome`` gets each result or why not."""
+    files = []
+    for index, (rel, entry) in enumerate(wanted):
+        why = _local_parents(dest_root, rel)
+        if why is not None:
+            outcome[index] = why
+            continue
+        name = entry_name(entry)
+        files.append(
+            StreamFile(
+                index,
+                name if isinstance(name, bytes) else str(name).encode("utf-8", "surrogateescape"),
+                f"{remote_dir}/{rel}",
+                dest_root.joinpath(*rel.parts),
+                int(entry["size"]),
+                key=_same_file(rel),
+            )
+        )
+    await pull_streamed(transport, sender, remote_dir, files, progress)
+    for f in files:
+        rel = wanted[f.index][0]
+        outcome[f.index] = f.why or {"path": str(rel), "size": f.size, "sha256": f.sha256}
+
+
+async def _sftp(
+    transport: Transport,
+    sums: _Sums,
+    remote_dir: str,
+    dest_root: Path,
+    wanted: list[tuple[PurePosixPath, dict[str, Any]]],
+    kinds: dict[str, Any],
+    outcome: list[dict[str, Any] | str | None],
+    progress: _Progress,
+) -> None:
+    """Every wanted file over SFTP, checked against the host's hashed listing."""
+    remote_kinds = _RemoteKinds(transport, remote_dir)
     # a name listed twice, or two names one local file on a case-insensitive disk
     # (``A.bin``, ``a.bin`` on macOS): those are fetched one after the other
     same_file: dict[str, asyncio.Lock] = {}
 
     async def one(index: int) -> None:
         rel, _entry = wanted[index]
-        key = unicodedata.normalize("NFD", str(rel)).casefold()
-        async with same_file.setdefault(key, asyncio.Lock()):
+        async with same_file.setdefault(_same_file(rel), asyncio.Lock()):
             await fetch_one(index)
 
     async def fetch_one(index: int) -> None:
@@ -334,19 +429,6 @@ async def _pull_listed(
         outcome[index] = why or {"path": str(rel), "size": size, "sha256": digest}
 
     await _bounded(one, len(wanted), files_in_flight())
-    for (rel, _entry), got in zip(wanted, outcome, strict=True):
-        if isinstance(got, dict):
-            files.append(got)
-        else:
-            skip(str(rel), got or "not pulled")
-    progress.flush()
-    return {
-        "dir": str(dest_root),
-        "files": files,
-        "skipped": skipped,
-        "downloaded": progress.moved,
-        "bytes": {"total": total, "moved": progress.moved, "reused": progress.reused},
-    }
 
 
 #: files fetched at once: each costs two round trips (open, read) that wait behind the
@@ -393,18 +475,6 @@ async def _bounded(job: Callable[[int], Awaitable[None]], count: int, limit: int
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-
-
-#: local errors that mean "this name cannot live here", not "the pull is broken"
-_LOCAL_REFUSALS = {
-    errno.ENAMETOOLONG,
-    errno.ENOTDIR,
-    errno.EISDIR,
-    errno.ELOOP,
-    errno.EEXIST,
-    errno.EINVAL,
-    errno.EILSEQ,
-}
 
 
 def _refuse(
@@ -568,77 +638,6 @@ async def _fetch(
             )
     os.replace(part, dest)
     return want
-
-
-#: one thread hashes for every pull of the process, in the order blocks were written
-#: (hashlib lets go of the GIL on large blocks, so the event loop keeps decrypting
-#: on another core); blocks waiting for it are bounded per file by HASH_BACKLOG
-_HASHER: concurrent.futures.ThreadPoolExecutor | None = None
-HASH_BACKLOG = 32
-
-
-def _hasher() -> concurrent.futures.ThreadPoolExecutor:
-    global _HASHER
-    if _HASHER is None:
-        _HASHER = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="pull-sha256")
-    return _HASHER
-
-
-class HashingSink:
-    """A local file that SHA-256-hashes what is written to it, in order.
-
-    Why: the transport writes a clean prefix (in order, and after a reconnect it
-    seeks back to where the prefix ends), so the digest of the whole file is ready
-    when the last byte lands; the file is never read a second time. A seek to any
-    other offset re-hashes the prefix up to there from the file. The hashing itself
-    runs on the pull's hashing thread, off the event loop.
-    """
-
-    def __init__(self, fh: BinaryIO, prefix: int = 0) -> None:
-        self.fh = fh
-        self._hash = hashlib.sha256()
-        self._backlog: collections.deque[concurrent.futures.Future[None]] = collections.deque()
-        self.pos = 0
-        self._rehash(prefix)
-
-    def _drain(self) -> None:
-        while self._backlog:
-            self._backlog.popleft().result()
-
-    def _rehash(self, upto: int) -> None:
-        self._drain()
-        self._hash, self.pos = hashlib.sha256(), 0
-        self.fh.seek(0)
-        while self.pos < upto:
-            block = self.fh.read(min(1 << 20, upto - self.pos))
-            if not block:
-                break
-            self._hash.update(block)
-            self.pos += len(block)
-
-    def seek(self, offset: int, whence: int = 0) -> int:
-        if whence != 0:
-            raise ValueError("HashingSink seeks from the start only")
-        if offset != self.pos:
-            self._rehash(offset)
-        return self.fh.seek(offset)
-
-    def truncate(self, size: int | None = None) -> int:
-        if size is not None and size != self.pos:
-            raise ValueError("HashingSink truncates at the hashed prefix only")
-        return self.fh.truncate(self.pos)
-
-    def write(self, data: bytes) -> int:
-        while len(self._backlog) >= HASH_BACKLOG:
-            self._backlog.popleft().result()  # the hashing thread is behind: wait for it
-        self._backlog.append(_hasher().submit(self._hash.update, data))
-        self.pos += len(data)
-        return self.fh.write(data)
-
-    def hexdigest(self) -> str:
-        self._drain()
-        self.fh.flush()
-        return self._hash.hexdigest()
 
 
 class _Progress:

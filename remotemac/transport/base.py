@@ -233,12 +233,19 @@ class Transport(abc.ABC):
         yield result.stdout
 
     async def open_process(
-        self, argv: list[str], *, reconnect_within: float | None = None
+        self,
+        argv: list[str],
+        *,
+        reconnect_within: float | None = None,
+        window: int | None = None,
     ) -> RemoteProcess:
         """Start ``argv`` on the host with streamed stdin/stdout (not retried on a dead link).
 
         ``reconnect_within``: if the link is down, reconnect for at most this many
-        seconds (default: the transport's whole reconnect deadline).
+        seconds (default: the transport's whole reconnect deadline). ``window``: the
+        bytes the host may send before we acknowledge them (SSH's channel window; a
+        pull from a far host raises it so one channel fills the link), where the
+        transport has one.
         """
         raise NotImplementedError(f"{type(self).__name__} cannot stream to a command")
 

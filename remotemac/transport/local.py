@@ -108,7 +108,11 @@ class LocalTransport(Transport):
         os.makedirs(remote, mode=mode, exist_ok=True)
 
     async def open_process(
-        self, argv: list[str], *, reconnect_within: float | None = None
+        self,
+        argv: list[str],
+        *,
+        reconnect_within: float | None = None,
+        window: int | None = None,
     ) -> RemoteProcess:
         proc = await asyncio.create_subprocess_exec(
             *argv,

@@ -60,6 +60,11 @@ SFTP_MAX_REQUESTS = 64
 #: in the link, delaying every other answer: 96 was no faster)
 SFTP_READS_IN_FLIGHT = 64
 
+#: the largest SSH packet a channel with a raised ``window`` accepts (asyncssh's default
+#: is 32 KiB): a pull's host sends 1 MiB frames, and each packet costs the laptop's
+#: event loop a decrypt and a dispatch in Python
+PULL_PACKET = 256 << 10
+
 _LINK_ERRORS = (
     asyncssh.DisconnectError,  # includes ConnectionLost
     asyncssh.sftp.SFTPConnectionLost,
@@ -527,15 +532,20 @@ class SSHTransport(Transport):
         await self._run(f"mkdir {remote}", op, idempotent=True)
 
     async def open_process(
-        self, argv: list[str], *, reconnect_within: float | None = None
+        self,
+        argv: list[str],
+        *,
+        reconnect_within: float | None = None,
+        window: int | None = None,
     ) -> RemoteProcess:
         """Start ``argv`` with streamed stdin/stdout on one channel (never re-run)."""
         command = " ".join(shlex.quote(str(arg)) for arg in argv)
         conn = await self._link(reconnect_within)
         await self._channels.acquire()
         try:
+            sizes = {} if window is None else {"window": window, "max_pktsize": PULL_PACKET}
             proc = await _refused_session_retried(
-                conn, lambda: conn.create_process(command, encoding=None)
+                conn, lambda: conn.create_process(command, encoding=None, **sizes)
             )
         except asyncssh.ChannelOpenError as exc:
             self._channels.release()

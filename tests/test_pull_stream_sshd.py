@@ -1,0 +1,209 @@
+"""The streamed pull (agent/pullops.py → engine/pullstream.py) over the real sshd fixture.
+
+The host's sender is the host's to replace: here it is swapped for scripts that
+break the protocol (a frame for a file not asked for, bytes past the listed size,
+a damaged byte, an absurd frame length). Each must end in one IntegrityError
+(exit 5) with nothing written outside ``--out`` and no half file renamed into place.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+from pathlib import Path
+
+import pytest
+
+from remotemac.engine.pull import PART, pull_dir
+from remotemac.errors import EXIT_INTEGRITY, IntegrityError
+from tests.test_sync_sshd import files_under
+from tests.test_sync_sshd import host_factory as host_factory  # the fixtures, shared
+from tests.test_sync_sshd import runtime_dir as runtime_dir
+
+pytestmark = pytest.mark.timeout(120)
+
+#: a sender that answers pings like the real one, then runs MODE on the one file asked
+HOSTILE_SENDER = """
+import hashlib, json, struct, sys
+F = struct.Struct(">cIQ")
+out = sys.stdout.buffer
+while True:
+    req = json.loads(sys.stdin.readline())
+    if not req.get("ping"):
+        break
+    out.write(F.pack(b"P", 0, 0)); out.flush()
+(index, name_hex, offset, limit), = req["files"][:1]
+data = open(req["dir"] + "/" + bytes.fromhex(name_hex).decode(), "rb").read()
+good = hashlib.sha256(data[:limit]).digest()
+{mode}
+out.flush()
+"""
+
+MODES = {
+    "a frame for a file it was not asked for": (
+        "out.write(F.pack(b'D', index + 7, 4) + b'evil')\n"
+        "out.write(F.pack(b'H', index + 7, 32) + hashlib.sha256(b'evil').digest())"
+    ),
+    "more bytes than the listed size": (
+        "out.write(F.pack(b'D', index, limit + 1) + data[:limit] + b'X')\n"
+        "out.write(F.pack(b'H', index, 32) + hashlib.sha256(data[:limit] + b'X').digest())"
+    ),
+    "a damaged byte under the right digest": (
+        "bad = bytes([data[0] ^ 1]) + data[1:limit]\n"
+        "out.write(F.pack(b'D', index, len(bad)) + bad + F.pack(b'H', index, 32) + good)"
+    ),
+    "a frame of a terabyte": "out.write(F.pack(b'D', index, 1 << 40) + data[:1000])",
+    "an unknown frame": "out.write(F.pack(b'Q', index, 0))",
+}
+
+
+def hostile_sender(agent_dir: str, mode: str) -> None:
+    """Replace the host's pull sender by one that runs ``mode`` on the first file asked."""
+    Path(agent_dir, "pullops.py").write_text(HOSTILE_SENDER.replace("{mode}", mode))
+
+
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("mode", sorted(MODES))
+async def test_a_sender_breaking_the_protocol_is_refused_and_writes_nothing_in_place(
+    sshd, host_factory, tmp_path, mode
+):
+    host = await host_factory(sshd)
+    remote_out = Path(host.run_dir, "out", "cpu")
+    remote_out.mkdir(parents=True)
+    payload = os.urandom(3 << 20)
+    (remote_out / "model.bin").write_bytes(payload)
+    await host.agent.install()
+    hostile_sender(host.agent.agent_dir, MODES[mode])
+    dest = tmp_path / "out" / "results" / "cpu"
+    try:
+        with pytest.raises(IntegrityError) as err:
+            await pull_dir(host.transport, host.agent, str(remote_out), dest)
+    finally:
+        await host.transport.close()
+    assert err.value.exit_code == EXIT_INTEGRITY
+    assert "\n" not in err.value.line() and "Traceback" not in err.value.line()
+    assert not (dest / "model.bin").exists()
+    # nothing else anywhere under --out; a cut-short .rmpart never past the listed size
+    for path in files_under(tmp_path / "out"):
+        assert path == dest / f".model.bin{PART}", path
+        assert path.stat().st_size <= len(payload)
+        assert mode != "a damaged byte under the right digest", "the bad file was kept"
+
+
+@pytest.mark.asyncio
+async def test_the_stream_pulls_with_one_listing_and_no_sftp(
+    sshd, host_factory, tmp_path, monkeypatch
+):
+    """The host hashes as it sends: one agent call (no second, hashed listing), and not
+    a byte over SFTP; 300 small files and a large one, all verified."""
+    host = await host_factory(sshd)
+    remote_out = Path(host.run_dir, "out", "cpu")
+    want = {}
+    for i in range(300):
+        data = os.urandom(100 + i * 37)
+        (remote_out / f"d{i % 7}").mkdir(parents=True, exist_ok=True)
+        (remote_out / f"d{i % 7}" / f"s{i:03d}.npy").write_bytes(data)
+        want[f"d{i % 7}/s{i:03d}.npy"] = sha(data)
+    big = os.urandom(20 << 20)
+    (remote_out / "model.bin").write_bytes(big)
+    want["model.bin"] = sha(big)
+    (remote_out / "empty.txt").write_bytes(b"")
+    want["empty.txt"] = sha(b"")
+    await host.agent.install()
+
+    async def no_sftp(*_a: object, **_k: object) -> int:
+        raise AssertionError("a streamed pull read over SFTP")
+
+    monkeypatch.setattr(host.transport, "download_to", no_sftp)
+    calls = host.agent.calls
+    dest = tmp_path / "out"
+    try:
+        result = await pull_dir(host.transport, host.agent, str(remote_out), dest)
+    finally:
+        await host.transport.close()
+    assert host.agent.calls - calls == 1
+    assert {f["path"]: f["sha256"] for f in result["files"]} == want
+    assert {str(p.relative_to(dest)): sha(p.read_bytes()) for p in files_under(dest)} == want
+    assert result["bytes"]["moved"] == sum(len(b) for b in [big]) + sum(
+        100 + i * 37 for i in range(300)
+    )
+
+
+@pytest.mark.asyncio
+async def test_a_stale_part_file_is_fetched_again_and_a_complete_file_is_not(
+    sshd, host_factory, tmp_path
+):
+    """Resume inside a file: a ``.rmpart`` whose prefix came from another version of the
+    file fails the host's digest and the file comes again whole; a result already in
+    place with the host's digest moves no byte."""
+    host = await host_factory(sshd)
+    remote_out = Path(host.run_dir, "out", "cpu")
+    remote_out.mkdir(parents=True)
+    new, done = os.urandom(6 << 20), os.urandom(1 << 20)
+    (remote_out / "model.bin").write_bytes(new)
+    (remote_out / "done.bin").write_bytes(done)
+    (remote_out / "empty.txt").write_bytes(b"")
+    dest = tmp_path / "out"
+    dest.mkdir()
+    (dest / "empty.txt").write_bytes(b"")
+    (dest / f".model.bin{PART}").write_bytes(os.urandom(3 << 20))  # another version's half
+    (dest / "done.bin").write_bytes(done)
+    try:
+        result = await pull_dir(host.transport, host.agent, str(remote_out), dest)
+    finally:
+        await host.transport.close()
+    assert (dest / "model.bin").read_bytes() == new and (dest / "done.bin").read_bytes() == done
+    assert not (dest / f".model.bin{PART}").exists() and (dest / "empty.txt").read_bytes() == b""
+    assert len(result["files"]) == 3
+    # the stale half was refused at its prefix check: it cost no byte on the wire
+    assert result["bytes"] == {
+        "total": len(new) + len(done),
+        "moved": len(new),
+        "reused": len(done),
+    }
+
+
+@pytest.mark.asyncio
+async def test_a_cut_mid_file_resumes_over_the_stream_from_the_bytes_held(
+    sshd, fault_proxy, host_factory, tmp_path, monkeypatch
+):
+    """Stopped half-way, the next pull asks the sender for the rest only (never SFTP)."""
+    proxy = fault_proxy(sshd)
+    host = await host_factory(sshd, proxy)
+    remote_out = Path(host.run_dir, "out", "cpu")
+    remote_out.mkdir(parents=True)
+    payload = os.urandom(8 << 20)
+    (remote_out / "big.bin").write_bytes(payload)
+
+    async def no_sftp(*_a: object, **_k: object) -> int:
+        raise AssertionError("a streamed pull read over SFTP")
+
+    monkeypatch.setattr(host.transport, "download_to", no_sftp)
+    dest = tmp_path / "out"
+    part = dest / f".big.bin{PART}"
+    proxy.throttle(3_000_000)
+    task = asyncio.ensure_future(pull_dir(host.transport, host.agent, str(remote_out), dest))
+    try:
+        while not (part.exists() and part.stat().st_size >= 3 << 20):
+            assert not task.done(), "the pull ended before it could be interrupted"
+            await asyncio.sleep(0.02)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        had = part.stat().st_size
+        assert payload.startswith(part.read_bytes()) and 0 < had < len(payload)
+        proxy.restore()
+        await asyncio.sleep(0.5)  # what the cancelled channel had in flight drains first
+        before = proxy.bytes_forwarded
+        result = await pull_dir(host.transport, host.agent, str(remote_out), dest)
+        wire = proxy.bytes_forwarded - before
+    finally:
+        await host.transport.close()
+    assert (dest / "big.bin").read_bytes() == payload and not part.exists()
+    assert result["bytes"] == {"total": len(payload), "moved": len(payload) - had, "reused": had}
+    assert wire < len(payload) - had + (1 << 20)  # the held prefix did not travel again
