@@ -21,6 +21,7 @@ import base64
 import json
 import os
 import re
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,7 @@ from click.testing import CliRunner
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+import remotemac.agent
 from remotemac.engine import pull
 from remotemac.engine.ledger import redact
 from remotemac.engine.pull import pull_dir, safe_relpath
@@ -369,6 +371,10 @@ class _ListingAgent:
 
     def __init__(self, entries: Any) -> None:
         self.entries = entries
+        # what survives the listing's checks is fetched as a real pull does: this
+        # machine's python runs the agent's pullops.py sender over the local transport
+        self.python = sys.executable
+        self.agent_dir = str(Path(remotemac.agent.__file__).parent)
 
     async def call(self, op: str, req: dict[str, Any], **_kw: Any) -> Any:
         return {"entries": self.entries}
