@@ -550,9 +550,11 @@ class Receiver:
             except OSError:
                 continue
             mtime = rec.get("plain_mtime_ns")
-            if stat.S_ISREG(st.st_mode) and st.st_size == rec.get("size"):
-                if st.st_mtime_ns == mtime:
-                    sightings.setdefault(rel, mtime)
+            if stat.S_ISREG(st.st_mode) and (st.st_size, st.st_mtime_ns) == (
+                rec.get("size"),
+                mtime,
+            ):
+                sightings.setdefault(rel, mtime)
 
     def start_check_ram(self) -> None:
         """:meth:`check_ram` on a thread (os.lstat lets the GIL go): with 7,681 files
