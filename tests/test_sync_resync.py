@@ -5,6 +5,8 @@ tests/test_sync_sshd.py (a file that left the slice is pruned there too).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hashlib
 import io
 import json
@@ -237,3 +239,71 @@ def test_receiver_process_exits_with_the_sessions_code():
         [sys.executable, "-S", script, "sync"], input=hello, capture_output=True
     )
     assert failed.returncode == 1 and json.loads(failed.stdout)["ok"] is False
+
+
+class _Watched:
+    """A channel whose first line back (the start answer) is handed over only once a
+    file's frame was written, or after 5 s: what the laptop wrote before it, in order."""
+
+    def __init__(self, proc, log: list) -> None:
+        self._proc, self._log = proc, log
+        self._framed = asyncio.Event()
+        self._lines = 0
+
+    def __getattr__(self, name):
+        return getattr(self._proc, name)
+
+    async def write(self, data: bytes) -> None:
+        if data[:1] == b"F" and self._lines == 0:
+            self._log.append("frame before the start answer")
+            self._framed.set()
+        await self._proc.write(data)
+
+    async def readline(self) -> bytes:
+        if self._lines == 0:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._framed.wait(), 5)
+        self._lines += 1
+        return await self._proc.readline()
+
+
+@pytest.mark.asyncio
+@pytest.mark.timeout(120)
+async def test_changed_files_go_right_after_the_hello_when_the_cache_knows_the_slice(
+    sshd,
+    host_factory,  # noqa: F811
+    tmp_path,
+):
+    """A re-sync sends the files its hash cache says changed without waiting for the
+    host's start answer (the host reads them once it has checked what it holds); with
+    no cache (every file unknown) it still waits, hashes and sends nothing the host holds."""
+    from remotemac.data.manifest import MemoryHashCache
+
+    data = make_slice(tmp_path / "data", small=30, small_size=20_000, big=1)
+    key = os.urandom(32)
+    cache = MemoryHashCache()
+    host = await host_factory(sshd)
+    log: list[str] = []
+    opened = host.transport.open_process
+
+    async def watched(argv, **kw):
+        return _Watched(await opened(argv, **kw), log)
+
+    try:
+        await host.sync(data, key, cache=cache)
+        changed = ["d0/s000.bin", "d1/s004.bin"]
+        for rel in changed:
+            (data / rel).write_bytes(os.urandom(15_000))
+        host.transport.open_process = watched  # type: ignore[method-assign]
+        manifest, answer, stats = await host.sync(data, key, cache=cache)
+        assert log == ["frame before the start answer"]
+        assert stats.sent_files == 2 and sorted(stats.acked) == changed
+        assert answer["mismatches"] == [] and stats.skipped_files == len(manifest.entries) - 2
+        ram = Path(answer["data_dir"])
+        for rel in changed:
+            assert (ram / rel).read_bytes() == (data / rel).read_bytes()
+        log.clear()
+        _, _, fresh = await host.sync(data, key, cache=MemoryHashCache())
+        assert log == [] and fresh.sent_files == 0
+    finally:
+        await host.transport.close()
