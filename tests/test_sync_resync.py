@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from remotemac.agent import dataops
-from remotemac.engine.sync import _receiver_argv
+from remotemac.engine.sync import RECEIVER_BOOT, _receiver_argv
 from tests.test_sync_resume import _session
 from tests.test_sync_sshd import host_factory, make_slice, runtime_dir  # noqa: F401 (fixtures)
 
@@ -139,8 +139,11 @@ def test_receiver_imports_the_runtime_named_in_argv_before_the_hello(monkeypatch
     assert dataops.serve(Stdin(), io.BytesIO(), "/rt") == 3
     assert order == ["runtime /rt", "hello"]
     argv = _receiver_argv("python3", "/agent", "/rt")
-    assert argv == ["python3", "-S", "/agent/dataops.py", "sync", "--runtime", "/rt"]
-    assert _receiver_argv("python3", "/agent") == ["python3", "-S", "/agent/dataops.py", "sync"]
+    assert argv == ["python3", "-S", "-c", RECEIVER_BOOT, "/agent/dataops.py", "sync"] + [
+        "--runtime",
+        "/rt",
+    ]
+    assert _receiver_argv("python3", "/agent")[-2:] == ["/agent/dataops.py", "sync"]
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="F_SETPIPE_SZ is Linux's")
@@ -239,6 +242,28 @@ def test_receiver_process_exits_with_the_sessions_code():
         [sys.executable, "-S", script, "sync"], input=hello, capture_output=True
     )
     assert failed.returncode == 1 and json.loads(failed.stdout)["ok"] is False
+
+
+def test_receiver_starts_from_cached_bytecode(tmp_path):
+    """The host runs dataops imported (``_receiver_argv``), so its second start loads
+    the bytecode the first one cached instead of compiling the file again (~7 ms of
+    the host's start, before it can read the hello); it still exits with the
+    session's code."""
+    agent = tmp_path / "agent"
+    agent.mkdir()
+    for name in ("dataops.py", "writebehind.py"):
+        (agent / name).write_bytes((Path(dataops.__file__).parent / name).read_bytes())
+    argv = _receiver_argv(sys.executable, str(agent))
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    for _ in range(2):
+        gone = subprocess.run(argv, input=b"", capture_output=True, env=env)
+        assert gone.returncode == 3, gone.stderr
+    assert [p.name.split(".")[0] for p in sorted((agent / "__pycache__").iterdir())] == [
+        "dataops",
+        "writebehind",
+    ]
+    bad = subprocess.run(argv + ["--x"], capture_output=True, env=env)
+    assert bad.returncode == 2 and b"usage" in bad.stdout
 
 
 class _Watched:

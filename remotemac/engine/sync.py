@@ -388,11 +388,21 @@ async def sync_slice(
     return manifest, answer, stats
 
 
+#: runs ``<agent dir>/dataops.py`` (argv[1]) imported, not as a script: an imported
+#: module loads from its cached bytecode (__pycache__ beside it, written by the first
+#: run), a script is compiled on every start (~7 ms of the host's start, which a
+#: re-sync's hello waits for)
+RECEIVER_BOOT = (
+    "import sys; d = sys.argv[1].rpartition('/')[0]; sys.path.insert(0, d); "
+    "import dataops; dataops.main(sys.argv[2:])"
+)
+
+
 def _receiver_argv(python: str, agent_dir: str, runtime_dir: str | None = None) -> list[str]:
     # -S: stdlib only (cryptography comes from the runtime dir it names), and a host
     # python with a large site-packages costs 0.2-0.4 s per start without it; the
     # runtime in argv is imported while the laptop stats the slice (not a secret)
-    return [python, "-S", f"{agent_dir}/dataops.py", "sync"] + (
+    return [python, "-S", "-c", RECEIVER_BOOT, f"{agent_dir}/dataops.py", "sync"] + (
         ["--runtime", runtime_dir] if runtime_dir else []
     )
 
