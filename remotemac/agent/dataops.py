@@ -8,9 +8,9 @@ overlaps and nothing is read twice. Within this process the reading thread reads
 decrypts, and a second one (writebehind.py) creates and writes the files, hashes the
 plaintext, checks it and acknowledges it.
 
-``python3 dataops.py sync [--runtime DIR]`` speaks this protocol on stdin/stdout (the
-runtime named in argv, the same as the hello's, is imported while the hello is on its
-way):
+``python3 dataops.py sync [--runtime DIR]`` (see :func:`main`) speaks this protocol on
+stdin/stdout (the runtime named in argv, the same as the hello's, is imported while
+the hello is on its way):
 
 1. laptop → one JSON line: ``{"run_dir", "run_id", "src", "encrypted", "key_hex"
    (only when encrypted; the key never touches disk, argv or the environment),
@@ -37,7 +37,10 @@ way):
    "prefix_sha256"}`` + the ciphertext from chunk ``chunks`` on + the SHA-256 (the
    host decrypts the kept prefix again, checks its hash, continues after it); the
    host answers ``{"acks": [index, ...]}`` once files are stored, decrypted and
-   verified (one line for all that were verified within ~20 ms, see writebehind.py);
+   verified (one line for all that were verified within ~20 ms, see writebehind.py).
+   The laptop may send F frames of files it knows changed right after the hello,
+   before the start answer (engine/sync.py ``_Session._ahead``): they wait in the
+   pipe and are read once the answer is out, like any other;
 5. a worker gets ``b"D" 0 0`` and answers ``{"ok": true, "result": {"received"}}``;
    the first channel, once every worker is done, ``b"E" 0:u32 length:u64`` + the
    final manifest as JSON (``{"changed": [[index, size, sha256], ...]}``, the entries

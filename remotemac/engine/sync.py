@@ -17,7 +17,8 @@ hashes its own files (there, the host's per-file cost is the limit, not the wind
 Why it resumes and is incremental: the host acknowledges each file once it is
 verified and keeps a record keyed by (relative path, plaintext SHA-256); a later
 sync (after a cut link, a Ctrl-C, or with a slightly changed slice) asks first and
-sends only what the host does not hold. A large file cut mid-way continues after
+sends only what the host does not hold (the files the hash cache says changed go
+right after the question, while the host checks what it holds). A large file cut mid-way continues after
 its last chunk that authenticated on the host (see :func:`_resume_point` for why
 that is safe). The journal's hash cache means unchanged local files are not even
 read. A dropped link inside one sync is retried at once.
