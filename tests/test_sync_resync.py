@@ -5,6 +5,8 @@ tests/test_sync_sshd.py (a file that left the slice is pruned there too).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hashlib
 import io
 import json
@@ -16,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from remotemac.agent import dataops
-from remotemac.engine.sync import _receiver_argv
+from remotemac.engine.sync import RECEIVER_BOOT, _receiver_argv
 from tests.test_sync_resume import _session
 from tests.test_sync_sshd import host_factory, make_slice, runtime_dir  # noqa: F401 (fixtures)
 
@@ -137,8 +139,11 @@ def test_receiver_imports_the_runtime_named_in_argv_before_the_hello(monkeypatch
     assert dataops.serve(Stdin(), io.BytesIO(), "/rt") == 3
     assert order == ["runtime /rt", "hello"]
     argv = _receiver_argv("python3", "/agent", "/rt")
-    assert argv == ["python3", "-S", "/agent/dataops.py", "sync", "--runtime", "/rt"]
-    assert _receiver_argv("python3", "/agent") == ["python3", "-S", "/agent/dataops.py", "sync"]
+    assert argv == ["python3", "-S", "-c", RECEIVER_BOOT, "/agent/dataops.py", "sync"] + [
+        "--runtime",
+        "/rt",
+    ]
+    assert _receiver_argv("python3", "/agent")[-2:] == ["/agent/dataops.py", "sync"]
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="F_SETPIPE_SZ is Linux's")
@@ -237,3 +242,93 @@ def test_receiver_process_exits_with_the_sessions_code():
         [sys.executable, "-S", script, "sync"], input=hello, capture_output=True
     )
     assert failed.returncode == 1 and json.loads(failed.stdout)["ok"] is False
+
+
+def test_receiver_starts_from_cached_bytecode(tmp_path):
+    """The host runs dataops imported (``_receiver_argv``), so its second start loads
+    the bytecode the first one cached instead of compiling the file again (~7 ms of
+    the host's start, before it can read the hello); it still exits with the
+    session's code."""
+    agent = tmp_path / "agent"
+    agent.mkdir()
+    for name in ("dataops.py", "writebehind.py"):
+        (agent / name).write_bytes((Path(dataops.__file__).parent / name).read_bytes())
+    argv = _receiver_argv(sys.executable, str(agent))
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    for _ in range(2):
+        gone = subprocess.run(argv, input=b"", capture_output=True, env=env)
+        assert gone.returncode == 3, gone.stderr
+    assert [p.name.split(".")[0] for p in sorted((agent / "__pycache__").iterdir())] == [
+        "dataops",
+        "writebehind",
+    ]
+    bad = subprocess.run(argv + ["--x"], capture_output=True, env=env)
+    assert bad.returncode == 2 and b"usage" in bad.stdout
+
+
+class _Watched:
+    """A channel whose first line back (the start answer) is handed over only once a
+    file's frame was written, or after 5 s: what the laptop wrote before it, in order."""
+
+    def __init__(self, proc, log: list) -> None:
+        self._proc, self._log = proc, log
+        self._framed = asyncio.Event()
+        self._lines = 0
+
+    def __getattr__(self, name):
+        return getattr(self._proc, name)
+
+    async def write(self, data: bytes) -> None:
+        if data[:1] == b"F" and self._lines == 0:
+            self._log.append("frame before the start answer")
+            self._framed.set()
+        await self._proc.write(data)
+
+    async def readline(self) -> bytes:
+        if self._lines == 0:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._framed.wait(), 5)
+        self._lines += 1
+        return await self._proc.readline()
+
+
+@pytest.mark.asyncio
+@pytest.mark.timeout(120)
+async def test_changed_files_go_right_after_the_hello_when_the_cache_knows_the_slice(
+    sshd,
+    host_factory,  # noqa: F811
+    tmp_path,
+):
+    """A re-sync sends the files its hash cache says changed without waiting for the
+    host's start answer (the host reads them once it has checked what it holds); with
+    no cache (every file unknown) it still waits, hashes and sends nothing the host holds."""
+    from remotemac.data.manifest import MemoryHashCache
+
+    data = make_slice(tmp_path / "data", small=30, small_size=20_000, big=1)
+    key = os.urandom(32)
+    cache = MemoryHashCache()
+    host = await host_factory(sshd)
+    log: list[str] = []
+    opened = host.transport.open_process
+
+    async def watched(argv, **kw):
+        return _Watched(await opened(argv, **kw), log)
+
+    try:
+        await host.sync(data, key, cache=cache)
+        changed = ["d0/s000.bin", "d1/s004.bin"]
+        for rel in changed:
+            (data / rel).write_bytes(os.urandom(15_000))
+        host.transport.open_process = watched  # type: ignore[method-assign]
+        manifest, answer, stats = await host.sync(data, key, cache=cache)
+        assert log == ["frame before the start answer"]
+        assert stats.sent_files == 2 and sorted(stats.acked) == changed
+        assert answer["mismatches"] == [] and stats.skipped_files == len(manifest.entries) - 2
+        ram = Path(answer["data_dir"])
+        for rel in changed:
+            assert (ram / rel).read_bytes() == (data / rel).read_bytes()
+        log.clear()
+        _, _, fresh = await host.sync(data, key, cache=MemoryHashCache())
+        assert log == [] and fresh.sent_files == 0
+    finally:
+        await host.transport.close()

@@ -17,7 +17,8 @@ hashes its own files (there, the host's per-file cost is the limit, not the wind
 Why it resumes and is incremental: the host acknowledges each file once it is
 verified and keeps a record keyed by (relative path, plaintext SHA-256); a later
 sync (after a cut link, a Ctrl-C, or with a slightly changed slice) asks first and
-sends only what the host does not hold. A large file cut mid-way continues after
+sends only what the host does not hold (the files the hash cache says changed go
+right after the question, while the host checks what it holds). A large file cut mid-way continues after
 its last chunk that authenticated on the host (see :func:`_resume_point` for why
 that is safe). The journal's hash cache means unchanged local files are not even
 read. A dropped link inside one sync is retried at once.
@@ -74,6 +75,13 @@ SMALL_FILE_BYTES = 1 << 20
 SMALL_FILE_STREAMS = 3
 #: the host keeps a cut file this big for resuming (agent/dataops.py RESUMABLE)
 PARTIAL_MIN_BYTES = 8 << 20
+#: files the laptop knows it must send (no hash cached: new or changed since the
+#: last sync), below PARTIAL_MIN_BYTES each, this many bytes in all, are sent right
+#: after the hello, while the host checks what it holds (see _Session._talk)
+AHEAD_BYTES = 8 << 20
+#: ... only when the hash cache knows the slice: at most one file in this many missed
+#: (a new or emptied cache misses every file, and the host may hold them all)
+AHEAD_MISS_SHARE = 10
 PROGRESS_EVERY_S = 0.2
 SHOW_FILES = 200
 #: first pause before a sync attempt that verified nothing more (doubling, at most 2 s)
@@ -334,6 +342,7 @@ async def sync_slice(
         runtime_dir,
         streams,
         opening,
+        send_ahead=cache is not None,
     )
     # retried by deadline, not by count (issue 16): a link that stays up two seconds at a
     # time still verifies files on every attempt; the sync gives up when it has lost the
@@ -380,11 +389,21 @@ async def sync_slice(
     return manifest, answer, stats
 
 
+#: runs ``<agent dir>/dataops.py`` (argv[1]) imported, not as a script: an imported
+#: module loads from its cached bytecode (__pycache__ beside it, written by the first
+#: run), a script is compiled on every start (~7 ms of the host's start, which a
+#: re-sync's hello waits for)
+RECEIVER_BOOT = (
+    "import sys; d = sys.argv[1].rpartition('/')[0]; sys.path.insert(0, d); "
+    "import dataops; dataops.main(sys.argv[2:])"
+)
+
+
 def _receiver_argv(python: str, agent_dir: str, runtime_dir: str | None = None) -> list[str]:
     # -S: stdlib only (cryptography comes from the runtime dir it names), and a host
     # python with a large site-packages costs 0.2-0.4 s per start without it; the
     # runtime in argv is imported while the laptop stats the slice (not a secret)
-    return [python, "-S", f"{agent_dir}/dataops.py", "sync"] + (
+    return [python, "-S", "-c", RECEIVER_BOOT, f"{agent_dir}/dataops.py", "sync"] + (
         ["--runtime", runtime_dir] if runtime_dir else []
     )
 
@@ -497,6 +516,7 @@ class _Session:
         runtime_dir: str | None = None,
         streams: int | None = None,
         opening: asyncio.Future | None = None,
+        send_ahead: bool = False,
     ) -> None:
         self.transport, self.agent, self.root, self.files = transport, agent, root, files
         self._opening = opening  # the first attempt's channel, opened while stat'ing
@@ -504,6 +524,8 @@ class _Session:
         self.emit, self.stats, self.ram_bytes = emit, stats, ram_bytes
         self.runtime_dir = runtime_dir
         self.streams = streams
+        #: a hash cache stands behind the hello: a file without a hash changed (see _ahead)
+        self.send_ahead = send_ahead
         self._done = 0
         self._last_progress = 0.0
         self._halt = False  # a channel's agent spoke up early: the others stop taking files
@@ -570,27 +592,48 @@ class _Session:
         main = procs[0]
         hello = self._hello()
         await main.write(json.dumps(hello).encode() + b"\n")
-        first = await self._answer(main, "start")
         self.stats.per_attempt.append(0)
-        self._learn_held({int(i) for i, _ in first["todo"]})
+        self._done, self._halt = 0, False
+        # the previous attempts' files sent whole whose ack a cut lost (see _learn_held)
+        unacked, self._unacked = self._unacked, set()
+        # the files known to be new or changed go now: the host reads them once it has
+        # answered, instead of waiting for the laptop to plan and read its first files
+        ahead = self._ahead()
+        ahead_bytes = sum(self.files[job.index].size for job in ahead)
+        early = asyncio.ensure_future(
+            self._send_safely(main, collections.deque(ahead), ahead_bytes, asyncio.Queue())
+        )
+        try:
+            first = await self._answer(main, "start")
+        except BaseException:
+            self._unacked |= unacked
+            early.cancel()
+            with contextlib.suppress(BaseException):
+                await early
+            raise
+        self._learn_held({int(i) for i, _ in first["todo"]}, unacked)
         partial = {int(i): dict(info) for i, info in first.get("partial", [])}
+        sent_ahead = {job.index for job in ahead}
         plan = _plan_todo(first["todo"], partial)
         todo_bytes = sum(self.files[j.index].size for j in plan)
         skipped = len(self.files) - len(plan)
         self.stats.skipped_files = skipped
         self.stats.skipped_bytes = sum(f.size for f in self.files) - todo_bytes
-        if plan:
-            if self.streams is None and choose_streams(1.0, todo_bytes, len(plan)) == 1:
+        ahead_ok = await early  # (before a ping: a frame never lands inside a file's)
+        rest = [job for job in plan if job.index not in sent_ahead]
+        rest_bytes = sum(self.files[j.index].size for j in rest)
+        if rest:
+            if self.streams is None and choose_streams(1.0, rest_bytes, len(rest)) == 1:
                 wanted = 1  # one stream even on a 1 s round trip: no ping
             elif self.streams is None:
                 rtt = await self._rtt(main)
                 self.stats.rtt_ms = round(rtt * 1000, 2)
-                wanted = choose_streams(rtt, todo_bytes, len(plan))
+                wanted = choose_streams(rtt, rest_bytes, len(rest))
             else:
-                wanted = max(1, min(self.streams, MAX_STREAMS, len(plan)))
+                wanted = max(1, min(self.streams, MAX_STREAMS, len(rest)))
             await self._open_workers(argv, hello, wanted - 1, procs)
             if len(procs) > 1:  # largest first, so no channel is left with a big file at the end
-                plan.sort(key=lambda j: -self.files[j.index].size)
+                rest.sort(key=lambda j: -self.files[j.index].size)
         self.stats.streams = len(procs)
         self.emit(
             PhaseProgress(
@@ -603,8 +646,8 @@ class _Session:
                 + (f" over {len(procs)} streams" if len(procs) > 1 else ""),
             )
         )
-        work = collections.deque(plan)
-        self._done, self._halt = 0, False
+        # (the agent spoke up during the files sent ahead: its line is read below)
+        work = collections.deque(rest if ahead_ok else [])
         queues: list[asyncio.Queue[dict[str, Any]]] = [asyncio.Queue() for _ in procs]
         readers = [
             asyncio.ensure_future(self._read_acks(p, q)) for p, q in zip(procs, queues, strict=True)
@@ -622,7 +665,7 @@ class _Session:
                     with contextlib.suppress(BrokenPipeError, ConnectionResetError):
                         await procs[i].write(_frame("D", 0, 0))
             await _all([self._final(readers[i], queues[i]) for i in range(1, len(procs))])
-            if all(sent):
+            if ahead_ok and all(sent):
                 # the host holds the hello's entries: only what changed since travels
                 said = hello["columns"]
                 final = json.dumps(
@@ -652,7 +695,13 @@ class _Session:
         for _ in range(probes):
             started = time.monotonic()
             await proc.write(_frame("P", 0, 0))
-            self._check(json.loads((await proc.readline()) or b'{"eof": true}'), "ping")
+            while True:
+                msg = json.loads((await proc.readline()) or b'{"eof": true}')
+                if "acks" not in msg:  # (files sent ahead of the start answer)
+                    break
+                for index in msg["acks"]:
+                    self._verified(int(index))
+            self._check(msg, "ping")
             best = min(best, time.monotonic() - started)
         return best
 
@@ -758,13 +807,35 @@ class _Session:
             self.stats.resumed_files += 1
             self.stats.resumed_bytes += item.resumed
 
-    def _learn_held(self, todo: set[int]) -> None:
-        """An attempt's start answer: files sent whole before whose ack a cut lost, and
-        which the host now holds as the hello says (not in its ``todo``), count as
-        verified now (once)."""
-        for index in sorted(self._unacked - todo):
-            self._verified(index)
-        self._unacked.clear()
+    def _learn_held(self, todo: set[int], unacked: set[int] | None = None) -> None:
+        """An attempt's start answer: files sent whole before whose ack a cut lost
+        (``unacked``: those set aside when the hello went, by default the session's,
+        then forgotten), and which the host now holds as the hello says (not in its
+        ``todo``), count as verified now (once)."""
+        if unacked is None:
+            unacked, self._unacked = self._unacked, set()
+        for index in sorted(unacked - todo):
+            if index not in self._acked:
+                self._verified(index)
+
+    def _ahead(self) -> list[_Job]:
+        """The files to send before the start answer: with a hash cache that knows the
+        slice, every file with no hash cached (new or changed since the last sync: the
+        host cannot hold it as the hello says) when they are few: AHEAD_BYTES in all, none big enough for the host to
+        keep a cut transfer of (resuming one needs its answer); otherwise none. One the
+        host holds unchanged after all (its mtime moved) is then sent once more,
+        bytes the budget bounds."""
+        out, budget = [], AHEAD_BYTES
+        misses = sum(f.sha256 is None for f in self.files)
+        if not self.send_ahead or misses * AHEAD_MISS_SHARE > len(self.files):
+            return []  # no cache, or one that does not know this slice: hash first
+        for index, f in enumerate(self.files):
+            if f.sha256 is None:
+                if f.size >= PARTIAL_MIN_BYTES or f.size > budget:
+                    return []  # a larger change: the start answer plans it (streams)
+                out.append(_Job(index, None, None))
+                budget -= f.size
+        return out
 
     def _verified(self, index: int) -> None:
         """The host verified file ``index``: count it and say so (one event per file)."""
