@@ -45,23 +45,30 @@ def _slice(root: Path, sizes: dict[str, int]) -> list[str]:
     return sorted(sizes)
 
 
-def _stream(root: Path, paths: list[str], key: bytes, tamper: int | None = None) -> bytes:
-    """hello + the laptop's frames for every file (+ the E frame); ``tamper``: the
-    index of a file whose claimed SHA-256 is flipped."""
-    from remotemac.engine.sync import _Done, _frame, _Job, _pieces, _stat_all
-
-    files = _stat_all(root, paths, None)
-    hello = {
+def _hello(root: Path, key: bytes, entries: list[dict]) -> dict:
+    """The laptop's hello for a slice under ``root`` (the run dir beside it)."""
+    return {
         "run_dir": str(root.parent / "run"),
         "run_id": "t",
         "src": str(root.parent / "run" / "data"),
         "encrypted": True,
         "key_hex": key.hex(),
         "runtime_dir": "faked",
-        "entries": [
-            {"path": f.path, "size": f.size, "sha256": None, "mtime_ns": f.mtime_ns} for f in files
-        ],
+        "entries": entries,
     }
+
+
+def _stream(root: Path, paths: list[str], key: bytes, tamper: int | None = None) -> bytes:
+    """hello + the laptop's frames for every file (+ the E frame); ``tamper``: the
+    index of a file whose claimed SHA-256 is flipped."""
+    from remotemac.engine.sync import _Done, _frame, _Job, _pieces, _stat_all
+
+    files = _stat_all(root, paths, None)
+    hello = _hello(
+        root,
+        key,
+        [{"path": f.path, "size": f.size, "sha256": None, "mtime_ns": f.mtime_ns} for f in files],
+    )
     out = [json.dumps(hello).encode() + b"\n"]
     work = collections.deque(_Job(i, None, None) for i in range(len(files)))
     current = -1
@@ -182,15 +189,7 @@ def _resync_stream(root: Path, paths: list[str], key: bytes) -> bytes:
         st = (root / rel).stat()
         sha = hashlib.sha256((root / rel).read_bytes()).hexdigest()
         entries.append({"path": rel, "size": st.st_size, "sha256": sha, "mtime_ns": st.st_mtime_ns})
-    hello = {
-        "run_dir": str(root.parent / "run"),
-        "run_id": "t",
-        "src": str(root.parent / "run" / "data"),
-        "encrypted": True,
-        "key_hex": key.hex(),
-        "runtime_dir": "faked",
-        "entries": entries,
-    }
+    hello = _hello(root, key, entries)
     final = json.dumps({"changed": []}).encode()
     return json.dumps(hello).encode() + b"\n" + _frame("E", 0, len(final)) + final
 

@@ -64,6 +64,19 @@ def snapshot(root: Path, skip: Path) -> dict[str, bytes]:
     }
 
 
+async def pull_stopped_at(host, remote_out: Path, dest: Path, part: Path, at_bytes: int) -> int:
+    """Start a pull of ``remote_out`` and cancel it once ``part`` holds ``at_bytes``: the
+    bytes it holds then (the link is throttled by the caller so the pull can be caught)."""
+    task = asyncio.ensure_future(pull_dir(host.transport, host.agent, str(remote_out), dest))
+    while not (part.exists() and part.stat().st_size >= at_bytes):
+        assert not task.done(), "the pull ended before it could be interrupted"
+        await asyncio.sleep(0.02)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    return part.stat().st_size
+
+
 @pytest.mark.asyncio
 async def test_real_listing_skips_links_fifo_and_linked_dirs(sshd, host_factory, tmp_path):
     outside = tmp_path / "outside"
@@ -178,15 +191,8 @@ async def test_interrupted_pull_continues_from_its_part_file(
     dest = tmp_path / "out"
     part = dest / ".big.bin.rmpart"
     proxy.throttle(3_000_000)
-    task = asyncio.ensure_future(pull_dir(host.transport, host.agent, str(remote_out), dest))
     try:
-        while not (part.exists() and part.stat().st_size >= 2 << 20):
-            assert not task.done(), "the pull ended before it could be interrupted"
-            await asyncio.sleep(0.02)
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
-        had = part.stat().st_size
+        had = await pull_stopped_at(host, remote_out, dest, part, 2 << 20)
         assert 0 < had < len(payload) and not (dest / "big.bin").exists()
         proxy.restore()
         result = await pull_dir(host.transport, host.agent, str(remote_out), dest)

@@ -17,6 +17,7 @@ import pytest
 
 from remotemac.engine.pull import PART, pull_dir
 from remotemac.errors import EXIT_INTEGRITY, IntegrityError
+from tests.test_pull_sshd import pull_stopped_at
 from tests.test_sync_sshd import files_under
 from tests.test_sync_sshd import host_factory as host_factory  # the fixtures, shared
 from tests.test_sync_sshd import runtime_dir as runtime_dir
@@ -187,15 +188,8 @@ async def test_a_cut_mid_file_resumes_over_the_stream_from_the_bytes_held(
     dest = tmp_path / "out"
     part = dest / f".big.bin{PART}"
     proxy.throttle(3_000_000)
-    task = asyncio.ensure_future(pull_dir(host.transport, host.agent, str(remote_out), dest))
     try:
-        while not (part.exists() and part.stat().st_size >= 3 << 20):
-            assert not task.done(), "the pull ended before it could be interrupted"
-            await asyncio.sleep(0.02)
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
-        had = part.stat().st_size
+        had = await pull_stopped_at(host, remote_out, dest, part, 3 << 20)
         assert payload.startswith(part.read_bytes()) and 0 < had < len(payload)
         proxy.restore()
         await asyncio.sleep(0.5)  # what the cancelled channel had in flight drains first

@@ -30,7 +30,7 @@ from remotemac.engine.agentclient import AgentClient
 from remotemac.engine.context import RunContext, Side
 from remotemac.engine.hashsink import HashingSink
 from remotemac.engine.pullstream import LOCAL_REFUSALS as _LOCAL_REFUSALS
-from remotemac.engine.pullstream import PART, StreamFile, pull_streamed, sender_argv
+from remotemac.engine.pullstream import PART, StreamFile, pull_streamed, run_all, sender_argv
 from remotemac.errors import IntegrityError, RemotemacError, UnsafePath
 from remotemac.events import Event, PhaseProgress, Warning
 from remotemac.transport.base import Transport
@@ -166,27 +166,21 @@ async def pull_dir(
     """
     emit = emit or (lambda _e: None)
     entries = await _listing(transport, agent, remote_dir, {"hash": False})
+    sums: _Sums | None = None
+    sender: list[str] | None = None
     if not sftp and _can_stream(transport):
-        return await _pull_listed(
-            transport,
-            entries,
-            None,
-            remote_dir,
-            dest_root,
-            emit=emit,
-            run_id=run_id,
-            label=label,
-            max_bytes=max_bytes,
-            sender=sender_argv(agent.python, agent.agent_dir),
-        )
-    # the host hashes each file up to the size just listed (a file still growing is
-    # verified as it was listed) while the bytes move
-    upto = {
-        e["name_hex"]: e["size"]
-        for e in entries
-        if isinstance(e, dict) and isinstance(e.get("name_hex"), str) and e.get("kind") == "file"
-    }
-    sums = _Sums(_listing(transport, agent, remote_dir, {"upto": upto}))
+        sender = sender_argv(agent.python, agent.agent_dir)
+    else:
+        # the host hashes each file up to the size just listed (a file still growing is
+        # verified as it was listed) while the bytes move
+        upto = {
+            e["name_hex"]: e["size"]
+            for e in entries
+            if isinstance(e, dict)
+            and isinstance(e.get("name_hex"), str)
+            and e.get("kind") == "file"
+        }
+        sums = _Sums(_listing(transport, agent, remote_dir, {"upto": upto}))
     try:
         return await _pull_listed(
             transport,
@@ -198,9 +192,11 @@ async def pull_dir(
             run_id=run_id,
             label=label,
             max_bytes=max_bytes,
+            sender=sender,
         )
     finally:
-        await sums.close()
+        if sums is not None:
+            await sums.close()
 
 
 def _can_stream(transport: Transport) -> bool:
@@ -468,13 +464,7 @@ async def _bounded(job: Callable[[int], Awaitable[None]], count: int, limit: int
         for index in indexes:
             await job(index)
 
-    tasks = [asyncio.ensure_future(worker()) for _ in range(min(limit, count))]
-    try:
-        await asyncio.gather(*tasks)
-    finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+    await run_all([worker() for _ in range(min(limit, count))])
 
 
 def _refuse(

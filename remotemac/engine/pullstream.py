@@ -315,13 +315,13 @@ async def pull_streamed(
     groups = split_streams(files, streams)
     runs = [_Stream(transport, argv, remote_dir, g, progress, len(groups)) for g in groups]
     try:
-        await _all([run.run() for run in runs])
+        await run_all([run.run() for run in runs])
     finally:
         for f in files:
             f.close()
 
 
-async def _all(jobs: list[Awaitable[None]]) -> None:
+async def run_all(jobs: list[Awaitable[None]]) -> None:
     """Run together; the first failure cancels the rest and is raised."""
     tasks = [asyncio.ensure_future(job) for job in jobs]
     try:
