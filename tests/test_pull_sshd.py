@@ -64,6 +64,18 @@ def snapshot(root: Path, skip: Path) -> dict[str, bytes]:
     }
 
 
+async def host_with_model(host_factory, sshd) -> tuple:
+    """A host with the agent installed and a 3 MiB ``out/cpu/model.bin`` to pull:
+    (host, its output dir, the file's bytes)."""
+    host = await host_factory(sshd)
+    remote_out = Path(host.run_dir, "out", "cpu")
+    remote_out.mkdir(parents=True)
+    payload = os.urandom(3 << 20)
+    (remote_out / "model.bin").write_bytes(payload)
+    await host.agent.install()
+    return host, remote_out, payload
+
+
 async def pull_stopped_at(host, remote_out: Path, dest: Path, part: Path, at_bytes: int) -> int:
     """Start a pull of ``remote_out`` and cancel it once ``part`` holds ``at_bytes``: the
     bytes it holds then (the link is throttled by the caller so the pull can be caught)."""
@@ -155,12 +167,7 @@ async def test_lying_agent_cannot_write_outside_out(sshd, host_factory, tmp_path
 async def test_checksum_mismatch_is_exit_5_and_leaves_no_part_file(sshd, host_factory, tmp_path):
     """Over SFTP (the fallback) the sum comes from the hashed listing; a streamed pull's
     own checksum failure is tests/test_pull_stream_sshd.py's."""
-    host = await host_factory(sshd)
-    remote_out = Path(host.run_dir, "out", "cpu")
-    remote_out.mkdir(parents=True)
-    payload = os.urandom(3 << 20)
-    (remote_out / "model.bin").write_bytes(payload)
-    await host.agent.install()
+    host, remote_out, payload = await host_with_model(host_factory, sshd)
     # the listing was made, then the file changed before the transfer
     host.agent.resident = False  # the lying agent is a one-shot script
     hostile_agent(

@@ -17,7 +17,7 @@ import pytest
 
 from remotemac.engine.pull import PART, pull_dir
 from remotemac.errors import EXIT_INTEGRITY, IntegrityError
-from tests.test_pull_sshd import pull_stopped_at
+from tests.test_pull_sshd import host_with_model, pull_stopped_at
 from tests.test_sync_sshd import files_under
 from tests.test_sync_sshd import host_factory as host_factory  # the fixtures, shared
 from tests.test_sync_sshd import runtime_dir as runtime_dir
@@ -73,12 +73,7 @@ def sha(data: bytes) -> str:
 async def test_a_sender_breaking_the_protocol_is_refused_and_writes_nothing_in_place(
     sshd, host_factory, tmp_path, mode
 ):
-    host = await host_factory(sshd)
-    remote_out = Path(host.run_dir, "out", "cpu")
-    remote_out.mkdir(parents=True)
-    payload = os.urandom(3 << 20)
-    (remote_out / "model.bin").write_bytes(payload)
-    await host.agent.install()
+    host, remote_out, payload = await host_with_model(host_factory, sshd)
     hostile_sender(host.agent.agent_dir, MODES[mode])
     dest = tmp_path / "out" / "results" / "cpu"
     try:
