@@ -21,6 +21,7 @@ from typing import TypeVar
 import asyncssh
 
 from remotemac.errors import AuthError, HostError, HostKeyError, TransientHostError
+from remotemac.transport.coalesce import DirectConnector
 from remotemac.transport.hostkeys import HostKeyPolicy, KeyCheck, VerifyingClient
 from remotemac.transport.options import (
     DEFAULT_CONNECT_TIMEOUT_S,
@@ -218,7 +219,8 @@ async def _connect_hop(
     kwargs: dict = dict(
         host=params.hostname,
         port=params.port,
-        tunnel=tunnel,
+        # no jump host: a direct TCP connection whose packets go out one write per turn
+        tunnel=tunnel or DirectConnector(),
         username=params.user,
         config=[],
         known_hosts=known_hosts,
