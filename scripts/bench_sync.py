@@ -61,6 +61,7 @@ _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
 SHAPES = {
     "A": "many 16–256 KiB files",
     "B": "three large files",
+    "C": "one large file",
 }
 
 
@@ -92,7 +93,7 @@ def _writer(root: Path, rng: random.Random) -> tuple[list[str], Any]:
 
 
 def make_shape(root: Path, shape: str, size: int) -> list[str]:
-    """Shape A: ``size`` bytes in 16–256 KiB files; shape B: three files of size/3."""
+    """Shape A: ``size`` bytes in 16–256 KiB files; B: three files of size/3; C: one file."""
     rng = random.Random(0)
     paths, write = _writer(root, rng)
     if shape == "A":
@@ -102,6 +103,8 @@ def make_shape(root: Path, shape: str, size: int) -> list[str]:
             write(f"shards/{i // 500:03d}/s{i:05d}.bin", n)
             left -= n
             i += 1
+    elif shape == "C":
+        write("big/train.bin", size)
     else:
         for j in range(3):
             write(f"big/b{j}.bin", size // 3 + (size % 3 if j == 0 else 0))
@@ -375,7 +378,7 @@ async def main() -> int:
     parser.add_argument("--rtt", type=float, default=0.08, help="far link round trip (0.08 s)")
     parser.add_argument("--rate", type=float, default=100e6, help="far link bytes/s (100e6)")
     parser.add_argument("--repeat", type=int, default=1, help="rounds; medians printed (1)")
-    parser.add_argument("--shapes", default="AB", help="A, B or AB")
+    parser.add_argument("--shapes", default="AB", help="A, B, C or any mix (AB)")
     parser.add_argument("--links", default="loopback,far", help="loopback, far or both")
     parser.add_argument(
         "--resume-size", type=parse_size, default=None, help="file cut at 50 %% (--size)"

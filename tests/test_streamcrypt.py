@@ -273,3 +273,58 @@ def test_bad_parameters_are_refused() -> None:
         sc.ciphertext_size(10, sc.MAX_CHUNK + 1)
     with pytest.raises(ValueError, match="32 bytes"):
         enc(b"x", key=b"short")
+
+
+@pytest.mark.parametrize("size", [0, 1, 64 << 10, (64 << 10) * 5 + 17, (64 << 10) * 6])
+def test_pieces_sealed_apart_are_the_bytes_of_one_stream(size):
+    """A file sent as pieces over several channels: each piece sealed on its own, put
+    together in chunk order, decrypts as one stream and equals that stream's bytes."""
+    from remotemac.agent.streamcrypt import (
+        chunk_count,
+        chunk_opener,
+        iter_encrypt,
+        new_header,
+        seal_chunks,
+        sealed_span,
+    )
+
+    key, data, cs = os.urandom(32), os.urandom(size), 64 << 10
+    header = new_header(key, "big/train.bin", cs)
+    total = chunk_count(size, cs)
+    cuts = sorted({0, total // 3, total - 1 if total > 1 else 0, total} - {0}) or [total]
+    pieces, first = [], 0
+    for end in cuts:
+        if end <= first:
+            continue
+        src = io.BytesIO(data)
+        src.seek(first * cs)
+        sealed = b"".join(seal_chunks(key, "big/train.bin", header, src, size, first, end - first))
+        assert len(sealed) == sealed_span(size, cs, first, end - first)
+        pieces.append(sealed)
+        first = end
+    assert first == total
+    whole = header + b"".join(pieces)
+    stream = b"".join(iter_encrypt(key, "big/train.bin", io.BytesIO(data), cs, resume=(header, 0)))
+    assert whole == header + stream
+    out = io.BytesIO()
+    sc.decrypt_stream(key, "big/train.bin", io.BytesIO(whole), out)
+    assert out.getvalue() == data
+    opener, chunk = chunk_opener(key, "big/train.bin", header)
+    assert chunk == cs
+    last_plain = size - (total - 1) * cs
+    assert (
+        opener(total - 1, True, whole[len(whole) - last_plain - 16 :]) == data[(total - 1) * cs :]
+    )
+
+
+def test_a_piece_outside_its_file_or_under_another_path_is_refused():
+    from remotemac.agent.streamcrypt import chunk_opener, new_header, seal_chunks, sealed_span
+
+    key, cs = os.urandom(32), 64 << 10
+    header = new_header(key, "a.bin", cs)
+    with pytest.raises(ValueError):
+        sealed_span(3 * cs, cs, 2, 2)
+    with pytest.raises(ValueError):
+        list(seal_chunks(key, "a.bin", header, io.BytesIO(b"x" * cs), 3 * cs, 0, 2))
+    with pytest.raises(DecryptError):
+        chunk_opener(key, "b.bin", header)  # the path is bound into the header MAC

@@ -117,15 +117,11 @@ def iter_encrypt(
     would reuse a GCM nonce); the sync checks the file's size, mtime and prefix hash.
     """
     if resume is None:
-        _check_chunk_size(chunk_size)
-        salt = os.urandom(SALT_LEN)
-        payload_key, mac_key = _derive(data_key, salt, relpath)
-        prefix = MAGIC + chunk_size.to_bytes(4, "big") + salt
-        yield prefix + hmac.new(mac_key, prefix, hashlib.sha256).digest()
-        counter = 0
-    else:
-        payload_key, chunk_size = open_header(data_key, relpath, resume[0])
-        counter = resume[1]
+        header = new_header(data_key, relpath, chunk_size)
+        yield header
+        resume = (header, 0)
+    payload_key, chunk_size = open_header(data_key, relpath, resume[0])
+    counter = resume[1]
     aead = _aead(payload_key)
     current = _read_exact(src, chunk_size)
     while True:
@@ -136,6 +132,70 @@ def iter_encrypt(
             return
         counter += 1
         current = following
+
+
+def new_header(data_key: bytes, relpath: str, chunk_size: int = DEFAULT_CHUNK) -> bytes:
+    """A fresh header (new random salt) for a file sealed in pieces (see seal_chunks)."""
+    _check_chunk_size(chunk_size)
+    salt = os.urandom(SALT_LEN)
+    _, mac_key = _derive(data_key, salt, relpath)
+    prefix = MAGIC + chunk_size.to_bytes(4, "big") + salt
+    return prefix + hmac.new(mac_key, prefix, hashlib.sha256).digest()
+
+
+def chunk_count(plain_size: int, chunk_size: int) -> int:
+    """Chunks of a ``plain_size``-byte file (an empty file is one empty final chunk)."""
+    return max(1, -(-plain_size // chunk_size))
+
+
+def sealed_span(plain_size: int, chunk_size: int, first: int, count: int) -> int:
+    """Ciphertext bytes of chunks ``first`` .. ``first + count - 1`` of such a file."""
+    total = chunk_count(plain_size, chunk_size)
+    if first < 0 or count < 1 or first + count > total:
+        raise ValueError("chunks %d+%d are not within the file's %d" % (first, count, total))
+    end = min(plain_size, (first + count) * chunk_size)
+    return end - first * chunk_size + count * TAG_LEN
+
+
+def seal_chunks(
+    data_key: bytes,
+    relpath: str,
+    header: bytes,
+    src: BinaryIO,
+    plain_size: int,
+    first: int,
+    count: int,
+) -> Iterator[bytes]:
+    """Seal chunks ``first`` .. ``first + count - 1`` of a ``plain_size``-byte file.
+
+    Why: one large file is sent as pieces over several channels (a far link gives each
+    channel one window per round trip); each piece is the same bytes the whole stream
+    would hold there, so the host stores one ciphertext in the usual format. ``src``
+    is positioned at ``first * chunk_size``. The caller makes sure every piece of one
+    header seals the same plaintext (see iter_encrypt's ``resume``).
+    """
+    payload_key, chunk_size = open_header(data_key, relpath, header)
+    total = chunk_count(plain_size, chunk_size)
+    sealed_span(plain_size, chunk_size, first, count)  # range check
+    aead = _aead(payload_key)
+    for counter in range(first, first + count):
+        want = min(chunk_size, plain_size - counter * chunk_size)
+        plain = _read_exact(src, want)
+        if len(plain) != want:
+            raise ValueError("%s: shorter than its %d bytes" % (relpath, plain_size))
+        yield aead.encrypt(_nonce(counter, counter == total - 1), plain, None)
+
+
+def chunk_opener(data_key: bytes, relpath: str, header: bytes) -> tuple[Callable[..., bytes], int]:
+    """(open(counter, last, sealed) -> plaintext, chunk size) for a header that
+    authenticates: the host opens a piece's chunks one by one (see seal_chunks)."""
+    payload_key, chunk_size = open_header(data_key, relpath, header)
+    aead = _aead(payload_key)
+
+    def open_one(counter: int, last: bool, sealed: bytes) -> bytes:
+        return _open_chunk(aead, counter, last, sealed, relpath)
+
+    return open_one, chunk_size
 
 
 def header_chunk_size(header: bytes) -> int:
