@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from remotemac.data.manifest import HashCache, Manifest, ManifestEntry, check_relpath
+from remotemac.engine import syncsplit
 from remotemac.engine.agentclient import AgentClient
 from remotemac.engine.context import HostBinding, RunContext
 from remotemac.errors import (
@@ -136,6 +137,8 @@ class SyncStats:
     #: plaintext bytes that therefore did not travel again
     resumed_files: int = 0
     resumed_bytes: int = 0
+    #: large files the last attempt sent as pieces over several channels (syncsplit.py)
+    split_files: int = 0
     #: parallel channels the last attempt used, and the round trip they were sized by
     streams: int = 0
     rtt_ms: float | None = None
@@ -490,6 +493,7 @@ class _Job:
     index: int
     host_sha: str | None
     partial: dict[str, Any] | None
+    piece: syncsplit.Piece | None = None  # a chunk range of a file sent as pieces
 
 
 class _Session:
@@ -534,6 +538,9 @@ class _Session:
         self._unacked: set[int] = set()
         self._acked: set[int] = set()  # (an ack can overtake its own file's _Done)
         self._manifest: Manifest | None = None  # built once every file's hash is known
+        #: this attempt's files sent as pieces, and their whole-file SHA-256 being read
+        self._splits: dict[int, syncsplit.Split] = {}
+        self._split_digests: dict[int, asyncio.Future[str]] = {}
 
     def manifest(self) -> Manifest:
         if self._manifest is None:
@@ -594,6 +601,7 @@ class _Session:
         await main.write(json.dumps(hello).encode() + b"\n")
         self.stats.per_attempt.append(0)
         self._done, self._halt = 0, False
+        self._splits, self._split_digests = {}, {}
         # the previous attempts' files sent whole whose ack a cut lost (see _learn_held)
         unacked, self._unacked = self._unacked, set()
         # the files known to be new or changed go now: the host reads them once it has
@@ -622,18 +630,21 @@ class _Session:
         ahead_ok = await early  # (before a ping: a frame never lands inside a file's)
         rest = [job for job in plan if job.index not in sent_ahead]
         rest_bytes = sum(self.files[j.index].size for j in rest)
+        # a large file can go as pieces on several channels: it counts as that many jobs
+        jobs = self._units(rest)
         if rest:
-            if self.streams is None and choose_streams(1.0, rest_bytes, len(rest)) == 1:
+            if self.streams is None and choose_streams(1.0, rest_bytes, jobs) == 1:
                 wanted = 1  # one stream even on a 1 s round trip: no ping
             elif self.streams is None:
                 rtt = await self._rtt(main)
                 self.stats.rtt_ms = round(rtt * 1000, 2)
-                wanted = choose_streams(rtt, rest_bytes, len(rest))
+                wanted = choose_streams(rtt, rest_bytes, jobs)
             else:
-                wanted = max(1, min(self.streams, MAX_STREAMS, len(rest)))
+                wanted = max(1, min(self.streams, MAX_STREAMS, jobs))
             await self._open_workers(argv, hello, wanted - 1, procs)
+            rest = await self._split(rest, len(procs))
             if len(procs) > 1:  # largest first, so no channel is left with a big file at the end
-                rest.sort(key=lambda j: -self.files[j.index].size)
+                rest.sort(key=lambda j: -self._job_bytes(j))
         self.stats.streams = len(procs)
         self.emit(
             PhaseProgress(
@@ -666,6 +677,9 @@ class _Session:
                         await procs[i].write(_frame("D", 0, 0))
             await _all([self._final(readers[i], queues[i]) for i in range(1, len(procs))])
             if ahead_ok and all(sent):
+                # every piece of a split file is on the host now (the other channels
+                # answered their last frame; the first reads in order): put each together
+                await self._assemble(main)
                 # the host holds the hello's entries: only what changed since travels
                 said = hello["columns"]
                 final = json.dumps(
@@ -746,7 +760,7 @@ class _Session:
         Returns False when the agent spoke up early (an error line is waiting).
         """
         queue: asyncio.Queue[Any] = asyncio.Queue(maxsize=QUEUE_BATCHES)
-        pieces = _pieces(self.root, self.files, work, self.key, lambda: self._halt)
+        pieces = _pieces(self.root, self.files, work, self.key, lambda: self._halt, self._splits)
 
         async def produce() -> None:
             try:
@@ -807,6 +821,61 @@ class _Session:
             self.stats.resumed_files += 1
             self.stats.resumed_bytes += item.resumed
 
+    def _units(self, rest: list[_Job]) -> int:
+        """Jobs ``rest`` can make: a large file may go as pieces (syncsplit.py)."""
+        if self.key is None:
+            return len(rest)
+        return syncsplit.units(
+            [self.files[j.index].size if self._splittable(j) else 0 for j in rest]
+        )
+
+    def _splittable(self, job: _Job) -> bool:
+        # (a file the host holds a verified copy of is hashed first: it may not travel)
+        return job.host_sha is None and syncsplit.splittable(
+            self.files[job.index].size, job.partial
+        )
+
+    def _job_bytes(self, job: _Job) -> int:
+        if job.piece is None:
+            return self.files[job.index].size
+        return job.piece.nbytes
+
+    async def _split(self, rest: list[_Job], streams: int) -> list[_Job]:
+        """``rest`` with each large file as pieces when there are channels to spread
+        them over (or the host holds some pieces of it already)."""
+        self._splits, self._split_digests = {}, {}
+        out: list[_Job] = []
+        for job in rest:
+            f = self.files[job.index]
+            resuming = bool(job.partial and job.partial.get("split"))
+            if self.key is None or not self._splittable(job) or (streams < 2 and not resuming):
+                out.append(job)
+                continue
+            split, pieces = await asyncio.to_thread(
+                syncsplit.plan, self.root, job.index, f.path, self.key, job.partial
+            )
+            self._splits[job.index] = split
+            if f.sha256 is None or (f.size, f.mtime_ns) != (split.size, split.mtime_ns):
+                # the pieces are read apart: the whole file's SHA-256 is read in order here
+                self._split_digests[job.index] = asyncio.ensure_future(
+                    asyncio.to_thread(syncsplit.whole_digest, self.root, split)
+                )
+            out.extend(_Job(job.index, None, None, piece) for piece in pieces)
+        self.stats.split_files = len(self._splits)
+        return out
+
+    async def _assemble(self, main: RemoteProcess) -> None:
+        """Ask the host to put each split file together, checked against its SHA-256."""
+        for index, split in self._splits.items():
+            pending = self._split_digests.get(index)
+            digest = await pending if pending is not None else self.files[index].sha256
+            assert digest is not None
+            body = json.dumps({"sha256": digest, "header": split.header.hex()}).encode()
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                await main.write(_frame("J", index, len(body)) + body)
+            local = _Local(split.path, split.size, split.mtime_ns, split.inode, digest)
+            self._file_done(_Done(index, local, sent=True, resumed=split.kept))
+
     def _learn_held(self, todo: set[int], unacked: set[int] | None = None) -> None:
         """An attempt's start answer: files sent whole before whose ack a cut lost
         (``unacked``: those set aside when the hello went, by default the session's,
@@ -864,6 +933,8 @@ class _Session:
             if "acks" in msg:  # files the host verified since its last such line
                 for index in msg["acks"]:
                     self._verified(int(index))
+                continue
+            if "piece" in msg:  # a piece of a split file is in (the assemble checks them all)
                 continue
             await acks.put(msg)
 
@@ -972,10 +1043,12 @@ def _pieces(
     work: collections.deque,
     key: bytes | None,
     halted: Callable[[], bool] = lambda: False,
+    splits: dict[int, syncsplit.Split] | None = None,
 ) -> Iterator[Any]:
     """Yield (bytes, plaintext bytes covered) to send, and a _Done after each file.
 
     Takes the next file from ``work`` (shared by every stream) only when ready for it.
+    A piece of a split file (``splits``) yields no _Done: the assemble frame ends it.
     """
     from remotemac.agent.streamcrypt import DEFAULT_CHUNK, ciphertext_size, iter_encrypt
 
@@ -984,6 +1057,10 @@ def _pieces(
             job = work.popleft()
         except IndexError:
             return
+        if job.piece is not None:
+            assert key is not None and splits is not None
+            yield from syncsplit.sealed_piece(root, splits[job.index], job.piece, key, _frame)
+            continue
         f = files[job.index]
         full = root / f.path
         fd = os.open(full, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))

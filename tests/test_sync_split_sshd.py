@@ -1,0 +1,130 @@
+"""A large file pushed as pieces over several channels, against the real sshd and the
+bare lab host (OS-like python3 3.9 with the agent runtime it installed).
+
+Before the split, a dataset that is one large file went over one channel whatever the
+number of streams: one sshd window per round trip (23 MB/s through an 80 ms, 100 MB/s
+link, ``scripts/bench_sync.py --shapes C``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import io
+import os
+from pathlib import Path
+
+import pytest
+
+from remotemac.agent.streamcrypt import decrypt_stream
+from remotemac.engine.sync import SyncStats
+from remotemac.errors import HostError
+from tests.test_sync_sshd import (  # noqa: F401 (fixtures)
+    _cut_after,
+    _partials,
+    host_factory,
+    runtime_dir,
+)
+
+pytestmark = pytest.mark.timeout(180)
+MiB = 1 << 20
+
+
+def _dataset(root: Path, size: int) -> Path:
+    root.mkdir(parents=True)
+    (root / "big").mkdir()
+    (root / "big" / "train.bin").write_bytes(os.urandom(size))
+    (root / "labels.json").write_text('{"classes": 10}')
+    return root
+
+
+def _stored_plaintext(run_dir: str, key: bytes, rel: str) -> bytes:
+    out = io.BytesIO()
+    with open(Path(run_dir) / "data" / f"{rel}.rmenc", "rb") as fh:
+        decrypt_stream(key, rel, fh, out)
+    return out.getvalue()
+
+
+@pytest.mark.asyncio
+async def test_one_large_file_goes_as_pieces_over_three_channels(sshd, host_factory, tmp_path):
+    data = _dataset(tmp_path / "data", 40 * MiB + 4321)
+    key = os.urandom(32)
+    host = await host_factory(sshd)
+    try:
+        manifest, answer, stats = await host.sync(data, key, streams=3)
+    finally:
+        await host.transport.close()
+    assert stats.streams == 3 and stats.split_files == 1, stats
+    assert answer["mismatches"] == [] and sorted(stats.acked) == ["big/train.bin", "labels.json"]
+    plain = (data / "big" / "train.bin").read_bytes()
+    sha = {e.path: e.sha256 for e in manifest.entries}
+    assert sha["big/train.bin"] == hashlib.sha256(plain).hexdigest()
+    held = Path(answer["data_dir"]) / "big" / "train.bin"
+    assert held.read_bytes() == plain  # the job's copy, in RAM
+    assert _stored_plaintext(host.run_dir, key, "big/train.bin") == plain  # at rest: one stream
+    assert _partials(host) == []
+    assert [p.name for p in held.parent.iterdir()] == ["train.bin"]  # no part file left
+    record = (Path(host.run_dir) / "data" / ".verified.jsonl").read_text().splitlines()
+    assert len(record) == 2
+
+
+@pytest.mark.asyncio
+async def test_a_cut_split_push_sends_again_only_the_pieces_not_whole(
+    sshd, fault_proxy, host_factory, tmp_path
+):
+    """Cut once two thirds of the file went: the pieces that were whole on the host are
+    kept (their plaintext checked here first), the rest is sealed under the same header."""
+    size = 48 * MiB
+    data = _dataset(tmp_path / "data", size)
+    key = os.urandom(32)
+    proxy = fault_proxy(sshd)
+    host = await host_factory(sshd, proxy)
+    proxy.throttle(20_000_000)
+    stats = SyncStats()
+    cutter = asyncio.ensure_future(_cut_after(proxy, size * 2 // 3))
+    try:
+        manifest, answer, stats = await host.sync(data, key, streams=3, stats=stats)
+    finally:
+        cutter.cancel()
+        await host.transport.close()
+    assert cutter.done() and stats.attempts == 2, stats
+    assert stats.resumed_files == 1 and stats.resumed_bytes >= 16 * MiB, stats
+    assert stats.per_attempt[1] < size * 0.8, stats.per_attempt
+    assert answer["mismatches"] == []
+    plain = (data / "big" / "train.bin").read_bytes()
+    assert (Path(answer["data_dir"]) / "big" / "train.bin").read_bytes() == plain
+    assert _stored_plaintext(host.run_dir, key, "big/train.bin") == plain
+    assert _partials(host) == []
+
+
+@pytest.mark.asyncio
+async def test_a_file_changed_after_a_cut_split_starts_afresh(
+    sshd, fault_proxy, host_factory, tmp_path
+):
+    """Same size and mtime, other bytes in a piece the host kept: never sealed again
+    under the old header's nonces; the new content lands, the old pieces go."""
+    size = 48 * MiB
+    data = _dataset(tmp_path / "data", size)
+    key = os.urandom(32)
+    proxy = fault_proxy(sshd)
+    host = await host_factory(sshd, proxy)
+    proxy.throttle(20_000_000)
+    cutter = asyncio.ensure_future(_cut_after(proxy, size * 2 // 3))
+    path = data / "big" / "train.bin"
+    try:
+        with pytest.raises(HostError):
+            await host.sync(data, key, streams=3, max_attempts=1)
+        st = path.stat()
+        with open(path, "r+b") as fh:
+            fh.write(b"\xff" * 4096)  # inside the first piece, which the host kept
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+        proxy.restore()
+        _, answer, again = await host.sync(data, key, streams=3)
+    finally:
+        cutter.cancel()
+        await host.transport.close()
+    assert again.resumed_files == 0 and again.per_attempt[0] > size, again
+    assert answer["mismatches"] == []
+    plain = path.read_bytes()
+    assert (Path(answer["data_dir"]) / "big" / "train.bin").read_bytes() == plain
+    assert _stored_plaintext(host.run_dir, key, "big/train.bin") == plain

@@ -1,0 +1,118 @@
+"""Planning a split push (engine/syncsplit.py): which chunks go as which pieces, and
+when a host's kept pieces may be continued under the same header."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import pytest
+
+from remotemac.agent.streamcrypt import DEFAULT_CHUNK, chunk_count, new_header
+from remotemac.engine import syncsplit
+from remotemac.errors import IntegrityError
+
+KEY = bytes(range(32))
+MiB = 1 << 20
+
+
+def _file(tmp_path: Path, size: int) -> Path:
+    path = tmp_path / "big" / "train.bin"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(os.urandom(size))
+    return path
+
+
+def _tiles(pieces: list[syncsplit.Piece], total: int) -> bool:
+    covered = sorted((p.first, p.first + p.count) for p in pieces)
+    at = 0
+    for first, end in covered:
+        if first != at:
+            return False
+        at = end
+    return at == total
+
+
+def test_missing_ranges_and_pieces_tile_what_the_host_lacks():
+    assert syncsplit.missing(10, []) == [(0, 10)]
+    assert syncsplit.missing(10, [(2, 3), (0, 1), (8, 2)]) == [(1, 2), (5, 8)]
+    assert syncsplit.missing(4, [(0, 4)]) == []
+    pieces = syncsplit.cut([(1, 2), (5, 12)], 3, b"h")
+    assert [(p.first, p.count) for p in pieces] == [(1, 1), (5, 3), (8, 3), (11, 1)]
+    assert syncsplit.units([64 * MiB, MiB, 31 * MiB, 0]) == 8 + 1 + 1 + 1
+
+
+def test_a_fresh_split_covers_every_chunk_once_under_a_new_header(tmp_path):
+    path = _file(tmp_path, 40 * MiB + 123)
+    split, pieces = syncsplit.plan(tmp_path, 3, "big/train.bin", KEY, None, 9 * MiB)
+    total = chunk_count(40 * MiB + 123, DEFAULT_CHUNK)
+    assert split.index == 3 and split.size == path.stat().st_size and split.kept == 0
+    assert _tiles(pieces, total) and len(pieces) == 5
+    assert all(p.header == split.header for p in pieces)
+    other, _ = syncsplit.plan(tmp_path, 3, "big/train.bin", KEY, None, 9 * MiB)
+    assert other.header != split.header  # a fresh salt each time
+
+
+def _host_partial(path: Path, split: syncsplit.Split, kept: list[tuple[int, int]]) -> dict:
+    data = path.read_bytes()
+    pieces = []
+    for first, count in kept:
+        plain = data[first * DEFAULT_CHUNK : (first + count) * DEFAULT_CHUNK]
+        pieces.append([first, count, hashlib.sha256(plain).hexdigest()])
+    st = path.stat()
+    return {
+        "split": True,
+        "header": split.header.hex(),
+        "pieces": pieces,
+        "size": st.st_size,
+        "mtime_ns": st.st_mtime_ns,
+    }
+
+
+def test_the_hosts_pieces_are_kept_only_for_the_same_file(tmp_path):
+    path = _file(tmp_path, 20 * MiB)
+    first, _ = syncsplit.plan(tmp_path, 0, "big/train.bin", KEY, None, 8 * MiB)
+    partial = _host_partial(path, first, [(0, 32), (64, 16)])
+    split, pieces = syncsplit.plan(tmp_path, 0, "big/train.bin", KEY, partial, 8 * MiB)
+    assert split.header == first.header and split.kept == 48 * DEFAULT_CHUNK
+    assert [(p.first, p.count) for p in pieces] == [(32, 32)]
+    assert _tiles(pieces + [syncsplit.Piece(b"", 0, 32), syncsplit.Piece(b"", 64, 16)], 80)
+
+    # the same size and mtime, other bytes in a kept piece: never sealed again under
+    # those nonces (a fresh header, everything sent)
+    st = path.stat()
+    with open(path, "r+b") as fh:
+        fh.seek(70 * DEFAULT_CHUNK)
+        fh.write(b"\0" * 8)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    again, pieces = syncsplit.plan(tmp_path, 0, "big/train.bin", KEY, partial, 8 * MiB)
+    assert again.header != first.header and again.kept == 0 and _tiles(pieces, 80)
+
+    # another mtime, a header for another path or key: afresh too
+    for bad in (
+        dict(partial, mtime_ns=partial["mtime_ns"] + 1),
+        dict(partial, header=new_header(KEY, "big/other.bin").hex()),
+        dict(partial, header=new_header(bytes(32), "big/train.bin").hex()),
+        dict(partial, pieces=[[79, 2, "00" * 32]]),
+        dict(partial, split=False),
+    ):
+        fresh, pieces = syncsplit.plan(tmp_path, 0, "big/train.bin", KEY, bad, 8 * MiB)
+        assert fresh.header != first.header and fresh.kept == 0 and _tiles(pieces, 80)
+
+
+def test_a_piece_of_a_file_changed_since_planning_is_refused(tmp_path):
+    path = _file(tmp_path, 33 * MiB)
+    split, pieces = syncsplit.plan(tmp_path, 0, "big/train.bin", KEY, None, 8 * MiB)
+    sent = list(syncsplit.sealed_piece(tmp_path, split, pieces[0], KEY, _frame))
+    assert sent[0][0][:1] == b"S" and sum(n for _, n in sent) == pieces[0].nbytes
+    with open(path, "ab") as fh:
+        fh.write(b"more")
+    with pytest.raises(IntegrityError, match="changed while it was sent"):
+        list(syncsplit.sealed_piece(tmp_path, split, pieces[1], KEY, _frame))
+    with pytest.raises(IntegrityError, match="changed while it was sent"):
+        syncsplit.whole_digest(tmp_path, split)
+
+
+def _frame(kind: str, index: int, length: int) -> bytes:
+    return kind.encode() + index.to_bytes(4, "big") + length.to_bytes(8, "big")
