@@ -19,12 +19,9 @@ import pytest
 from remotemac.agent.streamcrypt import decrypt_stream
 from remotemac.engine.sync import SyncStats
 from remotemac.errors import HostError
-from tests.test_sync_sshd import (  # noqa: F401 (fixtures)
-    _cut_after,
-    _partials,
-    host_factory,
-    runtime_dir,
-)
+from tests.test_sync_sshd import _cut_after, _partials
+from tests.test_sync_sshd import host_factory as host_factory  # the fixtures, shared
+from tests.test_sync_sshd import runtime_dir as runtime_dir
 
 pytestmark = pytest.mark.timeout(180)
 MiB = 1 << 20
