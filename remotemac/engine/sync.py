@@ -601,7 +601,7 @@ class _Session:
         await main.write(json.dumps(hello).encode() + b"\n")
         self.stats.per_attempt.append(0)
         self._done, self._halt = 0, False
-        self._splits, self._split_digests = {}, {}
+        self._drop_digests()
         # the previous attempts' files sent whole whose ack a cut lost (see _learn_held)
         unacked, self._unacked = self._unacked, set()
         # the files known to be new or changed go now: the host reads them once it has
@@ -698,6 +698,7 @@ class _Session:
                 self.manifest()
             return await self._final(readers[0], queues[0])
         finally:
+            self._drop_digests()
             for reader in readers:
                 reader.cancel()
                 with contextlib.suppress(BaseException):
@@ -843,7 +844,7 @@ class _Session:
     async def _split(self, rest: list[_Job], streams: int) -> list[_Job]:
         """``rest`` with each large file as pieces when there are channels to spread
         them over (or the host holds some pieces of it already)."""
-        self._splits, self._split_digests = {}, {}
+        self._drop_digests()
         out: list[_Job] = []
         for job in rest:
             f = self.files[job.index]
@@ -863,6 +864,12 @@ class _Session:
             out.extend(_Job(job.index, None, None, piece) for piece in pieces)
         self.stats.split_files = len(self._splits)
         return out
+
+    def _drop_digests(self) -> None:
+        """An attempt's whole-file hashing that will not be used (a cut, a failure)."""
+        for pending in self._split_digests.values():
+            pending.cancel()
+        self._splits, self._split_digests = {}, {}
 
     async def _assemble(self, main: RemoteProcess) -> None:
         """Ask the host to put each split file together, checked against its SHA-256."""

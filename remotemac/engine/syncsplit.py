@@ -156,7 +156,7 @@ def kept_pieces(
     chunk = header_chunk_size(header)
     total = chunk_count(split.size, chunk)
     kept: list[tuple[int, int]] = []
-    with open(full, "rb") as fh:
+    with _open(full) as fh:
         for item in partial.get("pieces") or []:
             first, count, sha = int(item[0]), int(item[1]), str(item[2])
             if first < 0 or count < 1 or first + count > total:
@@ -187,8 +187,7 @@ def sealed_piece(
     meta = json.dumps(
         {"header": piece.header.hex(), "first": piece.first, "count": piece.count}
     ).encode()
-    fd = os.open(root / split.path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
-    with os.fdopen(fd, "rb", buffering=0) as fh:
+    with _open(root / split.path) as fh:
         _same(fh, split)
         fh.seek(piece.first * chunk)
         yield frame("S", split.index, span) + len(meta).to_bytes(4, "big") + meta, 0
@@ -202,12 +201,17 @@ def sealed_piece(
 def whole_digest(root: Path, split: Split) -> str:
     """The file's SHA-256 in order (pieces are read apart; the manifest needs the whole)."""
     digest = hashlib.sha256()
-    with open(root / split.path, "rb", buffering=0) as fh:
+    with _open(root / split.path) as fh:
         _same(fh, split)
         while block := fh.read(READ_BYTES):
             digest.update(block)
         _same(fh, split)
     return digest.hexdigest()
+
+
+def _open(path: Path) -> Any:
+    """The data file, never through a link (as the whole-file sender opens it)."""
+    return os.fdopen(os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0)), "rb", buffering=0)
 
 
 def _same(fh: Any, split: Split) -> None:
