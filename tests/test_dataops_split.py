@@ -251,20 +251,22 @@ def _hostile(big: _File, case: str) -> bytes:
 
 
 @pytest.mark.parametrize(
-    "case",
+    ("case", "why"),
     [
-        "piece beyond the file",
-        "length not the exact span",
-        "header under another path",
-        "header under another key",
-        "J with a gap",
-        "J with overlapping pieces",
-        "J whose sha256 differs",
-        "J for a split never started",
-        "piece in a public session",
+        ("piece beyond the file", "piece 12+2 is not within its 13 chunks"),
+        ("length not the exact span", "of 1310816 bytes, not 1310800"),
+        ("header under another path", "header authentication failed"),
+        ("header under another key", "header authentication failed"),
+        ("J with a gap", "do not cover its 13 chunks exactly once"),
+        ("J with overlapping pieces", "do not cover its 13 chunks exactly once"),
+        ("J whose sha256 differs", "differs from the laptop's"),
+        ("J for a split never started", "no piece of it under this header"),
+        ("piece in a public session", "not encrypted"),
     ],
 )
-def test_hostile_split_frames_are_one_integrity_line_and_record_nothing(dataops, tmp_path, case):
+def test_hostile_split_frames_are_one_integrity_line_and_record_nothing(
+    dataops, tmp_path, case, why
+):
     """A piece outside the file or of the wrong length, a header that does not
     authenticate for this path and key, a J whose pieces do not tile the file or whose
     plaintext hashes otherwise, a J of nothing: one integrity line, nothing recorded or
@@ -278,6 +280,7 @@ def test_hostile_split_frames_are_one_integrity_line_and_record_nothing(dataops,
     assert code == 1
     failures = [line for line in lines if line.get("ok") is False]
     assert failures == [lines[-1]] and lines[-1]["code"] == "integrity", lines
+    assert why in lines[-1]["error"]
     assert not any("acks" in line for line in lines)
     src = tmp_path / "run" / "data"
     assert dataops.load_records(str(src)) == {}
