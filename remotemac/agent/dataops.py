@@ -103,8 +103,11 @@ except ImportError:  # imported as remotemac.agent.dataops (the laptop, tests)
     from remotemac.agent.writebehind import WriteBehind
 
 RECORD = ".verified.jsonl"
-#: cut transfers kept for resuming: ``<sha256(path)[:32]>-<pid>.rmenc`` + ``.json``
+#: cut transfers kept for resuming: ``<sha256(path)[:32]>-<pid>.rmenc`` + ``.json``, and
+#: split files (see Receiver.receive_piece): ``<sha256(path)[:32]>-s<sid>`` + ``.rmenc``,
+#: ``.json``, ``.lock``, their plaintext ``.<name>.split-<sid>`` beside the file in RAM
 PARTIAL = ".remotemac-partial"
+_SPLIT_PART = re.compile(r"\..+\.split-[0-9a-f]{16}\Z")
 #: ``<src>/.remotemac-writing-<pid>``: made before a session's first write into the
 #: data dirs, removed when it ends cleanly. One left by another process means that
 #: session was cut (or still runs) and may have left debris: finish then walks both
@@ -1409,9 +1412,11 @@ class Receiver:
                         if pid.isdigit() and not _alive(int(pid)):
                             _unlink(dirpath + "/" + name)  # debris of a session killed mid-file
                         continue  # else a live session's file in flight
-                    if ".split-" in name:  # a split file's plaintext part (see receive_piece)
-                        if name.rsplit(".split-", 1)[1] not in self._splits_open:
-                            _unlink(dirpath + "/" + name)  # debris of a cut split
+                    if _SPLIT_PART.match(name) and prefix + name not in wanted:
+                        # a split file's plaintext part (see receive_piece): debris of a
+                        # cut split, unless this session is writing it
+                        if name.rpartition(".split-")[2] not in self._splits_open:
+                            _unlink(dirpath + "/" + name)
                         continue
                     if top_of_src and name.startswith((RECORD, PARTIAL, WRITING)):
                         continue
