@@ -289,10 +289,11 @@ def test_hostile_split_frames_are_one_integrity_line_and_record_nothing(
         assert _split_files(tmp_path) == []
 
 
-@pytest.mark.parametrize("change", ["size", "mtime", "gone"])
+@pytest.mark.parametrize("change", ["size", "mtime", "gone", "verified", "RAM lost"])
 def test_a_stale_split_is_dropped_at_the_start(dataops, tmp_path, change):
-    """The laptop's file changed (size, mtime) or left the slice since the cut: the
-    start answer does not list the split, and its files, RAM part included, go."""
+    """The laptop's file changed (size, mtime) or left the slice since the cut, a later
+    session sent it whole, or the host lost its RAM (a reboot): the start answer does
+    not list the split, and its files, RAM part included, go."""
     big = _File(tmp_path / "data", os.urandom(32))
     code, lines = _run(dataops, _line(big.hello()) + big.piece(*PIECES[0]))
     assert code == 3 and lines[1:] == [{"piece": [0, 0]}]
@@ -303,8 +304,21 @@ def test_a_stale_split_is_dropped_at_the_start(dataops, tmp_path, change):
         entry["size"] += 1
     elif change == "mtime":
         entry["mtime_ns"] += 1
-    else:
+    elif change == "gone":
         entry = dict(entry, path="other.bin", size=5)
+    elif change == "verified":  # sent whole by a session cut after it was acknowledged
+        from remotemac.agent.dataops import FRAME
+
+        sealed = io.BytesIO()
+        streamcrypt.encrypt_stream(big.key, REL, io.BytesIO(big.data), sealed, CS)
+        whole = FRAME.pack(b"F", 0, len(sealed.getvalue())) + sealed.getvalue()
+        code, lines = _run(dataops, _line(big.hello()) + whole + bytes.fromhex(big.sha256))
+        assert code == 3 and lines[-1] == {"acks": [0]}
+        assert len(_split_files(tmp_path)) == 4
+    else:
+        for name in kept:
+            if ".split-" in name:
+                (tmp_path / "ram" / "big" / name).unlink()
     code, lines = _run(dataops, _line(big.hello(entry)))
     assert code == 3 and lines[0]["partial"] == []
     assert _split_files(tmp_path) == []

@@ -1542,6 +1542,8 @@ def _frames(stdin: BinaryIO, receiver: Receiver, behind: WriteBehind, lines: _Li
             resume = json.loads(_read_exact(stdin, size).decode("utf-8"))
             receiver.receive(stdin, index, length, behind, resume)
         elif kind == b"S":  # one piece of a split file, written here (see receive_piece)
+            if behind.error is not None:  # a file before it failed: that ends the session
+                raise behind.error
             (size,) = META_LEN.unpack(_read_exact(stdin, META_LEN.size))
             receiver.receive_piece(stdin, index, length, _small_json(stdin, size))
         elif kind == b"J":  # after the files before it: records and acks stay in order
