@@ -157,6 +157,7 @@ class _Channel:
         return self.code
 
 
+@pytest.mark.timeout(60)
 def test_pieces_out_of_order_over_two_streams_assemble_into_one_verified_file(dataops, tmp_path):
     """Piece 2 on a worker stream, piece 0 on the main one, piece 1 on the worker: each
     is answered at once, and the J frame on the main stream puts one ciphertext in the
@@ -348,3 +349,21 @@ def test_finish_removes_a_cut_sessions_split_but_not_one_this_session_still_writ
     assert len(left) == 4 and all(new_sid in name for name in left)
     code, lines = _run(dataops, _line(big.hello()))
     assert [info["header"] for _, info in lines[0]["partial"]] == [big.header.hex()]
+
+
+def test_a_whole_file_send_of_the_path_drops_its_split(dataops, tmp_path, monkeypatch):
+    """The laptop sends the file whole (one stream) after a cut split: the receiver
+    forgets the split as it claims its own cut-transfer file, RAM part included."""
+    from remotemac.agent.dataops import FRAME
+
+    big = _File(tmp_path / "data", os.urandom(32))
+    code, _ = _run(dataops, _line(big.hello()) + big.piece(*PIECES[0]))
+    assert code == 3 and len(_split_files(tmp_path)) == 4
+    monkeypatch.setattr(dataops, "RESUMABLE", 1 << 20)  # this file streams, resumable
+    sealed = io.BytesIO()
+    streamcrypt.encrypt_stream(big.key, REL, io.BytesIO(big.data), sealed, CS)
+    whole = FRAME.pack(b"F", 0, len(sealed.getvalue())) + sealed.getvalue()
+    code, lines = _run(dataops, _line(big.hello()) + whole[: len(whole) // 2])
+    assert code == 3 and lines[0]["partial"][0][1]["split"] is True
+    left = _split_files(tmp_path)
+    assert not any("-s" in name or ".split-" in name for name in left), left
