@@ -41,6 +41,8 @@ the hello is on its way):
    The laptop may send F frames of files it knows changed right after the hello,
    before the start answer (engine/sync.py ``_Session._ahead``): they wait in the
    pipe and are read once the answer is out, like any other;
+   A file too large for one channel's window comes as pieces over several streams
+   (see ``S``/``J`` below and :meth:`Receiver.receive_piece`);
 5. a worker gets ``b"D" 0 0`` and answers ``{"ok": true, "result": {"received"}}``;
    the first channel, once every worker is done, ``b"E" 0:u32 length:u64`` + the
    final manifest as JSON (``{"changed": [[index, size, sha256], ...]}``, the entries
@@ -50,6 +52,19 @@ the hello is on its way):
    reboot), removes files that left the slice (those its record lists; after a cut
    session, any file the manifest does not list) and kept cut transfers, and answers
    ``{"ok": true, "result": {...}}``.
+
+Split push (one large file over several channels, each stream's receiver its own
+process): ``b"S" index length`` + ``meta_len:u32`` + ``{"header", "first", "count"}``
++ the sealed chunks ``first`` .. ``first + count - 1`` (the bytes the whole stream
+would hold there): the host writes them into one ciphertext under
+``.remotemac-partial/<sha256(path)[:32]>-s<sid>.rmenc`` (``sid`` from the header) and
+their plaintext into ``.<name>.split-<sid>`` beside the file in RAM, notes the piece
+in ``…-s<sid>.json`` and answers ``{"piece": [index, first]}`` at once; then
+``b"J" index length`` + ``{"sha256", "header"}`` once every piece is in: the pieces
+must tile the file, the plaintext must hash as said, and the file is renamed into
+place, recorded and acknowledged like any other. A start answer lists kept splits as
+``[index, {"split": true, "header", "pieces": [[first, count, plain_sha256], ...],
+"size", "mtime_ns"}]``.
 
 Any failure is one line ``{"ok": false, "error", "code"}`` (code ``integrity``
 for checksum or decryption failures, ``ram`` when no RAM store could be made).
@@ -80,7 +95,7 @@ import stat
 import struct
 import sys
 import threading
-from typing import Any, BinaryIO, Dict, List, Optional, Tuple
+from typing import Any, BinaryIO, Dict, Iterator, List, Optional, Tuple
 
 try:  # a sibling on the host
     from writebehind import WriteBehind
@@ -88,8 +103,11 @@ except ImportError:  # imported as remotemac.agent.dataops (the laptop, tests)
     from remotemac.agent.writebehind import WriteBehind
 
 RECORD = ".verified.jsonl"
-#: cut transfers kept for resuming: ``<sha256(path)[:32]>-<pid>.rmenc`` + ``.json``
+#: cut transfers kept for resuming: ``<sha256(path)[:32]>-<pid>.rmenc`` + ``.json``, and
+#: split files (see Receiver.receive_piece): ``<sha256(path)[:32]>-s<sid>`` + ``.rmenc``,
+#: ``.json``, ``.lock``, their plaintext ``.<name>.split-<sid>`` beside the file in RAM
 PARTIAL = ".remotemac-partial"
+_SPLIT_PART = re.compile(r"\..+\.split-[0-9a-f]{16}\Z")
 #: ``<src>/.remotemac-writing-<pid>``: made before a session's first write into the
 #: data dirs, removed when it ends cleanly. One left by another process means that
 #: session was cut (or still runs) and may have left debris: finish then walks both
@@ -379,6 +397,58 @@ def _unlink(*paths: str) -> None:
             os.unlink(path)
 
 
+class _Split:
+    """One split file as a frame names it (see :meth:`Receiver._split`)."""
+
+    def __init__(self, **fields: Any) -> None:
+        self.index: int = fields["index"]
+        self.rel: str = fields["rel"]
+        self.size: int = fields["size"]
+        self.mtime_ns: Any = fields["mtime_ns"]
+        self.header: bytes = fields["header"]
+        self.opener: Any = fields["opener"]
+        self.chunk_size: int = fields["chunk_size"]
+        self.total: int = fields["total"]
+        #: ``.remotemac-partial/<sha256(path)[:32]>-s<sid>`` (+ .rmenc, .json, .lock)
+        self.base: str = fields["base"]
+        self.sid: str = fields["sid"]
+        #: the plaintext part in RAM (see Receiver._split_part)
+        self.part: str = fields["part"]
+
+
+def _split_sid(base: str) -> str:
+    """The sid of a split's base path ("" for a single stream's cut transfer)."""
+    name = os.path.basename(base)
+    return name.rpartition("-s")[2] if "-s" in name else ""
+
+
+@contextlib.contextmanager
+def _flocked(path: str) -> Iterator[None]:
+    """Hold an exclusive flock on ``path`` (made if missing): the streams' receivers
+    are separate processes that note pieces of one split."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | _NOFOLLOW, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _write_meta(base: str, meta: Dict[str, Any]) -> None:
+    """``base.json`` written whole (temp name, then rename): readers never see half."""
+    tmp = "%s.tmp-%d" % (base, os.getpid())
+    with _open_new(tmp) as fh:
+        fh.write(json.dumps(meta).encode("utf-8"))
+    os.replace(tmp, base + ".json")
+
+
+def _pwrite(fd: int, data: bytes, offset: int) -> None:
+    view = memoryview(data)
+    while view:
+        done = os.pwrite(fd, view, offset)
+        view, offset = view[done:], offset + done
+
+
 def _use_runtime(path: Optional[str]) -> None:
     """Decrypt with the agent runtime's cryptography only (see agentruntime.py)."""
     import agentruntime
@@ -437,6 +507,9 @@ class Receiver:
         self.recorder: Optional[_Recorder] = None
         self.lines: Optional[_Lines] = None
         self._made: set = set()
+        #: sids of the splits this process wrote pieces of and has not assembled or
+        #: dropped: their files are in flight (finish and its prune leave them)
+        self._splits_open: set = set()
 
     def writing(self) -> None:
         """Mark the data dirs as being written by this process (before its first write)."""
@@ -601,19 +674,25 @@ class Receiver:
                     with open(base + ".json", "rb") as fh:
                         meta = json.loads(fh.read().decode("utf-8"))
                     _check_rel(meta["path"])
-                except (OSError, ValueError, KeyError, TypeError, DataError):
-                    _unlink(base + ".json", base + ".rmenc")
+                    if meta.get("split") and not (
+                        isinstance(meta.get("header"), str) and isinstance(meta["pieces"], list)
+                    ):
+                        raise ValueError("not a split's meta")
+                except (OSError, ValueError, KeyError, TypeError, AttributeError, DataError):
+                    _unlink(base + ".json", base + ".rmenc", base + ".lock")
                     continue
                 out.append((base, meta))
         return out
 
     def partials(self, known: List[Tuple[int, str]]) -> List[Tuple[int, Dict[str, Any]]]:
         """Cut transfers worth resuming: [index, {partial, chunks, offset, prefix_sha256,
-        header, size, mtime_ns}], the verified prefix being whole chunks that authenticate.
+        header, size, mtime_ns}], the verified prefix being whole chunks that authenticate,
+        or for a split file [index, {split, header, pieces, size, mtime_ns}] (the pieces
+        whose ciphertext and plaintext are in; its plaintext part must still be in RAM).
 
         Stale ones (the entry left the slice, is already verified, or its size or the
         laptop's mtime changed) are deleted; so is all but the longest per file. The
-        laptop resumes only when its own prefix hashes the same.
+        laptop resumes only when its own prefix (or each piece) hashes the same.
         """
         if not self.encrypted:
             return []
@@ -624,7 +703,8 @@ class Receiver:
 
         index_of = {e["path"]: i for i, e in enumerate(self.entries)}
         done = {i for i, _ in known}
-        best: Dict[int, Dict[str, Any]] = {}
+        #: index -> (base, meta, chunks kept, what the start answer says)
+        best: Dict[int, Tuple[str, Dict[str, Any], int, Dict[str, Any]]] = {}
         for base, meta in metas:
             if _alive(meta.get("pid"), wait=3.0):
                 continue  # an earlier session still writes it (it dies of the cut soon)
@@ -636,38 +716,66 @@ class Receiver:
                 or (entry.get("size"), entry.get("mtime_ns"))
                 != (meta.get("size"), meta.get("mtime_ns"))
             ):
-                _unlink(base + ".json", base + ".rmenc")
+                self._drop_meta(base, meta)
                 continue
-            sink = _HashSink(None)
-            self.cipher()
-            try:
-                with open(base + ".rmenc", "rb") as fh:
-                    header, chunks = streamcrypt.verified_prefix(self.key, meta["path"], fh, sink)
-            except OSError:
-                header, chunks = b"", 0
+            assert index is not None
+            if meta.get("split"):
+                chunks, info = self._split_kept(base, meta)
+            else:
+                sink = _HashSink(None)
+                self.cipher()
+                try:
+                    with open(base + ".rmenc", "rb") as fh:
+                        header, chunks = streamcrypt.verified_prefix(
+                            self.key, meta["path"], fh, sink
+                        )
+                except OSError:
+                    header, chunks = b"", 0
+                info = {
+                    "partial": os.path.basename(base),
+                    "chunks": chunks,
+                    "offset": sink.size,
+                    "prefix_sha256": sink.digest.hexdigest(),
+                    "header": header.hex(),
+                }
             old = best.get(index)
-            if not chunks or (old is not None and old["chunks"] >= chunks):
-                _unlink(base + ".json", base + ".rmenc")
+            if not chunks or (old is not None and old[2] >= chunks):
+                self._drop_meta(base, meta)
                 continue
             if old is not None:
-                _unlink(old["base"] + ".json", old["base"] + ".rmenc")
-            best[index] = {
-                "base": base,
-                "partial": os.path.basename(base),
-                "chunks": chunks,
-                "offset": sink.size,
-                "prefix_sha256": sink.digest.hexdigest(),
-                "header": header.hex(),
-                "size": meta["size"],
-                "mtime_ns": meta["mtime_ns"],
-            }
-        return [(i, {k: v for k, v in info.items() if k != "base"}) for i, info in best.items()]
+                self._drop_meta(old[0], old[1])
+            info.update(size=meta["size"], mtime_ns=meta["mtime_ns"])
+            best[index] = (base, meta, chunks, info)
+        return [(i, kept[3]) for i, kept in best.items()]
+
+    def _split_kept(self, base: str, meta: Dict[str, Any]) -> Tuple[int, Dict[str, Any]]:
+        """(chunks held, start answer entry) of a kept split; 0 chunks when its
+        ciphertext or its plaintext part is gone (a reboot empties RAM)."""
+        pieces = meta["pieces"]
+        try:
+            chunks = sum(int(p[1]) for p in pieces)
+        except (ValueError, TypeError, IndexError):
+            chunks = 0
+        part = self._split_part(meta["path"], _split_sid(base))
+        if _lstat(base + ".rmenc") is None or _lstat(part) is None:
+            chunks = 0
+        return chunks, {"split": True, "header": meta["header"], "pieces": pieces}
+
+    def _drop_meta(self, base: str, meta: Dict[str, Any]) -> None:
+        """Delete a kept cut transfer (a split's: its ciphertext, lock and RAM part too)."""
+        if not meta.get("split"):
+            _unlink(base + ".json", base + ".rmenc")
+            return
+        sid = _split_sid(base)
+        _unlink(base + ".json", base + ".rmenc", base + ".lock")
+        _unlink(self._split_part(meta["path"], sid))
+        self._splits_open.discard(sid)
 
     def _drop_partials(self, rel: str) -> None:
         """Forget every cut transfer of ``rel`` no live session is writing."""
         for base, meta in self._partial_metas():
             if meta["path"] == rel and not _alive(meta.get("pid")):
-                _unlink(base + ".json", base + ".rmenc")
+                self._drop_meta(base, meta)
 
     def _claim_partial(self, rel: str, entry: Dict[str, Any], resume: Optional[Dict[str, Any]]):
         """The path this session stores ``rel``'s ciphertext under while it arrives.
@@ -699,6 +807,236 @@ class Receiver:
             fh.write(json.dumps(meta).encode("utf-8"))
         os.replace(tmp, base + ".json")
         return base
+
+    # -------------------------------------------------------------- split files
+
+    def _split_part(self, rel: str, sid: str) -> str:
+        """The plaintext part of ``rel``'s split ``sid``: hidden, beside the file in RAM."""
+        plain = _inside(self.dest, rel)
+        return os.path.join(os.path.dirname(plain), ".%s.split-%s" % (os.path.basename(plain), sid))
+
+    def _split(self, index: int, header_hex: Any) -> "_Split":
+        """The split of entry ``index`` under a header that authenticates under the key
+        and the entry's path (DataError integrity otherwise)."""
+        if not self.encrypted:
+            raise DataError("a split frame in a session that is not encrypted", "integrity")
+        if not 0 <= index < len(self.entries):
+            raise DataError("split frame for unknown entry %d" % index, "integrity")
+        rel = self.entries[index]["path"]
+        size = self.entries[index].get("size")
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+            raise DataError("split of %s: the hello gave it no size" % rel, "integrity")
+        self.cipher()
+        import streamcrypt
+
+        try:
+            header = bytes.fromhex(header_hex)
+        except (TypeError, ValueError):
+            header = b""
+        if len(header) != streamcrypt.HEADER_LEN:
+            raise DataError("split of %s: not a remotemac-enc/v1 header" % rel, "integrity")
+        try:
+            opener, chunk_size = streamcrypt.chunk_opener(self.key, rel, header)
+        except streamcrypt.DecryptError as exc:
+            raise DataError("split of %s refused: %s" % (rel, exc), "integrity") from None
+        sid = hashlib.sha256(header).hexdigest()[:16]
+        name = "%s-s%s" % (hashlib.sha256(rel.encode("utf-8")).hexdigest()[:32], sid)
+        return _Split(
+            index=index,
+            rel=rel,
+            size=size,
+            mtime_ns=self.entries[index].get("mtime_ns"),
+            header=header,
+            opener=opener,
+            chunk_size=chunk_size,
+            total=streamcrypt.chunk_count(size, chunk_size),
+            base=os.path.join(self._partial_dir(), name),
+            sid=sid,
+            part=self._split_part(rel, sid),
+        )
+
+    def _split_meta(self, sp: "_Split") -> Dict[str, Any]:
+        """The split's meta as written (under its lock), or a new one with no piece;
+        DataError integrity when it names another file or another version of it."""
+        try:
+            with open(sp.base + ".json", "rb") as fh:
+                meta = json.loads(fh.read().decode("utf-8"))
+        except FileNotFoundError:
+            return {
+                "path": sp.rel,
+                "size": sp.size,
+                "mtime_ns": sp.mtime_ns,
+                "split": True,
+                "header": sp.header.hex(),
+                "pieces": [],
+            }
+        except (OSError, ValueError) as exc:
+            raise DataError(
+                "split of %s: its notes are damaged (%s)" % (sp.rel, exc), "integrity"
+            ) from None
+        if not isinstance(meta, dict) or (
+            meta.get("path"),
+            meta.get("header"),
+            meta.get("size"),
+            meta.get("mtime_ns"),
+        ) != (sp.rel, sp.header.hex(), sp.size, sp.mtime_ns):
+            raise DataError(
+                "split of %s: begun for another version of the file" % sp.rel, "integrity"
+            )
+        return meta
+
+    def receive_piece(self, stdin: BinaryIO, index: int, length: int, desc: Dict[str, Any]) -> None:
+        """One piece of a split file (an ``S`` frame): chunks ``first`` .. ``first +
+        count - 1``, written where the whole stream would hold them.
+
+        Why here, on the reading thread: a file is split only on a far link, where
+        this process waits on the network, not on its CPU. Each chunk is stored, opened
+        (authenticated) and its plaintext written at its place in the RAM part; the
+        piece is noted in the split's meta (under its lock: the other streams'
+        processes note theirs) only once it is all in, so a cut inside it notes
+        nothing, and the laptop hears of it at once (``{"piece": [index, first]}``).
+        """
+        sp = self._split(index, desc.get("header"))
+        import streamcrypt
+
+        first, count = desc.get("first"), desc.get("count")
+        if not (
+            type(first) is int
+            and type(count) is int
+            and first >= 0
+            and count >= 1
+            and first + count <= sp.total
+        ):
+            raise DataError(
+                "split of %s: piece %r+%r is not within its %d chunks"
+                % (sp.rel, first, count, sp.total),
+                "integrity",
+            )
+        span = streamcrypt.sealed_span(sp.size, sp.chunk_size, first, count)
+        if length != span:
+            raise DataError(
+                "split of %s: piece %d+%d of %d bytes, not %d"
+                % (sp.rel, first, count, length, span),
+                "integrity",
+            )
+        self.writing()
+        self._make_parents(self.src, sp.rel)
+        self._make_parents(self.dest, sp.rel)
+        with _flocked(sp.base + ".lock"):
+            meta = self._split_meta(sp)
+            if not os.path.exists(sp.base + ".json"):  # found by partials/finish if cut
+                _write_meta(sp.base, meta)
+        self._splits_open.add(sp.sid)
+        digest = hashlib.sha256()
+        cs, tag = sp.chunk_size, streamcrypt.TAG_LEN
+        flags = os.O_RDWR | os.O_CREAT | _NOFOLLOW
+        cipher_fd = os.open(sp.base + ".rmenc", flags, 0o600)
+        try:
+            plain_fd = os.open(sp.part, flags, 0o600)
+            try:
+                _pwrite(cipher_fd, sp.header, 0)
+                for counter in range(first, first + count):
+                    sealed = _read_exact(stdin, min(cs, sp.size - counter * cs) + tag)
+                    _pwrite(cipher_fd, sealed, streamcrypt.HEADER_LEN + counter * (cs + tag))
+                    try:
+                        plain = sp.opener(counter, counter == sp.total - 1, sealed)
+                    except streamcrypt.DecryptError as exc:
+                        raise DataError(
+                            "dataset file %s failed decryption on the host: %s" % (sp.rel, exc),
+                            "integrity",
+                        ) from None
+                    _pwrite(plain_fd, plain, counter * cs)
+                    digest.update(plain)
+            finally:
+                os.close(plain_fd)
+        finally:
+            os.close(cipher_fd)
+        with _flocked(sp.base + ".lock"):
+            meta = self._split_meta(sp)
+            pieces = [p for p in meta["pieces"] if p[:2] != [first, count]]
+            meta["pieces"] = sorted(pieces + [[first, count, digest.hexdigest()]])
+            _write_meta(sp.base, meta)
+        assert self.lines is not None
+        self.lines.say({"piece": [index, first]})
+
+    def assemble(self, index: int, req: Dict[str, Any]) -> None:
+        """A ``J`` frame, on the write-behind thread after the files before it: the
+        split's pieces must tile the file and its plaintext hash as the laptop says;
+        then both parts go into place and the file is recorded and acknowledged like
+        a whole one. Any failure removes the split (DataError integrity)."""
+        sp = self._split(index, req.get("header"))
+        if not os.path.exists(sp.base + ".json"):
+            raise DataError(
+                "split of %s: no piece of it under this header was received" % sp.rel,
+                "integrity",
+            )
+        try:
+            rec = self._assemble(sp, str(req.get("sha256")))
+        except OSError as exc:
+            self._drop_meta(sp.base, {"path": sp.rel, "split": True})
+            raise DataError(
+                "split of %s: cannot assemble it: %s" % (sp.rel, exc), "integrity"
+            ) from None
+        except BaseException:
+            self._drop_meta(sp.base, {"path": sp.rel, "split": True})
+            raise
+        self._splits_open.discard(sp.sid)
+        self._verified(index, rec)
+
+    def _assemble(self, sp: "_Split", claimed: str) -> Dict[str, Any]:
+        """:meth:`assemble`'s checks and renames, under the split's lock; the record."""
+        import streamcrypt
+
+        with _flocked(sp.base + ".lock"):
+            meta = self._split_meta(sp)
+            at = 0  # the end of the pieces so far that tile from chunk 0
+            try:
+                for first, count, _ in sorted(meta["pieces"]):
+                    if first != at or count < 1:
+                        at = -1
+                        break
+                    at += count
+            except (TypeError, ValueError):
+                at = -1
+            if at != sp.total:
+                raise DataError(
+                    "split of %s: its pieces do not cover its %d chunks exactly once"
+                    % (sp.rel, sp.total),
+                    "integrity",
+                )
+            st = _lstat(sp.part)
+            if st is None or st.st_size != sp.size:
+                raise DataError(
+                    "split of %s: its plaintext in RAM is not %d bytes" % (sp.rel, sp.size),
+                    "integrity",
+                )
+            sink = _HashSink(None)
+            with open(sp.part, "rb") as fh:
+                for block in iter(lambda: fh.read(READ), b""):
+                    sink.write(block)
+            self._check_digest(sp.rel, sink.digest.hexdigest(), claimed)
+            enc_size = streamcrypt.ciphertext_size(sp.size, sp.chunk_size)
+            with open(sp.base + ".rmenc", "r+b") as fh:
+                if os.fstat(fh.fileno()).st_size > enc_size:
+                    fh.truncate(enc_size)
+                if os.fstat(fh.fileno()).st_size != enc_size:
+                    raise DataError(
+                        "split of %s: its ciphertext is not %d bytes" % (sp.rel, enc_size),
+                        "integrity",
+                    )
+            stored, plain = _inside(self.src, sp.rel) + ".rmenc", _inside(self.dest, sp.rel)
+            _make_parents(self.src, sp.rel)
+            _make_parents(self.dest, sp.rel)
+            os.replace(sp.base + ".rmenc", stored)
+            os.replace(sp.part, plain)
+            _unlink(sp.base + ".json", sp.base + ".lock")
+        return {
+            "path": sp.rel,
+            "sha256": claimed,
+            "size": sp.size,
+            "enc_size": os.lstat(stored).st_size,
+            "plain_mtime_ns": os.lstat(plain).st_mtime_ns,
+        }
 
     # -------------------------------------------------------------- receiving
 
@@ -994,8 +1332,8 @@ class Receiver:
         else:  # every session ended cleanly: only recorded files can be left over
             pruned = self._prune_recorded(wanted)
         for base, meta in self._partial_metas():  # every wanted file is whole: none resumes
-            if not _alive(meta.get("pid")):
-                _unlink(base + ".json", base + ".rmenc")
+            if not _alive(meta.get("pid")) and _split_sid(base) not in self._splits_open:
+                self._drop_meta(base, meta)
         live = {p: r for p, r in self.records.items() if p in wanted}
         if redecrypted or len(live) < len(self.records) or self._record_lines > 2 * len(live) + 64:
             _compact(self.src, live)
@@ -1074,6 +1412,12 @@ class Receiver:
                         if pid.isdigit() and not _alive(int(pid)):
                             _unlink(dirpath + "/" + name)  # debris of a session killed mid-file
                         continue  # else a live session's file in flight
+                    if _SPLIT_PART.match(name) and prefix + name not in wanted:
+                        # a split file's plaintext part (see receive_piece): debris of a
+                        # cut split, unless this session is writing it
+                        if name.rpartition(".split-")[2] not in self._splits_open:
+                            _unlink(dirpath + "/" + name)
+                        continue
                     if top_of_src and name.startswith((RECORD, PARTIAL, WRITING)):
                         continue
                     rel = prefix + name
@@ -1197,6 +1541,14 @@ def _frames(stdin: BinaryIO, receiver: Receiver, behind: WriteBehind, lines: _Li
             (size,) = META_LEN.unpack(_read_exact(stdin, META_LEN.size))
             resume = json.loads(_read_exact(stdin, size).decode("utf-8"))
             receiver.receive(stdin, index, length, behind, resume)
+        elif kind == b"S":  # one piece of a split file, written here (see receive_piece)
+            if behind.error is not None:  # a file before it failed: that ends the session
+                raise behind.error
+            (size,) = META_LEN.unpack(_read_exact(stdin, META_LEN.size))
+            receiver.receive_piece(stdin, index, length, _small_json(stdin, size))
+        elif kind == b"J":  # after the files before it: records and acks stay in order
+            req = _small_json(stdin, length)
+            behind.submit(functools.partial(receiver.assemble, index, req))
         elif kind == b"P":
             lines.say({"ok": True, "pong": True})
         elif kind == b"D":  # one of several streams is done: the first one finishes
@@ -1212,6 +1564,23 @@ def _frames(stdin: BinaryIO, receiver: Receiver, behind: WriteBehind, lines: _Li
             return 0
         else:
             raise DataError("unknown frame %r" % kind)
+
+
+#: a split frame's JSON is a header and a few numbers: anything longer is not ours
+SPLIT_JSON_MAX = 1 << 16
+
+
+def _small_json(stdin: BinaryIO, size: int) -> Dict[str, Any]:
+    """A split frame's JSON object (DataError integrity when it is not one)."""
+    if size > SPLIT_JSON_MAX:
+        raise DataError("a split frame's description of %d bytes" % size, "integrity")
+    try:
+        obj = json.loads(_read_exact(stdin, size).decode("utf-8"))
+    except (ValueError, UnicodeDecodeError):
+        obj = None
+    if not isinstance(obj, dict):
+        raise DataError("a split frame's description is not a JSON object", "integrity")
+    return obj
 
 
 def _answer_error(lines: _Lines, message: str, code: str) -> None:

@@ -1,0 +1,369 @@
+"""The host side of a split push (agent/dataops.py ``S`` and ``J`` frames), in process.
+
+One large file arrives as pieces (chunk ranges) over several streams, each stream's
+receiver writing its range into one ciphertext and one plaintext part in RAM; a ``J``
+frame checks the whole and puts it in place. The pieces are sealed as the laptop seals
+them (streamcrypt.seal_chunks); the agent runtime's activation and the RAM store are
+faked as in tests/test_dataops_behind.py, the encryption, hashing and files are real.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import threading
+from pathlib import Path
+
+import pytest
+
+from remotemac.agent import streamcrypt
+from tests import test_dataops_behind as behind
+from tests.test_dataops_behind import _hello, _leftovers, _run
+from tests.test_sync_resync import _dead_pid
+
+dataops = behind.dataops  # the fixture: the receiver module, runtime and RAM store faked
+
+REL = "big/train.bin"
+CS = streamcrypt.DEFAULT_CHUNK
+#: 13 chunks, the last one short; pieces as a laptop with three streams cuts them
+SIZE = 12 * CS + 12_345
+PIECES = [(0, 5), (5, 4), (9, 4)]
+
+
+class _File:
+    """One large file of the laptop's slice and the frames it sends of it."""
+
+    def __init__(self, root: Path, key: bytes, size: int = SIZE) -> None:
+        self.root, self.key = root, key
+        self.data = os.urandom(size)
+        (root / REL).parent.mkdir(parents=True, exist_ok=True)
+        (root / REL).write_bytes(self.data)
+        self.header = streamcrypt.new_header(key, REL, CS)
+        self.sha256 = hashlib.sha256(self.data).hexdigest()
+
+    def entry(self, **changed) -> dict:
+        st = (self.root / REL).stat()
+        entry = {"path": REL, "size": len(self.data), "sha256": None, "mtime_ns": st.st_mtime_ns}
+        return dict(entry, **changed)
+
+    def hello(self, *entries: dict, **extra) -> dict:
+        return dict(_hello(self.root, self.key, list(entries) or [self.entry()]), **extra)
+
+    def piece(
+        self, first: int, count: int, *, header: bytes | None = None, rel: str = REL, pad=b""
+    ) -> bytes:
+        """``S 0 length`` + its description + the sealed chunks (``pad`` appended)."""
+        from remotemac.agent.dataops import FRAME, META_LEN
+
+        header = header or self.header
+        src = io.BytesIO(self.data[first * CS :])
+        body = b"".join(
+            streamcrypt.seal_chunks(self.key, rel, header, src, len(self.data), first, count)
+        )
+        body += pad
+        desc = json.dumps({"header": header.hex(), "first": first, "count": count}).encode()
+        return FRAME.pack(b"S", 0, len(body)) + META_LEN.pack(len(desc)) + desc + body
+
+    def assemble(self, sha256: str | None = None, header: bytes | None = None) -> bytes:
+        from remotemac.agent.dataops import FRAME
+
+        req = {"sha256": sha256 or self.sha256, "header": (header or self.header).hex()}
+        body = json.dumps(req).encode()
+        return FRAME.pack(b"J", 0, len(body)) + body
+
+    def plain_sha(self, first: int, count: int) -> str:
+        return hashlib.sha256(self.data[first * CS : (first + count) * CS]).hexdigest()
+
+
+def _line(obj: dict) -> bytes:
+    return json.dumps(obj).encode() + b"\n"
+
+
+def _end(big: _File | None = None) -> bytes:
+    """The E frame: the hello's entries, with the file's hash the laptop learnt."""
+    from remotemac.agent.dataops import FRAME
+
+    changed = [[0, len(big.data), big.sha256]] if big is not None else []
+    final = json.dumps({"changed": changed}).encode()
+    return FRAME.pack(b"E", 0, len(final)) + final
+
+
+def _split_files(tmp_path: Path) -> list[str]:
+    """What is left of any split: its files under .remotemac-partial and its RAM part."""
+    partial = tmp_path / "run" / "data" / ".remotemac-partial"
+    kept = [p.name for p in partial.iterdir()] if partial.exists() else []
+    ram = tmp_path / "ram"
+    return sorted(kept + [p.name for p in ram.rglob("*.split-*")])
+
+
+def _assert_whole(dataops, tmp_path: Path, big: _File) -> None:
+    """Stored encrypted as one remotemac-enc/v1 file, decrypted in RAM, recorded."""
+    src = tmp_path / "run" / "data"
+    out = tmp_path / "decrypted"
+    streamcrypt.decrypt_file(big.key, REL, str(src / (REL + ".rmenc")), str(out))
+    assert out.read_bytes() == big.data
+    assert (tmp_path / "ram" / REL).read_bytes() == big.data
+    rec = dataops.load_records(str(src))[REL]
+    assert rec["sha256"] == big.sha256 and rec["size"] == len(big.data)
+    assert rec["enc_size"] == streamcrypt.ciphertext_size(len(big.data), CS)
+    assert rec["plain_mtime_ns"] == (tmp_path / "ram" / REL).stat().st_mtime_ns
+    assert _split_files(tmp_path) == [] and _leftovers(tmp_path / "ram", src) == []
+
+
+class _Channel:
+    """One receiver session on a thread, fed through pipes: the laptop's end of one
+    SSH channel (several of them share the host's src, as the streams of one sync)."""
+
+    def __init__(self, dataops, hello: dict) -> None:
+        stdin_r, stdin_w = os.pipe()
+        stdout_r, stdout_w = os.pipe()
+        self._to = os.fdopen(stdin_w, "wb")
+        self._from = os.fdopen(stdout_r, "rb")
+        stdin, stdout = os.fdopen(stdin_r, "rb"), os.fdopen(stdout_w, "wb")
+        self.code: int | None = None
+
+        def run() -> None:
+            try:
+                self.code = dataops.serve(stdin, stdout)
+            finally:
+                stdout.close()
+                stdin.close()
+
+        self._thread = threading.Thread(target=run, daemon=True)
+        self._thread.start()
+        self.send(_line(hello))
+
+    def send(self, data: bytes) -> None:
+        self._to.write(data)
+        self._to.flush()
+
+    def line(self) -> dict:
+        raw = self._from.readline()
+        assert raw, "the receiver ended"
+        return json.loads(raw)
+
+    def until_result(self) -> list[dict]:
+        lines = [self.line()]
+        while "result" not in lines[-1] and lines[-1].get("ok") is not False:
+            lines.append(self.line())
+        return lines
+
+    def close(self) -> int | None:
+        self._to.close()
+        self._thread.join(30)
+        self._from.close()
+        return self.code
+
+
+@pytest.mark.timeout(60)
+def test_pieces_out_of_order_over_two_streams_assemble_into_one_verified_file(dataops, tmp_path):
+    """Piece 2 on a worker stream, piece 0 on the main one, piece 1 on the worker: each
+    is answered at once, and the J frame on the main stream puts one ciphertext in the
+    usual format and the plaintext in RAM in place, recorded and acknowledged."""
+    from remotemac.agent.dataops import FRAME
+
+    big = _File(tmp_path / "data", os.urandom(32))
+    main = _Channel(dataops, big.hello())
+    worker = None
+    try:
+        assert main.line() == {"ok": True, "todo": [[0, None]], "partial": []}
+        worker = _Channel(dataops, big.hello(worker=True))
+        assert worker.line()["ok"] is True
+        worker.send(big.piece(*PIECES[2]))
+        assert worker.line() == {"piece": [0, PIECES[2][0]]}
+        main.send(big.piece(*PIECES[0]))
+        assert main.line() == {"piece": [0, PIECES[0][0]]}
+        worker.send(big.piece(*PIECES[1]))
+        assert worker.line() == {"piece": [0, PIECES[1][0]]}
+        assert not (tmp_path / "ram" / REL).exists()  # nothing in place before J
+        worker.send(FRAME.pack(b"D", 0, 0))
+        assert worker.line() == {"ok": True, "result": {"received": 0}}
+        main.send(big.assemble() + _end(big))
+        lines = main.until_result()
+    finally:
+        main.close()
+        if worker is not None:
+            worker.close()
+    assert lines[-1]["ok"] is True, lines
+    assert [i for line in lines if "acks" in line for i in line["acks"]] == [0]
+    result = lines[-1]["result"]
+    assert result["received"] == 1 and result["mismatches"] == []
+    assert main.code == 0 and worker.code == 0
+    _assert_whole(dataops, tmp_path, big)
+
+
+def test_a_cut_inside_a_piece_keeps_the_whole_pieces_for_the_next_session(dataops, tmp_path):
+    """The link drops inside piece 1: the next start answer lists the split with piece
+    0 only (its plaintext hash as the laptop checks it), and the missing pieces + J
+    complete the file."""
+    big = _File(tmp_path / "data", os.urandom(32))
+    second = big.piece(*PIECES[1])
+    cut = _line(big.hello()) + big.piece(*PIECES[0]) + second[: len(second) // 2]
+    code, lines = _run(dataops, cut)
+    assert code == 3 and lines[1:] == [{"piece": [0, 0]}]
+    assert (tmp_path / "ram" / REL).exists() is False
+    resumed = _line(big.hello()) + second + big.piece(*PIECES[2]) + big.assemble() + _end(big)
+    code, lines = _run(dataops, resumed)
+    first, n = PIECES[0]
+    assert lines[0]["partial"] == [
+        [
+            0,
+            {
+                "split": True,
+                "header": big.header.hex(),
+                "pieces": [[first, n, big.plain_sha(first, n)]],
+                "size": len(big.data),
+                "mtime_ns": big.entry()["mtime_ns"],
+            },
+        ]
+    ]
+    assert code == 0 and lines[-1]["result"]["mismatches"] == [], lines
+    _assert_whole(dataops, tmp_path, big)
+
+
+def _hostile(big: _File, case: str) -> bytes:
+    """The frames of one hostile (or broken) laptop after its hello."""
+    p0, p1, p2 = PIECES
+    if case == "piece beyond the file":
+        return big.piece(12, 1).replace(b'"first": 12, "count": 1', b'"first": 12, "count": 2')
+    if case == "length not the exact span":
+        return big.piece(*p0, pad=bytes(16))
+    if case == "header under another path":
+        other = streamcrypt.new_header(big.key, "other.bin", CS)
+        return big.piece(*p0, header=other, rel="other.bin")
+    if case == "header under another key":
+        stranger = _File(big.root / "elsewhere", os.urandom(32))
+        stranger.data = big.data
+        return stranger.piece(*p0)
+    if case == "J with a gap":
+        return big.piece(*p0) + big.piece(*p2) + big.assemble() + _end()
+    if case == "J with overlapping pieces":
+        return big.piece(0, 6) + big.piece(*p1) + big.piece(*p2) + big.assemble() + _end()
+    if case == "J whose sha256 differs":
+        pieces = b"".join(big.piece(*p) for p in PIECES)
+        return pieces + big.assemble(sha256="0" * 64) + _end()
+    if case == "J for a split never started":
+        return big.assemble() + _end()
+    if case == "piece in a public session":
+        return big.piece(*p0)
+    raise AssertionError(case)
+
+
+@pytest.mark.parametrize(
+    ("case", "why"),
+    [
+        ("piece beyond the file", "piece 12+2 is not within its 13 chunks"),
+        ("length not the exact span", "of 1310816 bytes, not 1310800"),
+        ("header under another path", "header authentication failed"),
+        ("header under another key", "header authentication failed"),
+        ("J with a gap", "do not cover its 13 chunks exactly once"),
+        ("J with overlapping pieces", "do not cover its 13 chunks exactly once"),
+        ("J whose sha256 differs", "differs from the laptop's"),
+        ("J for a split never started", "no piece of it under this header"),
+        ("piece in a public session", "not encrypted"),
+    ],
+)
+def test_hostile_split_frames_are_one_integrity_line_and_record_nothing(
+    dataops, tmp_path, case, why
+):
+    """A piece outside the file or of the wrong length, a header that does not
+    authenticate for this path and key, a J whose pieces do not tile the file or whose
+    plaintext hashes otherwise, a J of nothing: one integrity line, nothing recorded or
+    in place, and a failed J leaves none of that split's files."""
+    big = _File(tmp_path / "data", os.urandom(32))
+    hello = big.hello()
+    if case == "piece in a public session":
+        hello = dict(hello, encrypted=False)
+        del hello["key_hex"]
+    code, lines = _run(dataops, _line(hello) + _hostile(big, case))
+    assert code == 1
+    failures = [line for line in lines if line.get("ok") is False]
+    assert failures == [lines[-1]] and lines[-1]["code"] == "integrity", lines
+    assert why in lines[-1]["error"]
+    assert not any("acks" in line for line in lines)
+    src = tmp_path / "run" / "data"
+    assert dataops.load_records(str(src)) == {}
+    assert not (src / (REL + ".rmenc")).exists() and not (tmp_path / "ram" / REL).exists()
+    if case.startswith("J"):
+        assert _split_files(tmp_path) == []
+
+
+@pytest.mark.parametrize("change", ["size", "mtime", "gone", "verified", "RAM lost"])
+def test_a_stale_split_is_dropped_at_the_start(dataops, tmp_path, change):
+    """The laptop's file changed (size, mtime) or left the slice since the cut, a later
+    session sent it whole, or the host lost its RAM (a reboot): the start answer does
+    not list the split, and its files, RAM part included, go."""
+    big = _File(tmp_path / "data", os.urandom(32))
+    code, lines = _run(dataops, _line(big.hello()) + big.piece(*PIECES[0]))
+    assert code == 3 and lines[1:] == [{"piece": [0, 0]}]
+    kept = _split_files(tmp_path)
+    assert len(kept) == 4 and any(".split-" in name for name in kept)
+    entry = big.entry()
+    if change == "size":
+        entry["size"] += 1
+    elif change == "mtime":
+        entry["mtime_ns"] += 1
+    elif change == "gone":
+        entry = dict(entry, path="other.bin", size=5)
+    elif change == "verified":  # sent whole by a session cut after it was acknowledged
+        from remotemac.agent.dataops import FRAME
+
+        sealed = io.BytesIO()
+        streamcrypt.encrypt_stream(big.key, REL, io.BytesIO(big.data), sealed, CS)
+        whole = FRAME.pack(b"F", 0, len(sealed.getvalue())) + sealed.getvalue()
+        code, lines = _run(dataops, _line(big.hello()) + whole + bytes.fromhex(big.sha256))
+        assert code == 3 and lines[-1] == {"acks": [0]}
+        assert len(_split_files(tmp_path)) == 4
+    else:
+        for name in kept:
+            if ".split-" in name:
+                (tmp_path / "ram" / "big" / name).unlink()
+    code, lines = _run(dataops, _line(big.hello(entry)))
+    assert code == 3 and lines[0]["partial"] == []
+    assert _split_files(tmp_path) == []
+
+
+def test_finish_removes_a_cut_sessions_split_but_not_one_this_session_still_writes(
+    dataops, tmp_path
+):
+    """After a cut session (its marker left, its process gone): finish removes its split
+    that this session did not resume and a RAM part left with no notes, and keeps the
+    split this session wrote a piece of and did not assemble (the next start lists it)."""
+    big = _File(tmp_path / "data", os.urandom(32))
+    code, _ = _run(dataops, _line(big.hello()) + big.piece(*PIECES[0]))
+    assert code == 3
+    src = tmp_path / "run" / "data"
+    dead = _dead_pid()
+    (src / f"{dataops.WRITING}{os.getpid()}").rename(src / f"{dataops.WRITING}{dead}")
+    orphan = tmp_path / "ram" / "big" / ".train.bin.split-0123456789abcdef"
+    orphan.write_bytes(b"a piece of a split whose notes were lost")
+    old_sid = hashlib.sha256(big.header).hexdigest()[:16]
+    big.header = streamcrypt.new_header(big.key, REL, CS)  # the laptop starts afresh
+    code, lines = _run(dataops, _line(big.hello()) + big.piece(*PIECES[1]) + _end())
+    assert code == 0 and lines[-1]["result"]["mismatches"][0]["path"] == REL
+    left = _split_files(tmp_path)
+    assert not orphan.exists() and not any(old_sid in name for name in left)
+    new_sid = hashlib.sha256(big.header).hexdigest()[:16]
+    assert len(left) == 4 and all(new_sid in name for name in left)
+    code, lines = _run(dataops, _line(big.hello()))
+    assert [info["header"] for _, info in lines[0]["partial"]] == [big.header.hex()]
+
+
+def test_a_whole_file_send_of_the_path_drops_its_split(dataops, tmp_path, monkeypatch):
+    """The laptop sends the file whole (one stream) after a cut split: the receiver
+    forgets the split as it claims its own cut-transfer file, RAM part included."""
+    from remotemac.agent.dataops import FRAME
+
+    big = _File(tmp_path / "data", os.urandom(32))
+    code, _ = _run(dataops, _line(big.hello()) + big.piece(*PIECES[0]))
+    assert code == 3 and len(_split_files(tmp_path)) == 4
+    monkeypatch.setattr(dataops, "RESUMABLE", 1 << 20)  # this file streams, resumable
+    sealed = io.BytesIO()
+    streamcrypt.encrypt_stream(big.key, REL, io.BytesIO(big.data), sealed, CS)
+    whole = FRAME.pack(b"F", 0, len(sealed.getvalue())) + sealed.getvalue()
+    code, lines = _run(dataops, _line(big.hello()) + whole[: len(whole) // 2])
+    assert code == 3 and lines[0]["partial"][0][1]["split"] is True
+    left = _split_files(tmp_path)
+    assert not any("-s" in name or ".split-" in name for name in left), left
