@@ -48,6 +48,7 @@ from scripts.bench_sync import (  # noqa: E402
     CIPHER,
     BenchHost,
     Link,
+    machine_cpu_s,
     parse_size,
     peak_rss_mib,
     reset_peak_rss,
@@ -160,14 +161,17 @@ async def stop_when_half(job: Any, dest: Path, src: Path, share: float) -> dict[
 
 def median_of(
     repeat: int, tool: Callable[[str, Path, Path], float], link: str, src: Path, local: Path
-) -> float:
-    """The median time of ``repeat`` copies by ``tool`` into a fresh ``local``."""
-    times = []
+) -> tuple[float, float]:
+    """The median time of ``repeat`` copies by ``tool`` into a fresh ``local``, and the
+    median CPU seconds the machine (both ends) spent on one."""
+    times, cpu = [], []
     for _ in range(repeat):
         shutil.rmtree(local, ignore_errors=True)
         local.mkdir()
+        before = machine_cpu_s()
         times.append(tool(link, src, local))
-    return statistics.median(times)
+        cpu.append(machine_cpu_s() - before)
+    return statistics.median(times), statistics.median(cpu)
 
 
 def fmt(seconds: float, size: int) -> str:
@@ -214,25 +218,29 @@ async def main() -> int:
             local = tmp / "local"
             for link in links:
                 for shape, src in shapes.items():
-                    rm_times, rss = [], []
+                    rm_times, rss, rm_cpu = [], [], []
                     for _ in range(args.repeat):
                         shutil.rmtree(local, ignore_errors=True)
+                        before = machine_cpu_s()
                         seconds, peak, _ = await bench.pull(link, src, local)
+                        rm_cpu.append(machine_cpu_s() - before)
                         rm_times.append(seconds)
                         rss.append(peak)
                     t_rm = statistics.median(rm_times)
                     print(
                         f"{link:8} {shape:11} remotemac {fmt(t_rm, args.size)}  "
-                        f"peak RSS {max(rss):.0f} MiB",
+                        f"peak RSS {max(rss):.0f} MiB; CPU of both ends "
+                        f"{statistics.median(rm_cpu):.2f} s",
                         flush=True,
                     )
                     tools = {"scp": bench.scp, "scp-O": bench.scp_legacy, "rsync": bench.rsync}
                     for tool in args.compare.split(","):
                         if tool in tools:
-                            other = median_of(args.repeat, tools[tool], link, src, local)
+                            other, cpu = median_of(args.repeat, tools[tool], link, src, local)
                             print(
                                 f"{link:8} {shape:11} {tool:9} {fmt(other, args.size)}  "
-                                f"remotemac/{tool} {other / t_rm:.2f}",
+                                f"remotemac/{tool} {other / t_rm:.2f}; CPU of both ends "
+                                f"{cpu:.2f} s",
                                 flush=True,
                             )
             # resume: stopped half-way, pulled again

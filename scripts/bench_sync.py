@@ -111,6 +111,17 @@ def make_shape(root: Path, shape: str, size: int) -> list[str]:
     return sorted(paths)
 
 
+def machine_cpu_s() -> float:
+    """CPU seconds all processes of this machine have used so far (Linux /proc/stat).
+
+    Both ends run here, so the difference over one copy is what it cost laptop and host
+    together: remotemac hashes on both ends and encrypts, scp and rsync do neither, and
+    on 2 shared cores that sum, not one process, sets the time of a large file."""
+    with open("/proc/stat") as fh:
+        ticks = [int(x) for x in fh.readline().split()[1:]]
+    return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
+
+
 def reset_peak_rss() -> None:
     """Linux: writing 5 to clear_refs resets VmHWM, so each step gets its own peak."""
     try:
@@ -288,20 +299,26 @@ async def cold_round(
 ) -> dict[str, Any]:
     """One cold sync of a shape over a link, then scp and rsync of the same bytes."""
     run_id = f"bench-{tag}"
+    cpu = machine_cpu_s()
     t_rm, stats = await bench.sync(data, paths, run_id, link)
+    cpu_rm = machine_cpu_s() - cpu
     bench.drop_run(run_id)
+    cpu = machine_cpu_s()
     t_rsync = bench.copy("rsync", data, link, None)
+    cpu_rsync = machine_cpu_s() - cpu
     # scp of thousands of files over a far link waits a round trip per file: stop it
     # once it is clearly the slower tool (its time is then only a lower bound)
     cap = max(args.scp_cap * min(t_rm, t_rsync or t_rm), 20.0)
     t_scp = bench.copy("scp", data, link, cap)
     faster = min(t for t in (t_scp, t_rsync) if t is not None)
     row = {"rm": t_rm, "scp": t_scp, "rsync": t_rsync, "ratio": faster / t_rm}
+    row.update(cpu_rm=cpu_rm, cpu_rsync=cpu_rsync)
     print(
         f"  {link.name:8s} {shape}  remotemac {rate(size, t_rm)} ({stats.streams} streams, "
         f"rtt {stats.rtt_ms} ms)  scp {rate(size, t_scp)}"
         + (f" (> {cap:.0f} s)" if t_scp is None else "")
-        + f"  rsync {rate(size, t_rsync)}  ratio to the faster {row['ratio']:.2f}",
+        + f"  rsync {rate(size, t_rsync)}  ratio to the faster {row['ratio']:.2f}; "
+        f"CPU of both ends: remotemac {cpu_rm:.2f} s, rsync {cpu_rsync:.2f} s",
         flush=True,
     )
     return row
@@ -437,7 +454,9 @@ async def main() -> int:
                     f"  {name:8s} {s}  remotemac {rate(args.size, med('rm'))}  "
                     f"scp {rate(args.size, med('scp'))}  rsync {rate(args.size, med('rsync'))}  "
                     f"ratio to the faster {statistics.median(x['ratio'] for x in rows):.2f} "
-                    f"(goal >= 0.90; each: " + ", ".join(f"{x['ratio']:.2f}" for x in rows) + ")",
+                    f"(goal >= 0.90; each: " + ", ".join(f"{x['ratio']:.2f}" for x in rows) + "); "
+                    f"CPU of both ends: remotemac {med('cpu_rm'):.2f} s, "
+                    f"rsync {med('cpu_rsync'):.2f} s",
                     flush=True,
                 )
             if "A" in shapes and "loopback" in links and "resync" in parts:
