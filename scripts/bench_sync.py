@@ -315,7 +315,9 @@ async def cold_round(
     row.update(cpu_rm=cpu_rm, cpu_rsync=cpu_rsync)
     print(
         f"  {link.name:8s} {shape}  remotemac {rate(size, t_rm)} ({stats.streams} streams, "
-        f"rtt {stats.rtt_ms} ms)  scp {rate(size, t_scp)}"
+        f"rtt {stats.rtt_ms} ms"
+        + (f", {stats.split_files} split into pieces" if stats.split_files else "")
+        + f")  scp {rate(size, t_scp)}"
         + (f" (> {cap:.0f} s)" if t_scp is None else "")
         + f"  rsync {rate(size, t_rsync)}  ratio to the faster {row['ratio']:.2f}; "
         f"CPU of both ends: remotemac {cpu_rm:.2f} s, rsync {cpu_rsync:.2f} s",
