@@ -196,8 +196,8 @@ def test_pieces_out_of_order_over_two_streams_assemble_into_one_verified_file(da
 
 def test_a_cut_inside_a_piece_keeps_the_whole_pieces_for_the_next_session(dataops, tmp_path):
     """The link drops inside piece 1: the next start answer lists the split with piece
-    0 only (its plaintext hash as the laptop checks it), and the missing pieces + J
-    complete the file."""
+    0 and the chunks of piece 1 that came whole (each with its plaintext hash as the
+    laptop checks it), and the missing pieces + J complete the file."""
     big = _File(tmp_path / "data", os.urandom(32))
     second = big.piece(*PIECES[1])
     cut = _line(big.hello()) + big.piece(*PIECES[0]) + second[: len(second) // 2]
@@ -207,13 +207,19 @@ def test_a_cut_inside_a_piece_keeps_the_whole_pieces_for_the_next_session(dataop
     resumed = _line(big.hello()) + second + big.piece(*PIECES[2]) + big.assemble() + _end(big)
     code, lines = _run(dataops, resumed)
     first, n = PIECES[0]
+    held = lines[0]["partial"][0][1]["pieces"]
+    whole = held[1][1]  # of piece 1, the chunks that came before the cut
+    assert 1 <= whole < PIECES[1][1]
     assert lines[0]["partial"] == [
         [
             0,
             {
                 "split": True,
                 "header": big.header.hex(),
-                "pieces": [[first, n, big.plain_sha(first, n)]],
+                "pieces": [
+                    [first, n, big.plain_sha(first, n)],
+                    [PIECES[1][0], whole, big.plain_sha(PIECES[1][0], whole)],
+                ],
                 "size": len(big.data),
                 "mtime_ns": big.entry()["mtime_ns"],
             },

@@ -69,8 +69,10 @@ async def test_one_large_file_goes_as_pieces_over_three_channels(sshd, host_fact
 async def test_a_cut_split_push_sends_again_only_the_pieces_not_whole(
     sshd, fault_proxy, host_factory, tmp_path
 ):
-    """Cut once two thirds of the file went: the pieces that were whole on the host are
-    kept (their plaintext checked here first), the rest is sealed under the same header."""
+    """Cut once two thirds of the file went: the pieces that were whole on the host, and
+    the whole chunks of those it was inside, are kept (their plaintext checked here
+    first); the rest is sealed under the same header. Keeping whole pieces only, the
+    second attempt sent half the file."""
     size = 48 * MiB
     data = _dataset(tmp_path / "data", size)
     key = os.urandom(32)
@@ -85,8 +87,10 @@ async def test_a_cut_split_push_sends_again_only_the_pieces_not_whole(
         cutter.cancel()
         await host.transport.close()
     assert cutter.done() and stats.attempts == 2, stats
-    assert stats.resumed_files == 1 and stats.resumed_bytes >= 16 * MiB, stats
-    assert stats.per_attempt[1] < size * 0.8, stats.per_attempt
+    assert stats.resumed_files == 1 and stats.resumed_bytes >= size * 0.55, stats
+    # what the host had stored whole when the link went (pieces, and the chunks of the
+    # pieces it was inside) stays: about the third that had not gone travels again
+    assert stats.per_attempt[1] < size * 0.42, stats.per_attempt
     assert answer["mismatches"] == []
     plain = (data / "big" / "train.bin").read_bytes()
     assert (Path(answer["data_dir"]) / "big" / "train.bin").read_bytes() == plain

@@ -930,6 +930,7 @@ class Receiver:
         digest = hashlib.sha256()
         cs, tag = sp.chunk_size, streamcrypt.TAG_LEN
         flags = os.O_RDWR | os.O_CREAT | _NOFOLLOW
+        done = 0  # whole chunks of this piece stored and opened
         cipher_fd = os.open(sp.base + ".rmenc", flags, 0o600)
         try:
             plain_fd = os.open(sp.part, flags, 0o600)
@@ -947,17 +948,28 @@ class Receiver:
                         ) from None
                     _pwrite(plain_fd, plain, counter * cs)
                     digest.update(plain)
+                    done += 1
             finally:
                 os.close(plain_fd)
+        except EOFError:
+            # a cut inside the piece: its chunks that came whole are noted as a shorter
+            # piece, so the next attempt sends only the rest of it
+            if done:
+                self._note_piece(sp, first, done, digest.hexdigest())
+            raise
         finally:
             os.close(cipher_fd)
-        with _flocked(sp.base + ".lock"):
-            meta = self._split_meta(sp)
-            pieces = [p for p in meta["pieces"] if p[:2] != [first, count]]
-            meta["pieces"] = sorted(pieces + [[first, count, digest.hexdigest()]])
-            _write_meta(sp.base, meta)
+        self._note_piece(sp, first, count, digest.hexdigest())
         assert self.lines is not None
         self.lines.say({"piece": [index, first]})
+
+    def _note_piece(self, sp: "_Split", first: int, count: int, sha: str) -> None:
+        """Add a piece whose chunks are all stored and opened to the split's meta."""
+        with _flocked(sp.base + ".lock"):
+            meta = self._split_meta(sp)
+            pieces = [p for p in meta["pieces"] if p[0] != first]
+            meta["pieces"] = sorted(pieces + [[first, count, sha]])
+            _write_meta(sp.base, meta)
 
     def assemble(self, index: int, req: Dict[str, Any]) -> None:
         """A ``J`` frame, on the write-behind thread after the files before it: the
