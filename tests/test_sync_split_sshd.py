@@ -65,6 +65,17 @@ async def test_one_large_file_goes_as_pieces_over_three_channels(sshd, host_fact
     assert len(record) == 2
 
 
+async def _cut_at_two_thirds(sshd, fault_proxy, host_factory, tmp_path, size: int):
+    """A dataset of one ``size`` file, a host behind a 20 MB/s proxy that cuts every link
+    once two thirds of the file went: (data, key, proxy, host, the cutter task)."""
+    data = _dataset(tmp_path / "data", size)
+    proxy = fault_proxy(sshd)
+    host = await host_factory(sshd, proxy)
+    proxy.throttle(20_000_000)
+    cutter = asyncio.ensure_future(_cut_after(proxy, size * 2 // 3))
+    return data, os.urandom(32), proxy, host, cutter
+
+
 @pytest.mark.asyncio
 async def test_a_cut_split_push_sends_again_only_the_pieces_not_whole(
     sshd, fault_proxy, host_factory, tmp_path
@@ -74,13 +85,10 @@ async def test_a_cut_split_push_sends_again_only_the_pieces_not_whole(
     first); the rest is sealed under the same header. Keeping whole pieces only, the
     second attempt sent half the file."""
     size = 48 * MiB
-    data = _dataset(tmp_path / "data", size)
-    key = os.urandom(32)
-    proxy = fault_proxy(sshd)
-    host = await host_factory(sshd, proxy)
-    proxy.throttle(20_000_000)
+    data, key, proxy, host, cutter = await _cut_at_two_thirds(
+        sshd, fault_proxy, host_factory, tmp_path, size
+    )
     stats = SyncStats()
-    cutter = asyncio.ensure_future(_cut_after(proxy, size * 2 // 3))
     try:
         manifest, answer, stats = await host.sync(data, key, streams=3, stats=stats)
     finally:
@@ -105,12 +113,9 @@ async def test_a_file_changed_after_a_cut_split_starts_afresh(
     """Same size and mtime, other bytes in a piece the host kept: never sealed again
     under the old header's nonces; the new content lands, the old pieces go."""
     size = 48 * MiB
-    data = _dataset(tmp_path / "data", size)
-    key = os.urandom(32)
-    proxy = fault_proxy(sshd)
-    host = await host_factory(sshd, proxy)
-    proxy.throttle(20_000_000)
-    cutter = asyncio.ensure_future(_cut_after(proxy, size * 2 // 3))
+    data, key, proxy, host, cutter = await _cut_at_two_thirds(
+        sshd, fault_proxy, host_factory, tmp_path, size
+    )
     path = data / "big" / "train.bin"
     try:
         with pytest.raises(HostError):
