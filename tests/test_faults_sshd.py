@@ -228,7 +228,7 @@ def check_finished_like_a_clean_run(
 @pytest.mark.timeout(900)
 def test_3000_steps_with_the_link_cut_every_2s_during_sync(lab_host: LabHost, tmp_path: Path):  # noqa: F811
     """A 182 MiB slice (600 shards of 256 KiB, token files of 20 and 12 MiB) synced through
-    cuts every 2 s plus one per 100 files the host verified: the sync resumes after each
+    cuts every 2 s plus one per 60 files the host verified: the sync resumes after each
     cut with what the host verified (more attempts than the four a count once allowed),
     the workload finds every file's SHA-256 as in the manifest, and the run ends as a
     clean run does."""
@@ -240,7 +240,10 @@ def test_3000_steps_with_the_link_cut_every_2s_during_sync(lab_host: LabHost, tm
     manifest_bytes = size - (data / "MANIFEST.json").stat().st_size
     pb = trainer_playbook(host, tmp_path / "pb.yaml", data, steps=3000, seconds=20)
     out = tmp_path / "out"
-    ctx, code, cutter = cut_run(host, pb, out, phase="sync", step=100, unit="verified")
+    # one cut per 60 verified files: the sync of 182 MiB takes 1.5 s here, and the host's
+    # acknowledgements come in bursts that can cross two steps at once (per 100 files,
+    # CI once saw 4 cuts in the sync)
+    ctx, code, cutter = cut_run(host, pb, out, phase="sync", step=60, unit="verified")
     in_sync = cutter.during("sync")
     assert len(in_sync) >= 5, cutter.cuts
     (synced,) = ctx.results["sync"]["hosts"].values()
