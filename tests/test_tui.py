@@ -486,3 +486,21 @@ async def test_runs_screen_shows_what_the_host_says_about_a_detached_run(
         assert run_id[:20] in screen_text(app)
     # leave nothing running: finish the run
     assert remotemac("attach", run_id).returncode in (0, 1)
+
+
+@pytest.mark.asyncio
+async def test_a_runs_refresh_that_finds_its_table_gone_is_not_a_crash(rm_home, tmp_path):
+    """The runs table reads the journal on a thread; the app can close meanwhile and
+    take the table with it (CI saw the worker then fail and the app die with
+    WorkerFailed). Here the table goes first, then a refresh runs to its end."""
+    from remotemac.tui.screens.runs import RunsScreen
+
+    app = make_app(rm_home, tmp_path, reattach=False)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = app.screen
+        assert isinstance(screen, RunsScreen)
+        await screen.query_one("#runs").remove()
+        worker = screen.refresh_runs()
+        await worker.wait()
+        await pilot.pause()
+        assert worker.error is None and app.is_running

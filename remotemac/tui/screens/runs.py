@@ -9,6 +9,7 @@ from typing import Any
 from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
+from textual.css.query import NoMatches
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Static
 
@@ -78,7 +79,10 @@ class RunsScreen(Screen):
         except Exception as exc:  # a locked or broken journal: say so, keep the UI
             self.query_one("#runs-hint", Static).update(f"journal: {exc}")
             return
-        self._fill(rows)
+        try:
+            self._fill(rows)
+        except NoMatches:  # the app closed while the journal was read: no table to fill
+            return
 
     @work(exclusive=True, group="runs-live")
     async def poll_live(self) -> None:
