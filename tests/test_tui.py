@@ -493,6 +493,8 @@ async def test_a_runs_refresh_that_finds_its_table_gone_is_not_a_crash(rm_home, 
     """The runs table reads the journal on a thread; the app can close meanwhile and
     take the table with it (CI saw the worker then fail and the app die with
     WorkerFailed). Here the table goes first, then a refresh runs to its end."""
+    from textual.worker import WorkerCancelled
+
     from remotemac.tui.screens.runs import RunsScreen
 
     app = make_app(rm_home, tmp_path, reattach=False)
@@ -500,7 +502,12 @@ async def test_a_runs_refresh_that_finds_its_table_gone_is_not_a_crash(rm_home, 
         screen = app.screen
         assert isinstance(screen, RunsScreen)
         await screen.query_one("#runs").remove()
-        worker = screen.refresh_runs()
-        await worker.wait()
+        for _ in range(20):  # (a periodic refresh may cancel ours: it is exclusive)
+            worker = screen.refresh_runs()
+            try:
+                await worker.wait()
+                break
+            except WorkerCancelled:
+                continue
         await pilot.pause()
-        assert worker.error is None and app.is_running
+        assert worker.error is None and worker.is_finished and app.is_running
