@@ -116,3 +116,42 @@ def test_a_piece_of_a_file_changed_since_planning_is_refused(tmp_path):
 
 def _frame(kind: str, index: int, length: int) -> bytes:
     return kind.encode() + index.to_bytes(4, "big") + length.to_bytes(8, "big")
+
+
+def _replayed(path: Path, header: bytes, pieces: list) -> dict:
+    """What a host that is not to be trusted can answer: a header it saw for this path
+    earlier (it authenticates: the laptop made it), with the size and mtime the hello
+    just told it, so the laptop's own size/mtime comparison passes."""
+    st = path.stat()
+    return {
+        "split": True,
+        "header": header.hex(),
+        "pieces": pieces,
+        "size": st.st_size,
+        "mtime_ns": st.st_mtime_ns,
+    }
+
+
+def test_a_header_replayed_for_a_changed_file_is_never_continued(tmp_path):
+    """A host that kept the header of an earlier version of this path (any stored
+    ``.rmenc`` starts with one) answers it as a split it holds, with no piece or with
+    pieces whose plaintext did not change: continuing would seal the new bytes under
+    the old nonces (AES-GCM's two-time pad, and its authentication key falls out).
+    Before: ``plan`` took the header whenever the size and mtime the host said matched."""
+    path = _file(tmp_path, 33 * MiB)
+    old, _ = syncsplit.plan(tmp_path, 0, "big/train.bin", KEY, None, 8 * MiB)
+    head = path.read_bytes()[:DEFAULT_CHUNK]
+    with open(path, "r+b") as fh:  # a new version: same size, other bytes after chunk 0
+        fh.seek(40 * DEFAULT_CHUNK)
+        fh.write(os.urandom(DEFAULT_CHUNK))
+    os.utime(path, ns=(path.stat().st_atime_ns, old.mtime_ns + 10**9))
+    for pieces in ([], [[0, 1, hashlib.sha256(head).hexdigest()]]):
+        split, planned = syncsplit.plan(
+            tmp_path, 0, "big/train.bin", KEY, _replayed(path, old.header, pieces), 8 * MiB
+        )
+        assert split.header != old.header and split.kept == 0
+        assert _tiles(planned, chunk_count(33 * MiB, DEFAULT_CHUNK))
+    # a header made for this very version is still continued (the resume promise)
+    same, _ = syncsplit.plan(tmp_path, 0, "big/train.bin", KEY, None, 8 * MiB)
+    kept = syncsplit.plan(tmp_path, 0, "big/train.bin", KEY, _replayed(path, same.header, []))
+    assert kept[0].header == same.header

@@ -1093,7 +1093,15 @@ def _pieces(
                     frame, chunk, where, resumed = resume
                     yield frame, resumed
                 covered = resumed
-                for sealed in iter_encrypt(key, f.path, reader, chunk, resume=where):  # type: ignore[arg-type]
+                version = syncsplit.file_version(before)
+                for sealed in iter_encrypt(
+                    key,
+                    f.path,
+                    reader,  # type: ignore[arg-type]
+                    chunk,
+                    resume=where,
+                    version=version,
+                ):
                     read = size - reader.left
                     yield sealed, read - covered
                     covered = read
@@ -1123,7 +1131,9 @@ def _resume_point(
     host's cut transfer of this file, or None to send it whole.
 
     Resumes only when the file has the size and mtime it had when that transfer
-    began, the header is ours (its MAC verifies under this key for this path) and
+    began, the header is ours (its MAC verifies under this key for this path) and was
+    made for this version of the file (the host, not trusted, could hand back an older
+    version's header with a prefix it knows did not change), and
     the first ``offset`` bytes hash as the host's verified prefix does: the tail is
     then sealed again under the same key and nonces with the same plaintext (a
     changed file would reuse GCM nonces with other plaintext, so it starts afresh).
@@ -1135,6 +1145,7 @@ def _resume_point(
         DecryptError,
         ciphertext_size,
         header_chunk_size,
+        header_fits,
         open_header,
     )
 
@@ -1150,6 +1161,8 @@ def _resume_point(
     try:
         open_header(key, path, header)
     except DecryptError:
+        return None
+    if not header_fits(key, path, header, syncsplit.file_version(before)):
         return None
     while reader.left > size - offset:
         reader.read(min(BATCH_BYTES, reader.left - (size - offset)))

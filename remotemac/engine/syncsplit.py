@@ -32,6 +32,7 @@ from remotemac.agent.streamcrypt import (
     DecryptError,
     chunk_count,
     header_chunk_size,
+    header_fits,
     new_header,
     open_header,
     seal_chunks,
@@ -76,6 +77,13 @@ class Split:
     mtime_ns: int
     inode: int
     kept: int = 0  # plaintext bytes of pieces the host already held
+
+
+def file_version(st: os.stat_result) -> bytes:
+    """What a header is bound to (streamcrypt.new_header): the file as this side sees
+    it. A host can hand back any header it saw for the path; only one made for this
+    size, mtime and inode is continued."""
+    return b"%d:%d:%d" % (st.st_size, st.st_mtime_ns, st.st_ino)
 
 
 def splittable(size: int, partial: dict[str, Any] | None) -> bool:
@@ -124,9 +132,9 @@ def plan(
     when :func:`kept_pieces` accepts it; otherwise a new header starts it afresh."""
     st = os.stat(root / path)
     split = Split(index, path, b"", st.st_size, st.st_mtime_ns, st.st_ino)
-    kept = kept_pieces(root / path, split, key, partial) if partial else None
+    kept = kept_pieces(root / path, split, key, partial, file_version(st)) if partial else None
     if kept is None:
-        split.header = new_header(key, path, DEFAULT_CHUNK)
+        split.header = new_header(key, path, DEFAULT_CHUNK, file_version(st))
         kept = []
     chunk = header_chunk_size(split.header)
     total = chunk_count(split.size, chunk)
@@ -136,13 +144,15 @@ def plan(
 
 
 def kept_pieces(
-    full: Path, split: Split, key: bytes, partial: dict[str, Any]
+    full: Path, split: Split, key: bytes, partial: dict[str, Any], version: bytes
 ) -> list[tuple[int, int]] | None:
     """The host's pieces of this file that this side can continue, or None.
 
     Only when the file has the size and mtime the host's copy began with, the header is
-    ours for this path, and every kept piece's plaintext hashes here as it did there:
-    the missing chunks are then sealed under the same nonces with the same plaintext."""
+    ours for this path and was made for this ``version`` of the file (the host's word
+    on size and mtime is not enough: it can hand back an older version's header), and
+    every kept piece's plaintext hashes here as it did there: the missing chunks are
+    then sealed under the same nonces with the same plaintext."""
     if not partial.get("split") or (split.size, split.mtime_ns) != (
         partial.get("size"),
         partial.get("mtime_ns"),
@@ -152,6 +162,8 @@ def kept_pieces(
         header = bytes.fromhex(str(partial.get("header", "")))
         open_header(key, split.path, header)
     except (ValueError, DecryptError):
+        return None
+    if not header_fits(key, split.path, header, version):
         return None
     chunk = header_chunk_size(header)
     total = chunk_count(split.size, chunk)
