@@ -429,3 +429,62 @@ def test_a_symlink_swapped_in_for_a_splits_ciphertext_is_not_followed_by_assembl
     assert victim.read_bytes() == b"precious" * 1_000_000
     assert lines[-1]["ok"] is False, lines
     assert not (tmp_path / "run" / "data" / (REL + ".rmenc")).is_symlink()
+
+
+def _straggler(dataops, big: _File) -> _Channel:
+    """A cut session's receiver that has not noticed the cut yet (sshd learns of a
+    dropped link only when its keepalive gives up): piece 0 in, piece 1 half read."""
+    stale = _Channel(dataops, big.hello())
+    assert stale.line()["ok"] is True
+    stale.send(big.piece(*PIECES[0]))
+    assert stale.line() == {"piece": [0, 0]}
+    second = big.piece(*PIECES[1])
+    stale.send(second[: len(second) // 2])
+    return stale
+
+
+@pytest.mark.timeout(60)
+def test_a_straggler_noting_its_cut_piece_late_does_not_undo_the_whole_one(dataops, tmp_path):
+    """The next session continues the split and stores piece 1 whole; then the old
+    receiver reads its end of file and notes the chunks of piece 1 it had. That shorter
+    note replaced the whole one, and the J frame failed as an integrity error (the
+    pieces no longer covered the file) and dropped every piece. Before: it did."""
+    big = _File(tmp_path / "data", os.urandom(32))
+    stale = _straggler(dataops, big)
+    main = _Channel(dataops, big.hello())
+    try:
+        assert main.line()["partial"][0][1]["pieces"] == [[0, 5, big.plain_sha(0, 5)]]
+        for first, count in PIECES[1:]:
+            main.send(big.piece(first, count))
+            assert main.line() == {"piece": [0, first]}
+        assert stale.close() == 3  # the cut reaches it: it notes what it had of piece 1
+        main.send(big.assemble() + _end(big))
+        lines = main.until_result()
+    finally:
+        main.close()
+        stale.close()
+    assert lines[-1]["ok"] is True, lines
+    _assert_whole(dataops, tmp_path, big)
+
+
+@pytest.mark.timeout(60)
+def test_a_straggler_noting_its_cut_piece_after_the_assemble_leaves_nothing(dataops, tmp_path):
+    """The same old receiver reads its end of file once the split was assembled: it
+    wrote the split's notes (and lock) anew, for a split whose ciphertext and RAM part
+    are in place: debris under .remotemac-partial. Before: left."""
+    big = _File(tmp_path / "data", os.urandom(32))
+    stale = _straggler(dataops, big)
+    main = _Channel(dataops, big.hello())
+    try:
+        assert main.line()["ok"] is True
+        for first, count in PIECES[1:]:
+            main.send(big.piece(first, count))
+            assert main.line() == {"piece": [0, first]}
+        main.send(big.assemble() + _end(big))
+        lines = main.until_result()
+        assert stale.close() == 3
+    finally:
+        main.close()
+        stale.close()
+    assert lines[-1]["ok"] is True, lines
+    _assert_whole(dataops, tmp_path, big)

@@ -994,9 +994,20 @@ class Receiver:
         self.lines.say({"piece": [index, first]})
 
     def _note_piece(self, sp: "_Split", first: int, count: int, sha: str) -> None:
-        """Add a piece whose chunks are all stored and opened to the split's meta."""
+        """Add a piece whose chunks are all stored and opened to the split's meta.
+
+        The receiver of a cut session may note the piece it was inside only once sshd
+        gives up on its link, after the next session stored that piece whole or even
+        assembled the split: a shorter note never replaces a longer one, and a split
+        whose notes are gone (assembled, dropped) gets none back."""
+        if not os.path.exists(sp.base + ".json"):
+            return
         with _flocked(sp.base + ".lock"):
+            if not os.path.exists(sp.base + ".json"):
+                return
             meta = self._split_meta(sp)
+            if any(p[0] == first and p[1] >= count for p in meta["pieces"]):
+                return
             pieces = [p for p in meta["pieces"] if p[0] != first]
             meta["pieces"] = sorted(pieces + [[first, count, sha]])
             _write_meta(sp.base, meta)
