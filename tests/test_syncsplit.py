@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -155,3 +156,24 @@ def test_a_header_replayed_for_a_changed_file_is_never_continued(tmp_path):
     same, _ = syncsplit.plan(tmp_path, 0, "big/train.bin", KEY, None, 8 * MiB)
     kept = syncsplit.plan(tmp_path, 0, "big/train.bin", KEY, _replayed(path, same.header, []))
     assert kept[0].header == same.header
+
+
+def test_a_file_edited_with_its_mtime_put_back_is_never_continued(tmp_path):
+    """The chunks after the kept pieces may have reached the host before the cut (a
+    piece is noted only once whole). An edit there with the size and mtime put back
+    (``cp -p``, ``rsync -t``, ``touch -d`` onto the same file) is not caught by the
+    kept pieces' hashes: continuing would seal the new bytes under the nonces of the
+    old ones. The inode's ctime moves with any write or utime, and nothing can set it
+    back. Before: continued under the same header."""
+    path = _file(tmp_path, 20 * MiB)
+    first, _ = syncsplit.plan(tmp_path, 0, "big/train.bin", KEY, None, 8 * MiB)
+    partial = _host_partial(path, first, [(0, 32)])
+    st = path.stat()
+    time.sleep(0.02)  # (a later clock tick than the file's creation)
+    with open(path, "r+b") as fh:
+        fh.seek(40 * DEFAULT_CHUNK)  # past the kept piece
+        fh.write(os.urandom(64))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert (path.stat().st_size, path.stat().st_mtime_ns) == (st.st_size, st.st_mtime_ns)
+    again, pieces = syncsplit.plan(tmp_path, 0, "big/train.bin", KEY, partial, 8 * MiB)
+    assert again.header != first.header and again.kept == 0 and _tiles(pieces, 80)

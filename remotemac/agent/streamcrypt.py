@@ -144,7 +144,7 @@ def new_header(
 ) -> bytes:
     """A fresh header (new random salt) for a file sealed in pieces (see seal_chunks).
 
-    ``version`` (the laptop's file size, mtime and inode, say) is bound into the salt:
+    ``version`` (the laptop's file size, mtime, inode and ctime, say) is bound into the salt:
     its first half random, its second a MAC of that half, the path and ``version``
     under a key derived from ``data_key``. Why: a cut transfer is continued under the
     header the host hands back, and the host is not trusted; it can hand back the

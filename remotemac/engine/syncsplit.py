@@ -82,8 +82,10 @@ class Split:
 def file_version(st: os.stat_result) -> bytes:
     """What a header is bound to (streamcrypt.new_header): the file as this side sees
     it. A host can hand back any header it saw for the path; only one made for this
-    size, mtime and inode is continued."""
-    return b"%d:%d:%d" % (st.st_size, st.st_mtime_ns, st.st_ino)
+    size, mtime, inode and ctime is continued. The ctime because the mtime can be put
+    back after an edit (``cp -p``, ``rsync -t``) and the chunks that went before a cut
+    are not all among the pieces the host kept; nothing sets a ctime back."""
+    return b"%d:%d:%d:%d" % (st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns)
 
 
 def splittable(size: int, partial: dict[str, Any] | None) -> bool:
