@@ -177,3 +177,15 @@ def test_a_file_edited_with_its_mtime_put_back_is_never_continued(tmp_path):
     assert (path.stat().st_size, path.stat().st_mtime_ns) == (st.st_size, st.st_mtime_ns)
     again, pieces = syncsplit.plan(tmp_path, 0, "big/train.bin", KEY, partial, 8 * MiB)
     assert again.header != first.header and again.kept == 0 and _tiles(pieces, 80)
+
+
+def test_pieces_the_host_lists_in_another_shape_start_afresh(tmp_path):
+    """The start answer is the host's word: pieces that are not [first, count, sha256]
+    lists start the file afresh instead of ending the sync with an internal error
+    (ValueError, TypeError, IndexError out of the planning thread). Before: raised."""
+    path = _file(tmp_path, 20 * MiB)
+    first, _ = syncsplit.plan(tmp_path, 0, "big/train.bin", KEY, None, 8 * MiB)
+    partial = _host_partial(path, first, [(0, 32)])
+    for bad in (5, "0,32", [["x", 1, "00"]], [[0]], [{"first": 0}], [None]):
+        fresh, pieces = syncsplit.plan(tmp_path, 0, "big/train.bin", KEY, dict(partial, pieces=bad))
+        assert fresh.header != first.header and fresh.kept == 0 and _tiles(pieces, 80)

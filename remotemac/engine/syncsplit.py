@@ -170,9 +170,15 @@ def kept_pieces(
     chunk = header_chunk_size(header)
     total = chunk_count(split.size, chunk)
     kept: list[tuple[int, int]] = []
+    listed = partial.get("pieces")
+    if not isinstance(listed, list):
+        return None
     with _open(full) as fh:
-        for item in partial.get("pieces") or []:
-            first, count, sha = int(item[0]), int(item[1]), str(item[2])
+        for item in listed:
+            try:  # (the host's word: anything but [first, count, sha256] starts afresh)
+                first, count, sha = int(item[0]), int(item[1]), str(item[2])
+            except (TypeError, ValueError, IndexError, KeyError):
+                return None
             if first < 0 or count < 1 or first + count > total:
                 return None
             fh.seek(first * chunk)
