@@ -189,3 +189,21 @@ def test_pieces_the_host_lists_in_another_shape_start_afresh(tmp_path):
     for bad in (5, "0,32", [["x", 1, "00"]], [[0]], [{"first": 0}], [None]):
         fresh, pieces = syncsplit.plan(tmp_path, 0, "big/train.bin", KEY, dict(partial, pieces=bad))
         assert fresh.header != first.header and fresh.kept == 0 and _tiles(pieces, 80)
+
+
+def test_a_piece_of_a_file_edited_with_its_mtime_put_back_since_planning_is_refused(tmp_path):
+    """The split was planned (its header bound to this version) and the kept pieces
+    checked; then the file is edited with its size and mtime put back before a piece
+    goes. The piece would seal the new bytes under nonces a cut attempt may already
+    have used for the old ones (the first pieces of a continued split are the ones in
+    flight at the cut). Before: sealed (only size and mtime were compared)."""
+    path = _file(tmp_path, 33 * MiB)
+    split, pieces = syncsplit.plan(tmp_path, 0, "big/train.bin", KEY, None, 8 * MiB)
+    st = path.stat()
+    time.sleep(0.02)  # (a later clock tick than the file's creation)
+    with open(path, "r+b") as fh:
+        fh.seek(pieces[1].first * DEFAULT_CHUNK)
+        fh.write(os.urandom(64))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    with pytest.raises(IntegrityError, match="changed while it was sent"):
+        next(syncsplit.sealed_piece(tmp_path, split, pieces[1], KEY, _frame))

@@ -77,6 +77,8 @@ class Split:
     mtime_ns: int
     inode: int
     kept: int = 0  # plaintext bytes of pieces the host already held
+    #: the file_version its header is bound to: a piece is sealed only while it holds
+    version: bytes = b""
 
 
 def file_version(st: os.stat_result) -> bytes:
@@ -134,9 +136,10 @@ def plan(
     when :func:`kept_pieces` accepts it; otherwise a new header starts it afresh."""
     st = os.stat(root / path)
     split = Split(index, path, b"", st.st_size, st.st_mtime_ns, st.st_ino)
-    kept = kept_pieces(root / path, split, key, partial, file_version(st)) if partial else None
+    split.version = file_version(st)
+    kept = kept_pieces(root / path, split, key, partial, split.version) if partial else None
     if kept is None:
-        split.header = new_header(key, path, DEFAULT_CHUNK, file_version(st))
+        split.header = new_header(key, path, DEFAULT_CHUNK, split.version)
         kept = []
     chunk = header_chunk_size(split.header)
     total = chunk_count(split.size, chunk)
@@ -235,8 +238,13 @@ def _open(path: Path) -> Any:
 
 
 def _same(fh: Any, split: Split) -> None:
+    """The file is still the version the header is bound to (its ctime too: an edit
+    with the mtime put back would otherwise be sealed under nonces a cut attempt may
+    have used for the old bytes)."""
     st = os.fstat(fh.fileno())
-    if (st.st_size, st.st_mtime_ns) != (split.size, split.mtime_ns):
+    if (st.st_size, st.st_mtime_ns) != (split.size, split.mtime_ns) or (
+        split.version and file_version(st) != split.version
+    ):
         raise IntegrityError(
             f"data file {split.path} changed while it was sent",
             hint="stop whatever writes to the dataset and sync again",
