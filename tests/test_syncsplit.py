@@ -207,3 +207,67 @@ def test_a_piece_of_a_file_edited_with_its_mtime_put_back_since_planning_is_refu
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
     with pytest.raises(IntegrityError, match="changed while it was sent"):
         next(syncsplit.sealed_piece(tmp_path, split, pieces[1], KEY, _frame))
+
+
+def test_a_chunk_sealed_again_with_other_bytes_is_never_sent(tmp_path):
+    """A continued split seals again, under the same nonces, the pieces that were in
+    flight when the earlier attempt was cut. The file's stat is checked as each piece
+    starts, but a writer at work on the file changes bytes between two reads: the
+    chunk sealed again must be the chunk sealed before (same key, nonce and plaintext
+    give the same GCM tag). Before: the new bytes went out under the old nonce, and
+    the change was seen only once the piece was all sent."""
+    path = _file(tmp_path, 33 * MiB)
+    split, pieces = syncsplit.plan(tmp_path, 0, "big/train.bin", KEY, None, 8 * MiB)
+    log = syncsplit.SealLog()
+    piece = pieces[1]
+    first_time = [b for b, _ in syncsplit.sealed_piece(tmp_path, split, piece, KEY, _frame, log)]
+    again = syncsplit.sealed_piece(tmp_path, split, piece, KEY, _frame, log)
+    sent = [next(again)[0] for _ in range(3)]  # the S frame, chunks first and first + 1
+    assert sent == first_time[:3]
+    with open(path, "r+b") as fh:  # a writer changes chunk first + 4 meanwhile
+        fh.seek((piece.first + 4) * DEFAULT_CHUNK + 100)
+        fh.write(os.urandom(64))
+    with pytest.raises(IntegrityError, match="changed while it was sent"):
+        for sealed, _ in again:
+            sent.append(sealed)
+    assert sent == first_time[: len(sent)]  # nothing under a used nonce with other bytes
+    assert len(sent) == 5
+
+
+def test_a_resumed_single_stream_never_sends_a_chunk_sealed_again_with_other_bytes(tmp_path):
+    """The same for a file sent whole on one stream and continued after its verified
+    prefix: the chunks after the prefix may have gone before the cut. Before: sent."""
+    from remotemac.engine.sync import _Done, _frame, _Job, _pieces, _stat_all
+
+    path = _file(tmp_path, 4 * MiB)
+    files = _stat_all(tmp_path, ["big/train.bin"], None)
+    log = syncsplit.SealLog()
+    import collections
+
+    first_time = [
+        item[0]
+        for item in _pieces(tmp_path, files, collections.deque([_Job(0, None, None)]), KEY, log=log)
+        if not isinstance(item, _Done)
+    ]
+    header, chunks = first_time[1], 2  # (after the F frame) the host verified two chunks
+    st = path.stat()
+    partial = {
+        "partial": "x",
+        "chunks": chunks,
+        "offset": chunks * DEFAULT_CHUNK,
+        "prefix_sha256": hashlib.sha256(path.read_bytes()[: chunks * DEFAULT_CHUNK]).hexdigest(),
+        "header": header.hex(),
+        "size": st.st_size,
+        "mtime_ns": st.st_mtime_ns,
+    }
+    again = _pieces(tmp_path, files, collections.deque([_Job(0, None, partial)]), KEY, log=log)
+    sent = [next(again)[0] for _ in range(3)]  # the R frame, chunks 2 and 3
+    assert sent[1:] == first_time[2 + chunks : 4 + chunks]
+    with open(path, "r+b") as fh:
+        fh.seek(6 * DEFAULT_CHUNK + 5)
+        fh.write(os.urandom(64))
+    with pytest.raises(IntegrityError, match="changed while it was sent"):
+        for item in again:
+            sent.append(item[0])
+    assert sent[1:] == first_time[2 + chunks : 2 + chunks + len(sent) - 1]
+    assert _frame("R", 0, 0)[:1] == sent[0][:1]

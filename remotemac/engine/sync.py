@@ -541,6 +541,8 @@ class _Session:
         #: this attempt's files sent as pieces, and their whole-file SHA-256 being read
         self._splits: dict[int, syncsplit.Split] = {}
         self._split_digests: dict[int, asyncio.Future[str]] = {}
+        #: every chunk this sync sealed (a continued transfer seals some again)
+        self._sealed = syncsplit.SealLog()
 
     def manifest(self) -> Manifest:
         if self._manifest is None:
@@ -761,7 +763,9 @@ class _Session:
         Returns False when the agent spoke up early (an error line is waiting).
         """
         queue: asyncio.Queue[Any] = asyncio.Queue(maxsize=QUEUE_BATCHES)
-        pieces = _pieces(self.root, self.files, work, self.key, lambda: self._halt, self._splits)
+        pieces = _pieces(
+            self.root, self.files, work, self.key, lambda: self._halt, self._splits, self._sealed
+        )
 
         async def produce() -> None:
             try:
@@ -1051,11 +1055,13 @@ def _pieces(
     key: bytes | None,
     halted: Callable[[], bool] = lambda: False,
     splits: dict[int, syncsplit.Split] | None = None,
+    log: syncsplit.SealLog | None = None,
 ) -> Iterator[Any]:
     """Yield (bytes, plaintext bytes covered) to send, and a _Done after each file.
 
     Takes the next file from ``work`` (shared by every stream) only when ready for it.
     A piece of a split file (``splits``) yields no _Done: the assemble frame ends it.
+    ``log`` (the session's) refuses a chunk sealed again with other bytes.
     """
     from remotemac.agent.streamcrypt import DEFAULT_CHUNK, ciphertext_size, iter_encrypt
 
@@ -1066,7 +1072,7 @@ def _pieces(
             return
         if job.piece is not None:
             assert key is not None and splits is not None
-            yield from syncsplit.sealed_piece(root, splits[job.index], job.piece, key, _frame)
+            yield from syncsplit.sealed_piece(root, splits[job.index], job.piece, key, _frame, log)
             continue
         f = files[job.index]
         full = root / f.path
@@ -1094,6 +1100,7 @@ def _pieces(
                     yield frame, resumed
                 covered = resumed
                 version = syncsplit.file_version(before)
+                header, counter = where if where is not None else (b"", 0)
                 for sealed in iter_encrypt(
                     key,
                     f.path,
@@ -1102,6 +1109,11 @@ def _pieces(
                     resume=where,
                     version=version,
                 ):
+                    if not header:
+                        header = sealed  # (a fresh stream's first item)
+                    elif log is not None:
+                        log.check(header, counter, sealed, f.path)
+                        counter += 1
                     read = size - reader.left
                     yield sealed, read - covered
                     covered = read

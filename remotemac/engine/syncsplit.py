@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -79,6 +80,41 @@ class Split:
     kept: int = 0  # plaintext bytes of pieces the host already held
     #: the file_version its header is bound to: a piece is sealed only while it holds
     version: bytes = b""
+
+
+class SealLog:
+    """The GCM tag of each chunk one sync sealed, by header and counter.
+
+    Why: a continued transfer (pieces of a split, the tail of a file sent whole) seals
+    again, under the same nonces, chunks an earlier attempt may have sent: those in
+    flight when it was cut. The file must hold the same bytes there. Its stat says so
+    only at the moments it is taken, and a writer at work on the file changes bytes
+    between two reads. Under one key and nonce the same plaintext gives the same tag
+    and another plaintext (all but surely) another: a chunk whose tag differs from the
+    one sealed before is never sent. 16 bytes per 256 KiB chunk; the streams' threads
+    share it."""
+
+    def __init__(self) -> None:
+        self._tags: dict[bytes, bytearray] = {}
+        self._lock = threading.Lock()
+
+    def check(self, header: bytes, counter: int, sealed: bytes, path: str) -> None:
+        """Note ``sealed`` (chunk ``counter`` under ``header``), or raise IntegrityError
+        when that chunk was sealed before with other bytes."""
+        tag, at = sealed[-TAG_LEN:], counter * TAG_LEN
+        with self._lock:
+            tags = self._tags.setdefault(header, bytearray())
+            if len(tags) < at + TAG_LEN:
+                tags.extend(bytes(at + TAG_LEN - len(tags)))
+            old = bytes(tags[at : at + TAG_LEN])
+            if old == bytes(TAG_LEN):
+                tags[at : at + TAG_LEN] = tag
+                return
+        if old != tag:
+            raise IntegrityError(
+                f"data file {path} changed while it was sent",
+                hint="stop whatever writes to the dataset and sync again",
+            )
 
 
 def file_version(st: os.stat_result) -> bytes:
@@ -201,10 +237,11 @@ def kept_pieces(
 
 
 def sealed_piece(
-    root: Path, split: Split, piece: Piece, key: bytes, frame: Any
+    root: Path, split: Split, piece: Piece, key: bytes, frame: Any, log: SealLog | None = None
 ) -> Iterator[tuple[bytes, int]]:
     """The ``S`` frame of one piece, then its sealed chunks, as (bytes, plaintext
-    bytes covered). Refuses a file that changed since the split was planned."""
+    bytes covered). Refuses a file that changed since the split was planned, and
+    (``log``) a chunk this sync sealed before with other bytes."""
     chunk = header_chunk_size(piece.header)
     span = sealed_span(split.size, chunk, piece.first, piece.count)
     meta = json.dumps(
@@ -214,9 +251,12 @@ def sealed_piece(
         _same(fh, split)
         fh.seek(piece.first * chunk)
         yield frame("S", split.index, span) + len(meta).to_bytes(4, "big") + meta, 0
-        for sealed in seal_chunks(
+        sealing = seal_chunks(
             key, split.path, piece.header, fh, split.size, piece.first, piece.count
-        ):
+        )
+        for counter, sealed in enumerate(sealing, piece.first):
+            if log is not None:
+                log.check(piece.header, counter, sealed, split.path)
             yield sealed, len(sealed) - TAG_LEN
         _same(fh, split)
 
