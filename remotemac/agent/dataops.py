@@ -388,7 +388,11 @@ def _read_exact(src: BinaryIO, size: int) -> bytes:
 
 
 def _open_new(path: str) -> BinaryIO:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _NOFOLLOW, 0o600)
+    """A new file of this session's (a part, a temp name): whatever has the name goes
+    first, and O_EXCL, so a hard link or symlink planted at a name one can guess (the
+    pid) is never written through into a file outside remote_root."""
+    _unlink(path)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o600)
     return os.fdopen(fd, "wb")
 
 
