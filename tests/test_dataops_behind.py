@@ -226,3 +226,26 @@ def test_a_resync_looks_at_the_ram_copies_on_a_thread_and_redecrypts_what_change
     assert looked_on == ["check-ram"]
     for rel in paths:
         assert (ram / rel).read_bytes() == (root / rel).read_bytes()
+
+
+@pytest.mark.parametrize("where", ["ram", "src"])
+def test_a_hard_link_planted_at_a_part_name_is_never_written_through(dataops, tmp_path, where):
+    """A file arrives under ``.<name>.part-<pid>`` (plaintext, in RAM) or
+    ``<name>.rmenc.part-<pid>`` (ciphertext), names anyone on the host can guess (pids
+    are few). A hard link planted there to a file outside remote_root had the file's
+    plaintext (on a disk) or ciphertext written into it, then was renamed into place.
+    Before: written through (O_TRUNC on the existing name)."""
+    root = tmp_path / "data"
+    paths = _slice(root, {"d/f.bin": 5000})
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"precious")
+    if where == "ram":
+        part = tmp_path / "ram" / "d" / f".f.bin.part-{os.getpid()}"
+    else:
+        part = tmp_path / "run" / "data" / "d" / f"f.bin.rmenc.part-{os.getpid()}"
+    part.parent.mkdir(parents=True)
+    os.link(victim, part)
+    code, lines = _run(dataops, _stream(root, paths, os.urandom(32)))
+    assert victim.read_bytes() == b"precious"
+    assert code == 0 and lines[-1]["result"]["mismatches"] == [], lines
+    assert (tmp_path / "ram" / "d" / "f.bin").read_bytes() == (root / "d" / "f.bin").read_bytes()

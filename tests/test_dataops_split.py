@@ -373,3 +373,118 @@ def test_a_whole_file_send_of_the_path_drops_its_split(dataops, tmp_path, monkey
     assert code == 3 and lines[0]["partial"][0][1]["split"] is True
     left = _split_files(tmp_path)
     assert not any("-s" in name or ".split-" in name for name in left), left
+
+
+def _split_paths(tmp_path: Path, big: _File) -> tuple[Path, Path]:
+    """(ciphertext under .remotemac-partial, plaintext part in RAM) of the split."""
+    sid = hashlib.sha256(big.header).hexdigest()[:16]
+    name = hashlib.sha256(REL.encode()).hexdigest()[:32]
+    base = tmp_path / "run" / "data" / ".remotemac-partial" / f"{name}-s{sid}"
+    return base.with_name(
+        base.name + ".rmenc"
+    ), tmp_path / "ram" / "big" / f".train.bin.split-{sid}"
+
+
+@pytest.mark.parametrize("which", ["ciphertext", "plaintext part"])
+def test_a_hard_link_at_a_kept_splits_file_is_never_written_through(dataops, tmp_path, which):
+    """A cut split keeps its files under names the start answer gives away (the sid);
+    someone on the host replaces one with a hard link to a file outside remote_root (a
+    regular file, so it passes for the part). The next piece would be written into that
+    file: ciphertext, or the dataset's plaintext on a disk. Before: written through."""
+    big = _File(tmp_path / "data", os.urandom(32))
+    code, _ = _run(dataops, _line(big.hello()) + big.piece(*PIECES[0]))
+    assert code == 3
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"precious" * 200_000)
+    target = _split_paths(tmp_path, big)[0 if which == "ciphertext" else 1]
+    target.unlink()
+    os.link(victim, target)
+    code, lines = _run(dataops, _line(big.hello()) + big.piece(*PIECES[1]))
+    assert victim.read_bytes() == b"precious" * 200_000
+    assert lines[-1].get("ok") is False and lines[-1]["code"] == "unsafe-path", lines
+
+
+def test_a_symlink_swapped_in_for_a_splits_ciphertext_is_not_followed_by_assemble(
+    dataops, tmp_path
+):
+    """Between the pieces and the J frame the split's ciphertext becomes a symlink to a
+    larger file outside remote_root: assembling truncated that file to the ciphertext's
+    size and put the link in place as the stored file. Before: truncated."""
+    big = _File(tmp_path / "data", os.urandom(32))
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"precious" * 1_000_000)
+    main = _Channel(dataops, big.hello())
+    try:
+        assert main.line()["ok"] is True
+        for first, count in PIECES:
+            main.send(big.piece(first, count))
+            assert main.line() == {"piece": [0, first]}
+        cipher = _split_paths(tmp_path, big)[0]
+        cipher.unlink()
+        cipher.symlink_to(victim)
+        main.send(big.assemble() + _end(big))
+        lines = main.until_result()
+    finally:
+        main.close()
+    assert victim.read_bytes() == b"precious" * 1_000_000
+    assert lines[-1]["ok"] is False, lines
+    assert not (tmp_path / "run" / "data" / (REL + ".rmenc")).is_symlink()
+
+
+def _straggler(dataops, big: _File) -> _Channel:
+    """A cut session's receiver that has not noticed the cut yet (sshd learns of a
+    dropped link only when its keepalive gives up): piece 0 in, piece 1 half read."""
+    stale = _Channel(dataops, big.hello())
+    assert stale.line()["ok"] is True
+    stale.send(big.piece(*PIECES[0]))
+    assert stale.line() == {"piece": [0, 0]}
+    second = big.piece(*PIECES[1])
+    stale.send(second[: len(second) // 2])
+    return stale
+
+
+@pytest.mark.timeout(60)
+def test_a_straggler_noting_its_cut_piece_late_does_not_undo_the_whole_one(dataops, tmp_path):
+    """The next session continues the split and stores piece 1 whole; then the old
+    receiver reads its end of file and notes the chunks of piece 1 it had. That shorter
+    note replaced the whole one, and the J frame failed as an integrity error (the
+    pieces no longer covered the file) and dropped every piece. Before: it did."""
+    big = _File(tmp_path / "data", os.urandom(32))
+    stale = _straggler(dataops, big)
+    main = _Channel(dataops, big.hello())
+    try:
+        assert main.line()["partial"][0][1]["pieces"] == [[0, 5, big.plain_sha(0, 5)]]
+        for first, count in PIECES[1:]:
+            main.send(big.piece(first, count))
+            assert main.line() == {"piece": [0, first]}
+        assert stale.close() == 3  # the cut reaches it: it notes what it had of piece 1
+        main.send(big.assemble() + _end(big))
+        lines = main.until_result()
+    finally:
+        main.close()
+        stale.close()
+    assert lines[-1]["ok"] is True, lines
+    _assert_whole(dataops, tmp_path, big)
+
+
+@pytest.mark.timeout(60)
+def test_a_straggler_noting_its_cut_piece_after_the_assemble_leaves_nothing(dataops, tmp_path):
+    """The same old receiver reads its end of file once the split was assembled: it
+    wrote the split's notes (and lock) anew, for a split whose ciphertext and RAM part
+    are in place: debris under .remotemac-partial. Before: left."""
+    big = _File(tmp_path / "data", os.urandom(32))
+    stale = _straggler(dataops, big)
+    main = _Channel(dataops, big.hello())
+    try:
+        assert main.line()["ok"] is True
+        for first, count in PIECES[1:]:
+            main.send(big.piece(first, count))
+            assert main.line() == {"piece": [0, first]}
+        main.send(big.assemble() + _end(big))
+        lines = main.until_result()
+        assert stale.close() == 3
+    finally:
+        main.close()
+        stale.close()
+    assert lines[-1]["ok"] is True, lines
+    _assert_whole(dataops, tmp_path, big)

@@ -174,3 +174,36 @@ def test_a_file_whose_ack_a_cut_lost_counts_as_verified_once_from_the_next_hello
     assert verified == ["f0", "f1", "f2", "f3"]
     session._learn_held(set())  # a later attempt
     assert session.stats.acked == ["f0", "f1", "f2", "f3"]
+
+
+def test_a_header_replayed_for_a_changed_file_is_never_resumed(tmp_path):
+    """The single-stream resume: a host that kept an earlier version's ciphertext of this
+    path knows its plaintext; it answers that header as a cut transfer whose verified
+    prefix is a chunk the new version did not change, with the size and mtime the hello
+    told it. Resuming would seal the changed tail under the old nonces. Before: resumed."""
+    from remotemac.engine.sync import _HashingReader, _Job, _resume_point
+
+    path = tmp_path / "train.bin"
+    plain = os.urandom(8 * sc.DEFAULT_CHUNK)
+    path.write_bytes(plain)
+    with open(path, "rb") as fh:  # the earlier version, sent whole: its header is stored
+        old_header = next(sc.iter_encrypt(KEY, "train.bin", fh))
+    with open(path, "r+b") as fh:
+        fh.seek(5 * sc.DEFAULT_CHUNK)
+        fh.write(os.urandom(100))
+    st = path.stat()
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    st = path.stat()
+    partial = {
+        "partial": "x",
+        "chunks": 1,
+        "offset": sc.DEFAULT_CHUNK,
+        "prefix_sha256": hashlib.sha256(plain[: sc.DEFAULT_CHUNK]).hexdigest(),
+        "header": old_header.hex(),
+        "size": st.st_size,
+        "mtime_ns": st.st_mtime_ns,
+    }
+    with open(path, "rb") as fh:
+        reader = _HashingReader(fh, st.st_size, "train.bin")
+        got = _resume_point(_Job(0, None, partial), reader, os.fstat(fh.fileno()), KEY, "train.bin")
+    assert got is None

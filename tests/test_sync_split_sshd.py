@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import io
+import json
 import os
 from pathlib import Path
 
@@ -155,3 +156,60 @@ async def test_a_far_link_spreads_one_large_file_over_the_streams_it_opens(
     assert answer["mismatches"] == []
     held = Path(answer["data_dir"]) / "big" / "train.bin"
     assert held.read_bytes() == (data / "big" / "train.bin").read_bytes()
+
+
+@pytest.mark.asyncio
+async def test_a_host_that_hands_back_an_old_header_never_gets_a_two_time_pad(
+    sshd, fault_proxy, host_factory, tmp_path
+):
+    """The host is not trusted: it holds ciphertext only (and plaintext in RAM). After a
+    cut split, the file changes (a normal write, a new mtime); the host then lies in its
+    start answer: the old split's header with the new size and mtime (the hello just
+    told it them) and without the one piece whose bytes changed. Continuing under that
+    header seals the new bytes under the nonces of the old ones the host holds: their
+    XOR is the plaintexts' XOR (and GCM's authentication key falls out). Before: it did."""
+    from remotemac.agent.streamcrypt import HEADER_LEN, TAG_LEN
+
+    size = 48 * MiB
+    cs = 256 * 1024
+    data, key, proxy, host, cutter = await _cut_at_two_thirds(
+        sshd, fault_proxy, host_factory, tmp_path, size
+    )
+    path = data / "big" / "train.bin"
+    part_dir = Path(host.run_dir) / "data" / ".remotemac-partial"
+    try:
+        with pytest.raises(HostError):
+            await host.sync(data, key, streams=3, max_attempts=1)
+        (meta_path,) = [p for p in part_dir.iterdir() if p.name.endswith(".json")]
+        meta = json.loads(meta_path.read_text())
+        old_header = bytes.fromhex(meta["header"])
+        first = max(p[0] for p in meta["pieces"])  # a chunk whose ciphertext the host holds
+        at = HEADER_LEN + first * (cs + TAG_LEN)
+        with open(meta_path.with_suffix(".rmenc"), "rb") as fh:
+            fh.seek(at)
+            old_sealed = fh.read(cs + TAG_LEN)
+        old_plain = path.read_bytes()[first * cs : (first + 1) * cs]
+        new_plain = os.urandom(cs)
+        with open(path, "r+b") as fh:  # the user edits the file: a new mtime
+            fh.seek(first * cs)
+            fh.write(new_plain)
+        st = path.stat()
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+        # the host's lie: the old header, the new version's size and mtime
+        meta.update(
+            mtime_ns=path.stat().st_mtime_ns,
+            pieces=[p for p in meta["pieces"] if p[0] != first],
+        )
+        meta_path.write_text(json.dumps(meta))
+        proxy.restore()
+        _, answer, again = await host.sync(data, key, streams=3)
+    finally:
+        cutter.cancel()
+        await host.transport.close()
+    assert answer["mismatches"] == []
+    stored = (Path(host.run_dir) / "data" / "big" / "train.bin.rmenc").read_bytes()
+    new_sealed = stored[at : at + cs + TAG_LEN]
+    pad = bytes(a ^ b for a, b in zip(old_sealed[:cs], new_sealed[:cs], strict=True))
+    assert pad != bytes(a ^ b for a, b in zip(old_plain, new_plain, strict=True)), "two-time pad"
+    assert stored[:HEADER_LEN] != old_header and again.resumed_files == 0
+    assert (Path(answer["data_dir"]) / "big" / "train.bin").read_bytes() == path.read_bytes()

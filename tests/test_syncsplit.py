@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -116,3 +117,157 @@ def test_a_piece_of_a_file_changed_since_planning_is_refused(tmp_path):
 
 def _frame(kind: str, index: int, length: int) -> bytes:
     return kind.encode() + index.to_bytes(4, "big") + length.to_bytes(8, "big")
+
+
+def _replayed(path: Path, header: bytes, pieces: list) -> dict:
+    """What a host that is not to be trusted can answer: a header it saw for this path
+    earlier (it authenticates: the laptop made it), with the size and mtime the hello
+    just told it, so the laptop's own size/mtime comparison passes."""
+    st = path.stat()
+    return {
+        "split": True,
+        "header": header.hex(),
+        "pieces": pieces,
+        "size": st.st_size,
+        "mtime_ns": st.st_mtime_ns,
+    }
+
+
+def test_a_header_replayed_for_a_changed_file_is_never_continued(tmp_path):
+    """A host that kept the header of an earlier version of this path (any stored
+    ``.rmenc`` starts with one) answers it as a split it holds, with no piece or with
+    pieces whose plaintext did not change: continuing would seal the new bytes under
+    the old nonces (AES-GCM's two-time pad, and its authentication key falls out).
+    Before: ``plan`` took the header whenever the size and mtime the host said matched."""
+    path = _file(tmp_path, 33 * MiB)
+    old, _ = syncsplit.plan(tmp_path, 0, "big/train.bin", KEY, None, 8 * MiB)
+    head = path.read_bytes()[:DEFAULT_CHUNK]
+    with open(path, "r+b") as fh:  # a new version: same size, other bytes after chunk 0
+        fh.seek(40 * DEFAULT_CHUNK)
+        fh.write(os.urandom(DEFAULT_CHUNK))
+    os.utime(path, ns=(path.stat().st_atime_ns, old.mtime_ns + 10**9))
+    for pieces in ([], [[0, 1, hashlib.sha256(head).hexdigest()]]):
+        split, planned = syncsplit.plan(
+            tmp_path, 0, "big/train.bin", KEY, _replayed(path, old.header, pieces), 8 * MiB
+        )
+        assert split.header != old.header and split.kept == 0
+        assert _tiles(planned, chunk_count(33 * MiB, DEFAULT_CHUNK))
+    # a header made for this very version is still continued (the resume promise)
+    same, _ = syncsplit.plan(tmp_path, 0, "big/train.bin", KEY, None, 8 * MiB)
+    kept = syncsplit.plan(tmp_path, 0, "big/train.bin", KEY, _replayed(path, same.header, []))
+    assert kept[0].header == same.header
+
+
+def test_a_file_edited_with_its_mtime_put_back_is_never_continued(tmp_path):
+    """The chunks after the kept pieces may have reached the host before the cut (a
+    piece is noted only once whole). An edit there with the size and mtime put back
+    (``cp -p``, ``rsync -t``, ``touch -d`` onto the same file) is not caught by the
+    kept pieces' hashes: continuing would seal the new bytes under the nonces of the
+    old ones. The inode's ctime moves with any write or utime, and nothing can set it
+    back. Before: continued under the same header."""
+    path = _file(tmp_path, 20 * MiB)
+    first, _ = syncsplit.plan(tmp_path, 0, "big/train.bin", KEY, None, 8 * MiB)
+    partial = _host_partial(path, first, [(0, 32)])
+    st = path.stat()
+    time.sleep(0.02)  # (a later clock tick than the file's creation)
+    with open(path, "r+b") as fh:
+        fh.seek(40 * DEFAULT_CHUNK)  # past the kept piece
+        fh.write(os.urandom(64))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert (path.stat().st_size, path.stat().st_mtime_ns) == (st.st_size, st.st_mtime_ns)
+    again, pieces = syncsplit.plan(tmp_path, 0, "big/train.bin", KEY, partial, 8 * MiB)
+    assert again.header != first.header and again.kept == 0 and _tiles(pieces, 80)
+
+
+def test_pieces_the_host_lists_in_another_shape_start_afresh(tmp_path):
+    """The start answer is the host's word: pieces that are not [first, count, sha256]
+    lists start the file afresh instead of ending the sync with an internal error
+    (ValueError, TypeError, IndexError out of the planning thread). Before: raised."""
+    path = _file(tmp_path, 20 * MiB)
+    first, _ = syncsplit.plan(tmp_path, 0, "big/train.bin", KEY, None, 8 * MiB)
+    partial = _host_partial(path, first, [(0, 32)])
+    for bad in (5, "0,32", [["x", 1, "00"]], [[0]], [{"first": 0}], [None]):
+        fresh, pieces = syncsplit.plan(tmp_path, 0, "big/train.bin", KEY, dict(partial, pieces=bad))
+        assert fresh.header != first.header and fresh.kept == 0 and _tiles(pieces, 80)
+
+
+def test_a_piece_of_a_file_edited_with_its_mtime_put_back_since_planning_is_refused(tmp_path):
+    """The split was planned (its header bound to this version) and the kept pieces
+    checked; then the file is edited with its size and mtime put back before a piece
+    goes. The piece would seal the new bytes under nonces a cut attempt may already
+    have used for the old ones (the first pieces of a continued split are the ones in
+    flight at the cut). Before: sealed (only size and mtime were compared)."""
+    path = _file(tmp_path, 33 * MiB)
+    split, pieces = syncsplit.plan(tmp_path, 0, "big/train.bin", KEY, None, 8 * MiB)
+    st = path.stat()
+    time.sleep(0.02)  # (a later clock tick than the file's creation)
+    with open(path, "r+b") as fh:
+        fh.seek(pieces[1].first * DEFAULT_CHUNK)
+        fh.write(os.urandom(64))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    with pytest.raises(IntegrityError, match="changed while it was sent"):
+        next(syncsplit.sealed_piece(tmp_path, split, pieces[1], KEY, _frame))
+
+
+def test_a_chunk_sealed_again_with_other_bytes_is_never_sent(tmp_path):
+    """A continued split seals again, under the same nonces, the pieces that were in
+    flight when the earlier attempt was cut. The file's stat is checked as each piece
+    starts, but a writer at work on the file changes bytes between two reads: the
+    chunk sealed again must be the chunk sealed before (same key, nonce and plaintext
+    give the same GCM tag). Before: the new bytes went out under the old nonce, and
+    the change was seen only once the piece was all sent."""
+    path = _file(tmp_path, 33 * MiB)
+    split, pieces = syncsplit.plan(tmp_path, 0, "big/train.bin", KEY, None, 8 * MiB)
+    log = syncsplit.SealLog()
+    piece = pieces[1]
+    first_time = [b for b, _ in syncsplit.sealed_piece(tmp_path, split, piece, KEY, _frame, log)]
+    again = syncsplit.sealed_piece(tmp_path, split, piece, KEY, _frame, log)
+    sent = [next(again)[0] for _ in range(3)]  # the S frame, chunks first and first + 1
+    assert sent == first_time[:3]
+    with open(path, "r+b") as fh:  # a writer changes chunk first + 4 meanwhile
+        fh.seek((piece.first + 4) * DEFAULT_CHUNK + 100)
+        fh.write(os.urandom(64))
+    with pytest.raises(IntegrityError, match="changed while it was sent"):
+        for sealed, _ in again:
+            sent.append(sealed)
+    assert sent == first_time[: len(sent)]  # nothing under a used nonce with other bytes
+    assert len(sent) == 5
+
+
+def test_a_resumed_single_stream_never_sends_a_chunk_sealed_again_with_other_bytes(tmp_path):
+    """The same for a file sent whole on one stream and continued after its verified
+    prefix: the chunks after the prefix may have gone before the cut. Before: sent."""
+    from remotemac.engine.sync import _Done, _frame, _Job, _pieces, _stat_all
+
+    path = _file(tmp_path, 4 * MiB)
+    files = _stat_all(tmp_path, ["big/train.bin"], None)
+    log = syncsplit.SealLog()
+    import collections
+
+    first_time = [
+        item[0]
+        for item in _pieces(tmp_path, files, collections.deque([_Job(0, None, None)]), KEY, log=log)
+        if not isinstance(item, _Done)
+    ]
+    header, chunks = first_time[1], 2  # (after the F frame) the host verified two chunks
+    st = path.stat()
+    partial = {
+        "partial": "x",
+        "chunks": chunks,
+        "offset": chunks * DEFAULT_CHUNK,
+        "prefix_sha256": hashlib.sha256(path.read_bytes()[: chunks * DEFAULT_CHUNK]).hexdigest(),
+        "header": header.hex(),
+        "size": st.st_size,
+        "mtime_ns": st.st_mtime_ns,
+    }
+    again = _pieces(tmp_path, files, collections.deque([_Job(0, None, partial)]), KEY, log=log)
+    sent = [next(again)[0] for _ in range(3)]  # the R frame, chunks 2 and 3
+    assert sent[1:] == first_time[2 + chunks : 4 + chunks]
+    with open(path, "r+b") as fh:
+        fh.seek(6 * DEFAULT_CHUNK + 5)
+        fh.write(os.urandom(64))
+    with pytest.raises(IntegrityError, match="changed while it was sent"):
+        for item in again:
+            sent.append(item[0])
+    assert sent[1:] == first_time[2 + chunks : 2 + chunks + len(sent) - 1]
+    assert _frame("R", 0, 0)[:1] == sent[0][:1]

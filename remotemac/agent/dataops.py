@@ -83,6 +83,7 @@ agentruntime.py) and from nowhere else. Python 3.9.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import functools
 import hashlib
@@ -387,7 +388,11 @@ def _read_exact(src: BinaryIO, size: int) -> bytes:
 
 
 def _open_new(path: str) -> BinaryIO:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _NOFOLLOW, 0o600)
+    """A new file of this session's (a part, a temp name): whatever has the name goes
+    first, and O_EXCL, so a hard link or symlink planted at a name one can guess (the
+    pid) is never written through into a file outside remote_root."""
+    _unlink(path)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o600)
     return os.fdopen(fd, "wb")
 
 
@@ -432,6 +437,28 @@ def _flocked(path: str) -> Iterator[None]:
         yield
     finally:
         os.close(fd)
+
+
+def _own_file(path: str, flags: int) -> int:
+    """An fd of ``path`` (a split's ciphertext or RAM part), never through a link.
+
+    Why: those names outlive a session and the start answer gives their sid away, so
+    someone on the host can put a symlink or a hard link to another file there; the
+    receivers of several streams open them in turn (no O_EXCL), so the file must be a
+    regular one with no other name, or ciphertext, or plaintext on a disk, would land
+    in a file outside remote_root."""
+    try:
+        fd = os.open(path, flags | _NOFOLLOW, 0o600)
+    except OSError as exc:
+        if exc.errno != errno.ELOOP:
+            raise
+        fd = -1
+    if fd >= 0:
+        st = os.fstat(fd)
+        if stat.S_ISREG(st.st_mode) and st.st_nlink == 1:
+            return fd
+        os.close(fd)
+    raise DataError("%s is a link, not a file of this split's: refused" % path, "unsafe-path")
 
 
 def _write_meta(base: str, meta: Dict[str, Any]) -> None:
@@ -929,11 +956,18 @@ class Receiver:
         self._splits_open.add(sp.sid)
         digest = hashlib.sha256()
         cs, tag = sp.chunk_size, streamcrypt.TAG_LEN
-        flags = os.O_RDWR | os.O_CREAT | _NOFOLLOW
         done = 0  # whole chunks of this piece stored and opened
-        cipher_fd = os.open(sp.base + ".rmenc", flags, 0o600)
         try:
-            plain_fd = os.open(sp.part, flags, 0o600)
+            cipher_fd = _own_file(sp.base + ".rmenc", os.O_RDWR | os.O_CREAT)
+            try:
+                plain_fd = _own_file(sp.part, os.O_RDWR | os.O_CREAT)
+            except BaseException:
+                os.close(cipher_fd)
+                raise
+        except DataError:  # a link in the way: the split starts afresh next time
+            self._drop_meta(sp.base, {"path": sp.rel, "split": True})
+            raise
+        try:
             try:
                 _pwrite(cipher_fd, sp.header, 0)
                 for counter in range(first, first + count):
@@ -964,9 +998,20 @@ class Receiver:
         self.lines.say({"piece": [index, first]})
 
     def _note_piece(self, sp: "_Split", first: int, count: int, sha: str) -> None:
-        """Add a piece whose chunks are all stored and opened to the split's meta."""
+        """Add a piece whose chunks are all stored and opened to the split's meta.
+
+        The receiver of a cut session may note the piece it was inside only once sshd
+        gives up on its link, after the next session stored that piece whole or even
+        assembled the split: a shorter note never replaces a longer one, and a split
+        whose notes are gone (assembled, dropped) gets none back."""
+        if not os.path.exists(sp.base + ".json"):
+            return
         with _flocked(sp.base + ".lock"):
+            if not os.path.exists(sp.base + ".json"):
+                return
             meta = self._split_meta(sp)
+            if any(p[0] == first and p[1] >= count for p in meta["pieces"]):
+                return
             pieces = [p for p in meta["pieces"] if p[0] != first]
             meta["pieces"] = sorted(pieces + [[first, count, sha]])
             _write_meta(sp.base, meta)
@@ -1023,12 +1068,12 @@ class Receiver:
                     "integrity",
                 )
             sink = _HashSink(None)
-            with open(sp.part, "rb") as fh:
+            with os.fdopen(_own_file(sp.part, os.O_RDONLY), "rb") as fh:
                 for block in iter(lambda: fh.read(READ), b""):
                     sink.write(block)
             self._check_digest(sp.rel, sink.digest.hexdigest(), claimed)
             enc_size = streamcrypt.ciphertext_size(sp.size, sp.chunk_size)
-            with open(sp.base + ".rmenc", "r+b") as fh:
+            with os.fdopen(_own_file(sp.base + ".rmenc", os.O_RDWR), "r+b") as fh:
                 if os.fstat(fh.fileno()).st_size > enc_size:
                     fh.truncate(enc_size)
                 if os.fstat(fh.fileno()).st_size != enc_size:

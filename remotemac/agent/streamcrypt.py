@@ -10,7 +10,8 @@ The format follows age's STREAM construction (https://age-encryption.org/v1,
 
     header  = MAGIC (16 bytes, b"remotemac-enc/v1")
               || chunk_size (4 bytes, big-endian, 64 KiB .. 1 MiB)
-              || salt (32 random bytes, fresh for every encryption)
+              || salt (32 bytes, fresh for every encryption: random, or 16 random
+                       + 16 binding the laptop's file version, see new_header)
               || header_mac (32 bytes, HMAC-SHA256(mac_key, the 52 bytes before))
     body    = chunk_0 || chunk_1 || ... || chunk_n
     chunk_i = AES-256-GCM(payload_key, nonce_i, plaintext_i)   (plaintext + 16-byte tag)
@@ -80,6 +81,8 @@ DEFAULT_CHUNK = 256 * 1024
 KEY_LEN = 32
 _INFO_PREFIX = b"remotemac file v1\x00"
 _MAX_COUNTER = 1 << 88
+#: salt bytes that bind a header to a file version (see new_header); the rest is random
+_BIND_LEN = 16
 
 
 class DecryptError(Exception):
@@ -105,6 +108,7 @@ def iter_encrypt(
     chunk_size: int = DEFAULT_CHUNK,
     *,
     resume: tuple[bytes, int] | None = None,
+    version: bytes | None = None,
 ) -> Iterator[bytes]:
     """Yield the header, then each sealed chunk of ``src``, for a pipelined sender.
 
@@ -114,10 +118,11 @@ def iter_encrypt(
     ``first_chunk``, no header yielded, ``src`` positioned at ``first_chunk *
     chunk_size``. The caller must make sure the plaintext from there on is the same
     as when that stream was first sealed (same key and nonces: a different plaintext
-    would reuse a GCM nonce); the sync checks the file's size, mtime and prefix hash.
+    would reuse a GCM nonce); the sync checks the file's size, mtime and prefix hash,
+    and that the header was made for this ``version`` of the file (see new_header).
     """
     if resume is None:
-        header = new_header(data_key, relpath, chunk_size)
+        header = new_header(data_key, relpath, chunk_size, version)
         yield header
         resume = (header, 0)
     payload_key, chunk_size = open_header(data_key, relpath, resume[0])
@@ -134,13 +139,43 @@ def iter_encrypt(
         current = following
 
 
-def new_header(data_key: bytes, relpath: str, chunk_size: int = DEFAULT_CHUNK) -> bytes:
-    """A fresh header (new random salt) for a file sealed in pieces (see seal_chunks)."""
+def new_header(
+    data_key: bytes, relpath: str, chunk_size: int = DEFAULT_CHUNK, version: bytes | None = None
+) -> bytes:
+    """A fresh header (new random salt) for a file sealed in pieces (see seal_chunks).
+
+    ``version`` (the laptop's file size, mtime, inode and ctime, say) is bound into the salt:
+    its first half random, its second a MAC of that half, the path and ``version``
+    under a key derived from ``data_key``. Why: a cut transfer is continued under the
+    header the host hands back, and the host is not trusted; it can hand back the
+    header of an earlier version of the path (every stored ``.rmenc`` starts with one,
+    and it authenticates). Only :func:`header_fits` tells the laptop the header was
+    made for the file as it is now, so the same nonces never seal other plaintext.
+    """
     _check_chunk_size(chunk_size)
-    salt = os.urandom(SALT_LEN)
+    if version is None:
+        salt = os.urandom(SALT_LEN)
+    else:
+        salt = _bound_salt(data_key, relpath, version, os.urandom(SALT_LEN - _BIND_LEN))
     _, mac_key = _derive(data_key, salt, relpath)
     prefix = MAGIC + chunk_size.to_bytes(4, "big") + salt
     return prefix + hmac.new(mac_key, prefix, hashlib.sha256).digest()
+
+
+def header_fits(data_key: bytes, relpath: str, header: bytes, version: bytes) -> bool:
+    """Whether ``header`` was made by :func:`new_header` for this ``version`` of the file
+    (under this key and path); a header made without one never fits."""
+    if len(header) < HEADER_LEN:
+        return False
+    salt = header[len(MAGIC) + 4 : len(MAGIC) + 4 + SALT_LEN]
+    want = _bound_salt(data_key, relpath, version, salt[: SALT_LEN - _BIND_LEN])
+    return hmac.compare_digest(want, salt)
+
+
+def _bound_salt(data_key: bytes, relpath: str, version: bytes, random_half: bytes) -> bytes:
+    bind_key = hmac.new(data_key, b"remotemac header version v1", hashlib.sha256).digest()
+    what = random_half + relpath.encode("utf-8") + b"\x00" + version
+    return random_half + hmac.new(bind_key, what, hashlib.sha256).digest()[:_BIND_LEN]
 
 
 def chunk_count(plain_size: int, chunk_size: int) -> int:

@@ -541,6 +541,8 @@ class _Session:
         #: this attempt's files sent as pieces, and their whole-file SHA-256 being read
         self._splits: dict[int, syncsplit.Split] = {}
         self._split_digests: dict[int, asyncio.Future[str]] = {}
+        #: every chunk this sync sealed (a continued transfer seals some again)
+        self._sealed = syncsplit.SealLog()
 
     def manifest(self) -> Manifest:
         if self._manifest is None:
@@ -761,7 +763,9 @@ class _Session:
         Returns False when the agent spoke up early (an error line is waiting).
         """
         queue: asyncio.Queue[Any] = asyncio.Queue(maxsize=QUEUE_BATCHES)
-        pieces = _pieces(self.root, self.files, work, self.key, lambda: self._halt, self._splits)
+        pieces = _pieces(
+            self.root, self.files, work, self.key, lambda: self._halt, self._splits, self._sealed
+        )
 
         async def produce() -> None:
             try:
@@ -1051,11 +1055,13 @@ def _pieces(
     key: bytes | None,
     halted: Callable[[], bool] = lambda: False,
     splits: dict[int, syncsplit.Split] | None = None,
+    log: syncsplit.SealLog | None = None,
 ) -> Iterator[Any]:
     """Yield (bytes, plaintext bytes covered) to send, and a _Done after each file.
 
     Takes the next file from ``work`` (shared by every stream) only when ready for it.
     A piece of a split file (``splits``) yields no _Done: the assemble frame ends it.
+    ``log`` (the session's) refuses a chunk sealed again with other bytes.
     """
     from remotemac.agent.streamcrypt import DEFAULT_CHUNK, ciphertext_size, iter_encrypt
 
@@ -1066,7 +1072,7 @@ def _pieces(
             return
         if job.piece is not None:
             assert key is not None and splits is not None
-            yield from syncsplit.sealed_piece(root, splits[job.index], job.piece, key, _frame)
+            yield from syncsplit.sealed_piece(root, splits[job.index], job.piece, key, _frame, log)
             continue
         f = files[job.index]
         full = root / f.path
@@ -1093,7 +1099,21 @@ def _pieces(
                     frame, chunk, where, resumed = resume
                     yield frame, resumed
                 covered = resumed
-                for sealed in iter_encrypt(key, f.path, reader, chunk, resume=where):  # type: ignore[arg-type]
+                version = syncsplit.file_version(before)
+                header, counter = where if where is not None else (b"", 0)
+                for sealed in iter_encrypt(
+                    key,
+                    f.path,
+                    reader,  # type: ignore[arg-type]
+                    chunk,
+                    resume=where,
+                    version=version,
+                ):
+                    if not header:
+                        header = sealed  # (a fresh stream's first item)
+                    elif log is not None:
+                        log.check(header, counter, sealed, f.path)
+                        counter += 1
                     read = size - reader.left
                     yield sealed, read - covered
                     covered = read
@@ -1123,7 +1143,9 @@ def _resume_point(
     host's cut transfer of this file, or None to send it whole.
 
     Resumes only when the file has the size and mtime it had when that transfer
-    began, the header is ours (its MAC verifies under this key for this path) and
+    began, the header is ours (its MAC verifies under this key for this path) and was
+    made for this version of the file (the host, not trusted, could hand back an older
+    version's header with a prefix it knows did not change), and
     the first ``offset`` bytes hash as the host's verified prefix does: the tail is
     then sealed again under the same key and nonces with the same plaintext (a
     changed file would reuse GCM nonces with other plaintext, so it starts afresh).
@@ -1135,6 +1157,7 @@ def _resume_point(
         DecryptError,
         ciphertext_size,
         header_chunk_size,
+        header_fits,
         open_header,
     )
 
@@ -1150,6 +1173,8 @@ def _resume_point(
     try:
         open_header(key, path, header)
     except DecryptError:
+        return None
+    if not header_fits(key, path, header, syncsplit.file_version(before)):
         return None
     while reader.left > size - offset:
         reader.read(min(BATCH_BYTES, reader.left - (size - offset)))

@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +33,7 @@ from remotemac.agent.streamcrypt import (
     DecryptError,
     chunk_count,
     header_chunk_size,
+    header_fits,
     new_header,
     open_header,
     seal_chunks,
@@ -76,6 +78,52 @@ class Split:
     mtime_ns: int
     inode: int
     kept: int = 0  # plaintext bytes of pieces the host already held
+    #: the file_version its header is bound to: a piece is sealed only while it holds
+    version: bytes = b""
+
+
+class SealLog:
+    """The GCM tag of each chunk one sync sealed, by header and counter.
+
+    Why: a continued transfer (pieces of a split, the tail of a file sent whole) seals
+    again, under the same nonces, chunks an earlier attempt may have sent: those in
+    flight when it was cut. The file must hold the same bytes there. Its stat says so
+    only at the moments it is taken, and a writer at work on the file changes bytes
+    between two reads. Under one key and nonce the same plaintext gives the same tag
+    and another plaintext (all but surely) another: a chunk whose tag differs from the
+    one sealed before is never sent. 16 bytes per 256 KiB chunk; the streams' threads
+    share it."""
+
+    def __init__(self) -> None:
+        self._tags: dict[bytes, bytearray] = {}
+        self._lock = threading.Lock()
+
+    def check(self, header: bytes, counter: int, sealed: bytes, path: str) -> None:
+        """Note ``sealed`` (chunk ``counter`` under ``header``), or raise IntegrityError
+        when that chunk was sealed before with other bytes."""
+        tag, at = sealed[-TAG_LEN:], counter * TAG_LEN
+        with self._lock:
+            tags = self._tags.setdefault(header, bytearray())
+            if len(tags) < at + TAG_LEN:
+                tags.extend(bytes(at + TAG_LEN - len(tags)))
+            old = bytes(tags[at : at + TAG_LEN])
+            if old == bytes(TAG_LEN):
+                tags[at : at + TAG_LEN] = tag
+                return
+        if old != tag:
+            raise IntegrityError(
+                f"data file {path} changed while it was sent",
+                hint="stop whatever writes to the dataset and sync again",
+            )
+
+
+def file_version(st: os.stat_result) -> bytes:
+    """What a header is bound to (streamcrypt.new_header): the file as this side sees
+    it. A host can hand back any header it saw for the path; only one made for this
+    size, mtime, inode and ctime is continued. The ctime because the mtime can be put
+    back after an edit (``cp -p``, ``rsync -t``) and the chunks that went before a cut
+    are not all among the pieces the host kept; nothing sets a ctime back."""
+    return b"%d:%d:%d:%d" % (st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns)
 
 
 def splittable(size: int, partial: dict[str, Any] | None) -> bool:
@@ -124,9 +172,10 @@ def plan(
     when :func:`kept_pieces` accepts it; otherwise a new header starts it afresh."""
     st = os.stat(root / path)
     split = Split(index, path, b"", st.st_size, st.st_mtime_ns, st.st_ino)
-    kept = kept_pieces(root / path, split, key, partial) if partial else None
+    split.version = file_version(st)
+    kept = kept_pieces(root / path, split, key, partial, split.version) if partial else None
     if kept is None:
-        split.header = new_header(key, path, DEFAULT_CHUNK)
+        split.header = new_header(key, path, DEFAULT_CHUNK, split.version)
         kept = []
     chunk = header_chunk_size(split.header)
     total = chunk_count(split.size, chunk)
@@ -136,13 +185,15 @@ def plan(
 
 
 def kept_pieces(
-    full: Path, split: Split, key: bytes, partial: dict[str, Any]
+    full: Path, split: Split, key: bytes, partial: dict[str, Any], version: bytes
 ) -> list[tuple[int, int]] | None:
     """The host's pieces of this file that this side can continue, or None.
 
     Only when the file has the size and mtime the host's copy began with, the header is
-    ours for this path, and every kept piece's plaintext hashes here as it did there:
-    the missing chunks are then sealed under the same nonces with the same plaintext."""
+    ours for this path and was made for this ``version`` of the file (the host's word
+    on size and mtime is not enough: it can hand back an older version's header), and
+    every kept piece's plaintext hashes here as it did there: the missing chunks are
+    then sealed under the same nonces with the same plaintext."""
     if not partial.get("split") or (split.size, split.mtime_ns) != (
         partial.get("size"),
         partial.get("mtime_ns"),
@@ -153,12 +204,20 @@ def kept_pieces(
         open_header(key, split.path, header)
     except (ValueError, DecryptError):
         return None
+    if not header_fits(key, split.path, header, version):
+        return None
     chunk = header_chunk_size(header)
     total = chunk_count(split.size, chunk)
     kept: list[tuple[int, int]] = []
+    listed = partial.get("pieces")
+    if not isinstance(listed, list):
+        return None
     with _open(full) as fh:
-        for item in partial.get("pieces") or []:
-            first, count, sha = int(item[0]), int(item[1]), str(item[2])
+        for item in listed:
+            try:  # (the host's word: anything but [first, count, sha256] starts afresh)
+                first, count, sha = int(item[0]), int(item[1]), str(item[2])
+            except (TypeError, ValueError, IndexError, KeyError):
+                return None
             if first < 0 or count < 1 or first + count > total:
                 return None
             fh.seek(first * chunk)
@@ -178,10 +237,11 @@ def kept_pieces(
 
 
 def sealed_piece(
-    root: Path, split: Split, piece: Piece, key: bytes, frame: Any
+    root: Path, split: Split, piece: Piece, key: bytes, frame: Any, log: SealLog | None = None
 ) -> Iterator[tuple[bytes, int]]:
     """The ``S`` frame of one piece, then its sealed chunks, as (bytes, plaintext
-    bytes covered). Refuses a file that changed since the split was planned."""
+    bytes covered). Refuses a file that changed since the split was planned, and
+    (``log``) a chunk this sync sealed before with other bytes."""
     chunk = header_chunk_size(piece.header)
     span = sealed_span(split.size, chunk, piece.first, piece.count)
     meta = json.dumps(
@@ -191,9 +251,12 @@ def sealed_piece(
         _same(fh, split)
         fh.seek(piece.first * chunk)
         yield frame("S", split.index, span) + len(meta).to_bytes(4, "big") + meta, 0
-        for sealed in seal_chunks(
+        sealing = seal_chunks(
             key, split.path, piece.header, fh, split.size, piece.first, piece.count
-        ):
+        )
+        for counter, sealed in enumerate(sealing, piece.first):
+            if log is not None:
+                log.check(piece.header, counter, sealed, split.path)
             yield sealed, len(sealed) - TAG_LEN
         _same(fh, split)
 
@@ -215,8 +278,13 @@ def _open(path: Path) -> Any:
 
 
 def _same(fh: Any, split: Split) -> None:
+    """The file is still the version the header is bound to (its ctime too: an edit
+    with the mtime put back would otherwise be sealed under nonces a cut attempt may
+    have used for the old bytes)."""
     st = os.fstat(fh.fileno())
-    if (st.st_size, st.st_mtime_ns) != (split.size, split.mtime_ns):
+    if (st.st_size, st.st_mtime_ns) != (split.size, split.mtime_ns) or (
+        split.version and file_version(st) != split.version
+    ):
         raise IntegrityError(
             f"data file {split.path} changed while it was sent",
             hint="stop whatever writes to the dataset and sync again",
