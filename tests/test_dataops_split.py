@@ -488,3 +488,51 @@ def test_a_straggler_noting_its_cut_piece_after_the_assemble_leaves_nothing(data
         stale.close()
     assert lines[-1]["ok"] is True, lines
     _assert_whole(dataops, tmp_path, big)
+
+
+def _run_within(dataops, stream: bytes, seconds: float = 20.0) -> tuple[int, list[dict]]:
+    """_run on a thread: a receiver that blocks (an open() of a FIFO) fails the test
+    instead of hanging it."""
+    got: list[tuple[int, list[dict]]] = []
+    worker = threading.Thread(target=lambda: got.append(_run(dataops, stream)), daemon=True)
+    worker.start()
+    worker.join(seconds)
+    assert got, f"the receiver still had not answered after {seconds} s"
+    return got[0]
+
+
+@pytest.mark.parametrize("which", ["notes", "ciphertext"])
+def test_a_fifo_planted_at_a_kept_splits_file_does_not_hang_the_next_start(
+    dataops, tmp_path, which
+):
+    """Someone on the host replaces a cut split's notes (``.json``) or ciphertext with a
+    FIFO. The next session's start must answer (an open() of a FIFO for reading waits
+    for a writer forever: the sync would hang with it) and list no piece of the split;
+    the J frame's open of the split's files must refuse a FIFO, not wait on it. Before:
+    the start hung on the notes, and the J frame's open on a FIFO."""
+    big = _File(tmp_path / "data", os.urandom(32))
+    code, _ = _run(dataops, _line(big.hello()) + big.piece(*PIECES[0]))
+    assert code == 3
+    cipher = _split_paths(tmp_path, big)[0]
+    fifo = cipher.with_suffix(".json") if which == "notes" else cipher
+    fifo.unlink()
+    os.mkfifo(fifo)
+    code, lines = _run_within(dataops, _line(big.hello()))
+    assert lines[0]["partial"] == [], lines
+    if which == "notes":
+        assert fifo.is_fifo()  # not a note of remotemac's: left where it is
+    else:
+        os.mkfifo(fifo)  # (the start dropped the split, FIFO and all) the J frame's open
+        refused: list[BaseException] = []
+
+        def open_it() -> None:
+            try:
+                dataops._own_file(str(fifo), os.O_RDONLY)
+            except BaseException as exc:  # noqa: BLE001 - the test looks at it
+                refused.append(exc)
+
+        worker = threading.Thread(target=open_it, daemon=True)
+        worker.start()
+        worker.join(10)
+        assert refused and isinstance(refused[0], dataops.DataError), refused
+        assert refused[0].code == "unsafe-path"

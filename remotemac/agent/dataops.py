@@ -439,6 +439,23 @@ def _flocked(path: str) -> Iterator[None]:
         os.close(fd)
 
 
+def _read_note(path: str) -> bytes:
+    """The bytes of a kept transfer's ``.json`` note, a regular file only.
+
+    Why: ``open()`` of a FIFO planted under that name would wait forever for a writer
+    and hang the receiver (and the sync with it); a symlink would read another file
+    (OSError ELOOP). A FIFO or device is not remotemac's note: DataError unsafe-path,
+    and it is left where it is."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | _NOFOLLOW)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise DataError("%s is not a file of remotemac's: left alone" % path, "unsafe-path")
+        with os.fdopen(os.dup(fd), "rb") as fh:
+            return fh.read()
+    finally:
+        os.close(fd)
+
+
 def _own_file(path: str, flags: int) -> int:
     """An fd of ``path`` (a split's ciphertext or RAM part), never through a link.
 
@@ -448,7 +465,7 @@ def _own_file(path: str, flags: int) -> int:
     regular one with no other name, or ciphertext, or plaintext on a disk, would land
     in a file outside remote_root."""
     try:
-        fd = os.open(path, flags | _NOFOLLOW, 0o600)
+        fd = os.open(path, flags | os.O_NONBLOCK | _NOFOLLOW, 0o600)  # a FIFO: no wait
     except OSError as exc:
         if exc.errno != errno.ELOOP:
             raise
@@ -698,8 +715,13 @@ class Receiver:
                     continue
                 base = os.path.join(directory, name[: -len(".json")])
                 try:
-                    with open(base + ".json", "rb") as fh:
-                        meta = json.loads(fh.read().decode("utf-8"))
+                    raw = _read_note(base + ".json")
+                except DataError:  # not a note of ours (a FIFO, a device): left alone
+                    continue
+                except OSError:
+                    raw = b""
+                try:
+                    meta = json.loads(raw.decode("utf-8"))
                     _check_rel(meta["path"])
                     if meta.get("split") and not (
                         isinstance(meta.get("header"), str) and isinstance(meta["pieces"], list)
@@ -752,11 +774,11 @@ class Receiver:
                 sink = _HashSink(None)
                 self.cipher()
                 try:
-                    with open(base + ".rmenc", "rb") as fh:
+                    with os.fdopen(_own_file(base + ".rmenc", os.O_RDONLY), "rb") as fh:
                         header, chunks = streamcrypt.verified_prefix(
                             self.key, meta["path"], fh, sink
                         )
-                except OSError:
+                except (OSError, DataError):
                     header, chunks = b"", 0
                 info = {
                     "partial": os.path.basename(base),
@@ -886,8 +908,7 @@ class Receiver:
         """The split's meta as written (under its lock), or a new one with no piece;
         DataError integrity when it names another file or another version of it."""
         try:
-            with open(sp.base + ".json", "rb") as fh:
-                meta = json.loads(fh.read().decode("utf-8"))
+            meta = json.loads(_read_note(sp.base + ".json").decode("utf-8"))
         except FileNotFoundError:
             return {
                 "path": sp.rel,
