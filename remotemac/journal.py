@@ -68,7 +68,8 @@ CREATE TABLE IF NOT EXISTS hash_cache (
   size INTEGER NOT NULL,
   mtime_ns INTEGER NOT NULL,
   inode INTEGER NOT NULL,
-  sha256 TEXT NOT NULL
+  sha256 TEXT NOT NULL,
+  ctime_ns INTEGER
 );
 CREATE TABLE IF NOT EXISTS inventory (
   host TEXT NOT NULL,
@@ -154,6 +155,9 @@ class Journal:
             for name, kind in LATER_RUN_COLUMNS:
                 if name not in have:
                     self._db().execute(f"ALTER TABLE runs ADD COLUMN {name} {kind}")
+            have = {r["name"] for r in self._db().execute("PRAGMA table_info(hash_cache)")}
+            if "ctime_ns" not in have:  # a journal from before the ctime: its rows never match
+                self._db().execute("ALTER TABLE hash_cache ADD COLUMN ctime_ns INTEGER")
 
     def _db(self) -> sqlite3.Connection:
         db = getattr(self._local, "db", None)
@@ -357,24 +361,27 @@ class Journal:
 
     # ------------------------------------------------------------ hash cache
 
-    def get(self, path: str, size: int, mtime_ns: int, inode: int) -> str | None:
+    def get(self, path: str, size: int, mtime_ns: int, inode: int, ctime_ns: int) -> str | None:
         """HashCache protocol: the cached sha256 if the file looks unchanged."""
         row = (
             self._db()
             .execute(
-                "SELECT sha256 FROM hash_cache WHERE path = ? AND size = ? AND mtime_ns = ? AND inode = ?",
-                (path, size, mtime_ns, inode),
+                "SELECT sha256 FROM hash_cache WHERE path = ? AND size = ? AND mtime_ns = ?"
+                " AND inode = ? AND ctime_ns = ?",
+                (path, size, mtime_ns, inode, ctime_ns),
             )
             .fetchone()
         )
         return row["sha256"] if row else None
 
-    def put(self, path: str, size: int, mtime_ns: int, inode: int, sha256: str) -> None:
+    def put(
+        self, path: str, size: int, mtime_ns: int, inode: int, ctime_ns: int, sha256: str
+    ) -> None:
         with self._write() as db:
             db.execute(
-                "INSERT OR REPLACE INTO hash_cache (path, size, mtime_ns, inode, sha256)"
-                " VALUES (?,?,?,?,?)",
-                (path, size, mtime_ns, inode, sha256),
+                "INSERT OR REPLACE INTO hash_cache (path, size, mtime_ns, inode, ctime_ns, sha256)"
+                " VALUES (?,?,?,?,?,?)",
+                (path, size, mtime_ns, inode, ctime_ns, sha256),
             )
 
     # ------------------------------------------------------------ inventory

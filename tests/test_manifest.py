@@ -211,3 +211,48 @@ def test_symlink_out_of_root_is_refused(data: Path, tmp_path: Path) -> None:
         build_manifest(data, ["link.bin"])
     inner = build_manifest(data, ["inner.bin"]).entries[0]
     assert inner.sha256 == hashlib.sha256(b"hello").hexdigest()
+
+
+@pytest.mark.parametrize("cache_kind", ["memory", "journal"])
+def test_an_edit_with_its_mtime_put_back_is_hashed_again(data: Path, tmp_path, cache_kind) -> None:
+    """Same size, same inode, the mtime put back after the edit (``cp -p``, ``rsync -t``
+    and timestamp-restoring tools do it): only the ctime moved. The cache must not hand
+    back the old hash (the manifest would record a dataset revision the job never saw,
+    and a file sent in pieces would fail the host's check on every try). Before: the
+    old hash came back."""
+    from remotemac.journal import Journal
+
+    cache = MemoryHashCache() if cache_kind == "memory" else Journal(tmp_path / "j.sqlite")
+    build_manifest(data, ["train/b.bin"], cache=cache)
+    target = data / "train" / "b.bin"
+    old = target.stat()
+    with open(target, "r+b") as fh:  # in place: same inode, same size
+        fh.write(b"X" * old.st_size)
+    os.utime(target, ns=(old.st_atime_ns, old.st_mtime_ns))
+    now = target.stat()
+    assert (now.st_ino, now.st_size, now.st_mtime_ns) == (old.st_ino, old.st_size, old.st_mtime_ns)
+    again = build_manifest(data, ["train/b.bin"], cache=cache)
+    assert again.entries[0].sha256 == hashlib.sha256(b"X" * old.st_size).hexdigest()
+
+
+def test_a_journal_from_before_the_ctime_opens_and_hashes_again(tmp_path: Path) -> None:
+    """A journal made before the hash cache had a ctime column gains it on open; its old
+    rows (no ctime) never match, so each file is hashed once more, then cached."""
+    import sqlite3
+
+    from remotemac.journal import Journal
+
+    path = tmp_path / "old.sqlite"
+    db = sqlite3.connect(path)
+    db.execute(
+        "CREATE TABLE hash_cache (path TEXT PRIMARY KEY, size INTEGER NOT NULL,"
+        " mtime_ns INTEGER NOT NULL, inode INTEGER NOT NULL, sha256 TEXT NOT NULL)"
+    )
+    db.execute("INSERT INTO hash_cache VALUES ('a.bin', 3, 7, 9, ?)", ("0" * 64,))
+    db.commit()
+    db.close()
+    journal = Journal(path)
+    assert journal.get("a.bin", 3, 7, 9, 11) is None
+    journal.put("a.bin", 3, 7, 9, 11, "1" * 64)
+    assert journal.get("a.bin", 3, 7, 9, 11) == "1" * 64
+    assert journal.get("a.bin", 3, 7, 9, 12) is None

@@ -14,8 +14,11 @@ Paths are relative POSIX paths without ``.``/``..`` parts or control characters,
 each line is unambiguous.
 
 Hashing a large slice is slow, so a :class:`HashCache` (the journal implements it)
-remembers each file's hash by (path, size, mtime_ns, inode): an unchanged file is
-not read again.
+remembers each file's hash by (path, size, mtime_ns, inode, ctime_ns): an unchanged
+file is not read again. The ctime because an edit can put the mtime back (``cp -p``,
+``rsync -t``, a tool restoring timestamps) and nothing puts a ctime back; a stale hash
+would record a dataset revision the job never saw, and fail the host's check of a file
+sent in pieces (the laptop claims the cached hash) on every try.
 """
 
 from __future__ import annotations
@@ -52,29 +55,33 @@ class ManifestEntry:
 class HashCache(Protocol):
     """Remembers plaintext hashes keyed by what changes when a file changes."""
 
-    def get(self, path: str, size: int, mtime_ns: int, inode: int) -> str | None: ...
+    def get(self, path: str, size: int, mtime_ns: int, inode: int, ctime_ns: int) -> str | None: ...
 
-    def put(self, path: str, size: int, mtime_ns: int, inode: int, sha256: str) -> None: ...
+    def put(
+        self, path: str, size: int, mtime_ns: int, inode: int, ctime_ns: int, sha256: str
+    ) -> None: ...
 
 
 class MemoryHashCache:
     """In-process :class:`HashCache` for tests and one-shot runs."""
 
     def __init__(self) -> None:
-        self._data: dict[str, tuple[int, int, int, str]] = {}
+        self._data: dict[str, tuple[int, int, int, int, str]] = {}
         self.hits = 0
         self.misses = 0
 
-    def get(self, path: str, size: int, mtime_ns: int, inode: int) -> str | None:
+    def get(self, path: str, size: int, mtime_ns: int, inode: int, ctime_ns: int) -> str | None:
         found = self._data.get(path)
-        if found is not None and found[:3] == (size, mtime_ns, inode):
+        if found is not None and found[:4] == (size, mtime_ns, inode, ctime_ns):
             self.hits += 1
-            return found[3]
+            return found[4]
         self.misses += 1
         return None
 
-    def put(self, path: str, size: int, mtime_ns: int, inode: int, sha256: str) -> None:
-        self._data[path] = (size, mtime_ns, inode, sha256)
+    def put(
+        self, path: str, size: int, mtime_ns: int, inode: int, ctime_ns: int, sha256: str
+    ) -> None:
+        self._data[path] = (size, mtime_ns, inode, ctime_ns, sha256)
 
 
 @dataclass(frozen=True)
@@ -182,7 +189,7 @@ def build_manifest(
             before = os.fstat(handle.fileno())
             if not stat.S_ISREG(before.st_mode):
                 raise BadInput(f"data file {full} is not a regular file")
-            key = (rel, before.st_size, before.st_mtime_ns, before.st_ino)
+            key = (rel, before.st_size, before.st_mtime_ns, before.st_ino, before.st_ctime_ns)
             sha = cache.get(*key) if cache is not None else None
             if sha is None:
                 hasher = hashlib.sha256()

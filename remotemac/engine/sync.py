@@ -120,6 +120,9 @@ class _Local:
     mtime_ns: int
     inode: int
     sha256: str | None
+    #: with size, mtime and inode the identity the hash cache trusts: an edit whose
+    #: mtime was put back (``cp -p``, ``rsync -t``) still moves the ctime
+    ctime_ns: int = 0
 
 
 @dataclass
@@ -379,7 +382,7 @@ async def sync_slice(
     if cache is not None:
         for f in files:
             if f.sha256 is not None:
-                cache.put(f.path, f.size, f.mtime_ns, f.inode, f.sha256)
+                cache.put(f.path, f.size, f.mtime_ns, f.inode, f.ctime_ns, f.sha256)
     manifest = session.manifest()
     bad = answer.get("mismatches") or []
     if bad:
@@ -451,8 +454,9 @@ def _stat_all(root: Path, paths: list[str], cache: HashCache | None) -> list[_Lo
             raise BadInput(f"data file {full} escapes the data root through a symlink")
         if not stat.S_ISREG(st.st_mode):
             raise BadInput(f"data file {full} is not a regular file")
-        sha = cache.get(rel, st.st_size, st.st_mtime_ns, st.st_ino) if cache is not None else None
-        out.append(_Local(rel, st.st_size, st.st_mtime_ns, st.st_ino, sha))
+        identity = (st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns)
+        sha = cache.get(rel, *identity) if cache is not None else None
+        out.append(_Local(rel, st.st_size, st.st_mtime_ns, st.st_ino, sha, st.st_ctime_ns))
     return out
 
 
@@ -884,7 +888,9 @@ class _Session:
             body = json.dumps({"sha256": digest, "header": split.header.hex()}).encode()
             with contextlib.suppress(BrokenPipeError, ConnectionResetError):
                 await main.write(_frame("J", index, len(body)) + body)
-            local = _Local(split.path, split.size, split.mtime_ns, split.inode, digest)
+            local = _Local(
+                split.path, split.size, split.mtime_ns, split.inode, digest, split.ctime_ns
+            )
             self._file_done(_Done(index, local, sent=True, resumed=split.kept))
 
     def _learn_held(self, todo: set[int], unacked: set[int] | None = None) -> None:
@@ -1083,7 +1089,9 @@ def _pieces(
             if job.host_sha is not None and f.sha256 is None:
                 # the host holds a verified copy of this path: hash first, maybe skip sending
                 sha = _hash_all(fh, size, f.path)
-                local = _Local(f.path, size, before.st_mtime_ns, before.st_ino, sha)
+                local = _Local(
+                    f.path, size, before.st_mtime_ns, before.st_ino, sha, before.st_ctime_ns
+                )
                 if sha == job.host_sha and _unchanged(fh, before):
                     yield _Done(job.index, local, sent=False)
                     continue
@@ -1130,7 +1138,7 @@ def _pieces(
             yield bytes.fromhex(sha), 0
             yield _Done(
                 job.index,
-                _Local(f.path, size, before.st_mtime_ns, before.st_ino, sha),
+                _Local(f.path, size, before.st_mtime_ns, before.st_ino, sha, before.st_ctime_ns),
                 sent=True,
                 resumed=resumed,
             )

@@ -80,6 +80,7 @@ class Split:
     kept: int = 0  # plaintext bytes of pieces the host already held
     #: the file_version its header is bound to: a piece is sealed only while it holds
     version: bytes = b""
+    ctime_ns: int = 0
 
 
 class SealLog:
@@ -172,7 +173,7 @@ def plan(
     when :func:`kept_pieces` accepts it; otherwise a new header starts it afresh."""
     st = os.stat(root / path)
     split = Split(index, path, b"", st.st_size, st.st_mtime_ns, st.st_ino)
-    split.version = file_version(st)
+    split.version, split.ctime_ns = file_version(st), st.st_ctime_ns
     kept = kept_pieces(root / path, split, key, partial, split.version) if partial else None
     if kept is None:
         split.header = new_header(key, path, DEFAULT_CHUNK, split.version)
