@@ -225,29 +225,6 @@ SLOW: tuple[str, ...] = (
 )
 
 
-# Under pytest-xdist (scripts/test: ``-n 2 --dist loadfile --no-loadscope-reorder``) whole
-# modules go to the two workers in collection order. The longest (pytest --durations of a
-# serial run, in seconds) go first, so that the last modules handed out are short ones
-# and neither worker idles at the end waiting for the other's 100 s module. xdist's own
-# reorder (by test count) put exactly these few-test, long modules last.
-XDIST_FIRST: tuple[str, ...] = (
-    "test_resident_sshd.py",  # ~105 s: a 40 s blackhole, a reconnect deadline
-    "test_fleet.py",  # ~95 s: 16 sshds, torch on each
-    "test_observe_gpt.py",  # ~75 s: a GPT trainer, 6 runs
-    "test_acceptance_sshd.py",  # ~65 s
-    "test_faults_sshd.py",  # ~55 s
-    "test_tui.py",  # ~50 s
-    "test_readme_quickstart.py",  # ~45 s: a fresh clone and venv
-    "test_readme_walkthrough.py",  # ~40 s
-    "test_pipeline_local.py",
-    "test_detached_ssh.py",
-    "test_detached_faults.py",
-    "test_agent_runtime.py",
-    "test_harness.py",
-    "test_deadman.py",
-)
-
-
 def _listed(item: pytest.Item, entries: tuple[str, ...]) -> bool:
     """Whether ``item`` matches an entry: a module file name, or ``module::name`` prefix."""
     module = item.path.name
@@ -265,9 +242,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.e2e)
         if _listed(item, SLOW):
             item.add_marker(pytest.mark.slow)
-    if os.environ.get("PYTEST_XDIST_WORKER"):  # a serial run keeps the files' order
-        rank = {name: i for i, name in enumerate(XDIST_FIRST)}
-        items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
