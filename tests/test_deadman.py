@@ -41,7 +41,9 @@ def test_sleeper_fires_after_the_laptop_is_gone(tmp_path: Path, sshd_factory, ss
         lines=200,
         seconds=90,
         wipe="manual",
-        wipe_deadline="20s",
+        # launch comes ~2.5 s after the dead-man is scheduled (before the sync); 12 s leaves
+        # the laptop time to go first even on a loaded machine (asserted below)
+        wipe_deadline="12s",
     )
     orchestrator = subprocess.Popen(
         [

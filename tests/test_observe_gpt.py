@@ -28,6 +28,8 @@ SHELL_CMD = (
     f"--iters {ITERS} --hold {HOLD}"
 )
 RUN_SH = "bash run.sh {device} {output_dir}"
+# the rejected runs are about the checkpoint, not memory: no hold after training
+NO_HOLD_CMD = SHELL_CMD.replace(f"--hold {HOLD}", "--hold 0")
 PERTURBED = "h.1.mlp.0.weight"
 RULE = {"file": "ckpt.pt", "rtol": 1e-5, "atol": 1e-7}
 
@@ -123,9 +125,9 @@ def test_gpt_perturbed_weight_local_rejected_naming_key(tmp_path):
         tmp_path,
         "local",
         sys.executable,
-        SHELL_CMD,
+        NO_HOLD_CMD,
         tag="bad",
-        env={"GPT_PERTURB": PERTURBED, "GPT_PERTURB_WHEN": "cpu-target"},
+        env={"GPT_PERTURB": PERTURBED, "GPT_PERTURB_WHEN": "cpu-target", "GPT_HOLD": "0"},
     )
     _assert_rejected_naming_key(code, record)
 
@@ -155,10 +157,10 @@ def test_gpt_host_torch_sshd_perturbed_rejected_naming_key(tmp_path, sshd_cli, h
         tmp_path,
         alias,
         host_torch_python,
-        SHELL_CMD,
+        NO_HOLD_CMD,
         cli=cli,
         tag="ssh-bad",
         root=root,
-        env={"GPT_PERTURB": PERTURBED, "GPT_PERTURB_WHEN": "cpu-target"},
+        env={"GPT_PERTURB": PERTURBED, "GPT_PERTURB_WHEN": "cpu-target", "GPT_HOLD": "0"},
     )
     _assert_rejected_naming_key(code, record)

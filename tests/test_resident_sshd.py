@@ -205,7 +205,9 @@ def test_past_the_reconnect_deadline_the_run_stops_with_exit_3_and_the_job_runs_
     """Blackhole the link mid-follow with a 6 s deadline: exit 3, ``remotemac attach
     <id>`` printed, a countdown shown, and the job still running on the host."""
     host = lab_host
-    pb = _playbook(host, tmp_path / "pb.yaml", lines=400, seconds=40, wipe="manual")
+    # the run gives up ~14 s after the blackhole starts (keepalive + the 6 s deadline), 17 s
+    # into the job; a 32 s job is still running then with room for a loaded machine
+    pb = _playbook(host, tmp_path / "pb.yaml", lines=400, seconds=32, wipe="manual")
     out = tmp_path / "out"
     proc = host.popen("run", str(pb), "--out", str(out), "--reconnect-deadline", "6s")
     wait_lines(proc, out, 20)

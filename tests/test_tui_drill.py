@@ -34,7 +34,8 @@ async def test_tui_drill_cuts_the_link_through_the_transport_and_the_record_coun
     # remote_root in the sshd session's own HOME: the lab user cannot write the test's tmp
     pb = make_playbook(
         host=alias,
-        workload=fast_workload(200, 5),
+        # 3 s a side: the drill cuts 0.3 s into the target's run, the reconnect takes ~1 s
+        workload=fast_workload(200, 3),
         remote_root="~/remotemac",
         environment={"python": "python3", "venv": False},
     )
