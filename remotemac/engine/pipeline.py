@@ -148,15 +148,33 @@ def phase_ok(key: PhaseKey, result: dict) -> bool:
     return result.get("ok", True) is not False
 
 
+def refuse_wiped_before_the_end(run_id: str, done: dict[str, dict]) -> None:
+    """A run wiped (by hand, or after a failed pull) before its outputs were pulled cannot
+    go on: its data, data key, job and outputs are gone from the host. Going on would
+    sync the dataset again and, the wipe being "done", leave it there after the run.
+    Once the pull is done, what is left (compare, record) works on the laptop's copy."""
+    wipe = done.get(Phase.WIPE.value)
+    if wipe is None or (wipe.get("result") or {}).get("done") is False:
+        return  # no wipe, or ``wipe: manual`` kept the data
+    if Phase.PULL.value in done:
+        return
+    raise BadInput(
+        f"run {run_id} was wiped before it finished: its data, data key and job are "
+        "gone from the host, so it cannot be attached",
+        hint="start it again: remotemac run PLAYBOOK",
+    )
+
+
 async def _run_pipeline(ctx: RunContext) -> int:
-    ctx.out_dir.mkdir(parents=True, exist_ok=True)
-    (ctx.out_dir / "logs").mkdir(exist_ok=True)
-    ctx.journal.set_run_state(ctx.run_id, "running")
     done = {
         name: info
         for name, info in ctx.journal.phases(ctx.run_id).items()
         if info["state"] == "done"
     }
+    refuse_wiped_before_the_end(ctx.run_id, done)
+    ctx.out_dir.mkdir(parents=True, exist_ok=True)
+    (ctx.out_dir / "logs").mkdir(exist_ok=True)
+    ctx.journal.set_run_state(ctx.run_id, "running")
     for name, info in done.items():
         ctx.results[name] = info["result"]
     ctx.carried_phases = list(done)

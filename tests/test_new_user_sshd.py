@@ -1,0 +1,52 @@
+"""What a new user trips over, replayed through the real CLI against the real sshd lab host.
+
+Each test is one thing a user did that went wrong in a first session with remotemac
+(a hand wipe then an attach, a script reading ``--json``), run as the user ran it:
+``python -m remotemac`` in a subprocess, a test sshd whose login is the fresh-host lab
+(a bare Python 3.9), real tmux.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.test_detached_ssh import (  # noqa: F401 - host_factory is a fixture
+    first_run_id,
+    host_factory,
+    write_playbook,
+)
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def test_attach_after_a_hand_wipe_refuses_instead_of_syncing_the_data_again(
+    host_factory,  # noqa: F811 - the fixture
+    tmp_path: Path,
+):
+    """`run --detach`, `wipe RUN --yes`, `attach RUN`: exit 2 with one line saying the run
+    was wiped; nothing is synced or launched again (before: the dataset went back to
+    the host and, the wipe phase being "done", stayed there after the run)."""
+    host = host_factory()
+    pb = write_playbook(host, tmp_path / "pb.yaml", lines=50, seconds=20)
+    out = tmp_path / "out"
+    started = host.cli("run", str(pb), "--out", str(out), "--detach", timeout=150)
+    assert started.returncode == 0, started.stderr
+    run_id = first_run_id(host.home)
+    wiped = host.cli("wipe", run_id, "--yes", timeout=60)
+    assert wiped.returncode == 0, wiped.stderr
+    assert not (host.run_dir(run_id) / "data").exists()
+
+    again = host.cli("attach", run_id, timeout=120)
+    assert again.returncode == 2, again.stdout + again.stderr
+    lines = again.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("remotemac: error: "), again.stderr
+    assert "wiped" in lines[0] and "remotemac run" in lines[0], lines[0]
+    assert "Traceback" not in again.stderr
+    # nothing went back to the host: no data dir, no RAM store of the run
+    assert not (host.run_dir(run_id) / "data").exists()
+    assert not list(Path("/dev/shm").glob(f"remotemac-{run_id}*"))
+    status = host.cli("status", run_id, "--json", timeout=30)
+    assert json.loads(status.stdout)["state"] != "running"
