@@ -53,7 +53,15 @@ def _deadline_option(fn):
     )(fn)
 
 
-def _fail(err: BaseException, verbose: bool) -> None:
+#: ``ctx.meta`` key: the command line asked for ``--json`` (see :meth:`Group.parse_args`)
+JSON_WANTED = "remotemac.json"
+#: set on an error whose JSON answer is already on stdout (``run``/``attach``' last event)
+JSON_SENT = "_remotemac_json_sent"
+
+
+def _fail(err: BaseException, verbose: bool, as_json: bool = False) -> None:
+    """The error's one line on stderr and its exit code; with ``--json`` also on stdout,
+    as ``{"error": line, "exit_code": code}``, so a script reading stdout learns why."""
     if verbose:
         import traceback
 
@@ -62,15 +70,19 @@ def _fail(err: BaseException, verbose: bool) -> None:
 
     if isinstance(err, RemotemacError):
         # an error's text may quote the host's answer: shown, never obeyed
-        for line in escape_controls(err.line()).splitlines() or [""]:
-            click.echo(f"remotemac: error: {line}", err=True)
-        sys.exit(err.exit_code)
-    click.echo(
-        f"remotemac: internal error: {type(err).__name__}: {escape_controls(str(err))} "
-        "(rerun with -v for the traceback)",
-        err=True,
-    )
-    sys.exit(1)
+        line, code = escape_controls(err.line()), err.exit_code
+        for part in line.splitlines() or [""]:
+            click.echo(f"remotemac: error: {part}", err=True)
+    else:
+        line = (
+            f"internal error: {type(err).__name__}: {escape_controls(str(err))} "
+            "(rerun with -v for the traceback)"
+        )
+        code = 1
+        click.echo(f"remotemac: {line}", err=True)
+    if as_json and not getattr(err, JSON_SENT, False):
+        click.echo(json.dumps({"error": line, "exit_code": code}))
+    sys.exit(code)
 
 
 def _quiet_broken_pipe() -> None:
@@ -88,6 +100,11 @@ def _quiet_broken_pipe() -> None:
 class Group(click.Group):
     """Turns every RemotemacError into its one line and exit code."""
 
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        # only a command's own option is called --json: before ``--``, it is that option
+        ctx.meta[JSON_WANTED] = "--json" in (args[: args.index("--")] if "--" in args else args)
+        return super().parse_args(ctx, args)
+
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
@@ -102,7 +119,7 @@ class Group(click.Group):
             _quiet_broken_pipe()
         except Exception as err:
             verbose = bool(ctx.obj and ctx.obj.verbose)
-            _fail(err, verbose)
+            _fail(err, verbose, bool(ctx.meta.get(JSON_WANTED)))
 
 
 @click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
@@ -161,6 +178,15 @@ def _run_engine(
     try:
         return _asyncio_run(run_pipeline(ctx))
     except KeyboardInterrupt:
+        if as_json:
+            _last_event(
+                render,
+                run_id,
+                out_dir,
+                "interrupted",
+                EXIT_INTERRUPTED,
+                f"remotemac attach {run_id}",
+            )
         render.close()
         click.echo(
             f"\nremotemac: stopped locally; the job keeps running on the host. "
@@ -168,8 +194,33 @@ def _run_engine(
             err=True,
         )
         sys.exit(EXIT_INTERRUPTED)
+    except Exception as err:
+        if as_json:  # the event stream ends with why, the run id and the exit code
+            from remotemac.errors import TransientHostError
+            from remotemac.termsafe import escape_controls
+
+            known = isinstance(err, RemotemacError)
+            _last_event(
+                render,
+                run_id,
+                out_dir,
+                "detached" if isinstance(err, TransientHostError) else "failed",
+                err.exit_code if known else 1,
+                escape_controls(err.line() if known else f"{type(err).__name__}: {err}"),
+            )
+            setattr(err, JSON_SENT, True)
+        raise
     finally:
         render.close()
+
+
+def _last_event(render, run_id: str, out_dir: Path, verdict: str, code: int, detail: str) -> None:
+    """``run_finished`` for a run that ended without a record (failed, detached, stopped)."""
+    from remotemac.events import RunFinished
+
+    render(
+        RunFinished(run_id, verdict=verdict, exit_code=code, out_dir=str(out_dir), detail=detail)
+    )
 
 
 @main.command()

@@ -50,3 +50,24 @@ def test_attach_after_a_hand_wipe_refuses_instead_of_syncing_the_data_again(
     assert not list(Path("/dev/shm").glob(f"remotemac-{run_id}*"))
     status = host.cli("status", run_id, "--json", timeout=30)
     assert json.loads(status.stdout)["state"] != "running"
+
+
+def test_run_json_against_a_changed_host_key_ends_with_a_json_line(
+    host_factory,  # noqa: F811 - the fixture
+    tmp_path: Path,
+):
+    """`run --json` when the host was re-keyed: exit 3, every stdout line is JSON and the
+    last one is ``run_finished`` with the run id, exit code 3 and why (before: stdout was
+    empty, the run id and the reason only on stderr)."""
+    host = host_factory()
+    host.sshd.restart(new_host_key=True)  # type: ignore[attr-defined]
+    pb = write_playbook(host, tmp_path / "pb.yaml", lines=5, seconds=1)
+    proc = host.cli("run", str(pb), "--out", str(tmp_path / "out"), "--json", timeout=120)
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    events = [json.loads(line) for line in proc.stdout.splitlines()]
+    last = events[-1]
+    assert last["event"] == "run_finished" and last["exit_code"] == 3, events
+    assert last["run_id"] == first_run_id(host.home) and last["verdict"] == "failed"
+    assert "HOST KEY CHANGED" in last["detail"]
+    err = proc.stderr.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("remotemac: error: HOST KEY CHANGED"), err
