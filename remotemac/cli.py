@@ -611,8 +611,10 @@ def wipe(settings: LocalSettings, run_id: str, yes: bool) -> None:
     if done:
         click.echo(done)
         return
-    if not yes and not click.confirm(f"Wipe the data of {run_id} on its host and destroy its key?"):
-        raise BadInput("wipe not confirmed")
+    from remotemac.frontend.prompts import confirm
+
+    if not yes and not confirm(f"Wipe the data of {run_id} on its host and destroy its key?"):
+        raise BadInput("wipe not confirmed", hint="give --yes to wipe without the question")
     sys.exit(_one_phase(settings, run_id, "wipe"))
 
 
@@ -742,10 +744,11 @@ def trust(settings: LocalSettings, host: str, fingerprint: str | None, yes: bool
     if host == "local":
         click.echo("local needs no trust: it is this machine, reached without SSH")
         return
+    from remotemac.frontend.prompts import confirm as ask
     from remotemac.transport.hostkeys import trust_host
 
     def confirm(question: str) -> bool:
-        return yes or click.confirm(question, default=False)
+        return yes or ask(question)  # no answer (end of input, Ctrl-C) is a no
 
     result = trust_host(
         host,

@@ -9,6 +9,8 @@ Each test is one thing a user did that went wrong in a first session with remote
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -71,3 +73,26 @@ def test_run_json_against_a_changed_host_key_ends_with_a_json_line(
     assert "HOST KEY CHANGED" in last["detail"]
     err = proc.stderr.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("remotemac: error: HOST KEY CHANGED"), err
+
+
+def test_trust_without_a_terminal_is_declined_with_one_line(sshd_factory, ssh_env, tmp_path: Path):
+    """`remotemac trust HOST` from a script, no --yes, stdin not a terminal: the host key
+    is not pinned, exit 3 and one error line (before: click's bare "Aborted!", exit 1)."""
+    server = sshd_factory()
+    home, cfg, alias = ssh_env(server, trust=False)
+    proc = subprocess.run(
+        [sys.executable, "-m", "remotemac", "--home", str(home), "--ssh-config", str(cfg)]
+        + ["trust", alias],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert "Aborted" not in proc.stderr
+    err = proc.stderr.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("remotemac: error: host key SHA256:"), err
+    assert "not trusted" in err[0]
+    assert proc.stdout.endswith("\n")  # the question's line is ended before the error
+    known = home / "known_hosts"
+    assert not known.exists() or server.fingerprint not in known.read_text()
