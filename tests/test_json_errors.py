@@ -57,3 +57,28 @@ def test_run_of_a_bad_playbook_with_json_is_a_json_error(tmp_path: Path):
 def test_without_json_stdout_stays_empty(tmp_path: Path):
     proc = remotemac_in_process("--home", str(tmp_path / "home"), "status", "zzzz")
     assert proc.returncode == 2 and proc.stdout == ""
+
+
+@pytest.mark.parametrize("host", ["nosuchalias.invalid", "127.0.0.1:1"])
+def test_a_host_never_reached_says_no_job_is_running(tmp_path: Path, host: str):
+    """`run --host <typo>`: exit 3, one line, and no "the job keeps running on the host …
+    remotemac attach" (nothing was launched: the first connect failed); the journal says
+    failed, not detached."""
+    from tests.conftest import LINES_PROJECT
+
+    book = tmp_path / "pb.yaml"
+    book.write_text(
+        f"name: typo\nhost: local\nremote_root: {tmp_path / 'root'}\n"
+        f"project: {{path: {LINES_PROJECT}, exclude: ['data/']}}\n"
+        "workload: {command: 'python3 emit.py', target: {device: cpu}}\n"
+    )
+    home = str(tmp_path / "home")
+    proc = remotemac("--home", home, "run", str(book), "--host", host, "--json", timeout=120)
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    err = proc.stderr.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("remotemac: error: "), err
+    assert "keeps running" not in err[0] and "attach" not in err[0], err[0]
+    last = json.loads(proc.stdout.splitlines()[-1])
+    assert last["event"] == "run_finished" and last["verdict"] == "failed", last
+    status = remotemac("--home", home, "status", "latest", "--json")
+    assert json.loads(status.stdout)["state"] == "failed", status.stdout

@@ -257,12 +257,24 @@ async def _run_pipeline(ctx: RunContext) -> int:
         ctx.journal.set_run_state(ctx.run_id, "interrupted", exit_code=EXIT_INTERRUPTED)
         raise
     except TransientHostError as exc:
+        launched = any(str(name).startswith(Phase.LAUNCH.value) for name in ctx.results)
+        if current == "connect" and not launched:
+            # never reached (a host name that does not resolve, a port refused) and no
+            # job launched: a failed run; nothing keeps running to attach to
+            ctx.journal.set_run_state(
+                ctx.run_id,
+                "failed",
+                exit_code=exc.exit_code,
+                phase=current,
+                error=failure_line(exc),
+            )
+            raise HostError(exc.message, hint=exc.hint) from exc
         # past the reconnect deadline: stop here, leave the job (and the run) to `attach`
         ctx.journal.set_run_state(ctx.run_id, "detached", exit_code=exc.exit_code)
+        running = "the job keeps running on the host; " if launched else ""
         raise TransientHostError(
             exc.message,
-            hint="the job keeps running on the host; when the link is back, "
-            f"resume with: remotemac attach {ctx.run_id}",
+            hint=f"{running}when the link is back, resume with: remotemac attach {ctx.run_id}",
         ) from exc
     except Exception as exc:  # any exception, ours or not: the journal never says "running"
         code = exc.exit_code if isinstance(exc, RemotemacError) else EXIT_REJECTED
