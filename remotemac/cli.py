@@ -178,6 +178,12 @@ def _run_engine(
     try:
         return _asyncio_run(run_pipeline(ctx))
     except KeyboardInterrupt:
+        launched = any(name.startswith("launch") for name in journal.phases(run_id))
+        where = (
+            "the job keeps running on the host"
+            if launched
+            else "before a job was launched; what reached the host stays for it"
+        )
         if as_json:
             _last_event(
                 render,
@@ -189,8 +195,7 @@ def _run_engine(
             )
         render.close()
         click.echo(
-            f"\nremotemac: stopped locally; the job keeps running on the host. "
-            f"Resume with: remotemac attach {run_id}",
+            f"\nremotemac: stopped locally; {where}. Resume with: remotemac attach {run_id}",
             err=True,
         )
         sys.exit(EXIT_INTERRUPTED)

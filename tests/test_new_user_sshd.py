@@ -9,6 +9,7 @@ Each test is one thing a user did that went wrong in a first session with remote
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -96,3 +97,32 @@ def test_trust_without_a_terminal_is_declined_with_one_line(sshd_factory, ssh_en
     assert proc.stdout.endswith("\n")  # the question's line is ended before the error
     known = home / "known_hosts"
     assert not known.exists() or server.fingerprint not in known.read_text()
+
+
+def test_ctrl_c_before_any_job_does_not_claim_a_job_keeps_running(
+    host_factory,  # noqa: F811 - the fixture
+    tmp_path: Path,
+):
+    """SIGINT while `run` provisions: exit 130 and "stopped locally before a job was
+    launched", not "the job keeps running on the host" (there is none yet); attach is
+    still how to go on, and it finishes the run."""
+    host = host_factory()
+    pb = write_playbook(host, tmp_path / "pb.yaml", lines=5, seconds=1)
+    out = tmp_path / "out"
+    proc = host.popen("run", str(pb), "--out", str(out), "--json")
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        event = json.loads(line)
+        if event["event"] == "phase_started" and event["phase"] == "provision":
+            break
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr
+    run_id = first_run_id(host.home)
+    assert "keeps running" not in stderr, stderr
+    assert "before a job was launched" in stderr and f"remotemac attach {run_id}" in stderr
+    last = json.loads(stdout.splitlines()[-1])
+    assert last["event"] == "run_finished" and last["exit_code"] == 130, last
+    assert not list((host.run_dir(run_id) / "status").glob("*.json"))  # no job started
+    done = host.cli("attach", run_id, timeout=150)
+    assert done.returncode in (0, 1), done.stdout + done.stderr
