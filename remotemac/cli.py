@@ -125,7 +125,9 @@ class Group(click.Group):
 @click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--home", envvar="REMOTEMAC_HOME", help="State dir: journal, known_hosts, data keys.")
 @click.option("--ssh-config", type=click.Path(dir_okay=False), help="An ssh_config file to use.")
-@click.option("-i", "--identity", type=click.Path(dir_okay=False), help="A private key file.")
+@click.option(
+    "-i", "--identity", type=click.Path(exists=True, dir_okay=False), help="A private key file."
+)
 @click.option("-v", "--verbose", is_flag=True, help="Tracebacks and more detail.")
 @click.version_option(package_name="remotemac")
 @click.pass_context
