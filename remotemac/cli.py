@@ -566,6 +566,7 @@ def logs(
         click.echo(f"run {run_id} has no logs yet (in {log_dir})", err=True)
     offsets = {f: 0 for f in files}
     partial = {f: b"" for f in files}
+    told = False
     while True:
         for f in files:
             with f.open("rb") as fh:
@@ -585,6 +586,14 @@ def logs(
         current = journal.get_run(run_id)
         if not follow or (current and current.state not in ("running", "detached", "created")):
             break
+        if current and current.state == "detached" and not told:
+            told = True  # else the wait looks like a hang: nothing appends to this log
+            click.echo(
+                f"remotemac: run {run_id} is detached: no remotemac follows its job, so this "
+                f"log grows only once one does; follow it live with: remotemac attach {run_id} "
+                "(waiting; Ctrl-C stops this command, not the job)",
+                err=True,
+            )
         time.sleep(0.5)
     for f, rest in partial.items():  # a last line without a newline
         if rest:

@@ -126,3 +126,26 @@ def test_ctrl_c_before_any_job_does_not_claim_a_job_keeps_running(
     assert not list((host.run_dir(run_id) / "status").glob("*.json"))  # no job started
     done = host.cli("attach", run_id, timeout=150)
     assert done.returncode in (0, 1), done.stdout + done.stderr
+
+
+def test_logs_follow_of_a_detached_run_says_how_to_follow_it_live(
+    host_factory,  # noqa: F811 - the fixture
+    tmp_path: Path,
+):
+    """`run --detach`, then `logs RUN --follow`: no remotemac process follows the job, so
+    the local log does not grow; before, the command waited silently forever. Now it
+    says so once (stderr) and names `remotemac attach RUN`, then keeps waiting."""
+    host = host_factory()
+    pb = write_playbook(host, tmp_path / "pb.yaml", lines=30, seconds=20)
+    out = tmp_path / "out"
+    started = host.cli("run", str(pb), "--out", str(out), "--detach", timeout=150)
+    assert started.returncode == 0, started.stderr
+    run_id = first_run_id(host.home)
+    follow = host.popen("logs", run_id, "--follow")
+    try:
+        _, stderr = follow.communicate(timeout=4)
+    except subprocess.TimeoutExpired:
+        follow.send_signal(signal.SIGINT)
+        _, stderr = follow.communicate(timeout=10)
+    assert f"remotemac attach {run_id}" in stderr, stderr
+    assert "detached" in stderr and "Traceback" not in stderr, stderr
