@@ -424,11 +424,14 @@ def status(settings: LocalSettings, run_id: str | None, as_json: bool, ledger: b
                 for line in lines:  # agent steps carry the host's words: shown, not obeyed
                     click.echo(escape_controls(format_entry(json.loads(line))))
             return
+        from remotemac.engine.runs import shown_state
+
+        state = shown_state(journal, row)
         data: dict[str, Any] = {
             "run_id": row.run_id,
             "name": row.name,
             "host": row.host,
-            "state": run_word(row.state),
+            "state": run_word(state),
             "verdict": row.verdict,
             "exit_code": row.exit_code,
             "out_dir": row.out_dir,
@@ -480,6 +483,8 @@ def status(settings: LocalSettings, run_id: str | None, as_json: bool, ledger: b
         ]
         if row.failed_phase or row.error:
             facts += [("failed in", row.failed_phase or "—"), ("error", row.error or "—")]
+        if state in ("interrupted", "detached"):  # nothing follows it: say how to go on
+            facts.append(("resume", f"remotemac attach {row.run_id}"))
         for key, value in facts:
             click.echo(f"{key:10} {escape_controls(str(value))}")
         if phases:
@@ -497,7 +502,10 @@ def status(settings: LocalSettings, run_id: str | None, as_json: bool, ledger: b
                 f"live      {escape_controls(str(side))}: {escape_controls(str(info.get('state')))}"
             )
         return
+    from remotemac.engine.runs import shown_state
+
     rows = journal.list_runs()
+    states = {r.run_id: shown_state(journal, r) for r in rows}
     if as_json:
         for r in rows:
             click.echo(
@@ -506,7 +514,7 @@ def status(settings: LocalSettings, run_id: str | None, as_json: bool, ledger: b
                         "run_id": r.run_id,
                         "name": r.name,
                         "host": r.host,
-                        "state": run_word(r.state),
+                        "state": run_word(states[r.run_id]),
                         "verdict": r.verdict,
                         "created_at": r.created_at,
                         "finished_at": r.finished_at,
@@ -521,7 +529,13 @@ def status(settings: LocalSettings, run_id: str | None, as_json: bool, ledger: b
     for line in fit_table(
         ("run", "host", "state", "verdict", "age"),
         [
-            (r.run_id, r.host, run_word(r.state), r.verdict or "—", human_age(now - r.created_at))
+            (
+                r.run_id,
+                r.host,
+                run_word(states[r.run_id]),
+                r.verdict or "—",
+                human_age(now - r.created_at),
+            )
             for r in rows
         ],
     ):
@@ -546,6 +560,7 @@ def logs(
     escaped unless --raw)."""
     import time
 
+    from remotemac.engine.runs import shown_state
     from remotemac.termsafe import escape_controls
     from remotemac.vocab import log_prefix
 
@@ -586,10 +601,11 @@ def logs(
         current = journal.get_run(run_id)
         if not follow or (current and current.state not in ("running", "detached", "created")):
             break
-        if current and current.state == "detached" and not told:
+        shown = shown_state(journal, current) if current else ""
+        if shown in ("detached", "interrupted") and not told:
             told = True  # else the wait looks like a hang: nothing appends to this log
             click.echo(
-                f"remotemac: run {run_id} is detached: no remotemac follows its job, so this "
+                f"remotemac: run {run_id} is {shown}: no remotemac follows its job, so this "
                 f"log grows only once one does; follow it live with: remotemac attach {run_id} "
                 "(waiting; Ctrl-C stops this command, not the job)",
                 err=True,

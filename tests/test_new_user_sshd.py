@@ -19,6 +19,7 @@ import pytest
 from tests.test_detached_ssh import (  # noqa: F401 - host_factory is a fixture
     first_run_id,
     host_factory,
+    wait_lines,
     write_playbook,
 )
 
@@ -149,3 +150,35 @@ def test_logs_follow_of_a_detached_run_says_how_to_follow_it_live(
         _, stderr = follow.communicate(timeout=10)
     assert f"remotemac attach {run_id}" in stderr, stderr
     assert "detached" in stderr and "Traceback" not in stderr, stderr
+
+
+def test_a_run_whose_terminal_was_closed_shows_interrupted_and_how_to_resume(
+    host_factory,  # noqa: F811 - the fixture
+    tmp_path: Path,
+):
+    """The terminal running `remotemac run` is closed (SIGHUP) mid-follow: the job runs
+    on, but `status` said "running" forever (and `logs --follow` waited in silence).
+    Now the run reads "interrupted" with `remotemac attach RUN`, and attach finishes it."""
+    host = host_factory()
+    pb = write_playbook(host, tmp_path / "pb.yaml", lines=200, seconds=8)
+    out = tmp_path / "out"
+    proc = host.popen("run", str(pb), "--out", str(out))
+    wait_lines(proc, out, 10)
+    run_id = first_run_id(host.home)
+    proc.send_signal(signal.SIGHUP)
+    proc.communicate(timeout=30)
+    table = host.cli("status", timeout=30)
+    assert run_id in table.stdout and "interrupted" in table.stdout, table.stdout
+    detail = host.cli("status", run_id, timeout=60)
+    assert f"remotemac attach {run_id}" in detail.stdout, detail.stdout
+    assert json.loads(host.cli("status", run_id, "--json").stdout)["state"] == "interrupted"
+    follow = host.popen("logs", run_id, "--follow")
+    try:
+        _, stderr = follow.communicate(timeout=4)
+    except subprocess.TimeoutExpired:
+        follow.send_signal(signal.SIGINT)
+        _, stderr = follow.communicate(timeout=10)
+    assert "is interrupted" in stderr and f"remotemac attach {run_id}" in stderr, stderr
+    done = host.cli("attach", run_id, timeout=120)
+    assert done.returncode in (0, 1), done.stdout + done.stderr
+    assert json.loads(host.cli("status", run_id, "--json").stdout)["state"] == "finished"

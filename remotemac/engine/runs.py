@@ -97,6 +97,15 @@ def load_run(journal: Journal, run_id: str) -> tuple[RunRow, Playbook]:
     return row, pb
 
 
+def shown_state(journal: Journal, row: RunRow) -> str:
+    """The run's state as the user should read it: a ``running`` run whose remotemac
+    process died (SIGKILL, a closed terminal, a crash, a reboot) is ``interrupted``:
+    the host runs on, nothing follows it here, ``remotemac attach`` goes on with it."""
+    if row.state == "running" and journal.run_driver(row.run_id) is None:
+        return "interrupted"
+    return row.state
+
+
 _DONE_WORD = {"pull": "pulled", "wipe": "wiped"}
 
 
