@@ -182,3 +182,23 @@ def test_a_run_whose_terminal_was_closed_shows_interrupted_and_how_to_resume(
     done = host.cli("attach", run_id, timeout=120)
     assert done.returncode in (0, 1), done.stdout + done.stderr
     assert json.loads(host.cli("status", run_id, "--json").stdout)["state"] == "finished"
+
+
+def test_a_refused_remote_root_does_not_make_every_later_cleanup_fail(
+    host_factory,  # noqa: F811 - the fixture
+    tmp_path: Path,
+):
+    """A first playbook named a dir of the user's as remote_root: `run` refused it (exit
+    2, nothing written). Every `cleanup HOST` after that ended "not clean" (exit 1), the
+    root "failed: not made by remotemac", for a dir remotemac never touched."""
+    host = host_factory()
+    mine = host.sshd.host_dir("my-code")  # type: ignore[attr-defined]
+    (mine / "keep.py").write_text("mine\n")
+    pb = write_playbook(host, tmp_path / "pb.yaml", lines=5, seconds=1)
+    pb.write_text(pb.read_text().replace(str(host.root), str(mine)))
+    refused = host.cli("run", str(pb), "--out", str(tmp_path / "out"), timeout=120)
+    assert refused.returncode == 2 and "nothing was written" in refused.stderr, refused.stderr
+    clean = host.cli("cleanup", host.alias, "--yes", "--json", timeout=120)
+    record = json.loads(clean.stdout.strip().splitlines()[-1])
+    assert clean.returncode == 0 and record["status"] == "clean", record
+    assert (mine / "keep.py").read_text() == "mine\n"
