@@ -730,8 +730,13 @@ def schema() -> None:
 
 @main.command()
 @click.argument("host")
-@click.option("--json", "as_json", is_flag=True)
-@click.option("--remote-root", default="~/remotemac", show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="The checks as one JSON object.")
+@click.option(
+    "--remote-root",
+    default="~/remotemac",
+    show_default=True,
+    help="The remote_root whose disk and runtime to check (--playbook: its own).",
+)
 @click.option(
     "--playbook",
     type=click.Path(dir_okay=False),
@@ -796,7 +801,7 @@ def trust(settings: LocalSettings, host: str, fingerprint: str | None, yes: bool
 
 @main.command()
 @click.argument("path", type=click.Path())
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="The findings as one JSON object.")
 @click.option(
     "--exclude",
     multiple=True,
@@ -815,8 +820,14 @@ def audit(path: str, as_json: bool, exclude: tuple[str, ...]) -> None:
 
 @main.command()
 @click.argument("playbook", type=click.Path(dir_okay=False))
-@click.option("--seconds", type=float, default=30.0, show_default=True)
-@click.option("--json", "as_json", is_flag=True)
+@click.option(
+    "--seconds",
+    type=float,
+    default=30.0,
+    show_default=True,
+    help="Run the workload on the CPU at most this long.",
+)
+@click.option("--json", "as_json", is_flag=True, help="The prediction as one JSON object.")
 def preflight(playbook: str, seconds: float, as_json: bool) -> None:
     """Run the workload briefly on the local CPU and predict MPS coverage."""
     from remotemac.frontend.preflight import main_preflight
@@ -838,10 +849,16 @@ def preflight(playbook: str, seconds: float, as_json: bool) -> None:
 
 @main.command()
 @click.argument("host", required=False)
-@click.option("--dry-run", is_flag=True)
-@click.option("--yes", is_flag=True)
-@click.option("--json", "as_json", is_flag=True)
-@click.option("--remote-root", default="~/remotemac", show_default=True)
+@click.option("--dry-run", is_flag=True, help="List what would go; touch nothing.")
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@click.option("--json", "as_json", is_flag=True, help="The cleanup record as JSON.")
+@click.option(
+    "--remote-root",
+    default="~/remotemac",
+    show_default=True,
+    help="A root to clean besides every remote_root the journal knows for HOST "
+    "(all of them are cleaned).",
+)
 @click.option("--all", "all_hosts", is_flag=True, help="Every host the journal knows; one record.")
 @click.option(
     "--out",

@@ -14,3 +14,31 @@ def test_a_missing_identity_file_is_refused_not_ignored(tmp_path: Path):
     proc = remotemac_in_process("-i", str(missing), "--home", str(tmp_path / "h"), "status")
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert str(missing) in proc.stderr and "does not exist" in proc.stderr
+
+
+def test_cleanup_help_says_what_each_option_does():
+    """`remotemac cleanup --help` listed --dry-run, --yes and --json bare, and did not say
+    that --remote-root adds a root: every root the journal knows for HOST is cleaned
+    (a user cleaning "just ~/rmlive" saw every other root go too)."""
+    proc = remotemac_in_process("cleanup", "--help")
+    assert proc.returncode == 0
+    text = " ".join(proc.stdout.split())
+    for option in ("--dry-run", "--yes", "--json", "--remote-root"):
+        line = next(ln for ln in proc.stdout.splitlines() if ln.strip().startswith(option))
+        assert len(line.split()) > 2, line  # the option and its words
+    assert "every remote_root the journal knows" in text
+
+
+def test_every_option_of_every_command_says_what_it_does():
+    """`--help` of doctor, audit and preflight listed --json, --remote-root, --seconds bare."""
+    import click
+
+    from remotemac.cli import main
+
+    bare = [
+        f"{name} {'/'.join(p.opts)}"
+        for name, cmd in main.commands.items()
+        for p in cmd.params
+        if isinstance(p, click.Option) and not p.help
+    ]
+    assert bare == []
