@@ -42,3 +42,16 @@ def test_every_option_of_every_command_says_what_it_does():
         if isinstance(p, click.Option) and not p.help
     ]
     assert bare == []
+
+
+def test_compare_with_files_outside_tolerance_is_not_shown_with_a_tick():
+    """A run whose target failed showed "✓ compare  0/2 files within tolerance": the
+    tick read as a pass. The compare phase is shown failed when a file is outside
+    tolerance (the phase still ran; the record says which files)."""
+    from remotemac.engine.pipeline import phase_ok
+    from remotemac.phases import Phase, PhaseKey
+
+    compare = PhaseKey(Phase.COMPARE)
+    assert phase_ok(compare, {"within_tolerance": False, "summary": "0/2 files"}) is False
+    assert phase_ok(compare, {"within_tolerance": True}) is True
+    assert phase_ok(compare, {"within_tolerance": None}) is True  # nothing to compare

@@ -142,9 +142,12 @@ def name_phase(exc: RemotemacError, phase: str) -> None:
 
 
 def phase_ok(key: PhaseKey, result: dict) -> bool:
-    """A follow phase whose job failed, timed out or was stopped is shown as failed."""
+    """A follow phase whose job failed, timed out or was stopped is shown as failed; so
+    is a compare that found a file outside tolerance ("✓ 0/2 within" read as a pass)."""
     if key.phase is Phase.FOLLOW:
         return result.get("state") in (None, "finished")
+    if key.phase is Phase.COMPARE and result.get("within_tolerance") is False:
+        return False
     return result.get("ok", True) is not False
 
 
