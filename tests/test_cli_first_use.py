@@ -55,3 +55,24 @@ def test_compare_with_files_outside_tolerance_is_not_shown_with_a_tick():
     assert phase_ok(compare, {"within_tolerance": False, "summary": "0/2 files"}) is False
     assert phase_ok(compare, {"within_tolerance": True}) is True
     assert phase_ok(compare, {"within_tolerance": None}) is True  # nothing to compare
+
+
+def test_the_wipe_summary_does_not_count_what_is_kept_by_design_as_remaining():
+    """The quickstart ended "✓ wipe 6 removed, 4 remaining": three of the four were the
+    run's logs, project and status, kept until cleanup by design; "remaining" read as
+    data left behind on the host."""
+    from remotemac.engine.wipe import wipe_summary
+
+    removed = ["h:/r/runs/x/data", "h:/r/runs/x/out", "local:data key of x (crypto-shredded)"]
+    kept = [
+        f"h:/r/runs/x/{sub} (kept until cleanup; 5 entries, 6749 bytes)"
+        for sub in ("logs", "project", "status")
+    ]
+    assert wipe_summary(removed, kept, True) == (
+        "3 removed, 3 kept until cleanup (logs, project, status)"
+    )
+    stuck = ["h:/r/runs/x/data (still there)"]
+    assert wipe_summary(removed, kept + stuck, False) == (
+        "3 removed, 3 kept until cleanup (logs, project, status), 1 remaining (not verified)"
+    )
+    assert wipe_summary(removed, [], True) == "3 removed, 0 remaining"
