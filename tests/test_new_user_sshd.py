@@ -202,3 +202,24 @@ def test_a_refused_remote_root_does_not_make_every_later_cleanup_fail(
     record = json.loads(clean.stdout.strip().splitlines()[-1])
     assert clean.returncode == 0 and record["status"] == "clean", record
     assert (mine / "keep.py").read_text() == "mine\n"
+
+
+def test_an_agent_python_missing_on_the_host_is_exit_6_and_names_it(
+    host_factory,  # noqa: F811 - the fixture
+    tmp_path: Path,
+):
+    """`agent: {python: python2.7}` on a host without it: exit 6 (an interpreter not on
+    the host's PATH, docs/contract.md) naming python2.7 and agent.python; before: exit 3,
+    "cleanup agent gave no answer (exit 127) ... (is python3 installed on the host?)"."""
+    import yaml
+
+    host = host_factory()
+    pb = write_playbook(host, tmp_path / "pb.yaml", lines=5, seconds=1)
+    book = yaml.safe_load(pb.read_text())
+    book["agent"] = {"python": "python2.7"}
+    pb.write_text(yaml.safe_dump(book))
+    proc = host.cli("run", str(pb), "--out", str(tmp_path / "out"), timeout=120)
+    assert proc.returncode == 6, proc.stdout + proc.stderr
+    err = proc.stderr.strip().splitlines()
+    assert len(err) == 1 and "python2.7" in err[0] and "agent.python" in err[0], err
+    assert "cleanup" not in err[0] and "is python3 installed" not in err[0], err[0]
