@@ -305,7 +305,7 @@ def run(
                 from remotemac.frontend.plan import print_fleet_plan
 
                 plans = make_fleet_plan(pb, host_list, inv)
-                click.echo(json.dumps(plans, indent=2)) if as_json else print_fleet_plan(plans)
+                click.echo(json.dumps(plans)) if as_json else print_fleet_plan(plans)
                 return
             if detach or drill or raw or show_secrets:
                 raise BadInput(
@@ -331,7 +331,7 @@ def run(
 
         plan = make_plan(pb)
         if as_json:
-            click.echo(json.dumps(plan, indent=2))
+            click.echo(json.dumps(plan))
         else:
             print_plan(plan)
         return

@@ -76,3 +76,28 @@ def test_the_wipe_summary_does_not_count_what_is_kept_by_design_as_remaining():
         "3 removed, 3 kept until cleanup (logs, project, status), 1 remaining (not verified)"
     )
     assert wipe_summary(removed, [], True) == "3 removed, 0 remaining"
+
+
+def test_every_json_output_is_json_lines(tmp_path: Path):
+    """`run --dry-run --json` and `audit --json` printed an indented document (124 of
+    126 lines not JSON by themselves) where every other --json output, `run --json`'s
+    events among them, is one JSON object per line: a reader of JSON lines broke."""
+    import json
+
+    from tests.conftest import LINES_PROJECT
+
+    book = tmp_path / "pb.yaml"
+    book.write_text(
+        f"name: j\nhost: local\nremote_root: {tmp_path / 'root'}\n"
+        f"project: {{path: {LINES_PROJECT}, exclude: ['data/']}}\n"
+        "workload: {command: 'python3 emit.py', target: {device: cpu}}\n"
+    )
+    for args in (
+        ("run", str(book), "--dry-run", "--json"),
+        ("audit", str(LINES_PROJECT), "--json"),
+    ):
+        proc = remotemac_in_process("--home", str(tmp_path / "home"), *args)
+        assert proc.returncode == 0, proc.stderr
+        lines = [line for line in proc.stdout.splitlines() if line.strip()]
+        assert len(lines) == 1, (args, lines[:3])
+        assert isinstance(json.loads(lines[0]), dict)
