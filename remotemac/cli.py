@@ -340,7 +340,9 @@ def run(
     out_dir = Path(out) if out else Path.cwd() / "runs" / run_id
     out_dir = out_dir.resolve()
     options = RunOptions(keep_data=keep_data, detach=detach, drill=drill, show_secrets=show_secrets)
-    from remotemac.engine.runs import register_run
+    from remotemac.engine.runs import refuse_used_out_dir, register_run
+
+    refuse_used_out_dir(out_dir)
 
     register_run(
         journal,

@@ -101,3 +101,30 @@ def test_every_json_output_is_json_lines(tmp_path: Path):
         lines = [line for line in proc.stdout.splitlines() if line.strip()]
         assert len(lines) == 1, (args, lines[:3])
         assert isinstance(json.loads(lines[0]), dict)
+
+
+def test_run_refuses_an_out_dir_holding_another_runs_record(tmp_path: Path):
+    """`run my.yaml --out runs/<an earlier run>`: the earlier run's acceptance record and
+    logs were overwritten and its ledger mixed with the new one's, while the journal
+    still pointed the earlier run at that dir. Now: exit 2, one line, nothing touched."""
+    from tests.conftest import LINES_PROJECT
+
+    book = tmp_path / "pb.yaml"
+    book.write_text(
+        f"name: o\nhost: local\nremote_root: {tmp_path / 'root'}\n"
+        f"project: {{path: {LINES_PROJECT}, exclude: ['data/']}}\n"
+        "workload: {command: 'python3 emit.py', target: {device: cpu}}\n"
+    )
+    earlier = tmp_path / "runs" / "o-20261201-000000-abcd"
+    (earlier / "logs").mkdir(parents=True)
+    (earlier / "acceptance.json").write_text('{"run_id": "o-20261201-000000-abcd"}')
+    (earlier / "logs" / "cpu.log").write_text("the earlier run's line\n")
+    home = str(tmp_path / "home")
+    proc = remotemac_in_process("--home", home, "run", str(book), "--out", str(earlier))
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    err = proc.stderr.strip().splitlines()
+    assert len(err) == 1 and "acceptance.json" in err[0] and "--out" in err[0], err
+    assert (earlier / "acceptance.json").read_text() == '{"run_id": "o-20261201-000000-abcd"}'
+    assert (earlier / "logs" / "cpu.log").read_text() == "the earlier run's line\n"
+    assert not (tmp_path / "root").exists()
+    assert "no runs yet" in remotemac_in_process("--home", home, "status").stdout

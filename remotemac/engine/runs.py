@@ -97,6 +97,25 @@ def load_run(journal: Journal, run_id: str) -> tuple[RunRow, Playbook]:
     return row, pb
 
 
+#: what a run writes at the top of its --out dir (docs/contract.md, "What lands locally")
+RECORD_FILES = ("acceptance.json", "manifest.json", "ledger.jsonl")
+
+
+def refuse_used_out_dir(out_dir: Path) -> None:
+    """``--out`` must not be an earlier run's dir: its record and logs would be
+    overwritten and its ledger mixed with the new run's (exit 2, nothing touched)."""
+    found = [name for name in RECORD_FILES if (out_dir / name).exists()]
+    logs = out_dir / "logs"
+    if logs.is_dir() and any(logs.iterdir()):
+        found.append("logs/")
+    if found:
+        raise BadInput(
+            f"--out {out_dir} holds another run's record ({', '.join(found)}): "
+            "this run would overwrite it",
+            hint="give a new or empty dir, or leave --out out (default: ./runs/<run-id>)",
+        )
+
+
 def shown_state(journal: Journal, row: RunRow) -> str:
     """The run's state as the user should read it: a ``running`` run whose remotemac
     process died (SIGKILL, a closed terminal, a crash, a reboot) is ``interrupted``:
