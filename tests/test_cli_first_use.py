@@ -128,3 +128,26 @@ def test_run_refuses_an_out_dir_holding_another_runs_record(tmp_path: Path):
     assert (earlier / "logs" / "cpu.log").read_text() == "the earlier run's line\n"
     assert not (tmp_path / "root").exists()
     assert "no runs yet" in remotemac_in_process("--home", home, "status").stdout
+
+
+def test_run_with_an_out_dir_it_cannot_create_is_one_line_exit_2(tmp_path: Path):
+    """`run my.yaml --out /proc/x`: "internal error: FileNotFoundError ... (rerun with
+    -v)", exit 1, and a run left "created" in the journal for ever. Now: exit 2, one line
+    naming --out, no run registered."""
+    from tests.conftest import LINES_PROJECT
+
+    book = tmp_path / "pb.yaml"
+    book.write_text(
+        f"name: o\nhost: local\nremote_root: {tmp_path / 'root'}\n"
+        f"project: {{path: {LINES_PROJECT}, exclude: ['data/']}}\n"
+        "workload: {command: 'python3 emit.py', target: {device: cpu}}\n"
+    )
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    home = str(tmp_path / "home")
+    proc = remotemac_in_process("--home", home, "run", str(book), "--out", str(blocker / "x"))
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    err = proc.stderr.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("remotemac: error: --out "), err
+    assert "internal error" not in proc.stderr
+    assert "no runs yet" in remotemac_in_process("--home", home, "status").stdout

@@ -103,7 +103,8 @@ RECORD_FILES = ("acceptance.json", "manifest.json", "ledger.jsonl")
 
 def refuse_used_out_dir(out_dir: Path) -> None:
     """``--out`` must not be an earlier run's dir: its record and logs would be
-    overwritten and its ledger mixed with the new run's (exit 2, nothing touched)."""
+    overwritten and its ledger mixed with the new run's (exit 2, nothing touched); and
+    it must be a dir this user can make (else exit 2, not an internal error)."""
     found = [name for name in RECORD_FILES if (out_dir / name).exists()]
     logs = out_dir / "logs"
     if logs.is_dir() and any(logs.iterdir()):
@@ -114,6 +115,13 @@ def refuse_used_out_dir(out_dir: Path) -> None:
             "this run would overwrite it",
             hint="give a new or empty dir, or leave --out out (default: ./runs/<run-id>)",
         )
+    try:  # before the run is registered: a dir that cannot be made is bad input
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise BadInput(
+            f"--out {out_dir}: cannot create it ({exc.strerror or exc})",
+            hint="give a directory you can write",
+        ) from None
 
 
 def shown_state(journal: Journal, row: RunRow) -> str:
