@@ -53,7 +53,15 @@ def _deadline_option(fn):
     )(fn)
 
 
-def _fail(err: BaseException, verbose: bool) -> None:
+#: ``ctx.meta`` key: the command line asked for ``--json`` (see :meth:`Group.parse_args`)
+JSON_WANTED = "remotemac.json"
+#: set on an error whose JSON answer is already on stdout (``run``/``attach``' last event)
+JSON_SENT = "_remotemac_json_sent"
+
+
+def _fail(err: BaseException, verbose: bool, as_json: bool = False) -> None:
+    """The error's one line on stderr and its exit code; with ``--json`` also on stdout,
+    as ``{"error": line, "exit_code": code}``, so a script reading stdout learns why."""
     if verbose:
         import traceback
 
@@ -62,15 +70,19 @@ def _fail(err: BaseException, verbose: bool) -> None:
 
     if isinstance(err, RemotemacError):
         # an error's text may quote the host's answer: shown, never obeyed
-        for line in escape_controls(err.line()).splitlines() or [""]:
-            click.echo(f"remotemac: error: {line}", err=True)
-        sys.exit(err.exit_code)
-    click.echo(
-        f"remotemac: internal error: {type(err).__name__}: {escape_controls(str(err))} "
-        "(rerun with -v for the traceback)",
-        err=True,
-    )
-    sys.exit(1)
+        line, code = escape_controls(err.line()), err.exit_code
+        for part in line.splitlines() or [""]:
+            click.echo(f"remotemac: error: {part}", err=True)
+    else:
+        line = (
+            f"internal error: {type(err).__name__}: {escape_controls(str(err))} "
+            "(rerun with -v for the traceback)"
+        )
+        code = 1
+        click.echo(f"remotemac: {line}", err=True)
+    if as_json and not getattr(err, JSON_SENT, False):
+        click.echo(json.dumps({"error": line, "exit_code": code}))
+    sys.exit(code)
 
 
 def _quiet_broken_pipe() -> None:
@@ -88,6 +100,11 @@ def _quiet_broken_pipe() -> None:
 class Group(click.Group):
     """Turns every RemotemacError into its one line and exit code."""
 
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        # only a command's own option is called --json: before ``--``, it is that option
+        ctx.meta[JSON_WANTED] = "--json" in (args[: args.index("--")] if "--" in args else args)
+        return super().parse_args(ctx, args)
+
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
@@ -102,13 +119,15 @@ class Group(click.Group):
             _quiet_broken_pipe()
         except Exception as err:
             verbose = bool(ctx.obj and ctx.obj.verbose)
-            _fail(err, verbose)
+            _fail(err, verbose, bool(ctx.meta.get(JSON_WANTED)))
 
 
 @click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--home", envvar="REMOTEMAC_HOME", help="State dir: journal, known_hosts, data keys.")
 @click.option("--ssh-config", type=click.Path(dir_okay=False), help="An ssh_config file to use.")
-@click.option("-i", "--identity", type=click.Path(dir_okay=False), help="A private key file.")
+@click.option(
+    "-i", "--identity", type=click.Path(exists=True, dir_okay=False), help="A private key file."
+)
 @click.option("-v", "--verbose", is_flag=True, help="Tracebacks and more detail.")
 @click.version_option(package_name="remotemac")
 @click.pass_context
@@ -161,15 +180,54 @@ def _run_engine(
     try:
         return _asyncio_run(run_pipeline(ctx))
     except KeyboardInterrupt:
+        launched = any(name.startswith("launch") for name in journal.phases(run_id))
+        where = (
+            "the job keeps running on the host"
+            if launched
+            else "before a job was launched; what reached the host stays for it"
+        )
+        if as_json:
+            _last_event(
+                render,
+                run_id,
+                out_dir,
+                "interrupted",
+                EXIT_INTERRUPTED,
+                f"remotemac attach {run_id}",
+            )
         render.close()
         click.echo(
-            f"\nremotemac: stopped locally; the job keeps running on the host. "
-            f"Resume with: remotemac attach {run_id}",
+            f"\nremotemac: stopped locally; {where}. Resume with: remotemac attach {run_id}",
             err=True,
         )
         sys.exit(EXIT_INTERRUPTED)
+    except Exception as err:
+        if as_json:  # the event stream ends with why, the run id and the exit code
+            from remotemac.errors import TransientHostError
+            from remotemac.termsafe import escape_controls
+
+            known = isinstance(err, RemotemacError)
+            _last_event(
+                render,
+                run_id,
+                out_dir,
+                "detached" if isinstance(err, TransientHostError) else "failed",
+                err.exit_code if known else 1,
+                escape_controls(err.line() if known else f"{type(err).__name__}: {err}"),
+            )
+            setattr(err, JSON_SENT, True)
+        raise
     finally:
         render.close()
+
+
+def _last_event(render, run_id: str, out_dir: Path, verdict: str, code: int, detail: str) -> None:
+    """``run_finished`` for a run that ended without a record (failed, detached, stopped)."""
+    from remotemac.events import RunFinished
+
+    render(
+        RunFinished(run_id, verdict=verdict, exit_code=code, out_dir=str(out_dir), detail=detail)
+    )
 
 
 @main.command()
@@ -247,7 +305,7 @@ def run(
                 from remotemac.frontend.plan import print_fleet_plan
 
                 plans = make_fleet_plan(pb, host_list, inv)
-                click.echo(json.dumps(plans, indent=2)) if as_json else print_fleet_plan(plans)
+                click.echo(json.dumps(plans)) if as_json else print_fleet_plan(plans)
                 return
             if detach or drill or raw or show_secrets:
                 raise BadInput(
@@ -273,7 +331,7 @@ def run(
 
         plan = make_plan(pb)
         if as_json:
-            click.echo(json.dumps(plan, indent=2))
+            click.echo(json.dumps(plan))
         else:
             print_plan(plan)
         return
@@ -282,7 +340,9 @@ def run(
     out_dir = Path(out) if out else Path.cwd() / "runs" / run_id
     out_dir = out_dir.resolve()
     options = RunOptions(keep_data=keep_data, detach=detach, drill=drill, show_secrets=show_secrets)
-    from remotemac.engine.runs import register_run
+    from remotemac.engine.runs import refuse_used_out_dir, register_run
+
+    refuse_used_out_dir(out_dir)
 
     register_run(
         journal,
@@ -366,11 +426,14 @@ def status(settings: LocalSettings, run_id: str | None, as_json: bool, ledger: b
                 for line in lines:  # agent steps carry the host's words: shown, not obeyed
                     click.echo(escape_controls(format_entry(json.loads(line))))
             return
+        from remotemac.engine.runs import shown_state
+
+        state = shown_state(journal, row)
         data: dict[str, Any] = {
             "run_id": row.run_id,
             "name": row.name,
             "host": row.host,
-            "state": run_word(row.state),
+            "state": run_word(state),
             "verdict": row.verdict,
             "exit_code": row.exit_code,
             "out_dir": row.out_dir,
@@ -422,6 +485,8 @@ def status(settings: LocalSettings, run_id: str | None, as_json: bool, ledger: b
         ]
         if row.failed_phase or row.error:
             facts += [("failed in", row.failed_phase or "—"), ("error", row.error or "—")]
+        if state in ("interrupted", "detached"):  # nothing follows it: say how to go on
+            facts.append(("resume", f"remotemac attach {row.run_id}"))
         for key, value in facts:
             click.echo(f"{key:10} {escape_controls(str(value))}")
         if phases:
@@ -439,7 +504,10 @@ def status(settings: LocalSettings, run_id: str | None, as_json: bool, ledger: b
                 f"live      {escape_controls(str(side))}: {escape_controls(str(info.get('state')))}"
             )
         return
+    from remotemac.engine.runs import shown_state
+
     rows = journal.list_runs()
+    states = {r.run_id: shown_state(journal, r) for r in rows}
     if as_json:
         for r in rows:
             click.echo(
@@ -448,7 +516,7 @@ def status(settings: LocalSettings, run_id: str | None, as_json: bool, ledger: b
                         "run_id": r.run_id,
                         "name": r.name,
                         "host": r.host,
-                        "state": run_word(r.state),
+                        "state": run_word(states[r.run_id]),
                         "verdict": r.verdict,
                         "created_at": r.created_at,
                         "finished_at": r.finished_at,
@@ -463,7 +531,13 @@ def status(settings: LocalSettings, run_id: str | None, as_json: bool, ledger: b
     for line in fit_table(
         ("run", "host", "state", "verdict", "age"),
         [
-            (r.run_id, r.host, run_word(r.state), r.verdict or "—", human_age(now - r.created_at))
+            (
+                r.run_id,
+                r.host,
+                run_word(states[r.run_id]),
+                r.verdict or "—",
+                human_age(now - r.created_at),
+            )
             for r in rows
         ],
     ):
@@ -488,6 +562,7 @@ def logs(
     escaped unless --raw)."""
     import time
 
+    from remotemac.engine.runs import shown_state
     from remotemac.termsafe import escape_controls
     from remotemac.vocab import log_prefix
 
@@ -508,6 +583,7 @@ def logs(
         click.echo(f"run {run_id} has no logs yet (in {log_dir})", err=True)
     offsets = {f: 0 for f in files}
     partial = {f: b"" for f in files}
+    told = False
     while True:
         for f in files:
             with f.open("rb") as fh:
@@ -527,6 +603,15 @@ def logs(
         current = journal.get_run(run_id)
         if not follow or (current and current.state not in ("running", "detached", "created")):
             break
+        shown = shown_state(journal, current) if current else ""
+        if shown in ("detached", "interrupted") and not told:
+            told = True  # else the wait looks like a hang: nothing appends to this log
+            click.echo(
+                f"remotemac: run {run_id} is {shown}: no remotemac follows its job, so this "
+                f"log grows only once one does; follow it live with: remotemac attach {run_id} "
+                "(waiting; Ctrl-C stops this command, not the job)",
+                err=True,
+            )
         time.sleep(0.5)
     for f, rest in partial.items():  # a last line without a newline
         if rest:
@@ -560,8 +645,10 @@ def wipe(settings: LocalSettings, run_id: str, yes: bool) -> None:
     if done:
         click.echo(done)
         return
-    if not yes and not click.confirm(f"Wipe the data of {run_id} on its host and destroy its key?"):
-        raise BadInput("wipe not confirmed")
+    from remotemac.frontend.prompts import confirm
+
+    if not yes and not confirm(f"Wipe the data of {run_id} on its host and destroy its key?"):
+        raise BadInput("wipe not confirmed", hint="give --yes to wipe without the question")
     sys.exit(_one_phase(settings, run_id, "wipe"))
 
 
@@ -645,8 +732,13 @@ def schema() -> None:
 
 @main.command()
 @click.argument("host")
-@click.option("--json", "as_json", is_flag=True)
-@click.option("--remote-root", default="~/remotemac", show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="The checks as one JSON object.")
+@click.option(
+    "--remote-root",
+    default="~/remotemac",
+    show_default=True,
+    help="The remote_root whose disk and runtime to check (--playbook: its own).",
+)
 @click.option(
     "--playbook",
     type=click.Path(dir_okay=False),
@@ -691,10 +783,11 @@ def trust(settings: LocalSettings, host: str, fingerprint: str | None, yes: bool
     if host == "local":
         click.echo("local needs no trust: it is this machine, reached without SSH")
         return
+    from remotemac.frontend.prompts import confirm as ask
     from remotemac.transport.hostkeys import trust_host
 
     def confirm(question: str) -> bool:
-        return yes or click.confirm(question, default=False)
+        return yes or ask(question)  # no answer (end of input, Ctrl-C) is a no
 
     result = trust_host(
         host,
@@ -710,7 +803,7 @@ def trust(settings: LocalSettings, host: str, fingerprint: str | None, yes: bool
 
 @main.command()
 @click.argument("path", type=click.Path())
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="The findings as one JSON object.")
 @click.option(
     "--exclude",
     multiple=True,
@@ -729,8 +822,14 @@ def audit(path: str, as_json: bool, exclude: tuple[str, ...]) -> None:
 
 @main.command()
 @click.argument("playbook", type=click.Path(dir_okay=False))
-@click.option("--seconds", type=float, default=30.0, show_default=True)
-@click.option("--json", "as_json", is_flag=True)
+@click.option(
+    "--seconds",
+    type=float,
+    default=30.0,
+    show_default=True,
+    help="Run the workload on the CPU at most this long.",
+)
+@click.option("--json", "as_json", is_flag=True, help="The prediction as one JSON object.")
 def preflight(playbook: str, seconds: float, as_json: bool) -> None:
     """Run the workload briefly on the local CPU and predict MPS coverage."""
     from remotemac.frontend.preflight import main_preflight
@@ -752,10 +851,16 @@ def preflight(playbook: str, seconds: float, as_json: bool) -> None:
 
 @main.command()
 @click.argument("host", required=False)
-@click.option("--dry-run", is_flag=True)
-@click.option("--yes", is_flag=True)
-@click.option("--json", "as_json", is_flag=True)
-@click.option("--remote-root", default="~/remotemac", show_default=True)
+@click.option("--dry-run", is_flag=True, help="List what would go; touch nothing.")
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@click.option("--json", "as_json", is_flag=True, help="The cleanup record as JSON.")
+@click.option(
+    "--remote-root",
+    default="~/remotemac",
+    show_default=True,
+    help="A root to clean besides every remote_root the journal knows for HOST "
+    "(all of them are cleaned).",
+)
 @click.option("--all", "all_hosts", is_flag=True, help="Every host the journal knows; one record.")
 @click.option(
     "--out",

@@ -286,6 +286,24 @@ class Journal:
             )
         return None
 
+    def run_driver(self, run_id: str) -> int | None:
+        """The pid of the process that drives ``run_id`` now (None: none does).
+
+        A claim left by a process that died (SIGKILL, a closed terminal's SIGHUP, a
+        crash, a reboot) is no driver. A claim made on another machine sharing this
+        home cannot be checked: it counts as a driver.
+        """
+        row = (
+            self._db()
+            .execute("SELECT pid, hostname FROM owners WHERE run_id = ?", (run_id,))
+            .fetchone()
+        )
+        if row is None:
+            return None
+        if row["hostname"] != socket.gethostname() or pid_alive(row["pid"]):
+            return int(row["pid"])
+        return None
+
     def release_run(self, run_id: str) -> None:
         with self._write() as db:
             db.execute("DELETE FROM owners WHERE run_id = ? AND pid = ?", (run_id, os.getpid()))

@@ -705,6 +705,11 @@ def _message(err: dict[str, Any], loc: list[Any]) -> str:
     if kind == "literal_error":
         expected = (err.get("ctx") or {}).get("expected", "")
         return f"expected one of {expected}, got {_shown(err.get('input'))}"
+    if kind == "string_pattern_mismatch" and loc == ["name"]:  # words, not the regex
+        return (
+            "use 1 to 64 letters, digits, '.', '_' or '-', starting with a letter or digit "
+            f"(it names the run and its dirs), got {_shown(err.get('input'))}"
+        )
     message = err["msg"]
     for prefix in ("Value error, ", "Assertion failed, "):
         if message.startswith(prefix):

@@ -212,3 +212,34 @@ def test_remove_item_never_leaves_the_root(tmp_path: Path):
     assert (outside / "f").read_text() == "x"
     assert wipeops.destroy_ram({"kind": "shm", "path": str(outside)}, [])["fate"] == "failed"
     assert (outside / "f").exists()
+
+
+def test_a_ram_store_is_listed_once_whatever_the_number_of_roots(host, tmp_path: Path):
+    """A host used with two remote_roots: the RAM store of a run (host-wide, under
+    /dev/shm) was listed once per root, its size counted in the total each time
+    (the dry run of a first rental said 640 MiB three times, total 8.3 GiB)."""
+    other = host["home"] / "second root"
+    run_id = f"ram-{os.getpid()}-{tmp_path.name[-12:]}"
+    _make_run(host["root"], run_id)
+    _make_run(other, "other-1")
+    _journal_run(host["rm_home"], run_id, host["root"])
+    _journal_run(host["rm_home"], "other-1", other)
+    ram = Path("/dev/shm") / f"remotemac-{run_id}"
+    ram.mkdir(mode=0o700)
+    (ram / "x").write_bytes(b"\0" * 4096)
+    try:
+        dry = _cleanup(host, "--dry-run", "--json")
+        assert dry.returncode == 0, dry.stdout + dry.stderr
+        items = json.loads(dry.stdout.strip().splitlines()[-1])["items"]
+        rams = [i for i in items if i["kind"] == "ramstore"]
+        assert len(rams) == 1 and rams[0]["path"] == str(ram), rams
+        done = _cleanup(host, "--yes", "--json")
+        record = json.loads(done.stdout.strip().splitlines()[-1])
+        rams = [i for i in record["items"] if i["kind"] == "ramstore"]
+        assert [i["fate"] for i in rams] == ["removed"], rams
+        assert not ram.exists() and record["status"] == "clean", record
+    finally:
+        if ram.exists():
+            import shutil
+
+            shutil.rmtree(ram)

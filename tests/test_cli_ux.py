@@ -8,6 +8,7 @@ Every test runs the real ``remotemac`` in a subprocess (tests/conftest.py's
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -402,3 +403,24 @@ def test_tui_with_playbooks_starts_them_unless_pick():
     proc = remotemac("tui", "--help")
     assert "starts a run" in proc.stdout and "--pick" in proc.stdout, proc.stdout
     assert inspect.signature(run_tui).parameters["start"].default is True
+
+
+def test_wipe_without_yes_and_without_a_terminal_is_one_line_exit_2(finished):
+    """`remotemac wipe RUN` from a script (stdin not a terminal, no --yes): the one line
+    and exit 2 of an unconfirmed wipe, not click's bare "Aborted!" and exit 1."""
+    before = status_json(finished, finished["manual"])["phases"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "remotemac", "wipe", finished["manual"]],
+        cwd=finished["folder"],
+        env={**os.environ, **finished["env"], **COLS},
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "Aborted" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "remotemac: error: wipe not confirmed (give --yes to wipe without the question)"
+    ), proc.stderr
+    assert status_json(finished, finished["manual"])["phases"] == before

@@ -59,3 +59,17 @@ def test_agent_steps_and_hold(tmp_path: Path):
     ledger.append("mac", "after", 0)
     assert len(read_jsonl(path)) == 3
     assert Ledger(None).append("h", "x", 0) is None
+
+
+def test_redact_keeps_an_ssh_host_key_fingerprint():
+    """A host key's SHA256 fingerprint is public (the provider publishes it) and is what
+    the user compares: `remotemac status RUN` of a run stopped by a changed host key
+    showed "it offered SHA256:<redacted>"."""
+    line = (
+        "HOST KEY CHANGED for [127.0.0.1]:52131: it offered "
+        "SHA256:BSy437qzlOK3hMbBefbGhywdNVagqRf6SM+7B4ZA8rY, which differs"
+    )
+    assert redact(line) == line
+    # the same run of characters without the fingerprint label is still a secret shape
+    assert "BSy437" not in redact("token BSy437qzlOK3hMbBefbGhywdNVagqRf6SM+7B4ZA8rY")
+    assert "BSy437" not in redact("x BSy437qzlOK3hMbBefbGhywdNVagqRf6SM+7B4ZA8rY")

@@ -151,3 +151,13 @@ def test_quickstart_is_valid():
 def test_missing_file_is_bad_input(tmp_path: Path):
     proc = remotemac("check", str(tmp_path / "nope.yaml"))
     assert proc.returncode == 2 and "no such playbook" in proc.stderr
+
+
+def test_a_name_with_spaces_says_what_a_name_may_hold():
+    """`name: My MLP test` answered "String should match pattern
+    '^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$'": a regex, where a user needs words."""
+    with pytest.raises(PlaybookErrors) as err:
+        parse_playbook("name: My MLP test\nworkload: {command: python t.py}\n")
+    line = str(err.value)
+    assert "pattern" not in line and "^[" not in line, line
+    assert "letters, digits" in line and "'My MLP test'" in line, line

@@ -126,6 +126,23 @@ def test_workload_error_is_reported_and_rejects(tmp_path: Path) -> None:
     assert "aten::add.Tensor" in {o.op for o in report.ops}
 
 
+def test_a_workload_failing_before_any_operator_is_no_prediction(tmp_path: Path) -> None:
+    """The data dir was wrong: the job died before torch ran anything. The report says
+    so, not "coverage 100% (0 of 0)" and "some operators are predicted to fall back"."""
+    from rich.console import Console
+
+    (tmp_path / "boom.py").write_text("import torch\nraise FileNotFoundError('no shards')\n")
+    report = run_preflight("python boom.py", tmp_path, None, 10, {})
+    assert report.exit_code == 1 and report.total_ops == 0
+    console = Console(file=io.StringIO(), width=160, record=True)
+    render(report, console)
+    text = console.export_text()
+    assert "100.0%" not in text and "coverage: n/a" in text, text
+    assert "predicted to fall back" not in text, text
+    assert "prediction: incomplete: the workload failed on the CPU" in text, text
+    assert "FileNotFoundError: no shards" in text
+
+
 def test_torch_free_loop_is_stopped_by_the_alarm(tmp_path: Path) -> None:
     """The dispatch-hook check never runs here; the SIGALRM backstop must."""
     script = tmp_path / "spin.py"
@@ -184,3 +201,4 @@ def test_main_preflight_non_python_command_is_one_line_exit_2(
     err = capsys.readouterr().err.strip()
     assert code == 2
     assert len(err.splitlines()) == 1 and "can only trace Python commands" in err
+    assert err.startswith("remotemac: error: preflight: "), err  # the prefix every error has

@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Set, Tuple
 
 _HERE = os.path.dirname(os.path.abspath(globals().get("__file__") or "."))
 if _HERE not in sys.path:
@@ -220,9 +220,10 @@ def op_cleanup_host(req: Dict[str, Any]) -> Dict[str, Any]:
     dry_run = bool(req.get("dry_run"))
     answers = []
     steps: List[Dict[str, Any]] = []
+    claimed: Set[Tuple[str, str]] = set()  # host-wide items a root already listed
     for root in req.get("roots") or []:
         try:
-            answers.append(_cleanup_root(root, req, dry_run, steps))
+            answers.append(_cleanup_root(root, req, dry_run, steps, claimed))
         except UnsafeRoot as exc:
             answers.append(
                 {
@@ -237,8 +238,17 @@ def op_cleanup_host(req: Dict[str, Any]) -> Dict[str, Any]:
     return {"roots": answers, "steps": steps, "host": _host_facts(), "dry_run": dry_run}
 
 
+#: items that live outside every root (a RAM store, a tmux session): each root's scan
+#: finds them by run id, so the first root to list one answers for it
+HOST_WIDE = ("ramstore", "tmux")
+
+
 def _cleanup_root(
-    root: str, req: Dict[str, Any], dry_run: bool, steps: List[Dict[str, Any]]
+    root: str,
+    req: Dict[str, Any],
+    dry_run: bool,
+    steps: List[Dict[str, Any]],
+    claimed: Set[Tuple[str, str]],
 ) -> Dict[str, Any]:
     """One root: the same decisions for the dry run and the real one (only the last
     step, doing it, differs), so the dry run lists exactly what would go."""
@@ -257,6 +267,8 @@ def _cleanup_root(
             % (lexical, found["marker"].get("kind"))
         )
     items = sorted(found["items"].values(), key=lambda i: (_ORDER.get(i["kind"], 9), i["path"]))
+    items = [i for i in items if (i["kind"], i["path"]) not in claimed]
+    claimed.update((i["kind"], i["path"]) for i in items if i["kind"] in HOST_WIDE)
     for item in items:
         item.update(_dispose(item, real_root, lexical, found["marker"], dry_run, steps))
     gone = set(i["path"] for i in items if i.get("fate") in ("removed", "would remove"))

@@ -72,6 +72,20 @@ def _ps(pid: int, field: str) -> str:
     return proc.stdout.decode("utf-8", "replace").strip() if proc.returncode == 0 else ""
 
 
+def is_zombie(pid: Any) -> bool:
+    """``pid`` has exited and waits for its parent to reap it: no command line, no start
+    time, never signalled; to wipe and cleanup it is gone, not "left alone"."""
+    if not isinstance(pid, int) or pid <= 1:
+        return False
+    if os.path.isdir("/proc/self"):
+        raw = _read("/proc/%d/stat" % pid)
+        if not raw:
+            return False
+        fields = raw.rsplit(b")", 1)[-1].split()
+        return bool(fields) and fields[0] in (b"Z", b"X")
+    return _ps(pid, "stat").startswith("Z")
+
+
 def identity(pid: Any) -> Optional[Dict[str, Any]]:
     """The start identity of a live ``pid`` (None when it is gone or not a pid)."""
     if not isinstance(pid, int) or pid <= 1:

@@ -315,14 +315,19 @@ def stop_run_processes(
     dirs = run_dirs or [run_dir]
     for status in statuses:
         runner, child = status.get("runner_pid"), status.get("child_pid")
-        if pid_alive(runner):
+        # a runner that exited a moment ago may wait to be reaped: gone, not "left alone"
+        if pid_alive(runner) and not procid.is_zombie(runner):
             why = runner_is_ours(runner, status, dirs)
             if why is None:
                 terminate(runner, steps, start=status.get("runner_start"))
                 stopped.append("process:%s" % runner)
             else:
                 left.append("process:%s (left alone: %s)" % (runner, why))
-        if pid_alive(child) and status.get("state") not in FINAL_STATES:
+        if (
+            pid_alive(child)
+            and not procid.is_zombie(child)
+            and status.get("state") not in FINAL_STATES
+        ):
             why = child_is_ours(child, status)
             if why is None:
                 try:

@@ -56,6 +56,20 @@ def parse_answer(
     return answer
 
 
+def missing_python(host: str, python: str, result: ExecResult) -> None:
+    """The shell could not run the agent's interpreter (exit 127: not found, 126: not
+    executable): the host lacks it, exit 6, not a link problem (exit 3)."""
+    if result.exit_code not in (126, 127):
+        return
+    err = result.stderr.decode("utf-8", "replace").strip().splitlines()
+    raise HostEnvironmentError(
+        f"{host}: the agent's interpreter {python!r} cannot run on the host "
+        f"({err[-1] if err else f'exit {result.exit_code}'})",
+        hint="install it there, or set agent.python in the playbook (or "
+        "$REMOTEMAC_AGENT_PYTHON) to one the host has, e.g. python3",
+    )
+
+
 async def call_in_memory(
     transport: Transport,
     ledger: Ledger,
@@ -86,8 +100,9 @@ async def call_in_memory(
         op=f"cleanup:{fn}",
         seconds=time.monotonic() - started,
     )
+    missing_python(transport.name, python, result)
     answer = parse_answer(
-        transport.name, "cleanup agent", result, hint="is python3 installed on the host?"
+        transport.name, f"agent ({fn})", result, hint=f"is {python} installed on the host?"
     )
     if not answer.get("ok"):
         raise RemotemacError(f"{transport.name}: cleanup failed on the host: {answer.get('error')}")

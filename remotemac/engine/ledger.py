@@ -125,7 +125,15 @@ def redact(text: str, secrets: Iterable[str] = ()) -> str:
     text = _redact_values(_FLAG, _FLAG_WORD, text)
     text = _SHORT_PASS.sub("-p" + REDACTED, text)
     text = _HEX.sub(REDACTED, text)
-    return _B64.sub(lambda m: REDACTED if _looks_random(m.group(0)) else m.group(0), text)
+    return _B64.sub(lambda m: m.group(0) if _public(m) else REDACTED, text)
+
+
+def _public(match: re.Match[str]) -> bool:
+    """A base64 run that is no secret: a path-like run, or an SSH host key fingerprint
+    (``SHA256:…``, what the provider publishes and the user compares)."""
+    if match.string[max(0, match.start() - 7) : match.start()] == "SHA256:":
+        return True
+    return not _looks_random(match.group(0))
 
 
 def is_privileged(argv_or_command: list[str] | str) -> bool:

@@ -142,21 +142,42 @@ def name_phase(exc: RemotemacError, phase: str) -> None:
 
 
 def phase_ok(key: PhaseKey, result: dict) -> bool:
-    """A follow phase whose job failed, timed out or was stopped is shown as failed."""
+    """A follow phase whose job failed, timed out or was stopped is shown as failed; so
+    is a compare that found a file outside tolerance ("✓ 0/2 within" read as a pass)."""
     if key.phase is Phase.FOLLOW:
         return result.get("state") in (None, "finished")
+    if key.phase is Phase.COMPARE and result.get("within_tolerance") is False:
+        return False
     return result.get("ok", True) is not False
 
 
+def refuse_wiped_before_the_end(run_id: str, done: dict[str, dict]) -> None:
+    """A run wiped (by hand, or after a failed pull) before its outputs were pulled cannot
+    go on: its data, data key, job and outputs are gone from the host. Going on would
+    sync the dataset again and, the wipe being "done", leave it there after the run.
+    Once the pull is done, what is left (compare, record) works on the laptop's copy."""
+    wipe = done.get(Phase.WIPE.value)
+    if wipe is None or (wipe.get("result") or {}).get("done") is False:
+        return  # no wipe, or ``wipe: manual`` kept the data
+    if Phase.PULL.value in done:
+        return
+    raise BadInput(
+        f"run {run_id} was wiped before it finished: its data, data key and job are "
+        "gone from the host, so it cannot be attached",
+        hint="start it again: remotemac run PLAYBOOK",
+    )
+
+
 async def _run_pipeline(ctx: RunContext) -> int:
-    ctx.out_dir.mkdir(parents=True, exist_ok=True)
-    (ctx.out_dir / "logs").mkdir(exist_ok=True)
-    ctx.journal.set_run_state(ctx.run_id, "running")
     done = {
         name: info
         for name, info in ctx.journal.phases(ctx.run_id).items()
         if info["state"] == "done"
     }
+    refuse_wiped_before_the_end(ctx.run_id, done)
+    ctx.out_dir.mkdir(parents=True, exist_ok=True)
+    (ctx.out_dir / "logs").mkdir(exist_ok=True)
+    ctx.journal.set_run_state(ctx.run_id, "running")
     for name, info in done.items():
         ctx.results[name] = info["result"]
     ctx.carried_phases = list(done)
@@ -239,12 +260,24 @@ async def _run_pipeline(ctx: RunContext) -> int:
         ctx.journal.set_run_state(ctx.run_id, "interrupted", exit_code=EXIT_INTERRUPTED)
         raise
     except TransientHostError as exc:
+        launched = any(str(name).startswith(Phase.LAUNCH.value) for name in ctx.results)
+        if current == "connect" and not launched:
+            # never reached (a host name that does not resolve, a port refused) and no
+            # job launched: a failed run; nothing keeps running to attach to
+            ctx.journal.set_run_state(
+                ctx.run_id,
+                "failed",
+                exit_code=exc.exit_code,
+                phase=current,
+                error=failure_line(exc),
+            )
+            raise HostError(exc.message, hint=exc.hint) from exc
         # past the reconnect deadline: stop here, leave the job (and the run) to `attach`
         ctx.journal.set_run_state(ctx.run_id, "detached", exit_code=exc.exit_code)
+        running = "the job keeps running on the host; " if launched else ""
         raise TransientHostError(
             exc.message,
-            hint="the job keeps running on the host; when the link is back, "
-            f"resume with: remotemac attach {ctx.run_id}",
+            hint=f"{running}when the link is back, resume with: remotemac attach {ctx.run_id}",
         ) from exc
     except Exception as exc:  # any exception, ours or not: the journal never says "running"
         code = exc.exit_code if isinstance(exc, RemotemacError) else EXIT_REJECTED

@@ -9,6 +9,7 @@ from typing import Any
 
 from remotemac.engine.context import HostBinding, RunContext, expand_root
 from remotemac.engine.projectfiles import project_upload
+from remotemac.errors import BadInput
 from remotemac.events import PhaseProgress
 
 
@@ -36,7 +37,13 @@ async def provision_host(ctx: RunContext, binding: HostBinding) -> dict[str, Any
     # listed before anything is written, so cleanup finds the root even when the
     # run dies in provision (issue 15, item 11)
     ctx.journal.record_created(transport.name, "root", root, ctx.run_id)
-    await binding.agent.claim(ctx.run_id)
+    try:
+        await binding.agent.claim(ctx.run_id)
+    except BadInput:
+        # refused before a byte was written (the user's dir, the home): never
+        # remotemac's, so no cleanup of this host should list it as "not removed"
+        ctx.journal.record_removed(transport.name, "root", root)
+        raise
     ctx.journal.record_created(transport.name, "agent", await binding.agent.install(), ctx.run_id)
     prepared = await binding.agent.call("prepare_run", {"root": root, "run_id": ctx.run_id})
     binding.run_dir = prepared["run_dir"]

@@ -97,6 +97,42 @@ def load_run(journal: Journal, run_id: str) -> tuple[RunRow, Playbook]:
     return row, pb
 
 
+#: what a run writes at the top of its --out dir (docs/contract.md, "What lands locally")
+RECORD_FILES = ("acceptance.json", "manifest.json", "ledger.jsonl")
+
+
+def refuse_used_out_dir(out_dir: Path) -> None:
+    """``--out`` must not be an earlier run's dir: its record and logs would be
+    overwritten and its ledger mixed with the new run's (exit 2, nothing touched); and
+    it must be a dir this user can make (else exit 2, not an internal error)."""
+    found = [name for name in RECORD_FILES if (out_dir / name).exists()]
+    logs = out_dir / "logs"
+    if logs.is_dir() and any(logs.iterdir()):
+        found.append("logs/")
+    if found:
+        raise BadInput(
+            f"--out {out_dir} holds another run's record ({', '.join(found)}): "
+            "this run would overwrite it",
+            hint="give a new or empty dir, or leave --out out (default: ./runs/<run-id>)",
+        )
+    try:  # before the run is registered: a dir that cannot be made is bad input
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise BadInput(
+            f"--out {out_dir}: cannot create it ({exc.strerror or exc})",
+            hint="give a directory you can write",
+        ) from None
+
+
+def shown_state(journal: Journal, row: RunRow) -> str:
+    """The run's state as the user should read it: a ``running`` run whose remotemac
+    process died (SIGKILL, a closed terminal, a crash, a reboot) is ``interrupted``:
+    the host runs on, nothing follows it here, ``remotemac attach`` goes on with it."""
+    if row.state == "running" and journal.run_driver(row.run_id) is None:
+        return "interrupted"
+    return row.state
+
+
 _DONE_WORD = {"pull": "pulled", "wipe": "wiped"}
 
 

@@ -118,9 +118,7 @@ async def wipe_run(ctx: RunContext) -> dict[str, Any]:
     if key_path(ctx.home, ctx.run_id).exists():
         remaining.append(f"local:{key_path(ctx.home, ctx.run_id)} (data key still there)")
         verified = False
-    summary = f"{len(removed)} removed, {len(remaining)} remaining" + (
-        "" if verified else " (not verified)"
-    )
+    summary = wipe_summary(removed, remaining, verified)
     result = {
         "done": not errors,
         "verified": verified,
@@ -171,3 +169,21 @@ async def schedule_deadman(
     ctx.ledger.append_steps(binding.transport.name, "deadman_schedule", job.pop("steps", None))
     ctx.journal.record_created(binding.transport.name, "deadman", job["spec"], ctx.run_id)
     return job
+
+
+#: what the agent says of a run dir's logs/, project/ and status/: kept on purpose
+KEPT = "(kept until cleanup;"
+
+
+def wipe_summary(removed: list[str], remaining: list[str], verified: bool) -> str:
+    """``6 removed, 3 kept until cleanup (logs, project, status)``: what is kept by design
+    is not counted with what is left over ("4 remaining" read as data left behind)."""
+    kept = [r for r in remaining if KEPT in r]
+    left = [r for r in remaining if KEPT not in r]
+    parts = [f"{len(removed)} removed"]
+    if kept:
+        names = ", ".join(r.split(KEPT, 1)[0].strip().rstrip("/").rsplit("/", 1)[-1] for r in kept)
+        parts.append(f"{len(kept)} kept until cleanup ({names})")
+    if left or not kept:
+        parts.append(f"{len(left)} remaining")
+    return ", ".join(parts) + ("" if verified else " (not verified)")

@@ -105,7 +105,7 @@ def main_audit(
     if console is None:
         console = Console()
     if as_json:
-        console.out(json.dumps(report.to_dict(), indent=2), highlight=False)
+        console.out(json.dumps(report.to_dict()), highlight=False)
     else:
         render(report, console)
     return 0

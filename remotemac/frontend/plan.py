@@ -57,6 +57,7 @@ def print_plan(plan: dict[str, Any], console: Any = None) -> None:
         for f in data["files"]:
             table.add_row(shown(f["path"]), format_size(f["size"]), shown(f["reason"]))
         c.print(table)
+    print_left_out(c, data.get("skipped") or [])
     for role, cmd in plan["commands"].items():
         auto = " (auto: the first of these the host's torch offers)" if "|" in cmd["device"] else ""
         c.print(
@@ -66,6 +67,30 @@ def print_plan(plan: dict[str, Any], console: Any = None) -> None:
             soft_wrap=True,
         )
     c.print(f"bytes to send: {format_size(plan['bytes_to_send'])}")
+
+
+#: the human plan names this many left-out dataset files per reason; ``--json`` has all
+SHOWN_LEFT_OUT = 5
+
+
+def print_left_out(c: Any, skipped: list[dict[str, str]]) -> None:
+    """The dataset files the slice leaves out, by reason (over max_bytes, a FIFO, a link
+    out of the data dir, not sampled, no include matched), so the user sees before
+    renting what the job will not have."""
+    from remotemac.render import shown
+
+    if not skipped:
+        return
+    by_reason: dict[str, list[str]] = {}
+    for item in skipped:
+        reason = str(item.get("reason", "")).removeprefix("skipped: ")
+        by_reason.setdefault(reason, []).append(str(item["path"]))
+    c.print(f"left out of the dataset slice: {len(skipped)} file{'s' if len(skipped) != 1 else ''}")
+    for reason, paths in by_reason.items():
+        names = ", ".join(shown(p) for p in paths[:SHOWN_LEFT_OUT])
+        more = f" … and {len(paths) - SHOWN_LEFT_OUT} more" if len(paths) > SHOWN_LEFT_OUT else ""
+        count = f"{len(paths)} file{'s' if len(paths) != 1 else ''}"
+        c.print(f"  {shown(reason)}: {count} ({names}{more})", soft_wrap=True)
 
 
 def print_fleet_plan(fleet: dict[str, Any]) -> None:

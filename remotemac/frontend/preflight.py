@@ -26,11 +26,14 @@ def render(report: PreflightReport, console: Any = None) -> None:
     )
     if report.traced_torch_version and report.traced_torch_version != report.torch_version:
         console.print(f"[yellow]the workload ran torch {report.traced_torch_version}[/yellow]")
-    console.print(
-        f"coverage: [bold]{report.coverage_pct:.1f}%[/bold] "
-        f"({report.covered_ops} of {report.total_ops} traced operators have an MPS kernel "
-        "or are composite)"
-    )
+    if report.total_ops:
+        console.print(
+            f"coverage: [bold]{report.coverage_pct:.1f}%[/bold] "
+            f"({report.covered_ops} of {report.total_ops} traced operators have an MPS kernel "
+            "or are composite)"
+        )
+    else:  # "100% of 0" would read as a pass
+        console.print("coverage: [bold]n/a[/bold] (no torch operator was traced)")
     console.print(
         f"{report.clean_ops} of {report.total_ops} predicted to run on MPS as traced "
         "(kernel and dtypes)"
@@ -54,11 +57,15 @@ def render(report: PreflightReport, console: Any = None) -> None:
         console.print(f"[red]the workload failed on the CPU:[/red] {report.workload_error}")
         for line in report.output_tail[-10:]:
             console.print(f"  {line}", markup=False, highlight=False)
-    verdict = (
-        "every traced operator is predicted to run on MPS"
-        if report.exit_code == 0
-        else "some operators are predicted to fall back or fail on MPS"
-    )
+    if report.exit_code == 0:
+        verdict = "every traced operator is predicted to run on MPS"
+    elif report.findings:
+        verdict = "some operators are predicted to fall back or fail on MPS"
+    else:  # nothing predicted to fail: the trace is cut short by the workload's own error
+        verdict = (
+            f"incomplete: the workload failed on the CPU after {report.total_ops} traced "
+            "operator(s); fix the error above and run preflight again"
+        )
     console.print(f"prediction: {verdict}")
 
 
@@ -84,7 +91,7 @@ def main_preflight(
         if as_json:
             print(json.dumps({"error": err.line(), "exit_code": err.exit_code}))
         else:
-            print(err.line(), file=sys.stderr)
+            print(f"remotemac: error: {err.line()}", file=sys.stderr)  # as every error
         return err.exit_code
     if as_json:
         print(json.dumps(report.to_dict(), sort_keys=True))

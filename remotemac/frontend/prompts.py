@@ -10,4 +10,5 @@ def confirm(question: str) -> bool:
     try:
         return click.confirm(question, default=False)
     except click.Abort:
+        click.echo()  # end the question's line: the error that follows gets its own
         return False
