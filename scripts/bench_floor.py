@@ -13,6 +13,9 @@ in the same minute, over the same loopback sshd, for one file of ``--size`` (1 G
    dataset format), one more write (the plaintext copy into /dev/shm);
 3. remotemac's own push (a one-file dataset slice) and pull of the same file.
 
+Before each copy the machine writes back what the last one left dirty (``sync``), so no
+copy pays for another's disk writes.
+
 From 1 and 2 it prints the floor: the faster peer's CPU plus the promised extra work,
 spread perfectly over all cores, and so the best ratio any implementation that keeps
 the promises could reach here, beside the measured one.
@@ -131,30 +134,43 @@ async def main() -> int:
             cfg, alias = push.cfg, "bench"
             ssh = f"ssh -F {cfg} -c {CIPHER}"
             local = tmp / "local"
+            tools = (
+                ("scp", ["scp", "-q", "-F", str(cfg), "-c", CIPHER]),
+                ("rsync", ["rsync", "-a", "-e", ssh]),
+            )
+
+            def settled() -> None:
+                """Nothing left to write back: one copy's dirty pages must not slow the next."""
+                os.sync()
+                time.sleep(0.5)
+
             for r in range(args.repeat):
                 extras.append(extra_work(args.size))
+                for tool, argv in tools:
+                    shutil.rmtree(local, ignore_errors=True)
+                    local.mkdir()
+                    settled()
+                    note(f"pull {tool}", peer([*argv, f"{alias}:{remote}/model.bin", f"{local}/"]))
+                shutil.rmtree(local, ignore_errors=True)
+                local.mkdir()
+                settled()
+                cpu, start = machine_cpu_s(), time.perf_counter()
+                await pull.pull("loopback", remote, local)
+                note("pull remotemac", (time.perf_counter() - start, machine_cpu_s() - cpu))
+                shutil.rmtree(local, ignore_errors=True)
                 run_id = f"floor-{r}"
                 await push.prepare(run_id)  # a run dir: the provision phase's, not timed
+                settled()
                 cpu, start = machine_cpu_s(), time.perf_counter()
                 await push.sync(data, ["train.bin"], run_id, push.loopback)
                 note("push remotemac", (time.perf_counter() - start, machine_cpu_s() - cpu))
                 push.drop_run(run_id)
-                for tool, argv in (
-                    ("scp", ["scp", "-q", "-F", str(cfg), "-c", CIPHER]),
-                    ("rsync", ["rsync", "-a", "-e", ssh]),
-                ):
+                for tool, argv in tools:
                     dest = server.home / f"{tool}-dest"
                     push.host_dir(dest)
+                    settled()
                     note(f"push {tool}", peer([*argv, str(data / "train.bin"), f"{alias}:{dest}/"]))
                     shutil.rmtree(dest)
-                    shutil.rmtree(local, ignore_errors=True)
-                    local.mkdir()
-                    note(f"pull {tool}", peer([*argv, f"{alias}:{remote}/model.bin", f"{local}/"]))
-                shutil.rmtree(local, ignore_errors=True)
-                local.mkdir()
-                cpu, start = machine_cpu_s(), time.perf_counter()
-                await pull.pull("loopback", remote, local)
-                note("pull remotemac", (time.perf_counter() - start, machine_cpu_s() - cpu))
         finally:
             server.cleanup()
 
