@@ -939,6 +939,11 @@ def cleanup(
 @click.pass_obj
 def tui(settings: LocalSettings, playbooks: tuple[str, ...], pick: bool) -> None:
     """The terminal UI; each PLAYBOOK given starts a run at once (as `run` would)."""
+    if not (sys.stdin.isatty() and sys.stdout.isatty()):  # a pipe, a cron job, /dev/null
+        raise BadInput(
+            "the TUI needs a terminal: stdin or stdout is not one",
+            hint="open it in a terminal; a script runs `remotemac run PLAYBOOK --json`",
+        )
     try:
         from remotemac.tui.app import run_tui
     except ImportError as exc:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 from tests.conftest import remotemac_in_process
@@ -151,3 +153,22 @@ def test_run_with_an_out_dir_it_cannot_create_is_one_line_exit_2(tmp_path: Path)
     assert len(err) == 1 and err[0].startswith("remotemac: error: --out "), err
     assert "internal error" not in proc.stderr
     assert "no runs yet" in remotemac_in_process("--home", home, "status").stdout
+
+
+def test_the_tui_without_a_terminal_is_one_line_exit_2(tmp_path):
+    """`remotemac tui` from a script, a pipe or cron (stdin /dev/null, stdout a pipe):
+    one line and exit 2 that says what to use instead. Before: Textual wrote escape
+    codes into the pipe and waited for keys that never came (a hang)."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "remotemac", "--home", str(tmp_path / "home"), "tui"],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stdout == ""
+    assert proc.stderr.strip().splitlines() == [
+        "remotemac: error: the TUI needs a terminal: stdin or stdout is not one (open it in "
+        "a terminal; a script runs `remotemac run PLAYBOOK --json`)"
+    ], proc.stderr
