@@ -13,6 +13,7 @@ if the laptop's journal is gone.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -203,7 +204,28 @@ def op_prepare_run(req: dict[str, Any]) -> dict[str, Any]:
 
 
 def op_launch(req: dict[str, Any]) -> dict[str, Any]:
-    """Start the runner for one device, in tmux when present, else daemonised."""
+    """Start the runner for one device, in tmux when present, else daemonised.
+
+    One launch of a device at a time (a flock beside its status): the host starts the
+    next device itself when a job ends (runner.py ``_launch_next``) and a laptop that
+    re-attaches at that moment launches it too. Unlocked, both found no live job and
+    both started one: the second's ``tmux kill-session`` killed the first after a few
+    lines (its log then held those lines and the whole log again), or its
+    ``new-session`` failed "duplicate session". Locked, the second waits until the
+    first's runner has said it runs, and answers ``already_running``."""
+    lock = os.open(  # in the run's status dir, made with the run (prepare_run)
+        os.path.join(req["run_dir"], "status", req["device"] + ".launch.lock"),
+        os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | os.O_NONBLOCK,
+        0o600,
+    )
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _launch_locked(req)
+    finally:
+        os.close(lock)
+
+
+def _launch_locked(req: dict[str, Any]) -> dict[str, Any]:
     run_dir, device, session = req["run_dir"], req["device"], req["session"]
     status_path = os.path.join(run_dir, "status", device + ".json")
     existing = _read_json(status_path)
