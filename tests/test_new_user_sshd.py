@@ -26,6 +26,14 @@ from tests.test_detached_ssh import (  # noqa: F401 - host_factory is a fixture
 pytestmark = pytest.mark.timeout(180)
 
 
+def _detached_run(host, tmp_path: Path, lines: int) -> str:
+    """`run --detach` of a 20 s job on ``host``; its run id."""
+    pb = write_playbook(host, tmp_path / "pb.yaml", lines=lines, seconds=20)
+    started = host.cli("run", str(pb), "--out", str(tmp_path / "out"), "--detach", timeout=150)
+    assert started.returncode == 0, started.stderr
+    return first_run_id(host.home)
+
+
 def test_attach_after_a_hand_wipe_refuses_instead_of_syncing_the_data_again(
     host_factory,  # noqa: F811 - the fixture
     tmp_path: Path,
@@ -34,11 +42,7 @@ def test_attach_after_a_hand_wipe_refuses_instead_of_syncing_the_data_again(
     was wiped; nothing is synced or launched again (before: the dataset went back to
     the host and, the wipe phase being "done", stayed there after the run)."""
     host = host_factory()
-    pb = write_playbook(host, tmp_path / "pb.yaml", lines=50, seconds=20)
-    out = tmp_path / "out"
-    started = host.cli("run", str(pb), "--out", str(out), "--detach", timeout=150)
-    assert started.returncode == 0, started.stderr
-    run_id = first_run_id(host.home)
+    run_id = _detached_run(host, tmp_path, lines=50)
     wiped = host.cli("wipe", run_id, "--yes", timeout=60)
     assert wiped.returncode == 0, wiped.stderr
     assert not (host.run_dir(run_id) / "data").exists()
@@ -137,11 +141,7 @@ def test_logs_follow_of_a_detached_run_says_how_to_follow_it_live(
     the local log does not grow; before, the command waited silently forever. Now it
     says so once (stderr) and names `remotemac attach RUN`, then keeps waiting."""
     host = host_factory()
-    pb = write_playbook(host, tmp_path / "pb.yaml", lines=30, seconds=20)
-    out = tmp_path / "out"
-    started = host.cli("run", str(pb), "--out", str(out), "--detach", timeout=150)
-    assert started.returncode == 0, started.stderr
-    run_id = first_run_id(host.home)
+    run_id = _detached_run(host, tmp_path, lines=30)
     follow = host.popen("logs", run_id, "--follow")
     try:
         _, stderr = follow.communicate(timeout=4)
