@@ -26,6 +26,16 @@ from tests.test_detached_ssh import (  # noqa: F401 - host_factory is a fixture
 pytestmark = pytest.mark.timeout(180)
 
 
+def _follow_stderr(host, run_id: str) -> str:
+    """What `logs RUN --follow` says on stderr in its first 4 s (then Ctrl-C)."""
+    follow = host.popen("logs", run_id, "--follow")
+    try:
+        return follow.communicate(timeout=4)[1]
+    except subprocess.TimeoutExpired:
+        follow.send_signal(signal.SIGINT)
+        return follow.communicate(timeout=10)[1]
+
+
 def _detached_run(host, tmp_path: Path, lines: int) -> str:
     """`run --detach` of a 20 s job on ``host``; its run id."""
     pb = write_playbook(host, tmp_path / "pb.yaml", lines=lines, seconds=20)
@@ -142,12 +152,7 @@ def test_logs_follow_of_a_detached_run_says_how_to_follow_it_live(
     says so once (stderr) and names `remotemac attach RUN`, then keeps waiting."""
     host = host_factory()
     run_id = _detached_run(host, tmp_path, lines=30)
-    follow = host.popen("logs", run_id, "--follow")
-    try:
-        _, stderr = follow.communicate(timeout=4)
-    except subprocess.TimeoutExpired:
-        follow.send_signal(signal.SIGINT)
-        _, stderr = follow.communicate(timeout=10)
+    stderr = _follow_stderr(host, run_id)
     assert f"remotemac attach {run_id}" in stderr, stderr
     assert "detached" in stderr and "Traceback" not in stderr, stderr
 
@@ -172,12 +177,7 @@ def test_a_run_whose_terminal_was_closed_shows_interrupted_and_how_to_resume(
     detail = host.cli("status", run_id, timeout=60)
     assert f"remotemac attach {run_id}" in detail.stdout, detail.stdout
     assert json.loads(host.cli("status", run_id, "--json").stdout)["state"] == "interrupted"
-    follow = host.popen("logs", run_id, "--follow")
-    try:
-        _, stderr = follow.communicate(timeout=4)
-    except subprocess.TimeoutExpired:
-        follow.send_signal(signal.SIGINT)
-        _, stderr = follow.communicate(timeout=10)
+    stderr = _follow_stderr(host, run_id)
     assert "is interrupted" in stderr and f"remotemac attach {run_id}" in stderr, stderr
     done = host.cli("attach", run_id, timeout=120)
     assert done.returncode in (0, 1), done.stdout + done.stderr
