@@ -87,11 +87,35 @@ class PreflightReport:
     float64_sites: list[Float64Site] = field(default_factory=list)
     output_tail: list[str] = field(default_factory=list)
     ops: list[TracedOp] = field(default_factory=list)
+    #: custom ops that take and return no tensor (``torchvision::_cuda_version`` at import):
+    #: version and build queries, not work a backend runs, so not coverage findings
+    queries: list[TracedOp] = field(default_factory=list)
+    interpreter: str | None = None
     kind: str = "prediction"
 
     @property
-    def coverage_pct(self) -> float:
-        return 100.0 if not self.total_ops else round(100.0 * self.covered_ops / self.total_ops, 1)
+    def coverage_pct(self) -> float | None:
+        """None when nothing was traced: "100% of 0" would read as a pass."""
+        if not self.total_ops:
+            return None
+        return round(100.0 * self.covered_ops / self.total_ops, 1)
+
+    @property
+    def error(self) -> str | None:
+        """The failed preflight's one line: the workload died before any torch operator
+        (an import error, a missing file), so there is no prediction at all."""
+        if self.stopped != "error" or self.total_ops:
+            return None
+        line = (
+            "preflight: the workload failed before any torch operator ran: "
+            f"{self.workload_error or 'no error line'}"
+        )
+        if self.workload_error and "ModuleNotFoundError" in self.workload_error:
+            line += (
+                f" (traced under {self.interpreter or 'unknown'}; name the project's venv in "
+                "workload.command or environment.python)"
+            )
+        return line
 
     @property
     def exit_code(self) -> int:
@@ -103,6 +127,7 @@ class PreflightReport:
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["coverage_pct"] = self.coverage_pct
+        data["error"] = self.error
         data["exit_code"] = self.exit_code
         return data
 
@@ -149,6 +174,51 @@ def python_target(argv: list[str]) -> tuple[list[str], dict[str, str]]:
     raise BadInput("preflight: workload.command runs python without a script or -m module")
 
 
+def _python_word(argv: list[str]) -> str:
+    """The interpreter word of ``[env] [VAR=x] python …`` (python_target checked the shape)."""
+    rest = argv[1:] if argv and argv[0] == "env" else argv
+    return next((a for a in rest if not _ENV_ASSIGN.match(a)), "python")
+
+
+def _local_path(word: str, project: Path) -> Path:
+    path = Path(os.path.expanduser(word))
+    return path if path.is_absolute() else project / path
+
+
+def interpreter_for(argv: list[str], project: Path, environment_python: str | None) -> str:
+    """The project's own interpreter, as the run would start it.
+
+    A path in the command (``.venv/bin/python train.py``, relative to the project) is
+    that interpreter, and must exist. A bare ``python`` is ``environment.python`` when
+    that names an interpreter on this machine (a venv, conda env or pyenv version:
+    ``.venv/bin/python``, ``~/miniconda3/envs/x/bin/python``), else remotemac's own.
+    """
+    word = _python_word(argv)
+    if "/" in word or word.startswith("~"):
+        path = _local_path(word, project)
+        if not (path.is_file() and os.access(path, os.X_OK)):
+            raise BadInput(
+                f"preflight: the command's interpreter {word} does not exist (looked for {path})",
+                hint="create the project's venv here, or write the command with `python`",
+            )
+        return str(path)
+    if environment_python and ("/" in environment_python or environment_python[:1] == "~"):
+        path = _local_path(environment_python, project)
+        if path.is_file() and os.access(path, os.X_OK):
+            return str(path)
+    return sys.executable
+
+
+def _venv_env(interpreter: str, env: dict[str, str]) -> None:
+    """What an activated venv sets (and the run sets for its venv): VIRTUAL_ENV, PATH."""
+    bin_dir = os.path.dirname(interpreter)
+    if interpreter != sys.executable and os.path.isfile(
+        os.path.join(os.path.dirname(bin_dir), "pyvenv.cfg")
+    ):
+        env["VIRTUAL_ENV"] = os.path.dirname(bin_dir)
+        env["PATH"] = bin_dir + os.pathsep + env.get("PATH", "")
+
+
 def substitute(command: str, values: dict[str, str]) -> str:
     """Replace {device}/{data_dir}/{output_dir} with shell-quoted values."""
     for name, value in values.items():
@@ -157,9 +227,15 @@ def substitute(command: str, values: dict[str, str]) -> str:
 
 
 def run_preflight(
-    command: str, cwd: Path, data_dir: Path | None, seconds: float, env: dict[str, str]
+    command: str,
+    cwd: Path,
+    data_dir: Path | None,
+    seconds: float,
+    env: dict[str, str],
+    environment_python: str | None = None,
 ) -> PreflightReport:
-    """Trace ``command`` on the local CPU for ``seconds`` and predict MPS coverage."""
+    """Trace ``command`` on the local CPU for ``seconds`` and predict MPS coverage,
+    under the project's own interpreter (see interpreter_for)."""
     from remotemac.checks import mps_coverage
 
     if seconds <= 0:
@@ -180,6 +256,7 @@ def run_preflight(
         except ValueError as exc:
             raise BadInput(f"preflight: workload.command does not parse: {exc}") from None
         target, cmd_env = python_target(argv)
+        interpreter = interpreter_for(argv, cwd, environment_python)
         trace_path = Path(tmp) / "trace.json"
         full_env = dict(os.environ)
         full_env.update(env)
@@ -190,26 +267,37 @@ def run_preflight(
             REMOTEMAC_OUTPUT=str(out_dir),
             CUDA_VISIBLE_DEVICES="",  # the trace must be the CPU's choices, even on a GPU box
         )
-        tail = _run_tracer(target, trace_path, cwd, seconds, full_env)
+        _venv_env(interpreter, full_env)
+        tail = _run_tracer(interpreter, target, trace_path, cwd, seconds, full_env)
         try:
             trace = json.loads(trace_path.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             last = tail[-1] if tail else "no output"
             raise RemotemacError(f"preflight: the tracer wrote no trace ({last})") from None
     report = predict(trace, table, mps_coverage.torch_version())
+    report.interpreter = interpreter
     if report.stopped == "error":
         report.output_tail = tail
     return report
 
 
 def _run_tracer(
-    target: list[str], trace_path: Path, cwd: Path, seconds: float, env: dict[str, str]
+    interpreter: str,
+    target: list[str],
+    trace_path: Path,
+    cwd: Path,
+    seconds: float,
+    env: dict[str, str],
 ) -> list[str]:
-    """Run the tracer subprocess; return the last lines it printed."""
+    """Run the tracer subprocess under ``interpreter``; return the last lines it printed.
+
+    optrace.py is standard library only (Python 3.9+), the file the agent ships to the
+    Mac, so any project interpreter runs it by path; its own frames are skipped by file.
+    """
     from remotemac.engine.agentship import agent_file
 
-    tracer = agent_file("optrace")  # run here, by path: its own frames are skipped by file
-    cmd = [sys.executable, str(tracer), "--seconds", str(seconds), "--out", str(trace_path)]
+    tracer = agent_file("optrace")
+    cmd = [interpreter, str(tracer), "--seconds", str(seconds), "--out", str(trace_path)]
     cmd += ["--", *target]
     try:
         proc = subprocess.run(
@@ -242,10 +330,14 @@ def predict(trace: dict[str, Any], table: Any, torch_version: str | None) -> Pre
 
     findings: list[Finding] = []
     traced: list[TracedOp] = []
+    queries: list[TracedOp] = []
     covered = 0
     for op, recs in sorted(by_op.items()):
         dtypes = sorted({d for r in recs for d in r.get("dtypes", []) + r.get("out_dtypes", [])})
         count = sum(r.get("count", 0) for r in recs)
+        if not dtypes and not op.startswith("aten::"):
+            queries.append(TracedOp(op, [], count, "query"))
+            continue
         support = table.support(op)
         traced.append(TracedOp(op, dtypes, count, support.kind, support.via))
         name = op.rpartition("::")[2]
@@ -299,12 +391,14 @@ def predict(trace: dict[str, Any], table: Any, torch_version: str | None) -> Pre
         elapsed_s=float(trace.get("elapsed_s", 0.0)),
         stopped=trace.get("stopped", "error"),
         workload_error=trace.get("error"),
-        total_ops=len(by_op),
+        total_ops=len(traced),
         covered_ops=covered,
-        clean_ops=len(by_op) - len({f.op for f in findings if f.verdict in BLOCKING} & set(by_op)),
+        clean_ops=len(traced)
+        - len({f.op for f in findings if f.verdict in BLOCKING} & {t.op for t in traced}),
         findings=findings,
         float64_sites=_float64_sites(trace),
         ops=traced,
+        queries=queries,
     )
 
 

@@ -24,6 +24,8 @@ def render(report: PreflightReport, console: Any = None) -> None:
         f"(a prediction from a CPU trace of {report.elapsed_s:.1f}s, "
         f"stopped: {report.stopped.replace('_', ' ')})"
     )
+    if report.interpreter and report.interpreter != sys.executable:
+        console.print(f"traced under {report.interpreter}", markup=False, highlight=False)
     if report.traced_torch_version and report.traced_torch_version != report.torch_version:
         console.print(f"[yellow]the workload ran torch {report.traced_torch_version}[/yellow]")
     if report.total_ops:
@@ -86,6 +88,7 @@ def main_preflight(
             data_dir=data_dir.resolve() if data_dir is not None else None,
             seconds=seconds,
             env=dict(pb.workload.env),
+            environment_python=pb.environment.python,
         )
     except RemotemacError as err:
         if as_json:
@@ -97,4 +100,6 @@ def main_preflight(
         print(json.dumps(report.to_dict(), sort_keys=True))
     else:
         render(report, console)
+        if report.error:  # a failed preflight ends as every failure does
+            print(f"remotemac: error: {report.error}", file=sys.stderr)
     return report.exit_code
