@@ -10,7 +10,6 @@ from __future__ import annotations
 import difflib
 import os
 import re
-import string
 from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -30,11 +29,14 @@ from pydantic import (
 
 from remotemac.errors import BadInput
 from remotemac.hostspec import split_spec
+from remotemac.placeholders import NAMES
+from remotemac.placeholders import check as check_placeholders
+from remotemac.placeholders import names as placeholder_names
 from remotemac.termsafe import escape_controls
 from remotemac.units import parse_duration, parse_size
 from remotemac.userfiles import read_user_file, yaml_error_where
 
-PLACEHOLDERS = ("device", "data_dir", "output_dir")
+PLACEHOLDERS = NAMES
 SYSTEM_DIRS = {
     "/",
     "/bin",
@@ -229,17 +231,7 @@ class Workload(Strict):
             return None
         if not value.strip():
             raise ValueError("the command is empty")
-        try:
-            fields = list(string.Formatter().parse(value))
-        except ValueError as exc:
-            raise ValueError(f"bad braces in the command: {exc}") from None
-        for _, name, _, _ in fields:
-            if name is not None and name not in PLACEHOLDERS and not name.startswith("matrix."):
-                raise ValueError(
-                    f"unknown placeholder {{{name}}} (known: "
-                    + ", ".join("{" + p + "}" for p in PLACEHOLDERS)
-                    + ", {matrix.<key>})"
-                )
+        check_placeholders(value)  # a PlaceholderError is a ValueError: pydantic's message
         return value
 
     @field_validator("env")
@@ -467,8 +459,8 @@ class Playbook(Strict):
     def _matrix_used(self) -> Playbook:
         used = {
             name.split(".", 1)[1]
-            for _, name, _, _ in string.Formatter().parse(self.workload.command)
-            if name and name.startswith("matrix.")
+            for name in placeholder_names(self.workload.command)
+            if name.startswith("matrix.")
         }
         known = set(self.matrix or {})
         if used - known:

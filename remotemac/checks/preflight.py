@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from remotemac.errors import EXIT_ACCEPTED, EXIT_REJECTED, BadInput, RemotemacError
+from remotemac.placeholders import PlaceholderError, expand
 
 DEFAULT_SECONDS = 60.0
 # Time for interpreter start, torch import and writing the trace, beyond --seconds.
@@ -219,11 +220,14 @@ def _venv_env(interpreter: str, env: dict[str, str]) -> None:
         env["PATH"] = bin_dir + os.pathsep + env.get("PATH", "")
 
 
-def substitute(command: str, values: dict[str, str]) -> str:
-    """Replace {device}/{data_dir}/{output_dir} with shell-quoted values."""
-    for name, value in values.items():
-        command = command.replace("{" + name + "}", shlex.quote(value))
-    return command
+def substitute(
+    command: str, values: dict[str, str], matrix: dict[str, object] | None = None
+) -> str:
+    """Fill the placeholders as ``run`` does (remotemac/placeholders.py), shell-quoted."""
+    try:
+        return expand(command, values, matrix)
+    except PlaceholderError as exc:
+        raise BadInput(f"preflight: workload.command: {exc}") from None
 
 
 def run_preflight(
@@ -233,6 +237,7 @@ def run_preflight(
     seconds: float,
     env: dict[str, str],
     environment_python: str | None = None,
+    matrix: dict[str, object] | None = None,
 ) -> PreflightReport:
     """Trace ``command`` on the local CPU for ``seconds`` and predict MPS coverage,
     under the project's own interpreter (see interpreter_for)."""
@@ -252,7 +257,7 @@ def run_preflight(
             data.mkdir()  # no data in the playbook: an empty directory keeps {data_dir} valid
         values = {"device": "cpu", "data_dir": str(data), "output_dir": str(out_dir)}
         try:
-            argv = shlex.split(substitute(command, values))
+            argv = shlex.split(substitute(command, values, matrix))
         except ValueError as exc:
             raise BadInput(f"preflight: workload.command does not parse: {exc}") from None
         target, cmd_env = python_target(argv)

@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import re
-import shlex
-import string
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 from remotemac.engine.agentclient import AgentClient
 from remotemac.engine.ledger import Ledger
 from remotemac.events import Event, EventBus
 from remotemac.journal import Journal
+from remotemac.placeholders import expand
 from remotemac.playbook import Playbook
 from remotemac.transport.base import Transport
 
@@ -154,18 +152,7 @@ def specialize(
 
 def fill_matrix(command: str, matrix: dict[str, object]) -> str:
     """Fill only the {matrix.<key>} placeholders (shell-quoted); keep {device} & co. for later."""
-    out = []
-    for literal, name, spec, conv in string.Formatter().parse(command):
-        out.append(literal.replace("{", "{{").replace("}", "}}"))
-        if name is None:
-            continue
-        if name.startswith("matrix.") and name[7:] in matrix:
-            out.append(shlex.quote(str(matrix[name[7:]])).replace("{", "{{").replace("}", "}}"))
-        else:
-            out.append(
-                "{" + name + (f"!{conv}" if conv else "") + (f":{spec}" if spec else "") + "}"
-            )
-    return "".join(out)
+    return expand(command, {}, matrix, keep=True)
 
 
 def assign_labels(sides: list[Side], devices: dict[str, str]) -> None:
@@ -182,12 +169,9 @@ def assign_labels(sides: list[Side], devices: dict[str, str]) -> None:
 def substitute(
     command: str, values: dict[str, str], matrix: dict[str, object] | None = None
 ) -> str:
-    """Fill {device}, {data_dir}, {output_dir} and {matrix.<key>}, each value shell-quoted."""
-    quoted: dict[str, object] = {k: shlex.quote(v) for k, v in values.items()}
-    quoted["matrix"] = SimpleNamespace(
-        **{k: shlex.quote(str(v)) for k, v in (matrix or {}).items()}
-    )
-    return command.format(**quoted)
+    """Fill {device}, {data_dir}, {output_dir} and {matrix.<key>}, each value shell-quoted
+    (remotemac/placeholders.py: the one syntax of run and preflight)."""
+    return expand(command, values, matrix)
 
 
 def expand_root(root: str, home: str) -> str:

@@ -89,6 +89,8 @@ def main_preflight(
             seconds=seconds,
             env=dict(pb.workload.env),
             environment_python=pb.environment.python,
+            # a sweep is traced at its first combination, as the first run of it would start
+            matrix={k: v[0] for k, v in (pb.matrix or {}).items()},
         )
     except RemotemacError as err:
         if as_json:
