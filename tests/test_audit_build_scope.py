@@ -227,10 +227,12 @@ def test_notebook_code_cells_are_scanned_with_cell_and_line(tmp_path: Path) -> N
     (tmp_path / "explore.ipynb").write_text(json.dumps(nb))
     report = audit_project(tmp_path)
     assert {(f.cell, f.line, f.rule) for f in report.findings} == {
+        (1, 1, "flash-attn"),  # the shell line installs it (issue 34: it was blanked)
         (3, 3, "dot-cuda"),
         (4, 2, "nccl"),
     }
     assert {f.where() for f in report.findings} == {
+        "explore.ipynb:cell 1:line 1",
         "explore.ipynb:cell 3:line 3",
         "explore.ipynb:cell 4:line 2",
     }

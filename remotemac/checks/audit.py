@@ -22,6 +22,7 @@ from remotemac.checks.audit_rules import BLOCKER, NEEDS_REFACTOR, NOTE, RULES, F
 from remotemac.checks.audit_rules.notebook import scan_notebook
 from remotemac.checks.audit_rules.project import downgrade_lazy_modules, downgrade_optional_cuda
 from remotemac.checks.audit_rules.python_rules import ImportLog, scan_python
+from remotemac.checks.audit_rules.refpaths import reference_paths, verdict_reasons
 from remotemac.checks.audit_rules.scope import (
     PROJECT,
     ZONES,
@@ -143,12 +144,13 @@ def decide(findings: list[Finding]) -> tuple[str, list[str]]:
     blockers = [f for f in findings if f.severity == BLOCKER]
     hard = [f for f in blockers if not RULES[f.rule].replaceable]
     cpu_only = [f for f in findings if f.rule == "cpu-kernels-only" and f.severity != NOTE]
+    refs = verdict_reasons(findings)  # a pure-PyTorch path beside the kernels: say so
     if hard:
         return "keep-linux", [
             f"Keep this project on Linux/CUDA: {len(hard)} blocker(s) "
             f"({_rules_of(hard)}) have no macOS build and no drop-in "
-            "replacement."
-        ]
+            "replacement" + ("; a pure-PyTorch path beside them is named below." if refs else ".")
+        ] + refs
     pipeline = [f for f in findings if RULES[f.rule].linux_pipeline and f.severity != NOTE]
     other = [
         f
@@ -176,7 +178,7 @@ def decide(findings: list[Finding]) -> tuple[str, list[str]]:
             )
         if other:
             reasons.append(f"For the macOS track, refactor: {refactor}")
-        return "dual-track", reasons + _cpu_only_reason(cpu_only)
+        return "dual-track", reasons + _cpu_only_reason(cpu_only) + refs
     if other or cpu_only:
         reasons = [f"Refactor, then run on a Mac: {refactor}"] if other else []
         return "refactor-for-portability", reasons + _cpu_only_reason(cpu_only)
@@ -255,6 +257,7 @@ def audit_project(path: Path, exclude: tuple[str, ...] | list[str] = ()) -> Audi
         return order[f.severity], f.file, f.cell or 0, f.line, f.rule
 
     own = [f for f in found_all if f.zone == PROJECT]
+    own += reference_paths(log.texts, {rel for rel in log.texts if zone(rel) == PROJECT})
     report.findings = sorted(downgrade_lazy_modules(downgrade_optional_cuda(own), log), key=key)
     report.set_apart = sorted([f for f in found_all if f.zone != PROJECT], key=key)
     report.verdict, report.reasons = decide(report.findings)

@@ -34,7 +34,32 @@ class CallRules(ScannerMixin):
             self.hit("nvcc", node)
         self._call_args(name, func, node)
         self._process_group(name, node)
+        if name.endswith((".spawn", ".start_processes")) and not self.guard:
+            self._spawn_size(node)
         self.generic_visit(node)
+
+    def _spawn_size(self, node: ast.Call) -> None:
+        """``mp.spawn(fn, nprocs=torch.cuda.device_count())``, directly or through a name."""
+        nprocs = next((kw.value for kw in node.keywords if kw.arg == "nprocs"), None)
+        if nprocs is None and len(node.args) >= 3:
+            nprocs = node.args[2]
+        if isinstance(nprocs, ast.Name):
+            bound = [
+                v for v in self.flow.bindings.get(nprocs.id, []) if not isinstance(v, ast.Pass)
+            ]
+            if bound and all(self._is_device_count(v) for v in bound):
+                self.hit(
+                    "device-count-spawn",
+                    node,
+                    why_suffix=f"Here through {nprocs.id} (line {bound[0].lineno}).",
+                )
+        elif nprocs is not None and self._is_device_count(nprocs):
+            self.hit("device-count-spawn", node)
+
+    def _is_device_count(self, node: ast.AST) -> bool:
+        return isinstance(node, ast.Call) and (self.dotted(node.func) or "").endswith(
+            "cuda.device_count"
+        )
 
     def _torch_cuda_call(self, sub: str, node: ast.Call) -> None:
         if sub.startswith(("get_device_capability", "get_device_properties")):

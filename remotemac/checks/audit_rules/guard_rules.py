@@ -48,16 +48,23 @@ class GuardRules(ScannerMixin):
                 and not pyguards.picks_mps(orelse)
             ):
                 self.hit("no-mps-branch", node)
+        probe = pyguards.api_probe(node.test, self.dotted)
+        old_body = probe is False  # `if not hasattr(torch, "autocast"):` is the old torch's
+        if old_body and not guard:
+            self.guard += 1
         if isinstance(node, ast.If):
             self.visit_block(body)
         else:
             self.visit_all(body)
-        if guard:
+        if guard or old_body:
             self.guard -= 1
+        old_orelse = probe is True
+        self.guard += old_orelse
         if isinstance(node, ast.If):
             self.visit_block(orelse)
         else:
             self.visit_all(orelse)
+        self.guard -= old_orelse
         self.branch -= branch
 
     def _requires_cuda(self, node: ast.AST) -> None:

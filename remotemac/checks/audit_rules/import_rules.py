@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass, field
 
+from remotemac.checks.audit_rules import pyguards
 from remotemac.checks.audit_rules.deps_rules import IMPORT_RULES
 from remotemac.checks.audit_rules.mixin import ScannerMixin
 from remotemac.checks.audit_rules.model import NOTE
@@ -89,7 +90,11 @@ class ImportRules(ScannerMixin):
         self.optional += optional
         self.visit_block(node.body)
         self.optional -= optional
+        # try: torch.amp … except: torch.cuda.amp …: the handler is an old torch's fallback
+        fallback = pyguards.uses_new_api(node.body, self.dotted)
+        self.guard += fallback
         self.visit_all(node.handlers)
+        self.guard -= fallback
         self.visit_block(node.orelse)
         self.visit_block(node.finalbody)
 

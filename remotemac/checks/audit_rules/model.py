@@ -255,6 +255,21 @@ RULES: dict[str, Rule] = {
             "Linux/CUDA.",
         ),
         _r(
+            "device-count-spawn",
+            NEEDS_REFACTOR,
+            "torch.cuda.device_count() is 0 on a Mac: a spawn it sizes (nprocs=0) starts "
+            "no process, so the job ends at once having done nothing.",
+            "Size it by max(1, torch.cuda.device_count()) or a --nprocs flag; on mps run "
+            "one process.",
+        ),
+        _r(
+            "reference-path",
+            NOTE,
+            "The project's CUDA kernels are a blocker on MPS.",
+            "Call the pure-PyTorch path on mps (import the kernel module only where it is "
+            "used, inside a try/except ImportError).",
+        ),
+        _r(
             "cudnn-flag",
             NOTE,
             "torch.backends.cudnn settings have no effect on MPS.",

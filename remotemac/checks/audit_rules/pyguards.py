@@ -15,6 +15,12 @@ Dotted = Callable[[ast.AST], "str | None"]
 _CUDA_DEVICE = re.compile(r"^cuda(:\d+)?$", re.I)
 _MPS_DEVICE = re.compile(r"^mps(:\d+)?$", re.I)
 _EXITS = ("exit", "abort", "skip", "skipTest")
+#: a truthy value only on a CUDA (or ROCm) build of torch: ``if torch.version.hip:``,
+#: ``torch.version.cuda and …``
+_GPU_BUILD = ("torch.version.cuda", "torch.version.hip")
+#: APIs whose presence is probed to choose between torch versions: the other branch is the
+#: old torch's fallback (``torch.cuda.amp`` before ``torch.amp`` existed), not a Mac's path
+_NEW_APIS = ("torch.amp", "torch.autocast", "torch.accelerator", "torch.get_autocast_dtype")
 
 
 def is_cuda_const(node: ast.AST) -> bool:
@@ -85,13 +91,46 @@ def is_guard(test: ast.AST, dotted: Dotted, *, strong: bool = False) -> bool:
         positive = all(isinstance(op, (ast.Eq, ast.Is, ast.In)) for op in test.ops)
         if positive and any(is_cuda_const(c) for c in [test.left, *test.comparators]):
             return True
-    elif is_tensor_on_cuda(test) or (not strong and is_cuda_flag(test, dotted)):
+    elif (
+        is_tensor_on_cuda(test)
+        or (not strong and is_cuda_flag(test, dotted))
+        or (isinstance(test, ast.Attribute) and dotted(test) in _GPU_BUILD)
+    ):
         return True
     return any(
         is_guard(child, dotted, strong=strong)
         for child in ast.iter_child_nodes(test)
         if not isinstance(child, ast.expr_context)
     )
+
+
+def api_probe(test: ast.AST, dotted: Dotted) -> bool | None:
+    """``hasattr(torch.amp, "GradScaler")`` → True (the test is true on a new torch),
+    ``not hasattr(torch, "autocast")`` → False; None when the test probes no torch API."""
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        inner = api_probe(test.operand, dotted)
+        return None if inner is None else not inner
+    if not (isinstance(test, ast.Call) and dotted(test.func) in ("hasattr", "getattr")):
+        return None
+    if len(test.args) < 2 or not (
+        isinstance(test.args[1], ast.Constant) and isinstance(test.args[1].value, str)
+    ):
+        return None
+    owner = dotted(test.args[0]) or ""
+    return True if owner == "torch" or owner.startswith("torch.") else None
+
+
+def uses_new_api(nodes: list[ast.stmt], dotted: Dotted) -> bool:
+    """The body of ``try: <new API> except …: <old API>`` (torch.amp, torch.autocast …)."""
+    for top in nodes:
+        for n in ast.walk(top):
+            if isinstance(n, ast.ImportFrom) and n.module:
+                names = [f"{n.module}.{a.name}" for a in n.names] + [n.module]
+                if any(name.startswith(_NEW_APIS) for name in names):
+                    return True
+            elif isinstance(n, ast.Attribute) and (dotted(n) or "").startswith(_NEW_APIS):
+                return True
+    return False
 
 
 def is_main_check(test: ast.AST) -> bool:

@@ -54,6 +54,7 @@ PY_TRIGGERS = (
     b"init_process_group",
     b"new_group",
     b"sdp_kernel",
+    b"nprocs",
 )
 
 
