@@ -226,3 +226,36 @@ def launch():
 """
     found = _audit(tmp_path, {"safe.py": source})
     assert not [f for f in found if f[2] == "device-count-spawn"], found
+
+
+def test_a_reference_beside_wrappers_imported_from_the_kernel_module_is_named(
+    tmp_path: Path,
+) -> None:
+    """causal-conv1d 1.7.0's layout: ``cpp_functions.py`` imports the kernels and wraps
+    them; ``causal_conv1d_interface.py`` imports the wrappers and holds ``_ref``."""
+    wrappers = (
+        "import torch\n\nimport conv1d_cuda\n\n\n"
+        "def conv1d_fwd_function(x, w):\n    return conv1d_cuda.conv1d_fwd(x, w)\n"
+    )
+    interface = (
+        "import torch\n\nfrom convpkg.cpp_functions import conv1d_fwd_function\n\n\n"
+        "class Conv1dFn(torch.autograd.Function):\n"
+        "    @staticmethod\n    def forward(ctx, x, w):\n"
+        "        return conv1d_fwd_function(x, w)\n\n\n"
+        "def conv1d_fn(x, w):\n    return Conv1dFn.apply(x, w)\n\n\n"
+        "def conv1d_ref(x, w):\n    return torch.nn.functional.conv1d(x, w)\n"
+    )
+    _audit(
+        tmp_path,
+        {
+            "convpkg/__init__.py": "",
+            "convpkg/cpp_functions.py": wrappers,
+            "convpkg/interface.py": interface,
+        },
+    )
+    (ref,) = [f for f in audit_project(tmp_path).findings if f.rule == "reference-path"]
+    assert (ref.file, ref.line) == ("convpkg/interface.py", 3)
+    assert (
+        "CUDA kernels (conv1d_cuda)" in ref.why
+        and "`conv1d_ref` (convpkg/interface.py:16)" in ref.why
+    )

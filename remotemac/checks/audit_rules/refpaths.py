@@ -30,7 +30,10 @@ from remotemac.checks.audit_rules.parsing import parse_source
 _KERNEL_NAME = re.compile(r"^(?P<stem>[a-z0-9_]*[a-z0-9])_cuda(?:_ext|_kernels?|_lib|_C)?$", re.I)
 _REF_WORDS = ("ref", "reference", "naive", "torch", "pytorch", "python", "slow")
 _WRAPPER_SUFFIX = re.compile(r"(_(fn|func|function|cuda|kernel|op|fwd|forward|interface))+$")
-_REASON = re.compile(r"CUDA kernels \((?P<mod>[^)]+)\): blocker on MPS; `(?P<ref>\w+)`")
+_REASON = re.compile(
+    r"CUDA kernels \((?P<mod>[^)]+)\): blocker on MPS; (?P<paths>.+?) (?:is a|are) pure-PyTorch"
+)
+_WHERE = re.compile(r" \([^()]*:\d+\)")
 
 
 def _snake(name: str) -> str:
@@ -98,26 +101,41 @@ def _root(func: ast.AST) -> str:
     return func.id if isinstance(func, ast.Name) else ""
 
 
-def _file_references(rel: str, tree: ast.Module, kernels: dict[str, tuple[str, int]]):  # noqa: ANN202
-    """(kernel module, import line, reference name, its line) found in one file."""
-    tops = [
+def _tops(tree: ast.Module) -> list[ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef]:
+    return [
         n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
     ]
 
-    def calls_kernel(node: ast.AST, wrappers: set[str]) -> bool:
-        return any(
-            _root(c.func) in kernels or _root(c.func) in wrappers or _call_name(c.func) in wrappers
-            for c in _calls(node)
-        )
 
+def _calls_kernel(node: ast.AST, kernels: dict[str, tuple[str, int]], wrappers: set[str]) -> bool:
+    return any(
+        _root(c.func) in kernels or _root(c.func) in wrappers or _call_name(c.func) in wrappers
+        for c in _calls(node)
+    )
+
+
+def _wrappers(tree: ast.Module, kernels: dict[str, tuple[str, int]]) -> set[str]:
+    """Top-level functions and classes that call a kernel, directly or through another
+    (selective_scan_fn → SelectiveScanFn.apply → selective_scan_cuda.fwd)."""
     wrappers: set[str] = set()
     changed = True
-    while changed:  # a wrapper of a wrapper (selective_scan_fn → SelectiveScanFn.apply)
+    while changed:
         changed = False
-        for t in tops:
-            if t.name not in wrappers and calls_kernel(t, wrappers):
+        for t in _tops(tree):
+            if t.name not in wrappers and _calls_kernel(t, kernels, wrappers):
                 wrappers.add(t.name)
                 changed = True
+    return wrappers
+
+
+def _file_references(tree: ast.Module, kernels: dict[str, tuple[str, int]]):  # noqa: ANN202
+    """(kernel module, import line, reference name, its line) found in one file."""
+    tops = _tops(tree)
+    wrappers = _wrappers(tree, kernels)
+
+    def calls_kernel(node: ast.AST, wrappers: set[str]) -> bool:
+        return _calls_kernel(node, kernels, wrappers)
+
     pure = {
         t.name: t
         for t in tops
@@ -150,44 +168,103 @@ def _file_references(rel: str, tree: ast.Module, kernels: dict[str, tuple[str, i
             yield module, line, name, pure[name].lineno
 
 
+def _parse(rel: str, data: bytes) -> ast.Module | None:
+    try:
+        return parse_source(data, filename=rel)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
+
+
+def _module_names(rel: str) -> set[str]:
+    parts = rel[:-3].split("/")
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return {".".join(parts[i:]) for i in range(len(parts))}
+
+
+def _imported_wrappers(
+    tree: ast.Module, exported: dict[str, tuple[str, int, set[str]]]
+) -> dict[str, tuple[str, int]]:
+    """Local names bound to another file's kernel wrappers (``from pkg.cpp_functions
+    import conv_fwd_function``; ``from pkg import cpp_functions``)."""
+    found: dict[str, tuple[str, int]] = {}
+    for n in ast.walk(tree):
+        if isinstance(n, ast.ImportFrom) and n.module and not n.level:
+            for a in n.names:
+                whole = f"{n.module}.{a.name}"
+                if n.module in exported and a.name in exported[n.module][2]:
+                    found[a.asname or a.name] = (exported[n.module][0], n.lineno)
+                elif whole in exported:
+                    found[a.asname or a.name] = (exported[whole][0], n.lineno)
+        elif isinstance(n, ast.Import):
+            for a in n.names:
+                if a.name in exported and a.asname:
+                    found[a.asname] = (exported[a.name][0], n.lineno)
+    return found
+
+
 def reference_paths(texts: dict[str, bytes], keep: set[str]) -> list[Finding]:
-    """One note per file that imports CUDA kernels and holds a pure-PyTorch path for
-    them; ``keep`` are the files whose findings count (the project's own code)."""
+    """One note per file that calls CUDA kernels (directly or through another file's
+    wrappers) and holds a pure-PyTorch path for them; ``keep`` are the files whose
+    findings count (the project's own code)."""
     built = extension_names(texts)
     own = {rel[:-3].replace("/", ".").rsplit(".", 1)[-1] for rel in texts if rel.endswith(".py")}
     own -= built
+    sources = {
+        rel: data
+        for rel, data in sorted(texts.items())
+        if rel in keep and rel.endswith(".py") and b"import" in data
+    }
+    trees: dict[str, ast.Module] = {}
+    direct: dict[str, dict[str, tuple[str, int]]] = {}
+    exported: dict[str, tuple[str, int, set[str]]] = {}  # module name → (kernel, line, names)
+    for rel, data in sources.items():
+        if b"_cuda" not in data.lower() and not any(b.encode() in data for b in built):
+            continue
+        tree = _parse(rel, data)
+        kernels = _kernel_imports(tree, built, own) if tree is not None else {}
+        if tree is None or not kernels:
+            continue
+        trees[rel], direct[rel] = tree, kernels
+        module, line = min(kernels.values(), key=lambda v: v[1])
+        for name in _module_names(rel):
+            exported[name] = (module, line, _wrappers(tree, kernels))
+    stems = {name.rsplit(".", 1)[-1].encode() for name in exported}
     out: list[Finding] = []
-    for rel, data in sorted(texts.items()):
-        if rel not in keep or not rel.endswith(".py") or b"import" not in data:
+    for rel, data in sources.items():
+        kernels = dict(direct.get(rel, {}))
+        if rel not in trees and any(stem in data for stem in stems):
+            tree = _parse(rel, data)
+            if tree is not None:
+                trees[rel] = tree
+        if rel not in trees:
             continue
-        low = data.lower()
-        if b"_cuda" not in low and not any(b.encode() in data for b in built):
-            continue
-        try:
-            tree = parse_source(data, filename=rel)
-        except (SyntaxError, ValueError, RecursionError, MemoryError):
-            continue
-        kernels = _kernel_imports(tree, built, own)
-        if not kernels:
-            continue
-        refs = list(_file_references(rel, tree, kernels))
-        if not refs:
-            continue
-        module, line = refs[0][0], refs[0][1]
-        paths = ", ".join(f"`{name}` ({rel}:{at})" for _, _, name, at in refs)
-        text = data.decode("utf-8", "replace").splitlines()[line - 1].strip()
-        out.append(
-            make(
-                "reference-path",
-                rel,
-                line,
-                text,
-                why_suffix=f"Here: CUDA kernels ({module}): blocker on MPS; {paths} "
-                + ("is a pure-PyTorch path" if len(refs) == 1 else "are pure-PyTorch paths")
-                + ": switch to it on mps.",
-            )
-        )
+        kernels.update(_imported_wrappers(trees[rel], exported))
+        refs = list(_file_references(trees[rel], kernels)) if kernels else []
+        if refs:
+            out.append(_note(rel, data, refs))
     return out
+
+
+def _note(rel: str, data: bytes, refs: list[tuple[str, int, str, int]]) -> Finding:
+    module, line = refs[0][0], refs[0][1]
+    paths = ", ".join(f"`{name}` ({rel}:{at})" for _, _, name, at in refs)
+    text = data.decode("utf-8", "replace").splitlines()[line - 1].strip()
+    return make(
+        "reference-path",
+        rel,
+        line,
+        text,
+        why_suffix=f"Here: CUDA kernels ({module}): blocker on MPS; {paths} "
+        + _switch(len(refs))
+        + ".",
+    )
+
+
+def _switch(count: int) -> str:
+    if count == 1:
+        return "is a pure-PyTorch path: switch to it on mps"
+    return "are pure-PyTorch paths: switch to them on mps"
 
 
 def verdict_reasons(findings: list[Finding]) -> list[str]:
@@ -196,8 +273,9 @@ def verdict_reasons(findings: list[Finding]) -> list[str]:
     for f in findings:
         m = _REASON.search(f.why) if f.rule == "reference-path" else None
         if m:
+            names = _WHERE.sub("", m["paths"])
             out.append(
-                f"CUDA kernels ({m['mod']}): blocker on MPS; `{m['ref']}` is a pure-PyTorch "
-                f"path: switch to it on mps ({f.where()})."
+                f"CUDA kernels ({m['mod']}): blocker on MPS; {names} "
+                f"{_switch(names.count('`') // 2)} ({f.where()})."
             )
     return out
