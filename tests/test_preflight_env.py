@@ -136,3 +136,30 @@ def test_tensorless_custom_ops_are_queries_and_tensor_custom_ops_stay_findings()
     assert [q.op for q in report.queries] == ["visionlike::_cuda_version"]
     assert {o.op for o in report.ops} == {"visionlike::nms", "aten::add.Tensor"}
     assert [(f.op, f.verdict) for f in report.findings] == [("visionlike::nms", "unknown")]
+
+
+def test_the_table_says_which_calls_were_not_counted() -> None:
+    import io
+
+    from rich.console import Console
+
+    from remotemac.checks import mps_coverage
+    from remotemac.frontend.preflight import render
+
+    trace = {
+        "stopped": "completed",
+        "ops": [
+            {"op": "visionlike::_cuda_version", "dtypes": [], "out_dtypes": [], "count": 1},
+            {
+                "op": "aten::add.Tensor",
+                "dtypes": ["float32"],
+                "out_dtypes": ["float32"],
+                "count": 3,
+            },
+        ],
+    }
+    console = Console(file=io.StringIO(), width=120, record=True)
+    render(predict(trace, mps_coverage.load_table(), None), console)
+    text = console.export_text()
+    assert "coverage: 100.0% (1 of 1 traced" in text, text
+    assert "not counted: 1 custom op call(s) without tensors (visionlike::_cuda_version)" in text

@@ -40,6 +40,15 @@ def render(report: PreflightReport, console: Any = None) -> None:
         f"{report.clean_ops} of {report.total_ops} predicted to run on MPS as traced "
         "(kernel and dtypes)"
     )
+    if report.queries:  # version/build queries at import: no tensor, nothing for MPS to run
+        names = ", ".join(q.op for q in report.queries[:3]) + (
+            ", …" if len(report.queries) > 3 else ""
+        )
+        console.print(
+            f"not counted: {len(report.queries)} custom op call(s) without tensors ({names})",
+            markup=False,
+            highlight=False,
+        )
     if report.findings:
         table = Table(title="predicted to fall back or fail on MPS")
         for col in ("operator", "dtypes", "calls", "verdict", "reason"):
