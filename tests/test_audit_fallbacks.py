@@ -259,3 +259,19 @@ def test_a_reference_beside_wrappers_imported_from_the_kernel_module_is_named(
         "CUDA kernels (conv1d_cuda)" in ref.why
         and "`conv1d_ref` (convpkg/interface.py:16)" in ref.why
     )
+
+
+def test_a_function_named_cuda_from_a_project_module_is_no_kernel(tmp_path: Path) -> None:
+    """ring-attention-pytorch 0.5.20: ``from pkg.ring_flash_attention_cuda import
+    ring_flash_attn_cuda`` is a Python function of the project (its Triton path)."""
+    files = {
+        "pkg/__init__.py": "",
+        "pkg/ring_flash_attention_cuda.py": "import torch\n\n\ndef ring_flash_attn_cuda(q):\n"
+        "    return q\n",
+        "pkg/ring.py": "import torch\n\nfrom pkg.ring_flash_attention_cuda import "
+        "ring_flash_attn_cuda\n\n\ndef ring_flash_attn_ref(q):\n    return q\n\n\n"
+        "def attend(q):\n    if q.is_cuda:\n        return ring_flash_attn_cuda(q)\n"
+        "    return ring_flash_attn_ref(q)\n",
+    }
+    _audit(tmp_path, files)
+    assert not [f for f in audit_project(tmp_path).findings if f.rule == "reference-path"]

@@ -86,6 +86,8 @@ def _kernel_imports(tree: ast.Module, built: set[str], own: set[str]) -> dict[st
             for a in n.names:
                 consider(a.name, a.asname or a.name.split(".")[0], n.lineno)
         elif isinstance(n, ast.ImportFrom):
+            if (n.module or "").rsplit(".", 1)[-1] in own:
+                continue  # names from one of the project's Python modules are Python objects
             for a in n.names:
                 consider(f"{n.module or ''}.{a.name}".lstrip("."), a.asname or a.name, n.lineno)
     return found
