@@ -1,7 +1,8 @@
 """The one placeholder syntax of a workload's command, for ``run``, ``preflight`` and ``check``.
 
 ``{device}``, ``{data_dir}``, ``{output_dir}`` and ``{matrix.<key>}`` are filled in,
-each value shell-quoted. ``{{`` and ``}}`` are a literal brace. Braces that cannot be a
+each value shell-quoted. ``{{`` is a literal brace, and so is the ``}}`` that closes
+it (``{{x}}`` reaches the job as ``{x}``). Braces that cannot be a
 placeholder are the command's own and are left as written: a dict literal
 (``python -c "d={'a': 1}"``), ``find -exec {} +``, awk's ``'{print $1}'``, shell brace
 expansion ``{a,b}`` and ``${VAR}``. Only a brace around a bare name (``{devcie}``,
@@ -30,13 +31,24 @@ class PlaceholderError(ValueError):
 
 
 def _pieces(command: str) -> Iterator[tuple[str, str | None]]:
-    """(literal text, placeholder name or None) in order; escapes already undone."""
+    """(literal text, placeholder name or None) in order; escapes already undone.
+
+    ``{{`` is one ``{``; ``}}`` is one ``}`` when it closes such a ``{{`` (``{{x}}``,
+    ``'{{}}'``), else it is the command's own (the end of ``{'a': {'b': 1}}``).
+    """
     i, n = 0, len(command)
     literal: list[str] = []
+    escaped = 0  # ``{{`` not yet closed by ``}}``
     while i < n:
         ch = command[i]
-        if ch in "{}" and command.startswith(ch * 2, i):
-            literal.append(ch)
+        if ch == "{" and command.startswith("{{", i):
+            literal.append("{")
+            escaped += 1
+            i += 2
+            continue
+        if ch == "}" and escaped and command.startswith("}}", i):
+            literal.append("}")
+            escaped -= 1
             i += 2
             continue
         if ch == "{" and not (i and command[i - 1] == "$"):
@@ -71,8 +83,24 @@ def check(command: str, matrix_ok: bool = True) -> None:
         )
 
 
-def _escape(text: str) -> str:
-    return text.replace("{", "{{").replace("}", "}}")
+class _Escaper:
+    """Writes literal text so that ``_pieces`` reads it back as it was (``keep``)."""
+
+    def __init__(self) -> None:
+        self.escaped = 0
+
+    def __call__(self, text: str) -> str:
+        out: list[str] = []
+        for ch in text:
+            if ch == "{":
+                out.append("{{")
+                self.escaped += 1
+            elif ch == "}" and self.escaped:
+                out.append("}}")
+                self.escaped -= 1
+            else:
+                out.append(ch)
+        return "".join(out)
 
 
 def expand(
@@ -91,6 +119,7 @@ def expand(
     for key, value in (matrix or {}).items():
         filled["matrix." + key] = shlex.quote(str(value))
     out: list[str] = []
+    _escape = _Escaper()
     for literal, name in _pieces(command):
         out.append(_escape(literal) if keep else literal)
         if name is None:

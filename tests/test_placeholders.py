@@ -95,3 +95,13 @@ def test_a_matrix_value_with_braces_stays_literal_through_both_passes() -> None:
     assert expand(filled, {"output_dir": "/o d"}) == (
         "python3 t.py --dtype 'it'\"'\"'s {odd}' --out '/o d' -c \"{'k': 1}\" '{}'"
     )
+
+
+def test_a_nested_dict_keeps_its_closing_braces() -> None:
+    """``}}`` is one brace only when it closes a ``{{``: the end of a nested dict is the
+    command's own."""
+    code = "python -c \"print({'a': {'b': 1}})\" --out {output_dir} '{{}}' echo }}"
+    want = "python -c \"print({'a': {'b': 1}})\" --out /o '{}' echo }}"
+    assert expand(code, {"output_dir": "/o"}) == want
+    assert expand(fill_matrix(code, {}), {"output_dir": "/o"}) == want
+    assert _run_command(code.replace("{output_dir}", "x")) == want.replace("/o", "x")
