@@ -71,7 +71,7 @@ def check_sha256(path: str, want: str, what: str) -> None:
 def download(url: str, dest: str, timeout: float = DOWNLOAD_TIMEOUT_S) -> int:
     """Fetch ``url`` (http/https only: a file:// URL names the laptop's disk) into ``dest``."""
     if not url.startswith(("https://", "http://")):
-        raise OSError("not an http(s) URL: %s" % url)
+        raise OSError("not an http(s) URL (a file:// URL names the laptop's disk)")
     written = 0
     with urllib.request.urlopen(url, timeout=timeout) as src, open(dest, "xb") as out:  # noqa: S310
         for block in iter(lambda: src.read(1 << 20), b""):
@@ -271,8 +271,12 @@ def op_bring(req: Dict[str, Any]) -> Dict[str, Any]:
                 if archive and archive != upload:
                     _remove(archive)
     finally:
-        if upload:
+        if upload:  # the upload served its purpose either way; its dir was made for it
             _remove(upload)
+            parent = os.path.dirname(upload)
+            if os.path.basename(parent).startswith("upload-") and parent != base:
+                with contextlib.suppress(OSError):
+                    os.rmdir(parent)
     return _answer(final, marker, False, round(time.time() - started, 2))
 
 
