@@ -329,7 +329,7 @@ def run(
         from remotemac.engine.plan import make_plan
         from remotemac.frontend.plan import print_plan
 
-        plan = make_plan(pb)
+        plan = make_plan(pb, settings.home)
         if as_json:
             click.echo(json.dumps(plan))
         else:

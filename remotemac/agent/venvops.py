@@ -189,6 +189,9 @@ def _build_with_uv(
         UV_PYTHON_DOWNLOADS="never",  # the interpreter is the one named, never another
         NO_COLOR="1",
     )
+    # the host's own certificate store, as its pip and this agent's downloads use (a
+    # proxy's CA there: uv's built-in roots alone fail with 'invalid peer certificate')
+    env.setdefault("UV_SYSTEM_CERTS", "1")
     argv = [uv, "venv", "--quiet", "--allow-existing", "--no-config", "--python", ident["found"]]
     if req.get("system_site_packages"):
         argv.append("--system-site-packages")
