@@ -107,7 +107,8 @@ async def main() -> None:
             rows[installer] = (seconds, env_bytes, cache_bytes)
             print(
                 f"cold {installer:3}: {seconds:6.1f} s, environment {mib(env_bytes)}, "
-                f"its cache {mib(cache_bytes)}"
+                f"its cache {mib(cache_bytes)} more (a file hard-linked into the environment "
+                "is counted there)"
             )
         root = base / "uv" / "root"
         seconds, answer = await build(root, home, second, "uv")

@@ -69,7 +69,7 @@ def test_find_python_matches_the_request_among_the_hosts_interpreters(tmp_path, 
     assert found["brought"] is False and found["platform"]["os"] == "linux"
     none = pythons.op_find_python({"spec": f">={sys.version_info[0]}.{sys.version_info[1] + 1}"})
     assert none["python"] is None and [p["version"] for p in none["pythons"]] == [
-        "%d.%d.%d" % sys.version_info[:3]
+        ".".join(map(str, sys.version_info[:3]))
     ]
 
 

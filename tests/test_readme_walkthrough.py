@@ -222,7 +222,11 @@ def test_readme_example_and_walkthrough_verbatim_on_a_fresh_host(sshd, tmp_path:
     # what the workload gets on a 3.9-only host, and why (after cleanup: nothing there)
     proc = subprocess.run(
         ["remotemac", "doctor", "mac-rental", "--playbook", "my.yaml", "--json"],
-        cwd=project, env=env, capture_output=True, text=True, timeout=300,
+        cwd=project,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     checks = {c["name"]: c for c in json.loads(proc.stdout)["checks"]}
     assert "remotemac will bring CPython 3.11" in checks["workload python"]["value"], checks
