@@ -272,3 +272,27 @@ def test_uvs_wheel_for_the_host_is_picked_by_its_platform_tags(tmp_path, monkeyp
     here = pythonsource.uv_artifact(None, host_tags())
     assert here is not None and "manylinux_2_17_x86_64" in here.url
     assert os.path.basename(here.url) == files[1]
+
+
+@pytest.mark.asyncio
+async def test_building_the_environment_reports_what_is_installed_and_for_how_long(monkeypatch):
+    """Provision was silent for a minute after the upload bar: now an event every TICK_S."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from remotemac.engine import provision
+
+    monkeypatch.setattr(provision, "TICK_S", 0.05)
+    events: list = []
+    ctx = SimpleNamespace(run_id="r", emit=events.append)
+
+    async def slow() -> str:
+        await asyncio.sleep(0.3)
+        return "built"
+
+    got = await provision._with_ticker(ctx, "installing torch==2.13.0 with uv", slow())
+    assert got == "built" and len(events) >= 4
+    assert all(
+        e.phase == "provision" and "installing torch==2.13.0 with uv: " in e.detail for e in events
+    )
+    assert events[0].detail.endswith(": 0 s")
