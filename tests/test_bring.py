@@ -296,3 +296,28 @@ async def test_building_the_environment_reports_what_is_installed_and_for_how_lo
         e.phase == "provision" and "installing torch==2.13.0 with uv: " in e.detail for e in events
     )
     assert events[0].detail.endswith(": 0 s")
+
+
+def test_a_failed_uv_install_is_one_line_with_the_resolvers_last_lines(tmp_path, monkeypatch):
+    import shutil
+
+    from remotemac.agent.venvops import op_ensure_venv
+
+    monkeypatch.setenv("UV_OFFLINE", "1")  # no index here: uv's resolver answers at once
+    root = _claimed_root(tmp_path)
+    reqs = tmp_path / "requirements.txt"
+    reqs.write_text("torch==2.13.0\n")
+    request = {
+        "root": str(root),
+        "key": "k",
+        "python": sys.executable,
+        "requirements": str(reqs),
+        "uv": shutil.which("uv"),
+    }
+    monkeypatch.delenv("PIP_FIND_LINKS", raising=False)
+    with pytest.raises(Exception) as err:  # noqa: PT011 (the agent's own AgentError)
+        op_ensure_venv(request)
+    assert type(err.value).__name__ == "AgentError" and err.value.code == "env-failed"
+    message = str(err.value)
+    assert message.startswith("uv pip install failed (exit 1): ") and "\n" not in message
+    assert "torch" in message and "No solution found" in message, message
