@@ -321,3 +321,33 @@ def test_a_failed_uv_install_is_one_line_with_the_resolvers_last_lines(tmp_path,
     message = str(err.value)
     assert message.startswith("uv pip install failed (exit 1): ") and "\n" not in message
     assert "torch" in message and "No solution found" in message, message
+
+
+@pytest.mark.parametrize(
+    "python, line",
+    [
+        (
+            '"3.9"',
+            "torch==2.13.0 has no wheel for CPython 3.9 on any platform (it has CPython 3.10–3.14)",
+        ),
+        ('"3.11"', "torch==2.13.0 has a wheel for CPython 3.11 on any platform"),
+    ],
+)
+def test_the_dry_run_says_whether_the_pinned_torch_exists_for_the_python_asked(
+    tmp_path, monkeypatch, python, line
+):
+    from remotemac.engine.plan import make_plan
+    from remotemac.playbook import load_playbook
+
+    monkeypatch.setenv(pythonsource.ENV_PYPI, FIXTURES.as_uri())
+    (tmp_path / "train.py").write_text("print(1)\n")
+    (tmp_path / "requirements.lock").write_text("torch==2.13.0\nnumpy\n")
+    book = tmp_path / "pb.yaml"
+    book.write_text(
+        "name: t\nhost: mac\nproject: {path: .}\n"
+        f"environment: {{python: {python}, requirements: requirements.lock}}\n"
+        "workload:\n  command: python train.py\n  reference: {device: cpu, on: remote}\n"
+        "  target: {device: mps}\n"
+    )
+    plan = make_plan(load_playbook(book), tmp_path / "home")
+    assert plan["python"]["kind"] == "version" and plan["python"]["pins"] == [line]
