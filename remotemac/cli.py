@@ -329,7 +329,7 @@ def run(
         from remotemac.engine.plan import make_plan
         from remotemac.frontend.plan import print_plan
 
-        plan = make_plan(pb)
+        plan = make_plan(pb, settings.home)
         if as_json:
             click.echo(json.dumps(plan))
         else:
@@ -753,22 +753,32 @@ def doctor(
     Exit 0 when the host is fit, 1 when it is not (a check failed), 3 when it
     cannot be reached.
     """
+    from remotemac.checks.doctor import WorkloadAsk
     from remotemac.engine.hosts import open_transport
     from remotemac.frontend.doctor import main_doctor
 
     needs = None
+    workload = WorkloadAsk(None, home=settings.home)
     if playbook:
         from remotemac.engine.plan import disk_needed
         from remotemac.playbook import load_playbook
 
         pb = load_playbook(playbook)
         remote_root, needs = pb.remote_root, disk_needed(pb)
+        env = pb.environment
+        reqs = (pb.project_dir() / env.requirements).read_bytes() if env.requirements else None
+        workload = WorkloadAsk(env.python, reqs, settings.home)
     from remotemac.render import progress
 
     transport = open_transport(host, settings.home, settings.ssh_options())
     with progress(f"doctor: asking {host} about its OS, Python, tmux, disk and MPS"):
         code = main_doctor(
-            host, as_json, transport, remote_root=remote_root, needs_disk_bytes=needs
+            host,
+            as_json,
+            transport,
+            remote_root=remote_root,
+            needs_disk_bytes=needs,
+            workload=workload,
         )
     sys.exit(code)
 

@@ -145,12 +145,33 @@ class Project(Strict):
 
 
 class Environment(Strict):
-    python: str = Field("python3", description="interpreter the remote venv is made from")
+    python: str = Field(
+        "python3",
+        description="interpreter the remote venv is made from: a name or path (python3), or "
+        'a version ("3.11", ">=3.10") that the host\'s interpreters are matched against; '
+        "when none matches, remotemac brings a CPython build under remote_root",
+    )
     requirements: str | None = Field(None, description="lock or requirements file in the project")
     venv: bool = Field(True, description="make a venv keyed by the requirements' hash")
     system_site_packages: bool = Field(
         False, description="let the venv see the interpreter's packages"
     )
+
+    @field_validator("python", mode="before")
+    @classmethod
+    def _python_version(cls, value: Any) -> Any:
+        # YAML reads `python: 3.10` as the float 3.1: a version is written quoted
+        if isinstance(value, float):
+            raise ValueError(f'write the version quoted, python: "{value}" (YAML read a number)')
+        from remotemac.agent.pythons import looks_like_spec, parse_spec
+
+        spec = isinstance(value, str) and "/" not in value and looks_like_spec(value)
+        if spec and parse_spec(value) is None:
+            raise ValueError(
+                f'{value!r} is not a version: write "3.11" or ">=3.10", or an '
+                "interpreter's name or path (python3)"
+            )
+        return value
 
 
 class Agent(Strict):

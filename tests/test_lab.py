@@ -34,7 +34,18 @@ def test_login_is_a_bare_host(fresh_host_lab: dict) -> None:
     assert facts["importable"] == [] and facts["importable_311"] == []
     assert facts["path"] == lab.LAB_PATH
     assert facts["env"] == {}
+    assert facts["python3.11"] is None  # a rental has no other Python: remotemac brings one
     assert lab.bare_problems(facts) == []
+
+
+def test_probe_catches_a_preinstalled_python_on_the_default_host(sshd_factory, tmp_path) -> None:
+    """The stand-in python3.11 is only for hosts named so: on PATH it is reported."""
+    env = lab.preinstalled_python_env()
+    server = sshd_factory(extra_config=[f"SetEnv PATH={env['PATH']}"])
+    problems = lab.bare_problems(lab.probe_login(login(server, tmp_path)))
+    assert problems == [
+        f"python3.11 on PATH ({lab.LAB_BIN}/python3.11): a rental has only python3 3.9"
+    ]
 
 
 def test_probe_catches_the_test_venv_on_path(sshd_factory, tmp_path: Path) -> None:
@@ -103,7 +114,10 @@ def test_host_torch_python_has_torch_and_the_bare_one_not(
     assert out.endswith("+cpu")
     assert host_torch_python.startswith(str(lab.LAB_VENVS) + "/")
     bare = subprocess.run(
-        [*argv, "python3.11 -c 'import torch'"], capture_output=True, text=True, timeout=60
+        [*argv, f"{lab.LAB_BIN}/python3.11 -c 'import torch'"],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert bare.returncode != 0 and "No module named 'torch'" in bare.stderr
 

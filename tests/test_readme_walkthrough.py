@@ -1,10 +1,16 @@
 """The README's example playbook and walkthrough, read out of README.md and run as written.
 
 Against the fresh-host lab (tests/harness/lab.py): the sshd's login sees only a bare
-Python 3.9 as ``python3`` and a bare ``python3.11`` (a Homebrew python on a Mac), no
-third-party module. The example's ``environment`` (python3.11 + requirements.lock with
-torch) is built on that host by remotemac itself, the sensitive slice travels
-encrypted and is decrypted by the agent's own runtime.
+Python 3.9 as ``python3``, no third-party module, as a rented Mac does. The example's
+``environment`` (``python: "3.11"`` + requirements.lock with torch 2.13, which has no
+wheel for 3.9) makes remotemac bring a CPython 3.11 and build the venv with uv; the
+sensitive slice travels encrypted and is decrypted by the agent's own runtime.
+
+The CPython archive is the lab's own relocatable 3.11 in the standalone builds'
+layout (tests/harness/pbs.py: Simulation, the download site is out of reach here),
+named by a downloads JSON through uv's ``UV_PYTHON_DOWNLOADS_JSON_URL`` as a
+``file://`` URL: the host cannot fetch that itself, so the laptop downloads and
+uploads it (the offline path, chosen by ``runtime_install: auto``).
 
 What the test changes, and only this: the target device (``mps`` → ``cpu``, there is
 no Mac here) and, in the walkthrough, the values a user fills in (the fingerprint the
@@ -27,6 +33,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import REPO
+from tests.harness import pbs
 
 README = REPO / "README.md"
 
@@ -173,6 +180,9 @@ def test_readme_example_and_walkthrough_verbatim_on_a_fresh_host(sshd, tmp_path:
         if k not in ("REMOTEMAC_HOME", "XDG_STATE_HOME", "PYTHONPATH")
     }
     env.update(HOME=str(laptop), PYTHONPATH=str(REPO), COLUMNS="100")
+    archive, sha = pbs.build_archive()
+    listing = pbs.downloads_json(tmp_path / "downloads.json", archive.as_uri(), sha)
+    env["UV_PYTHON_DOWNLOADS_JSON_URL"] = listing.as_uri()
     bindir = tmp_path / "bin"
     bindir.mkdir()
     (bindir / "remotemac").write_text(f'#!/bin/sh\nexec {sys.executable} -m remotemac "$@"\n')
@@ -209,6 +219,18 @@ def test_readme_example_and_walkthrough_verbatim_on_a_fresh_host(sshd, tmp_path:
 
     doctor = next(p for c, p in outputs.items() if c.startswith("remotemac doctor"))
     assert "mps" in doctor.stdout.lower()
+    # what the workload gets on a 3.9-only host, and why (after cleanup: nothing there)
+    proc = subprocess.run(
+        ["remotemac", "doctor", "mac-rental", "--playbook", "my.yaml", "--json"],
+        cwd=project,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    checks = {c["name"]: c for c in json.loads(proc.stdout)["checks"]}
+    assert "remotemac will bring CPython 3.11" in checks["workload python"]["value"], checks
+    assert "needs the Python remotemac brings" in checks["pins"]["value"], checks["pins"]
     assert run_id, "the walkthrough never ran the playbook"
     out = project / "runs" / run_id
     record = json.loads((out / "acceptance.json").read_text())
@@ -217,6 +239,12 @@ def test_readme_example_and_walkthrough_verbatim_on_a_fresh_host(sshd, tmp_path:
     assert compared.get("metrics.json") is True and compared.get("preds/train.pt") is True
     assert record["dataset"]["encrypted"] is True and record["dataset"]["files"] == 12
     assert record["environment"]["target"]["torch"].startswith("2.13")
+    # the host had only 3.9: the venv was made from the CPython remotemac brought, by uv
+    interpreter = record["environment"]["target"]["interpreter"]
+    assert interpreter["version"] == pbs.lab_version(), interpreter
+    assert interpreter["brought"]["dir"].startswith(str(host_root / "runtime") + "/")
+    assert interpreter["interpreter"].startswith(interpreter["brought"]["dir"] + "/")
+    assert interpreter["installer"] == "uv"
     log = (out / "logs" / "cpu-target.log").read_text()
     assert log.count("epoch 0 loss") == 1 and "done: accuracy" in log
     # the host: wiped after pull, no plaintext of the slice anywhere, then cleaned up

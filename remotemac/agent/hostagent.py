@@ -484,6 +484,8 @@ OPS["check_space"] = _lazy("guards", "op_check_space")
 OPS["env_fingerprint"] = _lazy("guards", "op_env_fingerprint")
 OPS["runtime_status"] = _lazy("agentruntime", "op_runtime_status")
 OPS["runtime_ensure"] = _lazy("agentruntime", "op_runtime_ensure")
+OPS["find_python"] = _lazy("pythons", "op_find_python")
+OPS["bring"] = _lazy("bring", "op_bring")
 
 
 def error_answer(exc: BaseException) -> dict[str, Any]:

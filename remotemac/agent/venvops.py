@@ -114,13 +114,100 @@ def run_pip(argv: list[str], cache_dir: str) -> None:
         )
 
 
-def _run_checked(argv: list[str], what: str) -> None:
-    res = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+def _run_checked(argv: list[str], what: str, env: dict[str, str] | None = None) -> None:
+    res = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
     if res.returncode != 0:
         tail = res.stdout.decode("utf-8", "replace").strip().splitlines()[-3:]
         raise AgentError(
             "%s failed (exit %d): %s" % (what, res.returncode, " | ".join(tail)), "env-failed"
         )
+
+
+def _build_with_pip(
+    req: dict[str, Any], root: str, ident: dict[str, Any], env_dir: str, python: str
+) -> None:
+    argv = [ident["found"], "-m", "venv"]
+    if req.get("system_site_packages"):
+        argv.append("--system-site-packages")
+    if not req.get("requirements"):
+        argv.append("--without-pip")
+    argv.append(env_dir)
+    _run_checked(argv, "venv creation from %s" % ident["found"])
+    inventory_add(root, "venv", env_dir)
+    if req.get("requirements"):
+        # pip's cache sits with the runtime's (marked as remotemac's, removed by cleanup)
+        run_pip(
+            [
+                python,
+                "-m",
+                "pip",
+                "install",
+                "--progress-bar",
+                "off",
+                "-q",
+                "-r",
+                req["requirements"],
+            ],
+            _owned_cache(root, "pip-cache"),
+        )
+
+
+def _owned_cache(root: str, name: str) -> str:
+    cache = os.path.join(root, "runtime", name)
+    os.makedirs(cache, mode=0o700, exist_ok=True)
+    if safefs.marker_of(cache) is None:
+        safefs.mark_dir(cache, {"kind": "runtime"})
+    inventory_add(root, "runtime", cache)
+    return cache
+
+
+def uv_index_args(environ: dict[str, str]) -> list[str]:
+    """The host's pip settings (``PIP_FIND_LINKS``, ``PIP_INDEX_URL``,
+    ``PIP_EXTRA_INDEX_URL``) as uv options: a host set up for pip builds the same
+    environment with uv. uv reads none of them itself."""
+    argv: list[str] = []
+    for var, flag in (
+        ("PIP_FIND_LINKS", "--find-links"),
+        ("PIP_INDEX_URL", "--index-url"),
+        ("PIP_EXTRA_INDEX_URL", "--extra-index-url"),
+    ):
+        for value in (environ.get(var) or "").split():
+            argv += [flag, value]
+    return argv
+
+
+def _build_with_uv(
+    req: dict[str, Any], root: str, ident: dict[str, Any], env_dir: str, python: str, uv: str
+) -> None:
+    """``uv venv`` + ``uv pip install -r``, uv's cache under the root: on APFS uv clones
+    files from its cache (hard links elsewhere), so a second env with the same torch
+    costs little disk."""
+    env = dict(os.environ)
+    env.update(
+        UV_CACHE_DIR=_owned_cache(root, "uv-cache"),
+        UV_NO_PROGRESS="1",
+        UV_PYTHON_DOWNLOADS="never",  # the interpreter is the one named, never another
+        NO_COLOR="1",
+    )
+    # the host's own certificate store, as its pip and this agent's downloads use (a
+    # proxy's CA there: uv's built-in roots alone fail with 'invalid peer certificate')
+    env.setdefault("UV_SYSTEM_CERTS", "1")
+    argv = [uv, "venv", "--quiet", "--allow-existing", "--no-config", "--python", ident["found"]]
+    if req.get("system_site_packages"):
+        argv.append("--system-site-packages")
+    _run_checked(argv + [env_dir], "uv venv from %s" % ident["found"], env)
+    inventory_add(root, "venv", env_dir)
+    if req.get("requirements"):
+        argv = [uv, "pip", "install", "--no-config", "--python", python]
+        argv += uv_index_args(env) + ["-r", req["requirements"]]
+        res = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+        if res.returncode != 0:
+            lines = [ln for ln in res.stdout.decode("utf-8", "replace").splitlines() if ln.strip()]
+            raise AgentError(
+                "uv pip install failed (exit %d): %s"
+                % (res.returncode, " | ".join(ln.strip() for ln in lines[-PIP_TAIL_LINES:])),
+                "env-failed",
+            )
 
 
 def op_ensure_venv(req: dict[str, Any]) -> dict[str, Any]:
@@ -174,37 +261,17 @@ def _ensure_locked(
                 "env-failed",
             )
     owned_dir(env_dir, {"kind": "venv", "key": key, "root_id": described.pop("root_id")})
-    argv = [ident["found"], "-m", "venv"]
-    if req.get("system_site_packages"):
-        argv.append("--system-site-packages")
-    if not req.get("requirements"):
-        argv.append("--without-pip")
-    argv.append(env_dir)
-    _run_checked(argv, "venv creation from %s" % ident["found"])
-    inventory_add(root, "venv", env_dir)
+    uv = req.get("uv")
+    if uv and not os.access(uv, os.X_OK):
+        uv = None  # the brought uv is gone: pip builds it
+    described["installer"] = "uv" if uv else "pip"
+    if uv:
+        _build_with_uv(req, root, ident, env_dir, python, uv)
+    else:
+        _build_with_pip(req, root, ident, env_dir, python)
     parents: list[str] = []
     if req.get("system_site_packages") and ident["in_venv"]:
         parents = link_parent_site(python, ident)
-    if req.get("requirements"):
-        # pip's cache sits with the runtime's (marked as remotemac's, removed by cleanup)
-        cache = os.path.join(root, "runtime", "pip-cache")
-        os.makedirs(cache, mode=0o700, exist_ok=True)
-        if safefs.marker_of(cache) is None:
-            safefs.mark_dir(cache, {"kind": "runtime"})
-        run_pip(
-            [
-                python,
-                "-m",
-                "pip",
-                "install",
-                "--progress-bar",
-                "off",
-                "-q",
-                "-r",
-                req["requirements"],
-            ],
-            cache,
-        )
     with open(ready, "w") as fh:
         json.dump(dict(described, key=key), fh)
     return dict(

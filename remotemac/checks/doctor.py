@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from remotemac.agent.hostfacts import NA, version_tuple
+from remotemac.checks.pythoncheck import check_pins, check_workload_python
 from remotemac.transport.base import Transport
 
 OK, WARN, FAIL, NOT_APPLICABLE = "ok", "warn", "fail", "n/a"
@@ -413,6 +414,8 @@ def evaluate(
         _check_hardware(facts),
         _check_vm(facts),
         _check_python(facts),
+        # asked by the CLI (its --playbook names the Python and the pins)
+        *([check_workload_python(facts), check_pins(facts)] if "workload_python" in facts else []),
         _check_runtime(facts),
         _check_clt(facts),
         _check_tmux(facts),
@@ -433,6 +436,7 @@ async def gather_facts(
     remote_root: str,
     venv_python: str | None = None,
     timeout: float = GATHER_TIMEOUT_S,
+    workload: WorkloadAsk | None = None,
 ) -> dict[str, Any]:
     """Run the collector on the host from memory (engine/agentship.py), request on stdin.
 
@@ -450,7 +454,26 @@ async def gather_facts(
         return {"collector_error": f"{python} on {transport.name} {why}", "received_at": received}
     facts["received_at"] = received
     facts["agent_runtime"] = await gather_runtime(transport, python, remote_root, timeout)
+    if workload is not None:
+        from remotemac.checks import pythoncheck
+
+        async def in_memory(module: str, fn: str, req: dict[str, Any]) -> Any:
+            return await _in_memory(transport, python, module, fn, req, timeout)
+
+        tags = facts["agent_runtime"].get("tags")
+        facts["workload_python"] = await pythoncheck.gather(
+            in_memory, remote_root, workload.python, workload.requirements, tags, workload.home
+        )
     return facts
+
+
+@dataclass(frozen=True)
+class WorkloadAsk:
+    """What doctor asks about the workload's Python (``--playbook``, or the default)."""
+
+    python: str | None
+    requirements: bytes | None = None
+    home: Any = None
 
 
 async def gather_runtime(
@@ -493,7 +516,8 @@ async def doctor(
     remote_root: str = "~/remotemac",
     needs_disk_bytes: int | None = None,
     venv_python: str | None = None,
+    workload: WorkloadAsk | None = None,
 ) -> DoctorReport:
     """Gather on an open transport and judge."""
-    facts = await gather_facts(transport, remote_root, venv_python)
+    facts = await gather_facts(transport, remote_root, venv_python, workload=workload)
     return evaluate(facts, needs_disk_bytes, host=host)

@@ -38,6 +38,7 @@ AGENT_SRC = Path(__file__).resolve().parent.parent / "agent"
 #: through ``sys.modules`` when called). Checked by scripts/check_agent_imports.py.
 IN_MEMORY_ORDER: tuple[str, ...] = (
     "hostfacts",  # doctor: facts; imports no sibling, so it travels alone
+    "pythons",  # doctor: which Python the workload gets; imports no sibling
     "procid",
     "agentutil",
     "safefs",
@@ -52,7 +53,7 @@ IN_MEMORY_ORDER: tuple[str, ...] = (
     "agentruntime",  # doctor: the agent runtime's status (its install path imports hostagent)
 )
 #: the modules callers enter through (each one's prefix of IN_MEMORY_ORDER is closed)
-IN_MEMORY_ENTRIES: tuple[str, ...] = ("hostfacts", "cleanupops", "agentruntime")
+IN_MEMORY_ENTRIES: tuple[str, ...] = ("hostfacts", "pythons", "cleanupops", "agentruntime")
 
 #: Python 3.9, standard library only; the request and the sources come on stdin.
 BOOTSTRAP = (

@@ -12,7 +12,36 @@ from remotemac.playbook import Playbook
 AUTO_ORDER = ("mps", "cuda", "cpu")  # what ``device: auto`` becomes, first available
 
 
-def make_plan(pb: Playbook) -> dict[str, Any]:
+def python_plan(pb: Playbook, home: Path | None) -> dict[str, Any]:
+    """Which Python the workload asks for and whether its torch pin has a wheel for it
+    (PyPI, from this laptop; the host's own interpreters and platform: doctor)."""
+    from remotemac.agent.pythons import parse_spec
+    from remotemac.engine.pincheck import check_pin, pins
+
+    env = pb.environment
+    spec = parse_spec(env.python)
+    lines = []
+    if env.requirements:
+        requirements = (pb.project_dir() / env.requirements).read_bytes()
+        exact = None
+        if spec and len(spec) == 1 and spec[0][0] == "==":
+            exact = ".".join(map(str, spec[0][1]))
+        for name, version in pins(requirements):
+            lines.append(check_pin(home, name, version, exact, None).line)
+    return {
+        "request": env.python,
+        "kind": "version" if spec else "interpreter",
+        "pins": lines,
+        "note": (
+            "matched against the host's interpreters; when none matches, remotemac brings a "
+            "CPython build under remote_root"
+            if spec
+            else "used as named; its version is known on the host (doctor --playbook says)"
+        ),
+    }
+
+
+def make_plan(pb: Playbook, home: Path | None = None) -> dict[str, Any]:
     root = pb.remote_root
     run_dir = f"{root}/runs/<run-id>"
     sides = make_sides(pb)
@@ -68,6 +97,7 @@ def make_plan(pb: Playbook) -> dict[str, Any]:
             "agent": f"{root}/agent/<version>",
             "venv": f"{root}/envs/<requirements-hash>",
         },
+        "python": python_plan(pb, home) if pb.environment.venv else None,
         "project": {"files": len(files), "bytes": len(archive), "left_out": upload.summary()},
         "data": data,
         "commands": commands,

@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
 from remotemac.engine.context import HostBinding, RunContext, expand_root
+from remotemac.engine.hostpython import ensure_python, ensure_uv, version_request
+from remotemac.engine.pincheck import check_pin, pins
 from remotemac.engine.projectfiles import project_upload
-from remotemac.errors import BadInput
+from remotemac.engine.runtime import install_method
+from remotemac.errors import BadInput, HostEnvironmentError
 from remotemac.events import PhaseProgress
+
+#: seconds between progress events while the environment is built
+TICK_S = 5.0
 
 
 def env_key(system_site: bool, requirements: bytes | None) -> str:
@@ -83,28 +91,24 @@ async def provision_host(ctx: RunContext, binding: HostBinding) -> dict[str, Any
     venv_python = env.python
     venv: dict[str, Any] = {"reused": None}
     key = env_key(env.system_site_packages, req_bytes)
+    brought: dict[str, Any] = {}
     if env.venv:
-        ctx.emit(
-            PhaseProgress(
-                ctx.run_id,
-                phase="provision",
-                done=0,
-                total=None,
-                unit="files",
-                detail=f"environment from {env.python}"
-                + (f", installing {env.requirements} with pip" if req_bytes else ""),
-            )
-        )
-        venv = await binding.agent.call(
-            "ensure_venv",
-            {
-                "root": root,
-                "key": key,
-                "python": env.python,
-                "system_site_packages": env.system_site_packages,
-                "requirements": req_remote,
-            },
-            timeout=3600,
+        workload_python, brought, uv = await _tools(ctx, binding, req_bytes, env.requirements)
+        installer = "uv" if uv else "pip"
+        what = f", installing {env.requirements} with {installer}" if req_bytes else ""
+        request = {
+            "root": root,
+            "key": key,
+            "python": workload_python,
+            "system_site_packages": env.system_site_packages,
+            "requirements": req_remote,
+            "uv": uv["exe"] if uv else None,
+        }
+        venv = await _with_ticker(
+            ctx,
+            f"environment from {brought.get('label') or env.python}{what}"
+            + (f" ({_pins_text(req_bytes)})" if req_bytes else ""),
+            binding.agent.call("ensure_venv", request, timeout=3600),
         )
         venv_python = venv["venv_python"]
         ctx.journal.record_created(transport.name, "venv", venv["env_dir"], ctx.run_id)
@@ -126,12 +130,94 @@ async def provision_host(ctx: RunContext, binding: HostBinding) -> dict[str, Any
         "venv_reused": venv.get("reused"),
         "probe": probe,
         "interpreter": {
-            k: venv.get(k) for k in ("interpreter", "version", "interpreter_is_venv", "parent_site")
+            **{
+                k: venv.get(k)
+                for k in (
+                    "interpreter",
+                    "version",
+                    "interpreter_is_venv",
+                    "parent_site",
+                    "installer",
+                )
+            },
+            **({"brought": brought} if brought else {}),
         },
         "project_files": len(files),
         "project_bytes": len(archive),
         "lock_hash": hashlib.sha256(req_bytes).hexdigest() if req_bytes else None,
     }
+
+
+async def _tools(
+    ctx: RunContext, binding: HostBinding, req_bytes: bytes | None, req_name: str | None
+) -> tuple[str, dict[str, Any], dict[str, Any] | None]:
+    """(interpreter for the venv, what was brought for it, uv or None): a version request
+    is matched on the host or brought (engine/hostpython.py); a pinned torch without a
+    wheel for that Python stops here, in one line, before pip's resolver would."""
+    pb, agent, host = ctx.playbook, binding.agent, binding.transport.name
+    method = install_method(pb.agent.runtime_install)
+    python, brought = pb.environment.python, {}
+    if version_request(python) is not None:
+        got = await ensure_python(
+            agent, python, home=ctx.home, method=method, emit=ctx.emit, run_id=ctx.run_id
+        )
+        python = got["python"]
+        if got.get("dir"):
+            brought = {k: got[k] for k in ("dir", "version", "label", "reused")}
+            ctx.journal.record_created(host, "runtime", got["dir"], ctx.run_id)
+        if req_bytes:
+            tags = (await agent.call("runtime_status", {"root": agent.root}))["tags"]
+            for name, version in pins(req_bytes):
+                verdict = await asyncio.to_thread(
+                    check_pin, ctx.home, name, version, got["version"], tags
+                )
+                if verdict.ok is False:
+                    raise HostEnvironmentError(
+                        f"{host}: {req_name} pins {verdict.line}",
+                        hint="set environment.python to a version it has, e.g. "
+                        f'"{verdict.pythons[-1] if verdict.pythons else "3.11"}"',
+                    )
+    uv = None
+    if req_bytes:
+        uv = await ensure_uv(agent, home=ctx.home, method=method, emit=ctx.emit, run_id=ctx.run_id)
+        if uv:
+            ctx.journal.record_created(host, "runtime", uv["dir"], ctx.run_id)
+    return python, brought, uv
+
+
+def _pins_text(req_bytes: bytes) -> str:
+    lines = [
+        ln.strip()
+        for ln in req_bytes.decode("utf-8", "replace").splitlines()
+        if ln.strip() and not ln.lstrip().startswith(("#", "-"))
+    ]
+    return ", ".join(lines[:4]) + (f" and {len(lines) - 4} more" if len(lines) > 4 else "")
+
+
+async def _with_ticker(ctx: RunContext, detail: str, call: Any) -> Any:
+    """Await ``call`` with a progress event every few seconds: what is being installed
+    and for how long (a torch environment takes minutes)."""
+    started = time.monotonic()
+    task = asyncio.ensure_future(call)
+
+    def tick() -> None:
+        ctx.emit(
+            PhaseProgress(
+                ctx.run_id,
+                phase="provision",
+                done=0,
+                total=None,
+                unit="files",
+                detail=f"{detail}: {time.monotonic() - started:.0f} s",
+            )
+        )
+
+    tick()
+    while True:
+        done, _ = await asyncio.wait({task}, timeout=TICK_S)
+        if done:
+            return task.result()
+        tick()
 
 
 def project_revision(project_dir: Path) -> dict[str, Any]:

@@ -300,6 +300,8 @@ def _environment(ctx: RunContext) -> dict[str, Any]:
             "device": prov.get("devices", {}).get(side.role),
             **{k: frozen.get(k) for k in (*ENV_FACT_KEYS, "cuda_available")},
             "lock_hash": host.get("lock_hash"),
+            # which Python the venv was made from; ``brought``: remotemac brought it
+            "interpreter": host.get("interpreter"),
             "project": prov.get("project"),
             "dataset_revision": dataset.get("revision"),
             "command": record_command(ctx),

@@ -32,6 +32,7 @@ from typing import Any
 from remotemac.agent.agentruntime import requirements, runtime_key
 from remotemac.data.manifest import sha256_file
 from remotemac.engine.agentclient import AgentClient, AgentError
+from remotemac.engine.bring import upload
 from remotemac.errors import BadInput, HostEnvironmentError, IntegrityError
 from remotemac.events import Event, PhaseProgress, Warning
 
@@ -235,21 +236,15 @@ async def _offline(
         )
     )
     remote = f"{agent.root}/runtime/upload-{runtime_key(tags)}-{os.getpid()}"
-    await agent.transport.makedirs(remote)
-    for i, item in enumerate(files, 1):
-        await agent.transport.put(str(local / item["name"]), f"{remote}/{item['name']}")
-        emit(
-            PhaseProgress(
-                run_id,
-                phase=phase,
-                done=i,
-                total=len(files),
-                unit="wheels",
-                detail=f"uploaded {item['name']}",
-            )
-        )
-    agent.ledger.append(
-        agent.transport.name, f"upload {len(files)} wheels to {remote}", 0, op="upload-wheels"
+    # the one way remotemac brings binary things to a host (engine/bring.py)
+    await upload(
+        agent,
+        [(local / item["name"], item["name"]) for item in files],
+        remote,
+        emit=emit,
+        run_id=run_id,
+        phase=phase,
+        unit="wheels",
     )
     return await _ensure(
         agent,

@@ -54,11 +54,12 @@ def main_doctor(
     *,
     remote_root: str = "~/remotemac",
     needs_disk_bytes: int | None = None,
+    workload: Any = None,
 ) -> int:
     """``remotemac doctor HOST [--json]``: connects, gathers, judges, prints, closes."""
 
     async def _run() -> DoctorReport:
         async with transport:
-            return await doctor(transport, host, remote_root, needs_disk_bytes)
+            return await doctor(transport, host, remote_root, needs_disk_bytes, workload=workload)
 
     return emit(asyncio.run(_run()), as_json, console)

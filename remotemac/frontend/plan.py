@@ -37,6 +37,11 @@ def print_plan(plan: dict[str, Any], console: Any = None) -> None:
     c.print("phases: " + " → ".join(shown(p) for p in plan["phases"]))
     for key, value in plan["remote_paths"].items():
         c.print(f"  {key:8} {shown(value)}")
+    if plan.get("python"):
+        py = plan["python"]
+        c.print(f"python: {shown(py['request'])} ({py['kind']}: {shown(py['note'])})")
+        for line in py["pins"]:
+            c.print(f"  {shown(line)}")
     project = plan["project"]
     c.print(f"project: {project['files']} files, {format_size(project['bytes'])}")
     for group in project.get("left_out", []):

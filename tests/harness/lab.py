@@ -8,10 +8,17 @@ logs in as a separate Unix user, :data:`LAB_USER`, whose session sees:
 - ``python3`` / ``python3.9``: a copy of pyenv's Python 3.9 with only pip and
   setuptools (Debian's ``/usr/bin/python3`` carries ``python3-cryptography``, so it
   is no model of a Mac);
-- ``python3.11``: a bare copy of pyenv's 3.11 (stdlib, pip, setuptools), standing
-  in for a Homebrew ``python3.11`` the user installed;
-- ``PATH=<lab bin>:/usr/bin:/bin`` (set by the fixture's sshd_config ``SetEnv``),
-  and empty shell start-up files, so nothing of the test venv or /root/.pyenv leaks in.
+- no other Python: the default session's ``PATH=<bare bin>:/usr/bin:/bin`` (set by
+  the fixture's sshd_config ``SetEnv``) starts with :data:`LAB_BARE_BIN`, which holds
+  only ``python3``/``python3.9``/``pip3``; and ``REMOTEMAC_PYTHON_PATH`` names only that
+  dir as where interpreters live, because this Debian machine's own
+  ``/usr/bin/python3.11`` cannot be hidden from a session that needs ``/usr/bin``
+  (on a Mac ``/usr/bin`` holds only the CLT's 3.9). Empty shell start-up files, so
+  nothing of the test venv or /root/.pyenv leaks in;
+- ``python3.11``: a bare copy of pyenv's 3.11 (stdlib, pip, setuptools) in the lab
+  prefix, standing in for a Homebrew ``python3.11`` the user installed. Only a
+  session with :func:`preinstalled_python_env` sees it (tests about a host that has
+  the Python already, named so); the default host has only 3.9, as a rental does.
 
 The copies live under :data:`LAB_ROOT` (``/root`` is 0700: the lab user could not
 read pyenv's own tree). Their ``RUNPATH`` is rewritten to ``$ORIGIN/../lib`` so
@@ -49,7 +56,13 @@ LAB_HOSTS = LAB_HOME / "lab"
 #: authorized_keys files: sshd reads them as the login user, so not under root's /tmp
 LAB_KEYS = LAB_ROOT / "authorized"
 LAB_VENVS = LAB_ROOT / "venvs"
-LAB_PATH = f"{LAB_BIN}:/usr/bin:/bin"
+#: what the default session sees: only the 3.9, through wrappers (a Mac's
+#: ``/usr/bin/python3`` is itself a shim that runs the CLT's interpreter)
+LAB_BARE_BIN = LAB_ROOT / "bare-bin"
+LAB_PATH = f"{LAB_BARE_BIN}:/usr/bin:/bin"
+#: a host where the user installed a python3.11 (Homebrew on a Mac)
+PREINSTALLED_PATH = f"{LAB_BIN}:/usr/bin:/bin"
+BARE_NAMES = ("python3", "python3.9", "pip3", "pip3.9")
 #: wheels on this machine's disk (torch's CPU build): pip looks here before the index
 WHEELS = Path("/opt/wheels")
 #: bump when the layout changes: a stale lab is rebuilt
@@ -88,10 +101,16 @@ def pyenv_version(minor: str) -> Path:
 
 def session_env() -> dict[str, str]:
     """What the lab's sshd sets for every session (``SetEnv``), before a test's own."""
-    env = {"PATH": LAB_PATH}
+    env = {"PATH": LAB_PATH, "REMOTEMAC_PYTHON_PATH": str(LAB_BARE_BIN)}
     if WHEELS.is_dir():
         env["PIP_FIND_LINKS"] = str(WHEELS)
     return env
+
+
+def preinstalled_python_env() -> dict[str, str]:
+    """Session variables of a host where a python3.11 was installed before remotemac
+    came (``SetEnv`` them, e.g. ``sshd_factory(extra_config=[...])``)."""
+    return {"PATH": PREINSTALLED_PATH, "REMOTEMAC_PYTHON_PATH": PREINSTALLED_PATH}
 
 
 def lab_ids() -> tuple[int, int]:
@@ -119,6 +138,7 @@ def ensure_lab() -> None:
         if not (stamp.exists() and stamp.read_text() == want):
             _build_interpreters()
             stamp.write_text(want)
+        _ensure_bare_bin()
         for path, mode in ((LAB_KEYS, 0o755), (LAB_HOSTS, 0o755), (LAB_VENVS, 0o755)):
             path.mkdir(parents=True, exist_ok=True)
             path.chmod(mode)
@@ -127,6 +147,25 @@ def ensure_lab() -> None:
             os.chown(path, uid, gid)
         _sweep_stale_hosts()
     _ready = True
+
+
+def _ensure_bare_bin() -> None:
+    """The default session's bin dir: wrappers that run the prefix's 3.9 (wrappers, not
+    symlinks: a venv's ``home`` is then the prefix's own bin dir). Made beside the
+    prefix, never in it, so a lab built by another checkout is neither rebuilt nor
+    changed."""
+    LAB_BARE_BIN.mkdir(mode=0o755, exist_ok=True)
+    for name in BARE_NAMES:
+        real = (
+            LAB_BIN / name.replace("3", "3.9", 1) if name in ("python3", "pip3") else LAB_BIN / name
+        )
+        text = f'#!/bin/sh\nexec {real} "$@"\n'
+        path = LAB_BARE_BIN / name
+        if not path.is_file() or path.read_text() != text:
+            tmp = path.with_name(f".{name}.{os.getpid()}")
+            tmp.write_text(text)
+            tmp.chmod(0o755)
+            os.replace(tmp, path)
 
 
 def _sweep_stale_hosts(max_age_s: float = 12 * 3600) -> None:
@@ -442,7 +481,11 @@ def importable(python, module):
     code = "import importlib.util, sys; sys.exit(importlib.util.find_spec(%r) is None)" % module
     return subprocess.run([python, "-c", code]).returncode == 0
 mods = ("cryptography", "torch", "numpy", "yaml")
-py311 = shutil.which("python3.11")
+# a python3.11 on PATH beyond this machine's own /usr/bin and /bin (Debian's, which
+# the lab cannot hide: REMOTEMAC_PYTHON_PATH keeps remotemac from looking there)
+py311 = next((os.path.join(d, "python3.11") for d in os.environ.get("PATH", "").split(":")
+              if d not in ("/usr/bin", "/bin") and os.access(os.path.join(d, "python3.11"), os.X_OK)),
+             None)
 print(json.dumps({
     "user": os.environ.get("USER") or os.environ.get("LOGNAME"),
     "path": os.environ.get("PATH", ""),
@@ -477,8 +520,10 @@ def bare_problems(facts: dict) -> list[str]:
         problems.append(f"the session sets {key}={value}")
     for module in facts.get("importable", []):
         problems.append(f"python3 can import {module}")
-    if not facts.get("python3.11"):
-        problems.append("no bare python3.11 on PATH")
+    if facts.get("python3.11"):
+        problems.append(
+            f"python3.11 on PATH ({facts['python3.11']}): a rental has only python3 3.9"
+        )
     for module in facts.get("importable_311", []):
         problems.append(f"python3.11 can import {module}")
     return problems
