@@ -223,6 +223,7 @@ async def test_run_dialog_dry_run_and_host_override(make_playbook, rm_home, tmp_
 
 def two_device_live(run_id: str, t0: float) -> RunLive:
     live = RunLive(run_id, host="local", name="tiny")
+    live.active = True  # as the driver marks a run it drives: lines keep coming
     live.apply(PhaseStarted(run_id, phase="follow:reference", ts=t0))
     for i in range(6):
         live.apply(LogLine(run_id, device="cpu", line=f"cpu step {i}", ts=t0 + i))

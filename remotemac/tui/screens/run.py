@@ -46,6 +46,8 @@ class RunScreen(Screen):
         super().__init__()
         self.run_id = run_id
         self.acceptance = None
+        self._status = ""
+        self._flush_timer: Any = None
         self._snapshot_live = RunLive(run_id)
 
     def compose(self) -> ComposeResult:
@@ -82,8 +84,17 @@ class RunScreen(Screen):
         elif self.live.out_dir:
             self.run_worker(self.load_acceptance(), group="run-load")
         self.refresh_state()
-        self.set_interval(app.flush_s, self.flush_logs)
+        # The flush timer runs only while the run is live here (lines stream in batches);
+        # a finished run's screen has no timer at all: nothing repaints unless something changes.
+        self._flush_timer = self.set_interval(app.flush_s, self.flush_logs, pause=True)
+        self._wake()
         self.query_one("#log", LogView).focus()
+
+    def _wake(self) -> None:
+        """One flush now; the timer goes on only while a worker here drives the run."""
+        self.flush_logs()
+        if self.live.active:
+            self._flush_timer.resume()
 
     @work(group="run-load")
     async def load_from_journal(self) -> None:
@@ -106,6 +117,7 @@ class RunScreen(Screen):
             self._snapshot_live = live
         await self.load_acceptance()
         self.refresh_state()
+        self._wake()
 
     async def load_acceptance(self) -> None:
         out_dir = self.live.out_dir
@@ -116,10 +128,16 @@ class RunScreen(Screen):
     # ------------------------------------------------------------ updates
 
     def flush_logs(self) -> None:
-        """Every ~50 ms: everything new in the line store, in one write."""
+        """Every ~50 ms while live: everything new in the line store, in one write.
+
+        Nothing is touched when nothing changed (a widget update is a layout and a
+        repaint); the status line changes at most once a second (the elapsed clock).
+        """
         log = self.query_one("#log", LogView)
         log.take(self.live.lines)
         live = self.live
+        if not live.active and self._flush_timer is not None:
+            self._flush_timer.pause()
         status = "following" if log.following else "paused — end/f to follow"
         status += f" · device: {log.device or 'all'}"
         if log.term:
@@ -129,7 +147,9 @@ class RunScreen(Screen):
             app: Any = self.app
             end = live.ended_at if live.ended_at is not None and not live.active else app.now()
             status += f" · elapsed {human_duration(max(0.0, end - live.started_at))}"
-        self.query_one("#log-status", Static).update(status)
+        if status != self._status:
+            self._status = status
+            self.query_one("#log-status", Static).update(status)
 
     def refresh_state(self) -> None:
         live = self.live
@@ -149,6 +169,7 @@ class RunScreen(Screen):
     def run_updated(self, event: Any) -> None:
         """Called by the app for each state change of this run."""
         self.refresh_state()
+        self._wake()
         if isinstance(event, RunFinished) or event is None and self.live.verdict:
             self.run_worker(self.load_acceptance(), group="run-load")
 

@@ -41,6 +41,8 @@ class RunsScreen(Screen):
         super().__init__()
         self.hosts_by_run: dict[str, str] = {}
         self.live_by_run: dict[str, str] = {}
+        self._shown: list[tuple[str, str, list[Any]]] | None = None  # what the table holds
+        self._polls: list[Any] = []
 
     def compose(self) -> ComposeResult:
         yield Header(show_clock=False)
@@ -54,11 +56,11 @@ class RunsScreen(Screen):
             table.add_column(name, key=name)
         self.sub_title = "runs"
         self.refresh_runs()
-        self.set_interval(REFRESH_S, self.refresh_runs)
+        self._polls = [self.set_interval(REFRESH_S, self.refresh_runs)]
         app: Any = self.app
         if app.live_poll_s > 0:
             self.poll_live()
-            self.set_interval(app.live_poll_s, self.poll_live)
+            self._polls.append(self.set_interval(app.live_poll_s, self.poll_live))
 
     def selected_run_id(self) -> str | None:
         table = self.query_one("#runs", DataTable)
@@ -70,6 +72,19 @@ class RunsScreen(Screen):
     def selected_host(self) -> str | None:
         run_id = self.selected_run_id()
         return self.hosts_by_run.get(run_id) if run_id else None
+
+    def on_screen_resume(self) -> None:
+        for timer in self._polls:
+            timer.resume()
+        if self._shown is not None:  # back from a screen on top: what changed meanwhile
+            self.refresh_runs()
+
+    def on_screen_suspend(self) -> None:
+        """Covered by another screen: no polling at all. Textual repaints a covered
+        screen's every wake-up as a full repaint of the screen on top (its "background
+        screen" stays dirty), which made a finished run's screen repaint whole each 2 s."""
+        for timer in self._polls:
+            timer.pause()
 
     @work(exclusive=True, group="runs-table")
     async def refresh_runs(self) -> None:
@@ -151,6 +166,9 @@ class RunsScreen(Screen):
         return out
 
     def _fill(self, rows: list[tuple[str, str, list[Any]]]) -> None:
+        if rows == self._shown:
+            return  # nothing changed: no clear, no repaint
+        self._shown = rows
         table = self.query_one("#runs", DataTable)
         keep = self.selected_run_id()
         self.hosts_by_run = {run_id: host for run_id, host, _ in rows}
