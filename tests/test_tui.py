@@ -60,7 +60,7 @@ def view_lines(app: RemotemacApp, device: str) -> list[str]:
     out = []
     for line in log.lines:  # "hh:mm:ss device     │ text" (time blank for preloaded lines)
         head, sep, text = line.partition(" │ ")
-        if sep and head[9:].strip() == device:
+        if sep and head.split()[-1] == device:
             out.append(text)
     return out
 
@@ -268,7 +268,7 @@ async def test_trust_shows_the_fingerprint_and_pins_only_on_yes(sshd, ssh_env, t
         await pilot.press(*alias, "enter")
         await pilot.pause()
         assert app.screen.selected_host() == alias
-        await pilot.press("k")
+        await pilot.press("t")
         await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen), 15, "the question")
         assert sshd.fingerprint in app.screen.details
         await pilot.press("n")
@@ -276,7 +276,7 @@ async def test_trust_shows_the_fingerprint_and_pins_only_on_yes(sshd, ssh_env, t
         assert (
             not known.exists() or sshd.host_pubkey.read_text().split()[1] not in known.read_text()
         )
-        await pilot.press("k")
+        await pilot.press("t")
         await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen), 15, "the question")
         await pilot.press("y")
         await wait_for(
@@ -375,6 +375,7 @@ async def test_log_view_batches_bounds_and_searches(rm_home, tmp_path):
     app = make_app(rm_home, tmp_path, reattach=False, log_max_lines=1000)
     async with app.run_test(size=SIZE) as pilot:
         live = app.driver.lives["r1"] = RunLive("r1")
+        live.active = True  # driven here: lines keep coming
         app.open_run("r1")
         await pilot.pause()
         log = app.screen.query_one("#log", LogView)
@@ -382,14 +383,14 @@ async def test_log_view_batches_bounds_and_searches(rm_home, tmp_path):
             live.add_line("cpu", f"line {i}")
         await wait_for(pilot, lambda: log.lines and log.lines[-1].endswith("4999"), 10, "5000")
         assert log.batches <= 2 and len(log.lines) == 1000
-        assert log.lines[-1].endswith("cpu        │ line 4999") and log.following
+        assert log.lines[-1].endswith("cpu │ line 4999") and log.following
         assert log.search("line 4500") is not None and not log.following
         await pilot.press("n")  # older match: none for this exact term
-        assert log.lines[log.match_line].endswith("cpu        │ line 4500")
+        assert log.lines[log.match_line].endswith("cpu │ line 4500")
         live.add_line("cpu", "late line")
         await wait_for(pilot, lambda: log.lines[-1].endswith("late line"), 10, "the late line")
         assert (
-            log.lines[-1].endswith("cpu        │ late line") and not log.following
+            log.lines[-1].endswith("cpu │ late line") and not log.following
         )  # paused: no jump
         await pilot.press("f")
         await pilot.pause()
