@@ -389,9 +389,7 @@ async def test_log_view_batches_bounds_and_searches(rm_home, tmp_path):
         assert log.lines[log.match_line].endswith("cpu │ line 4500")
         live.add_line("cpu", "late line")
         await wait_for(pilot, lambda: log.lines[-1].endswith("late line"), 10, "the late line")
-        assert (
-            log.lines[-1].endswith("cpu │ late line") and not log.following
-        )  # paused: no jump
+        assert log.lines[-1].endswith("cpu │ late line") and not log.following  # paused: no jump
         await pilot.press("f")
         await pilot.pause()
         assert log.following
