@@ -162,8 +162,9 @@ def quit_question(live_ids: Sequence[str]) -> tuple[str, str]:
     n = len(live_ids)
     what = "run is" if n == 1 else "runs are"
     details = (
-        f"{n} {what} still going. Keep running: the job{'s' if n != 1 else ''} go on on "
-        "the host and this TUI stops following; pick up again with\n\n"
+        f"{n} {what} still going. Keep running: "
+        + ("the job goes on on its host" if n == 1 else "the jobs go on on their hosts")
+        + " and this TUI stops following; pick up again with\n\n"
         + "\n".join(f"  remotemac attach {run_id}" for run_id in live_ids)
         + "\n\nor by opening the TUI again (it re-attaches)."
     )

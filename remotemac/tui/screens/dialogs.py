@@ -80,8 +80,14 @@ class ConfirmScreen(ModalScreen[bool]):
     def _fit(self) -> None:
         """The details get what the screen has left after the question and the buttons."""
         height = self.app.size.height
-        self.query_one("#dialog").styles.max_height = max(8, height - 2)
-        self.query_one("#details").styles.max_height = max(2, height - 12)
+        dialog = self.query_one("#dialog")
+        dialog.styles.max_height = max(8, height - 2)
+        # border 2 + padding 2 + question (2 lines) + margins 3 + lines after + buttons 3
+        question = 2 if len(self.question) > 68 else 1
+        after = 2 * len(list(self.query("#plan-total")))
+        self.query_one("#details").styles.max_height = max(
+            2, height - 2 - (2 + 2 + question + 3 + after + 3)
+        )
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
         self.dismiss(event.button.id == "yes")

@@ -27,7 +27,7 @@ from remotemac.tui.widgets.verdict_panel import VerdictPanel
 from remotemac.vocab import human_duration
 
 NARROW = 110  # columns: below this the side panel folds into one line
-SIDE_WIDTH = 46  # the side panel's width (app.tcss)
+SIDE_WIDTH = 40  # the side panel's width (app.tcss)
 COMPACT_BELOW = 100  # a log pane narrower than this drops the time column and pads less
 
 
