@@ -193,13 +193,53 @@ def app(tmp: Path, jr: FakeJournal, **kwargs) -> RemotemacApp:
     )
 
 
+def stream(the_app: RemotemacApp, total: int, burst: int = 250, every_s: float = 0.025) -> None:
+    """The live run's screen while ``total`` lines stream in (as the engine's sink adds
+    them), then the run ends, as a re-attached run that finishes: the screen the issue
+    saw cut lines on."""
+    from remotemac.events import LogLine, PhaseStarted
+    from remotemac.tui.messages import RunEnded
+    from remotemac.tui.model import RunLive
+
+    live = RunLive(LIVE_ID, host="mac-rental", name="tiny-mlp")
+    live.active = True
+    the_app.driver.lives[LIVE_ID] = live
+    live.apply(PhaseStarted(LIVE_ID, phase="follow:target", ts=NOW - 60))
+    sent = 0
+
+    def more() -> None:
+        nonlocal sent
+        for _ in range(min(burst, total - sent)):
+            sent += 1
+            device = "mps" if sent % 2 else "cpu"
+            live.apply(
+                LogLine(
+                    LIVE_ID,
+                    device=device,
+                    line=f"step {sent:06d} loss 0.{sent:05d} lr 1e-4 throughput 1234.5 samples/s",
+                    ts=NOW - 60 + sent / 1000,
+                )
+            )
+        if sent >= total:
+            timer.stop()
+            live.active = False
+            live.verdict = "accepted"
+            the_app.post_message(RunEnded(LIVE_ID, 0, None))
+
+    the_app.call_later(lambda: the_app.open_run(LIVE_ID))
+    timer = the_app.set_interval(every_s, more)
+
+
 def main(argv: list[str]) -> int:
-    """Run a scene in this terminal: ``finished`` opens the finished run's screen."""
+    """Run a scene in this terminal: ``finished`` opens the finished run's screen,
+    ``stream N`` streams N lines into the live run's screen, then ends the run."""
     scene, tmp = argv[0], Path(argv[1])
     tmp.mkdir(parents=True, exist_ok=True)
     the_app, run_id = finished_run(tmp)
     if scene == "finished":
         the_app.call_later(lambda: the_app.open_run(run_id))
+    elif scene == "stream":
+        the_app.call_later(lambda: stream(the_app, int(argv[2])))
     the_app.run()
     return 0
 
