@@ -60,7 +60,7 @@ def view_lines(app: RemotemacApp, device: str) -> list[str]:
     out = []
     for line in log.lines:  # "hh:mm:ss device     │ text" (time blank for preloaded lines)
         head, sep, text = line.partition(" │ ")
-        if sep and head[9:].strip() == device:
+        if sep and head.split()[-1] == device:
             out.append(text)
     return out
 
@@ -228,8 +228,15 @@ async def test_quit_keeps_the_job_and_reopening_reattaches(make_playbook, rm_hom
         run_id = app.driver.start(str(pb))
         app.open_run(run_id)
         await wait_for(pilot, lambda: len(view_lines(app, "cpu")) >= 5, 60, "first lines")
-        await pilot.press("q")
-        await pilot.pause()
+        await pilot.press("q")  # mid-run: it asks (keep the job running / stay here)
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen), 10, "the question")
+        await pilot.press("y")
+        await wait_for(pilot, lambda: not app.is_running, 30, "the exit")
+    assert app.return_code == 130  # as the CLI's Ctrl-C
+    assert app.exit_lines == [
+        "remotemac: stopped following; the job keeps running on the host. "
+        f"Resume with: remotemac attach {run_id}"
+    ]
     journal = Journal(rm_home / "journal.sqlite3")
     assert journal.get_run(run_id).state == "interrupted"
     remote_log = tmp_path / "host-root" / "runs" / run_id / "logs" / "cpu.log"
@@ -240,6 +247,8 @@ async def test_quit_keeps_the_job_and_reopening_reattaches(make_playbook, rm_hom
     again = make_app(rm_home, tmp_path, [pb])  # reattach=True: the default
     async with again.run_test(size=SIZE) as pilot:
         await wait_for(pilot, lambda: again.driver.attached(run_id), 10, "re-attach")
+        await wait_for(pilot, lambda: "re-attached" in screen_text(again), 10, "it says so")
+        assert again.reattached == [run_id]
         again.open_run(run_id)
         await wait_for(
             pilot, lambda: journal.get_run(run_id).state == "finished", 120, "the run's end"
@@ -268,7 +277,7 @@ async def test_trust_shows_the_fingerprint_and_pins_only_on_yes(sshd, ssh_env, t
         await pilot.press(*alias, "enter")
         await pilot.pause()
         assert app.screen.selected_host() == alias
-        await pilot.press("k")
+        await pilot.press("t")
         await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen), 15, "the question")
         assert sshd.fingerprint in app.screen.details
         await pilot.press("n")
@@ -276,7 +285,7 @@ async def test_trust_shows_the_fingerprint_and_pins_only_on_yes(sshd, ssh_env, t
         assert (
             not known.exists() or sshd.host_pubkey.read_text().split()[1] not in known.read_text()
         )
-        await pilot.press("k")
+        await pilot.press("t")
         await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen), 15, "the question")
         await pilot.press("y")
         await wait_for(
@@ -375,6 +384,7 @@ async def test_log_view_batches_bounds_and_searches(rm_home, tmp_path):
     app = make_app(rm_home, tmp_path, reattach=False, log_max_lines=1000)
     async with app.run_test(size=SIZE) as pilot:
         live = app.driver.lives["r1"] = RunLive("r1")
+        live.active = True  # driven here: lines keep coming
         app.open_run("r1")
         await pilot.pause()
         log = app.screen.query_one("#log", LogView)
@@ -382,15 +392,13 @@ async def test_log_view_batches_bounds_and_searches(rm_home, tmp_path):
             live.add_line("cpu", f"line {i}")
         await wait_for(pilot, lambda: log.lines and log.lines[-1].endswith("4999"), 10, "5000")
         assert log.batches <= 2 and len(log.lines) == 1000
-        assert log.lines[-1].endswith("cpu        │ line 4999") and log.following
+        assert log.lines[-1].endswith("│ line 4999") and log.following
         assert log.search("line 4500") is not None and not log.following
         await pilot.press("n")  # older match: none for this exact term
-        assert log.lines[log.match_line].endswith("cpu        │ line 4500")
+        assert log.lines[log.match_line].endswith("│ line 4500")
         live.add_line("cpu", "late line")
         await wait_for(pilot, lambda: log.lines[-1].endswith("late line"), 10, "the late line")
-        assert (
-            log.lines[-1].endswith("cpu        │ late line") and not log.following
-        )  # paused: no jump
+        assert log.lines[-1].endswith("│ late line") and not log.following  # paused: no jump
         await pilot.press("f")
         await pilot.pause()
         assert log.following

@@ -1,8 +1,12 @@
-"""pytest-textual-snapshot pictures of each TUI screen.
+"""pytest-textual-snapshot pictures of each TUI screen and dialog at 80x24, 120x40, 200x60.
 
 Deterministic on purpose: a fake journal with fixed run ids and times, a fixed
 "now", a fixed terminal size, no clock in the header, no cursor blink, live state
 built from hand-made events with fixed timestamps. Update with ``--snapshot-update``.
+
+Each picture is also read as text before it is taken: every run id and verdict the
+screen shows must be whole there (issue 30: at 80 columns the verdict was cut to
+``accept``), and no line may end in a cut (``…``) id.
 """
 
 from __future__ import annotations
@@ -31,7 +35,8 @@ from remotemac.tui.screens.run import RunScreen
 from remotemac.tui.widgets.log_view import LogView
 
 NOW = 1_790_000_000.0
-SIZE = (140, 40)
+SIZES = [(80, 24), (120, 40), (200, 60)]
+SIZE_IDS = ["80x24", "120x40", "200x60"]
 PB = {"cost": {"hourly_rate": 1.1, "currency": "USD"}}
 
 
@@ -216,11 +221,47 @@ def _acceptance(out_dir: Path) -> None:
     (out_dir / "acceptance.md").write_text("# Acceptance: tiny-mlp\n\n**rejected**\n")
 
 
-def test_runs_screen(snap_compare, tmp_path):
-    assert snap_compare(_app(tmp_path, _journal()), terminal_size=SIZE)
+sized = pytest.mark.parametrize("size", SIZES, ids=SIZE_IDS)
+IDS = [r.run_id for r in _journal().rows]
 
 
-def test_run_screen(snap_compare, tmp_path):
+def screen_text(app: RemotemacApp) -> str:
+    import html
+    import re
+
+    svg = app.export_screenshot()
+    return html.unescape(re.sub(r"<[^>]+>", "", svg)).replace("\xa0", " ")
+
+
+def _whole(app: RemotemacApp, *words: str) -> None:
+    text = screen_text(app)
+    for word in words:
+        assert word in text, (word, text[:3000])
+
+
+async def _runs_settled(pilot, app: RemotemacApp) -> None:
+    from textual.widgets import DataTable
+
+    deadline = time.monotonic() + 10
+    while not (app.screen.query("#runs") and app.screen.query_one("#runs", DataTable).row_count):
+        assert time.monotonic() < deadline, "the runs table did not fill"
+        await pilot.pause(0.02)
+    await pilot.pause()
+
+
+@sized
+def test_runs_screen(snap_compare, tmp_path, size):
+    app = _app(tmp_path, _journal())
+
+    async def before(pilot) -> None:
+        await _runs_settled(pilot, app)
+        _whole(app, *IDS, "rejected", "accepted")
+
+    assert snap_compare(app, terminal_size=size, run_before=before)
+
+
+@sized
+def test_run_screen_live_reconnecting(snap_compare, tmp_path, size):
     out = tmp_path / "out"
     _acceptance(out)
     journal = _journal(str(out))
@@ -228,69 +269,214 @@ def test_run_screen(snap_compare, tmp_path):
     run_id = journal.rows[0].run_id
 
     async def before(pilot) -> None:
+        await _runs_settled(pilot, app)
         app.driver.lives[run_id] = _live(run_id, out)
         app.open_run(run_id)
         await _run_screen_settled(pilot, app)
+        _whole(app, run_id)
 
-    assert snap_compare(app, terminal_size=SIZE, run_before=before)
+    assert snap_compare(app, terminal_size=size, run_before=before)
 
 
-def test_hosts_screen(snap_compare, tmp_path):
+@sized
+def test_finished_run_from_the_journal(snap_compare, tmp_path, size):
+    """A finished run opened from the journal: its log files, the record's verdict."""
+    from tests import tuiscene
+
+    app, run_id = tuiscene.finished_run(tmp_path)
+
+    async def before(pilot) -> None:
+        await _runs_settled(pilot, app)
+        app.open_run(run_id)
+        await _run_screen_settled(pilot, app)
+        _whole(app, run_id, "REJECTED", "samples/s")
+
+    assert snap_compare(app, terminal_size=size, run_before=before)
+
+
+@sized
+def test_finished_run_side_panel_opened(snap_compare, tmp_path, size):
+    """``i`` on a narrow terminal: the phases, link, memory and verdict beside the log."""
+    from tests import tuiscene
+
+    app, run_id = tuiscene.finished_run(tmp_path)
+
+    async def before(pilot) -> None:
+        await _runs_settled(pilot, app)
+        app.open_run(run_id)
+        await _run_screen_settled(pilot, app)
+        await pilot.press("i")
+        await pilot.pause()
+        _whole(app, "REJECTED")
+
+    assert snap_compare(app, terminal_size=size, run_before=before)
+
+
+@sized
+def test_log_filtered(snap_compare, tmp_path, size):
+    """``/`` on the run screen: only the lines holding the words, the status says so."""
+    from tests import tuiscene
+
+    app, run_id = tuiscene.finished_run(tmp_path)
+
+    async def before(pilot) -> None:
+        await _runs_settled(pilot, app)
+        app.open_run(run_id)
+        await _run_screen_settled(pilot, app)
+        await pilot.press("slash", *"UserWarning")
+        await pilot.pause(0.2)
+        _whole(app, "filter: 'UserWarning'")
+
+    assert snap_compare(app, terminal_size=size, run_before=before)
+
+
+@sized
+def test_hosts_screen(snap_compare, tmp_path, size):
     app = _app(tmp_path, _journal())
     report = DoctorReport(
         "mac-rental",
         [
             Check("macos", "ok", "15.3.1", "MPS needs macOS 14+"),
             Check("arch", "ok", "arm64"),
-            Check("vm", "warn", "virtual machine", "MPS in a VM is slower", "rent bare metal"),
+            Check(
+                "vm",
+                "warn",
+                "virtual machine",
+                "MPS in a VM is slower than on bare metal",
+                "rent a bare-metal Mac",
+            ),
             Check("python", "ok", "3.12.8"),
             Check(
-                "tmux", "fail", "missing", "jobs survive disconnects in tmux", "brew install tmux"
+                "tmux",
+                "fail",
+                "missing",
+                "jobs survive disconnects only inside tmux",
+                "brew install tmux, or let remotemac bring its own",
             ),
-            Check("disk", "ok", "212.0 GiB free"),
+            Check("disk", "ok", "212.0 GiB free of 500.0 GiB at /Users/me"),
             Check("mps", "ok", "available"),
         ],
     )
 
     async def before(pilot) -> None:
+        await _runs_settled(pilot, app)
         await pilot.press("h", "down")
         await pilot.pause()
         app.screen.set_report("mac-rental", report)
         await pilot.pause()
+        _whole(app, "not fit", "virtual machine")
 
-    assert snap_compare(app, terminal_size=SIZE, run_before=before)
-
-
-def test_wipe_confirm_dialog(snap_compare, tmp_path):
-    assert snap_compare(_app(tmp_path, _journal()), terminal_size=SIZE, press=["down", "w"])
+    assert snap_compare(app, terminal_size=size, run_before=before)
 
 
-def test_playbook_picker(snap_compare, tmp_path):
-    assert snap_compare(_app(tmp_path, _journal()), terminal_size=SIZE, press=["r"])
+@sized
+def test_wipe_confirm_dialog(snap_compare, tmp_path, size):
+    """Wipe of the finished run not wiped yet (the wiped one offers no wipe)."""
+    from tests import tuiscene
+
+    app = _app(tmp_path, tuiscene.journal())
+
+    async def before(pilot) -> None:
+        await _runs_settled(pilot, app)
+        await pilot.press("down", "w")
+        await pilot.pause()
+        _whole(app, "Wipe", "No", IDS[1])
+
+    assert snap_compare(app, terminal_size=size, run_before=before)
 
 
-def test_acceptance_markdown(snap_compare, tmp_path):
+@sized
+def test_cleanup_dialog_with_a_plan(snap_compare, tmp_path, size):
+    """The dry run's plan: kind, path, size of each item, what stays and why, the total."""
+    from remotemac.tui.fit import CleanupPlan
+    from remotemac.tui.screens.dialogs import CleanupScreen
+    from tests.test_tui_keys import cleanup_record
+
+    app = _app(tmp_path, _journal())
+
+    async def before(pilot) -> None:
+        await _runs_settled(pilot, app)
+        app.push_screen(CleanupScreen(CleanupPlan.from_record(cleanup_record(12))))
+        await pilot.pause(0.2)
+        _whole(app, "Clean up", "No", "total ", "Remove these 13 items")
+
+    assert snap_compare(app, terminal_size=size, run_before=before)
+
+
+@sized
+def test_quit_mid_run_dialog(snap_compare, tmp_path, size):
+    app = _app(tmp_path, _journal())
+    run_id = IDS[0]
+
+    async def before(pilot) -> None:
+        await _runs_settled(pilot, app)
+        live = app.driver.lives[run_id] = RunLive(run_id, host="mac-rental")
+        live.active = True
+        await pilot.press("q")
+        await pilot.pause(0.2)
+        _whole(app, "Keep running", "Stay here", f"remotemac attach {run_id}")
+
+    assert snap_compare(app, terminal_size=size, run_before=before)
+
+
+@sized
+def test_playbook_picker(snap_compare, tmp_path, size):
+    app = _app(tmp_path, _journal())
+
+    async def before(pilot) -> None:
+        await _runs_settled(pilot, app)
+        await pilot.press("r")
+        await pilot.pause()
+
+    assert snap_compare(app, terminal_size=size, run_before=before)
+
+
+@sized
+def test_help_screen(snap_compare, tmp_path, size):
+    """``?`` on the runs screen: every key, and where the palette is."""
+    app = _app(tmp_path, _journal())
+
+    async def before(pilot) -> None:
+        await _runs_settled(pilot, app)
+        await pilot.press("question_mark")
+        await pilot.pause()
+
+    assert snap_compare(app, terminal_size=size, run_before=before)
+
+
+@sized
+def test_acceptance_markdown(snap_compare, tmp_path, size):
     out = tmp_path / "out"
     _acceptance(out)
     app = _app(tmp_path, _journal(str(out)))
 
     async def before(pilot) -> None:
+        await _runs_settled(pilot, app)
         app.open_markdown(out / "acceptance.md")
         await pilot.pause(0.3)
 
-    assert snap_compare(app, terminal_size=SIZE, run_before=before)
+    assert snap_compare(app, terminal_size=size, run_before=before)
 
 
-# ---------------------------------------------------------------- issue 20's screens
+@sized
+def test_fleet_screen_from_journal(snap_compare, tmp_path, size):
+    """Fleet runs found in the journal (no fleet.json anywhere near the cwd)."""
+    from tests import tuiscene
 
+    app = _app(tmp_path, tuiscene.fleet_journal())
 
-def test_help_screen(snap_compare, tmp_path):
-    """``?`` on the runs screen: every key, and where the palette is."""
-    assert snap_compare(_app(tmp_path, _journal()), terminal_size=SIZE, press=["question_mark"])
+    async def before(pilot) -> None:
+        await _runs_settled(pilot, app)
+        await pilot.press("f")
+        await pilot.pause(0.2)
+        _whole(app, "mac-a", "mac-b", "mac-c", "accepted", "rejected")
+
+    assert snap_compare(app, terminal_size=size, run_before=before)
 
 
 def _two_devices(run_id: str, t: float) -> RunLive:
     live = RunLive(run_id, host="mac-rental", name="tiny-mlp")
+    live.active = True
     live.apply(ConnectionState(run_id, host="mac-rental", state="connected", ts=t))
     live.apply(PhaseStarted(run_id, phase="follow:target", ts=t))
     for i in range(12):
@@ -308,120 +494,23 @@ def _two_devices(run_id: str, t: float) -> RunLive:
     return live
 
 
-def _live_run_app(tmp_path: Path):
+@sized
+def test_live_run_two_devices(snap_compare, tmp_path, size):
+    """Two devices: each line with its time, the device column aligned, elapsed time."""
     journal = _journal(str(tmp_path / "out"))
     app = _app(tmp_path, journal)
     run_id = journal.rows[0].run_id
 
     async def before(pilot) -> None:
+        await _runs_settled(pilot, app)
         app.driver.lives[run_id] = _two_devices(run_id, NOW - 95)
         app.open_run(run_id)
         await _run_screen_settled(pilot, app)
-
-    return app, before
-
-
-def test_live_run_two_devices(snap_compare, tmp_path):
-    """Two devices: each line with its time, the device column aligned, elapsed time."""
-    app, before = _live_run_app(tmp_path)
-    assert snap_compare(app, terminal_size=SIZE, run_before=before)
-
-
-def test_live_run_filtered_to_one_device(snap_compare, tmp_path):
-    """``l`` once: only the first device's lines (the status line says which)."""
-    app, before = _live_run_app(tmp_path)
-
-    async def filtered(pilot) -> None:
-        await before(pilot)
-        await pilot.press("l")
+        await pilot.press("l")  # one device's lines only
         await pilot.pause()
+        _whole(app, "device: cpu", "elapsed 1m35s")
 
-    assert snap_compare(app, terminal_size=SIZE, run_before=filtered)
-
-
-def test_finished_run_memory_from_record(snap_compare, tmp_path):
-    """A finished run opened from the journal: the gauge shows the record's peak."""
-    out = tmp_path / "out"
-    _acceptance(out)
-    journal = _journal()
-    done = journal.rows[1]
-    journal.rows[1] = RunRow(**{**done.__dict__, "out_dir": str(out)})
-    app = _app(tmp_path, journal)
-
-    async def before(pilot) -> None:
-        app.open_run(done.run_id)
-        await _run_screen_settled(pilot, app)
-
-    assert snap_compare(app, terminal_size=SIZE, run_before=before)
-
-
-def test_fleet_screen_from_journal(snap_compare, tmp_path):
-    """Fleet runs found in the journal (no fleet.json anywhere near the cwd)."""
-    fleet = "sweep-20251229-100000-9f9f"
-    rows = []
-    for i, (host, verdict, bs) in enumerate(
-        (("mac-a", "accepted", 1), ("mac-b", "rejected", 2), ("mac-c", "accepted", 4))
-    ):
-        row = _row(f"{fleet}-{i:02d}", host, "finished", verdict, 86400 * 3 - 60 * i)
-        rows.append(
-            RunRow(
-                **{
-                    **row.__dict__,
-                    "name": "sweep",
-                    "options": {"fleet": fleet, "variant": {"bs": bs}},
-                }
-            )
-        )
-    assert snap_compare(_app(tmp_path, FakeJournal(rows, {})), terminal_size=SIZE, press=["f"])
-
-
-def _hosts(width: int):
-    def run(snap_compare, tmp_path):
-        app = RemotemacApp(
-            LocalSettings.from_options(str(tmp_path / "home")),
-            [],
-            journal=_journal(),
-            now=lambda: NOW,
-            out_root=tmp_path / "runs",
-            reattach=False,
-            blink=False,
-            live_poll_s=0,
-        )
-        report = DoctorReport(
-            "mac-rental",
-            [
-                Check("macos", "ok", "15.3.1", "MPS needs macOS 14+"),
-                Check(
-                    "vm",
-                    "warn",
-                    "virtual machine",
-                    "MPS in a VM is slower than on bare metal",
-                    "rent a bare-metal Mac",
-                ),
-                Check(
-                    "tmux",
-                    "fail",
-                    "missing",
-                    "jobs survive disconnects only inside tmux",
-                    "brew install tmux, or let remotemac bring its own",
-                ),
-                Check("disk", "ok", "212.0 GiB free of 500.0 GiB at /Users/me"),
-            ],
-        )
-
-        async def before(pilot) -> None:
-            await pilot.press("h", "down")
-            await pilot.pause()
-            app.screen.set_report("mac-rental", report)
-            await pilot.pause()
-
-        assert snap_compare(app, terminal_size=(width, 30), run_before=before)
-
-    return run
-
-
-test_hosts_screen_80_columns = _hosts(80)
-test_hosts_screen_120_columns = _hosts(120)
+    assert snap_compare(app, terminal_size=size, run_before=before)
 
 
 @pytest.fixture(autouse=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -19,11 +20,14 @@ from textual.app import App, SystemCommand
 from textual.binding import Binding
 from textual.screen import Screen
 
+from remotemac.errors import EXIT_INTERRUPTED
 from remotemac.journal import Journal
 from remotemac.settings import LocalSettings
 from remotemac.tui.driver import AlreadyDone, RunDriver, error_line
+from remotemac.tui.fit import CleanupPlan, quit_question
 from remotemac.tui.messages import RunEnded, RunUpdated
 from remotemac.tui.screens.dialogs import (
+    CleanupScreen,
     ConfirmScreen,
     HelpScreen,
     MarkdownScreen,
@@ -46,6 +50,7 @@ class RemotemacApp(App[int]):
         Binding("question_mark", "help", "Keys"),
         Binding("ctrl+p", "command_palette", "Commands", show=False),
         Binding("ctrl+c", "quit", "Quit", show=False, priority=True),
+        Binding("colon", "command_palette", "Commands", show=False),
     ]
 
     def __init__(
@@ -84,6 +89,8 @@ class RemotemacApp(App[int]):
             keep_lines=2 * log_max_lines,
         )
         self.errors: list[str] = []  # every error line shown, for the status and for tests
+        self.exit_lines: list[str] = []  # printed once the terminal is back (run_tui)
+        self.reattached: list[str] = []
 
     def on_mount(self) -> None:
         self.push_screen(RunsScreen())
@@ -134,10 +141,38 @@ class RemotemacApp(App[int]):
             except Exception as exc:
                 self.report_error(f"attach {run_id}: {error_line(exc)}")
         if run_ids:
-            self.notify(f"re-attached {len(run_ids)} run(s) in flight")
+            self.reattached = list(run_ids)
+            self.notify(
+                f"re-attached {len(run_ids)} run(s) left going: " + ", ".join(run_ids),
+                timeout=15,
+            )
         return run_ids
 
     # ------------------------------------------------------------ helpers
+
+    RUN_ACTIONS = ("attach", "pull", "wipe", "drill")
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """A run action is shown (and its key works) only where it applies: no wipe of a
+        wiped run, no attach while attached; the screen on top knows its selection."""
+        if action in self.RUN_ACTIONS:
+            applies = getattr(self.screen, "applies", None)
+            return bool(applies(action)) if applies else True
+        return True
+
+    def _applies(self, action: str) -> bool:
+        """For the palette (which calls actions directly): say why an action does not apply."""
+        if self.check_action(action, ()):
+            return True
+        run_id = getattr(self.screen, "selected_run_id", lambda: None)()
+        why = {
+            "attach": "is followed here already, or has ended",
+            "wipe": "is wiped already, or still running",
+            "pull": "is still running here",
+            "drill": "has no SSH link followed here",
+        }[action]
+        self.notify(f"{action}: {run_id or 'the run'} {why}", severity="warning")
+        return False
 
     def report_error(self, line: str) -> None:
         self.errors.append(line)
@@ -234,6 +269,8 @@ class RemotemacApp(App[int]):
             )
 
     def action_attach(self) -> None:
+        if not self._applies("attach"):
+            return
         run_id = self._selected_run()
         if run_id is None:
             return
@@ -245,11 +282,15 @@ class RemotemacApp(App[int]):
         self.open_run(run_id)
 
     def action_pull(self) -> None:
+        if not self._applies("pull"):
+            return
         run_id = self._selected_run()
         if run_id is not None:
             self.run_worker(self._one_phase(run_id, "pull"), group="phase", exit_on_error=False)
 
     def action_wipe(self) -> None:
+        if not self._applies("wipe"):
+            return
         run_id = self._selected_run()
         if run_id is None:
             return
@@ -286,6 +327,8 @@ class RemotemacApp(App[int]):
         self.post_message(RunEnded(run_id, code, None, what=phase))
 
     async def action_drill(self) -> None:
+        if not self._applies("drill"):
+            return
         run_id = self._selected_run()
         if run_id is None:
             return
@@ -305,12 +348,15 @@ class RemotemacApp(App[int]):
         """Dry run first, its list in a dialog, then the real cleanup only on yes."""
         try:
             _, listing = await self.driver.cleanup(host, dry_run=True, remote_root=self.remote_root)
-            if not await self.push_screen_wait(
-                ConfirmScreen(
-                    f"Remove everything remotemac put on {host}?", _pretty(listing), yes="Clean up"
-                )
-            ):
-                self.notify(f"cleanup of {host} cancelled")
+            plan = CleanupPlan.from_record(json.loads(listing))
+            if plan.error:
+                self.report_error(f"cleanup {host}: not verified: {plan.error}")
+                return
+            if not plan.remove:
+                self.notify(plan.question())
+                return
+            if not await self.push_screen_wait(CleanupScreen(plan)):
+                self.notify(f"cleanup of {host} cancelled: nothing was removed")
                 return
             code, out = await self.driver.cleanup(host, dry_run=False, remote_root=self.remote_root)
         except asyncio.CancelledError:
@@ -319,11 +365,16 @@ class RemotemacApp(App[int]):
             self.report_error(f"cleanup {host}: {error_line(exc)}")
             return
         self.notify(f"cleanup {host}: exit {code}")
-        self.push_screen(
-            MarkdownScreen(
-                Path(f"cleanup-{host}"), f"# cleanup {host}\n\n```\n{_pretty(out)}\n```\n"
-            )
-        )
+        self.push_screen(MarkdownScreen(Path(f"cleanup-{host}"), _cleanup_markdown(out)))
+
+    async def action_filter(self) -> None:
+        """``/`` of the screen on top (runs, hosts, the run's log), from the palette."""
+        if hasattr(self.screen, "action_filter"):
+            await self.run_action("filter", self.screen)
+        elif hasattr(self.screen, "action_search"):
+            await self.run_action("search", self.screen)
+        else:
+            self.notify("this screen has no filter", severity="warning")
 
     def action_fleet(self) -> None:
         from remotemac.tui.screens.fleet import FleetScreen
@@ -335,10 +386,41 @@ class RemotemacApp(App[int]):
         if not isinstance(self.screen, HostsScreen):
             self.push_screen(HostsScreen(self._known_hosts(), self.remote_root))
 
-    async def action_quit(self) -> None:
-        """Stop following (the jobs go on on their hosts) and leave."""
+    def live_run_ids(self) -> list[str]:
+        """Runs a worker of this TUI drives right now (their jobs run on their hosts)."""
+        return [run_id for run_id, live in self.driver.lives.items() if live.active]
+
+    def action_quit(self) -> None:
+        """Leave; mid-run it asks first, and leaves as the CLI's Ctrl-C does (exit 130,
+        the ``attach`` command printed), the jobs going on on their hosts."""
+        if isinstance(self.screen, ConfirmScreen):
+            return
+        live = self.live_run_ids()
+        if not live:
+            self.run_worker(self._leave([]), group="quit", exclusive=True)
+            return
+        question, details = quit_question(live)
+
+        def answered(yes: bool | None) -> None:
+            if yes:
+                self.run_worker(self._leave(self.live_run_ids()), group="quit", exclusive=True)
+
+        self.push_screen(
+            ConfirmScreen(question, details, yes="Keep running, quit", no="Stay here", safe=True),
+            answered,
+        )
+
+    async def _leave(self, live: list[str]) -> None:
         await self.driver.stop_all()
-        self.exit(0)
+        if not live:
+            self.exit(0)
+            return
+        self.exit_lines = [
+            f"remotemac: stopped following; the job keeps running on the host. "
+            f"Resume with: remotemac attach {run_id}"
+            for run_id in live
+        ]
+        self.exit(EXIT_INTERRUPTED, return_code=EXIT_INTERRUPTED)
 
     # ------------------------------------------------------------ command palette
 
@@ -367,7 +449,12 @@ class RemotemacApp(App[int]):
                 "Cut the selected run's SSH link on purpose (d)",
                 self.action_drill,
             ),
-            ("Search log", "Search the run's log (/)", lambda: on(RunScreen, "search")),
+            ("Filter", "Only the runs, hosts or log lines holding words (/)", self.action_filter),
+            (
+                "Side panel",
+                "Phases, link, memory, verdict on a narrow terminal (i)",
+                lambda: on(RunScreen, "side"),
+            ),
             (
                 "Older match",
                 "Next search match upwards (n)",
@@ -397,7 +484,7 @@ class RemotemacApp(App[int]):
             ),
             (
                 "Trust host key",
-                "Pin the selected host's key after comparing it (k)",
+                "Pin the selected host's key after comparing it (t on the hosts screen)",
                 lambda: on(HostsScreen, "trust"),
             ),
             (
@@ -424,12 +511,14 @@ class RemotemacApp(App[int]):
         yield from (c for c in super().get_system_commands(screen) if c.title not in ours)
 
 
-def _pretty(text: str) -> str:
-    """JSON output shown indented; anything else as it is."""
+def _cleanup_markdown(text: str) -> str:
+    """The cleanup's record as ``cleanup.md`` has it (the engine's words), not raw JSON."""
+    from remotemac.engine.cleanup import render_markdown
+
     try:
-        return json.dumps(json.loads(text), indent=2)
-    except ValueError:
-        return text.strip()
+        return render_markdown(json.loads(text))
+    except (ValueError, KeyError, TypeError):
+        return f"```\n{text.strip()}\n```\n"
 
 
 def plan_markdown(plan: dict[str, Any]) -> str:
@@ -463,5 +552,8 @@ def plan_markdown(plan: dict[str, Any]) -> str:
 
 def run_tui(settings: LocalSettings, playbooks: list[str], start: bool = True) -> int:
     """Entry point of ``remotemac tui [PLAYBOOK…]``: each PLAYBOOK starts a run at once."""
-    result = RemotemacApp(settings, playbooks, start_playbooks=start).run()
+    app = RemotemacApp(settings, playbooks, start_playbooks=start)
+    result = app.run()
+    for line in app.exit_lines:  # as the CLI's Ctrl-C: the way back in, on stderr
+        print(line, file=sys.stderr)
     return int(result or 0)

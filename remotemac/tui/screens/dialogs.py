@@ -12,7 +12,6 @@ from textual.screen import ModalScreen, Screen
 from textual.widgets import (
     Button,
     Checkbox,
-    Footer,
     Input,
     Label,
     MarkdownViewer,
@@ -20,9 +19,16 @@ from textual.widgets import (
     Static,
 )
 
+from remotemac.tui.fit import CleanupPlan
+from remotemac.tui.widgets.keybar import KeyBar
+
 
 class ConfirmScreen(ModalScreen[bool]):
-    """A yes/no question; ``y`` / ``n`` (or escape) answer from the keyboard."""
+    """A yes/no question; ``y`` / ``n`` (or escape) answer from the keyboard.
+
+    "No" has the focus, so an enter typed out of habit destroys nothing; the details
+    scroll and the buttons stay on screen at any height (80x24 included).
+    """
 
     BINDINGS = [
         Binding("y", "answer(True)", "Yes"),
@@ -30,27 +36,98 @@ class ConfirmScreen(ModalScreen[bool]):
         Binding("escape", "answer(False)", "No", show=False),
     ]
 
-    def __init__(self, question: str, details: str = "", yes: str = "Yes") -> None:
+    def __init__(
+        self,
+        question: str,
+        details: str = "",
+        yes: str = "Yes",
+        no: str = "No",
+        safe: bool = False,
+    ) -> None:
         super().__init__()
         self.question = question
         self.details = details
         self.yes = yes
+        self.no = no
+        self.safe = safe  # yes destroys nothing (quit, keeping the jobs): not red
 
     def compose(self) -> ComposeResult:
         with Vertical(id="dialog"):
             yield Label(self.question, id="question")
-            if self.details:
-                with VerticalScroll(id="details"):
-                    yield Static(self.details, markup=False)
+            with VerticalScroll(id="details"):
+                yield from self.body()
+            yield from self.after()
             with Horizontal(id="buttons"):
-                yield Button(f"{self.yes} (y)", variant="error", id="yes")
-                yield Button("No (n)", variant="primary", id="no")
+                yield Button(
+                    f"{self.yes} (y)", variant="primary" if self.safe else "error", id="yes"
+                )
+                yield Button(f"{self.no} (n)", variant="default", id="no")
+
+    def body(self) -> ComposeResult:
+        if self.details:
+            yield Static(self.details, markup=False, id="details-text")
+
+    def after(self) -> ComposeResult:
+        yield from ()
+
+    def on_mount(self) -> None:
+        self.query_one("#no", Button).focus()
+        self._fit()
+
+    def on_resize(self, event: object) -> None:
+        self._fit()
+
+    def _fit(self) -> None:
+        """The details get what the screen has left after the question and the buttons."""
+        height = self.app.size.height
+        dialog = self.query_one("#dialog")
+        dialog.styles.max_height = max(8, height - 2)
+        # border 2 + padding 2 + question (2 lines) + margins 3 + lines after + buttons 3
+        question = 2 if len(self.question) > 68 else 1
+        after = 2 * len(list(self.query("#plan-total")))
+        self.query_one("#details").styles.max_height = max(
+            2, height - 2 - (2 + 2 + question + 3 + after + 3)
+        )
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
         self.dismiss(event.button.id == "yes")
 
     def action_answer(self, value: bool) -> None:
         self.dismiss(value)
+
+
+class CleanupScreen(ConfirmScreen):
+    """The cleanup's dry run as the CLI prints it: kind, path, size of each item, the total."""
+
+    def __init__(self, plan: CleanupPlan) -> None:
+        super().__init__(plan.question(), yes="Clean up")
+        self.plan = plan
+
+    def body(self) -> ComposeResult:
+        from rich.table import Table
+        from rich.text import Text
+
+        from remotemac.termsafe import escape_controls
+        from remotemac.units import format_size
+
+        table = Table(box=None, show_edge=False, expand=True, header_style="bold", pad_edge=False)
+        table.add_column("kind", no_wrap=True)
+        table.add_column("path", overflow="fold", ratio=1)  # wraps: a path is never cut
+        table.add_column("size", justify="right", no_wrap=True)
+        for item in self.plan.remove:
+            table.add_row(item.kind, Text(escape_controls(item.path)), format_size(item.size))
+        for item in self.plan.keep:
+            table.add_row(
+                Text(f"keep {item.kind}", style="yellow"),
+                Text(f"{escape_controls(item.path)}: {escape_controls(item.why)}", style="dim"),
+                "",
+            )
+        yield Static(table, id="plan-table")
+
+    def after(self) -> ComposeResult:
+        from rich.text import Text
+
+        yield Static(Text(self.plan.total_line(), style="bold"), id="plan-total")
 
 
 @dataclass(frozen=True)
@@ -134,17 +211,25 @@ class PlaybookPicker(ModalScreen["RunChoice | None"]):
 
 
 def key_rows(screen: Screen, app_bindings: list[Binding]) -> list[tuple[str, str]]:
-    """(keys, what they do) for ``screen`` and the app: what the ``?`` screen lists."""
+    """(keys, what they do) for ``screen``, its list and the app: what ``?`` lists.
+
+    Made from the bindings themselves, so the help cannot promise a key that does
+    nothing (Home/End once were listed and did not move the selection).
+    """
+    from remotemac.tui.widgets.lists import ListTable
+
     rows: list[tuple[str, str]] = []
     seen: set[str] = set()
-    for binding in [*getattr(type(screen), "BINDINGS", []), *app_bindings]:
-        if not isinstance(binding, Binding) or binding.key in seen:
+    lists = ListTable.BINDINGS if screen.query(ListTable) else []
+    for binding in [*getattr(type(screen), "BINDINGS", []), *lists, *app_bindings]:
+        if not isinstance(binding, Binding) or binding.action in seen:
             continue
-        seen.add(binding.key)
+        seen.add(binding.action)
         keys = " / ".join(_KEY_NAMES.get(k.strip(), k.strip()) for k in binding.key.split(","))
+        if binding.action == "command_palette":
+            keys = "ctrl+p / :"
         what = binding.description or binding.action
         rows.append((keys, f"{what}: {binding.tooltip}" if binding.tooltip else what))
-    rows.append(("↑ ↓ pgup pgdn home", "move the selection, scroll the log"))
     return rows
 
 
@@ -152,9 +237,7 @@ _KEY_NAMES = {
     "slash": "/",
     "question_mark": "?",
     "escape": "esc",
-    "enter": "enter",
-    "ctrl+p": "ctrl+p",
-    "ctrl+c": "ctrl+c",
+    "colon": ":",
 }
 
 
@@ -201,4 +284,4 @@ class MarkdownScreen(Screen):
 
     def compose(self) -> ComposeResult:
         yield MarkdownViewer(self.text, show_table_of_contents=False, id="markdown")
-        yield Footer()
+        yield KeyBar()

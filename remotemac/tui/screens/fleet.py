@@ -17,8 +17,10 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.screen import Screen
-from textual.widgets import DataTable, Footer, Header, Static
+from textual.widgets import DataTable, Header, Static
 
+from remotemac.tui.widgets.keybar import KeyBar
+from remotemac.tui.widgets.lists import ListTable
 from remotemac.vocab import human_duration, human_time, run_word
 
 _VERDICT_STYLE = {
@@ -128,8 +130,8 @@ class FleetScreen(Screen):
     def compose(self) -> ComposeResult:
         yield Header(show_clock=False)
         yield Static("", id="fleet-title")
-        yield DataTable(id="fleet", cursor_type="row", zebra_stripes=True)
-        yield Footer()
+        yield ListTable(id="fleet", zebra_stripes=True)
+        yield KeyBar()
 
     def on_mount(self) -> None:
         self.sub_title = "fleet"

@@ -11,11 +11,14 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import Screen
-from textual.widgets import DataTable, Footer, Header, Input, Static
+from textual.widgets import DataTable, Header, Input, Static
 
 from remotemac.settings import LocalSettings
 from remotemac.tui.driver import error_line
+from remotemac.tui.fit import matches
 from remotemac.tui.screens.dialogs import ConfirmScreen
+from remotemac.tui.widgets.keybar import KeyBar
+from remotemac.tui.widgets.lists import FilterBar, ListTable
 
 NARROW = 100  # columns: below this the hosts screen stacks its two panes
 _STATUS_STYLE = {"ok": "green", "warn": "yellow", "fail": "bold red", "n/a": "dim"}
@@ -25,9 +28,10 @@ class HostsScreen(Screen):
     """Hosts known from the journal and the playbooks; doctor and trust act on the selected one."""
 
     BINDINGS = [
-        Binding("escape", "app.pop_screen", "Runs"),
+        Binding("escape", "back", "Runs", tooltip="clears the filter first"),
+        Binding("slash", "filter", "Filter", tooltip="hosts whose name holds the words"),
         Binding("d", "doctor", "Doctor"),
-        Binding("k", "trust", "Trust key"),
+        Binding("t", "trust", "Trust key", tooltip="asks first, showing the fingerprint"),
         Binding("c", "app.cleanup", "Cleanup host"),
         Binding("q", "app.quit", "Quit"),
     ]
@@ -37,18 +41,21 @@ class HostsScreen(Screen):
         self.hosts = list(dict.fromkeys(hosts))
         self.remote_root = remote_root
         self.reports: dict[str, Any] = {}
+        self.term = ""
+        self._trusted: dict[str, bool] = {}
 
     def compose(self) -> ComposeResult:
         yield Header(show_clock=False)
         with Horizontal(id="hosts-body"):
             with Vertical(id="hosts-side"):
-                yield DataTable(id="hosts", cursor_type="row")
+                yield ListTable(id="hosts")
+                yield FilterBar("#hosts", placeholder="filter hosts (esc clears)")
                 yield Input(placeholder="add: alias or user@host:port", id="add-host")
             with Vertical(id="hosts-main"):
                 yield Static("", id="doctor-title")
                 with VerticalScroll(id="checks-scroll"):
                     yield Static("", id="checks")
-        yield Footer()
+        yield KeyBar()
 
     def on_mount(self) -> None:
         app: Any = self.app
@@ -57,10 +64,63 @@ class HostsScreen(Screen):
         hosts = self.query_one("#hosts", DataTable)
         hosts.add_column("host", key="host")
         hosts.add_column("doctor", key="doctor")
-        for host in self.hosts:
-            hosts.add_row(host, self._fit_cell(host), key=host)
+        self._fill()
         self.show_report(self.selected_host())
         hosts.focus()
+
+    def _fill(self) -> None:
+        table = self.query_one("#hosts", DataTable)
+        keep = self.selected_host()
+        table.clear()
+        for host in self.hosts:
+            if matches(self.term, [host]):
+                table.add_row(host, self._fit_cell(host), key=host)
+        if keep is not None and keep in table.rows:
+            table.move_cursor(row=table.get_row_index(keep), animate=False)
+        self.show_report(self.selected_host())
+
+    def action_filter(self) -> None:
+        self.query_one(FilterBar).open()
+
+    def on_filter_bar_filtered(self, event: FilterBar.Filtered) -> None:
+        self.term = event.term
+        self._fill()
+
+    def action_back(self) -> None:
+        bar = self.query_one(FilterBar)
+        if bar.display or bar.value:
+            bar.action_clear()
+            return
+        self.app.pop_screen()
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """Trust only a host with a key to trust and none pinned yet; doctor a selected host."""
+        if action == "trust":
+            host = self.selected_host()
+            return bool(host) and host != "local" and not self.is_trusted(host or "")
+        if action == "doctor":
+            return self.selected_host() is not None
+        return True
+
+    def is_trusted(self, host: str) -> bool:
+        """A key for ``host`` is pinned already (remotemac's known_hosts or the user's)."""
+        if host not in self._trusted:
+            from pathlib import Path
+
+            from remotemac.transport.hostkeys import HostKeyPolicy
+            from remotemac.transport.sshconfig import resolve
+
+            app: Any = self.app
+            s: LocalSettings = app.settings
+            try:
+                params = resolve(host, ssh_config=s.ssh_config, identity=s.identity)
+                keys, _cas, _revoked = HostKeyPolicy(Path(s.home), params.known_hosts_files).lookup(
+                    params.key_name
+                )
+                self._trusted[host] = bool(keys)
+            except Exception:  # an alias that does not resolve: nothing is pinned for it
+                self._trusted[host] = False
+        return self._trusted[host]
 
     def on_resize(self, event: Any) -> None:
         """Below 100 columns the host list goes above the report, so "why / fix" keeps room."""
@@ -78,8 +138,11 @@ class HostsScreen(Screen):
     def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
         if event.data_table.id == "hosts":
             self.show_report(str(event.row_key.value))
+            self.refresh_bindings()
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
+        if event.input.id != "add-host":
+            return
         host = event.value.strip()
         event.input.value = ""
         if host and host not in self.hosts:
@@ -160,6 +223,8 @@ class HostsScreen(Screen):
         host = self.selected_host()
         if host == "local":
             self.notify("local has no host key", severity="warning")
+        elif host and self.is_trusted(host):
+            self.notify(f"{host}: a key is pinned already (a changed key is refused, not asked)")
         elif host:
             self.trust(host)
 
@@ -180,7 +245,8 @@ class HostsScreen(Screen):
         question = f"Trust {host}'s host key?"
         details = (
             f"{key.get_algorithm()} {fp}\n\nCompare it with the fingerprint your "
-            "provider published before saying yes."
+            "provider published before saying yes. Yes pins this key in remotemac's "
+            "known_hosts: every later connection to this host must offer exactly it."
         )
         if not await app.push_screen_wait(ConfirmScreen(question, details, yes="Trust")):
             self.notify(f"{host}: key not trusted")
@@ -192,6 +258,8 @@ class HostsScreen(Screen):
         except Exception as exc:
             app.report_error(f"trust {host}: {error_line(exc)}")
             return
+        self._trusted[host] = True
+        self.refresh_bindings()
         state = "already trusted" if result.already_trusted else "trusted"
         self.notify(f"{result.name}: {state} {result.fingerprint}")
         self.query_one("#doctor-title", Static).update(f"{host}: {state} {result.fingerprint}")

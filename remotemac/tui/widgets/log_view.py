@@ -11,7 +11,9 @@ from rich.style import Style
 from textual.strip import Strip
 from textual.widgets import Log
 
+from remotemac.tui.fit import matches
 from remotemac.tui.model import LineStore, LogRecord
+from remotemac.vocab import clock
 
 MATCH_STYLE = Style(reverse=True, bold=True)
 
@@ -27,6 +29,9 @@ class LogView(Log):
         self.match_line: int | None = None
         self.term = ""
         self.device: str | None = None  # show only this device's lines (None: all)
+        self.pattern = ""  # the ``/`` filter: only lines holding these words
+        self.compact = False  # narrow pane: no time column, the device tag only as wide as needed
+        self.device_width = 3
 
     @property
     def following(self) -> bool:
@@ -35,6 +40,12 @@ class LogView(Log):
 
     def take(self, store: LineStore) -> int:
         """Write every line of ``store`` not taken yet, in one batch; returns how many."""
+        width = min(10, max((len(d) for d in store.devices), default=3))
+        if self.compact and width != self.device_width:
+            self.device_width = width
+            self.redraw(store)  # a longer device name: every tag as wide as the new one
+            return 0
+        self.device_width = width
         lines = store.since(self.seen)
         self.seen = store.total
         if not lines:
@@ -54,11 +65,37 @@ class LogView(Log):
         return len(lines)
 
     def _shown(self, records: list[LogRecord]) -> list[str]:
-        return [r.render() for r in records if self.device is None or r.device == self.device]
+        return [
+            self._line(r)
+            for r in records
+            if (self.device is None or r.device == self.device)
+            and (not self.pattern or matches(self.pattern, (r.device, r.text)))
+        ]
+
+    def _line(self, r: LogRecord) -> str:
+        if not self.compact:
+            return r.render()
+        when = f"{clock(r.ts)} " if r.ts is not None else ""  # no blank column for preloaded
+        return f"{when}{r.device:<{self.device_width}} │ {r.text}"
 
     def show_device(self, device: str | None, store: LineStore) -> None:
         """Filter by device (None: every device): the view is redrawn from the store."""
         self.device = device
+        self.redraw(store)
+
+    def set_pattern(self, pattern: str, store: LineStore) -> None:
+        """The ``/`` filter: only the lines holding every word (empty: all lines)."""
+        if pattern != self.pattern:
+            self.pattern = pattern
+            self.redraw(store)
+
+    def set_compact(self, compact: bool, store: LineStore) -> None:
+        if compact != self.compact:
+            self.compact = compact
+            self.redraw(store)
+
+    def redraw(self, store: LineStore) -> None:
+        """Every held line again, as the filters and the width now say."""
         self.clear()
         self.match_line = None
         self.dropped = 0
