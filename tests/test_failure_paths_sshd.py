@@ -1,0 +1,169 @@
+"""Failure paths that lose nothing and leave nothing (issue 31, items 1-5 and 7).
+
+The one rule these tests hold the CLI to: whatever was not verified on the laptop
+stays on the host in a state ``pull``/``attach`` can finish, the message says what is
+kept and the command that gets it, and after that command ``cleanup`` leaves the host
+clean. Every test drives the real CLI against the real sshd of tests/harness (the
+fresh-host lab: bare python3 3.9, the job needs no torch).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.security.test_hostile_pull_sshd import journal_row
+from tests.test_cleanup_sshd import Target, make_target, run_ids, tree
+
+pytestmark = pytest.mark.timeout(300)
+
+#: a job whose results are known on the laptop: ``metrics.json`` and a 2 MiB model
+RESULTS_JOB = r"""
+import json, os, sys
+out = sys.argv[1]
+name = sys.argv[2] if len(sys.argv) > 2 else ""
+os.makedirs(out, exist_ok=True)
+with open(os.path.join(out, "metrics.json"), "w") as fh:
+    json.dump({"loss": 0.25, "acc": 0.9}, fh)
+with open(os.path.join(out, "model.pth.tar"), "wb") as fh:
+    fh.write(bytes(range(256)) * 8192)
+if name:
+    with open(os.path.join(out, name), "w") as fh:
+        fh.write("a result with a long name\n")
+print("wrote results", flush=True)
+"""
+
+MODEL = bytes(range(256)) * 8192
+
+
+def results_project(tmp_path: Path, job: str = RESULTS_JOB) -> Path:
+    project = tmp_path / "project"
+    (project / "data").mkdir(parents=True)
+    (project / "train.py").write_text(job)
+    (project / "data" / "a.txt").write_text("some data\n")
+    return project
+
+
+def write_book(
+    tmp_path: Path,
+    t: Target,
+    project: Path,
+    command: str = "python3 train.py {output_dir}",
+    **extra,
+) -> Path:
+    book = {
+        "name": "results",
+        "host": t.alias,
+        "remote_root": str(t.root),
+        "project": {"path": str(project), "exclude": ["data/"]},
+        "environment": {"venv": False},  # the host's own python3: the job needs no torch
+        "data": {"path": str(project / "data"), "classification": "public"},
+        "workload": {
+            "command": command,
+            "reference": {"device": "cpu"},
+            "target": {"device": "cpu"},
+            "timeout": "5m",
+        },
+        "outputs": {"path": "."},
+        "stop_when": {"memory_growth": False},
+    }
+    book.update(extra)
+    path = tmp_path / "results.yaml"
+    path.write_text(yaml.safe_dump(book, sort_keys=False))
+    return path
+
+
+def pulled(out: Path) -> dict[str, str]:
+    """Every pulled result under ``out/results``: relative path → sha256."""
+    root = out / "results"
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
+
+
+def assert_every_result_verified(out: Path, extra: tuple[str, ...] = ()) -> None:
+    """Both sides' results are on the laptop, whole, and the record says verified."""
+    got = pulled(out)
+    labels = {name.split("/", 1)[0] for name in got}
+    assert len(labels) == 2, got
+    model = hashlib.sha256(MODEL).hexdigest()
+    for label in labels:
+        assert got[f"{label}/model.pth.tar"] == model, got
+        assert f"{label}/metrics.json" in got, got
+        for name in extra:
+            assert f"{label}/{name}" in got, got
+    record = json.loads((out / "acceptance.json").read_text())
+    assert record["wipe"]["done"] is True and record["wipe"]["verified"] is True, record["wipe"]
+
+
+def assert_cleanup_clean(t: Target, cwd: Path) -> None:
+    proc = t.cli("cleanup", t.alias, "--remote-root", str(t.root), "--yes", "--json", cwd=cwd)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    record = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert record["status"] == "clean", record
+    assert tree(t.host_home) == []
+
+
+# ------------------------------------------------------------------ item 1
+
+
+@pytest.mark.parametrize("recover", ["attach", "pull"])
+def test_outputs_kept_after_a_refused_pull_are_pulled_once_the_limit_is_raised(
+    tmp_path, sshd_factory, ssh_env, recover
+):
+    t = make_target(tmp_path, sshd_factory, ssh_env)
+    book = write_book(
+        tmp_path, t, results_project(tmp_path), outputs={"path": ".", "max_bytes": "1MiB"}
+    )
+    out = tmp_path / "out"
+    proc = t.cli("run", str(book), "--out", str(out))
+    assert proc.returncode == 5, proc.stdout + proc.stderr
+    [run_id] = run_ids(t.root)
+    # the message says what is kept and the command that gets it
+    assert "kept on the host" in proc.stderr, proc.stderr
+    assert f"remotemac attach {run_id} --max-bytes" in proc.stderr, proc.stderr
+    assert (t.root / "runs" / run_id / "out").is_dir()
+    if recover == "attach":
+        again = t.cli("attach", run_id, "--max-bytes", "8MiB")
+        assert again.returncode in (0, 1), again.stdout + again.stderr
+    else:
+        again = t.cli("pull", "latest", "--max-bytes", "8MiB")
+        assert again.returncode == 0, again.stdout + again.stderr
+        # what pull did not do (compare, record) attach finishes
+        again = t.cli("attach", run_id)
+        assert again.returncode in (0, 1), again.stdout + again.stderr
+    assert_every_result_verified(out)
+    assert not (t.root / "runs" / run_id / "out").exists()  # verified here: gone there
+    assert journal_row(t.rm_home, run_id)["state"] == "finished"
+    assert_cleanup_clean(t, tmp_path)
+
+
+# ------------------------------------------------------------------ item 2
+
+
+def test_a_result_name_of_255_bytes_is_pulled_with_the_rest(tmp_path, sshd_factory, ssh_env):
+    t = make_target(tmp_path, sshd_factory, ssh_env)
+    long_name = "checkpoint-" + "e" * 235 + ".pth.tar"  # 254 bytes: legal on ext4 and APFS
+    assert 248 <= len(long_name.encode()) <= 255
+    book = write_book(
+        tmp_path,
+        t,
+        results_project(tmp_path),
+        command=f"python3 train.py {{output_dir}} {long_name}",
+    )
+    out = tmp_path / "out"
+    proc = t.cli("run", str(book), "--out", str(out))
+    assert proc.returncode in (0, 1), proc.stdout + proc.stderr
+    assert "internal error" not in proc.stderr, proc.stderr
+    assert_every_result_verified(out, extra=(long_name,))
+    assert not list(out.rglob("*.rmpart"))
+    assert_cleanup_clean(t, tmp_path)
