@@ -167,3 +167,75 @@ def test_a_result_name_of_255_bytes_is_pulled_with_the_rest(tmp_path, sshd_facto
     assert_every_result_verified(out, extra=(long_name,))
     assert not list(out.rglob("*.rmpart"))
     assert_cleanup_clean(t, tmp_path)
+
+
+# ------------------------------------------------------------------ item 3
+
+
+def start_cli(t: Target, *args: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "remotemac", "--ssh-config", str(t.ssh_config), *args],
+        env=dict(os.environ, **t.env()),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def test_two_runs_at_once_into_one_out_dir_one_is_refused_up_front(tmp_path, sshd_factory, ssh_env):
+    t = make_target(tmp_path, sshd_factory, ssh_env)
+    book = write_book(tmp_path, t, results_project(tmp_path))
+    out = tmp_path / "out"
+    procs = [start_cli(t, "run", str(book), "--out", str(out)) for _ in range(2)]
+    done = [(p.wait(timeout=240), *p.communicate()) for p in procs]
+    codes = sorted(code for code, _, _ in done)
+    assert codes in ([0, 2], [1, 2]), done
+    [(_, _, refused)] = [d for d in done if d[0] == 2]
+    assert "remotemac: error:" in refused and "--out" in refused, refused
+    # exactly one run reached the host, and the dir holds that run alone
+    [run_id] = run_ids(t.root)
+    ledger = [json.loads(x) for x in (out / "ledger.jsonl").read_text().splitlines()]
+    assert ledger and {e.get("run_id", run_id) for e in ledger} == {run_id}
+    record = json.loads((out / "acceptance.json").read_text())
+    assert record["run_id"] == run_id
+    for log in (out / "logs").glob("*.log"):
+        lines = log.read_text().splitlines()
+        assert lines.count("wrote results") == 1, (log, lines)
+    assert_every_result_verified(out)
+    assert_cleanup_clean(t, tmp_path)
+
+
+# ------------------------------------------------------------------ item 4
+
+
+def test_attach_after_cleanup_writes_nothing_on_the_host(tmp_path, sshd_factory, ssh_env):
+    t = make_target(tmp_path, sshd_factory, ssh_env)
+    book = write_book(tmp_path, t, results_project(tmp_path))
+    out = tmp_path / "out"
+    proc = t.cli("run", str(book), "--out", str(out))
+    assert proc.returncode in (0, 1), proc.stdout + proc.stderr
+    [run_id] = run_ids(t.root)
+    assert_cleanup_clean(t, tmp_path)
+    again = t.cli("attach", run_id)
+    assert again.returncode == proc.returncode, again.stdout + again.stderr
+    assert tree(t.host_home) == [], "attach re-created remote_root on the host"
+    assert_cleanup_clean(t, tmp_path)
+
+
+def test_cleanup_removes_a_root_that_holds_only_remotemacs_agent(tmp_path, sshd_factory, ssh_env):
+    """Simulation of what an older remotemac's ``attach`` left after a cleanup: the root
+    without its marker, holding only ``agent/<version>/`` with the agent's own marker
+    (AgentClient.install writes it). Before: "not made by remotemac", exit 1, for ever."""
+    t = make_target(tmp_path, sshd_factory, ssh_env)
+    agent = t.root / "agent" / "0123abcd"
+    marker = json.dumps({"kind": "agent", "version": "0123abcd", "root_id": "r1"})
+    made = t.sshd.run_as_user(
+        [
+            "sh",
+            "-c",
+            f"mkdir -p {agent} && printf '%s' '{marker}' > {agent}/.remotemac-owned"
+            f" && echo print > {agent}/hostagent.py && echo v > {agent}/.complete",
+        ]
+    )
+    assert made.returncode == 0, made.stderr
+    assert_cleanup_clean(t, tmp_path)

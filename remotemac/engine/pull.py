@@ -306,7 +306,8 @@ async def _pull_listed(
         raise OutputsTooLarge(
             f"{transport.name}: {remote_dir} lists {len(wanted)} files, {total} bytes: more "
             f"than the {max_bytes} bytes outputs.max_bytes allows; nothing was pulled",
-            hint="raise outputs.max_bytes or narrow outputs.path if that is expected",
+            hint="raise outputs.max_bytes (for this run: --max-bytes of pull or attach) or "
+            "narrow outputs.path if that is expected",
         )
     progress = _Progress(emit, run_id, total, label)
     outcome: list[dict[str, Any] | str | None] = [None] * len(wanted)
