@@ -105,12 +105,12 @@ def assert_every_result_verified(out: Path, extra: tuple[str, ...] = ()) -> None
     assert record["wipe"]["done"] is True and record["wipe"]["verified"] is True, record["wipe"]
 
 
-def assert_cleanup_clean(t: Target, cwd: Path) -> None:
+def assert_cleanup_clean(t: Target, cwd: Path, leave: tuple[str, ...] | list[str] = ()) -> None:
     proc = t.cli("cleanup", t.alias, "--remote-root", str(t.root), "--yes", "--json", cwd=cwd)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     record = json.loads(proc.stdout.strip().splitlines()[-1])
     assert record["status"] == "clean", record
-    assert tree(t.host_home) == []
+    assert [p for p in tree(t.host_home) if p not in leave] == []
 
 
 # ------------------------------------------------------------------ item 1
@@ -239,3 +239,45 @@ def test_cleanup_removes_a_root_that_holds_only_remotemacs_agent(tmp_path, sshd_
     )
     assert made.returncode == 0, made.stderr
     assert_cleanup_clean(t, tmp_path)
+
+
+# ------------------------------------------------------------------ item 7
+
+BANNER = 'Welcome to your rented Mac mini!\n{"not": "the agent"}\n'
+
+
+def test_a_login_shell_that_prints_a_banner_still_claims_runs_and_cleans_up(
+    tmp_path, sshd_factory, ssh_env
+):
+    """The host's shell start-up prints text on stdout before every command, as a
+    .bashrc with an ``echo`` does (bash sources it for every command sshd runs): here
+    the .bashrc of this sshd's own session HOME (the shared lab user's start-up files
+    stay empty). Before: the claim ran, then "agent … gave no answer (exit 0): no
+    output … is python3 installed on the host?", exit 3; cleanup failed the same way."""
+    t = make_target(tmp_path, sshd_factory, ssh_env)
+    rc = t.sshd.host_dir("rc") / "bashrc"
+    rc.write_text("echo 'Welcome to your rented Mac mini!'\necho '{\"not\": \"the agent\"}'\n")
+    rc.chmod(0o644)
+    made = t.sshd.run_as_user(["sh", "-c", f'cp {rc} "$HOME/.bashrc"'])
+    assert made.returncode == 0, made.stderr
+    probe = subprocess.run(
+        [
+            "ssh",
+            "-F",
+            str(t.ssh_config),
+            "-o",
+            f"UserKnownHostsFile={t.rm_home / 'known_hosts'}",
+            t.alias,
+            "true",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert probe.stdout == BANNER, ("the banner is not printed: the test proves nothing", probe)
+    book = write_book(tmp_path, t, results_project(tmp_path))
+    out = tmp_path / "out"
+    proc = t.cli("run", str(book), "--out", str(out))
+    assert proc.returncode in (0, 1), proc.stdout + proc.stderr
+    assert_every_result_verified(out)
+    assert_cleanup_clean(t, tmp_path, leave=[".bashrc"])
