@@ -56,6 +56,7 @@ def write_book(
     t: Target,
     project: Path,
     command: str = "python3 train.py {output_dir}",
+    env: dict[str, str] | None = None,
     **extra,
 ) -> Path:
     book = {
@@ -70,6 +71,7 @@ def write_book(
             "reference": {"device": "cpu"},
             "target": {"device": "cpu"},
             "timeout": "5m",
+            **({"env": env} if env else {}),
         },
         "outputs": {"path": "."},
         "stop_when": {"memory_growth": False},
@@ -281,3 +283,82 @@ def test_a_login_shell_that_prints_a_banner_still_claims_runs_and_cleans_up(
     assert proc.returncode in (0, 1), proc.stdout + proc.stderr
     assert_every_result_verified(out)
     assert_cleanup_clean(t, tmp_path, leave=[".bashrc"])
+
+
+# ------------------------------------------------------------------ item 5
+
+FILL_JOB = r"""
+import json, os, sys, time
+out = sys.argv[1]
+os.makedirs(out, exist_ok=True)
+with open(os.path.join(out, "metrics.json"), "w") as fh:
+    json.dump({"loss": 0.25}, fh)
+with open(os.path.join(out, "model.pth.tar"), "wb") as fh:
+    fh.write(bytes(range(256)) * 8192)
+print("filling the disk", flush=True)
+try:
+    with open(os.path.join(out, "cache.bin"), "wb") as fh:
+        while True:
+            fh.write(b"x" * 65536)
+            fh.flush()
+except OSError as exc:
+    print("disk full:", exc, flush=True)
+os.unlink(os.path.join(out, "cache.bin")) if sys.argv[2:] == ["free"] else None
+time.sleep(5)  # the runner's heartbeats fall on the full disk
+sys.exit(3)
+"""
+
+
+@pytest.fixture
+def small_disk(sshd_factory):
+    """A 24 MiB tmpfs beside the host's home, the lab user's: remote_root goes on it."""
+    if os.geteuid() != 0:
+        pytest.fail("the sshd tests run as root (they mount a small tmpfs)")
+    server = sshd_factory()
+    mount = server.host_dir("small-disk")
+    uid, gid = os.stat(mount).st_uid, os.stat(mount).st_gid
+    subprocess.run(
+        [
+            "mount",
+            "-t",
+            "tmpfs",
+            "-o",
+            f"size=24m,uid={uid},gid={gid},mode=0755",
+            "tmpfs",
+            str(mount),
+        ],
+        check=True,
+    )
+    try:
+        yield server, mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_a_disk_filled_by_the_job_still_ends_in_a_final_state_and_a_wipe(
+    tmp_path, small_disk, ssh_env
+):
+    server, mount = small_disk
+    rm_home, cfg, alias = ssh_env(server)
+    t = Target(alias, cfg, rm_home, server.home, server.tmux_dir, mount / "remotemac", server)
+    book = write_book(
+        tmp_path,
+        t,
+        results_project(tmp_path, FILL_JOB),
+        stop_when={"memory_growth": False, "min_free_disk": "1KiB"},
+    )
+    out = tmp_path / "out"
+    proc = t.cli("run", str(book), "--out", str(out))
+    text = proc.stdout + proc.stderr
+    assert "was the host rebooted" not in text and "internal error" not in text, text
+    assert proc.returncode in (1, 3, 4), text
+    if proc.returncode == 3:  # the target could not start on the full disk: said so
+        assert "disk is full" in proc.stderr and "permissions" not in proc.stderr, text
+    [run_id] = run_ids(t.root)
+    status = json.loads((t.root / "runs" / run_id / "status" / "cpu.json").read_text())
+    # a final state: the job's own exit, or the runner's storage stop
+    assert status["state"] in ("failed", "storage-limit"), status
+    proc = t.cli("cleanup", t.alias, "--remote-root", str(t.root), "--yes", "--json")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert not t.root.exists()
+    assert not list(Path("/dev/shm").glob(f"remotemac-{run_id}*")), "the RAM store stayed"

@@ -168,7 +168,9 @@ def refuse_wiped_before_the_end(
     if wipe is None or (wipe.get("result") or {}).get("done") is False:
         return  # no wipe, or ``wipe: manual`` kept the data
     kept = outputs_kept_by_wipe(done)
-    if Phase.PULL.value in done or (kept and all(f in done for f in follows or [None])):
+    if Phase.PULL.value in done or (
+        kept and follows is not None and all(f in done for f in follows)
+    ):
         if kept:  # the wipe runs again at the end: for the outputs, verified here by then
             del done[Phase.WIPE.value]
         return
