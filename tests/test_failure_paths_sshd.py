@@ -362,3 +362,54 @@ def test_a_disk_filled_by_the_job_still_ends_in_a_final_state_and_a_wipe(
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert not t.root.exists()
     assert not list(Path("/dev/shm").glob(f"remotemac-{run_id}*")), "the RAM store stayed"
+
+
+# ------------------------------------------------------------------ across phases
+
+SLOW_JOB = RESULTS_JOB.replace("import json, os, sys", "import json, os, sys, time\ntime.sleep(3)")
+
+
+def started_phases(rm_home: Path) -> set[str]:
+    import sqlite3
+
+    path = rm_home / "journal.sqlite3"
+    if not path.exists():
+        return set()
+    try:
+        db = sqlite3.connect(path, timeout=5)
+        try:
+            return {r[0] for r in db.execute("SELECT phase FROM phases")}
+        finally:
+            db.close()
+    except sqlite3.Error:
+        return set()
+
+
+@pytest.mark.parametrize("phase", ["sync", "follow:reference", "follow:target", "pull"])
+def test_sigkill_of_the_laptop_in_any_phase_then_attach_loses_nothing(
+    tmp_path, sshd_factory, ssh_env, phase
+):
+    """The property "nothing unverified is lost", for one fault (SIGKILL of the laptop
+    process) in each phase: the documented recovery (``attach``) ends with every result
+    verified here and ``cleanup`` clean."""
+    import signal
+    import time
+
+    t = make_target(tmp_path, sshd_factory, ssh_env)
+    book = write_book(tmp_path, t, results_project(tmp_path, SLOW_JOB))
+    out = tmp_path / "out"
+    proc = start_cli(t, "run", str(book), "--out", str(out))
+    deadline = time.monotonic() + 120
+    while phase not in started_phases(t.rm_home):
+        assert proc.poll() is None, ("the run ended before the fault", proc.communicate())
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    [run_id] = run_ids(t.root)
+    again = t.cli("attach", run_id)
+    assert again.returncode in (0, 1), again.stdout + again.stderr
+    assert_every_result_verified(out)
+    for log in (out / "logs").glob("*.log"):
+        assert log.read_text().splitlines().count("wrote results") == 1, log
+    assert_cleanup_clean(t, tmp_path)
