@@ -342,7 +342,7 @@ def run(
     options = RunOptions(keep_data=keep_data, detach=detach, drill=drill, show_secrets=show_secrets)
     from remotemac.engine.runs import refuse_used_out_dir, register_run
 
-    refuse_used_out_dir(out_dir)
+    refuse_used_out_dir(out_dir, run_id)
 
     register_run(
         journal,
@@ -374,18 +374,40 @@ RUN_ID_HELP = (
 )
 
 
+MAX_BYTES_HELP = (
+    "Pull at most this much (e.g. 8GiB): outputs.max_bytes for this run, after a pull it refused."
+)
+
+
+def _with_max_bytes(pb, max_bytes: str | None):
+    """The run's playbook with ``outputs.max_bytes`` raised for this command."""
+    if max_bytes is None:
+        return pb
+    from remotemac.units import parse_size
+
+    try:
+        limit = parse_size(max_bytes)
+    except ValueError as exc:
+        raise BadInput(f"--max-bytes {max_bytes!r}: {exc}") from None
+    return pb.model_copy(update={"outputs": pb.outputs.model_copy(update={"max_bytes": limit})})
+
+
 @main.command(epilog=RUN_ID_HELP)
 @click.argument("run_id")
 @click.option("--json", "as_json", is_flag=True, help="Events as JSON lines.")
 @_deadline_option
 @click.option("--raw", is_flag=True, help=RAW_HELP)
+@click.option("--max-bytes", "max_bytes", metavar="SIZE", help=MAX_BYTES_HELP)
 @click.pass_obj
-def attach(settings: LocalSettings, run_id: str, as_json: bool, raw: bool) -> None:
+def attach(
+    settings: LocalSettings, run_id: str, as_json: bool, raw: bool, max_bytes: str | None = None
+) -> None:
     """Re-attach to RUN_ID and finish its pipeline."""
     from remotemac.engine.context import RunOptions
 
     journal = settings.journal()
     row, pb = _load_run(journal, run_id)
+    pb = _with_max_bytes(pb, max_bytes)
     options = RunOptions(
         keep_data=bool(row.options.get("keep_data")),
         drill=row.options.get("drill"),
@@ -625,10 +647,11 @@ def logs(
 
 @main.command(epilog=RUN_ID_HELP)
 @click.argument("run_id")
+@click.option("--max-bytes", "max_bytes", metavar="SIZE", help=MAX_BYTES_HELP)
 @click.pass_obj
-def pull(settings: LocalSettings, run_id: str) -> None:
+def pull(settings: LocalSettings, run_id: str, max_bytes: str | None = None) -> None:
     """Pull RUN_ID's results by hand."""
-    sys.exit(_one_phase(settings, run_id, "pull"))
+    sys.exit(_one_phase(settings, run_id, "pull", max_bytes))
 
 
 @main.command(epilog=RUN_ID_HELP)
@@ -652,13 +675,16 @@ def wipe(settings: LocalSettings, run_id: str, yes: bool) -> None:
     sys.exit(_one_phase(settings, run_id, "wipe"))
 
 
-def _one_phase(settings: LocalSettings, run_id: str, phase: str) -> int:
+def _one_phase(
+    settings: LocalSettings, run_id: str, phase: str, max_bytes: str | None = None
+) -> int:
     from remotemac.engine.context import RunOptions
     from remotemac.engine.pipeline import run_phase
     from remotemac.engine.runs import phase_already_done
 
     journal = settings.journal()
     row, pb = _load_run(journal, run_id)
+    pb = _with_max_bytes(pb, max_bytes)
     run_id = row.run_id
     done = phase_already_done(journal, run_id, phase)
     if done:

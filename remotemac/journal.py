@@ -138,6 +138,24 @@ def new_run_id(name: str) -> str:
     return f"{name}-{stamp}-{secrets.token_hex(2)}"
 
 
+def owner_only(path: object) -> None:
+    """Create the journal file 0600 (or make it so): it holds each run's playbook, its
+    workload command and env values included, for ``attach`` (docs/contract.md,
+    "Secrets"). SQLite gives its -wal and -shm files the same mode."""
+    text = str(path)
+    if text == ":memory:" or text.startswith("file:"):
+        return
+    try:
+        fd = os.open(text, os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError:
+        return  # sqlite says why it cannot open it
+    try:
+        if os.fstat(fd).st_mode & 0o077:
+            os.fchmod(fd, 0o600)
+    finally:
+        os.close(fd)
+
+
 class Journal:
     """Thread-safe handle on the journal file; one SQLite connection per thread."""
 
@@ -162,6 +180,7 @@ class Journal:
     def _db(self) -> sqlite3.Connection:
         db = getattr(self._local, "db", None)
         if db is None:
+            owner_only(self.path)
             db = sqlite3.connect(self.path, timeout=60, isolation_level=None)
             db.row_factory = sqlite3.Row
             db.execute("PRAGMA busy_timeout=60000")

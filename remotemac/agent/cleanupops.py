@@ -256,6 +256,8 @@ def _cleanup_root(
     found = collect(root, known, list(req.get("run_ids") or []))
     real_root, lexical = found["real_root"], found["root"]
     if found["exists"] and found["marker"] is None:
+        found["marker"] = only_agents(real_root)
+    if found["exists"] and found["marker"] is None:
         _size, count = tree_size(real_root)
         raise UnsafeRoot(
             "%s: not made by remotemac (no marker; %d entries) - left alone"
@@ -289,6 +291,26 @@ def _cleanup_root(
         "verified": not dry_run and not remaining,
         "run_ids": found["run_ids"],
     }
+
+
+def only_agents(real_root: str) -> Optional[Dict[str, Any]]:
+    """A stand-in root marker for a root that lost its marker but holds nothing but
+    remotemac's agent (``agent/<version>/``, each with the agent's marker), else None.
+
+    An older ``attach`` after a cleanup re-created just that; such a root is
+    remotemac's, so cleanup removes it instead of refusing it for ever."""
+    if listdir_or_empty(real_root) != ["agent"]:
+        return None
+    agents = os.path.join(real_root, "agent")
+    if os.path.islink(agents) or not os.path.isdir(agents):
+        return None
+    for name in listdir_or_empty(agents):
+        path = os.path.join(agents, name)
+        if os.path.islink(path) or not os.path.isdir(path):
+            return None
+        if (safefs.marker_of(path) or {}).get("kind") != "agent":
+            return None
+    return {"kind": "root", "adopted": "it holds only remotemac's agent"}
 
 
 def _finish_root(lexical: str, real_root: str, gone: Any, dry_run: bool) -> Dict[str, Any]:

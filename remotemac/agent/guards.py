@@ -121,6 +121,14 @@ def check_access(req: Dict[str, Any]) -> Dict[str, Any]:
         raise _agent_error("the access check did not run: %s" % " ".join(tail), "access") from None
     for entry in checked:
         if not entry["ok"]:
+            if "No space left" in str(entry.get("error")) or "quota" in str(entry.get("error")):
+                raise _agent_error(
+                    "the host's disk is full: the workload cannot write to its %s %s (%s); "
+                    "free space there (remotemac cleanup HOST removes what remotemac left) "
+                    "or choose another remote_root"
+                    % (entry["what"], entry["path"], entry["error"]),
+                    "disk-full",
+                )
             verb = "read" if entry["mode"] == "read" else "write to"
             raise _agent_error(
                 "the workload cannot %s its %s %s (%s); fix its permissions or choose another "

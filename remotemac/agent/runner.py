@@ -12,6 +12,7 @@ Standard library only, Python 3.9+.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import shutil
@@ -41,8 +42,41 @@ DISK_CHECK_S = 0.5
 STORAGE_GRACE_S = 5.0
 
 
+#: a full disk (or quota): the status and log writes must not end the runner
+DISK_FULL = (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC))
+
+
 def _write_status(path: str, status: dict[str, Any]) -> None:
-    safefs.write_json_atomic(path, status)
+    """The status, atomically; on a full disk in place instead, and marked so.
+
+    The atomic write needs a new file's blocks, which a disk the job filled does not
+    have; before, the runner died on ENOSPC with no final state, and the laptop said
+    "the job was lost … was the host rebooted?". Rewriting the existing file reuses
+    its own blocks (a status is a few hundred bytes), so the final state still lands.
+    """
+    try:
+        safefs.write_json_atomic(path, status)
+        return
+    except OSError as exc:
+        if exc.errno not in DISK_FULL:
+            raise
+    with contextlib.suppress(OSError):  # the atomic write's empty tmp file
+        os.unlink("%s.tmp-%d-%d" % (path, os.getpid(), threading.get_ident()))
+    status.setdefault("disk_full", "the host's disk is full (ENOSPC)")
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_WRONLY | getattr(os, "O_NOFOLLOW", 0))
+        try:
+            data = json.dumps(status).encode()
+            os.ftruncate(fd, 0)
+            os.write(fd, data)
+        finally:
+            os.close(fd)
+
+
+def _log(log_fd: int, data: bytes) -> None:
+    """A line of remotemac's own into the job's log: lost, not fatal, on a full disk."""
+    with contextlib.suppress(OSError):
+        os.write(log_fd, data)
 
 
 def build_argv(spec: dict[str, Any], platform: str | None = None) -> list[str]:
@@ -122,7 +156,8 @@ class JobMemory:
             if mps is not None:
                 row["mps_driver_allocated_bytes"] = mps
         if self.path:
-            with open(self.path, "a") as fh:
+            # a full disk loses a sample, not the runner
+            with contextlib.suppress(OSError), open(self.path, "a") as fh:
                 fh.write(json.dumps(row) + "\n")
 
     def merge(self) -> None:
@@ -262,7 +297,7 @@ def run(spec_path: str) -> int:
             start_new_session=True,
         )
     except OSError as exc:
-        os.write(log_fd, ("remotemac: could not start the workload: %s\n" % exc).encode())
+        _log(log_fd, ("remotemac: could not start the workload: %s\n" % exc).encode())
         os.close(log_fd)
         status.update(state="failed", exit_code=127, ended_at=time.time(), reason=str(exc))
         _write_status(status_path, status)
@@ -312,7 +347,7 @@ def run(spec_path: str) -> int:
             if why and not stopped_by:
                 stopped_by["reason"] = "storage-limit"
                 stopped_by["detail"] = why
-                os.write(log_fd, ("remotemac: %s: stopping the workload\n" % why).encode())
+                _log(log_fd, ("remotemac: %s: stopping the workload\n" % why).encode())
                 _terminate(child, grace=STORAGE_GRACE_S)
             status["disk"] = disk.report()
             if disk.warning and "disk_warning" not in status:
@@ -331,7 +366,7 @@ def run(spec_path: str) -> int:
         _write_status(status_path, status)
         if deadline and now > deadline and "reason" not in stopped_by:
             stopped_by["reason"] = "timeout"
-            os.write(log_fd, b"remotemac: timeout reached, stopping the workload\n")
+            _log(log_fd, b"remotemac: timeout reached, stopping the workload\n")
             _terminate(child)
     os.close(log_fd)
     memory.merge()

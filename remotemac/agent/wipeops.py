@@ -446,7 +446,11 @@ def wipe_run_data(req: Dict[str, Any]) -> Dict[str, Any]:
             run_dir, steps, remaining, [run_dir, os.path.join(lexical, "runs", run_id)]
         )
         # the launch specs stay with status/ until cleanup: their env values and command go now
-        scrubbed = specscrub.scrub_specs(run_dir)
+        secrets = specscrub.run_secrets(run_dir)
+        scrubbed = specscrub.scrub_records(
+            secrets, [os.path.join(run_dir, "status"), os.path.join(real_root, "agent", "calls")]
+        )
+        scrubbed += specscrub.scrub_specs(run_dir)
     ram = req.get("ram") or find_ram_store(run_id)
     if ram and ram.get("path"):
         fate = destroy_ram(ram, steps)

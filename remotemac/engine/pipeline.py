@@ -151,15 +151,28 @@ def phase_ok(key: PhaseKey, result: dict) -> bool:
     return result.get("ok", True) is not False
 
 
-def refuse_wiped_before_the_end(run_id: str, done: dict[str, dict]) -> None:
+def refuse_wiped_before_the_end(
+    run_id: str, done: dict[str, dict], follows: list[str] | None = None
+) -> None:
     """A run wiped (by hand, or after a failed pull) before its outputs were pulled cannot
     go on: its data, data key, job and outputs are gone from the host. Going on would
     sync the dataset again and, the wipe being "done", leave it there after the run.
-    Once the pull is done, what is left (compare, record) works on the laptop's copy."""
+    Once the pull is done, what is left (compare, record) works on the laptop's copy.
+
+    A wipe that kept the outputs (after a failed pull: they were not verified here) is
+    no end: when every job had ended (``follows`` all done), the run goes on from the
+    pull, and the wipe is taken out of ``done`` so it runs again for the outputs."""
+    from remotemac.engine.runs import outputs_kept_by_wipe
+
     wipe = done.get(Phase.WIPE.value)
     if wipe is None or (wipe.get("result") or {}).get("done") is False:
         return  # no wipe, or ``wipe: manual`` kept the data
-    if Phase.PULL.value in done:
+    kept = outputs_kept_by_wipe(done)
+    if Phase.PULL.value in done or (
+        kept and follows is not None and all(f in done for f in follows)
+    ):
+        if kept:  # the wipe runs again at the end: for the outputs, verified here by then
+            del done[Phase.WIPE.value]
         return
     raise BadInput(
         f"run {run_id} was wiped before it finished: its data, data key and job are "
@@ -174,7 +187,8 @@ async def _run_pipeline(ctx: RunContext) -> int:
         for name, info in ctx.journal.phases(ctx.run_id).items()
         if info["state"] == "done"
     }
-    refuse_wiped_before_the_end(ctx.run_id, done)
+    follows = [k.name for k in phase_keys(ctx) if k.phase is Phase.FOLLOW]
+    refuse_wiped_before_the_end(ctx.run_id, done, follows)
     ctx.out_dir.mkdir(parents=True, exist_ok=True)
     (ctx.out_dir / "logs").mkdir(exist_ok=True)
     ctx.journal.set_run_state(ctx.run_id, "running")
@@ -193,9 +207,11 @@ async def _run_pipeline(ctx: RunContext) -> int:
                 await check_drift(ctx, "re-attach")
             if name in done:
                 restore_phase(ctx, key)
-                if key.phase is Phase.PROVISION:
+                if key.phase is Phase.PROVISION and not all(
+                    k.name in done for k in phase_keys(ctx)
+                ):
                     for binding in ctx.hosts.values():
-                        await binding.agent.install()
+                        await reinstall_agent(ctx, binding)
                 ctx.emit(PhaseFinished(ctx.run_id, phase=name, skipped=True, detail="already done"))
                 continue
             step = _PHASES[key.phase]
@@ -284,6 +300,7 @@ async def _run_pipeline(ctx: RunContext) -> int:
         error = failure_line(exc)
         if current in WIPE_AFTER_FAILURE:
             error += await _wipe_after_failure(ctx, current)
+            say_what_is_kept(ctx, exc, current)
         ctx.journal.set_run_state(ctx.run_id, "failed", exit_code=code, phase=current, error=error)
         raise
     finally:
@@ -304,6 +321,20 @@ async def _run_pipeline(ctx: RunContext) -> int:
         )
     )
     return code
+
+
+async def reinstall_agent(ctx: RunContext, binding: HostBinding) -> None:
+    """The agent again, for a run that goes on: only while its run dir is still on the
+    host. A run whose dir ``cleanup`` removed has nothing left there to go on with, and
+    installing would re-create ``remote_root/agent/`` without the root's marker (the
+    next cleanup then refused that root as "not made by remotemac", for ever)."""
+    if binding.run_dir and await binding.transport.stat(binding.run_dir) is None:
+        raise BadInput(
+            f"run {ctx.run_id}: its dir {binding.run_dir} is gone from "
+            f"{binding.transport.name} (cleaned up?): nothing is left there to go on with",
+            hint="start it again: remotemac run PLAYBOOK; nothing was written on the host",
+        )
+    await binding.agent.install()
 
 
 def _label_sides(ctx: RunContext, devices: dict[str, str]) -> None:
@@ -474,6 +505,27 @@ def failure_line(exc: BaseException) -> str:
 #: anyway (its outputs stay when they were not pulled), so a refused pull never
 #: leaves the dataset behind
 WIPE_AFTER_FAILURE = (Phase.PULL, Phase.COMPARE, Phase.RECORD)
+
+
+def say_what_is_kept(ctx: RunContext, exc: Exception, failed: str) -> None:
+    """The failure's hint says that the outputs not verified here are kept on the host,
+    and the command that gets them (docs/contract.md, "What survives a failure")."""
+    if failed != Phase.PULL.value or not isinstance(exc, RemotemacError):
+        return
+    if "kept on the host" in (exc.hint or ""):
+        return
+    more = " --max-bytes SIZE" if isinstance(exc, outputs_too_large()) else ""
+    kept = (
+        f"the outputs not verified here are kept on the host: get them with "
+        f"remotemac attach {ctx.run_id}{more}"
+    )
+    exc.hint = f"{exc.hint}; {kept}" if exc.hint else kept
+
+
+def outputs_too_large() -> type[RemotemacError]:
+    from remotemac.engine.pull import OutputsTooLarge
+
+    return OutputsTooLarge
 
 
 async def _wipe_after_failure(ctx: RunContext, failed: str) -> str:

@@ -30,7 +30,14 @@ from remotemac.engine.agentclient import AgentClient
 from remotemac.engine.context import RunContext, Side
 from remotemac.engine.hashsink import HashingSink
 from remotemac.engine.pullstream import LOCAL_REFUSALS as _LOCAL_REFUSALS
-from remotemac.engine.pullstream import PART, StreamFile, pull_streamed, run_all, sender_argv
+from remotemac.engine.pullstream import (
+    PART,
+    StreamFile,
+    part_path,
+    pull_streamed,
+    run_all,
+    sender_argv,
+)
 from remotemac.errors import IntegrityError, RemotemacError, UnsafePath
 from remotemac.events import Event, PhaseProgress, Warning
 from remotemac.transport.base import Transport
@@ -299,7 +306,8 @@ async def _pull_listed(
         raise OutputsTooLarge(
             f"{transport.name}: {remote_dir} lists {len(wanted)} files, {total} bytes: more "
             f"than the {max_bytes} bytes outputs.max_bytes allows; nothing was pulled",
-            hint="raise outputs.max_bytes or narrow outputs.path if that is expected",
+            hint="raise outputs.max_bytes (for this run: --max-bytes of pull or attach) or "
+            "narrow outputs.path if that is expected",
         )
     progress = _Progress(emit, run_id, total, label)
     outcome: list[dict[str, Any] | str | None] = [None] * len(wanted)
@@ -565,12 +573,16 @@ def _local_parents(dest_root: Path, rel: PurePosixPath) -> str | None:
                 raise
             return f"cannot be written here: {exc.strerror}"
     final = current / rel.parts[-1]
-    with_part = final.parent / f".{final.name}{PART}"
+    with_part = part_path(final)
     for path in (final, with_part):
         try:
             mode = os.lstat(path).st_mode
         except FileNotFoundError:
             continue
+        except OSError as exc:  # a name this disk cannot hold: this file, not the pull
+            if exc.errno not in _LOCAL_REFUSALS:
+                raise
+            return f"cannot be written here: {exc.strerror}"
         if not stat.S_ISREG(mode):
             return f"local {path} is in the way (not a regular file)"
     return None
@@ -595,7 +607,7 @@ async def _fetch(
         if sha256_file(dest) == want:
             progress.skip(size)  # pulled completely by an earlier attempt
             return want
-    part = dest.parent / f".{dest.name}{PART}"
+    part = part_path(dest)
     fd = os.open(part, os.O_RDWR | os.O_CREAT | _NOFOLLOW, 0o600)
     with os.fdopen(fd, "r+b") as fh:
         have = os.fstat(fh.fileno()).st_size

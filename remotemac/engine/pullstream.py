@@ -45,6 +45,24 @@ from remotemac.transport.base import RemoteProcess, Transport
 #: agent/pullops.py FRAME: kind, file index, length
 FRAME = struct.Struct(">cIQ")
 PART = ".rmpart"
+#: the longest file name ext4 and APFS take, in bytes
+NAME_MAX = 255
+
+
+def part_path(dest: Path) -> Path:
+    """Where ``dest`` lands until it is verified: ``.<name>.rmpart`` beside it.
+
+    A name of 248-255 bytes is legal but its ``.rmpart`` would not be (8 bytes more:
+    ENAMETOOLONG aborted the whole pull), so a long name's part file is named by a
+    digest of the name instead: as stable, so an interrupted pull still continues it.
+    """
+    name = dest.name
+    if len(os.fsencode(name)) + len(PART) + 1 <= NAME_MAX:
+        return dest.parent / f".{name}{PART}"
+    digest = hashlib.sha256(os.fsencode(name)).hexdigest()[:32]
+    return dest.parent / f".long-{digest}{PART}"
+
+
 #: the largest data frame accepted (the host sends 1 MiB): bounds what one frame holds
 MAX_CHUNK = 8 << 20
 #: a stream's blocks waiting for the writing and hashing threads (two futures each):
@@ -113,7 +131,7 @@ class StreamFile:
 
     @property
     def part(self) -> Path:
-        return self.dest.parent / f".{self.dest.name}{PART}"
+        return part_path(self.dest)
 
     @property
     def held(self) -> int:

@@ -6,6 +6,7 @@ and ``attach`` rebuilds exactly the playbook the run started with.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -101,20 +102,22 @@ def load_run(journal: Journal, run_id: str) -> tuple[RunRow, Playbook]:
 RECORD_FILES = ("acceptance.json", "manifest.json", "ledger.jsonl")
 
 
-def refuse_used_out_dir(out_dir: Path) -> None:
+#: the file a run creates, exclusively, in its --out dir before it is registered
+OUT_CLAIM = ".remotemac-run"
+_USED_HINT = "give a new or empty dir, or leave --out out (default: ./runs/<run-id>)"
+
+
+def refuse_used_out_dir(out_dir: Path, run_id: str | None = None) -> None:
     """``--out`` must not be an earlier run's dir: its record and logs would be
     overwritten and its ledger mixed with the new run's (exit 2, nothing touched); and
-    it must be a dir this user can make (else exit 2, not an internal error)."""
-    found = [name for name in RECORD_FILES if (out_dir / name).exists()]
-    logs = out_dir / "logs"
-    if logs.is_dir() and any(logs.iterdir()):
-        found.append("logs/")
-    if found:
-        raise BadInput(
-            f"--out {out_dir} holds another run's record ({', '.join(found)}): "
-            "this run would overwrite it",
-            hint="give a new or empty dir, or leave --out out (default: ./runs/<run-id>)",
-        )
+    it must be a dir this user can make (else exit 2, not an internal error).
+
+    With ``run_id`` the dir is claimed for that run by an exclusive create of
+    ``.remotemac-run`` (holding the id) *before* it is looked at: of two runs started at
+    once with one ``--out`` exactly one gets it, the other is refused up front (a
+    look-then-write let both in, into one mixed dir). The claim stays: the dir is that
+    run's for good, as its record and logs would make it anyway.
+    """
     try:  # before the run is registered: a dir that cannot be made is bad input
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -122,6 +125,49 @@ def refuse_used_out_dir(out_dir: Path) -> None:
             f"--out {out_dir}: cannot create it ({exc.strerror or exc})",
             hint="give a directory you can write",
         ) from None
+    claimed = False
+    if run_id is not None:
+        claimed = _claim(out_dir, run_id)
+    found = [name for name in RECORD_FILES if (out_dir / name).exists()]
+    logs = out_dir / "logs"
+    if logs.is_dir() and any(logs.iterdir()):
+        found.append("logs/")
+    if found:
+        if claimed:
+            (out_dir / OUT_CLAIM).unlink(missing_ok=True)
+        raise BadInput(
+            f"--out {out_dir} holds another run's record ({', '.join(found)}): "
+            "this run would overwrite it",
+            hint=_USED_HINT,
+        )
+
+
+def _claim(out_dir: Path, run_id: str) -> bool:
+    """Create ``out_dir/.remotemac-run`` for ``run_id`` (O_EXCL); BadInput if it is taken."""
+    path = out_dir / OUT_CLAIM
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o600)
+    except FileExistsError:
+        try:
+            owner = path.read_text(encoding="utf-8", errors="replace").strip()[:200]
+        except OSError:
+            owner = ""
+        raise BadInput(
+            f"--out {out_dir} is taken by run {owner or '(unknown)'}: two runs never "
+            "share an output dir",
+            hint=_USED_HINT,
+        ) from None
+    except OSError as exc:
+        raise BadInput(
+            f"--out {out_dir}: cannot write in it ({exc.strerror or exc})",
+            hint="give a directory you can write",
+        ) from None
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write(run_id + "\n")
+    return True
+
+
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 
 
 def shown_state(journal: Journal, row: RunRow) -> str:
@@ -134,6 +180,23 @@ def shown_state(journal: Journal, row: RunRow) -> str:
 
 
 _DONE_WORD = {"pull": "pulled", "wipe": "wiped"}
+
+
+def outputs_kept_by_wipe(phases: dict[str, dict]) -> bool:
+    """Whether the run's wipe ran but kept its outputs on the host, not yet verified here
+    (a wipe after a failed or refused pull, or one by hand before the pull).
+    Whether the pull has been done since is for the caller to look at.
+
+    Such outputs are for ``pull``/``attach`` to get (the one rule of docs/contract.md,
+    "What survives a failure"): they are not "gone", and once they are verified on the
+    laptop the wipe runs again to remove them."""
+    wipe = phases.get("wipe") or {}
+    result = wipe.get("result") or {}
+    return (
+        wipe.get("state") == "done"
+        and result.get("done") is not False
+        and result.get("outputs_wiped") is False
+    )
 
 
 def phase_already_done(journal: Journal, run_id: str, phase: str) -> str | None:
@@ -149,13 +212,15 @@ def phase_already_done(journal: Journal, run_id: str, phase: str) -> str | None:
         info = phases.get(name) or {}
         return info.get("state") == "done" and (info.get("result") or {}).get("done") is not False
 
-    if phase == "pull" and done("wipe"):
+    if phase == "pull" and done("wipe") and not outputs_kept_by_wipe(phases):
         raise BadInput(
             f"run {run_id} was wiped: its outputs are gone from the host, nothing to pull",
             hint="what was pulled before the wipe is in its --out dir",
         )
     if not done(phase):
         return None
+    if phase == "wipe" and outputs_kept_by_wipe(phases) and done("pull"):
+        return None  # the outputs it kept are verified here now: they go too
     info = phases[phase]
     summary = (info.get("result") or {}).get("summary")
     return (

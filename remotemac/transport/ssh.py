@@ -356,7 +356,7 @@ class SSHTransport(Transport):
 
         ``idempotent=True`` allows a re-run after a reconnect.
         """
-        command = " ".join(shlex.quote(str(arg)) for arg in argv)
+        command = framed_command(argv)
 
         async def op() -> ExecResult:
             conn = await self._link()
@@ -384,7 +384,8 @@ class SSHTransport(Transport):
             if done.exit_status is None and done.exit_signal is None and conn.is_closed():
                 # the channel closed without an exit status: the link went away
                 raise ConnectionResetError("link closed before the command finished")
-            return ExecResult(command, code, _as_bytes(done.stdout), _as_bytes(done.stderr))
+            stdout = after_mark(_as_bytes(done.stdout))
+            return ExecResult(command, code, stdout, _as_bytes(done.stderr))
 
         result = await self._run(f"`{_short_cmd(argv)}`", op, idempotent=idempotent)
         if check and not result.ok:
@@ -399,7 +400,7 @@ class SSHTransport(Transport):
         self, argv: list[str], *, stdin: bytes | None = None
     ) -> AsyncIterator[bytes]:
         """Yield stdout chunks as they arrive (not retried: a stream is not idempotent)."""
-        command = " ".join(shlex.quote(str(arg)) for arg in argv)
+        command = framed_command(argv)
         conn = await self._link()
         async with self._channels:
             try:
@@ -411,6 +412,8 @@ class SSHTransport(Transport):
                 if stdin:
                     proc.stdin.write(stdin)
                 proc.stdin.write_eof()
+                with contextlib.suppress(asyncio.IncompleteReadError):
+                    await proc.stdout.readuntil(STDOUT_MARK)  # what the login shell printed
                 while True:
                     chunk = await proc.stdout.read(65536)
                     if not chunk:
@@ -539,7 +542,7 @@ class SSHTransport(Transport):
         window: int | None = None,
     ) -> RemoteProcess:
         """Start ``argv`` with streamed stdin/stdout on one channel (never re-run)."""
-        command = " ".join(shlex.quote(str(arg)) for arg in argv)
+        command = framed_command(argv)
         conn = await self._link(reconnect_within)
         await self._channels.acquire()
         try:
@@ -670,6 +673,7 @@ class _SSHProcess(RemoteProcess):
         self._what = what
         self._released = False
         self._err = b""
+        self._framed = False
 
     def _lost(self, exc: BaseException) -> TransientHostError:
         self._t._mark_dead(self._conn, f"{type(exc).__name__}: {exc}".strip())
@@ -693,7 +697,20 @@ class _SSHProcess(RemoteProcess):
         except _LINK_ERRORS as exc:
             raise self._lost(exc) from None
 
+    async def _past_banner(self) -> None:
+        """Drop what the login shell printed before the command (up to STDOUT_MARK)."""
+        if self._framed:
+            return
+        self._framed = True
+        try:
+            await self._proc.stdout.readuntil(STDOUT_MARK)
+        except asyncio.IncompleteReadError:
+            return  # the command never started: its end (or the link's) comes next
+        except _LINK_ERRORS as exc:
+            raise self._lost(exc) from None
+
     async def readline(self) -> bytes:
+        await self._past_banner()
         try:
             line = await self._proc.stdout.readline()
         except _LINK_ERRORS as exc:
@@ -703,6 +720,7 @@ class _SSHProcess(RemoteProcess):
         return _as_bytes(line)
 
     async def readexactly(self, size: int) -> bytes:
+        await self._past_banner()
         try:
             return _as_bytes(await self._proc.stdout.readexactly(size))
         except asyncio.IncompleteReadError as exc:
@@ -770,6 +788,25 @@ def _as_bytes(data: object) -> bytes:
     if data is None:
         return b""
     return data if isinstance(data, bytes) else str(data).encode()
+
+
+#: what the host's shell prints right before running a command: whatever a login
+#: shell's start-up prints on stdout before it (a .bashrc's ``echo``, a rental's
+#: banner) is cut off at this mark, so the agent's answer, frames and streams are read
+#: from the command's own output only
+STDOUT_MARK = b"\x1eremotemac:stdout\x1e\n"
+_PRINT_MARK = "printf '\\036remotemac:stdout\\036\\n'; "
+
+
+def framed_command(argv: list[str]) -> str:
+    """``argv`` as one shell command line (each element quoted), after the mark."""
+    return _PRINT_MARK + " ".join(shlex.quote(str(arg)) for arg in argv)
+
+
+def after_mark(stdout: bytes) -> bytes:
+    """A command's stdout without what came before :data:`STDOUT_MARK`."""
+    at = stdout.find(STDOUT_MARK)
+    return stdout if at < 0 else stdout[at + len(STDOUT_MARK) :]
 
 
 def _short_cmd(argv: list[str], limit: int = 60) -> str:
