@@ -81,7 +81,7 @@ def test_too_short_a_run_is_unknown():
         [(0.0, 1.0), (1.0, 2.0), (12.0, 3.0)], warmup_s=10, tolerance_bytes_per_s=MiB
     )
     assert got["stable"] is None and got["slope_bytes_per_s"] is None
-    assert "only 1 samples" in got["reason"]
+    assert got["trend"] == "too-short" and "too short to tell (1 samples" in got["reason"]
     assert memory_stable([], 10, MiB)["peak_bytes"] is None
 
 
@@ -91,7 +91,7 @@ def test_decide_module_runs_on_python_39():
     imports = [
         line for line in source.read_text().splitlines() if line.startswith(("import ", "from "))
     ]
-    allowed = ("from __future__", "from typing", "from collections.abc")
+    allowed = ("from __future__", "from typing", "from collections.abc", "import math")
     assert all(line.startswith(allowed) for line in imports), imports
     vermin = shutil.which("vermin")
     assert vermin, "vermin is a test dependency"
