@@ -23,6 +23,7 @@ import time
 from typing import Any
 
 import obsmerge  # sibling files: this script runs from the agent dir
+import ownmem  # sibling: the job's own memory (PSS / phys_footprint)
 import procid  # sibling: who a process is (start time, command line), for safe kills
 import proctree
 import safefs  # sibling: file writes that never go through a planted link
@@ -79,8 +80,9 @@ def prepare_observer(observe: dict[str, Any], env: dict[str, str]) -> None:
 
 
 class JobMemory:
-    """The job's memory over time: RSS summed over its process tree, plus Metal's
-    driver memory summed over the observed processes when the job runs on MPS."""
+    """The job's memory over time: its own use (PSS on Linux, phys_footprint on macOS)
+    and RSS summed over its process tree, plus Metal's driver memory summed over the
+    observed processes when the job runs on MPS."""
 
     def __init__(self, spec: dict[str, Any], started: float) -> None:
         self.path = spec.get("metrics_path")
@@ -111,6 +113,10 @@ class JobMemory:
             "processes": len(got.pids),
             "source": "process-tree",
         }
+        own = ownmem.own_bytes(got.pids)
+        if own is not None:
+            # what the job itself uses: shared pages (forked workers) counted once
+            row["own_bytes"], row["own_kind"] = own
         if self.observe.get("dir"):
             # where the job is: torch imported (observed > 0), optimizer steps taken;
             # the memory trend's warm-up is counted from there (decide.memory_stable)
