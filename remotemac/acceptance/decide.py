@@ -155,6 +155,22 @@ def too_short_reason(samples: int, seconds: float, warmup_s: float) -> str:
     )
 
 
+def memory_growth_note(policy: Any) -> str | None:
+    """What ``check`` says about ``stop_when.memory_growth``: when a trend can be told."""
+    need = (
+        f"a memory trend needs {MIN_TREND_SAMPLES} samples over {MIN_TREND_SECONDS:g} s "
+        f"after the warm-up (a job of about {MIN_JOB_SECONDS_FOR_TREND:.0f} s or more)"
+    )
+    if policy == "required":
+        return f"stop_when.memory_growth: required: {need}; a shorter run is incomplete"
+    if policy is False:
+        return None
+    return (
+        f"stop_when.memory_growth: {need}; a shorter run reports its peak and "
+        "'trend: too short to tell', not incomplete (memory_growth: required makes it so)"
+    )
+
+
 def memory_stable(
     samples: Sequence[tuple[float, float]],
     warmup_s: float | None = None,

@@ -354,6 +354,9 @@ def run(spec_path: str) -> int:
         state = "stopped"
     else:
         state = "finished" if code == 0 else "failed"
+    if state == "finished" and spec.get("convert"):
+        # before the final state: the orchestrator pulls once it reads "finished"
+        status["converted"] = convert_checkpoints(spec, env)
     status.update(
         state=state,
         exit_code=code,
@@ -368,6 +371,45 @@ def run(spec_path: str) -> int:
     _write_status(status_path, status)
     _launch_next(spec, state)
     return 0
+
+
+#: the converter of pickled checkpoints gets this long (a large model loads slowly)
+CONVERT_TIMEOUT_S = 600.0
+
+
+def convert_checkpoints(spec: dict[str, Any], job_env: dict[str, str]) -> dict[str, Any]:
+    """Run ckptconvert.py under the workload's interpreter, in the job's directory and
+    environment (not observed: it is remotemac's step, not the job's), once the job
+    ended: whole-model pickles become tensors here, never unpickled on the laptop."""
+    conv = spec["convert"]
+    env = dict(job_env)
+    for var in [k for k in env if k.startswith("REMOTEMAC_OBSERVE")]:
+        del env[var]
+    site = os.path.join((spec.get("observe") or {}).get("dir") or "\0", "site")
+    parts = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != site]
+    if parts:
+        env["PYTHONPATH"] = os.pathsep.join(parts)
+    else:
+        env.pop("PYTHONPATH", None)
+    request = json.dumps({"dir": conv["dir"], "patterns": conv.get("patterns") or ["**/*"]})
+    try:
+        proc = subprocess.run(
+            [conv["python"], os.path.join(AGENT_DIR, "ckptconvert.py")],
+            input=request.encode(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd=spec.get("cwd") or None,
+            env=env,
+            timeout=CONVERT_TIMEOUT_S,
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        return {"converted": [], "failed": {}, "error": str(exc)}
+    lines = proc.stdout.decode("utf-8", "replace").strip().splitlines()
+    try:
+        return json.loads(lines[-1])
+    except (IndexError, ValueError):
+        tail = proc.stderr.decode("utf-8", "replace").strip().splitlines()[-1:]
+        return {"converted": [], "failed": {}, "error": "exit %d: %s" % (proc.returncode, tail)}
 
 
 def _launch_next(spec: dict[str, Any], state: str) -> None:
