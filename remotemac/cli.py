@@ -691,10 +691,9 @@ def _one_phase(settings: LocalSettings, run_id: str, phase: str) -> int:
 )
 def check(playbook: str, as_json: bool) -> None:
     """Validate a playbook: its keys, and that the paths it names exist."""
+    from remotemac.acceptance.decide import memory_growth_note
     from remotemac.checks.paths import playbook_path_problems
     from remotemac.playbook import PlaybookErrors, load_playbook
-
-    from remotemac.acceptance.decide import memory_growth_note
 
     pb = None
     try:

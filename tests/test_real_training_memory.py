@@ -109,7 +109,7 @@ def test_the_same_short_job_ten_times_gets_one_verdict(make_playbook, rm_home, t
         # the same checkpoint every time: the results are not what varies
         (f,) = record["observations"]["results"]["files"]
         assert f["ok"] is True, f
-    assert set(verdicts) == {"accepted"}, list(zip(verdicts, trends))
+    assert set(verdicts) == {"accepted"}, list(zip(verdicts, trends, strict=True))
     assert all(t[0] in ("too-short", "stable") for t in trends), trends
 
 

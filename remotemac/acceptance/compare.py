@@ -85,7 +85,8 @@ class FileResult:
     max_rel_err: float | None
     rtol: float | None
     atol: float | None
-    ok: bool
+    #: None: not compared (see ``not_compared``)
+    ok: bool | None
     detail: str = ""
     tensors: list[TensorResult] = field(default_factory=list)
     first_failing_key: str | None = None

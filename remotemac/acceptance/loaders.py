@@ -113,7 +113,7 @@ def resolve_safe_globals(names: tuple[str, ...] | list[str]) -> list[Any]:
     for name in names:
         module, _, attr = name.rpartition(".")
         top = module.split(".")[0]
-        stdlib = getattr(sys, "stdlib_module_names", frozenset())
+        stdlib: frozenset[str] = getattr(sys, "stdlib_module_names", frozenset())
         if not module or not (top in stdlib or top in SAFE_GLOBAL_MODULES):
             raise LoadError(
                 f"safe_globals: {name} is not from the standard library, torch or numpy; "
