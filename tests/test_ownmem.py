@@ -34,6 +34,7 @@ time.sleep(60)
 """
 
 
+@pytest.mark.slow  # a process fills 150 MiB and forks
 @pytest.mark.skipif(not Path("/proc/self/smaps_rollup").exists(), reason="Linux smaps_rollup")
 def test_pages_a_forked_child_shares_count_once(tmp_path):
     """A process holding 150 MiB forks: RSS summed over both is ~300 MiB, the job's own

@@ -84,6 +84,7 @@ def wordlm(tmp_path_factory) -> dict[str, Path]:
 RULE = [CompareRule(file="model.pt")]
 
 
+@pytest.mark.slow  # three runs of the example (the module fixture)
 def test_whole_model_files_byte_identical_are_accepted_without_loading(wordlm, tmp_path):
     """What issue 34 saw: the two files were byte-identical, yet REJECTED
     'results_outside_tolerance' with linux-gpu-first. Identical bytes pass unloaded."""
@@ -94,6 +95,7 @@ def test_whole_model_files_byte_identical_are_accepted_without_loading(wordlm, t
     assert rec["verdict"] == "accepted"
 
 
+@pytest.mark.slow  # three runs of the example (the module fixture)
 def test_whole_model_not_converted_is_not_compared_incomplete_naming_the_class(wordlm, tmp_path):
     """The safe loader refuses ``model.RNNModel``: "not compared", the cause named in
     full (not cut before it), the verdict incomplete, no hardware recommendation."""
@@ -110,6 +112,7 @@ def test_whole_model_not_converted_is_not_compared_incomplete_naming_the_class(w
     assert "model.RNNModel" in md and "not compared" in md
 
 
+@pytest.mark.slow  # three runs of the example (the module fixture)
 def test_whole_model_converted_on_the_host_is_compared_as_tensors(wordlm, tmp_path, monkeypatch):
     """The runner's converter, under the workload's interpreter in the job's directory,
     writes each side's state_dict; the laptop compares those with weights_only=True only
@@ -194,6 +197,7 @@ def test_pth_tar_checkpoint_with_args_reads_like_pt_under_safe_globals(tmp_path,
     assert [m["key"] for m in f.metadata_differences] == ["args.output"]
 
 
+@pytest.mark.slow  # three runs of the example (the module fixture)
 def test_safe_globals_never_imports_the_projects_code(tmp_path, wordlm):
     """Allowing ``model.RNNModel`` would import (run) the project's model.py here."""
     res = compare_outputs(

@@ -130,7 +130,7 @@ def test_vision_trainer_with_two_dataloader_workers_is_accepted(make_playbook, r
     mem = record["observations"]["memory"]
     assert record["verdict"] == "accepted", (record["stopping_conditions"], mem["reason"])
     assert mem["source"] == "process-tree-pss"
-    rows = [json.loads(x) for x in (out / "logs" / "cpu-target.rss.jsonl").read_text().split()]
+    rows = [json.loads(x) for x in (out / "logs" / "cpu-target.rss.jsonl").read_text().splitlines()]
     workers = [r for r in rows if r["processes"] >= 4]  # sh, python, two workers
     assert workers, "the two workers were never seen"
     # the workers' shared pages: summed RSS counts them again per worker, PSS once
@@ -139,6 +139,11 @@ def test_vision_trainer_with_two_dataloader_workers_is_accepted(make_playbook, r
     assert f["ok"] is True and not f["identical"]  # args.output differs: loaded, compared
     assert any(m["key"] == "args.output" for m in f["metadata_differences"])
     assert any(t["key"].startswith("state_dict.") for t in f["tensors"])
+    # the safe loader refuses the Namespace alone: the host's converter made a tensor
+    # copy too (used when a rule does not allow it), and the record is the original's
+    manifest = out / "results" / "cpu-target" / ".remotemac-converted" / "manifest.json"
+    assert "last.pth.tar" in json.loads(manifest.read_text())["files"]
+    assert f["converted"] is None
 
 
 if __name__ == "__main__":  # pragma: no cover
