@@ -167,6 +167,8 @@ def _observations(ctx: RunContext) -> tuple[dict[str, Any], list[dict[str, Any]]
         "results": {
             "within_tolerance": compare.get("within_tolerance"),
             "files": compare.get("files", []),
+            # whole-model pickles the host turned into tensors after the job
+            "converted": compare.get("converted", []),
         },
         "reproducibility": compare.get("reproducibility"),
     }
