@@ -444,7 +444,8 @@ def compare_file(
             strict=rule.strict,
             identical=True,
         )
-    ref_root, tgt_root = roots or (reference.parent, target.parent)
+    depth = len(Path(rel).parts)  # the outputs' roots: ``root / rel`` is each file
+    ref_root, tgt_root = roots or (reference.parents[depth - 1], target.parents[depth - 1])
     ref_all, ref_conv, why = _load_side("reference", ref_root, rel, rule)
     if why is not None or ref_all is None:
         return not_compared(rel, rule, why or "reference: unreadable")

@@ -28,7 +28,7 @@ from typing import Any, Dict, List
 
 CONVERTED_DIR = ".remotemac-converted"
 MANIFEST = "manifest.json"
-TORCH_SUFFIXES = (".pt", ".pth", ".tar", ".ckpt", ".bin")
+TORCH_SUFFIXES = (".pt", ".pth", ".tar", ".ckpt")
 
 
 def _plain(value: Any, torch: Any) -> Any:

@@ -382,6 +382,8 @@ def convert_checkpoints(spec: dict[str, Any], job_env: dict[str, str]) -> dict[s
     environment (not observed: it is remotemac's step, not the job's), once the job
     ended: whole-model pickles become tensors here, never unpickled on the laptop."""
     conv = spec["convert"]
+    if not _has_torch_files(conv["dir"], conv.get("patterns") or ["**/*"]):
+        return {"converted": [], "failed": {}}  # no interpreter started for nothing
     env = dict(job_env)
     for var in [k for k in env if k.startswith("REMOTEMAC_OBSERVE")]:
         del env[var]
@@ -410,6 +412,22 @@ def convert_checkpoints(spec: dict[str, Any], job_env: dict[str, str]) -> dict[s
     except (IndexError, ValueError):
         tail = proc.stderr.decode("utf-8", "replace").strip().splitlines()[-1:]
         return {"converted": [], "failed": {}, "error": "exit %d: %s" % (proc.returncode, tail)}
+
+
+def _has_torch_files(out_dir: str, patterns: list[str]) -> bool:
+    """Does a compare rule match a file torch.save may have written (.pt, .pth.tar …)?"""
+    from pathlib import Path
+
+    root = Path(out_dir)
+    suffixes = (".pt", ".pth", ".tar", ".ckpt")
+    try:
+        return any(
+            p.name.lower().endswith(suffixes) and p.is_file()
+            for pattern in patterns
+            for p in root.glob(pattern)
+        )
+    except (OSError, ValueError):
+        return False
 
 
 def _launch_next(spec: dict[str, Any], state: str) -> None:
