@@ -58,6 +58,7 @@ def _too_short(mem: dict) -> bool:
 MNIST_RULE = [{"file": "mnist_cnn.pt"}]
 
 
+@pytest.mark.timeout(1500)
 @pytest.mark.parametrize(
     "args",
     ["--dry-run", "--images 640"],
@@ -90,6 +91,7 @@ def test_short_jobs_with_matching_results_are_accepted_with_their_peak(
         assert mem["stable"] is True and mem["confidence"] == 0.95
 
 
+@pytest.mark.timeout(3000)  # ten whole runs on a shared 2-core box
 def test_the_same_short_job_ten_times_gets_one_verdict(make_playbook, rm_home, tmp_path):
     """Issue 34: the mnist example, one epoch over 640 synthetic images, gave 6
     rejected, 1 incomplete and 2 accepted over 9 identical runs. Ten runs, one verdict."""
@@ -113,6 +115,7 @@ def test_the_same_short_job_ten_times_gets_one_verdict(make_playbook, rm_home, t
     assert all(t[0] in ("too-short", "stable") for t in trends), trends
 
 
+@pytest.mark.timeout(1500)
 def test_vision_trainer_with_two_dataloader_workers_is_accepted(make_playbook, rm_home, tmp_path):
     """Issue 34: two forked DataLoader workers map their parent's pages; RSS summed over
     the processes counted them once per worker ('memory keeps growing 699.69 MiB/s' as
