@@ -717,6 +717,7 @@ def _one_phase(
 )
 def check(playbook: str, as_json: bool) -> None:
     """Validate a playbook: its keys, and that the paths it names exist."""
+    from remotemac.acceptance.decide import memory_growth_note
     from remotemac.checks.paths import playbook_path_problems
     from remotemac.playbook import PlaybookErrors, load_playbook
 
@@ -728,6 +729,7 @@ def check(playbook: str, as_json: bool) -> None:
         problems = list(exc.lines)
     except BadInput as exc:
         problems = [exc.line()]
+    notes = [n for n in [memory_growth_note(pb.stop_when.memory_growth)] if n] if pb else []
     if as_json:
         click.echo(
             json.dumps(
@@ -737,6 +739,7 @@ def check(playbook: str, as_json: bool) -> None:
                     "problems": problems,
                     "name": pb.name if pb else None,
                     "host": pb.host if pb else None,
+                    "notes": notes,
                 }
             )
         )
@@ -746,6 +749,8 @@ def check(playbook: str, as_json: bool) -> None:
     if problems:
         raise PlaybookErrors(problems)
     click.echo(f"{playbook}: ok ({pb.name}, host {pb.host})")
+    for note in notes:
+        click.echo(f"  note: {note}")
 
 
 @main.command()

@@ -270,7 +270,10 @@ class CompareRule(Strict):
     """One output file (a glob) and how to compare it with the reference's."""
 
     file: str = Field(
-        description="glob relative to {output_dir}: .pt .pth .safetensors .npy .npz .json .csv"
+        description=(
+            "glob relative to {output_dir}: .pt .pth .pth.tar .tar .ckpt .safetensors .npy "
+            ".npz .json .csv"
+        )
     )
     rtol: float | None = Field(
         None, ge=0, description="relative tolerance; default: PyTorch's MPS tests' for the dtype"
@@ -290,6 +293,15 @@ class CompareRule(Strict):
         default_factory=list,
         description=("globs of key paths to skip, e.g. 'config.out_dir', 'timestamp'"),
     )
+    safe_globals: list[str] = Field(
+        default_factory=list,
+        description=(
+            "classes torch's safe loader may rebuild for this file, by dotted name, e.g. "
+            "[argparse.Namespace] for a trainer's saved args; standard library, torch and "
+            "numpy only (a project's own class would run its code here: the host turns "
+            "whole-model pickles into tensors instead)"
+        ),
+    )
     strict: bool = Field(
         False,
         description=(
@@ -303,6 +315,17 @@ class CompareRule(Strict):
     @classmethod
     def _file(cls, value: str) -> str:
         return _relative_path(value, "compare file")
+
+    @field_validator("safe_globals")
+    @classmethod
+    def _safe_globals(cls, value: list[str]) -> list[str]:
+        for name in value:
+            parts = name.split(".")
+            if len(parts) < 2 or not all(p.isidentifier() for p in parts):
+                raise ValueError(
+                    f"safe_globals: {name!r} is not a dotted class name like argparse.Namespace"
+                )
+        return value
 
 
 DEFAULT_OUTPUT_BYTES = 20 * 1024**3
@@ -328,7 +351,15 @@ class StopWhen(Strict):
     fallback_ops: Literal["any", "none"] | list[str] = Field(
         "any", description="any: every fallback op stops; none: never; a list: allowed ops"
     )
-    memory_growth: bool = True
+    memory_growth: bool | Literal["required"] = Field(
+        True,
+        description=(
+            "true: stop when memory keeps growing after the warm-up (a run too short to "
+            "tell, under 10 samples over 10 s after it, reports its peak and 'trend: too "
+            "short to tell'); required: that too, and a run too short to tell is "
+            "incomplete; false: not judged"
+        ),
+    )
     max_memory: Size | None = None
     min_free_disk: Size = Field(
         256 * 1024**2,

@@ -230,7 +230,9 @@ def test_infinity_against_finite_fails(sides):
     assert "infinite error" in f["tensors"][0]["detail"]
 
 
-def test_missing_files_are_failures(sides):
+def test_missing_files_are_not_compared_never_outside_tolerance(sides):
+    """Issue 34: a file on one side only, or a rule that matches no file, is reported
+    "not compared: why": the comparison is incomplete (None), not failed."""
     ref, tgt = sides
     (ref / "preds").mkdir()
     (tgt / "preds").mkdir()
@@ -242,12 +244,12 @@ def test_missing_files_are_failures(sides):
         ref, tgt, [CompareRule(file="preds/*.pt"), CompareRule(file="metrics.json")]
     )
     files = {f.path: f for f in res.files}
-    assert res.within_tolerance is False
+    assert res.within_tolerance is None
     assert files["preds/a.pt"].ok is True
-    assert files["preds/b.pt"].ok is False
-    assert files["preds/b.pt"].detail.startswith("missing in target outputs")
-    assert files["preds/extra.pt"].detail.startswith("missing in reference outputs")
-    assert files["metrics.json"].ok is False
+    assert files["preds/b.pt"].ok is None
+    assert files["preds/b.pt"].detail.startswith("not compared: missing in target outputs")
+    assert files["preds/extra.pt"].not_compared.startswith("missing in reference outputs")
+    assert files["metrics.json"].ok is None
     assert "no file matches 'metrics.json'" in files["metrics.json"].detail
 
 
@@ -258,7 +260,7 @@ def test_link_out_of_the_output_dir_is_not_followed(sides, tmp_path):
     np.save(ref / "a.npy", np.ones(2))
     (tgt / "a.npy").symlink_to(secret)
     (f,) = compare_outputs(ref, tgt, [CompareRule(file="a.npy")]).files
-    assert f.ok is False and f.detail.startswith("missing in target")
+    assert f.ok is None and f.not_compared.startswith("missing in target")
 
 
 def test_unreadable_and_unsupported_files(sides):
@@ -266,16 +268,31 @@ def test_unreadable_and_unsupported_files(sides):
     torch.save(torch.ones(2), ref / "m.pt")
     (tgt / "m.pt").write_bytes(b"not a checkpoint")
     (ref / "notes.txt").write_text("a")
-    (tgt / "notes.txt").write_text("a")
+    (tgt / "notes.txt").write_text("b")
     res = compare_outputs(ref, tgt, [CompareRule(file="m.pt"), CompareRule(file="notes.txt")])
     m, notes = res.files
-    assert m.ok is False and m.detail.startswith("target: cannot load with torch.load")
-    assert notes.ok is False and "unsupported file type '.txt'" in notes.detail
+    assert res.within_tolerance is None  # unreadable is not "outside tolerance"
+    assert m.ok is None and m.not_compared.startswith("target: cannot load with torch.load")
+    assert notes.ok is None and "unsupported file type '.txt'" in notes.detail
+    assert notes.detail.startswith("not compared: ")
+
+
+def test_byte_identical_files_pass_without_loading(sides):
+    """Issue 34: two files with the same bytes are the same result, whatever their type:
+    a whole-model pickle the safe loader refuses, a file no loader knows."""
+    ref, tgt = sides
+    for side in sides:
+        (side / "model.pt").write_bytes(b"\x80\x04 a pickle the safe loader would refuse")
+        (side / "notes.txt").write_text("same")
+    res = compare_outputs(ref, tgt, [CompareRule(file="*.pt"), CompareRule(file="*.txt")])
+    assert res.within_tolerance is True
+    assert all(f.identical and f.ok for f in res.files)
+    assert all(f.detail == "byte-identical: passed without loading" for f in res.files)
 
 
 def test_no_rules_is_not_evidence(sides):
     ref, tgt = sides
-    assert compare_outputs(ref, tgt, []).to_dict() == {"within_tolerance": False, "files": []}
+    assert compare_outputs(ref, tgt, []).to_dict() == {"within_tolerance": None, "files": []}
 
 
 def test_numpy_formats_work_without_torch(sides):
@@ -283,11 +300,12 @@ def test_numpy_formats_work_without_torch(sides):
     and a .pt file fails with a clear detail instead of an ImportError."""
     ref, tgt = sides
     for side, loss in ((ref, 0.5), (tgt, 0.75)):
-        np.save(side / "a.npy", np.arange(3.0))
-        np.savez(side / "b.npz", x=np.arange(2))
+        tiny = 1e-9 if side == tgt else 0.0  # within tolerance, not byte-identical
+        np.save(side / "a.npy", np.arange(3.0) + tiny)
+        np.savez(side / "b.npz", x=np.arange(2.0) + tiny)
         (side / "m.json").write_text(json.dumps({"loss": loss}))
-        (side / "l.csv").write_text("loss\n0.1\n")
-        (side / "w.pt").write_bytes(b"x")
+        (side / "l.csv").write_text(f"loss\n{0.1 + tiny!r}\n")
+        (side / "w.pt").write_bytes(b"x" if side == ref else b"y")
     script = textwrap.dedent(f"""
         import json, sys
         sys.modules["torch"] = None  # import torch -> ImportError
@@ -309,4 +327,4 @@ def test_numpy_formats_work_without_torch(sides):
     assert got["a.npy"] == [True, ""] and got["b.npz"] == [True, ""]
     assert got["l.csv"] == [True, ""]
     assert got["m.json"][0] is False and "loss" in got["m.json"][1]
-    assert got["w.pt"][0] is False and "torch is not installed" in got["w.pt"][1]
+    assert got["w.pt"][0] is None and "torch is not installed" in got["w.pt"][1]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 import shutil
 import subprocess
@@ -81,7 +82,7 @@ def test_too_short_a_run_is_unknown():
         [(0.0, 1.0), (1.0, 2.0), (12.0, 3.0)], warmup_s=10, tolerance_bytes_per_s=MiB
     )
     assert got["stable"] is None and got["slope_bytes_per_s"] is None
-    assert "only 1 samples" in got["reason"]
+    assert got["trend"] == "too-short" and "too short to tell (1 samples" in got["reason"]
     assert memory_stable([], 10, MiB)["peak_bytes"] is None
 
 
@@ -91,7 +92,7 @@ def test_decide_module_runs_on_python_39():
     imports = [
         line for line in source.read_text().splitlines() if line.startswith(("import ", "from "))
     ]
-    allowed = ("from __future__", "from typing", "from collections.abc")
+    allowed = ("from __future__", "from typing", "from collections.abc", "import math")
     assert all(line.startswith(allowed) for line in imports), imports
     vermin = shutil.which("vermin")
     assert vermin, "vermin is a test dependency"
@@ -280,3 +281,64 @@ def test_no_apple_silicon_claim_without_mps_evidence():
     assert on_cpu["recommendation"] is None and "not MPS" in on_cpu["reasons"][0]
     on_mps = decide_fn(obs, [], {"goal": "inference", "target_device": "mps"})
     assert on_mps["recommendation"] == "apple-silicon-first"
+
+
+def _short_run_observations() -> dict:
+    mem = memory_stable([(0.5 * i, 300.0 * MiB + (i % 3) * MiB) for i in range(8)])
+    assert mem["trend"] == "too-short" and mem["peak_bytes"] == 302 * MiB
+    return {
+        "tensors_on_device": True,
+        "operators": {"fallback_ops": [], "unsupported_ops": [], "dtype_errors": []},
+        "memory": mem,
+        "results": {"within_tolerance": True, "files": []},
+    }
+
+
+def test_a_trend_too_short_to_tell_is_not_missing_by_default():
+    """Issue 32: a one-second job's peak is an observation; its trend cannot be told,
+    which is no verdict either way and does not make the run incomplete."""
+    conditions, missing = evaluate_observations(_short_run_observations(), {})
+    assert conditions == [] and missing == []
+    conditions, missing = evaluate_observations(_short_run_observations(), {"memory_growth": True})
+    assert conditions == [] and missing == []
+
+
+def test_memory_growth_required_makes_a_run_too_short_to_tell_incomplete():
+    _, missing = evaluate_observations(_short_run_observations(), {"memory_growth": "required"})
+    assert missing == ["memory"]
+
+
+def test_no_memory_sample_at_all_is_still_not_observed():
+    obs = _short_run_observations()
+    obs["memory"] = memory_stable([])
+    _, missing = evaluate_observations(obs, {})
+    assert missing == ["memory"]
+
+
+def test_noisy_growth_the_interval_cannot_separate_from_the_tolerance_is_not_growth():
+    """The slope's 95% interval reaches below the tolerance: not called growth, so a
+    rerun with other noise cannot flip the verdict to 'keeps growing'."""
+    import random
+
+    rng = random.Random(3)
+    pts = [(0.5 * i, 400 * MiB + 1.3 * MiB * 0.5 * i + rng.gauss(0, 12 * MiB)) for i in range(60)]
+    got = memory_stable(pts, warmup_s=0)
+    assert got["slope_bytes_per_s"] > MiB  # the point estimate alone would say growing
+    assert got["slope_interval_bytes_per_s"][0] <= MiB and got["stable"] is True
+    assert "interval" in got["reason"]
+
+
+def test_check_says_when_a_memory_trend_can_be_told(tmp_path):
+    from tests.conftest import remotemac
+
+    for policy, words in ((True, "not incomplete"), ("required", "a shorter run is incomplete")):
+        pb = tmp_path / f"p{policy}.yaml"
+        pb.write_text(
+            "name: p\nhost: local\nworkload: {command: 'true'}\n"
+            f"stop_when: {{memory_growth: {str(policy).lower()}}}\n"
+        )
+        js = json.loads(remotemac("check", str(pb), "--json", check=True).stdout)
+        (note,) = js["notes"]
+        assert "10 samples over 10 s after the warm-up" in note and words in note
+        text = remotemac("check", str(pb), check=True).stdout
+        assert f"note: {note}" in text

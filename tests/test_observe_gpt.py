@@ -86,14 +86,16 @@ def _assert_accepted_and_observed(code: int, record: dict, out: Path) -> None:
     trainers = [p for p in obs["processes"] if (p["argv0"] or "").endswith("train.py")]
     assert trainers, obs["processes"]
     mem = obs["memory"]
-    assert mem["stable"] is True and mem["source"] == "process-tree-rss", mem
+    # a few seconds of training: stable, or too short to tell (issue 34), never growing
+    assert mem["stable"] is not False and mem["source"] == "process-tree-pss", mem
     assert mem["warmup_by"] == "steps", mem  # AdamW's steps, counted in-process
     real = json.loads((out / "results" / "cpu-target" / "peak.json").read_text())
     real_peak = real["peak_rss_bytes"]
     assert real["pid"] in {p["pid"] for p in trainers}
     sampled = max(b for _, b in mem["samples"])
-    # the tree's sampled RSS alone and the record's figure: both within 20 % of the truth
-    assert abs(sampled - real_peak) <= 0.2 * real_peak, (sampled, real_peak)
+    # the tree's own memory (PSS: shared pages counted once) never above the truth by
+    # more than noise; the record's figure within 20 % of it
+    assert sampled <= 1.2 * real_peak, (sampled, real_peak)
     assert abs(mem["peak_bytes"] - real_peak) <= 0.2 * real_peak, (mem["peak_bytes"], real_peak)
 
 

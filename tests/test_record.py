@@ -313,7 +313,8 @@ def test_markdown_has_every_section_and_table(runs):
     assert "| `metrics.json` | pass |" in md
     assert "| numpy | 2.4.6 | 2.3.0 |" in md
     assert "| bytes | 1048576 (1.0 MiB) |" in md
-    assert "| `metrics.json` | `final.loss` | scalar | number |" in md
+    # the two sides wrote the same bytes: passed without loading, no per-key rows
+    assert "| `metrics.json` | pass |" in md and "byte-identical: passed without loading" in md
     assert "2.5 h × 1.1 USD/h = **2.75 USD**" in md
     assert "**apple-silicon-first**" in md
     assert "```sh\nremotemac run playbooks/tiny.yaml --host mac-rental\n```" in md

@@ -20,6 +20,7 @@ by how much without reading every leaf.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from dataclasses import asdict, dataclass, field
@@ -36,6 +37,12 @@ from remotemac.acceptance.loaders import (
     load_leaves,
 )
 from remotemac.playbook import CompareRule
+from remotemac.termsafe import escape_controls
+
+#: where the host puts its tensor copies of whole-model pickles, under each side's
+#: outputs (agent/ckptconvert.py writes them; never a job's own output)
+CONVERTED_DIR = ".remotemac-converted"
+CONVERTED_MANIFEST = "manifest.json"
 
 # PyTorch's own MPS tests (test/test_mps.py).
 FLOAT32_TOL = (1.3e-6, 1e-5)  # (rtol, atol)
@@ -78,7 +85,8 @@ class FileResult:
     max_rel_err: float | None
     rtol: float | None
     atol: float | None
-    ok: bool
+    #: None: not compared (see ``not_compared``)
+    ok: bool | None
     detail: str = ""
     tensors: list[TensorResult] = field(default_factory=list)
     first_failing_key: str | None = None
@@ -87,11 +95,20 @@ class FileResult:
     compared: int = 0
     ignored: int = 0
     strict: bool = False
+    #: why the file was not compared (the verdict is then incomplete, never "outside
+    #: tolerance"); None when it was
+    not_compared: str | None = None
+    #: both sides byte-identical: passed without loading
+    identical: bool = False
+    #: what the host turned into tensors (a whole-model pickle), when it did
+    converted: str | None = None
 
 
 @dataclass
 class ComparisonResult:
-    within_tolerance: bool
+    #: True: every file compared and within tolerance; False: a compared file is not;
+    #: None: nothing failed but a file was not compared (or none matched)
+    within_tolerance: bool | None
     files: list[FileResult] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
@@ -334,16 +351,111 @@ def _file_failure(rel: str, rule: CompareRule, detail: str) -> FileResult:
     return FileResult(rel, None, None, rule.rtol, rule.atol, False, detail, strict=rule.strict)
 
 
-def compare_file(rel: str, reference: Path, target: Path, rule: CompareRule) -> FileResult:
-    """Compare one output file present on both sides."""
+def not_compared(rel: str, rule: CompareRule, why: str) -> FileResult:
+    """A file a rule matched that could not be compared: said so, never a failure."""
+    why = escape_controls(why)
+    return FileResult(
+        rel,
+        None,
+        None,
+        rule.rtol,
+        rule.atol,
+        None,
+        f"not compared: {why}",
+        strict=rule.strict,
+        not_compared=why,
+    )
+
+
+def _same_bytes(a: Path, b: Path) -> bool:
+    """Byte-identical files (size first, then the bytes in blocks)."""
     try:
-        ref_all = load_leaves(reference)
-    except LoadError as exc:
-        return _file_failure(rel, rule, f"reference: {exc}")
+        if a.stat().st_size != b.stat().st_size:
+            return False
+        with a.open("rb") as fa, b.open("rb") as fb:
+            while True:
+                x, y = fa.read(1 << 20), fb.read(1 << 20)
+                if x != y:
+                    return False
+                if not x:
+                    return True
+    except OSError:
+        return False
+
+
+def converted_copy(root: Path, rel: str) -> tuple[Path, str] | None:
+    """The host's tensor copy of a whole-model pickle (see agent/ckptconvert.py), if any."""
     try:
-        tgt_all = load_leaves(target)
+        manifest = json.loads((root / CONVERTED_DIR / CONVERTED_MANIFEST).read_text("utf-8"))
+        entry = manifest["files"][rel]
+        path = root / CONVERTED_DIR / str(entry["to"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if not path.is_file() or not path.resolve().is_relative_to(root.resolve()):
+        return None
+    return path, escape_controls(str(entry.get("what") or "a pickled object"))
+
+
+def _load_side(
+    side: str, root: Path, rel: str, rule: CompareRule
+) -> tuple[dict[str, Leaf] | None, str | None, str | None]:
+    """(leaves, what was converted, why not comparable) of one side's file."""
+    try:
+        return load_leaves(root / rel, rule.safe_globals), None, None
     except LoadError as exc:
-        return _file_failure(rel, rule, f"target: {exc}")
+        if exc.cause is None:
+            return None, None, f"{side}: {exc}"
+        copy = converted_copy(root, rel)
+        if copy is None:
+            return (
+                None,
+                None,
+                f"{side}: {exc}: a whole-model pickle (torch.save(model)) or a class "
+                f"the rule does not allow (safe_globals: [{exc.cause}] for a standard-"
+                "library class); the host did not convert it into tensors",
+            )
+    try:
+        return load_leaves(copy[0]), copy[1], None
+    except LoadError as exc:
+        return None, None, f"{side}: the host's tensor copy: {exc}"
+
+
+def compare_file(
+    rel: str,
+    reference: Path,
+    target: Path,
+    rule: CompareRule,
+    roots: tuple[Path, Path] | None = None,
+) -> FileResult:
+    """Compare one output file present on both sides.
+
+    Byte-identical files pass without loading. A file the safe loader cannot read is
+    compared through the host's tensor copy when there is one, else not compared.
+    """
+    if _same_bytes(reference, target):
+        return FileResult(
+            rel,
+            0.0,
+            0.0,
+            rule.rtol,
+            rule.atol,
+            True,
+            "byte-identical: passed without loading",
+            strict=rule.strict,
+            identical=True,
+        )
+    depth = len(Path(rel).parts)  # the outputs' roots: ``root / rel`` is each file
+    ref_root, tgt_root = roots or (reference.parents[depth - 1], target.parents[depth - 1])
+    ref_all, ref_conv, why = _load_side("reference", ref_root, rel, rule)
+    if why is not None or ref_all is None:
+        return not_compared(rel, rule, why or "reference: unreadable")
+    tgt_all, tgt_conv, why = _load_side("target", tgt_root, rel, rule)
+    if why is not None or tgt_all is None:
+        return not_compared(rel, rule, why or "target: unreadable")
+    if (ref_conv is None) != (tgt_conv is None):
+        return not_compared(
+            rel, rule, "only one side's file needed the host's conversion into tensors"
+        )
     ref_leaves, ignored = _select(ref_all, rule)
     tgt_leaves, _ = _select(tgt_all, rule)
     if ref_all and not ref_leaves and not tgt_leaves:
@@ -368,7 +480,11 @@ def compare_file(rel: str, reference: Path, target: Path, rule: CompareRule) -> 
             tensors.append(
                 TensorResult(key, leaf_shape(tgt), tgt.dtype, None, None, False, "not in reference")
             )
-    return _summarise(rel, rule, tensors, ignored)
+    result = _summarise(rel, rule, tensors, ignored)
+    if tgt_conv is not None:
+        result.converted = tgt_conv
+        result.detail = "; ".join(filter(None, [f"compared as tensors: {tgt_conv}", result.detail]))
+    return result
 
 
 def _summarise(
@@ -428,8 +544,11 @@ def _matches(root: Path, pattern: str) -> set[str]:
     real_root = root.resolve()
     found = set()
     for p in root.glob(pattern):
+        rel = p.relative_to(root).as_posix()
+        if rel.split("/")[0] == CONVERTED_DIR:  # the host's copies, not the job's outputs
+            continue
         if p.is_file() and p.resolve().is_relative_to(real_root):
-            found.add(p.relative_to(root).as_posix())
+            found.add(rel)
     return found
 
 
@@ -439,6 +558,7 @@ def written_summary(*dirs: Path, limit: int = 8) -> str:
     for base in dirs:
         if base.is_dir():
             names.update(p.relative_to(base).as_posix() for p in base.rglob("*") if p.is_file())
+    names = {n for n in names if n.split("/")[0] != CONVERTED_DIR}
     if not names:
         return "nothing (check that it writes under {output_dir})"
     shown = sorted(names)[:limit]
@@ -449,10 +569,13 @@ def written_summary(*dirs: Path, limit: int = 8) -> str:
 def compare_outputs(
     reference_dir: Path, target_dir: Path, rules: list[CompareRule]
 ) -> ComparisonResult:
-    """Compare every file the rules name; a file on one side only is a failure.
+    """Compare every file the rules name; each is compared or said not to be.
 
+    A file on one side only, a file no loader can read, a rule that matches no file:
+    "not compared: why" (the verdict is then incomplete, never "outside tolerance").
     ``within_tolerance`` is True only when at least one file was compared and every
-    file passed: an empty comparison is not evidence.
+    file passed (an empty comparison is not evidence), False when a compared file
+    failed, None otherwise.
     """
     reference_dir, target_dir = Path(reference_dir), Path(target_dir)
     files: list[FileResult] = []
@@ -462,7 +585,7 @@ def compare_outputs(
         tgt_set = _matches(target_dir, rule.file)
         if not ref_set and not tgt_set:
             files.append(
-                _file_failure(
+                not_compared(
                     rule.file,
                     rule,
                     f"no file matches '{rule.file}' in the reference "
@@ -478,15 +601,29 @@ def compare_outputs(
             seen.add(rel)
             if rel not in tgt_set:
                 files.append(
-                    _file_failure(rel, rule, f"missing in target outputs ({target_dir / rel})")
+                    not_compared(rel, rule, f"missing in target outputs ({target_dir / rel})")
                 )
             elif rel not in ref_set:
                 files.append(
-                    _file_failure(
-                        rel, rule, f"missing in reference outputs ({reference_dir / rel})"
-                    )
+                    not_compared(rel, rule, f"missing in reference outputs ({reference_dir / rel})")
                 )
             else:
-                files.append(compare_file(rel, reference_dir / rel, target_dir / rel, rule))
-    within = bool(files) and all(f.ok for f in files)
-    return ComparisonResult(within, files)
+                files.append(
+                    compare_file(
+                        rel,
+                        reference_dir / rel,
+                        target_dir / rel,
+                        rule,
+                        (reference_dir, target_dir),
+                    )
+                )
+    return ComparisonResult(within_tolerance_of(files), files)
+
+
+def within_tolerance_of(files: list[FileResult]) -> bool | None:
+    """False when a compared file failed; True when every file was compared and passed."""
+    if any(f.ok is False for f in files):
+        return False
+    if not files or any(f.ok is None for f in files):
+        return None
+    return True

@@ -18,6 +18,7 @@ The recommendation follows issue 7's rules, blockers first:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -32,9 +33,15 @@ APPLE_GOALS = ("prototyping", "inference", "macos-validation")
 
 # Memory trend. Warm-up: model build, allocator warm-up and the first batches climb
 # fast, so the first seconds (at most a quarter of a short run) and the first samples
-# are skipped. Then memory "keeps growing" only when all three hold:
+# are skipped. A trend is then stated only from at least MIN_TREND_SAMPLES samples over
+# at least MIN_TREND_SECONDS after the warm-up: from fewer (a 3-5 s job gives 3-5
+# samples) the slope is noise, and identical reruns flipped between "growing" and
+# "stable" (issue 34). Shorter runs are "too short to tell", a verdict neither way.
+# Memory "keeps growing" only when all three hold:
 #   * the Theil–Sen slope (median of pairwise slopes: robust to GC and allocator
-#     sawtooth, to spikes and to a leftover ramp) is above the tolerance,
+#     sawtooth, to spikes and to a leftover ramp) is above the tolerance, and so is
+#     the lower end of its 95% confidence interval (Sen's, from Kendall's S): growth
+#     the samples cannot tell apart from the tolerance is not called growth,
 #   * the slope over the last half of those samples is too: growth that stopped
 #     (a ramp, then flat) is not a leak,
 #   * the growth it implies over the window is at least MIN_GROWTH_SECONDS worth of
@@ -44,9 +51,25 @@ DEFAULT_WARMUP_FRACTION = 0.25
 DEFAULT_WARMUP_SAMPLES = 2
 DEFAULT_TOLERANCE_BYTES_PER_S = 1024.0 * 1024.0
 MIN_GROWTH_SECONDS = 16.0
-MIN_SAMPLES = 3
+#: a trend needs this many samples after the warm-up …
+MIN_TREND_SAMPLES = 10
+#: … spread over at least this long
+MIN_TREND_SECONDS = 10.0
+#: the confidence of the slope's interval, and its two-sided normal quantile
+CONFIDENCE = 0.95
+_Z = 1.959964
 #: Theil–Sen is quadratic: longer series are thinned to this many evenly spaced points
 MAX_TREND_POINTS = 400
+#: ``trend`` values: what the judgement could say
+TREND_STABLE, TREND_GROWING, TREND_SHORT, TREND_NONE = (
+    "stable",
+    "growing",
+    "too-short",
+    "no-samples",
+)
+#: the shortest job (seconds from the first sample) whose trend can be told with the
+#: default warm-up: MIN_TREND_SECONDS after at most a quarter of the run
+MIN_JOB_SECONDS_FOR_TREND = MIN_TREND_SECONDS / (1.0 - DEFAULT_WARMUP_FRACTION)
 
 
 def _median(values: list[float]) -> float:
@@ -55,19 +78,44 @@ def _median(values: list[float]) -> float:
     return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2.0
 
 
-def theil_sen_slope(points: Sequence[tuple[float, float]]) -> float | None:
-    """Median of the slopes between every two points with distinct t; None if there are none."""
+def _thin(points: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
     pts = list(points)
     if len(pts) > MAX_TREND_POINTS:
         step = len(pts) / float(MAX_TREND_POINTS)
         pts = [pts[int(i * step)] for i in range(MAX_TREND_POINTS)]
-    slopes = [
+    return pts
+
+
+def _pair_slopes(pts: list[tuple[float, float]]) -> list[float]:
+    return sorted(
         (pts[j][1] - pts[i][1]) / (pts[j][0] - pts[i][0])
         for i in range(len(pts))
         for j in range(i + 1, len(pts))
         if pts[j][0] != pts[i][0]
-    ]
+    )
+
+
+def theil_sen_slope(points: Sequence[tuple[float, float]]) -> float | None:
+    """Median of the slopes between every two points with distinct t; None if there are none."""
+    slopes = _pair_slopes(_thin(points))
     return _median(slopes) if slopes else None
+
+
+def slope_interval(points: Sequence[tuple[float, float]]) -> tuple[float, float] | None:
+    """Sen's CONFIDENCE interval of the Theil–Sen slope, or None with too few points.
+
+    The ranks come from the variance of Kendall's S, ``N(N-1)(2N+5)/18`` (Sen 1968):
+    with few points the interval is wide, which is the honest answer.
+    """
+    pts = _thin(points)
+    slopes = _pair_slopes(pts)
+    n_pts, n = len(pts), len(slopes)
+    if n < 2:
+        return None
+    c = _Z * math.sqrt(n_pts * (n_pts - 1) * (2 * n_pts + 5) / 18.0)
+    lo = int(math.floor((n - c) / 2.0))
+    hi = int(math.ceil((n + c) / 2.0))
+    return slopes[max(0, min(n - 1, lo))], slopes[max(0, min(n - 1, hi))]
 
 
 def warmup_end(
@@ -98,6 +146,31 @@ def warmup_end(
     return end
 
 
+def too_short_reason(samples: int, seconds: float, warmup_s: float) -> str:
+    """The words for a trend that cannot be told, with what it would need."""
+    return (
+        f"trend: too short to tell ({samples} samples over {seconds:.1f} s after the "
+        f"{warmup_s:g} s warm-up; a trend needs {MIN_TREND_SAMPLES} samples over "
+        f"{MIN_TREND_SECONDS:g} s)"
+    )
+
+
+def memory_growth_note(policy: Any) -> str | None:
+    """What ``check`` says about ``stop_when.memory_growth``: when a trend can be told."""
+    need = (
+        f"a memory trend needs {MIN_TREND_SAMPLES} samples over {MIN_TREND_SECONDS:g} s "
+        f"after the warm-up (a job of about {MIN_JOB_SECONDS_FOR_TREND:.0f} s or more)"
+    )
+    if policy == "required":
+        return f"stop_when.memory_growth: required: {need}; a shorter run is incomplete"
+    if policy is False:
+        return None
+    return (
+        f"stop_when.memory_growth: {need}; a shorter run reports its peak and "
+        "'trend: too short to tell', not incomplete (memory_growth: required makes it so)"
+    )
+
+
 def memory_stable(
     samples: Sequence[tuple[float, float]],
     warmup_s: float | None = None,
@@ -106,13 +179,18 @@ def memory_stable(
     min_growth_bytes: float | None = None,
     active_from: float | None = None,
     warm_at: float | None = None,
+    min_samples: int = MIN_TREND_SAMPLES,
+    min_seconds: float = MIN_TREND_SECONDS,
 ) -> dict[str, Any]:
     """Decide from the trend after warm-up whether memory keeps growing.
 
     A trend, not the last value: a steady run has noise, allocator steps and GC
     sawtooth, a leaking one climbs to the end (see the comment above for the test).
-    ``stable`` is None when fewer than three samples follow the warm-up (too short a
-    run to tell); ``peak_bytes`` covers every sample. The warm-up: see
+    ``peak_bytes`` covers every sample and is an observation whatever the length.
+    ``stable`` is None and ``trend`` ``too-short`` when fewer than ``min_samples``
+    samples over ``min_seconds`` follow the warm-up: the same short job must not be
+    "growing" on one run and "stable" on the next. ``confidence`` and
+    ``slope_interval_bytes_per_s`` say how sure the judgement is. The warm-up: see
     :func:`warmup_end`; ``min_growth_bytes`` defaults to MIN_GROWTH_SECONDS of the
     tolerated rate.
     """
@@ -122,13 +200,19 @@ def memory_stable(
         min_growth_bytes = MIN_GROWTH_SECONDS * tolerance_bytes_per_s
     result: dict[str, Any] = {
         "stable": None,
+        "trend": TREND_NONE,
         "slope_bytes_per_s": None,
+        "slope_interval_bytes_per_s": None,
+        "confidence": None,
         "peak_bytes": peak,
         "samples_used": 0,
+        "window_s": 0.0,
         "warmup_s": warmup_s,
         "method": "theil-sen",
         "tolerance_bytes_per_s": tolerance_bytes_per_s,
         "min_growth_bytes": min_growth_bytes,
+        "min_trend_samples": min_samples,
+        "min_trend_seconds": min_seconds,
         "reason": "",
     }
     if not pts:
@@ -144,44 +228,51 @@ def memory_stable(
         else "time"
     )
     after = [p for p in pts if p[0] >= start]
+    window = after[-1][0] - after[0][0] if after else 0.0
     result["samples_used"] = len(after)
-    slope = theil_sen_slope(after) if len(after) >= MIN_SAMPLES else None
-    if slope is None:
-        result["reason"] = (
-            f"only {len(after)} samples after the {result['warmup_s']:g}s "
-            f"warm-up; need {MIN_SAMPLES} spread over time"
-        )
+    result["window_s"] = round(window, 3)
+    interval = slope_interval(after) if len(after) >= max(3, min_samples) else None
+    slope = theil_sen_slope(after) if interval is not None else None
+    if slope is None or interval is None or window < min_seconds:
+        result["trend"] = TREND_SHORT
+        result["reason"] = too_short_reason(len(after), window, result["warmup_s"])
         return result
     late = after[len(after) // 2 :]
-    late_slope = theil_sen_slope(late) if len(late) >= MIN_SAMPLES else slope
-    growth = slope * (after[-1][0] - after[0][0])
+    late_slope = theil_sen_slope(late) if len(late) >= 3 else slope
+    growth = slope * window
     result["slope_bytes_per_s"] = slope
+    result["slope_interval_bytes_per_s"] = [interval[0], interval[1]]
+    result["confidence"] = CONFIDENCE
     result["late_slope_bytes_per_s"] = late_slope
     result["growth_bytes"] = growth
+    sure = f"{CONFIDENCE:.0%} interval {interval[0]:.0f}..{interval[1]:.0f} B/s"
     growing = (
         slope > tolerance_bytes_per_s
+        and interval[0] > tolerance_bytes_per_s
         and late_slope is not None
         and late_slope > tolerance_bytes_per_s
         and growth >= min_growth_bytes
     )
     result["stable"] = not growing
+    result["trend"] = TREND_GROWING if growing else TREND_STABLE
     if growing:
         result["reason"] = (
             f"grows {slope:.0f} B/s after the {result['warmup_s']:g}s warm-up "
-            f"({late_slope:.0f} B/s over the last half, {growth:.0f} B in all; "
+            f"({sure}; {late_slope:.0f} B/s over the last half, {growth:.0f} B in all; "
             f"tolerance {tolerance_bytes_per_s:.0f} B/s)"
         )
     elif slope > tolerance_bytes_per_s:
-        why = (
-            "stopped growing in the last half"
-            if late_slope is None or late_slope <= tolerance_bytes_per_s
-            else f"grew only {growth:.0f} B, under {min_growth_bytes:.0f} B"
-        )
+        if interval[0] <= tolerance_bytes_per_s:
+            why = f"the {sure} reaches the tolerance"
+        elif late_slope is None or late_slope <= tolerance_bytes_per_s:
+            why = "stopped growing in the last half"
+        else:
+            why = f"grew only {growth:.0f} B, under {min_growth_bytes:.0f} B"
         result["reason"] = f"rose {slope:.0f} B/s after warm-up but {why}: stable"
     else:
         result["reason"] = (
             f"grows {slope:.0f} B/s after the {result['warmup_s']:g}s warm-up "
-            f"(within the {tolerance_bytes_per_s:.0f} B/s tolerance)"
+            f"(within the {tolerance_bytes_per_s:.0f} B/s tolerance; {sure})"
         )
     return result
 
@@ -256,7 +347,8 @@ def evaluate_observations(
     """Stopping conditions the observations show, and the observations not made.
 
     ``stop_when`` is the playbook's section (``fallback_ops``: any | none | list,
-    ``memory_growth``: bool, ``max_memory``). Unknown values are None in the record:
+    ``memory_growth``: true | false | required, ``max_memory``). A memory trend too
+    short to tell is not missing unless ``memory_growth: required``. Unknown values are None in the record:
     an empty list means "observed, none", None means "not observed".
     """
     obs = observations or {}
@@ -301,9 +393,16 @@ def evaluate_observations(
         )
 
     mem = obs.get("memory") or {}
-    growth_matters = stop.get("memory_growth", True) is not False
-    if mem.get("stable") is None:
-        if growth_matters:
+    growth = stop.get("memory_growth", True)
+    growth_matters = growth is not False
+    if mem.get("peak_bytes") is None and mem.get("stable") is None:
+        # not one sample: memory was not observed at all
+        if growth_matters or stop.get("max_memory") is not None:
+            missing.append("memory")
+    elif mem.get("stable") is None:
+        # the peak is an observation; a trend too short to tell is none either way,
+        # unless the playbook demands one (memory_growth: required)
+        if growth == "required":
             missing.append("memory")
     elif mem.get("stable") is False and growth_matters:
         slope = mem.get("slope_bytes_per_s")
@@ -321,7 +420,8 @@ def evaluate_observations(
     if within is None:
         missing.append("results")
     elif within is False:
-        failed = [f for f in results.get("files") or [] if not f.get("ok")]
+        # a file not compared (ok None) is no evidence of a difference: not listed here
+        failed = [f for f in results.get("files") or [] if f.get("ok") is False]
         parts = []
         for f in failed[:5]:
             # a metadata difference (a path, a device name) fails only a strict rule

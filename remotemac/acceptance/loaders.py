@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -25,7 +26,25 @@ from typing import Any
 
 import numpy as np
 
-SUPPORTED_SUFFIXES = (".pt", ".pth", ".safetensors", ".npy", ".npz", ".json", ".csv")
+from remotemac.termsafe import escape_controls
+
+SUPPORTED_SUFFIXES = (
+    ".pt",
+    ".pth",
+    ".pth.tar",
+    ".tar",
+    ".ckpt",
+    ".safetensors",
+    ".npy",
+    ".npz",
+    ".json",
+    ".csv",
+)
+#: torch.save writes the same zip archive whatever the name: ``last.pth.tar`` (the
+#: ImageNet example, timm), ``.ckpt`` (Lightning) read like ``.pt``
+TORCH_SUFFIXES = (".pt", ".pth", ".tar", ".ckpt")
+#: modules a ``safe_globals`` name may come from without running a project's code here
+SAFE_GLOBAL_MODULES = ("torch", "numpy", "collections")
 ROOT_KEY = "(root)"  # a bare tensor/array; not "<…>", which Markdown would eat
 #: a header larger than this is not a real safetensors file (the format caps it at 100 MB)
 SAFETENSORS_MAX_HEADER = 100 * 1024 * 1024
@@ -50,7 +69,65 @@ class Leaf:
 
 
 class LoadError(Exception):
-    """A file could not be read into leaves; the message becomes the file's detail."""
+    """A file could not be read into leaves; the message becomes the file's detail.
+
+    ``cause`` names what stopped the safe loader when it was a class it does not allow
+    (``model.RNNModel``): a whole-model pickle, or a class the rule may allow.
+    """
+
+    def __init__(self, message: str, cause: str | None = None) -> None:
+        super().__init__(message)
+        self.cause = cause
+
+
+_UNSUPPORTED_GLOBAL = re.compile(r"Unsupported global: GLOBAL ([\w.]+)")
+
+
+def load_error_line(exc: BaseException) -> tuple[str, str | None]:
+    """(one readable line for a torch.load failure, the global that stopped it).
+
+    torch's weights_only message is a paragraph with ANSI bold in its first line and
+    the cause (``Unsupported global: GLOBAL model.RNNModel …``) four lines down: the
+    cause is the line, and no control byte survives.
+    """
+    text = escape_controls(str(exc)).replace("\\x1b[1m", "").replace("\\x1b[0m", "")
+    found = _UNSUPPORTED_GLOBAL.search(str(exc))
+    if found:
+        name = found.group(1)
+        return f"the safe loader does not allow {name} (Unsupported global)", name
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    return (lines[0] if lines else type(exc).__name__), None
+
+
+def resolve_safe_globals(names: tuple[str, ...] | list[str]) -> list[Any]:
+    """The classes a rule's ``safe_globals`` names, for torch's safe loader.
+
+    Only from the standard library, torch or numpy: resolving ``model.RNNModel`` here
+    would import (run) the project's code on the laptop, which the safe loader exists
+    to avoid. Raises LoadError naming the first name that cannot be allowed.
+    """
+    import importlib
+    import sys
+
+    out = []
+    for name in names:
+        module, _, attr = name.rpartition(".")
+        top = module.split(".")[0]
+        stdlib: frozenset[str] = getattr(sys, "stdlib_module_names", frozenset())
+        if not module or not (top in stdlib or top in SAFE_GLOBAL_MODULES):
+            raise LoadError(
+                f"safe_globals: {name} is not from the standard library, torch or numpy; "
+                "allowing it would run the project's code here (the host converts "
+                "whole-model pickles into tensors instead)"
+            )
+        try:
+            obj = importlib.import_module(module)
+            for part in attr.split("."):
+                obj = getattr(obj, part)
+        except (ImportError, AttributeError) as exc:
+            raise LoadError(f"safe_globals: cannot find {name}: {exc}") from exc
+        out.append(obj)
+    return out
 
 
 def _torch_dtype_name(dtype: Any) -> str:
@@ -143,6 +220,9 @@ def flatten(value: Any, prefix: str = "", *, numbers: str = "float") -> Iterator
         yield key, Leaf(value, str(value.dtype))
     elif _is_torch(value, "Tensor"):
         yield key, _tensor_leaf(value)
+    elif type(value).__module__ == "argparse" and type(value).__name__ == "Namespace":
+        # a trainer's saved ``args``: its fields, each compared (or metadata) on its own
+        yield from flatten(dict(vars(value)), prefix, numbers=numbers)
     elif _is_torch(value, "device"):
         yield key, Leaf(None, None, str(value))
     elif isinstance(value, bool) or value is None or isinstance(value, str):
@@ -157,20 +237,24 @@ def flatten(value: Any, prefix: str = "", *, numbers: str = "float") -> Iterator
         yield key, Leaf(None, None, value)
 
 
-def _load_pt(path: Path) -> dict[str, Leaf]:
+def _load_pt(path: Path, safe_globals: tuple[str, ...] | list[str] = ()) -> dict[str, Leaf]:
     try:
         import torch
     except ImportError as exc:
         raise LoadError(
             f"torch is not installed here, cannot load {path.suffix} (pip install torch)"
         ) from exc
+    allowed = resolve_safe_globals(safe_globals) if safe_globals else []
     try:
-        obj = torch.load(path, weights_only=True, map_location="cpu")
+        if allowed:
+            # the context, not add_safe_globals: allowed for this file only
+            with torch.serialization.safe_globals(allowed):
+                obj = torch.load(path, weights_only=True, map_location="cpu")
+        else:
+            obj = torch.load(path, weights_only=True, map_location="cpu")
     except Exception as exc:  # noqa: BLE001 - any load failure is the file's detail
-        raise LoadError(
-            f"cannot load with torch.load(weights_only=True): "
-            f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
-        ) from exc
+        line, cause = load_error_line(exc)
+        raise LoadError(f"cannot load with torch.load(weights_only=True): {line}", cause) from exc
     return dict(flatten(obj, numbers="float"))
 
 
@@ -302,6 +386,8 @@ def _load_csv(path: Path) -> dict[str, Leaf]:
 LOADERS = {
     ".pt": _load_pt,
     ".pth": _load_pt,
+    ".tar": _load_pt,
+    ".ckpt": _load_pt,
     ".safetensors": _load_safetensors,
     ".npy": _load_npy,
     ".npz": _load_npz,
@@ -310,13 +396,19 @@ LOADERS = {
 }
 
 
-def load_leaves(path: Path) -> dict[str, Leaf]:
-    """All leaves of one output file, keyed by their path inside it."""
+def load_leaves(path: Path, safe_globals: tuple[str, ...] | list[str] = ()) -> dict[str, Leaf]:
+    """All leaves of one output file, keyed by their path inside it.
+
+    ``safe_globals``: classes the rule allows torch's safe loader (``.pt`` and its kin).
+    """
     loader = LOADERS.get(path.suffix.lower())
     if loader is None:
         raise LoadError(
-            f"unsupported file type '{path.suffix}' (supported: {' '.join(SUPPORTED_SUFFIXES)})"
+            f"unsupported file type '{escape_controls(path.suffix)}' "
+            f"(supported: {' '.join(SUPPORTED_SUFFIXES)})"
         )
+    if loader is _load_pt:
+        return _load_pt(path, safe_globals)
     return loader(path)
 
 

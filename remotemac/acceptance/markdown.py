@@ -153,7 +153,10 @@ def _observations(rec: dict[str, Any]) -> list[str]:
     n_ops = sum(len(ops.get(k) or []) for k in ("fallback_ops", "unsupported_ops", "dtype_errors"))
     slope = mem.get("slope_bytes_per_s")
     slope_text = f", slope {human_bytes(slope)}/s" if slope is not None else ""
+    if mem.get("trend") == "too-short":
+        slope_text = f", trend: too short to tell ({mem.get('samples_used', 0)} samples)"
     bad_files = sum(1 for f in files if not f.get("ok"))
+    skipped_files = sum(1 for f in files if f.get("ok") is None)
     out = ["## Observations", ""]
     out += _table(
         ["observation", "result", "summary"],
@@ -182,7 +185,8 @@ def _observations(rec: dict[str, Any]) -> list[str]:
             [
                 "results",
                 _mark(res.get("within_tolerance")),
-                f"{len(files) - bad_files} of {len(files)} files within tolerance",
+                f"{len(files) - bad_files} of {len(files)} files within tolerance"
+                + (f", {skipped_files} not compared" if skipped_files else ""),
             ],
         ],
     )
@@ -218,6 +222,10 @@ def _observations(rec: dict[str, Any]) -> list[str]:
     out += ["", "### Memory", ""]
     if mem.get("source"):
         what = {
+            "process-tree-pss": "the job's own memory: proportional set size (PSS) summed "
+            "over its process tree, so pages forked DataLoader workers share count once",
+            "process-tree-footprint": "the job's own memory: physical footprint "
+            "(proc_pid_rusage) summed over its process tree",
             "process-tree-rss": "resident memory summed over the job's process tree",
             "mps-driver": "Metal's driver memory summed over the observed processes",
             "process-rss": "resident memory of the job's first process",
@@ -227,13 +235,20 @@ def _observations(rec: dict[str, Any]) -> list[str]:
             + (f" {mem['reason']}." if mem.get("reason") else ""),
             "",
         ]
+    interval = mem.get("slope_interval_bytes_per_s")
+    confidence = mem.get("confidence")
     out += _table(
-        ["peak", "slope after warm-up", "stable"],
+        ["peak", "slope after warm-up", "confidence", "stable"],
         [
             [
                 human_bytes(mem.get("peak_bytes")),
                 f"{human_bytes(slope)}/s" if slope is not None else "—",
-                _mark(mem.get("stable")),
+                f"{confidence:.0%}: {human_bytes(interval[0])}/s .. {human_bytes(interval[1])}/s"
+                if confidence and isinstance(interval, list) and len(interval) == 2
+                else "—",
+                "too short to tell"
+                if mem.get("trend") == "too-short"
+                else _mark(mem.get("stable")),
             ]
         ],
     )
@@ -256,7 +271,7 @@ def _observations(rec: dict[str, Any]) -> list[str]:
             [
                 [
                     _code(f.get("path")),
-                    _mark(f.get("ok")),
+                    _mark(f.get("ok")) if f.get("ok") is not None else "not compared",
                     _num(f.get("max_abs_err")),
                     _num(f.get("max_rel_err")),
                     _num(f.get("rtol")),

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from remotemac.acceptance.decide import decide, evaluate_observations
+from remotemac.termsafe import escape_controls
 
 SCHEMA_VERSION = "1"
 VERDICTS = ("accepted", "rejected", "incomplete")
@@ -255,11 +256,15 @@ def validate_record(record: Any) -> list[str]:
 
 
 def _strict_json(value: Any) -> Any:
-    """NaN and infinities as null: acceptance.json must be strict JSON."""
+    """NaN and infinities as null: acceptance.json must be strict JSON. Every string
+    with its terminal controls made visible: the record quotes the job and the host
+    (a loader's error, a log line), and ``cat acceptance.md`` must not obey them."""
     if isinstance(value, float) and not math.isfinite(value):
         return None
+    if isinstance(value, str):
+        return escape_controls(value)
     if isinstance(value, dict):
-        return {str(k): _strict_json(v) for k, v in value.items()}
+        return {escape_controls(str(k)): _strict_json(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [_strict_json(v) for v in value]
     return value

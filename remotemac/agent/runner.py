@@ -24,6 +24,7 @@ import time
 from typing import Any
 
 import obsmerge  # sibling files: this script runs from the agent dir
+import ownmem  # sibling: the job's own memory (PSS / phys_footprint)
 import procid  # sibling: who a process is (start time, command line), for safe kills
 import proctree
 import safefs  # sibling: file writes that never go through a planted link
@@ -113,8 +114,9 @@ def prepare_observer(observe: dict[str, Any], env: dict[str, str]) -> None:
 
 
 class JobMemory:
-    """The job's memory over time: RSS summed over its process tree, plus Metal's
-    driver memory summed over the observed processes when the job runs on MPS."""
+    """The job's memory over time: its own use (PSS on Linux, phys_footprint on macOS)
+    and RSS summed over its process tree, plus Metal's driver memory summed over the
+    observed processes when the job runs on MPS."""
 
     def __init__(self, spec: dict[str, Any], started: float) -> None:
         self.path = spec.get("metrics_path")
@@ -145,6 +147,10 @@ class JobMemory:
             "processes": len(got.pids),
             "source": "process-tree",
         }
+        own = ownmem.own_bytes(got.pids)
+        if own is not None:
+            # what the job itself uses: shared pages (forked workers) counted once
+            row["own_bytes"], row["own_kind"] = own
         if self.observe.get("dir"):
             # where the job is: torch imported (observed > 0), optimizer steps taken;
             # the memory trend's warm-up is counted from there (decide.memory_stable)
@@ -383,6 +389,9 @@ def run(spec_path: str) -> int:
         state = "stopped"
     else:
         state = "finished" if code == 0 else "failed"
+    if state == "finished" and spec.get("convert"):
+        # before the final state: the orchestrator pulls once it reads "finished"
+        status["converted"] = convert_checkpoints(spec, env)
     status.update(
         state=state,
         exit_code=code,
@@ -397,6 +406,63 @@ def run(spec_path: str) -> int:
     _write_status(status_path, status)
     _launch_next(spec, state)
     return 0
+
+
+#: the converter of pickled checkpoints gets this long (a large model loads slowly)
+CONVERT_TIMEOUT_S = 600.0
+
+
+def convert_checkpoints(spec: dict[str, Any], job_env: dict[str, str]) -> dict[str, Any]:
+    """Run ckptconvert.py under the workload's interpreter, in the job's directory and
+    environment (not observed: it is remotemac's step, not the job's), once the job
+    ended: whole-model pickles become tensors here, never unpickled on the laptop."""
+    conv = spec["convert"]
+    if not _has_torch_files(conv["dir"], conv.get("patterns") or ["**/*"]):
+        return {"converted": [], "failed": {}}  # no interpreter started for nothing
+    env = dict(job_env)
+    for var in [k for k in env if k.startswith("REMOTEMAC_OBSERVE")]:
+        del env[var]
+    site = os.path.join((spec.get("observe") or {}).get("dir") or "\0", "site")
+    parts = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != site]
+    if parts:
+        env["PYTHONPATH"] = os.pathsep.join(parts)
+    else:
+        env.pop("PYTHONPATH", None)
+    request = json.dumps({"dir": conv["dir"], "patterns": conv.get("patterns") or ["**/*"]})
+    try:
+        proc = subprocess.run(
+            [conv["python"], os.path.join(AGENT_DIR, "ckptconvert.py")],
+            input=request.encode(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd=spec.get("cwd") or None,
+            env=env,
+            timeout=CONVERT_TIMEOUT_S,
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        return {"converted": [], "failed": {}, "error": str(exc)}
+    lines = proc.stdout.decode("utf-8", "replace").strip().splitlines()
+    try:
+        return json.loads(lines[-1])
+    except (IndexError, ValueError):
+        tail = proc.stderr.decode("utf-8", "replace").strip().splitlines()[-1:]
+        return {"converted": [], "failed": {}, "error": "exit %d: %s" % (proc.returncode, tail)}
+
+
+def _has_torch_files(out_dir: str, patterns: list[str]) -> bool:
+    """Does a compare rule match a file torch.save may have written (.pt, .pth.tar …)?"""
+    from pathlib import Path
+
+    root = Path(out_dir)
+    suffixes = (".pt", ".pth", ".tar", ".ckpt")
+    try:
+        return any(
+            p.name.lower().endswith(suffixes) and p.is_file()
+            for pattern in patterns
+            for p in root.glob(pattern)
+        )
+    except (OSError, ValueError):
+        return False
 
 
 def _launch_next(spec: dict[str, Any], state: str) -> None:

@@ -87,6 +87,13 @@ def job_request(
         "disk": disk_watch(ctx, side, run_dir),
         # every Python process of the job that imports torch is observed in-process,
         # whatever the command's shape (see agent/jobsite.py and agent/observer.py)
+        # after the job, its own interpreter turns pickled checkpoints the safe loader
+        # refuses into tensors on the host (agent/ckptconvert.py)
+        "convert": {
+            "python": prov["venv_python"],
+            "dir": output_dir,
+            "patterns": [r.file for r in pb.outputs.compare] or ["**/*"],
+        },
         "observe": {
             "dir": f"{run_dir}/status/{side.label}.observe",
             "obs_path": f"{run_dir}/status/{side.label}.obs.json",

@@ -42,6 +42,14 @@ def compare_results(ctx: RunContext) -> dict[str, Any]:
         outcome = compare_outputs(results / ref.label, results / tgt.label, rules).to_dict()
         ok = sum(1 for f in outcome["files"] if f.get("ok"))
         outcome["summary"] = f"{ok}/{len(outcome['files'])} files within tolerance"
+        skipped = [f for f in outcome["files"] if f.get("ok") is None]
+        if skipped:
+            outcome["summary"] += f"; {len(skipped)} not compared: " + "; ".join(
+                f"{f['path']}: {f.get('not_compared')}" for f in skipped[:3]
+            )
+        converted = [f["path"] for f in outcome["files"] if f.get("converted")]
+        if converted:
+            outcome["converted"] = converted
     if tgt is not None and again is not None:
         # the same rules, target against target: does the workflow reproduce on this machine?
         twice = compare_outputs(results / tgt.label, results / again.label, rules).to_dict()
@@ -91,8 +99,16 @@ def memory_samples(logs: Path, label: str) -> tuple[list[tuple[float, float]], s
     observed processes on MPS, else RSS summed over the job's process tree (the runner's
     samples; an older run's harness metrics when that is all there is)."""
     rows = read_jsonl(logs / f"{label}.rss.jsonl") or read_jsonl(logs / f"{label}.metrics.jsonl")
+    kinds = {r.get("own_kind") for r in rows}
     if any(r.get("mps_driver_allocated_bytes") for r in rows):
         key, source = "mps_driver_allocated_bytes", "mps-driver"
+    elif rows and len(kinds) == 1 and None not in kinds:
+        # the job's own use in every sample: PSS (Linux) or phys_footprint (macOS), where
+        # a forked DataLoader worker's shared pages count once, not once per worker
+        key, source = (
+            "own_bytes",
+            f"process-tree-{'footprint' if kinds == {'phys-footprint'} else 'pss'}",
+        )
     else:
         key = "rss_bytes"
         source = (
@@ -120,13 +136,18 @@ def _observations(ctx: RunContext) -> tuple[dict[str, Any], list[dict[str, Any]]
     memory["source"] = source if samples else None
     # a sample every 0.5 s can miss a short spike; each process's own high-water mark
     # (ru_maxrss, reported by its observer) cannot
-    rss_peak = max(
-        [int(r.get("rss_bytes") or 0) for r in read_jsonl(logs / f"{tgt.label}.rss.jsonl")]
-        + [int(harness.get("peak_rss_bytes") or 0)]
-    )
+    summed_rss = [int(r.get("rss_bytes") or 0) for r in read_jsonl(logs / f"{tgt.label}.rss.jsonl")]
+    rss_peak = max(summed_rss + [int(harness.get("peak_rss_bytes") or 0)])
     memory["rss_peak_bytes"] = rss_peak or None
     if samples and source != "mps-driver":
-        memory["peak_bytes"] = max(memory["peak_bytes"] or 0, rss_peak)
+        # with the job's own use measured, the summed RSS counts shared pages again per
+        # process: only one process's high-water mark (a floor of the job's use) joins it
+        floor = (
+            int(harness.get("peak_rss_bytes") or 0)
+            if source.endswith(("pss", "footprint"))
+            else rss_peak
+        )
+        memory["peak_bytes"] = max(memory["peak_bytes"] or 0, floor)
     memory["samples"] = [[t, b] for t, b in samples][-200:]
     # a job that never imported torch showed nothing about operators or devices:
     # "not observed", never an empty list that reads as "pass"
@@ -146,6 +167,8 @@ def _observations(ctx: RunContext) -> tuple[dict[str, Any], list[dict[str, Any]]
         "results": {
             "within_tolerance": compare.get("within_tolerance"),
             "files": compare.get("files", []),
+            # whole-model pickles the host turned into tensors after the job
+            "converted": compare.get("converted", []),
         },
         "reproducibility": compare.get("reproducibility"),
     }
