@@ -267,3 +267,11 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     the session dies with "AST constructor recursion depth mismatch".
     """
     gc.collect()
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    """Which login and which bare interpreters the sshd tests' lab uses (pyenv, uv, the
+    OS's), so a log from another machine says what its "host" was."""
+    from tests.harness import lab
+
+    return lab.describe()
