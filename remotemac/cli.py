@@ -951,16 +951,42 @@ def tui(settings: LocalSettings, playbooks: tuple[str, ...], pick: bool) -> None
     sys.exit(run_tui(settings, list(playbooks), start=not pick))
 
 
-def entry() -> None:
+def entry(argv: list[str] | None = None, prog_name: str | None = None) -> None:
     """``python -m remotemac`` / ``python -m remotemac.cli``: ``main`` plus the errors raised
     before a command runs (while click parses), each as its one line and exit code."""
+    args = sys.argv[1:] if argv is None else argv
+    verbose = any(arg in ("-v", "--verbose") for arg in args)
     try:
-        main()
+        code = main(args, prog_name=prog_name, standalone_mode=False)
     except KeyboardInterrupt:
         click.echo("remotemac: stopped", err=True)
         sys.exit(EXIT_INTERRUPTED)
+    except click.exceptions.NoArgsIsHelpError as exc:  # bare `remotemac`: the help
+        exc.show()
+        sys.exit(exc.exit_code)
+    except click.ClickException as exc:
+        _fail(
+            _click_error(exc),
+            verbose,
+            "--json" in args[: args.index("--") if "--" in args else None],
+        )
+    except click.exceptions.Abort:
+        click.echo("remotemac: stopped", err=True)
+        sys.exit(1)
     except Exception as err:  # noqa: BLE001 - never a silent exit code
-        _fail(err, any(arg in ("-v", "--verbose") for arg in sys.argv[1:]))
+        _fail(err, verbose)
+    sys.exit(code if isinstance(code, int) else 0)  # --help, --version: click's Exit
+
+
+def _click_error(exc: click.ClickException) -> RemotemacError:
+    """click's own error (an unknown option or command, a bad value) as remotemac's one
+    line: ``remotemac: error: No such option '--hostt' (see remotemac status --help)``,
+    and JSON under ``--json``, with click's exit code (2 for usage)."""
+    ctx = getattr(exc, "ctx", None)
+    hint = f"see {ctx.command_path} --help" if ctx is not None else None
+    err = BadInput(exc.format_message().rstrip("."), hint=hint)
+    err.exit_code = exc.exit_code
+    return err
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -120,13 +120,13 @@ def remotemac_in_process(*args: str) -> subprocess.CompletedProcess:
     (interpreter, pydantic, click) per case. A module using this keeps at least one
     :func:`remotemac` test of the same command for the real process.
     """
-    from remotemac.cli import main
+    from remotemac.cli import entry
 
     out, err = io.StringIO(), io.StringIO()
     code: int | str | None = 0
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:
-            main(list(args), prog_name="remotemac")
+            entry(list(args), prog_name="remotemac")
         except SystemExit as exit_:
             code = exit_.code
     if not isinstance(code, int):  # sys.exit("message") or sys.exit(None)
