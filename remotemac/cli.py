@@ -15,7 +15,13 @@ from typing import Any
 
 import click
 
-from remotemac.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, BadInput, RemotemacError
+from remotemac.errors import (
+    EXIT_BAD_INPUT,
+    EXIT_INTERRUPTED,
+    BadInput,
+    Declined,
+    RemotemacError,
+)
 from remotemac.settings import LocalSettings
 
 
@@ -85,6 +91,12 @@ def _fail(err: BaseException, verbose: bool, as_json: bool = False) -> None:
     sys.exit(code)
 
 
+def _declined(no: Declined, as_json: bool) -> None:
+    """A question answered no: one line on stdout saying nothing was done, exit 0."""
+    click.echo(json.dumps({"declined": no.line(), "exit_code": 0}) if as_json else no.line())
+    sys.exit(0)
+
+
 def _quiet_broken_pipe() -> None:
     """The reader went away (``| head``): stop quietly, as cat and git do."""
     import os
@@ -117,6 +129,8 @@ class Group(click.Group):
             sys.exit(EXIT_INTERRUPTED)
         except BrokenPipeError:
             _quiet_broken_pipe()
+        except Declined as no:
+            _declined(no, bool(ctx.meta.get(JSON_WANTED)))
         except Exception as err:
             verbose = bool(ctx.obj and ctx.obj.verbose)
             _fail(err, verbose, bool(ctx.meta.get(JSON_WANTED)))
@@ -648,7 +662,7 @@ def wipe(settings: LocalSettings, run_id: str, yes: bool) -> None:
     from remotemac.frontend.prompts import confirm
 
     if not yes and not confirm(f"Wipe the data of {run_id} on its host and destroy its key?"):
-        raise BadInput("wipe not confirmed", hint="give --yes to wipe without the question")
+        raise Declined(f"wipe not confirmed: nothing was done ({run_id} keeps its data)")
     sys.exit(_one_phase(settings, run_id, "wipe"))
 
 

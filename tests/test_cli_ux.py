@@ -421,6 +421,32 @@ def test_wipe_without_yes_and_without_a_terminal_is_one_line_exit_2(finished):
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "Aborted" not in proc.stderr
     assert proc.stderr.strip().splitlines()[-1] == (
-        "remotemac: error: wipe not confirmed (give --yes to wipe without the question)"
+        "remotemac: error: no answer to the question (end of input): nothing was done"
+        " (give --yes to skip the question)"
     ), proc.stderr
+    assert status_json(finished, finished["manual"])["phases"] == before
+
+
+def test_wipe_answered_no_says_nothing_was_done_exit_0(finished):
+    """`n` to wipe's question is the user's choice, not an error: one line on stdout
+    saying nothing was done, exit 0 (was `remotemac: error: wipe not confirmed`, exit 2)."""
+    before = status_json(finished, finished["manual"])["phases"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "remotemac", "wipe", finished["manual"]],
+        cwd=finished["folder"],
+        env={**os.environ, **finished["env"], **COLS},
+        input="n\n",
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "error" not in proc.stderr
+    assert (
+        proc.stdout.strip()
+        .splitlines()[-1]
+        .endswith(
+            f"? [y/N]: wipe not confirmed: nothing was done ({finished['manual']} keeps its data)"
+        )
+    ), proc.stdout
     assert status_json(finished, finished["manual"])["phases"] == before

@@ -17,7 +17,7 @@ The record goes to ``--out`` when given, else ``<home>/cleanups/cleanup-<host>-<
 ``cleanup.json``, ``cleanup.md`` and ``ledger.jsonl`` (every command run on the
 host). ``--dry-run`` prints the plan and writes nothing, locally or on the host.
 Exit codes: 0 clean and verified (also: nothing to do), 1 something could not be
-removed (the record says what and why), 2 bad input or not confirmed, 3 host
+removed (the record says what and why), 2 bad input or no answer, 3 host
 unreachable (the record says "not verified").
 """
 
@@ -34,7 +34,7 @@ from typing import Any
 from remotemac.engine.agentclient import call_in_memory
 from remotemac.engine.context import expand_root
 from remotemac.engine.ledger import Ledger
-from remotemac.errors import EXIT_HOST, BadInput, HostError, RemotemacError
+from remotemac.errors import EXIT_HOST, BadInput, Declined, HostError, RemotemacError
 from remotemac.journal import Journal
 from remotemac.transport.base import Transport
 from remotemac.transport.options import SSHOptions
@@ -401,10 +401,7 @@ async def main_cleanup(
                 # the front end asks; without a way to ask, nothing is removed
                 question = f"Remove all of this from {transport.name}?"
                 if confirm is None or not confirm(question):
-                    raise BadInput(
-                        "cleanup not confirmed: nothing was removed",
-                        hint="rerun with --yes to skip the question",
-                    )
+                    raise Declined("cleanup not confirmed: nothing was removed")
             answer = await call_in_memory(
                 transport, ledger, "op_cleanup_host", dict(request, dry_run=False)
             )
