@@ -646,6 +646,36 @@ def pull(settings: LocalSettings, run_id: str) -> None:
 
 
 @main.command(epilog=RUN_ID_HELP)
+@click.argument("run_ids", nargs=-1)
+@click.option(
+    "--before",
+    metavar="YYYY-MM-DD",
+    help="Forget every finished run started before this day (UTC).",
+)
+@click.option("--json", "as_json", is_flag=True, help="One JSON object: the runs forgotten.")
+@click.pass_obj
+def forget(
+    settings: LocalSettings, run_ids: tuple[str, ...], before: str | None, as_json: bool
+) -> None:
+    """Drop runs from the journal (a typo'd host's runs stop being 'latest').
+
+    The host and the runs' --out dirs are not touched: wipe or clean up first."""
+    from remotemac.engine.runs import forgettable_runs
+
+    journal = settings.journal()
+    ids = forgettable_runs(journal, list(run_ids), before)
+    journal.forget_runs(ids)
+    if as_json:
+        click.echo(json.dumps({"forgotten": ids}))
+        return
+    for run_id in ids:
+        click.echo(f"forgot {run_id}")
+    click.echo(
+        f"{len(ids)} run{'s' if len(ids) != 1 else ''} forgotten; the host and --out untouched"
+    )
+
+
+@main.command(epilog=RUN_ID_HELP)
 @click.argument("run_id")
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
 @click.pass_obj

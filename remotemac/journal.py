@@ -304,6 +304,13 @@ class Journal:
             return int(row["pid"])
         return None
 
+    def forget_runs(self, run_ids: list[str]) -> None:
+        """Drop runs from the journal: their rows, phases, log offsets and claims. The
+        host inventory stays (``cleanup`` still removes what those runs made)."""
+        with self._write() as db:
+            for table in ("phases", "log_offsets", "owners", "runs"):
+                db.executemany(f"DELETE FROM {table} WHERE run_id = ?", [(r,) for r in run_ids])
+
     def release_run(self, run_id: str) -> None:
         with self._write() as db:
             db.execute("DELETE FROM owners WHERE run_id = ? AND pid = ?", (run_id, os.getpid()))
