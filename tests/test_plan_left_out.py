@@ -8,6 +8,7 @@ the files it kept (the reasons were in ``--dry-run --json`` alone) and the run s
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -101,3 +102,44 @@ def test_project_upload_leaves_out_remotemac_s_own_runs_dir(tmp_path: Path, monk
     assert "left out of the project upload: 2 files remotemac's own default --out" in " ".join(
         proc.stdout.split()
     ), proc.stdout
+
+
+def test_dry_run_says_the_most_the_run_can_cost(tmp_path: Path):
+    """Before renting hours: with ``cost.hourly_rate`` the dry run prints the bound
+    (each job on the host up to ``workload.timeout``; the reference here runs on the
+    host too), in one line that fits 80 columns."""
+    project = tmp_path / "proj"
+    project.mkdir()
+    (project / "train.py").write_text("print('hi')\n")
+    book = project / "pb.yaml"
+    book.write_text(
+        yaml.safe_dump(
+            {
+                "name": "costly",
+                "host": "mac-rental",
+                "remote_root": "~/rm",
+                "workload": {
+                    "command": "python3 train.py",
+                    "reference": {"device": "cpu", "on": "remote"},
+                    "target": {"device": "mps"},
+                    "timeout": "2h",
+                },
+                "cost": {"hourly_rate": 1.1, "currency": "USD"},
+            }
+        )
+    )
+    proc = remotemac("--home", str(tmp_path / "home"), "run", str(book), "--dry-run")
+    assert proc.returncode == 0, proc.stderr
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("cost:"))
+    assert line == "cost: at most 4.40 USD (2 jobs up to workload.timeout, 4 h × 1.1/h)", line
+    assert len(line) <= 80
+    plan = json.loads(
+        remotemac("--home", str(tmp_path / "home"), "run", str(book), "--dry-run", "--json").stdout
+    )
+    assert plan["cost"] == {
+        "jobs": 2,
+        "max_hours": 4.0,
+        "hourly_rate": 1.1,
+        "currency": "USD",
+        "max_amount": 4.4,
+    }

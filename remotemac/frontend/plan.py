@@ -67,6 +67,14 @@ def print_plan(plan: dict[str, Any], console: Any = None) -> None:
             soft_wrap=True,
         )
     c.print(f"bytes to send: {format_size(plan['bytes_to_send'])}")
+    cost = plan.get("cost")
+    if cost and cost["hourly_rate"] > 0:
+        jobs = f"{cost['jobs']} job{'s' if cost['jobs'] != 1 else ''}"
+        c.print(
+            f"cost: at most {cost['max_amount']:.2f} {shown(cost['currency'])} "
+            f"({jobs} up to workload.timeout, {cost['max_hours']:g} h × "
+            f"{cost['hourly_rate']:g}/h)"
+        )
 
 
 #: the human plan names this many left-out dataset files per reason; ``--json`` has all
