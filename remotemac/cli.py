@@ -97,6 +97,19 @@ def _declined(no: Declined, as_json: bool) -> None:
     sys.exit(0)
 
 
+def interrupted_lines(launched: bool, run_id: str) -> list[str]:
+    """What Ctrl-C during ``run`` says: short lines (80 columns), the run id whole on
+    the resume line (it was one 122-character line that wrapped the id)."""
+    if launched:
+        where = ["remotemac: stopped locally; the job keeps running on the host."]
+    else:
+        where = [
+            "remotemac: stopped locally before a job was launched;",
+            "what reached the host stays there for the run.",
+        ]
+    return [*where, f"resume with: remotemac attach {run_id}"]
+
+
 def _quiet_broken_pipe() -> None:
     """The reader went away (``| head``): stop quietly, as cat and git do."""
     import os
@@ -195,11 +208,6 @@ def _run_engine(
         return _asyncio_run(run_pipeline(ctx))
     except KeyboardInterrupt:
         launched = any(name.startswith("launch") for name in journal.phases(run_id))
-        where = (
-            "the job keeps running on the host"
-            if launched
-            else "before a job was launched; what reached the host stays for it"
-        )
         if as_json:
             _last_event(
                 render,
@@ -210,10 +218,7 @@ def _run_engine(
                 f"remotemac attach {run_id}",
             )
         render.close()
-        click.echo(
-            f"\nremotemac: stopped locally; {where}. Resume with: remotemac attach {run_id}",
-            err=True,
-        )
+        click.echo("\n" + "\n".join(interrupted_lines(launched, run_id)), err=True)
         sys.exit(EXIT_INTERRUPTED)
     except Exception as err:
         if as_json:  # the event stream ends with why, the run id and the exit code

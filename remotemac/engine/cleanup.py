@@ -269,7 +269,8 @@ def _summary(record: dict[str, Any], out_dir: Path | None) -> str:
     for item in record["items"]:
         counts[item.get("fate", "?")] = counts.get(item.get("fate", "?"), 0) + 1
     parts = ", ".join(f"{n} {fate}" for fate, n in sorted(counts.items())) or "nothing found"
-    where = f"; record in {out_dir}" if out_dir else ""
+    # the record's path on a line of its own: the summary then fits 80 columns
+    where = f"\n  record: {out_dir}" if out_dir else ""
     return (
         f"cleanup {record['host']}: {record['status']} ({parts}, "
         f"{format_size(record['bytes_freed'])} freed){where}"
@@ -283,9 +284,10 @@ def _plan_lines(record: dict[str, Any]) -> list[str]:
     lines = [f"dry run: cleanup of {esc(record['host'])} would remove:"]
     for item in record["items"]:
         if item.get("fate") == "would remove":
-            lines.append(
-                f"  {item['kind']:9} {esc(item['path'])}  ({format_size(item.get('bytes') or 0)})"
-            )
+            # size first, path last: a long path only runs past the edge at its end,
+            # never pushing "16.4 MiB" onto two lines
+            size = format_size(item.get("bytes") or 0)
+            lines.append(f"  {item['kind']:9} {size:>10}  {esc(item['path'])}")
     for item in record["items"]:
         if item.get("fate") == "failed":
             lines.append(f"  NOT {item['kind']:5} {esc(item['path'])}: {esc(str(item.get('why')))}")
@@ -432,7 +434,7 @@ async def main_cleanup(
             json.dumps(record)
             if as_json
             else f"cleanup {host}: not verified: {error}"
-            + ("" if dry_run else f"; record in {out_dir}")
+            + ("" if dry_run else f"\n  record: {out_dir}")
         )
         return EXIT_HOST
     keys = _local_keys(home, know.runs, dry_run)
