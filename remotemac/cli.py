@@ -97,6 +97,20 @@ def _declined(no: Declined, as_json: bool) -> None:
     sys.exit(0)
 
 
+def _by_place(values: list[str], paths: list[str], filename: str) -> list[str]:
+    """Value errors and path problems in the file's order (``file:line:col:`` first);
+    a path whose key already has a value error is that error's, not a second line."""
+    import re
+
+    def place(line: str) -> tuple[int, int]:
+        found = re.match(re.escape(filename) + r":(\d+):(\d+):", line)
+        return (int(found[1]), int(found[2])) if found else (0, 0)
+
+    taken = {place(line) for line in values}
+    extra = [line for line in paths if place(line) not in taken]
+    return sorted(values + extra, key=place)
+
+
 def interrupted_lines(launched: bool, run_id: str) -> list[str]:
     """What Ctrl-C during ``run`` says: short lines (80 columns), the run id whole on
     the resume line (it was one 122-character line that wrapped the id)."""
@@ -740,7 +754,7 @@ def _one_phase(settings: LocalSettings, run_id: str, phase: str) -> int:
 )
 def check(playbook: str, as_json: bool) -> None:
     """Validate a playbook: its keys, and that the paths it names exist."""
-    from remotemac.checks.paths import playbook_path_problems
+    from remotemac.checks.paths import playbook_path_problems, raw_path_problems
     from remotemac.playbook import PlaybookErrors, load_playbook
 
     pb = None
@@ -748,7 +762,8 @@ def check(playbook: str, as_json: bool) -> None:
         pb = load_playbook(playbook)
         problems = playbook_path_problems(pb, playbook)
     except PlaybookErrors as exc:
-        problems = list(exc.lines)
+        # the paths too, in the same pass, each in its place in the file's order
+        problems = _by_place(list(exc.lines), raw_path_problems(playbook), playbook)
     except BadInput as exc:
         problems = [exc.line()]
     if as_json:
