@@ -243,7 +243,8 @@ class Journal:
         """Move a run to ``state``; ``phase``/``error`` say where and why a run failed
         (cleared when it runs again, e.g. after ``attach``)."""
         now = time.time()
-        finished = now if state in FINAL_STATES else None
+        # an interrupted run has not finished: its job goes on on the host
+        finished = now if state in FINAL_STATES and state != "interrupted" else None
         failed = state in ("failed", "lost")
         with self._write() as db:
             db.execute(

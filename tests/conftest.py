@@ -146,6 +146,7 @@ E2E: tuple[str, ...] = (
     "test_readme_quickstart.py",
     "test_readme_walkthrough.py",
     "test_readme_contributor.py::test_contributor_lines_verbatim_in_a_fresh_venv",
+    "test_interrupt_local.py",
     "test_observe_gpt.py",
     "test_pipeline_local.py",
     "test_fleet.py",
