@@ -162,8 +162,8 @@ def forgettable_runs(journal: Journal, texts: list[str], before: str | None) -> 
         if old and shown_state(journal, row) in FORGETTABLE:
             ids.append(row.run_id)
     for run_id in ids:
-        row = journal.get_run(run_id)
-        state = shown_state(journal, row) if row else "finished"
+        found = journal.get_run(run_id)
+        state = shown_state(journal, found) if found else "finished"
         if state not in FORGETTABLE:
             raise BadInput(
                 f"run {run_id} is {state}: forgetting it would lose the way to attach, "
