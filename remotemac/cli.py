@@ -15,7 +15,13 @@ from typing import Any
 
 import click
 
-from remotemac.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, BadInput, RemotemacError
+from remotemac.errors import (
+    EXIT_BAD_INPUT,
+    EXIT_INTERRUPTED,
+    BadInput,
+    Declined,
+    RemotemacError,
+)
 from remotemac.settings import LocalSettings
 
 
@@ -85,6 +91,39 @@ def _fail(err: BaseException, verbose: bool, as_json: bool = False) -> None:
     sys.exit(code)
 
 
+def _declined(no: Declined, as_json: bool) -> None:
+    """A question answered no: one line on stdout saying nothing was done, exit 0."""
+    click.echo(json.dumps({"declined": no.line(), "exit_code": 0}) if as_json else no.line())
+    sys.exit(0)
+
+
+def _by_place(values: list[str], paths: list[str], filename: str) -> list[str]:
+    """Value errors and path problems in the file's order (``file:line:col:`` first);
+    a path whose key already has a value error is that error's, not a second line."""
+    import re
+
+    def place(line: str) -> tuple[int, int]:
+        found = re.match(re.escape(filename) + r":(\d+):(\d+):", line)
+        return (int(found[1]), int(found[2])) if found else (0, 0)
+
+    taken = {place(line) for line in values}
+    extra = [line for line in paths if place(line) not in taken]
+    return sorted(values + extra, key=place)
+
+
+def interrupted_lines(launched: bool, run_id: str) -> list[str]:
+    """What Ctrl-C during ``run`` says: short lines (80 columns), the run id whole on
+    the resume line (it was one 122-character line that wrapped the id)."""
+    if launched:
+        where = ["remotemac: stopped locally; the job keeps running on the host."]
+    else:
+        where = [
+            "remotemac: stopped locally before a job was launched;",
+            "what reached the host stays there for the run.",
+        ]
+    return [*where, f"resume with: remotemac attach {run_id}"]
+
+
 def _quiet_broken_pipe() -> None:
     """The reader went away (``| head``): stop quietly, as cat and git do."""
     import os
@@ -117,6 +156,8 @@ class Group(click.Group):
             sys.exit(EXIT_INTERRUPTED)
         except BrokenPipeError:
             _quiet_broken_pipe()
+        except Declined as no:
+            _declined(no, bool(ctx.meta.get(JSON_WANTED)))
         except Exception as err:
             verbose = bool(ctx.obj and ctx.obj.verbose)
             _fail(err, verbose, bool(ctx.meta.get(JSON_WANTED)))
@@ -181,11 +222,6 @@ def _run_engine(
         return _asyncio_run(run_pipeline(ctx))
     except KeyboardInterrupt:
         launched = any(name.startswith("launch") for name in journal.phases(run_id))
-        where = (
-            "the job keeps running on the host"
-            if launched
-            else "before a job was launched; what reached the host stays for it"
-        )
         if as_json:
             _last_event(
                 render,
@@ -196,10 +232,7 @@ def _run_engine(
                 f"remotemac attach {run_id}",
             )
         render.close()
-        click.echo(
-            f"\nremotemac: stopped locally; {where}. Resume with: remotemac attach {run_id}",
-            err=True,
-        )
+        click.echo("\n" + "\n".join(interrupted_lines(launched, run_id)), err=True)
         sys.exit(EXIT_INTERRUPTED)
     except Exception as err:
         if as_json:  # the event stream ends with why, the run id and the exit code
@@ -655,6 +688,36 @@ def pull(settings: LocalSettings, run_id: str, max_bytes: str | None = None) -> 
 
 
 @main.command(epilog=RUN_ID_HELP)
+@click.argument("run_ids", nargs=-1)
+@click.option(
+    "--before",
+    metavar="YYYY-MM-DD",
+    help="Forget every finished run started before this day (UTC).",
+)
+@click.option("--json", "as_json", is_flag=True, help="One JSON object: the runs forgotten.")
+@click.pass_obj
+def forget(
+    settings: LocalSettings, run_ids: tuple[str, ...], before: str | None, as_json: bool
+) -> None:
+    """Drop runs from the journal (a typo'd host's runs stop being 'latest').
+
+    The host and the runs' --out dirs are not touched: wipe or clean up first."""
+    from remotemac.engine.runs import forgettable_runs
+
+    journal = settings.journal()
+    ids = forgettable_runs(journal, list(run_ids), before)
+    journal.forget_runs(ids)
+    if as_json:
+        click.echo(json.dumps({"forgotten": ids}))
+        return
+    for run_id in ids:
+        click.echo(f"forgot {run_id}")
+    click.echo(
+        f"{len(ids)} run{'s' if len(ids) != 1 else ''} forgotten; the host and --out untouched"
+    )
+
+
+@main.command(epilog=RUN_ID_HELP)
 @click.argument("run_id")
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
 @click.pass_obj
@@ -671,7 +734,7 @@ def wipe(settings: LocalSettings, run_id: str, yes: bool) -> None:
     from remotemac.frontend.prompts import confirm
 
     if not yes and not confirm(f"Wipe the data of {run_id} on its host and destroy its key?"):
-        raise BadInput("wipe not confirmed", hint="give --yes to wipe without the question")
+        raise Declined(f"wipe not confirmed: nothing was done ({run_id} keeps its data)")
     sys.exit(_one_phase(settings, run_id, "wipe"))
 
 
@@ -718,7 +781,7 @@ def _one_phase(
 def check(playbook: str, as_json: bool) -> None:
     """Validate a playbook: its keys, and that the paths it names exist."""
     from remotemac.acceptance.decide import memory_growth_note
-    from remotemac.checks.paths import playbook_path_problems
+    from remotemac.checks.paths import playbook_path_problems, raw_path_problems
     from remotemac.playbook import PlaybookErrors, load_playbook
 
     pb = None
@@ -726,7 +789,8 @@ def check(playbook: str, as_json: bool) -> None:
         pb = load_playbook(playbook)
         problems = playbook_path_problems(pb, playbook)
     except PlaybookErrors as exc:
-        problems = list(exc.lines)
+        # the paths too, in the same pass, each in its place in the file's order
+        problems = _by_place(list(exc.lines), raw_path_problems(playbook), playbook)
     except BadInput as exc:
         problems = [exc.line()]
     notes = [n for n in [memory_growth_note(pb.stop_when.memory_growth)] if n] if pb else []
@@ -992,16 +1056,42 @@ def tui(settings: LocalSettings, playbooks: tuple[str, ...], pick: bool) -> None
     sys.exit(run_tui(settings, list(playbooks), start=not pick))
 
 
-def entry() -> None:
+def entry(argv: list[str] | None = None, prog_name: str | None = None) -> None:
     """``python -m remotemac`` / ``python -m remotemac.cli``: ``main`` plus the errors raised
     before a command runs (while click parses), each as its one line and exit code."""
+    args = sys.argv[1:] if argv is None else argv
+    verbose = any(arg in ("-v", "--verbose") for arg in args)
     try:
-        main()
+        code = main(args, prog_name=prog_name, standalone_mode=False)
     except KeyboardInterrupt:
         click.echo("remotemac: stopped", err=True)
         sys.exit(EXIT_INTERRUPTED)
+    except click.exceptions.NoArgsIsHelpError as exc:  # bare `remotemac`: the help
+        exc.show()
+        sys.exit(exc.exit_code)
+    except click.ClickException as exc:
+        _fail(
+            _click_error(exc),
+            verbose,
+            "--json" in args[: args.index("--") if "--" in args else None],
+        )
+    except click.exceptions.Abort:
+        click.echo("remotemac: stopped", err=True)
+        sys.exit(1)
     except Exception as err:  # noqa: BLE001 - never a silent exit code
-        _fail(err, any(arg in ("-v", "--verbose") for arg in sys.argv[1:]))
+        _fail(err, verbose)
+    sys.exit(code if isinstance(code, int) else 0)  # --help, --version: click's Exit
+
+
+def _click_error(exc: click.ClickException) -> RemotemacError:
+    """click's own error (an unknown option or command, a bad value) as remotemac's one
+    line: ``remotemac: error: No such option '--hostt' (see remotemac status --help)``,
+    and JSON under ``--json``, with click's exit code (2 for usage)."""
+    ctx = getattr(exc, "ctx", None)
+    hint = f"see {ctx.command_path} --help" if ctx is not None else None
+    err = BadInput(exc.format_message().rstrip("."), hint=hint)
+    err.exit_code = exc.exit_code
+    return err
 
 
 if __name__ == "__main__":  # pragma: no cover

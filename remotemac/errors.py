@@ -37,6 +37,13 @@ class BadInput(RemotemacError):
     exit_code = EXIT_BAD_INPUT
 
 
+class Declined(RemotemacError):
+    """The user answered no to a question (wipe, cleanup): nothing was done, which is
+    what they asked for, so it is said on stdout and the exit code is 0."""
+
+    exit_code = 0
+
+
 class HostError(RemotemacError):
     """Unreachable host, auth failure, unknown or changed host key."""
 

@@ -262,7 +262,8 @@ class Journal:
         """Move a run to ``state``; ``phase``/``error`` say where and why a run failed
         (cleared when it runs again, e.g. after ``attach``)."""
         now = time.time()
-        finished = now if state in FINAL_STATES else None
+        # an interrupted run has not finished: its job goes on on the host
+        finished = now if state in FINAL_STATES and state != "interrupted" else None
         failed = state in ("failed", "lost")
         with self._write() as db:
             db.execute(
@@ -322,6 +323,13 @@ class Journal:
         if row["hostname"] != socket.gethostname() or pid_alive(row["pid"]):
             return int(row["pid"])
         return None
+
+    def forget_runs(self, run_ids: list[str]) -> None:
+        """Drop runs from the journal: their rows, phases, log offsets and claims. The
+        host inventory stays (``cleanup`` still removes what those runs made)."""
+        with self._write() as db:
+            for table in ("phases", "log_offsets", "owners", "runs"):
+                db.executemany(f"DELETE FROM {table} WHERE run_id = ?", [(r,) for r in run_ids])
 
     def release_run(self, run_id: str) -> None:
         with self._write() as db:

@@ -33,6 +33,7 @@ PHASE_STATES: dict[str, str] = {
     "running": "running",
     "done": "done",
     "failed": "failed",
+    "interrupted": "interrupted",  # Ctrl-C here; the host's part goes on
     "skipped": "skipped",
 }
 LIVE_RUN_STATES = ("created", "running", "detached", "interrupted")

@@ -120,13 +120,13 @@ def remotemac_in_process(*args: str) -> subprocess.CompletedProcess:
     (interpreter, pydantic, click) per case. A module using this keeps at least one
     :func:`remotemac` test of the same command for the real process.
     """
-    from remotemac.cli import main
+    from remotemac.cli import entry
 
     out, err = io.StringIO(), io.StringIO()
     code: int | str | None = 0
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:
-            main(list(args), prog_name="remotemac")
+            entry(list(args), prog_name="remotemac")
         except SystemExit as exit_:
             code = exit_.code
     if not isinstance(code, int):  # sys.exit("message") or sys.exit(None)
@@ -145,6 +145,8 @@ SSHD_FIXTURES = frozenset(
 E2E: tuple[str, ...] = (
     "test_readme_quickstart.py",
     "test_readme_walkthrough.py",
+    "test_readme_contributor.py::test_contributor_lines_verbatim_in_a_fresh_venv",
+    "test_interrupt_local.py",
     "test_observe_gpt.py",
     "test_pipeline_local.py",
     "test_fleet.py",
@@ -267,3 +269,11 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     the session dies with "AST constructor recursion depth mismatch".
     """
     gc.collect()
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    """Which login and which bare interpreters the sshd tests' lab uses (pyenv, uv, the
+    OS's), so a log from another machine says what its "host" was."""
+    from tests.harness import lab
+
+    return lab.describe()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -154,12 +155,32 @@ def test_dry_run_touches_nothing_and_confirmation_is_required(host):
     assert dry.returncode == 0 and "would remove" in dry.stdout and "runs/d-1" in dry.stdout
     assert sorted(str(p) for p in root.rglob("*")) == snapshot
     assert not list(host["cwd"].glob("cleanup-*"))
-    # human sizes
-    assert "bytes" not in dry.stdout and re.search(r"\(\d+(\.\d)? (B|KiB|MiB)\)", dry.stdout), (
-        dry.stdout
+    # human sizes, before the path (a long path runs past the edge only at its end)
+    assert "bytes" not in dry.stdout and re.search(
+        r"^  run +\d+(\.\d)? (B|KiB|MiB)  /\S+/runs/d-1$", dry.stdout, re.M
+    ), dry.stdout
+    no = _cleanup(host)  # stdin is not a terminal: no answer, nothing done, exit 2
+    assert no.returncode == 2 and "no answer to the question" in no.stderr
+    assert "nothing was done" in no.stderr
+    assert sorted(str(p) for p in root.rglob("*")) == snapshot
+    # answered no: said on stdout, exit 0, no error line
+    declined = subprocess.run(
+        [sys.executable, "-m", "remotemac", "cleanup", "local", "--remote-root", str(root)],
+        cwd=host["cwd"],
+        env={**os.environ, **host["env"]},
+        input="n\n",
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
-    no = _cleanup(host)  # stdin is not a terminal: the question is answered "no"
-    assert no.returncode == 2 and "not confirmed" in no.stderr
+    assert declined.returncode == 0, declined.stdout + declined.stderr
+    assert "remotemac: error" not in declined.stderr
+    # (the question's own line ends where the terminal would echo the answer)
+    assert (
+        declined.stdout.strip()
+        .splitlines()[-1]
+        .endswith("? [y/N]: cleanup not confirmed: nothing was removed")
+    ), declined.stdout
     assert sorted(str(p) for p in root.rglob("*")) == snapshot
     assert not list(host["cwd"].glob("cleanup-*"))
     assert not (host["rm_home"] / "cleanups").exists()

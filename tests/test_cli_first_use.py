@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
 
-from tests.conftest import remotemac_in_process
+from tests.conftest import remotemac, remotemac_in_process
 
 
 def test_a_missing_identity_file_is_refused_not_ignored(tmp_path: Path):
@@ -172,3 +173,29 @@ def test_the_tui_without_a_terminal_is_one_line_exit_2(tmp_path):
         "remotemac: error: the TUI needs a terminal: stdin or stdout is not one (open it in "
         "a terminal; a script runs `remotemac run PLAYBOOK --json`)"
     ], proc.stderr
+
+
+def test_check_reports_path_problems_with_value_errors_in_one_pass(tmp_path: Path):
+    """A playbook with a bad duration, a bad size and two paths that do not exist: one
+    ``check`` names all four, in the file's order (the paths used to appear only after
+    the values were fixed and check was run again)."""
+    book = tmp_path / "pb.yaml"
+    book.write_text(
+        "name: two-pass\n"
+        "host: local\n"
+        "remote_root: ~/rm-x\n"
+        "project: {path: ./nope}\n"
+        "data: {path: ./nodata, classification: public}\n"
+        "workload:\n"
+        "  command: python train.py\n"
+        "  timeout: forever\n"
+        "  target: {device: mps}\n"
+        "stop_when: {max_memory: lots}\n"
+    )
+    proc = remotemac("check", str(book), "--json")
+    assert proc.returncode == 2
+    problems = json.loads(proc.stdout)["problems"]
+    keys = [line.split(": ", 2)[1] for line in problems]
+    assert keys == ["project.path", "data.path", "workload.timeout", "stop_when.max_memory"]
+    assert problems[0].startswith(f"{book}:4:") and "does not exist" in problems[0]
+    assert problems[1].startswith(f"{book}:5:") and str(tmp_path / "nodata") in problems[1]

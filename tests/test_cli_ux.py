@@ -421,6 +421,81 @@ def test_wipe_without_yes_and_without_a_terminal_is_one_line_exit_2(finished):
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "Aborted" not in proc.stderr
     assert proc.stderr.strip().splitlines()[-1] == (
-        "remotemac: error: wipe not confirmed (give --yes to wipe without the question)"
+        "remotemac: error: no answer to the question (end of input): nothing was done"
+        " (give --yes to skip the question)"
     ), proc.stderr
     assert status_json(finished, finished["manual"])["phases"] == before
+
+
+def test_wipe_answered_no_says_nothing_was_done_exit_0(finished):
+    """`n` to wipe's question is the user's choice, not an error: one line on stdout
+    saying nothing was done, exit 0 (was `remotemac: error: wipe not confirmed`, exit 2)."""
+    before = status_json(finished, finished["manual"])["phases"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "remotemac", "wipe", finished["manual"]],
+        cwd=finished["folder"],
+        env={**os.environ, **finished["env"], **COLS},
+        input="n\n",
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "error" not in proc.stderr
+    assert (
+        proc.stdout.strip()
+        .splitlines()[-1]
+        .endswith(
+            f"? [y/N]: wipe not confirmed: nothing was done ({finished['manual']} keeps its data)"
+        )
+    ), proc.stdout
+    assert status_json(finished, finished["manual"])["phases"] == before
+
+
+@pytest.mark.parametrize("launched", [True, False])
+def test_ctrl_c_lines_fit_80_columns_and_keep_the_run_id_whole(launched: bool):
+    """The Ctrl-C hint was one 122-character line: at 80 columns the terminal wrapped it
+    inside the run id. Now each line fits, the resume line holds the id whole."""
+    from remotemac.cli import interrupted_lines
+
+    run_id = "tiny-mlp-20261201-215406-d309"
+    lines = interrupted_lines(launched, run_id)
+    assert all(len(line) <= 80 for line in lines), lines
+    assert lines[-1] == f"resume with: remotemac attach {run_id}"
+    assert ("keeps running on the host" in lines[0]) is launched
+
+
+def test_dry_run_command_lines_fit_80_columns(tmp_path: Path):
+    """A workload command of ~230 characters was one line of the plan; now it is
+    wrapped between words, continuation lines indented, every line within 80 columns
+    (``--json`` keeps it whole)."""
+    import yaml
+
+    project = tmp_path / "proj"
+    project.mkdir()
+    command = (
+        "python train.py --device {device} --data {data_dir} --out {output_dir} "
+        "--epochs 300 --batch-size 64 --lr 0.001 --seed 0 --workers 4 --amp "
+        "--checkpoint-every 50 --log-every 25 --config configs/resnet18-imagenet-subset.yaml"
+    )
+    book = project / "pb.yaml"
+    book.write_text(
+        yaml.safe_dump(
+            {
+                "name": "wide",
+                "host": "mac-rental",
+                "remote_root": "~/rm",
+                "workload": {"command": command, "target": {"device": "mps"}},
+            }
+        )
+    )
+    proc = remotemac(
+        "--home", str(tmp_path / "home"), "run", str(book), "--dry-run", env={"COLUMNS": "80"}
+    )
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert all(len(line) <= 80 for line in lines), [x for x in lines if len(x) > 80]
+    start = next(i for i, x in enumerate(lines) if x.startswith("  $ python train.py"))
+    shown = " ".join(x.strip() for x in lines[start : start + 4]).split("bytes to send")[0]
+    assert "--config configs/resnet18-imagenet-subset.yaml" in shown
+    assert "--out '~/rm/runs/<run-id>/out/cpu'" in shown

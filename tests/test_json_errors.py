@@ -82,3 +82,32 @@ def test_a_host_never_reached_says_no_job_is_running(tmp_path: Path, host: str):
     assert last["event"] == "run_finished" and last["verdict"] == "failed", last
     status = remotemac("--home", home, "status", "latest", "--json")
     assert json.loads(status.stdout)["state"] == "failed", status.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (("status", "--hostt"), "No such option '--hostt'"),
+        (("bogus",), "No such command 'bogus'"),
+        (("run",), "Missing argument 'PLAYBOOK'"),
+        (("status", "--json", "--hostt"), "No such option '--hostt'"),
+    ],
+)
+def test_click_usage_errors_are_remotemac_error_lines(tmp_path: Path, args, words):
+    """click's own errors (an unknown option or command, a missing argument) are one
+    ``remotemac: error:`` line naming the command's --help, exit 2; JSON under --json
+    (was click's ``Usage: … Error: No such option``, never JSON)."""
+    proc = remotemac_in_process("--home", str(tmp_path / "home"), *args)
+    assert proc.returncode == 2
+    if "--json" in args:
+        assert_json_error(proc, 2, words)
+        return
+    assert proc.stdout == ""
+    (line,) = proc.stderr.splitlines()
+    assert line.startswith(f"remotemac: error: {words}") and line.endswith(" --help)"), line
+
+
+def test_click_usage_error_in_a_real_process(tmp_path: Path):
+    proc = remotemac("--home", str(tmp_path / "home"), "status", "--hostt", "--json")
+    assert_json_error(proc, 2, "No such option '--hostt'")
+    assert "Usage:" not in proc.stderr

@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.harness import lab
 from tests.harness.fixtures import ssh_argv
 
@@ -54,7 +56,11 @@ def test_probe_catches_the_test_venv_on_path(sshd_factory, tmp_path: Path) -> No
     leaky = f"{Path(sys.executable).parent}:{lab.LAB_PATH}"
     server = sshd_factory(extra_config=[f"SetEnv PATH={leaky}"])
     problems = lab.bare_problems(lab.probe_login(login(server, tmp_path)))
-    assert problems == [f"PATH leaks {str(Path(sys.executable).parent)!r} (PATH={leaky})"]
+    leak = f"PATH leaks {str(Path(sys.executable).parent)!r} (PATH={leaky})"
+    if lab.SAME_USER:  # the login can run that venv's python3 too: more problems, this one
+        assert leak in problems, problems
+    else:
+        assert problems == [leak]
 
 
 def test_probe_catches_a_pythonpath_leak(sshd_factory, tmp_path: Path) -> None:
@@ -69,10 +75,40 @@ def test_probe_catches_a_pythonpath_leak(sshd_factory, tmp_path: Path) -> None:
 
 
 def test_root_login_is_not_a_bare_host(sshd_factory, tmp_path: Path) -> None:
-    """Why the lab has its own user: root's login is the test runner's machine."""
+    """Why the lab has its own user: root's login is the test runner's machine. The
+    same-user lab (no root) cannot log in as root: there the runner's own session
+    environment (its PATH, with the test venv) is what the scrubbing keeps out."""
+    if lab.SAME_USER:
+        server = sshd_factory(extra_config=[f"SetEnv PATH={Path(sys.executable).parent}:/usr/bin"])
+        problems = lab.bare_problems(lab.probe_login(login(server, tmp_path)))
+        assert any(p.startswith("PATH leaks") for p in problems), problems
+        return
     server = sshd_factory(user="root")
     problems = lab.bare_problems(lab.probe_login(login(server, tmp_path)))
     assert "login user is 'root', not 'rmhost'" in problems
+
+
+def test_the_lab_finds_a_bare_interpreter_without_pyenv(tmp_path: Path, monkeypatch) -> None:
+    """A laptop without pyenv: a uv-managed CPython (``uv python install``'s layout) is
+    found, and the header says so; with neither, the error names both ways to get one."""
+    monkeypatch.setenv("PYENV_ROOT", str(tmp_path / "no-pyenv"))
+    uv = tmp_path / "uv"
+    monkeypatch.setenv("UV_PYTHON_INSTALL_DIR", str(uv))
+    for version in ("3.9.7", "3.9.21", "3.9.3"):
+        prefix = uv / f"cpython-{version}-linux-x86_64-gnu"
+        (prefix / "bin").mkdir(parents=True)
+        (prefix / "bin" / "python3.9").write_text("")
+    found = lab.find_source("3.9")
+    assert found == lab.Source("uv", "3.9", uv / "cpython-3.9.21-linux-x86_64-gnu")
+    assert "python3.9: uv " in lab.describe()
+    monkeypatch.setattr(lab.shutil, "which", lambda name: None)
+    if lab.find_source("3.8") is None:  # no OS python3.8 on this machine either
+        try:
+            lab.interpreter_source("3.8")
+        except lab.LabError as exc:
+            assert "uv python install 3.8" in str(exc) and "pyenv install 3.8" in str(exc)
+        else:
+            raise AssertionError("no Python 3.8 anywhere, yet no LabError")
 
 
 def test_a_venv_from_the_bare_python3_works(sshd, tmp_path: Path) -> None:
@@ -125,7 +161,13 @@ def test_host_torch_python_has_torch_and_the_bare_one_not(
 def test_the_laptops_interpreter_is_out_of_reach(sshd, tmp_path: Path) -> None:
     """What keeps every sshd test honest: a playbook whose ``environment.python`` is the
     test runner's own interpreter cannot run on the lab host at all (root's home is
-    0700), so no sshd test can pass ``sys.executable`` as the host's Python."""
+    0700), so no sshd test can pass ``sys.executable`` as the host's Python. The
+    same-user lab (a contributor without root) logs in as the runner, whose own files
+    it can reach by path: there the separate-user lab of CI is what keeps this."""
+    if lab.SAME_USER:
+        pytest.skip(
+            "same-user lab: the runner's files are its login's; CI's separate user checks this"
+        )
     proc = subprocess.run(
         [*login(sshd, tmp_path), f"{sys.executable} -c 'print(1)'"],
         capture_output=True,

@@ -86,7 +86,7 @@ def test_first_command_verbatim_in_a_new_clone(tmp_path: Path):
     assert target_env["torch"] and target_env["torch"].startswith("2.13")
     # remotemac's state went to the platform's user state dir, its host root under HOME
     assert (tmp_path / "state" / "remotemac" / "journal.sqlite3").exists()
-    assert (tmp_path / "home" / "remotemac" / "runs").is_dir()
+    assert (tmp_path / "home" / "remotemac-quickstart" / "runs").is_dir()
     # the torch the user installed is the CPU build, not a CUDA one
     torch_version = subprocess.run(
         [str(clone / ".venv" / "bin" / "python"), "-c", "import torch; print(torch.__version__)"],
@@ -95,3 +95,15 @@ def test_first_command_verbatim_in_a_new_clone(tmp_path: Path):
         env=env,
     ).stdout.strip()
     assert torch_version.endswith("+cpu"), torch_version
+
+
+def test_quickstart_root_is_not_where_git_clone_puts_this_repository():
+    """On ``local`` the quickstart's remote_root is in the user's real home; it was
+    ``~/remotemac``, the very dir ``git clone …/remotemac`` makes there, so a user who
+    cloned into their home got "remote_root holds 15 entries remotemac did not write"."""
+    from remotemac.playbook import load_playbook
+
+    pb = load_playbook(REPO / "playbooks" / "quickstart.yaml")
+    assert pb.host == "local"
+    assert Path(pb.remote_root).name not in ("remotemac", REPO.name), pb.remote_root
+    assert pb.remote_root in (readme_commands() and (REPO / "README.md").read_text())

@@ -28,6 +28,48 @@ def playbook_path_problems(pb: Playbook, filename: str | Path) -> list[str]:
     requirements = getattr(pb.environment, "requirements", None)
     if requirements:
         wanted.append((["environment", "requirements"], pb.project_dir() / requirements, False))
+    return _missing(filename, root, wanted)
+
+
+def raw_path_problems(filename: str | Path) -> list[str]:
+    """The same checks on the file's raw YAML, for a playbook whose values do not
+    validate yet: ``check`` then reports its path problems in the same pass as its
+    value errors (a user fixed the values, ran check again, and only then learnt that
+    ``project.path`` did not exist). A key whose value is not a string is left to the
+    value errors."""
+    try:
+        text = Path(filename).read_text(encoding="utf-8")
+        root = yaml.compose(text, Loader=PlaybookLoader)
+        data = yaml.safe_load(text)
+    except (OSError, yaml.YAMLError, RecursionError):
+        return []
+    if not isinstance(data, dict):
+        return []
+    base = Path(filename).resolve().parent
+
+    def value(section: str, key: str, default: str | None = None) -> str | None:
+        part = data.get(section)
+        found = part.get(key, default) if isinstance(part, dict) else default
+        return found if isinstance(found, str) else None
+
+    project = value("project", "path", ".")
+    wanted: list[tuple[list[str], Path | None, bool]] = []
+    if project is not None:
+        wanted.append((["project", "path"], (base / project).resolve(), True))
+    data_path = value("data", "path")
+    if data_path is not None:
+        wanted.append((["data", "path"], (base / data_path).resolve(), True))
+    requirements = value("environment", "requirements")
+    if requirements and project is not None:
+        wanted.append(
+            (["environment", "requirements"], (base / project).resolve() / requirements, False)
+        )
+    return _missing(filename, root, wanted)
+
+
+def _missing(
+    filename: str | Path, root: object, wanted: list[tuple[list[str], Path | None, bool]]
+) -> list[str]:
     found: list[tuple[tuple[int, int], str]] = []
     for loc, path, is_dir in wanted:
         if path is None or path.exists():

@@ -17,7 +17,7 @@ The record goes to ``--out`` when given, else ``<home>/cleanups/cleanup-<host>-<
 ``cleanup.json``, ``cleanup.md`` and ``ledger.jsonl`` (every command run on the
 host). ``--dry-run`` prints the plan and writes nothing, locally or on the host.
 Exit codes: 0 clean and verified (also: nothing to do), 1 something could not be
-removed (the record says what and why), 2 bad input or not confirmed, 3 host
+removed (the record says what and why), 2 bad input or no answer, 3 host
 unreachable (the record says "not verified").
 """
 
@@ -34,7 +34,7 @@ from typing import Any
 from remotemac.engine.agentclient import call_in_memory
 from remotemac.engine.context import expand_root
 from remotemac.engine.ledger import Ledger
-from remotemac.errors import EXIT_HOST, BadInput, HostError, RemotemacError
+from remotemac.errors import EXIT_HOST, BadInput, Declined, HostError, RemotemacError
 from remotemac.journal import Journal
 from remotemac.transport.base import Transport
 from remotemac.transport.options import SSHOptions
@@ -269,7 +269,8 @@ def _summary(record: dict[str, Any], out_dir: Path | None) -> str:
     for item in record["items"]:
         counts[item.get("fate", "?")] = counts.get(item.get("fate", "?"), 0) + 1
     parts = ", ".join(f"{n} {fate}" for fate, n in sorted(counts.items())) or "nothing found"
-    where = f"; record in {out_dir}" if out_dir else ""
+    # the record's path on a line of its own: the summary then fits 80 columns
+    where = f"\n  record: {out_dir}" if out_dir else ""
     return (
         f"cleanup {record['host']}: {record['status']} ({parts}, "
         f"{format_size(record['bytes_freed'])} freed){where}"
@@ -283,9 +284,10 @@ def _plan_lines(record: dict[str, Any]) -> list[str]:
     lines = [f"dry run: cleanup of {esc(record['host'])} would remove:"]
     for item in record["items"]:
         if item.get("fate") == "would remove":
-            lines.append(
-                f"  {item['kind']:9} {esc(item['path'])}  ({format_size(item.get('bytes') or 0)})"
-            )
+            # size first, path last: a long path only runs past the edge at its end,
+            # never pushing "16.4 MiB" onto two lines
+            size = format_size(item.get("bytes") or 0)
+            lines.append(f"  {item['kind']:9} {size:>10}  {esc(item['path'])}")
     for item in record["items"]:
         if item.get("fate") == "failed":
             lines.append(f"  NOT {item['kind']:5} {esc(item['path'])}: {esc(str(item.get('why')))}")
@@ -401,10 +403,7 @@ async def main_cleanup(
                 # the front end asks; without a way to ask, nothing is removed
                 question = f"Remove all of this from {transport.name}?"
                 if confirm is None or not confirm(question):
-                    raise BadInput(
-                        "cleanup not confirmed: nothing was removed",
-                        hint="rerun with --yes to skip the question",
-                    )
+                    raise Declined("cleanup not confirmed: nothing was removed")
             answer = await call_in_memory(
                 transport, ledger, "op_cleanup_host", dict(request, dry_run=False)
             )
@@ -435,7 +434,7 @@ async def main_cleanup(
             json.dumps(record)
             if as_json
             else f"cleanup {host}: not verified: {error}"
-            + ("" if dry_run else f"; record in {out_dir}")
+            + ("" if dry_run else f"\n  record: {out_dir}")
         )
         return EXIT_HOST
     keys = _local_keys(home, know.runs, dry_run)

@@ -40,6 +40,7 @@ from remotemac.errors import (
     EXIT_JOB_LOST,
     EXIT_REJECTED,
     BadInput,
+    Declined,
     RemotemacError,
 )
 from remotemac.events import Event, EventBus, PhaseFinished, Warning
@@ -523,10 +524,7 @@ async def cleanup_all(
             f"Remove everything remotemac put on {len(targets)} host(s): {', '.join(targets)}?"
         )
         if confirm is None or not confirm(question):
-            raise BadInput(
-                "cleanup not confirmed: nothing was removed",
-                hint="rerun with --yes to skip the question",
-            )
+            raise Declined("cleanup not confirmed: nothing was removed")
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     out_root = Path(out) if out else Path(home) / "cleanups" / f"cleanup-all-{stamp}"
     results = []

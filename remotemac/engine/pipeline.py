@@ -220,6 +220,16 @@ async def _run_pipeline(ctx: RunContext) -> int:
             started = time.monotonic()
             try:
                 result = as_dict(await step(ctx, key))
+            except (KeyboardInterrupt, asyncio.CancelledError):
+                # Ctrl-C stops this process, not the phase's work on the host: the
+                # phase is "interrupted" (attach goes on with it), never "failed"
+                ctx.journal.finish_phase(
+                    ctx.run_id,
+                    name,
+                    {"summary": "stopped locally; the host goes on (remotemac attach)"},
+                    state="interrupted",
+                )
+                raise
             except BaseException as exc:
                 if isinstance(exc, RemotemacError):
                     name_phase(exc, name)

@@ -102,6 +102,26 @@ def make_plan(pb: Playbook, home: Path | None = None) -> dict[str, Any]:
         "data": data,
         "commands": commands,
         "bytes_to_send": len(archive) + int(data["bytes"]),
+        "cost": cost_bound(pb, sides),
+    }
+
+
+def cost_bound(pb: Playbook, sides: list[Any]) -> dict[str, Any]:
+    """The most the run can cost: every job on the rented host running to its
+    ``workload.timeout`` (the target twice with ``reproduce``), at ``cost.hourly_rate``.
+    A bound, not a forecast: ``preflight`` and an earlier run's record say how long the
+    job really takes; the jobs run one after the other."""
+    jobs = sum(1 for side in sides if side.host_key != "local")
+    if getattr(pb, "reproduce", False):
+        jobs += 1
+    hours = jobs * pb.workload.timeout / 3600
+    rate = pb.cost.hourly_rate
+    return {
+        "jobs": jobs,
+        "max_hours": round(hours, 4),
+        "hourly_rate": rate,
+        "currency": pb.cost.currency,
+        "max_amount": round(hours * rate, 2),
     }
 
 

@@ -89,7 +89,9 @@ def project_upload(pb: Playbook) -> ProjectUpload:
 
     root = pb.project_dir()
     upload = ProjectUpload(root)
-    candidates = list(walk_project(root, list(pb.project.exclude)))
+    candidates = _without_own_records(
+        root, list(walk_project(root, list(pb.project.exclude))), upload
+    )
     data_dir = pb.data_dir()
     if pb.data is None or data_dir is None or not data_dir.is_dir():
         upload.files = candidates
@@ -129,6 +131,36 @@ def project_upload(pb: Playbook) -> ProjectUpload:
         else:
             upload.left_out.append((rel, why))
     return upload
+
+
+OWN_OUT = "remotemac's own default --out (./runs/: earlier runs' records)"
+EARLIER_RUN = "an earlier remotemac run's record (its acceptance.json and ledger.jsonl)"
+
+
+def _without_own_records(root: Path, candidates: list[str], upload: ProjectUpload) -> list[str]:
+    """``candidates`` less what remotemac itself wrote into the project: the default
+    ``--out`` (``./runs/`` of the dir remotemac runs from, when that lies inside the
+    project: ``project: {path: .}`` run from the project) and any dir that holds a run's
+    record (another ``--out``). Earlier results and checkpoints are not code; sending
+    them made every upload grow with every run."""
+    own = Path.cwd().resolve() / "runs"
+    own_rel = own.relative_to(root).as_posix() + "/" if _inside(own, root) and own != root else None
+    names = set(candidates)
+    records = sorted(
+        rel[: -len("acceptance.json")]
+        for rel in candidates
+        if rel.endswith("/acceptance.json")  # a record at the project's top: not skipped
+        and rel[: -len("acceptance.json")] + "ledger.jsonl" in names
+    )
+    kept = []
+    for rel in candidates:
+        if own_rel is not None and rel.startswith(own_rel):
+            upload.left_out.append((rel, OWN_OUT))
+        elif any(rel.startswith(prefix) for prefix in records):
+            upload.left_out.append((rel, EARLIER_RUN))
+        else:
+            kept.append(rel)
+    return kept
 
 
 def _refuse_copy(pb: Playbook, data_dir: Path, rel: str, full: Path, same_size: list[str]) -> None:

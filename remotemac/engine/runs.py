@@ -7,6 +7,7 @@ and ``attach`` rebuilds exactly the playbook the run started with.
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -177,6 +178,45 @@ def shown_state(journal: Journal, row: RunRow) -> str:
     if row.state == "running" and journal.run_driver(row.run_id) is None:
         return "interrupted"
     return row.state
+
+
+#: a run in any other state may still have a job or data on its host (running,
+#: detached, interrupted: ``attach`` goes on with it)
+FORGETTABLE = ("finished", "failed", "lost")
+
+
+def forgettable_runs(journal: Journal, texts: list[str], before: str | None) -> list[str]:
+    """The run ids ``remotemac forget`` drops: each RUN given (any unique part, or
+    latest) and, with ``before`` (``YYYY-MM-DD``, UTC), every finished run started
+    before that day. A run that may still be in progress (followed here, detached,
+    interrupted) is refused: forgetting it would lose the way to attach, pull and wipe it."""
+    import calendar
+
+    if not texts and before is None:
+        raise BadInput("forget what?", hint="give run ids, or --before YYYY-MM-DD")
+    ids = [resolve_run_id(journal, text) for text in texts]
+    cutoff = None
+    if before is not None:
+        try:
+            cutoff = calendar.timegm(time.strptime(before, "%Y-%m-%d"))
+        except ValueError:
+            raise BadInput(
+                f"--before {before!r}: not a day", hint="e.g. --before 2026-11-01"
+            ) from None
+    for row in journal.list_runs(limit=1_000_000):
+        old = cutoff is not None and row.created_at < cutoff and row.run_id not in ids
+        if old and shown_state(journal, row) in FORGETTABLE:
+            ids.append(row.run_id)
+    for run_id in ids:
+        found = journal.get_run(run_id)
+        state = shown_state(journal, found) if found else "finished"
+        if state not in FORGETTABLE:
+            raise BadInput(
+                f"run {run_id} is {state}: forgetting it would lose the way to attach, "
+                "pull and wipe it; nothing was forgotten",
+                hint=f"remotemac attach {run_id[-4:]} or wipe it first",
+            )
+    return ids
 
 
 _DONE_WORD = {"pull": "pulled", "wipe": "wiped"}

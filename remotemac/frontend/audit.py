@@ -84,7 +84,7 @@ def render(report: AuditReport, console: Any) -> None:
             _hang(
                 f"{c[BLOCKER]} blocker(s), {c[NEEDS_REFACTOR]} needing refactor, "
                 f"{c[NOTE]} note(s) in {report.files_scanned} file(s) read "
-                f"({report.files_seen} seen) in {report.elapsed_s:.2f} s;",
+                f"({report.files_seen} seen) in {report.elapsed_s:.2f}s;",  # one word: never split
                 console.width,
                 "",
             ),

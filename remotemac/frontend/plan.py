@@ -10,6 +10,7 @@ from typing import Any
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from remotemac.units import format_size
 
@@ -24,6 +25,20 @@ def _short(text: str) -> str:
     if len(text) <= SHOWN_COMMAND:
         return shown(text)
     return shown(text[:SHOWN_COMMAND]) + f"… ({len(text)} characters; --json shows all)"
+
+
+def command_lines(command: str, width: int) -> list[str]:
+    """``$ command`` in lines of at most ``width`` (a word longer than that stays whole)."""
+    import textwrap
+
+    return textwrap.wrap(
+        "$ " + command,
+        max(40, width - 1),
+        initial_indent="  ",
+        subsequent_indent="      ",
+        break_long_words=False,
+        break_on_hyphens=False,
+    )
 
 
 def print_plan(plan: dict[str, Any], console: Any = None) -> None:
@@ -64,14 +79,22 @@ def print_plan(plan: dict[str, Any], console: Any = None) -> None:
         c.print(table)
     print_left_out(c, data.get("skipped") or [])
     for role, cmd in plan["commands"].items():
-        auto = " (auto: the first of these the host's torch offers)" if "|" in cmd["device"] else ""
-        c.print(
-            f"{role}: device {cmd['device']}{auto}, logs/{cmd['label']}.log; on "
-            f"{shown(cmd['host'])} in tmux {shown(cmd['session'])}: "
-            f"[dim]{_short(cmd['command'])}[/]",
-            soft_wrap=True,
-        )
+        auto = " (auto: the first the host's torch offers)" if "|" in cmd["device"] else ""
+        c.print(f"{role}: device {cmd['device']}{auto}, logs/{cmd['label']}.log", soft_wrap=True)
+        c.print(f"  on {shown(cmd['host'])} in tmux {shown(cmd['session'])}", soft_wrap=True)
+        # the command wrapped between words at the terminal's width, continuation
+        # lines indented: a path or a --flag=value is never split (--json: one line)
+        for line in command_lines(_short(cmd["command"]), c.width):
+            c.print(Text(line, style="dim"), soft_wrap=True)
     c.print(f"bytes to send: {format_size(plan['bytes_to_send'])}")
+    cost = plan.get("cost")
+    if cost and cost["hourly_rate"] > 0:
+        jobs = f"{cost['jobs']} job{'s' if cost['jobs'] != 1 else ''}"
+        c.print(
+            f"cost: at most {cost['max_amount']:.2f} {shown(cost['currency'])} "
+            f"({jobs} up to workload.timeout, {cost['max_hours']:g} h × "
+            f"{cost['hourly_rate']:g}/h)"
+        )
 
 
 #: the human plan names this many left-out dataset files per reason; ``--json`` has all

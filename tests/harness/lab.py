@@ -45,9 +45,32 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-LAB_USER = "rmhost"
-LAB_HOME = Path("/home") / LAB_USER
-LAB_ROOT = Path("/opt/remotemac-lab")
+
+def _lab_user() -> str:
+    """``$REMOTEMAC_LAB_USER``, else ``rmhost`` as root and the runner itself otherwise."""
+    return os.environ.get("REMOTEMAC_LAB_USER") or ("rmhost" if os.geteuid() == 0 else _me())
+
+
+def _me() -> str:
+    return pwd.getpwuid(os.geteuid()).pw_name
+
+
+def _lab_root() -> Path:
+    """``$REMOTEMAC_LAB_ROOT``, else /opt/remotemac-lab as root, else a dir in the cache."""
+    if os.environ.get("REMOTEMAC_LAB_ROOT"):
+        return Path(os.environ["REMOTEMAC_LAB_ROOT"])
+    if os.geteuid() == 0:
+        return Path("/opt/remotemac-lab")
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(cache) / "remotemac-lab"
+
+
+LAB_USER = _lab_user()
+#: the login is the runner itself (no root to add a user): sshd runs as that user and
+#: the session's environment is scrubbed (SetEnv PATH/HOME, empty start-up files)
+SAME_USER = _me() == LAB_USER
+LAB_ROOT = _lab_root()
+LAB_HOME = LAB_ROOT / "home" if SAME_USER else Path("/home") / LAB_USER
 #: one prefix holding both interpreters, like /usr
 LAB_PREFIX = LAB_ROOT / "usr"
 LAB_BIN = LAB_PREFIX / "bin"
@@ -99,6 +122,93 @@ def pyenv_version(minor: str) -> Path:
     return Path(found[-1])
 
 
+# -- where the bare interpreters come from ---------------------------------------------
+
+
+@dataclass(frozen=True)
+class Source:
+    """One installed CPython the lab copies: ``prefix`` holds ``bin/pythonX.Y`` and
+    ``lib/pythonX.Y`` (pyenv's, uv's and the OS's layouts all do)."""
+
+    kind: str  # pyenv | uv | os
+    minor: str
+    prefix: Path
+
+    def describe(self) -> str:
+        return f"python{self.minor}: {self.kind} {self.prefix}"
+
+
+def uv_python_dir() -> Path:
+    """Where ``uv python install`` puts its interpreters (``$UV_PYTHON_INSTALL_DIR``)."""
+    if os.environ.get("UV_PYTHON_INSTALL_DIR"):
+        return Path(os.environ["UV_PYTHON_INSTALL_DIR"])
+    data = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(data) / "uv" / "python"
+
+
+def _newest(paths: list[str], minor: str, name_of) -> Path | None:
+    """The newest ``minor.N`` among ``paths`` (``name_of`` maps a path to its version)."""
+    wanted = [p for p in paths if re.fullmatch(rf"{re.escape(minor)}\.\d+", name_of(p) or "")]
+    if not wanted:
+        return None
+    return Path(max(wanted, key=lambda p: [int(x) for x in name_of(p).split(".")]))
+
+
+def find_source(minor: str) -> Source | None:
+    """The bare CPython ``minor`` this machine has, in the lab's order of preference:
+    pyenv's (what CI has), uv-managed (``uv python install``), the OS's own
+    ``/usr/bin/pythonX.Y`` (its stdlib only: Debian's third-party modules live in
+    dist-packages, which a copy does not see). None: the machine has none."""
+    pyenv = glob.glob(str(pyenv_root() / "versions" / f"{minor}.*"))
+    found = _newest(pyenv, minor, lambda p: Path(p).name)
+    if found is not None and (found / "bin" / f"python{minor}").exists():
+        return Source("pyenv", minor, found)
+    uv = glob.glob(str(uv_python_dir() / f"cpython-{minor}.*-linux-*"))
+
+    def uv_version(path: str) -> str:
+        return Path(path).name.split("-")[1].split("+")[0]
+
+    uv = [p for p in uv if (Path(p) / "bin" / f"python{minor}").exists()]
+    found = _newest(uv, minor, uv_version)
+    if found is not None:
+        return Source("uv", minor, found)
+    if Path(f"/usr/bin/python{minor}").exists() and Path(f"/usr/lib/python{minor}/os.py").exists():
+        return Source("os", minor, Path("/usr"))
+    return None
+
+
+def interpreter_source(minor: str) -> Source:
+    """:func:`find_source`, else ``uv python install MINOR`` where uv is at hand (a
+    laptop with neither pyenv nor the OS's minor), else a LabError saying what to do."""
+    found = find_source(minor)
+    if found is None and shutil.which("uv"):
+        proc = subprocess.run(
+            ["uv", "python", "install", minor], capture_output=True, text=True, timeout=600
+        )
+        found = find_source(minor)
+        if found is None:
+            tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:]
+            raise LabError(f"lab: `uv python install {minor}` gave no Python {minor}: {tail}")
+    if found is None:
+        raise LabError(
+            f"lab: no Python {minor} for the fresh-host lab: not in pyenv "
+            f"({pyenv_root()}/versions), uv ({uv_python_dir()}) nor /usr/bin; "
+            f"install one (`uv python install {minor}` or `pyenv install {minor}`)"
+        )
+    return found
+
+
+def describe() -> str:
+    """One line for the pytest header: whose login the lab is and which interpreters it
+    copies (or would copy), so a failing sshd test's log says what host it ran on."""
+    who = "the runner itself, scrubbed session" if SAME_USER else "a separate Unix user"
+    parts = [f"lab: login {LAB_USER} ({who}), root {LAB_ROOT}"]
+    for minor in ("3.9", "3.11"):
+        found = find_source(minor)
+        parts.append(found.describe() if found else f"python{minor}: none yet (uv python install)")
+    return "; ".join(parts)
+
+
 def session_env() -> dict[str, str]:
     """What the lab's sshd sets for every session (``SetEnv``), before a test's own."""
     env = {"PATH": LAB_PATH, "REMOTEMAC_PYTHON_PATH": str(LAB_BARE_BIN)}
@@ -126,13 +236,16 @@ def ensure_lab() -> None:
     global _ready
     if _ready:
         return
-    if os.geteuid() != 0:
+    if os.geteuid() != 0 and not SAME_USER:
         raise LabError(
             "lab: the fresh-host sshd lab needs root (it adds the user "
             f"{LAB_USER!r}); run the sshd tests as root, as CI does"
         )
     with _locked(LAB_ROOT.parent / ".remotemac-lab.lock"):
-        _ensure_user()
+        if SAME_USER:
+            _ensure_same_user_home()
+        else:
+            _ensure_user()
         stamp = LAB_ROOT / ".stamp"
         want = _stamp_text()
         if not (stamp.exists() and stamp.read_text() == want):
@@ -180,7 +293,8 @@ def _sweep_stale_hosts(max_age_s: float = 12 * 3600) -> None:
 
 
 def _stamp_text() -> str:
-    return f"{LAB_VERSION} {pyenv_version('3.9')} {pyenv_version('3.11')}\n"
+    """The layout version and both sources' prefixes (pyenv's: the text CI has always had)."""
+    return f"{LAB_VERSION} {interpreter_source('3.9').prefix} {interpreter_source('3.11').prefix}\n"
 
 
 @contextlib.contextmanager
@@ -223,6 +337,14 @@ def _ensure_user() -> None:
         os.chown(path, uid, gid)
 
 
+def _ensure_same_user_home() -> None:
+    """The same-user lab's session home base: start-up files that add nothing, so a
+    login (HOME set by sshd's SetEnv) reads none of the runner's own."""
+    LAB_HOME.mkdir(mode=0o755, parents=True, exist_ok=True)
+    for name in (".bashrc", ".profile", ".bash_profile", ".bash_logout"):
+        (LAB_HOME / name).write_text("")
+
+
 def _shadow_password(user: str) -> str:
     for line in Path("/etc/shadow").read_text().splitlines():
         fields = line.split(":")
@@ -242,7 +364,7 @@ def _build_interpreters() -> None:
     (tmp / "bin").mkdir(parents=True)
     (tmp / "lib").mkdir()
     for minor in ("3.9", "3.11"):
-        copy_interpreter(pyenv_version(minor), tmp, minor)
+        copy_interpreter(interpreter_source(minor).prefix, tmp, minor)
     (tmp / "bin" / "python3").symlink_to("python3.9")
     (tmp / "bin" / "pip3").symlink_to("pip3.9")
     _chmod_readable(tmp)
@@ -262,7 +384,9 @@ def copy_interpreter(src: Path, prefix: Path, minor: str) -> None:
         if here == site:
             return [n for n in names if not KEEP_SITE.match(n)]
         if here == stdlib:
-            return [n for n in names if n == "test"]  # 70-120 MB nobody imports
+            # the test suite: 70-120 MB nobody imports; EXTERNALLY-MANAGED (uv's, the
+            # OS's): a Mac's python3 has none
+            return [n for n in names if n in ("test", "EXTERNALLY-MANAGED")]
         return []
 
     shutil.copytree(stdlib, prefix / "lib" / f"python{minor}", symlinks=True, ignore=skip)
@@ -272,6 +396,8 @@ def copy_interpreter(src: Path, prefix: Path, minor: str) -> None:
     shutil.copy2(src / "bin" / f"python{minor}", binary)
     _relative_runpath(binary, str(src / "lib").encode())
     pip = prefix / "bin" / f"pip{minor}"
+    if not (src / "bin" / f"pip{minor}").exists():  # the OS's: pip is a separate package
+        return
     text = (src / "bin" / f"pip{minor}").read_text()
     first, _, rest = text.partition("\n")
     pip.write_text(f"#!{LAB_PREFIX / 'bin' / f'python{minor}'}\n{rest}")
@@ -394,12 +520,12 @@ def run_as_lab(
         **session_env(),
         **(env or {}),
     }
+    # the same-user lab is already that user (and may not call setgroups)
+    who = {} if SAME_USER else {"user": uid, "group": gid, "extra_groups": []}
     return subprocess.run(
         argv,
         env=full,
-        user=uid,
-        group=gid,
-        extra_groups=[],
+        **who,  # type: ignore[arg-type]
         capture_output=True,
         text=True,
         check=check,
