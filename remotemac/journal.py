@@ -393,6 +393,13 @@ class Journal:
                 ),
             )
 
+    def forget_run(self, run_id: str) -> None:
+        """Remove every trace of a run that never reached its host (a typo'd host name):
+        it would otherwise be ``latest``, listed by ``status`` and offered as a host."""
+        with self._write() as db:
+            for table in ("runs", "phases", "log_offsets", "owners"):
+                db.execute(f"DELETE FROM {table} WHERE run_id = ?", (run_id,))
+
     # ------------------------------------------------------------ ownership
 
     def claim_run(self, run_id: str) -> int | None:

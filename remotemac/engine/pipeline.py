@@ -29,6 +29,7 @@ from remotemac.engine.hosts import open_transport
 from remotemac.engine.ledger import Ledger
 from remotemac.engine.phaseresults import LaunchResult, PhaseResult, ProvisionResult, as_dict
 from remotemac.engine.pool import TransportPool
+from remotemac.engine.runs import remove_made_dirs
 from remotemac.errors import (
     EXIT_ACCEPTED,
     EXIT_INTERRUPTED,
@@ -105,6 +106,7 @@ def build_context(
         hosts=hosts,
         sides=sides,
         ledger=ledger,
+        in_fleet=pool is not None,
     )
     # the engine counts link drops itself, so every front end's record has them
     from remotemac.engine.jobs import count_connection_events
@@ -141,6 +143,28 @@ def name_phase(exc: RemotemacError, phase: str) -> None:
     exc.args = (exc.message,)
 
 
+NOTHING_STARTED = "nothing was started (no run recorded, no output dir)"
+
+
+def make_out_dir(out_dir: Path) -> list[Path]:
+    """Create ``out_dir`` and its ``logs/``; the directories this call made, deepest first."""
+    made = [p for p in (out_dir / "logs", out_dir, *out_dir.parents) if not p.exists()]
+    (out_dir / "logs").mkdir(parents=True, exist_ok=True)
+    return made
+
+
+def forget_unreached(ctx: RunContext, done: dict[str, dict], made: list[Path]) -> bool:
+    """A new run whose host was never reached (a typo'd name, a port refused) leaves
+    nothing: no journal row (it would be ``latest``, listed, offered as a host) and no
+    output directory. A run resumed by ``attach``, or one of a fleet, keeps its row; so
+    does a host that answered but refused (a changed key, a login): ``trust`` and retry."""
+    if done or ctx.in_fleet:
+        return False
+    ctx.journal.forget_run(ctx.run_id)
+    remove_made_dirs(made)  # the caller removes the dirs it made (the CLI's --out)
+    return True
+
+
 def phase_ok(key: PhaseKey, result: dict) -> bool:
     """A follow phase whose job failed, timed out or was stopped is shown as failed; so
     is a compare that found a file outside tolerance ("✓ 0/2 within" read as a pass)."""
@@ -175,8 +199,7 @@ async def _run_pipeline(ctx: RunContext) -> int:
         if info["state"] == "done"
     }
     refuse_wiped_before_the_end(ctx.run_id, done)
-    ctx.out_dir.mkdir(parents=True, exist_ok=True)
-    (ctx.out_dir / "logs").mkdir(exist_ok=True)
+    made = make_out_dir(ctx.out_dir)
     ctx.journal.set_run_state(ctx.run_id, "running")
     for name, info in done.items():
         ctx.results[name] = info["result"]
@@ -264,6 +287,8 @@ async def _run_pipeline(ctx: RunContext) -> int:
         if current == "connect" and not launched:
             # never reached (a host name that does not resolve, a port refused) and no
             # job launched: a failed run; nothing keeps running to attach to
+            if forget_unreached(ctx, done, made):
+                raise HostError(f"{exc.message}; {NOTHING_STARTED}", hint=exc.hint) from exc
             ctx.journal.set_run_state(
                 ctx.run_id,
                 "failed",

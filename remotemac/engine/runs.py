@@ -6,6 +6,7 @@ and ``attach`` rebuilds exactly the playbook the run started with.
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -122,6 +123,14 @@ def refuse_used_out_dir(out_dir: Path) -> None:
             f"--out {out_dir}: cannot create it ({exc.strerror or exc})",
             hint="give a directory you can write",
         ) from None
+
+
+def remove_made_dirs(made: list[Path]) -> None:
+    """Remove the directories a run made (deepest first), each only while empty: a run
+    forgotten because its host was never reached leaves no ``./runs/<id>/``."""
+    for path in made:
+        with contextlib.suppress(OSError):
+            path.rmdir()
 
 
 def shown_state(journal: Journal, row: RunRow) -> str:
