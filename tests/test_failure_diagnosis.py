@@ -52,3 +52,40 @@ def test_a_host_name_that_does_not_resolve_leaves_no_run_behind(
     last = json.loads(proc.stdout.splitlines()[-1])
     assert last["exit_code"] == 3 and "nothing was started" in last["detail"], last
     assert Journal(rm_home / "journal.sqlite3").list_runs() == []
+
+
+def test_a_failed_reference_does_not_launch_the_target_and_the_last_line_says_why(
+    make_playbook, rm_home: Path, tmp_path: Path
+):
+    """A typo'd script: python exits 2 on the reference. The target's result would be
+    meaningless (nothing to compare it with), so it is not launched, not by the laptop
+    and not by the host's chain; compare and record are not shown as successes; the
+    last line says why the run is rejected."""
+    book = make_playbook(
+        "typo",
+        workload={"command": "python3 emitt.py --device {device} --out {output_dir}"},
+    )
+    proc = remotemac("run", str(book), "--out", str(tmp_path / "out"), cwd=tmp_path)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    shown = proc.stdout.splitlines()
+    assert not any(ln.startswith("✓ launch:target") for ln in shown), proc.stdout
+    assert not any(ln.startswith("✓ compare") or ln.startswith("✓ record") for ln in shown)
+    assert any("not launched" in ln and "reference failed (exit 2)" in ln for ln in shown)
+    last = shown[-1]
+    assert last.startswith("REJECTED (exit 1): the reference failed (exit 2)"), last
+    assert "emitt.py" in last, last  # the job's own last line: what to fix
+    # the host never started it: no target session, no target log, no target status
+    run_dir = next((tmp_path / "host-root" / "runs").iterdir())
+    assert not (run_dir / "logs" / "cpu-target.log").exists()
+    assert not (run_dir / "status" / "cpu-target.json").exists(), sorted(
+        p.name for p in (run_dir / "status").iterdir()
+    )
+    record = json.loads((tmp_path / "out" / "acceptance.json").read_text())
+    assert record["verdict"] == "rejected"
+    assert record["stopping_conditions"][0]["code"] == "workload-failed"
+    assert "reference" in record["stopping_conditions"][0]["detail"]
+    assert [c for c in record["stopping_conditions"] if "target" in c["detail"]] == []
+    # --json carries the reason in the last event too
+    proc = remotemac("run", str(book), "--out", str(tmp_path / "out2"), "--json", cwd=tmp_path)
+    final = json.loads(proc.stdout.splitlines()[-1])
+    assert final["event"] == "run_finished" and "reference failed (exit 2)" in final["reason"]

@@ -165,13 +165,64 @@ def forget_unreached(ctx: RunContext, done: dict[str, dict], made: list[Path]) -
     return True
 
 
+#: a side's launch/follow result when it was not started (the reference failed)
+NOT_LAUNCHED = "not-launched"
+
+
+def reference_failed(ctx: RunContext) -> str | None:
+    """Why the sides after the reference are not launched: the reference's job did not
+    finish (a typo'd script, a timeout, a stop): a target result would be compared with
+    nothing, and the rented hours would be spent on a meaningless run."""
+    if ctx.side("reference") is None:
+        return None
+    follow = ctx.results.get(follow_key("reference").name) or {}
+    state = follow.get("state")
+    if state in (None, "finished", NOT_LAUNCHED):
+        return None
+    word = "failed" if state == "failed" else f"ended {state}"
+    return f"the reference {word} (exit {follow.get('exit_code')})"
+
+
+def skip_side(ctx: RunContext, name: str, why: str) -> None:
+    """Record ``name`` (launch/follow of a side after the reference) as not launched."""
+    result = {
+        "state": NOT_LAUNCHED,
+        "exit_code": None,
+        "lines": 0,
+        "summary": f"not launched: {why}",
+    }
+    ctx.journal.start_phase(ctx.run_id, name)
+    ctx.journal.finish_phase(ctx.run_id, name, result)
+    ctx.results[name] = result
+    ctx.emit(PhaseFinished(ctx.run_id, phase=name, skipped=True, detail=result["summary"]))
+
+
+def not_accepted_reason(ctx: RunContext) -> str:
+    """The run's first stopping condition, or why it is incomplete: the last line says
+    why, not only where the record is."""
+    record = ctx.results.get("record") or {}
+    for cond in record.get("conditions") or []:
+        detail = str(cond.get("detail") or cond.get("code") or "")
+        if detail.startswith("reference job ") and reference_failed(ctx):
+            # "the reference failed (exit 2): python3: can't open file …"
+            rest = detail.partition(": ")[2]
+            detail = f"{reference_failed(ctx)}" + (f": {rest}" if rest else "")
+        if detail:
+            return detail if len(detail) <= 300 else detail[:297] + "..."
+    return str((ctx.results.get("compare") or {}).get("summary") or "")
+
+
 def phase_ok(key: PhaseKey, result: dict) -> bool:
     """A follow phase whose job failed, timed out or was stopped is shown as failed; so
     is a compare that found a file outside tolerance ("✓ 0/2 within" read as a pass)."""
     if key.phase is Phase.FOLLOW:
         return result.get("state") in (None, "finished")
-    if key.phase is Phase.COMPARE and result.get("within_tolerance") is False:
+    if key.phase is Phase.COMPARE and (
+        result.get("within_tolerance") is False or result.get("nothing_compared")
+    ):
         return False
+    if key.phase is Phase.RECORD and result.get("verdict", "accepted") != "accepted":
+        return False  # "✓ record rejected" read as a pass
     return result.get("ok", True) is not False
 
 
@@ -220,6 +271,10 @@ async def _run_pipeline(ctx: RunContext) -> int:
                     for binding in ctx.hosts.values():
                         await binding.agent.install()
                 ctx.emit(PhaseFinished(ctx.run_id, phase=name, skipped=True, detail="already done"))
+                continue
+            why_not = reference_failed(ctx) if key.role not in (None, "reference") else None
+            if why_not is not None and key.phase in (Phase.LAUNCH, Phase.FOLLOW):
+                skip_side(ctx, name, why_not)
                 continue
             step = _PHASES[key.phase]
             ctx.emit(PhaseStarted(ctx.run_id, phase=name))
@@ -326,6 +381,7 @@ async def _run_pipeline(ctx: RunContext) -> int:
             exit_code=code,
             out_dir=str(ctx.out_dir),
             detail=str(ctx.out_dir / "acceptance.md"),
+            reason="" if verdict == "accepted" else not_accepted_reason(ctx),
         )
     )
     return code
