@@ -41,6 +41,7 @@ from wipeops import (  # noqa: E402
     remove_item,
     session_name,
     stop_run_processes,
+    strays_naming,
     tree_size,
 )
 
@@ -272,7 +273,12 @@ def _cleanup_root(
     for item in items:
         item.update(_dispose(item, real_root, lexical, found["marker"], dry_run, steps))
     gone = set(i["path"] for i in items if i.get("fate") in ("removed", "would remove"))
-    items.append(_finish_root(lexical, real_root, gone, dry_run))
+    counted = sum(
+        int(i.get("bytes") or 0)
+        for i in items
+        if i.get("fate") == "would remove" and procid.is_below(str(i["path"]), real_root)
+    )
+    items.append(_finish_root(lexical, real_root, gone, dry_run, counted))
     remaining = [] if dry_run else verify(lexical, real_root, found["run_ids"])
     freed = sum(int(i.get("bytes") or 0) for i in items if i.get("fate") == "removed")
     would = sum(int(i.get("bytes") or 0) for i in items if i.get("fate") == "would remove")
@@ -291,7 +297,9 @@ def _cleanup_root(
     }
 
 
-def _finish_root(lexical: str, real_root: str, gone: Any, dry_run: bool) -> Dict[str, Any]:
+def _finish_root(
+    lexical: str, real_root: str, gone: Any, dry_run: bool, counted: int = 0
+) -> Dict[str, Any]:
     """Remove the root when nothing but remotemac's own entries is left in it.
 
     ``gone``: paths removed (or, in a dry run, that would be). Empty containers
@@ -334,8 +342,8 @@ def _finish_root(lexical: str, real_root: str, gone: Any, dry_run: bool) -> Dict
             % (len(foreign), "y" if len(foreign) == 1 else "ies", shown, more),
         )
     size, _count = tree_size(real_root)
-    if dry_run:
-        return dict(item, fate="would remove", bytes=size)
+    if dry_run:  # its runs and envs are listed with their own bytes: count them once
+        return dict(item, fate="would remove", bytes=max(0, size - counted))
     try:
         fd = safefs.open_path(real_root)
     except (safefs.NotOurs, OSError) as exc:
@@ -461,6 +469,14 @@ def verify(lexical: str, real_root: str, run_ids: List[str]) -> List[Dict[str, s
             left.append({"kind": "tmux", "path": session["name"], "why": "still running"})
     for job in deadman.find_jobs([lexical, real_root]):
         left.append({"kind": "deadman", "path": job["what"], "why": "still scheduled"})
+    for pid in strays_naming([real_root, lexical]):
+        left.append(
+            {
+                "kind": "process",
+                "path": "%s (%s)" % (pid, procid.cmdline(pid)[:120]),
+                "why": "still running: its command line names remote_root",
+            }
+        )
     return left
 
 

@@ -39,6 +39,7 @@ AGENT_SRC = Path(__file__).resolve().parent.parent / "agent"
 IN_MEMORY_ORDER: tuple[str, ...] = (
     "hostfacts",  # doctor: facts; imports no sibling, so it travels alone
     "procid",
+    "proctree",  # wipeops: the process table, for a job's daemons in a new session
     "agentutil",
     "safefs",
     "ramstore",
