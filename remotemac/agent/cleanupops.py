@@ -494,6 +494,13 @@ def op_claim_root(req: Dict[str, Any]) -> Dict[str, Any]:
         lexical, real_root = check_root(req["root"])
     except UnsafeRoot as exc:
         return {"refused": str(exc)}
+    outer = _enclosing_root(real_root)
+    if outer is not None:
+        return {
+            "refused": "%s is inside remotemac's remote_root %s (a cleanup of either would "
+            "leave the other half-removed): use %s itself, or a directory outside it"
+            % (lexical, outer, outer)
+        }
     parent = os.path.dirname(real_root)
     try:
         if not os.path.isdir(parent):
@@ -512,6 +519,24 @@ def op_claim_root(req: Dict[str, Any]) -> Dict[str, Any]:
         "root_id": marker.get("root_id"),
         "created": created,
     }
+
+
+def _enclosing_root(real_root: str) -> Optional[str]:
+    """The remotemac root (a directory whose own marker says ``root``) above
+    ``real_root``, if any."""
+    here = os.path.dirname(real_root)
+    while True:
+        marker = safefs.marker_of(here)
+        if marker is not None and marker.get("kind") == "root":
+            try:
+                if safefs.marker_is_bound(marker, os.stat(here)):
+                    return here
+            except OSError:
+                pass
+        up = os.path.dirname(here)
+        if up == here:
+            return None
+        here = up
 
 
 def _host_facts() -> Dict[str, Any]:
