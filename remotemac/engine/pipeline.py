@@ -185,16 +185,12 @@ def reference_failed(ctx: RunContext) -> str | None:
 
 def skip_side(ctx: RunContext, name: str, why: str) -> None:
     """Record ``name`` (launch/follow of a side after the reference) as not launched."""
-    result = {
-        "state": NOT_LAUNCHED,
-        "exit_code": None,
-        "lines": 0,
-        "summary": f"not launched: {why}",
-    }
+    summary = f"not launched: {why}"
+    result = {"state": NOT_LAUNCHED, "exit_code": None, "lines": 0, "summary": summary}
     ctx.journal.start_phase(ctx.run_id, name)
     ctx.journal.finish_phase(ctx.run_id, name, result)
     ctx.results[name] = result
-    ctx.emit(PhaseFinished(ctx.run_id, phase=name, skipped=True, detail=result["summary"]))
+    ctx.emit(PhaseFinished(ctx.run_id, phase=name, skipped=True, detail=summary))
 
 
 def not_accepted_reason(ctx: RunContext) -> str:
