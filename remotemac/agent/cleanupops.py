@@ -469,7 +469,10 @@ def verify(lexical: str, real_root: str, run_ids: List[str]) -> List[Dict[str, s
             left.append({"kind": "tmux", "path": session["name"], "why": "still running"})
     for job in deadman.find_jobs([lexical, real_root]):
         left.append({"kind": "deadman", "path": job["what"], "why": "still scheduled"})
+    agents = [os.path.join(r, "agent") for r in (real_root, lexical)]
     for pid in strays_naming([real_root, lexical]):
+        if any(procid.names_path(procid.cmdline(pid), a) for a in agents):
+            continue  # remotemac's own agent on a link (this one's resident): ends with it
         left.append(
             {
                 "kind": "process",

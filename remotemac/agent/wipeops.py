@@ -368,9 +368,24 @@ def strays_naming(paths: List[str], table: Optional[proctree.Table] = None) -> L
         if not argv or os.path.basename(argv[0]).startswith("tmux"):
             continue  # a tmux server keeps its first client's argv: never a stray
         line = " ".join(argv)
-        if any(procid.names_path(line, p) for p in paths) and pid_alive(pid):
+        if any(procid.names_path(line, p) for p in paths) and _same_user(pid):
             found.append(pid)
     return found
+
+
+def _same_user(pid: int) -> bool:
+    """A live process of this agent's user (only those could be the job's; another
+    user's, e.g. the laptop's own remotemac on a shared machine, is not)."""
+    try:
+        os.kill(pid, 0)
+    except OSError:
+        return False  # gone, or another user's (EPERM)
+    try:
+        if os.stat("/proc/%d" % pid).st_uid != os.getuid():
+            return False
+    except OSError:
+        pass  # no /proc (macOS): kill's permission check is the test
+    return pid_alive(pid)
 
 
 def stop_strays(
