@@ -373,8 +373,9 @@ def run(
     out_dir = Path(out) if out else Path.cwd() / "runs" / run_id
     out_dir = out_dir.resolve()
     options = RunOptions(keep_data=keep_data, detach=detach, drill=drill, show_secrets=show_secrets)
-    from remotemac.engine.runs import refuse_used_out_dir, register_run
+    from remotemac.engine.runs import refuse_used_out_dir, register_run, remove_made_dirs
 
+    made = [p for p in (out_dir, *out_dir.parents) if not p.exists()]  # deepest first
     refuse_used_out_dir(out_dir, run_id)
 
     register_run(
@@ -386,7 +387,11 @@ def run(
     )
     if not as_json:
         click.echo(f"run {run_id} → {out_dir}")
-    sys.exit(_run_engine(settings, run_id, pb, journal, out_dir, options, as_json, raw))
+    try:
+        sys.exit(_run_engine(settings, run_id, pb, journal, out_dir, options, as_json, raw))
+    finally:
+        if journal.get_run(run_id) is None:  # never reached its host: forgotten, leave no dir
+            remove_made_dirs(made)
 
 
 def _load_run(journal, run_id: str):

@@ -88,3 +88,10 @@ class IntegrityError(RemotemacError):
 
 class UnsafePath(IntegrityError):
     """The host sent back a name that would escape the output directory."""
+
+
+class JournalUnusable(BadInput):
+    """The journal in ``--home`` cannot be read or written: it is damaged (not a
+    database, truncated, malformed) or another process holds its write lock past the
+    wait. Exit 2, like other input the user must fix: the line names the file and
+    what to do (move it aside; wait for, or stop, the named process)."""

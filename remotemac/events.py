@@ -100,6 +100,8 @@ class RunFinished(Event):
     exit_code: int
     out_dir: str = ""
     detail: str = ""
+    #: why a run that has a record was not accepted (its first stopping condition)
+    reason: str = ""
 
 
 Sink = Callable[[Event], None]

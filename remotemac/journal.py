@@ -16,13 +16,14 @@ import socket
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from remotemac.agent.hostagent import pid_alive
+from remotemac.errors import JournalUnusable
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -133,6 +134,94 @@ def _retry_locked(op: Any, deadline_s: float = 60.0) -> Any:
             delay = min(delay * 2, 0.5)
 
 
+#: how long a write waits for another process's write lock (``REMOTEMAC_JOURNAL_WAIT``)
+DEFAULT_WAIT_S = 60.0
+#: after this long waiting, ``on_wait`` is told (so a held journal is never a silent wait)
+SAY_WAIT_AFTER_S = 2.0
+
+
+def journal_wait_s() -> float:
+    """``$REMOTEMAC_JOURNAL_WAIT`` seconds, else 60; a bad value is the default."""
+    try:
+        return max(0.0, float(os.environ.get("REMOTEMAC_JOURNAL_WAIT", DEFAULT_WAIT_S)))
+    except ValueError:
+        return DEFAULT_WAIT_S
+
+
+def _lock_holder(path: Path) -> int | None:
+    """The pid of the process holding the journal's write lock, if the OS says.
+
+    SQLite takes POSIX record locks: in WAL mode the writer lock is byte 120 of the
+    ``-shm`` file, in rollback mode the RESERVED/PENDING bytes at 1 GiB of the file.
+    ``F_GETLK`` names the holder's pid (best effort: None where it cannot).
+    """
+    import fcntl
+    import struct
+
+    layout = "@hhqqi4x"  # struct flock on Linux/macOS 64-bit: type, whence, start, len, pid
+    for file, start, length in ((f"{path}-shm", 120, 8), (str(path), 0x40000000, 512)):
+        try:
+            fd = os.open(file, os.O_RDWR | getattr(os, "O_NOFOLLOW", 0))
+        except OSError:
+            continue
+        try:
+            ask = struct.pack(layout, fcntl.F_WRLCK, os.SEEK_SET, start, length, 0)
+            kind, _w, _s, _l, pid = struct.unpack(layout, fcntl.fcntl(fd, fcntl.F_GETLK, ask))
+        except (OSError, struct.error):
+            continue
+        finally:
+            os.close(fd)
+        if kind != fcntl.F_UNLCK and pid > 0:
+            return int(pid)
+    return None
+
+
+def _holder_words(path: Path) -> str:
+    """``pid 123 (python3 train.py)``, or ``another process`` when unknown."""
+    pid = _lock_holder(path)
+    if pid is None:
+        return "another process"
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            raw = fh.read(400).replace(b"\0", b" ").decode("utf-8", "replace")
+    except OSError:
+        raw = ""
+    argv = " ".join(raw.split())  # one line whatever the argv holds
+    argv = argv if len(argv) <= 80 else argv[:77] + "..."
+    return f"pid {pid} ({argv})" if argv else f"pid {pid}"
+
+
+def _is_busy(exc: sqlite3.Error) -> bool:
+    return isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc)
+
+
+def _unusable(path: Path, exc: sqlite3.Error) -> JournalUnusable:
+    """The user's line for a journal SQLite refuses (not a lock: see :meth:`Journal._write`)."""
+    return JournalUnusable(
+        f"the journal {path} cannot be read ({exc}): it is damaged or not remotemac's",
+        hint=f"move it aside (mv {path} {path}.broken) and run again; "
+        "a new journal starts empty, the runs it held are forgotten",
+    )
+
+
+def _guarded(method: Callable[..., Any]) -> Callable[..., Any]:
+    """A journal method whose SQLite errors become the user's line (path, what to do)."""
+    import functools
+
+    @functools.wraps(method)
+    def call(self: Journal, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(self, *args, **kwargs)
+        except JournalUnusable:
+            raise
+        except sqlite3.DatabaseError as exc:
+            if _is_busy(exc):
+                raise self._busy() from exc
+            raise _unusable(self.path, exc) from exc
+
+    return call
+
+
 def new_run_id(name: str) -> str:
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
     return f"{name}-{stamp}-{secrets.token_hex(2)}"
@@ -159,10 +248,23 @@ def owner_only(path: object) -> None:
 class Journal:
     """Thread-safe handle on the journal file; one SQLite connection per thread."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, on_wait: Callable[[str], None] | None = None) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._local = threading.local()
+        #: told once, in words, when a write has waited for another process's lock
+        self.on_wait = on_wait
+        self.wait_s = journal_wait_s()
+        try:
+            self._set_up()
+        except JournalUnusable:
+            raise
+        except sqlite3.DatabaseError as exc:
+            if _is_busy(exc):
+                raise self._busy() from exc
+            raise _unusable(self.path, exc) from exc
+
+    def _set_up(self) -> None:
         # Two processes opening a fresh journal at once race on the switch to WAL,
         # and SQLite answers that race with an immediate "database is locked" (the
         # busy handler is not consulted). A flock on a sidecar file serialises the
@@ -181,18 +283,46 @@ class Journal:
         db = getattr(self._local, "db", None)
         if db is None:
             owner_only(self.path)
-            db = sqlite3.connect(self.path, timeout=60, isolation_level=None)
+            # a short busy wait: :meth:`_write` waits on, saying so and naming the holder
+            db = sqlite3.connect(self.path, timeout=SAY_WAIT_AFTER_S, isolation_level=None)
             db.row_factory = sqlite3.Row
-            db.execute("PRAGMA busy_timeout=60000")
-            _retry_locked(lambda: db.execute("PRAGMA journal_mode=WAL"))
+            db.execute(f"PRAGMA busy_timeout={int(SAY_WAIT_AFTER_S * 1000)}")
+            _retry_locked(lambda: db.execute("PRAGMA journal_mode=WAL"), self.wait_s)
             db.execute("PRAGMA synchronous=NORMAL")
             self._local.db = db
         return db
 
+    def _busy(self) -> JournalUnusable:
+        who = _holder_words(self.path)
+        return JournalUnusable(
+            f"the journal {self.path} is held by {who} for over {self.wait_s:g} s",
+            hint="wait for it to finish and run again, or stop it; "
+            "REMOTEMAC_JOURNAL_WAIT=SECONDS waits longer",
+        )
+
+    def _begin(self, db: sqlite3.Connection) -> None:
+        """``BEGIN IMMEDIATE``, waiting up to ``wait_s`` for another writer, and saying
+        so (with the holder's pid) once the wait is longer than a blink."""
+        give_up = time.monotonic() + self.wait_s
+        told = False
+        while True:
+            try:
+                db.execute("BEGIN IMMEDIATE")
+                return
+            except sqlite3.OperationalError as exc:
+                if not _is_busy(exc) or time.monotonic() >= give_up:
+                    raise
+            if not told and self.on_wait is not None:
+                told = True
+                self.on_wait(
+                    f"waiting for the journal {self.path}: {_holder_words(self.path)} holds "
+                    f"it (waiting up to {self.wait_s:g} s)"
+                )
+
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
         db = self._db()
-        db.execute("BEGIN IMMEDIATE")
+        self._begin(db)
         try:
             yield db
         except BaseException:
@@ -282,6 +412,13 @@ class Journal:
                     run_id,
                 ),
             )
+
+    def forget_run(self, run_id: str) -> None:
+        """Remove every trace of a run that never reached its host (a typo'd host name):
+        it would otherwise be ``latest``, listed by ``status`` and offered as a host."""
+        with self._write() as db:
+            for table in ("runs", "phases", "log_offsets", "owners"):
+                db.execute(f"DELETE FROM {table} WHERE run_id = ?", (run_id,))
 
     # ------------------------------------------------------------ ownership
 
@@ -451,6 +588,11 @@ class Journal:
         if not include_removed:
             sql += " AND removed_at IS NULL"
         return [dict(r) for r in self._db().execute(sql + " ORDER BY created_at", (host,))]
+
+
+for _name, _fn in list(vars(Journal).items()):
+    if not _name.startswith("_") and callable(_fn):
+        setattr(Journal, _name, _guarded(_fn))
 
 
 def _run_row(row: sqlite3.Row) -> RunRow:

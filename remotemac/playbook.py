@@ -8,6 +8,7 @@ path and the line and column in the file.
 from __future__ import annotations
 
 import difflib
+import math
 import os
 import re
 from datetime import datetime
@@ -34,7 +35,7 @@ from remotemac.placeholders import check as check_placeholders
 from remotemac.placeholders import names as placeholder_names
 from remotemac.termsafe import escape_controls
 from remotemac.units import parse_duration, parse_size
-from remotemac.userfiles import read_user_file, yaml_error_where
+from remotemac.userfiles import bounded_int, read_user_file, yaml_error_where
 
 PLACEHOLDERS = NAMES
 SYSTEM_DIRS = {
@@ -489,6 +490,8 @@ class Playbook(Strict):
             return None
         if not value:
             raise ValueError("hosts is empty: give at least one host or remove the key")
+        if len(value) > MAX_HOSTS:
+            raise ValueError(f"{len(value)} hosts: a fleet has at most {MAX_HOSTS} hosts")
         if len(set(value)) != len(value):
             raise ValueError("a host appears twice in hosts")
         return [check_host(h) for h in value]
@@ -505,6 +508,11 @@ class Playbook(Strict):
                 raise ValueError(f"matrix key {key!r} must be a name like batch_size")
             if not values:
                 raise ValueError(f"matrix.{key} has no values")
+        count = math.prod(len(values) for values in value.values())
+        if count > MAX_VARIANTS:
+            raise ValueError(
+                f"the matrix makes {count} variants (one run each): at most {MAX_VARIANTS}"
+            )
         return value
 
     @model_validator(mode="after")
@@ -530,6 +538,12 @@ class Playbook(Strict):
 
     def data_dir(self) -> Path | None:
         return (self.base_dir / self.data.path).resolve() if self.data else None
+
+
+#: a fleet's hosts and a matrix's variants: each is a run (and a tmux session, a
+#: connection); refused above these before anything is expanded or planned
+MAX_HOSTS = 1000
+MAX_VARIANTS = 1000
 
 
 def check_host(value: str) -> str:
@@ -608,6 +622,7 @@ PlaybookLoader.add_implicit_resolver(
     re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
     list("tTfF"),
 )
+PlaybookLoader.add_constructor("tag:yaml.org,2002:int", bounded_int)  # 5,000 digits: one line
 
 
 def _parse_yaml(text: str) -> tuple[yaml.Node | None, Any]:

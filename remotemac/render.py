@@ -138,9 +138,10 @@ class RichRenderer:
         elif isinstance(event, RunFinished):
             self._end_progress(None)
             colour = {"accepted": "green", "rejected": "red"}.get(event.verdict, "yellow")
+            why = f": {shown(event.reason)}" if event.reason else ""
             c.print(
-                f"[bold {colour}]{shown(event.verdict.upper())}[/] (exit {event.exit_code})  "
-                f"{shown(event.detail)}"
+                f"[bold {colour}]{shown(event.verdict.upper())}[/] (exit {event.exit_code})"
+                f"{why}  {shown(event.detail)}"
             )
 
     def _end_progress(self, phase: str | None) -> None:

@@ -42,10 +42,11 @@ class LocalSettings:
         return resolve_home(self.home_option)
 
     def journal(self) -> Journal:
-        """The journal in ``home`` (each call opens it)."""
+        """The journal in ``home`` (each call opens it); a write that waits for another
+        process's lock says so on stderr, naming the journal and the holder."""
         from remotemac.journal import Journal
 
-        return Journal(self.home / "journal.sqlite3")
+        return Journal(self.home / "journal.sqlite3", on_wait=_say_on_stderr)
 
     def ssh_options(self) -> SSHOptions:
         """The SSH options of these settings (the playbook may add its reconnect deadline)."""
@@ -72,3 +73,11 @@ class LocalSettings:
             identity=Path(identity) if identity else None,
             verbose=verbose,
         )
+
+
+def _say_on_stderr(line: str) -> None:
+    """A wait the user should know about, as one ``remotemac:`` line (never stdout:
+    ``--json`` readers parse it)."""
+    import sys
+
+    print(f"remotemac: {line}", file=sys.stderr, flush=True)

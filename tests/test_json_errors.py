@@ -63,7 +63,8 @@ def test_without_json_stdout_stays_empty(tmp_path: Path):
 def test_a_host_never_reached_says_no_job_is_running(tmp_path: Path, host: str):
     """`run --host <typo>`: exit 3, one line, and no "the job keeps running on the host …
     remotemac attach" (nothing was launched: the first connect failed); the journal says
-    failed, not detached."""
+    failed, not detached. Issue 31 item 9: and no run is left behind (it would be
+    ``latest``)."""
     from tests.conftest import LINES_PROJECT
 
     book = tmp_path / "pb.yaml"
@@ -80,8 +81,9 @@ def test_a_host_never_reached_says_no_job_is_running(tmp_path: Path, host: str):
     assert "keeps running" not in err[0] and "attach" not in err[0], err[0]
     last = json.loads(proc.stdout.splitlines()[-1])
     assert last["event"] == "run_finished" and last["verdict"] == "failed", last
+    assert "nothing was started" in last["detail"], last
     status = remotemac("--home", home, "status", "latest", "--json")
-    assert json.loads(status.stdout)["state"] == "failed", status.stdout
+    assert status.returncode == 2 and "no runs" in json.loads(status.stdout)["error"], status
 
 
 @pytest.mark.parametrize(

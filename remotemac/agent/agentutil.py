@@ -97,7 +97,9 @@ def installed_packages():
 
 
 def pid_alive(pid: Any) -> bool:
-    """Is ``pid`` a live process (never true for 0, 1 or a non-integer)?"""
+    """Is ``pid`` a live process (never true for 0, 1 or a non-integer)? A zombie (exited,
+    not reaped yet: a SIGKILLed session's receiver for ~2 s) is not: ``kill(pid, 0)``
+    succeeds on it, so the state is read too (/proc on Linux, ``ps -o stat=`` on macOS)."""
     if not isinstance(pid, int) or pid <= 1:
         return False
     try:
@@ -105,8 +107,8 @@ def pid_alive(pid: Any) -> bool:
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True
-    return True
+        pass
+    return not procid.is_zombie(pid)
 
 
 def find_tool(name: str) -> Optional[str]:

@@ -41,6 +41,7 @@ from wipeops import (  # noqa: E402
     remove_item,
     session_name,
     stop_run_processes,
+    strays_naming,
     tree_size,
 )
 
@@ -274,7 +275,12 @@ def _cleanup_root(
     for item in items:
         item.update(_dispose(item, real_root, lexical, found["marker"], dry_run, steps))
     gone = set(i["path"] for i in items if i.get("fate") in ("removed", "would remove"))
-    items.append(_finish_root(lexical, real_root, gone, dry_run))
+    counted = sum(
+        int(i.get("bytes") or 0)
+        for i in items
+        if i.get("fate") == "would remove" and procid.is_below(str(i["path"]), real_root)
+    )
+    items.append(_finish_root(lexical, real_root, gone, dry_run, counted))
     remaining = [] if dry_run else verify(lexical, real_root, found["run_ids"])
     freed = sum(int(i.get("bytes") or 0) for i in items if i.get("fate") == "removed")
     would = sum(int(i.get("bytes") or 0) for i in items if i.get("fate") == "would remove")
@@ -313,7 +319,9 @@ def only_agents(real_root: str) -> Optional[Dict[str, Any]]:
     return {"kind": "root", "adopted": "it holds only remotemac's agent"}
 
 
-def _finish_root(lexical: str, real_root: str, gone: Any, dry_run: bool) -> Dict[str, Any]:
+def _finish_root(
+    lexical: str, real_root: str, gone: Any, dry_run: bool, counted: int = 0
+) -> Dict[str, Any]:
     """Remove the root when nothing but remotemac's own entries is left in it.
 
     ``gone``: paths removed (or, in a dry run, that would be). Empty containers
@@ -356,8 +364,8 @@ def _finish_root(lexical: str, real_root: str, gone: Any, dry_run: bool) -> Dict
             % (len(foreign), "y" if len(foreign) == 1 else "ies", shown, more),
         )
     size, _count = tree_size(real_root)
-    if dry_run:
-        return dict(item, fate="would remove", bytes=size)
+    if dry_run:  # its runs and envs are listed with their own bytes: count them once
+        return dict(item, fate="would remove", bytes=max(0, size - counted))
     try:
         fd = safefs.open_path(real_root)
     except (safefs.NotOurs, OSError) as exc:
@@ -483,6 +491,17 @@ def verify(lexical: str, real_root: str, run_ids: List[str]) -> List[Dict[str, s
             left.append({"kind": "tmux", "path": session["name"], "why": "still running"})
     for job in deadman.find_jobs([lexical, real_root]):
         left.append({"kind": "deadman", "path": job["what"], "why": "still scheduled"})
+    agents = [os.path.join(r, "agent") for r in (real_root, lexical)]
+    for pid in strays_naming([real_root, lexical]):
+        if any(procid.names_path(procid.cmdline(pid), a) for a in agents):
+            continue  # remotemac's own agent on a link (this one's resident): ends with it
+        left.append(
+            {
+                "kind": "process",
+                "path": "%s (%s)" % (pid, procid.cmdline(pid)[:120]),
+                "why": "still running: its command line names remote_root",
+            }
+        )
     return left
 
 
@@ -500,6 +519,13 @@ def op_claim_root(req: Dict[str, Any]) -> Dict[str, Any]:
         lexical, real_root = check_root(req["root"])
     except UnsafeRoot as exc:
         return {"refused": str(exc)}
+    outer = _enclosing_root(real_root)
+    if outer is not None:
+        return {
+            "refused": "%s is inside remotemac's remote_root %s (a cleanup of either would "
+            "leave the other half-removed): use %s itself, or a directory outside it"
+            % (lexical, outer, outer)
+        }
     parent = os.path.dirname(real_root)
     try:
         if not os.path.isdir(parent):
@@ -518,6 +544,24 @@ def op_claim_root(req: Dict[str, Any]) -> Dict[str, Any]:
         "root_id": marker.get("root_id"),
         "created": created,
     }
+
+
+def _enclosing_root(real_root: str) -> Optional[str]:
+    """The remotemac root (a directory whose own marker says ``root``) above
+    ``real_root``, if any."""
+    here = os.path.dirname(real_root)
+    while True:
+        marker = safefs.marker_of(here)
+        if marker is not None and marker.get("kind") == "root":
+            try:
+                if safefs.marker_is_bound(marker, os.stat(here)):
+                    return here
+            except OSError:
+                pass
+        up = os.path.dirname(here)
+        if up == here:
+            return None
+        here = up
 
 
 def _host_facts() -> Dict[str, Any]:

@@ -98,6 +98,11 @@ import sys
 import threading
 from typing import Any, BinaryIO, Dict, Iterator, List, Optional, Tuple
 
+try:  # a sibling on the host (or preloaded by the in-memory bootstrap)
+    from agentutil import pid_alive
+except ImportError:  # imported as remotemac.agent.dataops (the laptop, tests)
+    from remotemac.agent.agentutil import pid_alive
+
 try:  # a sibling on the host
     from writebehind import WriteBehind
 except ImportError:  # imported as remotemac.agent.dataops (the laptop, tests)
@@ -272,12 +277,8 @@ def _alive(pid: Any, wait: float = 0.0) -> bool:
         return False
     deadline = time.monotonic() + wait
     while True:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
+        if not pid_alive(pid):  # gone, or a zombie: its part files are debris
             return False
-        except PermissionError:
-            pass
         if time.monotonic() >= deadline:
             return True
         time.sleep(0.05)

@@ -13,6 +13,7 @@ if the laptop's journal is gone.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import json
@@ -488,12 +489,24 @@ OPS["find_python"] = _lazy("pythons", "op_find_python")
 OPS["bring"] = _lazy("bring", "op_bring")
 
 
+#: a full disk or quota: the host's environment (exit 6), not an agent bug
+_NO_SPACE = (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC))
+
+
 def error_answer(exc: BaseException) -> dict[str, Any]:
     """One line for the laptop. An exception's own ``code`` (and pip's ``tail``) travels
     along; a missing module is the host's environment, not remotemac's bug."""
     code = getattr(exc, "code", None)
     if isinstance(code, str) and code:
         answer: dict[str, Any] = {"ok": False, "error": str(exc), "code": code}
+    elif isinstance(exc, OSError) and exc.errno in _NO_SPACE:
+        where = " writing %s" % exc.filename if exc.filename else ""
+        answer = {
+            "ok": False,
+            "error": "the host's disk is full (%s)%s: free some space on the host or "
+            "choose another remote_root" % (exc.strerror or "no space left", where),
+            "code": "no-space",
+        }
     else:
         answer = {
             "ok": False,

@@ -119,6 +119,27 @@ def same_start(pid: Any, recorded: Any) -> bool:
         return False
 
 
+def started_since(pid: Any, recorded: Any) -> bool:
+    """Did the live ``pid`` start at or after the start identity ``recorded`` (a runner's)?
+    A process that names a run's directory and started after its runner is the job's
+    (a daemon it left in a new session), not one that was there before."""
+    now = identity(pid)
+    if now is None or not isinstance(recorded, dict):
+        return False
+    if "start" in recorded and "start" in now:
+        mine, theirs = str(recorded["start"]).split(":"), str(now["start"]).split(":")
+        if len(mine) != 3 or len(theirs) != 3 or mine[:2] != theirs[:2]:
+            return False  # another boot, another kind of host
+        try:
+            return int(theirs[2]) >= int(mine[2])
+        except ValueError:
+            return False
+    try:
+        return float(now["start_s"]) >= float(recorded["start_s"]) - ETIME_SLACK_S
+    except (KeyError, TypeError, ValueError):
+        return False
+
+
 def argv_of(pid: Any) -> List[str]:
     """The command line as a list ([] when gone): /proc on Linux, ``ps`` elsewhere
     (``ps`` loses the argument boundaries; words are split on blanks)."""

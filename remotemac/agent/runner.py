@@ -468,7 +468,9 @@ def _has_torch_files(out_dir: str, patterns: list[str]) -> bool:
 def _launch_next(spec: dict[str, Any], state: str) -> None:
     """Start the next device's job on the host itself, so the chain needs no laptop."""
     nxt = spec.get("next")
-    if not nxt or state in ("stopped", "storage-limit"):
+    if not nxt or state != "finished":
+        # a reference that failed, timed out or was stopped: the target's result would
+        # be compared with nothing; the laptop records it "not launched" and says why
         return
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import hostagent

@@ -140,7 +140,8 @@ def write_marker(dir_fd: int, info: Dict[str, Any], exclusive: bool = False) -> 
     root at once): the tmp file is hard-linked into place, which fails when the
     name exists, and the marker that won is returned.
     """
-    data = dict(info, created_at=time.time(), pid=os.getpid())
+    # the directory's inode binds the marker to it: a copy of the file elsewhere is no claim
+    data = dict(info, created_at=time.time(), pid=os.getpid(), dir_ino=os.fstat(dir_fd).st_ino)
     # pid and thread: the resident agent marks from several threads of one process
     tmp = "%s.tmp-%d-%d" % (MARKER, os.getpid(), threading.get_ident())
     fd = os.open(
@@ -354,6 +355,7 @@ def ensure_owned_dir(path: str, info: Dict[str, Any]) -> Tuple[Dict[str, Any], b
     try:
         marker = read_marker(fd)
         if marker is not None:
+            _check_bound(path, marker, os.fstat(fd))
             _check_marker(path, marker, info)
             return marker, False
         # the marker itself may appear now: a concurrent claim of the same new root won
@@ -369,6 +371,21 @@ def ensure_owned_dir(path: str, info: Dict[str, Any]) -> Tuple[Dict[str, Any], b
         return marker, created
     finally:
         os.close(fd)
+
+
+def marker_is_bound(marker: Dict[str, Any], st: os.stat_result) -> bool:
+    """Was ``marker`` written in the directory ``st`` describes? A marker from before
+    markers named their directory (no ``dir_ino``) is taken as it is."""
+    ino = marker.get("dir_ino")
+    return ino is None or ino == st.st_ino
+
+
+def _check_bound(path: str, marker: Dict[str, Any], st: os.stat_result) -> None:
+    if not marker_is_bound(marker, st):
+        raise NotOurs(
+            "%s holds a %s marker copied from another directory (it names another "
+            "inode): it is not remotemac's" % (path, MARKER)
+        )
 
 
 def _check_marker(path: str, marker: Dict[str, Any], info: Dict[str, Any]) -> None:

@@ -31,7 +31,7 @@ import re
 import stat
 import sys
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Set, Tuple
 
 _HERE = os.path.dirname(os.path.abspath(globals().get("__file__") or "."))
 if _HERE not in sys.path:
@@ -39,6 +39,7 @@ if _HERE not in sys.path:
 
 import deadman  # noqa: E402
 import procid  # noqa: E402
+import proctree  # noqa: E402
 import ramstore  # noqa: E402
 import safefs  # noqa: E402
 import specscrub  # noqa: E402
@@ -339,6 +340,77 @@ def stop_run_processes(
                     stopped.append("process:%s" % child)
             else:
                 left.append("process:%s (left alone: %s)" % (child, why))
+    stopped += stop_strays(dirs, statuses, steps)
+    return stopped
+
+
+def own_lineage(table: proctree.Table) -> Set[int]:
+    """This process and its ancestors (the agent, its shell, on ``local`` the laptop's
+    remotemac): their command lines may name the root, they are never strays."""
+    mine: Set[int] = set()
+    pid = os.getpid()
+    while pid > 1 and pid not in mine:
+        mine.add(pid)
+        pid = table.get(pid, (0, None, 0))[0]
+    return mine
+
+
+def strays_naming(paths: List[str], table: Optional[proctree.Table] = None) -> List[int]:
+    """Live processes (not zombies, not tmux, not this agent's lineage) whose command
+    line names one of ``paths``."""
+    table = proctree.process_table() if table is None else table
+    skip = own_lineage(table)
+    found = []
+    for pid in sorted(table):
+        if pid in skip or pid <= 1:
+            continue
+        argv = procid.argv_of(pid)
+        if not argv or os.path.basename(argv[0]).startswith("tmux"):
+            continue  # a tmux server keeps its first client's argv: never a stray
+        line = " ".join(argv)
+        if any(procid.names_path(line, p) for p in paths) and _same_user(pid):
+            found.append(pid)
+    return found
+
+
+def _same_user(pid: int) -> bool:
+    """A live process of this agent's user (only those could be the job's; another
+    user's, e.g. the laptop's own remotemac on a shared machine, is not)."""
+    try:
+        os.kill(pid, 0)
+    except OSError:
+        return False  # gone, or another user's (EPERM)
+    try:
+        if os.stat("/proc/%d" % pid).st_uid != os.getuid():
+            return False
+    except OSError:
+        pass  # no /proc (macOS): kill's permission check is the test
+    return pid_alive(pid)
+
+
+def stop_strays(
+    dirs: List[str], statuses: List[Dict[str, Any]], steps: List[Dict[str, Any]]
+) -> List[str]:
+    """Stop what the job left running outside its process group: a daemon started in a
+    new session (``setsid``, a double fork) whose argv names the run's ``out/`` dir.
+
+    Only a process that started after the run's first runner (a recorded start
+    identity) and names the run's own output dir is the job's; a runner is left to
+    :func:`stop_run_processes` and its ownership checks.
+    """
+    starts = [s.get("runner_start") for s in statuses if isinstance(s.get("runner_start"), dict)]
+    if not starts:
+        return []  # no recorded start: no evidence that anything is the job's
+    outs = [os.path.join(d, "out") for d in dirs]
+    stopped = []
+    for pid in strays_naming(outs):
+        if "runner.py" in procid.cmdline(pid):
+            continue
+        if not any(procid.started_since(pid, start) for start in starts):
+            continue  # there before the run: not the job's
+        start = procid.identity(pid)
+        if start is not None and terminate(pid, steps, start=start):
+            stopped.append("process:%s" % pid)
     return stopped
 
 

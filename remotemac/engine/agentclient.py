@@ -24,9 +24,10 @@ DEFAULT_AGENT_PYTHON = "python3"
 ENV_AGENT_PYTHON = "REMOTEMAC_AGENT_PYTHON"
 #: ``1``: one ``hostagent.py OP`` process per call instead of the resident agent
 ENV_ONESHOT = "REMOTEMAC_AGENT_ONESHOT"
-#: agent error codes that mean "the host's environment lacks something" (exit 6)
+#: agent error codes that mean "the host's environment lacks something" (exit 6):
+#: disk space too ("no-space": the link is fine, retrying will not help; was exit 3)
 HOST_ENV_CODES = frozenset(
-    {"host-env", "env-failed", "no-python", "missing-module", "runtime-failed"}
+    {"host-env", "env-failed", "no-python", "missing-module", "runtime-failed", "no-space"}
 )
 
 

@@ -40,6 +40,7 @@ IN_MEMORY_ORDER: tuple[str, ...] = (
     "hostfacts",  # doctor: facts; imports no sibling, so it travels alone
     "pythons",  # doctor: which Python the workload gets; imports no sibling
     "procid",
+    "proctree",  # wipeops: the process table, for a job's daemons in a new session
     "agentutil",
     "safefs",
     "ramstore",

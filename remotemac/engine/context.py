@@ -84,6 +84,8 @@ class RunContext:
     slice_bytes: Any = None
     #: host key -> why it could not be reached (``remotemac wipe`` goes on without it)
     unreachable: dict[str, str] = field(default_factory=dict)
+    #: one run of a fleet (its summary and record name the run, even one never reached)
+    in_fleet: bool = False
 
     def emit(self, event: Event) -> None:
         self.bus.emit(event)

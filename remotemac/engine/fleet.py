@@ -45,7 +45,7 @@ from remotemac.errors import (
 )
 from remotemac.events import Event, EventBus, PhaseFinished, Warning
 from remotemac.journal import Journal, new_run_id
-from remotemac.playbook import Playbook
+from remotemac.playbook import MAX_HOSTS, Playbook
 from remotemac.transport.options import SSHOptions
 from remotemac.units import iso_utc
 
@@ -160,6 +160,8 @@ def plan_runs(
         raise BadInput("the fleet has no hosts", hint="give --hosts, hosts: or an inventory")
     if len(set(hosts)) != len(hosts):
         raise BadInput("a host appears twice in the fleet")
+    if len(hosts) > MAX_HOSTS:
+        raise BadInput(f"{len(hosts)} hosts: a fleet has at most {MAX_HOSTS} hosts")
     runs = []
     combos = variants(playbook.matrix)
     pairs = (

@@ -21,6 +21,7 @@ group vars. Unknown keys are errors with a "did you mean", as in the playbook.
 from __future__ import annotations
 
 import difflib
+import re
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -30,8 +31,18 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from remotemac.errors import BadInput
-from remotemac.playbook import check_host, check_remote_root
-from remotemac.userfiles import read_user_file, yaml_error_where
+from remotemac.playbook import MAX_HOSTS, check_host, check_remote_root
+from remotemac.userfiles import BoundedLoader, read_user_file, yaml_error_where
+
+#: a group or host name an error may quote: anything else may be a secret file's content
+_QUOTABLE = re.compile(r"[A-Za-z0-9_.@:\[\]-]{1,80}")
+
+
+def _shown(name: Any, what: str, index: int) -> str:
+    """``name`` when it looks like a name; else its position, never its text (an
+    ``--inventory /etc/shadow`` must not print a password hash)."""
+    text = str(name)
+    return text if _QUOTABLE.fullmatch(text) and "$" not in text else f"{what} #{index + 1}"
 
 
 class HostVars(BaseModel):
@@ -89,7 +100,7 @@ def load_inventory(path: str | Path) -> Inventory:
 
 def parse_inventory(text: str, source: str = "<inventory>") -> Inventory:
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=BoundedLoader)  # noqa: S506 - a safe loader
     except yaml.YAMLError as exc:
         raise BadInput(f"{yaml_error_where(exc, source)}: bad YAML in inventory") from None
     if not isinstance(data, dict) or not data:
@@ -99,11 +110,21 @@ def parse_inventory(text: str, source: str = "<inventory>") -> Inventory:
         )
     inv = Inventory(source=source)
     host_raw: dict[str, dict[str, Any]] = {}
-    for group, body in data.items():
-        where = f"{source}: {group}"
+    for number, (group, body) in enumerate(data.items()):
+        where = f"{source}: {_shown(group, 'group', number)}"
         hosts, group_vars = _group(body, where)
         inv.groups[str(group)] = []
-        for host, own in hosts.items():
+        if len(host_raw.keys() | hosts.keys()) > MAX_HOSTS:  # before checking each one
+            raise BadInput(
+                f"{source}: {_count_hosts(data)} hosts in the inventory: a fleet has at most "
+                f"{MAX_HOSTS} hosts"
+            )
+        for index, (host, own) in enumerate(hosts.items()):
+            if not _QUOTABLE.fullmatch(host) or "$" in host:
+                raise BadInput(
+                    f"{where}.hosts: host #{index + 1} is not a host name "
+                    "(write an ssh alias or user@host:port)"
+                )
             try:
                 check_host(host)
             except ValueError as exc:
@@ -116,7 +137,7 @@ def parse_inventory(text: str, source: str = "<inventory>") -> Inventory:
             inv.vars[host] = HostVars.model_validate(raw)
         except ValidationError as exc:
             err = exc.errors()[0]
-            key = ".".join(str(p) for p in err["loc"])
+            key = ".".join(_shown(p, "key", 0) for p in err["loc"])
             msg = err["msg"].removeprefix("Value error, ")
             if err["type"] == "extra_forbidden":
                 guess = difflib.get_close_matches(key, list(HostVars.model_fields), n=1)
@@ -127,6 +148,16 @@ def parse_inventory(text: str, source: str = "<inventory>") -> Inventory:
                 )
             raise BadInput(f"{source}: host {host}: {key}: {msg}") from None
     return inv
+
+
+def _count_hosts(data: dict[Any, Any]) -> int:
+    """How many hosts the inventory lists (for the refusal's line; each counted once)."""
+    names: set[str] = set()
+    for body in data.values():
+        raw = body.get("hosts") if isinstance(body, dict) else body
+        if isinstance(raw, (list, dict)):
+            names.update(str(h if not isinstance(h, dict) else next(iter(h), "")) for h in raw)
+    return len(names)
 
 
 def _group(body: Any, where: str) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:

@@ -29,6 +29,7 @@ from remotemac.engine.hosts import open_transport
 from remotemac.engine.ledger import Ledger
 from remotemac.engine.phaseresults import LaunchResult, PhaseResult, ProvisionResult, as_dict
 from remotemac.engine.pool import TransportPool
+from remotemac.engine.runs import remove_made_dirs
 from remotemac.errors import (
     EXIT_ACCEPTED,
     EXIT_INTERRUPTED,
@@ -105,6 +106,7 @@ def build_context(
         hosts=hosts,
         sides=sides,
         ledger=ledger,
+        in_fleet=pool is not None,
     )
     # the engine counts link drops itself, so every front end's record has them
     from remotemac.engine.jobs import count_connection_events
@@ -141,13 +143,82 @@ def name_phase(exc: RemotemacError, phase: str) -> None:
     exc.args = (exc.message,)
 
 
+NOTHING_STARTED = "nothing was started (no run recorded, no output dir)"
+
+
+def make_out_dir(out_dir: Path) -> list[Path]:
+    """Create ``out_dir`` and its ``logs/``; the directories this call made, deepest first."""
+    made = [p for p in (out_dir / "logs", out_dir, *out_dir.parents) if not p.exists()]
+    (out_dir / "logs").mkdir(parents=True, exist_ok=True)
+    return made
+
+
+def forget_unreached(ctx: RunContext, done: dict[str, dict], made: list[Path]) -> bool:
+    """A new run whose host was never reached (a typo'd name, a port refused) leaves
+    nothing: no journal row (it would be ``latest``, listed, offered as a host) and no
+    output directory. A run resumed by ``attach``, or one of a fleet, keeps its row; so
+    does a host that answered but refused (a changed key, a login): ``trust`` and retry."""
+    if done or ctx.in_fleet:
+        return False
+    ctx.journal.forget_run(ctx.run_id)
+    remove_made_dirs(made)  # the caller removes the dirs it made (the CLI's --out)
+    return True
+
+
+#: a side's launch/follow result when it was not started (the reference failed)
+NOT_LAUNCHED = "not-launched"
+
+
+def reference_failed(ctx: RunContext) -> str | None:
+    """Why the sides after the reference are not launched: the reference's job did not
+    finish (a typo'd script, a timeout, a stop): a target result would be compared with
+    nothing, and the rented hours would be spent on a meaningless run."""
+    if ctx.side("reference") is None:
+        return None
+    follow = ctx.results.get(follow_key("reference").name) or {}
+    state = follow.get("state")
+    if state in (None, "finished", NOT_LAUNCHED):
+        return None
+    word = "failed" if state == "failed" else f"ended {state}"
+    return f"the reference {word} (exit {follow.get('exit_code')})"
+
+
+def skip_side(ctx: RunContext, name: str, why: str) -> None:
+    """Record ``name`` (launch/follow of a side after the reference) as not launched."""
+    summary = f"not launched: {why}"
+    result = {"state": NOT_LAUNCHED, "exit_code": None, "lines": 0, "summary": summary}
+    ctx.journal.start_phase(ctx.run_id, name)
+    ctx.journal.finish_phase(ctx.run_id, name, result)
+    ctx.results[name] = result
+    ctx.emit(PhaseFinished(ctx.run_id, phase=name, skipped=True, detail=summary))
+
+
+def not_accepted_reason(ctx: RunContext) -> str:
+    """The run's first stopping condition, or why it is incomplete: the last line says
+    why, not only where the record is."""
+    record = ctx.results.get("record") or {}
+    for cond in record.get("conditions") or []:
+        detail = str(cond.get("detail") or cond.get("code") or "")
+        if detail.startswith("reference job ") and reference_failed(ctx):
+            # "the reference failed (exit 2): python3: can't open file …"
+            rest = detail.partition(": ")[2]
+            detail = f"{reference_failed(ctx)}" + (f": {rest}" if rest else "")
+        if detail:
+            return detail if len(detail) <= 300 else detail[:297] + "..."
+    return str((ctx.results.get("compare") or {}).get("summary") or "")
+
+
 def phase_ok(key: PhaseKey, result: dict) -> bool:
     """A follow phase whose job failed, timed out or was stopped is shown as failed; so
     is a compare that found a file outside tolerance ("✓ 0/2 within" read as a pass)."""
     if key.phase is Phase.FOLLOW:
         return result.get("state") in (None, "finished")
-    if key.phase is Phase.COMPARE and result.get("within_tolerance") is False:
+    if key.phase is Phase.COMPARE and (
+        result.get("within_tolerance") is False or result.get("nothing_compared")
+    ):
         return False
+    if key.phase is Phase.RECORD and result.get("verdict", "accepted") != "accepted":
+        return False  # "✓ record rejected" read as a pass
     return result.get("ok", True) is not False
 
 
@@ -189,8 +260,7 @@ async def _run_pipeline(ctx: RunContext) -> int:
     }
     follows = [k.name for k in phase_keys(ctx) if k.phase is Phase.FOLLOW]
     refuse_wiped_before_the_end(ctx.run_id, done, follows)
-    ctx.out_dir.mkdir(parents=True, exist_ok=True)
-    (ctx.out_dir / "logs").mkdir(exist_ok=True)
+    made = make_out_dir(ctx.out_dir)
     ctx.journal.set_run_state(ctx.run_id, "running")
     for name, info in done.items():
         ctx.results[name] = info["result"]
@@ -213,6 +283,10 @@ async def _run_pipeline(ctx: RunContext) -> int:
                     for binding in ctx.hosts.values():
                         await reinstall_agent(ctx, binding)
                 ctx.emit(PhaseFinished(ctx.run_id, phase=name, skipped=True, detail="already done"))
+                continue
+            why_not = reference_failed(ctx) if key.role not in (None, "reference") else None
+            if why_not is not None and key.phase in (Phase.LAUNCH, Phase.FOLLOW):
+                skip_side(ctx, name, why_not)
                 continue
             step = _PHASES[key.phase]
             ctx.emit(PhaseStarted(ctx.run_id, phase=name))
@@ -290,6 +364,8 @@ async def _run_pipeline(ctx: RunContext) -> int:
         if current == "connect" and not launched:
             # never reached (a host name that does not resolve, a port refused) and no
             # job launched: a failed run; nothing keeps running to attach to
+            if forget_unreached(ctx, done, made):
+                raise HostError(f"{exc.message}; {NOTHING_STARTED}", hint=exc.hint) from exc
             ctx.journal.set_run_state(
                 ctx.run_id,
                 "failed",
@@ -328,6 +404,7 @@ async def _run_pipeline(ctx: RunContext) -> int:
             exit_code=code,
             out_dir=str(ctx.out_dir),
             detail=str(ctx.out_dir / "acceptance.md"),
+            reason="" if verdict == "accepted" else not_accepted_reason(ctx),
         )
     )
     return code

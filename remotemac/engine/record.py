@@ -29,11 +29,19 @@ def compare_results(ctx: RunContext) -> dict[str, Any]:
             "files": [],
             "summary": "no reference to compare with",
         }
+    elif (ctx.results.get(follow_key(tgt.role).name) or {}).get("state") == "not-launched":
+        outcome = {
+            "within_tolerance": None,
+            "files": [],
+            "nothing_compared": True,
+            "summary": "nothing to compare: the target was not launched (the reference failed)",
+        }
     elif not _any_file(results / ref.label) and not _any_file(results / tgt.label):
         # nothing to compare is no evidence either way: incomplete, never "rejected"
         outcome = {
             "within_tolerance": None,
             "files": [],
+            "nothing_compared": True,
             "summary": "nothing to compare: neither side wrote a file under "
             "{output_dir} (outputs.path: "
             f"{ctx.playbook.outputs.path})",
@@ -199,7 +207,7 @@ def _observations(ctx: RunContext) -> tuple[dict[str, Any], list[dict[str, Any]]
                     f"was full: {follow.get('reason')}",
                 }
             )
-        elif follow and follow.get("state") != "finished":
+        elif follow and follow.get("state") not in ("finished", "not-launched"):
             line = last_error_line(logs / f"{side.label}.log")
             conditions.append(
                 {

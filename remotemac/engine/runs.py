@@ -6,6 +6,7 @@ and ``attach`` rebuilds exactly the playbook the run started with.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from pathlib import Path
@@ -169,6 +170,15 @@ def _claim(out_dir: Path, run_id: str) -> bool:
 
 
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+
+
+def remove_made_dirs(made: list[Path]) -> None:
+    """Remove the directories a run made (deepest first), each only while empty: a run
+    forgotten because its host was never reached leaves no ``./runs/<id>/``."""
+    for path in made:
+        with contextlib.suppress(OSError):
+            (path / OUT_CLAIM).unlink(missing_ok=True)  # this run's own --out claim
+            path.rmdir()
 
 
 def shown_state(journal: Journal, row: RunRow) -> str:
