@@ -218,6 +218,10 @@ class MacHost:
                 continue
             text = src.read_text()
             first, _, rest = text.partition("\n")
+            # bound over /bin/ps too: find _standin.py by this host's bin dir, not __file__
+            rest = rest.replace(
+                "os.path.dirname(os.path.abspath(__file__))", repr(str(self.bin)), 1
+            )
             (self.bin / src.name).write_text(f"#!{MAC_PYTHON} -S\n{rest}")
         scenario = macos / "shims" / "scenarios" / SCENARIO
         for name in REPLAYED:
@@ -539,13 +543,16 @@ def _replace_dev() -> None:
     """/dev as a tmpfs holding the nodes a session needs, so RAM disks get /dev/diskN."""
     _mount(["--rbind", "/dev", str(MAC_DEVSTASH)])
     _mount(["-t", "tmpfs", "-o", "mode=755,size=1m", "maclab-dev", "/dev"])
-    for name in ("null", "zero", "full", "random", "urandom", "tty", "ptmx", "fuse"):
+    for name in ("null", "zero", "full", "random", "urandom", "tty", "fuse"):
         (Path("/dev") / name).touch()
         _mount(["--bind", str(MAC_DEVSTASH / name), f"/dev/{name}"])
-    for name in ("pts", "shm"):
-        (Path("/dev") / name).mkdir()
-        _mount(["--rbind", str(MAC_DEVSTASH / name), f"/dev/{name}"])
+    Path("/dev/shm").mkdir()
+    _mount(["--rbind", str(MAC_DEVSTASH / "shm"), "/dev/shm"])
+    # a devpts of its own: /dev/ptmx finds its instance as the sibling "pts" of itself
+    Path("/dev/pts").mkdir()
+    _mount(["-t", "devpts", "-o", "newinstance,ptmxmode=0666,mode=620", "devpts", "/dev/pts"])
     for name, target in (
+        ("ptmx", "pts/ptmx"),
         ("fd", "/proc/self/fd"),
         ("stdin", "/proc/self/fd/0"),
         ("stdout", "/proc/self/fd/1"),

@@ -1,0 +1,142 @@
+"""Simulation: whole runs over the Mac-shaped lab host (tests/harness/maclab.py).
+
+The host is a real OpenSSH sshd whose login sees what a rented Mac shows: an HFS+-rules
+home and RAM disk (case-insensitive, NFD, 1-second times; a FUSE loopback), no /proc,
+BSD ``ps``, a forking ``caffeinate``, launchd as an SSH-only session has it, ``python3``
+= a bare 3.9, and the agent on its darwin branches. Only a real Mac settles
+DiskArbitration, privacy permissions, real launchd, code signing and MPS itself.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import os
+import unicodedata
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.conftest import REPO
+from tests.test_detached_ssh import local_lines
+from tests.test_faults_sshd import cut_run
+from tests.test_resident_sshd import LabHost
+
+pytestmark = pytest.mark.timeout(600)
+
+TRAINER = REPO / "tests" / "fixtures" / "projects" / "trainer"
+ODD_NAMES = ("café.csv", "naïve/ü.npy")
+
+
+@pytest.fixture
+def mac_host(mac_sshd_factory, ssh_env, fault_proxy) -> LabHost:
+    server = mac_sshd_factory()
+    proxy = fault_proxy(server)
+    home, cfg, alias = ssh_env(
+        server,
+        proxy,
+        extra={"ServerAliveInterval": "1", "ServerAliveCountMax": "3", "ConnectTimeout": "5"},
+    )
+    return LabHost(home, cfg, alias, server.home / "root", str(server.tmux_dir), server, proxy)
+
+
+def nfc(name: str) -> str:
+    return unicodedata.normalize("NFC", name)
+
+
+def make_slice(root: Path, names: tuple[str, ...], *, small: int) -> int:
+    """``names`` (NFC, as a Linux laptop's disk gives them) plus ``small`` 4 KiB shards and
+    MANIFEST.json with every file's size and SHA-256; returns the file count."""
+    manifest: dict[str, Any] = {}
+
+    def put(rel: str, size: int) -> None:
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        data = os.urandom(size)
+        path.write_bytes(data)
+        manifest[rel] = {"size": size, "sha256": hashlib.sha256(data).hexdigest()}
+
+    for name in names:
+        put(nfc(name), 3000)
+    for i in range(small):
+        put(f"shards/{i // 50:02d}/shard-{i:04d}.bin", 4096)
+    (root / "MANIFEST.json").write_text(json.dumps(manifest, sort_keys=True, ensure_ascii=False))
+    return len(manifest) + 1
+
+
+def playbook(host: LabHost, path: Path, data: Path, *, root: str | None = None) -> Path:
+    doc = {
+        "name": "mac-trainer",
+        "host": host.alias,
+        "remote_root": root or str(host.root),
+        "project": {"path": str(TRAINER)},
+        "environment": {"python": "python3", "venv": False},
+        "data": {
+            "path": str(data),
+            "classification": "sensitive",
+            "approved_for_remote": True,
+        },
+        "workload": {
+            "command": "cd src && python3 train.py --device {device} --data {data_dir} "
+            "--out {output_dir} --steps 200 --seconds 2",
+            "reference": {"device": "cpu"},
+            "target": {"device": "cpu"},
+            "timeout": "10m",
+        },
+        "outputs": {"path": ".", "compare": [{"file": "metrics.json", "keys": ["final_loss"]}]},
+        "stop_when": {"memory_growth": False},
+        "wipe": "after_pull",
+        "wipe_deadline": (
+            datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(hours=1)
+        ).isoformat(timespec="seconds"),
+    }
+    path.write_text(yaml.safe_dump(doc, sort_keys=False, allow_unicode=True))
+    return path
+
+
+def ledger(out: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (out / "ledger.jsonl").read_text().splitlines()]
+
+
+def test_mac_host_sensitive_slice_with_nfd_names_cut_mid_sync_reaches_the_job_whole(
+    mac_host: LabHost, tmp_path: Path
+):
+    """Simulation: a sensitive slice with café.csv, naïve/ü.npy and 200 shards goes to the
+    HFS+-rules RAM disk through cuts of the link while it syncs; the job reads every file
+    with the bytes of the manifest, the darwin tools ran (hdiutil, diskutil, caffeinate,
+    ps) and nothing read /proc, and the wipe leaves no volume."""
+    data = tmp_path / "slice"
+    files = make_slice(data, ODD_NAMES, small=200)
+    pb = playbook(mac_host, tmp_path / "pb.yaml", data)
+    out = tmp_path / "out"
+    ctx, code, cutter = cut_run(mac_host, pb, out, phase="sync", step=40, unit="verified")
+    assert cutter.during("sync"), cutter.cuts
+    (synced,) = ctx.results["sync"]["hosts"].values()
+    assert synced["files"] == files, synced
+    lines = local_lines(out, "cpu")
+    assert any(line.startswith(f"data: {files - 1} files,") for line in lines), lines
+    assert "every sha256 matches" in next(ln for ln in lines if ln.startswith("data:")), lines
+    record = ctx.results["record"]
+    # the trainer is stdlib only: no torch observed, so the verdict is "incomplete";
+    # the results compared, as in a clean run
+    assert record["verdict"] == "incomplete", record["verdict"]
+    assert "1 of 1 files within tolerance" in (out / "acceptance.md").read_text()
+    commands = [e["command"] for e in ledger(out) if e.get("via") == "agent"]
+    # (the RAM disk was made by a session the cuts ended: its steps are in the
+    # symlinked-root test's ledger, a run nobody cuts)
+    for tool in (
+        "launchctl bootstrap gui/",
+        "launchctl bootstrap user/",
+        "hdiutil detach",
+    ):
+        assert any(tool in c for c in commands), (tool, commands)
+    assert not any("/proc" in c for c in commands), commands
+    server = mac_host.sshd
+    state = server.mac.state  # type: ignore[attr-defined]
+    assert (state / "caffeinate.log").read_text().count('"argv"') >= 1
+    ps_calls = [json.loads(x)["argv"] for x in (state / "ps.log").read_text().splitlines()]
+    assert ["-A", "-o", "pid=,ppid=,rss="] in ps_calls, ps_calls[:5]
+    assert server.run_as_user(["ls", "/Volumes"]).stdout.strip() == ""
