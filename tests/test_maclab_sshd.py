@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.conftest import REPO
+from tests.conftest import REPO, remotemac
 from tests.test_detached_ssh import local_lines
 from tests.test_faults_sshd import cut_run
 from tests.test_resident_sshd import LabHost
@@ -140,3 +140,31 @@ def test_mac_host_sensitive_slice_with_nfd_names_cut_mid_sync_reaches_the_job_wh
     ps_calls = [json.loads(x)["argv"] for x in (state / "ps.log").read_text().splitlines()]
     assert ["-A", "-o", "pid=,ppid=,rss="] in ps_calls, ps_calls[:5]
     assert server.run_as_user(["ls", "/Volumes"]).stdout.strip() == ""
+
+
+def test_mac_host_slice_with_a_csv_and_A_csv_is_refused_in_one_line_before_anything_moves(
+    mac_host: LabHost, tmp_path: Path
+):
+    """Simulation: on a Mac ``A.csv`` and ``a.csv`` are one file (the second overwrote the
+    first, or the run was accepted without its bytes): the laptop refuses the slice with
+    one line naming both, exit 2, and nothing reaches the host."""
+    data = tmp_path / "slice"
+    make_slice(data, ("A.csv", "a.csv"), small=3)
+    pb = playbook(mac_host, tmp_path / "pb.yaml", data)
+    proc = remotemac(
+        "--home",
+        str(mac_host.home),
+        "--ssh-config",
+        str(mac_host.ssh_config),
+        "run",
+        str(pb),
+        "--out",
+        str(tmp_path / "out"),
+        timeout=120,
+    )
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("remotemac: error: "), proc.stderr
+    assert "'A.csv' and 'a.csv' are one file on a Mac" in lines[0], lines
+    listing = mac_host.sshd.run_as_user(["ls", "-A", str(mac_host.sshd.home)])  # type: ignore[attr-defined]
+    assert "root" not in listing.stdout.split(), listing.stdout
