@@ -168,3 +168,55 @@ def test_mac_host_slice_with_a_csv_and_A_csv_is_refused_in_one_line_before_anyth
     assert "'A.csv' and 'a.csv' are one file on a Mac" in lines[0], lines
     listing = mac_host.sshd.run_as_user(["ls", "-A", str(mac_host.sshd.home)])  # type: ignore[attr-defined]
     assert "root" not in listing.stdout.split(), listing.stdout
+
+
+def _cli(host: LabHost, *args: str, timeout: float = 240):
+    return remotemac(
+        "--home", str(host.home), "--ssh-config", str(host.ssh_config), *args, timeout=timeout
+    )
+
+
+def test_mac_host_remote_root_below_a_symlinked_dir_runs_and_cleanup_leaves_nothing(
+    mac_host: LabHost, tmp_path: Path
+):
+    """Simulation: ``~/tmp`` is a symlink to ``~/private/tmp`` as ``/tmp`` is on a Mac. A
+    remote_root below it is resolved once on the host and used by its real path: the run
+    ends as a clean run does, its ledger shows the RAM disk made with hdiutil and
+    diskutil, the record shows both forms, and cleanup leaves nothing in the target."""
+    server = mac_host.sshd
+    data = tmp_path / "slice"
+    files = make_slice(data, ODD_NAMES, small=5)
+    given = str(server.symlinked_dir / "rr")  # type: ignore[attr-defined]
+    pb = playbook(mac_host, tmp_path / "pb.yaml", data, root=given)
+    out = tmp_path / "out"
+    proc = _cli(mac_host, "run", str(pb), "--out", str(out))
+    assert proc.returncode == 1, proc.stdout + proc.stderr  # incomplete: no torch observed
+    assert json.loads((out / "acceptance.json").read_text())["verdict"] == "incomplete"
+    lines = local_lines(out, "cpu")
+    assert any(line.startswith(f"data: {files - 1} files,") for line in lines), lines
+    commands = [e["command"] for e in ledger(out) if e.get("via") == "agent"]
+    assert any(c.startswith("hdiutil attach -nobrowse -nomount ram://") for c in commands)
+    assert any(c.startswith("diskutil erasevolume HFS+ ") for c in commands), commands
+    real = str(server.home / "private" / "tmp" / "rr")  # type: ignore[attr-defined]
+    assert real in (out / "acceptance.json").read_text() or real in proc.stdout + proc.stderr
+    clean = _cli(mac_host, "cleanup", mac_host.alias, "--remote-root", given, "--yes")
+    assert clean.returncode == 0, clean.stdout + clean.stderr
+    left = server.run_as_user(["ls", "-A", str(server.home / "private" / "tmp")])  # type: ignore[attr-defined]
+    assert left.stdout.split() == [], left.stdout
+
+
+def test_mac_host_symlinked_remote_root_is_refused_with_exit_2_and_nothing_written(
+    mac_host: LabHost, tmp_path: Path
+):
+    """Simulation: a remote_root that is itself a symlink (``~/tmp``) would be provisioned
+    through the link (marker and agent/ in its target) and then refused: it is refused
+    first, exit 2, and its target stays empty."""
+    server = mac_host.sshd
+    data = tmp_path / "slice"
+    make_slice(data, (), small=2)
+    pb = playbook(mac_host, tmp_path / "pb.yaml", data, root=str(server.symlinked_dir))  # type: ignore[attr-defined]
+    proc = _cli(mac_host, "run", str(pb), "--out", str(tmp_path / "out"), timeout=120)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "is a symlink" in proc.stderr, proc.stderr
+    left = server.run_as_user(["ls", "-A", str(server.home / "private" / "tmp")])  # type: ignore[attr-defined]
+    assert left.stdout.split() == [], left.stdout
