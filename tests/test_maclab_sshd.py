@@ -138,7 +138,7 @@ def test_mac_host_sensitive_slice_with_nfd_names_cut_mid_sync_reaches_the_job_wh
     state = server.mac.state  # type: ignore[attr-defined]
     assert (state / "caffeinate.log").read_text().count('"argv"') >= 1
     ps_calls = [json.loads(x)["argv"] for x in (state / "ps.log").read_text().splitlines()]
-    assert ["-A", "-o", "pid=,ppid=,rss="] in ps_calls, ps_calls[:5]
+    assert ["-A", "-o", "pid=,ppid=,pgid=,rss="] in ps_calls, ps_calls[:5]
     assert server.run_as_user(["ls", "/Volumes"]).stdout.strip() == ""
 
 
