@@ -138,7 +138,14 @@ def remotemac_in_process(*args: str) -> subprocess.CompletedProcess:
 
 
 SSHD_FIXTURES = frozenset(
-    {"sshd", "sshd_factory", "fresh_host_lab", "host_torch_python", "client_key"}
+    {
+        "sshd",
+        "sshd_factory",
+        "fresh_host_lab",
+        "host_torch_python",
+        "client_key",
+        "mac_sshd_factory",
+    }
 )
 # Tests that run a workload end to end: the CLI or the TUI through a whole run, the
 # harness or preflight over real torch (a module, or a ``module::test-name`` prefix).
@@ -186,6 +193,7 @@ E2E: tuple[str, ...] = (
     "test_redact_records.py::test_show_secrets_keeps_them_in_the_records",
     "test_resident_sshd.py::test_3000_lines",
     "test_faults_sshd.py",
+    "test_maclab_sshd.py",
 )
 # Module-scoped fixtures that run whole workloads: a test using one is e2e too.
 E2E_FIXTURES: dict[str, frozenset[str]] = {

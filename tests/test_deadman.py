@@ -110,6 +110,9 @@ SHIM = textwrap.dedent('''\
         if sys.argv[2].startswith("gui/") and os.environ.get("SHIM_NO_GUI"):
             sys.stderr.write("Bootstrap failed: 125: Domain does not support specified action\\n")
             sys.exit(125)
+        if sys.argv[2].startswith("user/") and os.environ.get("SHIM_NO_USER"):
+            sys.stderr.write("Bootstrap failed: 5: Input/output error\\n")
+            sys.exit(5)
         with open(sys.argv[3], "rb") as fh:
             job = plistlib.load(fh)
         loaded[job["Label"]] = sys.argv[2]
@@ -117,6 +120,13 @@ SHIM = textwrap.dedent('''\
             subprocess.Popen(job["ProgramArguments"], start_new_session=True,
                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL)
+    elif cmd in ("load", "unload"):  # legacy: prints a failure, exits 0 (macos-facts)
+        sys.stderr.write("%s: Load failed: 5: Input/output error\\n" % sys.argv[-1])
+    elif cmd == "print":
+        domain, _, label = sys.argv[2].rpartition("/")
+        if loaded.get(label) != domain:
+            sys.exit(113)
+        sys.stdout.write("%s = {{\\n}}\\n" % sys.argv[2])
     elif cmd == "bootout":
         label = sys.argv[2].split("/", 2)[-1]
         if loaded.pop(label, None) is None:
@@ -255,3 +265,44 @@ def test_parse_launchctl_list_recorded_sample():
     assert "com.apple.Finder" in labels and "PID" not in labels and "Label" not in labels
     assert len(labels) == len(text.strip().splitlines()) - 1
     assert not [x for x in labels if x.startswith(deadman.LABEL_PREFIX)]
+
+
+def test_launchd_that_exits_0_without_the_label_falls_back_to_the_sleeper(
+    tmp_path: Path, launchd_shim, monkeypatch: pytest.MonkeyPatch
+):
+    """Simulation: over SSH gui/ is refused, user/ fails, and legacy ``load`` prints a
+    failure and exits 0: ``launchctl print`` finds no label, so the sleeper guards the
+    run and the job says so."""
+    deadman = launchd_shim["deadman"]
+    monkeypatch.setenv("SHIM_NO_GUI", "1")
+    monkeypatch.setenv("SHIM_NO_USER", "1")
+    root = tmp_path / "rr"
+    _fake_run(root, "r1")
+    job = deadman.schedule(
+        {"root": str(root), "run_id": "r1", "deadline": time.time() + 3600}, platform="darwin"
+    )
+    try:
+        assert job["method"] == "sleeper", job
+        log = launchd_shim["log"].read_text()
+        assert "load -w" in log and "print gui/" in log and "print user/" in log, log
+    finally:
+        deadman.cancel(str(root), "r1", steps=[], roots=[str(root)])
+
+
+def test_launchd_armed_in_the_user_domain_is_checked_with_print(
+    tmp_path: Path, launchd_shim, monkeypatch: pytest.MonkeyPatch
+):
+    """Simulation: gui/ refused over SSH, user/ loads: the job names the domain launchd
+    holds it in, as ``launchctl print`` confirmed."""
+    deadman = launchd_shim["deadman"]
+    monkeypatch.setenv("SHIM_NO_GUI", "1")
+    root = tmp_path / "rr"
+    _fake_run(root, "r2")
+    job = deadman.schedule(
+        {"root": str(root), "run_id": "r2", "deadline": time.time() + 3600}, platform="darwin"
+    )
+    try:
+        assert job["method"] == "launchd" and job["domain"] == f"user/{os.getuid()}", job
+        assert job["verified"].startswith(f"launchctl print user/{os.getuid()}/"), job
+    finally:
+        deadman.cancel(str(root), "r2", steps=[], roots=[str(root)])

@@ -49,15 +49,22 @@ def _as_darwin(code: str, *, path: str, stdin: str = "") -> subprocess.Completed
     )
 
 
-def test_runner_wraps_the_workload_in_caffeinate_on_macos(tmp_path: Path):
-    """Simulation: on darwin the runner starts `caffeinate -i /bin/sh -c CMD`; the job still runs."""
+CAFFEINATE = (
+    "# models caffeinate(8) -w PID: holds the assertion until PID exits (macos-facts)\n"
+    'printf "%s\\n" "$@" > "$CAFF_LOG"\n'
+    '[ "$1" = -i ] && [ "$2" = -w ] || exit 64\n'
+    'while kill -0 "$3" 2>/dev/null; do sleep 0.05; done\n'
+    'echo ended >> "$CAFF_LOG"\n'
+)
+
+
+def _run_as_darwin(tmp_path: Path, command: str) -> tuple[dict, list[str]]:
     shims = tmp_path / "shims"
-    argv_log = tmp_path / "caffeinate.argv"
-    _shim(shims, "caffeinate", f'printf "%s\\n" "$@" > {argv_log}\nshift\nexec "$@"\n')
+    _shim(shims, "caffeinate", CAFFEINATE)
     for sub in ("logs", "status"):
-        (tmp_path / sub).mkdir()
+        (tmp_path / sub).mkdir(exist_ok=True)
     spec = {
-        "command": "echo hello from the workload; exit 5",
+        "command": command,
         "device": "mps",
         "status_path": str(tmp_path / "status" / "mps.json"),
         "log_path": str(tmp_path / "logs" / "mps.log"),
@@ -65,36 +72,46 @@ def test_runner_wraps_the_workload_in_caffeinate_on_macos(tmp_path: Path):
     }
     spec_path = tmp_path / "spec.json"
     spec_path.write_text(json.dumps(spec))
+    log = tmp_path / "caffeinate.argv"
+    prog = f"import os; os.environ['CAFF_LOG'] = {str(log)!r}; import runner\n"
     res = _as_darwin(
-        f"import runner; sys.exit(runner.run({str(spec_path)!r}))", path=f"{shims}:/usr/bin:/bin"
+        prog + f"sys.exit(runner.run({str(spec_path)!r}))", path=f"{shims}:/usr/bin:/bin"
     )
     assert res.returncode == 0, res.stderr
-    assert argv_log.read_text().splitlines() == [
-        "-i",
-        "/bin/sh",
-        "-c",
-        "echo hello from the workload; exit 5",
-    ]
-    assert (tmp_path / "logs" / "mps.log").read_text() == "hello from the workload\n"
     status = json.loads((tmp_path / "status" / "mps.json").read_text())
+    return status, log.read_text().splitlines()
+
+
+def test_caffeinate_watches_the_job_by_pid_and_its_exit_5_is_recorded_as_5(tmp_path: Path):
+    """Simulation: on darwin the runner starts the job itself and ``caffeinate -i -w PID``
+    beside it (the real tool forks when given a command): the job's process tree and its
+    exit code 5 are its own, and caffeinate ends with the job."""
+    status, caff = _run_as_darwin(tmp_path, "echo hello from the workload; exit 5")
+    assert caff == ["-i", "-w", str(status["child_pid"]), "ended"], caff
+    assert status["child_argv"] == ["/bin/sh", "-c", "echo hello from the workload; exit 5"]
+    assert (tmp_path / "logs" / "mps.log").read_text() == "hello from the workload\n"
     assert status["state"] == "failed" and status["exit_code"] == 5
 
 
+def test_a_job_killed_by_a_signal_under_caffeinate_is_recorded_as_killed(tmp_path: Path):
+    """Simulation: a death by SIGKILL comes through as the signal (exit_code -9), not as
+    an exit status a wrapper made up."""
+    status, caff = _run_as_darwin(tmp_path, "kill -9 $$")
+    assert status["state"] == "failed" and status["exit_code"] == -9, status
+    assert caff[-1] == "ended", caff
+
+
 def test_build_argv_only_adds_caffeinate_on_macos(tmp_path: Path, monkeypatch):
-    """Simulation: `caffeinate -i` on darwin (when present), never on Linux, off by request."""
+    """Simulation: `caffeinate -i -w PID` on darwin (when present), never on Linux, off by
+    request; the job's own argv is the same everywhere."""
     shims = tmp_path / "shims"
-    caffeinate = _shim(shims, "caffeinate", 'exec "$@"\n')
+    caffeinate = _shim(shims, "caffeinate", "exit 0\n")
     monkeypatch.setenv("PATH", f"{shims}:/usr/bin:/bin")
     spec = {"command": "python3 train.py"}
-    assert runner.build_argv(spec, "darwin") == [
-        str(caffeinate),
-        "-i",
-        "/bin/sh",
-        "-c",
-        "python3 train.py",
-    ]
-    assert runner.build_argv(spec, "linux") == ["/bin/sh", "-c", "python3 train.py"]
-    assert runner.build_argv(dict(spec, caffeinate=False), "darwin")[0] == "/bin/sh"
+    assert runner.build_argv(spec, "darwin") == ["/bin/sh", "-c", "python3 train.py"]
+    assert runner.caffeinate_argv(spec, 42, "darwin") == [str(caffeinate), "-i", "-w", "42"]
+    assert runner.caffeinate_argv(spec, 42, "linux") is None
+    assert runner.caffeinate_argv(dict(spec, caffeinate=False), 42, "darwin") is None
 
 
 def _launch_request(tmp_path: Path) -> dict:

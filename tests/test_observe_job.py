@@ -220,20 +220,30 @@ def test_tree_rss_sums_every_process_of_the_job(tmp_path):
 def test_macos_ps_output_builds_the_tree(tmp_path):
     """Simulation: a ``ps`` shim prints pid, ppid and rss of the recorded Apple Silicon
     ``ps ax -o pid,ppid,pgid,…,rss,…`` rows (plus a stray line) as ``ps -A -o
-    pid=,ppid=,rss=`` would."""
+    pid=,ppid=,pgid=,rss=`` would; a child re-parented to launchd (ppid 1) that keeps the
+    job's process group still counts."""
     sample = MACOS / "ps_ax_-o_pid,ppid,pgid,pcpu,time,vsz,rss,etime,command__apple_silicon.txt"
     shim = tmp_path / "ps"
     shim.write_text(
-        f"#!/bin/sh\n[ \"$*\" = '-A -o pid=,ppid=,rss=' ] || exit 1\n"
-        f"awk '{{printf \"%5d %5d %6d\\n\", $1, $2, $7}}' '{sample}'\n"
+        f"#!/bin/sh\n[ \"$*\" = '-A -o pid=,ppid=,pgid=,rss=' ] || exit 1\n"
+        f"awk '{{printf \"%5d %5d %5d %6d\\n\", $1, $2, $3, $7}}' '{sample}'\n"
+        "echo ' 4000     1  3644   2048'\n"  # re-parented to launchd, same process group
         "echo '  bogus line'\n"
     )
     shim.chmod(0o755)
     table = proctree.ps_table(str(shim))
-    assert table == {3644: (3608, None, 9120 * 1024), 3662: (3644, None, 6320 * 1024)}
+    assert table == {
+        3644: (3608, 3644, 9120 * 1024),
+        3662: (3644, 3644, 6320 * 1024),
+        4000: (1, 3644, 2048 * 1024),
+    }
     assert proctree.tree_rss(3644, table) == ((9120 + 6320) * 1024, [3644, 3662])
+    assert proctree.tree_rss(3644, table, session_leader=True) == (
+        (9120 + 6320 + 2048) * 1024,
+        [3644, 3662, 4000],
+    )
     assert proctree.tree_rss(3662, table) == (6320 * 1024, [3662])
-    assert proctree.tree_rss(1, table) == (0, [])
+    assert proctree.tree_rss(9999, table) == (0, [])
     assert proctree.ps_table(str(tmp_path / "missing")) == {}
 
 

@@ -519,6 +519,12 @@ def op_claim_root(req: Dict[str, Any]) -> Dict[str, Any]:
         lexical, real_root = check_root(req["root"])
     except UnsafeRoot as exc:
         return {"refused": str(exc)}
+    if os.path.islink(lexical):
+        # writing through it would provision its target, which cleanup then refuses
+        return {
+            "refused": "it is a symlink (to %s); give the real path or a new directory"
+            % os.readlink(lexical)
+        }
     outer = _enclosing_root(real_root)
     if outer is not None:
         return {

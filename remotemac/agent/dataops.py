@@ -96,6 +96,7 @@ import stat
 import struct
 import sys
 import threading
+import unicodedata
 from typing import Any, BinaryIO, Dict, Iterator, List, Optional, Tuple
 
 try:  # a sibling on the host (or preloaded by the in-memory bootstrap)
@@ -146,6 +147,18 @@ _UNSAFE = re.compile(r"(?:^|/)\.{0,2}(?:/|$)|[\x00-\x1f\\]")
 
 
 @functools.lru_cache(maxsize=65536)
+def name_key(rel: str) -> str:
+    """The form two names are compared in on this host: NFC, and case-folded on macOS.
+
+    Why: a Mac volume matches names case- and normalization-insensitively, and HFS+
+    (the RAM disk) lists them in NFD while the manifest holds the laptop's form (NFC on
+    Linux): compared as given, a walk found ``café.csv`` "not wanted" and unlinked the
+    file the job needed. The laptop refuses a slice whose names collide in this form.
+    """
+    key = unicodedata.normalize("NFC", rel)
+    return key.casefold() if sys.platform == "darwin" else key
+
+
 def _check_rel(rel: str) -> str:
     """A manifest path as given, or DataError: no absolute path, '..', '.', control chars.
 
@@ -1459,8 +1472,9 @@ class Receiver:
         nothing in the data dirs that its record does not list.
         """
         pruned = 0
+        keys = {name_key(rel) for rel in wanted}
         for rel in self.records:
-            if rel in wanted:
+            if rel in wanted or name_key(rel) in keys:
                 continue
             paths = [_inside(self.src, rel) + (".rmenc" if self.encrypted else "")]
             if self.encrypted:
@@ -1472,8 +1486,10 @@ class Receiver:
         return pruned
 
     def _prune(self, wanted: set) -> int:
-        """Remove stored and decrypted files that are no longer in the slice."""
+        """Remove stored and decrypted files that are no longer in the slice (names
+        compared by :func:`name_key`: a Mac lists what it stores in its own form)."""
         pruned = 0
+        wanted = {name_key(rel) for rel in wanted}
         roots = [(self.src, ".rmenc" if self.encrypted else "")]
         if self.encrypted:
             roots.append((self.dest, ""))
@@ -1491,7 +1507,7 @@ class Receiver:
                         if pid.isdigit() and not _alive(int(pid)):
                             _unlink(dirpath + "/" + name)  # debris of a session killed mid-file
                         continue  # else a live session's file in flight
-                    if _SPLIT_PART.match(name) and prefix + name not in wanted:
+                    if _SPLIT_PART.match(name) and name_key(prefix + name) not in wanted:
                         # a split file's plaintext part (see receive_piece): debris of a
                         # cut split, unless this session is writing it
                         if name.rpartition(".split-")[2] not in self._splits_open:
@@ -1502,7 +1518,7 @@ class Receiver:
                     rel = prefix + name
                     if ext:  # a stored copy is "<path>.rmenc"; anything else there goes
                         rel = rel[: -len(ext)] if rel.endswith(ext) else ""
-                    if rel not in wanted:
+                    if name_key(rel) not in wanted:
                         _unlink(dirpath + "/" + name)
                         pruned += 1
         return pruned

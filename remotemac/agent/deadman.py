@@ -142,18 +142,40 @@ def _schedule_launchd(
         ([launchctl(), "load", "-w", plist], "load"),
     ):
         code, _out, _err = agentutil.run_cmd(argv, steps)
-        if code == 0:
+        if code != 0:
+            continue
+        held = _held_by(label, domain, uid, steps)
+        if held:
             return {
                 "method": "launchd",
                 "label": label,
                 "plist": plist,
-                "domain": domain,
+                "domain": held,
+                "verified": "launchctl print %s/%s" % (held, label),
                 "created_dir": agents if created_dir else None,
             }
+        if domain == "load":  # legacy load said 0 and loaded nothing: undo what it may hold
+            agentutil.run_cmd([launchctl(), "unload", plist], steps)
     os.unlink(plist)
     if created_dir:
         with contextlib.suppress(OSError):
             os.rmdir(agents)
+    return None
+
+
+def _held_by(label: str, domain: str, uid: int, steps: List[Dict[str, Any]]) -> Optional[str]:
+    """The domain where launchd really holds ``label`` after a load said 0, or None.
+
+    Why: legacy ``launchctl load`` prints a failure and still exits 0 on some releases
+    (and an SSH-only login has no GUI domain): only ``launchctl print`` tells.
+    """
+    domains = ["gui/%d" % uid, "user/%d" % uid] if domain == "load" else [domain]
+    for where in domains:
+        code, _out, _err = agentutil.run_cmd(
+            [launchctl(), "print", "%s/%s" % (where, label)], steps
+        )
+        if code == 0:
+            return where
     return None
 
 
@@ -387,6 +409,12 @@ def fire(spec_file: str, now: Optional[float] = None) -> Optional[Dict[str, Any]
         return None  # launchd fired early (a calendar slot of another year): not yet
     if deadline > now:
         time.sleep(deadline - now)
+        # the job (plist, domain) is written once launchd is seen to hold it: after the
+        # start of a RunAtLoad job, so read the spec again now
+        again = safefs.read_json_file(spec_file)
+        if not isinstance(again, dict):
+            return None  # cancelled while we waited
+        spec = again
     result = wipeops.wipe_run_data(
         {
             "root": spec["root"],

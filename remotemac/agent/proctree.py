@@ -3,12 +3,13 @@
 A job starts as ``/bin/sh -c 'mkdir -p … && cd src && python train.py'`` (or through
 ``bash run.sh``, ``torchrun``): the shell the runner started holds a megabyte or two
 while the Python processes below it hold the model. So the runner samples every
-process of the job — the descendants of the shell by parent pid and, on Linux, every
-process still in the job's session (a grandchild whose parent exited is reparented
-to init but keeps the session the runner gave the job).
+process of the job — the descendants of the shell by parent pid and every process
+still in the job's session (Linux) or process group (macOS: ``ps`` gives no session
+id), so a grandchild whose parent exited, re-parented to init or launchd, still counts:
+the runner makes the job a session leader, so both ids are its pid.
 
 Linux reads ``/proc/<pid>/stat`` (ppid, session and RSS in one read per process);
-macOS (and any BSD) runs ``ps -A -o pid=,ppid=,rss=`` once per sample (RSS in KiB).
+macOS (and any BSD) runs ``ps -A -o pid=,ppid=,pgid=,rss=`` once per sample (RSS in KiB).
 Standard library only, Python 3.9.
 """
 
@@ -20,7 +21,7 @@ from typing import Dict, List, NamedTuple, Optional, Tuple
 
 PS = "/bin/ps"
 
-#: pid -> (ppid, session or None, rss bytes)
+#: pid -> (ppid, session (Linux) or process group (ps) or None, rss bytes)
 Table = Dict[int, Tuple[int, Optional[int], int]]
 
 
@@ -55,14 +56,15 @@ def linux_table(proc: str = "/proc") -> Table:
 
 
 def parse_ps(text: str) -> Table:
-    """``ps -A -o pid=,ppid=,rss=`` output (RSS in KiB) as a table; odd lines skipped."""
+    """``ps -A -o pid=,ppid=,pgid=,rss=`` output (RSS in KiB) as a table; odd lines
+    skipped. The process group takes the session's place (see the module docstring)."""
     table: Table = {}
     for line in text.splitlines():
         parts = line.split()
-        if len(parts) < 3:
+        if len(parts) != 4:
             continue
         try:
-            table[int(parts[0])] = (int(parts[1]), None, int(parts[2]) * 1024)
+            table[int(parts[0])] = (int(parts[1]), int(parts[2]), int(parts[3]) * 1024)
         except ValueError:
             continue
     return table
@@ -73,7 +75,7 @@ def ps_table(ps: str = PS) -> Table:
     try:
         # close_fds=False lets CPython posix_spawn on macOS instead of forking the runner
         proc = subprocess.run(
-            [ps, "-A", "-o", "pid=,ppid=,rss="],
+            [ps, "-A", "-o", "pid=,ppid=,pgid=,rss="],
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
             close_fds=False,
@@ -92,7 +94,8 @@ def process_table() -> Table:
 
 def tree(table: Table, root: int, session_leader: bool = False) -> List[int]:
     """``root`` and its descendants; with ``session_leader`` (the runner started ``root``
-    in a new session) also every process still in that session, orphans included."""
+    in a new session) also every process still in that session (or, from ``ps``, its
+    process group), orphans included."""
     children: Dict[int, List[int]] = {}
     for pid, (ppid, _sid, _rss) in table.items():
         children.setdefault(ppid, []).append(pid)

@@ -81,19 +81,54 @@ def _log(log_fd: int, data: bytes) -> None:
 
 
 def build_argv(spec: dict[str, Any], platform: str | None = None) -> list[str]:
-    """The workload's argv; on macOS under ``caffeinate -i`` so the Mac does not idle-sleep.
+    """The workload's argv: ``/bin/sh -c COMMAND``, on macOS too (see caffeinate_argv)."""
+    return ["/bin/sh", "-c", spec["command"]]
 
+
+def caffeinate_argv(
+    spec: dict[str, Any], pid: int, platform: str | None = None
+) -> list[str] | None:
+    """``caffeinate -i -w PID`` on macOS (None elsewhere, without caffeinate, or off by
+    request): the Mac stays awake for exactly the job's life.
+
+    Why beside the job and not around it: ``caffeinate -i CMD`` forks and execs CMD, so
+    the job would be a level further down and its exit status (a death by signal above
+    all: undocumented) would come through caffeinate. ``-w`` watches the job instead.
     ``platform`` defaults to ``sys.platform`` (tests pass ``"darwin"`` to simulate a Mac).
     """
-    argv = ["/bin/sh", "-c", spec["command"]]
     platform = platform or sys.platform
-    if platform == "darwin" and spec.get("caffeinate", True):
-        caffeinate = shutil.which("caffeinate") or (
-            "/usr/bin/caffeinate" if os.access("/usr/bin/caffeinate", os.X_OK) else None
+    if platform != "darwin" or not spec.get("caffeinate", True):
+        return None
+    caffeinate = shutil.which("caffeinate") or (
+        "/usr/bin/caffeinate" if os.access("/usr/bin/caffeinate", os.X_OK) else None
+    )
+    return [caffeinate, "-i", "-w", str(pid)] if caffeinate else None
+
+
+def _start_caffeinate(argv: list[str] | None) -> subprocess.Popen[bytes] | None:
+    if argv is None:
+        return None
+    try:  # its own session: a kill of the job's group is not a kill of the assertion
+        return subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
         )
-        if caffeinate:
-            argv = [caffeinate, "-i"] + argv
-    return argv
+    except OSError:
+        return None
+
+
+def _stop_caffeinate(proc: subprocess.Popen[bytes] | None) -> None:
+    """Reap it: it ends by itself once the job's pid is gone (``-w``)."""
+    if proc is None:
+        return
+    try:
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def prepare_observer(observe: dict[str, Any], env: dict[str, str]) -> None:
@@ -308,6 +343,10 @@ def run(spec_path: str) -> int:
         status.update(state="failed", exit_code=127, ended_at=time.time(), reason=str(exc))
         _write_status(status_path, status)
         return 127
+    caffeinate = caffeinate_argv(spec, child.pid)
+    awake = _start_caffeinate(caffeinate)
+    if caffeinate:
+        status["caffeinate"] = caffeinate
     status["child_pid"] = child.pid
     # wipe and cleanup signal this pid only while it is still this very process
     status["child_start"] = procid.identity(child.pid)
@@ -382,6 +421,7 @@ def run(spec_path: str) -> int:
         status.update(hangup_at=time.time(), hangup=stopped_by["hangup"])
         _write_status(status_path, status)
         return 1
+    _stop_caffeinate(awake)
     reason = stopped_by.get("reason")
     if reason in ("timeout", "storage-limit"):
         state = reason

@@ -26,9 +26,18 @@ from __future__ import annotations
 import json
 import os
 import stat
+import sys
 import threading
 import time
 from typing import Any, Dict, List, Optional, Tuple
+
+#: The Mac-shaped test lab only (tests/harness/maclab.py): a Linux host that models a
+#: Mac sets this so the agent takes its darwin branches end to end (RAM disk, ps,
+#: caffeinate, launchd). Read here, once, because every agent entry point imports this
+#: module first; it is the only place the agent reads it. A real host never sets it.
+SIMULATE_DARWIN_ENV = "REMOTEMAC_LAB_DARWIN"
+if os.environ.get(SIMULATE_DARWIN_ENV) == "1" and sys.platform.startswith("linux"):
+    sys.platform = "darwin"
 
 MARKER = ".remotemac-owned"
 MARKER_MAX = 64 * 1024

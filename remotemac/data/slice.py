@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
+from remotemac.data.names import refuse_collisions
 from remotemac.errors import BadInput
 
 
@@ -134,6 +135,11 @@ def select_slice(
         selection.files.append(SliceFile(rel, size, reason))
     selection.files.sort(key=lambda f: f.path)
     selection.skipped.sort()
+    refuse_collisions(
+        (f.path for f in selection.files),
+        f"data slice of {root}",
+        "rename one of them, or leave one out with data.exclude",
+    )
     return selection
 
 

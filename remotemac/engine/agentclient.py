@@ -146,6 +146,8 @@ class AgentClient:
     ) -> None:
         self.transport = transport
         self.root = root
+        #: remote_root as the host resolved it once at claim (None until then)
+        self.real_root: str | None = None
         self.ledger = ledger or Ledger(None)
         self.python = agent_python(python)
         self.agent_dir = ""
@@ -202,6 +204,7 @@ class AgentClient:
                 hint="nothing was written on the host",
             )
         self.root_id = answer.get("root_id")
+        self.real_root = answer.get("real_root") or None
         return self.root_id
 
     async def install(self) -> str:

@@ -252,6 +252,16 @@ def refuse_wiped_before_the_end(
     )
 
 
+def _names_before_any_byte(ctx: RunContext) -> None:
+    """Refuse a slice or project whose names are one file on a Mac before the host is
+    touched (remotemac.data.names): both are chosen again, unchanged, by their phases."""
+    from remotemac.engine.projectfiles import project_upload
+    from remotemac.engine.sync import choose_slice
+
+    choose_slice(ctx)
+    project_upload(ctx.playbook)
+
+
 async def _run_pipeline(ctx: RunContext) -> int:
     done = {
         name: info
@@ -267,6 +277,8 @@ async def _run_pipeline(ctx: RunContext) -> int:
     ctx.carried_phases = list(done)
     current = "connect"
     try:
+        if "sync" not in done and Phase.PROVISION not in done:
+            _names_before_any_byte(ctx)
         for binding in ctx.hosts.values():
             await binding.transport.connect()
         for key in phase_keys(ctx):

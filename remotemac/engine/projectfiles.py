@@ -95,6 +95,7 @@ def project_upload(pb: Playbook) -> ProjectUpload:
     data_dir = pb.data_dir()
     if pb.data is None or data_dir is None or not data_dir.is_dir():
         upload.files = candidates
+        _refuse_collisions(upload.files)
         return upload
     data = pb.data
     data_inside = data_dir != root and _inside(data_dir, root)
@@ -130,6 +131,7 @@ def project_upload(pb: Playbook) -> ProjectUpload:
             upload.files.append(rel)
         else:
             upload.left_out.append((rel, why))
+    _refuse_collisions(upload.files)
     return upload
 
 
@@ -161,6 +163,14 @@ def _without_own_records(root: Path, candidates: list[str], upload: ProjectUploa
         else:
             kept.append(rel)
     return kept
+
+
+def _refuse_collisions(files: list[str]) -> None:
+    from remotemac.data.names import refuse_collisions
+
+    refuse_collisions(
+        files, "project upload", "rename one of them, or leave one out with project.exclude"
+    )
 
 
 def _refuse_copy(pb: Playbook, data_dir: Path, rel: str, full: Path, same_size: list[str]) -> None:

@@ -52,6 +52,14 @@ async def provision_host(ctx: RunContext, binding: HostBinding) -> dict[str, Any
         # remotemac's, so no cleanup of this host should list it as "not removed"
         ctx.journal.record_removed(transport.name, "root", root)
         raise
+    given = root
+    real = binding.agent.real_root or root
+    if real != root:
+        # below a symlinked dir (/tmp -> /private/tmp on a Mac): every later call uses
+        # the real path the host resolved once; the journal lists the dir by that name
+        ctx.journal.record_created(transport.name, "root", real, ctx.run_id)
+        ctx.journal.record_removed(transport.name, "root", root)
+        root = binding.root = binding.agent.root = real
     ctx.journal.record_created(transport.name, "agent", await binding.agent.install(), ctx.run_id)
     prepared = await binding.agent.call("prepare_run", {"root": root, "run_id": ctx.run_id})
     binding.run_dir = prepared["run_dir"]
@@ -123,6 +131,7 @@ async def provision_host(ctx: RunContext, binding: HostBinding) -> dict[str, Any
     probe = await binding.agent.call("freeze_env", {"python": venv_python, "cache": cache})
     return {
         "root": root,
+        "root_as_given": given,
         "root_id": binding.agent.root_id,
         "run_dir": binding.run_dir,
         "paths": prepared["paths"],

@@ -211,6 +211,8 @@ async def sync_host(
         emit=ctx.emit,
     )
     (ctx.out_dir / "manifest.json").write_text(manifest.to_json(), encoding="utf-8")
+    if answer.get("ram"):  # hdiutil/diskutil/mdutil/tmutil on a Mac: the ledger shows them
+        ctx.ledger.append_steps(binding.transport.name, "ramstore", answer["ram"].get("steps"))
     if answer.get("ram", {}) and answer["ram"].get("kind") in ("shm", "ramdisk"):
         ctx.journal.record_created(
             binding.transport.name, "ramstore", answer["ram"]["path"], ctx.run_id

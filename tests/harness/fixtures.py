@@ -7,6 +7,8 @@
                        (for tests named ``*host_torch*``)
 - ``sshd``             a running sshd, fresh per test (start-up ~0.1 s), login = lab user
 - ``sshd_factory``     ``sshd_factory(**SSHD kwargs)`` starts more; all stopped at teardown
+- ``mac_sshd_factory`` like ``sshd_factory``, for the Mac-shaped lab host
+                       (tests/harness/maclab.py: user ``rmmac``, HFS+-rules home, no /proc)
 - ``fault_proxy``      ``fault_proxy(sshd)`` puts a FaultProxy in front of one
 - ``sshd_new_hostkey`` ``sshd_new_hostkey(sshd)`` restarts it on the same port with a new key
 - ``trusted_home``     ``trusted_home(*sshds, via_proxy=None)``: a ``--home`` dir whose
@@ -72,6 +74,26 @@ def sshd_factory(
     def start(**kwargs: object) -> SSHD:
         kwargs.setdefault("client_key", client_key)
         server = SSHD(tmp_path_factory.mktemp("sshd"), **kwargs)  # type: ignore[arg-type]
+        started.append(server)
+        return server.start()
+
+    yield start
+    for server in started:
+        server.cleanup()
+
+
+@pytest.fixture
+def mac_sshd_factory(
+    tmp_path_factory: pytest.TempPathFactory, client_key: ClientKey
+) -> Iterator[Callable[..., SSHD]]:
+    """Mac-shaped lab hosts (Simulation: see tests/harness/maclab.py), stopped at teardown."""
+    from tests.harness.maclab import MacSSHD
+
+    started: list[SSHD] = []
+
+    def start(**kwargs: object) -> SSHD:
+        kwargs.setdefault("client_key", client_key)
+        server = MacSSHD(tmp_path_factory.mktemp("macsshd"), **kwargs)  # type: ignore[arg-type]
         started.append(server)
         return server.start()
 

@@ -136,7 +136,7 @@ class SSHD:
             log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
             try:
                 self.proc = subprocess.Popen(
-                    [SSHD_BIN, "-D", "-e", "-f", str(self.config_path)],
+                    self._popen_argv(),
                     stdin=subprocess.DEVNULL,
                     stdout=log,
                     stderr=log,
@@ -347,6 +347,10 @@ class SSHD:
             if x.split()[:1] != ["SetEnv"] and x.split()[:1] != ["setenv"]
         )
         self.config_path.write_text("\n".join(lines) + "\n")
+
+    def _popen_argv(self) -> list[str]:
+        """What starts this sshd (the Mac-shaped host wraps it in its namespace)."""
+        return [SSHD_BIN, "-D", "-e", "-f", str(self.config_path)]
 
     def _authorized_keys_path(self) -> Path:
         """sshd reads authorized_keys as the login user: the lab's live where it can."""
