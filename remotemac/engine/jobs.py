@@ -93,8 +93,18 @@ def job_request(
             "device": device,
             "fallback": pb.workload.fallback,
             "interval": 1.0,
+            **(
+                {"trace": {"steps": pb.workload.trace.steps, "path": trace_path(run_dir, side)}}
+                if pb.workload.trace
+                else {}
+            ),
         },
     }
+
+
+def trace_path(run_dir: str, side: Side) -> str:
+    """Where a side's divergence trace is written on the host (pulled beside its log)."""
+    return f"{run_dir}/logs/{side.label}.trace.jsonl"
 
 
 def disk_watch(ctx: RunContext, side: Side, run_dir: str) -> dict[str, Any]:

@@ -682,6 +682,7 @@ async def fetch_evidence(ctx: RunContext, side: Side, run_dir: str) -> list[str]
         (f"{run_dir}/status/{side.label}.obs.json", f"{side.label}.obs.json"),
         (f"{run_dir}/logs/{side.label}.metrics.jsonl", f"{side.label}.metrics.jsonl"),
         (f"{run_dir}/logs/{side.label}.rss.jsonl", f"{side.label}.rss.jsonl"),
+        (f"{run_dir}/logs/{side.label}.trace.jsonl", f"{side.label}.trace.jsonl"),
     ):
         st = await binding.transport.stat(remote)
         if st is None:
