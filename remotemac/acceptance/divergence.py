@@ -284,7 +284,7 @@ def compare_traces(
     growths = sorted(
         (c for c in calls if c.step == step and c.out_rel), key=lambda c: -(c.growth or 0)
     )[:TOP]
-    worst = max((c.out_rel for c in calls), default=None)
+    worst = max((c.out_rel for c in calls if c.out_rel is not None), default=None)
     if nan is not None:
         kind = "nan"
     elif first is not None:
