@@ -40,6 +40,8 @@ from typing import Any
 TRACE_SCHEMA = "remotemac.trace/1"
 #: values sampled from each tensor, at a fixed stride over its flattened elements
 SAMPLE = 16
+#: the last outputs kept with their summary: a module's input is most often one of them
+RECENT = 8
 #: a runaway trace (a model of thousands of modules, many steps) stops here
 MAX_RECORDS = 200_000
 
@@ -137,6 +139,8 @@ class ModuleTrace:
         self.fh: Any = None
         self.done = False
         self.sources: dict[type, str | None] = {}
+        #: (tensor, its version counter, summary) of the last RECENT outputs
+        self.recent: list[tuple[Any, int, dict[str, Any] | None]] = []
 
     def install(self) -> None:
         hooks = self.torch.nn.modules.module
@@ -172,6 +176,7 @@ class ModuleTrace:
                 return
             self.calls = {}
             self.order = 0
+            self.recent = []
             self.names = self._names_for(module, "")
         elif self.step >= 0:
             self.names.update(self._names_for(module, "<%s>" % type(module).__name__))
@@ -202,14 +207,29 @@ class ModuleTrace:
             "call": call,
             "cls": kind.__name__,
             "src": self.sources[kind],
-            "out": summarise(_first_tensor(output, torch), torch),
-            "in": summarise(_first_tensor(args, torch), torch),
+            "out": self._summary(_first_tensor(output, torch), True),
+            "in": self._summary(_first_tensor(args, torch), False),
         }
         self.order += 1
         self.lines.append(json.dumps(row, allow_nan=False))
         self.records += 1
         if self.records >= MAX_RECORDS:
             self.stop()
+
+    def _summary(self, t: Any, keep: bool) -> dict[str, Any] | None:
+        """``summarise``, reusing the summary of a recent output when ``t`` is that same
+        unchanged tensor (a block's input is the previous block's output)."""
+        if t is None:
+            return None
+        version = getattr(t, "_version", None)
+        for seen, seen_version, summary in self.recent:
+            if seen is t and seen_version == version:
+                return summary
+        summary = summarise(t, self.torch)
+        if keep:
+            self.recent.append((t, version, summary))
+            del self.recent[:-RECENT]
+        return summary
 
     def _open(self) -> bool:
         if self.fh is not None:
@@ -248,6 +268,7 @@ class ModuleTrace:
             with contextlib.suppress(Exception):
                 handle.remove()
         self.handles = []
+        self.recent = []
         if write:
             with contextlib.suppress(Exception):
                 self._flush()
