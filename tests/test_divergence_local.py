@@ -69,8 +69,8 @@ def test_a_perturbed_mlp_is_named_as_the_first_divergence_not_the_layers_after(t
     assert 5e-4 < first["out_rel"] < 2e-3 and first["in_rel"] < 1e-6
     # the layers after it carry the error on: none of them is named, none grows it 10x
     assert div["growths"][0]["path"] == PERTURBED
-    after = [g for g in div["growths"] if g["path"].startswith("transformer.h.2")]
-    assert all(g["growth"] < div["growth_factor"] for g in after), after
+    # (the block and the model holding it are not listed: the innermost is named)
+    assert all(g["growth"] < div["growth_factor"] for g in div["growths"][1:]), div["growths"]
     assert div["nan"] is None and div["changes"] == [] and div["order"] is None
     assert div["steps"] == 2 and div["calls"]["reference"] == div["calls"]["target"] > 70
     md = (out / "acceptance.md").read_text()

@@ -281,8 +281,10 @@ def compare_traces(
     first = next((c for c in calls if (c.out_excess or 0) > 1 and (c.growth or 0) > GROWTH), None)
     nan = _first_nan(reference, target)
     step = first.step if first else (calls[0].step if calls else 0)
+    # the modules that contain the first divergence carry its growth: the innermost is named
     growths = sorted(
-        (c for c in calls if c.step == step and c.out_rel), key=lambda c: -(c.growth or 0)
+        (c for c in calls if c.step == step and c.out_rel and not _contains(c, first)),
+        key=lambda c: -(c.growth or 0),
     )[:TOP]
     worst = max((c.out_rel for c in calls if c.out_rel is not None), default=None)
     if nan is not None:
@@ -315,6 +317,13 @@ def compare_traces(
         changes=changes[:TOP],
         order=_order(ref_keys, [_key(r) for r in target]),
     )
+
+
+def _contains(c: TracedCall, first: TracedCall | None) -> bool:
+    """Whether ``c`` is a module that holds ``first`` (its parent, the root model)."""
+    if first is None or c is first or c.step != first.step or c.index < first.index:
+        return False
+    return c.path == "" or first.path.startswith(c.path + ".")
 
 
 def _first_nan(reference: list[dict[str, Any]], target: list[dict[str, Any]]) -> NanSite | None:
