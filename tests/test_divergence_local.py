@@ -23,7 +23,9 @@ RULE = {"file": "ckpt.pt", "rtol": 1e-5, "atol": 1e-7}
 PERTURBED = "transformer.h.1.mlp"
 
 
-def _run(tmp_path: Path, tag: str, env: dict, trace: dict | None = None) -> tuple[int, dict, Path]:
+def _run(
+    tmp_path: Path, tag: str, env: dict, trace: dict | None = None, cli: tuple[str, ...] = ()
+) -> tuple[int, dict, Path]:
     import yaml
 
     workload = {
@@ -48,7 +50,7 @@ def _run(tmp_path: Path, tag: str, env: dict, trace: dict | None = None) -> tupl
     pb = tmp_path / f"{tag}.yaml"
     pb.write_text(yaml.safe_dump(data))
     out = tmp_path / f"out-{tag}"
-    proc = remotemac("run", str(pb), "--out", str(out), timeout=600)
+    proc = remotemac("run", str(pb), "--out", str(out), *cli, timeout=600)
     assert (out / "acceptance.json").exists(), proc.stdout + proc.stderr
     record = json.loads((out / "acceptance.json").read_text())
     assert validate_record(record) == []
@@ -92,7 +94,8 @@ def test_a_float32_rounding_perturbation_is_accepted_and_the_trace_shows_noise(t
 
 
 def test_a_nan_made_on_the_target_is_named_with_its_module(tmp_path):
-    code, record, out = _run(tmp_path, "nan", {"TRACE_NAN": "1"}, {"steps": 1})
+    # turned on with run --trace this time, not in the playbook
+    code, record, out = _run(tmp_path, "nan", {"TRACE_NAN": "1"}, cli=("--trace", "1"))
     assert code == 1 and record["verdict"] == "rejected"
     div = record["divergence"]
     assert div["kind"] == "nan"
@@ -103,6 +106,7 @@ def test_a_nan_made_on_the_target_is_named_with_its_module(tmp_path):
         0,
     )
     assert nan["nan"] > 0 and nan["reference_nan"] == 0
+    assert div["steps"] == 1
     assert "transformer.h.1.attn" in (out / "acceptance.md").read_text()
 
 
