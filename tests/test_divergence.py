@@ -23,8 +23,9 @@ shared = nn.Tanh()
 model = nn.Sequential(nn.Linear(4, 4), shared, nn.Linear(4, 4), shared)
 print("hooks", len(hooks._global_forward_hooks), len(hooks._global_forward_pre_hooks))
 print("loaded", "_remotemac_modtrace" in sys.modules)
+normalize = nn.Identity()  # a transform: an nn.Module without weights, run first
 for _ in range(3):
-    model(torch.ones(2, 4)).sum().backward()
+    model(normalize(torch.ones(2, 4))).sum().backward()
 print("after", len(hooks._global_forward_hooks), len(hooks._global_forward_pre_hooks))
 """
 
@@ -65,8 +66,9 @@ def test_tracing_on_records_n_steps_then_removes_its_hooks(tmp_path):
     assert header["schema"] == "remotemac.trace/1" and header["device"] == "cpu"
     assert {r["step"] for r in rows} == {0, 1}
     step0 = [(r["path"], r["call"]) for r in rows if r["step"] == 0]
-    # children before their parent; the reused module keyed by its call index
-    assert step0 == [("0", 0), ("1", 0), ("2", 0), ("1", 1), ("", 0)]
+    # children before their parent; the reused module keyed by its call index; the
+    # transform is not the model: the next batch's belongs to the step in progress
+    assert step0 == [("0", 0), ("1", 0), ("2", 0), ("1", 1), ("", 0), ("<Identity>", 0)]
     out = rows[0]["out"]
     assert out["shape"] == [2, 4] and out["dtype"] == "float32" and out["nan"] == 0
     assert len(out["sample"]) == 8 and out["stride"] == 1  # 8 values: every one sampled

@@ -18,13 +18,16 @@ output and first tensor input: shape, dtype, device, sum and abs-max over the fi
 values, NaN and Inf counts and a fixed strided sample of ``SAMPLE`` values.
 
 A *step* is one top-level forward of the root model: the module of the first
-top-level call this process makes. Other top-level calls (a loss module called after
-the model) belong to the step in progress, under ``<ClassName>``. The trace stops when
+top-level call this process makes to a module that holds parameters (so a torchvision
+transform, an ``nn.Module`` without weights run on the batch first, is not taken for
+the model). Other top-level calls (a loss module called after the model) belong to the
+step in progress, under ``<ClassName>``; before the first step they are not recorded. The trace stops when
 the root model is called for the (N+1)-th time (the hooks are removed: from there on
 it costs nothing), or at exit. Backward passes are not traced.
 
 Only the first process of the job that runs a forward writes the trace (the file is
-created exclusively); a second Python process of the same job is not traced.
+created exclusively); a second Python process of the same job and a forked child
+(a DataLoader worker running a transform) are not traced.
 
 Standard library only, Python 3.9; torch is the workload's own, handed in.
 """
@@ -119,6 +122,15 @@ def _source(module: Any) -> str | None:
     return "%s:%d" % (os.path.basename(code.co_filename), code.co_firstlineno)
 
 
+def _has_parameters(module: Any) -> bool:
+    """Whether a module holds weights: the model does, a torchvision transform does not."""
+    try:
+        next(module.parameters())
+    except (StopIteration, AttributeError, TypeError):
+        return False
+    return True
+
+
 class ModuleTrace:
     """Global forward hooks that summarise each module call for the first ``steps`` steps."""
 
@@ -139,6 +151,7 @@ class ModuleTrace:
         self.fh: Any = None
         self.done = False
         self.sources: dict[type, str | None] = {}
+        self.pid = os.getpid()
         #: (tensor, its version counter, summary) of the last RECENT outputs
         self.recent: list[tuple[Any, int, dict[str, Any] | None]] = []
 
@@ -166,7 +179,10 @@ class ModuleTrace:
         self.depth += 1
 
     def _top_level(self, module: Any) -> None:
-        if self.root is None:
+        if os.getpid() != self.pid:  # a forked child (a DataLoader worker): not traced
+            self.stop(write=False)
+            return
+        if self.root is None and _has_parameters(module):
             self.root = module
         if module is self.root:
             self._flush()
