@@ -24,7 +24,16 @@ PERTURBED = "transformer.h.1.mlp"
 
 
 def _run(
-    tmp_path: Path, tag: str, env: dict, trace: dict | None = None, cli: tuple[str, ...] = ()
+    tmp_path: Path,
+    tag: str,
+    env: dict,
+    trace: dict | None = None,
+    cli: tuple[str, ...] = (),
+    *,
+    host: str = "local",
+    python: str = sys.executable,
+    root: Path | None = None,
+    options: tuple[str, ...] = (),
 ) -> tuple[int, dict, Path]:
     import yaml
 
@@ -39,10 +48,10 @@ def _run(
         workload["trace"] = trace
     data = {
         "name": f"trace-{tag}",
-        "host": "local",
-        "remote_root": str(tmp_path / f"host-root-{tag}"),
+        "host": host,
+        "remote_root": str((root or tmp_path) / f"host-root-{tag}"),
         "project": {"path": str(PROJECT)},
-        "environment": {"python": sys.executable, "venv": False},
+        "environment": {"python": python, "venv": False},
         "workload": workload,
         "outputs": {"path": ".", "compare": [RULE]},
         "stop_when": {"memory_growth": False},
@@ -50,7 +59,7 @@ def _run(
     pb = tmp_path / f"{tag}.yaml"
     pb.write_text(yaml.safe_dump(data))
     out = tmp_path / f"out-{tag}"
-    proc = remotemac("run", str(pb), "--out", str(out), *cli, timeout=600)
+    proc = remotemac(*options, "run", str(pb), "--out", str(out), *cli, timeout=600)
     assert (out / "acceptance.json").exists(), proc.stdout + proc.stderr
     record = json.loads((out / "acceptance.json").read_text())
     assert validate_record(record) == []
@@ -81,6 +90,28 @@ def test_a_perturbed_mlp_is_named_as_the_first_divergence_not_the_layers_after(t
     for label in ("cpu", "cpu-target"):
         header, rows = load_trace(out / "logs" / f"{label}.trace.jsonl")
         assert header["steps"] == 2 and {r["step"] for r in rows} == {0, 1}
+
+
+def test_over_sshd_the_traces_come_back_and_name_the_perturbed_mlp(
+    tmp_path, sshd, ssh_env, host_torch_python
+):
+    """The same trainer on the lab's sshd host (a real OpenSSH login, the host's own
+    torch): the traces travel back with the pull and name the same MLP."""
+    home, cfg, alias = ssh_env(sshd)
+    code, record, out = _run(
+        tmp_path,
+        "ssh-e3",
+        {"TRACE_SCALE": "1e-3"},
+        {"steps": 1},
+        host=alias,
+        python=host_torch_python,
+        root=sshd.home,
+        options=("--home", str(home), "--ssh-config", str(cfg)),
+    )
+    assert code == 1 and record["verdict"] == "rejected"
+    first = record["divergence"]["first"]
+    assert (first["path"], first["step"]) == (PERTURBED, 0), record["divergence"]["detail"]
+    assert (out / "logs" / "cpu-target.trace.jsonl").is_file()
 
 
 def test_a_float32_rounding_perturbation_is_accepted_and_the_trace_shows_noise(tmp_path):
