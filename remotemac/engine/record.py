@@ -645,6 +645,7 @@ def _reproduce_row(
 def divergence(ctx: RunContext) -> dict[str, Any] | None:
     """Where the target first diverges from the reference, from the two pulled traces
     (``workload.trace``); the tolerance is the first compare rule's that gives one."""
+    from remotemac.acceptance.compare import FLOAT32_TOL
     from remotemac.acceptance.divergence import divergence_for
 
     ref, tgt = ctx.side("reference"), ctx.side("target")
@@ -652,7 +653,10 @@ def divergence(ctx: RunContext) -> dict[str, Any] | None:
         return None
     tol = next(
         (
-            (r.rtol if r.rtol is not None else 0.0, r.atol if r.atol is not None else 0.0)
+            (
+                r.rtol if r.rtol is not None else FLOAT32_TOL[0],
+                r.atol if r.atol is not None else FLOAT32_TOL[1],
+            )
             for r in ctx.playbook.outputs.compare
             if r.rtol is not None or r.atol is not None
         ),
