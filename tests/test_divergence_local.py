@@ -86,6 +86,8 @@ def test_a_perturbed_mlp_is_named_as_the_first_divergence_not_the_layers_after(t
     assert div["steps"] == 2 and div["calls"]["reference"] == div["calls"]["target"] > 70
     md = (out / "acceptance.md").read_text()
     assert "## First divergence" in md and f"`{PERTURBED}` (call 0, step 0, MLP" in md
+    # the traces hold samples of the data (token ids): gone from the host with the wipe
+    assert not list((tmp_path / "host-root-e3").rglob("*.trace.jsonl"))
     # the traces came back beside the logs, and are nothing but JSON
     for label in ("cpu", "cpu-target"):
         header, rows = load_trace(out / "logs" / f"{label}.trace.jsonl")

@@ -81,6 +81,7 @@ def prepare_observer(observe: dict[str, Any], env: dict[str, str]) -> None:
         # the divergence trace (modtrace.py); absent, the observer loads nothing for it
         env["REMOTEMAC_TRACE_STEPS"] = str(int(trace["steps"]))
         env["REMOTEMAC_TRACE_PATH"] = str(trace["path"])
+        os.makedirs(os.path.dirname(str(trace["path"])), exist_ok=True)
 
 
 class JobMemory:

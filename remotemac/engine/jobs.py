@@ -103,8 +103,11 @@ def job_request(
 
 
 def trace_path(run_dir: str, side: Side) -> str:
-    """Where a side's divergence trace is written on the host (pulled beside its log)."""
-    return f"{run_dir}/logs/{side.label}.trace.jsonl"
+    """Where a side's divergence trace is written on the host: under out/, beside the
+    outputs and outside them (not a result to compare), so the wipe takes it with them:
+    it holds samples of the data (an embedding's input is token ids). Pulled into the
+    local logs/."""
+    return f"{run_dir}/out/.trace/{side.label}.trace.jsonl"
 
 
 def disk_watch(ctx: RunContext, side: Side, run_dir: str) -> dict[str, Any]:
