@@ -283,6 +283,12 @@ def _last_event(render, run_id: str, out_dir: Path, verdict: str, code: int, det
     is_flag=True,
     help="Run the target twice (fresh process) and compare the two outputs.",
 )
+@click.option(
+    "--trace",
+    "trace_steps",
+    type=click.IntRange(min=1, max=1000),
+    help="Trace each module call on both sides for the first N forwards (workload.trace).",
+)
 @click.option("--hosts", "hosts", help="Fleet: run on these hosts or inventory groups (a,b,c).")
 @click.option("--inventory", type=click.Path(dir_okay=False), help="Fleet: a YAML inventory file.")
 @click.option(
@@ -316,6 +322,7 @@ def run(
     reproduce: bool = False,
     raw: bool = False,
     show_secrets: bool = False,
+    trace_steps: int | None = None,
 ) -> None:
     """Run the whole pipeline of PLAYBOOK (on many hosts with --hosts/--inventory)."""
     from remotemac.engine.context import RunOptions
@@ -325,6 +332,11 @@ def run(
     pb = load_playbook(playbook, overrides={"host": host} if host else None)
     if reproduce:
         pb = pb.model_copy(update={"reproduce": True})
+    if trace_steps:
+        from remotemac.playbook import Trace
+
+        trace = Trace(steps=trace_steps)
+        pb = pb.model_copy(update={"workload": pb.workload.model_copy(update={"trace": trace})})
     host_list = [h.strip() for h in hosts.split(",") if h.strip()] if hosts else None
     if host_list or inventory or pb.hosts or pb.matrix:
         from remotemac.engine.fleet import is_fleet

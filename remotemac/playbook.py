@@ -235,6 +235,14 @@ class Side(Strict):
     )
 
 
+class Trace(Strict):
+    """``workload.trace``: record each module call's output on both sides for the first
+    ``steps`` top-level forwards, so the record can say where the target first diverges
+    (agent/modtrace.py, acceptance/divergence.py). Off when absent."""
+
+    steps: int = Field(ge=1, le=1000, description="top-level forwards of the model to trace")
+
+
 class Workload(Strict):
     command: str = Field(min_length=1)
     reference: Side | None = Field(default_factory=lambda: Side(device="cpu"))
@@ -244,6 +252,9 @@ class Workload(Strict):
     env: dict[str, str] = Field(default_factory=dict)
     resume_command: str | None = Field(
         None, description="with on_lost: relaunch, the command that resumes from a checkpoint"
+    )
+    trace: Trace | None = Field(
+        None, description="the divergence trace, e.g. {steps: 2}; off when absent"
     )
 
     @field_validator("command", "resume_command")

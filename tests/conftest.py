@@ -177,6 +177,8 @@ E2E: tuple[str, ...] = (
     "test_harness.py::test_runs_on_python_39_without_torch",
     "test_observe_job.py::test_shell_wrapped_script_and_its_subprocess_are_observed",
     "test_observe_job.py::test_torchrun_workers_are_observed",
+    "test_divergence_local.py",
+    "test_divergence.py::test_tracing_",
     "test_stress_units.py::test_runner_",
     "test_deadman.py::test_launchd_",
     "test_agent_runtime.py::test_encrypted_sync_on_bare_python",

@@ -433,6 +433,78 @@ def _process_behaviour(rec: dict[str, Any]) -> list[str]:
     return out
 
 
+def _rel(x: Any) -> str:
+    return "unbounded (NaN/Inf)" if x is None else f"{float(x):.3g}"
+
+
+def _where(c: dict[str, Any]) -> str:
+    src = f", {_code(c['src'])}" if c.get("src") else ""
+    return (
+        f"{_code(c.get('path') or '(model)')} (call {c.get('call')}, step {c.get('step')}, "
+        f"{_cell(c.get('cls'))}{src})"
+    )
+
+
+def _divergence(div: dict[str, Any] | None) -> list[str]:
+    """The "first divergence" section: where the target's error started (workload.trace)."""
+    if not div:
+        return []
+    out = ["", "## First divergence", "", _cell(div.get("detail")), ""]
+    if not div.get("traced"):
+        return out
+    first, nan = div.get("first"), div.get("nan")
+    if nan:
+        out.append(
+            f"- first NaN/Inf: {_where(nan)}: {nan.get('nan')} NaN, {nan.get('inf')} Inf "
+            "out of a finite input; the reference's output there is finite"
+        )
+    if first:
+        shape = _shape(first.get("in_shape"))
+        out.append(
+            f"- first divergence: {_where(first)}: output off by {_rel(first.get('out_rel'))} "
+            f"of its abs-max, {_rel(first.get('growth'))}x the error of what came in "
+            f"({_cell(first.get('in_dtype'))} {shape}, off by {_rel(first.get('in_rel'))})"
+        )
+    elif not nan:
+        out.append(
+            f"- no call beyond tolerance; the largest difference: {_rel(div.get('worst_rel'))} "
+            "of a call's abs-max"
+        )
+    for c in div.get("changes") or []:
+        out.append(
+            f"- {_cell(c.get('what'))} differs at {_code(c.get('path') or '(model)')} "
+            f"(call {c.get('call')},"
+            f" step {c.get('step')}): {_cell(c.get('reference'))} on the reference, "
+            f"{_cell(c.get('target'))} on the target"
+        )
+    order = div.get("order")
+    if order:
+        out.append(
+            f"- call order differs in step {order.get('step')} at call {order.get('index')}: "
+            f"{_code(order.get('reference'))} on the reference, "
+            f"{_code(order.get('target'))} on the target"
+        )
+    growths = div.get("growths") or []
+    if growths:
+        out += ["", "Largest growths (output error over input error) in that step:", ""]
+        out += _table(
+            ["module", "call", "output off by", "input off by", "growth"],
+            [
+                [
+                    _code(g.get("path") or "(model)"),
+                    str(g.get("call")),
+                    _rel(g.get("out_rel")),
+                    "no input"
+                    if g.get("in_rel") is None and g.get("in_shape") is None
+                    else _rel(g.get("in_rel")),
+                    _rel(g.get("growth")),
+                ]
+                for g in growths
+            ],
+        )
+    return out
+
+
 def render_markdown(record: dict[str, Any]) -> str:
     """acceptance.md for ``record`` (an acceptance.json object)."""
     rec = record
@@ -461,6 +533,7 @@ def render_markdown(record: dict[str, Any]) -> str:
     else:
         out.append("None.")
 
+    out += _divergence(rec.get("divergence"))
     out += _process_behaviour(rec)
     out += _environment(rec.get("environment") or {})
     out += _kv_section(

@@ -75,6 +75,8 @@ class ProcessObserver(harness.Harness):  # type: ignore[misc, name-defined]
         self.mps_peak_driver = 0
         #: optimizer steps taken: the memory trend's warm-up can end after the first few
         self.steps = 0
+        #: the divergence trace (modtrace.py), only when the job asked for one
+        self.trace: Any = None
 
     def start(self) -> None:
         """Hook warnings, watch the device, start the ticker, record at exit."""
@@ -89,9 +91,22 @@ class ProcessObserver(harness.Harness):  # type: ignore[misc, name-defined]
                 )
 
                 register_optimizer_step_post_hook(self._count_step)
+            self._start_trace()
         atexit.register(self.finish)
         self.write_obs(fsync=False)
         threading.Thread(target=self._run, name="remotemac-observer", daemon=True).start()
+
+    def _start_trace(self) -> None:
+        """The divergence trace, off unless REMOTEMAC_TRACE_STEPS is set: when off,
+        modtrace.py is not loaded and no hook is registered."""
+        steps = os.environ.get("REMOTEMAC_TRACE_STEPS")
+        path = os.environ.get("REMOTEMAC_TRACE_PATH")
+        if not steps or not path:
+            return
+        try:
+            self.trace = _sibling("modtrace").start(self.torch, path, int(steps), self.device)
+        except Exception as exc:  # noqa: BLE001 - the job must run even if tracing fails
+            sys.stderr.write("remotemac: could not trace this process (%s)\n" % exc)
 
     def _count_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self.steps += 1
@@ -105,6 +120,9 @@ class ProcessObserver(harness.Harness):  # type: ignore[misc, name-defined]
     def finish(self) -> None:
         """atexit: classify the exception that ended the process and write the record."""
         self._stop.set()
+        if self.trace is not None:
+            with contextlib.suppress(Exception):
+                self.trace.stop()
         exc = getattr(sys, "last_value", None)
         if isinstance(exc, BaseException) and not isinstance(exc, (SystemExit,)):
             self.failure = harness.classify(exc)

@@ -146,6 +146,12 @@ def prepare_observer(observe: dict[str, Any], env: dict[str, str]) -> None:
     env["REMOTEMAC_OBSERVE_DEVICE"] = str(observe.get("device") or "cpu")
     env["REMOTEMAC_OBSERVE_FALLBACK"] = str(observe.get("fallback") or "diagnostic")
     env["REMOTEMAC_OBSERVE_INTERVAL"] = str(observe.get("interval") or 1.0)
+    trace = observe.get("trace") or {}
+    if trace.get("steps") and trace.get("path"):
+        # the divergence trace (modtrace.py); absent, the observer loads nothing for it
+        env["REMOTEMAC_TRACE_STEPS"] = str(int(trace["steps"]))
+        env["REMOTEMAC_TRACE_PATH"] = str(trace["path"])
+        os.makedirs(os.path.dirname(str(trace["path"])), exist_ok=True)
 
 
 class JobMemory:

@@ -100,8 +100,21 @@ def job_request(
             "device": device,
             "fallback": pb.workload.fallback,
             "interval": 1.0,
+            **(
+                {"trace": {"steps": pb.workload.trace.steps, "path": trace_path(run_dir, side)}}
+                if pb.workload.trace
+                else {}
+            ),
         },
     }
+
+
+def trace_path(run_dir: str, side: Side) -> str:
+    """Where a side's divergence trace is written on the host: under out/, beside the
+    outputs and outside them (not a result to compare), so the wipe takes it with them:
+    it holds samples of the data (an embedding's input is token ids). Pulled into the
+    local logs/."""
+    return f"{run_dir}/out/.trace/{side.label}.trace.jsonl"
 
 
 def disk_watch(ctx: RunContext, side: Side, run_dir: str) -> dict[str, Any]:

@@ -688,12 +688,15 @@ async def fetch_evidence(ctx: RunContext, side: Side, run_dir: str) -> list[str]
     Only regular files are read (a FIFO or device there is skipped with a warning:
     opening one would hang), each up to the size its ``lstat`` gave.
     """
+    from remotemac.engine.jobs import trace_path
+
     binding = ctx.host_for(side)
     fetched = []
     for remote, name in (
         (f"{run_dir}/status/{side.label}.obs.json", f"{side.label}.obs.json"),
         (f"{run_dir}/logs/{side.label}.metrics.jsonl", f"{side.label}.metrics.jsonl"),
         (f"{run_dir}/logs/{side.label}.rss.jsonl", f"{side.label}.rss.jsonl"),
+        (trace_path(run_dir, side), f"{side.label}.trace.jsonl"),
     ):
         st = await binding.transport.stat(remote)
         if st is None:

@@ -675,6 +675,33 @@ def _reproduce_row(
     )
 
 
+def divergence(ctx: RunContext) -> dict[str, Any] | None:
+    """Where the target first diverges from the reference, from the two pulled traces
+    (``workload.trace``); the tolerance is the first compare rule's that gives one."""
+    from remotemac.acceptance.compare import FLOAT32_TOL
+    from remotemac.acceptance.divergence import divergence_for
+
+    ref, tgt = ctx.side("reference"), ctx.side("target")
+    if ref is None or tgt is None:
+        return None
+    tol = next(
+        (
+            (
+                r.rtol if r.rtol is not None else FLOAT32_TOL[0],
+                r.atol if r.atol is not None else FLOAT32_TOL[1],
+            )
+            for r in ctx.playbook.outputs.compare
+            if r.rtol is not None or r.atol is not None
+        ),
+        None,
+    )
+    logs = ctx.out_dir / "logs"
+    found = divergence_for(
+        logs / f"{ref.label}.trace.jsonl", logs / f"{tgt.label}.trace.jsonl", tol
+    )
+    return found.to_dict()
+
+
 def _yes(value: Any) -> str:
     return {True: "yes", False: "no"}.get(value, "unknown")
 
@@ -725,6 +752,8 @@ async def write_acceptance(ctx: RunContext, lost: str | None = None) -> dict[str
     )
     record["process_behaviour"] = process_behaviour(ctx, record)
     record["cpu"] = _cpu(ctx)
+    if ctx.playbook.workload.trace is not None:
+        record["divergence"] = divergence(ctx)
     write_record(ctx.out_dir, record)
     return {
         "verdict": record["verdict"],

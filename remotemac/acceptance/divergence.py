@@ -1,0 +1,391 @@
+"""Where the target first diverges from the reference: the compare of two module traces.
+
+A results diff names where a difference *ended up* (after a few optimizer steps every
+weight differs). The two sides' divergence traces (agent/modtrace.py: a summary of
+every module call's output and first input, in call order) say where it *started*:
+
+* the **first divergence**: the first call, in the reference's order, whose output
+  differs beyond the tolerance while its input did not grow the error: the output's
+  relative error is more than ``GROWTH`` times the input's (an input error below
+  float32's epsilon counts as epsilon, so a layer fed identical inputs that returns
+  different outputs has a growth of its own error over float32 noise). Layers after it
+  carry its error on (growth near 1) and are not named;
+* the **first NaN/Inf**: the first call of the target whose output holds a NaN or Inf
+  while its input held none and the reference's output at that call held none: the
+  module that made it (innermost first: a child's record precedes its parent's);
+* dtype or shape changes between the sides at the same call, and where the calls'
+  order differs (a call on one side only, a different module at the same position).
+
+The numbers compared are each output's abs-max and its fixed strided sample (the same
+indices on both sides), against ``|t - r| <= atol + rtol * |r|`` with the compare rule's
+tolerance (PyTorch's MPS tests' for the dtype when the rule gives none).
+
+The traces are JSON lines; nothing is unpickled.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from remotemac.acceptance.compare import default_tolerance
+
+TRACE_SCHEMA = "remotemac.trace/1"
+#: an output error more than this many times the input's is an error of the module's own
+GROWTH = 10.0
+#: float32's epsilon: the floor of the input error a growth is measured against
+EPS32 = 2.0**-23
+#: how many growths, dtype/shape changes and one-side calls the record lists
+TOP = 5
+#: a trace file bigger than this is not read (a trace of 1000 steps of a big model)
+MAX_TRACE_BYTES = 512 * 1024**2
+
+
+@dataclass
+class TracedCall:
+    """One module call as both sides recorded it, with the error it added."""
+
+    step: int
+    index: int  # position in the reference's call order within the step
+    path: str  # qualified name from the root model; "" is the root itself
+    call: int  # the how-manieth call of that module in the step
+    cls: str | None
+    src: str | None  # file:line of the module class's forward
+    shape: list[int] | None
+    dtype: str | None
+    # in the record, null also stands for unbounded (a NaN or Inf on one side)
+    out_rel: float | None  # max |t - r| over the compared values / the reference's abs-max
+    in_rel: float | None  # the same for the first tensor input; None without one
+    out_excess: float | None  # worst |t - r| / (atol + rtol |r|); above 1: beyond tolerance
+    in_excess: float | None
+    growth: float | None  # out_rel / max(in_rel, EPS32)
+    in_shape: list[int] | None = None
+    in_dtype: str | None = None
+
+
+@dataclass
+class NanSite:
+    """The first call whose output on the target holds a NaN or Inf its input did not."""
+
+    step: int
+    index: int
+    path: str
+    call: int
+    cls: str | None
+    src: str | None
+    nan: int
+    inf: int
+    reference_nan: int
+
+
+@dataclass
+class Change:
+    """A dtype or shape the two sides disagree on at the same call."""
+
+    step: int
+    path: str
+    call: int
+    what: str  # "dtype" | "shape"
+    reference: Any
+    target: Any
+
+
+@dataclass
+class OrderDiff:
+    """Where the two sides' call orders part, and the calls one side has alone."""
+
+    step: int
+    index: int
+    reference: str | None
+    target: str | None
+    only_reference: list[str] = field(default_factory=list)
+    only_target: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Divergence:
+    """The ``divergence`` section of the record."""
+
+    traced: bool
+    detail: str
+    steps: int = 0
+    calls: dict[str, int] = field(default_factory=dict)
+    compared: int = 0
+    kind: str | None = None  # "identical" | "noise" | "divergence" | "nan"
+    worst_rel: float | None = None  # the largest relative error of any call's output
+    first: TracedCall | None = None
+    nan: NanSite | None = None
+    growths: list[TracedCall] = field(default_factory=list)
+    changes: list[Change] = field(default_factory=list)
+    order: OrderDiff | None = None
+    growth_factor: float = GROWTH
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class TraceError(ValueError):
+    """A trace that is not a remotemac trace (wrong schema, not JSON, too big)."""
+
+
+def load_trace(path: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The header and the call rows of a trace file; a torn last line is left out."""
+    if path.stat().st_size > MAX_TRACE_BYTES:
+        raise TraceError(f"{path.name}: {path.stat().st_size} bytes, over the cap")
+    lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    if not lines:
+        raise TraceError(f"{path.name}: empty")
+    try:
+        header = json.loads(lines[0])
+    except ValueError:
+        raise TraceError(f"{path.name}: the first line is not JSON") from None
+    if not isinstance(header, dict) or header.get("schema") != TRACE_SCHEMA:
+        raise TraceError(f"{path.name}: not a {TRACE_SCHEMA} trace")
+    rows = []
+    for line in lines[1:]:
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict) and isinstance(row.get("path"), str):
+            rows.append(row)
+    return header, rows
+
+
+def _num(v: Any) -> float:
+    if isinstance(v, (int, float)):
+        return float(v)
+    if v in ("inf", "-inf", "nan"):
+        return float(v)
+    return math.nan
+
+
+def _key(row: dict[str, Any]) -> tuple[int, str, int]:
+    return (int(row.get("step") or 0), str(row["path"]), int(row.get("call") or 0))
+
+
+def _label(key: tuple[int, str, int]) -> str:
+    step, path, call = key
+    return f"{path or '(model)'}#{call}"
+
+
+def _errors(t: dict[str, Any] | None, r: dict[str, Any] | None, tol: Any) -> tuple[float, float]:
+    """(relative error, excess over the tolerance) of summary ``t`` against ``r``."""
+    if not t or not r or "sample" not in t or "sample" not in r:
+        return 0.0, 0.0
+    if t.get("shape") != r.get("shape"):
+        return math.inf, math.inf
+    rtol, atol = tol if tol else default_tolerance(r.get("dtype"))
+    pairs = list(zip(t["sample"], r["sample"], strict=False)) + [(t.get("absmax"), r.get("absmax"))]
+    worst_abs, excess = 0.0, 0.0
+    for a, b in pairs:
+        a, b = _num(a), _num(b)
+        if a == b or (math.isnan(a) and math.isnan(b)):
+            continue
+        diff = abs(a - b)
+        if math.isnan(diff):
+            return math.inf, math.inf
+        worst_abs = max(worst_abs, diff)
+        bound = atol + rtol * abs(b)
+        excess = max(excess, diff / bound if bound > 0 else math.inf)
+    scale = abs(_num(r.get("absmax")))
+    rel = worst_abs / scale if scale > 0 else (math.inf if worst_abs else 0.0)
+    return rel, excess
+
+
+def _bad(summary: dict[str, Any] | None) -> int:
+    return int((summary or {}).get("nan") or 0) + int((summary or {}).get("inf") or 0)
+
+
+def _finite(x: float | None) -> float | None:
+    """JSON has no Inf: a NaN or Inf on one side (an unbounded error) is null."""
+    if x is None or not math.isfinite(x):
+        return None
+    return x
+
+
+def _order(ref: list[tuple[int, str, int]], tgt: list[tuple[int, str, int]]) -> OrderDiff | None:
+    if ref == tgt:
+        return None
+    first = next(
+        (i for i, (a, b) in enumerate(zip(ref, tgt, strict=False)) if a != b),
+        min(len(ref), len(tgt)),
+    )
+    at = ref[first] if first < len(ref) else tgt[first]
+    in_step = [i for i, k in enumerate(ref[:first]) if k[0] == at[0]]
+    a, b = set(ref), set(tgt)
+    return OrderDiff(
+        step=at[0],
+        index=len(in_step),
+        reference=_label(ref[first]) if first < len(ref) else None,
+        target=_label(tgt[first]) if first < len(tgt) else None,
+        only_reference=[_label(k) for k in ref if k not in b][:TOP],
+        only_target=[_label(k) for k in tgt if k not in a][:TOP],
+    )
+
+
+def compare_traces(
+    reference: list[dict[str, Any]],
+    target: list[dict[str, Any]],
+    tol: tuple[float, float] | None = None,
+) -> Divergence:
+    """The divergence section from the two sides' call rows (see the module docstring)."""
+    by_key = {_key(r): r for r in target}
+    ref_keys = [_key(r) for r in reference]
+    calls: list[TracedCall] = []
+    changes: list[Change] = []
+    index_in_step: dict[int, int] = {}
+    for row in reference:
+        key = _key(row)
+        step = key[0]
+        index = index_in_step.get(step, 0)
+        index_in_step[step] = index + 1
+        other = by_key.get(key)
+        if other is None:
+            continue
+        r_out, t_out = row.get("out") or {}, other.get("out") or {}
+        for what in ("dtype", "shape"):
+            if r_out.get(what) != t_out.get(what):
+                changes.append(Change(step, key[1], key[2], what, r_out.get(what), t_out.get(what)))
+        out_rel, out_excess = _errors(t_out, r_out, tol)
+        has_in = bool(row.get("in")) and bool(other.get("in"))
+        in_rel, in_excess = _errors(other.get("in"), row.get("in"), tol) if has_in else (0.0, 0.0)
+        if not out_rel:
+            growth = 0.0
+        elif math.isinf(in_rel):
+            growth = 1.0  # a NaN or a shape change came in: the module carried it on
+        else:
+            growth = out_rel / max(in_rel, EPS32)
+        calls.append(
+            TracedCall(
+                step=step,
+                index=index,
+                path=key[1],
+                call=key[2],
+                cls=row.get("cls"),
+                src=row.get("src"),
+                shape=r_out.get("shape"),
+                dtype=r_out.get("dtype"),
+                out_rel=out_rel,
+                in_rel=in_rel if has_in else None,
+                out_excess=out_excess,
+                in_excess=in_excess if has_in else None,
+                growth=growth,
+                in_shape=(row.get("in") or {}).get("shape"),
+                in_dtype=(row.get("in") or {}).get("dtype"),
+            )
+        )
+    first = next((c for c in calls if (c.out_excess or 0) > 1 and (c.growth or 0) > GROWTH), None)
+    nan = _first_nan(reference, target)
+    step = first.step if first else (calls[0].step if calls else 0)
+    # the modules that contain the first divergence carry its growth: the innermost is named
+    growths = sorted(
+        (c for c in calls if c.step == step and c.out_rel and not _contains(c, first)),
+        key=lambda c: -(c.growth or 0),
+    )[:TOP]
+    worst = max((c.out_rel for c in calls if c.out_rel is not None), default=None)
+    if nan is not None:
+        kind = "nan"
+    elif first is not None:
+        kind = "divergence"
+    elif worst:
+        kind = "noise"
+    else:
+        kind = "identical"
+    for c in {id(c): c for c in [first, *growths] if c is not None}.values():
+        c.out_rel, c.out_excess, c.growth = (
+            _finite(c.out_rel),
+            _finite(c.out_excess),
+            _finite(c.growth),
+        )
+        c.in_rel, c.in_excess = _finite(c.in_rel), _finite(c.in_excess)
+    detail = _detail(kind, first, nan, worst)
+    return Divergence(
+        traced=True,
+        detail=detail,
+        steps=len({k[0] for k in ref_keys}),
+        calls={"reference": len(reference), "target": len(target)},
+        compared=len(calls),
+        kind=kind,
+        worst_rel=_finite(worst),
+        first=first,
+        nan=nan,
+        growths=growths,
+        changes=changes[:TOP],
+        order=_order(ref_keys, [_key(r) for r in target]),
+    )
+
+
+def _contains(c: TracedCall, first: TracedCall | None) -> bool:
+    """Whether ``c`` is a module that holds ``first`` (its parent, the root model)."""
+    if first is None or c is first or c.step != first.step or c.index < first.index:
+        return False
+    return c.path == "" or first.path.startswith(c.path + ".")
+
+
+def _first_nan(reference: list[dict[str, Any]], target: list[dict[str, Any]]) -> NanSite | None:
+    by_key = {_key(r): r for r in reference}
+    index_in_step: dict[int, int] = {}
+    for row in target:
+        key = _key(row)
+        index = index_in_step.get(key[0], 0)
+        index_in_step[key[0]] = index + 1
+        out = row.get("out") or {}
+        if not _bad(out) or _bad(row.get("in")):
+            continue
+        ref = by_key.get(key) or {}
+        if _bad(ref.get("out")):
+            continue  # the reference made it too: not where the sides part
+        return NanSite(
+            step=key[0],
+            index=index,
+            path=key[1],
+            call=key[2],
+            cls=row.get("cls"),
+            src=row.get("src"),
+            nan=int(out.get("nan") or 0),
+            inf=int(out.get("inf") or 0),
+            reference_nan=_bad(ref.get("out")),
+        )
+    return None
+
+
+def _detail(kind: str, first: TracedCall | None, nan: NanSite | None, worst: float | None) -> str:
+    if kind == "nan" and nan is not None:
+        return (
+            f"the target's first NaN/Inf comes out of {nan.path or '(model)'} "
+            f"({nan.cls}, call {nan.call}, step {nan.step}) from a finite input"
+        )
+    if kind == "divergence" and first is not None:
+        return (
+            f"the target first diverges at {first.path or '(model)'} ({first.cls}, call "
+            f"{first.call}, step {first.step}): output off by {_g(first.out_rel)} of its "
+            f"abs-max, {_g(first.growth)}x what came in"
+        )
+    if kind == "noise":
+        return (
+            f"every call within tolerance; the largest difference {worst:.3g} of a call's abs-max"
+        )
+    return "every traced call is identical on both sides"
+
+
+def _g(x: float | None) -> str:
+    return "unbounded" if x is None else f"{x:.3g}"
+
+
+def divergence_for(
+    reference: Path, target: Path, tol: tuple[float, float] | None = None
+) -> Divergence:
+    """The section from the two pulled trace files (``not traced`` when one is missing)."""
+    missing = [p.name for p in (reference, target) if not p.is_file()]
+    if missing:
+        return Divergence(traced=False, detail="no trace from " + ", ".join(missing))
+    try:
+        _, ref_rows = load_trace(reference)
+        _, tgt_rows = load_trace(target)
+    except (OSError, TraceError) as exc:
+        return Divergence(traced=False, detail=f"trace not read: {exc}")
+    return compare_traces(ref_rows, tgt_rows, tol)

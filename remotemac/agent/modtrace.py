@@ -1,0 +1,301 @@
+"""The divergence trace: a summary of every module call's output for the first N steps.
+
+Loaded by observer.py only when the playbook asks for it (``workload.trace: {steps: N}``,
+the job's ``REMOTEMAC_TRACE_STEPS``); when tracing is off this file is not even read,
+so no hook is registered and nothing is imported.
+
+Why module-level and not operator-level: after a few optimizer steps every weight of
+the two sides differs, so a results diff names where a difference *ended up*. The
+first module whose output differs while its input did not is where it *started*; the
+laptop (acceptance/divergence.py) finds it by comparing the two sides' traces.
+
+What is recorded, through torch's global module hooks (``register_module_forward_pre_hook``
+and ``register_module_forward_hook``), for each module call in completion order (a
+child's record comes before its parent's): the module's path from the root model
+(``transformer.h.1.mlp``; the root model itself is ``""``; a module called several times in a step is keyed by its call
+index), its class and the file:line of its ``forward``, and a summary of its first tensor
+output and first tensor input: shape, dtype, device, sum and abs-max over the finite
+values, NaN and Inf counts and a fixed strided sample of ``SAMPLE`` values.
+
+A *step* is one top-level forward of the root model: the module of the first
+top-level call this process makes to a module that holds parameters (so a torchvision
+transform, an ``nn.Module`` without weights run on the batch first, is not taken for
+the model). Other top-level calls (a loss module called after the model) belong to the
+step in progress, under ``<ClassName>``; before the first step they are not recorded. The trace stops when
+the root model is called for the (N+1)-th time (the hooks are removed: from there on
+it costs nothing), or at exit. Backward passes are not traced.
+
+Only the first process of the job that runs a forward writes the trace (the file is
+created exclusively); a second Python process of the same job and a forked child
+(a DataLoader worker running a transform) are not traced.
+
+Standard library only, Python 3.9; torch is the workload's own, handed in.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+from typing import Any
+
+TRACE_SCHEMA = "remotemac.trace/1"
+#: values sampled from each tensor, at a fixed stride over its flattened elements
+SAMPLE = 16
+#: the last outputs kept with their summary: a module's input is most often one of them
+RECENT = 8
+#: a runaway trace (a model of thousands of modules, many steps) stops here
+MAX_RECORDS = 200_000
+
+
+def _first_tensor(obj: Any, torch: Any, depth: int = 0) -> Any:
+    """The first tensor in a module's args or output (tuples, lists, dicts, nested)."""
+    if isinstance(obj, torch.Tensor):
+        return obj
+    if depth < 3 and isinstance(obj, (list, tuple)):
+        for item in obj:
+            found = _first_tensor(item, torch, depth + 1)
+            if found is not None:
+                return found
+    if depth < 3 and isinstance(obj, dict):
+        for item in obj.values():
+            found = _first_tensor(item, torch, depth + 1)
+            if found is not None:
+                return found
+    return None
+
+
+def summarise(t: Any, torch: Any) -> dict[str, Any] | None:
+    """Shape, dtype, device and the numbers the laptop compares, in one device sync."""
+    if t is None:
+        return None
+    out: dict[str, Any] = {
+        "shape": list(t.shape),
+        "dtype": str(t.dtype).replace("torch.", ""),
+        "device": str(t.device),
+    }
+    n = t.numel()
+    if n == 0 or t.is_complex():
+        return out
+    with torch.no_grad():
+        x = t.detach().reshape(-1)
+        if not x.is_floating_point():
+            x = x.to(torch.float32)
+        nan = torch.isnan(x).sum()
+        inf = torch.isinf(x).sum()
+        finite = torch.nan_to_num(x.float(), nan=0.0, posinf=0.0, neginf=0.0)
+        stride = max(1, n // SAMPLE)
+        idx = torch.arange(0, min(n, stride * SAMPLE), stride, device=x.device)
+        sample = x.float().index_select(0, idx)
+        head = torch.stack(
+            [finite.sum(), finite.abs().max(), nan.to(torch.float32), inf.to(torch.float32)]
+        )
+        values = torch.cat([head, sample]).cpu().tolist()
+    out.update(
+        {
+            "sum": values[0],
+            "absmax": values[1],
+            "nan": int(values[2]),
+            "inf": int(values[3]),
+            "stride": stride,
+            "sample": [_json_float(v) for v in values[4:]],
+        }
+    )
+    return out
+
+
+def _json_float(v: float) -> Any:
+    """NaN and Inf as strings: the trace is strict JSON."""
+    if v != v:
+        return "nan"
+    if v in (float("inf"), float("-inf")):
+        return "inf" if v > 0 else "-inf"
+    return v
+
+
+def _source(module: Any) -> str | None:
+    """file:line of the module class's ``forward`` (where the layer's code is)."""
+    code = getattr(getattr(type(module), "forward", None), "__code__", None)
+    if code is None:
+        return None
+    return "%s:%d" % (os.path.basename(code.co_filename), code.co_firstlineno)
+
+
+def _has_parameters(module: Any) -> bool:
+    """Whether a module holds weights: the model does, a torchvision transform does not."""
+    try:
+        next(module.parameters())
+    except (StopIteration, AttributeError, TypeError):
+        return False
+    return True
+
+
+class ModuleTrace:
+    """Global forward hooks that summarise each module call for the first ``steps`` steps."""
+
+    def __init__(self, torch: Any, path: str, steps: int, device: str) -> None:
+        self.torch = torch
+        self.path = path
+        self.steps = steps
+        self.device = device
+        self.root: Any = None
+        self.step = -1
+        self.depth = 0
+        self.names: dict[int, str] = {}
+        self.calls: dict[str, int] = {}
+        self.order = 0
+        self.lines: list[str] = []
+        self.records = 0
+        self.handles: list[Any] = []
+        self.fh: Any = None
+        self.done = False
+        self.sources: dict[type, str | None] = {}
+        self.pid = os.getpid()
+        #: (tensor, its version counter, summary) of the last RECENT outputs
+        self.recent: list[tuple[Any, int, dict[str, Any] | None]] = []
+
+    def install(self) -> None:
+        hooks = self.torch.nn.modules.module
+        self.handles.append(hooks.register_module_forward_pre_hook(self._pre))
+        try:
+            self.handles.append(hooks.register_module_forward_hook(self._post, always_call=True))
+        except TypeError:  # torch < 2.1: no always_call
+            self.handles.append(hooks.register_module_forward_hook(self._post))
+
+    def _names_for(self, top: Any, prefix: str) -> dict[int, str]:
+        names = {}
+        for name, module in top.named_modules():
+            full = (prefix + "." + name if prefix and name else prefix) or name
+            names.setdefault(id(module), full)
+        return names
+
+    def _pre(self, module: Any, args: Any) -> None:
+        if self.done:
+            return
+        if self.depth == 0:
+            with contextlib.suppress(Exception):
+                self._top_level(module)
+        self.depth += 1
+
+    def _top_level(self, module: Any) -> None:
+        if os.getpid() != self.pid:  # a forked child (a DataLoader worker): not traced
+            self.stop(write=False)
+            return
+        if self.root is None and _has_parameters(module):
+            self.root = module
+        if module is self.root:
+            self._flush()
+            self.step += 1
+            if self.step >= self.steps:
+                self.stop()
+                return
+            self.calls = {}
+            self.order = 0
+            self.recent = []
+            self.names = self._names_for(module, "")
+        elif self.step >= 0:
+            self.names.update(self._names_for(module, "<%s>" % type(module).__name__))
+
+    def _post(self, module: Any, args: Any, output: Any) -> None:
+        if self.done or self.depth == 0:
+            return
+        self.depth -= 1
+        if self.step < 0:
+            return
+        with contextlib.suppress(Exception):  # a tracer bug must never break the workload
+            self._record(module, args, output)
+
+    def _record(self, module: Any, args: Any, output: Any) -> None:
+        torch = self.torch
+        path = self.names.get(id(module))
+        if path is None:  # made on the fly, outside the model's tree
+            path = "?" + type(module).__name__
+        call = self.calls.get(path, 0)
+        self.calls[path] = call + 1
+        kind = type(module)
+        if kind not in self.sources:
+            self.sources[kind] = _source(module)
+        row = {
+            "step": self.step,
+            "i": self.order,
+            "path": path,
+            "call": call,
+            "cls": kind.__name__,
+            "src": self.sources[kind],
+            "out": self._summary(_first_tensor(output, torch), True),
+            "in": self._summary(_first_tensor(args, torch), False),
+        }
+        self.order += 1
+        self.lines.append(json.dumps(row, allow_nan=False))
+        self.records += 1
+        if self.records >= MAX_RECORDS:
+            self.stop()
+
+    def _summary(self, t: Any, keep: bool) -> dict[str, Any] | None:
+        """``summarise``, reusing the summary of a recent output when ``t`` is that same
+        unchanged tensor (a block's input is the previous block's output)."""
+        if t is None:
+            return None
+        version = getattr(t, "_version", None)
+        for seen, seen_version, summary in self.recent:
+            if seen is t and seen_version == version:
+                return summary
+        summary = summarise(t, self.torch)
+        if keep:
+            self.recent.append((t, version, summary))
+            del self.recent[:-RECENT]
+        return summary
+
+    def _open(self) -> bool:
+        if self.fh is not None:
+            return True
+        try:
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except OSError:  # another process of the job is the one traced
+            self.stop(write=False)
+            return False
+        self.fh = os.fdopen(fd, "w")
+        header = {
+            "schema": TRACE_SCHEMA,
+            "pid": os.getpid(),
+            "device": self.device,
+            "steps": self.steps,
+            "sample": SAMPLE,
+            "torch": getattr(self.torch, "__version__", None),
+            "started_at": time.time(),
+        }
+        self.fh.write(json.dumps(header) + "\n")
+        return True
+
+    def _flush(self) -> None:
+        if not self.lines or not self._open():
+            return
+        self.fh.write("\n".join(self.lines) + "\n")
+        self.fh.flush()
+        self.lines = []
+
+    def stop(self, write: bool = True) -> None:
+        """Remove the hooks and write what is left (also the observer's atexit)."""
+        if self.done:
+            return
+        self.done = True
+        for handle in self.handles:
+            with contextlib.suppress(Exception):
+                handle.remove()
+        self.handles = []
+        self.recent = []
+        if write:
+            with contextlib.suppress(Exception):
+                self._flush()
+        if self.fh is not None:
+            with contextlib.suppress(Exception):
+                self.fh.close()
+            self.fh = None
+
+
+def start(torch: Any, path: str, steps: int, device: str) -> ModuleTrace:
+    """Register the hooks; the caller stops the trace at exit."""
+    trace = ModuleTrace(torch, path, steps, device)
+    trace.install()
+    return trace

@@ -1,0 +1,148 @@
+"""Issue 35, the parts: the observer's trace (a real process under the job's
+sitecustomize, real torch on the CPU) and the laptop's compare of two traces.
+
+The whole pipeline with a perturbed target: test_divergence_local.py.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from remotemac.acceptance.divergence import compare_traces, load_trace
+from remotemac.acceptance.markdown import render_markdown
+from tests.conftest import REPO
+
+# ---------------------------------------------------------------- the observer's side
+
+PROBE = """
+import sys, torch
+from torch import nn
+from torch.nn.modules import module as hooks
+shared = nn.Tanh()
+model = nn.Sequential(nn.Linear(4, 4), shared, nn.Linear(4, 4), shared)
+print("hooks", len(hooks._global_forward_hooks), len(hooks._global_forward_pre_hooks))
+print("loaded", "_remotemac_modtrace" in sys.modules)
+normalize = nn.Identity()  # a transform: an nn.Module without weights, run first
+for _ in range(3):
+    model(normalize(torch.ones(2, 4))).sum().backward()
+print("after", len(hooks._global_forward_hooks), len(hooks._global_forward_pre_hooks))
+"""
+
+
+def _probe(tmp_path: Path, trace: dict | None) -> tuple[list[str], Path]:
+    import os
+    import subprocess
+
+    sys.path.insert(0, str(REPO / "remotemac" / "agent"))
+    import runner  # the agent's script imports its siblings by bare name
+
+    env = dict(os.environ)
+    env.pop("PYTHONPATH", None)
+    path = tmp_path / "job.trace.jsonl"
+    observe = {"dir": str(tmp_path / "obs"), "device": "cpu", "interval": 5.0}
+    if trace is not None:
+        observe["trace"] = {**trace, "path": str(path)}
+    runner.prepare_observer(observe, env)
+    script = tmp_path / "probe.py"
+    script.write_text(PROBE)
+    proc = subprocess.run(
+        [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.splitlines(), path
+
+
+def test_tracing_off_registers_no_hook_and_loads_nothing(tmp_path):
+    lines, path = _probe(tmp_path, None)
+    assert lines == ["hooks 0 0", "loaded False", "after 0 0"]
+    assert not path.exists()
+
+
+def test_tracing_on_records_n_steps_then_removes_its_hooks(tmp_path):
+    lines, path = _probe(tmp_path, {"steps": 2})
+    assert lines == ["hooks 1 1", "loaded True", "after 0 0"]
+    header, rows = load_trace(path)
+    assert header["schema"] == "remotemac.trace/1" and header["device"] == "cpu"
+    assert {r["step"] for r in rows} == {0, 1}
+    step0 = [(r["path"], r["call"]) for r in rows if r["step"] == 0]
+    # children before their parent; the reused module keyed by its call index; the
+    # transform is not the model: the next batch's belongs to the step in progress
+    assert step0 == [("0", 0), ("1", 0), ("2", 0), ("1", 1), ("", 0), ("<Identity>", 0)]
+    out = rows[0]["out"]
+    assert out["shape"] == [2, 4] and out["dtype"] == "float32" and out["nan"] == 0
+    assert len(out["sample"]) == 8 and out["stride"] == 1  # 8 values: every one sampled
+    assert rows[0]["in"]["sum"] == 8.0 and rows[0]["in"]["absmax"] == 1.0
+
+
+# ---------------------------------------------------------------- the compare
+
+
+def _row(step, i, path, call, out, inp=None, dtype="float32", shape=(4,)):
+    summary = {"shape": list(shape), "dtype": dtype, "device": "cpu", "nan": 0, "inf": 0}
+    return {
+        "step": step,
+        "i": i,
+        "path": path,
+        "call": call,
+        "cls": "X",
+        "src": "m.py:1",
+        "out": {**summary, "sample": out, "absmax": max(abs(v) for v in out), "sum": sum(out)},
+        "in": None
+        if inp is None
+        else {**summary, "sample": inp, "absmax": max(abs(v) for v in inp), "sum": sum(inp)},
+    }
+
+
+def test_a_dtype_change_and_a_call_on_one_side_only_are_reported():
+    ref = [_row(0, 0, "a", 0, [1.0, 2.0]), _row(0, 1, "b", 0, [1.0, 2.0]), _row(0, 2, "", 0, [3.0])]
+    tgt = [
+        _row(0, 0, "a", 0, [1.0, 2.0], dtype="float16"),
+        _row(0, 1, "c", 0, [1.0]),
+        _row(0, 2, "", 0, [3.0]),
+    ]
+    div = compare_traces(ref, tgt)
+    assert [(c.path, c.what, c.reference, c.target) for c in div.changes] == [
+        ("a", "dtype", "float32", "float16")
+    ]
+    assert div.order is not None
+    assert (div.order.step, div.order.index, div.order.reference, div.order.target) == (
+        0,
+        1,
+        "b#0",
+        "c#0",
+    )
+    assert div.order.only_reference == ["b#0"] and div.order.only_target == ["c#0"]
+
+
+def test_the_rule_tolerance_decides_what_is_beyond_it():
+    ref = [_row(0, 0, "a", 0, [1.0, 2.0], inp=[1.0, 1.0])]
+    tgt = [_row(0, 0, "a", 0, [1.0, 2.001], inp=[1.0, 1.0])]
+    assert compare_traces(ref, tgt, (1e-2, 0.0)).kind == "noise"
+    div = compare_traces(ref, tgt, (1e-5, 0.0))
+    assert div.kind == "divergence" and div.first is not None and div.first.path == "a"
+    assert div.first.in_rel == 0.0 and div.first.growth > 1e3
+
+
+def test_the_section_renders_where_and_how_much():
+    ref = [_row(0, 0, "h.1.mlp", 0, [1.0, 2.0], inp=[1.0, 1.0])]
+    tgt = [_row(0, 0, "h.1.mlp", 0, [1.0, 2.002], inp=[1.0, 1.0])]
+    md = render_markdown({"verdict": "rejected", "divergence": compare_traces(ref, tgt).to_dict()})
+    assert "## First divergence" in md
+    assert "first divergence: `h.1.mlp` (call 0, step 0, X, `m.py:1`): output off by 0.001" in md
+
+
+# ---------------------------------------------------------------- the playbook
+
+
+def test_trace_is_off_unless_the_playbook_asks_and_steps_are_checked():
+    import pytest
+
+    from remotemac.playbook import PlaybookErrors, parse_playbook
+
+    assert parse_playbook("name: a\nworkload:\n  command: x\n").workload.trace is None
+    pb = parse_playbook("name: a\nworkload:\n  command: x\n  trace: {steps: 3}\n")
+    assert pb.workload.trace is not None and pb.workload.trace.steps == 3
+    with pytest.raises(PlaybookErrors) as err:
+        parse_playbook("name: a\nworkload:\n  command: x\n  trace: {steps: 0}\n", "p.yaml")
+    assert "workload.trace.steps: must be at least 1, got 0" in err.value.line()

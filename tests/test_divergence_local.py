@@ -1,0 +1,150 @@
+"""Issue 35: when the results differ, the record says where the target first diverged.
+
+The pipeline tests run a nanoGPT-shaped trainer (tests/fixtures/projects/gpttrace:
+tied embedding, SDPA attention, MLPs, one dropout module reused by every block)
+through ``remotemac run`` on host ``local``, reference and target both on the CPU;
+the target alone is perturbed (TRACE_SCALE / TRACE_NAN, read when the output dir is
+the target's), and ``workload.trace: {steps: 2}`` turns the trace on.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from remotemac.acceptance.divergence import load_trace
+from remotemac.acceptance.record import validate_record
+from tests.conftest import REPO, remotemac
+
+PROJECT = REPO / "tests" / "fixtures" / "projects" / "gpttrace"
+COMMAND = "python train.py --device {device} --out {output_dir} --iters 3"
+RULE = {"file": "ckpt.pt", "rtol": 1e-5, "atol": 1e-7}
+PERTURBED = "transformer.h.1.mlp"
+
+
+def _run(
+    tmp_path: Path,
+    tag: str,
+    env: dict,
+    trace: dict | None = None,
+    cli: tuple[str, ...] = (),
+    *,
+    host: str = "local",
+    python: str = sys.executable,
+    root: Path | None = None,
+    options: tuple[str, ...] = (),
+) -> tuple[int, dict, Path]:
+    import yaml
+
+    workload = {
+        "command": COMMAND,
+        "reference": {"device": "cpu"},
+        "target": {"device": "cpu"},
+        "timeout": "5m",
+        "env": env,
+    }
+    if trace is not None:
+        workload["trace"] = trace
+    data = {
+        "name": f"trace-{tag}",
+        "host": host,
+        "remote_root": str((root or tmp_path) / f"host-root-{tag}"),
+        "project": {"path": str(PROJECT)},
+        "environment": {"python": python, "venv": False},
+        "workload": workload,
+        "outputs": {"path": ".", "compare": [RULE]},
+        "stop_when": {"memory_growth": False},
+    }
+    pb = tmp_path / f"{tag}.yaml"
+    pb.write_text(yaml.safe_dump(data))
+    out = tmp_path / f"out-{tag}"
+    proc = remotemac(*options, "run", str(pb), "--out", str(out), *cli, timeout=600)
+    assert (out / "acceptance.json").exists(), proc.stdout + proc.stderr
+    record = json.loads((out / "acceptance.json").read_text())
+    assert validate_record(record) == []
+    return proc.returncode, record, out
+
+
+# ---------------------------------------------------------------- through the pipeline
+
+
+def test_a_perturbed_mlp_is_named_as_the_first_divergence_not_the_layers_after(tmp_path):
+    code, record, out = _run(tmp_path, "e3", {"TRACE_SCALE": "1e-3"}, {"steps": 2})
+    assert code == 1 and record["verdict"] == "rejected"
+    div = record["divergence"]
+    assert div["traced"] is True and div["kind"] == "divergence", div["detail"]
+    first = div["first"]
+    assert (first["path"], first["call"], first["step"]) == (PERTURBED, 0, 0)
+    assert first["cls"] == "MLP" and first["src"].startswith("train.py:")
+    assert 5e-4 < first["out_rel"] < 2e-3 and first["in_rel"] < 1e-6
+    # the layers after it carry the error on: none of them is named, none grows it 10x
+    assert div["growths"][0]["path"] == PERTURBED
+    # (the block and the model holding it are not listed: the innermost is named)
+    assert all(g["growth"] < div["growth_factor"] for g in div["growths"][1:]), div["growths"]
+    assert div["nan"] is None and div["changes"] == [] and div["order"] is None
+    assert div["steps"] == 2 and div["calls"]["reference"] == div["calls"]["target"] > 70
+    md = (out / "acceptance.md").read_text()
+    assert "## First divergence" in md and f"`{PERTURBED}` (call 0, step 0, MLP" in md
+    # the traces hold samples of the data (token ids): gone from the host with the wipe
+    assert not list((tmp_path / "host-root-e3").rglob("*.trace.jsonl"))
+    # the traces came back beside the logs, and are nothing but JSON
+    for label in ("cpu", "cpu-target"):
+        header, rows = load_trace(out / "logs" / f"{label}.trace.jsonl")
+        assert header["steps"] == 2 and {r["step"] for r in rows} == {0, 1}
+
+
+def test_over_sshd_the_traces_come_back_and_name_the_perturbed_mlp(
+    tmp_path, sshd, ssh_env, host_torch_python
+):
+    """The same trainer on the lab's sshd host (a real OpenSSH login, the host's own
+    torch): the traces travel back with the pull and name the same MLP."""
+    home, cfg, alias = ssh_env(sshd)
+    code, record, out = _run(
+        tmp_path,
+        "ssh-e3",
+        {"TRACE_SCALE": "1e-3"},
+        {"steps": 1},
+        host=alias,
+        python=host_torch_python,
+        root=sshd.home,
+        options=("--home", str(home), "--ssh-config", str(cfg)),
+    )
+    assert code == 1 and record["verdict"] == "rejected"
+    first = record["divergence"]["first"]
+    assert (first["path"], first["step"]) == (PERTURBED, 0), record["divergence"]["detail"]
+    assert (out / "logs" / "cpu-target.trace.jsonl").is_file()
+
+
+def test_a_float32_rounding_perturbation_is_accepted_and_the_trace_shows_noise(tmp_path):
+    code, record, _ = _run(tmp_path, "e7", {"TRACE_SCALE": "1e-7"}, {"steps": 2})
+    assert code == 0 and record["verdict"] == "accepted", record["stopping_conditions"]
+    div = record["divergence"]
+    assert div["kind"] == "noise" and div["first"] is None, div["detail"]
+    # float32-level noise: a few ulps of the values' scale, no call grows it 10x
+    assert 0 < div["worst_rel"] < 1e-5
+    assert all(g["growth"] < div["growth_factor"] for g in div["growths"])
+
+
+def test_a_nan_made_on_the_target_is_named_with_its_module(tmp_path):
+    # turned on with run --trace this time, not in the playbook
+    code, record, out = _run(tmp_path, "nan", {"TRACE_NAN": "1"}, cli=("--trace", "1"))
+    assert code == 1 and record["verdict"] == "rejected"
+    div = record["divergence"]
+    assert div["kind"] == "nan"
+    nan = div["nan"]
+    assert (nan["path"], nan["cls"], nan["step"]) == (
+        "transformer.h.1.attn",
+        "CausalSelfAttention",
+        0,
+    )
+    assert nan["nan"] > 0 and nan["reference_nan"] == 0
+    assert div["steps"] == 1
+    assert "transformer.h.1.attn" in (out / "acceptance.md").read_text()
+
+
+def test_no_trace_and_no_divergence_section_when_tracing_is_off(tmp_path):
+    code, record, out = _run(tmp_path, "off", {"TRACE_SCALE": "1e-3"})
+    assert code == 1 and "divergence" not in record
+    assert not list((out / "logs").glob("*.trace.jsonl"))
+    assert "First divergence" not in (out / "acceptance.md").read_text()
