@@ -11,7 +11,9 @@ from pathlib import Path
 
 import yaml
 
-from remotemac.playbook import Playbook, PlaybookLoader, _mark_for
+from remotemac.errors import RemotemacError
+from remotemac.playbook import Playbook, PlaybookLoader, _mark_for, _parse_yaml
+from remotemac.userfiles import read_user_file
 
 
 def playbook_path_problems(pb: Playbook, filename: str | Path) -> list[str]:
@@ -37,11 +39,10 @@ def raw_path_problems(filename: str | Path) -> list[str]:
     value errors (a user fixed the values, ran check again, and only then learnt that
     ``project.path`` did not exist). A key whose value is not a string is left to the
     value errors."""
-    try:
-        text = Path(filename).read_text(encoding="utf-8")
-        root = yaml.compose(text, Loader=PlaybookLoader)
-        data = yaml.safe_load(text)
-    except (OSError, yaml.YAMLError, RecursionError):
+    try:  # bounded and parsed as load_playbook does (/dev/zero, 5,000 digits: its errors)
+        text = read_user_file(Path(filename), "playbook")
+        root, data = _parse_yaml(text)
+    except (OSError, yaml.YAMLError, RecursionError, ValueError, RemotemacError):
         return []
     if not isinstance(data, dict):
         return []
