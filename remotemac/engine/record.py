@@ -186,7 +186,12 @@ def _observations(ctx: RunContext) -> tuple[dict[str, Any], list[dict[str, Any]]
     ]
     from remotemac.acceptance.cudalog import scan_log
 
+    # the target's log; a reference that failed on a CUDA path (its target then not
+    # launched) shows the same dependency in its own log: the workload needs CUDA anywhere
     cuda_hits = scan_log(logs / f"{tgt.label}.log")
+    for side in ctx.sides:
+        if not cuda_hits and side.role == "reference":
+            cuda_hits = scan_log(logs / f"{side.label}.log")
     if cuda_hits:
         first = cuda_hits[0]
         conditions.append(
@@ -390,12 +395,11 @@ def _decision_context(ctx: RunContext) -> dict[str, Any]:
         ]
         from remotemac.acceptance.cudalog import scan_log
 
-        tgt = ctx.side("target")
-        if tgt is not None:
-            blockers += [
-                f"log {h['log']}:{h['line_no']} {h['line'][:80]}"
-                for h in scan_log(ctx.out_dir / "logs" / f"{tgt.label}.log")[:3]
-            ]
+        for side in (ctx.side("target"), ctx.side("reference")):
+            hits = scan_log(ctx.out_dir / "logs" / f"{side.label}.log") if side else []
+            if hits:
+                blockers += [f"log {h['log']}:{h['line_no']} {h['line'][:80]}" for h in hits[:3]]
+                break
     except Exception as exc:  # the audit informs the decision; it must not sink the record
         blockers = []
         ctx.ledger.append("local", f"audit for the decision failed: {exc}", None, op="audit")
