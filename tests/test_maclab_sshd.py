@@ -135,10 +135,10 @@ def test_mac_host_sensitive_slice_with_nfd_names_cut_mid_sync_reaches_the_job_wh
         assert any(tool in c for c in commands), (tool, commands)
     assert not any("/proc" in c for c in commands), commands
     server = mac_host.sshd
-    state = server.mac.state  # type: ignore[attr-defined]
-    caffeinated = [json.loads(x) for x in (state / "caffeinate.log").read_text().splitlines()]
+    mac = server.mac  # type: ignore[attr-defined]
+    caffeinated = [json.loads(x) for x in mac.read_state("caffeinate.log").splitlines()]
     assert any(e.get("argv", [])[:2] == ["-i", "-w"] for e in caffeinated), caffeinated
-    ps_calls = [json.loads(x)["argv"] for x in (state / "ps.log").read_text().splitlines()]
+    ps_calls = [json.loads(x)["argv"] for x in mac.read_state("ps.log").splitlines()]
     assert ["-A", "-o", "pid=,ppid=,pgid=,rss="] in ps_calls, ps_calls[:5]
     assert server.run_as_user(["ls", "/Volumes"]).stdout.strip() == ""
 

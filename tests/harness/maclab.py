@@ -7,6 +7,13 @@ keeps its own Unix user (:data:`MAC_USER`) and root (:data:`MAC_ROOT`), so the
 shared Linux lab is untouched, and runs each sshd in its own mount namespace
 (``unshare -m``, as root) in which:
 
+(A normal user with passwordless sudo runs it too: exactly the root parts - the
+user and dirs, each host's corner, the namespace's root process, stopping and
+removing them - run through ``sudo -n`` (:func:`root_argv`), as the same
+``python -m tests.harness.maclab`` entry points with their environment given
+explicitly, since sudo scrubs it. Without root or such sudo: one LabError line.)
+
+
 - the session ``HOME`` is a FUSE loopback with HFS+ name rules
   (:mod:`tests.harness.macfs`: case-insensitive, case-preserving, NFD, 1-second
   times), backed by a root-only dir under :data:`MAC_ROOT`;
@@ -52,6 +59,7 @@ from pathlib import Path
 
 from tests.harness import lab
 from tests.harness.sshd import SSHD
+from tests.harness.sshd import _session_processes as sshd_sessions
 
 MAC_USER = "rmmac"
 MAC_HOME = Path("/home") / MAC_USER
@@ -79,6 +87,46 @@ REPLAYED = ("uname", "sw_vers", "sysctl", "pmset", "xcode-select")
 SCENARIO = "m1_sonoma14.json"
 _LAYOUT = "2"
 _ready = False
+_sudo_ok: bool | None = None
+#: what the root entry points need of the runner's environment (sudo scrubs it)
+_PASSED_ENV = ("PYENV_ROOT", "REMOTEMAC_LAB_USER", "REMOTEMAC_LAB_ROOT")
+
+
+def root_argv(argv: list[str]) -> list[str]:
+    """``argv`` as root: itself when we are root (CI), else behind ``sudo -n``.
+
+    Why not a skip: the README promises the suite passes as a normal user with sudo.
+    """
+    if os.geteuid() == 0:
+        return argv
+    global _sudo_ok
+    if _sudo_ok is None:
+        try:
+            _sudo_ok = subprocess.run(["sudo", "-n", "true"], capture_output=True).returncode == 0
+        except FileNotFoundError:
+            _sudo_ok = False
+    if not _sudo_ok:
+        raise lab.LabError(
+            "maclab: the Mac-shaped lab host needs root or passwordless sudo (`sudo -n true` "
+            f"failed): it adds the user {MAC_USER!r} and runs sshd in a mount namespace as root"
+        )
+    return ["sudo", "-n", *argv]
+
+
+def _root_python(*args: str) -> list[str]:
+    """This module's entry point ``args`` as root, with the environment it needs."""
+    env = [f"PYTHONPATH={REPO}"]
+    env += [f"{k}={os.environ[k]}" for k in _PASSED_ENV if k in os.environ]
+    return root_argv(["env", *env, sys.executable, "-m", "tests.harness.maclab", *args])
+
+
+def _run_root(*args: str) -> str:
+    """Run an entry point as root; its stdout, or a LabError with its last line."""
+    proc = subprocess.run(_root_python(*args), capture_output=True, text=True, cwd=str(REPO))
+    if proc.returncode != 0:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:]
+        raise lab.LabError(f"maclab: `{' '.join(args)}` as root failed: {tail}")
+    return proc.stdout.strip()
 
 
 def mac_ids() -> tuple[int, int]:
@@ -94,6 +142,11 @@ def ensure_maclab() -> None:
     global _ready
     if _ready:
         return
+    if os.geteuid() != 0:
+        _run_root("setup")
+        _ready = True
+        return
+    os.makedirs("/run/sshd", mode=0o755, exist_ok=True)  # sshd runs as root (sudo too)
     lab.ensure_lab()  # its 3.9 prefix is what we copy (read-only)
     with lab._locked(MAC_ROOT.parent / ".remotemac-maclab.lock"):
         _ensure_user()
@@ -187,6 +240,13 @@ class MacHost:
     @classmethod
     def create(cls) -> MacHost:
         ensure_maclab()
+        if os.geteuid() != 0:
+            return cls(_run_root("create", str(os.getuid())))
+        return cls.create_here()
+
+    @classmethod
+    def create_here(cls, owner: int | None = None) -> MacHost:
+        """As root; ``owner``: the sudo caller, who writes the config and key files."""
         uid, gid = mac_ids()
         host = cls(os.path.basename(lab._mkdtemp(MAC_TOPS)))
         for path in (host.top, host.home, host.tmux_dir):
@@ -198,6 +258,10 @@ class MacHost:
         (host.backing / "home").mkdir(parents=True, mode=0o700)
         os.chown(host.backing / "home", uid, gid)
         host._install_standins()
+        if owner is not None:
+            for path in (host.config, MAC_KEYS / f"{host.name}.pub"):
+                path.touch(mode=0o644)
+                os.chown(path, owner, -1)
         return host
 
     def _install_standins(self) -> None:
@@ -244,7 +308,19 @@ class MacHost:
             "REMOTEMAC_LAB_DARWIN": "1",
         }
 
+    def read_state(self, name: str) -> str:
+        """A stand-in's log in the host's state dir (the lab user's: root reads it)."""
+        path = self.state / name
+        if os.geteuid() == 0:
+            return path.read_text()
+        return subprocess.run(
+            root_argv(["cat", str(path)]), capture_output=True, text=True, check=True
+        ).stdout
+
     def remove(self) -> None:
+        if os.geteuid() != 0:
+            _run_root("remove", self.name)  # with the key file, in a root-owned dir
+            return
         for sock in self.tmux_dir.glob("tmux-*/*"):
             with contextlib.suppress(Exception):
                 subprocess.run(
@@ -327,7 +403,7 @@ class MacSSHD(SSHD):
         """``argv`` wrapped to run inside this host's mount namespace (as its user)."""
         if self.proc is None:
             raise RuntimeError("the Mac-shaped host is not running")
-        prefix = ["nsenter", "-t", str(self._init_pid()), "-m", "--"]
+        prefix = root_argv(["nsenter", "-t", str(self._init_pid()), "-m", "--"])
         if as_user:
             uid, gid = mac_ids()
             prefix += ["setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups"]
@@ -344,10 +420,42 @@ class MacSSHD(SSHD):
         )
 
     def _init_pid(self) -> int:
+        """The namespace's root process: ``proc`` itself, or (sudo) its descendant."""
         assert self.proc is not None
-        return self.proc.pid
+        if os.geteuid() == 0:
+            return self.proc.pid
+        frontier = [self.proc.pid]
+        while frontier:
+            pid = frontier.pop()
+            with contextlib.suppress(OSError):
+                argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+                if argv[1:4] == [b"-m", b"tests.harness.maclab", b"init"]:
+                    return pid
+            with contextlib.suppress(OSError):
+                frontier += map(int, Path(f"/proc/{pid}/task/{pid}/children").read_text().split())
+        raise RuntimeError("the Mac-shaped host's root process is gone")
+
+    def stop(self, *, kill_sessions: bool = True) -> None:
+        """As :meth:`SSHD.stop`; through sudo the root processes get their signals by it."""
+        if os.geteuid() != 0 and self.proc is not None:
+            with contextlib.suppress(RuntimeError):
+                init_pid = self._init_pid()
+                pids = sshd_sessions(init_pid) if kill_sessions else []
+                if pids:
+                    subprocess.run(root_argv(["kill", "-KILL", *map(str, pids)]), check=False)
+                subprocess.run(root_argv(["kill", "-TERM", str(init_pid)]), check=False)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    self.proc.wait(timeout=5)
+            kill_sessions = False
+        super().stop(kill_sessions=kill_sessions)
 
     def start(self, port: int | None = None, timeout: float = 20.0) -> SSHD:
+        as_root = _root_python("init", str(self.mac.config), "--")
+        if os.geteuid() != 0:  # sudo -n env VARS unshare … python -m tests.harness.maclab
+            at = as_root.index(sys.executable)
+            self._launch_prefix = [*as_root[:at], "unshare", "-m", "--propagation", "private"]
+            self._launch_prefix += as_root[at:]
+            return super().start(port, timeout)
         self._launch_prefix = [
             "unshare",
             "-m",
@@ -607,4 +715,14 @@ if __name__ == "__main__":
     if sys.argv[1] == "init":
         split = sys.argv.index("--")
         sys.exit(init(sys.argv[2], sys.argv[split + 1 :]))
-    sys.exit(f"usage: {sys.argv[0]} init CONFIG -- SSHD-ARGV")
+    # the root parts a sudo caller asks for (root_argv): set-up, one host, its removal
+    if sys.argv[1] == "setup":
+        sys.exit(ensure_maclab())
+    if sys.argv[1] == "create":
+        print(MacHost.create_here(owner=int(sys.argv[2])).name)
+        sys.exit(0)
+    if sys.argv[1] == "remove":
+        MacHost(sys.argv[2]).remove()
+        (MAC_KEYS / f"{sys.argv[2]}.pub").unlink(missing_ok=True)
+        sys.exit(0)
+    sys.exit(f"usage: {sys.argv[0]} init CONFIG -- SSHD-ARGV | setup | create UID | remove NAME")
