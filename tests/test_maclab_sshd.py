@@ -221,3 +221,20 @@ def test_mac_host_symlinked_remote_root_is_refused_with_exit_2_and_nothing_writt
     assert "is a symlink" in proc.stderr, proc.stderr
     left = server.run_as_user(["ls", "-A", str(server.home / "private" / "tmp")])  # type: ignore[attr-defined]
     assert left.stdout.split() == [], left.stdout
+
+
+def test_doctor_on_the_mac_host_says_launchd_guards_in_user_domain_gui_refused(
+    mac_host: LabHost,
+):
+    """Simulation: doctor names the dead-man guard a run on the Mac-shaped host gets: the
+    SSH-only login has no gui/ domain (refused), launchd holds jobs in user/UID, checked
+    with ``launchctl print`` (legacy ``load``'s exit 0 is not taken for it)."""
+    proc = _cli(mac_host, "doctor", mac_host.alias, "--json")
+    checks = {c["name"]: c for c in json.loads(proc.stdout)["checks"]}
+    row = checks["dead-man"]
+    uid = json.loads(proc.stdout)["facts"]["deadman"]["domain"].split("/")[1]
+    assert row["value"] == f"launchd, domain user/{uid}", row
+    assert f"checked with launchctl print user/{uid}" in row["why"], row
+    assert f"gui/{uid} refused" in row["why"], row
+    table = _cli(mac_host, "doctor", mac_host.alias)
+    assert "dead-man" in table.stdout and f"user/{uid}" in table.stdout, table.stdout
