@@ -183,7 +183,7 @@ def test_mac_host_remote_root_below_a_symlinked_dir_runs_and_cleanup_leaves_noth
     """Simulation: ``~/tmp`` is a symlink to ``~/private/tmp`` as ``/tmp`` is on a Mac. A
     remote_root below it is resolved once on the host and used by its real path: the run
     ends as a clean run does, its ledger shows the RAM disk made with hdiutil and
-    diskutil, the record shows both forms, and cleanup leaves nothing in the target."""
+    diskutil, the record shows both forms and which dead-man guard held (launchd, user/), and cleanup leaves nothing in the target."""
     server = mac_host.sshd
     data = tmp_path / "slice"
     files = make_slice(data, ODD_NAMES, small=5)
@@ -200,6 +200,12 @@ def test_mac_host_remote_root_below_a_symlinked_dir_runs_and_cleanup_leaves_noth
     assert any(c.startswith("diskutil erasevolume HFS+ ") for c in commands), commands
     real = str(server.home / "private" / "tmp" / "rr")  # type: ignore[attr-defined]
     assert real in (out / "acceptance.json").read_text() or real in proc.stdout + proc.stderr
+    # the record says which dead-man guard held: gui/ refused over SSH, launchd's user/
+    guard = json.loads((out / "acceptance.json").read_text())["deadman"]
+    assert guard["method"] == "launchd" and guard["domain"].startswith("user/"), guard
+    assert guard["verified"] == f"launchctl print {guard['domain']}/{guard['label']}", guard
+    md = (out / "acceptance.md").read_text()
+    assert "## Dead-man" in md and guard["domain"] in md, md
     clean = _cli(mac_host, "cleanup", mac_host.alias, "--remote-root", given, "--yes")
     assert clean.returncode == 0, clean.stdout + clean.stderr
     left = server.run_as_user(["ls", "-A", str(server.home / "private" / "tmp")])  # type: ignore[attr-defined]
