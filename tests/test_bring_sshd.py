@@ -142,3 +142,12 @@ def test_doctor_on_a_3_9_only_host_says_what_it_brings_and_that_torch_2_13_needs
             assert wp["status"] == "ok" and wp["value"].startswith("3.9."), wp
             assert pins["status"] == "fail", pins
             assert "torch==2.13.0 has no wheel for CPython 3.9 on linux x86_64" in pins["value"]
+
+
+def test_doctor_on_the_linux_lab_says_the_host_side_sleeper_guards_a_run(sshd, ssh_env):
+    """Off macOS there is no launchd: doctor says a run's dead-man is the sleeper, and why."""
+    home, cfg, alias = ssh_env(sshd)
+    proc = _cli(home, cfg, "doctor", alias, "--json")
+    row = {c["name"]: c for c in json.loads(proc.stdout)["checks"]}["dead-man"]
+    assert row["value"] == "host-side sleeper", row
+    assert row["why"].startswith("not macOS: no launchd"), row

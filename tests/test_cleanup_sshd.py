@@ -171,6 +171,10 @@ def test_three_runs_then_cleanup_leaves_nothing(tmp_path: Path, sshd_factory, ss
     assert len(ids) == 3
     assert t.sessions(), "the detached run should still be running in tmux"
     assert deadman_pids(str(t.root)), "the dead-man sleeper should be scheduled"
+    # the deadline run's record says the host-side sleeper guards it (Linux: no launchd)
+    guard = json.loads((tmp_path / "out1" / "acceptance.json").read_text())["deadman"]
+    assert guard["method"] == "sleeper" and guard["pid"] in deadman_pids(str(t.root)), guard
+    assert "## Dead-man" in (tmp_path / "out1" / "acceptance.md").read_text()
     assert any(Path("/dev/shm").glob("remotemac-deadline-*")), "kept data: RAM store remains"
     # plant symlinks to the canary inside remote_root, at every level
     (t.root / "runs" / ids[0] / "logs" / "to-canary").symlink_to(canary)

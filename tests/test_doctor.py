@@ -72,6 +72,7 @@ def test_m1_sonoma_is_fit(m1_facts) -> None:
         "brew": "ok",
         "disk": "ok",
         "sleep": "ok",
+        "dead-man": "ok",
         "clock": "ok",
         "mps": "n/a",
     }
@@ -285,3 +286,19 @@ def test_doctor_coroutine_wires_gather_and_evaluate(tmp_path) -> None:
     """gather_facts is a coroutine; doctor() wires gather + evaluate."""
     report = asyncio.run(dr.doctor(LocalTransport(), "local", str(tmp_path)))
     assert report.host == "local" and report.facts["os"] == "Linux"
+
+
+def test_doctor_says_which_dead_man_guard_a_run_would_get(facts) -> None:
+    """The dead-man row names launchd's domain and its check, or the sleeper and why."""
+    facts["deadman"] = {
+        "method": "launchd",
+        "domain": "user/501",
+        "verified": "launchctl print user/501",
+        "refused": [{"domain": "gui/501", "why": "exit 113: Could not find domain"}],
+    }
+    row = dr.evaluate(facts).check("dead-man")
+    assert row.value == "launchd, domain user/501"
+    assert "checked with launchctl print user/501" in row.why and "gui/501 refused" in row.why
+    facts["deadman"] = {"method": "sleeper", "why": "not macOS: no launchd"}
+    row = dr.evaluate(facts).check("dead-man")
+    assert row.value == "host-side sleeper" and row.why.startswith("not macOS: no launchd")

@@ -440,3 +440,48 @@ def test_every_sample_used_keeps_its_source() -> None:
     for name in used:
         source = (FIXTURES / f"{name}.source").read_text()
         assert name in source and f"`{name}`" in readme, name
+
+
+# --------------------------------------------------------------------------- dead-man guard
+
+
+def _launchctl_shim(tmp_path: Path, shown: tuple[str, ...]) -> str:
+    """A ``launchctl`` whose ``print DOMAIN`` exits 0 only for the domains in ``shown``."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    shim = bindir / "launchctl"
+    cases = "".join(f'  "print {d}") echo "{d} = {{"; exit 0;;\n' for d in shown)
+    shim.write_text(
+        '#!/bin/sh\ncase "$*" in\n'
+        f"{cases}"
+        '  *) echo "Bad request." >&2; echo "Could not find domain for $2" >&2; exit 113;;\n'
+        "esac\n"
+    )
+    shim.chmod(0o755)
+    return str(bindir)
+
+
+def test_deadman_guard_is_launchd_in_the_first_domain_launchctl_print_shows(tmp_path) -> None:
+    """Simulation (a launchctl shim): an SSH-only login has no gui/ domain; user/ holds."""
+    uid = os.getuid()
+    host = hf.Host(None, _launchctl_shim(tmp_path, (f"user/{uid}",)))
+    got = hf._deadman(host, True)
+    assert got["method"] == "launchd" and got["domain"] == f"user/{uid}"
+    assert got["verified"] == f"launchctl print user/{uid}"
+    assert [r["domain"] for r in got["refused"]] == [f"gui/{uid}"]
+    assert "exit 113: Could not find domain" in got["refused"][0]["why"]
+
+
+def test_deadman_guard_is_the_sleeper_when_launchctl_print_shows_no_domain(tmp_path) -> None:
+    """Simulation: neither domain shown (legacy ``load`` exiting 0 would not count): the
+    run would get the host-side sleeper, and the facts say why."""
+    host = hf.Host(None, _launchctl_shim(tmp_path, ()))
+    got = hf._deadman(host, True)
+    assert got["method"] == "sleeper" and "neither launchd domain" in got["why"]
+    assert len(got["refused"]) == 2
+
+
+def test_deadman_guard_off_macos_is_the_sleeper(tmp_path, monkeypatch) -> None:
+    monkeypatch.delenv(hf.LAB_DARWIN_ENV, raising=False)
+    got = hf._deadman(hf.Host(None, _launchctl_shim(tmp_path, ("user/0",))), False)
+    assert got == {"method": "sleeper", "why": "not macOS: no launchd"}

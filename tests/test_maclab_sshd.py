@@ -183,7 +183,7 @@ def test_mac_host_remote_root_below_a_symlinked_dir_runs_and_cleanup_leaves_noth
     """Simulation: ``~/tmp`` is a symlink to ``~/private/tmp`` as ``/tmp`` is on a Mac. A
     remote_root below it is resolved once on the host and used by its real path: the run
     ends as a clean run does, its ledger shows the RAM disk made with hdiutil and
-    diskutil, the record shows both forms, and cleanup leaves nothing in the target."""
+    diskutil, the record shows both forms and which dead-man guard held (launchd, user/), and cleanup leaves nothing in the target."""
     server = mac_host.sshd
     data = tmp_path / "slice"
     files = make_slice(data, ODD_NAMES, small=5)
@@ -200,6 +200,12 @@ def test_mac_host_remote_root_below_a_symlinked_dir_runs_and_cleanup_leaves_noth
     assert any(c.startswith("diskutil erasevolume HFS+ ") for c in commands), commands
     real = str(server.home / "private" / "tmp" / "rr")  # type: ignore[attr-defined]
     assert real in (out / "acceptance.json").read_text() or real in proc.stdout + proc.stderr
+    # the record says which dead-man guard held: gui/ refused over SSH, launchd's user/
+    guard = json.loads((out / "acceptance.json").read_text())["deadman"]
+    assert guard["method"] == "launchd" and guard["domain"].startswith("user/"), guard
+    assert guard["verified"] == f"launchctl print {guard['domain']}/{guard['label']}", guard
+    md = (out / "acceptance.md").read_text()
+    assert "## Dead-man" in md and guard["domain"] in md, md
     clean = _cli(mac_host, "cleanup", mac_host.alias, "--remote-root", given, "--yes")
     assert clean.returncode == 0, clean.stdout + clean.stderr
     left = server.run_as_user(["ls", "-A", str(server.home / "private" / "tmp")])  # type: ignore[attr-defined]
@@ -221,3 +227,20 @@ def test_mac_host_symlinked_remote_root_is_refused_with_exit_2_and_nothing_writt
     assert "is a symlink" in proc.stderr, proc.stderr
     left = server.run_as_user(["ls", "-A", str(server.home / "private" / "tmp")])  # type: ignore[attr-defined]
     assert left.stdout.split() == [], left.stdout
+
+
+def test_doctor_on_the_mac_host_says_launchd_guards_in_user_domain_gui_refused(
+    mac_host: LabHost,
+):
+    """Simulation: doctor names the dead-man guard a run on the Mac-shaped host gets: the
+    SSH-only login has no gui/ domain (refused), launchd holds jobs in user/UID, checked
+    with ``launchctl print`` (legacy ``load``'s exit 0 is not taken for it)."""
+    proc = _cli(mac_host, "doctor", mac_host.alias, "--json")
+    checks = {c["name"]: c for c in json.loads(proc.stdout)["checks"]}
+    row = checks["dead-man"]
+    uid = json.loads(proc.stdout)["facts"]["deadman"]["domain"].split("/")[1]
+    assert row["value"] == f"launchd, domain user/{uid}", row
+    assert f"checked with launchctl print user/{uid}" in row["why"], row
+    assert f"gui/{uid} refused" in row["why"], row
+    table = _cli(mac_host, "doctor", mac_host.alias)
+    assert "dead-man" in table.stdout and f"user/{uid}" in table.stdout, table.stdout

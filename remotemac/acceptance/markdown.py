@@ -543,6 +543,10 @@ def render_markdown(record: dict[str, Any]) -> str:
         "Continuity", rec.get("continuity") or {}, ["disconnects", "reconnects", "drill"]
     )
     out += _kv_section("Wipe", rec.get("wipe") or {}, ["done", "verified", "removed", "remaining"])
+    guard = rec.get("deadman")
+    if isinstance(guard, dict):  # which dead-man guard held (launchd's domain, or the sleeper)
+        keys = ["method", "domain", "verified"] if guard.get("method") == "launchd" else ["method"]
+        out += _kv_section("Dead-man", guard, keys)
     if rec.get("cpu"):  # seconds: this laptop's process, the host's agent processes
         out += _kv_section("CPU", rec["cpu"], ["laptop_s", "host_s", "agent_calls"])
     cost = rec.get("cost") or {}

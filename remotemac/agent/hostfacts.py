@@ -445,6 +445,50 @@ def _pmset(host: Host, darwin: bool) -> Any:
     return out
 
 
+#: the Mac-shaped test lab's darwin switch (agent/safefs.py reads it for the agent); this
+#: collector runs from memory alone, so it reads the same variable to answer for the
+#: same branch deadman.schedule takes there. A real host never sets it.
+LAB_DARWIN_ENV = "REMOTEMAC_LAB_DARWIN"
+
+
+def _deadman(host: Host, darwin: bool) -> dict[str, Any]:
+    """Which guard a run's dead-man wipe would get here, and why (agent/deadman.py).
+
+    Why: the record says which guard held for a run; doctor says it before one, so a
+    user knows whether launchd or a sleeper the host's own reboot ends would guard it.
+    On macOS a run tries ``bootstrap gui/UID``, then ``user/UID`` (legacy ``load`` only
+    counts when ``launchctl print`` finds the label in one of them): a domain that
+    ``launchctl print`` does not show cannot hold the job, so the first one it shows is
+    the run's guard; none shown means the sleeper.
+    """
+    darwin = darwin or (os.environ.get(LAB_DARWIN_ENV) == "1" and sys.platform.startswith("linux"))
+    if not darwin:
+        return {"method": "sleeper", "why": "not macOS: no launchd"}
+    uid = os.getuid()
+    refused = []
+    for domain in ("gui/%d" % uid, "user/%d" % uid):
+        result = host.cmd("launchctl", "print", domain)
+        if result is not None and result[0] == 0:
+            return {
+                "method": "launchd",
+                "domain": domain,
+                "verified": "launchctl print %s" % domain,
+                "refused": refused,
+            }
+        why = "launchctl not found" if result is None else _last_line(result)
+        refused.append({"domain": domain, "why": why})
+    return {
+        "method": "sleeper",
+        "why": "launchctl print shows neither launchd domain",
+        "refused": refused,
+    }
+
+
+def _last_line(result: tuple[int, str, str]) -> str:
+    lines = (result[2] or result[1]).strip().splitlines()
+    return "exit %d: %s" % (result[0], lines[-1][:200] if lines else "no output")
+
+
 def find_venv_python(remote_root: str) -> str | None:
     """The newest ``<remote_root>/envs/*/bin/python`` remotemac made, if any."""
     root = os.path.expanduser(remote_root)
@@ -505,6 +549,7 @@ def collect_facts(
         "brew": lambda: _tool(host, "brew", [], None),  # `brew --version` may self-update
         "disk": lambda: _disk(host, remote_root),
         "pmset": lambda: _pmset(host, darwin),
+        "deadman": lambda: _deadman(host, darwin),
     }
     with ThreadPoolExecutor(max_workers=len(probes)) as pool:
         futures = {key: pool.submit(probe) for key, probe in probes.items()}

@@ -317,6 +317,28 @@ def _check_sleep(facts: dict[str, Any]) -> Check:
     )
 
 
+def _check_deadman(facts: dict[str, Any]) -> Check:
+    """Which guard a run's ``wipe_deadline`` would get here (agent/deadman.py's choice)."""
+    job = facts.get("deadman")
+    if not isinstance(job, dict):
+        return Check("dead-man", NOT_APPLICABLE, "unknown", "the host did not say")
+    refused = "; ".join(
+        f"{r.get('domain')} refused ({r.get('why')})" for r in job.get("refused") or []
+    )
+    if job.get("method") == "launchd":
+        why = f"checked with {job.get('verified')}" + (f"; {refused}" if refused else "")
+        return Check("dead-man", OK, f"launchd, domain {job.get('domain')}", why)
+    why = str(job.get("why") or "")
+    if refused:
+        why = f"{why}: {refused}"
+    return Check(
+        "dead-man",
+        OK,
+        "host-side sleeper",
+        f"{why}; a detached sleeper wipes at the deadline (a reboot of the host ends it)",
+    )
+
+
 def _check_clock(facts: dict[str, Any], local_time: float | None) -> Check:
     remote = facts.get("clock")
     if local_time is None or remote is None:
@@ -422,6 +444,7 @@ def evaluate(
         _check_brew(facts),
         _check_disk(facts, needs_disk_bytes),
         _check_sleep(facts),
+        _check_deadman(facts),
         _check_clock(facts, local_time),
         _check_mps(facts),
     ]

@@ -380,6 +380,19 @@ def _dataset(ctx: RunContext) -> dict[str, Any]:
     return hosts.get("remote") or next(iter(hosts.values()), {})
 
 
+def _deadman_guard(sync: dict[str, Any]) -> dict[str, Any] | None:
+    """Which dead-man guard held for the run (agent/deadman.py's job), or None without
+    ``wipe_deadline``: launchd in the domain ``launchctl print`` found it in, or the sleeper."""
+    job = sync.get("deadman")
+    if not isinstance(job, dict) or not job.get("method"):
+        return None
+    if job["method"] == "launchd":
+        keys: tuple[str, ...] = ("method", "domain", "verified", "label", "deadline")
+    else:
+        keys = ("method", "pid", "deadline")
+    return {k: job.get(k) for k in keys}
+
+
 def _decision_context(ctx: RunContext) -> dict[str, Any]:
     """The playbook's purpose plus the CUDA-only dependencies the audit finds in the project."""
     purpose = ctx.playbook.purpose
@@ -753,6 +766,7 @@ async def write_acceptance(ctx: RunContext, lost: str | None = None) -> dict[str
         },
         reproduce=reproduce_command(ctx),
         caches=caches(ctx),
+        deadman=_deadman_guard(sync),
     )
     record["process_behaviour"] = process_behaviour(ctx, record)
     record["cpu"] = _cpu(ctx)
