@@ -358,10 +358,88 @@ def test_a_disk_filled_by_the_job_still_ends_in_a_final_state_and_a_wipe(
     status = json.loads((t.root / "runs" / run_id / "status" / "cpu.json").read_text())
     # a final state: the job's own exit, or the runner's storage stop
     assert status["state"] in ("failed", "storage-limit"), status
+    assert_data_wiped_outputs_kept(t, run_id, pulled=proc.returncode != 3)
     proc = t.cli("cleanup", t.alias, "--remote-root", str(t.root), "--yes", "--json")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert not t.root.exists()
     assert not list(Path("/dev/shm").glob(f"remotemac-{run_id}*")), "the RAM store stayed"
+
+
+#: the reference writes its results, then leaves the host's disk full (a file outside
+#: its out/, the user's to free) and ends well: the target cannot be launched
+LEAVE_FULL_JOB = r"""
+import json, os, sys
+out, filler = sys.argv[1], sys.argv[2]
+os.makedirs(out, exist_ok=True)
+with open(os.path.join(out, "metrics.json"), "w") as fh:
+    json.dump({"loss": 0.25}, fh)
+with open(os.path.join(out, "model.pth.tar"), "wb") as fh:
+    fh.write(bytes(range(256)) * 8192)
+print("wrote results", flush=True)
+try:
+    with open(filler, "ab") as fh:
+        while True:
+            fh.write(b"x" * 65536)
+            fh.flush()
+except OSError as exc:
+    print("disk full:", exc, flush=True)
+"""
+
+
+def assert_data_wiped_outputs_kept(t: Target, run_id: str, pulled: bool = False) -> None:
+    """The run's data is gone from the host (RAM store, decrypted slice) and its key from
+    the laptop; its outputs, unless verified here (``pulled``), and logs stay for
+    ``attach``."""
+    from remotemac.data.keys import key_path
+
+    run_dir = t.root / "runs" / run_id
+    assert not list(Path("/dev/shm").glob(f"remotemac-{run_id}*")), "the RAM store stayed"
+    assert not (run_dir / "data").exists(), sorted(p.name for p in run_dir.iterdir())
+    assert not key_path(t.rm_home, run_id).exists(), "the data key stayed"
+    assert (run_dir / "logs").is_dir(), sorted(p.name for p in run_dir.iterdir())
+    if not pulled:
+        assert list((run_dir / "out").rglob("metrics.json")), "the outputs were not kept"
+
+
+def test_a_disk_left_full_wipes_the_data_keeps_the_outputs_and_attach_gets_them(
+    tmp_path, small_disk, ssh_env
+):
+    """The target cannot start on the disk the reference left full (exit 3): the run's
+    data (RAM store, slice, key) is wiped then and there, the reference's outputs stay,
+    the message says so and names the command; once space is freed ``attach`` verifies
+    them here and ``cleanup`` leaves the host clean."""
+    server, mount = small_disk
+    rm_home, cfg, alias = ssh_env(server)
+    t = Target(alias, cfg, rm_home, server.home, server.tmux_dir, mount / "remotemac", server)
+    filler = mount / "filler.bin"
+    book = write_book(
+        tmp_path,
+        t,
+        results_project(tmp_path, LEAVE_FULL_JOB),
+        command=f"python3 train.py {{output_dir}} {filler}",
+        stop_when={"memory_growth": False, "min_free_disk": 0},
+    )
+    out = tmp_path / "out"
+    proc = t.cli("run", str(book), "--out", str(out))
+    text = proc.stdout + proc.stderr
+    assert proc.returncode == 3, text
+    [run_id] = run_ids(t.root)
+    assert "disk is full" in proc.stderr, text
+    assert "kept on the host" in proc.stderr and f"remotemac attach {run_id}" in proc.stderr, text
+    assert_data_wiped_outputs_kept(t, run_id)
+    filler.unlink()  # the user frees some space
+    again = t.cli("attach", run_id)
+    assert again.returncode in (0, 1), again.stdout + again.stderr
+    got = pulled(out)
+    [label] = {name.split("/", 1)[0] for name in got}  # the reference's: the target never ran
+    assert got[f"{label}/model.pth.tar"] == hashlib.sha256(MODEL).hexdigest(), got
+    assert f"{label}/metrics.json" in got, got
+    record = json.loads((out / "acceptance.json").read_text())
+    assert record["wipe"]["done"] is True and record["wipe"]["verified"] is True, record["wipe"]
+    assert not (t.root / "runs" / run_id / "out").exists()
+    proc = t.cli("cleanup", t.alias, "--remote-root", str(t.root), "--yes", "--json")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert not t.root.exists()
 
 
 # ------------------------------------------------------------------ across phases

@@ -124,8 +124,7 @@ def check_access(req: Dict[str, Any]) -> Dict[str, Any]:
             if "No space left" in str(entry.get("error")) or "quota" in str(entry.get("error")):
                 raise _agent_error(
                     "the host's disk is full: the workload cannot write to its %s %s (%s); "
-                    "free space there (remotemac cleanup HOST removes what remotemac left) "
-                    "or choose another remote_root"
+                    "free space there or choose another remote_root"
                     % (entry["what"], entry["path"], entry["error"]),
                     "disk-full",
                 )

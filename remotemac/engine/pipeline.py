@@ -399,6 +399,8 @@ async def _run_pipeline(ctx: RunContext) -> int:
         if current in WIPE_AFTER_FAILURE:
             error += await _wipe_after_failure(ctx, current)
             say_what_is_kept(ctx, exc, current)
+        elif launch_on_a_full_disk(ctx, exc, current):
+            error += await _wipe_after_full_disk(ctx, exc, current)
         ctx.journal.set_run_state(ctx.run_id, "failed", exit_code=code, phase=current, error=error)
         raise
     finally:
@@ -643,6 +645,42 @@ async def _wipe_after_failure(ctx: RunContext, failed: str) -> str:
     ctx.journal.finish_phase(ctx.run_id, "wipe", result)
     ctx.emit(PhaseFinished(ctx.run_id, phase="wipe", detail=result.get("summary", "")))
     return f"; wiped after the failure ({result.get('summary', '')})"
+
+
+#: agent error codes of a host disk that is full: the launch's write check, an ENOSPC
+DISK_FULL_CODES = frozenset({"disk-full", "no-space"})
+
+
+def launch_on_a_full_disk(ctx: RunContext, exc: Exception, failed: str) -> bool:
+    """Whether ``failed`` is a launch the host's full disk refused, after the data was
+    synced: no side can start on that run any more, so its data has no use there."""
+    return (
+        failed.partition(":")[0] == Phase.LAUNCH.value
+        and getattr(exc, "code", None) in DISK_FULL_CODES
+        and Phase.SYNC.value in ctx.results
+    )
+
+
+async def _wipe_after_full_disk(ctx: RunContext, exc: Exception, failed: str) -> str:
+    """A launch refused by the host's full disk: the run's data (RAM store, decrypted
+    slice, data key) must not outlive the run, so the wipe runs now; the outputs of
+    the sides that ran, not verified here, stay with the logs (docs/contract.md, "What
+    survives a failure"). The sides not run are recorded as not launched, so ``attach``
+    goes on from the pull once space is freed, and the message names that command."""
+    why = "the host's disk was full at its launch, and the run's data was wiped"
+    for key in phase_keys(ctx):
+        if key.phase in (Phase.LAUNCH, Phase.FOLLOW) and (
+            key.name == failed or key.name not in ctx.results
+        ):
+            skip_side(ctx, key.name, why)
+    note = await _wipe_after_failure(ctx, failed)
+    if isinstance(exc, RemotemacError) and Phase.WIPE in ctx.results:
+        exc.hint = (
+            "the run's data was wiped; its logs and the outputs not verified here are kept "
+            f"on the host: free some space there, then get them with remotemac attach "
+            f"{ctx.run_id}"
+        )
+    return note
 
 
 async def _record_after_loss(ctx: RunContext, exc: JobLost) -> None:
