@@ -623,7 +623,11 @@ def status(settings: LocalSettings, run_id: str | None, as_json: bool, ledger: b
 @main.command(epilog=RUN_ID_HELP)
 @click.argument("run_id")
 @click.option("--device", help="One device's log (default: all).")
-@click.option("--follow", is_flag=True, help="Keep following while the run is attached.")
+@click.option(
+    "--follow",
+    is_flag=True,
+    help="Keep printing new lines until the job ends (of a detached run: live from the host).",
+)
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line: device, line.")
 @click.option("--raw", is_flag=True, help=RAW_HELP)
 @click.pass_obj
@@ -655,7 +659,6 @@ def logs(
         click.echo(f"run {run_id} has no logs yet (in {log_dir})", err=True)
     offsets = {f: 0 for f in files}
     partial = {f: b"" for f in files}
-    told = False
     while True:
         for f in files:
             with f.open("rb") as fh:
@@ -676,14 +679,10 @@ def logs(
         if not follow or (current and current.state not in ("running", "detached", "created")):
             break
         shown = shown_state(journal, current) if current else ""
-        if shown in ("detached", "interrupted") and not told:
-            told = True  # else the wait looks like a hang: nothing appends to this log
-            click.echo(
-                f"remotemac: run {run_id} is {shown}: no remotemac follows its job, so this "
-                f"log grows only once one does; follow it live with: remotemac attach {run_id} "
-                "(waiting; Ctrl-C stops this command, not the job)",
-                err=True,
-            )
+        if shown in ("detached", "interrupted"):  # nothing appends to the laptop's copy
+            had = {f.stem: (offsets[f] - len(partial[f]), 0) for f in files}
+            _tail_live(settings, row, shown, had, device, as_json, raw)
+            return
         time.sleep(0.5)
     for f, rest in partial.items():  # a last line without a newline
         if rest:
@@ -693,6 +692,65 @@ def logs(
                 if as_json
                 else log_prefix(f.stem) + (text if raw else escape_controls(text)) + "\n"
             )
+
+
+def _tail_live(
+    settings: LocalSettings,
+    row: Any,
+    shown: str,
+    had: dict[str, tuple[int, int]],
+    device: str | None,
+    as_json: bool,
+    raw: bool,
+) -> None:
+    """`logs RUN --follow` of a run no remotemac follows: its jobs' new lines, read live
+    from the host (read-only: nothing launched, pulled, wiped or journalled), until every
+    job is final; then say that `remotemac attach RUN` finishes the run."""
+    from remotemac.engine.logtail import tail_logs
+    from remotemac.termsafe import escape_controls
+    from remotemac.vocab import log_prefix
+
+    run_id = row.run_id
+    click.echo(
+        f"remotemac: run {run_id} is {shown}: tailing its jobs live from {row.host} "
+        f"(read-only; Ctrl-C stops this command, not the job; remotemac attach {run_id} "
+        "finishes the run)",
+        err=True,
+    )
+
+    def show(event: Any) -> None:
+        text = event.line
+        sys.stdout.write(
+            json.dumps({"device": event.device, "line": text}) + "\n"
+            if as_json
+            else log_prefix(event.device) + (text if raw else escape_controls(text)) + "\n"
+        )
+        sys.stdout.flush()
+
+    journal = settings.journal()
+    _, pb = _load_run(journal, run_id)
+    ended = _asyncio_run(
+        tail_logs(
+            run_id=run_id,
+            playbook=pb,
+            journal=journal,
+            home=settings.home,
+            out_dir=Path(row.out_dir),
+            ssh=settings.ssh_options(),
+            starts=had,
+            on_line=show,
+            devices={device} if device else None,
+        )
+    )
+    states = ", ".join(
+        f"{label}: {r['state']}" + ("" if r["exit_code"] is None else f", exit {r['exit_code']}")
+        for label, r in ended.items()
+    )
+    click.echo(
+        f"remotemac: the job finished ({states or 'nothing left to tail'}); "
+        f"remotemac attach {run_id} finishes the run: pull, compare, record",
+        err=True,
+    )
 
 
 @main.command(epilog=RUN_ID_HELP)

@@ -15,8 +15,10 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.test_detached_ssh import (  # noqa: F401 - host_factory is a fixture
+    expected_lines,
     first_run_id,
     host_factory,
     wait_lines,
@@ -24,6 +26,7 @@ from tests.test_detached_ssh import (  # noqa: F401 - host_factory is a fixture
 )
 
 pytestmark = pytest.mark.timeout(180)
+ACCEPT_PROJECT = Path(__file__).parent / "fixtures" / "projects" / "accept"
 
 
 def _follow_stderr(host, run_id: str) -> str:
@@ -143,18 +146,90 @@ def test_ctrl_c_before_any_job_does_not_claim_a_job_keeps_running(
     assert done.returncode in (0, 1), done.stdout + done.stderr
 
 
-def test_logs_follow_of_a_detached_run_says_how_to_follow_it_live(
+def _journal_view(host, run_id: str) -> dict:
+    """The run's journal state and phases as `status --json` shows them (not the live part)."""
+    data = json.loads(host.cli("status", run_id, "--json", timeout=60).stdout)
+    return {k: data[k] for k in ("state", "verdict", "exit_code", "finished_at", "phases")}
+
+
+def test_host_torch_logs_follow_of_a_detached_run_tails_every_line_live_until_it_ends(
+    host_factory,  # noqa: F811 - the fixture
+    host_torch_python: str,
+    tmp_path: Path,
+):
+    """`run --detach` of a torch job (reference, then target, about 5 s each), then
+    `logs latest --follow --json`: each job's lines stream from the host as it prints
+    them, every line once and in order, labelled with its device, and the command ends
+    with exit 0 when the jobs end, naming `remotemac attach RUN` (before: it said nothing
+    follows the job and waited forever). It is a viewer: the run's journal state is the
+    same after it, and `attach` then finishes the run ACCEPTED, its logs holding exactly
+    the lines the tail showed. The host has torch preinstalled (a rental does not)."""
+    host = host_factory()
+    pb = tmp_path / "pb.yaml"
+    pb.write_text(
+        yaml.safe_dump(
+            {
+                "name": "tail",
+                "host": host.alias,
+                "remote_root": str(host.root),
+                "project": {"path": str(ACCEPT_PROJECT)},
+                "environment": {"python": host_torch_python, "venv": False},
+                "workload": {
+                    "command": "python3 work.py --device {device} --out {output_dir} "
+                    "--mode ok --seconds 5",
+                    "reference": {"device": "cpu"},
+                    "target": {"device": "cpu"},
+                    "timeout": "5m",
+                },
+                "outputs": {"path": ".", "compare": [{"file": "preds.pt"}]},
+                "stop_when": {"memory_growth": False},
+                "wipe": "manual",
+            }
+        )
+    )
+    out = tmp_path / "out"
+    started = host.cli("run", str(pb), "--out", str(out), "--detach", timeout=150)
+    assert started.returncode == 0, started.stderr
+    run_id = first_run_id(host.home)
+    before = _journal_view(host, run_id)
+    assert before["state"] == "detached", before
+    tail = host.cli("logs", "latest", "--follow", "--json", timeout=150)
+    assert tail.returncode == 0, tail.stdout + tail.stderr
+    rows = [json.loads(line) for line in tail.stdout.splitlines()]
+    shown = {d: [r["line"] for r in rows if r["device"] == d] for d in ("cpu", "cpu-target")}
+    for device, lines in shown.items():
+        steps = [line for line in lines if line.startswith("step ")]
+        assert len(steps) >= 20 and lines[-1] == "done", (device, lines)
+        assert steps == [f"step {i}" for i in range(1, len(steps) + 1)], (device, lines)
+    assert len(rows) == sum(map(len, shown.values())), rows
+    assert "finished" in tail.stderr and f"remotemac attach {run_id}" in tail.stderr, tail.stderr
+    assert _journal_view(host, run_id) == before
+    done = host.cli("attach", run_id, timeout=150)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert _journal_view(host, run_id)["verdict"] == "accepted"
+    for device, lines in shown.items():
+        assert (out / "logs" / f"{device}.log").read_text().splitlines() == lines, device
+
+
+def test_logs_follow_of_a_detached_run_rides_out_a_dropped_link(
     host_factory,  # noqa: F811 - the fixture
     tmp_path: Path,
 ):
-    """`run --detach`, then `logs RUN --follow`: no remotemac process follows the job, so
-    the local log does not grow; before, the command waited silently forever. Now it
-    says so once (stderr) and names `remotemac attach RUN`, then keeps waiting."""
-    host = host_factory()
-    run_id = _detached_run(host, tmp_path, lines=30)
-    stderr = _follow_stderr(host, run_id)
-    assert f"remotemac attach {run_id}" in stderr, stderr
-    assert "detached" in stderr and "Traceback" not in stderr, stderr
+    """The link under `logs RUN --follow` of a detached run is cut (the real fault proxy
+    closes every connection) while the job prints: the tail reconnects as follow does
+    and still shows every line once, in order, then exits 0 when the job ends."""
+    host = host_factory(proxy=True)
+    pb = write_playbook(host, tmp_path / "pb.yaml", lines=80, seconds=8)
+    started = host.cli("run", str(pb), "--out", str(tmp_path / "out"), "--detach", timeout=150)
+    assert started.returncode == 0, started.stderr
+    tail = host.popen("logs", "latest", "--follow", "--json")
+    assert tail.stdout is not None
+    first = tail.stdout.readline()  # the tail is connected and streaming
+    assert host.proxy.cut() > 0  # the tail's connection was open, and is gone
+    stdout, stderr = tail.communicate(timeout=120)
+    assert tail.returncode == 0, stdout + stderr
+    shown = [json.loads(line)["line"] for line in (first + stdout).splitlines()]
+    assert shown == expected_lines(80)
 
 
 def test_a_run_whose_terminal_was_closed_shows_interrupted_and_how_to_resume(

@@ -255,11 +255,7 @@ class _LogFollower:
         self.transport = self.binding.transport
         self.remote_log = f"{request['run_dir']}/logs/{side.label}.log"
         self.local_log = ctx.out_dir / "logs" / f"{side.label}.log"
-        self.local_log.parent.mkdir(parents=True, exist_ok=True)
-        self.offset, self.lines = ctx.journal.log_offset(ctx.run_id, side.label)
-        # the local copy may hold bytes written after the last saved offset: cut them
-        with open(self.local_log, "ab") as fh:
-            fh.truncate(self.offset)
+        self.offset, self.lines = self._start()
         self.pending = b""  # bytes after the last newline, not written yet
         self.status: dict[str, Any] = {}
         self.poll = ctx.options.follow_poll_s
@@ -274,8 +270,21 @@ class _LogFollower:
         self.warned: set[str] = set()
         self.relaunched: dict[str, Any] | None = None
 
+    def _start(self) -> tuple[int, int]:
+        """Where reading starts (bytes, lines): the journal's saved offset."""
+        self.local_log.parent.mkdir(parents=True, exist_ok=True)
+        offset, lines = self.ctx.journal.log_offset(self.ctx.run_id, self.side.label)
+        # the local copy may hold bytes written after the last saved offset: cut them
+        with open(self.local_log, "ab") as fh:
+            fh.truncate(offset)
+        return offset, lines
+
+    def _sink(self) -> BinaryIO:
+        """Where complete lines are written: the local copy of the log."""
+        return open(self.local_log, "ab")
+
     async def run(self) -> dict[str, Any]:
-        with open(self.local_log, "ab") as out:
+        with self._sink() as out:
             while True:
                 chunk = await self._read_chunk()
                 if chunk is None:
