@@ -967,7 +967,12 @@ def trust(settings: LocalSettings, host: str, fingerprint: str | None, yes: bool
     from remotemac.transport.hostkeys import trust_host
 
     def confirm(question: str) -> bool:
-        return yes or ask(question)  # no answer (end of input, Ctrl-C) is a no
+        if yes:
+            return True
+        try:
+            return ask(question)
+        except BadInput:  # no answer (end of input, Ctrl-C): the key is not trusted, exit 3
+            return False
 
     result = trust_host(
         host,
