@@ -275,6 +275,7 @@ def test_bare_host_python_has_no_cryptography():
     assert res.returncode != 0 and b"ModuleNotFoundError" in res.stderr
 
 
+@pytest.mark.e2e
 @needs_bare
 @pytest.mark.asyncio
 async def test_encrypted_sync_on_bare_python_online_then_reused(tmp_path):
@@ -307,6 +308,7 @@ async def test_encrypted_sync_on_bare_python_online_then_reused(tmp_path):
     )
 
 
+@pytest.mark.e2e
 @needs_bare
 @pytest.mark.asyncio
 async def test_two_runs_starting_together_install_once(tmp_path):
@@ -325,6 +327,7 @@ async def test_two_runs_starting_together_install_once(tmp_path):
     }
 
 
+@pytest.mark.e2e
 @needs_bare
 @pytest.mark.asyncio
 async def test_encrypted_sync_on_bare_python_offline_from_laptop_wheels(tmp_path):
@@ -347,6 +350,7 @@ async def test_encrypted_sync_on_bare_python_offline_from_laptop_wheels(tmp_path
     )
 
 
+@pytest.mark.e2e
 @needs_bare
 @pytest.mark.asyncio
 async def test_auto_falls_back_to_laptop_wheels_when_host_pip_fails(tmp_path, monkeypatch):
@@ -379,6 +383,7 @@ async def test_auto_falls_back_to_laptop_wheels_when_host_pip_fails(tmp_path, mo
     assert warning and "cannot install the agent runtime online" in warning[0].message
 
 
+@pytest.mark.e2e
 @needs_bare
 @pytest.mark.asyncio
 async def test_failed_online_install_is_exit_6_with_pips_last_lines(tmp_path, monkeypatch):
@@ -423,6 +428,7 @@ async def test_decrypting_without_the_runtime_is_exit_6_not_3(tmp_path):
     assert "agent runtime" in err.value.line() and "phase sync" in err.value.line()
 
 
+@pytest.mark.e2e
 @needs_bare
 def test_pipeline_on_bare_agent_python_then_cleanup_removes_runtime(
     make_playbook, rm_home, tmp_path
@@ -466,6 +472,7 @@ def test_pipeline_on_bare_agent_python_then_cleanup_removes_runtime(
 # ------------------------------------------------------------------ doctor
 
 
+@pytest.mark.e2e
 @needs_bare
 @pytest.mark.asyncio
 async def test_doctor_reports_runtime_absent_then_present(tmp_path, monkeypatch):
@@ -496,6 +503,7 @@ def test_doctor_runtime_verdicts():
     assert _check_runtime({}).status == "n/a"
 
 
+@pytest.mark.e2e
 @needs_bare
 def test_run_whose_runtime_cannot_install_exits_6_naming_sync(make_playbook, rm_home, tmp_path):
     """The CLI's answer to a host that can neither pip-install nor be forced offline."""
@@ -563,6 +571,7 @@ def test_settings_agent_python_and_install_method(monkeypatch):
         parse_playbook(base + "agent: {runtime_install: always}\n")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "system,machine,extra",
     [
@@ -596,6 +605,7 @@ class _CorruptingTransport(LocalTransport):
             Path(remote).write_bytes(bytes(blob))
 
 
+@pytest.mark.e2e
 @needs_bare
 @pytest.mark.asyncio
 async def test_a_damaged_wheel_upload_is_exit_5_and_leaves_nothing(tmp_path):

@@ -389,6 +389,7 @@ def _bench_module():
     return module
 
 
+@pytest.mark.slow
 def test_generated_tree_is_walked_completely_and_fast(tmp_path: Path) -> None:
     bench = _bench_module()
     expected = bench.generate_tree(tmp_path, 2000)

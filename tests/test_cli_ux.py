@@ -75,6 +75,7 @@ def status_json(ctx, run_id: str) -> dict:
 # ---------------------------------------------------------------- run ids
 
 
+@pytest.mark.e2e  # the finished fixture: two whole CLI runs
 def test_any_unique_part_of_an_id_and_latest(finished):
     full = finished["manual"]
     suffix = full.rsplit("-", 1)[1]
@@ -88,6 +89,7 @@ def test_any_unique_part_of_an_id_and_latest(finished):
     assert "ambiguous" in ambiguous.stderr and finished["auto"] in ambiguous.stderr
 
 
+@pytest.mark.e2e  # the finished fixture: two whole CLI runs
 def test_status_at_80_columns_never_cuts_an_id(finished, tmp_path):
     home = tmp_path / "home"
     journal = Journal(home / "journal.sqlite3")
@@ -191,6 +193,7 @@ def test_audit_at_80_columns_keeps_paths_whole_and_says_the_verdict_once():
     assert all(len(line) <= 80 for line in out.splitlines()), out
 
 
+@pytest.mark.slow
 def test_doctor_not_fit_is_exit_1_and_documented():
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     table = readme[readme.index("Exit codes:") :]
@@ -200,6 +203,7 @@ def test_doctor_not_fit_is_exit_1_and_documented():
     assert proc.returncode == 1 and json.loads(proc.stdout)["fit"] is False
 
 
+@pytest.mark.e2e  # the finished fixture: two whole CLI runs
 def test_status_of_one_run_reads_as_lines_not_a_dict(finished):
     proc = cli(finished, "status", finished["auto"])
     assert proc.returncode == 0, proc.stderr
@@ -211,6 +215,7 @@ def test_status_of_one_run_reads_as_lines_not_a_dict(finished):
     )
 
 
+@pytest.mark.e2e  # the finished fixture: two whole CLI runs
 def test_ledger_into_head_ends_quietly(finished):
     env = {**finished["env"], "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     out = subprocess.run(
@@ -271,6 +276,7 @@ def test_every_table_command_takes_json(command):
     assert proc.returncode == 0 and "--json" in proc.stdout, proc.stdout
 
 
+@pytest.mark.e2e  # the finished fixture: two whole CLI runs
 def test_logs_json_and_labelled_aligned_lines(finished):
     run_id = finished["auto"]
     proc = cli(finished, "logs", run_id)
@@ -287,6 +293,7 @@ def test_logs_json_and_labelled_aligned_lines(finished):
     assert {"device": "cpu", "line": "line 000012 of 12"} in rows
 
 
+@pytest.mark.e2e  # the finished fixture: two whole CLI runs
 def test_logs_of_an_unknown_device_lists_the_devices(finished):
     proc = cli(finished, "logs", finished["auto"], "--device", "mps")
     assert proc.returncode == 2
@@ -296,6 +303,7 @@ def test_logs_of_an_unknown_device_lists_the_devices(finished):
 # ---------------------------------------------------------------- pull / wipe again
 
 
+@pytest.mark.e2e  # the finished fixture: two whole CLI runs
 def test_pull_or_wipe_again_keep_the_recorded_results(finished):
     run_id = finished["auto"]
     before = status_json(finished, run_id)["phases"]
@@ -308,6 +316,7 @@ def test_pull_or_wipe_again_keep_the_recorded_results(finished):
     assert status_json(finished, run_id)["phases"] == before
 
 
+@pytest.mark.e2e  # the finished fixture: two whole CLI runs
 def test_pull_again_of_a_kept_run_says_already_pulled(finished):
     run_id = finished["manual"]
     before = status_json(finished, run_id)["phases"]
@@ -362,6 +371,7 @@ def test_trust_local_needs_no_trust(tmp_path):
     assert proc.returncode == 0 and "local needs no trust" in proc.stdout, proc.stderr
 
 
+@pytest.mark.e2e
 def test_preflight_is_not_silent(tmp_path):
     pb = lines_playbook(
         tmp_path,
@@ -405,6 +415,7 @@ def test_tui_with_playbooks_starts_them_unless_pick():
     assert inspect.signature(run_tui).parameters["start"].default is True
 
 
+@pytest.mark.e2e  # the finished fixture: two whole CLI runs
 def test_wipe_without_yes_and_without_a_terminal_is_one_line_exit_2(finished):
     """`remotemac wipe RUN` from a script (stdin not a terminal, no --yes): the one line
     and exit 2 of an unconfirmed wipe, not click's bare "Aborted!" and exit 1."""
@@ -427,6 +438,7 @@ def test_wipe_without_yes_and_without_a_terminal_is_one_line_exit_2(finished):
     assert status_json(finished, finished["manual"])["phases"] == before
 
 
+@pytest.mark.e2e  # the finished fixture: two whole CLI runs
 def test_wipe_answered_no_says_nothing_was_done_exit_0(finished):
     """`n` to wipe's question is the user's choice, not an error: one line on stdout
     saying nothing was done, exit 0 (was `remotemac: error: wipe not confirmed`, exit 2)."""

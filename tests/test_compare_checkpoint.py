@@ -70,6 +70,7 @@ def _file(ref: Path, tgt: Path, rule: CompareRule) -> dict:
     return compare_outputs(ref, tgt, [rule]).to_dict()["files"][0]
 
 
+@pytest.mark.slow
 def test_paths_devices_and_timestamps_are_metadata_not_failures(sides):
     """Before issue 17 the out_dir string alone rejected a bit-identical checkpoint."""
     ref, tgt = sides

@@ -171,6 +171,7 @@ def _fake_run(root: Path, run_id: str) -> Path:
     return run_dir
 
 
+@pytest.mark.e2e
 def test_launchd_job_fires_and_unloads_itself(tmp_path: Path, launchd_shim):
     """Simulation: the launchd path with a shim launchctl that runs RunAtLoad jobs."""
     deadman = launchd_shim["deadman"]
@@ -202,6 +203,7 @@ def test_launchd_job_fires_and_unloads_itself(tmp_path: Path, launchd_shim):
     )
 
 
+@pytest.mark.e2e
 def test_launchd_far_deadline_then_cleanup_removes_it(
     tmp_path: Path, launchd_shim, monkeypatch: pytest.MonkeyPatch
 ):
@@ -267,6 +269,7 @@ def test_parse_launchctl_list_recorded_sample():
     assert not [x for x in labels if x.startswith(deadman.LABEL_PREFIX)]
 
 
+@pytest.mark.e2e
 def test_launchd_that_exits_0_without_the_label_falls_back_to_the_sleeper(
     tmp_path: Path, launchd_shim, monkeypatch: pytest.MonkeyPatch
 ):
@@ -289,6 +292,7 @@ def test_launchd_that_exits_0_without_the_label_falls_back_to_the_sleeper(
         deadman.cancel(str(root), "r1", steps=[], roots=[str(root)])
 
 
+@pytest.mark.e2e
 def test_launchd_armed_in_the_user_domain_is_checked_with_print(
     tmp_path: Path, launchd_shim, monkeypatch: pytest.MonkeyPatch
 ):

@@ -9,6 +9,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
+
 from remotemac.acceptance.divergence import compare_traces, load_trace
 from remotemac.acceptance.markdown import render_markdown
 from tests.conftest import REPO
@@ -53,12 +55,14 @@ def _probe(tmp_path: Path, trace: dict | None) -> tuple[list[str], Path]:
     return proc.stdout.splitlines(), path
 
 
+@pytest.mark.e2e
 def test_tracing_off_registers_no_hook_and_loads_nothing(tmp_path):
     lines, path = _probe(tmp_path, None)
     assert lines == ["hooks 0 0", "loaded False", "after 0 0"]
     assert not path.exists()
 
 
+@pytest.mark.e2e
 def test_tracing_on_records_n_steps_then_removes_its_hooks(tmp_path):
     lines, path = _probe(tmp_path, {"steps": 2})
     assert lines == ["hooks 1 1", "loaded True", "after 0 0"]

@@ -13,9 +13,13 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
 from remotemac.acceptance.divergence import load_trace
 from remotemac.acceptance.record import validate_record
 from tests.conftest import REPO, remotemac
+
+pytestmark = pytest.mark.e2e
 
 PROJECT = REPO / "tests" / "fixtures" / "projects" / "gpttrace"
 COMMAND = "python train.py --device {device} --out {output_dir} --iters 3"

@@ -239,6 +239,7 @@ class NoPython3(LocalTransport):
         return await super().exec(["env", f"PATH={self.empty_dir}", *argv], **kwargs)
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_gather_facts_local_transport(tmp_path) -> None:
     """The real path: hostfacts source on stdin of `python3 -`, request as argv JSON."""
@@ -256,6 +257,7 @@ async def test_gather_facts_without_python3(tmp_path) -> None:
     assert not dr.evaluate(facts).fit
 
 
+@pytest.mark.slow
 def test_main_doctor_json_on_this_linux_host(tmp_path, capsys) -> None:
     """`doctor local --json` here: one JSON object, not fit (Linux has no MPS), exit 1."""
     rc = doctor_cli.main_doctor("local", True, LocalTransport(), remote_root=str(tmp_path))
@@ -282,6 +284,7 @@ def test_render_and_exit_code(m1_facts) -> None:
     assert json.loads(console.export_text())["fit"] is False
 
 
+@pytest.mark.slow
 def test_doctor_coroutine_wires_gather_and_evaluate(tmp_path) -> None:
     """gather_facts is a coroutine; doctor() wires gather + evaluate."""
     report = asyncio.run(dr.doctor(LocalTransport(), "local", str(tmp_path)))

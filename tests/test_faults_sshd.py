@@ -41,7 +41,7 @@ from tests.test_detached_faults import Timeline, run_pipeline_inprocess
 from tests.test_detached_ssh import local_lines
 from tests.test_resident_sshd import LabHost, _transport, lab_host  # noqa: F401 - a fixture
 
-pytestmark = pytest.mark.timeout(900)  # e2e and slow: listed in tests/conftest.py
+pytestmark = [pytest.mark.timeout(900), pytest.mark.e2e, pytest.mark.slow]
 
 TRAINER = REPO / "tests" / "fixtures" / "projects" / "trainer"
 MIB = 1 << 20

@@ -36,6 +36,8 @@ from remotemac.playbook import parse_playbook
 from tests import fleetkit as fk
 from tests.harness.sshd import SSHD, free_port
 
+pytestmark = pytest.mark.e2e
+
 FLEET = 16
 
 

@@ -141,6 +141,7 @@ def codes(run: Run) -> list[str]:
     return [c["code"] for c in run.obs["stopping_conditions"]]
 
 
+@pytest.mark.e2e  # the runs fixture: every harness scenario over real torch
 def test_fallback_warnings_are_counted_per_op_and_printed_once(runs: dict[str, Run]) -> None:
     """Simulation: the recorded UserWarning texts, warned 3, 4 and 1 times between real
     training steps (from the second warning on through logging.captureWarnings, which
@@ -161,6 +162,7 @@ def test_fallback_warnings_are_counted_per_op_and_printed_once(runs: dict[str, R
     assert run.obs["operators"]["unsupported_ops"] == []
 
 
+@pytest.mark.e2e  # the runs fixture: every harness scenario over real torch
 def test_unsupported_op_is_recorded_and_exits_1(runs: dict[str, Run]) -> None:
     """Simulation: NotImplementedError with the recorded 2024 text, raised inside a
     model's forward during training."""
@@ -178,6 +180,7 @@ def test_unsupported_op_is_recorded_and_exits_1(runs: dict[str, Run]) -> None:
     assert run.obs["oom"] is False
 
 
+@pytest.mark.e2e  # the runs fixture: every harness scenario over real torch
 def test_float64_type_error_is_a_dtype_error(runs: dict[str, Run]) -> None:
     """Simulation: the float64 TypeError text from PyTorch's EmptyTensor.cpp."""
     run = runs["dtype"]
@@ -187,6 +190,7 @@ def test_float64_type_error_is_a_dtype_error(runs: dict[str, Run]) -> None:
     assert "TypeError: Cannot convert a MPS Tensor to float64" in run.err
 
 
+@pytest.mark.e2e  # the runs fixture: every harness scenario over real torch
 def test_mps_out_of_memory_is_recorded(runs: dict[str, Run]) -> None:
     """Simulation: the recorded MPS OOM RuntimeError (GB units, M1 Air, Ventura)."""
     run = runs["oom"]
@@ -251,6 +255,7 @@ def test_classify_wrapped_errors_and_the_rest() -> None:
     assert counter.note(FLOAT64) is None
 
 
+@pytest.mark.e2e  # the runs fixture: every harness scenario over real torch
 def test_cpu_workload_lands_on_device_and_is_sampled(runs: dict[str, Run]) -> None:
     """A real model and tensors on cpu: tensors and model on the device, __main__
     semantics (argv, sys.path[0] = script dir), increasing sample times, real RSS."""
@@ -276,6 +281,7 @@ def test_cpu_workload_lands_on_device_and_is_sampled(runs: dict[str, Run]) -> No
     assert obs["samples"] == len(run.metrics)
 
 
+@pytest.mark.e2e  # the runs fixture: every harness scenario over real torch
 def test_mps_requested_on_a_machine_without_mps(runs: dict[str, Run]) -> None:
     """Real, not simulated: this Linux torch has no MPS. The harness says so, and the
     workload's cpu tensors do not count as landing on mps."""
@@ -288,6 +294,7 @@ def test_mps_requested_on_a_machine_without_mps(runs: dict[str, Run]) -> None:
     assert "is_available() is False" in obs["stopping_conditions"][0]["detail"]
 
 
+@pytest.mark.e2e  # the runs fixture: every harness scenario over real torch
 def test_leaking_workload_grows_and_steady_one_does_not(runs: dict[str, Run]) -> None:
     """5 MB kept every 0.1 s for 3 s versus 5 MB allocated and dropped: the sampled
     RSS trend (least squares after 0.5 s warm-up) tells them apart. Nominal leak is
@@ -303,6 +310,7 @@ def test_leaking_workload_grows_and_steady_one_does_not(runs: dict[str, Run]) ->
     assert abs(slopes["steady"]) < 1 * MB
 
 
+@pytest.mark.e2e  # the runs fixture: every harness scenario over real torch
 def test_fallback_variable_is_set_before_torch_is_imported(runs: dict[str, Run]) -> None:
     """A probe loaded by the interpreter (sitecustomize, before the harness runs) writes
     down the variable at the instant torch starts importing, whoever imports it. With
@@ -319,6 +327,7 @@ def test_fallback_variable_is_set_before_torch_is_imported(runs: dict[str, Run])
     assert run.obs["pytorch_env"] == {}
 
 
+@pytest.mark.e2e  # the runs fixture: every harness scenario over real torch
 def test_module_mode_and_exit_code(runs: dict[str, Run]) -> None:
     """-m runs a module as __main__ with its argv and sys.path[0] = cwd, as `python -m`
     does; its sys.exit(3) is the harness's exit code and a stopping condition."""
@@ -331,6 +340,7 @@ def test_module_mode_and_exit_code(runs: dict[str, Run]) -> None:
     ]
 
 
+@pytest.mark.e2e
 def test_sigterm_writes_the_final_record(tmp_path: Path) -> None:
     """While running, a provisional record exists (finished false); SIGTERM ends the run
     with 143 and a final record naming the signal."""
@@ -362,6 +372,7 @@ def _python39() -> str | None:
     return None
 
 
+@pytest.mark.e2e
 @pytest.mark.skipif(_python39() is None, reason="no Python 3.9 interpreter on this machine")
 def test_runs_on_python_39_without_torch(tmp_path: Path) -> None:
     """The host's floor: Python 3.9, and no torch for a non-torch workload."""

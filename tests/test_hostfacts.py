@@ -191,6 +191,7 @@ def test_parse_versions_and_probe() -> None:
 # --------------------------------------------------------------------------- shims
 
 
+@pytest.mark.slow
 def test_shims_replay_and_fail_like_the_tool(tmp_path, monkeypatch) -> None:
     """Simulation: shims replay recordings for known argv and fail for the rest."""
     bindir = Path(make_host(tmp_path, monkeypatch, "m1_sonoma14"))
@@ -228,6 +229,7 @@ def test_sysctl_shim_unknown_oid_like_the_runner(tmp_path, monkeypatch) -> None:
 # --------------------------------------------------------------------------- collect_facts
 
 
+@pytest.mark.slow
 def test_collect_facts_m1_sonoma(tmp_path, monkeypatch) -> None:
     """Simulation: an M1 on macOS 14.0 (shims on PATH): every fact is read from the replays."""
     path = make_host(tmp_path, monkeypatch, "m1_sonoma14")
@@ -248,6 +250,7 @@ def test_collect_facts_m1_sonoma(tmp_path, monkeypatch) -> None:
     json.dumps(facts)  # it must travel as JSON
 
 
+@pytest.mark.slow
 def test_collect_facts_intel_high_sierra(tmp_path, monkeypatch) -> None:
     """Simulation: a stock Intel Mac on 10.13.3: x86_64, no python3/CLT/tmux/brew/pmset."""
     path = make_host(tmp_path, monkeypatch, "intel_high_sierra")
@@ -260,6 +263,7 @@ def test_collect_facts_intel_high_sierra(tmp_path, monkeypatch) -> None:
     assert facts["clt"] == {"path": None} and facts["pmset"] is None
 
 
+@pytest.mark.slow
 def test_collect_facts_vm(tmp_path, monkeypatch) -> None:
     """Simulation: the M1 scenario with kern.hv_vmm_present = 1 (synthesized value)."""
     path = make_host(tmp_path, monkeypatch, "vm_m1_sonoma14")
@@ -267,6 +271,7 @@ def test_collect_facts_vm(tmp_path, monkeypatch) -> None:
     assert facts["vm"] == {"hv_vmm_present": True}
 
 
+@pytest.mark.slow
 def test_collect_facts_rosetta(tmp_path, monkeypatch) -> None:
     """Simulation: an M3 Max shell under Rosetta: uname says x86_64, hardware is arm64."""
     path = make_host(tmp_path, monkeypatch, "rosetta_m3max")
@@ -276,6 +281,7 @@ def test_collect_facts_rosetta(tmp_path, monkeypatch) -> None:
     assert facts["pmset"] is None  # no pmset recording in this scenario, nothing invented
 
 
+@pytest.mark.slow
 def test_collect_facts_injected_run_sees_absolute_argv(tmp_path, monkeypatch) -> None:
     """The injectable runner gets resolved paths; a tool that is absent is never run."""
     path = make_host(tmp_path, monkeypatch, "intel_high_sierra")
@@ -299,6 +305,7 @@ def test_system_python_stub_not_run_without_clt(tmp_path, monkeypatch) -> None:
     assert [p["version"] for p in hf._pythons(host, clt_present=True)] == ["3.9.6"]
 
 
+@pytest.mark.slow
 def test_collect_facts_real_linux(tmp_path) -> None:
     """This machine, for real: Linux, macOS-only facts n/a, disk numbers, tmux when installed."""
     facts = hf.collect_facts(remote_root=str(tmp_path / "not" / "yet" / "remotemac"))
@@ -326,6 +333,7 @@ def test_disk_falls_back_to_df(tmp_path, monkeypatch) -> None:
     assert abs(disk["total_bytes"] - real.f_blocks * real.f_frsize) <= 0.01 * disk["total_bytes"]
 
 
+@pytest.mark.slow
 def test_mps_probe_real_torch(tmp_path) -> None:
     """The MPS probe run for real with this interpreter (a Linux torch has no MPS)."""
     facts = hf.collect_facts(

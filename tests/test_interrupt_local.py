@@ -20,6 +20,8 @@ import pytest
 
 from tests.conftest import remotemac
 
+pytestmark = pytest.mark.e2e
+
 
 @pytest.mark.timeout(240)
 def test_status_after_ctrl_c_says_interrupted_not_failed_or_finished(

@@ -6,6 +6,8 @@ import multiprocessing as mp
 import traceback
 from pathlib import Path
 
+import pytest
+
 from remotemac.journal import Journal
 
 
@@ -29,6 +31,7 @@ def _open_and_write(path: str, barrier: mp.synchronize.Barrier, tag: int) -> str
         return traceback.format_exc()
 
 
+@pytest.mark.slow
 def test_processes_opening_a_fresh_journal_at_once_all_succeed(tmp_path: Path):
     """Regression: the first switch to WAL raced and one process died "database is locked"."""
     workers = 6

@@ -25,7 +25,7 @@ from tests.test_detached_ssh import local_lines
 from tests.test_faults_sshd import cut_run
 from tests.test_resident_sshd import LabHost
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.timeout(600), pytest.mark.e2e]
 
 TRAINER = REPO / "tests" / "fixtures" / "projects" / "trainer"
 ODD_NAMES = ("café.csv", "naïve/ü.npy")

@@ -21,6 +21,8 @@ import yaml
 from remotemac.acceptance.record import validate_record
 from tests.conftest import REPO, remotemac
 
+pytestmark = pytest.mark.e2e
+
 PROJECT = REPO / "tests" / "fixtures" / "projects" / "gpt"
 ITERS, HOLD = 20, 3
 SHELL_CMD = (

@@ -93,6 +93,7 @@ def test_chains_to_the_sitecustomize_it_hides(tmp_path):
     assert out == ["1", str(theirs / "sitecustomize.py")]
 
 
+@pytest.mark.e2e
 def test_shell_wrapped_script_and_its_subprocess_are_observed(tmp_path):
     """``cd sub && python t.py``; t.py starts another Python that imports torch, replaces
     sys.excepthook and dies of the recorded MPS NotImplementedError (a simulation of MPS
@@ -138,6 +139,7 @@ def test_shell_wrapped_script_and_its_subprocess_are_observed(tmp_path):
     assert any(c["code"] == "unsupported-op" for c in merged["stopping_conditions"])
 
 
+@pytest.mark.e2e
 def test_torchrun_workers_are_observed(tmp_path):
     env, obs = job_env(tmp_path)
     (tmp_path / "w.py").write_text(

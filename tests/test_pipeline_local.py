@@ -14,6 +14,8 @@ from remotemac.engine.pull import safe_relpath
 from remotemac.errors import UnsafePath
 from tests.conftest import remotemac
 
+pytestmark = pytest.mark.e2e
+
 
 def _expected_log(lines: int) -> list[str]:
     out = ["tensor on cpu", "device=cpu data_files=2"]

@@ -44,6 +44,7 @@ def _playbook(tmp_path: Path, project: Path, command: str) -> Path:
     return path
 
 
+@pytest.mark.e2e
 def test_quickstart_mlp_has_full_coverage(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     """Tiny MLP + Adam, through the playbook and --json: 100 %, exit 0."""
     code = main_preflight(_playbook(tmp_path, FIXTURES / "mlp", COMMAND), 30, as_json=True)
@@ -65,6 +66,7 @@ def float64_report() -> PreflightReport:
     return _preflight("float64")
 
 
+@pytest.mark.e2e
 def test_float64_model_is_flagged_with_creation_sites(float64_report: PreflightReport) -> None:
     report = float64_report
     assert report.exit_code == 1
@@ -80,6 +82,7 @@ def test_float64_model_is_flagged_with_creation_sites(float64_report: PreflightR
     assert report.clean_ops < report.total_ops
 
 
+@pytest.mark.e2e
 def test_linalg_svd_and_eig_are_flagged() -> None:
     report = _preflight("linalg")
     assert report.exit_code == 1
@@ -91,6 +94,7 @@ def test_linalg_svd_and_eig_are_flagged() -> None:
     assert report.coverage_pct < 100
 
 
+@pytest.mark.e2e
 def test_transformer_with_sdpa_is_not_a_false_alarm() -> None:
     report = _preflight("transformer")
     assert report.findings == [], report.findings
@@ -104,6 +108,7 @@ def test_transformer_with_sdpa_is_not_a_false_alarm() -> None:
     assert kinds["aten::_scaled_dot_product_flash_attention_for_cpu_backward"][0] == "mapped"
 
 
+@pytest.mark.e2e
 def test_time_limit_stops_an_endless_module_workload() -> None:
     """`python -m train` (endless steps) is stopped after --seconds and still predicted."""
     report = _preflight("mlp", "python -u -m train --steps 0 --out {output_dir}", seconds=3)
@@ -112,6 +117,7 @@ def test_time_limit_stops_an_endless_module_workload() -> None:
     assert report.exit_code == 0 and report.total_ops >= 1
 
 
+@pytest.mark.e2e
 def test_workload_error_is_reported_and_rejects(tmp_path: Path) -> None:
     (tmp_path / "boom.py").write_text(
         "import sys, torch\nprint('args', sys.argv[1:])\n"
@@ -143,6 +149,7 @@ def test_a_workload_failing_before_any_operator_is_no_prediction(tmp_path: Path)
     assert "FileNotFoundError: no shards" in text
 
 
+@pytest.mark.slow
 def test_torch_free_loop_is_stopped_by_the_alarm(tmp_path: Path) -> None:
     """The dispatch-hook check never runs here; the SIGALRM backstop must."""
     script = tmp_path / "spin.py"
@@ -153,6 +160,7 @@ def test_torch_free_loop_is_stopped_by_the_alarm(tmp_path: Path) -> None:
     assert json.loads((tmp_path / "t.json").read_text())["stopped"] == "time_limit"
 
 
+@pytest.mark.e2e
 def test_render_labels_a_prediction_for_a_torch_version(float64_report: PreflightReport) -> None:
     from rich.console import Console
 

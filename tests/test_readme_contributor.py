@@ -39,6 +39,7 @@ def test_contributor_section_installs_the_test_extras_before_the_fast_subset():
     assert fast.startswith("python -m pytest") and "not sshd and not e2e and not slow" in fast
 
 
+@pytest.mark.e2e
 @pytest.mark.timeout(600)
 def test_contributor_lines_verbatim_in_a_fresh_venv(tmp_path: Path):
     """Both lines, as written, in a fresh clone and venv: the install succeeds and the

@@ -18,6 +18,8 @@ import pytest
 
 from tests.conftest import REPO
 
+pytestmark = pytest.mark.e2e
+
 
 def readme_commands() -> list[str]:
     text = (REPO / "README.md").read_text()

@@ -35,6 +35,8 @@ import pytest
 from tests.conftest import REPO
 from tests.harness import pbs
 
+pytestmark = pytest.mark.e2e
+
 README = REPO / "README.md"
 
 TRAIN_PY = '''\

@@ -252,6 +252,8 @@ def _cut_every(
         log.append(("cut", time.monotonic() - t0, proxy.cut()))
 
 
+@pytest.mark.slow
+@pytest.mark.e2e
 @pytest.mark.timeout(600)
 def test_3000_lines_through_a_cut_every_2s_and_a_40s_blackhole(lab_host: LabHost, tmp_path: Path):
     """The issue's bad link: cut every 2 s for the whole run, one 40 s blackhole.

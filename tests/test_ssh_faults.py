@@ -199,6 +199,7 @@ def test_transient_classification():
     assert not is_transient(asyncio.CancelledError())
 
 
+@pytest.mark.slow
 def test_fault_proxy_throttle_latency_and_reset():
     """The harness itself, in front of a plain echo server."""
     listener = socket.create_server(("127.0.0.1", 0))
@@ -248,6 +249,7 @@ def test_fault_proxy_throttle_latency_and_reset():
         listener.close()
 
 
+@pytest.mark.slow
 def test_fault_proxy_throttle_delivers_the_nominal_rate():
     """The throttled link carries what it says (20 MB/s), not less and not more.
 
@@ -316,6 +318,7 @@ def _sink(
         thread.join(60)
 
 
+@pytest.mark.slow
 def test_fault_proxy_far_link_is_not_capped_by_the_relay():
     """At 400 ms RTT and 40 MB/s one connection still gets the rate (8 MB in flight).
 

@@ -134,6 +134,7 @@ def _run_runner(tmp_path: Path, disk: dict, command: str) -> dict:
     return status
 
 
+@pytest.mark.e2e
 def test_runner_stops_below_min_free_with_sigterm_then_sigkill(tmp_path: Path):
     """Shim threshold: min_free above what this volume has free; a workload that ignores
     SIGTERM is killed after the grace period, and the final state is storage-limit."""
@@ -152,6 +153,7 @@ def test_runner_stops_below_min_free_with_sigterm_then_sigkill(tmp_path: Path):
     assert "stopping the workload" in status["_log"]
 
 
+@pytest.mark.e2e
 def test_runner_warns_between_the_thresholds_and_lets_the_job_finish(tmp_path: Path):
     free = shutil.disk_usage(tmp_path).free
     status = _run_runner(

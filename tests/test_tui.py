@@ -94,6 +94,7 @@ def run_screen(app: RemotemacApp) -> RunScreen:
 # ---------------------------------------------------------------- the quickstart on local
 
 
+@pytest.mark.e2e
 @pytest.mark.asyncio
 async def test_quickstart_on_local_shows_log_and_verdict(make_playbook, rm_home, tmp_path):
     pb = make_playbook()  # the quickstart-like run: 40 lines, a tensor on cpu, accepted
@@ -178,6 +179,7 @@ async def test_link_cut_badge_reconnects_and_no_line_is_lost(
 # ---------------------------------------------------------------- wipe, with confirmation
 
 
+@pytest.mark.e2e
 @pytest.mark.asyncio
 async def test_wipe_asks_first_and_wipes_on_yes(make_playbook, rm_home, tmp_path):
     pb = make_playbook(workload=fast_workload(5, 0.1))
@@ -220,6 +222,7 @@ async def test_wipe_asks_first_and_wipes_on_yes(make_playbook, rm_home, tmp_path
 # ---------------------------------------------------------------- quit, reopen, re-attach
 
 
+@pytest.mark.e2e
 @pytest.mark.asyncio
 async def test_quit_keeps_the_job_and_reopening_reattaches(make_playbook, rm_home, tmp_path):
     pb = make_playbook(workload=fast_workload(40, 4))
@@ -297,6 +300,7 @@ async def test_trust_shows_the_fingerprint_and_pins_only_on_yes(sshd, ssh_env, t
         assert app.errors == []
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_doctor_on_local_and_cleanup_unavailable_is_one_error_line(
     rm_home, tmp_path, monkeypatch
@@ -321,6 +325,7 @@ async def test_doctor_on_local_and_cleanup_unavailable_is_one_error_line(
         assert isinstance(app.screen, HostsScreen)  # still running, no crash
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_errors_are_lines_not_crashes(rm_home, tmp_path):
     app = make_app(rm_home, tmp_path, reattach=False)
@@ -379,6 +384,7 @@ def test_fallback_ops_are_found_in_the_log():
     assert live.fallback_ops == ["aten::_linalg_svd"]
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_log_view_batches_bounds_and_searches(rm_home, tmp_path):
     app = make_app(rm_home, tmp_path, reattach=False, log_max_lines=1000)
@@ -467,6 +473,7 @@ async def test_fleet_screen_shows_every_host_of_the_summary(rm_home, tmp_path):
         assert not isinstance(app.screen, FleetScreen)
 
 
+@pytest.mark.e2e
 @pytest.mark.asyncio
 async def test_runs_screen_shows_what_the_host_says_about_a_detached_run(
     make_playbook, rm_home, tmp_path

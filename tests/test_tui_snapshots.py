@@ -34,6 +34,8 @@ from remotemac.tui.model import RunLive
 from remotemac.tui.screens.run import RunScreen
 from remotemac.tui.widgets.log_view import LogView
 
+pytestmark = pytest.mark.slow
+
 NOW = 1_790_000_000.0
 SIZES = [(80, 24), (120, 40), (200, 60)]
 SIZE_IDS = ["80x24", "120x40", "200x60"]

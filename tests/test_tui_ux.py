@@ -94,6 +94,7 @@ async def test_question_mark_lists_every_key_of_the_screen(rm_home, tmp_path):
         assert isinstance(app.screen, RunsScreen)
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_footer_shows_open_and_next_match(rm_home, tmp_path):
     journal_run(rm_home, "tiny-20261130-120000-ab12", tmp_path / "out").close()
@@ -128,6 +129,7 @@ def test_every_key_has_a_palette_entry(rm_home, tmp_path):
             )
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_palette_entries_act_on_their_screen(rm_home, tmp_path):
     """A screen's own key from the palette runs there (and elsewhere says where it lives)."""
@@ -156,6 +158,7 @@ async def test_palette_entries_act_on_their_screen(rm_home, tmp_path):
 # ---------------------------------------------------------------- starting runs
 
 
+@pytest.mark.e2e
 @pytest.mark.asyncio
 async def test_tui_with_a_playbook_runs_it(make_playbook, rm_home, tmp_path):
     pb = make_playbook(
@@ -180,6 +183,7 @@ async def test_tui_with_a_playbook_runs_it(make_playbook, rm_home, tmp_path):
     assert [r.name for r in Journal(rm_home / "journal.sqlite3").list_runs()] == ["lines"]
 
 
+@pytest.mark.e2e
 @pytest.mark.asyncio
 async def test_run_dialog_dry_run_and_host_override(make_playbook, rm_home, tmp_path):
     # the promise is the dialog's dry run and host override, not the verdict: a small
@@ -233,6 +237,7 @@ def two_device_live(run_id: str, t0: float) -> RunLive:
     return live
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_log_lines_are_timestamped_aligned_and_filterable(rm_home, tmp_path):
     run_id = "tiny-20261130-120000-ab12"
@@ -325,6 +330,7 @@ async def test_live_gauge_agrees_with_the_record_once_written(rm_home, tmp_path)
         await wait_for(pilot, lambda: "306.0 MiB" in str(mem.render()), 10, "the record's")
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_fleet_screen_reads_the_journal_not_the_cwd(rm_home, tmp_path):
     elsewhere = tmp_path / "elsewhere" / "sweep-20261130-120000-f1f1"
@@ -386,6 +392,7 @@ REPORT = DoctorReport(
 )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("width", [80, 120])
 @pytest.mark.asyncio
 async def test_hosts_screen_keeps_why_and_fix_whole(rm_home, tmp_path, width):

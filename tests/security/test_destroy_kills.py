@@ -87,6 +87,7 @@ def test_item06_stale_child_pid_never_kills_a_reused_pid(tmp_path: Path, old_and
     assert _alive(bystander.pid), "cleanup killed a process remotemac did not start"
 
 
+@pytest.mark.slow
 def test_item06_the_job_remotemac_started_is_still_stopped(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ):

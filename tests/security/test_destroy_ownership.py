@@ -120,6 +120,7 @@ def test_item01_cleanup_keeps_user_files_in_a_marked_root(env):
     assert (root / ".remotemac-owned").exists(), "the marker stays for a later cleanup"
 
 
+@pytest.mark.slow
 def test_item07_check_refuses_home_shaped_roots(tmp_path: Path, env):
     for root in ("/Users/alice", "/home/bob", "/var/root"):
         proc = remotemac("check", str(playbook(tmp_path, root)), cwd=tmp_path, env=env["vars"])
@@ -164,6 +165,7 @@ def test_item07_run_refuses_home_or_foreign_root_before_writing(tmp_path: Path, 
     )
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_item11_cleanup_finds_root_of_run_failed_in_provision(tmp_path: Path, env):
     """A run that died in provision (no such interpreter for the venv) left its root;

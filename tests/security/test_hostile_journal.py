@@ -12,9 +12,12 @@ import json
 import re
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import remotemac
 
 
+@pytest.mark.e2e
 def test_a_foreign_exception_marks_the_run_failed_with_phase_and_error(
     make_playbook, rm_home: Path, tmp_path: Path
 ):

@@ -12,6 +12,7 @@ import io
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 from remotemac.events import LogLine, Warning
@@ -65,6 +66,7 @@ def escape_book(tmp_path: Path) -> Path:
     return path
 
 
+@pytest.mark.e2e
 def test_run_and_logs_escape_the_jobs_terminal_controls_and_raw_keeps_them(tmp_path, rm_home):
     book = escape_book(tmp_path)
     run = remotemac("run", str(book), "--out", str(tmp_path / "out"), timeout=240)

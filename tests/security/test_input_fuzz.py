@@ -26,6 +26,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 from click.testing import CliRunner
 from hypothesis import HealthCheck, example, given, settings
@@ -300,6 +301,7 @@ def _with(path: tuple[str, ...], value: Any) -> str:
     return _dump(book)
 
 
+@pytest.mark.slow
 @CI
 @given(playbook_texts)
 # found by the fuzz or the review; each was an internal error before the fix

@@ -16,6 +16,7 @@ import shutil
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 from tests.conftest import LINES_PROJECT, remotemac
@@ -66,6 +67,7 @@ def files_with_marker(root: Path) -> list[str]:
     return found
 
 
+@pytest.mark.e2e
 def test_dataset_inside_the_project_never_lands_on_the_host_in_clear(tmp_path, rm_home):
     book = readme_layout(tmp_path)
     out = tmp_path / "out"

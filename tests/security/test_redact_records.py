@@ -79,6 +79,7 @@ def secret_book(make_playbook):
     )
 
 
+@pytest.mark.e2e
 def test_records_redact_the_command_and_env_and_the_wipe_scrubs_host_specs(
     make_playbook, rm_home: Path, tmp_path: Path
 ):
@@ -107,6 +108,7 @@ def test_records_redact_the_command_and_env_and_the_wipe_scrubs_host_specs(
         assert json.loads(text)["env"]["API_TOKEN"] != TOKEN_ENV
 
 
+@pytest.mark.e2e
 def test_show_secrets_keeps_them_in_the_records(make_playbook, rm_home: Path, tmp_path: Path):
     out = tmp_path / "out"
     proc = remotemac("run", str(secret_book(make_playbook)), "--out", str(out), "--show-secrets")
