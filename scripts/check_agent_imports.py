@@ -18,6 +18,11 @@ IN_MEMORY_ORDER): each module after every sibling it imports when it loads, and 
 entry's shipped prefix holding every sibling its modules import inside functions, so a
 module that gains an import fails here and not on a host in the middle of a cleanup.
 
+What import-linter can say is a contract in pyproject.toml ("the agent imports neither
+the rest of remotemac nor the laptop's third-party packages", a forbid list); this script
+keeps what it cannot: the allow list (standard library or the agent, nothing else, so a
+package nobody thought to forbid fails too) and the bootstrap's order.
+
 Exit 0 when clean, 1 with one line per violation otherwise.
 """
 
