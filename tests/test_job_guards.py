@@ -1,4 +1,6 @@
-"""Issue 11, the parts below the pipeline: access guard, disk watch, drift comparison.
+"""The guards around a job on the host: it can reach its dirs, the disk holds, and its
+environment has not drifted (the parts below the pipeline: access guard, disk watch,
+drift comparison).
 
 The agent operations run for real (``python3 hostagent.py OP`` with JSON on stdin)
 on this machine; the read-only volume is a real read-only tmpfs.

@@ -1,4 +1,6 @@
-"""Issue 11 over the real sshd with real tmux: reproduce, full disk, lost job relaunch, drift.
+"""What befalls a job on a real host, through the real CLI over sshd with real tmux:
+unseeded noise (reproduce), a full disk, a killed tmux server (relaunch), a changed torch
+(drift).
 
 Every test runs the real ``remotemac`` CLI against a test sshd on 127.0.0.1; the host
 is the fresh-host lab (tests/harness/lab.py: a bare python3, the playbook's default
@@ -205,7 +207,7 @@ def small_volume(sshd_factory):
         if res.returncode != 0:
             pytest.fail(
                 f"cannot mount a 64 MiB tmpfs here ({res.stderr.strip()}); "
-                "the storage-limit stop is still covered by test_stress_units.py"
+                "the storage-limit stop is still covered by test_job_guards.py"
             )
         mounted.append(vol)
         return vol
