@@ -19,8 +19,9 @@ moving a test takes its tier with it:
             minute;
 - ``sshd``  the test starts a real OpenSSH sshd. The one tier applied here, from the
             fixtures the test uses (``SSHD_FIXTURES``, looked up in the test's whole
-            fixture closure): it follows the test through any rename, since a test that
-            starts an sshd must request one of these fixtures to do it.
+            fixture closure), so it follows the test through any rename; a test that starts
+            an ``SSHD`` of tests/harness/sshd.py by hand, without them, carries
+            ``@pytest.mark.sshd`` itself (as test_coalesce's real-sshd push does).
 
 No list of test names lives here (tests/test_tiers_declared_in_place.py fails if one
 comes back: a renamed test would silently leave its tier).
