@@ -235,4 +235,3 @@ def click_error(exc: click.ClickException) -> RemotemacError:
     err = BadInput(exc.format_message().rstrip("."), hint=hint)
     err.exit_code = exc.exit_code
     return err
-

@@ -15,12 +15,11 @@ from remotemac.cli.core import (
     RUN_ID_HELP,
     asyncio_run,
     deadline_option,
-    load_run,
     main,
     renderer,
     with_max_bytes,
 )
-from remotemac.errors import EXIT_INTERRUPTED, BadInput, Declined, RemotemacError
+from remotemac.errors import EXIT_INTERRUPTED, BadInput, Declined
 from remotemac.settings import LocalSettings
 
 
@@ -37,75 +36,31 @@ def interrupted_lines(launched: bool, run_id: str) -> list[str]:
     return [*where, f"resume with: remotemac attach {run_id}"]
 
 
-def _run_engine(
-    settings: LocalSettings,
-    run_id: str,
-    playbook,
-    journal,
-    out_dir: Path,
-    options,
-    as_json: bool,
-    raw: bool = False,
-) -> int:
-    from remotemac.engine.pipeline import build_context, run_pipeline
-    from remotemac.events import EventBus
-
-    bus = EventBus()
+def _drive(session, settings: LocalSettings, as_json: bool, raw: bool = False) -> int:
+    """Run ``session`` to its end with the renderer subscribed; a run that raised ends
+    its JSON stream with a ``run_finished`` that says why (and Ctrl-C says how to resume)."""
     render = renderer(as_json, settings.verbose, raw)
-    bus.subscribe(render)
-    ctx = build_context(
-        run_id=run_id,
-        playbook=playbook,
-        journal=journal,
-        bus=bus,
-        home=settings.home,
-        out_dir=out_dir,
-        options=options,
-        ssh=settings.ssh_options(),
-    )
+    session.subscribe(render)
     try:
-        return asyncio_run(run_pipeline(ctx))
-    except KeyboardInterrupt:
-        launched = any(name.startswith("launch") for name in journal.phases(run_id))
+        return asyncio_run(session.run())
+    except KeyboardInterrupt as stop:
+        launched = session.launched()
         if as_json:
-            _last_event(
-                render,
-                run_id,
-                out_dir,
-                "interrupted",
-                EXIT_INTERRUPTED,
-                f"remotemac attach {run_id}",
-            )
+            render(session.ending(stop))
         render.close()
-        click.echo("\n" + "\n".join(interrupted_lines(launched, run_id)), err=True)
+        click.echo("\n" + "\n".join(interrupted_lines(launched, session.run_id)), err=True)
         sys.exit(EXIT_INTERRUPTED)
     except Exception as err:
         if as_json:  # the event stream ends with why, the run id and the exit code
-            from remotemac.errors import TransientHostError
             from remotemac.termsafe import escape_controls
 
-            known = isinstance(err, RemotemacError)
-            _last_event(
-                render,
-                run_id,
-                out_dir,
-                "detached" if isinstance(err, TransientHostError) else "failed",
-                err.exit_code if known else 1,
-                escape_controls(err.line() if known else f"{type(err).__name__}: {err}"),
-            )
+            end = session.ending(err)
+            end.detail = escape_controls(end.detail)
+            render(end)
             setattr(err, JSON_SENT, True)
         raise
     finally:
         render.close()
-
-
-def _last_event(render, run_id: str, out_dir: Path, verdict: str, code: int, detail: str) -> None:
-    """``run_finished`` for a run that ended without a record (failed, detached, stopped)."""
-    from remotemac.events import RunFinished
-
-    render(
-        RunFinished(run_id, verdict=verdict, exit_code=code, out_dir=str(out_dir), detail=detail)
-    )
 
 
 @main.command()
@@ -170,49 +125,25 @@ def run(
     trace_steps: int | None = None,
 ) -> None:
     """Run the whole pipeline of PLAYBOOK (on many hosts with --hosts/--inventory)."""
-    from remotemac.engine.context import RunOptions
+    from remotemac.engine.session import RunOptions, RunSession
     from remotemac.journal import new_run_id
-    from remotemac.playbook import load_playbook
 
-    pb = load_playbook(playbook, overrides={"host": host} if host else None)
-    if reproduce:
-        pb = pb.model_copy(update={"reproduce": True})
-    if trace_steps:
-        from remotemac.playbook import Trace
-
-        trace = Trace(steps=trace_steps)
-        pb = pb.model_copy(update={"workload": pb.workload.model_copy(update={"trace": trace})})
+    pb = _playbook(playbook, host, reproduce, trace_steps)
     host_list = [h.strip() for h in hosts.split(",") if h.strip()] if hosts else None
     if host_list or inventory or pb.hosts or pb.matrix:
-        from remotemac.engine.fleet import is_fleet
-        from remotemac.engine.inventoryfile import load_inventory
-        from remotemac.frontend.fleet import main_fleet
-
-        inv = load_inventory(inventory) if inventory else None
-        if is_fleet(pb, host_list, inv):
-            if dry_run:
-                from remotemac.engine.plan import make_fleet_plan
-                from remotemac.frontend.plan import print_fleet_plan
-
-                plans = make_fleet_plan(pb, host_list, inv)
-                click.echo(json.dumps(plans)) if as_json else print_fleet_plan(plans)
-                return
-            if detach or drill or raw or show_secrets:
-                raise BadInput(
-                    "--detach, --drill, --raw and --show-secrets work on one run, not on a fleet"
-                )
-            sys.exit(
-                main_fleet(
-                    settings,
-                    pb,
-                    hosts=host_list,
-                    inventory_path=inventory,
-                    forks=forks,
-                    out=out,
-                    as_json=as_json,
-                    keep_data=keep_data,
-                )
-            )
+        if _fleet(
+            settings,
+            pb,
+            host_list,
+            inventory,
+            forks,
+            out,
+            as_json,
+            dry_run,
+            keep_data,
+            one_run_only=detach or drill or raw or show_secrets,
+        ):
+            return
         if host_list or pb.hosts:  # one host, no variants: a plain run on it
             pb = pb.model_copy(update={"host": (host_list or pb.hosts)[0], "hosts": None})
     if dry_run:
@@ -230,25 +161,88 @@ def run(
     out_dir = Path(out) if out else Path.cwd() / "runs" / run_id
     out_dir = out_dir.resolve()
     options = RunOptions(keep_data=keep_data, detach=detach, drill=drill, show_secrets=show_secrets)
-    from remotemac.engine.runs import refuse_used_out_dir, register_run, remove_made_dirs
+    from remotemac.engine.runs import remove_made_dirs
 
     made = [p for p in (out_dir, *out_dir.parents) if not p.exists()]  # deepest first
-    refuse_used_out_dir(out_dir, run_id)
-
-    register_run(
+    session = RunSession.start(
         journal,
-        run_id,
         pb,
         out_dir,
-        options={"keep_data": keep_data, "drill": drill, "show_secrets": show_secrets},
+        home=settings.home,
+        options=options,
+        ssh=settings.ssh_options(),
+        stored={"keep_data": keep_data, "drill": drill, "show_secrets": show_secrets},
+        run_id=run_id,
+        refuse_used=True,
     )
     if not as_json:
         click.echo(f"run {run_id} → {out_dir}")
     try:
-        sys.exit(_run_engine(settings, run_id, pb, journal, out_dir, options, as_json, raw))
+        sys.exit(_drive(session, settings, as_json, raw))
     finally:
         if journal.get_run(run_id) is None:  # never reached its host: forgotten, leave no dir
             remove_made_dirs(made)
+
+
+def _playbook(path: str, host: str | None, reproduce: bool, trace_steps: int | None):
+    """The playbook of ``run``, with its command line's overrides."""
+    from remotemac.playbook import load_playbook
+
+    pb = load_playbook(path, overrides={"host": host} if host else None)
+    if reproduce:
+        pb = pb.model_copy(update={"reproduce": True})
+    if trace_steps:
+        from remotemac.playbook import Trace
+
+        trace = Trace(steps=trace_steps)
+        pb = pb.model_copy(update={"workload": pb.workload.model_copy(update={"trace": trace})})
+    return pb
+
+
+def _fleet(
+    settings: LocalSettings,
+    pb,
+    host_list: list[str] | None,
+    inventory: str | None,
+    forks: int,
+    out: str | None,
+    as_json: bool,
+    dry_run: bool,
+    keep_data: bool,
+    *,
+    one_run_only: object,
+) -> bool:
+    """Run (or plan) PLAYBOOK as a fleet when it is one; False for a plain run."""
+    from remotemac.engine.fleet import is_fleet
+    from remotemac.engine.inventoryfile import load_inventory
+    from remotemac.frontend.fleet import main_fleet
+
+    inv = load_inventory(inventory) if inventory else None
+    if not is_fleet(pb, host_list, inv):
+        return False
+    if dry_run:
+        from remotemac.engine.plan import make_fleet_plan
+        from remotemac.frontend.plan import print_fleet_plan
+
+        plans = make_fleet_plan(pb, host_list, inv)
+        click.echo(json.dumps(plans)) if as_json else print_fleet_plan(plans)
+        return True
+    if one_run_only:
+        raise BadInput(
+            "--detach, --drill, --raw and --show-secrets work on one run, not on a fleet"
+        )
+    sys.exit(
+        main_fleet(
+            settings,
+            pb,
+            hosts=host_list,
+            inventory_path=inventory,
+            forks=forks,
+            out=out,
+            as_json=as_json,
+            keep_data=keep_data,
+        )
+    )
 
 
 @main.command(epilog=RUN_ID_HELP)
@@ -262,19 +256,13 @@ def attach(
     settings: LocalSettings, run_id: str, as_json: bool, raw: bool, max_bytes: str | None = None
 ) -> None:
     """Re-attach to RUN_ID and finish its pipeline."""
-    from remotemac.engine.context import RunOptions
+    from remotemac.engine.session import RunSession
 
-    journal = settings.journal()
-    row, pb = load_run(journal, run_id)
-    pb = with_max_bytes(pb, max_bytes)
-    options = RunOptions(
-        keep_data=bool(row.options.get("keep_data")),
-        drill=row.options.get("drill"),
-        show_secrets=bool(row.options.get("show_secrets")),
+    session = RunSession.resume(
+        settings.journal(), run_id, home=settings.home, ssh=settings.ssh_options()
     )
-    sys.exit(
-        _run_engine(settings, row.run_id, pb, journal, Path(row.out_dir), options, as_json, raw)
-    )
+    session.playbook = with_max_bytes(session.playbook, max_bytes)
+    sys.exit(_drive(session, settings, as_json, raw))
 
 
 @main.command(epilog=RUN_ID_HELP)
@@ -310,30 +298,22 @@ def wipe(settings: LocalSettings, run_id: str, yes: bool) -> None:
 def _one_phase(
     settings: LocalSettings, run_id: str, phase: str, max_bytes: str | None = None
 ) -> int:
-    from remotemac.engine.context import RunOptions
-    from remotemac.engine.pipeline import run_phase
-    from remotemac.engine.runs import phase_already_done
+    from remotemac.engine.session import AlreadyDone, RunOptions, RunSession
 
-    journal = settings.journal()
-    row, pb = load_run(journal, run_id)
-    pb = with_max_bytes(pb, max_bytes)
-    run_id = row.run_id
-    done = phase_already_done(journal, run_id, phase)
-    if done:
-        click.echo(done)
-        return 0
-    if phase == "wipe" and pb.wipe == "manual":
-        pb = pb.model_copy(update={"wipe": "after_pull"})
-    return asyncio_run(
-        run_phase(
-            run_id=run_id,
-            phase=phase,
-            playbook=pb,
-            journal=journal,
-            home=settings.home,
-            out_dir=Path(row.out_dir),
-            options=RunOptions(),
-            ssh=settings.ssh_options(),
-            render=renderer(False, settings.verbose),
-        )
+    session = RunSession.resume(
+        settings.journal(),
+        run_id,
+        home=settings.home,
+        ssh=settings.ssh_options(),
+        options=RunOptions(),
     )
+    session.playbook = with_max_bytes(session.playbook, max_bytes)
+    render = renderer(False, settings.verbose)
+    session.subscribe(render)
+    try:
+        return asyncio_run(session.run_phase(phase))
+    except AlreadyDone as done:
+        click.echo(done.line)
+        return 0
+    finally:
+        render.close()
