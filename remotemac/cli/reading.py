@@ -28,149 +28,93 @@ from remotemac.settings import LocalSettings
 @click.pass_obj
 def status(settings: LocalSettings, run_id: str | None, as_json: bool, ledger: bool) -> None:
     """Runs from the journal (one run in detail with RUN_ID)."""
+    journal = settings.journal()
+    if run_id and ledger:
+        _ledger(run_row(journal, run_id), as_json)
+    elif run_id:
+        _one_status(settings, journal, run_id, as_json)
+    else:
+        _run_list(journal, as_json)
+
+
+def _ledger(row: Any, as_json: bool) -> None:
+    """``status RUN --ledger``: every command run on the host, one per line."""
+    path = Path(row.out_dir) / "ledger.jsonl"
+    lines = path.read_text().splitlines() if path.exists() else []
+    if as_json:
+        for line in lines:
+            click.echo(line)
+        return
+    from remotemac.engine.ledger import format_entry
+    from remotemac.termsafe import escape_controls
+
+    for line in lines:  # agent steps carry the host's words: shown, not obeyed
+        click.echo(escape_controls(format_entry(json.loads(line))))
+
+
+def _one_status(settings: LocalSettings, journal: Any, run_id: str, as_json: bool) -> None:
+    """``status RUN``: the run's facts, its phases and (in flight) what its host says."""
+    from remotemac.engine.statusview import ask_live, run_view
+    from remotemac.render import fit_table
+    from remotemac.termsafe import escape_controls
+
+    view = run_view(journal, run_id)
+    if view.in_flight:
+        from remotemac.render import progress
+
+        with progress(f"status: asking {view.row.host} what the job is doing"):
+            view.live = asyncio_run(
+                ask_live(journal, view.row.run_id, home=settings.home, ssh=settings.ssh_options())
+            )
+    if as_json:
+        click.echo(json.dumps(view.to_json(), default=str))
+        return
+    for key, value in view.facts():
+        click.echo(f"{key:10} {escape_controls(str(value))}")
+    if view.phases:
+        click.echo("phases")
+        for line in fit_table(
+            ("  phase", "state", "result"),
+            [(f"  {p.name}", p.state, escape_controls(p.summary or "")) for p in view.phases],
+        ):
+            click.echo(line)
+    live = view.live_view()
+    for side, state in live.side_states() if live else []:
+        click.echo(f"live      {escape_controls(side)}: {escape_controls(state)}")
+
+
+def _run_list(journal: Any, as_json: bool) -> None:
+    """``status``: every run, newest first, one line (or JSON object) each."""
     import time
 
+    from remotemac.engine.statusview import run_list, short_id_hint
     from remotemac.render import fit_table
-    from remotemac.vocab import human_age, human_duration, human_time, phase_word, run_word
+    from remotemac.vocab import human_age
 
-    journal = settings.journal()
-    if run_id:
-        row = run_row(journal, run_id)
-        run_id = row.run_id
-        phases = journal.phases(run_id)
-        if ledger:
-            path = Path(row.out_dir) / "ledger.jsonl"
-            lines = path.read_text().splitlines() if path.exists() else []
-            if as_json:
-                for line in lines:
-                    click.echo(line)
-            else:
-                from remotemac.engine.ledger import format_entry
-                from remotemac.termsafe import escape_controls
-
-                for line in lines:  # agent steps carry the host's words: shown, not obeyed
-                    click.echo(escape_controls(format_entry(json.loads(line))))
-            return
-        from remotemac.engine.runs import shown_state
-
-        state = shown_state(journal, row)
-        data: dict[str, Any] = {
-            "run_id": row.run_id,
-            "name": row.name,
-            "host": row.host,
-            "state": run_word(state),
-            "verdict": row.verdict,
-            "exit_code": row.exit_code,
-            "out_dir": row.out_dir,
-            "created_at": row.created_at,
-            "finished_at": row.finished_at,
-            "phases": {
-                k: {
-                    "state": phase_word(v["state"]),
-                    "summary": (v.get("result") or {}).get("summary"),
-                }
-                for k, v in phases.items()
-            },
-        }
-        if row.failed_phase or row.error:
-            data.update(failed_phase=row.failed_phase, error=row.error)
-        if row.state not in ("finished", "failed"):
-            from remotemac.engine.livestatus import live_status
-            from remotemac.render import progress
-
-            _, pb = load_run(journal, run_id)
-            with progress(f"status: asking {row.host} what the job is doing"):
-                data["live"] = asyncio_run(
-                    live_status(
-                        run_id=run_id,
-                        playbook=pb,
-                        journal=journal,
-                        home=settings.home,
-                        out_dir=Path(row.out_dir),
-                        ssh=settings.ssh_options(),
-                    )
-                )
-        if as_json:
-            click.echo(json.dumps(data, default=str))
-            return
-        ended = row.finished_at or time.time()
-        from remotemac.termsafe import escape_controls
-
-        facts = [
-            ("run", row.run_id),
-            ("name", row.name),
-            ("host", row.host),
-            ("state", data["state"]),
-            ("verdict", row.verdict or "—"),
-            ("exit code", "—" if row.exit_code is None else str(row.exit_code)),
-            ("started", human_time(row.created_at)),
-            ("finished", human_time(row.finished_at)),
-            ("duration", human_duration(ended - row.created_at)),
-            ("out", row.out_dir),
-        ]
-        if row.failed_phase or row.error:
-            facts += [("failed in", row.failed_phase or "—"), ("error", row.error or "—")]
-        if state in ("interrupted", "detached"):  # nothing follows it: say how to go on
-            facts.append(("resume", f"remotemac attach {row.run_id}"))
-        for key, value in facts:
-            click.echo(f"{key:10} {escape_controls(str(value))}")
-        if phases:
-            click.echo("phases")
-            for line in fit_table(
-                ("  phase", "state", "result"),
-                [
-                    (f"  {name}", info["state"], escape_controls(info["summary"] or ""))
-                    for name, info in data["phases"].items()
-                ],
-            ):
-                click.echo(line)
-        for side, info in ((data.get("live") or {}).get("sides") or {}).items():
-            click.echo(
-                f"live      {escape_controls(str(side))}: {escape_controls(str(info.get('state')))}"
-            )
-        return
-    from remotemac.engine.runs import shown_state
-
-    rows = journal.list_runs()
-    states = {r.run_id: shown_state(journal, r) for r in rows}
+    lines = run_list(journal)
     if as_json:
-        for r in rows:
-            click.echo(
-                json.dumps(
-                    {
-                        "run_id": r.run_id,
-                        "name": r.name,
-                        "host": r.host,
-                        "state": run_word(states[r.run_id]),
-                        "verdict": r.verdict,
-                        "created_at": r.created_at,
-                        "finished_at": r.finished_at,
-                    }
-                )
-            )
+        for line in lines:
+            click.echo(json.dumps(line.to_json()))
         return
-    if not rows:
+    if not lines:
         click.echo("no runs yet: remotemac run PLAYBOOK starts one")
         return
     now = time.time()
-    for line in fit_table(
+    for text in fit_table(
         ("run", "host", "state", "verdict", "age"),
         [
             (
                 r.run_id,
-                r.host,
-                run_word(states[r.run_id]),
-                r.verdict or "—",
-                human_age(now - r.created_at),
+                r.row.host,
+                r.state_word,
+                r.row.verdict or "—",
+                human_age(now - r.row.created_at),
             )
-            for r in rows
+            for r in lines
         ],
     ):
-        click.echo(line)
-    click.echo(
-        f"(any unique part of a run id works, e.g. remotemac logs "
-        f"{rows[0].run_id.rsplit('-', 1)[-1]}; or 'latest')"
-    )
+        click.echo(text)
+    click.echo(short_id_hint(lines))
 
 
 @main.command(epilog=RUN_ID_HELP)
