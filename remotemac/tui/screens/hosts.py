@@ -202,7 +202,7 @@ class HostsScreen(Screen):
 
     @work(group="doctor", exit_on_error=False)
     async def run_doctor(self, host: str) -> None:
-        from remotemac.checks.doctor import doctor
+        from remotemac.engine.doctorgather import doctor
         from remotemac.engine.hosts import open_transport
 
         app: Any = self.app
