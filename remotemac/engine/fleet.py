@@ -530,29 +530,60 @@ async def cleanup_all(
     results = []
     for host, root in targets.items():
         folder = out_root / _dir_name(host)
-        try:
-            code = await cleanup_fn(
-                host,
-                journal=journal,
-                home=home,
-                ssh=ssh,
-                dry_run=dry_run,
-                yes=True,
-                as_json=as_json,
-                remote_root=root,
-                out=folder,
-            )
-            entry: dict[str, Any] = {"exit_code": int(code or 0)}
-        except RemotemacError as exc:  # one host's failure never stops the others
-            entry = {"exit_code": exc.exit_code, "error": exc.line()}
-        record_file = folder / "cleanup.json"
-        if record_file.exists():
-            entry["record"] = json.loads(record_file.read_text(encoding="utf-8"))
+        entry = await _clean_one(
+            cleanup_fn, host, root, folder, journal, home, ssh, dry_run, as_json
+        )
         results.append({"host": host, "remote_root": root, "out": str(folder), **entry})
     codes = {r["exit_code"] for r in results}
     code = next((c for c in EXIT_PRECEDENCE if c in codes), EXIT_ACCEPTED)
     if dry_run:
         return code
+    path = _write_cleanup_all(out_root, results, code)
+    line = {"event": "cleanup_all_finished", "record": str(path), "exit_code": code}
+    print(
+        json.dumps(line)
+        if as_json
+        else f"cleanup --all: {len(results)} host(s), exit {code}; record {path}",
+        flush=True,
+    )
+    return code
+
+
+async def _clean_one(
+    cleanup_fn: Any,
+    host: str,
+    root: str,
+    folder: Path,
+    journal: Journal,
+    home: Path,
+    ssh: SSHOptions | None,
+    dry_run: bool,
+    as_json: bool,
+) -> dict[str, Any]:
+    """One host of ``cleanup --all``: its exit code, error and record (never raises for it)."""
+    try:
+        code = await cleanup_fn(
+            host,
+            journal=journal,
+            home=home,
+            ssh=ssh,
+            dry_run=dry_run,
+            yes=True,
+            as_json=as_json,
+            remote_root=root,
+            out=folder,
+        )
+        entry: dict[str, Any] = {"exit_code": int(code or 0)}
+    except RemotemacError as exc:  # one host's failure never stops the others
+        entry = {"exit_code": exc.exit_code, "error": exc.line()}
+    record_file = folder / "cleanup.json"
+    if record_file.exists():
+        entry["record"] = json.loads(record_file.read_text(encoding="utf-8"))
+    return entry
+
+
+def _write_cleanup_all(out_root: Path, results: list[dict[str, Any]], code: int) -> Path:
+    """``<out>/cleanup-all.json``: every host's record and the worst exit code."""
     record = {
         "kind": "cleanup-all",
         "at": iso_utc(time.time()),
@@ -563,14 +594,7 @@ async def cleanup_all(
     out_root.mkdir(parents=True, exist_ok=True)
     path = out_root / "cleanup-all.json"
     path.write_text(json.dumps(record, indent=2, default=str) + "\n", encoding="utf-8")
-    line = {"event": "cleanup_all_finished", "record": str(path), "exit_code": code}
-    print(
-        json.dumps(line)
-        if as_json
-        else f"cleanup --all: {len(results)} host(s), exit {code}; record {path}",
-        flush=True,
-    )
-    return code
+    return path
 
 
 def known_hosts(journal: Journal) -> list[tuple[str, str]]:
