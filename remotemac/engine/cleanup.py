@@ -365,21 +365,10 @@ async def main_cleanup(
     know = journal_knowledge(journal, host, transport.name)
     out_dir = Path(out) if out else default_out_dir(host, started, home)
     ledger = Ledger(out_dir / "ledger.jsonl", hold=True)  # written with the record only
-    asked = _Asked()
+    asked = _Asked(host, started)
     try:
         await _ask_host(
-            asked,
-            transport,
-            ledger,
-            know,
-            host,
-            home,
-            remote_root,
-            started,
-            dry_run=dry_run,
-            yes=yes,
-            echo=echo,
-            confirm=confirm,
+            asked, transport, ledger, know, home, remote_root, yes, echo, confirm, dry_run=dry_run
         )
     except (HostError, OSError) as exc:
         asked.error = (
@@ -387,12 +376,7 @@ async def main_cleanup(
         )
     finally:
         await transport.close()
-    facts: dict[str, Any] = {
-        "host": host,
-        "name": transport.name,
-        "fingerprint": asked.fingerprint,
-        "started": started,
-    }
+    facts = asked.facts(transport.name)
     if asked.error is not None:
         return _unreachable(
             facts, know, asked.error, out_dir, ledger, dry_run=dry_run, as_json=as_json, echo=echo
@@ -419,10 +403,21 @@ async def main_cleanup(
 class _Asked:
     """What the host answered (or why it did not) during one cleanup."""
 
+    host: str
+    started: float
     answer: dict[str, Any] | None = None
     fingerprint: str = "unknown"
     error: str | None = None
     orphans: list[dict] = field(default_factory=list)
+
+    def facts(self, name: str) -> dict[str, Any]:
+        """build_record's facts of the host and of this cleanup."""
+        return {
+            "host": self.host,
+            "name": name,
+            "fingerprint": self.fingerprint,
+            "started": self.started,
+        }
 
 
 async def _ask_host(
@@ -430,15 +425,13 @@ async def _ask_host(
     transport: Transport,
     ledger: Ledger,
     know: Knowledge,
-    host: str,
     home: Path,
     remote_root: str,
-    started: float,
-    *,
-    dry_run: bool,
     yes: bool,
     echo: Callable[[str], None],
     confirm: Callable[[str], bool] | None,
+    *,
+    dry_run: bool,
 ) -> None:
     """Plan on the host (a dry run there), ask the user when there is work and no
     ``--yes``, then clean; fills ``asked`` as it goes (a link error leaves it partial)."""
@@ -455,10 +448,7 @@ async def _ask_host(
         return
     if (_has_work(plan) or _local_key_work(home, know.runs)) and not yes:
         record = build_record(
-            host=host,
-            name=transport.name,
-            fingerprint=asked.fingerprint,
-            started=started,
+            **asked.facts(transport.name),
             dry_run=True,
             answer=plan,
             know=know,
