@@ -164,14 +164,14 @@ RAW_HELP = "Pass the job's terminal control sequences through (colours; also OSC
 
 
 def load_run(journal, run_id: str):
-    from remotemac.engine.runs import load_run
+    from remotemac.engine.session import load_run
 
     return load_run(journal, run_id)
 
 
 def run_row(journal, run_id: str):
     """The journal row of RUN_ID (any unique part, or latest), without its playbook."""
-    from remotemac.engine.runs import resolve_run_id
+    from remotemac.engine.session import resolve_run_id
 
     return journal.get_run(resolve_run_id(journal, run_id))
 

@@ -107,13 +107,13 @@ def doctor(
     cannot be reached.
     """
     from remotemac.checks.doctor import WorkloadAsk
-    from remotemac.engine.hosts import open_transport
+    from remotemac.engine.session import open_transport
     from remotemac.frontend.doctor import main_doctor
 
     needs = None
     workload = WorkloadAsk(None, home=settings.home)
     if playbook:
-        from remotemac.engine.plan import disk_needed
+        from remotemac.engine.session import disk_needed
         from remotemac.playbook import load_playbook
 
         pb = load_playbook(playbook)
@@ -250,7 +250,7 @@ def cleanup(
     if all_hosts:
         if host:
             raise BadInput("give a HOST or --all, not both")
-        from remotemac.engine.fleet import cleanup_all
+        from remotemac.engine.session import cleanup_all
         from remotemac.frontend.prompts import confirm
 
         sys.exit(
@@ -269,7 +269,7 @@ def cleanup(
         )
     if not host:
         raise BadInput("cleanup needs a HOST (or --all)")
-    from remotemac.engine.cleanup import main_cleanup
+    from remotemac.engine.session import main_cleanup
     from remotemac.frontend.prompts import confirm
     from remotemac.render import progress
 

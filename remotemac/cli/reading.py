@@ -45,7 +45,7 @@ def _ledger(row: Any, as_json: bool) -> None:
         for line in lines:
             click.echo(line)
         return
-    from remotemac.engine.ledger import format_entry
+    from remotemac.engine.session import format_entry
     from remotemac.termsafe import escape_controls
 
     for line in lines:  # agent steps carry the host's words: shown, not obeyed
@@ -135,7 +135,7 @@ def logs(
     escaped unless --raw)."""
     import time
 
-    from remotemac.engine.runs import shown_state
+    from remotemac.engine.session import shown_state
     from remotemac.termsafe import escape_controls
     from remotemac.vocab import log_prefix
 
@@ -203,7 +203,7 @@ def _tail_live(
     """`logs RUN --follow` of a run no remotemac follows: its jobs' new lines, read live
     from the host (read-only: nothing launched, pulled, wiped or journalled), until every
     job is final; then say that `remotemac attach RUN` finishes the run."""
-    from remotemac.engine.logtail import tail_logs
+    from remotemac.engine.session import tail_logs
     from remotemac.termsafe import escape_controls
     from remotemac.vocab import log_prefix
 
@@ -265,7 +265,7 @@ def forget(
     """Drop runs from the journal (a typo'd host's runs stop being 'latest').
 
     The host and the runs' --out dirs are not touched: wipe or clean up first."""
-    from remotemac.engine.runs import forgettable_runs
+    from remotemac.engine.session import forgettable_runs
 
     journal = settings.journal()
     ids = forgettable_runs(journal, list(run_ids), before)

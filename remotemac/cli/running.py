@@ -147,7 +147,7 @@ def run(
         if host_list or pb.hosts:  # one host, no variants: a plain run on it
             pb = pb.model_copy(update={"host": (host_list or pb.hosts)[0], "hosts": None})
     if dry_run:
-        from remotemac.engine.plan import make_plan
+        from remotemac.engine.session import make_plan
         from remotemac.frontend.plan import print_plan
 
         plan = make_plan(pb, settings.home)
@@ -161,7 +161,7 @@ def run(
     out_dir = Path(out) if out else Path.cwd() / "runs" / run_id
     out_dir = out_dir.resolve()
     options = RunOptions(keep_data=keep_data, detach=detach, drill=drill, show_secrets=show_secrets)
-    from remotemac.engine.runs import remove_made_dirs
+    from remotemac.engine.session import remove_made_dirs
 
     made = [p for p in (out_dir, *out_dir.parents) if not p.exists()]  # deepest first
     session = RunSession.start(
@@ -213,15 +213,14 @@ def _fleet(
     one_run_only: object,
 ) -> bool:
     """Run (or plan) PLAYBOOK as a fleet when it is one; False for a plain run."""
-    from remotemac.engine.fleet import is_fleet
-    from remotemac.engine.inventoryfile import load_inventory
+    from remotemac.engine.session import is_fleet, load_inventory
     from remotemac.frontend.fleet import main_fleet
 
     inv = load_inventory(inventory) if inventory else None
     if not is_fleet(pb, host_list, inv):
         return False
     if dry_run:
-        from remotemac.engine.plan import make_fleet_plan
+        from remotemac.engine.session import make_fleet_plan
         from remotemac.frontend.plan import print_fleet_plan
 
         plans = make_fleet_plan(pb, host_list, inv)
@@ -280,7 +279,7 @@ def pull(settings: LocalSettings, run_id: str, max_bytes: str | None = None) -> 
 @click.pass_obj
 def wipe(settings: LocalSettings, run_id: str, yes: bool) -> None:
     """Wipe RUN_ID's data on the host and destroy its data key."""
-    from remotemac.engine.runs import phase_already_done, resolve_run_id
+    from remotemac.engine.session import phase_already_done, resolve_run_id
 
     journal = settings.journal()
     run_id = resolve_run_id(journal, run_id)

@@ -29,7 +29,52 @@ from remotemac.phases import Phase
 from remotemac.playbook import Playbook
 from remotemac.transport.options import SSHOptions
 
-__all__ = ["AlreadyDone", "RunOptions", "RunSession", "options_of"]
+#: What else a front end asks of the engine, by name, and the module that has it: the
+#: front ends import the engine only through this module (and the status view), an
+#: import-linter contract. Loaded when first asked for (PEP 562), so a command pays only
+#: for what it uses, and the engine's own modules may import this one.
+FRONT_DOOR: dict[str, str] = {
+    # runs of the journal
+    "resolve_run_id": "remotemac.engine.runs",
+    "load_run": "remotemac.engine.runs",
+    "forgettable_runs": "remotemac.engine.runs",
+    "remove_made_dirs": "remotemac.engine.runs",
+    "shown_state": "remotemac.engine.runs",
+    "phase_already_done": "remotemac.engine.runs",
+    "tail_logs": "remotemac.engine.logtail",
+    "format_entry": "remotemac.engine.ledger",
+    # plans and fleets
+    "make_plan": "remotemac.engine.plan",
+    "make_fleet_plan": "remotemac.engine.plan",
+    "disk_needed": "remotemac.engine.plan",
+    "load_inventory": "remotemac.engine.inventoryfile",
+    "is_fleet": "remotemac.engine.fleet",
+    "fleet_hosts": "remotemac.engine.fleet",
+    "plan_runs": "remotemac.engine.fleet",
+    "run_fleet": "remotemac.engine.fleet",
+    "variant_label": "remotemac.engine.fleet",
+    "FleetRun": "remotemac.engine.fleet",
+    "FleetResult": "remotemac.engine.fleet",
+    "FLEET_FOLLOW_POLL_S": "remotemac.engine.fleet",
+    # hosts: doctor, cleanup
+    "open_transport": "remotemac.engine.hosts",
+    "doctor": "remotemac.engine.doctorgather",
+    "main_cleanup": "remotemac.engine.cleanup",
+    "render_markdown": "remotemac.engine.cleanup",
+    "cleanup_all": "remotemac.engine.fleet",
+}
+
+__all__ = ["AlreadyDone", "RunOptions", "RunSession", "options_of", *FRONT_DOOR]
+
+
+def __getattr__(name: str) -> Any:
+    """``from remotemac.engine.session import make_plan``: the name from its module."""
+    module = FRONT_DOOR.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)
 
 
 class AlreadyDone(Exception):

@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from remotemac.checks.doctor import FAIL, NOT_APPLICABLE, OK, WARN, DoctorReport
-from remotemac.engine.doctorgather import doctor
+from remotemac.engine.session import doctor
 from remotemac.transport.base import Transport
 
 _STYLES = {OK: "green", WARN: "yellow", FAIL: "bold red", NOT_APPLICABLE: "dim"}

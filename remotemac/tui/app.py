@@ -159,7 +159,7 @@ class RemotemacApp(App[int]):
 
     async def _show_plan(self, choice: RunChoice) -> None:
         """``run --dry-run`` in a viewer: the plan is computed off the UI loop."""
-        from remotemac.engine.plan import make_plan
+        from remotemac.engine.session import make_plan
         from remotemac.playbook import load_playbook
 
         try:
@@ -486,7 +486,7 @@ class RemotemacApp(App[int]):
 
 def _cleanup_markdown(text: str) -> str:
     """The cleanup's record as ``cleanup.md`` has it (the engine's words), not raw JSON."""
-    from remotemac.engine.cleanup import render_markdown
+    from remotemac.engine.session import render_markdown
 
     try:
         return render_markdown(json.loads(text))

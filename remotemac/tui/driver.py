@@ -260,7 +260,7 @@ class RunDriver:
     async def cleanup(self, host: str, *, dry_run: bool, remote_root: str) -> tuple[int, str]:
         """``remotemac cleanup HOST`` with its JSON output captured for a dialog."""
         try:
-            from remotemac.engine.cleanup import main_cleanup
+            from remotemac.engine.session import main_cleanup
         except ImportError as exc:
             raise BadInput(f"cleanup is not available in this build: {exc}") from None
         lines: list[str] = []  # main_cleanup's output, passed in: stdout stays the terminal's
