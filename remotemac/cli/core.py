@@ -169,13 +169,6 @@ def load_run(journal, run_id: str):
     return load_run(journal, run_id)
 
 
-def run_row(journal, run_id: str):
-    """The journal row of RUN_ID (any unique part, or latest), without its playbook."""
-    from remotemac.engine.session import resolve_run_id
-
-    return journal.get_run(resolve_run_id(journal, run_id))
-
-
 RUN_ID_HELP = (
     "RUN_ID is the full id, any unique part of it (its last 4 characters, a prefix) or 'latest'."
 )

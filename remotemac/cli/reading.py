@@ -15,7 +15,6 @@ from remotemac.cli.core import (
     asyncio_run,
     load_run,
     main,
-    run_row,
 )
 from remotemac.errors import BadInput
 from remotemac.settings import LocalSettings
@@ -28,6 +27,8 @@ from remotemac.settings import LocalSettings
 @click.pass_obj
 def status(settings: LocalSettings, run_id: str | None, as_json: bool, ledger: bool) -> None:
     """Runs from the journal (one run in detail with RUN_ID)."""
+    from remotemac.engine.statusview import run_row
+
     journal = settings.journal()
     if run_id and ledger:
         _ledger(run_row(journal, run_id), as_json)
@@ -136,6 +137,7 @@ def logs(
     import time
 
     from remotemac.engine.session import shown_state
+    from remotemac.engine.statusview import run_row
     from remotemac.termsafe import escape_controls
     from remotemac.vocab import log_prefix
 
