@@ -95,6 +95,15 @@ def test_one_status_view_gives_the_list_the_detail_and_the_json(tmp_path):
     assert facts["exit code"] == "3" and facts["failed in"] == "sync"
 
 
+def test_every_name_the_front_ends_may_ask_the_engine_for_is_there():
+    from remotemac.engine import session
+
+    for name in session.FRONT_DOOR:
+        assert getattr(session, name) is not None, name
+    with pytest.raises(AttributeError):
+        session.build_context  # noqa: B018 - not for front ends: RunSession opens runs
+
+
 def test_the_live_answer_reads_the_same_in_every_front_end():
     answer = {"answered": True, "sides": {"mps": {"state": "running"}, "cpu": {"state": "done"}}}
     assert LiveView.of(answer).summary() == "host: mps running, cpu done"

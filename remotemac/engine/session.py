@@ -2,8 +2,9 @@
 
 Why one class: each front end used to build its own event bus, call
 ``build_context``/``run_pipeline`` and turn the way a run ended (a failure, a dropped
-link past its deadline, Ctrl-C) into a ``RunFinished`` of its own. Three copies drift:
-an option stored by one was lost by another on ``attach``. A :class:`RunSession`
+link past its deadline, Ctrl-C) into a ``RunFinished`` of its own. Three copies drift
+(the TUI's re-attach never carried ``--show-secrets``: kept as it was, named here as
+``resume(show_secrets=False)``). A :class:`RunSession`
 holds what a run needs (its id, playbook, journal, where its outputs go, how hosts
 are reached), opens the run's context on its own bus, runs the whole pipeline or one
 phase of it, and says how a run that raised ended, as the event a front end shows.
