@@ -476,7 +476,7 @@ def test_pipeline_on_bare_agent_python_then_cleanup_removes_runtime(
 @needs_bare
 @pytest.mark.asyncio
 async def test_doctor_reports_runtime_absent_then_present(tmp_path, monkeypatch):
-    from remotemac.checks import doctor as dr
+    from remotemac.engine import doctorgather as dr
 
     monkeypatch.setenv("REMOTEMAC_AGENT_PYTHON", BARE)
     root = tmp_path / "host-root"

@@ -120,7 +120,7 @@ def _tree(top: Path) -> dict[str, int]:
 async def test_doctor_over_sshd_leaves_no_file_on_the_host(sshd, ssh_env) -> None:
     """doctor gathers every fact over real SSH and the host's home is as it was: no
     agent upload, no remote_root, no byte-code cache."""
-    from remotemac.checks.doctor import doctor
+    from remotemac.engine.doctorgather import doctor
     from remotemac.transport.options import SSHOptions
     from remotemac.transport.ssh import SSHTransport
 

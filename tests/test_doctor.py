@@ -17,6 +17,7 @@ import pytest
 
 from remotemac.agent import hostfacts as hf
 from remotemac.checks import doctor as dr
+from remotemac.engine import doctorgather
 from remotemac.frontend import doctor as doctor_cli
 from remotemac.transport.local import LocalTransport
 
@@ -243,7 +244,7 @@ class NoPython3(LocalTransport):
 @pytest.mark.asyncio
 async def test_gather_facts_local_transport(tmp_path) -> None:
     """The real path: hostfacts source on stdin of `python3 -`, request as argv JSON."""
-    facts = await dr.gather_facts(LocalTransport(), str(tmp_path / "rm"))
+    facts = await doctorgather.gather_facts(LocalTransport(), str(tmp_path / "rm"))
     assert facts["os"] == "Linux" and facts["disk"]["path"] == str(tmp_path)
     report = dr.evaluate(facts, host="local")
     assert report.check("clock").status == "ok"
@@ -252,7 +253,7 @@ async def test_gather_facts_local_transport(tmp_path) -> None:
 
 @pytest.mark.asyncio
 async def test_gather_facts_without_python3(tmp_path) -> None:
-    facts = await dr.gather_facts(NoPython3(str(tmp_path)), "~/remotemac")
+    facts = await doctorgather.gather_facts(NoPython3(str(tmp_path)), "~/remotemac")
     assert "exited 127" in facts["collector_error"]
     assert not dr.evaluate(facts).fit
 
@@ -287,7 +288,7 @@ def test_render_and_exit_code(m1_facts) -> None:
 @pytest.mark.slow
 def test_doctor_coroutine_wires_gather_and_evaluate(tmp_path) -> None:
     """gather_facts is a coroutine; doctor() wires gather + evaluate."""
-    report = asyncio.run(dr.doctor(LocalTransport(), "local", str(tmp_path)))
+    report = asyncio.run(doctorgather.doctor(LocalTransport(), "local", str(tmp_path)))
     assert report.host == "local" and report.facts["os"] == "Linux"
 
 

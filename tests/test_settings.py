@@ -59,7 +59,7 @@ def test_importing_settings_pulls_in_no_front_end_and_nothing_heavy() -> None:
 def test_reconnect_deadline_reaches_that_commands_settings_only() -> None:
     """``--reconnect-deadline`` replaces the command's (frozen) settings; the group's
     object is left as it was."""
-    from remotemac.cli import _deadline_option
+    from remotemac.cli import deadline_option as _deadline_option
 
     seen: dict[str, LocalSettings] = {}
     group_settings = LocalSettings.from_options(None, "cfg")

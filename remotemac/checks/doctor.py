@@ -1,28 +1,25 @@
 """``remotemac doctor HOST``: is this host fit to run a PyTorch job on MPS?
 
 The facts are gathered on the host by :mod:`remotemac.agent.hostfacts` (its source
-runs from memory, engine/agentship.py, so nothing is installed or left behind); this module
-judges them locally, so the rules live in one place and can change without
+runs from memory, asked by engine/doctorgather.py, so nothing is installed or left
+behind); this module judges them locally and never imports the engine, so the rules live in one place and can change without
 re-shipping code. Each check says what it saw, why it matters and how to fix it.
 ``fit`` means no check failed; warnings are things remotemac works around.
 """
 
 from __future__ import annotations
 
-import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from remotemac.agent.hostfacts import NA, version_tuple
 from remotemac.checks.pythoncheck import check_pins, check_workload_python
-from remotemac.transport.base import Transport
 
 OK, WARN, FAIL, NOT_APPLICABLE = "ok", "warn", "fail", "n/a"
 MIN_MACOS = (14,)  # torch >= 2.8 refuses MPS below macOS 14 ("supported on MacOS 14.0+")
 MIN_PYTHON = (3, 9)  # the agent's floor, and what the CLT's python3 provides
 LOW_DISK_BYTES = 5 << 30  # a torch venv is ~1.5 GiB and pip's cache as much again
 MAX_SKEW_S = 60.0
-GATHER_TIMEOUT_S = 300.0  # the MPS probe's first `import torch` can be slow on a cold disk
 
 
 @dataclass
@@ -451,45 +448,6 @@ def evaluate(
     return DoctorReport(host, checks, facts)
 
 
-# --------------------------------------------------------------------------- gathering
-
-
-async def gather_facts(
-    transport: Transport,
-    remote_root: str,
-    venv_python: str | None = None,
-    timeout: float = GATHER_TIMEOUT_S,
-    workload: WorkloadAsk | None = None,
-) -> dict[str, Any]:
-    """Run the collector on the host from memory (engine/agentship.py), request on stdin.
-
-    Nothing is uploaded or left behind. A host without a working ``python3``
-    gives ``{"collector_error": ...}`` (judged as a failed check), not an exception;
-    link problems still raise :class:`remotemac.errors.HostError`.
-    """
-    from remotemac.engine.agentclient import agent_python
-
-    python = agent_python()
-    request = {"remote_root": remote_root, "venv_python": venv_python}
-    facts, why = await _in_memory(transport, python, "hostfacts", "op_facts", request, timeout)
-    received = time.time()
-    if facts is None:
-        return {"collector_error": f"{python} on {transport.name} {why}", "received_at": received}
-    facts["received_at"] = received
-    facts["agent_runtime"] = await gather_runtime(transport, python, remote_root, timeout)
-    if workload is not None:
-        from remotemac.checks import pythoncheck
-
-        async def in_memory(module: str, fn: str, req: dict[str, Any]) -> Any:
-            return await _in_memory(transport, python, module, fn, req, timeout)
-
-        tags = facts["agent_runtime"].get("tags")
-        facts["workload_python"] = await pythoncheck.gather(
-            in_memory, remote_root, workload.python, workload.requirements, tags, workload.home
-        )
-    return facts
-
-
 @dataclass(frozen=True)
 class WorkloadAsk:
     """What doctor asks about the workload's Python (``--playbook``, or the default)."""
@@ -497,50 +455,3 @@ class WorkloadAsk:
     python: str | None
     requirements: bytes | None = None
     home: Any = None
-
-
-async def gather_runtime(
-    transport: Transport, python: str, remote_root: str, timeout: float = GATHER_TIMEOUT_S
-) -> dict[str, Any]:
-    """The agent runtime's status on the host (agentruntime.py from memory)."""
-    status, why = await _in_memory(
-        transport, python, "agentruntime", "op_runtime_status", {"root": remote_root}, timeout
-    )
-    return status if status is not None else {"error": why}
-
-
-async def _in_memory(
-    transport: Transport,
-    python: str,
-    module: str,
-    fn: str,
-    request: dict[str, Any],
-    timeout: float,
-) -> tuple[dict[str, Any] | None, str]:
-    """(``module.fn``'s answer, "") or (None, "exited N: why" / "printed no JSON: …")."""
-    from remotemac.engine.agentship import exec_in_memory, read_answer
-
-    result = await exec_in_memory(transport, python, module, fn, request, timeout=timeout)
-    answer = read_answer(result)
-    if answer is not None and answer.get("ok") and isinstance(answer.get("result"), dict):
-        return answer["result"], ""
-    if answer is not None:  # the host's code raised: "Type: message", as a traceback ends
-        return None, f"exited {result.exit_code}: {str(answer.get('error'))[:200]}"
-    printed = result.text().strip().splitlines()
-    if result.ok and printed:
-        return None, f"printed no JSON: {printed[-1][:200]}"
-    err = result.stderr.decode("utf-8", "replace").strip().splitlines() or ["no output"]
-    return None, f"exited {result.exit_code}: {err[-1][:200]}"
-
-
-async def doctor(
-    transport: Transport,
-    host: str,
-    remote_root: str = "~/remotemac",
-    needs_disk_bytes: int | None = None,
-    venv_python: str | None = None,
-    workload: WorkloadAsk | None = None,
-) -> DoctorReport:
-    """Gather on an open transport and judge."""
-    facts = await gather_facts(transport, remote_root, venv_python, workload=workload)
-    return evaluate(facts, needs_disk_bytes, host=host)

@@ -286,6 +286,17 @@ def run_preflight(
     return report
 
 
+def tracer_file() -> Path:
+    """optrace.py's file on this machine, found by its module name (not imported: it
+    is run by path under the project's interpreter); the checks never import the engine."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("remotemac.agent.optrace")
+    if spec is None or not spec.origin:
+        raise RemotemacError("preflight: the tracer remotemac.agent.optrace is missing")
+    return Path(spec.origin)
+
+
 def _run_tracer(
     interpreter: str,
     target: list[str],
@@ -299,9 +310,7 @@ def _run_tracer(
     optrace.py is standard library only (Python 3.9+), the file the agent ships to the
     Mac, so any project interpreter runs it by path; its own frames are skipped by file.
     """
-    from remotemac.engine.agentship import agent_file
-
-    tracer = agent_file("optrace")
+    tracer = tracer_file()
     cmd = [interpreter, str(tracer), "--seconds", str(seconds), "--out", str(trace_path)]
     cmd += ["--", *target]
     try:

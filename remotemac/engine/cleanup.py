@@ -365,88 +365,29 @@ async def main_cleanup(
     know = journal_knowledge(journal, host, transport.name)
     out_dir = Path(out) if out else default_out_dir(host, started, home)
     ledger = Ledger(out_dir / "ledger.jsonl", hold=True)  # written with the record only
-    answer: dict[str, Any] | None = None
-    fingerprint = "unknown"
-    error: str | None = None
-    orphans: list[dict] = []
+    asked = _Asked(host, started)
     try:
-        await transport.connect()
-        fingerprint = host_key_fingerprint(transport)
-        host_home = await transport.home()
-        primary = expand_root(remote_root, host_home)
-        roots = [primary] + [r for r in know.roots if r != primary]
-        known, orphans = _assign_roots(know, roots)
-        request = {"roots": roots, "known": known, "run_ids": know.runs}
-        plan = await call_in_memory(
-            transport, ledger, "op_cleanup_host", dict(request, dry_run=True)
+        await _ask_host(
+            asked, transport, ledger, know, home, remote_root, yes, echo, confirm, dry_run=dry_run
         )
-        if dry_run:
-            answer = plan
-        elif not _has_work(plan) and not _local_key_work(home, know.runs):
-            answer = await call_in_memory(
-                transport, ledger, "op_cleanup_host", dict(request, dry_run=False)
-            )
-        else:
-            if not yes:
-                record = build_record(
-                    host=host,
-                    name=transport.name,
-                    fingerprint=fingerprint,
-                    started=started,
-                    dry_run=True,
-                    answer=plan,
-                    know=know,
-                    extra_items=_local_keys(home, know.runs, True),
-                )
-                for line in _plan_lines(record):
-                    echo(line)
-                # the front end asks; without a way to ask, nothing is removed
-                question = f"Remove all of this from {transport.name}?"
-                if confirm is None or not confirm(question):
-                    raise Declined("cleanup not confirmed: nothing was removed")
-            answer = await call_in_memory(
-                transport, ledger, "op_cleanup_host", dict(request, dry_run=False)
-            )
     except (HostError, OSError) as exc:
-        error = exc.line() if isinstance(exc, RemotemacError) else f"{type(exc).__name__}: {exc}"
+        asked.error = (
+            exc.line() if isinstance(exc, RemotemacError) else f"{type(exc).__name__}: {exc}"
+        )
     finally:
         await transport.close()
-    if error is not None:
-        journal_items = [
-            dict(i, fate="not attempted", why="host unreachable", bytes=0, sources=["journal"])
-            for i in know.items
-        ]
-        record = build_record(
-            host=host,
-            name=transport.name,
-            fingerprint=fingerprint,
-            started=started,
-            dry_run=dry_run,
-            answer=None,
-            know=know,
-            extra_items=journal_items,
-            error=error,
+    facts = asked.facts(transport.name)
+    if asked.error is not None:
+        return _unreachable(
+            facts, know, asked.error, out_dir, ledger, dry_run=dry_run, as_json=as_json, echo=echo
         )
-        if not dry_run:
-            write_record(out_dir, record)
-            ledger.flush()
-        echo(
-            json.dumps(record)
-            if as_json
-            else f"cleanup {host}: not verified: {error}"
-            + ("" if dry_run else f"\n  record: {out_dir}")
-        )
-        return EXIT_HOST
     keys = _local_keys(home, know.runs, dry_run)
     record = build_record(
-        host=host,
-        name=transport.name,
-        fingerprint=fingerprint,
-        started=started,
+        **facts,
         dry_run=dry_run,
-        answer=answer,
+        answer=asked.answer,
         know=know,
-        extra_items=orphans + keys,
+        extra_items=asked.orphans + keys,
     )
     if dry_run:
         echo(json.dumps(record) if as_json else "\n".join(_plan_lines(record)))
@@ -456,6 +397,109 @@ async def main_cleanup(
     ledger.flush()
     echo(json.dumps(record) if as_json else _summary(record, out_dir))
     return 0 if record["verified"] else 1
+
+
+@dataclass
+class _Asked:
+    """What the host answered (or why it did not) during one cleanup."""
+
+    host: str
+    started: float
+    answer: dict[str, Any] | None = None
+    fingerprint: str = "unknown"
+    error: str | None = None
+    orphans: list[dict] = field(default_factory=list)
+
+    def facts(self, name: str) -> dict[str, Any]:
+        """build_record's facts of the host and of this cleanup."""
+        return {
+            "host": self.host,
+            "name": name,
+            "fingerprint": self.fingerprint,
+            "started": self.started,
+        }
+
+
+async def _ask_host(
+    asked: _Asked,
+    transport: Transport,
+    ledger: Ledger,
+    know: Knowledge,
+    home: Path,
+    remote_root: str,
+    yes: bool,
+    echo: Callable[[str], None],
+    confirm: Callable[[str], bool] | None,
+    *,
+    dry_run: bool,
+) -> None:
+    """Plan on the host (a dry run there), ask the user when there is work and no
+    ``--yes``, then clean; fills ``asked`` as it goes (a link error leaves it partial)."""
+    await transport.connect()
+    asked.fingerprint = host_key_fingerprint(transport)
+    host_home = await transport.home()
+    primary = expand_root(remote_root, host_home)
+    roots = [primary] + [r for r in know.roots if r != primary]
+    known, asked.orphans = _assign_roots(know, roots)
+    request = {"roots": roots, "known": known, "run_ids": know.runs}
+    plan = await call_in_memory(transport, ledger, "op_cleanup_host", dict(request, dry_run=True))
+    if dry_run:
+        asked.answer = plan
+        return
+    if (_has_work(plan) or _local_key_work(home, know.runs)) and not yes:
+        record = build_record(
+            **asked.facts(transport.name),
+            dry_run=True,
+            answer=plan,
+            know=know,
+            extra_items=_local_keys(home, know.runs, True),
+        )
+        for line in _plan_lines(record):
+            echo(line)
+        # the front end asks; without a way to ask, nothing is removed
+        question = f"Remove all of this from {transport.name}?"
+        if confirm is None or not confirm(question):
+            raise Declined("cleanup not confirmed: nothing was removed")
+    asked.answer = await call_in_memory(
+        transport, ledger, "op_cleanup_host", dict(request, dry_run=False)
+    )
+
+
+def _unreachable(
+    facts: dict[str, Any],
+    know: Knowledge,
+    error: str,
+    out_dir: Path,
+    ledger: Ledger,
+    *,
+    dry_run: bool,
+    as_json: bool,
+    echo: Callable[[str], None],
+) -> int:
+    """The host could not be reached (or answered a link error): a record that says
+    "not verified", each journal item "not attempted"; exit 3."""
+    journal_items = [
+        dict(i, fate="not attempted", why="host unreachable", bytes=0, sources=["journal"])
+        for i in know.items
+    ]
+    record = build_record(
+        **facts,
+        dry_run=dry_run,
+        answer=None,
+        know=know,
+        extra_items=journal_items,
+        error=error,
+    )
+    if not dry_run:
+        write_record(out_dir, record)
+        ledger.flush()
+    echo(
+        json.dumps(record)
+        if as_json
+        else f"cleanup {facts['host']}: not verified: {error}"
+        + ("" if dry_run else f"\n  record: {out_dir}")
+    )
+    return EXIT_HOST
 
 
 def _local_key_work(home: Path, runs: list[str]) -> bool:

@@ -30,6 +30,7 @@ from remotemac.engine.context import RunOptions, specialize
 from remotemac.engine.inventoryfile import HostVars, Inventory
 from remotemac.engine.pool import TransportPool
 from remotemac.engine.runs import register_run
+from remotemac.engine.session import RunSession
 from remotemac.errors import (
     EXIT_ACCEPTED,
     EXIT_BAD_INPUT,
@@ -43,7 +44,7 @@ from remotemac.errors import (
     Declined,
     RemotemacError,
 )
-from remotemac.events import Event, EventBus, PhaseFinished, Warning
+from remotemac.events import Event, PhaseFinished, Warning
 from remotemac.journal import Journal, new_run_id
 from remotemac.playbook import MAX_HOSTS, Playbook
 from remotemac.transport.options import SSHOptions
@@ -241,8 +242,6 @@ async def run_fleet(
     max_channels: int = 8,
 ) -> FleetResult:
     """Run every planned run, at most ``forks`` at once; write fleet.json; never raise for one."""
-    from remotemac.engine.pipeline import build_context, run_pipeline
-
     if forks < 1:
         raise BadInput("--forks must be at least 1")
     fleet_id = fleet_id or new_run_id(playbook.name)
@@ -268,8 +267,6 @@ async def run_fleet(
                     ssh=ssh,
                     pool=pool,
                     sink=sink,
-                    build_context=build_context,
-                    run_pipeline=run_pipeline,
                     provisioned=opened,
                 )
             finally:
@@ -305,21 +302,21 @@ async def _one_run(
     ssh: SSHOptions | None,
     pool: TransportPool,
     sink,
-    build_context,
-    run_pipeline,
     provisioned: asyncio.Event | None,
 ) -> None:
-    """One (host, variant): its own journal row, bus, context and record; failures stay here."""
+    """One (host, variant): its own journal row, session and record; failures stay here."""
     run.run_id = f"{fleet_id}-{run.index:02d}"
     run.started = time.monotonic()
     base = specialize(playbook, remote_root=run.vars.remote_root, hourly_rate=run.vars.hourly_rate)
     stored = specialize(base, host=run.host, matrix=run.variant)
     run.currency = stored.cost.currency
-    bus = EventBus()
+    session = RunSession(
+        run.run_id, base, journal, home, run.out_dir, options, ssh, run.host, run.variant, pool
+    )
     if sink is not None:
-        bus.subscribe(sink)
+        session.subscribe(sink)
     if provisioned is not None:
-        bus.subscribe(
+        session.subscribe(
             lambda e: (
                 provisioned.set()
                 if isinstance(e, PhaseFinished) and e.phase == "provision"
@@ -335,39 +332,10 @@ async def _one_run(
         host=run.host,
         options={"keep_data": options.keep_data, "fleet": fleet_id, "variant": run.variant},
     )
-    if run.vars.rental_end is not None:
-        left = run.vars.rental_end.timestamp() - time.time()
-        if left <= 0:
-            why = f"rental ended {run.vars.rental_end.isoformat()}"
-            journal.set_run_state(
-                run.run_id, "failed", exit_code=EXIT_HOST, phase="start", error=why
-            )
-            _finish(run, "skipped", EXIT_HOST, why)
-            return
-        if left < stored.workload.timeout:
-            bus.emit(
-                Warning(
-                    run.run_id,
-                    message=f"{run.host}: the rental ends in {left / 60:.0f}"
-                    " min, before the workload's timeout",
-                    code="rental-ending",
-                )
-            )
+    if _rental_over(run, stored, session):
+        return
     try:
-        ctx = build_context(
-            run_id=run.run_id,
-            playbook=base,
-            journal=journal,
-            bus=bus,
-            home=home,
-            out_dir=run.out_dir,
-            options=options,
-            ssh=ssh,
-            host=run.host,
-            matrix=run.variant,
-            pool=pool,
-        )
-        code = await run_pipeline(ctx)
+        code = await session.run()
     except asyncio.CancelledError:
         _finish(
             run,
@@ -376,14 +344,44 @@ async def _one_run(
             f"stopped locally; resume with remotemac attach {run.run_id}",
         )
         raise
-    except RemotemacError as exc:
-        _finish(run, VERDICT_BY_CODE.get(exc.exit_code, "failed"), exc.exit_code, exc.line())
-        _record_without_run(run, stored, fleet_id, exc.line())
-        return
-    except Exception as exc:  # one run's bug must not sink the fleet
-        _finish(run, "failed", EXIT_REJECTED, f"internal error: {type(exc).__name__}: {exc}")
+    except Exception as exc:  # one run's failure (or bug) must not sink the fleet
+        end = session.ending(exc)
+        if isinstance(exc, RemotemacError):
+            _finish(run, VERDICT_BY_CODE.get(end.exit_code, "failed"), end.exit_code, end.detail)
+        else:
+            _finish(run, "failed", EXIT_REJECTED, f"internal error: {end.detail}")
         _record_without_run(run, stored, fleet_id, run.reason)
         return
+    _finish_from_record(run, fleet_id, journal, code)
+
+
+def _rental_over(run: FleetRun, stored: Playbook, session: RunSession) -> bool:
+    """A host whose rental has ended is skipped (the run failed at its start); one that
+    ends before the workload's timeout is warned about."""
+    if run.vars.rental_end is None:
+        return False
+    left = run.vars.rental_end.timestamp() - time.time()
+    if left <= 0:
+        why = f"rental ended {run.vars.rental_end.isoformat()}"
+        session.journal.set_run_state(
+            run.run_id, "failed", exit_code=EXIT_HOST, phase="start", error=why
+        )
+        _finish(run, "skipped", EXIT_HOST, why)
+        return True
+    if left < stored.workload.timeout:
+        session.bus.emit(
+            Warning(
+                run.run_id,
+                message=f"{run.host}: the rental ends in {left / 60:.0f}"
+                " min, before the workload's timeout",
+                code="rental-ending",
+            )
+        )
+    return False
+
+
+def _finish_from_record(run: FleetRun, fleet_id: str, journal: Journal, code: int) -> None:
+    """A run that ended: its verdict from the journal, its reason and cost from its record."""
     row = journal.get_run(run.run_id)
     record = _annotate_record(run, fleet_id)
     verdict = row.verdict if row and row.verdict else "incomplete"
@@ -532,29 +530,60 @@ async def cleanup_all(
     results = []
     for host, root in targets.items():
         folder = out_root / _dir_name(host)
-        try:
-            code = await cleanup_fn(
-                host,
-                journal=journal,
-                home=home,
-                ssh=ssh,
-                dry_run=dry_run,
-                yes=True,
-                as_json=as_json,
-                remote_root=root,
-                out=folder,
-            )
-            entry: dict[str, Any] = {"exit_code": int(code or 0)}
-        except RemotemacError as exc:  # one host's failure never stops the others
-            entry = {"exit_code": exc.exit_code, "error": exc.line()}
-        record_file = folder / "cleanup.json"
-        if record_file.exists():
-            entry["record"] = json.loads(record_file.read_text(encoding="utf-8"))
+        entry = await _clean_one(
+            cleanup_fn, host, root, folder, journal, home, ssh, dry_run, as_json
+        )
         results.append({"host": host, "remote_root": root, "out": str(folder), **entry})
     codes = {r["exit_code"] for r in results}
     code = next((c for c in EXIT_PRECEDENCE if c in codes), EXIT_ACCEPTED)
     if dry_run:
         return code
+    path = _write_cleanup_all(out_root, results, code)
+    line = {"event": "cleanup_all_finished", "record": str(path), "exit_code": code}
+    print(
+        json.dumps(line)
+        if as_json
+        else f"cleanup --all: {len(results)} host(s), exit {code}; record {path}",
+        flush=True,
+    )
+    return code
+
+
+async def _clean_one(
+    cleanup_fn: Any,
+    host: str,
+    root: str,
+    folder: Path,
+    journal: Journal,
+    home: Path,
+    ssh: SSHOptions | None,
+    dry_run: bool,
+    as_json: bool,
+) -> dict[str, Any]:
+    """One host of ``cleanup --all``: its exit code, error and record (never raises for it)."""
+    try:
+        code = await cleanup_fn(
+            host,
+            journal=journal,
+            home=home,
+            ssh=ssh,
+            dry_run=dry_run,
+            yes=True,
+            as_json=as_json,
+            remote_root=root,
+            out=folder,
+        )
+        entry: dict[str, Any] = {"exit_code": int(code or 0)}
+    except RemotemacError as exc:  # one host's failure never stops the others
+        entry = {"exit_code": exc.exit_code, "error": exc.line()}
+    record_file = folder / "cleanup.json"
+    if record_file.exists():
+        entry["record"] = json.loads(record_file.read_text(encoding="utf-8"))
+    return entry
+
+
+def _write_cleanup_all(out_root: Path, results: list[dict[str, Any]], code: int) -> Path:
+    """``<out>/cleanup-all.json``: every host's record and the worst exit code."""
     record = {
         "kind": "cleanup-all",
         "at": iso_utc(time.time()),
@@ -565,14 +594,7 @@ async def cleanup_all(
     out_root.mkdir(parents=True, exist_ok=True)
     path = out_root / "cleanup-all.json"
     path.write_text(json.dumps(record, indent=2, default=str) + "\n", encoding="utf-8")
-    line = {"event": "cleanup_all_finished", "record": str(path), "exit_code": code}
-    print(
-        json.dumps(line)
-        if as_json
-        else f"cleanup --all: {len(results)} host(s), exit {code}; record {path}",
-        flush=True,
-    )
-    return code
+    return path
 
 
 def known_hosts(journal: Journal) -> list[tuple[str, str]]:

@@ -12,7 +12,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from remotemac.engine.agentclient import DEFAULT_AGENT_PYTHON, AgentClient
 from remotemac.engine.context import (
@@ -263,11 +263,7 @@ def _names_before_any_byte(ctx: RunContext) -> None:
 
 
 async def _run_pipeline(ctx: RunContext) -> int:
-    done = {
-        name: info
-        for name, info in ctx.journal.phases(ctx.run_id).items()
-        if info["state"] == "done"
-    }
+    done = done_phases(ctx)
     follows = [k.name for k in phase_keys(ctx) if k.phase is Phase.FOLLOW]
     refuse_wiped_before_the_end(ctx.run_id, done, follows)
     made = make_out_dir(ctx.out_dir)
@@ -279,134 +275,170 @@ async def _run_pipeline(ctx: RunContext) -> int:
     try:
         if "sync" not in done and Phase.PROVISION not in done:
             _names_before_any_byte(ctx)
-        for binding in ctx.hosts.values():
-            await binding.transport.connect()
+        await connect_hosts(ctx)
         for key in phase_keys(ctx):
-            name = current = key.name
-            if name not in done and Phase.PROVISION in done and ctx.drift_checked is None:
-                from remotemac.engine.drift import check_drift
-
-                await check_drift(ctx, "re-attach")
-            if name in done:
-                restore_phase(ctx, key)
-                if key.phase is Phase.PROVISION and not all(
-                    k.name in done for k in phase_keys(ctx)
-                ):
-                    for binding in ctx.hosts.values():
-                        await reinstall_agent(ctx, binding)
-                ctx.emit(PhaseFinished(ctx.run_id, phase=name, skipped=True, detail="already done"))
-                continue
-            why_not = reference_failed(ctx) if key.role not in (None, "reference") else None
-            if why_not is not None and key.phase in (Phase.LAUNCH, Phase.FOLLOW):
-                skip_side(ctx, name, why_not)
-                continue
-            step = _PHASES[key.phase]
-            ctx.emit(PhaseStarted(ctx.run_id, phase=name))
-            ctx.journal.start_phase(ctx.run_id, name)
-            started = time.monotonic()
-            try:
-                result = as_dict(await step(ctx, key))
-            except (KeyboardInterrupt, asyncio.CancelledError):
-                # Ctrl-C stops this process, not the phase's work on the host: the
-                # phase is "interrupted" (attach goes on with it), never "failed"
-                ctx.journal.finish_phase(
-                    ctx.run_id,
-                    name,
-                    {"summary": "stopped locally; the host goes on (remotemac attach)"},
-                    state="interrupted",
-                )
-                raise
-            except BaseException as exc:
-                if isinstance(exc, RemotemacError):
-                    name_phase(exc, name)
-                ctx.journal.finish_phase(
-                    ctx.run_id, name, {"error": failure_line(exc)}, state="failed"
-                )
-                if isinstance(exc, RemotemacError):
-                    ctx.emit(PhaseFinished(ctx.run_id, phase=name, ok=False, detail=exc.message))
-                raise
-            result.setdefault("seconds", round(time.monotonic() - started, 3))
-            ctx.results[name] = result
-            ctx.journal.finish_phase(ctx.run_id, name, result)
-            ctx.emit(
-                PhaseFinished(
-                    ctx.run_id,
-                    phase=name,
-                    ok=phase_ok(key, result),
-                    detail=result.get("summary", ""),
-                )
-            )
-            if ctx.options.detach and key.phase is Phase.LAUNCH:
-                ctx.journal.set_run_state(ctx.run_id, "detached")
-                ctx.emit(
-                    RunFinished(
-                        ctx.run_id,
-                        verdict="detached",
-                        exit_code=0,
-                        out_dir=str(ctx.out_dir),
-                        detail=f"remotemac attach {ctx.run_id}",
-                    )
-                )
-                return 0
+            current = key.name
+            if await _step(ctx, key, done):
+                return 0  # --detach: the job was launched, attach follows it
     except JobLost as exc:
-        await _record_after_loss(ctx, exc)
-        ctx.journal.set_run_state(
-            ctx.run_id,
-            "lost",
-            verdict="incomplete",
-            exit_code=exc.exit_code,
-            phase=current,
-            error=failure_line(exc),
-        )
-        ctx.emit(
-            RunFinished(
-                ctx.run_id,
-                verdict="incomplete",
-                exit_code=exc.exit_code,
-                out_dir=str(ctx.out_dir),
-                detail=exc.line(),
-            )
-        )
-        return exc.exit_code
+        return await _after_loss(ctx, exc, current)
     except (KeyboardInterrupt, asyncio.CancelledError):
         ctx.journal.set_run_state(ctx.run_id, "interrupted", exit_code=EXIT_INTERRUPTED)
         raise
     except TransientHostError as exc:
-        launched = any(str(name).startswith(Phase.LAUNCH.value) for name in ctx.results)
-        if current == "connect" and not launched:
-            # never reached (a host name that does not resolve, a port refused) and no
-            # job launched: a failed run; nothing keeps running to attach to
-            if forget_unreached(ctx, done, made):
-                raise HostError(f"{exc.message}; {NOTHING_STARTED}", hint=exc.hint) from exc
-            ctx.journal.set_run_state(
-                ctx.run_id,
-                "failed",
-                exit_code=exc.exit_code,
-                phase=current,
-                error=failure_line(exc),
-            )
-            raise HostError(exc.message, hint=exc.hint) from exc
-        # past the reconnect deadline: stop here, leave the job (and the run) to `attach`
-        ctx.journal.set_run_state(ctx.run_id, "detached", exit_code=exc.exit_code)
-        running = "the job keeps running on the host; " if launched else ""
-        raise TransientHostError(
-            exc.message,
-            hint=f"{running}when the link is back, resume with: remotemac attach {ctx.run_id}",
-        ) from exc
+        _after_link_lost(ctx, exc, current, done, made)
     except Exception as exc:  # any exception, ours or not: the journal never says "running"
-        code = exc.exit_code if isinstance(exc, RemotemacError) else EXIT_REJECTED
-        error = failure_line(exc)
-        if current in WIPE_AFTER_FAILURE:
-            error += await _wipe_after_failure(ctx, current)
-            say_what_is_kept(ctx, exc, current)
-        elif launch_on_a_full_disk(ctx, exc, current):
-            error += await _wipe_after_full_disk(ctx, exc, current)
-        ctx.journal.set_run_state(ctx.run_id, "failed", exit_code=code, phase=current, error=error)
+        await _after_failure(ctx, exc, current)
         raise
     finally:
-        for binding in ctx.hosts.values():
-            await binding.agent.close()
-            await binding.transport.close()
+        await close_hosts(ctx)
+    return _finished(ctx)
+
+
+async def _step(ctx: RunContext, key: PhaseKey, done: dict[str, dict]) -> bool:
+    """One phase of the run: carried over when done, skipped when its side cannot run,
+    else run and journalled; True when the run stops here (``--detach`` after a launch)."""
+    name = key.name
+    if name not in done and Phase.PROVISION in done and ctx.drift_checked is None:
+        from remotemac.engine.drift import check_drift
+
+        await check_drift(ctx, "re-attach")
+    if name in done:
+        restore_phase(ctx, key)
+        if key.phase is Phase.PROVISION and not all(k.name in done for k in phase_keys(ctx)):
+            for binding in ctx.hosts.values():
+                await reinstall_agent(ctx, binding)
+        ctx.emit(PhaseFinished(ctx.run_id, phase=name, skipped=True, detail="already done"))
+        return False
+    why_not = reference_failed(ctx) if key.role not in (None, "reference") else None
+    if why_not is not None and key.phase in (Phase.LAUNCH, Phase.FOLLOW):
+        skip_side(ctx, name, why_not)
+        return False
+    started = time.monotonic()
+    result = await _journalled(ctx, key)
+    result.setdefault("seconds", round(time.monotonic() - started, 3))
+    ctx.results[name] = result
+    ctx.journal.finish_phase(ctx.run_id, name, result)
+    ctx.emit(
+        PhaseFinished(
+            ctx.run_id,
+            phase=name,
+            ok=phase_ok(key, result),
+            detail=result.get("summary", ""),
+        )
+    )
+    if ctx.options.detach and key.phase is Phase.LAUNCH:
+        ctx.journal.set_run_state(ctx.run_id, "detached")
+        ctx.emit(
+            RunFinished(
+                ctx.run_id,
+                verdict="detached",
+                exit_code=0,
+                out_dir=str(ctx.out_dir),
+                detail=f"remotemac attach {ctx.run_id}",
+            )
+        )
+        return True
+    return False
+
+
+async def _journalled(ctx: RunContext, key: PhaseKey) -> dict[str, Any]:
+    """Run the phase's step, started in the journal; a failure or a stop is journalled
+    (and named after the phase) before it goes on up."""
+    name = key.name
+    ctx.emit(PhaseStarted(ctx.run_id, phase=name))
+    ctx.journal.start_phase(ctx.run_id, name)
+    try:
+        return as_dict(await _PHASES[key.phase](ctx, key))
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        # Ctrl-C stops this process, not the phase's work on the host: the
+        # phase is "interrupted" (attach goes on with it), never "failed"
+        ctx.journal.finish_phase(
+            ctx.run_id,
+            name,
+            {"summary": "stopped locally; the host goes on (remotemac attach)"},
+            state="interrupted",
+        )
+        raise
+    except BaseException as exc:
+        if isinstance(exc, RemotemacError):
+            name_phase(exc, name)
+        ctx.journal.finish_phase(ctx.run_id, name, {"error": failure_line(exc)}, state="failed")
+        if isinstance(exc, RemotemacError):
+            ctx.emit(PhaseFinished(ctx.run_id, phase=name, ok=False, detail=exc.message))
+        raise
+
+
+async def _after_loss(ctx: RunContext, exc: JobLost, current: str) -> int:
+    """The job vanished from the host: an incomplete record, the run ``lost``."""
+    await _record_after_loss(ctx, exc)
+    ctx.journal.set_run_state(
+        ctx.run_id,
+        "lost",
+        verdict="incomplete",
+        exit_code=exc.exit_code,
+        phase=current,
+        error=failure_line(exc),
+    )
+    ctx.emit(
+        RunFinished(
+            ctx.run_id,
+            verdict="incomplete",
+            exit_code=exc.exit_code,
+            out_dir=str(ctx.out_dir),
+            detail=exc.line(),
+        )
+    )
+    return exc.exit_code
+
+
+def _after_link_lost(
+    ctx: RunContext,
+    exc: TransientHostError,
+    current: str,
+    done: dict[str, dict],
+    made: list[Path],
+) -> NoReturn:
+    """A link that stayed down: a host never reached fails the run (a new one is
+    forgotten); past the reconnect deadline, the run is left ``detached`` to attach."""
+    launched = any(str(name).startswith(Phase.LAUNCH.value) for name in ctx.results)
+    if current == "connect" and not launched:
+        # never reached (a host name that does not resolve, a port refused) and no
+        # job launched: a failed run; nothing keeps running to attach to
+        if forget_unreached(ctx, done, made):
+            raise HostError(f"{exc.message}; {NOTHING_STARTED}", hint=exc.hint) from exc
+        ctx.journal.set_run_state(
+            ctx.run_id,
+            "failed",
+            exit_code=exc.exit_code,
+            phase=current,
+            error=failure_line(exc),
+        )
+        raise HostError(exc.message, hint=exc.hint) from exc
+    # past the reconnect deadline: stop here, leave the job (and the run) to `attach`
+    ctx.journal.set_run_state(ctx.run_id, "detached", exit_code=exc.exit_code)
+    running = "the job keeps running on the host; " if launched else ""
+    raise TransientHostError(
+        exc.message,
+        hint=f"{running}when the link is back, resume with: remotemac attach {ctx.run_id}",
+    ) from exc
+
+
+async def _after_failure(ctx: RunContext, exc: Exception, current: str) -> None:
+    """A phase failed: the run is ``failed`` in the journal, and the run's data is
+    wiped when the job had ended or the host's disk refused the launch."""
+    code = exc.exit_code if isinstance(exc, RemotemacError) else EXIT_REJECTED
+    error = failure_line(exc)
+    if current in WIPE_AFTER_FAILURE:
+        error += await _wipe_after_failure(ctx, current)
+        say_what_is_kept(ctx, exc, current)
+    elif launch_on_a_full_disk(ctx, exc, current):
+        error += await _wipe_after_full_disk(ctx, exc, current)
+    ctx.journal.set_run_state(ctx.run_id, "failed", exit_code=code, phase=current, error=error)
+
+
+def _finished(ctx: RunContext) -> int:
+    """Every phase ran: the record's verdict is the run's, and its exit code."""
     record = ctx.results.get("record", {})
     verdict = record.get("verdict", "incomplete")
     code = EXIT_ACCEPTED if verdict == "accepted" else EXIT_REJECTED
@@ -706,46 +738,45 @@ _PHASES: dict[Phase, PhaseStep] = {
 }
 
 
-async def run_phase(
-    *,
-    run_id: str,
-    phase: str,
-    playbook: Playbook,
-    journal: Journal,
-    home: Path,
-    out_dir: Path,
-    options: RunOptions,
-    ssh: SSHOptions | None,
-    render,
-) -> int:
+async def connect_hosts(ctx: RunContext, *, unreachable_ok: bool = False) -> None:
+    """Open every host's link; ``unreachable_ok``: a host that cannot be reached is noted
+    in ``ctx.unreachable`` instead (a wipe shreds the key all the same and says what is
+    left there)."""
+    for key, binding in ctx.hosts.items():
+        try:
+            await binding.transport.connect()
+        except (HostError, OSError) as exc:
+            if not unreachable_ok:
+                raise
+            ctx.unreachable[key] = exc.line() if isinstance(exc, HostError) else str(exc)
+
+
+async def close_hosts(ctx: RunContext) -> None:
+    """Close every host's agent and link (the job on the host goes on)."""
+    for binding in ctx.hosts.values():
+        await binding.agent.close()
+        await binding.transport.close()
+
+
+def done_phases(ctx: RunContext) -> dict[str, dict]:
+    """The journal's phases of this run that are done, by name, in order."""
+    return {
+        name: info
+        for name, info in ctx.journal.phases(ctx.run_id).items()
+        if info["state"] == "done"
+    }
+
+
+async def run_phase(ctx: RunContext, phase: str) -> int:
     """Run one phase of an existing run by hand (``remotemac pull`` / ``wipe``)."""
-    bus = EventBus()
-    bus.subscribe(render)
-    ctx = build_context(
-        run_id=run_id,
-        playbook=playbook,
-        journal=journal,
-        bus=bus,
-        home=home,
-        out_dir=out_dir,
-        options=options,
-        ssh=ssh,
-    )
-    for name, info in journal.phases(run_id).items():
-        if info["state"] == "done":
-            ctx.results[name] = info["result"]
+    run_id, journal = ctx.run_id, ctx.journal
+    for name, info in done_phases(ctx).items():
+        ctx.results[name] = info["result"]
     if Phase.PROVISION not in ctx.results:
         raise BadInput(f"run {run_id} was never provisioned: nothing to {phase}")
     restore_phase(ctx, PhaseKey(Phase.PROVISION))
     try:
-        for key, binding in ctx.hosts.items():
-            try:
-                await binding.transport.connect()
-            except (HostError, OSError) as exc:
-                if phase != "wipe":
-                    raise
-                # the key is shredded all the same; wipe_run says what is left there
-                ctx.unreachable[key] = exc.line() if isinstance(exc, HostError) else str(exc)
+        await connect_hosts(ctx, unreachable_ok=phase == "wipe")
         ctx.emit(PhaseStarted(run_id, phase=phase))
         if journal.phase_state(run_id, phase) is None:
             journal.start_phase(run_id, phase)
@@ -757,8 +788,5 @@ async def run_phase(
         journal.finish_phase(run_id, phase, result)
         ctx.emit(PhaseFinished(run_id, phase=phase, detail=result.get("summary", "")))
     finally:
-        for binding in ctx.hosts.values():
-            await binding.agent.close()
-            await binding.transport.close()
-        render.close()
+        await close_hosts(ctx)
     return 0

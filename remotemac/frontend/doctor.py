@@ -10,7 +10,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from remotemac.checks.doctor import FAIL, NOT_APPLICABLE, OK, WARN, DoctorReport, doctor
+from remotemac.checks.doctor import FAIL, NOT_APPLICABLE, OK, WARN, DoctorReport
+from remotemac.engine.session import doctor
 from remotemac.transport.base import Transport
 
 _STYLES = {OK: "green", WARN: "yellow", FAIL: "bold red", NOT_APPLICABLE: "dim"}

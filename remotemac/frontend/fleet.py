@@ -15,11 +15,11 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from remotemac.engine.context import RunOptions
-from remotemac.engine.fleet import (
+from remotemac.engine.session import (
     FLEET_FOLLOW_POLL_S,
     FleetResult,
     FleetRun,
+    RunOptions,
     fleet_hosts,
     plan_runs,
     run_fleet,
@@ -111,7 +111,7 @@ def main_fleet(
     keep_data: bool,
 ) -> int:
     """``remotemac run`` for more than one (host, variant): run, print the summary, exit code."""
-    from remotemac.engine.inventoryfile import load_inventory
+    from remotemac.engine.session import load_inventory
 
     inventory = load_inventory(inventory_path) if inventory_path else None
     targets = fleet_hosts(playbook, hosts, inventory)

@@ -13,6 +13,7 @@ import json
 import sys
 import time
 from collections.abc import Callable, Iterable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,49 @@ from remotemac.tui.screens.hosts import HostsScreen
 from remotemac.tui.screens.run import RunScreen
 from remotemac.tui.screens.runs import RunsScreen
 from remotemac.vocab import human_size
+
+#: the command palette: (title, help, target); a target is an app action
+#: (``start_run``: ``action_start_run``) or ``screen:action`` on that kind of screen
+PALETTE: tuple[tuple[str, str, str], ...] = (
+    ("Run a playbook", "Start a run: playbook, host, keep data, dry run (r)", "start_run"),
+    ("Runs", "Back to the table of runs", "runs"),
+    ("Open run", "Open the selected run: log, timeline, verdict (enter)", "runs:open"),
+    ("Attach", "Re-attach to the selected run (t)", "attach"),
+    ("Pull", "Pull the selected run's results (p)", "pull"),
+    ("Wipe", "Wipe the selected run's data (asks first) (w)", "wipe"),
+    ("Drill disconnect", "Cut the selected run's SSH link on purpose (d)", "drill"),
+    ("Filter", "Only the runs, hosts or log lines holding words (/)", "filter"),
+    ("Side panel", "Phases, link, memory, verdict on a narrow terminal (i)", "run:side"),
+    ("Older match", "Next search match upwards (n)", "run:next_match(True)"),
+    ("Newer match", "Next search match downwards (N)", "run:next_match(False)"),
+    (
+        "Device filter",
+        "Show one device's log lines, then the next, then all (l)",
+        "run:filter_device",
+    ),
+    ("Follow log", "Jump to the end and follow (end, f)", "run:follow"),
+    ("acceptance.md", "Open the run's acceptance record (a)", "run:acceptance"),
+    ("Hosts", "Doctor and host keys (h)", "hosts"),
+    ("Doctor host", "Is the selected host fit (d on the hosts screen)", "hosts:doctor"),
+    (
+        "Trust host key",
+        "Pin the selected host's key after comparing it (t on the hosts screen)",
+        "hosts:trust",
+    ),
+    (
+        "Cleanup host",
+        "Remove everything remotemac put on a host (dry run first, then asks) (c)",
+        "cleanup",
+    ),
+    (
+        "Fleet summary",
+        "Every fleet run from the journal: host, verdict, duration, cost (f)",
+        "fleet",
+    ),
+    ("Next fleet", "Show the next fleet (n on the fleet screen)", "fleet:next_fleet"),
+    ("Keys", "Every key of this screen (?)", "help"),
+    ("Quit", "Leave; remote jobs keep running (q)", "quit"),
+)
 
 
 class RemotemacApp(App[int]):
@@ -115,7 +159,7 @@ class RemotemacApp(App[int]):
 
     async def _show_plan(self, choice: RunChoice) -> None:
         """``run --dry-run`` in a viewer: the plan is computed off the UI loop."""
-        from remotemac.engine.plan import make_plan
+        from remotemac.engine.session import make_plan
         from remotemac.playbook import load_playbook
 
         try:
@@ -428,92 +472,21 @@ class RemotemacApp(App[int]):
         """Every action by name: each key of every screen has its palette entry."""
         from remotemac.tui.screens.fleet import FleetScreen
 
-        on = self.on_screen
-        entries: list[tuple[str, str, Callable[[], Any]]] = [
-            (
-                "Run a playbook",
-                "Start a run: playbook, host, keep data, dry run (r)",
-                self.action_start_run,
-            ),
-            ("Runs", "Back to the table of runs", self.action_runs),
-            (
-                "Open run",
-                "Open the selected run: log, timeline, verdict (enter)",
-                lambda: on(RunsScreen, "open"),
-            ),
-            ("Attach", "Re-attach to the selected run (t)", self.action_attach),
-            ("Pull", "Pull the selected run's results (p)", self.action_pull),
-            ("Wipe", "Wipe the selected run's data (asks first) (w)", self.action_wipe),
-            (
-                "Drill disconnect",
-                "Cut the selected run's SSH link on purpose (d)",
-                self.action_drill,
-            ),
-            ("Filter", "Only the runs, hosts or log lines holding words (/)", self.action_filter),
-            (
-                "Side panel",
-                "Phases, link, memory, verdict on a narrow terminal (i)",
-                lambda: on(RunScreen, "side"),
-            ),
-            (
-                "Older match",
-                "Next search match upwards (n)",
-                lambda: on(RunScreen, "next_match(True)"),
-            ),
-            (
-                "Newer match",
-                "Next search match downwards (N)",
-                lambda: on(RunScreen, "next_match(False)"),
-            ),
-            (
-                "Device filter",
-                "Show one device's log lines, then the next, then all (l)",
-                lambda: on(RunScreen, "filter_device"),
-            ),
-            ("Follow log", "Jump to the end and follow (end, f)", lambda: on(RunScreen, "follow")),
-            (
-                "acceptance.md",
-                "Open the run's acceptance record (a)",
-                lambda: on(RunScreen, "acceptance"),
-            ),
-            ("Hosts", "Doctor and host keys (h)", self.action_hosts),
-            (
-                "Doctor host",
-                "Is the selected host fit (d on the hosts screen)",
-                lambda: on(HostsScreen, "doctor"),
-            ),
-            (
-                "Trust host key",
-                "Pin the selected host's key after comparing it (t on the hosts screen)",
-                lambda: on(HostsScreen, "trust"),
-            ),
-            (
-                "Cleanup host",
-                "Remove everything remotemac put on a host (dry run first, then asks) (c)",
-                self.action_cleanup,
-            ),
-            (
-                "Fleet summary",
-                "Every fleet run from the journal: host, verdict, duration, cost (f)",
-                self.action_fleet,
-            ),
-            (
-                "Next fleet",
-                "Show the next fleet (n on the fleet screen)",
-                lambda: on(FleetScreen, "next_fleet"),
-            ),
-            ("Keys", "Every key of this screen (?)", self.action_help),
-            ("Quit", "Leave; remote jobs keep running (q)", self.action_quit),
-        ]
-        for title, help_text, callback in entries:
+        kinds = {"runs": RunsScreen, "run": RunScreen, "hosts": HostsScreen, "fleet": FleetScreen}
+        for title, help_text, target in PALETTE:
+            kind, _, action = target.rpartition(":")
+            if kind:
+                callback: Callable[[], Any] = partial(self.on_screen, kinds[kind], action)
+            else:
+                callback = getattr(self, f"action_{action}")
             yield SystemCommand(title, help_text, callback)
-        ours = {title for title, _, _ in entries}  # ours win: "Keys" is the ? screen here
+        ours = {title for title, _, _ in PALETTE}  # ours win: "Keys" is the ? screen here
         yield from (c for c in super().get_system_commands(screen) if c.title not in ours)
 
 
 def _cleanup_markdown(text: str) -> str:
     """The cleanup's record as ``cleanup.md`` has it (the engine's words), not raw JSON."""
-    from remotemac.engine.cleanup import render_markdown
+    from remotemac.engine.session import render_markdown
 
     try:
         return render_markdown(json.loads(text))

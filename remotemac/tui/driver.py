@@ -17,8 +17,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from remotemac.engine.session import AlreadyDone, RunSession
 from remotemac.errors import BadInput, RemotemacError
-from remotemac.events import Event, EventBus, LogLine, PhaseProgress
+from remotemac.events import Event, LogLine, PhaseProgress
 from remotemac.journal import Journal
 from remotemac.settings import LocalSettings
 from remotemac.tui.messages import RunEnded, RunUpdated
@@ -64,23 +65,6 @@ def read_local_logs(
     return out
 
 
-class AlreadyDone(Exception):
-    """``pull``/``wipe`` of a run whose phase is done: said, not redone (not an error)."""
-
-
-class _Render:
-    """The ``render`` object :func:`run_phase` wants: a sink with ``close``."""
-
-    def __init__(self, sink: Callable[[Event], None]) -> None:
-        self._sink = sink
-
-    def __call__(self, event: Event) -> None:
-        self._sink(event)
-
-    def close(self) -> None:
-        return None
-
-
 class RunDriver:
     """The runs this TUI drives, their live state, and the workers behind them."""
 
@@ -121,52 +105,53 @@ class RunDriver:
 
     def start(self, playbook_path: str, *, keep_data: bool = False, host: str | None = None) -> str:
         """Create the journal row (as ``remotemac run`` does) and drive the run in a worker."""
-        from remotemac.engine.context import RunOptions
-        from remotemac.engine.runs import register_run
+        from remotemac.engine.session import RunOptions
         from remotemac.journal import new_run_id
         from remotemac.playbook import load_playbook
 
         pb = load_playbook(playbook_path, overrides={"host": host} if host else None)
         run_id = new_run_id(pb.name)
-        out_dir = (self.out_root / run_id).resolve()
-        register_run(
-            self.journal, run_id, pb, out_dir, options={"keep_data": keep_data, "drill": None}
+        session = RunSession.start(
+            self.journal,
+            pb,
+            (self.out_root / run_id).resolve(),
+            home=self.settings.home,
+            options=RunOptions(keep_data=keep_data),
+            ssh=self.settings.ssh_options(),
+            stored={"keep_data": keep_data, "drill": None},
+            run_id=run_id,
         )
-        self._spawn(run_id, pb, out_dir, RunOptions(keep_data=keep_data), preload=False)
+        self._spawn(session, preload=False)
         return run_id
 
     def attach(self, run_id: str) -> None:
         """Re-attach to a run of the journal (after a quit, a crash, another terminal)."""
-        from remotemac.engine.context import RunOptions
-
         if self.attached(run_id):
             raise BadInput(f"run {run_id} is already attached here")
-        from remotemac.engine.runs import load_run
-
-        row, pb = load_run(self.journal, run_id)
-        options = RunOptions(
-            keep_data=bool(row.options.get("keep_data")), drill=row.options.get("drill")
+        session = RunSession.resume(
+            self.journal,
+            run_id,
+            home=self.settings.home,
+            ssh=self.settings.ssh_options(),
+            show_secrets=False,
         )
-        self._spawn(run_id, pb, Path(row.out_dir), options, preload=True)
+        self._spawn(session, preload=True)
 
-    def _spawn(self, run_id: str, pb: Any, out_dir: Path, options: Any, *, preload: bool) -> None:
+    def _spawn(self, session: RunSession, *, preload: bool) -> None:
+        run_id, pb = session.run_id, session.playbook
         live = RunLive(run_id, host=pb.host, name=pb.name, keep_lines=self.keep_lines)
-        live.out_dir = str(out_dir)
+        live.out_dir = str(session.out_dir)
         live.active = True
         self.lives[run_id] = live
         self.workers[run_id] = self.app.run_worker(
-            self._drive(live, pb, out_dir, options, preload),
+            self._drive(live, session, preload),
             name=f"run {run_id}",
             group="runs",
             exit_on_error=False,
         )
         self.app.post_message(RunUpdated(run_id))
 
-    async def _drive(
-        self, live: RunLive, pb: Any, out_dir: Path, options: Any, preload: bool
-    ) -> None:
-        from remotemac.engine.pipeline import build_context, run_pipeline
-
+    async def _drive(self, live: RunLive, session: RunSession, preload: bool) -> None:
         run_id = live.run_id
         code: int | None = None
         error: str | None = None
@@ -176,24 +161,15 @@ class RunDriver:
                 def upto(device: str) -> int:
                     return self.journal.log_offset(run_id, device)[0]
 
-                lines = await asyncio.to_thread(read_local_logs, out_dir, upto, self.keep_lines)
+                lines = await asyncio.to_thread(
+                    read_local_logs, session.out_dir, upto, self.keep_lines
+                )
                 for device, line in lines:
                     live.add_line(device, line)
-            bus = EventBus()
-            bus.subscribe(self.sink(live))
-            ctx = build_context(
-                run_id=run_id,
-                playbook=pb,
-                journal=self.journal,
-                bus=bus,
-                home=self.settings.home,
-                out_dir=out_dir,
-                options=options,
-                ssh=self.settings.ssh_options(),
-            )
+            session.subscribe(self.sink(live))
             # link drops are counted by the engine (ctx.link_tally), for every front end
-            self.contexts[run_id] = ctx
-            code = await run_pipeline(ctx)
+            self.contexts[run_id] = session.open()
+            code = await session.run()
         except asyncio.CancelledError:
             raise  # quitting: the job goes on on the host; the journal says "interrupted"
         except Exception as exc:  # every failure becomes a line in the UI, never a crash
@@ -225,36 +201,29 @@ class RunDriver:
 
     async def one_phase(self, run_id: str, phase: str) -> int:
         """``remotemac pull`` / ``wipe`` for one run, events into its live state."""
-        from remotemac.engine.context import RunOptions
-        from remotemac.engine.pipeline import run_phase
+        from remotemac.engine.session import RunOptions
 
         if self.attached(run_id):
             raise BadInput(f"run {run_id} is still attached: {phase} it when it ends")
-        from remotemac.engine.runs import load_run, phase_already_done
-
-        row, pb = load_run(self.journal, run_id)
-        done = phase_already_done(self.journal, row.run_id, phase)
+        session = RunSession.resume(
+            self.journal,
+            run_id,
+            home=self.settings.home,
+            ssh=self.settings.ssh_options(),
+            options=RunOptions(),
+        )
+        done = session.phase_done(phase)
         if done:
             raise AlreadyDone(done)
-        if phase == "wipe" and pb.wipe == "manual":
-            pb = pb.model_copy(update={"wipe": "after_pull"})
         live = self.lives.get(run_id)
         if live is None:
+            row = session.journal_row()
             live = self.lives[run_id] = RunLive(
                 run_id, host=row.host, name=row.name, keep_lines=self.keep_lines
             )
             live.out_dir = row.out_dir
-        return await run_phase(
-            run_id=run_id,
-            phase=phase,
-            playbook=pb,
-            journal=self.journal,
-            home=self.settings.home,
-            out_dir=Path(row.out_dir),
-            options=RunOptions(),
-            ssh=self.settings.ssh_options(),
-            render=_Render(self.sink(live)),
-        )
+        session.subscribe(self.sink(live))
+        return await session.run_phase(phase)
 
     # ------------------------------------------------------------ drill, cleanup
 
@@ -291,7 +260,7 @@ class RunDriver:
     async def cleanup(self, host: str, *, dry_run: bool, remote_root: str) -> tuple[int, str]:
         """``remotemac cleanup HOST`` with its JSON output captured for a dialog."""
         try:
-            from remotemac.engine.cleanup import main_cleanup
+            from remotemac.engine.session import main_cleanup
         except ImportError as exc:
             raise BadInput(f"cleanup is not available in this build: {exc}") from None
         lines: list[str] = []  # main_cleanup's output, passed in: stdout stays the terminal's

@@ -202,8 +202,7 @@ class HostsScreen(Screen):
 
     @work(group="doctor", exit_on_error=False)
     async def run_doctor(self, host: str) -> None:
-        from remotemac.checks.doctor import doctor
-        from remotemac.engine.hosts import open_transport
+        from remotemac.engine.session import doctor, open_transport
 
         app: Any = self.app
         settings: LocalSettings = app.settings

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 from typing import Any
 
 from textual import work
@@ -152,8 +151,7 @@ class RunsScreen(Screen):
     @work(exclusive=True, group="runs-live")
     async def poll_live(self) -> None:
         """Ask the hosts of runs nobody here drives what their jobs are doing right now."""
-        from remotemac.engine.livestatus import live_status
-        from remotemac.engine.runs import load_run
+        from remotemac.engine.statusview import LiveView, ask_live
 
         app: Any = self.app
         settings: LocalSettings = app.settings
@@ -163,37 +161,34 @@ class RunsScreen(Screen):
                 self.live_by_run.pop(r.run_id, None)
                 continue
             try:
-                row, pb = load_run(app.journal, r.run_id)
-                answer = await live_status(
-                    run_id=r.run_id,
-                    playbook=pb,
-                    journal=app.journal,
+                answer = await ask_live(
+                    app.journal,
+                    r.run_id,
                     home=settings.home,
-                    out_dir=Path(row.out_dir),
                     ssh=settings.ssh_options(),
                     timeout=10,
                 )
             except Exception as exc:  # never let one host break the screen
                 self.live_by_run[r.run_id] = f"host: {type(exc).__name__}"
                 continue
-            if not answer.get("answered"):
-                self.live_by_run[r.run_id] = "host did not answer"
-                continue
-            parts = [f"{label} {info.get('state')}" for label, info in answer["sides"].items()]
-            self.live_by_run[r.run_id] = "host: " + ", ".join(parts)
+            self.live_by_run[r.run_id] = LiveView.of(answer).summary()
         self.refresh_runs()
 
     def _load(self) -> list[tuple[str, str, list[Any]]]:
+        from remotemac.engine.statusview import run_list
+
         app: Any = self.app
         now = app.now()
         out = []
-        for r in app.journal.list_runs():
+        for line in run_list(app.journal):
+            r = line.row
             live = app.driver.lives.get(r.run_id)
             phases = app.journal.phases(r.run_id) or {}
             if live is not None and live.current_phase:
                 phase = live.current_phase
             else:
                 phase = next(reversed(phases), "") if phases else ""
+            # the journal's own state: this TUI says ``attached`` for the runs it drives
             state = run_word(r.state, attached=app.driver.attached(r.run_id))
             if r.run_id in self.live_by_run:
                 state = f"{state} ({self.live_by_run[r.run_id]})"
