@@ -19,7 +19,7 @@ verified and keeps a record keyed by (relative path, plaintext SHA-256); a later
 sync (after a cut link, a Ctrl-C, or with a slightly changed slice) asks first and
 sends only what the host does not hold (the files the hash cache says changed go
 right after the question, while the host checks what it holds). A large file cut mid-way continues after
-its last chunk that authenticated on the host (see :func:`_resume_point` for why
+its last chunk that authenticated on the host (see :func:`resume_point` for why
 that is safe). The journal's hash cache means unchanged local files are not even
 read. A dropped link inside one sync is retried at once.
 
@@ -37,15 +37,7 @@ from typing import Any
 from remotemac.data.manifest import HashCache, Manifest
 from remotemac.engine.agentclient import AgentClient
 from remotemac.engine.context import HostBinding, RunContext
-from remotemac.engine.syncpieces import (  # noqa: F401 (re-exported: tests and the bench)
-    _Done,
-    _frame,
-    _HashingReader,
-    _next_batch,
-    _pieces,
-    _resume_point,
-)
-from remotemac.engine.syncplan import (  # noqa: F401 (re-exported)
+from remotemac.engine.syncplan import (  # noqa: F401 (MAX_STREAMS ... choose_streams: re-exported)
     MAX_STREAMS,
     PARTIAL_MIN_BYTES,
     RETRY_PAUSE_S,
@@ -53,17 +45,10 @@ from remotemac.engine.syncplan import (  # noqa: F401 (re-exported)
     SMALL_FILE_STREAMS,
     Emit,
     SyncStats,
-    _Job,
-    _Local,
-    _stat_all,
     choose_streams,
+    stat_all,
 )
-from remotemac.engine.synctalk import (  # noqa: F401 (re-exported)
-    RECEIVER_BOOT,
-    _discard,
-    _receiver_argv,
-    _Session,
-)
+from remotemac.engine.synctalk import RECEIVER_BOOT, Session, discard, receiver_argv  # noqa: F401
 from remotemac.errors import BadInput, IntegrityError, TransientHostError
 from remotemac.events import PhaseProgress, Warning
 from remotemac.transport.base import Transport
@@ -259,17 +244,17 @@ async def sync_slice(
     python = python or agent.python
     # the host opens the channel and starts its receiver while the slice is stat'ed here
     # (on a re-sync of thousands of unchanged files both are a good part of the time)
-    argv = _receiver_argv(python, agent.agent_dir, runtime_dir if key is not None else None)
+    argv = receiver_argv(python, agent.agent_dir, runtime_dir if key is not None else None)
     opening = asyncio.ensure_future(transport.open_process(argv))
     try:
-        files = await asyncio.to_thread(_stat_all, Path(root), paths, cache)
+        files = await asyncio.to_thread(stat_all, Path(root), paths, cache)
     except BaseException:
-        await _discard(opening)
+        await discard(opening)
         raise
     stats.files, stats.bytes = len(files), sum(f.size for f in files)
     if ram_bytes is None:
         ram_bytes = max(stats.bytes * 2, 64 << 20)
-    session = _Session(
+    session = Session(
         transport,
         agent,
         Path(root),

@@ -16,23 +16,23 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from remotemac.engine import syncsplit
-from remotemac.engine.syncplan import BATCH_BYTES, FRAME, _Job, _Local
+from remotemac.engine.syncplan import BATCH_BYTES, FRAME, Job, LocalFile
 from remotemac.errors import IntegrityError
 
 
-def _frame(kind: str, index: int, length: int) -> bytes:
+def pack_frame(kind: str, index: int, length: int) -> bytes:
     return kind.encode() + index.to_bytes(4, "big") + length.to_bytes(8, "big")
 
 
 @dataclass
-class _Done:
+class FileDone:
     index: int
-    local: _Local
+    local: LocalFile
     sent: bool
     resumed: int = 0  # plaintext bytes the host already held (a resumed cut transfer)
 
 
-class _HashingReader:
+class HashingReader:
     """Reads exactly ``size`` bytes of a file while hashing them (one read, two uses)."""
 
     def __init__(self, fh: BinaryIO, size: int, path: str) -> None:
@@ -55,19 +55,19 @@ class _HashingReader:
         return data
 
 
-def _pieces(
+def read_pieces(
     root: Path,
-    files: list[_Local],
+    files: list[LocalFile],
     work: collections.deque,
     key: bytes | None,
     halted: Callable[[], bool] = lambda: False,
     splits: dict[int, syncsplit.Split] | None = None,
     log: syncsplit.SealLog | None = None,
 ) -> Iterator[Any]:
-    """Yield (bytes, plaintext bytes covered) to send, and a _Done after each file.
+    """Yield (bytes, plaintext bytes covered) to send, and a FileDone after each file.
 
     Takes the next file from ``work`` (shared by every stream) only when ready for it.
-    A piece of a split file (``splits``) yields no _Done: the assemble frame ends it.
+    A piece of a split file (``splits``) yields no FileDone: the assemble frame ends it.
     ``log`` (the session's) refuses a chunk sealed again with other bytes.
     """
     from remotemac.agent.streamcrypt import DEFAULT_CHUNK, ciphertext_size, iter_encrypt
@@ -79,7 +79,9 @@ def _pieces(
             return
         if job.piece is not None:
             assert key is not None and splits is not None
-            yield from syncsplit.sealed_piece(root, splits[job.index], job.piece, key, _frame, log)
+            yield from syncsplit.sealed_piece(
+                root, splits[job.index], job.piece, key, pack_frame, log
+            )
             continue
         f = files[job.index]
         full = root / f.path
@@ -90,19 +92,19 @@ def _pieces(
             if job.host_sha is not None and f.sha256 is None:
                 # the host holds a verified copy of this path: hash first, maybe skip sending
                 sha = _hash_all(fh, size, f.path)
-                local = _Local(
+                local = LocalFile(
                     f.path, size, before.st_mtime_ns, before.st_ino, sha, before.st_ctime_ns
                 )
                 if sha == job.host_sha and _unchanged(fh, before):
-                    yield _Done(job.index, local, sent=False)
+                    yield FileDone(job.index, local, sent=False)
                     continue
                 fh.seek(0)
-            reader = _HashingReader(fh, size, f.path)
+            reader = HashingReader(fh, size, f.path)
             resumed = 0
             if key is not None:
-                resume = _resume_point(job, reader, before, key, f.path)
+                resume = resume_point(job, reader, before, key, f.path)
                 if resume is None:
-                    yield _frame(FRAME, job.index, ciphertext_size(size, DEFAULT_CHUNK)), 0
+                    yield pack_frame(FRAME, job.index, ciphertext_size(size, DEFAULT_CHUNK)), 0
                     chunk, where = DEFAULT_CHUNK, None
                 else:
                     frame, chunk, where, resumed = resume
@@ -127,7 +129,7 @@ def _pieces(
                     yield sealed, read - covered
                     covered = read
             else:
-                yield _frame(FRAME, job.index, size), 0
+                yield pack_frame(FRAME, job.index, size), 0
                 while block := reader.read(BATCH_BYTES):
                     yield block, len(block)
             if reader.left or not _unchanged(fh, before):
@@ -137,16 +139,16 @@ def _pieces(
                 )
             sha = reader.digest.hexdigest()
             yield bytes.fromhex(sha), 0
-            yield _Done(
+            yield FileDone(
                 job.index,
-                _Local(f.path, size, before.st_mtime_ns, before.st_ino, sha, before.st_ctime_ns),
+                LocalFile(f.path, size, before.st_mtime_ns, before.st_ino, sha, before.st_ctime_ns),
                 sent=True,
                 resumed=resumed,
             )
 
 
-def _resume_point(
-    job: _Job, reader: _HashingReader, before: os.stat_result, key: bytes, path: str
+def resume_point(
+    job: Job, reader: HashingReader, before: os.stat_result, key: bytes, path: str
 ) -> tuple[bytes, int, tuple[bytes, int], int] | None:
     """(R frame, chunk size, (header, first chunk), plaintext offset) to continue the
     host's cut transfer of this file, or None to send it whole.
@@ -194,12 +196,12 @@ def _resume_point(
         {"partial": partial["partial"], "chunks": chunks, "prefix_sha256": partial["prefix_sha256"]}
     ).encode()
     tail = ciphertext_size(size, chunk) - HEADER_LEN - chunks * (chunk + TAG_LEN)
-    frame = _frame("R", job.index, tail) + len(meta).to_bytes(4, "big") + meta
+    frame = pack_frame("R", job.index, tail) + len(meta).to_bytes(4, "big") + meta
     return frame, chunk, (header, chunks), offset
 
 
 def _hash_all(fh: BinaryIO, size: int, path: str) -> str:
-    reader = _HashingReader(fh, size, path)
+    reader = HashingReader(fh, size, path)
     while reader.read(BATCH_BYTES):
         pass
     return reader.digest.hexdigest()
@@ -211,22 +213,22 @@ def _unchanged(fh: BinaryIO, before: os.stat_result) -> bool:
 
 
 @dataclass
-class _Batch:
+class Batch:
     """Up to ~BATCH_BYTES of the stream, joined: one channel write (a write per piece,
     thousands for small files, cost the event loop more than the bytes did)."""
 
     data: bytes
     plain: int  # plaintext bytes it covers (progress)
-    done: list[_Done]  # files whose last byte is in this batch or an earlier one
+    done: list[FileDone]  # files whose last byte is in this batch or an earlier one
 
 
-def _next_batch(pieces: Iterator[Any]) -> _Batch:
+def next_batch(pieces: Iterator[Any]) -> Batch:
     """The next batch of pieces (run in a worker thread: hashing and AES release the GIL)."""
     parts: list[bytes] = []
-    done: list[_Done] = []
+    done: list[FileDone] = []
     size = plain = 0
     for item in pieces:
-        if isinstance(item, _Done):
+        if isinstance(item, FileDone):
             done.append(item)
             continue
         parts.append(item[0])
@@ -234,4 +236,4 @@ def _next_batch(pieces: Iterator[Any]) -> _Batch:
         size += len(item[0])
         if size >= BATCH_BYTES:
             break
-    return _Batch(b"".join(parts), plain, done)
+    return Batch(b"".join(parts), plain, done)

@@ -41,7 +41,7 @@ SMALL_FILE_STREAMS = 3
 PARTIAL_MIN_BYTES = 8 << 20
 #: files the laptop knows it must send (no hash cached: new or changed since the
 #: last sync), below PARTIAL_MIN_BYTES each, this many bytes in all, are sent right
-#: after the hello, while the host checks what it holds (see _Session._talk)
+#: after the hello, while the host checks what it holds (see Session._talk)
 AHEAD_BYTES = 8 << 20
 #: ... only when the hash cache knows the slice: at most one file in this many missed
 #: (a new or emptied cache misses every file, and the host may hold them all)
@@ -55,7 +55,7 @@ Emit = Callable[[Event], None]
 
 
 @dataclass
-class _Local:
+class LocalFile:
     """One slice file as seen locally before the stream starts."""
 
     path: str
@@ -98,7 +98,7 @@ class SyncStats:
         return data
 
 
-def _stat_all(root: Path, paths: list[str], cache: HashCache | None) -> list[_Local]:
+def stat_all(root: Path, paths: list[str], cache: HashCache | None) -> list[LocalFile]:
     """stat every file (no read); the hash cache fills in unchanged files' SHA-256.
 
     A re-sync of thousands of unchanged files is mostly this loop, so each directory
@@ -132,7 +132,7 @@ def _stat_all(root: Path, paths: list[str], cache: HashCache | None) -> list[_Lo
             raise BadInput(f"data file {full} is not a regular file")
         identity = (st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns)
         sha = cache.get(rel, *identity) if cache is not None else None
-        out.append(_Local(rel, st.st_size, st.st_mtime_ns, st.st_ino, sha, st.st_ctime_ns))
+        out.append(LocalFile(rel, st.st_size, st.st_mtime_ns, st.st_ino, sha, st.st_ctime_ns))
     return out
 
 
@@ -158,16 +158,16 @@ def choose_streams(
     return max(1, min(want, cap, files, todo_bytes // MIN_STREAM_BYTES))
 
 
-def _plan_todo(todo: list[list[Any]], partial: dict[int, dict[str, Any]]) -> list[_Job]:
+def plan_todo(todo: list[list[Any]], partial: dict[int, dict[str, Any]]) -> list[Job]:
     """Every file that may need sending: the host's ``todo`` (the entries it does not
     hold as the hello described them), with the hash of the copy it holds of that
     path (hashed here first: an unchanged file whose mtime moved is not sent) and
     its kept cut transfer."""
-    return [_Job(int(i), str(sha) if sha else None, partial.get(int(i))) for i, sha in todo]
+    return [Job(int(i), str(sha) if sha else None, partial.get(int(i))) for i, sha in todo]
 
 
 @dataclass
-class _Job:
+class Job:
     """One file to send: what the host holds of it (a verified copy, a cut transfer)."""
 
     index: int

@@ -1,6 +1,6 @@
 """Sync's talk with the receiver on the host: the hello, the streams, the acks, the end.
 
-One :class:`_Session` per sync; ``run`` is called again after a cut link
+One :class:`Session` per sync; ``run`` is called again after a cut link
 (engine/sync.py retries it). The files themselves are read by engine/syncpieces.py.
 """
 
@@ -19,7 +19,7 @@ from typing import Any
 from remotemac.data.manifest import Manifest, ManifestEntry
 from remotemac.engine import syncsplit
 from remotemac.engine.agentclient import AgentClient
-from remotemac.engine.syncpieces import _Batch, _Done, _frame, _next_batch, _pieces
+from remotemac.engine.syncpieces import Batch, FileDone, next_batch, pack_frame, read_pieces
 from remotemac.engine.syncplan import (
     AHEAD_BYTES,
     AHEAD_MISS_SHARE,
@@ -28,11 +28,11 @@ from remotemac.engine.syncplan import (
     PROGRESS_EVERY_S,
     QUEUE_BATCHES,
     Emit,
+    Job,
+    LocalFile,
     SyncStats,
-    _Job,
-    _Local,
-    _plan_todo,
     choose_streams,
+    plan_todo,
 )
 from remotemac.errors import (
     HostEnvironmentError,
@@ -53,7 +53,7 @@ RECEIVER_BOOT = (
 )
 
 
-def _receiver_argv(python: str, agent_dir: str, runtime_dir: str | None = None) -> list[str]:
+def receiver_argv(python: str, agent_dir: str, runtime_dir: str | None = None) -> list[str]:
     # -S: stdlib only (cryptography comes from the runtime dir it names), and a host
     # python with a large site-packages costs 0.2-0.4 s per start without it; the
     # runtime in argv is imported while the laptop stats the slice (not a secret)
@@ -62,7 +62,7 @@ def _receiver_argv(python: str, agent_dir: str, runtime_dir: str | None = None) 
     )
 
 
-async def _discard(opening: asyncio.Future) -> None:
+async def discard(opening: asyncio.Future) -> None:
     """Close a channel opened ahead that will not be used (or stop its opening)."""
     opening.cancel()
     with contextlib.suppress(BaseException):
@@ -70,7 +70,7 @@ async def _discard(opening: asyncio.Future) -> None:
         await proc.close()
 
 
-class _Session:
+class Session:
     """One sync attempt's channels on the host; ``run`` may be called again after a cut link.
 
     The first channel says what the host holds and finishes the sync; when one
@@ -83,7 +83,7 @@ class _Session:
         transport: Transport,
         agent: AgentClient,
         root: Path,
-        files: list[_Local],
+        files: list[LocalFile],
         run_dir: str,
         run_id: str,
         key: bytes | None,
@@ -110,7 +110,7 @@ class _Session:
         #: files sent whole whose acknowledgement has not come (the host batches them: a
         #: cut can lose the last line; the next attempt's hello lists them as known)
         self._unacked: set[int] = set()
-        self._acked: set[int] = set()  # (an ack can overtake its own file's _Done)
+        self._acked: set[int] = set()  # (an ack can overtake its own file's FileDone)
         self._manifest: Manifest | None = None  # built once every file's hash is known
         #: this attempt's files sent as pieces, and their whole-file SHA-256 being read
         self._splits: dict[int, syncsplit.Split] = {}
@@ -122,12 +122,12 @@ class _Session:
         if self._manifest is None:
             self._manifest = Manifest.from_entries(
                 (ManifestEntry(f.path, f.size, f.sha256 or "") for f in self.files),
-                checked=True,  # _stat_all checked every path
+                checked=True,  # stat_all checked every path
             )
         return self._manifest
 
     async def run(self) -> dict[str, Any]:
-        argv = _receiver_argv(
+        argv = receiver_argv(
             self.python, self.agent.agent_dir, self.runtime_dir if self.key is not None else None
         )
         started = time.monotonic()
@@ -198,7 +198,7 @@ class _Session:
         self._learn_held({int(i) for i, _ in first["todo"]}, unacked)
         partial = {int(i): dict(info) for i, info in first.get("partial", [])}
         sent_ahead = {job.index for job in ahead}
-        plan = _plan_todo(first["todo"], partial)
+        plan = plan_todo(first["todo"], partial)
         todo_bytes = sum(self.files[j.index].size for j in plan)
         skipped = len(self.files) - len(plan)
         self.stats.skipped_files = skipped
@@ -250,7 +250,7 @@ class _Session:
             for i in range(1, len(procs)):
                 if sent[i]:
                     with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-                        await procs[i].write(_frame("D", 0, 0))
+                        await procs[i].write(pack_frame("D", 0, 0))
             await _all([self._final(readers[i], queues[i]) for i in range(1, len(procs))])
             if ahead_ok and all(sent):
                 # every piece of a split file is on the host now (the other channels
@@ -268,7 +268,7 @@ class _Session:
                     }
                 ).encode()
                 with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-                    await main.write(_frame("E", 0, len(final)) + final)
+                    await main.write(pack_frame("E", 0, len(final)) + final)
                 # every hash is known now: build the manifest while the host checks
                 self._manifest = None
                 self.manifest()
@@ -285,7 +285,7 @@ class _Session:
         best = math.inf
         for _ in range(probes):
             started = time.monotonic()
-            await proc.write(_frame("P", 0, 0))
+            await proc.write(pack_frame("P", 0, 0))
             while True:
                 msg = json.loads((await proc.readline()) or b'{"eof": true}')
                 if "acks" not in msg:  # (files sent ahead of the start answer)
@@ -337,14 +337,14 @@ class _Session:
         Returns False when the agent spoke up early (an error line is waiting).
         """
         queue: asyncio.Queue[Any] = asyncio.Queue(maxsize=QUEUE_BATCHES)
-        pieces = _pieces(
+        pieces = read_pieces(
             self.root, self.files, work, self.key, lambda: self._halt, self._splits, self._sealed
         )
 
         async def produce() -> None:
             try:
                 while True:
-                    batch = await asyncio.to_thread(_next_batch, pieces)
+                    batch = await asyncio.to_thread(next_batch, pieces)
                     await queue.put(batch if batch.data or batch.done else None)
                     if not (batch.data or batch.done):
                         return
@@ -375,7 +375,7 @@ class _Session:
                 await producer
         return True
 
-    async def _write_batch(self, proc: RemoteProcess, batch: _Batch) -> None:
+    async def _write_batch(self, proc: RemoteProcess, batch: Batch) -> None:
         """One channel write per batch (1 MiB, spanning file ends): a file's frame header
         and hash would otherwise each be an SSH packet, a wake-up of sshd and a pipe
         write on the host; a re-sync of small files is mostly such pieces."""
@@ -387,7 +387,7 @@ class _Session:
         for done in batch.done:
             self._file_done(done)
 
-    def _file_done(self, item: _Done) -> None:
+    def _file_done(self, item: FileDone) -> None:
         self.files[item.index] = item.local
         if not item.sent:
             self.stats.skipped_files += 1
@@ -400,7 +400,7 @@ class _Session:
             self.stats.resumed_files += 1
             self.stats.resumed_bytes += item.resumed
 
-    def _units(self, rest: list[_Job]) -> int:
+    def _units(self, rest: list[Job]) -> int:
         """Jobs ``rest`` can make: a large file may go as pieces (syncsplit.py)."""
         if self.key is None:
             return len(rest)
@@ -408,22 +408,22 @@ class _Session:
             [self.files[j.index].size if self._splittable(j) else 0 for j in rest]
         )
 
-    def _splittable(self, job: _Job) -> bool:
+    def _splittable(self, job: Job) -> bool:
         # (a file the host holds a verified copy of is hashed first: it may not travel)
         return job.host_sha is None and syncsplit.splittable(
             self.files[job.index].size, job.partial
         )
 
-    def _job_bytes(self, job: _Job) -> int:
+    def _job_bytes(self, job: Job) -> int:
         if job.piece is None:
             return self.files[job.index].size
         return job.piece.nbytes
 
-    async def _split(self, rest: list[_Job], streams: int) -> list[_Job]:
+    async def _split(self, rest: list[Job], streams: int) -> list[Job]:
         """``rest`` with each large file as pieces when there are channels to spread
         them over (or the host holds some pieces of it already)."""
         self._drop_digests()
-        out: list[_Job] = []
+        out: list[Job] = []
         for job in rest:
             f = self.files[job.index]
             resuming = bool(job.partial and job.partial.get("split"))
@@ -439,7 +439,7 @@ class _Session:
                 self._split_digests[job.index] = asyncio.ensure_future(
                     asyncio.to_thread(syncsplit.whole_digest, self.root, split)
                 )
-            out.extend(_Job(job.index, None, None, piece) for piece in pieces)
+            out.extend(Job(job.index, None, None, piece) for piece in pieces)
         self.stats.split_files = len(self._splits)
         return out
 
@@ -457,11 +457,11 @@ class _Session:
             assert digest is not None
             body = json.dumps({"sha256": digest, "header": split.header.hex()}).encode()
             with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-                await main.write(_frame("J", index, len(body)) + body)
-            local = _Local(
+                await main.write(pack_frame("J", index, len(body)) + body)
+            local = LocalFile(
                 split.path, split.size, split.mtime_ns, split.inode, digest, split.ctime_ns
             )
-            self._file_done(_Done(index, local, sent=True, resumed=split.kept))
+            self._file_done(FileDone(index, local, sent=True, resumed=split.kept))
 
     def _learn_held(self, todo: set[int], unacked: set[int] | None = None) -> None:
         """An attempt's start answer: files sent whole before whose ack a cut lost
@@ -474,7 +474,7 @@ class _Session:
             if index not in self._acked:
                 self._verified(index)
 
-    def _ahead(self) -> list[_Job]:
+    def _ahead(self) -> list[Job]:
         """The files to send before the start answer: with a hash cache that knows the
         slice, every file with no hash cached (new or changed since the last sync: the
         host cannot hold it as the hello says) when they are few: AHEAD_BYTES in all, none big enough for the host to
@@ -489,7 +489,7 @@ class _Session:
             if f.sha256 is None:
                 if f.size >= PARTIAL_MIN_BYTES or f.size > budget:
                     return []  # a larger change: the start answer plans it (streams)
-                out.append(_Job(index, None, None))
+                out.append(Job(index, None, None))
                 budget -= f.size
         return out
 
