@@ -289,7 +289,7 @@ PlaybookLoader.add_implicit_resolver(
 PlaybookLoader.add_constructor("tag:yaml.org,2002:int", bounded_int)  # 5,000 digits: one line
 
 
-def _parse_yaml(text: str) -> tuple[yaml.Node | None, Any]:
+def parse_yaml(text: str) -> tuple[yaml.Node | None, Any]:
     """The document's node tree (for line numbers) and its data, parsed once."""
     loader = PlaybookLoader(text)
     try:
@@ -310,7 +310,7 @@ def parse_playbook(
     Raises PlaybookErrors (exit 2), one line per problem with its key path and line.
     """
     try:
-        node, data = _parse_yaml(text)
+        node, data = parse_yaml(text)
     except RecursionError:
         raise PlaybookErrors([f"{filename}:1:1: bad YAML: nested too deeply"]) from None
     except yaml.YAMLError as exc:
@@ -372,7 +372,7 @@ def _path_problems(pb: Playbook) -> list[tuple[list[str], str]]:
 
 
 def _where(root: yaml.Node | None, loc: list[Any], filename: str) -> str:
-    mark = _mark_for(root, loc, key_node=False)
+    mark = mark_for(root, loc, key_node=False)
     return f"{filename}:{mark[0]}:{mark[1]}" if mark else filename
 
 
@@ -389,7 +389,7 @@ def _explain(exc: ValidationError, root: yaml.Node | None, filename: str) -> lis
         if unknown is not None:
             loc.append(unknown)
         key_path = ".".join(_shown_key(p) for p in loc) or "(top)"
-        mark = _mark_for(root, loc, key_node=err["type"] == "extra_forbidden")
+        mark = mark_for(root, loc, key_node=err["type"] == "extra_forbidden")
         where = f"{filename}:{mark[0]}:{mark[1]}" if mark else filename
         message = _message(err, loc)
         line = f"{where}: {key_path}: {message}"
@@ -494,7 +494,7 @@ def _model_in(annotation: Any) -> Any:
     return None
 
 
-def _mark_for(root: yaml.Node | None, loc: list[Any], key_node: bool) -> tuple[int, int] | None:
+def mark_for(root: yaml.Node | None, loc: list[Any], key_node: bool) -> tuple[int, int] | None:
     """Line and column (1-based) of the node at ``loc``; nearest parent if absent."""
     node = root
     best = (node.start_mark.line + 1, node.start_mark.column + 1) if node is not None else None
