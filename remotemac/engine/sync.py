@@ -93,29 +93,9 @@ async def sync_host(
     assert root is not None and selection is not None
     show_selection(ctx.emit, ctx.run_id, selection)
     encrypted = bool(data.encrypt)
-    key = None
-    if encrypted:
-        from remotemac.data.keys import load_data_key, new_data_key
-
-        try:
-            key = load_data_key(ctx.home, ctx.run_id)
-        except IntegrityError:
-            key = new_data_key(ctx.home, ctx.run_id)
-    runtime_dir = None
-    runtime: dict[str, Any] = {}
-    if encrypted:
-        from remotemac.engine.runtime import ensure_runtime, install_method
-
-        runtime = await ensure_runtime(
-            binding.agent,
-            home=ctx.home,
-            method=install_method(ctx.playbook.agent.runtime_install),
-            phase="sync",
-            run_id=ctx.run_id,
-            emit=ctx.emit,
-        )
-        runtime_dir = runtime["dir"]
-        ctx.journal.record_created(binding.transport.name, "runtime", runtime_dir, ctx.run_id)
+    key = _data_key(ctx) if encrypted else None
+    runtime = await _ensure_runtime(ctx, binding) if encrypted else {}
+    runtime_dir = runtime["dir"] if encrypted else None
     # the agent's own interpreter decrypts, never the workload's venv (it may lack modules)
     manifest, answer, stats = await sync_slice(
         binding.transport,
@@ -130,14 +110,7 @@ async def sync_host(
         emit=ctx.emit,
     )
     (ctx.out_dir / "manifest.json").write_text(manifest.to_json(), encoding="utf-8")
-    if answer.get("ram"):  # hdiutil/diskutil/mdutil/tmutil on a Mac: the ledger shows them
-        ctx.ledger.append_steps(binding.transport.name, "ramstore", answer["ram"].get("steps"))
-    if answer.get("ram", {}) and answer["ram"].get("kind") in ("shm", "ramdisk"):
-        ctx.journal.record_created(
-            binding.transport.name, "ramstore", answer["ram"]["path"], ctx.run_id
-        )
-    if answer.get("ram") and answer["ram"].get("warning"):
-        ctx.emit(Warning(ctx.run_id, message=str(answer["ram"]["warning"]), code="ram-store"))
+    _record_ram(ctx, binding, answer)
     return {
         "data_dir": answer["data_dir"],
         "files": len(manifest.entries),
@@ -156,6 +129,44 @@ async def sync_host(
         if runtime
         else None,
     }
+
+
+def _data_key(ctx: RunContext) -> bytes:
+    """The run's data key: the one kept for this run (a re-sync), else a new one."""
+    from remotemac.data.keys import load_data_key, new_data_key
+
+    try:
+        return load_data_key(ctx.home, ctx.run_id)
+    except IntegrityError:
+        return new_data_key(ctx.home, ctx.run_id)
+
+
+async def _ensure_runtime(ctx: RunContext, binding: HostBinding) -> dict[str, Any]:
+    """The agent runtime the host decrypts with, recorded for cleanup."""
+    from remotemac.engine.runtime import ensure_runtime, install_method
+
+    runtime = await ensure_runtime(
+        binding.agent,
+        home=ctx.home,
+        method=install_method(ctx.playbook.agent.runtime_install),
+        phase="sync",
+        run_id=ctx.run_id,
+        emit=ctx.emit,
+    )
+    ctx.journal.record_created(binding.transport.name, "runtime", runtime["dir"], ctx.run_id)
+    return runtime
+
+
+def _record_ram(ctx: RunContext, binding: HostBinding, answer: dict[str, Any]) -> None:
+    """The host's RAM store: its steps in the ledger, in the journal for cleanup, a warning."""
+    if answer.get("ram"):  # hdiutil/diskutil/mdutil/tmutil on a Mac: the ledger shows them
+        ctx.ledger.append_steps(binding.transport.name, "ramstore", answer["ram"].get("steps"))
+    if answer.get("ram", {}) and answer["ram"].get("kind") in ("shm", "ramdisk"):
+        ctx.journal.record_created(
+            binding.transport.name, "ramstore", answer["ram"]["path"], ctx.run_id
+        )
+    if answer.get("ram") and answer["ram"].get("warning"):
+        ctx.emit(Warning(ctx.run_id, message=str(answer["ram"]["warning"]), code="ram-store"))
 
 
 def _progress(stats: SyncStats) -> int:
@@ -271,16 +282,36 @@ async def sync_slice(
         opening,
         send_ahead=cache is not None,
     )
-    # retried by deadline, not by count (issue 16): a link that stays up two seconds at a
-    # time still verifies files on every attempt; the sync gives up when it has lost the
-    # link for the whole reconnect deadline since it last made progress: a verified
-    # file, or 8 MiB more sent (the host keeps a cut file of that size to resume it)
+    answer = await _run_resuming(session, transport, stats, emit, run_id, max_attempts)
+    if cache is not None:
+        for f in files:
+            if f.sha256 is not None:
+                cache.put(f.path, f.size, f.mtime_ns, f.inode, f.ctime_ns, f.sha256)
+    manifest = session.manifest()
+    _refuse_mismatches(transport, answer)
+    return manifest, answer, stats
+
+
+async def _run_resuming(
+    session: Session,
+    transport: Transport,
+    stats: SyncStats,
+    emit: Emit,
+    run_id: str,
+    max_attempts: int | None,
+) -> dict[str, Any]:
+    """Run the session's attempts until one finishes; the agent's final answer.
+
+    Retried by deadline, not by count (issue 16): a link that stays up two seconds at a
+    time still verifies files on every attempt; the sync gives up when it has lost the
+    link for the whole reconnect deadline since it last made progress: a verified
+    file, or 8 MiB more sent (the host keeps a cut file of that size to resume it).
+    """
     verified, first_loss, idle = _progress(stats), None, 0
     while True:
         stats.attempts += 1
         try:
-            answer = await session.run()
-            break
+            return await session.run()
         except TransientHostError as exc:
             now = time.monotonic()
             if _progress(stats) > verified or first_loss is None:
@@ -300,11 +331,10 @@ async def sync_slice(
                 )
             )
             await asyncio.sleep(min(RETRY_PAUSE_S * 2**idle, 2.0))
-    if cache is not None:
-        for f in files:
-            if f.sha256 is not None:
-                cache.put(f.path, f.size, f.mtime_ns, f.inode, f.ctime_ns, f.sha256)
-    manifest = session.manifest()
+
+
+def _refuse_mismatches(transport: Transport, answer: dict[str, Any]) -> None:
+    """IntegrityError (exit 5) when the host found files that do not match."""
     bad = answer.get("mismatches") or []
     if bad:
         raise IntegrityError(
@@ -313,4 +343,3 @@ async def sync_slice(
             + (f"; {len(bad) - 1} more" if len(bad) > 1 else ""),
             hint="run again to resend it, or wipe the run if it persists",
         )
-    return manifest, answer, stats

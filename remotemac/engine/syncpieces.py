@@ -10,7 +10,7 @@ import collections
 import hashlib
 import json
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -70,8 +70,6 @@ def read_pieces(
     A piece of a split file (``splits``) yields no FileDone: the assemble frame ends it.
     ``log`` (the session's) refuses a chunk sealed again with other bytes.
     """
-    from remotemac.agent.streamcrypt import DEFAULT_CHUNK, ciphertext_size, iter_encrypt
-
     while not halted():
         try:
             job = work.popleft()
@@ -102,32 +100,7 @@ def read_pieces(
             reader = HashingReader(fh, size, f.path)
             resumed = 0
             if key is not None:
-                resume = resume_point(job, reader, before, key, f.path)
-                if resume is None:
-                    yield pack_frame(FRAME, job.index, ciphertext_size(size, DEFAULT_CHUNK)), 0
-                    chunk, where = DEFAULT_CHUNK, None
-                else:
-                    frame, chunk, where, resumed = resume
-                    yield frame, resumed
-                covered = resumed
-                version = syncsplit.file_version(before)
-                header, counter = where if where is not None else (b"", 0)
-                for sealed in iter_encrypt(
-                    key,
-                    f.path,
-                    reader,  # type: ignore[arg-type]
-                    chunk,
-                    resume=where,
-                    version=version,
-                ):
-                    if not header:
-                        header = sealed  # (a fresh stream's first item)
-                    elif log is not None:
-                        log.check(header, counter, sealed, f.path)
-                        counter += 1
-                    read = size - reader.left
-                    yield sealed, read - covered
-                    covered = read
+                resumed = yield from _sealed_file(job, f.path, reader, before, key, log)
             else:
                 yield pack_frame(FRAME, job.index, size), 0
                 while block := reader.read(BATCH_BYTES):
@@ -145,6 +118,48 @@ def read_pieces(
                 sent=True,
                 resumed=resumed,
             )
+
+
+def _sealed_file(
+    job: Job,
+    path: str,
+    reader: HashingReader,
+    before: os.stat_result,
+    key: bytes,
+    log: syncsplit.SealLog | None,
+) -> Generator[tuple[bytes, int], None, int]:
+    """Yield one file's frame and sealed chunks (a cut transfer continued where the host
+    holds it); return the plaintext bytes the host already held."""
+    from remotemac.agent.streamcrypt import DEFAULT_CHUNK, ciphertext_size, iter_encrypt
+
+    size = before.st_size
+    resume = resume_point(job, reader, before, key, path)
+    if resume is None:
+        yield pack_frame(FRAME, job.index, ciphertext_size(size, DEFAULT_CHUNK)), 0
+        chunk, where, resumed = DEFAULT_CHUNK, None, 0
+    else:
+        frame, chunk, where, resumed = resume
+        yield frame, resumed
+    covered = resumed
+    version = syncsplit.file_version(before)
+    header, counter = where if where is not None else (b"", 0)
+    for sealed in iter_encrypt(
+        key,
+        path,
+        reader,  # type: ignore[arg-type]
+        chunk,
+        resume=where,
+        version=version,
+    ):
+        if not header:
+            header = sealed  # (a fresh stream's first item)
+        elif log is not None:
+            log.check(header, counter, sealed, path)
+            counter += 1
+        read = size - reader.left
+        yield sealed, read - covered
+        covered = read
+    return resumed
 
 
 def resume_point(

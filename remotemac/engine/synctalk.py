@@ -178,6 +178,28 @@ class Session:
         self.stats.per_attempt.append(0)
         self._done, self._halt = 0, False
         self._drop_digests()
+        plan, rest, ahead_ok, todo_bytes = await self._start(main)
+        skipped = len(self.files) - len(plan)
+        if rest:
+            rest = await self._open_streams(argv, hello, rest, procs)
+        self.stats.streams = len(procs)
+        self.emit(
+            PhaseProgress(
+                self.run_id,
+                phase="sync",
+                done=0,
+                total=todo_bytes,
+                detail=f"{skipped} files already verified on the host; "
+                f"checking or sending {len(plan)}"
+                + (f" over {len(procs)} streams" if len(procs) > 1 else ""),
+            )
+        )
+        return await self._stream(procs, rest, ahead_ok, todo_bytes, hello)
+
+    async def _start(self, main: RemoteProcess) -> tuple[list[Job], list[Job], bool, int]:
+        """Send the files known to be new or changed while the host answers the hello;
+        (every file that may need sending, those of them still to send, whether the
+        files sent ahead went through, the plan's bytes) from its start answer."""
         # the previous attempts' files sent whole whose ack a cut lost (see _learn_held)
         unacked, self._unacked = self._unacked, set()
         # the files known to be new or changed go now: the host reads them once it has
@@ -200,39 +222,42 @@ class Session:
         sent_ahead = {job.index for job in ahead}
         plan = plan_todo(first["todo"], partial)
         todo_bytes = sum(self.files[j.index].size for j in plan)
-        skipped = len(self.files) - len(plan)
-        self.stats.skipped_files = skipped
+        self.stats.skipped_files = len(self.files) - len(plan)
         self.stats.skipped_bytes = sum(f.size for f in self.files) - todo_bytes
         ahead_ok = await early  # (before a ping: a frame never lands inside a file's)
         rest = [job for job in plan if job.index not in sent_ahead]
+        return plan, rest, ahead_ok, todo_bytes
+
+    async def _open_streams(
+        self, argv: list[str], hello: dict[str, Any], rest: list[Job], procs: list[RemoteProcess]
+    ) -> list[Job]:
+        """Open as many more channels as the link wants; ``rest`` as they will take it."""
         rest_bytes = sum(self.files[j.index].size for j in rest)
         # a large file can go as pieces on several channels: it counts as that many jobs
         jobs = self._units(rest)
-        if rest:
-            if self.streams is None and choose_streams(1.0, rest_bytes, jobs) == 1:
-                wanted = 1  # one stream even on a 1 s round trip: no ping
-            elif self.streams is None:
-                rtt = await self._rtt(main)
-                self.stats.rtt_ms = round(rtt * 1000, 2)
-                wanted = choose_streams(rtt, rest_bytes, jobs)
-            else:
-                wanted = max(1, min(self.streams, MAX_STREAMS, jobs))
-            await self._open_workers(argv, hello, wanted - 1, procs)
-            rest = await self._split(rest, len(procs))
-            if len(procs) > 1:  # largest first, so no channel is left with a big file at the end
-                rest.sort(key=lambda j: -self._job_bytes(j))
-        self.stats.streams = len(procs)
-        self.emit(
-            PhaseProgress(
-                self.run_id,
-                phase="sync",
-                done=0,
-                total=todo_bytes,
-                detail=f"{skipped} files already verified on the host; "
-                f"checking or sending {len(plan)}"
-                + (f" over {len(procs)} streams" if len(procs) > 1 else ""),
-            )
-        )
+        if self.streams is None and choose_streams(1.0, rest_bytes, jobs) == 1:
+            wanted = 1  # one stream even on a 1 s round trip: no ping
+        elif self.streams is None:
+            rtt = await self._rtt(procs[0])
+            self.stats.rtt_ms = round(rtt * 1000, 2)
+            wanted = choose_streams(rtt, rest_bytes, jobs)
+        else:
+            wanted = max(1, min(self.streams, MAX_STREAMS, jobs))
+        await self._open_workers(argv, hello, wanted - 1, procs)
+        rest = await self._split(rest, len(procs))
+        if len(procs) > 1:  # largest first, so no channel is left with a big file at the end
+            rest.sort(key=lambda j: -self._job_bytes(j))
+        return rest
+
+    async def _stream(
+        self,
+        procs: list[RemoteProcess],
+        rest: list[Job],
+        ahead_ok: bool,
+        todo_bytes: int,
+        hello: dict[str, Any],
+    ) -> dict[str, Any]:
+        """Every channel takes files from one queue; then each is ended, the first last."""
         # (the agent spoke up during the files sent ahead: its line is read below)
         work = collections.deque(rest if ahead_ok else [])
         queues: list[asyncio.Queue[dict[str, Any]]] = [asyncio.Queue() for _ in procs]
@@ -253,25 +278,7 @@ class Session:
                         await procs[i].write(pack_frame("D", 0, 0))
             await _all([self._final(readers[i], queues[i]) for i in range(1, len(procs))])
             if ahead_ok and all(sent):
-                # every piece of a split file is on the host now (the other channels
-                # answered their last frame; the first reads in order): put each together
-                await self._assemble(main)
-                # the host holds the hello's entries: only what changed since travels
-                said = hello["columns"]
-                final = json.dumps(
-                    {
-                        "changed": [
-                            [i, f.size, f.sha256]
-                            for i, f in enumerate(self.files)
-                            if (f.size, f.sha256) != (said["size"][i], said["sha256"][i])
-                        ]
-                    }
-                ).encode()
-                with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-                    await main.write(pack_frame("E", 0, len(final)) + final)
-                # every hash is known now: build the manifest while the host checks
-                self._manifest = None
-                self.manifest()
+                await self._finish(procs[0], hello)
             return await self._final(readers[0], queues[0])
         finally:
             self._drop_digests()
@@ -279,6 +286,28 @@ class Session:
                 reader.cancel()
                 with contextlib.suppress(BaseException):
                     await reader
+
+    async def _finish(self, main: RemoteProcess, hello: dict[str, Any]) -> None:
+        """Every file is sent: assemble the split ones, then the end frame."""
+        # every piece of a split file is on the host now (the other channels
+        # answered their last frame; the first reads in order): put each together
+        await self._assemble(main)
+        # the host holds the hello's entries: only what changed since travels
+        said = hello["columns"]
+        final = json.dumps(
+            {
+                "changed": [
+                    [i, f.size, f.sha256]
+                    for i, f in enumerate(self.files)
+                    if (f.size, f.sha256) != (said["size"][i], said["sha256"][i])
+                ]
+            }
+        ).encode()
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            await main.write(pack_frame("E", 0, len(final)) + final)
+        # every hash is known now: build the manifest while the host checks
+        self._manifest = None
+        self.manifest()
 
     async def _rtt(self, proc: RemoteProcess, probes: int = 2) -> float:
         """The round trip through the channel (the fastest of a few pings)."""
