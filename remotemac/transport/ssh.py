@@ -562,7 +562,14 @@ class SSHTransport(Transport):
             self._channels.release()
             self._mark_dead(conn, f"{type(exc).__name__}: {exc}".strip())
             raise TransientHostError(f"the link to {self.name} dropped") from None
-        return SSHProcess(self, conn, proc, short_cmd(argv))
+        return SSHProcess(
+            self.name,
+            conn,
+            proc,
+            short_cmd(argv),
+            mark_dead=self._mark_dead,
+            release=self._channels.release,
+        )
 
     async def download_to(
         self,

@@ -13,15 +13,12 @@ import contextlib
 import shlex
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, TypeVar
+from typing import TypeVar
 
 import asyncssh
 
 from remotemac.errors import TransientHostError
 from remotemac.transport.base import RemoteProcess
-
-if TYPE_CHECKING:
-    from remotemac.transport.ssh import SSHTransport
 
 T = TypeVar("T")
 
@@ -40,23 +37,30 @@ class SSHProcess(RemoteProcess):
 
     def __init__(
         self,
-        transport: SSHTransport,
+        host: str,
         conn: asyncssh.SSHClientConnection,
         proc: asyncssh.SSHClientProcess,
         what: str,
+        *,
+        mark_dead: Callable[[asyncssh.SSHClientConnection, str], None],
+        release: Callable[[], None],
     ) -> None:
-        self._t = transport
+        """``mark_dead`` tells the transport its link dropped; ``release`` frees the
+        channel slot this process holds (once, at close)."""
+        self._host = host
         self._conn = conn
         self._proc = proc
         self._what = what
+        self._mark_dead = mark_dead
+        self._release = release
         self._released = False
         self._err = b""
         self._framed = False
 
     def _lost(self, exc: BaseException) -> TransientHostError:
-        self._t._mark_dead(self._conn, f"{type(exc).__name__}: {exc}".strip())
+        self._mark_dead(self._conn, f"{type(exc).__name__}: {exc}".strip())
         return TransientHostError(
-            f"the link to {self._t.name} dropped during `{self._what}`",
+            f"the link to {self._host} dropped during `{self._what}`",
             hint="it resumes on the next attempt",
         )
 
@@ -127,7 +131,7 @@ class SSHProcess(RemoteProcess):
             self._proc.close()
         if not self._released:
             self._released = True
-            self._t._channels.release()
+            self._release()
 
 
 def as_bytes(data: object) -> bytes:
