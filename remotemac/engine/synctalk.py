@@ -34,6 +34,7 @@ from remotemac.engine.syncplan import (
     choose_streams,
     plan_todo,
 )
+from remotemac.engine.syncsplitfiles import SplitFiles
 from remotemac.errors import (
     HostEnvironmentError,
     HostError,
@@ -113,8 +114,7 @@ class Session:
         self._acked: set[int] = set()  # (an ack can overtake its own file's FileDone)
         self._manifest: Manifest | None = None  # built once every file's hash is known
         #: this attempt's files sent as pieces, and their whole-file SHA-256 being read
-        self._splits: dict[int, syncsplit.Split] = {}
-        self._split_digests: dict[int, asyncio.Future[str]] = {}
+        self._split_files = SplitFiles(root, key)
         #: every chunk this sync sealed (a continued transfer seals some again)
         self._sealed = syncsplit.SealLog()
 
@@ -177,7 +177,7 @@ class Session:
         await main.write(json.dumps(hello).encode() + b"\n")
         self.stats.per_attempt.append(0)
         self._done, self._halt = 0, False
-        self._drop_digests()
+        self._split_files.drop()
         plan, rest, ahead_ok, todo_bytes = await self._start(main)
         skipped = len(self.files) - len(plan)
         if rest:
@@ -234,7 +234,7 @@ class Session:
         """Open as many more channels as the link wants; ``rest`` as they will take it."""
         rest_bytes = sum(self.files[j.index].size for j in rest)
         # a large file can go as pieces on several channels: it counts as that many jobs
-        jobs = self._units(rest)
+        jobs = self._split_files.units(self.files, rest)
         if self.streams is None and choose_streams(1.0, rest_bytes, jobs) == 1:
             wanted = 1  # one stream even on a 1 s round trip: no ping
         elif self.streams is None:
@@ -281,7 +281,7 @@ class Session:
                 await self._finish(procs[0], hello)
             return await self._final(readers[0], queues[0])
         finally:
-            self._drop_digests()
+            self._split_files.drop()
             for reader in readers:
                 reader.cancel()
                 with contextlib.suppress(BaseException):
@@ -291,7 +291,7 @@ class Session:
         """Every file is sent: assemble the split ones, then the end frame."""
         # every piece of a split file is on the host now (the other channels
         # answered their last frame; the first reads in order): put each together
-        await self._assemble(main)
+        await self._split_files.assemble(main, self.files, self._file_done)
         # the host holds the hello's entries: only what changed since travels
         said = hello["columns"]
         final = json.dumps(
@@ -367,7 +367,13 @@ class Session:
         """
         queue: asyncio.Queue[Any] = asyncio.Queue(maxsize=QUEUE_BATCHES)
         pieces = read_pieces(
-            self.root, self.files, work, self.key, lambda: self._halt, self._splits, self._sealed
+            self.root,
+            self.files,
+            work,
+            self.key,
+            lambda: self._halt,
+            self._split_files.splits,
+            self._sealed,
         )
 
         async def produce() -> None:
@@ -429,20 +435,6 @@ class Session:
             self.stats.resumed_files += 1
             self.stats.resumed_bytes += item.resumed
 
-    def _units(self, rest: list[Job]) -> int:
-        """Jobs ``rest`` can make: a large file may go as pieces (syncsplit.py)."""
-        if self.key is None:
-            return len(rest)
-        return syncsplit.units(
-            [self.files[j.index].size if self._splittable(j) else 0 for j in rest]
-        )
-
-    def _splittable(self, job: Job) -> bool:
-        # (a file the host holds a verified copy of is hashed first: it may not travel)
-        return job.host_sha is None and syncsplit.splittable(
-            self.files[job.index].size, job.partial
-        )
-
     def _job_bytes(self, job: Job) -> int:
         if job.piece is None:
             return self.files[job.index].size
@@ -451,46 +443,9 @@ class Session:
     async def _split(self, rest: list[Job], streams: int) -> list[Job]:
         """``rest`` with each large file as pieces when there are channels to spread
         them over (or the host holds some pieces of it already)."""
-        self._drop_digests()
-        out: list[Job] = []
-        for job in rest:
-            f = self.files[job.index]
-            resuming = bool(job.partial and job.partial.get("split"))
-            if self.key is None or not self._splittable(job) or (streams < 2 and not resuming):
-                out.append(job)
-                continue
-            split, pieces = await asyncio.to_thread(
-                syncsplit.plan, self.root, job.index, f.path, self.key, job.partial
-            )
-            self._splits[job.index] = split
-            if f.sha256 is None or (f.size, f.mtime_ns) != (split.size, split.mtime_ns):
-                # the pieces are read apart: the whole file's SHA-256 is read in order here
-                self._split_digests[job.index] = asyncio.ensure_future(
-                    asyncio.to_thread(syncsplit.whole_digest, self.root, split)
-                )
-            out.extend(Job(job.index, None, None, piece) for piece in pieces)
-        self.stats.split_files = len(self._splits)
+        out = await self._split_files.split(self.files, rest, streams)
+        self.stats.split_files = len(self._split_files.splits)
         return out
-
-    def _drop_digests(self) -> None:
-        """An attempt's whole-file hashing that will not be used (a cut, a failure)."""
-        for pending in self._split_digests.values():
-            pending.cancel()
-        self._splits, self._split_digests = {}, {}
-
-    async def _assemble(self, main: RemoteProcess) -> None:
-        """Ask the host to put each split file together, checked against its SHA-256."""
-        for index, split in self._splits.items():
-            pending = self._split_digests.get(index)
-            digest = await pending if pending is not None else self.files[index].sha256
-            assert digest is not None
-            body = json.dumps({"sha256": digest, "header": split.header.hex()}).encode()
-            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-                await main.write(pack_frame("J", index, len(body)) + body)
-            local = LocalFile(
-                split.path, split.size, split.mtime_ns, split.inode, digest, split.ctime_ns
-            )
-            self._file_done(FileDone(index, local, sent=True, resumed=split.kept))
 
     def _learn_held(self, todo: set[int], unacked: set[int] | None = None) -> None:
         """An attempt's start answer: files sent whole before whose ack a cut lost
