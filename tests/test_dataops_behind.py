@@ -1,6 +1,6 @@
 """The host receiver (agent/dataops.py) with its write-behind thread, in process.
 
-The laptop's own framing (engine/sync.py ``_pieces``) produces the stream; the agent
+The laptop's own framing (engine/sync.py ``read_pieces``) produces the stream; the agent
 runtime's activation and the RAM store are faked (a unit test: the real sshd path is
 tests/test_sync_sshd.py), the encryption, hashing and files are real.
 """
@@ -61,19 +61,20 @@ def _hello(root: Path, key: bytes, entries: list[dict]) -> dict:
 def _stream(root: Path, paths: list[str], key: bytes, tamper: int | None = None) -> bytes:
     """hello + the laptop's frames for every file (+ the E frame); ``tamper``: the
     index of a file whose claimed SHA-256 is flipped."""
-    from remotemac.engine.sync import _Done, _frame, _Job, _pieces, _stat_all
+    from remotemac.engine.syncpieces import FileDone, pack_frame, read_pieces
+    from remotemac.engine.syncplan import Job, stat_all
 
-    files = _stat_all(root, paths, None)
+    files = stat_all(root, paths, None)
     hello = _hello(
         root,
         key,
         [{"path": f.path, "size": f.size, "sha256": None, "mtime_ns": f.mtime_ns} for f in files],
     )
     out = [json.dumps(hello).encode() + b"\n"]
-    work = collections.deque(_Job(i, None, None) for i in range(len(files)))
+    work = collections.deque(Job(i, None, None) for i in range(len(files)))
     current = -1
-    for item in _pieces(root, files, work, key):
-        if isinstance(item, _Done):
+    for item in read_pieces(root, files, work, key):
+        if isinstance(item, FileDone):
             files[item.index] = item.local
             continue
         data = item[0]
@@ -83,7 +84,7 @@ def _stream(root: Path, paths: list[str], key: bytes, tamper: int | None = None)
             data = bytes(32)  # the claimed SHA-256 of that file
         out.append(data)
     final = json.dumps({"changed": [[i, f.size, f.sha256] for i, f in enumerate(files)]}).encode()
-    out.append(_frame("E", 0, len(final)) + final)
+    out.append(pack_frame("E", 0, len(final)) + final)
     return b"".join(out)
 
 
@@ -182,7 +183,7 @@ def test_the_runtime_is_activated_once_per_session_not_once_per_file(
 def _resync_stream(root: Path, paths: list[str], key: bytes) -> bytes:
     """hello listing every file as the laptop's hash cache knows it + the E frame: a
     re-sync where nothing changed on the laptop."""
-    from remotemac.engine.sync import _frame
+    from remotemac.engine.syncpieces import pack_frame
 
     entries = []
     for rel in paths:
@@ -191,7 +192,7 @@ def _resync_stream(root: Path, paths: list[str], key: bytes) -> bytes:
         entries.append({"path": rel, "size": st.st_size, "sha256": sha, "mtime_ns": st.st_mtime_ns})
     hello = _hello(root, key, entries)
     final = json.dumps({"changed": []}).encode()
-    return json.dumps(hello).encode() + b"\n" + _frame("E", 0, len(final)) + final
+    return json.dumps(hello).encode() + b"\n" + pack_frame("E", 0, len(final)) + final
 
 
 def test_a_resync_looks_at_the_ram_copies_on_a_thread_and_redecrypts_what_changed(

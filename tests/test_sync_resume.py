@@ -157,15 +157,17 @@ def test_a_file_whose_ack_a_cut_lost_counts_as_verified_once_from_the_next_hello
     attempt's start answer leaves those files out of its ``todo`` (held as the hello
     says); each is then reported verified once (one event), and one already
     acknowledged, or still in the todo (not held by the host), is not."""
-    from remotemac.engine.sync import SyncStats, _Done, _Local, _Session
+    from remotemac.engine.syncpieces import FileDone
+    from remotemac.engine.syncplan import LocalFile, SyncStats
+    from remotemac.engine.synctalk import Session
     from remotemac.events import PhaseProgress
 
-    files = [_Local(f"f{i}", 10, 0, i, None) for i in range(5)]
+    files = [LocalFile(f"f{i}", 10, 0, i, None) for i in range(5)]
     events: list = []
     args = (None, None, Path("."), files, "run", "r1", None, "python3", events.append)
-    session = _Session(*args, SyncStats(), 1 << 20)  # type: ignore[arg-type]
+    session = Session(*args, SyncStats(), 1 << 20)  # type: ignore[arg-type]
     for i in range(5):
-        session._file_done(_Done(i, files[i], sent=True))
+        session._file_done(FileDone(i, files[i], sent=True))
     session._verified(0)  # acknowledged before the cut
     session._verified(1)
     session._learn_held({4})  # 4: the cut one, not held
@@ -181,7 +183,8 @@ def test_a_header_replayed_for_a_changed_file_is_never_resumed(tmp_path):
     path knows its plaintext; it answers that header as a cut transfer whose verified
     prefix is a chunk the new version did not change, with the size and mtime the hello
     told it. Resuming would seal the changed tail under the old nonces. Before: resumed."""
-    from remotemac.engine.sync import _HashingReader, _Job, _resume_point
+    from remotemac.engine.syncpieces import HashingReader, resume_point
+    from remotemac.engine.syncplan import Job
 
     path = tmp_path / "train.bin"
     plain = os.urandom(8 * sc.DEFAULT_CHUNK)
@@ -204,6 +207,6 @@ def test_a_header_replayed_for_a_changed_file_is_never_resumed(tmp_path):
         "mtime_ns": st.st_mtime_ns,
     }
     with open(path, "rb") as fh:
-        reader = _HashingReader(fh, st.st_size, "train.bin")
-        got = _resume_point(_Job(0, None, partial), reader, os.fstat(fh.fileno()), KEY, "train.bin")
+        reader = HashingReader(fh, st.st_size, "train.bin")
+        got = resume_point(Job(0, None, partial), reader, os.fstat(fh.fileno()), KEY, "train.bin")
     assert got is None

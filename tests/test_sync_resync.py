@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from remotemac.agent import dataops
-from remotemac.engine.sync import RECEIVER_BOOT, _receiver_argv
+from remotemac.engine.synctalk import RECEIVER_BOOT, receiver_argv
 from tests.test_sync_resume import _session
 from tests.test_sync_sshd import host_factory, make_slice, runtime_dir  # noqa: F401 (fixtures)
 
@@ -138,12 +138,12 @@ def test_receiver_imports_the_runtime_named_in_argv_before_the_hello(monkeypatch
 
     assert dataops.serve(Stdin(), io.BytesIO(), "/rt") == 3
     assert order == ["runtime /rt", "hello"]
-    argv = _receiver_argv("python3", "/agent", "/rt")
+    argv = receiver_argv("python3", "/agent", "/rt")
     assert argv == ["python3", "-S", "-c", RECEIVER_BOOT, "/agent/dataops.py", "sync"] + [
         "--runtime",
         "/rt",
     ]
-    assert _receiver_argv("python3", "/agent")[-2:] == ["/agent/dataops.py", "sync"]
+    assert receiver_argv("python3", "/agent")[-2:] == ["/agent/dataops.py", "sync"]
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="F_SETPIPE_SZ is Linux's")
@@ -190,7 +190,7 @@ async def test_resync_redecrypts_ram_copies_lost_or_changed_before_it(
 def test_manifest_of_checked_paths_still_refuses_duplicates_and_stat_checks_paths(tmp_path):
     """The sync's manifest skips the path check its stat pass made; nothing else."""
     from remotemac.data.manifest import Manifest, ManifestEntry
-    from remotemac.engine.sync import _stat_all
+    from remotemac.engine.syncplan import stat_all
     from remotemac.errors import IntegrityError
 
     entry = ManifestEntry("a.bin", 1, "0" * 64)
@@ -198,8 +198,8 @@ def test_manifest_of_checked_paths_still_refuses_duplicates_and_stat_checks_path
         Manifest.from_entries([entry, entry], checked=True)
     (tmp_path / "a.bin").write_bytes(b"x")
     with pytest.raises(IntegrityError):  # check_relpath's, before any stat
-        _stat_all(tmp_path, ["a.bin", "../a.bin"], None)
-    assert [f.path for f in _stat_all(tmp_path, ["a.bin", "a.bin"], None)] == ["a.bin"]
+        stat_all(tmp_path, ["a.bin", "../a.bin"], None)
+    assert [f.path for f in stat_all(tmp_path, ["a.bin", "a.bin"], None)] == ["a.bin"]
 
 
 def test_hello_columns_read_as_entries():
@@ -245,7 +245,7 @@ def test_receiver_process_exits_with_the_sessions_code():
 
 
 def test_receiver_starts_from_cached_bytecode(tmp_path):
-    """The host runs dataops imported (``_receiver_argv``), so its second start loads
+    """The host runs dataops imported (``receiver_argv``), so its second start loads
     the bytecode the first one cached instead of compiling the file again (~7 ms of
     the host's start, before it can read the hello); it still exits with the
     session's code."""
@@ -253,7 +253,7 @@ def test_receiver_starts_from_cached_bytecode(tmp_path):
     agent.mkdir()
     for name in ("dataops.py", "writebehind.py"):
         (agent / name).write_bytes((Path(dataops.__file__).parent / name).read_bytes())
-    argv = _receiver_argv(sys.executable, str(agent))
+    argv = receiver_argv(sys.executable, str(agent))
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     for _ in range(2):
         gone = subprocess.run(argv, input=b"", capture_output=True, env=env)

@@ -387,19 +387,20 @@ async def test_no_ram_store_is_one_clear_line(sshd, host_factory, tmp_path):
 def test_sealed_stream_hashes_what_it_sends(tmp_path):
     """The sha256 sent after each frame is the plaintext's, read once with the encryption."""
     from remotemac.agent.streamcrypt import decrypt_stream
-    from remotemac.engine.sync import _Job, _Local, _next_batch, _pieces
+    from remotemac.engine.syncpieces import next_batch, read_pieces
+    from remotemac.engine.syncplan import Job, LocalFile
 
     data = make_slice(tmp_path / "data", small=3, big=0)
     key = os.urandom(32)
     files = [
-        _Local(str(p.relative_to(data)), p.stat().st_size, 0, 0, None)
+        LocalFile(str(p.relative_to(data)), p.stat().st_size, 0, 0, None)
         for p in sorted(data.rglob("*"))
         if p.is_file()
     ]
-    work = collections.deque(_Job(i, None, None) for i in range(len(files)))
-    pieces = _pieces(data, files, work, key)
+    work = collections.deque(Job(i, None, None) for i in range(len(files)))
+    pieces = read_pieces(data, files, work, key)
     stream = b""
-    while (batch := _next_batch(pieces)).data:
+    while (batch := next_batch(pieces)).data:
         stream += batch.data
     import io
 

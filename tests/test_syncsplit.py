@@ -105,17 +105,17 @@ def test_the_hosts_pieces_are_kept_only_for_the_same_file(tmp_path):
 def test_a_piece_of_a_file_changed_since_planning_is_refused(tmp_path):
     path = _file(tmp_path, 33 * MiB)
     split, pieces = syncsplit.plan(tmp_path, 0, "big/train.bin", KEY, None, 8 * MiB)
-    sent = list(syncsplit.sealed_piece(tmp_path, split, pieces[0], KEY, _frame))
+    sent = list(syncsplit.sealed_piece(tmp_path, split, pieces[0], KEY, pack_frame))
     assert sent[0][0][:1] == b"S" and sum(n for _, n in sent) == pieces[0].nbytes
     with open(path, "ab") as fh:
         fh.write(b"more")
     with pytest.raises(IntegrityError, match="changed while it was sent"):
-        list(syncsplit.sealed_piece(tmp_path, split, pieces[1], KEY, _frame))
+        list(syncsplit.sealed_piece(tmp_path, split, pieces[1], KEY, pack_frame))
     with pytest.raises(IntegrityError, match="changed while it was sent"):
         syncsplit.whole_digest(tmp_path, split)
 
 
-def _frame(kind: str, index: int, length: int) -> bytes:
+def pack_frame(kind: str, index: int, length: int) -> bytes:
     return kind.encode() + index.to_bytes(4, "big") + length.to_bytes(8, "big")
 
 
@@ -206,7 +206,7 @@ def test_a_piece_of_a_file_edited_with_its_mtime_put_back_since_planning_is_refu
         fh.write(os.urandom(64))
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
     with pytest.raises(IntegrityError, match="changed while it was sent"):
-        next(syncsplit.sealed_piece(tmp_path, split, pieces[1], KEY, _frame))
+        next(syncsplit.sealed_piece(tmp_path, split, pieces[1], KEY, pack_frame))
 
 
 def test_a_chunk_sealed_again_with_other_bytes_is_never_sent(tmp_path):
@@ -220,8 +220,10 @@ def test_a_chunk_sealed_again_with_other_bytes_is_never_sent(tmp_path):
     split, pieces = syncsplit.plan(tmp_path, 0, "big/train.bin", KEY, None, 8 * MiB)
     log = syncsplit.SealLog()
     piece = pieces[1]
-    first_time = [b for b, _ in syncsplit.sealed_piece(tmp_path, split, piece, KEY, _frame, log)]
-    again = syncsplit.sealed_piece(tmp_path, split, piece, KEY, _frame, log)
+    first_time = [
+        b for b, _ in syncsplit.sealed_piece(tmp_path, split, piece, KEY, pack_frame, log)
+    ]
+    again = syncsplit.sealed_piece(tmp_path, split, piece, KEY, pack_frame, log)
     sent = [next(again)[0] for _ in range(3)]  # the S frame, chunks first and first + 1
     assert sent == first_time[:3]
     with open(path, "r+b") as fh:  # a writer changes chunk first + 4 meanwhile
@@ -237,17 +239,20 @@ def test_a_chunk_sealed_again_with_other_bytes_is_never_sent(tmp_path):
 def test_a_resumed_single_stream_never_sends_a_chunk_sealed_again_with_other_bytes(tmp_path):
     """The same for a file sent whole on one stream and continued after its verified
     prefix: the chunks after the prefix may have gone before the cut. Before: sent."""
-    from remotemac.engine.sync import _Done, _frame, _Job, _pieces, _stat_all
+    from remotemac.engine.syncpieces import FileDone, pack_frame, read_pieces
+    from remotemac.engine.syncplan import Job, stat_all
 
     path = _file(tmp_path, 4 * MiB)
-    files = _stat_all(tmp_path, ["big/train.bin"], None)
+    files = stat_all(tmp_path, ["big/train.bin"], None)
     log = syncsplit.SealLog()
     import collections
 
     first_time = [
         item[0]
-        for item in _pieces(tmp_path, files, collections.deque([_Job(0, None, None)]), KEY, log=log)
-        if not isinstance(item, _Done)
+        for item in read_pieces(
+            tmp_path, files, collections.deque([Job(0, None, None)]), KEY, log=log
+        )
+        if not isinstance(item, FileDone)
     ]
     header, chunks = first_time[1], 2  # (after the F frame) the host verified two chunks
     st = path.stat()
@@ -260,7 +265,7 @@ def test_a_resumed_single_stream_never_sends_a_chunk_sealed_again_with_other_byt
         "size": st.st_size,
         "mtime_ns": st.st_mtime_ns,
     }
-    again = _pieces(tmp_path, files, collections.deque([_Job(0, None, partial)]), KEY, log=log)
+    again = read_pieces(tmp_path, files, collections.deque([Job(0, None, partial)]), KEY, log=log)
     sent = [next(again)[0] for _ in range(3)]  # the R frame, chunks 2 and 3
     assert sent[1:] == first_time[2 + chunks : 4 + chunks]
     with open(path, "r+b") as fh:
@@ -270,4 +275,4 @@ def test_a_resumed_single_stream_never_sends_a_chunk_sealed_again_with_other_byt
         for item in again:
             sent.append(item[0])
     assert sent[1:] == first_time[2 + chunks : 2 + chunks + len(sent) - 1]
-    assert _frame("R", 0, 0)[:1] == sent[0][:1]
+    assert pack_frame("R", 0, 0)[:1] == sent[0][:1]

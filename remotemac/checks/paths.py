@@ -12,7 +12,7 @@ from pathlib import Path
 import yaml
 
 from remotemac.errors import RemotemacError
-from remotemac.playbook import Playbook, PlaybookLoader, _mark_for, _parse_yaml
+from remotemac.playbook import Playbook, PlaybookLoader, mark_for, parse_yaml
 from remotemac.userfiles import read_user_file
 
 
@@ -41,7 +41,7 @@ def raw_path_problems(filename: str | Path) -> list[str]:
     value errors."""
     try:  # bounded and parsed as load_playbook does (/dev/zero, 5,000 digits: its errors)
         text = read_user_file(Path(filename), "playbook")
-        root, data = _parse_yaml(text)
+        root, data = parse_yaml(text)
     except (OSError, yaml.YAMLError, RecursionError, ValueError, RemotemacError):
         return []
     if not isinstance(data, dict):
@@ -75,7 +75,7 @@ def _missing(
     for loc, path, is_dir in wanted:
         if path is None or path.exists():
             continue
-        mark = _mark_for(root, loc, key_node=False) or (1, 1)
+        mark = mark_for(root, loc, key_node=False) or (1, 1)
         kind = "directory" if is_dir else "file"
         found.append(
             (

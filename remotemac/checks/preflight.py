@@ -335,7 +335,7 @@ def _run_tracer(
 
 def predict(trace: dict[str, Any], table: Any, torch_version: str | None) -> PreflightReport:
     """Turn a tracer JSON into the report (pure: no process, no torch)."""
-    from remotemac.checks.mps_coverage import ALWAYS_FALLBACK, FALLBACK_CHILDREN, dtype_issues
+    from remotemac.checks.mps_coverage import ALWAYS_FALLBACK, FALLBACK_CHILDREN
 
     functions_seen = {f["name"].rpartition("::")[2] for f in trace.get("functions", [])}
     by_op: dict[str, list[dict[str, Any]]] = {}
@@ -354,37 +354,11 @@ def predict(trace: dict[str, Any], table: Any, torch_version: str | None) -> Pre
             continue
         support = table.support(op)
         traced.append(TracedOp(op, dtypes, count, support.kind, support.via))
-        name = op.rpartition("::")[2]
         if support.covered:
             covered += 1
-        elif name in FALLBACK_CHILDREN and FALLBACK_CHILDREN[name] in functions_seen:
-            parent = FALLBACK_CHILDREN[name]
-            findings.append(
-                Finding(
-                    op, dtypes, count, "fallback", f"always-fallback list: {parent} runs on the CPU"
-                )
-            )
-        elif support.kind == "fallback":
-            findings.append(
-                Finding(op, dtypes, count, "fallback", "always-fallback list: runs on the CPU")
-            )
-        elif support.kind == "missing":
-            where = f" (nor for its MPS counterpart {support.via})" if support.via else ""
-            findings.append(Finding(op, dtypes, count, "fail", f"no MPS kernel{where}"))
         else:
-            findings.append(
-                Finding(
-                    op, dtypes, count, "unknown", "not in native_functions.yaml: cannot predict"
-                )
-            )
-        issues: dict[tuple[str, str], tuple[set[str], int]] = {}
-        for rec in recs:
-            rec_dtypes = rec.get("dtypes", []) + rec.get("out_dtypes", [])
-            for issue in dtype_issues(op, rec_dtypes):
-                seen, n = issues.get((issue.verdict, issue.reason), (set(), 0))
-                issues[(issue.verdict, issue.reason)] = (seen | set(rec_dtypes), n + rec["count"])
-        for (verdict, reason), (seen, n) in issues.items():
-            findings.append(Finding(op, sorted(seen), n, verdict, reason))
+            findings.append(_support_finding(op, dtypes, count, support, functions_seen))
+        findings += _dtype_findings(op, recs)
 
     flagged = {f.op.rpartition("::")[2] for f in findings}
     for fn in sorted(functions_seen & ALWAYS_FALLBACK):
@@ -414,6 +388,42 @@ def predict(trace: dict[str, Any], table: Any, torch_version: str | None) -> Pre
         ops=traced,
         queries=queries,
     )
+
+
+def _support_finding(
+    op: str, dtypes: list[str], count: int, support: Any, functions_seen: set[str]
+) -> Finding:
+    """Why an op the MPS table does not cover is flagged (fallback, no kernel, unknown)."""
+    from remotemac.checks.mps_coverage import FALLBACK_CHILDREN
+
+    name = op.rpartition("::")[2]
+    if name in FALLBACK_CHILDREN and FALLBACK_CHILDREN[name] in functions_seen:
+        parent = FALLBACK_CHILDREN[name]
+        return Finding(
+            op, dtypes, count, "fallback", f"always-fallback list: {parent} runs on the CPU"
+        )
+    if support.kind == "fallback":
+        return Finding(op, dtypes, count, "fallback", "always-fallback list: runs on the CPU")
+    if support.kind == "missing":
+        where = f" (nor for its MPS counterpart {support.via})" if support.via else ""
+        return Finding(op, dtypes, count, "fail", f"no MPS kernel{where}")
+    return Finding(op, dtypes, count, "unknown", "not in native_functions.yaml: cannot predict")
+
+
+def _dtype_findings(op: str, recs: list[dict[str, Any]]) -> list[Finding]:
+    """The op's dtype problems on MPS, one finding per (verdict, reason)."""
+    from remotemac.checks.mps_coverage import dtype_issues
+
+    issues: dict[tuple[str, str], tuple[set[str], int]] = {}
+    for rec in recs:
+        rec_dtypes = rec.get("dtypes", []) + rec.get("out_dtypes", [])
+        for issue in dtype_issues(op, rec_dtypes):
+            seen, n = issues.get((issue.verdict, issue.reason), (set(), 0))
+            issues[(issue.verdict, issue.reason)] = (seen | set(rec_dtypes), n + rec["count"])
+    return [
+        Finding(op, sorted(seen), n, verdict, reason)
+        for (verdict, reason), (seen, n) in issues.items()
+    ]
 
 
 def _fn_count(trace: dict[str, Any], name: str) -> int:

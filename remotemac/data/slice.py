@@ -60,6 +60,36 @@ class SliceSelection:
         }
 
 
+def _candidates(
+    root: Path,
+    real_root: Path,
+    include: list[str],
+    files: list[str] | None,
+    selection: SliceSelection,
+) -> list[tuple[str, int, str]]:
+    """(path, size, reason) of every file the slice may take: the listed ``files``,
+    else those under ``root`` matching ``include``; the rest go to ``selection.skipped``."""
+    candidates: list[tuple[str, int, str]] = []
+    if files is not None:
+        for rel in files:
+            size, problem = _inspect(real_root, _normalise_listed(rel))
+            if problem:
+                raise BadInput(f"data file {rel!r} in {root}: {problem}", hint="fix data.files")
+            candidates.append((_normalise_listed(rel), size, "listed in data.files"))
+    else:
+        for rel, size, problem in _walk(real_root):
+            if problem:
+                selection.skipped.append((rel, f"skipped: {problem}"))
+                continue
+            matched = _first_match(rel, include) if include else "**"
+            if matched is None:
+                selection.skipped.append((rel, "skipped: matches no include pattern"))
+                continue
+            reason = f"matched {matched}" if include else "all files (no include patterns)"
+            candidates.append((rel, size, reason))
+    return candidates
+
+
 def select_slice(
     root: Path,
     include: list[str],
@@ -90,24 +120,7 @@ def select_slice(
     real_root = root.resolve()
     selection = SliceSelection(root=str(root))
 
-    candidates: list[tuple[str, int, str]] = []
-    if files is not None:
-        for rel in files:
-            size, problem = _inspect(real_root, _normalise_listed(rel))
-            if problem:
-                raise BadInput(f"data file {rel!r} in {root}: {problem}", hint="fix data.files")
-            candidates.append((_normalise_listed(rel), size, "listed in data.files"))
-    else:
-        for rel, size, problem in _walk(real_root):
-            if problem:
-                selection.skipped.append((rel, f"skipped: {problem}"))
-                continue
-            matched = _first_match(rel, include) if include else "**"
-            if matched is None:
-                selection.skipped.append((rel, "skipped: matches no include pattern"))
-                continue
-            reason = f"matched {matched}" if include else "all files (no include patterns)"
-            candidates.append((rel, size, reason))
+    candidates = _candidates(root, real_root, include, files, selection)
 
     kept: list[tuple[str, int, str]] = []
     for rel, size, reason in sorted(set(candidates)):

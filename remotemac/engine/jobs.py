@@ -237,10 +237,10 @@ async def follow(ctx: RunContext, side: Side, request: dict[str, Any]) -> dict[s
 
 
 async def _follow(ctx: RunContext, side: Side, request: dict[str, Any]) -> dict[str, Any]:
-    return await _LogFollower(ctx, side, request).run()
+    return await LogFollower(ctx, side, request).run()
 
 
-class _LogFollower:
+class LogFollower:
     """Follow one job: copy its log line by line, poll its status, until it is over.
 
     Steps, each a method: read the next chunk of the host's log (riding out link

@@ -4,7 +4,7 @@ A detached (or interrupted) run's jobs keep appending to their logs on the host,
 only a following remotemac copies them to the laptop, so the laptop's copy stands
 still. This connects to the host the way ``status`` does and reads each device's log
 from the byte offset the laptop's copy ends at, with the follow phase's own reader
-(:class:`~remotemac.engine.jobs._LogFollower`): every line once and in order, a
+(:class:`~remotemac.engine.jobs.LogFollower`): every line once and in order, a
 dropped link ridden out as follow rides it out, the end seen when the job's state is
 final and its log fully read. It is a viewer: it writes neither the laptop's copy of
 the log nor the journal, and never relaunches, pulls or wipes; ``remotemac attach
@@ -19,14 +19,14 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from remotemac.engine.context import RunContext, RunOptions, Side
-from remotemac.engine.jobs import FINAL, FOLLOW_RECONNECT_MAX_WAIT_S, _LogFollower
+from remotemac.engine.jobs import FINAL, FOLLOW_RECONNECT_MAX_WAIT_S, LogFollower
 from remotemac.errors import JobLost
 from remotemac.events import EventBus, LogLine
 from remotemac.journal import Journal
 from remotemac.playbook import Playbook
 
 
-class _LogViewer(_LogFollower):
+class _LogViewer(LogFollower):
     """The follow phase's reader, started at a given offset, keeping nothing."""
 
     def __init__(

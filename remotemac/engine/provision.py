@@ -34,92 +34,19 @@ def env_key(system_site: bool, requirements: bytes | None) -> str:
 
 
 async def provision_host(ctx: RunContext, binding: HostBinding) -> dict[str, Any]:
+    """The pipeline's provision phase for one host: claim the root, install the agent,
+    prepare the run dir, upload the project, make the environment and probe it."""
     pb = ctx.playbook
     transport = binding.transport
-    if binding.key == "local" and pb.host != "local":
-        root = str(ctx.home / "local-host")
-    else:
-        root = expand_root(pb.remote_root, await transport.home())
-    binding.root = root
-    binding.agent.root = root
-    # listed before anything is written, so cleanup finds the root even when the
-    # run dies in provision (issue 15, item 11)
-    ctx.journal.record_created(transport.name, "root", root, ctx.run_id)
-    try:
-        await binding.agent.claim(ctx.run_id)
-    except BadInput:
-        # refused before a byte was written (the user's dir, the home): never
-        # remotemac's, so no cleanup of this host should list it as "not removed"
-        ctx.journal.record_removed(transport.name, "root", root)
-        raise
-    given = root
-    real = binding.agent.real_root or root
-    if real != root:
-        # below a symlinked dir (/tmp -> /private/tmp on a Mac): every later call uses
-        # the real path the host resolved once; the journal lists the dir by that name
-        ctx.journal.record_created(transport.name, "root", real, ctx.run_id)
-        ctx.journal.record_removed(transport.name, "root", root)
-        root = binding.root = binding.agent.root = real
+    root, given = await _claim_root(ctx, binding)
     ctx.journal.record_created(transport.name, "agent", await binding.agent.install(), ctx.run_id)
     prepared = await binding.agent.call("prepare_run", {"root": root, "run_id": ctx.run_id})
     binding.run_dir = prepared["run_dir"]
     ctx.journal.record_created(transport.name, "run", binding.run_dir, ctx.run_id)
 
-    upload = project_upload(pb)  # the dataset stays out: it only travels encrypted
-    archive, files = upload.archive(), upload.files
-    remote_tar = f"{binding.run_dir}/tmp/project.tar"
-    with tempfile.NamedTemporaryFile(suffix=".tar") as tmp:
-        tmp.write(archive)
-        tmp.flush()
-        await transport.put(tmp.name, remote_tar)
-    await binding.agent.call(
-        "extract_project", {"dest": prepared["paths"]["project"], "archive": remote_tar}
-    )
-    ctx.emit(
-        PhaseProgress(
-            ctx.run_id,
-            phase="provision",
-            done=len(archive),
-            total=len(archive),
-            detail=f"{len(files)} project files"
-            + (
-                f" ({len(upload.left_out)} dataset files left out: sent encrypted)"
-                if upload.left_out
-                else ""
-            ),
-        )
-    )
-
+    archive, files = await _upload_project(ctx, binding, prepared)
     env = pb.environment
-    req_bytes = None
-    req_remote = None
-    if env.requirements:
-        req_bytes = (pb.project_dir() / env.requirements).read_bytes()
-        req_remote = f"{prepared['paths']['project']}/{env.requirements}"
-    venv_python = env.python
-    venv: dict[str, Any] = {"reused": None}
-    key = env_key(env.system_site_packages, req_bytes)
-    brought: dict[str, Any] = {}
-    if env.venv:
-        workload_python, brought, uv = await _tools(ctx, binding, req_bytes, env.requirements)
-        installer = "uv" if uv else "pip"
-        what = f", installing {env.requirements} with {installer}" if req_bytes else ""
-        request = {
-            "root": root,
-            "key": key,
-            "python": workload_python,
-            "system_site_packages": env.system_site_packages,
-            "requirements": req_remote,
-            "uv": uv["exe"] if uv else None,
-        }
-        venv = await _with_ticker(
-            ctx,
-            f"environment from {brought.get('label') or env.python}{what}"
-            + (f" ({_pins_text(req_bytes)})" if req_bytes else ""),
-            binding.agent.call("ensure_venv", request, timeout=3600),
-        )
-        venv_python = venv["venv_python"]
-        ctx.journal.record_created(transport.name, "venv", venv["env_dir"], ctx.run_id)
+    venv_python, venv, brought, req_bytes = await _environment(ctx, binding, root, prepared)
     # cached per environment key on the host: the probe reruns only when it changed
     # inside the venv (its identity is the key), else in the run's own dir: never loose in
     # a directory cleanup only empties of what carries remotemac's marker
@@ -155,6 +82,110 @@ async def provision_host(ctx: RunContext, binding: HostBinding) -> dict[str, Any
         "project_bytes": len(archive),
         "lock_hash": hashlib.sha256(req_bytes).hexdigest() if req_bytes else None,
     }
+
+
+async def _claim_root(ctx: RunContext, binding: HostBinding) -> tuple[str, str]:
+    """The host's root for this run, claimed and journaled: (as resolved, as given)."""
+    pb = ctx.playbook
+    transport = binding.transport
+    if binding.key == "local" and pb.host != "local":
+        root = str(ctx.home / "local-host")
+    else:
+        root = expand_root(pb.remote_root, await transport.home())
+    binding.root = root
+    binding.agent.root = root
+    # listed before anything is written, so cleanup finds the root even when the
+    # run dies in provision (issue 15, item 11)
+    ctx.journal.record_created(transport.name, "root", root, ctx.run_id)
+    try:
+        await binding.agent.claim(ctx.run_id)
+    except BadInput:
+        # refused before a byte was written (the user's dir, the home): never
+        # remotemac's, so no cleanup of this host should list it as "not removed"
+        ctx.journal.record_removed(transport.name, "root", root)
+        raise
+    given = root
+    real = binding.agent.real_root or root
+    if real != root:
+        # below a symlinked dir (/tmp -> /private/tmp on a Mac): every later call uses
+        # the real path the host resolved once; the journal lists the dir by that name
+        ctx.journal.record_created(transport.name, "root", real, ctx.run_id)
+        ctx.journal.record_removed(transport.name, "root", root)
+        root = binding.root = binding.agent.root = real
+    return root, given
+
+
+async def _upload_project(
+    ctx: RunContext, binding: HostBinding, prepared: dict[str, Any]
+) -> tuple[bytes, list[Any]]:
+    """The project as one tar, extracted into the run's project dir: (archive, files)."""
+    pb = ctx.playbook
+    transport = binding.transport
+    upload = project_upload(pb)  # the dataset stays out: it only travels encrypted
+    archive, files = upload.archive(), upload.files
+    remote_tar = f"{binding.run_dir}/tmp/project.tar"
+    with tempfile.NamedTemporaryFile(suffix=".tar") as tmp:
+        tmp.write(archive)
+        tmp.flush()
+        await transport.put(tmp.name, remote_tar)
+    await binding.agent.call(
+        "extract_project", {"dest": prepared["paths"]["project"], "archive": remote_tar}
+    )
+    ctx.emit(
+        PhaseProgress(
+            ctx.run_id,
+            phase="provision",
+            done=len(archive),
+            total=len(archive),
+            detail=f"{len(files)} project files"
+            + (
+                f" ({len(upload.left_out)} dataset files left out: sent encrypted)"
+                if upload.left_out
+                else ""
+            ),
+        )
+    )
+    return archive, files
+
+
+async def _environment(
+    ctx: RunContext, binding: HostBinding, root: str, prepared: dict[str, Any]
+) -> tuple[str, dict[str, Any], dict[str, Any], bytes | None]:
+    """The workload's venv (or the plain interpreter): (its python, the agent's venv
+    answer, what was brought to the host, the requirements' bytes)."""
+    pb = ctx.playbook
+    transport = binding.transport
+    env = pb.environment
+    req_bytes = None
+    req_remote = None
+    if env.requirements:
+        req_bytes = (pb.project_dir() / env.requirements).read_bytes()
+        req_remote = f"{prepared['paths']['project']}/{env.requirements}"
+    venv_python = env.python
+    venv: dict[str, Any] = {"reused": None}
+    key = env_key(env.system_site_packages, req_bytes)
+    brought: dict[str, Any] = {}
+    if env.venv:
+        workload_python, brought, uv = await _tools(ctx, binding, req_bytes, env.requirements)
+        installer = "uv" if uv else "pip"
+        what = f", installing {env.requirements} with {installer}" if req_bytes else ""
+        request = {
+            "root": root,
+            "key": key,
+            "python": workload_python,
+            "system_site_packages": env.system_site_packages,
+            "requirements": req_remote,
+            "uv": uv["exe"] if uv else None,
+        }
+        venv = await _with_ticker(
+            ctx,
+            f"environment from {brought.get('label') or env.python}{what}"
+            + (f" ({_pins_text(req_bytes)})" if req_bytes else ""),
+            binding.agent.call("ensure_venv", request, timeout=3600),
+        )
+        venv_python = venv["venv_python"]
+        ctx.journal.record_created(transport.name, "venv", venv["env_dir"], ctx.run_id)
+    return venv_python, venv, brought, req_bytes
 
 
 async def _tools(

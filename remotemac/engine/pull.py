@@ -29,8 +29,8 @@ from remotemac.data.manifest import sha256_file
 from remotemac.engine.agentclient import AgentClient
 from remotemac.engine.context import RunContext, Side
 from remotemac.engine.hashsink import HashingSink
-from remotemac.engine.pullstream import LOCAL_REFUSALS as _LOCAL_REFUSALS
 from remotemac.engine.pullstream import (
+    LOCAL_REFUSALS,
     PART,
     StreamFile,
     part_path,
@@ -427,7 +427,7 @@ async def _sftp(
             except FileNotFoundError:  # listed, then gone (the job or the host removed it)
                 why = "gone from the host after it was listed"
             except OSError as exc:
-                if exc.errno not in _LOCAL_REFUSALS:
+                if exc.errno not in LOCAL_REFUSALS:
                     raise
                 why = f"cannot be written here: {exc.strerror}"
         outcome[index] = why or {"path": str(rel), "size": size, "sha256": digest}
@@ -569,7 +569,7 @@ def _local_parents(dest_root: Path, rel: PurePosixPath) -> str | None:
             if not stat.S_ISDIR(os.lstat(current).st_mode):
                 return f"local {current} is in the way (not a plain directory)"
         except OSError as exc:
-            if exc.errno not in _LOCAL_REFUSALS:
+            if exc.errno not in LOCAL_REFUSALS:
                 raise
             return f"cannot be written here: {exc.strerror}"
     final = current / rel.parts[-1]
@@ -580,7 +580,7 @@ def _local_parents(dest_root: Path, rel: PurePosixPath) -> str | None:
         except FileNotFoundError:
             continue
         except OSError as exc:  # a name this disk cannot hold: this file, not the pull
-            if exc.errno not in _LOCAL_REFUSALS:
+            if exc.errno not in LOCAL_REFUSALS:
                 raise
             return f"cannot be written here: {exc.strerror}"
         if not stat.S_ISREG(mode):

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 from remotemac.engine.context import HostBinding, RunContext
@@ -62,62 +63,18 @@ async def wipe_run(ctx: RunContext) -> dict[str, Any]:
     verified = True
     pulled = _pulled(ctx)
     sync = ctx.results.get("sync", {}).get("hosts", {})
-    unreachable = ctx.unreachable
     for key, binding in ctx.hosts.items():
         if not binding.run_dir:
             continue
-        name = binding.transport.name
-        sessions = [s.session(ctx.run_id) for s in ctx.sides if s.host_key == key]
-        ram = (sync.get(key) or {}).get("ram")
-        try:
-            if unreachable.get(key):
-                raise HostError(unreachable[key])
-            answer = await binding.agent.call(
-                "wipe_run_data",
-                {
-                    "root": binding.root,
-                    "run_id": ctx.run_id,
-                    "sessions": sessions,
-                    "keep": KEPT_SUBDIRS,
-                    "ram": ram,
-                    "wipe_outputs": pulled,
-                    "cancel_deadman": True,
-                },
-            )
-        except (RemotemacError, OSError, asyncio.TimeoutError) as exc:
-            line = exc.line() if isinstance(exc, RemotemacError) else f"{type(exc).__name__}: {exc}"
-            left = left_on_host(ctx, key, binding, pulled)
-            errors.append(f"{name} ({line}); left on {name}: {', '.join(left)}")
-            remaining += [f"{name}:{p} (wipe could not run)" for p in left]
-            verified = False
-            continue
-        ctx.ledger.append_steps(name, "wipe_run_data", answer.get("steps"))
-        removed += [f"{name}:{p}" for p in answer["removed"]]
-        remaining += [f"{name}:{p}" for p in answer["remaining"]]
-        verified = verified and bool(answer.get("verified"))
-        if ram and ram.get("path"):
-            ctx.journal.record_removed(name, "ramstore", ram["path"])
-        for item in answer["removed"]:
-            if item.startswith("deadman:"):
-                deadman = (sync.get(key) or {}).get("deadman") or {}
-                if deadman.get("spec"):
-                    ctx.journal.record_removed(name, "deadman", deadman["spec"])
-        # an independent look through the transport, not only the agent's word
-        for sub in WIPED_SUBDIRS:
-            if sub == "out" and not pulled:
-                continue
-            if await binding.transport.stat(f"{binding.run_dir}/{sub}") is not None:
-                remaining.append(f"{name}:{binding.run_dir}/{sub} (still there)")
-                verified = False
-    key_destroyed = False
-    from remotemac.data.keys import destroy_data_key, key_path
+        host = await _wipe_host(ctx, key, binding, sync, pulled)
+        removed += host.removed
+        remaining += host.remaining
+        errors += [host.error] if host.error else []
+        verified = verified and host.verified
+    key_destroyed, key_gone = _shred_key(ctx, removed, remaining)
+    verified = verified and key_gone
+    from remotemac.data.keys import key_path
 
-    key_destroyed = destroy_data_key(ctx.home, ctx.run_id)
-    if key_destroyed:
-        removed.append(f"local:data key of {ctx.run_id} (crypto-shredded)")
-    if key_path(ctx.home, ctx.run_id).exists():
-        remaining.append(f"local:{key_path(ctx.home, ctx.run_id)} (data key still there)")
-        verified = False
     summary = wipe_summary(removed, remaining, verified)
     result = {
         "done": not errors,
@@ -141,6 +98,81 @@ async def wipe_run(ctx: RunContext) -> dict[str, Any]:
             "once the host answers"
         )
     return result
+
+
+@dataclass
+class _HostWipe:
+    """What one host's wipe removed and left, and why it could not run (if so)."""
+
+    removed: list[str] = field(default_factory=list)
+    remaining: list[str] = field(default_factory=list)
+    error: str | None = None
+    verified: bool = True
+
+
+async def _wipe_host(
+    ctx: RunContext, key: str, binding: HostBinding, sync: dict[str, Any], pulled: bool
+) -> _HostWipe:
+    """Ask the host's agent to wipe the run's data, then look for what is left."""
+    out = _HostWipe()
+    unreachable = ctx.unreachable
+    name = binding.transport.name
+    sessions = [s.session(ctx.run_id) for s in ctx.sides if s.host_key == key]
+    ram = (sync.get(key) or {}).get("ram")
+    try:
+        if unreachable.get(key):
+            raise HostError(unreachable[key])
+        answer = await binding.agent.call(
+            "wipe_run_data",
+            {
+                "root": binding.root,
+                "run_id": ctx.run_id,
+                "sessions": sessions,
+                "keep": KEPT_SUBDIRS,
+                "ram": ram,
+                "wipe_outputs": pulled,
+                "cancel_deadman": True,
+            },
+        )
+    except (RemotemacError, OSError, asyncio.TimeoutError) as exc:
+        line = exc.line() if isinstance(exc, RemotemacError) else f"{type(exc).__name__}: {exc}"
+        left = left_on_host(ctx, key, binding, pulled)
+        out.error = f"{name} ({line}); left on {name}: {', '.join(left)}"
+        out.remaining += [f"{name}:{p} (wipe could not run)" for p in left]
+        out.verified = False
+        return out
+    ctx.ledger.append_steps(name, "wipe_run_data", answer.get("steps"))
+    out.removed += [f"{name}:{p}" for p in answer["removed"]]
+    out.remaining += [f"{name}:{p}" for p in answer["remaining"]]
+    out.verified = bool(answer.get("verified"))
+    if ram and ram.get("path"):
+        ctx.journal.record_removed(name, "ramstore", ram["path"])
+    for item in answer["removed"]:
+        if item.startswith("deadman:"):
+            deadman = (sync.get(key) or {}).get("deadman") or {}
+            if deadman.get("spec"):
+                ctx.journal.record_removed(name, "deadman", deadman["spec"])
+    # an independent look through the transport, not only the agent's word
+    for sub in WIPED_SUBDIRS:
+        if sub == "out" and not pulled:
+            continue
+        if await binding.transport.stat(f"{binding.run_dir}/{sub}") is not None:
+            out.remaining.append(f"{name}:{binding.run_dir}/{sub} (still there)")
+            out.verified = False
+    return out
+
+
+def _shred_key(ctx: RunContext, removed: list[str], remaining: list[str]) -> tuple[bool, bool]:
+    """Destroy the run's local data key: (destroyed now, gone)."""
+    from remotemac.data.keys import destroy_data_key, key_path
+
+    key_destroyed = destroy_data_key(ctx.home, ctx.run_id)
+    if key_destroyed:
+        removed.append(f"local:data key of {ctx.run_id} (crypto-shredded)")
+    if key_path(ctx.home, ctx.run_id).exists():
+        remaining.append(f"local:{key_path(ctx.home, ctx.run_id)} (data key still there)")
+        return key_destroyed, False
+    return key_destroyed, True
 
 
 async def schedule_deadman(

@@ -19,7 +19,6 @@ import collections
 import contextlib
 import posixpath
 import secrets
-import shlex
 import stat as statmod
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -47,6 +46,16 @@ from remotemac.transport.sshconnect import (
     lost_reason,
     open_connection,
 )
+from remotemac.transport.sshprocess import (
+    LINK_ERRORS,
+    STDOUT_MARK,
+    SSHProcess,
+    after_mark,
+    as_bytes,
+    framed_command,
+    refused_session_retried,
+    short_cmd,
+)
 
 T = TypeVar("T")
 
@@ -64,15 +73,6 @@ SFTP_READS_IN_FLIGHT = 64
 #: is 32 KiB): a pull's host sends 1 MiB frames, and each packet costs the laptop's
 #: event loop a decrypt and a dispatch in Python
 PULL_PACKET = 256 << 10
-
-_LINK_ERRORS = (
-    asyncssh.DisconnectError,  # includes ConnectionLost
-    asyncssh.sftp.SFTPConnectionLost,
-    asyncssh.sftp.SFTPNoConnection,
-    ConnectionError,
-    BrokenPipeError,
-    EOFError,
-)
 
 
 class SSHTransport(Transport):
@@ -242,7 +242,7 @@ class SSHTransport(Transport):
             if self._sftp is not None and self._conn is conn:
                 return self._sftp
             try:
-                self._sftp = await _refused_session_retried(conn, conn.start_sftp_client)
+                self._sftp = await refused_session_retried(conn, conn.start_sftp_client)
             except asyncssh.ChannelOpenError as exc:
                 if conn.is_closed() or self._conn is not conn:
                     raise ConnectionResetError("link closed") from None
@@ -257,7 +257,7 @@ class SSHTransport(Transport):
                     hint="too many sessions? check MaxSessions in the host's sshd_config",
                 ) from None
             except (asyncssh.SFTPError, asyncssh.ProcessError) as exc:
-                if isinstance(exc, _LINK_ERRORS):
+                if isinstance(exc, LINK_ERRORS):
                     raise
                 raise SFTPUnavailable(
                     f"the SFTP subsystem is missing on {self.name}",
@@ -302,7 +302,7 @@ class SSHTransport(Transport):
             conn = await self._link(left)
             try:
                 return await op()
-            except _LINK_ERRORS as exc:
+            except LINK_ERRORS as exc:
                 if self._closed:
                     raise HostError(f"transport to {self.name} closed during {what}") from None
                 with contextlib.suppress(Exception):
@@ -362,7 +362,7 @@ class SSHTransport(Transport):
             conn = await self._link()
             async with self._channels:
                 try:
-                    done = await _refused_session_retried(
+                    done = await refused_session_retried(
                         conn,
                         lambda: conn.run(
                             command, input=stdin, encoding=None, timeout=timeout, check=False
@@ -370,7 +370,7 @@ class SSHTransport(Transport):
                     )
                 except asyncssh.TimeoutError:
                     raise HostError(
-                        f"`{_short_cmd(argv)}` timed out after {timeout:g} s on {self.name}",
+                        f"`{short_cmd(argv)}` timed out after {timeout:g} s on {self.name}",
                         hint="raise the timeout or check the host",
                     ) from None
                 except asyncssh.ChannelOpenError as exc:
@@ -384,15 +384,15 @@ class SSHTransport(Transport):
             if done.exit_status is None and done.exit_signal is None and conn.is_closed():
                 # the channel closed without an exit status: the link went away
                 raise ConnectionResetError("link closed before the command finished")
-            stdout = after_mark(_as_bytes(done.stdout))
-            return ExecResult(command, code, stdout, _as_bytes(done.stderr))
+            stdout = after_mark(as_bytes(done.stdout))
+            return ExecResult(command, code, stdout, as_bytes(done.stderr))
 
-        result = await self._run(f"`{_short_cmd(argv)}`", op, idempotent=idempotent)
+        result = await self._run(f"`{short_cmd(argv)}`", op, idempotent=idempotent)
         if check and not result.ok:
             lines = result.stderr.decode("utf-8", "replace").strip().splitlines()
             last = lines[-1] if lines else "no error output"
             raise HostError(
-                f"`{_short_cmd(argv)}` failed on {self.name} (exit {result.exit_code}): {last}"
+                f"`{short_cmd(argv)}` failed on {self.name} (exit {result.exit_code}): {last}"
             )
         return result
 
@@ -405,7 +405,7 @@ class SSHTransport(Transport):
         async with self._channels:
             try:
                 proc = await conn.create_process(command, encoding=None)
-            except _LINK_ERRORS as exc:
+            except LINK_ERRORS as exc:
                 self._mark_dead(conn, str(exc))
                 raise TransientHostError(f"the link to {self.name} dropped") from None
             try:
@@ -420,7 +420,7 @@ class SSHTransport(Transport):
                         break
                     yield chunk
                 await proc.wait()
-            except _LINK_ERRORS as exc:
+            except LINK_ERRORS as exc:
                 self._mark_dead(conn, str(exc))
                 raise TransientHostError(
                     f"the link to {self.name} dropped while streaming",
@@ -454,7 +454,7 @@ class SSHTransport(Transport):
                     progress_handler=reporter,
                 )
             except asyncssh.SFTPError as exc:
-                if isinstance(exc, _LINK_ERRORS):
+                if isinstance(exc, LINK_ERRORS):
                     raise
                 raise HostError(
                     f"cannot upload to {self.name}:{remote}: {exc.reason}",
@@ -547,7 +547,7 @@ class SSHTransport(Transport):
         await self._channels.acquire()
         try:
             sizes = {} if window is None else {"window": window, "max_pktsize": PULL_PACKET}
-            proc = await _refused_session_retried(
+            proc = await refused_session_retried(
                 conn, lambda: conn.create_process(command, encoding=None, **sizes)
             )
         except asyncssh.ChannelOpenError as exc:
@@ -558,11 +558,18 @@ class SSHTransport(Transport):
                     hint="check MaxSessions on the host",
                 ) from None
             raise TransientHostError(f"the link to {self.name} dropped") from None
-        except _LINK_ERRORS as exc:
+        except LINK_ERRORS as exc:
             self._channels.release()
             self._mark_dead(conn, f"{type(exc).__name__}: {exc}".strip())
             raise TransientHostError(f"the link to {self.name} dropped") from None
-        return _SSHProcess(self, conn, proc, _short_cmd(argv))
+        return SSHProcess(
+            self.name,
+            conn,
+            proc,
+            short_cmd(argv),
+            mark_dead=self._mark_dead,
+            release=self._channels.release,
+        )
 
     async def download_to(
         self,
@@ -657,101 +664,6 @@ class SSHTransport(Transport):
         task.add_done_callback(done)
 
 
-class _SSHProcess(RemoteProcess):
-    """One exec channel with its stdin and stdout as streams; a dead link is transient."""
-
-    def __init__(
-        self,
-        transport: SSHTransport,
-        conn: asyncssh.SSHClientConnection,
-        proc: asyncssh.SSHClientProcess,
-        what: str,
-    ) -> None:
-        self._t = transport
-        self._conn = conn
-        self._proc = proc
-        self._what = what
-        self._released = False
-        self._err = b""
-        self._framed = False
-
-    def _lost(self, exc: BaseException) -> TransientHostError:
-        self._t._mark_dead(self._conn, f"{type(exc).__name__}: {exc}".strip())
-        return TransientHostError(
-            f"the link to {self._t.name} dropped during `{self._what}`",
-            hint="it resumes on the next attempt",
-        )
-
-    async def write(self, data: bytes) -> None:
-        try:
-            self._proc.stdin.write(data)
-            await self._proc.stdin.drain()
-        except _LINK_ERRORS as exc:
-            if not self._conn.is_closed() and isinstance(exc, BrokenPipeError):
-                raise  # the command closed its stdin (it exited); the link is fine
-            raise self._lost(exc) from None
-
-    async def write_eof(self) -> None:
-        try:
-            self._proc.stdin.write_eof()
-        except _LINK_ERRORS as exc:
-            raise self._lost(exc) from None
-
-    async def _past_banner(self) -> None:
-        """Drop what the login shell printed before the command (up to STDOUT_MARK)."""
-        if self._framed:
-            return
-        self._framed = True
-        try:
-            await self._proc.stdout.readuntil(STDOUT_MARK)
-        except asyncio.IncompleteReadError:
-            return  # the command never started: its end (or the link's) comes next
-        except _LINK_ERRORS as exc:
-            raise self._lost(exc) from None
-
-    async def readline(self) -> bytes:
-        await self._past_banner()
-        try:
-            line = await self._proc.stdout.readline()
-        except _LINK_ERRORS as exc:
-            raise self._lost(exc) from None
-        if not line and self._conn.is_closed():
-            raise self._lost(ConnectionResetError("link closed"))
-        return _as_bytes(line)
-
-    async def readexactly(self, size: int) -> bytes:
-        await self._past_banner()
-        try:
-            return _as_bytes(await self._proc.stdout.readexactly(size))
-        except asyncio.IncompleteReadError as exc:
-            if self._conn.is_closed():
-                raise self._lost(ConnectionResetError("link closed")) from None
-            return _as_bytes(exc.partial)
-        except _LINK_ERRORS as exc:
-            raise self._lost(exc) from None
-
-    async def wait(self, timeout: float | None = None) -> int:
-        try:
-            self._err = _as_bytes(await asyncio.wait_for(self._proc.stderr.read(), timeout))
-            done = await asyncio.wait_for(self._proc.wait(), timeout)
-        except _LINK_ERRORS as exc:
-            raise self._lost(exc) from None
-        if done.exit_status is None and done.exit_signal is None and self._conn.is_closed():
-            raise self._lost(ConnectionResetError("link closed before the command finished"))
-        return done.returncode if done.returncode is not None else -1
-
-    def stderr_tail(self) -> str:
-        lines = self._err[-4096:].decode("utf-8", "replace").strip().splitlines()
-        return lines[-1] if lines else ""
-
-    async def close(self) -> None:
-        with contextlib.suppress(Exception):
-            self._proc.close()
-        if not self._released:
-            self._released = True
-            self._t._channels.release()
-
-
 class _Progress:
     """Turns asyncssh's cumulative progress into deltas, never counting a restart twice."""
 
@@ -782,58 +694,3 @@ def _remote_stat(path: str, attrs: asyncssh.SFTPAttrs) -> RemoteStat:
         kind=kind,
         extra={"mode": perms & 0o7777, "uid": attrs.uid, "gid": attrs.gid},
     )
-
-
-def _as_bytes(data: object) -> bytes:
-    if data is None:
-        return b""
-    return data if isinstance(data, bytes) else str(data).encode()
-
-
-#: what the host's shell prints right before running a command: whatever a login
-#: shell's start-up prints on stdout before it (a .bashrc's ``echo``, a rental's
-#: banner) is cut off at this mark, so the agent's answer, frames and streams are read
-#: from the command's own output only
-STDOUT_MARK = b"\x1eremotemac:stdout\x1e\n"
-_PRINT_MARK = "printf '\\036remotemac:stdout\\036\\n'; "
-
-
-def framed_command(argv: list[str]) -> str:
-    """``argv`` as one shell command line (each element quoted), after the mark."""
-    return _PRINT_MARK + " ".join(shlex.quote(str(arg)) for arg in argv)
-
-
-def after_mark(stdout: bytes) -> bytes:
-    """A command's stdout without what came before :data:`STDOUT_MARK`."""
-    at = stdout.find(STDOUT_MARK)
-    return stdout if at < 0 else stdout[at + len(STDOUT_MARK) :]
-
-
-def _short_cmd(argv: list[str], limit: int = 60) -> str:
-    text = " ".join(str(a) for a in argv)
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-async def _refused_session_retried(
-    conn: asyncssh.SSHClientConnection, start: Callable[[], Awaitable[T]], within: float = 3.0
-) -> T:
-    """Open a session channel, retrying while sshd refuses it on a live link.
-
-    sshd frees a closed session's slot only when its privilege-separated monitor
-    has reaped it, a moment after the client saw the channel close; a login that
-    is not root (every rented Mac) then gets "open failed" for a channel that
-    is within MaxSessions. Nothing ran on a refused channel, so a retry is safe.
-    """
-    deadline = time.monotonic() + within
-    pause = 0.02
-    while True:
-        try:
-            return await start()
-        except asyncssh.ChannelOpenError as exc:
-            # OpenSSH answers "open failed" with OPEN_CONNECT_FAILED for a session it will
-            # not open now; a missing subsystem or a forbidden forward is another code
-            refused = exc.code == asyncssh.OPEN_CONNECT_FAILED and exc.reason == "open failed"
-            if not refused or conn.is_closed() or time.monotonic() + pause > deadline:
-                raise
-            await asyncio.sleep(pause)
-            pause = min(pause * 2, 0.4)

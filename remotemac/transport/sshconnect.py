@@ -16,7 +16,7 @@ import socket
 import sys
 import weakref
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import asyncssh
 
@@ -189,23 +189,14 @@ def _first(*values: T | None) -> T:
     return next(v for v in values if v is not None)
 
 
-async def _connect_hop(
+def _connect_kwargs(
     params: HostParams,
     opts: SSHOptions,
-    home_dir: Path,
     tunnel: asyncssh.SSHClientConnection | None,
-    *,
-    probe: bool = False,
-) -> asyncssh.SSHClientConnection:
-    policy = HostKeyPolicy(home_dir, params.known_hosts_files)
-    known_hosts, check = policy.for_connection(params.key_name)
-    if probe:
-        check.pinned = []
-
-        def known_hosts(_h: str, _a: str, _p: int | None) -> tuple:  # noqa: F811
-            return [], [], []
-
-    client_keys, notes = ([], []) if probe else load_client_keys(params, opts.passphrase_prompt)
+    known_hosts: Any,
+    client_keys: list[Any],
+) -> tuple[dict, float]:
+    """asyncssh.connect's arguments for one hop, and its connect timeout."""
     keepalive = _first(
         opts.keepalive_interval, params.server_alive_interval, DEFAULT_KEEPALIVE_INTERVAL_S
     )
@@ -239,6 +230,27 @@ async def _connect_hop(
     )
     if params.identities_only and client_keys:
         kwargs["agent_identities"] = [k.public_data for k in client_keys]
+    return kwargs, timeout
+
+
+async def _connect_hop(
+    params: HostParams,
+    opts: SSHOptions,
+    home_dir: Path,
+    tunnel: asyncssh.SSHClientConnection | None,
+    *,
+    probe: bool = False,
+) -> asyncssh.SSHClientConnection:
+    policy = HostKeyPolicy(home_dir, params.known_hosts_files)
+    known_hosts, check = policy.for_connection(params.key_name)
+    if probe:
+        check.pinned = []
+
+        def known_hosts(_h: str, _a: str, _p: int | None) -> tuple:  # noqa: F811
+            return [], [], []
+
+    client_keys, notes = ([], []) if probe else load_client_keys(params, opts.passphrase_prompt)
+    kwargs, timeout = _connect_kwargs(params, opts, tunnel, known_hosts, client_keys)
     where = params.display
     clients: list[VerifyingClient] = []
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-from remotemac.checks.audit_rules.deps_rules import _Lines
+from remotemac.checks.audit_rules.deps_rules import Lines
 from remotemac.checks.audit_rules.model import NOTE, Finding, make
 
 # --------------------------------------------------------------------------- other sources
@@ -70,7 +70,7 @@ def scan_cxx(file: str, text: str) -> list[Finding]:
     low = text.lower()
     if not any(w in low for w in _CXX_WORDS):
         return []
-    out = _Lines(file)
+    out = Lines(file)
     frames: list[tuple[bool, str]] = []  # (branch compiled only with CUDA, condition)
     for lineno, line in enumerate(text.splitlines(), 1):
         if not ("#" in line or "__global__" in line or "<<<" in line or "::cuda::" in line):
@@ -115,7 +115,7 @@ _CMAKE_OPTION = re.compile(r"^\s*option\s*\(\s*(\w+)", re.I)
 
 
 def _cmake_findings(
-    out: _Lines, lineno: int, s: str, frames: list[bool], reported: list[bool]
+    out: Lines, lineno: int, s: str, frames: list[bool], reported: list[bool]
 ) -> None:
     """One CMake line: a CUDA language/toolkit line is a blocker unless a switch guards it."""
     if not _CMAKE_CUDA.search(s):
@@ -152,7 +152,7 @@ def _cmake_branch(word: str, cond: str, frames: list[tuple[bool, bool]], options
 
 def scan_build_script(file: str, text: str) -> list[Finding]:
     """Shell scripts, Makefiles, CMake and Dockerfiles: nvcc, CUDA languages, CUDA env."""
-    out = _Lines(file)
+    out = Lines(file)
     cmake = file.endswith((".cmake", "CMakeLists.txt"))
     docker = "Dockerfile" in file.rsplit("/", 1)[-1]
     options: set[str] = set()

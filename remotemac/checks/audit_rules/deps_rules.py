@@ -177,7 +177,7 @@ def _strip_comment(line: str, *, requirements: bool = False) -> str:
     return line
 
 
-class _Lines:
+class Lines:
     """Collects findings for a line-oriented file, one per (rule, line)."""
 
     def __init__(self, file: str, *, lock: bool = False) -> None:
@@ -237,7 +237,7 @@ class _Lines:
 
 def scan_requirements(file: str, text: str) -> list[Finding]:
     """requirements*.txt / constraints*.txt: one requirement or pip option per line."""
-    out = _Lines(file)
+    out = Lines(file)
     lines = text.splitlines()
     i = 0
     while i < len(lines):
@@ -276,7 +276,7 @@ def scan_toml(
     ``description`` or ``keywords`` entry that mentions triton is not a finding.
     ``names_are_keys`` lists tables whose keys are package names (Poetry, Pipfile).
     """
-    out = _Lines(file, lock=lock)
+    out = Lines(file, lock=lock)
     section, key = "", ""
     for lineno, raw in enumerate(text.splitlines(), 1):
         line = _strip_comment(raw).strip()
@@ -320,7 +320,7 @@ def scan_toml(
 
 def scan_setup_cfg(file: str, text: str) -> list[Finding]:
     """setup.cfg: requirements under [options] install_requires and [options.extras_require]."""
-    out = _Lines(file)
+    out = Lines(file)
     section, key = "", ""
     for lineno, raw in enumerate(text.splitlines(), 1):
         line = _strip_comment(raw, requirements=True).rstrip()
@@ -350,7 +350,7 @@ def scan_setup_cfg(file: str, text: str) -> list[Finding]:
 
 def scan_conda(file: str, text: str, *, lock: bool = False) -> list[Finding]:
     """environment.yml and conda-lock.yml: channels, conda specs and nested pip lists."""
-    out = _Lines(file, lock=lock)
+    out = Lines(file, lock=lock)
     top = ""
     for lineno, raw in enumerate(text.splitlines(), 1):
         line = _strip_comment(raw).rstrip()
@@ -394,7 +394,7 @@ def scan_conda(file: str, text: str, *, lock: bool = False) -> list[Finding]:
 
 def scan_conda_explicit(file: str, text: str) -> list[Finding]:
     """An ``@EXPLICIT`` conda lock: one package URL per line; CUDA builds show in the name."""
-    out = _Lines(file, lock=True)
+    out = Lines(file, lock=True)
     for lineno, raw in enumerate(text.splitlines(), 1):
         line = raw.strip()
         if not line or line.startswith(("#", "@")):
@@ -409,7 +409,7 @@ def scan_conda_explicit(file: str, text: str) -> list[Finding]:
 
 def scan_json_lock(file: str, text: str) -> list[Finding]:
     """Pipfile.lock: package keys, pinned versions and source URLs."""
-    out = _Lines(file, lock=True)
+    out = Lines(file, lock=True)
     for lineno, raw in enumerate(text.splitlines(), 1):
         m = re.match(r'^\s*"([A-Za-z0-9._-]+)":\s*(.*)$', raw)
         if not m:

@@ -1,0 +1,87 @@
+"""Sync's large files sent as pieces, one attempt's worth: which files split, their
+pieces as jobs, each whole file's SHA-256 read in order, and the assemble frames.
+
+Why apart from engine/synctalk.py: the session decides how many channels there are;
+this decides what a large file becomes over them. How a file is cut into pieces and
+each piece sealed is engine/syncsplit.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+from remotemac.engine import syncsplit
+from remotemac.engine.syncpieces import FileDone, pack_frame
+from remotemac.engine.syncplan import Job, LocalFile
+from remotemac.transport.base import RemoteProcess
+
+
+class SplitFiles:
+    """The files one attempt sends as pieces (``splits``) and their whole-file SHA-256
+    being read (``digests``); a new attempt starts with none (:meth:`drop`)."""
+
+    def __init__(self, root: Path, key: bytes | None) -> None:
+        self.root, self.key = root, key
+        self.splits: dict[int, syncsplit.Split] = {}
+        self.digests: dict[int, asyncio.Future[str]] = {}
+
+    def units(self, files: list[LocalFile], rest: list[Job]) -> int:
+        """Jobs ``rest`` can make: a large file may go as pieces (syncsplit.py)."""
+        if self.key is None:
+            return len(rest)
+        return syncsplit.units([files[j.index].size if _splittable(files, j) else 0 for j in rest])
+
+    async def split(self, files: list[LocalFile], rest: list[Job], streams: int) -> list[Job]:
+        """``rest`` with each large file as pieces when there are channels to spread
+        them over (or the host holds some pieces of it already)."""
+        self.drop()
+        out: list[Job] = []
+        for job in rest:
+            f = files[job.index]
+            resuming = bool(job.partial and job.partial.get("split"))
+            if self.key is None or not _splittable(files, job) or (streams < 2 and not resuming):
+                out.append(job)
+                continue
+            split, pieces = await asyncio.to_thread(
+                syncsplit.plan, self.root, job.index, f.path, self.key, job.partial
+            )
+            self.splits[job.index] = split
+            if f.sha256 is None or (f.size, f.mtime_ns) != (split.size, split.mtime_ns):
+                # the pieces are read apart: the whole file's SHA-256 is read in order here
+                self.digests[job.index] = asyncio.ensure_future(
+                    asyncio.to_thread(syncsplit.whole_digest, self.root, split)
+                )
+            out.extend(Job(job.index, None, None, piece) for piece in pieces)
+        return out
+
+    def drop(self) -> None:
+        """An attempt's whole-file hashing that will not be used (a cut, a failure)."""
+        for pending in self.digests.values():
+            pending.cancel()
+        self.splits, self.digests = {}, {}
+
+    async def assemble(
+        self, main: RemoteProcess, files: list[LocalFile], done: Callable[[FileDone], None]
+    ) -> None:
+        """Ask the host to put each split file together, checked against its SHA-256;
+        ``done`` is told of each file once its frame is written."""
+        for index, split in self.splits.items():
+            pending = self.digests.get(index)
+            digest = await pending if pending is not None else files[index].sha256
+            assert digest is not None
+            body = json.dumps({"sha256": digest, "header": split.header.hex()}).encode()
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                await main.write(pack_frame("J", index, len(body)) + body)
+            local = LocalFile(
+                split.path, split.size, split.mtime_ns, split.inode, digest, split.ctime_ns
+            )
+            done(FileDone(index, local, sent=True, resumed=split.kept))
+
+
+def _splittable(files: list[LocalFile], job: Job) -> bool:
+    # (a file the host holds a verified copy of is hashed first: it may not travel)
+    return job.host_sha is None and syncsplit.splittable(files[job.index].size, job.partial)

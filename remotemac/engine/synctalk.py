@@ -1,0 +1,573 @@
+"""Sync's talk with the receiver on the host: the hello, the streams, the acks, the end.
+
+One :class:`Session` per sync; ``run`` is called again after a cut link
+(engine/sync.py retries it). The files themselves are read by engine/syncpieces.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import json
+import math
+import time
+from collections.abc import Awaitable
+from pathlib import Path
+from typing import Any
+
+from remotemac.data.manifest import Manifest, ManifestEntry
+from remotemac.engine import syncsplit
+from remotemac.engine.agentclient import AgentClient
+from remotemac.engine.syncpieces import Batch, FileDone, next_batch, pack_frame, read_pieces
+from remotemac.engine.syncplan import (
+    AHEAD_BYTES,
+    AHEAD_MISS_SHARE,
+    MAX_STREAMS,
+    PARTIAL_MIN_BYTES,
+    PROGRESS_EVERY_S,
+    QUEUE_BATCHES,
+    Emit,
+    Job,
+    LocalFile,
+    SyncStats,
+    choose_streams,
+    plan_todo,
+)
+from remotemac.engine.syncsplitfiles import SplitFiles
+from remotemac.errors import (
+    HostEnvironmentError,
+    HostError,
+    IntegrityError,
+    TransientHostError,
+)
+from remotemac.events import PhaseProgress
+from remotemac.transport.base import RemoteProcess, Transport
+
+#: runs ``<agent dir>/dataops.py`` (argv[1]) imported, not as a script: an imported
+#: module loads from its cached bytecode (__pycache__ beside it, written by the first
+#: run), a script is compiled on every start (~7 ms of the host's start, which a
+#: re-sync's hello waits for)
+RECEIVER_BOOT = (
+    "import sys; d = sys.argv[1].rpartition('/')[0]; sys.path.insert(0, d); "
+    "import dataops; dataops.main(sys.argv[2:])"
+)
+
+
+def receiver_argv(python: str, agent_dir: str, runtime_dir: str | None = None) -> list[str]:
+    # -S: stdlib only (cryptography comes from the runtime dir it names), and a host
+    # python with a large site-packages costs 0.2-0.4 s per start without it; the
+    # runtime in argv is imported while the laptop stats the slice (not a secret)
+    return [python, "-S", "-c", RECEIVER_BOOT, f"{agent_dir}/dataops.py", "sync"] + (
+        ["--runtime", runtime_dir] if runtime_dir else []
+    )
+
+
+async def discard(opening: asyncio.Future) -> None:
+    """Close a channel opened ahead that will not be used (or stop its opening)."""
+    opening.cancel()
+    with contextlib.suppress(BaseException):
+        proc = await opening
+        await proc.close()
+
+
+class Session:
+    """One sync attempt's channels on the host; ``run`` may be called again after a cut link.
+
+    The first channel says what the host holds and finishes the sync; when one
+    channel's window cannot fill the link (long round trip), more are opened and
+    every channel takes the next file from one shared queue (largest first).
+    """
+
+    def __init__(
+        self,
+        transport: Transport,
+        agent: AgentClient,
+        root: Path,
+        files: list[LocalFile],
+        run_dir: str,
+        run_id: str,
+        key: bytes | None,
+        python: str,
+        emit: Emit,
+        stats: SyncStats,
+        ram_bytes: int,
+        runtime_dir: str | None = None,
+        streams: int | None = None,
+        opening: asyncio.Future | None = None,
+        send_ahead: bool = False,
+    ) -> None:
+        self.transport, self.agent, self.root, self.files = transport, agent, root, files
+        self._opening = opening  # the first attempt's channel, opened while stat'ing
+        self.run_dir, self.run_id, self.key, self.python = run_dir, run_id, key, python
+        self.emit, self.stats, self.ram_bytes = emit, stats, ram_bytes
+        self.runtime_dir = runtime_dir
+        self.streams = streams
+        #: a hash cache stands behind the hello: a file without a hash changed (see _ahead)
+        self.send_ahead = send_ahead
+        self._done = 0
+        self._last_progress = 0.0
+        self._halt = False  # a channel's agent spoke up early: the others stop taking files
+        #: files sent whole whose acknowledgement has not come (the host batches them: a
+        #: cut can lose the last line; the next attempt's hello lists them as known)
+        self._unacked: set[int] = set()
+        self._acked: set[int] = set()  # (an ack can overtake its own file's FileDone)
+        self._manifest: Manifest | None = None  # built once every file's hash is known
+        #: this attempt's files sent as pieces, and their whole-file SHA-256 being read
+        self._split_files = SplitFiles(root, key)
+        #: every chunk this sync sealed (a continued transfer seals some again)
+        self._sealed = syncsplit.SealLog()
+
+    def manifest(self) -> Manifest:
+        if self._manifest is None:
+            self._manifest = Manifest.from_entries(
+                (ManifestEntry(f.path, f.size, f.sha256 or "") for f in self.files),
+                checked=True,  # stat_all checked every path
+            )
+        return self._manifest
+
+    async def run(self) -> dict[str, Any]:
+        argv = receiver_argv(
+            self.python, self.agent.agent_dir, self.runtime_dir if self.key is not None else None
+        )
+        started = time.monotonic()
+        procs: list[RemoteProcess] = []
+        code: int | None = None
+        try:
+            opening, self._opening = self._opening, None
+            procs.append(await (opening or self.transport.open_process(argv)))
+            answer = await self._talk(argv, procs)
+            code = await procs[0].wait(timeout=60)
+            return answer
+        finally:
+            for proc in procs:
+                await proc.close()
+            self.agent.ledger.append(
+                self.transport.name,
+                " ".join(argv) + (f" ×{len(procs)} streams" if len(procs) > 1 else ""),
+                code,
+                op="sync-data",
+                seconds=time.monotonic() - started,
+            )
+
+    def _hello(self) -> dict[str, Any]:
+        hello: dict[str, Any] = {
+            "run_dir": self.run_dir,
+            "run_id": self.run_id,
+            "src": f"{self.run_dir}/data",
+            "encrypted": self.key is not None,
+            "ram_bytes": self.ram_bytes,
+            # one list per field: json encodes 7,681 entries as dicts in 25-45 ms, as
+            # four lists in 2-3 ms (and the host parses them faster too)
+            "columns": {
+                "path": [f.path for f in self.files],
+                "size": [f.size for f in self.files],
+                "sha256": [f.sha256 for f in self.files],
+                "mtime_ns": [f.mtime_ns for f in self.files],
+            },
+        }
+        if self.key is not None:
+            hello["key_hex"] = self.key.hex()
+            hello["runtime_dir"] = self.runtime_dir
+        return hello
+
+    async def _talk(self, argv: list[str], procs: list[RemoteProcess]) -> dict[str, Any]:
+        main = procs[0]
+        hello = self._hello()
+        await main.write(json.dumps(hello).encode() + b"\n")
+        self.stats.per_attempt.append(0)
+        self._done, self._halt = 0, False
+        self._split_files.drop()
+        plan, rest, ahead_ok, todo_bytes = await self._start(main)
+        skipped = len(self.files) - len(plan)
+        if rest:
+            rest = await self._open_streams(argv, hello, rest, procs)
+        self.stats.streams = len(procs)
+        self.emit(
+            PhaseProgress(
+                self.run_id,
+                phase="sync",
+                done=0,
+                total=todo_bytes,
+                detail=f"{skipped} files already verified on the host; "
+                f"checking or sending {len(plan)}"
+                + (f" over {len(procs)} streams" if len(procs) > 1 else ""),
+            )
+        )
+        return await self._stream(procs, rest, ahead_ok, todo_bytes, hello)
+
+    async def _start(self, main: RemoteProcess) -> tuple[list[Job], list[Job], bool, int]:
+        """Send the files known to be new or changed while the host answers the hello;
+        (every file that may need sending, those of them still to send, whether the
+        files sent ahead went through, the plan's bytes) from its start answer."""
+        # the previous attempts' files sent whole whose ack a cut lost (see _learn_held)
+        unacked, self._unacked = self._unacked, set()
+        # the files known to be new or changed go now: the host reads them once it has
+        # answered, instead of waiting for the laptop to plan and read its first files
+        ahead = self._ahead()
+        ahead_bytes = sum(self.files[job.index].size for job in ahead)
+        early = asyncio.ensure_future(
+            self._send_safely(main, collections.deque(ahead), ahead_bytes, asyncio.Queue())
+        )
+        try:
+            first = await self._answer(main, "start")
+        except BaseException:
+            self._unacked |= unacked
+            early.cancel()
+            with contextlib.suppress(BaseException):
+                await early
+            raise
+        self._learn_held({int(i) for i, _ in first["todo"]}, unacked)
+        partial = {int(i): dict(info) for i, info in first.get("partial", [])}
+        sent_ahead = {job.index for job in ahead}
+        plan = plan_todo(first["todo"], partial)
+        todo_bytes = sum(self.files[j.index].size for j in plan)
+        self.stats.skipped_files = len(self.files) - len(plan)
+        self.stats.skipped_bytes = sum(f.size for f in self.files) - todo_bytes
+        ahead_ok = await early  # (before a ping: a frame never lands inside a file's)
+        rest = [job for job in plan if job.index not in sent_ahead]
+        return plan, rest, ahead_ok, todo_bytes
+
+    async def _open_streams(
+        self, argv: list[str], hello: dict[str, Any], rest: list[Job], procs: list[RemoteProcess]
+    ) -> list[Job]:
+        """Open as many more channels as the link wants; ``rest`` as they will take it."""
+        rest_bytes = sum(self.files[j.index].size for j in rest)
+        # a large file can go as pieces on several channels: it counts as that many jobs
+        jobs = self._split_files.units(self.files, rest)
+        if self.streams is None and choose_streams(1.0, rest_bytes, jobs) == 1:
+            wanted = 1  # one stream even on a 1 s round trip: no ping
+        elif self.streams is None:
+            rtt = await self._rtt(procs[0])
+            self.stats.rtt_ms = round(rtt * 1000, 2)
+            wanted = choose_streams(rtt, rest_bytes, jobs)
+        else:
+            wanted = max(1, min(self.streams, MAX_STREAMS, jobs))
+        await self._open_workers(argv, hello, wanted - 1, procs)
+        rest = await self._split(rest, len(procs))
+        if len(procs) > 1:  # largest first, so no channel is left with a big file at the end
+            rest.sort(key=lambda j: -self._job_bytes(j))
+        return rest
+
+    async def _stream(
+        self,
+        procs: list[RemoteProcess],
+        rest: list[Job],
+        ahead_ok: bool,
+        todo_bytes: int,
+        hello: dict[str, Any],
+    ) -> dict[str, Any]:
+        """Every channel takes files from one queue; then each is ended, the first last."""
+        # (the agent spoke up during the files sent ahead: its line is read below)
+        work = collections.deque(rest if ahead_ok else [])
+        queues: list[asyncio.Queue[dict[str, Any]]] = [asyncio.Queue() for _ in procs]
+        readers = [
+            asyncio.ensure_future(self._read_acks(p, q)) for p, q in zip(procs, queues, strict=True)
+        ]
+        try:
+            sent = await _all(
+                [
+                    self._send_safely(p, work, todo_bytes, q)
+                    for p, q in zip(procs, queues, strict=True)
+                ]
+            )
+            self.emit(PhaseProgress(self.run_id, phase="sync", done=self._done, total=todo_bytes))
+            for i in range(1, len(procs)):
+                if sent[i]:
+                    with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                        await procs[i].write(pack_frame("D", 0, 0))
+            await _all([self._final(readers[i], queues[i]) for i in range(1, len(procs))])
+            if ahead_ok and all(sent):
+                await self._finish(procs[0], hello)
+            return await self._final(readers[0], queues[0])
+        finally:
+            self._split_files.drop()
+            for reader in readers:
+                reader.cancel()
+                with contextlib.suppress(BaseException):
+                    await reader
+
+    async def _finish(self, main: RemoteProcess, hello: dict[str, Any]) -> None:
+        """Every file is sent: assemble the split ones, then the end frame."""
+        # every piece of a split file is on the host now (the other channels
+        # answered their last frame; the first reads in order): put each together
+        await self._split_files.assemble(main, self.files, self._file_done)
+        # the host holds the hello's entries: only what changed since travels
+        said = hello["columns"]
+        final = json.dumps(
+            {
+                "changed": [
+                    [i, f.size, f.sha256]
+                    for i, f in enumerate(self.files)
+                    if (f.size, f.sha256) != (said["size"][i], said["sha256"][i])
+                ]
+            }
+        ).encode()
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            await main.write(pack_frame("E", 0, len(final)) + final)
+        # every hash is known now: build the manifest while the host checks
+        self._manifest = None
+        self.manifest()
+
+    async def _rtt(self, proc: RemoteProcess, probes: int = 2) -> float:
+        """The round trip through the channel (the fastest of a few pings)."""
+        best = math.inf
+        for _ in range(probes):
+            started = time.monotonic()
+            await proc.write(pack_frame("P", 0, 0))
+            while True:
+                msg = json.loads((await proc.readline()) or b'{"eof": true}')
+                if "acks" not in msg:  # (files sent ahead of the start answer)
+                    break
+                for index in msg["acks"]:
+                    self._verified(int(index))
+            self._check(msg, "ping")
+            best = min(best, time.monotonic() - started)
+        return best
+
+    async def _open_workers(
+        self, argv: list[str], hello: dict[str, Any], count: int, procs: list[RemoteProcess]
+    ) -> None:
+        """Open up to ``count`` more receivers; the host refusing a channel just means fewer."""
+        line = json.dumps(dict(hello, worker=True)).encode() + b"\n"
+
+        async def one() -> bool:
+            try:
+                proc = await self.transport.open_process(argv)
+            except TransientHostError:
+                raise
+            except HostError:
+                return False  # MaxSessions reached: go on with the channels we have
+            procs.append(proc)
+            await proc.write(line)
+            await self._answer(proc, "start")
+            return True
+
+        await _all([one() for _ in range(count)])  # together: each costs round trips
+
+    async def _send_safely(
+        self, proc: RemoteProcess, work: collections.deque, total: int, acks: asyncio.Queue
+    ) -> bool:
+        try:
+            return await self._send(proc, work, total, acks)
+        except (BrokenPipeError, ConnectionResetError):
+            self._halt = True
+            return False  # the agent stopped reading: its last line says why
+
+    async def _send(
+        self,
+        proc: RemoteProcess,
+        work: collections.deque,
+        total: int,
+        acks: asyncio.Queue,
+    ) -> bool:
+        """Producer (thread: read, hash, seal) → bounded queue → consumer (the channel).
+
+        Returns False when the agent spoke up early (an error line is waiting).
+        """
+        queue: asyncio.Queue[Any] = asyncio.Queue(maxsize=QUEUE_BATCHES)
+        pieces = read_pieces(
+            self.root,
+            self.files,
+            work,
+            self.key,
+            lambda: self._halt,
+            self._split_files.splits,
+            self._sealed,
+        )
+
+        async def produce() -> None:
+            try:
+                while True:
+                    batch = await asyncio.to_thread(next_batch, pieces)
+                    await queue.put(batch if batch.data or batch.done else None)
+                    if not (batch.data or batch.done):
+                        return
+            except Exception as exc:  # handed to the consumer, which raises it
+                await queue.put(exc)
+
+        producer = asyncio.ensure_future(produce())
+        try:
+            while True:
+                batch = await queue.get()
+                if batch is None:
+                    break
+                if isinstance(batch, BaseException):
+                    raise batch
+                if not acks.empty():
+                    self._halt = True
+                    return False
+                await self._write_batch(proc, batch)
+                now = time.monotonic()
+                if now - self._last_progress >= PROGRESS_EVERY_S:
+                    self._last_progress = now
+                    self.emit(
+                        PhaseProgress(self.run_id, phase="sync", done=self._done, total=total)
+                    )
+        finally:
+            producer.cancel()
+            with contextlib.suppress(BaseException):
+                await producer
+        return True
+
+    async def _write_batch(self, proc: RemoteProcess, batch: Batch) -> None:
+        """One channel write per batch (1 MiB, spanning file ends): a file's frame header
+        and hash would otherwise each be an SSH packet, a wake-up of sshd and a pipe
+        write on the host; a re-sync of small files is mostly such pieces."""
+        if batch.data:
+            await proc.write(batch.data)
+        self.stats.sent_bytes += len(batch.data)
+        self.stats.per_attempt[-1] += len(batch.data)
+        self._done += batch.plain
+        for done in batch.done:
+            self._file_done(done)
+
+    def _file_done(self, item: FileDone) -> None:
+        self.files[item.index] = item.local
+        if not item.sent:
+            self.stats.skipped_files += 1
+            self.stats.skipped_bytes += item.local.size
+            return
+        self.stats.sent_files += 1
+        if item.index not in self._acked:
+            self._unacked.add(item.index)
+        if item.resumed:
+            self.stats.resumed_files += 1
+            self.stats.resumed_bytes += item.resumed
+
+    def _job_bytes(self, job: Job) -> int:
+        if job.piece is None:
+            return self.files[job.index].size
+        return job.piece.nbytes
+
+    async def _split(self, rest: list[Job], streams: int) -> list[Job]:
+        """``rest`` with each large file as pieces when there are channels to spread
+        them over (or the host holds some pieces of it already)."""
+        out = await self._split_files.split(self.files, rest, streams)
+        self.stats.split_files = len(self._split_files.splits)
+        return out
+
+    def _learn_held(self, todo: set[int], unacked: set[int] | None = None) -> None:
+        """An attempt's start answer: files sent whole before whose ack a cut lost
+        (``unacked``: those set aside when the hello went, by default the session's,
+        then forgotten), and which the host now holds as the hello says (not in its
+        ``todo``), count as verified now (once)."""
+        if unacked is None:
+            unacked, self._unacked = self._unacked, set()
+        for index in sorted(unacked - todo):
+            if index not in self._acked:
+                self._verified(index)
+
+    def _ahead(self) -> list[Job]:
+        """The files to send before the start answer: with a hash cache that knows the
+        slice, every file with no hash cached (new or changed since the last sync: the
+        host cannot hold it as the hello says) when they are few: AHEAD_BYTES in all, none big enough for the host to
+        keep a cut transfer of (resuming one needs its answer); otherwise none. One the
+        host holds unchanged after all (its mtime moved) is then sent once more,
+        bytes the budget bounds."""
+        out, budget = [], AHEAD_BYTES
+        misses = sum(f.sha256 is None for f in self.files)
+        if not self.send_ahead or misses * AHEAD_MISS_SHARE > len(self.files):
+            return []  # no cache, or one that does not know this slice: hash first
+        for index, f in enumerate(self.files):
+            if f.sha256 is None:
+                if f.size >= PARTIAL_MIN_BYTES or f.size > budget:
+                    return []  # a larger change: the start answer plans it (streams)
+                out.append(Job(index, None, None))
+                budget -= f.size
+        return out
+
+    def _verified(self, index: int) -> None:
+        """The host verified file ``index``: count it and say so (one event per file)."""
+        self._unacked.discard(index)
+        self._acked.add(index)
+        path = self.files[index].path
+        self.stats.acked.append(path)
+        self.emit(
+            PhaseProgress(
+                self.run_id,
+                phase="sync",
+                done=len(self.stats.acked),
+                total=None,
+                unit="verified",
+                detail=path,
+            )
+        )
+
+    async def _read_acks(self, proc: RemoteProcess, acks: asyncio.Queue) -> None:
+        while True:
+            line = await proc.readline()
+            if not line:
+                await acks.put({"eof": True})
+                return
+            msg = json.loads(line.decode("utf-8", "replace"))
+            if "acks" in msg:  # files the host verified since its last such line
+                for index in msg["acks"]:
+                    self._verified(int(index))
+                continue
+            if "piece" in msg:  # a piece of a split file is in (the assemble checks them all)
+                continue
+            await acks.put(msg)
+
+    async def _final(self, reader: asyncio.Future, acks: asyncio.Queue) -> dict[str, Any]:
+        getter = asyncio.ensure_future(acks.get())
+        await asyncio.wait({getter, reader}, return_when=asyncio.FIRST_COMPLETED)
+        if not getter.done():
+            getter.cancel()
+            reader.result()  # re-raises the link error
+            raise TransientHostError(f"the agent on {self.transport.name} stopped answering")
+        return self._check(getter.result(), "finish")["result"]
+
+    async def _answer(self, proc: RemoteProcess, what: str) -> dict[str, Any]:
+        line = await proc.readline()
+        if not line:
+            code = await proc.wait(timeout=30)
+            message = (
+                f"{self.transport.name}: the data agent under {self.python} exited "
+                f"({code}) at {what} (phase sync): {proc.stderr_tail() or 'no output'}"
+            )
+            if code not in (None, 255):  # it ran and failed: the host's environment
+                raise HostEnvironmentError(
+                    message,
+                    hint=f"check that {self.python} is "
+                    "CPython 3.9+ on the host, or set agent.python",
+                )
+            raise HostError(message)
+        return self._check(json.loads(line.decode("utf-8", "replace")), what)
+
+    def _check(self, msg: dict[str, Any], what: str) -> dict[str, Any]:
+        if msg.get("eof"):
+            raise TransientHostError(f"the agent on {self.transport.name} stopped at {what}")
+        if msg.get("ok"):
+            return msg
+        error = f"{self.transport.name}: {msg.get('error', 'unknown error')}"
+        if msg.get("code") == "integrity":
+            raise IntegrityError(error, hint="run again to resend, or wipe the run")
+        if msg.get("code") == "ram":
+            raise HostError(error, hint="free memory on the host or lower data.max_bytes")
+        if msg.get("code") == "host-env":
+            raise HostEnvironmentError(
+                f"{error} (phase sync, at {what})",
+                hint="the agent runtime is installed at the start of "
+                "sync; run again, or see `remotemac doctor`",
+            )
+        raise HostError(f"{error} (phase sync, at {what})")
+
+
+async def _all(coros: list[Awaitable[Any]]) -> list[Any]:
+    """Run the streams together; the first failure cancels the others and is raised."""
+    tasks = [asyncio.ensure_future(c) for c in coros]
+    if not tasks:
+        return []
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        for task in tasks:
+            if task.done() and not task.cancelled() and task.exception() is not None:
+                raise task.exception()  # type: ignore[misc]
+        return [task.result() for task in tasks]
+    finally:
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(BaseException):
+                await task
