@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from remotemac.agent import dataops
+from remotemac.agent import dataops, datarecords, receiver
 from remotemac.engine.sync import RECEIVER_BOOT, _receiver_argv
 from tests.test_sync_resume import _session
 from tests.test_sync_sshd import host_factory, make_slice, runtime_dir  # noqa: F401 (fixtures)
@@ -70,7 +70,7 @@ def test_clean_resync_prunes_by_the_record_without_walking(tmp_path, monkeypatch
     src = str(tmp_path / "data")
     blobs, entries = _slice()
     _session(src, entries, _frames(blobs, entries))
-    assert not [n for n in os.listdir(src) if n.startswith(dataops.WRITING)]
+    assert not [n for n in os.listdir(src) if n.startswith(datarecords.WRITING)]
 
     def no_walk(*_a, **_k):
         raise AssertionError("finish walked the data dir after clean sessions")
@@ -80,7 +80,7 @@ def test_clean_resync_prunes_by_the_record_without_walking(tmp_path, monkeypatch
     result = _session(src, entries[:4] + entries[5:], b"")["final"]["result"]
     assert result["mismatches"] == [] and result["pruned"] == 1
     assert not os.path.exists(os.path.join(src, left))
-    assert sorted(dataops.load_records(src)) == sorted(
+    assert sorted(datarecords.load_records(src)) == sorted(
         e["path"] for e in entries if e["path"] != left
     )
 
@@ -102,23 +102,23 @@ def test_a_cut_session_leaves_a_marker_and_the_next_finish_walks(tmp_path):
         + blobs[entries[2]["path"]][:10]
     )
     assert dataops.serve(io.BytesIO(cut), io.BytesIO()) == 3
-    mine = os.path.join(src, dataops.WRITING + str(os.getpid()))
+    mine = os.path.join(src, datarecords.WRITING + str(os.getpid()))
     assert os.path.exists(mine)  # the cut session did not end cleanly
     # as if that process died hard (its own except clause removes its part file)
     dead = _dead_pid()
-    os.rename(mine, os.path.join(src, dataops.WRITING + str(dead)))
+    os.rename(mine, os.path.join(src, datarecords.WRITING + str(dead)))
     debris = Path(src, entries[2]["path"] + f".part-{dead}")
     debris.write_bytes(b"half")
     stray = Path(src, "d0", "stray.bin")
     stray.write_bytes(b"not in the slice")
     live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        live_mark = Path(src, dataops.WRITING + str(live.pid))
+        live_mark = Path(src, datarecords.WRITING + str(live.pid))
         live_mark.touch()
         result = _session(src, entries, _frames(blobs, entries, only=set(range(2, 12))))
         assert result["final"]["result"]["mismatches"] == []
         assert not debris.exists() and not stray.exists()
-        assert not Path(src, dataops.WRITING + str(dead)).exists()
+        assert not Path(src, datarecords.WRITING + str(dead)).exists()
         assert live_mark.exists()  # still writing: the next finish walks again
         assert not os.path.exists(mine)  # this session ended cleanly
     finally:
@@ -207,26 +207,26 @@ def test_hello_columns_read_as_entries():
     dicts ten times slower); the host reads them as the entries they describe."""
     req = {"columns": {"path": ["a", "b"], "size": [1, 2], "sha256": ["x", None]}}
     req["columns"]["mtime_ns"] = [5, 6]
-    assert dataops._entries(req) == [
+    assert receiver._entries(req) == [
         {"path": "a", "size": 1, "sha256": "x", "mtime_ns": 5},
         {"path": "b", "size": 2, "sha256": None, "mtime_ns": 6},
     ]
     req["columns"]["size"].append(3)
-    with pytest.raises(dataops.DataError):
-        dataops._entries(req)
-    assert dataops._entries({"entries": [{"path": "a"}]}) == [{"path": "a"}]
+    with pytest.raises(datarecords.DataError):
+        receiver._entries(req)
+    assert receiver._entries({"entries": [{"path": "a"}]}) == [{"path": "a"}]
 
 
 def test_host_path_check_refuses_what_it_did():
     """One regex now: every unsafe form is still refused, names with dots are not."""
     for bad in ["", "/a", "a//b", "a/./b", "a/../b", "a/.", "a/..", "a/", ".", "..", "../a"]:
-        with pytest.raises(dataops.DataError):
-            dataops._check_rel(bad)
+        with pytest.raises(datarecords.DataError):
+            datarecords._check_rel(bad)
     for bad in ["a\x00b", "a\nb", "a\x1fb", "a\\b"]:
-        with pytest.raises(dataops.DataError):
-            dataops._check_rel(bad)
+        with pytest.raises(datarecords.DataError):
+            datarecords._check_rel(bad)
     for good in ["a", ".hidden", "a/...", "a/..b/c", "d/.x.bin", "a b/ü.bin", "a\x7fb"]:
-        assert dataops._check_rel(good) == good
+        assert datarecords._check_rel(good) == good
 
 
 def test_receiver_process_exits_with_the_sessions_code():
