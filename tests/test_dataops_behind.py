@@ -24,9 +24,7 @@ AGENT = Path(__file__).resolve().parent.parent / "remotemac" / "agent"
 @pytest.fixture
 def dataops(monkeypatch, tmp_path):
     monkeypatch.syspath_prepend(str(AGENT))  # the agent imports its siblings by bare name
-    import ramstore
-
-    from remotemac.agent import dataops
+    from remotemac.agent import dataops, ramstore
 
     ram = tmp_path / "ram"
 

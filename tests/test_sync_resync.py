@@ -232,15 +232,13 @@ def test_host_path_check_refuses_what_it_did():
 def test_receiver_process_exits_with_the_sessions_code():
     """It leaves by os._exit (no teardown of the session's dicts): the code still tells
     a laptop that went away (3) from bad usage (2), and every line is out first."""
-    script = str(Path(dataops.__file__))
-    gone = subprocess.run([sys.executable, "-S", script, "sync"], input=b"", capture_output=True)
+    argv = _receiver_argv(sys.executable, str(Path(dataops.__file__).parent))
+    gone = subprocess.run(argv, input=b"", capture_output=True)
     assert gone.returncode == 3
-    bad = subprocess.run([sys.executable, "-S", script, "sync", "--x"], capture_output=True)
+    bad = subprocess.run(argv + ["--x"], capture_output=True)
     assert bad.returncode == 2 and b"usage" in bad.stdout
     hello = json.dumps({"src": "/nonexistent/\x00", "encrypted": False}).encode() + b"\n"
-    failed = subprocess.run(
-        [sys.executable, "-S", script, "sync"], input=hello, capture_output=True
-    )
+    failed = subprocess.run(argv, input=hello, capture_output=True)
     assert failed.returncode == 1 and json.loads(failed.stdout)["ok"] is False
 
 
@@ -251,17 +249,17 @@ def test_receiver_starts_from_cached_bytecode(tmp_path):
     session's code."""
     agent = tmp_path / "agent"
     agent.mkdir()
-    for name in ("dataops.py", "writebehind.py"):
+    #: the receiver and every agent module it imports (it runs as the agent package)
+    names = ("agentutil", "datafiles", "datafinish", "dataops", "datapartial", "datarecords")
+    names += ("datasplit", "procid", "receiver", "writebehind")
+    for name in (n + ".py" for n in names):
         (agent / name).write_bytes((Path(dataops.__file__).parent / name).read_bytes())
     argv = _receiver_argv(sys.executable, str(agent))
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     for _ in range(2):
         gone = subprocess.run(argv, input=b"", capture_output=True, env=env)
         assert gone.returncode == 3, gone.stderr
-    assert [p.name.split(".")[0] for p in sorted((agent / "__pycache__").iterdir())] == [
-        "dataops",
-        "writebehind",
-    ]
+    assert [p.name.split(".")[0] for p in sorted((agent / "__pycache__").iterdir())] == list(names)
     bad = subprocess.run(argv + ["--x"], capture_output=True, env=env)
     assert bad.returncode == 2 and b"usage" in bad.stdout
 

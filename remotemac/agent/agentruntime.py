@@ -464,7 +464,7 @@ def op_runtime_ensure(req: Dict[str, Any]) -> Dict[str, Any]:
     ``method``, ``installed``, ``seconds``; or, when the online install fails,
     ``{"failed": message, "tail": pip's last lines}`` so the laptop can fall back.
     """
-    from hostagent import inventory_add
+    from .hostagent import inventory_add
 
     if sys.version_info[:2] < MIN_PYTHON:
         raise RuntimeInstallError(
@@ -484,7 +484,7 @@ def op_runtime_ensure(req: Dict[str, Any]) -> Dict[str, Any]:
         if marker is not None:
             return dict(marker, dir=final, reused=True, seconds=0.0)
         if os.path.lexists(final):  # never complete: ours (marked) is replaced, else refused
-            import safefs
+            from . import safefs
 
             owner = safefs.marker_of(final)
             if not owner or owner.get("kind") != "runtime":
@@ -549,7 +549,7 @@ def op_runtime_ensure(req: Dict[str, Any]) -> Dict[str, Any]:
 
 def _mark_owned(path: str) -> None:
     """The ownership marker cleanup looks for: it removes only directories it made."""
-    import safefs
+    from . import safefs
 
     if safefs.marker_of(path) is None:
         safefs.mark_dir(path, {"kind": "runtime"})

@@ -22,10 +22,7 @@ import threading
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
-try:  # a sibling on the host (or preloaded by the in-memory bootstrap)
-    import procid
-except ImportError:  # imported as remotemac.agent.agentutil (the laptop, tests)
-    from remotemac.agent import procid
+from . import procid
 
 SESSION_PREFIX = "remotemac-"
 KILL_GRACE_S = 3.0

@@ -30,16 +30,13 @@ import posixpath
 import shutil
 import stat
 import subprocess
-import sys
 import tarfile
 import time
 import urllib.request
 import zipfile
 from typing import Any, Dict, Optional
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from agentruntime import _below, _locked, _mark_owned, check_member  # noqa: E402
+from .agentruntime import _below, _locked, _mark_owned, check_member
 
 SUBDIR = "runtime"
 MARKER = ".complete"
@@ -203,7 +200,7 @@ def op_bring(req: Dict[str, Any]) -> Dict[str, Any]:
     ``reused``, ``method``, ``bytes``, ``seconds``; an online download that fails is
     ``{"failed": why}`` so the laptop can bring the archive itself.
     """
-    from hostagent import inventory_add, root_marker
+    from .hostagent import inventory_add, root_marker
 
     root = os.path.expanduser(req["root"])
     root_marker(root)  # claims a new root before writing in it
@@ -223,7 +220,7 @@ def op_bring(req: Dict[str, Any]) -> Dict[str, Any]:
             if marker is not None:
                 return _answer(final, marker, True, 0.0)
             if os.path.lexists(final):
-                import safefs
+                from . import safefs
 
                 owner = safefs.marker_of(final)
                 if not owner or owner.get("kind") != "runtime":

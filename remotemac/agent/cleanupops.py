@@ -20,15 +20,9 @@ import sys
 import time
 from typing import Any, Dict, List, Optional, Set, Tuple
 
-_HERE = os.path.dirname(os.path.abspath(globals().get("__file__") or "."))
-if _HERE not in sys.path:
-    sys.path.insert(0, _HERE)
-
-import deadman  # noqa: E402
-import procid  # noqa: E402
-import safefs  # noqa: E402
-from agentutil import cmdline, kill_session, tmux_sessions  # noqa: E402
-from wipeops import (  # noqa: E402
+from . import deadman, procid, safefs
+from .agentutil import cmdline, kill_session, tmux_sessions
+from .wipeops import (
     VOLUMES,
     UnsafeRoot,
     below,
@@ -44,6 +38,8 @@ from wipeops import (  # noqa: E402
     strays_naming,
     tree_size,
 )
+
+_HERE = os.path.dirname(os.path.abspath(globals().get("__file__") or "."))
 
 
 def read_inventory(real_root: str) -> Tuple[List[Dict[str, Any]], Optional[str]]:

@@ -18,14 +18,8 @@ import stat
 import threading
 from typing import Any, BinaryIO, Dict, Iterator, List, Optional
 
-try:  # a sibling on the host
-    from datarecords import _NOFOLLOW, DataError
-except ImportError:  # imported as remotemac.agent.datarecords (the laptop, tests)
-    from remotemac.agent.datarecords import _NOFOLLOW, DataError
-try:  # a sibling on the host
-    from writebehind import WriteBehind
-except ImportError:  # imported as remotemac.agent.writebehind (the laptop, tests)
-    from remotemac.agent.writebehind import WriteBehind
+from .datarecords import _NOFOLLOW, DataError
+from .writebehind import WriteBehind
 
 # ------------------------------------------------------------------ streams
 

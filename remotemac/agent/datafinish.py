@@ -10,50 +10,25 @@ from __future__ import annotations
 import os
 from typing import Any, Dict, List, Optional
 
-try:  # a sibling on the host
-    from datafiles import _HashSink, _unlink
-except ImportError:  # imported as remotemac.agent.datafiles (the laptop, tests)
-    from remotemac.agent.datafiles import _HashSink, _unlink
-try:  # a sibling on the host
-    from datarecords import (
-        _SPLIT_PART,
-        PARTIAL,
-        READ,
-        RECORD,
-        WRITING,
-        _alive,
-        _check_rel,
-        _compact,
-        _inside,
-        _lstat,
-        _make_parents,
-        _plain_ok,
-        _read_records,
-        _stored,
-        name_key,
-    )
-except ImportError:  # imported as remotemac.agent.datarecords (the laptop, tests)
-    from remotemac.agent.datarecords import (
-        _SPLIT_PART,
-        PARTIAL,
-        READ,
-        RECORD,
-        WRITING,
-        _alive,
-        _check_rel,
-        _compact,
-        _inside,
-        _lstat,
-        _make_parents,
-        _plain_ok,
-        _read_records,
-        _stored,
-        name_key,
-    )
-try:  # a sibling on the host
-    from datasplit import _split_sid
-except ImportError:  # imported as remotemac.agent.datasplit (the laptop, tests)
-    from remotemac.agent.datasplit import _split_sid
+from .datafiles import _HashSink, _unlink
+from .datarecords import (
+    _SPLIT_PART,
+    PARTIAL,
+    READ,
+    RECORD,
+    WRITING,
+    _alive,
+    _check_rel,
+    _compact,
+    _inside,
+    _lstat,
+    _make_parents,
+    _plain_ok,
+    _read_records,
+    _stored,
+    name_key,
+)
+from .datasplit import _split_sid
 
 
 class Finish:
@@ -141,7 +116,7 @@ class Finish:
     def _redecrypt(self, rec: Dict[str, Any]) -> Optional[str]:
         """RAM lost the plaintext (reboot, workload edit): decrypt the stored copy again."""
         self.cipher()
-        import streamcrypt
+        from . import streamcrypt
 
         rel = rec["path"]
         plain = _inside(self.dest, rel)

@@ -94,30 +94,10 @@ import struct
 import sys
 from typing import Any, BinaryIO, Dict, List, Optional
 
-try:  # a sibling on the host
-    from datafiles import _HashSink, _Lines, _read_exact
-except ImportError:  # imported as remotemac.agent.datafiles (the laptop, tests)
-    from remotemac.agent.datafiles import _HashSink, _Lines, _read_exact
-try:  # a sibling on the host
-    from datarecords import READ, DataError, _check_rel, _compact, _inside, _lstat, _Recorder
-except ImportError:  # imported as remotemac.agent.datarecords (the laptop, tests)
-    from remotemac.agent.datarecords import (
-        READ,
-        DataError,
-        _check_rel,
-        _compact,
-        _inside,
-        _lstat,
-        _Recorder,
-    )
-try:  # a sibling on the host
-    from receiver import Receiver, _use_runtime
-except ImportError:  # imported as remotemac.agent.receiver (the laptop, tests)
-    from remotemac.agent.receiver import Receiver, _use_runtime
-try:  # a sibling on the host
-    from writebehind import WriteBehind
-except ImportError:  # imported as remotemac.agent.writebehind (the laptop, tests)
-    from remotemac.agent.writebehind import WriteBehind
+from .datafiles import _HashSink, _Lines, _read_exact
+from .datarecords import READ, DataError, _check_rel, _compact, _inside, _lstat, _Recorder
+from .receiver import Receiver, _use_runtime
+from .writebehind import WriteBehind
 
 FRAME = struct.Struct(">cIQ")
 META_LEN = struct.Struct(">I")
@@ -171,7 +151,7 @@ def _preload(runtime_dir: Optional[str]) -> None:
         return
     with contextlib.suppress(Exception):
         _use_runtime(runtime_dir)
-        import streamcrypt
+        from . import streamcrypt
 
         streamcrypt._aead(bytes(32))
 
@@ -353,5 +333,4 @@ def main(args: List[str]) -> None:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     main(sys.argv[1:])

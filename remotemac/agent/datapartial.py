@@ -15,18 +15,9 @@ import os
 import stat
 from typing import Any, Dict, List, Optional, Tuple
 
-try:  # a sibling on the host
-    from datafiles import _HashSink, _open_new, _own_file, _read_note, _unlink
-except ImportError:  # imported as remotemac.agent.datafiles (the laptop, tests)
-    from remotemac.agent.datafiles import _HashSink, _open_new, _own_file, _read_note, _unlink
-try:  # a sibling on the host
-    from datarecords import PARTIAL, DataError, _alive, _check_rel, _lstat
-except ImportError:  # imported as remotemac.agent.datarecords (the laptop, tests)
-    from remotemac.agent.datarecords import PARTIAL, DataError, _alive, _check_rel, _lstat
-try:  # a sibling on the host
-    from datasplit import _split_sid
-except ImportError:  # imported as remotemac.agent.datasplit (the laptop, tests)
-    from remotemac.agent.datasplit import _split_sid
+from .datafiles import _HashSink, _open_new, _own_file, _read_note, _unlink
+from .datarecords import PARTIAL, DataError, _alive, _check_rel, _lstat
+from .datasplit import _split_sid
 
 
 class PartialTransfers:
@@ -87,7 +78,7 @@ class PartialTransfers:
         metas = self._partial_metas()
         if not metas:  # the usual case: no cut transfer, nothing to import or index
             return []
-        import streamcrypt
+        from . import streamcrypt
 
         index_of = {e["path"]: i for i, e in enumerate(self.entries)}
         done = {i for i, _ in known}

@@ -19,10 +19,7 @@ import sys
 import unicodedata
 from typing import Any, Dict, Optional, Tuple
 
-try:  # a sibling on the host
-    from agentutil import pid_alive
-except ImportError:  # imported as remotemac.agent.agentutil (the laptop, tests)
-    from remotemac.agent.agentutil import pid_alive
+from .agentutil import pid_alive
 
 RECORD = ".verified.jsonl"
 #: cut transfers kept for resuming: ``<sha256(path)[:32]>-<pid>.rmenc`` + ``.json``, and

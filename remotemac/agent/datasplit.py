@@ -13,32 +13,17 @@ import json
 import os
 from typing import Any, BinaryIO, Dict
 
-try:  # a sibling on the host
-    from datafiles import (
-        _flocked,
-        _HashSink,
-        _own_file,
-        _pwrite,
-        _read_exact,
-        _read_note,
-        _unlink,
-        _write_meta,
-    )
-except ImportError:  # imported as remotemac.agent.datafiles (the laptop, tests)
-    from remotemac.agent.datafiles import (
-        _flocked,
-        _HashSink,
-        _own_file,
-        _pwrite,
-        _read_exact,
-        _read_note,
-        _unlink,
-        _write_meta,
-    )
-try:  # a sibling on the host
-    from datarecords import READ, DataError, _inside, _lstat, _make_parents
-except ImportError:  # imported as remotemac.agent.datarecords (the laptop, tests)
-    from remotemac.agent.datarecords import READ, DataError, _inside, _lstat, _make_parents
+from .datafiles import (
+    _flocked,
+    _HashSink,
+    _own_file,
+    _pwrite,
+    _read_exact,
+    _read_note,
+    _unlink,
+    _write_meta,
+)
+from .datarecords import READ, DataError, _inside, _lstat, _make_parents
 
 
 class _Split:
@@ -86,7 +71,7 @@ class SplitPieces:
         if not isinstance(size, int) or isinstance(size, bool) or size < 0:
             raise DataError("split of %s: the hello gave it no size" % rel, "integrity")
         self.cipher()
-        import streamcrypt
+        from . import streamcrypt
 
         try:
             header = bytes.fromhex(header_hex)
@@ -155,7 +140,7 @@ class SplitPieces:
         nothing, and the laptop hears of it at once (``{"piece": [index, first]}``).
         """
         sp = self._split(index, desc.get("header"))
-        import streamcrypt
+        from . import streamcrypt
 
         first, count = desc.get("first"), desc.get("count")
         if not (
@@ -273,7 +258,7 @@ class SplitPieces:
 
     def _assemble(self, sp: "_Split", claimed: str) -> Dict[str, Any]:
         """:meth:`assemble`'s checks and renames, under the split's lock; the record."""
-        import streamcrypt
+        from . import streamcrypt
 
         with _flocked(sp.base + ".lock"):
             meta = self._split_meta(sp)

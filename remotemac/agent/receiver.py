@@ -16,67 +16,29 @@ import stat
 import threading
 from typing import Any, BinaryIO, Dict, List, Optional, Tuple
 
-try:  # a sibling on the host
-    from datafiles import _HashSink, _Lines, _open_new, _Pieces, _read_exact, _Tee, _unlink
-except ImportError:  # imported as remotemac.agent.datafiles (the laptop, tests)
-    from remotemac.agent.datafiles import (
-        _HashSink,
-        _Lines,
-        _open_new,
-        _Pieces,
-        _read_exact,
-        _Tee,
-        _unlink,
-    )
-try:  # a sibling on the host
-    from datafinish import Finish
-except ImportError:  # imported as remotemac.agent.datafinish (the laptop, tests)
-    from remotemac.agent.datafinish import Finish
-try:  # a sibling on the host
-    from datapartial import PartialTransfers
-except ImportError:  # imported as remotemac.agent.datapartial (the laptop, tests)
-    from remotemac.agent.datapartial import PartialTransfers
-try:  # a sibling on the host
-    from datarecords import (
-        _NOFOLLOW,
-        READ,
-        RESUMABLE,
-        WRITING,
-        DataError,
-        _check_rel,
-        _inside,
-        _make_parents,
-        _read_records,
-        _Recorder,
-        _stored_as,
-    )
-except ImportError:  # imported as remotemac.agent.datarecords (the laptop, tests)
-    from remotemac.agent.datarecords import (
-        _NOFOLLOW,
-        READ,
-        RESUMABLE,
-        WRITING,
-        DataError,
-        _check_rel,
-        _inside,
-        _make_parents,
-        _read_records,
-        _Recorder,
-        _stored_as,
-    )
-try:  # a sibling on the host
-    from datasplit import SplitPieces
-except ImportError:  # imported as remotemac.agent.datasplit (the laptop, tests)
-    from remotemac.agent.datasplit import SplitPieces
-try:  # a sibling on the host
-    from writebehind import WriteBehind
-except ImportError:  # imported as remotemac.agent.writebehind (the laptop, tests)
-    from remotemac.agent.writebehind import WriteBehind
+from .datafiles import _HashSink, _Lines, _open_new, _Pieces, _read_exact, _Tee, _unlink
+from .datafinish import Finish
+from .datapartial import PartialTransfers
+from .datarecords import (
+    _NOFOLLOW,
+    READ,
+    RESUMABLE,
+    WRITING,
+    DataError,
+    _check_rel,
+    _inside,
+    _make_parents,
+    _read_records,
+    _Recorder,
+    _stored_as,
+)
+from .datasplit import SplitPieces
+from .writebehind import WriteBehind
 
 
 def _use_runtime(path: Optional[str]) -> None:
     """Decrypt with the agent runtime's cryptography only (see agentruntime.py)."""
-    import agentruntime
+    from . import agentruntime
 
     if not path:
         raise DataError("no agent runtime was named for decryption", "host-env")
@@ -201,7 +163,7 @@ class Receiver(PartialTransfers, SplitPieces, Finish):
         """The RAM store of an encrypted slice (made here on first use, so the start
         answer does not wait for it), or the data dir itself for public data."""
         if self._dest is None:
-            import ramstore
+            from . import ramstore
 
             req = self._req
             try:
@@ -385,7 +347,7 @@ class Receiver(PartialTransfers, SplitPieces, Finish):
 
         A cut link leaves nothing of it (it is resent whole)."""
         self.cipher()
-        import streamcrypt
+        from . import streamcrypt
 
         sealed = _read_exact(stdin, length)
         claimed = _read_exact(stdin, 32).hex()
@@ -470,7 +432,7 @@ class Receiver(PartialTransfers, SplitPieces, Finish):
         the laptop continues after.
         """
         self.cipher()
-        import streamcrypt
+        from . import streamcrypt
 
         mode = "r+b" if resume is not None else "wb"
         fd = os.open(

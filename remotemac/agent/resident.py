@@ -35,11 +35,9 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, BinaryIO, Dict, Optional
+from typing import Any, BinaryIO, Dict, List, Optional
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-import hostagent  # noqa: E402 - the sibling module, found through the line above
+from . import hostagent
 
 HEADER = struct.Struct(">I")
 MAX_FRAME = 64 << 20
@@ -226,7 +224,7 @@ class Server:
         return 0
 
 
-def main() -> int:
+def main(args: Optional[List[str]] = None) -> int:
     """Keep the frame streams on private descriptors; children see /dev/null on 0, 1, 2.
 
     A daemonised job or tmux server that inherited the channel's pipes would hold
@@ -239,7 +237,3 @@ def main() -> int:
     os.dup2(devnull, 0)
     os.dup2(devnull, 1)
     return Server(inp, out).serve()
-
-
-if __name__ == "__main__":
-    sys.exit(main())

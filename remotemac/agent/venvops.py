@@ -19,15 +19,12 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import time
 from typing import Any
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-import safefs  # noqa: E402
-from agentruntime import _locked as locked_dir  # noqa: E402
-from hostagent import AgentError, inventory_add, owned_dir, root_marker  # noqa: E402
+from . import safefs
+from .agentruntime import _locked as locked_dir
+from .hostagent import AgentError, inventory_add, owned_dir, root_marker
 
 PARENT_PTH = "_remotemac_parent_site.pth"
 READY = ".remotemac-ready"
@@ -248,7 +245,7 @@ def _ensure_locked(
         )
     started = time.time()
     if safefs.marker_of(env_dir) is not None:  # a venv that never got ready: ours?
-        import wipeops
+        from . import wipeops
 
         real_root = os.path.realpath(root)
         not_ours = wipeops.ownership(env_dir, "venv", safefs.marker_of(real_root))

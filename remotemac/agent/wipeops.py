@@ -33,17 +33,8 @@ import sys
 import time
 from typing import Any, Dict, List, Optional, Set, Tuple
 
-_HERE = os.path.dirname(os.path.abspath(globals().get("__file__") or "."))
-if _HERE not in sys.path:
-    sys.path.insert(0, _HERE)
-
-import deadman  # noqa: E402
-import procid  # noqa: E402
-import proctree  # noqa: E402
-import ramstore  # noqa: E402
-import safefs  # noqa: E402
-import specscrub  # noqa: E402
-from agentutil import (  # noqa: E402
+from . import deadman, procid, proctree, ramstore, safefs, specscrub
+from .agentutil import (
     SESSION_PREFIX,
     cmdline,
     kill_session,
@@ -51,6 +42,8 @@ from agentutil import (  # noqa: E402
     terminate,
     tmux_sessions,
 )
+
+_HERE = os.path.dirname(os.path.abspath(globals().get("__file__") or "."))
 
 SYSTEM_DIRS = frozenset(
     [
@@ -628,9 +621,6 @@ def op_wipe_run_data(req: Dict[str, Any]) -> Dict[str, Any]:
 
 
 def _agent_error(message: str) -> Exception:
-    try:
-        import hostagent
+    from .hostagent import AgentError
 
-        return hostagent.AgentError(message, "unsafe-path")
-    except ImportError:  # pragma: no cover - hostagent always ships alongside
-        return RuntimeError(message)
+    return AgentError(message, "unsafe-path")

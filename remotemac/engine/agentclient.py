@@ -13,7 +13,7 @@ import time
 import weakref
 from typing import Any
 
-from remotemac.engine.agentship import agent_bundle, exec_in_memory
+from remotemac.engine.agentship import agent_argv, agent_bundle, exec_in_memory
 from remotemac.engine.ledger import Ledger
 from remotemac.engine.resident import ResidentAgent
 from remotemac.errors import HostEnvironmentError, HostError, RemotemacError
@@ -166,7 +166,7 @@ class AgentClient:
         """The resident agent of this link (one per connection, shared by every lease)."""
         owner = self.transport.link_owner()
         # -S: no site-packages (stdlib only; a heavy site costs 0.2-0.4 s per start)
-        argv = (self.python, "-S", f"{self.agent_dir}/resident.py")
+        argv = tuple(agent_argv(self.python, self.agent_dir, "resident"))
         sessions = _SESSIONS.setdefault(owner, {})
         found = sessions.get(argv)
         if found is None or found.closed:
@@ -257,7 +257,7 @@ class AgentClient:
         self.calls += 1
         if self.resident and python is None:
             return await self._call_resident(op, request or {}, timeout)
-        argv = [python or self.python, f"{self.agent_dir}/hostagent.py", op]
+        argv = agent_argv(python or self.python, self.agent_dir, "hostagent", op, site=True)
         started = time.monotonic()
         kwargs: dict[str, Any] = {"stdin": json.dumps(request or {}).encode(), "timeout": timeout}
         if idempotent:
@@ -310,7 +310,7 @@ def _result(op: str, answer: dict[str, Any]) -> dict[str, Any]:
     return answer["result"]
 
 
-#: resident agents by link owner, then by (python, resident.py path)
-_SESSIONS: weakref.WeakKeyDictionary[Transport, dict[tuple[str, str], ResidentAgent]] = (
+#: resident agents by link owner, then by argv (python, the boot, resident.py path)
+_SESSIONS: weakref.WeakKeyDictionary[Transport, dict[tuple[str, ...], ResidentAgent]] = (
     weakref.WeakKeyDictionary()
 )
