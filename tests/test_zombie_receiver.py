@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from remotemac.agent import agentutil, dataops, datarecords, procid
+from remotemac.agent import agentutil, datarecords, procid
 from tests.test_sync_resume import _session
 from tests.test_sync_resync import _frames, _slice
 
