@@ -32,7 +32,7 @@ def dataops(monkeypatch, tmp_path):
         ram.mkdir(exist_ok=True)
         return {"path": str(ram), "kind": "shm", "device": None, "warning": None, "steps": []}
 
-    monkeypatch.setattr(receiver, "_use_runtime", lambda path: None)
+    monkeypatch.setattr(receiver, "use_runtime", lambda path: None)
     monkeypatch.setattr(ramstore, "create_ram_store", fake_store)
     return dataops
 
@@ -172,7 +172,7 @@ def test_the_runtime_is_activated_once_per_session_not_once_per_file(
     root = tmp_path / "data"
     paths = _slice(root, {f"d/s{i:02d}.bin": 2000 + 100 * i for i in range(20)})
     calls: list[str | None] = []
-    monkeypatch.setattr(receiver, "_use_runtime", calls.append)
+    monkeypatch.setattr(receiver, "use_runtime", calls.append)
     code, lines = _run(dataops, _stream(root, paths, os.urandom(32)))
     assert code == 0, lines[-1]
     assert lines[-1]["result"]["received"] == len(paths)

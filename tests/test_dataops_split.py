@@ -527,7 +527,7 @@ def test_a_fifo_planted_at_a_kept_splits_file_does_not_hang_the_next_start(
 
         def open_it() -> None:
             try:
-                datafiles._own_file(str(fifo), os.O_RDONLY)
+                datafiles.own_file(str(fifo), os.O_RDONLY)
             except BaseException as exc:  # noqa: BLE001 - the test looks at it
                 refused.append(exc)
 

@@ -129,7 +129,7 @@ def test_a_cut_session_leaves_a_marker_and_the_next_finish_walks(tmp_path):
 def test_receiver_imports_the_runtime_named_in_argv_before_the_hello(monkeypatch):
     """The cipher's import (tens of ms) overlaps the laptop's stat of the slice."""
     order: list[str] = []
-    monkeypatch.setattr(dataops, "_use_runtime", lambda path: order.append(f"runtime {path}"))
+    monkeypatch.setattr(dataops, "use_runtime", lambda path: order.append(f"runtime {path}"))
 
     class Stdin(io.BytesIO):
         def readline(self, *_a) -> bytes:
@@ -207,26 +207,26 @@ def test_hello_columns_read_as_entries():
     dicts ten times slower); the host reads them as the entries they describe."""
     req = {"columns": {"path": ["a", "b"], "size": [1, 2], "sha256": ["x", None]}}
     req["columns"]["mtime_ns"] = [5, 6]
-    assert receiver._entries(req) == [
+    assert receiver.hello_entries(req) == [
         {"path": "a", "size": 1, "sha256": "x", "mtime_ns": 5},
         {"path": "b", "size": 2, "sha256": None, "mtime_ns": 6},
     ]
     req["columns"]["size"].append(3)
     with pytest.raises(datarecords.DataError):
-        receiver._entries(req)
-    assert receiver._entries({"entries": [{"path": "a"}]}) == [{"path": "a"}]
+        receiver.hello_entries(req)
+    assert receiver.hello_entries({"entries": [{"path": "a"}]}) == [{"path": "a"}]
 
 
 def test_host_path_check_refuses_what_it_did():
     """One regex now: every unsafe form is still refused, names with dots are not."""
     for bad in ["", "/a", "a//b", "a/./b", "a/../b", "a/.", "a/..", "a/", ".", "..", "../a"]:
         with pytest.raises(datarecords.DataError):
-            datarecords._check_rel(bad)
+            datarecords.check_rel(bad)
     for bad in ["a\x00b", "a\nb", "a\x1fb", "a\\b"]:
         with pytest.raises(datarecords.DataError):
-            datarecords._check_rel(bad)
+            datarecords.check_rel(bad)
     for good in ["a", ".hidden", "a/...", "a/..b/c", "d/.x.bin", "a b/ü.bin", "a\x7fb"]:
-        assert datarecords._check_rel(good) == good
+        assert datarecords.check_rel(good) == good
 
 
 def test_receiver_process_exits_with_the_sessions_code():

@@ -435,7 +435,7 @@ def _verify(target: str) -> str:
 
 
 @contextlib.contextmanager
-def _locked(directory: str) -> Any:
+def install_lock(directory: str) -> Any:
     """One installer at a time (fleet runs on one host start together): a lock on the
     ``runtime`` directory itself, so no lock file is left among the runtimes."""
     import fcntl
@@ -448,7 +448,7 @@ def _locked(directory: str) -> Any:
         os.close(fd)  # closing releases the lock
 
 
-def _below(base: str, path: str) -> str:
+def below_base(base: str, path: str) -> str:
     """``path`` if it lies strictly below ``base`` (uploads stay inside remote_root)."""
     real_base, real = os.path.realpath(base), os.path.realpath(path)
     if not real.startswith(real_base + os.sep):
@@ -479,7 +479,7 @@ def op_runtime_ensure(req: Dict[str, Any]) -> Dict[str, Any]:
         raise RuntimeInstallError("%s is not a plain directory: refused" % base, "unsafe-path")
     final = runtime_dir(root, tags)
     started = time.time()
-    with _locked(base):
+    with install_lock(base):
         marker = read_marker(final)
         if marker is not None:
             return dict(marker, dir=final, reused=True, seconds=0.0)
@@ -509,13 +509,13 @@ def op_runtime_ensure(req: Dict[str, Any]) -> Dict[str, Any]:
             if method == "online":
                 cache = os.path.join(base, PIP_CACHE)
                 os.makedirs(cache, mode=0o700, exist_ok=True)
-                _mark_owned(cache)
+                mark_owned(cache)
                 inventory_add(root, "runtime", cache)
                 _pip_install(tmp, cache)
                 installed = requirements()
             else:
                 installed = install_wheels(
-                    _below(base, req["wheels_dir"]), req.get("wheels") or [], tags, tmp
+                    below_base(base, req["wheels_dir"]), req.get("wheels") or [], tags, tmp
                 )
             version = _verify(tmp)
             marker = {
@@ -530,7 +530,7 @@ def op_runtime_ensure(req: Dict[str, Any]) -> Dict[str, Any]:
                 json.dump(marker, fh)
                 fh.flush()
                 os.fsync(fh.fileno())
-            _mark_owned(tmp)
+            mark_owned(tmp)
             inventory_add(root, "runtime", final)
             os.rename(tmp, final)
         except RuntimeInstallError as exc:
@@ -543,11 +543,11 @@ def op_runtime_ensure(req: Dict[str, Any]) -> Dict[str, Any]:
             raise
         finally:
             if req.get("wheels_dir"):  # the upload served its purpose either way
-                shutil.rmtree(_below(base, req["wheels_dir"]), ignore_errors=True)
+                shutil.rmtree(below_base(base, req["wheels_dir"]), ignore_errors=True)
     return dict(marker, dir=final, reused=False, seconds=round(time.time() - started, 2))
 
 
-def _mark_owned(path: str) -> None:
+def mark_owned(path: str) -> None:
     """The ownership marker cleanup looks for: it removes only directories it made."""
     from . import safefs
 

@@ -243,3 +243,12 @@ def _still(pid: int, start: Optional[Dict[str, Any]]) -> bool:
 def _reap(pid: int) -> None:
     with contextlib.suppress(OSError):
         os.waitpid(pid, os.WNOHANG)
+
+
+def cpu_seconds() -> float:
+    """This process's CPU and its waited-for children's (the run's host-side CPU figure)."""
+    import resource
+
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return round(own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime, 4)

@@ -36,7 +36,7 @@ import urllib.request
 import zipfile
 from typing import Any, Dict, Optional
 
-from .agentruntime import _below, _locked, _mark_owned, check_member
+from .agentruntime import below_base, check_member, install_lock, mark_owned
 
 SUBDIR = "runtime"
 MARKER = ".complete"
@@ -213,9 +213,9 @@ def op_bring(req: Dict[str, Any]) -> Dict[str, Any]:
         raise BringError("%s is not a plain directory: refused" % base, "unsafe-path")
     final = os.path.join(base, name)
     started = time.time()
-    upload = _below(base, req["upload"]) if req.get("upload") else None
+    upload = below_base(base, req["upload"]) if req.get("upload") else None
     try:
-        with _locked(base):
+        with install_lock(base):
             marker = read_marker(final)
             if marker is not None:
                 return _answer(final, marker, True, 0.0)
@@ -258,7 +258,7 @@ def op_bring(req: Dict[str, Any]) -> Dict[str, Any]:
                 }
                 with open(os.path.join(tmp, MARKER), "w") as fh:
                     json.dump(marker, fh)
-                _mark_owned(tmp)
+                mark_owned(tmp)
                 inventory_add(root, "runtime", final)
                 os.rename(tmp, final)
             except BaseException:

@@ -18,13 +18,13 @@ import stat
 import threading
 from typing import Any, BinaryIO, Dict, Iterator, List, Optional
 
-from .datarecords import _NOFOLLOW, DataError
+from .datarecords import NOFOLLOW, DataError
 from .writebehind import WriteBehind
 
 # ------------------------------------------------------------------ streams
 
 
-class _Tee:
+class Tee:
     """Reads ``stdin``, copying every byte read into ``copy`` (the stored ciphertext)."""
 
     def __init__(self, src: BinaryIO, copy: BinaryIO) -> None:
@@ -43,7 +43,7 @@ class _Tee:
         return data
 
 
-class _HashSink:
+class HashSink:
     """Writes plaintext to ``dst`` and hashes it on the way; with ``behind``, both happen
     on the write-behind thread (the caller reads ``digest`` only after it drained)."""
 
@@ -72,7 +72,7 @@ class _HashSink:
         return self.digest.hexdigest()
 
 
-class _Pieces:
+class Pieces:
     """A sink that keeps what is written (one small file's plaintext, in memory)."""
 
     def __init__(self, pieces: List[bytes]) -> None:
@@ -83,7 +83,7 @@ class _Pieces:
         return len(data)
 
 
-class _Lines:
+class Lines:
     """stdout of the session: JSON lines from the reader and the write-behind thread.
 
     Acknowledgements are gathered and sent as one ``{"acks": [...]}`` line by
@@ -97,7 +97,7 @@ class _Lines:
 
     def say(self, obj: Dict[str, Any]) -> None:
         with self._lock:
-            _say(self._out, obj)
+            say(self._out, obj)
 
     def ack(self, index: int) -> None:
         with self._lock:
@@ -107,41 +107,41 @@ class _Lines:
         with self._lock:
             if self._acks:
                 acks, self._acks = self._acks, []
-                _say(self._out, {"acks": acks})
+                say(self._out, {"acks": acks})
 
 
-def _read_exact(src: BinaryIO, size: int) -> bytes:
+def read_exact(src: BinaryIO, size: int) -> bytes:
     data = src.read(size)
     if len(data) != size:
         raise EOFError("stream ended inside a frame")
     return data
 
 
-def _open_new(path: str) -> BinaryIO:
+def open_new(path: str) -> BinaryIO:
     """A new file of this session's (a part, a temp name): whatever has the name goes
     first, and O_EXCL, so a hard link or symlink planted at a name one can guess (the
     pid) is never written through into a file outside remote_root."""
-    _unlink(path)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o600)
+    unlink_quietly(path)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW, 0o600)
     return os.fdopen(fd, "wb")
 
 
-def _unlink(*paths: str) -> None:
+def unlink_quietly(*paths: str) -> None:
     for path in paths:
         with contextlib.suppress(OSError):
             os.unlink(path)
 
 
-def _say(out: BinaryIO, obj: Dict[str, Any]) -> None:
+def say(out: BinaryIO, obj: Dict[str, Any]) -> None:
     out.write((json.dumps(obj) + "\n").encode("utf-8"))
     out.flush()
 
 
 @contextlib.contextmanager
-def _flocked(path: str) -> Iterator[None]:
+def flocked(path: str) -> Iterator[None]:
     """Hold an exclusive flock on ``path`` (made if missing): the streams' receivers
     are separate processes that note pieces of one split."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | _NOFOLLOW, 0o600)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | NOFOLLOW, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield
@@ -149,14 +149,14 @@ def _flocked(path: str) -> Iterator[None]:
         os.close(fd)
 
 
-def _read_note(path: str) -> bytes:
+def read_note(path: str) -> bytes:
     """The bytes of a kept transfer's ``.json`` note, a regular file only.
 
     Why: ``open()`` of a FIFO planted under that name would wait forever for a writer
     and hang the receiver (and the sync with it); a symlink would read another file
     (OSError ELOOP). A FIFO or device is not remotemac's note: DataError unsafe-path,
     and it is left where it is."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | _NOFOLLOW)
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | NOFOLLOW)
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise DataError("%s is not a file of remotemac's: left alone" % path, "unsafe-path")
@@ -166,7 +166,7 @@ def _read_note(path: str) -> bytes:
         os.close(fd)
 
 
-def _own_file(path: str, flags: int) -> int:
+def own_file(path: str, flags: int) -> int:
     """An fd of ``path`` (a split's ciphertext or RAM part), never through a link.
 
     Why: those names outlive a session and the start answer gives their sid away, so
@@ -175,7 +175,7 @@ def _own_file(path: str, flags: int) -> int:
     regular one with no other name, or ciphertext, or plaintext on a disk, would land
     in a file outside remote_root."""
     try:
-        fd = os.open(path, flags | os.O_NONBLOCK | _NOFOLLOW, 0o600)  # a FIFO: no wait
+        fd = os.open(path, flags | os.O_NONBLOCK | NOFOLLOW, 0o600)  # a FIFO: no wait
     except OSError as exc:
         if exc.errno != errno.ELOOP:
             raise
@@ -188,15 +188,15 @@ def _own_file(path: str, flags: int) -> int:
     raise DataError("%s is a link, not a file of this split's: refused" % path, "unsafe-path")
 
 
-def _write_meta(base: str, meta: Dict[str, Any]) -> None:
+def write_meta(base: str, meta: Dict[str, Any]) -> None:
     """``base.json`` written whole (temp name, then rename): readers never see half."""
     tmp = "%s.tmp-%d" % (base, os.getpid())
-    with _open_new(tmp) as fh:
+    with open_new(tmp) as fh:
         fh.write(json.dumps(meta).encode("utf-8"))
     os.replace(tmp, base + ".json")
 
 
-def _pwrite(fd: int, data: bytes, offset: int) -> None:
+def pwrite_all(fd: int, data: bytes, offset: int) -> None:
     view = memoryview(data)
     while view:
         done = os.pwrite(fd, view, offset)

@@ -10,25 +10,25 @@ from __future__ import annotations
 import os
 from typing import Any, Dict, List, Optional
 
-from .datafiles import _HashSink, _unlink
+from .datafiles import HashSink, unlink_quietly
 from .datarecords import (
-    _SPLIT_PART,
     PARTIAL,
     READ,
     RECORD,
+    SPLIT_PART,
     WRITING,
-    _alive,
-    _check_rel,
-    _compact,
-    _inside,
-    _lstat,
-    _make_parents,
-    _plain_ok,
-    _read_records,
-    _stored,
+    check_rel,
+    compact_records,
+    inside,
+    make_parents,
     name_key,
+    other_alive,
+    plain_ok,
+    read_records,
+    regular_lstat,
+    stored_ok,
 )
-from .datasplit import _split_sid
+from .datasplit import split_sid
 
 
 class Finish:
@@ -65,14 +65,14 @@ class Finish:
         redecrypted = 0
         wanted = {}
         # with what the other streams verified
-        self._record_end, lines = _read_records(self.src, self._record_end, self.records)
+        self._record_end, lines = read_records(self.src, self._record_end, self.records)
         self._record_lines += lines
         for entry in manifest:
-            rel = _check_rel(entry["path"])
+            rel = check_rel(entry["path"])
             wanted[rel] = entry
             rec = self.records.get(rel)
             if rec is None or (
-                rel not in self._stored_seen and not _stored(self.src, rec, self.encrypted)
+                rel not in self._stored_seen and not stored_ok(self.src, rec, self.encrypted)
             ):
                 mismatches.append({"path": rel, "why": "missing on the host"})
                 continue
@@ -82,7 +82,7 @@ class Finish:
             if (
                 self.encrypted
                 and self._ram_seen.get(rel, -1) != rec.get("plain_mtime_ns")
-                and not _plain_ok(self.dest, rec)
+                and not plain_ok(self.dest, rec)
             ):
                 why = self._redecrypt(rec)
                 if why:
@@ -91,17 +91,17 @@ class Finish:
                 redecrypted += 1
         others = self._other_writers()
         if others:  # a cut session may have left debris: walk both trees
-            ended = [mark for mark, pid in others if not _alive(pid)]
+            ended = [mark for mark, pid in others if not other_alive(pid)]
             pruned = self._prune(set(wanted))
-            _unlink(*ended)
+            unlink_quietly(*ended)
         else:  # every session ended cleanly: only recorded files can be left over
             pruned = self._prune_recorded(wanted)
         for base, meta in self._partial_metas():  # every wanted file is whole: none resumes
-            if not _alive(meta.get("pid")) and _split_sid(base) not in self._splits_open:
+            if not other_alive(meta.get("pid")) and split_sid(base) not in self._splits_open:
                 self._drop_meta(base, meta)
         live = {p: r for p, r in self.records.items() if p in wanted}
         if redecrypted or len(live) < len(self.records) or self._record_lines > 2 * len(live) + 64:
-            _compact(self.src, live)
+            compact_records(self.src, live)
         self.records = live
         self.done_writing()
         return {
@@ -119,21 +119,21 @@ class Finish:
         from . import streamcrypt
 
         rel = rec["path"]
-        plain = _inside(self.dest, rel)
+        plain = inside(self.dest, rel)
         self.writing()
-        _make_parents(self.dest, rel)
+        make_parents(self.dest, rel)
         try:
-            streamcrypt.decrypt_file(self.key, rel, _inside(self.src, rel) + ".rmenc", plain)
+            streamcrypt.decrypt_file(self.key, rel, inside(self.src, rel) + ".rmenc", plain)
         except streamcrypt.DecryptError as exc:
             return "stored ciphertext failed authentication (tampered or damaged): %s" % exc
         except OSError as exc:
             return "cannot decrypt the stored ciphertext: %s" % exc
-        sink = _HashSink(None)
+        sink = HashSink(None)
         with open(plain, "rb") as fh:
             for block in iter(lambda: fh.read(READ), b""):
                 sink.write(block)
         if sink.digest.hexdigest() != rec["sha256"]:
-            _unlink(plain)
+            unlink_quietly(plain)
             return "sha256 differs after decrypting the stored ciphertext"
         rec["plain_mtime_ns"] = os.lstat(plain).st_mtime_ns
         return None
@@ -149,12 +149,12 @@ class Finish:
         for rel in self.records:
             if rel in wanted or name_key(rel) in keys:
                 continue
-            paths = [_inside(self.src, rel) + (".rmenc" if self.encrypted else "")]
+            paths = [inside(self.src, rel) + (".rmenc" if self.encrypted else "")]
             if self.encrypted:
-                paths.append(_inside(self.dest, rel))
+                paths.append(inside(self.dest, rel))
             for path in paths:
-                if _lstat(path) is not None:
-                    _unlink(path)
+                if regular_lstat(path) is not None:
+                    unlink_quietly(path)
                     pruned += 1
         return pruned
 
@@ -177,14 +177,16 @@ class Finish:
                 for name in files:
                     if ".part-" in name:
                         pid = name.rsplit(".part-", 1)[1]
-                        if pid.isdigit() and not _alive(int(pid)):
-                            _unlink(dirpath + "/" + name)  # debris of a session killed mid-file
+                        if pid.isdigit() and not other_alive(int(pid)):
+                            unlink_quietly(
+                                dirpath + "/" + name
+                            )  # debris of a session killed mid-file
                         continue  # else a live session's file in flight
-                    if _SPLIT_PART.match(name) and name_key(prefix + name) not in wanted:
+                    if SPLIT_PART.match(name) and name_key(prefix + name) not in wanted:
                         # a split file's plaintext part (see receive_piece): debris of a
                         # cut split, unless this session is writing it
                         if name.rpartition(".split-")[2] not in self._splits_open:
-                            _unlink(dirpath + "/" + name)
+                            unlink_quietly(dirpath + "/" + name)
                         continue
                     if top_of_src and name.startswith((RECORD, PARTIAL, WRITING)):
                         continue
@@ -192,6 +194,6 @@ class Finish:
                     if ext:  # a stored copy is "<path>.rmenc"; anything else there goes
                         rel = rel[: -len(ext)] if rel.endswith(ext) else ""
                     if name_key(rel) not in wanted:
-                        _unlink(dirpath + "/" + name)
+                        unlink_quietly(dirpath + "/" + name)
                         pruned += 1
         return pruned

@@ -94,9 +94,17 @@ import struct
 import sys
 from typing import Any, BinaryIO, Dict, List, Optional
 
-from .datafiles import _HashSink, _Lines, _read_exact
-from .datarecords import READ, DataError, _check_rel, _compact, _inside, _lstat, _Recorder
-from .receiver import Receiver, _use_runtime
+from .datafiles import HashSink, Lines, read_exact
+from .datarecords import (
+    READ,
+    DataError,
+    Recorder,
+    check_rel,
+    compact_records,
+    inside,
+    regular_lstat,
+)
+from .receiver import Receiver, use_runtime
 from .writebehind import WriteBehind
 
 FRAME = struct.Struct(">cIQ")
@@ -150,15 +158,15 @@ def _preload(runtime_dir: Optional[str]) -> None:
     if not runtime_dir:
         return
     with contextlib.suppress(Exception):
-        _use_runtime(runtime_dir)
+        use_runtime(runtime_dir)
         from . import streamcrypt
 
-        streamcrypt._aead(bytes(32))
+        streamcrypt.new_aead(bytes(32))
 
 
 def serve(stdin: BinaryIO, stdout: BinaryIO, runtime_dir: Optional[str] = None) -> int:
     """Run one sync session (see the module doc); returns the process exit code."""
-    lines = _Lines(stdout)
+    lines = Lines(stdout)
     try:
         _widen_pipe(stdin)
         if not _waiting(stdin):
@@ -180,7 +188,7 @@ def serve(stdin: BinaryIO, stdout: BinaryIO, runtime_dir: Optional[str] = None) 
             # at the RAM copies, the cipher
             receiver.start_check_ram()
             receiver.cipher()
-        receiver.recorder, receiver.lines = _Recorder(receiver.src), lines
+        receiver.recorder, receiver.lines = Recorder(receiver.src), lines
         behind = WriteBehind(BEHIND_BYTES, idle=lines.flush_acks)
         try:
             return _frames(stdin, receiver, behind, lines)
@@ -202,20 +210,20 @@ def serve(stdin: BinaryIO, stdout: BinaryIO, runtime_dir: Optional[str] = None) 
         return 1
 
 
-def _frames(stdin: BinaryIO, receiver: Receiver, behind: WriteBehind, lines: _Lines) -> int:
+def _frames(stdin: BinaryIO, receiver: Receiver, behind: WriteBehind, lines: Lines) -> int:
     """Read frames until the session ends (the D or E frame); the exit code."""
     while True:
-        kind, index, length = FRAME.unpack(_read_exact(stdin, FRAME.size))
+        kind, index, length = FRAME.unpack(read_exact(stdin, FRAME.size))
         if kind == b"F":
             receiver.receive(stdin, index, length, behind)
         elif kind == b"R":
-            (size,) = META_LEN.unpack(_read_exact(stdin, META_LEN.size))
-            resume = json.loads(_read_exact(stdin, size).decode("utf-8"))
+            (size,) = META_LEN.unpack(read_exact(stdin, META_LEN.size))
+            resume = json.loads(read_exact(stdin, size).decode("utf-8"))
             receiver.receive(stdin, index, length, behind, resume)
         elif kind == b"S":  # one piece of a split file, written here (see receive_piece)
             if behind.error is not None:  # a file before it failed: that ends the session
                 raise behind.error
-            (size,) = META_LEN.unpack(_read_exact(stdin, META_LEN.size))
+            (size,) = META_LEN.unpack(read_exact(stdin, META_LEN.size))
             receiver.receive_piece(stdin, index, length, _small_json(stdin, size))
         elif kind == b"J":  # after the files before it: records and acks stay in order
             req = _small_json(stdin, length)
@@ -228,7 +236,7 @@ def _frames(stdin: BinaryIO, receiver: Receiver, behind: WriteBehind, lines: _Li
             lines.say({"ok": True, "result": {"received": receiver.received}})
             return 0
         elif kind == b"E":
-            final = json.loads(_read_exact(stdin, length).decode("utf-8"))
+            final = json.loads(read_exact(stdin, length).decode("utf-8"))
             behind.drain()
             manifest = receiver.final_manifest(final)
             lines.say({"ok": True, "result": receiver.finish(manifest)})
@@ -246,7 +254,7 @@ def _small_json(stdin: BinaryIO, size: int) -> Dict[str, Any]:
     if size > SPLIT_JSON_MAX:
         raise DataError("a split frame's description of %d bytes" % size, "integrity")
     try:
-        obj = json.loads(_read_exact(stdin, size).decode("utf-8"))
+        obj = json.loads(read_exact(stdin, size).decode("utf-8"))
     except (ValueError, UnicodeDecodeError):
         obj = None
     if not isinstance(obj, dict):
@@ -254,7 +262,7 @@ def _small_json(stdin: BinaryIO, size: int) -> Dict[str, Any]:
     return obj
 
 
-def _answer_error(lines: _Lines, message: str, code: str) -> None:
+def _answer_error(lines: Lines, message: str, code: str) -> None:
     with contextlib.suppress(OSError):
         lines.flush_acks()
         lines.say({"ok": False, "error": message, "code": code})
@@ -279,12 +287,12 @@ def op_prepare_data(req: Dict[str, Any]) -> Dict[str, Any]:
         }
     mismatches: List[Dict[str, str]] = []
     for entry in req["manifest"]:
-        rel = _check_rel(entry["path"])
+        rel = check_rel(entry["path"])
         rec = {"path": rel, "sha256": entry["sha256"], "size": entry["size"]}
         if receiver.encrypted:
             why = receiver._redecrypt(rec)
         else:
-            why = _hash_check(_inside(receiver.src, rel), entry["sha256"])
+            why = _hash_check(inside(receiver.src, rel), entry["sha256"])
         if why:
             mismatches.append({"path": rel, "why": why})
         elif receiver.encrypted:
@@ -292,15 +300,15 @@ def op_prepare_data(req: Dict[str, Any]) -> Dict[str, Any]:
             if old is not None and old.get("sha256") == rec["sha256"]:
                 old["plain_mtime_ns"] = rec["plain_mtime_ns"]
     if receiver.encrypted and receiver.records:
-        _compact(receiver.src, receiver.records)
+        compact_records(receiver.src, receiver.records)
     receiver.done_writing()
     return {"data_dir": receiver.dest, "mismatches": mismatches, "ram": receiver.ram}
 
 
 def _hash_check(path: str, expected: str) -> Optional[str]:
-    if _lstat(path) is None:
+    if regular_lstat(path) is None:
         return "missing"
-    sink = _HashSink(None)
+    sink = HashSink(None)
     with open(path, "rb") as fh:
         for block in iter(lambda: fh.read(READ), b""):
             sink.write(block)

@@ -15,9 +15,9 @@ import os
 import stat
 from typing import Any, Dict, List, Optional, Tuple
 
-from .datafiles import _HashSink, _open_new, _own_file, _read_note, _unlink
-from .datarecords import PARTIAL, DataError, _alive, _check_rel, _lstat
-from .datasplit import _split_sid
+from .datafiles import HashSink, open_new, own_file, read_note, unlink_quietly
+from .datarecords import PARTIAL, DataError, check_rel, other_alive, regular_lstat
+from .datasplit import split_sid
 
 
 class PartialTransfers:
@@ -45,20 +45,20 @@ class PartialTransfers:
                     continue
                 base = os.path.join(directory, name[: -len(".json")])
                 try:
-                    raw = _read_note(base + ".json")
+                    raw = read_note(base + ".json")
                 except DataError:  # not a note of ours (a FIFO, a device): left alone
                     continue
                 except OSError:
                     raw = b""
                 try:
                     meta = json.loads(raw.decode("utf-8"))
-                    _check_rel(meta["path"])
+                    check_rel(meta["path"])
                     if meta.get("split") and not (
                         isinstance(meta.get("header"), str) and isinstance(meta["pieces"], list)
                     ):
                         raise ValueError("not a split's meta")
                 except (OSError, ValueError, KeyError, TypeError, AttributeError, DataError):
-                    _unlink(base + ".json", base + ".rmenc", base + ".lock")
+                    unlink_quietly(base + ".json", base + ".rmenc", base + ".lock")
                     continue
                 out.append((base, meta))
         return out
@@ -85,7 +85,7 @@ class PartialTransfers:
         #: index -> (base, meta, chunks kept, what the start answer says)
         best: Dict[int, Tuple[str, Dict[str, Any], int, Dict[str, Any]]] = {}
         for base, meta in metas:
-            if _alive(meta.get("pid"), wait=3.0):
+            if other_alive(meta.get("pid"), wait=3.0):
                 continue  # an earlier session still writes it (it dies of the cut soon)
             index = index_of.get(meta["path"])
             entry = self.entries[index] if index is not None else None
@@ -101,10 +101,10 @@ class PartialTransfers:
             if meta.get("split"):
                 chunks, info = self._split_kept(base, meta)
             else:
-                sink = _HashSink(None)
+                sink = HashSink(None)
                 self.cipher()
                 try:
-                    with os.fdopen(_own_file(base + ".rmenc", os.O_RDONLY), "rb") as fh:
+                    with os.fdopen(own_file(base + ".rmenc", os.O_RDONLY), "rb") as fh:
                         header, chunks = streamcrypt.verified_prefix(
                             self.key, meta["path"], fh, sink
                         )
@@ -135,25 +135,25 @@ class PartialTransfers:
             chunks = sum(int(p[1]) for p in pieces)
         except (ValueError, TypeError, IndexError):
             chunks = 0
-        part = self._split_part(meta["path"], _split_sid(base))
-        if _lstat(base + ".rmenc") is None or _lstat(part) is None:
+        part = self._split_part(meta["path"], split_sid(base))
+        if regular_lstat(base + ".rmenc") is None or regular_lstat(part) is None:
             chunks = 0
         return chunks, {"split": True, "header": meta["header"], "pieces": pieces}
 
     def _drop_meta(self, base: str, meta: Dict[str, Any]) -> None:
         """Delete a kept cut transfer (a split's: its ciphertext, lock and RAM part too)."""
         if not meta.get("split"):
-            _unlink(base + ".json", base + ".rmenc")
+            unlink_quietly(base + ".json", base + ".rmenc")
             return
-        sid = _split_sid(base)
-        _unlink(base + ".json", base + ".rmenc", base + ".lock")
-        _unlink(self._split_part(meta["path"], sid))
+        sid = split_sid(base)
+        unlink_quietly(base + ".json", base + ".rmenc", base + ".lock")
+        unlink_quietly(self._split_part(meta["path"], sid))
         self._splits_open.discard(sid)
 
     def _drop_partials(self, rel: str) -> None:
         """Forget every cut transfer of ``rel`` no live session is writing."""
         for base, meta in self._partial_metas():
-            if meta["path"] == rel and not _alive(meta.get("pid")):
+            if meta["path"] == rel and not other_alive(meta.get("pid")):
                 self._drop_meta(base, meta)
 
     def _claim_partial(self, rel: str, entry: Dict[str, Any], resume: Optional[Dict[str, Any]]):
@@ -174,7 +174,7 @@ class PartialTransfers:
                 os.replace(old + ".rmenc", base + ".rmenc")
             except OSError:
                 raise DataError("the cut transfer of %s to resume is gone" % rel) from None
-            _unlink(old + ".json")
+            unlink_quietly(old + ".json")
         meta = {
             "path": rel,
             "size": entry.get("size"),
@@ -182,7 +182,7 @@ class PartialTransfers:
             "pid": os.getpid(),
         }
         tmp = "%s.tmp-%d" % (base, os.getpid())
-        with _open_new(tmp) as fh:
+        with open_new(tmp) as fh:
             fh.write(json.dumps(meta).encode("utf-8"))
         os.replace(tmp, base + ".json")
         return base

@@ -26,7 +26,7 @@ RECORD = ".verified.jsonl"
 #: split files (see Receiver.receive_piece): ``<sha256(path)[:32]>-s<sid>`` + ``.rmenc``,
 #: ``.json``, ``.lock``, their plaintext ``.<name>.split-<sid>`` beside the file in RAM
 PARTIAL = ".remotemac-partial"
-_SPLIT_PART = re.compile(r"\..+\.split-[0-9a-f]{16}\Z")
+SPLIT_PART = re.compile(r"\..+\.split-[0-9a-f]{16}\Z")
 #: ``<src>/.remotemac-writing-<pid>``: made before a session's first write into the
 #: data dirs, removed when it ends cleanly. One left by another process means that
 #: session was cut (or still runs) and may have left debris: finish then walks both
@@ -35,7 +35,7 @@ WRITING = ".remotemac-writing-"
 #: only files this big are kept for resuming when cut (below, resending is cheap)
 RESUMABLE = 8 << 20
 READ = 1 << 20
-_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 
 
 class DataError(Exception):
@@ -67,7 +67,7 @@ def name_key(rel: str) -> str:
     return key.casefold() if sys.platform == "darwin" else key
 
 
-def _check_rel(rel: str) -> str:
+def check_rel(rel: str) -> str:
     """A manifest path as given, or DataError: no absolute path, '..', '.', control chars.
 
     Cached: a re-sync checks every path of the slice several times (records, manifest,
@@ -78,13 +78,13 @@ def _check_rel(rel: str) -> str:
     return rel
 
 
-def _inside(base: str, rel: str) -> str:
+def inside(base: str, rel: str) -> str:
     # POSIX hosts only: a checked relative path joins as it is (a re-sync calls this
     # for every file of the slice, so plain concatenation rather than os.path.join)
-    return (base if base.endswith("/") else base + "/") + _check_rel(rel)
+    return (base if base.endswith("/") else base + "/") + check_rel(rel)
 
 
-def _make_parents(base: str, rel: str) -> None:
+def make_parents(base: str, rel: str) -> None:
     """Create the directories of ``rel`` below ``base``, refusing links on the way."""
     current = base
     for part in rel.split("/")[:-1]:
@@ -98,7 +98,7 @@ def _make_parents(base: str, rel: str) -> None:
                 ) from None
 
 
-def _lstat(path: str) -> Optional[os.stat_result]:
+def regular_lstat(path: str) -> Optional[os.stat_result]:
     try:
         st = os.lstat(path)
     except OSError:
@@ -109,11 +109,11 @@ def _lstat(path: str) -> Optional[os.stat_result]:
 def load_records(src: str) -> Dict[str, Dict[str, Any]]:
     """The last record line for each path (a torn last line is ignored)."""
     records: Dict[str, Dict[str, Any]] = {}
-    _read_records(src, 0, records)
+    read_records(src, 0, records)
     return records
 
 
-def _read_records(src: str, offset: int, records: Dict[str, Dict[str, Any]]) -> Tuple[int, int]:
+def read_records(src: str, offset: int, records: Dict[str, Dict[str, Any]]) -> Tuple[int, int]:
     """Add the record lines from byte ``offset`` on to ``records``: (end offset, lines).
 
     The end offset lets a later call read only what was appended since (the other
@@ -143,13 +143,13 @@ def _read_records(src: str, offset: int, records: Dict[str, Dict[str, Any]]) -> 
     return offset + len(whole), len(lines)
 
 
-def _stored(src: str, rec: Dict[str, Any], encrypted: bool) -> bool:
+def stored_ok(src: str, rec: Dict[str, Any], encrypted: bool) -> bool:
     """Quick check (like rsync's): the stored copy still has the size it was verified with."""
-    path = _inside(src, rec["path"]) + (".rmenc" if encrypted else "")
-    return _stored_as(_lstat(path), rec, encrypted)
+    path = inside(src, rec["path"]) + (".rmenc" if encrypted else "")
+    return stored_as(regular_lstat(path), rec, encrypted)
 
 
-def _stored_as(st: Optional[os.stat_result], rec: Dict[str, Any], encrypted: bool) -> bool:
+def stored_as(st: Optional[os.stat_result], rec: Dict[str, Any], encrypted: bool) -> bool:
     if st is None or not stat.S_ISREG(st.st_mode):
         return False
     if encrypted:
@@ -157,8 +157,8 @@ def _stored_as(st: Optional[os.stat_result], rec: Dict[str, Any], encrypted: boo
     return st.st_size == rec.get("size") and st.st_mtime_ns == rec.get("mtime_ns")
 
 
-def _plain_ok(dest: str, rec: Dict[str, Any]) -> bool:
-    st = _lstat(_inside(dest, rec["path"]))
+def plain_ok(dest: str, rec: Dict[str, Any]) -> bool:
+    st = regular_lstat(inside(dest, rec["path"]))
     return (
         st is not None
         and st.st_size == rec.get("size")
@@ -166,13 +166,13 @@ def _plain_ok(dest: str, rec: Dict[str, Any]) -> bool:
     )
 
 
-class _Recorder:
+class Recorder:
     """Appends one line per verified file; each line is written whole, so a cut leaves
     at most a torn last line, which :func:`load_records` skips."""
 
     def __init__(self, src: str) -> None:
         fd = os.open(
-            os.path.join(src, RECORD), os.O_WRONLY | os.O_CREAT | os.O_APPEND | _NOFOLLOW, 0o600
+            os.path.join(src, RECORD), os.O_WRONLY | os.O_CREAT | os.O_APPEND | NOFOLLOW, 0o600
         )
         self._fd = fd
 
@@ -189,7 +189,7 @@ class _Recorder:
         os.close(self._fd)
 
 
-def _alive(pid: Any, wait: float = 0.0) -> bool:
+def other_alive(pid: Any, wait: float = 0.0) -> bool:
     """Whether process ``pid`` (another receiver on this host) still runs; waits up to
     ``wait`` seconds for it to end (a session cut by the link exits at its next read)."""
     import time
@@ -205,7 +205,7 @@ def _alive(pid: Any, wait: float = 0.0) -> bool:
         time.sleep(0.05)
 
 
-def _compact(src: str, records: Dict[str, Dict[str, Any]]) -> None:
+def compact_records(src: str, records: Dict[str, Dict[str, Any]]) -> None:
     tmp = os.path.join(src, RECORD + ".tmp-%d" % os.getpid())
     with open(tmp, "w") as fh:
         for path in sorted(records):

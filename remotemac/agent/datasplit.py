@@ -14,19 +14,19 @@ import os
 from typing import Any, BinaryIO, Dict
 
 from .datafiles import (
-    _flocked,
-    _HashSink,
-    _own_file,
-    _pwrite,
-    _read_exact,
-    _read_note,
-    _unlink,
-    _write_meta,
+    HashSink,
+    flocked,
+    own_file,
+    pwrite_all,
+    read_exact,
+    read_note,
+    unlink_quietly,
+    write_meta,
 )
-from .datarecords import READ, DataError, _inside, _lstat, _make_parents
+from .datarecords import READ, DataError, inside, make_parents, regular_lstat
 
 
-class _Split:
+class Split:
     """One split file as a frame names it (see :meth:`Receiver._split`)."""
 
     def __init__(self, **fields: Any) -> None:
@@ -45,7 +45,7 @@ class _Split:
         self.part: str = fields["part"]
 
 
-def _split_sid(base: str) -> str:
+def split_sid(base: str) -> str:
     """The sid of a split's base path ("" for a single stream's cut transfer)."""
     name = os.path.basename(base)
     return name.rpartition("-s")[2] if "-s" in name else ""
@@ -56,10 +56,10 @@ class SplitPieces:
 
     def _split_part(self, rel: str, sid: str) -> str:
         """The plaintext part of ``rel``'s split ``sid``: hidden, beside the file in RAM."""
-        plain = _inside(self.dest, rel)
+        plain = inside(self.dest, rel)
         return os.path.join(os.path.dirname(plain), ".%s.split-%s" % (os.path.basename(plain), sid))
 
-    def _split(self, index: int, header_hex: Any) -> "_Split":
+    def _split(self, index: int, header_hex: Any) -> "Split":
         """The split of entry ``index`` under a header that authenticates under the key
         and the entry's path (DataError integrity otherwise)."""
         if not self.encrypted:
@@ -85,7 +85,7 @@ class SplitPieces:
             raise DataError("split of %s refused: %s" % (rel, exc), "integrity") from None
         sid = hashlib.sha256(header).hexdigest()[:16]
         name = "%s-s%s" % (hashlib.sha256(rel.encode("utf-8")).hexdigest()[:32], sid)
-        return _Split(
+        return Split(
             index=index,
             rel=rel,
             size=size,
@@ -99,11 +99,11 @@ class SplitPieces:
             part=self._split_part(rel, sid),
         )
 
-    def _split_meta(self, sp: "_Split") -> Dict[str, Any]:
+    def _split_meta(self, sp: "Split") -> Dict[str, Any]:
         """The split's meta as written (under its lock), or a new one with no piece;
         DataError integrity when it names another file or another version of it."""
         try:
-            meta = json.loads(_read_note(sp.base + ".json").decode("utf-8"))
+            meta = json.loads(read_note(sp.base + ".json").decode("utf-8"))
         except FileNotFoundError:
             return {
                 "path": sp.rel,
@@ -165,18 +165,18 @@ class SplitPieces:
         self.writing()
         self._make_parents(self.src, sp.rel)
         self._make_parents(self.dest, sp.rel)
-        with _flocked(sp.base + ".lock"):
+        with flocked(sp.base + ".lock"):
             meta = self._split_meta(sp)
             if not os.path.exists(sp.base + ".json"):  # found by partials/finish if cut
-                _write_meta(sp.base, meta)
+                write_meta(sp.base, meta)
         self._splits_open.add(sp.sid)
         digest = hashlib.sha256()
         cs, tag = sp.chunk_size, streamcrypt.TAG_LEN
         done = 0  # whole chunks of this piece stored and opened
         try:
-            cipher_fd = _own_file(sp.base + ".rmenc", os.O_RDWR | os.O_CREAT)
+            cipher_fd = own_file(sp.base + ".rmenc", os.O_RDWR | os.O_CREAT)
             try:
-                plain_fd = _own_file(sp.part, os.O_RDWR | os.O_CREAT)
+                plain_fd = own_file(sp.part, os.O_RDWR | os.O_CREAT)
             except BaseException:
                 os.close(cipher_fd)
                 raise
@@ -185,10 +185,10 @@ class SplitPieces:
             raise
         try:
             try:
-                _pwrite(cipher_fd, sp.header, 0)
+                pwrite_all(cipher_fd, sp.header, 0)
                 for counter in range(first, first + count):
-                    sealed = _read_exact(stdin, min(cs, sp.size - counter * cs) + tag)
-                    _pwrite(cipher_fd, sealed, streamcrypt.HEADER_LEN + counter * (cs + tag))
+                    sealed = read_exact(stdin, min(cs, sp.size - counter * cs) + tag)
+                    pwrite_all(cipher_fd, sealed, streamcrypt.HEADER_LEN + counter * (cs + tag))
                     try:
                         plain = sp.opener(counter, counter == sp.total - 1, sealed)
                     except streamcrypt.DecryptError as exc:
@@ -196,7 +196,7 @@ class SplitPieces:
                             "dataset file %s failed decryption on the host: %s" % (sp.rel, exc),
                             "integrity",
                         ) from None
-                    _pwrite(plain_fd, plain, counter * cs)
+                    pwrite_all(plain_fd, plain, counter * cs)
                     digest.update(plain)
                     done += 1
             finally:
@@ -213,7 +213,7 @@ class SplitPieces:
         assert self.lines is not None
         self.lines.say({"piece": [index, first]})
 
-    def _note_piece(self, sp: "_Split", first: int, count: int, sha: str) -> None:
+    def _note_piece(self, sp: "Split", first: int, count: int, sha: str) -> None:
         """Add a piece whose chunks are all stored and opened to the split's meta.
 
         The receiver of a cut session may note the piece it was inside only once sshd
@@ -222,7 +222,7 @@ class SplitPieces:
         whose notes are gone (assembled, dropped) gets none back."""
         if not os.path.exists(sp.base + ".json"):
             return
-        with _flocked(sp.base + ".lock"):
+        with flocked(sp.base + ".lock"):
             if not os.path.exists(sp.base + ".json"):
                 return
             meta = self._split_meta(sp)
@@ -230,7 +230,7 @@ class SplitPieces:
                 return
             pieces = [p for p in meta["pieces"] if p[0] != first]
             meta["pieces"] = sorted(pieces + [[first, count, sha]])
-            _write_meta(sp.base, meta)
+            write_meta(sp.base, meta)
 
     def assemble(self, index: int, req: Dict[str, Any]) -> None:
         """A ``J`` frame, on the write-behind thread after the files before it: the
@@ -256,11 +256,11 @@ class SplitPieces:
         self._splits_open.discard(sp.sid)
         self._verified(index, rec)
 
-    def _assemble(self, sp: "_Split", claimed: str) -> Dict[str, Any]:
+    def _assemble(self, sp: "Split", claimed: str) -> Dict[str, Any]:
         """:meth:`assemble`'s checks and renames, under the split's lock; the record."""
         from . import streamcrypt
 
-        with _flocked(sp.base + ".lock"):
+        with flocked(sp.base + ".lock"):
             meta = self._split_meta(sp)
             at = 0  # the end of the pieces so far that tile from chunk 0
             try:
@@ -277,19 +277,19 @@ class SplitPieces:
                     % (sp.rel, sp.total),
                     "integrity",
                 )
-            st = _lstat(sp.part)
+            st = regular_lstat(sp.part)
             if st is None or st.st_size != sp.size:
                 raise DataError(
                     "split of %s: its plaintext in RAM is not %d bytes" % (sp.rel, sp.size),
                     "integrity",
                 )
-            sink = _HashSink(None)
-            with os.fdopen(_own_file(sp.part, os.O_RDONLY), "rb") as fh:
+            sink = HashSink(None)
+            with os.fdopen(own_file(sp.part, os.O_RDONLY), "rb") as fh:
                 for block in iter(lambda: fh.read(READ), b""):
                     sink.write(block)
             self._check_digest(sp.rel, sink.digest.hexdigest(), claimed)
             enc_size = streamcrypt.ciphertext_size(sp.size, sp.chunk_size)
-            with os.fdopen(_own_file(sp.base + ".rmenc", os.O_RDWR), "r+b") as fh:
+            with os.fdopen(own_file(sp.base + ".rmenc", os.O_RDWR), "r+b") as fh:
                 if os.fstat(fh.fileno()).st_size > enc_size:
                     fh.truncate(enc_size)
                 if os.fstat(fh.fileno()).st_size != enc_size:
@@ -297,12 +297,12 @@ class SplitPieces:
                         "split of %s: its ciphertext is not %d bytes" % (sp.rel, enc_size),
                         "integrity",
                     )
-            stored, plain = _inside(self.src, sp.rel) + ".rmenc", _inside(self.dest, sp.rel)
-            _make_parents(self.src, sp.rel)
-            _make_parents(self.dest, sp.rel)
+            stored, plain = inside(self.src, sp.rel) + ".rmenc", inside(self.dest, sp.rel)
+            make_parents(self.src, sp.rel)
+            make_parents(self.dest, sp.rel)
             os.replace(sp.base + ".rmenc", stored)
             os.replace(sp.part, plain)
-            _unlink(sp.base + ".json", sp.base + ".lock")
+            unlink_quietly(sp.base + ".json", sp.base + ".lock")
         return {
             "path": sp.rel,
             "sha256": claimed,

@@ -29,10 +29,8 @@ from collections.abc import Callable
 from typing import Any
 
 from . import safefs
-from .agentutil import find_tool, pid_alive, tmux_path
+from .agentutil import cpu_seconds, find_tool, pid_alive, tmux_path
 from .launch import agent_argv
-
-__all__ = ["pid_alive", "tmux_path"]  # re-exported: the journal asks hostagent
 
 AGENT_DIR = os.path.dirname(os.path.abspath(__file__))
 HEARTBEAT_STALE_S = 15.0
@@ -522,14 +520,5 @@ def main(args: list[str]) -> int:
     except Exception as exc:  # one line back to the orchestrator, never a hang
         sys.stdout.write(json.dumps(error_answer(exc)))
         return 1
-    sys.stdout.write(json.dumps({"ok": True, "result": result, "cpu_s": _cpu_seconds()}))
+    sys.stdout.write(json.dumps({"ok": True, "result": result, "cpu_s": cpu_seconds()}))
     return 0
-
-
-def _cpu_seconds() -> float:
-    """This process's CPU and its waited-for children's (the run's host-side CPU figure)."""
-    import resource
-
-    own = resource.getrusage(resource.RUSAGE_SELF)
-    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return round(own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime, 4)

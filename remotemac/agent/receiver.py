@@ -16,27 +16,27 @@ import stat
 import threading
 from typing import Any, BinaryIO, Dict, List, Optional, Tuple
 
-from .datafiles import _HashSink, _Lines, _open_new, _Pieces, _read_exact, _Tee, _unlink
+from .datafiles import HashSink, Lines, Pieces, Tee, open_new, read_exact, unlink_quietly
 from .datafinish import Finish
 from .datapartial import PartialTransfers
 from .datarecords import (
-    _NOFOLLOW,
+    NOFOLLOW,
     READ,
     RESUMABLE,
     WRITING,
     DataError,
-    _check_rel,
-    _inside,
-    _make_parents,
-    _read_records,
-    _Recorder,
-    _stored_as,
+    Recorder,
+    check_rel,
+    inside,
+    make_parents,
+    read_records,
+    stored_as,
 )
 from .datasplit import SplitPieces
 from .writebehind import WriteBehind
 
 
-def _use_runtime(path: Optional[str]) -> None:
+def use_runtime(path: Optional[str]) -> None:
     """Decrypt with the agent runtime's cryptography only (see agentruntime.py)."""
     from . import agentruntime
 
@@ -48,7 +48,7 @@ def _use_runtime(path: Optional[str]) -> None:
         raise DataError(str(exc), "host-env") from None
 
 
-def _entries(req: Dict[str, Any]) -> List[Dict[str, Any]]:
+def hello_entries(req: Dict[str, Any]) -> List[Dict[str, Any]]:
     """The hello's entries: ``columns`` (one list per field, as the laptop sends them:
     much cheaper to encode and parse) or ``entries`` (a list of dicts)."""
     cols = req.get("columns")
@@ -79,7 +79,7 @@ class Receiver(PartialTransfers, SplitPieces, Finish):
             raise DataError("no agent runtime was named for decryption", "host-env")
         os.makedirs(self.src, mode=0o700, exist_ok=True)
         self.records: Dict[str, Dict[str, Any]] = {}
-        self._record_end, self._record_lines = _read_records(self.src, 0, self.records)
+        self._record_end, self._record_lines = read_records(self.src, 0, self.records)
         #: paths whose stored copy this session saw (known) or wrote: finish trusts it
         self._stored_seen: set = set()
         #: path -> the RAM copy's mtime this session saw matching its record (see check_ram)
@@ -87,12 +87,12 @@ class Receiver(PartialTransfers, SplitPieces, Finish):
         self._ram_check: Optional[threading.Thread] = None
         self._cipher_ready = False  # the runtime was activated (see cipher)
         self._writing_mark = ""  # this session's WRITING marker, once it writes
-        self.entries: List[Dict[str, Any]] = _entries(req)
+        self.entries: List[Dict[str, Any]] = hello_entries(req)
         for entry in self.entries:
-            _check_rel(entry["path"])
+            check_rel(entry["path"])
         self.received = 0
-        self.recorder: Optional[_Recorder] = None
-        self.lines: Optional[_Lines] = None
+        self.recorder: Optional[Recorder] = None
+        self.lines: Optional[Lines] = None
         self._made: set = set()
         #: sids of the splits this process wrote pieces of and has not assembled or
         #: dropped: their files are in flight (finish and its prune leave them)
@@ -102,13 +102,13 @@ class Receiver(PartialTransfers, SplitPieces, Finish):
         """Mark the data dirs as being written by this process (before its first write)."""
         if not self._writing_mark:
             path = os.path.join(self.src, WRITING + str(os.getpid()))
-            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | _NOFOLLOW, 0o600))
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | NOFOLLOW, 0o600))
             self._writing_mark = path
 
     def done_writing(self) -> None:
         """This session ended cleanly: whatever it wrote is in place and recorded."""
         if self._writing_mark:
-            _unlink(self._writing_mark)
+            unlink_quietly(self._writing_mark)
             self._writing_mark = ""
 
     def _other_writers(self) -> List[Tuple[str, int]]:
@@ -148,12 +148,12 @@ class Receiver(PartialTransfers, SplitPieces, Finish):
             rec = records.get(path)
             if rec is None or (entry.get("size") is not None and rec.get("size") != entry["size"]):
                 continue
-            # _stored, inlined: this loop runs for every file of the slice
+            # stored_ok, inlined: this loop runs for every file of the slice
             try:
                 st = os.lstat(base + path + suffix)
             except OSError:
                 continue
-            if _stored_as(st, rec, encrypted):
+            if stored_as(st, rec, encrypted):
                 out.append((index, str(rec["sha256"])))
                 seen.add(path)
         return out
@@ -187,7 +187,7 @@ class Receiver(PartialTransfers, SplitPieces, Finish):
         another on the reading thread; once it has worked, it holds for the session.
         """
         if self.encrypted and not self._cipher_ready:
-            _use_runtime(self.runtime_dir)
+            use_runtime(self.runtime_dir)
             self._cipher_ready = True
 
     def check_ram(self) -> None:
@@ -207,7 +207,7 @@ class Receiver(PartialTransfers, SplitPieces, Finish):
         records, sightings = self.records, self._ram_seen
         for rel in list(self._stored_seen):  # (the write-behind thread adds to it)
             rec = records[rel]
-            # _plain_ok, inlined: this loop runs for every file of the slice
+            # plain_ok, inlined: this loop runs for every file of the slice
             try:
                 st = os.lstat(base + rel)  # checked when the hello was read
             except OSError:
@@ -260,9 +260,9 @@ class Receiver(PartialTransfers, SplitPieces, Finish):
         self.writing()
         entry = self.entries[index]
         rel = entry["path"]
-        stored = _inside(self.src, rel) + (".rmenc" if self.encrypted else "")
+        stored = inside(self.src, rel) + (".rmenc" if self.encrypted else "")
         self._make_parents(self.src, rel)
-        plain = _inside(self.dest, rel) if self.encrypted else None
+        plain = inside(self.dest, rel) if self.encrypted else None
         plain_part = None
         meta = None
         if plain is not None:
@@ -279,8 +279,8 @@ class Receiver(PartialTransfers, SplitPieces, Finish):
         else:  # public: a cut resends it whole
             part = "%s.part-%d" % (stored, os.getpid())
         keep_partial = False
-        out = _open_new(plain_part if plain_part is not None else part)
-        sink = _HashSink(out, behind)
+        out = open_new(plain_part if plain_part is not None else part)
+        sink = HashSink(out, behind)
         try:
             if self.encrypted:
                 self._receive_sealed(stdin, rel, length, part, sink, resume)
@@ -293,19 +293,19 @@ class Receiver(PartialTransfers, SplitPieces, Finish):
                     sink.write(block)
                     left -= len(block)
             keep_partial = True  # the ciphertext is whole; a cut from here resumes at its end
-            claimed = _read_exact(stdin, 32).hex()
+            claimed = read_exact(stdin, 32).hex()
             keep_partial = False
         except (EOFError, OSError) as exc:
             # a cut link: the stored ciphertext stays for the next session to resume
             behind.wait_idle()  # it may still be writing the plaintext
             out.close()
             keep_partial = bool(meta) and (keep_partial or isinstance(exc, EOFError))
-            _unlink(plain_part or "", *(() if keep_partial else (part, meta or "")))
+            unlink_quietly(plain_part or "", *(() if keep_partial else (part, meta or "")))
             raise
         except BaseException:
             behind.wait_idle()
             out.close()
-            _unlink(part, plain_part or "", meta or "")
+            unlink_quietly(part, plain_part or "", meta or "")
             raise
 
         def finish() -> None:
@@ -323,10 +323,10 @@ class Receiver(PartialTransfers, SplitPieces, Finish):
                 else:
                     rec["mtime_ns"] = st.st_mtime_ns
             except BaseException:
-                _unlink(part, plain_part or "", meta or "")
+                unlink_quietly(part, plain_part or "", meta or "")
                 raise
             if meta:
-                _unlink(meta)
+                unlink_quietly(meta)
             self._verified(index, rec)
 
         behind.submit(finish)
@@ -349,11 +349,11 @@ class Receiver(PartialTransfers, SplitPieces, Finish):
         self.cipher()
         from . import streamcrypt
 
-        sealed = _read_exact(stdin, length)
-        claimed = _read_exact(stdin, 32).hex()
+        sealed = read_exact(stdin, length)
+        claimed = read_exact(stdin, 32).hex()
         pieces: List[bytes] = []
         try:
-            streamcrypt.decrypt_stream(self.key, rel, io.BytesIO(sealed), _Pieces(pieces))
+            streamcrypt.decrypt_stream(self.key, rel, io.BytesIO(sealed), Pieces(pieces))
         except streamcrypt.DecryptError as exc:
             raise DataError(
                 "dataset file %s failed decryption on the host: %s" % (rel, exc), "integrity"
@@ -362,11 +362,11 @@ class Receiver(PartialTransfers, SplitPieces, Finish):
         def store() -> None:
             part = "%s.part-%d" % (stored, os.getpid())
             try:
-                with _open_new(part) as fh:
+                with open_new(part) as fh:
                     fh.write(sealed)
                 digest = hashlib.sha256()
                 size = 0
-                with _open_new(plain_part) as fh:
+                with open_new(plain_part) as fh:
                     for piece in pieces:
                         digest.update(piece)
                         fh.write(piece)
@@ -382,7 +382,7 @@ class Receiver(PartialTransfers, SplitPieces, Finish):
                     "plain_mtime_ns": os.lstat(plain).st_mtime_ns,
                 }
             except BaseException:
-                _unlink(part, plain_part)
+                unlink_quietly(part, plain_part)
                 raise
             self._verified(index, rec)
 
@@ -409,11 +409,11 @@ class Receiver(PartialTransfers, SplitPieces, Finish):
         self.lines.ack(index)
 
     def _make_parents(self, base: str, rel: str) -> None:
-        """:func:`_make_parents`, once per directory per session (thousands of files
+        """:func:`make_parents`, once per directory per session (thousands of files
         share a few directories)."""
         parent = rel.rpartition("/")[0]
         if (base, parent) not in self._made:
-            _make_parents(base, rel)
+            make_parents(base, rel)
             self._made.add((base, parent))
 
     def _receive_sealed(
@@ -422,7 +422,7 @@ class Receiver(PartialTransfers, SplitPieces, Finish):
         rel: str,
         length: int,
         part: str,
-        sink: _HashSink,
+        sink: HashSink,
         resume: Optional[Dict[str, Any]],
     ) -> None:
         """Tee the ciphertext into ``part`` while decrypting it into ``sink``.
@@ -435,9 +435,7 @@ class Receiver(PartialTransfers, SplitPieces, Finish):
         from . import streamcrypt
 
         mode = "r+b" if resume is not None else "wb"
-        fd = os.open(
-            part, os.O_RDWR | os.O_CREAT | _NOFOLLOW | (0 if resume else os.O_TRUNC), 0o600
-        )
+        fd = os.open(part, os.O_RDWR | os.O_CREAT | NOFOLLOW | (0 if resume else os.O_TRUNC), 0o600)
         with os.fdopen(fd, mode) as copy:
             where = None
             if resume is not None:
@@ -452,7 +450,7 @@ class Receiver(PartialTransfers, SplitPieces, Finish):
                 copy.truncate(streamcrypt.HEADER_LEN + chunks * (cs + streamcrypt.TAG_LEN))
                 copy.seek(0, os.SEEK_END)
                 where = (header, chunks)
-            tee = _Tee(stdin, copy)
+            tee = Tee(stdin, copy)
             try:
                 streamcrypt.decrypt_stream(self.key, rel, tee, sink, limit=length, resume=where)
             except streamcrypt.DecryptError as exc:

@@ -37,7 +37,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, BinaryIO, Dict, List, Optional
 
-from . import hostagent
+from . import hostagent, safefs
+from .agentutil import cpu_seconds
 
 HEADER = struct.Struct(">I")
 MAX_FRAME = 64 << 20
@@ -110,14 +111,14 @@ def answer_once(call_id: str, op: str, req: Dict[str, Any], store: Optional[str]
         with _STORE_MADE:  # calls arrive on several threads at once
             os.makedirs(store, mode=0o700, exist_ok=True)
             # marked like the agent's other dirs: cleanup removes only what carries a marker
-            if hostagent.safefs.marker_of(store) is None:
-                hostagent.safefs.mark_dir(store, {"kind": "agent"})
+            if safefs.marker_of(store) is None:
+                safefs.mark_dir(store, {"kind": "agent"})
     record = os.path.join(store, call_id + ".json")
     lock_path = os.path.join(store, call_id + ".lock")
     fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)  # an earlier attempt may still be running it
-        recorded = hostagent._read_json(record)
+        recorded = safefs.read_json_file(record)
         if isinstance(recorded, dict) and "answer" in recorded:
             answer = dict(recorded["answer"])
             answer["replayed"] = True
@@ -125,7 +126,7 @@ def answer_once(call_id: str, op: str, req: Dict[str, Any], store: Optional[str]
         answer = run_op(op, req)
         # an op that removed the store (cleanup of the whole root) is answered unrecorded
         with contextlib.suppress(OSError):
-            hostagent._atomic_write_json(record, {"op": op, "at": time.time(), "answer": answer})
+            safefs.write_json_atomic(record, {"op": op, "at": time.time(), "answer": answer})
         with contextlib.suppress(OSError):
             os.unlink(lock_path)
         return answer
@@ -188,9 +189,7 @@ class Server:
         except Exception as exc:
             answer = hostagent.error_answer(exc)
         self.served += 1
-        self.send(
-            {"id": call_id, "answer": answer, "cpu_s": hostagent._cpu_seconds(), "pid": os.getpid()}
-        )
+        self.send({"id": call_id, "answer": answer, "cpu_s": cpu_seconds(), "pid": os.getpid()})
 
     def serve(self) -> int:
         self.send(
@@ -198,7 +197,7 @@ class Server:
                 "id": "",
                 "hello": 1,
                 "pid": os.getpid(),
-                "cpu_s": hostagent._cpu_seconds(),
+                "cpu_s": cpu_seconds(),
                 "python": sys.version.split()[0],
             }
         )
@@ -215,8 +214,8 @@ class Server:
                         {
                             "id": str(frame.get("id", "")),
                             "pid": os.getpid(),
-                            "cpu_s": hostagent._cpu_seconds(),
-                            "answer": {"ok": True, "result": {"cpu_s": hostagent._cpu_seconds()}},
+                            "cpu_s": cpu_seconds(),
+                            "answer": {"ok": True, "result": {"cpu_s": cpu_seconds()}},
                         }
                     )
                     continue

@@ -23,7 +23,7 @@ import time
 from typing import Any
 
 from . import safefs
-from .agentruntime import _locked as locked_dir
+from .agentruntime import install_lock
 from .hostagent import AgentError, inventory_add, owned_dir, root_marker
 
 PARENT_PTH = "_remotemac_parent_site.pth"
@@ -222,7 +222,7 @@ def op_ensure_venv(req: dict[str, Any]) -> dict[str, Any]:
     }
     os.makedirs(os.path.dirname(env_dir), mode=0o700, exist_ok=True)
     # runs starting together on one host (a fleet, three terminals) build it once
-    with locked_dir(os.path.dirname(env_dir)):
+    with install_lock(os.path.dirname(env_dir)):
         return _ensure_locked(
             req, root, ident, key, env_dir, python, dict(described, root_id=root_id)
         )
