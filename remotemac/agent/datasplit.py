@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from typing import Any, BinaryIO, Dict
+from typing import Any, BinaryIO, Dict, Tuple
 
 from .datafiles import (
     HashSink,
@@ -140,28 +140,7 @@ class SplitPieces:
         nothing, and the laptop hears of it at once (``{"piece": [index, first]}``).
         """
         sp = self._split(index, desc.get("header"))
-        from . import streamcrypt
-
-        first, count = desc.get("first"), desc.get("count")
-        if not (
-            type(first) is int
-            and type(count) is int
-            and first >= 0
-            and count >= 1
-            and first + count <= sp.total
-        ):
-            raise DataError(
-                "split of %s: piece %r+%r is not within its %d chunks"
-                % (sp.rel, first, count, sp.total),
-                "integrity",
-            )
-        span = streamcrypt.sealed_span(sp.size, sp.chunk_size, first, count)
-        if length != span:
-            raise DataError(
-                "split of %s: piece %d+%d of %d bytes, not %d"
-                % (sp.rel, first, count, length, span),
-                "integrity",
-            )
+        first, count = _piece_range(sp, desc, length)
         self.writing()
         self._make_parents(self.src, sp.rel)
         self._make_parents(self.dest, sp.rel)
@@ -170,9 +149,6 @@ class SplitPieces:
             if not os.path.exists(sp.base + ".json"):  # found by partials/finish if cut
                 write_meta(sp.base, meta)
         self._splits_open.add(sp.sid)
-        digest = hashlib.sha256()
-        cs, tag = sp.chunk_size, streamcrypt.TAG_LEN
-        done = 0  # whole chunks of this piece stored and opened
         try:
             cipher_fd = own_file(sp.base + ".rmenc", os.O_RDWR | os.O_CREAT)
             try:
@@ -185,33 +161,47 @@ class SplitPieces:
             raise
         try:
             try:
-                pwrite_all(cipher_fd, sp.header, 0)
-                for counter in range(first, first + count):
-                    sealed = read_exact(stdin, min(cs, sp.size - counter * cs) + tag)
-                    pwrite_all(cipher_fd, sealed, streamcrypt.HEADER_LEN + counter * (cs + tag))
-                    try:
-                        plain = sp.opener(counter, counter == sp.total - 1, sealed)
-                    except streamcrypt.DecryptError as exc:
-                        raise DataError(
-                            "dataset file %s failed decryption on the host: %s" % (sp.rel, exc),
-                            "integrity",
-                        ) from None
-                    pwrite_all(plain_fd, plain, counter * cs)
-                    digest.update(plain)
-                    done += 1
+                sha = self._store_chunks(stdin, sp, first, count, cipher_fd, plain_fd)
             finally:
                 os.close(plain_fd)
+        finally:
+            os.close(cipher_fd)
+        self._note_piece(sp, first, count, sha)
+        assert self.lines is not None
+        self.lines.say({"piece": [index, first]})
+
+    def _store_chunks(
+        self, stdin: BinaryIO, sp: Split, first: int, count: int, cipher_fd: int, plain_fd: int
+    ) -> str:
+        """Read a piece's sealed chunks: each stored at its place in the ciphertext,
+        opened (authenticated) and its plaintext written at its place in the RAM part;
+        the plaintext's SHA-256. A cut inside the piece notes the chunks that came whole
+        as a shorter piece, so the next attempt sends only the rest of it."""
+        from . import streamcrypt
+
+        digest = hashlib.sha256()
+        cs, tag = sp.chunk_size, streamcrypt.TAG_LEN
+        done = 0  # whole chunks of this piece stored and opened
+        try:
+            pwrite_all(cipher_fd, sp.header, 0)
+            for counter in range(first, first + count):
+                sealed = read_exact(stdin, min(cs, sp.size - counter * cs) + tag)
+                pwrite_all(cipher_fd, sealed, streamcrypt.HEADER_LEN + counter * (cs + tag))
+                try:
+                    plain = sp.opener(counter, counter == sp.total - 1, sealed)
+                except streamcrypt.DecryptError as exc:
+                    raise DataError(
+                        "dataset file %s failed decryption on the host: %s" % (sp.rel, exc),
+                        "integrity",
+                    ) from None
+                pwrite_all(plain_fd, plain, counter * cs)
+                digest.update(plain)
+                done += 1
         except EOFError:
-            # a cut inside the piece: its chunks that came whole are noted as a shorter
-            # piece, so the next attempt sends only the rest of it
             if done:
                 self._note_piece(sp, first, done, digest.hexdigest())
             raise
-        finally:
-            os.close(cipher_fd)
-        self._note_piece(sp, first, count, digest.hexdigest())
-        assert self.lines is not None
-        self.lines.say({"piece": [index, first]})
+        return digest.hexdigest()
 
     def _note_piece(self, sp: "Split", first: int, count: int, sha: str) -> None:
         """Add a piece whose chunks are all stored and opened to the split's meta.
@@ -310,3 +300,30 @@ class SplitPieces:
             "enc_size": os.lstat(stored).st_size,
             "plain_mtime_ns": os.lstat(plain).st_mtime_ns,
         }
+
+
+def _piece_range(sp: Split, desc: Dict[str, Any], length: int) -> Tuple[int, int]:
+    """(first, count) of an ``S`` frame's piece; DataError integrity unless it lies
+    within the split's chunks and its length is exactly theirs sealed."""
+    from . import streamcrypt
+
+    first, count = desc.get("first"), desc.get("count")
+    if not (
+        type(first) is int
+        and type(count) is int
+        and first >= 0
+        and count >= 1
+        and first + count <= sp.total
+    ):
+        raise DataError(
+            "split of %s: piece %r+%r is not within its %d chunks"
+            % (sp.rel, first, count, sp.total),
+            "integrity",
+        )
+    span = streamcrypt.sealed_span(sp.size, sp.chunk_size, first, count)
+    if length != span:
+        raise DataError(
+            "split of %s: piece %d+%d of %d bytes, not %d" % (sp.rel, first, count, length, span),
+            "integrity",
+        )
+    return first, count
