@@ -9,6 +9,7 @@ Cut transfers (datapartial.py), split files (datasplit.py) and the final check
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import io
 import os
@@ -285,13 +286,7 @@ class Receiver(PartialTransfers, SplitPieces, Finish):
             if self.encrypted:
                 self._receive_sealed(stdin, rel, length, part, sink, resume)
             else:
-                left = length
-                while left:
-                    block = stdin.read(min(READ, left))
-                    if not block:
-                        raise EOFError("stream ended inside a frame")
-                    sink.write(block)
-                    left -= len(block)
+                _copy_exact(stdin, sink, length)
             keep_partial = True  # the ciphertext is whole; a cut from here resumes at its end
             claimed = read_exact(stdin, 32).hex()
             keep_partial = False
@@ -308,28 +303,51 @@ class Receiver(PartialTransfers, SplitPieces, Finish):
             unlink_quietly(part, plain_part or "", meta or "")
             raise
 
-        def finish() -> None:
-            try:
-                out.close()
-                digest = sink.digest.hexdigest()
-                self._check_digest(rel, digest, claimed)
-                os.replace(part, stored)
-                rec: Dict[str, Any] = {"path": rel, "sha256": digest, "size": sink.size}
-                st = os.lstat(stored)
-                if plain is not None and plain_part is not None:
-                    os.replace(plain_part, plain)
-                    rec["enc_size"] = st.st_size
-                    rec["plain_mtime_ns"] = os.lstat(plain).st_mtime_ns
-                else:
-                    rec["mtime_ns"] = st.st_mtime_ns
-            except BaseException:
-                unlink_quietly(part, plain_part or "", meta or "")
-                raise
-            if meta:
-                unlink_quietly(meta)
-            self._verified(index, rec)
+        behind.submit(
+            functools.partial(
+                self._store_streamed,
+                index,
+                rel,
+                (out, sink, claimed),
+                (part, stored, meta),
+                (plain_part, plain),
+            )
+        )
 
-        behind.submit(finish)
+    def _store_streamed(
+        self,
+        index: int,
+        rel: str,
+        got: Tuple[BinaryIO, HashSink, str],
+        cipher: Tuple[str, str, Optional[str]],
+        plaintext: Tuple[Optional[str], Optional[str]],
+    ) -> None:
+        """On the write-behind thread, once a streamed file is read whole: check its
+        hash, rename its stored copy (and its plaintext in RAM) into place, record it.
+
+        ``got``: the plaintext's file, its sink and the laptop's SHA-256; ``cipher``:
+        the part it arrived in, where it goes, its cut-transfer note (or None);
+        ``plaintext``: the RAM part and its place (None, None for public data)."""
+        (out, sink, claimed), (part, stored, meta), (plain_part, plain) = got, cipher, plaintext
+        try:
+            out.close()
+            digest = sink.digest.hexdigest()
+            self._check_digest(rel, digest, claimed)
+            os.replace(part, stored)
+            rec: Dict[str, Any] = {"path": rel, "sha256": digest, "size": sink.size}
+            st = os.lstat(stored)
+            if plain is not None and plain_part is not None:
+                os.replace(plain_part, plain)
+                rec["enc_size"] = st.st_size
+                rec["plain_mtime_ns"] = os.lstat(plain).st_mtime_ns
+            else:
+                rec["mtime_ns"] = st.st_mtime_ns
+        except BaseException:
+            unlink_quietly(part, plain_part or "", meta or "")
+            raise
+        if meta:
+            unlink_quietly(meta)
+        self._verified(index, rec)
 
     def _receive_small(
         self,
@@ -462,3 +480,14 @@ class Receiver(PartialTransfers, SplitPieces, Finish):
                 ) from None
             if tee.count != length:
                 raise EOFError("stream ended inside a frame")
+
+
+def _copy_exact(stdin: BinaryIO, sink: HashSink, length: int) -> None:
+    """Public data: ``length`` bytes of the frame into ``sink`` as they come."""
+    left = length
+    while left:
+        block = stdin.read(min(READ, left))
+        if not block:
+            raise EOFError("stream ended inside a frame")
+        sink.write(block)
+        left -= len(block)
