@@ -464,8 +464,6 @@ def op_runtime_ensure(req: Dict[str, Any]) -> Dict[str, Any]:
     ``method``, ``installed``, ``seconds``; or, when the online install fails,
     ``{"failed": message, "tail": pip's last lines}`` so the laptop can fall back.
     """
-    from .hostagent import inventory_add
-
     if sys.version_info[:2] < MIN_PYTHON:
         raise RuntimeInstallError(
             "the host's %s is Python %s; the agent runtime needs 3.9 "
@@ -483,17 +481,7 @@ def op_runtime_ensure(req: Dict[str, Any]) -> Dict[str, Any]:
         marker = read_marker(final)
         if marker is not None:
             return dict(marker, dir=final, reused=True, seconds=0.0)
-        if os.path.lexists(final):  # never complete: ours (marked) is replaced, else refused
-            from . import safefs
-
-            owner = safefs.marker_of(final)
-            if not owner or owner.get("kind") != "runtime":
-                raise RuntimeInstallError(
-                    "%s is in the way and is not remotemac's runtime: left "
-                    "alone (move it, then run again)" % final,
-                    "host-env",
-                )
-            shutil.rmtree(final, ignore_errors=True)
+        _clear_unfinished(final)
         method = req.get("method") or "online"
         if method == "offline" and not req.get("wheels_dir"):
             return {
@@ -506,31 +494,9 @@ def op_runtime_ensure(req: Dict[str, Any]) -> Dict[str, Any]:
         shutil.rmtree(tmp, ignore_errors=True)
         os.makedirs(tmp, mode=0o700)
         try:
-            if method == "online":
-                cache = os.path.join(base, PIP_CACHE)
-                os.makedirs(cache, mode=0o700, exist_ok=True)
-                mark_owned(cache)
-                inventory_add(root, "runtime", cache)
-                _pip_install(tmp, cache)
-                installed = requirements()
-            else:
-                installed = install_wheels(
-                    below_base(base, req["wheels_dir"]), req.get("wheels") or [], tags, tmp
-                )
-            version = _verify(tmp)
-            marker = {
-                "key": runtime_key(tags),
-                "method": method,
-                "installed": installed,
-                "cryptography": version,
-                "python": tags["python"],
-                "installed_at": time.time(),
-            }
-            with open(os.path.join(tmp, MARKER), "w") as fh:
-                json.dump(marker, fh)
-                fh.flush()
-                os.fsync(fh.fileno())
-            mark_owned(tmp)
+            marker = _install_into(tmp, method, req, root, tags)
+            from .hostagent import inventory_add
+
             inventory_add(root, "runtime", final)
             os.rename(tmp, final)
         except RuntimeInstallError as exc:
@@ -545,6 +511,59 @@ def op_runtime_ensure(req: Dict[str, Any]) -> Dict[str, Any]:
             if req.get("wheels_dir"):  # the upload served its purpose either way
                 shutil.rmtree(below_base(base, req["wheels_dir"]), ignore_errors=True)
     return dict(marker, dir=final, reused=False, seconds=round(time.time() - started, 2))
+
+
+def _clear_unfinished(final: str) -> None:
+    """A runtime dir that never completed: ours (marked) is removed, anything else there
+    is refused (host-env), never replaced."""
+    if not os.path.lexists(final):
+        return
+    from . import safefs
+
+    owner = safefs.marker_of(final)
+    if not owner or owner.get("kind") != "runtime":
+        raise RuntimeInstallError(
+            "%s is in the way and is not remotemac's runtime: left "
+            "alone (move it, then run again)" % final,
+            "host-env",
+        )
+    shutil.rmtree(final, ignore_errors=True)
+
+
+def _install_into(
+    tmp: str, method: str, req: Dict[str, Any], root: str, tags: Dict[str, Any]
+) -> Dict[str, Any]:
+    """Install the pinned set into ``tmp`` (pip online, or the uploaded wheels), check
+    that cryptography imports from there, write and return its marker."""
+    from .hostagent import inventory_add
+
+    base = os.path.join(root, SUBDIR)
+    if method == "online":
+        cache = os.path.join(base, PIP_CACHE)
+        os.makedirs(cache, mode=0o700, exist_ok=True)
+        mark_owned(cache)
+        inventory_add(root, "runtime", cache)
+        _pip_install(tmp, cache)
+        installed = requirements()
+    else:
+        installed = install_wheels(
+            below_base(base, req["wheels_dir"]), req.get("wheels") or [], tags, tmp
+        )
+    version = _verify(tmp)
+    marker = {
+        "key": runtime_key(tags),
+        "method": method,
+        "installed": installed,
+        "cryptography": version,
+        "python": tags["python"],
+        "installed_at": time.time(),
+    }
+    with open(os.path.join(tmp, MARKER), "w") as fh:
+        json.dump(marker, fh)
+        fh.flush()
+        os.fsync(fh.fileno())
+    mark_owned(tmp)
+    return marker
 
 
 def mark_owned(path: str) -> None:
