@@ -263,6 +263,27 @@ def _launch_locked(req: dict[str, Any]) -> dict[str, Any]:
         status_path, {"state": "starting", "device": device, "created_at": time.time()}
     )
     argv = agent_argv(sys.executable, AGENT_DIR, "runner", spec_path, site=True)
+    mode = _start_runner(argv, tmux, session)
+    deadline = time.time() + 10
+    while time.time() < deadline:
+        status = _read_json(status_path, {})
+        if status.get("state") != "starting":
+            break
+        time.sleep(0.05)
+    answer = {
+        "session": session,
+        "mode": mode,
+        "status": _read_json(status_path, {}),
+        "access": access,
+    }
+    if not tmux and not tmux_path():
+        answer["tmux_hint"] = tmux_install_hint(sys.platform, brew_path())
+    return answer
+
+
+def _start_runner(argv: list[str], tmux: str | None, session: str) -> str:
+    """Start the job's runner: in a new tmux session (one of that name goes first), or
+    detached in its own session (double fork + setsid) when there is no tmux; the mode."""
     if tmux:
         subprocess.run(
             [tmux, "kill-session", "-t", "=" + session],
@@ -287,27 +308,12 @@ def _launch_locked(req: dict[str, Any]) -> dict[str, Any]:
         )
         if res.returncode != 0:
             raise AgentError("tmux new-session failed: %s" % res.stdout.decode().strip(), "launch")
-        mode = "tmux"
+        return "tmux"
     else:
         from .deadman import spawn_detached  # double fork + setsid, shared with the dead-man
 
         spawn_detached(argv)
-        mode = "daemon"
-    deadline = time.time() + 10
-    while time.time() < deadline:
-        status = _read_json(status_path, {})
-        if status.get("state") != "starting":
-            break
-        time.sleep(0.05)
-    answer = {
-        "session": session,
-        "mode": mode,
-        "status": _read_json(status_path, {}),
-        "access": access,
-    }
-    if not tmux and not tmux_path():
-        answer["tmux_hint"] = tmux_install_hint(sys.platform, brew_path())
-    return answer
+        return "daemon"
 
 
 def op_extract_project(req: dict[str, Any]) -> dict[str, Any]:
