@@ -8,7 +8,7 @@ overlaps and nothing is read twice. Within this process the reading thread reads
 decrypts, and a second one (writebehind.py) creates and writes the files, hashes the
 plaintext, checks it and acknowledges it.
 
-``python3 dataops.py sync [--runtime DIR]`` (see :func:`main`) speaks this protocol on
+``dataops sync [--runtime DIR]`` (see :func:`main`, started by launch.py's boot) speaks this protocol on
 stdin/stdout (the runtime named in argv, the same as the hello's, is imported while
 the hello is on its way):
 
@@ -72,7 +72,7 @@ A cut link leaves ``.part-<pid>`` files (removed on the way out, or by the next
 finish once that process is gone) and, for large files, the kept ciphertext; a
 re-run skips every file already acknowledged and resumes the kept ones.
 
-``op_prepare_data`` (through hostagent.py) is the full check: it decrypts every
+``op_prepare_data`` (an operation of hostagent.py) is the full check: it decrypts every
 file from its stored ciphertext again and compares it to the manifest.
 
 Standard library only; where the slice is encrypted, streamcrypt's ``cryptography``

@@ -74,7 +74,7 @@ def host_facts() -> dict:
         facts["translated"] = _first_line(["sysctl", "-n", "sysctl.proc_translated"]) == "1"
         facts["vm"] = _first_line(["sysctl", "-n", "kern.hv_vmm_present"]) == "1"
     else:
-        from . import hostfacts  # a sibling in the shipped agent dir (on sys.path there)
+        from . import hostfacts
 
         facts["os_version"] = platform.release()
         facts["chip"] = hostfacts.linux_cpu_model() or ""

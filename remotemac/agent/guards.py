@@ -202,7 +202,7 @@ def op_check_space(req: Dict[str, Any]) -> Dict[str, Any]:
 def _fingerprint_source() -> str:
     """The probe run by the workload's interpreter: agentutil's package probe, the
     same one envfreeze runs, so both name the copy of a package that is imported
-    (the agent dir is on sys.path: op_env_fingerprint put it there)."""
+    (agentutil's source, run by the workload's interpreter)."""
     from .agentutil import PACKAGES_PROBE
 
     return PACKAGES_PROBE + _FINGERPRINT

@@ -1,4 +1,7 @@
-"""remotemac's agent on the host: ``python3 hostagent.py OP`` with JSON on stdin.
+"""remotemac's agent on the host: its operations (``OPS``), each JSON in, JSON out.
+
+The resident agent (resident.py) serves them; ``hostagent OP`` (:func:`main`, started
+by launch.py's boot) runs one of them alone, with the request on stdin.
 
 Standard library only, Python 3.9+. Every operation takes one JSON object on
 stdin and prints one JSON object on stdout: ``{"ok": true, "result": ...}`` or

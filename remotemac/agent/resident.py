@@ -1,6 +1,7 @@
-"""The resident agent: one long-lived ``python3 resident.py`` per host connection.
+"""The resident agent: one long-lived process per host connection (started by the
+boot of launch.py: ``<agent dir>/resident.py``).
 
-Why: every one-shot ``hostagent.py OP`` costs a new SSH exec channel plus an
+Why: every one-shot ``hostagent OP`` costs a new SSH exec channel plus an
 interpreter start (0.2-0.45 s each with a heavy Python, 17-20 of them per run).
 This process is started once over one exec channel and serves the same
 operations (``hostagent.OPS``) for as long as the channel lives.

@@ -1,6 +1,6 @@
 """Ship the agent to a host once per content hash, and call its operations.
 
-The engine talks to the host through ``hostagent.py OP`` with JSON in and out
+The engine talks to the host through the agent's operations with JSON in and out
 instead of shell pipelines, so macOS's BSD tools and Linux's GNU tools never
 matter, and nothing secret appears in argv.
 """
@@ -22,7 +22,7 @@ from remotemac.transport.base import ExecResult, Transport
 #: the host's interpreter the agent runs under (never the workload's venv)
 DEFAULT_AGENT_PYTHON = "python3"
 ENV_AGENT_PYTHON = "REMOTEMAC_AGENT_PYTHON"
-#: ``1``: one ``hostagent.py OP`` process per call instead of the resident agent
+#: ``1``: one ``hostagent OP`` process per call instead of the resident agent
 ENV_ONESHOT = "REMOTEMAC_AGENT_ONESHOT"
 #: agent error codes that mean "the host's environment lacks something" (exit 6):
 #: disk space too ("no-space": the link is fine, retrying will not help; was exit 3)
@@ -133,7 +133,7 @@ class AgentClient:
 
     Calls go to the link's resident agent (engine/resident.py) unless
     ``$REMOTEMAC_AGENT_ONESHOT=1`` (or a per-call ``python``) asks for one
-    ``hostagent.py OP`` process per call. ``host_cpu_s`` sums the host-side CPU
+    ``hostagent OP`` process per call (agentship.agent_argv). ``host_cpu_s`` sums the host-side CPU
     the agent reported for this run's calls.
     """
 
