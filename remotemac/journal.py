@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from remotemac.agent.hostagent import pid_alive
 from remotemac.errors import JournalUnusable
+from remotemac.localproc import pid_alive
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (

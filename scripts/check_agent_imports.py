@@ -7,8 +7,9 @@ the host, not here, where everything is installed. This reads every import state
 (including those inside functions) with ``ast`` and allows:
 
 - standard-library modules (``sys.stdlib_module_names``);
-- the agent's own modules, by bare name (``import safefs``: the agent runs from its own
-  directory) or as ``remotemac.agent.X`` / relative imports.
+- the agent's own modules, relatively (``from . import safefs``): on the host the agent
+  runs as one package (agent/launch.py); an import of one by name fails there, and is
+  reported by :func:`absolute_sibling_imports`.
 
 A lazy import of what the host provides at run time (the workload's torch, the agent
 runtime's cryptography) carries ``# agent-imports: lazy`` on its line and is allowed.
@@ -66,6 +67,34 @@ def violations(agent_dir: Path = AGENT) -> list[str]:
                 if name.split(".")[0] not in allowed:
                     found.append(
                         f"{path.relative_to(agent_dir.parent.parent)}:{node.lineno}: {name}"
+                    )
+    return found
+
+
+def absolute_sibling_imports(agent_dir: Path = AGENT) -> list[str]:
+    """Every import of an agent module by name (``import safefs``, ``remotemac.agent.X``).
+
+    On the host the agent is the package ``rmagent`` (agent/launch.py): a sibling is
+    reached relatively (``from . import safefs``), or the import fails there (a bare name
+    is not on its ``sys.path``, ``remotemac`` is not installed) and not here.
+    """
+    own = {path.stem for path in agent_dir.glob("*.py")}
+    found: list[str] = []
+    for path in sorted(agent_dir.glob("*.py")):
+        tree = parse_source(path.read_text(), filename=str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                names = [node.module or ""]
+            else:
+                continue
+            for name in names:
+                bare = name.removeprefix("remotemac.agent.")
+                if name == "remotemac.agent" or bare.split(".")[0] in own:
+                    rel = path.relative_to(agent_dir.parent.parent)
+                    found.append(
+                        f"{rel}:{node.lineno}: {name}: import the agent's own modules relatively"
                     )
     return found
 
@@ -142,6 +171,9 @@ def main() -> int:
     found = violations()
     for line in found:
         print(f"{line}: the agent may import only the standard library and itself")
+    found += absolute_sibling_imports()
+    for line in absolute_sibling_imports():
+        print(line)
     order = bootstrap_violations(IN_MEMORY_ORDER, IN_MEMORY_ENTRIES)
     for line in order:
         print(line)

@@ -360,9 +360,10 @@ async def test_auto_falls_back_to_laptop_wheels_when_host_pip_fails(tmp_path, mo
             [
                 BARE,
                 "-c",
-                "import sys, json; sys.path.insert(0, sys.argv[1]); import agentruntime; "
+                "import sys, json; sys.path.insert(0, sys.argv[1]); "
+                "from remotemac.agent import agentruntime; "
                 "print(json.dumps(agentruntime.host_tags()))",
-                str(Path(art.__file__).parent),
+                str(Path(art.__file__).parent.parent.parent),
             ],
             capture_output=True,
             text=True,
@@ -528,12 +529,12 @@ def test_activate_refuses_a_cryptography_from_anywhere_else(tmp_path):
     fake.mkdir()
     (fake / ".complete").write_text("{}")
     code = (
-        "import sys; sys.path.insert(0, sys.argv[1]); import agentruntime as a\n"
+        "import sys; sys.path.insert(0, sys.argv[1]); from remotemac.agent import agentruntime as a\n"
         "try:\n    a.activate(sys.argv[2]); print('accepted')\n"
         "except a.RuntimeInstallError as e:\n    print('refused:', e)"
     )
     out = subprocess.run(
-        [sys.executable, "-c", code, str(Path(art.__file__).parent), str(fake)],
+        [sys.executable, "-c", code, str(Path(art.__file__).parent.parent.parent), str(fake)],
         capture_output=True,
         text=True,
         check=True,

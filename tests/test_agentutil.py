@@ -9,12 +9,9 @@ from pathlib import Path
 
 import pytest
 
-AGENT = Path(__file__).resolve().parent.parent / "remotemac" / "agent"
-sys.path.insert(0, str(AGENT))
+from remotemac.agent import agentutil, envfreeze, guards
 
-import agentutil  # noqa: E402
-import envfreeze  # noqa: E402
-import guards  # noqa: E402
+AGENT = Path(__file__).resolve().parent.parent / "remotemac" / "agent"
 
 
 def _dist(site: Path, name: str, version: str) -> None:

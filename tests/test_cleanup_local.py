@@ -15,12 +15,10 @@ from pathlib import Path
 
 import pytest
 
+from remotemac.agent import wipeops
 from remotemac.journal import Journal
 from tests.conftest import remotemac, remotemac_in_process
 from tests.hostlayout import make_run, mark
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "remotemac" / "agent"))
-import wipeops  # noqa: E402
 
 
 @pytest.fixture

@@ -16,15 +16,15 @@ from pathlib import Path
 
 import pytest
 
+from remotemac.agent import datarecords, receiver
+
 AGENT = Path(__file__).resolve().parent.parent / "remotemac" / "agent"
 
 
 @pytest.fixture
 def dataops(monkeypatch, tmp_path):
     monkeypatch.syspath_prepend(str(AGENT))  # the agent imports its siblings by bare name
-    import ramstore
-
-    from remotemac.agent import dataops
+    from remotemac.agent import dataops, ramstore
 
     ram = tmp_path / "ram"
 
@@ -32,7 +32,7 @@ def dataops(monkeypatch, tmp_path):
         ram.mkdir(exist_ok=True)
         return {"path": str(ram), "kind": "shm", "device": None, "warning": None, "steps": []}
 
-    monkeypatch.setattr(dataops, "_use_runtime", lambda path: None)
+    monkeypatch.setattr(receiver, "use_runtime", lambda path: None)
     monkeypatch.setattr(ramstore, "create_ram_store", fake_store)
     return dataops
 
@@ -106,7 +106,7 @@ def test_small_and_large_files_arrive_verified_with_acks_in_few_lines(
     the acknowledgements come batched (one line per file before the write-behind)."""
     root = tmp_path / "data"
     sizes = {f"d{i % 4}/s{i:03d}.bin": 1000 + 3000 * i for i in range(80)}
-    sizes["big/train.bin"] = dataops.RESUMABLE + 300_000
+    sizes["big/train.bin"] = datarecords.RESUMABLE + 300_000
     paths = _slice(root, sizes)
     key = os.urandom(32)
     # acks wait for a quiet second (default 20 ms): the test does not hang on timing
@@ -126,7 +126,7 @@ def test_small_and_large_files_arrive_verified_with_acks_in_few_lines(
         assert (
             stored.startswith(b"remotemac-enc/v1") and (root / rel).read_bytes()[:64] not in stored
         )
-    records = dataops.load_records(str(src))
+    records = datarecords.load_records(str(src))
     assert {r["sha256"] for r in records.values()} == {
         hashlib.sha256((root / p).read_bytes()).hexdigest() for p in paths
     }
@@ -142,7 +142,7 @@ def test_a_small_file_that_does_not_hash_as_claimed_is_an_integrity_error(dataop
     code, lines = _run(dataops, _stream(root, paths, os.urandom(32), tamper=5))
     assert code == 1
     assert lines[-1]["code"] == "integrity" and paths[5] in lines[-1]["error"]
-    records = dataops.load_records(str(tmp_path / "run" / "data"))
+    records = datarecords.load_records(str(tmp_path / "run" / "data"))
     assert paths[5] not in records
     assert not any(p > paths[5] for p in records)
     assert not (tmp_path / "ram" / paths[5]).exists()
@@ -158,7 +158,7 @@ def test_a_cut_inside_a_file_keeps_every_file_read_whole(dataops, tmp_path):
     stream = _stream(root, paths, os.urandom(32))
     code, lines = _run(dataops, stream[: len(stream) // 2])
     assert code == 3
-    records = dataops.load_records(str(tmp_path / "run" / "data"))
+    records = datarecords.load_records(str(tmp_path / "run" / "data"))
     assert 5 <= len(records) < len(paths)
     acked = [i for line in lines if "acks" in line for i in line["acks"]]
     assert sorted(acked) == list(range(len(records)))
@@ -173,7 +173,7 @@ def test_the_runtime_is_activated_once_per_session_not_once_per_file(
     root = tmp_path / "data"
     paths = _slice(root, {f"d/s{i:02d}.bin": 2000 + 100 * i for i in range(20)})
     calls: list[str | None] = []
-    monkeypatch.setattr(dataops, "_use_runtime", calls.append)
+    monkeypatch.setattr(receiver, "use_runtime", calls.append)
     code, lines = _run(dataops, _stream(root, paths, os.urandom(32)))
     assert code == 0, lines[-1]
     assert lines[-1]["result"]["received"] == len(paths)

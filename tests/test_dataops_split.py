@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from remotemac.agent import streamcrypt
+from remotemac.agent import datafiles, datarecords, receiver, streamcrypt
 from tests import test_dataops_behind as behind
 from tests.test_dataops_behind import _hello, _leftovers, _run
 from tests.test_sync_resync import _dead_pid
@@ -105,7 +105,7 @@ def _assert_whole(dataops, tmp_path: Path, big: _File) -> None:
     streamcrypt.decrypt_file(big.key, REL, str(src / (REL + ".rmenc")), str(out))
     assert out.read_bytes() == big.data
     assert (tmp_path / "ram" / REL).read_bytes() == big.data
-    rec = dataops.load_records(str(src))[REL]
+    rec = datarecords.load_records(str(src))[REL]
     assert rec["sha256"] == big.sha256 and rec["size"] == len(big.data)
     assert rec["enc_size"] == streamcrypt.ciphertext_size(len(big.data), CS)
     assert rec["plain_mtime_ns"] == (tmp_path / "ram" / REL).stat().st_mtime_ns
@@ -290,7 +290,7 @@ def test_hostile_split_frames_are_one_integrity_line_and_record_nothing(
     assert why in lines[-1]["error"]
     assert not any("acks" in line for line in lines)
     src = tmp_path / "run" / "data"
-    assert dataops.load_records(str(src)) == {}
+    assert datarecords.load_records(str(src)) == {}
     assert not (src / (REL + ".rmenc")).exists() and not (tmp_path / "ram" / REL).exists()
     if case.startswith("J"):
         assert _split_files(tmp_path) == []
@@ -342,7 +342,7 @@ def test_finish_removes_a_cut_sessions_split_but_not_one_this_session_still_writ
     assert code == 3
     src = tmp_path / "run" / "data"
     dead = _dead_pid()
-    (src / f"{dataops.WRITING}{os.getpid()}").rename(src / f"{dataops.WRITING}{dead}")
+    (src / f"{datarecords.WRITING}{os.getpid()}").rename(src / f"{datarecords.WRITING}{dead}")
     orphan = tmp_path / "ram" / "big" / ".train.bin.split-0123456789abcdef"
     orphan.write_bytes(b"a piece of a split whose notes were lost")
     old_sid = hashlib.sha256(big.header).hexdigest()[:16]
@@ -365,7 +365,7 @@ def test_a_whole_file_send_of_the_path_drops_its_split(dataops, tmp_path, monkey
     big = _File(tmp_path / "data", os.urandom(32))
     code, _ = _run(dataops, _line(big.hello()) + big.piece(*PIECES[0]))
     assert code == 3 and len(_split_files(tmp_path)) == 4
-    monkeypatch.setattr(dataops, "RESUMABLE", 1 << 20)  # this file streams, resumable
+    monkeypatch.setattr(receiver, "RESUMABLE", 1 << 20)  # this file streams, resumable
     sealed = io.BytesIO()
     streamcrypt.encrypt_stream(big.key, REL, io.BytesIO(big.data), sealed, CS)
     whole = FRAME.pack(b"F", 0, len(sealed.getvalue())) + sealed.getvalue()
@@ -527,12 +527,12 @@ def test_a_fifo_planted_at_a_kept_splits_file_does_not_hang_the_next_start(
 
         def open_it() -> None:
             try:
-                dataops._own_file(str(fifo), os.O_RDONLY)
+                datafiles.own_file(str(fifo), os.O_RDONLY)
             except BaseException as exc:  # noqa: BLE001 - the test looks at it
                 refused.append(exc)
 
         worker = threading.Thread(target=open_it, daemon=True)
         worker.start()
         worker.join(10)
-        assert refused and isinstance(refused[0], dataops.DataError), refused
+        assert refused and isinstance(refused[0], datarecords.DataError), refused
         assert refused[0].code == "unsafe-path"

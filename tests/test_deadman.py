@@ -155,9 +155,7 @@ def launchd_shim(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv("SHIM_LOG", str(log))
     monkeypatch.setenv("SHIM_STATE", str(tmp_path / "launchd-state.json"))
     monkeypatch.setenv("SHIM_SAMPLE", str(FIXTURES / "launchctl_list__excerpt_intel_elcapitan.txt"))
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "remotemac" / "agent"))
-    import cleanupops
-    import deadman
+    from remotemac.agent import cleanupops, deadman
 
     return {"home": home, "log": log, "deadman": deadman, "cleanupops": cleanupops}
 
@@ -258,8 +256,7 @@ def test_launchd_far_deadline_then_cleanup_removes_it(
 
 def test_parse_launchctl_list_recorded_sample():
     """Simulation: `launchctl list` as a real Mac printed it (recorded sample)."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "remotemac" / "agent"))
-    import deadman
+    from remotemac.agent import deadman
 
     text = (FIXTURES / "launchctl_list__excerpt_intel_elcapitan.txt").read_text()
     labels = deadman.parse_launchctl_list(text)

@@ -17,11 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from remotemac.agent import hostagent
+from remotemac.agent import hostagent, runner
 
 AGENT = Path(hostagent.__file__).resolve().parent
-sys.path.insert(0, str(AGENT))  # the runner imports its siblings, as on the host
-import runner  # noqa: E402
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -36,7 +34,10 @@ def _shim(directory: Path, name: str, body: str) -> Path:
 
 def _as_darwin(code: str, *, path: str, stdin: str = "") -> subprocess.CompletedProcess:
     """Run agent code in a fresh interpreter that believes it is on macOS."""
-    prog = f"import sys; sys.platform = 'darwin'; sys.path.insert(0, {str(AGENT)!r})\n" + code
+    prog = (
+        f"import sys; sys.platform = 'darwin'; sys.path.insert(0, {str(AGENT.parent.parent)!r})\n"
+        + code
+    )
     env = dict(os.environ, PATH=path)
     env.pop("TMUX", None)
     return subprocess.run(
@@ -73,7 +74,7 @@ def _run_as_darwin(tmp_path: Path, command: str) -> tuple[dict, list[str]]:
     spec_path = tmp_path / "spec.json"
     spec_path.write_text(json.dumps(spec))
     log = tmp_path / "caffeinate.argv"
-    prog = f"import os; os.environ['CAFF_LOG'] = {str(log)!r}; import runner\n"
+    prog = f"import os; os.environ['CAFF_LOG'] = {str(log)!r}; from remotemac.agent import runner\n"
     res = _as_darwin(
         prog + f"sys.exit(runner.run({str(spec_path)!r}))", path=f"{shims}:/usr/bin:/bin"
     )
@@ -138,7 +139,7 @@ def test_no_tmux_with_homebrew_offers_brew_install_tmux(tmp_path: Path):
     _shim(shims, "brew", f"touch {ran}\nexit 1\n")
     req = _launch_request(tmp_path)
     res = _as_darwin(
-        "import hostagent; sys.exit(hostagent.main(['hostagent.py', 'launch']))",
+        "from remotemac.agent import hostagent; sys.exit(hostagent.main(['launch']))",
         path=str(shims),
         stdin=json.dumps(req),
     )  # no tmux on PATH

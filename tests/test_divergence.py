@@ -13,7 +13,6 @@ import pytest
 
 from remotemac.acceptance.divergence import compare_traces, load_trace
 from remotemac.acceptance.markdown import render_markdown
-from tests.conftest import REPO
 
 # ---------------------------------------------------------------- the observer's side
 
@@ -36,8 +35,7 @@ def _probe(tmp_path: Path, trace: dict | None) -> tuple[list[str], Path]:
     import os
     import subprocess
 
-    sys.path.insert(0, str(REPO / "remotemac" / "agent"))
-    import runner  # the agent's script imports its siblings by bare name
+    from remotemac.agent import runner
 
     env = dict(os.environ)
     env.pop("PYTHONPATH", None)

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from remotemac.agent.launch import agent_argv
 from remotemac.engine.drift import compare_fingerprints, drift_summary
 
 AGENT = Path(__file__).resolve().parent.parent / "remotemac" / "agent"
@@ -25,7 +26,7 @@ AGENT = Path(__file__).resolve().parent.parent / "remotemac" / "agent"
 
 def agent(op: str, req: dict) -> dict:
     res = subprocess.run(
-        [sys.executable, str(AGENT / "hostagent.py"), op],
+        agent_argv(sys.executable, str(AGENT), "hostagent", op, site=True),
         input=json.dumps(req),
         capture_output=True,
         text=True,
@@ -126,7 +127,7 @@ def _run_runner(tmp_path: Path, disk: dict, command: str) -> dict:
     (run_dir / "spec.json").write_text(json.dumps(spec))
     started = time.monotonic()
     subprocess.run(
-        [sys.executable, str(AGENT / "runner.py"), str(run_dir / "spec.json")],
+        agent_argv(sys.executable, str(AGENT), "runner", str(run_dir / "spec.json"), site=True),
         timeout=60,
         check=True,
     )

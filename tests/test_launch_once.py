@@ -23,8 +23,9 @@ JOB = "import time\nfor i in range(30):\n    print('line', i, flush=True)\n    t
 
 
 def _launch(request: dict) -> subprocess.Popen[str]:
-    code = f"import sys; sys.path.insert(0, {str(AGENT)!r}); import hostagent; "
-    code += "sys.exit(hostagent.main(['hostagent.py', 'launch']))"
+    code = f"import sys; sys.path.insert(0, {str(AGENT.parent.parent)!r}); "
+    code += "from remotemac.agent import hostagent; "
+    code += "sys.exit(hostagent.main(['launch']))"
     proc = subprocess.Popen(
         [sys.executable, "-c", code],
         stdin=subprocess.PIPE,

@@ -20,12 +20,9 @@ from pathlib import Path
 import pytest
 
 from remotemac.acceptance.decide import memory_stable
-from remotemac.agent import obsmerge, proctree
+from remotemac.agent import obsmerge, proctree, runner
 from tests.conftest import REPO
 from tests.trendkit import least_squares_slope
-
-sys.path.insert(0, str(REPO / "remotemac" / "agent"))
-import runner  # noqa: E402  - the agent's script imports its siblings by bare name
 
 MiB = 1 << 20
 MACOS = REPO / "tests" / "fixtures" / "macos"

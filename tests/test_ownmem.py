@@ -17,11 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
-
-sys.path.insert(0, str(REPO / "remotemac" / "agent"))
-import ownmem  # noqa: E402  - the agent's modules import each other by bare name
-import proctree  # noqa: E402
+from remotemac.agent import ownmem, proctree
 
 MiB = 1 << 20
 

@@ -22,11 +22,9 @@ import torch
 
 from remotemac.acceptance.compare import CONVERTED_DIR, compare_outputs
 from remotemac.acceptance.record import build_record, write_record
+from remotemac.agent import runner
 from remotemac.playbook import CompareRule, PlaybookErrors, load_playbook
 from tests.conftest import REPO
-
-sys.path.insert(0, str(REPO / "remotemac" / "agent"))
-import runner  # noqa: E402  - the agent's script imports its siblings by bare name
 
 WORDLM = REPO / "tests" / "fixtures" / "projects" / "wordlm"
 MiB = 1 << 20

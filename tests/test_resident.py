@@ -17,11 +17,9 @@ from pathlib import Path
 
 import pytest
 
-AGENT = Path(__file__).resolve().parent.parent / "remotemac" / "agent"
-sys.path.insert(0, str(AGENT))
+from remotemac.agent import hostagent, resident
 
-import hostagent  # noqa: E402
-import resident  # noqa: E402
+AGENT = Path(__file__).resolve().parent.parent / "remotemac" / "agent"
 
 
 def frame(obj: dict) -> bytes:
@@ -170,7 +168,7 @@ def test_freeze_env_is_cached_per_environment_and_redone_when_it_changes(
 ):
     """The package probe runs once per environment key; a package added to a directory
     on the interpreter's path (its mtime changes) makes it run again."""
-    import envfreeze
+    from remotemac.agent import envfreeze
 
     site = tmp_path / "site"
     site.mkdir()

@@ -12,6 +12,7 @@ import json
 import os
 from pathlib import Path
 
+from remotemac.agent import datarecords
 from remotemac.agent import streamcrypt as sc
 from remotemac.engine.sync import MAX_STREAMS, SMALL_FILE_STREAMS, choose_streams
 
@@ -137,7 +138,7 @@ def test_resync_of_unchanged_files_is_one_lstat_each_and_no_record_rewrite(tmp_p
     )
     first = _session(src, entries, frames)
     assert first["final"]["result"]["received"] == len(entries)
-    record = os.path.join(src, dataops.RECORD)
+    record = os.path.join(src, datarecords.RECORD)
     before = os.stat(record)
     calls = []
     real_lstat = os.lstat

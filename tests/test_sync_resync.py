@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from remotemac.agent import dataops
+from remotemac.agent import dataops, datarecords, receiver
 from remotemac.engine.synctalk import RECEIVER_BOOT, receiver_argv
 from tests.test_sync_resume import _session
 from tests.test_sync_sshd import host_factory, make_slice, runtime_dir  # noqa: F401 (fixtures)
@@ -70,7 +70,7 @@ def test_clean_resync_prunes_by_the_record_without_walking(tmp_path, monkeypatch
     src = str(tmp_path / "data")
     blobs, entries = _slice()
     _session(src, entries, _frames(blobs, entries))
-    assert not [n for n in os.listdir(src) if n.startswith(dataops.WRITING)]
+    assert not [n for n in os.listdir(src) if n.startswith(datarecords.WRITING)]
 
     def no_walk(*_a, **_k):
         raise AssertionError("finish walked the data dir after clean sessions")
@@ -80,7 +80,7 @@ def test_clean_resync_prunes_by_the_record_without_walking(tmp_path, monkeypatch
     result = _session(src, entries[:4] + entries[5:], b"")["final"]["result"]
     assert result["mismatches"] == [] and result["pruned"] == 1
     assert not os.path.exists(os.path.join(src, left))
-    assert sorted(dataops.load_records(src)) == sorted(
+    assert sorted(datarecords.load_records(src)) == sorted(
         e["path"] for e in entries if e["path"] != left
     )
 
@@ -102,23 +102,23 @@ def test_a_cut_session_leaves_a_marker_and_the_next_finish_walks(tmp_path):
         + blobs[entries[2]["path"]][:10]
     )
     assert dataops.serve(io.BytesIO(cut), io.BytesIO()) == 3
-    mine = os.path.join(src, dataops.WRITING + str(os.getpid()))
+    mine = os.path.join(src, datarecords.WRITING + str(os.getpid()))
     assert os.path.exists(mine)  # the cut session did not end cleanly
     # as if that process died hard (its own except clause removes its part file)
     dead = _dead_pid()
-    os.rename(mine, os.path.join(src, dataops.WRITING + str(dead)))
+    os.rename(mine, os.path.join(src, datarecords.WRITING + str(dead)))
     debris = Path(src, entries[2]["path"] + f".part-{dead}")
     debris.write_bytes(b"half")
     stray = Path(src, "d0", "stray.bin")
     stray.write_bytes(b"not in the slice")
     live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        live_mark = Path(src, dataops.WRITING + str(live.pid))
+        live_mark = Path(src, datarecords.WRITING + str(live.pid))
         live_mark.touch()
         result = _session(src, entries, _frames(blobs, entries, only=set(range(2, 12))))
         assert result["final"]["result"]["mismatches"] == []
         assert not debris.exists() and not stray.exists()
-        assert not Path(src, dataops.WRITING + str(dead)).exists()
+        assert not Path(src, datarecords.WRITING + str(dead)).exists()
         assert live_mark.exists()  # still writing: the next finish walks again
         assert not os.path.exists(mine)  # this session ended cleanly
     finally:
@@ -129,7 +129,7 @@ def test_a_cut_session_leaves_a_marker_and_the_next_finish_walks(tmp_path):
 def test_receiver_imports_the_runtime_named_in_argv_before_the_hello(monkeypatch):
     """The cipher's import (tens of ms) overlaps the laptop's stat of the slice."""
     order: list[str] = []
-    monkeypatch.setattr(dataops, "_use_runtime", lambda path: order.append(f"runtime {path}"))
+    monkeypatch.setattr(dataops, "use_runtime", lambda path: order.append(f"runtime {path}"))
 
     class Stdin(io.BytesIO):
         def readline(self, *_a) -> bytes:
@@ -207,40 +207,38 @@ def test_hello_columns_read_as_entries():
     dicts ten times slower); the host reads them as the entries they describe."""
     req = {"columns": {"path": ["a", "b"], "size": [1, 2], "sha256": ["x", None]}}
     req["columns"]["mtime_ns"] = [5, 6]
-    assert dataops._entries(req) == [
+    assert receiver.hello_entries(req) == [
         {"path": "a", "size": 1, "sha256": "x", "mtime_ns": 5},
         {"path": "b", "size": 2, "sha256": None, "mtime_ns": 6},
     ]
     req["columns"]["size"].append(3)
-    with pytest.raises(dataops.DataError):
-        dataops._entries(req)
-    assert dataops._entries({"entries": [{"path": "a"}]}) == [{"path": "a"}]
+    with pytest.raises(datarecords.DataError):
+        receiver.hello_entries(req)
+    assert receiver.hello_entries({"entries": [{"path": "a"}]}) == [{"path": "a"}]
 
 
 def test_host_path_check_refuses_what_it_did():
     """One regex now: every unsafe form is still refused, names with dots are not."""
     for bad in ["", "/a", "a//b", "a/./b", "a/../b", "a/.", "a/..", "a/", ".", "..", "../a"]:
-        with pytest.raises(dataops.DataError):
-            dataops._check_rel(bad)
+        with pytest.raises(datarecords.DataError):
+            datarecords.check_rel(bad)
     for bad in ["a\x00b", "a\nb", "a\x1fb", "a\\b"]:
-        with pytest.raises(dataops.DataError):
-            dataops._check_rel(bad)
+        with pytest.raises(datarecords.DataError):
+            datarecords.check_rel(bad)
     for good in ["a", ".hidden", "a/...", "a/..b/c", "d/.x.bin", "a b/ü.bin", "a\x7fb"]:
-        assert dataops._check_rel(good) == good
+        assert datarecords.check_rel(good) == good
 
 
 def test_receiver_process_exits_with_the_sessions_code():
     """It leaves by os._exit (no teardown of the session's dicts): the code still tells
     a laptop that went away (3) from bad usage (2), and every line is out first."""
-    script = str(Path(dataops.__file__))
-    gone = subprocess.run([sys.executable, "-S", script, "sync"], input=b"", capture_output=True)
+    argv = receiver_argv(sys.executable, str(Path(dataops.__file__).parent))
+    gone = subprocess.run(argv, input=b"", capture_output=True)
     assert gone.returncode == 3
-    bad = subprocess.run([sys.executable, "-S", script, "sync", "--x"], capture_output=True)
+    bad = subprocess.run(argv + ["--x"], capture_output=True)
     assert bad.returncode == 2 and b"usage" in bad.stdout
     hello = json.dumps({"src": "/nonexistent/\x00", "encrypted": False}).encode() + b"\n"
-    failed = subprocess.run(
-        [sys.executable, "-S", script, "sync"], input=hello, capture_output=True
-    )
+    failed = subprocess.run(argv, input=hello, capture_output=True)
     assert failed.returncode == 1 and json.loads(failed.stdout)["ok"] is False
 
 
@@ -251,17 +249,17 @@ def test_receiver_starts_from_cached_bytecode(tmp_path):
     session's code."""
     agent = tmp_path / "agent"
     agent.mkdir()
-    for name in ("dataops.py", "writebehind.py"):
+    #: the receiver and every agent module it imports (it runs as the agent package)
+    names = ("agentutil", "datafiles", "datafinish", "dataops", "datapartial", "datarecords")
+    names += ("datasplit", "procid", "receiver", "writebehind")
+    for name in (n + ".py" for n in names):
         (agent / name).write_bytes((Path(dataops.__file__).parent / name).read_bytes())
     argv = receiver_argv(sys.executable, str(agent))
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     for _ in range(2):
         gone = subprocess.run(argv, input=b"", capture_output=True, env=env)
         assert gone.returncode == 3, gone.stderr
-    assert [p.name.split(".")[0] for p in sorted((agent / "__pycache__").iterdir())] == [
-        "dataops",
-        "writebehind",
-    ]
+    assert [p.name.split(".")[0] for p in sorted((agent / "__pycache__").iterdir())] == list(names)
     bad = subprocess.run(argv + ["--x"], capture_output=True, env=env)
     assert bad.returncode == 2 and b"usage" in bad.stdout
 

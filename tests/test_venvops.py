@@ -13,6 +13,8 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from remotemac.agent.launch import agent_argv
+
 AGENT = Path(__file__).resolve().parent.parent / "remotemac" / "agent" / "hostagent.py"
 
 
@@ -23,7 +25,7 @@ def ensure_venv(
     if path is not None:
         env["PATH"] = path
     proc = subprocess.run(
-        [sys.executable, str(AGENT), "ensure_venv"],
+        agent_argv(sys.executable, str(AGENT.parent), "hostagent", "ensure_venv", site=True),
         input=json.dumps(
             {"root": str(root), "key": key, "python": python, "system_site_packages": system_site}
         ).encode(),

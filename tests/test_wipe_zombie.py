@@ -17,9 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "remotemac" / "agent"))
-import procid  # noqa: E402
-import wipeops  # noqa: E402
+from remotemac.agent import procid, wipeops
 
 
 def zombie(tmp_path: Path) -> subprocess.Popen:

@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from remotemac.agent import agentutil, dataops, procid
+from remotemac.agent import agentutil, datarecords, procid
 from tests.test_sync_resume import _session
 from tests.test_sync_resync import _frames, _slice
 
@@ -43,7 +43,7 @@ def test_a_zombie_receivers_part_file_is_removed_by_the_next_session(tmp_path: P
         debris = Path(src, entries[2]["path"] + f".part-{zombie.pid}")
         debris.parent.mkdir(parents=True, exist_ok=True)
         debris.write_bytes(b"half a file")
-        mark = Path(src, dataops.WRITING + str(zombie.pid))
+        mark = Path(src, datarecords.WRITING + str(zombie.pid))
         mark.write_text(json.dumps({"pid": zombie.pid}))
         started = time.monotonic()
         result = _session(src, entries, _frames(blobs, entries, only=set(range(2, 12))))

@@ -435,7 +435,7 @@ def _verify(target: str) -> str:
 
 
 @contextlib.contextmanager
-def _locked(directory: str) -> Any:
+def install_lock(directory: str) -> Any:
     """One installer at a time (fleet runs on one host start together): a lock on the
     ``runtime`` directory itself, so no lock file is left among the runtimes."""
     import fcntl
@@ -448,7 +448,7 @@ def _locked(directory: str) -> Any:
         os.close(fd)  # closing releases the lock
 
 
-def _below(base: str, path: str) -> str:
+def below_base(base: str, path: str) -> str:
     """``path`` if it lies strictly below ``base`` (uploads stay inside remote_root)."""
     real_base, real = os.path.realpath(base), os.path.realpath(path)
     if not real.startswith(real_base + os.sep):
@@ -464,8 +464,6 @@ def op_runtime_ensure(req: Dict[str, Any]) -> Dict[str, Any]:
     ``method``, ``installed``, ``seconds``; or, when the online install fails,
     ``{"failed": message, "tail": pip's last lines}`` so the laptop can fall back.
     """
-    from hostagent import inventory_add
-
     if sys.version_info[:2] < MIN_PYTHON:
         raise RuntimeInstallError(
             "the host's %s is Python %s; the agent runtime needs 3.9 "
@@ -479,21 +477,11 @@ def op_runtime_ensure(req: Dict[str, Any]) -> Dict[str, Any]:
         raise RuntimeInstallError("%s is not a plain directory: refused" % base, "unsafe-path")
     final = runtime_dir(root, tags)
     started = time.time()
-    with _locked(base):
+    with install_lock(base):
         marker = read_marker(final)
         if marker is not None:
             return dict(marker, dir=final, reused=True, seconds=0.0)
-        if os.path.lexists(final):  # never complete: ours (marked) is replaced, else refused
-            import safefs
-
-            owner = safefs.marker_of(final)
-            if not owner or owner.get("kind") != "runtime":
-                raise RuntimeInstallError(
-                    "%s is in the way and is not remotemac's runtime: left "
-                    "alone (move it, then run again)" % final,
-                    "host-env",
-                )
-            shutil.rmtree(final, ignore_errors=True)
+        _clear_unfinished(final)
         method = req.get("method") or "online"
         if method == "offline" and not req.get("wheels_dir"):
             return {
@@ -506,31 +494,9 @@ def op_runtime_ensure(req: Dict[str, Any]) -> Dict[str, Any]:
         shutil.rmtree(tmp, ignore_errors=True)
         os.makedirs(tmp, mode=0o700)
         try:
-            if method == "online":
-                cache = os.path.join(base, PIP_CACHE)
-                os.makedirs(cache, mode=0o700, exist_ok=True)
-                _mark_owned(cache)
-                inventory_add(root, "runtime", cache)
-                _pip_install(tmp, cache)
-                installed = requirements()
-            else:
-                installed = install_wheels(
-                    _below(base, req["wheels_dir"]), req.get("wheels") or [], tags, tmp
-                )
-            version = _verify(tmp)
-            marker = {
-                "key": runtime_key(tags),
-                "method": method,
-                "installed": installed,
-                "cryptography": version,
-                "python": tags["python"],
-                "installed_at": time.time(),
-            }
-            with open(os.path.join(tmp, MARKER), "w") as fh:
-                json.dump(marker, fh)
-                fh.flush()
-                os.fsync(fh.fileno())
-            _mark_owned(tmp)
+            marker = _install_into(tmp, method, req, root, tags)
+            from .hostagent import inventory_add
+
             inventory_add(root, "runtime", final)
             os.rename(tmp, final)
         except RuntimeInstallError as exc:
@@ -543,13 +509,66 @@ def op_runtime_ensure(req: Dict[str, Any]) -> Dict[str, Any]:
             raise
         finally:
             if req.get("wheels_dir"):  # the upload served its purpose either way
-                shutil.rmtree(_below(base, req["wheels_dir"]), ignore_errors=True)
+                shutil.rmtree(below_base(base, req["wheels_dir"]), ignore_errors=True)
     return dict(marker, dir=final, reused=False, seconds=round(time.time() - started, 2))
 
 
-def _mark_owned(path: str) -> None:
+def _clear_unfinished(final: str) -> None:
+    """A runtime dir that never completed: ours (marked) is removed, anything else there
+    is refused (host-env), never replaced."""
+    if not os.path.lexists(final):
+        return
+    from . import safefs
+
+    owner = safefs.marker_of(final)
+    if not owner or owner.get("kind") != "runtime":
+        raise RuntimeInstallError(
+            "%s is in the way and is not remotemac's runtime: left "
+            "alone (move it, then run again)" % final,
+            "host-env",
+        )
+    shutil.rmtree(final, ignore_errors=True)
+
+
+def _install_into(
+    tmp: str, method: str, req: Dict[str, Any], root: str, tags: Dict[str, Any]
+) -> Dict[str, Any]:
+    """Install the pinned set into ``tmp`` (pip online, or the uploaded wheels), check
+    that cryptography imports from there, write and return its marker."""
+    from .hostagent import inventory_add
+
+    base = os.path.join(root, SUBDIR)
+    if method == "online":
+        cache = os.path.join(base, PIP_CACHE)
+        os.makedirs(cache, mode=0o700, exist_ok=True)
+        mark_owned(cache)
+        inventory_add(root, "runtime", cache)
+        _pip_install(tmp, cache)
+        installed = requirements()
+    else:
+        installed = install_wheels(
+            below_base(base, req["wheels_dir"]), req.get("wheels") or [], tags, tmp
+        )
+    version = _verify(tmp)
+    marker = {
+        "key": runtime_key(tags),
+        "method": method,
+        "installed": installed,
+        "cryptography": version,
+        "python": tags["python"],
+        "installed_at": time.time(),
+    }
+    with open(os.path.join(tmp, MARKER), "w") as fh:
+        json.dump(marker, fh)
+        fh.flush()
+        os.fsync(fh.fileno())
+    mark_owned(tmp)
+    return marker
+
+
+def mark_owned(path: str) -> None:
     """The ownership marker cleanup looks for: it removes only directories it made."""
-    import safefs
+    from . import safefs
 
     if safefs.marker_of(path) is None:
         safefs.mark_dir(path, {"kind": "runtime"})

@@ -22,10 +22,7 @@ import threading
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
-try:  # a sibling on the host (or preloaded by the in-memory bootstrap)
-    import procid
-except ImportError:  # imported as remotemac.agent.agentutil (the laptop, tests)
-    from remotemac.agent import procid
+from . import procid
 
 SESSION_PREFIX = "remotemac-"
 KILL_GRACE_S = 3.0
@@ -246,3 +243,12 @@ def _still(pid: int, start: Optional[Dict[str, Any]]) -> bool:
 def _reap(pid: int) -> None:
     with contextlib.suppress(OSError):
         os.waitpid(pid, os.WNOHANG)
+
+
+def cpu_seconds() -> float:
+    """This process's CPU and its waited-for children's (the run's host-side CPU figure)."""
+    import resource
+
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return round(own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime, 4)

@@ -30,16 +30,13 @@ import posixpath
 import shutil
 import stat
 import subprocess
-import sys
 import tarfile
 import time
 import urllib.request
 import zipfile
 from typing import Any, Dict, Optional
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from agentruntime import _below, _locked, _mark_owned, check_member  # noqa: E402
+from .agentruntime import below_base, check_member, install_lock, mark_owned
 
 SUBDIR = "runtime"
 MARKER = ".complete"
@@ -203,7 +200,7 @@ def op_bring(req: Dict[str, Any]) -> Dict[str, Any]:
     ``reused``, ``method``, ``bytes``, ``seconds``; an online download that fails is
     ``{"failed": why}`` so the laptop can bring the archive itself.
     """
-    from hostagent import inventory_add, root_marker
+    from .hostagent import inventory_add, root_marker
 
     root = os.path.expanduser(req["root"])
     root_marker(root)  # claims a new root before writing in it
@@ -216,21 +213,13 @@ def op_bring(req: Dict[str, Any]) -> Dict[str, Any]:
         raise BringError("%s is not a plain directory: refused" % base, "unsafe-path")
     final = os.path.join(base, name)
     started = time.time()
-    upload = _below(base, req["upload"]) if req.get("upload") else None
+    upload = below_base(base, req["upload"]) if req.get("upload") else None
     try:
-        with _locked(base):
+        with install_lock(base):
             marker = read_marker(final)
             if marker is not None:
                 return _answer(final, marker, True, 0.0)
-            if os.path.lexists(final):
-                import safefs
-
-                owner = safefs.marker_of(final)
-                if not owner or owner.get("kind") != "runtime":
-                    raise BringError(
-                        "%s is in the way and is not remotemac's: left alone" % final, "host-env"
-                    )
-                shutil.rmtree(final, ignore_errors=True)
+            _clear_unfinished(final)
             tmp = "%s.tmp-%d" % (final, os.getpid())
             shutil.rmtree(tmp, ignore_errors=True)
             os.makedirs(tmp, mode=0o700)
@@ -245,23 +234,7 @@ def op_bring(req: Dict[str, Any]) -> Dict[str, Any]:
                         return {"failed": "cannot download %s: %s" % (req["url"], exc)}
                 if archive is None:
                     return {"failed": "the archive must come from the laptop"}
-                check_sha256(archive, req["sha256"], req["name"])
-                size = os.path.getsize(archive)
-                (unpack_tar if req["format"] == "tar.gz" else unpack_zip)(archive, tmp)
-                probed = _probe(str(req.get("what")), tmp)
-                marker = {
-                    "what": req.get("what"),
-                    "name": name,
-                    "sha256": req["sha256"],
-                    "method": req.get("method"),
-                    "archive_bytes": size,
-                    "bytes": tree_bytes(tmp),
-                    "installed_at": time.time(),
-                    **probed,
-                }
-                with open(os.path.join(tmp, MARKER), "w") as fh:
-                    json.dump(marker, fh)
-                _mark_owned(tmp)
+                marker = _unpack(req, name, archive, tmp)
                 inventory_add(root, "runtime", final)
                 os.rename(tmp, final)
             except BaseException:
@@ -271,13 +244,54 @@ def op_bring(req: Dict[str, Any]) -> Dict[str, Any]:
                 if archive and archive != upload:
                     _remove(archive)
     finally:
-        if upload:  # the upload served its purpose either way; its dir was made for it
-            _remove(upload)
-            parent = os.path.dirname(upload)
-            if os.path.basename(parent).startswith("upload-") and parent != base:
-                with contextlib.suppress(OSError):
-                    os.rmdir(parent)
+        if upload:  # the upload served its purpose either way
+            _drop_upload(upload, base)
     return _answer(final, marker, False, round(time.time() - started, 2))
+
+
+def _clear_unfinished(final: str) -> None:
+    """An install that never completed: ours (marked) is removed, anything else there
+    is refused (host-env), never replaced."""
+    if not os.path.lexists(final):
+        return
+    from . import safefs
+
+    owner = safefs.marker_of(final)
+    if not owner or owner.get("kind") != "runtime":
+        raise BringError("%s is in the way and is not remotemac's: left alone" % final, "host-env")
+    shutil.rmtree(final, ignore_errors=True)
+
+
+def _unpack(req: Dict[str, Any], name: str, archive: str, tmp: str) -> Dict[str, Any]:
+    """Check the archive's sha256, unpack it into ``tmp``, probe what it holds, write
+    and return its marker."""
+    check_sha256(archive, req["sha256"], req["name"])
+    size = os.path.getsize(archive)
+    (unpack_tar if req["format"] == "tar.gz" else unpack_zip)(archive, tmp)
+    probed = _probe(str(req.get("what")), tmp)
+    marker = {
+        "what": req.get("what"),
+        "name": name,
+        "sha256": req["sha256"],
+        "method": req.get("method"),
+        "archive_bytes": size,
+        "bytes": tree_bytes(tmp),
+        "installed_at": time.time(),
+        **probed,
+    }
+    with open(os.path.join(tmp, MARKER), "w") as fh:
+        json.dump(marker, fh)
+    mark_owned(tmp)
+    return marker
+
+
+def _drop_upload(upload: str, base: str) -> None:
+    """Remove an uploaded archive, and the ``upload-*`` dir that was made for it."""
+    _remove(upload)
+    parent = os.path.dirname(upload)
+    if os.path.basename(parent).startswith("upload-") and parent != base:
+        with contextlib.suppress(OSError):
+            os.rmdir(parent)
 
 
 def _answer(final: str, marker: Dict[str, Any], reused: bool, seconds: float) -> Dict[str, Any]:

@@ -20,15 +20,9 @@ import sys
 import time
 from typing import Any, Dict, List, Optional, Set, Tuple
 
-_HERE = os.path.dirname(os.path.abspath(globals().get("__file__") or "."))
-if _HERE not in sys.path:
-    sys.path.insert(0, _HERE)
-
-import deadman  # noqa: E402
-import procid  # noqa: E402
-import safefs  # noqa: E402
-from agentutil import cmdline, kill_session, tmux_sessions  # noqa: E402
-from wipeops import (  # noqa: E402
+from . import deadman, procid, safefs
+from .agentutil import cmdline, kill_session, tmux_sessions
+from .wipeops import (
     VOLUMES,
     UnsafeRoot,
     below,
@@ -44,6 +38,8 @@ from wipeops import (  # noqa: E402
     strays_naming,
     tree_size,
 )
+
+_HERE = os.path.dirname(os.path.abspath(globals().get("__file__") or "."))
 
 
 def read_inventory(real_root: str) -> Tuple[List[Dict[str, Any]], Optional[str]]:
@@ -94,8 +90,40 @@ def collect(root: str, known: List[Dict[str, Any]], run_ids: List[str]) -> Dict[
     inventory, note = read_inventory(real_root) if root_exists else ([], None)
     if note:
         notes.append(note)
-    deadmen: Dict[str, Dict[str, Any]] = {}
     listed = [(i, "inventory") for i in inventory] + [(i, "journal") for i in known]
+    deadmen = _add_listed(items, ids, listed, lexical, real_root)
+    if root_exists:
+        _add_found(items, ids, real_root)
+    ids.discard("")
+    _add_live(items, ids, lexical, real_root)
+    _add_deadmen(items, deadmen, ids, lexical, real_root)
+    for item in list(items.values()):
+        if item["kind"] == "ramstore" and "ram_kind" not in item:
+            item["ram_kind"] = "ramdisk" if item["path"].startswith(VOLUMES + "/") else "shm"
+    return {
+        "root": lexical,
+        "real_root": real_root,
+        "items": items,
+        "notes": notes,
+        "run_ids": sorted(ids),
+        "exists": root_exists,
+        "marker": safefs.marker_of(real_root) if root_exists else None,
+    }
+
+
+_Items = Dict[Tuple[str, str], Dict[str, Any]]
+
+
+def _add_listed(
+    items: _Items,
+    ids: Set[str],
+    listed: List[Tuple[Dict[str, Any], str]],
+    lexical: str,
+    real_root: str,
+) -> Dict[str, Dict[str, Any]]:
+    """The inventory's and the journal's items (their run ids into ``ids``); the dead-man
+    entries among them, by run id, to be matched to the live jobs (:func:`_add_deadmen`)."""
+    deadmen: Dict[str, Dict[str, Any]] = {}
     for item, source in listed:
         ids.add(item.get("run_id") or "")
         kind = str(item.get("kind"))
@@ -115,18 +143,24 @@ def collect(root: str, known: List[Dict[str, Any]], run_ids: List[str]) -> Dict[
             item.get("run_id"),
             **{k: v for k, v in item.items() if k not in ("kind", "path", "run_id", "root")},
         )
-    if root_exists:
-        for sub, kind in CONTAINERS.items():
-            base = os.path.join(real_root, sub)
-            for name in listdir_or_empty(base):
-                if kind == "run":
-                    ids.add(name)
-                _add(
-                    items, kind, os.path.join(base, name), "found", name if kind == "run" else None
-                )
-        if os.path.lexists(os.path.join(real_root, "deadman")):
-            _add(items, "deadman-dir", os.path.join(real_root, "deadman"), "found")
-    ids.discard("")
+    return deadmen
+
+
+def _add_found(items: _Items, ids: Set[str], real_root: str) -> None:
+    """What a scan of the root's containers finds (each run dir's name into ``ids``)."""
+    for sub, kind in CONTAINERS.items():
+        base = os.path.join(real_root, sub)
+        for name in listdir_or_empty(base):
+            if kind == "run":
+                ids.add(name)
+            _add(items, kind, os.path.join(base, name), "found", name if kind == "run" else None)
+    if os.path.lexists(os.path.join(real_root, "deadman")):
+        _add(items, "deadman-dir", os.path.join(real_root, "deadman"), "found")
+
+
+def _add_live(items: _Items, ids: Set[str], lexical: str, real_root: str) -> None:
+    """The RAM stores of the runs in ``ids`` and the tmux sessions of those runs (or
+    whose command names the root)."""
     for run_id in sorted(ids):
         ram = find_ram_store(run_id)
         if ram:
@@ -139,6 +173,13 @@ def collect(root: str, known: List[Dict[str, Any]], run_ids: List[str]) -> Dict[
         )
         if mine:
             _add(items, "tmux", name, "found")
+
+
+def _add_deadmen(
+    items: _Items, deadmen: Dict[str, Dict[str, Any]], ids: Set[str], lexical: str, real_root: str
+) -> None:
+    """The dead-man jobs still scheduled (found, or a listed sleeper still running), and
+    the listed ones no longer scheduled (fired or cancelled) by their spec."""
     jobs = deadman.find_jobs([lexical, real_root], sorted(ids))
     for key, entry in deadmen.items():
         pid = entry.get("pid")
@@ -166,18 +207,6 @@ def collect(root: str, known: List[Dict[str, Any]], run_ids: List[str]) -> Dict[
     for key, entry in deadmen.items():  # known but no longer scheduled: fired or cancelled
         for source in entry["sources"]:
             _add(items, "deadman", "spec:" + entry["spec"], source, key)
-    for item in list(items.values()):
-        if item["kind"] == "ramstore" and "ram_kind" not in item:
-            item["ram_kind"] = "ramdisk" if item["path"].startswith(VOLUMES + "/") else "shm"
-    return {
-        "root": lexical,
-        "real_root": real_root,
-        "items": items,
-        "notes": notes,
-        "run_ids": sorted(ids),
-        "exists": root_exists,
-        "marker": safefs.marker_of(real_root) if root_exists else None,
-    }
 
 
 def _relocate(path: str, lexical: str, real_root: str) -> str:

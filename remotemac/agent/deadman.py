@@ -32,13 +32,10 @@ import sys
 import time
 from typing import Any, Dict, List, Optional
 
-_HERE = os.path.dirname(os.path.abspath(globals().get("__file__") or "."))
-if _HERE not in sys.path:
-    sys.path.insert(0, _HERE)
+from . import agentutil, procid, safefs
+from .launch import agent_argv
 
-import agentutil  # noqa: E402
-import procid  # noqa: E402
-import safefs  # noqa: E402
+_HERE = os.path.dirname(os.path.abspath(globals().get("__file__") or "."))
 
 LABEL_PREFIX = "com.remotemac.deadman."
 RUN_AT_LOAD_WITHIN_S = 120.0
@@ -70,7 +67,7 @@ def op_deadman_schedule(req: Dict[str, Any]) -> Dict[str, Any]:
 
 def schedule(req: Dict[str, Any], platform: Optional[str] = None) -> Dict[str, Any]:
     """Schedule the wipe of ``run_id`` at ``deadline`` (Unix time); idempotent."""
-    import wipeops
+    from . import wipeops
 
     lexical, real_root = wipeops.check_root(req["root"])
     run_id = req["run_id"]
@@ -122,7 +119,7 @@ def _schedule_launchd(
     deadline = float(spec["deadline"])
     content: Dict[str, Any] = {
         "Label": label,
-        "ProgramArguments": [sys.executable, os.path.join(_HERE, "deadman.py"), "fire", spec_file],
+        "ProgramArguments": agent_argv(sys.executable, _HERE, "deadman", "fire", spec_file),
         "StandardOutPath": spec_file[:-5] + ".log",
         "StandardErrorPath": spec_file[:-5] + ".log",
         "ProcessType": "Background",
@@ -187,7 +184,7 @@ def calendar_slot(deadline: float) -> Dict[str, int]:
 
 
 def _schedule_sleeper(spec_file: str, steps: List[Dict[str, Any]]) -> Dict[str, Any]:
-    argv = [sys.executable, os.path.join(_HERE, "deadman.py"), "sleep", spec_file]
+    argv = agent_argv(sys.executable, _HERE, "deadman", "sleep", spec_file)
     pid = spawn_detached(argv)
     steps.append({"argv": argv, "code": 0, "time": time.time(), "detached_pid": pid})
     return {"method": "sleeper", "pid": pid, "start": procid.identity(pid)}
@@ -385,7 +382,7 @@ def cancel(
 
 
 def op_deadman_cancel(req: Dict[str, Any]) -> Dict[str, Any]:
-    import wipeops
+    from . import wipeops
 
     lexical, real_root = wipeops.check_root(req["root"])
     steps: List[Dict[str, Any]] = []
@@ -398,7 +395,7 @@ def op_deadman_cancel(req: Dict[str, Any]) -> Dict[str, Any]:
 
 def fire(spec_file: str, now: Optional[float] = None) -> Optional[Dict[str, Any]]:
     """Run the wipe when the deadline has come; None if the spec is gone or it is early."""
-    import wipeops
+    from . import wipeops
 
     spec = safefs.read_json_file(spec_file)
     if not isinstance(spec, dict):
@@ -480,15 +477,12 @@ def _inventory_set(real_root: str, item: Dict[str, Any]) -> None:
     _write_json(path, inv)
 
 
-def main(argv: List[str]) -> int:
-    if len(argv) == 3 and argv[1] == "sleep":
-        return sleep_then_fire(argv[2])
-    if len(argv) == 3 and argv[1] == "fire":
-        fire(argv[2])
+def main(args: List[str]) -> int:
+    """``deadman sleep|fire SPEC`` (see launch.py)."""
+    if len(args) == 2 and args[0] == "sleep":
+        return sleep_then_fire(args[1])
+    if len(args) == 2 and args[0] == "fire":
+        fire(args[1])
         return 0
     sys.stderr.write("usage: deadman.py sleep|fire SPEC\n")
     return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv))

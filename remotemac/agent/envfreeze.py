@@ -16,10 +16,7 @@ import subprocess
 import sys
 from typing import Any, Optional
 
-try:  # a sibling in the shipped agent dir (on sys.path there)
-    from agentutil import PACKAGES_PROBE, write_json_atomic
-except ImportError:  # imported as remotemac.agent.envfreeze (the laptop, tests)
-    from remotemac.agent.agentutil import PACKAGES_PROBE, write_json_atomic
+from .agentutil import PACKAGES_PROBE, write_json_atomic
 
 _PROBE = (
     PACKAGES_PROBE
@@ -77,7 +74,7 @@ def host_facts() -> dict:
         facts["translated"] = _first_line(["sysctl", "-n", "sysctl.proc_translated"]) == "1"
         facts["vm"] = _first_line(["sysctl", "-n", "kern.hv_vmm_present"]) == "1"
     else:
-        import hostfacts  # a sibling in the shipped agent dir (on sys.path there)
+        from . import hostfacts
 
         facts["os_version"] = platform.release()
         facts["chip"] = hostfacts.linux_cpu_model() or ""

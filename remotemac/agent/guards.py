@@ -19,10 +19,8 @@ import sys
 import tempfile
 from typing import Any, Dict, List
 
-try:  # a sibling in the agent dir (guards.py also runs as a script from there)
-    from agentutil import format_mib
-except ImportError:  # imported as remotemac.agent.guards (the laptop, tests)
-    from remotemac.agent.agentutil import format_mib
+from .agentutil import format_mib
+from .launch import agent_argv
 
 #: the caches remotemac points inside the run dir (engine/jobs.py sets them)
 CACHE_VARS = ("TORCH_HOME", "HF_HOME", "PIP_CACHE_DIR", "XDG_CACHE_HOME", "MPLCONFIGDIR")
@@ -30,17 +28,11 @@ CACHE_VARS = ("TORCH_HOME", "HF_HOME", "PIP_CACHE_DIR", "XDG_CACHE_HOME", "MPLCO
 READ_SAMPLE = 3
 
 
-class GuardError(Exception):
-    def __init__(self, message: str, code: str) -> None:
-        super().__init__(message)
-        self.code = code
-
-
 def _agent_error(message: str, code: str) -> Exception:
-    """hostagent's AgentError when it is loaded (so the code reaches the engine)."""
-    agent = sys.modules.get("hostagent") or sys.modules.get("__main__")
-    cls = getattr(agent, "AgentError", None)
-    return cls(message, code) if cls is not None else GuardError(message, code)
+    """hostagent's AgentError (its code reaches the engine)."""
+    from .hostagent import AgentError
+
+    return AgentError(message, code)
 
 
 # ------------------------------------------------------------------ access
@@ -106,7 +98,13 @@ def check_access(req: Dict[str, Any]) -> Dict[str, Any]:
     env.update(req.get("env") or {})
     cwd = req.get("cwd") if req.get("cwd") and os.path.isdir(req["cwd"]) else None
     res = subprocess.run(
-        [sys.executable, os.path.abspath(__file__), "access"],
+        agent_argv(
+            sys.executable,
+            os.path.dirname(os.path.abspath(__file__)),
+            "guards",
+            "access",
+            site=True,
+        ),
         input=json.dumps(plan).encode(),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -204,8 +202,8 @@ def op_check_space(req: Dict[str, Any]) -> Dict[str, Any]:
 def _fingerprint_source() -> str:
     """The probe run by the workload's interpreter: agentutil's package probe, the
     same one envfreeze runs, so both name the copy of a package that is imported
-    (the agent dir is on sys.path: op_env_fingerprint put it there)."""
-    from agentutil import PACKAGES_PROBE
+    (agentutil's source, run by the workload's interpreter)."""
+    from .agentutil import PACKAGES_PROBE
 
     return PACKAGES_PROBE + _FINGERPRINT
 
@@ -236,8 +234,7 @@ def op_env_fingerprint(req: Dict[str, Any]) -> Dict[str, Any]:
     """Python, OS version, the venv's package set (and its hash) and torch, without
     importing torch: cheap enough to take at launch, at every re-attach and before
     the target run, to see whether the environment drifted in between."""
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    import envfreeze
+    from . import envfreeze
 
     python = req["python"]
     try:
@@ -261,9 +258,10 @@ def op_env_fingerprint(req: Dict[str, Any]) -> Dict[str, Any]:
     return found
 
 
-if __name__ == "__main__":
-    if sys.argv[1:] != ["access"]:
-        sys.stderr.write("usage: guards.py access < plan.json\n")
-        sys.exit(2)
+def main(args: List[str]) -> int:
+    """``guards access < plan.json`` (see launch.py): the access probe alone."""
+    if args != ["access"]:
+        sys.stderr.write("usage: guards access < plan.json\n")
+        return 2
     sys.stdout.write(json.dumps(_probe(json.loads(sys.stdin.read()))))
-    sys.exit(0)
+    return 0

@@ -1,4 +1,7 @@
-"""remotemac's agent on the host: ``python3 hostagent.py OP`` with JSON on stdin.
+"""remotemac's agent on the host: its operations (``OPS``), each JSON in, JSON out.
+
+The resident agent (resident.py) serves them; ``hostagent OP`` (:func:`main`, started
+by launch.py's boot) runs one of them alone, with the request on stdin.
 
 Standard library only, Python 3.9+. Every operation takes one JSON object on
 stdin and prints one JSON object on stdout: ``{"ok": true, "result": ...}`` or
@@ -16,6 +19,7 @@ import contextlib
 import errno
 import fcntl
 import hashlib
+import importlib
 import json
 import os
 import shlex
@@ -27,14 +31,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-try:  # a sibling on the host (or preloaded by the in-memory bootstrap)
-    import safefs
-    from agentutil import find_tool, pid_alive, tmux_path
-except ImportError:  # imported as remotemac.agent.hostagent (the laptop, tests)
-    from remotemac.agent import safefs
-    from remotemac.agent.agentutil import find_tool, pid_alive, tmux_path
-
-__all__ = ["pid_alive", "tmux_path"]  # re-exported: the journal asks hostagent
+from . import safefs
+from .agentutil import cpu_seconds, find_tool, pid_alive, tmux_path
+from .launch import agent_argv
 
 AGENT_DIR = os.path.dirname(os.path.abspath(__file__))
 HEARTBEAT_STALE_S = 15.0
@@ -165,8 +164,7 @@ def root_marker(root: str) -> dict[str, Any]:
     marker = safefs.marker_of(root)
     if marker is not None and marker.get("kind") == "root":
         return marker
-    sys.path.insert(0, AGENT_DIR)
-    import cleanupops
+    from . import cleanupops
 
     claimed = cleanupops.op_claim_root({"root": root})
     if claimed.get("refused"):
@@ -247,8 +245,7 @@ def _launch_locked(req: dict[str, Any]) -> dict[str, Any]:
         return {"already_done": True, "session": session, "status": existing}
     access = None
     if not req.get("skip_access_check"):
-        sys.path.insert(0, AGENT_DIR)
-        import guards
+        from . import guards
 
         access = guards.check_access(req)
     spec_path = os.path.join(run_dir, "status", device + ".spec.json")
@@ -268,8 +265,28 @@ def _launch_locked(req: dict[str, Any]) -> dict[str, Any]:
     _atomic_write_json(
         status_path, {"state": "starting", "device": device, "created_at": time.time()}
     )
-    runner = os.path.join(AGENT_DIR, "runner.py")
-    argv = [sys.executable, runner, spec_path]
+    argv = agent_argv(sys.executable, AGENT_DIR, "runner", spec_path, site=True)
+    mode = _start_runner(argv, tmux, session)
+    deadline = time.time() + 10
+    while time.time() < deadline:
+        status = _read_json(status_path, {})
+        if status.get("state") != "starting":
+            break
+        time.sleep(0.05)
+    answer = {
+        "session": session,
+        "mode": mode,
+        "status": _read_json(status_path, {}),
+        "access": access,
+    }
+    if not tmux and not tmux_path():
+        answer["tmux_hint"] = tmux_install_hint(sys.platform, brew_path())
+    return answer
+
+
+def _start_runner(argv: list[str], tmux: str | None, session: str) -> str:
+    """Start the job's runner: in a new tmux session (one of that name goes first), or
+    detached in its own session (double fork + setsid) when there is no tmux; the mode."""
     if tmux:
         subprocess.run(
             [tmux, "kill-session", "-t", "=" + session],
@@ -294,28 +311,12 @@ def _launch_locked(req: dict[str, Any]) -> dict[str, Any]:
         )
         if res.returncode != 0:
             raise AgentError("tmux new-session failed: %s" % res.stdout.decode().strip(), "launch")
-        mode = "tmux"
+        return "tmux"
     else:
-        sys.path.insert(0, AGENT_DIR)
-        from deadman import spawn_detached  # double fork + setsid, shared with the dead-man
+        from .deadman import spawn_detached  # double fork + setsid, shared with the dead-man
 
         spawn_detached(argv)
-        mode = "daemon"
-    deadline = time.time() + 10
-    while time.time() < deadline:
-        status = _read_json(status_path, {})
-        if status.get("state") != "starting":
-            break
-        time.sleep(0.05)
-    answer = {
-        "session": session,
-        "mode": mode,
-        "status": _read_json(status_path, {}),
-        "access": access,
-    }
-    if not tmux and not tmux_path():
-        answer["tmux_hint"] = tmux_install_hint(sys.platform, brew_path())
-    return answer
+        return "daemon"
 
 
 def op_extract_project(req: dict[str, Any]) -> dict[str, Any]:
@@ -383,8 +384,7 @@ def _size(path: str) -> int:
 def op_stop(req: dict[str, Any]) -> dict[str, Any]:
     run_dir, device, session = req["run_dir"], req["device"], req.get("session", "")
     status = _read_json(os.path.join(run_dir, "status", device + ".json"), {}) or {}
-    sys.path.insert(0, AGENT_DIR)
-    import wipeops
+    from . import wipeops
 
     left = []
     for key in ("child_pid", "runner_pid"):
@@ -466,9 +466,7 @@ OPS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
 
 def _lazy(module: str, name: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
     def call(req: dict[str, Any]) -> dict[str, Any]:
-        if AGENT_DIR not in sys.path:  # the resident agent calls this thousands of times
-            sys.path.insert(0, AGENT_DIR)
-        return getattr(__import__(module), name)(req)
+        return getattr(importlib.import_module("." + module, __package__), name)(req)
 
     return call
 
@@ -519,31 +517,17 @@ def error_answer(exc: BaseException) -> dict[str, Any]:
     return answer
 
 
-def main(argv: list[str]) -> int:
-    if len(argv) != 2 or argv[1] not in OPS:
-        sys.stdout.write(
-            json.dumps({"ok": False, "error": "usage: hostagent.py OP", "code": "usage"})
-        )
+def main(args: list[str]) -> int:
+    """``hostagent OP`` (see launch.py): one operation, JSON in on stdin, one line out."""
+    if len(args) != 1 or args[0] not in OPS:
+        sys.stdout.write(json.dumps({"ok": False, "error": "usage: hostagent OP", "code": "usage"}))
         return 2
     try:
         raw = sys.stdin.read()
         req = json.loads(raw) if raw.strip() else {}
-        result = OPS[argv[1]](req)
+        result = OPS[args[0]](req)
     except Exception as exc:  # one line back to the orchestrator, never a hang
         sys.stdout.write(json.dumps(error_answer(exc)))
         return 1
-    sys.stdout.write(json.dumps({"ok": True, "result": result, "cpu_s": _cpu_seconds()}))
+    sys.stdout.write(json.dumps({"ok": True, "result": result, "cpu_s": cpu_seconds()}))
     return 0
-
-
-def _cpu_seconds() -> float:
-    """This process's CPU and its waited-for children's (the run's host-side CPU figure)."""
-    import resource
-
-    own = resource.getrusage(resource.RUSAGE_SELF)
-    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return round(own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime, 4)
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv))

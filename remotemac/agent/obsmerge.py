@@ -16,10 +16,7 @@ import os
 import time
 from typing import Any, Dict, List, Optional
 
-try:  # a sibling in the agent dir (runner.py runs from there)
-    from agentutil import write_json_atomic
-except ImportError:  # imported as remotemac.agent.obsmerge (the laptop, tests)
-    from remotemac.agent.agentutil import write_json_atomic
+from .agentutil import write_json_atomic
 
 OBS_SCHEMA = "remotemac.harness.obs/1"
 

@@ -25,10 +25,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 
-try:  # a sibling on the host (or preloaded by the in-memory bootstrap)
-    import safefs
-except ImportError:  # imported as remotemac.agent.ramstore (the laptop, tests)
-    from remotemac.agent import safefs
+from . import safefs
 
 Runner = Callable[[list[str]], tuple[int, str, str]]
 #: why a recorded RAM disk is no longer ours (None: it still is); injectable for simulations

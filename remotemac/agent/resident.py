@@ -1,6 +1,7 @@
-"""The resident agent: one long-lived ``python3 resident.py`` per host connection.
+"""The resident agent: one long-lived process per host connection (started by the
+boot of launch.py: ``<agent dir>/resident.py``).
 
-Why: every one-shot ``hostagent.py OP`` costs a new SSH exec channel plus an
+Why: every one-shot ``hostagent OP`` costs a new SSH exec channel plus an
 interpreter start (0.2-0.45 s each with a heavy Python, 17-20 of them per run).
 This process is started once over one exec channel and serves the same
 operations (``hostagent.OPS``) for as long as the channel lives.
@@ -35,11 +36,10 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, BinaryIO, Dict, Optional
+from typing import Any, BinaryIO, Dict, List, Optional
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-import hostagent  # noqa: E402 - the sibling module, found through the line above
+from . import hostagent, safefs
+from .agentutil import cpu_seconds
 
 HEADER = struct.Struct(">I")
 MAX_FRAME = 64 << 20
@@ -112,14 +112,14 @@ def answer_once(call_id: str, op: str, req: Dict[str, Any], store: Optional[str]
         with _STORE_MADE:  # calls arrive on several threads at once
             os.makedirs(store, mode=0o700, exist_ok=True)
             # marked like the agent's other dirs: cleanup removes only what carries a marker
-            if hostagent.safefs.marker_of(store) is None:
-                hostagent.safefs.mark_dir(store, {"kind": "agent"})
+            if safefs.marker_of(store) is None:
+                safefs.mark_dir(store, {"kind": "agent"})
     record = os.path.join(store, call_id + ".json")
     lock_path = os.path.join(store, call_id + ".lock")
     fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)  # an earlier attempt may still be running it
-        recorded = hostagent._read_json(record)
+        recorded = safefs.read_json_file(record)
         if isinstance(recorded, dict) and "answer" in recorded:
             answer = dict(recorded["answer"])
             answer["replayed"] = True
@@ -127,7 +127,7 @@ def answer_once(call_id: str, op: str, req: Dict[str, Any], store: Optional[str]
         answer = run_op(op, req)
         # an op that removed the store (cleanup of the whole root) is answered unrecorded
         with contextlib.suppress(OSError):
-            hostagent._atomic_write_json(record, {"op": op, "at": time.time(), "answer": answer})
+            safefs.write_json_atomic(record, {"op": op, "at": time.time(), "answer": answer})
         with contextlib.suppress(OSError):
             os.unlink(lock_path)
         return answer
@@ -190,9 +190,7 @@ class Server:
         except Exception as exc:
             answer = hostagent.error_answer(exc)
         self.served += 1
-        self.send(
-            {"id": call_id, "answer": answer, "cpu_s": hostagent._cpu_seconds(), "pid": os.getpid()}
-        )
+        self.send({"id": call_id, "answer": answer, "cpu_s": cpu_seconds(), "pid": os.getpid()})
 
     def serve(self) -> int:
         self.send(
@@ -200,7 +198,7 @@ class Server:
                 "id": "",
                 "hello": 1,
                 "pid": os.getpid(),
-                "cpu_s": hostagent._cpu_seconds(),
+                "cpu_s": cpu_seconds(),
                 "python": sys.version.split()[0],
             }
         )
@@ -217,8 +215,8 @@ class Server:
                         {
                             "id": str(frame.get("id", "")),
                             "pid": os.getpid(),
-                            "cpu_s": hostagent._cpu_seconds(),
-                            "answer": {"ok": True, "result": {"cpu_s": hostagent._cpu_seconds()}},
+                            "cpu_s": cpu_seconds(),
+                            "answer": {"ok": True, "result": {"cpu_s": cpu_seconds()}},
                         }
                     )
                     continue
@@ -226,7 +224,7 @@ class Server:
         return 0
 
 
-def main() -> int:
+def main(args: Optional[List[str]] = None) -> int:
     """Keep the frame streams on private descriptors; children see /dev/null on 0, 1, 2.
 
     A daemonised job or tmux server that inherited the channel's pipes would hold
@@ -239,7 +237,3 @@ def main() -> int:
     os.dup2(devnull, 0)
     os.dup2(devnull, 1)
     return Server(inp, out).serve()
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -23,12 +23,14 @@ import threading
 import time
 from typing import Any
 
-import obsmerge  # sibling files: this script runs from the agent dir
-import ownmem  # sibling: the job's own memory (PSS / phys_footprint)
-import procid  # sibling: who a process is (start time, command line), for safe kills
-import proctree
-import safefs  # sibling: file writes that never go through a planted link
-from agentutil import format_mib
+from . import (
+    obsmerge,  # sibling files: this script runs from the agent dir
+    ownmem,  # sibling: the job's own memory (PSS / phys_footprint)
+    procid,  # sibling: who a process is (start time, command line), for safe kills
+    proctree,
+    safefs,  # sibling: file writes that never go through a planted link
+)
+from .agentutil import format_mib
 
 HEARTBEAT_S = 2.0
 #: the job's memory (RSS summed over its process tree) is sampled this often
@@ -518,8 +520,7 @@ def _launch_next(spec: dict[str, Any], state: str) -> None:
         # a reference that failed, timed out or was stopped: the target's result would
         # be compared with nothing; the laptop records it "not launched" and says why
         return
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    import hostagent
+    from . import hostagent
 
     try:
         hostagent.op_launch(nxt)
@@ -544,5 +545,6 @@ def _terminate(child: subprocess.Popen[bytes], grace: float = KILL_GRACE_S) -> N
     threading.Thread(target=kill_later, daemon=True).start()
 
 
-if __name__ == "__main__":
-    sys.exit(run(sys.argv[1]))
+def main(args: list[str]) -> int:
+    """``runner SPEC`` (see launch.py): run the job the spec file describes."""
+    return run(args[0])

@@ -412,8 +412,6 @@ def _check_marker(path: str, marker: Dict[str, Any], info: Dict[str, Any]) -> No
 
 def write_json_atomic(path: str, data: Any) -> None:
     """Write JSON to ``path`` atomically, never through a planted link (agentutil's)."""
-    try:
-        from agentutil import write_json_atomic as write
-    except ImportError:  # imported as remotemac.agent.safefs (the laptop, tests)
-        from remotemac.agent.agentutil import write_json_atomic as write
+    from .agentutil import write_json_atomic as write
+
     write(path, data)

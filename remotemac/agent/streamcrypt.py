@@ -127,7 +127,7 @@ def iter_encrypt(
         resume = (header, 0)
     payload_key, chunk_size = open_header(data_key, relpath, resume[0])
     counter = resume[1]
-    aead = _aead(payload_key)
+    aead = new_aead(payload_key)
     current = _read_exact(src, chunk_size)
     while True:
         following = _read_exact(src, chunk_size) if len(current) == chunk_size else b""
@@ -212,7 +212,7 @@ def seal_chunks(
     payload_key, chunk_size = open_header(data_key, relpath, header)
     total = chunk_count(plain_size, chunk_size)
     sealed_span(plain_size, chunk_size, first, count)  # range check
-    aead = _aead(payload_key)
+    aead = new_aead(payload_key)
     for counter in range(first, first + count):
         want = min(chunk_size, plain_size - counter * chunk_size)
         plain = _read_exact(src, want)
@@ -225,7 +225,7 @@ def chunk_opener(data_key: bytes, relpath: str, header: bytes) -> tuple[Callable
     """(open(counter, last, sealed) -> plaintext, chunk size) for a header that
     authenticates: the host opens a piece's chunks one by one (see seal_chunks)."""
     payload_key, chunk_size = open_header(data_key, relpath, header)
-    aead = _aead(payload_key)
+    aead = new_aead(payload_key)
 
     def open_one(counter: int, last: bool, sealed: bytes) -> bytes:
         return _open_chunk(aead, counter, last, sealed, relpath)
@@ -258,7 +258,7 @@ def verified_prefix(
         payload_key, chunk_size = open_header(data_key, relpath, header)
     except DecryptError:
         return b"", 0
-    aead = _aead(payload_key)
+    aead = new_aead(payload_key)
     counter = 0
     while max_chunks is None or counter < max_chunks:
         sealed = _read_exact(src, chunk_size + TAG_LEN)
@@ -315,7 +315,7 @@ def decrypt_stream(
     else:
         header, counter = resume
     payload_key, chunk_size = open_header(data_key, relpath, header)
-    aead = _aead(payload_key)
+    aead = new_aead(payload_key)
     sealed_size = chunk_size + TAG_LEN
     written = 0
     current = _read_exact(reader, sealed_size)
@@ -424,7 +424,9 @@ def _nonce(counter: int, last: bool) -> bytes:
     return counter.to_bytes(11, "big") + (b"\x01" if last else b"\x00")
 
 
-def _aead(key: bytes) -> Any:
+def new_aead(key: bytes) -> Any:
+    """AES-256-GCM under ``key``; the first call imports the agent runtime's cipher
+    (the sync receiver makes one while it waits for the hello, see dataops._preload)."""
     from cryptography.hazmat.primitives.ciphers.aead import (  # agent-imports: lazy
         AESGCM,
     )

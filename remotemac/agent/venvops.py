@@ -19,15 +19,12 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import time
 from typing import Any
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-import safefs  # noqa: E402
-from agentruntime import _locked as locked_dir  # noqa: E402
-from hostagent import AgentError, inventory_add, owned_dir, root_marker  # noqa: E402
+from . import safefs
+from .agentruntime import install_lock
+from .hostagent import AgentError, inventory_add, owned_dir, root_marker
 
 PARENT_PTH = "_remotemac_parent_site.pth"
 READY = ".remotemac-ready"
@@ -225,7 +222,7 @@ def op_ensure_venv(req: dict[str, Any]) -> dict[str, Any]:
     }
     os.makedirs(os.path.dirname(env_dir), mode=0o700, exist_ok=True)
     # runs starting together on one host (a fleet, three terminals) build it once
-    with locked_dir(os.path.dirname(env_dir)):
+    with install_lock(os.path.dirname(env_dir)):
         return _ensure_locked(
             req, root, ident, key, env_dir, python, dict(described, root_id=root_id)
         )
@@ -248,7 +245,7 @@ def _ensure_locked(
         )
     started = time.time()
     if safefs.marker_of(env_dir) is not None:  # a venv that never got ready: ours?
-        import wipeops
+        from . import wipeops
 
         real_root = os.path.realpath(root)
         not_ours = wipeops.ownership(env_dir, "venv", safefs.marker_of(real_root))

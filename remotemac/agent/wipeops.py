@@ -31,19 +31,11 @@ import re
 import stat
 import sys
 import time
+from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Set, Tuple
 
-_HERE = os.path.dirname(os.path.abspath(globals().get("__file__") or "."))
-if _HERE not in sys.path:
-    sys.path.insert(0, _HERE)
-
-import deadman  # noqa: E402
-import procid  # noqa: E402
-import proctree  # noqa: E402
-import ramstore  # noqa: E402
-import safefs  # noqa: E402
-import specscrub  # noqa: E402
-from agentutil import (  # noqa: E402
+from . import deadman, procid, proctree, ramstore, safefs, specscrub
+from .agentutil import (
     SESSION_PREFIX,
     cmdline,
     kill_session,
@@ -51,6 +43,8 @@ from agentutil import (  # noqa: E402
     terminate,
     tmux_sessions,
 )
+
+_HERE = os.path.dirname(os.path.abspath(globals().get("__file__") or "."))
 
 SYSTEM_DIRS = frozenset(
     [
@@ -484,6 +478,17 @@ def destroy_ram(
 # ------------------------------------------------------------------ one run's wipe
 
 
+@dataclass
+class _Tally:
+    """What a wipe did, as its answer lists it (every step adds to these)."""
+
+    steps: List[Dict[str, Any]] = field(default_factory=list)
+    removed: List[str] = field(default_factory=list)
+    remaining: List[str] = field(default_factory=list)
+    failed: List[str] = field(default_factory=list)
+    notes: List[str] = field(default_factory=list)
+
+
 def wipe_run_data(req: Dict[str, Any]) -> Dict[str, Any]:
     """Stop a run, destroy its RAM store, delete its data, tmp, cache (and outputs).
 
@@ -497,25 +502,13 @@ def wipe_run_data(req: Dict[str, Any]) -> Dict[str, Any]:
     if not re.match(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$", run_id):
         raise UnsafeRoot("run id %r is not valid" % run_id)
     run_dir = os.path.join(real_root, "runs", run_id)
-    steps: List[Dict[str, Any]] = []
-    removed: List[str] = []
-    remaining: List[str] = []
-    failed: List[str] = []
-    notes: List[str] = []
-    prefix = session_name(run_id)
-    live = [s["name"] for s in tmux_sessions()]
-    sessions = set(n for n in req.get("sessions") or [] if n in live)
-    sessions.update(n for n in live if n.startswith(prefix))
-    for name in sorted(sessions):
-        if kill_session(name, steps):
-            removed.append("tmux:" + name)
-        else:
-            remaining.append("tmux:%s (still running)" % name)
+    tally = _Tally()
+    _kill_sessions(run_id, req.get("sessions") or [], tally)
     not_ours = ownership(run_dir, "run", safefs.marker_of(real_root), run_id)
     scrubbed: List[str] = []
     if not_ours is None:
-        removed += stop_run_processes(
-            run_dir, steps, remaining, [run_dir, os.path.join(lexical, "runs", run_id)]
+        tally.removed += stop_run_processes(
+            run_dir, tally.steps, tally.remaining, [run_dir, os.path.join(lexical, "runs", run_id)]
         )
         # the launch specs stay with status/ until cleanup: their env values and command go now
         secrets = specscrub.run_secrets(run_dir)
@@ -523,50 +516,31 @@ def wipe_run_data(req: Dict[str, Any]) -> Dict[str, Any]:
             secrets, [os.path.join(run_dir, "status"), os.path.join(real_root, "agent", "calls")]
         )
         scrubbed += specscrub.scrub_specs(run_dir)
-    ram = req.get("ram") or find_ram_store(run_id)
-    if ram and ram.get("path"):
-        fate = destroy_ram(ram, steps)
-        if fate["fate"] == "removed":
-            removed.append("ram:%s" % ram["path"])
-        elif fate["fate"] == "failed":
-            remaining.append("ram:%s (%s)" % (ram["path"], fate.get("why")))
-            failed.append(ram["path"])
-        elif fate.get("why"):
-            notes.append("ram:%s: %s" % (ram["path"], fate["why"]))
+    _destroy_run_ram(req.get("ram") or find_ram_store(run_id), tally)
     wipe_outputs = bool(req.get("wipe_outputs", True))
     keep = set(req.get("keep") or KEPT_SUBDIRS)
     if not_ours is not None:
-        remaining.append("%s (%s)" % (run_dir, not_ours))
-        failed.append(run_dir)
+        tally.remaining.append("%s (%s)" % (run_dir, not_ours))
+        tally.failed.append(run_dir)
     elif os.path.isdir(run_dir):
-        for sub in listdir_or_empty(run_dir):
-            path = os.path.join(run_dir, sub)
-            if sub in keep or sub == safefs.MARKER or (sub == "out" and not wipe_outputs):
-                continue
-            fate = remove_item(real_root, path, False, overwrite=(sub == "tmp"))
-            notes += fate.get("notes") or []
-            if fate["fate"] == "removed":
-                removed.append(path)
-            elif fate["fate"] == "failed":
-                failed.append(path)
-                remaining.append("%s (%s)" % (path, fate.get("why")))
+        _remove_run_subdirs(real_root, run_dir, keep, wipe_outputs, tally)
     if req.get("cancel_deadman"):
-        for job in deadman.cancel(real_root, run_id, steps=steps, roots=[lexical, real_root]):
+        for job in deadman.cancel(real_root, run_id, steps=tally.steps, roots=[lexical, real_root]):
             if job.get("fate") == "removed":
-                removed.append("deadman:%s" % job.get("what"))
+                tally.removed.append("deadman:%s" % job.get("what"))
     if not_ours is None:
-        remaining += [
+        tally.remaining += [
             r
             for r in run_remaining(run_dir, keep, wipe_outputs)
-            if r.split(" (", 1)[0] not in failed
+            if r.split(" (", 1)[0] not in tally.failed
         ]
     ram_left = find_ram_store(run_id)
     if ram_left:
-        remaining.append("ram:%s" % ram_left["path"])
+        tally.remaining.append("ram:%s" % ram_left["path"])
     verified = (
-        not failed
+        not tally.failed
         and not ram_left
-        and not any(r.startswith("tmux:") for r in remaining)
+        and not any(r.startswith("tmux:") for r in tally.remaining)
         and not any(
             os.path.lexists(os.path.join(run_dir, s))
             for s in WIPED_SUBDIRS
@@ -574,16 +548,61 @@ def wipe_run_data(req: Dict[str, Any]) -> Dict[str, Any]:
         )
     )
     return {
-        "removed": removed,
-        "remaining": remaining,
-        "steps": steps,
+        "removed": tally.removed,
+        "remaining": tally.remaining,
+        "steps": tally.steps,
         "verified": verified,
-        "failed": failed,
+        "failed": tally.failed,
         "run_dir": run_dir,
         "time": time.time(),
-        "notes": notes,
+        "notes": tally.notes,
         "scrubbed": scrubbed,
     }
+
+
+def _kill_sessions(run_id: str, named: List[str], tally: _Tally) -> None:
+    """Kill the run's tmux sessions: those the request names and those of its prefix."""
+    prefix = session_name(run_id)
+    live = [s["name"] for s in tmux_sessions()]
+    sessions = set(n for n in named if n in live)
+    sessions.update(n for n in live if n.startswith(prefix))
+    for name in sorted(sessions):
+        if kill_session(name, tally.steps):
+            tally.removed.append("tmux:" + name)
+        else:
+            tally.remaining.append("tmux:%s (still running)" % name)
+
+
+def _destroy_run_ram(ram: Optional[Dict[str, Any]], tally: _Tally) -> None:
+    """Destroy the run's RAM store (its decrypted slice), if it has one."""
+    if not (ram and ram.get("path")):
+        return
+    fate = destroy_ram(ram, tally.steps)
+    if fate["fate"] == "removed":
+        tally.removed.append("ram:%s" % ram["path"])
+    elif fate["fate"] == "failed":
+        tally.remaining.append("ram:%s (%s)" % (ram["path"], fate.get("why")))
+        tally.failed.append(ram["path"])
+    elif fate.get("why"):
+        tally.notes.append("ram:%s: %s" % (ram["path"], fate["why"]))
+
+
+def _remove_run_subdirs(
+    real_root: str, run_dir: str, keep: Set[str], wipe_outputs: bool, tally: _Tally
+) -> None:
+    """Delete the run dir's contents but what stays until cleanup (``keep``, the marker,
+    and ``out`` when it is kept); ``tmp`` is overwritten first."""
+    for sub in listdir_or_empty(run_dir):
+        path = os.path.join(run_dir, sub)
+        if sub in keep or sub == safefs.MARKER or (sub == "out" and not wipe_outputs):
+            continue
+        fate = remove_item(real_root, path, False, overwrite=(sub == "tmp"))
+        tally.notes += fate.get("notes") or []
+        if fate["fate"] == "removed":
+            tally.removed.append(path)
+        elif fate["fate"] == "failed":
+            tally.failed.append(path)
+            tally.remaining.append("%s (%s)" % (path, fate.get("why")))
 
 
 def listdir_or_empty(path: str) -> List[str]:
@@ -628,9 +647,6 @@ def op_wipe_run_data(req: Dict[str, Any]) -> Dict[str, Any]:
 
 
 def _agent_error(message: str) -> Exception:
-    try:
-        import hostagent
+    from .hostagent import AgentError
 
-        return hostagent.AgentError(message, "unsafe-path")
-    except ImportError:  # pragma: no cover - hostagent always ships alongside
-        return RuntimeError(message)
+    return AgentError(message, "unsafe-path")

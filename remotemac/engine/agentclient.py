@@ -1,6 +1,6 @@
 """Ship the agent to a host once per content hash, and call its operations.
 
-The engine talks to the host through ``hostagent.py OP`` with JSON in and out
+The engine talks to the host through the agent's operations with JSON in and out
 instead of shell pipelines, so macOS's BSD tools and Linux's GNU tools never
 matter, and nothing secret appears in argv.
 """
@@ -13,7 +13,7 @@ import time
 import weakref
 from typing import Any
 
-from remotemac.engine.agentship import agent_bundle, exec_in_memory
+from remotemac.engine.agentship import agent_argv, agent_bundle, exec_in_memory
 from remotemac.engine.ledger import Ledger
 from remotemac.engine.resident import ResidentAgent
 from remotemac.errors import HostEnvironmentError, HostError, RemotemacError
@@ -22,7 +22,7 @@ from remotemac.transport.base import ExecResult, Transport
 #: the host's interpreter the agent runs under (never the workload's venv)
 DEFAULT_AGENT_PYTHON = "python3"
 ENV_AGENT_PYTHON = "REMOTEMAC_AGENT_PYTHON"
-#: ``1``: one ``hostagent.py OP`` process per call instead of the resident agent
+#: ``1``: one ``hostagent OP`` process per call instead of the resident agent
 ENV_ONESHOT = "REMOTEMAC_AGENT_ONESHOT"
 #: agent error codes that mean "the host's environment lacks something" (exit 6):
 #: disk space too ("no-space": the link is fine, retrying will not help; was exit 3)
@@ -133,7 +133,7 @@ class AgentClient:
 
     Calls go to the link's resident agent (engine/resident.py) unless
     ``$REMOTEMAC_AGENT_ONESHOT=1`` (or a per-call ``python``) asks for one
-    ``hostagent.py OP`` process per call. ``host_cpu_s`` sums the host-side CPU
+    ``hostagent OP`` process per call (agentship.agent_argv). ``host_cpu_s`` sums the host-side CPU
     the agent reported for this run's calls.
     """
 
@@ -166,7 +166,7 @@ class AgentClient:
         """The resident agent of this link (one per connection, shared by every lease)."""
         owner = self.transport.link_owner()
         # -S: no site-packages (stdlib only; a heavy site costs 0.2-0.4 s per start)
-        argv = (self.python, "-S", f"{self.agent_dir}/resident.py")
+        argv = tuple(agent_argv(self.python, self.agent_dir, "resident"))
         sessions = _SESSIONS.setdefault(owner, {})
         found = sessions.get(argv)
         if found is None or found.closed:
@@ -257,7 +257,7 @@ class AgentClient:
         self.calls += 1
         if self.resident and python is None:
             return await self._call_resident(op, request or {}, timeout)
-        argv = [python or self.python, f"{self.agent_dir}/hostagent.py", op]
+        argv = agent_argv(python or self.python, self.agent_dir, "hostagent", op, site=True)
         started = time.monotonic()
         kwargs: dict[str, Any] = {"stdin": json.dumps(request or {}).encode(), "timeout": timeout}
         if idempotent:
@@ -310,7 +310,7 @@ def _result(op: str, answer: dict[str, Any]) -> dict[str, Any]:
     return answer["result"]
 
 
-#: resident agents by link owner, then by (python, resident.py path)
-_SESSIONS: weakref.WeakKeyDictionary[Transport, dict[tuple[str, str], ResidentAgent]] = (
+#: resident agents by link owner, then by argv (python, the boot, resident.py path)
+_SESSIONS: weakref.WeakKeyDictionary[Transport, dict[tuple[str, ...], ResidentAgent]] = (
     weakref.WeakKeyDictionary()
 )

@@ -5,7 +5,9 @@ It gets there in one of two ways, both built here and nowhere else:
 
 * **Uploaded** (:func:`agent_bundle`): every file, keyed by a content hash, into
   ``<remote_root>/agent/<hash>/`` (engine/agentclient.py). Runs use it: the
-  resident agent and the sync receiver start from there.
+  resident agent, the one-shot ``hostagent OP`` and the sync receiver start from
+  there, each by the one boot of agent/launch.py (:func:`agent_argv`), which loads
+  that directory as the package ``rmagent``.
 * **In memory** (:func:`exec_in_memory`): a few modules' sources travel on stdin
   to ``python3 -c BOOTSTRAP``, which loads them as modules and calls one function.
   Nothing lands on the host's disk, which is what cleanup (it must not recreate
@@ -28,6 +30,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from remotemac.agent import launch
 from remotemac.transport.base import ExecResult, Transport
 
 AGENT_SRC = Path(__file__).resolve().parent.parent / "agent"
@@ -42,6 +45,7 @@ IN_MEMORY_ORDER: tuple[str, ...] = (
     "procid",
     "proctree",  # wipeops: the process table, for a job's daemons in a new session
     "agentutil",
+    "launch",  # how the agent starts its own processes (runner, dead-man, guards)
     "safefs",
     "ramstore",
     "specscrub",
@@ -56,20 +60,35 @@ IN_MEMORY_ORDER: tuple[str, ...] = (
 #: the modules callers enter through (each one's prefix of IN_MEMORY_ORDER is closed)
 IN_MEMORY_ENTRIES: tuple[str, ...] = ("hostfacts", "pythons", "cleanupops", "agentruntime")
 
-#: Python 3.9, standard library only; the request and the sources come on stdin.
+#: Python 3.9, standard library only; the request and the sources come on stdin. The
+#: modules load as the package ``rmagent`` (as agent/launch.py's boot makes the uploaded
+#: copy): their relative imports find the siblings loaded before them.
 BOOTSTRAP = (
     "import json,sys,types\n"
     "d=json.loads(sys.stdin.read())\n"
     "try:\n"
+    " P='rmagent';p=types.ModuleType(P);p.__path__=[];sys.modules[P]=p\n"
     " for n,s in d['modules']:\n"
-    "  m=types.ModuleType(n);m.__file__='<remotemac-agent>/'+n+'.py';sys.modules[n]=m\n"
+    "  m=types.ModuleType(P+'.'+n);m.__file__='<remotemac-agent>/'+n+'.py';m.__package__=P\n"
+    "  sys.modules[P+'.'+n]=m;setattr(p,n,m)\n"
     "  exec(compile(s,'remotemac-agent/'+n+'.py','exec'),m.__dict__)\n"
-    " r=getattr(sys.modules[d['module']],d['fn'])(d['req'])\n"
+    " r=getattr(sys.modules[P+'.'+d['module']],d['fn'])(d['req'])\n"
     " sys.stdout.write(json.dumps({'ok':True,'result':r})+'\\n')\n"
     "except Exception as e:\n"
     " sys.stdout.write(json.dumps({'ok':False,'error':'%s: %s'%(type(e).__name__,e)})+'\\n')\n"
     " sys.exit(1)\n"
 )
+
+
+#: the one boot every uploaded agent process starts by (agent/launch.py)
+AGENT_BOOT = launch.BOOT
+
+
+def agent_argv(
+    python: str, agent_dir: str, module: str, *args: str, site: bool = False
+) -> list[str]:
+    """How the laptop starts an uploaded agent module on the host (agent/launch.py)."""
+    return launch.agent_argv(python, agent_dir, module, *args, site=site)
 
 
 def agent_file(module: str) -> Path:

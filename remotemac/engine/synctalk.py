@@ -19,6 +19,7 @@ from typing import Any
 from remotemac.data.manifest import Manifest, ManifestEntry
 from remotemac.engine import syncsplit
 from remotemac.engine.agentclient import AgentClient
+from remotemac.engine.agentship import AGENT_BOOT, agent_argv
 from remotemac.engine.syncpieces import Batch, FileDone, next_batch, pack_frame, read_pieces
 from remotemac.engine.syncplan import (
     AHEAD_BYTES,
@@ -44,22 +45,18 @@ from remotemac.errors import (
 from remotemac.events import PhaseProgress
 from remotemac.transport.base import RemoteProcess, Transport
 
-#: runs ``<agent dir>/dataops.py`` (argv[1]) imported, not as a script: an imported
-#: module loads from its cached bytecode (__pycache__ beside it, written by the first
-#: run), a script is compiled on every start (~7 ms of the host's start, which a
-#: re-sync's hello waits for)
-RECEIVER_BOOT = (
-    "import sys; d = sys.argv[1].rpartition('/')[0]; sys.path.insert(0, d); "
-    "import dataops; dataops.main(sys.argv[2:])"
-)
+#: the agent's one boot (agent/launch.py): ``<agent dir>/dataops.py`` runs imported, as
+#: part of the agent package, and so loads from its cached bytecode (~7 ms of the host's
+#: start, which a re-sync's hello waits for, where a script is compiled on every start)
+RECEIVER_BOOT = AGENT_BOOT
 
 
 def receiver_argv(python: str, agent_dir: str, runtime_dir: str | None = None) -> list[str]:
     # -S: stdlib only (cryptography comes from the runtime dir it names), and a host
     # python with a large site-packages costs 0.2-0.4 s per start without it; the
     # runtime in argv is imported while the laptop stats the slice (not a secret)
-    return [python, "-S", "-c", RECEIVER_BOOT, f"{agent_dir}/dataops.py", "sync"] + (
-        ["--runtime", runtime_dir] if runtime_dir else []
+    return agent_argv(
+        python, agent_dir, "dataops", "sync", *(["--runtime", runtime_dir] if runtime_dir else [])
     )
 
 

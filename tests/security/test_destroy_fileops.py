@@ -16,14 +16,11 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
+from remotemac.agent import cleanupops, ramstore, wipeops
 from remotemac.transport.local import LocalTransport
 from tests.hostlayout import make_run, mark_root
 
 AGENT = str(Path(__file__).resolve().parents[2] / "remotemac" / "agent")
-sys.path.insert(0, AGENT)
-import cleanupops  # noqa: E402
-import ramstore  # noqa: E402
-import wipeops  # noqa: E402
 
 RUN = "w-20260101-000000-cccc"
 SUBS = ("data", "tmp", "cache", "out", "logs", "status", "project")
@@ -72,7 +69,11 @@ def test_item03_cleanup_and_tmp_store_never_zero_a_hard_linked_file(tmp_path: Pa
 def _in_child(code: str, timeout: float = 30) -> subprocess.CompletedProcess:
     """Run host-side code in its own process: a hang is a timeout, not a stuck test."""
     return subprocess.run(
-        [sys.executable, "-c", f"import sys; sys.path.insert(0, {AGENT!r})\n" + code],
+        [
+            sys.executable,
+            "-c",
+            f"import sys; sys.path.insert(0, {str(Path(AGENT).parent.parent)!r})\n" + code,
+        ],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -91,22 +92,22 @@ def test_item05_fifos_never_hang_wipe_deadman_or_cleanup(tmp_path: Path):
     req = json.dumps({"root": str(root), "run_id": RUN})
     started = time.monotonic()
     wipe = _in_child(
-        f"import wipeops, json; r = wipeops.wipe_run_data({req})\nprint(json.dumps(r['verified']))"
+        f"from remotemac.agent import wipeops; import json; r = wipeops.wipe_run_data({req})\nprint(json.dumps(r['verified']))"
     )
     assert wipe.returncode == 0 and wipe.stdout.strip() == "true", wipe.stderr
     fire = _in_child(
-        f"import deadman; print(deadman.fire({str(root / 'deadman' / (RUN + '.json'))!r}))"
+        f"from remotemac.agent import deadman; print(deadman.fire({str(root / 'deadman' / (RUN + '.json'))!r}))"
     )
     assert fire.returncode == 0 and fire.stdout.strip() == "None", fire.stderr
     sleeper = _in_child(
-        "import deadman; print(deadman.sleep_then_fire("
+        "from remotemac.agent import deadman; print(deadman.sleep_then_fire("
         f"{str(root / 'deadman' / (RUN + '.json'))!r}))"
     )
     assert sleeper.returncode == 0 and sleeper.stdout.strip() == "0", sleeper.stderr
     os.mkfifo(root / "inventory.json")
     creq = json.dumps({"roots": [str(root)], "run_ids": [RUN]})
     clean = _in_child(
-        f"import cleanupops, json; a = cleanupops.op_cleanup_host({creq})\n"
+        f"from remotemac.agent import cleanupops; import json; a = cleanupops.op_cleanup_host({creq})\n"
         "print(json.dumps(a['roots'][0]['notes']))"
     )
     assert clean.returncode == 0, clean.stderr

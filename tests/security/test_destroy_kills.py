@@ -18,15 +18,10 @@ from pathlib import Path
 
 import pytest
 
+from remotemac.agent import cleanupops, deadman, hostagent, procid, wipeops
 from tests.hostlayout import make_run, mark_root
 
 AGENT = str(Path(__file__).resolve().parents[2] / "remotemac" / "agent")
-sys.path.insert(0, AGENT)
-import cleanupops  # noqa: E402
-import deadman  # noqa: E402
-import hostagent  # noqa: E402
-import procid  # noqa: E402
-import wipeops  # noqa: E402
 
 SUBS = ("data", "tmp", "cache", "out", "logs", "status", "project")
 

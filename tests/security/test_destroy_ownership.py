@@ -15,12 +15,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from remotemac.agent import cleanupops
 from remotemac.journal import Journal
 from tests.conftest import LINES_PROJECT, remotemac
 from tests.hostlayout import make_run, mark_root
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "remotemac" / "agent"))
-import cleanupops  # noqa: E402
 
 
 def tree(path: Path) -> dict[str, bytes | None]:

@@ -4,13 +4,12 @@ from Linux's /proc, and path matches on component boundaries (items 4 and 6)."""
 from __future__ import annotations
 
 import subprocess
-import sys
 import time
 from pathlib import Path
 
+from remotemac.agent import procid
+
 AGENT = str(Path(__file__).resolve().parents[2] / "remotemac" / "agent")
-sys.path.insert(0, AGENT)
-import procid  # noqa: E402
 
 PS = (
     Path(__file__).resolve().parents[1]

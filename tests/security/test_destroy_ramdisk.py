@@ -12,17 +12,14 @@ it), and /dev/disk3 would name whatever disk the Mac attached since.
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import pytest
 
+from remotemac.agent import ramstore, wipeops
 from tests.hostlayout import make_run, mark_root
 
 AGENT = str(Path(__file__).resolve().parents[2] / "remotemac" / "agent")
-sys.path.insert(0, AGENT)
-import ramstore  # noqa: E402
-import wipeops  # noqa: E402
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "macos"
 RUN = "m-20260101-000000-dddd"

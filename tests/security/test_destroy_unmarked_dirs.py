@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 AGENT = Path(__file__).resolve().parents[2] / "remotemac" / "agent"
-sys.path.insert(0, str(AGENT))
 
 from remotemac.agent import agentruntime as art  # noqa: E402
+from remotemac.agent.launch import agent_argv  # noqa: E402
 
 
 def test_a_runtime_dir_in_the_way_that_is_not_ours_is_left_alone(tmp_path: Path):
@@ -30,14 +30,14 @@ def test_a_runtime_dir_in_the_way_that_is_not_ours_is_left_alone(tmp_path: Path)
 def test_an_unready_venv_marked_as_something_else_is_left_alone(tmp_path: Path):
     root = tmp_path / "root"
     claim = subprocess.run(
-        [sys.executable, str(AGENT / "hostagent.py"), "prepare_run"],
+        agent_argv(sys.executable, str(AGENT), "hostagent", "prepare_run", site=True),
         input=json.dumps({"root": str(root), "run_id": "r1"}).encode(),
         capture_output=True,
     )
     assert json.loads(claim.stdout)["ok"], claim.stdout
     # what the identity of this interpreter makes the env dir: ask the op once, then plant
     first = subprocess.run(
-        [sys.executable, str(AGENT / "hostagent.py"), "ensure_venv"],
+        agent_argv(sys.executable, str(AGENT), "hostagent", "ensure_venv", site=True),
         input=json.dumps({"root": str(root), "key": "k", "python": sys.executable}).encode(),
         capture_output=True,
     )
@@ -48,7 +48,7 @@ def test_an_unready_venv_marked_as_something_else_is_left_alone(tmp_path: Path):
     (env_dir / ".remotemac-owned").write_text(json.dumps(marker))
     (env_dir / "keep.txt").write_text("not the venv's")
     again = subprocess.run(
-        [sys.executable, str(AGENT / "hostagent.py"), "ensure_venv"],
+        agent_argv(sys.executable, str(AGENT), "hostagent", "ensure_venv", site=True),
         input=json.dumps({"root": str(root), "key": "k", "python": sys.executable}).encode(),
         capture_output=True,
     )

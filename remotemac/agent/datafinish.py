@@ -1,0 +1,199 @@
+"""The end of a sync session on the host: check the manifest, prune what left the slice.
+
+Why its own module: the final check trusts what the session saw and wrote, decrypts
+again what RAM lost, and walks the data dirs for debris only after a cut session;
+that is a job of its own, mixed into :class:`receiver.Receiver`. Python 3.9, stdlib only.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Dict, List, Optional
+
+from .datafiles import HashSink, unlink_quietly
+from .datarecords import (
+    PARTIAL,
+    READ,
+    RECORD,
+    SPLIT_PART,
+    WRITING,
+    check_rel,
+    compact_records,
+    inside,
+    make_parents,
+    name_key,
+    other_alive,
+    plain_ok,
+    read_records,
+    regular_lstat,
+    stored_ok,
+)
+from .datasplit import split_sid
+
+
+class Finish:
+    """The final steps of :class:`receiver.Receiver` (see its attributes)."""
+
+    def final_manifest(self, final: Any) -> List[Dict[str, Any]]:
+        """The manifest the E frame describes: the hello's entries with ``changed``
+        ([index, size, sha256] the laptop learnt while sending) applied; a list is a
+        whole manifest."""
+        if isinstance(final, list):
+            return final
+        changed = {int(i): (size, sha) for i, size, sha in final.get("changed") or []}
+        out = []
+        for index, entry in enumerate(self.entries):
+            size, sha = changed.get(index, (entry["size"], entry["sha256"]))
+            out.append({"path": entry["path"], "size": size, "sha256": sha})
+        return out
+
+    def finish(self, manifest: List[Dict[str, Any]]) -> Dict[str, Any]:
+        """Check every manifest entry before launch; prune what left the slice.
+
+        Per unchanged file this costs no syscall: its plaintext (the job reads it: it
+        must have the size and mtime it had when it was verified) was seen by
+        :meth:`check_ram` and its stored ciphertext by :meth:`known` moments ago, at the
+        start of this session, or this session wrote them; the record is read once per session
+        (plus what the other streams appended) and rewritten only when it shrinks or
+        has grown to twice its live lines. Both trees are walked for debris only when
+        another session's WRITING marker says it did not end cleanly (a clean session
+        leaves nothing its record does not list).
+        """
+        if self._ram_check is not None:
+            self._ram_check.join()
+        mismatches: List[Dict[str, str]] = []
+        redecrypted = 0
+        wanted = {}
+        # with what the other streams verified
+        self._record_end, lines = read_records(self.src, self._record_end, self.records)
+        self._record_lines += lines
+        for entry in manifest:
+            rel = check_rel(entry["path"])
+            wanted[rel] = entry
+            rec = self.records.get(rel)
+            if rec is None or (
+                rel not in self._stored_seen and not stored_ok(self.src, rec, self.encrypted)
+            ):
+                mismatches.append({"path": rel, "why": "missing on the host"})
+                continue
+            if rec["sha256"] != entry["sha256"] or rec["size"] != entry["size"]:
+                mismatches.append({"path": rel, "why": "the host holds another version"})
+                continue
+            if (
+                self.encrypted
+                and self._ram_seen.get(rel, -1) != rec.get("plain_mtime_ns")
+                and not plain_ok(self.dest, rec)
+            ):
+                why = self._redecrypt(rec)
+                if why:
+                    mismatches.append({"path": rel, "why": why})
+                    continue
+                redecrypted += 1
+        others = self._other_writers()
+        if others:  # a cut session may have left debris: walk both trees
+            ended = [mark for mark, pid in others if not other_alive(pid)]
+            pruned = self._prune(set(wanted))
+            unlink_quietly(*ended)
+        else:  # every session ended cleanly: only recorded files can be left over
+            pruned = self._prune_recorded(wanted)
+        for base, meta in self._partial_metas():  # every wanted file is whole: none resumes
+            if not other_alive(meta.get("pid")) and split_sid(base) not in self._splits_open:
+                self._drop_meta(base, meta)
+        live = {p: r for p, r in self.records.items() if p in wanted}
+        if redecrypted or len(live) < len(self.records) or self._record_lines > 2 * len(live) + 64:
+            compact_records(self.src, live)
+        self.records = live
+        self.done_writing()
+        return {
+            "data_dir": self.dest,
+            "mismatches": mismatches,
+            "ram": self.ram,
+            "received": self.received,
+            "redecrypted": redecrypted,
+            "pruned": pruned,
+        }
+
+    def _redecrypt(self, rec: Dict[str, Any]) -> Optional[str]:
+        """RAM lost the plaintext (reboot, workload edit): decrypt the stored copy again."""
+        self.cipher()
+        from . import streamcrypt
+
+        rel = rec["path"]
+        plain = inside(self.dest, rel)
+        self.writing()
+        make_parents(self.dest, rel)
+        try:
+            streamcrypt.decrypt_file(self.key, rel, inside(self.src, rel) + ".rmenc", plain)
+        except streamcrypt.DecryptError as exc:
+            return "stored ciphertext failed authentication (tampered or damaged): %s" % exc
+        except OSError as exc:
+            return "cannot decrypt the stored ciphertext: %s" % exc
+        sink = HashSink(None)
+        with open(plain, "rb") as fh:
+            for block in iter(lambda: fh.read(READ), b""):
+                sink.write(block)
+        if sink.digest.hexdigest() != rec["sha256"]:
+            unlink_quietly(plain)
+            return "sha256 differs after decrypting the stored ciphertext"
+        rec["plain_mtime_ns"] = os.lstat(plain).st_mtime_ns
+        return None
+
+    def _prune_recorded(self, wanted: Dict[str, Any]) -> int:
+        """Remove the stored and decrypted copies of recorded files that left the slice.
+
+        Enough when no session was cut since the last walk: a clean session leaves
+        nothing in the data dirs that its record does not list.
+        """
+        pruned = 0
+        keys = {name_key(rel) for rel in wanted}
+        for rel in self.records:
+            if rel in wanted or name_key(rel) in keys:
+                continue
+            paths = [inside(self.src, rel) + (".rmenc" if self.encrypted else "")]
+            if self.encrypted:
+                paths.append(inside(self.dest, rel))
+            for path in paths:
+                if regular_lstat(path) is not None:
+                    unlink_quietly(path)
+                    pruned += 1
+        return pruned
+
+    def _prune(self, wanted: set) -> int:
+        """Remove stored and decrypted files that are no longer in the slice (names
+        compared by :func:`name_key`: a Mac lists what it stores in its own form)."""
+        pruned = 0
+        wanted = {name_key(rel) for rel in wanted}
+        roots = [(self.src, ".rmenc" if self.encrypted else "")]
+        if self.encrypted:
+            roots.append((self.dest, ""))
+        for base, ext in roots:
+            prefix_len = len(base.rstrip(os.sep)) + 1
+            for dirpath, dirs, files in os.walk(base):
+                below = dirpath[prefix_len:]  # os.walk joins below base with "/"
+                prefix = below + "/" if below else ""
+                top_of_src = not prefix and base == self.src
+                if top_of_src:
+                    dirs[:] = [d for d in dirs if not d.startswith(PARTIAL)]
+                for name in files:
+                    if ".part-" in name:
+                        pid = name.rsplit(".part-", 1)[1]
+                        if pid.isdigit() and not other_alive(int(pid)):
+                            unlink_quietly(
+                                dirpath + "/" + name
+                            )  # debris of a session killed mid-file
+                        continue  # else a live session's file in flight
+                    if SPLIT_PART.match(name) and name_key(prefix + name) not in wanted:
+                        # a split file's plaintext part (see receive_piece): debris of a
+                        # cut split, unless this session is writing it
+                        if name.rpartition(".split-")[2] not in self._splits_open:
+                            unlink_quietly(dirpath + "/" + name)
+                        continue
+                    if top_of_src and name.startswith((RECORD, PARTIAL, WRITING)):
+                        continue
+                    rel = prefix + name
+                    if ext:  # a stored copy is "<path>.rmenc"; anything else there goes
+                        rel = rel[: -len(ext)] if rel.endswith(ext) else ""
+                    if name_key(rel) not in wanted:
+                        unlink_quietly(dirpath + "/" + name)
+                        pruned += 1
+        return pruned

@@ -1,0 +1,493 @@
+"""One sync session on the host: what it holds, and each file as it arrives.
+
+The protocol is described in dataops.py (which serves it); this is the state of one
+session: the hello's entries, the record, the RAM store, and receiving whole files.
+Cut transfers (datapartial.py), split files (datasplit.py) and the final check
+(datafinish.py) are its other steps. Python 3.9, stdlib only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import io
+import os
+import stat
+import threading
+from typing import Any, BinaryIO, Dict, List, Optional, Tuple
+
+from .datafiles import HashSink, Lines, Pieces, Tee, open_new, read_exact, unlink_quietly
+from .datafinish import Finish
+from .datapartial import PartialTransfers
+from .datarecords import (
+    NOFOLLOW,
+    READ,
+    RESUMABLE,
+    WRITING,
+    DataError,
+    Recorder,
+    check_rel,
+    inside,
+    make_parents,
+    read_records,
+    stored_as,
+)
+from .datasplit import SplitPieces
+from .writebehind import WriteBehind
+
+
+def use_runtime(path: Optional[str]) -> None:
+    """Decrypt with the agent runtime's cryptography only (see agentruntime.py)."""
+    from . import agentruntime
+
+    if not path:
+        raise DataError("no agent runtime was named for decryption", "host-env")
+    try:
+        agentruntime.activate(path)
+    except agentruntime.RuntimeInstallError as exc:
+        raise DataError(str(exc), "host-env") from None
+
+
+def hello_entries(req: Dict[str, Any]) -> List[Dict[str, Any]]:
+    """The hello's entries: ``columns`` (one list per field, as the laptop sends them:
+    much cheaper to encode and parse) or ``entries`` (a list of dicts)."""
+    cols = req.get("columns")
+    if not cols:
+        return list(req.get("entries") or [])
+    fields = ("path", "size", "sha256", "mtime_ns")
+    lists = [cols[k] for k in fields]
+    if len({len(x) for x in lists}) != 1:
+        raise DataError("the hello's columns differ in length")
+    return [dict(zip(fields, row)) for row in zip(*lists)]
+
+
+class Receiver(PartialTransfers, SplitPieces, Finish):
+    """One sync session on the host: holds the key in memory only."""
+
+    def __init__(self, req: Dict[str, Any]) -> None:
+        self.src = req["src"]
+        self.encrypted = bool(req.get("encrypted"))
+        self.key = bytes.fromhex(req["key_hex"]) if self.encrypted else b""
+        #: where the job reads the slice: the RAM store, made on first use (see dest)
+        self._dest: Optional[str] = None if self.encrypted else self.src
+        self._req = req
+        self.ram: Optional[Dict[str, Any]] = None
+        #: the runtime to decrypt with: activated (tens of ms of imports) when the first
+        #: byte needs decrypting, or while nothing else waits (see serve)
+        self.runtime_dir = req.get("runtime_dir")
+        if self.encrypted and not self.runtime_dir:
+            raise DataError("no agent runtime was named for decryption", "host-env")
+        os.makedirs(self.src, mode=0o700, exist_ok=True)
+        self.records: Dict[str, Dict[str, Any]] = {}
+        self._record_end, self._record_lines = read_records(self.src, 0, self.records)
+        #: paths whose stored copy this session saw (known) or wrote: finish trusts it
+        self._stored_seen: set = set()
+        #: path -> the RAM copy's mtime this session saw matching its record (see check_ram)
+        self._ram_seen: Dict[str, int] = {}
+        self._ram_check: Optional[threading.Thread] = None
+        self._cipher_ready = False  # the runtime was activated (see cipher)
+        self._writing_mark = ""  # this session's WRITING marker, once it writes
+        self.entries: List[Dict[str, Any]] = hello_entries(req)
+        for entry in self.entries:
+            check_rel(entry["path"])
+        self.received = 0
+        self.recorder: Optional[Recorder] = None
+        self.lines: Optional[Lines] = None
+        self._made: set = set()
+        #: sids of the splits this process wrote pieces of and has not assembled or
+        #: dropped: their files are in flight (finish and its prune leave them)
+        self._splits_open: set = set()
+
+    def writing(self) -> None:
+        """Mark the data dirs as being written by this process (before its first write)."""
+        if not self._writing_mark:
+            path = os.path.join(self.src, WRITING + str(os.getpid()))
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | NOFOLLOW, 0o600))
+            self._writing_mark = path
+
+    def done_writing(self) -> None:
+        """This session ended cleanly: whatever it wrote is in place and recorded."""
+        if self._writing_mark:
+            unlink_quietly(self._writing_mark)
+            self._writing_mark = ""
+
+    def _other_writers(self) -> List[Tuple[str, int]]:
+        """(marker, pid) of every other session that wrote here and did not end cleanly."""
+        out = []
+        with contextlib.suppress(OSError):
+            for name in os.listdir(self.src):
+                pid = name[len(WRITING) :]
+                if name.startswith(WRITING) and pid.isdigit() and int(pid) != os.getpid():
+                    out.append((os.path.join(self.src, name), int(pid)))
+        return out
+
+    def todo(self, known: List[Tuple[int, str]]) -> List[Tuple[int, Optional[str]]]:
+        """The entries the host does not hold as the hello describes them: [index, the
+        SHA-256 of the verified copy of that path it holds (same size), or None].
+
+        The start answer carries only these (a re-sync of thousands of unchanged files
+        answers a few lines, not one per file); every other entry is held, verified,
+        with the hello's size and hash.
+        """
+        have = dict(known)
+        out = []
+        for index, entry in enumerate(self.entries):
+            sha = have.get(index)
+            if sha is None or sha != entry.get("sha256"):
+                out.append((index, sha))
+        return out
+
+    def known(self) -> List[Tuple[int, str]]:
+        """Entries stored complete and verified (whether or not still in RAM)."""
+        out = []
+        records, seen, encrypted = self.records, self._stored_seen, self.encrypted
+        base = self.src if self.src.endswith("/") else self.src + "/"
+        suffix = ".rmenc" if encrypted else ""
+        for index, entry in enumerate(self.entries):
+            path = entry["path"]  # checked when the hello was read
+            rec = records.get(path)
+            if rec is None or (entry.get("size") is not None and rec.get("size") != entry["size"]):
+                continue
+            # stored_ok, inlined: this loop runs for every file of the slice
+            try:
+                st = os.lstat(base + path + suffix)
+            except OSError:
+                continue
+            if stored_as(st, rec, encrypted):
+                out.append((index, str(rec["sha256"])))
+                seen.add(path)
+        return out
+
+    @property
+    def dest(self) -> str:
+        """The RAM store of an encrypted slice (made here on first use, so the start
+        answer does not wait for it), or the data dir itself for public data."""
+        if self._dest is None:
+            from . import ramstore
+
+            req = self._req
+            try:
+                self.ram = ramstore.create_ram_store(
+                    req["run_dir"], int(req.get("ram_bytes") or (64 << 20)), req["run_id"]
+                )
+            except ramstore.RamStoreError as exc:
+                raise DataError(
+                    "no RAM-backed storage for the decrypted slice: %s" % exc, "ram"
+                ) from None
+            except OSError as exc:
+                raise DataError("cannot make the RAM store: %s" % exc, "ram") from None
+            self._dest = str(self.ram["path"])
+        return self._dest
+
+    def cipher(self) -> None:
+        """Make the runtime's cryptography importable (once; DataError host-env if not).
+
+        Called before every file is decrypted: activating the runtime resolves its
+        path and reads its marker, ~0.2 ms that 76 changed files paid one after
+        another on the reading thread; once it has worked, it holds for the session.
+        """
+        if self.encrypted and not self._cipher_ready:
+            use_runtime(self.runtime_dir)
+            self._cipher_ready = True
+
+    def check_ram(self) -> None:
+        """Look at the RAM copy of every file held (size and mtime as recorded).
+
+        Run once the start answer is out, on its own thread (:meth:`start_check_ram`)
+        while this one reads the laptop's first files, rather than in :meth:`finish`,
+        which then trusts these sightings (and its own writes) as it trusts
+        :meth:`known`'s of the stored copies. A sighting is the mtime seen, and
+        :meth:`finish` compares it with the record it holds then: a file this session
+        rewrites meanwhile (its record changes) is looked at again there.
+        """
+        if not self.encrypted:
+            return
+        dest = self.dest
+        base = dest if dest.endswith("/") else dest + "/"
+        records, sightings = self.records, self._ram_seen
+        for rel in list(self._stored_seen):  # (the write-behind thread adds to it)
+            rec = records[rel]
+            # plain_ok, inlined: this loop runs for every file of the slice
+            try:
+                st = os.lstat(base + rel)  # checked when the hello was read
+            except OSError:
+                continue
+            mtime = rec.get("plain_mtime_ns")
+            if stat.S_ISREG(st.st_mode) and (st.st_size, st.st_mtime_ns) == (
+                rec.get("size"),
+                mtime,
+            ):
+                sightings.setdefault(rel, mtime)
+
+    def start_check_ram(self) -> None:
+        """:meth:`check_ram` on a thread (os.lstat lets the GIL go): with 7,681 files
+        it took 60 ms, which the first file's frame used to wait for; :meth:`finish`
+        waits for it. A failure there only costs :meth:`finish` its own looks."""
+        if not self.encrypted:
+            return
+        self.dest  # noqa: B018 (the RAM store is made here, on this thread, once)
+
+        def run() -> None:
+            with contextlib.suppress(Exception):
+                self.check_ram()
+
+        self._ram_check = threading.Thread(target=run, name="check-ram", daemon=True)
+        self._ram_check.start()
+
+    # -------------------------------------------------------------- receiving
+
+    def receive(
+        self,
+        stdin: BinaryIO,
+        index: int,
+        length: int,
+        behind: WriteBehind,
+        resume: Optional[Dict[str, Any]] = None,
+    ) -> None:
+        """Read one framed file; store, decrypt and verify it (partly on ``behind``).
+
+        The job never sees a partial file. An encrypted file below RESUMABLE bytes is
+        read and decrypted in memory here, then stored, hashed, checked and renamed
+        into place on the write-behind thread while the next one is read. A larger one
+        streams (its plaintext written and hashed on that thread) and arrives under
+        ``.remotemac-partial/``, where it stays when the link is cut (see
+        :meth:`partials`); ``resume`` continues such a one (the frame carries chunks
+        ``resume["chunks"]`` on). Plaintext only ever goes to a hidden part file in
+        RAM, renamed into place once verified.
+        """
+        if not 0 <= index < len(self.entries):
+            raise DataError("frame for unknown entry %d" % index)
+        self.writing()
+        entry = self.entries[index]
+        rel = entry["path"]
+        stored = inside(self.src, rel) + (".rmenc" if self.encrypted else "")
+        self._make_parents(self.src, rel)
+        plain = inside(self.dest, rel) if self.encrypted else None
+        plain_part = None
+        meta = None
+        if plain is not None:
+            self._make_parents(self.dest, rel)
+            plain_part = os.path.join(
+                os.path.dirname(plain), ".%s.part-%d" % (os.path.basename(plain), os.getpid())
+            )
+            if resume is None and length < RESUMABLE:
+                self._receive_small(stdin, index, rel, length, stored, plain, plain_part, behind)
+                return
+        if plain is not None and (resume is not None or length >= RESUMABLE):
+            base = self._claim_partial(rel, entry, resume)
+            part, meta = base + ".rmenc", base + ".json"
+        else:  # public: a cut resends it whole
+            part = "%s.part-%d" % (stored, os.getpid())
+        keep_partial = False
+        out = open_new(plain_part if plain_part is not None else part)
+        sink = HashSink(out, behind)
+        try:
+            if self.encrypted:
+                self._receive_sealed(stdin, rel, length, part, sink, resume)
+            else:
+                _copy_exact(stdin, sink, length)
+            keep_partial = True  # the ciphertext is whole; a cut from here resumes at its end
+            claimed = read_exact(stdin, 32).hex()
+            keep_partial = False
+        except (EOFError, OSError) as exc:
+            # a cut link: the stored ciphertext stays for the next session to resume
+            behind.wait_idle()  # it may still be writing the plaintext
+            out.close()
+            keep_partial = bool(meta) and (keep_partial or isinstance(exc, EOFError))
+            unlink_quietly(plain_part or "", *(() if keep_partial else (part, meta or "")))
+            raise
+        except BaseException:
+            behind.wait_idle()
+            out.close()
+            unlink_quietly(part, plain_part or "", meta or "")
+            raise
+
+        behind.submit(
+            functools.partial(
+                self._store_streamed,
+                index,
+                rel,
+                (out, sink, claimed),
+                (part, stored, meta),
+                (plain_part, plain),
+            )
+        )
+
+    def _store_streamed(
+        self,
+        index: int,
+        rel: str,
+        got: Tuple[BinaryIO, HashSink, str],
+        cipher: Tuple[str, str, Optional[str]],
+        plaintext: Tuple[Optional[str], Optional[str]],
+    ) -> None:
+        """On the write-behind thread, once a streamed file is read whole: check its
+        hash, rename its stored copy (and its plaintext in RAM) into place, record it.
+
+        ``got``: the plaintext's file, its sink and the laptop's SHA-256; ``cipher``:
+        the part it arrived in, where it goes, its cut-transfer note (or None);
+        ``plaintext``: the RAM part and its place (None, None for public data)."""
+        (out, sink, claimed), (part, stored, meta), (plain_part, plain) = got, cipher, plaintext
+        try:
+            out.close()
+            digest = sink.digest.hexdigest()
+            self._check_digest(rel, digest, claimed)
+            os.replace(part, stored)
+            rec: Dict[str, Any] = {"path": rel, "sha256": digest, "size": sink.size}
+            st = os.lstat(stored)
+            if plain is not None and plain_part is not None:
+                os.replace(plain_part, plain)
+                rec["enc_size"] = st.st_size
+                rec["plain_mtime_ns"] = os.lstat(plain).st_mtime_ns
+            else:
+                rec["mtime_ns"] = st.st_mtime_ns
+        except BaseException:
+            unlink_quietly(part, plain_part or "", meta or "")
+            raise
+        if meta:
+            unlink_quietly(meta)
+        self._verified(index, rec)
+
+    def _receive_small(
+        self,
+        stdin: BinaryIO,
+        index: int,
+        rel: str,
+        length: int,
+        stored: str,
+        plain: str,
+        plain_part: str,
+        behind: WriteBehind,
+    ) -> None:
+        """An encrypted file below RESUMABLE bytes: read and decrypt it here (in memory),
+        and leave storing, hashing, checking and renaming to the write-behind thread.
+
+        A cut link leaves nothing of it (it is resent whole)."""
+        self.cipher()
+        from . import streamcrypt
+
+        sealed = read_exact(stdin, length)
+        claimed = read_exact(stdin, 32).hex()
+        pieces: List[bytes] = []
+        try:
+            streamcrypt.decrypt_stream(self.key, rel, io.BytesIO(sealed), Pieces(pieces))
+        except streamcrypt.DecryptError as exc:
+            raise DataError(
+                "dataset file %s failed decryption on the host: %s" % (rel, exc), "integrity"
+            ) from None
+
+        def store() -> None:
+            part = "%s.part-%d" % (stored, os.getpid())
+            try:
+                with open_new(part) as fh:
+                    fh.write(sealed)
+                digest = hashlib.sha256()
+                size = 0
+                with open_new(plain_part) as fh:
+                    for piece in pieces:
+                        digest.update(piece)
+                        fh.write(piece)
+                        size += len(piece)
+                self._check_digest(rel, digest.hexdigest(), claimed)
+                os.replace(part, stored)
+                os.replace(plain_part, plain)
+                rec = {
+                    "path": rel,
+                    "sha256": claimed,
+                    "size": size,
+                    "enc_size": os.lstat(stored).st_size,
+                    "plain_mtime_ns": os.lstat(plain).st_mtime_ns,
+                }
+            except BaseException:
+                unlink_quietly(part, plain_part)
+                raise
+            self._verified(index, rec)
+
+        behind.submit(store, 2 * length)
+
+    @staticmethod
+    def _check_digest(rel: str, digest: str, claimed: str) -> None:
+        if digest != claimed:
+            raise DataError(
+                "dataset file %s: sha256 on the host %s… differs from the "
+                "laptop's %s…" % (rel, digest[:12], claimed[:12]),
+                "integrity",
+            )
+
+    def _verified(self, index: int, rec: Dict[str, Any]) -> None:
+        """On the write-behind thread: record a verified file and acknowledge it."""
+        assert self.recorder is not None and self.lines is not None
+        self.recorder.add(rec)
+        self.records[rec["path"]] = rec
+        self._stored_seen.add(rec["path"])
+        if self.encrypted:
+            self._ram_seen[rec["path"]] = rec["plain_mtime_ns"]
+        self.received += 1
+        self.lines.ack(index)
+
+    def _make_parents(self, base: str, rel: str) -> None:
+        """:func:`make_parents`, once per directory per session (thousands of files
+        share a few directories)."""
+        parent = rel.rpartition("/")[0]
+        if (base, parent) not in self._made:
+            make_parents(base, rel)
+            self._made.add((base, parent))
+
+    def _receive_sealed(
+        self,
+        stdin: BinaryIO,
+        rel: str,
+        length: int,
+        part: str,
+        sink: HashSink,
+        resume: Optional[Dict[str, Any]],
+    ) -> None:
+        """Tee the ciphertext into ``part`` while decrypting it into ``sink``.
+
+        Resuming, the kept prefix is authenticated and decrypted into ``sink`` again
+        first (it must hash as it did when reported), then cut to exactly the chunks
+        the laptop continues after.
+        """
+        self.cipher()
+        from . import streamcrypt
+
+        mode = "r+b" if resume is not None else "wb"
+        fd = os.open(part, os.O_RDWR | os.O_CREAT | NOFOLLOW | (0 if resume else os.O_TRUNC), 0o600)
+        with os.fdopen(fd, mode) as copy:
+            where = None
+            if resume is not None:
+                chunks = int(resume["chunks"])
+                header, got = streamcrypt.verified_prefix(self.key, rel, copy, sink, chunks)
+                if got != chunks or sink.hexdigest() != resume["prefix_sha256"]:
+                    raise DataError(
+                        "the kept part of %s changed on the host since it was reported" % rel,
+                        "integrity",
+                    )
+                cs = streamcrypt.header_chunk_size(header)
+                copy.truncate(streamcrypt.HEADER_LEN + chunks * (cs + streamcrypt.TAG_LEN))
+                copy.seek(0, os.SEEK_END)
+                where = (header, chunks)
+            tee = Tee(stdin, copy)
+            try:
+                streamcrypt.decrypt_stream(self.key, rel, tee, sink, limit=length, resume=where)
+            except streamcrypt.DecryptError as exc:
+                if tee.eof:
+                    raise EOFError("stream ended inside a frame") from None
+                raise DataError(
+                    "dataset file %s failed decryption on the host: %s" % (rel, exc),
+                    "integrity",
+                ) from None
+            if tee.count != length:
+                raise EOFError("stream ended inside a frame")
+
+
+def _copy_exact(stdin: BinaryIO, sink: HashSink, length: int) -> None:
+    """Public data: ``length`` bytes of the frame into ``sink`` as they come."""
+    left = length
+    while left:
+        block = stdin.read(min(READ, left))
+        if not block:
+            raise EOFError("stream ended inside a frame")
+        sink.write(block)
+        left -= len(block)
