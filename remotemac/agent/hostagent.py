@@ -28,20 +28,23 @@ from collections.abc import Callable
 from typing import Any
 
 try:  # a sibling on the host (or preloaded by the in-memory bootstrap)
+    import protocol
     import safefs
     from agentutil import find_tool, pid_alive, tmux_path
 except ImportError:  # imported as remotemac.agent.hostagent (the laptop, tests)
-    from remotemac.agent import safefs
+    from remotemac.agent import protocol, safefs
     from remotemac.agent.agentutil import find_tool, pid_alive, tmux_path
+
+Op = protocol.Op
 
 __all__ = ["pid_alive", "tmux_path"]  # re-exported: the journal asks hostagent
 
 AGENT_DIR = os.path.dirname(os.path.abspath(__file__))
 HEARTBEAT_STALE_S = 15.0
 #: knobs read from the agent's environment (tests, or a host where tmux misbehaves)
-ENV_STALE_S = "REMOTEMAC_HEARTBEAT_STALE_S"
-ENV_NO_TMUX = "REMOTEMAC_NO_TMUX"
-FINAL_STATES = ("finished", "failed", "timeout", "stopped", "storage-limit")
+ENV_STALE_S = protocol.ENV_HEARTBEAT_STALE_S
+ENV_NO_TMUX = protocol.ENV_NO_TMUX
+FINAL_STATES = protocol.FINAL_STATES
 
 
 class AgentError(Exception):
@@ -156,6 +159,7 @@ def op_ping(req: dict[str, Any]) -> dict[str, Any]:
         "time": time.time(),
         "tmux": tmux_path(),
         "agent_dir": AGENT_DIR,
+        "protocol": protocol.PROTOCOL_VERSION,
     }
 
 
@@ -453,18 +457,21 @@ def op_list_outputs(req: dict[str, Any]) -> dict[str, Any]:
     return {"entries": entries}
 
 
-OPS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
-    "ping": op_ping,
-    "prepare_run": op_prepare_run,
-    "launch": op_launch,
-    "status": op_status,
-    "stop": op_stop,
-    "extract_project": op_extract_project,
-    "list_outputs": op_list_outputs,
+Handler = Callable[[dict[str, Any]], dict[str, Any]]
+#: the handler of every op the agent serves, keyed by ``protocol.Op`` (a ``str``: the
+#: wire name looks its handler up directly)
+OPS: dict[str, Handler] = {
+    Op.PING: op_ping,
+    Op.PREPARE_RUN: op_prepare_run,
+    Op.LAUNCH: op_launch,
+    Op.STATUS: op_status,
+    Op.STOP: op_stop,
+    Op.EXTRACT_PROJECT: op_extract_project,
+    Op.LIST_OUTPUTS: op_list_outputs,
 }
 
 
-def _lazy(module: str, name: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
+def _lazy(module: str, name: str) -> Handler:
     def call(req: dict[str, Any]) -> dict[str, Any]:
         if AGENT_DIR not in sys.path:  # the resident agent calls this thousands of times
             sys.path.insert(0, AGENT_DIR)
@@ -473,20 +480,26 @@ def _lazy(module: str, name: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
     return call
 
 
-OPS["ensure_venv"] = _lazy("venvops", "op_ensure_venv")
-OPS["prepare_data"] = _lazy("dataops", "op_prepare_data")
-OPS["wipe_run_data"] = _lazy("wipeops", "op_wipe_run_data")
-OPS["cleanup_host"] = _lazy("cleanupops", "op_cleanup_host")
-OPS["deadman_schedule"] = _lazy("deadman", "op_deadman_schedule")
-OPS["deadman_cancel"] = _lazy("deadman", "op_deadman_cancel")
-OPS["freeze_env"] = _lazy("envfreeze", "op_freeze_env")
-OPS["check_access"] = _lazy("guards", "op_check_access")
-OPS["check_space"] = _lazy("guards", "op_check_space")
-OPS["env_fingerprint"] = _lazy("guards", "op_env_fingerprint")
-OPS["runtime_status"] = _lazy("agentruntime", "op_runtime_status")
-OPS["runtime_ensure"] = _lazy("agentruntime", "op_runtime_ensure")
-OPS["find_python"] = _lazy("pythons", "op_find_python")
-OPS["bring"] = _lazy("bring", "op_bring")
+#: ops served by another agent module, imported on first use (``op_<name>`` there)
+LAZY_OPS: dict[str, str] = {
+    Op.ENSURE_VENV: "venvops",
+    Op.PREPARE_DATA: "dataops",
+    Op.WIPE_RUN_DATA: "wipeops",
+    Op.CLEANUP_HOST: "cleanupops",
+    Op.DEADMAN_SCHEDULE: "deadman",
+    Op.DEADMAN_CANCEL: "deadman",
+    Op.FREEZE_ENV: "envfreeze",
+    Op.CHECK_ACCESS: "guards",
+    Op.CHECK_SPACE: "guards",
+    Op.ENV_FINGERPRINT: "guards",
+    Op.RUNTIME_STATUS: "agentruntime",
+    Op.RUNTIME_ENSURE: "agentruntime",
+    Op.FIND_PYTHON: "pythons",
+    Op.BRING: "bring",
+}
+for _op, _module in LAZY_OPS.items():
+    OPS[_op] = _lazy(_module, Op(_op).function)
+del _op, _module
 
 
 #: a full disk or quota: the host's environment (exit 6), not an agent bug
@@ -505,13 +518,17 @@ def error_answer(exc: BaseException) -> dict[str, Any]:
             "ok": False,
             "error": "the host's disk is full (%s)%s: free some space on the host or "
             "choose another remote_root" % (exc.strerror or "no space left", where),
-            "code": "no-space",
+            "code": protocol.ErrorCode.NO_SPACE,
         }
     else:
         answer = {
             "ok": False,
             "error": "%s: %s" % (type(exc).__name__, exc),
-            "code": "host-env" if isinstance(exc, ImportError) else "internal",
+            "code": (
+                protocol.ErrorCode.HOST_ENV
+                if isinstance(exc, ImportError)
+                else protocol.ErrorCode.INTERNAL
+            ),
         }
     tail = getattr(exc, "tail", None)
     if tail:
@@ -522,7 +539,9 @@ def error_answer(exc: BaseException) -> dict[str, Any]:
 def main(argv: list[str]) -> int:
     if len(argv) != 2 or argv[1] not in OPS:
         sys.stdout.write(
-            json.dumps({"ok": False, "error": "usage: hostagent.py OP", "code": "usage"})
+            json.dumps(
+                {"ok": False, "error": "usage: hostagent.py OP", "code": protocol.ErrorCode.USAGE}
+            )
         )
         return 2
     try:

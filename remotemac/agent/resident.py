@@ -40,6 +40,7 @@ from typing import Any, BinaryIO, Dict, Optional
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import hostagent  # noqa: E402 - the sibling module, found through the line above
+import protocol  # noqa: E402 - the op names, the hello's version
 
 HEADER = struct.Struct(">I")
 MAX_FRAME = 64 << 20
@@ -91,10 +92,11 @@ def _safe_id(call_id: Any) -> str:
 
 
 def run_op(op: str, req: Dict[str, Any]) -> Dict[str, Any]:
-    """What ``hostagent.py OP`` would print, as a dict."""
+    """What ``hostagent.py OP`` would print, as a dict: ``op`` looked up in the handler
+    table (``hostagent.OPS``, keyed by ``protocol.Op``)."""
     fn = hostagent.OPS.get(op)
     if fn is None:
-        return {"ok": False, "error": "unknown operation %r" % op, "code": "usage"}
+        return {"ok": False, "error": "unknown operation %r" % op, "code": protocol.ErrorCode.USAGE}
     try:
         return {"ok": True, "result": fn(req)}
     except Exception as exc:  # one answer back, never a dead server
@@ -199,6 +201,7 @@ class Server:
             {
                 "id": "",
                 "hello": 1,
+                "protocol": protocol.PROTOCOL_VERSION,
                 "pid": os.getpid(),
                 "cpu_s": hostagent._cpu_seconds(),
                 "python": sys.version.split()[0],
@@ -212,7 +215,7 @@ class Server:
                     frame = None
                 if frame is None:
                     break  # end of input: finish what is in flight, then exit
-                if frame.get("op") == "__usage__":
+                if frame.get("op") == protocol.Op.USAGE:
                     self.send(
                         {
                             "id": str(frame.get("id", "")),

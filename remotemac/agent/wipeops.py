@@ -40,6 +40,7 @@ if _HERE not in sys.path:
 import deadman  # noqa: E402
 import procid  # noqa: E402
 import proctree  # noqa: E402
+import protocol  # noqa: E402
 import ramstore  # noqa: E402
 import safefs  # noqa: E402
 import specscrub  # noqa: E402
@@ -102,7 +103,7 @@ SYSTEM_DIRS = frozenset(
 )
 WIPED_SUBDIRS = ("data", "tmp", "cache", "out")
 KEPT_SUBDIRS = ("project", "logs", "status")
-FINAL_STATES = ("finished", "failed", "timeout", "stopped", "storage-limit")
+FINAL_STATES = protocol.FINAL_STATES
 SHM_ROOT = "/dev/shm"
 VOLUMES = "/Volumes"
 
