@@ -237,20 +237,37 @@ class Message:
             raise ProtocolError("%s: missing %s" % (cls.__name__, ", ".join(missing)))
         known = {k: v for k, v in data.items() if k in fields}
         extra = {k: v for k, v in data.items() if k not in fields}
-        return cls(extra=extra, **known)
+        message = cls(extra=extra, **known)
+        # not a field (equality ignores it): the keys the other side left out stay out
+        object.__setattr__(message, "_absent", frozenset(fields) - frozenset(data))
+        return message
 
     def to_json(self) -> Dict[str, Any]:
-        """The message as a JSON object: named fields that are set, then ``extra``."""
+        """The message as a JSON object: its named fields, then ``extra``.
+
+        A message read with :meth:`from_json` writes back the keys it was read with
+        (a field it lacked stays absent unless set since); one built here leaves out
+        optional fields that are None."""
+        absent = getattr(self, "_absent", None)
         out: Dict[str, Any] = {}
         for f in dataclasses.fields(self):
             if f.name == "extra":
                 continue
             value = getattr(self, f.name)
-            if value is None and f.default is None:
-                continue  # an optional field left unset is absent, as before
+            if absent is not None:
+                if f.name in absent and value == _default(f):
+                    continue
+            elif value is None and f.default is None:
+                continue  # an optional field left unset is absent
             out[f.name] = value
         out.update(self.extra)
         return out
+
+
+def _default(f: Any) -> Any:
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return None if f.default is dataclasses.MISSING else f.default
 
 
 @dataclasses.dataclass
@@ -311,9 +328,10 @@ class LaunchAnswer(Message):
 
     def to_json(self) -> Dict[str, Any]:
         out = super().to_json()
-        for flag in ("already_running", "already_done"):
-            if not out.get(flag):
-                out.pop(flag, None)  # the agent names a flag only when it is set
+        if getattr(self, "_absent", None) is None:
+            for flag in ("already_running", "already_done"):
+                if not out.get(flag):
+                    out.pop(flag, None)  # the agent names a flag only when it is set
         return out
 
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from remotemac.agent.protocol import Op
 from remotemac.engine.agentclient import AgentClient, AgentError
 from remotemac.errors import HostEnvironmentError, IntegrityError
 from remotemac.events import Event, PhaseProgress, Warning
@@ -184,7 +185,7 @@ async def bring(
 async def _call(agent: AgentClient, request: dict[str, Any], art: Artifact) -> dict[str, Any]:
     where = f"{agent.transport.name}: bringing {art.label}"
     try:
-        return await agent.call("bring", request, timeout=BRING_TIMEOUT_S)
+        return await agent.call(Op.BRING, request, timeout=BRING_TIMEOUT_S)
     except AgentError as exc:
         if exc.code == "integrity":
             raise IntegrityError(f"{where}: {exc.message}", hint="run again") from None

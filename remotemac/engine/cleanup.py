@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from remotemac.agent.protocol import Op
 from remotemac.engine.agentclient import call_in_memory
 from remotemac.engine.context import expand_root
 from remotemac.engine.ledger import Ledger
@@ -377,14 +378,12 @@ async def main_cleanup(
         roots = [primary] + [r for r in know.roots if r != primary]
         known, orphans = _assign_roots(know, roots)
         request = {"roots": roots, "known": known, "run_ids": know.runs}
-        plan = await call_in_memory(
-            transport, ledger, "op_cleanup_host", dict(request, dry_run=True)
-        )
+        plan = await call_in_memory(transport, ledger, Op.CLEANUP_HOST, dict(request, dry_run=True))
         if dry_run:
             answer = plan
         elif not _has_work(plan) and not _local_key_work(home, know.runs):
             answer = await call_in_memory(
-                transport, ledger, "op_cleanup_host", dict(request, dry_run=False)
+                transport, ledger, Op.CLEANUP_HOST, dict(request, dry_run=False)
             )
         else:
             if not yes:
@@ -405,7 +404,7 @@ async def main_cleanup(
                 if confirm is None or not confirm(question):
                     raise Declined("cleanup not confirmed: nothing was removed")
             answer = await call_in_memory(
-                transport, ledger, "op_cleanup_host", dict(request, dry_run=False)
+                transport, ledger, Op.CLEANUP_HOST, dict(request, dry_run=False)
             )
     except (HostError, OSError) as exc:
         error = exc.line() if isinstance(exc, RemotemacError) else f"{type(exc).__name__}: {exc}"

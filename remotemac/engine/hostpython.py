@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from remotemac.agent.protocol import Op
 from remotemac.agent.pythons import looks_like_spec, parse_spec
 from remotemac.engine import pythonsource
 from remotemac.engine.agentclient import AgentClient
@@ -93,7 +94,7 @@ async def ensure_python(
     run_id: str,
 ) -> dict[str, Any]:
     """The interpreter for ``request`` on the host: {python, version, brought, dir}."""
-    found = await agent.call("find_python", {"root": agent.root, "spec": request})
+    found = await agent.call(Op.FIND_PYTHON, {"root": agent.root, "spec": request})
     plan = plan_python(found, request, home)
     if plan.python:
         return {"python": plan.python, "version": plan.version, "brought": plan.found["brought"]}
@@ -122,7 +123,7 @@ async def ensure_uv(
 ) -> dict[str, Any] | None:
     """uv on the host (its wheel, unzipped under the root), or None: pip builds the venv."""
     try:
-        status = await agent.call("runtime_status", {"root": agent.root})
+        status = await agent.call(Op.RUNTIME_STATUS, {"root": agent.root})
         art = pythonsource.uv_artifact(home, status["tags"])
         if art is None:
             raise HostEnvironmentError(

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from remotemac.agent.protocol import Op
 from remotemac.engine.context import RunContext, Side, substitute
 from remotemac.errors import HostError, JobLost, TransientHostError
 from remotemac.events import ConnectionState, EventBus, LogLine, Metric, PhaseProgress, Warning
@@ -135,7 +136,7 @@ async def launch(
     req = dict(request)
     if next_request is not None:
         req["next"] = next_request
-    answer = await binding.agent.call("launch", req)
+    answer = await binding.agent.call(Op.LAUNCH, req)
     if answer.get("tmux_hint"):
         # an offer, never a silent install: the daemonised runner works without tmux
         ctx.emit(
@@ -382,7 +383,7 @@ class _LogFollower:
         ctx, side, request = self.ctx, self.side, self.request
         try:
             answer = await self.binding.agent.call(
-                "status",
+                Op.STATUS,
                 {
                     "run_dir": request["run_dir"],
                     "device": side.label,
@@ -541,7 +542,7 @@ async def relaunch(
             code="relaunched",
         )
     )
-    await ctx.host_for(side).agent.call("launch", req)
+    await ctx.host_for(side).agent.call(Op.LAUNCH, req)
     return info
 
 
@@ -550,7 +551,7 @@ async def log_matches_host(
 ) -> bool:
     """True when the local log is byte-identical to the host's (size and sha256)."""
     binding = ctx.host_for(side)
-    listing = await binding.agent.call("list_outputs", {"dir": f"{request['run_dir']}/logs"})
+    listing = await binding.agent.call(Op.LIST_OUTPUTS, {"dir": f"{request['run_dir']}/logs"})
     entry = next((e for e in listing.get("entries", []) if e["path"] == f"{side.label}.log"), None)
     if entry is None:
         return False

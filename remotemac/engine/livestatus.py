@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from remotemac.agent.protocol import Op
 from remotemac.engine.context import RunOptions
 from remotemac.events import EventBus
 from remotemac.journal import Journal
@@ -56,7 +57,7 @@ async def live_status(
             for side in ctx.sides:
                 binding = ctx.host_for(side)
                 answer = await binding.agent.call(
-                    "status",
+                    Op.STATUS,
                     {
                         "run_dir": binding.run_dir,
                         "device": side.label,

@@ -18,6 +18,7 @@ import os
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from remotemac.agent.protocol import Op
 from remotemac.engine.context import RunContext, RunOptions, Side
 from remotemac.engine.jobs import FINAL, FOLLOW_RECONNECT_MAX_WAIT_S, _LogFollower
 from remotemac.errors import JobLost
@@ -133,7 +134,7 @@ async def _state(ctx: RunContext, side: Side) -> dict[str, Any]:
     binding = ctx.host_for(side)
     while True:
         answer = await binding.agent.call(
-            "status",
+            Op.STATUS,
             {"run_dir": binding.run_dir, "device": side.label, "session": side.session(ctx.run_id)},
         )
         if answer.get("state") in FINAL + ("lost", "absent"):

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from remotemac.agent.protocol import Op
 from remotemac.engine.context import HostBinding, RunContext, expand_root
 from remotemac.engine.hostpython import ensure_python, ensure_uv, version_request
 from remotemac.engine.pincheck import check_pin, pins
@@ -61,7 +62,7 @@ async def provision_host(ctx: RunContext, binding: HostBinding) -> dict[str, Any
         ctx.journal.record_removed(transport.name, "root", root)
         root = binding.root = binding.agent.root = real
     ctx.journal.record_created(transport.name, "agent", await binding.agent.install(), ctx.run_id)
-    prepared = await binding.agent.call("prepare_run", {"root": root, "run_id": ctx.run_id})
+    prepared = await binding.agent.call(Op.PREPARE_RUN, {"root": root, "run_id": ctx.run_id})
     binding.run_dir = prepared["run_dir"]
     ctx.journal.record_created(transport.name, "run", binding.run_dir, ctx.run_id)
 
@@ -73,7 +74,7 @@ async def provision_host(ctx: RunContext, binding: HostBinding) -> dict[str, Any
         tmp.flush()
         await transport.put(tmp.name, remote_tar)
     await binding.agent.call(
-        "extract_project", {"dest": prepared["paths"]["project"], "archive": remote_tar}
+        Op.EXTRACT_PROJECT, {"dest": prepared["paths"]["project"], "archive": remote_tar}
     )
     ctx.emit(
         PhaseProgress(
@@ -116,7 +117,7 @@ async def provision_host(ctx: RunContext, binding: HostBinding) -> dict[str, Any
             ctx,
             f"environment from {brought.get('label') or env.python}{what}"
             + (f" ({_pins_text(req_bytes)})" if req_bytes else ""),
-            binding.agent.call("ensure_venv", request, timeout=3600),
+            binding.agent.call(Op.ENSURE_VENV, request, timeout=3600),
         )
         venv_python = venv["venv_python"]
         ctx.journal.record_created(transport.name, "venv", venv["env_dir"], ctx.run_id)
@@ -128,7 +129,7 @@ async def provision_host(ctx: RunContext, binding: HostBinding) -> dict[str, Any
         if env.venv
         else f"{binding.run_dir}/cache/freeze.json"
     )
-    probe = await binding.agent.call("freeze_env", {"python": venv_python, "cache": cache})
+    probe = await binding.agent.call(Op.FREEZE_ENV, {"python": venv_python, "cache": cache})
     return {
         "root": root,
         "root_as_given": given,
@@ -175,7 +176,7 @@ async def _tools(
             brought = {k: got[k] for k in ("dir", "version", "label", "reused")}
             ctx.journal.record_created(host, "runtime", got["dir"], ctx.run_id)
         if req_bytes:
-            tags = (await agent.call("runtime_status", {"root": agent.root}))["tags"]
+            tags = (await agent.call(Op.RUNTIME_STATUS, {"root": agent.root}))["tags"]
             for name, version in pins(req_bytes):
                 verdict = await asyncio.to_thread(
                     check_pin, ctx.home, name, version, got["version"], tags

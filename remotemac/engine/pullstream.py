@@ -441,11 +441,16 @@ class _Stream:
                     note = _note(await self._read(proc, min(length, MAX_NOTE)))
                     raise HostError(f"{self.t.name}: the pull sender failed on the host: {note}")
                 head = self.queue[0] if self.asked else None
-                if head is None or index != head.index or kind not in (
-                    PullFrame.DATA,
-                    PullFrame.HASH,
-                    PullFrame.SKIP,
-                    PullFrame.VERIFY,
+                if (
+                    head is None
+                    or index != head.index
+                    or kind
+                    not in (
+                        PullFrame.DATA,
+                        PullFrame.HASH,
+                        PullFrame.SKIP,
+                        PullFrame.VERIFY,
+                    )
                 ):
                     raise self._broken(f"a {kind!r} frame for file #{index}", head)
                 if kind == PullFrame.DATA:

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from remotemac.agent.agentruntime import requirements, runtime_key
+from remotemac.agent.protocol import Op
 from remotemac.data.manifest import sha256_file
 from remotemac.engine.agentclient import AgentClient, AgentError
 from remotemac.engine.bring import upload
@@ -198,7 +199,7 @@ async def ensure_runtime(
 
 async def _ensure(agent: AgentClient, request: dict[str, Any], where: str) -> dict[str, Any]:
     try:
-        return await agent.call("runtime_ensure", request, timeout=ENSURE_TIMEOUT_S)
+        return await agent.call(Op.RUNTIME_ENSURE, request, timeout=ENSURE_TIMEOUT_S)
     except HostEnvironmentError as exc:
         raise HostEnvironmentError(
             f"{where}: {exc.message}", hint="the host's python3 must be CPython 3.9 or newer"

@@ -18,6 +18,7 @@ import asyncio
 import time
 from typing import Any
 
+from remotemac.agent.protocol import Op
 from remotemac.engine.context import HostBinding, RunContext
 from remotemac.errors import HostError, RemotemacError
 
@@ -73,7 +74,7 @@ async def wipe_run(ctx: RunContext) -> dict[str, Any]:
             if unreachable.get(key):
                 raise HostError(unreachable[key])
             answer = await binding.agent.call(
-                "wipe_run_data",
+                Op.WIPE_RUN_DATA,
                 {
                     "root": binding.root,
                     "run_id": ctx.run_id,
@@ -158,7 +159,7 @@ async def schedule_deadman(
         return None
     sessions = [s.session(ctx.run_id) for s in ctx.sides if s.host_key == binding.key]
     job = await binding.agent.call(
-        "deadman_schedule",
+        Op.DEADMAN_SCHEDULE,
         {
             "root": binding.root,
             "run_id": ctx.run_id,
