@@ -13,7 +13,7 @@ import time
 import weakref
 from typing import Any
 
-from remotemac.agent.protocol import HOST_ENV_CODES, Op
+from remotemac.agent.protocol import Answer, Op
 from remotemac.engine.agentship import agent_bundle, exec_in_memory
 from remotemac.engine.ledger import Ledger
 from remotemac.engine.resident import ResidentAgent
@@ -25,9 +25,9 @@ DEFAULT_AGENT_PYTHON = "python3"
 ENV_AGENT_PYTHON = "REMOTEMAC_AGENT_PYTHON"
 #: ``1``: one ``hostagent.py OP`` process per call instead of the resident agent
 ENV_ONESHOT = "REMOTEMAC_AGENT_ONESHOT"
-# HOST_ENV_CODES (agent/protocol.py): agent error codes that mean "the host's environment
-# lacks something" (exit 6): disk space too ("no-space": the link is fine, retrying will
-# not help; was exit 3)
+# protocol.HOST_ENV_CODES: the agent's error codes that mean "the host's environment lacks
+# something" (exit 6), disk space too ("no-space": the link is fine, retrying will not
+# help; was exit 3); Answer.host_env asks it
 
 
 def agent_python(setting: str | None = None) -> str:
@@ -305,10 +305,11 @@ async def close_link_agents(owner: Transport) -> None:
 
 def _result(op: str, answer: dict[str, Any]) -> dict[str, Any]:
     """The agent's ``result``, or its error as an exception (exit 6 for the environment)."""
-    if not answer.get("ok"):
-        code = answer.get("code", "")
-        cls = AgentEnvironmentError if code in HOST_ENV_CODES else AgentError
-        raise cls(op, answer.get("error", "unknown error"), code, answer.get("tail"))
+    envelope = Answer.from_json(answer)
+    if not envelope.ok:
+        cls = AgentEnvironmentError if envelope.host_env else AgentError
+        error = envelope.error if "error" in answer else "unknown error"
+        raise cls(op, str(error), envelope.code or "", envelope.tail)
     return answer["result"]
 
 

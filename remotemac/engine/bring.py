@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from remotemac.agent.protocol import Op
+from remotemac.agent.protocol import ErrorCode, Op
 from remotemac.engine.agentclient import AgentClient, AgentError
 from remotemac.errors import HostEnvironmentError, IntegrityError
 from remotemac.events import Event, PhaseProgress, Warning
@@ -187,6 +187,6 @@ async def _call(agent: AgentClient, request: dict[str, Any], art: Artifact) -> d
     try:
         return await agent.call(Op.BRING, request, timeout=BRING_TIMEOUT_S)
     except AgentError as exc:
-        if exc.code == "integrity":
+        if exc.code == ErrorCode.INTEGRITY:
             raise IntegrityError(f"{where}: {exc.message}", hint="run again") from None
         raise HostEnvironmentError(f"{where}: {exc.message}") from None

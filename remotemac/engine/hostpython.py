@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from remotemac.agent.protocol import Op
+from remotemac.agent.protocol import FindPythonAnswer, Op, RuntimeStatus
 from remotemac.agent.pythons import looks_like_spec, parse_spec
 from remotemac.engine import pythonsource
 from remotemac.engine.agentclient import AgentClient
@@ -99,7 +99,8 @@ async def ensure_python(
     if plan.python:
         return {"python": plan.python, "version": plan.version, "brought": plan.found["brought"]}
     if plan.bring is None:
-        seen = ", ".join(f"{p['version']} ({p['path']})" for p in found.get("pythons", []))
+        listed = FindPythonAnswer.from_json(found).pythons
+        seen = ", ".join(f"{p['version']} ({p['path']})" for p in listed)
         raise HostEnvironmentError(
             f"{agent.transport.name}: no Python matching environment.python {request!r} "
             f"(the host has {seen or 'none'}), and {plan.problem}",
@@ -123,8 +124,8 @@ async def ensure_uv(
 ) -> dict[str, Any] | None:
     """uv on the host (its wheel, unzipped under the root), or None: pip builds the venv."""
     try:
-        status = await agent.call(Op.RUNTIME_STATUS, {"root": agent.root})
-        art = pythonsource.uv_artifact(home, status["tags"])
+        status = RuntimeStatus.from_json(await agent.call(Op.RUNTIME_STATUS, {"root": agent.root}))
+        art = pythonsource.uv_artifact(home, status.tags)
         if art is None:
             raise HostEnvironmentError(
                 f"PyPI has no uv {pythonsource.UV_VERSION} wheel for the host"

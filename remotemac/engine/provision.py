@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from remotemac.agent.protocol import Op
+from remotemac.agent.protocol import Op, PrepareRunAnswer, RuntimeStatus
 from remotemac.engine.context import HostBinding, RunContext, expand_root
 from remotemac.engine.hostpython import ensure_python, ensure_uv, version_request
 from remotemac.engine.pincheck import check_pin, pins
@@ -62,8 +62,10 @@ async def provision_host(ctx: RunContext, binding: HostBinding) -> dict[str, Any
         ctx.journal.record_removed(transport.name, "root", root)
         root = binding.root = binding.agent.root = real
     ctx.journal.record_created(transport.name, "agent", await binding.agent.install(), ctx.run_id)
-    prepared = await binding.agent.call(Op.PREPARE_RUN, {"root": root, "run_id": ctx.run_id})
-    binding.run_dir = prepared["run_dir"]
+    prepared = PrepareRunAnswer.from_json(
+        await binding.agent.call(Op.PREPARE_RUN, {"root": root, "run_id": ctx.run_id})
+    )
+    binding.run_dir = prepared.run_dir
     ctx.journal.record_created(transport.name, "run", binding.run_dir, ctx.run_id)
 
     upload = project_upload(pb)  # the dataset stays out: it only travels encrypted
@@ -74,7 +76,7 @@ async def provision_host(ctx: RunContext, binding: HostBinding) -> dict[str, Any
         tmp.flush()
         await transport.put(tmp.name, remote_tar)
     await binding.agent.call(
-        Op.EXTRACT_PROJECT, {"dest": prepared["paths"]["project"], "archive": remote_tar}
+        Op.EXTRACT_PROJECT, {"dest": prepared.paths["project"], "archive": remote_tar}
     )
     ctx.emit(
         PhaseProgress(
@@ -96,7 +98,7 @@ async def provision_host(ctx: RunContext, binding: HostBinding) -> dict[str, Any
     req_remote = None
     if env.requirements:
         req_bytes = (pb.project_dir() / env.requirements).read_bytes()
-        req_remote = f"{prepared['paths']['project']}/{env.requirements}"
+        req_remote = f"{prepared.paths['project']}/{env.requirements}"
     venv_python = env.python
     venv: dict[str, Any] = {"reused": None}
     key = env_key(env.system_site_packages, req_bytes)
@@ -135,7 +137,7 @@ async def provision_host(ctx: RunContext, binding: HostBinding) -> dict[str, Any
         "root_as_given": given,
         "root_id": binding.agent.root_id,
         "run_dir": binding.run_dir,
-        "paths": prepared["paths"],
+        "paths": prepared.paths,
         "venv_python": venv_python,
         "venv_reused": venv.get("reused"),
         "probe": probe,
@@ -176,7 +178,8 @@ async def _tools(
             brought = {k: got[k] for k in ("dir", "version", "label", "reused")}
             ctx.journal.record_created(host, "runtime", got["dir"], ctx.run_id)
         if req_bytes:
-            tags = (await agent.call(Op.RUNTIME_STATUS, {"root": agent.root}))["tags"]
+            status = await agent.call(Op.RUNTIME_STATUS, {"root": agent.root})
+            tags = RuntimeStatus.from_json(status).tags
             for name, version in pins(req_bytes):
                 verdict = await asyncio.to_thread(
                     check_pin, ctx.home, name, version, got["version"], tags

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from remotemac.agent.agentruntime import requirements, runtime_key
-from remotemac.agent.protocol import Op
+from remotemac.agent.protocol import ErrorCode, Op
 from remotemac.data.manifest import sha256_file
 from remotemac.engine.agentclient import AgentClient, AgentError
 from remotemac.engine.bring import upload
@@ -205,7 +205,7 @@ async def _ensure(agent: AgentClient, request: dict[str, Any], where: str) -> di
             f"{where}: {exc.message}", hint="the host's python3 must be CPython 3.9 or newer"
         ) from None
     except AgentError as exc:
-        if exc.code == "integrity":  # an uploaded wheel arrived damaged
+        if exc.code == ErrorCode.INTEGRITY:  # an uploaded wheel arrived damaged
             raise IntegrityError(
                 f"{where}: {exc.message}", hint="run again to upload the wheels afresh"
             ) from None

@@ -43,6 +43,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from remotemac.agent.protocol import FRAME as FRAME_HEADER
+from remotemac.agent.protocol import SyncFrame
 from remotemac.data.manifest import HashCache, Manifest, ManifestEntry, check_relpath
 from remotemac.engine import syncsplit
 from remotemac.engine.agentclient import AgentClient
@@ -57,7 +59,7 @@ from remotemac.errors import (
 from remotemac.events import Event, PhaseProgress, Warning
 from remotemac.transport.base import RemoteProcess, Transport
 
-FRAME = "F"
+FRAME = SyncFrame.FILE.decode()  # a whole file's ciphertext (the kinds: protocol.SyncFrame)
 BATCH_BYTES = 1 << 20
 QUEUE_BATCHES = 4
 #: OpenSSH's sshd advertises this window per session channel: one channel carries at
@@ -1022,7 +1024,8 @@ async def _all(coros: list[Awaitable[Any]]) -> list[Any]:
 
 
 def _frame(kind: str, index: int, length: int) -> bytes:
-    return kind.encode() + index.to_bytes(4, "big") + length.to_bytes(8, "big")
+    """A sync frame header (``protocol.FRAME``; the kinds are ``protocol.SyncFrame``)."""
+    return FRAME_HEADER.pack(kind.encode(), index, length)
 
 
 @dataclass
