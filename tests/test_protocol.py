@@ -123,7 +123,7 @@ def test_the_handler_table_serves_every_op_but_the_in_memory_and_inline_ones():
     from remotemac.agent import hostagent
 
     served = set(hostagent.OPS)
-    assert served == {op.value for op in Op} - {Op.CLAIM_ROOT, Op.USAGE}
+    assert served == {op.value for op in Op} - {Op.CLAIM_ROOT, Op.FACTS, Op.USAGE}
     # Op by name: hostagent may have loaded the agent's protocol as a sibling module
     # (another class object than remotemac.agent.protocol.Op, the same values)
     assert all(type(key).__name__ == "Op" for key in hostagent.OPS)

@@ -62,6 +62,8 @@ class Op(_WireEnum):
     BRING = "bring"
     #: served from memory only (cleanupops, before anything is written below the root)
     CLAIM_ROOT = "claim_root"
+    #: served from memory only (hostfacts: doctor leaves nothing on the host)
+    FACTS = "facts"
     #: the resident agent's own: its CPU figure, answered inline (no thread, no store)
     USAGE = "__usage__"
 

@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from remotemac.agent.hostfacts import NA, version_tuple
+from remotemac.agent.protocol import Op
 from remotemac.checks.pythoncheck import check_pins, check_workload_python
 from remotemac.transport.base import Transport
 
@@ -471,7 +472,9 @@ async def gather_facts(
 
     python = agent_python()
     request = {"remote_root": remote_root, "venv_python": venv_python}
-    facts, why = await _in_memory(transport, python, "hostfacts", "op_facts", request, timeout)
+    facts, why = await _in_memory(
+        transport, python, "hostfacts", Op.FACTS.function, request, timeout
+    )
     received = time.time()
     if facts is None:
         return {"collector_error": f"{python} on {transport.name} {why}", "received_at": received}
@@ -504,7 +507,12 @@ async def gather_runtime(
 ) -> dict[str, Any]:
     """The agent runtime's status on the host (agentruntime.py from memory)."""
     status, why = await _in_memory(
-        transport, python, "agentruntime", "op_runtime_status", {"root": remote_root}, timeout
+        transport,
+        python,
+        "agentruntime",
+        Op.RUNTIME_STATUS.function,
+        {"root": remote_root},
+        timeout,
     )
     return status if status is not None else {"error": why}
 

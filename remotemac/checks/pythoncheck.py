@@ -17,6 +17,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from remotemac.agent.protocol import Op
 from remotemac.agent.pythons import parse_spec
 from remotemac.engine.hostpython import plan_python
 from remotemac.engine.pincheck import check_pin, pins
@@ -106,7 +107,9 @@ async def gather(
 ) -> dict[str, Any]:
     """``in_memory(module, fn, request)`` → (answer, why), as doctor runs host code."""
     spec = request if request and parse_spec(request) else None
-    found, why = await in_memory("pythons", "op_find_python", {"root": remote_root, "spec": spec})
+    found, why = await in_memory(
+        "pythons", Op.FIND_PYTHON.function, {"root": remote_root, "spec": spec}
+    )
     if found is None:
         return {"error": why}
     out = await asyncio.to_thread(judge_found, found, request, home)

@@ -135,8 +135,8 @@ class ResidentAgent:
                     if mismatch:
                         why = ProtocolMismatch(
                             f"{self.transport.name}: {mismatch}; its answers would be misread",
-                            hint="the agent directory on the host is stale or not this "
-                            "remotemac's: remove <remote_root>/agent there and run again",
+                            hint="the agent directory on the host is not this remotemac's "
+                            "upload: remove it (remotemac cleanup) and run again",
                         )
                         break
                     hello = True
