@@ -20,6 +20,7 @@ from remotemac.agent.protocol import (
     FINAL_STATES,
     FRAME,
     Answer,
+    BringAnswer,
     FindPythonAnswer,
     FindPythonRequest,
     Hello,
@@ -31,6 +32,7 @@ from remotemac.agent.protocol import (
     PrepareRunAnswer,
     ProtocolError,
     PullFrame,
+    RuntimeEnsureAnswer,
     RuntimeStatus,
     StatusRequest,
     SyncFrame,
@@ -75,6 +77,10 @@ SAMPLES = [
     ),
     RuntimeStatus(key="cp39-arm64", dir="/r/rt", tags={"platforms": ["macosx_11_0_arm64"]}),
     PrepareRunAnswer(run_dir="/r/runs/x", paths={"logs": "/r/runs/x/logs"}),
+    BringAnswer(dir="/r/runtime/py", exe="/r/runtime/py/bin/python3", version="3.12.1", bytes=9),
+    BringAnswer(failed="cannot download it: offline"),
+    RuntimeEnsureAnswer(failed="pip failed", tail=["x"], tags={"platforms": []}),
+    RuntimeEnsureAnswer(dir="/r/rt", reused=True, method="online", installed=["cffi"]),
     Answer(ok=False, error="disk full", code="no-space", tail=["a", "b"]),
 ]
 

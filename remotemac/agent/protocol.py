@@ -403,6 +403,37 @@ class RuntimeStatus(Message):
 
 
 @dataclasses.dataclass
+class BringAnswer(Message):
+    """What ``bring`` put under ``<root>/runtime`` (an interpreter, uv), or why it
+    could not (``failed``: the host cannot download it; the laptop brings it then)."""
+
+    failed: Optional[str] = None
+    dir: Optional[str] = None
+    exe: Optional[str] = None
+    version: Optional[str] = None
+    reused: bool = False
+    method: Optional[str] = None
+    bytes: int = 0
+    seconds: Optional[float] = None
+
+
+@dataclasses.dataclass
+class RuntimeEnsureAnswer(Message):
+    """The agent runtime installed (or found), or ``failed`` with pip's ``tail`` and the
+    host's wheel ``tags`` for the laptop to bring the wheels offline."""
+
+    failed: Optional[str] = None
+    tail: Optional[List[str]] = None
+    tags: Optional[Dict[str, Any]] = None
+    dir: Optional[str] = None
+    reused: bool = False
+    method: Optional[str] = None
+    installed: Optional[List[str]] = None
+    seconds: Optional[float] = None
+    cryptography: Optional[str] = None
+
+
+@dataclasses.dataclass
 class PrepareRunAnswer(Message):
     """The run's directory on the host and its subdirectories by name."""
 

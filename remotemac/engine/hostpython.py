@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from remotemac.agent.protocol import FindPythonAnswer, Op, RuntimeStatus
+from remotemac.agent.protocol import BringAnswer, FindPythonAnswer, Op, RuntimeStatus
 from remotemac.agent.pythons import looks_like_spec, parse_spec
 from remotemac.engine import pythonsource
 from remotemac.engine.agentclient import AgentClient
@@ -109,11 +109,12 @@ async def ensure_python(
     answer = await bring(
         agent, plan.bring, home=home, method=method, emit=emit, run_id=run_id, phase="provision"
     )
+    got = BringAnswer.from_json(answer)
     return {
-        "python": answer["exe"],
-        "version": answer.get("version") or plan.bring_version,
+        "python": got.exe,
+        "version": got.version or plan.bring_version,
         "brought": True,
-        "dir": answer["dir"],
+        "dir": got.dir,
         "reused": answer.get("reused"),
         "label": plan.bring.label,
     }
