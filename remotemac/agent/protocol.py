@@ -17,6 +17,9 @@ import struct
 from enum import Enum
 from typing import Any, Dict, List, Optional, Type, TypeVar
 
+#: a JSON object as it travels (the parts of a message this module leaves untyped)
+JsonObject = Dict[str, Any]
+
 #: Bumped when a message or frame changes shape. The resident agent's hello carries it
 #: (``ping`` too); the laptop refuses an agent that speaks another version with one
 #: clear error instead of misreading its answers. The agent is shipped by content hash,
@@ -221,10 +224,11 @@ class Message:
     """A request or answer with named fields; ``extra`` keeps the keys this side does not
     name, so reading and writing back a message never loses what the other side added."""
 
-    extra: Dict[str, Any] = dataclasses.field(default_factory=dict, repr=False)
+    extra: JsonObject = dataclasses.field(default_factory=dict, repr=False)
 
     @classmethod
     def from_json(cls: Type[M], data: Any) -> M:
+        """Read a message the other side sent; ProtocolError when it is not one."""
         if not isinstance(data, dict):
             raise ProtocolError("%s: expected an object, got %s" % (cls.__name__, type(data)))
         fields = {f.name: f for f in dataclasses.fields(cls) if f.name != "extra"}
@@ -244,14 +248,14 @@ class Message:
         object.__setattr__(message, "_absent", frozenset(fields) - frozenset(data))
         return message
 
-    def to_json(self) -> Dict[str, Any]:
+    def to_json(self) -> JsonObject:
         """The message as a JSON object: its named fields, then ``extra``.
 
         A message read with :meth:`from_json` writes back the keys it was read with
         (a field it lacked stays absent unless set since); one built here leaves out
         optional fields that are None."""
         absent = getattr(self, "_absent", None)
-        out: Dict[str, Any] = {}
+        out: JsonObject = {}
         for f in dataclasses.fields(self):
             if f.name == "extra":
                 continue
@@ -309,10 +313,10 @@ class LaunchRequest(Message):
     env: Dict[str, str] = dataclasses.field(default_factory=dict)
     timeout: Optional[float] = None
     mode: Optional[str] = None
-    disk: Optional[Dict[str, Any]] = None
-    convert: Optional[Dict[str, Any]] = None
-    observe: Optional[Dict[str, Any]] = None
-    next: Optional[Dict[str, Any]] = None
+    disk: Optional[JsonObject] = None
+    convert: Optional[JsonObject] = None
+    observe: Optional[JsonObject] = None
+    next: Optional[JsonObject] = None
     relaunch: Any = None
 
 
@@ -322,13 +326,13 @@ class LaunchAnswer(Message):
 
     session: str = ""
     mode: Optional[str] = None
-    status: Optional[Dict[str, Any]] = None
-    access: Optional[Dict[str, Any]] = None
+    status: Optional[JsonObject] = None
+    access: Optional[JsonObject] = None
     tmux_hint: Optional[str] = None
     already_running: bool = False
     already_done: bool = False
 
-    def to_json(self) -> Dict[str, Any]:
+    def to_json(self) -> JsonObject:
         out = super().to_json()
         if getattr(self, "_absent", None) is None:
             for flag in ("already_running", "already_done"):
@@ -350,7 +354,7 @@ class JobStatus(Message):
     (``lost`` when the runner is gone and its heartbeat stale, ``absent`` with no file)."""
 
     state: Optional[str] = None
-    status: Optional[Dict[str, Any]] = None
+    status: Optional[JsonObject] = None
     now: Optional[float] = None
     tmux_alive: Optional[bool] = None
     log_size: int = -1
@@ -363,7 +367,7 @@ class JobStatus(Message):
         return is_final(self.state)
 
     @property
-    def file(self) -> Dict[str, Any]:
+    def file(self) -> JsonObject:
         """The runner's status file, or ``{}`` when there is none yet."""
         return self.status or {}
 
@@ -382,9 +386,9 @@ class FindPythonAnswer(Message):
     python: Optional[str] = None
     version: Optional[str] = None
     brought: bool = False
-    pythons: List[Dict[str, Any]] = dataclasses.field(default_factory=list)
-    platform: Optional[Dict[str, Any]] = None
-    brought_dirs: List[Dict[str, Any]] = dataclasses.field(default_factory=list)
+    pythons: List[JsonObject] = dataclasses.field(default_factory=list)
+    platform: Optional[JsonObject] = None
+    brought_dirs: List[JsonObject] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass
@@ -394,8 +398,8 @@ class RuntimeStatus(Message):
     key: str = ""
     dir: str = ""
     present: bool = False
-    marker: Optional[Dict[str, Any]] = None
-    tags: Dict[str, Any] = dataclasses.field(default_factory=dict)
+    marker: Optional[JsonObject] = None
+    tags: JsonObject = dataclasses.field(default_factory=dict)
     pins: Any = None
     pip: bool = False
     python_ok: bool = False
@@ -424,7 +428,7 @@ class RuntimeEnsureAnswer(Message):
 
     failed: Optional[str] = None
     tail: Optional[List[str]] = None
-    tags: Optional[Dict[str, Any]] = None
+    tags: Optional[JsonObject] = None
     dir: Optional[str] = None
     reused: bool = False
     method: Optional[str] = None
