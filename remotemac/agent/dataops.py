@@ -90,7 +90,6 @@ import json
 import os
 import select
 import stat
-import struct
 import sys
 from typing import Any, BinaryIO, Dict, List, Optional
 
@@ -104,11 +103,10 @@ from .datarecords import (
     inside,
     regular_lstat,
 )
+from .protocol import FRAME, META_LEN, SyncFrame
 from .receiver import Receiver, use_runtime
 from .writebehind import WriteBehind
 
-FRAME = struct.Struct(">cIQ")
-META_LEN = struct.Struct(">I")
 #: bytes queued for the write-behind thread at most (received, not yet stored)
 BEHIND_BYTES = 32 << 20
 
@@ -214,28 +212,28 @@ def _frames(stdin: BinaryIO, receiver: Receiver, behind: WriteBehind, lines: Lin
     """Read frames until the session ends (the D or E frame); the exit code."""
     while True:
         kind, index, length = FRAME.unpack(read_exact(stdin, FRAME.size))
-        if kind == b"F":
+        if kind == SyncFrame.FILE:
             receiver.receive(stdin, index, length, behind)
-        elif kind == b"R":
+        elif kind == SyncFrame.PARTIAL:
             (size,) = META_LEN.unpack(read_exact(stdin, META_LEN.size))
             resume = json.loads(read_exact(stdin, size).decode("utf-8"))
             receiver.receive(stdin, index, length, behind, resume)
-        elif kind == b"S":  # one piece of a split file, written here (see receive_piece)
+        elif kind == SyncFrame.PIECE:  # one piece of a split file, written here (see receive_piece)
             if behind.error is not None:  # a file before it failed: that ends the session
                 raise behind.error
             (size,) = META_LEN.unpack(read_exact(stdin, META_LEN.size))
             receiver.receive_piece(stdin, index, length, _small_json(stdin, size))
-        elif kind == b"J":  # after the files before it: records and acks stay in order
+        elif kind == SyncFrame.JOIN:  # after the files before it: records and acks stay in order
             req = _small_json(stdin, length)
             behind.submit(functools.partial(receiver.assemble, index, req))
-        elif kind == b"P":
+        elif kind == SyncFrame.PING:
             lines.say({"ok": True, "pong": True})
-        elif kind == b"D":  # one of several streams is done: the first one finishes
+        elif kind == SyncFrame.DONE:  # one of several streams is done: the first one finishes
             behind.drain()
             receiver.done_writing()
             lines.say({"ok": True, "result": {"received": receiver.received}})
             return 0
-        elif kind == b"E":
+        elif kind == SyncFrame.END:
             final = json.loads(read_exact(stdin, length).decode("utf-8"))
             behind.drain()
             manifest = receiver.final_manifest(final)

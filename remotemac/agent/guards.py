@@ -21,9 +21,9 @@ from typing import Any, Dict, List
 
 from .agentutil import format_mib
 from .launch import agent_argv
+from .protocol import CACHE_VARS, ENV_DATA, ENV_OUTPUT
 
-#: the caches remotemac points inside the run dir (engine/jobs.py sets them)
-CACHE_VARS = ("TORCH_HOME", "HF_HOME", "PIP_CACHE_DIR", "XDG_CACHE_HOME", "MPLCONFIGDIR")
+# CACHE_VARS: the caches remotemac points inside the run dir (engine/jobs.py sets them)
 #: the data check opens at most this many files (a dataset may have millions)
 READ_SAMPLE = 3
 
@@ -42,10 +42,10 @@ def plan_access(req: Dict[str, Any]) -> Dict[str, List[List[str]]]:
     """What to check for a launch request: [what, path] pairs to read and to write."""
     env = req.get("env") or {}
     read, write = [], []
-    if env.get("REMOTEMAC_DATA"):
-        read.append(["data dir", env["REMOTEMAC_DATA"]])
-    if env.get("REMOTEMAC_OUTPUT"):
-        write.append(["output dir", env["REMOTEMAC_OUTPUT"]])
+    if env.get(ENV_DATA):
+        read.append(["data dir", env[ENV_DATA]])
+    if env.get(ENV_OUTPUT):
+        write.append(["output dir", env[ENV_OUTPUT]])
     for var in CACHE_VARS:
         if env.get(var):
             write.append(["cache " + var, env[var]])

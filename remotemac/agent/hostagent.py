@@ -31,16 +31,18 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from . import safefs
+from . import protocol, safefs
 from .agentutil import cpu_seconds, find_tool, pid_alive, tmux_path
 from .launch import agent_argv
+
+Op = protocol.Op
 
 AGENT_DIR = os.path.dirname(os.path.abspath(__file__))
 HEARTBEAT_STALE_S = 15.0
 #: knobs read from the agent's environment (tests, or a host where tmux misbehaves)
-ENV_STALE_S = "REMOTEMAC_HEARTBEAT_STALE_S"
-ENV_NO_TMUX = "REMOTEMAC_NO_TMUX"
-FINAL_STATES = ("finished", "failed", "timeout", "stopped", "storage-limit")
+ENV_STALE_S = protocol.ENV_HEARTBEAT_STALE_S
+ENV_NO_TMUX = protocol.ENV_NO_TMUX
+FINAL_STATES = protocol.FINAL_STATES
 
 
 class AgentError(Exception):
@@ -155,6 +157,7 @@ def op_ping(req: dict[str, Any]) -> dict[str, Any]:
         "time": time.time(),
         "tmux": tmux_path(),
         "agent_dir": AGENT_DIR,
+        "protocol": protocol.PROTOCOL_VERSION,
     }
 
 
@@ -453,38 +456,47 @@ def op_list_outputs(req: dict[str, Any]) -> dict[str, Any]:
     return {"entries": entries}
 
 
-OPS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
-    "ping": op_ping,
-    "prepare_run": op_prepare_run,
-    "launch": op_launch,
-    "status": op_status,
-    "stop": op_stop,
-    "extract_project": op_extract_project,
-    "list_outputs": op_list_outputs,
+Handler = Callable[[dict[str, Any]], dict[str, Any]]
+#: the handler of every op the agent serves, keyed by ``protocol.Op`` (a ``str``: the
+#: wire name looks its handler up directly)
+OPS: dict[str, Handler] = {
+    Op.PING: op_ping,
+    Op.PREPARE_RUN: op_prepare_run,
+    Op.LAUNCH: op_launch,
+    Op.STATUS: op_status,
+    Op.STOP: op_stop,
+    Op.EXTRACT_PROJECT: op_extract_project,
+    Op.LIST_OUTPUTS: op_list_outputs,
 }
 
 
-def _lazy(module: str, name: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
+def _lazy(module: str, name: str) -> Handler:
     def call(req: dict[str, Any]) -> dict[str, Any]:
         return getattr(importlib.import_module("." + module, __package__), name)(req)
 
     return call
 
 
-OPS["ensure_venv"] = _lazy("venvops", "op_ensure_venv")
-OPS["prepare_data"] = _lazy("dataops", "op_prepare_data")
-OPS["wipe_run_data"] = _lazy("wipeops", "op_wipe_run_data")
-OPS["cleanup_host"] = _lazy("cleanupops", "op_cleanup_host")
-OPS["deadman_schedule"] = _lazy("deadman", "op_deadman_schedule")
-OPS["deadman_cancel"] = _lazy("deadman", "op_deadman_cancel")
-OPS["freeze_env"] = _lazy("envfreeze", "op_freeze_env")
-OPS["check_access"] = _lazy("guards", "op_check_access")
-OPS["check_space"] = _lazy("guards", "op_check_space")
-OPS["env_fingerprint"] = _lazy("guards", "op_env_fingerprint")
-OPS["runtime_status"] = _lazy("agentruntime", "op_runtime_status")
-OPS["runtime_ensure"] = _lazy("agentruntime", "op_runtime_ensure")
-OPS["find_python"] = _lazy("pythons", "op_find_python")
-OPS["bring"] = _lazy("bring", "op_bring")
+#: ops served by another agent module, imported on first use (``op_<name>`` there)
+LAZY_OPS: dict[str, str] = {
+    Op.ENSURE_VENV: "venvops",
+    Op.PREPARE_DATA: "dataops",
+    Op.WIPE_RUN_DATA: "wipeops",
+    Op.CLEANUP_HOST: "cleanupops",
+    Op.DEADMAN_SCHEDULE: "deadman",
+    Op.DEADMAN_CANCEL: "deadman",
+    Op.FREEZE_ENV: "envfreeze",
+    Op.CHECK_ACCESS: "guards",
+    Op.CHECK_SPACE: "guards",
+    Op.ENV_FINGERPRINT: "guards",
+    Op.RUNTIME_STATUS: "agentruntime",
+    Op.RUNTIME_ENSURE: "agentruntime",
+    Op.FIND_PYTHON: "pythons",
+    Op.BRING: "bring",
+}
+for _op, _module in LAZY_OPS.items():
+    OPS[_op] = _lazy(_module, Op(_op).function)
+del _op, _module
 
 
 #: a full disk or quota: the host's environment (exit 6), not an agent bug
@@ -503,13 +515,17 @@ def error_answer(exc: BaseException) -> dict[str, Any]:
             "ok": False,
             "error": "the host's disk is full (%s)%s: free some space on the host or "
             "choose another remote_root" % (exc.strerror or "no space left", where),
-            "code": "no-space",
+            "code": protocol.ErrorCode.NO_SPACE,
         }
     else:
         answer = {
             "ok": False,
             "error": "%s: %s" % (type(exc).__name__, exc),
-            "code": "host-env" if isinstance(exc, ImportError) else "internal",
+            "code": (
+                protocol.ErrorCode.HOST_ENV
+                if isinstance(exc, ImportError)
+                else protocol.ErrorCode.INTERNAL
+            ),
         }
     tail = getattr(exc, "tail", None)
     if tail:
@@ -520,7 +536,11 @@ def error_answer(exc: BaseException) -> dict[str, Any]:
 def main(args: list[str]) -> int:
     """``hostagent OP`` (see launch.py): one operation, JSON in on stdin, one line out."""
     if len(args) != 1 or args[0] not in OPS:
-        sys.stdout.write(json.dumps({"ok": False, "error": "usage: hostagent OP", "code": "usage"}))
+        sys.stdout.write(
+            json.dumps(
+                {"ok": False, "error": "usage: hostagent OP", "code": protocol.ErrorCode.USAGE}
+            )
+        )
         return 2
     try:
         raw = sys.stdin.read()

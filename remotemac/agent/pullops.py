@@ -14,7 +14,8 @@ trip between them, and a file cut part-way is asked for again from an offset.
    limit], ...]}``: ``name_hex`` is the file's path below ``dir`` as bytes (the name
    the listing gave), ``offset`` what the laptop already holds of it, ``limit`` the
    size it was listed with (never more is read);
-2. host → for each file, in the order asked, frames ``kind:c index:u32 length:u64``:
+2. host → for each file, in the order asked, frames ``kind:c index:u32 length:u64``
+   (``protocol.FRAME``; the kinds are named in ``protocol.PullFrame``):
    ``b"D"`` + ``length`` bytes of the file, continuing from ``offset`` (chunks of at
    most CHUNK); then ``b"H"`` + the 32-byte SHA-256 of the file's bytes from 0 to
    where the data ended; or instead ``b"X"`` + a JSON ``{"why"}``: the file is not
@@ -44,11 +45,14 @@ import hashlib
 import json
 import os
 import stat
-import struct
 import sys
 from typing import Any, BinaryIO, List, Optional, Tuple
 
-FRAME = struct.Struct(">cIQ")
+if __package__:  # imported as remotemac.agent.pullops (the laptop, tests)
+    from .protocol import FRAME, PullFrame
+else:  # ``python3 -S pullops.py send`` in the agent dir on the host
+    from protocol import FRAME, PullFrame
+
 #: bytes per data frame: big enough that framing costs nothing, small enough that the
 #: laptop's buffers stay small
 CHUNK = 1 << 20
@@ -145,7 +149,7 @@ class Sender:
         try:
             fd = open_below(base_fd, name)
         except Skip as exc:
-            self.frame(b"X", index, json.dumps({"why": str(exc)}).encode("utf-8"))
+            self.frame(PullFrame.SKIP, index, json.dumps({"why": str(exc)}).encode("utf-8"))
             return
         digest = hashlib.sha256()
         try:
@@ -158,7 +162,7 @@ class Sender:
                 digest.update(block)
                 done += len(block)
             if offset:
-                self.frame(b"V", index, digest.copy().digest())
+                self.frame(PullFrame.VERIFY, index, digest.copy().digest())
                 answer = self.stdin.readline()
                 if answer == b"restart\n":
                     digest, done = hashlib.sha256(), 0
@@ -174,9 +178,9 @@ class Sender:
                 if done >= limit and pending is None:
                     # a file of one block (most results): hashed here, no thread hand-off
                     digest.update(block)
-                    self._write(FRAME.pack(b"D", index, len(block)) + block)
+                    self._write(FRAME.pack(PullFrame.DATA, index, len(block)) + block)
                     break
-                self._write(FRAME.pack(b"D", index, len(block)))
+                self._write(FRAME.pack(PullFrame.DATA, index, len(block)))
                 if pending is not None:
                     pending.result()
                 pending = self.pool.submit(digest.update, block)
@@ -185,7 +189,7 @@ class Sender:
                 pending.result()
         finally:
             os.close(fd)
-        self.frame(b"H", index, digest.digest())
+        self.frame(PullFrame.HASH, index, digest.digest())
 
 
 def _files(req: Any) -> List[Tuple[int, bytes, int, int]]:
@@ -210,7 +214,7 @@ def serve(stdin: BinaryIO, out: int) -> int:
             req = json.loads(line.decode("utf-8"))
             if not (isinstance(req, dict) and req.get("ping")):
                 break
-            sender.frame(b"P", 0)
+            sender.frame(PullFrame.PING, 0)
         files = _files(req)
         base_fd = os.open(req["dir"], os.O_RDONLY | _DIRECTORY | _NOFOLLOW)
         try:
@@ -218,14 +222,14 @@ def serve(stdin: BinaryIO, out: int) -> int:
                 sender.send_file(base_fd, index, name, offset, limit)
         finally:
             os.close(base_fd)
-        sender.frame(b"Z", 0)
+        sender.frame(PullFrame.END, 0)
         return 0
     except BrokenPipeError:
         return 3  # the laptop went away; it asks again from what it holds
     except Exception as exc:  # one frame back to the laptop, never a traceback
         message = {"error": "%s: %s" % (type(exc).__name__, exc), "code": "internal"}
         with contextlib.suppress(OSError):
-            sender.frame(b"E", 0, json.dumps(message).encode("utf-8"))
+            sender.frame(PullFrame.ERROR, 0, json.dumps(message).encode("utf-8"))
         return 1
 
 

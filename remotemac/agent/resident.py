@@ -38,7 +38,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, BinaryIO, Dict, List, Optional
 
-from . import hostagent, safefs
+from . import hostagent, protocol, safefs
 from .agentutil import cpu_seconds
 
 HEADER = struct.Struct(">I")
@@ -91,10 +91,11 @@ def _safe_id(call_id: Any) -> str:
 
 
 def run_op(op: str, req: Dict[str, Any]) -> Dict[str, Any]:
-    """What ``hostagent.py OP`` would print, as a dict."""
+    """What ``hostagent.py OP`` would print, as a dict: ``op`` looked up in the handler
+    table (``hostagent.OPS``, keyed by ``protocol.Op``)."""
     fn = hostagent.OPS.get(op)
     if fn is None:
-        return {"ok": False, "error": "unknown operation %r" % op, "code": "usage"}
+        return {"ok": False, "error": "unknown operation %r" % op, "code": protocol.ErrorCode.USAGE}
     try:
         return {"ok": True, "result": fn(req)}
     except Exception as exc:  # one answer back, never a dead server
@@ -197,6 +198,7 @@ class Server:
             {
                 "id": "",
                 "hello": 1,
+                "protocol": protocol.PROTOCOL_VERSION,
                 "pid": os.getpid(),
                 "cpu_s": cpu_seconds(),
                 "python": sys.version.split()[0],
@@ -210,7 +212,7 @@ class Server:
                     frame = None
                 if frame is None:
                     break  # end of input: finish what is in flight, then exit
-                if frame.get("op") == "__usage__":
+                if frame.get("op") == protocol.Op.USAGE:
                     self.send(
                         {
                             "id": str(frame.get("id", "")),

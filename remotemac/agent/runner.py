@@ -28,6 +28,7 @@ from . import (
     ownmem,  # sibling: the job's own memory (PSS / phys_footprint)
     procid,  # sibling: who a process is (start time, command line), for safe kills
     proctree,
+    protocol,  # the job states the laptop reads (protocol.JobState)
     safefs,  # sibling: file writes that never go through a planted link
 )
 from .agentutil import format_mib
@@ -318,7 +319,7 @@ def run(spec_path: str) -> int:
     if spec.get("observe"):
         prepare_observer(spec["observe"], env)
     status: dict[str, Any] = {
-        "state": "running",
+        "state": protocol.JobState.RUNNING,
         "device": spec["device"],
         "runner_pid": os.getpid(),
         "runner_start": procid.identity(os.getpid()),
@@ -348,7 +349,9 @@ def run(spec_path: str) -> int:
     except OSError as exc:
         _log(log_fd, ("remotemac: could not start the workload: %s\n" % exc).encode())
         os.close(log_fd)
-        status.update(state="failed", exit_code=127, ended_at=time.time(), reason=str(exc))
+        status.update(
+            state=protocol.JobState.FAILED, exit_code=127, ended_at=time.time(), reason=str(exc)
+        )
         _write_status(status_path, status)
         return 127
     caffeinate = caffeinate_argv(spec, child.pid)
@@ -398,7 +401,7 @@ def run(spec_path: str) -> int:
         if disk is not None:
             why = disk.check(now)
             if why and not stopped_by:
-                stopped_by["reason"] = "storage-limit"
+                stopped_by["reason"] = protocol.JobState.STORAGE_LIMIT
                 stopped_by["detail"] = why
                 _log(log_fd, ("remotemac: %s: stopping the workload\n" % why).encode())
                 _terminate(child, grace=STORAGE_GRACE_S)
@@ -418,7 +421,7 @@ def run(spec_path: str) -> int:
             status["child_cmdline"] = line
         _write_status(status_path, status)
         if deadline and now > deadline and "reason" not in stopped_by:
-            stopped_by["reason"] = "timeout"
+            stopped_by["reason"] = protocol.JobState.TIMEOUT
             _log(log_fd, b"remotemac: timeout reached, stopping the workload\n")
             _terminate(child)
     os.close(log_fd)
@@ -431,13 +434,14 @@ def run(spec_path: str) -> int:
         return 1
     _stop_caffeinate(awake)
     reason = stopped_by.get("reason")
-    if reason in ("timeout", "storage-limit"):
+    state: str
+    if reason in (protocol.JobState.TIMEOUT, protocol.JobState.STORAGE_LIMIT):
         state = reason
     elif reason:
-        state = "stopped"
+        state = protocol.JobState.STOPPED
     else:
-        state = "finished" if code == 0 else "failed"
-    if state == "finished" and spec.get("convert"):
+        state = protocol.JobState.FINISHED if code == 0 else protocol.JobState.FAILED
+    if state == protocol.JobState.FINISHED and spec.get("convert"):
         # before the final state: the orchestrator pulls once it reads "finished"
         status["converted"] = convert_checkpoints(spec, env)
     status.update(
@@ -516,7 +520,7 @@ def _has_torch_files(out_dir: str, patterns: list[str]) -> bool:
 def _launch_next(spec: dict[str, Any], state: str) -> None:
     """Start the next device's job on the host itself, so the chain needs no laptop."""
     nxt = spec.get("next")
-    if not nxt or state != "finished":
+    if not nxt or state != protocol.JobState.FINISHED:
         # a reference that failed, timed out or was stopped: the target's result would
         # be compared with nothing; the laptop records it "not launched" and says why
         return

@@ -34,7 +34,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Set, Tuple
 
-from . import deadman, procid, proctree, ramstore, safefs, specscrub
+from . import deadman, procid, proctree, protocol, ramstore, safefs, specscrub
 from .agentutil import (
     SESSION_PREFIX,
     cmdline,
@@ -96,7 +96,7 @@ SYSTEM_DIRS = frozenset(
 )
 WIPED_SUBDIRS = ("data", "tmp", "cache", "out")
 KEPT_SUBDIRS = ("project", "logs", "status")
-FINAL_STATES = ("finished", "failed", "timeout", "stopped", "storage-limit")
+FINAL_STATES = protocol.FINAL_STATES
 SHM_ROOT = "/dev/shm"
 VOLUMES = "/Volumes"
 

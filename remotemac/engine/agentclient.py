@@ -13,6 +13,7 @@ import time
 import weakref
 from typing import Any
 
+from remotemac.agent.protocol import Answer, Op
 from remotemac.engine.agentship import agent_argv, agent_bundle, exec_in_memory
 from remotemac.engine.ledger import Ledger
 from remotemac.engine.resident import ResidentAgent
@@ -24,11 +25,9 @@ DEFAULT_AGENT_PYTHON = "python3"
 ENV_AGENT_PYTHON = "REMOTEMAC_AGENT_PYTHON"
 #: ``1``: one ``hostagent OP`` process per call instead of the resident agent
 ENV_ONESHOT = "REMOTEMAC_AGENT_ONESHOT"
-#: agent error codes that mean "the host's environment lacks something" (exit 6):
-#: disk space too ("no-space": the link is fine, retrying will not help; was exit 3)
-HOST_ENV_CODES = frozenset(
-    {"host-env", "env-failed", "no-python", "missing-module", "runtime-failed", "no-space"}
-)
+# protocol.HOST_ENV_CODES: the agent's error codes that mean "the host's environment lacks
+# something" (exit 6), disk space too ("no-space": the link is fine, retrying will not
+# help; was exit 3); Answer.host_env asks it
 
 
 def agent_python(setting: str | None = None) -> str:
@@ -74,13 +73,13 @@ def missing_python(host: str, python: str, result: ExecResult) -> None:
 async def call_in_memory(
     transport: Transport,
     ledger: Ledger,
-    fn: str,
+    op: Op,
     req: dict[str, Any],
     python: str | None = None,
     timeout: float = 900,
     idempotent: bool = False,
 ) -> dict[str, Any]:
-    """Run ``cleanupops.<fn>(req)`` on the host from memory: nothing lands on its disk.
+    """Run ``cleanupops.op_<op>(req)`` on the host from memory: nothing lands on its disk.
 
     For cleanup (it must not recreate the root it removes) and for claiming the root
     (the agent is installed below it). ``python`` defaults to the agent's interpreter
@@ -89,6 +88,7 @@ async def call_in_memory(
     first made).
     """
     python = agent_python(python)
+    fn = op.function
     started = time.monotonic()
     result = await exec_in_memory(
         transport, python, "cleanupops", fn, req, timeout=timeout, idempotent=idempotent
@@ -188,11 +188,12 @@ class AgentClient:
         Runs the agent from memory (it is installed below the root)."""
         from remotemac.errors import BadInput
 
+        request = {"root": self.root, "run_id": run_id}
         answer = await call_in_memory(
             self.transport,
             self.ledger,
-            "op_claim_root",
-            {"root": self.root, "run_id": run_id},
+            Op.CLAIM_ROOT,
+            request,
             python=self.python,
             timeout=120,
             # a cut link retries it: a second claim adopts the root the first one made
@@ -240,7 +241,7 @@ class AgentClient:
 
     async def call(
         self,
-        op: str,
+        op: Op,
         request: dict[str, Any] | None = None,
         *,
         timeout: float | None = 600,
@@ -251,13 +252,16 @@ class AgentClient:
 
         ``python`` overrides it for this call only (tests); operations that need the
         workload's interpreter take it in ``request`` and run it as a subprocess.
+        ``op`` is a ``protocol.Op``: the names the agent's handler table serves.
         """
         if not self.agent_dir:
             await self.install()
         self.calls += 1
         if self.resident and python is None:
             return await self._call_resident(op, request or {}, timeout)
-        argv = agent_argv(python or self.python, self.agent_dir, "hostagent", op, site=True)
+        argv = agent_argv(
+            python or self.python, self.agent_dir, "hostagent", str(op.value), site=True
+        )
         started = time.monotonic()
         kwargs: dict[str, Any] = {"stdin": json.dumps(request or {}).encode(), "timeout": timeout}
         if idempotent:
@@ -276,7 +280,7 @@ class AgentClient:
         return _result(op, answer)
 
     async def _call_resident(
-        self, op: str, request: dict[str, Any], timeout: float | None
+        self, op: Op, request: dict[str, Any], timeout: float | None
     ) -> dict[str, Any]:
         session = self.session()
         started = time.monotonic()
@@ -303,10 +307,11 @@ async def close_link_agents(owner: Transport) -> None:
 
 def _result(op: str, answer: dict[str, Any]) -> dict[str, Any]:
     """The agent's ``result``, or its error as an exception (exit 6 for the environment)."""
-    if not answer.get("ok"):
-        code = answer.get("code", "")
-        cls = AgentEnvironmentError if code in HOST_ENV_CODES else AgentError
-        raise cls(op, answer.get("error", "unknown error"), code, answer.get("tail"))
+    envelope = Answer.from_json(answer)
+    if not envelope.ok:
+        cls = AgentEnvironmentError if envelope.host_env else AgentError
+        error = envelope.error if "error" in answer else "unknown error"
+        raise cls(op, str(error), envelope.code or "", envelope.tail)
     return answer["result"]
 
 

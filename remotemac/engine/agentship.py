@@ -44,6 +44,7 @@ IN_MEMORY_ORDER: tuple[str, ...] = (
     "pythons",  # doctor: which Python the workload gets; imports no sibling
     "procid",
     "proctree",  # wipeops: the process table, for a job's daemons in a new session
+    "protocol",  # the op names, job states and codes both sides share; imports no sibling
     "agentutil",
     "launch",  # how the agent starts its own processes (runner, dead-man, guards)
     "safefs",

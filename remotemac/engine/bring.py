@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from remotemac.agent.protocol import BringAnswer, ErrorCode, Op
 from remotemac.engine.agentclient import AgentClient, AgentError
 from remotemac.errors import HostEnvironmentError, IntegrityError
 from remotemac.events import Event, PhaseProgress, Warning
@@ -170,11 +171,12 @@ async def bring(
         answer = await _call(
             agent, dict(request, method="offline", upload=f"{remote}/{art.filename}"), art
         )
-    if not answer.get("reused"):
+    got = BringAnswer.from_json(answer)
+    if not got.reused:
         agent.ledger.append(
             host,
-            f"brought {art.label} into {answer['dir']} ({answer.get('method')}, "
-            f"{answer.get('bytes', 0) / (1 << 20):.0f} MiB, {answer.get('seconds')} s)",
+            f"brought {art.label} into {got.dir} ({got.method}, "
+            f"{got.bytes / (1 << 20):.0f} MiB, {got.seconds} s)",
             0,
             op=f"bring-{art.what}",
         )
@@ -184,8 +186,8 @@ async def bring(
 async def _call(agent: AgentClient, request: dict[str, Any], art: Artifact) -> dict[str, Any]:
     where = f"{agent.transport.name}: bringing {art.label}"
     try:
-        return await agent.call("bring", request, timeout=BRING_TIMEOUT_S)
+        return await agent.call(Op.BRING, request, timeout=BRING_TIMEOUT_S)
     except AgentError as exc:
-        if exc.code == "integrity":
+        if exc.code == ErrorCode.INTEGRITY:
             raise IntegrityError(f"{where}: {exc.message}", hint="run again") from None
         raise HostEnvironmentError(f"{where}: {exc.message}") from None

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from remotemac.agent.protocol import Op
 from remotemac.engine.agentclient import call_in_memory
 from remotemac.engine.context import expand_root
 from remotemac.engine.ledger import Ledger
@@ -442,7 +443,7 @@ async def _ask_host(
     roots = [primary] + [r for r in know.roots if r != primary]
     known, asked.orphans = _assign_roots(know, roots)
     request = {"roots": roots, "known": known, "run_ids": know.runs}
-    plan = await call_in_memory(transport, ledger, "op_cleanup_host", dict(request, dry_run=True))
+    plan = await call_in_memory(transport, ledger, Op.CLEANUP_HOST, dict(request, dry_run=True))
     if dry_run:
         asked.answer = plan
         return
@@ -461,7 +462,7 @@ async def _ask_host(
         if confirm is None or not confirm(question):
             raise Declined("cleanup not confirmed: nothing was removed")
     asked.answer = await call_in_memory(
-        transport, ledger, "op_cleanup_host", dict(request, dry_run=False)
+        transport, ledger, Op.CLEANUP_HOST, dict(request, dry_run=False)
     )
 
 

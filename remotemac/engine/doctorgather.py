@@ -17,6 +17,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from remotemac.agent.protocol import Op
 from remotemac.agent.pythons import parse_spec
 from remotemac.checks.doctor import DoctorReport, WorkloadAsk, evaluate
 from remotemac.engine.hostpython import plan_python
@@ -44,7 +45,7 @@ async def gather_facts(
     python = agent_python()
     request = {"remote_root": remote_root, "venv_python": venv_python}
     facts, why = await in_memory_answer(
-        transport, python, "hostfacts", "op_facts", request, timeout
+        transport, python, "hostfacts", Op.FACTS.function, request, timeout
     )
     received = time.time()
     if facts is None:
@@ -68,7 +69,12 @@ async def gather_runtime(
 ) -> dict[str, Any]:
     """The agent runtime's status on the host (agentruntime.py from memory)."""
     status, why = await in_memory_answer(
-        transport, python, "agentruntime", "op_runtime_status", {"root": remote_root}, timeout
+        transport,
+        python,
+        "agentruntime",
+        Op.RUNTIME_STATUS.function,
+        {"root": remote_root},
+        timeout,
     )
     return status if status is not None else {"error": why}
 
@@ -188,7 +194,9 @@ async def gather_workload_python(
 ) -> dict[str, Any]:
     """``in_memory(module, fn, request)`` → (answer, why), as doctor runs host code."""
     spec = request if request and parse_spec(request) else None
-    found, why = await in_memory("pythons", "op_find_python", {"root": remote_root, "spec": spec})
+    found, why = await in_memory(
+        "pythons", Op.FIND_PYTHON.function, {"root": remote_root, "spec": spec}
+    )
     if found is None:
         return {"error": why}
     out = await asyncio.to_thread(judge_found, found, request, home)

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from remotemac.agent.protocol import Op
 from remotemac.engine.context import RunContext
 from remotemac.events import Warning
 
@@ -64,7 +65,7 @@ def compare_fingerprints(before: dict[str, Any], after: dict[str, Any]) -> list[
 
 async def fingerprint(ctx: RunContext, key: str) -> dict[str, Any]:
     host = ctx.results["provision"]["hosts"][key]
-    return await ctx.hosts[key].agent.call("env_fingerprint", {"python": host["venv_python"]})
+    return await ctx.hosts[key].agent.call(Op.ENV_FINGERPRINT, {"python": host["venv_python"]})
 
 
 async def check_drift(ctx: RunContext, when: str) -> list[dict[str, Any]]:

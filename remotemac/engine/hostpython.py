@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from remotemac.agent.protocol import BringAnswer, FindPythonAnswer, Op, RuntimeStatus
 from remotemac.agent.pythons import looks_like_spec, parse_spec
 from remotemac.engine import pythonsource
 from remotemac.engine.agentclient import AgentClient
@@ -93,12 +94,13 @@ async def ensure_python(
     run_id: str,
 ) -> dict[str, Any]:
     """The interpreter for ``request`` on the host: {python, version, brought, dir}."""
-    found = await agent.call("find_python", {"root": agent.root, "spec": request})
+    found = await agent.call(Op.FIND_PYTHON, {"root": agent.root, "spec": request})
     plan = plan_python(found, request, home)
     if plan.python:
         return {"python": plan.python, "version": plan.version, "brought": plan.found["brought"]}
     if plan.bring is None:
-        seen = ", ".join(f"{p['version']} ({p['path']})" for p in found.get("pythons", []))
+        listed = FindPythonAnswer.from_json(found).pythons
+        seen = ", ".join(f"{p['version']} ({p['path']})" for p in listed)
         raise HostEnvironmentError(
             f"{agent.transport.name}: no Python matching environment.python {request!r} "
             f"(the host has {seen or 'none'}), and {plan.problem}",
@@ -107,11 +109,12 @@ async def ensure_python(
     answer = await bring(
         agent, plan.bring, home=home, method=method, emit=emit, run_id=run_id, phase="provision"
     )
+    got = BringAnswer.from_json(answer)
     return {
-        "python": answer["exe"],
-        "version": answer.get("version") or plan.bring_version,
+        "python": got.exe,
+        "version": got.version or plan.bring_version,
         "brought": True,
-        "dir": answer["dir"],
+        "dir": got.dir,
         "reused": answer.get("reused"),
         "label": plan.bring.label,
     }
@@ -122,8 +125,8 @@ async def ensure_uv(
 ) -> dict[str, Any] | None:
     """uv on the host (its wheel, unzipped under the root), or None: pip builds the venv."""
     try:
-        status = await agent.call("runtime_status", {"root": agent.root})
-        art = pythonsource.uv_artifact(home, status["tags"])
+        status = RuntimeStatus.from_json(await agent.call(Op.RUNTIME_STATUS, {"root": agent.root}))
+        art = pythonsource.uv_artifact(home, status.tags)
         if art is None:
             raise HostEnvironmentError(
                 f"PyPI has no uv {pythonsource.UV_VERSION} wheel for the host"

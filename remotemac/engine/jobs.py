@@ -17,6 +17,21 @@ import time
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from remotemac.agent.protocol import (
+    CACHE_DIRS,
+    ENV_DATA,
+    ENV_DEVICE,
+    ENV_OUTPUT,
+    ENV_RUN_ID,
+    FINAL_STATES,
+    JobState,
+    JobStatus,
+    LaunchAnswer,
+    Op,
+)
+from remotemac.agent.protocol import (
+    CACHE_VARS as CACHE_VARS,  # re-exported: the record reads it from here
+)
 from remotemac.engine.context import RunContext, Side, substitute
 from remotemac.errors import HostError, JobLost, TransientHostError
 from remotemac.events import ConnectionState, EventBus, LogLine, Metric, PhaseProgress, Warning
@@ -24,11 +39,12 @@ from remotemac.phases import Phase, PhaseKey, follow_key
 from remotemac.termsafe import has_controls
 from remotemac.transport.base import Transport
 
-FINAL = ("finished", "failed", "timeout", "stopped", "storage-limit")
+#: the job's final states (agent/protocol.py: the runner writes them, the agent reads them)
+FINAL = FINAL_STATES
 #: the line the runner writes into the log when it starts a lost job again
 RELAUNCH_MARKER = "=== remotemac: relaunched after the job was lost ({reason}) ==="
-#: the caches a job's environment points inside the run dir (wiped with it)
-CACHE_VARS = ("TORCH_HOME", "HF_HOME", "PIP_CACHE_DIR", "XDG_CACHE_HOME", "MPLCONFIGDIR")
+# CACHE_VARS (agent/protocol.py): the caches a job's environment points inside the run
+# dir (wiped with it); the host's access check reads the same names
 SAVE_EVERY_S = 1.0
 #: while following, a dropped link is retried at least this often, so the stream
 #: resumes within about a second of the link coming back (SSHTransport only)
@@ -55,18 +71,14 @@ def job_request(
     env = dict(pb.workload.env)
     env.update(
         {
-            "REMOTEMAC_DEVICE": device,
-            "REMOTEMAC_DATA": data_dir,
-            "REMOTEMAC_OUTPUT": output_dir,
-            "REMOTEMAC_RUN_ID": ctx.run_id,
-            # caches live in the run dir so that wipe and cleanup remove them too
-            "TORCH_HOME": f"{run_dir}/cache/torch",
-            "HF_HOME": f"{run_dir}/cache/hf",
-            "PIP_CACHE_DIR": f"{run_dir}/cache/pip",
-            "XDG_CACHE_HOME": f"{run_dir}/cache/xdg",
-            "MPLCONFIGDIR": f"{run_dir}/cache/mpl",
+            ENV_DEVICE: device,
+            ENV_DATA: data_dir,
+            ENV_OUTPUT: output_dir,
+            ENV_RUN_ID: ctx.run_id,
         }
     )
+    # caches live in the run dir so that wipe and cleanup remove them too
+    env.update({var: f"{run_dir}/cache/{sub}" for var, sub in CACHE_DIRS.items()})
     if venv_bin and pb.environment.venv:
         env["VIRTUAL_ENV"] = os.path.dirname(venv_bin)
     if venv_bin:
@@ -135,13 +147,14 @@ async def launch(
     req = dict(request)
     if next_request is not None:
         req["next"] = next_request
-    answer = await binding.agent.call("launch", req)
-    if answer.get("tmux_hint"):
+    answer = await binding.agent.call(Op.LAUNCH, req)
+    launched = LaunchAnswer.from_json(answer)
+    if launched.tmux_hint:
         # an offer, never a silent install: the daemonised runner works without tmux
         ctx.emit(
             Warning(
                 ctx.run_id,
-                message=f"{binding.transport.name}: {answer['tmux_hint']}"
+                message=f"{binding.transport.name}: {launched.tmux_hint}"
                 " (the job runs daemonised meanwhile)",
                 code="no-tmux",
             )
@@ -218,11 +231,11 @@ class _Drill:
     def saw_status(self, answer: dict[str, Any]) -> None:
         if not self.pending or self.result["job_kept_running"] is not None:
             return
-        status = answer.get("status") or {}
+        job = JobStatus.from_json(answer)
         self.result["job_kept_running"] = bool(
-            answer.get("state") not in ("lost", "absent")
-            and status.get("runner_pid") == self.runner_pid
-            and (answer.get("runner_alive") or answer.get("state") in FINAL)
+            job.state not in (JobState.LOST, JobState.ABSENT)
+            and job.file.get("runner_pid") == self.runner_pid
+            and (job.runner_alive or job.final)
         )
 
 
@@ -382,7 +395,7 @@ class LogFollower:
         ctx, side, request = self.ctx, self.side, self.request
         try:
             answer = await self.binding.agent.call(
-                "status",
+                Op.STATUS,
                 {
                     "run_dir": request["run_dir"],
                     "device": side.label,
@@ -394,8 +407,9 @@ class LogFollower:
                 raise
             return "again"
         self._link_ok()
-        self.status = status = answer.get("status") or {}
-        state = answer.get("state")
+        job = JobStatus.from_json(answer)
+        self.status = status = job.file
+        state = job.state
         if self.drill:
             self.drill.saw_status(answer)
         _warn_once(ctx, side, status, self.warned)
@@ -408,9 +422,9 @@ class LogFollower:
                     value=float(status["peak_rss_bytes"]),
                 )
             )
-        if state in FINAL and answer.get("log_size", -1) <= self.offset + len(self.pending):
+        if job.final and job.log_size <= self.offset + len(self.pending):
             return "over"
-        if state == "lost":
+        if state == JobState.LOST:
             await self._job_lost(answer)
             return "again"  # relaunched (a second loss raises)
         ctx.emit(
@@ -541,7 +555,7 @@ async def relaunch(
             code="relaunched",
         )
     )
-    await ctx.host_for(side).agent.call("launch", req)
+    await ctx.host_for(side).agent.call(Op.LAUNCH, req)
     return info
 
 
@@ -550,7 +564,7 @@ async def log_matches_host(
 ) -> bool:
     """True when the local log is byte-identical to the host's (size and sha256)."""
     binding = ctx.host_for(side)
-    listing = await binding.agent.call("list_outputs", {"dir": f"{request['run_dir']}/logs"})
+    listing = await binding.agent.call(Op.LIST_OUTPUTS, {"dir": f"{request['run_dir']}/logs"})
     entry = next((e for e in listing.get("entries", []) if e["path"] == f"{side.label}.log"), None)
     if entry is None:
         return False

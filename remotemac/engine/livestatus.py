@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from remotemac.agent.protocol import JobStatus, Op
 from remotemac.engine.context import RunOptions
 from remotemac.events import EventBus
 from remotemac.journal import Journal
@@ -56,21 +57,21 @@ async def live_status(
             for side in ctx.sides:
                 binding = ctx.host_for(side)
                 answer = await binding.agent.call(
-                    "status",
+                    Op.STATUS,
                     {
                         "run_dir": binding.run_dir,
                         "device": side.label,
                         "session": side.session(run_id),
                     },
                 )
-                status = answer.get("status") or {}
-                beat = status.get("heartbeat_at")
+                job = JobStatus.from_json(answer)
+                beat = job.file.get("heartbeat_at")
                 sides[side.label] = {
-                    "state": answer.get("state"),
-                    "exit_code": status.get("exit_code"),
-                    "heartbeat_age_s": round(answer["now"] - beat, 1) if beat else None,
+                    "state": job.state,
+                    "exit_code": job.file.get("exit_code"),
+                    "heartbeat_age_s": round(float(job.now or 0) - beat, 1) if beat else None,
                     "log_bytes": answer.get("log_size"),
-                    "tmux": answer.get("tmux_alive"),
+                    "tmux": job.tmux_alive,
                 }
     except Exception as exc:  # status must answer even when the host does not
         return {

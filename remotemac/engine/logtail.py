@@ -18,8 +18,9 @@ import os
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from remotemac.agent.protocol import JobState, JobStatus, Op
 from remotemac.engine.context import RunContext, RunOptions, Side
-from remotemac.engine.jobs import FINAL, FOLLOW_RECONNECT_MAX_WAIT_S, LogFollower
+from remotemac.engine.jobs import FOLLOW_RECONNECT_MAX_WAIT_S, LogFollower
 from remotemac.errors import JobLost
 from remotemac.events import EventBus, LogLine
 from remotemac.journal import Journal
@@ -133,16 +134,14 @@ async def _state(ctx: RunContext, side: Side) -> dict[str, Any]:
     binding = ctx.host_for(side)
     while True:
         answer = await binding.agent.call(
-            "status",
+            Op.STATUS,
             {"run_dir": binding.run_dir, "device": side.label, "session": side.session(ctx.run_id)},
         )
-        if answer.get("state") in FINAL + ("lost", "absent"):
+        job = JobStatus.from_json(answer)
+        if job.final or job.state in (JobState.LOST, JobState.ABSENT):
             break
         await asyncio.sleep(1.0)
-    return {
-        "state": answer.get("state"),
-        "exit_code": (answer.get("status") or {}).get("exit_code"),
-    }
+    return {"state": job.state, "exit_code": job.file.get("exit_code")}
 
 
 async def _tail(ctx: RunContext, side: Side, starts: dict[str, tuple[int, int]]) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
+from remotemac.agent.protocol import Op
 from remotemac.engine.agentclient import DEFAULT_AGENT_PYTHON, AgentClient
 from remotemac.engine.context import (
     HostBinding,
@@ -506,7 +507,7 @@ async def _provision(ctx: RunContext, _key: PhaseKey) -> ProvisionResult:
 
     for key, binding in ctx.hosts.items():
         hosts[key]["fingerprint"] = await binding.agent.call(
-            "env_fingerprint", {"python": hosts[key]["venv_python"]}
+            Op.ENV_FINGERPRINT, {"python": hosts[key]["venv_python"]}
         )
         hosts[key]["space"] = await check_space(ctx, binding, hosts[key])
     return ProvisionResult(

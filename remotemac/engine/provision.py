@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from remotemac.agent.protocol import Op, PrepareRunAnswer, RuntimeStatus
 from remotemac.engine.context import HostBinding, RunContext, expand_root
 from remotemac.engine.hostpython import ensure_python, ensure_uv, version_request
 from remotemac.engine.pincheck import check_pin, pins
@@ -40,8 +41,10 @@ async def provision_host(ctx: RunContext, binding: HostBinding) -> dict[str, Any
     transport = binding.transport
     root, given = await _claim_root(ctx, binding)
     ctx.journal.record_created(transport.name, "agent", await binding.agent.install(), ctx.run_id)
-    prepared = await binding.agent.call("prepare_run", {"root": root, "run_id": ctx.run_id})
-    binding.run_dir = prepared["run_dir"]
+    prepared = PrepareRunAnswer.from_json(
+        await binding.agent.call(Op.PREPARE_RUN, {"root": root, "run_id": ctx.run_id})
+    )
+    binding.run_dir = prepared.run_dir
     ctx.journal.record_created(transport.name, "run", binding.run_dir, ctx.run_id)
 
     archive, files = await _upload_project(ctx, binding, prepared)
@@ -55,13 +58,13 @@ async def provision_host(ctx: RunContext, binding: HostBinding) -> dict[str, Any
         if env.venv
         else f"{binding.run_dir}/cache/freeze.json"
     )
-    probe = await binding.agent.call("freeze_env", {"python": venv_python, "cache": cache})
+    probe = await binding.agent.call(Op.FREEZE_ENV, {"python": venv_python, "cache": cache})
     return {
         "root": root,
         "root_as_given": given,
         "root_id": binding.agent.root_id,
         "run_dir": binding.run_dir,
-        "paths": prepared["paths"],
+        "paths": prepared.paths,
         "venv_python": venv_python,
         "venv_reused": venv.get("reused"),
         "probe": probe,
@@ -116,7 +119,7 @@ async def _claim_root(ctx: RunContext, binding: HostBinding) -> tuple[str, str]:
 
 
 async def _upload_project(
-    ctx: RunContext, binding: HostBinding, prepared: dict[str, Any]
+    ctx: RunContext, binding: HostBinding, prepared: PrepareRunAnswer
 ) -> tuple[bytes, list[Any]]:
     """The project as one tar, extracted into the run's project dir: (archive, files)."""
     pb = ctx.playbook
@@ -129,7 +132,7 @@ async def _upload_project(
         tmp.flush()
         await transport.put(tmp.name, remote_tar)
     await binding.agent.call(
-        "extract_project", {"dest": prepared["paths"]["project"], "archive": remote_tar}
+        Op.EXTRACT_PROJECT, {"dest": prepared.paths["project"], "archive": remote_tar}
     )
     ctx.emit(
         PhaseProgress(
@@ -149,7 +152,7 @@ async def _upload_project(
 
 
 async def _environment(
-    ctx: RunContext, binding: HostBinding, root: str, prepared: dict[str, Any]
+    ctx: RunContext, binding: HostBinding, root: str, prepared: PrepareRunAnswer
 ) -> tuple[str, dict[str, Any], dict[str, Any], bytes | None]:
     """The workload's venv (or the plain interpreter): (its python, the agent's venv
     answer, what was brought to the host, the requirements' bytes)."""
@@ -160,7 +163,7 @@ async def _environment(
     req_remote = None
     if env.requirements:
         req_bytes = (pb.project_dir() / env.requirements).read_bytes()
-        req_remote = f"{prepared['paths']['project']}/{env.requirements}"
+        req_remote = f"{prepared.paths['project']}/{env.requirements}"
     venv_python = env.python
     venv: dict[str, Any] = {"reused": None}
     key = env_key(env.system_site_packages, req_bytes)
@@ -181,7 +184,7 @@ async def _environment(
             ctx,
             f"environment from {brought.get('label') or env.python}{what}"
             + (f" ({_pins_text(req_bytes)})" if req_bytes else ""),
-            binding.agent.call("ensure_venv", request, timeout=3600),
+            binding.agent.call(Op.ENSURE_VENV, request, timeout=3600),
         )
         venv_python = venv["venv_python"]
         ctx.journal.record_created(transport.name, "venv", venv["env_dir"], ctx.run_id)
@@ -206,7 +209,8 @@ async def _tools(
             brought = {k: got[k] for k in ("dir", "version", "label", "reused")}
             ctx.journal.record_created(host, "runtime", got["dir"], ctx.run_id)
         if req_bytes:
-            tags = (await agent.call("runtime_status", {"root": agent.root}))["tags"]
+            status = await agent.call(Op.RUNTIME_STATUS, {"root": agent.root})
+            tags = RuntimeStatus.from_json(status).tags
             for name, version in pins(req_bytes):
                 verdict = await asyncio.to_thread(
                     check_pin, ctx.home, name, version, got["version"], tags

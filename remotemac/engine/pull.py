@@ -25,6 +25,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from remotemac.agent.protocol import Op
 from remotemac.data.manifest import sha256_file
 from remotemac.engine.agentclient import AgentClient
 from remotemac.engine.context import RunContext, Side
@@ -215,7 +216,7 @@ def _can_stream(transport: Transport) -> bool:
 async def _listing(
     transport: Transport, agent: AgentClient, remote_dir: str, request: dict[str, Any]
 ) -> list[Any]:
-    listing = await agent.call("list_outputs", {"dir": remote_dir, **request})
+    listing = await agent.call(Op.LIST_OUTPUTS, {"dir": remote_dir, **request})
     entries = listing.get("entries") if isinstance(listing, dict) else None
     if not isinstance(entries, list):
         raise IntegrityError(f"{transport.name}: the output listing of {remote_dir} is malformed")

@@ -30,20 +30,18 @@ import hashlib
 import json
 import os
 import stat
-import struct
 import time
 from collections.abc import Awaitable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol
 
+from remotemac.agent.protocol import FRAME, PullFrame
 from remotemac.data.manifest import sha256_file
 from remotemac.engine.hashsink import HashingSink, pull_thread
 from remotemac.errors import HostError, IntegrityError, TransientHostError
 from remotemac.transport.base import RemoteProcess, Transport
 
-#: agent/pullops.py FRAME: kind, file index, length
-FRAME = struct.Struct(">cIQ")
 PART = ".rmpart"
 #: the longest file name ext4 and APFS take, in bytes
 NAME_MAX = 255
@@ -437,15 +435,25 @@ class _Stream:
             await proc.write(json.dumps(request).encode() + b"\n")
             while True:
                 kind, index, length = FRAME.unpack(await self._read(proc, FRAME.size))
-                if kind == b"Z" and self.asked == 0:
+                if kind == PullFrame.END and self.asked == 0:
                     return
-                if kind == b"E":
+                if kind == PullFrame.ERROR:
                     note = _note(await self._read(proc, min(length, MAX_NOTE)))
                     raise HostError(f"{self.t.name}: the pull sender failed on the host: {note}")
                 head = self.queue[0] if self.asked else None
-                if head is None or index != head.index or kind not in (b"D", b"H", b"X", b"V"):
+                if (
+                    head is None
+                    or index != head.index
+                    or kind
+                    not in (
+                        PullFrame.DATA,
+                        PullFrame.HASH,
+                        PullFrame.SKIP,
+                        PullFrame.VERIFY,
+                    )
+                ):
                     raise self._broken(f"a {kind!r} frame for file #{index}", head)
-                if kind == b"D":
+                if kind == PullFrame.DATA:
                     if not 0 < length <= MAX_CHUNK or head.held + length > head.size:
                         raise self._broken(
                             f"{length} bytes at {head.held} of a file listed with "
@@ -453,12 +461,12 @@ class _Stream:
                             head,
                         )
                     await self._land(head, await self._read(proc, length))
-                elif kind == b"V":
+                elif kind == PullFrame.VERIFY:
                     if length != 32 or head.held != head.offset or not head.offset:
                         raise self._broken(f"a prefix digest of {length} bytes", head)
                     same = await self._prefix(head, (await self._read(proc, 32)).hex())
                     await proc.write(b"go\n" if same else b"restart\n")
-                elif kind == b"X":
+                elif kind == PullFrame.SKIP:
                     if length > MAX_NOTE:
                         raise self._broken(f"a skip note of {length} bytes", head)
                     head.why = _note(await self._read(proc, length))
@@ -478,7 +486,7 @@ class _Stream:
             started = time.monotonic()
             await proc.write(b'{"ping": true}\n')
             kind, _index, length = FRAME.unpack(await self._read(proc, FRAME.size))
-            if kind != b"P" or length:
+            if kind != PullFrame.PING or length:
                 raise self._broken(f"a {kind!r} frame for a ping", None)
             best = min(best, time.monotonic() - started)
         return best

@@ -24,6 +24,7 @@ import struct
 import time
 from typing import Any
 
+from remotemac.agent.protocol import Hello, check_protocol
 from remotemac.errors import HostError, TransientHostError
 from remotemac.transport.base import RemoteProcess, Transport
 
@@ -36,6 +37,11 @@ RETRY_PAUSE_S = 0.05
 
 class AgentGone(Exception):
     """The resident process ended (or its link dropped) with calls in flight."""
+
+
+class ProtocolMismatch(HostError):
+    """The resident agent's hello carries another protocol version than this laptop's
+    (agent/protocol.py PROTOCOL_VERSION): its answers would be misread. Not retried."""
 
 
 def encode_frame(obj: dict[str, Any]) -> bytes:
@@ -125,6 +131,14 @@ class ResidentAgent:
                         why = await self._start_failed(proc)
                     break
                 if frame.get("hello"):  # its CPU goes with the first answer, to that run
+                    mismatch = check_protocol(Hello.from_json(frame).protocol)
+                    if mismatch:
+                        why = ProtocolMismatch(
+                            f"{self.transport.name}: {mismatch}; its answers would be misread",
+                            hint="the agent directory on the host is not this remotemac's "
+                            "upload: remove it (remotemac cleanup) and run again",
+                        )
+                        break
                     hello = True
                     continue
                 entry = self._pending.pop(str(frame.get("id", "")), None)

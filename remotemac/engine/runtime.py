@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from remotemac.agent.agentruntime import requirements, runtime_key
+from remotemac.agent.protocol import ErrorCode, Op, RuntimeEnsureAnswer
 from remotemac.data.manifest import sha256_file
 from remotemac.engine.agentclient import AgentClient, AgentError
 from remotemac.engine.bring import upload
@@ -152,10 +153,9 @@ async def ensure_runtime(
     where = f"{host}: installing the agent runtime (during {phase})"
     first = "offline" if method == "offline" else "online"
     answer = await _ensure(agent, {"root": agent.root, "method": first}, where)
-    if answer.get("failed"):
-        reason = answer["failed"] + (
-            ": " + " | ".join(answer["tail"]) if answer.get("tail") else ""
-        )
+    tried = RuntimeEnsureAnswer.from_json(answer)
+    if tried.failed:
+        reason = tried.failed + (": " + " | ".join(tried.tail) if tried.tail else "")
         if method == "online" or home is None:
             raise HostEnvironmentError(
                 f"{where} with pip on the host failed: {reason}",
@@ -173,12 +173,13 @@ async def ensure_runtime(
                 )
             )
         answer = await _offline(agent, home, answer["tags"], where, emit, run_id, phase)
-    if not answer.get("reused"):
+    got = RuntimeEnsureAnswer.from_json(answer)
+    if not got.reused:
         agent.ledger.append(
             host,
-            f"installed {', '.join(answer.get('installed') or [])} into "
-            f"{answer['dir']} ({answer.get('method')}, "
-            f"{answer.get('seconds')} s)",
+            f"installed {', '.join(got.installed or [])} into "
+            f"{got.dir} ({got.method}, "
+            f"{got.seconds} s)",
             0,
             op="install-runtime",
         )
@@ -189,8 +190,8 @@ async def ensure_runtime(
                 done=1,
                 total=1,
                 unit="runtime",
-                detail=f"agent runtime: cryptography {answer.get('cryptography')} "
-                f"installed {answer.get('method')} in {answer.get('seconds')} s",
+                detail=f"agent runtime: cryptography {got.cryptography} "
+                f"installed {got.method} in {got.seconds} s",
             )
         )
     return answer
@@ -198,13 +199,13 @@ async def ensure_runtime(
 
 async def _ensure(agent: AgentClient, request: dict[str, Any], where: str) -> dict[str, Any]:
     try:
-        return await agent.call("runtime_ensure", request, timeout=ENSURE_TIMEOUT_S)
+        return await agent.call(Op.RUNTIME_ENSURE, request, timeout=ENSURE_TIMEOUT_S)
     except HostEnvironmentError as exc:
         raise HostEnvironmentError(
             f"{where}: {exc.message}", hint="the host's python3 must be CPython 3.9 or newer"
         ) from None
     except AgentError as exc:
-        if exc.code == "integrity":  # an uploaded wheel arrived damaged
+        if exc.code == ErrorCode.INTEGRITY:  # an uploaded wheel arrived damaged
             raise IntegrityError(
                 f"{where}: {exc.message}", hint="run again to upload the wheels afresh"
             ) from None

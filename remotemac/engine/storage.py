@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from remotemac.agent.protocol import Op
 from remotemac.engine.context import HostBinding, RunContext
 
 
@@ -39,7 +40,7 @@ async def check_space(
         else None
     )
     return await binding.agent.call(
-        "check_space",
+        Op.CHECK_SPACE,
         {
             "path": provisioned["run_dir"],
             "items": {"slice": data, "outputs (est.)": data},

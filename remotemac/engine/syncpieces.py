@@ -15,13 +15,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from remotemac.agent.protocol import FRAME as FRAME_HEADER
 from remotemac.engine import syncsplit
 from remotemac.engine.syncplan import BATCH_BYTES, FRAME, Job, LocalFile
 from remotemac.errors import IntegrityError
 
 
 def pack_frame(kind: str, index: int, length: int) -> bytes:
-    return kind.encode() + index.to_bytes(4, "big") + length.to_bytes(8, "big")
+    """A sync frame header (``protocol.FRAME``; the kinds are ``protocol.SyncFrame``)."""
+    return FRAME_HEADER.pack(kind.encode(), index, length)
 
 
 @dataclass

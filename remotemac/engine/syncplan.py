@@ -15,12 +15,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from remotemac.agent.protocol import SyncFrame
 from remotemac.data.manifest import HashCache, check_relpath
 from remotemac.engine import syncsplit
 from remotemac.errors import BadInput
 from remotemac.events import Event
 
-FRAME = "F"
+FRAME = SyncFrame.FILE.decode()  # a whole file's ciphertext (the kinds: protocol.SyncFrame)
 BATCH_BYTES = 1 << 20
 QUEUE_BATCHES = 4
 #: OpenSSH's sshd advertises this window per session channel: one channel carries at

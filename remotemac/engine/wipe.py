@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from remotemac.agent.protocol import Op
 from remotemac.engine.context import HostBinding, RunContext
 from remotemac.errors import HostError, RemotemacError
 
@@ -123,7 +124,7 @@ async def _wipe_host(
         if unreachable.get(key):
             raise HostError(unreachable[key])
         answer = await binding.agent.call(
-            "wipe_run_data",
+            Op.WIPE_RUN_DATA,
             {
                 "root": binding.root,
                 "run_id": ctx.run_id,
@@ -190,7 +191,7 @@ async def schedule_deadman(
         return None
     sessions = [s.session(ctx.run_id) for s in ctx.sides if s.host_key == binding.key]
     job = await binding.agent.call(
-        "deadman_schedule",
+        Op.DEADMAN_SCHEDULE,
         {
             "root": binding.root,
             "run_id": ctx.run_id,
