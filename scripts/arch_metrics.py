@@ -131,8 +131,18 @@ def import_error_in_agent() -> Figure:
 
 
 def sys_path_in_agent() -> Figure:
-    n = _count(r"sys\.path\.(insert|append)", _py_files("agent"))
-    return Figure("sys.path edits in the agent", n, 1)
+    """The agent's own dir put on ``sys.path`` (a module finding its siblings by name).
+
+    Two kinds stay and are not counted: the agent runtime's activation (cryptography's
+    dir, agentruntime.py) and the traced workload's own path (optrace.py)."""
+    hits = []
+    for path in _py_files("agent"):
+        if path.name in ("agentruntime.py", "optrace.py"):
+            continue
+        for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if re.search(r"sys\.path\.(insert|append)", line):
+                hits.append(f"{path.name}:{i}")
+    return Figure("sys.path edits of the agent's own dir", len(hits), 0, ", ".join(hits))
 
 
 def import_linter_contracts() -> Figure:
