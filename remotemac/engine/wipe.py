@@ -19,7 +19,9 @@ import time
 from typing import Any
 
 from remotemac.engine.context import HostBinding, RunContext
+from remotemac.engine.phaseresults import SyncResult, WipeResult
 from remotemac.errors import HostError, RemotemacError
+from remotemac.phases import Phase
 
 WIPED_SUBDIRS = ("data", "tmp", "cache", "out")
 KEPT_SUBDIRS = ["project", "logs", "status"]
@@ -27,15 +29,15 @@ KEPT_SUBDIRS = ["project", "logs", "status"]
 
 def _pulled(ctx: RunContext) -> bool:
     """Outputs are deletable once the pull phase verified them."""
-    return "pull" in ctx.results
+    return Phase.PULL in ctx.results
 
 
 def left_on_host(ctx: RunContext, key: str, binding: HostBinding, pulled: bool) -> list[str]:
     """What this run still has on a host whose wipe could not run, from the journal."""
     left = [f"{binding.run_dir}/{sub}" for sub in WIPED_SUBDIRS]
     left.append(f"{binding.run_dir} (project, logs, status)")
-    sync = (ctx.results.get("sync", {}).get("hosts", {}) or {}).get(key) or {}
-    ram = sync.get("ram") or {}
+    synced = ctx.result(Phase.SYNC) or SyncResult()
+    sync, ram = synced.host(key), synced.ram(key)
     if ram.get("path") and ram.get("kind") != "tmp":
         left.append(
             f"RAM store {ram['path']}"
@@ -52,7 +54,7 @@ def left_on_host(ctx: RunContext, key: str, binding: HostBinding, pulled: bool) 
     return left
 
 
-async def wipe_run(ctx: RunContext) -> dict[str, Any]:
+async def wipe_run(ctx: RunContext) -> WipeResult:
     """Wipe every host of the run, then shred the local data key: always, even when a
     host's wipe cannot run (unreachable, refused), so whatever ciphertext is left there
     is unreadable; the answer then lists exactly what is left on that host."""
@@ -61,14 +63,14 @@ async def wipe_run(ctx: RunContext) -> dict[str, Any]:
     errors: list[str] = []
     verified = True
     pulled = _pulled(ctx)
-    sync = ctx.results.get("sync", {}).get("hosts", {})
+    sync = ctx.result(Phase.SYNC) or SyncResult()
     unreachable = ctx.unreachable
     for key, binding in ctx.hosts.items():
         if not binding.run_dir:
             continue
         name = binding.transport.name
         sessions = [s.session(ctx.run_id) for s in ctx.sides if s.host_key == key]
-        ram = (sync.get(key) or {}).get("ram")
+        ram = sync.host(key).get("ram")
         try:
             if unreachable.get(key):
                 raise HostError(unreachable[key])
@@ -99,7 +101,7 @@ async def wipe_run(ctx: RunContext) -> dict[str, Any]:
             ctx.journal.record_removed(name, "ramstore", ram["path"])
         for item in answer["removed"]:
             if item.startswith("deadman:"):
-                deadman = (sync.get(key) or {}).get("deadman") or {}
+                deadman = sync.host(key).get("deadman") or {}
                 if deadman.get("spec"):
                     ctx.journal.record_removed(name, "deadman", deadman["spec"])
         # an independent look through the transport, not only the agent's word
@@ -119,15 +121,15 @@ async def wipe_run(ctx: RunContext) -> dict[str, Any]:
         remaining.append(f"local:{key_path(ctx.home, ctx.run_id)} (data key still there)")
         verified = False
     summary = wipe_summary(removed, remaining, verified)
-    result = {
-        "done": not errors,
-        "verified": verified,
-        "removed": removed,
-        "remaining": remaining,
-        "key_destroyed": key_destroyed,
-        "outputs_wiped": pulled,
-        "summary": summary,
-    }
+    result = WipeResult(
+        done=not errors,
+        verified=verified,
+        removed=removed,
+        remaining=remaining,
+        key_destroyed=key_destroyed,
+        outputs_wiped=pulled,
+        summary=summary,
+    )
     if errors:
         shred = (
             "the local data key was crypto-shredded, so the ciphertext left there can "
@@ -135,7 +137,7 @@ async def wipe_run(ctx: RunContext) -> dict[str, Any]:
             if key_destroyed or not key_path(ctx.home, ctx.run_id).exists()
             else "the local data key is still there"
         )
-        result["error"] = (
+        result.error = (
             f"wipe could not run on {'; '.join(errors)}; {shred}; run "
             f"`remotemac wipe {ctx.run_id}` again, or `remotemac cleanup HOST`, "
             "once the host answers"
