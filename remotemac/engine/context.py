@@ -10,6 +10,7 @@ from typing import Any, Literal, overload
 from remotemac.engine.agentclient import AgentClient
 from remotemac.engine.ledger import Ledger
 from remotemac.engine.phaseresults import (
+    RESULT_SCHEMA,
     CompareResult,
     FollowResult,
     LaunchResult,
@@ -17,7 +18,6 @@ from remotemac.engine.phaseresults import (
     ProvisionResult,
     PullResult,
     RecordResult,
-    RESULT_SCHEMA,
     SyncResult,
     WipeResult,
     as_result,

@@ -216,8 +216,7 @@ def _cuda_conditions(ctx: RunContext, logs: Path, tgt: Side) -> list[dict[str, A
     return [
         {
             "code": "cuda-dependency",
-            "detail": f"{first['why']}: line {first['line_no']} of "
-            f"{first['log']}: {first['line']}",
+            "detail": f"{first['why']}: line {first['line_no']} of {first['log']}: {first['line']}",
             "lines": cuda_hits,
         }
     ]
