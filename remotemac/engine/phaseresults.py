@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Self
 
 from remotemac.phases import Phase, PhaseKey
 
@@ -67,11 +67,17 @@ class PhaseResult:
         return out
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> PhaseResult:
+    def from_dict(cls, data: dict[str, Any]) -> Self:
         """A journal row's result; unknown keys go to ``extra``, missing ones are defaults."""
         names = {f.name for f in dataclasses.fields(cls)} - {"extra"}
         known = {k: v for k, v in data.items() if k in names}
         return cls(**known, extra={k: v for k, v in data.items() if k not in names})
+
+    @classmethod
+    def from_row(cls, info: dict[str, Any] | None) -> Self:
+        """The result in a ``Journal.phases`` row, whatever its state; empty without a row."""
+        info = info or {}
+        return cls.from_dict(info.get("result") or {})
 
 
 @dataclass

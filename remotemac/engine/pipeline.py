@@ -234,7 +234,7 @@ def refuse_wiped_before_the_end(
     from remotemac.engine.runs import outputs_kept_by_wipe
 
     wipe = done.get(Phase.WIPE.value)
-    if wipe is None or (wipe.get("result") or {}).get("done") is False:
+    if wipe is None or WipeResult.from_row(wipe).done is False:
         return  # no wipe, or ``wipe: manual`` kept the data
     kept = outputs_kept_by_wipe(done)
     if Phase.PULL.value in done or (
