@@ -111,7 +111,19 @@ async def wipe_run(ctx: RunContext) -> WipeResult:
             if await binding.transport.stat(f"{binding.run_dir}/{sub}") is not None:
                 remaining.append(f"{name}:{binding.run_dir}/{sub} (still there)")
                 verified = False
-    key_destroyed = False
+    return _shred_and_sum_up(ctx, removed, remaining, errors, verified, pulled)
+
+
+def _shred_and_sum_up(
+    ctx: RunContext,
+    removed: list[str],
+    remaining: list[str],
+    errors: list[str],
+    verified: bool,
+    pulled: bool,
+) -> WipeResult:
+    """Shred the local data key (whatever the hosts' wipes did), then the wipe's result:
+    what went, what is left, and for a host the wipe could not reach, what to run."""
     from remotemac.data.keys import destroy_data_key, key_path
 
     key_destroyed = destroy_data_key(ctx.home, ctx.run_id)
