@@ -138,7 +138,7 @@ class LaunchResult(PhaseResult):
     access: Any = None
     summary: str = ""
 
-    def checked_paths(self) -> dict[str, Any]:
+    def checked_paths(self) -> dict[str, bool | None]:
         """Path -> writable, from the launch's access check of the caches."""
         checked = (self.access or {}).get("checked") or []
         return {c.get("path"): c.get("ok") for c in checked}
@@ -163,7 +163,8 @@ class FollowResult(PhaseResult):
     disk_warning: str | None = None
     relaunched: dict[str, Any] | None = None
     drill: dict[str, Any] | None = None
-    continuity: dict[str, Any] | None = None
+    #: the link's drops and reconnects while this process followed the job
+    continuity: dict[str, int] | None = None
     summary: str = ""
 
     OMIT_NONE: ClassVar[frozenset[str]] = frozenset({"relaunched", "drill", "continuity"})

@@ -501,7 +501,7 @@ def caches(ctx: RunContext) -> list[dict[str, Any]]:
     run_dir = prov.hosts[tgt.host_key]["run_dir"]
     # every job on a host shares these dirs: any launch's access check covers them (a
     # target chained after the reference on the host is checked there, not by a launch phase)
-    checked: dict[str, Any] = {}
+    checked: dict[str, bool | None] = {}
     for side in ctx.sides:
         launched = ctx.launch_result(side.role)
         if launched is not None and side.host_key == tgt.host_key:
@@ -526,7 +526,7 @@ def caches(ctx: RunContext) -> list[dict[str, Any]]:
 # ---------------------------------------------------------------- process behaviour
 
 
-def _row(question: str, how: str, result: str, evidence: str, outcome: str) -> dict[str, Any]:
+def _row(question: str, how: str, result: str, evidence: str, outcome: str) -> dict[str, str]:
     return {
         "question": question,
         "how_tested": how,
@@ -536,7 +536,7 @@ def _row(question: str, how: str, result: str, evidence: str, outcome: str) -> d
     }
 
 
-def process_behaviour(ctx: RunContext, record: dict[str, Any]) -> list[dict[str, Any]]:
+def process_behaviour(ctx: RunContext, record: dict[str, Any]) -> list[dict[str, str]]:
     """Five questions a careful user asks of a rented machine, answered by this run."""
     codes = {c["code"]: c for c in record.get("stopping_conditions") or []}
     follows = {s.role: (ctx.follow_result(s.role) or FollowResult(), s.label) for s in ctx.sides}
@@ -552,7 +552,7 @@ def process_behaviour(ctx: RunContext, record: dict[str, Any]) -> list[dict[str,
 Follows = dict[str, tuple[FollowResult, str]]
 
 
-def _ssh_row(record: dict[str, Any], follows: Follows) -> dict[str, Any]:
+def _ssh_row(record: dict[str, Any], follows: Follows) -> dict[str, str]:
     q = "Does the job survive a dropped SSH session?"
     cont = record.get("continuity") or {}
     drill = cont.get("drill")
@@ -599,7 +599,7 @@ def _ssh_row(record: dict[str, Any], follows: Follows) -> dict[str, Any]:
     )
 
 
-def _lost_row(ctx: RunContext, codes: dict[str, Any], follows: Follows) -> dict[str, Any]:
+def _lost_row(ctx: RunContext, codes: dict[str, Any], follows: Follows) -> dict[str, str]:
     q = "What happens when the machine restarts or the job is lost?"
     mode = ctx.playbook.on_lost
     for role, (follow, label) in follows.items():
@@ -632,7 +632,7 @@ def _lost_row(ctx: RunContext, codes: dict[str, Any], follows: Follows) -> dict[
     )
 
 
-def _drift_row(ctx: RunContext, codes: dict[str, Any]) -> dict[str, Any]:
+def _drift_row(ctx: RunContext, codes: dict[str, Any]) -> dict[str, str]:
     q = "Did a package update change the environment during the run (drift)?"
     drift = ctx.drift or {"checks": [], "drifts": [], "torch": []}
     whens = sorted({c["when"] for c in drift["checks"] if c.get("when")})
@@ -657,7 +657,7 @@ def _drift_row(ctx: RunContext, codes: dict[str, Any]) -> dict[str, Any]:
     return _row(q, how, f"changed, not torch (a warning): {text}", evidence, "warning")
 
 
-def _disk_row(ctx: RunContext, codes: dict[str, Any], follows: Follows) -> dict[str, Any]:
+def _disk_row(ctx: RunContext, codes: dict[str, Any], follows: Follows) -> dict[str, str]:
     q = "What happens when the disk fills up?"
     min_free = int(ctx.playbook.stop_when.min_free_disk)
     how = (
@@ -690,7 +690,7 @@ def _disk_row(ctx: RunContext, codes: dict[str, Any], follows: Follows) -> dict[
 
 def _reproduce_row(
     ctx: RunContext, record: dict[str, Any], codes: dict[str, Any]
-) -> dict[str, Any]:
+) -> dict[str, str]:
     q = "Does the workflow reproduce after a fresh process?"
     again = (record.get("observations") or {}).get("reproducibility")
     if not ctx.playbook.reproduce or not again:
