@@ -54,6 +54,7 @@ CREATE TABLE IF NOT EXISTS phases (
   result_json TEXT NOT NULL DEFAULT '{}',
   started_at REAL,
   finished_at REAL,
+  result_schema INTEGER,
   PRIMARY KEY (run_id, phase)
 );
 CREATE TABLE IF NOT EXISTS log_offsets (
@@ -278,6 +279,9 @@ class Journal:
             have = {r["name"] for r in self._db().execute("PRAGMA table_info(hash_cache)")}
             if "ctime_ns" not in have:  # a journal from before the ctime: its rows never match
                 self._db().execute("ALTER TABLE hash_cache ADD COLUMN ctime_ns INTEGER")
+            have = {r["name"] for r in self._db().execute("PRAGMA table_info(phases)")}
+            if "result_schema" not in have:  # rows from before versions: NULL, read as they are
+                self._db().execute("ALTER TABLE phases ADD COLUMN result_schema INTEGER")
 
     def _db(self) -> sqlite3.Connection:
         db = getattr(self._local, "db", None)
@@ -495,6 +499,8 @@ class Journal:
             r["phase"]: {
                 "state": r["state"],
                 "result": json.loads(r["result_json"]),
+                # the version of the result's form (engine/phaseresults.py); None: before versions
+                "schema": r["result_schema"],
                 "started_at": r["started_at"],
                 "finished_at": r["finished_at"],
             }
@@ -510,13 +516,20 @@ class Journal:
             )
 
     def finish_phase(
-        self, run_id: str, phase: str, result: dict[str, Any], state: str = "done"
+        self,
+        run_id: str,
+        phase: str,
+        result: dict[str, Any],
+        state: str = "done",
+        schema: int | None = None,
     ) -> None:
+        """``schema``: the version of ``result``'s form (engine/phaseresults.RESULT_SCHEMA),
+        so a later version knows how to read the row; None for a row of no set form."""
         with self._write() as db:
             db.execute(
-                "UPDATE phases SET state = ?, result_json = ?, finished_at = ?"
+                "UPDATE phases SET state = ?, result_json = ?, finished_at = ?, result_schema = ?"
                 " WHERE run_id = ? AND phase = ?",
-                (state, json.dumps(result, default=str), time.time(), run_id, phase),
+                (state, json.dumps(result, default=str), time.time(), schema, run_id, phase),
             )
 
     # ------------------------------------------------------------ log offsets

@@ -201,7 +201,7 @@ def fault_run(
     waits = resume_times(timeline, faults)
     return {
         "exit_code": code,
-        "follow": ctx.results.get("follow:target", {}),
+        "follow": ctx.follow_result("target").to_dict(),
         "continuity": ctx.continuity,
         "faults": faults,
         "resume_s": waits,

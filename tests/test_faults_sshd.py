@@ -36,6 +36,7 @@ from remotemac.engine.agentclient import AgentClient
 from remotemac.engine.sync import sync_slice
 from remotemac.errors import TransientHostError
 from remotemac.events import PhaseFinished, PhaseProgress, PhaseStarted
+from remotemac.phases import Phase
 from tests.conftest import REPO
 from tests.test_detached_faults import Timeline, run_pipeline_inprocess
 from tests.test_detached_ssh import local_lines
@@ -210,8 +211,8 @@ def check_finished_like_a_clean_run(
     """Each log line once and in order, outputs pulled and verified, wipe verified, the
     clean run's verdict and exit code."""
     clean_ctx, clean_code = clean
-    assert code == clean_code, (code, clean_code, ctx.results.get("record"))
-    assert ctx.results["record"]["verdict"] == clean_ctx.results["record"]["verdict"]
+    assert code == clean_code, (code, clean_code, ctx.result(Phase.RECORD))
+    assert ctx.result(Phase.RECORD).verdict == clean_ctx.result(Phase.RECORD).verdict
     for label in labels:
         assert local_lines(out, label) == lines, label
         results = out / "results" / label
@@ -219,10 +220,10 @@ def check_finished_like_a_clean_run(
         assert metrics["steps"] == 3000, metrics
         ckpt = pickle.loads((results / "ckpt.pkl").read_bytes())
         assert ckpt["iter_num"] == 3000 and ckpt["config"]["device"] == "cpu", ckpt["config"]
-        pulled = {f["path"]: f for f in ctx.results["pull"]["sides"][label]["files"]}
+        pulled = {f["path"]: f for f in ctx.result(Phase.PULL).files(label)}
         assert {"metrics.json", "ckpt.pkl"} <= set(pulled), pulled
-    wipe = ctx.results["wipe"]
-    assert wipe["done"] and wipe["verified"], wipe
+    wipe = ctx.result(Phase.WIPE)
+    assert wipe.done and wipe.verified, wipe
 
 
 @pytest.mark.timeout(900)
@@ -247,7 +248,7 @@ def test_3000_steps_with_the_link_cut_every_2s_during_sync(lab_host: LabHost, tm
     ctx, code, cutter = cut_run(host, pb, out, phase="sync", step=60, unit="verified")
     in_sync = cutter.during("sync")
     assert len(in_sync) >= 5, cutter.cuts
-    (synced,) = ctx.results["sync"]["hosts"].values()
+    (synced,) = ctx.result(Phase.SYNC).hosts.values()
     transfer = synced["transfer"]
     # more attempts than the four a count once allowed (two cuts can fall on one attempt:
     # the verified-file cuts come in bursts since the host batches its acks)
@@ -281,7 +282,7 @@ def test_3000_steps_with_the_link_cut_every_2s_during_pull_of_200_mib(
     out = tmp_path / "out"
     ctx, code, cutter = cut_run(host, pb, out, phase="pull", step=40 * MIB)
     assert len(cutter.during("pull")) >= 5, cutter.cuts
-    labels = sorted(ctx.results["pull"]["sides"])
+    labels = sorted(ctx.result(Phase.PULL).sides)
     assert len(labels) == 2, labels
     for label in labels:
         weights = out / "results" / label / "weights.bin"
@@ -294,12 +295,12 @@ def test_3000_steps_with_the_link_cut_every_2s_during_pull_of_200_mib(
         assert digest.hexdigest() == metrics["weights_sha256"], label
         assert not list((out / "results" / label).glob(".*.rmpart")), label
         # resumed inside the file after each cut, never started over
-        pulled = ctx.results["pull"]["sides"][label]
+        pulled = ctx.result(Phase.PULL).sides[label]
         listed = sum(int(f["size"]) for f in pulled["files"])
         assert listed <= pulled["downloaded"] < listed + 16 * MIB, pulled
-    assert ctx.results["compare"]["files"] and all(
-        f["ok"] for f in ctx.results["compare"]["files"]
-    ), ctx.results["compare"]
+    assert ctx.result(Phase.COMPARE).files and all(
+        f["ok"] for f in ctx.result(Phase.COMPARE).files
+    ), ctx.result(Phase.COMPARE)
     lines = trainer_lines(3000, files - 1, manifest_bytes, 200)
     check_finished_like_a_clean_run(ctx, code, clean, out, lines, labels)
 

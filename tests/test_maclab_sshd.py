@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 import yaml
 
+from remotemac.phases import Phase
 from tests.conftest import REPO, remotemac
 from tests.test_detached_ssh import local_lines
 from tests.test_faults_sshd import cut_run
@@ -114,15 +115,15 @@ def test_mac_host_sensitive_slice_with_nfd_names_cut_mid_sync_reaches_the_job_wh
     out = tmp_path / "out"
     ctx, code, cutter = cut_run(mac_host, pb, out, phase="sync", step=40, unit="verified")
     assert cutter.during("sync"), cutter.cuts
-    (synced,) = ctx.results["sync"]["hosts"].values()
+    (synced,) = ctx.result(Phase.SYNC).hosts.values()
     assert synced["files"] == files, synced
     lines = local_lines(out, "cpu")
     assert any(line.startswith(f"data: {files - 1} files,") for line in lines), lines
     assert "every sha256 matches" in next(ln for ln in lines if ln.startswith("data:")), lines
-    record = ctx.results["record"]
+    record = ctx.result(Phase.RECORD)
     # the trainer is stdlib only: no torch observed, so the verdict is "incomplete";
     # the results compared, as in a clean run
-    assert record["verdict"] == "incomplete", record["verdict"]
+    assert record.verdict == "incomplete", record.verdict
     assert "1 of 1 files within tolerance" in (out / "acceptance.md").read_text()
     commands = [e["command"] for e in ledger(out) if e.get("via") == "agent"]
     # (the RAM disk was made by a session the cuts ended: its steps are in the

@@ -36,7 +36,7 @@ def _playbook(command: str):  # noqa: ANN202
 def _run_command(command: str) -> str:
     """The command ``run`` hands the agent for the target side."""
     pb = _playbook(command)
-    ctx = SimpleNamespace(playbook=pb, run_id="r1", results={})
+    ctx = SimpleNamespace(playbook=pb, run_id="r1", results={}, result=lambda phase: None)
     side = make_sides(pb)[-1]
     side.label = "mps"
     prov = {"run_dir": "/rr/runs/r1", "venv_python": "/rr/envs/e/bin/python"}

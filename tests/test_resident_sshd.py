@@ -22,6 +22,7 @@ import yaml
 
 from remotemac.engine.agentclient import AgentClient
 from remotemac.engine.ledger import Ledger
+from remotemac.phases import Phase
 from remotemac.transport.options import SSHOptions
 from remotemac.transport.ssh import SSHTransport
 from tests.conftest import LINES_PROJECT
@@ -292,15 +293,15 @@ def test_3000_lines_through_a_cut_every_2s_and_a_40s_blackhole(lab_host: LabHost
     assert "restore" in kinds and kinds.index("blackhole") >= 4, faults
     assert len(cuts) >= 8 and kinds[-1] == "cut", faults
     assert code == clean_code, (code, clean_code)
-    assert ctx.results["record"]["verdict"] == clean_ctx.results["record"]["verdict"]
+    assert ctx.result(Phase.RECORD).verdict == clean_ctx.result(Phase.RECORD).verdict
     got = local_lines(out)
     assert got[0].startswith("device=cpu data_files=")  # the count depends on the sync mode
     assert got[1:] == expected_lines(3000)[1:]
-    pulled = ctx.results["pull"]["sides"]["cpu"]["files"]
+    pulled = ctx.result(Phase.PULL).files("cpu")
     assert any(f["path"] == "result.json" and len(f["sha256"]) == 64 for f in pulled), pulled
     assert json.loads((out / "results" / "cpu" / "result.json").read_text())["lines"] == 3000
-    wipe = ctx.results["wipe"]
-    assert wipe["done"] and wipe["verified"], wipe
+    wipe = ctx.result(Phase.WIPE)
+    assert wipe.done and wipe.verified, wipe
     assert ctx.continuity["disconnects"] >= 8
     cpu = json.loads((out / "acceptance.json").read_text())["cpu"]
     assert cpu["host_s"] > 0 and cpu["laptop_s"] > 0 and cpu["agent_calls"] > 10, cpu

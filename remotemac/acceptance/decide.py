@@ -237,6 +237,22 @@ def memory_stable(
         result["trend"] = TREND_SHORT
         result["reason"] = too_short_reason(len(after), window, result["warmup_s"])
         return result
+    _judge_trend(result, after, slope, interval, window, tolerance_bytes_per_s, min_growth_bytes)
+    return result
+
+
+def _judge_trend(
+    result: dict[str, Any],
+    after: list[tuple[float, float]],
+    slope: float,
+    interval: tuple[float, float],
+    window: float,
+    tolerance_bytes_per_s: float,
+    min_growth_bytes: float,
+) -> None:
+    """Fill ``result`` with the trend of the samples ``after`` the warm-up: growing only
+    when the slope, its interval's lower end and the last half's slope are all above
+    the tolerance and the growth is big enough (see the comment above MIN_GROWTH_SECONDS)."""
     late = after[len(after) // 2 :]
     late_slope = theil_sen_slope(late) if len(late) >= 3 else slope
     growth = slope * window
@@ -274,7 +290,6 @@ def memory_stable(
             f"grows {slope:.0f} B/s after the {result['warmup_s']:g}s warm-up "
             f"(within the {tolerance_bytes_per_s:.0f} B/s tolerance; {sure})"
         )
-    return result
 
 
 def _names(items: Sequence[Any] | None) -> list[str]:
@@ -355,7 +370,16 @@ def evaluate_observations(
     stop = stop_when or {}
     conditions: list[dict[str, str]] = []
     missing: list[str] = []
+    _device_conditions(obs, conditions, missing)
+    _operator_conditions(obs.get("operators") or {}, stop, conditions, missing)
+    _memory_conditions(obs.get("memory") or {}, stop, conditions, missing)
+    _results_conditions(obs.get("results") or {}, conditions, missing)
+    return conditions, missing
 
+
+def _device_conditions(
+    obs: dict[str, Any], conditions: list[dict[str, str]], missing: list[str]
+) -> None:
     on_device = obs.get("tensors_on_device")
     if on_device is None:
         missing.append("tensors_on_device")
@@ -367,7 +391,10 @@ def evaluate_observations(
             }
         )
 
-    ops = obs.get("operators") or {}
+
+def _operator_conditions(
+    ops: dict[str, Any], stop: dict[str, Any], conditions: list[dict[str, str]], missing: list[str]
+) -> None:
     if any(ops.get(k) is None for k in ("fallback_ops", "unsupported_ops", "dtype_errors")):
         missing.append("operators")
     unsupported = _names(ops.get("unsupported_ops"))
@@ -392,7 +419,10 @@ def evaluate_observations(
             }
         )
 
-    mem = obs.get("memory") or {}
+
+def _memory_conditions(
+    mem: dict[str, Any], stop: dict[str, Any], conditions: list[dict[str, str]], missing: list[str]
+) -> None:
     growth = stop.get("memory_growth", True)
     growth_matters = growth is not False
     if mem.get("peak_bytes") is None and mem.get("stable") is None:
@@ -415,7 +445,10 @@ def evaluate_observations(
             {"code": "max_memory", "detail": f"peak {peak} bytes above max_memory {limit} bytes"}
         )
 
-    results = obs.get("results") or {}
+
+def _results_conditions(
+    results: dict[str, Any], conditions: list[dict[str, str]], missing: list[str]
+) -> None:
     within = results.get("within_tolerance")
     if within is None:
         missing.append("results")
@@ -445,7 +478,6 @@ def evaluate_observations(
                 "detail": "outside tolerance: " + (", ".join(parts) or "no files"),
             }
         )
-    return conditions, missing
 
 
 def decide(
@@ -462,16 +494,7 @@ def decide(
     """
     ctx = context or {}
     obs = observations or {}
-    goal = ctx.get("goal") or "macos-validation"
-    blockers: list[str] = []
-    cuda = [str(d) for d in ctx.get("cuda_dependencies") or []]
-    if cuda:
-        blockers.append("requires CUDA-only dependencies: " + ", ".join(cuda))
-    if ctx.get("multi_gpu"):
-        blockers.append("needs several GPUs; an Apple-Silicon Mac has one")
-    unsupported = _names((obs.get("operators") or {}).get("unsupported_ops"))
-    if unsupported:
-        blockers.append("operators not implemented on MPS: " + ", ".join(unsupported))
+    blockers = _blockers(obs, ctx)
     if blockers:
         return {"recommendation": LINUX_FIRST, "reasons": blockers}
 
@@ -507,6 +530,26 @@ def decide(
             + ([f"results: {ctx['results_summary']}"] if ctx.get("results_summary") else []),
         }
 
+    return _when_every_observation_passed(ctx)
+
+
+def _blockers(obs: dict[str, Any], ctx: dict[str, Any]) -> list[str]:
+    """Why a Mac cannot run the workload as is (rule 1 of the module docstring)."""
+    blockers: list[str] = []
+    cuda = [str(d) for d in ctx.get("cuda_dependencies") or []]
+    if cuda:
+        blockers.append("requires CUDA-only dependencies: " + ", ".join(cuda))
+    if ctx.get("multi_gpu"):
+        blockers.append("needs several GPUs; an Apple-Silicon Mac has one")
+    unsupported = _names((obs.get("operators") or {}).get("unsupported_ops"))
+    if unsupported:
+        blockers.append("operators not implemented on MPS: " + ", ".join(unsupported))
+    return blockers
+
+
+def _when_every_observation_passed(ctx: dict[str, Any]) -> dict[str, Any]:
+    """Rules 3-5: by the goal, once every observation passed (on MPS, or no recommendation)."""
+    goal = ctx.get("goal") or "macos-validation"
     device = ctx.get("target_device")
     if device not in (None, "mps"):
         return {

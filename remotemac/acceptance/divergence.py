@@ -244,40 +244,8 @@ def compare_traces(
         index = index_in_step.get(step, 0)
         index_in_step[step] = index + 1
         other = by_key.get(key)
-        if other is None:
-            continue
-        r_out, t_out = row.get("out") or {}, other.get("out") or {}
-        for what in ("dtype", "shape"):
-            if r_out.get(what) != t_out.get(what):
-                changes.append(Change(step, key[1], key[2], what, r_out.get(what), t_out.get(what)))
-        out_rel, out_excess = _errors(t_out, r_out, tol)
-        has_in = bool(row.get("in")) and bool(other.get("in"))
-        in_rel, in_excess = _errors(other.get("in"), row.get("in"), tol) if has_in else (0.0, 0.0)
-        if not out_rel:
-            growth = 0.0
-        elif math.isinf(in_rel):
-            growth = 1.0  # a NaN or a shape change came in: the module carried it on
-        else:
-            growth = out_rel / max(in_rel, EPS32)
-        calls.append(
-            TracedCall(
-                step=step,
-                index=index,
-                path=key[1],
-                call=key[2],
-                cls=row.get("cls"),
-                src=row.get("src"),
-                shape=r_out.get("shape"),
-                dtype=r_out.get("dtype"),
-                out_rel=out_rel,
-                in_rel=in_rel if has_in else None,
-                out_excess=out_excess,
-                in_excess=in_excess if has_in else None,
-                growth=growth,
-                in_shape=(row.get("in") or {}).get("shape"),
-                in_dtype=(row.get("in") or {}).get("dtype"),
-            )
-        )
+        if other is not None:
+            calls.append(_traced_call(row, other, key, index, tol, changes))
     first = next((c for c in calls if (c.out_excess or 0) > 1 and (c.growth or 0) > GROWTH), None)
     nan = _first_nan(reference, target)
     step = first.step if first else (calls[0].step if calls else 0)
@@ -316,6 +284,49 @@ def compare_traces(
         growths=growths,
         changes=changes[:TOP],
         order=_order(ref_keys, [_key(r) for r in target]),
+    )
+
+
+def _traced_call(
+    row: dict[str, Any],
+    other: dict[str, Any],
+    key: tuple[Any, ...],
+    index: int,
+    tol: tuple[float, float] | None,
+    changes: list[Change],
+) -> TracedCall:
+    """One call on both sides: its output's error against the reference, its input's,
+    and how much the call grew what came in; a dtype or shape change goes to ``changes``."""
+    step = key[0]
+    r_out, t_out = row.get("out") or {}, other.get("out") or {}
+    for what in ("dtype", "shape"):
+        if r_out.get(what) != t_out.get(what):
+            changes.append(Change(step, key[1], key[2], what, r_out.get(what), t_out.get(what)))
+    out_rel, out_excess = _errors(t_out, r_out, tol)
+    has_in = bool(row.get("in")) and bool(other.get("in"))
+    in_rel, in_excess = _errors(other.get("in"), row.get("in"), tol) if has_in else (0.0, 0.0)
+    if not out_rel:
+        growth = 0.0
+    elif math.isinf(in_rel):
+        growth = 1.0  # a NaN or a shape change came in: the module carried it on
+    else:
+        growth = out_rel / max(in_rel, EPS32)
+    return TracedCall(
+        step=step,
+        index=index,
+        path=key[1],
+        call=key[2],
+        cls=row.get("cls"),
+        src=row.get("src"),
+        shape=r_out.get("shape"),
+        dtype=r_out.get("dtype"),
+        out_rel=out_rel,
+        in_rel=in_rel if has_in else None,
+        out_excess=out_excess,
+        in_excess=in_excess if has_in else None,
+        growth=growth,
+        in_shape=(row.get("in") or {}).get("shape"),
+        in_dtype=(row.get("in") or {}).get("dtype"),
     )
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from remotemac.acceptance.observations import Memory, Observations, Operators, ResultsSeen
 from remotemac.vocab import human_size
 
 #: the environment facts each side's record carries (engine/record.py writes them)
@@ -114,15 +115,15 @@ def _op_rows(kind: str, items: Any) -> list[list[str]]:
     return rows
 
 
-def _operators_ok(ops: dict[str, Any], conditions: list[dict[str, Any]]) -> Any:
-    if any(ops.get(k) is None for k in ("fallback_ops", "unsupported_ops", "dtype_errors")):
+def _operators_ok(ops: Operators, conditions: list[dict[str, Any]]) -> Any:
+    if not ops.observed:
         return None
     codes = {c.get("code") for c in conditions}
     return not ({"fallback_ops", "unsupported_ops", "dtype_errors"} & codes)
 
 
-def _memory_ok(mem: dict[str, Any], conditions: list[dict[str, Any]]) -> Any:
-    if mem.get("stable") is None:
+def _memory_ok(mem: Memory, conditions: list[dict[str, Any]]) -> Any:
+    if mem.stable is None:
         return None
     codes = {c.get("code") for c in conditions}
     return not ({"memory_growth", "max_memory", "out_of_memory"} & codes)
@@ -143,60 +144,81 @@ def _summary(rec: dict[str, Any]) -> str:
     return " · ".join(parts) + "."
 
 
+#: the words for each ``tensors_on_device`` value
+ON_DEVICE_WORDS = {
+    True: "tensors and model on the target device",
+    False: "not on the target device",
+    None: "—",
+}
+
+#: what each memory ``source`` measures, as the record's reader needs it said
+MEMORY_SOURCES = {
+    "process-tree-pss": "the job's own memory: proportional set size (PSS) summed "
+    "over its process tree, so pages forked DataLoader workers share count once",
+    "process-tree-footprint": "the job's own memory: physical footprint "
+    "(proc_pid_rusage) summed over its process tree",
+    "process-tree-rss": "resident memory summed over the job's process tree",
+    "mps-driver": "Metal's driver memory summed over the observed processes",
+    "process-rss": "resident memory of the job's first process",
+}
+
+
 def _observations(rec: dict[str, Any]) -> list[str]:
-    obs = rec.get("observations") or {}
+    obs = Observations.from_dict(rec.get("observations"))
     conds = rec.get("stopping_conditions") or []
-    ops = obs.get("operators") or {}
-    mem = obs.get("memory") or {}
-    res = obs.get("results") or {}
-    files = res.get("files") or []
-    n_ops = sum(len(ops.get(k) or []) for k in ("fallback_ops", "unsupported_ops", "dtype_errors"))
-    slope = mem.get("slope_bytes_per_s")
-    slope_text = f", slope {human_bytes(slope)}/s" if slope is not None else ""
-    if mem.get("trend") == "too-short":
-        slope_text = f", trend: too short to tell ({mem.get('samples_used', 0)} samples)"
-    bad_files = sum(1 for f in files if not f.get("ok"))
-    skipped_files = sum(1 for f in files if f.get("ok") is None)
     out = ["## Observations", ""]
-    out += _table(
+    out += _overview(obs, conds)
+    out += _tensors_section(obs)
+    out += _operators_section(obs.operators, conds)
+    out += _memory_section(obs.memory)
+    out += _results_section(obs.results)
+    return out
+
+
+def _overview(obs: Observations, conds: list[dict[str, Any]]) -> list[str]:
+    """One row per observation: its mark and a summary."""
+    ops, mem, res = obs.operators, obs.memory, obs.results
+    slope_text = f", slope {human_bytes(mem.slope)}/s" if mem.slope is not None else ""
+    if mem.too_short:
+        slope_text = f", trend: too short to tell ({mem.samples_used} samples)"
+    skipped_files = res.not_compared()
+    return _table(
         ["observation", "result", "summary"],
         [
             [
                 "tensors on device",
-                _mark(obs.get("tensors_on_device")),
-                {
-                    True: "tensors and model on the target device",
-                    False: "not on the target device",
-                    None: "—",
-                }.get(obs.get("tensors_on_device"), "—"),
+                _mark(obs.tensors_on_device),
+                ON_DEVICE_WORDS.get(obs.tensors_on_device, "—"),
             ],
             [
                 "operators",
                 _mark(_operators_ok(ops, conds)),
-                f"{len(ops.get('fallback_ops') or [])} fallback, "
-                f"{len(ops.get('unsupported_ops') or [])} unsupported, "
-                f"{len(ops.get('dtype_errors') or [])} dtype errors",
+                f"{len(ops.fallback_ops or [])} fallback, "
+                f"{len(ops.unsupported_ops or [])} unsupported, "
+                f"{len(ops.dtype_errors or [])} dtype errors",
             ],
             [
                 "memory",
                 _mark(_memory_ok(mem, conds)),
-                f"peak {human_bytes(mem.get('peak_bytes'))}{slope_text}",
+                f"peak {human_bytes(mem.peak_bytes)}{slope_text}",
             ],
             [
                 "results",
-                _mark(res.get("within_tolerance")),
-                f"{len(files) - bad_files} of {len(files)} files within tolerance"
+                _mark(res.within_tolerance),
+                f"{len(res.files) - res.failed()} of {len(res.files)} files within tolerance"
                 + (f", {skipped_files} not compared" if skipped_files else ""),
             ],
         ],
     )
 
-    out += ["", "### Tensors on device", ""]
+
+def _tensors_section(obs: Observations) -> list[str]:
+    out = ["", "### Tensors on device", ""]
     out += _table(
         ["check", "result"],
-        [["tensors and model on the target device", _mark(obs.get("tensors_on_device"))]],
+        [["tensors and model on the target device", _mark(obs.tensors_on_device)]],
     )
-    procs = obs.get("processes")
+    procs = obs.processes
     if procs is not None:
         shown = ", ".join(f"{_code(p.get('argv0'))} (pid {p.get('pid')})" for p in procs[:8])
         out += [
@@ -205,117 +227,106 @@ def _observations(rec: dict[str, Any]) -> list[str]:
             f"torch{': ' + shown if shown else ''}"
             f"{' …' if len(procs) > 8 else ''}.",
         ]
+    return out
 
-    out += ["", "### Operators", ""]
+
+def _operators_section(ops: Operators, conds: list[dict[str, Any]]) -> list[str]:
+    out = ["", "### Operators", ""]
     rows = (
-        _op_rows("fallback", ops.get("fallback_ops"))
-        + _op_rows("unsupported", ops.get("unsupported_ops"))
-        + _op_rows("dtype error", ops.get("dtype_errors"))
+        _op_rows("fallback", ops.fallback_ops)
+        + _op_rows("unsupported", ops.unsupported_ops)
+        + _op_rows("dtype error", ops.dtype_errors)
     )
-    if n_ops:
+    if ops.count():
         out += _table(["kind", "operator", "count", "detail"], rows)
     elif _operators_ok(ops, conds) is None:
         out.append("Not observed.")
     else:
         out.append("No fallback, unsupported operator or dtype error.")
+    return out
 
-    out += ["", "### Memory", ""]
-    if mem.get("source"):
-        what = {
-            "process-tree-pss": "the job's own memory: proportional set size (PSS) summed "
-            "over its process tree, so pages forked DataLoader workers share count once",
-            "process-tree-footprint": "the job's own memory: physical footprint "
-            "(proc_pid_rusage) summed over its process tree",
-            "process-tree-rss": "resident memory summed over the job's process tree",
-            "mps-driver": "Metal's driver memory summed over the observed processes",
-            "process-rss": "resident memory of the job's first process",
-        }
+
+def _memory_section(mem: Memory) -> list[str]:
+    out = ["", "### Memory", ""]
+    if mem.source:
         out += [
-            f"Measured: {what.get(mem['source'], mem['source'])}."
-            + (f" {mem['reason']}." if mem.get("reason") else ""),
+            f"Measured: {MEMORY_SOURCES.get(mem.source, mem.source)}."
+            + (f" {mem.reason}." if mem.reason else ""),
             "",
         ]
-    interval = mem.get("slope_interval_bytes_per_s")
-    confidence = mem.get("confidence")
+    interval, confidence = mem.interval, mem.confidence
     out += _table(
         ["peak", "slope after warm-up", "confidence", "stable"],
         [
             [
-                human_bytes(mem.get("peak_bytes")),
-                f"{human_bytes(slope)}/s" if slope is not None else "—",
+                human_bytes(mem.peak_bytes),
+                f"{human_bytes(mem.slope)}/s" if mem.slope is not None else "—",
                 f"{confidence:.0%}: {human_bytes(interval[0])}/s .. {human_bytes(interval[1])}/s"
-                if confidence and isinstance(interval, list) and len(interval) == 2
+                if confidence and interval
                 else "—",
-                "too short to tell"
-                if mem.get("trend") == "too-short"
-                else _mark(mem.get("stable")),
+                "too short to tell" if mem.too_short else _mark(mem.stable),
             ]
         ],
     )
-    samples = [
-        s[1]
-        for s in mem.get("samples") or []
-        if isinstance(s, (list, tuple)) and len(s) >= 2 and s[1] is not None
-    ]
+    samples = mem.sample_bytes()
     if samples:
         out += [
             "",
             f"`{sparkline(samples)}` {human_bytes(min(samples))} → "
             f"{human_bytes(max(samples))} over {len(samples)} samples",
         ]
+    return out
 
-    out += ["", "### Results", ""]
-    if files:
-        out += _table(
-            ["file", "result", "max abs err", "max rel err", "rtol", "atol", "detail"],
-            [
-                [
-                    _code(f.get("path")),
-                    _mark(f.get("ok")) if f.get("ok") is not None else "not compared",
-                    _num(f.get("max_abs_err")),
-                    _num(f.get("max_rel_err")),
-                    _num(f.get("rtol")),
-                    _num(f.get("atol")),
-                    _cell(f.get("detail") or ""),
-                ]
-                for f in files
-            ],
-        )
-        out += _file_notes(files)
-        pairs = [(f, t) for f in files for t in f.get("tensors") or []]
-        pairs.sort(key=lambda ft: bool(ft[1].get("ok")))  # stable: failures first
-        tensor_rows = [
+
+def _results_section(res: ResultsSeen) -> list[str]:
+    out = ["", "### Results", ""]
+    files = res.files
+    if not files:
+        out.append("Not observed." if res.within_tolerance is None else "No files compared.")
+        return out
+    out += _table(
+        ["file", "result", "max abs err", "max rel err", "rtol", "atol", "detail"],
+        [
             [
                 _code(f.get("path")),
-                _code(t.get("key")),
-                _shape(t.get("shape")),
-                _cell(t.get("dtype")),
-                _num(t.get("max_abs_err")),
-                _num(t.get("max_rel_err")),
-                _mark(t.get("ok")),
-                _cell(t.get("detail") or ""),
+                _mark(f.get("ok")) if f.get("ok") is not None else "not compared",
+                _num(f.get("max_abs_err")),
+                _num(f.get("max_rel_err")),
+                _num(f.get("rtol")),
+                _num(f.get("atol")),
+                _cell(f.get("detail") or ""),
             ]
-            for f, t in pairs
+            for f in files
+        ],
+    )
+    out += _file_notes(files)
+    return out + _tensor_table(files)
+
+
+def _tensor_table(files: list[dict[str, Any]]) -> list[str]:
+    """Every compared tensor, failures first, up to MAX_TENSOR_ROWS."""
+    pairs = [(f, t) for f in files for t in f.get("tensors") or []]
+    pairs.sort(key=lambda ft: bool(ft[1].get("ok")))  # stable: failures first
+    rows = [
+        [
+            _code(f.get("path")),
+            _code(t.get("key")),
+            _shape(t.get("shape")),
+            _cell(t.get("dtype")),
+            _num(t.get("max_abs_err")),
+            _num(t.get("max_rel_err")),
+            _mark(t.get("ok")),
+            _cell(t.get("detail") or ""),
         ]
-        if tensor_rows:
-            out += ["", "Per tensor (failures first):", ""]
-            out += _table(
-                [
-                    "file",
-                    "tensor",
-                    "shape",
-                    "dtype",
-                    "max abs err",
-                    "max rel err",
-                    "result",
-                    "detail",
-                ],
-                tensor_rows[:MAX_TENSOR_ROWS],
-            )
-            if len(tensor_rows) > MAX_TENSOR_ROWS:
-                out += ["", f"… {len(tensor_rows) - MAX_TENSOR_ROWS} more in acceptance.json."]
-    else:
-        out.append("Not observed." if res.get("within_tolerance") is None else "No files compared.")
+        for f, t in pairs
+    ]
+    if not rows:
+        return []
+    header = ["file", "tensor", "shape", "dtype", "max abs err", "max rel err", "result", "detail"]
+    out = ["", "Per tensor (failures first):", ""]
+    out += _table(header, rows[:MAX_TENSOR_ROWS])
+    if len(rows) > MAX_TENSOR_ROWS:
+        out += ["", f"… {len(rows) - MAX_TENSOR_ROWS} more in acceptance.json."]
     return out
 
 

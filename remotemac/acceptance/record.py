@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from remotemac.acceptance.decide import decide, evaluate_observations
+from remotemac.acceptance.observations import Observations
 from remotemac.termsafe import escape_controls
 
 SCHEMA_VERSION = "1"
@@ -124,7 +125,7 @@ def build_record(
     host: str | None = None,
     started_at: str | None = None,
     finished_at: str | None = None,
-    observations: dict[str, Any] | None = None,
+    observations: Observations | dict[str, Any] | None = None,
     stopping_conditions: list[dict[str, Any]] | None = None,
     stop_when: dict[str, Any] | None = None,
     context: dict[str, Any] | None = None,

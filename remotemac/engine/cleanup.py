@@ -35,6 +35,7 @@ from remotemac.agent.protocol import Op
 from remotemac.engine.agentclient import call_in_memory
 from remotemac.engine.context import expand_root
 from remotemac.engine.ledger import Ledger
+from remotemac.engine.phaseresults import ProvisionResult, SyncResult
 from remotemac.errors import EXIT_HOST, BadInput, Declined, HostError, RemotemacError
 from remotemac.journal import Journal
 from remotemac.transport.base import Transport
@@ -73,16 +74,14 @@ def journal_knowledge(journal: Journal, host: str, name: str) -> Knowledge:
             continue
         know.runs.append(row.run_id)
         phases = journal.phases(row.run_id)
-        prov = ((phases.get("provision") or {}).get("result") or {}).get("hosts", {})
-        sync = ((phases.get("sync") or {}).get("result") or {}).get("hosts", {})
-        info = prov.get("remote") or {}
+        info = ProvisionResult.from_row(phases.get("provision")).host("remote")
         if info.get("root"):
             know.run_roots[row.run_id] = info["root"]
             if info["root"] not in know.roots:
                 know.roots.append(info["root"])
         if info.get("run_dir"):
             know.items.append({"kind": "run", "path": info["run_dir"], "run_id": row.run_id})
-        ram = (sync.get("remote") or {}).get("ram") or {}
+        ram = SyncResult.from_row(phases.get("sync")).ram("remote")
         if ram.get("kind") in ("shm", "ramdisk") and ram.get("path"):
             know.items.append({"kind": "ramstore", "path": ram["path"], "run_id": row.run_id})
     seen = {(i["kind"], i["path"]) for i in know.items}

@@ -5,12 +5,27 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, overload
 
 from remotemac.engine.agentclient import AgentClient
 from remotemac.engine.ledger import Ledger
+from remotemac.engine.phaseresults import (
+    RESULT_SCHEMA,
+    CompareResult,
+    FollowResult,
+    LaunchResult,
+    PhaseResult,
+    ProvisionResult,
+    PullResult,
+    RecordResult,
+    SyncResult,
+    WipeResult,
+    as_result,
+    from_journal,
+)
 from remotemac.events import Event, EventBus
 from remotemac.journal import Journal
+from remotemac.phases import Phase, follow_key, launch_key
 from remotemac.placeholders import expand
 from remotemac.playbook import Playbook
 from remotemac.transport.base import Transport
@@ -62,9 +77,10 @@ class RunContext:
     hosts: dict[str, HostBinding]
     sides: list[Side]
     ledger: Ledger
-    #: each finished phase's journal result, by wire name (``"launch:target"``); the
-    #: keys are phase names only: run state lives in the fields below
-    results: dict[str, Any] = field(default_factory=dict)
+    #: each finished phase's result, by wire name (``"launch:target"``); the keys are
+    #: phase names only: run state lives in the fields below. Read through
+    #: :meth:`result`, :meth:`follow_result` and :meth:`launch_result`.
+    results: dict[str, PhaseResult] = field(default_factory=dict)
     #: links cut by hand while the run was attached (the TUI's drill, ``d``); the record
     #: counts them so a drop on purpose is never mistaken for a flaky network
     drills: list[dict[str, Any]] = field(default_factory=list)
@@ -95,6 +111,64 @@ class RunContext:
 
     def side(self, role: str) -> Side | None:
         return next((s for s in self.sides if s.role == role), None)
+
+    # ------------------------------------------------------------ phase results
+
+    @overload
+    def result(self, phase: Literal[Phase.PROVISION]) -> ProvisionResult | None: ...
+    @overload
+    def result(self, phase: Literal[Phase.SYNC]) -> SyncResult | None: ...
+    @overload
+    def result(self, phase: Literal[Phase.PULL]) -> PullResult | None: ...
+    @overload
+    def result(self, phase: Literal[Phase.COMPARE]) -> CompareResult | None: ...
+    @overload
+    def result(self, phase: Literal[Phase.RECORD]) -> RecordResult | None: ...
+    @overload
+    def result(self, phase: Literal[Phase.WIPE]) -> WipeResult | None: ...
+    def result(self, phase: Phase) -> PhaseResult | None:
+        """The result of a phase run once per run, typed; None until it finished."""
+        if phase.per_side:
+            raise ValueError(f"phase {phase.value} runs per side: follow_result/launch_result")
+        return self.results.get(phase.value)
+
+    def provision(self) -> ProvisionResult:
+        """The provision's result, for the phases after it (which only run once it is done)."""
+        prov = self.result(Phase.PROVISION)
+        if prov is None:
+            raise LookupError(f"run {self.run_id} was not provisioned")
+        return prov
+
+    def follow_result(self, role: str) -> FollowResult | None:
+        """How ``role``'s job ended (a side not launched: state ``not-launched``)."""
+        found = self.results.get(follow_key(role).name)
+        return found if isinstance(found, FollowResult) else None
+
+    def launch_result(self, role: str) -> LaunchResult | None:
+        """How ``role``'s job was started; None when it was not (yet)."""
+        found = self.results.get(launch_key(role).name)
+        return found if isinstance(found, LaunchResult) else None
+
+    def keep_result(self, name: str, result: PhaseResult | dict[str, Any]) -> PhaseResult:
+        """Keep what phase ``name`` (a wire name) handed on, typed, for the phases after it."""
+        typed = as_result(name, result)
+        self.results[name] = typed
+        return typed
+
+    def finish_result(self, name: str, result: PhaseResult | dict[str, Any]) -> PhaseResult:
+        """Keep ``result`` and write it to the journal as the one of phase ``name``, done."""
+        typed = self.keep_result(name, result)
+        self.journal.finish_phase(self.run_id, name, typed.to_dict(), schema=RESULT_SCHEMA)
+        return typed
+
+    def restore_results(self, phases: dict[str, dict[str, Any]]) -> list[str]:
+        """Bring back the results of the phases the journal has as done (``Journal.phases``);
+        the names, in the journal's order."""
+        done = [name for name, info in phases.items() if info["state"] == "done"]
+        for name in done:
+            info = phases[name]
+            self.results[name] = from_journal(name, info["result"], info.get("schema"))
+        return done
 
 
 def make_sides(playbook: Playbook) -> list[Side]:

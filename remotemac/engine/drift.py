@@ -21,6 +21,7 @@ from typing import Any
 from remotemac.agent.protocol import Op
 from remotemac.engine.context import RunContext
 from remotemac.events import Warning
+from remotemac.phases import Phase
 
 KEYS = ("python", "os_version", "torch", "torch_origin", "lock_hash")
 DRIFT_FILE = "drift.jsonl"
@@ -64,15 +65,15 @@ def compare_fingerprints(before: dict[str, Any], after: dict[str, Any]) -> list[
 
 
 async def fingerprint(ctx: RunContext, key: str) -> dict[str, Any]:
-    host = ctx.results["provision"]["hosts"][key]
+    host = ctx.provision().hosts[key]
     return await ctx.hosts[key].agent.call(Op.ENV_FINGERPRINT, {"python": host["venv_python"]})
 
 
 async def check_drift(ctx: RunContext, when: str) -> list[dict[str, Any]]:
     """Compare every host's environment with its fingerprint at launch; record and warn."""
-    prov = ctx.results.get("provision") or {}
+    prov = ctx.result(Phase.PROVISION)
     entries = []
-    for key, host in (prov.get("hosts") or {}).items():
+    for key, host in (prov.hosts if prov else {}).items():
         before = host.get("fingerprint")
         if not before or key not in ctx.hosts:
             continue  # provisioned by a version that took no fingerprint: nothing to compare

@@ -33,6 +33,7 @@ from remotemac.agent.protocol import (
     CACHE_VARS as CACHE_VARS,  # re-exported: the record reads it from here
 )
 from remotemac.engine.context import RunContext, Side, substitute
+from remotemac.engine.phaseresults import FollowResult
 from remotemac.errors import HostError, JobLost, TransientHostError
 from remotemac.events import ConnectionState, EventBus, LogLine, Metric, PhaseProgress, Warning
 from remotemac.phases import Phase, PhaseKey, follow_key
@@ -131,10 +132,11 @@ def trace_path(run_dir: str, side: Side) -> str:
 
 def disk_watch(ctx: RunContext, side: Side, run_dir: str) -> dict[str, Any]:
     """What the runner watches: remote_root's volume (through the run dir) and the RAM store."""
-    ram = ((ctx.results.get("sync") or {}).get("hosts", {}).get(side.host_key) or {}).get("ram")
+    sync = ctx.result(Phase.SYNC)
+    ram = sync.ram(side.host_key) if sync else {}
     min_free = int(ctx.playbook.stop_when.min_free_disk)
     return {
-        "paths": {"root": run_dir, "ram": (ram or {}).get("path")},
+        "paths": {"root": run_dir, "ram": ram.get("path")},
         "min_free": min_free,
         "warn_free": 2 * min_free,
     }
@@ -186,14 +188,13 @@ def continuity_totals(
     """This process's tally plus what follow phases finished by earlier processes counted."""
     totals: dict[str, Any] = dict(tally)
     drill = None
-    for name in ctx.results:
-        if PhaseKey.group(name) != Phase.FOLLOW:
+    for name, result in ctx.results.items():
+        if PhaseKey.group(name) != Phase.FOLLOW or not isinstance(result, FollowResult):
             continue
-        result = ctx.results.get(name) or {}
         if name in carried_phases:
             for key in ("disconnects", "reconnects"):
-                totals[key] += int((result.get("continuity") or {}).get(key, 0))
-        drill = result.get("drill") or drill
+                totals[key] += int((result.continuity or {}).get(key, 0))
+        drill = result.drill or drill
     totals["drill"] = drill or ctx.options.drill
     return totals
 
@@ -239,17 +240,17 @@ class _Drill:
         )
 
 
-async def follow(ctx: RunContext, side: Side, request: dict[str, Any]) -> dict[str, Any]:
+async def follow(ctx: RunContext, side: Side, request: dict[str, Any]) -> FollowResult:
     """Stream the log from the saved offset until the job's status is final."""
     transport = ctx.host_for(side).transport
     before = transport.link_stats()
     with transport.reconnect_wait_capped(FOLLOW_RECONNECT_MAX_WAIT_S):
         result = await _follow(ctx, side, request)
-    result["continuity"] = transport.link_stats().since(before)
+    result.continuity = transport.link_stats().since(before)
     return result
 
 
-async def _follow(ctx: RunContext, side: Side, request: dict[str, Any]) -> dict[str, Any]:
+async def _follow(ctx: RunContext, side: Side, request: dict[str, Any]) -> FollowResult:
     return await LogFollower(ctx, side, request).run()
 
 
@@ -296,7 +297,7 @@ class LogFollower:
         """Where complete lines are written: the local copy of the log."""
         return open(self.local_log, "ab")
 
-    async def run(self) -> dict[str, Any]:
+    async def run(self) -> FollowResult:
         with self._sink() as out:
             while True:
                 chunk = await self._read_chunk()
@@ -462,25 +463,25 @@ class LogFollower:
             " — was the host rebooted?"
         )
 
-    async def _result(self) -> dict[str, Any]:
+    async def _result(self) -> FollowResult:
         """The follow phase's result for the journal (and the drill's findings)."""
         status = self.status
-        result = {
-            "state": status.get("state"),
-            "exit_code": status.get("exit_code"),
-            "started_at": status.get("started_at"),
-            "ended_at": status.get("ended_at"),
-            "peak_rss_bytes": status.get("peak_rss_bytes"),
-            "lines": self.lines,
-            "bytes": self.offset,
-            "reason": status.get("reason"),
-            "disk": status.get("disk"),
-            "disk_warning": status.get("disk_warning"),
-        }
+        result = FollowResult(
+            state=status.get("state"),
+            exit_code=status.get("exit_code"),
+            started_at=status.get("started_at"),
+            ended_at=status.get("ended_at"),
+            peak_rss_bytes=status.get("peak_rss_bytes"),
+            lines=self.lines,
+            bytes=self.offset,
+            reason=status.get("reason"),
+            disk=status.get("disk"),
+            disk_warning=status.get("disk_warning"),
+        )
         # the host remembers a relaunch even when this process did not make it (re-attach)
         again = self.relaunched or status.get("relaunched")
         if again:
-            result["relaunched"] = {k: again.get(k) for k in ("reason", "marker", "command", "at")}
+            result.relaunched = {k: again.get(k) for k in ("reason", "marker", "command", "at")}
         drill = self.drill
         if drill:
             if drill.pending:
@@ -489,7 +490,7 @@ class LogFollower:
                 )
             elif "skipped" not in drill.result:
                 drill.result["skipped"] = "the job ended before the drill could cut the link"
-            result["drill"] = drill.result
+            result.drill = drill.result
         return result
 
 
@@ -533,12 +534,13 @@ async def relaunch(
     """
     pb = ctx.playbook
     resume = pb.workload.resume_command
-    prov = ctx.results["provision"]
-    data_dir = ((ctx.results.get("sync") or {}).get("hosts", {}).get(side.host_key) or {}).get(
-        "data_dir"
-    ) or request.get("env", {}).get("REMOTEMAC_DATA", "")
-    device = prov["devices"].get(side.role) or prov["devices"].get("target")
-    req = job_request(ctx, side, device, prov["hosts"][side.host_key], data_dir, command=resume)
+    prov = ctx.provision()
+    sync = ctx.result(Phase.SYNC)
+    data_dir = (sync.data_dir(side.host_key) if sync else None) or request.get("env", {}).get(
+        "REMOTEMAC_DATA", ""
+    )
+    device = prov.device(side.role)
+    req = job_request(ctx, side, device, prov.hosts[side.host_key], data_dir, command=resume)
     marker = RELAUNCH_MARKER.format(reason=reason)
     info = {
         "reason": reason,

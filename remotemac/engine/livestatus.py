@@ -42,9 +42,7 @@ async def live_status(
         options=RunOptions(),
         ssh=ssh,
     )
-    for name, info in journal.phases(run_id).items():
-        if info["state"] == "done":
-            ctx.results[name] = info["result"]
+    ctx.restore_results(journal.phases(run_id))
     if Phase.PROVISION not in ctx.results:
         return {"answered": False, "detail": "not provisioned yet"}
     restore_phase(ctx, PhaseKey(Phase.PROVISION))

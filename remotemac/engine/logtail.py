@@ -84,10 +84,7 @@ async def tail_logs(
         options=RunOptions(),
         ssh=ssh,
     )
-    done = {name for name, info in journal.phases(run_id).items() if info["state"] == "done"}
-    for name, info in journal.phases(run_id).items():
-        if info["state"] == "done":
-            ctx.results[name] = info["result"]
+    done = set(ctx.restore_results(journal.phases(run_id)))
     launched = [s for s in ctx.sides if str(launch_key(s.role)) in done]
     reference, target = ctx.side("reference"), ctx.side("target")
     # a target on the reference's host is started by the host itself once the
@@ -150,4 +147,4 @@ async def _tail(ctx: RunContext, side: Side, starts: dict[str, tuple[int, int]])
     viewer = _LogViewer(ctx, side, request, starts.get(side.label, (0, 0)))
     with binding.transport.reconnect_wait_capped(FOLLOW_RECONNECT_MAX_WAIT_S):
         result = await viewer.run()
-    return {"state": result["state"], "exit_code": result["exit_code"]}
+    return {"state": result.state, "exit_code": result.exit_code}

@@ -28,7 +28,19 @@ from remotemac.engine.context import (
 )
 from remotemac.engine.hosts import open_transport
 from remotemac.engine.ledger import Ledger
-from remotemac.engine.phaseresults import LaunchResult, PhaseResult, ProvisionResult, as_dict
+from remotemac.engine.phaseresults import (
+    NOT_LAUNCHED,
+    CompareResult,
+    FollowResult,
+    LaunchResult,
+    PhaseResult,
+    ProvisionResult,
+    PullResult,
+    RecordResult,
+    SyncResult,
+    WipeResult,
+    as_result,
+)
 from remotemac.engine.pool import TransportPool
 from remotemac.engine.runs import remove_made_dirs
 from remotemac.errors import (
@@ -166,39 +178,33 @@ def forget_unreached(ctx: RunContext, done: dict[str, dict], made: list[Path]) -
     return True
 
 
-#: a side's launch/follow result when it was not started (the reference failed)
-NOT_LAUNCHED = "not-launched"
-
-
 def reference_failed(ctx: RunContext) -> str | None:
     """Why the sides after the reference are not launched: the reference's job did not
     finish (a typo'd script, a timeout, a stop): a target result would be compared with
     nothing, and the rented hours would be spent on a meaningless run."""
     if ctx.side("reference") is None:
         return None
-    follow = ctx.results.get(follow_key("reference").name) or {}
-    state = follow.get("state")
-    if state in (None, "finished", NOT_LAUNCHED):
+    follow = ctx.follow_result("reference")
+    state = follow.state if follow else None
+    if follow is None or state in (None, "finished", NOT_LAUNCHED):
         return None
     word = "failed" if state == "failed" else f"ended {state}"
-    return f"the reference {word} (exit {follow.get('exit_code')})"
+    return f"the reference {word} (exit {follow.exit_code})"
 
 
 def skip_side(ctx: RunContext, name: str, why: str) -> None:
     """Record ``name`` (launch/follow of a side after the reference) as not launched."""
-    summary = f"not launched: {why}"
-    result = {"state": NOT_LAUNCHED, "exit_code": None, "lines": 0, "summary": summary}
+    result = FollowResult.not_launched(why)
     ctx.journal.start_phase(ctx.run_id, name)
-    ctx.journal.finish_phase(ctx.run_id, name, result)
-    ctx.results[name] = result
-    ctx.emit(PhaseFinished(ctx.run_id, phase=name, skipped=True, detail=summary))
+    ctx.finish_result(name, result)
+    ctx.emit(PhaseFinished(ctx.run_id, phase=name, skipped=True, detail=result.summary))
 
 
 def not_accepted_reason(ctx: RunContext) -> str:
     """The run's first stopping condition, or why it is incomplete: the last line says
     why, not only where the record is."""
-    record = ctx.results.get("record") or {}
-    for cond in record.get("conditions") or []:
+    record = ctx.result(Phase.RECORD) or RecordResult()
+    for cond in record.conditions:
         detail = str(cond.get("detail") or cond.get("code") or "")
         if detail.startswith("reference job ") and reference_failed(ctx):
             # "the reference failed (exit 2): python3: can't open file …"
@@ -206,21 +212,13 @@ def not_accepted_reason(ctx: RunContext) -> str:
             detail = f"{reference_failed(ctx)}" + (f": {rest}" if rest else "")
         if detail:
             return detail if len(detail) <= 300 else detail[:297] + "..."
-    return str((ctx.results.get("compare") or {}).get("summary") or "")
+    return (ctx.result(Phase.COMPARE) or CompareResult()).summary
 
 
-def phase_ok(key: PhaseKey, result: dict) -> bool:
-    """A follow phase whose job failed, timed out or was stopped is shown as failed; so
-    is a compare that found a file outside tolerance ("✓ 0/2 within" read as a pass)."""
-    if key.phase is Phase.FOLLOW:
-        return result.get("state") in (None, "finished")
-    if key.phase is Phase.COMPARE and (
-        result.get("within_tolerance") is False or result.get("nothing_compared")
-    ):
-        return False
-    if key.phase is Phase.RECORD and result.get("verdict", "accepted") != "accepted":
-        return False  # "✓ record rejected" read as a pass
-    return result.get("ok", True) is not False
+def phase_ok(key: PhaseKey, result: dict[str, Any] | PhaseResult) -> bool:
+    """Whether phase ``key`` is shown as passed: the result's own rule
+    (:meth:`PhaseResult.ok`), for a result in its journal form too."""
+    return as_result(key.name, result).ok()
 
 
 def refuse_wiped_before_the_end(
@@ -237,7 +235,7 @@ def refuse_wiped_before_the_end(
     from remotemac.engine.runs import outputs_kept_by_wipe
 
     wipe = done.get(Phase.WIPE.value)
-    if wipe is None or (wipe.get("result") or {}).get("done") is False:
+    if wipe is None or WipeResult.from_row(wipe).done is False:
         return  # no wipe, or ``wipe: manual`` kept the data
     kept = outputs_kept_by_wipe(done)
     if Phase.PULL.value in done or (
@@ -269,8 +267,7 @@ async def _run_pipeline(ctx: RunContext) -> int:
     refuse_wiped_before_the_end(ctx.run_id, done, follows)
     made = make_out_dir(ctx.out_dir)
     ctx.journal.set_run_state(ctx.run_id, "running")
-    for name, info in done.items():
-        ctx.results[name] = info["result"]
+    ctx.restore_results(done)
     ctx.carried_phases = list(done)
     current = "connect"
     try:
@@ -317,15 +314,15 @@ async def _step(ctx: RunContext, key: PhaseKey, done: dict[str, dict]) -> bool:
         return False
     started = time.monotonic()
     result = await _journalled(ctx, key)
-    result.setdefault("seconds", round(time.monotonic() - started, 3))
-    ctx.results[name] = result
-    ctx.journal.finish_phase(ctx.run_id, name, result)
+    if result.seconds is None:
+        result.seconds = round(time.monotonic() - started, 3)
+    ctx.finish_result(name, result)
     ctx.emit(
         PhaseFinished(
             ctx.run_id,
             phase=name,
-            ok=phase_ok(key, result),
-            detail=result.get("summary", ""),
+            ok=result.ok(),
+            detail=result.line,
         )
     )
     if ctx.options.detach and key.phase is Phase.LAUNCH:
@@ -343,14 +340,14 @@ async def _step(ctx: RunContext, key: PhaseKey, done: dict[str, dict]) -> bool:
     return False
 
 
-async def _journalled(ctx: RunContext, key: PhaseKey) -> dict[str, Any]:
+async def _journalled(ctx: RunContext, key: PhaseKey) -> PhaseResult:
     """Run the phase's step, started in the journal; a failure or a stop is journalled
     (and named after the phase) before it goes on up."""
     name = key.name
     ctx.emit(PhaseStarted(ctx.run_id, phase=name))
     ctx.journal.start_phase(ctx.run_id, name)
     try:
-        return as_dict(await _PHASES[key.phase](ctx, key))
+        return as_result(name, await _PHASES[key.phase](ctx, key))
     except (KeyboardInterrupt, asyncio.CancelledError):
         # Ctrl-C stops this process, not the phase's work on the host: the
         # phase is "interrupted" (attach goes on with it), never "failed"
@@ -440,8 +437,8 @@ async def _after_failure(ctx: RunContext, exc: Exception, current: str) -> None:
 
 def _finished(ctx: RunContext) -> int:
     """Every phase ran: the record's verdict is the run's, and its exit code."""
-    record = ctx.results.get("record", {})
-    verdict = record.get("verdict", "incomplete")
+    record = ctx.result(Phase.RECORD)
+    verdict = (record.verdict if record else None) or "incomplete"
     code = EXIT_ACCEPTED if verdict == "accepted" else EXIT_REJECTED
     ctx.journal.set_run_state(ctx.run_id, "finished", verdict=verdict, exit_code=code)
     ctx.emit(
@@ -482,8 +479,9 @@ def _label_sides(ctx: RunContext, devices: dict[str, str]) -> None:
 def restore_phase(ctx: RunContext, phase: PhaseKey) -> None:
     """Bring back what a finished phase learnt (host paths) for the phases after it."""
     if phase.phase is Phase.PROVISION:
-        _label_sides(ctx, ctx.results[phase.name]["devices"])
-        for key, info in ctx.results[phase.name]["hosts"].items():
+        prov = ctx.provision()
+        _label_sides(ctx, prov.devices)
+        for key, info in prov.hosts.items():
             binding = ctx.hosts[key]
             binding.root = info["root"]
             binding.agent.root = info["root"]
@@ -518,11 +516,11 @@ async def _provision(ctx: RunContext, _key: PhaseKey) -> ProvisionResult:
     )
 
 
-async def _sync(ctx: RunContext, _key: PhaseKey) -> dict[str, Any]:
+async def _sync(ctx: RunContext, _key: PhaseKey) -> SyncResult:
     from remotemac.engine.sync import sync_host
     from remotemac.engine.wipe import schedule_deadman
 
-    prov = ctx.results[Phase.PROVISION]["hosts"]
+    prov = ctx.provision().hosts
     # the dead-man wipe is scheduled before any data is sent (issue 6)
     deadman = {key: await schedule_deadman(ctx, b) for key, b in ctx.hosts.items()}
     hosts = {key: await sync_host(ctx, b, prov[key]) for key, b in ctx.hosts.items()}
@@ -530,21 +528,18 @@ async def _sync(ctx: RunContext, _key: PhaseKey) -> dict[str, Any]:
         if job:
             hosts[key]["deadman"] = job
     first = next(iter(hosts.values()))
-    return {"hosts": hosts, "summary": f"{first['files']} files, {first['bytes']} bytes"}
+    return SyncResult(hosts=hosts, summary=f"{first['files']} files, {first['bytes']} bytes")
 
 
 def _requests(ctx: RunContext) -> dict[str, dict[str, Any]]:
     from remotemac.engine.jobs import job_request
 
-    prov = ctx.results[Phase.PROVISION]
-    data = ctx.results[Phase.SYNC]["hosts"]
+    prov = ctx.provision()
+    data = ctx.result(Phase.SYNC)
+    assert data is not None  # launch and follow run after the sync
     return {
         s.role: job_request(
-            ctx,
-            s,
-            prov["devices"].get(s.role) or prov["devices"]["target"],
-            prov["hosts"][s.host_key],
-            data[s.host_key]["data_dir"],
+            ctx, s, prov.device(s.role), prov.hosts[s.host_key], data.hosts[s.host_key]["data_dir"]
         )
         for s in ctx.sides
     }
@@ -577,52 +572,52 @@ async def _launch(ctx: RunContext, key: PhaseKey) -> LaunchResult:
     )
 
 
-async def _follow(ctx: RunContext, key: PhaseKey) -> dict[str, Any]:
+async def _follow(ctx: RunContext, key: PhaseKey) -> FollowResult:
     from remotemac.engine.jobs import follow
 
     role = key.role
     side = ctx.side(role) if role else None
     assert role is not None and side is not None
     result = await follow(ctx, side, _requests(ctx)[role])
-    result["summary"] = f"{result['state']} (exit {result['exit_code']}), {result['lines']} lines"
+    result.summary = f"{result.state} (exit {result.exit_code}), {result.lines} lines"
     return result
 
 
-async def _pull(ctx: RunContext, _key: PhaseKey) -> dict[str, Any]:
+async def _pull(ctx: RunContext, _key: PhaseKey) -> PullResult:
     from remotemac.engine.pull import pull_side
 
-    prov = ctx.results[Phase.PROVISION]["hosts"]
+    prov = ctx.provision().hosts
     budget = ctx.playbook.outputs.max_bytes  # for the whole run, over every side
     sides = {}
     for s in ctx.sides:
         sides[s.label] = await pull_side(ctx, s, prov[s.host_key]["run_dir"], max_bytes=budget)
         budget -= sum(int(f["size"]) for f in sides[s.label]["files"])
     count = sum(len(v["files"]) for v in sides.values())
-    return {"sides": sides, "summary": f"{count} files verified"}
+    return PullResult(sides=sides, summary=f"{count} files verified")
 
 
-async def _compare(ctx: RunContext, _key: PhaseKey) -> dict[str, Any]:
+async def _compare(ctx: RunContext, _key: PhaseKey) -> CompareResult:
     from remotemac.engine.record import compare_results
 
     return await asyncio.to_thread(compare_results, ctx)
 
 
-async def _record(ctx: RunContext, _key: PhaseKey) -> dict[str, Any]:
+async def _record(ctx: RunContext, _key: PhaseKey) -> RecordResult:
     from remotemac.engine.record import write_acceptance
 
     return await write_acceptance(ctx)
 
 
-async def _wipe(ctx: RunContext, _key: PhaseKey) -> dict[str, Any]:
+async def _wipe(ctx: RunContext, _key: PhaseKey) -> WipeResult:
     from remotemac.engine.record import update_record_wipe
     from remotemac.engine.wipe import wipe_run
 
     if ctx.playbook.wipe == "manual" or ctx.options.keep_data:
-        return {"done": False, "summary": "kept (wipe: manual or --keep-data)"}
+        return WipeResult.kept("kept (wipe: manual or --keep-data)")
     result = await wipe_run(ctx)
     update_record_wipe(ctx, result)
-    if result.get("error"):  # the key is shredded; the user must hear what is left
-        raise HostError(result["error"])
+    if result.error:  # the key is shredded; the user must hear what is left
+        raise HostError(result.error)
     return result
 
 
@@ -674,10 +669,9 @@ async def _wipe_after_failure(ctx: RunContext, failed: str) -> str:
         ctx.journal.finish_phase(ctx.run_id, "wipe", {"error": failure_line(exc)}, state="failed")
         ctx.emit(PhaseFinished(ctx.run_id, phase="wipe", ok=False, detail=failure_line(exc)))
         return f"; the wipe after it failed too: {failure_line(exc)}"
-    ctx.results[Phase.WIPE] = result
-    ctx.journal.finish_phase(ctx.run_id, "wipe", result)
-    ctx.emit(PhaseFinished(ctx.run_id, phase="wipe", detail=result.get("summary", "")))
-    return f"; wiped after the failure ({result.get('summary', '')})"
+    ctx.finish_result("wipe", result)
+    ctx.emit(PhaseFinished(ctx.run_id, phase="wipe", detail=result.summary))
+    return f"; wiped after the failure ({result.summary})"
 
 
 #: agent error codes of a host disk that is full: the launch's write check, an ENOSPC
@@ -725,7 +719,7 @@ async def _record_after_loss(ctx: RunContext, exc: JobLost) -> None:
         ctx.ledger.append("local", f"record after loss failed: {err}", None, op="record")
 
 
-PhaseStep = Callable[[RunContext, PhaseKey], Awaitable["dict[str, Any] | PhaseResult"]]
+PhaseStep = Callable[[RunContext, PhaseKey], Awaitable[PhaseResult]]
 
 _PHASES: dict[Phase, PhaseStep] = {
     Phase.PROVISION: _provision,
@@ -771,8 +765,7 @@ def done_phases(ctx: RunContext) -> dict[str, dict]:
 async def run_phase(ctx: RunContext, phase: str) -> int:
     """Run one phase of an existing run by hand (``remotemac pull`` / ``wipe``)."""
     run_id, journal = ctx.run_id, ctx.journal
-    for name, info in done_phases(ctx).items():
-        ctx.results[name] = info["result"]
+    ctx.restore_results(journal.phases(run_id))
     if Phase.PROVISION not in ctx.results:
         raise BadInput(f"run {run_id} was never provisioned: nothing to {phase}")
     restore_phase(ctx, PhaseKey(Phase.PROVISION))
@@ -782,12 +775,12 @@ async def run_phase(ctx: RunContext, phase: str) -> int:
         if journal.phase_state(run_id, phase) is None:
             journal.start_phase(run_id, phase)
         try:
-            result = as_dict(await _PHASES[Phase(phase)](ctx, PhaseKey(Phase(phase))))
+            result = await _PHASES[Phase(phase)](ctx, PhaseKey(Phase(phase)))
         except Exception as exc:  # the journal says which phase failed and why
             journal.finish_phase(run_id, phase, {"error": failure_line(exc)}, state="failed")
             raise
-        journal.finish_phase(run_id, phase, result)
-        ctx.emit(PhaseFinished(run_id, phase=phase, detail=result.get("summary", "")))
+        ctx.finish_result(phase, result)
+        ctx.emit(PhaseFinished(run_id, phase=phase, detail=result.line))
     finally:
         await close_hosts(ctx)
     return 0

@@ -9,66 +9,70 @@ from pathlib import Path
 from typing import Any
 
 from remotemac.acceptance.markdown import ENV_FACT_KEYS
-from remotemac.engine.context import RunContext
+from remotemac.acceptance.observations import Memory, Observations, Operators, ResultsSeen
+from remotemac.engine.context import RunContext, Side
 from remotemac.engine.ledger import REDACTED, redact
-from remotemac.phases import follow_key, launch_key
+from remotemac.engine.phaseresults import (
+    NOT_LAUNCHED,
+    CompareResult,
+    FollowResult,
+    ProvisionResult,
+    RecordResult,
+    SyncResult,
+    WipeResult,
+)
+from remotemac.phases import Phase
 from remotemac.units import format_size, iso_utc
 
 ENV_MISMATCH_KEYS = ("torch", "numpy", "python", "lock_hash")
 
 
-def compare_results(ctx: RunContext) -> dict[str, Any]:
+def compare_results(ctx: RunContext) -> CompareResult:
     from remotemac.acceptance.compare import CompareRule, compare_outputs
 
     ref, tgt, again = ctx.side("reference"), ctx.side("target"), ctx.side("reproduce")
     rules = list(ctx.playbook.outputs.compare) or [CompareRule(file="**/*")]
     results = ctx.out_dir / "results"
+    target_follow = ctx.follow_result(tgt.role) if tgt is not None else None
     if ref is None or tgt is None:
-        outcome: dict[str, Any] = {
-            "within_tolerance": None,
-            "files": [],
-            "summary": "no reference to compare with",
-        }
-    elif (ctx.results.get(follow_key(tgt.role).name) or {}).get("state") == "not-launched":
-        outcome = {
-            "within_tolerance": None,
-            "files": [],
-            "nothing_compared": True,
-            "summary": "nothing to compare: the target was not launched (the reference failed)",
-        }
+        outcome = CompareResult(summary="no reference to compare with")
+    elif target_follow is not None and not target_follow.launched:
+        outcome = CompareResult(
+            nothing_compared=True,
+            summary="nothing to compare: the target was not launched (the reference failed)",
+        )
     elif not _any_file(results / ref.label) and not _any_file(results / tgt.label):
         # nothing to compare is no evidence either way: incomplete, never "rejected"
-        outcome = {
-            "within_tolerance": None,
-            "files": [],
-            "nothing_compared": True,
-            "summary": "nothing to compare: neither side wrote a file under "
+        outcome = CompareResult(
+            nothing_compared=True,
+            summary="nothing to compare: neither side wrote a file under "
             "{output_dir} (outputs.path: "
             f"{ctx.playbook.outputs.path})",
-        }
+        )
     else:
-        outcome = compare_outputs(results / ref.label, results / tgt.label, rules).to_dict()
-        ok = sum(1 for f in outcome["files"] if f.get("ok"))
-        outcome["summary"] = f"{ok}/{len(outcome['files'])} files within tolerance"
-        skipped = [f for f in outcome["files"] if f.get("ok") is None]
+        found = compare_outputs(results / ref.label, results / tgt.label, rules).to_dict()
+        outcome = CompareResult(within_tolerance=found["within_tolerance"], files=found["files"])
+        ok = sum(1 for f in outcome.files if f.get("ok"))
+        outcome.summary = f"{ok}/{len(outcome.files)} files within tolerance"
+        skipped = [f for f in outcome.files if f.get("ok") is None]
         if skipped:
-            outcome["summary"] += f"; {len(skipped)} not compared: " + "; ".join(
+            outcome.summary += f"; {len(skipped)} not compared: " + "; ".join(
                 f"{f['path']}: {f.get('not_compared')}" for f in skipped[:3]
             )
-        converted = [f["path"] for f in outcome["files"] if f.get("converted")]
+        converted = [f["path"] for f in outcome.files if f.get("converted")]
         if converted:
-            outcome["converted"] = converted
+            outcome.converted = converted
     if tgt is not None and again is not None:
         # the same rules, target against target: does the workflow reproduce on this machine?
         twice = compare_outputs(results / tgt.label, results / again.label, rules).to_dict()
-        outcome["reproducibility"] = {
+        outcome.reproducibility = {
             "reproduces": twice["within_tolerance"],
             "first": tgt.label,
             "second": again.label,
             "files": twice["files"],
         }
         ok = sum(1 for f in twice["files"] if f.get("ok"))
-        outcome["summary"] += f"; reproduce: {ok}/{len(twice['files'])} files"
+        outcome.summary += f"; reproduce: {ok}/{len(twice['files'])} files"
     return outcome
 
 
@@ -127,125 +131,154 @@ def memory_samples(logs: Path, label: str) -> tuple[list[tuple[float, float]], s
     return [(float(r["t"]), float(r[key])) for r in rows if r.get(key)], source
 
 
-def _observations(ctx: RunContext) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+def _harness(logs: Path, label: str) -> dict[str, Any]:
+    """What the job's in-process observer wrote (``<label>.obs.json``), empty without one."""
+    obs_file = logs / f"{label}.obs.json"
+    return json.loads(obs_file.read_text()) if obs_file.exists() else {}
+
+
+def _memory(logs: Path, label: str, harness: dict[str, Any]) -> Memory:
+    """The job's memory: the trend of its samples, their source, and the peaks."""
     from remotemac.acceptance.decide import memory_stable
 
-    tgt = ctx.side("target")
-    assert tgt is not None
-    logs = ctx.out_dir / "logs"
-    obs_file = logs / f"{tgt.label}.obs.json"
-    harness = json.loads(obs_file.read_text()) if obs_file.exists() else {}
-    samples, source = memory_samples(logs, tgt.label)
-    memory = (
-        memory_stable(samples, **warmup_hints(logs, tgt.label))
+    samples, source = memory_samples(logs, label)
+    figures = (
+        memory_stable(samples, **warmup_hints(logs, label))
         if samples
         else {"peak_bytes": None, "stable": None, "slope_bytes_per_s": None}
     )
-    memory["source"] = source if samples else None
+    memory = Memory(figures)
+    figures["source"] = source if samples else None
     # a sample every 0.5 s can miss a short spike; each process's own high-water mark
     # (ru_maxrss, reported by its observer) cannot
-    summed_rss = [int(r.get("rss_bytes") or 0) for r in read_jsonl(logs / f"{tgt.label}.rss.jsonl")]
-    rss_peak = max(summed_rss + [int(harness.get("peak_rss_bytes") or 0)])
-    memory["rss_peak_bytes"] = rss_peak or None
+    summed_rss = [int(r.get("rss_bytes") or 0) for r in read_jsonl(logs / f"{label}.rss.jsonl")]
+    own_peak = int(harness.get("peak_rss_bytes") or 0)
+    rss_peak = max(summed_rss + [own_peak])
+    figures["rss_peak_bytes"] = rss_peak or None
     if samples and source != "mps-driver":
         # with the job's own use measured, the summed RSS counts shared pages again per
         # process: only one process's high-water mark (a floor of the job's use) joins it
-        floor = (
-            int(harness.get("peak_rss_bytes") or 0)
-            if source.endswith(("pss", "footprint"))
-            else rss_peak
-        )
-        memory["peak_bytes"] = max(memory["peak_bytes"] or 0, floor)
-    memory["samples"] = [[t, b] for t, b in samples][-200:]
+        floor = own_peak if source.endswith(("pss", "footprint")) else rss_peak
+        memory.peak_bytes = max(memory.peak_bytes or 0, floor)
+    figures["samples"] = [[t, b] for t, b in samples][-200:]
+    return memory
+
+
+def observe(harness: dict[str, Any], memory: Memory, compare: CompareResult) -> Observations:
+    """The record's observations from the observer's report, the memory and the compare."""
     # a job that never imported torch showed nothing about operators or devices:
     # "not observed", never an empty list that reads as "pass"
     torch_seen = bool(harness.get("torch_version") or harness.get("torch_imported"))
     operators = (harness.get("operators") or {}) if torch_seen else {}
-    compare = ctx.results.get("compare", {})
-    observations = {
-        "tensors_on_device": harness.get("tensors_on_device") if torch_seen else None,
-        "operators": {
-            "fallback_ops": operators.get("fallback_ops"),
-            "unsupported_ops": operators.get("unsupported_ops"),
-            "dtype_errors": operators.get("dtype_errors"),
-        },
-        "torch_imported": torch_seen if harness else None,
-        "memory": memory,
-        "processes": harness.get("processes"),
-        "results": {
-            "within_tolerance": compare.get("within_tolerance"),
-            "files": compare.get("files", []),
-            # whole-model pickles the host turned into tensors after the job
-            "converted": compare.get("converted", []),
-        },
-        "reproducibility": compare.get("reproducibility"),
-    }
+    return Observations(
+        tensors_on_device=harness.get("tensors_on_device") if torch_seen else None,
+        operators=Operators.from_dict(operators),
+        torch_imported=torch_seen if harness else None,
+        memory=memory,
+        processes=harness.get("processes"),
+        # whole-model pickles the host turned into tensors after the job: ``converted``
+        results=ResultsSeen(compare.within_tolerance, compare.files, compare.converted or []),
+        reproducibility=compare.reproducibility,
+    )
+
+
+def _observations(ctx: RunContext) -> tuple[Observations, list[dict[str, Any]]]:
+    """What the target job showed, and the stopping conditions met while it ran."""
+    tgt = ctx.side("target")
+    assert tgt is not None
+    logs = ctx.out_dir / "logs"
+    harness = _harness(logs, tgt.label)
+    compare = ctx.result(Phase.COMPARE) or CompareResult()
+    observations = observe(harness, _memory(logs, tgt.label, harness), compare)
     # fallback ops are judged against stop_when.fallback_ops by the record builder
     conditions = [
         c for c in harness.get("stopping_conditions") or [] if c.get("code") != "fallback-op"
     ]
+    conditions += _cuda_conditions(ctx, logs, tgt)
+    conditions += _job_conditions(ctx, logs)
+    conditions += _reproduce_conditions(observations)
+    conditions += _drift_conditions(ctx)
+    return observations, conditions
+
+
+def _cuda_conditions(ctx: RunContext, logs: Path, tgt: Side) -> list[dict[str, Any]]:
+    """The target's log; a reference that failed on a CUDA path (its target then not
+    launched) shows the same dependency in its own log: the workload needs CUDA anywhere."""
     from remotemac.acceptance.cudalog import scan_log
 
-    # the target's log; a reference that failed on a CUDA path (its target then not
-    # launched) shows the same dependency in its own log: the workload needs CUDA anywhere
     cuda_hits = scan_log(logs / f"{tgt.label}.log")
     for side in ctx.sides:
         if not cuda_hits and side.role == "reference":
             cuda_hits = scan_log(logs / f"{side.label}.log")
-    if cuda_hits:
-        first = cuda_hits[0]
-        conditions.append(
-            {
-                "code": "cuda-dependency",
-                "detail": f"{first['why']}: line {first['line_no']} of "
-                f"{first['log']}: {first['line']}",
-                "lines": cuda_hits,
-            }
-        )
+    if not cuda_hits:
+        return []
+    first = cuda_hits[0]
+    return [
+        {
+            "code": "cuda-dependency",
+            "detail": f"{first['why']}: line {first['line_no']} of {first['log']}: {first['line']}",
+            "lines": cuda_hits,
+        }
+    ]
+
+
+def _job_conditions(ctx: RunContext, logs: Path) -> list[dict[str, Any]]:
+    """A job stopped before the volume was full, or one that did not finish."""
+    conditions: list[dict[str, Any]] = []
     for side in ctx.sides:
-        follow = ctx.results.get(follow_key(side.role).name, {})
-        if follow and follow.get("state") == "storage-limit":
+        follow = ctx.follow_result(side.role)
+        if follow is None:
+            continue
+        if follow.state == "storage-limit":
             conditions.append(
                 {
                     "code": "storage-limit",
                     "detail": f"{side.role} job stopped cleanly before the volume "
-                    f"was full: {follow.get('reason')}",
+                    f"was full: {follow.reason}",
                 }
             )
-        elif follow and follow.get("state") not in ("finished", "not-launched"):
+        elif follow.state not in ("finished", NOT_LAUNCHED):
             line = last_error_line(logs / f"{side.label}.log")
             conditions.append(
                 {
                     "code": "workload-failed",
-                    "detail": f"{side.role} job {follow.get('state')} with exit "
-                    f"{follow.get('exit_code')}" + (f": {line}" if line else ""),
+                    "detail": f"{side.role} job {follow.state} with exit "
+                    f"{follow.exit_code}" + (f": {line}" if line else ""),
                 }
             )
-    again = observations["reproducibility"]
-    if again and again.get("reproduces") is False:
-        bad = [f for f in again.get("files") or [] if not f.get("ok")]
-        first = bad[0] if bad else {}
-        conditions.append(
-            {
-                "code": "not-reproducible",
-                "detail": f"a second run of the target in a fresh process gave "
-                f"different outputs: {first.get('path')} "
-                f"{first.get('detail') or ''}".strip(),
-            }
-        )
+    return conditions
+
+
+def _reproduce_conditions(observations: Observations) -> list[dict[str, Any]]:
+    again = observations.reproducibility
+    if not again or again.get("reproduces") is not False:
+        return []
+    bad = [f for f in again.get("files") or [] if not f.get("ok")]
+    first = bad[0] if bad else {}
+    return [
+        {
+            "code": "not-reproducible",
+            "detail": f"a second run of the target in a fresh process gave "
+            f"different outputs: {first.get('path')} "
+            f"{first.get('detail') or ''}".strip(),
+        }
+    ]
+
+
+def _drift_conditions(ctx: RunContext) -> list[dict[str, Any]]:
+    """torch changed on a host since launch (the drift check's findings)."""
     from remotemac.engine.drift import drift_summary, load_drift
 
     drift = drift_summary(load_drift(ctx.out_dir))
     ctx.drift = drift
-    for change in drift["torch"]:
-        conditions.append(
-            {
-                "code": "environment-drift",
-                "detail": f"{change['host']}: torch changed since launch "
-                f"({change['when']}): {change['detail']}",
-            }
-        )
-    return observations, conditions
+    return [
+        {
+            "code": "environment-drift",
+            "detail": f"{change['host']}: torch changed since launch "
+            f"({change['when']}): {change['detail']}",
+        }
+        for change in drift["torch"]
+    ]
 
 
 ERROR_MARKERS = (
@@ -322,23 +355,23 @@ def record_command(ctx: RunContext) -> str:
 
 def _environment(ctx: RunContext) -> dict[str, Any]:
     """Each side's freeze (env/<role>.json) and what differs between them that matters."""
-    prov = ctx.results.get("provision", {})
+    prov = ctx.result(Phase.PROVISION) or ProvisionResult()
     dataset = _dataset(ctx)
     sides = {}
     for side in ctx.sides:
         if side.role == "reproduce":
             continue  # the target's environment, once more
-        host = prov.get("hosts", {}).get(side.host_key, {})
+        host = prov.host(side.host_key)
         frozen = dict(host.get("probe", {}))
         packages = frozen.pop("packages", None)
         sides[side.role] = {
             "host": ctx.hosts[side.host_key].transport.name,
-            "device": prov.get("devices", {}).get(side.role),
+            "device": prov.devices.get(side.role),
             **{k: frozen.get(k) for k in (*ENV_FACT_KEYS, "cuda_available")},
             "lock_hash": host.get("lock_hash"),
             # which Python the venv was made from; ``brought``: remotemac brought it
             "interpreter": host.get("interpreter"),
-            "project": prov.get("project"),
+            "project": prov.project,
             "dataset_revision": dataset.get("revision"),
             "command": record_command(ctx),
             "pytorch_env": {
@@ -376,8 +409,7 @@ def _environment(ctx: RunContext) -> dict[str, Any]:
 
 
 def _dataset(ctx: RunContext) -> dict[str, Any]:
-    hosts = ctx.results.get("sync", {}).get("hosts", {})
-    return hosts.get("remote") or next(iter(hosts.values()), {})
+    return (ctx.result(Phase.SYNC) or SyncResult()).dataset()
 
 
 def _deadman_guard(sync: dict[str, Any]) -> dict[str, Any] | None:
@@ -416,12 +448,12 @@ def _decision_context(ctx: RunContext) -> dict[str, Any]:
     except Exception as exc:  # the audit informs the decision; it must not sink the record
         blockers = []
         ctx.ledger.append("local", f"audit for the decision failed: {exc}", None, op="audit")
-    target = ctx.results.get("provision", {}).get("devices", {}).get("target")
+    prov, compare = ctx.result(Phase.PROVISION), ctx.result(Phase.COMPARE)
     return {
         "goal": purpose.goal,
         "trains_on_linux": purpose.trains_on_linux,
-        "results_summary": (ctx.results.get("compare") or {}).get("summary"),
-        "target_device": target,
+        "results_summary": compare.summary if compare else None,
+        "target_device": prov.devices.get("target") if prov else None,
         "ships_on_macos": purpose.ships_on_macos,
         "multi_gpu": purpose.multi_gpu,
         "cuda_dependencies": blockers,
@@ -463,17 +495,17 @@ def caches(ctx: RunContext) -> list[dict[str, Any]]:
     from remotemac.engine.jobs import CACHE_VARS
 
     tgt = ctx.side("target")
-    prov = (ctx.results.get("provision") or {}).get("hosts", {})
-    if tgt is None or tgt.host_key not in prov:
+    prov = ctx.result(Phase.PROVISION)
+    if tgt is None or prov is None or tgt.host_key not in prov.hosts:
         return []
-    run_dir = prov[tgt.host_key]["run_dir"]
+    run_dir = prov.hosts[tgt.host_key]["run_dir"]
     # every job on a host shares these dirs: any launch's access check covers them (a
     # target chained after the reference on the host is checked there, not by a launch phase)
-    checked: dict[str, Any] = {}
+    checked: dict[str, bool | None] = {}
     for side in ctx.sides:
-        access = (ctx.results.get(launch_key(side.role).name) or {}).get("access") or {}
-        if side.host_key == tgt.host_key:
-            checked.update({c.get("path"): c.get("ok") for c in access.get("checked") or []})
+        launched = ctx.launch_result(side.role)
+        if launched is not None and side.host_key == tgt.host_key:
+            checked.update(launched.checked_paths())
     paths = {
         "TORCH_HOME": "torch",
         "HF_HOME": "hf",
@@ -494,7 +526,7 @@ def caches(ctx: RunContext) -> list[dict[str, Any]]:
 # ---------------------------------------------------------------- process behaviour
 
 
-def _row(question: str, how: str, result: str, evidence: str, outcome: str) -> dict[str, Any]:
+def _row(question: str, how: str, result: str, evidence: str, outcome: str) -> dict[str, str]:
     return {
         "question": question,
         "how_tested": how,
@@ -504,10 +536,10 @@ def _row(question: str, how: str, result: str, evidence: str, outcome: str) -> d
     }
 
 
-def process_behaviour(ctx: RunContext, record: dict[str, Any]) -> list[dict[str, Any]]:
+def process_behaviour(ctx: RunContext, record: dict[str, Any]) -> list[dict[str, str]]:
     """Five questions a careful user asks of a rented machine, answered by this run."""
     codes = {c["code"]: c for c in record.get("stopping_conditions") or []}
-    follows = {s.role: (ctx.results.get(follow_key(s.role).name) or {}, s.label) for s in ctx.sides}
+    follows = {s.role: (ctx.follow_result(s.role) or FollowResult(), s.label) for s in ctx.sides}
     return [
         _ssh_row(record, follows),
         _lost_row(ctx, codes, follows),
@@ -517,11 +549,14 @@ def process_behaviour(ctx: RunContext, record: dict[str, Any]) -> list[dict[str,
     ]
 
 
-def _ssh_row(record: dict[str, Any], follows: dict[str, Any]) -> dict[str, Any]:
+Follows = dict[str, tuple[FollowResult, str]]
+
+
+def _ssh_row(record: dict[str, Any], follows: Follows) -> dict[str, str]:
     q = "Does the job survive a dropped SSH session?"
     cont = record.get("continuity") or {}
     drill = cont.get("drill")
-    label = follows.get("target", ({}, "target"))[1]
+    label = follows.get("target", (FollowResult(), "target"))[1]
     evidence = f"continuity in acceptance.json; logs/{label}.log"
     if isinstance(drill, dict) and drill.get("dropped") and drill.get("by") != "tui":
         ok = drill.get("job_kept_running") and drill.get("log_complete")
@@ -542,13 +577,13 @@ def _ssh_row(record: dict[str, Any], follows: dict[str, Any]) -> dict[str, Any]:
             f"{drill.get('cuts')} drill(s) found a live link); counted the drops"
         )
     if drops:
-        target = follows.get("target", ({}, ""))[0]
-        ok = target.get("state") == "finished"
+        target = follows.get("target", (FollowResult(), ""))[0]
+        ok = target.finished
         return _row(
             q,
             how,
             f"{drops} disconnect(s), {cont.get('reconnects') or 0} reconnect(s); "
-            f"the target job {target.get('state') or 'did not finish'} and its log was "
+            f"the target job {target.state or 'did not finish'} and its log was "
             "followed from the saved byte offset",
             evidence,
             "ok" if ok else "problem",
@@ -564,19 +599,19 @@ def _ssh_row(record: dict[str, Any], follows: dict[str, Any]) -> dict[str, Any]:
     )
 
 
-def _lost_row(ctx: RunContext, codes: dict[str, Any], follows: dict[str, Any]) -> dict[str, Any]:
+def _lost_row(ctx: RunContext, codes: dict[str, Any], follows: Follows) -> dict[str, str]:
     q = "What happens when the machine restarts or the job is lost?"
     mode = ctx.playbook.on_lost
     for role, (follow, label) in follows.items():
-        again = follow.get("relaunched")
+        again = follow.relaunched
         if again:
-            ok = follow.get("state") == "finished"
+            ok = follow.finished
             return _row(
                 q,
                 f"on_lost: relaunch: the lost {role} job was relaunched once through "
                 f"its {again.get('command')}",
-                f"lost ({again.get('reason')}); relaunched; then {follow.get('state')} "
-                f"with exit {follow.get('exit_code')}",
+                f"lost ({again.get('reason')}); relaunched; then {follow.state} "
+                f"with exit {follow.exit_code}",
                 f"logs/{label}.log: {again.get('marker')}",
                 "ok" if ok else "problem",
             )
@@ -597,7 +632,7 @@ def _lost_row(ctx: RunContext, codes: dict[str, Any], follows: dict[str, Any]) -
     )
 
 
-def _drift_row(ctx: RunContext, codes: dict[str, Any]) -> dict[str, Any]:
+def _drift_row(ctx: RunContext, codes: dict[str, Any]) -> dict[str, str]:
     q = "Did a package update change the environment during the run (drift)?"
     drift = ctx.drift or {"checks": [], "drifts": [], "torch": []}
     whens = sorted({c["when"] for c in drift["checks"] if c.get("when")})
@@ -622,22 +657,17 @@ def _drift_row(ctx: RunContext, codes: dict[str, Any]) -> dict[str, Any]:
     return _row(q, how, f"changed, not torch (a warning): {text}", evidence, "warning")
 
 
-def _disk_row(ctx: RunContext, codes: dict[str, Any], follows: dict[str, Any]) -> dict[str, Any]:
+def _disk_row(ctx: RunContext, codes: dict[str, Any], follows: Follows) -> dict[str, str]:
     q = "What happens when the disk fills up?"
     min_free = int(ctx.playbook.stop_when.min_free_disk)
     how = (
         f"the runner checks free space on remote_root's volume every 0.5 s and stops the job "
         f"(SIGTERM, then SIGKILL) below stop_when.min_free_disk = {format_size(min_free)}"
     )
-    seen = (
-        ((f.get("disk") or {}).get("root") or {}).get("min_free_seen")
-        for f, _label in follows.values()
-    )
+    seen = (f.min_free_seen() for f, _label in follows.values())
     lows: list[float] = [float(x) for x in seen if x is not None]
     stopped = [
-        (role, f, label)
-        for role, (f, label) in follows.items()
-        if f.get("state") == "storage-limit"
+        (role, f, label) for role, (f, label) in follows.items() if f.state == "storage-limit"
     ]
     if stopped:
         role, follow, label = stopped[0]
@@ -645,11 +675,11 @@ def _disk_row(ctx: RunContext, codes: dict[str, Any], follows: dict[str, Any]) -
             q,
             how,
             f"the {role} job was stopped with storage-limit before the volume "
-            f"was full: {follow.get('reason')}; its log and status were kept",
+            f"was full: {follow.reason}; its log and status were kept",
             f"logs/{label}.log; status/{label}.json",
             "problem",
         )
-    warned = [f.get("disk_warning") for f, _label in follows.values() if f.get("disk_warning")]
+    warned = [f.disk_warning for f, _label in follows.values() if f.disk_warning]
     if not lows:
         return _row(q, how, "not measured (the runner reported no disk figures)", "—", "not-tested")
     result = f"limit not reached; lowest free space seen {format_size(min(lows))}"
@@ -660,7 +690,7 @@ def _disk_row(ctx: RunContext, codes: dict[str, Any], follows: dict[str, Any]) -
 
 def _reproduce_row(
     ctx: RunContext, record: dict[str, Any], codes: dict[str, Any]
-) -> dict[str, Any]:
+) -> dict[str, str]:
     q = "Does the workflow reproduce after a fresh process?"
     again = (record.get("observations") or {}).get("reproducibility")
     if not ctx.playbook.reproduce or not again:
@@ -723,7 +753,7 @@ def _yes(value: Any) -> str:
     return {True: "yes", False: "no"}.get(value, "unknown")
 
 
-async def write_acceptance(ctx: RunContext, lost: str | None = None) -> dict[str, Any]:
+async def write_acceptance(ctx: RunContext, lost: str | None = None) -> RecordResult:
     from remotemac.acceptance.record import build_record, write_record
 
     observations, conditions = _observations(ctx)
@@ -773,14 +803,14 @@ async def write_acceptance(ctx: RunContext, lost: str | None = None) -> dict[str
     if ctx.playbook.workload.trace is not None:
         record["divergence"] = divergence(ctx)
     write_record(ctx.out_dir, record)
-    return {
-        "verdict": record["verdict"],
-        "summary": record["verdict"],
-        "conditions": record["stopping_conditions"],
-    }
+    return RecordResult(
+        verdict=record["verdict"],
+        summary=record["verdict"],
+        conditions=record["stopping_conditions"],
+    )
 
 
-def update_record_wipe(ctx: RunContext, wipe: dict[str, Any]) -> None:
+def update_record_wipe(ctx: RunContext, wipe: WipeResult) -> None:
     """Fold the wipe's outcome into the already written record."""
     from remotemac.acceptance.record import write_record
 
@@ -788,7 +818,7 @@ def update_record_wipe(ctx: RunContext, wipe: dict[str, Any]) -> None:
     if not path.exists():
         return
     record = json.loads(path.read_text(encoding="utf-8"))
-    record["wipe"] = {k: wipe.get(k) for k in ("done", "verified", "removed", "remaining")}
+    record["wipe"] = wipe.record_form()
     record["cpu"] = _cpu(ctx)  # the wipe's calls count too
     write_record(ctx.out_dir, record)
 

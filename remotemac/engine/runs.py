@@ -12,8 +12,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from remotemac.engine.phaseresults import WipeResult, from_journal
 from remotemac.errors import BadInput
 from remotemac.journal import Journal, RunRow
+from remotemac.phases import Phase
 from remotemac.playbook import Playbook
 
 
@@ -241,11 +243,9 @@ def outputs_kept_by_wipe(phases: dict[str, dict]) -> bool:
     "What survives a failure"): they are not "gone", and once they are verified on the
     laptop the wipe runs again to remove them."""
     wipe = phases.get("wipe") or {}
-    result = wipe.get("result") or {}
+    result = WipeResult.from_row(wipe)
     return (
-        wipe.get("state") == "done"
-        and result.get("done") is not False
-        and result.get("outputs_wiped") is False
+        wipe.get("state") == "done" and result.done is not False and result.outputs_wiped is False
     )
 
 
@@ -260,7 +260,8 @@ def phase_already_done(journal: Journal, run_id: str, phase: str) -> str | None:
 
     def done(name: str) -> bool:  # a wipe kept by ``wipe: manual`` is "done" but did nothing
         info = phases.get(name) or {}
-        return info.get("state") == "done" and (info.get("result") or {}).get("done") is not False
+        kept = name == Phase.WIPE and WipeResult.from_row(info).done is False
+        return info.get("state") == "done" and not kept
 
     if phase == "pull" and done("wipe") and not outputs_kept_by_wipe(phases):
         raise BadInput(
@@ -272,7 +273,7 @@ def phase_already_done(journal: Journal, run_id: str, phase: str) -> str | None:
     if phase == "wipe" and outputs_kept_by_wipe(phases) and done("pull"):
         return None  # the outputs it kept are verified here now: they go too
     info = phases[phase]
-    summary = (info.get("result") or {}).get("summary")
+    summary = from_journal(phase, info.get("result") or {}).line
     return (
         f"run {run_id} is already {_DONE_WORD.get(phase, phase + ' done')}"
         + (f" ({summary})" if summary else "")

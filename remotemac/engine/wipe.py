@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 from remotemac.agent.protocol import Op
 from remotemac.engine.context import HostBinding, RunContext
+from remotemac.engine.phaseresults import SyncResult, WipeResult
 from remotemac.errors import HostError, RemotemacError
+from remotemac.phases import Phase
 
 WIPED_SUBDIRS = ("data", "tmp", "cache", "out")
 KEPT_SUBDIRS = ["project", "logs", "status"]
@@ -29,15 +30,15 @@ KEPT_SUBDIRS = ["project", "logs", "status"]
 
 def _pulled(ctx: RunContext) -> bool:
     """Outputs are deletable once the pull phase verified them."""
-    return "pull" in ctx.results
+    return Phase.PULL in ctx.results
 
 
 def left_on_host(ctx: RunContext, key: str, binding: HostBinding, pulled: bool) -> list[str]:
     """What this run still has on a host whose wipe could not run, from the journal."""
     left = [f"{binding.run_dir}/{sub}" for sub in WIPED_SUBDIRS]
     left.append(f"{binding.run_dir} (project, logs, status)")
-    sync = (ctx.results.get("sync", {}).get("hosts", {}) or {}).get(key) or {}
-    ram = sync.get("ram") or {}
+    synced = ctx.result(Phase.SYNC) or SyncResult()
+    sync, ram = synced.host(key), synced.ram(key)
     if ram.get("path") and ram.get("kind") != "tmp":
         left.append(
             f"RAM store {ram['path']}"
@@ -54,7 +55,7 @@ def left_on_host(ctx: RunContext, key: str, binding: HostBinding, pulled: bool) 
     return left
 
 
-async def wipe_run(ctx: RunContext) -> dict[str, Any]:
+async def wipe_run(ctx: RunContext) -> WipeResult:
     """Wipe every host of the run, then shred the local data key: always, even when a
     host's wipe cannot run (unreachable, refused), so whatever ciphertext is left there
     is unreadable; the answer then lists exactly what is left on that host."""
@@ -63,108 +64,67 @@ async def wipe_run(ctx: RunContext) -> dict[str, Any]:
     errors: list[str] = []
     verified = True
     pulled = _pulled(ctx)
-    sync = ctx.results.get("sync", {}).get("hosts", {})
+    sync = ctx.result(Phase.SYNC) or SyncResult()
+    unreachable = ctx.unreachable
     for key, binding in ctx.hosts.items():
         if not binding.run_dir:
             continue
-        host = await _wipe_host(ctx, key, binding, sync, pulled)
-        removed += host.removed
-        remaining += host.remaining
-        errors += [host.error] if host.error else []
-        verified = verified and host.verified
-    key_destroyed, key_gone = _shred_key(ctx, removed, remaining)
-    verified = verified and key_gone
-    from remotemac.data.keys import key_path
-
-    summary = wipe_summary(removed, remaining, verified)
-    result = {
-        "done": not errors,
-        "verified": verified,
-        "removed": removed,
-        "remaining": remaining,
-        "key_destroyed": key_destroyed,
-        "outputs_wiped": pulled,
-        "summary": summary,
-    }
-    if errors:
-        shred = (
-            "the local data key was crypto-shredded, so the ciphertext left there can "
-            "no longer be decrypted"
-            if key_destroyed or not key_path(ctx.home, ctx.run_id).exists()
-            else "the local data key is still there"
-        )
-        result["error"] = (
-            f"wipe could not run on {'; '.join(errors)}; {shred}; run "
-            f"`remotemac wipe {ctx.run_id}` again, or `remotemac cleanup HOST`, "
-            "once the host answers"
-        )
-    return result
-
-
-@dataclass
-class _HostWipe:
-    """What one host's wipe removed and left, and why it could not run (if so)."""
-
-    removed: list[str] = field(default_factory=list)
-    remaining: list[str] = field(default_factory=list)
-    error: str | None = None
-    verified: bool = True
-
-
-async def _wipe_host(
-    ctx: RunContext, key: str, binding: HostBinding, sync: dict[str, Any], pulled: bool
-) -> _HostWipe:
-    """Ask the host's agent to wipe the run's data, then look for what is left."""
-    out = _HostWipe()
-    unreachable = ctx.unreachable
-    name = binding.transport.name
-    sessions = [s.session(ctx.run_id) for s in ctx.sides if s.host_key == key]
-    ram = (sync.get(key) or {}).get("ram")
-    try:
-        if unreachable.get(key):
-            raise HostError(unreachable[key])
-        answer = await binding.agent.call(
-            Op.WIPE_RUN_DATA,
-            {
-                "root": binding.root,
-                "run_id": ctx.run_id,
-                "sessions": sessions,
-                "keep": KEPT_SUBDIRS,
-                "ram": ram,
-                "wipe_outputs": pulled,
-                "cancel_deadman": True,
-            },
-        )
-    except (RemotemacError, OSError, asyncio.TimeoutError) as exc:
-        line = exc.line() if isinstance(exc, RemotemacError) else f"{type(exc).__name__}: {exc}"
-        left = left_on_host(ctx, key, binding, pulled)
-        out.error = f"{name} ({line}); left on {name}: {', '.join(left)}"
-        out.remaining += [f"{name}:{p} (wipe could not run)" for p in left]
-        out.verified = False
-        return out
-    ctx.ledger.append_steps(name, "wipe_run_data", answer.get("steps"))
-    out.removed += [f"{name}:{p}" for p in answer["removed"]]
-    out.remaining += [f"{name}:{p}" for p in answer["remaining"]]
-    out.verified = bool(answer.get("verified"))
-    if ram and ram.get("path"):
-        ctx.journal.record_removed(name, "ramstore", ram["path"])
-    for item in answer["removed"]:
-        if item.startswith("deadman:"):
-            deadman = (sync.get(key) or {}).get("deadman") or {}
-            if deadman.get("spec"):
-                ctx.journal.record_removed(name, "deadman", deadman["spec"])
-    # an independent look through the transport, not only the agent's word
-    for sub in WIPED_SUBDIRS:
-        if sub == "out" and not pulled:
+        name = binding.transport.name
+        sessions = [s.session(ctx.run_id) for s in ctx.sides if s.host_key == key]
+        ram = sync.host(key).get("ram")
+        try:
+            if unreachable.get(key):
+                raise HostError(unreachable[key])
+            answer = await binding.agent.call(
+                Op.WIPE_RUN_DATA,
+                {
+                    "root": binding.root,
+                    "run_id": ctx.run_id,
+                    "sessions": sessions,
+                    "keep": KEPT_SUBDIRS,
+                    "ram": ram,
+                    "wipe_outputs": pulled,
+                    "cancel_deadman": True,
+                },
+            )
+        except (RemotemacError, OSError, asyncio.TimeoutError) as exc:
+            line = exc.line() if isinstance(exc, RemotemacError) else f"{type(exc).__name__}: {exc}"
+            left = left_on_host(ctx, key, binding, pulled)
+            errors.append(f"{name} ({line}); left on {name}: {', '.join(left)}")
+            remaining += [f"{name}:{p} (wipe could not run)" for p in left]
+            verified = False
             continue
-        if await binding.transport.stat(f"{binding.run_dir}/{sub}") is not None:
-            out.remaining.append(f"{name}:{binding.run_dir}/{sub} (still there)")
-            out.verified = False
-    return out
+        ctx.ledger.append_steps(name, "wipe_run_data", answer.get("steps"))
+        removed += [f"{name}:{p}" for p in answer["removed"]]
+        remaining += [f"{name}:{p}" for p in answer["remaining"]]
+        verified = verified and bool(answer.get("verified"))
+        if ram and ram.get("path"):
+            ctx.journal.record_removed(name, "ramstore", ram["path"])
+        for item in answer["removed"]:
+            if item.startswith("deadman:"):
+                deadman = sync.host(key).get("deadman") or {}
+                if deadman.get("spec"):
+                    ctx.journal.record_removed(name, "deadman", deadman["spec"])
+        # an independent look through the transport, not only the agent's word
+        for sub in WIPED_SUBDIRS:
+            if sub == "out" and not pulled:
+                continue
+            if await binding.transport.stat(f"{binding.run_dir}/{sub}") is not None:
+                remaining.append(f"{name}:{binding.run_dir}/{sub} (still there)")
+                verified = False
+    return _shred_and_sum_up(ctx, removed, remaining, errors, verified, pulled)
 
 
-def _shred_key(ctx: RunContext, removed: list[str], remaining: list[str]) -> tuple[bool, bool]:
-    """Destroy the run's local data key: (destroyed now, gone)."""
+def _shred_and_sum_up(
+    ctx: RunContext,
+    removed: list[str],
+    remaining: list[str],
+    errors: list[str],
+    verified: bool,
+    pulled: bool,
+) -> WipeResult:
+    """Shred the local data key (whatever the hosts' wipes did), then the wipe's result:
+    what went, what is left, and for a host the wipe could not reach, what to run."""
     from remotemac.data.keys import destroy_data_key, key_path
 
     key_destroyed = destroy_data_key(ctx.home, ctx.run_id)
@@ -172,8 +132,30 @@ def _shred_key(ctx: RunContext, removed: list[str], remaining: list[str]) -> tup
         removed.append(f"local:data key of {ctx.run_id} (crypto-shredded)")
     if key_path(ctx.home, ctx.run_id).exists():
         remaining.append(f"local:{key_path(ctx.home, ctx.run_id)} (data key still there)")
-        return key_destroyed, False
-    return key_destroyed, True
+        verified = False
+    summary = wipe_summary(removed, remaining, verified)
+    result = WipeResult(
+        done=not errors,
+        verified=verified,
+        removed=removed,
+        remaining=remaining,
+        key_destroyed=key_destroyed,
+        outputs_wiped=pulled,
+        summary=summary,
+    )
+    if errors:
+        shred = (
+            "the local data key was crypto-shredded, so the ciphertext left there can "
+            "no longer be decrypted"
+            if key_destroyed or not key_path(ctx.home, ctx.run_id).exists()
+            else "the local data key is still there"
+        )
+        result.error = (
+            f"wipe could not run on {'; '.join(errors)}; {shred}; run "
+            f"`remotemac wipe {ctx.run_id}` again, or `remotemac cleanup HOST`, "
+            "once the host answers"
+        )
+    return result
 
 
 async def schedule_deadman(
