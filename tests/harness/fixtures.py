@@ -19,6 +19,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -27,6 +28,14 @@ import pytest
 from tests.harness import lab
 from tests.harness.faultproxy import FaultProxy
 from tests.harness.sshd import SSHD, ClientKey
+
+# An xdist worker (scripts/test runs two) is started with COLUMNS=80 and LINES=24 in its
+# environment, which a serial run lacks; every subprocess inherits them, and a TUI run in a
+# real tmux pane then lays itself out for 80 columns, not the pane's. Workers see the
+# environment of a serial run.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    for _name in ("COLUMNS", "LINES"):
+        os.environ.pop(_name, None)
 
 
 @pytest.fixture(scope="session")
