@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from remotemac.agent import protocol
+from remotemac.agent.launch import agent_argv
 from remotemac.agent.protocol import (
     FINAL_STATES,
     FRAME,
@@ -173,7 +174,7 @@ def test_an_agent_speaking_another_protocol_is_refused_at_its_hello(tmp_path: Pa
     async def go() -> None:
         session = ResidentAgent(
             LocalTransport(),
-            [sys.executable, "-S", str(agent / "resident.py")],
+            agent_argv(sys.executable, str(agent), "resident"),
             reconnect_deadline=30,
         )
         try:
@@ -195,7 +196,7 @@ def test_an_agent_speaking_this_protocol_is_served(tmp_path: Path):
     async def go() -> dict:
         session = ResidentAgent(
             LocalTransport(),
-            [sys.executable, "-S", str(AGENT / "resident.py")],
+            agent_argv(sys.executable, str(AGENT), "resident"),
             reconnect_deadline=30,
         )
         try:

@@ -251,7 +251,7 @@ def test_receiver_starts_from_cached_bytecode(tmp_path):
     agent.mkdir()
     #: the receiver and every agent module it imports (it runs as the agent package)
     names = ("agentutil", "datafiles", "datafinish", "dataops", "datapartial", "datarecords")
-    names += ("datasplit", "procid", "receiver", "writebehind")
+    names += ("datasplit", "procid", "protocol", "receiver", "writebehind")
     for name in (n + ".py" for n in names):
         (agent / name).write_bytes((Path(dataops.__file__).parent / name).read_bytes())
     argv = receiver_argv(sys.executable, str(agent))
