@@ -184,7 +184,8 @@ def test_launchd_job_fires_and_unloads_itself(tmp_path: Path, launchd_shim):
     assert plist.parent == launchd_shim["home"] / "Library" / "LaunchAgents"
     assert plist.name == f"com.remotemac.deadman.{run_id}.plist"
     content = plistlib.loads(plist.read_bytes())
-    assert content["RunAtLoad"] is True and content["ProgramArguments"][2] == "fire"
+    args = content["ProgramArguments"]  # python -S -c BOOT <agent dir>/deadman.py fire …
+    assert content["RunAtLoad"] is True and args[args.index(deadman.__file__) + 1] == "fire"
     result = root / "deadman" / f"{run_id}.result.json"
     assert _wait(result.exists, 30), "the launchd job did not fire"
     report = json.loads(result.read_text())

@@ -237,6 +237,10 @@ class RunScreen(Screen):
         self.refresh_bindings()
 
     def run_ended(self) -> None:
+        if not self.query("#log"):
+            # the run ended before this screen was composed (a short run, a loaded
+            # machine): on_mount reads the ended run itself
+            return
         self._journal_phases()
         self.flush_logs()
         self.run_worker(self.load_acceptance(), group="run-load")
