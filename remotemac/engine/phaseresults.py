@@ -17,6 +17,7 @@ the minimal rows tests write) read as results with the parts they had.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Self
 
@@ -196,8 +197,9 @@ class SyncHost(HostEntry):
         )
 
 
-def _hosts_dict(hosts: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    return {k: h.to_dict() if isinstance(h, HostEntry) else h for k, h in hosts.items()}
+def _hosts_dict(hosts: Mapping[str, HostEntry]) -> dict[str, dict[str, Any]]:
+    """The journal form of a result's per-host entries."""
+    return {k: h.to_dict() for k, h in hosts.items()}
 
 
 @dataclass
