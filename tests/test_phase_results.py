@@ -17,9 +17,11 @@ from remotemac.engine.phaseresults import (
     FollowResult,
     LaunchResult,
     OtherResult,
+    ProvisionHost,
     ProvisionResult,
     PullResult,
     RecordResult,
+    SyncHost,
     SyncResult,
     WipeResult,
     from_journal,
@@ -234,7 +236,7 @@ def test_a_journal_from_before_result_versions_resumes_typed(tmp_path: Path):
     assert ctx.restore_results(phases) == [n for n, _ in OLD_ROWS[:4]]
     prov = ctx.result(Phase.PROVISION)
     assert isinstance(prov, ProvisionResult) and prov.device("reproduce") == "mps"
-    assert ctx.provision().hosts["remote"]["run_dir"] == "/r/runs/x"
+    assert ctx.provision().hosts["remote"].run_dir == "/r/runs/x"
     sync = ctx.result(Phase.SYNC)
     assert sync is not None and sync.data_dir("remote") == "/r/data" and sync.ram("remote") == {}
     launch = ctx.launch_result("target")
@@ -289,3 +291,105 @@ def test_observations_read_a_record_and_write_it_back():
     assert typed.results.not_compared() == 1 and typed.results.failed() == 1
     empty = Observations.from_dict(None)
     assert empty.memory.peak_bytes is None and empty.results.files == []
+
+
+#: a host's provision entry as provision_host and the pipeline wrote it, every key
+PROVISION_HOST = {
+    "root": "/r",
+    "root_as_given": "~/r",
+    "root_id": "id1",
+    "run_dir": "/r/runs/x",
+    "paths": {"logs": "/r/runs/x/logs"},
+    "venv_python": "/r/envs/e/bin/python",
+    "venv_reused": True,
+    "probe": {"os": "Darwin", "packages": {"torch": "2.5"}},
+    "interpreter": {"interpreter": "/usr/bin/python3", "version": "3.12"},
+    "project_files": 4,
+    "project_bytes": 100,
+    "lock_hash": None,
+    "fingerprint": {"torch": "2.5"},
+    "space": {"ok": True},
+}
+
+#: a host's sync entry with data, and the five keys of a run without ``data``
+SYNC_HOST = {
+    "data_dir": "/r/data",
+    "files": 3,
+    "bytes": 10,
+    "encrypted": True,
+    "revision": "abc",
+    "ram": None,
+    "transfer": {"sent_files": 3},
+    "selection": [{"path": "a", "size": 1, "reason": "include"}],
+    "summary": "3 sent, 0 already on the host",
+    "runtime": None,
+    "deadman": {"method": "sleeper", "pid": 7, "deadline": 1.0},
+}
+NO_DATA_HOST = {
+    "data_dir": "/r/runs/x/data",
+    "files": 0,
+    "bytes": 0,
+    "encrypted": False,
+    "revision": None,
+}
+
+
+@pytest.mark.parametrize(
+    ("cls", "row"),
+    [
+        (ProvisionHost, PROVISION_HOST),
+        (SyncHost, SYNC_HOST),
+        (SyncHost, NO_DATA_HOST),
+        (SyncHost, {"data_dir": "/r/data", "files": 3, "bytes": 10, "ram": None}),
+        (ProvisionHost, {"root": "/r"}),
+        (ProvisionHost, {}),
+    ],
+)
+def test_a_host_entry_reads_typed_and_writes_back_key_for_key(cls, row):
+    """Keys a row lacks stay absent and a ``null`` stays written: the row, byte for byte."""
+    entry = cls.from_dict(row)
+    assert json.dumps(entry.to_dict()) == json.dumps(row)
+    assert entry.extra == {}
+
+
+def test_host_entries_built_here_write_the_dicts_the_code_wrote():
+    """A fresh entry writes every field in the old dict's order; a set dead-man job last."""
+    prov = ProvisionHost(**{k: v for k, v in PROVISION_HOST.items()})
+    assert json.dumps(prov.to_dict()) == json.dumps(PROVISION_HOST)
+    sync = SyncHost(**{k: v for k, v in SYNC_HOST.items() if k != "deadman"})
+    assert "deadman" not in sync.to_dict()
+    sync.deadman = SYNC_HOST["deadman"]
+    assert json.dumps(sync.to_dict()) == json.dumps(SYNC_HOST)
+    bare = SyncHost.without_data("/r/runs/x/data")
+    assert json.dumps(bare.to_dict()) == json.dumps(NO_DATA_HOST)
+    bare.deadman = {"method": "sleeper"}
+    assert list(bare.to_dict()) == [*NO_DATA_HOST, "deadman"]
+
+
+def test_a_host_key_this_version_does_not_know_is_kept():
+    row = {"root": "/r", "from_a_later_version": 1, "run_dir": "/r/runs/x"}
+    entry = ProvisionHost.from_dict(row)
+    assert entry.extra == {"from_a_later_version": 1} and entry.run_dir == "/r/runs/x"
+    assert json.dumps(entry.to_dict()) == json.dumps(row)
+
+
+def test_results_read_their_hosts_typed_and_write_the_row_back():
+    prov_row = {"hosts": {"remote": PROVISION_HOST}, "devices": {}, "project": None, "summary": "s"}
+    prov = from_journal("provision", prov_row)
+    assert isinstance(prov, ProvisionResult)
+    host = prov.host("remote")
+    assert isinstance(host, ProvisionHost) and host.venv_python == "/r/envs/e/bin/python"
+    assert host.probe["os"] == "Darwin" and host.fingerprint == {"torch": "2.5"}
+    assert prov.host("elsewhere") == ProvisionHost() and prov.host("elsewhere").root == ""
+    assert json.dumps(prov.to_dict()) == json.dumps(prov_row)
+    row = {"hosts": {"remote": SYNC_HOST, "local": NO_DATA_HOST}, "summary": "3 files, 10 bytes"}
+    sync = from_journal("sync", row)
+    assert isinstance(sync, SyncResult) and isinstance(sync.host("local"), SyncHost)
+    assert sync.host("remote").deadman == SYNC_HOST["deadman"] and sync.ram("remote") == {}
+    assert sync.dataset().revision == "abc" and sync.data_dir("nowhere") is None
+    assert SyncResult().dataset().files is None  # the record's dataset without a sync: nulls
+    assert json.dumps(sync.to_dict()) == json.dumps(row)
+    # a result built with dict hosts (as callers and tests do) reads them typed too
+    built = SyncResult(hosts={"remote": {"data_dir": "/d", "ram": {"kind": "shm"}}})
+    assert built.data_dir("remote") == "/d" and built.ram("remote") == {"kind": "shm"}
+    assert built.to_dict()["hosts"] == {"remote": {"data_dir": "/d", "ram": {"kind": "shm"}}}

@@ -17,6 +17,7 @@ import pytest
 from remotemac.checks.preflight import run_preflight
 from remotemac.engine.context import fill_matrix, make_sides
 from remotemac.engine.jobs import job_request
+from remotemac.engine.phaseresults import ProvisionHost
 from remotemac.errors import BadInput
 from remotemac.placeholders import expand
 from remotemac.playbook import parse_playbook
@@ -39,7 +40,7 @@ def _run_command(command: str) -> str:
     ctx = SimpleNamespace(playbook=pb, run_id="r1", results={}, result=lambda phase: None)
     side = make_sides(pb)[-1]
     side.label = "mps"
-    prov = {"run_dir": "/rr/runs/r1", "venv_python": "/rr/envs/e/bin/python"}
+    prov = ProvisionHost(run_dir="/rr/runs/r1", venv_python="/rr/envs/e/bin/python")
     request = job_request(ctx, side, "mps", prov, "/rr/data")  # type: ignore[arg-type]
     mkdir, _, command = request["command"].partition(" && ")
     assert mkdir == "mkdir -p /rr/runs/r1/out/mps"

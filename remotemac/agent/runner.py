@@ -310,31 +310,13 @@ def _marker(log_fd: int, log_path: str, text: str) -> None:
 
 
 def run(spec_path: str) -> int:
+    """Run the job SPEC describes to its end; the status file is written last."""
     with open(spec_path) as fh:
         spec = json.load(fh)
     status_path, log_path = spec["status_path"], spec["log_path"]
-    env = dict(os.environ)
-    env.update(spec.get("env", {}))
-    env["PYTHONUNBUFFERED"] = "1"
-    if spec.get("observe"):
-        prepare_observer(spec["observe"], env)
-    status: dict[str, Any] = {
-        "state": protocol.JobState.RUNNING,
-        "device": spec["device"],
-        "runner_pid": os.getpid(),
-        "runner_start": procid.identity(os.getpid()),
-        "mode": spec.get("mode", ""),
-        "started_at": time.time(),
-        "heartbeat_at": time.time(),
-        "command": spec["command"],
-        "session": spec.get("session"),
-    }
-    if spec.get("relaunch"):
-        status["relaunched"] = spec["relaunch"]
-    log_fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-    if spec.get("relaunch") and spec["relaunch"].get("marker"):
-        # written by this runner only, once: a retried launch finds the job running
-        _marker(log_fd, log_path, spec["relaunch"]["marker"])
+    env = _job_env(spec)
+    status = _initial_status(spec)
+    log_fd = _open_log(spec, log_path)
     argv = build_argv(spec)
     try:
         child = subprocess.Popen(
@@ -354,110 +336,192 @@ def run(spec_path: str) -> int:
         )
         _write_status(status_path, status)
         return 127
-    caffeinate = caffeinate_argv(spec, child.pid)
-    awake = _start_caffeinate(caffeinate)
-    if caffeinate:
-        status["caffeinate"] = caffeinate
-    status["child_pid"] = child.pid
-    # wipe and cleanup signal this pid only while it is still this very process
-    status["child_start"] = procid.identity(child.pid)
-    status["child_argv"] = argv
-    status["child_cmdline"] = procid.cmdline(child.pid)
+    job = _Job(spec, status, child, log_fd)
+    awake = job.note_child(argv)
     _write_status(status_path, status)
-
-    stop = threading.Event()
-    stopped_by: dict[str, str] = {}
-
-    def on_signal(signum: int, _frame: Any) -> None:
-        stopped_by["reason"] = "signal %d" % signum
-        _terminate(child)
-
-    def on_hangup(_signum: int, _frame: Any) -> None:
-        # tmux only hangs up a pane when its session is destroyed (kill-session,
-        # kill-server), never when a client detaches: the job's home is gone.
-        stopped_by["hangup"] = "the tmux session was killed"
-        _terminate(child, grace=HANGUP_GRACE_S)
-
-    signal.signal(signal.SIGTERM, on_signal)
-    if spec.get("mode") == "tmux":
-        signal.signal(signal.SIGHUP, on_hangup)
-    else:
-        signal.signal(signal.SIGHUP, signal.SIG_IGN)  # daemonised: no terminal to lose
-
-    deadline = (
-        status["started_at"] + float(spec.get("timeout") or 0) if spec.get("timeout") else None
-    )
-    memory = JobMemory(spec, status["started_at"])
-    disk = DiskWatch(spec["disk"]) if spec.get("disk") else None
-    next_beat = time.time() + HEARTBEAT_S
-    while not stop.is_set():
-        try:
-            code = child.wait(timeout=min(DISK_CHECK_S, MEMORY_SAMPLE_S))
-            break
-        except subprocess.TimeoutExpired:
-            pass
-        now = time.time()
-        memory.sample(child.pid, now)
-        if disk is not None:
-            why = disk.check(now)
-            if why and not stopped_by:
-                stopped_by["reason"] = protocol.JobState.STORAGE_LIMIT
-                stopped_by["detail"] = why
-                _log(log_fd, ("remotemac: %s: stopping the workload\n" % why).encode())
-                _terminate(child, grace=STORAGE_GRACE_S)
-            status["disk"] = disk.report()
-            if disk.warning and "disk_warning" not in status:
-                status["disk_warning"] = disk.warning
-                _write_status(status_path, status)
-        if now < next_beat:
-            continue
-        next_beat = now + HEARTBEAT_S
-        memory.merge()
-        status["heartbeat_at"] = now
-        status["peak_rss_bytes"] = memory.peak
-        status["processes"] = memory.max_processes
-        line = procid.cmdline(child.pid)  # the shell may have exec'd the command since
-        if line and child.poll() is None:
-            status["child_cmdline"] = line
-        _write_status(status_path, status)
-        if deadline and now > deadline and "reason" not in stopped_by:
-            stopped_by["reason"] = protocol.JobState.TIMEOUT
-            _log(log_fd, b"remotemac: timeout reached, stopping the workload\n")
-            _terminate(child)
+    job.install_signals()
+    code = job.watch()
     os.close(log_fd)
-    memory.merge()
-    if "hangup" in stopped_by:
+    job.memory.merge()
+    if "hangup" in job.stopped_by:
         # no final state: to the orchestrator this is a job that vanished with its
         # session (like a reboot); it reports ``lost`` once the heartbeat is stale
-        status.update(hangup_at=time.time(), hangup=stopped_by["hangup"])
+        status.update(hangup_at=time.time(), hangup=job.stopped_by["hangup"])
         _write_status(status_path, status)
         return 1
     _stop_caffeinate(awake)
-    reason = stopped_by.get("reason")
-    state: str
-    if reason in (protocol.JobState.TIMEOUT, protocol.JobState.STORAGE_LIMIT):
-        state = reason
-    elif reason:
-        state = protocol.JobState.STOPPED
-    else:
-        state = protocol.JobState.FINISHED if code == 0 else protocol.JobState.FAILED
-    if state == protocol.JobState.FINISHED and spec.get("convert"):
-        # before the final state: the orchestrator pulls once it reads "finished"
-        status["converted"] = convert_checkpoints(spec, env)
-    status.update(
-        state=state,
-        exit_code=code,
-        ended_at=time.time(),
-        heartbeat_at=time.time(),
-        peak_rss_bytes=memory.peak,
-    )
-    if reason:
-        status["reason"] = stopped_by.get("detail") or reason
-    if disk is not None:
-        status["disk"] = disk.report()
-    _write_status(status_path, status)
+    state = job.finish(code, env)
     _launch_next(spec, state)
     return 0
+
+
+def _job_env(spec: dict[str, Any]) -> dict[str, str]:
+    """The workload's environment: ours, the spec's on top, unbuffered, maybe observed."""
+    env = dict(os.environ)
+    env.update(spec.get("env", {}))
+    env["PYTHONUNBUFFERED"] = "1"
+    if spec.get("observe"):
+        prepare_observer(spec["observe"], env)
+    return env
+
+
+def _initial_status(spec: dict[str, Any]) -> dict[str, Any]:
+    """The status as the job starts: what the laptop needs to find and judge it."""
+    status = {
+        "state": protocol.JobState.RUNNING,
+        "device": spec["device"],
+        "runner_pid": os.getpid(),
+        "runner_start": procid.identity(os.getpid()),
+        "mode": spec.get("mode", ""),
+        "started_at": time.time(),
+        "heartbeat_at": time.time(),
+        "command": spec["command"],
+        "session": spec.get("session"),
+    }
+    if spec.get("relaunch"):
+        status["relaunched"] = spec["relaunch"]
+    return status
+
+
+def _open_log(spec: dict[str, Any], log_path: str) -> int:
+    """The log opened for appending (a reader's byte offset stays valid), marked on relaunch."""
+    log_fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    if spec.get("relaunch") and spec["relaunch"].get("marker"):
+        # written by this runner only, once: a retried launch finds the job running
+        _marker(log_fd, log_path, spec["relaunch"]["marker"])
+    return log_fd
+
+
+class _Job:
+    """One running workload: the watch loop's state (why it was stopped, its memory,
+    the disk), kept together so each step of the loop is a method, not a closure."""
+
+    def __init__(
+        self,
+        spec: dict[str, Any],
+        status: dict[str, Any],
+        child: subprocess.Popen[bytes],
+        log_fd: int,
+    ) -> None:
+        self.spec = spec
+        self.status = status
+        self.status_path: str = spec["status_path"]
+        self.child = child
+        self.log_fd = log_fd
+        #: why the runner stopped the job: "reason" (+ "detail"), or "hangup"
+        self.stopped_by: dict[str, str] = {}
+        self.memory = JobMemory(spec, status["started_at"])
+        self.disk = DiskWatch(spec["disk"]) if spec.get("disk") else None
+        timeout = spec.get("timeout")
+        self.deadline = status["started_at"] + float(timeout or 0) if timeout else None
+
+    def note_child(self, argv: list[str]) -> subprocess.Popen[bytes] | None:
+        """Keep the host awake for the child and note who it is; returns caffeinate's process."""
+        caffeinate = caffeinate_argv(self.spec, self.child.pid)
+        awake = _start_caffeinate(caffeinate)
+        if caffeinate:
+            self.status["caffeinate"] = caffeinate
+        self.status["child_pid"] = self.child.pid
+        # wipe and cleanup signal this pid only while it is still this very process
+        self.status["child_start"] = procid.identity(self.child.pid)
+        self.status["child_argv"] = argv
+        self.status["child_cmdline"] = procid.cmdline(self.child.pid)
+        return awake
+
+    def install_signals(self) -> None:
+        """SIGTERM stops the job; SIGHUP too under tmux (its session is gone)."""
+
+        def on_signal(signum: int, _frame: Any) -> None:
+            self.stopped_by["reason"] = "signal %d" % signum
+            _terminate(self.child)
+
+        def on_hangup(_signum: int, _frame: Any) -> None:
+            # tmux only hangs up a pane when its session is destroyed (kill-session,
+            # kill-server), never when a client detaches: the job's home is gone.
+            self.stopped_by["hangup"] = "the tmux session was killed"
+            _terminate(self.child, grace=HANGUP_GRACE_S)
+
+        signal.signal(signal.SIGTERM, on_signal)
+        if self.spec.get("mode") == "tmux":
+            signal.signal(signal.SIGHUP, on_hangup)
+        else:
+            signal.signal(signal.SIGHUP, signal.SIG_IGN)  # daemonised: no terminal to lose
+
+    def watch(self) -> int:
+        """Wait for the child, sampling memory and disk, beating, enforcing the timeout."""
+        next_beat = time.time() + HEARTBEAT_S
+        while True:
+            try:
+                return self.child.wait(timeout=min(DISK_CHECK_S, MEMORY_SAMPLE_S))
+            except subprocess.TimeoutExpired:
+                pass
+            now = time.time()
+            self.memory.sample(self.child.pid, now)
+            if self.disk is not None:
+                self._check_disk(self.disk, now)
+            if now < next_beat:
+                continue
+            next_beat = now + HEARTBEAT_S
+            self._beat(now)
+            if self.deadline and now > self.deadline and "reason" not in self.stopped_by:
+                self.stopped_by["reason"] = protocol.JobState.TIMEOUT
+                _log(self.log_fd, b"remotemac: timeout reached, stopping the workload\n")
+                _terminate(self.child)
+
+    def _check_disk(self, disk: DiskWatch, now: float) -> None:
+        """Stop the job on a disk below its floor; note a warning once."""
+        why = disk.check(now)
+        if why and not self.stopped_by:
+            self.stopped_by["reason"] = protocol.JobState.STORAGE_LIMIT
+            self.stopped_by["detail"] = why
+            _log(self.log_fd, ("remotemac: %s: stopping the workload\n" % why).encode())
+            _terminate(self.child, grace=STORAGE_GRACE_S)
+        self.status["disk"] = disk.report()
+        if disk.warning and "disk_warning" not in self.status:
+            self.status["disk_warning"] = disk.warning
+            _write_status(self.status_path, self.status)
+
+    def _beat(self, now: float) -> None:
+        """The heartbeat: the status with the memory so far and the current command line."""
+        self.memory.merge()
+        self.status["heartbeat_at"] = now
+        self.status["peak_rss_bytes"] = self.memory.peak
+        self.status["processes"] = self.memory.max_processes
+        line = procid.cmdline(self.child.pid)  # the shell may have exec'd the command since
+        if line and self.child.poll() is None:
+            self.status["child_cmdline"] = line
+        _write_status(self.status_path, self.status)
+
+    def final_state(self, code: int) -> str:
+        """The job's final state: the runner's reason to stop it, else its exit code."""
+        reason = self.stopped_by.get("reason")
+        if reason in (protocol.JobState.TIMEOUT, protocol.JobState.STORAGE_LIMIT):
+            return reason
+        if reason:
+            return protocol.JobState.STOPPED
+        return protocol.JobState.FINISHED if code == 0 else protocol.JobState.FAILED
+
+    def finish(self, code: int, env: dict[str, str]) -> str:
+        """Write the final status (after converting checkpoints); returns the state."""
+        state = self.final_state(code)
+        status = self.status
+        if state == protocol.JobState.FINISHED and self.spec.get("convert"):
+            # before the final state: the orchestrator pulls once it reads "finished"
+            status["converted"] = convert_checkpoints(self.spec, env)
+        status.update(
+            state=state,
+            exit_code=code,
+            ended_at=time.time(),
+            heartbeat_at=time.time(),
+            peak_rss_bytes=self.memory.peak,
+        )
+        reason = self.stopped_by.get("reason")
+        if reason:
+            status["reason"] = self.stopped_by.get("detail") or reason
+        if self.disk is not None:
+            status["disk"] = self.disk.report()
+        _write_status(self.status_path, status)
+        return state
 
 
 #: the converter of pickled checkpoints gets this long (a large model loads slowly)

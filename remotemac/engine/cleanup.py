@@ -75,12 +75,12 @@ def journal_knowledge(journal: Journal, host: str, name: str) -> Knowledge:
         know.runs.append(row.run_id)
         phases = journal.phases(row.run_id)
         info = ProvisionResult.from_row(phases.get("provision")).host("remote")
-        if info.get("root"):
-            know.run_roots[row.run_id] = info["root"]
-            if info["root"] not in know.roots:
-                know.roots.append(info["root"])
-        if info.get("run_dir"):
-            know.items.append({"kind": "run", "path": info["run_dir"], "run_id": row.run_id})
+        if info.root:
+            know.run_roots[row.run_id] = info.root
+            if info.root not in know.roots:
+                know.roots.append(info.root)
+        if info.run_dir:
+            know.items.append({"kind": "run", "path": info.run_dir, "run_id": row.run_id})
         ram = SyncResult.from_row(phases.get("sync")).ram("remote")
         if ram.get("kind") in ("shm", "ramdisk") and ram.get("path"):
             know.items.append({"kind": "ramstore", "path": ram["path"], "run_id": row.run_id})

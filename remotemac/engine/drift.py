@@ -66,7 +66,7 @@ def compare_fingerprints(before: dict[str, Any], after: dict[str, Any]) -> list[
 
 async def fingerprint(ctx: RunContext, key: str) -> dict[str, Any]:
     host = ctx.provision().hosts[key]
-    return await ctx.hosts[key].agent.call(Op.ENV_FINGERPRINT, {"python": host["venv_python"]})
+    return await ctx.hosts[key].agent.call(Op.ENV_FINGERPRINT, {"python": host.venv_python})
 
 
 async def check_drift(ctx: RunContext, when: str) -> list[dict[str, Any]]:
@@ -74,7 +74,7 @@ async def check_drift(ctx: RunContext, when: str) -> list[dict[str, Any]]:
     prov = ctx.result(Phase.PROVISION)
     entries = []
     for key, host in (prov.hosts if prov else {}).items():
-        before = host.get("fingerprint")
+        before = host.fingerprint
         if not before or key not in ctx.hosts:
             continue  # provisioned by a version that took no fingerprint: nothing to compare
         changes = compare_fingerprints(before, await fingerprint(ctx, key))

@@ -33,7 +33,7 @@ from remotemac.agent.protocol import (
     CACHE_VARS as CACHE_VARS,  # re-exported: the record reads it from here
 )
 from remotemac.engine.context import RunContext, Side, substitute
-from remotemac.engine.phaseresults import FollowResult
+from remotemac.engine.phaseresults import FollowResult, ProvisionHost
 from remotemac.errors import HostError, JobLost, TransientHostError
 from remotemac.events import ConnectionState, EventBus, LogLine, Metric, PhaseProgress, Warning
 from remotemac.phases import Phase, PhaseKey, follow_key
@@ -58,17 +58,18 @@ def job_request(
     ctx: RunContext,
     side: Side,
     device: str,
-    prov: dict[str, Any],
+    prov: ProvisionHost,
     data_dir: str,
     command: str | None = None,
 ) -> dict[str, Any]:
     """The agent's launch request for one side; ``command`` overrides the workload's
     (a relaunch runs ``resume_command``)."""
     pb = ctx.playbook
-    run_dir = prov["run_dir"]
+    run_dir = prov.run_dir
     output_dir = f"{run_dir}/out/{side.label}"
     values = {"device": device, "data_dir": data_dir, "output_dir": output_dir}
-    venv_bin = os.path.dirname(prov["venv_python"]) if "/" in prov["venv_python"] else ""
+    venv_python = prov.venv_python or ""
+    venv_bin = os.path.dirname(venv_python) if "/" in venv_python else ""
     env = dict(pb.workload.env)
     env.update(
         {
@@ -103,7 +104,7 @@ def job_request(
         # after the job, its own interpreter turns pickled checkpoints the safe loader
         # refuses into tensors on the host (agent/ckptconvert.py)
         "convert": {
-            "python": prov["venv_python"],
+            "python": prov.venv_python,
             "dir": output_dir,
             "patterns": [r.file for r in pb.outputs.compare] or ["**/*"],
         },

@@ -17,6 +17,7 @@ the minimal rows tests write) read as results with the parts they had.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Self
 
@@ -87,22 +88,143 @@ class OtherResult(PhaseResult):
     summary: str = ""
 
 
+@dataclass(kw_only=True)
+class HostEntry:
+    """One host's part of a phase result, with the journal's dict form key for key.
+
+    Why the key list: a host's dict had only the keys its code path wrote (a sync
+    without data has five, a row of an older version or a test fewer), so an absent
+    key and a key written as ``null`` both exist in journals. ``from_dict`` keeps the
+    row's keys in order and ``to_dict`` writes back exactly those; an entry built here
+    writes every field (those in ``OMIT_NONE`` only when set). A key with no field
+    goes to ``extra``. A field defaults to what its readers took a missing key for
+    (``.get``: None; the paths every reader needs: empty); defaults are never written.
+    """
+
+    extra: dict[str, Any] = field(default_factory=dict, repr=False)
+    #: the keys of the row this entry was read from, in order (None: built here)
+    row_keys: tuple[str, ...] | None = field(default=None, repr=False, compare=False)
+
+    OMIT_NONE: ClassVar[frozenset[str]] = frozenset()
+
+    @classmethod
+    def _names(cls) -> list[str]:
+        return [f.name for f in dataclasses.fields(cls) if f.name not in ("extra", "row_keys")]
+
+    def to_dict(self) -> dict[str, Any]:
+        names = self._names()
+        if self.row_keys is None:
+            order = [n for n in names if not (n in self.OMIT_NONE and getattr(self, n) is None)]
+        else:
+            order = list(self.row_keys)
+            # set after the entry was made (the sync's dead-man job): appended, as before
+            order += [n for n in self.OMIT_NONE if n not in order and getattr(self, n) is not None]
+        out: dict[str, Any] = {}
+        for name in order:
+            if name in names:
+                out[name] = getattr(self, name)
+            elif name in self.extra:
+                out[name] = self.extra[name]
+        out.update((k, v) for k, v in self.extra.items() if k not in out)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | HostEntry) -> Self:
+        """A host's entry from its journal dict (an entry already typed is returned as is)."""
+        if isinstance(data, cls):
+            return data
+        assert isinstance(data, dict), data
+        names = set(cls._names())
+        known = {k: v for k, v in data.items() if k in names}
+        extra = {k: v for k, v in data.items() if k not in names}
+        return cls(**known, extra=extra, row_keys=tuple(data))
+
+
+@dataclass
+class ProvisionHost(HostEntry):
+    """What the provision found and made on one host (engine/provision.provision_host)."""
+
+    root: str = ""
+    root_as_given: str = ""
+    root_id: str | None = None
+    run_dir: str = ""
+    paths: dict[str, str] | None = None
+    venv_python: str = ""
+    venv_reused: bool | None = None
+    #: the environment's freeze (agent ``freeze_env``): versions, packages, devices
+    probe: dict[str, Any] = field(default_factory=dict)
+    #: which Python the venv was made from; ``brought``: remotemac brought it
+    interpreter: dict[str, Any] | None = None
+    project_files: int | None = None
+    project_bytes: int | None = None
+    lock_hash: str | None = None
+    #: the environment's fingerprint at provision, compared before the target starts
+    fingerprint: dict[str, Any] | None = None
+    #: the agent's ``check_space`` answer
+    space: dict[str, Any] | None = None
+
+
+@dataclass
+class SyncHost(HostEntry):
+    """One host's copy of the dataset (engine/sync.sync_host) and its dead-man wipe."""
+
+    data_dir: str = ""
+    files: int | None = None
+    bytes: int | None = None
+    encrypted: bool | None = None
+    revision: str | None = None
+    #: the RAM store (path, kind, device, steps, warning); None when the data is on disk
+    ram: dict[str, Any] | None = None
+    transfer: dict[str, Any] | None = None
+    selection: list[dict[str, Any]] | None = None
+    summary: str | None = None
+    runtime: dict[str, Any] | None = None
+    #: the dead-man wipe scheduled before any byte was sent (agent/deadman.py's job)
+    deadman: dict[str, Any] | None = None
+
+    OMIT_NONE: ClassVar[frozenset[str]] = frozenset({"deadman"})
+
+    @classmethod
+    def without_data(cls, data_dir: str) -> SyncHost:
+        """A run without ``data``: the five keys such a host always had."""
+        return cls(
+            data_dir=data_dir,
+            files=0,
+            bytes=0,
+            encrypted=False,
+            revision=None,
+            row_keys=("data_dir", "files", "bytes", "encrypted", "revision"),
+        )
+
+
+def _hosts_dict(hosts: Mapping[str, HostEntry]) -> dict[str, dict[str, Any]]:
+    """The journal form of a result's per-host entries."""
+    return {k: h.to_dict() for k, h in hosts.items()}
+
+
 @dataclass
 class ProvisionResult(PhaseResult):
     """Per host: root, run_dir, probe, venv, fingerprint, space; per side: the device."""
 
-    hosts: dict[str, dict[str, Any]] = field(default_factory=dict)
+    hosts: dict[str, ProvisionHost] = field(default_factory=dict)
     devices: dict[str, str] = field(default_factory=dict)
     project: Any = None
     summary: str = ""
+
+    def __post_init__(self) -> None:
+        # rows read from the journal (and callers that build one) give the hosts as dicts
+        self.hosts = {k: ProvisionHost.from_dict(h) for k, h in self.hosts.items()}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**super().to_dict(), "hosts": _hosts_dict(self.hosts)}
 
     def device(self, role: str) -> str:
         """The device ``role`` ran on; a side the provision did not name runs as the target."""
         return self.devices.get(role) or self.devices["target"]
 
-    def host(self, key: str) -> dict[str, Any]:
+    def host(self, key: str) -> ProvisionHost:
         """What the provision found on one host (empty for a host it did not reach)."""
-        return self.hosts.get(key) or {}
+        return self.hosts.get(key) or ProvisionHost()
 
 
 @dataclass
@@ -110,22 +232,28 @@ class SyncResult(PhaseResult):
     """Per host: the data dir, the dataset's files/bytes/revision, the RAM store, the
     transfer's figures and the dead-man wipe scheduled before any byte was sent."""
 
-    hosts: dict[str, dict[str, Any]] = field(default_factory=dict)
+    hosts: dict[str, SyncHost] = field(default_factory=dict)
     summary: str = ""
 
-    def host(self, key: str) -> dict[str, Any]:
-        return self.hosts.get(key) or {}
+    def __post_init__(self) -> None:
+        self.hosts = {k: SyncHost.from_dict(h) for k, h in self.hosts.items()}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**super().to_dict(), "hosts": _hosts_dict(self.hosts)}
+
+    def host(self, key: str) -> SyncHost:
+        return self.hosts.get(key) or SyncHost()
 
     def data_dir(self, key: str) -> str | None:
-        return self.host(key).get("data_dir")
+        return self.host(key).data_dir or None
 
     def ram(self, key: str) -> dict[str, Any]:
         """The host's RAM store (path, kind, device), empty when the data is on disk."""
-        return self.host(key).get("ram") or {}
+        return self.host(key).ram or {}
 
-    def dataset(self) -> dict[str, Any]:
+    def dataset(self) -> SyncHost:
         """The target host's copy of the dataset (the record's ``dataset``)."""
-        return self.hosts.get("remote") or next(iter(self.hosts.values()), {})
+        return self.hosts.get("remote") or next(iter(self.hosts.values()), SyncHost())
 
 
 @dataclass

@@ -483,10 +483,10 @@ def restore_phase(ctx: RunContext, phase: PhaseKey) -> None:
         _label_sides(ctx, prov.devices)
         for key, info in prov.hosts.items():
             binding = ctx.hosts[key]
-            binding.root = info["root"]
-            binding.agent.root = info["root"]
-            binding.run_dir = info["run_dir"]
-            binding.agent.root_id = info.get("root_id")
+            binding.root = info.root
+            binding.agent.root = info.root
+            binding.run_dir = info.run_dir
+            binding.agent.root_id = info.root_id
 
 
 # ---------------------------------------------------------------- phases
@@ -498,16 +498,16 @@ async def _provision(ctx: RunContext, _key: PhaseKey) -> ProvisionResult:
     hosts = {}
     for key, binding in ctx.hosts.items():
         hosts[key] = await provision_host(ctx, binding)
-    devices = {s.role: resolve_device(s.device, hosts[s.host_key]["probe"]) for s in ctx.sides}
+    devices = {s.role: resolve_device(s.device, hosts[s.host_key].probe) for s in ctx.sides}
     _label_sides(ctx, devices)
     from remotemac.engine.provision import project_revision
     from remotemac.engine.storage import check_space
 
     for key, binding in ctx.hosts.items():
-        hosts[key]["fingerprint"] = await binding.agent.call(
-            Op.ENV_FINGERPRINT, {"python": hosts[key]["venv_python"]}
+        hosts[key].fingerprint = await binding.agent.call(
+            Op.ENV_FINGERPRINT, {"python": hosts[key].venv_python}
         )
-        hosts[key]["space"] = await check_space(ctx, binding, hosts[key])
+        hosts[key].space = await check_space(ctx, binding, hosts[key])
     return ProvisionResult(
         hosts=hosts,
         devices=devices,
@@ -526,9 +526,9 @@ async def _sync(ctx: RunContext, _key: PhaseKey) -> SyncResult:
     hosts = {key: await sync_host(ctx, b, prov[key]) for key, b in ctx.hosts.items()}
     for key, job in deadman.items():
         if job:
-            hosts[key]["deadman"] = job
+            hosts[key].deadman = job
     first = next(iter(hosts.values()))
-    return SyncResult(hosts=hosts, summary=f"{first['files']} files, {first['bytes']} bytes")
+    return SyncResult(hosts=hosts, summary=f"{first.files} files, {first.bytes} bytes")
 
 
 def _requests(ctx: RunContext) -> dict[str, dict[str, Any]]:
@@ -539,7 +539,7 @@ def _requests(ctx: RunContext) -> dict[str, dict[str, Any]]:
     assert data is not None  # launch and follow run after the sync
     return {
         s.role: job_request(
-            ctx, s, prov.device(s.role), prov.hosts[s.host_key], data.hosts[s.host_key]["data_dir"]
+            ctx, s, prov.device(s.role), prov.hosts[s.host_key], data.hosts[s.host_key].data_dir
         )
         for s in ctx.sides
     }
@@ -590,7 +590,7 @@ async def _pull(ctx: RunContext, _key: PhaseKey) -> PullResult:
     budget = ctx.playbook.outputs.max_bytes  # for the whole run, over every side
     sides = {}
     for s in ctx.sides:
-        sides[s.label] = await pull_side(ctx, s, prov[s.host_key]["run_dir"], max_bytes=budget)
+        sides[s.label] = await pull_side(ctx, s, prov[s.host_key].run_dir, max_bytes=budget)
         budget -= sum(int(f["size"]) for f in sides[s.label]["files"])
     count = sum(len(v["files"]) for v in sides.values())
     return PullResult(sides=sides, summary=f"{count} files verified")

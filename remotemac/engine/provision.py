@@ -12,6 +12,7 @@ from typing import Any
 from remotemac.agent.protocol import Op, PrepareRunAnswer, RuntimeStatus
 from remotemac.engine.context import HostBinding, RunContext, expand_root
 from remotemac.engine.hostpython import ensure_python, ensure_uv, version_request
+from remotemac.engine.phaseresults import ProvisionHost
 from remotemac.engine.pincheck import check_pin, pins
 from remotemac.engine.projectfiles import project_upload
 from remotemac.engine.runtime import install_method
@@ -34,7 +35,7 @@ def env_key(system_site: bool, requirements: bytes | None) -> str:
     return digest.hexdigest()[:16]
 
 
-async def provision_host(ctx: RunContext, binding: HostBinding) -> dict[str, Any]:
+async def provision_host(ctx: RunContext, binding: HostBinding) -> ProvisionHost:
     """The pipeline's provision phase for one host: claim the root, install the agent,
     prepare the run dir, upload the project, make the environment and probe it."""
     pb = ctx.playbook
@@ -59,16 +60,16 @@ async def provision_host(ctx: RunContext, binding: HostBinding) -> dict[str, Any
         else f"{binding.run_dir}/cache/freeze.json"
     )
     probe = await binding.agent.call(Op.FREEZE_ENV, {"python": venv_python, "cache": cache})
-    return {
-        "root": root,
-        "root_as_given": given,
-        "root_id": binding.agent.root_id,
-        "run_dir": binding.run_dir,
-        "paths": prepared.paths,
-        "venv_python": venv_python,
-        "venv_reused": venv.get("reused"),
-        "probe": probe,
-        "interpreter": {
+    return ProvisionHost(
+        root=root,
+        root_as_given=given,
+        root_id=binding.agent.root_id,
+        run_dir=binding.run_dir,
+        paths=prepared.paths,
+        venv_python=venv_python,
+        venv_reused=venv.get("reused"),
+        probe=probe,
+        interpreter={
             **{
                 k: venv.get(k)
                 for k in (
@@ -81,10 +82,10 @@ async def provision_host(ctx: RunContext, binding: HostBinding) -> dict[str, Any
             },
             **({"brought": brought} if brought else {}),
         },
-        "project_files": len(files),
-        "project_bytes": len(archive),
-        "lock_hash": hashlib.sha256(req_bytes).hexdigest() if req_bytes else None,
-    }
+        project_files=len(files),
+        project_bytes=len(archive),
+        lock_hash=hashlib.sha256(req_bytes).hexdigest() if req_bytes else None,
+    )
 
 
 async def _claim_root(ctx: RunContext, binding: HostBinding) -> tuple[str, str]:

@@ -17,6 +17,7 @@ from remotemac.engine.phaseresults import (
     CompareResult,
     ProvisionResult,
     RecordResult,
+    SyncHost,
     SyncResult,
     WipeResult,
 )
@@ -362,17 +363,17 @@ def _environment(ctx: RunContext) -> dict[str, Any]:
         if side.role == "reproduce":
             continue  # the target's environment, once more
         host = prov.host(side.host_key)
-        frozen = dict(host.get("probe", {}))
+        frozen = dict(host.probe or {})
         packages = frozen.pop("packages", None)
         sides[side.role] = {
             "host": ctx.hosts[side.host_key].transport.name,
             "device": prov.devices.get(side.role),
             **{k: frozen.get(k) for k in (*ENV_FACT_KEYS, "cuda_available")},
-            "lock_hash": host.get("lock_hash"),
+            "lock_hash": host.lock_hash,
             # which Python the venv was made from; ``brought``: remotemac brought it
-            "interpreter": host.get("interpreter"),
+            "interpreter": host.interpreter,
             "project": prov.project,
-            "dataset_revision": dataset.get("revision"),
+            "dataset_revision": dataset.revision,
             "command": record_command(ctx),
             "pytorch_env": {
                 **frozen.get("pytorch_env", {}),
@@ -408,14 +409,14 @@ def _environment(ctx: RunContext) -> dict[str, Any]:
     }
 
 
-def _dataset(ctx: RunContext) -> dict[str, Any]:
+def _dataset(ctx: RunContext) -> SyncHost:
     return (ctx.result(Phase.SYNC) or SyncResult()).dataset()
 
 
-def _deadman_guard(sync: dict[str, Any]) -> dict[str, Any] | None:
+def _deadman_guard(sync: SyncHost) -> dict[str, Any] | None:
     """Which dead-man guard held for the run (agent/deadman.py's job), or None without
     ``wipe_deadline``: launchd in the domain ``launchctl print`` found it in, or the sleeper."""
-    job = sync.get("deadman")
+    job = sync.deadman
     if not isinstance(job, dict) or not job.get("method"):
         return None
     if job["method"] == "launchd":
@@ -498,7 +499,7 @@ def caches(ctx: RunContext) -> list[dict[str, Any]]:
     prov = ctx.result(Phase.PROVISION)
     if tgt is None or prov is None or tgt.host_key not in prov.hosts:
         return []
-    run_dir = prov.hosts[tgt.host_key]["run_dir"]
+    run_dir = prov.hosts[tgt.host_key].run_dir
     # every job on a host shares these dirs: any launch's access check covers them (a
     # target chained after the reference on the host is checked there, not by a launch phase)
     checked: dict[str, bool | None] = {}
@@ -575,10 +576,10 @@ async def write_acceptance(ctx: RunContext, lost: str | None = None) -> RecordRe
         environment=_environment(ctx),
         context=_decision_context(ctx),
         dataset={
-            "revision": sync.get("revision"),
-            "files": sync.get("files"),
-            "bytes": sync.get("bytes"),
-            "encrypted": sync.get("encrypted"),
+            "revision": sync.revision,
+            "files": sync.files,
+            "bytes": sync.bytes,
+            "encrypted": sync.encrypted,
         },
         continuity={
             "disconnects": counters.get("disconnects", 0),

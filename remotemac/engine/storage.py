@@ -15,6 +15,7 @@ from typing import Any
 
 from remotemac.agent.protocol import Op
 from remotemac.engine.context import HostBinding, RunContext
+from remotemac.engine.phaseresults import ProvisionHost
 
 
 def slice_bytes(ctx: RunContext) -> int:
@@ -27,13 +28,13 @@ def slice_bytes(ctx: RunContext) -> int:
 
 
 async def check_space(
-    ctx: RunContext, binding: HostBinding, provisioned: dict[str, Any]
+    ctx: RunContext, binding: HostBinding, provisioned: ProvisionHost
 ) -> dict[str, Any]:
     """The agent's ``check_space`` for this host (raises AgentError ``no-space`` on refusal)."""
     if ctx.slice_bytes is None:  # every host gets the slice: select it once
         ctx.slice_bytes = slice_bytes(ctx)
     data = ctx.slice_bytes
-    venv_python = provisioned.get("venv_python") or ""
+    venv_python = provisioned.venv_python or ""
     venv_dir = (
         venv_python.rsplit("/bin/", 1)[0]
         if ctx.playbook.environment.venv and "/bin/" in venv_python
@@ -42,7 +43,7 @@ async def check_space(
     return await binding.agent.call(
         Op.CHECK_SPACE,
         {
-            "path": provisioned["run_dir"],
+            "path": provisioned.run_dir,
             "items": {"slice": data, "outputs (est.)": data},
             "venv_dir": venv_dir,
             "min_free": int(ctx.playbook.stop_when.min_free_disk),

@@ -37,6 +37,7 @@ from typing import Any
 from remotemac.data.manifest import HashCache, Manifest
 from remotemac.engine.agentclient import AgentClient
 from remotemac.engine.context import HostBinding, RunContext
+from remotemac.engine.phaseresults import ProvisionHost, SyncHost
 from remotemac.engine.syncplan import (  # noqa: F401 (MAX_STREAMS ... choose_streams: re-exported)
     MAX_STREAMS,
     PARTIAL_MIN_BYTES,
@@ -74,20 +75,12 @@ def choose_slice(ctx: RunContext):
     )
 
 
-async def sync_host(
-    ctx: RunContext, binding: HostBinding, provisioned: dict[str, Any]
-) -> dict[str, Any]:
+async def sync_host(ctx: RunContext, binding: HostBinding, provisioned: ProvisionHost) -> SyncHost:
     """The pipeline's sync phase for one host: show the selection, stream, verify."""
     data = ctx.playbook.data
-    run_dir = provisioned["run_dir"]
+    run_dir = provisioned.run_dir
     if data is None:
-        return {
-            "data_dir": f"{run_dir}/data",
-            "files": 0,
-            "bytes": 0,
-            "encrypted": False,
-            "revision": None,
-        }
+        return SyncHost.without_data(f"{run_dir}/data")
     selection = choose_slice(ctx)
     root = ctx.playbook.data_dir()
     assert root is not None and selection is not None
@@ -111,24 +104,22 @@ async def sync_host(
     )
     (ctx.out_dir / "manifest.json").write_text(manifest.to_json(), encoding="utf-8")
     _record_ram(ctx, binding, answer)
-    return {
-        "data_dir": answer["data_dir"],
-        "files": len(manifest.entries),
-        "bytes": manifest.total_bytes,
-        "encrypted": encrypted,
-        "revision": manifest.root_digest,
-        "ram": answer.get("ram"),
-        "transfer": stats.to_dict(),
-        "selection": [
-            {"path": f.path, "size": f.size, "reason": f.reason} for f in selection.files
-        ],
-        "summary": f"{stats.sent_files} sent, {stats.skipped_files} already on the host"
+    return SyncHost(
+        data_dir=answer["data_dir"],
+        files=len(manifest.entries),
+        bytes=manifest.total_bytes,
+        encrypted=encrypted,
+        revision=manifest.root_digest,
+        ram=answer.get("ram"),
+        transfer=stats.to_dict(),
+        selection=[{"path": f.path, "size": f.size, "reason": f.reason} for f in selection.files],
+        summary=f"{stats.sent_files} sent, {stats.skipped_files} already on the host"
         + (f", {stats.resumed_files} resumed mid-file" if stats.resumed_files else "")
         + (f", {stats.streams} streams" if stats.streams > 1 else ""),
-        "runtime": {k: runtime.get(k) for k in ("dir", "reused", "method", "cryptography")}
+        runtime={k: runtime.get(k) for k in ("dir", "reused", "method", "cryptography")}
         if runtime
         else None,
-    }
+    )
 
 
 def _data_key(ctx: RunContext) -> bytes:

@@ -45,7 +45,7 @@ def left_on_host(ctx: RunContext, key: str, binding: HostBinding, pulled: bool) 
             + (f" on {ram['device']}" if ram.get("device") else "")
             + " (plaintext)"
         )
-    deadman = sync.get("deadman") or {}
+    deadman = sync.deadman or {}
     if deadman.get("spec"):
         left.append(
             f"dead-man wipe {deadman.get('label') or deadman.get('pid') or ''} "
@@ -71,7 +71,7 @@ async def wipe_run(ctx: RunContext) -> WipeResult:
             continue
         name = binding.transport.name
         sessions = [s.session(ctx.run_id) for s in ctx.sides if s.host_key == key]
-        ram = sync.host(key).get("ram")
+        ram = sync.host(key).ram
         try:
             if unreachable.get(key):
                 raise HostError(unreachable[key])
@@ -102,7 +102,7 @@ async def wipe_run(ctx: RunContext) -> WipeResult:
             ctx.journal.record_removed(name, "ramstore", ram["path"])
         for item in answer["removed"]:
             if item.startswith("deadman:"):
-                deadman = sync.host(key).get("deadman") or {}
+                deadman = sync.host(key).deadman or {}
                 if deadman.get("spec"):
                     ctx.journal.record_removed(name, "deadman", deadman["spec"])
         # an independent look through the transport, not only the agent's word
