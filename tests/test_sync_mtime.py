@@ -152,3 +152,55 @@ def test_a_same_second_rewrite_of_a_ram_copy_is_decrypted_again(hfs, dataops, tm
     code, lines = _run(dataops, _resync(root, key, paths))
     assert code == 0 and lines[-1]["result"]["redecrypted"] == 0
     assert datarecords.load_records(str(tmp_path / "run" / "data"))
+
+
+def _drop_recorded(src: str) -> None:
+    """Rewrite the record as an agent before ``recorded_ns`` wrote it."""
+    path = os.path.join(src, datarecords.RECORD)
+    lines = [json.loads(x) for x in Path(path).read_text().splitlines()]
+    for rec in lines:
+        rec.pop("recorded_ns", None)
+    with open(path, "w") as fh:
+        fh.writelines(json.dumps(rec, sort_keys=True) + "\n" for rec in lines)
+
+
+def test_a_record_of_an_older_agent_is_hashed_once_then_trusted(tmp_path):
+    """Records written before ``recorded_ns`` still read: their copies are hashed once
+    (held, nothing resent), the record is rewritten settled, and the next re-sync
+    trusts (size, mtime) again."""
+    src = str(tmp_path / "data")
+    blobs = {f"f{i}.bin": os.urandom(200 + i) for i in range(4)}
+    entries = [
+        {"path": p, "size": len(b), "sha256": hashlib.sha256(b).hexdigest(), "mtime_ns": 1}
+        for p, b in sorted(blobs.items())
+    ]
+    from remotemac.agent import dataops
+
+    frames = b"".join(
+        dataops.FRAME.pack(b"F", i, e["size"]) + blobs[e["path"]] + bytes.fromhex(e["sha256"])
+        for i, e in enumerate(entries)
+    )
+    assert _session(src, entries, frames)["final"]["result"]["received"] == len(entries)
+    records = datarecords.load_records(src)
+    assert all(datarecords.settled(r, "mtime_ns") for r in records.values())
+    _drop_recorded(src)
+    again = _session(src, entries, b"")
+    assert again["hello"]["todo"] == [] and again["final"]["result"]["mismatches"] == []
+    records = datarecords.load_records(src)
+    assert all(datarecords.settled(r, "mtime_ns") for r in records.values()), records
+
+
+def test_an_older_agents_ram_record_is_hashed_not_decrypted_again(dataops, tmp_path):  # noqa: F811
+    root = tmp_path / "data"
+    paths = _slice(root, {f"s{i}.bin": 2000 + i for i in range(3)})
+    key = os.urandom(32)
+    code, lines = _run(dataops, _stream(root, paths, key))
+    assert code == 0, lines[-1]
+    src = str(tmp_path / "run" / "data")
+    _drop_recorded(src)
+    code, lines = _run(dataops, _resync(root, key, paths))
+    assert code == 0, lines[-1]
+    result = lines[-1]["result"]
+    assert result["mismatches"] == [] and result["redecrypted"] == 0
+    records = datarecords.load_records(src)
+    assert all(datarecords.settled(r, "plain_mtime_ns") for r in records.values()), records
