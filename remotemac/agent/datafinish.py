@@ -17,6 +17,7 @@ from .datarecords import (
     RECORD,
     SPLIT_PART,
     WRITING,
+    backdate,
     check_rel,
     compact_records,
     inside,
@@ -26,6 +27,7 @@ from .datarecords import (
     plain_ok,
     read_records,
     regular_lstat,
+    stamp,
     stored_ok,
 )
 from .datasplit import split_sid
@@ -71,6 +73,7 @@ class Finish:
             rel = check_rel(entry["path"])
             wanted[rel] = entry
             rec = self.records.get(rel)
+            was = rec and rec.get("recorded_ns")  # a hash below may settle it
             if rec is None or (
                 rel not in self._stored_seen and not stored_ok(self.src, rec, self.encrypted)
             ):
@@ -89,6 +92,7 @@ class Finish:
                     mismatches.append({"path": rel, "why": why})
                     continue
                 redecrypted += 1
+            self._resettled += rec.get("recorded_ns") != was
         others = self._other_writers()
         if others:  # a cut session may have left debris: walk both trees
             ended = [mark for mark, pid in others if not other_alive(pid)]
@@ -100,7 +104,12 @@ class Finish:
             if not other_alive(meta.get("pid")) and split_sid(base) not in self._splits_open:
                 self._drop_meta(base, meta)
         live = {p: r for p, r in self.records.items() if p in wanted}
-        if redecrypted or len(live) < len(self.records) or self._record_lines > 2 * len(live) + 64:
+        if (
+            redecrypted
+            or self._resettled
+            or len(live) < len(self.records)
+            or self._record_lines > 2 * len(live) + 64
+        ):
             compact_records(self.src, live)
         self.records = live
         self.done_writing()
@@ -128,6 +137,7 @@ class Finish:
             return "stored ciphertext failed authentication (tampered or damaged): %s" % exc
         except OSError as exc:
             return "cannot decrypt the stored ciphertext: %s" % exc
+        recorded = backdate(plain)  # before hashing: see datarecords.SETTLE_NS
         sink = HashSink(None)
         with open(plain, "rb") as fh:
             for block in iter(lambda: fh.read(READ), b""):
@@ -135,7 +145,7 @@ class Finish:
         if sink.digest.hexdigest() != rec["sha256"]:
             unlink_quietly(plain)
             return "sha256 differs after decrypting the stored ciphertext"
-        rec["plain_mtime_ns"] = os.lstat(plain).st_mtime_ns
+        stamp(rec, "plain_mtime_ns", plain, recorded)
         return None
 
     def _prune_recorded(self, wanted: Dict[str, Any]) -> int:

@@ -297,6 +297,9 @@ def op_prepare_data(req: Dict[str, Any]) -> Dict[str, Any]:
             old = receiver.records.get(rel)
             if old is not None and old.get("sha256") == rec["sha256"]:
                 old["plain_mtime_ns"] = rec["plain_mtime_ns"]
+                old.pop("recorded_ns", None)  # settled again only if _redecrypt's was
+                if "recorded_ns" in rec:
+                    old["recorded_ns"] = rec["recorded_ns"]
     if receiver.encrypted and receiver.records:
         compact_records(receiver.src, receiver.records)
     receiver.done_writing()

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import fcntl
 import functools
+import hashlib
 import json
 import os
 import re
 import stat
 import sys
+import time
 import unicodedata
 from typing import Any, Dict, Optional, Tuple
 
@@ -143,10 +145,98 @@ def read_records(src: str, offset: int, records: Dict[str, Dict[str, Any]]) -> T
     return offset + len(whole), len(lines)
 
 
+# ------------------------------------------------------------------ (size, mtime)
+
+#: how much older than the moment it was recorded (``recorded_ns``) a file's mtime
+#: must be for (size, mtime) to vouch for its bytes. Why: HFS+ (the RAM disk) keeps
+#: whole-second times, so a same-size rewrite within the second a copy was recorded
+#: in leaves its (size, mtime) as recorded (git's "racily clean" entry). 2 s covers a
+#: 1 s granularity (HFS+; FAT's is 2 s) and a file clock that lags ``time.time_ns``
+#: by a tick (Linux stamps files from a coarse clock).
+SETTLE_NS = 2 * 10**9
+
+
+def settled(rec: Dict[str, Any], key: str) -> bool:
+    """Whether ``rec[key]`` (the copy's mtime) is SETTLE_NS older than the record:
+    then any later write gives the copy another mtime. A record of an agent before
+    ``recorded_ns`` is not settled (its copy is hashed once, then it is)."""
+    mtime, recorded = rec.get(key), rec.get("recorded_ns")
+    return type(mtime) is int and type(recorded) is int and mtime + SETTLE_NS <= recorded
+
+
+def backdate(path: str) -> Optional[int]:
+    """Set the mtime of a file this process just wrote (not yet hashed, or not yet
+    in place) to a whole second SETTLE_NS before now; the time before that, for the
+    record's ``recorded_ns`` (None if the file system refused: the record is then
+    not settled, and its copy hashed again when next checked).
+
+    Why backdate rather than wait: every copy is recorded in the second it was
+    written, so without it every record of a fresh sync would be racy, and the
+    next re-sync would hash the whole slice again.
+    """
+    now = time.time_ns()
+    old = now // 10**9 * 10**9 - SETTLE_NS
+    try:
+        os.utime(path, ns=(old, old))
+    except OSError:
+        return None
+    return now
+
+
+def stamp(rec: Dict[str, Any], key: str, path: str, recorded: Optional[int]) -> None:
+    """``rec[key]`` = the mtime of ``path`` now, and its ``recorded_ns`` (see backdate)."""
+    rec[key] = os.lstat(path).st_mtime_ns
+    if recorded is not None:
+        rec["recorded_ns"] = recorded
+    else:
+        rec.pop("recorded_ns", None)
+
+
+def same_as(st: Optional[os.stat_result], rec: Dict[str, Any], key: str) -> bool:
+    """(size, mtime) of ``st`` are the record's (whether or not that vouches for it)."""
+    return (
+        st is not None
+        and stat.S_ISREG(st.st_mode)
+        and st.st_size == rec.get("size")
+        and st.st_mtime_ns == rec.get(key)
+    )
+
+
+def rehash_ok(path: str, rec: Dict[str, Any], key: str) -> bool:
+    """A copy whose record is not settled: whether its bytes still hash as recorded.
+
+    When they do and its mtime is SETTLE_NS old, the record becomes settled
+    (``recorded_ns`` = the time before hashing: a write after that changes its mtime).
+    The caller keeps ``rec`` (it was changed in place).
+    """
+    before = time.time_ns()
+    st = regular_lstat(path)
+    if not same_as(st, rec, key):
+        return False
+    digest = hashlib.sha256()
+    try:
+        with open(path, "rb") as fh:
+            for block in iter(lambda: fh.read(READ), b""):
+                digest.update(block)
+    except OSError:
+        return False
+    if digest.hexdigest() != rec.get("sha256"):
+        return False
+    if not same_as(regular_lstat(path), rec, key):
+        return False  # written while it was hashed
+    if rec[key] + SETTLE_NS <= before:
+        rec["recorded_ns"] = before
+    return True
+
+
 def stored_ok(src: str, rec: Dict[str, Any], encrypted: bool) -> bool:
-    """Quick check (like rsync's): the stored copy still has the size it was verified with."""
+    """Quick check (like rsync's): the stored copy still has the size it was verified
+    with (public data: and the mtime, if the record is settled, else its hash)."""
     path = inside(src, rec["path"]) + (".rmenc" if encrypted else "")
-    return stored_as(regular_lstat(path), rec, encrypted)
+    st = regular_lstat(path)
+    if stored_as(st, rec, encrypted):
+        return True
+    return not encrypted and same_as(st, rec, "mtime_ns") and rehash_ok(path, rec, "mtime_ns")
 
 
 def stored_as(st: Optional[os.stat_result], rec: Dict[str, Any], encrypted: bool) -> bool:
@@ -154,16 +244,21 @@ def stored_as(st: Optional[os.stat_result], rec: Dict[str, Any], encrypted: bool
         return False
     if encrypted:
         return st.st_size == rec.get("enc_size")
-    return st.st_size == rec.get("size") and st.st_mtime_ns == rec.get("mtime_ns")
+    return (
+        st.st_size == rec.get("size")
+        and st.st_mtime_ns == rec.get("mtime_ns")
+        and settled(rec, "mtime_ns")
+    )
 
 
 def plain_ok(dest: str, rec: Dict[str, Any]) -> bool:
-    st = regular_lstat(inside(dest, rec["path"]))
-    return (
-        st is not None
-        and st.st_size == rec.get("size")
-        and (st.st_mtime_ns == rec.get("plain_mtime_ns"))
-    )
+    """The RAM copy is as verified: (size, mtime) when the record is settled, else
+    its hash (see :data:`SETTLE_NS`)."""
+    path = inside(dest, rec["path"])
+    st = regular_lstat(path)
+    if not same_as(st, rec, "plain_mtime_ns"):
+        return False
+    return settled(rec, "plain_mtime_ns") or rehash_ok(path, rec, "plain_mtime_ns")
 
 
 class Recorder:

@@ -23,7 +23,15 @@ from .datafiles import (
     unlink_quietly,
     write_meta,
 )
-from .datarecords import READ, DataError, inside, make_parents, regular_lstat
+from .datarecords import (
+    READ,
+    DataError,
+    backdate,
+    inside,
+    make_parents,
+    regular_lstat,
+    stamp,
+)
 
 
 class Split:
@@ -273,6 +281,7 @@ class SplitPieces:
                     "split of %s: its plaintext in RAM is not %d bytes" % (sp.rel, sp.size),
                     "integrity",
                 )
+            recorded = backdate(sp.part)  # before hashing: see datarecords.SETTLE_NS
             sink = HashSink(None)
             with os.fdopen(own_file(sp.part, os.O_RDONLY), "rb") as fh:
                 for block in iter(lambda: fh.read(READ), b""):
@@ -293,13 +302,14 @@ class SplitPieces:
             os.replace(sp.base + ".rmenc", stored)
             os.replace(sp.part, plain)
             unlink_quietly(sp.base + ".json", sp.base + ".lock")
-        return {
+        rec: Dict[str, Any] = {
             "path": sp.rel,
             "sha256": claimed,
             "size": sp.size,
             "enc_size": os.lstat(stored).st_size,
-            "plain_mtime_ns": os.lstat(plain).st_mtime_ns,
         }
+        stamp(rec, "plain_mtime_ns", plain, recorded)
+        return rec
 
 
 def _piece_range(sp: Split, desc: Dict[str, Any], length: int) -> Tuple[int, int]:

@@ -27,10 +27,15 @@ from .datarecords import (
     WRITING,
     DataError,
     Recorder,
+    backdate,
     check_rel,
     inside,
     make_parents,
     read_records,
+    rehash_ok,
+    same_as,
+    settled,
+    stamp,
     stored_as,
 )
 from .datasplit import SplitPieces
@@ -86,6 +91,9 @@ class Receiver(PartialTransfers, SplitPieces, Finish):
         #: path -> the RAM copy's mtime this session saw matching its record (see check_ram)
         self._ram_seen: Dict[str, int] = {}
         self._ram_check: Optional[threading.Thread] = None
+        #: records a hash made settled this session (see datarecords.rehash_ok): finish
+        #: rewrites the record so the next session trusts their (size, mtime)
+        self._resettled = 0
         self._cipher_ready = False  # the runtime was activated (see cipher)
         self._writing_mark = ""  # this session's WRITING marker, once it writes
         self.entries: List[Dict[str, Any]] = hello_entries(req)
@@ -154,10 +162,20 @@ class Receiver(PartialTransfers, SplitPieces, Finish):
                 st = os.lstat(base + path + suffix)
             except OSError:
                 continue
-            if stored_as(st, rec, encrypted):
+            if stored_as(st, rec, encrypted) or (
+                # public, recorded racily (see datarecords.SETTLE_NS): its hash decides
+                not encrypted and same_as(st, rec, "mtime_ns") and self._rehash(base + path, rec)
+            ):
                 out.append((index, str(rec["sha256"])))
                 seen.add(path)
         return out
+
+    def _rehash(self, path: str, rec: Dict[str, Any]) -> bool:
+        """datarecords.rehash_ok of a public stored copy, counting what it settles."""
+        was = rec.get("recorded_ns")
+        ok = rehash_ok(path, rec, "mtime_ns")
+        self._resettled += rec.get("recorded_ns") != was
+        return ok
 
     @property
     def dest(self) -> str:
@@ -214,9 +232,10 @@ class Receiver(PartialTransfers, SplitPieces, Finish):
             except OSError:
                 continue
             mtime = rec.get("plain_mtime_ns")
-            if stat.S_ISREG(st.st_mode) and (st.st_size, st.st_mtime_ns) == (
-                rec.get("size"),
-                mtime,
+            if (
+                stat.S_ISREG(st.st_mode)
+                and (st.st_size, st.st_mtime_ns) == (rec.get("size"), mtime)
+                and settled(rec, "plain_mtime_ns")  # else finish hashes it (plain_ok)
             ):
                 sightings.setdefault(rel, mtime)
 
@@ -333,15 +352,17 @@ class Receiver(PartialTransfers, SplitPieces, Finish):
             out.close()
             digest = sink.digest.hexdigest()
             self._check_digest(rel, digest, claimed)
-            os.replace(part, stored)
             rec: Dict[str, Any] = {"path": rel, "sha256": digest, "size": sink.size}
-            st = os.lstat(stored)
             if plain is not None and plain_part is not None:
+                recorded = backdate(plain_part)  # see datarecords.SETTLE_NS
+                os.replace(part, stored)
                 os.replace(plain_part, plain)
-                rec["enc_size"] = st.st_size
-                rec["plain_mtime_ns"] = os.lstat(plain).st_mtime_ns
+                rec["enc_size"] = os.lstat(stored).st_size
+                stamp(rec, "plain_mtime_ns", plain, recorded)
             else:
-                rec["mtime_ns"] = st.st_mtime_ns
+                recorded = backdate(part)
+                os.replace(part, stored)
+                stamp(rec, "mtime_ns", stored, recorded)
         except BaseException:
             unlink_quietly(part, plain_part or "", meta or "")
             raise
@@ -390,15 +411,16 @@ class Receiver(PartialTransfers, SplitPieces, Finish):
                         fh.write(piece)
                         size += len(piece)
                 self._check_digest(rel, digest.hexdigest(), claimed)
+                recorded = backdate(plain_part)  # see datarecords.SETTLE_NS
                 os.replace(part, stored)
                 os.replace(plain_part, plain)
-                rec = {
+                rec: Dict[str, Any] = {
                     "path": rel,
                     "sha256": claimed,
                     "size": size,
                     "enc_size": os.lstat(stored).st_size,
-                    "plain_mtime_ns": os.lstat(plain).st_mtime_ns,
                 }
+                stamp(rec, "plain_mtime_ns", plain, recorded)
             except BaseException:
                 unlink_quietly(part, plain_part)
                 raise

@@ -53,7 +53,14 @@ class ManifestEntry:
 
 
 class HashCache(Protocol):
-    """Remembers plaintext hashes keyed by what changes when a file changes."""
+    """Remembers plaintext hashes keyed by what changes when a file changes.
+
+    (size, mtime_ns, inode, ctime_ns): on the laptop's ext4 (or btrfs, xfs) times have
+    nanoseconds (stamped from the kernel's tick clock, a few ms apart), so a same-size
+    rewrite is missed only within that tick. On a whole-second file system (HFS+, FAT)
+    it would be git's "racily clean" case the host guards against (agent/datarecords.py
+    SETTLE_NS); no check here: remotemac's laptop is Linux (issue 28 item 7).
+    """
 
     def get(self, path: str, size: int, mtime_ns: int, inode: int, ctime_ns: int) -> str | None: ...
 
