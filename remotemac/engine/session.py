@@ -222,6 +222,14 @@ class RunSession:
             self.playbook = self.playbook.model_copy(update={"wipe": "after_pull"})
         return await run_phase(self.open(), phase)
 
+    async def stop_jobs(self, why: str) -> list[str]:
+        """Stop the run's jobs on their hosts, after its follow was cancelled (the
+        TUI's "stop the job and quit"); the run is ``failed`` with ``why``, its data
+        stays for ``wipe``. Returns what a host left alone (a pid not remotemac's)."""
+        from remotemac.engine.pipeline import stop_jobs
+
+        return await stop_jobs(self.open(), why)
+
     # ------------------------------------------------------------ how it ended
 
     def launched(self) -> bool:

@@ -33,6 +33,7 @@ from remotemac.tui.screens.dialogs import (
     HelpScreen,
     MarkdownScreen,
     PlaybookPicker,
+    QuitScreen,
     RunChoice,
     key_rows,
 )
@@ -81,7 +82,7 @@ PALETTE: tuple[tuple[str, str, str], ...] = (
     ),
     ("Next fleet", "Show the next fleet (n on the fleet screen)", "fleet:next_fleet"),
     ("Keys", "Every key of this screen (?)", "help"),
-    ("Quit", "Leave; remote jobs keep running (q)", "quit"),
+    ("Quit", "Leave; mid-run it asks: keep the jobs running, or stop them (q)", "quit"),
 )
 
 
@@ -443,27 +444,39 @@ class RemotemacApp(App[int]):
         if not live:
             self.run_worker(self._leave([]), group="quit", exclusive=True)
             return
-        question, details = quit_question(live)
+        dialog = QuitScreen(*quit_question(live))
 
         def answered(yes: bool | None) -> None:
             if yes:
-                self.run_worker(self._leave(self.live_run_ids()), group="quit", exclusive=True)
+                leave = self._leave(self.live_run_ids(), stop=dialog.stop)
+                self.run_worker(leave, group="quit", exclusive=True)
 
-        self.push_screen(
-            ConfirmScreen(question, details, yes="Keep running, quit", no="Stay here", safe=True),
-            answered,
-        )
+        self.push_screen(dialog, answered)
 
-    async def _leave(self, live: list[str]) -> None:
+    async def _leave(self, live: list[str], stop: bool = False) -> None:
+        """Stop following (the journal says ``interrupted``); ``stop``: then stop the
+        jobs on their hosts too. Exit 130 either way, as the CLI's Ctrl-C."""
         await self.driver.stop_all()
         if not live:
             self.exit(0)
             return
-        self.exit_lines = [
-            f"remotemac: stopped following; the job keeps running on the host. "
-            f"Resume with: remotemac attach {run_id}"
-            for run_id in live
-        ]
+        if stop:
+            self.notify("stopping the job(s) on their hosts…", timeout=30)
+            failed = await self.driver.stop_jobs(live)
+            self.exit_lines = [
+                f"remotemac: could not stop the job of {run_id}: {failed[run_id]}. "
+                f"Resume with: remotemac attach {run_id}"
+                if run_id in failed
+                else f"remotemac: stopped the job of {run_id} on its host; its data stays "
+                f"there until: remotemac wipe {run_id}"
+                for run_id in live
+            ]
+        else:
+            self.exit_lines = [
+                f"remotemac: stopped following; the job keeps running on the host. "
+                f"Resume with: remotemac attach {run_id}"
+                for run_id in live
+            ]
         self.exit(EXIT_INTERRUPTED, return_code=EXIT_INTERRUPTED)
 
     # ------------------------------------------------------------ command palette

@@ -288,6 +288,27 @@ class RunDriver:
             with contextlib.suppress(Exception, asyncio.TimeoutError):
                 await asyncio.wait_for(asyncio.gather(*(_quiet_wait(w) for w in workers)), timeout)
 
+    async def stop_jobs(self, run_ids: list[str]) -> dict[str, str]:
+        """Stop these runs' jobs on their hosts (after :meth:`stop_all`): the quit
+        dialog's "stop & quit". Returns why, for each run whose stop failed."""
+        failed: dict[str, str] = {}
+        for run_id in run_ids:
+            try:
+                session = RunSession.resume(
+                    self.journal,
+                    run_id,
+                    home=self.settings.home,
+                    ssh=self.settings.ssh_options(),
+                    show_secrets=False,
+                )
+                left = await session.stop_jobs("stopped on the host from the TUI (quit)")
+            except Exception as exc:  # the host unreachable: the job goes on; say so
+                failed[run_id] = error_line(exc)
+                continue
+            if left:
+                failed[run_id] = "left alone: " + "; ".join(left)
+        return failed
+
 
 async def _quiet_wait(worker: Any) -> None:
     with contextlib.suppress(Exception, asyncio.CancelledError):

@@ -166,6 +166,8 @@ def quit_question(live_ids: Sequence[str]) -> tuple[str, str]:
         + ("the job goes on on its host" if n == 1 else "the jobs go on on their hosts")
         + " and this TUI stops following; pick up again with\n\n"
         + "\n".join(f"  remotemac attach {run_id}" for run_id in live_ids)
-        + "\n\nor by opening the TUI again (it re-attaches)."
+        + "\n\nor by opening the TUI again (it re-attaches). Stop & quit: "
+        + ("the job is" if n == 1 else "the jobs are")
+        + " stopped on the host, the data stays there until `remotemac wipe`."
     )
     return f"Quit while {n} {what} live?", details

@@ -61,6 +61,7 @@ class ConfirmScreen(ModalScreen[bool]):
                 yield Button(
                     f"{self.yes} (y)", variant="primary" if self.safe else "error", id="yes"
                 )
+                yield from self.more_buttons()
                 yield Button(f"{self.no} (n)", variant="default", id="no")
 
     def body(self) -> ComposeResult:
@@ -68,6 +69,9 @@ class ConfirmScreen(ModalScreen[bool]):
             yield Static(self.details, markup=False, id="details-text")
 
     def after(self) -> ComposeResult:
+        yield from ()
+
+    def more_buttons(self) -> ComposeResult:
         yield from ()
 
     def on_mount(self) -> None:
@@ -94,6 +98,30 @@ class ConfirmScreen(ModalScreen[bool]):
 
     def action_answer(self, value: bool) -> None:
         self.dismiss(value)
+
+
+class QuitScreen(ConfirmScreen):
+    """Quitting mid-run: keep the jobs running (y), stop them on their hosts (s), or
+    stay (n). Yes either way; :attr:`stop` says which yes, for the app's callback."""
+
+    BINDINGS = [Binding("s", "stop", "Stop jobs, quit")]
+
+    def __init__(self, question: str, details: str) -> None:
+        super().__init__(question, details, yes="Keep running, quit", no="Stay here", safe=True)
+        self.stop = False
+
+    def more_buttons(self) -> ComposeResult:
+        yield Button("Stop & quit (s)", variant="error", id="stop")
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        if event.button.id == "stop":
+            self.action_stop()
+        else:
+            super().on_button_pressed(event)
+
+    def action_stop(self) -> None:
+        self.stop = True
+        self.dismiss(True)
 
 
 class CleanupScreen(ConfirmScreen):

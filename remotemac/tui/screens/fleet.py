@@ -19,9 +19,16 @@ from textual.binding import Binding
 from textual.screen import Screen
 from textual.widgets import DataTable, Header, Static
 
+from remotemac.tui.fit import Column, fit_columns, widths
 from remotemac.tui.widgets.keybar import KeyBar
 from remotemac.tui.widgets.lists import ListTable
 from remotemac.vocab import human_duration, human_time, run_word
+
+COLUMNS = ("host", "variant", "verdict", "duration", "cost", "reason")
+# As the runs table: what goes first when the terminal is narrow. The host is the row's
+# id and the verdict its answer: both stay whole whatever the width (issue 30: at 80
+# columns long hosts and matrix variants pushed the verdict off the screen).
+PRIORITY = {"host": 0, "verdict": 0, "variant": 1, "duration": 2, "cost": 3, "reason": 4}
 
 _VERDICT_STYLE = {
     "accepted": "green",
@@ -126,6 +133,7 @@ class FleetScreen(Screen):
         self.out_root = out_root
         self.fleets: list[dict[str, Any]] = []
         self.index = 0
+        self._columns: list[str] = []
 
     def compose(self) -> ComposeResult:
         yield Header(show_clock=False)
@@ -135,9 +143,6 @@ class FleetScreen(Screen):
 
     def on_mount(self) -> None:
         self.sub_title = "fleet"
-        table = self.query_one("#fleet", DataTable)
-        for name in ("host", "variant", "verdict", "duration", "cost", "reason"):
-            table.add_column(name, key=name)
         try:
             self.fleets = load_fleets(self.journal, self.out_root)
         except Exception as exc:  # a locked journal: say so, keep the screen
@@ -148,6 +153,10 @@ class FleetScreen(Screen):
     def action_next_fleet(self) -> None:
         if self.fleets:
             self.index = (self.index + 1) % len(self.fleets)
+            self.show()
+
+    def on_resize(self, event: Any) -> None:
+        if self.fleets:
             self.show()
 
     def show(self) -> None:
@@ -164,7 +173,7 @@ class FleetScreen(Screen):
         counts = ", ".join(f"{n} {v}" for v, n in sorted((fleet.get("counts") or {}).items()))
         cost = (fleet.get("cost") or {}).get("amount")
         exit_code = fleet.get("exit_code")
-        title.update(
+        line = (
             f"fleet {fleet.get('fleet_id')} ({self.index + 1}/{len(self.fleets)}) — "
             f"{fleet.get('playbook')}: {counts or 'no runs'}; "
             + (
@@ -180,17 +189,39 @@ class FleetScreen(Screen):
                 else ""
             )
         )
-        for run in fleet["runs"]:
-            verdict = str(run.get("verdict") or "-")
-            duration = run.get("duration_s")
-            run_cost = run.get("cost")
-            table.add_row(
-                str(run.get("host")),
-                variant_text(run.get("variant")),
-                Text(verdict, style=_VERDICT_STYLE.get(verdict, "yellow")),
-                human_duration(duration) if isinstance(duration, (int, float)) else "—",
-                f"{run_cost:.2f} {run.get('currency') or ''}".strip()
-                if isinstance(run_cost, (int, float))
-                else "-",
-                str(run.get("reason") or ""),
-            )
+        rows = [self._cells(run) for run in fleet["runs"]]
+        cols = fit_columns(
+            [
+                Column(n, PRIORITY[n], w)
+                for n, w in zip(COLUMNS, widths(COLUMNS, rows), strict=True)
+            ],
+            self.size.width - 2,
+        )
+        if cols != self._columns:
+            table.clear(columns=True)
+            for name in cols:
+                table.add_column(name, key=name)
+            self._columns = cols
+        index = [COLUMNS.index(c) for c in cols]
+        for cells in rows:
+            table.add_row(*(cells[i] for i in index))
+        if len(cols) < len(COLUMNS):
+            line += " · hidden at this width: " + ", ".join(c for c in COLUMNS if c not in cols)
+        title.update(line)
+
+    @staticmethod
+    def _cells(run: dict[str, Any]) -> list[Any]:
+        """One run's cells, in :data:`COLUMNS` order."""
+        verdict = str(run.get("verdict") or "-")
+        duration = run.get("duration_s")
+        run_cost = run.get("cost")
+        return [
+            str(run.get("host")),
+            variant_text(run.get("variant")),
+            Text(verdict, style=_VERDICT_STYLE.get(verdict, "yellow")),
+            human_duration(duration) if isinstance(duration, (int, float)) else "—",
+            f"{run_cost:.2f} {run.get('currency') or ''}".strip()
+            if isinstance(run_cost, (int, float))
+            else "-",
+            str(run.get("reason") or ""),
+        ]
