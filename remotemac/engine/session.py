@@ -226,7 +226,7 @@ class RunSession:
         """Stop the run's jobs on their hosts, after its follow was cancelled (the
         TUI's "stop the job and quit"); the run is ``failed`` with ``why``, its data
         stays for ``wipe``. Returns what a host left alone (a pid not remotemac's)."""
-        from remotemac.engine.pipeline import stop_jobs
+        from remotemac.engine.stopjobs import stop_jobs
 
         return await stop_jobs(self.open(), why)
 
