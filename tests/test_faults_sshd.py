@@ -249,10 +249,10 @@ def test_3000_steps_with_the_link_cut_every_2s_during_sync(lab_host: LabHost, tm
     in_sync = cutter.during("sync")
     assert len(in_sync) >= 5, cutter.cuts
     (synced,) = ctx.result(Phase.SYNC).hosts.values()
-    transfer = synced["transfer"]
+    transfer = synced.transfer
     # more attempts than the four a count once allowed (two cuts can fall on one attempt:
     # the verified-file cuts come in bursts since the host batches its acks)
-    assert transfer["attempts"] > 4 and synced["files"] == files, transfer
+    assert transfer["attempts"] > 4 and synced.files == files, transfer
     # the cuts went on through the job and past it (every 2 s for the whole run)
     assert len(cutter.during("follow:target")) >= 5, cutter.cuts
     lines = trainer_lines(3000, files - 1, manifest_bytes, 0)

@@ -116,7 +116,7 @@ def test_mac_host_sensitive_slice_with_nfd_names_cut_mid_sync_reaches_the_job_wh
     ctx, code, cutter = cut_run(mac_host, pb, out, phase="sync", step=40, unit="verified")
     assert cutter.during("sync"), cutter.cuts
     (synced,) = ctx.result(Phase.SYNC).hosts.values()
-    assert synced["files"] == files, synced
+    assert synced.files == files, synced
     lines = local_lines(out, "cpu")
     assert any(line.startswith(f"data: {files - 1} files,") for line in lines), lines
     assert "every sha256 matches" in next(ln for ln in lines if ln.startswith("data:")), lines
