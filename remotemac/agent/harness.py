@@ -433,6 +433,9 @@ class Harness:
             "pytorch_env": self.pytorch_env,
             "fallback_env_before_torch": self.env_before_torch,
             "peak_rss_bytes": peak,
+            # the process tree's own memory at its highest (memsample.Sampler: PSS or
+            # phys_footprint, forked workers' shared pages once); None when not read
+            "peak_own_bytes": (self.sampler.peak_own or None) if self.sampler else None,
             "samples": self.sampler.count if self.sampler is not None else 0,
         }
 

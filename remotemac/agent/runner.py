@@ -24,8 +24,8 @@ import time
 from typing import Any
 
 from . import (
+    memsample,  # sibling: one memory row of a process tree, the job's own use in it
     obsmerge,  # sibling files: this script runs from the agent dir
-    ownmem,  # sibling: the job's own memory (PSS / phys_footprint)
     procid,  # sibling: who a process is (start time, command line), for safe kills
     proctree,
     protocol,  # the job states the laptop reads (protocol.JobState)
@@ -185,16 +185,8 @@ class JobMemory:
             return
         self.peak = max(self.peak, got.rss_bytes)
         self.max_processes = max(self.max_processes, len(got.pids))
-        row: dict[str, Any] = {
-            "t": round(now - self.started, 3),
-            "rss_bytes": got.rss_bytes,
-            "processes": len(got.pids),
-            "source": "process-tree",
-        }
-        own = ownmem.own_bytes(got.pids)
-        if own is not None:
-            # what the job itself uses: shared pages (forked workers) counted once
-            row["own_bytes"], row["own_kind"] = own
+        row: dict[str, Any] = {"t": round(now - self.started, 3)}
+        row.update(memsample.tree_row(got.pids, got.rss_bytes))
         if self.observe.get("dir"):
             # where the job is: torch imported (observed > 0), optimizer steps taken;
             # the memory trend's warm-up is counted from there (decide.memory_stable)
