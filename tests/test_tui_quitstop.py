@@ -75,7 +75,14 @@ async def test_the_quit_dialog_offers_stop_and_says_what_it_did(tmp_path):
 
 
 async def _quit_mid_run(app, pilot, run_id: str, key: str, run_dir: Path) -> list[int]:
-    await wait_for(pilot, lambda: len(view_lines(app, "cpu")) >= 3, 60, "first lines")
+    try:
+        await wait_for(pilot, lambda: len(view_lines(app, "cpu")) >= 3, 60, "first lines")
+    except AssertionError as exc:  # say what the app was showing, not only that it timed out
+        row = app.journal.get_run(run_id)
+        raise AssertionError(
+            f"{exc}; screen {type(app.screen).__name__}, run {row.state if row else None}"
+            f" ({row.error if row else ''}), cpu lines {view_lines(app, 'cpu')!r}"
+        ) from None
     await wait_for(pilot, lambda: len(job_pids(run_dir)) == 2, 30, "the job's pids")
     pids = job_pids(run_dir)
     assert all(alive(p) for p in pids), pids
