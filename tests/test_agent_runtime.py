@@ -31,8 +31,17 @@ from remotemac.engine.sync import sync_slice
 from remotemac.errors import EXIT_HOST_ENV, HostEnvironmentError
 from remotemac.transport.local import LocalTransport
 from tests.conftest import remotemac
+from tests.harness import lab
 
-BARE = os.environ.get("REMOTEMAC_TEST_BARE_PYTHON", "/root/.pyenv/versions/3.9.18/bin/python3.9")
+
+def _bare_default() -> str:
+    """The bare 3.9 the fresh-host lab copies (pyenv's, uv's or the OS's, for root and a
+    normal user alike: tests.harness.lab.find_source), not a path under /root."""
+    found = lab.find_source("3.9")
+    return str(found.prefix / "bin" / "python3.9") if found else "/root/.pyenv/bin/python3.9"
+
+
+BARE = os.environ.get("REMOTEMAC_TEST_BARE_PYTHON") or _bare_default()
 needs_bare = pytest.mark.skipif(not os.access(BARE, os.X_OK), reason=f"no bare Python at {BARE}")
 pytestmark = pytest.mark.timeout(300)
 

@@ -104,7 +104,12 @@ class LabError(RuntimeError):
 
 
 def pyenv_root() -> Path:
-    return Path(os.environ.get("PYENV_ROOT") or "/root/.pyenv")
+    """``$PYENV_ROOT``, else the runner's own ``~/.pyenv`` (a contributor's pyenv, on
+    PATH or not), else root's (CI: ``/root/.pyenv``)."""
+    if os.environ.get("PYENV_ROOT"):
+        return Path(os.environ["PYENV_ROOT"])
+    mine = Path.home() / ".pyenv"
+    return mine if mine.is_dir() else Path("/root/.pyenv")
 
 
 def pyenv_version(minor: str) -> Path:
