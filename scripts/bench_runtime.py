@@ -1,7 +1,7 @@
 """Cold and warm install of the agent runtime (cryptography for host-side decryption).
 
-Runs the agent on the host ``local`` under the given interpreter (default: pyenv's
-bare CPython 3.9, the model of a rented Mac's /usr/bin/python3), into a fresh
+Runs the agent on the host ``local`` under the given interpreter (default: the bare
+CPython 3.9 the fresh-host lab finds: pyenv's, uv's or the OS's; the model of a rented Mac's /usr/bin/python3), into a fresh
 remote_root for each cold case:
 
 * online: the host's pip installs the pinned set (pip cache inside remote_root);
@@ -32,8 +32,9 @@ from remotemac.engine.agentclient import AgentClient  # noqa: E402
 from remotemac.engine.ledger import Ledger  # noqa: E402
 from remotemac.engine.runtime import ensure_runtime  # noqa: E402
 from remotemac.transport.local import LocalTransport  # noqa: E402
+from tests.harness import lab  # noqa: E402
 
-BARE = "/root/.pyenv/versions/3.9.18/bin/python3.9"
+BARE = lab.bare_python("3.9")  # pyenv's, uv's or the OS's, as the fresh-host lab finds it
 
 
 async def once(python: str, root: Path, home: Path, method: str) -> tuple[float, dict, int]:
@@ -59,6 +60,8 @@ async def main() -> None:
     parser.add_argument("--python", default=BARE)
     parser.add_argument("--pypi", action="store_true")
     args = parser.parse_args()
+    if not args.python:
+        parser.error("no bare Python 3.9 found (pyenv, uv or /usr/bin): give --python")
     if args.pypi:
         os.environ.update(
             PIP_CONFIG_FILE=os.devnull, PIP_FIND_LINKS="", PIP_INDEX_URL="https://pypi.org/simple"

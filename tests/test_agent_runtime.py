@@ -33,15 +33,9 @@ from remotemac.transport.local import LocalTransport
 from tests.conftest import remotemac
 from tests.harness import lab
 
-
-def _bare_default() -> str:
-    """The bare 3.9 the fresh-host lab copies (pyenv's, uv's or the OS's, for root and a
-    normal user alike: tests.harness.lab.find_source), not a path under /root."""
-    found = lab.find_source("3.9")
-    return str(found.prefix / "bin" / "python3.9") if found else "/root/.pyenv/bin/python3.9"
-
-
-BARE = os.environ.get("REMOTEMAC_TEST_BARE_PYTHON") or _bare_default()
+BARE = (
+    os.environ.get("REMOTEMAC_TEST_BARE_PYTHON") or lab.bare_python("3.9") or "/no/bare/python3.9"
+)
 needs_bare = pytest.mark.skipif(not os.access(BARE, os.X_OK), reason=f"no bare Python at {BARE}")
 pytestmark = pytest.mark.timeout(300)
 

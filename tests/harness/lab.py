@@ -182,6 +182,14 @@ def find_source(minor: str) -> Source | None:
     return None
 
 
+def bare_python(minor: str) -> str | None:
+    """The path of the bare CPython ``minor`` :func:`find_source` finds (for root and a
+    normal user alike), None when the machine has none: what tests and benches that
+    run the agent under a bare interpreter use, never a path under /root."""
+    found = find_source(minor)
+    return str(found.prefix / "bin" / f"python{minor}") if found else None
+
+
 def interpreter_source(minor: str) -> Source:
     """:func:`find_source`, else ``uv python install MINOR`` where uv is at hand (a
     laptop with neither pyenv nor the OS's minor), else a LabError saying what to do."""
