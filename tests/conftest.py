@@ -58,6 +58,15 @@ def rm_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def make_playbook(tmp_path: Path):
     """Write a playbook for the ``lines`` workload on the local host; keys override.
 
+    The environment is a preinstalled one: the host ``local`` is this machine, and the
+    test runner's own interpreter (torch CPU installed) is handed over as
+    ``environment.python`` with ``venv: false``, as a user whose host already has torch
+    would. A rented Mac has no such interpreter (only 3.9.6, which cannot install
+    current torch): that the host brings its own interpreter and builds the workload's
+    environment under ``remote_root`` is what the fresh-host sshd tests prove
+    (tests/test_bring_sshd.py, tests/test_agent_runtime_sshd.py), with ``environment``
+    left to its default.
+
     A top-level key given as None is left out (e.g. ``environment=None``: the default
     environment, as a playbook over the fresh-host sshd should use).
     """

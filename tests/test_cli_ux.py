@@ -25,6 +25,9 @@ COLS = {"COLUMNS": "80"}
 
 
 def lines_playbook(folder: Path, name: str = "lines", **overrides) -> Path:
+    """The ``lines`` workload on the host ``local`` with a preinstalled environment (this
+    machine's interpreter, as tests.conftest.make_playbook says why): the CLI's output
+    is what these tests are about, not how the host builds an environment."""
     data = {
         "name": name,
         "host": "local",
