@@ -1,0 +1,168 @@
+"""The property "nothing unverified is lost", across phases, for the link (issue 31,
+"Done when"; the SIGKILL of the laptop is in tests/test_failure_paths_sshd.py, the
+disks filled by the job in the same file).
+
+For each phase of a run, one fault lands as that phase starts (the run's own event
+stream says when), then the documented recovery runs: none for a short cut, the command
+the run's last line names for a link down past the reconnect deadline (``attach``, or
+``wipe`` when it was the wipe that could not finish). It must end with every result
+verified on the laptop, every log line there once, and ``cleanup`` clean. The faults
+are real: the TCP fault proxy of tests/harness in front of the real sshd cuts the
+link or refuses new connections."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.test_cleanup_sshd import Target
+from tests.test_failure_paths_sshd import (
+    RESULTS_JOB,
+    assert_cleanup_clean,
+    assert_every_result_verified,
+    results_project,
+    write_book,
+)
+
+pytestmark = pytest.mark.timeout(420)
+
+#: the job of the SIGKILL property test: a few seconds, so each follow phase is long
+#: enough for a fault to land in it
+SLOW_JOB = RESULTS_JOB.replace("import json, os, sys", "import json, os, sys, time\ntime.sleep(3)")
+
+#: every phase a run goes through, as its events name them
+PHASES = [
+    "provision",
+    "sync",
+    "launch:reference",
+    "follow:reference",
+    "launch:target",
+    "follow:target",
+    "pull",
+    "wipe",
+]
+
+
+def start_run(t: Target, *args: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "remotemac", "--ssh-config", str(t.ssh_config), *args],
+        env=dict(os.environ, **t.env()),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def wait_for_phase(proc: subprocess.Popen, phase: str, timeout: float = 180) -> list[str]:
+    """Read the run's ``--json`` events until ``phase`` starts; the lines read so far."""
+    deadline = time.monotonic() + timeout
+    seen: list[str] = []
+    while True:
+        assert time.monotonic() < deadline, seen[-5:]
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line, ("the run ended before the fault", seen[-5:], proc.communicate())
+        seen.append(line)
+        with contextlib.suppress(ValueError):
+            event = json.loads(line)
+            if event.get("event") == "phase_started" and event.get("phase") == phase:
+                return seen
+
+
+def finish(proc: subprocess.Popen, timeout: float = 300) -> tuple[int, str, str]:
+    out, err = proc.communicate(timeout=timeout)
+    return proc.returncode, out, err
+
+
+def assert_logs_once(out: Path) -> None:
+    logs = list((out / "logs").glob("*.log"))
+    assert len(logs) == 2, logs
+    for log in logs:
+        assert log.read_text().splitlines().count("wrote results") == 1, log
+
+
+def last_error_line(stderr: str) -> str:
+    lines = [x for x in stderr.splitlines() if x.strip()]
+    return lines[-1] if lines else ""
+
+
+# ------------------------------------------------------------------ the link
+
+
+def proxied_target(tmp_path: Path, sshd_factory, fault_proxy, ssh_env):
+    server = sshd_factory()
+    proxy = fault_proxy(server)
+    rm_home, cfg, alias = ssh_env(server, proxy)
+    t = Target(alias, cfg, rm_home, server.home, server.tmux_dir, server.home / "remotemac", server)
+    return t, proxy
+
+
+@pytest.mark.parametrize("phase", PHASES)
+def test_a_link_cut_in_any_phase_is_survived_by_the_run_itself(
+    tmp_path, sshd_factory, fault_proxy, ssh_env, phase
+):
+    """The link drops (both TCP ends closed, as a dropped NAT entry) as the phase starts,
+    and again a moment later: the run reconnects on its own and ends as a clean run
+    does, with no recovery command at all."""
+    t, proxy = proxied_target(tmp_path, sshd_factory, fault_proxy, ssh_env)
+    book = write_book(tmp_path, t, results_project(tmp_path, SLOW_JOB))
+    out = tmp_path / "out"
+    proc = start_run(t, "run", str(book), "--out", str(out), "--json")
+    wait_for_phase(proc, phase)
+    cuts = proxy.cut()
+    time.sleep(0.3)
+    cuts += proxy.cut()
+    assert cuts >= 1, "no connection was open: the cut proves nothing"
+    code, stdout, stderr = finish(proc)
+    assert code in (0, 1), (code, stderr[-3000:])
+    assert "internal error" not in stderr, stderr
+    assert_every_result_verified(out)
+    assert_logs_once(out)
+    assert_cleanup_clean(t, tmp_path)
+
+
+@pytest.mark.parametrize("phase", PHASES)
+def test_a_link_down_past_the_deadline_in_any_phase_then_attach_loses_nothing(
+    tmp_path, sshd_factory, fault_proxy, ssh_env, phase
+):
+    """The host becomes unreachable as the phase starts (open connections cut, new ones
+    refused) for longer than the reconnect deadline: the run stops with exit 3 and one
+    line naming ``remotemac attach <run-id>``; once the link is back that command ends
+    with every result verified here and ``cleanup`` clean."""
+    t, proxy = proxied_target(tmp_path, sshd_factory, fault_proxy, ssh_env)
+    book = write_book(tmp_path, t, results_project(tmp_path, SLOW_JOB))
+    out = tmp_path / "out"
+    proc = start_run(t, "run", str(book), "--out", str(out), "--json", "--reconnect-deadline", "3")
+    wait_for_phase(proc, phase)
+    proxy.refuse(True)
+    proxy.cut()
+    try:
+        code, stdout, stderr = finish(proc)
+    finally:
+        proxy.restore()
+    assert "internal error" not in stderr and "Traceback" not in stderr, stderr
+    if code in (0, 1):
+        # the phase's last call was answered before the link went: nothing was left
+        # to do on the host (the wipe's verification may be the last call of a run)
+        assert phase == "wipe", (phase, code, stderr[-3000:])
+    else:
+        assert code == 3, (code, stderr[-3000:])
+        hint = re.search(r"remotemac (attach|wipe) ([\w.-]+)", stderr)
+        assert hint, stderr[-3000:]
+        command, run_id = hint.groups()
+        # the wipe's own recovery is the wipe again (results are pulled by then); any
+        # earlier phase's is attach, which picks the run up where it stopped
+        assert command == ("wipe" if phase == "wipe" else "attach"), (phase, stderr[-3000:])
+        again = t.cli(command, run_id, *(["--yes"] if command == "wipe" else []))
+        assert again.returncode in (0, 1), again.stdout + again.stderr
+    assert_every_result_verified(out)
+    assert_logs_once(out)
+    assert_cleanup_clean(t, tmp_path)
