@@ -1,9 +1,12 @@
-"""Fixed cost of a run over a loopback sshd: the resident agent against one-shot calls.
+"""Fixed cost of a run over a loopback sshd, as a user runs it: the CLI against ``ssh true``.
 
-Figures (issue 16), each printed as a ratio or against its goal:
+Figures (issues 16 and 36), each printed as a ratio or against its goal:
 
-* a warm trivial two-device run (reference and target ``python3 a.py`` on cpu, no
-  data) against one ``ssh host true`` (goal: at most 15x);
+* a warm trivial two-device run through the CLI as a user types it
+  (``remotemac --home H --ssh-config C run pb.yaml``: process start, imports, the
+  pipeline; reference and target ``python3 a.py`` on cpu, no data) against one
+  ``ssh host true`` on the SAME login, the two interleaved run by run so both see the
+  same load (goal: at most 15x); the engine timed in-process is printed too;
 * an agent call's median round trip (``ping``, goal: at most 5 ms);
 * the host-side CPU of that trivial run, all agent processes together (goal: at most
   0.5 s), as the agent reports it (its own CPU and its op subprocesses').
@@ -15,7 +18,7 @@ with ``REMOTEMAC_AGENT_ONESHOT=1`` (one ``hostagent.py OP`` process per call, th
 old way) in turn. The sshd, its agents and jobs share this machine's cores with the
 orchestrator (and, here, with other work): figures are CPU-sensitive.
 
-    python scripts/bench_fixed_cost.py [--python PATH] [--runs 3] [--calls 200]
+    python scripts/bench_fixed_cost.py [--python PATH] [--runs 5] [--calls 200]
 """
 
 from __future__ import annotations
@@ -127,6 +130,35 @@ async def one_run(playbook: Path, home: Path, config: Path, out: Path) -> dict:
     }
 
 
+def cli_run(playbook: Path, home: Path, config: Path, out: Path) -> tuple[float, int]:
+    """Wall of the CLI run as a user types it (a fresh ``python -m remotemac`` process)."""
+    argv = [sys.executable, "-m", "remotemac", "--home", str(home), "--ssh-config", str(config)]
+    argv += ["run", str(playbook), "--out", str(out)]
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    started = time.monotonic()
+    done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, env=env)
+    wall = time.monotonic() - started
+    if done.returncode != 0:
+        sys.stderr.write(done.stdout.decode(errors="replace")[-2000:])
+        sys.stderr.write(done.stderr.decode(errors="replace")[-2000:])
+    return wall, done.returncode
+
+
+def cli_against_true(
+    playbook: Path, home: Path, config: Path, base: Path, runs: int
+) -> tuple[list[float], list[float], list[int]]:
+    """CLI runs and ``ssh host true`` interleaved (each CLI run between two ``ssh true``)."""
+    cli_run(playbook, home, config, base / "cli-warm")  # warm-up: the host's venv, caches
+    walls, trues, codes = [], [], []
+    for i in range(runs):
+        trues.append(ssh_true(config, "mac", 3))
+        wall, code = cli_run(playbook, home, config, base / f"cli-{i}")
+        walls.append(wall)
+        codes.append(code)
+    trues.append(ssh_true(config, "mac", 3))
+    return walls, trues, codes
+
+
 async def call_round_trip(
     alias: str, home: Path, config: Path, root: Path, python: str, n: int
 ) -> tuple[float, float]:
@@ -151,8 +183,9 @@ async def call_round_trip(
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--python", default=BARE)
-    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--calls", type=int, default=200)
+    ap.add_argument("--cli-only", action="store_true", help="only the CLI against ssh true")
     args = ap.parse_args()
     from tests.harness.sshd import SSHD, ClientKey
 
@@ -172,9 +205,10 @@ def main() -> int:
         (home / "known_hosts").write_text(server.known_hosts_line())
         root = server.host_dir("root")
         playbook = write_project(base, args.python, "mac", root)
-        true_s = ssh_true(config, "mac", 10)
+        cli_walls, trues, cli_codes = cli_against_true(playbook, home, config, base, args.runs)
+        true_s = statistics.median(trues)
         rows: dict[str, list[dict]] = {}
-        for mode in ("resident", "one-shot"):
+        for mode in () if args.cli_only else ("resident", "one-shot"):
             if mode == "one-shot":
                 os.environ["REMOTEMAC_AGENT_ONESHOT"] = "1"
             else:
@@ -185,20 +219,31 @@ def main() -> int:
                 for i in range(args.runs)
             ]
         os.environ.pop("REMOTEMAC_AGENT_ONESHOT", None)
-        median_ms, p90_ms = asyncio.run(
-            call_round_trip("mac", home, config, root, args.python, args.calls)
-        )
+        median_ms, p90_ms = 0.0, 0.0
+        if not args.cli_only:
+            median_ms, p90_ms = asyncio.run(
+                call_round_trip("mac", home, config, root, args.python, args.calls)
+            )
         print(
             f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} "
             "(shared; the sshd and its agents run on the same cores)"
         )
-        print(f"host python: {args.python}; ssh host true: {true_s * 1000:.0f} ms (median of 10)")
+        print(
+            f"host python: {args.python}; ssh host true on the same login: "
+            f"{true_s * 1000:.0f} ms (median, interleaved with the CLI runs)"
+        )
+        cli = statistics.median(cli_walls)
+        print(
+            f"      CLI: `remotemac run pb.yaml`, warm trivial two-device run {cli:.2f} s = "
+            f"{cli / true_s:.1f}x ssh true (goal <= 15x); runs "
+            f"{' '.join(f'{w:.2f}' for w in cli_walls)}; exits {cli_codes}"
+        )
         for mode, runs in rows.items():
             wall = statistics.median(r["wall_s"] for r in runs)
             host = statistics.median(r["cpu"]["host_s"] for r in runs)
             laptop = statistics.median(r["cpu"]["laptop_s"] for r in runs)
             print(
-                f"{mode:>9}: warm trivial two-device run {wall:.2f} s = "
+                f"{mode:>9}: engine in-process, warm trivial two-device run {wall:.2f} s = "
                 f"{wall / true_s:.1f}x ssh true (goal <= 15x); host-side CPU {host:.2f} s "
                 f"(goal <= 0.5 s); laptop CPU {laptop:.2f} s; agent calls "
                 f"{runs[0]['cpu']['agent_calls']}; exits {[r['exit'] for r in runs]}"
