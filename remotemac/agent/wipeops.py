@@ -361,10 +361,22 @@ def strays_naming(paths: List[str], table: Optional[proctree.Table] = None) -> L
         argv = procid.argv_of(pid)
         if not argv or os.path.basename(argv[0]).startswith("tmux"):
             continue  # a tmux server keeps its first client's argv: never a stray
+        if is_remotemac_cli(argv):
+            continue  # the user's own remotemac (host ``local``, a same-user lab): the driver
         line = " ".join(argv)
         if any(procid.names_path(line, p) for p in paths) and _same_user(pid):
             found.append(pid)
     return found
+
+
+def is_remotemac_cli(argv: List[str]) -> bool:
+    """``remotemac …`` or ``python -m remotemac …``: the laptop's command line, which
+    names ``remote_root`` (``cleanup --remote-root``) when the laptop and the host are
+    one machine and one user. It is the user's driver, never something a run left
+    behind: stopping it would end the very cleanup or run that asked."""
+    if os.path.basename(argv[0]) == "remotemac":
+        return True
+    return any(a == "-m" and b == "remotemac" for a, b in zip(argv, argv[1:]))
 
 
 def _same_user(pid: int) -> bool:
