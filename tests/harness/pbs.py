@@ -20,7 +20,8 @@ import functools
 import hashlib
 import http.server
 import json
-import re
+import os
+import subprocess
 import tarfile
 import threading
 from collections.abc import Iterator
@@ -28,11 +29,22 @@ from pathlib import Path
 
 from tests.harness import lab
 
-CACHE = Path("/tmp/remotemac-pbs")
+#: per user: root's CI run and a contributor's run on one machine never share a lock
+CACHE = Path(f"/tmp/remotemac-pbs-{os.getuid()}")
 
 
 def lab_version() -> str:
-    return re.sub(r".*/", "", str(lab.pyenv_version("3.11")))
+    """The exact version of the lab's 3.11, wherever it came from (pyenv, uv, the OS):
+    a contributor without pyenv's 3.11 has one of the others."""
+    source = lab.interpreter_source("3.11")
+    python = source.prefix / "bin" / "python3.11"
+    out = subprocess.run(
+        [str(python), "-c", "import platform; print(platform.python_version())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return out.stdout.strip()
 
 
 def build_archive() -> tuple[Path, str]:
