@@ -47,6 +47,15 @@ def lab_version() -> str:
     return out.stdout.strip()
 
 
+def _own(member: tarfile.TarInfo) -> tarfile.TarInfo | None:
+    """Leave out a link to an absolute path: the OS's 3.11 (Debian) links
+    ``sitecustomize.py`` to ``/etc/python3.11``; a python-build-standalone archive, which
+    this one stands in for, has no such link (and the host's bring refuses one)."""
+    if member.issym() and member.linkname.startswith("/"):
+        return None
+    return member
+
+
 def build_archive() -> tuple[Path, str]:
     """(archive, sha256) of the lab's 3.11 in the install_only layout, built once."""
     lab.ensure_lab()
@@ -64,7 +73,7 @@ def build_archive() -> tuple[Path, str]:
                 tar.addfile(link)
                 for lib in sorted((prefix / "lib").glob("libpython3.11*")):
                     tar.add(lib, f"python/lib/{lib.name}")
-                tar.add(prefix / "lib" / "python3.11", "python/lib/python3.11")
+                tar.add(prefix / "lib" / "python3.11", "python/lib/python3.11", filter=_own)
             tmp.rename(dest)
     return dest, hashlib.sha256(dest.read_bytes()).hexdigest()
 
