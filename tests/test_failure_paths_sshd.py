@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.harness.maclab import root_argv
 from tests.security.test_hostile_pull_sshd import journal_row
 from tests.test_cleanup_sshd import Target, make_target, run_ids, tree
 
@@ -311,28 +312,22 @@ sys.exit(3)
 
 @pytest.fixture
 def small_disk(sshd_factory):
-    """A 24 MiB tmpfs beside the host's home, the lab user's: remote_root goes on it."""
-    if os.geteuid() != 0:
-        pytest.fail("the sshd tests run as root (they mount a small tmpfs)")
+    """A 24 MiB tmpfs beside the host's home, the lab user's: remote_root goes on it
+    (mounted as root, or through ``sudo -n`` as a normal user: maclab.root_argv)."""
     server = sshd_factory()
     mount = server.host_dir("small-disk")
     uid, gid = os.stat(mount).st_uid, os.stat(mount).st_gid
     subprocess.run(
-        [
-            "mount",
-            "-t",
-            "tmpfs",
-            "-o",
-            f"size=24m,uid={uid},gid={gid},mode=0755",
-            "tmpfs",
-            str(mount),
-        ],
+        root_argv(
+            ["mount", "-t", "tmpfs", "-o", f"size=24m,uid={uid},gid={gid},mode=0755"]
+            + ["tmpfs", str(mount)]
+        ),
         check=True,
     )
     try:
         yield server, mount
     finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
+        subprocess.run(root_argv(["umount", "-l", str(mount)]), check=False)
 
 
 def test_a_disk_filled_by_the_job_still_ends_in_a_final_state_and_a_wipe(

@@ -20,6 +20,7 @@ import pytest
 
 from remotemac.agent.launch import agent_argv
 from remotemac.engine.drift import compare_fingerprints, drift_summary
+from tests.harness.maclab import root_argv
 
 AGENT = Path(__file__).resolve().parent.parent / "remotemac" / "agent"
 
@@ -57,14 +58,14 @@ def read_only_dir(tmp_path: Path):
     path = tmp_path / "ro"
     path.mkdir()
     res = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(path)],
+        root_argv(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(path)]),
         capture_output=True,
         text=True,
     )
     if res.returncode != 0:
         pytest.fail(f"cannot mount a read-only tmpfs here: {res.stderr.strip()}")
     yield path
-    subprocess.run(["umount", "-l", str(path)], capture_output=True)
+    subprocess.run(root_argv(["umount", "-l", str(path)]), capture_output=True)
 
 
 def test_access_check_creates_the_caches_in_the_workloads_environment(tmp_path: Path):
