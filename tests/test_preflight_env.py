@@ -2,8 +2,8 @@
 
 The project (tests/fixtures/preflight/visionlike) imports a torchvision-like package that
 only its own venv holds; the venv is a real one (``python -m venv
---system-site-packages``: it sees this machine's torch, as a project venv on a laptop
-sees its own). Its package registers an operator library at import time and queries
+--system-site-packages``, plus the test runner's own site-packages: it sees this
+machine's torch, as a project venv on a laptop sees its own). Its package registers an operator library at import time and queries
 it, as torchvision does with ``torchvision::_cuda_version``.
 """
 
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import site as pysite
 import subprocess
 import sys
 from pathlib import Path
@@ -36,6 +37,10 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
         check=True,
     )
     (site,) = venv.glob("lib/python*/site-packages")
+    # the interpreter running the tests may itself be a venv (a contributor's, as the
+    # README sets up), whose torch --system-site-packages does not see: its own
+    # site-packages go on the new venv's path too
+    (site / "test-runner-site.pth").write_text("\n".join(pysite.getsitepackages()) + "\n")
     shutil.copytree(FIXTURE / "site-packages" / "visionlike", site / "visionlike")
     return root
 
