@@ -415,7 +415,10 @@ async def test_decrypting_without_the_runtime_is_exit_6_not_3(tmp_path):
     """What a user met before: the host's python has no cryptography. Now one line, exit 6."""
     root = tmp_path / "host-root"
     agent = AgentClient(LocalTransport(), str(root), python=BARE)
-    prepared = await agent.call("prepare_run", {"root": str(root), "run_id": "rt-missing"})
+    # the id names the RAM store (/dev/shm/remotemac-<id>): one per user and test run, so
+    # root's earlier run on this machine never holds it
+    run_id = f"rt-missing-{os.getuid()}-{os.getpid()}"
+    prepared = await agent.call("prepare_run", {"root": str(root), "run_id": run_id})
     data = tmp_path / "data"
     with pytest.raises(HostEnvironmentError) as err:
         await sync_slice(
@@ -424,7 +427,7 @@ async def test_decrypting_without_the_runtime_is_exit_6_not_3(tmp_path):
             root=data,
             paths=make_data(data, files=1),
             run_dir=prepared["run_dir"],
-            run_id="rt-missing",
+            run_id=run_id,
             key=os.urandom(32),
             runtime_dir=str(root / "runtime" / "0123456789abcdef"),
         )

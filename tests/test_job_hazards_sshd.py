@@ -23,6 +23,7 @@ import yaml
 
 from remotemac.acceptance.record import validate_record
 from tests.conftest import REPO, remotemac
+from tests.harness.maclab import root_argv
 
 pytestmark = pytest.mark.timeout(150)
 
@@ -183,24 +184,19 @@ def test_reproduce_catches_unseeded_noise_and_passes_a_deterministic_target(
 
 @pytest.fixture
 def small_volume(sshd_factory):
-    """``small_volume(host)``: a 64 MiB tmpfs the host's user owns, beside its home (root
-    may mount in this sandbox; the test says so when it cannot). Unmounted before the
-    host's dirs are removed."""
+    """``small_volume(host)``: a 64 MiB tmpfs the host's user owns, beside its home
+    (mounted as root, or through ``sudo -n`` as a normal user: maclab.root_argv; the
+    test says so when it cannot). Unmounted before the host's dirs are removed."""
     mounted: list[Path] = []
 
     def mount(host: Host) -> Path:
         vol = host.sshd.host_dir("vol")
         uid, gid = vol.stat().st_uid, vol.stat().st_gid
         res = subprocess.run(
-            [
-                "mount",
-                "-t",
-                "tmpfs",
-                "-o",
-                f"size=64m,uid={uid},gid={gid},mode=0700",
-                "tmpfs",
-                str(vol),
-            ],
+            root_argv(
+                ["mount", "-t", "tmpfs", "-o", f"size=64m,uid={uid},gid={gid},mode=0700"]
+                + ["tmpfs", str(vol)]
+            ),
             capture_output=True,
             text=True,
         )
@@ -214,7 +210,7 @@ def small_volume(sshd_factory):
 
     yield mount
     for vol in mounted:
-        subprocess.run(["umount", "-l", str(vol)], capture_output=True)
+        subprocess.run(root_argv(["umount", "-l", str(vol)]), capture_output=True)
 
 
 def test_full_disk_stops_with_storage_limit_and_keeps_the_run(
