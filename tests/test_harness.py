@@ -310,7 +310,9 @@ def test_leaking_workload_grows_and_steady_one_does_not(runs: dict[str, Run]) ->
         rates[name] = told["kept_bytes"] / told["loop_seconds"]
         window = [m for m in run.metrics if 0.5 <= m["t"] <= told["loop_seconds"]]
         points = [(m["t"], m["rss_bytes"]) for m in window]
-        assert len(points) >= 10
+        # nominally ~25 (0.1 s apart); the window starts at the sampler's 0 (before the
+        # script's start-up), so a loaded machine leaves fewer: CI saw 9
+        assert len(points) >= 5, points
         slopes[name] = least_squares_slope(points)
     assert rates["steady"] == 0 and rates["leak"] >= 5 * MB  # at least 3 blocks kept
     assert slopes["leak"] > 0.5 * rates["leak"]
