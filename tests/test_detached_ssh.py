@@ -65,7 +65,13 @@ class SSHHost:
             str(self.ssh_config),
             *args,
         ]
-        return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        return subprocess.Popen(
+            argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            preexec_fn=as_in_a_terminal,
+        )
 
     def tmux(self, *args: str) -> subprocess.CompletedProcess:
         """tmux on the host's own server, as the host's user."""
@@ -102,6 +108,15 @@ def make_host(
 
 def cleanup_host(host: SSHHost) -> None:
     host.tmux("kill-server")
+
+
+def as_in_a_terminal() -> None:
+    """In the child before exec: SIGHUP and SIGINT at their defaults, as in a terminal's
+    shell. A suite started under ``nohup`` or as a background job of a script inherits
+    them ignored, and the hang-up and Ctrl-C tests then tested nothing (CI under nohup:
+    the SIGHUP'd run went on to "finished")."""
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def write_playbook(
