@@ -24,10 +24,12 @@ shared = nn.Tanh()
 model = nn.Sequential(nn.Linear(4, 4), shared, nn.Linear(4, 4), shared)
 print("hooks", len(hooks._global_forward_hooks), len(hooks._global_forward_pre_hooks))
 print("loaded", "_remotemac_modtrace" in sys.modules)
+print("init", nn.Module.__init__.__module__)
 normalize = nn.Identity()  # a transform: an nn.Module without weights, run first
 for _ in range(3):
     model(normalize(torch.ones(2, 4))).sum().backward()
 print("after", len(hooks._global_forward_hooks), len(hooks._global_forward_pre_hooks))
+print("init", nn.Module.__init__.__module__)
 """
 
 
@@ -56,14 +58,27 @@ def _probe(tmp_path: Path, trace: dict | None) -> tuple[list[str], Path]:
 @pytest.mark.e2e
 def test_tracing_off_registers_no_hook_and_loads_nothing(tmp_path):
     lines, path = _probe(tmp_path, None)
-    assert lines == ["hooks 0 0", "loaded False", "after 0 0"]
+    assert lines == [
+        "hooks 0 0",
+        "loaded False",
+        "init torch.nn.modules.module",
+        "after 0 0",
+        "init torch.nn.modules.module",
+    ]
     assert not path.exists()
 
 
 @pytest.mark.e2e
 def test_tracing_on_records_n_steps_then_removes_its_hooks(tmp_path):
     lines, path = _probe(tmp_path, {"steps": 2})
-    assert lines == ["hooks 1 1", "loaded True", "after 0 0"]
+    # nn.Module.__init__ is wrapped while tracing, torch's own again once it stops
+    assert lines == [
+        "hooks 1 1",
+        "loaded True",
+        "init _remotemac_modtrace",
+        "after 0 0",
+        "init torch.nn.modules.module",
+    ]
     header, rows = load_trace(path)
     assert header["schema"] == "remotemac.trace/1" and header["device"] == "cpu"
     assert {r["step"] for r in rows} == {0, 1}
@@ -71,6 +86,22 @@ def test_tracing_on_records_n_steps_then_removes_its_hooks(tmp_path):
     # children before their parent; the reused module keyed by its call index; the
     # transform is not the model: the next batch's belongs to the step in progress
     assert step0 == [("0", 0), ("1", 0), ("2", 0), ("1", 1), ("", 0), ("<Identity>", 0)]
+
+    # where each module was built: the probe's lines (not torch's, not the forward's)
+    def at(text: str) -> str:
+        return f"probe.py:{1 + PROBE.splitlines().index(text)}"
+
+    seq, shared = (
+        at("model = " + PROBE.split("model = ")[1].splitlines()[0]),
+        at("shared = nn.Tanh()"),
+    )
+    assert {r["path"]: r["built"] for r in rows if r["step"] == 0} == {
+        "0": seq,
+        "1": shared,
+        "2": seq,
+        "": seq,
+        "<Identity>": at(next(ln for ln in PROBE.splitlines() if ln.startswith("normalize"))),
+    }
     out = rows[0]["out"]
     assert out["shape"] == [2, 4] and out["dtype"] == "float32" and out["nan"] == 0
     assert len(out["sample"]) == 8 and out["stride"] == 1  # 8 values: every one sampled
@@ -89,6 +120,7 @@ def _row(step, i, path, call, out, inp=None, dtype="float32", shape=(4,)):
         "call": call,
         "cls": "X",
         "src": "m.py:1",
+        "built": "m.py:9",
         "out": {**summary, "sample": out, "absmax": max(abs(v) for v in out), "sum": sum(out)},
         "in": None
         if inp is None
@@ -131,7 +163,10 @@ def test_the_section_renders_where_and_how_much():
     tgt = [_row(0, 0, "h.1.mlp", 0, [1.0, 2.002], inp=[1.0, 1.0])]
     md = render_markdown({"verdict": "rejected", "divergence": compare_traces(ref, tgt).to_dict()})
     assert "## First divergence" in md
-    assert "first divergence: `h.1.mlp` (call 0, step 0, X, `m.py:1`): output off by 0.001" in md
+    assert (
+        "first divergence: `h.1.mlp` (call 0, step 0, X, `m.py:1`, built at `m.py:9`): "
+        "output off by 0.001" in md
+    )
 
 
 # ---------------------------------------------------------------- the playbook

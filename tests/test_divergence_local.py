@@ -81,6 +81,13 @@ def test_a_perturbed_mlp_is_named_as_the_first_divergence_not_the_layers_after(t
     first = div["first"]
     assert (first["path"], first["call"], first["step"]) == (PERTURBED, 0, 0)
     assert first["cls"] == "MLP" and first["src"].startswith("train.py:")
+    # the line that built that MLP (Block.__init__), not its class's forward
+    built = 1 + next(
+        i
+        for i, line in enumerate((PROJECT / "train.py").read_text().splitlines())
+        if "self.mlp = MLP(" in line
+    )
+    assert first["built"] == f"train.py:{built}", first
     assert 5e-4 < first["out_rel"] < 2e-3 and first["in_rel"] < 1e-6
     # the layers after it carry the error on: none of them is named, none grows it 10x
     assert div["growths"][0]["path"] == PERTURBED
@@ -90,6 +97,7 @@ def test_a_perturbed_mlp_is_named_as_the_first_divergence_not_the_layers_after(t
     assert div["steps"] == 2 and div["calls"]["reference"] == div["calls"]["target"] > 70
     md = (out / "acceptance.md").read_text()
     assert "## First divergence" in md and f"`{PERTURBED}` (call 0, step 0, MLP" in md
+    assert f"built at `train.py:{built}`" in md
     # the traces hold samples of the data (token ids): gone from the host with the wipe
     assert not list((tmp_path / "host-root-e3").rglob("*.trace.jsonl"))
     # the traces came back beside the logs, and are nothing but JSON

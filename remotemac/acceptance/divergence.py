@@ -54,6 +54,7 @@ class TracedCall:
     call: int  # the how-manieth call of that module in the step
     cls: str | None
     src: str | None  # file:line of the module class's forward
+    built: str | None  # file:line that built the module (None: built before the trace)
     shape: list[int] | None
     dtype: str | None
     # in the record, null also stands for unbounded (a NaN or Inf on one side)
@@ -76,6 +77,7 @@ class NanSite:
     call: int
     cls: str | None
     src: str | None
+    built: str | None
     nan: int
     inf: int
     reference_nan: int
@@ -316,8 +318,7 @@ def _traced_call(
         index=index,
         path=key[1],
         call=key[2],
-        cls=row.get("cls"),
-        src=row.get("src"),
+        **_names(row),
         shape=r_out.get("shape"),
         dtype=r_out.get("dtype"),
         out_rel=out_rel,
@@ -328,6 +329,11 @@ def _traced_call(
         in_shape=(row.get("in") or {}).get("shape"),
         in_dtype=(row.get("in") or {}).get("dtype"),
     )
+
+
+def _names(row: dict[str, Any]) -> dict[str, str | None]:
+    """A call's class, its forward's file:line and the file:line that built it."""
+    return {key: row.get(key) for key in ("cls", "src", "built")}
 
 
 def _contains(c: TracedCall, first: TracedCall | None) -> bool:
@@ -355,8 +361,7 @@ def _first_nan(reference: list[dict[str, Any]], target: list[dict[str, Any]]) ->
             index=index,
             path=key[1],
             call=key[2],
-            cls=row.get("cls"),
-            src=row.get("src"),
+            **_names(row),
             nan=int(out.get("nan") or 0),
             inf=int(out.get("inf") or 0),
             reference_nan=_bad(ref.get("out")),

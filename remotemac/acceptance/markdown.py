@@ -449,7 +449,11 @@ def _rel(x: Any) -> str:
 
 
 def _where(c: dict[str, Any]) -> str:
-    src = f", {_code(c['src'])}" if c.get("src") else ""
+    src = "".join(
+        f", {label}{_code(c[key])}"
+        for key, label in (("src", ""), ("built", "built at "))
+        if c.get(key)
+    )
     return (
         f"{_code(c.get('path') or '(model)')} (call {c.get('call')}, step {c.get('step')}, "
         f"{_cell(c.get('cls'))}{src})"

@@ -13,7 +13,11 @@ What is recorded, through torch's global module hooks (``register_module_forward
 and ``register_module_forward_hook``), for each module call in completion order (a
 child's record comes before its parent's): the module's path from the root model
 (``transformer.h.1.mlp``; the root model itself is ``""``; a module called several times in a step is keyed by its call
-index), its class and the file:line of its ``forward``, and a summary of its first tensor
+index), its class, the file:line of its ``forward`` (``src``) and the file:line that
+built it (``built``: while the trace is on, ``nn.Module.__init__`` is wrapped and notes,
+in a weak map beside the module, never on it, the first caller outside torch that is not
+the module's own ``__init__``; the observer loads before the model is built; the
+original ``__init__`` is put back when the trace stops), and a summary of its first tensor
 output and first tensor input: shape, dtype, device, sum and abs-max over the finite
 values, NaN and Inf counts and a fixed strided sample of ``SAMPLE`` values.
 
@@ -37,7 +41,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import sys
 import time
+import weakref
 from typing import Any
 
 TRACE_SCHEMA = "remotemac.trace/1"
@@ -122,6 +128,18 @@ def _source(module: Any) -> str | None:
     return "%s:%d" % (os.path.basename(code.co_filename), code.co_firstlineno)
 
 
+def _builder(module: Any, skip: str) -> str | None:
+    """file:line of the first caller outside torch (``skip``, its package directory)
+    whose ``self`` is not ``module``: the line that built it."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        code = frame.f_code
+        if not code.co_filename.startswith(skip) and frame.f_locals.get("self") is not module:
+            return "%s:%d" % (os.path.basename(code.co_filename), frame.f_lineno)
+        frame = frame.f_back
+    return None
+
+
 def _has_parameters(module: Any) -> bool:
     """Whether a module holds weights: the model does, a torchvision transform does not."""
     try:
@@ -151,6 +169,10 @@ class ModuleTrace:
         self.fh: Any = None
         self.done = False
         self.sources: dict[type, str | None] = {}
+        #: module -> the file:line that built it (weak: the trace keeps no module alive)
+        self.built: Any = weakref.WeakKeyDictionary()
+        #: (torch's ``nn.Module.__init__``, the wrapper put in its place)
+        self.init: tuple[Any, Any] | None = None
         self.pid = os.getpid()
         #: (tensor, its version counter, summary) of the last RECENT outputs
         self.recent: list[tuple[Any, int, dict[str, Any] | None]] = []
@@ -162,6 +184,36 @@ class ModuleTrace:
             self.handles.append(hooks.register_module_forward_hook(self._post, always_call=True))
         except TypeError:  # torch < 2.1: no always_call
             self.handles.append(hooks.register_module_forward_hook(self._post))
+        self._wrap_init()
+
+    def _wrap_init(self) -> None:
+        """Wrap ``nn.Module.__init__`` to note where each module is built."""
+        module_cls = self.torch.nn.Module
+        original = module_cls.__init__
+        skip = os.path.dirname(os.path.abspath(self.torch.__file__)) + os.sep
+        built = self.built
+
+        def __init__(module: Any, *args: Any, **kwargs: Any) -> None:
+            original(module, *args, **kwargs)
+            if not self.done:
+                with contextlib.suppress(Exception):  # never break the model's build
+                    if module not in built:
+                        built[module] = _builder(module, skip)
+
+        __init__.__doc__ = original.__doc__
+        __init__.__qualname__ = getattr(original, "__qualname__", "Module.__init__")
+        module_cls.__init__ = __init__
+        self.init = (original, __init__)
+
+    def _unwrap_init(self) -> None:
+        """Put torch's ``__init__`` back, unless someone wrapped ours since."""
+        if self.init is None:
+            return
+        original, wrapper = self.init
+        module_cls = self.torch.nn.Module
+        if module_cls.__dict__.get("__init__") is wrapper:
+            module_cls.__init__ = original
+        self.init = None
 
     def _names_for(self, top: Any, prefix: str) -> dict[int, str]:
         names = {}
@@ -223,6 +275,7 @@ class ModuleTrace:
             "call": call,
             "cls": kind.__name__,
             "src": self.sources[kind],
+            "built": self._built(module),
             "out": self._summary(_first_tensor(output, torch), True),
             "in": self._summary(_first_tensor(args, torch), False),
         }
@@ -231,6 +284,12 @@ class ModuleTrace:
         self.records += 1
         if self.records >= MAX_RECORDS:
             self.stop()
+
+    def _built(self, module: Any) -> str | None:
+        try:
+            return self.built.get(module)
+        except TypeError:  # a module class that defines __eq__ without __hash__
+            return None
 
     def _summary(self, t: Any, keep: bool) -> dict[str, Any] | None:
         """``summarise``, reusing the summary of a recent output when ``t`` is that same
@@ -284,6 +343,8 @@ class ModuleTrace:
             with contextlib.suppress(Exception):
                 handle.remove()
         self.handles = []
+        with contextlib.suppress(Exception):
+            self._unwrap_init()
         self.recent = []
         if write:
             with contextlib.suppress(Exception):
