@@ -14,10 +14,8 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import re
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -29,6 +27,7 @@ from tests.test_failure_paths_sshd import (
     assert_cleanup_clean,
     assert_every_result_verified,
     results_project,
+    start_cli,
     write_book,
 )
 
@@ -49,16 +48,6 @@ PHASES = [
     "pull",
     "wipe",
 ]
-
-
-def start_run(t: Target, *args: str) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "remotemac", "--ssh-config", str(t.ssh_config), *args],
-        env=dict(os.environ, **t.env()),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
 
 
 def wait_for_phase(proc: subprocess.Popen, phase: str, timeout: float = 180) -> list[str]:
@@ -115,7 +104,7 @@ def test_a_link_cut_in_any_phase_is_survived_by_the_run_itself(
     t, proxy = proxied_target(tmp_path, sshd_factory, fault_proxy, ssh_env)
     book = write_book(tmp_path, t, results_project(tmp_path, SLOW_JOB))
     out = tmp_path / "out"
-    proc = start_run(t, "run", str(book), "--out", str(out), "--json")
+    proc = start_cli(t, "run", str(book), "--out", str(out), "--json")
     wait_for_phase(proc, phase)
     cuts = proxy.cut()
     time.sleep(0.3)
@@ -140,7 +129,7 @@ def test_a_link_down_past_the_deadline_in_any_phase_then_attach_loses_nothing(
     t, proxy = proxied_target(tmp_path, sshd_factory, fault_proxy, ssh_env)
     book = write_book(tmp_path, t, results_project(tmp_path, SLOW_JOB))
     out = tmp_path / "out"
-    proc = start_run(t, "run", str(book), "--out", str(out), "--json", "--reconnect-deadline", "3")
+    proc = start_cli(t, "run", str(book), "--out", str(out), "--json", "--reconnect-deadline", "3")
     wait_for_phase(proc, phase)
     proxy.refuse(True)
     proxy.cut()
