@@ -151,7 +151,7 @@ class Environment(Strict):
         # YAML reads `python: 3.10` as the float 3.1: a version is written quoted
         if isinstance(value, float):
             raise ValueError(f'write the version quoted, python: "{value}" (YAML read a number)')
-        from remotemac.agent.pythons import looks_like_spec, parse_spec
+        from remotemac.agent.shared import looks_like_spec, parse_spec
 
         spec = isinstance(value, str) and "/" not in value and looks_like_spec(value)
         if spec and parse_spec(value) is None:

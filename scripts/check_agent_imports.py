@@ -8,7 +8,7 @@ the host, not here, where everything is installed. This reads every import state
 
 - standard-library modules (``sys.stdlib_module_names``);
 - the agent's own modules, relatively (``from . import safefs``): on the host the agent
-  runs as one package (agent/launch.py); an import of one by name fails there, and is
+  runs as one package (agent/shared.py); an import of one by name fails there, and is
   reported by :func:`absolute_sibling_imports`.
 
 A lazy import of what the host provides at run time (the workload's torch, the agent
@@ -80,7 +80,7 @@ SCRIPTS = {"pullops.py"}
 def absolute_sibling_imports(agent_dir: Path = AGENT) -> list[str]:
     """Every import of an agent module by name (``import safefs``, ``remotemac.agent.X``).
 
-    On the host the agent is the package ``rmagent`` (agent/launch.py): a sibling is
+    On the host the agent is the package ``rmagent`` (agent/shared.py): a sibling is
     reached relatively (``from . import safefs``), or the import fails there (a bare name
     is not on its ``sys.path``, ``remotemac`` is not installed) and not here.
 

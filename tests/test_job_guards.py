@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from remotemac.agent.launch import agent_argv
+from remotemac.agent.shared import agent_argv
 from remotemac.engine.drift import compare_fingerprints, drift_summary
 from tests.harness.maclab import root_argv
 

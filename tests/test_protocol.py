@@ -16,7 +16,6 @@ from pathlib import Path
 import pytest
 
 from remotemac.agent import protocol
-from remotemac.agent.launch import agent_argv
 from remotemac.agent.protocol import (
     FINAL_STATES,
     FRAME,
@@ -39,6 +38,7 @@ from remotemac.agent.protocol import (
     SyncFrame,
     is_final,
 )
+from remotemac.agent.shared import agent_argv
 
 AGENT = Path(__file__).resolve().parent.parent / "remotemac" / "agent"
 

@@ -13,7 +13,7 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from remotemac.agent.launch import agent_argv
+from remotemac.agent.shared import agent_argv
 
 AGENT = Path(__file__).resolve().parent.parent / "remotemac" / "agent" / "hostagent.py"
 

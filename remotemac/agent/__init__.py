@@ -5,7 +5,7 @@ The orchestrator uploads this directory once per content hash to
 operations with JSON requests, so that no long shell pipelines (BSD vs GNU tools) are
 ever built. On the host this directory is one package, ``rmagent``: its modules import
 each other relatively, and every process of the agent starts by the one boot of
-launch.py. The laptop imports from it only what both sides share.
+shared.py. The laptop imports from it only what both sides share.
 It runs under the host's own ``python3`` (``agent.python``), never the workload's
 venv. The one third-party module it needs, ``cryptography`` for decrypting the
 slice, it installs itself into ``<remote_root>/runtime/<hash>/`` (agentruntime.py)

@@ -42,16 +42,20 @@ import subprocess
 import sys
 import time
 import zipfile
-from typing import Any, Dict, Iterable, List, Optional, Set, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Tuple
 
-#: the pinned set: the newest cryptography that ships cp39-abi3 wheels for macOS
-#: arm64 and manylinux x86_64/aarch64 (checked with ``pip download --only-binary=:all:
-#: --platform … --python-version 3.9.6``), with the dependencies it pulls there
-PINS: Tuple[Tuple[str, str], ...] = (
-    ("cryptography", "50.0.2"),
-    ("cffi", "2.0.0"),
-    ("pycparser", "2.23"),
+from .shared import (  # noqa: F401  (the names the agent's callers read here)
+    MANYLINUX_MIN_MINOR,
+    PINS,
+    RuntimeInstallError,
+    normalise_name,
+    parse_wheel_name,
+    platform_tags,
+    requirements,
+    runtime_key,
+    supported,
 )
+
 MIN_PYTHON = (3, 9)
 SUBDIR = "runtime"
 MARKER = ".complete"
@@ -59,8 +63,6 @@ PIP_CACHE = "pip-cache"
 #: pip's per-request network timeout, and the whole online install's
 PIP_NET_TIMEOUT_S = 15
 PIP_TOTAL_TIMEOUT_S = 240
-#: glibc minor versions below this have no manylinux wheels worth looking for
-MANYLINUX_MIN_MINOR = 17
 IMPORT_CHECK = (
     "import sys, os; d = os.path.realpath(sys.argv[1]); sys.path.insert(0, d); "
     "import cryptography; "
@@ -72,61 +74,7 @@ IMPORT_CHECK = (
 )
 
 
-class RuntimeInstallError(Exception):
-    """The runtime cannot be installed or used; ``tail`` holds pip's last lines."""
-
-    def __init__(self, message: str, code: str = "host-env", tail: Optional[List[str]] = None):
-        super().__init__(message)
-        self.code = code
-        self.tail = tail or []
-
-
-def requirements() -> List[str]:
-    return ["%s==%s" % pin for pin in PINS]
-
-
 # ------------------------------------------------------------------ which wheels fit
-
-
-def platform_tags(
-    system: str, machine: str, mac_release: str = "", glibc: Tuple[int, int] = (0, 0)
-) -> List[str]:
-    """Wheel platform tags this host accepts, most specific first (what pip's
-    ``packaging`` would say, for the two systems remotemac meets)."""
-    system = system.lower()
-    if system == "darwin":
-        arch = {"aarch64": "arm64"}.get(machine, machine)
-        parts = (mac_release or "11.0").split(".")
-        major = int(parts[0]) if parts[0].isdigit() else 11
-        minor = int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else 0
-        if major == 10 and minor >= 16 and arch == "arm64":
-            major = 11  # an old-SDK Python's compatibility answer; every arm64 Mac runs 11+
-        tags: List[str] = []
-        if major >= 11:
-            for m in range(major, 10, -1):
-                tags.append("macosx_%d_0_%s" % (m, arch))
-                tags.append("macosx_%d_0_universal2" % m)
-            start = 16
-        else:
-            start = minor
-        x86 = arch == "x86_64"
-        for m in range(start, 3, -1):
-            if x86:
-                tags.append("macosx_10_%d_x86_64" % m)
-            if m >= 9 or not x86:
-                tags.append("macosx_10_%d_universal2" % m)
-        return tags
-    if system == "linux":
-        arch = {"arm64": "aarch64"}.get(machine, machine)
-        major, minor = glibc
-        tags = []
-        if major == 2 and minor >= MANYLINUX_MIN_MINOR:
-            for m in range(minor, MANYLINUX_MIN_MINOR - 1, -1):
-                tags.append("manylinux_2_%d_%s" % (m, arch))
-                if m == 17:
-                    tags.append("manylinux2014_%s" % arch)
-        return tags
-    return []
 
 
 def _glibc() -> Tuple[int, int]:
@@ -157,57 +105,6 @@ def host_tags() -> Dict[str, Any]:
         "platforms": platform_tags(system, machine, mac, _glibc()),
         "executable": sys.executable,
     }
-
-
-def runtime_key(tags: Dict[str, Any]) -> str:
-    """Content hash: pinned set + interpreter (major.minor) + platform tags."""
-    ident = {
-        "pins": requirements(),
-        "python": tags["python_tag"],
-        "platforms": tags["platforms"],
-    }
-    return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def supported(tags: Dict[str, Any]) -> Set[Tuple[str, str, str]]:
-    """The (python, abi, platform) triples a wheel may carry to install here."""
-    impl = tags["implementation"]
-    major, minor = (int(x) for x in tags["python"].split(".")[:2])
-    plats = list(tags["platforms"])
-    out: Set[Tuple[str, str, str]] = set()
-    own = "%s%d%d" % (impl, major, minor)
-    for plat in plats:
-        out.add((own, own, plat))
-        out.add((own, "none", plat))
-        if impl == "cp":
-            for m in range(minor, 1, -1):  # abi3: built for 3.m, loads on any later 3.x
-                out.add(("cp%d%d" % (major, m), "abi3", plat))
-    for m in range(minor, -1, -1):
-        for plat in plats:
-            out.add(("py%d%d" % (major, m), "none", plat))
-        out.add(("py%d%d" % (major, m), "none", "any"))
-    for plat in plats:
-        out.add(("py%d" % major, "none", plat))
-    out.add(("py%d" % major, "none", "any"))
-    out.add((own, "none", "any"))
-    return out
-
-
-def parse_wheel_name(filename: str) -> Tuple[str, str, Set[Tuple[str, str, str]]]:
-    """(normalised name, version, tag triples) of ``name-ver[-build]-py-abi-plat.whl``."""
-    if not filename.endswith(".whl"):
-        raise RuntimeInstallError("%s is not a wheel" % filename, "bad-wheel")
-    parts = filename[:-4].split("-")
-    if len(parts) not in (5, 6):
-        raise RuntimeInstallError("%s is not a wheel file name" % filename, "bad-wheel")
-    name, version = parts[0], parts[1]
-    py, abi, plat = parts[-3:]
-    triples = {(p, a, q) for p in py.split(".") for a in abi.split(".") for q in plat.split(".")}
-    return _norm(name), version, triples
-
-
-def _norm(name: str) -> str:
-    return re.sub(r"[-_.]+", "_", name).lower()
 
 
 def wheel_fits(filename: str, tags: Dict[str, Any]) -> bool:
@@ -303,7 +200,7 @@ def install_wheels(
     wheels_dir: str, wanted: Iterable[Dict[str, str]], tags: Dict[str, Any], target: str
 ) -> List[str]:
     """Check each uploaded wheel (sha256, name among the pins, tags fit) and unpack it."""
-    pins = {_norm(n): v for n, v in PINS}
+    pins = {normalise_name(n): v for n, v in PINS}
     seen = set()
     installed = []
     for item in wanted:

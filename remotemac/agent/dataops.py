@@ -8,7 +8,7 @@ overlaps and nothing is read twice. Within this process the reading thread reads
 decrypts, and a second one (writebehind.py) creates and writes the files, hashes the
 plaintext, checks it and acknowledges it.
 
-``dataops sync [--runtime DIR]`` (see :func:`main`, started by launch.py's boot) speaks this protocol on
+``dataops sync [--runtime DIR]`` (see :func:`main`, started by shared.py's boot) speaks this protocol on
 stdin/stdout (the runtime named in argv, the same as the hello's, is imported while
 the hello is on its way):
 

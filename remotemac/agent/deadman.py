@@ -33,7 +33,7 @@ import time
 from typing import Any, Dict, List, Optional
 
 from . import agentutil, procid, safefs
-from .launch import agent_argv
+from .shared import agent_argv
 
 _HERE = os.path.dirname(os.path.abspath(globals().get("__file__") or "."))
 
@@ -478,7 +478,7 @@ def _inventory_set(real_root: str, item: Dict[str, Any]) -> None:
 
 
 def main(args: List[str]) -> int:
-    """``deadman sleep|fire SPEC`` (see launch.py)."""
+    """``deadman sleep|fire SPEC`` (see shared.py)."""
     if len(args) == 2 and args[0] == "sleep":
         return sleep_then_fire(args[1])
     if len(args) == 2 and args[0] == "fire":

@@ -20,8 +20,8 @@ import tempfile
 from typing import Any, Dict, List
 
 from .agentutil import format_mib
-from .launch import agent_argv
 from .protocol import CACHE_VARS, ENV_DATA, ENV_OUTPUT
+from .shared import agent_argv
 
 # CACHE_VARS: the caches remotemac points inside the run dir (engine/jobs.py sets them)
 #: the data check opens at most this many files (a dataset may have millions)
@@ -259,7 +259,7 @@ def op_env_fingerprint(req: Dict[str, Any]) -> Dict[str, Any]:
 
 
 def main(args: List[str]) -> int:
-    """``guards access < plan.json`` (see launch.py): the access probe alone."""
+    """``guards access < plan.json`` (see shared.py): the access probe alone."""
     if args != ["access"]:
         sys.stderr.write("usage: guards access < plan.json\n")
         return 2

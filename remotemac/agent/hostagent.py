@@ -1,7 +1,7 @@
 """remotemac's agent on the host: its operations (``OPS``), each JSON in, JSON out.
 
 The resident agent (resident.py) serves them; ``hostagent OP`` (:func:`main`, started
-by launch.py's boot) runs one of them alone, with the request on stdin.
+by shared.py's boot) runs one of them alone, with the request on stdin.
 
 Standard library only, Python 3.9+. Every operation takes one JSON object on
 stdin and prints one JSON object on stdout: ``{"ok": true, "result": ...}`` or
@@ -33,7 +33,7 @@ from typing import Any
 
 from . import protocol, safefs
 from .agentutil import cpu_seconds, find_tool, pid_alive, tmux_path
-from .launch import agent_argv
+from .shared import agent_argv
 
 Op = protocol.Op
 
@@ -534,7 +534,7 @@ def error_answer(exc: BaseException) -> dict[str, Any]:
 
 
 def main(args: list[str]) -> int:
-    """``hostagent OP`` (see launch.py): one operation, JSON in on stdin, one line out."""
+    """``hostagent OP`` (see shared.py): one operation, JSON in on stdin, one line out."""
     if len(args) != 1 or args[0] not in OPS:
         sys.stdout.write(
             json.dumps(

@@ -8,7 +8,8 @@ matches where interpreters live on a Mac (PATH, ``/usr/bin``, Homebrew's
 (``<root>/runtime/python-*/python/bin``). When none matches, the laptop brings a
 relocatable CPython (engine/hostpython.py, agent/bring.py).
 
-Standard library only, Python 3.9, no sibling imports: doctor runs it from memory.
+Standard library only, Python 3.9; doctor runs it from memory. The request syntax is
+shared.py's (the laptop parses it the same way).
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ import re
 import subprocess
 from typing import Any, Dict, List, Optional, Tuple
 
+from .shared import Clause, Version, looks_like_spec, matches, parse_spec, version_of  # noqa: F401
+
 #: where remotemac unpacks the interpreters it brings, below ``<root>/runtime``
 BROUGHT_GLOB = "python-*"
 MARKER = ".complete"
@@ -28,56 +31,6 @@ SEARCH_DIRS = ("/usr/bin", "/opt/homebrew/bin", "/usr/local/bin")
 #: where to look instead (a PATH-like list): the host's owner can narrow the search
 ENV_SEARCH = "REMOTEMAC_PYTHON_PATH"
 _NAME = re.compile(r"^python3(\.\d+)?$")
-_CLAUSE = re.compile(r"^(>=|<=|==|~=|!=|>|<)?\s*(\d+)\.(\d+)(?:\.(\d+))?(\.\*)?$")
-
-Version = Tuple[int, ...]
-Clause = Tuple[str, Version]
-
-
-def parse_spec(text: Any) -> Optional[List[Clause]]:
-    """``"3.11"`` → ``[("==", (3, 11))]``; ``">=3.10,<3.13"`` → two clauses; an
-    interpreter name or path (``python3``, ``/usr/bin/python3``) → None."""
-    if not isinstance(text, str) or not text.strip():
-        return None
-    clauses = []
-    for part in text.split(","):
-        found = _CLAUSE.match(part.strip())
-        if not found:
-            return None
-        op, major, minor, patch, _star = found.groups()
-        version = (int(major), int(minor)) + ((int(patch),) if patch is not None else ())
-        clauses.append((op or "==", version))
-    return clauses
-
-
-def looks_like_spec(text: str) -> bool:
-    """True for what is meant as a version (starts with a digit or a comparison)."""
-    return bool(re.match(r"^\s*(>=|<=|==|~=|!=|>|<|\d)", text or ""))
-
-
-def version_of(text: str) -> Version:
-    return tuple(int(x) for x in re.findall(r"\d+", text or "")[:3])
-
-
-def matches(spec: List[Clause], version: Version) -> bool:
-    """Does ``version`` (major, minor, patch) satisfy every clause? ``==3.11`` means 3.11.*."""
-    for op, want in spec:
-        have = version[: len(want)]
-        if op == "==" and have != want:
-            return False
-        if op == "!=" and have == want:
-            return False
-        if op == ">=" and have < want:
-            return False
-        if op == ">" and have <= want:
-            return False
-        if op == "<=" and have > want:
-            return False
-        if op == "<" and have >= want:
-            return False
-        if op == "~=" and (have < want or version[: len(want) - 1] != want[:-1]):
-            return False
-    return True
 
 
 def pbs_platform() -> Dict[str, str]:

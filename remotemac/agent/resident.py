@@ -1,5 +1,5 @@
 """The resident agent: one long-lived process per host connection (started by the
-boot of launch.py: ``<agent dir>/resident.py``).
+boot of shared.py: ``<agent dir>/resident.py``).
 
 Why: every one-shot ``hostagent OP`` costs a new SSH exec channel plus an
 interpreter start (0.2-0.45 s each with a heavy Python, 17-20 of them per run).

@@ -606,5 +606,5 @@ def _terminate(child: subprocess.Popen[bytes], grace: float = KILL_GRACE_S) -> N
 
 
 def main(args: list[str]) -> int:
-    """``runner SPEC`` (see launch.py): run the job the spec file describes."""
+    """``runner SPEC`` (see shared.py): run the job the spec file describes."""
     return run(args[0])

@@ -6,7 +6,7 @@ It gets there in one of two ways, both built here and nowhere else:
 * **Uploaded** (:func:`agent_bundle`): every file, keyed by a content hash, into
   ``<remote_root>/agent/<hash>/`` (engine/agentclient.py). Runs use it: the
   resident agent, the one-shot ``hostagent OP`` and the sync receiver start from
-  there, each by the one boot of agent/launch.py (:func:`agent_argv`), which loads
+  there, each by the one boot of agent/shared.py (:func:`agent_argv`), which loads
   that directory as the package ``rmagent``.
 * **In memory** (:func:`exec_in_memory`): a few modules' sources travel on stdin
   to ``python3 -c BOOTSTRAP``, which loads them as modules and calls one function.
@@ -30,7 +30,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from remotemac.agent import launch
+from remotemac.agent import shared
 from remotemac.transport.base import ExecResult, Transport
 
 AGENT_SRC = Path(__file__).resolve().parent.parent / "agent"
@@ -41,12 +41,12 @@ AGENT_SRC = Path(__file__).resolve().parent.parent / "agent"
 #: through ``sys.modules`` when called). Checked by scripts/check_agent_imports.py.
 IN_MEMORY_ORDER: tuple[str, ...] = (
     "hostfacts",  # doctor: facts; imports no sibling, so it travels alone
-    "pythons",  # doctor: which Python the workload gets; imports no sibling
+    "shared",  # what both sides compute the same way, the boot line; imports no sibling
+    "pythons",  # doctor: which Python the workload gets; imports only shared
     "procid",
     "proctree",  # wipeops: the process table, for a job's daemons in a new session
     "protocol",  # the op names, job states and codes both sides share; imports no sibling
     "agentutil",
-    "launch",  # how the agent starts its own processes (runner, dead-man, guards)
     "safefs",
     "ramstore",
     "specscrub",
@@ -62,7 +62,7 @@ IN_MEMORY_ORDER: tuple[str, ...] = (
 IN_MEMORY_ENTRIES: tuple[str, ...] = ("hostfacts", "pythons", "cleanupops", "agentruntime")
 
 #: Python 3.9, standard library only; the request and the sources come on stdin. The
-#: modules load as the package ``rmagent`` (as agent/launch.py's boot makes the uploaded
+#: modules load as the package ``rmagent`` (as agent/shared.py's boot makes the uploaded
 #: copy): their relative imports find the siblings loaded before them.
 BOOTSTRAP = (
     "import json,sys,types\n"
@@ -81,15 +81,15 @@ BOOTSTRAP = (
 )
 
 
-#: the one boot every uploaded agent process starts by (agent/launch.py)
-AGENT_BOOT = launch.BOOT
+#: the one boot every uploaded agent process starts by (agent/shared.py)
+AGENT_BOOT = shared.BOOT
 
 
 def agent_argv(
     python: str, agent_dir: str, module: str, *args: str, site: bool = False
 ) -> list[str]:
-    """How the laptop starts an uploaded agent module on the host (agent/launch.py)."""
-    return launch.agent_argv(python, agent_dir, module, *args, site=site)
+    """How the laptop starts an uploaded agent module on the host (agent/shared.py)."""
+    return shared.agent_argv(python, agent_dir, module, *args, site=site)
 
 
 def agent_file(module: str) -> Path:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from remotemac.agent.protocol import Op
-from remotemac.agent.pythons import parse_spec
+from remotemac.agent.shared import parse_spec
 from remotemac.checks.doctor import DoctorReport, WorkloadAsk, evaluate
 from remotemac.engine.hostpython import plan_python
 from remotemac.engine.pincheck import check_pin, pins

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from remotemac.agent.protocol import BringAnswer, FindPythonAnswer, Op, RuntimeStatus
-from remotemac.agent.pythons import looks_like_spec, parse_spec
+from remotemac.agent.shared import looks_like_spec, parse_spec
 from remotemac.engine import pythonsource
 from remotemac.engine.agentclient import AgentClient
 from remotemac.engine.bring import Artifact, Emit, bring

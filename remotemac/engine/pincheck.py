@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from remotemac.agent.agentruntime import parse_wheel_name, supported
+from remotemac.agent.shared import parse_wheel_name, supported
 from remotemac.engine.pythonsource import pypi_json, retag
 
 CHECKED = ("torch", "torchvision", "torchaudio")

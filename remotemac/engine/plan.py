@@ -15,7 +15,7 @@ AUTO_ORDER = ("mps", "cuda", "cpu")  # what ``device: auto`` becomes, first avai
 def python_plan(pb: Playbook, home: Path | None) -> dict[str, Any]:
     """Which Python the workload asks for and whether its torch pin has a wheel for it
     (PyPI, from this laptop; the host's own interpreters and platform: doctor)."""
-    from remotemac.agent.pythons import parse_spec
+    from remotemac.agent.shared import parse_spec
     from remotemac.engine.pincheck import check_pin, pins
 
     env = pb.environment

@@ -28,8 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from remotemac.agent.agentruntime import parse_wheel_name, platform_tags, supported
-from remotemac.agent.pythons import Clause, matches
+from remotemac.agent.shared import Clause, matches, parse_wheel_name, platform_tags, supported
 from remotemac.engine.bring import Artifact
 from remotemac.errors import HostEnvironmentError
 

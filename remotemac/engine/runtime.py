@@ -29,8 +29,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from remotemac.agent.agentruntime import requirements, runtime_key
 from remotemac.agent.protocol import ErrorCode, Op, RuntimeEnsureAnswer
+from remotemac.agent.shared import requirements, runtime_key
 from remotemac.data.manifest import sha256_file
 from remotemac.engine.agentclient import AgentClient, AgentError
 from remotemac.engine.bring import upload

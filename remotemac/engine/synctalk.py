@@ -45,7 +45,7 @@ from remotemac.errors import (
 from remotemac.events import PhaseProgress
 from remotemac.transport.base import RemoteProcess, Transport
 
-#: the agent's one boot (agent/launch.py): ``<agent dir>/dataops.py`` runs imported, as
+#: the agent's one boot (agent/shared.py): ``<agent dir>/dataops.py`` runs imported, as
 #: part of the agent package, and so loads from its cached bytecode (~7 ms of the host's
 #: start, which a re-sync's hello waits for, where a script is compiled on every start)
 RECEIVER_BOOT = AGENT_BOOT

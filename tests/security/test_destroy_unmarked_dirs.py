@@ -14,7 +14,7 @@ import pytest
 AGENT = Path(__file__).resolve().parents[2] / "remotemac" / "agent"
 
 from remotemac.agent import agentruntime as art  # noqa: E402
-from remotemac.agent.launch import agent_argv  # noqa: E402
+from remotemac.agent.shared import agent_argv  # noqa: E402
 
 
 def test_a_runtime_dir_in_the_way_that_is_not_ours_is_left_alone(tmp_path: Path):
