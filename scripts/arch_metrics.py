@@ -162,6 +162,10 @@ def figures() -> list[Figure]:
             "dict[str, Any] in engine and agent",
             _count(r"\b[Dd]ict\[str,\s*Any\]", eng_agent),
             99,
+            # the named JSON-edge alias is shown beside it, so a rename cannot hide a dict
+            "{} more annotated JsonObject (JSON edges)".format(
+                _count(r"\bJsonObject\b", eng_agent)
+            ),
         ),
         Figure('.get("…") in engine and acceptance', _count(r"\.get\(\s*[\"']", eng_acc), 99),
         Figure("ctx.results[ uses", _count(r"ctx\.results\[", _py_files()), 0),
