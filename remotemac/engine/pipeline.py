@@ -526,7 +526,7 @@ async def _sync(ctx: RunContext, _key: PhaseKey) -> SyncResult:
     hosts = {key: await sync_host(ctx, b, prov[key]) for key, b in ctx.hosts.items()}
     for key, job in deadman.items():
         if job:
-            hosts[key].deadman = job
+            hosts[key].deadman = job.to_json()
     first = next(iter(hosts.values()))
     return SyncResult(hosts=hosts, summary=f"{first.files} files, {first.bytes} bytes")
 
