@@ -73,9 +73,7 @@ def test_an_answer_reads_and_writes_back_key_for_key(kind: type, data: dict[str,
 def test_the_named_fields_are_what_the_agent_wrote() -> None:
     wipe = WipeAnswer.from_json(SAMPLES[2][1])
     assert wipe.verified is True and wipe.removed == ["tmux:rm-a", "deadman:label"]
-    assert wipe.agent_steps() == [
-        AgentStep(argv=["tmux", "kill-session", "-t", "rm-a"], code=0, time=1.5)
-    ]
+    assert wipe.steps == [AgentStep(argv=["tmux", "kill-session", "-t", "rm-a"], code=0, time=1.5)]
     launchd, sleeper = DeadmanJob.from_json(SAMPLES[3][1]), DeadmanJob.from_json(SAMPLES[4][1])
     assert (launchd.who, sleeper.who) == ("com.remotemac.wipe.r1", "4242")
     assert launchd.extra == {"plist": "/Users/me/Library/LaunchAgents/x.plist"}

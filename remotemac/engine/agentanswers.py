@@ -46,10 +46,19 @@ class AgentAnswer(Answer):
 class Steps(Message):
     """An answer that lists the commands the agent ran for it (for the ledger)."""
 
-    steps: list[JsonObject] = field(default_factory=list)
+    steps: list[AgentStep] = field(default_factory=list)
 
-    def agent_steps(self) -> list[AgentStep]:
-        return [AgentStep.from_json(s) for s in self.steps or []]
+    def __post_init__(self) -> None:
+        # read from the wire: each step is still its JSON object (an agent may send null)
+        self.steps = [
+            s if isinstance(s, AgentStep) else AgentStep.from_json(s) for s in self.steps or []
+        ]
+
+    def to_json(self) -> JsonObject:
+        out = super().to_json()
+        if "steps" in out:
+            out["steps"] = [s.to_json() for s in self.steps]
+        return out
 
 
 @dataclass

@@ -111,7 +111,7 @@ async def call_in_memory(
     if not envelope.ok:
         raise RemotemacError(f"{transport.name}: cleanup failed on the host: {envelope.error}")
     answer: JsonObject = envelope.result
-    ledger.append_steps(transport.name, f"cleanup:{fn}", Steps.from_json(answer).agent_steps())
+    ledger.append_steps(transport.name, f"cleanup:{fn}", Steps.from_json(answer).steps)
     return answer
 
 

@@ -590,8 +590,8 @@ async def _pull(ctx: RunContext, _key: PhaseKey) -> PullResult:
     budget = ctx.playbook.outputs.max_bytes  # for the whole run, over every side
     sides = {}
     for s in ctx.sides:
-        sides[s.label] = await pull_side(ctx, s, prov[s.host_key].run_dir, max_bytes=budget)
-        budget -= sum(int(f["size"]) for f in sides[s.label]["files"])
+        pulled = await pull_side(ctx, s, prov[s.host_key].run_dir, max_bytes=budget)
+        sides[s.label], budget = pulled.to_json(), budget - sum(f.size for f in pulled.files)
     count = sum(len(v["files"]) for v in sides.values())
     return PullResult(sides=sides, summary=f"{count} files verified")
 

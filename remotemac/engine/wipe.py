@@ -109,7 +109,7 @@ async def wipe_run(ctx: RunContext) -> WipeResult:
             remaining += [f"{name}:{p} (wipe could not run)" for p in left]
             verified = False
             continue
-        ctx.ledger.append_steps(name, "wipe_run_data", answer.agent_steps())
+        ctx.ledger.append_steps(name, "wipe_run_data", answer.steps)
         removed += [f"{name}:{p}" for p in answer.removed]
         remaining += [f"{name}:{p}" for p in answer.remaining]
         verified = verified and bool(answer.verified)
