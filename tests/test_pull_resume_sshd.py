@@ -78,7 +78,7 @@ async def test_pull_cut_at_half_resends_less_than_55_percent(
         proxy.restore()
         host.transport.reconnect_deadline = 30.0
         before = proxy.bytes_forwarded
-        result = await pull_dir(host.transport, host.agent, str(remote_out), dest)
+        result = (await pull_dir(host.transport, host.agent, str(remote_out), dest)).to_json()
         wire = proxy.bytes_forwarded - before
     finally:
         await host.transport.close()
@@ -110,7 +110,7 @@ async def test_pull_of_200_mib_survives_a_cut_every_2_s(sshd, fault_proxy, host_
     before = proxy.bytes_forwarded
     chaos = asyncio.ensure_future(cutter())
     try:
-        result = await pull_dir(host.transport, host.agent, str(remote_out), dest)
+        result = (await pull_dir(host.transport, host.agent, str(remote_out), dest)).to_json()
     finally:
         chaos.cancel()
         await host.transport.close()

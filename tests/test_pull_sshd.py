@@ -99,7 +99,7 @@ async def test_real_listing_skips_links_fifo_and_linked_dirs(sshd, host_factory,
     plant(remote_out, outside)
     dest = tmp_path / "out" / "results" / "cpu"
     try:
-        result = await pull_dir(host.transport, host.agent, str(remote_out), dest)
+        result = (await pull_dir(host.transport, host.agent, str(remote_out), dest)).to_json()
     finally:
         await host.transport.close()
     assert sorted(f["path"] for f in result["files"]) == ["good.txt", "sub/nested.json"]
@@ -149,7 +149,7 @@ async def test_lying_agent_cannot_write_outside_out(sshd, host_factory, tmp_path
     dest = tmp_path / "out" / "results" / "cpu"
     before = snapshot(tmp_path, tmp_path / "out")
     try:
-        result = await pull_dir(host.transport, host.agent, str(remote_out), dest)
+        result = (await pull_dir(host.transport, host.agent, str(remote_out), dest)).to_json()
     finally:
         await host.transport.close()
     assert [f["path"] for f in result["files"]] == ["good.txt"]
@@ -202,7 +202,7 @@ async def test_interrupted_pull_continues_from_its_part_file(
         had = await pull_stopped_at(host, remote_out, dest, part, 2 << 20)
         assert 0 < had < len(payload) and not (dest / "big.bin").exists()
         proxy.restore()
-        result = await pull_dir(host.transport, host.agent, str(remote_out), dest)
+        result = (await pull_dir(host.transport, host.agent, str(remote_out), dest)).to_json()
     finally:
         await host.transport.close()
     assert (dest / "big.bin").read_bytes() == payload and not part.exists()

@@ -119,7 +119,7 @@ async def test_the_stream_pulls_with_one_listing_and_no_sftp(
     calls = host.agent.calls
     dest = tmp_path / "out"
     try:
-        result = await pull_dir(host.transport, host.agent, str(remote_out), dest)
+        result = (await pull_dir(host.transport, host.agent, str(remote_out), dest)).to_json()
     finally:
         await host.transport.close()
     assert host.agent.calls - calls == 1
@@ -150,7 +150,7 @@ async def test_a_stale_part_file_is_fetched_again_and_a_complete_file_is_not(
     (dest / f".model.bin{PART}").write_bytes(os.urandom(3 << 20))  # another version's half
     (dest / "done.bin").write_bytes(done)
     try:
-        result = await pull_dir(host.transport, host.agent, str(remote_out), dest)
+        result = (await pull_dir(host.transport, host.agent, str(remote_out), dest)).to_json()
     finally:
         await host.transport.close()
     assert (dest / "model.bin").read_bytes() == new and (dest / "done.bin").read_bytes() == done
@@ -189,7 +189,7 @@ async def test_a_cut_mid_file_resumes_over_the_stream_from_the_bytes_held(
         proxy.restore()
         await asyncio.sleep(0.5)  # what the cancelled channel had in flight drains first
         before = proxy.bytes_forwarded
-        result = await pull_dir(host.transport, host.agent, str(remote_out), dest)
+        result = (await pull_dir(host.transport, host.agent, str(remote_out), dest)).to_json()
         wire = proxy.bytes_forwarded - before
     finally:
         await host.transport.close()

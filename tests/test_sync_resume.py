@@ -185,7 +185,7 @@ def test_a_header_replayed_for_a_changed_file_is_never_resumed(tmp_path):
     prefix is a chunk the new version did not change, with the size and mtime the hello
     told it. Resuming would seal the changed tail under the old nonces. Before: resumed."""
     from remotemac.engine.syncpieces import HashingReader, resume_point
-    from remotemac.engine.syncplan import Job
+    from remotemac.engine.syncplan import Job, PartialTransfer
 
     path = tmp_path / "train.bin"
     plain = os.urandom(8 * sc.DEFAULT_CHUNK)
@@ -209,5 +209,11 @@ def test_a_header_replayed_for_a_changed_file_is_never_resumed(tmp_path):
     }
     with open(path, "rb") as fh:
         reader = HashingReader(fh, st.st_size, "train.bin")
-        got = resume_point(Job(0, None, partial), reader, os.fstat(fh.fileno()), KEY, "train.bin")
+        got = resume_point(
+            Job(0, None, PartialTransfer.from_json(partial)),
+            reader,
+            os.fstat(fh.fileno()),
+            KEY,
+            "train.bin",
+        )
     assert got is None

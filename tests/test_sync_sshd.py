@@ -219,7 +219,9 @@ async def test_round_trip_plaintext_only_in_ram_key_nowhere(
         # ... and back: the host copies what it decrypted into an output dir, we pull it
         out_dir = f"{host.run_dir}/out/cpu"
         await host.transport.exec(["cp", "-r", answer["data_dir"] + "/.", out_dir], check=True)
-        pulled = await pull_dir(host.transport, host.agent, out_dir, tmp_path / "results")
+        pulled = (
+            await pull_dir(host.transport, host.agent, out_dir, tmp_path / "results")
+        ).to_json()
         assert len(pulled["files"]) == 32 and pulled["skipped"] == []
         for entry in manifest.entries:
             assert (tmp_path / "results" / entry.path).read_bytes() == (

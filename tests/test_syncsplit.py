@@ -12,6 +12,7 @@ import pytest
 
 from remotemac.agent.streamcrypt import DEFAULT_CHUNK, chunk_count, new_header
 from remotemac.engine import syncsplit
+from remotemac.engine.syncplan import PartialTransfer
 from remotemac.errors import IntegrityError
 
 KEY = bytes(range(32))
@@ -75,7 +76,9 @@ def test_the_hosts_pieces_are_kept_only_for_the_same_file(tmp_path):
     path = _file(tmp_path, 20 * MiB)
     first, _ = syncsplit.plan(tmp_path, 0, "big/train.bin", KEY, None, 8 * MiB)
     partial = _host_partial(path, first, [(0, 32), (64, 16)])
-    split, pieces = syncsplit.plan(tmp_path, 0, "big/train.bin", KEY, partial, 8 * MiB)
+    split, pieces = syncsplit.plan(
+        tmp_path, 0, "big/train.bin", KEY, PartialTransfer.from_json(partial), 8 * MiB
+    )
     assert split.header == first.header and split.kept == 48 * DEFAULT_CHUNK
     assert [(p.first, p.count) for p in pieces] == [(32, 32)]
     assert _tiles(pieces + [syncsplit.Piece(b"", 0, 32), syncsplit.Piece(b"", 64, 16)], 80)
@@ -87,7 +90,9 @@ def test_the_hosts_pieces_are_kept_only_for_the_same_file(tmp_path):
         fh.seek(70 * DEFAULT_CHUNK)
         fh.write(b"\0" * 8)
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
-    again, pieces = syncsplit.plan(tmp_path, 0, "big/train.bin", KEY, partial, 8 * MiB)
+    again, pieces = syncsplit.plan(
+        tmp_path, 0, "big/train.bin", KEY, PartialTransfer.from_json(partial), 8 * MiB
+    )
     assert again.header != first.header and again.kept == 0 and _tiles(pieces, 80)
 
     # another mtime, a header for another path or key: afresh too
@@ -98,7 +103,9 @@ def test_the_hosts_pieces_are_kept_only_for_the_same_file(tmp_path):
         dict(partial, pieces=[[79, 2, "00" * 32]]),
         dict(partial, split=False),
     ):
-        fresh, pieces = syncsplit.plan(tmp_path, 0, "big/train.bin", KEY, bad, 8 * MiB)
+        fresh, pieces = syncsplit.plan(
+            tmp_path, 0, "big/train.bin", KEY, PartialTransfer.from_json(bad), 8 * MiB
+        )
         assert fresh.header != first.header and fresh.kept == 0 and _tiles(pieces, 80)
 
 
@@ -148,13 +155,24 @@ def test_a_header_replayed_for_a_changed_file_is_never_continued(tmp_path):
     os.utime(path, ns=(path.stat().st_atime_ns, old.mtime_ns + 10**9))
     for pieces in ([], [[0, 1, hashlib.sha256(head).hexdigest()]]):
         split, planned = syncsplit.plan(
-            tmp_path, 0, "big/train.bin", KEY, _replayed(path, old.header, pieces), 8 * MiB
+            tmp_path,
+            0,
+            "big/train.bin",
+            KEY,
+            PartialTransfer.from_json(_replayed(path, old.header, pieces)),
+            8 * MiB,
         )
         assert split.header != old.header and split.kept == 0
         assert _tiles(planned, chunk_count(33 * MiB, DEFAULT_CHUNK))
     # a header made for this very version is still continued (the resume promise)
     same, _ = syncsplit.plan(tmp_path, 0, "big/train.bin", KEY, None, 8 * MiB)
-    kept = syncsplit.plan(tmp_path, 0, "big/train.bin", KEY, _replayed(path, same.header, []))
+    kept = syncsplit.plan(
+        tmp_path,
+        0,
+        "big/train.bin",
+        KEY,
+        PartialTransfer.from_json(_replayed(path, same.header, [])),
+    )
     assert kept[0].header == same.header
 
 
@@ -175,7 +193,9 @@ def test_a_file_edited_with_its_mtime_put_back_is_never_continued(tmp_path):
         fh.write(os.urandom(64))
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
     assert (path.stat().st_size, path.stat().st_mtime_ns) == (st.st_size, st.st_mtime_ns)
-    again, pieces = syncsplit.plan(tmp_path, 0, "big/train.bin", KEY, partial, 8 * MiB)
+    again, pieces = syncsplit.plan(
+        tmp_path, 0, "big/train.bin", KEY, PartialTransfer.from_json(partial), 8 * MiB
+    )
     assert again.header != first.header and again.kept == 0 and _tiles(pieces, 80)
 
 
@@ -187,7 +207,9 @@ def test_pieces_the_host_lists_in_another_shape_start_afresh(tmp_path):
     first, _ = syncsplit.plan(tmp_path, 0, "big/train.bin", KEY, None, 8 * MiB)
     partial = _host_partial(path, first, [(0, 32)])
     for bad in (5, "0,32", [["x", 1, "00"]], [[0]], [{"first": 0}], [None]):
-        fresh, pieces = syncsplit.plan(tmp_path, 0, "big/train.bin", KEY, dict(partial, pieces=bad))
+        fresh, pieces = syncsplit.plan(
+            tmp_path, 0, "big/train.bin", KEY, PartialTransfer.from_json(dict(partial, pieces=bad))
+        )
         assert fresh.header != first.header and fresh.kept == 0 and _tiles(pieces, 80)
 
 
@@ -265,7 +287,13 @@ def test_a_resumed_single_stream_never_sends_a_chunk_sealed_again_with_other_byt
         "size": st.st_size,
         "mtime_ns": st.st_mtime_ns,
     }
-    again = read_pieces(tmp_path, files, collections.deque([Job(0, None, partial)]), KEY, log=log)
+    again = read_pieces(
+        tmp_path,
+        files,
+        collections.deque([Job(0, None, PartialTransfer.from_json(partial))]),
+        KEY,
+        log=log,
+    )
     sent = [next(again)[0] for _ in range(3)]  # the R frame, chunks 2 and 3
     assert sent[1:] == first_time[2 + chunks : 4 + chunks]
     with open(path, "r+b") as fh:

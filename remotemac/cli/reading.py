@@ -242,7 +242,7 @@ def _tail_live(
         )
     )
     states = ", ".join(
-        f"{label}: {r['state']}" + ("" if r["exit_code"] is None else f", exit {r['exit_code']}")
+        f"{label}: {r.state}" + ("" if r.exit_code is None else f", exit {r.exit_code}")
         for label, r in ended.items()
     )
     click.echo(

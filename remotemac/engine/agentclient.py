@@ -11,9 +11,10 @@ import json
 import os
 import time
 import weakref
-from typing import Any
+from typing import Any, TypeVar
 
-from remotemac.agent.protocol import Answer, Op
+from remotemac.agent.protocol import JsonObject, Message, Op
+from remotemac.engine.agentanswers import ANSWERS, AgentAnswer, ClaimAnswer, Steps
 from remotemac.engine.agentship import agent_argv, agent_bundle, exec_in_memory
 from remotemac.engine.ledger import Ledger
 from remotemac.engine.resident import ResidentAgent
@@ -37,10 +38,10 @@ def agent_python(setting: str | None = None) -> str:
 
 OWNED_MARKER = ".remotemac-owned"  # agent/safefs.py MARKER
 
+M = TypeVar("M", bound=Message)
 
-def parse_answer(
-    host: str, what: str, result: ExecResult, hint: str | None = None
-) -> dict[str, Any]:
+
+def parse_answer(host: str, what: str, result: ExecResult, hint: str | None = None) -> JsonObject:
     """The agent's one JSON answer on stdout, or HostError with its last stderr line."""
     try:
         answer = json.loads(result.stdout.decode("utf-8", "replace") or "{}")
@@ -74,11 +75,11 @@ async def call_in_memory(
     transport: Transport,
     ledger: Ledger,
     op: Op,
-    req: dict[str, Any],
+    req: JsonObject,
     python: str | None = None,
     timeout: float = 900,
     idempotent: bool = False,
-) -> dict[str, Any]:
+) -> JsonObject:
     """Run ``cleanupops.op_<op>(req)`` on the host from memory: nothing lands on its disk.
 
     For cleanup (it must not recreate the root it removes) and for claiming the root
@@ -102,13 +103,16 @@ async def call_in_memory(
         seconds=time.monotonic() - started,
     )
     missing_python(transport.name, python, result)
-    answer = parse_answer(
-        transport.name, f"agent ({fn})", result, hint=f"is {python} installed on the host?"
+    envelope = AgentAnswer.from_json(
+        parse_answer(
+            transport.name, f"agent ({fn})", result, hint=f"is {python} installed on the host?"
+        )
     )
-    if not answer.get("ok"):
-        raise RemotemacError(f"{transport.name}: cleanup failed on the host: {answer.get('error')}")
-    ledger.append_steps(transport.name, f"cleanup:{fn}", answer["result"].get("steps"))
-    return answer["result"]
+    if not envelope.ok:
+        raise RemotemacError(f"{transport.name}: cleanup failed on the host: {envelope.error}")
+    answer: JsonObject = envelope.result
+    ledger.append_steps(transport.name, f"cleanup:{fn}", Steps.from_json(answer).steps)
+    return answer
 
 
 class AgentError(RemotemacError):
@@ -189,7 +193,7 @@ class AgentClient:
         from remotemac.errors import BadInput
 
         request = {"root": self.root, "run_id": run_id}
-        answer = await call_in_memory(
+        raw = await call_in_memory(
             self.transport,
             self.ledger,
             Op.CLAIM_ROOT,
@@ -199,13 +203,14 @@ class AgentClient:
             # a cut link retries it: a second claim adopts the root the first one made
             idempotent=True,
         )
-        if answer.get("refused"):
+        answer = ClaimAnswer.from_json(raw)
+        if answer.refused:
             raise BadInput(
-                f"{self.transport.name}: remote_root {self.root}: {answer['refused']}",
+                f"{self.transport.name}: remote_root {self.root}: {answer.refused}",
                 hint="nothing was written on the host",
             )
-        self.root_id = answer.get("root_id")
-        self.real_root = answer.get("real_root") or None
+        self.root_id = answer.root_id
+        self.real_root = answer.real_root or None
         return self.root_id
 
     async def install(self) -> str:
@@ -242,17 +247,19 @@ class AgentClient:
     async def call(
         self,
         op: Op,
-        request: dict[str, Any] | None = None,
+        request: JsonObject | None = None,
         *,
         timeout: float | None = 600,
         idempotent: bool = True,
         python: str | None = None,
-    ) -> dict[str, Any]:
+    ) -> JsonObject:
         """Run one agent operation under the host's own interpreter (``self.python``).
 
         ``python`` overrides it for this call only (tests); operations that need the
         workload's interpreter take it in ``request`` and run it as a subprocess.
         ``op`` is a ``protocol.Op``: the names the agent's handler table serves.
+        Returns the answer's ``result`` as it arrived (JSON); :meth:`ask` reads it as
+        the op's answer type.
         """
         if not self.agent_dir:
             await self.install()
@@ -264,7 +271,7 @@ class AgentClient:
         )
         started = time.monotonic()
         kwargs: dict[str, Any] = {"stdin": json.dumps(request or {}).encode(), "timeout": timeout}
-        if idempotent:
+        if idempotent:  # (only the SSH transport retries: Transport.exec has no such flag)
             kwargs["idempotent"] = True
         result = await self.transport.exec(argv, **kwargs)
         self.ledger.append(
@@ -275,28 +282,46 @@ class AgentClient:
             seconds=time.monotonic() - started,
         )
         answer = parse_answer(self.transport.name, f"agent {op}", result)
-        if isinstance(answer.get("cpu_s"), (int, float)):
-            self.host_cpu_s += float(answer["cpu_s"])
-        return _result(op, answer)
+        envelope = AgentAnswer.from_json(answer)
+        if isinstance(envelope.cpu_s, (int, float)):
+            self.host_cpu_s += float(envelope.cpu_s)
+        return _result(op, answer, envelope)
+
+    async def ask(
+        self,
+        op: Op,
+        request: JsonObject | Message | None,
+        answer: type[M],
+        **kwargs: Any,
+    ) -> M:
+        """:meth:`call`, its result read once as ``answer``: the op's type in
+        agentanswers.ANSWERS (TypeError for another: one op's answer is never read as
+        another's). ``request`` may be a message (written as its JSON)."""
+        declared = ANSWERS.get(op)
+        if declared is None or not issubclass(answer, declared):
+            raise TypeError(f"{op} answers with {declared and declared.__name__}, not {answer}")
+        body = request.to_json() if isinstance(request, Message) else request
+        return answer.from_json(await self.call(op, body, **kwargs))
 
     async def _call_resident(
-        self, op: Op, request: dict[str, Any], timeout: float | None
-    ) -> dict[str, Any]:
+        self, op: Op, request: JsonObject, timeout: float | None
+    ) -> JsonObject:
         session = self.session()
         started = time.monotonic()
         frame = await session.call(op, request, store=self.store, timeout=timeout)
         self.host_cpu_s += session.note_cpu(frame)
-        answer = frame.get("answer") or {}
+        answer: JsonObject = frame.get("answer") or {}
+        envelope = AgentAnswer.from_json(answer)
         self.ledger.append(
             self.transport.name,
             f"{' '.join(session.argv)} ← {op}"
-            + (" (answer recorded before the link dropped)" if answer.get("replayed") else ""),
-            0 if answer.get("ok") else 1,
+            + (" (answer recorded before the link dropped)" if envelope.replayed else ""),
+            0 if envelope.ok else 1,
             op=op,
             seconds=time.monotonic() - started,
             via="resident",
         )
-        return _result(op, answer)
+        return _result(op, answer, envelope)
 
 
 async def close_link_agents(owner: Transport) -> None:
@@ -305,9 +330,8 @@ async def close_link_agents(owner: Transport) -> None:
         await found.close()
 
 
-def _result(op: str, answer: dict[str, Any]) -> dict[str, Any]:
+def _result(op: str, answer: JsonObject, envelope: AgentAnswer) -> JsonObject:
     """The agent's ``result``, or its error as an exception (exit 6 for the environment)."""
-    envelope = Answer.from_json(answer)
     if not envelope.ok:
         cls = AgentEnvironmentError if envelope.host_env else AgentError
         error = envelope.error if "error" in answer else "unknown error"

@@ -12,7 +12,12 @@ subprocesses'; one-shot calls: each process's whole CPU).
 from __future__ import annotations
 
 import resource
-from typing import Any
+from typing import TYPE_CHECKING
+
+from remotemac.agent.protocol import JsonObject
+
+if TYPE_CHECKING:  # (agentclient imports much of the engine: the type only)
+    from remotemac.engine.agentclient import AgentClient
 
 
 def laptop_cpu_s() -> float:
@@ -21,9 +26,9 @@ def laptop_cpu_s() -> float:
     return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
 
 
-def run_cpu(start: float | None, agents: list[Any]) -> dict[str, Any]:
-    """The record's ``cpu`` section; ``start``: the laptop's CPU seconds when the run
-    started here; ``agents``: the run's AgentClients."""
+def run_cpu(start: float | None, agents: list[AgentClient]) -> JsonObject:
+    """The record's ``cpu`` section, as acceptance.json holds it; ``start``: the laptop's
+    CPU seconds when the run started here; ``agents``: the run's AgentClients."""
     return {
         "laptop_s": round(laptop_cpu_s() - start, 3) if isinstance(start, float) else None,
         "host_s": round(sum(a.host_cpu_s for a in agents), 3),

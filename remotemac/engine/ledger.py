@@ -21,9 +21,11 @@ import re
 import threading
 import time
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from remotemac.agent.protocol import JsonObject, Message
 from remotemac.vocab import clock
 
 # Every pattern starts only at a token boundary and bounds its backtracking, so a
@@ -151,6 +153,45 @@ def is_privileged(argv_or_command: list[str] | str) -> bool:
     return False
 
 
+@dataclass
+class AgentStep(Message):
+    """One command the host agent ran for an operation: an answer's ``steps`` item
+    (``{"argv", "code", "time"}``)."""
+
+    argv: list[Any] = field(default_factory=list)
+    code: int | None = None
+    time: float | None = None
+
+
+@dataclass
+class LedgerEntry(Message):
+    """One line of ``ledger.jsonl``: a command run on a host, redacted."""
+
+    time: float = 0.0
+    host: str = ""
+    op: str = ""
+    command: str = ""
+    exit_code: int | None = None
+    privileged: bool = False
+    seconds: float = 0.0
+    via: str = "ssh"
+
+    def to_json(self) -> JsonObject:
+        # every key always (exit_code too when None): the line's shape does not vary
+        out: JsonObject = {
+            "time": self.time,
+            "host": self.host,
+            "op": self.op,
+            "command": self.command,
+            "exit_code": self.exit_code,
+            "privileged": self.privileged,
+            "seconds": self.seconds,
+            "via": self.via,
+        }
+        out.update(self.extra)
+        return out
+
+
 class Ledger:
     """Append-only JSON lines; ``path=None`` keeps nothing (plans, dry runs)."""
 
@@ -189,17 +230,17 @@ class Ledger:
         if self.path is None and self._held is None:
             return
         text = command if isinstance(command, str) else " ".join(str(a) for a in command)
-        entry = {
-            "time": when if when is not None else time.time(),
-            "host": host,
-            "op": op,
-            "command": redact(text, self._secrets),
-            "exit_code": exit_code,
-            "privileged": bool(privileged or is_privileged(command)),
-            "seconds": round(seconds, 3),
-            "via": via,
-        }
-        line = json.dumps(entry) + "\n"
+        entry = LedgerEntry(
+            time=when if when is not None else time.time(),
+            host=host,
+            op=op,
+            command=redact(text, self._secrets),
+            exit_code=exit_code,
+            privileged=bool(privileged or is_privileged(command)),
+            seconds=round(seconds, 3),
+            via=via,
+        )
+        line = json.dumps(entry.to_json()) + "\n"
         with self._lock:
             if self._held is not None:
                 self._held.append(line)
@@ -209,23 +250,28 @@ class Ledger:
             with self.path.open("a", encoding="utf-8") as fh:
                 fh.write(line)
 
-    def append_steps(self, host: str, op: str, steps: Iterable[dict[str, Any]] | None) -> None:
-        """Commands the host agent ran for one operation (``{"argv", "code", "time"}``)."""
-        for step in steps or ():
-            argv = step.get("argv") or []
+    def append_steps(
+        self, host: str, op: str, steps: Iterable[AgentStep | JsonObject] | None
+    ) -> None:
+        """Commands the host agent ran for one operation (an answer's ``steps``, as
+        :class:`AgentStep` or still as the JSON it came in)."""
+        for item in steps or ():
+            step = item if isinstance(item, AgentStep) else AgentStep.from_json(item)
             self.append(
                 host,
-                [str(a) for a in argv],
-                step.get("code"),
+                [str(a) for a in step.argv or []],
+                step.code,
                 op=op,
                 via="agent",
-                when=step.get("time"),
+                when=step.time,
             )
 
 
-def format_entry(entry: dict[str, Any]) -> str:
-    """One human line: time, host, exit code, a privileged mark, the command."""
-    stamp = clock(entry["time"])  # UTC, as every time remotemac shows
-    mark = " [sudo]" if entry.get("privileged") else ""
-    via = "  (agent)" if entry.get("via") == "agent" else ""
-    return f"{stamp}  {entry['host']}  exit={entry['exit_code']}{mark}  {entry['command']}{via}"
+def format_entry(line: JsonObject) -> str:
+    """One human line of a ledger line just read: time, host, exit code, a privileged
+    mark, the command."""
+    entry = LedgerEntry.from_json(line)
+    stamp = clock(entry.time)  # UTC, as every time remotemac shows
+    mark = " [sudo]" if entry.privileged else ""
+    via = "  (agent)" if entry.via == "agent" else ""
+    return f"{stamp}  {entry.host}  exit={entry.exit_code}{mark}  {entry.command}{via}"

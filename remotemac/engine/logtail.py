@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -25,6 +26,15 @@ from remotemac.errors import JobLost
 from remotemac.events import EventBus, LogLine
 from remotemac.journal import Journal
 from remotemac.playbook import Playbook
+
+
+@dataclass(frozen=True)
+class JobEnd:
+    """How a tailed job ended: its final state (``lost``/``absent`` when the host says
+    so) and the exit code its status file gives (None: none written)."""
+
+    state: str | None
+    exit_code: int | None
 
 
 class _LogViewer(LogFollower):
@@ -45,11 +55,12 @@ class _LogViewer(LogFollower):
     def _save_offset(self) -> None:
         """The journal's offset belongs to the remotemac that follows the run."""
 
-    async def _job_lost(self, answer: dict[str, Any]) -> None:
+    async def _job_lost(self, answer: dict[str, Any]) -> None:  # (LogFollower's signature)
         """A viewer relaunches nothing: attach relaunches or reports a lost job."""
+        job = answer if isinstance(answer, JobStatus) else JobStatus.from_json(answer)
         raise JobLost(
             f"{self.transport.name}: the {self.side.label} job was lost "
-            f"({answer.get('lost_reason') or 'runner gone'}); "
+            f"({job.lost_reason or 'runner gone'}); "
             f"remotemac attach {self.ctx.run_id} reports it"
         )
 
@@ -65,7 +76,7 @@ async def tail_logs(
     starts: dict[str, tuple[int, int]],
     on_line: Any,
     devices: set[str] | None = None,
-) -> dict[str, dict[str, Any]]:
+) -> dict[str, JobEnd]:
     """Stream each launched, unfollowed device's log lines to ``on_line(LogLine)``
     from ``starts[label]`` ((bytes, lines) the laptop already has; 0 otherwise) until
     every job is final; each device's final state and exit code."""
@@ -107,7 +118,7 @@ async def tail_logs(
     if Phase.PROVISION not in ctx.results or not sides:
         return {}
     restore_phase(ctx, PhaseKey(Phase.PROVISION))
-    ended: dict[str, dict[str, Any]] = {}
+    ended: dict[str, JobEnd] = {}
     try:
         for binding in ctx.hosts.values():
             await binding.transport.connect()
@@ -117,7 +128,7 @@ async def tail_logs(
         ended.update({side.label: r for side, r in zip(now, results, strict=True)})
         if chained in sides and reference is not None:
             first = ended.get(reference.label) or await _state(ctx, reference)
-            if first["state"] == "finished":  # else the host does not start the target
+            if first.state == JobState.FINISHED:  # else the host does not start the target
                 ended[chained.label] = await _tail(ctx, chained, starts)
     finally:
         for binding in ctx.hosts.values():
@@ -126,25 +137,25 @@ async def tail_logs(
     return ended
 
 
-async def _state(ctx: RunContext, side: Side) -> dict[str, Any]:
+async def _state(ctx: RunContext, side: Side) -> JobEnd:
     """A job's final state without tailing it (the reference of a target tailed alone)."""
     binding = ctx.host_for(side)
     while True:
-        answer = await binding.agent.call(
+        job = await binding.agent.ask(
             Op.STATUS,
             {"run_dir": binding.run_dir, "device": side.label, "session": side.session(ctx.run_id)},
+            JobStatus,
         )
-        job = JobStatus.from_json(answer)
         if job.final or job.state in (JobState.LOST, JobState.ABSENT):
             break
         await asyncio.sleep(1.0)
-    return {"state": job.state, "exit_code": job.file.get("exit_code")}
+    return JobEnd(job.state, job.file.get("exit_code"))
 
 
-async def _tail(ctx: RunContext, side: Side, starts: dict[str, tuple[int, int]]) -> dict[str, Any]:
+async def _tail(ctx: RunContext, side: Side, starts: dict[str, tuple[int, int]]) -> JobEnd:
     binding = ctx.host_for(side)
     request = {"run_dir": binding.run_dir, "session": side.session(ctx.run_id)}
     viewer = _LogViewer(ctx, side, request, starts.get(side.label, (0, 0)))
     with binding.transport.reconnect_wait_capped(FOLLOW_RECONNECT_MAX_WAIT_S):
         result = await viewer.run()
-    return {"state": result.state, "exit_code": result.exit_code}
+    return JobEnd(result.state, result.exit_code)

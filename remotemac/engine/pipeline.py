@@ -526,7 +526,7 @@ async def _sync(ctx: RunContext, _key: PhaseKey) -> SyncResult:
     hosts = {key: await sync_host(ctx, b, prov[key]) for key, b in ctx.hosts.items()}
     for key, job in deadman.items():
         if job:
-            hosts[key].deadman = job
+            hosts[key].deadman = job.to_json()
     first = next(iter(hosts.values()))
     return SyncResult(hosts=hosts, summary=f"{first.files} files, {first.bytes} bytes")
 
@@ -590,8 +590,8 @@ async def _pull(ctx: RunContext, _key: PhaseKey) -> PullResult:
     budget = ctx.playbook.outputs.max_bytes  # for the whole run, over every side
     sides = {}
     for s in ctx.sides:
-        sides[s.label] = await pull_side(ctx, s, prov[s.host_key].run_dir, max_bytes=budget)
-        budget -= sum(int(f["size"]) for f in sides[s.label]["files"])
+        pulled = await pull_side(ctx, s, prov[s.host_key].run_dir, max_bytes=budget)
+        sides[s.label], budget = pulled.to_json(), budget - sum(f.size for f in pulled.files)
     count = sum(len(v["files"]) for v in sides.values())
     return PullResult(sides=sides, summary=f"{count} files verified")
 

@@ -23,13 +23,22 @@ import stat
 import unicodedata
 from collections.abc import Awaitable, Callable
 from pathlib import Path, PurePosixPath
-from typing import Any
 
-from remotemac.agent.protocol import Op
+from remotemac.agent.protocol import JsonObject, Op, ProtocolError
 from remotemac.data.manifest import sha256_file
+from remotemac.engine.agentanswers import OutputListing
 from remotemac.engine.agentclient import AgentClient
 from remotemac.engine.context import RunContext, Side
 from remotemac.engine.hashsink import HashingSink
+from remotemac.engine.pulled import (
+    Listed,
+    ListingEntry,
+    NotAnEntry,
+    PullBytes,
+    PulledFile,
+    PulledSide,
+    SkippedFile,
+)
 from remotemac.engine.pullstream import (
     LOCAL_REFUSALS,
     PART,
@@ -60,15 +69,15 @@ def shown_name(name: object) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def entry_name(entry: dict[str, Any]) -> bytes | str | None:
+def entry_name(entry: ListingEntry) -> bytes | str | None:
     """The entry's name as the host's bytes (``name_hex``), else its ``path`` string.
 
     Raises UnsafePath for a name too long to consider."""
-    raw = entry.get("name_hex")
+    raw = entry.name_hex
     if isinstance(raw, str):
         if len(raw) > 2 * MAX_NAME_BYTES:  # refused without decoding all of it
             raise UnsafePath(
-                f"refusing result name {shown_name(entry.get('path'))} "
+                f"refusing result name {shown_name(entry.path)} "
                 f"({len(raw) // 2} bytes): too long (at most {MAX_NAME_BYTES} bytes)"
             )
         try:
@@ -77,7 +86,7 @@ def entry_name(entry: dict[str, Any]) -> bytes | str | None:
             return None
     if raw is not None:
         return None
-    name = entry.get("path")
+    name = entry.path
     return name if isinstance(name, str) else None
 
 
@@ -125,7 +134,7 @@ def safe_relpath(name: bytes | str | None) -> PurePosixPath:
 
 async def pull_side(
     ctx: RunContext, side: Side, run_dir: str, max_bytes: int | None = None
-) -> dict[str, Any]:
+) -> PulledSide:
     """Pull one side's outputs; ``max_bytes``: what is left of ``outputs.max_bytes``."""
     binding = ctx.host_for(side)
     out_path = ctx.playbook.outputs.path.strip("/") or "."
@@ -141,7 +150,7 @@ async def pull_side(
         label=side.label,
         max_bytes=max_bytes,
     )
-    result["evidence"] = await fetch_evidence(ctx, side, run_dir)
+    result.evidence = await fetch_evidence(ctx, side, run_dir)
     return result
 
 
@@ -160,13 +169,13 @@ async def pull_dir(
     label: str = "",
     max_bytes: int | None = None,
     sftp: bool = False,
-) -> dict[str, Any]:
+) -> PulledSide:
     """Bring every regular file below ``remote_dir`` into ``dest_root``, verified.
 
     Each file is read up to the size the listing gave, never more; ``max_bytes``
     caps the listed total (OutputsTooLarge, exit 5, before a byte moves).
-    Returns ``{"dir", "files": [{path, size, sha256}], "skipped": [{path, why}],
-    "downloaded": bytes moved}``. Raises IntegrityError (exit 5) on a checksum failure.
+    Returns the files verified, those skipped and why, the bytes moved (PulledSide).
+    Raises IntegrityError (exit 5) on a checksum failure.
 
     The bytes come down exec channels from the host's ``pullops.py`` (pullstream.py),
     which hashes each file as it reads it; ``sftp=True``, or a transport that cannot
@@ -182,11 +191,9 @@ async def pull_dir(
         # the host hashes each file up to the size just listed (a file still growing is
         # verified as it was listed) while the bytes move
         upto = {
-            e["name_hex"]: e["size"]
+            e.name_hex: e.size
             for e in entries
-            if isinstance(e, dict)
-            and isinstance(e.get("name_hex"), str)
-            and e.get("kind") == "file"
+            if isinstance(e, ListingEntry) and isinstance(e.name_hex, str) and e.kind == "file"
         }
         sums = _Sums(_listing(transport, agent, remote_dir, {"upto": upto}))
     try:
@@ -214,13 +221,19 @@ def _can_stream(transport: Transport) -> bool:
 
 
 async def _listing(
-    transport: Transport, agent: AgentClient, remote_dir: str, request: dict[str, Any]
-) -> list[Any]:
-    listing = await agent.call(Op.LIST_OUTPUTS, {"dir": remote_dir, **request})
-    entries = listing.get("entries") if isinstance(listing, dict) else None
+    transport: Transport, agent: AgentClient, remote_dir: str, request: JsonObject
+) -> list[Listed]:
+    """The host's listing of ``remote_dir``, each item read once (IntegrityError when
+    the answer is not a listing at all)."""
+    try:
+        entries = OutputListing.from_json(
+            await agent.call(Op.LIST_OUTPUTS, {"dir": remote_dir, **request})
+        ).entries
+    except ProtocolError:
+        entries = None
     if not isinstance(entries, list):
         raise IntegrityError(f"{transport.name}: the output listing of {remote_dir} is malformed")
-    return entries
+    return [ListingEntry.from_json(e) if isinstance(e, dict) else NotAnEntry(e) for e in entries]
 
 
 class _Sums:
@@ -231,18 +244,18 @@ class _Sums:
     when its last byte has landed (and been hashed here as it was written).
     """
 
-    def __init__(self, listing: Awaitable[list[Any]]) -> None:
+    def __init__(self, listing: Awaitable[list[Listed]]) -> None:
         self._task = asyncio.ensure_future(listing)
-        self._by_name: dict[bytes | str | None, Any] | None = None
+        self._by_name: dict[bytes | str | None, ListingEntry] | None = None
 
-    async def entry(self, name: bytes | str | None) -> Any:
+    async def entry(self, name: bytes | str | None) -> ListingEntry | None:
         """The hashed listing's entry for ``name`` (None when it is not there)."""
         if self._by_name is None:
             # shielded: one file's fetch being cancelled must not cancel everyone's listing
             entries = await asyncio.shield(self._task)
-            by_name: dict[bytes | str | None, Any] = {}
+            by_name: dict[bytes | str | None, ListingEntry] = {}
             for entry in entries:
-                if isinstance(entry, dict):
+                if isinstance(entry, ListingEntry):
                     with contextlib.suppress(UnsafePath):
                         by_name[entry_name(entry)] = entry
             self._by_name = by_name
@@ -259,7 +272,7 @@ class _NotPulled(Exception):
 
 async def _pull_listed(
     transport: Transport,
-    entries: list[Any],
+    entries: list[Listed],
     sums: _Sums | None,
     remote_dir: str,
     dest_root: Path,
@@ -269,7 +282,7 @@ async def _pull_listed(
     label: str,
     max_bytes: int | None,
     sender: list[str] | None = None,
-) -> dict[str, Any]:
+) -> PulledSide:
     """Validate the listing, then fetch what it names: streamed (``sender``, the host's
     command) or over SFTP checked against ``sums``."""
     dest_root.mkdir(parents=True, exist_ok=True)
@@ -277,32 +290,32 @@ async def _pull_listed(
     if not stat.S_ISDIR(root_st.st_mode):
         raise UnsafePath(f"{dest_root} is not a plain directory; refusing to pull into it")
     dest_root = dest_root.resolve()
-    named: list[tuple[Any, PurePosixPath | str]] = []  # (entry, its path or why not)
-    for entry in entries:
-        if not isinstance(entry, dict):
-            named.append((entry, "malformed listing entry"))
-            continue
-        try:
-            named.append((entry, safe_relpath(entry_name(entry))))
-        except UnsafePath as exc:
-            named.append((entry, exc.message))
-    kinds = {str(rel): e.get("kind") for e, rel in named if isinstance(rel, PurePosixPath)}
-    files: list[dict[str, Any]] = []
-    skipped: list[dict[str, str]] = []
-    wanted: list[tuple[PurePosixPath, dict[str, Any]]] = []
+    named = _named(entries)
+    kinds = {
+        str(rel): e.kind
+        for e, rel in named
+        if isinstance(rel, PurePosixPath) and isinstance(e, ListingEntry)
+    }
+    files: list[PulledFile] = []
+    skipped: list[SkippedFile] = []
+    wanted: list[tuple[PurePosixPath, ListingEntry]] = []
 
     def skip(name: str, why: str) -> None:
-        skipped.append({"path": name, "why": why})
+        skipped.append(SkippedFile(name, why))
         emit(Warning(run_id, message=f"pull {label}: skipped {name}: {why}", code="pull-skip"))
 
     for entry, rel in named:
-        why = rel if isinstance(rel, str) else _refuse(entry, rel, kinds, hashed=False)
-        if why is not None or isinstance(rel, str):
-            skip(shown_name(entry.get("path") if isinstance(entry, dict) else entry), why or "")
+        if isinstance(entry, NotAnEntry) or isinstance(rel, str):
+            shown = entry.raw if isinstance(entry, NotAnEntry) else entry.path
+            skip(shown_name(shown), str(rel))
             continue
-        if entry["kind"] == "file":
+        why = _refuse(entry, rel, kinds, hashed=False)
+        if why is not None:
+            skip(shown_name(entry.path), why)
+            continue
+        if entry.kind == "file":
             wanted.append((rel, entry))
-    total = sum(int(e["size"]) for _, e in wanted)
+    total = sum(int(e.size) for _, e in wanted)
     if max_bytes is not None and total > max_bytes:
         raise OutputsTooLarge(
             f"{transport.name}: {remote_dir} lists {len(wanted)} files, {total} bytes: more "
@@ -311,25 +324,39 @@ async def _pull_listed(
             "narrow outputs.path if that is expected",
         )
     progress = _Progress(emit, run_id, total, label)
-    outcome: list[dict[str, Any] | str | None] = [None] * len(wanted)
+    outcome: list[PulledFile | str | None] = [None] * len(wanted)
     if sums is None:
         assert sender is not None
         await _streamed(transport, sender, remote_dir, dest_root, wanted, outcome, progress)
     else:
         await _sftp(transport, sums, remote_dir, dest_root, wanted, kinds, outcome, progress)
     for (rel, _entry), got in zip(wanted, outcome, strict=True):
-        if isinstance(got, dict):
+        if isinstance(got, PulledFile):
             files.append(got)
         else:
             skip(str(rel), got or "not pulled")
     progress.flush()
-    return {
-        "dir": str(dest_root),
-        "files": files,
-        "skipped": skipped,
-        "downloaded": progress.moved,
-        "bytes": {"total": total, "moved": progress.moved, "reused": progress.reused},
-    }
+    return PulledSide(
+        dir=str(dest_root),
+        files=files,
+        skipped=skipped,
+        downloaded=progress.moved,
+        bytes=PullBytes(total=total, moved=progress.moved, reused=progress.reused),
+    )
+
+
+def _named(entries: list[Listed]) -> list[tuple[Listed, PurePosixPath | str]]:
+    """Each listed entry with its path below the output dir, or why it has none."""
+    named: list[tuple[Listed, PurePosixPath | str]] = []
+    for entry in entries:
+        if isinstance(entry, NotAnEntry):
+            named.append((entry, "malformed listing entry"))
+            continue
+        try:
+            named.append((entry, safe_relpath(entry_name(entry))))
+        except UnsafePath as exc:
+            named.append((entry, exc.message))
+    return named
 
 
 def _same_file(rel: PurePosixPath) -> str:
@@ -342,8 +369,8 @@ async def _streamed(
     sender: list[str],
     remote_dir: str,
     dest_root: Path,
-    wanted: list[tuple[PurePosixPath, dict[str, Any]]],
-    outcome: list[dict[str, Any] | str | None],
+    wanted: list[tuple[PurePosixPath, ListingEntry]],
+    outcome: list[PulledFile | str | None],
     progress: _Progress,
 ) -> None:
     """Every wanted file down the host's sender; ``outcome`` gets each result or why not."""
@@ -360,14 +387,14 @@ async def _streamed(
                 name if isinstance(name, bytes) else str(name).encode("utf-8", "surrogateescape"),
                 f"{remote_dir}/{rel}",
                 dest_root.joinpath(*rel.parts),
-                int(entry["size"]),
+                int(entry.size),
                 key=_same_file(rel),
             )
         )
     await pull_streamed(transport, sender, remote_dir, files, progress)
     for f in files:
         rel = wanted[f.index][0]
-        outcome[f.index] = f.why or {"path": str(rel), "size": f.size, "sha256": f.sha256}
+        outcome[f.index] = f.why or PulledFile(str(rel), f.size, str(f.sha256))
 
 
 async def _sftp(
@@ -375,9 +402,9 @@ async def _sftp(
     sums: _Sums,
     remote_dir: str,
     dest_root: Path,
-    wanted: list[tuple[PurePosixPath, dict[str, Any]]],
-    kinds: dict[str, Any],
-    outcome: list[dict[str, Any] | str | None],
+    wanted: list[tuple[PurePosixPath, ListingEntry]],
+    kinds: dict[str, object],
+    outcome: list[PulledFile | str | None],
     progress: _Progress,
 ) -> None:
     """Every wanted file over SFTP, checked against the host's hashed listing."""
@@ -393,12 +420,12 @@ async def _sftp(
 
     async def fetch_one(index: int) -> None:
         rel, entry = wanted[index]
-        remote, size = f"{remote_dir}/{rel}", int(entry["size"])
+        remote, size = f"{remote_dir}/{rel}", int(entry.size)
 
         async def expected() -> str:
             """The host's sum for this file, from the hashed listing, or why not to pull it."""
             hashed = await sums.entry(entry_name(entry))
-            if not isinstance(hashed, dict):
+            if hashed is None:
                 raise IntegrityError(
                     f"{transport.name}: result {remote} is missing from the host's hashed listing",
                     hint="the outputs changed on the host while they were pulled; pull again",
@@ -406,13 +433,13 @@ async def _sftp(
             why = _refuse(hashed, rel, kinds)
             if why is not None:
                 raise _NotPulled(why)
-            if hashed["size"] != size:
+            if hashed.size != size:
                 raise IntegrityError(
                     f"{transport.name}: result {remote} changed size on the host while it was "
-                    f"pulled ({size} then {hashed['size']} bytes)",
+                    f"pulled ({size} then {hashed.size} bytes)",
                     hint="let the job finish writing its outputs, then pull again",
                 )
-            return str(hashed["sha256"])
+            return str(hashed.sha256)
 
         why = await remote_kinds.why_not(rel)
         if why is None:
@@ -431,7 +458,7 @@ async def _sftp(
                 if exc.errno not in LOCAL_REFUSALS:
                     raise
                 why = f"cannot be written here: {exc.strerror}"
-        outcome[index] = why or {"path": str(rel), "size": size, "sha256": digest}
+        outcome[index] = why or PulledFile(str(rel), size, digest)
 
     await _bounded(one, len(wanted), files_in_flight())
 
@@ -477,17 +504,17 @@ async def _bounded(job: Callable[[int], Awaitable[None]], count: int, limit: int
 
 
 def _refuse(
-    entry: dict[str, Any], rel: PurePosixPath, kinds: dict[str, Any], *, hashed: bool = True
+    entry: ListingEntry, rel: PurePosixPath, kinds: dict[str, object], *, hashed: bool = True
 ) -> str | None:
     """Why a listing entry with a valid name is not pulled (None: pull it, or a directory).
 
     ``hashed=False``: the quick listing, whose files carry no sha256 yet."""
-    kind = entry.get("kind")
+    kind = entry.kind
     if kind == "dir":
         return None
     if kind != "file":
         return f"{shown_name(kind)} not pulled (only regular files are)"
-    size, sha = entry.get("size"), entry.get("sha256")
+    size, sha = entry.size, entry.sha256
     if (
         not isinstance(size, int)
         or isinstance(size, bool)

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol
 
-from remotemac.agent.protocol import FRAME, PullFrame
+from remotemac.agent.protocol import FRAME, Message, PullFrame
 from remotemac.data.manifest import sha256_file
 from remotemac.engine.hashsink import HashingSink, pull_thread
 from remotemac.errors import HostError, IntegrityError, TransientHostError
@@ -637,12 +637,21 @@ class _Stream:
         self.queue.append(f)
 
 
+@dataclass
+class FrameNote(Message):
+    """The JSON of a ``PullFrame.SKIP`` (``why``) or ``ERROR`` (``error``, ``code``) frame."""
+
+    why: Any = None
+    error: Any = None
+    code: Any = None
+
+
 def _note(raw: bytes) -> str:
     """A host's skip or error note, as one printable line."""
     try:
-        value = json.loads(raw.decode("utf-8"))
-        text = value.get("why") or value.get("error") if isinstance(value, dict) else None
-    except ValueError:
+        note = FrameNote.from_json(json.loads(raw.decode("utf-8")))
+        text = note.why or note.error
+    except ValueError:  # (ProtocolError too: a note that is not an object)
         text = None
     text = str(text) if text else raw[:200].decode("utf-8", "replace")
     return "".join(c if c.isprintable() else "?" for c in text)[:300]

@@ -8,6 +8,7 @@ provisioned hosts back and connect to them.
 from __future__ import annotations
 
 from remotemac.agent.protocol import Op
+from remotemac.engine.agentanswers import StopAnswer
 from remotemac.engine.context import RunContext
 from remotemac.engine.pipeline import close_hosts, connect_hosts, restore_phase
 from remotemac.errors import EXIT_INTERRUPTED
@@ -32,15 +33,16 @@ async def stop_jobs(ctx: RunContext, why: str) -> list[str]:
         try:
             await connect_hosts(ctx)
             for side in ctx.sides:  # the reference first: its runner may start the target
-                answer = await ctx.host_for(side).agent.call(
+                answer = await ctx.host_for(side).agent.ask(
                     Op.STOP,
                     {
                         "run_dir": prov[side.host_key].run_dir,
                         "device": side.label,
                         "session": side.session(run_id),
                     },
+                    StopAnswer,
                 )
-                left += [f"{side.label}: {what}" for what in answer.get("left_alone") or []]
+                left += [f"{side.label}: {what}" for what in answer.left_alone or []]
         finally:
             await close_hosts(ctx)
     journal.set_run_state(run_id, "failed", exit_code=EXIT_INTERRUPTED, phase="stop", error=why)

@@ -11,9 +11,7 @@ than its inputs); the record keeps the figures.
 
 from __future__ import annotations
 
-from typing import Any
-
-from remotemac.agent.protocol import Op
+from remotemac.agent.protocol import JsonObject, Op
 from remotemac.engine.context import HostBinding, RunContext
 from remotemac.engine.phaseresults import ProvisionHost
 
@@ -29,8 +27,9 @@ def slice_bytes(ctx: RunContext) -> int:
 
 async def check_space(
     ctx: RunContext, binding: HostBinding, provisioned: ProvisionHost
-) -> dict[str, Any]:
-    """The agent's ``check_space`` for this host (raises AgentError ``no-space`` on refusal)."""
+) -> JsonObject:
+    """The agent's ``check_space`` for this host (raises AgentError ``no-space`` on refusal),
+    as it answered: the figures go into the provision's result unread (ProvisionHost.space)."""
     if ctx.slice_bytes is None:  # every host gets the slice: select it once
         ctx.slice_bytes = slice_bytes(ctx)
     data = ctx.slice_bytes

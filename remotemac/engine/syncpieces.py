@@ -190,13 +190,13 @@ def resume_point(
     )
 
     partial, size = job.partial, before.st_size
-    if not partial or (size, before.st_mtime_ns) != (partial.get("size"), partial.get("mtime_ns")):
+    if not partial or (size, before.st_mtime_ns) != (partial.size, partial.mtime_ns):
         return None
-    header = bytes.fromhex(str(partial.get("header", "")))
+    header = bytes.fromhex(str(partial.header))
     chunk = header_chunk_size(header)
-    chunks = int(partial.get("chunks", 0))
+    chunks = int(partial.chunks)
     offset = chunks * chunk
-    if not chunk or not 0 < offset < size or offset != partial.get("offset"):
+    if not chunk or not 0 < offset < size or offset != partial.offset:
         return None
     try:
         open_header(key, path, header)
@@ -206,11 +206,11 @@ def resume_point(
         return None
     while reader.left > size - offset:
         reader.read(min(BATCH_BYTES, reader.left - (size - offset)))
-    if reader.digest.hexdigest() != partial.get("prefix_sha256"):
+    if reader.digest.hexdigest() != partial.prefix_sha256:
         reader.rewind()
         return None
     meta = json.dumps(
-        {"partial": partial["partial"], "chunks": chunks, "prefix_sha256": partial["prefix_sha256"]}
+        {"partial": partial.partial, "chunks": chunks, "prefix_sha256": partial.prefix_sha256}
     ).encode()
     tail = ciphertext_size(size, chunk) - HEADER_LEN - chunks * (chunk + TAG_LEN)
     frame = pack_frame("R", job.index, tail) + len(meta).to_bytes(4, "big") + meta

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from remotemac.agent.protocol import SyncFrame
+from remotemac.agent.protocol import JsonObject, Message, SyncFrame
 from remotemac.data.manifest import HashCache, check_relpath
 from remotemac.engine import syncsplit
 from remotemac.errors import BadInput
@@ -93,7 +93,8 @@ class SyncStats:
     #: bytes written into the channel by each attempt (a cut link starts a new one)
     per_attempt: list[int] = field(default_factory=list)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
+        """The sync result's ``transfer`` figures (every field but the paths acked)."""
         data = dict(self.__dict__)
         data.pop("acked")
         return data
@@ -159,7 +160,7 @@ def choose_streams(
     return max(1, min(want, cap, files, todo_bytes // MIN_STREAM_BYTES))
 
 
-def plan_todo(todo: list[list[Any]], partial: dict[int, dict[str, Any]]) -> list[Job]:
+def plan_todo(todo: list[list[Any]], partial: dict[int, PartialTransfer]) -> list[Job]:
     """Every file that may need sending: the host's ``todo`` (the entries it does not
     hold as the hello described them), with the hash of the copy it holds of that
     path (hashed here first: an unchanged file whose mtime moved is not sent) and
@@ -168,10 +169,33 @@ def plan_todo(todo: list[list[Any]], partial: dict[int, dict[str, Any]]) -> list
 
 
 @dataclass
+class PartialTransfer(Message):
+    """A cut transfer the host kept of one file (its start answer's ``partial``, from
+    agent/datapartial.py), to be continued rather than sent again.
+
+    Sent whole: ``partial`` (the kept file's name), ``chunks`` verified, the plaintext
+    ``offset`` they cover and its ``prefix_sha256``, the stream ``header``. Sent as pieces
+    (``split``): the ``header`` and the ``pieces`` held, ``[first, count, sha256]``. Both:
+    the ``size`` and ``mtime_ns`` the file had when the transfer began. The host is not
+    trusted: each field is checked where it is used (syncpieces.resume_point,
+    syncsplit.kept_pieces), so they stay as sent here."""
+
+    partial: Any = None
+    chunks: Any = 0
+    offset: Any = None
+    prefix_sha256: Any = None
+    header: Any = ""
+    size: Any = None
+    mtime_ns: Any = None
+    split: Any = False
+    pieces: Any = None
+
+
+@dataclass
 class Job:
     """One file to send: what the host holds of it (a verified copy, a cut transfer)."""
 
     index: int
     host_sha: str | None
-    partial: dict[str, Any] | None
+    partial: PartialTransfer | None
     piece: syncsplit.Piece | None = None  # a chunk range of a file sent as pieces

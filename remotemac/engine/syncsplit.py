@@ -25,7 +25,7 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from remotemac.agent.streamcrypt import (
     DEFAULT_CHUNK,
@@ -40,6 +40,9 @@ from remotemac.agent.streamcrypt import (
     sealed_span,
 )
 from remotemac.errors import IntegrityError
+
+if TYPE_CHECKING:  # (syncplan imports this module: the type only)
+    from remotemac.engine.syncplan import PartialTransfer
 
 #: a file is split only from this size (smaller ones fill a channel's window anyway
 #: among the others)
@@ -127,10 +130,10 @@ def file_version(st: os.stat_result) -> bytes:
     return b"%d:%d:%d:%d" % (st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns)
 
 
-def splittable(size: int, partial: dict[str, Any] | None) -> bool:
+def splittable(size: int, partial: PartialTransfer | None) -> bool:
     """A file worth splitting: large, and not the cut single-stream transfer of one
     (that one resumes as it was sent)."""
-    return size >= SPLIT_MIN_BYTES and (partial is None or bool(partial.get("split")))
+    return size >= SPLIT_MIN_BYTES and (partial is None or bool(partial.split))
 
 
 def units(sizes: list[int]) -> int:
@@ -164,7 +167,7 @@ def plan(
     index: int,
     path: str,
     key: bytes,
-    partial: dict[str, Any] | None,
+    partial: PartialTransfer | None,
     per_piece_bytes: int = PIECE_BYTES,
 ) -> tuple[Split, list[Piece]]:
     """The pieces still to send of one file (runs on a thread: it may read kept pieces).
@@ -186,7 +189,7 @@ def plan(
 
 
 def kept_pieces(
-    full: Path, split: Split, key: bytes, partial: dict[str, Any], version: bytes
+    full: Path, split: Split, key: bytes, partial: PartialTransfer, version: bytes
 ) -> list[tuple[int, int]] | None:
     """The host's pieces of this file that this side can continue, or None.
 
@@ -195,13 +198,10 @@ def kept_pieces(
     on size and mtime is not enough: it can hand back an older version's header), and
     every kept piece's plaintext hashes here as it did there: the missing chunks are
     then sealed under the same nonces with the same plaintext."""
-    if not partial.get("split") or (split.size, split.mtime_ns) != (
-        partial.get("size"),
-        partial.get("mtime_ns"),
-    ):
+    if not partial.split or (split.size, split.mtime_ns) != (partial.size, partial.mtime_ns):
         return None
     try:
-        header = bytes.fromhex(str(partial.get("header", "")))
+        header = bytes.fromhex(str(partial.header))
         open_header(key, split.path, header)
     except (ValueError, DecryptError):
         return None
@@ -210,7 +210,7 @@ def kept_pieces(
     chunk = header_chunk_size(header)
     total = chunk_count(split.size, chunk)
     kept: list[tuple[int, int]] = []
-    listed = partial.get("pieces")
+    listed = partial.pieces
     if not isinstance(listed, list):
         return None
     with _open(full) as fh:

@@ -42,7 +42,7 @@ class SplitFiles:
         out: list[Job] = []
         for job in rest:
             f = files[job.index]
-            resuming = bool(job.partial and job.partial.get("split"))
+            resuming = bool(job.partial and job.partial.split)
             if self.key is None or not _splittable(files, job) or (streams < 2 and not resuming):
                 out.append(job)
                 continue

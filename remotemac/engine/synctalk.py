@@ -13,9 +13,11 @@ import json
 import math
 import time
 from collections.abc import Awaitable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from remotemac.agent.protocol import ErrorCode, JsonObject, Message
 from remotemac.data.manifest import Manifest, ManifestEntry
 from remotemac.engine import syncsplit
 from remotemac.engine.agentclient import AgentClient
@@ -31,6 +33,7 @@ from remotemac.engine.syncplan import (
     Emit,
     Job,
     LocalFile,
+    PartialTransfer,
     SyncStats,
     choose_streams,
     plan_todo,
@@ -58,6 +61,95 @@ def receiver_argv(python: str, agent_dir: str, runtime_dir: str | None = None) -
     return agent_argv(
         python, agent_dir, "dataops", "sync", *(["--runtime", runtime_dir] if runtime_dir else [])
     )
+
+
+@dataclass
+class SyncHello:
+    """The first line laptop → host on a sync channel (agent/dataops.py reads it): the
+    run, where the data goes, and the slice as four columns (json encodes 7,681 entries
+    as dicts in 25-45 ms, as four lists in 2-3 ms, and the host parses them faster too).
+    Encrypted: the data key (never in argv, logs or a repr) and the runtime dir."""
+
+    run_dir: str
+    run_id: str
+    src: str
+    ram_bytes: int
+    paths: list[str] = field(default_factory=list)
+    sizes: list[int] = field(default_factory=list)
+    sha256s: list[str | None] = field(default_factory=list)
+    mtimes_ns: list[int] = field(default_factory=list)
+    key_hex: str | None = field(default=None, repr=False)
+    runtime_dir: str | None = None
+
+    def to_json(self, worker: bool = False) -> JsonObject:
+        """``worker``: a further channel's hello (it only receives files)."""
+        out: JsonObject = {
+            "run_dir": self.run_dir,
+            "run_id": self.run_id,
+            "src": self.src,
+            "encrypted": self.key_hex is not None,
+            "ram_bytes": self.ram_bytes,
+            "columns": {
+                "path": self.paths,
+                "size": self.sizes,
+                "sha256": self.sha256s,
+                "mtime_ns": self.mtimes_ns,
+            },
+        }
+        if self.key_hex is not None:
+            out["key_hex"] = self.key_hex
+            out["runtime_dir"] = self.runtime_dir
+        if worker:
+            out["worker"] = True
+        return out
+
+    @classmethod
+    def from_json(cls, data: JsonObject) -> SyncHello:
+        columns = data["columns"]
+        return cls(
+            run_dir=data["run_dir"],
+            run_id=data["run_id"],
+            src=data["src"],
+            ram_bytes=data["ram_bytes"],
+            paths=list(columns["path"]),
+            sizes=list(columns["size"]),
+            sha256s=list(columns["sha256"]),
+            mtimes_ns=list(columns["mtime_ns"]),
+            key_hex=data["key_hex"] if data["encrypted"] else None,
+            runtime_dir=data["runtime_dir"] if data["encrypted"] else None,
+        )
+
+
+@dataclass
+class ReceiverLine(Message):
+    """One JSON line host → laptop on a sync channel (agent/dataops.py says them).
+
+    The start answer (``ok``, ``todo``, ``partial``; a worker's ``ram``), the files
+    verified since the last such line (``acks``), a piece of a split file stored
+    (``piece``), the end (``ok``, ``result``), or an error (``error``, ``code``).
+    ``eof``: this side's note that the channel closed."""
+
+    ok: bool = False
+    error: Any = None
+    code: str | None = None
+    result: Any = None
+    todo: list[list[Any]] = field(default_factory=list)
+    partial: list[list[Any]] = field(default_factory=list)
+    ram: Any = None
+    acks: list[Any] | None = None
+    piece: Any = None
+    eof: bool = False
+
+    @classmethod
+    def read(cls, line: bytes) -> ReceiverLine:
+        """A line as it arrived (an empty one: the channel closed)."""
+        if not line:
+            return cls(eof=True)
+        return cls.from_json(json.loads(line.decode("utf-8", "replace")))
+
+    def partials(self) -> dict[int, PartialTransfer]:
+        """The start answer's kept cut transfers by file index."""
+        return {int(i): PartialTransfer.from_json(info) for i, info in self.partial}
 
 
 async def discard(opening: asyncio.Future) -> None:
@@ -123,7 +215,8 @@ class Session:
             )
         return self._manifest
 
-    async def run(self) -> dict[str, Any]:
+    async def run(self) -> JsonObject:
+        """The receiver's ``result`` as it answered the end (engine/sync.py reads it)."""
         argv = receiver_argv(
             self.python, self.agent.agent_dir, self.runtime_dir if self.key is not None else None
         )
@@ -147,31 +240,24 @@ class Session:
                 seconds=time.monotonic() - started,
             )
 
-    def _hello(self) -> dict[str, Any]:
-        hello: dict[str, Any] = {
-            "run_dir": self.run_dir,
-            "run_id": self.run_id,
-            "src": f"{self.run_dir}/data",
-            "encrypted": self.key is not None,
-            "ram_bytes": self.ram_bytes,
-            # one list per field: json encodes 7,681 entries as dicts in 25-45 ms, as
-            # four lists in 2-3 ms (and the host parses them faster too)
-            "columns": {
-                "path": [f.path for f in self.files],
-                "size": [f.size for f in self.files],
-                "sha256": [f.sha256 for f in self.files],
-                "mtime_ns": [f.mtime_ns for f in self.files],
-            },
-        }
-        if self.key is not None:
-            hello["key_hex"] = self.key.hex()
-            hello["runtime_dir"] = self.runtime_dir
-        return hello
+    def _hello(self) -> SyncHello:
+        return SyncHello(
+            run_dir=self.run_dir,
+            run_id=self.run_id,
+            src=f"{self.run_dir}/data",
+            ram_bytes=self.ram_bytes,
+            paths=[f.path for f in self.files],
+            sizes=[f.size for f in self.files],
+            sha256s=[f.sha256 for f in self.files],
+            mtimes_ns=[f.mtime_ns for f in self.files],
+            key_hex=self.key.hex() if self.key is not None else None,
+            runtime_dir=self.runtime_dir,
+        )
 
-    async def _talk(self, argv: list[str], procs: list[RemoteProcess]) -> dict[str, Any]:
+    async def _talk(self, argv: list[str], procs: list[RemoteProcess]) -> JsonObject:
         main = procs[0]
         hello = self._hello()
-        await main.write(json.dumps(hello).encode() + b"\n")
+        await main.write(json.dumps(hello.to_json()).encode() + b"\n")
         self.stats.per_attempt.append(0)
         self._done, self._halt = 0, False
         self._split_files.drop()
@@ -214,10 +300,10 @@ class Session:
             with contextlib.suppress(BaseException):
                 await early
             raise
-        self._learn_held({int(i) for i, _ in first["todo"]}, unacked)
-        partial = {int(i): dict(info) for i, info in first.get("partial", [])}
+        self._learn_held({int(i) for i, _ in first.todo}, unacked)
+        partial = first.partials()
         sent_ahead = {job.index for job in ahead}
-        plan = plan_todo(first["todo"], partial)
+        plan = plan_todo(first.todo, partial)
         todo_bytes = sum(self.files[j.index].size for j in plan)
         self.stats.skipped_files = len(self.files) - len(plan)
         self.stats.skipped_bytes = sum(f.size for f in self.files) - todo_bytes
@@ -226,7 +312,7 @@ class Session:
         return plan, rest, ahead_ok, todo_bytes
 
     async def _open_streams(
-        self, argv: list[str], hello: dict[str, Any], rest: list[Job], procs: list[RemoteProcess]
+        self, argv: list[str], hello: SyncHello, rest: list[Job], procs: list[RemoteProcess]
     ) -> list[Job]:
         """Open as many more channels as the link wants; ``rest`` as they will take it."""
         rest_bytes = sum(self.files[j.index].size for j in rest)
@@ -252,12 +338,12 @@ class Session:
         rest: list[Job],
         ahead_ok: bool,
         todo_bytes: int,
-        hello: dict[str, Any],
-    ) -> dict[str, Any]:
+        hello: SyncHello,
+    ) -> JsonObject:
         """Every channel takes files from one queue; then each is ended, the first last."""
         # (the agent spoke up during the files sent ahead: its line is read below)
         work = collections.deque(rest if ahead_ok else [])
-        queues: list[asyncio.Queue[dict[str, Any]]] = [asyncio.Queue() for _ in procs]
+        queues: list[asyncio.Queue[ReceiverLine]] = [asyncio.Queue() for _ in procs]
         readers = [
             asyncio.ensure_future(self._read_acks(p, q)) for p, q in zip(procs, queues, strict=True)
         ]
@@ -284,19 +370,18 @@ class Session:
                 with contextlib.suppress(BaseException):
                     await reader
 
-    async def _finish(self, main: RemoteProcess, hello: dict[str, Any]) -> None:
+    async def _finish(self, main: RemoteProcess, hello: SyncHello) -> None:
         """Every file is sent: assemble the split ones, then the end frame."""
         # every piece of a split file is on the host now (the other channels
         # answered their last frame; the first reads in order): put each together
         await self._split_files.assemble(main, self.files, self._file_done)
         # the host holds the hello's entries: only what changed since travels
-        said = hello["columns"]
         final = json.dumps(
             {
                 "changed": [
                     [i, f.size, f.sha256]
                     for i, f in enumerate(self.files)
-                    if (f.size, f.sha256) != (said["size"][i], said["sha256"][i])
+                    if (f.size, f.sha256) != (hello.sizes[i], hello.sha256s[i])
                 ]
             }
         ).encode()
@@ -313,20 +398,20 @@ class Session:
             started = time.monotonic()
             await proc.write(pack_frame("P", 0, 0))
             while True:
-                msg = json.loads((await proc.readline()) or b'{"eof": true}')
-                if "acks" not in msg:  # (files sent ahead of the start answer)
+                msg = ReceiverLine.read(await proc.readline())
+                if msg.acks is None:  # (files sent ahead of the start answer)
                     break
-                for index in msg["acks"]:
+                for index in msg.acks:
                     self._verified(int(index))
             self._check(msg, "ping")
             best = min(best, time.monotonic() - started)
         return best
 
     async def _open_workers(
-        self, argv: list[str], hello: dict[str, Any], count: int, procs: list[RemoteProcess]
+        self, argv: list[str], hello: SyncHello, count: int, procs: list[RemoteProcess]
     ) -> None:
         """Open up to ``count`` more receivers; the host refusing a channel just means fewer."""
-        line = json.dumps(dict(hello, worker=True)).encode() + b"\n"
+        line = json.dumps(hello.to_json(worker=True)).encode() + b"\n"
 
         async def one() -> bool:
             try:
@@ -491,31 +576,33 @@ class Session:
             )
         )
 
-    async def _read_acks(self, proc: RemoteProcess, acks: asyncio.Queue) -> None:
+    async def _read_acks(self, proc: RemoteProcess, acks: asyncio.Queue[ReceiverLine]) -> None:
         while True:
-            line = await proc.readline()
-            if not line:
-                await acks.put({"eof": True})
+            msg = ReceiverLine.read(await proc.readline())
+            if msg.eof:
+                await acks.put(msg)
                 return
-            msg = json.loads(line.decode("utf-8", "replace"))
-            if "acks" in msg:  # files the host verified since its last such line
-                for index in msg["acks"]:
+            if msg.acks is not None:  # files the host verified since its last such line
+                for index in msg.acks:
                     self._verified(int(index))
                 continue
-            if "piece" in msg:  # a piece of a split file is in (the assemble checks them all)
+            if (
+                msg.piece is not None
+            ):  # a piece of a split file is in (the assemble checks them all)
                 continue
             await acks.put(msg)
 
-    async def _final(self, reader: asyncio.Future, acks: asyncio.Queue) -> dict[str, Any]:
+    async def _final(self, reader: asyncio.Future, acks: asyncio.Queue[ReceiverLine]) -> JsonObject:
         getter = asyncio.ensure_future(acks.get())
         await asyncio.wait({getter, reader}, return_when=asyncio.FIRST_COMPLETED)
         if not getter.done():
             getter.cancel()
             reader.result()  # re-raises the link error
             raise TransientHostError(f"the agent on {self.transport.name} stopped answering")
-        return self._check(getter.result(), "finish")["result"]
+        result: JsonObject = self._check(getter.result(), "finish").result
+        return result
 
-    async def _answer(self, proc: RemoteProcess, what: str) -> dict[str, Any]:
+    async def _answer(self, proc: RemoteProcess, what: str) -> ReceiverLine:
         line = await proc.readline()
         if not line:
             code = await proc.wait(timeout=30)
@@ -530,19 +617,19 @@ class Session:
                     "CPython 3.9+ on the host, or set agent.python",
                 )
             raise HostError(message)
-        return self._check(json.loads(line.decode("utf-8", "replace")), what)
+        return self._check(ReceiverLine.read(line), what)
 
-    def _check(self, msg: dict[str, Any], what: str) -> dict[str, Any]:
-        if msg.get("eof"):
+    def _check(self, msg: ReceiverLine, what: str) -> ReceiverLine:
+        if msg.eof:
             raise TransientHostError(f"the agent on {self.transport.name} stopped at {what}")
-        if msg.get("ok"):
+        if msg.ok:
             return msg
-        error = f"{self.transport.name}: {msg.get('error', 'unknown error')}"
-        if msg.get("code") == "integrity":
+        error = f"{self.transport.name}: {'unknown error' if msg.error is None else msg.error}"
+        if msg.code == ErrorCode.INTEGRITY:
             raise IntegrityError(error, hint="run again to resend, or wipe the run")
-        if msg.get("code") == "ram":
+        if msg.code == ErrorCode.RAM:
             raise HostError(error, hint="free memory on the host or lower data.max_bytes")
-        if msg.get("code") == "host-env":
+        if msg.code == ErrorCode.HOST_ENV:
             raise HostEnvironmentError(
                 f"{error} (phase sync, at {what})",
                 hint="the agent runtime is installed at the start of "

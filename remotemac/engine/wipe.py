@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
+from dataclasses import dataclass
 
-from remotemac.agent.protocol import Op
+from remotemac.agent.protocol import Message, Op
+from remotemac.engine.agentanswers import DeadmanJob, WipeAnswer
 from remotemac.engine.context import HostBinding, RunContext
 from remotemac.engine.phaseresults import SyncResult, WipeResult
 from remotemac.errors import HostError, RemotemacError
@@ -26,6 +27,25 @@ from remotemac.phases import Phase
 
 WIPED_SUBDIRS = ("data", "tmp", "cache", "out")
 KEPT_SUBDIRS = ["project", "logs", "status"]
+
+
+@dataclass
+class RamStore(Message):
+    """The host's RAM store of the run's plaintext, as the sync's result keeps it (``kind``
+    ``tmp``: a tmpfs that goes with the run dir; no ``path``: the data is on disk)."""
+
+    path: str | None = None
+    kind: str | None = None
+    device: str | None = None
+
+
+def _ram(sync: SyncResult, key: str) -> RamStore:
+    return RamStore.from_json(sync.ram(key))
+
+
+def _deadman(sync: SyncResult, key: str) -> DeadmanJob:
+    """The dead-man wipe the sync scheduled on host ``key`` (empty: none)."""
+    return DeadmanJob.from_json(sync.host(key).deadman or {})
 
 
 def _pulled(ctx: RunContext) -> bool:
@@ -38,19 +58,13 @@ def left_on_host(ctx: RunContext, key: str, binding: HostBinding, pulled: bool) 
     left = [f"{binding.run_dir}/{sub}" for sub in WIPED_SUBDIRS]
     left.append(f"{binding.run_dir} (project, logs, status)")
     synced = ctx.result(Phase.SYNC) or SyncResult()
-    sync, ram = synced.host(key), synced.ram(key)
-    if ram.get("path") and ram.get("kind") != "tmp":
+    ram, deadman = _ram(synced, key), _deadman(synced, key)
+    if ram.path and ram.kind != "tmp":
         left.append(
-            f"RAM store {ram['path']}"
-            + (f" on {ram['device']}" if ram.get("device") else "")
-            + " (plaintext)"
+            f"RAM store {ram.path}" + (f" on {ram.device}" if ram.device else "") + " (plaintext)"
         )
-    deadman = sync.deadman or {}
-    if deadman.get("spec"):
-        left.append(
-            f"dead-man wipe {deadman.get('label') or deadman.get('pid') or ''} "
-            f"({deadman['spec']}), still scheduled"
-        )
+    if deadman.spec:
+        left.append(f"dead-man wipe {deadman.who} ({deadman.spec}), still scheduled")
     left += [f"tmux session {s.session(ctx.run_id)}" for s in ctx.sides if s.host_key == key]
     return left
 
@@ -75,7 +89,7 @@ async def wipe_run(ctx: RunContext) -> WipeResult:
         try:
             if unreachable.get(key):
                 raise HostError(unreachable[key])
-            answer = await binding.agent.call(
+            answer = await binding.agent.ask(
                 Op.WIPE_RUN_DATA,
                 {
                     "root": binding.root,
@@ -86,6 +100,7 @@ async def wipe_run(ctx: RunContext) -> WipeResult:
                     "wipe_outputs": pulled,
                     "cancel_deadman": True,
                 },
+                WipeAnswer,
             )
         except (RemotemacError, OSError, asyncio.TimeoutError) as exc:
             line = exc.line() if isinstance(exc, RemotemacError) else f"{type(exc).__name__}: {exc}"
@@ -94,17 +109,18 @@ async def wipe_run(ctx: RunContext) -> WipeResult:
             remaining += [f"{name}:{p} (wipe could not run)" for p in left]
             verified = False
             continue
-        ctx.ledger.append_steps(name, "wipe_run_data", answer.get("steps"))
-        removed += [f"{name}:{p}" for p in answer["removed"]]
-        remaining += [f"{name}:{p}" for p in answer["remaining"]]
-        verified = verified and bool(answer.get("verified"))
-        if ram and ram.get("path"):
-            ctx.journal.record_removed(name, "ramstore", ram["path"])
-        for item in answer["removed"]:
+        ctx.ledger.append_steps(name, "wipe_run_data", answer.steps)
+        removed += [f"{name}:{p}" for p in answer.removed]
+        remaining += [f"{name}:{p}" for p in answer.remaining]
+        verified = verified and bool(answer.verified)
+        store = _ram(sync, key)
+        if store.path:
+            ctx.journal.record_removed(name, "ramstore", store.path)
+        for item in answer.removed:
             if item.startswith("deadman:"):
-                deadman = sync.host(key).deadman or {}
-                if deadman.get("spec"):
-                    ctx.journal.record_removed(name, "deadman", deadman["spec"])
+                deadman = _deadman(sync, key)
+                if deadman.spec:
+                    ctx.journal.record_removed(name, "deadman", deadman.spec)
         # an independent look through the transport, not only the agent's word
         for sub in WIPED_SUBDIRS:
             if sub == "out" and not pulled:
@@ -160,7 +176,7 @@ def _shred_and_sum_up(
 
 async def schedule_deadman(
     ctx: RunContext, binding: HostBinding, launched_at: float | None = None
-) -> dict[str, Any] | None:
+) -> DeadmanJob | None:
     """Ask the host to wipe this run's data at ``wipe_deadline`` on its own.
 
     Called before the dataset is sent, so no byte of data reaches the host
@@ -172,7 +188,7 @@ async def schedule_deadman(
     if deadline is None or binding.key != "remote" or not binding.run_dir:
         return None
     sessions = [s.session(ctx.run_id) for s in ctx.sides if s.host_key == binding.key]
-    job = await binding.agent.call(
+    answer = await binding.agent.call(
         Op.DEADMAN_SCHEDULE,
         {
             "root": binding.root,
@@ -181,8 +197,11 @@ async def schedule_deadman(
             "sessions": sessions,
         },
     )
-    ctx.ledger.append_steps(binding.transport.name, "deadman_schedule", job.pop("steps", None))
-    ctx.journal.record_created(binding.transport.name, "deadman", job["spec"], ctx.run_id)
+    # the steps go to the ledger; the job, without them, into the sync's result
+    steps = answer.pop("steps", None)
+    ctx.ledger.append_steps(binding.transport.name, "deadman_schedule", steps)
+    job = DeadmanJob.from_json(answer)
+    ctx.journal.record_created(binding.transport.name, "deadman", str(job.spec), ctx.run_id)
     return job
 
 

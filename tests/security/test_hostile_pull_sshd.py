@@ -216,7 +216,7 @@ async def test_a_listing_of_10_bytes_never_pulls_5_mib(sshd, host_factory, tmp_p
     )
     dest = tmp_path / "out" / "results" / "cpu"
     try:
-        result = await pull_dir(host.transport, host.agent, str(remote_out), dest)
+        result = (await pull_dir(host.transport, host.agent, str(remote_out), dest)).to_json()
     finally:
         await host.transport.close()
     assert (dest / "lie.bin").read_bytes() == head
