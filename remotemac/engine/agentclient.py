@@ -13,7 +13,7 @@ import time
 import weakref
 from typing import Any
 
-from remotemac.agent.protocol import Answer, Op
+from remotemac.agent.protocol import Answer, ErrorCode, Op
 from remotemac.engine.agentship import agent_argv, agent_bundle, exec_in_memory
 from remotemac.engine.ledger import Ledger
 from remotemac.engine.resident import ResidentAgent
@@ -186,7 +186,7 @@ class AgentClient:
         is written below it; BadInput (exit 2, nothing written) for a root that is, holds
         or sits above the host's home, or that holds files remotemac did not write.
         Runs the agent from memory (it is installed below the root)."""
-        from remotemac.errors import BadInput
+        from remotemac.errors import BadInput, HostDiskFull
 
         request = {"root": self.root, "run_id": run_id}
         answer = await call_in_memory(
@@ -199,6 +199,11 @@ class AgentClient:
             # a cut link retries it: a second claim adopts the root the first one made
             idempotent=True,
         )
+        if answer.get("refused") and answer.get("code") == ErrorCode.NO_SPACE.value:
+            raise HostDiskFull(
+                f"{self.transport.name}: remote_root {self.root}: {answer['refused']}",
+                hint="the host's disk is full; nothing was written on the host",
+            )
         if answer.get("refused"):
             raise BadInput(
                 f"{self.transport.name}: remote_root {self.root}: {answer['refused']}",
