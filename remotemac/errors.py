@@ -74,6 +74,12 @@ class HostEnvironmentError(RemotemacError):
     exit_code = EXIT_HOST_ENV
 
 
+class HostDiskFull(HostEnvironmentError):
+    """The host's disk refused a write for want of space (ENOSPC, or an SFTP failure on
+    a file system with no room left). Not exit 3: the link is fine and a retry only
+    helps once space is freed, which the user does (docs/contract.md, exit 6)."""
+
+
 class JobLost(RemotemacError):
     """The job on the host disappeared (reboot, killed tmux server)."""
 

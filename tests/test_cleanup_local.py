@@ -262,3 +262,26 @@ def test_a_ram_store_is_listed_once_whatever_the_number_of_roots(host, tmp_path:
             import shutil
 
             shutil.rmtree(ram)
+
+
+def test_an_upload_dir_a_stopped_upload_left_unmarked_is_removed(host):
+    """A runtime upload the host's full disk (or a cut, or a killed laptop) stopped
+    leaves ``runtime/upload-<sha>-<pid>`` with a partial wheel and no marker (the
+    marker could not be written either): it is remotemac's, and cleanup removes it
+    (it once stayed "left alone", the root with it, the host "not clean" for good).
+    A look-alike that is not named like one stays."""
+    root = host["root"]
+    _make_run(root, "a-1")
+    _journal_run(host["rm_home"], "a-1", root)
+    upload = root / "runtime" / "upload-d5012feb2841fa8b-30293"
+    upload.mkdir(parents=True)
+    (upload / "cryptography-44.0.0-cp39-abi3-manylinux_2_28_x86_64.whl").write_bytes(b"PK\3\4")
+    stranger = root / "runtime" / "uploads-of-mine"
+    stranger.mkdir()
+    (stranger / "keep.txt").write_text("mine")
+    proc = _cleanup(host, "--yes", "--json")
+    record = json.loads(proc.stdout.strip().splitlines()[-1])
+    fates = {Path(i["path"]).name: i["fate"] for i in record["items"]}
+    assert fates["upload-d5012feb2841fa8b-30293"] == "removed", record["items"]
+    assert fates["uploads-of-mine"] == "left alone", record["items"]
+    assert not upload.exists() and (stranger / "keep.txt").exists()

@@ -13,6 +13,7 @@ link or refuses new connections."""
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import re
 import subprocess
@@ -21,11 +22,15 @@ from pathlib import Path
 
 import pytest
 
+from tests import test_failure_paths_sshd as failure_paths
+from tests.harness.maclab import root_argv
 from tests.test_cleanup_sshd import Target
 from tests.test_failure_paths_sshd import (
+    MODEL,
     RESULTS_JOB,
     assert_cleanup_clean,
     assert_every_result_verified,
+    pulled,
     results_project,
     start_cli,
     write_book,
@@ -155,3 +160,131 @@ def test_a_link_down_past_the_deadline_in_any_phase_then_attach_loses_nothing(
     assert_every_result_verified(out)
     assert_logs_once(out)
     assert_cleanup_clean(t, tmp_path)
+
+
+# ------------------------------------------------------------------ the disk
+
+#: the 24 MiB tmpfs fixture of the disk-full item tests, shared
+small_disk = failure_paths.small_disk
+
+
+def fill(mount: Path) -> Path:
+    """Fill the host's disk to the last byte, as another tenant's job would (as root, or
+    through ``sudo -n``: the lab user's tmpfs); the file is what the user frees."""
+    filler = mount / "someone-elses.bin"
+    subprocess.run(
+        root_argv(["sh", "-c", f"cat /dev/zero > {filler} 2>/dev/null; exit 0"]), check=True
+    )
+    assert filler.stat().st_size > 0
+    return filler
+
+
+def free(filler: Path) -> None:
+    subprocess.run(root_argv(["rm", "-f", str(filler)]), check=True)
+
+
+#: the job for the disk: its results are written first, then it runs on for 3 s, so a
+#: disk filled while it follows hits the runner's own writes (log, heartbeat, status)
+WRITE_THEN_WAIT_JOB = RESULTS_JOB.replace(
+    'print("wrote results", flush=True)',
+    'print("wrote results", flush=True)\nimport time\ntime.sleep(3)',
+)
+
+
+def wait_for_line(proc: subprocess.Popen, text: str, timeout: float = 120) -> None:
+    """Read the run's ``--json`` events until a job's log line ``text`` comes."""
+    deadline = time.monotonic() + timeout
+    while True:
+        assert time.monotonic() < deadline, f"no log line {text!r}"
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line, ("the run ended before the line", proc.communicate())
+        with contextlib.suppress(ValueError):
+            event = json.loads(line)
+            if event.get("event") == "log_line" and event.get("line") == text:
+                return
+
+
+@pytest.mark.parametrize("phase", PHASES)
+def test_a_disk_filled_in_any_phase_then_the_named_command_loses_nothing(
+    tmp_path, small_disk, ssh_env, phase
+):
+    """The host's disk (a 24 MiB tmpfs holding ``remote_root``) is filled to the last
+    byte by something that is not the run, as the phase starts (in a follow phase: once
+    the job has written its results, so what fills up is the runner's own log, heartbeat
+    and status), and stays full until the run stops. The run either shrugs it off or
+    stops with a named error (never "internal error", never "was the host rebooted")
+    whose last line names the command that finishes it; once the user frees the space,
+    that command (``attach``, ``wipe``, or ``run`` again when nothing was made yet) ends
+    with every result verified on the laptop, every log line there once, and
+    ``cleanup`` clean."""
+    server, mount = small_disk
+    rm_home, cfg, alias = ssh_env(server)
+    t = Target(alias, cfg, rm_home, server.home, server.tmux_dir, mount / "remotemac", server)
+    book = write_book(
+        tmp_path,
+        t,
+        results_project(tmp_path, WRITE_THEN_WAIT_JOB),
+        stop_when={"memory_growth": False, "min_free_disk": 0},
+    )
+    out = tmp_path / "out"
+    proc = start_cli(t, "run", str(book), "--out", str(out), "--json")
+    wait_for_phase(proc, phase)
+    if phase.startswith("follow:"):
+        wait_for_line(proc, "wrote results")
+    filler = fill(mount)
+    try:
+        code, stdout, stderr = finish(proc)
+    finally:
+        free(filler)
+    assert "internal error" not in stderr and "Traceback" not in stderr, stderr
+    assert "was the host rebooted" not in stderr, stderr
+    if code not in (0, 1):
+        last = last_error_line(stderr)
+        hint = re.search(r"remotemac (attach|wipe|pull|run) ([\w./-]+)", last)
+        assert hint, (phase, code, stderr[-3000:])
+        command, arg = hint.groups()
+        extra = ["--yes"] if command == "wipe" else []
+        if command == "run":
+            assert arg == "PLAYBOOK" or Path(arg).name == book.name, last
+            arg, extra = str(book), ["--out", str(out)]
+        again = t.cli(command, arg, *extra)
+        assert again.returncode in (0, 1), (phase, command, again.stdout + again.stderr)
+    ran = SIDES_THAT_RAN.get(phase, ("cpu", "cpu-target"))
+    if len(ran) == 2:
+        assert_every_result_verified(out)
+        assert_logs_once(out)
+    else:
+        assert_sides_verified_and_the_rest_not_launched(out, ran)
+    assert_cleanup_clean(t, tmp_path)
+
+
+#: a launch the full disk refused wipes the run's data then and there (it must not
+#: outlive the run: docs/contract.md, "What survives a failure"), so the sides not
+#: launched yet never run; what the sides before made is kept and verified. (A launch
+#: that got in before the disk was full runs a job that fails on it: its own outputs
+#: are what it managed to write, and the verdict says it failed.)
+SIDES_THAT_RAN = {
+    "launch:reference": (),
+    "follow:reference": ("cpu",),
+    "launch:target": ("cpu",),
+}
+
+
+def assert_sides_verified_and_the_rest_not_launched(out: Path, ran: tuple[str, ...]) -> None:
+    """The sides that ran have their results here, whole; each other side either ran
+    whole too, or is recorded as not launched because the host's disk was full (or as
+    failed, its job having started just before), and the run is not accepted."""
+    got = pulled(out)
+    labels = {name.split("/", 1)[0] for name in got}
+    assert set(ran) <= labels, got
+    model = hashlib.sha256(MODEL).hexdigest()
+    whole = {label for label in labels if got.get(f"{label}/model.pth.tar") == model}
+    assert set(ran) <= whole, got
+    record = json.loads((out / "acceptance.json").read_text())
+    assert record["wipe"]["done"] is True and record["wipe"]["verified"] is True, record["wipe"]
+    if whole == {"cpu", "cpu-target"}:
+        return
+    assert record["verdict"] != "accepted", record
+    md = (out / "acceptance.md").read_text()
+    assert "not launched: the host's disk was full" in md or "workload-failed" in md, md

@@ -15,7 +15,9 @@ wipeops.py (``cleanup`` preloads them all from stdin: see engine/cleanup.py).
 
 from __future__ import annotations
 
+import errno
 import os
+import re
 import sys
 import time
 from typing import Any, Dict, List, Optional, Set, Tuple
@@ -207,6 +209,18 @@ def _add_deadmen(
     for key, entry in deadmen.items():  # known but no longer scheduled: fired or cancelled
         for source in entry["sources"]:
             _add(items, "deadman", "spec:" + entry["spec"], source, key)
+
+
+#: the laptop's upload dirs below ``<root>/runtime`` (engine/bring.py, engine/runtime.py:
+#: ``upload-<sha256 prefix>-<laptop pid>``): a brought archive or the runtime's wheels
+#: on their way. The bring op removes one once used; an upload that a full disk, a cut
+#: link or a killed laptop stopped leaves it unmarked (its marker could not be written
+#: either), and it is remotemac's all the same: the root and its runtime dir are
+UPLOAD_DIR = re.compile(r"upload-[0-9a-f]{12,64}-[0-9]+\Z")
+
+
+def _is_upload_dir(path: str) -> bool:
+    return bool(UPLOAD_DIR.match(os.path.basename(path))) and not os.path.islink(path)
 
 
 def _relocate(path: str, lexical: str, real_root: str) -> str:
@@ -471,6 +485,8 @@ def _dispose(
     not_ours = ownership(
         path, DIR_KINDS.get(kind, kind), root_marker, item.get("run_id") if kind == "run" else None
     )
+    if not_ours is not None and kind == "runtime" and _is_upload_dir(path):
+        not_ours = None
     if not_ours is not None:
         return {"fate": "left alone", "why": not_ours, "bytes": 0}
     if kind == "run" and not dry_run:
@@ -572,7 +588,11 @@ def op_claim_root(req: Dict[str, Any]) -> Dict[str, Any]:
     except safefs.NotOurs as exc:
         return {"refused": "%s; choose a new or empty directory for remote_root" % exc}
     except OSError as exc:
-        return {"refused": "cannot create %s: %s" % (lexical, exc.strerror or exc)}
+        why = "cannot create %s: %s" % (lexical, exc.strerror or exc)
+        if exc.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)):
+            # not the root's fault: the disk's, which the user can free (exit 6, not 2)
+            return {"refused": why, "code": "no-space"}
+        return {"refused": why}
     return {
         "root": lexical,
         "real_root": real_root,

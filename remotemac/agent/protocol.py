@@ -125,6 +125,7 @@ class ErrorCode(_WireEnum):
     RUNTIME_FAILED = "runtime-failed"
     ONLINE_FAILED = "online-failed"
     NO_SPACE = "no-space"
+    DISK_FULL = "disk-full"  # the launch's write check met a full disk
     UNSAFE_PATH = "unsafe-path"
     NOT_OURS = "not-ours"
     LAUNCH = "launch"
@@ -146,6 +147,7 @@ HOST_ENV_CODES = frozenset(
         ErrorCode.MISSING_MODULE,
         ErrorCode.RUNTIME_FAILED,
         ErrorCode.NO_SPACE,
+        ErrorCode.DISK_FULL,
     )
 )
 

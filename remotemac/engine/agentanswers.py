@@ -67,6 +67,8 @@ class ClaimAnswer(Steps):
     (why; nothing was written)."""
 
     refused: str | None = None
+    #: with ``refused``: ``no-space`` when the disk, not the root, refused it
+    code: str | None = None
     root: str | None = None
     real_root: str | None = None
     root_id: str | None = None

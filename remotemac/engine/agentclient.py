@@ -13,7 +13,7 @@ import time
 import weakref
 from typing import Any, TypeVar
 
-from remotemac.agent.protocol import JsonObject, Message, Op
+from remotemac.agent.protocol import ErrorCode, JsonObject, Message, Op
 from remotemac.engine.agentanswers import ANSWERS, AgentAnswer, ClaimAnswer, Steps
 from remotemac.engine.agentship import agent_argv, agent_bundle, exec_in_memory
 from remotemac.engine.ledger import Ledger
@@ -190,7 +190,7 @@ class AgentClient:
         is written below it; BadInput (exit 2, nothing written) for a root that is, holds
         or sits above the host's home, or that holds files remotemac did not write.
         Runs the agent from memory (it is installed below the root)."""
-        from remotemac.errors import BadInput
+        from remotemac.errors import BadInput, HostDiskFull
 
         request = {"root": self.root, "run_id": run_id}
         raw = await call_in_memory(
@@ -204,6 +204,11 @@ class AgentClient:
             idempotent=True,
         )
         answer = ClaimAnswer.from_json(raw)
+        if answer.refused and answer.code == ErrorCode.NO_SPACE.value:
+            raise HostDiskFull(
+                f"{self.transport.name}: remote_root {self.root}: {answer.refused}",
+                hint="the host's disk is full; nothing was written on the host",
+            )
         if answer.refused:
             raise BadInput(
                 f"{self.transport.name}: remote_root {self.root}: {answer.refused}",

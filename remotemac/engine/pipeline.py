@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
-from remotemac.agent.protocol import Op
+from remotemac.agent.protocol import ErrorCode, Op
 from remotemac.engine.agentclient import DEFAULT_AGENT_PYTHON, AgentClient
 from remotemac.engine.context import (
     HostBinding,
@@ -48,6 +48,7 @@ from remotemac.errors import (
     EXIT_INTERRUPTED,
     EXIT_REJECTED,
     BadInput,
+    HostDiskFull,
     HostError,
     JobLost,
     RemotemacError,
@@ -432,6 +433,7 @@ async def _after_failure(ctx: RunContext, exc: Exception, current: str) -> None:
         say_what_is_kept(ctx, exc, current)
     elif launch_on_a_full_disk(ctx, exc, current):
         error += await _wipe_after_full_disk(ctx, exc, current)
+    say_how_to_go_on_after_a_full_disk(ctx, exc)
     ctx.journal.set_run_state(ctx.run_id, "failed", exit_code=code, phase=current, error=error)
 
 
@@ -651,6 +653,17 @@ def say_what_is_kept(ctx: RunContext, exc: Exception, failed: str) -> None:
     exc.hint = f"{exc.hint}; {kept}" if exc.hint else kept
 
 
+def say_how_to_go_on_after_a_full_disk(ctx: RunContext, exc: Exception) -> None:
+    """A host disk that filled up stops a phase, not the run: once the user frees space,
+    ``attach`` goes on from the phase that stopped (provision and sync included), so the
+    hint names that command unless it already names one."""
+    full = isinstance(exc, HostDiskFull) or getattr(exc, "code", None) in DISK_FULL_CODES
+    if not full or not isinstance(exc, RemotemacError) or "remotemac attach" in (exc.hint or ""):
+        return
+    go_on = f"free some space on the host, then go on with: remotemac attach {ctx.run_id}"
+    exc.hint = f"{exc.hint}; {go_on}" if exc.hint else go_on
+
+
 def outputs_too_large() -> type[RemotemacError]:
     from remotemac.engine.pull import OutputsTooLarge
 
@@ -675,7 +688,7 @@ async def _wipe_after_failure(ctx: RunContext, failed: str) -> str:
 
 
 #: agent error codes of a host disk that is full: the launch's write check, an ENOSPC
-DISK_FULL_CODES = frozenset({"disk-full", "no-space"})
+DISK_FULL_CODES = frozenset({ErrorCode.DISK_FULL.value, ErrorCode.NO_SPACE.value})
 
 
 def launch_on_a_full_disk(ctx: RunContext, exc: Exception, failed: str) -> bool:

@@ -40,7 +40,10 @@ def compare_results(ctx: RunContext) -> CompareResult:
     elif target_follow is not None and not target_follow.launched:
         outcome = CompareResult(
             nothing_compared=True,
-            summary="nothing to compare: the target was not launched (the reference failed)",
+            # why it was not: the reference failed, or the host's disk refused its launch
+            summary=f"nothing to compare: the target was {target_follow.summary}"
+            if target_follow.summary.startswith("not launched")
+            else "nothing to compare: the target was not launched",
         )
     elif not _any_file(results / ref.label) and not _any_file(results / tgt.label):
         # nothing to compare is no evidence either way: incomplete, never "rejected"

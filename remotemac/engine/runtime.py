@@ -34,7 +34,7 @@ from remotemac.agent.shared import requirements, runtime_key
 from remotemac.data.manifest import sha256_file
 from remotemac.engine.agentclient import AgentClient, AgentError
 from remotemac.engine.bring import upload
-from remotemac.errors import BadInput, HostEnvironmentError, IntegrityError
+from remotemac.errors import BadInput, HostDiskFull, HostEnvironmentError, IntegrityError
 from remotemac.events import Event, PhaseProgress, Warning
 
 ENV_METHOD = "REMOTEMAC_RUNTIME_INSTALL"
@@ -201,6 +201,9 @@ async def _ensure(agent: AgentClient, request: dict[str, Any], where: str) -> di
     try:
         return await agent.call(Op.RUNTIME_ENSURE, request, timeout=ENSURE_TIMEOUT_S)
     except HostEnvironmentError as exc:
+        if getattr(exc, "code", None) in (ErrorCode.NO_SPACE, ErrorCode.DISK_FULL):
+            # the disk, not the interpreter: the run goes on once space is freed
+            raise HostDiskFull(f"{where}: {exc.message}") from None
         raise HostEnvironmentError(
             f"{where}: {exc.message}", hint="the host's python3 must be CPython 3.9 or newer"
         ) from None

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import os
 import posixpath
 import secrets
 import stat as statmod
@@ -27,7 +28,7 @@ from typing import TypeVar
 
 import asyncssh
 
-from remotemac.errors import HostError, TransientHostError
+from remotemac.errors import HostDiskFull, HostError, TransientHostError
 from remotemac.events import ConnectionState, Event
 from remotemac.transport.base import (
     DownloadSink,
@@ -456,12 +457,35 @@ class SSHTransport(Transport):
             except asyncssh.SFTPError as exc:
                 if isinstance(exc, LINK_ERRORS):
                     raise
+                full = await self._disk_full(sftp, remote, os.path.getsize(local))
+                if full is not None:
+                    raise full from None
                 raise HostError(
                     f"cannot upload to {self.name}:{remote}: {exc.reason}",
                     hint="check the remote directory exists and is writable",
                 ) from None
 
         await self._run(f"upload {remote}", op, idempotent=True)
+
+    async def _disk_full(
+        self, sftp: asyncssh.SFTPClient, remote: str, size: int
+    ) -> HostDiskFull | None:
+        """Why an SFTP write failed, when it is space: SFTP v3 has no "disk full" status
+        (OpenSSH's sftp-server answers ENOSPC with a bare ``Failure``), so the file
+        system's free space is asked (``statvfs@openssh.com``) and compared with what
+        was to be written."""
+        where = posixpath.dirname(remote) or "."
+        try:
+            vfs = await sftp.statvfs(where)
+        except (asyncssh.Error, OSError):
+            return None
+        free = vfs.bavail * vfs.frsize
+        if free >= max(size, 1) + vfs.frsize:
+            return None
+        return HostDiskFull(
+            f"{self.name}: the disk holding {where} is full "
+            f"({free:,} bytes free, {size:,} to write)"
+        )
 
     async def get(self, remote: str, local: str, *, progress: ProgressFn | None = None) -> None:
         reporter = _Progress(progress)
@@ -491,9 +515,13 @@ class SSHTransport(Transport):
                     await fh.write(data)
                 await sftp.chmod(tmp, mode)
                 await sftp.posix_rename(tmp, remote)
-            except BaseException:
+            except BaseException as exc:
                 with contextlib.suppress(Exception):
                     await sftp.remove(tmp)
+                if isinstance(exc, asyncssh.SFTPError) and not isinstance(exc, LINK_ERRORS):
+                    full = await self._disk_full(sftp, remote, len(data))
+                    if full is not None:
+                        raise full from None
                 raise
 
         await self._run(f"write {remote}", op, idempotent=True)
