@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
 from .agentutil import format_mib
-from .protocol import CACHE_VARS, ENV_DATA, ENV_OUTPUT, JsonObject
+from .protocol import CACHE_VARS, ENV_DATA, ENV_OUTPUT, JsonObject, LaunchRequest
 from .shared import agent_argv
 
 # CACHE_VARS: the caches remotemac points inside the run dir (engine/jobs.py sets them)
@@ -86,14 +86,8 @@ class AccessCheck:
         )
 
 
-def _job_env(req: JsonObject) -> Dict[str, str]:
-    """The launch request's ``env`` (the job's variables, over the agent's own)."""
-    return req.get("env") or {}
-
-
-def plan_access(req: JsonObject) -> AccessPlan:
-    """What to check for a launch request: [what, path] pairs to read and to write."""
-    env = _job_env(req)
+def plan_access(env: Dict[str, str]) -> AccessPlan:
+    """What to check for a job's ``env``: [what, path] pairs to read and to write."""
     read, write = [], []
     if env.get(ENV_DATA):
         read.append(["data dir", env[ENV_DATA]])
@@ -144,12 +138,14 @@ def check_access(req: JsonObject) -> JsonObject:
     """Run the probe as the workload would run; raise with one line on the first problem.
     ``req``: the launch request (its ``env`` and ``cwd``); the answer ``{"checked"}``
     goes into the launch answer as it is."""
-    plan = plan_access(req)
+    launch = LaunchRequest.from_json(req)
+    job_env = launch.env or {}
+    plan = plan_access(job_env)
     if not plan.read and not plan.write:
         return {"checked": []}
     env = dict(os.environ)
-    env.update(_job_env(req))
-    cwd = req.get("cwd") if req.get("cwd") and os.path.isdir(req["cwd"]) else None
+    env.update(job_env)
+    cwd = launch.cwd if launch.cwd and os.path.isdir(launch.cwd) else None
     res = subprocess.run(
         agent_argv(
             sys.executable,
