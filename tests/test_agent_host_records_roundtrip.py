@@ -150,3 +150,86 @@ def test_removal_reads_as_the_old_answer() -> None:
     assert safefs.Marker.from_json({"kind": "run", "run_id": "r1", "pid": 9}) == safefs.Marker(
         kind="run", run_id="r1"
     )
+
+
+def test_start_identity_is_what_status_files_hold() -> None:
+    from remotemac.agent import procid
+
+    for recorded in ({"start": "linux:boot:123"}, {"start_s": 1764680000.5}):
+        found = procid.StartIdentity.from_json(recorded)
+        assert found is not None and found.to_json() == recorded
+    assert procid.StartIdentity.from_json(None) is None
+    assert procid.StartIdentity.from_json("linux:boot:1") is None
+    import os
+
+    mine = procid.identity(os.getpid())
+    assert mine is not None and procid.same_start(os.getpid(), mine)
+    assert not procid.same_start(os.getpid(), {"start": "linux:other-boot:1", "start_s": 0})
+
+
+def test_access_checks_and_plan_travel_unchanged() -> None:
+    from remotemac.agent import guards
+
+    for line in (
+        {"what": "data dir", "path": "/d", "mode": "read", "ok": True, "entries": 3},
+        {
+            "what": "cache X",
+            "path": "/c",
+            "mode": "write",
+            "ok": False,
+            "error": "Permission denied",
+        },
+        {"what": "output dir", "path": "/o", "mode": "write", "ok": True},
+    ):
+        assert guards.AccessCheck.from_json(line).to_json() == line
+    plan = {"read": [["data dir", "/d"]], "write": [["output dir", "/o"]]}
+    assert guards.AccessPlan.from_json(plan).to_json() == plan
+    assert guards.plan_access({"REMOTEMAC_DATA": "/d", "REMOTEMAC_OUTPUT": "/o"}).to_json() == plan
+
+
+def test_host_identity_failure_and_found_python_as_json() -> None:
+    from remotemac.agent import envfreeze, harness, pythons
+
+    mac = envfreeze.HostIdentity("Darwin", "arm64", "m", "14.5", "Apple M2", False, True)
+    assert list(mac.to_json()) == [
+        "os",
+        "arch",
+        "hostname",
+        "os_version",
+        "chip",
+        "translated",
+        "vm",
+    ]
+    assert "vm" not in envfreeze.HostIdentity("Linux", "x86_64", "h", "6.1", "").to_json()
+    failure = harness.classify(ValueError("bad shape"))
+    assert failure.to_json() == {
+        "unsupported_ops": [],
+        "dtype_errors": [],
+        "oom": False,
+        "stopping_conditions": [{"code": "workload-failed", "detail": "ValueError: bad shape"}],
+    }
+    found = pythons.FoundPython("/usr/bin/python3", "/usr/bin/python3.9", "3.9.6", False)
+    assert found.to_json() == {
+        "path": "/usr/bin/python3",
+        "real": "/usr/bin/python3.9",
+        "version": "3.9.6",
+        "brought": False,
+    }
+
+
+def test_call_frame_and_process_record_read_the_old_keys() -> None:
+    from remotemac.agent import obsmerge, resident
+
+    call = resident.Call.from_json({"id": 7, "op": "ping", "store": ""})
+    assert (call.id, call.op, call.req, call.store) == ("7", "ping", {}, None)
+    rec = obsmerge.ProcessRecord.from_json(
+        {
+            "pid": 5,
+            "argv0": "train.py",
+            "operators": {"fallback_ops": [{"op": "aten::x", "count": 2}, {"op": "aten::y"}]},
+            "mps_memory": {"mps_driver_allocated_bytes": 10},
+        }
+    )
+    assert rec.fallback_counts == [("aten::x", 2), ("aten::y", 1)]
+    assert rec.mps_driver_allocated_bytes == 10
+    assert rec.process_json()["argv0"] == "train.py" and rec.process_json()["ppid"] is None
