@@ -165,6 +165,10 @@ class Marker:
             dir_ino=data.get("dir_ino"),
         )
 
+    def bound_to(self, st: os.stat_result) -> bool:
+        """Written in the directory ``st`` describes (or from before markers named it)."""
+        return self.dir_ino is None or self.dir_ino == st.st_ino
+
     @classmethod
     def of(cls, path: str) -> "Optional[Marker]":
         """The marker of the directory ``path``; None when it has none (or none readable)."""
@@ -417,10 +421,11 @@ def ensure_owned_dir(path: str, info: JsonObject) -> Tuple[JsonObject, bool]:
     finally:
         os.close(pfd)
     try:
+        wanted = Marker.from_json(info)
         marker = read_marker(fd)
         if marker is not None:
-            _check_bound(path, marker, os.fstat(fd))
-            _check_marker(path, marker, info)
+            _check_bound(path, Marker.from_json(marker), os.fstat(fd))
+            _check_marker(path, Marker.from_json(marker), wanted)
             return marker, False
         # the marker itself may appear now: a concurrent claim of the same new root won
         entries = [n for n in os.listdir(fd) if n != MARKER and not n.startswith(MARKER + ".tmp-")]
@@ -431,7 +436,7 @@ def ensure_owned_dir(path: str, info: JsonObject) -> Tuple[JsonObject, bool]:
                 % (path, len(entries), "y" if len(entries) == 1 else "ies", shown)
             )
         marker = write_marker(fd, info, exclusive=True)
-        _check_marker(path, marker, info)
+        _check_marker(path, Marker.from_json(marker), wanted)
         return marker, created
     finally:
         os.close(fd)
@@ -440,21 +445,19 @@ def ensure_owned_dir(path: str, info: JsonObject) -> Tuple[JsonObject, bool]:
 def marker_is_bound(marker: JsonObject, st: os.stat_result) -> bool:
     """Was ``marker`` (a marker file's JSON) written in the directory ``st`` describes?
     A marker from before markers named their directory (no ``dir_ino``) is taken as it is."""
-    ino = Marker.from_json(marker).dir_ino
-    return ino is None or ino == st.st_ino
+    return Marker.from_json(marker).bound_to(st)
 
 
-def _check_bound(path: str, marker: JsonObject, st: os.stat_result) -> None:
-    if not marker_is_bound(marker, st):
+def _check_bound(path: str, marker: Marker, st: os.stat_result) -> None:
+    if not marker.bound_to(st):
         raise NotOurs(
             "%s holds a %s marker copied from another directory (it names another "
             "inode): it is not remotemac's" % (path, MARKER)
         )
 
 
-def _check_marker(path: str, marker: JsonObject, info: JsonObject) -> None:
+def _check_marker(path: str, found: Marker, wanted: Marker) -> None:
     """Refuse a directory marked as another kind of remotemac directory, or another run's."""
-    found, wanted = Marker.from_json(marker), Marker.from_json(info)
     if found.kind != wanted.kind or (
         wanted.run_id and wanted.kind != "root" and found.run_id != wanted.run_id
     ):
