@@ -206,14 +206,14 @@ def test_classify_every_recorded_notimplemented_wording(path: Path) -> None:
     line = [x for x in path.read_text().splitlines() if "The operator" in x][0]
     exc = NotImplementedError(line.split("NotImplementedError: ", 1)[-1])
     found = harness.classify(exc)
-    assert [u["op"] for u in found["unsupported_ops"]] == [
+    assert [u["op"] for u in found.unsupported_ops] == [
         {
             "2022": "aten::_index_put_impl_",
             "2024": "aten::isin.Tensor_Tensor_out",
             "2025": "aten::_upsample_bilinear2d_aa.out",
         }[path.name.split("__")[1][:4]]
     ]
-    assert [c["code"] for c in found["stopping_conditions"]] == ["unsupported-op"]
+    assert [c["code"] for c in found.stopping_conditions] == ["unsupported-op"]
 
 
 @pytest.mark.parametrize("path", OOM, ids=lambda p: p.name)
@@ -221,8 +221,8 @@ def test_classify_every_recorded_oom(path: Path) -> None:
     """Simulation: OOM texts with and without the "RuntimeError: " prefix, GB and GiB."""
     line = [x for x in path.read_text().splitlines() if "out of memory" in x][0]
     found = harness.classify(RuntimeError(line.split("RuntimeError: ", 1)[-1]))
-    assert found["oom"] is True
-    assert [c["code"] for c in found["stopping_conditions"]] == ["out-of-memory"]
+    assert found.oom is True
+    assert [c["code"] for c in found.stopping_conditions] == ["out-of-memory"]
 
 
 def test_classify_wrapped_errors_and_the_rest() -> None:
@@ -239,17 +239,17 @@ def test_classify_wrapped_errors_and_the_rest() -> None:
             raise RuntimeError("training step failed") from exc
     except RuntimeError as outer:
         wrapped = harness.classify(outer)
-    assert [u["op"] for u in wrapped["unsupported_ops"]] == ["aten::col2im"]
+    assert [u["op"] for u in wrapped.unsupported_ops] == ["aten::col2im"]
     old = harness.classify(RuntimeError("The MPS backend is supported on MacOS 14.0+."))
-    assert old["stopping_conditions"] == [
+    assert old.stopping_conditions == [
         {"code": "mps-unavailable", "detail": "The MPS backend is supported on MacOS 14.0+."}
     ]
     other = harness.classify(ValueError("bad shape"))
-    assert other["stopping_conditions"] == [
+    assert other.stopping_conditions == [
         {"code": "workload-failed", "detail": "ValueError: bad shape"}
     ]
     fallback_text = FALLBACK_2024.read_text().split("UserWarning: ", 1)[1]
-    assert harness.classify(RuntimeError(fallback_text))["unsupported_ops"] == []
+    assert harness.classify(RuntimeError(fallback_text)).unsupported_ops == []
     counter = harness.FallbackCounter()
     assert counter.note(fallback_text) is True and counter.note(fallback_text) is False
     assert counter.note(FLOAT64) is None

@@ -101,24 +101,29 @@ def test_parse_sysctl_value_recorded() -> None:
 def test_parse_pmset_g_recorded() -> None:
     """Simulation: `pmset -g` of an Apple-Silicon MBP (reporter's ** markup stripped)."""
     parsed = hf.parse_pmset_g(sample("pmset_-g__apple_silicon_mbp_2022.txt").replace("**", ""))
-    assert parsed["SleepDisabled"] == 1
-    assert (parsed["sleep"], parsed["disksleep"], parsed["displaysleep"], parsed["standby"]) == (
+    assert parsed.settings["SleepDisabled"] == 1
+    assert (
+        parsed.settings["sleep"],
+        parsed.settings["disksleep"],
+        parsed.settings["displaysleep"],
+        parsed.settings["standby"],
+    ) == (
         1,
         10,
         10,
         1,
     )
-    assert parsed["Sleep On Power Button"] == 1
-    assert parsed["hibernatefile"] == "/var/vm/sleepimage"
-    assert parsed["lowpowermode"] == 0
-    assert parsed["notes"]["sleep"].startswith("(sleep prevented by bluetoothd")
-    assert "System-wide power settings" not in parsed
+    assert parsed.settings["Sleep On Power Button"] == 1
+    assert parsed.settings["hibernatefile"] == "/var/vm/sleepimage"
+    assert parsed.settings["lowpowermode"] == 0
+    assert parsed.notes["sleep"].startswith("(sleep prevented by bluetoothd")
+    assert "System-wide power settings" not in parsed.settings
 
 
 def test_parse_pmset_g_tolerates_markup() -> None:
     """Simulation: the raw paste (with ** around one line) still yields the sleep settings."""
     parsed = hf.parse_pmset_g(sample("pmset_-g__apple_silicon_mbp_2022.txt"))
-    assert parsed["sleep"] == 1 and parsed["disksleep"] == 10
+    assert parsed.settings["sleep"] == 1 and parsed.settings["disksleep"] == 10
 
 
 # --------------------------------------------------------------------------- df
@@ -129,15 +134,15 @@ def test_parse_df_h_comma_locale() -> None:
     rows = hf.parse_df(sample("df_-h__apple_silicon_ec2_comma_locale.txt"))
     assert len(rows) == 10
     root = rows[0]
-    assert root["filesystem"] == "/dev/disk5s2s1" and root["mounted_on"] == "/"
-    assert root["size_bytes"] == 100 << 30
-    assert root["used_bytes"] == int(9.9 * (1 << 30))
-    assert root["avail_bytes"] == 78 << 30
-    assert root["capacity"] == "12%"
-    auto_home = next(r for r in rows if r["filesystem"] == "map auto_home")
-    assert auto_home["mounted_on"] == "/System/Volumes/Data/home"
-    assert auto_home["avail_bytes"] == 0
-    assert hf.df_volume_for(rows, "/private/tmp/tmp-mount-dXCsHT/x")["filesystem"] == "/dev/disk2s4"
+    assert root.filesystem == "/dev/disk5s2s1" and root.mounted_on == "/"
+    assert root.size_bytes == 100 << 30
+    assert root.used_bytes == int(9.9 * (1 << 30))
+    assert root.avail_bytes == 78 << 30
+    assert root.capacity == "12%"
+    auto_home = next(r for r in rows if r.filesystem == "map auto_home")
+    assert auto_home.mounted_on == "/System/Volumes/Data/home"
+    assert auto_home.avail_bytes == 0
+    assert hf.df_volume_for(rows, "/private/tmp/tmp-mount-dXCsHT/x").filesystem == "/dev/disk2s4"
     assert hf.df_volume_for(rows, "/Users/ec2-user/remotemac") is root
 
 
@@ -145,20 +150,20 @@ def test_parse_df_h_mount_with_space() -> None:
     """Simulation: `df -h` in a Parallels guest: "/Volumes/Parallels Tools" keeps its space."""
     rows = hf.parse_df(sample("df_-h__apple_silicon_parallels_vm.txt"))
     tools = rows[-1]
-    assert tools["mounted_on"] == "/Volumes/Parallels Tools"
-    assert tools["size_bytes"] == int(1.1 * (1 << 20))
-    assert rows[0]["avail_bytes"] == 32 << 30
+    assert tools.mounted_on == "/Volumes/Parallels Tools"
+    assert tools.size_bytes == int(1.1 * (1 << 20))
+    assert rows[0].avail_bytes == 32 << 30
 
 
 def test_parse_df_512_blocks() -> None:
     """Simulation: BSD `df` in 512-byte blocks (Intel 10.14.6), long names, spaces in mounts."""
     rows = hf.parse_df(sample("df__intel_macos10.14.6_jc.txt"))
     root = rows[0]
-    assert root["size_bytes"] == 976490576 * 512
-    assert root["avail_bytes"] == 660310352 * 512
-    snap = next(r for r in rows if r["filesystem"].startswith("com.apple.TimeMachine"))
-    assert snap["mounted_on"].endswith("/2019-11-29-075900/Macintosh HD")
-    assert any(r["filesystem"] == "map -hosts" and r["mounted_on"] == "/net" for r in rows)
+    assert root.size_bytes == 976490576 * 512
+    assert root.avail_bytes == 660310352 * 512
+    snap = next(r for r in rows if r.filesystem.startswith("com.apple.TimeMachine"))
+    assert snap.mounted_on.endswith("/2019-11-29-075900/Macintosh HD")
+    assert any(r.filesystem == "map -hosts" and r.mounted_on == "/net" for r in rows)
 
 
 def test_parse_df_real_posix_output(tmp_path: Path) -> None:
@@ -169,7 +174,7 @@ def test_parse_df_real_posix_output(tmp_path: Path) -> None:
     row = hf.df_volume_for(hf.parse_df(out), str(tmp_path))
     st = os.statvfs(tmp_path)
     assert row is not None
-    assert abs(row["size_bytes"] - st.f_blocks * st.f_frsize) <= 0.01 * row["size_bytes"]
+    assert abs(row.size_bytes - st.f_blocks * st.f_frsize) <= 0.01 * row.size_bytes
 
 
 # --------------------------------------------------------------------------- small parsers

@@ -42,8 +42,10 @@ import subprocess
 import sys
 import time
 import zipfile
+from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
+from .protocol import JsonObject, Message
 from .shared import (  # noqa: F401  (the names the agent's callers read here)
     MANYLINUX_MIN_MINOR,
     PINS,
@@ -86,8 +88,9 @@ def _glibc() -> Tuple[int, int]:
     return (int(found.group(1)), int(found.group(2))) if found else (0, 0)
 
 
-def host_tags() -> Dict[str, Any]:
-    """This interpreter and platform, as the laptop needs them to fetch wheels."""
+def host_tags() -> JsonObject:
+    """This interpreter and platform, as the laptop needs them to fetch wheels (the
+    tags travel as JSON: shared.runtime_key and shared.supported read them on both sides)."""
     system = platform.system()
     machine = platform.machine()
     mac = platform.mac_ver()[0] if system == "Darwin" else ""
@@ -107,7 +110,7 @@ def host_tags() -> Dict[str, Any]:
     }
 
 
-def wheel_fits(filename: str, tags: Dict[str, Any]) -> bool:
+def wheel_fits(filename: str, tags: JsonObject) -> bool:
     return bool(parse_wheel_name(filename)[2] & supported(tags))
 
 
@@ -197,7 +200,7 @@ def install_wheel(path: str, target: str) -> List[str]:
 
 
 def install_wheels(
-    wheels_dir: str, wanted: Iterable[Dict[str, str]], tags: Dict[str, Any], target: str
+    wheels_dir: str, wanted: Iterable[Dict[str, str]], tags: JsonObject, target: str
 ) -> List[str]:
     """Check each uploaded wheel (sha256, name among the pins, tags fit) and unpack it."""
     pins = {normalise_name(n): v for n, v in PINS}
@@ -237,24 +240,58 @@ def install_wheels(
 # ------------------------------------------------------------------ status and install
 
 
-def runtime_dir(root: str, tags: Dict[str, Any]) -> str:
+def runtime_dir(root: str, tags: JsonObject) -> str:
     return os.path.join(os.path.expanduser(root), SUBDIR, runtime_key(tags))
 
 
-def read_marker(path: str) -> Optional[Dict[str, Any]]:
+@dataclass
+class RuntimeMarker(Message):
+    """``<runtime>/.complete``: what was installed, how, for which interpreter. Written
+    last, so a runtime with one is whole; ``extra`` keeps keys a newer agent added."""
+
+    key: str = ""
+    method: str = ""
+    installed: List[str] = field(default_factory=list)
+    cryptography: str = ""
+    python: str = ""
+    installed_at: float = 0.0
+
+
+@dataclass(frozen=True)
+class RuntimeEnsureRequest:
+    """``runtime_ensure``: where, and how (``online`` | ``offline`` with the uploaded
+    ``wheels_dir`` and its ``wheels`` [{name, sha256}])."""
+
+    root: str
+    method: str = "online"
+    wheels_dir: Optional[str] = None
+    wheels: List[Dict[str, str]] = field(default_factory=list)
+
+    @classmethod
+    def from_json(cls, req: JsonObject) -> "RuntimeEnsureRequest":
+        return cls(
+            root=os.path.expanduser(req["root"]),
+            method=req.get("method") or "online",
+            wheels_dir=req.get("wheels_dir") or None,
+            wheels=req.get("wheels") or [],
+        )
+
+
+def read_marker(path: str) -> Optional[RuntimeMarker]:
     try:
         with open(os.path.join(path, MARKER)) as fh:
             data = json.load(fh)
-        return data if isinstance(data, dict) else None
+        return RuntimeMarker.from_json(data) if isinstance(data, dict) else None
     except (OSError, ValueError):
         return None
 
 
-def op_runtime_status(req: Dict[str, Any]) -> Dict[str, Any]:
+def op_runtime_status(req: JsonObject) -> JsonObject:
     """Is the runtime for this interpreter here? What would installing it take?"""
     tags = host_tags()
     path = runtime_dir(req["root"], tags)
-    marker = read_marker(path)
+    found = read_marker(path)
+    marker = None if found is None else found.to_json()
     pip = (
         subprocess.run(
             [sys.executable, "-m", "pip", "--version"],
@@ -353,7 +390,7 @@ def below_base(base: str, path: str) -> str:
     return real
 
 
-def op_runtime_ensure(req: Dict[str, Any]) -> Dict[str, Any]:
+def op_runtime_ensure(request: JsonObject) -> JsonObject:
     """Reuse, or install (online with pip, or from uploaded wheels), the runtime.
 
     Request: ``root``, ``method`` (``online`` | ``offline``), for offline
@@ -366,8 +403,9 @@ def op_runtime_ensure(req: Dict[str, Any]) -> Dict[str, Any]:
             "the host's %s is Python %s; the agent runtime needs 3.9 "
             "or newer" % (sys.executable, platform.python_version())
         )
+    req = RuntimeEnsureRequest.from_json(request)
     tags = host_tags()
-    root = os.path.expanduser(req["root"])
+    root = req.root
     base = os.path.join(root, SUBDIR)
     os.makedirs(base, mode=0o700, exist_ok=True)
     if os.path.islink(base) or not os.path.isdir(base):  # never install through a link
@@ -377,10 +415,10 @@ def op_runtime_ensure(req: Dict[str, Any]) -> Dict[str, Any]:
     with install_lock(base):
         marker = read_marker(final)
         if marker is not None:
-            return dict(marker, dir=final, reused=True, seconds=0.0)
+            return dict(marker.to_json(), dir=final, reused=True, seconds=0.0)
         _clear_unfinished(final)
-        method = req.get("method") or "online"
-        if method == "offline" and not req.get("wheels_dir"):
+        method = req.method
+        if method == "offline" and not req.wheels_dir:
             return {
                 "failed": "the wheels must come from the laptop",
                 "tail": [],
@@ -391,7 +429,7 @@ def op_runtime_ensure(req: Dict[str, Any]) -> Dict[str, Any]:
         shutil.rmtree(tmp, ignore_errors=True)
         os.makedirs(tmp, mode=0o700)
         try:
-            marker = _install_into(tmp, method, req, root, tags)
+            marker = _install_into(tmp, req, tags)
             from .hostagent import inventory_add
 
             inventory_add(root, "runtime", final)
@@ -405,9 +443,10 @@ def op_runtime_ensure(req: Dict[str, Any]) -> Dict[str, Any]:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
         finally:
-            if req.get("wheels_dir"):  # the upload served its purpose either way
-                shutil.rmtree(below_base(base, req["wheels_dir"]), ignore_errors=True)
-    return dict(marker, dir=final, reused=False, seconds=round(time.time() - started, 2))
+            if req.wheels_dir:  # the upload served its purpose either way
+                shutil.rmtree(below_base(base, req.wheels_dir), ignore_errors=True)
+    seconds = round(time.time() - started, 2)
+    return dict(marker.to_json(), dir=final, reused=False, seconds=seconds)
 
 
 def _clear_unfinished(final: str) -> None:
@@ -417,8 +456,8 @@ def _clear_unfinished(final: str) -> None:
         return
     from . import safefs
 
-    owner = safefs.marker_of(final)
-    if not owner or owner.get("kind") != "runtime":
+    owner = safefs.Marker.of(final)
+    if owner is None or owner.kind != "runtime":
         raise RuntimeInstallError(
             "%s is in the way and is not remotemac's runtime: left "
             "alone (move it, then run again)" % final,
@@ -427,13 +466,12 @@ def _clear_unfinished(final: str) -> None:
     shutil.rmtree(final, ignore_errors=True)
 
 
-def _install_into(
-    tmp: str, method: str, req: Dict[str, Any], root: str, tags: Dict[str, Any]
-) -> Dict[str, Any]:
+def _install_into(tmp: str, req: RuntimeEnsureRequest, tags: JsonObject) -> RuntimeMarker:
     """Install the pinned set into ``tmp`` (pip online, or the uploaded wheels), check
     that cryptography imports from there, write and return its marker."""
     from .hostagent import inventory_add
 
+    root, method = req.root, req.method
     base = os.path.join(root, SUBDIR)
     if method == "online":
         cache = os.path.join(base, PIP_CACHE)
@@ -443,20 +481,18 @@ def _install_into(
         _pip_install(tmp, cache)
         installed = requirements()
     else:
-        installed = install_wheels(
-            below_base(base, req["wheels_dir"]), req.get("wheels") or [], tags, tmp
-        )
+        installed = install_wheels(below_base(base, req.wheels_dir or ""), req.wheels, tags, tmp)
     version = _verify(tmp)
-    marker = {
-        "key": runtime_key(tags),
-        "method": method,
-        "installed": installed,
-        "cryptography": version,
-        "python": tags["python"],
-        "installed_at": time.time(),
-    }
+    marker = RuntimeMarker(
+        key=runtime_key(tags),
+        method=method,
+        installed=installed,
+        cryptography=version,
+        python=tags["python"],
+        installed_at=time.time(),
+    )
     with open(os.path.join(tmp, MARKER), "w") as fh:
-        json.dump(marker, fh)
+        json.dump(marker.to_json(), fh)
         fh.flush()
         os.fsync(fh.fileno())
     mark_owned(tmp)

@@ -3,7 +3,7 @@
 Why one module: these were copied around the agent (seven atomic JSON writes, two
 package probes that disagreed on which copy of a package wins), and the wipe,
 cleanup and dead-man modules imported each other, and ``hostagent``, for them.
-This module imports no sibling but ``procid``, so anything may import it.
+This module imports no sibling but ``procid`` and ``protocol``, so anything may import it.
 
 Python 3.9, standard library only. Not imported by the code that runs inside the
 workload's process (harness.py, optrace.py): those keep the agent directory off the
@@ -23,6 +23,7 @@ import time
 from typing import Any, Dict, List, Optional, Tuple
 
 from . import procid
+from .protocol import JsonObject
 
 SESSION_PREFIX = "remotemac-"
 KILL_GRACE_S = 3.0
@@ -125,7 +126,7 @@ def tmux_path() -> Optional[str]:
 
 
 def run_cmd(
-    argv: List[str], steps: Optional[List[Dict[str, Any]]] = None, timeout: float = 60
+    argv: List[str], steps: Optional[List[JsonObject]] = None, timeout: float = 60
 ) -> Tuple[int, str, str]:
     """Run a command without a shell; record it in ``steps`` for the ledger."""
     try:
@@ -162,7 +163,7 @@ def tmux_sessions() -> List[Dict[str, str]]:
     return [{"name": n, "command": c} for n, c in sorted(seen.items())]
 
 
-def kill_session(name: str, steps: List[Dict[str, Any]]) -> bool:
+def kill_session(name: str, steps: List[JsonObject]) -> bool:
     tmux = tmux_path()
     if not tmux:
         return False
@@ -196,9 +197,9 @@ def all_processes() -> List[Tuple[int, str]]:
 
 def terminate(
     pid: int,
-    steps: List[Dict[str, Any]],
+    steps: List[JsonObject],
     group: bool = True,
-    start: Optional[Dict[str, Any]] = None,
+    start: Optional[JsonObject] = None,
 ) -> bool:
     """SIGTERM (the group when ``pid`` leads one), then SIGKILL after a grace.
 
@@ -231,7 +232,7 @@ def terminate(
     return not _still(pid, start)
 
 
-def _still(pid: int, start: Optional[Dict[str, Any]]) -> bool:
+def _still(pid: int, start: Optional[JsonObject]) -> bool:
     if not pid_alive(pid):
         return False
     _reap(pid)

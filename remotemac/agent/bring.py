@@ -34,9 +34,11 @@ import tarfile
 import time
 import urllib.request
 import zipfile
-from typing import Any, Dict, Optional
+from dataclasses import dataclass
+from typing import Optional, Tuple
 
 from .agentruntime import below_base, check_member, install_lock, mark_owned
+from .protocol import JsonObject, Message
 
 SUBDIR = "runtime"
 MARKER = ".complete"
@@ -156,7 +158,52 @@ def tree_bytes(top: str) -> int:
     return total
 
 
-def _probe(what: str, tmp: str) -> Dict[str, Any]:
+@dataclass(frozen=True)
+class BringRequest:
+    """``bring``: an archive (``what`` python | uv, ``format`` tar.gz | zip) with its
+    sha256, downloaded by the host (``online``, ``url``) or uploaded (``upload``)."""
+
+    root: str
+    name: str
+    sha256: str
+    what: Optional[str] = None
+    format: Optional[str] = None
+    method: Optional[str] = None
+    url: Optional[str] = None
+    upload: Optional[str] = None
+
+    @classmethod
+    def from_json(cls, req: JsonObject) -> "BringRequest":
+        return cls(
+            root=os.path.expanduser(req["root"]),
+            name=req["name"],
+            sha256=req.get("sha256", ""),
+            what=req.get("what"),
+            format=req.get("format"),
+            method=req.get("method"),
+            url=req.get("url"),
+            upload=req.get("upload") or None,
+        )
+
+
+@dataclass
+class BroughtMarker(Message):
+    """``<runtime>/<name>/.complete``: the archive unpacked there and what it holds
+    (``exe`` relative to the dir, ``version``: absent when nothing was probed)."""
+
+    #: "" defaults: the marker names ``what`` and ``method`` even when the request did not
+    what: Optional[str] = ""
+    name: str = ""
+    sha256: str = ""
+    method: Optional[str] = ""
+    archive_bytes: int = 0
+    bytes: int = 0
+    installed_at: float = 0.0
+    exe: Optional[str] = None
+    version: Optional[str] = None
+
+
+def _probe(what: str, tmp: str) -> Optional[Tuple[str, str]]:
     """What the unpacked thing is, run from where it lies (a broken build fails here)."""
     if what == "python":
         found = sorted(
@@ -171,7 +218,7 @@ def _probe(what: str, tmp: str) -> Dict[str, Any]:
         argv = [exe, "--version"]
         rel = os.path.relpath(exe, tmp) if exe else ""
     else:
-        return {}
+        return None
     if not exe:
         raise BringError("the %s archive holds no executable where expected" % what)
     os.chmod(exe, 0o755)
@@ -179,19 +226,19 @@ def _probe(what: str, tmp: str) -> Dict[str, Any]:
     out = res.stdout.decode("utf-8", "replace").strip()
     if res.returncode != 0:
         raise BringError("the brought %s does not start: %s" % (what, out[-200:]), "host-env")
-    return {"exe": rel, "version": out.split()[-1] if out else ""}
+    return rel, out.split()[-1] if out else ""
 
 
-def read_marker(path: str) -> Optional[Dict[str, Any]]:
+def read_marker(path: str) -> Optional[BroughtMarker]:
     try:
         with open(os.path.join(path, MARKER)) as fh:
             data = json.load(fh)
-        return data if isinstance(data, dict) else None
+        return BroughtMarker.from_json(data) if isinstance(data, dict) else None
     except (OSError, ValueError):
         return None
 
 
-def op_bring(req: Dict[str, Any]) -> Dict[str, Any]:
+def op_bring(request: JsonObject) -> JsonObject:
     """Reuse or make ``<root>/runtime/<name>`` from an archive with a known sha256.
 
     Request: ``root``, ``name``, ``what`` (python | uv), ``format`` (tar.gz | zip),
@@ -202,18 +249,19 @@ def op_bring(req: Dict[str, Any]) -> Dict[str, Any]:
     """
     from .hostagent import inventory_add, root_marker
 
-    root = os.path.expanduser(req["root"])
+    req = BringRequest.from_json(request)
+    root = req.root
     root_marker(root)  # claims a new root before writing in it
-    name = os.path.basename(req["name"])
-    if not name or name != req["name"] or req.get("format") not in FORMATS:
-        raise BringError("bad request: name %r, format %r" % (req["name"], req.get("format")))
+    name = os.path.basename(req.name)
+    if not name or name != req.name or req.format not in FORMATS:
+        raise BringError("bad request: name %r, format %r" % (req.name, req.format))
     base = os.path.join(root, SUBDIR)
     os.makedirs(base, mode=0o700, exist_ok=True)
     if os.path.islink(base) or not os.path.isdir(base):
         raise BringError("%s is not a plain directory: refused" % base, "unsafe-path")
     final = os.path.join(base, name)
     started = time.time()
-    upload = below_base(base, req["upload"]) if req.get("upload") else None
+    upload = below_base(base, req.upload) if req.upload else None
     try:
         with install_lock(base):
             marker = read_marker(final)
@@ -225,13 +273,13 @@ def op_bring(req: Dict[str, Any]) -> Dict[str, Any]:
             os.makedirs(tmp, mode=0o700)
             archive = upload
             try:
-                if req.get("method") == "online":
+                if req.method == "online":
                     archive = tmp + ".download"
                     _remove(archive)
                     try:
-                        download(req["url"], archive)
+                        download(req.url or "", archive)
                     except (OSError, ValueError) as exc:
-                        return {"failed": "cannot download %s: %s" % (req["url"], exc)}
+                        return {"failed": "cannot download %s: %s" % (req.url, exc)}
                 if archive is None:
                     return {"failed": "the archive must come from the laptop"}
                 marker = _unpack(req, name, archive, tmp)
@@ -256,31 +304,32 @@ def _clear_unfinished(final: str) -> None:
         return
     from . import safefs
 
-    owner = safefs.marker_of(final)
-    if not owner or owner.get("kind") != "runtime":
+    owner = safefs.Marker.of(final)
+    if owner is None or owner.kind != "runtime":
         raise BringError("%s is in the way and is not remotemac's: left alone" % final, "host-env")
     shutil.rmtree(final, ignore_errors=True)
 
 
-def _unpack(req: Dict[str, Any], name: str, archive: str, tmp: str) -> Dict[str, Any]:
+def _unpack(req: BringRequest, name: str, archive: str, tmp: str) -> BroughtMarker:
     """Check the archive's sha256, unpack it into ``tmp``, probe what it holds, write
     and return its marker."""
-    check_sha256(archive, req["sha256"], req["name"])
+    check_sha256(archive, req.sha256, req.name)
     size = os.path.getsize(archive)
-    (unpack_tar if req["format"] == "tar.gz" else unpack_zip)(archive, tmp)
-    probed = _probe(str(req.get("what")), tmp)
-    marker = {
-        "what": req.get("what"),
-        "name": name,
-        "sha256": req["sha256"],
-        "method": req.get("method"),
-        "archive_bytes": size,
-        "bytes": tree_bytes(tmp),
-        "installed_at": time.time(),
-        **probed,
-    }
+    (unpack_tar if req.format == "tar.gz" else unpack_zip)(archive, tmp)
+    probed = _probe(str(req.what), tmp)
+    marker = BroughtMarker(
+        what=req.what,
+        name=name,
+        sha256=req.sha256,
+        method=req.method,
+        archive_bytes=size,
+        bytes=tree_bytes(tmp),
+        installed_at=time.time(),
+        exe=None if probed is None else probed[0],
+        version=None if probed is None else probed[1],
+    )
     with open(os.path.join(tmp, MARKER), "w") as fh:
-        json.dump(marker, fh)
+        json.dump(marker.to_json(), fh)
     mark_owned(tmp)
     return marker
 
@@ -294,9 +343,9 @@ def _drop_upload(upload: str, base: str) -> None:
             os.rmdir(parent)
 
 
-def _answer(final: str, marker: Dict[str, Any], reused: bool, seconds: float) -> Dict[str, Any]:
-    exe = os.path.join(final, marker["exe"]) if marker.get("exe") else None
-    return dict(marker, dir=final, exe=exe, reused=reused, seconds=seconds)
+def _answer(final: str, marker: BroughtMarker, reused: bool, seconds: float) -> JsonObject:
+    exe = os.path.join(final, marker.exe) if marker.exe else None
+    return dict(marker.to_json(), dir=final, exe=exe, reused=reused, seconds=seconds)
 
 
 def _remove(path: str) -> None:

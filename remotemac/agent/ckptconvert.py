@@ -24,7 +24,10 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import TYPE_CHECKING, Any, Dict, List
+
+if TYPE_CHECKING:  # for the annotations only: this file also runs on its own
+    from .protocol import JsonObject
 
 CONVERTED_DIR = ".remotemac-converted"
 MANIFEST = "manifest.json"
@@ -71,11 +74,11 @@ def _project_paths(cwd: str) -> List[str]:
     return paths
 
 
-def convert(out_dir: str, patterns: List[str]) -> Dict[str, Any]:
+def convert(out_dir: str, patterns: List[str]) -> JsonObject:
     import torch  # agent-imports: lazy - the workload's own torch
 
     root = Path(out_dir)
-    files: Dict[str, Any] = {}
+    files: Dict[str, Dict[str, str]] = {}
     failed: Dict[str, str] = {}
     seen = set()
     for pattern in patterns:

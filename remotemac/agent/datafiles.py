@@ -16,9 +16,10 @@ import json
 import os
 import stat
 import threading
-from typing import Any, BinaryIO, Dict, Iterator, List, Optional
+from typing import BinaryIO, Iterator, List, Optional
 
 from .datarecords import NOFOLLOW, DataError
+from .protocol import JsonObject
 from .writebehind import WriteBehind
 
 # ------------------------------------------------------------------ streams
@@ -95,7 +96,7 @@ class Lines:
         self._lock = threading.Lock()
         self._acks: List[int] = []
 
-    def say(self, obj: Dict[str, Any]) -> None:
+    def say(self, obj: JsonObject) -> None:
         with self._lock:
             say(self._out, obj)
 
@@ -132,7 +133,7 @@ def unlink_quietly(*paths: str) -> None:
             os.unlink(path)
 
 
-def say(out: BinaryIO, obj: Dict[str, Any]) -> None:
+def say(out: BinaryIO, obj: JsonObject) -> None:
     out.write((json.dumps(obj) + "\n").encode("utf-8"))
     out.flush()
 
@@ -188,7 +189,7 @@ def own_file(path: str, flags: int) -> int:
     raise DataError("%s is a link, not a file of this split's: refused" % path, "unsafe-path")
 
 
-def write_meta(base: str, meta: Dict[str, Any]) -> None:
+def write_meta(base: str, meta: JsonObject) -> None:
     """``base.json`` written whole (temp name, then rename): readers never see half."""
     tmp = "%s.tmp-%d" % (base, os.getpid())
     with open_new(tmp) as fh:

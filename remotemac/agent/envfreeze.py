@@ -14,9 +14,11 @@ import platform
 import shutil
 import subprocess
 import sys
-from typing import Any, Optional
+from dataclasses import dataclass
+from typing import Optional
 
 from .agentutil import PACKAGES_PROBE, write_json_atomic
+from .protocol import JsonObject
 
 _PROBE = (
     PACKAGES_PROBE
@@ -61,24 +63,56 @@ def _first_line(argv: list) -> str:
     return out.decode("utf-8", "replace").strip().splitlines()[0] if out.strip() else ""
 
 
-def host_facts() -> dict:
-    """OS, version, arch and chip of this host, without the workload's interpreter."""
-    facts: dict[str, Any] = {
-        "os": platform.system(),
-        "arch": platform.machine(),
-        "hostname": platform.node(),
-    }
-    if sys.platform == "darwin":
-        facts["os_version"] = platform.mac_ver()[0] or _first_line(["sw_vers", "-productVersion"])
-        facts["chip"] = _first_line(["sysctl", "-n", "machdep.cpu.brand_string"])
-        facts["translated"] = _first_line(["sysctl", "-n", "sysctl.proc_translated"]) == "1"
-        facts["vm"] = _first_line(["sysctl", "-n", "kern.hv_vmm_present"]) == "1"
-    else:
-        from . import hostfacts
+@dataclass(frozen=True)
+class HostIdentity:
+    """OS, version, arch and chip of this host (the environment record's host part);
+    ``translated`` and ``vm`` are macOS's (Rosetta, a virtual machine)."""
 
-        facts["os_version"] = platform.release()
-        facts["chip"] = hostfacts.linux_cpu_model() or ""
-    return facts
+    os: str
+    arch: str
+    hostname: str
+    os_version: str
+    chip: str
+    translated: Optional[bool] = None
+    vm: Optional[bool] = None
+
+    def to_json(self) -> JsonObject:
+        out: JsonObject = {
+            "os": self.os,
+            "arch": self.arch,
+            "hostname": self.hostname,
+            "os_version": self.os_version,
+            "chip": self.chip,
+        }
+        if self.translated is not None:
+            out["translated"] = self.translated
+        if self.vm is not None:
+            out["vm"] = self.vm
+        return out
+
+
+def host_facts() -> HostIdentity:
+    """OS, version, arch and chip of this host, without the workload's interpreter."""
+    system, arch, hostname = platform.system(), platform.machine(), platform.node()
+    if sys.platform == "darwin":
+        return HostIdentity(
+            os=system,
+            arch=arch,
+            hostname=hostname,
+            os_version=platform.mac_ver()[0] or _first_line(["sw_vers", "-productVersion"]),
+            chip=_first_line(["sysctl", "-n", "machdep.cpu.brand_string"]),
+            translated=_first_line(["sysctl", "-n", "sysctl.proc_translated"]) == "1",
+            vm=_first_line(["sysctl", "-n", "kern.hv_vmm_present"]) == "1",
+        )
+    from . import hostfacts
+
+    return HostIdentity(
+        os=system,
+        arch=arch,
+        hostname=hostname,
+        os_version=platform.release(),
+        chip=hostfacts.linux_cpu_model() or "",
+    )
 
 
 def env_stamp(resolved: str, paths: list) -> list:
@@ -134,7 +168,7 @@ def op_freeze_env(req: dict) -> dict:
                 cache, {"stamp": env_stamp(resolved, paths), "paths": paths, "frozen": frozen}
             )
     frozen.pop("_paths", None)
-    frozen.update(host_facts())
+    frozen.update(host_facts().to_json())
     frozen["pytorch_env"] = {k: v for k, v in os.environ.items() if k.startswith("PYTORCH_")}
     frozen["freeze_cached"] = cached
     return frozen

@@ -17,10 +17,11 @@ import os
 import subprocess
 import sys
 import tempfile
-from typing import Any, Dict, List
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
 
 from .agentutil import format_mib
-from .protocol import CACHE_VARS, ENV_DATA, ENV_OUTPUT
+from .protocol import CACHE_VARS, ENV_DATA, ENV_OUTPUT, JsonObject, LaunchRequest
 from .shared import agent_argv
 
 # CACHE_VARS: the caches remotemac points inside the run dir (engine/jobs.py sets them)
@@ -38,9 +39,55 @@ def _agent_error(message: str, code: str) -> Exception:
 # ------------------------------------------------------------------ access
 
 
-def plan_access(req: Dict[str, Any]) -> Dict[str, List[List[str]]]:
-    """What to check for a launch request: [what, path] pairs to read and to write."""
-    env = req.get("env") or {}
+@dataclass(frozen=True)
+class AccessPlan:
+    """What the access probe checks: ``[what, path]`` pairs to read and to write (it
+    travels to the probe's process as JSON on stdin)."""
+
+    read: List[List[str]] = field(default_factory=list)
+    write: List[List[str]] = field(default_factory=list)
+
+    def to_json(self) -> JsonObject:
+        return {"read": self.read, "write": self.write}
+
+    @classmethod
+    def from_json(cls, data: JsonObject) -> "AccessPlan":
+        return cls(read=data.get("read", []), write=data.get("write", []))
+
+
+@dataclass(frozen=True)
+class AccessCheck:
+    """One probed dir: ``entries`` it lists (read) or the ``error`` that refused it."""
+
+    what: str
+    path: str
+    mode: str
+    ok: bool = True
+    entries: Optional[int] = None
+    error: Optional[str] = None
+
+    def to_json(self) -> JsonObject:
+        out: JsonObject = {"what": self.what, "path": self.path, "mode": self.mode, "ok": self.ok}
+        if self.entries is not None:
+            out["entries"] = self.entries
+        if self.error is not None:
+            out["error"] = self.error
+        return out
+
+    @classmethod
+    def from_json(cls, data: JsonObject) -> "AccessCheck":
+        return cls(
+            what=data["what"],
+            path=data["path"],
+            mode=data["mode"],
+            ok=data["ok"],
+            entries=data.get("entries"),
+            error=data.get("error"),
+        )
+
+
+def plan_access(env: Dict[str, str]) -> AccessPlan:
+    """What to check for a job's ``env``: [what, path] pairs to read and to write."""
     read, write = [], []
     if env.get(ENV_DATA):
         read.append(["data dir", env[ENV_DATA]])
@@ -49,14 +96,13 @@ def plan_access(req: Dict[str, Any]) -> Dict[str, List[List[str]]]:
     for var in CACHE_VARS:
         if env.get(var):
             write.append(["cache " + var, env[var]])
-    return {"read": read, "write": write}
+    return AccessPlan(read, write)
 
 
-def _probe(plan: Dict[str, List[List[str]]]) -> List[Dict[str, Any]]:
+def _probe(plan: AccessPlan) -> List[AccessCheck]:
     """In the workload's environment: read the data dir, create and write every other dir."""
     results = []
-    for what, path in plan.get("read", []):
-        entry = {"what": what, "path": path, "mode": "read", "ok": True}
+    for what, path in plan.read:
         try:
             names = sorted(os.listdir(path))
             opened = 0
@@ -69,12 +115,11 @@ def _probe(plan: Dict[str, List[List[str]]]) -> List[Dict[str, Any]]:
                     opened += 1
                 if opened >= READ_SAMPLE:
                     break
-            entry["entries"] = len(names)
+            results.append(AccessCheck(what, path, "read", entries=len(names)))
         except OSError as exc:
-            entry.update(ok=False, error=exc.strerror or str(exc))
-        results.append(entry)
-    for what, path in plan.get("write", []):
-        entry = {"what": what, "path": path, "mode": "write", "ok": True}
+            results.append(AccessCheck(what, path, "read", False, error=exc.strerror or str(exc)))
+    for what, path in plan.write:
+        entry = AccessCheck(what, path, "write")
         try:
             os.makedirs(path, mode=0o700, exist_ok=True)
             fd, tmp = tempfile.mkstemp(prefix=".remotemac-access-", dir=path)
@@ -84,19 +129,23 @@ def _probe(plan: Dict[str, List[List[str]]]) -> List[Dict[str, Any]]:
                 os.close(fd)
                 os.unlink(tmp)
         except OSError as exc:
-            entry.update(ok=False, error=exc.strerror or str(exc))
+            entry = AccessCheck(what, path, "write", False, error=exc.strerror or str(exc))
         results.append(entry)
     return results
 
 
-def check_access(req: Dict[str, Any]) -> Dict[str, Any]:
-    """Run the probe as the workload would run; raise with one line on the first problem."""
-    plan = plan_access(req)
-    if not plan["read"] and not plan["write"]:
+def check_access(req: JsonObject) -> JsonObject:
+    """Run the probe as the workload would run; raise with one line on the first problem.
+    ``req``: the launch request (its ``env`` and ``cwd``); the answer ``{"checked"}``
+    goes into the launch answer as it is."""
+    launch = LaunchRequest.from_json(req)
+    job_env = launch.env or {}
+    plan = plan_access(job_env)
+    if not plan.read and not plan.write:
         return {"checked": []}
     env = dict(os.environ)
-    env.update(req.get("env") or {})
-    cwd = req.get("cwd") if req.get("cwd") and os.path.isdir(req["cwd"]) else None
+    env.update(job_env)
+    cwd = launch.cwd if launch.cwd and os.path.isdir(launch.cwd) else None
     res = subprocess.run(
         agent_argv(
             sys.executable,
@@ -105,7 +154,7 @@ def check_access(req: Dict[str, Any]) -> Dict[str, Any]:
             "access",
             site=True,
         ),
-        input=json.dumps(plan).encode(),
+        input=json.dumps(plan.to_json()).encode(),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         env=env,
@@ -113,29 +162,31 @@ def check_access(req: Dict[str, Any]) -> Dict[str, Any]:
         timeout=120,
     )
     try:
-        checked = json.loads(res.stdout.decode("utf-8", "replace"))
+        checked = [
+            AccessCheck.from_json(e) for e in json.loads(res.stdout.decode("utf-8", "replace"))
+        ]
     except ValueError:
         tail = res.stderr.decode("utf-8", "replace").strip().splitlines()[-1:]
         raise _agent_error("the access check did not run: %s" % " ".join(tail), "access") from None
     for entry in checked:
-        if not entry["ok"]:
-            if "No space left" in str(entry.get("error")) or "quota" in str(entry.get("error")):
+        if not entry.ok:
+            if "No space left" in str(entry.error) or "quota" in str(entry.error):
                 raise _agent_error(
                     "the host's disk is full: the workload cannot write to its %s %s (%s); "
                     "free space there or choose another remote_root"
-                    % (entry["what"], entry["path"], entry["error"]),
+                    % (entry.what, entry.path, entry.error),
                     "disk-full",
                 )
-            verb = "read" if entry["mode"] == "read" else "write to"
+            verb = "read" if entry.mode == "read" else "write to"
             raise _agent_error(
                 "the workload cannot %s its %s %s (%s); fix its permissions or choose another "
-                "remote_root" % (verb, entry["what"], entry["path"], entry.get("error")),
+                "remote_root" % (verb, entry.what, entry.path, entry.error),
                 "access",
             )
-    return {"checked": checked}
+    return {"checked": [entry.to_json() for entry in checked]}
 
 
-def op_check_access(req: Dict[str, Any]) -> Dict[str, Any]:
+def op_check_access(req: JsonObject) -> JsonObject:
     return check_access(req)
 
 
@@ -155,7 +206,7 @@ def tree_bytes(path: str) -> int:
     return total
 
 
-def op_check_space(req: Dict[str, Any]) -> Dict[str, Any]:
+def op_check_space(req: JsonObject) -> JsonObject:
     """Refuse a run whose slice, venv and expected outputs do not fit on remote_root's volume.
 
     ``items`` are bytes still to be written (slice, outputs …); the venv is already
@@ -173,17 +224,7 @@ def op_check_space(req: Dict[str, Any]) -> Dict[str, Any]:
         else None
     )
     need = sum(items.values()) + min_free
-    answer = {
-        "path": path,
-        "free": free,
-        "total": st.f_blocks * st.f_frsize,
-        "need": need,
-        "items": items,
-        "venv": venv,
-        "min_free": min_free,
-        "fits": free >= need,
-    }
-    if not answer["fits"]:
+    if free < need:
         parts = ["%s %s" % (k, format_mib(v)) for k, v in sorted(items.items())]
         parts.append("min_free_disk %s" % format_mib(min_free))
         venv_note = "; the venv, %s, is already installed" % format_mib(venv) if venv else ""
@@ -193,7 +234,16 @@ def op_check_space(req: Dict[str, Any]) -> Dict[str, Any]:
             % (path, format_mib(need), " + ".join(parts), venv_note, format_mib(free)),
             "no-space",
         )
-    return answer
+    return {
+        "path": path,
+        "free": free,
+        "total": st.f_blocks * st.f_frsize,
+        "need": need,
+        "items": items,
+        "venv": venv,
+        "min_free": min_free,
+        "fits": True,
+    }
 
 
 # ------------------------------------------------------------------ drift
@@ -230,7 +280,7 @@ print(json.dumps(d))
 """
 
 
-def op_env_fingerprint(req: Dict[str, Any]) -> Dict[str, Any]:
+def op_env_fingerprint(req: JsonObject) -> JsonObject:
     """Python, OS version, the venv's package set (and its hash) and torch, without
     importing torch: cheap enough to take at launch, at every re-attach and before
     the target run, to see whether the environment drifted in between."""
@@ -252,9 +302,9 @@ def op_env_fingerprint(req: Dict[str, Any]) -> Dict[str, Any]:
             "error": "the workload interpreter %s does not start: %s" % (python, " ".join(tail))
         }
     found = json.loads(res.stdout.decode().strip().splitlines()[-1])
-    facts = envfreeze.host_facts()
-    found["os"] = facts.get("os")
-    found["os_version"] = facts.get("os_version")
+    host = envfreeze.host_facts()
+    found["os"] = host.os
+    found["os_version"] = host.os_version
     return found
 
 
@@ -263,5 +313,6 @@ def main(args: List[str]) -> int:
     if args != ["access"]:
         sys.stderr.write("usage: guards access < plan.json\n")
         return 2
-    sys.stdout.write(json.dumps(_probe(json.loads(sys.stdin.read()))))
+    checked = _probe(AccessPlan.from_json(json.loads(sys.stdin.read())))
+    sys.stdout.write(json.dumps([entry.to_json() for entry in checked]))
     return 0

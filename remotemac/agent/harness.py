@@ -40,7 +40,11 @@ import time
 import traceback
 import warnings
 from collections.abc import Callable, Sequence
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
+
+if TYPE_CHECKING:  # for the annotations only: on the host this file runs on its own
+    from .protocol import JsonObject
 
 try:  # imported as remotemac.agent.harness (tests, the laptop)
     from . import memsample
@@ -103,12 +107,29 @@ def _exception_chain(exc: BaseException) -> list[BaseException]:
     return chain
 
 
-def classify(exc: BaseException) -> dict[str, Any]:
-    """Map a workload failure to operator findings and stopping conditions.
+@dataclass(frozen=True)
+class Failure:
+    """What the exception that ended a workload says: the ops MPS lacks, dtype errors,
+    an out-of-memory, and the stopping conditions the record lists (each one
+    ``{code, detail[, op]}`` as the record carries it)."""
 
-    Returns ``{unsupported_ops, dtype_errors, oom, stopping_conditions}``; a failure
-    that matches nothing known becomes ``workload-failed``.
-    """
+    unsupported_ops: List[Dict[str, str]] = field(default_factory=list)
+    dtype_errors: List[Dict[str, Optional[str]]] = field(default_factory=list)
+    oom: bool = False
+    stopping_conditions: List[Dict[str, str]] = field(default_factory=list)
+
+    def to_json(self) -> JsonObject:
+        return {
+            "unsupported_ops": self.unsupported_ops,
+            "dtype_errors": self.dtype_errors,
+            "oom": self.oom,
+            "stopping_conditions": self.stopping_conditions,
+        }
+
+
+def classify(exc: BaseException) -> Failure:
+    """Map a workload failure to operator findings and stopping conditions; a failure
+    that matches nothing known becomes ``workload-failed``."""
     unsupported: list[dict[str, str]] = []
     dtype_errors: list[dict[str, str | None]] = []
     conditions: list[dict[str, str]] = []
@@ -147,12 +168,7 @@ def classify(exc: BaseException) -> dict[str, Any]:
                 ),
             }
         )
-    return {
-        "unsupported_ops": unsupported,
-        "dtype_errors": dtype_errors,
-        "oom": oom,
-        "stopping_conditions": conditions,
-    }
+    return Failure(unsupported, dtype_errors, oom, conditions)
 
 
 class FallbackCounter:
@@ -185,9 +201,10 @@ class FallbackCounter:
             self.counts[op] = self.counts.get(op, 0) + 1
         return first
 
-    def fallback_ops(self) -> list[dict[str, Any]]:
+    def fallback_counts(self) -> List[Tuple[str, int]]:
+        """(op, times it fell back) in the order the ops first fell back."""
         with self._lock:
-            return [{"op": op, "count": self.counts[op]} for op in self.order]
+            return [(op, self.counts[op]) for op in self.order]
 
     def ensure_filter(self) -> None:
         """Put our "always" filter first again if the workload pushed its own in front."""
@@ -296,7 +313,7 @@ class DeviceWatch:
         return False if self.model_seen else None
 
 
-def write_json_atomic(path: str, data: dict[str, Any], fsync: bool = True) -> None:
+def write_json_atomic(path: str, data: JsonObject, fsync: bool = True) -> None:
     """Write via a temp file and rename: a reader never sees half a record."""
     tmp = f"{path}.tmp.{os.getpid()}.{threading.get_ident()}"
     with open(tmp, "w", encoding="utf-8") as f:
@@ -333,7 +350,7 @@ class Harness:
         self.mps_state: dict[str, bool | None] = {"is_built": None, "is_available": None}
         self.counter = FallbackCounter()
         self.watch = DeviceWatch(self.device_type)
-        self.failure: dict[str, Any] | None = None
+        self.failure: Failure | None = None
         self.conditions: list[dict[str, str]] = []
         self.exit_code: int | None = None
         self.finished = False
@@ -384,9 +401,9 @@ class Harness:
             )
 
     # --- the record ----------------------------------------------------------------
-    def observation(self) -> dict[str, Any]:
-        failure = self.failure or {}
-        fallback_ops = self.counter.fallback_ops()
+    def observation(self) -> JsonObject:
+        failure = self.failure or Failure()
+        fallback_ops = [{"op": op, "count": n} for op, n in self.counter.fallback_counts()]
         conditions = list(self.conditions)
         if self.device_type == "mps" and self.torch is None:
             conditions.append(
@@ -403,7 +420,7 @@ class Harness:
             }
             for f in fallback_ops
         ]
-        for cond in failure.get("stopping_conditions", []):
+        for cond in failure.stopping_conditions:
             if cond not in conditions:
                 conditions.append(cond)
         peak = self.sampler.peak_rss if self.sampler is not None else 0
@@ -422,10 +439,10 @@ class Harness:
             "model_on_device": self.watch.model_state(),
             "operators": {
                 "fallback_ops": fallback_ops,
-                "unsupported_ops": failure.get("unsupported_ops", []),
-                "dtype_errors": failure.get("dtype_errors", []),
+                "unsupported_ops": failure.unsupported_ops,
+                "dtype_errors": failure.dtype_errors,
             },
-            "oom": bool(failure.get("oom", False)),
+            "oom": bool(failure.oom),
             "stopping_conditions": conditions,
             "torch_version": getattr(self.torch, "__version__", None),
             "torch_error": self.torch_error,
@@ -553,7 +570,18 @@ def _run_target(target: Sequence[str]) -> None:
     runpy.run_path(script, run_name="__main__")
 
 
-def parse_args(argv: Sequence[str]) -> tuple[dict[str, Any], list[str]]:
+@dataclass(frozen=True)
+class Options:
+    """The harness's command line before ``--``."""
+
+    device: str
+    obs: str
+    metrics: str
+    fallback: str = "diagnostic"
+    interval: float = 1.0
+
+
+def parse_args(argv: Sequence[str]) -> tuple[Options, list[str]]:
     """Split ``OPTIONS -- TARGET``; raises ValueError with a one-line usage message."""
     argv = list(argv)
     if "--" not in argv:
@@ -562,7 +590,7 @@ def parse_args(argv: Sequence[str]) -> tuple[dict[str, Any], list[str]]:
     opts_list, target = argv[:cut], argv[cut + 1 :]
     if not target or (target[0] == "-m" and len(target) < 2):
         raise ValueError("no workload after '--'")
-    opts: dict[str, Any] = {"fallback": "diagnostic", "interval": 1.0}
+    opts: Dict[str, str] = {"fallback": "diagnostic", "interval": "1.0"}  # as given
     names = {
         "--device": "device",
         "--obs": "obs",
@@ -588,12 +616,12 @@ def parse_args(argv: Sequence[str]) -> tuple[dict[str, Any], list[str]]:
     if opts["fallback"] not in ("diagnostic", "off"):
         raise ValueError("--fallback must be diagnostic or off, not {!r}".format(opts["fallback"]))
     try:
-        opts["interval"] = float(opts["interval"])
+        interval = float(opts["interval"])
     except ValueError:
         raise ValueError("--interval must be a number of seconds") from None
-    if opts["interval"] <= 0:
+    if interval <= 0:
         raise ValueError("--interval must be positive")
-    return opts, target
+    return Options(opts["device"], opts["obs"], opts["metrics"], opts["fallback"], interval), target
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -603,11 +631,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"remotemac harness: {exc}", file=sys.stderr)
         return EXIT_USAGE
     harness = Harness(
-        opts["device"],
-        opts["obs"],
-        opts["metrics"],
-        fallback=opts["fallback"],
-        interval=opts["interval"],
+        opts.device, opts.obs, opts.metrics, fallback=opts.fallback, interval=opts.interval
     )
     code = harness.run(target)
     sys.stdout.flush()

@@ -27,7 +27,12 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Union
+
+#: a JSON object as it travels: the facts and their sections, built here and sent as they
+#: are (protocol.JsonObject's twin: this module travels alone and imports no sibling)
+JsonObject = Dict[str, Any]
 
 RunFn = Callable[[Sequence[str]], tuple[int, str, str]]
 """argv -> (exit code, stdout, stderr); injectable so tests can replay outputs."""
@@ -103,16 +108,37 @@ def parse_sysctl_value(text: str) -> Any | None:
     return value
 
 
-def parse_pmset_g(text: str) -> dict[str, Any]:
-    """``pmset -g`` -> {setting: int or str, ..., "notes": {setting: "(...)"}}.
+@dataclass
+class PmsetSettings:
+    """``pmset -g``: each setting's value (int or str) and the notes some carry."""
+
+    settings: Dict[str, Union[int, str]] = field(default_factory=dict)
+    notes: Dict[str, str] = field(default_factory=dict)
+
+    def to_json(self) -> JsonObject:
+        """{setting: value, ..., "notes": {setting: "(...)"}} (no "notes" without one)."""
+        out: JsonObject = dict(self.settings)
+        if self.notes:
+            out["notes"] = dict(self.notes)
+        return out
+
+    def pick(self, wanted: Sequence[str]) -> JsonObject:
+        """The ``wanted`` settings (None when absent) and their notes, as facts."""
+        out: JsonObject = {key: self.settings.get(key) for key in wanted}
+        out["notes"] = {k: v for k, v in self.notes.items() if k in wanted}
+        return out
+
+
+def parse_pmset_g(text: str) -> PmsetSettings:
+    """``pmset -g`` -> its settings (int or str) and notes ``{setting: "(...)"}``.
 
     Keys may contain spaces (``Sleep On Power Button 1``); a value may be followed
     by a parenthesised note (``sleep 1 (sleep prevented by ...)``). Both the
     "System-wide power settings" (``SleepDisabled``) and "Currently in use"
-    sections land in one dict.
+    sections land in one mapping.
     """
-    out: dict[str, Any] = {}
-    notes: dict[str, str] = {}
+    out: Dict[str, Union[int, str]] = {}
+    notes: Dict[str, str] = {}
     for raw in text.splitlines():
         line = raw.strip()
         if not line or line.endswith(":"):
@@ -124,9 +150,7 @@ def parse_pmset_g(text: str) -> dict[str, Any]:
         out[key] = int(value) if re.fullmatch(r"-?\d+", value) else value
         if note:
             notes[key] = note
-    if notes:
-        out["notes"] = notes
-    return out
+    return PmsetSettings(out, notes)
 
 
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40, "P": 1 << 50}
@@ -143,7 +167,33 @@ def parse_size(text: str, block: int = 1) -> int | None:
     return int(number * (_UNITS[unit] if unit else block))
 
 
-def parse_df(text: str) -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class DfRow:
+    """One volume of ``df`` output, sizes in bytes."""
+
+    filesystem: str
+    size_bytes: Optional[int]
+    used_bytes: Optional[int]
+    avail_bytes: Optional[int]
+    capacity: Optional[str]
+    mounted_on: str
+
+    @property
+    def mount(self) -> str:
+        return self.mounted_on.rstrip("/") or "/"
+
+    def to_json(self) -> JsonObject:
+        return {
+            "filesystem": self.filesystem,
+            "size_bytes": self.size_bytes,
+            "used_bytes": self.used_bytes,
+            "avail_bytes": self.avail_bytes,
+            "capacity": self.capacity,
+            "mounted_on": self.mounted_on,
+        }
+
+
+def parse_df(text: str) -> List[DfRow]:
     """``df`` output (BSD or GNU; ``-h``, ``-k``, ``-P`` or 512-blocks) -> rows in bytes.
 
     The block unit comes from the header (``512-blocks``, ``1K-blocks``,
@@ -169,25 +219,25 @@ def parse_df(text: str) -> list[dict[str, Any]]:
             continue
         vals = tokens[start : start + nvals]
         rows.append(
-            {
-                "filesystem": " ".join(tokens[:start]),
-                "size_bytes": parse_size(vals[0], block),
-                "used_bytes": parse_size(vals[1], block),
-                "avail_bytes": parse_size(vals[2], block),
-                "capacity": vals[3] if nvals > 3 else None,
-                "mounted_on": " ".join(tokens[start + nvals :]),
-            }
+            DfRow(
+                filesystem=" ".join(tokens[:start]),
+                size_bytes=parse_size(vals[0], block),
+                used_bytes=parse_size(vals[1], block),
+                avail_bytes=parse_size(vals[2], block),
+                capacity=vals[3] if nvals > 3 else None,
+                mounted_on=" ".join(tokens[start + nvals :]),
+            )
         )
     return rows
 
 
-def df_volume_for(rows: list[dict[str, Any]], path: str) -> dict[str, Any] | None:
+def df_volume_for(rows: List[DfRow], path: str) -> Optional[DfRow]:
     """The df row whose mount point is the longest prefix of ``path``."""
-    best = None
+    best: Optional[DfRow] = None
     for row in rows:
-        mount = row["mounted_on"].rstrip("/") or "/"
+        mount = row.mount
         inside = path == mount or mount == "/" or path.startswith(mount + "/")
-        if inside and (best is None or len(mount) > len(best["mounted_on"].rstrip("/") or "/")):
+        if inside and (best is None or len(mount) > len(best.mount)):
             best = row
     return best
 
@@ -204,7 +254,7 @@ def parse_tmux_version(text: str) -> str | None:
     return match.group(1) if match else None
 
 
-def parse_mps_probe(text: str) -> dict[str, Any] | None:
+def parse_mps_probe(text: str) -> Optional[JsonObject]:
     """The last JSON line the MPS probe printed (torch may print warnings before it)."""
     for line in reversed(text.splitlines()):
         line = line.strip()
@@ -312,7 +362,7 @@ def _macos(host: Host) -> Any:
     return parse_sw_vers(result[1])
 
 
-def _arch(host: Host, darwin: bool) -> dict[str, Any]:
+def _arch(host: Host, darwin: bool) -> JsonObject:
     machine = _uname(host, "-m", platform.machine())
     if not darwin:
         return {"machine": machine, "translated": NA, "arm64_hardware": NA}
@@ -337,7 +387,7 @@ def linux_cpu_model() -> str | None:
     return None
 
 
-def _hardware(host: Host, darwin: bool) -> dict[str, Any]:
+def _hardware(host: Host, darwin: bool) -> JsonObject:
     if darwin:
         return {
             "chip": host.sysctl("machdep.cpu.brand_string"),
@@ -398,7 +448,7 @@ def _tool(host: Host, name: str, version_args: Sequence[str], parse: Any) -> Any
     path = host.which(name)
     if path is None:
         return None
-    info: dict[str, Any] = {"path": path, "version": None}
+    info: JsonObject = {"path": path, "version": None}
     if version_args:
         rc, out, _err = host.run([path] + list(version_args))
         if rc == 0:
@@ -406,7 +456,7 @@ def _tool(host: Host, name: str, version_args: Sequence[str], parse: Any) -> Any
     return info
 
 
-def _disk(host: Host, remote_root: str) -> dict[str, Any]:
+def _disk(host: Host, remote_root: str) -> JsonObject:
     """Free space of the volume ``remote_root`` is (or will be) on."""
     probe = os.path.abspath(os.path.expanduser(remote_root))
     while not os.path.exists(probe) and os.path.dirname(probe) != probe:
@@ -426,8 +476,8 @@ def _disk(host: Host, remote_root: str) -> dict[str, Any]:
             return {"path": probe, "error": f"statvfs: {exc}; df gave nothing usable"}
         return {
             "path": probe,
-            "free_bytes": row["avail_bytes"],
-            "total_bytes": row["size_bytes"],
+            "free_bytes": row.avail_bytes,
+            "total_bytes": row.size_bytes,
             "source": "df",
         }
 
@@ -438,11 +488,8 @@ def _pmset(host: Host, darwin: bool) -> Any:
     result = host.cmd("pmset", "-g")
     if result is None or result[0] != 0:
         return None
-    settings = parse_pmset_g(result[1])
     wanted = ("sleep", "disksleep", "displaysleep", "standby", "SleepDisabled")
-    out: dict[str, Any] = {key: settings.get(key) for key in wanted}
-    out["notes"] = {k: v for k, v in settings.get("notes", {}).items() if k in wanted}
-    return out
+    return parse_pmset_g(result[1]).pick(wanted)
 
 
 #: the Mac-shaped test lab's darwin switch (agent/safefs.py reads it for the agent); this
@@ -451,7 +498,7 @@ def _pmset(host: Host, darwin: bool) -> Any:
 LAB_DARWIN_ENV = "REMOTEMAC_LAB_DARWIN"
 
 
-def _deadman(host: Host, darwin: bool) -> dict[str, Any]:
+def _deadman(host: Host, darwin: bool) -> JsonObject:
     """Which guard a run's dead-man wipe would get here, and why (agent/deadman.py).
 
     Why: the record says which guard held for a run; doctor says it before one, so a
@@ -520,7 +567,7 @@ def collect_facts(
     remote_root: str = "~/remotemac",
     venv_python: str | None = None,
     search_path: str | None = None,
-) -> dict[str, Any]:
+) -> JsonObject:
     """Gather every fact ``doctor`` judges. Never raises for a missing tool.
 
     ``search_path`` replaces the lookup PATH (tests point it at shims);
@@ -554,7 +601,7 @@ def collect_facts(
     with ThreadPoolExecutor(max_workers=len(probes)) as pool:
         futures = {key: pool.submit(probe) for key, probe in probes.items()}
         found = {key: future.result() for key, future in futures.items()}
-    facts: dict[str, Any] = {
+    facts: JsonObject = {
         "schema": SCHEMA,
         "os": os_name,
         "python_running": {"executable": sys.executable, "version": platform.python_version()},
@@ -565,7 +612,7 @@ def collect_facts(
     return facts
 
 
-def op_facts(req: dict[str, Any]) -> dict[str, Any]:
+def op_facts(req: JsonObject) -> JsonObject:
     """The facts for ``{"remote_root": ..., "venv_python": ...}`` (doctor's in-memory call)."""
     return collect_facts(
         remote_root=req.get("remote_root") or "~/remotemac",

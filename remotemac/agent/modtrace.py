@@ -44,7 +44,10 @@ import os
 import sys
 import time
 import weakref
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # for the annotations only: this file also runs on its own
+    from .protocol import JsonObject
 
 TRACE_SCHEMA = "remotemac.trace/1"
 #: values sampled from each tensor, at a fixed stride over its flattened elements
@@ -72,11 +75,11 @@ def _first_tensor(obj: Any, torch: Any, depth: int = 0) -> Any:
     return None
 
 
-def summarise(t: Any, torch: Any) -> dict[str, Any] | None:
+def summarise(t: Any, torch: Any) -> JsonObject | None:
     """Shape, dtype, device and the numbers the laptop compares, in one device sync."""
     if t is None:
         return None
-    out: dict[str, Any] = {
+    out: JsonObject = {
         "shape": list(t.shape),
         "dtype": str(t.dtype).replace("torch.", ""),
         "device": str(t.device),
@@ -175,7 +178,7 @@ class ModuleTrace:
         self.init: tuple[Any, Any] | None = None
         self.pid = os.getpid()
         #: (tensor, its version counter, summary) of the last RECENT outputs
-        self.recent: list[tuple[Any, int, dict[str, Any] | None]] = []
+        self.recent: list[tuple[Any, int, JsonObject | None]] = []
 
     def install(self) -> None:
         hooks = self.torch.nn.modules.module
@@ -291,7 +294,7 @@ class ModuleTrace:
         except TypeError:  # a module class that defines __eq__ without __hash__
             return None
 
-    def _summary(self, t: Any, keep: bool) -> dict[str, Any] | None:
+    def _summary(self, t: Any, keep: bool) -> JsonObject | None:
         """``summarise``, reusing the summary of a recent output when ``t`` is that same
         unchanged tensor (a block's input is the previous block's output)."""
         if t is None:

@@ -30,7 +30,10 @@ import os
 import sys
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # for the annotations only: this file also runs on its own
+    from .protocol import JsonObject
 
 PROCESS_SCHEMA = "remotemac.observer.process/1"
 
@@ -131,7 +134,7 @@ class ProcessObserver(harness.Harness):  # type: ignore[misc, name-defined]
         with contextlib.suppress(Exception):
             self.write_obs()
 
-    def observation(self) -> dict[str, Any]:
+    def observation(self) -> JsonObject:
         obs = super().observation()
         if self.device_type == "mps":
             self.mps_now = memsample.mps_memory()

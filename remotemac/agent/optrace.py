@@ -33,7 +33,10 @@ import signal
 import sys
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # for the annotations only: this file also runs on its own
+    from .protocol import JsonObject
 
 TRACE_SCHEMA = 1
 FLOAT64_DTYPES = ("float64", "complex128")
@@ -172,11 +175,11 @@ def _target(argv: list[str]) -> tuple[str, str, list[str]]:
     return "script", argv[0], argv
 
 
-def run(seconds: float, out_path: str, argv: list[str], cwd: str | None = None) -> dict[str, Any]:
+def run(seconds: float, out_path: str, argv: list[str], cwd: str | None = None) -> JsonObject:
     """Run the workload under the recorders and write the trace; return it."""
     kind, name, script_argv = _target(argv)
     cwd = os.path.abspath(cwd or os.getcwd())
-    trace: dict[str, Any] = {
+    trace: JsonObject = {
         "schema": TRACE_SCHEMA,
         "python": platform.python_version(),
         "target": {"kind": kind, "name": name, "argv": script_argv[1:]},
@@ -281,7 +284,7 @@ def _disarm_alarm(armed: Any) -> None:
         signal.setitimer(signal.ITIMER_REAL, remaining, old_interval)
 
 
-def _write(path: str, trace: dict[str, Any]) -> None:
+def _write(path: str, trace: JsonObject) -> None:
     """Write atomically so a reader never sees half a trace."""
     tmp = path + ".tmp"
     with open(tmp, "w", encoding="utf-8") as fh:

@@ -22,7 +22,10 @@ import os
 import re
 import subprocess
 import time
-from typing import Any, Dict, List, Optional
+from dataclasses import dataclass
+from typing import Any, List, Optional
+
+from .protocol import JsonObject
 
 ETIME_SLACK_S = 2.0
 _ETIME = re.compile(r"^\s*(?:(?:(\d+)-)?(\d+):)?(\d+):(\d+)\s*$")
@@ -86,7 +89,26 @@ def is_zombie(pid: Any) -> bool:
     return _ps(pid, "stat").startswith("Z")
 
 
-def identity(pid: Any) -> Optional[Dict[str, Any]]:
+@dataclass(frozen=True)
+class StartIdentity:
+    """When a process started: ``start`` on Linux (``linux:<boot id>:<ticks>``, exact),
+    ``start_s`` elsewhere (epoch seconds from ``ps`` etime, within ETIME_SLACK_S)."""
+
+    start: Optional[str] = None
+    start_s: Any = None
+
+    def to_json(self) -> JsonObject:
+        return {"start": self.start} if self.start is not None else {"start_s": self.start_s}
+
+    @classmethod
+    def from_json(cls, data: Any) -> Optional["StartIdentity"]:
+        """A recorded identity (a status file's); None when it is not one."""
+        if not isinstance(data, dict):
+            return None
+        return cls(start=data.get("start"), start_s=data.get("start_s"))
+
+
+def start_identity(pid: Any) -> Optional[StartIdentity]:
     """The start identity of a live ``pid`` (None when it is gone or not a pid)."""
     if not isinstance(pid, int) or pid <= 1:
         return None
@@ -97,25 +119,32 @@ def identity(pid: Any) -> Optional[Dict[str, Any]]:
         fields = raw[raw.rfind(b")") + 2 :].split()
         if len(fields) < 20:
             return None
-        return {"start": "linux:%s:%s" % (boot_id(), fields[19].decode("ascii", "replace"))}
+        return StartIdentity(
+            start="linux:%s:%s" % (boot_id(), fields[19].decode("ascii", "replace"))
+        )
     elapsed = parse_etime(_ps(pid, "etime"))
     if elapsed is None:
         return None
-    return {"start_s": time.time() - elapsed}
+    return StartIdentity(start_s=time.time() - elapsed)
+
+
+def identity(pid: Any) -> Optional[JsonObject]:
+    """:func:`start_identity` as a status file records it."""
+    found = start_identity(pid)
+    return None if found is None else found.to_json()
 
 
 def same_start(pid: Any, recorded: Any) -> bool:
     """Does the live ``pid`` have the start identity recorded when remotemac started it?"""
-    if not isinstance(recorded, dict):
+    then = StartIdentity.from_json(recorded)
+    now = start_identity(pid) if then is not None else None
+    if then is None or now is None:
         return False
-    now = identity(pid)
-    if now is None:
-        return False
-    if "start" in recorded or "start" in now:
-        return bool(recorded.get("start")) and recorded.get("start") == now.get("start")
+    if then.start is not None or now.start is not None:
+        return bool(then.start) and then.start == now.start
     try:
-        return abs(float(recorded["start_s"]) - float(now["start_s"])) <= ETIME_SLACK_S
-    except (KeyError, TypeError, ValueError):
+        return abs(float(then.start_s) - float(now.start_s)) <= ETIME_SLACK_S
+    except (TypeError, ValueError):
         return False
 
 
@@ -123,11 +152,12 @@ def started_since(pid: Any, recorded: Any) -> bool:
     """Did the live ``pid`` start at or after the start identity ``recorded`` (a runner's)?
     A process that names a run's directory and started after its runner is the job's
     (a daemon it left in a new session), not one that was there before."""
-    now = identity(pid)
-    if now is None or not isinstance(recorded, dict):
+    now = start_identity(pid)
+    then = StartIdentity.from_json(recorded)
+    if now is None or then is None:
         return False
-    if "start" in recorded and "start" in now:
-        mine, theirs = str(recorded["start"]).split(":"), str(now["start"]).split(":")
+    if then.start is not None and now.start is not None:
+        mine, theirs = str(then.start).split(":"), str(now.start).split(":")
         if len(mine) != 3 or len(theirs) != 3 or mine[:2] != theirs[:2]:
             return False  # another boot, another kind of host
         try:
@@ -135,8 +165,8 @@ def started_since(pid: Any, recorded: Any) -> bool:
         except ValueError:
             return False
     try:
-        return float(now["start_s"]) >= float(recorded["start_s"]) - ETIME_SLACK_S
-    except (KeyError, TypeError, ValueError):
+        return float(now.start_s) >= float(then.start_s) - ETIME_SLACK_S
+    except (TypeError, ValueError):
         return False
 
 

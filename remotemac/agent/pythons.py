@@ -20,8 +20,10 @@ import os
 import platform
 import re
 import subprocess
-from typing import Any, Dict, List, Optional, Tuple
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Tuple
 
+from .protocol import JsonObject
 from .shared import Clause, Version, looks_like_spec, matches, parse_spec, version_of  # noqa: F401
 
 #: where remotemac unpacks the interpreters it brings, below ``<root>/runtime``
@@ -93,7 +95,26 @@ def ask_version(path: str) -> Optional[str]:
     return text if res.returncode == 0 and re.match(r"^\d+\.\d+\.\d+$", text) else None
 
 
-def op_find_python(req: Dict[str, Any]) -> Dict[str, Any]:
+@dataclass(frozen=True)
+class FoundPython:
+    """One interpreter seen on the host: its path, real file, version, and whether
+    remotemac brought it (under ``<root>/runtime``) or the host has it."""
+
+    path: str
+    real: str
+    version: str
+    brought: bool
+
+    def to_json(self) -> JsonObject:
+        return {
+            "path": self.path,
+            "real": self.real,
+            "version": self.version,
+            "brought": self.brought,
+        }
+
+
+def op_find_python(req: JsonObject) -> JsonObject:
     """The interpreter for ``spec`` on this host, or None, with every one that was seen.
 
     Request: ``spec`` (a version request), ``root`` (remote_root). Answer: ``python``
@@ -101,7 +122,7 @@ def op_find_python(req: Dict[str, Any]) -> Dict[str, Any]:
     brought}]), ``platform`` (os, arch, libc for the archive to bring).
     """
     spec = parse_spec(req.get("spec")) or []
-    pythons: List[Dict[str, Any]] = []
+    pythons: List[FoundPython] = []
     reals = set()
     for path, brought in candidates(req.get("root")):
         real = os.path.realpath(path)
@@ -110,17 +131,17 @@ def op_find_python(req: Dict[str, Any]) -> Dict[str, Any]:
         reals.add(real)
         version = ask_version(path)
         if version:
-            pythons.append({"path": path, "real": real, "version": version, "brought": brought})
-    fitting = [p for p in pythons if spec and matches(spec, version_of(p["version"]))]
+            pythons.append(FoundPython(path, real, version, brought))
+    fitting = [p for p in pythons if spec and matches(spec, version_of(p.version))]
     # the newest that fits; among equals, what the host has before what remotemac brought
-    fitting.sort(key=lambda p: (version_of(p["version"]), not p["brought"]), reverse=True)
+    fitting.sort(key=lambda p: (version_of(p.version), not p.brought), reverse=True)
     best = fitting[0] if fitting else None
     return {
         "spec": req.get("spec"),
-        "python": best["path"] if best else None,
-        "version": best["version"] if best else None,
-        "brought": bool(best and best["brought"]),
-        "pythons": pythons,
+        "python": best.path if best else None,
+        "version": best.version if best else None,
+        "brought": bool(best and best.brought),
+        "pythons": [p.to_json() for p in pythons],
         "platform": pbs_platform(),
         "brought_dirs": [
             {"path": d, "bytes": _tree_bytes(d)} for d in brought_dirs(req.get("root") or "~")

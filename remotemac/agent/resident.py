@@ -36,10 +36,12 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, BinaryIO, Dict, List, Optional
+from dataclasses import dataclass, field
+from typing import Any, BinaryIO, List, Optional
 
 from . import hostagent, protocol, safefs
 from .agentutil import cpu_seconds
+from .protocol import JsonObject
 
 HEADER = struct.Struct(">I")
 MAX_FRAME = 64 << 20
@@ -49,7 +51,27 @@ STORE_MAX_AGE_S = 7 * 86400
 WORKERS = 16
 
 
-def read_frame(stream: BinaryIO) -> Optional[Dict[str, Any]]:
+@dataclass(frozen=True)
+class Call:
+    """One request frame: its ``id`` (echoed in the answer), the ``op`` and its ``req``,
+    and the ``store`` its answer is recorded in (exactly once) when there is one."""
+
+    id: str = ""
+    op: str = ""
+    req: JsonObject = field(default_factory=dict)
+    store: Optional[str] = None
+
+    @classmethod
+    def from_json(cls, frame: JsonObject) -> "Call":
+        return cls(
+            id=str(frame.get("id", "")),
+            op=str(frame.get("op", "")),
+            req=frame.get("req") or {},
+            store=frame.get("store") or None,
+        )
+
+
+def read_frame(stream: BinaryIO) -> Optional[JsonObject]:
     """One request, or None at end of input (a half frame counts as the end)."""
     head = _read_exact(stream, HEADER.size)
     if head is None:
@@ -73,7 +95,7 @@ def _read_exact(stream: BinaryIO, size: int) -> Optional[bytes]:
     return data
 
 
-def encode_frame(obj: Dict[str, Any]) -> bytes:
+def encode_frame(obj: JsonObject) -> bytes:
     body = json.dumps(obj).encode("utf-8")
     return HEADER.pack(len(body)) + body
 
@@ -90,7 +112,7 @@ def _safe_id(call_id: Any) -> str:
     return text
 
 
-def run_op(op: str, req: Dict[str, Any]) -> Dict[str, Any]:
+def run_op(op: str, req: JsonObject) -> JsonObject:
     """What ``hostagent.py OP`` would print, as a dict: ``op`` looked up in the handler
     table (``hostagent.OPS``, keyed by ``protocol.Op``)."""
     fn = hostagent.OPS.get(op)
@@ -105,7 +127,7 @@ def run_op(op: str, req: Dict[str, Any]) -> Dict[str, Any]:
 _STORE_MADE = threading.Lock()
 
 
-def answer_once(call_id: str, op: str, req: Dict[str, Any], store: Optional[str]) -> Dict[str, Any]:
+def answer_once(call_id: str, op: str, req: JsonObject, store: Optional[str]) -> JsonObject:
     """Run the call, or return its recorded answer if this id already completed."""
     if not store:
         return run_op(op, req)
@@ -169,7 +191,7 @@ class Server:
         self.out_ok = True
         self.served = 0
 
-    def send(self, obj: Dict[str, Any]) -> None:
+    def send(self, obj: JsonObject) -> None:
         data = encode_frame(obj)
         with self.write_lock:
             if not self.out_ok:
@@ -180,18 +202,16 @@ class Server:
             except (OSError, ValueError):
                 self.out_ok = False  # the laptop went away; the answer is recorded
 
-    def handle(self, frame: Dict[str, Any]) -> None:
-        call_id = str(frame.get("id", ""))
+    def handle(self, call: Call) -> None:
         try:
-            safe = _safe_id(call_id)
-            store = frame.get("store") or None
-            answer = answer_once(safe, str(frame.get("op", "")), frame.get("req") or {}, store)
-            if store and self.served % 32 == 0:
-                prune_store(store)
+            safe = _safe_id(call.id)
+            answer = answer_once(safe, call.op, call.req, call.store)
+            if call.store and self.served % 32 == 0:
+                prune_store(call.store)
         except Exception as exc:
             answer = hostagent.error_answer(exc)
         self.served += 1
-        self.send({"id": call_id, "answer": answer, "cpu_s": cpu_seconds(), "pid": os.getpid()})
+        self.send({"id": call.id, "answer": answer, "cpu_s": cpu_seconds(), "pid": os.getpid()})
 
     def serve(self) -> int:
         self.send(
@@ -212,17 +232,18 @@ class Server:
                     frame = None
                 if frame is None:
                     break  # end of input: finish what is in flight, then exit
-                if frame.get("op") == protocol.Op.USAGE:
+                call = Call.from_json(frame)
+                if call.op == protocol.Op.USAGE:
                     self.send(
                         {
-                            "id": str(frame.get("id", "")),
+                            "id": call.id,
                             "pid": os.getpid(),
                             "cpu_s": cpu_seconds(),
                             "answer": {"ok": True, "result": {"cpu_s": cpu_seconds()}},
                         }
                     )
                     continue
-                pool.submit(self.handle, frame)
+                pool.submit(self.handle, call)
         return 0
 
 

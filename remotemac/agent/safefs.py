@@ -29,7 +29,10 @@ import stat
 import sys
 import threading
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from dataclasses import dataclass, field
+from typing import Any, List, Optional, Tuple
+
+from .protocol import JsonObject
 
 #: The Mac-shaped test lab only (tests/harness/maclab.py): a Linux host that models a
 #: Mac sets this so the agent takes its darwin branches end to end (RAM disk, ps,
@@ -142,7 +145,38 @@ def read_json_file(path: str, limit: int = 1 << 22) -> Any:
 # ------------------------------------------------------------------ ownership markers
 
 
-def write_marker(dir_fd: int, info: Dict[str, Any], exclusive: bool = False) -> Dict[str, Any]:
+@dataclass(frozen=True)
+class Marker:
+    """The fields of a ``.remotemac-owned`` file the ownership checks read (the file
+    itself stays JSON: wipe, cleanup and the dead-man read it as written)."""
+
+    kind: Optional[str] = None
+    run_id: Optional[str] = None
+    root_id: Optional[str] = None
+    #: the inode of the directory it was written in; None in markers from before that
+    dir_ino: Optional[int] = None
+
+    @classmethod
+    def from_json(cls, data: JsonObject) -> "Marker":
+        return cls(
+            kind=data.get("kind"),
+            run_id=data.get("run_id"),
+            root_id=data.get("root_id"),
+            dir_ino=data.get("dir_ino"),
+        )
+
+    def bound_to(self, st: os.stat_result) -> bool:
+        """Written in the directory ``st`` describes (or from before markers named it)."""
+        return self.dir_ino is None or self.dir_ino == st.st_ino
+
+    @classmethod
+    def of(cls, path: str) -> "Optional[Marker]":
+        """The marker of the directory ``path``; None when it has none (or none readable)."""
+        data = marker_of(path)
+        return None if data is None else cls.from_json(data)
+
+
+def write_marker(dir_fd: int, info: JsonObject, exclusive: bool = False) -> JsonObject:
     """Write ``.remotemac-owned`` in the directory ``dir_fd`` atomically (tmp + rename).
 
     ``exclusive``: never replace a marker already there (two runs claiming a new
@@ -173,7 +207,7 @@ def write_marker(dir_fd: int, info: Dict[str, Any], exclusive: bool = False) -> 
     return data
 
 
-def mark_dir(path: str, info: Dict[str, Any]) -> Dict[str, Any]:
+def mark_dir(path: str, info: JsonObject) -> JsonObject:
     """Mark ``path`` (an existing directory, no link on the way) as remotemac's."""
     fd = open_path(path)
     try:
@@ -182,7 +216,7 @@ def mark_dir(path: str, info: Dict[str, Any]) -> Dict[str, Any]:
         os.close(fd)
 
 
-def read_marker(dir_fd: int) -> Optional[Dict[str, Any]]:
+def read_marker(dir_fd: int) -> Optional[JsonObject]:
     raw = read_regular_at(dir_fd, MARKER, MARKER_MAX)
     if raw is None:
         return None
@@ -193,7 +227,7 @@ def read_marker(dir_fd: int) -> Optional[Dict[str, Any]]:
     return data if isinstance(data, dict) else None
 
 
-def marker_of(path: str) -> Optional[Dict[str, Any]]:
+def marker_of(path: str) -> Optional[JsonObject]:
     try:
         fd = open_path(path)
     except (NotOurs, OSError):
@@ -270,11 +304,36 @@ def zero_file_at(dir_fd: int, name: str, st: os.stat_result) -> str:
         os.close(fd)
 
 
-def remove_at(parent_fd: int, name: str, overwrite: bool = False) -> Dict[str, Any]:
+@dataclass
+class Removal:
+    """What removing a tree did: bytes and entries removed, what failed, what was only
+    unlinked (``notes``: a hard-linked file is not overwritten)."""
+
+    bytes: int = 0
+    entries: int = 0
+    failed: List[str] = field(default_factory=list)
+    notes: List[str] = field(default_factory=list)
+
+    def to_json(self) -> JsonObject:
+        return {
+            "bytes": self.bytes,
+            "entries": self.entries,
+            "failed": list(self.failed),
+            "notes": list(self.notes),
+        }
+
+
+def remove_at(parent_fd: int, name: str, overwrite: bool = False) -> JsonObject:
+    """:func:`remove_tree_at` as ``{"bytes", "entries", "failed": [...], "notes": [...]}``
+    (the shape wipeops and ramstore read)."""
+    return remove_tree_at(parent_fd, name, overwrite).to_json()
+
+
+def remove_tree_at(parent_fd: int, name: str, overwrite: bool = False) -> Removal:
     """Remove ``name`` below ``parent_fd``: a leaf is unlinked, a directory emptied and
     removed, links never followed. With ``overwrite`` regular files with one link are
-    zeroed first. Answer: ``{"bytes", "entries", "failed": [...], "notes": [...]}``."""
-    out: Dict[str, Any] = {"bytes": 0, "entries": 0, "failed": [], "notes": []}
+    zeroed first."""
+    out = Removal()
     st = lstat_at(parent_fd, name)
     if st is None:
         return out
@@ -284,7 +343,7 @@ def remove_at(parent_fd: int, name: str, overwrite: bool = False) -> Dict[str, A
     try:
         top = open_subdir(parent_fd, name, st)
     except NotOurs as exc:
-        out["failed"].append("%s: %s" % (name, exc))
+        out.failed.append("%s: %s" % (name, exc))
         return out
     # frames: [dir fd, names left, parent fd, own name, path for messages]
     stack: List[List[Any]] = [[top, _listing(top, name, out), parent_fd, name, name]]
@@ -301,7 +360,7 @@ def remove_at(parent_fd: int, name: str, overwrite: bool = False) -> Dict[str, A
                 try:
                     cfd = open_subdir(fd, child, cst)
                 except (NotOurs, OSError) as exc:
-                    out["failed"].append("%s: %s" % (label, exc))
+                    out.failed.append("%s: %s" % (label, exc))
                     continue
                 stack.append([cfd, _listing(cfd, label, out), fd, child, label])
             else:
@@ -311,38 +370,38 @@ def remove_at(parent_fd: int, name: str, overwrite: bool = False) -> Dict[str, A
         os.close(fd)
         try:
             os.rmdir(frame[3], dir_fd=frame[2])
-            out["entries"] += 1
+            out.entries += 1
         except OSError as exc:
-            out["failed"].append("%s: %s" % (where, exc.strerror or exc))
+            out.failed.append("%s: %s" % (where, exc.strerror or exc))
     return out
 
 
-def _listing(fd: int, label: str, out: Dict[str, Any]) -> List[str]:
+def _listing(fd: int, label: str, out: Removal) -> List[str]:
     try:
         return sorted(os.listdir(fd), reverse=True)
     except OSError as exc:
-        out["failed"].append("%s: %s" % (label, exc.strerror or exc))
+        out.failed.append("%s: %s" % (label, exc.strerror or exc))
         return []
 
 
 def _remove_leaf(
-    dir_fd: int, name: str, st: os.stat_result, overwrite: bool, out: Dict[str, Any], label: str
+    dir_fd: int, name: str, st: os.stat_result, overwrite: bool, out: Removal, label: str
 ) -> None:
     if overwrite and stat.S_ISREG(st.st_mode):
         why = zero_file_at(dir_fd, name, st)
         if why:
-            out["notes"].append("%s: %s" % (label, why))
+            out.notes.append("%s: %s" % (label, why))
     try:
         os.unlink(name, dir_fd=dir_fd)
     except OSError as exc:
-        out["failed"].append("%s: %s" % (label, exc.strerror or exc))
+        out.failed.append("%s: %s" % (label, exc.strerror or exc))
         return
-    out["entries"] += 1
+    out.entries += 1
     if stat.S_ISREG(st.st_mode):
-        out["bytes"] += st.st_size
+        out.bytes += st.st_size
 
 
-def ensure_owned_dir(path: str, info: Dict[str, Any]) -> Tuple[Dict[str, Any], bool]:
+def ensure_owned_dir(path: str, info: JsonObject) -> Tuple[JsonObject, bool]:
     """Make ``path`` (its parent must exist) or adopt it, and return (marker, created).
 
     An existing directory is ours when its marker names the same kind (and run);
@@ -362,10 +421,11 @@ def ensure_owned_dir(path: str, info: Dict[str, Any]) -> Tuple[Dict[str, Any], b
     finally:
         os.close(pfd)
     try:
+        wanted = Marker.from_json(info)
         marker = read_marker(fd)
         if marker is not None:
-            _check_bound(path, marker, os.fstat(fd))
-            _check_marker(path, marker, info)
+            _check_bound(path, Marker.from_json(marker), os.fstat(fd))
+            _check_marker(path, Marker.from_json(marker), wanted)
             return marker, False
         # the marker itself may appear now: a concurrent claim of the same new root won
         entries = [n for n in os.listdir(fd) if n != MARKER and not n.startswith(MARKER + ".tmp-")]
@@ -376,37 +436,34 @@ def ensure_owned_dir(path: str, info: Dict[str, Any]) -> Tuple[Dict[str, Any], b
                 % (path, len(entries), "y" if len(entries) == 1 else "ies", shown)
             )
         marker = write_marker(fd, info, exclusive=True)
-        _check_marker(path, marker, info)
+        _check_marker(path, Marker.from_json(marker), wanted)
         return marker, created
     finally:
         os.close(fd)
 
 
-def marker_is_bound(marker: Dict[str, Any], st: os.stat_result) -> bool:
-    """Was ``marker`` written in the directory ``st`` describes? A marker from before
-    markers named their directory (no ``dir_ino``) is taken as it is."""
-    ino = marker.get("dir_ino")
-    return ino is None or ino == st.st_ino
+def marker_is_bound(marker: JsonObject, st: os.stat_result) -> bool:
+    """Was ``marker`` (a marker file's JSON) written in the directory ``st`` describes?
+    A marker from before markers named their directory (no ``dir_ino``) is taken as it is."""
+    return Marker.from_json(marker).bound_to(st)
 
 
-def _check_bound(path: str, marker: Dict[str, Any], st: os.stat_result) -> None:
-    if not marker_is_bound(marker, st):
+def _check_bound(path: str, marker: Marker, st: os.stat_result) -> None:
+    if not marker.bound_to(st):
         raise NotOurs(
             "%s holds a %s marker copied from another directory (it names another "
             "inode): it is not remotemac's" % (path, MARKER)
         )
 
 
-def _check_marker(path: str, marker: Dict[str, Any], info: Dict[str, Any]) -> None:
+def _check_marker(path: str, found: Marker, wanted: Marker) -> None:
     """Refuse a directory marked as another kind of remotemac directory, or another run's."""
-    if marker.get("kind") != info.get("kind") or (
-        info.get("run_id")
-        and info.get("kind") != "root"
-        and marker.get("run_id") != info.get("run_id")
+    if found.kind != wanted.kind or (
+        wanted.run_id and wanted.kind != "root" and found.run_id != wanted.run_id
     ):
         raise NotOurs(
             "%s is marked as remotemac's %s %s, not this %s"
-            % (path, marker.get("kind"), marker.get("run_id") or "", info.get("kind"))
+            % (path, found.kind, found.run_id or "", wanted.kind)
         )
 
 

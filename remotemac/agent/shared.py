@@ -16,7 +16,10 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from typing import Any, Dict, List, Optional, Set, Tuple
+from typing import TYPE_CHECKING, Any, List, Optional, Set, Tuple
+
+if TYPE_CHECKING:  # the annotations only: this module imports no sibling when it runs
+    from .protocol import JsonObject
 
 # ------------------------------------------------------------------ the one boot
 #
@@ -192,7 +195,7 @@ def platform_tags(
     return []
 
 
-def runtime_key(tags: Dict[str, Any]) -> str:
+def runtime_key(tags: JsonObject) -> str:
     """Content hash: pinned set + interpreter (major.minor) + platform tags."""
     ident = {
         "pins": requirements(),
@@ -202,7 +205,7 @@ def runtime_key(tags: Dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def supported(tags: Dict[str, Any]) -> Set[Tuple[str, str, str]]:
+def supported(tags: JsonObject) -> Set[Tuple[str, str, str]]:
     """The (python, abi, platform) triples a wheel may carry to install here."""
     impl = tags["implementation"]
     major, minor = (int(x) for x in tags["python"].split(".")[:2])

@@ -24,7 +24,9 @@ import json
 import os
 import re
 import stat
-from typing import Any, Dict, List, Set
+from typing import Any, List, Set
+
+from .protocol import JsonObject
 
 SCRUBBED = "<scrubbed at wipe>"
 MAX_SPEC_BYTES = 16 * 1024 * 1024
@@ -84,7 +86,7 @@ def scrub_specs(run_dir: str) -> List[str]:
             spec = json.loads(_read_regular(path).decode("utf-8"))
         except (OSError, ValueError):
             continue
-        clean: Dict[str, Any] = _scrub(spec)
+        clean: JsonObject = _scrub(spec)
         tmp = "%s.scrub-%d" % (path, os.getpid())
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o600)

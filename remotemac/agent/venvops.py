@@ -20,11 +20,13 @@ import os
 import shutil
 import subprocess
 import time
-from typing import Any
+from dataclasses import dataclass
+from typing import List, Optional
 
 from . import safefs
 from .agentruntime import install_lock
 from .hostagent import AgentError, inventory_add, owned_dir, root_marker
+from .protocol import JsonObject
 
 PARENT_PTH = "_remotemac_parent_site.pth"
 READY = ".remotemac-ready"
@@ -39,7 +41,101 @@ _IDENTITY_CODE = (
 )
 
 
-def interpreter_identity(python: str) -> dict[str, Any]:
+@dataclass(frozen=True)
+class InterpreterIdentity:
+    """Who an interpreter really is (its own answer to ``_IDENTITY_CODE``), and where
+    it was found on the host's PATH."""
+
+    found: str
+    real: str
+    version: str
+    prefix: str
+    base_prefix: str
+    executable: Optional[str] = None
+    purelib: Optional[str] = None
+    platlib: Optional[str] = None
+
+    @property
+    def in_venv(self) -> bool:
+        return os.path.realpath(self.prefix) != os.path.realpath(self.base_prefix)
+
+    @classmethod
+    def from_json(cls, found: str, data: JsonObject) -> "InterpreterIdentity":
+        return cls(
+            found=found,
+            real=data["real"],
+            version=data["version"],
+            prefix=data["prefix"],
+            base_prefix=data["base_prefix"],
+            executable=data.get("executable"),
+            purelib=data.get("purelib"),
+            platlib=data.get("platlib"),
+        )
+
+
+@dataclass(frozen=True)
+class VenvRequest:
+    """An ``ensure_venv`` request: the laptop's ``key`` (requirements, options), the
+    interpreter named, and a brought ``uv`` when there is one."""
+
+    root: str
+    key: str
+    python: str = "python3"
+    requirements: Optional[str] = None
+    system_site_packages: bool = False
+    uv: Optional[str] = None
+
+    @classmethod
+    def from_json(cls, req: JsonObject) -> "VenvRequest":
+        return cls(
+            root=req["root"],
+            key=req["key"],
+            python=req.get("python") or "python3",
+            requirements=req.get("requirements") or None,
+            system_site_packages=bool(req.get("system_site_packages")),
+            uv=req.get("uv") or None,
+        )
+
+
+@dataclass
+class VenvAnswer:
+    """What ``ensure_venv`` answers; its first fields (with ``installer`` and ``key``) are
+    also the venv's ready file."""
+
+    interpreter: str
+    version: str
+    interpreter_is_venv: bool
+    key: str
+    installer: Optional[str] = None
+    venv_python: str = ""
+    env_dir: str = ""
+    reused: bool = False
+    seconds: float = 0.0
+    parent_site: Optional[List[str]] = None
+
+    def ready_json(self) -> JsonObject:
+        out: JsonObject = {
+            "interpreter": self.interpreter,
+            "version": self.version,
+            "interpreter_is_venv": self.interpreter_is_venv,
+        }
+        if self.installer is not None:
+            out["installer"] = self.installer
+        out["key"] = self.key
+        return out
+
+    def to_json(self) -> JsonObject:
+        out = self.ready_json()
+        del out["key"]
+        out.update(venv_python=self.venv_python, env_dir=self.env_dir, reused=self.reused)
+        if self.parent_site is None:  # reused: the ready file's venv as it was
+            out.update(seconds=self.seconds, key=self.key)
+        else:
+            out.update(key=self.key, parent_site=self.parent_site, seconds=self.seconds)
+        return out
+
+
+def interpreter_identity(python: str) -> InterpreterIdentity:
     """Ask ``python`` (a name on PATH or a path) who it really is."""
     found = shutil.which(python)
     if not found:
@@ -57,17 +153,14 @@ def interpreter_identity(python: str) -> dict[str, Any]:
     if res.returncode != 0:
         tail = res.stderr.decode("utf-8", "replace").strip().splitlines()[-1:]
         raise AgentError("interpreter %s does not start: %s" % (found, " ".join(tail)), "no-python")
-    ident = json.loads(res.stdout.decode("utf-8", "replace"))
-    ident["found"] = found
-    ident["in_venv"] = os.path.realpath(ident["prefix"]) != os.path.realpath(ident["base_prefix"])
-    return ident
+    return InterpreterIdentity.from_json(found, json.loads(res.stdout.decode("utf-8", "replace")))
 
 
-def venv_key(base_key: str, ident: dict[str, Any]) -> str:
+def venv_key(base_key: str, ident: InterpreterIdentity) -> str:
     """The env dir's name: the laptop's key (requirements, options) + the interpreter's identity."""
     digest = hashlib.sha256(base_key.encode())
-    for field in ("real", "version", "prefix"):
-        digest.update(b"\0" + str(ident.get(field)).encode())
+    for value in (ident.real, ident.version, ident.prefix):
+        digest.update(b"\0" + str(value).encode())
     return digest.hexdigest()[:16]
 
 
@@ -84,10 +177,10 @@ def _site_dirs(python: str) -> list[str]:
     return sorted({paths["purelib"], paths["platlib"]})
 
 
-def link_parent_site(venv_python: str, ident: dict[str, Any]) -> list[str]:
+def link_parent_site(venv_python: str, ident: InterpreterIdentity) -> list[str]:
     """Let a venv made from a venv's python see that venv's packages, after its own."""
     parents = [
-        p for p in sorted({ident.get("purelib"), ident.get("platlib")}) if p and os.path.isdir(p)
+        p for p in sorted({ident.purelib or "", ident.platlib or ""}) if p and os.path.isdir(p)
     ]
     own = _site_dirs(venv_python)
     with open(os.path.join(own[0], PARENT_PTH), "w") as fh:
@@ -121,17 +214,17 @@ def _run_checked(argv: list[str], what: str, env: dict[str, str] | None = None) 
 
 
 def _build_with_pip(
-    req: dict[str, Any], root: str, ident: dict[str, Any], env_dir: str, python: str
+    req: VenvRequest, ident: InterpreterIdentity, env_dir: str, python: str
 ) -> None:
-    argv = [ident["found"], "-m", "venv"]
-    if req.get("system_site_packages"):
+    argv = [ident.found, "-m", "venv"]
+    if req.system_site_packages:
         argv.append("--system-site-packages")
-    if not req.get("requirements"):
+    if not req.requirements:
         argv.append("--without-pip")
     argv.append(env_dir)
-    _run_checked(argv, "venv creation from %s" % ident["found"])
-    inventory_add(root, "venv", env_dir)
-    if req.get("requirements"):
+    _run_checked(argv, "venv creation from %s" % ident.found)
+    inventory_add(req.root, "venv", env_dir)
+    if req.requirements:
         # pip's cache sits with the runtime's (marked as remotemac's, removed by cleanup)
         run_pip(
             [
@@ -143,9 +236,9 @@ def _build_with_pip(
                 "off",
                 "-q",
                 "-r",
-                req["requirements"],
+                req.requirements,
             ],
-            _owned_cache(root, "pip-cache"),
+            _owned_cache(req.root, "pip-cache"),
         )
 
 
@@ -174,14 +267,14 @@ def uv_index_args(environ: dict[str, str]) -> list[str]:
 
 
 def _build_with_uv(
-    req: dict[str, Any], root: str, ident: dict[str, Any], env_dir: str, python: str, uv: str
+    req: VenvRequest, ident: InterpreterIdentity, env_dir: str, python: str, uv: str
 ) -> None:
     """``uv venv`` + ``uv pip install -r``, uv's cache under the root: on APFS uv clones
     files from its cache (hard links elsewhere), so a second env with the same torch
     costs little disk."""
     env = dict(os.environ)
     env.update(
-        UV_CACHE_DIR=_owned_cache(root, "uv-cache"),
+        UV_CACHE_DIR=_owned_cache(req.root, "uv-cache"),
         UV_NO_PROGRESS="1",
         UV_PYTHON_DOWNLOADS="never",  # the interpreter is the one named, never another
         NO_COLOR="1",
@@ -189,14 +282,14 @@ def _build_with_uv(
     # the host's own certificate store, as its pip and this agent's downloads use (a
     # proxy's CA there: uv's built-in roots alone fail with 'invalid peer certificate')
     env.setdefault("UV_SYSTEM_CERTS", "1")
-    argv = [uv, "venv", "--quiet", "--allow-existing", "--no-config", "--python", ident["found"]]
-    if req.get("system_site_packages"):
+    argv = [uv, "venv", "--quiet", "--allow-existing", "--no-config", "--python", ident.found]
+    if req.system_site_packages:
         argv.append("--system-site-packages")
-    _run_checked(argv + [env_dir], "uv venv from %s" % ident["found"], env)
-    inventory_add(root, "venv", env_dir)
-    if req.get("requirements"):
+    _run_checked(argv + [env_dir], "uv venv from %s" % ident.found, env)
+    inventory_add(req.root, "venv", env_dir)
+    if req.requirements:
         argv = [uv, "pip", "install", "--no-config", "--python", python]
-        argv += uv_index_args(env) + ["-r", req["requirements"]]
+        argv += uv_index_args(env) + ["-r", req.requirements]
         res = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
         if res.returncode != 0:
             lines = [ln for ln in res.stdout.decode("utf-8", "replace").splitlines() if ln.strip()]
@@ -207,42 +300,36 @@ def _build_with_uv(
             )
 
 
-def op_ensure_venv(req: dict[str, Any]) -> dict[str, Any]:
+def op_ensure_venv(request: JsonObject) -> JsonObject:
     """Create or reuse ``envs/<key>``: one venv per (interpreter identity, requirements)."""
-    root = req["root"]
-    root_id = root_marker(root).get("root_id")  # claims a new root before writing in it
-    ident = interpreter_identity(req.get("python") or "python3")
-    key = venv_key(req["key"], ident)
-    env_dir = os.path.join(root, "envs", key)
-    python = os.path.join(env_dir, "bin", "python")
-    described = {
-        "interpreter": ident["real"],
-        "version": ident["version"],
-        "interpreter_is_venv": ident["in_venv"],
-    }
+    req = VenvRequest.from_json(request)
+    root_id = root_marker(req.root).get("root_id")  # claims a new root before writing in it
+    ident = interpreter_identity(req.python)
+    key = venv_key(req.key, ident)
+    env_dir = os.path.join(req.root, "envs", key)
+    described = VenvAnswer(
+        interpreter=ident.real,
+        version=ident.version,
+        interpreter_is_venv=ident.in_venv,
+        key=key,
+        venv_python=os.path.join(env_dir, "bin", "python"),
+        env_dir=env_dir,
+    )
     os.makedirs(os.path.dirname(env_dir), mode=0o700, exist_ok=True)
     # runs starting together on one host (a fleet, three terminals) build it once
     with install_lock(os.path.dirname(env_dir)):
-        return _ensure_locked(
-            req, root, ident, key, env_dir, python, dict(described, root_id=root_id)
-        )
+        return _ensure_locked(req, ident, described, root_id).to_json()
 
 
 def _ensure_locked(
-    req: dict[str, Any],
-    root: str,
-    ident: dict[str, Any],
-    key: str,
-    env_dir: str,
-    python: str,
-    described: dict[str, Any],
-) -> dict[str, Any]:
+    req: VenvRequest, ident: InterpreterIdentity, described: VenvAnswer, root_id: Optional[str]
+) -> VenvAnswer:
+    env_dir, key, python = described.env_dir, described.key, described.venv_python
+    root = req.root
     ready = os.path.join(env_dir, READY)
     if os.path.exists(ready) and os.path.exists(python):
-        described.pop("root_id")
-        return dict(
-            described, venv_python=python, env_dir=env_dir, reused=True, seconds=0.0, key=key
-        )
+        described.reused = True
+        return described
     started = time.time()
     if safefs.marker_of(env_dir) is not None:  # a venv that never got ready: ours?
         from . import wipeops
@@ -257,26 +344,20 @@ def _ensure_locked(
                 "cannot replace the unfinished venv %s: %s" % (env_dir, fate.get("why")),
                 "env-failed",
             )
-    owned_dir(env_dir, {"kind": "venv", "key": key, "root_id": described.pop("root_id")})
-    uv = req.get("uv")
+    owned_dir(env_dir, {"kind": "venv", "key": key, "root_id": root_id})
+    uv = req.uv
     if uv and not os.access(uv, os.X_OK):
         uv = None  # the brought uv is gone: pip builds it
-    described["installer"] = "uv" if uv else "pip"
+    described.installer = "uv" if uv else "pip"
     if uv:
-        _build_with_uv(req, root, ident, env_dir, python, uv)
+        _build_with_uv(req, ident, env_dir, python, uv)
     else:
-        _build_with_pip(req, root, ident, env_dir, python)
+        _build_with_pip(req, ident, env_dir, python)
     parents: list[str] = []
-    if req.get("system_site_packages") and ident["in_venv"]:
+    if req.system_site_packages and ident.in_venv:
         parents = link_parent_site(python, ident)
     with open(ready, "w") as fh:
-        json.dump(dict(described, key=key), fh)
-    return dict(
-        described,
-        venv_python=python,
-        env_dir=env_dir,
-        reused=False,
-        key=key,
-        parent_site=parents,
-        seconds=round(time.time() - started, 2),
-    )
+        json.dump(described.ready_json(), fh)
+    described.parent_site = parents
+    described.seconds = round(time.time() - started, 2)
+    return described

@@ -41,11 +41,11 @@ AGENT_SRC = Path(__file__).resolve().parent.parent / "agent"
 #: through ``sys.modules`` when called). Checked by scripts/check_agent_imports.py.
 IN_MEMORY_ORDER: tuple[str, ...] = (
     "hostfacts",  # doctor: facts; imports no sibling, so it travels alone
+    "protocol",  # the op names, job states and codes both sides share; imports no sibling
     "shared",  # what both sides compute the same way, the boot line; imports no sibling
     "pythons",  # doctor: which Python the workload gets; imports only shared
     "procid",
     "proctree",  # wipeops: the process table, for a job's daemons in a new session
-    "protocol",  # the op names, job states and codes both sides share; imports no sibling
     "agentutil",
     "safefs",
     "ramstore",
