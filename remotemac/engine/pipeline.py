@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
-from remotemac.agent.protocol import Op
+from remotemac.agent.protocol import JsonObject, LaunchRequest, Op
 from remotemac.engine.agentclient import DEFAULT_AGENT_PYTHON, AgentClient
 from remotemac.engine.context import (
     HostBinding,
@@ -215,7 +215,7 @@ def not_accepted_reason(ctx: RunContext) -> str:
     return (ctx.result(Phase.COMPARE) or CompareResult()).summary
 
 
-def phase_ok(key: PhaseKey, result: dict[str, Any] | PhaseResult) -> bool:
+def phase_ok(key: PhaseKey, result: JsonObject | PhaseResult) -> bool:
     """Whether phase ``key`` is shown as passed: the result's own rule
     (:meth:`PhaseResult.ok`), for a result in its journal form too."""
     return as_result(key.name, result).ok()
@@ -531,7 +531,7 @@ async def _sync(ctx: RunContext, _key: PhaseKey) -> SyncResult:
     return SyncResult(hosts=hosts, summary=f"{first.files} files, {first.bytes} bytes")
 
 
-def _requests(ctx: RunContext) -> dict[str, dict[str, Any]]:
+def _requests(ctx: RunContext) -> dict[str, LaunchRequest]:
     from remotemac.engine.jobs import job_request
 
     prov = ctx.provision()
@@ -564,11 +564,11 @@ async def _launch(ctx: RunContext, key: PhaseKey) -> LaunchResult:
         nxt = requests["target"]
     answer = await launch(ctx, side, requests[role], nxt)
     return LaunchResult(
-        session=requests[role]["session"],
-        mode=answer.get("mode"),
-        already=bool(answer.get("already_running") or answer.get("already_done")),
-        access=answer.get("access"),
-        summary=requests[role]["session"],
+        session=requests[role].session,
+        mode=answer.mode,
+        already=bool(answer.already_running or answer.already_done),
+        access=answer.access,
+        summary=requests[role].session,
     )
 
 
