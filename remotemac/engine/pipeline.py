@@ -511,7 +511,7 @@ async def _provision(ctx: RunContext, _key: PhaseKey) -> ProvisionResult:
     return ProvisionResult(
         hosts=hosts,
         devices=devices,
-        project=project_revision(ctx.playbook.project_dir()),
+        project=project_revision(ctx.playbook.project_dir()).to_json(),
         summary=", ".join(f"{r}={d}" for r, d in devices.items()),
     )
 

@@ -22,9 +22,8 @@ import json
 import secrets
 import struct
 import time
-from typing import Any
 
-from remotemac.agent.protocol import Hello, check_protocol
+from remotemac.agent.protocol import Hello, JsonObject, check_protocol
 from remotemac.errors import HostError, TransientHostError
 from remotemac.transport.base import RemoteProcess, Transport
 
@@ -44,12 +43,12 @@ class ProtocolMismatch(HostError):
     (agent/protocol.py PROTOCOL_VERSION): its answers would be misread. Not retried."""
 
 
-def encode_frame(obj: dict[str, Any]) -> bytes:
+def encode_frame(obj: JsonObject) -> bytes:
     body = json.dumps(obj).encode("utf-8")
     return HEADER.pack(len(body)) + body
 
 
-async def read_frame(proc: RemoteProcess) -> dict[str, Any] | None:
+async def read_frame(proc: RemoteProcess) -> JsonObject | None:
     """One frame, or None at the end of the agent's output."""
     head = await proc.readexactly(HEADER.size)
     if len(head) < HEADER.size:
@@ -90,7 +89,7 @@ class ResidentAgent:
         """CPU of every resident agent process this link has started, summed."""
         return sum(self.cpu_by_pid.values())
 
-    def note_cpu(self, frame: dict[str, Any]) -> float:
+    def note_cpu(self, frame: JsonObject) -> float:
         """Record a frame's CPU figure; returns the increase since that pid's last one."""
         pid, cpu = frame.get("pid"), frame.get("cpu_s")
         if not isinstance(pid, int) or not isinstance(cpu, (int, float)):
@@ -187,12 +186,12 @@ class ResidentAgent:
     async def call(
         self,
         op: str,
-        request: dict[str, Any],
+        request: JsonObject,
         *,
         store: str | None,
         timeout: float | None,
         call_id: str | None = None,
-    ) -> dict[str, Any]:
+    ) -> JsonObject:
         """Send one call (retried with the same id until the deadline) and return its frame."""
         call_id = call_id or self.new_id()
         frame = encode_frame({"id": call_id, "op": op, "req": request, "store": store})
