@@ -12,7 +12,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import NoReturn
 
 from remotemac.agent.protocol import JsonObject, LaunchRequest, Op
 from remotemac.engine.agentclient import DEFAULT_AGENT_PYTHON, AgentClient
@@ -79,7 +79,7 @@ def build_context(
     options: RunOptions,
     ssh: SSHOptions | None = None,
     host: str | None = None,
-    matrix: dict[str, Any] | None = None,
+    matrix: dict[str, object] | None = None,
     pool: TransportPool | None = None,
 ) -> RunContext:
     """``host``/``matrix``: one fleet run's host and variant; ``pool``: shared connections."""

@@ -22,8 +22,10 @@ import json
 import secrets
 import struct
 import time
+from dataclasses import dataclass
+from typing import Any
 
-from remotemac.agent.protocol import Hello, JsonObject, check_protocol
+from remotemac.agent.protocol import Hello, JsonObject, Message, check_protocol
 from remotemac.errors import HostError, TransientHostError
 from remotemac.transport.base import RemoteProcess, Transport
 
@@ -32,6 +34,25 @@ MAX_FRAME = 64 << 20
 HELLO_TIMEOUT_S = 120.0
 #: pause between a lost attempt and the next (the transport's reconnect backs off itself)
 RETRY_PAUSE_S = 0.05
+
+
+@dataclass
+class Frame(Message):
+    """A frame of the resident agent (agent/resident.py): its hello, or the answer to
+    the call ``id`` with the agent's CPU seconds so far (``pid``: which process)."""
+
+    id: Any = None
+    hello: Any = None
+    pid: Any = None
+    cpu_s: Any = None
+    answer: Any = None
+
+    @property
+    def cpu(self) -> tuple[int, float] | None:
+        """(pid, CPU seconds) when the frame carries both."""
+        if not isinstance(self.pid, int) or not isinstance(self.cpu_s, (int, float)):
+            return None
+        return self.pid, float(self.cpu_s)
 
 
 class AgentGone(Exception):
@@ -91,13 +112,14 @@ class ResidentAgent:
 
     def note_cpu(self, frame: JsonObject) -> float:
         """Record a frame's CPU figure; returns the increase since that pid's last one."""
-        pid, cpu = frame.get("pid"), frame.get("cpu_s")
-        if not isinstance(pid, int) or not isinstance(cpu, (int, float)):
+        figure = Frame.from_json(frame).cpu
+        if figure is None:
             return 0.0
+        pid, cpu = figure
         before = self.cpu_by_pid.get(pid, 0.0)
         if cpu > before:
-            self.cpu_by_pid[pid] = float(cpu)
-            return float(cpu) - before
+            self.cpu_by_pid[pid] = cpu
+            return cpu - before
         return 0.0
 
     async def _ensure(self, within: float) -> RemoteProcess:
@@ -129,7 +151,8 @@ class ResidentAgent:
                     if not hello:
                         why = await self._start_failed(proc)
                     break
-                if frame.get("hello"):  # its CPU goes with the first answer, to that run
+                head = Frame.from_json(frame)
+                if head.hello:  # its CPU goes with the first answer, to that run
                     mismatch = check_protocol(Hello.from_json(frame).protocol)
                     if mismatch:
                         why = ProtocolMismatch(
@@ -140,7 +163,7 @@ class ResidentAgent:
                         break
                     hello = True
                     continue
-                entry = self._pending.pop(str(frame.get("id", "")), None)
+                entry = self._pending.pop("" if head.id is None else str(head.id), None)
                 if entry is not None and not entry[1].done():
                     entry[1].set_result(frame)
         except asyncio.CancelledError:
