@@ -72,7 +72,7 @@ async def build(
             "python": VENV_PY,
             "system_site_packages": False,
             "requirements": str(reqs),
-            "uv": uv["exe"] if uv else None,
+            "uv": uv.exe if uv else None,
         },
         timeout=3600,
     )

@@ -28,6 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from remotemac.agent.protocol import RuntimeEnsureAnswer  # noqa: E402
 from remotemac.engine.agentclient import AgentClient  # noqa: E402
 from remotemac.engine.ledger import Ledger  # noqa: E402
 from remotemac.engine.runtime import ensure_runtime  # noqa: E402
@@ -37,7 +38,9 @@ from tests.harness import lab  # noqa: E402
 BARE = lab.bare_python("3.9")  # pyenv's, uv's or the OS's, as the fresh-host lab finds it
 
 
-async def once(python: str, root: Path, home: Path, method: str) -> tuple[float, dict, int]:
+async def once(
+    python: str, root: Path, home: Path, method: str
+) -> tuple[float, RuntimeEnsureAnswer, int]:
     ledger = root.parent / f"{root.name}.ledger.jsonl"
     agent = AgentClient(LocalTransport(), str(root), Ledger(ledger), python=python)
     await agent.install()
@@ -83,8 +86,8 @@ async def main() -> None:
         print(f"agent python: {args.python}; index: {'pypi.org' if args.pypi else 'pip config'}")
         for name, seconds, answer, installs in rows:
             print(
-                f"{name:34s} {seconds:6.2f} s  reused={answer['reused']!s:5s} "
-                f"host-side {answer.get('seconds')} s  installs={installs}"
+                f"{name:34s} {seconds:6.2f} s  reused={answer.reused!s:5s} "
+                f"host-side {answer.seconds} s  installs={installs}"
             )
 
 

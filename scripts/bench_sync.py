@@ -196,7 +196,7 @@ class Bench(BenchHost):
             run = await agent.call("prepare_run", {"root": str(self.host_root), "run_id": run_id})
             self.run_dirs[run_id] = run["run_dir"]
             if not self.runtime_dir:  # the host's python3 decrypts with its runtime
-                self.runtime_dir = (await ensure_runtime(agent, home=None, method="online"))["dir"]
+                self.runtime_dir = (await ensure_runtime(agent, home=None, method="online")).dir
             self.agent_dir = agent.agent_dir or await agent.install()
 
     async def sync(

@@ -26,6 +26,7 @@ import pytest
 
 from remotemac.agent import agentruntime as art
 from remotemac.engine.agentclient import AgentClient
+from remotemac.engine.pythonsource import HostTags
 from remotemac.engine.runtime import ensure_runtime, fetch_wheels, pip_download_argv
 from remotemac.engine.sync import sync_slice
 from remotemac.errors import EXIT_HOST_ENV, HostEnvironmentError
@@ -107,7 +108,7 @@ def test_wheel_fits_only_its_host(name, host, fits):
 
 def test_pip_download_names_the_full_python_version_and_every_platform(tmp_path):
     tags = _host("Darwin", "arm64", mac_release="13.1")
-    argv = pip_download_argv(tags, tmp_path)
+    argv = pip_download_argv(HostTags.from_json(tags), tmp_path)
     # "3.9" would mean 3.9.0, which cryptography's Requires-Python excludes
     assert argv[argv.index("--python-version") + 1] == "3.9.6"
     plats = [argv[i + 1] for i, a in enumerate(argv) if a == "--platform"]
@@ -258,7 +259,7 @@ async def _sync_on_bare_host(
             run_dir=prepared["run_dir"],
             run_id=run_id,
             key=os.urandom(32),
-            runtime_dir=runtime["dir"],
+            runtime_dir=runtime.dir,
         )
         for entry in manifest.entries:
             assert (
@@ -285,12 +286,12 @@ async def test_encrypted_sync_on_bare_python_online_then_reused(tmp_path):
     started = time.monotonic()
     runtime, answer, ledger = await _sync_on_bare_host(tmp_path, "online", None, "rt-on-1")
     cold = time.monotonic() - started
-    assert runtime["reused"] is False and runtime["method"] == "online"
-    assert runtime["cryptography"] == dict(art.PINS)["cryptography"]
-    rt_dir = Path(runtime["dir"])
+    assert runtime.reused is False and runtime.method == "online"
+    assert runtime.cryptography == dict(art.PINS)["cryptography"]
+    rt_dir = Path(runtime.dir)
     assert rt_dir.parent == tmp_path / "host-root" / "runtime" and (rt_dir / ".complete").is_file()
     assert [e for e in ledger if e["op"] == "install-runtime"][0]["command"].startswith(
-        f"installed cryptography=={runtime['cryptography']}, cffi==2.0.0, pycparser==2.23 into "
+        f"installed cryptography=={runtime.cryptography}, cffi==2.0.0, pycparser==2.23 into "
         f"{rt_dir}"
     )
     # the data agent ran under the bare interpreter, not the workload's
@@ -303,11 +304,11 @@ async def test_encrypted_sync_on_bare_python_online_then_reused(tmp_path):
     started = time.monotonic()
     again, _, ledger2 = await _sync_on_bare_host(tmp_path, "online", None, "rt-on-2")
     warm = time.monotonic() - started
-    assert again["reused"] is True and again["dir"] == runtime["dir"]
+    assert again.reused is True and again.dir == runtime.dir
     assert not [e for e in ledger2 if e["op"] == "install-runtime"]
     print(
         f"\nonline: cold sync with runtime install {cold:.2f} s "
-        f"(install {runtime['seconds']} s); second run {warm:.2f} s, 0 installs"
+        f"(install {runtime.seconds} s); second run {warm:.2f} s, 0 installs"
     )
 
 
@@ -322,10 +323,10 @@ async def test_two_runs_starting_together_install_once(tmp_path):
     for agent in agents:  # (uploading the agent itself is another matter)
         await agent.install()
     answers = await asyncio.gather(*(ensure_runtime(a, home=None, method="online") for a in agents))
-    assert sorted(a["reused"] for a in answers) == [False, True]
-    assert answers[0]["dir"] == answers[1]["dir"]
+    assert sorted(a.reused for a in answers) == [False, True]
+    assert answers[0].dir == answers[1].dir
     assert {p.name for p in (root / "runtime").iterdir()} <= {
-        Path(answers[0]["dir"]).name,
+        Path(answers[0].dir).name,
         art.PIP_CACHE,
     }
 
@@ -338,7 +339,7 @@ async def test_encrypted_sync_on_bare_python_offline_from_laptop_wheels(tmp_path
     started = time.monotonic()
     runtime, _, ledger = await _sync_on_bare_host(tmp_path, "offline", home, "rt-off-1")
     cold = time.monotonic() - started
-    assert runtime["reused"] is False and runtime["method"] == "offline"
+    assert runtime.reused is False and runtime.method == "offline"
     cached = list((home / "wheels").iterdir())
     assert len(cached) == 1 and len(list(cached[0].glob("*.whl"))) == 3
     assert any(e["op"] == "upload-wheels" for e in ledger)
@@ -349,7 +350,7 @@ async def test_encrypted_sync_on_bare_python_offline_from_laptop_wheels(tmp_path
     ]
     print(
         f"\noffline: cold sync with wheel download + upload + unzip {cold:.2f} s "
-        f"(host-side unzip install {runtime['seconds']} s)"
+        f"(host-side unzip install {runtime.seconds} s)"
     )
 
 
@@ -373,7 +374,9 @@ async def test_auto_falls_back_to_laptop_wheels_when_host_pip_fails(tmp_path, mo
             check=True,
         ).stdout
     )
-    await asyncio.to_thread(fetch_wheels, home, tags)  # the laptop's cache, filled earlier
+    await asyncio.to_thread(
+        fetch_wheels, home, HostTags.from_json(tags)
+    )  # the laptop's cache, filled earlier
     # the host cannot reach any index (the agent inherits this environment locally)
     monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
     monkeypatch.setenv("PIP_NO_INDEX", "1")
@@ -382,7 +385,7 @@ async def test_auto_falls_back_to_laptop_wheels_when_host_pip_fails(tmp_path, mo
     root = tmp_path / "host-root"
     agent = AgentClient(LocalTransport(), str(root), python=BARE)
     runtime = await ensure_runtime(agent, home=home, method="auto", emit=events.append)
-    assert runtime["method"] == "offline" and runtime["reused"] is False
+    assert runtime.method == "offline" and runtime.reused is False
     warning = [e for e in events if getattr(e, "code", "") == "runtime-offline"]
     assert warning and "cannot install the agent runtime online" in warning[0].message
 
@@ -592,13 +595,15 @@ def test_pins_have_wheels_for_every_supported_host(tmp_path, system, machine, ex
     CPython 3.9.6 (/usr/bin/python3) and two glibc Linux hosts finds one fitting wheel per
     pin, so the offline path works there and the pins are still the right ones."""
     tags = _host(system, machine, **extra)
-    cache, files, cached = fetch_wheels(tmp_path / "home", tags)
+    cache, files, cached = fetch_wheels(tmp_path / "home", HostTags.from_json(tags))
     assert not cached and cache == tmp_path / "home" / "wheels" / art.runtime_key(tags)
     names = {art.parse_wheel_name(f["name"])[0]: f["name"] for f in files}
     assert set(names) == {n for n, _ in art.PINS}
     assert all(art.wheel_fits(name, tags) for name in names.values())
     assert f"cryptography-{dict(art.PINS)['cryptography']}-cp39-abi3-" in names["cryptography"]
-    assert fetch_wheels(tmp_path / "home", tags)[2] is True  # the second time: the cache
+    assert (
+        fetch_wheels(tmp_path / "home", HostTags.from_json(tags))[2] is True
+    )  # the second time: the cache
 
 
 class _CorruptingTransport(LocalTransport):

@@ -51,8 +51,8 @@ async def test_encrypted_sync_over_sshd_with_agent_on_bare_python(sshd, ssh_env,
             agent, home=tmp_path / "rmhome", method=method, run_id=run_id
         )
         cold = time.monotonic() - started
-        assert runtime["method"] == method and runtime["reused"] is False
-        assert runtime["python"].startswith("3.9.")
+        assert runtime.method == method and runtime.reused is False
+        assert runtime.extra["python"].startswith("3.9.")
         manifest, answer, _ = await sync_slice(
             transport,
             agent,
@@ -61,7 +61,7 @@ async def test_encrypted_sync_over_sshd_with_agent_on_bare_python(sshd, ssh_env,
             run_dir=prepared["run_dir"],
             run_id=run_id,
             key=key,
-            runtime_dir=runtime["dir"],
+            runtime_dir=runtime.dir,
         )
         assert answer["data_dir"].startswith("/dev/shm/")
         for entry in manifest.entries:
@@ -72,9 +72,9 @@ async def test_encrypted_sync_over_sshd_with_agent_on_bare_python(sshd, ssh_env,
         started = time.monotonic()
         again = await ensure_runtime(agent, home=tmp_path / "rmhome", method=method)
         warm = time.monotonic() - started
-        assert again["reused"] is True and again["dir"] == runtime["dir"]
+        assert again.reused is True and again.dir == runtime.dir
         print(
-            f"\n{method} over sshd: cold {cold:.2f} s (host side {runtime['seconds']} s), "
+            f"\n{method} over sshd: cold {cold:.2f} s (host side {runtime.seconds} s), "
             f"second {warm:.2f} s"
         )
     finally:

@@ -22,6 +22,7 @@ from remotemac.agent.agentruntime import host_tags
 from remotemac.agent.venvops import uv_index_args
 from remotemac.engine import pincheck, pythonsource
 from remotemac.engine.hostpython import version_request
+from remotemac.engine.pythonsource import HostPlatform, HostTags
 from remotemac.errors import BadInput
 from tests.harness import pbs
 
@@ -196,9 +197,12 @@ def test_the_downloads_json_is_uvs_and_the_mirror_replaces_the_site(tmp_path, mo
     [dl] = pythonsource.python_downloads(None)
     assert dl.url == "http://127.0.0.1:9/pbs/20240101/cpython.tar.gz"
     plat = {"os": "linux", "arch": "x86_64", "libc": "gnu"}
-    assert pythonsource.choose([dl], pythons.parse_spec(">=3.10"), plat) == dl
-    assert pythonsource.choose([dl], pythons.parse_spec("3.12"), plat) is None
-    assert pythonsource.choose([dl], pythons.parse_spec("3.11"), dict(plat, os="darwin")) is None
+    on = HostPlatform.from_json
+    assert pythonsource.choose([dl], pythons.parse_spec(">=3.10"), on(plat)) == dl
+    assert pythonsource.choose([dl], pythons.parse_spec("3.12"), on(plat)) is None
+    assert (
+        pythonsource.choose([dl], pythons.parse_spec("3.11"), on(dict(plat, os="darwin"))) is None
+    )
     art = pythonsource.python_artifact(None, dl)
     assert art.sha256 == "ab" * 32 and art.format == "tar.gz" and art.what == "python"
 
@@ -213,8 +217,8 @@ MAC = {
 }
 
 
-def _mac_tags() -> dict:
-    return pythonsource.retag(dict(MAC, platforms=[]), "3.9.6")
+def _mac_tags() -> HostTags:
+    return pythonsource.retag(HostTags.from_json(dict(MAC, platforms=[])), "3.9.6")
 
 
 def test_torch_2_13_has_no_wheel_for_a_macs_python_3_9_and_2_8_has(tmp_path, monkeypatch):
@@ -267,9 +271,9 @@ def test_uvs_wheel_for_the_host_is_picked_by_its_platform_tags(tmp_path, monkeyp
     ]
     (api / "json").write_text(json.dumps({"releases": {pythonsource.UV_VERSION: rel}}))
     monkeypatch.setenv(pythonsource.ENV_PYPI, (tmp_path / "api").as_uri())
-    mac = pythonsource.uv_artifact(None, pythonsource.retag(dict(MAC, platforms=[]), "3.9.6"))
+    mac = pythonsource.uv_artifact(None, _mac_tags())
     assert mac is not None and mac.url.endswith("macosx_11_0_arm64.whl") and mac.format == "zip"
-    here = pythonsource.uv_artifact(None, host_tags())
+    here = pythonsource.uv_artifact(None, HostTags.from_json(host_tags()))
     assert here is not None and "manylinux_2_17_x86_64" in here.url
     assert os.path.basename(here.url) == files[1]
 

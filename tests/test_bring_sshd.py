@@ -64,19 +64,20 @@ async def test_a_python_brought_online_from_a_mirror_is_used_listed_and_cleaned_
                 emit=lambda e: None,
                 run_id="bring-online",
             )
-        assert got["brought"] is True and got["version"] == pbs.lab_version()
-        assert got["dir"].startswith(str(root / "runtime") + "/")
+        assert got.brought is True and got.version == pbs.lab_version()
+        assert got.dir is not None and got.dir.startswith(str(root / "runtime") + "/")
         assert not (tmp_path / "rmhome" / "downloads").exists()  # the laptop fetched nothing
-        run = await transport.exec([got["python"], "-c", "import sys; print(sys.prefix)"])
-        assert run.exit_code == 0 and run.stdout.decode().strip() == f"{got['dir']}/python"
+        assert got.python is not None
+        run = await transport.exec([got.python, "-c", "import sys; print(sys.prefix)"])
+        assert run.exit_code == 0 and run.stdout.decode().strip() == f"{got.dir}/python"
         again = await agent.call("find_python", {"root": str(root), "spec": ">=3.10"})
-        assert again["python"] == got["python"] and again["brought"] is True
+        assert again["python"] == got.python and again["brought"] is True
     finally:
         await transport.close()
     ledger = (tmp_path / "ledger.jsonl").read_text()
     assert "bring-python" in ledger and "(online," in ledger
     inventory = json.loads((root / "inventory.json").read_text())["items"]
-    assert got["dir"] in [i["path"] for i in inventory]
+    assert got.dir in [i["path"] for i in inventory]
     proc = _cli(home, cfg, "cleanup", alias, "--remote-root", str(root), "--yes")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert not root.exists()
@@ -99,7 +100,7 @@ async def test_a_host_with_a_preinstalled_python_uses_its_own(sshd_factory, ssh_
         )
     finally:
         await transport.close()
-    assert got == {
+    assert got.to_json() == {
         "python": str(lab.LAB_BIN / "python3.11"),
         "version": pbs.lab_version(),
         "brought": False,

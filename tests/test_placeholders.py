@@ -42,7 +42,7 @@ def _run_command(command: str) -> str:
     side.label = "mps"
     prov = ProvisionHost(run_dir="/rr/runs/r1", venv_python="/rr/envs/e/bin/python")
     request = job_request(ctx, side, "mps", prov, "/rr/data")  # type: ignore[arg-type]
-    mkdir, _, command = request["command"].partition(" && ")
+    mkdir, _, command = request.command.partition(" && ")
     assert mkdir == "mkdir -p /rr/runs/r1/out/mps"
     return command
 

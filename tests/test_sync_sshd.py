@@ -89,7 +89,7 @@ def runtime_dir(tmp_path_factory, client_key, fresh_host_lab) -> Iterator[str]:
                 "rt", home_dir=home, options=SSHOptions(ssh_config=cfg)
             ) as transport:
                 agent = AgentClient(transport, str(server.host_dir("runtime") / "root"))
-                return (await ensure_runtime(agent, home=None, method="online"))["dir"]
+                return str((await ensure_runtime(agent, home=None, method="online")).dir)
 
         yield asyncio.run(install())
     finally:

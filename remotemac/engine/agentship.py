@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from remotemac.agent import shared
+from remotemac.agent.protocol import JsonObject
 from remotemac.transport.base import ExecResult, Transport
 
 AGENT_SRC = Path(__file__).resolve().parent.parent / "agent"
@@ -117,7 +118,7 @@ def in_memory_modules(module: str) -> list[str]:
     return list(IN_MEMORY_ORDER[: IN_MEMORY_ORDER.index(module) + 1])
 
 
-def in_memory_payload(module: str, fn: str, req: dict[str, Any]) -> bytes:
+def in_memory_payload(module: str, fn: str, req: JsonObject) -> bytes:
     """What the bootstrap reads on stdin: the sources in load order, the call, the request."""
     _, files = agent_bundle()
     return json.dumps(
@@ -135,7 +136,7 @@ async def exec_in_memory(
     python: str,
     module: str,
     fn: str,
-    req: dict[str, Any],
+    req: JsonObject,
     *,
     timeout: float | None,
     idempotent: bool = False,
@@ -144,13 +145,14 @@ async def exec_in_memory(
 
     ``idempotent``: the call may run again after the link dropped under it.
     """
+    # keyword arguments of Transport.exec, not a message
     kwargs: dict[str, Any] = {"stdin": in_memory_payload(module, fn, req), "timeout": timeout}
     if idempotent:  # only passed when asked: not every transport takes it
         kwargs["idempotent"] = True
     return await transport.exec([python, "-c", BOOTSTRAP], **kwargs)
 
 
-def read_answer(result: ExecResult) -> dict[str, Any] | None:
+def read_answer(result: ExecResult) -> JsonObject | None:
     """The bootstrap's answer (its last stdout line), or None when it printed none."""
     lines = result.text().strip().splitlines()
     if not lines:

@@ -19,9 +19,8 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from remotemac.agent.protocol import BringAnswer, ErrorCode, Op
+from remotemac.agent.protocol import BringAnswer, ErrorCode, JsonObject, Op
 from remotemac.engine.agentclient import AgentClient, AgentError
 from remotemac.errors import HostEnvironmentError, IntegrityError
 from remotemac.events import Event, PhaseProgress, Warning
@@ -122,7 +121,7 @@ async def bring(
     emit: Emit | None = None,
     run_id: str = "",
     phase: str = "provision",
-) -> dict[str, Any]:
+) -> BringAnswer:
     """Make ``<root>/runtime/<art.name>`` exist on the host; the agent's answer."""
     emit = emit or (lambda _e: None)
     host = agent.transport.name
@@ -133,7 +132,7 @@ async def bring(
         "format": art.format,
         "sha256": art.sha256,
     }
-    answer: dict[str, Any] = {"failed": "offline chosen"}
+    answer = BringAnswer(failed="offline chosen")
     if method != "offline":
         emit(
             PhaseProgress(
@@ -141,10 +140,10 @@ async def bring(
             )
         )
         answer = await _call(agent, dict(request, method="online", url=art.url), art)
-    if answer.get("failed"):
+    if answer.failed:
         if method == "online" or home is None:
             raise HostEnvironmentError(
-                f"{host}: bringing {art.label}: {answer['failed']}",
+                f"{host}: bringing {art.label}: {answer.failed}",
                 hint="let the host reach the download site, or set agent.runtime_install: "
                 "offline (or REMOTEMAC_RUNTIME_INSTALL=offline) so this laptop brings it",
             )
@@ -153,7 +152,7 @@ async def bring(
                 Warning(
                     run_id,
                     code="bring-offline",
-                    message=f"{host} cannot download {art.label} itself ({answer['failed']}); "
+                    message=f"{host} cannot download {art.label} itself ({answer.failed}); "
                     "bringing it from this laptop",
                 )
             )
@@ -171,22 +170,21 @@ async def bring(
         answer = await _call(
             agent, dict(request, method="offline", upload=f"{remote}/{art.filename}"), art
         )
-    got = BringAnswer.from_json(answer)
-    if not got.reused:
+    if not answer.reused:
         agent.ledger.append(
             host,
-            f"brought {art.label} into {got.dir} ({got.method}, "
-            f"{got.bytes / (1 << 20):.0f} MiB, {got.seconds} s)",
+            f"brought {art.label} into {answer.dir} ({answer.method}, "
+            f"{answer.bytes / (1 << 20):.0f} MiB, {answer.seconds} s)",
             0,
             op=f"bring-{art.what}",
         )
     return answer
 
 
-async def _call(agent: AgentClient, request: dict[str, Any], art: Artifact) -> dict[str, Any]:
+async def _call(agent: AgentClient, request: JsonObject, art: Artifact) -> BringAnswer:
     where = f"{agent.transport.name}: bringing {art.label}"
     try:
-        return await agent.call(Op.BRING, request, timeout=BRING_TIMEOUT_S)
+        return BringAnswer.from_json(await agent.call(Op.BRING, request, timeout=BRING_TIMEOUT_S))
     except AgentError as exc:
         if exc.code == ErrorCode.INTEGRITY:
             raise IntegrityError(f"{where}: {exc.message}", hint="run again") from None

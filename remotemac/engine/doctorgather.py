@@ -17,11 +17,12 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from remotemac.agent.protocol import Op
+from remotemac.agent.protocol import FindPythonAnswer, Op
 from remotemac.agent.shared import parse_spec
 from remotemac.checks.doctor import DoctorReport, WorkloadAsk, evaluate
 from remotemac.engine.hostpython import plan_python
 from remotemac.engine.pincheck import check_pin, pins
+from remotemac.engine.pythonsource import HostTags
 from remotemac.transport.base import Transport
 
 GATHER_TIMEOUT_S = 300.0  # the MPS probe's first `import torch` can be slow on a cold disk
@@ -138,7 +139,7 @@ def judge_found(found: dict[str, Any], request: str | None, home: Path | None) -
         "brought_dirs": found.get("brought_dirs", []),
     }
     if request and parse_spec(request):
-        plan = plan_python(found, request, home)
+        plan = plan_python(FindPythonAnswer.from_json(found), request, home)
         out.update(python=plan.python, version=plan.version, problem=plan.problem)
         out["describe"] = plan.describe()
         if plan.bring:
@@ -170,11 +171,12 @@ def judge_pins(
     if not requirements or not tags:
         return []
     verdicts = []
+    host = HostTags.from_json(tags)
     for name, version in pins(requirements):
-        got = check_pin(home, name, version, out.get("version"), tags)
+        got = check_pin(home, name, version, out.get("version"), host)
         row = {"line": got.line, "ok": got.ok}
         if out.get("bring"):
-            own = check_pin(home, name, version, str(tags.get("python")), tags)
+            own = check_pin(home, name, version, str(tags.get("python")), host)
             if own.ok is False and got.ok:
                 row["line"] = (
                     f"{got.line}; the host's own Python {tags.get('python')} has none: "

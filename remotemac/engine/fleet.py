@@ -22,10 +22,11 @@ import json
 import re
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from remotemac.agent.protocol import JsonObject, Message
 from remotemac.engine.context import RunOptions, specialize
 from remotemac.engine.inventoryfile import HostVars, Inventory
 from remotemac.engine.pool import TransportPool
@@ -46,7 +47,7 @@ from remotemac.errors import (
 )
 from remotemac.events import Event, PhaseFinished, Warning
 from remotemac.journal import Journal, new_run_id
-from remotemac.playbook import MAX_HOSTS, Playbook
+from remotemac.playbook import MAX_HOSTS, MatrixValue, Playbook
 from remotemac.transport.options import SSHOptions
 from remotemac.units import iso_utc
 
@@ -72,6 +73,10 @@ EXIT_RULE = (
 )
 VERDICT_BY_CODE = {EXIT_JOB_LOST: "lost", EXIT_HOST: "unreachable", EXIT_INTERRUPTED: "interrupted"}
 
+#: one combination of the playbook's matrix: its keys and this run's values (each a
+#: MatrixValue; typed as context.specialize and fill_matrix take it)
+Variant = dict[str, object]
+
 
 @dataclass
 class FleetRun:
@@ -79,7 +84,7 @@ class FleetRun:
 
     index: int
     host: str
-    variant: dict[str, Any] | None
+    variant: Variant | None
     vars: HostVars
     out_dir: Path
     run_id: str = ""
@@ -96,7 +101,8 @@ class FleetRun:
     def label(self) -> str:
         return self.host + (f" [{variant_label(self.variant)}]" if self.variant else "")
 
-    def row(self) -> dict[str, Any]:
+    def row(self) -> JsonObject:
+        """The run's row in ``fleet.json``."""
         return {
             "index": self.index,
             "host": self.host,
@@ -121,13 +127,80 @@ class FleetResult:
     duration_s: float
     connections: int
     summary_path: Path
-    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class StoppingCondition(Message):
+    """One of a record's ``stopping_conditions`` (acceptance/record.py writes them)."""
+
+    code: str = ""
+    detail: str | None = None
+
+
+@dataclass
+class RecordOutcome(Message):
+    """What a fleet reads back from a run's ``acceptance.json``: why it was not accepted,
+    and what it cost (the rest of the record stays in ``extra``)."""
+
+    stopping_conditions: list[JsonObject] | None = None
+    missing_observations: list[str] | None = None
+    cost: JsonObject | None = None
+
+    def reason(self) -> str:
+        """The first stopping condition, else the observations missing, else ``""``."""
+        if self.stopping_conditions:
+            first = StoppingCondition.from_json(self.stopping_conditions[0])
+            return first.detail or first.code
+        missing = self.missing_observations or []
+        return f"missing: {', '.join(missing)}" if missing else ""
+
+    def amount(self) -> float | None:
+        amount = CostLine.from_json(self.cost or {}).amount
+        return float(amount) if amount is not None else None
+
+
+@dataclass
+class CostLine(Message):
+    """A record's ``cost``."""
+
+    amount: float | None = None
+    currency: str | None = None
+
+
+@dataclass
+class CleanupHost:
+    """One host of ``cleanup --all`` in ``cleanup-all.json``: where its record went, its
+    exit code, and its error or record."""
+
+    host: str
+    remote_root: str
+    out: str
+    exit_code: int
+    error: str | None = None
+    record: JsonObject | None = None
+
+    def to_json(self) -> JsonObject:
+        out: JsonObject = {
+            "host": self.host,
+            "remote_root": self.remote_root,
+            "out": self.out,
+            "exit_code": self.exit_code,
+        }
+        if self.error is not None:
+            out["error"] = self.error
+        if self.record is not None:
+            out["record"] = self.record
+        return out
+
+    @classmethod
+    def from_json(cls, data: JsonObject) -> CleanupHost:
+        return cls(**data)
 
 
 # ---------------------------------------------------------------- planning
 
 
-def variants(matrix: dict[str, list[Any]] | None) -> list[dict[str, Any] | None]:
+def variants(matrix: dict[str, list[MatrixValue]] | None) -> list[Variant | None]:
     """Every combination of the matrix, in key order; ``[None]`` without a matrix."""
     if not matrix:
         return [None]
@@ -135,7 +208,7 @@ def variants(matrix: dict[str, list[Any]] | None) -> list[dict[str, Any] | None]
     return [dict(zip(keys, combo, strict=True)) for combo in itertools.product(*matrix.values())]
 
 
-def variant_label(variant: dict[str, Any] | None) -> str:
+def variant_label(variant: Variant | None) -> str:
     return ",".join(f"{k}={v}" for k, v in (variant or {}).items())
 
 
@@ -389,15 +462,9 @@ def _finish_from_record(run: FleetRun, fleet_id: str, journal: Journal, code: in
         verdict = "lost"
     reason = ""
     if record:
-        conds = record.get("stopping_conditions") or []
-        missing = record.get("missing_observations") or []
-        reason = (
-            (conds[0].get("detail") or conds[0].get("code", ""))
-            if conds
-            else (f"missing: {', '.join(missing)}" if missing else "")
-        )
-        amount = (record.get("cost") or {}).get("amount")
-        run.cost = float(amount) if amount is not None else None
+        outcome = RecordOutcome.from_json(record)
+        reason = outcome.reason()
+        run.cost = outcome.amount()
     run.state = row.state if row else ""
     _finish(run, verdict, code, reason)
 
@@ -409,7 +476,7 @@ def _finish(run: FleetRun, verdict: str, code: int, reason: str) -> None:
         run.cost = round(run.duration_s / 3600 * run.vars.hourly_rate, 4)
 
 
-def _annotate_record(run: FleetRun, fleet_id: str) -> dict[str, Any] | None:
+def _annotate_record(run: FleetRun, fleet_id: str) -> JsonObject | None:
     """Put the fleet id, host and matrix variant into the run's own record."""
     from remotemac.acceptance.record import write_record
 
@@ -530,11 +597,10 @@ async def cleanup_all(
     results = []
     for host, root in targets.items():
         folder = out_root / _dir_name(host)
-        entry = await _clean_one(
-            cleanup_fn, host, root, folder, journal, home, ssh, dry_run, as_json
+        results.append(
+            await _clean_one(cleanup_fn, host, root, folder, journal, home, ssh, dry_run, as_json)
         )
-        results.append({"host": host, "remote_root": root, "out": str(folder), **entry})
-    codes = {r["exit_code"] for r in results}
+    codes = {r.exit_code for r in results}
     code = next((c for c in EXIT_PRECEDENCE if c in codes), EXIT_ACCEPTED)
     if dry_run:
         return code
@@ -559,8 +625,9 @@ async def _clean_one(
     ssh: SSHOptions | None,
     dry_run: bool,
     as_json: bool,
-) -> dict[str, Any]:
+) -> CleanupHost:
     """One host of ``cleanup --all``: its exit code, error and record (never raises for it)."""
+    entry = CleanupHost(host, root, str(folder), 0)
     try:
         code = await cleanup_fn(
             host,
@@ -573,21 +640,21 @@ async def _clean_one(
             remote_root=root,
             out=folder,
         )
-        entry: dict[str, Any] = {"exit_code": int(code or 0)}
+        entry.exit_code = int(code or 0)
     except RemotemacError as exc:  # one host's failure never stops the others
-        entry = {"exit_code": exc.exit_code, "error": exc.line()}
+        entry.exit_code, entry.error = exc.exit_code, exc.line()
     record_file = folder / "cleanup.json"
     if record_file.exists():
-        entry["record"] = json.loads(record_file.read_text(encoding="utf-8"))
+        entry.record = json.loads(record_file.read_text(encoding="utf-8"))
     return entry
 
 
-def _write_cleanup_all(out_root: Path, results: list[dict[str, Any]], code: int) -> Path:
+def _write_cleanup_all(out_root: Path, results: list[CleanupHost], code: int) -> Path:
     """``<out>/cleanup-all.json``: every host's record and the worst exit code."""
     record = {
         "kind": "cleanup-all",
         "at": iso_utc(time.time()),
-        "hosts": results,
+        "hosts": [r.to_json() for r in results],
         "exit_code": code,
         "exit_code_rule": "the worst host's: 4, 3, 5, 2, 1, else 0",
     }
@@ -597,16 +664,43 @@ def _write_cleanup_all(out_root: Path, results: list[dict[str, Any]], code: int)
     return path
 
 
+@dataclass
+class StoredReference(Message):
+    """A stored playbook's ``workload.reference``: where the reference runs."""
+
+    host: str | None = None
+    on: str | None = None
+
+
+@dataclass
+class StoredWorkload(Message):
+    reference: JsonObject | None = None
+
+
+@dataclass
+class StoredPlaybook(Message):
+    """What ``cleanup --all`` reads of a journal row's playbook: the root and the
+    reference's host (a row may hold a partial playbook: the rest stays in ``extra``)."""
+
+    remote_root: str | None = None
+    workload: JsonObject | None = None
+
+    def hosts(self, host: str) -> list[tuple[str, str]]:
+        """(host, remote_root) of the run's target and its remote reference."""
+        root = self.remote_root or "~/remotemac"
+        pairs = [(host, root)]
+        workload = StoredWorkload.from_json(self.workload or {})
+        ref = StoredReference.from_json(workload.reference or {})
+        if ref.host and ref.on != "local":
+            pairs.append((ref.host, root))
+        return pairs
+
+
 def known_hosts(journal: Journal) -> list[tuple[str, str]]:
     """(host, remote_root) of every run's target and reference host, in first-seen order."""
     seen: list[tuple[str, str]] = []
     for row in reversed(journal.list_runs(limit=1_000_000)):
-        pb = row.playbook
-        root = pb.get("remote_root") or "~/remotemac"
-        pairs = [(row.host, root)]
-        ref = (pb.get("workload") or {}).get("reference") or {}
-        if ref.get("host") and ref.get("on") != "local":
-            pairs.append((ref["host"], root))
+        pairs = StoredPlaybook.from_json(row.playbook).hosts(row.host)
         for pair in pairs:
             if pair not in seen and pair[0] != "local":
                 seen.append(pair)

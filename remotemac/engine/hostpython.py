@@ -14,11 +14,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from remotemac.agent.protocol import BringAnswer, FindPythonAnswer, Op, RuntimeStatus
+from remotemac.agent.protocol import (
+    BringAnswer,
+    FindPythonAnswer,
+    FindPythonRequest,
+    JsonObject,
+    Op,
+    RuntimeStatus,
+)
 from remotemac.agent.shared import looks_like_spec, parse_spec
 from remotemac.engine import pythonsource
 from remotemac.engine.agentclient import AgentClient
 from remotemac.engine.bring import Artifact, Emit, bring
+from remotemac.engine.pythonsource import HostPlatform, HostTags
 from remotemac.errors import BadInput, HostEnvironmentError, RemotemacError
 from remotemac.events import Warning
 
@@ -40,41 +48,73 @@ class PythonPlan:
     """What the workload's Python will be on this host, before anything is installed."""
 
     request: str
-    found: dict[str, Any]  # the agent's find_python answer
+    found: FindPythonAnswer  # the agent's find_python answer
     bring: Artifact | None = None
     bring_version: str | None = None
     problem: str | None = None
 
     @property
     def python(self) -> str | None:
-        return self.found.get("python")
+        return self.found.python
 
     @property
     def version(self) -> str | None:
-        return self.found.get("version") or self.bring_version
+        return self.found.version or self.bring_version
 
     def describe(self) -> str:
         if self.python:
-            how = "brought earlier by remotemac" if self.found.get("brought") else "the host's"
-            return f"{self.found['version']} ({self.python}, {how})"
+            how = "brought earlier by remotemac" if self.found.brought else "the host's"
+            return f"{self.found.version} ({self.python}, {how})"
         if self.bring:
             return f"none on the host matches {self.request!r}: remotemac will bring {self.bring.label}"
         return f"none on the host matches {self.request!r}: {self.problem}"
 
 
-def plan_python(found: dict[str, Any], request: str, home: Path | None) -> PythonPlan:
+@dataclass(frozen=True)
+class HostPython:
+    """The workload's interpreter on the host (:func:`ensure_python`); ``dir``, ``reused``
+    and ``label`` only when remotemac brought it."""
+
+    python: str | None
+    version: str | None
+    brought: bool
+    dir: str | None = None
+    reused: bool | None = None
+    label: str | None = None
+
+    def to_json(self) -> JsonObject:
+        out: JsonObject = {"python": self.python, "version": self.version, "brought": self.brought}
+        if self.dir is not None:
+            out.update(dir=self.dir, reused=self.reused, label=self.label)
+        return out
+
+    @classmethod
+    def from_json(cls, data: JsonObject) -> HostPython:
+        return cls(**data)
+
+    def as_brought(self) -> JsonObject:
+        """What provision keeps of a brought interpreter (its ``interpreter.brought``)."""
+        return {
+            "dir": self.dir,
+            "version": self.version,
+            "label": self.label,
+            "reused": self.reused,
+        }
+
+
+def plan_python(found: FindPythonAnswer, request: str, home: Path | None) -> PythonPlan:
     """Judge the agent's ``find_python`` answer; pick what to bring when nothing matches."""
     plan = PythonPlan(request, found)
     if plan.python:
         return plan
     spec = parse_spec(request) or []
     try:
-        dl = pythonsource.choose(pythonsource.python_downloads(home), spec, found["platform"])
+        plat = HostPlatform.from_json(found.platform or {})
+        dl = pythonsource.choose(pythonsource.python_downloads(home), spec, plat)
         if dl is None:
-            plat = found["platform"]
             plan.problem = (
-                f"no CPython build matching {request!r} for {plat['os']} {plat['arch']} "
-                f"({plat['libc']}) in the source"
+                f"no CPython build matching {request!r} for {plat.os} {plat.arch} "
+                f"({plat.libc}) in the source"
             )
             return plan
         plan.bring = pythonsource.python_artifact(home, dl)
@@ -92,41 +132,46 @@ async def ensure_python(
     method: str,
     emit: Emit,
     run_id: str,
-) -> dict[str, Any]:
-    """The interpreter for ``request`` on the host: {python, version, brought, dir}."""
-    found = await agent.call(Op.FIND_PYTHON, {"root": agent.root, "spec": request})
+) -> HostPython:
+    """The interpreter for ``request`` on the host, found there or brought."""
+    asked = FindPythonRequest(root=agent.root, spec=request)
+    found = FindPythonAnswer.from_json(await agent.call(Op.FIND_PYTHON, asked.to_json()))
     plan = plan_python(found, request, home)
     if plan.python:
-        return {"python": plan.python, "version": plan.version, "brought": plan.found["brought"]}
+        return HostPython(plan.python, plan.version, found.brought)
     if plan.bring is None:
-        listed = FindPythonAnswer.from_json(found).pythons
+        listed = found.pythons
         seen = ", ".join(f"{p['version']} ({p['path']})" for p in listed)
         raise HostEnvironmentError(
             f"{agent.transport.name}: no Python matching environment.python {request!r} "
             f"(the host has {seen or 'none'}), and {plan.problem}",
             hint="name an interpreter the host has, or let this laptop reach the Python builds",
         )
-    answer = await bring(
+    got = await bring(
         agent, plan.bring, home=home, method=method, emit=emit, run_id=run_id, phase="provision"
     )
-    got = BringAnswer.from_json(answer)
-    return {
-        "python": got.exe,
-        "version": got.version or plan.bring_version,
-        "brought": True,
-        "dir": got.dir,
-        "reused": answer.get("reused"),
-        "label": plan.bring.label,
-    }
+    return HostPython(
+        python=got.exe,
+        version=got.version or plan.bring_version,
+        brought=True,
+        dir=got.dir,
+        reused=got.reused,
+        label=plan.bring.label,
+    )
+
+
+async def host_tags(agent: AgentClient) -> HostTags:
+    """The wheel tags of the agent's interpreter on the host (``runtime_status``)."""
+    status = RuntimeStatus.from_json(await agent.call(Op.RUNTIME_STATUS, {"root": agent.root}))
+    return HostTags.from_json(status.tags)
 
 
 async def ensure_uv(
     agent: AgentClient, *, home: Path | None, method: str, emit: Emit, run_id: str
-) -> dict[str, Any] | None:
+) -> BringAnswer | None:
     """uv on the host (its wheel, unzipped under the root), or None: pip builds the venv."""
     try:
-        status = RuntimeStatus.from_json(await agent.call(Op.RUNTIME_STATUS, {"root": agent.root}))
-        art = pythonsource.uv_artifact(home, status.tags)
+        art = pythonsource.uv_artifact(home, await host_tags(agent))
         if art is None:
             raise HostEnvironmentError(
                 f"PyPI has no uv {pythonsource.UV_VERSION} wheel for the host"

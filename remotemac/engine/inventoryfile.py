@@ -30,6 +30,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from remotemac.agent.protocol import JsonObject
 from remotemac.errors import BadInput
 from remotemac.playbook import MAX_HOSTS, check_host, check_remote_root
 from remotemac.userfiles import BoundedLoader, read_user_file, yaml_error_where
@@ -109,7 +110,9 @@ def parse_inventory(text: str, source: str = "<inventory>") -> Inventory:
             hint="e.g. macs: {hosts: [mac-a, mac-b]}",
         )
     inv = Inventory(source=source)
-    host_raw: dict[str, dict[str, Any]] = {}
+    # each host's vars as the YAML gave them (a JSON-shaped edge), merged, before
+    # HostVars checks them
+    host_raw: dict[str, JsonObject] = {}
     for number, (group, body) in enumerate(data.items()):
         where = f"{source}: {_shown(group, 'group', number)}"
         hosts, group_vars = _group(body, where)
@@ -160,8 +163,8 @@ def _count_hosts(data: dict[Any, Any]) -> int:
     return len(names)
 
 
-def _group(body: Any, where: str) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
-    """(hosts with their own vars, group vars) of one group's body."""
+def _group(body: Any, where: str) -> tuple[dict[str, JsonObject], JsonObject]:
+    """(hosts with their own vars, group vars) of one group's body, as the YAML gave them."""
     if isinstance(body, list):
         body = {"hosts": body}
     if not isinstance(body, dict):
@@ -173,7 +176,7 @@ def _group(body: Any, where: str) -> tuple[dict[str, dict[str, Any]], dict[str, 
     if not isinstance(group_vars, dict):
         raise BadInput(f"{where}.vars: expected a mapping of vars")
     raw = body.get("hosts") or []
-    hosts: dict[str, dict[str, Any]] = {}
+    hosts: dict[str, JsonObject] = {}
     if isinstance(raw, list):
         for item in raw:
             if isinstance(item, dict) and len(item) == 1:  # - mac-a: {vars}

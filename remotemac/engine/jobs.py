@@ -10,12 +10,14 @@ lost or repeated, whatever happened in between.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import os
 import shlex
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, ClassVar
 
 from remotemac.agent.protocol import (
     CACHE_DIRS,
@@ -26,8 +28,12 @@ from remotemac.agent.protocol import (
     FINAL_STATES,
     JobState,
     JobStatus,
+    JsonObject,
     LaunchAnswer,
+    LaunchRequest,
+    Message,
     Op,
+    StatusRequest,
 )
 from remotemac.agent.protocol import (
     CACHE_VARS as CACHE_VARS,  # re-exported: the record reads it from here
@@ -54,6 +60,114 @@ FOLLOW_RECONNECT_MAX_WAIT_S = 1.0
 DRILL_AFTER_LINES = 20
 
 
+@dataclass(frozen=True)
+class DiskWatch:
+    """What the runner watches (the launch's ``disk``): remote_root's volume, through
+    the run dir, and the RAM store; it stops the job below ``min_free`` bytes free."""
+
+    root: str
+    ram: str | None
+    min_free: int
+
+    def to_json(self) -> JsonObject:
+        return {
+            "paths": {"root": self.root, "ram": self.ram},
+            "min_free": self.min_free,
+            "warn_free": 2 * self.min_free,
+        }
+
+    @classmethod
+    def from_json(cls, data: JsonObject) -> DiskWatch:
+        return cls(root=data["paths"]["root"], ram=data["paths"]["ram"], min_free=data["min_free"])
+
+
+@dataclass
+class Relaunch(Message):
+    """A lost job started again (the launch's ``relaunch``; the host keeps it in the
+    job's status as ``relaunched``): why, the marker line the runner writes into the
+    log, which command ran and when."""
+
+    reason: str | None = None
+    marker: str | None = None
+    command: str | None = None
+    at: float | None = None
+
+    def for_record(self) -> JsonObject:
+        """The follow result's ``relaunched``: these four keys, None when unknown."""
+        return {
+            "reason": self.reason,
+            "marker": self.marker,
+            "command": self.command,
+            "at": self.at,
+        }
+
+
+@dataclass
+class RunnerStatus(Message):
+    """The job's status file (agent/runner.py writes it) as a ``status`` answer carries
+    it: the fields the laptop reads; the rest stays in ``extra``."""
+
+    state: str | None = None
+    runner_pid: int | None = None
+    started_at: float | None = None
+    heartbeat_at: float | None = None
+    ended_at: float | None = None
+    exit_code: int | None = None
+    peak_rss_bytes: int | None = None
+    reason: str | None = None
+    #: the runner's disk figures, handed to the record as they are
+    disk: JsonObject | None = None
+    disk_warning: str | None = None
+    #: the relaunch this job is (a lost job started again), as the launch asked for it
+    relaunched: Any = None
+
+    @property
+    def relaunch(self) -> Relaunch | None:
+        """The relaunch this job is, None when it is not one."""
+        if isinstance(self.relaunched, dict):
+            return Relaunch.from_json(self.relaunched)
+        return None
+
+    @property
+    def empty(self) -> bool:
+        """No status file yet (the agent answered ``{}``)."""
+        return not self.to_json()
+
+
+@dataclass
+class DrillResult:
+    """What ``run --drill disconnect`` found: did the job keep running through the cut,
+    is the local log complete, how long the reconnect took (or why it was skipped)."""
+
+    kind: str = "disconnect"
+    job_kept_running: bool | None = None
+    log_complete: bool | None = None
+    reconnect_s: float | None = None
+    lines_before: int | None = None
+    skipped: str | None = None
+    dropped: bool | None = None
+
+    #: present only once set (the first four always are)
+    OPTIONAL: ClassVar[tuple[str, ...]] = ("lines_before", "skipped", "dropped")
+
+    def to_json(self) -> JsonObject:
+        out: JsonObject = {
+            "kind": self.kind,
+            "job_kept_running": self.job_kept_running,
+            "log_complete": self.log_complete,
+            "reconnect_s": self.reconnect_s,
+        }
+        for name in self.OPTIONAL:
+            if getattr(self, name) is not None:
+                out[name] = getattr(self, name)
+        return out
+
+    @classmethod
+    def from_json(cls, data: JsonObject) -> DrillResult:
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+
 def job_request(
     ctx: RunContext,
     side: Side,
@@ -61,7 +175,7 @@ def job_request(
     prov: ProvisionHost,
     data_dir: str,
     command: str | None = None,
-) -> dict[str, Any]:
+) -> LaunchRequest:
     """The agent's launch request for one side; ``command`` overrides the workload's
     (a relaunch runs ``resume_command``)."""
     pb = ctx.playbook
@@ -88,27 +202,27 @@ def job_request(
     if device == "mps" and pb.workload.fallback == "diagnostic":
         env["PYTORCH_ENABLE_MPS_FALLBACK"] = "1"
     command = substitute(command or pb.workload.command, values)
-    return {
-        "run_dir": run_dir,
-        "device": side.label,
-        "session": side.session(ctx.run_id),
-        "command": f"mkdir -p {shlex.quote(output_dir)} && {command}",
-        "metrics_path": f"{run_dir}/logs/{side.label}.rss.jsonl",
-        "cwd": f"{run_dir}/project",
-        "env": env,
-        "timeout": pb.workload.timeout,
-        "mode": "tmux",
-        "disk": disk_watch(ctx, side, run_dir),
+    return LaunchRequest(
+        run_dir=run_dir,
+        device=side.label,
+        session=side.session(ctx.run_id),
+        command=f"mkdir -p {shlex.quote(output_dir)} && {command}",
+        metrics_path=f"{run_dir}/logs/{side.label}.rss.jsonl",
+        cwd=f"{run_dir}/project",
+        env=env,
+        timeout=pb.workload.timeout,
+        mode="tmux",
+        disk=disk_watch(ctx, side, run_dir).to_json(),
         # every Python process of the job that imports torch is observed in-process,
         # whatever the command's shape (see agent/jobsite.py and agent/observer.py)
         # after the job, its own interpreter turns pickled checkpoints the safe loader
         # refuses into tensors on the host (agent/ckptconvert.py)
-        "convert": {
+        convert={
             "python": prov.venv_python,
             "dir": output_dir,
             "patterns": [r.file for r in pb.outputs.compare] or ["**/*"],
         },
-        "observe": {
+        observe={
             "dir": f"{run_dir}/status/{side.label}.observe",
             "obs_path": f"{run_dir}/status/{side.label}.obs.json",
             "device": device,
@@ -120,7 +234,7 @@ def job_request(
                 else {}
             ),
         },
-    }
+    )
 
 
 def trace_path(run_dir: str, side: Side) -> str:
@@ -131,27 +245,24 @@ def trace_path(run_dir: str, side: Side) -> str:
     return f"{run_dir}/out/.trace/{side.label}.trace.jsonl"
 
 
-def disk_watch(ctx: RunContext, side: Side, run_dir: str) -> dict[str, Any]:
+def disk_watch(ctx: RunContext, side: Side, run_dir: str) -> DiskWatch:
     """What the runner watches: remote_root's volume (through the run dir) and the RAM store."""
     sync = ctx.result(Phase.SYNC)
     ram = sync.ram(side.host_key) if sync else {}
-    min_free = int(ctx.playbook.stop_when.min_free_disk)
-    return {
-        "paths": {"root": run_dir, "ram": ram.get("path")},
-        "min_free": min_free,
-        "warn_free": 2 * min_free,
-    }
+    return DiskWatch(run_dir, ram.get("path"), int(ctx.playbook.stop_when.min_free_disk))
 
 
 async def launch(
-    ctx: RunContext, side: Side, request: dict[str, Any], next_request: dict[str, Any] | None = None
-) -> dict[str, Any]:
+    ctx: RunContext,
+    side: Side,
+    request: LaunchRequest,
+    next_request: LaunchRequest | None = None,
+) -> LaunchAnswer:
     binding = ctx.host_for(side)
-    req = dict(request)
+    req = request.to_json()
     if next_request is not None:
-        req["next"] = next_request
-    answer = await binding.agent.call(Op.LAUNCH, req)
-    launched = LaunchAnswer.from_json(answer)
+        req["next"] = next_request.to_json()
+    launched = LaunchAnswer.from_json(await binding.agent.call(Op.LAUNCH, req))
     if launched.tmux_hint:
         # an offer, never a silent install: the daemonised runner works without tmux
         ctx.emit(
@@ -162,7 +273,7 @@ async def launch(
                 code="no-tmux",
             )
         )
-    return answer
+    return launched
 
 
 # ---------------------------------------------------------------- continuity
@@ -185,9 +296,10 @@ def count_connection_events(bus: EventBus) -> dict[str, int]:
 
 def continuity_totals(
     ctx: RunContext, tally: dict[str, int], carried_phases: list[str]
-) -> dict[str, Any]:
-    """This process's tally plus what follow phases finished by earlier processes counted."""
-    totals: dict[str, Any] = dict(tally)
+) -> JsonObject:
+    """The record's ``continuity``: this process's tally plus what follow phases finished
+    by earlier processes counted, and the drill."""
+    totals: JsonObject = dict(tally)
     drill = None
     for name, result in ctx.results.items():
         if PhaseKey.group(name) != Phase.FOLLOW or not isinstance(result, FollowResult):
@@ -205,43 +317,37 @@ class _Drill:
 
     def __init__(self, transport: Transport) -> None:
         self.transport = transport
-        self.result: dict[str, Any] = {
-            "kind": "disconnect",
-            "job_kept_running": None,
-            "log_complete": None,
-            "reconnect_s": None,
-        }
+        self.result = DrillResult()
         self.t0 = 0.0
-        self.runner_pid: Any = None
+        self.runner_pid: int | None = None
         self.pending = False
 
-    async def cut(self, status: dict[str, Any], lines: int) -> None:
-        self.result["lines_before"] = lines
+    async def cut(self, status: RunnerStatus, lines: int) -> None:
+        self.result.lines_before = lines
         if not self.transport.has_link():
-            self.result["skipped"] = f"{self.transport.name} has no link to cut"
+            self.result.skipped = f"{self.transport.name} has no link to cut"
             return
-        self.runner_pid = status.get("runner_pid")
+        self.runner_pid = status.runner_pid
         self.t0 = time.monotonic()
-        self.result["dropped"] = bool(await self.transport.drop_connection())
+        self.result.dropped = bool(await self.transport.drop_connection())
         self.pending = True
 
     def link_back(self) -> None:
         """The first operation after the cut succeeded (through a reconnect)."""
-        if self.pending and self.result["reconnect_s"] is None:
-            self.result["reconnect_s"] = round(time.monotonic() - self.t0, 3)
+        if self.pending and self.result.reconnect_s is None:
+            self.result.reconnect_s = round(time.monotonic() - self.t0, 3)
 
-    def saw_status(self, answer: dict[str, Any]) -> None:
-        if not self.pending or self.result["job_kept_running"] is not None:
+    def saw_status(self, job: JobStatus, status: RunnerStatus) -> None:
+        if not self.pending or self.result.job_kept_running is not None:
             return
-        job = JobStatus.from_json(answer)
-        self.result["job_kept_running"] = bool(
+        self.result.job_kept_running = bool(
             job.state not in (JobState.LOST, JobState.ABSENT)
-            and job.file.get("runner_pid") == self.runner_pid
+            and status.runner_pid == self.runner_pid
             and (job.runner_alive or job.final)
         )
 
 
-async def follow(ctx: RunContext, side: Side, request: dict[str, Any]) -> FollowResult:
+async def follow(ctx: RunContext, side: Side, request: LaunchRequest) -> FollowResult:
     """Stream the log from the saved offset until the job's status is final."""
     transport = ctx.host_for(side).transport
     before = transport.link_stats()
@@ -251,7 +357,7 @@ async def follow(ctx: RunContext, side: Side, request: dict[str, Any]) -> Follow
     return result
 
 
-async def _follow(ctx: RunContext, side: Side, request: dict[str, Any]) -> FollowResult:
+async def _follow(ctx: RunContext, side: Side, request: LaunchRequest) -> FollowResult:
     return await LogFollower(ctx, side, request).run()
 
 
@@ -264,15 +370,15 @@ class LogFollower:
     reported, the drill's cut), and build the phase result at the end.
     """
 
-    def __init__(self, ctx: RunContext, side: Side, request: dict[str, Any]) -> None:
+    def __init__(self, ctx: RunContext, side: Side, request: LaunchRequest) -> None:
         self.ctx, self.side, self.request = ctx, side, request
         self.binding = ctx.host_for(side)
         self.transport = self.binding.transport
-        self.remote_log = f"{request['run_dir']}/logs/{side.label}.log"
+        self.remote_log = f"{request.run_dir}/logs/{side.label}.log"
         self.local_log = ctx.out_dir / "logs" / f"{side.label}.log"
         self.offset, self.lines = self._start()
         self.pending = b""  # bytes after the last newline, not written yet
-        self.status: dict[str, Any] = {}
+        self.status = RunnerStatus()
         self.poll = ctx.options.follow_poll_s
         self.drill = (
             _Drill(self.transport)
@@ -283,7 +389,7 @@ class LogFollower:
         self.last_ok = self.last_save = time.monotonic()
         self.last_status = 0.0
         self.warned: set[str] = set()
-        self.relaunched: dict[str, Any] | None = None
+        self.relaunched: Relaunch | None = None
 
     def _start(self) -> tuple[int, int]:
         """Where reading starts (bytes, lines): the journal's saved offset."""
@@ -322,7 +428,7 @@ class LogFollower:
                     await asyncio.sleep(self.poll)
             self._write_last_line(out)
         self._save_offset()
-        if not self.status:
+        if self.status.empty:
             raise HostError(f"{self.transport.name}: no status for the {self.side.label} job")
         return await self._result()
 
@@ -396,38 +502,34 @@ class LogFollower:
         """Ask the agent how the job is; ``over``, ``again`` (read now) or ``wait``."""
         ctx, side, request = self.ctx, self.side, self.request
         try:
-            answer = await self.binding.agent.call(
-                Op.STATUS,
-                {
-                    "run_dir": request["run_dir"],
-                    "device": side.label,
-                    "session": request["session"],
-                },
+            asked = StatusRequest(
+                run_dir=request.run_dir, device=side.label, session=request.session
             )
+            answer = await self.binding.agent.call(Op.STATUS, asked.to_json())
         except TransientHostError:
             if self._link_unusable_too_long():
                 raise
             return "again"
         self._link_ok()
         job = JobStatus.from_json(answer)
-        self.status = status = job.file
+        self.status = status = RunnerStatus.from_json(job.file)
         state = job.state
         if self.drill:
-            self.drill.saw_status(answer)
+            self.drill.saw_status(job, status)
         _warn_once(ctx, side, status, self.warned)
-        if status.get("peak_rss_bytes"):
+        if status.peak_rss_bytes:
             ctx.emit(
                 Metric(
                     ctx.run_id,
                     device=side.label,
                     name="peak_rss_bytes",
-                    value=float(status["peak_rss_bytes"]),
+                    value=float(status.peak_rss_bytes),
                 )
             )
         if job.final and job.log_size <= self.offset + len(self.pending):
             return "over"
         if state == JobState.LOST:
-            await self._job_lost(answer)
+            await self._job_lost(job)
             return "again"  # relaunched (a second loss raises)
         ctx.emit(
             PhaseProgress(
@@ -442,25 +544,25 @@ class LogFollower:
         if (
             drill
             and not drill.pending
-            and "skipped" not in drill.result
+            and drill.result.skipped is None
             and state == "running"
             and self.lines >= DRILL_AFTER_LINES
         ):
             await drill.cut(status, self.lines)
         return "wait"
 
-    async def _job_lost(self, answer: dict[str, Any]) -> None:
+    async def _job_lost(self, job: JobStatus) -> None:
         """Relaunch a lost job once when the playbook says so; otherwise raise JobLost."""
         self._save_offset()
         status = self.status
-        reason = answer.get("lost_reason") or "runner gone"
+        reason = job.lost_reason or "runner gone"
         if may_relaunch(self.ctx, status) and self.relaunched is None:
             self.relaunched = await relaunch(self.ctx, self.side, self.request, reason)
             return
         raise JobLost(
             f"{self.transport.name}: the {self.side.label} job was lost "
             f"({reason}; tmux session gone, no "
-            f"heartbeat for {int(answer['now'] - (status.get('heartbeat_at') or 0))}s)"
+            f"heartbeat for {int((job.now or 0) - (status.heartbeat_at or 0))}s)"
             " — was the host rebooted?"
         )
 
@@ -468,30 +570,30 @@ class LogFollower:
         """The follow phase's result for the journal (and the drill's findings)."""
         status = self.status
         result = FollowResult(
-            state=status.get("state"),
-            exit_code=status.get("exit_code"),
-            started_at=status.get("started_at"),
-            ended_at=status.get("ended_at"),
-            peak_rss_bytes=status.get("peak_rss_bytes"),
+            state=status.state,
+            exit_code=status.exit_code,
+            started_at=status.started_at,
+            ended_at=status.ended_at,
+            peak_rss_bytes=status.peak_rss_bytes,
             lines=self.lines,
             bytes=self.offset,
-            reason=status.get("reason"),
-            disk=status.get("disk"),
-            disk_warning=status.get("disk_warning"),
+            reason=status.reason,
+            disk=status.disk,
+            disk_warning=status.disk_warning,
         )
         # the host remembers a relaunch even when this process did not make it (re-attach)
-        again = self.relaunched or status.get("relaunched")
+        again = self.relaunched or status.relaunch
         if again:
-            result.relaunched = {k: again.get(k) for k in ("reason", "marker", "command", "at")}
+            result.relaunched = again.for_record()
         drill = self.drill
         if drill:
             if drill.pending:
-                drill.result["log_complete"] = await log_matches_host(
+                drill.result.log_complete = await log_matches_host(
                     self.ctx, self.side, self.request, self.local_log
                 )
-            elif "skipped" not in drill.result:
-                drill.result["skipped"] = "the job ended before the drill could cut the link"
-            result.drill = drill.result
+            elif drill.result.skipped is None:
+                drill.result.skipped = "the job ended before the drill could cut the link"
+            result.drill = drill.result.to_json()
         return result
 
 
@@ -511,22 +613,20 @@ def shown_line(raw: bytes) -> str:
     return text
 
 
-def _warn_once(ctx: RunContext, side: Side, status: dict[str, Any], warned: set[str]) -> None:
+def _warn_once(ctx: RunContext, side: Side, status: RunnerStatus, warned: set[str]) -> None:
     """The runner's low-disk warning as a Warning event, once per job."""
-    text = status.get("disk_warning")
+    text = status.disk_warning
     if text and text not in warned:
         warned.add(text)
         ctx.emit(Warning(ctx.run_id, message=f"{side.label} job: {text}", code="low-disk"))
 
 
-def may_relaunch(ctx: RunContext, status: dict[str, Any]) -> bool:
+def may_relaunch(ctx: RunContext, status: RunnerStatus) -> bool:
     """``on_lost: relaunch``, and only once: the host's status says if it already was."""
-    return ctx.playbook.on_lost == "relaunch" and not status.get("relaunched")
+    return ctx.playbook.on_lost == "relaunch" and not status.relaunched
 
 
-async def relaunch(
-    ctx: RunContext, side: Side, request: dict[str, Any], reason: str
-) -> dict[str, Any]:
+async def relaunch(ctx: RunContext, side: Side, request: LaunchRequest, reason: str) -> Relaunch:
     """Start a lost job again (``resume_command`` if given), appending to the same log.
 
     The runner writes the marker line into the log when it starts, so the line is
@@ -537,37 +637,34 @@ async def relaunch(
     resume = pb.workload.resume_command
     prov = ctx.provision()
     sync = ctx.result(Phase.SYNC)
-    data_dir = (sync.data_dir(side.host_key) if sync else None) or request.get("env", {}).get(
-        "REMOTEMAC_DATA", ""
-    )
+    data_dir = (sync.data_dir(side.host_key) if sync else None) or request.env.get(ENV_DATA, "")
     device = prov.device(side.role)
     req = job_request(ctx, side, device, prov.hosts[side.host_key], data_dir, command=resume)
-    marker = RELAUNCH_MARKER.format(reason=reason)
-    info = {
-        "reason": reason,
-        "marker": marker,
-        "at": time.time(),
-        "command": "resume_command" if resume else "command",
-    }
-    req["relaunch"] = info
+    info = Relaunch(
+        reason=reason,
+        marker=RELAUNCH_MARKER.format(reason=reason),
+        command="resume_command" if resume else "command",
+        at=time.time(),
+    )
+    req.relaunch = info.to_json()
     ctx.emit(
         Warning(
             ctx.run_id,
             message=f"the {side.label} job was lost ({reason}); "
-            f"relaunching it once through its {info['command']} (on_lost: relaunch)",
+            f"relaunching it once through its {info.command} (on_lost: relaunch)",
             code="relaunched",
         )
     )
-    await ctx.host_for(side).agent.call(Op.LAUNCH, req)
+    await ctx.host_for(side).agent.call(Op.LAUNCH, req.to_json())
     return info
 
 
 async def log_matches_host(
-    ctx: RunContext, side: Side, request: dict[str, Any], local_log: Path
+    ctx: RunContext, side: Side, request: LaunchRequest, local_log: Path
 ) -> bool:
     """True when the local log is byte-identical to the host's (size and sha256)."""
     binding = ctx.host_for(side)
-    listing = await binding.agent.call(Op.LIST_OUTPUTS, {"dir": f"{request['run_dir']}/logs"})
+    listing = await binding.agent.call(Op.LIST_OUTPUTS, {"dir": f"{request.run_dir}/logs"})
     entry = next((e for e in listing.get("entries", []) if e["path"] == f"{side.label}.log"), None)
     if entry is None:
         return False

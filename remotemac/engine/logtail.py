@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from remotemac.agent.protocol import JobState, JobStatus, Op
+from remotemac.agent.protocol import JobState, JobStatus, LaunchRequest, Op
 from remotemac.engine.context import RunContext, RunOptions, Side
 from remotemac.engine.jobs import FOLLOW_RECONNECT_MAX_WAIT_S, LogFollower
 from remotemac.errors import JobLost
@@ -41,7 +41,7 @@ class _LogViewer(LogFollower):
     """The follow phase's reader, started at a given offset, keeping nothing."""
 
     def __init__(
-        self, ctx: RunContext, side: Side, request: dict[str, Any], start: tuple[int, int]
+        self, ctx: RunContext, side: Side, request: LaunchRequest, start: tuple[int, int]
     ) -> None:
         self.start = start
         super().__init__(ctx, side, request)
@@ -55,9 +55,8 @@ class _LogViewer(LogFollower):
     def _save_offset(self) -> None:
         """The journal's offset belongs to the remotemac that follows the run."""
 
-    async def _job_lost(self, answer: dict[str, Any]) -> None:  # (LogFollower's signature)
+    async def _job_lost(self, job: JobStatus) -> None:
         """A viewer relaunches nothing: attach relaunches or reports a lost job."""
-        job = answer if isinstance(answer, JobStatus) else JobStatus.from_json(answer)
         raise JobLost(
             f"{self.transport.name}: the {self.side.label} job was lost "
             f"({job.lost_reason or 'runner gone'}); "
@@ -154,7 +153,7 @@ async def _state(ctx: RunContext, side: Side) -> JobEnd:
 
 async def _tail(ctx: RunContext, side: Side, starts: dict[str, tuple[int, int]]) -> JobEnd:
     binding = ctx.host_for(side)
-    request = {"run_dir": binding.run_dir, "session": side.session(ctx.run_id)}
+    request = LaunchRequest(run_dir=binding.run_dir, session=side.session(ctx.run_id))
     viewer = _LogViewer(ctx, side, request, starts.get(side.label, (0, 0)))
     with binding.transport.reconnect_wait_capped(FOLLOW_RECONNECT_MAX_WAIT_S):
         result = await viewer.run()

@@ -15,10 +15,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from remotemac.agent.shared import parse_wheel_name, supported
-from remotemac.engine.pythonsource import pypi_json, retag
+from remotemac.agent.shared import parse_wheel_name
+from remotemac.engine.pythonsource import HostTags, WheelFile, pypi_json, retag
 
 CHECKED = ("torch", "torchvision", "torchaudio")
 _PIN = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(?:\[[^\]]*\])?\s*==\s*([^\s;#,]+)")
@@ -45,13 +44,13 @@ def pins(requirements: bytes) -> list[tuple[str, str]]:
     return out
 
 
-def _cp_versions(files: list[dict[str, Any]], platforms: list[str] | None) -> list[str]:
+def _cp_versions(files: list[WheelFile], platforms: list[str] | None) -> list[str]:
     """``["3.10", "3.11", …]``: the CPythons with a wheel (on ``platforms``, if given)."""
     found = set()
     for f in files:
-        if not f["filename"].endswith(".whl"):
+        if not f.filename.endswith(".whl"):
             continue
-        for py, abi, plat in parse_wheel_name(f["filename"])[2]:
+        for py, abi, plat in parse_wheel_name(f.filename)[2]:
             hit = re.fullmatch(r"cp3(\d+)", py)
             if hit and abi != f"{py}t" and (platforms is None or plat in platforms):
                 found.add(int(hit.group(1)))
@@ -63,31 +62,29 @@ def check_pin(
     name: str,
     version: str,
     python: str | None,
-    tags: dict[str, Any] | None,
+    tags: HostTags | None,
 ) -> PinVerdict:
     """Is there a wheel of ``name==version`` for CPython ``python`` (``major.minor[.patch]``)
     on the host ``tags`` describe (agentruntime.host_tags)? ``tags=None``: any platform."""
     pin = f"{name}=={version}"
     try:
-        files = pypi_json(home, name)["releases"].get(version)
+        files = pypi_json(home, name).releases.get(version)
     except (OSError, ValueError, KeyError) as exc:
         return PinVerdict(name, version, None, f"{pin}: could not check on PyPI ({exc})")
     if files is None:
         return PinVerdict(name, version, False, f"{pin}: PyPI has no such release")
-    platforms = list(tags["platforms"]) if tags else None
+    platforms = list(tags.platforms) if tags else None
     have = tuple(_cp_versions(files, platforms))
-    where = f"{tags['system']} {tags['machine']}" if tags else "any platform"
+    where = f"{tags.system} {tags.machine}" if tags else "any platform"
     if python is None:
         return PinVerdict(
             name, version, None, f"{pin} has wheels for CPython {_span(have)} on {where}", have
         )
     short = ".".join(python.split(".")[:2])
     if tags:
-        accepted = supported(retag(tags, python))
+        accepted = retag(tags, python).accepted()
         ok = any(
-            parse_wheel_name(f["filename"])[2] & accepted
-            for f in files
-            if f["filename"].endswith(".whl")
+            parse_wheel_name(f.filename)[2] & accepted for f in files if f.filename.endswith(".whl")
         )
     else:
         ok = short in have

@@ -12,9 +12,9 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import NoReturn
 
-from remotemac.agent.protocol import ErrorCode, Op
+from remotemac.agent.protocol import ErrorCode, JsonObject, LaunchRequest, Op
 from remotemac.engine.agentclient import DEFAULT_AGENT_PYTHON, AgentClient
 from remotemac.engine.context import (
     HostBinding,
@@ -80,7 +80,7 @@ def build_context(
     options: RunOptions,
     ssh: SSHOptions | None = None,
     host: str | None = None,
-    matrix: dict[str, Any] | None = None,
+    matrix: dict[str, object] | None = None,
     pool: TransportPool | None = None,
 ) -> RunContext:
     """``host``/``matrix``: one fleet run's host and variant; ``pool``: shared connections."""
@@ -216,7 +216,7 @@ def not_accepted_reason(ctx: RunContext) -> str:
     return (ctx.result(Phase.COMPARE) or CompareResult()).summary
 
 
-def phase_ok(key: PhaseKey, result: dict[str, Any] | PhaseResult) -> bool:
+def phase_ok(key: PhaseKey, result: JsonObject | PhaseResult) -> bool:
     """Whether phase ``key`` is shown as passed: the result's own rule
     (:meth:`PhaseResult.ok`), for a result in its journal form too."""
     return as_result(key.name, result).ok()
@@ -513,7 +513,7 @@ async def _provision(ctx: RunContext, _key: PhaseKey) -> ProvisionResult:
     return ProvisionResult(
         hosts=hosts,
         devices=devices,
-        project=project_revision(ctx.playbook.project_dir()),
+        project=project_revision(ctx.playbook.project_dir()).to_json(),
         summary=", ".join(f"{r}={d}" for r, d in devices.items()),
     )
 
@@ -533,7 +533,7 @@ async def _sync(ctx: RunContext, _key: PhaseKey) -> SyncResult:
     return SyncResult(hosts=hosts, summary=f"{first.files} files, {first.bytes} bytes")
 
 
-def _requests(ctx: RunContext) -> dict[str, dict[str, Any]]:
+def _requests(ctx: RunContext) -> dict[str, LaunchRequest]:
     from remotemac.engine.jobs import job_request
 
     prov = ctx.provision()
@@ -566,11 +566,11 @@ async def _launch(ctx: RunContext, key: PhaseKey) -> LaunchResult:
         nxt = requests["target"]
     answer = await launch(ctx, side, requests[role], nxt)
     return LaunchResult(
-        session=requests[role]["session"],
-        mode=answer.get("mode"),
-        already=bool(answer.get("already_running") or answer.get("already_done")),
-        access=answer.get("access"),
-        summary=requests[role]["session"],
+        session=requests[role].session,
+        mode=answer.mode,
+        already=bool(answer.already_running or answer.already_done),
+        access=answer.access,
+        summary=requests[role].session,
     )
 
 

@@ -6,12 +6,19 @@ import asyncio
 import hashlib
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from remotemac.agent.protocol import Op, PrepareRunAnswer, RuntimeStatus
+from remotemac.agent.protocol import BringAnswer, JsonObject, Message, Op, PrepareRunAnswer
 from remotemac.engine.context import HostBinding, RunContext, expand_root
-from remotemac.engine.hostpython import ensure_python, ensure_uv, version_request
+from remotemac.engine.hostpython import (
+    HostPython,
+    ensure_python,
+    ensure_uv,
+    host_tags,
+    version_request,
+)
 from remotemac.engine.phaseresults import ProvisionHost
 from remotemac.engine.pincheck import check_pin, pins
 from remotemac.engine.projectfiles import project_upload
@@ -21,6 +28,49 @@ from remotemac.events import PhaseProgress
 
 #: seconds between progress events while the environment is built
 TICK_S = 5.0
+
+
+@dataclass
+class VenvAnswer(Message):
+    """The agent's ``ensure_venv`` answer: the venv and the interpreter it was made from."""
+
+    venv_python: str = ""
+    env_dir: str = ""
+    reused: bool | None = None
+    interpreter: str | None = None
+    version: str | None = None
+    interpreter_is_venv: bool | None = None
+    parent_site: list[str] | None = None
+    installer: str | None = None
+
+    def described(self, brought: HostPython | None) -> JsonObject:
+        """Provision's ``interpreter``: which Python the venv was made from, and what
+        remotemac brought for it."""
+        out: JsonObject = {
+            "interpreter": self.interpreter,
+            "version": self.version,
+            "interpreter_is_venv": self.interpreter_is_venv,
+            "parent_site": self.parent_site,
+            "installer": self.installer,
+        }
+        if brought is not None:
+            out["brought"] = brought.as_brought()
+        return out
+
+
+@dataclass(frozen=True)
+class ProjectRevision:
+    """The project's git commit and whether its work tree has uncommitted changes."""
+
+    git_commit: str | None
+    dirty: bool | None
+
+    def to_json(self) -> JsonObject:
+        return {"git_commit": self.git_commit, "dirty": self.dirty}
+
+    @classmethod
+    def from_json(cls, data: JsonObject) -> ProjectRevision:
+        return cls(data["git_commit"], data["dirty"])
 
 
 def env_key(system_site: bool, requirements: bytes | None) -> str:
@@ -55,7 +105,7 @@ async def provision_host(ctx: RunContext, binding: HostBinding) -> ProvisionHost
     # inside the venv (its identity is the key), else in the run's own dir: never loose in
     # a directory cleanup only empties of what carries remotemac's marker
     cache = (
-        f"{venv['env_dir']}/.remotemac-freeze.json"
+        f"{venv.env_dir}/.remotemac-freeze.json"
         if env.venv
         else f"{binding.run_dir}/cache/freeze.json"
     )
@@ -67,21 +117,9 @@ async def provision_host(ctx: RunContext, binding: HostBinding) -> ProvisionHost
         run_dir=binding.run_dir,
         paths=prepared.paths,
         venv_python=venv_python,
-        venv_reused=venv.get("reused"),
+        venv_reused=venv.reused,
         probe=probe,
-        interpreter={
-            **{
-                k: venv.get(k)
-                for k in (
-                    "interpreter",
-                    "version",
-                    "interpreter_is_venv",
-                    "parent_site",
-                    "installer",
-                )
-            },
-            **({"brought": brought} if brought else {}),
-        },
+        interpreter=venv.described(brought),
         project_files=len(files),
         project_bytes=len(archive),
         lock_hash=hashlib.sha256(req_bytes).hexdigest() if req_bytes else None,
@@ -154,7 +192,7 @@ async def _upload_project(
 
 async def _environment(
     ctx: RunContext, binding: HostBinding, root: str, prepared: PrepareRunAnswer
-) -> tuple[str, dict[str, Any], dict[str, Any], bytes | None]:
+) -> tuple[str, VenvAnswer, HostPython | None, bytes | None]:
     """The workload's venv (or the plain interpreter): (its python, the agent's venv
     answer, what was brought to the host, the requirements' bytes)."""
     pb = ctx.playbook
@@ -166,9 +204,9 @@ async def _environment(
         req_bytes = (pb.project_dir() / env.requirements).read_bytes()
         req_remote = f"{prepared.paths['project']}/{env.requirements}"
     venv_python = env.python
-    venv: dict[str, Any] = {"reused": None}
+    venv = VenvAnswer()
     key = env_key(env.system_site_packages, req_bytes)
-    brought: dict[str, Any] = {}
+    brought = None
     if env.venv:
         workload_python, brought, uv = await _tools(ctx, binding, req_bytes, env.requirements)
         installer = "uv" if uv else "pip"
@@ -179,42 +217,48 @@ async def _environment(
             "python": workload_python,
             "system_site_packages": env.system_site_packages,
             "requirements": req_remote,
-            "uv": uv["exe"] if uv else None,
+            "uv": uv.exe if uv else None,
         }
-        venv = await _with_ticker(
+        answer = await _with_ticker(
             ctx,
-            f"environment from {brought.get('label') or env.python}{what}"
+            f"environment from {(brought and brought.label) or env.python}{what}"
             + (f" ({_pins_text(req_bytes)})" if req_bytes else ""),
             binding.agent.call(Op.ENSURE_VENV, request, timeout=3600),
         )
-        venv_python = venv["venv_python"]
-        ctx.journal.record_created(transport.name, "venv", venv["env_dir"], ctx.run_id)
+        venv = VenvAnswer.from_json(answer)
+        venv_python = venv.venv_python
+        ctx.journal.record_created(transport.name, "venv", venv.env_dir, ctx.run_id)
     return venv_python, venv, brought, req_bytes
 
 
 async def _tools(
     ctx: RunContext, binding: HostBinding, req_bytes: bytes | None, req_name: str | None
-) -> tuple[str, dict[str, Any], dict[str, Any] | None]:
+) -> tuple[str | None, HostPython | None, BringAnswer | None]:
     """(interpreter for the venv, what was brought for it, uv or None): a version request
     is matched on the host or brought (engine/hostpython.py); a pinned torch without a
     wheel for that Python stops here, in one line, before pip's resolver would."""
     pb, agent, host = ctx.playbook, binding.agent, binding.transport.name
     method = install_method(pb.agent.runtime_install)
-    python, brought = pb.environment.python, {}
-    if version_request(python) is not None:
+    python: str | None = pb.environment.python
+    brought = None
+    if version_request(pb.environment.python) is not None:
         got = await ensure_python(
-            agent, python, home=ctx.home, method=method, emit=ctx.emit, run_id=ctx.run_id
+            agent,
+            pb.environment.python,
+            home=ctx.home,
+            method=method,
+            emit=ctx.emit,
+            run_id=ctx.run_id,
         )
-        python = got["python"]
-        if got.get("dir"):
-            brought = {k: got[k] for k in ("dir", "version", "label", "reused")}
-            ctx.journal.record_created(host, "runtime", got["dir"], ctx.run_id)
+        python = got.python
+        if got.dir:
+            brought = got
+            ctx.journal.record_created(host, "runtime", got.dir, ctx.run_id)
         if req_bytes:
-            status = await agent.call(Op.RUNTIME_STATUS, {"root": agent.root})
-            tags = RuntimeStatus.from_json(status).tags
+            tags = await host_tags(agent)
             for name, version in pins(req_bytes):
                 verdict = await asyncio.to_thread(
-                    check_pin, ctx.home, name, version, got["version"], tags
+                    check_pin, ctx.home, name, version, got.version, tags
                 )
                 if verdict.ok is False:
                     raise HostEnvironmentError(
@@ -225,8 +269,8 @@ async def _tools(
     uv = None
     if req_bytes:
         uv = await ensure_uv(agent, home=ctx.home, method=method, emit=ctx.emit, run_id=ctx.run_id)
-        if uv:
-            ctx.journal.record_created(host, "runtime", uv["dir"], ctx.run_id)
+        if uv is not None and uv.dir:
+            ctx.journal.record_created(host, "runtime", uv.dir, ctx.run_id)
     return python, brought, uv
 
 
@@ -265,7 +309,7 @@ async def _with_ticker(ctx: RunContext, detail: str, call: Any) -> Any:
         tick()
 
 
-def project_revision(project_dir: Path) -> dict[str, Any]:
+def project_revision(project_dir: Path) -> ProjectRevision:
     """The project's git commit and whether the work tree has uncommitted changes."""
     import subprocess
 
@@ -280,12 +324,12 @@ def project_revision(project_dir: Path) -> dict[str, Any]:
 
     commit = git("rev-parse", "HEAD")
     if commit is None:
-        return {"git_commit": None, "dirty": None}
+        return ProjectRevision(None, None)
     status = git("status", "--porcelain", "--untracked-files=no", "--", ".")
-    return {"git_commit": commit, "dirty": bool(status)}
+    return ProjectRevision(commit, bool(status))
 
 
-def resolve_device(device: str, probe: dict[str, Any]) -> str:
+def resolve_device(device: str, probe: JsonObject) -> str:
     """``auto`` → mps, else cuda, else cpu, by what the host's torch can do."""
     if device != "auto":
         return device

@@ -24,10 +24,11 @@ import subprocess
 import time
 import urllib.parse
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from remotemac.agent.protocol import JsonObject, Message
 from remotemac.agent.shared import Clause, matches, parse_wheel_name, platform_tags, supported
 from remotemac.engine.bring import Artifact
 from remotemac.errors import HostEnvironmentError
@@ -61,6 +62,173 @@ class PythonDownload:
     @property
     def version_text(self) -> str:
         return ".".join(map(str, self.version))
+
+
+@dataclass
+class DownloadEntry(Message):
+    """One entry of uv's ``download-metadata.json`` (the key is the entry's name)."""
+
+    name: str | None = None
+    #: ``{"family", "variant"}`` in uv's file, a plain string in older ones
+    arch: Any = None
+    os: str | None = None
+    libc: str | None = None
+    major: int = 0
+    minor: int = 0
+    patch: int = 0
+    url: str = ""
+    sha256: str | None = None
+    prerelease: Any = None
+    variant: str | None = None
+
+    def download(self, key: str) -> PythonDownload | None:
+        """The build, None unless it is CPython's default variant of a final release."""
+        if self.name != "cpython" or self.prerelease or self.variant not in (None, "", "default"):
+            return None
+        arch = self.arch
+        if isinstance(arch, dict):
+            if arch.get("variant"):
+                return None
+            arch = arch.get("family")
+        return PythonDownload(
+            key=key,
+            version=(int(self.major), int(self.minor), int(self.patch)),
+            os=_os_name(self.os),
+            arch=str(arch),
+            libc=str(self.libc or "none"),
+            url=mirrored(str(self.url)),
+            sha256=self.sha256,
+        )
+
+
+@dataclass
+class UvListEntry(Message):
+    """One line of ``uv python list --output-format json``: no sha256 in it."""
+
+    key: str = ""
+    implementation: str | None = None
+    variant: str | None = None
+    version: str = ""
+    version_parts: dict[str, int] = field(default_factory=dict)
+    os: str | None = None
+    arch: str | None = None
+    libc: str | None = None
+    url: str | None = None
+
+    def download(self) -> PythonDownload | None:
+        """The build, None unless it is a downloadable final CPython of the default variant."""
+        if self.implementation != "cpython" or self.variant != "default":
+            return None
+        if not self.url or "prerelease" in str(self.version).lower():
+            return None
+        parts = self.version_parts
+        return PythonDownload(
+            key=str(self.key),
+            version=(int(parts["major"]), int(parts["minor"]), int(parts["patch"])),
+            os=_os_name(self.os),
+            arch=str(self.arch),
+            libc=str(self.libc or "none"),
+            url=str(self.url),
+            sha256=None,
+        )
+
+
+def _os_name(os_: str | None) -> str:
+    """uv says ``macos`` where the host's platform says ``darwin``."""
+    return {"macos": "darwin"}.get(str(os_), str(os_))
+
+
+@dataclass(frozen=True)
+class HostPlatform:
+    """The host's platform as ``find_python`` names it, the way uv's builds are keyed."""
+
+    os: str | None = None
+    arch: str | None = None
+    libc: str | None = None
+
+    @classmethod
+    def from_json(cls, data: JsonObject) -> HostPlatform:
+        return cls(**{k: data[k] for k in ("os", "arch", "libc") if k in data})
+
+    def to_json(self) -> JsonObject:
+        return {"os": self.os, "arch": self.arch, "libc": self.libc}
+
+
+@dataclass
+class HostTags(Message):
+    """The wheel tags of an interpreter on the host (agentruntime.host_tags): which
+    wheels it installs, for fetching them on this laptop."""
+
+    python: str = ""
+    python_tag: str = ""
+    implementation: str = ""
+    abi: str = ""
+    system: str = ""
+    machine: str = ""
+    mac_release: str = ""
+    glibc: str = ""
+    platforms: list[str] = field(default_factory=list)
+    executable: str | None = None
+
+    def accepted(self) -> set[tuple[str, str, str]]:
+        """The (python, abi, platform) triples a wheel may carry to install here."""
+        return supported(self.to_json())
+
+
+@dataclass(frozen=True)
+class WheelFile:
+    """One file of a release on PyPI, as cached in ``<home>/sources``."""
+
+    filename: str
+    url: str
+    sha256: str | None = None
+    size: int | None = None
+
+    @classmethod
+    def from_pypi(cls, data: JsonObject, page: str) -> WheelFile:
+        """A file of PyPI's JSON API (its URL relative to ``page``)."""
+        return cls(
+            filename=data["filename"],
+            url=urllib.parse.urljoin(page, data["url"]),
+            sha256=(data.get("digests") or {}).get("sha256"),
+            size=data.get("size"),
+        )
+
+    @classmethod
+    def from_json(cls, data: JsonObject) -> WheelFile:
+        return cls(data["filename"], data["url"], data["sha256"], data["size"])
+
+    def to_json(self) -> JsonObject:
+        return {
+            "filename": self.filename,
+            "url": self.url,
+            "sha256": self.sha256,
+            "size": self.size,
+        }
+
+
+@dataclass(frozen=True)
+class PypiProject:
+    """A project on PyPI: its releases and their files (the cached form)."""
+
+    name: str
+    releases: dict[str, list[WheelFile]]
+
+    @classmethod
+    def from_json(cls, data: JsonObject) -> PypiProject:
+        return cls(
+            name=data["name"],
+            releases={
+                version: [WheelFile.from_json(f) for f in files]
+                for version, files in data["releases"].items()
+            },
+        )
+
+    def to_json(self) -> JsonObject:
+        return {
+            "name": self.name,
+            "releases": {v: [f.to_json() for f in files] for v, files in self.releases.items()},
+        }
 
 
 def _read(url: str, timeout: float = TIMEOUT_S) -> bytes:
@@ -98,33 +266,17 @@ def mirrored(url: str) -> str:
     return url
 
 
-def parse_downloads_json(data: dict[str, Any]) -> list[PythonDownload]:
+def parse_downloads_json(data: JsonObject) -> list[PythonDownload]:
     """uv's ``download-metadata.json``: CPython, default variant, final releases."""
     out = []
     for key, entry in data.items():
-        if not isinstance(entry, dict) or entry.get("name") != "cpython":
-            continue
-        if entry.get("prerelease") or entry.get("variant") not in (None, "", "default"):
-            continue
-        arch = entry.get("arch")
-        arch = arch.get("family") if isinstance(arch, dict) else arch
-        if isinstance(entry.get("arch"), dict) and entry["arch"].get("variant"):
-            continue
-        out.append(
-            PythonDownload(
-                key=key,
-                version=(int(entry["major"]), int(entry["minor"]), int(entry["patch"])),
-                os={"macos": "darwin"}.get(str(entry.get("os")), str(entry.get("os"))),
-                arch=str(arch),
-                libc=str(entry.get("libc") or "none"),
-                url=mirrored(str(entry["url"])),
-                sha256=entry.get("sha256"),
-            )
-        )
+        dl = DownloadEntry.from_json(entry).download(key) if isinstance(entry, dict) else None
+        if dl is not None:
+            out.append(dl)
     return out
 
 
-def _uv_list() -> list[dict[str, Any]]:
+def _uv_list() -> list[JsonObject]:
     uv = shutil.which("uv")
     if not uv:
         raise HostEnvironmentError(
@@ -149,37 +301,22 @@ def python_downloads(home: Path | None) -> list[PythonDownload]:
     source = os.environ.get(ENV_JSON)
     if source:
         return parse_downloads_json(json.loads(_read(source)))
-    out = []
-    for entry in _cached(home, "uv-python-list.json", _uv_list):
-        if entry.get("implementation") != "cpython" or entry.get("variant") != "default":
-            continue
-        parts = entry.get("version_parts") or {}
-        if not entry.get("url") or "prerelease" in str(entry.get("version", "")).lower():
-            continue
-        out.append(
-            PythonDownload(
-                key=str(entry["key"]),
-                version=(int(parts["major"]), int(parts["minor"]), int(parts["patch"])),
-                os={"macos": "darwin"}.get(str(entry["os"]), str(entry["os"])),
-                arch=str(entry["arch"]),
-                libc=str(entry.get("libc") or "none"),
-                url=str(entry["url"]),
-                sha256=None,
-            )
-        )
-    return out
+    found = (
+        UvListEntry.from_json(e).download() for e in _cached(home, "uv-python-list.json", _uv_list)
+    )
+    return [dl for dl in found if dl is not None]
 
 
 def choose(
-    downloads: list[PythonDownload], spec: list[Clause], platform: dict[str, str]
+    downloads: list[PythonDownload], spec: list[Clause], platform: HostPlatform
 ) -> PythonDownload | None:
     """The newest build for the host's os/arch/libc that satisfies ``spec``."""
     fitting = [
         d
         for d in downloads
-        if d.os == platform.get("os")
-        and d.arch == platform.get("arch")
-        and d.libc == platform.get("libc")
+        if d.os == platform.os
+        and d.arch == platform.arch
+        and d.libc == platform.libc
         and matches(spec, d.version)
     ]
     return max(fitting, key=lambda d: d.version) if fitting else None
@@ -224,45 +361,34 @@ def python_artifact(home: Path | None, dl: PythonDownload) -> Artifact:
     )
 
 
-def pypi_json(home: Path | None, name: str) -> dict[str, Any]:
+def pypi_json(home: Path | None, name: str) -> PypiProject:
     """PyPI's JSON for project ``name`` (its releases and their files), cached."""
     base = os.environ.get(ENV_PYPI, PYPI_JSON).rstrip("/")
     url = f"{base}/{name}/json"
 
-    def get() -> dict[str, Any]:
+    def get() -> JsonObject:
         data = json.loads(_read(url))
-        releases = {}
-        for version, files in (data.get("releases") or {}).items():
-            releases[version] = [
-                {
-                    "filename": f["filename"],
-                    "url": urllib.parse.urljoin(url, f["url"]),
-                    "sha256": (f.get("digests") or {}).get("sha256"),
-                    "size": f.get("size"),
-                }
-                for f in files
-            ]
-        return {"name": name, "releases": releases}
+        releases = {
+            version: [WheelFile.from_pypi(f, url) for f in files]
+            for version, files in (data.get("releases") or {}).items()
+        }
+        return PypiProject(name, releases).to_json()
 
-    return dict(_cached(home, f"pypi-{re.sub(r'[^a-z0-9]+', '-', name.lower())}.json", get))
+    cached = _cached(home, f"pypi-{re.sub(r'[^a-z0-9]+', '-', name.lower())}.json", get)
+    return PypiProject.from_json(cached)
 
 
-def host_wheel_tags(tags: dict[str, Any]) -> set[tuple[str, str, str]]:
-    """The (python, abi, platform) triples an interpreter of ``tags`` accepts."""
-    return supported(tags)
-
-
-def retag(tags: dict[str, Any], version: str) -> dict[str, Any]:
+def retag(tags: HostTags, version: str) -> HostTags:
     """``tags`` (the agent's interpreter, agentruntime.host_tags) for another CPython."""
     major, minor = version.split(".")[:2]
-    glibc = tuple(int(x) for x in (tags.get("glibc") or "0.0").split(".")[:2])
+    glibc = tuple(int(x) for x in (tags.glibc or "0.0").split(".")[:2])
     plats = platform_tags(
-        str(tags.get("system")),
-        str(tags.get("machine")),
-        str(tags.get("mac_release") or ""),
+        str(tags.system),
+        str(tags.machine),
+        str(tags.mac_release or ""),
         (glibc[0], glibc[1]) if len(glibc) == 2 else (0, 0),
     )
-    return dict(
+    return replace(
         tags,
         python=version,
         python_tag=f"cp{major}{minor}",
@@ -272,29 +398,29 @@ def retag(tags: dict[str, Any], version: str) -> dict[str, Any]:
     )
 
 
-def uv_artifact(home: Path | None, tags: dict[str, Any]) -> Artifact | None:
+def uv_artifact(home: Path | None, tags: HostTags) -> Artifact | None:
     """uv's wheel for the host (``py3-none-<platform>``), or None when PyPI has none."""
-    files = pypi_json(home, "uv")["releases"].get(UV_VERSION) or []
-    accepted = supported(tags)
+    files = pypi_json(home, "uv").releases.get(UV_VERSION) or []
+    accepted = tags.accepted()
     fitting = []
     for f in files:
-        if not f["filename"].endswith(".whl") or not f.get("sha256"):
+        if not f.filename.endswith(".whl") or not f.sha256:
             continue
-        triples = parse_wheel_name(f["filename"])[2]
+        triples = parse_wheel_name(f.filename)[2]
         if triples & accepted:
             rank = min(
-                (tags["platforms"].index(p) for _py, _abi, p in triples if p in tags["platforms"]),
+                (tags.platforms.index(p) for _py, _abi, p in triples if p in tags.platforms),
                 default=99,
             )
-            fitting.append((rank, f))
+            fitting.append((rank, f, f.sha256))
     if not fitting:
         return None
-    best = min(fitting, key=lambda x: x[0])[1]
+    _rank, best, sha = min(fitting, key=lambda x: x[0])
     return Artifact(
         what="uv",
-        name=f"uv-{UV_VERSION}-{best['sha256'][:12]}",
-        url=best["url"],
-        sha256=best["sha256"],
+        name=f"uv-{UV_VERSION}-{sha[:12]}",
+        url=best.url,
+        sha256=sha,
         format="zip",
         label=f"uv {UV_VERSION}",
     )

@@ -22,9 +22,10 @@ import json
 import secrets
 import struct
 import time
+from dataclasses import dataclass
 from typing import Any
 
-from remotemac.agent.protocol import Hello, check_protocol
+from remotemac.agent.protocol import Hello, JsonObject, Message, check_protocol
 from remotemac.errors import HostError, TransientHostError
 from remotemac.transport.base import RemoteProcess, Transport
 
@@ -33,6 +34,25 @@ MAX_FRAME = 64 << 20
 HELLO_TIMEOUT_S = 120.0
 #: pause between a lost attempt and the next (the transport's reconnect backs off itself)
 RETRY_PAUSE_S = 0.05
+
+
+@dataclass
+class Frame(Message):
+    """A frame of the resident agent (agent/resident.py): its hello, or the answer to
+    the call ``id`` with the agent's CPU seconds so far (``pid``: which process)."""
+
+    id: Any = None
+    hello: Any = None
+    pid: Any = None
+    cpu_s: Any = None
+    answer: Any = None
+
+    @property
+    def cpu(self) -> tuple[int, float] | None:
+        """(pid, CPU seconds) when the frame carries both."""
+        if not isinstance(self.pid, int) or not isinstance(self.cpu_s, (int, float)):
+            return None
+        return self.pid, float(self.cpu_s)
 
 
 class AgentGone(Exception):
@@ -44,12 +64,12 @@ class ProtocolMismatch(HostError):
     (agent/protocol.py PROTOCOL_VERSION): its answers would be misread. Not retried."""
 
 
-def encode_frame(obj: dict[str, Any]) -> bytes:
+def encode_frame(obj: JsonObject) -> bytes:
     body = json.dumps(obj).encode("utf-8")
     return HEADER.pack(len(body)) + body
 
 
-async def read_frame(proc: RemoteProcess) -> dict[str, Any] | None:
+async def read_frame(proc: RemoteProcess) -> JsonObject | None:
     """One frame, or None at the end of the agent's output."""
     head = await proc.readexactly(HEADER.size)
     if len(head) < HEADER.size:
@@ -90,15 +110,16 @@ class ResidentAgent:
         """CPU of every resident agent process this link has started, summed."""
         return sum(self.cpu_by_pid.values())
 
-    def note_cpu(self, frame: dict[str, Any]) -> float:
+    def note_cpu(self, frame: JsonObject) -> float:
         """Record a frame's CPU figure; returns the increase since that pid's last one."""
-        pid, cpu = frame.get("pid"), frame.get("cpu_s")
-        if not isinstance(pid, int) or not isinstance(cpu, (int, float)):
+        figure = Frame.from_json(frame).cpu
+        if figure is None:
             return 0.0
+        pid, cpu = figure
         before = self.cpu_by_pid.get(pid, 0.0)
         if cpu > before:
-            self.cpu_by_pid[pid] = float(cpu)
-            return float(cpu) - before
+            self.cpu_by_pid[pid] = cpu
+            return cpu - before
         return 0.0
 
     async def _ensure(self, within: float) -> RemoteProcess:
@@ -130,7 +151,8 @@ class ResidentAgent:
                     if not hello:
                         why = await self._start_failed(proc)
                     break
-                if frame.get("hello"):  # its CPU goes with the first answer, to that run
+                head = Frame.from_json(frame)
+                if head.hello:  # its CPU goes with the first answer, to that run
                     mismatch = check_protocol(Hello.from_json(frame).protocol)
                     if mismatch:
                         why = ProtocolMismatch(
@@ -141,7 +163,7 @@ class ResidentAgent:
                         break
                     hello = True
                     continue
-                entry = self._pending.pop(str(frame.get("id", "")), None)
+                entry = self._pending.pop("" if head.id is None else str(head.id), None)
                 if entry is not None and not entry[1].done():
                     entry[1].set_result(frame)
         except asyncio.CancelledError:
@@ -187,12 +209,12 @@ class ResidentAgent:
     async def call(
         self,
         op: str,
-        request: dict[str, Any],
+        request: JsonObject,
         *,
         store: str | None,
         timeout: float | None,
         call_id: str | None = None,
-    ) -> dict[str, Any]:
+    ) -> JsonObject:
         """Send one call (retried with the same id until the deadline) and return its frame."""
         call_id = call_id or self.new_id()
         frame = encode_frame({"id": call_id, "op": op, "req": request, "store": store})

@@ -27,13 +27,13 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
-from remotemac.agent.protocol import ErrorCode, Op, RuntimeEnsureAnswer
+from remotemac.agent.protocol import ErrorCode, JsonObject, Op, RuntimeEnsureAnswer
 from remotemac.agent.shared import requirements, runtime_key
 from remotemac.data.manifest import sha256_file
 from remotemac.engine.agentclient import AgentClient, AgentError
 from remotemac.engine.bring import upload
+from remotemac.engine.pythonsource import HostTags
 from remotemac.errors import BadInput, HostDiskFull, HostEnvironmentError, IntegrityError
 from remotemac.events import Event, PhaseProgress, Warning
 
@@ -55,16 +55,16 @@ def install_method(setting: str | None = None) -> str:
     return value
 
 
-def pip_download_argv(tags: dict[str, Any], dest: Path) -> list[str]:
+def pip_download_argv(tags: HostTags, dest: Path) -> list[str]:
     """``pip download`` of the pinned set for another machine's interpreter and platform.
 
     The full Python version matters: pip checks Requires-Python against it, and
     cryptography excludes 3.9.0 and 3.9.1 (``--python-version 3.9`` means 3.9.0).
     """
-    if not tags.get("platforms"):
+    if not tags.platforms:
         raise HostEnvironmentError(
-            f"no known wheel platform for the host ({tags.get('system')} {tags.get('machine')}"
-            f"{', glibc ' + tags['glibc'] if tags.get('glibc') else ''})",
+            f"no known wheel platform for the host ({tags.system} {tags.machine}"
+            f"{', glibc ' + tags.glibc if tags.glibc else ''})",
             hint="let the host reach a package index (agent.runtime_install: online)",
         )
     argv = [
@@ -76,26 +76,26 @@ def pip_download_argv(tags: dict[str, Any], dest: Path) -> list[str]:
         "--no-input",
         "--disable-pip-version-check",
         "--python-version",
-        str(tags["python"]),
+        str(tags.python),
         "--implementation",
-        str(tags["implementation"]),
+        str(tags.implementation),
         "--abi",
-        str(tags["abi"]),
+        str(tags.abi),
         "--abi",
         "abi3",
         "--abi",
         "none",
     ]
-    for plat in tags["platforms"]:
+    for plat in tags.platforms:
         argv += ["--platform", plat]
     return argv + ["-d", str(dest), *requirements()]
 
 
 def fetch_wheels(
-    home: Path, tags: dict[str, Any], timeout: float = DOWNLOAD_TIMEOUT_S
+    home: Path, tags: HostTags, timeout: float = DOWNLOAD_TIMEOUT_S
 ) -> tuple[Path, list[dict[str, str]], bool]:
     """(dir, [{name, sha256}], from cache) of the host's wheels, downloaded once per key."""
-    cache = home / "wheels" / runtime_key(tags)
+    cache = home / "wheels" / runtime_key(tags.to_json())
     marker = cache / MARKER
     if marker.is_file():
         try:
@@ -125,11 +125,12 @@ def fetch_wheels(
             tail = [ln for ln in (res.stdout + res.stderr).splitlines() if ln.strip()][-4:]
             raise HostEnvironmentError(
                 "this laptop could not download the agent runtime's wheels for the host "
-                f"({tags['python_tag']}, {tags['platforms'][0]}): " + " | ".join(tail),
+                f"({tags.python_tag}, {tags.platforms[0]}): " + " | ".join(tail),
                 hint="check this laptop's pip and its access to the package index",
             )
         files = [{"name": p.name, "sha256": sha256_file(p)} for p in sorted(tmp.glob("*.whl"))]
-        (tmp / MARKER).write_text(json.dumps({"files": files, "tags": tags}), encoding="utf-8")
+        marker_json = {"files": files, "tags": tags.to_json()}
+        (tmp / MARKER).write_text(json.dumps(marker_json), encoding="utf-8")
         shutil.rmtree(cache, ignore_errors=True)
         os.replace(tmp, cache)
     finally:
@@ -145,15 +146,14 @@ async def ensure_runtime(
     phase: str = "sync",
     run_id: str = "",
     emit: Emit | None = None,
-) -> dict[str, Any]:
+) -> RuntimeEnsureAnswer:
     """Make the host hold the agent runtime; its answer (``dir``, ``reused``, ``method``,
     ``installed``, ``seconds``). ``home=None`` rules the offline path out."""
     emit = emit or (lambda _e: None)
     host = agent.transport.name
     where = f"{host}: installing the agent runtime (during {phase})"
     first = "offline" if method == "offline" else "online"
-    answer = await _ensure(agent, {"root": agent.root, "method": first}, where)
-    tried = RuntimeEnsureAnswer.from_json(answer)
+    got = tried = await _ensure(agent, {"root": agent.root, "method": first}, where)
     if tried.failed:
         reason = tried.failed + (": " + " | ".join(tried.tail) if tried.tail else "")
         if method == "online" or home is None:
@@ -172,8 +172,8 @@ async def ensure_runtime(
                     "bringing the wheels from this laptop",
                 )
             )
-        answer = await _offline(agent, home, answer["tags"], where, emit, run_id, phase)
-    got = RuntimeEnsureAnswer.from_json(answer)
+        tags = HostTags.from_json(tried.tags or {})
+        got = await _offline(agent, home, tags, where, emit, run_id, phase)
     if not got.reused:
         agent.ledger.append(
             host,
@@ -194,12 +194,13 @@ async def ensure_runtime(
                 f"installed {got.method} in {got.seconds} s",
             )
         )
-    return answer
+    return got
 
 
-async def _ensure(agent: AgentClient, request: dict[str, Any], where: str) -> dict[str, Any]:
+async def _ensure(agent: AgentClient, request: JsonObject, where: str) -> RuntimeEnsureAnswer:
     try:
-        return await agent.call(Op.RUNTIME_ENSURE, request, timeout=ENSURE_TIMEOUT_S)
+        answer = await agent.call(Op.RUNTIME_ENSURE, request, timeout=ENSURE_TIMEOUT_S)
+        return RuntimeEnsureAnswer.from_json(answer)
     except HostEnvironmentError as exc:
         if getattr(exc, "code", None) in (ErrorCode.NO_SPACE, ErrorCode.DISK_FULL):
             # the disk, not the interpreter: the run goes on once space is freed
@@ -218,12 +219,12 @@ async def _ensure(agent: AgentClient, request: dict[str, Any], where: str) -> di
 async def _offline(
     agent: AgentClient,
     home: Path,
-    tags: dict[str, Any],
+    tags: HostTags,
     where: str,
     emit: Emit,
     run_id: str,
     phase: str,
-) -> dict[str, Any]:
+) -> RuntimeEnsureAnswer:
     started = time.monotonic()
     local, files, cached = await asyncio.to_thread(fetch_wheels, home, tags)
     emit(
@@ -233,13 +234,13 @@ async def _offline(
             done=0,
             total=len(files),
             unit="wheels",
-            detail=f"agent runtime: {len(files)} wheels for {tags['python_tag']} "
-            f"{tags['platforms'][0]} "
+            detail=f"agent runtime: {len(files)} wheels for {tags.python_tag} "
+            f"{tags.platforms[0]} "
             f"{'from the cache in ' + str(local) if cached else 'downloaded'}"
             f" in {time.monotonic() - started:.1f} s",
         )
     )
-    remote = f"{agent.root}/runtime/upload-{runtime_key(tags)}-{os.getpid()}"
+    remote = f"{agent.root}/runtime/upload-{runtime_key(tags.to_json())}-{os.getpid()}"
     # the one way remotemac brings binary things to a host (engine/bring.py)
     await upload(
         agent,

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from remotemac.agent.protocol import JsonObject, Message
 from remotemac.engine.context import RunContext, RunOptions
 from remotemac.errors import EXIT_INTERRUPTED, RemotemacError, TransientHostError
 from remotemac.events import EventBus, RunFinished, Sink
@@ -86,14 +87,25 @@ class AlreadyDone(Exception):
         self.line = line
 
 
+@dataclass
+class StoredOptions(Message):
+    """The options a journal row keeps for ``attach`` (``stored`` of :meth:`RunSession.start`;
+    a fleet's run adds its fleet id and variant, kept in ``extra``)."""
+
+    keep_data: Any = None
+    drill: str | None = None
+    show_secrets: Any = None
+
+
 def options_of(row: RunRow, *, show_secrets: bool = True) -> RunOptions:
     """The options a run was started with, for ``attach`` (the journal row keeps them).
 
     ``show_secrets=False``: the TUI's re-attach, which never carried that option."""
+    stored = StoredOptions.from_json(row.options)
     return RunOptions(
-        keep_data=bool(row.options.get("keep_data")),
-        drill=row.options.get("drill"),
-        show_secrets=bool(row.options.get("show_secrets")) if show_secrets else False,
+        keep_data=bool(stored.keep_data),
+        drill=stored.drill,
+        show_secrets=bool(stored.show_secrets) if show_secrets else False,
     )
 
 
@@ -113,7 +125,8 @@ class RunSession:
     options: RunOptions = field(default_factory=RunOptions)
     ssh: SSHOptions | None = None
     host: str | None = None
-    matrix: dict[str, Any] | None = None
+    #: a fleet run's matrix variant (its keys and values)
+    matrix: dict[str, object] | None = None
     pool: Any = None
     bus: EventBus = field(default_factory=EventBus)
     ctx: RunContext | None = None
@@ -130,7 +143,7 @@ class RunSession:
         home: Path,
         options: RunOptions | None = None,
         ssh: SSHOptions | None = None,
-        stored: dict[str, Any] | None = None,
+        stored: JsonObject | None = None,
         run_id: str | None = None,
         refuse_used: bool = False,
     ) -> RunSession:

@@ -144,8 +144,8 @@ async def _ensure_runtime(ctx: RunContext, binding: HostBinding) -> dict[str, An
         run_id=ctx.run_id,
         emit=ctx.emit,
     )
-    ctx.journal.record_created(binding.transport.name, "runtime", runtime["dir"], ctx.run_id)
-    return runtime
+    ctx.journal.record_created(binding.transport.name, "runtime", str(runtime.dir), ctx.run_id)
+    return runtime.to_json()
 
 
 def _record_ram(ctx: RunContext, binding: HostBinding, answer: dict[str, Any]) -> None:
