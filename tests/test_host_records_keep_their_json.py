@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from remotemac.agent import cleanupops, deadman, safefs, wipeops
+from remotemac.agent import cleanupops, deadman, hostagent, runner, safefs, wipeops
 
 IDENT = {"start": "linux:123:456", "boot": "b"}
 
@@ -252,3 +252,107 @@ def test_a_real_cleanup_answers_with_entries_that_keep_their_json(tmp_path: Path
         fates = {i["kind"]: i["fate"] for i in part["items"]}
         assert fates["run"] == ("would remove" if dry else "removed"), part
     assert not root.exists()
+
+
+LAUNCH = {  # engine/jobs.py's launch request, as the laptop sends it
+    "run_dir": "/r/runs/r1",
+    "device": "cpu",
+    "session": "remotemac-r1-ref",
+    "command": "mkdir -p /r/runs/r1/out/ref && python train.py",
+    "metrics_path": "/r/runs/r1/logs/ref.rss.jsonl",
+    "cwd": "/r/runs/r1/project",
+    "env": {"REMOTEMAC_DEVICE": "cpu"},
+    "timeout": 600,
+    "mode": "tmux",
+    "disk": {"paths": {"root": "/r/runs/r1", "ram": None}, "min_free": 1, "warn_free": 2},
+    "convert": {"python": "/v/bin/python", "dir": "/r/runs/r1/out/ref", "patterns": ["**/*"]},
+    "observe": {
+        "dir": "/r/runs/r1/status/ref.observe",
+        "obs_path": "/r/runs/r1/status/ref.obs.json",
+        "device": "cpu",
+        "fallback": "diagnostic",
+        "interval": 1.0,
+        "trace": {"steps": 3, "path": "/r/runs/r1/out/.trace/ref.trace.jsonl"},
+    },
+    "skip_access_check": True,
+    "relaunch": {"reason": "lost", "marker": "--- relaunched ---"},
+}
+
+
+def test_a_launch_request_reads_into_the_job_spec_and_back():
+    spec = runner.JobSpec.from_json(LAUNCH)
+    assert spec.to_json() == LAUNCH
+    assert spec.skip_access_check is True and spec.use_tmux is True and spec.caffeinate is True
+    observe = runner.ObserveSpec.from_json(spec.observe or {})
+    assert observe.to_json() == LAUNCH["observe"]
+    assert observe.trace_target() == (3, "/r/runs/r1/out/.trace/ref.trace.jsonl")
+    assert runner.ConvertSpec.from_json(spec.convert or {}).to_json() == LAUNCH["convert"]
+    # what op_launch adds for the runner is written; what the request lacked stays out
+    spec.status_path, spec.mode = "/r/runs/r1/status/cpu.json", "daemon"
+    assert spec.to_json() == dict(LAUNCH, status_path=spec.status_path, mode="daemon")
+    bare = runner.JobSpec.from_json({"command": "true"})
+    assert bare.to_json() == {"command": "true"} and bare.env == {} and bare.observe is None
+
+
+STATUSES = [
+    {"state": "starting", "device": "cpu", "created_at": 1.0},
+    {
+        "state": "running",
+        "device": "cpu",
+        "runner_pid": 10,
+        "runner_start": IDENT,
+        "mode": "tmux",
+        "started_at": 2.0,
+        "heartbeat_at": 3.0,
+        "command": "python train.py",
+        "session": "remotemac-r1-ref",
+        "child_pid": 11,
+        "child_start": IDENT,
+        "child_argv": ["/bin/sh", "-c", "python train.py"],
+        "child_cmdline": "python train.py",
+        "peak_rss_bytes": 5,
+        "processes": 1,
+        "disk": {
+            "min_free": 1,
+            "warn_free": 2,
+            "root": {"path": "/r", "free": 9, "total": 10, "min_free_seen": 8},
+        },
+    },
+    {  # an older runner's file: no runner_start, a key this agent does not know
+        "state": "finished",
+        "device": "mps",
+        "runner_pid": 10,
+        "exit_code": 0,
+        "ended_at": 4.0,
+        "converted": {"converted": ["model.pt"], "failed": {}},
+        "relaunched": {"reason": "lost", "marker": "m", "previous": None},
+        "legacy_field": 1,
+    },
+    {"state": "stopped", "device": "cpu", "reason": "signal 15", "session": None},
+]
+
+
+@pytest.mark.parametrize("data", STATUSES)
+def test_a_job_status_file_keeps_its_json(data):
+    status = runner.JobStatusFile.from_json(data)
+    assert status.to_json() == data
+    assert status.final == (data["state"] in ("finished", "stopped"))
+
+
+def test_a_status_the_runner_builds_writes_only_what_it_set(tmp_path: Path):
+    path = tmp_path / "cpu.json"
+    status = runner.JobStatusFile(state="running", device="cpu", runner_pid=1, mode="")
+    runner._write_status(str(path), status)
+    assert json.loads(path.read_text()) == {
+        "state": "running",
+        "device": "cpu",
+        "runner_pid": 1,
+        "mode": "",
+    }
+    assert hostagent.read_status(str(path)) == status
+    assert hostagent.read_status(str(tmp_path / "none.json")) is None
+
+
+def test_a_volume_reading_keeps_its_json():
+    data = {"path": "/r", "free": 9, "total": 10, "min_free_seen": 8}
+    assert runner.VolumeFree.from_json(data).to_json() == data

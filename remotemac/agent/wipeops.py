@@ -44,6 +44,7 @@ from .agentutil import (
     tmux_sessions,
 )
 from .deadman import Fate, Steps
+from .hostagent import JobStatusFile
 from .protocol import JsonObject
 
 _HERE = os.path.dirname(os.path.abspath(globals().get("__file__") or "."))
@@ -266,27 +267,25 @@ def session_name(run_id: str, label: str = "") -> str:
     return SESSION_PREFIX + re.sub(r"[^A-Za-z0-9_-]", "_", tail)
 
 
-def runner_is_ours(pid: Any, status: Dict[str, Any], run_dirs: List[str]) -> Optional[str]:
+def runner_is_ours(pid: Any, status: JobStatusFile, run_dirs: List[str]) -> Optional[str]:
     """None when ``pid`` is the runner of one of ``run_dirs``; else why it is left alone."""
     line = cmdline(pid)
     if "runner.py" not in line or not any(procid.names_path(line, d) for d in run_dirs):
         return "its command line is not this run's runner"
-    if status.get("runner_start") is not None and not procid.same_start(
-        pid, status["runner_start"]
-    ):
+    if status.runner_start is not None and not procid.same_start(pid, status.runner_start):
         return "started at another time than the runner remotemac recorded"
     return None
 
 
-def child_is_ours(pid: Any, status: Dict[str, Any]) -> Optional[str]:
+def child_is_ours(pid: Any, status: JobStatusFile) -> Optional[str]:
     """None when ``pid`` is the workload the runner started (same start time, and a
     command line the runner recorded); else why it is left alone."""
-    if status.get("child_start") is None:
+    if status.child_start is None:
         return "no start time recorded for it"
-    if not procid.same_start(pid, status["child_start"]):
+    if not procid.same_start(pid, status.child_start):
         return "started at another time than the workload remotemac started (pid reused)"
     line = cmdline(pid)
-    known = [" ".join(status.get("child_argv") or []), status.get("child_cmdline") or ""]
+    known = [" ".join(status.child_argv or []), status.child_cmdline or ""]
     if not line or line not in [k for k in known if k]:
         return "its command line is not the one remotemac recorded"
     return None
@@ -323,25 +322,21 @@ def stop_run_processes(
             except ValueError:
                 status = None
             if isinstance(status, dict):
-                statuses.append(status)
+                statuses.append(JobStatusFile.from_json(status))
     finally:
         os.close(fd)
     dirs = run_dirs or [run_dir]
     for status in statuses:
-        runner, child = status.get("runner_pid"), status.get("child_pid")
+        runner, child = status.runner_pid, status.child_pid
         # a runner that exited a moment ago may wait to be reaped: gone, not "left alone"
         if pid_alive(runner) and not procid.is_zombie(runner):
             why = runner_is_ours(runner, status, dirs)
             if why is None:
-                terminate(runner, steps, start=status.get("runner_start"))
+                terminate(runner, steps, start=status.runner_start)
                 stopped.append("process:%s" % runner)
             else:
                 left.append("process:%s (left alone: %s)" % (runner, why))
-        if (
-            pid_alive(child)
-            and not procid.is_zombie(child)
-            and status.get("state") not in FINAL_STATES
-        ):
+        if pid_alive(child) and not procid.is_zombie(child) and not status.final:
             why = child_is_ours(child, status)
             if why is None:
                 try:
@@ -349,7 +344,7 @@ def stop_run_processes(
                 except OSError:
                     leader = False
                 if leader:
-                    terminate(child, steps, start=status.get("child_start"))
+                    terminate(child, steps, start=status.child_start)
                     stopped.append("process:%s" % child)
             else:
                 left.append("process:%s (left alone: %s)" % (child, why))
@@ -413,7 +408,7 @@ def _same_user(pid: int) -> bool:
     return pid_alive(pid)
 
 
-def stop_strays(dirs: List[str], statuses: List[Dict[str, Any]], steps: Steps) -> List[str]:
+def stop_strays(dirs: List[str], statuses: List[JobStatusFile], steps: Steps) -> List[str]:
     """Stop what the job left running outside its process group: a daemon started in a
     new session (``setsid``, a double fork) whose argv names the run's ``out/`` dir.
 
@@ -421,7 +416,7 @@ def stop_strays(dirs: List[str], statuses: List[Dict[str, Any]], steps: Steps) -
     identity) and names the run's own output dir is the job's; a runner is left to
     :func:`stop_run_processes` and its ownership checks.
     """
-    starts = [s.get("runner_start") for s in statuses if isinstance(s.get("runner_start"), dict)]
+    starts = [s.runner_start for s in statuses if isinstance(s.runner_start, dict)]
     if not starts:
         return []  # no recorded start: no evidence that anything is the job's
     outs = [os.path.join(d, "out") for d in dirs]
