@@ -225,11 +225,12 @@ def test_remove_item_never_leaves_the_root(tmp_path: Path):
     (root / "link").symlink_to(outside)
     real = os.path.realpath(root)
     # through a symlinked parent: refused; the link itself: only the link goes
-    assert wipeops.remove_item(real, str(root / "link" / "f"), False)["fate"] == "failed"
-    assert wipeops.remove_item(real, str(outside / "f"), False)["fate"] == "failed"
-    assert wipeops.remove_item(real, str(root / "link"), False)["fate"] == "removed"
+    assert wipeops.remove_item(real, str(root / "link" / "f"), False).fate == "failed"
+    assert wipeops.remove_item(real, str(outside / "f"), False).fate == "failed"
+    assert wipeops.remove_item(real, str(root / "link"), False).fate == "removed"
     assert (outside / "f").read_text() == "x"
-    assert wipeops.destroy_ram({"kind": "shm", "path": str(outside)}, [])["fate"] == "failed"
+    ram = wipeops.RamStore.from_json({"kind": "shm", "path": str(outside)})
+    assert wipeops.destroy_ram(ram, []).fate == "failed"
     assert (outside / "f").exists()
 
 

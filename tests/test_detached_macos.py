@@ -108,11 +108,12 @@ def test_build_argv_only_adds_caffeinate_on_macos(tmp_path: Path, monkeypatch):
     shims = tmp_path / "shims"
     caffeinate = _shim(shims, "caffeinate", "exit 0\n")
     monkeypatch.setenv("PATH", f"{shims}:/usr/bin:/bin")
-    spec = {"command": "python3 train.py"}
+    spec = runner.JobSpec.from_json({"command": "python3 train.py"})
     assert runner.build_argv(spec, "darwin") == ["/bin/sh", "-c", "python3 train.py"]
     assert runner.caffeinate_argv(spec, 42, "darwin") == [str(caffeinate), "-i", "-w", "42"]
     assert runner.caffeinate_argv(spec, 42, "linux") is None
-    assert runner.caffeinate_argv(dict(spec, caffeinate=False), 42, "darwin") is None
+    off = runner.JobSpec.from_json({"command": "python3 train.py", "caffeinate": False})
+    assert runner.caffeinate_argv(off, 42, "darwin") is None
 
 
 def _launch_request(tmp_path: Path) -> dict:
@@ -167,9 +168,9 @@ def test_tmux_hint_only_on_macos_with_homebrew():
 def test_stale_threshold_comes_from_request_env_or_default(monkeypatch):
     """The lost-job threshold is configurable (tests use seconds, not the 15 s default)."""
     monkeypatch.delenv(hostagent.ENV_STALE_S, raising=False)
-    assert hostagent.stale_after_s({}) == hostagent.HEARTBEAT_STALE_S
+    assert hostagent.stale_after_s() == hostagent.HEARTBEAT_STALE_S
     monkeypatch.setenv(hostagent.ENV_STALE_S, "3")
-    assert hostagent.stale_after_s({}) == 3.0
-    assert hostagent.stale_after_s({"stale_s": 7}) == 7.0
+    assert hostagent.stale_after_s() == 3.0
+    assert hostagent.stale_after_s(7) == 7.0
     monkeypatch.setenv(hostagent.ENV_STALE_S, "nonsense")
-    assert hostagent.stale_after_s({}) == hostagent.HEARTBEAT_STALE_S
+    assert hostagent.stale_after_s() == hostagent.HEARTBEAT_STALE_S

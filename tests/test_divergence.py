@@ -45,7 +45,7 @@ def _probe(tmp_path: Path, trace: dict | None) -> tuple[list[str], Path]:
     observe = {"dir": str(tmp_path / "obs"), "device": "cpu", "interval": 5.0}
     if trace is not None:
         observe["trace"] = {**trace, "path": str(path)}
-    runner.prepare_observer(observe, env)
+    runner.prepare_observer(runner.ObserveSpec.from_json(observe), env)
     script = tmp_path / "probe.py"
     script.write_text(PROBE)
     proc = subprocess.run(

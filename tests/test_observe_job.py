@@ -41,7 +41,10 @@ def job_env(tmp_path: Path, device: str = "cpu") -> tuple[dict, Path]:
     env.pop("PYTHONPATH", None)
     obs = tmp_path / "obs"
     runner.prepare_observer(
-        {"dir": str(obs), "device": device, "fallback": "diagnostic", "interval": 0.2}, env
+        runner.ObserveSpec.from_json(
+            {"dir": str(obs), "device": device, "fallback": "diagnostic", "interval": 0.2}
+        ),
+        env,
     )
     return env, obs
 
@@ -310,7 +313,10 @@ def test_job_memory_adds_metal_driver_memory_of_observed_processes(tmp_path):
         )
     metrics = tmp_path / "rss.jsonl"
     memory = runner.JobMemory(
-        {"metrics_path": str(metrics), "observe": {"dir": str(obs), "device": "mps"}}, time.time()
+        runner.JobSpec.from_json(
+            {"metrics_path": str(metrics), "observe": {"dir": str(obs), "device": "mps"}}
+        ),
+        time.time(),
     )
     memory.sample(me, time.time())
     (row,) = [json.loads(line) for line in metrics.read_text().splitlines()]
@@ -325,7 +331,10 @@ def test_job_memory_skips_a_process_past_its_end(tmp_path):
     obs.mkdir()
     metrics = tmp_path / "rss.jsonl"
     memory = runner.JobMemory(
-        {"metrics_path": str(metrics), "observe": {"dir": str(obs), "device": "cpu"}}, time.time()
+        runner.JobSpec.from_json(
+            {"metrics_path": str(metrics), "observe": {"dir": str(obs), "device": "cpu"}}
+        ),
+        time.time(),
     )
     record = obs / f"{os.getpid()}.json"
     record.write_text(json.dumps({"pid": os.getpid(), "finished": False}))

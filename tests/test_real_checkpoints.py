@@ -118,14 +118,16 @@ def test_whole_model_converted_on_the_host_is_compared_as_tensors(wordlm, tmp_pa
     converted."""
     for side in ("ref", "other"):
         got = runner.convert_checkpoints(
-            {
-                "convert": {
-                    "python": sys.executable,
-                    "dir": str(wordlm[side]),
-                    "patterns": ["*.pt"],
-                },
-                "cwd": str(WORDLM),
-            },
+            runner.JobSpec.from_json(
+                {
+                    "convert": {
+                        "python": sys.executable,
+                        "dir": str(wordlm[side]),
+                        "patterns": ["*.pt"],
+                    },
+                    "cwd": str(WORDLM),
+                }
+            ),
             {"PATH": "/usr/bin:/bin"},
         )
         assert got["converted"] == ["model.pt"], got

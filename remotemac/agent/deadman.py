@@ -30,12 +30,60 @@ import re
 import shutil
 import sys
 import time
+from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
 from . import agentutil, procid, safefs
+from .protocol import JsonObject
 from .shared import agent_argv
 
 _HERE = os.path.dirname(os.path.abspath(globals().get("__file__") or "."))
+
+#: the commands a wipe or cleanup ran, as its answer's ``steps`` lists them: built by
+#: agentutil.run_cmd and friends, never read back (a JSON array under construction)
+Steps = List[JsonObject]
+
+
+@dataclass
+class Fate:
+    """What became of one thing a wipe or a cleanup meant to remove: ``fate`` (removed,
+    would remove, not found, left alone, failed …), its ``bytes`` and ``why``.
+
+    Here, not in wipeops: the destroyers share it (a dead-man job's removal is one), and
+    this module loads first (wipeops and cleanupops import it)."""
+
+    fate: str
+    bytes: int = 0
+    why: Optional[str] = None
+    #: what the removal noted on the way (a hard-linked file not zeroed …)
+    notes: List[str] = field(default_factory=list)
+    #: the entries that kept a root (cleanup's root entry only)
+    foreign: Optional[List[str]] = None
+
+    @property
+    def failed(self) -> bool:
+        return self.fate == "failed"
+
+    def to_json(self) -> JsonObject:
+        out: JsonObject = {"fate": self.fate, "bytes": self.bytes}
+        if self.why is not None:
+            out["why"] = self.why
+        if self.notes:
+            out["notes"] = self.notes
+        if self.foreign is not None:
+            out["foreign"] = self.foreign
+        return out
+
+    @classmethod
+    def from_json(cls, data: JsonObject) -> Fate:
+        return cls(
+            fate=str(data["fate"]),
+            bytes=int(data.get("bytes") or 0),
+            why=data.get("why"),
+            notes=list(data.get("notes") or []),
+            foreign=data.get("foreign"),
+        )
+
 
 LABEL_PREFIX = "com.remotemac.deadman."
 RUN_AT_LOAD_WITHIN_S = 120.0
@@ -58,15 +106,112 @@ def spec_path(real_root: str, run_id: str) -> str:
     return os.path.join(real_root, "deadman", run_id + ".json")
 
 
+#: the keys a scheduled job writes, by method (each always, null included)
+_JOB_KEYS = {
+    "launchd": ("method", "label", "plist", "domain", "verified", "created_dir"),
+    "sleeper": ("method", "pid", "start"),
+}
+
+
+@dataclass
+class DeadmanJob:
+    """One dead-man job: as scheduled (the arming record's ``job``, the schedule answer,
+    its inventory item) or as found on the host (:func:`find_jobs`: ``what`` names it).
+
+    ``launchd``: a LaunchAgent ``label`` (its ``plist``; ``domain`` where launchd holds
+    it); ``sleeper``: a detached process ``pid`` with its start identity ``start``."""
+
+    method: str
+    what: str = ""
+    run_id: Optional[str] = None
+    label: Optional[str] = None
+    plist: Optional[str] = None
+    domain: Optional[str] = None
+    verified: Optional[str] = None
+    created_dir: Optional[str] = None
+    pid: Optional[int] = None
+    start: Optional[JsonObject] = None  # procid.identity: written as recorded
+    deadline: Optional[float] = None
+    spec: Optional[str] = None
+
+    def to_json(self) -> JsonObject:
+        """The scheduled job as the arming record, the answer and the inventory hold it."""
+        out: JsonObject = {k: getattr(self, k) for k in _JOB_KEYS.get(self.method, ("method",))}
+        out.update(deadline=self.deadline, spec=self.spec, run_id=self.run_id)
+        return out
+
+    @classmethod
+    def from_json(cls, data: JsonObject) -> DeadmanJob:
+        known = ("method", "run_id", "label", "plist", "domain", "verified", "created_dir")
+        job = cls(**{k: data.get(k) for k in known})
+        job.method = str(job.method or "")
+        job.pid = data["pid"] if isinstance(data.get("pid"), int) else None
+        job.start, job.deadline, job.spec = (
+            data.get("start"),
+            data.get("deadline"),
+            data.get("spec"),
+        )
+        return job
+
+
+@dataclass
+class ArmingRecord:
+    """``<root>/deadman/<run>.json``: what the dead-man wipes, when, and the job that
+    will do it (``job``, once scheduled). The sleeper polls it; cancelling deletes it."""
+
+    root: str
+    run_id: str
+    deadline: float
+    sessions: List[str] = field(default_factory=list)
+    created_at: float = 0.0
+    platform: str = ""
+    job: Optional[DeadmanJob] = None
+
+    def to_json(self) -> JsonObject:
+        out: JsonObject = {
+            "root": self.root,
+            "run_id": self.run_id,
+            "deadline": self.deadline,
+            "sessions": self.sessions,
+            "created_at": self.created_at,
+            "platform": self.platform,
+        }
+        if self.job is not None:
+            out["job"] = self.job.to_json()
+        return out
+
+    @classmethod
+    def from_json(cls, data: JsonObject) -> ArmingRecord:
+        job = data.get("job")
+        return cls(
+            root=data["root"],
+            run_id=data["run_id"],
+            deadline=float(data["deadline"]),
+            sessions=list(data.get("sessions") or []),
+            created_at=data.get("created_at") or 0.0,
+            platform=data.get("platform") or "",
+            job=DeadmanJob.from_json(job) if isinstance(job, dict) else None,
+        )
+
+
+def read_record(spec_file: str) -> Optional[ArmingRecord]:
+    """The arming record, or None when it is gone (cancelled) or not a regular file."""
+    data = safefs.read_json_file(spec_file)
+    if not isinstance(data, dict):
+        return None
+    return ArmingRecord.from_json(data)
+
+
 # ------------------------------------------------------------------ scheduling
 
 
-def op_deadman_schedule(req: Dict[str, Any]) -> Dict[str, Any]:
+def op_deadman_schedule(req: JsonObject) -> JsonObject:
     return schedule(req)
 
 
-def schedule(req: Dict[str, Any], platform: Optional[str] = None) -> Dict[str, Any]:
-    """Schedule the wipe of ``run_id`` at ``deadline`` (Unix time); idempotent."""
+def schedule(req: JsonObject, platform: Optional[str] = None) -> JsonObject:
+    """Schedule the wipe of ``run_id`` at ``deadline`` (Unix time); idempotent. The
+    request ``{root, run_id, deadline, sessions}``; the answer the job and its steps."""
     from . import wipeops
 
     lexical, real_root = wipeops.check_root(req["root"])
@@ -75,7 +220,7 @@ def schedule(req: Dict[str, Any], platform: Optional[str] = None) -> Dict[str, A
         raise wipeops.UnsafeRoot("run id %r is not valid" % run_id)
     deadline = float(req["deadline"])
     platform = platform or sys.platform
-    steps: List[Dict[str, Any]] = []
+    steps: Steps = []
     cancel(real_root, run_id, steps=steps, roots=[lexical, real_root], keep_spec=True)
     spec_file = spec_path(real_root, run_id)
     spec_dir = os.path.dirname(spec_file)
@@ -85,39 +230,35 @@ def schedule(req: Dict[str, Any], platform: Optional[str] = None) -> Dict[str, A
             spec_dir,
             {"kind": "deadman", "root_id": (safefs.marker_of(real_root) or {}).get("root_id")},
         )
-    spec = {
-        "root": real_root,
-        "run_id": run_id,
-        "deadline": deadline,
-        "sessions": list(req.get("sessions") or []),
-        "created_at": time.time(),
-        "platform": platform,
-    }
-    _write_json(spec_file, spec)
-    job: Optional[Dict[str, Any]] = None
+    record = ArmingRecord(
+        root=real_root,
+        run_id=run_id,
+        deadline=deadline,
+        sessions=list(req.get("sessions") or []),
+        created_at=time.time(),
+        platform=platform,
+    )
+    _write_json(spec_file, record.to_json())
+    job: Optional[DeadmanJob] = None
     if platform == "darwin":
-        job = _schedule_launchd(spec, spec_file, steps)
+        job = _schedule_launchd(record, spec_file, steps)
     if job is None:
         job = _schedule_sleeper(spec_file, steps)
-    job.update({"deadline": deadline, "spec": spec_file, "run_id": run_id})
-    spec["job"] = job
-    _write_json(spec_file, spec)
-    _inventory_set(real_root, dict(job, kind="deadman", path=spec_file))
-    job["steps"] = steps
-    return job
+    job.deadline, job.spec, job.run_id = deadline, spec_file, run_id
+    record.job = job
+    _write_json(spec_file, record.to_json())
+    _inventory_set(real_root, dict(job.to_json(), kind="deadman", path=spec_file))
+    return dict(job.to_json(), steps=steps)
 
 
-def _schedule_launchd(
-    spec: Dict[str, Any], spec_file: str, steps: List[Dict[str, Any]]
-) -> Optional[Dict[str, Any]]:
-
-    label = label_for(spec["run_id"])
+def _schedule_launchd(record: ArmingRecord, spec_file: str, steps: Steps) -> Optional[DeadmanJob]:
+    label = label_for(record.run_id)
     agents = launch_agents_dir()
     created_dir = not os.path.isdir(agents)
     os.makedirs(agents, mode=0o755, exist_ok=True)
     plist = os.path.join(agents, label + ".plist")
-    deadline = float(spec["deadline"])
-    content: Dict[str, Any] = {
+    deadline = record.deadline
+    content: JsonObject = {  # the plist, as plistlib writes it
         "Label": label,
         "ProgramArguments": agent_argv(sys.executable, _HERE, "deadman", "fire", spec_file),
         "StandardOutPath": spec_file[:-5] + ".log",
@@ -143,14 +284,14 @@ def _schedule_launchd(
             continue
         held = _held_by(label, domain, uid, steps)
         if held:
-            return {
-                "method": "launchd",
-                "label": label,
-                "plist": plist,
-                "domain": held,
-                "verified": "launchctl print %s/%s" % (held, label),
-                "created_dir": agents if created_dir else None,
-            }
+            return DeadmanJob(
+                "launchd",
+                label=label,
+                plist=plist,
+                domain=held,
+                verified="launchctl print %s/%s" % (held, label),
+                created_dir=agents if created_dir else None,
+            )
         if domain == "load":  # legacy load said 0 and loaded nothing: undo what it may hold
             agentutil.run_cmd([launchctl(), "unload", plist], steps)
     os.unlink(plist)
@@ -160,7 +301,7 @@ def _schedule_launchd(
     return None
 
 
-def _held_by(label: str, domain: str, uid: int, steps: List[Dict[str, Any]]) -> Optional[str]:
+def _held_by(label: str, domain: str, uid: int, steps: Steps) -> Optional[str]:
     """The domain where launchd really holds ``label`` after a load said 0, or None.
 
     Why: legacy ``launchctl load`` prints a failure and still exits 0 on some releases
@@ -183,11 +324,11 @@ def calendar_slot(deadline: float) -> Dict[str, int]:
     return {"Month": t.tm_mon, "Day": t.tm_mday, "Hour": t.tm_hour, "Minute": t.tm_min}
 
 
-def _schedule_sleeper(spec_file: str, steps: List[Dict[str, Any]]) -> Dict[str, Any]:
+def _schedule_sleeper(spec_file: str, steps: Steps) -> DeadmanJob:
     argv = agent_argv(sys.executable, _HERE, "deadman", "sleep", spec_file)
     pid = spawn_detached(argv)
     steps.append({"argv": argv, "code": 0, "time": time.time(), "detached_pid": pid})
-    return {"method": "sleeper", "pid": pid, "start": procid.identity(pid)}
+    return DeadmanJob("sleeper", pid=pid, start=procid.identity(pid))
 
 
 def spawn_detached(argv: List[str]) -> int:
@@ -229,11 +370,11 @@ def spawn_detached(argv: List[str]) -> int:
 # ------------------------------------------------------------------ finding, removing
 
 
-def find_jobs(roots: List[str], run_ids: Optional[List[str]] = None) -> List[Dict[str, Any]]:
+def find_jobs(roots: List[str], run_ids: Optional[List[str]] = None) -> List[DeadmanJob]:
     """Dead-man jobs that belong to one of ``roots``: plists and sleeper processes."""
 
     marks = [r for r in roots if r]
-    jobs: List[Dict[str, Any]] = []
+    jobs: List[DeadmanJob] = []
     agents = launch_agents_dir()
     seen_labels = set()
     if os.path.isdir(agents):
@@ -251,13 +392,7 @@ def find_jobs(roots: List[str], run_ids: Optional[List[str]] = None) -> List[Dic
             label = str(content.get("Label") or name[: -len(".plist")])
             seen_labels.add(label)
             jobs.append(
-                {
-                    "method": "launchd",
-                    "what": "launchd:" + label,
-                    "label": label,
-                    "plist": path,
-                    "run_id": _run_of(args),
-                }
+                DeadmanJob("launchd", "launchd:" + label, _run_of(args), label=label, plist=path)
             )
     if run_ids and sys.platform == "darwin":
         for label in loaded_labels():
@@ -265,30 +400,19 @@ def find_jobs(roots: List[str], run_ids: Optional[List[str]] = None) -> List[Dic
                 continue
             for run_id in run_ids:
                 if label == label_for(run_id):
-                    jobs.append(
-                        {
-                            "method": "launchd",
-                            "what": "launchd:" + label,
-                            "label": label,
-                            "plist": None,
-                            "run_id": run_id,
-                        }
-                    )
+                    jobs.append(DeadmanJob("launchd", "launchd:" + label, run_id, label=label))
     me = os.getpid()
     for pid, line in agentutil.all_processes():
         if pid == me or "deadman.py" not in line or " sleep " not in line + " ":
             continue
         if any(procid.names_path(line, m + "/deadman") for m in marks):
-            jobs.append(
-                {
-                    "method": "sleeper",
-                    "what": "sleeper:%d" % pid,
-                    "pid": pid,
-                    "run_id": _run_of(line),
-                    "start": procid.identity(pid),
-                }
-            )
+            jobs.append(sleeper_job(pid, _run_of(line), procid.identity(pid)))
     return jobs
+
+
+def sleeper_job(pid: int, run_id: Optional[str], start: Optional[JsonObject]) -> DeadmanJob:
+    """A live sleeper process, found on the host."""
+    return DeadmanJob("sleeper", "sleeper:%d" % pid, run_id, pid=pid, start=start)
 
 
 def _run_of(text: str) -> Optional[str]:
@@ -312,27 +436,23 @@ def loaded_labels() -> List[str]:
     return parse_launchctl_list(out) if code == 0 else []
 
 
-def remove_job(job: Dict[str, Any], steps: List[Dict[str, Any]]) -> Dict[str, Any]:
+def remove_job(job: DeadmanJob, steps: Steps) -> Fate:
     """Unload + delete a LaunchAgent, or stop a sleeper; the fate for the record."""
-
-    if job["method"] == "sleeper":
-        pid = int(job["pid"])
+    if job.method == "sleeper":
+        pid = int(job.pid or 0)
         line = agentutil.cmdline(pid)
         if not line or "deadman.py" not in line:
-            return {"fate": "not found", "bytes": 0}
-        if not procid.same_start(pid, job.get("start")):
-            return {
-                "fate": "left alone",
-                "bytes": 0,
-                "why": "pid %d is not the sleeper remotemac started (start time differs)" % pid,
-            }
-        ok = agentutil.terminate(pid, steps, group=False, start=job.get("start"))
-        return {
-            "fate": "removed" if ok else "failed",
-            "bytes": 0,
-            "why": None if ok else "sleeper %d would not stop" % pid,
-        }
-    label, plist = job["label"], job.get("plist")
+            return Fate("not found")
+        if not procid.same_start(pid, job.start):
+            return Fate(
+                "left alone",
+                why="pid %d is not the sleeper remotemac started (start time differs)" % pid,
+            )
+        ok = agentutil.terminate(pid, steps, group=False, start=job.start)
+        return Fate(
+            "removed" if ok else "failed", why=None if ok else "sleeper %d would not stop" % pid
+        )
+    label, plist = str(job.label), job.plist
     uid = os.getuid()
     unloaded = False
     for argv in (
@@ -352,28 +472,37 @@ def remove_job(job: Dict[str, Any], steps: List[Dict[str, Any]]) -> Dict[str, An
         try:
             os.unlink(plist)
         except OSError as exc:
-            return {"fate": "failed", "bytes": 0, "why": "cannot delete %s: %s" % (plist, exc)}
+            return Fate("failed", why="cannot delete %s: %s" % (plist, exc))
     still = sys.platform == "darwin" and label in loaded_labels()
     if still:
-        return {"fate": "failed", "bytes": size, "why": "launchd still lists %s" % label}
-    return {"fate": "removed", "bytes": size}
+        return Fate("failed", size, why="launchd still lists %s" % label)
+    return Fate("removed", size)
+
+
+@dataclass
+class Cancelled:
+    """One dead-man job a cancel removed (or tried to): which, and its fate."""
+
+    what: str
+    fate: Fate
+
+    def to_json(self) -> JsonObject:
+        return dict(self.fate.to_json(), what=self.what)
 
 
 def cancel(
     real_root: str,
     run_id: str,
-    steps: List[Dict[str, Any]],
+    steps: Steps,
     roots: List[str],
     keep_spec: bool = False,
-) -> List[Dict[str, Any]]:
+) -> List[Cancelled]:
     """Remove this run's dead-man jobs (after a verified wipe, or to reschedule)."""
     done = []
     for job in find_jobs(roots, [run_id]):
-        if job.get("run_id") != run_id:
+        if job.run_id != run_id:
             continue
-        fate = remove_job(job, steps)
-        fate["what"] = job["what"]
-        done.append(fate)
+        done.append(Cancelled(job.what, remove_job(job, steps)))
     if not keep_spec:
         spec_file = spec_path(real_root, run_id)
         if os.path.isfile(spec_file) and not os.path.islink(spec_file):
@@ -381,26 +510,27 @@ def cancel(
     return done
 
 
-def op_deadman_cancel(req: Dict[str, Any]) -> Dict[str, Any]:
+def op_deadman_cancel(req: JsonObject) -> JsonObject:
     from . import wipeops
 
     lexical, real_root = wipeops.check_root(req["root"])
-    steps: List[Dict[str, Any]] = []
+    steps: Steps = []
     jobs = cancel(real_root, req["run_id"], steps=steps, roots=[lexical, real_root])
-    return {"jobs": jobs, "steps": steps}
+    return {"jobs": [j.to_json() for j in jobs], "steps": steps}
 
 
 # ------------------------------------------------------------------ running on the host
 
 
-def fire(spec_file: str, now: Optional[float] = None) -> Optional[Dict[str, Any]]:
-    """Run the wipe when the deadline has come; None if the spec is gone or it is early."""
+def fire(spec_file: str, now: Optional[float] = None) -> Optional[JsonObject]:
+    """Run the wipe when the deadline has come; None if the spec is gone or it is early.
+    The wipe's report (also written to ``<run>.result.json``) otherwise."""
     from . import wipeops
 
-    spec = safefs.read_json_file(spec_file)
-    if not isinstance(spec, dict):
+    record = read_record(spec_file)
+    if record is None:
         return None
-    deadline = float(spec["deadline"])
+    deadline = record.deadline
     now = time.time() if now is None else now
     if deadline - now > RUN_AT_LOAD_WITHIN_S:
         return None  # launchd fired early (a calendar slot of another year): not yet
@@ -408,46 +538,42 @@ def fire(spec_file: str, now: Optional[float] = None) -> Optional[Dict[str, Any]
         time.sleep(deadline - now)
         # the job (plist, domain) is written once launchd is seen to hold it: after the
         # start of a RunAtLoad job, so read the spec again now
-        again = safefs.read_json_file(spec_file)
-        if not isinstance(again, dict):
+        record = read_record(spec_file)
+        if record is None:
             return None  # cancelled while we waited
-        spec = again
-    result = wipeops.wipe_run_data(
-        {
-            "root": spec["root"],
-            "run_id": spec["run_id"],
-            "sessions": spec.get("sessions") or [],
-            "wipe_outputs": True,
-        }
+    report = wipeops.wipe_run(
+        wipeops.WipeRequest(record.root, record.run_id, sessions=record.sessions)
     )
-    result["fired_at"] = time.time()
-    result["deadline"] = deadline
-    _write_json(spec_file[:-5] + ".result.json", result)
-    job = spec.get("job") or {}
+    report.fired_at = time.time()
+    report.deadline = deadline
+    _write_json(spec_file[:-5] + ".result.json", report.to_json())
+    job = record.job
     with contextlib.suppress(OSError):
         os.unlink(spec_file)
-    if job.get("method") == "launchd":
-        plist = job.get("plist")
+    if job is not None and job.method == "launchd":
+        plist = job.plist
         if plist and os.path.lexists(plist):
             os.unlink(plist)
-        domain = job.get("domain") or "gui/%d" % os.getuid()
+        domain = job.domain or "gui/%d" % os.getuid()
         argv = (
-            [launchctl(), "remove", job["label"]]
+            [launchctl(), "remove", str(job.label)]
             if domain == "load"
-            else [launchctl(), "bootout", "%s/%s" % (domain, job["label"])]
+            else [launchctl(), "bootout", "%s/%s" % (domain, job.label)]
         )
         agentutil.run_cmd(argv)  # last: launchd may stop this very process
-    return result
+    return report.to_json()
 
 
 def sleep_then_fire(spec_file: str) -> int:
     """The sleeper: wake at the deadline (wall clock, so laptop-style sleep is fine)."""
     while True:
         try:
-            deadline = float(safefs.read_json_file(spec_file)["deadline"])
+            record = read_record(spec_file)
         except (TypeError, ValueError, KeyError):
+            record = None
+        if record is None:
             return 0  # cancelled: the spec is gone (or is not a regular file)
-        left = deadline - time.time()
+        left = record.deadline - time.time()
         if left <= 0:
             break
         time.sleep(max(0.05, min(SLEEP_STEP_S, left)))
@@ -459,7 +585,7 @@ def _write_json(path: str, data: Any) -> None:
     safefs.write_json_atomic(path, data)
 
 
-def _inventory_set(real_root: str, item: Dict[str, Any]) -> None:
+def _inventory_set(real_root: str, item: JsonObject) -> None:
     """Add or replace one inventory item, keeping hostagent's file format."""
     path = os.path.join(real_root, "inventory.json")
     inv = safefs.read_json_file(path)

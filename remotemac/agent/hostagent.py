@@ -16,6 +16,7 @@ if the laptop's journal is gone.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import fcntl
 import hashlib
@@ -29,10 +30,11 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, List, Optional
 
 from . import protocol, safefs
 from .agentutil import cpu_seconds, find_tool, pid_alive, tmux_path
+from .protocol import JsonObject
 from .shared import agent_argv
 
 Op = protocol.Op
@@ -49,6 +51,80 @@ class AgentError(Exception):
     def __init__(self, message: str, code: str = "error") -> None:
         super().__init__(message)
         self.code = code
+
+
+# ------------------------------------------------------------------ the job's files
+
+
+@dataclasses.dataclass
+class JobSpec(protocol.LaunchRequest):
+    """``status/<device>.spec.json``: the launch request as the runner reads it, with
+    where its status and log go (:func:`op_launch` writes it, runner.py reads it).
+
+    ``use_tmux`` false runs the job daemonised; ``caffeinate`` false lets a Mac sleep;
+    ``skip_access_check`` skips guards.check_access (a relaunch). Read back with
+    ``from_json``, a spec writes the keys it was read with (``extra`` the others)."""
+
+    status_path: str = ""
+    log_path: str = ""
+    use_tmux: Any = True
+    caffeinate: Any = True
+    skip_access_check: Any = False
+
+
+@dataclasses.dataclass
+class JobStatusFile(protocol.Message):
+    """``status/<device>.json``: the job as its runner keeps it, written last at its end
+    (``state`` one of protocol.JobState; :func:`op_launch` writes the first,
+    ``starting``). Read with ``from_json``, a file writes back exactly its own keys
+    (older files' too); a field left None is not written."""
+
+    state: Optional[str] = None
+    device: Optional[str] = None
+    created_at: Optional[float] = None
+    runner_pid: Optional[int] = None
+    #: procid.identity of the runner and of the workload: who may be signalled
+    runner_start: Optional[JsonObject] = None
+    mode: Optional[str] = None
+    started_at: Optional[float] = None
+    heartbeat_at: Optional[float] = None
+    command: Optional[str] = None
+    session: Optional[str] = None
+    #: the spec's ``relaunch`` (``{reason, marker, previous}``) when this is a relaunch
+    relaunched: Any = None
+    caffeinate: Optional[List[str]] = None
+    child_pid: Optional[int] = None
+    child_start: Optional[JsonObject] = None
+    child_argv: Optional[List[str]] = None
+    child_cmdline: Optional[str] = None
+    #: runner.DiskWatch.report(): free space of each watched volume
+    disk: Optional[JsonObject] = None
+    disk_warning: Optional[str] = None
+    disk_full: Optional[str] = None
+    peak_rss_bytes: Optional[int] = None
+    processes: Optional[int] = None
+    #: ckptconvert.py's answer, when the job's checkpoints were converted
+    converted: Optional[JsonObject] = None
+    exit_code: Optional[int] = None
+    ended_at: Optional[float] = None
+    reason: Optional[str] = None
+    hangup_at: Optional[float] = None
+    hangup: Optional[str] = None
+
+    @property
+    def final(self) -> bool:
+        return protocol.is_final(self.state)
+
+    @property
+    def beat(self) -> float:
+        """When the runner last said it was alive (0: never)."""
+        return float(self.heartbeat_at or self.created_at or 0)
+
+
+def read_status(path: str) -> Optional[JobStatusFile]:
+    """A job's status file, or None when there is none (a FIFO or a link is never opened)."""
+    data = _read_json(path)
+    return None if data is None else JobStatusFile.from_json(data)
 
 
 # ------------------------------------------------------------------ helpers
@@ -86,9 +162,9 @@ def inventory_add(root: str, kind: str, path: str, run_id: str | None = None) ->
     _atomic_write_json(inv_path, inv)
 
 
-def stale_after_s(req: dict[str, Any]) -> float:
+def stale_after_s(stale_s: Any = None) -> float:
     """Seconds without a heartbeat before a job may be called lost (request, env, default)."""
-    for value in (req.get("stale_s"), os.environ.get(ENV_STALE_S)):
+    for value in (stale_s, os.environ.get(ENV_STALE_S)):
         try:
             if value is not None and float(value) > 0:
                 return float(value)
@@ -97,8 +173,8 @@ def stale_after_s(req: dict[str, Any]) -> float:
     return HEARTBEAT_STALE_S
 
 
-def tmux_wanted(req: dict[str, Any]) -> bool:
-    return bool(req.get("use_tmux", True)) and os.environ.get(ENV_NO_TMUX, "") in ("", "0")
+def tmux_wanted(use_tmux: Any = True) -> bool:
+    return bool(use_tmux) and os.environ.get(ENV_NO_TMUX, "") in ("", "0")
 
 
 def tmux_install_hint(platform: str, brew: str | None) -> str | None:
@@ -146,7 +222,7 @@ def sha256_file(path: str, size: int | None = None) -> str:
 # ------------------------------------------------------------------ operations
 
 
-def op_ping(req: dict[str, Any]) -> dict[str, Any]:
+def op_ping(req: JsonObject) -> JsonObject:
     import platform
 
     return {
@@ -170,13 +246,14 @@ def root_marker(root: str) -> dict[str, Any]:
     from . import cleanupops
 
     claimed = cleanupops.op_claim_root({"root": root})
-    if claimed.get("refused"):
+    if "refused" in claimed:
         raise AgentError("remote_root %s: %s" % (root, claimed["refused"]), "not-ours")
     return safefs.marker_of(root) or {}
 
 
-def owned_dir(path: str, info: dict[str, Any]) -> str:
-    """Create (or find again) a directory remotemac owns, with its marker."""
+def owned_dir(path: str, info: JsonObject) -> str:
+    """Create (or find again) a directory remotemac owns, with its marker (``info``:
+    the marker file's body, safefs writes it)."""
     try:
         safefs.ensure_owned_dir(path, info)
     except safefs.NotOurs as exc:
@@ -184,7 +261,7 @@ def owned_dir(path: str, info: dict[str, Any]) -> str:
     return path
 
 
-def op_prepare_run(req: dict[str, Any]) -> dict[str, Any]:
+def op_prepare_run(req: JsonObject) -> JsonObject:
     root, run_id = req["root"], req["run_id"]
     marker = root_marker(root)
     runs = os.path.join(root, "runs")
@@ -202,10 +279,10 @@ def op_prepare_run(req: dict[str, Any]) -> dict[str, Any]:
     agent = safefs.marker_of(AGENT_DIR)
     if agent is not None and agent.get("kind") == "agent":  # this very agent, below root
         inventory_add(root, "agent", AGENT_DIR)
-    return {"run_dir": run_dir, "paths": paths}
+    return protocol.PrepareRunAnswer(run_dir=run_dir, paths=paths).to_json()
 
 
-def op_launch(req: dict[str, Any]) -> dict[str, Any]:
+def op_launch(req: JsonObject) -> JsonObject:
     """Start the runner for one device, in tmux when present, else daemonised.
 
     One launch of a device at a time (a flock beside its status): the host starts the
@@ -215,71 +292,71 @@ def op_launch(req: dict[str, Any]) -> dict[str, Any]:
     lines (its log then held those lines and the whole log again), or its
     ``new-session`` failed "duplicate session". Locked, the second waits until the
     first's runner has said it runs, and answers ``already_running``."""
+    spec = JobSpec.from_json(req)
     lock = os.open(  # in the run's status dir, made with the run (prepare_run)
-        os.path.join(req["run_dir"], "status", req["device"] + ".launch.lock"),
+        os.path.join(spec.run_dir, "status", spec.device + ".launch.lock"),
         os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | os.O_NONBLOCK,
         0o600,
     )
     try:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        return _launch_locked(req)
+        return _launch_locked(spec, req)
     finally:
         os.close(lock)
 
 
-def _launch_locked(req: dict[str, Any]) -> dict[str, Any]:
-    run_dir, device, session = req["run_dir"], req["device"], req["session"]
+def _launch_locked(spec: JobSpec, req: JsonObject) -> JsonObject:
+    """Launch under the device's lock; ``spec`` is the request read, the spec once its
+    paths are set (``req``: the request as it came, for guards.check_access)."""
+    run_dir, device, session = spec.run_dir, spec.device, spec.session
     status_path = os.path.join(run_dir, "status", device + ".json")
-    existing = _read_json(status_path)
+    existing = read_status(status_path)
     if (
         existing
-        and existing.get("state") in ("starting", "running")
-        and (tmux_alive(session) or pid_alive(existing.get("runner_pid")))
+        and existing.state in protocol.LIVE_STATES
+        and (tmux_alive(session) or pid_alive(existing.runner_pid))
     ):
-        return {"already_running": True, "session": session, "mode": existing.get("mode")}
+        return {"already_running": True, "session": session, "mode": existing.mode}
     # ``relaunch: true`` starts a finished job again; ``relaunch: {reason, marker}`` (after
     # a lost job) never does: a job that did reach its end was not lost after all
-    lost_relaunch = isinstance(req.get("relaunch"), dict)
-    if (
-        existing
-        and existing.get("state") in FINAL_STATES
-        and (lost_relaunch or not req.get("relaunch"))
-    ):
-        return {"already_done": True, "session": session, "status": existing}
+    lost_relaunch = isinstance(spec.relaunch, dict)
+    if existing and existing.final and (lost_relaunch or not spec.relaunch):
+        return {"already_done": True, "session": session, "status": existing.to_json()}
     access = None
-    if not req.get("skip_access_check"):
+    if not spec.skip_access_check:
         from . import guards
 
         access = guards.check_access(req)
     spec_path = os.path.join(run_dir, "status", device + ".spec.json")
-    tmux = tmux_path() if tmux_wanted(req) else None
-    spec = dict(req)
+    tmux = tmux_path() if tmux_wanted(spec.use_tmux) else None
     if lost_relaunch:
-        spec["relaunch"] = dict(req["relaunch"], previous=existing)
-    spec["status_path"] = status_path
-    spec["log_path"] = os.path.join(run_dir, "logs", device + ".log")
-    spec["mode"] = "tmux" if tmux else "daemon"
-    spec.setdefault("metrics_path", os.path.join(run_dir, "logs", device + ".rss.jsonl"))
-    if spec.get("next"):
-        spec["next"] = dict(
-            spec["next"], use_tmux=bool(tmux) and spec["next"].get("use_tmux", True)
-        )
-    _atomic_write_json(spec_path, spec)
-    _atomic_write_json(
-        status_path, {"state": "starting", "device": device, "created_at": time.time()}
+        spec.relaunch = dict(spec.relaunch, previous=existing.to_json() if existing else None)
+    spec.status_path = status_path
+    spec.log_path = os.path.join(run_dir, "logs", device + ".log")
+    spec.mode = "tmux" if tmux else "daemon"
+    if "metrics_path" not in req:
+        spec.metrics_path = os.path.join(run_dir, "logs", device + ".rss.jsonl")
+    if spec.next:  # the next launch request, as the runner hands it to op_launch
+        wanted = JobSpec.from_json(spec.next).use_tmux
+        spec.next = dict(spec.next, use_tmux=bool(tmux) and wanted)
+    _atomic_write_json(spec_path, spec.to_json())
+    starting = JobStatusFile(
+        state=protocol.JobState.STARTING, device=device, created_at=time.time()
     )
+    _atomic_write_json(status_path, starting.to_json())
     argv = agent_argv(sys.executable, AGENT_DIR, "runner", spec_path, site=True)
     mode = _start_runner(argv, tmux, session)
     deadline = time.time() + 10
     while time.time() < deadline:
-        status = _read_json(status_path, {})
-        if status.get("state") != "starting":
+        status = read_status(status_path)
+        if status is None or status.state != protocol.JobState.STARTING:
             break
         time.sleep(0.05)
+    status = read_status(status_path)
     answer = {
         "session": session,
         "mode": mode,
-        "status": _read_json(status_path, {}),
+        "status": status.to_json() if status else {},
         "access": access,
     }
     if not tmux and not tmux_path():
@@ -322,7 +399,7 @@ def _start_runner(argv: list[str], tmux: str | None, session: str) -> str:
         return "daemon"
 
 
-def op_extract_project(req: dict[str, Any]) -> dict[str, Any]:
+def op_extract_project(req: JsonObject) -> JsonObject:
     """Unpack the uploaded project tar into ``dest``, refusing unsafe members."""
     import tarfile
 
@@ -349,29 +426,38 @@ def op_extract_project(req: dict[str, Any]) -> dict[str, Any]:
     return {"files": count}
 
 
-def op_status(req: dict[str, Any]) -> dict[str, Any]:
-    run_dir, device = req["run_dir"], req["device"]
-    status = _read_json(os.path.join(run_dir, "status", device + ".json"), None)
+@dataclasses.dataclass
+class StatusQuery(protocol.StatusRequest):
+    """A ``status`` request; ``stale_s`` overrides the heartbeat's staleness (tests)."""
+
+    stale_s: Any = None
+
+
+def op_status(req: JsonObject) -> JsonObject:
+    query = StatusQuery.from_json(req)
+    run_dir, device = query.run_dir, query.device
+    status = read_status(os.path.join(run_dir, "status", device + ".json"))
     now = time.time()
-    result = {
-        "status": status,
+    alive = tmux_alive(query.session)
+    result: JsonObject = {  # a protocol.JobStatus answer, keys as it always had them
+        "status": status.to_json() if status is not None else None,
         "now": now,
-        "tmux_alive": tmux_alive(req.get("session", "")),
+        "tmux_alive": alive,
         "log_size": _size(os.path.join(run_dir, "logs", device + ".log")),
     }
     if status is None:
-        result["state"] = "absent"
+        result["state"] = protocol.JobState.ABSENT
         return result
-    state = status.get("state")
-    runner_alive = pid_alive(status.get("runner_pid"))
+    state = status.state
+    runner_alive = pid_alive(status.runner_pid)
     result["runner_alive"] = runner_alive
-    beat = status.get("heartbeat_at") or status.get("created_at") or 0
-    stale = now - beat > stale_after_s(req)
-    result["stale_after_s"] = stale_after_s(req)
-    if state not in FINAL_STATES and stale and not runner_alive and not result["tmux_alive"]:
-        state = "lost"
-        result["lost_reason"] = status.get("hangup") or (
-            "runner gone, no heartbeat for %ds" % int(now - beat)
+    stale_s = stale_after_s(query.stale_s)
+    stale = now - status.beat > stale_s
+    result["stale_after_s"] = stale_s
+    if not status.final and stale and not runner_alive and not alive:
+        state = protocol.JobState.LOST
+        result["lost_reason"] = status.hangup or (
+            "runner gone, no heartbeat for %ds" % int(now - status.beat)
         )
     result["state"] = state
     return result
@@ -384,18 +470,19 @@ def _size(path: str) -> int:
         return -1
 
 
-def op_stop(req: dict[str, Any]) -> dict[str, Any]:
-    run_dir, device, session = req["run_dir"], req["device"], req.get("session", "")
-    status = _read_json(os.path.join(run_dir, "status", device + ".json"), {}) or {}
+def op_stop(req: JsonObject) -> JsonObject:
+    query = StatusQuery.from_json(req)
+    run_dir, session = query.run_dir, query.session
+    status = read_status(os.path.join(run_dir, "status", query.device + ".json"))
+    status = status or JobStatusFile()
     from . import wipeops
 
     left = []
-    for key in ("child_pid", "runner_pid"):
-        pid = status.get(key)
+    for pid, child in ((status.child_pid, True), (status.runner_pid, False)):
         if pid and pid_alive(pid):
             why = (
                 wipeops.child_is_ours(pid, status)
-                if key == "child_pid"
+                if child
                 else wipeops.runner_is_ours(pid, status, [run_dir])
             )
             if why:  # a reused pid: never signal it
@@ -413,7 +500,7 @@ def op_stop(req: dict[str, Any]) -> dict[str, Any]:
     return {"stopped": True, "left_alone": left}
 
 
-def op_list_outputs(req: dict[str, Any]) -> dict[str, Any]:
+def op_list_outputs(req: JsonObject) -> JsonObject:
     """Every entry below ``dir`` with its kind, size and sha256; links never followed.
 
     ``name_hex`` is the entry's relative path as the file system's bytes: the
@@ -456,7 +543,8 @@ def op_list_outputs(req: dict[str, Any]) -> dict[str, Any]:
     return {"entries": entries}
 
 
-Handler = Callable[[dict[str, Any]], dict[str, Any]]
+#: an op: the request as JSON just read, the result as JSON about to be sent
+Handler = Callable[[JsonObject], JsonObject]
 #: the handler of every op the agent serves, keyed by ``protocol.Op`` (a ``str``: the
 #: wire name looks its handler up directly)
 OPS: dict[str, Handler] = {
@@ -471,7 +559,7 @@ OPS: dict[str, Handler] = {
 
 
 def _lazy(module: str, name: str) -> Handler:
-    def call(req: dict[str, Any]) -> dict[str, Any]:
+    def call(req: JsonObject) -> JsonObject:
         return getattr(importlib.import_module("." + module, __package__), name)(req)
 
     return call
@@ -503,34 +591,32 @@ del _op, _module
 _NO_SPACE = (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC))
 
 
-def error_answer(exc: BaseException) -> dict[str, Any]:
+def error_answer(exc: BaseException) -> JsonObject:
     """One line for the laptop. An exception's own ``code`` (and pip's ``tail``) travels
     along; a missing module is the host's environment, not remotemac's bug."""
     code = getattr(exc, "code", None)
     if isinstance(code, str) and code:
-        answer: dict[str, Any] = {"ok": False, "error": str(exc), "code": code}
+        answer = protocol.Answer(error=str(exc), code=code)
     elif isinstance(exc, OSError) and exc.errno in _NO_SPACE:
         where = " writing %s" % exc.filename if exc.filename else ""
-        answer = {
-            "ok": False,
-            "error": "the host's disk is full (%s)%s: free some space on the host or "
+        answer = protocol.Answer(
+            error="the host's disk is full (%s)%s: free some space on the host or "
             "choose another remote_root" % (exc.strerror or "no space left", where),
-            "code": protocol.ErrorCode.NO_SPACE,
-        }
+            code=protocol.ErrorCode.NO_SPACE,
+        )
     else:
-        answer = {
-            "ok": False,
-            "error": "%s: %s" % (type(exc).__name__, exc),
-            "code": (
+        answer = protocol.Answer(
+            error="%s: %s" % (type(exc).__name__, exc),
+            code=(
                 protocol.ErrorCode.HOST_ENV
                 if isinstance(exc, ImportError)
                 else protocol.ErrorCode.INTERNAL
             ),
-        }
+        )
     tail = getattr(exc, "tail", None)
     if tail:
-        answer["tail"] = [str(line) for line in tail]
-    return answer
+        answer.tail = [str(line) for line in tail]
+    return answer.to_json()
 
 
 def main(args: list[str]) -> int:

@@ -21,7 +21,8 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Tuple
 
 from . import (
     memsample,  # sibling: one memory row of a process tree, the job's own use in it
@@ -32,6 +33,8 @@ from . import (
     safefs,  # sibling: file writes that never go through a planted link
 )
 from .agentutil import format_mib
+from .hostagent import JobSpec, JobStatusFile
+from .protocol import JsonObject
 
 HEARTBEAT_S = 2.0
 #: the job's memory (RSS summed over its process tree) is sampled this often
@@ -50,7 +53,7 @@ STORAGE_GRACE_S = 5.0
 DISK_FULL = (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC))
 
 
-def _write_status(path: str, status: dict[str, Any]) -> None:
+def _write_status(path: str, status: JobStatusFile) -> None:
     """The status, atomically; on a full disk in place instead, and marked so.
 
     The atomic write needs a new file's blocks, which a disk the job filled does not
@@ -59,18 +62,19 @@ def _write_status(path: str, status: dict[str, Any]) -> None:
     its own blocks (a status is a few hundred bytes), so the final state still lands.
     """
     try:
-        safefs.write_json_atomic(path, status)
+        safefs.write_json_atomic(path, status.to_json())
         return
     except OSError as exc:
         if exc.errno not in DISK_FULL:
             raise
     with contextlib.suppress(OSError):  # the atomic write's empty tmp file
         os.unlink("%s.tmp-%d-%d" % (path, os.getpid(), threading.get_ident()))
-    status.setdefault("disk_full", "the host's disk is full (ENOSPC)")
+    if status.disk_full is None:
+        status.disk_full = "the host's disk is full (ENOSPC)"
     with contextlib.suppress(OSError):
         fd = os.open(path, os.O_WRONLY | getattr(os, "O_NOFOLLOW", 0))
         try:
-            data = json.dumps(status).encode()
+            data = json.dumps(status.to_json()).encode()
             os.ftruncate(fd, 0)
             os.write(fd, data)
         finally:
@@ -83,14 +87,12 @@ def _log(log_fd: int, data: bytes) -> None:
         os.write(log_fd, data)
 
 
-def build_argv(spec: dict[str, Any], platform: str | None = None) -> list[str]:
+def build_argv(spec: JobSpec, platform: str | None = None) -> list[str]:
     """The workload's argv: ``/bin/sh -c COMMAND``, on macOS too (see caffeinate_argv)."""
-    return ["/bin/sh", "-c", spec["command"]]
+    return ["/bin/sh", "-c", spec.command]
 
 
-def caffeinate_argv(
-    spec: dict[str, Any], pid: int, platform: str | None = None
-) -> list[str] | None:
+def caffeinate_argv(spec: JobSpec, pid: int, platform: str | None = None) -> list[str] | None:
     """``caffeinate -i -w PID`` on macOS (None elsewhere, without caffeinate, or off by
     request): the Mac stays awake for exactly the job's life.
 
@@ -100,7 +102,7 @@ def caffeinate_argv(
     ``platform`` defaults to ``sys.platform`` (tests pass ``"darwin"`` to simulate a Mac).
     """
     platform = platform or sys.platform
-    if platform != "darwin" or not spec.get("caffeinate", True):
+    if platform != "darwin" or not spec.caffeinate:
         return None
     caffeinate = shutil.which("caffeinate") or (
         "/usr/bin/caffeinate" if os.access("/usr/bin/caffeinate", os.X_OK) else None
@@ -134,27 +136,53 @@ def _stop_caffeinate(proc: subprocess.Popen[bytes] | None) -> None:
         proc.wait()
 
 
-def prepare_observer(observe: dict[str, Any], env: dict[str, str]) -> None:
+@dataclass
+class ObserveSpec(protocol.Message):
+    """The spec's ``observe``: where the job's observer writes (``dir``), the merged
+    observation (``obs_path``), the device, and the divergence ``trace`` (steps, path)."""
+
+    dir: str = ""
+    obs_path: Optional[str] = None
+    device: Optional[str] = None
+    fallback: Optional[str] = None
+    interval: Any = None
+    trace: Optional[JsonObject] = None
+
+    def trace_target(self) -> Optional[Tuple[int, str]]:
+        """(steps, path) of the divergence trace, or None when there is none."""
+        trace = ObserveTrace.from_json(self.trace or {})
+        return (int(trace.steps), str(trace.path)) if trace.steps and trace.path else None
+
+
+@dataclass
+class ObserveTrace(protocol.Message):
+    """``observe.trace``: record the first ``steps`` optimizer steps to ``path``."""
+
+    steps: Any = None
+    path: Optional[str] = None
+
+
+def prepare_observer(observe: ObserveSpec, env: dict[str, str]) -> None:
     """Put the observer's sitecustomize first on the job's PYTHONPATH (see jobsite.py).
 
     Its own directory holds nothing else, so no agent module can shadow a user's.
     """
-    site = os.path.join(observe["dir"], "site")
+    site = os.path.join(observe.dir, "site")
     os.makedirs(site, exist_ok=True)
     shutil.copyfile(os.path.join(AGENT_DIR, "jobsite.py"), os.path.join(site, "sitecustomize.py"))
     rest = env.get("PYTHONPATH")
     env["PYTHONPATH"] = site + (os.pathsep + rest if rest else "")
-    env["REMOTEMAC_OBSERVE_DIR"] = observe["dir"]
+    env["REMOTEMAC_OBSERVE_DIR"] = observe.dir
     env["REMOTEMAC_OBSERVE_AGENT"] = AGENT_DIR
-    env["REMOTEMAC_OBSERVE_DEVICE"] = str(observe.get("device") or "cpu")
-    env["REMOTEMAC_OBSERVE_FALLBACK"] = str(observe.get("fallback") or "diagnostic")
-    env["REMOTEMAC_OBSERVE_INTERVAL"] = str(observe.get("interval") or 1.0)
-    trace = observe.get("trace") or {}
-    if trace.get("steps") and trace.get("path"):
+    env["REMOTEMAC_OBSERVE_DEVICE"] = str(observe.device or "cpu")
+    env["REMOTEMAC_OBSERVE_FALLBACK"] = str(observe.fallback or "diagnostic")
+    env["REMOTEMAC_OBSERVE_INTERVAL"] = str(observe.interval or 1.0)
+    trace = observe.trace_target()
+    if trace is not None:
         # the divergence trace (modtrace.py); absent, the observer loads nothing for it
-        env["REMOTEMAC_TRACE_STEPS"] = str(int(trace["steps"]))
-        env["REMOTEMAC_TRACE_PATH"] = str(trace["path"])
-        os.makedirs(os.path.dirname(str(trace["path"])), exist_ok=True)
+        env["REMOTEMAC_TRACE_STEPS"] = str(trace[0])
+        env["REMOTEMAC_TRACE_PATH"] = trace[1]
+        os.makedirs(os.path.dirname(trace[1]), exist_ok=True)
 
 
 class JobMemory:
@@ -162,10 +190,10 @@ class JobMemory:
     and RSS summed over its process tree, plus Metal's driver memory summed over the
     observed processes when the job runs on MPS."""
 
-    def __init__(self, spec: dict[str, Any], started: float) -> None:
-        self.path = spec.get("metrics_path")
-        self.observe = spec.get("observe") or {}
-        self.mps = str(self.observe.get("device") or "").startswith("mps")
+    def __init__(self, spec: JobSpec, started: float) -> None:
+        self.path = spec.metrics_path
+        self.observe = ObserveSpec.from_json(spec.observe or {})
+        self.mps = str(self.observe.device or "").startswith("mps")
         self.started = started
         self.peak = 0
         self.max_processes = 0
@@ -180,14 +208,14 @@ class JobMemory:
         got = proctree.tree_rss(root, session_leader=True)
         if not got.pids:
             return
-        records = obsmerge.read_records(self.observe["dir"]) if self.observe.get("dir") else []
+        records = obsmerge.read_records(self.observe.dir) if self.observe.dir else []
         if any(r.get("finished") and r.get("pid") in got.pids for r in records):
             return
         self.peak = max(self.peak, got.rss_bytes)
         self.max_processes = max(self.max_processes, len(got.pids))
-        row: dict[str, Any] = {"t": round(now - self.started, 3)}
+        row: JsonObject = {"t": round(now - self.started, 3)}  # one line of metrics_path
         row.update(memsample.tree_row(got.pids, got.rss_bytes))
-        if self.observe.get("dir"):
+        if self.observe.dir:
             # where the job is: torch imported (observed > 0), optimizer steps taken;
             # the memory trend's warm-up is counted from there (decide.memory_stable)
             live = [r for r in records if r.get("pid") in got.pids]
@@ -204,21 +232,42 @@ class JobMemory:
 
     def merge(self) -> None:
         """Refresh the job's merged observation (status/<label>.obs.json)."""
-        if self.observe.get("dir") and self.observe.get("obs_path"):
+        if self.observe.dir and self.observe.obs_path:
             with contextlib.suppress(OSError):
                 obsmerge.write_merged(
-                    self.observe["dir"],
-                    self.observe["obs_path"],
-                    str(self.observe.get("device") or ""),
+                    self.observe.dir, self.observe.obs_path, str(self.observe.device or "")
                 )
 
 
-def _free(path: str) -> dict[str, Any] | None:
+@dataclass
+class VolumeFree:
+    """One watched volume's free space (bytes), and the least seen since the job began."""
+
+    path: str
+    free: int
+    total: int
+    min_free_seen: int = 0
+
+    def to_json(self) -> JsonObject:
+        return {
+            "path": self.path,
+            "free": self.free,
+            "total": self.total,
+            "min_free_seen": self.min_free_seen,
+        }
+
+    @classmethod
+    def from_json(cls, data: JsonObject) -> VolumeFree:
+        return cls(data["path"], data["free"], data["total"], data.get("min_free_seen", 0))
+
+
+def _free(path: str) -> VolumeFree | None:
     try:
         st = os.statvfs(path)
     except OSError:
         return None
-    return {"path": path, "free": st.f_bavail * st.f_frsize, "total": st.f_blocks * st.f_frsize}
+    free = st.f_bavail * st.f_frsize
+    return VolumeFree(path, free, st.f_blocks * st.f_frsize, free)
 
 
 class DiskWatch:
@@ -230,11 +279,12 @@ class DiskWatch:
     the rate it is being filled.
     """
 
-    def __init__(self, cfg: dict[str, Any]) -> None:
-        self.paths = dict(cfg.get("paths") or {})
+    def __init__(self, cfg: JsonObject) -> None:
+        """``cfg``: the spec's ``disk`` (``paths`` by name, ``min_free``, ``warn_free``)."""
+        self.paths: Dict[str, Optional[str]] = dict(cfg.get("paths") or {})
         self.min_free = int(cfg.get("min_free") or 0)
         self.warn_free = int(cfg.get("warn_free") or 2 * self.min_free)
-        self.seen: dict[str, Any] = {}
+        self.seen: Dict[str, VolumeFree] = {}
         self.last: tuple[float, int] | None = None
         self.warning: str | None = None
 
@@ -246,13 +296,13 @@ class DiskWatch:
             got = _free(path)
             if got is None:
                 continue
-            low = min(got["free"], (self.seen.get(name) or {}).get("min_free_seen", got["free"]))
-            got["min_free_seen"] = low
+            before = self.seen.get(name)
+            got.min_free_seen = min(got.free, before.min_free_seen if before else got.free)
             self.seen[name] = got
         root = self.seen.get("root")
         if root is None or not self.min_free:
             return None
-        free = root["free"]
+        free = root.free
         rate = 0.0
         if self.last is not None and now > self.last[0]:
             rate = max(0.0, (self.last[1] - free) / (now - self.last[0]))
@@ -261,7 +311,7 @@ class DiskWatch:
         if free < self.min_free or projected < self.min_free:
             why = "only %s free on %s (min_free_disk %s)" % (
                 format_mib(free),
-                root["path"],
+                root.path,
                 format_mib(self.min_free),
             )
             if free >= self.min_free:
@@ -270,20 +320,22 @@ class DiskWatch:
         if free < self.warn_free and self.warning is None:
             self.warning = "low disk: %s free on %s; the job is stopped below %s" % (
                 format_mib(free),
-                root["path"],
+                root.path,
                 format_mib(self.min_free),
             )
         ram = self.seen.get("ram")
-        if ram and ram["total"] and ram["free"] < 0.05 * ram["total"] and self.warning is None:
+        if ram and ram.total and ram.free < 0.05 * ram.total and self.warning is None:
             self.warning = "the RAM store %s is almost full: %s free of %s" % (
-                ram["path"],
-                format_mib(ram["free"]),
-                format_mib(ram["total"]),
+                ram.path,
+                format_mib(ram.free),
+                format_mib(ram.total),
             )
         return None
 
-    def report(self) -> dict[str, Any]:
-        return {"min_free": self.min_free, "warn_free": self.warn_free, **self.seen}
+    def report(self) -> JsonObject:
+        """The status file's ``disk``: the floors, and each volume by name."""
+        seen = {name: v.to_json() for name, v in self.seen.items()}
+        return {"min_free": self.min_free, "warn_free": self.warn_free, **seen}
 
 
 def _marker(log_fd: int, log_path: str, text: str) -> None:
@@ -304,8 +356,8 @@ def _marker(log_fd: int, log_path: str, text: str) -> None:
 def run(spec_path: str) -> int:
     """Run the job SPEC describes to its end; the status file is written last."""
     with open(spec_path) as fh:
-        spec = json.load(fh)
-    status_path, log_path = spec["status_path"], spec["log_path"]
+        spec = JobSpec.from_json(json.load(fh))
+    status_path, log_path = spec.status_path, spec.log_path
     env = _job_env(spec)
     status = _initial_status(spec)
     log_fd = _open_log(spec, log_path)
@@ -313,7 +365,7 @@ def run(spec_path: str) -> int:
     try:
         child = subprocess.Popen(
             argv,
-            cwd=spec.get("cwd") or None,
+            cwd=spec.cwd or None,
             env=env,
             stdin=subprocess.DEVNULL,
             stdout=log_fd,
@@ -323,9 +375,8 @@ def run(spec_path: str) -> int:
     except OSError as exc:
         _log(log_fd, ("remotemac: could not start the workload: %s\n" % exc).encode())
         os.close(log_fd)
-        status.update(
-            state=protocol.JobState.FAILED, exit_code=127, ended_at=time.time(), reason=str(exc)
-        )
+        status.state, status.exit_code = protocol.JobState.FAILED, 127
+        status.ended_at, status.reason = time.time(), str(exc)
         _write_status(status_path, status)
         return 127
     job = _Job(spec, status, child, log_fd)
@@ -335,10 +386,10 @@ def run(spec_path: str) -> int:
     code = job.watch()
     os.close(log_fd)
     job.memory.merge()
-    if "hangup" in job.stopped_by:
+    if job.hangup is not None:
         # no final state: to the orchestrator this is a job that vanished with its
         # session (like a reboot); it reports ``lost`` once the heartbeat is stale
-        status.update(hangup_at=time.time(), hangup=job.stopped_by["hangup"])
+        status.hangup_at, status.hangup = time.time(), job.hangup
         _write_status(status_path, status)
         return 1
     _stop_caffeinate(awake)
@@ -347,40 +398,39 @@ def run(spec_path: str) -> int:
     return 0
 
 
-def _job_env(spec: dict[str, Any]) -> dict[str, str]:
+def _job_env(spec: JobSpec) -> dict[str, str]:
     """The workload's environment: ours, the spec's on top, unbuffered, maybe observed."""
     env = dict(os.environ)
-    env.update(spec.get("env", {}))
+    env.update(spec.env)
     env["PYTHONUNBUFFERED"] = "1"
-    if spec.get("observe"):
-        prepare_observer(spec["observe"], env)
+    if spec.observe:
+        prepare_observer(ObserveSpec.from_json(spec.observe), env)
     return env
 
 
-def _initial_status(spec: dict[str, Any]) -> dict[str, Any]:
+def _initial_status(spec: JobSpec) -> JobStatusFile:
     """The status as the job starts: what the laptop needs to find and judge it."""
-    status = {
-        "state": protocol.JobState.RUNNING,
-        "device": spec["device"],
-        "runner_pid": os.getpid(),
-        "runner_start": procid.identity(os.getpid()),
-        "mode": spec.get("mode", ""),
-        "started_at": time.time(),
-        "heartbeat_at": time.time(),
-        "command": spec["command"],
-        "session": spec.get("session"),
-    }
-    if spec.get("relaunch"):
-        status["relaunched"] = spec["relaunch"]
-    return status
+    return JobStatusFile(
+        state=protocol.JobState.RUNNING,
+        device=spec.device,
+        runner_pid=os.getpid(),
+        runner_start=procid.identity(os.getpid()),
+        mode=spec.mode or "",
+        started_at=time.time(),
+        heartbeat_at=time.time(),
+        command=spec.command,
+        session=spec.session,
+        relaunched=spec.relaunch or None,
+    )
 
 
-def _open_log(spec: dict[str, Any], log_path: str) -> int:
+def _open_log(spec: JobSpec, log_path: str) -> int:
     """The log opened for appending (a reader's byte offset stays valid), marked on relaunch."""
     log_fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-    if spec.get("relaunch") and spec["relaunch"].get("marker"):
+    marker = spec.relaunch.get("marker") if isinstance(spec.relaunch, dict) else None
+    if marker:
         # written by this runner only, once: a retried launch finds the job running
-        _marker(log_fd, log_path, spec["relaunch"]["marker"])
+        _marker(log_fd, log_path, marker)
     return log_fd
 
 
@@ -390,51 +440,55 @@ class _Job:
 
     def __init__(
         self,
-        spec: dict[str, Any],
-        status: dict[str, Any],
+        spec: JobSpec,
+        status: JobStatusFile,
         child: subprocess.Popen[bytes],
         log_fd: int,
     ) -> None:
         self.spec = spec
         self.status = status
-        self.status_path: str = spec["status_path"]
+        self.status_path = spec.status_path
         self.child = child
         self.log_fd = log_fd
-        #: why the runner stopped the job: "reason" (+ "detail"), or "hangup"
-        self.stopped_by: dict[str, str] = {}
-        self.memory = JobMemory(spec, status["started_at"])
-        self.disk = DiskWatch(spec["disk"]) if spec.get("disk") else None
-        timeout = spec.get("timeout")
-        self.deadline = status["started_at"] + float(timeout or 0) if timeout else None
+        started = float(status.started_at or time.time())
+        #: why the runner stopped the job (``detail`` says more), or None
+        self.reason: Optional[str] = None
+        self.detail: Optional[str] = None
+        #: why the job's tmux session went (the runner stopped it, with no final state)
+        self.hangup: Optional[str] = None
+        self.memory = JobMemory(spec, started)
+        self.disk = DiskWatch(spec.disk) if spec.disk else None
+        timeout = spec.timeout
+        self.deadline = started + float(timeout or 0) if timeout else None
 
     def note_child(self, argv: list[str]) -> subprocess.Popen[bytes] | None:
         """Keep the host awake for the child and note who it is; returns caffeinate's process."""
         caffeinate = caffeinate_argv(self.spec, self.child.pid)
         awake = _start_caffeinate(caffeinate)
         if caffeinate:
-            self.status["caffeinate"] = caffeinate
-        self.status["child_pid"] = self.child.pid
+            self.status.caffeinate = caffeinate
+        self.status.child_pid = self.child.pid
         # wipe and cleanup signal this pid only while it is still this very process
-        self.status["child_start"] = procid.identity(self.child.pid)
-        self.status["child_argv"] = argv
-        self.status["child_cmdline"] = procid.cmdline(self.child.pid)
+        self.status.child_start = procid.identity(self.child.pid)
+        self.status.child_argv = argv
+        self.status.child_cmdline = procid.cmdline(self.child.pid)
         return awake
 
     def install_signals(self) -> None:
         """SIGTERM stops the job; SIGHUP too under tmux (its session is gone)."""
 
         def on_signal(signum: int, _frame: Any) -> None:
-            self.stopped_by["reason"] = "signal %d" % signum
+            self.reason = "signal %d" % signum
             _terminate(self.child)
 
         def on_hangup(_signum: int, _frame: Any) -> None:
             # tmux only hangs up a pane when its session is destroyed (kill-session,
             # kill-server), never when a client detaches: the job's home is gone.
-            self.stopped_by["hangup"] = "the tmux session was killed"
+            self.hangup = "the tmux session was killed"
             _terminate(self.child, grace=HANGUP_GRACE_S)
 
         signal.signal(signal.SIGTERM, on_signal)
-        if self.spec.get("mode") == "tmux":
+        if self.spec.mode == "tmux":
             signal.signal(signal.SIGHUP, on_hangup)
         else:
             signal.signal(signal.SIGHUP, signal.SIG_IGN)  # daemonised: no terminal to lose
@@ -455,38 +509,37 @@ class _Job:
                 continue
             next_beat = now + HEARTBEAT_S
             self._beat(now)
-            if self.deadline and now > self.deadline and "reason" not in self.stopped_by:
-                self.stopped_by["reason"] = protocol.JobState.TIMEOUT
+            if self.deadline and now > self.deadline and self.reason is None:
+                self.reason = protocol.JobState.TIMEOUT
                 _log(self.log_fd, b"remotemac: timeout reached, stopping the workload\n")
                 _terminate(self.child)
 
     def _check_disk(self, disk: DiskWatch, now: float) -> None:
         """Stop the job on a disk below its floor; note a warning once."""
         why = disk.check(now)
-        if why and not self.stopped_by:
-            self.stopped_by["reason"] = protocol.JobState.STORAGE_LIMIT
-            self.stopped_by["detail"] = why
+        if why and self.reason is None and self.hangup is None:
+            self.reason, self.detail = protocol.JobState.STORAGE_LIMIT, why
             _log(self.log_fd, ("remotemac: %s: stopping the workload\n" % why).encode())
             _terminate(self.child, grace=STORAGE_GRACE_S)
-        self.status["disk"] = disk.report()
-        if disk.warning and "disk_warning" not in self.status:
-            self.status["disk_warning"] = disk.warning
+        self.status.disk = disk.report()
+        if disk.warning and self.status.disk_warning is None:
+            self.status.disk_warning = disk.warning
             _write_status(self.status_path, self.status)
 
     def _beat(self, now: float) -> None:
         """The heartbeat: the status with the memory so far and the current command line."""
         self.memory.merge()
-        self.status["heartbeat_at"] = now
-        self.status["peak_rss_bytes"] = self.memory.peak
-        self.status["processes"] = self.memory.max_processes
+        self.status.heartbeat_at = now
+        self.status.peak_rss_bytes = self.memory.peak
+        self.status.processes = self.memory.max_processes
         line = procid.cmdline(self.child.pid)  # the shell may have exec'd the command since
         if line and self.child.poll() is None:
-            self.status["child_cmdline"] = line
+            self.status.child_cmdline = line
         _write_status(self.status_path, self.status)
 
     def final_state(self, code: int) -> str:
         """The job's final state: the runner's reason to stop it, else its exit code."""
-        reason = self.stopped_by.get("reason")
+        reason = self.reason
         if reason in (protocol.JobState.TIMEOUT, protocol.JobState.STORAGE_LIMIT):
             return reason
         if reason:
@@ -497,21 +550,16 @@ class _Job:
         """Write the final status (after converting checkpoints); returns the state."""
         state = self.final_state(code)
         status = self.status
-        if state == protocol.JobState.FINISHED and self.spec.get("convert"):
+        if state == protocol.JobState.FINISHED and self.spec.convert:
             # before the final state: the orchestrator pulls once it reads "finished"
-            status["converted"] = convert_checkpoints(self.spec, env)
-        status.update(
-            state=state,
-            exit_code=code,
-            ended_at=time.time(),
-            heartbeat_at=time.time(),
-            peak_rss_bytes=self.memory.peak,
-        )
-        reason = self.stopped_by.get("reason")
-        if reason:
-            status["reason"] = self.stopped_by.get("detail") or reason
+            status.converted = convert_checkpoints(self.spec, env)
+        status.state, status.exit_code = state, code
+        status.ended_at = status.heartbeat_at = time.time()
+        status.peak_rss_bytes = self.memory.peak
+        if self.reason:
+            status.reason = self.detail or self.reason
         if self.disk is not None:
-            status["disk"] = self.disk.report()
+            status.disk = self.disk.report()
         _write_status(self.status_path, status)
         return state
 
@@ -520,30 +568,42 @@ class _Job:
 CONVERT_TIMEOUT_S = 600.0
 
 
-def convert_checkpoints(spec: dict[str, Any], job_env: dict[str, str]) -> dict[str, Any]:
+@dataclass
+class ConvertSpec(protocol.Message):
+    """The spec's ``convert``: the workload's ``python`` converts the checkpoints below
+    ``dir`` that match ``patterns``."""
+
+    python: str = ""
+    dir: str = ""
+    patterns: Optional[List[str]] = None
+
+
+def convert_checkpoints(spec: JobSpec, job_env: dict[str, str]) -> JsonObject:
     """Run ckptconvert.py under the workload's interpreter, in the job's directory and
     environment (not observed: it is remotemac's step, not the job's), once the job
-    ended: whole-model pickles become tensors here, never unpickled on the laptop."""
-    conv = spec["convert"]
-    if not _has_torch_files(conv["dir"], conv.get("patterns") or ["**/*"]):
+    ended: whole-model pickles become tensors here, never unpickled on the laptop.
+    ckptconvert's answer (the status file's ``converted``)."""
+    conv = ConvertSpec.from_json(spec.convert or {})
+    patterns = conv.patterns or ["**/*"]
+    if not _has_torch_files(conv.dir, patterns):
         return {"converted": [], "failed": {}}  # no interpreter started for nothing
     env = dict(job_env)
     for var in [k for k in env if k.startswith("REMOTEMAC_OBSERVE")]:
         del env[var]
-    site = os.path.join((spec.get("observe") or {}).get("dir") or "\0", "site")
+    site = os.path.join(ObserveSpec.from_json(spec.observe or {}).dir or "\0", "site")
     parts = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != site]
     if parts:
         env["PYTHONPATH"] = os.pathsep.join(parts)
     else:
         env.pop("PYTHONPATH", None)
-    request = json.dumps({"dir": conv["dir"], "patterns": conv.get("patterns") or ["**/*"]})
+    request = json.dumps({"dir": conv.dir, "patterns": patterns})
     try:
         proc = subprocess.run(
-            [conv["python"], os.path.join(AGENT_DIR, "ckptconvert.py")],
+            [conv.python, os.path.join(AGENT_DIR, "ckptconvert.py")],
             input=request.encode(),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
-            cwd=spec.get("cwd") or None,
+            cwd=spec.cwd or None,
             env=env,
             timeout=CONVERT_TIMEOUT_S,
         )
@@ -573,9 +633,9 @@ def _has_torch_files(out_dir: str, patterns: list[str]) -> bool:
         return False
 
 
-def _launch_next(spec: dict[str, Any], state: str) -> None:
+def _launch_next(spec: JobSpec, state: str) -> None:
     """Start the next device's job on the host itself, so the chain needs no laptop."""
-    nxt = spec.get("next")
+    nxt = spec.next
     if not nxt or state != protocol.JobState.FINISHED:
         # a reference that failed, timed out or was stopped: the target's result would
         # be compared with nothing; the laptop records it "not launched" and says why
@@ -585,7 +645,7 @@ def _launch_next(spec: dict[str, Any], state: str) -> None:
     try:
         hostagent.op_launch(nxt)
     except Exception as exc:  # the orchestrator relaunches on attach
-        with open(spec["status_path"] + ".next-error", "w") as fh:
+        with open(spec.status_path + ".next-error", "w") as fh:
             fh.write("could not start the next job: %s\n" % exc)
 
 

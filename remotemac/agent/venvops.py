@@ -339,9 +339,9 @@ def _ensure_locked(
         if not_ours is not None:
             raise AgentError("%s: %s; left alone" % (env_dir, not_ours), "env-failed")
         fate = wipeops.remove_item(real_root, os.path.join(real_root, "envs", key), False)
-        if fate["fate"] == "failed":
+        if fate.failed:
             raise AgentError(
-                "cannot replace the unfinished venv %s: %s" % (env_dir, fate.get("why")),
+                "cannot replace the unfinished venv %s: %s" % (env_dir, fate.why),
                 "env-failed",
             )
     owned_dir(env_dir, {"kind": "venv", "key": key, "root_id": root_id})

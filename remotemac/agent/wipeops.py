@@ -43,6 +43,9 @@ from .agentutil import (
     terminate,
     tmux_sessions,
 )
+from .deadman import Fate, Steps
+from .hostagent import JobStatusFile
+from .protocol import JsonObject
 
 _HERE = os.path.dirname(os.path.abspath(globals().get("__file__") or "."))
 
@@ -103,6 +106,30 @@ VOLUMES = "/Volumes"
 
 class UnsafeRoot(Exception):
     """The root is not a place remotemac may delete in."""
+
+
+@dataclass
+class RamStore:
+    """A run's RAM store as ramstore.py describes it: ``kind`` shm, ramdisk or tmp."""
+
+    path: str
+    kind: str = "shm"
+    device: Optional[str] = None
+    #: what else the laptop's description holds (size, mount facts): passed on as given
+    extra: JsonObject = field(default_factory=dict, repr=False)
+
+    def to_json(self) -> JsonObject:
+        return dict(self.extra, path=self.path, kind=self.kind, device=self.device)
+
+    @classmethod
+    def from_json(cls, data: JsonObject) -> RamStore:
+        known = ("path", "kind", "device")
+        return cls(
+            path=str(data.get("path") or ""),
+            kind=str(data.get("kind")),
+            device=data.get("device"),
+            extra={k: v for k, v in data.items() if k not in known},
+        )
 
 
 # ------------------------------------------------------------------ safety
@@ -173,42 +200,35 @@ def open_parent(real_root: str, path: str) -> Tuple[int, str]:
     return fd, parts[-1]
 
 
-def remove_item(
-    real_root: str, path: str, dry_run: bool, overwrite: bool = False
-) -> Dict[str, Any]:
-    """Remove one path below the root; the answer says its fate, size and why."""
+def remove_item(real_root: str, path: str, dry_run: bool, overwrite: bool = False) -> Fate:
+    """Remove one path below the root; the fate says what happened, its size and why."""
     try:
         fd, name = open_parent(real_root, path)
     except (safefs.NotOurs, OSError) as exc:
         if isinstance(exc, FileNotFoundError):
-            return {"fate": "not found", "bytes": 0}
-        return {
-            "fate": "failed",
-            "why": str(exc)
+            return Fate("not found")
+        return Fate(
+            "failed",
+            why=str(exc)
             if isinstance(exc, safefs.NotOurs)
             else "%s: %s" % (type(exc).__name__, exc.strerror or exc),
-            "bytes": 0,
-        }
+        )
     try:
         if safefs.lstat_at(fd, name) is None:
-            return {"fate": "not found", "bytes": 0}
+            return Fate("not found")
         size, _count = safefs.tree_size_at(fd, name)
         if dry_run:
-            return {"fate": "would remove", "bytes": size}
+            return Fate("would remove", size)
         done = safefs.remove_at(fd, name, overwrite=overwrite)
     finally:
         os.close(fd)
-    answer: Dict[str, Any] = {"fate": "removed", "bytes": size}
-    if done["notes"]:
-        answer["notes"] = done["notes"][:20]
+    fate = Fate("removed", size, notes=list(done["notes"][:20]))
     if done["failed"]:
-        answer.update(
-            fate="failed",
-            bytes=done["bytes"],
-            why="; ".join(done["failed"][:5])
-            + (" (and %d more)" % (len(done["failed"]) - 5) if len(done["failed"]) > 5 else ""),
+        fate.fate, fate.bytes = "failed", done["bytes"]
+        fate.why = "; ".join(done["failed"][:5]) + (
+            " (and %d more)" % (len(done["failed"]) - 5) if len(done["failed"]) > 5 else ""
         )
-    return answer
+    return fate
 
 
 def ownership(
@@ -247,27 +267,25 @@ def session_name(run_id: str, label: str = "") -> str:
     return SESSION_PREFIX + re.sub(r"[^A-Za-z0-9_-]", "_", tail)
 
 
-def runner_is_ours(pid: Any, status: Dict[str, Any], run_dirs: List[str]) -> Optional[str]:
+def runner_is_ours(pid: Any, status: JobStatusFile, run_dirs: List[str]) -> Optional[str]:
     """None when ``pid`` is the runner of one of ``run_dirs``; else why it is left alone."""
     line = cmdline(pid)
     if "runner.py" not in line or not any(procid.names_path(line, d) for d in run_dirs):
         return "its command line is not this run's runner"
-    if status.get("runner_start") is not None and not procid.same_start(
-        pid, status["runner_start"]
-    ):
+    if status.runner_start is not None and not procid.same_start(pid, status.runner_start):
         return "started at another time than the runner remotemac recorded"
     return None
 
 
-def child_is_ours(pid: Any, status: Dict[str, Any]) -> Optional[str]:
+def child_is_ours(pid: Any, status: JobStatusFile) -> Optional[str]:
     """None when ``pid`` is the workload the runner started (same start time, and a
     command line the runner recorded); else why it is left alone."""
-    if status.get("child_start") is None:
+    if status.child_start is None:
         return "no start time recorded for it"
-    if not procid.same_start(pid, status["child_start"]):
+    if not procid.same_start(pid, status.child_start):
         return "started at another time than the workload remotemac started (pid reused)"
     line = cmdline(pid)
-    known = [" ".join(status.get("child_argv") or []), status.get("child_cmdline") or ""]
+    known = [" ".join(status.child_argv or []), status.child_cmdline or ""]
     if not line or line not in [k for k in known if k]:
         return "its command line is not the one remotemac recorded"
     return None
@@ -275,7 +293,7 @@ def child_is_ours(pid: Any, status: Dict[str, Any]) -> Optional[str]:
 
 def stop_run_processes(
     run_dir: str,
-    steps: List[Dict[str, Any]],
+    steps: Steps,
     left: Optional[List[str]] = None,
     run_dirs: Optional[List[str]] = None,
 ) -> List[str]:
@@ -304,25 +322,21 @@ def stop_run_processes(
             except ValueError:
                 status = None
             if isinstance(status, dict):
-                statuses.append(status)
+                statuses.append(JobStatusFile.from_json(status))
     finally:
         os.close(fd)
     dirs = run_dirs or [run_dir]
     for status in statuses:
-        runner, child = status.get("runner_pid"), status.get("child_pid")
+        runner, child = status.runner_pid, status.child_pid
         # a runner that exited a moment ago may wait to be reaped: gone, not "left alone"
         if pid_alive(runner) and not procid.is_zombie(runner):
             why = runner_is_ours(runner, status, dirs)
             if why is None:
-                terminate(runner, steps, start=status.get("runner_start"))
+                terminate(runner, steps, start=status.runner_start)
                 stopped.append("process:%s" % runner)
             else:
                 left.append("process:%s (left alone: %s)" % (runner, why))
-        if (
-            pid_alive(child)
-            and not procid.is_zombie(child)
-            and status.get("state") not in FINAL_STATES
-        ):
+        if pid_alive(child) and not procid.is_zombie(child) and not status.final:
             why = child_is_ours(child, status)
             if why is None:
                 try:
@@ -330,7 +344,7 @@ def stop_run_processes(
                 except OSError:
                     leader = False
                 if leader:
-                    terminate(child, steps, start=status.get("child_start"))
+                    terminate(child, steps, start=status.child_start)
                     stopped.append("process:%s" % child)
             else:
                 left.append("process:%s (left alone: %s)" % (child, why))
@@ -394,9 +408,7 @@ def _same_user(pid: int) -> bool:
     return pid_alive(pid)
 
 
-def stop_strays(
-    dirs: List[str], statuses: List[Dict[str, Any]], steps: List[Dict[str, Any]]
-) -> List[str]:
+def stop_strays(dirs: List[str], statuses: List[JobStatusFile], steps: Steps) -> List[str]:
     """Stop what the job left running outside its process group: a daemon started in a
     new session (``setsid``, a double fork) whose argv names the run's ``out/`` dir.
 
@@ -404,7 +416,7 @@ def stop_strays(
     identity) and names the run's own output dir is the job's; a runner is left to
     :func:`stop_run_processes` and its ownership checks.
     """
-    starts = [s.get("runner_start") for s in statuses if isinstance(s.get("runner_start"), dict)]
+    starts = [s.runner_start for s in statuses if isinstance(s.runner_start, dict)]
     if not starts:
         return []  # no recorded start: no evidence that anything is the job's
     outs = [os.path.join(d, "out") for d in dirs]
@@ -425,29 +437,27 @@ def stop_strays(
 
 def find_ram_store(
     run_id: str, platform: Optional[str] = None, shm_root: str = SHM_ROOT, volumes: str = VOLUMES
-) -> Optional[Dict[str, Any]]:
+) -> Optional[RamStore]:
     """The RAM store ramstore.py would have made for ``run_id``, if it is there."""
     platform = platform or sys.platform
     name = "remotemac-%s" % run_id
     if platform == "darwin":
         mount = os.path.join(volumes, name)
         if os.path.ismount(mount) or os.path.isdir(mount):
-            return {"path": mount, "kind": "ramdisk", "device": None}
+            return RamStore(mount, "ramdisk")
         return None
     path = os.path.join(shm_root, name)
     if os.path.isdir(path) and not os.path.islink(path):
-        return {"path": path, "kind": "shm", "device": None}
+        return RamStore(path, "shm")
     return None
 
 
-def ram_refusal(
-    info: Dict[str, Any], shm_root: str = SHM_ROOT, volumes: str = VOLUMES
-) -> Optional[str]:
+def ram_refusal(info: RamStore, shm_root: str = SHM_ROOT, volumes: str = VOLUMES) -> Optional[str]:
     """Why a RAM store may not be destroyed (None: it is remotemac's by name and owner)."""
-    path = str(info.get("path") or "")
+    path = info.path
     base = os.path.basename(path.rstrip("/"))
-    kind = info.get("kind")
-    allowed = {"shm": shm_root, "ramdisk": volumes}.get(str(kind))
+    kind = info.kind
+    allowed = {"shm": shm_root, "ramdisk": volumes}.get(kind)
     if (
         allowed is None
         or os.path.dirname(path.rstrip("/")) != allowed
@@ -462,29 +472,27 @@ def ram_refusal(
 
 
 def destroy_ram(
-    info: Dict[str, Any],
-    steps: List[Dict[str, Any]],
-    shm_root: str = SHM_ROOT,
-    volumes: str = VOLUMES,
-) -> Dict[str, Any]:
+    info: RamStore, steps: Steps, shm_root: str = SHM_ROOT, volumes: str = VOLUMES
+) -> Fate:
     """Destroy a RAM store, refusing anything that is not remotemac's by name and owner."""
-    path = str(info.get("path") or "")
-    if info.get("kind") == "tmp":
-        return {"fate": "removed with the run dir", "bytes": 0}
+    path = info.path
+    if info.kind == "tmp":
+        return Fate("removed with the run dir")
     refused = ram_refusal(info, shm_root, volumes)
     if refused:
-        return {"fate": "failed", "why": refused, "bytes": 0}
-    if not os.path.lexists(path) and info.get("kind") == "shm":
-        return {"fate": "not found", "bytes": 0}
+        return Fate("failed", why=refused)
+    if not os.path.lexists(path) and info.kind == "shm":
+        return Fate("not found")
     size, _ = tree_size(path)
-    result = ramstore.destroy_ram_store(dict(info))
-    for step in result.get("steps", []):
+    # ramstore's answer {"removed", "steps", "error", "why"}: read here, where it arrives
+    result: JsonObject = dict(ramstore.destroy_ram_store(info.to_json()))
+    for step in result.get("steps") or []:
         steps.append({"argv": step.get("argv"), "code": step.get("code"), "time": time.time()})
     if result.get("removed"):
-        return {"fate": "removed", "bytes": size}
+        return Fate("removed", size)
     if result.get("error"):
-        return {"fate": "failed", "why": result["error"], "bytes": 0}
-    return {"fate": "not found", "bytes": 0, "why": result.get("why")}
+        return Fate("failed", why=str(result["error"]))
+    return Fate("not found", why=result.get("why"))
 
 
 # ------------------------------------------------------------------ one run's wipe
@@ -494,14 +502,97 @@ def destroy_ram(
 class _Tally:
     """What a wipe did, as its answer lists it (every step adds to these)."""
 
-    steps: List[Dict[str, Any]] = field(default_factory=list)
+    steps: Steps = field(default_factory=list)
     removed: List[str] = field(default_factory=list)
     remaining: List[str] = field(default_factory=list)
     failed: List[str] = field(default_factory=list)
     notes: List[str] = field(default_factory=list)
 
 
-def wipe_run_data(req: Dict[str, Any]) -> Dict[str, Any]:
+@dataclass(frozen=True)
+class WipeRequest:
+    """The ``wipe_run_data`` request (the engine's wipe, the dead-man's fire).
+
+    ``ram``: the run's RAM store as the sync made it (else the one found by name);
+    ``keep``: the run dir's entries that stay until cleanup (default KEPT_SUBDIRS)."""
+
+    root: str
+    run_id: str
+    sessions: List[str] = field(default_factory=list)
+    ram: Optional[RamStore] = None
+    wipe_outputs: bool = True
+    keep: Optional[List[str]] = None
+    cancel_deadman: bool = False
+
+    @classmethod
+    def from_json(cls, data: JsonObject) -> WipeRequest:
+        ram = data.get("ram")
+        return cls(
+            root=data["root"],
+            run_id=data["run_id"],
+            sessions=list(data.get("sessions") or []),
+            ram=RamStore.from_json(ram) if ram else None,
+            wipe_outputs=bool(data.get("wipe_outputs", True)),
+            keep=list(data["keep"]) if data.get("keep") else None,
+            cancel_deadman=bool(data.get("cancel_deadman")),
+        )
+
+    def to_json(self) -> JsonObject:
+        out: JsonObject = {"root": self.root, "run_id": self.run_id, "sessions": self.sessions}
+        if self.ram is not None:
+            out["ram"] = self.ram.to_json()
+        out["wipe_outputs"] = self.wipe_outputs
+        if self.keep is not None:
+            out["keep"] = self.keep
+        if self.cancel_deadman:
+            out["cancel_deadman"] = True
+        return out
+
+
+@dataclass
+class WipeReport:
+    """What a wipe did: the ``wipe_run_data`` answer, and (with ``fired_at`` and
+    ``deadline``) the dead-man's ``<run>.result.json``."""
+
+    removed: List[str]
+    remaining: List[str]
+    steps: Steps
+    verified: bool
+    failed: List[str]
+    run_dir: str
+    time: float
+    notes: List[str] = field(default_factory=list)
+    scrubbed: List[str] = field(default_factory=list)
+    #: the dead-man's wipe only: when it ran, and the deadline it ran for
+    fired_at: Optional[float] = None
+    deadline: Optional[float] = None
+
+    _KEYS = ("removed", "remaining", "steps", "verified", "failed", "run_dir", "time")
+    _LATER = ("notes", "scrubbed")
+
+    def to_json(self) -> JsonObject:
+        out: JsonObject = {k: getattr(self, k) for k in self._KEYS + self._LATER}
+        for key in ("fired_at", "deadline"):
+            if getattr(self, key) is not None:
+                out[key] = getattr(self, key)
+        return out
+
+    @classmethod
+    def from_json(cls, data: JsonObject) -> WipeReport:
+        return cls(
+            **{k: data[k] for k in cls._KEYS},
+            **{k: list(data.get(k) or []) for k in cls._LATER},
+            fired_at=data.get("fired_at"),
+            deadline=data.get("deadline"),
+        )
+
+
+def wipe_run_data(req: JsonObject) -> JsonObject:
+    """The ``wipe_run_data`` request in, its answer out (see :func:`wipe_run`)."""
+    return wipe_run(WipeRequest.from_json(req)).to_json()
+
+
+def wipe_run(req: WipeRequest) -> WipeReport:
     """Stop a run, destroy its RAM store, delete its data, tmp, cache (and outputs).
 
     ``wipe_outputs`` false keeps ``out`` (not pulled yet). The project, logs and
@@ -509,13 +600,13 @@ def wipe_run_data(req: Dict[str, Any]) -> Dict[str, Any]:
     Used by the ``wipe_run_data`` op and by the dead-man wipe on the host. The run
     dir's contents are deleted only when it carries remotemac's marker for this run.
     """
-    lexical, real_root = check_root(req["root"])
-    run_id = req["run_id"]
+    lexical, real_root = check_root(req.root)
+    run_id = req.run_id
     if not re.match(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$", run_id):
         raise UnsafeRoot("run id %r is not valid" % run_id)
     run_dir = os.path.join(real_root, "runs", run_id)
     tally = _Tally()
-    _kill_sessions(run_id, req.get("sessions") or [], tally)
+    _kill_sessions(run_id, req.sessions, tally)
     not_ours = ownership(run_dir, "run", safefs.marker_of(real_root), run_id)
     scrubbed: List[str] = []
     if not_ours is None:
@@ -528,18 +619,18 @@ def wipe_run_data(req: Dict[str, Any]) -> Dict[str, Any]:
             secrets, [os.path.join(run_dir, "status"), os.path.join(real_root, "agent", "calls")]
         )
         scrubbed += specscrub.scrub_specs(run_dir)
-    _destroy_run_ram(req.get("ram") or find_ram_store(run_id), tally)
-    wipe_outputs = bool(req.get("wipe_outputs", True))
-    keep = set(req.get("keep") or KEPT_SUBDIRS)
+    _destroy_run_ram(req.ram or find_ram_store(run_id), tally)
+    wipe_outputs = req.wipe_outputs
+    keep = set(req.keep or KEPT_SUBDIRS)
     if not_ours is not None:
         tally.remaining.append("%s (%s)" % (run_dir, not_ours))
         tally.failed.append(run_dir)
     elif os.path.isdir(run_dir):
         _remove_run_subdirs(real_root, run_dir, keep, wipe_outputs, tally)
-    if req.get("cancel_deadman"):
+    if req.cancel_deadman:
         for job in deadman.cancel(real_root, run_id, steps=tally.steps, roots=[lexical, real_root]):
-            if job.get("fate") == "removed":
-                tally.removed.append("deadman:%s" % job.get("what"))
+            if job.fate == "removed":
+                tally.removed.append("deadman:%s" % job.what)
     if not_ours is None:
         tally.remaining += [
             r
@@ -548,7 +639,7 @@ def wipe_run_data(req: Dict[str, Any]) -> Dict[str, Any]:
         ]
     ram_left = find_ram_store(run_id)
     if ram_left:
-        tally.remaining.append("ram:%s" % ram_left["path"])
+        tally.remaining.append("ram:%s" % ram_left.path)
     verified = (
         not tally.failed
         and not ram_left
@@ -559,17 +650,17 @@ def wipe_run_data(req: Dict[str, Any]) -> Dict[str, Any]:
             if s != "out" or wipe_outputs
         )
     )
-    return {
-        "removed": tally.removed,
-        "remaining": tally.remaining,
-        "steps": tally.steps,
-        "verified": verified,
-        "failed": tally.failed,
-        "run_dir": run_dir,
-        "time": time.time(),
-        "notes": tally.notes,
-        "scrubbed": scrubbed,
-    }
+    return WipeReport(
+        removed=tally.removed,
+        remaining=tally.remaining,
+        steps=tally.steps,
+        verified=verified,
+        failed=tally.failed,
+        run_dir=run_dir,
+        time=time.time(),
+        notes=tally.notes,
+        scrubbed=scrubbed,
+    )
 
 
 def _kill_sessions(run_id: str, named: List[str], tally: _Tally) -> None:
@@ -585,18 +676,18 @@ def _kill_sessions(run_id: str, named: List[str], tally: _Tally) -> None:
             tally.remaining.append("tmux:%s (still running)" % name)
 
 
-def _destroy_run_ram(ram: Optional[Dict[str, Any]], tally: _Tally) -> None:
+def _destroy_run_ram(ram: Optional[RamStore], tally: _Tally) -> None:
     """Destroy the run's RAM store (its decrypted slice), if it has one."""
-    if not (ram and ram.get("path")):
+    if not (ram and ram.path):
         return
     fate = destroy_ram(ram, tally.steps)
-    if fate["fate"] == "removed":
-        tally.removed.append("ram:%s" % ram["path"])
-    elif fate["fate"] == "failed":
-        tally.remaining.append("ram:%s (%s)" % (ram["path"], fate.get("why")))
-        tally.failed.append(ram["path"])
-    elif fate.get("why"):
-        tally.notes.append("ram:%s: %s" % (ram["path"], fate["why"]))
+    if fate.fate == "removed":
+        tally.removed.append("ram:%s" % ram.path)
+    elif fate.failed:
+        tally.remaining.append("ram:%s (%s)" % (ram.path, fate.why))
+        tally.failed.append(ram.path)
+    elif fate.why:
+        tally.notes.append("ram:%s: %s" % (ram.path, fate.why))
 
 
 def _remove_run_subdirs(
@@ -609,12 +700,12 @@ def _remove_run_subdirs(
         if sub in keep or sub == safefs.MARKER or (sub == "out" and not wipe_outputs):
             continue
         fate = remove_item(real_root, path, False, overwrite=(sub == "tmp"))
-        tally.notes += fate.get("notes") or []
-        if fate["fate"] == "removed":
+        tally.notes += fate.notes
+        if fate.fate == "removed":
             tally.removed.append(path)
-        elif fate["fate"] == "failed":
+        elif fate.failed:
             tally.failed.append(path)
-            tally.remaining.append("%s (%s)" % (path, fate.get("why")))
+            tally.remaining.append("%s (%s)" % (path, fate.why))
 
 
 def listdir_or_empty(path: str) -> List[str]:
@@ -651,7 +742,7 @@ def run_remaining(run_dir: str, keep: Any, wipe_outputs: bool) -> List[str]:
     return out
 
 
-def op_wipe_run_data(req: Dict[str, Any]) -> Dict[str, Any]:
+def op_wipe_run_data(req: JsonObject) -> JsonObject:
     try:
         return wipe_run_data(req)
     except UnsafeRoot as exc:
