@@ -24,6 +24,8 @@ from typing import Any
 
 from remotemac.acceptance.decide import decide, evaluate_observations
 from remotemac.acceptance.observations import Observations
+from remotemac.acceptance.recordtypes import Cost
+from remotemac.agent.protocol import JsonObject
 from remotemac.termsafe import escape_controls
 
 SCHEMA_VERSION = "1"
@@ -88,7 +90,10 @@ def _merge(default: Any, given: Any) -> Any:
 
 
 def _as_plain(value: Any) -> Any:
-    """Objects with ``to_dict`` (a ComparisonResult) as dicts, recursively."""
+    """Objects with ``to_json`` (Observations) or ``to_dict`` (a ComparisonResult, a
+    Divergence) as JSON, recursively."""
+    if hasattr(value, "to_json"):
+        return value.to_json()
     if hasattr(value, "to_dict"):
         return value.to_dict()
     if isinstance(value, dict):
@@ -98,15 +103,12 @@ def _as_plain(value: Any) -> Any:
     return value
 
 
-def _cost(cost: dict[str, Any]) -> dict[str, Any]:
+def _cost(given: JsonObject) -> JsonObject:
     """Fill ``amount`` from rental hours x hourly rate when both are known."""
-    if (
-        cost.get("amount") is None
-        and cost.get("hours") is not None
-        and cost.get("hourly_rate") is not None
-    ):
-        cost["amount"] = round(float(cost["hours"]) * float(cost["hourly_rate"]), 2)
-    return cost
+    cost = Cost.from_json(given)
+    if cost.amount is None and cost.hours is not None and cost.hourly_rate is not None:
+        cost.amount = round(float(cost.hours) * float(cost.hourly_rate), 2)
+    return cost.to_json()
 
 
 def verdict_for(stopping_conditions: list[dict[str, Any]], missing: list[str]) -> str:
@@ -147,8 +149,9 @@ def build_record(
     kept (the schema allows more than the minimum).
     """
     obs = _merge(empty_observations(), _as_plain(observations))
+    seen = Observations.from_json(obs)  # read once: the judgement and the decision
     given = [dict(c) for c in stopping_conditions or []]
-    derived, missing = evaluate_observations(obs, stop_when)
+    derived, missing = evaluate_observations(seen, stop_when)
     conditions: list[dict[str, Any]] = []
     for cond in given + derived:
         cond = {
@@ -161,7 +164,7 @@ def build_record(
     if decision is None:
         ctx = dict(context or {})
         ctx.setdefault("stop_when", stop_when)
-        decision = decide(obs, conditions, ctx)
+        decision = decide(seen, conditions, ctx)
     record: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
         "run_id": run_id,

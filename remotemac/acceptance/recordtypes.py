@@ -237,3 +237,37 @@ class AcceptanceRecord(JsonFields):
         "deadman": _deadman,
         "cpu": parse_optional(CpuUse.from_json),
     }
+
+
+# ---------------------------------------------------------------- the judgement's inputs
+
+
+@dataclass
+class StopWhen(JsonFields):
+    """The playbook's ``stop_when``: which fallback ops stop the run (any | none | a
+    list of names), whether memory growth does (true | false | required), the peak."""
+
+    fallback_ops: Any = "any"
+    memory_growth: Any = True
+    max_memory: Any = None
+
+
+@dataclass
+class DecisionContext(JsonFields):
+    """What the recommendation weighs besides the observations: the playbook's purpose,
+    the CUDA-only dependencies the audit found, where the target really ran."""
+
+    goal: str | None = None
+    trains_on_linux: bool | None = None
+    ships_on_macos: bool | None = None
+    cuda_dependencies: list[Any] = field(default_factory=list)
+    multi_gpu: bool | None = None
+    #: what the target really ran on: no recommendation for Apple Silicon without MPS
+    target_device: str | None = None
+    results_summary: str | None = None
+    stop_when: StopWhen = field(default_factory=StopWhen)
+
+    JSON_PARSE = {
+        "cuda_dependencies": lambda v: list(v or []),
+        "stop_when": StopWhen.from_json,
+    }
