@@ -28,6 +28,8 @@ EXTRA = "extra"
 NOT_JSON = "not_json"
 #: the name of the field that keeps the keys a value was read from, in order
 KEYS = "json_keys"
+#: the name of the field that says the value was read from a JSON null
+NULL = "json_null"
 #: the field metadata key naming the JSON key of a field whose key is no Python name
 JSON_NAME = "json_name"
 
@@ -74,6 +76,8 @@ def from_fields(
         kwargs[EXTRA] = {k: v for k, v in obj.items() if k not in names}
     if KEYS in names and isinstance(data, dict):
         kwargs[KEYS] = (*(k for k in always if k not in obj), *obj)
+    if NULL in names and data is None:
+        kwargs[NULL] = True
     return cls(**kwargs)
 
 
@@ -86,9 +90,12 @@ def plain(value: Any) -> Any:
     return value
 
 
-def to_fields(obj: Any) -> JsonObject:
+def to_fields(obj: Any) -> JsonObject | None:
     """The JSON object of dataclass ``obj``: the keys it was read from, in their order,
-    or (built in code) its fields in order; then the ``extra`` keys."""
+    or (built in code) its fields in order; then the ``extra`` keys. One read from a
+    null is null again."""
+    if getattr(obj, NULL, False):
+        return None
     names = {
         _key(f): f.name
         for f in dataclasses.fields(obj)
@@ -129,6 +136,10 @@ class JsonFields:
     json_keys: tuple[str, ...] | None = dataclasses.field(
         default=None, repr=False, compare=False, kw_only=True, metadata={NOT_JSON: True}
     )
+    #: read from a JSON null (a section an older record left null): written as null
+    json_null: bool = dataclasses.field(
+        default=False, repr=False, compare=False, kw_only=True, metadata={NOT_JSON: True}
+    )
 
     JSON_PARSE: ClassVar[Mapping[str, Callable[[Any], Any]]] = {}
     JSON_ALWAYS: ClassVar[tuple[str, ...]] = ()
@@ -139,6 +150,15 @@ class JsonFields:
 
     def to_json(self) -> Any:
         return to_fields(self)
+
+    def read_empty(self) -> bool:
+        """Whether it was read from an empty JSON object (``{}``: nothing said)."""
+        return self.json_keys == ()
+
+
+def parse_object(item: Callable[[Any], T]) -> Callable[[Any], T | None]:
+    """A parser of a JSON object that may be null or absent (None then)."""
+    return lambda data: item(data) if isinstance(data, dict) else None
 
 
 @dataclasses.dataclass

@@ -478,7 +478,7 @@ def _growth_row(g: TracedCall) -> list[str]:
 
 def _divergence(div: Divergence | None) -> list[str]:
     """The "first divergence" section: where the target's error started (workload.trace)."""
-    if div is None:
+    if div is None or div.read_empty():
         return []
     out = ["", "## First divergence", "", _cell(div.detail), ""]
     if not div.traced:
@@ -541,7 +541,7 @@ def _decision(rec: AcceptanceRecord) -> list[str]:
         f"**{_cell(recommendation)}**" if recommendation else "**No recommendation yet.**",
         "",
     ]
-    out += [f"- {_cell(r)}" for r in rec.decision.reasons] or ["- no reasons given"]
+    out += [f"- {_cell(r)}" for r in rec.decision.reasons or []] or ["- no reasons given"]
     return out
 
 
@@ -581,7 +581,9 @@ def _sections(rec: AcceptanceRecord) -> list[str]:
             rows += [("domain", guard.domain), ("verified", guard.verified)]
         out += _kv_section("Dead-man", rows)
     cpu = rec.cpu
-    if cpu is not None:  # seconds: this laptop's process, the host's agent processes
+    if (
+        cpu is not None and not cpu.read_empty()
+    ):  # seconds: this laptop's process, the host's agent processes
         out += _kv_section(
             "CPU",
             [("laptop_s", cpu.laptop_s), ("host_s", cpu.host_s), ("agent_calls", cpu.agent_calls)],

@@ -256,14 +256,18 @@ class ResultsSeen(JsonFields):
         converted: list[str] | None = None,
         extra: JsonObject | None = None,
         json_keys: tuple[str, ...] | None = None,
+        json_null: bool = False,
     ) -> None:
         self.within_tolerance = within_tolerance
         self.files = [_file_result(f) for f in files or []]
         self.converted = converted
         self.extra = dict(extra or {})
         self.json_keys = json_keys
+        self.json_null = json_null
 
-    def to_json(self) -> JsonObject:
+    def to_json(self) -> JsonObject | None:
+        if self.json_null:
+            return None
         out: JsonObject = {
             "within_tolerance": self.within_tolerance,
             "files": [f.to_json() for f in self.files],

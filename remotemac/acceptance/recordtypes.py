@@ -19,7 +19,7 @@ from remotemac.acceptance.jsonfields import (
     ObjectOrBare,
     from_fields,
     parse_list,
-    parse_optional,
+    parse_object,
 )
 from remotemac.acceptance.observations import Observations
 
@@ -141,9 +141,8 @@ class Cost(JsonFields):
 @dataclass
 class Decision(JsonFields):
     recommendation: str | None = None
-    reasons: list[str] = field(default_factory=list)
-
-    JSON_PARSE = {"reasons": lambda v: list(v or [])}
+    #: None: a record that left them null ("no reasons given")
+    reasons: list[str] | None = field(default_factory=list)
 
 
 @dataclass
@@ -188,10 +187,6 @@ def _behaviour(rows: Any) -> list[BehaviourRow] | None:
     return None if rows is None else [BehaviourRow.from_json(r) for r in rows]
 
 
-def _deadman(guard: Any) -> DeadmanGuard | None:
-    return DeadmanGuard.from_json(guard) if isinstance(guard, dict) else None
-
-
 @dataclass
 class AcceptanceRecord(JsonFields):
     """acceptance.json, every section typed; keys this version does not know in ``extra``."""
@@ -231,11 +226,11 @@ class AcceptanceRecord(JsonFields):
         "wipe": Wipe.from_json,
         "cost": Cost.from_json,
         "decision": Decision.from_json,
-        "divergence": parse_optional(Divergence.from_json),
+        "divergence": parse_object(Divergence.from_json),
         "process_behaviour": _behaviour,
         "caches": parse_list(CacheDir.from_json),
-        "deadman": _deadman,
-        "cpu": parse_optional(CpuUse.from_json),
+        "deadman": parse_object(DeadmanGuard.from_json),
+        "cpu": parse_object(CpuUse.from_json),
     }
 
 
