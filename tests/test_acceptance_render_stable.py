@@ -58,3 +58,37 @@ def test_two_traces_give_the_stored_divergence_section(name):
     tol = tuple(case["tol"]) if case["tol"] else None
     found = compare_traces(case["reference"], case["target"], tol).to_dict()
     assert json.loads(json.dumps(found)) == case["divergence"]
+
+
+def test_observations_built_as_the_engine_builds_them_give_the_stored_record(tmp_path):
+    """The engine's way in (engine/record.py ``observe``/``_memory`` on main): the
+    compare phase's file objects, the memory figures dict filled after ``Memory`` wraps
+    it, the harness's operators and processes; a real CPU training's compare. The
+    record's JSON text and its markdown are main's, byte for byte (engine_built.*)."""
+    from remotemac.acceptance.compare import compare_outputs
+    from remotemac.acceptance.decide import memory_stable
+    from remotemac.acceptance.observations import Memory, Observations, Operators, ResultsSeen
+    from tests.test_record import RULES, train_tiny
+
+    for name, drift in (("cpu", 0.0), ("drift", 1e-2)):
+        train_tiny(tmp_path / name, drift=drift)
+    found = compare_outputs(tmp_path / "cpu", tmp_path / "drift", RULES).to_dict()
+    figures = memory_stable([(float(t), 1e8 + 3e6 * t) for t in range(40)])
+    memory = Memory(figures)
+    figures["source"] = "process-tree-pss"
+    figures["samples"] = [[float(t), 1e8 + 3e6 * t] for t in range(40)]
+    given = _json(FIXTURES / "engine_built.inputs.json")
+    observations = Observations(
+        tensors_on_device=True,
+        operators=Operators.from_dict(given["operators"]),
+        torch_imported=True,
+        memory=memory,
+        processes=[given["process"]],
+        results=ResultsSeen(found["within_tolerance"], found["files"], ["model.pt"]),
+        reproducibility={"reproduces": True, "files": []},
+    )
+    record = build_record(observations=observations, **given["build"])
+    text = json.dumps(record)
+    assert text + "\n" == (FIXTURES / "engine_built.record.json").read_text("utf-8")
+    md = render_markdown(json.loads(text))
+    assert md == (FIXTURES / "engine_built.md").read_text("utf-8")

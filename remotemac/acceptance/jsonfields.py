@@ -60,23 +60,24 @@ def from_fields(
     obj = json_object(data)
     parse = parse or {}
     kwargs: dict[str, Any] = {}
-    names = set()
+    fields = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    names = set()  # the JSON keys the fields read
     for f in dataclasses.fields(cls):  # type: ignore[arg-type]
-        key = _key(f)
-        names.add(key)
         if f.name == EXTRA or NOT_JSON in f.metadata:
             continue
+        key = _key(f)
+        names.add(key)
         if f.name in parse:
             kwargs[f.name] = parse[f.name](obj.get(key))
         elif key in obj:
             kwargs[f.name] = obj[key]
         elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
             kwargs[f.name] = None
-    if EXTRA in names:
+    if EXTRA in fields:
         kwargs[EXTRA] = {k: v for k, v in obj.items() if k not in names}
-    if KEYS in names and isinstance(data, dict):
+    if KEYS in fields and isinstance(data, dict):
         kwargs[KEYS] = (*(k for k in always if k not in obj), *obj)
-    if NULL in names and data is None:
+    if NULL in fields and data is None:
         kwargs[NULL] = True
     return cls(**kwargs)
 
