@@ -42,6 +42,7 @@ from remotemac.acceptance.observations import (
     TensorResult,
     WorstKey,
 )
+from remotemac.agent.protocol import JsonObject
 from remotemac.playbook import CompareRule
 from remotemac.termsafe import escape_controls
 
@@ -76,7 +77,7 @@ class ComparisonResult:
     within_tolerance: bool | None
     files: list[FileResult] = field(default_factory=list)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         """The ``observations.results`` object of acceptance.json."""
         return {
             "within_tolerance": self.within_tolerance,

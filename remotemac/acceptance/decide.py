@@ -195,7 +195,7 @@ def memory_stable(
     warm_at: float | None = None,
     min_samples: int = MIN_TREND_SAMPLES,
     min_seconds: float = MIN_TREND_SECONDS,
-) -> dict[str, Any]:
+) -> JsonObject:
     """Decide from the trend after warm-up whether memory keeps growing.
 
     A trend, not the last value: a steady run has noise, allocator steps and GC
@@ -212,7 +212,7 @@ def memory_stable(
     peak = int(max(b for _, b in pts)) if pts else None
     if min_growth_bytes is None:
         min_growth_bytes = MIN_GROWTH_SECONDS * tolerance_bytes_per_s
-    result: dict[str, Any] = {
+    result: JsonObject = {
         "stable": None,
         "trend": TREND_NONE,
         "slope_bytes_per_s": None,
@@ -256,7 +256,7 @@ def memory_stable(
 
 
 def _judge_trend(
-    result: dict[str, Any],
+    result: JsonObject,
     after: list[tuple[float, float]],
     slope: float,
     interval: tuple[float, float],

@@ -96,7 +96,7 @@ class Memory:
     """The memory figures: peak, trend after warm-up, its slope and confidence, what
     was measured (``source``) and the samples; ``figures`` is the record's dict."""
 
-    figures: dict[str, Any] = field(
+    figures: JsonObject = field(
         default_factory=lambda: {"peak_bytes": None, "stable": None, "slope_bytes_per_s": None}
     )
 

@@ -17,6 +17,7 @@ import json
 import math
 import os
 import tempfile
+from collections.abc import Callable
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
@@ -53,7 +54,7 @@ SUPPORTED_KEYWORDS = frozenset(
 # ---------------------------------------------------------------- defaults
 
 
-def empty_observations() -> dict[str, Any]:
+def empty_observations() -> JsonObject:
     """Observations before anything was observed: every value null."""
     return {
         "tensors_on_device": None,
@@ -63,7 +64,7 @@ def empty_observations() -> dict[str, Any]:
     }
 
 
-DEFAULTS: dict[str, Any] = {
+DEFAULTS: dict[str, JsonObject] = {
     "environment": {"reference": None, "target": None, "mismatches": []},
     "dataset": {"revision": None, "files": None, "bytes": None, "encrypted": None},
     "continuity": {"disconnects": None, "reconnects": None, "drill": None},
@@ -111,7 +112,7 @@ def _cost(given: JsonObject) -> JsonObject:
     return cost.to_json()
 
 
-def verdict_for(stopping_conditions: list[dict[str, Any]], missing: list[str]) -> str:
+def verdict_for(stopping_conditions: list[JsonObject], missing: list[str]) -> str:
     """rejected on any stopping condition; incomplete when an observation is missing."""
     if stopping_conditions:
         return "rejected"
@@ -127,19 +128,19 @@ def build_record(
     host: str | None = None,
     started_at: str | None = None,
     finished_at: str | None = None,
-    observations: Observations | dict[str, Any] | None = None,
-    stopping_conditions: list[dict[str, Any]] | None = None,
-    stop_when: dict[str, Any] | None = None,
-    context: dict[str, Any] | None = None,
-    environment: dict[str, Any] | None = None,
-    dataset: dict[str, Any] | None = None,
-    continuity: dict[str, Any] | None = None,
-    wipe: dict[str, Any] | None = None,
-    cost: dict[str, Any] | None = None,
-    decision: dict[str, Any] | None = None,
+    observations: Observations | JsonObject | None = None,
+    stopping_conditions: list[JsonObject] | None = None,
+    stop_when: JsonObject | None = None,
+    context: JsonObject | None = None,
+    environment: JsonObject | None = None,
+    dataset: JsonObject | None = None,
+    continuity: JsonObject | None = None,
+    wipe: JsonObject | None = None,
+    cost: JsonObject | None = None,
+    decision: JsonObject | None = None,
     reproduce: str | None = None,
     **extra: Any,
-) -> dict[str, Any]:
+) -> JsonObject:
     """The acceptance record with every SPEC key present, and its verdict derived.
 
     ``stopping_conditions`` are the ones met while running (out of memory, a lost
@@ -152,7 +153,7 @@ def build_record(
     seen = Observations.from_json(obs)  # read once: the judgement and the decision
     given = [dict(c) for c in stopping_conditions or []]
     derived, missing = evaluate_observations(seen, stop_when)
-    conditions: list[dict[str, Any]] = []
+    conditions: list[JsonObject] = []
     for cond in given + derived:
         cond = {
             "code": str(cond.get("code", "")),
@@ -165,7 +166,7 @@ def build_record(
         ctx = dict(context or {})
         ctx.setdefault("stop_when", stop_when)
         decision = decide(seen, conditions, ctx)
-    record: dict[str, Any] = {
+    record: JsonObject = {
         "schema_version": SCHEMA_VERSION,
         "run_id": run_id,
         "playbook": playbook,
@@ -193,13 +194,13 @@ def build_record(
 
 
 @lru_cache(maxsize=1)
-def load_schema() -> dict[str, Any]:
+def load_schema() -> JsonObject:
     """The JSON Schema shipped next to this module."""
     text = resources.files("remotemac.acceptance").joinpath(SCHEMA_FILE).read_text("utf-8")
     return json.loads(text)
 
 
-_TYPES: dict[str, Any] = {
+_TYPES: dict[str, Callable[[Any], bool]] = {
     "object": lambda v: isinstance(v, dict),
     "array": lambda v: isinstance(v, list),
     "string": lambda v: isinstance(v, str),
@@ -212,7 +213,7 @@ _TYPES: dict[str, Any] = {
 }
 
 
-def validate(instance: Any, schema: dict[str, Any], path: str = "$") -> list[str]:
+def validate(instance: Any, schema: JsonObject, path: str = "$") -> list[str]:
     """Problems of ``instance`` against ``schema`` (the subset named in SUPPORTED_KEYWORDS).
 
     An unsupported keyword in the schema is itself reported, so a schema edit can
@@ -291,7 +292,7 @@ def _write_atomic(path: Path, text: str) -> None:
         raise
 
 
-def write_record(out_dir: Path, record: dict[str, Any]) -> tuple[Path, Path]:
+def write_record(out_dir: Path, record: JsonObject) -> tuple[Path, Path]:
     """Write acceptance.json and acceptance.md into ``out_dir``; return both paths.
 
     The record is checked against the schema first: a record that breaks the
