@@ -80,6 +80,10 @@ class Operators(JsonFields):
         """engine/record.py's name for ``from_json``."""
         return cls.from_json(data)
 
+    def to_dict(self) -> JsonObject | None:
+        """The name of main before the typing sweep, for ``to_json``."""
+        return self.to_json()
+
     def lists(self) -> tuple[list[OpEntry] | None, ...]:
         return (self.fallback_ops, self.unsupported_ops, self.dtype_errors)
 
@@ -106,6 +110,10 @@ class Memory:
 
     def to_json(self) -> JsonObject:
         return self.figures
+
+    # the names of main before the typing sweep (engine/record.py may still use them)
+    from_dict = from_json
+    to_dict = to_json
 
     def _get(self, key: str) -> Any:
         return self.figures.get(key)
@@ -278,6 +286,15 @@ class ResultsSeen(JsonFields):
         if self.json_keys is not None:
             return {k: out[k] for k in self.json_keys if k in out}
         return out
+
+    @classmethod
+    def from_dict(cls, data: JsonObject | None) -> ResultsSeen:
+        """The name of main before the typing sweep, for ``from_json``."""
+        return cls.from_json(data)
+
+    def to_dict(self) -> JsonObject | None:
+        """The name of main before the typing sweep, for ``to_json``."""
+        return self.to_json()
 
     def failed(self) -> int:
         """Files not within tolerance (the ones not compared too)."""
