@@ -54,8 +54,9 @@ def from_fields(
     ``parse[name]`` turns the key's value into the field's type (it sees None for a
     missing key). A field marked ``NOT_JSON`` is neither read nor written; one with a
     ``JSON_NAME`` is read from that key (``in`` is a keyword). The keys in
-    ``always`` are written back even when ``data`` lacked them (first, then its own);
-    ``data`` not an object is read as built in code (every field written).
+    ``always`` are written back even when ``data`` lacked them (first, then its own).
+    A null ``data`` reads as every field's default and writes back as null; other
+    non-objects read as built in code (every field written).
     """
     obj = json_object(data)
     parse = parse or {}

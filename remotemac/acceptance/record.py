@@ -91,12 +91,12 @@ def _merge(default: Any, given: Any) -> Any:
 
 
 def _as_plain(value: Any) -> Any:
-    """Objects with ``to_json`` (Observations) or ``to_dict`` (a ComparisonResult, a
-    Divergence) as JSON, recursively."""
-    if hasattr(value, "to_json"):
-        return value.to_json()
+    """Objects with ``to_dict`` (Observations, a ComparisonResult) or ``to_json`` (the
+    acceptance types) as dicts, recursively."""
     if hasattr(value, "to_dict"):
         return value.to_dict()
+    if hasattr(value, "to_json"):
+        return value.to_json()
     if isinstance(value, dict):
         return {k: _as_plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
