@@ -33,7 +33,12 @@ if TYPE_CHECKING:
         Operators,
         ResultsSeen,
     )
-    from remotemac.acceptance.recordtypes import DecisionContext, StoppingCondition, StopWhen
+    from remotemac.acceptance.recordtypes import (
+        Decision,
+        DecisionContext,
+        StoppingCondition,
+        StopWhen,
+    )
     from remotemac.agent.protocol import JsonObject
 
 APPLE_FIRST = "apple-silicon-first"
@@ -390,7 +395,13 @@ def evaluate_observations(
     """
     obs = _read_observations(observations)
     stop = _read_stop_when(stop_when)
-    conditions: list[JsonObject] = []
+    conditions, missing = _judge(obs, stop)
+    return [c.to_json() for c in conditions], missing
+
+
+def _judge(obs: Observations, stop: StopWhen) -> tuple[list[StoppingCondition], list[str]]:
+    """The stopping conditions the observations show, and the observations not made."""
+    conditions: list[StoppingCondition] = []
     missing: list[str] = []
     _device_conditions(obs, conditions, missing)
     _operator_conditions(obs.operators, stop, conditions, missing)
@@ -399,47 +410,50 @@ def evaluate_observations(
     return conditions, missing
 
 
-def _device_conditions(obs: Observations, conditions: list[JsonObject], missing: list[str]) -> None:
+def _condition(code: str, detail: str) -> StoppingCondition:
+    from remotemac.acceptance.recordtypes import StoppingCondition
+
+    return StoppingCondition(code, detail)
+
+
+def _device_conditions(
+    obs: Observations, conditions: list[StoppingCondition], missing: list[str]
+) -> None:
     on_device = obs.tensors_on_device
     if on_device is None:
         missing.append("tensors_on_device")
     elif on_device is False:
         conditions.append(
-            {
-                "code": "tensors_not_on_device",
-                "detail": "tensors or the model did not land on the target device",
-            }
+            _condition(
+                "tensors_not_on_device", "tensors or the model did not land on the target device"
+            )
         )
 
 
 def _operator_conditions(
-    ops: Operators, stop: StopWhen, conditions: list[JsonObject], missing: list[str]
+    ops: Operators, stop: StopWhen, conditions: list[StoppingCondition], missing: list[str]
 ) -> None:
     if not ops.observed:
         missing.append("operators")
     unsupported = _names(ops.unsupported_ops)
     if unsupported:
         conditions.append(
-            {
-                "code": "unsupported_ops",
-                "detail": "not implemented on MPS: " + ", ".join(unsupported),
-            }
+            _condition("unsupported_ops", "not implemented on MPS: " + ", ".join(unsupported))
         )
     dtype_errors = _names(ops.dtype_errors)
     if dtype_errors:
-        conditions.append({"code": "dtype_errors", "detail": "; ".join(dtype_errors)})
+        conditions.append(_condition("dtype_errors", "; ".join(dtype_errors)))
     stopping_fallbacks = _fallback_policy_violations(ops.fallback_ops, stop.fallback_ops)
     if stopping_fallbacks:
         conditions.append(
-            {
-                "code": "fallback_ops",
-                "detail": "ran on the CPU instead of MPS: " + ", ".join(stopping_fallbacks),
-            }
+            _condition(
+                "fallback_ops", "ran on the CPU instead of MPS: " + ", ".join(stopping_fallbacks)
+            )
         )
 
 
 def _memory_conditions(
-    mem: Memory, stop: StopWhen, conditions: list[JsonObject], missing: list[str]
+    mem: Memory, stop: StopWhen, conditions: list[StoppingCondition], missing: list[str]
 ) -> None:
     growth = stop.memory_growth
     growth_matters = growth is not False
@@ -455,17 +469,17 @@ def _memory_conditions(
     elif mem.stable is False and growth_matters:
         slope = mem.slope
         rate = f" ({slope / 1024**2:.2f} MiB/s after warm-up)" if slope is not None else ""
-        conditions.append({"code": "memory_growth", "detail": "memory keeps growing" + rate})
+        conditions.append(_condition("memory_growth", "memory keeps growing" + rate))
     limit = _parse_bytes(stop.max_memory)
     peak = mem.peak_bytes
     if limit is not None and peak is not None and peak > limit:
         conditions.append(
-            {"code": "max_memory", "detail": f"peak {peak} bytes above max_memory {limit} bytes"}
+            _condition("max_memory", f"peak {peak} bytes above max_memory {limit} bytes")
         )
 
 
 def _results_conditions(
-    results: ResultsSeen, conditions: list[JsonObject], missing: list[str]
+    results: ResultsSeen, conditions: list[StoppingCondition], missing: list[str]
 ) -> None:
     within = results.within_tolerance
     if within is None:
@@ -487,10 +501,10 @@ def _results_conditions(
         if len(failed) > 5:
             parts.append(f"+{len(failed) - 5} more")
         conditions.append(
-            {
-                "code": "results_outside_tolerance",
-                "detail": "outside tolerance: " + (", ".join(parts) or "no files"),
-            }
+            _condition(
+                "results_outside_tolerance",
+                "outside tolerance: " + (", ".join(parts) or "no files"),
+            )
         )
 
 
@@ -504,6 +518,12 @@ def _read_conditions(items: Sequence[StoppingCondition | JsonObject]) -> list[St
     from remotemac.acceptance.recordtypes import StoppingCondition
 
     return [StoppingCondition.from_json(c) for c in items]
+
+
+def _decision(recommendation: str | None, reasons: list[str]) -> Decision:
+    from remotemac.acceptance.recordtypes import Decision
+
+    return Decision(recommendation, reasons)
 
 
 def decide(
@@ -521,12 +541,18 @@ def decide(
     """
     ctx = _read_context(context)
     obs = _read_observations(observations)
+    return _recommend(obs, _read_conditions(stopping_conditions), ctx).to_json()
+
+
+def _recommend(
+    obs: Observations, stopping_conditions: list[StoppingCondition], ctx: DecisionContext
+) -> Decision:
     blockers = _blockers(obs, ctx)
     if blockers:
-        return {"recommendation": LINUX_FIRST, "reasons": blockers}
+        return _decision(LINUX_FIRST, blockers)
 
-    derived, missing = evaluate_observations(obs, ctx.stop_when)
-    every = _read_conditions([*stopping_conditions, *derived])
+    derived, missing = _judge(obs, ctx.stop_when)
+    every = [*stopping_conditions, *derived]
     failed: list[str] = []
     seen = set()
     for cond in every:
@@ -537,26 +563,26 @@ def decide(
     broken = [c for c in every if c.code in NO_EVIDENCE]
     if broken:
         # a job that failed or was lost says nothing about the hardware: no recommendation
-        return {
-            "recommendation": None,
-            "reasons": [
+        return _decision(
+            None,
+            [
                 f"the workload did not run to the end, so this run says nothing "
                 f"about the hardware: {c.code}: {c.detail}"
                 for c in broken
             ]
             + ["stopping condition " + f for f in failed if f.split(":", 1)[0] not in NO_EVIDENCE],
-        }
+        )
     if failed:
         reasons = ["stopping condition " + f for f in failed]
         if missing:
             reasons.append("not observed: " + ", ".join(missing))
-        return {"recommendation": LINUX_FIRST, "reasons": reasons}
+        return _decision(LINUX_FIRST, reasons)
     if missing:
-        return {
-            "recommendation": None,
-            "reasons": ["no recommendation yet: not observed: " + ", ".join(missing)]
+        return _decision(
+            None,
+            ["no recommendation yet: not observed: " + ", ".join(missing)]
             + ([f"results: {ctx.results_summary}"] if ctx.results_summary else []),
-        }
+        )
 
     return _when_every_observation_passed(ctx)
 
@@ -575,35 +601,32 @@ def _blockers(obs: Observations, ctx: DecisionContext) -> list[str]:
     return blockers
 
 
-def _when_every_observation_passed(ctx: DecisionContext) -> JsonObject:
+def _when_every_observation_passed(ctx: DecisionContext) -> Decision:
     """Rules 3-5: by the goal, once every observation passed (on MPS, or no recommendation)."""
     goal = ctx.goal or "macos-validation"
     device = ctx.target_device
     if device not in (None, "mps"):
-        return {
-            "recommendation": None,
-            "reasons": [
+        return _decision(
+            None,
+            [
                 f"every observation passed, but the target ran on {device}, not "
                 "MPS: this run proves the pipeline, not Apple Silicon; run it on "
                 "an Apple-Silicon Mac to decide"
             ],
-        }
+        )
     passed = "every observation passed on MPS (tensors on device, operators, memory, results)"
     if ctx.ships_on_macos and (ctx.trains_on_linux or goal == "training"):
-        return {
-            "recommendation": BOTH,
-            "reasons": [
+        return _decision(
+            BOTH,
+            [
                 passed,
                 "the training pipeline stays on Linux GPUs and the "
                 "project must also ship on macOS: validate on both",
             ],
-        }
+        )
     if goal in APPLE_GOALS:
-        return {"recommendation": APPLE_FIRST, "reasons": [passed, f"the goal is {goal}"]}
-    return {
-        "recommendation": LINUX_FIRST,
-        "reasons": [
-            passed,
-            "the goal is training and nothing ships on macOS: keep training on Linux GPUs",
-        ],
-    }
+        return _decision(APPLE_FIRST, [passed, f"the goal is {goal}"])
+    return _decision(
+        LINUX_FIRST,
+        [passed, "the goal is training and nothing ships on macOS: keep training on Linux GPUs"],
+    )
