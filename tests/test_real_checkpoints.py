@@ -194,7 +194,7 @@ def test_pth_tar_checkpoint_with_args_reads_like_pt_under_safe_globals(tmp_path,
     keys = {t.key: t for t in f.tensors}
     assert keys["logits"].dtype == "bfloat16" and keys["logits"].rtol == 1e-1
     assert keys["state_dict.0.bias"].ok and keys["epoch"].ok
-    assert [m["key"] for m in f.metadata_differences] == ["args.output"]
+    assert [m.key for m in f.metadata_differences] == ["args.output"]
 
 
 @pytest.mark.slow  # three runs of the example (the module fixture)

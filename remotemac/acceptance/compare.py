@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +36,13 @@ from remotemac.acceptance.loaders import (
     leaf_shape,
     load_leaves,
 )
+from remotemac.acceptance.observations import (
+    FileResult,
+    MetadataDifference,
+    TensorResult,
+    WorstKey,
+)
+from remotemac.agent.protocol import JsonObject
 from remotemac.playbook import CompareRule
 from remotemac.termsafe import escape_controls
 
@@ -64,58 +71,17 @@ _PY_NUMBERS = ("int", "float", "number")
 
 
 @dataclass
-class TensorResult:
-    key: str
-    shape: list[int] | None
-    dtype: str | None
-    max_abs_err: float | None
-    max_rel_err: float | None
-    ok: bool
-    detail: str = ""
-    rtol: float | None = None
-    atol: float | None = None
-    #: a non-numeric leaf: its difference fails the rule only when strict
-    metadata: bool = False
-
-
-@dataclass
-class FileResult:
-    path: str
-    max_abs_err: float | None
-    max_rel_err: float | None
-    rtol: float | None
-    atol: float | None
-    #: None: not compared (see ``not_compared``)
-    ok: bool | None
-    detail: str = ""
-    tensors: list[TensorResult] = field(default_factory=list)
-    first_failing_key: str | None = None
-    worst: list[dict[str, Any]] = field(default_factory=list)
-    metadata_differences: list[dict[str, Any]] = field(default_factory=list)
-    compared: int = 0
-    ignored: int = 0
-    strict: bool = False
-    #: why the file was not compared (the verdict is then incomplete, never "outside
-    #: tolerance"); None when it was
-    not_compared: str | None = None
-    #: both sides byte-identical: passed without loading
-    identical: bool = False
-    #: what the host turned into tensors (a whole-model pickle), when it did
-    converted: str | None = None
-
-
-@dataclass
 class ComparisonResult:
     #: True: every file compared and within tolerance; False: a compared file is not;
     #: None: nothing failed but a file was not compared (or none matched)
     within_tolerance: bool | None
     files: list[FileResult] = field(default_factory=list)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         """The ``observations.results`` object of acceptance.json."""
         return {
             "within_tolerance": self.within_tolerance,
-            "files": [asdict(f) for f in self.files],
+            "files": [f.to_json() for f in self.files],
         }
 
 
@@ -523,11 +489,8 @@ def _summarise(
         "; ".join(parts) if bad else "",
         tensors,
         first_failing_key=bad[0].key if bad else None,
-        worst=[
-            {"key": t.key, "max_abs_err": t.max_abs_err, "max_rel_err": t.max_rel_err, "ok": t.ok}
-            for t in worst
-        ],
-        metadata_differences=[{"key": t.key, "detail": t.detail} for t in meta[:MAX_METADATA]],
+        worst=[WorstKey(t.key, t.max_abs_err, t.max_rel_err, t.ok) for t in worst],
+        metadata_differences=[MetadataDifference(t.key, t.detail) for t in meta[:MAX_METADATA]],
         compared=len(tensors),
         ignored=ignored,
         strict=rule.strict,

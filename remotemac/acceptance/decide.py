@@ -1,7 +1,10 @@
 """Judge the observations: memory trend, what failed or is missing, and the recommendation.
 
 Standard library only and Python 3.9 compatible: the host-side harness reuses
-``memory_stable`` on the Mac, where only the user's interpreter exists.
+``memory_stable`` on the Mac, where only the user's interpreter exists. So this module
+loads on its own: the judgement reads the observations, the stopping conditions and the
+context through the record's types (:mod:`.observations`, :mod:`.recordtypes`), which
+it imports when it judges, never at load time.
 
 The recommendation follows issue 7's rules, blockers first:
 
@@ -20,7 +23,23 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from remotemac.acceptance.observations import (
+        Memory,
+        Observations,
+        OpEntry,
+        Operators,
+        ResultsSeen,
+    )
+    from remotemac.acceptance.recordtypes import (
+        Decision,
+        DecisionContext,
+        StoppingCondition,
+        StopWhen,
+    )
+    from remotemac.agent.protocol import JsonObject
 
 APPLE_FIRST = "apple-silicon-first"
 LINUX_FIRST = "linux-gpu-first"
@@ -181,7 +200,7 @@ def memory_stable(
     warm_at: float | None = None,
     min_samples: int = MIN_TREND_SAMPLES,
     min_seconds: float = MIN_TREND_SECONDS,
-) -> dict[str, Any]:
+) -> JsonObject:
     """Decide from the trend after warm-up whether memory keeps growing.
 
     A trend, not the last value: a steady run has noise, allocator steps and GC
@@ -198,7 +217,7 @@ def memory_stable(
     peak = int(max(b for _, b in pts)) if pts else None
     if min_growth_bytes is None:
         min_growth_bytes = MIN_GROWTH_SECONDS * tolerance_bytes_per_s
-    result: dict[str, Any] = {
+    result: JsonObject = {
         "stable": None,
         "trend": TREND_NONE,
         "slope_bytes_per_s": None,
@@ -242,7 +261,7 @@ def memory_stable(
 
 
 def _judge_trend(
-    result: dict[str, Any],
+    result: JsonObject,
     after: list[tuple[float, float]],
     slope: float,
     interval: tuple[float, float],
@@ -292,26 +311,18 @@ def _judge_trend(
         )
 
 
-def _names(items: Sequence[Any] | None) -> list[str]:
-    """Operator names from plain strings or ``{op, count}`` objects."""
+def _names(items: Sequence[OpEntry] | None) -> list[str]:
+    """Operator names (with their count when above one) from plain strings or
+    ``{op, count}`` objects."""
     out = []
     for item in items or []:
-        if isinstance(item, dict):
-            label = item.get("op") or item.get("name") or item.get("message") or item
-            count = item.get("count")
-            out.append(f"{label} ×{count}" if isinstance(count, int) and count > 1 else str(label))
-        else:
-            out.append(str(item))
+        count = None if item.is_bare else item.count
+        label = item.title()
+        out.append(f"{label} ×{count}" if isinstance(count, int) and count > 1 else label)
     return out
 
 
-def _op_name(item: Any) -> str:
-    if isinstance(item, dict):
-        return str(item.get("op") or item.get("name") or item.get("message") or item)
-    return str(item)
-
-
-def _fallback_policy_violations(fallback_ops: Sequence[Any] | None, policy: Any) -> list[str]:
+def _fallback_policy_violations(fallback_ops: Sequence[OpEntry] | None, policy: Any) -> list[str]:
     """Labels of the fallback ops that ``stop_when.fallback_ops`` does not allow.
 
     The policy is matched on the op's name alone (``aten::isin.Tensor_Tensor_out`` or
@@ -325,7 +336,7 @@ def _fallback_policy_violations(fallback_ops: Sequence[Any] | None, policy: Any)
         items = [
             i
             for i in items
-            if _op_name(i) not in allowed and _op_name(i).replace("aten::", "") not in allowed
+            if i.title() not in allowed and i.title().replace("aten::", "") not in allowed
         ]
     return _names(items)
 
@@ -355,227 +366,267 @@ def _parse_bytes(value: Any) -> int | None:
     return int(float(text))
 
 
+def _read_observations(observations: Observations | JsonObject | None) -> Observations:
+    from remotemac.acceptance.observations import Observations
+
+    if isinstance(observations, Observations):
+        return observations
+    return Observations.from_json(observations)
+
+
+def _read_stop_when(stop_when: StopWhen | JsonObject | None) -> StopWhen:
+    from remotemac.acceptance.recordtypes import StopWhen
+
+    return stop_when if isinstance(stop_when, StopWhen) else StopWhen.from_json(stop_when)
+
+
 def evaluate_observations(
-    observations: dict[str, Any] | None,
-    stop_when: dict[str, Any] | None = None,
-) -> tuple[list[dict[str, str]], list[str]]:
-    """Stopping conditions the observations show, and the observations not made.
+    observations: Observations | JsonObject | None,
+    stop_when: StopWhen | JsonObject | None = None,
+) -> tuple[list[JsonObject], list[str]]:
+    """Stopping conditions the observations show (as the record writes them), and the
+    observations not made.
 
     ``stop_when`` is the playbook's section (``fallback_ops``: any | none | list,
     ``memory_growth``: true | false | required, ``max_memory``). A memory trend too
     short to tell is not missing unless ``memory_growth: required``. Unknown values are None in the record:
-    an empty list means "observed, none", None means "not observed".
+    an empty list means "observed, none", None means "not observed". Either may be
+    given as its JSON object (read here) or already read.
     """
-    obs = observations or {}
-    stop = stop_when or {}
-    conditions: list[dict[str, str]] = []
+    obs = _read_observations(observations)
+    stop = _read_stop_when(stop_when)
+    conditions, missing = _judge(obs, stop)
+    return [c.to_json() for c in conditions], missing
+
+
+def _judge(obs: Observations, stop: StopWhen) -> tuple[list[StoppingCondition], list[str]]:
+    """The stopping conditions the observations show, and the observations not made."""
+    conditions: list[StoppingCondition] = []
     missing: list[str] = []
     _device_conditions(obs, conditions, missing)
-    _operator_conditions(obs.get("operators") or {}, stop, conditions, missing)
-    _memory_conditions(obs.get("memory") or {}, stop, conditions, missing)
-    _results_conditions(obs.get("results") or {}, conditions, missing)
+    _operator_conditions(obs.operators, stop, conditions, missing)
+    _memory_conditions(obs.memory, stop, conditions, missing)
+    _results_conditions(obs.results, conditions, missing)
     return conditions, missing
 
 
+def _condition(code: str, detail: str) -> StoppingCondition:
+    from remotemac.acceptance.recordtypes import StoppingCondition
+
+    return StoppingCondition(code, detail)
+
+
 def _device_conditions(
-    obs: dict[str, Any], conditions: list[dict[str, str]], missing: list[str]
+    obs: Observations, conditions: list[StoppingCondition], missing: list[str]
 ) -> None:
-    on_device = obs.get("tensors_on_device")
+    on_device = obs.tensors_on_device
     if on_device is None:
         missing.append("tensors_on_device")
     elif on_device is False:
         conditions.append(
-            {
-                "code": "tensors_not_on_device",
-                "detail": "tensors or the model did not land on the target device",
-            }
+            _condition(
+                "tensors_not_on_device", "tensors or the model did not land on the target device"
+            )
         )
 
 
 def _operator_conditions(
-    ops: dict[str, Any], stop: dict[str, Any], conditions: list[dict[str, str]], missing: list[str]
+    ops: Operators, stop: StopWhen, conditions: list[StoppingCondition], missing: list[str]
 ) -> None:
-    if any(ops.get(k) is None for k in ("fallback_ops", "unsupported_ops", "dtype_errors")):
+    if not ops.observed:
         missing.append("operators")
-    unsupported = _names(ops.get("unsupported_ops"))
+    unsupported = _names(ops.unsupported_ops)
     if unsupported:
         conditions.append(
-            {
-                "code": "unsupported_ops",
-                "detail": "not implemented on MPS: " + ", ".join(unsupported),
-            }
+            _condition("unsupported_ops", "not implemented on MPS: " + ", ".join(unsupported))
         )
-    dtype_errors = _names(ops.get("dtype_errors"))
+    dtype_errors = _names(ops.dtype_errors)
     if dtype_errors:
-        conditions.append({"code": "dtype_errors", "detail": "; ".join(dtype_errors)})
-    stopping_fallbacks = _fallback_policy_violations(
-        ops.get("fallback_ops"), stop.get("fallback_ops", "any")
-    )
+        conditions.append(_condition("dtype_errors", "; ".join(dtype_errors)))
+    stopping_fallbacks = _fallback_policy_violations(ops.fallback_ops, stop.fallback_ops)
     if stopping_fallbacks:
         conditions.append(
-            {
-                "code": "fallback_ops",
-                "detail": "ran on the CPU instead of MPS: " + ", ".join(stopping_fallbacks),
-            }
+            _condition(
+                "fallback_ops", "ran on the CPU instead of MPS: " + ", ".join(stopping_fallbacks)
+            )
         )
 
 
 def _memory_conditions(
-    mem: dict[str, Any], stop: dict[str, Any], conditions: list[dict[str, str]], missing: list[str]
+    mem: Memory, stop: StopWhen, conditions: list[StoppingCondition], missing: list[str]
 ) -> None:
-    growth = stop.get("memory_growth", True)
+    growth = stop.memory_growth
     growth_matters = growth is not False
-    if mem.get("peak_bytes") is None and mem.get("stable") is None:
+    if mem.peak_bytes is None and mem.stable is None:
         # not one sample: memory was not observed at all
-        if growth_matters or stop.get("max_memory") is not None:
+        if growth_matters or stop.max_memory is not None:
             missing.append("memory")
-    elif mem.get("stable") is None:
+    elif mem.stable is None:
         # the peak is an observation; a trend too short to tell is none either way,
         # unless the playbook demands one (memory_growth: required)
         if growth == "required":
             missing.append("memory")
-    elif mem.get("stable") is False and growth_matters:
-        slope = mem.get("slope_bytes_per_s")
+    elif mem.stable is False and growth_matters:
+        slope = mem.slope
         rate = f" ({slope / 1024**2:.2f} MiB/s after warm-up)" if slope is not None else ""
-        conditions.append({"code": "memory_growth", "detail": "memory keeps growing" + rate})
-    limit = _parse_bytes(stop.get("max_memory"))
-    peak = mem.get("peak_bytes")
+        conditions.append(_condition("memory_growth", "memory keeps growing" + rate))
+    limit = _parse_bytes(stop.max_memory)
+    peak = mem.peak_bytes
     if limit is not None and peak is not None and peak > limit:
         conditions.append(
-            {"code": "max_memory", "detail": f"peak {peak} bytes above max_memory {limit} bytes"}
+            _condition("max_memory", f"peak {peak} bytes above max_memory {limit} bytes")
         )
 
 
 def _results_conditions(
-    results: dict[str, Any], conditions: list[dict[str, str]], missing: list[str]
+    results: ResultsSeen, conditions: list[StoppingCondition], missing: list[str]
 ) -> None:
-    within = results.get("within_tolerance")
+    within = results.within_tolerance
     if within is None:
         missing.append("results")
     elif within is False:
         # a file not compared (ok None) is no evidence of a difference: not listed here
-        failed = [f for f in results.get("files") or [] if f.get("ok") is False]
+        failed = [f for f in results.files if f.ok is False]
         parts = []
         for f in failed[:5]:
             # a metadata difference (a path, a device name) fails only a strict rule
-            bad = [
-                t.get("key")
-                for t in f.get("tensors") or []
-                if not t.get("ok") and (f.get("strict") or not t.get("metadata"))
-            ]
-            if f.get("first_failing_key") in bad:
-                bad.remove(f["first_failing_key"])
-                bad.insert(0, f["first_failing_key"])
+            bad = [t.key for t in f.tensors if not t.ok and (f.strict or not t.metadata)]
+            if f.first_failing_key in bad:
+                bad.remove(f.first_failing_key)
+                bad.insert(0, f.first_failing_key)
             parts.append(
-                f"{f.get('path')}"
+                f"{f.path}"
                 + (f" [{', '.join(bad[:3])}" + (" …" if len(bad) > 3 else "") + "]" if bad else "")
             )
         if len(failed) > 5:
             parts.append(f"+{len(failed) - 5} more")
         conditions.append(
-            {
-                "code": "results_outside_tolerance",
-                "detail": "outside tolerance: " + (", ".join(parts) or "no files"),
-            }
+            _condition(
+                "results_outside_tolerance",
+                "outside tolerance: " + (", ".join(parts) or "no files"),
+            )
         )
 
 
+def _read_context(context: DecisionContext | JsonObject | None) -> DecisionContext:
+    from remotemac.acceptance.recordtypes import DecisionContext
+
+    return context if isinstance(context, DecisionContext) else DecisionContext.from_json(context)
+
+
+def _read_conditions(items: Sequence[StoppingCondition | JsonObject]) -> list[StoppingCondition]:
+    from remotemac.acceptance.recordtypes import StoppingCondition
+
+    return [StoppingCondition.from_json(c) for c in items]
+
+
+def _decision(recommendation: str | None, reasons: list[str]) -> Decision:
+    from remotemac.acceptance.recordtypes import Decision
+
+    return Decision(recommendation, reasons)
+
+
 def decide(
-    observations: dict[str, Any] | None,
-    stopping_conditions: Sequence[dict[str, Any]],
-    context: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """The recommendation and the reasons for it (see the module docstring's rules).
+    observations: Observations | JsonObject | None,
+    stopping_conditions: Sequence[StoppingCondition | JsonObject],
+    context: DecisionContext | JsonObject | None = None,
+) -> JsonObject:
+    """The recommendation and the reasons for it (see the module docstring's rules), as
+    the record's ``decision`` object.
 
     ``context``: ``goal`` (prototyping | inference | macos-validation | training),
     ``trains_on_linux``, ``ships_on_macos``, ``cuda_dependencies`` (list),
     ``multi_gpu``, ``target_device`` (what the target really ran on: no recommendation
     for Apple Silicon without MPS evidence), and optionally the playbook's ``stop_when``.
     """
-    ctx = context or {}
-    obs = observations or {}
+    ctx = _read_context(context)
+    obs = _read_observations(observations)
+    return _recommend(obs, _read_conditions(stopping_conditions), ctx).to_json()
+
+
+def _recommend(
+    obs: Observations, stopping_conditions: list[StoppingCondition], ctx: DecisionContext
+) -> Decision:
     blockers = _blockers(obs, ctx)
     if blockers:
-        return {"recommendation": LINUX_FIRST, "reasons": blockers}
+        return _decision(LINUX_FIRST, blockers)
 
-    derived, missing = evaluate_observations(obs, ctx.get("stop_when"))
+    derived, missing = _judge(obs, ctx.stop_when)
+    every = [*stopping_conditions, *derived]
     failed: list[str] = []
     seen = set()
-    for cond in list(stopping_conditions) + derived:
-        key = (cond.get("code"), cond.get("detail"))
+    for cond in every:
+        key = (cond.code, cond.detail)
         if key not in seen:
             seen.add(key)
-            failed.append(f"{cond.get('code')}: {cond.get('detail')}")
-    broken = [c for c in list(stopping_conditions) + derived if c.get("code") in NO_EVIDENCE]
+            failed.append(f"{cond.code}: {cond.detail}")
+    broken = [c for c in every if c.code in NO_EVIDENCE]
     if broken:
         # a job that failed or was lost says nothing about the hardware: no recommendation
-        return {
-            "recommendation": None,
-            "reasons": [
+        return _decision(
+            None,
+            [
                 f"the workload did not run to the end, so this run says nothing "
-                f"about the hardware: {c.get('code')}: {c.get('detail')}"
+                f"about the hardware: {c.code}: {c.detail}"
                 for c in broken
             ]
             + ["stopping condition " + f for f in failed if f.split(":", 1)[0] not in NO_EVIDENCE],
-        }
+        )
     if failed:
         reasons = ["stopping condition " + f for f in failed]
         if missing:
             reasons.append("not observed: " + ", ".join(missing))
-        return {"recommendation": LINUX_FIRST, "reasons": reasons}
+        return _decision(LINUX_FIRST, reasons)
     if missing:
-        return {
-            "recommendation": None,
-            "reasons": ["no recommendation yet: not observed: " + ", ".join(missing)]
-            + ([f"results: {ctx['results_summary']}"] if ctx.get("results_summary") else []),
-        }
+        return _decision(
+            None,
+            ["no recommendation yet: not observed: " + ", ".join(missing)]
+            + ([f"results: {ctx.results_summary}"] if ctx.results_summary else []),
+        )
 
     return _when_every_observation_passed(ctx)
 
 
-def _blockers(obs: dict[str, Any], ctx: dict[str, Any]) -> list[str]:
+def _blockers(obs: Observations, ctx: DecisionContext) -> list[str]:
     """Why a Mac cannot run the workload as is (rule 1 of the module docstring)."""
     blockers: list[str] = []
-    cuda = [str(d) for d in ctx.get("cuda_dependencies") or []]
+    cuda = [str(d) for d in ctx.cuda_dependencies]
     if cuda:
         blockers.append("requires CUDA-only dependencies: " + ", ".join(cuda))
-    if ctx.get("multi_gpu"):
+    if ctx.multi_gpu:
         blockers.append("needs several GPUs; an Apple-Silicon Mac has one")
-    unsupported = _names((obs.get("operators") or {}).get("unsupported_ops"))
+    unsupported = _names(obs.operators.unsupported_ops)
     if unsupported:
         blockers.append("operators not implemented on MPS: " + ", ".join(unsupported))
     return blockers
 
 
-def _when_every_observation_passed(ctx: dict[str, Any]) -> dict[str, Any]:
+def _when_every_observation_passed(ctx: DecisionContext) -> Decision:
     """Rules 3-5: by the goal, once every observation passed (on MPS, or no recommendation)."""
-    goal = ctx.get("goal") or "macos-validation"
-    device = ctx.get("target_device")
+    goal = ctx.goal or "macos-validation"
+    device = ctx.target_device
     if device not in (None, "mps"):
-        return {
-            "recommendation": None,
-            "reasons": [
+        return _decision(
+            None,
+            [
                 f"every observation passed, but the target ran on {device}, not "
                 "MPS: this run proves the pipeline, not Apple Silicon; run it on "
                 "an Apple-Silicon Mac to decide"
             ],
-        }
+        )
     passed = "every observation passed on MPS (tensors on device, operators, memory, results)"
-    if ctx.get("ships_on_macos") and (ctx.get("trains_on_linux") or goal == "training"):
-        return {
-            "recommendation": BOTH,
-            "reasons": [
+    if ctx.ships_on_macos and (ctx.trains_on_linux or goal == "training"):
+        return _decision(
+            BOTH,
+            [
                 passed,
                 "the training pipeline stays on Linux GPUs and the "
                 "project must also ship on macOS: validate on both",
             ],
-        }
+        )
     if goal in APPLE_GOALS:
-        return {"recommendation": APPLE_FIRST, "reasons": [passed, f"the goal is {goal}"]}
-    return {
-        "recommendation": LINUX_FIRST,
-        "reasons": [
-            passed,
-            "the goal is training and nothing ships on macOS: keep training on Linux GPUs",
-        ],
-    }
+        return _decision(APPLE_FIRST, [passed, f"the goal is {goal}"])
+    return _decision(
+        LINUX_FIRST,
+        [passed, "the goal is training and nothing ships on macOS: keep training on Linux GPUs"],
+    )

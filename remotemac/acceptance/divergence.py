@@ -27,11 +27,19 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from remotemac.acceptance.compare import default_tolerance
+from remotemac.acceptance.jsonfields import (
+    JSON_NAME,
+    JsonFields,
+    from_fields,
+    parse_list,
+    parse_optional,
+)
+from remotemac.agent.protocol import JsonObject
 
 TRACE_SCHEMA = "remotemac.trace/1"
 #: an output error more than this many times the input's is an error of the module's own
@@ -45,7 +53,7 @@ MAX_TRACE_BYTES = 512 * 1024**2
 
 
 @dataclass
-class TracedCall:
+class TracedCall(JsonFields):
     """One module call as both sides recorded it, with the error it added."""
 
     step: int
@@ -68,7 +76,7 @@ class TracedCall:
 
 
 @dataclass
-class NanSite:
+class NanSite(JsonFields):
     """The first call whose output on the target holds a NaN or Inf its input did not."""
 
     step: int
@@ -84,7 +92,7 @@ class NanSite:
 
 
 @dataclass
-class Change:
+class Change(JsonFields):
     """A dtype or shape the two sides disagree on at the same call."""
 
     step: int
@@ -96,7 +104,7 @@ class Change:
 
 
 @dataclass
-class OrderDiff:
+class OrderDiff(JsonFields):
     """Where the two sides' call orders part, and the calls one side has alone."""
 
     step: int
@@ -108,7 +116,7 @@ class OrderDiff:
 
 
 @dataclass
-class Divergence:
+class Divergence(JsonFields):
     """The ``divergence`` section of the record."""
 
     traced: bool
@@ -125,15 +133,89 @@ class Divergence:
     order: OrderDiff | None = None
     growth_factor: float = GROWTH
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    JSON_PARSE = {
+        "first": parse_optional(TracedCall.from_json),
+        "nan": parse_optional(NanSite.from_json),
+        "growths": parse_list(TracedCall.from_json),
+        "changes": parse_list(Change.from_json),
+        "order": parse_optional(OrderDiff.from_json),
+    }
+
+    def to_dict(self) -> JsonObject:
+        """The section as the record keeps it (``to_json``; engine/record.py's name)."""
+        return self.to_json()
+
+
+@dataclass(frozen=True)
+class Summary:
+    """A traced tensor as agent/modtrace.py summarises it: shape, dtype, NaN and Inf
+    counts, abs-max and a fixed strided sample (None: not sampled)."""
+
+    shape: list[int] | None = None
+    dtype: str | None = None
+    nan: int | None = None
+    inf: int | None = None
+    absmax: Any = None
+    sample: list[Any] | None = None
+
+    @classmethod
+    def from_json(cls, data: Any) -> Summary | None:
+        """None for a missing or empty summary (no tensor)."""
+        return from_fields(cls, data) if data else None
+
+    def bad(self) -> int:
+        """NaNs and Infs in the tensor."""
+        return int(self.nan or 0) + int(self.inf or 0)
+
+
+#: what a call without a summary compares as
+NO_SUMMARY = Summary()
+
+
+def _int(value: Any) -> int:
+    return int(value or 0)
+
+
+@dataclass(frozen=True)
+class TraceRow:
+    """One module call of a trace line: where, what, and its output's and first input's
+    summaries (the line's ``in`` is ``inp`` here)."""
+
+    step: int
+    path: str
+    call: int
+    cls: str | None = None
+    src: str | None = None
+    built: str | None = None
+    out: Summary | None = None
+    inp: Summary | None = field(default=None, metadata={JSON_NAME: "in"})
+
+    @classmethod
+    def from_json(cls, row: TraceRow | JsonObject) -> TraceRow:
+        if isinstance(row, TraceRow):
+            return row
+        return from_fields(
+            cls,
+            row,
+            {
+                "step": _int,
+                "path": str,
+                "call": _int,
+                "out": Summary.from_json,
+                "inp": Summary.from_json,
+            },
+        )
+
+    @property
+    def key(self) -> tuple[int, str, int]:
+        return (self.step, self.path, self.call)
 
 
 class TraceError(ValueError):
     """A trace that is not a remotemac trace (wrong schema, not JSON, too big)."""
 
 
-def load_trace(path: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+def load_trace(path: Path) -> tuple[JsonObject, list[JsonObject]]:
     """The header and the call rows of a trace file; a torn last line is left out."""
     if path.stat().st_size > MAX_TRACE_BYTES:
         raise TraceError(f"{path.name}: {path.stat().st_size} bytes, over the cap")
@@ -165,23 +247,21 @@ def _num(v: Any) -> float:
     return math.nan
 
 
-def _key(row: dict[str, Any]) -> tuple[int, str, int]:
-    return (int(row.get("step") or 0), str(row["path"]), int(row.get("call") or 0))
-
-
 def _label(key: tuple[int, str, int]) -> str:
     step, path, call = key
     return f"{path or '(model)'}#{call}"
 
 
-def _errors(t: dict[str, Any] | None, r: dict[str, Any] | None, tol: Any) -> tuple[float, float]:
+def _errors(t: Summary | None, r: Summary | None, tol: Any) -> tuple[float, float]:
     """(relative error, excess over the tolerance) of summary ``t`` against ``r``."""
-    if not t or not r or "sample" not in t or "sample" not in r:
+    if t is None or r is None or t.sample is None or r.sample is None:
         return 0.0, 0.0
-    if t.get("shape") != r.get("shape"):
+    if t.shape != r.shape:
         return math.inf, math.inf
-    rtol, atol = tol if tol else default_tolerance(r.get("dtype"))
-    pairs = list(zip(t["sample"], r["sample"], strict=False)) + [(t.get("absmax"), r.get("absmax"))]
+    from remotemac.acceptance.compare import default_tolerance  # numpy: on first use
+
+    rtol, atol = tol if tol else default_tolerance(r.dtype)
+    pairs = list(zip(t.sample, r.sample, strict=False)) + [(t.absmax, r.absmax)]
     worst_abs, excess = 0.0, 0.0
     for a, b in pairs:
         a, b = _num(a), _num(b)
@@ -193,13 +273,13 @@ def _errors(t: dict[str, Any] | None, r: dict[str, Any] | None, tol: Any) -> tup
         worst_abs = max(worst_abs, diff)
         bound = atol + rtol * abs(b)
         excess = max(excess, diff / bound if bound > 0 else math.inf)
-    scale = abs(_num(r.get("absmax")))
+    scale = abs(_num(r.absmax))
     rel = worst_abs / scale if scale > 0 else (math.inf if worst_abs else 0.0)
     return rel, excess
 
 
-def _bad(summary: dict[str, Any] | None) -> int:
-    return int((summary or {}).get("nan") or 0) + int((summary or {}).get("inf") or 0)
+def _bad(summary: Summary | None) -> int:
+    return summary.bad() if summary is not None else 0
 
 
 def _finite(x: float | None) -> float | None:
@@ -230,26 +310,28 @@ def _order(ref: list[tuple[int, str, int]], tgt: list[tuple[int, str, int]]) -> 
 
 
 def compare_traces(
-    reference: list[dict[str, Any]],
-    target: list[dict[str, Any]],
+    reference: Sequence[TraceRow | JsonObject],
+    target: Sequence[TraceRow | JsonObject],
     tol: tuple[float, float] | None = None,
 ) -> Divergence:
-    """The divergence section from the two sides' call rows (see the module docstring)."""
-    by_key = {_key(r): r for r in target}
-    ref_keys = [_key(r) for r in reference]
+    """The divergence section from the two sides' call rows (see the module docstring);
+    rows as :func:`load_trace` returns them are read here."""
+    ref_rows = [TraceRow.from_json(r) for r in reference]
+    tgt_rows = [TraceRow.from_json(r) for r in target]
+    by_key = {r.key: r for r in tgt_rows}
+    ref_keys = [r.key for r in ref_rows]
     calls: list[TracedCall] = []
     changes: list[Change] = []
     index_in_step: dict[int, int] = {}
-    for row in reference:
-        key = _key(row)
-        step = key[0]
+    for row in ref_rows:
+        step = row.step
         index = index_in_step.get(step, 0)
         index_in_step[step] = index + 1
-        other = by_key.get(key)
+        other = by_key.get(row.key)
         if other is not None:
-            calls.append(_traced_call(row, other, key, index, tol, changes))
+            calls.append(_traced_call(row, other, index, tol, changes))
     first = next((c for c in calls if (c.out_excess or 0) > 1 and (c.growth or 0) > GROWTH), None)
-    nan = _first_nan(reference, target)
+    nan = _first_nan(ref_rows, tgt_rows)
     step = first.step if first else (calls[0].step if calls else 0)
     # the modules that contain the first divergence carry its growth: the innermost is named
     growths = sorted(
@@ -277,7 +359,7 @@ def compare_traces(
         traced=True,
         detail=detail,
         steps=len({k[0] for k in ref_keys}),
-        calls={"reference": len(reference), "target": len(target)},
+        calls={"reference": len(ref_rows), "target": len(tgt_rows)},
         compared=len(calls),
         kind=kind,
         worst_rel=_finite(worst),
@@ -285,28 +367,27 @@ def compare_traces(
         nan=nan,
         growths=growths,
         changes=changes[:TOP],
-        order=_order(ref_keys, [_key(r) for r in target]),
+        order=_order(ref_keys, [r.key for r in tgt_rows]),
     )
 
 
 def _traced_call(
-    row: dict[str, Any],
-    other: dict[str, Any],
-    key: tuple[Any, ...],
+    row: TraceRow,
+    other: TraceRow,
     index: int,
     tol: tuple[float, float] | None,
     changes: list[Change],
 ) -> TracedCall:
     """One call on both sides: its output's error against the reference, its input's,
     and how much the call grew what came in; a dtype or shape change goes to ``changes``."""
-    step = key[0]
-    r_out, t_out = row.get("out") or {}, other.get("out") or {}
-    for what in ("dtype", "shape"):
-        if r_out.get(what) != t_out.get(what):
-            changes.append(Change(step, key[1], key[2], what, r_out.get(what), t_out.get(what)))
-    out_rel, out_excess = _errors(t_out, r_out, tol)
-    has_in = bool(row.get("in")) and bool(other.get("in"))
-    in_rel, in_excess = _errors(other.get("in"), row.get("in"), tol) if has_in else (0.0, 0.0)
+    r_out, t_out = row.out or NO_SUMMARY, other.out or NO_SUMMARY
+    if r_out.dtype != t_out.dtype:
+        changes.append(Change(row.step, row.path, row.call, "dtype", r_out.dtype, t_out.dtype))
+    if r_out.shape != t_out.shape:
+        changes.append(Change(row.step, row.path, row.call, "shape", r_out.shape, t_out.shape))
+    out_rel, out_excess = _errors(other.out, row.out, tol)
+    has_in = row.inp is not None and other.inp is not None
+    in_rel, in_excess = _errors(other.inp, row.inp, tol) if has_in else (0.0, 0.0)
     if not out_rel:
         growth = 0.0
     elif math.isinf(in_rel):
@@ -314,26 +395,23 @@ def _traced_call(
     else:
         growth = out_rel / max(in_rel, EPS32)
     return TracedCall(
-        step=step,
+        step=row.step,
         index=index,
-        path=key[1],
-        call=key[2],
-        **_names(row),
-        shape=r_out.get("shape"),
-        dtype=r_out.get("dtype"),
+        path=row.path,
+        call=row.call,
+        cls=row.cls,
+        src=row.src,
+        built=row.built,
+        shape=r_out.shape,
+        dtype=r_out.dtype,
         out_rel=out_rel,
         in_rel=in_rel if has_in else None,
         out_excess=out_excess,
         in_excess=in_excess if has_in else None,
         growth=growth,
-        in_shape=(row.get("in") or {}).get("shape"),
-        in_dtype=(row.get("in") or {}).get("dtype"),
+        in_shape=row.inp.shape if row.inp else None,
+        in_dtype=row.inp.dtype if row.inp else None,
     )
-
-
-def _names(row: dict[str, Any]) -> dict[str, str | None]:
-    """A call's class, its forward's file:line and the file:line that built it."""
-    return {key: row.get(key) for key in ("cls", "src", "built")}
 
 
 def _contains(c: TracedCall, first: TracedCall | None) -> bool:
@@ -343,28 +421,30 @@ def _contains(c: TracedCall, first: TracedCall | None) -> bool:
     return c.path == "" or first.path.startswith(c.path + ".")
 
 
-def _first_nan(reference: list[dict[str, Any]], target: list[dict[str, Any]]) -> NanSite | None:
-    by_key = {_key(r): r for r in reference}
+def _first_nan(reference: list[TraceRow], target: list[TraceRow]) -> NanSite | None:
+    by_key = {r.key: r for r in reference}
     index_in_step: dict[int, int] = {}
     for row in target:
-        key = _key(row)
-        index = index_in_step.get(key[0], 0)
-        index_in_step[key[0]] = index + 1
-        out = row.get("out") or {}
-        if not _bad(out) or _bad(row.get("in")):
+        index = index_in_step.get(row.step, 0)
+        index_in_step[row.step] = index + 1
+        out = row.out or NO_SUMMARY
+        if not out.bad() or _bad(row.inp):
             continue
-        ref = by_key.get(key) or {}
-        if _bad(ref.get("out")):
+        ref = by_key.get(row.key)
+        ref_out = ref.out if ref is not None else None
+        if _bad(ref_out):
             continue  # the reference made it too: not where the sides part
         return NanSite(
-            step=key[0],
+            step=row.step,
             index=index,
-            path=key[1],
-            call=key[2],
-            **_names(row),
-            nan=int(out.get("nan") or 0),
-            inf=int(out.get("inf") or 0),
-            reference_nan=_bad(ref.get("out")),
+            path=row.path,
+            call=row.call,
+            cls=row.cls,
+            src=row.src,
+            built=row.built,
+            nan=int(out.nan or 0),
+            inf=int(out.inf or 0),
+            reference_nan=_bad(ref_out),
         )
     return None
 

@@ -9,21 +9,26 @@ from __future__ import annotations
 
 from typing import Any
 
-from remotemac.acceptance.observations import Memory, Observations, Operators, ResultsSeen
+from remotemac.acceptance.divergence import Change, Divergence, NanSite, TracedCall
+from remotemac.acceptance.observations import (
+    FileResult,
+    Memory,
+    Observations,
+    OpEntry,
+    Operators,
+    ResultsSeen,
+)
+from remotemac.acceptance.recordtypes import (
+    ENV_FACT_KEYS,
+    SHOWN_FACTS,
+    AcceptanceRecord,
+    BehaviourRow,
+    Environment,
+    StoppingCondition,
+)
 from remotemac.vocab import human_size
 
-#: the environment facts each side's record carries (engine/record.py writes them)
-ENV_FACT_KEYS = (
-    "os",
-    "os_version",
-    "arch",
-    "chip",
-    "python",
-    "torch",
-    "numpy",
-    "mps_built",
-    "mps_available",
-)
+__all__ = ["ENV_FACT_KEYS", "SPARK", "render_markdown", "sparkline"]
 
 SPARK = "▁▂▃▄▅▆▇█"
 SPARK_WIDTH = 48
@@ -102,43 +107,41 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     return lines
 
 
-def _op_rows(kind: str, items: Any) -> list[list[str]]:
+def _op_rows(kind: str, items: list[OpEntry] | None) -> list[list[str]]:
     rows = []
     for item in items or []:
-        if isinstance(item, dict):
-            name = item.get("op") or item.get("name") or item.get("message") or ""
-            count = item.get("count")
-            detail = (item.get("detail") or item.get("message") or "") if item.get("op") else ""
-            rows.append([kind, _cell(name), _num(count), _cell(detail or "")])
+        if item.is_bare:
+            rows.append([kind, _cell(item.bare), "—", ""])
         else:
-            rows.append([kind, _cell(item), "—", ""])
+            detail = (item.detail or item.message or "") if item.op else ""
+            rows.append([kind, _cell(item.label or ""), _num(item.count), _cell(detail or "")])
     return rows
 
 
-def _operators_ok(ops: Operators, conditions: list[dict[str, Any]]) -> Any:
+def _operators_ok(ops: Operators, conditions: list[StoppingCondition]) -> Any:
     if not ops.observed:
         return None
-    codes = {c.get("code") for c in conditions}
+    codes = {c.code for c in conditions}
     return not ({"fallback_ops", "unsupported_ops", "dtype_errors"} & codes)
 
 
-def _memory_ok(mem: Memory, conditions: list[dict[str, Any]]) -> Any:
+def _memory_ok(mem: Memory, conditions: list[StoppingCondition]) -> Any:
     if mem.stable is None:
         return None
-    codes = {c.get("code") for c in conditions}
+    codes = {c.code for c in conditions}
     return not ({"memory_growth", "max_memory", "out_of_memory"} & codes)
 
 
-def _summary(rec: dict[str, Any]) -> str:
-    verdict = rec.get("verdict") or "incomplete"
+def _summary(rec: AcceptanceRecord) -> str:
+    verdict = rec.verdict or "incomplete"
     parts = [f"**{verdict}**: {VERDICT_LINES.get(verdict, '')}"]
-    conds = rec.get("stopping_conditions") or []
+    conds = rec.stopping_conditions
     if conds:
-        parts.append("stopping: " + ", ".join(_cell(c.get("code")) for c in conds))
-    missing = rec.get("missing_observations") or []
+        parts.append("stopping: " + ", ".join(_cell(c.code) for c in conds))
+    missing = rec.missing_observations
     if missing:
         parts.append("not observed: " + ", ".join(missing))
-    rec_ = (rec.get("decision") or {}).get("recommendation")
+    rec_ = rec.decision.recommendation
     if rec_:
         parts.append(f"recommendation: **{rec_}**")
     return " · ".join(parts) + "."
@@ -163,9 +166,9 @@ MEMORY_SOURCES = {
 }
 
 
-def _observations(rec: dict[str, Any]) -> list[str]:
-    obs = Observations.from_dict(rec.get("observations"))
-    conds = rec.get("stopping_conditions") or []
+def _observations(rec: AcceptanceRecord) -> list[str]:
+    obs = rec.observations
+    conds = rec.stopping_conditions
     out = ["## Observations", ""]
     out += _overview(obs, conds)
     out += _tensors_section(obs)
@@ -175,7 +178,7 @@ def _observations(rec: dict[str, Any]) -> list[str]:
     return out
 
 
-def _overview(obs: Observations, conds: list[dict[str, Any]]) -> list[str]:
+def _overview(obs: Observations, conds: list[StoppingCondition]) -> list[str]:
     """One row per observation: its mark and a summary."""
     ops, mem, res = obs.operators, obs.memory, obs.results
     slope_text = f", slope {human_bytes(mem.slope)}/s" if mem.slope is not None else ""
@@ -220,7 +223,7 @@ def _tensors_section(obs: Observations) -> list[str]:
     )
     procs = obs.processes
     if procs is not None:
-        shown = ", ".join(f"{_code(p.get('argv0'))} (pid {p.get('pid')})" for p in procs[:8])
+        shown = ", ".join(f"{_code(p.argv0)} (pid {p.pid})" for p in procs[:8])
         out += [
             "",
             f"Observed in-process: {len(procs)} Python process(es) that imported "
@@ -230,7 +233,7 @@ def _tensors_section(obs: Observations) -> list[str]:
     return out
 
 
-def _operators_section(ops: Operators, conds: list[dict[str, Any]]) -> list[str]:
+def _operators_section(ops: Operators, conds: list[StoppingCondition]) -> list[str]:
     out = ["", "### Operators", ""]
     rows = (
         _op_rows("fallback", ops.fallback_ops)
@@ -288,13 +291,13 @@ def _results_section(res: ResultsSeen) -> list[str]:
         ["file", "result", "max abs err", "max rel err", "rtol", "atol", "detail"],
         [
             [
-                _code(f.get("path")),
-                _mark(f.get("ok")) if f.get("ok") is not None else "not compared",
-                _num(f.get("max_abs_err")),
-                _num(f.get("max_rel_err")),
-                _num(f.get("rtol")),
-                _num(f.get("atol")),
-                _cell(f.get("detail") or ""),
+                _code(f.path),
+                _mark(f.ok) if f.ok is not None else "not compared",
+                _num(f.max_abs_err),
+                _num(f.max_rel_err),
+                _num(f.rtol),
+                _num(f.atol),
+                _cell(f.detail or ""),
             ]
             for f in files
         ],
@@ -303,20 +306,20 @@ def _results_section(res: ResultsSeen) -> list[str]:
     return out + _tensor_table(files)
 
 
-def _tensor_table(files: list[dict[str, Any]]) -> list[str]:
+def _tensor_table(files: list[FileResult]) -> list[str]:
     """Every compared tensor, failures first, up to MAX_TENSOR_ROWS."""
-    pairs = [(f, t) for f in files for t in f.get("tensors") or []]
-    pairs.sort(key=lambda ft: bool(ft[1].get("ok")))  # stable: failures first
+    pairs = [(f, t) for f in files for t in f.tensors or []]
+    pairs.sort(key=lambda ft: bool(ft[1].ok))  # stable: failures first
     rows = [
         [
-            _code(f.get("path")),
-            _code(t.get("key")),
-            _shape(t.get("shape")),
-            _cell(t.get("dtype")),
-            _num(t.get("max_abs_err")),
-            _num(t.get("max_rel_err")),
-            _mark(t.get("ok")),
-            _cell(t.get("detail") or ""),
+            _code(f.path),
+            _code(t.key),
+            _shape(t.shape),
+            _cell(t.dtype),
+            _num(t.max_abs_err),
+            _num(t.max_rel_err),
+            _mark(t.ok),
+            _cell(t.detail or ""),
         ]
         for f, t in pairs
     ]
@@ -330,43 +333,43 @@ def _tensor_table(files: list[dict[str, Any]]) -> list[str]:
     return out
 
 
-def _file_notes(files: list[dict[str, Any]]) -> list[str]:
+def _file_notes(files: list[FileResult]) -> list[str]:
     """Per file: the first failing key, the worst keys and the metadata differences."""
     out: list[str] = []
     for f in files:
         lines = []
-        if f.get("first_failing_key"):
-            lines.append(f"first failing key: {_code(f['first_failing_key'])}")
-        worst = [w for w in f.get("worst") or [] if w.get("max_abs_err") is not None]
+        if f.first_failing_key:
+            lines.append(f"first failing key: {_code(f.first_failing_key)}")
+        worst = [w for w in f.worst or [] if w.max_abs_err is not None]
         if worst:
             lines.append(
                 "worst keys: "
                 + ", ".join(
-                    f"{_code(w.get('key'))} (abs {_num(w.get('max_abs_err'))}, "
-                    f"rel {_num(w.get('max_rel_err'))})"
+                    f"{_code(w.key)} (abs {_num(w.max_abs_err)}, rel {_num(w.max_rel_err)})"
                     for w in worst
                 )
             )
-        meta = f.get("metadata_differences") or []
+        meta = f.metadata_differences or []
         if meta:
-            verb = "fail: strict rule" if f.get("strict") else "reported, not failing"
+            verb = "fail: strict rule" if f.strict else "reported, not failing"
             lines.append(
                 f"metadata differences ({verb}): "
-                + "; ".join(f"{_code(m.get('key'))} {_cell(m.get('detail'))}" for m in meta[:5])
+                + "; ".join(f"{_code(m.key)} {_cell(m.detail)}" for m in meta[:5])
                 + (" …" if len(meta) > 5 else "")
             )
         if lines:
-            out += ["", f"{_code(f.get('path'))}: " + "; ".join(lines)]
+            out += ["", f"{_code(f.path)}: " + "; ".join(lines)]
     return out
 
 
-def _kv_section(title: str, data: dict[str, Any], keys: list[str]) -> list[str]:
+def _kv_section(title: str, rows: list[tuple[str, Any]]) -> list[str]:
+    """A section of ``key | value`` rows; a byte count also in human units."""
     out = ["", f"## {title}", ""]
-    rows = [[k, _value(data.get(k))] for k in keys]
-    for row in rows:
-        if row[0] == "bytes" and isinstance(data.get("bytes"), int):
-            row[1] = f"{data['bytes']} ({human_bytes(data['bytes'])})"
-    out += _table(["key", "value"], rows)
+    cells = [
+        [k, f"{v} ({human_bytes(v)})" if k == "bytes" and isinstance(v, int) else _value(v)]
+        for k, v in rows
+    ]
+    out += _table(["key", "value"], cells)
     return out
 
 
@@ -378,34 +381,27 @@ def _value(v: Any) -> str:
     return _cell(v)
 
 
-def _environment(env: dict[str, Any]) -> list[str]:
+def _environment(env: Environment) -> list[str]:
     out = ["", "## Environment", ""]
-    mism = env.get("mismatches") or []
+    mism = env.mismatches
     if mism:
-        rows = []
-        for m in mism:
-            if isinstance(m, dict):
-                rows.append(
-                    [
-                        _cell(m.get("key") or m.get("name")),
-                        _cell(m.get("reference")),
-                        _cell(m.get("target")),
-                    ]
-                )
-            else:
-                rows.append([_cell(m), "", ""])
+        rows = [
+            [_cell(m.bare), "", ""]
+            if m.is_bare
+            else [_cell(m.key or m.name), _cell(m.reference), _cell(m.target)]
+            for m in mism
+        ]
         out += ["Mismatches that matter:", ""]
         out += _table(["what", "reference", "target"], rows)
     else:
         out.append("No mismatch between reference and target that matters.")
-    ref, tgt = env.get("reference") or {}, env.get("target") or {}
-    keys = [
-        k for k in (*ENV_FACT_KEYS, "lock_hash", "git_commit", "git_dirty") if k in ref or k in tgt
-    ]
+    ref, tgt = env.reference, env.target
+    keys = [k for k in SHOWN_FACTS if ref.has(k) or tgt.has(k)]
     if keys:
         out += [""]
         out += _table(
-            ["", "reference", "target"], [[k, _value(ref.get(k)), _value(tgt.get(k))] for k in keys]
+            ["", "reference", "target"],
+            [[k, _value(ref.fact(k)), _value(tgt.fact(k))] for k in keys],
         )
     return out
 
@@ -413,9 +409,14 @@ def _environment(env: dict[str, Any]) -> list[str]:
 OUTCOMES = {"ok": "ok", "warning": "warning", "problem": "**PROBLEM**", "not-tested": "not tested"}
 
 
-def _process_behaviour(rec: dict[str, Any]) -> list[str]:
+def _outcome(row: BehaviourRow) -> str:
+    found = OUTCOMES.get(row.outcome) if isinstance(row.outcome, str) else None
+    return found if found is not None else _cell(row.outcome)
+
+
+def _process_behaviour(rec: AcceptanceRecord) -> list[str]:
     """The stress questions (dropped session, lost job, drift, full disk, reproduce)."""
-    rows = rec.get("process_behaviour")
+    rows = rec.process_behaviour
     if rows is None:  # a record from before the table existed
         return []
     out = ["", "## Process behaviour", ""]
@@ -425,21 +426,20 @@ def _process_behaviour(rec: dict[str, Any]) -> list[str]:
         ["question", "how it was tested", "result", "outcome", "evidence"],
         [
             [
-                _cell(r.get("question")),
-                _cell(r.get("how_tested")),
-                _cell(r.get("result")),
-                OUTCOMES.get(r.get("outcome"), _cell(r.get("outcome"))),
-                _cell(r.get("evidence")),
+                _cell(r.question),
+                _cell(r.how_tested),
+                _cell(r.result),
+                _outcome(r),
+                _cell(r.evidence),
             ]
             for r in rows
         ],
     )
-    caches = rec.get("caches") or []
-    if caches:
+    if rec.caches:
         out += [
             "",
             "Caches (inside the run dir, wiped with it): "
-            + ", ".join(f"{_code(c.get('env'))} → {_code(c.get('path'))}" for c in caches),
+            + ", ".join(f"{_code(c.env)} → {_code(c.path)}" for c in rec.caches),
         ]
     return out
 
@@ -448,148 +448,174 @@ def _rel(x: Any) -> str:
     return "unbounded (NaN/Inf)" if x is None else f"{float(x):.3g}"
 
 
-def _where(c: dict[str, Any]) -> str:
+def _where(c: TracedCall | NanSite) -> str:
     src = "".join(
-        f", {label}{_code(c[key])}"
-        for key, label in (("src", ""), ("built", "built at "))
-        if c.get(key)
+        f", {label}{_code(value)}"
+        for value, label in ((c.src, ""), (c.built, "built at "))
+        if value
     )
+    return f"{_code(c.path or '(model)')} (call {c.call}, step {c.step}, {_cell(c.cls)}{src})"
+
+
+def _change(c: Change) -> str:
     return (
-        f"{_code(c.get('path') or '(model)')} (call {c.get('call')}, step {c.get('step')}, "
-        f"{_cell(c.get('cls'))}{src})"
+        f"- {_cell(c.what)} differs at {_code(c.path or '(model)')} (call {c.call},"
+        f" step {c.step}): {_cell(c.reference)} on the reference, "
+        f"{_cell(c.target)} on the target"
     )
 
 
-def _divergence(div: dict[str, Any] | None) -> list[str]:
+def _growth_row(g: TracedCall) -> list[str]:
+    no_input = g.in_rel is None and g.in_shape is None
+    return [
+        _code(g.path or "(model)"),
+        str(g.call),
+        _rel(g.out_rel),
+        "no input" if no_input else _rel(g.in_rel),
+        _rel(g.growth),
+    ]
+
+
+def _divergence(div: Divergence | None) -> list[str]:
     """The "first divergence" section: where the target's error started (workload.trace)."""
-    if not div:
+    if div is None or div.read_empty():
         return []
-    out = ["", "## First divergence", "", _cell(div.get("detail")), ""]
-    if not div.get("traced"):
+    out = ["", "## First divergence", "", _cell(div.detail), ""]
+    if not div.traced:
         return out
-    first, nan = div.get("first"), div.get("nan")
+    first, nan = div.first, div.nan
     if nan:
         out.append(
-            f"- first NaN/Inf: {_where(nan)}: {nan.get('nan')} NaN, {nan.get('inf')} Inf "
+            f"- first NaN/Inf: {_where(nan)}: {nan.nan} NaN, {nan.inf} Inf "
             "out of a finite input; the reference's output there is finite"
         )
     if first:
-        shape = _shape(first.get("in_shape"))
+        shape = _shape(first.in_shape)
         out.append(
-            f"- first divergence: {_where(first)}: output off by {_rel(first.get('out_rel'))} "
-            f"of its abs-max, {_rel(first.get('growth'))}x the error of what came in "
-            f"({_cell(first.get('in_dtype'))} {shape}, off by {_rel(first.get('in_rel'))})"
+            f"- first divergence: {_where(first)}: output off by {_rel(first.out_rel)} "
+            f"of its abs-max, {_rel(first.growth)}x the error of what came in "
+            f"({_cell(first.in_dtype)} {shape}, off by {_rel(first.in_rel)})"
         )
     elif not nan:
         out.append(
-            f"- no call beyond tolerance; the largest difference: {_rel(div.get('worst_rel'))} "
+            f"- no call beyond tolerance; the largest difference: {_rel(div.worst_rel)} "
             "of a call's abs-max"
         )
-    for c in div.get("changes") or []:
-        out.append(
-            f"- {_cell(c.get('what'))} differs at {_code(c.get('path') or '(model)')} "
-            f"(call {c.get('call')},"
-            f" step {c.get('step')}): {_cell(c.get('reference'))} on the reference, "
-            f"{_cell(c.get('target'))} on the target"
-        )
-    order = div.get("order")
+    out += [_change(c) for c in div.changes]
+    order = div.order
     if order:
         out.append(
-            f"- call order differs in step {order.get('step')} at call {order.get('index')}: "
-            f"{_code(order.get('reference'))} on the reference, "
-            f"{_code(order.get('target'))} on the target"
+            f"- call order differs in step {order.step} at call {order.index}: "
+            f"{_code(order.reference)} on the reference, "
+            f"{_code(order.target)} on the target"
         )
-    growths = div.get("growths") or []
-    if growths:
+    if div.growths:
         out += ["", "Largest growths (output error over input error) in that step:", ""]
         out += _table(
             ["module", "call", "output off by", "input off by", "growth"],
-            [
-                [
-                    _code(g.get("path") or "(model)"),
-                    str(g.get("call")),
-                    _rel(g.get("out_rel")),
-                    "no input"
-                    if g.get("in_rel") is None and g.get("in_shape") is None
-                    else _rel(g.get("in_rel")),
-                    _rel(g.get("growth")),
-                ]
-                for g in growths
-            ],
+            [_growth_row(g) for g in div.growths],
         )
     return out
 
 
-def render_markdown(record: dict[str, Any]) -> str:
-    """acceptance.md for ``record`` (an acceptance.json object)."""
-    rec = record
-    verdict = (rec.get("verdict") or "incomplete").upper()
-    name = rec.get("playbook") or rec.get("run_id") or "run"
-    out = [f"# Acceptance: {_cell(name)} — {verdict}", "", _summary(rec), ""]
-    out += _table(
-        ["run", "host", "started", "finished"],
-        [
-            [
-                _code(rec.get("run_id")),
-                _cell(rec.get("host")),
-                _cell(rec.get("started_at")),
-                _cell(rec.get("finished_at")),
-            ]
-        ],
-    )
-    out += [""] + _observations(rec)
-
-    out += ["", "## Stopping conditions", ""]
-    conds = rec.get("stopping_conditions") or []
-    if conds:
-        out += _table(
-            ["code", "detail"], [[_code(c.get("code")), _cell(c.get("detail"))] for c in conds]
-        )
-    else:
-        out.append("None.")
-
-    out += _divergence(rec.get("divergence"))
-    out += _process_behaviour(rec)
-    out += _environment(rec.get("environment") or {})
-    out += _kv_section(
-        "Dataset", rec.get("dataset") or {}, ["revision", "files", "bytes", "encrypted"]
-    )
-    out += _kv_section(
-        "Continuity", rec.get("continuity") or {}, ["disconnects", "reconnects", "drill"]
-    )
-    out += _kv_section("Wipe", rec.get("wipe") or {}, ["done", "verified", "removed", "remaining"])
-    guard = rec.get("deadman")
-    if isinstance(guard, dict):  # which dead-man guard held (launchd's domain, or the sleeper)
-        keys = ["method", "domain", "verified"] if guard.get("method") == "launchd" else ["method"]
-        out += _kv_section("Dead-man", guard, keys)
-    if rec.get("cpu"):  # seconds: this laptop's process, the host's agent processes
-        out += _kv_section("CPU", rec["cpu"], ["laptop_s", "host_s", "agent_calls"])
-    cost = rec.get("cost") or {}
-    out += ["", "## Cost", ""]
-    if cost.get("amount") is not None:
+def _cost(rec: AcceptanceRecord) -> list[str]:
+    cost = rec.cost
+    out = ["", "## Cost", ""]
+    if cost.amount is not None:
         out.append(
-            f"{_num(cost.get('hours'))} h × {_num(cost.get('hourly_rate'))} "
-            f"{_cell(cost.get('currency'))}/h = **{cost['amount']:.2f} "
-            f"{_cell(cost.get('currency'))}**"
+            f"{_num(cost.hours)} h × {_num(cost.hourly_rate)} "
+            f"{_cell(cost.currency)}/h = **{cost.amount:.2f} "
+            f"{_cell(cost.currency)}**"
         )
     else:
         out.append("Unknown (no hourly rate or rental hours).")
+    return out
 
-    decision = rec.get("decision") or {}
-    recommendation = decision.get("recommendation")
-    out += [
+
+def _decision(rec: AcceptanceRecord) -> list[str]:
+    recommendation = rec.decision.recommendation
+    out = [
         "",
         "## Decision",
         "",
         f"**{_cell(recommendation)}**" if recommendation else "**No recommendation yet.**",
         "",
     ]
-    out += [f"- {_cell(r)}" for r in decision.get("reasons") or []] or ["- no reasons given"]
+    out += [f"- {_cell(r)}" for r in rec.decision.reasons or []] or ["- no reasons given"]
+    return out
 
-    out += ["", "## Reproduce", ""]
-    out += (
-        ["```sh", rec.get("reproduce") or "# unknown", "```"]
-        if rec.get("reproduce")
-        else ["Unknown."]
+
+def _sections(rec: AcceptanceRecord) -> list[str]:
+    """Dataset, continuity, wipe, the dead-man guard and the CPU used, as key/value tables."""
+    ds, cont, wipe = rec.dataset, rec.continuity, rec.wipe
+    out = _kv_section(
+        "Dataset",
+        [
+            ("revision", ds.revision),
+            ("files", ds.files),
+            ("bytes", ds.bytes),
+            ("encrypted", ds.encrypted),
+        ],
     )
+    out += _kv_section(
+        "Continuity",
+        [
+            ("disconnects", cont.disconnects),
+            ("reconnects", cont.reconnects),
+            ("drill", cont.drill),
+        ],
+    )
+    out += _kv_section(
+        "Wipe",
+        [
+            ("done", wipe.done),
+            ("verified", wipe.verified),
+            ("removed", wipe.removed),
+            ("remaining", wipe.remaining),
+        ],
+    )
+    guard = rec.deadman
+    if guard is not None:  # which dead-man guard held (launchd's domain, or the sleeper)
+        rows: list[tuple[str, Any]] = [("method", guard.method)]
+        if guard.method == "launchd":
+            rows += [("domain", guard.domain), ("verified", guard.verified)]
+        out += _kv_section("Dead-man", rows)
+    cpu = rec.cpu
+    if (
+        cpu is not None and not cpu.read_empty()
+    ):  # seconds: this laptop's process, the host's agent processes
+        out += _kv_section(
+            "CPU",
+            [("laptop_s", cpu.laptop_s), ("host_s", cpu.host_s), ("agent_calls", cpu.agent_calls)],
+        )
+    return out
+
+
+def render_markdown(record: Any) -> str:
+    """acceptance.md for ``record`` (an acceptance.json object, or one already read)."""
+    rec = record if isinstance(record, AcceptanceRecord) else AcceptanceRecord.from_json(record)
+    verdict = (rec.verdict or "incomplete").upper()
+    name = rec.playbook or rec.run_id or "run"
+    out = [f"# Acceptance: {_cell(name)} — {verdict}", "", _summary(rec), ""]
+    out += _table(
+        ["run", "host", "started", "finished"],
+        [[_code(rec.run_id), _cell(rec.host), _cell(rec.started_at), _cell(rec.finished_at)]],
+    )
+    out += [""] + _observations(rec)
+
+    out += ["", "## Stopping conditions", ""]
+    conds = rec.stopping_conditions
+    if conds:
+        out += _table(["code", "detail"], [[_code(c.code), _cell(c.detail)] for c in conds])
+    else:
+        out.append("None.")
+
+    out += _divergence(rec.divergence)
+    out += _process_behaviour(rec)
+    out += _environment(rec.environment)
+    out += _sections(rec)
+    out += _cost(rec)
+    out += _decision(rec)
+    out += ["", "## Reproduce", ""]
+    out += ["```sh", rec.reproduce, "```"] if rec.reproduce else ["Unknown."]
     return "\n".join(out) + "\n"

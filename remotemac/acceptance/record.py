@@ -17,6 +17,7 @@ import json
 import math
 import os
 import tempfile
+from collections.abc import Callable
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
@@ -24,6 +25,8 @@ from typing import Any
 
 from remotemac.acceptance.decide import decide, evaluate_observations
 from remotemac.acceptance.observations import Observations
+from remotemac.acceptance.recordtypes import Cost
+from remotemac.agent.protocol import JsonObject
 from remotemac.termsafe import escape_controls
 
 SCHEMA_VERSION = "1"
@@ -51,7 +54,7 @@ SUPPORTED_KEYWORDS = frozenset(
 # ---------------------------------------------------------------- defaults
 
 
-def empty_observations() -> dict[str, Any]:
+def empty_observations() -> JsonObject:
     """Observations before anything was observed: every value null."""
     return {
         "tensors_on_device": None,
@@ -61,7 +64,7 @@ def empty_observations() -> dict[str, Any]:
     }
 
 
-DEFAULTS: dict[str, Any] = {
+DEFAULTS: dict[str, JsonObject] = {
     "environment": {"reference": None, "target": None, "mismatches": []},
     "dataset": {"revision": None, "files": None, "bytes": None, "encrypted": None},
     "continuity": {"disconnects": None, "reconnects": None, "drill": None},
@@ -88,9 +91,12 @@ def _merge(default: Any, given: Any) -> Any:
 
 
 def _as_plain(value: Any) -> Any:
-    """Objects with ``to_dict`` (a ComparisonResult) as dicts, recursively."""
+    """Objects with ``to_dict`` (Observations, a ComparisonResult) or ``to_json`` (the
+    acceptance types) as dicts, recursively."""
     if hasattr(value, "to_dict"):
         return value.to_dict()
+    if hasattr(value, "to_json"):
+        return value.to_json()
     if isinstance(value, dict):
         return {k: _as_plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
@@ -98,18 +104,15 @@ def _as_plain(value: Any) -> Any:
     return value
 
 
-def _cost(cost: dict[str, Any]) -> dict[str, Any]:
+def _cost(given: JsonObject) -> JsonObject:
     """Fill ``amount`` from rental hours x hourly rate when both are known."""
-    if (
-        cost.get("amount") is None
-        and cost.get("hours") is not None
-        and cost.get("hourly_rate") is not None
-    ):
-        cost["amount"] = round(float(cost["hours"]) * float(cost["hourly_rate"]), 2)
-    return cost
+    cost = Cost.from_json(given)
+    if cost.amount is None and cost.hours is not None and cost.hourly_rate is not None:
+        cost.amount = round(float(cost.hours) * float(cost.hourly_rate), 2)
+    return cost.to_json()
 
 
-def verdict_for(stopping_conditions: list[dict[str, Any]], missing: list[str]) -> str:
+def verdict_for(stopping_conditions: list[JsonObject], missing: list[str]) -> str:
     """rejected on any stopping condition; incomplete when an observation is missing."""
     if stopping_conditions:
         return "rejected"
@@ -125,19 +128,19 @@ def build_record(
     host: str | None = None,
     started_at: str | None = None,
     finished_at: str | None = None,
-    observations: Observations | dict[str, Any] | None = None,
-    stopping_conditions: list[dict[str, Any]] | None = None,
-    stop_when: dict[str, Any] | None = None,
-    context: dict[str, Any] | None = None,
-    environment: dict[str, Any] | None = None,
-    dataset: dict[str, Any] | None = None,
-    continuity: dict[str, Any] | None = None,
-    wipe: dict[str, Any] | None = None,
-    cost: dict[str, Any] | None = None,
-    decision: dict[str, Any] | None = None,
+    observations: Observations | JsonObject | None = None,
+    stopping_conditions: list[JsonObject] | None = None,
+    stop_when: JsonObject | None = None,
+    context: JsonObject | None = None,
+    environment: JsonObject | None = None,
+    dataset: JsonObject | None = None,
+    continuity: JsonObject | None = None,
+    wipe: JsonObject | None = None,
+    cost: JsonObject | None = None,
+    decision: JsonObject | None = None,
     reproduce: str | None = None,
     **extra: Any,
-) -> dict[str, Any]:
+) -> JsonObject:
     """The acceptance record with every SPEC key present, and its verdict derived.
 
     ``stopping_conditions`` are the ones met while running (out of memory, a lost
@@ -147,9 +150,10 @@ def build_record(
     kept (the schema allows more than the minimum).
     """
     obs = _merge(empty_observations(), _as_plain(observations))
+    seen = Observations.from_json(obs)  # read once: the judgement and the decision
     given = [dict(c) for c in stopping_conditions or []]
-    derived, missing = evaluate_observations(obs, stop_when)
-    conditions: list[dict[str, Any]] = []
+    derived, missing = evaluate_observations(seen, stop_when)
+    conditions: list[JsonObject] = []
     for cond in given + derived:
         cond = {
             "code": str(cond.get("code", "")),
@@ -161,8 +165,8 @@ def build_record(
     if decision is None:
         ctx = dict(context or {})
         ctx.setdefault("stop_when", stop_when)
-        decision = decide(obs, conditions, ctx)
-    record: dict[str, Any] = {
+        decision = decide(seen, conditions, ctx)
+    record: JsonObject = {
         "schema_version": SCHEMA_VERSION,
         "run_id": run_id,
         "playbook": playbook,
@@ -190,13 +194,13 @@ def build_record(
 
 
 @lru_cache(maxsize=1)
-def load_schema() -> dict[str, Any]:
+def load_schema() -> JsonObject:
     """The JSON Schema shipped next to this module."""
     text = resources.files("remotemac.acceptance").joinpath(SCHEMA_FILE).read_text("utf-8")
     return json.loads(text)
 
 
-_TYPES: dict[str, Any] = {
+_TYPES: dict[str, Callable[[Any], bool]] = {
     "object": lambda v: isinstance(v, dict),
     "array": lambda v: isinstance(v, list),
     "string": lambda v: isinstance(v, str),
@@ -209,7 +213,7 @@ _TYPES: dict[str, Any] = {
 }
 
 
-def validate(instance: Any, schema: dict[str, Any], path: str = "$") -> list[str]:
+def validate(instance: Any, schema: JsonObject, path: str = "$") -> list[str]:
     """Problems of ``instance`` against ``schema`` (the subset named in SUPPORTED_KEYWORDS).
 
     An unsupported keyword in the schema is itself reported, so a schema edit can
@@ -288,7 +292,7 @@ def _write_atomic(path: Path, text: str) -> None:
         raise
 
 
-def write_record(out_dir: Path, record: dict[str, Any]) -> tuple[Path, Path]:
+def write_record(out_dir: Path, record: JsonObject) -> tuple[Path, Path]:
     """Write acceptance.json and acceptance.md into ``out_dir``; return both paths.
 
     The record is checked against the schema first: a record that breaks the
