@@ -33,7 +33,7 @@ from remotemac.agent.protocol import (
     CACHE_VARS as CACHE_VARS,  # re-exported: the record reads it from here
 )
 from remotemac.engine.context import RunContext, Side, substitute
-from remotemac.engine.phaseresults import FollowResult, ProvisionHost
+from remotemac.engine.phaseresults import Drill, FollowResult, ProvisionHost, RamStore, Relaunch
 from remotemac.errors import HostError, JobLost, TransientHostError
 from remotemac.events import ConnectionState, EventBus, LogLine, Metric, PhaseProgress, Warning
 from remotemac.phases import Phase, PhaseKey, follow_key
@@ -134,10 +134,10 @@ def trace_path(run_dir: str, side: Side) -> str:
 def disk_watch(ctx: RunContext, side: Side, run_dir: str) -> dict[str, Any]:
     """What the runner watches: remote_root's volume (through the run dir) and the RAM store."""
     sync = ctx.result(Phase.SYNC)
-    ram = sync.ram(side.host_key) if sync else {}
+    ram = sync.ram(side.host_key) if sync else RamStore()
     min_free = int(ctx.playbook.stop_when.min_free_disk)
     return {
-        "paths": {"root": run_dir, "ram": ram.get("path")},
+        "paths": {"root": run_dir, "ram": ram.path},
         "min_free": min_free,
         "warn_free": 2 * min_free,
     }
@@ -482,7 +482,9 @@ class LogFollower:
         # the host remembers a relaunch even when this process did not make it (re-attach)
         again = self.relaunched or status.get("relaunched")
         if again:
-            result.relaunched = {k: again.get(k) for k in ("reason", "marker", "command", "at")}
+            result.relaunched = Relaunch.from_json(
+                {k: again.get(k) for k in ("reason", "marker", "command", "at")}
+            )
         drill = self.drill
         if drill:
             if drill.pending:
@@ -491,7 +493,7 @@ class LogFollower:
                 )
             elif "skipped" not in drill.result:
                 drill.result["skipped"] = "the job ended before the drill could cut the link"
-            result.drill = drill.result
+            result.drill = Drill.from_json(drill.result)
         return result
 
 

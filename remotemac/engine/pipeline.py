@@ -31,12 +31,16 @@ from remotemac.engine.ledger import Ledger
 from remotemac.engine.phaseresults import (
     NOT_LAUNCHED,
     CompareResult,
+    DeadmanJob,
+    Fingerprint,
     FollowResult,
     LaunchResult,
     PhaseResult,
     ProvisionResult,
+    PulledSide,
     PullResult,
     RecordResult,
+    SpaceCheck,
     SyncResult,
     WipeResult,
     as_result,
@@ -205,7 +209,7 @@ def not_accepted_reason(ctx: RunContext) -> str:
     why, not only where the record is."""
     record = ctx.result(Phase.RECORD) or RecordResult()
     for cond in record.conditions:
-        detail = str(cond.get("detail") or cond.get("code") or "")
+        detail = str(cond.detail or cond.code or "")
         if detail.startswith("reference job ") and reference_failed(ctx):
             # "the reference failed (exit 2): python3: can't open file …"
             rest = detail.partition(": ")[2]
@@ -504,10 +508,10 @@ async def _provision(ctx: RunContext, _key: PhaseKey) -> ProvisionResult:
     from remotemac.engine.storage import check_space
 
     for key, binding in ctx.hosts.items():
-        hosts[key].fingerprint = await binding.agent.call(
-            Op.ENV_FINGERPRINT, {"python": hosts[key].venv_python}
+        hosts[key].fingerprint = Fingerprint.from_json(
+            await binding.agent.call(Op.ENV_FINGERPRINT, {"python": hosts[key].venv_python})
         )
-        hosts[key].space = await check_space(ctx, binding, hosts[key])
+        hosts[key].space = SpaceCheck.from_json(await check_space(ctx, binding, hosts[key]))
     return ProvisionResult(
         hosts=hosts,
         devices=devices,
@@ -526,7 +530,7 @@ async def _sync(ctx: RunContext, _key: PhaseKey) -> SyncResult:
     hosts = {key: await sync_host(ctx, b, prov[key]) for key, b in ctx.hosts.items()}
     for key, job in deadman.items():
         if job:
-            hosts[key].deadman = job
+            hosts[key].deadman = DeadmanJob.from_json(job)
     first = next(iter(hosts.values()))
     return SyncResult(hosts=hosts, summary=f"{first.files} files, {first.bytes} bytes")
 
@@ -593,7 +597,10 @@ async def _pull(ctx: RunContext, _key: PhaseKey) -> PullResult:
         sides[s.label] = await pull_side(ctx, s, prov[s.host_key].run_dir, max_bytes=budget)
         budget -= sum(int(f["size"]) for f in sides[s.label]["files"])
     count = sum(len(v["files"]) for v in sides.values())
-    return PullResult(sides=sides, summary=f"{count} files verified")
+    return PullResult(
+        sides={k: PulledSide.from_json(v) for k, v in sides.items()},
+        summary=f"{count} files verified",
+    )
 
 
 async def _compare(ctx: RunContext, _key: PhaseKey) -> CompareResult:

@@ -12,7 +12,7 @@ from typing import Any
 from remotemac.agent.protocol import Op, PrepareRunAnswer, RuntimeStatus
 from remotemac.engine.context import HostBinding, RunContext, expand_root
 from remotemac.engine.hostpython import ensure_python, ensure_uv, version_request
-from remotemac.engine.phaseresults import ProvisionHost
+from remotemac.engine.phaseresults import Interpreter, Probe, ProvisionHost
 from remotemac.engine.pincheck import check_pin, pins
 from remotemac.engine.projectfiles import project_upload
 from remotemac.engine.runtime import install_method
@@ -68,20 +68,22 @@ async def provision_host(ctx: RunContext, binding: HostBinding) -> ProvisionHost
         paths=prepared.paths,
         venv_python=venv_python,
         venv_reused=venv.get("reused"),
-        probe=probe,
-        interpreter={
-            **{
-                k: venv.get(k)
-                for k in (
-                    "interpreter",
-                    "version",
-                    "interpreter_is_venv",
-                    "parent_site",
-                    "installer",
-                )
-            },
-            **({"brought": brought} if brought else {}),
-        },
+        probe=Probe.from_json(probe),
+        interpreter=Interpreter.from_json(
+            {
+                **{
+                    k: venv.get(k)
+                    for k in (
+                        "interpreter",
+                        "version",
+                        "interpreter_is_venv",
+                        "parent_site",
+                        "installer",
+                    )
+                },
+                **({"brought": brought} if brought else {}),
+            }
+        ),
         project_files=len(files),
         project_bytes=len(archive),
         lock_hash=hashlib.sha256(req_bytes).hexdigest() if req_bytes else None,
@@ -285,12 +287,12 @@ def project_revision(project_dir: Path) -> dict[str, Any]:
     return {"git_commit": commit, "dirty": bool(status)}
 
 
-def resolve_device(device: str, probe: dict[str, Any]) -> str:
+def resolve_device(device: str, probe: Probe) -> str:
     """``auto`` → mps, else cuda, else cpu, by what the host's torch can do."""
     if device != "auto":
         return device
-    if probe.get("mps_available"):
+    if probe.mps_available:
         return "mps"
-    if probe.get("cuda_available"):
+    if probe.cuda_available:
         return "cuda"
     return "cpu"

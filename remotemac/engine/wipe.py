@@ -39,17 +39,14 @@ def left_on_host(ctx: RunContext, key: str, binding: HostBinding, pulled: bool) 
     left.append(f"{binding.run_dir} (project, logs, status)")
     synced = ctx.result(Phase.SYNC) or SyncResult()
     sync, ram = synced.host(key), synced.ram(key)
-    if ram.get("path") and ram.get("kind") != "tmp":
+    if ram.path and ram.kind != "tmp":
         left.append(
-            f"RAM store {ram['path']}"
-            + (f" on {ram['device']}" if ram.get("device") else "")
-            + " (plaintext)"
+            f"RAM store {ram.path}" + (f" on {ram.device}" if ram.device else "") + " (plaintext)"
         )
-    deadman = sync.deadman or {}
-    if deadman.get("spec"):
+    deadman = sync.deadman
+    if deadman is not None and deadman.spec:
         left.append(
-            f"dead-man wipe {deadman.get('label') or deadman.get('pid') or ''} "
-            f"({deadman['spec']}), still scheduled"
+            f"dead-man wipe {deadman.label or deadman.pid or ''} ({deadman.spec}), still scheduled"
         )
     left += [f"tmux session {s.session(ctx.run_id)}" for s in ctx.sides if s.host_key == key]
     return left
@@ -82,7 +79,7 @@ async def wipe_run(ctx: RunContext) -> WipeResult:
                     "run_id": ctx.run_id,
                     "sessions": sessions,
                     "keep": KEPT_SUBDIRS,
-                    "ram": ram,
+                    "ram": ram.to_json() if ram is not None else None,
                     "wipe_outputs": pulled,
                     "cancel_deadman": True,
                 },
@@ -98,13 +95,13 @@ async def wipe_run(ctx: RunContext) -> WipeResult:
         removed += [f"{name}:{p}" for p in answer["removed"]]
         remaining += [f"{name}:{p}" for p in answer["remaining"]]
         verified = verified and bool(answer.get("verified"))
-        if ram and ram.get("path"):
-            ctx.journal.record_removed(name, "ramstore", ram["path"])
+        if ram is not None and ram.path:
+            ctx.journal.record_removed(name, "ramstore", ram.path)
         for item in answer["removed"]:
             if item.startswith("deadman:"):
-                deadman = sync.host(key).deadman or {}
-                if deadman.get("spec"):
-                    ctx.journal.record_removed(name, "deadman", deadman["spec"])
+                job = sync.host(key).deadman
+                if job is not None and job.spec:
+                    ctx.journal.record_removed(name, "deadman", job.spec)
         # an independent look through the transport, not only the agent's word
         for sub in WIPED_SUBDIRS:
             if sub == "out" and not pulled:
