@@ -20,6 +20,7 @@ from remotemac.engine.phaseresults import (
     FollowResult,
     LaunchResult,
     PhaseResult,
+    PhaseRow,
     ProvisionResult,
     PullResult,
     RecordResult,
@@ -209,10 +210,10 @@ class RunContext:
     def restore_results(self, phases: Mapping[str, JsonObject]) -> list[str]:
         """Bring back the results of the phases the journal has as done (``Journal.phases``);
         the names, in the journal's order."""
-        done = [name for name, info in phases.items() if info["state"] == "done"]
+        rows = {name: PhaseRow.from_json(info) for name, info in phases.items()}
+        done = [name for name, row in rows.items() if row.done]
         for name in done:
-            info = phases[name]
-            self.results[name] = from_journal(name, info["result"], info.get("schema"))
+            self.results[name] = from_journal(name, rows[name].result or {}, rows[name].schema)
         return done
 
 

@@ -99,8 +99,28 @@ class PhaseResult:
     @classmethod
     def from_row(cls, info: JsonObject | None) -> Self:
         """The result in a ``Journal.phases`` row, whatever its state; empty without a row."""
-        info = info or {}
-        return cls.from_json(info.get("result") or {})
+        return cls.from_json(PhaseRow.of(info or None).result or {})
+
+
+@dataclass
+class PhaseRow(JsonPart):
+    """One phase's row of ``Journal.phases``: its state, its result's journal form and
+    that form's version (None: before versions), when it started and finished."""
+
+    state: str | None = None
+    result: JsonObject | None = None
+    schema: int | None = None
+    started_at: float | None = None
+    finished_at: float | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.state == "done"
+
+    @classmethod
+    def of(cls, info: JsonObject | None) -> PhaseRow:
+        """The row (``None``: the phase has none, an empty row)."""
+        return cls.from_json(info) if info is not None else cls.empty()
 
 
 @dataclass
