@@ -135,6 +135,14 @@ def archive_size(url: str) -> int | None:
 
 
 @dataclass
+class PythonFound(JsonPart):
+    """One interpreter the host has (an item of the agent's ``find_python`` list)."""
+
+    path: str = ""
+    version: str | None = None
+
+
+@dataclass
 class WorkloadPython(JsonPart):
     """doctor's ``workload_python``: the Python the workload would get on the host (the
     host's own, or the build remotemac would bring, and its size), or the problem, and
@@ -167,20 +175,15 @@ def judge_found(found: JsonObject, request: str | None, home: Path | None) -> Wo
         if plan.bring:
             out = out.but(bring=plan.bring.label, bring_bytes=archive_size(plan.bring.url))
     elif request:
+        found_pythons = [PythonFound.from_json(p) for p in answer.pythons or []]
         hit = next(
-            (
-                p
-                for p in answer.pythons or []
-                if p["path"] == request or os.path.basename(p["path"]) == request
-            ),
+            (p for p in found_pythons if request in (p.path, os.path.basename(p.path))),
             None,
         )
         out = out.but(
-            python=hit and hit["path"],
-            version=hit and hit["version"],
-            describe=f"{hit['version']} ({hit['path']})"
-            if hit
-            else f"{request} is not on the host",
+            python=hit and hit.path,
+            version=hit and hit.version,
+            describe=f"{hit.version} ({hit.path})" if hit else f"{request} is not on the host",
         )
         if not hit:
             out = out.but(problem=f"{request} is not on the host")
