@@ -118,6 +118,15 @@ DEADMAN_LAUNCHD = {
 }
 DEADMAN_SLEEPER = {"method": "sleeper", "pid": 4242, "start": [1, 2], "spec": "pid:4242"}
 
+#: one side's pull as engine/pull.pull_side returns it
+PULLED_SIDE = {
+    "dir": "/o/results/cpu",
+    "files": [{"path": "a", "size": 1, "sha256": "f" * 64}],
+    "skipped": [{"path": "big.bin", "why": "over outputs.max_bytes"}],
+    "downloaded": 1,
+    "bytes": {"total": 1, "moved": 1, "reused": 0},
+}
+
 
 def _same(part: JsonPart, row: dict) -> None:
     """The part writes back the row: the same text, so the same keys in the same order."""
@@ -148,7 +157,7 @@ def _same(part: JsonPart, row: dict) -> None:
         (Access, {"checked": [{"path": "/r/cache/torch", "ok": True}], "probe_s": 0.1}),
         (ComparedFile, {"path": "out.pt", "ok": False, "detail": "max diff 1e-2", "max_abs": 0.01}),
         (Condition, {"code": "cuda-dependency", "detail": "x", "lines": [{"line_no": 3}]}),
-        (PulledSide, {"dir": "/o/results/cpu", "files": [{"path": "a", "size": 1, "sha256": "f"}]}),
+        (PulledSide, PULLED_SIDE),
     ],
 )
 def test_a_part_reads_typed_and_writes_back_its_object_byte_for_byte(cls, row):
@@ -252,11 +261,13 @@ def test_compare_pull_and_record_results_keep_their_parts_and_their_form():
     built = Reproducibility(reproduces=True, first="a", second="b", files=compare.files)
     assert list(built.to_json()) == ["reproduces", "first", "second", "files"]
     pull_row = {
-        "sides": {"cpu": {"dir": "/o", "files": [{"path": "a", "size": 1}], "bytes": 1}},
+        "sides": {"cpu": PULLED_SIDE},
         "summary": "1 files verified",
     }
     pull = from_journal("pull", pull_row)
     assert isinstance(pull, PullResult) and [f.path for f in pull.files("cpu")] == ["a"]
+    cpu = pull.sides["cpu"]
+    assert cpu.downloaded == 1 and cpu.bytes is not None and cpu.bytes.reused == 0
     assert pull.files("mps") == []
     assert json.dumps(pull.to_dict()) == json.dumps(pull_row)
     record_row = {

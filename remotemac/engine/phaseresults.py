@@ -546,14 +546,26 @@ class PulledFile(JsonPart):
 
 
 @dataclass
+class PulledBytes(JsonPart):
+    """A pull's bytes: of the outputs, moved over the link, reused from a partial file."""
+
+    total: int | None = None
+    moved: int | None = None
+    reused: int | None = None
+
+
+@dataclass
 class PulledSide(JsonPart):
-    """One side's pulled outputs: the local dir, the files verified, the bytes."""
+    """One side's pulled outputs (engine/pull.pull_side): the local dir, the files
+    verified, the ones skipped and why, the bytes downloaded."""
 
     dir: str | None = None
     files: list[PulledFile] = field(default_factory=list)
-    bytes: int | None = None
+    skipped: list[JsonObject] | None = None
+    downloaded: int | None = None
+    bytes: PulledBytes | None = None
 
-    PARTS: ClassVar[Mapping[str, type[JsonPart]]] = {"files": PulledFile}
+    PARTS: ClassVar[Mapping[str, type[JsonPart]]] = {"files": PulledFile, "bytes": PulledBytes}
 
 
 @dataclass
