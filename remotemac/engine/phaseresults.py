@@ -458,7 +458,8 @@ class Relaunch(JsonPart):
 
 @dataclass
 class Drill(JsonPart):
-    """A drill of the link during the follow (``--drill disconnect``, or cut by hand)."""
+    """A drill of the link during the follow (``--drill disconnect``: engine/jobs._Drill's
+    result) or the links cut by hand from the TUI (``by: tui``, counted by the record)."""
 
     kind: str | None = None
     by: str | None = None
@@ -469,6 +470,7 @@ class Drill(JsonPart):
     job_kept_running: bool | None = None
     log_complete: bool | None = None
     reconnect_s: float | None = None
+    lines_before: int | None = None
 
 
 @dataclass
