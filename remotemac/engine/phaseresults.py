@@ -586,13 +586,14 @@ class PullResult(PhaseResult):
 
 @dataclass
 class ComparedFile(JsonPart):
-    """One output compared: within tolerance (``ok``; None: not compared, and why)."""
+    """One output compared (acceptance/compare.FileResult as the journal keeps it):
+    within tolerance (``ok``; None: not compared, and why), and what the host converted."""
 
     path: str = ""
     ok: bool | None = None
     detail: str | None = None
     not_compared: str | None = None
-    converted: Any = None
+    converted: str | None = None
 
 
 @dataclass

@@ -11,7 +11,6 @@ import os
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from remotemac.agent.protocol import JsonObject
 from remotemac.engine.phaseresults import PhaseRow, WipeResult, from_journal
@@ -29,7 +28,7 @@ def register_run(
     *,
     source: Playbook | None = None,
     host: str | None = None,
-    options: dict[str, Any] | None = None,
+    options: JsonObject | None = None,
 ) -> None:
     """Record a new run; ``source`` is the playbook file's model when ``playbook`` is derived."""
     origin = source or playbook
