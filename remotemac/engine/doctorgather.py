@@ -143,13 +143,22 @@ class PythonFound(JsonPart):
 
 
 @dataclass
+class PinVerdict(JsonPart):
+    """Whether a pinned package has a wheel for the workload's Python, in one line."""
+
+    line: str = ""
+    ok: bool | None = None
+
+
+@dataclass
 class WorkloadPython(JsonPart):
     """doctor's ``workload_python``: the Python the workload would get on the host (the
     host's own, or the build remotemac would bring, and its size), or the problem, and
     the verdict on each pin for it (remotemac.checks.pythoncheck judges it)."""
 
     request: str | None = None
-    pythons: list[JsonObject] | None = None
+    pythons: list[PythonFound] | None = None
+    #: what earlier runs brought under remote_root (passed on as the agent listed it)
     brought_dirs: list[JsonObject] | None = None
     python: str | None = None
     version: str | None = None
@@ -157,7 +166,9 @@ class WorkloadPython(JsonPart):
     describe: str | None = None
     bring: str | None = None
     bring_bytes: int | None = None
-    pins: list[JsonObject] | None = None
+    pins: list[PinVerdict] | None = None
+
+    PARTS = {"pythons": PythonFound, "pins": PinVerdict}
 
 
 def judge_found(found: JsonObject, request: str | None, home: Path | None) -> WorkloadPython:
@@ -175,9 +186,8 @@ def judge_found(found: JsonObject, request: str | None, home: Path | None) -> Wo
         if plan.bring:
             out = out.but(bring=plan.bring.label, bring_bytes=archive_size(plan.bring.url))
     elif request:
-        found_pythons = [PythonFound.from_json(p) for p in answer.pythons or []]
         hit = next(
-            (p for p in found_pythons if request in (p.path, os.path.basename(p.path))),
+            (p for p in out.pythons or [] if request in (p.path, os.path.basename(p.path))),
             None,
         )
         out = out.but(
@@ -196,7 +206,7 @@ def judge_pins(
     requirements: bytes | None,
     tags: JsonObject | None,
     home: Path | None,
-) -> list[JsonObject]:
+) -> list[PinVerdict]:
     """One verdict per checked pin, for the Python the workload gets (``version``; and,
     when it is ``brought``, whether the host's own would have done)."""
     if not requirements or not tags:
@@ -205,11 +215,11 @@ def judge_pins(
     verdicts = []
     for name, pin in pins(requirements):
         got = check_pin(home, name, pin, version, tags)
-        row: JsonObject = {"line": got.line, "ok": got.ok}
+        row = PinVerdict(line=got.line, ok=got.ok)
         if brought:
             own = check_pin(home, name, pin, str(host_python), tags)
             if own.ok is False and got.ok:
-                row["line"] = (
+                row.line = (
                     f"{got.line}; the host's own Python {host_python} has none: "
                     "it needs the Python remotemac brings"
                 )
