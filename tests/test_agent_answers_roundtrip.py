@@ -25,7 +25,7 @@ from remotemac.engine.agentanswers import (
 )
 from remotemac.engine.agentclient import AgentClient
 from remotemac.engine.ledger import AgentStep, Ledger, LedgerEntry, format_entry
-from remotemac.engine.wipe import RamStore
+from remotemac.engine.phaseresults import RamStore
 
 # answers as the agent writes them (agent/cleanupops.py, wipeops.py, deadman.py, hostagent.py)
 SAMPLES: list[tuple[type, dict[str, Any]]] = [

@@ -202,7 +202,7 @@ def fault_run(
     return {
         "exit_code": code,
         "follow": ctx.follow_result("target").to_dict(),
-        "continuity": ctx.continuity,
+        "continuity": ctx.continuity.record_form(),
         "faults": faults,
         "resume_s": waits,
         "out": out,

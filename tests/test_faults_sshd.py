@@ -220,7 +220,7 @@ def check_finished_like_a_clean_run(
         assert metrics["steps"] == 3000, metrics
         ckpt = pickle.loads((results / "ckpt.pkl").read_bytes())
         assert ckpt["iter_num"] == 3000 and ckpt["config"]["device"] == "cpu", ckpt["config"]
-        pulled = {f["path"]: f for f in ctx.result(Phase.PULL).files(label)}
+        pulled = {f.path: f for f in ctx.result(Phase.PULL).files(label)}
         assert {"metrics.json", "ckpt.pkl"} <= set(pulled), pulled
     wipe = ctx.result(Phase.WIPE)
     assert wipe.done and wipe.verified, wipe
@@ -252,7 +252,7 @@ def test_3000_steps_with_the_link_cut_every_2s_during_sync(lab_host: LabHost, tm
     transfer = synced.transfer
     # more attempts than the four a count once allowed (two cuts can fall on one attempt:
     # the verified-file cuts come in bursts since the host batches its acks)
-    assert transfer["attempts"] > 4 and synced.files == files, transfer
+    assert transfer.attempts > 4 and synced.files == files, transfer
     # the cuts went on through the job and past it (every 2 s for the whole run)
     assert len(cutter.during("follow:target")) >= 5, cutter.cuts
     lines = trainer_lines(3000, files - 1, manifest_bytes, 0)
@@ -296,11 +296,11 @@ def test_3000_steps_with_the_link_cut_every_2s_during_pull_of_200_mib(
         assert not list((out / "results" / label).glob(".*.rmpart")), label
         # resumed inside the file after each cut, never started over
         pulled = ctx.result(Phase.PULL).sides[label]
-        listed = sum(int(f["size"]) for f in pulled["files"])
-        assert listed <= pulled["downloaded"] < listed + 16 * MIB, pulled
-    assert ctx.result(Phase.COMPARE).files and all(
-        f["ok"] for f in ctx.result(Phase.COMPARE).files
-    ), ctx.result(Phase.COMPARE)
+        listed = sum(int(f.size or 0) for f in pulled.files)
+        assert listed <= (pulled.downloaded or 0) < listed + 16 * MIB, pulled
+    assert ctx.result(Phase.COMPARE).files and all(f.ok for f in ctx.result(Phase.COMPARE).files), (
+        ctx.result(Phase.COMPARE)
+    )
     lines = trainer_lines(3000, files - 1, manifest_bytes, 200)
     check_finished_like_a_clean_run(ctx, code, clean, out, lines, labels)
 

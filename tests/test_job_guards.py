@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 
 from remotemac.agent.shared import agent_argv
-from remotemac.engine.drift import compare_fingerprints, drift_summary
+from remotemac.engine.drift import DriftEntry, compare_fingerprints, drift_summary
+from remotemac.engine.phaseresults import Fingerprint
 from tests.harness.maclab import root_argv
 
 AGENT = Path(__file__).resolve().parent.parent / "remotemac" / "agent"
@@ -172,35 +173,44 @@ def test_runner_warns_between_the_thresholds_and_lets_the_job_finish(tmp_path: P
 
 def test_drift_comparison_on_a_real_fingerprint():
     """torch is a stopping condition; another package is a warning; a dead venv is torch's."""
-    before = agent("env_fingerprint", {"python": sys.executable})["result"]
-    assert before["packages"] and before["lock_hash"] and before["os_version"]
+    raw = agent("env_fingerprint", {"python": sys.executable})["result"]
+    assert raw["packages"] and raw["lock_hash"] and raw["os_version"]
+    before = Fingerprint.from_json(raw)
     assert compare_fingerprints(before, before) == []
 
-    other = dict(before, packages=dict(before["packages"], fakepkg="1.0"), lock_hash="x")
+    other_raw = dict(raw, packages=dict(raw["packages"], fakepkg="1.0"), lock_hash="x")
+    other = Fingerprint.from_json(other_raw)
     changes = compare_fingerprints(before, other)
-    assert [c["key"] for c in changes] == ["lock_hash"]
-    assert changes[0]["touches_torch"] is False
-    assert changes[0]["packages"] == [{"name": "fakepkg", "before": None, "after": "1.0"}]
+    assert [c.key for c in changes] == ["lock_hash"]
+    assert changes[0].touches_torch is False
+    assert [p.to_json() for p in changes[0].packages or []] == [
+        {"name": "fakepkg", "before": None, "after": "1.0"}
+    ]
 
-    newer = dict(other, torch="2.99.0", packages=dict(other["packages"], torch="2.99.0"))
-    changes = compare_fingerprints(before, newer)
-    assert {c["key"] for c in changes} == {"torch", "lock_hash"}
-    assert all(c["touches_torch"] for c in changes)
+    newer = dict(other_raw, torch="2.99.0", packages=dict(other_raw["packages"], torch="2.99.0"))
+    changes = compare_fingerprints(before, Fingerprint.from_json(newer))
+    assert {c.key for c in changes} == {"torch", "lock_hash"}
+    assert all(c.touches_torch for c in changes)
 
     gone = compare_fingerprints(
-        before, agent("env_fingerprint", {"python": "/nonexistent/python"})["result"]
+        before,
+        Fingerprint.from_json(
+            agent("env_fingerprint", {"python": "/nonexistent/python"})["result"]
+        ),
     )
-    assert gone[0]["key"] == "interpreter" and gone[0]["touches_torch"]
+    assert gone[0].key == "interpreter" and gone[0].touches_torch
 
     summary = drift_summary(
         [
-            {
-                "when": "re-attach",
-                "host_name": "h",
-                "host": "remote",
-                "changes": compare_fingerprints(before, other),
-            }
+            DriftEntry.from_json(
+                {
+                    "when": "re-attach",
+                    "host_name": "h",
+                    "host": "remote",
+                    "changes": [c.to_json() for c in compare_fingerprints(before, other)],
+                }
+            )
         ]
     )
-    assert summary["torch"] == [] and len(summary["drifts"]) == 1
-    assert summary["drifts"][0]["detail"] == "packages fakepkg - → 1.0"
+    assert summary.torch == [] and len(summary.drifts) == 1
+    assert summary.drifts[0].detail == "packages fakepkg - → 1.0"

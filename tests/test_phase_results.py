@@ -14,6 +14,7 @@ from remotemac.engine.context import RunContext, RunOptions
 from remotemac.engine.phaseresults import (
     RESULT_SCHEMA,
     CompareResult,
+    DeadmanJob,
     FollowResult,
     LaunchResult,
     OtherResult,
@@ -238,7 +239,11 @@ def test_a_journal_from_before_result_versions_resumes_typed(tmp_path: Path):
     assert isinstance(prov, ProvisionResult) and prov.device("reproduce") == "mps"
     assert ctx.provision().hosts["remote"].run_dir == "/r/runs/x"
     sync = ctx.result(Phase.SYNC)
-    assert sync is not None and sync.data_dir("remote") == "/r/data" and sync.ram("remote") == {}
+    assert (
+        sync is not None
+        and sync.data_dir("remote") == "/r/data"
+        and sync.ram("remote").to_json() == {}
+    )
     launch = ctx.launch_result("target")
     assert launch is not None and launch.session == "s"
     follow = ctx.follow_result("target")
@@ -358,11 +363,11 @@ def test_host_entries_built_here_write_the_dicts_the_code_wrote():
     assert json.dumps(prov.to_dict()) == json.dumps(PROVISION_HOST)
     sync = SyncHost(**{k: v for k, v in SYNC_HOST.items() if k != "deadman"})
     assert "deadman" not in sync.to_dict()
-    sync.deadman = SYNC_HOST["deadman"]
+    sync.deadman = DeadmanJob.from_json(SYNC_HOST["deadman"])
     assert json.dumps(sync.to_dict()) == json.dumps(SYNC_HOST)
     bare = SyncHost.without_data("/r/runs/x/data")
     assert json.dumps(bare.to_dict()) == json.dumps(NO_DATA_HOST)
-    bare.deadman = {"method": "sleeper"}
+    bare.deadman = DeadmanJob.from_json({"method": "sleeper"})
     assert list(bare.to_dict()) == [*NO_DATA_HOST, "deadman"]
 
 
@@ -379,17 +384,20 @@ def test_results_read_their_hosts_typed_and_write_the_row_back():
     assert isinstance(prov, ProvisionResult)
     host = prov.host("remote")
     assert isinstance(host, ProvisionHost) and host.venv_python == "/r/envs/e/bin/python"
-    assert host.probe["os"] == "Darwin" and host.fingerprint == {"torch": "2.5"}
+    assert host.probe.os == "Darwin" and host.fingerprint is not None
+    assert host.fingerprint.to_json() == {"torch": "2.5"}
     assert prov.host("elsewhere") == ProvisionHost() and prov.host("elsewhere").root == ""
     assert json.dumps(prov.to_dict()) == json.dumps(prov_row)
     row = {"hosts": {"remote": SYNC_HOST, "local": NO_DATA_HOST}, "summary": "3 files, 10 bytes"}
     sync = from_journal("sync", row)
     assert isinstance(sync, SyncResult) and isinstance(sync.host("local"), SyncHost)
-    assert sync.host("remote").deadman == SYNC_HOST["deadman"] and sync.ram("remote") == {}
+    deadman = sync.host("remote").deadman
+    assert deadman is not None and deadman.to_json() == SYNC_HOST["deadman"]
+    assert sync.ram("remote").to_json() == {}
     assert sync.dataset().revision == "abc" and sync.data_dir("nowhere") is None
     assert SyncResult().dataset().files is None  # the record's dataset without a sync: nulls
     assert json.dumps(sync.to_dict()) == json.dumps(row)
     # a result built with dict hosts (as callers and tests do) reads them typed too
     built = SyncResult(hosts={"remote": {"data_dir": "/d", "ram": {"kind": "shm"}}})
-    assert built.data_dir("remote") == "/d" and built.ram("remote") == {"kind": "shm"}
+    assert built.data_dir("remote") == "/d" and built.ram("remote").to_json() == {"kind": "shm"}
     assert built.to_dict()["hosts"] == {"remote": {"data_dir": "/d", "ram": {"kind": "shm"}}}

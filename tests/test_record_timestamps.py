@@ -19,6 +19,6 @@ def test_cleanup_record_timestamps_are_utc_with_z_like_every_record() -> None:
         answer=None,
         know=Knowledge(),
         extra_items=[],
-    )
+    ).to_json()
     for key in ("started_at", "finished_at"):
         assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", record[key]), record[key]

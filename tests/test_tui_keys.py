@@ -375,7 +375,7 @@ def cleanup_record(n: int = 30) -> dict:
         answer=answer,
         know=Knowledge(),
         extra_items=[],
-    )
+    ).to_json()
 
 
 @pytest.mark.asyncio

@@ -3,18 +3,24 @@
 from __future__ import annotations
 
 import re
+import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, overload
+from typing import TYPE_CHECKING, Any, Literal, overload
 
+from remotemac.agent.protocol import JsonObject
 from remotemac.engine.agentclient import AgentClient
+from remotemac.engine.jsonpart import plain
 from remotemac.engine.ledger import Ledger
 from remotemac.engine.phaseresults import (
     RESULT_SCHEMA,
     CompareResult,
+    Drill,
     FollowResult,
     LaunchResult,
     PhaseResult,
+    PhaseRow,
     ProvisionResult,
     PullResult,
     RecordResult,
@@ -29,6 +35,10 @@ from remotemac.phases import Phase, follow_key, launch_key
 from remotemac.placeholders import expand
 from remotemac.playbook import Playbook
 from remotemac.transport.base import Transport
+from remotemac.units import iso_utc
+
+if TYPE_CHECKING:  # drift.py imports this module
+    from remotemac.engine.drift import DriftSummary
 
 
 @dataclass
@@ -65,6 +75,38 @@ class Side:
         return "remotemac-" + re.sub(r"[^A-Za-z0-9_-]", "_", f"{run_id}-{self.label}")
 
 
+@dataclass(frozen=True)
+class HandCut:
+    """A link cut by hand while the run was attached (the TUI's drill, ``d``)."""
+
+    host: str
+    #: whether the cut found a live link to drop
+    dropped: bool
+    at: str | None = None
+
+
+@dataclass
+class Continuity:
+    """The record's ``continuity``: the link's disconnects and reconnects over the whole
+    run, and the drill (its outcome, or the ``--drill`` asked for, or None)."""
+
+    disconnects: int = 0
+    reconnects: int = 0
+    drill: Drill | str | None = None
+
+    @classmethod
+    def of(cls, totals: Mapping[str, Any]) -> Continuity:
+        """From engine/jobs.continuity_totals (the tally's counts and ``drill``)."""
+        return cls(int(totals["disconnects"]), int(totals["reconnects"]), totals["drill"])
+
+    def record_form(self) -> JsonObject:
+        return {
+            "disconnects": self.disconnects,
+            "reconnects": self.reconnects,
+            "drill": plain(self.drill),
+        }
+
+
 @dataclass
 class RunContext:
     run_id: str
@@ -83,19 +125,19 @@ class RunContext:
     results: dict[str, PhaseResult] = field(default_factory=dict)
     #: links cut by hand while the run was attached (the TUI's drill, ``d``); the record
     #: counts them so a drop on purpose is never mistaken for a flaky network
-    drills: list[dict[str, Any]] = field(default_factory=list)
+    drills: list[HandCut] = field(default_factory=list)
     #: this process's disconnects/reconnects, counted from ConnectionState events
     link_tally: dict[str, int] = field(default_factory=lambda: {"disconnects": 0, "reconnects": 0})
     #: phases an earlier process finished (their follow results carry their own counts)
     carried_phases: list[str] = field(default_factory=list)
     #: the record's ``continuity`` section as last written (totals over every process)
-    continuity: dict[str, Any] = field(default_factory=lambda: {"disconnects": 0, "reconnects": 0})
+    continuity: Continuity = field(default_factory=Continuity)
     #: the laptop's CPU seconds when the run started in this process (the record's ``cpu``)
     cpu_start: float | None = None
     #: when the environment-drift check ran in this process (``re-attach``, ``before-target``)
     drift_checked: str | None = None
     #: the record's drift summary (checks, drifts, torch versions)
-    drift: dict[str, Any] | None = None
+    drift: DriftSummary | None = None
     #: the dataset slice's bytes, selected once for every host
     slice_bytes: Any = None
     #: host key -> why it could not be reached (``remotemac wipe`` goes on without it)
@@ -105,6 +147,10 @@ class RunContext:
 
     def emit(self, event: Event) -> None:
         self.bus.emit(event)
+
+    def note_cut(self, host: str, dropped: bool) -> None:
+        """A link cut by hand now (the TUI's drill): the record counts it."""
+        self.drills.append(HandCut(host, dropped, iso_utc(time.time())))
 
     def host_for(self, side: Side) -> HostBinding:
         return self.hosts[side.host_key]
@@ -149,25 +195,25 @@ class RunContext:
         found = self.results.get(launch_key(role).name)
         return found if isinstance(found, LaunchResult) else None
 
-    def keep_result(self, name: str, result: PhaseResult | dict[str, Any]) -> PhaseResult:
+    def keep_result(self, name: str, result: PhaseResult | JsonObject) -> PhaseResult:
         """Keep what phase ``name`` (a wire name) handed on, typed, for the phases after it."""
         typed = as_result(name, result)
         self.results[name] = typed
         return typed
 
-    def finish_result(self, name: str, result: PhaseResult | dict[str, Any]) -> PhaseResult:
+    def finish_result(self, name: str, result: PhaseResult | JsonObject) -> PhaseResult:
         """Keep ``result`` and write it to the journal as the one of phase ``name``, done."""
         typed = self.keep_result(name, result)
         self.journal.finish_phase(self.run_id, name, typed.to_dict(), schema=RESULT_SCHEMA)
         return typed
 
-    def restore_results(self, phases: dict[str, dict[str, Any]]) -> list[str]:
+    def restore_results(self, phases: Mapping[str, JsonObject]) -> list[str]:
         """Bring back the results of the phases the journal has as done (``Journal.phases``);
         the names, in the journal's order."""
-        done = [name for name, info in phases.items() if info["state"] == "done"]
+        rows = {name: PhaseRow.from_json(info) for name, info in phases.items()}
+        done = [name for name, row in rows.items() if row.done]
         for name in done:
-            info = phases[name]
-            self.results[name] = from_journal(name, info["result"], info.get("schema"))
+            self.results[name] = from_journal(name, rows[name].result or {}, rows[name].schema)
         return done
 
 

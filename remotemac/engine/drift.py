@@ -15,11 +15,14 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from remotemac.agent.protocol import Op
+from remotemac.agent.protocol import JsonObject, Op
 from remotemac.engine.context import RunContext
+from remotemac.engine.jsonpart import JsonPart
+from remotemac.engine.phaseresults import Fingerprint
 from remotemac.events import Warning
 from remotemac.phases import Phase
 
@@ -27,49 +30,119 @@ KEYS = ("python", "os_version", "torch", "torch_origin", "lock_hash")
 DRIFT_FILE = "drift.jsonl"
 
 
+@dataclass
+class PackageChange(JsonPart):
+    """One package whose version differs (None: not installed on that side)."""
+
+    name: str = ""
+    before: str | None = None
+    after: str | None = None
+
+
+@dataclass
+class Change(JsonPart):
+    """What changed of one fingerprint key; for ``lock_hash``, the packages that did."""
+
+    key: str = ""
+    before: Any = None
+    after: Any = None
+    touches_torch: bool = False
+    packages: list[PackageChange] | None = None
+
+    OMIT_NONE = frozenset({"packages"})
+    PARTS = {"packages": PackageChange}
+
+
+@dataclass
+class DriftEntry(JsonPart):
+    """One check of one host, a line of ``env/drift.jsonl``."""
+
+    when: str | None = None
+    at: float | None = None
+    host: str | None = None
+    host_name: str | None = None
+    changes: list[Change] = field(default_factory=list)
+
+    PARTS = {"changes": Change}
+
+
+@dataclass
+class Drift(Change):
+    """A change as the record lists it: when and on which host it was seen, described
+    (always read from its JSON object: its keys keep the order they were written in)."""
+
+    when: str | None = None
+    host: str | None = None
+    detail: str = ""
+
+
+@dataclass
+class DriftCheck(JsonPart):
+    """A check the record lists: when, on which host, how many keys changed."""
+
+    when: str | None = None
+    host: str | None = None
+    changes: int = 0
+
+
+@dataclass
+class DriftSummary:
+    """For the record: the checks made, the drifts (warnings) and the torch ones (conditions)."""
+
+    checks: list[DriftCheck] = field(default_factory=list)
+    drifts: list[Drift] = field(default_factory=list)
+    torch: list[Drift] = field(default_factory=list)
+
+    def record_form(self) -> JsonObject:
+        """The record's ``environment.drift``."""
+        return {
+            "checks": [c.to_json() for c in self.checks],
+            "warnings": [d.to_json() for d in self.drifts],
+        }
+
+
 def touches_torch(key: str, name: str = "") -> bool:
     return key in ("torch", "torch_origin", "interpreter") or name.startswith("torch")
 
 
-def compare_fingerprints(before: dict[str, Any], after: dict[str, Any]) -> list[dict[str, Any]]:
+def compare_fingerprints(before: Fingerprint, after: Fingerprint) -> list[Change]:
     """What changed, one entry per key: {key, before, after, touches_torch[, packages]}."""
-    if after.get("error"):
+    if after.error:
         return [
-            {
-                "key": "interpreter",
-                "before": before.get("executable"),
-                "after": after["error"],
-                "touches_torch": True,
-            }
+            Change(
+                key="interpreter", before=before.executable, after=after.error, touches_torch=True
+            )
         ]
     changes = []
     for key in KEYS:
-        if before.get(key) != after.get(key):
-            change: dict[str, Any] = {
-                "key": key,
-                "before": before.get(key),
-                "after": after.get(key),
-                "touches_torch": touches_torch(key),
-            }
+        if before.value(key) != after.value(key):
+            change = Change(
+                key=key,
+                before=before.value(key),
+                after=after.value(key),
+                touches_torch=touches_torch(key),
+            )
             if key == "lock_hash":
-                a, b = before.get("packages") or {}, after.get("packages") or {}
+                a, b = before.packages or {}, after.packages or {}
                 pkgs = [
-                    {"name": n, "before": a.get(n), "after": b.get(n)}
+                    PackageChange(name=n, before=a.get(n), after=b.get(n))
                     for n in sorted(set(a) | set(b))
                     if a.get(n) != b.get(n)
                 ]
-                change["packages"] = pkgs
-                change["touches_torch"] = any(touches_torch("", p["name"]) for p in pkgs)
+                change.packages = pkgs
+                change.touches_torch = any(touches_torch("", p.name) for p in pkgs)
             changes.append(change)
     return changes
 
 
-async def fingerprint(ctx: RunContext, key: str) -> dict[str, Any]:
+async def fingerprint(ctx: RunContext, key: str) -> Fingerprint:
     host = ctx.provision().hosts[key]
-    return await ctx.hosts[key].agent.call(Op.ENV_FINGERPRINT, {"python": host.venv_python})
+    return Fingerprint.from_json(
+        await ctx.hosts[key].agent.call(Op.ENV_FINGERPRINT, {"python": host.venv_python})
+    )
 
 
-async def check_drift(ctx: RunContext, when: str) -> list[dict[str, Any]]:
+async def check_drift(ctx: RunContext, when: str) -> list[DriftEntry]:
     """Compare every host's environment with its fingerprint at launch; record and warn."""
     prov = ctx.result(Phase.PROVISION)
     entries = []
@@ -78,20 +151,20 @@ async def check_drift(ctx: RunContext, when: str) -> list[dict[str, Any]]:
         if not before or key not in ctx.hosts:
             continue  # provisioned by a version that took no fingerprint: nothing to compare
         changes = compare_fingerprints(before, await fingerprint(ctx, key))
-        entry = {
-            "when": when,
-            "at": round(time.time(), 3),
-            "host": key,
-            "host_name": ctx.hosts[key].transport.name,
-            "changes": changes,
-        }
+        entry = DriftEntry(
+            when=when,
+            at=round(time.time(), 3),
+            host=key,
+            host_name=ctx.hosts[key].transport.name,
+            changes=changes,
+        )
         entries.append(entry)
         for change in changes:
             ctx.emit(
                 Warning(
                     ctx.run_id,
                     code="environment-drift",
-                    message=f"{entry['host_name']}: the environment changed since "
+                    message=f"{entry.host_name}: the environment changed since "
                     f"launch ({when}): {describe(change)}",
                 )
             )
@@ -99,59 +172,57 @@ async def check_drift(ctx: RunContext, when: str) -> list[dict[str, Any]]:
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a", encoding="utf-8") as fh:
         for entry in entries:
-            fh.write(json.dumps(entry) + "\n")
+            fh.write(json.dumps(entry.to_json()) + "\n")
     ctx.drift_checked = when
     return entries
 
 
-def describe(change: dict[str, Any]) -> str:
-    if change.get("packages"):
+def describe(change: Change) -> str:
+    if change.packages:
         return "packages " + ", ".join(
-            f"{p['name']} {p['before'] or '-'} → {p['after'] or '-'}"
-            for p in change["packages"][:5]
+            f"{p.name} {p.before or '-'} → {p.after or '-'}" for p in change.packages[:5]
         )
-    return f"{change['key']} {change.get('before')} → {change.get('after')}"
+    return f"{change.key} {change.before} → {change.after}"
 
 
-def load_drift(out_dir: Path) -> list[dict[str, Any]]:
+def load_drift(out_dir: Path) -> list[DriftEntry]:
     path = Path(out_dir) / "env" / DRIFT_FILE
     if not path.exists():
         return []
     entries = []
     for line in path.read_text(encoding="utf-8").splitlines():
         try:
-            entries.append(json.loads(line))
+            data = json.loads(line)
         except ValueError:
             continue
+        if isinstance(data, dict):
+            entries.append(DriftEntry.from_json(data))
     return entries
 
 
-def drift_summary(entries: list[dict[str, Any]]) -> dict[str, Any]:
+def drift_summary(entries: list[DriftEntry]) -> DriftSummary:
     """For the record: the checks made, the drifts (warnings) and the torch ones (conditions)."""
     drifts, seen = [], set()
     for entry in entries:
-        for change in entry.get("changes") or []:
-            key = (entry.get("host"), change["key"], json.dumps(change.get("after"), default=str))
+        for change in entry.changes or []:
+            key = (entry.host, change.key, json.dumps(change.after, default=str))
             if key in seen:
                 continue
             seen.add(key)
             drifts.append(
-                {
-                    "when": entry.get("when"),
-                    "host": entry.get("host_name"),
-                    **change,
-                    "detail": describe(change),
-                }
+                Drift.from_json(
+                    {
+                        "when": entry.when,
+                        "host": entry.host_name,
+                        **change.to_json(),
+                        "detail": describe(change),
+                    }
+                )
             )
-    return {
-        "checks": [
-            {
-                "when": e.get("when"),
-                "host": e.get("host_name"),
-                "changes": len(e.get("changes") or []),
-            }
-            for e in entries
+    return DriftSummary(
+        checks=[
+            DriftCheck(when=e.when, host=e.host_name, changes=len(e.changes or [])) for e in entries
         ],
-        "drifts": drifts,
-        "torch": [d for d in drifts if d.get("touches_torch")],
-    }
+        drifts=drifts,
+        torch=[d for d in drifts if d.touches_torch],
+    )

@@ -39,7 +39,8 @@ from remotemac.agent.protocol import (
     CACHE_VARS as CACHE_VARS,  # re-exported: the record reads it from here
 )
 from remotemac.engine.context import RunContext, Side, substitute
-from remotemac.engine.phaseresults import FollowResult, ProvisionHost
+from remotemac.engine.phaseresults import Disk, Drill, FollowResult, ProvisionHost, RamStore
+from remotemac.engine.phaseresults import Relaunch as RelaunchRecord
 from remotemac.errors import HostError, JobLost, TransientHostError
 from remotemac.events import ConnectionState, EventBus, LogLine, Metric, PhaseProgress, Warning
 from remotemac.phases import Phase, PhaseKey, follow_key
@@ -248,8 +249,8 @@ def trace_path(run_dir: str, side: Side) -> str:
 def disk_watch(ctx: RunContext, side: Side, run_dir: str) -> DiskWatch:
     """What the runner watches: remote_root's volume (through the run dir) and the RAM store."""
     sync = ctx.result(Phase.SYNC)
-    ram = sync.ram(side.host_key) if sync else {}
-    return DiskWatch(run_dir, ram.get("path"), int(ctx.playbook.stop_when.min_free_disk))
+    ram = sync.ram(side.host_key) if sync else RamStore()
+    return DiskWatch(run_dir, ram.path, int(ctx.playbook.stop_when.min_free_disk))
 
 
 async def launch(
@@ -578,13 +579,13 @@ class LogFollower:
             lines=self.lines,
             bytes=self.offset,
             reason=status.reason,
-            disk=status.disk,
+            disk=Disk.from_json(status.disk) if status.disk is not None else None,
             disk_warning=status.disk_warning,
         )
         # the host remembers a relaunch even when this process did not make it (re-attach)
         again = self.relaunched or status.relaunch
         if again:
-            result.relaunched = again.for_record()
+            result.relaunched = RelaunchRecord.from_json(again.for_record())
         drill = self.drill
         if drill:
             if drill.pending:
@@ -593,7 +594,7 @@ class LogFollower:
                 )
             elif drill.result.skipped is None:
                 drill.result.skipped = "the job ended before the drill could cut the link"
-            result.drill = drill.result.to_json()
+            result.drill = Drill.from_json(drill.result.to_json())
         return result
 
 

@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from remotemac.agent.protocol import JobStatus, Op
 from remotemac.engine.context import RunOptions
+from remotemac.engine.jsonpart import JsonPart
+from remotemac.engine.statusview import LiveSide, LiveView
 from remotemac.events import EventBus
 from remotemac.journal import Journal
 from remotemac.playbook import Playbook
@@ -28,7 +31,7 @@ async def live_status(
     out_dir: Path,
     ssh: Any,
     timeout: float = 20.0,
-) -> dict[str, Any]:
+) -> LiveView:
     from remotemac.engine.pipeline import build_context, restore_phase
     from remotemac.phases import Phase, PhaseKey
 
@@ -44,9 +47,9 @@ async def live_status(
     )
     ctx.restore_results(journal.phases(run_id))
     if Phase.PROVISION not in ctx.results:
-        return {"answered": False, "detail": "not provisioned yet"}
+        return LiveView.with_keys(answered=False, detail="not provisioned yet")
     restore_phase(ctx, PhaseKey(Phase.PROVISION))
-    sides: dict[str, Any] = {}
+    sides: dict[str, LiveSide] = {}
     try:
         async with asyncio.timeout(timeout):
             for binding in ctx.hosts.values():
@@ -63,23 +66,32 @@ async def live_status(
                     },
                 )
                 job = JobStatus.from_json(answer)
-                beat = job.file.get("heartbeat_at")
-                sides[side.label] = {
-                    "state": job.state,
-                    "exit_code": job.file.get("exit_code"),
-                    "heartbeat_age_s": round(float(job.now or 0) - beat, 1) if beat else None,
-                    "log_bytes": answer.get("log_size"),
-                    "tmux": job.tmux_alive,
-                }
+                file = RunnerFile.from_json(job.file)
+                beat = file.heartbeat_at
+                sides[side.label] = LiveSide(
+                    state=job.state,
+                    exit_code=file.exit_code,
+                    heartbeat_age_s=round(float(job.now or 0) - beat, 1) if beat else None,
+                    log_bytes=job.log_size,
+                    tmux=job.tmux_alive,
+                )
     except Exception as exc:  # status must answer even when the host does not
-        return {
-            "answered": False,
-            "detail": f"host did not answer: {exc}",
-            "sides": sides,
-            "asked_at": time.time(),
-        }
+        return LiveView.with_keys(
+            answered=False,
+            detail=f"host did not answer: {exc}",
+            sides=sides,
+            asked_at=time.time(),
+        )
     finally:
         for binding in ctx.hosts.values():
             await binding.agent.close()
             await binding.transport.close()
-    return {"answered": True, "sides": sides, "asked_at": time.time()}
+    return LiveView.with_keys(answered=True, sides=sides, asked_at=time.time())
+
+
+@dataclass
+class RunnerFile(JsonPart):
+    """The parts of the runner's status file (``status/<label>.json``) status shows."""
+
+    heartbeat_at: float | None = None
+    exit_code: int | None = None

@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import NoReturn
 
-from remotemac.agent.protocol import ErrorCode, JsonObject, LaunchRequest, Op
+from remotemac.agent.protocol import JsonObject, LaunchRequest, Op
 from remotemac.engine.agentclient import DEFAULT_AGENT_PYTHON, AgentClient
 from remotemac.engine.context import (
     HostBinding,
@@ -26,17 +26,27 @@ from remotemac.engine.context import (
     make_sides,
     specialize,
 )
+from remotemac.engine.failurehints import (
+    launch_on_a_full_disk,
+    say_how_to_go_on_after_a_full_disk,
+    say_what_is_kept,
+)
 from remotemac.engine.hosts import open_transport
 from remotemac.engine.ledger import Ledger
 from remotemac.engine.phaseresults import (
     NOT_LAUNCHED,
+    Access,
     CompareResult,
+    DeadmanJob,
+    Fingerprint,
     FollowResult,
     LaunchResult,
     PhaseResult,
     ProvisionResult,
+    PulledSide,
     PullResult,
     RecordResult,
+    SpaceCheck,
     SyncResult,
     WipeResult,
     as_result,
@@ -48,7 +58,6 @@ from remotemac.errors import (
     EXIT_INTERRUPTED,
     EXIT_REJECTED,
     BadInput,
-    HostDiskFull,
     HostError,
     JobLost,
     RemotemacError,
@@ -206,7 +215,7 @@ def not_accepted_reason(ctx: RunContext) -> str:
     why, not only where the record is."""
     record = ctx.result(Phase.RECORD) or RecordResult()
     for cond in record.conditions:
-        detail = str(cond.get("detail") or cond.get("code") or "")
+        detail = str(cond.detail or cond.code or "")
         if detail.startswith("reference job ") and reference_failed(ctx):
             # "the reference failed (exit 2): python3: can't open file …"
             rest = detail.partition(": ")[2]
@@ -506,10 +515,10 @@ async def _provision(ctx: RunContext, _key: PhaseKey) -> ProvisionResult:
     from remotemac.engine.storage import check_space
 
     for key, binding in ctx.hosts.items():
-        hosts[key].fingerprint = await binding.agent.call(
-            Op.ENV_FINGERPRINT, {"python": hosts[key].venv_python}
+        hosts[key].fingerprint = Fingerprint.from_json(
+            await binding.agent.call(Op.ENV_FINGERPRINT, {"python": hosts[key].venv_python})
         )
-        hosts[key].space = await check_space(ctx, binding, hosts[key])
+        hosts[key].space = SpaceCheck.from_json(await check_space(ctx, binding, hosts[key]))
     return ProvisionResult(
         hosts=hosts,
         devices=devices,
@@ -528,7 +537,7 @@ async def _sync(ctx: RunContext, _key: PhaseKey) -> SyncResult:
     hosts = {key: await sync_host(ctx, b, prov[key]) for key, b in ctx.hosts.items()}
     for key, job in deadman.items():
         if job:
-            hosts[key].deadman = job.to_json()
+            hosts[key].deadman = DeadmanJob.from_json(job)
     first = next(iter(hosts.values()))
     return SyncResult(hosts=hosts, summary=f"{first.files} files, {first.bytes} bytes")
 
@@ -569,7 +578,7 @@ async def _launch(ctx: RunContext, key: PhaseKey) -> LaunchResult:
         session=requests[role].session,
         mode=answer.mode,
         already=bool(answer.already_running or answer.already_done),
-        access=answer.access,
+        access=Access.from_json(answer.access) if answer.access is not None else None,
         summary=requests[role].session,
     )
 
@@ -595,7 +604,10 @@ async def _pull(ctx: RunContext, _key: PhaseKey) -> PullResult:
         pulled = await pull_side(ctx, s, prov[s.host_key].run_dir, max_bytes=budget)
         sides[s.label], budget = pulled.to_json(), budget - sum(f.size for f in pulled.files)
     count = sum(len(v["files"]) for v in sides.values())
-    return PullResult(sides=sides, summary=f"{count} files verified")
+    return PullResult(
+        sides={k: PulledSide.from_json(v) for k, v in sides.items()},
+        summary=f"{count} files verified",
+    )
 
 
 async def _compare(ctx: RunContext, _key: PhaseKey) -> CompareResult:
@@ -638,38 +650,6 @@ def failure_line(exc: BaseException) -> str:
 WIPE_AFTER_FAILURE = (Phase.PULL, Phase.COMPARE, Phase.RECORD)
 
 
-def say_what_is_kept(ctx: RunContext, exc: Exception, failed: str) -> None:
-    """The failure's hint says that the outputs not verified here are kept on the host,
-    and the command that gets them (docs/contract.md, "What survives a failure")."""
-    if failed != Phase.PULL.value or not isinstance(exc, RemotemacError):
-        return
-    if "kept on the host" in (exc.hint or ""):
-        return
-    more = " --max-bytes SIZE" if isinstance(exc, outputs_too_large()) else ""
-    kept = (
-        f"the outputs not verified here are kept on the host: get them with "
-        f"remotemac attach {ctx.run_id}{more}"
-    )
-    exc.hint = f"{exc.hint}; {kept}" if exc.hint else kept
-
-
-def say_how_to_go_on_after_a_full_disk(ctx: RunContext, exc: Exception) -> None:
-    """A host disk that filled up stops a phase, not the run: once the user frees space,
-    ``attach`` goes on from the phase that stopped (provision and sync included), so the
-    hint names that command unless it already names one."""
-    full = isinstance(exc, HostDiskFull) or getattr(exc, "code", None) in DISK_FULL_CODES
-    if not full or not isinstance(exc, RemotemacError) or "remotemac attach" in (exc.hint or ""):
-        return
-    go_on = f"free some space on the host, then go on with: remotemac attach {ctx.run_id}"
-    exc.hint = f"{exc.hint}; {go_on}" if exc.hint else go_on
-
-
-def outputs_too_large() -> type[RemotemacError]:
-    from remotemac.engine.pull import OutputsTooLarge
-
-    return OutputsTooLarge
-
-
 async def _wipe_after_failure(ctx: RunContext, failed: str) -> str:
     """Run the wipe phase after ``failed`` failed; returns a note for the journal's error."""
     if ctx.playbook.wipe == "manual" or ctx.options.keep_data:
@@ -685,20 +665,6 @@ async def _wipe_after_failure(ctx: RunContext, failed: str) -> str:
     ctx.finish_result("wipe", result)
     ctx.emit(PhaseFinished(ctx.run_id, phase="wipe", detail=result.summary))
     return f"; wiped after the failure ({result.summary})"
-
-
-#: agent error codes of a host disk that is full: the launch's write check, an ENOSPC
-DISK_FULL_CODES = frozenset({ErrorCode.DISK_FULL.value, ErrorCode.NO_SPACE.value})
-
-
-def launch_on_a_full_disk(ctx: RunContext, exc: Exception, failed: str) -> bool:
-    """Whether ``failed`` is a launch the host's full disk refused, after the data was
-    synced: no side can start on that run any more, so its data has no use there."""
-    return (
-        failed.partition(":")[0] == Phase.LAUNCH.value
-        and getattr(exc, "code", None) in DISK_FULL_CODES
-        and Phase.SYNC.value in ctx.results
-    )
 
 
 async def _wipe_after_full_disk(ctx: RunContext, exc: Exception, failed: str) -> str:

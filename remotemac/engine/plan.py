@@ -5,14 +5,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from remotemac.engine.context import make_sides, substitute
+from remotemac.agent.protocol import JsonObject
+from remotemac.engine.context import Side, make_sides, substitute
 from remotemac.engine.projectfiles import project_upload
 from remotemac.playbook import Playbook
 
 AUTO_ORDER = ("mps", "cuda", "cpu")  # what ``device: auto`` becomes, first available
 
 
-def python_plan(pb: Playbook, home: Path | None) -> dict[str, Any]:
+def python_plan(pb: Playbook, home: Path | None) -> JsonObject:
     """Which Python the workload asks for and whether its torch pin has a wheel for it
     (PyPI, from this laptop; the host's own interpreters and platform: doctor)."""
     from remotemac.agent.shared import parse_spec
@@ -41,13 +42,14 @@ def python_plan(pb: Playbook, home: Path | None) -> dict[str, Any]:
     }
 
 
-def make_plan(pb: Playbook, home: Path | None = None) -> dict[str, Any]:
+def make_plan(pb: Playbook, home: Path | None = None) -> JsonObject:
+    """The plan as ``run --dry-run --json`` prints it (and the front ends render it)."""
     root = pb.remote_root
     run_dir = f"{root}/runs/<run-id>"
     sides = make_sides(pb)
     upload = project_upload(pb)
     archive, files = upload.archive(), upload.files
-    data: dict[str, Any] = {"files": [], "bytes": 0, "encrypted": None}
+    data: JsonObject = {"files": [], "bytes": 0, "encrypted": None}
     if pb.data is not None:
         from remotemac.data.slice import select_slice
 
@@ -106,7 +108,7 @@ def make_plan(pb: Playbook, home: Path | None = None) -> dict[str, Any]:
     }
 
 
-def cost_bound(pb: Playbook, sides: list[Any]) -> dict[str, Any]:
+def cost_bound(pb: Playbook, sides: list[Side]) -> JsonObject:
     """The most the run can cost: every job on the rented host running to its
     ``workload.timeout`` (the target twice with ``reproduce``), at ``cost.hourly_rate``.
     A bound, not a forecast: ``preflight`` and an earlier run's record say how long the
@@ -138,7 +140,7 @@ def disk_needed(pb: Playbook) -> int:
     return plan["project"]["bytes"] + 2 * data + venv + pb.stop_when.min_free_disk
 
 
-def make_fleet_plan(pb: Playbook, hosts: list[str] | None, inventory: Any) -> dict[str, Any]:
+def make_fleet_plan(pb: Playbook, hosts: list[str] | None, inventory: Any) -> JsonObject:
     """``run --dry-run`` with ``--hosts``/``--inventory``/a matrix: one plan per fleet run."""
     from remotemac.engine.context import specialize
     from remotemac.engine.fleet import fleet_hosts, plan_runs, variant_label

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from remotemac.engine.context import RunContext
-from remotemac.engine.phaseresults import FollowResult
+from remotemac.engine.context import Continuity, RunContext
+from remotemac.engine.phaseresults import Condition, Drill, FollowResult, Reproducibility
 from remotemac.units import format_size
 
 
@@ -26,45 +26,51 @@ def _row(question: str, how: str, result: str, evidence: str, outcome: str) -> d
     }
 
 
-def process_behaviour(ctx: RunContext, record: dict[str, Any]) -> list[dict[str, str]]:
-    """Five questions a careful user asks of a rented machine, answered by this run."""
-    codes = {c["code"]: c for c in record.get("stopping_conditions") or []}
+def process_behaviour(
+    ctx: RunContext,
+    conditions: list[Condition],
+    continuity: Continuity,
+    again: Reproducibility | None,
+) -> list[dict[str, str]]:
+    """Five questions a careful user asks of a rented machine, answered by this run:
+    from the record's stopping conditions, its continuity and the target run twice."""
+    codes = {c.code: c for c in conditions}
     follows = {s.role: (ctx.follow_result(s.role) or FollowResult(), s.label) for s in ctx.sides}
     return [
-        _ssh_row(record, follows),
+        _ssh_row(continuity, follows),
         _lost_row(ctx, codes, follows),
-        _drift_row(ctx, codes),
-        _disk_row(ctx, codes, follows),
-        _reproduce_row(ctx, record, codes),
+        _drift_row(ctx),
+        _disk_row(ctx, follows),
+        _reproduce_row(ctx, again, codes),
     ]
 
 
 Follows = dict[str, tuple[FollowResult, str]]
+Codes = dict[str, Condition]
 
 
-def _ssh_row(record: dict[str, Any], follows: Follows) -> dict[str, str]:
+def _ssh_row(cont: Continuity, follows: Follows) -> dict[str, str]:
     q = "Does the job survive a dropped SSH session?"
-    cont = record.get("continuity") or {}
-    drill = cont.get("drill")
+    drill = cont.drill if isinstance(cont.drill, Drill) else None
     label = follows.get("target", (FollowResult(), "target"))[1]
     evidence = f"continuity in acceptance.json; logs/{label}.log"
-    if isinstance(drill, dict) and drill.get("dropped") and drill.get("by") != "tui":
-        ok = drill.get("job_kept_running") and drill.get("log_complete")
+    if drill is not None and drill.dropped and drill.by != "tui":
+        ok = drill.job_kept_running and drill.log_complete
         return _row(
             q,
             "run --drill disconnect: the SSH link was cut once during the target run",
-            f"job kept running: {_yes(drill.get('job_kept_running'))}; log complete: "
-            f"{_yes(drill.get('log_complete'))}; link back after "
-            f"{drill.get('reconnect_s')} s",
+            f"job kept running: {_yes(drill.job_kept_running)}; log complete: "
+            f"{_yes(drill.log_complete)}; link back after "
+            f"{drill.reconnect_s} s",
             evidence,
             "ok" if ok else "problem",
         )
-    drops = cont.get("disconnects") or 0
+    drops = cont.disconnects or 0
     how = "counted the link drops during this run (no drill)"
-    if isinstance(drill, dict) and drill.get("by") == "tui":
+    if drill is not None and drill.by == "tui":
         how = (
-            f"the SSH link was cut by hand from the TUI ({drill.get('dropped')} of "
-            f"{drill.get('cuts')} drill(s) found a live link); counted the drops"
+            f"the SSH link was cut by hand from the TUI ({drill.dropped} of "
+            f"{drill.cuts} drill(s) found a live link); counted the drops"
         )
     if drops:
         target = follows.get("target", (FollowResult(), ""))[0]
@@ -72,13 +78,13 @@ def _ssh_row(record: dict[str, Any], follows: Follows) -> dict[str, str]:
         return _row(
             q,
             how,
-            f"{drops} disconnect(s), {cont.get('reconnects') or 0} reconnect(s); "
+            f"{drops} disconnect(s), {cont.reconnects or 0} reconnect(s); "
             f"the target job {target.state or 'did not finish'} and its log was "
             "followed from the saved byte offset",
             evidence,
             "ok" if ok else "problem",
         )
-    skipped = drill.get("skipped") if isinstance(drill, dict) else None
+    skipped = drill.skipped if drill is not None else None
     return _row(
         q,
         how,
@@ -89,7 +95,7 @@ def _ssh_row(record: dict[str, Any], follows: Follows) -> dict[str, str]:
     )
 
 
-def _lost_row(ctx: RunContext, codes: dict[str, Any], follows: Follows) -> dict[str, str]:
+def _lost_row(ctx: RunContext, codes: Codes, follows: Follows) -> dict[str, str]:
     q = "What happens when the machine restarts or the job is lost?"
     mode = ctx.playbook.on_lost
     for role, (follow, label) in follows.items():
@@ -99,17 +105,17 @@ def _lost_row(ctx: RunContext, codes: dict[str, Any], follows: Follows) -> dict[
             return _row(
                 q,
                 f"on_lost: relaunch: the lost {role} job was relaunched once through "
-                f"its {again.get('command')}",
-                f"lost ({again.get('reason')}); relaunched; then {follow.state} "
+                f"its {again.command}",
+                f"lost ({again.reason}); relaunched; then {follow.state} "
                 f"with exit {follow.exit_code}",
-                f"logs/{label}.log: {again.get('marker')}",
+                f"logs/{label}.log: {again.marker}",
                 "ok" if ok else "problem",
             )
     if "job-lost" in codes:
         return _row(
             q,
             f"on_lost: {mode}",
-            f"the job was lost: {codes['job-lost']['detail']}",
+            f"the job was lost: {codes['job-lost'].detail}",
             "stopping condition job-lost",
             "problem",
         )
@@ -122,16 +128,18 @@ def _lost_row(ctx: RunContext, codes: dict[str, Any], follows: Follows) -> dict[
     )
 
 
-def _drift_row(ctx: RunContext, codes: dict[str, Any]) -> dict[str, str]:
+def _drift_row(ctx: RunContext) -> dict[str, str]:
+    from remotemac.engine.drift import DriftSummary
+
     q = "Did a package update change the environment during the run (drift)?"
-    drift = ctx.drift or {"checks": [], "drifts": [], "torch": []}
-    whens = sorted({c["when"] for c in drift["checks"] if c.get("when")})
+    drift = ctx.drift or DriftSummary()
+    whens = sorted({c.when for c in drift.checks if c.when})
     how = (
         "the environment's fingerprint (Python, OS version, venv package set and its hash, "
         "torch) at launch compared with the host's " + (" and ".join(whens) or "—")
     )
     evidence = "env/drift.jsonl; environment.drift in acceptance.json"
-    if not drift["checks"]:
+    if not drift.checks:
         return _row(
             q,
             "fingerprint at launch only",
@@ -139,15 +147,15 @@ def _drift_row(ctx: RunContext, codes: dict[str, Any]) -> dict[str, str]:
             evidence,
             "not-tested",
         )
-    if not drift["drifts"]:
+    if not drift.drifts:
         return _row(q, how, "no drift", evidence, "ok")
-    text = "; ".join(d["detail"] for d in drift["drifts"][:4])
-    if drift["torch"]:
+    text = "; ".join(d.detail for d in drift.drifts[:4])
+    if drift.torch:
         return _row(q, how, f"torch changed (environment-drift): {text}", evidence, "problem")
     return _row(q, how, f"changed, not torch (a warning): {text}", evidence, "warning")
 
 
-def _disk_row(ctx: RunContext, codes: dict[str, Any], follows: Follows) -> dict[str, str]:
+def _disk_row(ctx: RunContext, follows: Follows) -> dict[str, str]:
     q = "What happens when the disk fills up?"
     min_free = int(ctx.playbook.stop_when.min_free_disk)
     how = (
@@ -178,12 +186,9 @@ def _disk_row(ctx: RunContext, codes: dict[str, Any], follows: Follows) -> dict[
     return _row(q, how, result, "disk in status/<label>.json", "warning" if warned else "ok")
 
 
-def _reproduce_row(
-    ctx: RunContext, record: dict[str, Any], codes: dict[str, Any]
-) -> dict[str, str]:
+def _reproduce_row(ctx: RunContext, again: Reproducibility | None, codes: Codes) -> dict[str, str]:
     q = "Does the workflow reproduce after a fresh process?"
-    again = (record.get("observations") or {}).get("reproducibility")
-    if not ctx.playbook.reproduce or not again:
+    if not ctx.playbook.reproduce or again is None:
         return _row(
             q,
             "reproduce: false",
@@ -191,18 +196,19 @@ def _reproduce_row(
             "—",
             "not-tested",
         )
-    files = again.get("files") or []
-    ok = sum(1 for f in files if f.get("ok"))
+    files = again.files
+    ok = sum(1 for f in files if f.ok)
     how = (
         "reproduce: the target ran a second time in a fresh process (freshly activated venv) "
         "and both outputs were compared with the same tolerances"
     )
-    evidence = f"results/{again.get('first')} vs results/{again.get('second')}"
-    if again.get("reproduces"):
+    evidence = f"results/{again.first} vs results/{again.second}"
+    if again.reproduces:
         return _row(
             q, how, f"reproduces: {ok} of {len(files)} files within tolerance", evidence, "ok"
         )
-    detail = codes.get("not-reproducible", {}).get("detail") or "no file compared"
+    met = codes.get("not-reproducible")
+    detail = (met.detail if met else None) or "no file compared"
     return _row(
         q,
         how,

@@ -19,7 +19,7 @@ from remotemac.engine.hostpython import (
     host_tags,
     version_request,
 )
-from remotemac.engine.phaseresults import ProvisionHost
+from remotemac.engine.phaseresults import Interpreter, Probe, ProvisionHost
 from remotemac.engine.pincheck import check_pin, pins
 from remotemac.engine.projectfiles import project_upload
 from remotemac.engine.runtime import install_method
@@ -118,8 +118,8 @@ async def provision_host(ctx: RunContext, binding: HostBinding) -> ProvisionHost
         paths=prepared.paths,
         venv_python=venv_python,
         venv_reused=venv.reused,
-        probe=probe,
-        interpreter=venv.described(brought),
+        probe=Probe.from_json(probe),
+        interpreter=Interpreter.from_json(venv.described(brought)),
         project_files=len(files),
         project_bytes=len(archive),
         lock_hash=hashlib.sha256(req_bytes).hexdigest() if req_bytes else None,
@@ -329,12 +329,12 @@ def project_revision(project_dir: Path) -> ProjectRevision:
     return ProjectRevision(commit, bool(status))
 
 
-def resolve_device(device: str, probe: JsonObject) -> str:
+def resolve_device(device: str, probe: Probe) -> str:
     """``auto`` → mps, else cuda, else cpu, by what the host's torch can do."""
     if device != "auto":
         return device
-    if probe.get("mps_available"):
+    if probe.mps_available:
         return "mps"
-    if probe.get("cuda_available"):
+    if probe.cuda_available:
         return "cuda"
     return "cpu"

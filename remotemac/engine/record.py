@@ -5,18 +5,31 @@ from __future__ import annotations
 import json
 import shlex
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from remotemac.acceptance.markdown import ENV_FACT_KEYS
-from remotemac.acceptance.observations import Memory, Observations, Operators, ResultsSeen
-from remotemac.engine.context import RunContext, Side
+from remotemac.acceptance.observations import (
+    Memory,
+    Observations,
+    Operators,
+    ProcessSeen,
+    ResultsSeen,
+)
+from remotemac.agent.protocol import JsonObject
+from remotemac.engine.context import Continuity, RunContext, Side
+from remotemac.engine.drift import DriftSummary
+from remotemac.engine.jsonpart import JsonPart, json_of
 from remotemac.engine.ledger import REDACTED, redact
 from remotemac.engine.phaseresults import (
     NOT_LAUNCHED,
     CompareResult,
+    Condition,
+    Drill,
     ProvisionResult,
     RecordResult,
+    Reproducibility,
     SyncHost,
     SyncResult,
     WipeResult,
@@ -54,29 +67,33 @@ def compare_results(ctx: RunContext) -> CompareResult:
             f"{ctx.playbook.outputs.path})",
         )
     else:
-        found = compare_outputs(results / ref.label, results / tgt.label, rules).to_dict()
-        outcome = CompareResult(within_tolerance=found["within_tolerance"], files=found["files"])
-        ok = sum(1 for f in outcome.files if f.get("ok"))
+        found = CompareResult.from_json(
+            compare_outputs(results / ref.label, results / tgt.label, rules).to_dict()
+        )
+        outcome = CompareResult(within_tolerance=found.within_tolerance, files=found.files)
+        ok = sum(1 for f in outcome.files if f.ok)
         outcome.summary = f"{ok}/{len(outcome.files)} files within tolerance"
-        skipped = [f for f in outcome.files if f.get("ok") is None]
+        skipped = [f for f in outcome.files if f.ok is None]
         if skipped:
             outcome.summary += f"; {len(skipped)} not compared: " + "; ".join(
-                f"{f['path']}: {f.get('not_compared')}" for f in skipped[:3]
+                f"{f.path}: {f.not_compared}" for f in skipped[:3]
             )
-        converted = [f["path"] for f in outcome.files if f.get("converted")]
+        converted = [f.path for f in outcome.files if f.converted]
         if converted:
             outcome.converted = converted
     if tgt is not None and again is not None:
         # the same rules, target against target: does the workflow reproduce on this machine?
-        twice = compare_outputs(results / tgt.label, results / again.label, rules).to_dict()
-        outcome.reproducibility = {
-            "reproduces": twice["within_tolerance"],
-            "first": tgt.label,
-            "second": again.label,
-            "files": twice["files"],
-        }
-        ok = sum(1 for f in twice["files"] if f.get("ok"))
-        outcome.summary += f"; reproduce: {ok}/{len(twice['files'])} files"
+        twice = CompareResult.from_json(
+            compare_outputs(results / tgt.label, results / again.label, rules).to_dict()
+        )
+        outcome.reproducibility = Reproducibility(
+            reproduces=twice.within_tolerance,
+            first=tgt.label,
+            second=again.label,
+            files=twice.files,
+        )
+        ok = sum(1 for f in twice.files if f.ok)
+        outcome.summary += f"; reproduce: {ok}/{len(twice.files)} files"
     return outcome
 
 
@@ -84,7 +101,7 @@ def _any_file(directory: Path) -> bool:
     return directory.is_dir() and any(p.is_file() for p in directory.rglob("*"))
 
 
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
+def read_jsonl(path: Path) -> list[JsonObject]:
     """The rows of a JSON-lines file (metrics, ledger); a torn line left out, none when missing."""
     if not path.exists():
         return []
@@ -97,6 +114,26 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
+@dataclass
+class Sample(JsonPart):
+    """One row of the runner's ``<label>.rss.jsonl`` (or an older run's harness
+    ``<label>.metrics.jsonl``): when, the job's memory by each measure, and how far the
+    job had got (torch imported: ``observed``; optimizer ``steps``)."""
+
+    t: float = 0.0
+    rss_bytes: float | None = None
+    own_bytes: float | None = None
+    own_kind: str | None = None
+    mps_driver_allocated_bytes: float | None = None
+    source: str | None = None
+    observed: int | None = None
+    steps: int | None = None
+
+
+def read_samples(path: Path) -> list[Sample]:
+    return [Sample.from_json(r) for r in read_jsonl(path)]
+
+
 #: the memory trend's warm-up ends after this many optimizer steps, when they are known
 WARMUP_STEPS = 5
 
@@ -104,9 +141,9 @@ WARMUP_STEPS = 5
 def warmup_hints(logs: Path, label: str) -> dict[str, float | None]:
     """When the job had imported torch and taken its first optimizer steps (the runner's
     ``observed``/``steps`` columns), for the memory trend's warm-up."""
-    rows = read_jsonl(logs / f"{label}.rss.jsonl")
-    active = next((float(r["t"]) for r in rows if (r.get("observed") or 0) > 0), None)
-    warm = next((float(r["t"]) for r in rows if (r.get("steps") or 0) >= WARMUP_STEPS), None)
+    rows = read_samples(logs / f"{label}.rss.jsonl")
+    active = next((float(r.t) for r in rows if (r.observed or 0) > 0), None)
+    warm = next((float(r.t) for r in rows if (r.steps or 0) >= WARMUP_STEPS), None)
     return {"active_from": active, "warm_at": warm}
 
 
@@ -114,9 +151,11 @@ def memory_samples(logs: Path, label: str) -> tuple[list[tuple[float, float]], s
     """(t, bytes) of the job and what they measure: Metal's driver memory summed over the
     observed processes on MPS, else RSS summed over the job's process tree (the runner's
     samples; an older run's harness metrics when that is all there is)."""
-    rows = read_jsonl(logs / f"{label}.rss.jsonl") or read_jsonl(logs / f"{label}.metrics.jsonl")
-    kinds = {r.get("own_kind") for r in rows}
-    if any(r.get("mps_driver_allocated_bytes") for r in rows):
+    rows = read_samples(logs / f"{label}.rss.jsonl") or read_samples(
+        logs / f"{label}.metrics.jsonl"
+    )
+    kinds = {r.own_kind for r in rows}
+    if any(r.mps_driver_allocated_bytes for r in rows):
         key, source = "mps_driver_allocated_bytes", "mps-driver"
     elif rows and len(kinds) == 1 and None not in kinds:
         # the job's own use in every sample: PSS (Linux) or phys_footprint (macOS), where
@@ -128,20 +167,42 @@ def memory_samples(logs: Path, label: str) -> tuple[list[tuple[float, float]], s
     else:
         key = "rss_bytes"
         source = (
-            "process-tree-rss"
-            if any(r.get("source") == "process-tree" for r in rows)
-            else "process-rss"
+            "process-tree-rss" if any(r.source == "process-tree" for r in rows) else "process-rss"
         )
-    return [(float(r["t"]), float(r[key])) for r in rows if r.get(key)], source
+    measured = ((r.t, getattr(r, key)) for r in rows)
+    return [(float(t), float(b)) for t, b in measured if b], source
 
 
-def _harness(logs: Path, label: str) -> dict[str, Any]:
-    """What the job's in-process observer wrote (``<label>.obs.json``), empty without one."""
+@dataclass
+class Harness(JsonPart):
+    """What the job's in-process observer wrote (``<label>.obs.json``): whether torch was
+    imported, where the tensors were, the operators that fell back or failed, the
+    processes, its own high-water mark and the stopping conditions it saw."""
+
+    torch_version: str | None = None
+    torch_imported: bool | None = None
+    tensors_on_device: bool | None = None
+    operators: dict[str, list[Any] | None] | None = None
+    processes: list[JsonObject] | None = None
+    peak_rss_bytes: int | None = None
+    stopping_conditions: list[Condition] | None = None
+
+    PARTS = {"stopping_conditions": Condition}
+
+    @property
+    def torch_seen(self) -> bool:
+        """A job that never imported torch showed nothing about operators or devices."""
+        return bool(self.torch_version or self.torch_imported)
+
+
+def _harness(logs: Path, label: str) -> Harness | None:
+    """What the job's in-process observer wrote (``<label>.obs.json``), None without one."""
     obs_file = logs / f"{label}.obs.json"
-    return json.loads(obs_file.read_text()) if obs_file.exists() else {}
+    data = json.loads(obs_file.read_text()) if obs_file.exists() else {}
+    return Harness.from_json(data) if data else None
 
 
-def _memory(logs: Path, label: str, harness: dict[str, Any]) -> Memory:
+def _memory(logs: Path, label: str, harness: Harness | None) -> Memory:
     """The job's memory: the trend of its samples, their source, and the peaks."""
     from remotemac.acceptance.decide import memory_stable
 
@@ -155,8 +216,8 @@ def _memory(logs: Path, label: str, harness: dict[str, Any]) -> Memory:
     figures["source"] = source if samples else None
     # a sample every 0.5 s can miss a short spike; each process's own high-water mark
     # (ru_maxrss, reported by its observer) cannot
-    summed_rss = [int(r.get("rss_bytes") or 0) for r in read_jsonl(logs / f"{label}.rss.jsonl")]
-    own_peak = int(harness.get("peak_rss_bytes") or 0)
+    summed_rss = [int(r.rss_bytes or 0) for r in read_samples(logs / f"{label}.rss.jsonl")]
+    own_peak = int((harness.peak_rss_bytes if harness else None) or 0)
     rss_peak = max(summed_rss + [own_peak])
     figures["rss_peak_bytes"] = rss_peak or None
     if samples and source != "mps-driver":
@@ -168,25 +229,29 @@ def _memory(logs: Path, label: str, harness: dict[str, Any]) -> Memory:
     return memory
 
 
-def observe(harness: dict[str, Any], memory: Memory, compare: CompareResult) -> Observations:
+def observe(harness: Harness | None, memory: Memory, compare: CompareResult) -> Observations:
     """The record's observations from the observer's report, the memory and the compare."""
     # a job that never imported torch showed nothing about operators or devices:
     # "not observed", never an empty list that reads as "pass"
-    torch_seen = bool(harness.get("torch_version") or harness.get("torch_imported"))
-    operators = (harness.get("operators") or {}) if torch_seen else {}
+    torch_seen = harness is not None and harness.torch_seen
+    operators = harness.operators if harness is not None and torch_seen else None
     return Observations(
-        tensors_on_device=harness.get("tensors_on_device") if torch_seen else None,
-        operators=Operators.from_dict(operators),
+        tensors_on_device=harness.tensors_on_device if harness and torch_seen else None,
+        operators=Operators.from_dict(operators or {}),
         torch_imported=torch_seen if harness else None,
         memory=memory,
-        processes=harness.get("processes"),
+        processes=[ProcessSeen.from_json(p) for p in harness.processes]
+        if harness and harness.processes is not None
+        else None,
         # whole-model pickles the host turned into tensors after the job: ``converted``
-        results=ResultsSeen(compare.within_tolerance, compare.files, compare.converted or []),
-        reproducibility=compare.reproducibility,
+        results=ResultsSeen(
+            compare.within_tolerance, [f.to_json() for f in compare.files], compare.converted or []
+        ),
+        reproducibility=json_of(compare.reproducibility),
     )
 
 
-def _observations(ctx: RunContext) -> tuple[Observations, list[dict[str, Any]]]:
+def _observations(ctx: RunContext) -> tuple[Observations, list[Condition]]:
     """What the target job showed, and the stopping conditions met while it ran."""
     tgt = ctx.side("target")
     assert tgt is not None
@@ -195,17 +260,16 @@ def _observations(ctx: RunContext) -> tuple[Observations, list[dict[str, Any]]]:
     compare = ctx.result(Phase.COMPARE) or CompareResult()
     observations = observe(harness, _memory(logs, tgt.label, harness), compare)
     # fallback ops are judged against stop_when.fallback_ops by the record builder
-    conditions = [
-        c for c in harness.get("stopping_conditions") or [] if c.get("code") != "fallback-op"
-    ]
+    seen = (harness.stopping_conditions if harness else None) or []
+    conditions = [c for c in seen if c.code != "fallback-op"]
     conditions += _cuda_conditions(ctx, logs, tgt)
     conditions += _job_conditions(ctx, logs)
-    conditions += _reproduce_conditions(observations)
+    conditions += _reproduce_conditions(compare.reproducibility)
     conditions += _drift_conditions(ctx)
     return observations, conditions
 
 
-def _cuda_conditions(ctx: RunContext, logs: Path, tgt: Side) -> list[dict[str, Any]]:
+def _cuda_conditions(ctx: RunContext, logs: Path, tgt: Side) -> list[Condition]:
     """The target's log; a reference that failed on a CUDA path (its target then not
     launched) shows the same dependency in its own log: the workload needs CUDA anywhere."""
     from remotemac.acceptance.cudalog import scan_log
@@ -218,70 +282,68 @@ def _cuda_conditions(ctx: RunContext, logs: Path, tgt: Side) -> list[dict[str, A
         return []
     first = cuda_hits[0]
     return [
-        {
-            "code": "cuda-dependency",
-            "detail": f"{first['why']}: line {first['line_no']} of {first['log']}: {first['line']}",
-            "lines": cuda_hits,
-        }
+        Condition(
+            code="cuda-dependency",
+            detail=f"{first['why']}: line {first['line_no']} of {first['log']}: {first['line']}",
+            extra={"lines": cuda_hits},
+        )
     ]
 
 
-def _job_conditions(ctx: RunContext, logs: Path) -> list[dict[str, Any]]:
+def _job_conditions(ctx: RunContext, logs: Path) -> list[Condition]:
     """A job stopped before the volume was full, or one that did not finish."""
-    conditions: list[dict[str, Any]] = []
+    conditions: list[Condition] = []
     for side in ctx.sides:
         follow = ctx.follow_result(side.role)
         if follow is None:
             continue
         if follow.state == "storage-limit":
             conditions.append(
-                {
-                    "code": "storage-limit",
-                    "detail": f"{side.role} job stopped cleanly before the volume "
+                Condition(
+                    code="storage-limit",
+                    detail=f"{side.role} job stopped cleanly before the volume "
                     f"was full: {follow.reason}",
-                }
+                )
             )
         elif follow.state not in ("finished", NOT_LAUNCHED):
             line = last_error_line(logs / f"{side.label}.log")
             conditions.append(
-                {
-                    "code": "workload-failed",
-                    "detail": f"{side.role} job {follow.state} with exit "
+                Condition(
+                    code="workload-failed",
+                    detail=f"{side.role} job {follow.state} with exit "
                     f"{follow.exit_code}" + (f": {line}" if line else ""),
-                }
+                )
             )
     return conditions
 
 
-def _reproduce_conditions(observations: Observations) -> list[dict[str, Any]]:
-    again = observations.reproducibility
-    if not again or again.get("reproduces") is not False:
+def _reproduce_conditions(again: Reproducibility | None) -> list[Condition]:
+    if again is None or again.reproduces is not False:
         return []
-    bad = [f for f in again.get("files") or [] if not f.get("ok")]
-    first = bad[0] if bad else {}
+    bad = [f for f in again.files if not f.ok]
+    path, detail = (bad[0].path, bad[0].detail) if bad else (None, None)
     return [
-        {
-            "code": "not-reproducible",
-            "detail": f"a second run of the target in a fresh process gave "
-            f"different outputs: {first.get('path')} "
-            f"{first.get('detail') or ''}".strip(),
-        }
+        Condition(
+            code="not-reproducible",
+            detail=f"a second run of the target in a fresh process gave "
+            f"different outputs: {path} "
+            f"{detail or ''}".strip(),
+        )
     ]
 
 
-def _drift_conditions(ctx: RunContext) -> list[dict[str, Any]]:
+def _drift_conditions(ctx: RunContext) -> list[Condition]:
     """torch changed on a host since launch (the drift check's findings)."""
     from remotemac.engine.drift import drift_summary, load_drift
 
     drift = drift_summary(load_drift(ctx.out_dir))
     ctx.drift = drift
     return [
-        {
-            "code": "environment-drift",
-            "detail": f"{change['host']}: torch changed since launch "
-            f"({change['when']}): {change['detail']}",
-        }
-        for change in drift["torch"]
+        Condition(
+            code="environment-drift",
+            detail=f"{change.host}: torch changed since launch ({change.when}): {change.detail}",
+        )
+        for change in drift.torch
     ]
 
 
@@ -357,32 +419,31 @@ def record_command(ctx: RunContext) -> str:
     return redact(command, hidden)
 
 
-def _environment(ctx: RunContext) -> dict[str, Any]:
+def _environment(ctx: RunContext) -> JsonObject:
     """Each side's freeze (env/<role>.json) and what differs between them that matters."""
     prov = ctx.result(Phase.PROVISION) or ProvisionResult()
     dataset = _dataset(ctx)
-    sides = {}
+    sides: dict[str, JsonObject] = {}
     for side in ctx.sides:
         if side.role == "reproduce":
             continue  # the target's environment, once more
         host = prov.host(side.host_key)
-        frozen = dict(host.probe or {})
-        packages = frozen.pop("packages", None)
+        probe = host.probe
         sides[side.role] = {
             "host": ctx.hosts[side.host_key].transport.name,
             "device": prov.devices.get(side.role),
-            **{k: frozen.get(k) for k in (*ENV_FACT_KEYS, "cuda_available")},
+            **{k: probe.fact(k) for k in (*ENV_FACT_KEYS, "cuda_available")},
             "lock_hash": host.lock_hash,
             # which Python the venv was made from; ``brought``: remotemac brought it
-            "interpreter": host.interpreter,
+            "interpreter": json_of(host.interpreter),
             "project": prov.project,
             "dataset_revision": dataset.revision,
             "command": record_command(ctx),
             "pytorch_env": {
-                **frozen.get("pytorch_env", {}),
+                **(probe.pytorch_env if probe.pytorch_env is not None else {}),
                 **{k: v for k, v in record_env(ctx).items() if k.startswith("PYTORCH_")},
             },
-            "packages": packages,
+            "packages": probe.packages,
         }
     env_dir = ctx.out_dir / "env"
     env_dir.mkdir(exist_ok=True)
@@ -392,9 +453,9 @@ def _environment(ctx: RunContext) -> dict[str, Any]:
     if "reference" in sides and "target" in sides:
         ref, tgt = sides["reference"], sides["target"]
         for key in ENV_MISMATCH_KEYS:
-            if ref.get(key) != tgt.get(key):
-                mismatches.append({"key": key, "reference": ref.get(key), "target": tgt.get(key)})
-        a, b = ref.get("packages") or {}, tgt.get("packages") or {}
+            if ref[key] != tgt[key]:
+                mismatches.append({"key": key, "reference": ref[key], "target": tgt[key]})
+        a, b = ref["packages"] or {}, tgt["packages"] or {}
         for name in sorted(set(a) | set(b)):
             if name not in ("torch", "numpy") and a.get(name) != b.get(name):
                 mismatches.append(
@@ -403,12 +464,11 @@ def _environment(ctx: RunContext) -> dict[str, Any]:
     brief = {
         role: {k: v for k, v in data.items() if k != "packages"} for role, data in sides.items()
     }
-    drift = ctx.drift or {"checks": [], "drifts": [], "torch": []}
+    drift = ctx.drift or DriftSummary()
     return {
-        "reference": brief.get("reference"),
-        "target": brief.get("target"),
+        **{role: brief.get(role) for role in ("reference", "target")},
         "mismatches": mismatches,
-        "drift": {"checks": drift["checks"], "warnings": drift["drifts"]},
+        "drift": drift.record_form(),
     }
 
 
@@ -416,20 +476,13 @@ def _dataset(ctx: RunContext) -> SyncHost:
     return (ctx.result(Phase.SYNC) or SyncResult()).dataset()
 
 
-def _deadman_guard(sync: SyncHost) -> dict[str, Any] | None:
+def _deadman_guard(sync: SyncHost) -> JsonObject | None:
     """Which dead-man guard held for the run (agent/deadman.py's job), or None without
     ``wipe_deadline``: launchd in the domain ``launchctl print`` found it in, or the sleeper."""
-    job = sync.deadman
-    if not isinstance(job, dict) or not job.get("method"):
-        return None
-    if job["method"] == "launchd":
-        keys: tuple[str, ...] = ("method", "domain", "verified", "label", "deadline")
-    else:
-        keys = ("method", "pid", "deadline")
-    return {k: job.get(k) for k in keys}
+    return sync.deadman.guard() if sync.deadman is not None else None
 
 
-def _decision_context(ctx: RunContext) -> dict[str, Any]:
+def _decision_context(ctx: RunContext) -> JsonObject:
     """The playbook's purpose plus the CUDA-only dependencies the audit finds in the project."""
     purpose = ctx.playbook.purpose
     blockers: list[str] = []
@@ -464,19 +517,21 @@ def _decision_context(ctx: RunContext) -> dict[str, Any]:
     }
 
 
-def continuity(ctx: RunContext) -> dict[str, Any]:
+def continuity(ctx: RunContext) -> Continuity:
     """Disconnects and reconnects over the whole run (earlier processes included), and the drill."""
     from remotemac.engine.jobs import continuity_totals
 
-    totals = continuity_totals(ctx, ctx.link_tally, ctx.carried_phases)
-    if ctx.drills and not isinstance(totals.get("drill"), dict):
-        totals["drill"] = {
-            "kind": "disconnect",
-            "by": "tui",
-            "cuts": len(ctx.drills),
-            "dropped": sum(1 for d in ctx.drills if d.get("dropped")),
-            "at": [d.get("at") for d in ctx.drills],
-        }
+    totals = Continuity.of(continuity_totals(ctx, ctx.link_tally, ctx.carried_phases))
+    if ctx.drills and not isinstance(totals.drill, Drill):
+        totals.drill = Drill.from_json(
+            {
+                "kind": "disconnect",
+                "by": "tui",
+                "cuts": len(ctx.drills),
+                "dropped": sum(1 for d in ctx.drills if d.dropped),
+                "at": [d.at for d in ctx.drills],
+            }
+        )
     ctx.continuity = totals
     return totals
 
@@ -494,7 +549,7 @@ def reproduce_command(ctx: RunContext) -> str:
     return " ".join(shlex.quote(p) for p in parts)
 
 
-def caches(ctx: RunContext) -> list[dict[str, Any]]:
+def caches(ctx: RunContext) -> list[JsonObject]:
     """The caches the workload was pointed at (inside the run dir, so wiped with it)."""
     from remotemac.engine.jobs import CACHE_VARS
 
@@ -527,7 +582,7 @@ def caches(ctx: RunContext) -> list[dict[str, Any]]:
     ]
 
 
-def divergence(ctx: RunContext) -> dict[str, Any] | None:
+def divergence(ctx: RunContext) -> JsonObject | None:
     """Where the target first diverges from the reference, from the two pulled traces
     (``workload.trace``); the tolerance is the first compare rule's that gives one."""
     from remotemac.acceptance.compare import FLOAT32_TOL
@@ -559,7 +614,7 @@ async def write_acceptance(ctx: RunContext, lost: str | None = None) -> RecordRe
 
     observations, conditions = _observations(ctx)
     if lost:
-        conditions.append({"code": "job-lost", "detail": lost})
+        conditions.append(Condition(code="job-lost", detail=lost))
     row = ctx.journal.get_run(ctx.run_id)
     started = row.created_at if row else time.time()
     finished = time.time()
@@ -574,7 +629,7 @@ async def write_acceptance(ctx: RunContext, lost: str | None = None) -> RecordRe
         started_at=_iso(started),
         finished_at=_iso(finished),
         observations=observations,
-        stopping_conditions=conditions,
+        stopping_conditions=[c.to_json() for c in conditions],
         stop_when=ctx.playbook.stop_when.model_dump(),
         environment=_environment(ctx),
         context=_decision_context(ctx),
@@ -584,11 +639,7 @@ async def write_acceptance(ctx: RunContext, lost: str | None = None) -> RecordRe
             "bytes": sync.bytes,
             "encrypted": sync.encrypted,
         },
-        continuity={
-            "disconnects": counters.get("disconnects", 0),
-            "reconnects": counters.get("reconnects", 0),
-            "drill": counters.get("drill", ctx.options.drill),
-        },
+        continuity=counters.record_form(),
         cost={
             "hours": round(hours, 4),
             "hourly_rate": cost.hourly_rate,
@@ -599,16 +650,14 @@ async def write_acceptance(ctx: RunContext, lost: str | None = None) -> RecordRe
         caches=caches(ctx),
         deadman=_deadman_guard(sync),
     )
-    record["process_behaviour"] = process_behaviour(ctx, record)
+    met = [Condition.from_json(c) for c in record["stopping_conditions"]]
+    again = (ctx.result(Phase.COMPARE) or CompareResult()).reproducibility
+    record["process_behaviour"] = process_behaviour(ctx, met, counters, again)
     record["cpu"] = _cpu(ctx)
     if ctx.playbook.workload.trace is not None:
         record["divergence"] = divergence(ctx)
     write_record(ctx.out_dir, record)
-    return RecordResult(
-        verdict=record["verdict"],
-        summary=record["verdict"],
-        conditions=record["stopping_conditions"],
-    )
+    return RecordResult(verdict=record["verdict"], summary=record["verdict"], conditions=met)
 
 
 def update_record_wipe(ctx: RunContext, wipe: WipeResult) -> None:
@@ -624,7 +673,7 @@ def update_record_wipe(ctx: RunContext, wipe: WipeResult) -> None:
     write_record(ctx.out_dir, record)
 
 
-def _cpu(ctx: RunContext) -> dict[str, Any]:
+def _cpu(ctx: RunContext) -> JsonObject:
     from remotemac.engine.cpuusage import run_cpu
 
     return run_cpu(ctx.cpu_start, [b.agent for b in ctx.hosts.values()])

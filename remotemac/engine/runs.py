@@ -9,10 +9,11 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
-from remotemac.engine.phaseresults import WipeResult, from_journal
+from remotemac.agent.protocol import JsonObject
+from remotemac.engine.phaseresults import PhaseRow, WipeResult, from_journal
 from remotemac.errors import BadInput
 from remotemac.journal import Journal, RunRow
 from remotemac.phases import Phase
@@ -27,7 +28,7 @@ def register_run(
     *,
     source: Playbook | None = None,
     host: str | None = None,
-    options: dict[str, Any] | None = None,
+    options: JsonObject | None = None,
 ) -> None:
     """Record a new run; ``source`` is the playbook file's model when ``playbook`` is derived."""
     origin = source or playbook
@@ -234,7 +235,7 @@ def forgettable_runs(journal: Journal, texts: list[str], before: str | None) -> 
 _DONE_WORD = {"pull": "pulled", "wipe": "wiped"}
 
 
-def outputs_kept_by_wipe(phases: dict[str, dict]) -> bool:
+def outputs_kept_by_wipe(phases: Mapping[str, JsonObject]) -> bool:
     """Whether the run's wipe ran but kept its outputs on the host, not yet verified here
     (a wipe after a failed or refused pull, or one by hand before the pull).
     Whether the pull has been done since is for the caller to look at.
@@ -242,11 +243,9 @@ def outputs_kept_by_wipe(phases: dict[str, dict]) -> bool:
     Such outputs are for ``pull``/``attach`` to get (the one rule of docs/contract.md,
     "What survives a failure"): they are not "gone", and once they are verified on the
     laptop the wipe runs again to remove them."""
-    wipe = phases.get("wipe") or {}
-    result = WipeResult.from_row(wipe)
-    return (
-        wipe.get("state") == "done" and result.done is not False and result.outputs_wiped is False
-    )
+    wipe = PhaseRow.of(phases.get(Phase.WIPE))
+    result = WipeResult.from_json(wipe.result or {})
+    return wipe.done and result.done is not False and result.outputs_wiped is False
 
 
 def phase_already_done(journal: Journal, run_id: str, phase: str) -> str | None:
@@ -259,9 +258,9 @@ def phase_already_done(journal: Journal, run_id: str, phase: str) -> str | None:
     phases = journal.phases(run_id)
 
     def done(name: str) -> bool:  # a wipe kept by ``wipe: manual`` is "done" but did nothing
-        info = phases.get(name) or {}
-        kept = name == Phase.WIPE and WipeResult.from_row(info).done is False
-        return info.get("state") == "done" and not kept
+        row = PhaseRow.of(phases.get(name))
+        kept = name == Phase.WIPE and WipeResult.from_json(row.result or {}).done is False
+        return row.done and not kept
 
     if phase == "pull" and done("wipe") and not outputs_kept_by_wipe(phases):
         raise BadInput(
@@ -272,8 +271,7 @@ def phase_already_done(journal: Journal, run_id: str, phase: str) -> str | None:
         return None
     if phase == "wipe" and outputs_kept_by_wipe(phases) and done("pull"):
         return None  # the outputs it kept are verified here now: they go too
-    info = phases[phase]
-    summary = from_journal(phase, info.get("result") or {}).line
+    summary = from_journal(phase, PhaseRow.of(phases[phase]).result or {}).line
     return (
         f"run {run_id} is already {_DONE_WORD.get(phase, phase + ' done')}"
         + (f" ({summary})" if summary else "")

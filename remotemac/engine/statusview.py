@@ -13,8 +13,9 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
+from remotemac.agent.protocol import JsonObject
+from remotemac.engine.jsonpart import JsonPart
 from remotemac.engine.runs import resolve_run_id, shown_state
 from remotemac.journal import Journal, RunRow
 from remotemac.transport.options import SSHOptions
@@ -42,7 +43,7 @@ class RunLine:
     def state_word(self) -> str:
         return run_word(self.shown)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         """``status --json``: one object per run."""
         r = self.row
         return {
@@ -77,22 +78,36 @@ class PhaseLine:
 
 
 @dataclass
-class LiveView:
-    """What the run's host said its jobs are doing (``status``, the TUI's poll)."""
+class LiveSide(JsonPart):
+    """What the host said of one side's job: its state, exit code, heartbeat, log size."""
 
-    answered: bool
-    sides: dict[str, dict[str, Any]] = field(default_factory=dict)
+    state: str | None = None
+    exit_code: int | None = None
+    heartbeat_age_s: float | None = None
+    log_bytes: int | None = None
+    tmux: bool | None = None
+
+
+@dataclass
+class LiveView(JsonPart):
+    """What the run's host said its jobs are doing (``status``, the TUI's poll); its
+    JSON form is ``status RUN --json``'s ``live``."""
+
+    answered: bool = False
+    sides: dict[str, LiveSide] = field(default_factory=dict)
     detail: str = ""
+    asked_at: float | None = None
+
+    PART_MAPS = {"sides": LiveSide}
 
     @classmethod
-    def of(cls, answer: dict[str, Any]) -> LiveView:
-        return cls(
-            bool(answer.get("answered")), answer.get("sides") or {}, answer.get("detail") or ""
-        )
+    def of(cls, answer: LiveView | JsonObject) -> LiveView:
+        """The view of an answer (engine/livestatus's, or its JSON form)."""
+        return cls.from_json(answer)
 
     def side_states(self) -> list[tuple[str, str]]:
         """(device label, the job's state) per side the host answered for."""
-        return [(str(label), str(info.get("state"))) for label, info in self.sides.items()]
+        return [(str(label), str(info.state)) for label, info in (self.sides or {}).items()]
 
     def summary(self) -> str:
         """One short line: ``host: mps running, cpu finished`` or that it did not answer."""
@@ -108,17 +123,17 @@ class RunView:
     row: RunRow
     shown: str
     phases: list[PhaseLine]
-    live: dict[str, Any] | None = None
+    live: LiveView | None = None
 
     @property
     def in_flight(self) -> bool:
         """Not ended: its host may say what the job is doing."""
         return self.row.state not in ("finished", "failed")
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         """``status RUN --json``: one object."""
         row = self.row
-        data: dict[str, Any] = {
+        data: JsonObject = {
             "run_id": row.run_id,
             "name": row.name,
             "host": row.host,
@@ -133,7 +148,7 @@ class RunView:
         if row.failed_phase or row.error:
             data.update(failed_phase=row.failed_phase, error=row.error)
         if self.live is not None:
-            data["live"] = self.live
+            data["live"] = self.live.to_json()
         return data
 
     def facts(self, now: float | None = None) -> list[tuple[str, str]]:
@@ -159,7 +174,7 @@ class RunView:
         return facts
 
     def live_view(self) -> LiveView | None:
-        return None if self.live is None else LiveView.of(self.live)
+        return self.live
 
 
 def run_row(journal: Journal, run_id: str) -> RunRow:
@@ -186,7 +201,7 @@ async def ask_live(
     home: Path,
     ssh: SSHOptions | None,
     timeout: float | None = None,
-) -> dict[str, Any]:
+) -> LiveView:
     """What the run's host says its jobs are doing now (read-only, never raises for a
     host that does not answer: ``{"answered": False, "detail": why}``)."""
     from remotemac.engine.livestatus import live_status

@@ -37,7 +37,14 @@ from typing import Any
 from remotemac.data.manifest import HashCache, Manifest
 from remotemac.engine.agentclient import AgentClient
 from remotemac.engine.context import HostBinding, RunContext
-from remotemac.engine.phaseresults import ProvisionHost, SyncHost
+from remotemac.engine.phaseresults import (
+    ProvisionHost,
+    RamStore,
+    RuntimeUsed,
+    Selected,
+    SyncHost,
+    Transfer,
+)
 from remotemac.engine.syncplan import (  # noqa: F401 (MAX_STREAMS ... choose_streams: re-exported)
     MAX_STREAMS,
     PARTIAL_MIN_BYTES,
@@ -110,13 +117,15 @@ async def sync_host(ctx: RunContext, binding: HostBinding, provisioned: Provisio
         bytes=manifest.total_bytes,
         encrypted=encrypted,
         revision=manifest.root_digest,
-        ram=answer.get("ram"),
-        transfer=stats.to_dict(),
-        selection=[{"path": f.path, "size": f.size, "reason": f.reason} for f in selection.files],
+        ram=RamStore.maybe(answer.get("ram")),
+        transfer=Transfer.from_json(stats.to_dict()),
+        selection=[Selected(path=f.path, size=f.size, reason=f.reason) for f in selection.files],
         summary=f"{stats.sent_files} sent, {stats.skipped_files} already on the host"
         + (f", {stats.resumed_files} resumed mid-file" if stats.resumed_files else "")
         + (f", {stats.streams} streams" if stats.streams > 1 else ""),
-        runtime={k: runtime.get(k) for k in ("dir", "reused", "method", "cryptography")}
+        runtime=RuntimeUsed.from_json(
+            {k: runtime.get(k) for k in ("dir", "reused", "method", "cryptography")}
+        )
         if runtime
         else None,
     )

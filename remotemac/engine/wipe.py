@@ -16,10 +16,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
 
-from remotemac.agent.protocol import Message, Op
-from remotemac.engine.agentanswers import DeadmanJob, WipeAnswer
+from remotemac.agent.protocol import JsonObject, Op
+from remotemac.engine.agentanswers import WipeAnswer
 from remotemac.engine.context import HostBinding, RunContext
 from remotemac.engine.phaseresults import SyncResult, WipeResult
 from remotemac.errors import HostError, RemotemacError
@@ -27,25 +26,6 @@ from remotemac.phases import Phase
 
 WIPED_SUBDIRS = ("data", "tmp", "cache", "out")
 KEPT_SUBDIRS = ["project", "logs", "status"]
-
-
-@dataclass
-class RamStore(Message):
-    """The host's RAM store of the run's plaintext, as the sync's result keeps it (``kind``
-    ``tmp``: a tmpfs that goes with the run dir; no ``path``: the data is on disk)."""
-
-    path: str | None = None
-    kind: str | None = None
-    device: str | None = None
-
-
-def _ram(sync: SyncResult, key: str) -> RamStore:
-    return RamStore.from_json(sync.ram(key))
-
-
-def _deadman(sync: SyncResult, key: str) -> DeadmanJob:
-    """The dead-man wipe the sync scheduled on host ``key`` (empty: none)."""
-    return DeadmanJob.from_json(sync.host(key).deadman or {})
 
 
 def _pulled(ctx: RunContext) -> bool:
@@ -58,13 +38,16 @@ def left_on_host(ctx: RunContext, key: str, binding: HostBinding, pulled: bool) 
     left = [f"{binding.run_dir}/{sub}" for sub in WIPED_SUBDIRS]
     left.append(f"{binding.run_dir} (project, logs, status)")
     synced = ctx.result(Phase.SYNC) or SyncResult()
-    ram, deadman = _ram(synced, key), _deadman(synced, key)
+    sync, ram = synced.host(key), synced.ram(key)
     if ram.path and ram.kind != "tmp":
         left.append(
             f"RAM store {ram.path}" + (f" on {ram.device}" if ram.device else "") + " (plaintext)"
         )
-    if deadman.spec:
-        left.append(f"dead-man wipe {deadman.who} ({deadman.spec}), still scheduled")
+    deadman = sync.deadman
+    if deadman is not None and deadman.spec:
+        left.append(
+            f"dead-man wipe {deadman.label or deadman.pid or ''} ({deadman.spec}), still scheduled"
+        )
     left += [f"tmux session {s.session(ctx.run_id)}" for s in ctx.sides if s.host_key == key]
     return left
 
@@ -96,7 +79,7 @@ async def wipe_run(ctx: RunContext) -> WipeResult:
                     "run_id": ctx.run_id,
                     "sessions": sessions,
                     "keep": KEPT_SUBDIRS,
-                    "ram": ram,
+                    "ram": ram.to_json() if ram is not None else None,
                     "wipe_outputs": pulled,
                     "cancel_deadman": True,
                 },
@@ -113,14 +96,13 @@ async def wipe_run(ctx: RunContext) -> WipeResult:
         removed += [f"{name}:{p}" for p in answer.removed]
         remaining += [f"{name}:{p}" for p in answer.remaining]
         verified = verified and bool(answer.verified)
-        store = _ram(sync, key)
-        if store.path:
-            ctx.journal.record_removed(name, "ramstore", store.path)
+        if ram is not None and ram.path:
+            ctx.journal.record_removed(name, "ramstore", ram.path)
         for item in answer.removed:
             if item.startswith("deadman:"):
-                deadman = _deadman(sync, key)
-                if deadman.spec:
-                    ctx.journal.record_removed(name, "deadman", deadman.spec)
+                job = sync.host(key).deadman
+                if job is not None and job.spec:
+                    ctx.journal.record_removed(name, "deadman", job.spec)
         # an independent look through the transport, not only the agent's word
         for sub in WIPED_SUBDIRS:
             if sub == "out" and not pulled:
@@ -176,7 +158,7 @@ def _shred_and_sum_up(
 
 async def schedule_deadman(
     ctx: RunContext, binding: HostBinding, launched_at: float | None = None
-) -> DeadmanJob | None:
+) -> JsonObject | None:
     """Ask the host to wipe this run's data at ``wipe_deadline`` on its own.
 
     Called before the dataset is sent, so no byte of data reaches the host
@@ -188,7 +170,7 @@ async def schedule_deadman(
     if deadline is None or binding.key != "remote" or not binding.run_dir:
         return None
     sessions = [s.session(ctx.run_id) for s in ctx.sides if s.host_key == binding.key]
-    answer = await binding.agent.call(
+    job = await binding.agent.call(
         Op.DEADMAN_SCHEDULE,
         {
             "root": binding.root,
@@ -197,11 +179,8 @@ async def schedule_deadman(
             "sessions": sessions,
         },
     )
-    # the steps go to the ledger; the job, without them, into the sync's result
-    steps = answer.pop("steps", None)
-    ctx.ledger.append_steps(binding.transport.name, "deadman_schedule", steps)
-    job = DeadmanJob.from_json(answer)
-    ctx.journal.record_created(binding.transport.name, "deadman", str(job.spec), ctx.run_id)
+    ctx.ledger.append_steps(binding.transport.name, "deadman_schedule", job.pop("steps", None))
+    ctx.journal.record_created(binding.transport.name, "deadman", job["spec"], ctx.run_id)
     return job
 
 

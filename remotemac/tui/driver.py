@@ -24,7 +24,6 @@ from remotemac.journal import Journal
 from remotemac.settings import LocalSettings
 from remotemac.tui.messages import RunEnded, RunUpdated
 from remotemac.tui.model import LIVE_STATES, RunLive
-from remotemac.units import iso_utc
 
 PROGRESS_EVERY_S = 0.1  # transfer progress repaints at most this often per phase
 REATTACH_WINDOW_S = 7 * 86400  # older in-flight runs are listed, not re-attached
@@ -248,7 +247,7 @@ class RunDriver:
                 continue
             links += 1
             dropped = bool(await owner.drop_connection("dropped on purpose (TUI drill)"))
-            ctx.drills.append({"host": owner.name, "dropped": dropped, "at": iso_utc(time.time())})
+            ctx.note_cut(owner.name, dropped)
             cut += dropped
         if not links:
             raise BadInput(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from remotemac.engine.cleanup import _plan_lines
+from remotemac.engine.cleanup import CleanupRecord, _plan_lines
 
 
 def test_cleanup_dry_run_shows_host_names_escaped():
@@ -19,6 +19,6 @@ def test_cleanup_dry_run_shows_host_names_escaped():
             {"fate": "left alone", "kind": "root", "path": "/r", "why": "holds \x1b[2Jevil"},
         ],
     }
-    text = "\n".join(_plan_lines(record))
+    text = "\n".join(_plan_lines(CleanupRecord.from_json(record)))
     assert "\x1b" not in text and "\x07" not in text
     assert "\\x1b]52" in text or "^[" in text or "\\e" in text  # shown, not obeyed
