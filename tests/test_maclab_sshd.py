@@ -108,7 +108,8 @@ def test_mac_host_sensitive_slice_with_nfd_names_cut_mid_sync_reaches_the_job_wh
     """Simulation: a sensitive slice with café.csv, naïve/ü.npy and 200 shards goes to the
     HFS+-rules RAM disk through cuts of the link while it syncs; the job reads every file
     with the bytes of the manifest, the darwin tools ran (hdiutil, diskutil, caffeinate,
-    ps) and nothing read /proc, and the wipe leaves no volume."""
+    ps) and nothing read /proc, the ledger shows the hdiutil attach and diskutil
+    erasevolume of the cut session that made the RAM disk, and the wipe leaves no volume."""
     data = tmp_path / "slice"
     files = make_slice(data, ODD_NAMES, small=200)
     pb = playbook(mac_host, tmp_path / "pb.yaml", data)
@@ -125,9 +126,26 @@ def test_mac_host_sensitive_slice_with_nfd_names_cut_mid_sync_reaches_the_job_wh
     # the results compared, as in a clean run
     assert record.verdict == "incomplete", record.verdict
     assert "1 of 1 files within tolerance" in (out / "acceptance.md").read_text()
-    commands = [e["command"] for e in ledger(out) if e.get("via") == "agent"]
-    # (the RAM disk was made by a session the cuts ended: its steps are in the
-    # symlinked-root test's ledger, a run nobody cuts)
+    rows = ledger(out)
+    entries = [e for e in rows if e.get("via") == "agent"]
+    commands = [e["command"] for e in entries]
+    # the RAM disk was made by the first session, which the cut ended before its answer
+    # arrived: the session that reused it returned the maker's steps; they are in the
+    # ledger once, marked as made by an earlier session, at the time they ran
+    made = [
+        e
+        for e in entries
+        if e["command"].startswith(("hdiutil attach ", "diskutil erasevolume HFS+ "))
+    ]
+    assert [e["command"].split()[:2] for e in made] == [
+        ["hdiutil", "attach"],
+        ["diskutil", "erasevolume"],
+    ], commands
+    assert {e["op"] for e in made} == {"ramstore:earlier-session"}, made
+    assert all(e["exit_code"] == 0 for e in made), made
+    # at the host's time they ran: before a later session's channel, listed above them
+    before = [e["time"] for e in rows[: rows.index(made[0])] if e["op"] == "sync-data"]
+    assert made[0]["time"] <= made[1]["time"] < max(before), (made, before)
     for tool in (
         "launchctl bootstrap gui/",
         "launchctl bootstrap user/",
