@@ -30,6 +30,39 @@ pytestmark = [pytest.mark.timeout(600), pytest.mark.e2e]
 
 TRAINER = REPO / "tests" / "fixtures" / "projects" / "trainer"
 ODD_NAMES = ("café.csv", "naïve/ü.npy")
+MiB = 1 << 20
+#: the job of the memory test: it double-forks a child that holds CHILD_MIB (its pages
+#: written) and is re-parented once the middle process exits; the job waits for it to
+#: let go, and writes its own peak RSS (the job alone) and the child's ids
+REPARENTING_JOB = """
+import json, os, resource, sys, time
+
+out, mib = sys.argv[1], int(sys.argv[2])
+os.makedirs(out, exist_ok=True)
+middle = os.fork()
+if middle == 0:
+    parent = os.getpid()
+    if os.fork() == 0:
+        while os.getppid() == parent:  # re-parented when the middle process exits
+            time.sleep(0.01)
+        held = bytearray(mib << 20)
+        for i in range(0, len(held), 4096):  # resident: every page written
+            held[i] = 1
+        with open(out + "/child.json", "w") as fh:
+            json.dump({"ppid": os.getppid(), "pgid": os.getpgid(0), "sid": os.getsid(0)}, fh)
+        time.sleep(6)
+        open(out + "/child-done", "w").close()
+    os._exit(0)
+os.waitpid(middle, 0)
+end = time.time() + 60
+while not os.path.exists(out + "/child-done") and time.time() < end:
+    time.sleep(0.05)
+alone = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+with open(out + "/metrics.json", "w") as fh:
+    json.dump({"final_loss": 1.0, "job_alone_rss_bytes": alone, "middle": middle,
+               "pid": os.getpid(), "pgid": os.getpgid(0), "sid": os.getsid(0)}, fh)
+"""
+CHILD_MIB = 160
 
 
 @pytest.fixture
@@ -108,7 +141,8 @@ def test_mac_host_sensitive_slice_with_nfd_names_cut_mid_sync_reaches_the_job_wh
     """Simulation: a sensitive slice with café.csv, naïve/ü.npy and 200 shards goes to the
     HFS+-rules RAM disk through cuts of the link while it syncs; the job reads every file
     with the bytes of the manifest, the darwin tools ran (hdiutil, diskutil, caffeinate,
-    ps) and nothing read /proc, and the wipe leaves no volume."""
+    ps) and nothing read /proc, the ledger shows the hdiutil attach and diskutil
+    erasevolume of the cut session that made the RAM disk, and the wipe leaves no volume."""
     data = tmp_path / "slice"
     files = make_slice(data, ODD_NAMES, small=200)
     pb = playbook(mac_host, tmp_path / "pb.yaml", data)
@@ -125,9 +159,26 @@ def test_mac_host_sensitive_slice_with_nfd_names_cut_mid_sync_reaches_the_job_wh
     # the results compared, as in a clean run
     assert record.verdict == "incomplete", record.verdict
     assert "1 of 1 files within tolerance" in (out / "acceptance.md").read_text()
-    commands = [e["command"] for e in ledger(out) if e.get("via") == "agent"]
-    # (the RAM disk was made by a session the cuts ended: its steps are in the
-    # symlinked-root test's ledger, a run nobody cuts)
+    rows = ledger(out)
+    entries = [e for e in rows if e.get("via") == "agent"]
+    commands = [e["command"] for e in entries]
+    # the RAM disk was made by the first session, which the cut ended before its answer
+    # arrived: the session that reused it returned the maker's steps; they are in the
+    # ledger once, marked as made by an earlier session, at the time they ran
+    made = [
+        e
+        for e in entries
+        if e["command"].startswith(("hdiutil attach ", "diskutil erasevolume HFS+ "))
+    ]
+    assert [e["command"].split()[:2] for e in made] == [
+        ["hdiutil", "attach"],
+        ["diskutil", "erasevolume"],
+    ], commands
+    assert {e["op"] for e in made} == {"ramstore:earlier-session"}, made
+    assert all(e["exit_code"] == 0 for e in made), made
+    # at the host's time they ran: before a later session's channel, listed above them
+    before = [e["time"] for e in rows[: rows.index(made[0])] if e["op"] == "sync-data"]
+    assert made[0]["time"] <= made[1]["time"] < max(before), (made, before)
     for tool in (
         "launchctl bootstrap gui/",
         "launchctl bootstrap user/",
@@ -245,3 +296,36 @@ def test_doctor_on_the_mac_host_says_launchd_guards_in_user_domain_gui_refused(
     assert f"gui/{uid} refused" in row["why"], row
     table = _cli(mac_host, "doctor", mac_host.alias)
     assert "dead-man" in table.stdout and f"user/{uid}" in table.stdout, table.stdout
+
+
+def test_mac_host_memory_counts_a_double_forked_child_re_parented_away_from_the_job(
+    mac_host: LabHost, tmp_path: Path
+):
+    """Simulation: on the Mac-shaped host (no /proc: the runner reads the BSD ``ps``
+    stand-in) the job double-forks a child that holds 160 MiB after its parent exited
+    (re-parented, out of the job's parent-pid tree, still in its process group). The
+    record's memory peak counts the child: it exceeds the job alone (its own peak RSS,
+    which the job reports) by the child's 160 MiB."""
+    project = tmp_path / "project"
+    (project / "src").mkdir(parents=True)
+    (project / "src" / "hold.py").write_text(REPARENTING_JOB)
+    pb = playbook(mac_host, tmp_path / "pb.yaml", tmp_path)
+    doc = yaml.safe_load(pb.read_text())
+    doc["project"] = {"path": str(project)}
+    doc.pop("data")
+    doc["workload"]["command"] = f"cd src && python3 hold.py {{output_dir}} {CHILD_MIB}"
+    pb.write_text(yaml.safe_dump(doc, sort_keys=False))
+    out = tmp_path / "out"
+    proc = _cli(mac_host, "run", str(pb), "--out", str(out))
+    assert proc.returncode in (0, 1), proc.stdout + proc.stderr  # incomplete: no torch
+    target = out / "results" / "cpu-target"
+    job = json.loads((target / "metrics.json").read_text())
+    child = json.loads((target / "child.json").read_text())
+    # re-parented: its parent is neither the middle process nor the job; the job's group
+    assert child["ppid"] not in (job["middle"], job["pid"]), (child, job)
+    assert (child["pgid"], child["sid"]) == (job["pgid"], job["sid"]), (child, job)
+    memory = json.loads((out / "acceptance.json").read_text())["observations"]["memory"]
+    assert memory["source"] == "process-tree-rss", memory
+    assert memory["peak_bytes"] >= job["job_alone_rss_bytes"] + CHILD_MIB * MiB, (memory, job)
+    ps_calls = [json.loads(x)["argv"] for x in mac_host.sshd.mac.read_state("ps.log").splitlines()]  # type: ignore[attr-defined]
+    assert ["-A", "-o", "pid=,ppid=,pgid=,rss="] in ps_calls, ps_calls[:5]

@@ -17,12 +17,14 @@ Python 3.9, standard library only (this module runs on the host).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
 import stat
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 
 from . import safefs
@@ -35,6 +37,9 @@ SECTOR = 512
 _OUTPUT_KEEP = 2000
 _RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
 _ATTACH_DEVICE = re.compile(r"^(/dev/disk\d+)\s", re.MULTILINE)
+_DEVICE = re.compile(r"^/dev/disk\d+$")
+#: the host-side record of how the run's RAM disk was made (in its run dir, until the wipe)
+RECORD = "ramstore.json"
 
 
 class RamStoreError(Exception):
@@ -74,7 +79,7 @@ def create_ram_store(
     run = run or default_run
     platform = platform or sys.platform
     if platform == "darwin":
-        return _create_ramdisk(size_bytes, run_id, run)
+        return _create_ramdisk(size_bytes, run_id, run, run_dir)
     if platform.startswith("linux") and os.path.isdir(shm_root):
         return _create_shm(shm_root, size_bytes, run_id)
     return _create_tmp(run_dir, run_id, platform)
@@ -187,12 +192,13 @@ def ejected(stdout: str, device: str) -> bool:
     return f'"{disk}" ejected.' in stdout
 
 
-def _create_ramdisk(size_bytes: int, run_id: str, run: Runner) -> dict[str, object]:
+def _create_ramdisk(size_bytes: int, run_id: str, run: Runner, run_dir: str) -> dict[str, object]:
     name = f"remotemac-{run_id}"
     mount = f"/Volumes/{name}"
     steps: list[dict[str, object]] = []
     if os.path.ismount(mount):
-        return _info(mount, "ramdisk", None, None, steps, reused=True)
+        device, made = made_earlier(run_dir, mount)
+        return _info(mount, "ramdisk", device, None, made, reused=True)
     sectors = -(-size_bytes // SECTOR)
     code, out, err = _step(
         run, steps, ["hdiutil", "attach", "-nobrowse", "-nomount", f"ram://{sectors}"]
@@ -213,7 +219,45 @@ def _create_ramdisk(size_bytes: int, run_id: str, run: Runner) -> dict[str, obje
         code, out, err = _step(run, steps, argv)
         if code != 0:
             warnings.append(f"could not {what} on {mount}: {_one_line(err or out)}")
+    _keep_record(run_dir, mount, device, steps)
     return _info(mount, "ramdisk", device, "; ".join(warnings) or None, steps)
+
+
+def _keep_record(run_dir: str, mount: str, device: str, steps: list[dict[str, object]]) -> None:
+    """Write how the RAM disk was made to the run dir (``RECORD``), on the host.
+
+    Why: the session that attached it may be cut before its answer reaches the laptop;
+    the next one reuses the volume and, without this record, no ledger would ever show
+    the ``hdiutil attach``/``diskutil erasevolume`` that made it. Best effort: the wipe
+    does not need it (it finds the volume by name).
+    """
+    with contextlib.suppress(OSError):
+        safefs.write_json_atomic(
+            os.path.join(run_dir, RECORD),
+            {
+                "path": mount,
+                "device": device,
+                "steps": [{k: s[k] for k in ("argv", "code", "time")} for s in steps],
+            },
+        )
+
+
+def made_earlier(run_dir: str, mount: str) -> tuple[str | None, list[dict[str, object]]]:
+    """The device and steps of the RAM disk at ``mount`` as its maker recorded them
+    (:func:`_keep_record`), each step marked ``earlier``; ``(None, [])`` without one."""
+    rec = safefs.read_json_file(os.path.join(run_dir, RECORD))
+    if not isinstance(rec, dict) or rec.get("path") != mount:
+        return None, []
+    device = rec.get("device")
+    device = device if isinstance(device, str) and _DEVICE.match(device) else None
+    steps: list[dict[str, object]] = []
+    for step in rec.get("steps") or []:
+        argv = step.get("argv") if isinstance(step, dict) else None
+        if isinstance(argv, list) and all(isinstance(a, str) for a in argv):
+            steps.append(
+                {"argv": argv, "code": step.get("code"), "time": step.get("time"), "earlier": True}
+            )
+    return device, steps
 
 
 def _create_shm(shm_root: str, size_bytes: int, run_id: str) -> dict[str, object]:
@@ -282,6 +326,7 @@ def _step(run: Runner, steps: list[dict[str, object]], argv: list[str]) -> tuple
         {
             "argv": list(argv),
             "code": code,
+            "time": time.time(),
             "stdout": out[-_OUTPUT_KEEP:],
             "stderr": err[-_OUTPUT_KEEP:],
         }

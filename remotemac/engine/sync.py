@@ -158,15 +158,38 @@ async def _ensure_runtime(ctx: RunContext, binding: HostBinding) -> dict[str, An
 
 
 def _record_ram(ctx: RunContext, binding: HostBinding, answer: dict[str, Any]) -> None:
-    """The host's RAM store: its steps in the ledger, in the journal for cleanup, a warning."""
-    if answer.get("ram"):  # hdiutil/diskutil/mdutil/tmutil on a Mac: the ledger shows them
-        ctx.ledger.append_steps(binding.transport.name, "ramstore", answer["ram"].get("steps"))
-    if answer.get("ram", {}) and answer["ram"].get("kind") in ("shm", "ramdisk"):
-        ctx.journal.record_created(
-            binding.transport.name, "ramstore", answer["ram"]["path"], ctx.run_id
-        )
-    if answer.get("ram") and answer["ram"].get("warning"):
-        ctx.emit(Warning(ctx.run_id, message=str(answer["ram"]["warning"]), code="ram-store"))
+    """The host's RAM store: its steps in the ledger, in the journal for cleanup, a warning.
+
+    A session that reuses the volume returns the steps of the one that made it, marked
+    ``earlier`` (agent/ramstore.py ``made_earlier``): that one may have been cut before
+    its answer arrived, and then no ledger showed the ``hdiutil attach`` and ``diskutil
+    erasevolume`` that made the disk. They are written once per run, with their own
+    times, as op ``ramstore:earlier-session``: not when the journal already lists the
+    volume for this run (its steps were written with it, below).
+    """
+    ram = answer.get("ram") or {}
+    if not ram:
+        return
+    host = binding.transport.name
+    steps = ram.get("steps") or []
+    earlier = [s for s in steps if s.get("earlier")]
+    if earlier and not _ram_listed(ctx, host, ram["path"]):
+        ctx.ledger.append_steps(host, "ramstore:earlier-session", earlier)
+    # hdiutil/diskutil/mdutil/tmutil on a Mac: the ledger shows them
+    ctx.ledger.append_steps(host, "ramstore", [s for s in steps if s not in earlier])
+    if ram["kind"] in ("shm", "ramdisk"):
+        ctx.journal.record_created(host, "ramstore", ram["path"], ctx.run_id)
+    warning = ram.get("warning")
+    if warning:
+        ctx.emit(Warning(ctx.run_id, message=str(warning), code="ram-store"))
+
+
+def _ram_listed(ctx: RunContext, host: str, path: Any) -> bool:
+    """Whether the journal lists RAM store ``path`` as this run's (its steps are in the ledger)."""
+    return any(
+        row["kind"] == "ramstore" and row["path"] == path and row["run_id"] == ctx.run_id
+        for row in ctx.journal.inventory(host)
+    )
 
 
 def _progress(stats: SyncStats) -> int:
