@@ -73,6 +73,11 @@ def test_first_command_verbatim_in_a_new_clone(tmp_path: Path):
     (tmp_path / "home").mkdir()
     command = readme_commands()[0]
     assert "venv" in command and "--system-site-packages" not in command
+    # torch pinned, from PyTorch's CPU index (this machine may serve it from disk anyway)
+    assert (
+        "pip install torch==2.13.0 --extra-index-url https://download.pytorch.org/whl/cpu"
+        in command
+    )
     proc = subprocess.run(
         ["bash", "-c", command], cwd=clone, env=env, capture_output=True, text=True, timeout=1150
     )
@@ -89,14 +94,29 @@ def test_first_command_verbatim_in_a_new_clone(tmp_path: Path):
     # remotemac's state went to the platform's user state dir, its host root under HOME
     assert (tmp_path / "state" / "remotemac" / "journal.sqlite3").exists()
     assert (tmp_path / "home" / "remotemac-quickstart" / "runs").is_dir()
-    # the torch the user installed is the CPU build, not a CUDA one
-    torch_version = subprocess.run(
-        [str(clone / ".venv" / "bin" / "python"), "-c", "import torch; print(torch.__version__)"],
+    # the torch the user installed is a CPU build, not PyPI's multi-GB CUDA one: what the
+    # README's CPU index is for. Asked of the build itself, not of its name: a "+cpu"
+    # suffix is how download.pytorch.org labels its wheels, and a machine whose pip
+    # config serves torch from elsewhere (a wheelhouse, a mirror) may label it otherwise.
+    probe = subprocess.run(
+        [str(clone / ".venv" / "bin" / "python"), "-c", CUDA_PROBE],
         capture_output=True,
         text=True,
         env=env,
-    ).stdout.strip()
-    assert torch_version.endswith("+cpu"), torch_version
+    )
+    built = json.loads(probe.stdout or "{}")
+    assert built.get("version", "").startswith("2.13.0"), probe.stdout + probe.stderr
+    assert built["cuda"] is None and built["nvidia"] == [], built
+
+
+#: torch's version, the CUDA it was built against (None for a CPU build), and the
+#: nvidia-* wheels (cuDNN, cuBLAS, ...) that a CUDA build pulls into the venv
+CUDA_PROBE = """
+import importlib.metadata as md, json, torch
+nvidia = sorted({d.metadata["Name"] for d in md.distributions()
+                 if (d.metadata["Name"] or "").lower().startswith("nvidia-")})
+print(json.dumps({"version": torch.__version__, "cuda": torch.version.cuda, "nvidia": nvidia}))
+"""
 
 
 def test_quickstart_root_is_not_where_git_clone_puts_this_repository():
