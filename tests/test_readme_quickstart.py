@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO
+from tests.harness import lab
 
 pytestmark = pytest.mark.e2e
 
@@ -70,6 +71,11 @@ def test_first_command_verbatim_in_a_new_clone(tmp_path: Path):
         PIP_RETRIES="0",
         PIP_COMPILE="0",  # (pip reads PIP_NO_COMPILE=1 as "compile": its --no-* quirk)
     )
+    # what the CPU index would give, from this machine's disk, for a user whose pip has
+    # no find-links (root's has): unreachable, pip fell back to PyPI's CUDA build
+    wheels = lab.cpu_wheelhouse()
+    if wheels and not env.get("PIP_FIND_LINKS"):
+        env["PIP_FIND_LINKS"] = str(wheels)
     (tmp_path / "home").mkdir()
     command = readme_commands()[0]
     assert "venv" in command and "--system-site-packages" not in command
