@@ -33,6 +33,7 @@ import contextlib
 import gc
 import io
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -108,6 +109,16 @@ def make_playbook(tmp_path: Path):
         return path
 
     return make
+
+
+def as_in_a_terminal() -> None:
+    """``preexec_fn`` of a CLI a test signals: SIGHUP and SIGINT at their defaults, as
+    in a terminal's shell. A suite started under ``nohup`` inherits SIGHUP ignored, one
+    started as a ``cmd &`` job of a non-interactive shell SIGINT, and the hang-up and
+    Ctrl-C tests then tested nothing (CI under nohup: the SIGHUP'd run went on to
+    "finished"; a normal user's ``… &``: the Ctrl-C'd run did too)."""
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def remotemac(

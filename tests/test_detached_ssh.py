@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import LINES_PROJECT, remotemac
+from tests.conftest import LINES_PROJECT, as_in_a_terminal, remotemac
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -108,15 +108,6 @@ def make_host(
 
 def cleanup_host(host: SSHHost) -> None:
     host.tmux("kill-server")
-
-
-def as_in_a_terminal() -> None:
-    """In the child before exec: SIGHUP and SIGINT at their defaults, as in a terminal's
-    shell. A suite started under ``nohup`` or as a background job of a script inherits
-    them ignored, and the hang-up and Ctrl-C tests then tested nothing (CI under nohup:
-    the SIGHUP'd run went on to "finished")."""
-    signal.signal(signal.SIGHUP, signal.SIG_DFL)
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def write_playbook(

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import remotemac
+from tests.conftest import as_in_a_terminal, remotemac
 
 pytestmark = pytest.mark.e2e
 
@@ -39,6 +39,7 @@ def test_status_after_ctrl_c_says_interrupted_not_failed_or_finished(
         stderr=subprocess.PIPE,
         text=True,
         env=os.environ,
+        preexec_fn=as_in_a_terminal,  # or SIGINT below finds it ignored (a `&` job)
     )
     assert proc.stdout is not None
     run_id = None

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO
+from tests.harness import lab
 
 pytestmark = pytest.mark.e2e
 
@@ -70,9 +71,19 @@ def test_first_command_verbatim_in_a_new_clone(tmp_path: Path):
         PIP_RETRIES="0",
         PIP_COMPILE="0",  # (pip reads PIP_NO_COMPILE=1 as "compile": its --no-* quirk)
     )
+    # what the CPU index would give, from this machine's disk, for a user whose pip has
+    # no find-links (root's has): unreachable, pip fell back to PyPI's CUDA build
+    wheels = lab.cpu_wheelhouse()
+    if wheels and not env.get("PIP_FIND_LINKS"):
+        env["PIP_FIND_LINKS"] = str(wheels)
     (tmp_path / "home").mkdir()
     command = readme_commands()[0]
     assert "venv" in command and "--system-site-packages" not in command
+    # torch pinned, from PyTorch's CPU index (this machine may serve it from disk anyway)
+    assert (
+        "pip install torch==2.13.0 --extra-index-url https://download.pytorch.org/whl/cpu"
+        in command
+    )
     proc = subprocess.run(
         ["bash", "-c", command], cwd=clone, env=env, capture_output=True, text=True, timeout=1150
     )
@@ -89,14 +100,29 @@ def test_first_command_verbatim_in_a_new_clone(tmp_path: Path):
     # remotemac's state went to the platform's user state dir, its host root under HOME
     assert (tmp_path / "state" / "remotemac" / "journal.sqlite3").exists()
     assert (tmp_path / "home" / "remotemac-quickstart" / "runs").is_dir()
-    # the torch the user installed is the CPU build, not a CUDA one
-    torch_version = subprocess.run(
-        [str(clone / ".venv" / "bin" / "python"), "-c", "import torch; print(torch.__version__)"],
+    # the torch the user installed is a CPU build, not PyPI's multi-GB CUDA one: what the
+    # README's CPU index is for. Asked of the build itself, not of its name: a "+cpu"
+    # suffix is how download.pytorch.org labels its wheels, and a machine whose pip
+    # config serves torch from elsewhere (a wheelhouse, a mirror) may label it otherwise.
+    probe = subprocess.run(
+        [str(clone / ".venv" / "bin" / "python"), "-c", CUDA_PROBE],
         capture_output=True,
         text=True,
         env=env,
-    ).stdout.strip()
-    assert torch_version.endswith("+cpu"), torch_version
+    )
+    built = json.loads(probe.stdout or "{}")
+    assert built.get("version", "").startswith("2.13.0"), probe.stdout + probe.stderr
+    assert built["cuda"] is None and built["nvidia"] == [], built
+
+
+#: torch's version, the CUDA it was built against (None for a CPU build), and the
+#: nvidia-* wheels (cuDNN, cuBLAS, ...) that a CUDA build pulls into the venv
+CUDA_PROBE = """
+import importlib.metadata as md, json, torch
+nvidia = sorted({d.metadata["Name"] for d in md.distributions()
+                 if (d.metadata["Name"] or "").lower().startswith("nvidia-")})
+print(json.dumps({"version": torch.__version__, "cuda": torch.version.cuda, "nvidia": nvidia}))
+"""
 
 
 def test_quickstart_root_is_not_where_git_clone_puts_this_repository():

@@ -563,10 +563,15 @@ def cpu_torch_source() -> list[str]:
     """pip options that make ``torch==X`` the CPU build: the wheel on this machine's disk
     (``PIP_FIND_LINKS``, set for the lab's sessions too) or PyTorch's CPU index, never
     PyPI's multi-GB CUDA build (a ``+cpu`` local version sorts above the plain one)."""
-    pin = next(r for r in HOST_TORCH_REQUIREMENTS if r.startswith("torch=="))
-    if list(WHEELS.glob(f"torch-{pin.split('==')[1]}+cpu-*.whl")):
+    if cpu_wheelhouse():
         return ["--find-links", str(WHEELS)]
     return ["--extra-index-url", "https://download.pytorch.org/whl/cpu"]
+
+
+def cpu_wheelhouse() -> Path | None:
+    """This machine's wheel dir when it holds the pinned torch's CPU build, else None."""
+    pin = next(r for r in HOST_TORCH_REQUIREMENTS if r.startswith("torch=="))
+    return WHEELS if list(WHEELS.glob(f"torch-{pin.split('==')[1]}+cpu-*.whl")) else None
 
 
 def ensure_host_torch_python() -> str:

@@ -77,6 +77,11 @@ MAC_PSPROC = MAC_ROOT / "psproc"
 MAC_DEVSTASH = MAC_ROOT / "devstash"
 #: an empty mode-000 file bound over what the host must not have
 MAC_ABSENT = MAC_ROOT / "absent"
+#: the Debian Pythons the namespace hides (a Mac has none of them)
+HIDDEN_PYTHONS = ("/usr/bin/python3", "/usr/bin/python3.11", "/usr/bin/python3-config")
+#: inside a namespace: where the lab's own interpreter stays reachable when it is one of
+#: HIDDEN_PYTHONS (a venv of the OS Python): in the root-only MAC_BACKING
+MAC_OWN_PYTHON = MAC_BACKING / ".lab-python"
 #: the session's home dirs per sshd, as the lab's (on the real disk: mount points)
 MAC_TOPS = MAC_HOME / "lab"
 VOLUMES = Path("/Volumes")
@@ -160,6 +165,7 @@ def ensure_maclab() -> None:
             path.chmod(0o755)
         MAC_PSPROC.chmod(0o711)
         MAC_BACKING.mkdir(mode=0o700, exist_ok=True)
+        MAC_OWN_PYTHON.touch(mode=0o700, exist_ok=True)  # a mount point only
         if not MAC_ABSENT.exists():
             MAC_ABSENT.touch()
         MAC_ABSENT.chmod(0)
@@ -509,9 +515,30 @@ def _umount(path: str, flags: int = 0) -> int:
     return 0
 
 
+#: what ``_fuse`` execs: None (sys.executable), or MAC_OWN_PYTHON (see _keep_own_python)
+_own_python: str | None = None
+
+
+def _keep_own_python() -> None:
+    """Before HIDDEN_PYTHONS go: bind this interpreter's binary at MAC_OWN_PYTHON if it
+    is one of them, so the FUSE daemons of RAM disks made later still start.
+
+    Why: as a normal user the lab runs from the contributor's venv, whose ``python`` is
+    a symlink to ``/usr/bin/python3.11``; hidden, it is a mode-000 file ("Permission
+    denied"), and ``diskutil erasevolume`` failed. The daemon keeps ``sys.executable``
+    as its argv[0], so Python still finds the venv (pyvenv.cfg) and its fusepy.
+    """
+    global _own_python
+    real = os.path.realpath(sys.executable)
+    if real in {os.path.realpath(h) for h in HIDDEN_PYTHONS if os.path.lexists(h)}:
+        _mount(["--bind", real, str(MAC_OWN_PYTHON)])
+        _own_python = str(MAC_OWN_PYTHON)
+
+
 def _fuse(backing: str, mountpoint: str) -> subprocess.Popen[bytes]:
     proc = subprocess.Popen(
         [sys.executable, "-m", "tests.harness.macfs", backing, mountpoint],
+        executable=_own_python,
         stdin=subprocess.DEVNULL,
         cwd=str(REPO),
     )
@@ -685,7 +712,8 @@ def init(config_path: str, sshd_argv: list[str]) -> int:
     _mount(["-t", "tmpfs", "-o", "mode=755,size=1m", "maclab-volumes", str(VOLUMES)])
     _mount(["--bind", "/proc", str(MAC_PSPROC)])
     _replace_dev()
-    for hidden in ("/usr/bin/python3", "/usr/bin/python3.11", "/usr/bin/python3-config"):
+    _keep_own_python()
+    for hidden in HIDDEN_PYTHONS:
         if os.path.lexists(hidden):
             _mount(["--bind", str(MAC_ABSENT), hidden])
     _mount(["--bind", str(Path(cfg["standins"]) / "ps"), "/usr/bin/ps"])
