@@ -445,10 +445,14 @@ SLOW_JOB = RESULTS_JOB.replace("import json, os, sys", "import json, os, sys, ti
 @pytest.mark.parametrize(
     "phase",
     [
+        "provision",
         "sync",
+        "launch:reference",
         "follow:reference",
+        "launch:target",
         "follow:target",
         "pull",
+        "wipe",
     ],
 )
 def test_sigkill_of_the_laptop_in_any_phase_then_attach_loses_nothing(
@@ -478,7 +482,7 @@ def test_sigkill_of_the_laptop_in_any_phase_then_attach_loses_nothing(
             break
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=30)
-    [run_id] = run_ids(t.root)
+    run_id = event["run_id"]  # killed as provision starts, the host has no run dir yet
     again = t.cli("attach", run_id)
     assert again.returncode in (0, 1), again.stdout + again.stderr
     assert_every_result_verified(out)
