@@ -69,7 +69,7 @@ async def _sync_rewrite_resync(server, ssh, data: Path, run_id: str, key: bytes 
     )
     await host.prepare()
     if key is not None:  # the agent runtime decrypts
-        host.runtime_dir = (await ensure_runtime(host.agent, home=None, method="online"))["dir"]
+        host.runtime_dir = (await ensure_runtime(host.agent, home=None, method="online")).dir
     watcher = _watch(server, target(host))
     try:
         _, first, _ = await host.sync(data, key)
