@@ -330,12 +330,18 @@ def small_disk(sshd_factory):
         subprocess.run(root_argv(["umount", "-l", str(mount)]), check=False)
 
 
-def test_a_disk_filled_by_the_job_still_ends_in_a_final_state_and_a_wipe(
-    tmp_path, small_disk, ssh_env
-):
+def small_disk_target(small_disk, ssh_env) -> tuple[Target, Path]:
+    """The lab host whose ``remote_root`` is on the small tmpfs, and that tmpfs."""
     server, mount = small_disk
     rm_home, cfg, alias = ssh_env(server)
     t = Target(alias, cfg, rm_home, server.home, server.tmux_dir, mount / "remotemac", server)
+    return t, mount
+
+
+def test_a_disk_filled_by_the_job_still_ends_in_a_final_state_and_a_wipe(
+    tmp_path, small_disk, ssh_env
+):
+    t, mount = small_disk_target(small_disk, ssh_env)
     book = write_book(
         tmp_path,
         t,
@@ -403,9 +409,7 @@ def test_a_disk_left_full_wipes_the_data_keeps_the_outputs_and_attach_gets_them(
     data (RAM store, slice, key) is wiped then and there, the reference's outputs stay,
     the message says so and names the command; once space is freed ``attach`` verifies
     them here and ``cleanup`` leaves the host clean."""
-    server, mount = small_disk
-    rm_home, cfg, alias = ssh_env(server)
-    t = Target(alias, cfg, rm_home, server.home, server.tmux_dir, mount / "remotemac", server)
+    t, mount = small_disk_target(small_disk, ssh_env)
     filler = mount / "filler.bin"
     book = write_book(
         tmp_path,

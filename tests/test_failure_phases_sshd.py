@@ -218,9 +218,7 @@ def test_a_disk_filled_in_any_phase_then_the_named_command_loses_nothing(
     that command (``attach``, ``wipe``, or ``run`` again when nothing was made yet) ends
     with every result verified on the laptop, every log line there once, and
     ``cleanup`` clean."""
-    server, mount = small_disk
-    rm_home, cfg, alias = ssh_env(server)
-    t = Target(alias, cfg, rm_home, server.home, server.tmux_dir, mount / "remotemac", server)
+    t, mount = failure_paths.small_disk_target(small_disk, ssh_env)
     book = write_book(
         tmp_path,
         t,
