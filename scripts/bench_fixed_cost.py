@@ -9,7 +9,12 @@ Figures (issues 16 and 36), each printed as a ratio or against its goal:
   same load (goal: at most 15x); the engine timed in-process is printed too;
 * an agent call's median round trip (``ping``, goal: at most 5 ms);
 * the host-side CPU of that trivial run, all agent processes together (goal: at most
-  0.5 s), as the agent reports it (its own CPU and its op subprocesses').
+  0.5 s), as the agent reports it (its own CPU and its op subprocesses');
+* with ``--rtt-ms 80``, the same CLI run and ``ssh host true`` through the test
+  harness's fault proxy (tests/harness/faultproxy.py) adding that round-trip time
+  (goal: at most 6x), and the round trips the run waits for, estimated as the extra
+  wall over the loopback run divided by the added RTT (an estimate: a round trip that
+  overlaps another is counted once, a slower-than-RTT phase counts as more).
 
 The host is the test harness's lab sshd (tests/harness/lab.py): its login sees a
 bare CPython 3.9 as ``python3``, the model of a rented Mac's /usr/bin/python3; the
@@ -18,7 +23,7 @@ with ``REMOTEMAC_AGENT_ONESHOT=1`` (one ``hostagent.py OP`` process per call, th
 old way) in turn. The sshd, its agents and jobs share this machine's cores with the
 orchestrator (and, here, with other work): figures are CPU-sensitive.
 
-    python scripts/bench_fixed_cost.py [--python PATH] [--runs 5] [--calls 200]
+    python scripts/bench_fixed_cost.py [--python PATH] [--runs 5] [--calls 200] [--rtt-ms 80]
 """
 
 from __future__ import annotations
@@ -92,8 +97,9 @@ def kex_of_both(config: Path, alias: str) -> tuple[str, str]:
 
 
 def write_project(base: Path, python: str, alias: str, root: Path) -> Path:
+    base = base / alias
     project = base / "project"
-    project.mkdir()
+    project.mkdir(parents=True)
     (project / "a.py").write_text(  # one small result, so the run ends ACCEPTED (exit 0)
         "import json, os, sys\n"
         "print('hello from', sys.version.split()[0])\n"
@@ -183,21 +189,21 @@ def cli_run(playbook: Path, home: Path, config: Path, out: Path) -> tuple[float,
 
 
 def cli_against_true(
-    playbook: Path, home: Path, config: Path, base: Path, runs: int
+    playbook: Path, home: Path, config: Path, base: Path, runs: int, alias: str = "mac"
 ) -> tuple[list[float], list[float], list[int], list[float]]:
     """CLI runs and ``ssh host true`` interleaved (each CLI run between two ``ssh true``
     with remotemac's key exchange, and two with ssh's own)."""
-    cli_run(playbook, home, config, base / "cli-warm")  # warm-up: the host's venv, caches
-    _, kex = kex_of_both(config, "mac")
+    cli_run(playbook, home, config, base / f"cli-warm-{alias}")  # warm-up: venv, caches
+    _, kex = kex_of_both(config, alias)
     walls, trues, codes, defaults = [], [], [], []
     for i in range(runs):
-        trues.append(ssh_true(config, "mac", 3, kex))
-        defaults.append(ssh_true(config, "mac", 3))
-        wall, code = cli_run(playbook, home, config, base / f"cli-{i}")
+        trues.append(ssh_true(config, alias, 3, kex))
+        defaults.append(ssh_true(config, alias, 3))
+        wall, code = cli_run(playbook, home, config, base / f"cli-{alias}-{i}")
         walls.append(wall)
         codes.append(code)
-    trues.append(ssh_true(config, "mac", 3, kex))
-    defaults.append(ssh_true(config, "mac", 3))
+    trues.append(ssh_true(config, alias, 3, kex))
+    defaults.append(ssh_true(config, alias, 3))
     return walls, trues, codes, defaults
 
 
@@ -228,11 +234,16 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--calls", type=int, default=200)
     ap.add_argument("--cli-only", action="store_true", help="only the CLI against ssh true")
+    ap.add_argument(
+        "--rtt-ms", type=float, default=0.0, help="also through the fault proxy at this RTT"
+    )
     args = ap.parse_args()
+    from tests.harness.faultproxy import FaultProxy
     from tests.harness.sshd import SSHD, ClientKey
 
     base = Path(tempfile.mkdtemp(prefix="rm-bench-fixed-"))
     server = None
+    proxy = None
     try:
         from tests.harness import lab
 
@@ -253,6 +264,17 @@ def main() -> int:
         )
         true_s = statistics.median(trues)
         default_s = statistics.median(defaults)
+        far = None
+        if args.rtt_ms:
+            proxy = FaultProxy(server.host, server.port).start()
+            proxy.rtt(args.rtt_ms / 1000)
+            far_line = server.known_hosts_line(f"[{server.host}]:{proxy.port}")
+            for path in (known, home / "known_hosts"):
+                with open(path, "a") as fh:
+                    fh.write(far_line)
+            server.write_ssh_config(config, "far", known_hosts=known, port=proxy.port)
+            far_pb = write_project(base, args.python, "far", server.host_dir("root-far"))
+            far = cli_against_true(far_pb, home, config, base, args.runs, alias="far")
         rows: dict[str, list[dict]] = {}
         for mode in () if args.cli_only else ("resident", "one-shot"):
             if mode == "one-shot":
@@ -287,6 +309,19 @@ def main() -> int:
             f"{cli / default_s:.1f}x ssh's own; runs "
             f"{' '.join(f'{w:.2f}' for w in cli_walls)}; exits {cli_codes}"
         )
+        if far is not None:
+            f_walls, f_trues, f_codes, f_defaults = far
+            f_cli, f_true = statistics.median(f_walls), statistics.median(f_trues)
+            rtt = args.rtt_ms / 1000
+            print(
+                f"  CLI at {args.rtt_ms:.0f} ms RTT (fault proxy): {f_cli:.2f} s = "
+                f"{f_cli / f_true:.1f}x ssh true through the same proxy "
+                f"({f_true * 1000:.0f} ms, {statistics.median(f_defaults) * 1000:.0f} ms "
+                f"with ssh's own key exchange) (goal <= 6x); waits for about "
+                f"{(f_cli - cli) / rtt:.0f} round trips ((far - loopback) / RTT; ssh true: "
+                f"{(f_true - true_s) / rtt:.1f}); runs {' '.join(f'{w:.2f}' for w in f_walls)}; "
+                f"exits {f_codes}"
+            )
         for mode, runs in rows.items():
             wall = statistics.median(r["wall_s"] for r in runs)
             host = statistics.median(r["cpu"]["host_s"] for r in runs)
@@ -303,6 +338,8 @@ def main() -> int:
                 f"p90 {p90_ms:.2f} ms (goal: median <= 5 ms)"
             )
     finally:
+        if proxy is not None:
+            proxy.stop()
         if server is not None:
             server.tmux("kill-server")
             server.cleanup()
