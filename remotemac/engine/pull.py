@@ -719,14 +719,17 @@ async def fetch_evidence(ctx: RunContext, side: Side, run_dir: str) -> list[str]
     from remotemac.engine.jobs import trace_path
 
     binding = ctx.host_for(side)
-    fetched = []
-    for remote, name in (
+    wanted = (
         (f"{run_dir}/status/{side.label}.obs.json", f"{side.label}.obs.json"),
         (f"{run_dir}/logs/{side.label}.metrics.jsonl", f"{side.label}.metrics.jsonl"),
         (f"{run_dir}/logs/{side.label}.rss.jsonl", f"{side.label}.rss.jsonl"),
         (trace_path(run_dir, side), f"{side.label}.trace.jsonl"),
-    ):
-        st = await binding.transport.stat(remote)
+    )
+    # the four lstats, then the downloads, each set in flight at once: one after another
+    # they waited for some ten round trips a side, a second of a trivial run at 80 ms
+    stats = await asyncio.gather(*(binding.transport.stat(remote) for remote, _ in wanted))
+    readable = []
+    for (remote, name), st in zip(wanted, stats, strict=True):
         if st is None:
             continue
         if st.kind != "file" or st.size > MAX_EVIDENCE_BYTES:
@@ -739,9 +742,13 @@ async def fetch_evidence(ctx: RunContext, side: Side, run_dir: str) -> list[str]
                 )
             )
             continue
+        readable.append((remote, name, st.size))
+
+    async def fetch(remote: str, name: str, size: int) -> None:
         dest = ctx.out_dir / "logs" / name
         fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _NOFOLLOW, 0o644)
         with os.fdopen(fd, "wb") as fh:
-            await binding.transport.download_to(remote, fh, 0, limit=st.size)
-        fetched.append(name)
-    return fetched
+            await binding.transport.download_to(remote, fh, 0, limit=size)
+
+    await asyncio.gather(*(fetch(*item) for item in readable))
+    return [name for _, name, _ in readable]
