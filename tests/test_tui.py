@@ -225,7 +225,8 @@ async def test_wipe_asks_first_and_wipes_on_yes(make_playbook, rm_home, tmp_path
 @pytest.mark.e2e
 @pytest.mark.asyncio
 async def test_quit_keeps_the_job_and_reopening_reattaches(make_playbook, rm_home, tmp_path):
-    pb = make_playbook(workload=fast_workload(40, 4))
+    # 12 s: the job must outlast the quit on a loaded machine (at 4 s it ended first in CI)
+    pb = make_playbook(workload=fast_workload(120, 12))
     app = make_app(rm_home, tmp_path, [pb])
     async with app.run_test(size=SIZE) as pilot:
         run_id = app.driver.start(str(pb))
@@ -260,7 +261,7 @@ async def test_quit_keeps_the_job_and_reopening_reattaches(make_playbook, rm_hom
         skipped = [p for p, s in run_screen(again).live.phases.items() if s.state == "skipped"]
         assert "provision" in skipped and "sync" in skipped
         for device in ("cpu", "cpu-target"):
-            assert view_lines(again, device) == expected_log(40), device
+            assert view_lines(again, device) == expected_log(120), device
         assert again.errors == []
 
 
