@@ -246,14 +246,15 @@ async def pull_dir(
     Raises IntegrityError (exit 5) on a checksum failure.
 
     The bytes come down exec channels from the host's ``pullops.py`` (pullstream.py),
-    which hashes each file as it reads it; ``sftp=True``, or a transport that cannot
-    stream to a command, fetches them over SFTP with a hashed listing instead.
+    which hashes each file as it reads it; ``sftp=True``, a transport that cannot
+    stream to a command, or a small pull (:func:`_small`) fetches them over SFTP with
+    a hashed listing instead.
     """
     emit = emit or (lambda _e: None)
     entries = await _listing(transport, agent, remote_dir, {"hash": False})
     sums: _Sums | None = None
     sender: list[str] | None = None
-    if not sftp and _can_stream(transport):
+    if not sftp and _can_stream(transport) and not _small(entries):
         sender = sender_argv(agent.python, agent.agent_dir)
     else:
         # the host hashes each file up to the size just listed (a file still growing is
@@ -281,6 +282,21 @@ async def pull_dir(
     finally:
         if sums is not None:
             await sums.close()
+
+
+#: a pull this small goes over SFTP (a hashed listing, then each file read on the SFTP
+#: session the run opened at its start): the streamed path's sender is an exec channel
+#: and a Python start on the host, then a second one once its round trip was measured,
+#: some ten round trips for a few bytes (issue 36)
+SMALL_PULL_BYTES = 256 * 1024
+SMALL_PULL_FILES = 8
+
+
+def _small(entries: list[Listed]) -> bool:
+    """Whether the listed files are few and small enough for the SFTP path."""
+    files = [e for e in entries if isinstance(e, ListingEntry) and e.kind == "file"]
+    sizes = [e.size for e in files if isinstance(e.size, int) and not isinstance(e.size, bool)]
+    return len(sizes) == len(files) <= SMALL_PULL_FILES and sum(sizes) <= SMALL_PULL_BYTES
 
 
 def _can_stream(transport: Transport) -> bool:
@@ -480,7 +496,7 @@ async def _sftp(
     progress: _Progress,
 ) -> None:
     """Every wanted file over SFTP, checked against the host's hashed listing."""
-    remote_kinds = _RemoteKinds(transport, remote_dir)
+    remote_kinds = _RemoteKinds(transport, remote_dir, by_entry=len(wanted) <= SMALL_PULL_FILES)
     # a name listed twice, or two names one local file on a case-insensitive disk
     # (``A.bin``, ``a.bin`` on macOS): those are fetched one after the other
     same_file: dict[str, asyncio.Lock] = {}
@@ -613,9 +629,12 @@ class _RemoteKinds:
     for a whole directory in a round trip or two, instead of one lstat per file.
     """
 
-    def __init__(self, transport: Transport, remote_dir: str) -> None:
+    def __init__(self, transport: Transport, remote_dir: str, by_entry: bool = False) -> None:
         self.transport, self.remote_dir = transport, remote_dir
         self._dirs: dict[str, asyncio.Future[dict[str, str]]] = {}
+        #: a few files: one lstat each, all in flight at once (a directory listing is an
+        #: open, two reads and a close: four round trips for one file)
+        self.by_entry = by_entry
 
     async def _kinds(self, parent: str) -> dict[str, str]:
         """name -> kind in ``parent`` (relative; "" is the output dir), or _ONE_BY_ONE."""
@@ -635,7 +654,7 @@ class _RemoteKinds:
         return {PurePosixPath(st.path).name: st.kind for st in found}
 
     async def _kind(self, parent: str, name: str) -> str | None:
-        kinds = await self._kinds(parent)
+        kinds = _ONE_BY_ONE if self.by_entry else await self._kinds(parent)
         if kinds is _ONE_BY_ONE:
             where = "/".join(p for p in (self.remote_dir, parent, name) if p)
             st = await self.transport.stat(where)
