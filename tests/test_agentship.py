@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import subprocess
+import zlib
 from pathlib import Path
 
 import pytest
@@ -57,9 +58,11 @@ def test_order_check_fails_when_a_module_gains_an_import(tmp_path: Path) -> None
 def test_payload_ships_the_entrys_prefix_from_the_bundle() -> None:
     """Sources come from the same bundle that is uploaded; doctor's facts travel alone."""
     _, files = agentship.agent_bundle()
-    payload = json.loads(in_memory_payload("hostfacts", "op_facts", {"remote_root": "/r"}))
+    payload = json.loads(
+        zlib.decompress(in_memory_payload("hostfacts", "op_facts", {"remote_root": "/r"}))
+    )
     assert [name for name, _ in payload["modules"]] == ["hostfacts"]
-    cleanup = json.loads(in_memory_payload("cleanupops", "op_cleanup_host", {}))
+    cleanup = json.loads(zlib.decompress(in_memory_payload("cleanupops", "op_cleanup_host", {})))
     names = [name for name, _ in cleanup["modules"]]
     assert names[-1] == "cleanupops" and "agentruntime" not in names
     assert all(src == files[f"{name}.py"].decode() for name, src in cleanup["modules"])
