@@ -85,9 +85,9 @@ def count_operations(monkeypatch: pytest.MonkeyPatch) -> collections.Counter:
 
 
 def test_a_warm_trivial_run_opens_two_exec_channels_and_no_sftp_transfer_but_its_results(
-    host_factory,
+    host_factory,  # noqa: F811 (the fixture imported above)
     tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
 ):
     host = host_factory()
     book = trivial_playbook(host, tmp_path / "book")
