@@ -1,14 +1,18 @@
 """``remotemac preflight``: trace the workload on the local CPU, predict MPS coverage.
 
-The cheapest Mac rental is the one you learn you do not need. The workload runs
-for a bounded time in a subprocess under ``remotemac/agent/optrace.py`` (the same
-tracer that can run on the Mac), and every (operator overload, dtypes) it used is
-checked against the installed torch's own native_functions.yaml
+The cheapest Mac rental is the one you learn you do not need. The workload's command
+runs for a bounded time, whatever its shape (``python train.py``, ``bash run.sh``,
+``sh -c "cd src && python train.py"``, ``torchrun …``), and every Python process it
+starts that imports torch is traced by ``remotemac/agent/optrace.py``, loaded the way
+the run loads its observer (the job's sitecustomize, agent/jobsite.py), so DataLoader
+workers and torchrun's ranks count too. Every (operator overload, dtypes) the
+processes used is checked against the installed torch's own native_functions.yaml
 (``mps_coverage``). The result is a prediction for that torch version, not proof:
 some ops take a different path on MPS.
 
 Exit codes follow SPEC: 0 every traced op is predicted to run on MPS, 1 some op
-is predicted to fall back or fail (not accepted), 2 bad input.
+is predicted to fall back or fail (not accepted), 2 bad input (and a command that
+started no Python process that imported torch: nothing to predict).
 """
 
 from __future__ import annotations
@@ -279,7 +283,16 @@ def run_preflight(
         done = _run_command(cmd, cwd, full_env, seconds, trace_dir, Path(tmp) / "output.log")
         merged = merge_traces(trace_dir, done)
     if merged.get("processes", 0) == 0:
-        raise NoTrace(_no_trace_line(merged, done))
+        hidden = re.search(r"\bpython[\d.]*\s+(-\w*[IES]\w*)\b", command)
+        raise NoTrace(
+            _no_trace_line(merged, done),
+            hint=f"`python {hidden.group(1)}` skips the tracer's sitecustomize" if hidden else None,
+        )
+    if not merged["ops"] and merged["stopped"] != "error":  # torch imported, nothing run
+        raise NoTrace(
+            f"preflight: the command's {merged['processes']} Python process(es) imported torch "
+            f"but ran no torch operator ({merged['stopped'].replace('_', ' ')}); nothing to predict"
+        )
     report = predict(merged, table, mps_coverage.torch_version())
     report.interpreter = interpreter
     report.processes = int(merged["processes"])
