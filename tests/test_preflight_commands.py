@@ -90,10 +90,12 @@ def test_run_sh_with_dataloader_workers_merges_every_process(
 
 
 @pytest.mark.e2e
-def test_sh_c_in_a_subdirectory_is_traced(project: Path) -> None:
-    report = run_preflight(
-        'sh -c "cd src && python train.py --workers 0"', project, None, 60, {}, VENV_PYTHON
-    )
+@pytest.mark.parametrize(
+    "command",
+    ['sh -c "cd src && python train.py --workers 0"', "cd src && python3 train.py --workers 0"],
+)
+def test_shell_commands_in_a_subdirectory_are_traced(project: Path, command: str) -> None:
+    report = run_preflight(command, project, None, 60, {}, VENV_PYTHON)
     assert report.processes == 1 and report.stopped == "completed"
     assert {"aten::flip", "aten::convolution", "aten::stack"} <= _ops(report)
     assert report.coverage_pct == 100.0 and report.exit_code == 0

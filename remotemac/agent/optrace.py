@@ -110,19 +110,21 @@ class Recorder:
         self.sites.clear()
 
     def records(self) -> JsonObject:
-        """The trace's ops, functions and float64 sites as JSON lists."""
+        """The trace's ops, functions and float64 sites as JSON lists (copies first: a
+        process's deadline timer writes while its main thread may still be recording)."""
+        ops, functions, sites = dict(self.ops), dict(self.functions), dict(self.sites)
         return {
             "ops": [
                 {"op": op, "dtypes": list(ins), "out_dtypes": list(outs), "count": n}
-                for (op, ins, outs), n in sorted(self.ops.items())
+                for (op, ins, outs), n in sorted(ops.items())
             ],
             "functions": [
                 {"name": fn, "dtypes": list(ins), "count": n}
-                for (fn, ins), n in sorted(self.functions.items())
+                for (fn, ins), n in sorted(functions.items())
             ],
             "float64_sites": [
                 {"site": site, "op": op, "dtype": dt, "count": n}
-                for (site, op, dt), n in sorted(self.sites.items())
+                for (site, op, dt), n in sorted(sites.items())
             ],
         }
 

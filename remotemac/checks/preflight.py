@@ -215,18 +215,18 @@ def substitute(
         raise BadInput(f"preflight: workload.command: {exc}") from None
 
 
-def command_argv(argv: list[str], interpreter: str) -> tuple[list[str], dict[str, str]]:
-    """What preflight starts for the command, and the variables it sets in front.
-
-    ``[env] [VAR=x] python …`` runs ``interpreter …`` (the word replaced, the variables
-    moved to the environment); any other command runs as the run starts a job,
-    ``/bin/sh -c COMMAND``."""
+def python_shims(bin_dir: Path, interpreter: str, argv: list[str]) -> None:
+    """``python``, ``python3`` (and the command's own bare python word) in ``bin_dir``,
+    each ``exec interpreter "$@"``: a bare python anywhere in the command is the
+    project's interpreter, as ``.venv/bin`` first on the run's PATH makes it on the host.
+    Scripts, not links: a link to a venv's python would lose its venv."""
+    bin_dir.mkdir(parents=True, exist_ok=True)
     found = _python_word(argv)
-    if found is None:
-        return ["/bin/sh", "-c", shlex.join(argv)], {}
-    index, _ = found
-    env = dict(a.partition("=")[::2] for a in argv[:index] if a != "env")
-    return [interpreter, *argv[index + 1 :]], env
+    names = {"python", "python3"} | ({found[1]} if found and "/" not in found[1] else set())
+    for name in names:
+        shim = bin_dir / name
+        shim.write_text(f'#!/bin/sh\nexec {shlex.quote(interpreter)} "$@"\n', encoding="utf-8")
+        shim.chmod(0o755)
 
 
 def run_preflight(
@@ -259,19 +259,18 @@ def run_preflight(
         if data_dir is None:
             data.mkdir()  # no data in the playbook: an empty directory keeps {data_dir} valid
         values = {"device": "cpu", "data_dir": str(data), "output_dir": str(out_dir)}
+        substituted = substitute(command, values, matrix)
         try:
-            argv = shlex.split(substitute(command, values, matrix))
+            argv = shlex.split(substituted)
         except ValueError as exc:
             raise BadInput(f"preflight: workload.command does not parse: {exc}") from None
         if not argv:
             raise BadInput("preflight: workload.command is empty")
         interpreter = interpreter_for(argv, cwd, environment_python)
-        cmd, cmd_env = command_argv(argv, interpreter)
         trace_dir = Path(tmp) / "traces"
         trace_dir.mkdir()
         full_env = dict(os.environ)
         full_env.update(env)
-        full_env.update(cmd_env)
         full_env.update(
             REMOTEMAC_DEVICE="cpu",
             REMOTEMAC_DATA=str(data),
@@ -279,7 +278,11 @@ def run_preflight(
             CUDA_VISIBLE_DEVICES="",  # the trace must be the CPU's choices, even on a GPU box
         )
         _venv_env(interpreter, full_env)
+        python_shims(Path(tmp) / "bin", interpreter, argv)
+        full_env["PATH"] = str(Path(tmp) / "bin") + os.pathsep + full_env["PATH"]
         _tracer_env(full_env, trace_dir, Path(tmp) / "site", cwd, seconds)
+        # as the run starts a job (agent/runner.py): whatever the command's shape
+        cmd = ["/bin/sh", "-c", substituted]
         done = _run_command(cmd, cwd, full_env, seconds, trace_dir, Path(tmp) / "output.log")
         merged = merge_traces(trace_dir, done)
     if merged.get("processes", 0) == 0:
