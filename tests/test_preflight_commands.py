@@ -81,6 +81,8 @@ def test_run_sh_with_dataloader_workers_merges_every_process(
     assert data["stopped"] == "completed"
     assert data["processes"] == 3  # train.py and its two workers
     assert data["interpreter"] == str(project / VENV_PYTHON)
+    # run.sh's bare python is the venv's (its directory first on PATH)
+    assert data["executables"] == [str(project / VENV_PYTHON)]
     ops = {o["op"] for o in data["ops"]}
     assert "aten::flip" in ops, ops  # __getitem__ runs only in the workers
     assert {"aten::convolution", "aten::addmm", "aten::relu"} <= ops, ops
@@ -183,3 +185,24 @@ def test_a_command_without_torch_is_one_line_not_full_coverage(
     assert code == 2 == data["exit_code"] and "coverage_pct" not in data
     assert says in data["error"] and "nothing to" in data["error"], data
     assert data["error"].startswith("preflight: ")
+
+
+def test_an_unknown_tracer_module_is_refused_and_the_job_still_runs(tmp_path: Path) -> None:
+    """jobsite.py starts only observer.py or optrace.py, whatever the variable says."""
+    from remotemac.agent.shared import install_jobsite
+    from remotemac.checks.preflight import agent_dir
+
+    env: dict[str, str] = {"PATH": "/usr/bin:/bin"}
+    install_jobsite(str(agent_dir()), str(tmp_path / "site"), str(tmp_path), env, "../x")
+    out = subprocess.run(
+        [sys.executable, "-c", "import torch; print(torch.ones(2).sum().item())"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert out.stdout.strip() == "2.0"
+    assert "could not observe this process (ValueError: unknown REMOTEMAC_OBSERVE_MODULE" in (
+        out.stderr
+    )
+    assert not list(tmp_path.glob("trace-*.json"))

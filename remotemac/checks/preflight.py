@@ -108,6 +108,8 @@ class PreflightReport:
     interpreter: str | None = None
     #: the command's Python processes that imported torch and were traced (merged)
     processes: int = 1
+    #: the interpreters those processes ran (a run.sh may name another than ``interpreter``)
+    executables: list[str] = field(default_factory=list)
     kind: str = "prediction"
 
     @property
@@ -299,6 +301,7 @@ def run_preflight(
     report = predict(merged, table, mps_coverage.torch_version())
     report.interpreter = interpreter
     report.processes = int(merged["processes"])
+    report.executables = list(merged.get("executables", []))
     if report.stopped == "error":
         report.output_tail = done.tail
     return report
@@ -473,6 +476,7 @@ def merge_traces(trace_dir: Path, done: CommandDone) -> dict[str, Any]:
     merged["float64_sites"] = [
         {"site": s, "op": o, "dtype": d, "count": n} for (s, o, d), n in sorted(sites.items())
     ]
+    merged["executables"] = sorted({str(t["executable"]) for t in traces if t.get("executable")})
     if traces:
         merged["torch_version"] = traces[0].get("torch_version")
         merged["seconds_limit"] = traces[0].get("seconds_limit", 0.0)
