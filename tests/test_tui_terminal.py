@@ -1,6 +1,6 @@
 """The TUI's frames reach a non-blocking terminal whole (issue 30), on a real pty.
 
-A real pseudo-terminal whose slave side is non-blocking (as a terminal is when any
+Simulation, named so: a real pseudo-terminal whose slave side is non-blocking (as a terminal is when any
 process sharing it set ``O_NONBLOCK``), and a reader on the master side that drains
 slowly (a terminal reading slower than the app writes): the first test shows the
 cause, Python's own stderr stream dropping bytes without an error; the second that
