@@ -1,8 +1,9 @@
 """The TUI's frames reach a non-blocking terminal whole (issue 30), on a real pty.
 
-Simulation, named so: a real pseudo-terminal whose slave side is non-blocking (as a terminal is when any
-process sharing it set ``O_NONBLOCK``), and a reader on the master side that drains
-slowly (a terminal reading slower than the app writes): the first test shows the
+Simulation, named so: a real pseudo-terminal whose slave side is non-blocking (as a
+terminal is when any process sharing it set ``O_NONBLOCK``), and a reader on the
+master side that drains slowly (a terminal reading slower than the app writes): the
+first test shows the
 cause, Python's own stderr stream dropping bytes without an error; the second that
 :class:`~remotemac.tui.terminal.WholeWrites` loses none. The third checks that the
 app runs its frames through it on a real terminal and leaves tests' headless driver
