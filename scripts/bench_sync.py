@@ -18,11 +18,19 @@ its own process so it shares no GIL with the orchestrator):
    it has been forwarded; the bytes the second attempt sent, as a share of the file;
 4. the orchestrator's peak RSS (VmHWM, reset before each sync) over all of them.
 
+``--pin`` models two machines on the two cores: the laptop side (this process, its
+threads, and the ssh/scp/rsync it starts) runs on core 0, sshd and everything it
+starts (remotemac's receivers, scp's and rsync's host ends) on core 1 (sched
+affinity, as ``taskset`` sets it; the proxy, being the network, is left on both).
+Each line also gives the CPU by end (sampled from /proc, so other tenants of a
+shared machine do not count) and how long each end waited for a core.
+
 Every remotemac timing includes a fresh SSH connection, like scp's and rsync's; the
 agent is already on the host (provision installs it before the sync phase of a run).
 
     python scripts/bench_sync.py --repeat 5                   # 1 GiB shapes, 80 ms, 100 MB/s
     python scripts/bench_sync.py --size 64MiB --links loopback  # quick look
+    python scripts/bench_sync.py --size 256MiB --links loopback --parts cold --pin
 """
 
 from __future__ import annotations
@@ -221,6 +229,16 @@ class EndsCPU:
             f"proxy {c['proxy']:.2f}), "
             f"waiting for a core {w['laptop']:.2f} + {w['host']:.2f} s ({w['proxy']:.2f})"
         )
+
+
+def pin_ends(server: SSHD) -> None:
+    """This process (the laptop: its threads and every process it starts from now on)
+    on core 0, sshd (the host: every session it forks inherits it) on core 1."""
+    if server.proc is None or (os.cpu_count() or 1) < 2:
+        raise SystemExit("--pin needs two cores and a running sshd")
+    os.sched_setaffinity(server.proc.pid, {1})
+    for task in os.listdir("/proc/self/task"):
+        os.sched_setaffinity(int(task), {0})
 
 
 def reset_peak_rss() -> None:
@@ -528,6 +546,9 @@ async def main() -> int:
     parser.add_argument(
         "--streams", type=int, default=None, help="force remotemac's channels (by the RTT)"
     )
+    parser.add_argument(
+        "--pin", action="store_true", help="laptop side on core 0, sshd and its children on 1"
+    )
     parser.add_argument("--changed", type=float, default=0.01, help="re-sync: share changed")
     parser.add_argument(
         "--parts",
@@ -540,6 +561,8 @@ async def main() -> int:
     with tempfile.TemporaryDirectory(prefix="rm-bench-sync-", dir=os.environ.get("TMPDIR")) as t:
         tmp = Path(t)
         server = SSHD(tmp / "sshd").start()
+        if args.pin:
+            pin_ends(server)
         bench = Bench(tmp, server)
         bench.streams = args.streams
         proxy = None
@@ -550,8 +573,9 @@ async def main() -> int:
                 f"{args.size / 2**20:.0f} MiB per shape: "
                 + ", ".join(f"{s} = {len(p)} files ({SHAPES[s]})" for s, p in shapes.items())
                 + f"; far link {args.rtt * 1000:.0f} ms RTT, {args.rate / 1e6:.0f} MB/s "
-                f"(fault proxy in its own process); {os.cpu_count()} cores shared by both "
-                f"ends, load {os.getloadavg()[0]:.1f}",
+                f"(fault proxy in its own process); {os.cpu_count()} cores "
+                + ("pinned: laptop on 0, host on 1" if args.pin else "shared by both ends")
+                + f", load {os.getloadavg()[0]:.1f}",
                 flush=True,
             )
             targets = []
@@ -561,6 +585,8 @@ async def main() -> int:
                 proxy = ProxyProcess(server.host, server.port, rtt=args.rtt, rate=args.rate)
                 targets.append(bench.proxied(proxy.start().port, "far"))
                 bench.proxy_pid = proxy._proc.pid if proxy._proc is not None else None
+                if args.pin and bench.proxy_pid is not None:  # the network: both cores
+                    os.sched_setaffinity(bench.proxy_pid, {0, 1})
             for r in range(args.repeat if "cold" in parts else 0):
                 print(f"round {r + 1}/{args.repeat} (load {os.getloadavg()[0]:.1f})", flush=True)
                 for link in targets:
