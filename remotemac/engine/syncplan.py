@@ -171,10 +171,16 @@ def choose_streams(
     each receiver creates, stores, decrypts and hashes its own files, and creating a
     file costs the host 0.1-1 ms (measured on loopback, both ends on the same 2 busy
     cores, 1,916 files of 16-256 KiB: 41 MB/s on one stream, 62 on three, median of 5).
-    A few large files stay on one stream there: more measured no faster."""
+    A few large files stay on one stream there: more measured no faster.
+
+    Such small files also stay on one connection's LINK_STREAMS on a far link: there
+    the host's per-file work, not the window, is what holds them, and every receiver
+    more costs the host a python start (80 ms, 256 MiB of 1,916 files, on the 2 shared
+    cores at load 6-10, interleaved: 37.8 and 25.2 MB/s on 5-6 streams, 18.2 and 26.2
+    on 11-12, whose host used 7.8-8.7 s of CPU)."""
     want = math.ceil(target_rate * rtt / CHANNEL_BYTES)
     if files and todo_bytes // files < SMALL_FILE_BYTES:
-        want = max(want, SMALL_FILE_STREAMS)
+        want = max(min(want, LINK_STREAMS), SMALL_FILE_STREAMS)
     return max(1, min(want, cap, files, todo_bytes // MIN_STREAM_BYTES))
 
 
