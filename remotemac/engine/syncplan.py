@@ -28,6 +28,11 @@ QUEUE_BATCHES = 4
 #: (the orchestrator peaked at 195 MiB with 10 streams of 4, goal < 200 MiB); a
 #: stream of a many-stream sync is slow (its window), so one or two waiting keep it fed
 QUEUE_BATCHES_TOTAL = 16
+#: ... and past one connection's streams each batch is half as big: a far push of one
+#: 256 MiB file cut at half peaked at 195-198 MiB on 10 streams of 1 MiB batches
+#: (main, 6 streams: 178 MiB); each of those streams carries ~13 MB/s, so 512 KiB
+#: writes are still few
+MANY_STREAMS_BATCH_BYTES = BATCH_BYTES // 2
 #: OpenSSH's sshd advertises this window per session channel and gives it back in
 #: halves (a window adjust once half is consumed), so one channel carries about
 #: CHANNEL_BYTES per round trip: 5 channels moved 72 MB/s through the fault proxy's

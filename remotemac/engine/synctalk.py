@@ -26,6 +26,9 @@ from remotemac.engine.syncpieces import Batch, FileDone, next_batch, pack_frame,
 from remotemac.engine.syncplan import (
     AHEAD_BYTES,
     AHEAD_MISS_SHARE,
+    BATCH_BYTES,
+    LINK_STREAMS,
+    MANY_STREAMS_BATCH_BYTES,
     MAX_STREAMS,
     PARTIAL_MIN_BYTES,
     PROGRESS_EVERY_S,
@@ -213,6 +216,7 @@ class Session:
         self._spares: list[Transport] = []
         self._late: asyncio.Future[list[RemoteProcess]] | None = None
         self._queue_batches = QUEUE_BATCHES  # per stream (see QUEUE_BATCHES_TOTAL)
+        self._batch_bytes = BATCH_BYTES
 
     def manifest(self) -> Manifest:
         if self._manifest is None:
@@ -343,6 +347,7 @@ class Session:
         else:
             wanted = max(1, min(self.streams, MAX_STREAMS, jobs))
         self._queue_batches = max(1, min(QUEUE_BATCHES, QUEUE_BATCHES_TOTAL // wanted))
+        self._batch_bytes = BATCH_BYTES if wanted <= LINK_STREAMS else MANY_STREAMS_BATCH_BYTES
         first, spare = streams_per_link(wanted)
         if spare:  # its handshake overlaps the first connection's streams
             self._late = asyncio.ensure_future(self._open_spare(argv, hello, spare))
@@ -536,7 +541,7 @@ class Session:
         async def produce() -> None:
             try:
                 while True:
-                    batch = await asyncio.to_thread(next_batch, pieces)
+                    batch = await asyncio.to_thread(next_batch, pieces, self._batch_bytes)
                     await queue.put(batch if batch.data or batch.done else None)
                     if not (batch.data or batch.done):
                         return
