@@ -82,7 +82,7 @@ def test_tracing_on_records_n_steps_then_removes_its_hooks(tmp_path):
     header, rows = load_trace(path)
     assert header["schema"] == "remotemac.trace/1" and header["device"] == "cpu"
     assert {r["step"] for r in rows} == {0, 1}
-    step0 = [(r["path"], r["call"]) for r in rows if r["step"] == 0]
+    step0 = [(r["path"], r["call"]) for r in rows if r["step"] == 0 and "pass" not in r]
     # children before their parent; the reused module keyed by its call index; the
     # transform is not the model: the next batch's belongs to the step in progress
     assert step0 == [("0", 0), ("1", 0), ("2", 0), ("1", 1), ("", 0), ("<Identity>", 0)]
@@ -106,6 +106,26 @@ def test_tracing_on_records_n_steps_then_removes_its_hooks(tmp_path):
     assert out["shape"] == [2, 4] and out["dtype"] == "float32" and out["nan"] == 0
     assert len(out["sample"]) == 8 and out["stride"] == 1  # 8 values: every one sampled
     assert rows[0]["in"]["sum"] == 8.0 and rows[0]["in"]["absmax"] == 1.0
+    # the backward of each step, in the order its gradients were made: the model's
+    # (the gradient of its output came in; its input needs none: no gradient out),
+    # then the layers from the last, the shared Tanh's two calls apart; a row is
+    # written when its call's backward is complete: the first Linear's as soon as its
+    # output's gradient is in (its input needs none), a hair before the Tanh it fed
+    back = [r for r in rows if r["step"] == 0 and r.get("pass") == "backward"]
+    assert [(r["path"], r["call"], r["i"]) for r in back] == [
+        ("", 0, 0),
+        ("1", 1, 1),
+        ("2", 0, 2),
+        ("0", 0, 3),
+        ("1", 0, 4),
+    ]
+    assert back[0]["out"] is None and back[0]["in"]["sum"] == 8.0  # d sum / d output = 1
+    assert back[3]["out"] is None  # the first Linear's input (the data) needs no gradient
+    assert all(r["in"]["shape"] == [2, 4] for r in back)
+    assert [r["out"]["shape"] for r in back if r["path"] not in ("", "0")] == [[2, 4]] * 3
+    # the Tanh's call 0 hands on the gradient the first Linear got
+    assert back[4]["out"] == back[3]["in"]
+    assert {r["step"] for r in rows if r.get("pass") == "backward"} == {0, 1}
 
 
 # ---------------------------------------------------------------- the compare

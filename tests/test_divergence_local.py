@@ -155,6 +155,34 @@ def test_a_nan_made_on_the_target_is_named_with_its_module(tmp_path):
     assert "transformer.h.1.attn" in (out / "acceptance.md").read_text()
 
 
+def test_a_backward_only_perturbation_is_named_as_that_layers_backward(tmp_path):
+    """Block 1's MLP hands its input a gradient scaled by 1 + 1e-3 on the target (a
+    custom autograd Function): every forward call matches, the backward names it."""
+    code, record, out = _run(tmp_path, "grad", {"TRACE_GRAD_SCALE": "1e-3"}, {"steps": 2})
+    assert code == 1 and record["verdict"] == "rejected"
+    div = record["divergence"]
+    assert div["kind"] == "backward-divergence", div["detail"]
+    # step 0's forward calls are bit-identical: the perturbation touches only the
+    # backward (step 1's differ: the weights were updated with step 0's gradients, and
+    # step 0's backward comes first in the run, so it is the headline)
+    fwd = {}
+    for label in ("cpu", "cpu-target"):
+        _, rows = load_trace(out / "logs" / f"{label}.trace.jsonl")
+        fwd[label] = [r for r in rows if r.get("pass") != "backward" and r["step"] == 0]
+    assert len(fwd["cpu"]) > 30 and fwd["cpu"] == fwd["cpu-target"]
+    back = div["backward"]
+    first = back["first"]
+    assert (first["path"], first["call"], first["step"], first["cls"]) == (PERTURBED, 0, 0, "MLP")
+    # the gradient that came into the MLP's backward matched; the one it handed on is off
+    assert first["in_rel"] == 0.0 and 5e-4 < first["out_rel"] < 2e-3
+    # the layers it feeds in the backward (ln_2, the blocks before) carry it on
+    assert all(g["growth"] < div["growth_factor"] for g in back["growths"][1:]), back
+    # every module call of the two steps has its backward row, the reused dropout too
+    assert back["calls"]["reference"] == back["calls"]["target"] == div["calls"]["reference"]
+    md = (out / "acceptance.md").read_text()
+    assert f"- first backward divergence: `{PERTURBED}` (call 0, step 0, MLP" in md
+
+
 def test_no_trace_and_no_divergence_section_when_tracing_is_off(tmp_path):
     code, record, out = _run(tmp_path, "off", {"TRACE_SCALE": "1e-3"})
     assert code == 1 and "divergence" not in record

@@ -9,7 +9,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from remotemac.acceptance.divergence import Change, Divergence, NanSite, TracedCall
+from remotemac.acceptance.divergence import (
+    BackwardDivergence,
+    Change,
+    Divergence,
+    NanSite,
+    TracedCall,
+)
 from remotemac.acceptance.observations import (
     FileResult,
     Memory,
@@ -509,11 +515,48 @@ def _divergence(div: Divergence | None) -> list[str]:
             f"{_code(order.reference)} on the reference, "
             f"{_code(order.target)} on the target"
         )
-    if div.growths:
+    back = div.backward
+    if back is not None:
+        out += _backward(back)
+    if div.growths and not (div.kind or "").startswith("backward"):
         out += ["", "Largest growths (output error over input error) in that step:", ""]
         out += _table(
             ["module", "call", "output off by", "input off by", "growth"],
             [_growth_row(g) for g in div.growths],
+        )
+    if back is not None and back.growths and (div.kind or "").startswith("backward"):
+        out += [
+            "",
+            "Largest growths in the backward (gradient handed on over gradient come in):",
+            "",
+        ]
+        out += _table(
+            ["module", "call", "gradient out off by", "gradient in off by", "growth"],
+            [_growth_row(g) for g in back.growths],
+        )
+    return out
+
+
+def _backward(back: BackwardDivergence) -> list[str]:
+    """The backward calls' lines: the first NaN/Inf gradient, the first divergence."""
+    out = []
+    if back.nan:
+        n = back.nan
+        out.append(
+            f"- first NaN/Inf gradient: the backward of {_where(n)}: {n.nan} NaN, "
+            f"{n.inf} Inf handed to its input from a finite gradient; the reference's is finite"
+        )
+    if back.first:
+        b = back.first
+        out.append(
+            f"- first backward divergence: {_where(b)}: the gradient to its input off by "
+            f"{_rel(b.out_rel)} of its abs-max, {_rel(b.growth)}x the error of the "
+            f"gradient that came in (off by {_rel(b.in_rel)})"
+        )
+    elif not back.nan:
+        out.append(
+            f"- backward: no call beyond tolerance ({back.compared} compared); the largest "
+            f"difference: {_rel(back.worst_rel)} of a gradient's abs-max"
         )
     return out
 
