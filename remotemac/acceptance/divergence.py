@@ -35,7 +35,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from remotemac.acceptance.jsonfields import (
     JSON_NAME,
@@ -45,6 +45,9 @@ from remotemac.acceptance.jsonfields import (
     parse_optional,
 )
 from remotemac.agent.protocol import JsonObject
+
+if TYPE_CHECKING:  # drill.py reads this module's summaries: imported on use
+    from remotemac.acceptance.drill import OpDrill
 
 TRACE_SCHEMA = "remotemac.trace/1"
 #: a trace row's ``pass`` for a backward call (a forward one has none)
@@ -161,8 +164,10 @@ class Divergence(JsonFields):
     order: OrderDiff | None = None
     growth_factor: float = GROWTH
     backward: BackwardDivergence | None = None
+    drill: OpDrill | None = None  # the op-level drill-down of the first divergent call
 
     JSON_PARSE = {
+        "drill": lambda data: _parse_drill(data),
         "backward": parse_optional(BackwardDivergence.from_json),
         "first": parse_optional(TracedCall.from_json),
         "nan": parse_optional(NanSite.from_json),
@@ -174,6 +179,12 @@ class Divergence(JsonFields):
     def to_dict(self) -> JsonObject:
         """The section as the record keeps it (``to_json``; engine/record.py's name)."""
         return self.to_json()
+
+
+def _parse_drill(data: Any) -> OpDrill | None:
+    from remotemac.acceptance.drill import OpDrill
+
+    return OpDrill.from_json(data) if data else None
 
 
 @dataclass(frozen=True)
@@ -585,4 +596,34 @@ def divergence_for(
         _, tgt_rows = load_trace(target)
     except (OSError, TraceError) as exc:
         return Divergence(traced=False, detail=f"trace not read: {exc}")
-    return compare_traces(ref_rows, tgt_rows, tol)
+    found = compare_traces(ref_rows, tgt_rows, tol)
+    from remotemac.acceptance.drill import drill_for
+
+    found.drill = drill_for(drill_path(reference), drill_path(target), tol)
+    return found
+
+
+def drill_path(trace: Path) -> Path:
+    """Where a side's op trace lies beside its module trace (logs/<label>.drill.jsonl)."""
+    return trace.with_name(trace.name.replace(".trace.jsonl", ".drill.jsonl"))
+
+
+@dataclass(frozen=True)
+class DrillAt:
+    """The module call a drill pass runs alone: the first NaN's, else the first
+    divergence's (forward calls only: the drill runs a forward)."""
+
+    step: int
+    path: str
+    call: int
+
+    def to_json(self) -> JsonObject:
+        return {"step": self.step, "path": self.path, "call": self.call}
+
+
+def drill_at(div: Divergence) -> DrillAt | None:
+    """Which call to drill into, or None when the forward has nothing to drill."""
+    site = div.nan if div.kind == "nan" else div.first if div.kind == "divergence" else None
+    if site is None or site.path.startswith(("<", "?")):
+        return None  # a module outside the model's tree cannot be found again by path
+    return DrillAt(site.step, site.path, site.call)

@@ -16,6 +16,7 @@ from remotemac.acceptance.divergence import (
     NanSite,
     TracedCall,
 )
+from remotemac.acceptance.drill import OpDrill
 from remotemac.acceptance.observations import (
     FileResult,
     Memory,
@@ -515,6 +516,8 @@ def _divergence(div: Divergence | None) -> list[str]:
             f"{_code(order.reference)} on the reference, "
             f"{_code(order.target)} on the target"
         )
+    if div.drill is not None:
+        out += _drill(div.drill)
     back = div.backward
     if back is not None:
         out += _backward(back)
@@ -534,6 +537,36 @@ def _divergence(div: Divergence | None) -> list[str]:
             ["module", "call", "gradient out off by", "gradient in off by", "growth"],
             [_growth_row(g) for g in back.growths],
         )
+    return out
+
+
+def _drill(drill: OpDrill) -> list[str]:
+    """The op-level drill-down's lines: the op inside the module that made it."""
+    at = f"{_code(drill.path or '(model)')} (call {drill.call}, step {drill.step})"
+    if not drill.ran:
+        return [f"- op-level drill-down of {at}: not run: {_cell(drill.detail)}"]
+    out = []
+    if drill.nan:
+        n = drill.nan
+        out.append(
+            f"- first NaN/Inf op: {_code(n.op)} in {_code(n.module or drill.path)}: "
+            f"{n.nan} NaN, {n.inf} Inf from finite inputs (op {n.index} of "
+            f"{drill.ops.get('target')}, run alone on both sides with the reference's input)"
+        )
+    if drill.first:
+        f = drill.first
+        alone = "; the reference ran no such op there" if f.one_side else ""
+        out.append(
+            f"- first differing op: {_code(f.op)} in {_code(f.module or drill.path)}: "
+            f"output off by {_rel(f.out_rel)} of its abs-max, {_rel(f.growth)}x its "
+            f"input's error (op {f.index} of {drill.ops.get('target')}, run alone on both "
+            f"sides with the reference's input and weights{alone})"
+        )
+    if not drill.nan and not drill.first:
+        out.append(f"- op-level drill-down of {at}: {_cell(drill.detail)}")
+    for side, ops in (("reference", drill.only_reference), ("target", drill.only_target)):
+        if ops:
+            out.append(f"- ops on the {side} only: " + ", ".join(_code(o) for o in ops))
     return out
 
 
