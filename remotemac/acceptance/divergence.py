@@ -599,7 +599,13 @@ def divergence_for(
     found = compare_traces(ref_rows, tgt_rows, tol)
     from remotemac.acceptance.drill import drill_for
 
-    found.drill = drill_for(drill_path(reference), drill_path(target), tol)
+    drill = drill_for(drill_path(reference), drill_path(target), tol)
+    at = drill_at(found)
+    if drill is not None and drill.ran and (at is None or at != drill.at()):
+        # the op traces of another call (a drill pass of an older compare): not this run's
+        drill.ran, drill.detail = False, "the op traces are of another call than the one named"
+        drill.first = drill.nan = None
+    found.drill = drill
     return found
 
 

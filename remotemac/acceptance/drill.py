@@ -29,6 +29,7 @@ from remotemac.acceptance.divergence import (
     EPS32,
     GROWTH,
     NO_SUMMARY,
+    DrillAt,
     Summary,
     _errors,
     _finite,
@@ -80,6 +81,12 @@ class OpDrill(JsonFields):
         "first": parse_optional(OpSite.from_json),
         "nan": parse_optional(OpSite.from_json),
     }
+
+    def at(self) -> DrillAt | None:
+        """The call this drill ran (as the reference's op trace names it)."""
+        if self.path is None or self.step is None:
+            return None
+        return DrillAt(int(self.step), self.path, int(self.call or 0))
 
 
 @dataclass(frozen=True)
@@ -207,7 +214,8 @@ def compare_drills(
             shape = (row.out or NO_SUMMARY).shape
             ref_out = _last_same_shape(ref_rows, ref_at, shape)
             ref_in = _last_same_shape(ref_rows, ref_at, (row.inp or NO_SUMMARY).shape)
-        out_rel, out_excess = _errors(row.out, ref_out, tol) if ref_out else (math.inf, math.inf)
+        # an op on one side with no value of its shape before it: nothing to compare with
+        out_rel, out_excess = _errors(row.out, ref_out, tol) if ref_out else (0.0, 0.0)
         in_rel, _ = _errors(row.inp, ref_in, tol) if ref_in and row.inp else (0.0, 0.0)
         made_nan = row.out is not None and row.out.bad() and not row.in_bad
         ref_finite = ref_out is None or not ref_out.bad() or j is None

@@ -505,8 +505,8 @@ def _divergence(div: Divergence | None) -> list[str]:
         )
     elif not nan:
         out.append(
-            f"- no call beyond tolerance; the largest difference: {_rel(div.worst_rel)} "
-            "of a call's abs-max"
+            f"- {'forward: ' if div.backward else ''}no call beyond tolerance; the largest "
+            f"difference: {_rel(div.worst_rel)} of a call's abs-max"
         )
     out += [_change(c) for c in div.changes]
     order = div.order
