@@ -98,8 +98,17 @@ def test_a_perturbed_mlp_is_named_as_the_first_divergence_not_the_layers_after(t
     md = (out / "acceptance.md").read_text()
     assert "## First divergence" in md and f"`{PERTURBED}` (call 0, step 0, MLP" in md
     assert f"built at `train.py:{built}`" in md
-    # the traces hold samples of the data (token ids): gone from the host with the wipe
-    assert not list((tmp_path / "host-root-e3").rglob("*.trace.jsonl"))
+    # the drill passes ran that MLP call alone on both sides with the reference's input
+    # and weights: the op the target ran on top of the reference's is the scale's mul
+    drill = div["drill"]
+    assert drill["ran"] is True, drill["detail"]
+    assert (drill["path"], drill["call"], drill["step"]) == (PERTURBED, 0, 0)
+    assert (drill["first"]["op"], drill["first"]["module"]) == ("aten::mul", PERTURBED)
+    assert drill["nan"] is None and drill["ops"]["reference"] >= 5
+    assert f"- first differing op: `aten::mul` in `{PERTURBED}`" in md
+    # the traces, the op traces and the saved input hold the data: gone with the wipe
+    host = tmp_path / "host-root-e3"
+    assert not [*host.rglob("*.trace.jsonl"), *host.rglob("*.drill.jsonl"), *host.rglob("*.pt")]
     # the traces came back beside the logs, and are nothing but JSON
     for label in ("cpu", "cpu-target"):
         header, rows = load_trace(out / "logs" / f"{label}.trace.jsonl")
@@ -152,6 +161,17 @@ def test_a_nan_made_on_the_target_is_named_with_its_module(tmp_path):
     )
     assert nan["nan"] > 0 and nan["reference_nan"] == 0
     assert div["steps"] == 1
+    # the op inside the attention where it shows: no op computed it (it is a Python
+    # constant written in after SDPA), so the first op holding it, with NaN coming in
+    drill = div["drill"]
+    assert drill["ran"] is True and drill["path"] == "transformer.h.1.attn", drill
+    site = drill["nan"]
+    assert (site["op"], site["module"], site["in_bad"]) == (
+        "aten::lift_fresh",
+        "transformer.h.1.attn",
+        1,
+    ), site
+    assert "already in its inputs (a constant)" in (out / "acceptance.md").read_text()
     assert "transformer.h.1.attn" in (out / "acceptance.md").read_text()
 
 

@@ -11,7 +11,9 @@ Then, in the target's order:
   an op the target ran alone is compared with the reference's last value of the same
   shape at that point (the value it took the place of: ``one_side``);
 * the **first NaN/Inf op**: the first target op whose output holds a NaN or Inf while
-  none of its inputs did, and whose reference counterpart's output was finite.
+  none of its inputs did, and whose reference counterpart's output was finite; when
+  none did (a NaN written in from a Python constant: ``aten::lift_fresh`` of it), the
+  first op whose output holds one, with ``in_bad`` saying it came with its inputs.
 
 Plain JSON lines both ways; nothing is unpickled here.
 """
@@ -59,6 +61,7 @@ class OpSite(JsonFields):
     nan: int = 0
     inf: int = 0
     one_side: bool = False  # the reference ran no such op there
+    in_bad: int = 0  # NaN/Inf already in its inputs (a constant the code wrote in)
 
 
 @dataclass
@@ -205,6 +208,7 @@ def compare_drills(
     drill.only_reference = [r.name for i, r in enumerate(ref_rows) if i not in matched_ref][:TOP]
     drill.only_target = [r.name for i, r in enumerate(tgt_rows) if i not in counterpart][:TOP]
     ref_at = 0  # the reference ops up to the target's position
+    appeared: OpSite | None = None  # the first NaN/Inf, made here or not
     for i, row in enumerate(tgt_rows):
         j = counterpart.get(i)
         if j is not None:
@@ -217,12 +221,19 @@ def compare_drills(
         # an op on one side with no value of its shape before it: nothing to compare with
         out_rel, out_excess = _errors(row.out, ref_out, tol) if ref_out else (0.0, 0.0)
         in_rel, _ = _errors(row.inp, ref_in, tol) if ref_in and row.inp else (0.0, 0.0)
-        made_nan = row.out is not None and row.out.bad() and not row.in_bad
+        has_nan = row.out is not None and row.out.bad()
         ref_finite = ref_out is None or not ref_out.bad() or j is None
-        if drill.nan is None and made_nan and ref_finite:
+        if drill.nan is None and has_nan and not row.in_bad and ref_finite:
             drill.nan = _site(row, out_rel, in_rel, j is None)
+        if appeared is None and has_nan and ref_finite:
+            appeared = _site(row, out_rel, in_rel, j is None)
+            appeared.in_bad = row.in_bad
         if drill.first is None and out_excess > 1 and _growth(out_rel, in_rel) > GROWTH:
             drill.first = _site(row, out_rel, in_rel, j is None)
+    if drill.nan is None:
+        # no op made it from finite inputs: it came in from outside the ops (a Python
+        # constant lifted into a tensor and written in): where it first shows
+        drill.nan = appeared
     drill.detail = _detail(drill)
     return drill
 

@@ -548,9 +548,10 @@ def _drill(drill: OpDrill) -> list[str]:
     out = []
     if drill.nan:
         n = drill.nan
+        source = "already in its inputs (a constant)" if n.in_bad else "from finite inputs"
         out.append(
             f"- first NaN/Inf op: {_code(n.op)} in {_code(n.module or drill.path)}: "
-            f"{n.nan} NaN, {n.inf} Inf from finite inputs (op {n.index} of "
+            f"{n.nan} NaN, {n.inf} Inf {source} (op {n.index} of "
             f"{drill.ops.get('target')}, run alone on both sides with the reference's input)"
         )
     if drill.first:

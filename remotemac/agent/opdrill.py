@@ -91,11 +91,18 @@ def _op_recorder(torch: Any, summarise: Any, stack: list[str], rows: list[Any]) 
 
     class OpRecorder(TorchDispatchMode):  # type: ignore[misc, valid-type]
         def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None):
-            out = func(*args, **(kwargs or {}))
+            # the inputs are summarised before the op runs: an in-place op (``fill_``,
+            # ``add_``) changes its own input, and a NaN it writes is its own
+            before = None
             if len(rows) < MAX_OPS:
+                with contextlib.suppress(Exception):
+                    inputs = _tensors((args, kwargs or {}), torch)
+                    first = summarise(inputs[0], torch) if inputs else None
+                    before = (first, _bad(inputs, torch))
+            out = func(*args, **(kwargs or {}))
+            if before is not None:
                 with contextlib.suppress(Exception):  # the op ran: a summary bug is no error
                     schema = getattr(func, "_schema", None)
-                    inputs = _tensors((args, kwargs or {}), torch)
                     outputs = _tensors(out, torch)
                     rows.append(
                         {
@@ -103,8 +110,8 @@ def _op_recorder(torch: Any, summarise: Any, stack: list[str], rows: list[Any]) 
                             "op": schema.name if schema is not None else str(func),
                             "module": stack[-1] if stack else None,
                             "out": summarise(outputs[0], torch) if outputs else None,
-                            "in": summarise(inputs[0], torch) if inputs else None,
-                            "in_bad": _bad(inputs, torch),
+                            "in": before[0],
+                            "in_bad": before[1],
                         }
                     )
             return out

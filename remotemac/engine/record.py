@@ -582,16 +582,36 @@ def caches(ctx: RunContext) -> list[JsonObject]:
     ]
 
 
-def divergence(ctx: RunContext) -> JsonObject | None:
-    """Where the target first diverges from the reference, from the two pulled traces
-    (``workload.trace``); the tolerance is the first compare rule's that gives one."""
-    from remotemac.acceptance.compare import FLOAT32_TOL
-    from remotemac.acceptance.divergence import divergence_for
+async def drill_down(ctx: RunContext) -> None:
+    """The drill passes (engine/drillpass.py) when the pulled traces name a forward
+    call to drill into; one that cannot run is a warning and the record says so."""
+    from remotemac.acceptance.divergence import divergence_for, drill_at
+    from remotemac.engine import drillpass
+    from remotemac.errors import RemotemacError
 
     ref, tgt = ctx.side("reference"), ctx.side("target")
     if ref is None or tgt is None:
-        return None
-    tol = next(
+        return
+    logs = ctx.out_dir / "logs"
+    found = divergence_for(
+        logs / f"{ref.label}.trace.jsonl", logs / f"{tgt.label}.trace.jsonl", _trace_tol(ctx)
+    )
+    at = drill_at(found) if found.traced else None
+    if at is None:
+        return
+    try:
+        why = await drillpass.drill_passes(ctx, at.to_json())
+    except (RemotemacError, OSError) as exc:
+        why = str(exc)
+    if why is not None:
+        drillpass.warn(ctx, why)
+
+
+def _trace_tol(ctx: RunContext) -> tuple[float, float] | None:
+    """The divergence compare's tolerance: the first compare rule's that gives one."""
+    from remotemac.acceptance.compare import FLOAT32_TOL
+
+    return next(
         (
             (
                 r.rtol if r.rtol is not None else FLOAT32_TOL[0],
@@ -602,9 +622,19 @@ def divergence(ctx: RunContext) -> JsonObject | None:
         ),
         None,
     )
+
+
+def divergence(ctx: RunContext) -> JsonObject | None:
+    """Where the target first diverges from the reference, from the two pulled traces
+    (``workload.trace``) and the drill passes' op traces when they ran."""
+    from remotemac.acceptance.divergence import divergence_for
+
+    ref, tgt = ctx.side("reference"), ctx.side("target")
+    if ref is None or tgt is None:
+        return None
     logs = ctx.out_dir / "logs"
     found = divergence_for(
-        logs / f"{ref.label}.trace.jsonl", logs / f"{tgt.label}.trace.jsonl", tol
+        logs / f"{ref.label}.trace.jsonl", logs / f"{tgt.label}.trace.jsonl", _trace_tol(ctx)
     )
     return found.to_dict()
 
@@ -655,6 +685,7 @@ async def write_acceptance(ctx: RunContext, lost: str | None = None) -> RecordRe
     record["process_behaviour"] = process_behaviour(ctx, met, counters, again)
     record["cpu"] = _cpu(ctx)
     if ctx.playbook.workload.trace is not None:
+        await drill_down(ctx)
         record["divergence"] = divergence(ctx)
     write_record(ctx.out_dir, record)
     return RecordResult(verdict=record["verdict"], summary=record["verdict"], conditions=met)
