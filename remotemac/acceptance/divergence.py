@@ -177,8 +177,14 @@ class Divergence(JsonFields):
     }
 
     def to_dict(self) -> JsonObject:
-        """The section as the record keeps it (``to_json``; engine/record.py's name)."""
-        return self.to_json()
+        """The section as the record keeps it (``to_json``; engine/record.py's name);
+        ``backward`` and ``drill`` only when there is one (a trace without backward
+        rows, no drill pass: the section reads as before they existed)."""
+        out = self.to_json()
+        for key in ("backward", "drill"):
+            if out.get(key) is None:
+                out.pop(key, None)
+        return out
 
 
 def _parse_drill(data: Any) -> OpDrill | None:

@@ -23,6 +23,7 @@ import time
 
 from remotemac.agent.protocol import FINAL_STATES, JsonObject, LaunchRequest, Op, StatusRequest
 from remotemac.engine.context import RunContext, Side
+from remotemac.errors import RemotemacError
 from remotemac.events import Warning
 from remotemac.phases import Phase
 
@@ -32,6 +33,31 @@ SUFFIX = ".drill"
 POLL_S = 1.0
 #: a drill pass runs the job up to one call of its first steps: this is generous
 DEFAULT_TIMEOUT_S = 3600.0
+
+
+async def drill_down(ctx: RunContext) -> None:
+    """The drill passes when the pulled traces name a forward call to drill into (the
+    pipeline's record step, before the record: record.py reads the op traces); one
+    that cannot run is a warning and the record says so."""
+    from remotemac.acceptance.divergence import divergence_for, drill_at
+    from remotemac.engine.record import trace_tol
+
+    ref, tgt = ctx.side("reference"), ctx.side("target")
+    if ref is None or tgt is None:
+        return
+    logs = ctx.out_dir / "logs"
+    found = divergence_for(
+        logs / f"{ref.label}.trace.jsonl", logs / f"{tgt.label}.trace.jsonl", trace_tol(ctx)
+    )
+    at = drill_at(found) if found.traced else None
+    if at is None:
+        return
+    try:
+        why = await drill_passes(ctx, at.to_json())
+    except (RemotemacError, OSError) as exc:
+        why = str(exc)
+    if why is not None:
+        warn(ctx, why)
 
 
 def drill_input(run_dir: str) -> str:

@@ -582,32 +582,7 @@ def caches(ctx: RunContext) -> list[JsonObject]:
     ]
 
 
-async def drill_down(ctx: RunContext) -> None:
-    """The drill passes (engine/drillpass.py) when the pulled traces name a forward
-    call to drill into; one that cannot run is a warning and the record says so."""
-    from remotemac.acceptance.divergence import divergence_for, drill_at
-    from remotemac.engine import drillpass
-    from remotemac.errors import RemotemacError
-
-    ref, tgt = ctx.side("reference"), ctx.side("target")
-    if ref is None or tgt is None:
-        return
-    logs = ctx.out_dir / "logs"
-    found = divergence_for(
-        logs / f"{ref.label}.trace.jsonl", logs / f"{tgt.label}.trace.jsonl", _trace_tol(ctx)
-    )
-    at = drill_at(found) if found.traced else None
-    if at is None:
-        return
-    try:
-        why = await drillpass.drill_passes(ctx, at.to_json())
-    except (RemotemacError, OSError) as exc:
-        why = str(exc)
-    if why is not None:
-        drillpass.warn(ctx, why)
-
-
-def _trace_tol(ctx: RunContext) -> tuple[float, float] | None:
+def trace_tol(ctx: RunContext) -> tuple[float, float] | None:
     """The divergence compare's tolerance: the first compare rule's that gives one."""
     from remotemac.acceptance.compare import FLOAT32_TOL
 
@@ -634,7 +609,7 @@ def divergence(ctx: RunContext) -> JsonObject | None:
         return None
     logs = ctx.out_dir / "logs"
     found = divergence_for(
-        logs / f"{ref.label}.trace.jsonl", logs / f"{tgt.label}.trace.jsonl", _trace_tol(ctx)
+        logs / f"{ref.label}.trace.jsonl", logs / f"{tgt.label}.trace.jsonl", trace_tol(ctx)
     )
     return found.to_dict()
 
@@ -685,7 +660,6 @@ async def write_acceptance(ctx: RunContext, lost: str | None = None) -> RecordRe
     record["process_behaviour"] = process_behaviour(ctx, met, counters, again)
     record["cpu"] = _cpu(ctx)
     if ctx.playbook.workload.trace is not None:
-        await drill_down(ctx)
         record["divergence"] = divergence(ctx)
     write_record(ctx.out_dir, record)
     return RecordResult(verdict=record["verdict"], summary=record["verdict"], conditions=met)
