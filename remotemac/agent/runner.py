@@ -148,6 +148,8 @@ class ObserveSpec(protocol.Message):
     fallback: Optional[str] = None
     interval: Any = None
     trace: Optional[JsonObject] = None
+    #: a drill pass (opdrill.py): step, path, call, out, save or input
+    drill: Optional[JsonObject] = None
 
     def trace_target(self) -> Optional[Tuple[int, str]]:
         """(steps, path) of the divergence trace, or None when there is none."""
@@ -178,6 +180,9 @@ def prepare_observer(observe: ObserveSpec, env: dict[str, str]) -> None:
         env["REMOTEMAC_TRACE_STEPS"] = str(trace[0])
         env["REMOTEMAC_TRACE_PATH"] = trace[1]
         os.makedirs(os.path.dirname(trace[1]), exist_ok=True)
+    if observe.drill:
+        # one module call run alone under an op trace, then the process ends (opdrill.py)
+        env["REMOTEMAC_DRILL"] = json.dumps(observe.drill)
 
 
 class JobMemory:
