@@ -115,6 +115,20 @@ def test_a_perturbed_mlp_is_named_as_the_first_divergence_not_the_layers_after(t
         assert header["steps"] == 2 and {r["step"] for r in rows} == {0, 1}
 
 
+def test_drill_false_names_the_module_and_starts_no_drill_pass(tmp_path):
+    """``workload.trace: {drill: false}``: the compare still names the perturbed MLP, but
+    no job is started again (no op trace, no saved input) and the record says no drill."""
+    code, record, out = _run(
+        tmp_path, "nodrill", {"TRACE_SCALE": "1e-3"}, {"steps": 1, "drill": False}
+    )
+    assert code == 1 and record["verdict"] == "rejected"
+    div = record["divergence"]
+    assert div["kind"] == "divergence" and div["first"]["path"] == PERTURBED, div["detail"]
+    assert div.get("drill") is None, div["drill"]
+    assert not list((out / "logs").glob("*.drill.jsonl"))
+    assert "first differing op" not in (out / "acceptance.md").read_text()
+
+
 def test_over_sshd_the_traces_come_back_and_name_the_perturbed_mlp(
     tmp_path, sshd, ssh_env, host_torch_python
 ):

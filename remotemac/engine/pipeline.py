@@ -619,7 +619,8 @@ async def _compare(ctx: RunContext, _key: PhaseKey) -> CompareResult:
 async def _record(ctx: RunContext, _key: PhaseKey) -> RecordResult:
     from remotemac.engine.record import write_acceptance
 
-    if ctx.playbook.workload.trace is not None:
+    trace = ctx.playbook.workload.trace
+    if trace is not None and trace.drill:
         from remotemac.engine.drillpass import drill_down  # issue 35: the op drill-down
 
         await drill_down(ctx)
