@@ -34,8 +34,12 @@ def _zombie(pid: int) -> bool:
             return False
         return bool(fields) and fields[0] in (b"Z", b"X")
     try:
-        out = subprocess.run(
-            ["ps", "-o", "stat=", "-p", str(pid)], capture_output=True, text=True, timeout=10
+        out = subprocess.run(  # stdin: never the terminal a TUI draws on
+            ["ps", "-o", "stat=", "-p", str(pid)],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=10,
         ).stdout
     except (OSError, subprocess.SubprocessError):
         return False

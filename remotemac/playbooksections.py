@@ -228,6 +228,12 @@ class Trace(Strict):
     (agent/modtrace.py, acceptance/divergence.py). Off when absent."""
 
     steps: int = Field(ge=1, le=1000, description="top-level forwards of the model to trace")
+    drill: bool = Field(
+        True,
+        description="when the traces name a module call, run it alone on each side to name "
+        "the aten op that first differs (the job is started again once per side, up to that "
+        "call); false skips those passes",
+    )
 
 
 class Workload(Strict):

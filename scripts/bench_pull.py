@@ -104,8 +104,9 @@ class Bench(BenchHost):
 
     async def pull(
         self, link: str, src: Path, dest: Path, *, stop_at: float | None = None
-    ) -> tuple[float, float, dict[str, Any]]:
-        """(seconds with a fresh connection, peak RSS MiB, pull result) of one pull.
+    ) -> tuple[float, float, Any]:
+        """(seconds with a fresh connection, peak RSS MiB, pull result) of one pull: the
+        side pulled (a PulledSide), or ``{"part": bytes}`` when stopped half-way.
 
         ``stop_at``: cancel the pull once that share of the (single) file is in its
         ``.rmpart``, as a laptop that loses power would leave it."""
@@ -249,11 +250,11 @@ async def main() -> int:
                 shutil.rmtree(local, ignore_errors=True)
                 _, _, half = await bench.pull(link, src, local, stop_at=0.5)
                 seconds, peak, result = await bench.pull(link, src, local)
-                moved = result["bytes"]["moved"]
+                moved = result.bytes.moved or 0  # a PulledSide (engine.phaseresults)
                 print(
                     f"{link:8} resume: stopped with {half['part'] / args.size:.0%} in .rmpart; "
                     f"the next pull sent {moved / args.size:.1%} of the file again "
-                    f"(goal < 55%), reused {result['bytes']['reused'] / args.size:.1%}, "
+                    f"(goal < 55%), reused {(result.bytes.reused or 0) / args.size:.1%}, "
                     f"{seconds:.2f} s, verified; peak RSS {peak:.0f} MiB",
                     flush=True,
                 )

@@ -18,11 +18,19 @@ its own process so it shares no GIL with the orchestrator):
    it has been forwarded; the bytes the second attempt sent, as a share of the file;
 4. the orchestrator's peak RSS (VmHWM, reset before each sync) over all of them.
 
+``--pin`` models two machines on the two cores: the laptop side (this process, its
+threads, and the ssh/scp/rsync it starts) runs on core 0, sshd and everything it
+starts (remotemac's receivers, scp's and rsync's host ends) on core 1 (sched
+affinity, as ``taskset`` sets it; the proxy, being the network, is left on both).
+Each line also gives the CPU by end (sampled from /proc, so other tenants of a
+shared machine do not count) and how long each end waited for a core.
+
 Every remotemac timing includes a fresh SSH connection, like scp's and rsync's; the
 agent is already on the host (provision installs it before the sync phase of a run).
 
     python scripts/bench_sync.py --repeat 5                   # 1 GiB shapes, 80 ms, 100 MB/s
     python scripts/bench_sync.py --size 64MiB --links loopback  # quick look
+    python scripts/bench_sync.py --size 256MiB --links loopback --parts cold --pin
 """
 
 from __future__ import annotations
@@ -39,6 +47,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -122,6 +131,116 @@ def machine_cpu_s() -> float:
     return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
 
 
+def _tree(pid: int, skip: tuple[int | None, ...] = ()) -> list[int]:
+    """``pid`` and its live descendants but ``skip`` and theirs."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        if p in skip:
+            continue
+        out.append(p)
+        try:
+            for task in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{task}/children") as fh:
+                    todo.extend(int(c) for c in fh.read().split())
+        except OSError:
+            continue
+    return out
+
+
+def _sample(pid: int) -> tuple[float, float]:
+    """(utime + stime, run-queue wait of every thread) of one live process; 0s if gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            fields = fh.read().rpartition(")")[2].split()
+        wait = 0.0
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/schedstat") as fh:
+                wait += int(fh.read().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return 0.0, 0.0
+    return sum(int(x) for x in fields[11:13]) / os.sysconf("SC_CLK_TCK"), wait
+
+
+class EndsCPU:
+    """CPU seconds of one copy by end, sampled every 50 ms from /proc: the laptop (this
+    process and the ssh/rsync/scp it runs), the host (sshd and every session it runs:
+    receivers, sftp, rsync) and the fault proxy; with each end's wait for a core
+    (run-queue delay of its threads). sshd's finished sessions do not reach its
+    cutime, hence the sampling (a process's last 50 ms may be missed). Unlike
+    machine_cpu_s, the other tenants of a shared machine do not count: on a loaded
+    machine this says which end a copy's CPU went to, and how long the ends waited
+    for a core while others used it."""
+
+    def __init__(self, sshd_pid: int | None, proxy_pid: int | None) -> None:
+        self.roots = {"host": sshd_pid, "proxy": proxy_pid}
+        self.last: dict[int, tuple[str, float, float]] = {}
+        self.before = self._walk()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _walk(self) -> dict[int, tuple[str, float, float]]:
+        skip = tuple(self.roots.values())
+        groups = [("laptop", _tree(os.getpid(), skip))]
+        groups += [(g, _tree(p)) for g, p in self.roots.items() if p is not None]
+        return {pid: (self._name(g, pid), *_sample(pid)) for g, pids in groups for pid in pids}
+
+    @staticmethod
+    def _name(group: str, pid: int) -> str:
+        """``host`` splits into sshd and what it runs (``host.sshd``, ``host.other``)."""
+        if group != "host":
+            return group
+        try:
+            with open(f"/proc/{pid}/comm") as fh:
+                return "host.sshd" if fh.read().startswith("sshd") else "host.other"
+        except OSError:
+            return "host.other"
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.05):
+            for pid, row in self._walk().items():
+                if row[1] or row[2] or pid not in self.last:
+                    self.last[pid] = row
+
+    def stop(self) -> EndsCPU:
+        self._stop.set()
+        self._thread.join()
+        for pid, row in self._walk().items():
+            if row[1] or row[2] or pid not in self.last:
+                self.last[pid] = row
+        self.cpu = {"laptop": 0.0, "host": 0.0, "proxy": 0.0, "host.sshd": 0.0}
+        self.wait = dict(self.cpu)
+        for pid, (group, cpu, wait) in self.last.items():
+            _, cpu0, wait0 = self.before.get(pid, (group, 0.0, 0.0))
+            for g in {group.partition(".")[0], group} & set(self.cpu):
+                self.cpu[g] += cpu - cpu0
+                self.wait[g] += wait - wait0
+        return self
+
+    @property
+    def ends(self) -> float:
+        return self.cpu["laptop"] + self.cpu["host"]
+
+    def __str__(self) -> str:
+        c, w = self.cpu, self.wait
+        return (
+            f"laptop {c['laptop']:.2f} + host {c['host']:.2f} s (sshd {c['host.sshd']:.2f}; "
+            f"proxy {c['proxy']:.2f}), "
+            f"waiting for a core {w['laptop']:.2f} + {w['host']:.2f} s ({w['proxy']:.2f})"
+        )
+
+
+def pin_ends(server: SSHD) -> None:
+    """This process (the laptop: its threads and every process it starts from now on)
+    on core 0, sshd (the host: every session it forks inherits it) on core 1."""
+    if server.proc is None or (os.cpu_count() or 1) < 2:
+        raise SystemExit("--pin needs two cores and a running sshd")
+    os.sched_setaffinity(server.proc.pid, {1})
+    for task in os.listdir("/proc/self/task"):
+        os.sched_setaffinity(int(task), {0})
+
+
 def reset_peak_rss() -> None:
     """Linux: writing 5 to clear_refs resets VmHWM, so each step gets its own peak."""
     try:
@@ -185,6 +304,14 @@ class Bench(BenchHost):
         self.keys: dict[str, bytes] = {}
         self.run_dirs: dict[str, str] = {}
         self.peak_rss = 0.0
+        self.streams: int | None = None  # --streams: forced, else sized by the round trip
+        self.connect_s = 0.0  # the last sync's SSH connection set-up
+        self.proxy_pid: int | None = None
+
+    def ends(self) -> EndsCPU:
+        """Start sampling the CPU of each end (EndsCPU.stop: the figures)."""
+        sshd = self.server.proc.pid if self.server.proc is not None else None
+        return EndsCPU(sshd, self.proxy_pid)
 
     async def prepare(self, run_id: str) -> None:
         """The provision phase's job (a run dir, the agent runtime): not timed."""
@@ -212,6 +339,7 @@ class Bench(BenchHost):
         reset_peak_rss()
         start = time.perf_counter()
         async with transport:
+            self.connect_s = time.perf_counter() - start
             agent = AgentClient(transport, str(self.host_root))
             agent.agent_dir = self.agent_dir
             _, answer, stats = await sync_slice(
@@ -226,6 +354,7 @@ class Bench(BenchHost):
                 cache=cache,
                 stats=stats,
                 max_attempts=max_attempts,
+                streams=self.streams,
             )
         seconds = time.perf_counter() - start
         self.peak_rss = max(self.peak_rss, peak_rss_mib())
@@ -299,13 +428,13 @@ async def cold_round(
 ) -> dict[str, Any]:
     """One cold sync of a shape over a link, then scp and rsync of the same bytes."""
     run_id = f"bench-{tag}"
-    cpu = machine_cpu_s()
+    cpu, ends = machine_cpu_s(), bench.ends()
     t_rm, stats = await bench.sync(data, paths, run_id, link)
-    cpu_rm = machine_cpu_s() - cpu
+    cpu_rm, ends_rm = machine_cpu_s() - cpu, ends.stop()
     bench.drop_run(run_id)
-    cpu = machine_cpu_s()
+    cpu, ends = machine_cpu_s(), bench.ends()
     t_rsync = bench.copy("rsync", data, link, None)
-    cpu_rsync = machine_cpu_s() - cpu
+    cpu_rsync, ends_rsync = machine_cpu_s() - cpu, ends.stop()
     # scp of thousands of files over a far link waits a round trip per file: stop it
     # once it is clearly the slower tool (its time is then only a lower bound)
     cap = max(args.scp_cap * min(t_rm, t_rsync or t_rm), 20.0)
@@ -313,14 +442,23 @@ async def cold_round(
     faster = min(t for t in (t_scp, t_rsync) if t is not None)
     row = {"rm": t_rm, "scp": t_scp, "rsync": t_rsync, "ratio": faster / t_rm}
     row.update(cpu_rm=cpu_rm, cpu_rsync=cpu_rsync)
+    row.update(ends_rm=ends_rm.ends, ends_rsync=ends_rsync.ends)
+    of_link = ""
+    if link.name == "far":
+        row["link"] = size / t_rm / args.rate
+        after = size / (t_rm - bench.connect_s) / args.rate
+        of_link = f"{row['link']:.2f}x the link ({after:.2f}x after the connection set-up), "
     print(
-        f"  {link.name:8s} {shape}  remotemac {rate(size, t_rm)} ({stats.streams} streams, "
-        f"rtt {stats.rtt_ms} ms"
+        f"  {link.name:8s} {shape}  remotemac {rate(size, t_rm)} ({of_link}{stats.streams} "
+        f"streams"
+        + (f", {stats.spare_streams} on a second connection" if stats.spare_streams else "")
+        + f", rtt {stats.rtt_ms} ms, load {os.getloadavg()[0]:.1f}"
         + (f", {stats.split_files} split into pieces" if stats.split_files else "")
         + f")  scp {rate(size, t_scp)}"
         + (f" (> {cap:.0f} s)" if t_scp is None else "")
         + f"  rsync {rate(size, t_rsync)}  ratio to the faster {row['ratio']:.2f}; "
-        f"CPU of both ends: remotemac {cpu_rm:.2f} s, rsync {cpu_rsync:.2f} s",
+        f"CPU of the machine: remotemac {cpu_rm:.2f} s, rsync {cpu_rsync:.2f} s; "
+        f"by end: remotemac {ends_rm}, rsync {ends_rsync}",
         flush=True,
     )
     return row
@@ -405,6 +543,12 @@ async def main() -> int:
     parser.add_argument(
         "--scp-cap", type=float, default=2.0, help="stop scp at this many times the best (2)"
     )
+    parser.add_argument(
+        "--streams", type=int, default=None, help="force remotemac's channels (by the RTT)"
+    )
+    parser.add_argument(
+        "--pin", action="store_true", help="laptop side on core 0, sshd and its children on 1"
+    )
     parser.add_argument("--changed", type=float, default=0.01, help="re-sync: share changed")
     parser.add_argument(
         "--parts",
@@ -417,7 +561,10 @@ async def main() -> int:
     with tempfile.TemporaryDirectory(prefix="rm-bench-sync-", dir=os.environ.get("TMPDIR")) as t:
         tmp = Path(t)
         server = SSHD(tmp / "sshd").start()
+        if args.pin:
+            pin_ends(server)
         bench = Bench(tmp, server)
+        bench.streams = args.streams
         proxy = None
         results: dict[tuple[str, str], list[dict[str, Any]]] = {}
         try:
@@ -426,8 +573,9 @@ async def main() -> int:
                 f"{args.size / 2**20:.0f} MiB per shape: "
                 + ", ".join(f"{s} = {len(p)} files ({SHAPES[s]})" for s, p in shapes.items())
                 + f"; far link {args.rtt * 1000:.0f} ms RTT, {args.rate / 1e6:.0f} MB/s "
-                f"(fault proxy in its own process); {os.cpu_count()} cores shared by both "
-                f"ends, load {os.getloadavg()[0]:.1f}",
+                f"(fault proxy in its own process); {os.cpu_count()} cores "
+                + ("pinned: laptop on 0, host on 1" if args.pin else "shared by both ends")
+                + f", load {os.getloadavg()[0]:.1f}",
                 flush=True,
             )
             targets = []
@@ -436,6 +584,9 @@ async def main() -> int:
             if "far" in links:
                 proxy = ProxyProcess(server.host, server.port, rtt=args.rtt, rate=args.rate)
                 targets.append(bench.proxied(proxy.start().port, "far"))
+                bench.proxy_pid = proxy._proc.pid if proxy._proc is not None else None
+                if args.pin and bench.proxy_pid is not None:  # the network: both cores
+                    os.sched_setaffinity(bench.proxy_pid, {0, 1})
             for r in range(args.repeat if "cold" in parts else 0):
                 print(f"round {r + 1}/{args.repeat} (load {os.getloadavg()[0]:.1f})", flush=True)
                 for link in targets:
@@ -455,10 +606,16 @@ async def main() -> int:
                 print(
                     f"  {name:8s} {s}  remotemac {rate(args.size, med('rm'))}  "
                     f"scp {rate(args.size, med('scp'))}  rsync {rate(args.size, med('rsync'))}  "
-                    f"ratio to the faster {statistics.median(x['ratio'] for x in rows):.2f} "
+                    + (
+                        f"{statistics.median(x['link'] for x in rows):.2f}x the link; "
+                        if name == "far"
+                        else ""
+                    )
+                    + f"ratio to the faster {statistics.median(x['ratio'] for x in rows):.2f} "
                     f"(goal >= 0.90; each: " + ", ".join(f"{x['ratio']:.2f}" for x in rows) + "); "
-                    f"CPU of both ends: remotemac {med('cpu_rm'):.2f} s, "
-                    f"rsync {med('cpu_rsync'):.2f} s",
+                    f"CPU of the machine: remotemac {med('cpu_rm'):.2f} s, "
+                    f"rsync {med('cpu_rsync'):.2f} s; of laptop + host: remotemac "
+                    f"{med('ends_rm'):.2f} s, rsync {med('ends_rsync'):.2f} s",
                     flush=True,
                 )
             if "A" in shapes and "loopback" in links and "resync" in parts:

@@ -98,12 +98,35 @@ def test_a_perturbed_mlp_is_named_as_the_first_divergence_not_the_layers_after(t
     md = (out / "acceptance.md").read_text()
     assert "## First divergence" in md and f"`{PERTURBED}` (call 0, step 0, MLP" in md
     assert f"built at `train.py:{built}`" in md
-    # the traces hold samples of the data (token ids): gone from the host with the wipe
-    assert not list((tmp_path / "host-root-e3").rglob("*.trace.jsonl"))
+    # the drill passes ran that MLP call alone on both sides with the reference's input
+    # and weights: the op the target ran on top of the reference's is the scale's mul
+    drill = div["drill"]
+    assert drill["ran"] is True, drill["detail"]
+    assert (drill["path"], drill["call"], drill["step"]) == (PERTURBED, 0, 0)
+    assert (drill["first"]["op"], drill["first"]["module"]) == ("aten::mul", PERTURBED)
+    assert drill["nan"] is None and drill["ops"]["reference"] >= 5
+    assert f"- first differing op: `aten::mul` in `{PERTURBED}`" in md
+    # the traces, the op traces and the saved input hold the data: gone with the wipe
+    host = tmp_path / "host-root-e3"
+    assert not [*host.rglob("*.trace.jsonl"), *host.rglob("*.drill.jsonl"), *host.rglob("*.pt")]
     # the traces came back beside the logs, and are nothing but JSON
     for label in ("cpu", "cpu-target"):
         header, rows = load_trace(out / "logs" / f"{label}.trace.jsonl")
         assert header["steps"] == 2 and {r["step"] for r in rows} == {0, 1}
+
+
+def test_drill_false_names_the_module_and_starts_no_drill_pass(tmp_path):
+    """``workload.trace: {drill: false}``: the compare still names the perturbed MLP, but
+    no job is started again (no op trace, no saved input) and the record says no drill."""
+    code, record, out = _run(
+        tmp_path, "nodrill", {"TRACE_SCALE": "1e-3"}, {"steps": 1, "drill": False}
+    )
+    assert code == 1 and record["verdict"] == "rejected"
+    div = record["divergence"]
+    assert div["kind"] == "divergence" and div["first"]["path"] == PERTURBED, div["detail"]
+    assert div.get("drill") is None, div["drill"]
+    assert not list((out / "logs").glob("*.drill.jsonl"))
+    assert "first differing op" not in (out / "acceptance.md").read_text()
 
 
 def test_over_sshd_the_traces_come_back_and_name_the_perturbed_mlp(
@@ -152,7 +175,46 @@ def test_a_nan_made_on_the_target_is_named_with_its_module(tmp_path):
     )
     assert nan["nan"] > 0 and nan["reference_nan"] == 0
     assert div["steps"] == 1
+    # the op inside the attention where it shows: no op computed it (it is a Python
+    # constant written in after SDPA), so the first op holding it, with NaN coming in
+    drill = div["drill"]
+    assert drill["ran"] is True and drill["path"] == "transformer.h.1.attn", drill
+    site = drill["nan"]
+    assert (site["op"], site["module"], site["in_bad"]) == (
+        "aten::lift_fresh",
+        "transformer.h.1.attn",
+        1,
+    ), site
+    assert "already in its inputs (a constant)" in (out / "acceptance.md").read_text()
     assert "transformer.h.1.attn" in (out / "acceptance.md").read_text()
+
+
+def test_a_backward_only_perturbation_is_named_as_that_layers_backward(tmp_path):
+    """Block 1's MLP hands its input a gradient scaled by 1 + 1e-3 on the target (a
+    custom autograd Function): every forward call matches, the backward names it."""
+    code, record, out = _run(tmp_path, "grad", {"TRACE_GRAD_SCALE": "1e-3"}, {"steps": 2})
+    assert code == 1 and record["verdict"] == "rejected"
+    div = record["divergence"]
+    assert div["kind"] == "backward-divergence", div["detail"]
+    # step 0's forward calls are bit-identical: the perturbation touches only the
+    # backward (step 1's differ: the weights were updated with step 0's gradients, and
+    # step 0's backward comes first in the run, so it is the headline)
+    fwd = {}
+    for label in ("cpu", "cpu-target"):
+        _, rows = load_trace(out / "logs" / f"{label}.trace.jsonl")
+        fwd[label] = [r for r in rows if r.get("pass") != "backward" and r["step"] == 0]
+    assert len(fwd["cpu"]) > 30 and fwd["cpu"] == fwd["cpu-target"]
+    back = div["backward"]
+    first = back["first"]
+    assert (first["path"], first["call"], first["step"], first["cls"]) == (PERTURBED, 0, 0, "MLP")
+    # the gradient that came into the MLP's backward matched; the one it handed on is off
+    assert first["in_rel"] == 0.0 and 5e-4 < first["out_rel"] < 2e-3
+    # the layers it feeds in the backward (ln_2, the blocks before) carry it on
+    assert all(g["growth"] < div["growth_factor"] for g in back["growths"][1:]), back
+    # every module call of the two steps has its backward row, the reused dropout too
+    assert back["calls"]["reference"] == back["calls"]["target"] == div["calls"]["reference"]
+    md = (out / "acceptance.md").read_text()
+    assert f"- first backward divergence: `{PERTURBED}` (call 0, step 0, MLP" in md
 
 
 def test_no_trace_and_no_divergence_section_when_tracing_is_off(tmp_path):

@@ -5,6 +5,8 @@ from __future__ import annotations
 import importlib.metadata
 import io
 import json
+import shlex
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,11 +14,10 @@ import pytest
 from remotemac.agent import optrace
 from remotemac.checks.preflight import (
     PreflightReport,
-    python_target,
+    python_shims,
     run_preflight,
     substitute,
 )
-from remotemac.errors import BadInput
 from remotemac.frontend.preflight import main_preflight, render
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "preflight"
@@ -173,26 +174,21 @@ def test_render_labels_a_prediction_for_a_torch_version(float64_report: Prefligh
     assert "predicted to fall back or fail" in text
 
 
-@pytest.mark.parametrize(
-    ("command", "target", "env"),
-    [
-        ("python train.py --x 1", ["train.py", "--x", "1"], {}),
-        ("python3.12 -u -W ignore -m pkg.mod a", ["-m", "pkg.mod", "a"], {}),
-        ("/usr/bin/python3 -mpkg b", ["-m", "pkg", "b"], {}),
-        ("OMP_NUM_THREADS=2 python x.py", ["x.py"], {"OMP_NUM_THREADS": "2"}),
-        ("env A=1 python x.py", ["x.py"], {"A": "1"}),
-    ],
-)
-def test_python_commands_are_understood(command: str, target: list[str], env: dict) -> None:
-    assert python_target(command.split()) == (target, env)
+def test_a_bare_python_anywhere_in_the_command_is_the_projects_interpreter(
+    tmp_path: Path,
+) -> None:
+    """The shims first on PATH: ``python``, ``python3`` and the command's own word."""
+    import subprocess
 
-
-@pytest.mark.parametrize(
-    "command", ["bash run.sh", "torchrun train.py", "python -c pass", "python"]
-)
-def test_non_python_commands_are_bad_input(command: str) -> None:
-    with pytest.raises(BadInput):
-        python_target(command.split())
+    python_shims(tmp_path, sys.executable, shlex.split("A=1 python3.99 -m x"))
+    assert {p.name for p in tmp_path.iterdir()} == {"python", "python3", "python3.99"}
+    out = subprocess.run(
+        [str(tmp_path / "python3.99"), "-c", "import sys; print(sys.executable)"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert out.stdout.strip() == sys.executable  # exec'd: the venv is kept
 
 
 def test_placeholders_are_shell_quoted() -> None:
@@ -202,11 +198,15 @@ def test_placeholders_are_shell_quoted() -> None:
     assert got == "python t.py --data '/a b' --dev cpu"
 
 
-def test_main_preflight_non_python_command_is_one_line_exit_2(
+def test_main_preflight_command_without_python_is_one_line_exit_2(
     tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
+    """``bash run.sh`` with no run.sh starts no Python: nothing to trace, said in one
+    line (was: "can only trace Python commands" for every non-python command)."""
     code = main_preflight(_playbook(tmp_path, FIXTURES / "mlp", "bash run.sh"), 5, as_json=False)
     err = capsys.readouterr().err.strip()
     assert code == 2
-    assert len(err.splitlines()) == 1 and "can only trace Python commands" in err
+    assert len(err.splitlines()) == 1, err
     assert err.startswith("remotemac: error: preflight: "), err  # the prefix every error has
+    assert "started no Python process (exited with status 127" in err, err
+    assert "run.sh: No such file" in err and "nothing to trace" in err, err

@@ -15,6 +15,7 @@ from pathlib import Path
 from remotemac.agent import datarecords
 from remotemac.agent import streamcrypt as sc
 from remotemac.engine.sync import MAX_STREAMS, SMALL_FILE_STREAMS, choose_streams
+from remotemac.engine.syncplan import LINK_STREAMS, SPARE_STREAMS, streams_per_link
 
 CS = sc.MIN_CHUNK
 KEY = os.urandom(32)
@@ -85,19 +86,23 @@ def test_streams_follow_the_round_trip():
     big = 200  # files of ~5 MiB
     assert choose_streams(0.0002, many, big) == 1  # loopback, large files: one stream
     assert choose_streams(0.005, many, big) == 1
-    assert choose_streams(0.04, many, big) == 3  # 125 MB/s x 40 ms / 2 MiB = 2.4
-    assert choose_streams(0.08, many, big) == 5
-    assert choose_streams(0.15, many, big) == MAX_STREAMS
+    # the bandwidth-delay product over the 1 MiB a channel carries per round trip
+    assert choose_streams(0.04, many, big) == 5  # 125 MB/s x 40 ms / 1 MiB = 4.8
+    assert choose_streams(0.08, many, big) == 10  # 9.5: more than one connection's 6
+    assert choose_streams(0.15, many, big) == MAX_STREAMS == 14  # 17.9, capped
+    assert choose_streams(0.15, many, big, target_rate=50e6) == 8  # a slower link: 7.2
     assert choose_streams(0.08, many, 2) == 2  # never more streams than files
     assert choose_streams(0.08, 10 << 20, 5000) == 1  # too little data to open channels
 
 
 def test_many_small_files_get_several_receivers_even_on_a_near_link():
     """Each receiver creates and hashes its own files: 1 GiB in 16-256 KiB files is
-    spread over SMALL_FILE_STREAMS on loopback; the far link's own count still wins."""
+    spread over SMALL_FILE_STREAMS on loopback; the far link's own count still wins, up
+    to one connection's LINK_STREAMS."""
     many = 1 << 30
     assert choose_streams(0.0002, many, 7681) == SMALL_FILE_STREAMS
-    assert choose_streams(0.08, many, 7681) == 5
+    # far, small files: one connection's streams (the host's per-file work holds them)
+    assert choose_streams(0.08, many, 7681) == LINK_STREAMS
     assert choose_streams(0.0002, 16 << 20, 200) == 2  # 8 MiB per stream at least
 
 
@@ -217,3 +222,13 @@ def test_a_header_replayed_for_a_changed_file_is_never_resumed(tmp_path):
             "train.bin",
         )
     assert got is None
+
+
+def test_streams_past_one_connection_go_on_a_second():
+    """One connection gives the sync LINK_STREAMS channels (its 8 exec channels minus the
+    agent's and a spare); the rest go on a second connection, up to its SPARE_STREAMS."""
+    assert (LINK_STREAMS, SPARE_STREAMS) == (6, 8)
+    assert streams_per_link(1) == (1, 0)
+    assert streams_per_link(6) == (6, 0)
+    assert streams_per_link(10) == (6, 4)
+    assert streams_per_link(MAX_STREAMS) == (6, 8)

@@ -528,7 +528,8 @@ async def test_several_streams_keep_one_consistent_record(sshd, host_factory, tm
 
 @pytest.mark.asyncio
 async def test_long_round_trip_opens_more_streams(sshd, fault_proxy, host_factory, tmp_path):
-    """At ~80 ms RTT one channel's 2 MiB window caps it near 25 MB/s: auto opens more."""
+    """At ~80 ms RTT one channel's 2 MiB window caps it near 13-25 MB/s: auto opens more
+    (as many as 40 MiB of files pays for: 8 MiB a stream)."""
     data = make_slice(tmp_path / "data", small=8, small_size=3 << 20, big=2, big_size=8 << 20)
     proxy = fault_proxy(sshd)
     host = await host_factory(sshd, proxy)
@@ -539,6 +540,41 @@ async def test_long_round_trip_opens_more_streams(sshd, fault_proxy, host_factor
         await host.transport.close()
     assert stats.rtt_ms is not None and stats.rtt_ms >= 70
     assert stats.streams == 5 and answer["mismatches"] == []
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("second_login", ["allowed", "refused"])
+async def test_a_long_fat_link_opens_streams_on_a_second_connection(
+    sshd, fault_proxy, host_factory, tmp_path, second_login
+):
+    """80 ms RTT, 72 MiB in nine 8 MiB files (and a small one): the bandwidth-delay product at 1 Gbit/s
+    wants ten 1 MiB round trips in flight, the data pays for nine streams; one
+    connection gives six, the other three come on a second SSH connection through the
+    same link (the proxy counts it). A host that refuses the second login gets the
+    sync done on the first connection's six."""
+    data = make_slice(tmp_path / "data", small=1, big=9, big_size=8 << 20)
+    proxy = fault_proxy(sshd)
+    host = await host_factory(sshd, proxy)
+    proxy.latency(0.04)
+    proxy.throttle(12_000_000)  # (the second login lands while files are still queued)
+    logins = proxy.accepted
+    proxy.refuse(second_login == "refused")
+    try:
+        manifest, answer, stats = await host.sync(data, os.urandom(32))
+    finally:
+        proxy.refuse(False)
+        await host.transport.close()
+    assert stats.rtt_ms is not None and stats.rtt_ms >= 70
+    assert answer["mismatches"] == [] and len(stats.acked) == len(manifest.entries)
+    if second_login == "allowed":
+        assert (stats.streams, stats.spare_streams, proxy.accepted - logins) == (9, 3, 1)
+    else:
+        assert (stats.streams, stats.spare_streams, proxy.accepted - logins) == (6, 0, 1)
+    for entry in manifest.entries:
+        held = (Path(answer["data_dir"]) / entry.path).read_bytes()
+        assert hashlib.sha256(held).hexdigest() == entry.sha256
+    record = (Path(host.run_dir) / "data" / ".verified.jsonl").read_text().splitlines()
+    assert len(record) == len(manifest.entries)
 
 
 @pytest.mark.asyncio
@@ -557,7 +593,7 @@ async def test_cut_during_several_streams_resumes_each_big_file(
         manifest, answer, stats = await host.sync(data, os.urandom(32))
     finally:
         await host.transport.close()
-    assert stats.attempts == 2 and stats.streams == 3, stats
+    assert stats.attempts == 2 and stats.streams == 3, stats  # (the last attempt's: 17 MiB)
     assert stats.resumed_files >= 2 and stats.resumed_bytes >= 10 << 20
     assert answer["mismatches"] == [] and _partials(host) == []
     for entry in manifest.entries:

@@ -18,7 +18,13 @@ from textual.widgets import DataTable
 
 from remotemac.tui.fit import CleanupPlan
 from remotemac.tui.model import RunLive
-from remotemac.tui.screens.dialogs import CleanupScreen, ConfirmScreen, HelpScreen, key_rows
+from remotemac.tui.screens.dialogs import (
+    CleanupScreen,
+    ConfirmScreen,
+    HelpScreen,
+    MarkdownScreen,
+    key_rows,
+)
 from remotemac.tui.screens.fleet import FleetScreen
 from remotemac.tui.screens.hosts import HostsScreen
 from remotemac.tui.screens.run import RunScreen
@@ -71,7 +77,7 @@ async def open_scene(pilot, app, where: str) -> None:
     elif where == "fleet":
         await pilot.press("f")
         await until(pilot, lambda: isinstance(app.screen, FleetScreen), "the fleet screen")
-    elif where == "run":
+    elif where in ("run", "record"):
         app.open_run(tuiscene.DONE_ID)
         await until(
             pilot,
@@ -80,11 +86,14 @@ async def open_scene(pilot, app, where: str) -> None:
         )
         log = app.screen.query_one("#log", LogView)
         await until(pilot, lambda: len(log.lines) == 241, "the finished run's log")
+        if where == "record":  # the run's acceptance.md, opened with a
+            await pilot.press("a")
+            await until(pilot, lambda: isinstance(app.screen, MarkdownScreen), "the record")
     await pilot.pause()
 
 
 @pytest.mark.asyncio
-@pytest.mark.parametrize("where", ["runs", "run", "hosts", "fleet"])
+@pytest.mark.parametrize("where", ["runs", "run", "record", "hosts", "fleet"])
 async def test_every_key_the_help_lists_runs_its_action(tmp_path, where):
     """Each key of the ``?`` screen, pressed, reaches the action the help names for it."""
     app, _ = tuiscene.finished_run(tmp_path)

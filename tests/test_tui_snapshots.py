@@ -388,6 +388,25 @@ def test_wipe_confirm_dialog(snap_compare, tmp_path, size):
 
 
 @sized
+def test_trust_key_confirm_dialog(snap_compare, tmp_path, size):
+    """``t`` on the hosts screen for a host with no pinned key: the key in words, whole."""
+    from remotemac.tui.screens.hosts import trust_question
+
+    app = _app(tmp_path, _journal())
+    fp = "SHA256:nThbg6kXUpJWGl7E1IGOCspRomTxdCARLviKw6E5SY8"
+
+    async def before(pilot) -> None:
+        await _runs_settled(pilot, app)
+        await pilot.press("h", "down")
+        await pilot.pause()
+        app.push_screen(trust_question("mac-rental", "ssh-ed25519", fp))
+        await pilot.pause(0.2)
+        _whole(app, "Trust mac-rental's host key?", f"ssh-ed25519 {fp}", "Trust", "No")
+
+    assert snap_compare(app, terminal_size=size, run_before=before)
+
+
+@sized
 def test_cleanup_dialog_with_a_plan(snap_compare, tmp_path, size):
     """The dry run's plan: kind, path, size of each item, what stays and why, the total."""
     from remotemac.tui.fit import CleanupPlan

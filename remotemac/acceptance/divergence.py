@@ -14,7 +14,12 @@ every module call's output and first input, in call order) say where it *started
   while its input held none and the reference's output at that call held none: the
   module that made it (innermost first: a child's record precedes its parent's);
 * dtype or shape changes between the sides at the same call, and where the calls'
-  order differs (a call on one side only, a different module at the same position).
+  order differs (a call on one side only, a different module at the same position);
+* the same first divergence and first NaN/Inf for the **backward** calls (rows with
+  ``"pass": "backward"``), a second sequence in the order the gradients were made:
+  there a call's input is the gradient of its output and its output the gradient it
+  hands to its input. The headline (``kind``) is the earliest event of the run: a
+  step's forward before its backward, before the next step's forward.
 
 The numbers compared are each output's abs-max and its fixed strided sample (the same
 indices on both sides), against ``|t - r| <= atol + rtol * |r|`` with the compare rule's
@@ -30,7 +35,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from remotemac.acceptance.jsonfields import (
     JSON_NAME,
@@ -41,7 +46,12 @@ from remotemac.acceptance.jsonfields import (
 )
 from remotemac.agent.protocol import JsonObject
 
+if TYPE_CHECKING:  # drill.py reads this module's summaries: imported on use
+    from remotemac.acceptance.drill import OpDrill
+
 TRACE_SCHEMA = "remotemac.trace/1"
+#: a trace row's ``pass`` for a backward call (a forward one has none)
+BACKWARD = "backward"
 #: an output error more than this many times the input's is an error of the module's own
 GROWTH = 10.0
 #: float32's epsilon: the floor of the input error a growth is measured against
@@ -116,6 +126,26 @@ class OrderDiff(JsonFields):
 
 
 @dataclass
+class BackwardDivergence(JsonFields):
+    """The backward calls compared as their own sequence (in the order the gradients
+    were made): for each module call, the gradient that came into its backward (of its
+    output: ``in``) and the one it handed on (of its first input: ``out``)."""
+
+    calls: dict[str, int] = field(default_factory=dict)
+    compared: int = 0
+    worst_rel: float | None = None
+    first: TracedCall | None = None
+    nan: NanSite | None = None
+    growths: list[TracedCall] = field(default_factory=list)
+
+    JSON_PARSE = {
+        "first": parse_optional(TracedCall.from_json),
+        "nan": parse_optional(NanSite.from_json),
+        "growths": parse_list(TracedCall.from_json),
+    }
+
+
+@dataclass
 class Divergence(JsonFields):
     """The ``divergence`` section of the record."""
 
@@ -124,7 +154,8 @@ class Divergence(JsonFields):
     steps: int = 0
     calls: dict[str, int] = field(default_factory=dict)
     compared: int = 0
-    kind: str | None = None  # "identical" | "noise" | "divergence" | "nan"
+    # "identical" | "noise" | "divergence" | "nan" | "backward-divergence" | "backward-nan"
+    kind: str | None = None
     worst_rel: float | None = None  # the largest relative error of any call's output
     first: TracedCall | None = None
     nan: NanSite | None = None
@@ -132,8 +163,12 @@ class Divergence(JsonFields):
     changes: list[Change] = field(default_factory=list)
     order: OrderDiff | None = None
     growth_factor: float = GROWTH
+    backward: BackwardDivergence | None = None
+    drill: OpDrill | None = None  # the op-level drill-down of the first divergent call
 
     JSON_PARSE = {
+        "drill": lambda data: _parse_drill(data),
+        "backward": parse_optional(BackwardDivergence.from_json),
         "first": parse_optional(TracedCall.from_json),
         "nan": parse_optional(NanSite.from_json),
         "growths": parse_list(TracedCall.from_json),
@@ -142,8 +177,20 @@ class Divergence(JsonFields):
     }
 
     def to_dict(self) -> JsonObject:
-        """The section as the record keeps it (``to_json``; engine/record.py's name)."""
-        return self.to_json()
+        """The section as the record keeps it (``to_json``; engine/record.py's name);
+        ``backward`` and ``drill`` only when there is one (a trace without backward
+        rows, no drill pass: the section reads as before they existed)."""
+        out = self.to_json()
+        for key in ("backward", "drill"):
+            if out.get(key) is None:
+                out.pop(key, None)
+        return out
+
+
+def _parse_drill(data: Any) -> OpDrill | None:
+    from remotemac.acceptance.drill import OpDrill
+
+    return OpDrill.from_json(data) if data else None
 
 
 @dataclass(frozen=True)
@@ -189,6 +236,7 @@ class TraceRow:
     built: str | None = None
     out: Summary | None = None
     inp: Summary | None = field(default=None, metadata={JSON_NAME: "in"})
+    kind: str | None = field(default=None, metadata={JSON_NAME: "pass"})
 
     @classmethod
     def from_json(cls, row: TraceRow | JsonObject) -> TraceRow:
@@ -309,17 +357,24 @@ def _order(ref: list[tuple[int, str, int]], tgt: list[tuple[int, str, int]]) -> 
     )
 
 
-def compare_traces(
-    reference: Sequence[TraceRow | JsonObject],
-    target: Sequence[TraceRow | JsonObject],
-    tol: tuple[float, float] | None = None,
-) -> Divergence:
-    """The divergence section from the two sides' call rows (see the module docstring);
-    rows as :func:`load_trace` returns them are read here."""
-    ref_rows = [TraceRow.from_json(r) for r in reference]
-    tgt_rows = [TraceRow.from_json(r) for r in target]
+@dataclass
+class Pass:
+    """One pass compared: the calls matched, and what the compare found in them."""
+
+    calls: list[TracedCall]
+    changes: list[Change]
+    first: TracedCall | None
+    nan: NanSite | None
+    growths: list[TracedCall]
+    worst: float | None
+
+
+def _compare_pass(
+    ref_rows: list[TraceRow], tgt_rows: list[TraceRow], tol: tuple[float, float] | None
+) -> Pass:
+    """The first divergence, the first NaN/Inf and the growths of one pass (the forward
+    calls, or the backward ones), each side in its own call order."""
     by_key = {r.key: r for r in tgt_rows}
-    ref_keys = [r.key for r in ref_rows]
     calls: list[TracedCall] = []
     changes: list[Change] = []
     index_in_step: dict[int, int] = {}
@@ -339,14 +394,6 @@ def compare_traces(
         key=lambda c: -(c.growth or 0),
     )[:TOP]
     worst = max((c.out_rel for c in calls if c.out_rel is not None), default=None)
-    if nan is not None:
-        kind = "nan"
-    elif first is not None:
-        kind = "divergence"
-    elif worst:
-        kind = "noise"
-    else:
-        kind = "identical"
     for c in {id(c): c for c in [first, *growths] if c is not None}.values():
         c.out_rel, c.out_excess, c.growth = (
             _finite(c.out_rel),
@@ -354,20 +401,70 @@ def compare_traces(
             _finite(c.growth),
         )
         c.in_rel, c.in_excess = _finite(c.in_rel), _finite(c.in_excess)
-    detail = _detail(kind, first, nan, worst)
+    return Pass(calls, changes, first, nan, growths, worst)
+
+
+def compare_traces(
+    reference: Sequence[TraceRow | JsonObject],
+    target: Sequence[TraceRow | JsonObject],
+    tol: tuple[float, float] | None = None,
+) -> Divergence:
+    """The divergence section from the two sides' call rows (see the module docstring);
+    rows as :func:`load_trace` returns them are read here. Forward and backward calls
+    are two sequences, compared apart; the backward is the headline only when every
+    forward call is within tolerance (a forward error changes every gradient after it)."""
+    ref_all = [TraceRow.from_json(r) for r in reference]
+    tgt_all = [TraceRow.from_json(r) for r in target]
+    ref_rows = [r for r in ref_all if r.kind != BACKWARD]
+    tgt_rows = [r for r in tgt_all if r.kind != BACKWARD]
+    ref_keys = [r.key for r in ref_rows]
+    fwd = _compare_pass(ref_rows, tgt_rows, tol)
+    ref_back = [r for r in ref_all if r.kind == BACKWARD]
+    tgt_back = [r for r in tgt_all if r.kind == BACKWARD]
+    back = _compare_pass(ref_back, tgt_back, tol) if ref_back or tgt_back else None
+    # the headline is the earliest in the run: step by step, a step's forward before its
+    # backward (a backward-only defect in step 0 changes every weight of step 1's forward);
+    # within one pass a NaN before a divergence (its NaN makes every error unbounded)
+    found = [
+        (site.step, rank, label)
+        for site, rank, label in (
+            (fwd.nan, 0, "nan"),
+            (fwd.first, 1, "divergence"),
+            (back.nan if back else None, 2, "backward-nan"),
+            (back.first if back else None, 3, "backward-divergence"),
+        )
+        if site is not None
+    ]
+    worst = max((w for w in (fwd.worst, back.worst if back else None) if w), default=fwd.worst)
+    if found:
+        kind = min(found)[2]
+    elif worst:
+        kind = "noise"
+    else:
+        kind = "identical"
     return Divergence(
         traced=True,
-        detail=detail,
+        detail=_detail(kind, fwd.first, fwd.nan, worst, back),
         steps=len({k[0] for k in ref_keys}),
         calls={"reference": len(ref_rows), "target": len(tgt_rows)},
-        compared=len(calls),
+        compared=len(fwd.calls),
         kind=kind,
-        worst_rel=_finite(worst),
-        first=first,
-        nan=nan,
-        growths=growths,
-        changes=changes[:TOP],
+        worst_rel=_finite(fwd.worst),
+        first=fwd.first,
+        nan=fwd.nan,
+        growths=fwd.growths,
+        changes=fwd.changes[:TOP],
         order=_order(ref_keys, [r.key for r in tgt_rows]),
+        backward=None
+        if back is None
+        else BackwardDivergence(
+            calls={"reference": len(ref_back), "target": len(tgt_back)},
+            compared=len(back.calls),
+            worst_rel=_finite(back.worst),
+            first=back.first,
+            nan=back.nan,
+            growths=back.growths,
+        ),
     )
 
 
@@ -449,7 +546,13 @@ def _first_nan(reference: list[TraceRow], target: list[TraceRow]) -> NanSite | N
     return None
 
 
-def _detail(kind: str, first: TracedCall | None, nan: NanSite | None, worst: float | None) -> str:
+def _detail(
+    kind: str,
+    first: TracedCall | None,
+    nan: NanSite | None,
+    worst: float | None,
+    back: Pass | None = None,
+) -> str:
     if kind == "nan" and nan is not None:
         return (
             f"the target's first NaN/Inf comes out of {nan.path or '(model)'} "
@@ -460,6 +563,21 @@ def _detail(kind: str, first: TracedCall | None, nan: NanSite | None, worst: flo
             f"the target first diverges at {first.path or '(model)'} ({first.cls}, call "
             f"{first.call}, step {first.step}): output off by {_g(first.out_rel)} of its "
             f"abs-max, {_g(first.growth)}x what came in"
+        )
+    if kind == "backward-nan" and back is not None and back.nan is not None:
+        b = back.nan
+        return (
+            f"every forward call within tolerance; the target's first NaN/Inf gradient "
+            f"comes out of the backward of {b.path or '(model)'} ({b.cls}, call {b.call}, "
+            f"step {b.step}) from a finite gradient"
+        )
+    if kind == "backward-divergence" and back is not None and back.first is not None:
+        b1 = back.first
+        return (
+            f"every forward call within tolerance; the target's gradients first diverge "
+            f"in the backward of {b1.path or '(model)'} ({b1.cls}, call {b1.call}, step "
+            f"{b1.step}): the gradient to its input off by {_g(b1.out_rel)} of its abs-max, "
+            f"{_g(b1.growth)}x the gradient that came in"
         )
     if kind == "noise":
         return (
@@ -484,4 +602,40 @@ def divergence_for(
         _, tgt_rows = load_trace(target)
     except (OSError, TraceError) as exc:
         return Divergence(traced=False, detail=f"trace not read: {exc}")
-    return compare_traces(ref_rows, tgt_rows, tol)
+    found = compare_traces(ref_rows, tgt_rows, tol)
+    from remotemac.acceptance.drill import drill_for
+
+    drill = drill_for(drill_path(reference), drill_path(target), tol)
+    at = drill_at(found)
+    if drill is not None and drill.ran and (at is None or at != drill.at()):
+        # the op traces of another call (a drill pass of an older compare): not this run's
+        drill.ran, drill.detail = False, "the op traces are of another call than the one named"
+        drill.first = drill.nan = None
+    found.drill = drill
+    return found
+
+
+def drill_path(trace: Path) -> Path:
+    """Where a side's op trace lies beside its module trace (logs/<label>.drill.jsonl)."""
+    return trace.with_name(trace.name.replace(".trace.jsonl", ".drill.jsonl"))
+
+
+@dataclass(frozen=True)
+class DrillAt:
+    """The module call a drill pass runs alone: the first NaN's, else the first
+    divergence's (forward calls only: the drill runs a forward)."""
+
+    step: int
+    path: str
+    call: int
+
+    def to_json(self) -> JsonObject:
+        return {"step": self.step, "path": self.path, "call": self.call}
+
+
+def drill_at(div: Divergence) -> DrillAt | None:
+    """Which call to drill into, or None when the forward has nothing to drill."""
+    site = div.nan if div.kind == "nan" else div.first if div.kind == "divergence" else None
+    if site is None or site.path.startswith(("<", "?")):
+        return None  # a module outside the model's tree cannot be found again by path
+    return DrillAt(site.step, site.path, site.call)

@@ -9,7 +9,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from remotemac.acceptance.divergence import Change, Divergence, NanSite, TracedCall
+from remotemac.acceptance.divergence import (
+    BackwardDivergence,
+    Change,
+    Divergence,
+    NanSite,
+    TracedCall,
+)
+from remotemac.acceptance.drill import OpDrill
 from remotemac.acceptance.observations import (
     FileResult,
     Memory,
@@ -498,8 +505,8 @@ def _divergence(div: Divergence | None) -> list[str]:
         )
     elif not nan:
         out.append(
-            f"- no call beyond tolerance; the largest difference: {_rel(div.worst_rel)} "
-            "of a call's abs-max"
+            f"- {'forward: ' if div.backward else ''}no call beyond tolerance; the largest "
+            f"difference: {_rel(div.worst_rel)} of a call's abs-max"
         )
     out += [_change(c) for c in div.changes]
     order = div.order
@@ -509,11 +516,81 @@ def _divergence(div: Divergence | None) -> list[str]:
             f"{_code(order.reference)} on the reference, "
             f"{_code(order.target)} on the target"
         )
-    if div.growths:
+    if div.drill is not None:
+        out += _drill(div.drill)
+    back = div.backward
+    if back is not None:
+        out += _backward(back)
+    if div.growths and not (div.kind or "").startswith("backward"):
         out += ["", "Largest growths (output error over input error) in that step:", ""]
         out += _table(
             ["module", "call", "output off by", "input off by", "growth"],
             [_growth_row(g) for g in div.growths],
+        )
+    if back is not None and back.growths and (div.kind or "").startswith("backward"):
+        out += [
+            "",
+            "Largest growths in the backward (gradient handed on over gradient come in):",
+            "",
+        ]
+        out += _table(
+            ["module", "call", "gradient out off by", "gradient in off by", "growth"],
+            [_growth_row(g) for g in back.growths],
+        )
+    return out
+
+
+def _drill(drill: OpDrill) -> list[str]:
+    """The op-level drill-down's lines: the op inside the module that made it."""
+    at = f"{_code(drill.path or '(model)')} (call {drill.call}, step {drill.step})"
+    if not drill.ran:
+        return [f"- op-level drill-down of {at}: not run: {_cell(drill.detail)}"]
+    out = []
+    if drill.nan:
+        n = drill.nan
+        source = "already in its inputs (a constant)" if n.in_bad else "from finite inputs"
+        out.append(
+            f"- first NaN/Inf op: {_code(n.op)} in {_code(n.module or drill.path)}: "
+            f"{n.nan} NaN, {n.inf} Inf {source} (op {n.index} of "
+            f"{drill.ops.get('target')}, run alone on both sides with the reference's input)"
+        )
+    if drill.first:
+        f = drill.first
+        alone = "; the reference ran no such op there" if f.one_side else ""
+        out.append(
+            f"- first differing op: {_code(f.op)} in {_code(f.module or drill.path)}: "
+            f"output off by {_rel(f.out_rel)} of its abs-max, {_rel(f.growth)}x its "
+            f"input's error (op {f.index} of {drill.ops.get('target')}, run alone on both "
+            f"sides with the reference's input and weights{alone})"
+        )
+    if not drill.nan and not drill.first:
+        out.append(f"- op-level drill-down of {at}: {_cell(drill.detail)}")
+    for side, ops in (("reference", drill.only_reference), ("target", drill.only_target)):
+        if ops:
+            out.append(f"- ops on the {side} only: " + ", ".join(_code(o) for o in ops))
+    return out
+
+
+def _backward(back: BackwardDivergence) -> list[str]:
+    """The backward calls' lines: the first NaN/Inf gradient, the first divergence."""
+    out = []
+    if back.nan:
+        n = back.nan
+        out.append(
+            f"- first NaN/Inf gradient: the backward of {_where(n)}: {n.nan} NaN, "
+            f"{n.inf} Inf handed to its input from a finite gradient; the reference's is finite"
+        )
+    if back.first:
+        b = back.first
+        out.append(
+            f"- first backward divergence: {_where(b)}: the gradient to its input off by "
+            f"{_rel(b.out_rel)} of its abs-max, {_rel(b.growth)}x the error of the "
+            f"gradient that came in (off by {_rel(b.in_rel)})"
+        )
+    elif not back.nan:
+        out.append(
+            f"- backward: no call beyond tolerance ({back.compared} compared); the largest "
+            f"difference: {_rel(back.worst_rel)} of a gradient's abs-max"
         )
     return out
 

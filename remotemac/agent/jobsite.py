@@ -9,6 +9,11 @@ nothing else (one string comparison per import), and when torch has finished
 importing it starts observer.py (loaded by path from the agent's directory) and
 takes itself out of ``sys.meta_path``.
 
+``remotemac preflight`` uses the same hook on the laptop to trace every Python process of
+a command: REMOTEMAC_OBSERVE_MODULE=optrace starts optrace.py instead of observer.py,
+and REMOTEMAC_OBSERVE_MARK leaves ``py-<pid>`` in the directory for every Python
+process, torch or not (so "no Python started" and "no torch imported" can be told apart).
+
 It then runs the ``sitecustomize`` it hides (the next one on ``sys.path``, e.g.
 Debian's), so the job behaves as it would without remotemac.
 
@@ -24,16 +29,21 @@ import os
 import sys
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
+#: what may be started in a process that imports torch (REMOTEMAC_OBSERVE_MODULE)
+_MODULES = ("observer", "optrace")
 
 
 def _start_observer(torch, env_before_torch):
     agent = os.environ.get("REMOTEMAC_OBSERVE_AGENT") or ""
+    name = os.environ.get("REMOTEMAC_OBSERVE_MODULE") or "observer"
     try:
+        if name not in _MODULES:
+            raise ValueError("unknown REMOTEMAC_OBSERVE_MODULE %r" % name)
         spec = importlib.util.spec_from_file_location(
-            "_remotemac_observer", os.path.join(agent, "observer.py")
+            "_remotemac_" + name, os.path.join(agent, name + ".py")
         )
         module = importlib.util.module_from_spec(spec)
-        sys.modules["_remotemac_observer"] = module
+        sys.modules["_remotemac_" + name] = module
         spec.loader.exec_module(module)
         module.start(torch, env_before_torch)
     except Exception as exc:  # noqa: BLE001 - the job must run even if observing fails
@@ -105,9 +115,19 @@ def _chain():
     spec.loader.exec_module(module)
 
 
+def _mark(obs_dir):
+    """``py-<pid>`` holding the interpreter's path: this Python process started."""
+    path = os.path.join(obs_dir, "py-%d" % os.getpid())
+    with open(path, "w", encoding="utf-8") as fh:
+        fh.write(sys.executable or "")
+
+
 def _install():
-    if not os.environ.get("REMOTEMAC_OBSERVE_DIR"):
+    obs_dir = os.environ.get("REMOTEMAC_OBSERVE_DIR")
+    if not obs_dir:
         return
+    if os.environ.get("REMOTEMAC_OBSERVE_MARK"):
+        _mark(obs_dir)
     _fallback_variable()
     torch = sys.modules.get("torch")
     if torch is not None:  # a .pth file imported torch before us: observe, say so

@@ -27,7 +27,16 @@ transform, an ``nn.Module`` without weights run on the batch first, is not taken
 the model). Other top-level calls (a loss module called after the model) belong to the
 step in progress, under ``<ClassName>``; before the first step they are not recorded. The trace stops when
 the root model is called for the (N+1)-th time (the hooks are removed: from there on
-it costs nothing), or at exit. Backward passes are not traced.
+it costs nothing), or at exit.
+
+The backward of each traced step is recorded too, as rows with ``"pass": "backward"``
+keyed like the forward's (path, call index): for each module call whose output needs
+a gradient, a hook on its output tensor notes the gradient that comes into its
+backward (``in``) and a hook on its first input tensor the gradient it hands on
+(``out``); the row is written when its call's backward is complete, in the order the
+gradients are made (``i``). Tensor hooks, not module backward hooks (see
+``_watch_backward``); a backward that runs after the next step's forward (gradient
+accumulation over several forwards) is recorded only while the trace is on.
 
 Only the first process of the job that runs a forward writes the trace (the file is
 created exclusively); a second Python process of the same job and a forked child
@@ -179,6 +188,10 @@ class ModuleTrace:
         self.pid = os.getpid()
         #: (tensor, its version counter, summary) of the last RECENT outputs
         self.recent: list[tuple[Any, int, JsonObject | None]] = []
+        #: backward calls recorded so far in each step (their order, as the hooks fire)
+        self.border: dict[int, int] = {}
+        #: (gradient, summary) of the last RECENT gradients: hooks on one tensor share it
+        self.recent_grads: list[tuple[Any, JsonObject | None]] = []
 
     def install(self) -> None:
         hooks = self.torch.nn.modules.module
@@ -248,6 +261,7 @@ class ModuleTrace:
             self.calls = {}
             self.order = 0
             self.recent = []
+            self.recent_grads = []
             self.names = self._names_for(module, "")
         elif self.step >= 0:
             self.names.update(self._names_for(module, "<%s>" % type(module).__name__))
@@ -283,10 +297,75 @@ class ModuleTrace:
             "in": self._summary(_first_tensor(args, torch), False),
         }
         self.order += 1
+        self._write(row)
+        if torch.is_grad_enabled():
+            self._watch_backward(row, output, args)
+
+    def _write(self, row: JsonObject) -> None:
         self.lines.append(json.dumps(row, allow_nan=False))
         self.records += 1
         if self.records >= MAX_RECORDS:
             self.stop()
+
+    def _watch_backward(self, row: JsonObject, output: Any, args: Any) -> None:
+        """Tensor hooks that record this call's backward: the gradient of its output
+        (what comes into its backward) and of its first input (what leaves it).
+
+        Hooks on the tensors, not ``register_module_full_backward_hook``: those wrap
+        every module's inputs and outputs in an autograd Function, and an in-place op
+        on such a view (``nn.ReLU(inplace=True)``, ``out += identity``) then raises in
+        the user's code. A tensor hook only observes. Its limit: an input several
+        modules read gets one gradient, their sum; the row is written when it is
+        complete (the hook fires once the tensor's gradient is whole)."""
+        torch = self.torch
+        out_t = _first_tensor(output, torch)
+        if out_t is None or not out_t.requires_grad:
+            return
+        in_t = _first_tensor(args, torch)
+        if in_t is not None and not (in_t.requires_grad and in_t.is_floating_point()):
+            in_t = None
+        back = {k: row[k] for k in ("step", "path", "call", "cls", "src", "built")}
+        back["pass"] = "backward"
+        back["out"] = None
+        back["in"] = None
+
+        def grad_out(grad: Any) -> None:
+            if self.done:
+                return
+            with contextlib.suppress(Exception):
+                back["in"] = self._grad_summary(grad)
+                if in_t is None:  # nothing to hand a gradient to: the call ends here
+                    self._write_backward(back)
+
+        def grad_in(grad: Any) -> None:
+            if self.done:
+                return
+            with contextlib.suppress(Exception):
+                back["out"] = self._grad_summary(grad)
+                self._write_backward(back)
+
+        out_t.register_hook(grad_out)
+        if in_t is not None:
+            in_t.register_hook(grad_in)
+
+    def _write_backward(self, back: JsonObject) -> None:
+        step = int(back["step"])
+        order = self.border.get(step, 0)
+        self.border[step] = order + 1
+        back["i"] = order
+        self._write(back)
+
+    def _grad_summary(self, grad: Any) -> JsonObject | None:
+        """``summarise`` once per gradient: the hooks of one tensor get the same one."""
+        if grad is None:
+            return None
+        for seen, summary in self.recent_grads:
+            if seen is grad:
+                return summary
+        summary = summarise(grad, self.torch)
+        self.recent_grads.append((grad, summary))
+        del self.recent_grads[:-RECENT]
+        return summary
 
     def _built(self, module: Any) -> str | None:
         try:
@@ -349,6 +428,7 @@ class ModuleTrace:
         with contextlib.suppress(Exception):
             self._unwrap_init()
         self.recent = []
+        self.recent_grads = []
         if write:
             with contextlib.suppress(Exception):
                 self._flush()

@@ -26,6 +26,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import importlib.util
+import json
 import os
 import sys
 import threading
@@ -101,7 +102,16 @@ class ProcessObserver(harness.Harness):  # type: ignore[misc, name-defined]
 
     def _start_trace(self) -> None:
         """The divergence trace, off unless REMOTEMAC_TRACE_STEPS is set: when off,
-        modtrace.py is not loaded and no hook is registered."""
+        modtrace.py is not loaded and no hook is registered. REMOTEMAC_DRILL makes the
+        process a drill pass instead (opdrill.py: one module call under an op trace)."""
+        drill = os.environ.get("REMOTEMAC_DRILL")
+        if drill:
+            try:
+                spec = json.loads(drill)
+                self.trace = _sibling("opdrill").start(self.torch, spec, self.device)
+            except Exception as exc:  # noqa: BLE001 - the job must run even if this fails
+                sys.stderr.write("remotemac: could not drill in this process (%s)\n" % exc)
+            return
         steps = os.environ.get("REMOTEMAC_TRACE_STEPS")
         path = os.environ.get("REMOTEMAC_TRACE_PATH")
         if not steps or not path:

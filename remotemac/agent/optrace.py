@@ -25,6 +25,8 @@ or ``python optrace.py --seconds N --out trace.json -- -m package.module args...
 from __future__ import annotations
 
 import argparse
+import atexit
+import contextlib
 import json
 import os
 import platform
@@ -74,7 +76,11 @@ def _dtypes(obj: Any, torch: Any) -> tuple[str, ...]:
 
 
 class Recorder:
-    """Counts (op, input dtypes, output dtypes) and float64 creation sites."""
+    """Counts (op, input dtypes, output dtypes) and float64 creation sites.
+
+    ``check_time`` runs after every dispatched op; past the deadline it calls
+    ``on_time_up`` (raise _TimeUp by default: ``run`` catches it around the workload).
+    """
 
     def __init__(self, seconds: float, project_dirs: tuple[str, ...]) -> None:
         self.deadline = time.monotonic() + seconds
@@ -85,11 +91,42 @@ class Recorder:
         self.sites: dict[tuple[str, str, str], int] = {}
         self.time_up = False
         self.skip_dirs: tuple[str, ...] = ()
+        self.on_time_up: Any = None
+        self.on_op: Any = None
 
     def check_time(self) -> None:
         if time.monotonic() >= self.deadline and not self.time_up:
             self.time_up = True
+            if self.on_time_up is not None:
+                self.on_time_up()
             raise _TimeUp()
+        if self.on_op is not None:
+            self.on_op()
+
+    def reset(self) -> None:
+        """Forget what was recorded (a forked child starts with its own counts)."""
+        self.ops.clear()
+        self.functions.clear()
+        self.sites.clear()
+
+    def records(self) -> JsonObject:
+        """The trace's ops, functions and float64 sites as JSON lists (copies first: a
+        process's deadline timer writes while its main thread may still be recording)."""
+        ops, functions, sites = dict(self.ops), dict(self.functions), dict(self.sites)
+        return {
+            "ops": [
+                {"op": op, "dtypes": list(ins), "out_dtypes": list(outs), "count": n}
+                for (op, ins, outs), n in sorted(ops.items())
+            ],
+            "functions": [
+                {"name": fn, "dtypes": list(ins), "count": n}
+                for (fn, ins), n in sorted(functions.items())
+            ],
+            "float64_sites": [
+                {"site": site, "op": op, "dtype": dt, "count": n}
+                for (site, op, dt), n in sorted(sites.items())
+            ],
+        }
 
     def site(self) -> str:
         """file:line of the innermost frame outside torch and this tracer.
@@ -230,25 +267,190 @@ def run(seconds: float, out_path: str, argv: list[str], cwd: str | None = None) 
         sys.argv = old_argv
         if path0 in sys.path:
             sys.path.remove(path0)
-    trace.update(
-        stopped=stopped,
-        error=error,
-        elapsed_s=round(time.monotonic() - rec.started, 3),
-        ops=[
-            {"op": op, "dtypes": list(ins), "out_dtypes": list(outs), "count": n}
-            for (op, ins, outs), n in sorted(rec.ops.items())
-        ],
-        functions=[
-            {"name": fn, "dtypes": list(ins), "count": n}
-            for (fn, ins), n in sorted(rec.functions.items())
-        ],
-        float64_sites=[
-            {"site": site, "op": op, "dtype": dt, "count": n}
-            for (site, op, dt), n in sorted(rec.sites.items())
-        ],
-    )
+    trace.update(stopped=stopped, error=error, elapsed_s=round(time.monotonic() - rec.started, 3))
+    trace.update(rec.records())
     _write(out_path, trace)
     return trace
+
+
+# ------------------------------------------------------------------ every process of a command
+#
+# ``remotemac preflight`` of a command that is not ``python script.py`` (``bash run.sh``,
+# torchrun, ``sh -c``) traces it as the run observes a job: jobsite.py is the
+# sitecustomize of every Python process the command starts and, when that process has
+# imported torch, calls :func:`start` here (REMOTEMAC_OBSERVE_MODULE=optrace) instead of
+# observer.py. Each process writes ``trace-<pid>.json`` in REMOTEMAC_OBSERVE_DIR (every
+# second while it runs ops, at its deadline and at exit); the laptop merges them.
+
+#: seconds between rewrites of a running process's trace (a SIGKILL leaves the last one)
+WRITE_EVERY_S = 1.0
+#: after the deadline, a process that ran no op since ends by its timer
+WATCH_GRACE_S = 0.5
+_ACTIVE: list[Any] = []  # keeps the process's tracer alive (multiprocessing holds it weakly)
+
+
+def shared_deadline(out_dir: str, seconds: float) -> float:
+    """The wall-clock deadline of every process of the command: set by the first one
+    that imports torch (``out_dir/deadline``), so a worker started later stops with it."""
+    path = os.path.join(out_dir, "deadline")
+    tmp = "%s.%d" % (path, os.getpid())
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write(repr(time.time() + seconds))
+    try:
+        os.link(tmp, path)  # atomic: the first one wins, the others read it
+    except FileExistsError:
+        pass
+    finally:
+        os.unlink(tmp)
+    with open(path, encoding="utf-8") as fh:
+        return float(fh.read())
+
+
+class ProcessTrace:
+    """The trace of one Python process of a command, from its torch import to its end."""
+
+    def __init__(self, torch: Any, out_dir: str, seconds: float) -> None:
+        self.out_dir = out_dir
+        self.seconds = seconds
+        argv0 = (getattr(sys, "argv", None) or [""])[0] or ""
+        project = os.environ.get("REMOTEMAC_PREFLIGHT_PROJECT") or os.getcwd()
+        dirs = [project, os.getcwd()]
+        if os.path.isfile(argv0):
+            dirs.append(os.path.dirname(os.path.abspath(argv0)))
+        # no deadline until the first op (see tick): the first op under a dispatch mode
+        # imports much of torch (seconds on a loaded machine), which is not the workload
+        self.rec = Recorder(float("inf"), tuple(dirs))
+        torch_dir = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
+        self.rec.skip_dirs = (torch_dir, os.path.abspath(runpy.__file__))
+        self.rec.on_time_up = self.time_up
+        self.rec.on_op = self.tick
+        self.torch_version = str(getattr(torch, "__version__", ""))
+        self.modes = _make_modes(self.rec, torch)
+        self.started_at = time.time()
+        self.first_op_at: Any = None
+        self.written = time.monotonic()
+        self.done = False
+
+    def start(self) -> None:
+        """Enter the recorders for the rest of the process and arrange the writes."""
+        for mode in self.modes:
+            mode.__enter__()
+        atexit.register(self.finish)
+        if hasattr(os, "register_at_fork"):
+            os.register_at_fork(after_in_child=self.forked)
+        try:  # a multiprocessing child ends with os._exit: no atexit, but its finalizers
+            import multiprocessing.util as mputil
+
+            mputil.register_after_fork(self, ProcessTrace._mp_child)
+        except Exception:  # noqa: BLE001
+            pass
+        main = threading.current_thread() is threading.main_thread()
+        if main and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+            signal.signal(signal.SIGTERM, self._terminated)
+        _ACTIVE.append(self)
+        self.write("running")
+
+    def _arm(self) -> None:
+        """At the first op: the command's shared deadline, and a timer for it."""
+        self.first_op_at = time.time()
+        wall = shared_deadline(self.out_dir, self.seconds)
+        self.rec.deadline = time.monotonic() + (wall - time.time())
+        self._watch()
+
+    def _watch(self) -> None:
+        """A timer for the deadline: a process blocked outside torch (a DataLoader worker
+        waiting for indices, a torch-free loop) writes its trace and ends too; a busy
+        one ends in check_time first."""
+        delay = max(self.rec.deadline - time.monotonic(), 0.0) + WATCH_GRACE_S
+        timer = threading.Timer(delay, self.time_up)
+        timer.daemon = True
+        timer.start()
+
+    def trace(self, stopped: str, error: Any = None) -> JsonObject:
+        argv = list(getattr(sys, "argv", None) or [])
+        trace: JsonObject = {
+            "schema": TRACE_SCHEMA,
+            "python": platform.python_version(),
+            "executable": sys.executable,
+            "pid": os.getpid(),
+            "ppid": os.getppid(),
+            "argv": [a[:200] for a in argv[:12]],
+            "torch_version": self.torch_version,
+            "seconds_limit": self.seconds,
+            "started_at": self.started_at,
+            "first_op_at": self.first_op_at,
+            "ended_at": time.time(),
+            "stopped": stopped,
+            "error": error,
+        }
+        trace.update(self.rec.records())
+        return trace
+
+    def write(self, stopped: str, error: Any = None) -> None:
+        self.written = time.monotonic()
+        try:
+            path = os.path.join(self.out_dir, "trace-%d.json" % os.getpid())
+            _write(path, self.trace(stopped, error))
+        except Exception:  # noqa: BLE001 - tracing must never break the workload
+            pass
+
+    def tick(self) -> None:
+        if self.first_op_at is None:
+            self._arm()
+        if time.monotonic() - self.written >= WRITE_EVERY_S:
+            self.write("running")
+
+    def _stop(self, stopped: str) -> None:
+        """Write the final trace and end the process now (the preflight is over for it)."""
+        self.done = True
+        self.write(stopped)
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(0)
+
+    def time_up(self) -> None:
+        self._stop("time_limit")
+
+    def _terminated(self, signum: int, frame: Any) -> None:
+        self._stop("terminated")
+
+    def forked(self) -> None:
+        """A forked child (a DataLoader worker) records its own ops from here on."""
+        self.rec.reset()
+        self.started_at = time.time()
+        if self.first_op_at is not None:
+            self.first_op_at = self.started_at
+        self.written = time.monotonic()
+        if self.first_op_at is not None:  # threads do not survive a fork: a new timer
+            with contextlib.suppress(Exception):
+                self._watch()
+
+    def _mp_child(self) -> None:
+        import multiprocessing.util as mputil
+
+        mputil.Finalize(self, self.finish, exitpriority=100)
+
+    def finish(self) -> None:
+        """At exit: the exception that ended the process, if any, and the last trace."""
+        if self.done:
+            return
+        self.done = True
+        exc = getattr(sys, "last_value", None)
+        error = None
+        if isinstance(exc, BaseException) and not isinstance(exc, SystemExit):
+            error = "%s: %s" % (type(exc).__name__, (str(exc).strip().splitlines() or [""])[0])
+        self.write("exited", error)
+
+
+def start(torch: Any, env_before_torch: bool = True) -> ProcessTrace | None:
+    """Trace this process (jobsite.py calls it once torch is imported)."""
+    out_dir = os.environ.get("REMOTEMAC_OBSERVE_DIR")
+    if not out_dir:
+        return None
+    proc = ProcessTrace(torch, out_dir, float(os.environ.get("REMOTEMAC_PREFLIGHT_SECONDS") or 60))
+    proc.start()
+    return proc
 
 
 def _arm_alarm(rec: Recorder, seconds: float) -> Any:

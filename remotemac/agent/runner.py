@@ -35,6 +35,7 @@ from . import (
 from .agentutil import format_mib
 from .hostagent import JobSpec, JobStatusFile
 from .protocol import JsonObject
+from .shared import install_jobsite
 
 HEARTBEAT_S = 2.0
 #: the job's memory (RSS summed over its process tree) is sampled this often
@@ -147,6 +148,8 @@ class ObserveSpec(protocol.Message):
     fallback: Optional[str] = None
     interval: Any = None
     trace: Optional[JsonObject] = None
+    #: a drill pass (opdrill.py): step, path, call, out, save or input
+    drill: Optional[JsonObject] = None
 
     def trace_target(self) -> Optional[Tuple[int, str]]:
         """(steps, path) of the divergence trace, or None when there is none."""
@@ -167,13 +170,7 @@ def prepare_observer(observe: ObserveSpec, env: dict[str, str]) -> None:
 
     Its own directory holds nothing else, so no agent module can shadow a user's.
     """
-    site = os.path.join(observe.dir, "site")
-    os.makedirs(site, exist_ok=True)
-    shutil.copyfile(os.path.join(AGENT_DIR, "jobsite.py"), os.path.join(site, "sitecustomize.py"))
-    rest = env.get("PYTHONPATH")
-    env["PYTHONPATH"] = site + (os.pathsep + rest if rest else "")
-    env["REMOTEMAC_OBSERVE_DIR"] = observe.dir
-    env["REMOTEMAC_OBSERVE_AGENT"] = AGENT_DIR
+    install_jobsite(AGENT_DIR, os.path.join(observe.dir, "site"), observe.dir, env)
     env["REMOTEMAC_OBSERVE_DEVICE"] = str(observe.device or "cpu")
     env["REMOTEMAC_OBSERVE_FALLBACK"] = str(observe.fallback or "diagnostic")
     env["REMOTEMAC_OBSERVE_INTERVAL"] = str(observe.interval or 1.0)
@@ -183,6 +180,9 @@ def prepare_observer(observe: ObserveSpec, env: dict[str, str]) -> None:
         env["REMOTEMAC_TRACE_STEPS"] = str(trace[0])
         env["REMOTEMAC_TRACE_PATH"] = trace[1]
         os.makedirs(os.path.dirname(trace[1]), exist_ok=True)
+    if observe.drill:
+        # one module call run alone under an op trace, then the process ends (opdrill.py)
+        env["REMOTEMAC_DRILL"] = json.dumps(observe.drill)
 
 
 class JobMemory:

@@ -73,6 +73,35 @@ def agent_argv(
     )
 
 
+# ------------------------------------------------------------------ the job's sitecustomize
+#
+# How remotemac gets into every Python process a command starts, whatever its shape
+# (``bash run.sh``, torchrun's workers, ``sh -c``): jobsite.py, copied as
+# ``sitecustomize.py`` into a directory of its own, first on PYTHONPATH. The run loads
+# observer.py with it on the host (runner.prepare_observer); preflight loads optrace.py
+# with it on the laptop (checks/preflight.py). One mechanism, set up here for both.
+
+
+def install_jobsite(
+    agent_dir: str, site_dir: str, obs_dir: str, env: dict, module: str = "observer"
+) -> None:
+    """Copy ``agent_dir/jobsite.py`` to ``site_dir/sitecustomize.py`` and point ``env``
+    at it: PYTHONPATH first, REMOTEMAC_OBSERVE_DIR/AGENT/MODULE. ``site_dir`` holds
+    nothing else, so no agent module can shadow a user's."""
+    import os
+    import shutil
+
+    os.makedirs(site_dir, exist_ok=True)
+    shutil.copyfile(
+        os.path.join(agent_dir, "jobsite.py"), os.path.join(site_dir, "sitecustomize.py")
+    )
+    rest = env.get("PYTHONPATH")
+    env["PYTHONPATH"] = site_dir + (os.pathsep + rest if rest else "")
+    env["REMOTEMAC_OBSERVE_DIR"] = obs_dir
+    env["REMOTEMAC_OBSERVE_AGENT"] = agent_dir
+    env["REMOTEMAC_OBSERVE_MODULE"] = module
+
+
 # ------------------------------------------------------------------ the Python request syntax
 
 _CLAUSE = re.compile(r"^(>=|<=|==|~=|!=|>|<)?\s*(\d+)\.(\d+)(?:\.(\d+))?(\.\*)?$")

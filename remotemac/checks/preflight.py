@@ -1,14 +1,18 @@
 """``remotemac preflight``: trace the workload on the local CPU, predict MPS coverage.
 
-The cheapest Mac rental is the one you learn you do not need. The workload runs
-for a bounded time in a subprocess under ``remotemac/agent/optrace.py`` (the same
-tracer that can run on the Mac), and every (operator overload, dtypes) it used is
-checked against the installed torch's own native_functions.yaml
+The cheapest Mac rental is the one you learn you do not need. The workload's command
+runs for a bounded time, whatever its shape (``python train.py``, ``bash run.sh``,
+``sh -c "cd src && python train.py"``, ``torchrun …``), and every Python process it
+starts that imports torch is traced by ``remotemac/agent/optrace.py``, loaded the way
+the run loads its observer (the job's sitecustomize, agent/jobsite.py), so DataLoader
+workers and torchrun's ranks count too. Every (operator overload, dtypes) the
+processes used is checked against the installed torch's own native_functions.yaml
 (``mps_coverage``). The result is a prediction for that torch version, not proof:
 some ops take a different path on MPS.
 
 Exit codes follow SPEC: 0 every traced op is predicted to run on MPS, 1 some op
-is predicted to fall back or fail (not accepted), 2 bad input.
+is predicted to fall back or fail (not accepted), 2 bad input (and a command that
+started no Python process that imported torch: nothing to predict).
 """
 
 from __future__ import annotations
@@ -17,20 +21,30 @@ import json
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 from collections import deque
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from remotemac.errors import EXIT_ACCEPTED, EXIT_REJECTED, BadInput, RemotemacError
+from remotemac.errors import (
+    EXIT_ACCEPTED,
+    EXIT_BAD_INPUT,
+    EXIT_REJECTED,
+    BadInput,
+    RemotemacError,
+)
 from remotemac.placeholders import PlaceholderError, expand
 
 DEFAULT_SECONDS = 60.0
 # Time for interpreter start, torch import and writing the trace, beyond --seconds.
 STARTUP_GRACE_S = 120.0
+# After the processes' shared deadline: time to stop on their own, then to write on SIGTERM.
+KILL_GRACE_S = 3.0
 BLOCKING = ("fail", "fallback", "unknown")
 _PYTHON = re.compile(r"^python(\d+(\.\d+)?)?$")
 _ENV_ASSIGN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
@@ -92,6 +106,10 @@ class PreflightReport:
     #: version and build queries, not work a backend runs, so not coverage findings
     queries: list[TracedOp] = field(default_factory=list)
     interpreter: str | None = None
+    #: the command's Python processes that imported torch and were traced (merged)
+    processes: int = 1
+    #: the interpreters those processes ran (a run.sh may name another than ``interpreter``)
+    executables: list[str] = field(default_factory=list)
     kind: str = "prediction"
 
     @property
@@ -133,52 +151,15 @@ class PreflightReport:
         return data
 
 
-def python_target(argv: list[str]) -> tuple[list[str], dict[str, str]]:
-    """Split ``[VAR=x] python [opts] script.py args`` into (tracer target, env).
-
-    The target is what follows ``--`` on the tracer's command line: ``script.py
-    args`` or ``-m module args``. Anything that is not a Python command is BadInput.
-    """
-    env: dict[str, str] = {}
-    rest = list(argv)
-    if rest and rest[0] == "env":
-        rest.pop(0)
-    while rest and _ENV_ASSIGN.match(rest[0]):
-        key, _, value = rest.pop(0).partition("=")
-        env[key] = value
-    if not rest or not _PYTHON.match(os.path.basename(rest[0])):
-        first = rest[0] if rest else ""
-        raise BadInput(
-            f"preflight: can only trace Python commands, workload.command starts with {first!r}",
-            hint="write it as `python script.py …` or `python -m module …`",
-        )
-    rest.pop(0)
-    while rest:
-        arg = rest[0]
-        if arg in _FLAGS:
-            rest.pop(0)
-        elif arg in _FLAGS_WITH_ARG:
-            del rest[:2]
-        elif arg[:2] in _FLAGS_WITH_ARG:
-            rest.pop(0)
-        elif arg == "-m" and len(rest) >= 2:
-            return rest, env
-        elif arg.startswith("-m") and len(arg) > 2:
-            return ["-m", arg[2:]] + rest[1:], env
-        elif arg.startswith("-"):
-            raise BadInput(
-                f"preflight: cannot trace `python {arg} …` in workload.command",
-                hint="preflight runs `python script.py …` or `python -m module …`",
-            )
-        else:
-            return rest, env
-    raise BadInput("preflight: workload.command runs python without a script or -m module")
-
-
-def _python_word(argv: list[str]) -> str:
-    """The interpreter word of ``[env] [VAR=x] python …`` (python_target checked the shape)."""
-    rest = argv[1:] if argv and argv[0] == "env" else argv
-    return next((a for a in rest if not _ENV_ASSIGN.match(a)), "python")
+def _python_word(argv: list[str]) -> tuple[int, str] | None:
+    """(index, word) of the interpreter word of ``[env] [VAR=x] python …``, or None when
+    the command starts with something else (``bash run.sh``, ``torchrun``)."""
+    i = 1 if argv and argv[0] == "env" else 0
+    while i < len(argv) and _ENV_ASSIGN.match(argv[i]):
+        i += 1
+    if i < len(argv) and _PYTHON.match(os.path.basename(argv[i])):
+        return i, argv[i]
+    return None
 
 
 def _local_path(word: str, project: Path) -> Path:
@@ -193,8 +174,12 @@ def interpreter_for(argv: list[str], project: Path, environment_python: str | No
     that interpreter, and must exist. A bare ``python`` is ``environment.python`` when
     that names an interpreter on this machine (a venv, conda env or pyenv version:
     ``.venv/bin/python``, ``~/miniconda3/envs/x/bin/python``), else remotemac's own.
+    A command that does not start with python (``bash run.sh``, ``torchrun …``) finds
+    ``python`` and ``torchrun`` through PATH, whose first entry is that interpreter's
+    directory (see _venv_env).
     """
-    word = _python_word(argv)
+    found = _python_word(argv)
+    word = found[1] if found else "python"
     if "/" in word or word.startswith("~"):
         path = _local_path(word, project)
         if not (path.is_file() and os.access(path, os.X_OK)):
@@ -211,13 +196,15 @@ def interpreter_for(argv: list[str], project: Path, environment_python: str | No
 
 
 def _venv_env(interpreter: str, env: dict[str, str]) -> None:
-    """What an activated venv sets (and the run sets for its venv): VIRTUAL_ENV, PATH."""
+    """What an activated venv sets (and the run sets for its venv): VIRTUAL_ENV, PATH.
+    The interpreter's directory comes first on PATH in any case, so ``python`` and
+    ``torchrun`` inside ``run.sh`` are the ones preflight names."""
     bin_dir = os.path.dirname(interpreter)
     if interpreter != sys.executable and os.path.isfile(
         os.path.join(os.path.dirname(bin_dir), "pyvenv.cfg")
     ):
         env["VIRTUAL_ENV"] = os.path.dirname(bin_dir)
-        env["PATH"] = bin_dir + os.pathsep + env.get("PATH", "")
+    env["PATH"] = bin_dir + os.pathsep + env.get("PATH", "")
 
 
 def substitute(
@@ -230,6 +217,20 @@ def substitute(
         raise BadInput(f"preflight: workload.command: {exc}") from None
 
 
+def python_shims(bin_dir: Path, interpreter: str, argv: list[str]) -> None:
+    """``python``, ``python3`` (and the command's own bare python word) in ``bin_dir``,
+    each ``exec interpreter "$@"``: a bare python anywhere in the command is the
+    project's interpreter, as ``.venv/bin`` first on the run's PATH makes it on the host.
+    Scripts, not links: a link to a venv's python would lose its venv."""
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    found = _python_word(argv)
+    names = {"python", "python3"} | ({found[1]} if found and "/" not in found[1] else set())
+    for name in names:
+        shim = bin_dir / name
+        shim.write_text(f'#!/bin/sh\nexec {shlex.quote(interpreter)} "$@"\n', encoding="utf-8")
+        shim.chmod(0o755)
+
+
 def run_preflight(
     command: str,
     cwd: Path,
@@ -240,7 +241,11 @@ def run_preflight(
     matrix: dict[str, object] | None = None,
 ) -> PreflightReport:
     """Trace ``command`` on the local CPU for ``seconds`` and predict MPS coverage,
-    under the project's own interpreter (see interpreter_for)."""
+    under the project's own interpreter (see interpreter_for).
+
+    Every Python process the command starts is traced, as the run observes a job: the
+    job's sitecustomize (agent/jobsite.py) starts optrace.py in each process that
+    imports torch, and the processes' ops are merged (merge_traces)."""
     from remotemac.checks import mps_coverage
 
     if seconds <= 0:
@@ -256,16 +261,18 @@ def run_preflight(
         if data_dir is None:
             data.mkdir()  # no data in the playbook: an empty directory keeps {data_dir} valid
         values = {"device": "cpu", "data_dir": str(data), "output_dir": str(out_dir)}
+        substituted = substitute(command, values, matrix)
         try:
-            argv = shlex.split(substitute(command, values, matrix))
+            argv = shlex.split(substituted)
         except ValueError as exc:
             raise BadInput(f"preflight: workload.command does not parse: {exc}") from None
-        target, cmd_env = python_target(argv)
+        if not argv:
+            raise BadInput("preflight: workload.command is empty")
         interpreter = interpreter_for(argv, cwd, environment_python)
-        trace_path = Path(tmp) / "trace.json"
+        trace_dir = Path(tmp) / "traces"
+        trace_dir.mkdir()
         full_env = dict(os.environ)
         full_env.update(env)
-        full_env.update(cmd_env)
         full_env.update(
             REMOTEMAC_DEVICE="cpu",
             REMOTEMAC_DATA=str(data),
@@ -273,64 +280,223 @@ def run_preflight(
             CUDA_VISIBLE_DEVICES="",  # the trace must be the CPU's choices, even on a GPU box
         )
         _venv_env(interpreter, full_env)
-        tail = _run_tracer(interpreter, target, trace_path, cwd, seconds, full_env)
-        try:
-            trace = json.loads(trace_path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            last = tail[-1] if tail else "no output"
-            raise RemotemacError(f"preflight: the tracer wrote no trace ({last})") from None
-    report = predict(trace, table, mps_coverage.torch_version())
+        python_shims(Path(tmp) / "bin", interpreter, argv)
+        full_env["PATH"] = str(Path(tmp) / "bin") + os.pathsep + full_env["PATH"]
+        _tracer_env(full_env, trace_dir, Path(tmp) / "site", cwd, seconds)
+        # as the run starts a job (agent/runner.py): whatever the command's shape
+        cmd = ["/bin/sh", "-c", substituted]
+        done = _run_command(cmd, cwd, full_env, seconds, trace_dir, Path(tmp) / "output.log")
+        merged = merge_traces(trace_dir, done)
+    if merged.get("processes", 0) == 0:
+        hidden = re.search(r"\bpython[\d.]*\s+(-\w*[IES]\w*)\b", command)
+        raise NoTrace(
+            _no_trace_line(merged, done),
+            hint=f"`python {hidden.group(1)}` skips the tracer's sitecustomize" if hidden else None,
+        )
+    if not merged["ops"] and merged["stopped"] != "error":  # torch imported, nothing run
+        raise NoTrace(
+            f"preflight: the command's {merged['processes']} Python process(es) imported torch "
+            f"but ran no torch operator ({merged['stopped'].replace('_', ' ')}); nothing to predict"
+        )
+    report = predict(merged, table, mps_coverage.torch_version())
     report.interpreter = interpreter
+    report.processes = int(merged["processes"])
+    report.executables = list(merged.get("executables", []))
     if report.stopped == "error":
-        report.output_tail = tail
+        report.output_tail = done.tail
     return report
 
 
-def tracer_file() -> Path:
-    """optrace.py's file on this machine, found by its module name (not imported: it
-    is run by path under the project's interpreter); the checks never import the engine."""
+class NoTrace(RemotemacError):
+    """The command ran no Python process that imported torch: nothing to predict.
+    Bad input for preflight (exit 2), said in one line, never "100 % of 0"."""
+
+    exit_code = EXIT_BAD_INPUT
+
+
+@dataclass
+class CommandDone:
+    """How the command ended: its exit status, whether preflight had to stop it."""
+
+    returncode: int
+    stopped_by_preflight: bool
+    tail: list[str]
+
+
+def _no_trace_line(merged: dict[str, Any], done: CommandDone) -> str:
+    status = (
+        "was stopped at the time limit"
+        if done.stopped_by_preflight
+        else f"exited with status {done.returncode}"
+    )
+    last = f": {done.tail[-1]}" if done.tail and done.returncode else ""
+    pythons = int(merged.get("pythons", 0))
+    if not pythons:
+        return (
+            f"preflight: the command started no Python process ({status}{last}); nothing to trace"
+        )
+    return (
+        f"preflight: the command's {pythons} Python process(es) never imported torch "
+        f"({status}{last}); nothing to trace"
+    )
+
+
+def agent_dir() -> Path:
+    """The agent's directory on this machine, found by module name (not imported: its
+    files run under the project's interpreter); the checks never import the engine."""
     import importlib.util
 
     spec = importlib.util.find_spec("remotemac.agent.optrace")
     if spec is None or not spec.origin:
         raise RemotemacError("preflight: the tracer remotemac.agent.optrace is missing")
-    return Path(spec.origin)
+    return Path(spec.origin).parent
 
 
-def _run_tracer(
-    interpreter: str,
-    target: list[str],
-    trace_path: Path,
-    cwd: Path,
-    seconds: float,
-    env: dict[str, str],
-) -> list[str]:
-    """Run the tracer subprocess under ``interpreter``; return the last lines it printed.
+def _tracer_env(
+    env: dict[str, str], trace_dir: Path, site_dir: Path, project: Path, seconds: float
+) -> None:
+    """The run's sitecustomize (agent/jobsite.py), loading optrace.py instead of the
+    observer: every Python process of the command that imports torch is traced, each
+    process leaves a ``py-<pid>`` mark, torch or not."""
+    from remotemac.agent.shared import install_jobsite
 
-    optrace.py is standard library only (Python 3.9+), the file the agent ships to the
-    Mac, so any project interpreter runs it by path; its own frames are skipped by file.
-    """
-    tracer = tracer_file()
-    cmd = [interpreter, str(tracer), "--seconds", str(seconds), "--out", str(trace_path)]
-    cmd += ["--", *target]
+    install_jobsite(str(agent_dir()), str(site_dir), str(trace_dir), env, module="optrace")
+    env["REMOTEMAC_OBSERVE_MARK"] = "1"
+    env["REMOTEMAC_PREFLIGHT_SECONDS"] = repr(float(seconds))
+    env["REMOTEMAC_PREFLIGHT_PROJECT"] = str(project)
+    # the run's own observer settings must not leak in from a surrounding job
+    for var in ("REMOTEMAC_OBSERVE_FALLBACK", "REMOTEMAC_TRACE_STEPS", "REMOTEMAC_TRACE_PATH"):
+        env.pop(var, None)
+
+
+def _read_deadline(trace_dir: Path) -> float | None:
     try:
-        proc = subprocess.run(
-            cmd,
-            cwd=cwd,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            timeout=seconds + STARTUP_GRACE_S,
-            check=False,
-        )
-    except subprocess.TimeoutExpired:
-        raise RemotemacError(
-            f"preflight: the workload did not stop {seconds + STARTUP_GRACE_S:.0f}s after start",
-            hint="it may block outside Python; try a smaller --seconds or check the command",
-        ) from None
-    text = proc.stdout.decode("utf-8", errors="replace")
-    return list(deque(text.splitlines(), maxlen=20))
+        return float((trace_dir / "deadline").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def _run_command(
+    argv: list[str], cwd: Path, env: dict[str, str], seconds: float, trace_dir: Path, log: Path
+) -> CommandDone:
+    """Run the command in its own process group until it ends or its processes' shared
+    deadline (set at the first torch op, see optrace.shared_deadline) is
+    KILL_GRACE_S past; then SIGTERM the group (each traced process writes its trace
+    and exits), SIGKILL what is left. Processes the command left behind are stopped
+    the same way once it ends."""
+    started = time.monotonic()
+    limit = started + seconds + STARTUP_GRACE_S
+    with open(log, "wb") as out:
+        try:
+            proc = subprocess.Popen(
+                argv,
+                cwd=cwd,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            raise BadInput(f"preflight: cannot start {argv[0]}: {exc.strerror}") from None
+    stopped = False
+    while True:
+        try:
+            code = proc.wait(timeout=0.2)
+            break
+        except subprocess.TimeoutExpired:
+            pass
+        deadline = _read_deadline(trace_dir)
+        if deadline is not None:
+            limit = min(limit, time.monotonic() + deadline - time.time() + KILL_GRACE_S)
+        if time.monotonic() >= limit:
+            stopped = True
+            _stop_group(proc.pid)
+            code = proc.wait()
+            break
+    _stop_group(proc.pid)
+    with open(log, "rb") as fh:
+        text = fh.read()[-65536:].decode("utf-8", errors="replace")
+    return CommandDone(code, stopped, list(deque(text.splitlines(), maxlen=20)))
+
+
+def _stop_group(pgid: int) -> None:
+    """SIGTERM the process group, give it a moment to write its traces, SIGKILL the rest."""
+    for sig, wait in ((signal.SIGTERM, KILL_GRACE_S), (signal.SIGKILL, 0.0)):
+        try:
+            os.killpg(pgid, sig)
+        except (ProcessLookupError, PermissionError):
+            return
+        end = time.monotonic() + wait
+        while time.monotonic() < end:
+            try:
+                os.killpg(pgid, 0)
+            except (ProcessLookupError, PermissionError):
+                return
+            time.sleep(0.05)
+
+
+_EXC_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)\b(: .*)?$")
+
+
+def merge_traces(trace_dir: Path, done: CommandDone) -> dict[str, Any]:
+    """One trace from every process's ``trace-<pid>.json``: ops, functions and float64
+    sites summed; stopped at the time limit if any process was (or preflight stopped
+    the command), an error if the command failed (the first process's exception, else
+    the last exception line it printed, else its status)."""
+    traces = []
+    for path in sorted(trace_dir.glob("trace-*.json")):
+        try:
+            traces.append(json.loads(path.read_text(encoding="utf-8")))
+        except (OSError, ValueError):
+            continue  # a process killed while writing: its last full trace is gone too
+    traces.sort(key=lambda t: float(t.get("started_at", 0.0)))
+    pythons = len(list(trace_dir.glob("py-*")))
+    merged: dict[str, Any] = {"processes": len(traces), "pythons": pythons}
+    ops: dict[tuple[str, tuple[str, ...], tuple[str, ...]], int] = {}
+    fns: dict[tuple[str, tuple[str, ...]], int] = {}
+    sites: dict[tuple[str, str, str], int] = {}
+    for t in traces:
+        for r in t.get("ops", []):
+            key = (r["op"], tuple(r.get("dtypes", [])), tuple(r.get("out_dtypes", [])))
+            ops[key] = ops.get(key, 0) + int(r.get("count", 0))
+        for r in t.get("functions", []):
+            fkey = (r["name"], tuple(r.get("dtypes", [])))
+            fns[fkey] = fns.get(fkey, 0) + int(r.get("count", 0))
+        for r in t.get("float64_sites", []):
+            skey = (r["site"], r["op"], r["dtype"])
+            sites[skey] = sites.get(skey, 0) + int(r.get("count", 0))
+    merged["ops"] = [
+        {"op": o, "dtypes": list(i), "out_dtypes": list(x), "count": n}
+        for (o, i, x), n in sorted(ops.items())
+    ]
+    merged["functions"] = [
+        {"name": f, "dtypes": list(i), "count": n} for (f, i), n in sorted(fns.items())
+    ]
+    merged["float64_sites"] = [
+        {"site": s, "op": o, "dtype": d, "count": n} for (s, o, d), n in sorted(sites.items())
+    ]
+    merged["executables"] = sorted({str(t["executable"]) for t in traces if t.get("executable")})
+    if traces:
+        merged["torch_version"] = traces[0].get("torch_version")
+        merged["seconds_limit"] = traces[0].get("seconds_limit", 0.0)
+        firsts = [float(t["first_op_at"]) for t in traces if t.get("first_op_at")]
+        if firsts:  # from the first op (the deadline's start) to the last process's end
+            merged["elapsed_s"] = round(
+                max(float(t.get("ended_at", 0.0)) for t in traces) - min(firsts), 3
+            )
+    if done.stopped_by_preflight or any(t.get("stopped") == "time_limit" for t in traces):
+        merged["stopped"], merged["error"] = "time_limit", None
+    elif done.returncode != 0:
+        errors = [t["error"] for t in traces if t.get("error")]
+        printed = [line.strip() for line in done.tail if _EXC_LINE.match(line.strip())]
+        merged["stopped"] = "error"
+        merged["error"] = (errors or printed or [f"workload exited with status {done.returncode}"])[
+            0
+        ]
+    else:
+        merged["stopped"], merged["error"] = "completed", None
+    return merged
 
 
 def predict(trace: dict[str, Any], table: Any, torch_version: str | None) -> PreflightReport:
@@ -407,6 +573,15 @@ def _support_finding(
     if support.kind == "missing":
         where = f" (nor for its MPS counterpart {support.via})" if support.via else ""
         return Finding(op, dtypes, count, "fail", f"no MPS kernel{where}")
+    if op.startswith("c10d::"):  # DDP under torchrun: the process group runs these
+        return Finding(
+            op,
+            dtypes,
+            count,
+            "unknown",
+            "a torch.distributed collective: the process group's backend (gloo, nccl) runs "
+            "it, not an MPS kernel; cannot predict",
+        )
     return Finding(op, dtypes, count, "unknown", "not in native_functions.yaml: cannot predict")
 
 

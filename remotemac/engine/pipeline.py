@@ -632,6 +632,11 @@ async def _compare(ctx: RunContext, _key: PhaseKey) -> CompareResult:
 async def _record(ctx: RunContext, _key: PhaseKey) -> RecordResult:
     from remotemac.engine.record import write_acceptance
 
+    trace = ctx.playbook.workload.trace
+    if trace is not None and trace.drill:
+        from remotemac.engine.drillpass import drill_down  # issue 35: the op drill-down
+
+        await drill_down(ctx)
     return await write_acceptance(ctx)
 
 

@@ -358,8 +358,12 @@ def project_revision(project_dir: Path) -> ProjectRevision:
 
     def git(*args: str) -> str | None:
         try:
-            out = subprocess.run(
-                ["git", "-C", str(project_dir), *args], capture_output=True, text=True, timeout=30
+            out = subprocess.run(  # stdin: never the terminal a TUI draws on
+                ["git", "-C", str(project_dir), *args],
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                text=True,
+                timeout=30,
             )
         except (OSError, subprocess.SubprocessError):
             return None

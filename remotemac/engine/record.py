@@ -582,16 +582,11 @@ def caches(ctx: RunContext) -> list[JsonObject]:
     ]
 
 
-def divergence(ctx: RunContext) -> JsonObject | None:
-    """Where the target first diverges from the reference, from the two pulled traces
-    (``workload.trace``); the tolerance is the first compare rule's that gives one."""
+def trace_tol(ctx: RunContext) -> tuple[float, float] | None:
+    """The divergence compare's tolerance: the first compare rule's that gives one."""
     from remotemac.acceptance.compare import FLOAT32_TOL
-    from remotemac.acceptance.divergence import divergence_for
 
-    ref, tgt = ctx.side("reference"), ctx.side("target")
-    if ref is None or tgt is None:
-        return None
-    tol = next(
+    return next(
         (
             (
                 r.rtol if r.rtol is not None else FLOAT32_TOL[0],
@@ -602,9 +597,19 @@ def divergence(ctx: RunContext) -> JsonObject | None:
         ),
         None,
     )
+
+
+def divergence(ctx: RunContext) -> JsonObject | None:
+    """Where the target first diverges from the reference, from the two pulled traces
+    (``workload.trace``) and the drill passes' op traces when they ran."""
+    from remotemac.acceptance.divergence import divergence_for
+
+    ref, tgt = ctx.side("reference"), ctx.side("target")
+    if ref is None or tgt is None:
+        return None
     logs = ctx.out_dir / "logs"
     found = divergence_for(
-        logs / f"{ref.label}.trace.jsonl", logs / f"{tgt.label}.trace.jsonl", tol
+        logs / f"{ref.label}.trace.jsonl", logs / f"{tgt.label}.trace.jsonl", trace_tol(ctx)
     )
     return found.to_dict()
 

@@ -239,8 +239,9 @@ class Batch:
     done: list[FileDone]  # files whose last byte is in this batch or an earlier one
 
 
-def next_batch(pieces: Iterator[Any]) -> Batch:
-    """The next batch of pieces (run in a worker thread: hashing and AES release the GIL)."""
+def next_batch(pieces: Iterator[Any], limit: int = BATCH_BYTES) -> Batch:
+    """The next batch of pieces, about ``limit`` bytes (run in a worker thread: hashing
+    and AES release the GIL)."""
     parts: list[bytes] = []
     done: list[FileDone] = []
     size = plain = 0
@@ -251,6 +252,6 @@ def next_batch(pieces: Iterator[Any]) -> Batch:
         parts.append(item[0])
         plain += item[1]
         size += len(item[0])
-        if size >= BATCH_BYTES:
+        if size >= limit:
             break
     return Batch(b"".join(parts), plain, done)

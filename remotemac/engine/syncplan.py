@@ -24,13 +24,32 @@ from remotemac.events import Event
 FRAME = SyncFrame.FILE.decode()  # a whole file's ciphertext (the kinds: protocol.SyncFrame)
 BATCH_BYTES = 1 << 20
 QUEUE_BATCHES = 4
-#: OpenSSH's sshd advertises this window per session channel: one channel carries at
-#: most WINDOW_BYTES per round trip, ~25 MB/s at 80 ms
+#: sealed batches waiting over all streams at most: 14 streams of 4 would hold 56 MiB
+#: (the orchestrator peaked at 195 MiB with 10 streams of 4, goal < 200 MiB); a
+#: stream of a many-stream sync is slow (its window), so one or two waiting keep it fed
+QUEUE_BATCHES_TOTAL = 16
+#: ... and past one connection's streams each batch is half as big: a far push of one
+#: 256 MiB file cut at half peaked at 195-198 MiB on 10 streams of 1 MiB batches
+#: (main, 6 streams: 178 MiB); each of those streams carries ~13 MB/s, so 512 KiB
+#: writes are still few
+MANY_STREAMS_BATCH_BYTES = BATCH_BYTES // 2
+#: OpenSSH's sshd advertises this window per session channel and gives it back in
+#: halves (a window adjust once half is consumed), so one channel carries about
+#: CHANNEL_BYTES per round trip: 5 channels moved 72 MB/s through the fault proxy's
+#: 80 ms, 100 MB/s link (256 MiB, connection set-up taken out), 14.5 MB/s = 1.2 MB
+#: per 82 ms round trip each
 WINDOW_BYTES = 2 << 20
+CHANNEL_BYTES = WINDOW_BYTES // 2
 #: the rate the streams are sized for (1 Gbit/s); a slower link just fills sooner
 TARGET_RATE = 125e6
-#: the transport's 8 exec channels (MaxSessions is 10) minus the agent's and a spare
-MAX_STREAMS = 6
+#: streams on the sync's own connection: the transport's 8 exec channels minus the
+#: agent's and a spare
+LINK_STREAMS = 6
+#: streams on a second connection to the host (Transport.spare_link), opened when one
+#: connection's channels cannot carry TARGET_RATE: its 8 exec channels (MaxSessions
+#: is 10 by default; a host that refuses one just gets fewer)
+SPARE_STREAMS = 8
+MAX_STREAMS = LINK_STREAMS + SPARE_STREAMS
 #: a stream is only worth opening for this much data (a channel costs a round trip
 #: and a python start on the host)
 MIN_STREAM_BYTES = 8 << 20
@@ -89,6 +108,8 @@ class SyncStats:
     #: parallel channels the last attempt used, and the round trip they were sized by
     streams: int = 0
     rtt_ms: float | None = None
+    #: of those, the channels on a second connection (long fat links: syncplan.py)
+    spare_streams: int = 0
     acked: list[str] = field(default_factory=list)
     #: bytes written into the channel by each attempt (a cut link starts a new one)
     per_attempt: list[int] = field(default_factory=list)
@@ -146,18 +167,32 @@ def choose_streams(
     target_rate: float = TARGET_RATE,
 ) -> int:
     """Parallel channels for one sync: enough windows in flight to carry ``target_rate``
-    over ``rtt`` seconds, never more than ``cap``, the files to send, or one per
-    MIN_STREAM_BYTES.
+    over ``rtt`` seconds (the bandwidth-delay product over what one channel carries per
+    round trip, CHANNEL_BYTES), never more than ``cap``, the files to send, or one per
+    MIN_STREAM_BYTES. Past LINK_STREAMS the rest go on a second connection
+    (:func:`streams_per_link`).
 
     Files under SMALL_FILE_BYTES on average get SMALL_FILE_STREAMS even on a near link:
     each receiver creates, stores, decrypts and hashes its own files, and creating a
     file costs the host 0.1-1 ms (measured on loopback, both ends on the same 2 busy
     cores, 1,916 files of 16-256 KiB: 41 MB/s on one stream, 62 on three, median of 5).
-    A few large files stay on one stream there: more measured no faster."""
-    want = math.ceil(target_rate * rtt / WINDOW_BYTES)
+    A few large files stay on one stream there: more measured no faster.
+
+    Such small files also stay on one connection's LINK_STREAMS on a far link: there
+    the host's per-file work, not the window, is what holds them, and every receiver
+    more costs the host a python start (80 ms, 256 MiB of 1,916 files, on the 2 shared
+    cores at load 6-10, interleaved: 37.8 and 25.2 MB/s on 5-6 streams, 18.2 and 26.2
+    on 11-12, whose host used 7.8-8.7 s of CPU)."""
+    want = math.ceil(target_rate * rtt / CHANNEL_BYTES)
     if files and todo_bytes // files < SMALL_FILE_BYTES:
-        want = max(want, SMALL_FILE_STREAMS)
+        want = max(min(want, LINK_STREAMS), SMALL_FILE_STREAMS)
     return max(1, min(want, cap, files, todo_bytes // MIN_STREAM_BYTES))
+
+
+def streams_per_link(streams: int) -> tuple[int, int]:
+    """``streams`` as (on the sync's own connection, on a second one)."""
+    first = min(streams, LINK_STREAMS)
+    return first, min(streams - first, SPARE_STREAMS)
 
 
 def plan_todo(todo: list[list[Any]], partial: dict[int, PartialTransfer]) -> list[Job]:

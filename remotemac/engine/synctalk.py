@@ -26,10 +26,14 @@ from remotemac.engine.syncpieces import Batch, FileDone, next_batch, pack_frame,
 from remotemac.engine.syncplan import (
     AHEAD_BYTES,
     AHEAD_MISS_SHARE,
+    BATCH_BYTES,
+    LINK_STREAMS,
+    MANY_STREAMS_BATCH_BYTES,
     MAX_STREAMS,
     PARTIAL_MIN_BYTES,
     PROGRESS_EVERY_S,
     QUEUE_BATCHES,
+    QUEUE_BATCHES_TOTAL,
     Emit,
     Job,
     LocalFile,
@@ -37,6 +41,7 @@ from remotemac.engine.syncplan import (
     SyncStats,
     choose_streams,
     plan_todo,
+    streams_per_link,
 )
 from remotemac.engine.syncsplitfiles import SplitFiles
 from remotemac.errors import (
@@ -206,6 +211,12 @@ class Session:
         self._split_files = SplitFiles(root, key)
         #: every chunk this sync sealed (a continued transfer seals some again)
         self._sealed = syncsplit.SealLog()
+        #: an attempt's second connection (streams past one connection's channels) and
+        #: its workers being opened while the first connection's streams already send
+        self._spares: list[Transport] = []
+        self._late: asyncio.Future[list[RemoteProcess]] | None = None
+        self._queue_batches = QUEUE_BATCHES  # per stream (see QUEUE_BATCHES_TOTAL)
+        self._batch_bytes = BATCH_BYTES
 
     def manifest(self) -> Manifest:
         if self._manifest is None:
@@ -230,8 +241,17 @@ class Session:
             code = await procs[0].wait(timeout=60)
             return answer
         finally:
+            if self._late is not None:
+                self._late.cancel()
+                with contextlib.suppress(BaseException):
+                    await self._late
+                self._late = None
             for proc in procs:
                 await proc.close()
+            spares, self._spares = self._spares, []
+            for spare in spares:
+                with contextlib.suppress(Exception):
+                    await spare.close()
             self.agent.ledger.append(
                 self.transport.name,
                 " ".join(argv) + (f" ×{len(procs)} streams" if len(procs) > 1 else ""),
@@ -265,7 +285,7 @@ class Session:
         skipped = len(self.files) - len(plan)
         if rest:
             rest = await self._open_streams(argv, hello, rest, procs)
-        self.stats.streams = len(procs)
+        self.stats.streams, self.stats.spare_streams = len(procs), 0
         self.emit(
             PhaseProgress(
                 self.run_id,
@@ -326,9 +346,14 @@ class Session:
             wanted = choose_streams(rtt, rest_bytes, jobs)
         else:
             wanted = max(1, min(self.streams, MAX_STREAMS, jobs))
-        await self._open_workers(argv, hello, wanted - 1, procs)
-        rest = await self._split(rest, len(procs))
-        if len(procs) > 1:  # largest first, so no channel is left with a big file at the end
+        self._queue_batches = max(1, min(QUEUE_BATCHES, QUEUE_BATCHES_TOTAL // wanted))
+        self._batch_bytes = BATCH_BYTES if wanted <= LINK_STREAMS else MANY_STREAMS_BATCH_BYTES
+        first, spare = streams_per_link(wanted)
+        if spare:  # its handshake overlaps the first connection's streams
+            self._late = asyncio.ensure_future(self._open_spare(argv, hello, spare))
+        await self._open_workers(argv, hello, first - 1, procs)
+        rest = await self._split(rest, wanted)
+        if wanted > 1:  # largest first, so no channel is left with a big file at the end
             rest.sort(key=lambda j: -self._job_bytes(j))
         return rest
 
@@ -340,35 +365,61 @@ class Session:
         todo_bytes: int,
         hello: SyncHello,
     ) -> JsonObject:
-        """Every channel takes files from one queue; then each is ended, the first last."""
+        """Every channel takes files from one queue; then each is ended, the first last.
+
+        The second connection's channels (``_late``) join the queue when they are open;
+        if the queue is empty by then they are not waited for."""
         # (the agent spoke up during the files sent ahead: its line is read below)
         work = collections.deque(rest if ahead_ok else [])
-        queues: list[asyncio.Queue[ReceiverLine]] = [asyncio.Queue() for _ in procs]
-        readers = [
-            asyncio.ensure_future(self._read_acks(p, q)) for p, q in zip(procs, queues, strict=True)
-        ]
+        lanes: list[tuple[RemoteProcess, asyncio.Queue[ReceiverLine], asyncio.Future]] = []
+        senders: list[asyncio.Future[bool]] = []
+
+        def start(proc: RemoteProcess) -> None:
+            queue: asyncio.Queue[ReceiverLine] = asyncio.Queue()
+            lanes.append((proc, queue, asyncio.ensure_future(self._read_acks(proc, queue))))
+            senders.append(asyncio.ensure_future(self._send_safely(proc, work, todo_bytes, queue)))
+
+        for proc in procs:
+            start(proc)
+        late, self._late = self._late, None
         try:
-            sent = await _all(
-                [
-                    self._send_safely(p, work, todo_bytes, q)
-                    for p, q in zip(procs, queues, strict=True)
-                ]
-            )
+            while True:
+                if late is not None and late.done():
+                    for proc in late.result():
+                        procs.append(proc)
+                        start(proc)
+                        self.stats.spare_streams += 1
+                    late = None
+                waiting: list[asyncio.Future[Any]] = [t for t in senders if not t.done()]
+                if not waiting:
+                    break
+                if late is not None:
+                    waiting.append(late)
+                await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+                for task in senders:
+                    if task.done() and task.exception() is not None:
+                        raise task.exception()  # type: ignore[misc]
+            self.stats.streams = len(lanes)
+            sent = [task.result() for task in senders]
             self.emit(PhaseProgress(self.run_id, phase="sync", done=self._done, total=todo_bytes))
-            for i in range(1, len(procs)):
+            for i in range(1, len(lanes)):
                 if sent[i]:
                     with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-                        await procs[i].write(pack_frame("D", 0, 0))
-            await _all([self._final(readers[i], queues[i]) for i in range(1, len(procs))])
+                        await lanes[i][0].write(pack_frame("D", 0, 0))
+            await _all([self._final(reader, queue) for _, queue, reader in lanes[1:]])
             if ahead_ok and all(sent):
                 await self._finish(procs[0], hello)
-            return await self._final(readers[0], queues[0])
+            return await self._final(lanes[0][2], lanes[0][1])
         finally:
             self._split_files.drop()
-            for reader in readers:
-                reader.cancel()
+            pending = [*senders, *(reader for _, _, reader in lanes)]
+            if late is not None:
+                pending.append(late)
+            for task in pending:
+                task.cancel()
+            for task in pending:
                 with contextlib.suppress(BaseException):
-                    await reader
+                    await task
 
     async def _finish(self, main: RemoteProcess, hello: SyncHello) -> None:
         """Every file is sent: assemble the split ones, then the end frame."""
@@ -427,6 +478,35 @@ class Session:
 
         await _all([one() for _ in range(count)])  # together: each costs round trips
 
+    async def _open_spare(
+        self, argv: list[str], hello: SyncHello, count: int
+    ) -> list[RemoteProcess]:
+        """Up to ``count`` receivers on a second connection to the host, each past its
+        start answer; none when there is no such link to be had (a host refusing a
+        second login or a channel just means fewer streams)."""
+        spare = self.transport.spare_link()
+        if spare is None:
+            return []
+        self._spares.append(spare)
+        line = json.dumps(hello.to_json(worker=True)).encode() + b"\n"
+
+        async def one() -> RemoteProcess:
+            proc = await spare.open_process(argv)
+            try:
+                await proc.write(line)
+                await self._answer(proc, "start")
+            except BaseException:
+                await proc.close()
+                raise
+            return proc
+
+        try:
+            await spare.connect()
+        except Exception:
+            return []
+        opened = await asyncio.gather(*(one() for _ in range(count)), return_exceptions=True)
+        return [proc for proc in opened if isinstance(proc, RemoteProcess)]
+
     async def _send_safely(
         self, proc: RemoteProcess, work: collections.deque, total: int, acks: asyncio.Queue
     ) -> bool:
@@ -447,7 +527,7 @@ class Session:
 
         Returns False when the agent spoke up early (an error line is waiting).
         """
-        queue: asyncio.Queue[Any] = asyncio.Queue(maxsize=QUEUE_BATCHES)
+        queue: asyncio.Queue[Any] = asyncio.Queue(maxsize=self._queue_batches)
         pieces = read_pieces(
             self.root,
             self.files,
@@ -461,7 +541,7 @@ class Session:
         async def produce() -> None:
             try:
                 while True:
-                    batch = await asyncio.to_thread(next_batch, pieces)
+                    batch = await asyncio.to_thread(next_batch, pieces, self._batch_bytes)
                     await queue.put(batch if batch.data or batch.done else None)
                     if not (batch.data or batch.done):
                         return

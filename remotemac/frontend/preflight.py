@@ -26,6 +26,11 @@ def render(report: PreflightReport, console: Any = None) -> None:
     )
     if report.interpreter and report.interpreter != sys.executable:
         console.print(f"traced under {report.interpreter}", markup=False, highlight=False)
+    if report.processes > 1:  # run.sh's python, DataLoader workers, torchrun's ranks
+        console.print(f"operators merged from {report.processes} Python processes")
+    others = [e for e in report.executables if e != report.interpreter]
+    if others:  # the command named another interpreter than the one preflight chose
+        console.print(f"traced Python: {', '.join(report.executables)}", markup=False)
     if report.traced_torch_version and report.traced_torch_version != report.torch_version:
         console.print(f"[yellow]the workload ran torch {report.traced_torch_version}[/yellow]")
     if report.total_ops:

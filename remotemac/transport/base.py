@@ -147,6 +147,16 @@ class Transport(abc.ABC):
         """Drops and reconnects so far (zero for a transport without a link)."""
         return LinkStats()
 
+    def spare_link(self) -> Transport | None:
+        """A second, unconnected link to the same host; None where there is no limit to
+        get past (``local``). The caller connects and closes it.
+
+        Why: a bulk transfer over a long fat link needs more flow-control windows in
+        flight than one connection may open channels (OpenSSH's MaxSessions, 10 by
+        default); a second connection has its own.
+        """
+        return None
+
     def host_key_fingerprint(self) -> str | None:
         """SHA256 fingerprint of the key the host showed on this link; None without one."""
         return None

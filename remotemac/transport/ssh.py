@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import dataclasses
 import os
 import posixpath
 import secrets
@@ -76,6 +77,10 @@ SFTP_READS_IN_FLIGHT = 64
 PULL_PACKET = 256 << 10
 
 
+def _no_passphrase(_path: Path) -> str | None:
+    return None
+
+
 class SSHTransport(Transport):
     """A host reached over SSH, as the user's own ``ssh`` would reach it."""
 
@@ -122,6 +127,15 @@ class SSHTransport(Transport):
     def _emit(self, state: str, **kw: object) -> None:
         if self._emit_fn is not None:
             self._emit_fn(ConnectionState(self.run_id, host=self.name, state=state, **kw))  # type: ignore[arg-type]
+
+    def spare_link(self) -> SSHTransport:
+        """Another connection to this host with the same options (see Transport).
+
+        It never asks for a passphrase (a key the user unlocked once is not asked for
+        twice: without an agent holding it, the spare link just fails to connect) and
+        announces nothing (its drops are not the main link's)."""
+        options = dataclasses.replace(self.options, passphrase_prompt=_no_passphrase)
+        return SSHTransport(self.spec, home_dir=self.home_dir, options=options, run_id=self.run_id)
 
     async def connect(self) -> None:
         """Open the link once (no retry: a wrong host or key should fail fast)."""

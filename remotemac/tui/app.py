@@ -19,6 +19,7 @@ from typing import Any
 
 from textual.app import App, SystemCommand
 from textual.binding import Binding
+from textual.driver import Driver
 from textual.screen import Screen
 
 from remotemac.errors import EXIT_INTERRUPTED
@@ -40,6 +41,7 @@ from remotemac.tui.screens.dialogs import (
 from remotemac.tui.screens.hosts import HostsScreen
 from remotemac.tui.screens.run import RunScreen
 from remotemac.tui.screens.runs import RunsScreen
+from remotemac.tui.terminal import driver_class
 from remotemac.vocab import human_size
 
 #: the command palette: (title, help, target); a target is an app action
@@ -136,6 +138,11 @@ class RemotemacApp(App[int]):
         self.errors: list[str] = []  # every error line shown, for the status and for tests
         self.exit_lines: list[str] = []  # printed once the terminal is back (run_tui)
         self.reattached: list[str] = []
+
+    def get_driver_class(self) -> type[Driver]:
+        """Textual's driver, writing each frame whole even on a non-blocking terminal
+        (:mod:`remotemac.tui.terminal`)."""
+        return driver_class(super().get_driver_class())
 
     def on_mount(self) -> None:
         self.push_screen(RunsScreen())

@@ -241,13 +241,7 @@ class HostsScreen(Screen):
         except Exception as exc:
             app.report_error(f"trust {host}: {error_line(exc)}")
             return
-        question = f"Trust {host}'s host key?"
-        details = (
-            f"{key.get_algorithm()} {fp}\n\nCompare it with the fingerprint your "
-            "provider published before saying yes. Yes pins this key in remotemac's "
-            "known_hosts: every later connection to this host must offer exactly it."
-        )
-        if not await app.push_screen_wait(ConfirmScreen(question, details, yes="Trust")):
+        if not await app.push_screen_wait(trust_question(host, key.get_algorithm(), fp)):
             self.notify(f"{host}: key not trusted")
             return
         try:
@@ -262,3 +256,13 @@ class HostsScreen(Screen):
         state = "already trusted" if result.already_trusted else "trusted"
         self.notify(f"{result.name}: {state} {result.fingerprint}")
         self.query_one("#doctor-title", Static).update(f"{host}: {state} {result.fingerprint}")
+
+
+def trust_question(host: str, algorithm: str, fingerprint: str) -> ConfirmScreen:
+    """The question before a host key is pinned: the key the host offers, and what yes does."""
+    details = (
+        f"{algorithm} {fingerprint}\n\nCompare it with the fingerprint your "
+        "provider published before saying yes. Yes pins this key in remotemac's "
+        "known_hosts: every later connection to this host must offer exactly it."
+    )
+    return ConfirmScreen(f"Trust {host}'s host key?", details, yes="Trust")

@@ -1,0 +1,165 @@
+"""The drill passes: after the pull, when the two divergence traces name a module call
+(the first NaN's, else the first divergence's), run that call alone on each side under
+an operator trace (agent/opdrill.py) and pull the op traces beside the traces.
+
+Why a second pass and not the first: which call to drill into is known only once both
+sides' traces are compared, on the laptop. Each pass is the side's own job again (its
+command, its interpreter, its environment), launched as ``<label>.drill`` so none of
+the job's status, log or observation files is touched; the process ends at the call.
+The reference's pass runs first and saves the call's input and weights as plain
+tensors under the run's ``out/.trace/`` (wiped with the run); the target's loads them
+(copied through the laptop when the sides are on two hosts).
+
+A drill that cannot run is a warning, never a failed run: the record then says so.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import tempfile
+import time
+
+from remotemac.agent.protocol import FINAL_STATES, JsonObject, LaunchRequest, Op, StatusRequest
+from remotemac.engine.context import RunContext, Side
+from remotemac.errors import RemotemacError
+from remotemac.events import Warning
+from remotemac.phases import Phase
+
+#: the label suffix of a drill pass's job (its status, log and observation files)
+SUFFIX = ".drill"
+#: how often the laptop asks whether a drill pass ended
+POLL_S = 1.0
+#: a drill pass runs the job up to one call of its first steps: this is generous
+DEFAULT_TIMEOUT_S = 3600.0
+
+
+async def drill_down(ctx: RunContext) -> None:
+    """The drill passes when the pulled traces name a forward call to drill into (the
+    pipeline's record step, before the record: record.py reads the op traces); one
+    that cannot run is a warning and the record says so."""
+    from remotemac.acceptance.divergence import divergence_for, drill_at
+    from remotemac.engine.record import trace_tol
+
+    ref, tgt = ctx.side("reference"), ctx.side("target")
+    if ref is None or tgt is None:
+        return
+    logs = ctx.out_dir / "logs"
+    found = divergence_for(
+        logs / f"{ref.label}.trace.jsonl", logs / f"{tgt.label}.trace.jsonl", trace_tol(ctx)
+    )
+    at = drill_at(found) if found.traced else None
+    if at is None:
+        return
+    try:
+        why = await drill_passes(ctx, at.to_json())
+    except (RemotemacError, OSError) as exc:
+        why = str(exc)
+    if why is not None:
+        warn(ctx, why)
+
+
+def drill_input(run_dir: str) -> str:
+    """Where the reference's pass saves the call's tensors (beside the traces)."""
+    return f"{run_dir}/out/.trace/drill-input.pt"
+
+
+def op_trace_path(run_dir: str, side: Side) -> str:
+    return f"{run_dir}/out/.trace/{side.label}.drill.jsonl"
+
+
+async def drill_passes(ctx: RunContext, at: JsonObject) -> str | None:
+    """Run the reference's drill pass, then the target's, and pull both op traces
+    into ``logs/``; returns why not when one could not run (None: both ran)."""
+    ref, tgt = ctx.side("reference"), ctx.side("target")
+    if ref is None or tgt is None:
+        return "one side only"
+    prov = ctx.provision().hosts
+    ref_dir, tgt_dir = prov[ref.host_key].run_dir, prov[tgt.host_key].run_dir
+    saved = drill_input(ref_dir)
+    why = await _one(ctx, ref, {**at, "save": saved})
+    if why is not None:
+        return why
+    if tgt.host_key != ref.host_key:
+        saved = await _copy_between(ctx, ref, saved, tgt, drill_input(tgt_dir))
+    return await _one(ctx, tgt, {**at, "input": saved})
+
+
+async def _one(ctx: RunContext, side: Side, spec: JsonObject) -> str | None:
+    from remotemac.engine.jobs import job_request, launch
+
+    prov = ctx.provision()
+    host = prov.hosts[side.host_key]
+    sync = ctx.result(Phase.SYNC)
+    assert sync is not None  # a drill pass runs after the pull
+    request = job_request(
+        ctx, side, prov.device(side.role), host, sync.hosts[side.host_key].data_dir
+    )
+    run_dir, label = host.run_dir, side.label + SUFFIX
+    out = op_trace_path(run_dir, side)
+    observe = dict(request.observe or {})
+    observe.pop("trace", None)
+    observe.update(
+        {
+            "dir": f"{run_dir}/status/{label}.observe",
+            "obs_path": f"{run_dir}/status/{label}.obs.json",
+            "drill": {**spec, "out": out},
+        }
+    )
+    drill = dataclasses.replace(
+        request,
+        device=label,
+        session=request.session + "-drill",
+        metrics_path=f"{run_dir}/logs/{label}.rss.jsonl",
+        convert=None,
+        observe=observe,
+        next=None,
+    )
+    await launch(ctx, side, drill)
+    state = await _wait(ctx, side, drill)
+    if state not in FINAL_STATES:
+        return f"the {side.role}'s drill pass ended {state}"
+    binding = ctx.host_for(side)
+    st = await binding.transport.stat(out)
+    if st is None or st.kind != "file":
+        return f"the {side.role}'s drill pass wrote no op trace (it ended {state})"
+    dest = ctx.out_dir / "logs" / f"{side.label}.drill.jsonl"
+    with open(dest, "wb") as fh:
+        await binding.transport.download_to(out, fh, 0, limit=st.size)
+    return None
+
+
+async def _wait(ctx: RunContext, side: Side, request: LaunchRequest) -> str:
+    """Ask the host until the pass's job is in a final state (or lost, or too long)."""
+    binding = ctx.host_for(side)
+    limit = float(request.timeout or DEFAULT_TIMEOUT_S) + 60.0
+    started = time.monotonic()
+    asked = StatusRequest(run_dir=request.run_dir, device=request.device, session=request.session)
+    while True:
+        answer = await binding.agent.call(Op.STATUS, asked.to_json())
+        state = str(answer.get("state"))
+        if state in FINAL_STATES or state in ("lost",):
+            return state
+        if time.monotonic() - started > limit:
+            return "still running after its timeout"
+        await asyncio.sleep(POLL_S)
+
+
+async def _copy_between(ctx: RunContext, src: Side, remote: str, dst: Side, to: str) -> str:
+    """The reference's saved input, from its host to the target's, through the laptop
+    (a temporary file removed at once: it holds the model's activations)."""
+    fd, local = tempfile.mkstemp(prefix="remotemac-drill-", suffix=".pt")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            st = await ctx.host_for(src).transport.stat(remote)
+            size = st.size if st is not None else 0
+            await ctx.host_for(src).transport.download_to(remote, fh, 0, limit=size)
+        await ctx.host_for(dst).transport.put(local, to)
+    finally:
+        os.unlink(local)
+    return to
+
+
+def warn(ctx: RunContext, why: str) -> None:
+    ctx.emit(Warning(ctx.run_id, message=f"drill-down not run: {why}", code="drill-skip"))
