@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -206,3 +207,42 @@ def test_an_agent_speaking_this_protocol_is_served(tmp_path: Path):
 
     frame = asyncio.run(go())
     assert frame["answer"]["ok"] and frame["answer"]["result"]["protocol"] == 1
+
+
+def test_status_carries_the_logs_next_bytes_and_waits_on_the_host_for_them(tmp_path):
+    """``status`` with ``log_from`` answers the log's bytes after that offset (read after
+    the status); with ``wait_s`` it holds the answer until the log grows (issue 36: one
+    round trip a poll); ``log_only`` leaves the status out while the job runs."""
+    import base64
+    import threading
+
+    from remotemac.agent import hostagent
+
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "status").mkdir()
+    log = tmp_path / "logs" / "cpu.log"
+    log.write_bytes(b"one\n")
+    running = {"state": "running", "device": "cpu", "beat": 9e9, "heartbeat_at": 9e9}
+    (tmp_path / "status" / "cpu.json").write_text(json.dumps(running))
+    req = {"run_dir": str(tmp_path), "device": "cpu", "session": "s", "log_from": 0}
+    answer = JobStatus.from_json(hostagent.op_status_with_log(req))
+    assert answer.log_bytes() == b"one\n" and answer.log_size == 4
+    assert answer.state == JobState.RUNNING
+    # nothing new after byte 4: held until the job writes its next line
+    later = threading.Timer(0.3, lambda: log.write_bytes(b"one\ntwo\n"))
+    later.start()
+    waited = hostagent.op_status_with_log(dict(req, log_from=4, wait_s=5, log_only=True))
+    later.join()
+    assert base64.b64decode(waited["log_b64"]) == b"two\n"
+    assert "state" not in waited and "status" not in waited  # log_only, job running
+    # a job that is over: the whole status even with log_only
+    over = dict(running, state="finished", exit_code=0)
+    (tmp_path / "status" / "cpu.json").write_text(json.dumps(over))
+    done = JobStatus.from_json(
+        hostagent.op_status_with_log(dict(req, log_from=8, wait_s=5, log_only=True))
+    )
+    assert done.final and done.log_bytes() == b"" and done.log_size == 8
+    # a FIFO in the log's place is never opened (it would hang the agent's thread)
+    log.unlink()
+    os.mkfifo(log)
+    assert "log_b64" not in hostagent.op_status_with_log(req)

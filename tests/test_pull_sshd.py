@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from remotemac.engine import pull
 from remotemac.engine.pull import pull_dir
 from remotemac.errors import EXIT_INTEGRITY, IntegrityError
 from tests.test_sync_sshd import files_under
@@ -90,7 +91,14 @@ async def pull_stopped_at(host, remote_out: Path, dest: Path, part: Path, at_byt
 
 
 @pytest.mark.asyncio
-async def test_real_listing_skips_links_fifo_and_linked_dirs(sshd, host_factory, tmp_path):
+@pytest.mark.parametrize("way", ["small, over sftp", "streamed"])
+async def test_real_listing_skips_links_fifo_and_linked_dirs(
+    sshd, host_factory, tmp_path, monkeypatch, way
+):
+    """Both ways down: a small pull over SFTP (issue 36), and the sender's stream (the
+    way of a bigger one: the small-pull limit set to nothing)."""
+    if way == "streamed":
+        monkeypatch.setattr(pull, "SMALL_PULL_BYTES", -1)
     outside = tmp_path / "outside"
     outside.mkdir()
     (outside / "canary.txt").write_bytes(CANARY)

@@ -100,3 +100,38 @@ def test_streams_split_by_bytes_and_one_local_file_stays_on_one_stream(tmp_path)
     assert choose_window(0.0005) == BASE_WINDOW  # loopback: the small window
     assert 16 << 20 < choose_window(0.08) <= MAX_WINDOW  # 80 ms: one channel fills 100 MB/s
     assert choose_window(0.08, 2) < choose_window(0.08)
+
+
+def test_the_shared_budget_refuses_the_side_that_goes_past_it_in_the_runs_order():
+    """Sides pulled at once share ``outputs.max_bytes`` as one after the other did: each
+    waits until every side has listed, then may take what the sides before it left."""
+    import asyncio
+
+    async def main() -> list[int | None]:
+        budget = pull.SharedBudget(100, ["cpu", "mps"])
+        # the second side lists first: it still waits for the first side's total
+        second = asyncio.ensure_future(budget.left_for("mps", 70))
+        await asyncio.sleep(0)
+        assert not second.done()
+        first = await budget.left_for("cpu", 60)
+        return [first, await second]
+
+    assert asyncio.run(main()) == [100, 40]  # 60 fits in 100; 70 is past the 40 left
+
+
+def test_a_side_that_failed_before_listing_never_holds_the_others():
+    import asyncio
+
+    async def main() -> int | None:
+        budget = pull.SharedBudget(100, ["cpu", "mps"])
+        budget.note("cpu", 0)  # pull_side's finally, after a failure
+        return await budget.left_for("mps", 50)
+
+    assert asyncio.run(main()) == 100
+
+
+def test_without_a_limit_no_side_waits():
+    import asyncio
+
+    budget = pull.SharedBudget(None, ["cpu", "mps"])
+    assert asyncio.run(budget.left_for("mps", 10**12)) is None

@@ -15,7 +15,6 @@ wipeops.py (``cleanup`` preloads them all from stdin: see engine/cleanup.py).
 
 from __future__ import annotations
 
-import errno
 import os
 import re
 import sys
@@ -27,6 +26,7 @@ from . import deadman, procid, safefs
 from .agentutil import cmdline, kill_session, tmux_sessions
 from .deadman import DeadmanJob, Fate, Steps, sleeper_job
 from .protocol import JsonObject
+from .rootclaim import op_claim_root  # noqa: F401 (cleanupops serves it too)
 from .wipeops import (
     VOLUMES,
     RamStore,
@@ -716,75 +716,6 @@ def verify(lexical: str, real_root: str, run_ids: List[str]) -> List[Leftover]:
             )
         )
     return left
-
-
-def op_claim_root(req: JsonObject) -> JsonObject:
-    """Before provision writes anything: make remote_root, or adopt it, and mark it.
-
-    Refused (``{"refused": why}``, nothing written): a root that is, holds or sits
-    above the home or a system dir, or an existing directory holding entries
-    remotemac did not write (a later cleanup would delete them). Run in memory
-    (engine/cleanup.py), because the agent is installed below the root.
-    """
-    import secrets
-
-    try:
-        lexical, real_root = check_root(req["root"])
-    except UnsafeRoot as exc:
-        return {"refused": str(exc)}
-    if os.path.islink(lexical):
-        # writing through it would provision its target, which cleanup then refuses
-        return {
-            "refused": "it is a symlink (to %s); give the real path or a new directory"
-            % os.readlink(lexical)
-        }
-    outer = _enclosing_root(real_root)
-    if outer is not None:
-        return {
-            "refused": "%s is inside remotemac's remote_root %s (a cleanup of either would "
-            "leave the other half-removed): use %s itself, or a directory outside it"
-            % (lexical, outer, outer)
-        }
-    parent = os.path.dirname(real_root)
-    try:
-        if not os.path.isdir(parent):
-            os.makedirs(parent, 0o700)
-        marker, created = safefs.ensure_owned_dir(
-            real_root,
-            {"kind": "root", "root_id": secrets.token_hex(8), "run_id": req.get("run_id")},
-        )
-    except safefs.NotOurs as exc:
-        return {"refused": "%s; choose a new or empty directory for remote_root" % exc}
-    except OSError as exc:
-        why = "cannot create %s: %s" % (lexical, exc.strerror or exc)
-        if exc.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)):
-            # not the root's fault: the disk's, which the user can free (exit 6, not 2)
-            return {"refused": why, "code": "no-space"}
-        return {"refused": why}
-    return {
-        "root": lexical,
-        "real_root": real_root,
-        "root_id": marker.get("root_id"),
-        "created": created,
-    }
-
-
-def _enclosing_root(real_root: str) -> Optional[str]:
-    """The remotemac root (a directory whose own marker says ``root``) above
-    ``real_root``, if any."""
-    here = os.path.dirname(real_root)
-    while True:
-        marker = safefs.marker_of(here)
-        if marker is not None and marker.get("kind") == "root":
-            try:
-                if safefs.marker_is_bound(marker, os.stat(here)):
-                    return here
-            except OSError:
-                pass
-        up = os.path.dirname(here)
-        if up == here:
-            return None
-        here = up
 
 
 def _host_facts() -> JsonObject:

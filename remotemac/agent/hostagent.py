@@ -15,12 +15,14 @@ if the laptop's journal is gone.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import dataclasses
 import errno
 import fcntl
 import hashlib
 import importlib
+import io
 import json
 import os
 import shlex
@@ -403,10 +405,16 @@ def op_extract_project(req: JsonObject) -> JsonObject:
     """Unpack the uploaded project tar into ``dest``, refusing unsafe members."""
     import tarfile
 
-    dest, archive = req["dest"], req["archive"]
+    dest, archive = req["dest"], req.get("archive")
     real_dest = os.path.realpath(dest)
     count = 0
-    with tarfile.open(archive, "r") as tar:
+    # a small project comes inside the request (``data_b64``), a larger one as a file
+    source = (
+        {"fileobj": io.BytesIO(base64.b64decode(req["data_b64"]))}
+        if req.get("data_b64")
+        else {"name": archive}
+    )
+    with tarfile.open(mode="r", **source) as tar:
         members = tar.getmembers()
         for member in members:
             name = member.name
@@ -422,7 +430,8 @@ def op_extract_project(req: JsonObject) -> JsonObject:
         for member in members:
             tar.extract(member, real_dest, set_attrs=False)
             count += member.isreg()
-    os.unlink(archive)
+    if archive and not req.get("data_b64"):
+        os.unlink(archive)
     return {"files": count}
 
 
@@ -461,6 +470,61 @@ def op_status(req: JsonObject) -> JsonObject:
         )
     result["state"] = state
     return result
+
+
+#: how often a waiting ``status`` looks at the log and the status file, and how long
+#: it lingers after a change (a job that prints its last line and ends: one answer)
+WAIT_TICK_S = 0.05
+SETTLE_S = 0.03
+MAX_WAIT_S = 10.0
+
+
+def op_status_with_log(req: JsonObject) -> JsonObject:
+    """``status``; with ``log_from``, the log's next bytes too, read after the status.
+
+    ``wait_s``: answer when the log has grown past ``log_from`` or the job is over, or
+    after that long (the laptop's poll, done here: an answer the moment there is news,
+    instead of a sleep and a round trip). ``log_only``: the log's bytes and size alone,
+    unless the job is over (then the whole status)."""
+    query = StatusQuery.from_json(req)
+    path = os.path.join(query.run_dir, "logs", query.device + ".log")
+    status_path = os.path.join(query.run_dir, "status", query.device + ".json")
+    logging = isinstance(query.log_from, int) and query.log_from >= 0
+    wait = min(max(float(query.wait_s or 0), 0.0), MAX_WAIT_S) if logging else 0.0
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline:
+        if _size(path) > int(query.log_from or 0) or _over(status_path):
+            time.sleep(SETTLE_S)
+            break
+        time.sleep(WAIT_TICK_S)
+    result = (
+        {"log_size": _size(path)} if query.log_only and not _over(status_path) else op_status(req)
+    )
+    if logging:
+        chunk = read_log(path, query.log_from, max(0, min(int(query.log_max), 8 << 20)))
+        if chunk is not None:
+            result["log_b64"] = base64.b64encode(chunk).decode("ascii")
+    return result
+
+
+def _over(status_path: str) -> bool:
+    status = read_status(status_path)
+    return status is not None and status.final
+
+
+def read_log(path: str, offset: int, size: int) -> Optional[bytes]:
+    """Up to ``size`` bytes of the regular file ``path`` from ``offset`` (None: no such
+    file, or not a regular file: a FIFO is never waited on, a link never followed)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        return os.pread(fd, size, offset)
+    finally:
+        os.close(fd)
 
 
 def _size(path: str) -> int:
@@ -551,7 +615,7 @@ OPS: dict[str, Handler] = {
     Op.PING: op_ping,
     Op.PREPARE_RUN: op_prepare_run,
     Op.LAUNCH: op_launch,
-    Op.STATUS: op_status,
+    Op.STATUS: op_status_with_log,
     Op.STOP: op_stop,
     Op.EXTRACT_PROJECT: op_extract_project,
     Op.LIST_OUTPUTS: op_list_outputs,

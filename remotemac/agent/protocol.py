@@ -345,9 +345,20 @@ class LaunchAnswer(Message):
 
 @dataclasses.dataclass
 class StatusRequest(Message):
+    """A ``status`` request; ``log_from`` (a byte offset) also asks for the job's log from
+    there, up to ``log_max`` bytes, read after the status (issue 36: the follow waited
+    for an SFTP read and a status call, four round trips and one, where one will do)."""
+
     run_dir: str = ""
     device: str = ""
     session: str = ""
+    log_from: Optional[int] = None
+    log_max: int = 1 << 20
+    #: only the log's bytes (and size), no status unless the job is over: the follow's
+    #: reads between its once-a-second status
+    log_only: bool = False
+    #: answer once the log grew past ``log_from`` or the job is over, or after this long
+    wait_s: float = 0.0
 
 
 @dataclasses.dataclass
@@ -363,10 +374,20 @@ class JobStatus(Message):
     runner_alive: Optional[bool] = None
     stale_after_s: Optional[float] = None
     lost_reason: Optional[str] = None
+    #: asked with ``log_from``: the log's bytes from there (base64), read after the
+    #: status, so a final state's log is all there up to ``log_size``; None: not asked,
+    #: or no log (yet)
+    log_b64: Optional[str] = None
 
     @property
     def final(self) -> bool:
         return is_final(self.state)
+
+    def log_bytes(self) -> bytes:
+        """The log bytes the answer carries (empty when none)."""
+        import base64
+
+        return base64.b64decode(self.log_b64) if self.log_b64 else b""
 
     @property
     def file(self) -> JsonObject:

@@ -46,66 +46,15 @@ from .agentutil import (
 from .deadman import Fate, Steps
 from .hostagent import JobStatusFile
 from .protocol import JsonObject
+from .rootclaim import SYSTEM_DIRS, UnsafeRoot, check_root  # noqa: F401 (names callers use)
 
 _HERE = os.path.dirname(os.path.abspath(globals().get("__file__") or "."))
 
-SYSTEM_DIRS = frozenset(
-    [
-        "/",
-        "/bin",
-        "/sbin",
-        "/usr",
-        "/usr/bin",
-        "/usr/sbin",
-        "/usr/lib",
-        "/usr/local",
-        "/usr/local/bin",
-        "/usr/share",
-        "/etc",
-        "/var",
-        "/var/tmp",
-        "/tmp",
-        "/private",
-        "/private/tmp",
-        "/private/var",
-        "/private/etc",
-        "/System",
-        "/Library",
-        "/Applications",
-        "/Users",
-        "/Users/Shared",
-        "/home",
-        "/opt",
-        "/opt/homebrew",
-        "/dev",
-        "/dev/shm",
-        "/proc",
-        "/sys",
-        "/root",
-        "/Volumes",
-        "/cores",
-        "/boot",
-        "/lib",
-        "/lib64",
-        "/lib32",
-        "/srv",
-        "/mnt",
-        "/media",
-        "/run",
-        "/snap",
-        "/nix",
-        "/Network",
-    ]
-)
 WIPED_SUBDIRS = ("data", "tmp", "cache", "out")
 KEPT_SUBDIRS = ("project", "logs", "status")
 FINAL_STATES = protocol.FINAL_STATES
 SHM_ROOT = "/dev/shm"
 VOLUMES = "/Volumes"
-
-
-class UnsafeRoot(Exception):
-    """The root is not a place remotemac may delete in."""
 
 
 @dataclass
@@ -133,29 +82,6 @@ class RamStore:
 
 
 # ------------------------------------------------------------------ safety
-
-
-def check_root(root: str) -> Tuple[str, str]:
-    """``(lexical, real)`` absolute forms of ``root``, or raise :class:`UnsafeRoot`."""
-    text = (root or "").strip()
-    if not text:
-        raise UnsafeRoot("remote_root is empty")
-    expanded = os.path.expanduser(text) if text.startswith("~") else text
-    if not os.path.isabs(expanded):
-        raise UnsafeRoot("remote_root %r is not absolute" % root)
-    if ".." in expanded.split("/"):
-        raise UnsafeRoot("remote_root %r contains '..'" % root)
-    norm = os.path.normpath(expanded)
-    real = os.path.realpath(norm)
-    home = os.path.normpath(os.path.expanduser("~"))
-    homes = {home, os.path.realpath(home)}
-    for candidate in (norm, real):
-        if candidate in SYSTEM_DIRS or len(candidate.strip("/").split("/")) < 2:
-            raise UnsafeRoot("remote_root %r is a system dir" % root)
-        for h in homes:
-            if candidate == h or h.startswith(candidate.rstrip("/") + "/"):
-                raise UnsafeRoot("remote_root %r is the home dir or holds it" % root)
-    return norm, real
 
 
 def below(real_root: str, path: str) -> Optional[str]:

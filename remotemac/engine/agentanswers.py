@@ -73,6 +73,8 @@ class ClaimAnswer(Steps):
     real_root: str | None = None
     root_id: str | None = None
     created: bool = False
+    #: asked with ``agent_version``: that agent's ``.complete`` marker is below the root
+    agent_ready: bool | None = None
 
 
 @dataclass

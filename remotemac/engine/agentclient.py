@@ -79,8 +79,11 @@ async def call_in_memory(
     python: str | None = None,
     timeout: float = 900,
     idempotent: bool = False,
+    module: str = "cleanupops",
 ) -> JsonObject:
-    """Run ``cleanupops.op_<op>(req)`` on the host from memory: nothing lands on its disk.
+    """Run ``module.op_<op>(req)`` (cleanupops, or rootclaim for the claim: a few
+    modules to ship and compile, not sixteen) on the host from memory: nothing lands
+    on its disk.
 
     For cleanup (it must not recreate the root it removes) and for claiming the root
     (the agent is installed below it). ``python`` defaults to the agent's interpreter
@@ -92,11 +95,11 @@ async def call_in_memory(
     fn = op.function
     started = time.monotonic()
     result = await exec_in_memory(
-        transport, python, "cleanupops", fn, req, timeout=timeout, idempotent=idempotent
+        transport, python, module, fn, req, timeout=timeout, idempotent=idempotent
     )
     ledger.append(
         transport.name,
-        f"{python} -c <remotemac agent from stdin: cleanupops.{fn}"
+        f"{python} -c <remotemac agent from stdin: {module}.{fn}"
         f"{' (dry run)' if req.get('dry_run') else ''}>",
         result.exit_code,
         op=f"cleanup:{fn}",
@@ -160,6 +163,8 @@ class AgentClient:
         self.calls = 0
         #: the remote_root's id from its ownership marker (provision claims the root)
         self.root_id: str | None = None
+        #: the claim found this agent version installed below the root (no stat needed)
+        self.agent_ready = False
 
     @property
     def store(self) -> str | None:
@@ -192,7 +197,8 @@ class AgentClient:
         Runs the agent from memory (it is installed below the root)."""
         from remotemac.errors import BadInput, HostDiskFull
 
-        request = {"root": self.root, "run_id": run_id}
+        # the claim also says whether this agent version is installed there already
+        request = {"root": self.root, "run_id": run_id, "agent_version": agent_bundle()[0]}
         raw = await call_in_memory(
             self.transport,
             self.ledger,
@@ -202,6 +208,7 @@ class AgentClient:
             timeout=120,
             # a cut link retries it: a second claim adopts the root the first one made
             idempotent=True,
+            module="rootclaim",
         )
         answer = ClaimAnswer.from_json(raw)
         if answer.refused and answer.code == ErrorCode.NO_SPACE.value:
@@ -216,6 +223,7 @@ class AgentClient:
             )
         self.root_id = answer.root_id
         self.real_root = answer.real_root or None
+        self.agent_ready = bool(answer.agent_ready)
         return self.root_id
 
     async def install(self) -> str:
@@ -226,7 +234,7 @@ class AgentClient:
         version, files = agent_bundle()
         agent_dir = f"{self.root}/agent/{version}"
         marker = f"{agent_dir}/.complete"
-        if await self.transport.stat(marker) is None:
+        if not self.agent_ready and await self.transport.stat(marker) is None:
             await self.transport.makedirs(agent_dir)
             # ownership first: cleanup removes only directories that carry it
             await self.transport.write_bytes(

@@ -54,6 +54,8 @@ RELAUNCH_MARKER = "=== remotemac: relaunched after the job was lost ({reason}) =
 # CACHE_VARS (agent/protocol.py): the caches a job's environment points inside the run
 # dir (wiped with it); the host's access check reads the same names
 SAVE_EVERY_S = 1.0
+#: how long the host holds a follow's status call when there is no news (a line, the end)
+WAIT_S = 1.0
 #: while following, a dropped link is retried at least this often, so the stream
 #: resumes within about a second of the link coming back (SSHTransport only)
 FOLLOW_RECONNECT_MAX_WAIT_S = 1.0
@@ -408,24 +410,31 @@ class LogFollower:
     async def run(self) -> FollowResult:
         with self._sink() as out:
             while True:
-                chunk = await self._read_chunk()
-                if chunk is None:
-                    continue  # the read failed on a dropping link: try again
+                started = time.monotonic()
+                # the job's status (once a second, or when it is over) and the log's next
+                # bytes in one agent call that waits on the host for news: one round trip
+                # a poll, answered the moment a line or the end comes (an SFTP read, a
+                # status call and a sleep took five round trips and the sleep)
+                full = started - self.last_status >= 1.0
+                if full:
+                    self.last_status = started
+                job = await self._ask(full)
+                if job is None:
+                    continue  # the call failed on a dropping link: try again
+                chunk = job.log_bytes()
                 self._write_lines(out, chunk)
                 now = time.monotonic()
                 if now - self.last_save >= SAVE_EVERY_S:
                     self._save_offset()
                     self.last_save = now
-                if len(chunk) >= (1 << 20):
-                    continue  # more is waiting: read again before sleeping
-                if now - self.last_status >= 1.0 or not chunk:
-                    self.last_status = now
-                    step = await self._check_status()
+                if job.state is not None:  # a whole status: a full ask, or the job is over
+                    step = await self._judge(job)
                     if step == "over":
                         break
                     if step == "again":
                         continue
-                if not chunk:
+                if not chunk and now - started < self.poll / 2:
+                    # a host that did not wait (an older agent's answer): poll as before
                     await asyncio.sleep(self.poll)
             self._write_last_line(out)
         self._save_offset()
@@ -441,25 +450,6 @@ class LogFollower:
 
     def _save_offset(self) -> None:
         self.ctx.journal.save_log_offset(self.ctx.run_id, self.side.label, self.offset, self.lines)
-
-    async def _read_chunk(self) -> bytes | None:
-        """The log's next bytes (``b""``: nothing new); None when the link failed the read."""
-        try:
-            chunk = await self.transport.read_from(self.remote_log, self.offset + len(self.pending))
-        except FileNotFoundError:
-            chunk = b""
-        except TransientHostError:
-            # the transport gave up on this one operation (the link kept dropping
-            # under it); the job does not care: keep following until the link has
-            # been unusable for as long as a reconnect may take
-            if self._link_unusable_too_long():
-                raise
-            await asyncio.sleep(self.poll)
-            return None
-        self._link_ok()
-        if self.drill:
-            self.drill.link_back()
-        return chunk
 
     def _emit_line(self, raw: bytes) -> None:
         self.ctx.emit(
@@ -499,20 +489,35 @@ class LogFollower:
         self._emit_line(self.pending)
         self.offset += len(self.pending)
 
-    async def _check_status(self) -> str:
-        """Ask the agent how the job is; ``over``, ``again`` (read now) or ``wait``."""
-        ctx, side, request = self.ctx, self.side, self.request
+    async def _ask(self, full: bool) -> JobStatus | None:
+        """The log's bytes after what was read, with the job's whole status when ``full``
+        or when it is over; the host answers when there is news or after ``WAIT_S``.
+        None: the link failed the call (asked again until it has been unusable for as
+        long as a reconnect may take: the job does not care)."""
+        request = self.request
         try:
             asked = StatusRequest(
-                run_dir=request.run_dir, device=side.label, session=request.session
+                run_dir=request.run_dir,
+                device=self.side.label,
+                session=request.session,
+                log_from=self.offset + len(self.pending),
+                log_only=not full,
+                wait_s=WAIT_S,
             )
             answer = await self.binding.agent.call(Op.STATUS, asked.to_json())
         except TransientHostError:
             if self._link_unusable_too_long():
                 raise
-            return "again"
+            await asyncio.sleep(self.poll)
+            return None
         self._link_ok()
-        job = JobStatus.from_json(answer)
+        if self.drill:
+            self.drill.link_back()
+        return JobStatus.from_json(answer)
+
+    async def _judge(self, job: JobStatus) -> str:
+        """What the job's status says: ``over``, ``again`` (read now) or ``wait``."""
+        ctx, side = self.ctx, self.side
         self.status = status = RunnerStatus.from_json(job.file)
         state = job.state
         if self.drill:

@@ -9,12 +9,13 @@ agent, and only talk to the user through events.
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import NoReturn
 
-from remotemac.agent.protocol import JsonObject, LaunchRequest, Op
+from remotemac.agent.protocol import JsonObject, LaunchAnswer, LaunchRequest
 from remotemac.engine.agentclient import DEFAULT_AGENT_PYTHON, AgentClient
 from remotemac.engine.context import (
     HostBinding,
@@ -38,7 +39,6 @@ from remotemac.engine.phaseresults import (
     Access,
     CompareResult,
     DeadmanJob,
-    Fingerprint,
     FollowResult,
     LaunchResult,
     PhaseResult,
@@ -46,7 +46,6 @@ from remotemac.engine.phaseresults import (
     PulledSide,
     PullResult,
     RecordResult,
-    SpaceCheck,
     SyncResult,
     WipeResult,
     as_result,
@@ -505,20 +504,17 @@ def restore_phase(ctx: RunContext, phase: PhaseKey) -> None:
 
 async def _provision(ctx: RunContext, _key: PhaseKey) -> ProvisionResult:
     from remotemac.engine.provision import provision_host, resolve_device
+    from remotemac.engine.storage import check_space
 
     hosts = {}
     for key, binding in ctx.hosts.items():
-        hosts[key] = await provision_host(ctx, binding)
+        hosts[key] = await provision_host(
+            ctx, binding, functools.partial(check_space, ctx, binding)
+        )
     devices = {s.role: resolve_device(s.device, hosts[s.host_key].probe) for s in ctx.sides}
     _label_sides(ctx, devices)
     from remotemac.engine.provision import project_revision
-    from remotemac.engine.storage import check_space
 
-    for key, binding in ctx.hosts.items():
-        hosts[key].fingerprint = Fingerprint.from_json(
-            await binding.agent.call(Op.ENV_FINGERPRINT, {"python": hosts[key].venv_python})
-        )
-        hosts[key].space = SpaceCheck.from_json(await check_space(ctx, binding, hosts[key]))
     return ProvisionResult(
         hosts=hosts,
         devices=devices,
@@ -562,18 +558,35 @@ async def _launch(ctx: RunContext, key: PhaseKey) -> LaunchResult:
     role = key.role
     side = ctx.side(role) if role else None
     assert role is not None and side is not None
-    # a target that is the run's first job starts right after the fingerprint was taken
+    # a target that is the run's first job starts right after the fingerprint was taken;
+    # the drift check (a record and a warning, never a stop) goes with the launch call
+    drift = None
     if role == "target" and ctx.side("reference") and ctx.drift_checked is None:
         from remotemac.engine.drift import check_drift
 
-        await check_drift(ctx, "before-target")
+        drift = check_drift(ctx, "before-target")
     requests = _requests(ctx)
     nxt = None
     # when the target runs on the same host, the host itself starts it after the reference
     target = ctx.side("target")
     if role == "reference" and target and target.host_key == side.host_key:
         nxt = requests["target"]
-    answer = await launch(ctx, side, requests[role], nxt)
+    launched = launch(ctx, side, requests[role], nxt)
+    if drift is None:
+        answer = await launched
+    else:
+        from remotemac.engine.pullstream import run_all
+
+        answers: list[LaunchAnswer] = []
+
+        async def keep() -> None:
+            answers.append(await launched)
+
+        async def check() -> None:
+            await drift
+
+        await run_all([check(), keep()])
+        answer = answers[0]
     return LaunchResult(
         session=requests[role].session,
         mode=answer.mode,
@@ -595,14 +608,14 @@ async def _follow(ctx: RunContext, key: PhaseKey) -> FollowResult:
 
 
 async def _pull(ctx: RunContext, _key: PhaseKey) -> PullResult:
-    from remotemac.engine.pull import pull_side
+    from remotemac.engine.pull import pull_sides
 
     prov = ctx.provision().hosts
-    budget = ctx.playbook.outputs.max_bytes  # for the whole run, over every side
-    sides = {}
-    for s in ctx.sides:
-        pulled = await pull_side(ctx, s, prov[s.host_key].run_dir, max_bytes=budget)
-        sides[s.label], budget = pulled.to_json(), budget - sum(f.size for f in pulled.files)
+    # every side at once, outputs.max_bytes for the whole run reserved at listing time
+    pulled = await pull_sides(
+        ctx, [(s, prov[s.host_key].run_dir) for s in ctx.sides], ctx.playbook.outputs.max_bytes
+    )
+    sides = {s.label: p.to_json() for s, p in zip(ctx.sides, pulled, strict=True)}
     count = sum(len(v["files"]) for v in sides.values())
     return PullResult(
         sides={k: PulledSide.from_json(v) for k, v in sides.items()},

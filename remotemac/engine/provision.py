@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import hashlib
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,7 +21,13 @@ from remotemac.engine.hostpython import (
     host_tags,
     version_request,
 )
-from remotemac.engine.phaseresults import Interpreter, Probe, ProvisionHost
+from remotemac.engine.phaseresults import (
+    Fingerprint,
+    Interpreter,
+    Probe,
+    ProvisionHost,
+    SpaceCheck,
+)
 from remotemac.engine.pincheck import check_pin, pins
 from remotemac.engine.projectfiles import project_upload
 from remotemac.engine.runtime import install_method
@@ -28,6 +36,8 @@ from remotemac.events import PhaseProgress
 
 #: seconds between progress events while the environment is built
 TICK_S = 5.0
+#: a project tar up to this size is sent inside the extract call (base64 in its JSON)
+INLINE_PROJECT_MAX = 4 << 20
 
 
 @dataclass
@@ -85,11 +95,18 @@ def env_key(system_site: bool, requirements: bytes | None) -> str:
     return digest.hexdigest()[:16]
 
 
-async def provision_host(ctx: RunContext, binding: HostBinding) -> ProvisionHost:
+async def provision_host(
+    ctx: RunContext,
+    binding: HostBinding,
+    check_space: Callable[[ProvisionHost], Awaitable[JsonObject]],
+) -> ProvisionHost:
     """The pipeline's provision phase for one host: claim the root, install the agent,
-    prepare the run dir, upload the project, make the environment and probe it."""
+    prepare the run dir, upload the project, make the environment and probe it, take
+    its fingerprint and ``check_space`` (engine/storage.py, which provision may not
+    import: the pipeline hands it in) at once."""
     pb = ctx.playbook
     transport = binding.transport
+    transport.warm_up()  # the SFTP session opens while the root is claimed
     root, given = await _claim_root(ctx, binding)
     ctx.journal.record_created(transport.name, "agent", await binding.agent.install(), ctx.run_id)
     prepared = PrepareRunAnswer.from_json(
@@ -109,7 +126,25 @@ async def provision_host(ctx: RunContext, binding: HostBinding) -> ProvisionHost
         if env.venv
         else f"{binding.run_dir}/cache/freeze.json"
     )
-    probe = await binding.agent.call(Op.FREEZE_ENV, {"python": venv_python, "cache": cache})
+    # the probe, the fingerprint and the space check in flight at once (three calls
+    # one after another waited three round trips)
+    answers: dict[str, JsonObject] = {}
+
+    async def ask(name: str, call: Awaitable[JsonObject]) -> None:
+        answers[name] = await call
+
+    from remotemac.engine.pullstream import run_all
+
+    space_for = ProvisionHost(root=root, run_dir=binding.run_dir, venv_python=venv_python)
+    await run_all(
+        [
+            ask(
+                "probe", binding.agent.call(Op.FREEZE_ENV, {"python": venv_python, "cache": cache})
+            ),
+            ask("fingerprint", binding.agent.call(Op.ENV_FINGERPRINT, {"python": venv_python})),
+            ask("space", check_space(space_for)),
+        ]
+    )
     return ProvisionHost(
         root=root,
         root_as_given=given,
@@ -118,7 +153,9 @@ async def provision_host(ctx: RunContext, binding: HostBinding) -> ProvisionHost
         paths=prepared.paths,
         venv_python=venv_python,
         venv_reused=venv.reused,
-        probe=Probe.from_json(probe),
+        probe=Probe.from_json(answers["probe"]),
+        fingerprint=Fingerprint.from_json(answers["fingerprint"]),
+        space=SpaceCheck.from_json(answers["space"]),
         interpreter=Interpreter.from_json(venv.described(brought)),
         project_files=len(files),
         project_bytes=len(archive),
@@ -132,8 +169,10 @@ async def _claim_root(ctx: RunContext, binding: HostBinding) -> tuple[str, str]:
     transport = binding.transport
     if binding.key == "local" and pb.host != "local":
         root = str(ctx.home / "local-host")
-    else:
+    elif pb.remote_root == "~" or pb.remote_root.startswith("~/"):
         root = expand_root(pb.remote_root, await transport.home())
+    else:  # an absolute root needs no $HOME: one exec channel fewer
+        root = pb.remote_root
     binding.root = root
     binding.agent.root = root
     # listed before anything is written, so cleanup finds the root even when the
@@ -165,14 +204,18 @@ async def _upload_project(
     transport = binding.transport
     upload = project_upload(pb)  # the dataset stays out: it only travels encrypted
     archive, files = upload.archive(), upload.files
-    remote_tar = f"{binding.run_dir}/tmp/project.tar"
-    with tempfile.NamedTemporaryFile(suffix=".tar") as tmp:
-        tmp.write(archive)
-        tmp.flush()
-        await transport.put(tmp.name, remote_tar)
-    await binding.agent.call(
-        Op.EXTRACT_PROJECT, {"dest": prepared.paths["project"], "archive": remote_tar}
-    )
+    request: JsonObject = {"dest": prepared.paths["project"]}
+    if len(archive) <= INLINE_PROJECT_MAX:
+        # a small project travels in the call itself: no SFTP put (open, write, close)
+        request["data_b64"] = base64.b64encode(archive).decode("ascii")
+    else:
+        remote_tar = f"{binding.run_dir}/tmp/project.tar"
+        with tempfile.NamedTemporaryFile(suffix=".tar") as tmp:
+            tmp.write(archive)
+            tmp.flush()
+            await transport.put(tmp.name, remote_tar)
+        request["archive"] = remote_tar
+    await binding.agent.call(Op.EXTRACT_PROJECT, request)
     ctx.emit(
         PhaseProgress(
             ctx.run_id,

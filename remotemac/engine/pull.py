@@ -132,26 +132,93 @@ def safe_relpath(name: bytes | str | None) -> PurePosixPath:
     return path
 
 
+class SharedBudget:
+    """``outputs.max_bytes`` for every side of a run pulled at once, reserved at listing
+    time: each side's listed total is noted, and once every side has listed, a side may
+    take what the sides before it (in the run's order) left. The same limit, and the
+    same side refused, as when the sides were pulled one after the other; the sides'
+    round trips overlap instead of adding up (issue 36: the pull was a third of a
+    trivial run at 80 ms)."""
+
+    def __init__(self, limit: int | None, order: list[str]) -> None:
+        self.limit = limit
+        self.order = order
+        self.totals: dict[str, int] = {}
+        self._all = asyncio.Event()
+
+    def note(self, label: str, total: int) -> None:
+        """``label``'s listed total (0 for a side that ended before listing)."""
+        self.totals.setdefault(label, total)
+        if all(name in self.totals for name in self.order):
+            self._all.set()
+
+    async def left_for(self, label: str, total: int) -> int | None:
+        """What ``label`` may pull (None: no limit), once every side has listed."""
+        self.note(label, total)
+        if self.limit is None:
+            return None
+        await self._all.wait()
+        before = self.order[: self.order.index(label)] if label in self.order else []
+        return self.limit - sum(self.totals[name] for name in before)
+
+
 async def pull_side(
-    ctx: RunContext, side: Side, run_dir: str, max_bytes: int | None = None
+    ctx: RunContext,
+    side: Side,
+    run_dir: str,
+    max_bytes: int | None = None,
+    budget: SharedBudget | None = None,
 ) -> PulledSide:
-    """Pull one side's outputs; ``max_bytes``: what is left of ``outputs.max_bytes``."""
+    """Pull one side's outputs; ``max_bytes``: what is left of ``outputs.max_bytes``, or
+    ``budget``: that limit shared with the sides pulled at the same time. The evidence
+    files (observations, metrics, memory samples, trace) come down meanwhile."""
     binding = ctx.host_for(side)
     out_path = ctx.playbook.outputs.path.strip("/") or "."
     remote_dir = f"{run_dir}/out/{side.label}" + ("" if out_path == "." else f"/{out_path}")
     dest_root = ctx.out_dir / "results" / side.label
-    result = await pull_dir(
-        binding.transport,
-        binding.agent,
-        remote_dir,
-        dest_root,
-        emit=ctx.emit,
-        run_id=ctx.run_id,
-        label=side.label,
-        max_bytes=max_bytes,
-    )
-    result.evidence = await fetch_evidence(ctx, side, run_dir)
+    pulled: list[PulledSide] = []
+    evidence: list[list[str]] = []
+
+    async def outputs() -> None:
+        try:
+            pulled.append(
+                await pull_dir(
+                    binding.transport,
+                    binding.agent,
+                    remote_dir,
+                    dest_root,
+                    emit=ctx.emit,
+                    run_id=ctx.run_id,
+                    label=side.label,
+                    max_bytes=max_bytes,
+                    budget=budget,
+                )
+            )
+        finally:
+            if budget is not None:  # a side that failed first never blocks the others
+                budget.note(side.label, 0)
+
+    async def logs() -> None:
+        evidence.append(await fetch_evidence(ctx, side, run_dir))
+
+    await run_all([outputs(), logs()])
+    result = pulled[0]
+    result.evidence = evidence[0]
     return result
+
+
+async def pull_sides(
+    ctx: RunContext, sides: list[tuple[Side, str]], max_bytes: int | None
+) -> list[PulledSide]:
+    """Pull every side at once (each ``(side, run_dir)``), ``max_bytes`` shared by all."""
+    budget = SharedBudget(max_bytes, [side.label for side, _ in sides])
+    results: list[PulledSide | None] = [None] * len(sides)
+
+    async def one(index: int, side: Side, run_dir: str) -> None:
+        results[index] = await pull_side(ctx, side, run_dir, budget=budget)
+
+    await run_all([one(i, side, run_dir) for i, (side, run_dir) in enumerate(sides)])
+    return [r for r in results if r is not None]
 
 
 class OutputsTooLarge(IntegrityError):
@@ -169,6 +236,7 @@ async def pull_dir(
     label: str = "",
     max_bytes: int | None = None,
     sftp: bool = False,
+    budget: SharedBudget | None = None,
 ) -> PulledSide:
     """Bring every regular file below ``remote_dir`` into ``dest_root``, verified.
 
@@ -178,14 +246,15 @@ async def pull_dir(
     Raises IntegrityError (exit 5) on a checksum failure.
 
     The bytes come down exec channels from the host's ``pullops.py`` (pullstream.py),
-    which hashes each file as it reads it; ``sftp=True``, or a transport that cannot
-    stream to a command, fetches them over SFTP with a hashed listing instead.
+    which hashes each file as it reads it; ``sftp=True``, a transport that cannot
+    stream to a command, or a small pull (:func:`_small`) fetches them over SFTP with
+    a hashed listing instead.
     """
     emit = emit or (lambda _e: None)
     entries = await _listing(transport, agent, remote_dir, {"hash": False})
     sums: _Sums | None = None
     sender: list[str] | None = None
-    if not sftp and _can_stream(transport):
+    if not sftp and _can_stream(transport) and not _small(entries):
         sender = sender_argv(agent.python, agent.agent_dir)
     else:
         # the host hashes each file up to the size just listed (a file still growing is
@@ -208,10 +277,26 @@ async def pull_dir(
             label=label,
             max_bytes=max_bytes,
             sender=sender,
+            budget=budget,
         )
     finally:
         if sums is not None:
             await sums.close()
+
+
+#: a pull this small goes over SFTP (a hashed listing, then each file read on the SFTP
+#: session the run opened at its start): the streamed path's sender is an exec channel
+#: and a Python start on the host, then a second one once its round trip was measured,
+#: some ten round trips for a few bytes (issue 36)
+SMALL_PULL_BYTES = 256 * 1024
+SMALL_PULL_FILES = 8
+
+
+def _small(entries: list[Listed]) -> bool:
+    """Whether the listed files are few and small enough for the SFTP path."""
+    files = [e for e in entries if isinstance(e, ListingEntry) and e.kind == "file"]
+    sizes = [e.size for e in files if isinstance(e.size, int) and not isinstance(e.size, bool)]
+    return len(sizes) == len(files) <= SMALL_PULL_FILES and sum(sizes) <= SMALL_PULL_BYTES
 
 
 def _can_stream(transport: Transport) -> bool:
@@ -282,6 +367,7 @@ async def _pull_listed(
     label: str,
     max_bytes: int | None,
     sender: list[str] | None = None,
+    budget: SharedBudget | None = None,
 ) -> PulledSide:
     """Validate the listing, then fetch what it names: streamed (``sender``, the host's
     command) or over SFTP checked against ``sums``."""
@@ -316,6 +402,8 @@ async def _pull_listed(
         if entry.kind == "file":
             wanted.append((rel, entry))
     total = sum(int(e.size) for _, e in wanted)
+    if budget is not None:
+        max_bytes = await budget.left_for(label, total)
     if max_bytes is not None and total > max_bytes:
         raise OutputsTooLarge(
             f"{transport.name}: {remote_dir} lists {len(wanted)} files, {total} bytes: more "
@@ -408,7 +496,7 @@ async def _sftp(
     progress: _Progress,
 ) -> None:
     """Every wanted file over SFTP, checked against the host's hashed listing."""
-    remote_kinds = _RemoteKinds(transport, remote_dir)
+    remote_kinds = _RemoteKinds(transport, remote_dir, by_entry=len(wanted) <= SMALL_PULL_FILES)
     # a name listed twice, or two names one local file on a case-insensitive disk
     # (``A.bin``, ``a.bin`` on macOS): those are fetched one after the other
     same_file: dict[str, asyncio.Lock] = {}
@@ -541,9 +629,12 @@ class _RemoteKinds:
     for a whole directory in a round trip or two, instead of one lstat per file.
     """
 
-    def __init__(self, transport: Transport, remote_dir: str) -> None:
+    def __init__(self, transport: Transport, remote_dir: str, by_entry: bool = False) -> None:
         self.transport, self.remote_dir = transport, remote_dir
         self._dirs: dict[str, asyncio.Future[dict[str, str]]] = {}
+        #: a few files: one lstat each, all in flight at once (a directory listing is an
+        #: open, two reads and a close: four round trips for one file)
+        self.by_entry = by_entry
 
     async def _kinds(self, parent: str) -> dict[str, str]:
         """name -> kind in ``parent`` (relative; "" is the output dir), or _ONE_BY_ONE."""
@@ -563,7 +654,7 @@ class _RemoteKinds:
         return {PurePosixPath(st.path).name: st.kind for st in found}
 
     async def _kind(self, parent: str, name: str) -> str | None:
-        kinds = await self._kinds(parent)
+        kinds = _ONE_BY_ONE if self.by_entry else await self._kinds(parent)
         if kinds is _ONE_BY_ONE:
             where = "/".join(p for p in (self.remote_dir, parent, name) if p)
             st = await self.transport.stat(where)

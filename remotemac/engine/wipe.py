@@ -103,11 +103,14 @@ async def wipe_run(ctx: RunContext) -> WipeResult:
                 job = sync.host(key).deadman
                 if job is not None and job.spec:
                     ctx.journal.record_removed(name, "deadman", job.spec)
-        # an independent look through the transport, not only the agent's word
-        for sub in WIPED_SUBDIRS:
-            if sub == "out" and not pulled:
-                continue
-            if await binding.transport.stat(f"{binding.run_dir}/{sub}") is not None:
+        # an independent look through the transport, not only the agent's word; the
+        # lstats in flight at once (one after another they waited four round trips)
+        looked = [sub for sub in WIPED_SUBDIRS if sub != "out" or pulled]
+        found = await asyncio.gather(
+            *(binding.transport.stat(f"{binding.run_dir}/{sub}") for sub in looked)
+        )
+        for sub, st in zip(looked, found, strict=True):
+            if st is not None:
                 remaining.append(f"{name}:{binding.run_dir}/{sub} (still there)")
                 verified = False
     return _shred_and_sum_up(ctx, removed, remaining, errors, verified, pulled)

@@ -181,6 +181,10 @@ class Transport(abc.ABC):
     async def connect(self) -> None:
         """Open the link (no-op for ``local``)."""
 
+    def warm_up(self) -> None:  # noqa: B027 (a no-op unless the link has a use for it)
+        """Start, in the background, what the first file operation would wait for (an
+        SFTP session): its round trips then overlap others'. A no-op by default."""
+
     @abc.abstractmethod
     async def close(self) -> None:
         """Close the link. Never stops anything running on the host."""

@@ -106,6 +106,7 @@ class SSHTransport(Transport):
         self._jumps: list[asyncssh.SSHClientConnection] = []
         self._sftp: asyncssh.SFTPClient | None = None
         self._sftp_lock = asyncio.Lock()
+        self._warming: asyncio.Future | None = None
         self._link_lock = asyncio.Lock()
         self._channels = asyncio.Semaphore(opts.max_channels)
         self._read_slots = asyncio.Semaphore(SFTP_READS_IN_FLIGHT)  # see download_to
@@ -144,6 +145,18 @@ class SSHTransport(Transport):
             self._closed = False
             await self._open()
             self._emit("connected")
+
+    def warm_up(self) -> None:
+        """Open the SFTP session in the background (a failure is left for the first
+        operation that needs it to report): three round trips off the path."""
+        if self._conn is None or self._sftp is not None or self._warming is not None:
+            return
+
+        async def warm() -> None:
+            with contextlib.suppress(Exception):
+                await self._sftp_client()
+
+        self._warming = asyncio.ensure_future(warm())
 
     async def _open(self) -> None:
         conn, jumps = await open_connection(self.params, self.options, self.home_dir)
@@ -212,6 +225,9 @@ class SSHTransport(Transport):
         conn, self._conn, self._sftp = self._conn, None, None
         if self._watch is not None:
             self._watch.cancel()
+        if self._warming is not None:
+            self._warming.cancel()
+            self._warming = None
         if conn is not None:
             conn.close()
             with contextlib.suppress(Exception):
