@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from remotemac.agent.protocol import Op
 from remotemac.engine.agentclient import AgentClient
 from remotemac.engine.ledger import Ledger
 from remotemac.phases import Phase
@@ -87,6 +88,31 @@ async def test_one_agent_process_serves_many_calls_at_once(sshd, ssh_env, tmp_pa
     assert [e["via"] for e in entries if e["op"] == "ping"] == ["resident"] * 40
     # every answer was recorded on the host, under the bound
     assert 0 < len(list((root / "agent" / "calls").glob("*.json"))) <= 512
+
+
+@pytest.mark.asyncio
+async def test_a_status_with_the_jobs_log_is_never_recorded_on_the_host(
+    sshd, ssh_env, tmp_path: Path
+):
+    """The follow's ``status`` carries the job's log bytes: the resident agent answers it
+    unrecorded, so no poll leaves a copy of the log (and what the job printed) in
+    ``agent/calls``, outside the run dir and past its wipe; a ``ping`` still is recorded."""
+    root = sshd.host_dir("root")
+    run_dir = sshd.host_dir("jobs") / "r1"
+    (run_dir / "logs").mkdir(parents=True)
+    (run_dir / "status").mkdir()
+    (run_dir / "logs" / "cpu.log").write_text("epoch 1 token=hunter2-LOGLINE\n")
+    async with _transport(ssh_env(sshd), []) as t:
+        agent = AgentClient(t, str(root), Ledger(tmp_path / "ledger.jsonl"))
+        await agent.call("ping")
+        answer = await agent.call(
+            Op.STATUS, {"run_dir": str(run_dir), "device": "cpu", "log_from": 0}
+        )
+        assert "log_b64" in answer, answer  # the log came with the status
+        await agent.close()
+    records = list((root / "agent" / "calls").glob("*.json"))
+    assert records, "the ping was not recorded: the store is not in use at all"
+    assert not [r for r in records if "log_b64" in r.read_text()], records
 
 
 @pytest.mark.asyncio

@@ -135,6 +135,13 @@ class AgentEnvironmentError(HostEnvironmentError, AgentError):
     """The agent ran but the host's environment failed it (exit 6, not 3)."""
 
 
+#: read-only ops whose answers the resident agent does not record in its call store:
+#: one asked again after a drop is simply answered again. ``status`` carries the job's
+#: log bytes (every follow poll): recorded, they would pile up under ``agent/calls``
+#: outside the run dir, past its wipe, with whatever the job printed.
+UNRECORDED = frozenset({Op.STATUS})
+
+
 class AgentClient:
     """A run's handle on the host's agent.
 
@@ -321,7 +328,8 @@ class AgentClient:
     ) -> JsonObject:
         session = self.session()
         started = time.monotonic()
-        frame = await session.call(op, request, store=self.store, timeout=timeout)
+        store = None if op in UNRECORDED else self.store
+        frame = await session.call(op, request, store=store, timeout=timeout)
         self.host_cpu_s += session.note_cpu(frame)
         answer: JsonObject = frame.get("answer") or {}
         envelope = AgentAnswer.from_json(answer)
