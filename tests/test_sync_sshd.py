@@ -26,7 +26,7 @@ from remotemac.engine.agentclient import AgentClient
 from remotemac.engine.pull import pull_dir
 from remotemac.engine.runtime import ensure_runtime
 from remotemac.engine.sync import SyncStats, sync_slice
-from remotemac.errors import EXIT_INTEGRITY, HostError, IntegrityError
+from remotemac.errors import EXIT_INTEGRITY, HostError, HostKeyError, IntegrityError
 from remotemac.events import PhaseProgress
 from remotemac.transport.options import SSHOptions
 from remotemac.transport.ssh import SSHTransport
@@ -540,6 +540,37 @@ async def test_long_round_trip_opens_more_streams(sshd, fault_proxy, host_factor
         await host.transport.close()
     assert stats.rtt_ms is not None and stats.rtt_ms >= 70
     assert stats.streams == 5 and answer["mismatches"] == []
+
+
+@pytest.mark.asyncio
+async def test_a_changed_key_on_the_second_connection_stops_the_sync(
+    sshd, fault_proxy, host_factory, tmp_path, monkeypatch
+):
+    """The second connection checks the host key as strictly as the first: a changed key
+    there is the run's HostKeyError, not "fewer streams". (The changed key is a stand-in:
+    the spare link's connect raises what hostkeys.py raises for a mismatch; the first
+    connection, the streams and the receiver are real.)"""
+    data = make_slice(tmp_path / "data", small=1, big=9, big_size=8 << 20)
+    proxy = fault_proxy(sshd)
+    host = await host_factory(sshd, proxy)
+    proxy.latency(0.04)
+    proxy.throttle(12_000_000)  # (the second login lands while files are still queued)
+
+    class ChangedKey(SSHTransport):
+        async def connect(self) -> None:
+            raise HostKeyError(f"{self.name}: the host key changed")
+
+    real = SSHTransport.spare_link
+    monkeypatch.setattr(
+        SSHTransport,
+        "spare_link",
+        lambda self: ChangedKey(self.spec, home_dir=self.home_dir, options=real(self).options),
+    )
+    try:
+        with pytest.raises(HostKeyError, match="host key changed"):
+            await host.sync(data, os.urandom(32))
+    finally:
+        await host.transport.close()
 
 
 @pytest.mark.asyncio

@@ -47,6 +47,7 @@ from remotemac.engine.syncsplitfiles import SplitFiles
 from remotemac.errors import (
     HostEnvironmentError,
     HostError,
+    HostKeyError,
     IntegrityError,
     TransientHostError,
 )
@@ -502,8 +503,10 @@ class Session:
 
         try:
             await spare.connect()
+        except HostKeyError:
+            raise  # a changed or unknown key stops the run, on any connection
         except Exception:
-            return []
+            return []  # a host that refuses a second login: the first one's streams do
         opened = await asyncio.gather(*(one() for _ in range(count)), return_exceptions=True)
         return [proc for proc in opened if isinstance(proc, RemoteProcess)]
 
