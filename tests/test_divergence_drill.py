@@ -125,3 +125,30 @@ def test_a_call_the_job_never_makes_is_said_so(tmp_path):
     drill = drill_for(logs / "cpu.drill.jsonl", logs / "cpu-target.drill.jsonl")
     assert drill is not None and not drill.ran
     assert "the job never made that call" in drill.detail
+
+
+def test_a_later_process_that_never_makes_the_call_keeps_the_op_trace(tmp_path):
+    """Every Python process of a drill pass inherits the drill: the one that reached the
+    call wrote the op trace; a later one (``python train.py && python eval.py``) ending
+    without the call must not replace it with "never made that call"."""
+    from remotemac.agent import runner
+
+    out = tmp_path / "logs" / "cpu.drill.jsonl"
+    spec = {"step": 0, "path": PERTURBED, "call": 0, "out": str(out)}
+    _wait(_job(tmp_path, "cpu", {}, {"drill": spec}))
+    header, ops = load_drill(out)
+    assert header["reached"] is True and ops, header
+    full = dict(os.environ)
+    full.pop("PYTHONPATH", None)
+    observe = {"dir": str(tmp_path / "obs-later"), "device": "cpu", "drill": spec}
+    runner.prepare_observer(runner.ObserveSpec.from_json(observe), full)
+    later = subprocess.run(
+        [sys.executable, "-c", "import torch; print(torch.ones(2).sum().item())"],
+        env=full,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert later.returncode == 0 and "2.0" in later.stdout, later.stderr
+    header2, ops2 = load_drill(out)
+    assert header2["reached"] is True and len(ops2) == len(ops), header2

@@ -261,17 +261,30 @@ def start(torch: Any, spec: dict[str, Any], device: str) -> Any:
             return run_args, run_kwargs, state
 
         def _write(self, header: dict[str, Any], rows: list[Any]) -> None:
+            """The op trace. Every Python process of the job runs a Drill (the spec is
+            inherited), so the one that reached the call replaces the file whole, and
+            one that did not only creates it where none is: a worker or a later
+            ``python eval.py`` ending without the call never hides the real trace."""
             if self.written:
                 return
             self.written = True
             path = str(spec["out"])
             os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-            with open(path, "w") as fh:
+            reached = header.get("reached", True) is not False
+            tmp = "%s.%d.tmp" % (path, os.getpid())
+            flags = os.O_WRONLY | os.O_CREAT | (os.O_TRUNC if reached else os.O_EXCL)
+            try:
+                fd = os.open(tmp if reached else path, flags, 0o600)
+            except FileExistsError:
+                return  # a trace is there already: never replaced by "not reached"
+            with os.fdopen(fd, "w") as fh:
                 fh.write(json.dumps(header) + "\n")
                 for row in rows:
                     fh.write(json.dumps(row, allow_nan=False) + "\n")
                 fh.flush()
                 os.fsync(fh.fileno())
+            if reached:
+                os.replace(tmp, path)
 
         def stop(self, write: bool = True) -> None:
             """At exit without reaching the call: an op trace that says so."""

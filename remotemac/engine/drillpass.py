@@ -17,13 +17,11 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import os
-import tempfile
 import time
 
 from remotemac.agent.protocol import FINAL_STATES, JsonObject, LaunchRequest, Op, StatusRequest
 from remotemac.engine.context import RunContext, Side
-from remotemac.errors import RemotemacError
+from remotemac.errors import HostError, RemotemacError
 from remotemac.events import Warning
 from remotemac.phases import Phase
 
@@ -33,6 +31,8 @@ SUFFIX = ".drill"
 POLL_S = 1.0
 #: a drill pass runs the job up to one call of its first steps: this is generous
 DEFAULT_TIMEOUT_S = 3600.0
+#: the most an op trace may be (a summary line per aten op of one module call)
+MAX_OP_TRACE = 256 << 20
 
 
 async def drill_down(ctx: RunContext) -> None:
@@ -52,10 +52,15 @@ async def drill_down(ctx: RunContext) -> None:
     at = drill_at(found) if found.traced else None
     if at is None:
         return
+    if ctx.result(Phase.WIPE) is not None:  # (a failed pull's wipe, then attach)
+        warn(ctx, "the run's data on the host was wiped before the record")
+        return
     try:
         why = await drill_passes(ctx, at.to_json())
-    except (RemotemacError, OSError) as exc:
-        why = str(exc)
+    except RemotemacError as exc:
+        why = exc.line()
+    except Exception as exc:  # noqa: BLE001 - a drill that cannot run never fails the run
+        why = f"{type(exc).__name__}: {exc}"
     if why is not None:
         warn(ctx, why)
 
@@ -116,18 +121,33 @@ async def _one(ctx: RunContext, side: Side, spec: JsonObject) -> str | None:
         observe=observe,
         next=None,
     )
+    dest = ctx.out_dir / "logs" / f"{side.label}.drill.jsonl"
+    dest.unlink(missing_ok=True)  # an earlier attempt's op trace is never taken for this one
     await launch(ctx, side, drill)
     state = await _wait(ctx, side, drill)
-    if state not in FINAL_STATES:
-        return f"the {side.role}'s drill pass ended {state}"
     binding = ctx.host_for(side)
+    if state not in FINAL_STATES:
+        await _stop(ctx, side, drill)
+        return f"the {side.role}'s drill pass ended {state}"
     st = await binding.transport.stat(out)
     if st is None or st.kind != "file":
         return f"the {side.role}'s drill pass wrote no op trace (it ended {state})"
-    dest = ctx.out_dir / "logs" / f"{side.label}.drill.jsonl"
+    if st.size > MAX_OP_TRACE:
+        return f"the {side.role}'s op trace is {st.size} bytes (more than {MAX_OP_TRACE})"
     with open(dest, "wb") as fh:
         await binding.transport.download_to(out, fh, 0, limit=st.size)
     return None
+
+
+async def _stop(ctx: RunContext, side: Side, request: LaunchRequest) -> None:
+    """A pass that did not end in time is stopped: nothing runs on unattended."""
+    from remotemac.engine.agentanswers import StopAnswer
+
+    stop = {"run_dir": request.run_dir, "device": request.device, "session": request.session}
+    try:
+        await ctx.host_for(side).agent.ask(Op.STOP, stop, StopAnswer)
+    except RemotemacError as exc:
+        warn(ctx, f"the {side.role}'s drill pass could not be stopped: {exc.line()}")
 
 
 async def _wait(ctx: RunContext, side: Side, request: LaunchRequest) -> str:
@@ -147,17 +167,22 @@ async def _wait(ctx: RunContext, side: Side, request: LaunchRequest) -> str:
 
 
 async def _copy_between(ctx: RunContext, src: Side, remote: str, dst: Side, to: str) -> str:
-    """The reference's saved input, from its host to the target's, through the laptop
-    (a temporary file removed at once: it holds the model's activations)."""
-    fd, local = tempfile.mkstemp(prefix="remotemac-drill-", suffix=".pt")
+    """The reference's saved input, from its host to the target's, through the laptop:
+    bytes only (never loaded here), staged under ``--out`` (nothing is written outside
+    it) and removed at once: it holds the model's activations."""
+    st = await ctx.host_for(src).transport.stat(remote)
+    if st is None or st.kind != "file":
+        raise HostError(f"the reference's drill input {remote} is not a file")
+    cap = ctx.playbook.outputs.max_bytes
+    if st.size > cap:
+        raise HostError(f"the reference's drill input is {st.size} bytes (outputs.max_bytes)")
+    local = ctx.out_dir / ".drill-input.part"
     try:
-        with os.fdopen(fd, "wb") as fh:
-            st = await ctx.host_for(src).transport.stat(remote)
-            size = st.size if st is not None else 0
-            await ctx.host_for(src).transport.download_to(remote, fh, 0, limit=size)
-        await ctx.host_for(dst).transport.put(local, to)
+        with open(local, "wb") as fh:
+            await ctx.host_for(src).transport.download_to(remote, fh, 0, limit=st.size)
+        await ctx.host_for(dst).transport.put(str(local), to)
     finally:
-        os.unlink(local)
+        local.unlink(missing_ok=True)
     return to
 
 
