@@ -247,8 +247,9 @@ class Session:
                 with contextlib.suppress(BaseException):
                     await self._late
                 self._late = None
-            for proc in procs:
-                await proc.close()
+            for proc in procs:  # (one that fails to close leaves no other, nor a spare link, open)
+                with contextlib.suppress(Exception):
+                    await proc.close()
             spares, self._spares = self._spares, []
             for spare in spares:
                 with contextlib.suppress(Exception):
