@@ -192,11 +192,17 @@ def _vmrss(pid: int) -> int:
 
 
 def _wait_tree(root: int, want: int, leader: bool = True) -> proctree.TreeSample:
+    """The tree's sample once it holds ``want`` and has settled (two samples 0.2 s apart
+    within 1 MiB): a sum taken while one process still allocates is not the truth read a
+    moment later (CI: 155 MB sampled, 180 MB read just after, the 30 MiB one mid-way)."""
     deadline = time.time() + 60
+    last = None
     while time.time() < deadline:
         got = proctree.tree_rss(root, session_leader=leader)
-        if got.rss_bytes >= want:
+        settled = last is not None and abs(got.rss_bytes - last.rss_bytes) <= 1 << 20
+        if got.rss_bytes >= want and settled and last is not None and got.pids == last.pids:
             return got
+        last = got
         time.sleep(0.2)
     return got
 
