@@ -265,24 +265,33 @@ class TraceError(ValueError):
 
 def load_trace(path: Path) -> tuple[JsonObject, list[JsonObject]]:
     """The header and the call rows of a trace file; a torn last line is left out."""
-    if path.stat().st_size > MAX_TRACE_BYTES:
-        raise TraceError(f"{path.name}: {path.stat().st_size} bytes, over the cap")
+    return read_jsonl(path, TRACE_SCHEMA, "path", MAX_TRACE_BYTES, TraceError)
+
+
+def read_jsonl(
+    path: Path, schema: str, key: str, cap: int, error: type[ValueError]
+) -> tuple[JsonObject, list[JsonObject]]:
+    """A host-made JSON-lines file (a trace, an op trace): its header, which must name
+    ``schema``, and the rows that are objects with a string ``key``; a torn or foreign
+    line is left out, a file over ``cap`` bytes or with another header raises ``error``."""
+    if path.stat().st_size > cap:
+        raise error(f"{path.name}: {path.stat().st_size} bytes, over the cap")
     lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
     if not lines:
-        raise TraceError(f"{path.name}: empty")
+        raise error(f"{path.name}: empty")
     try:
         header = json.loads(lines[0])
     except ValueError:
-        raise TraceError(f"{path.name}: the first line is not JSON") from None
-    if not isinstance(header, dict) or header.get("schema") != TRACE_SCHEMA:
-        raise TraceError(f"{path.name}: not a {TRACE_SCHEMA} trace")
+        raise error(f"{path.name}: the first line is not JSON") from None
+    if not isinstance(header, dict) or header.get("schema") != schema:
+        raise error(f"{path.name}: not a {schema} {'trace' if key == 'path' else 'op trace'}")
     rows = []
     for line in lines[1:]:
         try:
             row = json.loads(line)
         except ValueError:
             continue
-        if isinstance(row, dict) and isinstance(row.get("path"), str):
+        if isinstance(row, dict) and isinstance(row.get(key), str):
             rows.append(row)
     return header, rows
 

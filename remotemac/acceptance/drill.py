@@ -21,7 +21,6 @@ Plain JSON lines both ways; nothing is unpickled here.
 from __future__ import annotations
 
 import difflib
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +34,7 @@ from remotemac.acceptance.divergence import (
     Summary,
     _errors,
     _finite,
+    read_jsonl,
 )
 from remotemac.acceptance.jsonfields import JsonFields, parse_optional
 from remotemac.agent.protocol import JsonObject
@@ -124,24 +124,8 @@ class DrillError(ValueError):
 
 
 def load_drill(path: Path) -> tuple[JsonObject, list[OpRow]]:
-    if path.stat().st_size > MAX_DRILL_BYTES:
-        raise DrillError(f"{path.name}: {path.stat().st_size} bytes, over the cap")
-    lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
-    try:
-        header = json.loads(lines[0]) if lines else None
-    except ValueError:
-        header = None
-    if not isinstance(header, dict) or header.get("schema") != DRILL_SCHEMA:
-        raise DrillError(f"{path.name}: not a {DRILL_SCHEMA} op trace")
-    rows = []
-    for line in lines[1:]:
-        try:
-            row = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(row, dict) and isinstance(row.get("op"), str):
-            rows.append(OpRow.from_json(row))
-    return header, rows
+    header, rows = read_jsonl(path, DRILL_SCHEMA, "op", MAX_DRILL_BYTES, DrillError)
+    return header, [OpRow.from_json(row) for row in rows]
 
 
 def _growth(out_rel: float, in_rel: float) -> float:
