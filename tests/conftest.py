@@ -48,11 +48,24 @@ LINES_PROJECT = REPO / "tests" / "fixtures" / "projects" / "lines"
 
 
 @pytest.fixture
-def rm_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+def rm_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """The laptop's REMOTEMAC_HOME, and a tmux server of the test's own.
+
+    The host ``local`` is this machine and this user: without a ``TMUX_TMPDIR`` of its
+    own, every such test shares one tmux server with the tests of the other xdist
+    worker. A server keeps the argv of the client that started it, so it may name one
+    test's run dir; another test's jobs live in it. (CI once saw a test's teardown kill
+    that server and with it the other worker's job: ``job-lost``.)
+    """
     home = tmp_path / "rmhome"
     home.mkdir()
     monkeypatch.setenv("REMOTEMAC_HOME", str(home))
-    return home
+    tmux_dir = tmp_path / "tmux"
+    tmux_dir.mkdir(mode=0o700)
+    monkeypatch.setenv("TMUX_TMPDIR", str(tmux_dir))
+    yield home
+    env = {**os.environ, "TMUX_TMPDIR": str(tmux_dir)}
+    subprocess.run(["tmux", "kill-server"], env=env, capture_output=True, check=False)
 
 
 @pytest.fixture

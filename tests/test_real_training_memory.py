@@ -107,7 +107,10 @@ def test_the_same_short_job_ten_times_gets_one_verdict(make_playbook, rm_home, t
         record = _run(pb, tmp_path / f"out{i}")
         verdicts.append(record["verdict"])
         mem = record["observations"]["memory"]
-        trends.append((mem["trend"], mem["samples_used"], mem["window_s"], mem["reason"]))
+        trends.append(
+            (mem.get("trend"), mem.get("samples_used"), mem.get("window_s"), mem.get("reason"))
+            + tuple(c["code"] for c in record["stopping_conditions"])
+        )
         # the same checkpoint every time: the results are not what varies
         (f,) = record["observations"]["results"]["files"]
         assert f["ok"] is True, f

@@ -28,15 +28,20 @@ DAEMON = (
 
 
 def naming(path: Path) -> list[int]:
-    """Live (not zombie) processes whose command line names ``path``."""
+    """Live (not zombie) processes whose command line names ``path``, but a tmux server:
+    it keeps the argv of the client that started it (``tmux new-session … runner.py
+    <run dir>``), and it is the home of every job, never a daemon of the job's."""
     found = []
     for name in os.listdir("/proc"):
         if not name.isdigit() or int(name) == os.getpid():
             continue
         try:
-            argv = Path(f"/proc/{name}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            raw = Path(f"/proc/{name}/cmdline").read_bytes()
             state = Path(f"/proc/{name}/stat").read_text().rsplit(")", 1)[1].split()[0]
         except OSError:
+            continue
+        argv = raw.replace(b"\0", b" ").decode()
+        if Path(raw.split(b"\0")[0].decode()).name.startswith("tmux"):
             continue
         if str(path) in argv and state not in ("Z", "X") and " -m pytest" not in argv:
             found.append(int(name))
