@@ -199,10 +199,31 @@ SSHD_FIXTURES = frozenset(
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark the tests that start a real sshd, by the fixtures they use (e2e and slow are
-    declared on the tests themselves), so ``-m`` can select the fast ones."""
+    declared on the tests themselves), so ``-m`` can select the fast ones; then put the
+    heaviest files first (see :func:`cost_estimate`)."""
     for item in items:
         if set(getattr(item, "fixturenames", ())) & SSHD_FIXTURES:
             item.add_marker(pytest.mark.sshd)
+    weights: dict[str, float] = {}
+    for item in items:
+        weights[str(item.path)] = weights.get(str(item.path), 0.0) + cost_estimate(item)
+    order = {id(item): i for i, item in enumerate(items)}
+    items.sort(key=lambda it: (-weights[str(it.path)], order[id(it)]))
+
+
+def cost_estimate(item: pytest.Item) -> float:
+    """A rough cost of one test, from what it declares: scripts/test hands pytest-xdist
+    whole files in collection order (``--dist loadfile --no-loadscope-reorder``), so the
+    long files must start first or the last one runs alone on one core while the other
+    worker idles. (xdist's own reorder puts the files with the most tests first: the
+    many-test unit files, and a 4-test file whose one test takes 3 minutes last: CI saw
+    it end the run.) A declared timeout beyond the default says how long it may run."""
+    names = {m.name for m in item.iter_markers()}
+    weight = 0.1 + 10 * ("e2e" in names) + 5 * ("sshd" in names) + 3 * ("slow" in names)
+    timeout = item.get_closest_marker("timeout")
+    if timeout is not None and timeout.args and float(timeout.args[0]) > 600:
+        weight += float(timeout.args[0]) / 20
+    return weight
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
