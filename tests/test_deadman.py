@@ -41,9 +41,11 @@ def test_sleeper_fires_after_the_laptop_is_gone(tmp_path: Path, sshd_factory, ss
         lines=200,
         seconds=90,
         wipe="manual",
-        # launch comes ~2.5 s after the dead-man is scheduled (before the sync); 12 s leaves
-        # the laptop time to go first even on a loaded machine (asserted below)
-        wipe_deadline="12s",
+        # launch comes ~2.5 s after the dead-man is scheduled (before the sync) on an idle
+        # machine; at load 8 it came past 12 s and the sleeper wiped the run before its
+        # launch ("the run never reached launch"): 30 s leaves the laptop time to go first
+        # (asserted below)
+        wipe_deadline="30s",
     )
     orchestrator = subprocess.Popen(
         [
