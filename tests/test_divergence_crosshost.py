@@ -267,11 +267,13 @@ def test_a_copy_the_target_disk_refuses_is_an_error_and_leaves_nothing_there(
 
 
 def test_a_copy_is_whole_and_checked_against_the_references_sha256(sshd_factory, ssh_env, tmp_path):
-    """The copy lands byte for byte; bytes that are not the ones the reference's op
-    trace names are refused before anything reaches the target."""
+    """The copy lands byte for byte, under a run directory whose name a shell would
+    split or expand (the rename is a command on the host: its paths are quoted); bytes
+    that are not the ones the reference's op trace names are refused before anything
+    reaches the target."""
     ref_host, tgt_host = sshd_factory(), sshd_factory()
     remote, digest = _saved_input(ref_host, 3 << 20)
-    dest = tgt_host.host_dir("tgt-run") / "drill-input.pt"
+    dest = tgt_host.host_dir("tgt run's $HOME;*") / "drill-input.pt"
 
     def ctx() -> _Ctx:
         out = tmp_path / "out"
