@@ -267,13 +267,15 @@ def _op(i, op, module, out, inp, in_bad=0):
             "in_bad": in_bad}  # fmt: skip
 
 
-def _drill_files(tmp_path, ref_ops, tgt_ops, at=("m", 0, 0)):
+def _drill_files(tmp_path, ref_ops, tgt_ops, at=("m", 0, 0), sha=(None, None)):
     import json
 
     paths = []
-    for label, ops in (("cpu", ref_ops), ("cpu-target", tgt_ops)):
+    for label, ops, digest in (("cpu", ref_ops, sha[0]), ("cpu-target", tgt_ops, sha[1])):
         head = {"schema": "remotemac.drill/1", "path": at[0], "call": at[1], "step": at[2],
                 "cls": "M", "reached": True, "error": None}  # fmt: skip
+        if digest is not None:
+            head["input_sha256"] = digest
         path = tmp_path / f"{label}.drill.jsonl"
         path.write_text("\n".join(json.dumps(x) for x in [head, *ops]) + "\n")
         paths.append(path)
@@ -299,6 +301,24 @@ def test_the_drill_names_the_first_matched_op_that_grew_the_error(tmp_path):
     assert drill.only_target == ["aten::_to_copy in m"] and drill.only_reference == []
     # within a looser tolerance: nothing named
     assert drill_for(*_drill_files(tmp_path, ref, tgt), (1e-2, 0.0)).first is None
+
+
+def test_a_target_that_loaded_other_bytes_than_the_reference_saved_is_no_drill(tmp_path):
+    """The input crosses hosts through the laptop: the target's pass on other bytes than
+    the reference saved (a bad copy) would name ops that are not its arithmetic."""
+    from remotemac.acceptance.drill import drill_for
+
+    ref = [_op(0, "aten::mul", "m", [1.0, 2.0], [1.0, 2.0])]
+    tgt = [_op(0, "aten::mul", "m", [1.0, 2.5], [1.0, 2.5])]
+    same = drill_for(*_drill_files(tmp_path, ref, tgt, sha=("ab" * 32, "ab" * 32)))
+    assert same is not None and same.ran and same.input_sha256 == "ab" * 32
+    other = drill_for(*_drill_files(tmp_path, ref, tgt, sha=("ab" * 32, "cd" * 32)))
+    assert other is not None and not other.ran and other.first is None
+    assert other.detail == (
+        "the target's input (sha256 cdcdcdcdcdcd) is not the one the reference saved "
+        "(sha256 abababababab)"
+    )
+    assert other.to_json()["input_sha256"] is None
 
 
 def test_op_traces_of_another_call_are_not_taken_for_this_runs(tmp_path):

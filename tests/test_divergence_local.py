@@ -105,6 +105,8 @@ def test_a_perturbed_mlp_is_named_as_the_first_divergence_not_the_layers_after(t
     assert (drill["path"], drill["call"], drill["step"]) == (PERTURBED, 0, 0)
     assert (drill["first"]["op"], drill["first"]["module"]) == ("aten::mul", PERTURBED)
     assert drill["nan"] is None and drill["ops"]["reference"] >= 5
+    # the target loaded the very file the reference saved (one host: no copy)
+    assert isinstance(drill["input_sha256"], str) and len(drill["input_sha256"]) == 64
     assert f"- first differing op: `aten::mul` in `{PERTURBED}`" in md
     # the traces, the op traces and the saved input hold the data: gone with the wipe
     host = tmp_path / "host-root-e3"

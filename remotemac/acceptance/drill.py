@@ -79,6 +79,9 @@ class OpDrill(JsonFields):
     nan: OpSite | None = None
     only_reference: list[str] = field(default_factory=list)
     only_target: list[str] = field(default_factory=list)
+    #: the sha256 of the reference's saved input, the one the target loaded (the file
+    #: crosses hosts through the laptop when the sides are on two)
+    input_sha256: str | None = None
 
     JSON_PARSE = {
         "first": parse_optional(OpSite.from_json),
@@ -181,6 +184,17 @@ def compare_drills(
         drill.ran = False
         drill.detail = "; ".join(errors) or "the drill pass did not reach the call"
         return drill
+    saved, loaded = ref_header.get("input_sha256"), tgt_header.get("input_sha256")
+    if saved != loaded:
+        # the target ran on other bytes than the reference saved (a copy that went
+        # wrong): every op could differ, and none of it would be the target's arithmetic
+        drill.ran = False
+        drill.detail = (
+            f"the target's input (sha256 {str(loaded)[:12]}) is not the one the reference "
+            f"saved (sha256 {str(saved)[:12]})"
+        )
+        return drill
+    drill.input_sha256 = saved if isinstance(saved, str) else None
     matcher = difflib.SequenceMatcher(
         None, [(r.op, r.module) for r in ref_rows], [(r.op, r.module) for r in tgt_rows], False
     )

@@ -27,7 +27,9 @@ Standard library only, Python 3.9; torch is the workload's own, handed in.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import importlib.util
+import io
 import json
 import os
 import sys
@@ -71,6 +73,14 @@ def _tensors(obj: Any, torch: Any) -> list[Any]:
     found: list[Any] = []
     _map_tensors(obj, torch, lambda t: found.append(t) or t)
     return found
+
+
+def _sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def _bad(tensors: list[Any], torch: Any) -> int:
@@ -184,7 +194,7 @@ def start(torch: Any, spec: dict[str, Any], device: str) -> Any:
             }
             rows: list[Any] = []
             try:
-                run_args, run_kwargs, state = self._inputs(module, args, kwargs)
+                run_args, run_kwargs, state = self._inputs(module, args, kwargs, header)
             except Exception as exc:  # noqa: BLE001 - said in the op trace, not raised
                 header["error"] = "input: %s: %s" % (type(exc).__name__, exc)
                 return header, rows
@@ -215,9 +225,14 @@ def start(torch: Any, spec: dict[str, Any], device: str) -> Any:
             header["truncated"] = len(rows) >= MAX_OPS
             return header, rows
 
-        def _inputs(self, module: Any, args: Any, kwargs: Any) -> tuple[Any, Any, Any]:
+        def _inputs(
+            self, module: Any, args: Any, kwargs: Any, header: dict[str, Any]
+        ) -> tuple[Any, Any, Any]:
             """The call's arguments and the module's weights: the side's own (detached;
-            the reference saves them) or the reference's, loaded without unpickling."""
+            the reference saves them) or the reference's, loaded without unpickling.
+            The header's ``input_sha256`` is the file's as saved, or as loaded: the
+            laptop checks the target ran on the reference's very bytes (the file may
+            have crossed from another host)."""
             own = dict(module.named_parameters())
             own.update(dict(module.named_buffers()))
             arg_tensors = _tensors((args, kwargs), torch)
@@ -230,6 +245,7 @@ def start(torch: Any, spec: dict[str, Any], device: str) -> Any:
                     blob.update({"state." + k: v.detach().cpu().clone() for k, v in own.items()})
                     os.makedirs(os.path.dirname(str(spec["save"])) or ".", exist_ok=True)
                     torch.save(blob, str(spec["save"]))
+                    header["input_sha256"] = _sha256(str(spec["save"]))
                 detach = lambda t: t.detach()  # noqa: E731
                 state = {k: v.detach() for k, v in own.items()}
                 return (
@@ -237,7 +253,11 @@ def start(torch: Any, spec: dict[str, Any], device: str) -> Any:
                     _map_tensors(kwargs, torch, detach),
                     state,
                 )
-            blob = torch.load(str(saved), map_location="cpu", weights_only=True)
+            with open(str(saved), "rb") as fh:
+                data = fh.read()
+            header["input_sha256"] = hashlib.sha256(data).hexdigest()
+            blob = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+            del data
             count = len([k for k in blob if k.startswith("arg.")])
             if count != len(arg_tensors):
                 raise ValueError(

@@ -16,14 +16,19 @@ A drill that cannot run is a warning, never a failed run: the record then says s
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
+import hashlib
+import secrets
 import time
+from pathlib import Path
 
 from remotemac.agent.protocol import FINAL_STATES, JsonObject, LaunchRequest, Op, StatusRequest
 from remotemac.engine.context import RunContext, Side
 from remotemac.errors import HostError, RemotemacError
 from remotemac.events import Warning
 from remotemac.phases import Phase
+from remotemac.transport.base import Transport
 
 #: the label suffix of a drill pass's job (its status, log and observation files)
 SUFFIX = ".drill"
@@ -33,6 +38,9 @@ POLL_S = 1.0
 DEFAULT_TIMEOUT_S = 3600.0
 #: the most an op trace may be (a summary line per aten op of one module call)
 MAX_OP_TRACE = 256 << 20
+#: how long a failed copy waits to remove its half-copied file from the target's host
+#: (a link that is gone leaves it to the run's wipe: it is under the run's directory)
+REMOVE_S = 15.0
 
 
 async def drill_down(ctx: RunContext) -> None:
@@ -87,8 +95,21 @@ async def drill_passes(ctx: RunContext, at: JsonObject) -> str | None:
     if why is not None:
         return why
     if tgt.host_key != ref.host_key:
-        saved = await _copy_between(ctx, ref, saved, tgt, drill_input(tgt_dir))
+        expect = _saved_sha256(ctx, ref)
+        saved = await _copy_between(ctx, ref, saved, tgt, drill_input(tgt_dir), expect)
     return await _one(ctx, tgt, {**at, "input": saved})
+
+
+def _saved_sha256(ctx: RunContext, side: Side) -> str | None:
+    """The sha256 of the input the reference's pass saved, from its pulled op trace."""
+    from remotemac.acceptance.drill import DrillError, load_drill
+
+    try:
+        header, _ = load_drill(ctx.out_dir / "logs" / f"{side.label}.drill.jsonl")
+    except (OSError, DrillError):
+        return None
+    digest = header.get("input_sha256")
+    return digest if isinstance(digest, str) else None
 
 
 async def _one(ctx: RunContext, side: Side, spec: JsonObject) -> str | None:
@@ -166,24 +187,73 @@ async def _wait(ctx: RunContext, side: Side, request: LaunchRequest) -> str:
         await asyncio.sleep(POLL_S)
 
 
-async def _copy_between(ctx: RunContext, src: Side, remote: str, dst: Side, to: str) -> str:
+async def _copy_between(
+    ctx: RunContext, src: Side, remote: str, dst: Side, to: str, expect: str | None = None
+) -> str:
     """The reference's saved input, from its host to the target's, through the laptop:
     bytes only (never loaded here), staged under ``--out`` (nothing is written outside
-    it) and removed at once: it holds the model's activations."""
-    st = await ctx.host_for(src).transport.stat(remote)
+    it) and removed at once: it holds the model's activations.
+
+    Checked on the way (a drill on other bytes than the reference's would name ops that
+    are not the target's doing): the staged file has the size the reference's host
+    listed and, when the reference's op trace gave one, its ``input_sha256``. On the
+    target's host it lands under a temporary name, renamed once whole, so a copy cut
+    half way (the link, a full disk) never leaves a file the target's pass would load;
+    the temporary file is removed then (or, the link gone, by the run's wipe: it is
+    under the run's directory)."""
+    source, target = ctx.host_for(src).transport, ctx.host_for(dst).transport
+    st = await source.stat(remote)
     if st is None or st.kind != "file":
         raise HostError(f"the reference's drill input {remote} is not a file")
     cap = ctx.playbook.outputs.max_bytes
     if st.size > cap:
         raise HostError(f"the reference's drill input is {st.size} bytes (outputs.max_bytes)")
     local = ctx.out_dir / ".drill-input.part"
+    part = f"{to}.part-{secrets.token_hex(4)}"
     try:
         with open(local, "wb") as fh:
-            await ctx.host_for(src).transport.download_to(remote, fh, 0, limit=st.size)
-        await ctx.host_for(dst).transport.put(str(local), to)
+            await source.download_to(remote, fh, 0, limit=st.size)
+        got, digest = await asyncio.to_thread(_size_and_sha256, local)
+        if got != st.size:
+            raise HostError(
+                f"the reference's drill input came {got} bytes of {st.size} to the laptop"
+            )
+        if expect is not None and digest != expect:
+            raise HostError(
+                f"the reference's drill input came with sha256 {digest[:12]}, "
+                f"not the {expect[:12]} its op trace names"
+            )
+        try:
+            await target.put(str(local), part)
+            landed = await target.stat(part)
+            if landed is None or landed.size != st.size:
+                size = None if landed is None else landed.size
+                raise HostError(
+                    f"the reference's drill input landed as {size} bytes of {st.size} "
+                    f"on the {dst.role}'s host"
+                )
+            await target.exec(["mv", "-f", part, to], check=True)
+        except BaseException:
+            await _remove(target, part)
+            raise
     finally:
         local.unlink(missing_ok=True)
     return to
+
+
+def _size_and_sha256(path: Path) -> tuple[int, str]:
+    digest, size = hashlib.sha256(), 0
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+            size += len(chunk)
+    return size, digest.hexdigest()
+
+
+async def _remove(transport: Transport, path: str) -> None:
+    """A half-copied input off the host, if the link lets it soon (else the wipe)."""
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(transport.exec(["rm", "-f", "--", path]), REMOVE_S)
 
 
 def warn(ctx: RunContext, why: str) -> None:
