@@ -287,7 +287,8 @@ class Receiver(PartialTransfers, SplitPieces, Finish):
 
         The job never sees a partial file. An encrypted file below RESUMABLE bytes is
         read and decrypted in memory here, then stored, hashed, checked and renamed
-        into place on the write-behind thread while the next one is read. A larger one
+        into place on the write-behind thread, in groups (:meth:`hand_over`), while
+        the next ones are read. A larger one
         streams (its plaintext written and hashed on that thread) and arrives under
         ``.remotemac-partial/``, where it stays when the link is cut (see
         :meth:`partials`); ``resume`` continues such a one (the frame carries chunks
