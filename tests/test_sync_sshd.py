@@ -12,6 +12,7 @@ import asyncio
 import collections
 import glob
 import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -627,6 +628,83 @@ async def test_cut_during_several_streams_resumes_each_big_file(
     assert stats.attempts == 2 and stats.streams == 3, stats  # (the last attempt's: 17 MiB)
     assert stats.resumed_files >= 2 and stats.resumed_bytes >= 10 << 20
     assert answer["mismatches"] == [] and _partials(host) == []
+    for entry in manifest.entries:
+        held = (Path(answer["data_dir"]) / entry.path).read_bytes()
+        assert hashlib.sha256(held).hexdigest() == entry.sha256
+
+
+def _receivers_under(root: Path) -> list[int]:
+    """Pids of the sync receivers (``dataops … sync``) whose agent lives under ``root``."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        script = [a for a in argv if a.endswith(b"/dataops.py")]
+        if script and b"sync" in argv and str(root).encode() in script[0]:
+            pids.append(int(entry))
+    return pids
+
+
+@pytest.mark.asyncio
+async def test_a_receiver_killed_mid_group_loses_no_file_and_resends_none_acked(
+    sshd, fault_proxy, host_factory, tmp_path
+):
+    """The receiver keeps small files read whole and their record lines for a group (up
+    to ~1 MiB, and until the next acks line); SIGKILL there loses them unrecorded and
+    unacknowledged. The sync resumes on its own: every file is verified exactly once
+    (none the laptop saw acknowledged is sent again), the record holds each file once,
+    no part file is left, and every RAM copy hashes as on the laptop."""
+    data = make_slice(tmp_path / "data", small=90, small_size=60_000, big=0)
+    proxy = fault_proxy(sshd)
+    host = await host_factory(sshd, proxy)
+    proxy.throttle(4_000_000)  # ~1.4 s for the slice: the kill lands while files arrive
+    killed: list[int] = []
+    acked_at_kill: list[str] = []
+    stats = SyncStats()
+
+    def on_event(event) -> None:
+        verified = isinstance(event, PhaseProgress) and event.unit == "verified"
+        if verified and not killed and len(stats.acked) >= 20:
+            acked_at_kill.extend(stats.acked)
+            for pid in _receivers_under(host.root):
+                os.kill(pid, 9)
+                killed.append(pid)
+
+    try:
+        manifest, answer, stats = await sync_slice(
+            host.transport,
+            host.agent,
+            root=data,
+            paths=sorted(str(p.relative_to(data)) for p in data.rglob("*") if p.is_file()),
+            run_dir=host.run_dir,
+            run_id=host.run_id,
+            key=os.urandom(32),
+            runtime_dir=host.runtime_dir,
+            emit=on_event,
+            stats=stats,
+        )
+    finally:
+        await host.transport.close()
+    assert killed, "no receiver was killed"
+    assert stats.attempts >= 2 and answer["mismatches"] == []
+    counts = collections.Counter(stats.acked)
+    assert set(counts) == {e.path for e in manifest.entries} and max(counts.values()) == 1
+    assert stats.skipped_files >= len(acked_at_kill) >= 20  # none acked before was resent
+    record = (Path(host.run_dir) / "data" / ".verified.jsonl").read_text().splitlines()
+    assert sorted(json.loads(line)["path"] for line in record) == sorted(
+        e.path for e in manifest.entries
+    )
+    leftovers = [
+        str(p)
+        for d in (Path(host.run_dir) / "data", Path(answer["data_dir"]))
+        for p in d.rglob("*")
+        if ".part-" in p.name
+    ]
+    assert leftovers == []
     for entry in manifest.entries:
         held = (Path(answer["data_dir"]) / entry.path).read_bytes()
         assert hashlib.sha256(held).hexdigest() == entry.sha256

@@ -16,7 +16,7 @@ import json
 import os
 import stat
 import threading
-from typing import BinaryIO, Iterator, List, Optional
+from typing import BinaryIO, Callable, Iterator, List, Optional
 
 from .datarecords import NOFOLLOW, DataError
 from .protocol import JsonObject
@@ -91,10 +91,13 @@ class Lines:
     :meth:`flush_acks` (the write-behind thread's idle step), not one line per file.
     """
 
-    def __init__(self, out: BinaryIO) -> None:
+    def __init__(self, out: BinaryIO, before_acks: Callable[[], None] = lambda: None) -> None:
         self._out = out
         self._lock = threading.Lock()
         self._acks: List[int] = []
+        #: writes the record lines of the files about to be acknowledged (see
+        #: datarecords.Recorder): an ack never reaches the laptop before its record
+        self.before_acks = before_acks
 
     def say(self, obj: JsonObject) -> None:
         with self._lock:
@@ -106,6 +109,7 @@ class Lines:
 
     def flush_acks(self) -> None:
         with self._lock:
+            self.before_acks()
             if self._acks:
                 acks, self._acks = self._acks, []
                 say(self._out, {"acks": acks})
@@ -118,13 +122,46 @@ def read_exact(src: BinaryIO, size: int) -> bytes:
     return data
 
 
+def create_new(path: str) -> int:
+    """An fd of a new file of this session's (a part, a temp name), O_EXCL: whatever
+    has the name goes first, so a hard link or symlink planted at a name one can guess
+    (the pid) is never written through into a file outside remote_root.
+
+    O_EXCL is tried first and the name unlinked only when taken: the unlink of a name
+    that is not there was a syscall per part file (two per small file) for nothing.
+    """
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW
+    try:
+        return os.open(path, flags, 0o600)
+    except FileExistsError:
+        unlink_quietly(path)
+        return os.open(path, flags, 0o600)
+
+
 def open_new(path: str) -> BinaryIO:
-    """A new file of this session's (a part, a temp name): whatever has the name goes
-    first, and O_EXCL, so a hard link or symlink planted at a name one can guess (the
-    pid) is never written through into a file outside remote_root."""
-    unlink_quietly(path)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW, 0o600)
-    return os.fdopen(fd, "wb")
+    """:func:`create_new` as a buffered file."""
+    return os.fdopen(create_new(path), "wb")
+
+
+def write_all(fd: int, pieces: List[bytes]) -> int:
+    """Write ``pieces`` to ``fd`` with as few syscalls as the OS allows (one writev for
+    a small file's pieces, where a buffered file made a write per piece); the bytes."""
+    total = sum(len(p) for p in pieces)
+    left = total
+    views = [memoryview(p) for p in pieces if p]
+    while views:
+        done = os.writev(fd, views[:_IOV_MAX])
+        left -= done
+        while views and done >= len(views[0]):
+            done -= len(views.pop(0))
+        if done:
+            views[0] = views[0][done:]
+    if left:
+        raise OSError("short write")
+    return total
+
+
+_IOV_MAX = 512
 
 
 def unlink_quietly(*paths: str) -> None:

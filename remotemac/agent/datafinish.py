@@ -66,6 +66,8 @@ class Finish:
         mismatches: List[Dict[str, str]] = []
         redecrypted = 0
         wanted = {}
+        if self.recorder is not None:  # this session's last lines (kept for a block)
+            self.recorder.flush()
         # with what the other streams verified
         self._record_end, lines = read_records(self.src, self._record_end, self.records)
         self._record_lines += lines

@@ -187,10 +187,13 @@ def serve(stdin: BinaryIO, stdout: BinaryIO, runtime_dir: Optional[str] = None) 
             receiver.start_check_ram()
             receiver.cipher()
         receiver.recorder, receiver.lines = Recorder(receiver.src), lines
+        lines.before_acks = receiver.recorder.flush  # a file's record before its ack
         behind = WriteBehind(BEHIND_BYTES, idle=lines.flush_acks)
         try:
             return _frames(stdin, receiver, behind, lines)
         finally:
+            with contextlib.suppress(BaseException):  # (an earlier file's failure: raised already)
+                receiver.hand_over(behind)
             behind.close()  # what was read whole is still stored, verified and recorded
             lines.flush_acks()
             receiver.recorder.close()
@@ -212,6 +215,8 @@ def _frames(stdin: BinaryIO, receiver: Receiver, behind: WriteBehind, lines: Lin
     """Read frames until the session ends (the D or E frame); the exit code."""
     while True:
         kind, index, length = FRAME.unpack(read_exact(stdin, FRAME.size))
+        if kind != SyncFrame.FILE:  # the small files read before it are stored first
+            receiver.hand_over(behind)
         if kind == SyncFrame.FILE:
             receiver.receive(stdin, index, length, behind)
         elif kind == SyncFrame.PARTIAL:
