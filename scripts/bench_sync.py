@@ -449,8 +449,7 @@ async def cold_round(
         after = size / (t_rm - bench.connect_s) / args.rate
         of_link = f"{row['link']:.2f}x the link ({after:.2f}x after the connection set-up), "
     print(
-        f"  {link.name:8s} {shape}  remotemac {rate(size, t_rm)} ({of_link}{stats.streams} "
-        f"streams"
+        f"  {link.name:8s} {shape}  remotemac {rate(size, t_rm)} ({of_link}{stats.streams_text()}"
         + (f", {stats.spare_streams} on a second connection" if stats.spare_streams else "")
         + f", rtt {stats.rtt_ms} ms, load {os.getloadavg()[0]:.1f}"
         + (f", {stats.split_files} split into pieces" if stats.split_files else "")
