@@ -61,7 +61,7 @@ def test_a_flat_rate_stops_the_adding_and_goes_back():
     """Both ends on two shared cores: 6 streams carry what 8 do (the CPU holds it):
     the probe to 8 is undone and, for the hold, not tried again."""
     tuner = StreamTuner(start=6, cap=14, rtt=0.08)
-    levels = drive(tuner, window_bound(12 * MB, 60 * MB), 4)
+    levels = drive(tuner, window_bound(12 * MB, 60 * MB), 5)
     assert [n for _, n in tuner.steps] == [6, 8, 6]
     assert tuner.level == 6 and max(levels) == 8
     assert levels[-10:] == [6] * 10
@@ -97,7 +97,9 @@ def test_a_noisy_flat_rate_does_not_make_it_climb():
 
     tuner = StreamTuner(start=6, cap=14, rtt=0.08)
     drive(tuner, flat, 30)
-    assert max(n for _, n in tuner.steps) == 8 and tuner.level == 6
+    counts = [n for _, n in tuner.steps]
+    assert set(counts) == {6, 8} and len(counts) >= 3  # it probed, and again after a hold
+    assert all(after == 6 for before, after in zip(counts, counts[1:], strict=False) if before == 8)
 
 
 def test_after_the_hold_it_probes_again_and_takes_what_the_link_now_gives():
@@ -105,12 +107,12 @@ def test_after_the_hold_it_probes_again_and_takes_what_the_link_now_gives():
     and when the other tenants have gone (the rate now grows), it is kept."""
 
     def busy_then_idle(n: int, t: float) -> float:
-        return min(n * 12 * MB, 60 * MB if t < 3 else 125 * MB)
+        return min(n * 12 * MB, 60 * MB if t < 5 else 125 * MB)
 
     tuner = StreamTuner(start=6, cap=10, rtt=0.08)
     levels = drive(tuner, busy_then_idle, 15)
     counts = [n for _, n in tuner.steps]
-    assert counts[:3] == [6, 8, 6] and tuner.steps[2][0] < 3
+    assert counts[:3] == [6, 8, 6] and tuner.steps[2][0] < 5
     undone_at, again_at = tuner.steps[2][0], tuner.steps[3][0]
     assert counts[3] == 8 and again_at - undone_at >= HOLD_WINDOWS * tuner.window_s
     assert levels[-1] == 10 and counts[-1] == 10

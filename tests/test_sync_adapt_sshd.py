@@ -143,9 +143,7 @@ async def test_a_cut_after_the_count_changed_resumes_every_file_once(
     cutter = asyncio.ensure_future(cut_after_the_drop())
     stats = SyncStats()
     try:
-        manifest, answer, stats = await host.sync(
-            data, os.urandom(32), events=events, stats=stats
-        )
+        manifest, answer, stats = await host.sync(data, os.urandom(32), events=events, stats=stats)
     finally:
         cutter.cancel()
         await host.transport.close()

@@ -19,6 +19,7 @@ synthetic rate series (tests/test_streamtuner.py).
 
 from __future__ import annotations
 
+import collections
 from dataclasses import dataclass, field
 
 #: a level's rate is measured over at least this long, and this many round trips (a
@@ -62,12 +63,14 @@ class StreamTuner:
     base_level: int = 0
     _t0: float | None = None
     _since: float | None = None  # when ``level``'s streams were all running (+ settle)
-    _mark: tuple[float, int] | None = None  # (time, bytes) the measurement starts at
+    #: (time, bytes) samples of the current measurement, the last window_s of them
+    _samples: collections.deque[tuple[float, int]] = field(default_factory=collections.deque)
+    #: a probe's streams are opening: the kept level still runs alone, and its rate over
+    #: the last window before they are up is the one the probe is judged against
+    _extending: bool = False
     _hold_until: float = 0.0
     _done: bool = False
     _last_t: float = 0.0
-    #: (time, bytes) the kept level's measurement began at, while a probe's streams open
-    _extend: tuple[float, int] | None = None
 
     def __post_init__(self) -> None:
         self.cap = max(self.floor, self.cap)
@@ -91,39 +94,46 @@ class StreamTuner:
             self._set(self.cap, self._last_t)
 
     def observe(self, now: float, sent: int, running: int, left: int) -> int:
-        """The streams wanted after this sample: ``sent`` bytes written so far, ``running``
-        streams taking work, ``left`` bytes not yet sent."""
+        """The streams wanted after this sample: ``sent`` bytes the host has taken so far,
+        ``running`` streams taking work, ``left`` bytes not yet sent."""
         if self._t0 is None:
             self._t0 = now
         self._last_t = now
         if self._done:
             return self.level
-        if running != self.level:
-            # opening or retiring: not yet measurable; while a probe's streams open, the
-            # kept level still runs alone, and its measurement goes on until they are up
-            if self._extend is not None and running == self.base_level:
-                began, at = self._extend
-                self.base_rate = (sent - at) / (now - began)
+        if running != self.level:  # opening or retiring: not yet measurable
+            if self._extending and running == self.base_level:
+                rate = self._add(now, sent, min_span=self.window_s / 2)
+                self.base_rate = rate if rate is not None else self.base_rate
             else:
-                self._extend = None
-            self._since, self._mark = None, None
+                self._extending = False
+                self._samples.clear()
+            self._since = None
             return self.level
-        self._extend = None
         if self._since is None:
-            self._since = now + SETTLE_RTTS * self.rtt
+            self._extending = False
+            self._samples.clear()
+            # the first level warms up for a window (the first windows fill, the
+            # readers start); a change settles for a few round trips
+            first = len(self.steps) == 1 and self.base_rate is None
+            self._since = now + (self.window_s if first else SETTLE_RTTS * self.rtt)
         if now < self._since:
             return self.level
-        if self._mark is None:
-            self._mark = (now, sent)
-            return self.level
-        began, at = self._mark
-        if now - began < self.window_s:
-            return self.level
-        rate = (sent - at) / (now - began)
-        self._judge(now, rate, left)
-        if self.level > self.base_level:
-            self._extend = (began, at)
+        rate = self._add(now, sent, min_span=self.window_s)
+        if rate is not None:
+            self._judge(now, rate, left)
         return self.level
+
+    def _add(self, now: float, sent: int, min_span: float) -> float | None:
+        """Add a sample; the rate over the last window, once the samples span ``min_span``."""
+        samples = self._samples
+        samples.append((now, sent))
+        while len(samples) > 2 and now - samples[1][0] >= self.window_s:
+            samples.popleft()
+        began, at = samples[0]
+        if now - began < min_span:
+            return None
+        return (sent - at) / (now - began)
 
     def _judge(self, now: float, rate: float, left: int) -> None:
         if self.base_rate is None or self.level == self.base_level:
@@ -154,15 +164,21 @@ class StreamTuner:
         self._set(more, now)
 
     def _restart(self, now: float) -> None:
-        self._mark = None
+        """Measure the same level again from now (its last sample starts the window)."""
+        last = self._samples[-1] if self._samples else None
+        self._samples.clear()
+        if last is not None:
+            self._samples.append(last)
         self._since = now
 
     def _set(self, level: int, now: float) -> None:
         level = min(max(level, self.floor), self.cap)
         if level != self.level:
+            probe = level > self.level == self.base_level
             self.level = level
             self.steps.append((round(now - (self._t0 or now), 3), level))
-        self._since, self._mark = None, None
+            self._extending = probe
+        self._since = None
 
     def summary(self) -> str:
         """The counts it went through: ``6→8→6``."""

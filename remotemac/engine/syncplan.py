@@ -115,6 +115,10 @@ class SyncStats:
     #: [seconds since the streams started, streams wanted] at every change the
     #: attempt's tuner made (engine/streamtuner.py): "streams 6→8→6"
     stream_steps: list[list[float]] = field(default_factory=list)
+    #: seconds the last attempt's streams carried files (from the first stream taking a
+    #: file to the last one done): the rest of a push is set-up, the host's answers and
+    #: the end (the split files put together and checked)
+    stream_s: float = 0.0
     acked: list[str] = field(default_factory=list)
     #: bytes written into the channel by each attempt (a cut link starts a new one)
     per_attempt: list[int] = field(default_factory=list)

@@ -419,6 +419,7 @@ class Session:
 
         for proc in procs:
             start(proc)
+        began = time.monotonic()
         late, self._late = self._late, None
         try:
             while True:
@@ -450,9 +451,11 @@ class Session:
                 for task in [*(lane.sender for lane in lanes), *ending]:
                     if task.done() and not task.cancelled() and task.exception() is not None:
                         raise task.exception()  # type: ignore[misc]
-                if tuner is not None and late is None and work and not self._halt:
-                    late = self._tune(tuner, lanes, todo_bytes, argv, hello)
+                if tuner is not None and work and not self._halt:
+                    opening = self._tune(tuner, lanes, todo_bytes, argv, hello, late is None)
+                    late = opening or late
             self._record_steps(tuner)
+            self.stats.stream_s = round(time.monotonic() - began, 3)
             sent = [lane.sender.result() for lane in lanes if lane.ended is None]
             self.emit(PhaseProgress(self.run_id, phase="sync", done=self._done, total=todo_bytes))
             active = [lane for lane in lanes if lane.ended is None]
@@ -492,9 +495,11 @@ class Session:
         todo_bytes: int,
         argv: list[str],
         hello: SyncHello,
+        may_open: bool,
     ) -> asyncio.Future[list[tuple[RemoteProcess, bool]]] | None:
         """Feed the tuner a sample; retire streams (the newest first, never the first)
-        or start opening more. Returns the opening, if any."""
+        or start opening more (``may_open``: none is being opened). Returns the opening,
+        if any."""
         live = self._live(lanes)
         left = max(0, todo_bytes - self._done)  # (files a stream holds are not yet sent)
         before = tuner.level
@@ -511,11 +516,11 @@ class Session:
                     detail=f"streams {before}→{target} (kept level measured {rate / 1e6:.1f} MB/s)",
                 )
             )
-        if target < len(live):
+        if target < len(live) and may_open:
             for lane in reversed(live[1:][-(len(live) - target) :]):
                 lane.retired = True
             return None
-        if target > len(live):
+        if target > len(live) and may_open:
             return asyncio.ensure_future(self._grow(argv, hello, lanes, target - len(live)))
         return None
 
