@@ -470,10 +470,11 @@ async def cold_round(
         flush=True,
     )
     if versus is not None:
-        t_fixed, ends_fixed = versus
+        t_fixed, ends_fixed, stream_s = versus
         print(
             f"           fixed {args.versus_streams} streams {rate(size, t_fixed)} "
-            f"({size / t_fixed / args.rate:.2f}x the link); adaptive/fixed "
+            f"({size / t_fixed / args.rate:.2f}x the link, streams ran {stream_s:.2f} s); "
+            f"adaptive/fixed "
             f"{t_fixed / t_rm:.2f}; by end: {ends_fixed}",
             flush=True,
         )
@@ -482,19 +483,19 @@ async def cold_round(
 
 async def fixed_sync(
     bench: Bench, data: Path, paths: list[str], link: Link, tag: str, streams: int
-) -> tuple[float, EndsCPU]:
+) -> tuple[float, EndsCPU, float]:
     """The same cold push with the stream count fixed (``--versus-streams``): seconds and
     each end's CPU, in the same minute as the adaptive one."""
     run_id = f"bench-{tag}"
     ends = bench.ends()
     bench.streams = streams
     try:
-        t_fixed, _ = await bench.sync(data, paths, run_id, link)
+        t_fixed, stats = await bench.sync(data, paths, run_id, link)
     finally:
         bench.streams = None
     fixed_ends = ends.stop()
     bench.drop_run(run_id)
-    return t_fixed, fixed_ends
+    return t_fixed, fixed_ends, stats.stream_s
 
 
 async def resync_figure(bench: Bench, data: Path, paths: list[str], args: Any) -> None:
