@@ -462,8 +462,8 @@ async def cold_round(
         + f", rtt {stats.rtt_ms} ms, streams ran {stats.stream_s:.2f} s"
         + f", load {os.getloadavg()[0]:.1f}"
         + (f", {stats.split_files} split into pieces" if stats.split_files else "")
-        + f")  scp {rate(size, t_scp)}"
-        + (f" (> {cap:.0f} s)" if t_scp is None and cap else " (not run)" if not cap else "")
+        + (f")  scp {rate(size, t_scp)}" if cap else ")  scp not run")
+        + (f" (> {cap:.0f} s)" if t_scp is None and cap else "")
         + f"  rsync {rate(size, t_rsync)}  ratio to the faster {row['ratio']:.2f}; "
         f"CPU of the machine: remotemac {cpu_rm:.2f} s, rsync {cpu_rsync:.2f} s; "
         f"by end: remotemac {ends_rm}, rsync {ends_rsync}",
@@ -654,7 +654,8 @@ async def main() -> int:
                         if args.versus_streams
                         else ""
                     )
-                    + f"scp {rate(args.size, med('scp'))}  rsync {rate(args.size, med('rsync'))}  "
+                    + ("" if args.no_scp else f"scp {rate(args.size, med('scp'))}  ")
+                    + f"rsync {rate(args.size, med('rsync'))}  "
                     + (
                         f"{statistics.median(x['link'] for x in rows):.2f}x the link; "
                         if name == "far"
