@@ -427,7 +427,7 @@ async def cold_round(
     tag: str,
 ) -> dict[str, Any]:
     """One cold sync of a shape over a link, then scp and rsync of the same bytes."""
-    run_id = f"bench-{tag}"
+    run_id = f"bench-{os.getpid()}-{tag}"  # (/dev/shm is shared with other benches)
     versus = None
     if args.versus_streams and int(tag[1:]) % 2:  # odd rounds: the fixed count first
         versus = await fixed_sync(bench, data, paths, link, f"{tag}f", args.versus_streams)
@@ -486,7 +486,7 @@ async def fixed_sync(
 ) -> tuple[float, EndsCPU, float]:
     """The same cold push with the stream count fixed (``--versus-streams``): seconds and
     each end's CPU, in the same minute as the adaptive one."""
-    run_id = f"bench-{tag}"
+    run_id = f"bench-{os.getpid()}-{tag}"  # (/dev/shm is shared with other benches)
     ends = bench.ends()
     bench.streams = streams
     try:

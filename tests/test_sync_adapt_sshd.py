@@ -171,3 +171,28 @@ async def test_the_real_tuner_measures_and_records_its_streams(
     steps = [n for _, n in stats.stream_steps]
     assert steps == [6, 8, 6], stats.stream_steps
     _check_all_held(host, manifest, answer, stats)
+
+
+@pytest.mark.asyncio
+async def test_large_files_split_across_streams_retired_and_opened_again(
+    sshd, fault_proxy, host_factory, tmp_path, monkeypatch
+):
+    """Five 40 MiB files go as 8 MiB pieces; the (scripted) tuner goes 6 → 8 → 6 → 8:
+    the pieces of one file land through streams retired and streams opened after them,
+    on both connections, and each file is put together and verified once."""
+    monkeypatch.setattr(synctalk, "StreamTuner", scripted([8, 6, 8]))
+    data = tmp_path / "data"
+    (data / "big").mkdir(parents=True)
+    for i in range(5):
+        (data / "big" / f"b{i}.bin").write_bytes(os.urandom(40 * MiB + i))
+    proxy = fault_proxy(sshd)
+    host = await host_factory(sshd, proxy)
+    proxy.latency(0.04)
+    proxy.throttle(24_000_000)
+    try:
+        manifest, answer, stats = await host.sync(data, os.urandom(32))
+    finally:
+        await host.transport.close()
+    assert [n for _, n in stats.stream_steps] == [6, 8, 6, 8], stats.stream_steps
+    assert stats.split_files == 5
+    _check_all_held(host, manifest, answer, stats)
