@@ -448,7 +448,8 @@ class Session:
                     timeout=TUNE_EVERY_S if tuner is not None else None,
                     return_when=asyncio.FIRST_COMPLETED,
                 )
-                for task in [*(lane.sender for lane in lanes), *ending]:
+                checked: list[asyncio.Future[Any]] = [lane.sender for lane in lanes]
+                for task in [*checked, *ending]:
                     if task.done() and not task.cancelled() and task.exception() is not None:
                         raise task.exception()  # type: ignore[misc]
                 if tuner is not None and work and not self._halt:
@@ -470,7 +471,7 @@ class Session:
             return await self._final(lanes[0].reader, lanes[0].queue)
         finally:
             self._split_files.drop()
-            pending = [
+            pending: list[asyncio.Future[Any]] = [
                 *(lane.sender for lane in lanes),
                 *(lane.reader for lane in lanes),
                 *ending,
@@ -886,19 +887,22 @@ class Session:
         raise HostError(f"{error} (phase sync, at {what})")
 
 
-@dataclass
 class _Lane:
-    """One stream of an attempt: its channel, its receiver's lines, its sender."""
+    """One stream of an attempt: its channel, its receiver's lines, its sender (the
+    reader and the sender are set right after: the sender asks whether it is retired)."""
 
-    proc: RemoteProcess
-    queue: asyncio.Queue[ReceiverLine]
-    spare: bool = False  # on the second connection
-    retired: bool = False  # the tuner dropped it: it takes no new file
-    reader: asyncio.Future[None] = field(default=None)  # type: ignore[assignment]
-    sender: asyncio.Future[bool] = field(default=None)  # type: ignore[assignment]
-    ended: asyncio.Future[None] | None = None  # its end (D frame, last answer, close)
-    closed: bool = False
-    delivered: int | None = 0  # what the host had taken of it when last asked
+    reader: asyncio.Future[None]
+    sender: asyncio.Future[bool]
+
+    def __init__(
+        self, proc: RemoteProcess, queue: asyncio.Queue[ReceiverLine], spare: bool = False
+    ) -> None:
+        self.proc, self.queue = proc, queue
+        self.spare = spare  # on the second connection
+        self.retired = False  # the tuner dropped it: it takes no new file
+        self.ended: asyncio.Future[None] | None = None  # its end (D, last answer, close)
+        self.closed = False
+        self.delivered: int | None = 0  # what the host had taken of it when last asked
 
     def taken(self) -> int | None:
         """Bytes the host has taken from this stream (RemoteProcess.delivered), kept
