@@ -87,7 +87,7 @@ def _ledger_note(ledger_path: Path) -> list[str]:
 async def test_streams_added_past_one_connection_then_retired_lose_no_file(
     sshd, fault_proxy, host_factory, tmp_path, monkeypatch
 ):
-    """80 ms, 24 MB/s, 48 files of ~3 MiB: the push starts at six (one connection), the
+    """80 ms, 16 MB/s, 48 files of ~3 MiB: the push starts at six (one connection), the
     (scripted) tuner asks for nine (three on a second SSH connection), then for four:
     five streams are retired mid-push, each after its last file. Every file is verified
     once; the result, an event and the ledger say ``streams 6→9→4``."""
@@ -98,7 +98,7 @@ async def test_streams_added_past_one_connection_then_retired_lose_no_file(
     ledger_path = tmp_path / "ledger.jsonl"
     host.agent.ledger = Ledger(ledger_path)
     proxy.latency(0.04)
-    proxy.throttle(24_000_000)
+    proxy.throttle(16_000_000)
     logins = proxy.accepted
     events: list = []
     try:
@@ -128,7 +128,7 @@ async def test_a_cut_after_the_count_changed_resumes_every_file_once(
     proxy = fault_proxy(sshd)
     host = await host_factory(sshd, proxy)
     proxy.latency(0.04)
-    proxy.throttle(16_000_000)
+    proxy.throttle(12_000_000)
     events: list = []
 
     async def cut_after_the_drop() -> None:

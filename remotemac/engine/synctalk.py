@@ -362,7 +362,10 @@ class Session:
             self.stats.rtt_ms = round(rtt * 1000, 2)
             window = choose_streams(rtt, rest_bytes, jobs)
             wanted = min(window, LINK_STREAMS)
-            cap = probe_cap(window, choose_streams(rtt, rest_bytes, jobs, target_rate=1e15))
+            # a near link (one window carries it) is not tuned: there the CPU decides
+            cap = wanted
+            if window > 1:
+                cap = probe_cap(window, choose_streams(rtt, rest_bytes, jobs, target_rate=1e15))
             if cap > wanted:
                 self._tuner = StreamTuner(start=wanted, cap=cap, rtt=rtt)
         else:
