@@ -427,20 +427,28 @@ async def cold_round(
     tag: str,
 ) -> dict[str, Any]:
     """One cold sync of a shape over a link, then scp and rsync of the same bytes."""
-    run_id = f"bench-{tag}"
+    run_id = f"bench-{os.getpid()}-{tag}"  # (/dev/shm is shared with other benches)
+    versus = None
+    if args.versus_streams and int(tag[1:]) % 2:  # odd rounds: the fixed count first
+        versus = await fixed_sync(bench, data, paths, link, f"{tag}f", args.versus_streams)
     cpu, ends = machine_cpu_s(), bench.ends()
     t_rm, stats = await bench.sync(data, paths, run_id, link)
     cpu_rm, ends_rm = machine_cpu_s() - cpu, ends.stop()
     bench.drop_run(run_id)
+    if args.versus_streams and versus is None:
+        versus = await fixed_sync(bench, data, paths, link, f"{tag}f", args.versus_streams)
     cpu, ends = machine_cpu_s(), bench.ends()
     t_rsync = bench.copy("rsync", data, link, None)
     cpu_rsync, ends_rsync = machine_cpu_s() - cpu, ends.stop()
     # scp of thousands of files over a far link waits a round trip per file: stop it
     # once it is clearly the slower tool (its time is then only a lower bound)
     cap = max(args.scp_cap * min(t_rm, t_rsync or t_rm), 20.0)
-    t_scp = bench.copy("scp", data, link, cap)
+    t_scp = None if args.no_scp else bench.copy("scp", data, link, cap)
+    if args.no_scp:
+        cap = 0.0
     faster = min(t for t in (t_scp, t_rsync) if t is not None)
     row = {"rm": t_rm, "scp": t_scp, "rsync": t_rsync, "ratio": faster / t_rm}
+    row["fixed"] = versus[0] if versus else None
     row.update(cpu_rm=cpu_rm, cpu_rsync=cpu_rsync)
     row.update(ends_rm=ends_rm.ends, ends_rsync=ends_rsync.ends)
     of_link = ""
@@ -449,19 +457,45 @@ async def cold_round(
         after = size / (t_rm - bench.connect_s) / args.rate
         of_link = f"{row['link']:.2f}x the link ({after:.2f}x after the connection set-up), "
     print(
-        f"  {link.name:8s} {shape}  remotemac {rate(size, t_rm)} ({of_link}{stats.streams} "
-        f"streams"
+        f"  {link.name:8s} {shape}  remotemac {rate(size, t_rm)} ({of_link}{stats.streams_text()}"
         + (f", {stats.spare_streams} on a second connection" if stats.spare_streams else "")
-        + f", rtt {stats.rtt_ms} ms, load {os.getloadavg()[0]:.1f}"
+        + f", rtt {stats.rtt_ms} ms, streams ran {stats.stream_s:.2f} s"
+        + f", load {os.getloadavg()[0]:.1f}"
         + (f", {stats.split_files} split into pieces" if stats.split_files else "")
-        + f")  scp {rate(size, t_scp)}"
-        + (f" (> {cap:.0f} s)" if t_scp is None else "")
+        + (f")  scp {rate(size, t_scp)}" if cap else ")  scp not run")
+        + (f" (> {cap:.0f} s)" if t_scp is None and cap else "")
         + f"  rsync {rate(size, t_rsync)}  ratio to the faster {row['ratio']:.2f}; "
         f"CPU of the machine: remotemac {cpu_rm:.2f} s, rsync {cpu_rsync:.2f} s; "
         f"by end: remotemac {ends_rm}, rsync {ends_rsync}",
         flush=True,
     )
+    if versus is not None:
+        t_fixed, ends_fixed, stream_s = versus
+        print(
+            f"           fixed {args.versus_streams} streams {rate(size, t_fixed)} "
+            f"({size / t_fixed / args.rate:.2f}x the link, streams ran {stream_s:.2f} s); "
+            f"adaptive/fixed "
+            f"{t_fixed / t_rm:.2f}; by end: {ends_fixed}",
+            flush=True,
+        )
     return row
+
+
+async def fixed_sync(
+    bench: Bench, data: Path, paths: list[str], link: Link, tag: str, streams: int
+) -> tuple[float, EndsCPU, float]:
+    """The same cold push with the stream count fixed (``--versus-streams``): seconds and
+    each end's CPU, in the same minute as the adaptive one."""
+    run_id = f"bench-{os.getpid()}-{tag}"  # (/dev/shm is shared with other benches)
+    ends = bench.ends()
+    bench.streams = streams
+    try:
+        t_fixed, stats = await bench.sync(data, paths, run_id, link)
+    finally:
+        bench.streams = None
+    fixed_ends = ends.stop()
+    bench.drop_run(run_id)
+    return t_fixed, fixed_ends, stats.stream_s
 
 
 async def resync_figure(bench: Bench, data: Path, paths: list[str], args: Any) -> None:
@@ -547,6 +581,13 @@ async def main() -> int:
         "--streams", type=int, default=None, help="force remotemac's channels (by the RTT)"
     )
     parser.add_argument(
+        "--versus-streams",
+        type=int,
+        default=None,
+        help="also push with this many streams fixed, alternating first and second",
+    )
+    parser.add_argument("--no-scp", action="store_true", help="leave scp out (rsync only)")
+    parser.add_argument(
         "--pin", action="store_true", help="laptop side on core 0, sshd and its children on 1"
     )
     parser.add_argument("--changed", type=float, default=0.01, help="re-sync: share changed")
@@ -605,7 +646,16 @@ async def main() -> int:
 
                 print(
                     f"  {name:8s} {s}  remotemac {rate(args.size, med('rm'))}  "
-                    f"scp {rate(args.size, med('scp'))}  rsync {rate(args.size, med('rsync'))}  "
+                    + (
+                        f"fixed {args.versus_streams} streams {rate(args.size, med('fixed'))} "
+                        f"(adaptive/fixed each: "
+                        + ", ".join(f"{x['fixed'] / x['rm']:.2f}" for x in rows)
+                        + ")  "
+                        if args.versus_streams
+                        else ""
+                    )
+                    + ("" if args.no_scp else f"scp {rate(args.size, med('scp'))}  ")
+                    + f"rsync {rate(args.size, med('rsync'))}  "
                     + (
                         f"{statistics.median(x['link'] for x in rows):.2f}x the link; "
                         if name == "far"

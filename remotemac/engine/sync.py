@@ -122,7 +122,7 @@ async def sync_host(ctx: RunContext, binding: HostBinding, provisioned: Provisio
         selection=[Selected(path=f.path, size=f.size, reason=f.reason) for f in selection.files],
         summary=f"{stats.sent_files} sent, {stats.skipped_files} already on the host"
         + (f", {stats.resumed_files} resumed mid-file" if stats.resumed_files else "")
-        + (f", {stats.streams} streams" if stats.streams > 1 else ""),
+        + (f", {stats.streams_text()}" if stats.streams > 1 else ""),
         runtime=RuntimeUsed.from_json(
             {k: runtime.get(k) for k in ("dir", "reused", "method", "cryptography")}
         )

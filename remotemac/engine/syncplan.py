@@ -67,6 +67,8 @@ AHEAD_BYTES = 8 << 20
 #: (a new or emptied cache misses every file, and the host may hold them all)
 AHEAD_MISS_SHARE = 10
 PROGRESS_EVERY_S = 0.2
+#: how often the stream tuner is fed a sample of the bytes sent (engine/streamtuner.py)
+TUNE_EVERY_S = 0.1
 SHOW_FILES = 200
 #: first pause before a sync attempt that verified nothing more (doubling, at most 2 s)
 RETRY_PAUSE_S = 0.05
@@ -110,9 +112,23 @@ class SyncStats:
     rtt_ms: float | None = None
     #: of those, the channels on a second connection (long fat links: syncplan.py)
     spare_streams: int = 0
+    #: [seconds since the streams started, streams wanted] at every change the
+    #: attempt's tuner made (engine/streamtuner.py): "streams 6→8→6"
+    stream_steps: list[list[float]] = field(default_factory=list)
+    #: seconds the last attempt's streams carried files (from the first stream taking a
+    #: file to the last one done): the rest of a push is set-up, the host's answers and
+    #: the end (the split files put together and checked)
+    stream_s: float = 0.0
     acked: list[str] = field(default_factory=list)
     #: bytes written into the channel by each attempt (a cut link starts a new one)
     per_attempt: list[int] = field(default_factory=list)
+
+    def streams_text(self) -> str:
+        """The streams as a user reads them: ``5 streams``, or adapted ``streams 6→8→6``."""
+        steps = [int(n) for _, n in self.stream_steps]
+        if len(steps) > 1:
+            return "streams " + "→".join(str(n) for n in steps)
+        return f"{self.streams} streams"
 
     def to_dict(self) -> JsonObject:
         """The sync result's ``transfer`` figures (every field but the paths acked)."""

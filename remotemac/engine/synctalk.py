@@ -12,7 +12,7 @@ import contextlib
 import json
 import math
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,6 +22,7 @@ from remotemac.data.manifest import Manifest, ManifestEntry
 from remotemac.engine import syncsplit
 from remotemac.engine.agentclient import AgentClient
 from remotemac.engine.agentship import AGENT_BOOT, agent_argv
+from remotemac.engine.streamtuner import StreamTuner, probe_cap
 from remotemac.engine.syncpieces import Batch, FileDone, next_batch, pack_frame, read_pieces
 from remotemac.engine.syncplan import (
     AHEAD_BYTES,
@@ -34,6 +35,8 @@ from remotemac.engine.syncplan import (
     PROGRESS_EVERY_S,
     QUEUE_BATCHES,
     QUEUE_BATCHES_TOTAL,
+    SPARE_STREAMS,
+    TUNE_EVERY_S,
     Emit,
     Job,
     LocalFile,
@@ -215,9 +218,12 @@ class Session:
         #: an attempt's second connection (streams past one connection's channels) and
         #: its workers being opened while the first connection's streams already send
         self._spares: list[Transport] = []
-        self._late: asyncio.Future[list[RemoteProcess]] | None = None
-        self._queue_batches = QUEUE_BATCHES  # per stream (see QUEUE_BATCHES_TOTAL)
-        self._batch_bytes = BATCH_BYTES
+        self._late: asyncio.Future[list[tuple[RemoteProcess, bool]]] | None = None
+        self._spare_refused = False  # this attempt's second login failed: no more tries
+        #: an attempt's stream count: its tuner (None: fixed), the count it wants now
+        self._tuner: StreamTuner | None = None
+        self._target = 1
+        self._argv: list[str] = []
 
     def manifest(self) -> Manifest:
         if self._manifest is None:
@@ -250,13 +256,13 @@ class Session:
             for proc in procs:  # (one that fails to close leaves no other, nor a spare link, open)
                 with contextlib.suppress(Exception):
                     await proc.close()
-            spares, self._spares = self._spares, []
+            spares, self._spares, self._spare_refused = self._spares, [], False
             for spare in spares:
                 with contextlib.suppress(Exception):
                     await spare.close()
             self.agent.ledger.append(
                 self.transport.name,
-                " ".join(argv) + (f" ×{len(procs)} streams" if len(procs) > 1 else ""),
+                " ".join(argv) + _streams_note(self.stats, len(procs)),
                 code,
                 op="sync-data",
                 seconds=time.monotonic() - started,
@@ -278,6 +284,8 @@ class Session:
 
     async def _talk(self, argv: list[str], procs: list[RemoteProcess]) -> JsonObject:
         main = procs[0]
+        self._argv, self._tuner, self._target = argv, None, 1
+        self.stats.stream_steps = []
         hello = self._hello()
         await main.write(json.dumps(hello.to_json()).encode() + b"\n")
         self.stats.per_attempt.append(0)
@@ -287,7 +295,7 @@ class Session:
         skipped = len(self.files) - len(plan)
         if rest:
             rest = await self._open_streams(argv, hello, rest, procs)
-        self.stats.streams, self.stats.spare_streams = len(procs), 0
+        self.stats.streams, self.stats.spare_streams = 0, 0
         self.emit(
             PhaseProgress(
                 self.run_id,
@@ -296,7 +304,8 @@ class Session:
                 total=todo_bytes,
                 detail=f"{skipped} files already verified on the host; "
                 f"checking or sending {len(plan)}"
-                + (f" over {len(procs)} streams" if len(procs) > 1 else ""),
+                + (f" over {len(procs)} streams" if len(procs) > 1 else "")
+                + (f" (adapting up to {self._tuner.cap})" if self._tuner is not None else ""),
             )
         )
         return await self._stream(procs, rest, ahead_ok, todo_bytes, hello)
@@ -336,26 +345,38 @@ class Session:
     async def _open_streams(
         self, argv: list[str], hello: SyncHello, rest: list[Job], procs: list[RemoteProcess]
     ) -> list[Job]:
-        """Open as many more channels as the link wants; ``rest`` as they will take it."""
+        """Open the streams the push starts with; ``rest`` as they will take it.
+
+        Forced (``streams``), that many for the whole push. Otherwise, on a long round
+        trip, one connection's worth of the window count to start with and a
+        :class:`StreamTuner` that adds streams while the rate grows with them, up to
+        twice the window count (engine/streamtuner.py)."""
         rest_bytes = sum(self.files[j.index].size for j in rest)
         # a large file can go as pieces on several channels: it counts as that many jobs
         jobs = self._split_files.units(self.files, rest)
+        self._tuner = None
         if self.streams is None and choose_streams(1.0, rest_bytes, jobs) == 1:
-            wanted = 1  # one stream even on a 1 s round trip: no ping
+            wanted = cap = 1  # one stream even on a 1 s round trip: no ping
         elif self.streams is None:
             rtt = await self._rtt(procs[0])
             self.stats.rtt_ms = round(rtt * 1000, 2)
-            wanted = choose_streams(rtt, rest_bytes, jobs)
+            window = choose_streams(rtt, rest_bytes, jobs)
+            wanted = min(window, LINK_STREAMS)
+            # a near link (one window carries it) is not tuned: there the CPU decides
+            cap = wanted
+            if window > 1:
+                cap = probe_cap(window, choose_streams(rtt, rest_bytes, jobs, target_rate=1e15))
+            if cap > wanted:
+                self._tuner = StreamTuner(start=wanted, cap=cap, rtt=rtt)
         else:
-            wanted = max(1, min(self.streams, MAX_STREAMS, jobs))
-        self._queue_batches = max(1, min(QUEUE_BATCHES, QUEUE_BATCHES_TOTAL // wanted))
-        self._batch_bytes = BATCH_BYTES if wanted <= LINK_STREAMS else MANY_STREAMS_BATCH_BYTES
+            wanted = cap = max(1, min(self.streams, MAX_STREAMS, jobs))
         first, spare = streams_per_link(wanted)
         if spare:  # its handshake overlaps the first connection's streams
-            self._late = asyncio.ensure_future(self._open_spare(argv, hello, spare))
+            self._late = asyncio.ensure_future(self._spare_lanes(argv, hello, spare))
+        self._target = wanted
         await self._open_workers(argv, hello, first - 1, procs)
-        rest = await self._split(rest, wanted)
-        if wanted > 1:  # largest first, so no channel is left with a big file at the end
+        rest = await self._split(rest, cap)
+        if cap > 1:  # largest first, so no channel is left with a big file at the end
             rest.sort(key=lambda j: -self._job_bytes(j))
         return rest
 
@@ -369,52 +390,95 @@ class Session:
     ) -> JsonObject:
         """Every channel takes files from one queue; then each is ended, the first last.
 
-        The second connection's channels (``_late``) join the queue when they are open;
-        if the queue is empty by then they are not waited for."""
+        Channels being opened (``_late``: a second connection's, or a tuner's probe)
+        join the queue when they are open; if the queue is empty by then they are not
+        waited for. A channel the tuner retires takes no new file, ends once its last
+        one is written (its receiver verifies it and says so) and is closed."""
         # (the agent spoke up during the files sent ahead: its line is read below)
         work = collections.deque(rest if ahead_ok else [])
-        lanes: list[tuple[RemoteProcess, asyncio.Queue[ReceiverLine], asyncio.Future]] = []
-        senders: list[asyncio.Future[bool]] = []
+        lanes: list[_Lane] = []
+        ending: list[asyncio.Future[None]] = []
+        tuner, argv = self._tuner, self._argv
 
-        def start(proc: RemoteProcess) -> None:
-            queue: asyncio.Queue[ReceiverLine] = asyncio.Queue()
-            lanes.append((proc, queue, asyncio.ensure_future(self._read_acks(proc, queue))))
-            senders.append(asyncio.ensure_future(self._send_safely(proc, work, todo_bytes, queue)))
+        def start(proc: RemoteProcess, spare: bool = False) -> None:
+            lane = _Lane(proc, asyncio.Queue(), spare=spare)
+            lane.reader = asyncio.ensure_future(self._read_acks(proc, lane.queue))
+            target = max(self._target, len(lanes) + 1)
+            lane.sender = asyncio.ensure_future(
+                self._send_safely(
+                    proc,
+                    work,
+                    todo_bytes,
+                    lane.queue,
+                    halted=lambda: self._halt or lane.retired,
+                    batches=max(1, min(QUEUE_BATCHES, QUEUE_BATCHES_TOTAL // target)),
+                    batch_bytes=BATCH_BYTES if target <= LINK_STREAMS else MANY_STREAMS_BATCH_BYTES,
+                )
+            )
+            lanes.append(lane)
+            live = sum(not ln.retired for ln in lanes)
+            self.stats.streams = max(self.stats.streams, live)
+            self.stats.spare_streams += spare
 
         for proc in procs:
             start(proc)
+        began = time.monotonic()
         late, self._late = self._late, None
         try:
             while True:
                 if late is not None and late.done():
-                    for proc in late.result():
+                    opened = late.result()
+                    for proc, spare in opened:
                         procs.append(proc)
-                        start(proc)
-                        self.stats.spare_streams += 1
+                        start(proc, spare)
                     late = None
-                waiting: list[asyncio.Future[Any]] = [t for t in senders if not t.done()]
+                    if tuner is not None and len(self._live(lanes)) < tuner.level:
+                        tuner.refused(len(self._live(lanes)))
+                for lane in lanes:  # retired and its last file written: end it
+                    if lane.retired and lane.ended is None and lane.sender.done():
+                        lane.ended = asyncio.ensure_future(self._end_lane(lane))
+                        ending.append(lane.ended)
+                waiting: list[asyncio.Future[Any]] = [
+                    lane.sender for lane in lanes if not lane.sender.done()
+                ]
                 if not waiting:
                     break
                 if late is not None:
                     waiting.append(late)
-                await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
-                for task in senders:
-                    if task.done() and task.exception() is not None:
+                waiting += [task for task in ending if not task.done()]
+                await asyncio.wait(
+                    waiting,
+                    timeout=TUNE_EVERY_S if tuner is not None else None,
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
+                checked: list[asyncio.Future[Any]] = [lane.sender for lane in lanes]
+                for task in [*checked, *ending]:
+                    if task.done() and not task.cancelled() and task.exception() is not None:
                         raise task.exception()  # type: ignore[misc]
-            self.stats.streams = len(lanes)
-            sent = [task.result() for task in senders]
+                if tuner is not None and work and not self._halt:
+                    opening = self._tune(tuner, lanes, todo_bytes, argv, hello, late is None)
+                    late = opening or late
+            self._record_steps(tuner)
+            self.stats.stream_s = round(time.monotonic() - began, 3)
+            sent = [lane.sender.result() for lane in lanes if lane.ended is None]
             self.emit(PhaseProgress(self.run_id, phase="sync", done=self._done, total=todo_bytes))
-            for i in range(1, len(lanes)):
-                if sent[i]:
+            active = [lane for lane in lanes if lane.ended is None]
+            for lane, ok in zip(active[1:], sent[1:], strict=True):
+                if ok:
                     with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-                        await lanes[i][0].write(pack_frame("D", 0, 0))
-            await _all([self._final(reader, queue) for _, queue, reader in lanes[1:]])
+                        await lane.proc.write(pack_frame("D", 0, 0))
+            await _all([self._final(lane.reader, lane.queue) for lane in active[1:]])
+            await _all(list(ending))
             if ahead_ok and all(sent):
                 await self._finish(procs[0], hello)
-            return await self._final(lanes[0][2], lanes[0][1])
+            return await self._final(lanes[0].reader, lanes[0].queue)
         finally:
             self._split_files.drop()
-            pending = [*senders, *(reader for _, _, reader in lanes)]
+            pending: list[asyncio.Future[Any]] = [
+                *(lane.sender for lane in lanes),
+                *(lane.reader for lane in lanes),
+                *ending,
+            ]
             if late is not None:
                 pending.append(late)
             for task in pending:
@@ -422,6 +486,83 @@ class Session:
             for task in pending:
                 with contextlib.suppress(BaseException):
                     await task
+
+    @staticmethod
+    def _live(lanes: list[_Lane]) -> list[_Lane]:
+        """The lanes that take work: not retired, their sender still running."""
+        return [lane for lane in lanes if not lane.retired and not lane.sender.done()]
+
+    def _tune(
+        self,
+        tuner: StreamTuner,
+        lanes: list[_Lane],
+        todo_bytes: int,
+        argv: list[str],
+        hello: SyncHello,
+        may_open: bool,
+    ) -> asyncio.Future[list[tuple[RemoteProcess, bool]]] | None:
+        """Feed the tuner a sample; retire streams (the newest first, never the first)
+        or start opening more (``may_open``: none is being opened). Returns the opening,
+        if any."""
+        live = self._live(lanes)
+        left = max(0, todo_bytes - self._done)  # (files a stream holds are not yet sent)
+        before = tuner.level
+        target = tuner.observe(time.monotonic(), _delivered(lanes, self.stats), len(live), left)
+        self._target = target
+        if target != before:
+            rate = tuner.base_rate or 0.0
+            self.emit(
+                PhaseProgress(
+                    self.run_id,
+                    phase="sync",
+                    done=self._done,
+                    total=None,
+                    detail=f"streams {before}→{target} (kept level measured {rate / 1e6:.1f} MB/s)",
+                )
+            )
+        if target < len(live) and may_open:
+            for lane in reversed(live[1:][-(len(live) - target) :]):
+                lane.retired = True
+            return None
+        if target > len(live) and may_open:
+            return asyncio.ensure_future(self._grow(argv, hello, lanes, target - len(live)))
+        return None
+
+    async def _grow(
+        self, argv: list[str], hello: SyncHello, lanes: list[_Lane], count: int
+    ) -> list[tuple[RemoteProcess, bool]]:
+        """Open ``count`` more receivers: on the sync's own connection while it has
+        channels (LINK_STREAMS, those retired and closed given back), then on a second."""
+        open_here = LINK_STREAMS - sum(not lane.spare and not lane.closed for lane in lanes)
+        here = max(0, min(count, open_here))
+        procs: list[RemoteProcess] = []
+        if here:
+            await self._open_workers(argv, hello, here, procs)
+        out = [(proc, False) for proc in procs]
+        open_there = SPARE_STREAMS - sum(lane.spare and not lane.closed for lane in lanes)
+        there = max(0, min(count - len(out), open_there))
+        if there:
+            out += [(proc, True) for proc in await self._open_spare(argv, hello, there)]
+        return out
+
+    async def _end_lane(self, lane: _Lane) -> None:
+        """A retired stream: its end frame, its receiver's last acks and answer, closed."""
+        if lane.sender.result():
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                await lane.proc.write(pack_frame("D", 0, 0))
+        await self._final(lane.reader, lane.queue)
+        lane.reader.cancel()
+        lane.taken()  # (its last count, kept once it is closed)
+        with contextlib.suppress(Exception):
+            await lane.proc.close()
+        lane.closed = True
+
+    def _record_steps(self, tuner: StreamTuner | None) -> None:
+        """The stream counts this attempt went through, for the result and the ledger."""
+        if tuner is not None:
+            self.stats.stream_steps = [[t, n] for t, n in tuner.steps]
+        else:
+            self.stats.stream_steps = [[0.0, self.stats.streams]]
 
     async def _finish(self, main: RemoteProcess, hello: SyncHello) -> None:
         """Every file is sent: assemble the split ones, then the end frame."""
@@ -480,16 +621,30 @@ class Session:
 
         await _all([one() for _ in range(count)])  # together: each costs round trips
 
+    async def _spare_lanes(
+        self, argv: list[str], hello: SyncHello, count: int
+    ) -> list[tuple[RemoteProcess, bool]]:
+        return [(proc, True) for proc in await self._open_spare(argv, hello, count)]
+
     async def _open_spare(
         self, argv: list[str], hello: SyncHello, count: int
     ) -> list[RemoteProcess]:
-        """Up to ``count`` receivers on a second connection to the host, each past its
-        start answer; none when there is no such link to be had (a host refusing a
-        second login or a channel just means fewer streams)."""
-        spare = self.transport.spare_link()
-        if spare is None:
+        """Up to ``count`` receivers on a second connection to the host (one per attempt,
+        kept for later probes), each past its start answer; none when there is no such
+        link to be had (a host refusing a second login or a channel just means fewer
+        streams)."""
+        if self._spare_refused:
             return []
-        self._spares.append(spare)
+        if self._spares:
+            spare = self._spares[0]
+            connected = True
+        else:
+            made = self.transport.spare_link()
+            if made is None:
+                self._spare_refused = True
+                return []
+            spare, connected = made, False
+            self._spares.append(spare)
         line = json.dumps(hello.to_json(worker=True)).encode() + b"\n"
 
         async def one() -> RemoteProcess:
@@ -503,19 +658,28 @@ class Session:
             return proc
 
         try:
-            await spare.connect()
+            if not connected:
+                await spare.connect()
         except HostKeyError:
             raise  # a changed or unknown key stops the run, on any connection
         except Exception:
+            self._spare_refused = True
             return []  # a host that refuses a second login: the first one's streams do
         opened = await asyncio.gather(*(one() for _ in range(count)), return_exceptions=True)
         return [proc for proc in opened if isinstance(proc, RemoteProcess)]
 
     async def _send_safely(
-        self, proc: RemoteProcess, work: collections.deque, total: int, acks: asyncio.Queue
+        self,
+        proc: RemoteProcess,
+        work: collections.deque,
+        total: int,
+        acks: asyncio.Queue,
+        halted: Callable[[], bool] | None = None,
+        batches: int = QUEUE_BATCHES,
+        batch_bytes: int = BATCH_BYTES,
     ) -> bool:
         try:
-            return await self._send(proc, work, total, acks)
+            return await self._send(proc, work, total, acks, halted, batches, batch_bytes)
         except (BrokenPipeError, ConnectionResetError):
             self._halt = True
             return False  # the agent stopped reading: its last line says why
@@ -526,18 +690,22 @@ class Session:
         work: collections.deque,
         total: int,
         acks: asyncio.Queue,
+        halted: Callable[[], bool] | None = None,
+        batches: int = QUEUE_BATCHES,
+        batch_bytes: int = BATCH_BYTES,
     ) -> bool:
         """Producer (thread: read, hash, seal) → bounded queue → consumer (the channel).
 
         Returns False when the agent spoke up early (an error line is waiting).
+        ``halted``: this stream takes no more files (by default: when the agent spoke).
         """
-        queue: asyncio.Queue[Any] = asyncio.Queue(maxsize=self._queue_batches)
+        queue: asyncio.Queue[Any] = asyncio.Queue(maxsize=batches)
         pieces = read_pieces(
             self.root,
             self.files,
             work,
             self.key,
-            lambda: self._halt,
+            halted or (lambda: self._halt),
             self._split_files.splits,
             self._sealed,
         )
@@ -545,7 +713,7 @@ class Session:
         async def produce() -> None:
             try:
                 while True:
-                    batch = await asyncio.to_thread(next_batch, pieces, self._batch_bytes)
+                    batch = await asyncio.to_thread(next_batch, pieces, batch_bytes)
                     await queue.put(batch if batch.data or batch.done else None)
                     if not (batch.data or batch.done):
                         return
@@ -722,6 +890,40 @@ class Session:
         raise HostError(f"{error} (phase sync, at {what})")
 
 
+class _Lane:
+    """One stream of an attempt: its channel, its receiver's lines, its sender (the
+    reader and the sender are set right after: the sender asks whether it is retired)."""
+
+    reader: asyncio.Future[None]
+    sender: asyncio.Future[bool]
+
+    def __init__(
+        self, proc: RemoteProcess, queue: asyncio.Queue[ReceiverLine], spare: bool = False
+    ) -> None:
+        self.proc, self.queue = proc, queue
+        self.spare = spare  # on the second connection
+        self.retired = False  # the tuner dropped it: it takes no new file
+        self.ended: asyncio.Future[None] | None = None  # its end (D, last answer, close)
+        self.closed = False
+        self.delivered: int | None = 0  # what the host had taken of it when last asked
+
+    def taken(self) -> int | None:
+        """Bytes the host has taken from this stream (RemoteProcess.delivered), kept
+        once it is closed."""
+        if not self.closed:
+            self.delivered = self.proc.delivered()
+        return self.delivered
+
+
+def _delivered(lanes: list[_Lane], stats: SyncStats) -> int:
+    """What the tuner measures the rate by: the bytes the host has taken over every
+    stream; the bytes written when the link cannot tell."""
+    taken = [lane.taken() for lane in lanes]
+    if any(n is None for n in taken):
+        return stats.sent_bytes
+    return sum(n for n in taken if n is not None)
+
+
 async def _all(coros: list[Awaitable[Any]]) -> list[Any]:
     """Run the streams together; the first failure cancels the others and is raised."""
     tasks = [asyncio.ensure_future(c) for c in coros]
@@ -739,3 +941,11 @@ async def _all(coros: list[Awaitable[Any]]) -> list[Any]:
         for task in tasks:
             with contextlib.suppress(BaseException):
                 await task
+
+
+def _streams_note(stats: SyncStats, opened: int) -> str:
+    """The ledger's note on an attempt's streams: `` ×6 streams``, or as they were
+    adapted, `` ×streams 6→8→6``."""
+    if len(stats.stream_steps) > 1:
+        return " ×" + stats.streams_text()
+    return f" ×{opened} streams" if opened > 1 else ""

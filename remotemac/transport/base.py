@@ -112,6 +112,15 @@ class RemoteProcess(abc.ABC):
     async def close(self) -> None:
         """Stop talking to the command (it sees EOF or a hang-up) and free the channel."""
 
+    def delivered(self) -> int | None:
+        """Bytes written to stdin that the host has taken (the link's flow control gave
+        their room back), or None when the link cannot tell.
+
+        Why: a push measures its rate to choose its streams (engine/streamtuner.py);
+        what it wrote runs ahead of what arrived by the bytes sitting in windows and
+        queues, and a stream added fills its window at once, which reads as a gain."""
+        return None
+
 
 class Transport(abc.ABC):
     """One host. Implementations: :mod:`.local` and :mod:`.ssh`."""

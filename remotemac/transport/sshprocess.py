@@ -32,6 +32,11 @@ LINK_ERRORS = (
 )
 
 
+def _send_window(proc: asyncssh.SSHClientProcess) -> int | None:
+    window = getattr(getattr(proc, "channel", None), "_send_window", None)
+    return window if isinstance(window, int) else None
+
+
 class SSHProcess(RemoteProcess):
     """One exec channel with its stdin and stdout as streams; a dead link is transient."""
 
@@ -56,6 +61,10 @@ class SSHProcess(RemoteProcess):
         self._released = False
         self._err = b""
         self._framed = False
+        self._written = 0
+        #: the send window the channel opened with: what the host credits back beyond
+        #: it is what it has taken (see delivered)
+        self._window0 = _send_window(proc)
 
     def _lost(self, exc: BaseException) -> TransientHostError:
         self._mark_dead(self._conn, f"{type(exc).__name__}: {exc}".strip())
@@ -65,6 +74,7 @@ class SSHProcess(RemoteProcess):
         )
 
     async def write(self, data: bytes) -> None:
+        self._written += len(data)
         try:
             self._proc.stdin.write(data)
             await self._proc.stdin.drain()
@@ -72,6 +82,19 @@ class SSHProcess(RemoteProcess):
             if not self._conn.is_closed() and isinstance(exc, BrokenPipeError):
                 raise  # the command closed its stdin (it exited); the link is fine
             raise self._lost(exc) from None
+
+    def delivered(self) -> int | None:
+        """Written bytes the host's sshd has credited back (SSH window adjusts): sent on
+        the wire (written minus what waits for window) plus the window left, minus the
+        window the channel opened with. sshd credits in halves of its window, so this
+        lags by up to 1 MiB per channel; asyncssh keeps no such count, hence its
+        channel's (private) counters, and None should they ever be missing."""
+        chan = getattr(self._proc, "channel", None)
+        window = _send_window(self._proc)
+        waiting = getattr(chan, "_send_buf_len", None)
+        if window is None or self._window0 is None or not isinstance(waiting, int):
+            return None
+        return max(0, self._written - waiting + window - self._window0)
 
     async def write_eof(self) -> None:
         try:
