@@ -285,14 +285,12 @@ def no_ram_store_outlives_the_session(tmp_path_factory: pytest.TempPathFactory):
     remove: their root is gone with it, so this cannot see them.
     """
     yield
-    base = tmp_path_factory.getbasetemp()
-    ids = {i for i in ramstores.run_ids_under(base, depth=6) if ramstores.GENERATED_ID.match(i)}
     owners = {os.geteuid()}
     with contextlib.suppress(Exception):  # no lab user on this machine: only our own
         from tests.harness import lab
 
         owners.add(lab.lab_ids()[0])
-    left = ramstores.remove_stores(ids, owners)
+    left = ramstores.remove_escaped(tmp_path_factory.getbasetemp(), owners)
     if left:
         pytest.fail(
             f"{len(left)} RAM store(s) of this session's runs outlived their test "

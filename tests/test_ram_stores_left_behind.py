@@ -117,3 +117,37 @@ def test_a_lab_hosts_teardown_removes_the_ram_stores_of_its_runs(fresh_host_lab)
         assert (_store(other) / "one.csv").exists(), "another run's RAM store was removed"
     finally:
         ramstores.remove_stores({mine, other}, {uid})
+
+
+def test_the_session_guard_names_only_this_sessions_runs(tmp_path: Path):
+    """The guard's sweep over a session's temp dir: a journal's run of the generated
+    shape and a host root's run dir are found and their stores removed; a fixed test id
+    (``r1``-like, which another session may use for its own store) is left alone."""
+    from remotemac.journal import Journal, new_run_id
+
+    home, root = tmp_path / "w0" / "rmhome", tmp_path / "w0" / "host-root"
+    home.mkdir(parents=True)
+    journal = Journal(home / "journal.sqlite3")
+    in_journal, in_root = new_run_id("guard"), new_run_id("guard")
+    journal.create_run(
+        in_journal,
+        name="guard",
+        host="local",
+        playbook_path=None,
+        playbook={},
+        out_dir=str(tmp_path / "out"),
+        options={},
+    )
+    journal.close()
+    fixed = f"r{os.getpid()}"
+    for run_id in (in_root, fixed):
+        (root / "runs" / run_id).mkdir(parents=True)
+    try:
+        for run_id in (in_journal, in_root, fixed):
+            _store(run_id).mkdir(mode=0o700)
+        left = ramstores.remove_escaped(tmp_path, {os.geteuid()})
+        assert sorted(left) == sorted([f"remotemac-{in_journal}", f"remotemac-{in_root}"])
+        assert not os.path.lexists(_store(in_journal)) and not os.path.lexists(_store(in_root))
+        assert _store(fixed).is_dir(), "a fixed id's store may be another session's"
+    finally:
+        ramstores.remove_stores({in_journal, in_root, fixed}, {os.geteuid()})

@@ -81,3 +81,11 @@ def remove_stores(ids: set[str], owners: set[int]) -> list[str]:
             shutil.rmtree(path, ignore_errors=True)
         removed.append(path.name)
     return removed
+
+
+def remove_escaped(base: Path, owners: set[int]) -> list[str]:
+    """The session guard's sweep: remove and name the RAM stores of the runs under
+    ``base`` (a session's temp dir) whose ids are :data:`GENERATED_ID`'s shape (an id
+    no other session makes; a fixed test id such as ``r1`` may be another's)."""
+    ids = {i for i in run_ids_under(base, depth=6) if GENERATED_ID.match(i)}
+    return remove_stores(ids, owners)
