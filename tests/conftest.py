@@ -41,6 +41,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.harness import ramstores
+
 pytest_plugins = ["tests.harness.fixtures"]
 
 REPO = Path(__file__).resolve().parent.parent
@@ -83,6 +85,11 @@ def make_playbook(tmp_path: Path):
 
     A top-level key given as None is left out (e.g. ``environment=None``: the default
     environment, as a playbook over the fresh-host sshd should use).
+
+    Its teardown is the local host's: the RAM stores (``/dev/shm/remotemac-<id>``) of
+    the runs the test made under ``tmp_path`` are removed, as the lab's host removes
+    its own, however the test ended: a ``wipe: manual``, lost or kept-running run keeps
+    its plaintext there, and /dev/shm outlives the test.
     """
 
     def make(name: str = "lines", **overrides) -> Path:
@@ -121,7 +128,8 @@ def make_playbook(tmp_path: Path):
         path.write_text(yaml.safe_dump(data, sort_keys=False))
         return path
 
-    return make
+    yield make
+    ramstores.remove_stores(ramstores.run_ids_under(tmp_path), {os.geteuid()})
 
 
 def as_in_a_terminal() -> None:
@@ -257,3 +265,35 @@ def pytest_report_header(config: pytest.Config) -> str:
     from tests.harness import lab
 
     return lab.describe()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_ram_store_outlives_the_session(tmp_path_factory: pytest.TempPathFactory):
+    """At the end of the session (of each xdist worker), no run this session made still
+    has a RAM store in /dev/shm; any found is removed and the session errors, naming it.
+
+    Why this way: /dev/shm is shared with every other session on the machine (other
+    checkouts, the other xdist worker), so a before/after listing of it would blame
+    this session for their stores, or remove them. The runs looked at are only those
+    this worker made: the run ids in the journals and the host roots' ``runs/`` dirs
+    under its own pytest temp dir (``getbasetemp()``, one per worker), and only ids of
+    ``journal.new_run_id``'s shape (name, UTC second, 4 random hex digits), which no
+    other session reuses. A test that leaves a run unwiped on purpose cleans up in its
+    teardown (the sshd lab's ``HostDirs.remove``, the local host's ``make_playbook``, or
+    its own); this catches the one that does not. Runs on an sshd host that no journal
+    under the temp dir knows (agent calls by hand) are the lab host's teardown's to
+    remove: their root is gone with it, so this cannot see them.
+    """
+    yield
+    owners = {os.geteuid()}
+    with contextlib.suppress(Exception):  # no lab user on this machine: only our own
+        from tests.harness import lab
+
+        owners.add(lab.lab_ids()[0])
+    left = ramstores.remove_escaped(tmp_path_factory.getbasetemp(), owners)
+    if left:
+        pytest.fail(
+            f"{len(left)} RAM store(s) of this session's runs outlived their test "
+            f"(removed now; the test that made them must clean up): {', '.join(left)}",
+            pytrace=False,
+        )

@@ -32,7 +32,7 @@ from remotemac.engine.sync import sync_slice
 from remotemac.errors import EXIT_HOST_ENV, HostEnvironmentError
 from remotemac.transport.local import LocalTransport
 from tests.conftest import remotemac
-from tests.harness import lab
+from tests.harness import lab, ramstores
 
 BARE = (
     os.environ.get("REMOTEMAC_TEST_BARE_PYTHON") or lab.bare_python("3.9") or "/no/bare/python3.9"
@@ -423,17 +423,20 @@ async def test_decrypting_without_the_runtime_is_exit_6_not_3(tmp_path):
     run_id = f"rt-missing-{os.getuid()}-{os.getpid()}"
     prepared = await agent.call("prepare_run", {"root": str(root), "run_id": run_id})
     data = tmp_path / "data"
-    with pytest.raises(HostEnvironmentError) as err:
-        await sync_slice(
-            agent.transport,
-            agent,
-            root=data,
-            paths=make_data(data, files=1),
-            run_dir=prepared["run_dir"],
-            run_id=run_id,
-            key=os.urandom(32),
-            runtime_dir=str(root / "runtime" / "0123456789abcdef"),
-        )
+    try:
+        with pytest.raises(HostEnvironmentError) as err:
+            await sync_slice(
+                agent.transport,
+                agent,
+                root=data,
+                paths=make_data(data, files=1),
+                run_dir=prepared["run_dir"],
+                run_id=run_id,
+                key=os.urandom(32),
+                runtime_dir=str(root / "runtime" / "0123456789abcdef"),
+            )
+    finally:  # the refused sync made the RAM store; no wipe follows it here
+        ramstores.remove_stores({run_id}, {os.geteuid()})
     assert err.value.exit_code == 6
     assert "agent runtime" in err.value.line() and "phase sync" in err.value.line()
 

@@ -19,6 +19,7 @@ import yaml
 
 from remotemac.journal import Journal
 from tests.conftest import LINES_PROJECT, remotemac
+from tests.harness import ramstores
 
 pytestmark = pytest.mark.timeout(300)
 COLS = {"COLUMNS": "80"}
@@ -53,16 +54,23 @@ def lines_playbook(folder: Path, name: str = "lines", **overrides) -> Path:
 
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory):
-    """One real finished run (wipe after_pull) and one with ``wipe: manual``."""
+    """One real finished run (wipe after_pull) and one with ``wipe: manual``; at the end
+    of the module the manual one is wiped (its RAM store in /dev/shm would outlive the
+    tests), by the product's ``wipe``, and by hand if that failed."""
     folder = tmp_path_factory.mktemp("cli-ux")
     env = {"REMOTEMAC_HOME": str(folder / "home")}
     ids = {}
-    for name, extra in (("auto", {}), ("manual", {"wipe": "manual"})):
-        pb = lines_playbook(folder, name=f"lines-{name}", **extra)
-        proc = remotemac("run", str(pb), cwd=folder, env=env)
-        assert proc.returncode in (0, 1), proc.stdout + proc.stderr  # 1: no torch, incomplete
-        ids[name] = proc.stdout.split()[1]  # "run <id> → <out>"
-    return {"env": env, "folder": folder, **ids}
+    try:
+        for name, extra in (("auto", {}), ("manual", {"wipe": "manual"})):
+            pb = lines_playbook(folder, name=f"lines-{name}", **extra)
+            proc = remotemac("run", str(pb), cwd=folder, env=env)
+            assert proc.returncode in (0, 1), proc.stdout + proc.stderr  # 1: no torch
+            ids[name] = proc.stdout.split()[1]  # "run <id> → <out>"
+        yield {"env": env, "folder": folder, **ids}
+    finally:
+        if "manual" in ids:
+            remotemac("wipe", ids["manual"], "--yes", cwd=folder, env=env)
+        ramstores.remove_stores(ramstores.run_ids_under(folder), {os.geteuid()})
 
 
 def cli(ctx, *args: str, env: dict | None = None):

@@ -24,6 +24,7 @@ import hashlib
 import json
 import os
 import pickle
+import secrets
 import threading
 import time
 from pathlib import Path
@@ -38,6 +39,8 @@ from remotemac.errors import TransientHostError
 from remotemac.events import PhaseFinished, PhaseProgress, PhaseStarted
 from remotemac.phases import Phase
 from tests.conftest import REPO
+from tests.harness import ramstores
+from tests.harness.lab import lab_ids
 from tests.test_detached_faults import Timeline, run_pipeline_inprocess
 from tests.test_detached_ssh import local_lines
 from tests.test_resident_sshd import LabHost, _transport, lab_host  # noqa: F401 - a fixture
@@ -364,20 +367,26 @@ async def test_a_sync_that_cannot_reach_the_host_stops_at_the_deadline(
             proxy.refuse(True)
             proxy.cut()
 
-    async with _transport(ssh_env(sshd, proxy), [], reconnect_deadline=3) as t:
-        agent = AgentClient(t, str(root))
-        prepared = await agent.call("prepare_run", {"root": str(root), "run_id": "r1"})
-        with pytest.raises(TransientHostError):
-            await sync_slice(
-                t,
-                agent,
-                root=data,
-                paths=paths,
-                run_dir=prepared["run_dir"],
-                run_id="r1",
-                key=None,
-                emit=on_event,
-            )
+    # the id names the RAM store (/dev/shm/remotemac-<id>, machine-global): this
+    # process's own, removed however the test ends (the cut sync never wipes it)
+    run_id = f"cut-{os.getpid()}-{secrets.token_hex(3)}"
+    try:
+        async with _transport(ssh_env(sshd, proxy), [], reconnect_deadline=3) as t:
+            agent = AgentClient(t, str(root))
+            prepared = await agent.call("prepare_run", {"root": str(root), "run_id": run_id})
+            with pytest.raises(TransientHostError):
+                await sync_slice(
+                    t,
+                    agent,
+                    root=data,
+                    paths=paths,
+                    run_dir=prepared["run_dir"],
+                    run_id=run_id,
+                    key=None,
+                    emit=on_event,
+                )
+    finally:
+        ramstores.remove_stores({run_id}, {lab_ids()[0]})
     assert stopped, "the sync never verified a file"
     took = time.monotonic() - stopped[0]
     assert 2 <= took < 15, took

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 from pathlib import Path
 
 import pytest
@@ -62,13 +63,19 @@ def test_a_wipe_request_reads_the_old_defaults():
     assert req.keep is None and req.cancel_deadman is False
 
 
+#: the run of the real wipes and cleanups below: they look for its RAM store by name in
+#: the machine-global /dev/shm (``remotemac-<run id>``), so the id is this process's
+#: own; a fixed "r1" found (and refused, or removed) another session's store
+RUN = f"rec-{os.getpid()}-{secrets.token_hex(3)}"
+
+
 def _root(tmp_path: Path) -> Path:
     root = tmp_path / "root"
     root.mkdir()
     safefs.mark_dir(str(root), {"kind": "root", "root_id": "abc"})
-    run = root / "runs" / "r1"
+    run = root / "runs" / RUN
     run.mkdir(parents=True)
-    safefs.mark_dir(str(run), {"kind": "run", "run_id": "r1", "root_id": "abc"})
+    safefs.mark_dir(str(run), {"kind": "run", "run_id": RUN, "root_id": "abc"})
     for sub in ("data", "tmp", "out", "status", "logs"):
         (run / sub).mkdir()
     (run / "data" / "secret.bin").write_bytes(b"x" * 100)
@@ -79,7 +86,7 @@ def test_a_real_wipe_answers_with_a_report_that_keeps_its_json(tmp_path: Path):
     """A wipe of a real run dir (marked, with data): its answer is a WipeReport's JSON,
     with every key the laptop reads, and the data is gone."""
     root = _root(tmp_path)
-    answer = wipeops.wipe_run_data({"root": str(root), "run_id": "r1"})
+    answer = wipeops.wipe_run_data({"root": str(root), "run_id": RUN})
     assert json.loads(json.dumps(answer)) == answer
     assert wipeops.WipeReport.from_json(answer).to_json() == answer
     assert set(answer) == {
@@ -93,12 +100,12 @@ def test_a_real_wipe_answers_with_a_report_that_keeps_its_json(tmp_path: Path):
         "notes",
         "scrubbed",
     }
-    assert answer["verified"] is True and not (root / "runs" / "r1" / "data").exists()
+    assert answer["verified"] is True and not (root / "runs" / RUN / "data").exists()
 
 
 def test_the_dead_mans_report_adds_when_it_fired(tmp_path: Path):
     root = _root(tmp_path)
-    report = wipeops.wipe_run(wipeops.WipeRequest(str(root), "r1"))
+    report = wipeops.wipe_run(wipeops.WipeRequest(str(root), RUN))
     report.fired_at, report.deadline = 2.0, 1.0
     data = report.to_json()
     assert data["fired_at"] == 2.0 and data["deadline"] == 1.0

@@ -45,6 +45,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.harness import ramstores
+
 
 def _lab_user() -> str:
     """``$REMOTEMAC_LAB_USER``, else ``rmhost`` as root and the runner itself otherwise."""
@@ -466,7 +468,16 @@ class HostDirs:
         return dirs
 
     def remove(self) -> None:
-        """Stop this host's tmux server(s) and detached leftovers, then delete the dirs."""
+        """Stop this host's tmux server(s) and detached leftovers, remove the RAM stores
+        of the runs under its dirs (a ``wipe: manual`` or lost run keeps its plaintext in
+        /dev/shm, which outlives the test), then delete the dirs."""
+        run_ids = ramstores.run_ids_under(self.top)
+        try:
+            self._remove_dirs()
+        finally:  # the processes are gone by now: nothing refills a store
+            ramstores.remove_stores(run_ids, {lab_ids()[0]})
+
+    def _remove_dirs(self) -> None:
         for sock in self.tmux_dir.glob("tmux-*/*"):
             run_as_lab(["tmux", "-S", str(sock), "kill-server"], check=False)
         # a runner or workload still writing would refill a dir rmtree just emptied
