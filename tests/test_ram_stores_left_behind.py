@@ -91,6 +91,8 @@ def test_a_lost_jobs_run_keeps_its_data_for_attach_and_its_wipe_removes_the_ram_
             proc.wait()
     assert proc.returncode == 4, stdout + stderr
     assert "job was lost" in stdout + stderr
+    # the user is told the data waits on the host, and how to remove it
+    assert f"its data stays on the host until `remotemac wipe {run_id}`" in stdout, stdout
     assert (_store(run_id) / "one.csv").exists(), "kept for attach, as the contract says"
     wiped = remotemac("wipe", run_id, "--yes", timeout=120)
     assert wiped.returncode == 0, wiped.stdout + wiped.stderr

@@ -569,7 +569,9 @@ class LogFollower:
             f"{self.transport.name}: the {self.side.label} job was lost "
             f"({reason}; tmux session gone, no "
             f"heartbeat for {int((job.now or 0) - (status.heartbeat_at or 0))}s)"
-            " — was the host rebooted?"
+            " — was the host rebooted?",
+            # as after Ctrl-C: nothing is wiped, the run's data waits on the host
+            hint=f"its data stays on the host until `remotemac wipe {self.ctx.run_id}`",
         )
 
     async def _result(self) -> FollowResult:
