@@ -312,18 +312,30 @@ def _launch_locked(spec: JobSpec, req: JsonObject) -> JsonObject:
     paths are set (``req``: the request as it came, for guards.check_access)."""
     run_dir, device, session = spec.run_dir, spec.device, spec.session
     status_path = os.path.join(run_dir, "status", device + ".json")
+    fingerprint_path = os.path.join(run_dir, "status", device + ".fingerprint.json")
     existing = read_status(status_path)
+    found = None
     if (
         existing
         and existing.state in protocol.LIVE_STATES
         and (tmux_alive(session) or pid_alive(existing.runner_pid))
     ):
-        return {"already_running": True, "session": session, "mode": existing.mode}
+        found = {"already_running": True, "session": session, "mode": existing.mode}
     # ``relaunch: true`` starts a finished job again; ``relaunch: {reason, marker}`` (after
     # a lost job) never does: a job that did reach its end was not lost after all
     lost_relaunch = isinstance(spec.relaunch, dict)
-    if existing and existing.final and (lost_relaunch or not spec.relaunch):
-        return {"already_done": True, "session": session, "status": existing.to_json()}
+    if found is None and existing and existing.final and (lost_relaunch or not spec.relaunch):
+        found = {"already_done": True, "session": session, "status": existing.to_json()}
+    if found is not None:
+        if spec.fingerprint:  # taken by the launch that started the job (the host's next)
+            found["fingerprint"] = _read_json(fingerprint_path)
+        return found
+    fingerprint = None
+    if spec.fingerprint:  # before the runner starts: the job's own changes come after it
+        from . import guards
+
+        fingerprint = guards.op_env_fingerprint({"python": spec.fingerprint})
+        _atomic_write_json(fingerprint_path, fingerprint)
     access = None
     if not spec.skip_access_check:
         from . import guards
@@ -361,6 +373,8 @@ def _launch_locked(spec: JobSpec, req: JsonObject) -> JsonObject:
         "status": status.to_json() if status else {},
         "access": access,
     }
+    if fingerprint is not None:
+        answer["fingerprint"] = fingerprint
     if not tmux and not tmux_path():
         answer["tmux_hint"] = tmux_install_hint(sys.platform, brew_path())
     return answer
