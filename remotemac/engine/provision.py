@@ -179,7 +179,8 @@ async def _claim_root(ctx: RunContext, binding: HostBinding) -> tuple[str, str]:
     # run dies in provision (issue 15, item 11)
     ctx.journal.record_created(transport.name, "root", root, ctx.run_id)
     try:
-        await binding.agent.claim(ctx.run_id)
+        # the claim's channel goes on as the resident agent when the agent is installed
+        await binding.agent.claim(ctx.run_id, then_resident=True)
     except BadInput:
         # refused before a byte was written (the user's dir, the home): never
         # remotemac's, so no cleanup of this host should list it as "not removed"
