@@ -281,7 +281,13 @@ def op_prepare_run(req: JsonObject) -> JsonObject:
     agent = safefs.marker_of(AGENT_DIR)
     if agent is not None and agent.get("kind") == "agent":  # this very agent, below root
         inventory_add(root, "agent", AGENT_DIR)
-    return protocol.PrepareRunAnswer(run_dir=run_dir, paths=paths).to_json()
+    extracted = None
+    project = req.get("project")
+    if isinstance(project, dict) and project.get("data_b64"):
+        # a small project comes with the request: no extract call (a round trip) after it
+        extracted = op_extract_project({"dest": paths["project"], "data_b64": project["data_b64"]})
+    answer = protocol.PrepareRunAnswer(run_dir=run_dir, paths=paths, extracted=extracted)
+    return answer.to_json()
 
 
 def op_launch(req: JsonObject) -> JsonObject:

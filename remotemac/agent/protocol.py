@@ -471,10 +471,12 @@ class RuntimeEnsureAnswer(Message):
 
 @dataclasses.dataclass
 class PrepareRunAnswer(Message):
-    """The run's directory on the host and its subdirectories by name."""
+    """The run's directory on the host and its subdirectories by name; ``extracted``:
+    asked with ``project`` (a small project's tar), extract_project's answer for it."""
 
     run_dir: str = ""
     paths: Dict[str, str] = dataclasses.field(default_factory=dict)
+    extracted: Optional[JsonObject] = None
 
 
 @dataclasses.dataclass
