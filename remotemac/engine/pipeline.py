@@ -283,6 +283,9 @@ async def _run_pipeline(ctx: RunContext) -> int:
     try:
         if "sync" not in done and Phase.PROVISION not in done:
             _names_before_any_byte(ctx)
+        from remotemac.engine.warmimports import warm_imports
+
+        warm_imports()  # the later phases' modules, while the link is made
         await connect_hosts(ctx)
         for key in phase_keys(ctx):
             current = key.name
