@@ -336,17 +336,19 @@ def _launch_locked(spec: JobSpec, req: JsonObject) -> JsonObject:
         if spec.fingerprint:  # taken by the launch that started the job (the host's next)
             found["fingerprint"] = _read_json(fingerprint_path)
         return found
-    fingerprint = None
+    from . import guards
+
+    fingerprinting = None
     if spec.fingerprint:  # before the runner starts: the job's own changes come after it
-        from . import guards
-
-        fingerprint = guards.op_env_fingerprint({"python": spec.fingerprint})
-        _atomic_write_json(fingerprint_path, fingerprint)
+        fingerprinting = guards.start_env_fingerprint({"python": spec.fingerprint})
     access = None
-    if not spec.skip_access_check:
-        from . import guards
-
-        access = guards.check_access(req)
+    try:
+        if not spec.skip_access_check:
+            access = guards.check_access(req)  # (while the fingerprint's probe runs)
+    finally:
+        fingerprint = fingerprinting() if fingerprinting is not None else None
+    if fingerprint is not None:
+        _atomic_write_json(fingerprint_path, fingerprint)
     spec_path = os.path.join(run_dir, "status", device + ".spec.json")
     tmux = tmux_path() if tmux_wanted(spec.use_tmux) else None
     if lost_relaunch:
