@@ -194,24 +194,7 @@ def with_max_bytes(pb, max_bytes: str | None):
 
 def entry(argv: list[str] | None = None, prog_name: str | None = None) -> None:
     """``python -m remotemac`` / ``python -m remotemac.cli``: ``main`` plus the errors raised
-    before a command runs (while click parses), each as its one line and exit code.
-
-    The process ends here (``argv`` None: the command line's own): its objects are moved
-    out of the collector's reach first (``gc.freeze``), so the interpreter's exit does
-    not walk them all once more: 0.2-0.4 s of a trivial run's wall on this machine
-    (numpy's, asyncssh's and pydantic's objects), 20-30 ms after. Files are closed and
-    flushed as before (every handle the CLI opens is closed by its ``with``), and
-    atexit handlers and finalizers still run (issue 36)."""
-    try:
-        _entry(argv, prog_name)
-    finally:
-        if argv is None:
-            import gc
-
-            gc.freeze()
-
-
-def _entry(argv: list[str] | None, prog_name: str | None) -> None:
+    before a command runs (while click parses), each as its one line and exit code."""
     args = sys.argv[1:] if argv is None else argv
     verbose = any(arg in ("-v", "--verbose") for arg in args)
     try:
