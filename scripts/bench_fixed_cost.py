@@ -24,6 +24,11 @@ old way) in turn. The sshd, its agents and jobs share this machine's cores with 
 orchestrator (and, here, with other work): figures are CPU-sensitive.
 
     python scripts/bench_fixed_cost.py [--python PATH] [--runs 5] [--calls 200] [--rtt-ms 80]
+        [--no-bytecode]
+
+The CLI runs with its bytecode cached, as an installed package has it (``cli_env``);
+``--no-bytecode`` compiles every module from source each run, as this machine's
+PYTHONDONTWRITEBYTECODE did to every figure before 2026-12-06's second session.
 """
 
 from __future__ import annotations
@@ -174,11 +179,28 @@ async def one_run(playbook: Path, home: Path, config: Path, out: Path) -> dict:
     }
 
 
+#: where the CLI's bytecode is cached (``cli_env``); None: not cached (``--no-bytecode``)
+BYTECODE: list[Path | None] = [None]
+
+
+def cli_env(repo: Path) -> dict[str, str]:
+    """The CLI's environment: ``repo`` on the path, and bytecode cached as an installed
+    package has it (pip compiles every module at install; an editable checkout
+    compiles on first import). Why: this machine's environment sets
+    PYTHONDONTWRITEBYTECODE, so every run compiled remotemac's ~110 modules from source
+    (0.5 s of CPU a user never pays); the warm-up run fills the cache here."""
+    env = dict(os.environ, PYTHONPATH=str(repo))
+    if BYTECODE[0] is not None:
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
+        env["PYTHONPYCACHEPREFIX"] = str(BYTECODE[0])
+    return env
+
+
 def cli_run(playbook: Path, home: Path, config: Path, out: Path) -> tuple[float, int]:
     """Wall of the CLI run as a user types it (a fresh ``python -m remotemac`` process)."""
     argv = [sys.executable, "-m", "remotemac", "--home", str(home), "--ssh-config", str(config)]
     argv += ["run", str(playbook), "--out", str(out)]
-    env = dict(os.environ, PYTHONPATH=str(REPO))
+    env = cli_env(REPO)
     started = time.monotonic()
     done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, env=env)
     wall = time.monotonic() - started
@@ -237,11 +259,17 @@ def main() -> int:
     ap.add_argument(
         "--rtt-ms", type=float, default=0.0, help="also through the fault proxy at this RTT"
     )
+    ap.add_argument(
+        "--no-bytecode",
+        action="store_true",
+        help="the CLI compiles its modules from source every run (PYTHONDONTWRITEBYTECODE)",
+    )
     args = ap.parse_args()
     from tests.harness.faultproxy import FaultProxy
     from tests.harness.sshd import SSHD, ClientKey
 
     base = Path(tempfile.mkdtemp(prefix="rm-bench-fixed-"))
+    BYTECODE[0] = None if args.no_bytecode else base / "pycache"
     server = None
     proxy = None
     try:
@@ -295,6 +323,10 @@ def main() -> int:
         print(
             f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} "
             "(shared; the sshd and its agents run on the same cores)"
+        )
+        print(
+            "CLI bytecode: "
+            + ("none (compiled from source every run)" if args.no_bytecode else "cached")
         )
         print(
             f"host python: {args.python}; ssh host true on the same login: "

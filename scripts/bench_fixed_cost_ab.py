@@ -8,6 +8,7 @@ start-up included; ``PYTHONPATH`` names the checkout). The project, the playbook
 the ``ssh true`` are bench_fixed_cost.py's; ``--rtt-ms`` puts the fault proxy between.
 
     python scripts/bench_fixed_cost_ab.py [--rtt-ms 80] [--runs 3] [--base /work/main]
+        [--no-bytecode]
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ def cli(repo: Path, book: Path, home: Path, config: Path, out: Path) -> tuple[fl
     """Wall and exit code of one ``remotemac run`` of ``repo``'s code."""
     argv = [sys.executable, "-m", "remotemac", "--home", str(home), "--ssh-config", str(config)]
     argv += ["run", str(book), "--out", str(out)]
-    env = dict(os.environ, PYTHONPATH=str(repo))
+    env = bench.cli_env(repo)
     started = time.monotonic()
     done = subprocess.run(
         argv, stdin=subprocess.DEVNULL, capture_output=True, env=env, cwd=str(repo)
@@ -49,6 +50,11 @@ def main() -> int:
     ap.add_argument("--base", default="/work/main", help="the checkout compared against")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--rtt-ms", type=float, default=0.0)
+    ap.add_argument(
+        "--no-bytecode",
+        action="store_true",
+        help="each CLI compiles its modules from source every run (PYTHONDONTWRITEBYTECODE)",
+    )
     args = ap.parse_args()
     from tests.harness import lab
     from tests.harness.faultproxy import FaultProxy
@@ -56,6 +62,9 @@ def main() -> int:
 
     repos = {"base": Path(args.base), "this": REPO}
     base = Path(tempfile.mkdtemp(prefix="rm-ab-"))
+    # bytecode cached as an installed package has it (bench_fixed_cost.cli_env): the
+    # prefix mirrors each checkout's own paths, so the two never share a cache entry
+    bench.BYTECODE[0] = None if args.no_bytecode else base / "pycache"
     lab.ensure_lab()
     server = SSHD(base / "sshd", client_key=ClientKey.generate(base / "client")).start()
     proxy = None
@@ -92,7 +101,8 @@ def main() -> int:
         trues.append(bench.ssh_true(config, "mac", 1, kex))
         true_s = statistics.median(trues)
         print(
-            f"rtt {args.rtt_ms:.0f} ms, load {os.getloadavg()[0]:.1f}, ssh host true "
+            f"rtt {args.rtt_ms:.0f} ms, load {os.getloadavg()[0]:.1f}, bytecode "
+            f"{'none' if args.no_bytecode else 'cached'}, ssh host true "
             f"{true_s * 1000:.0f} ms (median of {len(trues)}, {kex})"
         )
         for name, repo in repos.items():

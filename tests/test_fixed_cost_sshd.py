@@ -4,7 +4,7 @@ A warm trivial two-device run (reference and target ``python3 a.py`` on cpu, one
 small result each, no data) through a real sshd: every exec channel it opens and
 every SFTP operation it makes are counted on the real transport. The cuts of issue
 36 are each an operation that no longer happens: the root claimed and the agent's
-install checked by one exec (no ``printenv HOME`` for an absolute root, no SFTP
+install checked by one exec that goes on as the resident agent (no ``printenv HOME`` for an absolute root, no SFTP
 stat), the project inside the extract call (no SFTP put), the follow through the
 agent's waiting ``status`` (no SFTP read of the log), a small pull over the SFTP
 session (no sender exec channel, no directory listing). Counts, not times: the
@@ -84,7 +84,7 @@ def count_operations(monkeypatch: pytest.MonkeyPatch) -> collections.Counter:
     return counts
 
 
-def test_a_warm_trivial_run_opens_two_exec_channels_and_no_sftp_transfer_but_its_results(
+def test_a_warm_trivial_run_opens_one_exec_channel_and_no_sftp_transfer_but_its_results(
     host_factory,  # noqa: F811 (the fixture imported above)
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
@@ -108,9 +108,10 @@ def test_a_warm_trivial_run_opens_two_exec_channels_and_no_sftp_transfer_but_its
     assert ctx.result(Phase.WIPE).verified
     assert (tmp_path / "warm" / "logs" / "cpu.log").read_text() == "hello\n"
     assert (tmp_path / "warm" / "logs" / "cpu-target.log").read_text() == "hello\n"
-    # two exec channels: the claim (from memory) and the resident agent; no $HOME
-    # exec (the root is absolute), no pull sender (a small pull goes over SFTP)
-    assert counts["exec"] == 1, counts
+    # one exec channel: the claim (from memory) that goes on as the resident agent; no
+    # $HOME exec (the root is absolute), no pull sender (a small pull goes over SFTP)
+    assert counts["exec"] == 0, counts
+    # (so that one channel answered every agent call of the run)
     assert counts["open_process"] == 1, counts
     # no SFTP put (the project travels in the extract call), no SFTP read of a log
     # (the follow reads it through the agent), no directory listing (one lstat a file)

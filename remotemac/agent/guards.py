@@ -18,7 +18,7 @@ import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional
 
 from .agentutil import format_mib
 from .protocol import CACHE_VARS, ENV_DATA, ENV_OUTPUT, JsonObject, LaunchRequest
@@ -284,28 +284,47 @@ def op_env_fingerprint(req: JsonObject) -> JsonObject:
     """Python, OS version, the venv's package set (and its hash) and torch, without
     importing torch: cheap enough to take at launch, at every re-attach and before
     the target run, to see whether the environment drifted in between."""
-    from . import envfreeze
+    return start_env_fingerprint(req)()
 
+
+def start_env_fingerprint(req: JsonObject) -> Callable[[], JsonObject]:
+    """Start op_env_fingerprint's probe; the function returned waits for it and answers.
+
+    Why two halves: a launch takes the fingerprint before its runner starts, and its
+    access check is another Python start of the workload's interpreter: the two
+    probes run at once, not one after the other (issue 36)."""
     python = req["python"]
     try:
-        res = subprocess.run(
+        proc = subprocess.Popen(
             [python, "-c", _fingerprint_source()],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
-            timeout=120,
         )
     except OSError as exc:
-        return {"error": "the workload interpreter %s does not start: %s" % (python, exc)}
-    if res.returncode != 0:
-        tail = res.stderr.decode("utf-8", "replace").strip().splitlines()[-1:]
-        return {
-            "error": "the workload interpreter %s does not start: %s" % (python, " ".join(tail))
-        }
-    found = json.loads(res.stdout.decode().strip().splitlines()[-1])
-    host = envfreeze.host_facts()
-    found["os"] = host.os
-    found["os_version"] = host.os_version
-    return found
+        failed = {"error": "the workload interpreter %s does not start: %s" % (python, exc)}
+        return lambda: failed
+
+    def finish() -> JsonObject:
+        from . import envfreeze
+
+        try:
+            out, err = proc.communicate(timeout=120)
+        except BaseException:
+            proc.kill()
+            proc.communicate()
+            raise
+        if proc.returncode != 0:
+            tail = err.decode("utf-8", "replace").strip().splitlines()[-1:]
+            return {
+                "error": "the workload interpreter %s does not start: %s" % (python, " ".join(tail))
+            }
+        found = json.loads(out.decode().strip().splitlines()[-1])
+        host = envfreeze.host_facts()
+        found["os"] = host.os
+        found["os_version"] = host.os_version
+        return found
+
+    return finish
 
 
 def main(args: List[str]) -> int:

@@ -281,7 +281,13 @@ def op_prepare_run(req: JsonObject) -> JsonObject:
     agent = safefs.marker_of(AGENT_DIR)
     if agent is not None and agent.get("kind") == "agent":  # this very agent, below root
         inventory_add(root, "agent", AGENT_DIR)
-    return protocol.PrepareRunAnswer(run_dir=run_dir, paths=paths).to_json()
+    extracted = None
+    project = req.get("project")
+    if isinstance(project, dict) and project.get("data_b64"):
+        # a small project comes with the request: no extract call (a round trip) after it
+        extracted = op_extract_project({"dest": paths["project"], "data_b64": project["data_b64"]})
+    answer = protocol.PrepareRunAnswer(run_dir=run_dir, paths=paths, extracted=extracted)
+    return answer.to_json()
 
 
 def op_launch(req: JsonObject) -> JsonObject:
@@ -312,23 +318,37 @@ def _launch_locked(spec: JobSpec, req: JsonObject) -> JsonObject:
     paths are set (``req``: the request as it came, for guards.check_access)."""
     run_dir, device, session = spec.run_dir, spec.device, spec.session
     status_path = os.path.join(run_dir, "status", device + ".json")
+    fingerprint_path = os.path.join(run_dir, "status", device + ".fingerprint.json")
     existing = read_status(status_path)
+    found = None
     if (
         existing
         and existing.state in protocol.LIVE_STATES
         and (tmux_alive(session) or pid_alive(existing.runner_pid))
     ):
-        return {"already_running": True, "session": session, "mode": existing.mode}
+        found = {"already_running": True, "session": session, "mode": existing.mode}
     # ``relaunch: true`` starts a finished job again; ``relaunch: {reason, marker}`` (after
     # a lost job) never does: a job that did reach its end was not lost after all
     lost_relaunch = isinstance(spec.relaunch, dict)
-    if existing and existing.final and (lost_relaunch or not spec.relaunch):
-        return {"already_done": True, "session": session, "status": existing.to_json()}
-    access = None
-    if not spec.skip_access_check:
-        from . import guards
+    if found is None and existing and existing.final and (lost_relaunch or not spec.relaunch):
+        found = {"already_done": True, "session": session, "status": existing.to_json()}
+    if found is not None:
+        if spec.fingerprint:  # taken by the launch that started the job (the host's next)
+            found["fingerprint"] = _read_json(fingerprint_path)
+        return found
+    from . import guards
 
-        access = guards.check_access(req)
+    fingerprinting = None
+    if spec.fingerprint:  # before the runner starts: the job's own changes come after it
+        fingerprinting = guards.start_env_fingerprint({"python": spec.fingerprint})
+    access = None
+    try:
+        if not spec.skip_access_check:
+            access = guards.check_access(req)  # (while the fingerprint's probe runs)
+    finally:
+        fingerprint = fingerprinting() if fingerprinting is not None else None
+    if fingerprint is not None:
+        _atomic_write_json(fingerprint_path, fingerprint)
     spec_path = os.path.join(run_dir, "status", device + ".spec.json")
     tmux = tmux_path() if tmux_wanted(spec.use_tmux) else None
     if lost_relaunch:
@@ -353,7 +373,8 @@ def _launch_locked(spec: JobSpec, req: JsonObject) -> JsonObject:
         status = read_status(status_path)
         if status is None or status.state != protocol.JobState.STARTING:
             break
-        time.sleep(0.05)
+        # the launch's answer waits for this: every 10 ms (a small file read), not 50
+        time.sleep(0.01)
     status = read_status(status_path)
     answer = {
         "session": session,
@@ -361,6 +382,8 @@ def _launch_locked(spec: JobSpec, req: JsonObject) -> JsonObject:
         "status": status.to_json() if status else {},
         "access": access,
     }
+    if fingerprint is not None:
+        answer["fingerprint"] = fingerprint
     if not tmux and not tmux_path():
         answer["tmux_hint"] = tmux_install_hint(sys.platform, brew_path())
     return answer

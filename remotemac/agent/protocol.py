@@ -304,7 +304,11 @@ def check_protocol(version: Any) -> Optional[str]:
 class LaunchRequest(Message):
     """Start one device's job (hostagent.op_launch). ``relaunch``: ``true`` starts a
     finished job again; ``{reason, marker}`` restarts a lost one. ``next``: the launch
-    the host makes itself when this job finishes."""
+    the host makes itself when this job finishes. ``fingerprint``: the workload's
+    interpreter, with which the host takes the environment's fingerprint (the drift
+    check before the target) inside the launch, before the runner starts: a job that
+    changes its own environment as it starts is never taken for a drift, and the
+    check costs no round trip of its own."""
 
     run_dir: str = ""
     device: str = ""
@@ -320,17 +324,22 @@ class LaunchRequest(Message):
     observe: Optional[JsonObject] = None
     next: Optional[JsonObject] = None
     relaunch: Any = None
+    fingerprint: Optional[str] = None
 
 
 @dataclasses.dataclass
 class LaunchAnswer(Message):
-    """What a launch did: started (``mode``, ``status``), or found the job running or done."""
+    """What a launch did: started (``mode``, ``status``), or found the job running or done.
+    ``fingerprint``: asked for, the environment's fingerprint taken before the job
+    started (kept beside its status, so a launch that finds the job already started by
+    the host, its ``next``, answers it too)."""
 
     session: str = ""
     mode: Optional[str] = None
     status: Optional[JsonObject] = None
     access: Optional[JsonObject] = None
     tmux_hint: Optional[str] = None
+    fingerprint: Optional[JsonObject] = None
     already_running: bool = False
     already_done: bool = False
 
@@ -462,10 +471,12 @@ class RuntimeEnsureAnswer(Message):
 
 @dataclasses.dataclass
 class PrepareRunAnswer(Message):
-    """The run's directory on the host and its subdirectories by name."""
+    """The run's directory on the host and its subdirectories by name; ``extracted``:
+    asked with ``project`` (a small project's tar), extract_project's answer for it."""
 
     run_dir: str = ""
     paths: Dict[str, str] = dataclasses.field(default_factory=dict)
+    extracted: Optional[JsonObject] = None
 
 
 @dataclasses.dataclass

@@ -7,6 +7,7 @@ matter, and nothing secret appears in argv.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import time
@@ -15,10 +16,15 @@ from typing import Any, TypeVar
 
 from remotemac.agent.protocol import ErrorCode, JsonObject, Message, Op
 from remotemac.engine.agentanswers import ANSWERS, AgentAnswer, ClaimAnswer, Steps
-from remotemac.engine.agentship import agent_argv, agent_bundle, exec_in_memory
+from remotemac.engine.agentship import (
+    agent_argv,
+    agent_bundle,
+    exec_in_memory,
+    open_in_memory_then,
+)
 from remotemac.engine.ledger import Ledger
 from remotemac.engine.resident import ResidentAgent
-from remotemac.errors import HostEnvironmentError, HostError, RemotemacError
+from remotemac.errors import HostEnvironmentError, HostError, RemotemacError, TransientHostError
 from remotemac.transport.base import ExecResult, Transport
 
 #: the host's interpreter the agent runs under (never the workload's venv)
@@ -197,26 +203,30 @@ class AgentClient:
         if self.transport.link_owner() is self.transport:
             await close_link_agents(self.transport)
 
-    async def claim(self, run_id: str | None = None) -> str | None:
+    async def claim(self, run_id: str | None = None, *, then_resident: bool = False) -> str | None:
         """Make or adopt the root on the host and mark it as remotemac's, before anything
         is written below it; BadInput (exit 2, nothing written) for a root that is, holds
         or sits above the host's home, or that holds files remotemac did not write.
-        Runs the agent from memory (it is installed below the root)."""
+        Runs the agent from memory (it is installed below the root). ``then_resident``:
+        the claim's process goes on as this link's resident agent when the agent is
+        installed already (see :meth:`_claim_then_resident`)."""
         from remotemac.errors import BadInput, HostDiskFull
 
         # the claim also says whether this agent version is installed there already
         request = {"root": self.root, "run_id": run_id, "agent_version": agent_bundle()[0]}
-        raw = await call_in_memory(
-            self.transport,
-            self.ledger,
-            Op.CLAIM_ROOT,
-            request,
-            python=self.python,
-            timeout=120,
-            # a cut link retries it: a second claim adopts the root the first one made
-            idempotent=True,
-            module="rootclaim",
-        )
+        raw = await self._claim_then_resident(request) if then_resident else None
+        if raw is None:
+            raw = await call_in_memory(
+                self.transport,
+                self.ledger,
+                Op.CLAIM_ROOT,
+                request,
+                python=self.python,
+                timeout=120,
+                # a cut link retries it: a second claim adopts the root the first one made
+                idempotent=True,
+                module="rootclaim",
+            )
         answer = ClaimAnswer.from_json(raw)
         if answer.refused and answer.code == ErrorCode.NO_SPACE.value:
             raise HostDiskFull(
@@ -232,6 +242,59 @@ class AgentClient:
         self.real_root = answer.real_root or None
         self.agent_ready = bool(answer.agent_ready)
         return self.root_id
+
+    async def _claim_then_resident(self, request: JsonObject) -> JsonObject | None:
+        """The claim on a channel that goes on as the resident agent (issue 36): when the
+        root is claimed as given and this agent version is installed below it, the
+        claim's process execs the resident agent exactly as :meth:`session` would start
+        it, and the session adopts the channel: one exec channel for the claim and the
+        agent, not two (two round trips, and one wait for a Python start, fewer).
+
+        None when it cannot be done this way (one-shot calls, a transport without
+        streamed processes, a resident agent running already, the link dropped, no
+        answer line): the caller claims the ordinary way, which retries (the claim is
+        idempotent: a second one adopts what the first made)."""
+        if not self.resident or not self.root:
+            return None
+        agent_dir = f"{self.root}/agent/{agent_bundle()[0]}"
+        argv = agent_argv(self.python, agent_dir, "resident")
+        owner = self.transport.link_owner()
+        found = _SESSIONS.get(owner, {}).get(tuple(argv))
+        if found is not None and not found.closed:
+            return None  # a pool lease whose link has its agent already
+        started = time.monotonic()
+        try:
+            proc = await open_in_memory_then(
+                self.transport, self.python, "rootclaim", Op.CLAIM_ROOT.function, request, argv
+            )
+        except (NotImplementedError, TransientHostError):
+            return None
+        try:
+            line = await asyncio.wait_for(proc.readline(), 120)
+            envelope = AgentAnswer.from_json(json.loads(line)) if line.strip() else None
+        except (TransientHostError, ValueError, asyncio.TimeoutError):  # (ProtocolError too)
+            envelope = None
+        if envelope is None or not envelope.ok or not isinstance(envelope.result, dict):
+            await proc.close()
+            return None  # the ordinary claim says what went wrong, in its own words
+        answer: JsonObject = envelope.result
+        self.ledger.append(
+            self.transport.name,
+            f"{self.python} -S -c <remotemac agent from stdin: rootclaim.op_claim_root,"
+            " then the resident agent>",
+            0,
+            op="cleanup:op_claim_root",
+            seconds=time.monotonic() - started,
+        )
+        ledger_steps = Steps.from_json(answer).steps
+        self.ledger.append_steps(self.transport.name, "cleanup:op_claim_root", ledger_steps)
+        claimed = ClaimAnswer.from_json(answer)
+        if claimed.agent_ready and not claimed.refused and claimed.real_root == self.root:
+            self.agent_dir = agent_dir  # the process is the resident agent now
+            self.session().adopt(proc)
+        else:
+            await proc.close()  # it ended after its answer
+        return answer
 
     async def install(self) -> str:
         """Upload the agent unless this exact version is already there (the root is

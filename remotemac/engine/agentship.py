@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import struct
 import zlib
 from functools import lru_cache
 from pathlib import Path
@@ -33,7 +34,7 @@ from typing import Any
 
 from remotemac.agent import shared
 from remotemac.agent.protocol import JsonObject
-from remotemac.transport.base import ExecResult, Transport
+from remotemac.transport.base import ExecResult, RemoteProcess, Transport
 
 AGENT_SRC = Path(__file__).resolve().parent.parent / "agent"
 
@@ -73,9 +74,7 @@ IN_MEMORY_ENTRIES: tuple[str, ...] = (
 #: Python 3.9, standard library only; the request and the sources come on stdin. The
 #: modules load as the package ``rmagent`` (as agent/shared.py's boot makes the uploaded
 #: copy): their relative imports find the siblings loaded before them.
-BOOTSTRAP = (
-    "import json,sys,types,zlib\n"
-    "d=json.loads(zlib.decompress(sys.stdin.buffer.read()))\n"
+_LOAD_AND_CALL = (
     "try:\n"
     " P='rmagent';p=types.ModuleType(P);p.__path__=[];sys.modules[P]=p\n"
     " for n,s in d['modules']:\n"
@@ -87,6 +86,33 @@ BOOTSTRAP = (
     "except Exception as e:\n"
     " sys.stdout.write(json.dumps({'ok':False,'error':'%s: %s'%(type(e).__name__,e)})+'\\n')\n"
     " sys.exit(1)\n"
+)
+BOOTSTRAP = (
+    "import json,sys,types,zlib\n"
+    "d=json.loads(zlib.decompress(sys.stdin.buffer.read()))\n" + _LOAD_AND_CALL
+)
+#: The claim that goes on as the resident agent (issue 36): the payload comes framed
+#: (4-byte length, read with ``os.read``, never a byte past it: what follows on stdin
+#: is the resident agent's first request), the answer line is flushed, and when the
+#: root is claimed as asked (its real path the one given) with this agent installed
+#: below it, the process becomes ``then`` (the resident agent's argv, exactly as the
+#: laptop would start it) on the same channel: no second exec channel (two round
+#: trips) and no second wait for the laptop.
+BOOTSTRAP_THEN = (
+    "import json,os,struct,sys,types,zlib\n"
+    "def x(n):\n"
+    " b=b''\n"
+    " while len(b)<n:\n"
+    "  c=os.read(0,n-len(b))\n"
+    "  if not c:sys.exit(1)\n"
+    "  b+=c\n"
+    " return b\n"
+    "d=json.loads(zlib.decompress(x(struct.unpack('>I',x(4))[0])))\n"
+    + _LOAD_AND_CALL
+    + "sys.stdout.flush()\n"
+    "t=d.get('then')\n"
+    "if t and isinstance(r,dict) and r.get('agent_ready') and r.get('real_root')==d['req']['root']:\n"
+    " os.execvp(t[0],t)\n"
 )
 
 
@@ -124,6 +150,25 @@ def in_memory_modules(module: str) -> list[str]:
     if module not in IN_MEMORY_ENTRIES:
         raise ValueError(f"{module} is not an in-memory entry ({', '.join(IN_MEMORY_ENTRIES)})")
     return list(IN_MEMORY_ORDER[: IN_MEMORY_ORDER.index(module) + 1])
+
+
+async def open_in_memory_then(
+    transport: Transport, python: str, module: str, fn: str, req: JsonObject, then: list[str]
+) -> RemoteProcess:
+    """Start ``module.fn(req)`` from memory on a channel that, when the answer allows,
+    goes on as ``then`` (BOOTSTRAP_THEN); the caller reads the answer line. Never re-run
+    (a dropped link raises TransientHostError: the caller claims the ordinary way)."""
+    proc = await transport.open_process([python, "-S", "-c", BOOTSTRAP_THEN])
+    try:
+        body = zlib.compress(
+            json.dumps({**json.loads(payload_json(module, fn, req)), "then": then}).encode(),
+            6,
+        )
+        await proc.write(struct.pack(">I", len(body)) + body)
+    except BaseException:
+        await proc.close()
+        raise
+    return proc
 
 
 def in_memory_payload(module: str, fn: str, req: JsonObject) -> bytes:

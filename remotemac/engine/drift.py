@@ -142,15 +142,32 @@ async def fingerprint(ctx: RunContext, key: str) -> Fingerprint:
     )
 
 
-async def check_drift(ctx: RunContext, when: str) -> list[DriftEntry]:
-    """Compare every host's environment with its fingerprint at launch; record and warn."""
+def launch_fingerprint(ctx: RunContext, key: str) -> str | None:
+    """The interpreter the launch of the target on host ``key`` takes the fingerprint
+    with before its runner starts (LaunchRequest.fingerprint), or None when no check
+    before the target is due there (done already, or nothing to compare with)."""
+    prov = ctx.result(Phase.PROVISION)
+    host = prov.hosts.get(key) if prov else None
+    if ctx.drift_checked is not None or host is None or not host.fingerprint:
+        return None
+    return host.venv_python
+
+
+async def check_drift(
+    ctx: RunContext, when: str, taken: dict[str, Fingerprint] | None = None
+) -> list[DriftEntry]:
+    """Compare every host's environment with its fingerprint at launch; record and warn.
+
+    ``taken``: fingerprints already taken, by host (the target's host's, inside its
+    launch before the job started); the others are asked for now."""
     prov = ctx.result(Phase.PROVISION)
     entries = []
     for key, host in (prov.hosts if prov else {}).items():
         before = host.fingerprint
         if not before or key not in ctx.hosts:
             continue  # provisioned by a version that took no fingerprint: nothing to compare
-        changes = compare_fingerprints(before, await fingerprint(ctx, key))
+        after = (taken or {}).get(key) or await fingerprint(ctx, key)
+        changes = compare_fingerprints(before, after)
         entry = DriftEntry(
             when=when,
             at=round(time.time(), 3),

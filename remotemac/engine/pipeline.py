@@ -39,6 +39,7 @@ from remotemac.engine.phaseresults import (
     Access,
     CompareResult,
     DeadmanJob,
+    Fingerprint,
     FollowResult,
     LaunchResult,
     PhaseResult,
@@ -282,6 +283,9 @@ async def _run_pipeline(ctx: RunContext) -> int:
     try:
         if "sync" not in done and Phase.PROVISION not in done:
             _names_before_any_byte(ctx)
+        from remotemac.engine.warmimports import warm_imports
+
+        warm_imports()  # the later phases' modules, while the link is made
         await connect_hosts(ctx)
         for key in phase_keys(ctx):
             current = key.name
@@ -558,35 +562,27 @@ async def _launch(ctx: RunContext, key: PhaseKey) -> LaunchResult:
     role = key.role
     side = ctx.side(role) if role else None
     assert role is not None and side is not None
-    # a target that is the run's first job starts right after the fingerprint was taken;
-    # the drift check (a record and a warning, never a stop) goes with the launch call
-    drift = None
-    if role == "target" and ctx.side("reference") and ctx.drift_checked is None:
-        from remotemac.engine.drift import check_drift
-
-        drift = check_drift(ctx, "before-target")
     requests = _requests(ctx)
     nxt = None
     # when the target runs on the same host, the host itself starts it after the reference
     target = ctx.side("target")
     if role == "reference" and target and target.host_key == side.host_key:
         nxt = requests["target"]
+    drift = role == "target" and ctx.side("reference") is not None and ctx.drift_checked is None
+    if drift or nxt is not None:
+        from remotemac.engine.drift import launch_fingerprint
+
+        # the drift check before the target: its host's fingerprint is taken inside the
+        # target's launch (by the host's own ``next`` launch when it starts the target),
+        # before the job starts, and comes back in the launch answer: a job that changes
+        # its environment as it starts is no drift, and the check waits for no call
+        asked = nxt if nxt is not None else requests[role]
+        asked.fingerprint = launch_fingerprint(ctx, target.host_key if target else side.host_key)
     launched = launch(ctx, side, requests[role], nxt)
-    if drift is None:
+    if not drift:
         answer = await launched
     else:
-        from remotemac.engine.pullstream import run_all
-
-        answers: list[LaunchAnswer] = []
-
-        async def keep() -> None:
-            answers.append(await launched)
-
-        async def check() -> None:
-            await drift
-
-        await run_all([check(), keep()])
-        answer = answers[0]
+        answer = await _launch_and_check(ctx, side, launched)
     return LaunchResult(
         session=requests[role].session,
         mode=answer.mode,
@@ -594,6 +590,34 @@ async def _launch(ctx: RunContext, key: PhaseKey) -> LaunchResult:
         access=Access.from_json(answer.access) if answer.access is not None else None,
         summary=requests[role].session,
     )
+
+
+async def _launch_and_check(
+    ctx: RunContext, side: Side, launched: Awaitable[LaunchAnswer]
+) -> LaunchAnswer:
+    """The target's launch and the drift check before it: the target's host's
+    fingerprint from the launch answer, any other host's asked for beside the launch."""
+    from remotemac.engine.drift import check_drift, fingerprint
+    from remotemac.engine.pullstream import run_all
+
+    answers: list[LaunchAnswer] = []
+    taken: dict[str, Fingerprint] = {}
+    prov = ctx.provision().hosts
+
+    async def keep() -> None:
+        answers.append(await launched)
+
+    async def other(key: str) -> None:
+        taken[key] = await fingerprint(ctx, key)
+
+    others = [k for k in ctx.hosts if k != side.host_key and k in prov and prov[k].fingerprint]
+    await run_all([keep(), *(other(k) for k in others)])
+    answer = answers[0]
+    if answer.fingerprint is not None:
+        taken[side.host_key] = Fingerprint.from_json(answer.fingerprint)
+    # an agent that took none (an older one) leaves the check to a call after the launch
+    await check_drift(ctx, "before-target", taken)
+    return answer
 
 
 async def _follow(ctx: RunContext, key: PhaseKey) -> FollowResult:

@@ -109,13 +109,20 @@ async def provision_host(
     transport.warm_up()  # the SFTP session opens while the root is claimed
     root, given = await _claim_root(ctx, binding)
     ctx.journal.record_created(transport.name, "agent", await binding.agent.install(), ctx.run_id)
-    prepared = PrepareRunAnswer.from_json(
-        await binding.agent.call(Op.PREPARE_RUN, {"root": root, "run_id": ctx.run_id})
-    )
+    upload = project_upload(pb)  # the dataset stays out: it only travels encrypted
+    archive = upload.archive()
+    request: JsonObject = {"root": root, "run_id": ctx.run_id}
+    if len(archive) <= INLINE_PROJECT_MAX:
+        # a small project travels in the call that makes the run dir: one round trip
+        request["project"] = {"data_b64": base64.b64encode(archive).decode("ascii")}
+    prepared = PrepareRunAnswer.from_json(await binding.agent.call(Op.PREPARE_RUN, request))
     binding.run_dir = prepared.run_dir
     ctx.journal.record_created(transport.name, "run", binding.run_dir, ctx.run_id)
 
-    archive, files = await _upload_project(ctx, binding, prepared)
+    if prepared.extracted is None:  # a larger project (or an agent that took none)
+        await _upload_project(ctx, binding, prepared, archive)
+    _project_progress(ctx, upload, archive)
+    files = upload.files
     env = pb.environment
     venv_python, venv, brought, req_bytes = await _environment(ctx, binding, root, prepared)
     # cached per environment key on the host: the probe reruns only when it changed
@@ -179,7 +186,8 @@ async def _claim_root(ctx: RunContext, binding: HostBinding) -> tuple[str, str]:
     # run dies in provision (issue 15, item 11)
     ctx.journal.record_created(transport.name, "root", root, ctx.run_id)
     try:
-        await binding.agent.claim(ctx.run_id)
+        # the claim's channel goes on as the resident agent when the agent is installed
+        await binding.agent.claim(ctx.run_id, then_resident=True)
     except BadInput:
         # refused before a byte was written (the user's dir, the home): never
         # remotemac's, so no cleanup of this host should list it as "not removed"
@@ -197,13 +205,9 @@ async def _claim_root(ctx: RunContext, binding: HostBinding) -> tuple[str, str]:
 
 
 async def _upload_project(
-    ctx: RunContext, binding: HostBinding, prepared: PrepareRunAnswer
-) -> tuple[bytes, list[Any]]:
-    """The project as one tar, extracted into the run's project dir: (archive, files)."""
-    pb = ctx.playbook
-    transport = binding.transport
-    upload = project_upload(pb)  # the dataset stays out: it only travels encrypted
-    archive, files = upload.archive(), upload.files
+    ctx: RunContext, binding: HostBinding, prepared: PrepareRunAnswer, archive: bytes
+) -> None:
+    """The project's tar extracted into the run's project dir (when prepare_run did not)."""
     request: JsonObject = {"dest": prepared.paths["project"]}
     if len(archive) <= INLINE_PROJECT_MAX:
         # a small project travels in the call itself: no SFTP put (open, write, close)
@@ -213,16 +217,20 @@ async def _upload_project(
         with tempfile.NamedTemporaryFile(suffix=".tar") as tmp:
             tmp.write(archive)
             tmp.flush()
-            await transport.put(tmp.name, remote_tar)
+            await binding.transport.put(tmp.name, remote_tar)
         request["archive"] = remote_tar
     await binding.agent.call(Op.EXTRACT_PROJECT, request)
+
+
+def _project_progress(ctx: RunContext, upload: Any, archive: bytes) -> None:
+    """The provision's progress line for the project: its files, the dataset left out."""
     ctx.emit(
         PhaseProgress(
             ctx.run_id,
             phase="provision",
             done=len(archive),
             total=len(archive),
-            detail=f"{len(files)} project files"
+            detail=f"{len(upload.files)} project files"
             + (
                 f" ({len(upload.left_out)} dataset files left out: sent encrypted)"
                 if upload.left_out
@@ -230,7 +238,6 @@ async def _upload_project(
             ),
         )
     )
-    return archive, files
 
 
 async def _environment(

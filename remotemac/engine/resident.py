@@ -137,6 +137,16 @@ class ResidentAgent:
             self._reader = asyncio.ensure_future(self._read_loop(proc))
             return proc
 
+    def adopt(self, proc: RemoteProcess) -> None:
+        """Take ``proc`` as this link's agent: a process started another way that is
+        the resident agent now (the claim's, agentclient._claim_then_resident), its
+        hello still to come."""
+        if self._proc is not None or self.closed:
+            raise HostError(f"the agent on {self.transport.name} is running already")
+        self._proc = proc
+        self.starts += 1
+        self._reader = asyncio.ensure_future(self._read_loop(proc))
+
     async def _read_loop(self, proc: RemoteProcess) -> None:
         why: BaseException = AgentGone("the resident agent ended")
         hello = False
