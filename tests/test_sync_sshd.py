@@ -57,6 +57,7 @@ class Host:
 
     async def sync(self, data: Path, key: bytes | None, cache=None, events=None, **kw):
         paths = sorted(str(p.relative_to(data)) for p in data.rglob("*") if p.is_file())
+        emit = kw.pop("emit", events.append if events is not None else None)
         return await sync_slice(
             self.transport,
             self.agent,
@@ -67,7 +68,7 @@ class Host:
             key=key,
             runtime_dir=self.runtime_dir,
             cache=cache,
-            emit=(events.append if events is not None else None),
+            emit=emit,
             **kw,
         )
 
@@ -252,18 +253,7 @@ async def test_cut_link_resumes_without_resending_verified_files(
 
     stats = SyncStats()
     try:
-        manifest, answer, stats = await sync_slice(
-            host.transport,
-            host.agent,
-            root=data,
-            paths=sorted(str(p.relative_to(data)) for p in data.rglob("*") if p.is_file()),
-            run_dir=host.run_dir,
-            run_id=host.run_id,
-            key=os.urandom(32),
-            runtime_dir=host.runtime_dir,
-            emit=on_event,
-            stats=stats,
-        )
+        manifest, answer, stats = await host.sync(data, os.urandom(32), emit=on_event, stats=stats)
     finally:
         await host.transport.close()
     assert cut, "the link was never cut"
@@ -675,18 +665,7 @@ async def test_a_receiver_killed_mid_group_loses_no_file_and_resends_none_acked(
                 killed.append(pid)
 
     try:
-        manifest, answer, stats = await sync_slice(
-            host.transport,
-            host.agent,
-            root=data,
-            paths=sorted(str(p.relative_to(data)) for p in data.rglob("*") if p.is_file()),
-            run_dir=host.run_dir,
-            run_id=host.run_id,
-            key=os.urandom(32),
-            runtime_dir=host.runtime_dir,
-            emit=on_event,
-            stats=stats,
-        )
+        manifest, answer, stats = await host.sync(data, os.urandom(32), emit=on_event, stats=stats)
     finally:
         await host.transport.close()
     assert killed, "no receiver was killed"
