@@ -294,6 +294,42 @@ def test_an_ack_never_leaves_before_its_record_line_is_written(dataops, tmp_path
     assert len(record) == len(paths)  # one line each, none torn or doubled
 
 
+def test_a_record_write_that_fails_sends_no_ack_for_its_files(dataops, tmp_path, monkeypatch):
+    """The disk fills while a block of record lines is written: a short write, then
+    ENOSPC (simulated: ``os.write`` fails for the record's fd only). The acks of that
+    block's files, and of every later one, are never sent (they once went out on the
+    next idle step, the block already dropped), and the torn tail is cut off, so no
+    acknowledged file's line is lost to a line run into it."""
+    root = tmp_path / "data"
+    paths = _slice(root, {f"d{i % 3}/s{i:03d}.bin": 20_000 + 37 * i for i in range(120)})
+    behind = dataops.WriteBehind
+    monkeypatch.setattr(dataops, "WriteBehind", lambda *a, **k: behind(*a, **k, idle_after=0.0))
+    monkeypatch.setattr(receiver, "SMALL_BATCH_BYTES", 100_000)  # several groups
+    real_write, blocks = os.write, []
+
+    def write(fd: int, data) -> int:
+        if not os.readlink(f"/proc/self/fd/{fd}").endswith(datarecords.RECORD):
+            return real_write(fd, data)
+        blocks.append(len(data))
+        if len(blocks) == 2:
+            return real_write(fd, bytes(data[: len(data) // 2]))  # the disk took half
+        if len(blocks) >= 3:
+            raise OSError(28, "No space left on device")
+        return real_write(fd, data)
+
+    monkeypatch.setattr(datarecords.os, "write", write)
+    out = _AckWatch(tmp_path / "run" / "data", paths)
+    code = dataops.serve(io.BytesIO(_stream(root, paths, os.urandom(32))), out)
+    monkeypatch.setattr(datarecords.os, "write", real_write)
+    lines = [json.loads(x) for x in out.getvalue().splitlines()]
+    assert code != 0 and len(blocks) >= 3, lines[-1]
+    assert out.unrecorded == [], "an ack left for a file whose record line was lost"
+    acked = {i for line in lines if "acks" in line for i in line["acks"]}
+    assert 0 < len(acked) < len(paths)
+    record = (tmp_path / "run" / "data" / datarecords.RECORD).read_text()
+    assert record.endswith("\n") and all(json.loads(x) for x in record.splitlines())
+
+
 def test_small_files_reach_the_write_behind_thread_in_groups(dataops, tmp_path, monkeypatch):
     """A task per small file woke the write-behind thread once per file (9,000 context
     switches for 1,916 files); they go in groups of ~SMALL_BATCH_BYTES, in order, and

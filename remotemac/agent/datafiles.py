@@ -108,8 +108,15 @@ class Lines:
             self._acks.append(index)
 
     def flush_acks(self) -> None:
+        """Send the gathered acks once their record lines are written; when they could
+        not be (``before_acks`` raised), the acks are dropped, never sent: the laptop sends
+        those files again and the next session stores them anew."""
         with self._lock:
-            self.before_acks()
+            try:
+                self.before_acks()
+            except BaseException:
+                self._acks = []
+                raise
             if self._acks:
                 acks, self._acks = self._acks, []
                 say(self._out, {"acks": acks})

@@ -9,6 +9,7 @@ Standard library only, Python 3.9.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import functools
 import hashlib
@@ -298,6 +299,9 @@ class Recorder:
         self._fd = fd
         self._lines: List[bytes] = []
         self._lock = threading.Lock()
+        #: the write that failed (a full disk, EIO): every later flush raises it again, so
+        #: no ack goes out after a record line was lost (datafiles.Lines.flush_acks)
+        self.broken: Optional[BaseException] = None
 
     def add(self, rec: Dict[str, Any]) -> None:
         line = (json.dumps(rec, sort_keys=True) + "\n").encode("utf-8")
@@ -308,14 +312,26 @@ class Recorder:
         """Write the kept lines (several receivers, one per stream, append to the same
         record: one locked write)."""
         with self._lock:
+            if self.broken is not None:
+                raise self.broken
             if not self._lines:
                 return
             block, self._lines = b"".join(self._lines), []
             fcntl.flock(self._fd, fcntl.LOCK_EX)
+            start: Optional[int] = None
             try:
+                start = os.lseek(self._fd, 0, os.SEEK_END)
                 view = memoryview(block)
                 while view:
                     view = view[os.write(self._fd, view) :]
+            except BaseException as exc:
+                self.broken = exc
+                # a short write must not leave a torn line for another stream's block
+                # to run into (load_records would drop the merged, acknowledged line)
+                if start is not None:
+                    with contextlib.suppress(OSError):
+                        os.ftruncate(self._fd, start)
+                raise
             finally:
                 fcntl.flock(self._fd, fcntl.LOCK_UN)
 
