@@ -196,3 +196,42 @@ async def test_large_files_split_across_streams_retired_and_opened_again(
     assert [n for _, n in stats.stream_steps] == [6, 8, 6, 8], stats.stream_steps
     assert stats.split_files == 5
     _check_all_held(host, manifest, answer, stats)
+
+
+class _Channel:
+    """A channel a probe opened (a unit test's stand-in: only its close is watched)."""
+
+    def __init__(self) -> None:
+        self.closed = False
+
+    async def close(self) -> None:
+        self.closed = True
+
+
+@pytest.mark.asyncio
+async def test_channels_a_probe_opened_as_the_push_ended_are_closed():
+    """A probe on the run's own link opened two channels and waits for their start
+    answers when the push ends: the push cancels it, and the two are closed, not left
+    with a receiver waiting on its stdin, one of the host's MaxSessions each, on a link
+    that outlives the sync (a pooled run's link does). A unit test of synctalk's
+    Session._grow: the channels are stand-ins."""
+    opened: list[_Channel] = []
+
+    class Probe:
+        async def _open_workers(self, argv, hello, count, procs):
+            for _ in range(count):
+                channel = _Channel()
+                opened.append(channel)
+                procs.append(channel)
+            await asyncio.sleep(300)  # the start answers, slow
+
+        async def _open_spare(self, argv, hello, count):
+            return []
+
+    probe = asyncio.ensure_future(synctalk.Session._grow(Probe(), [], None, [], 2))
+    while len(opened) < 2:
+        await asyncio.sleep(0.01)
+    probe.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await probe
+    assert [c.closed for c in opened] == [True, True]

@@ -62,6 +62,9 @@ from remotemac.transport.base import RemoteProcess, Transport
 #: start, which a re-sync's hello waits for, where a script is compiled on every start)
 RECEIVER_BOOT = AGENT_BOOT
 
+#: how long closing a channel no stream took may take (a dead link: give up)
+CLOSE_UNUSED_S = 5.0
+
 
 def receiver_argv(python: str, agent_dir: str, runtime_dir: str | None = None) -> list[str]:
     # -S: stdlib only (cryptography comes from the runtime dir it names), and a host
@@ -480,6 +483,8 @@ class Session:
                 *ending,
             ]
             if late is not None:
+                if late.done() and not late.cancelled() and late.exception() is None:
+                    await _close_all([proc for proc, _spare in late.result()])  # never adopted
                 pending.append(late)
             for task in pending:
                 task.cancel()
@@ -536,13 +541,20 @@ class Session:
         open_here = LINK_STREAMS - sum(not lane.spare and not lane.closed for lane in lanes)
         here = max(0, min(count, open_here))
         procs: list[RemoteProcess] = []
-        if here:
-            await self._open_workers(argv, hello, here, procs)
-        out = [(proc, False) for proc in procs]
-        open_there = SPARE_STREAMS - sum(lane.spare and not lane.closed for lane in lanes)
-        there = max(0, min(count - len(out), open_there))
-        if there:
-            out += [(proc, True) for proc in await self._open_spare(argv, hello, there)]
+        try:
+            if here:
+                await self._open_workers(argv, hello, here, procs)
+            out = [(proc, False) for proc in procs]
+            open_there = SPARE_STREAMS - sum(lane.spare and not lane.closed for lane in lanes)
+            there = max(0, min(count - len(out), open_there))
+            if there:
+                out += [(proc, True) for proc in await self._open_spare(argv, hello, there)]
+        except BaseException:
+            # the push ended or failed while this probe opened: the channels it opened on
+            # the run's own link would stay open (a receiver waiting on stdin, one session
+            # of the host's MaxSessions each) on a link that outlives the sync
+            await _close_all(procs)
+            raise
         return out
 
     async def _end_lane(self, lane: _Lane) -> None:
@@ -922,6 +934,14 @@ def _delivered(lanes: list[_Lane], stats: SyncStats) -> int:
     if any(n is None for n in taken):
         return stats.sent_bytes
     return sum(n for n in taken if n is not None)
+
+
+async def _close_all(procs: list[RemoteProcess]) -> None:
+    """Close channels no stream took (a probe's, when the push ended while it opened);
+    a close that fails or hangs on a dead link gives up after a few seconds."""
+    for proc in procs:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(proc.close(), CLOSE_UNUSED_S)
 
 
 async def _all(coros: list[Awaitable[Any]]) -> list[Any]:
