@@ -214,3 +214,35 @@ def test_drift_comparison_on_a_real_fingerprint():
     )
     assert summary.torch == [] and len(summary.drifts) == 1
     assert summary.drifts[0].detail == "packages fakepkg - → 1.0"
+
+
+def test_a_failed_access_check_is_the_launchs_answer_even_when_the_fingerprint_fails(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """The launch takes the environment's fingerprint while its access check runs. When
+    both fail, the user reads the access check's line (what the job could not reach),
+    not the fingerprint probe's error that once replaced it (a unit test: both
+    guards are stand-ins that raise)."""
+    from remotemac.agent import guards, hostagent
+
+    def access(req):
+        raise hostagent.AgentError("the job cannot write its output dir /x/out")
+
+    def fingerprint(req):
+        def finish():
+            raise ValueError("the fingerprint probe printed nothing")
+
+        return finish
+
+    monkeypatch.setattr(guards, "check_access", access)
+    monkeypatch.setattr(guards, "start_env_fingerprint", fingerprint)
+    (tmp_path / "run" / "status").mkdir(parents=True)
+    req = {
+        "run_dir": str(tmp_path / "run"),
+        "device": "cpu",
+        "session": "remotemac-t-cpu",
+        "command": "true",
+        "fingerprint": sys.executable,
+    }
+    with pytest.raises(hostagent.AgentError, match="cannot write its output dir"):
+        hostagent.op_launch(req)

@@ -345,8 +345,12 @@ def _launch_locked(spec: JobSpec, req: JsonObject) -> JsonObject:
     try:
         if not spec.skip_access_check:
             access = guards.check_access(req)  # (while the fingerprint's probe runs)
-    finally:
-        fingerprint = fingerprinting() if fingerprinting is not None else None
+    except BaseException:
+        if fingerprinting is not None:  # reap the probe; the access check's error is the answer
+            with contextlib.suppress(Exception):
+                fingerprinting()
+        raise
+    fingerprint = fingerprinting() if fingerprinting is not None else None
     if fingerprint is not None:
         _atomic_write_json(fingerprint_path, fingerprint)
     spec_path = os.path.join(run_dir, "status", device + ".spec.json")
