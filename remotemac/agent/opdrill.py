@@ -29,7 +29,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import importlib.util
-import io
 import json
 import os
 import sys
@@ -254,10 +253,14 @@ def start(torch: Any, spec: dict[str, Any], device: str) -> Any:
                     state,
                 )
             with open(str(saved), "rb") as fh:
-                data = fh.read()
-            header["input_sha256"] = hashlib.sha256(data).hexdigest()
-            blob = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
-            del data
+                # hashed in chunks, then loaded through the same open file: the bytes
+                # hashed are the bytes loaded, without a second copy of a large input
+                digest = hashlib.sha256()
+                for chunk in iter(lambda: fh.read(1 << 20), b""):
+                    digest.update(chunk)
+                header["input_sha256"] = digest.hexdigest()
+                fh.seek(0)
+                blob = torch.load(fh, map_location="cpu", weights_only=True)
             count = len([k for k in blob if k.startswith("arg.")])
             if count != len(arg_tensors):
                 raise ValueError(
