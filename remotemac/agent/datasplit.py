@@ -255,6 +255,9 @@ class SplitPieces:
         try:
             sp = self._split(index, req.get("header"))
             sid = sp.sid
+            if not os.path.exists(sp.base + ".json"):  # (no lock file made for nothing)
+                prefixes.pop(sid, None)
+                return
             with flocked(sp.base + ".lock"):
                 if not os.path.exists(sp.base + ".json"):
                     prefixes.pop(sid, None)
