@@ -64,6 +64,8 @@ RECEIVER_BOOT = AGENT_BOOT
 
 #: how long closing a channel no stream took may take (a dead link: give up)
 CLOSE_UNUSED_S = 5.0
+#: how often the first channel, its files all sent, looks for hints to pass on
+HINT_PUMP_S = 0.02
 
 
 def receiver_argv(python: str, agent_dir: str, runtime_dir: str | None = None) -> list[str]:
@@ -464,6 +466,7 @@ class Session:
             start(proc)
         began = time.monotonic()
         late, self._late = self._late, None
+        pump = asyncio.ensure_future(self._pump_hints(lanes[0]))
         try:
             while True:
                 if late is not None and late.done():
@@ -511,6 +514,9 @@ class Session:
             await _all([self._final(lane.reader, lane.queue) for lane in active[1:]])
             await _all(list(ending))
             self.stats.mark("workers done")
+            pump.cancel()
+            with contextlib.suppress(BaseException):
+                await pump
             if ahead_ok and all(sent):
                 await self._finish(procs[0], hello)
                 self.stats.mark("end sent")
@@ -523,6 +529,7 @@ class Session:
                 *(lane.sender for lane in lanes),
                 *(lane.reader for lane in lanes),
                 *ending,
+                pump,
             ]
             if late is not None:
                 if late.done() and not late.cancelled() and late.exception() is None:
@@ -533,6 +540,20 @@ class Session:
             for task in pending:
                 with contextlib.suppress(BaseException):
                     await task
+
+    async def _pump_hints(self, main: _Lane) -> None:
+        """Once the first stream has sent its last file, the hints (syncsplitfiles.py)
+        go straight onto its channel while the other streams finish: no file's frame can
+        be cut by one now, and the host hashes the split files' last pieces as they land
+        instead of after the end (the join then hashes what the last hint did not see)."""
+        with contextlib.suppress(Exception):
+            if not await main.sender:
+                return
+            hints = self._split_files.hints
+            while True:
+                while hints:
+                    await main.proc.write(hints.popleft())
+                await asyncio.sleep(HINT_PUMP_S)
 
     @staticmethod
     def _live(lanes: list[_Lane]) -> list[_Lane]:
