@@ -30,7 +30,8 @@ the hello is on its way):
    "prefix_sha256", "header", "size", "mtime_ns"}``, ``chunks`` being the whole
    chunks that authenticate and ``offset`` their plaintext length;
 3. laptop → ``b"P" 0 0`` (optional, any number): the host answers ``{"ok": true,
-   "pong": true}`` (the laptop sizes its streams by this round trip);
+   "pong": true}`` (the laptop sizes its streams by this round trip where its link
+   cannot measure one; a worker's frames follow its hello at once, before its answer);
 4. laptop → frames ``b"F" index:u32 length:u64`` + ``length`` bytes (ciphertext,
    or plaintext for public data) + the 32-byte SHA-256 of the plaintext, or
    ``b"R" index:u32 length:u64`` + ``meta_len:u32`` + ``{"partial", "chunks",
