@@ -117,6 +117,14 @@ def host_built_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return warm.root
 
 
+@pytest.fixture(scope="session")
+def workload_python(host_built_root: Path) -> str:
+    """The python of the venv the host built in :func:`host_built_root` (torch 2.13 and
+    numpy from the lock file): for tests that run the agent's workload-side scripts (the
+    harness, the checkpoint converter) as the runner does, under the workload's venv."""
+    return hostbuilt.venv_python(host_built_root)
+
+
 @pytest.fixture
 def host_pythons(monkeypatch: pytest.MonkeyPatch) -> None:
     """The host ``local`` as a host without the test venv: its interpreter search looks

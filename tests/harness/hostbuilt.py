@@ -102,11 +102,11 @@ class HostBuilt:
 
 
 def _lent(path: str) -> bool:
-    """Is ``path`` the test runner's own interpreter or inside its environment?"""
-    real = os.path.realpath(path)
-    if real == os.path.realpath(sys.executable):
-        return True
-    return any(real.startswith(os.path.realpath(prefix) + os.sep) for prefix in (sys.prefix,))
+    """Is ``path`` inside the test runner's venv (what ``sys.executable`` lent the host)?
+    (A runner that is itself the OS's interpreter lends nothing a venv would not see.)"""
+    if os.path.realpath(sys.prefix) == os.path.realpath(sys.base_prefix):
+        return False
+    return os.path.realpath(path).startswith(os.path.realpath(sys.prefix) + os.sep)
 
 
 def assert_host_built(
@@ -127,11 +127,19 @@ def assert_host_built(
         made_from = facts.get("interpreter") or {}
         assert made_from.get("interpreter"), f"{side}: no venv was built: {facts}"
         assert not _lent(made_from["interpreter"]), f"{side}: the test's own Python: {made_from}"
+        # made from an interpreter, not from a venv's python (the test venv's on PATH)
+        assert made_from.get("interpreter_is_venv") is False, made_from
         assert made_from.get("version", "").startswith(PYTHON_VERSION + "."), made_from
         assert made_from.get("installer") in ("uv", "pip"), made_from
         assert made_from["interpreter"] in ready, (made_from, ready)
         if torch:
             assert str(facts.get("torch", "")).startswith("2.13."), facts
+
+
+def venv_python(root: Path) -> str:
+    """The python of the one venv the host built under ``root`` (``envs/<key>``, ready)."""
+    (ready,) = (root / "envs").glob("*/.remotemac-ready")
+    return str(ready.parent / "bin" / "python")
 
 
 @dataclass(frozen=True)
