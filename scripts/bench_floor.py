@@ -20,8 +20,19 @@ From 1 and 2 it prints the floor: the faster peer's CPU plus the promised extra 
 spread perfectly over all cores, and so the best ratio any implementation that keeps
 the promises could reach here, beside the measured one.
 
+``--pin`` models two machines (issue 36): the laptop side (this process and what it
+starts) on core 0, sshd and every session it runs on core 1, as bench_sync's
+``--pin``. Each end then has one core, so the floor is the slower END: for each end
+the peer's own CPU there (sampled from /proc by bench_sync.EndsCPU) plus the promised
+work that end does (push: the laptop hashes and seals, the host hashes, opens and
+writes the plaintext into RAM; pull: each end hashes once), and the larger of the
+two is the least time any implementation keeping the promises could take. Beside it,
+remotemac's measured CPU by end says which end holds it and by how much beyond the
+floor.
+
     python scripts/bench_floor.py                 # 1 GiB, medians of 3
     python scripts/bench_floor.py --repeat 5 --size 512MiB
+    python scripts/bench_floor.py --pin           # one core per end
 """
 
 from __future__ import annotations
@@ -42,7 +53,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from scripts import bench_pull, bench_sync  # noqa: E402
-from scripts.bench_sync import CIPHER, machine_cpu_s, parse_size  # noqa: E402
+from scripts.bench_sync import CIPHER, EndsCPU, machine_cpu_s, parse_size, pin_ends  # noqa: E402
 from tests.harness.sshd import SSHD  # noqa: E402
 
 CHUNK = 256 * 1024  # remotemac-enc/v1's default chunk (remotemac/agent/streamcrypt.py)
@@ -101,21 +112,56 @@ def peer(argv: list[str]) -> tuple[float, float]:
     return cpu_of(lambda: subprocess.run(argv, check=True))
 
 
+#: the promised per-byte work each end does, by direction (names of extra_work's steps)
+PROMISED_BY_END = {
+    "push": {"laptop": ("sha256", "seal"), "host": ("sha256", "open", "ram")},
+    "pull": {"laptop": ("sha256",), "host": ("sha256",)},
+}
+
+
+def pinned_floor(
+    way: str, peer_ends: dict[str, float], extra: dict[str, float]
+) -> tuple[float, str, dict[str, float]]:
+    """(floor seconds, the end that sets it, each end's floor CPU) with one core an end:
+    the peer's CPU on that end plus the promised work there; the slower end is the floor."""
+    per_end = {
+        end: peer_ends[end] + sum(extra[step] for step in steps)
+        for end, steps in PROMISED_BY_END[way].items()
+    }
+    slow = max(per_end, key=lambda end: per_end[end])
+    return per_end[slow], slow, per_end
+
+
 async def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--size", type=parse_size, default=parse_size("1GiB"))
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument(
+        "--pin", action="store_true", help="laptop side on core 0, sshd and its sessions on 1"
+    )
     args = ap.parse_args()
     cores = os.cpu_count() or 1
     rows: dict[str, list[tuple[float, float]]] = {}
+    by_end: dict[str, list[dict[str, float]]] = {}
     extras: list[dict[str, float]] = []
+    sshd_pid: int | None = None
 
-    def note(key: str, wall_cpu: tuple[float, float]) -> None:
+    def note(key: str, wall_cpu: tuple[float, float], ends: EndsCPU | None = None) -> None:
         rows.setdefault(key, []).append(wall_cpu)
+        if ends is not None:
+            by_end.setdefault(key, []).append(dict(ends.cpu))
+
+    def copy(key: str, argv: list[str]) -> None:
+        ends = EndsCPU(sshd_pid, None)
+        wall_cpu = peer(argv)
+        note(key, wall_cpu, ends.stop())
 
     with tempfile.TemporaryDirectory(prefix="rm-floor-") as t:
         tmp = Path(t)
         server = SSHD(tmp / "sshd").start()
+        sshd_pid = server.proc.pid if server.proc is not None else None
+        if args.pin:
+            pin_ends(server)
         try:
             (tmp / "s").mkdir()
             (tmp / "p").mkdir()
@@ -150,26 +196,28 @@ async def main() -> int:
                     shutil.rmtree(local, ignore_errors=True)
                     local.mkdir()
                     settled()
-                    note(f"pull {tool}", peer([*argv, f"{alias}:{remote}/model.bin", f"{local}/"]))
+                    copy(f"pull {tool}", [*argv, f"{alias}:{remote}/model.bin", f"{local}/"])
                 shutil.rmtree(local, ignore_errors=True)
                 local.mkdir()
                 settled()
-                cpu, start = machine_cpu_s(), time.perf_counter()
+                ends, cpu, start = EndsCPU(sshd_pid, None), machine_cpu_s(), time.perf_counter()
                 await pull.pull("loopback", remote, local)
-                note("pull remotemac", (time.perf_counter() - start, machine_cpu_s() - cpu))
+                wall_cpu = (time.perf_counter() - start, machine_cpu_s() - cpu)
+                note("pull remotemac", wall_cpu, ends.stop())
                 shutil.rmtree(local, ignore_errors=True)
                 run_id = f"floor-{r}"
                 await push.prepare(run_id)  # a run dir: the provision phase's, not timed
                 settled()
-                cpu, start = machine_cpu_s(), time.perf_counter()
+                ends, cpu, start = EndsCPU(sshd_pid, None), machine_cpu_s(), time.perf_counter()
                 await push.sync(data, ["train.bin"], run_id, push.loopback)
-                note("push remotemac", (time.perf_counter() - start, machine_cpu_s() - cpu))
+                wall_cpu = (time.perf_counter() - start, machine_cpu_s() - cpu)
+                note("push remotemac", wall_cpu, ends.stop())
                 push.drop_run(run_id)
                 for tool, argv in tools:
                     dest = server.home / f"{tool}-dest"
                     push.host_dir(dest)
                     settled()
-                    note(f"push {tool}", peer([*argv, str(data / "train.bin"), f"{alias}:{dest}/"]))
+                    copy(f"push {tool}", [*argv, str(data / "train.bin"), f"{alias}:{dest}/"])
                     shutil.rmtree(dest)
         finally:
             server.cleanup()
@@ -204,7 +252,39 @@ async def main() -> int:
             f"{p_wall / floor_wall:.2f}x {best_peer}; measured {p_wall / r_wall:.2f}x "
             f"(remotemac CPU {r_cpu / gib:.2f} s per GiB)"
         )
+        if args.pin:
+            print_pinned(way, med, by_end, extra, args.size)
     return 0
+
+
+def print_pinned(
+    way: str,
+    med: dict[str, tuple[float, float]],
+    by_end: dict[str, list[dict[str, float]]],
+    extra: dict[str, float],
+    size: int,
+) -> None:
+    """The one-core-an-end floor of ``way`` against the faster pinned peer, and which
+    end of remotemac's own copy stands above its floor."""
+    ends = {
+        key: {e: statistics.median(row[e] for row in rows) for e in ("laptop", "host")}
+        for key, rows in by_end.items()
+    }
+    best_peer = min(("scp", "rsync"), key=lambda tool: med[f"{way} {tool}"][0])
+    p_wall = med[f"{way} {best_peer}"][0]
+    r_wall = med[f"{way} remotemac"][0]
+    floor, slow, per_end = pinned_floor(way, ends[f"{way} {best_peer}"], extra)
+    floor_wall = max(floor, p_wall)  # never faster than the peer itself
+    mine = ends[f"{way} remotemac"]
+    print(
+        f"  {way}, pinned: {best_peer} {p_wall:.2f} s (laptop {ends[f'{way} {best_peer}']['laptop']:.2f}"
+        f" + host {ends[f'{way} {best_peer}']['host']:.2f} s CPU); floor by end: laptop "
+        f"{per_end['laptop']:.2f} s, host {per_end['host']:.2f} s: the {slow} sets it, "
+        f"{floor_wall:.2f} s: best possible {p_wall / floor_wall:.2f}x {best_peer}; measured "
+        f"{p_wall / r_wall:.2f}x ({size / r_wall / 1e6:.1f} MB/s), remotemac CPU laptop "
+        f"{mine['laptop']:.2f} s (floor {per_end['laptop']:.2f}), host {mine['host']:.2f} s "
+        f"(floor {per_end['host']:.2f})"
+    )
 
 
 if __name__ == "__main__":

@@ -41,7 +41,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.harness import ramstores
+from tests.harness import hostbuilt, ramstores
 
 pytest_plugins = ["tests.harness.fixtures"]
 
@@ -70,18 +70,126 @@ def rm_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     subprocess.run(["tmux", "kill-server"], env=env, capture_output=True, check=False)
 
 
-@pytest.fixture
-def make_playbook(tmp_path: Path):
-    """Write a playbook for the ``lines`` workload on the local host; keys override.
+def _lines_book(name: str, root: str, project: Path, environment: dict, overrides: dict) -> dict:
+    """The ``lines`` workload's playbook on the host ``local``; top-level keys override
+    (a dict merges into the section, None removes the key)."""
+    data = {
+        "name": name,
+        "host": "local",
+        "remote_root": root,
+        "project": {"path": str(project), "exclude": ["data/"]},
+        "environment": environment,
+        "data": {
+            "path": str(LINES_PROJECT / "data"),
+            "classification": "public",
+            "encrypt": True,
+        },
+        "workload": {
+            "command": "python3 emit.py --device {device} --data {data_dir} "
+            "--out {output_dir} --lines 40 --seconds 0.5 --torch",
+            "reference": {"device": "cpu"},
+            "target": {"device": "cpu"},
+            "timeout": "5m",
+        },
+        "outputs": {
+            "path": ".",
+            "compare": [{"file": "result.json", "rtol": 1e-6, "atol": 1e-9}],
+        },
+        "stop_when": {"memory_growth": False},
+    }
+    for key, value in overrides.items():
+        if value is None:
+            data.pop(key, None)
+        elif isinstance(value, dict) and isinstance(data.get(key), dict):
+            data[key] = {**data[key], **value}
+        else:
+            data[key] = value
+    return data
 
-    The environment is a preinstalled one: the host ``local`` is this machine, and the
-    test runner's own interpreter (torch CPU installed) is handed over as
-    ``environment.python`` with ``venv: false``, as a user whose host already has torch
-    would. A rented Mac has no such interpreter (only 3.9.6, which cannot install
-    current torch): that the host brings its own interpreter and builds the workload's
-    environment under ``remote_root`` is what the fresh-host sshd tests prove
-    (tests/test_bring_sshd.py, tests/test_agent_runtime_sshd.py), with ``environment``
-    left to its default.
+
+@pytest.fixture(scope="session")
+def host_built_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """This worker's ``remote_root`` on the host ``local`` where the workload's venv was
+    built once by the product, from a version and a lock file (tests/harness/hostbuilt.py
+    says why and how); :func:`make_playbook`'s runs reuse it."""
+    warm = hostbuilt.warm_root(tmp_path_factory.mktemp("host-built"))
+    print(f"\nhost-built environment: first run {warm.seconds:.1f} s (venv built)")
+    return warm.root
+
+
+@pytest.fixture(scope="session")
+def workload_python(host_built_root: Path) -> str:
+    """The python of the venv the host built in :func:`host_built_root` (torch 2.13 and
+    numpy from the lock file): for tests that run the agent's workload-side scripts (the
+    harness, the checkpoint converter) as the runner does, under the workload's venv."""
+    return hostbuilt.venv_python(host_built_root)
+
+
+@pytest.fixture
+def host_pythons(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The host ``local`` as a host without the test venv: its interpreter search looks
+    only in the OS's bin dirs (``$REMOTEMAC_PYTHON_PATH``), and torch comes from the
+    machine's CPU wheel; set for the CLI this test starts (tests/harness/hostbuilt.py).
+    Enough by itself for a torch-free workload whose ``environment`` asks for
+    ``python: "3.11"`` and no requirements: the host builds an empty venv at once."""
+    for key, value in hostbuilt.host_env().items():
+        monkeypatch.setenv(key, value)
+
+
+@pytest.fixture
+def host_built(tmp_path: Path, host_built_root: Path, host_pythons: None) -> hostbuilt.HostBuilt:
+    """A host-built environment with torch for this test's runs on the host ``local``:
+    the worker's warm root and project copies with a lock file (and ``host_pythons``)."""
+    return hostbuilt.HostBuilt(host_built_root, tmp_path)
+
+
+@pytest.fixture
+def make_playbook(tmp_path: Path, host_built: hostbuilt.HostBuilt):
+    """Write a playbook for the ``lines`` workload on the local host whose environment
+    the host builds; keys override (as :func:`make_preinstalled_playbook`'s).
+
+    The project (``lines``, or the one a ``project={"path": ...}`` override names) is
+    copied with a ``requirements.lock`` (torch 2.13, numpy) and ``environment`` is
+    ``{python: "3.11", requirements: requirements.lock}``: the host matches a 3.11 among
+    its own interpreters (never the test venv: ``$REMOTEMAC_PYTHON_PATH``) and builds the
+    venv with uv. ``remote_root`` is this worker's :func:`host_built_root`, where that
+    venv already exists: the run reuses it through the product's env cache
+    (``make_playbook.root``). A test checks what the record says with
+    ``hostbuilt.assert_host_built(record, make_playbook.root)``.
+
+    Teardown: the RAM stores of the runs the test's journal (under ``tmp_path``) lists.
+    """
+
+    def make(name: str = "lines", **overrides) -> Path:
+        given = overrides.pop("project", None) or {}
+        project = host_built.project(Path(given.get("path", LINES_PROJECT)), name)
+        book = _lines_book(name, str(host_built.root), project, host_built.environment(), overrides)
+        book["project"] = {**book["project"], **given, "path": str(project)}
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(yaml.safe_dump(book, sort_keys=False))
+        return path
+
+    make.root = host_built.root  # type: ignore[attr-defined]
+    yield make
+    ramstores.remove_stores(ramstores.run_ids_under(tmp_path), {os.geteuid()})
+
+
+@pytest.fixture
+def make_preinstalled_playbook(tmp_path: Path):
+    """Write a playbook for the ``lines`` workload on the local host, with a
+    preinstalled environment and a root of the test's own; keys override.
+
+    For tests about something else than the workload's environment (the CLI's and
+    the TUI's output, interrupts, the journal, what a root holds, cleanup) that need a
+    ``remote_root`` of their own (one with the venv built in it would cost a torch
+    install per test). The host ``local`` is this machine, and the test runner's own
+    interpreter (torch CPU installed) is handed over as ``environment.python`` with
+    ``venv: false``, as a user whose host already has torch would. A rented Mac has
+    no such interpreter (only 3.9.6, which cannot install current torch): that the
+    host matches or brings an interpreter and builds the workload's environment under
+    ``remote_root`` is what :func:`make_playbook`'s tests prove on the host ``local``
+    (tests/test_pipeline_local.py) and the fresh-host sshd tests over a bare 3.9 host
+    (tests/test_readme_walkthrough.py, tests/test_bring_sshd.py).
 
     A top-level key given as None is left out (e.g. ``environment=None``: the default
     environment, as a playbook over the fresh-host sshd should use).
@@ -93,37 +201,8 @@ def make_playbook(tmp_path: Path):
     """
 
     def make(name: str = "lines", **overrides) -> Path:
-        data = {
-            "name": name,
-            "host": "local",
-            "remote_root": str(tmp_path / "host-root"),
-            "project": {"path": str(LINES_PROJECT), "exclude": ["data/"]},
-            "environment": {"python": sys.executable, "venv": False},
-            "data": {
-                "path": str(LINES_PROJECT / "data"),
-                "classification": "public",
-                "encrypt": True,
-            },
-            "workload": {
-                "command": "python3 emit.py --device {device} --data {data_dir} "
-                "--out {output_dir} --lines 40 --seconds 0.5 --torch",
-                "reference": {"device": "cpu"},
-                "target": {"device": "cpu"},
-                "timeout": "5m",
-            },
-            "outputs": {
-                "path": ".",
-                "compare": [{"file": "result.json", "rtol": 1e-6, "atol": 1e-9}],
-            },
-            "stop_when": {"memory_growth": False},
-        }
-        for key, value in overrides.items():
-            if value is None:
-                data.pop(key, None)
-            elif isinstance(value, dict) and isinstance(data.get(key), dict):
-                data[key] = {**data[key], **value}
-            else:
-                data[key] = value
+        environment = {"python": sys.executable, "venv": False}
+        data = _lines_book(name, str(tmp_path / "host-root"), LINES_PROJECT, environment, overrides)
         path = tmp_path / f"{name}.yaml"
         path.write_text(yaml.safe_dump(data, sort_keys=False))
         return path
@@ -279,7 +358,7 @@ def no_ram_store_outlives_the_session(tmp_path_factory: pytest.TempPathFactory):
     under its own pytest temp dir (``getbasetemp()``, one per worker), and only ids of
     ``journal.new_run_id``'s shape (name, UTC second, 4 random hex digits), which no
     other session reuses. A test that leaves a run unwiped on purpose cleans up in its
-    teardown (the sshd lab's ``HostDirs.remove``, the local host's ``make_playbook``, or
+    teardown (the sshd lab's ``HostDirs.remove``, the local host's ``make_*playbook``, or
     its own); this catches the one that does not. Runs on an sshd host that no journal
     under the temp dir knows (agent calls by hand) are the lab host's teardown's to
     remove: their root is gone with it, so this cannot see them.

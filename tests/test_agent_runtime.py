@@ -444,11 +444,11 @@ async def test_decrypting_without_the_runtime_is_exit_6_not_3(tmp_path):
 @pytest.mark.e2e
 @needs_bare
 def test_pipeline_on_bare_agent_python_then_cleanup_removes_runtime(
-    make_playbook, rm_home, tmp_path
+    make_preinstalled_playbook, rm_home, tmp_path
 ):
     """The whole run with the agent on the bare 3.9 (an encrypted slice); a second run
     reuses the runtime; cleanup removes it."""
-    pb = make_playbook(agent={"python": BARE})
+    pb = make_preinstalled_playbook(agent={"python": BARE})
     out1, out2 = tmp_path / "out1", tmp_path / "out2"
     first = remotemac("run", str(pb), "--out", str(out1))
     assert first.returncode == 0, first.stdout + first.stderr
@@ -518,9 +518,11 @@ def test_doctor_runtime_verdicts():
 
 @pytest.mark.e2e
 @needs_bare
-def test_run_whose_runtime_cannot_install_exits_6_naming_sync(make_playbook, rm_home, tmp_path):
+def test_run_whose_runtime_cannot_install_exits_6_naming_sync(
+    make_preinstalled_playbook, rm_home, tmp_path
+):
     """The CLI's answer to a host that can neither pip-install nor be forced offline."""
-    pb = make_playbook(agent={"python": BARE, "runtime_install": "online"})
+    pb = make_preinstalled_playbook(agent={"python": BARE, "runtime_install": "online"})
     proc = remotemac(
         "run",
         str(pb),

@@ -10,7 +10,7 @@ import hashlib
 import io
 import json
 import os
-import sys
+import subprocess
 import tarfile
 from pathlib import Path
 
@@ -24,7 +24,7 @@ from remotemac.engine import pincheck, pythonsource
 from remotemac.engine.hostpython import version_request
 from remotemac.engine.pythonsource import HostPlatform, HostTags
 from remotemac.errors import BadInput
-from tests.harness import pbs
+from tests.harness import hostbuilt, pbs
 
 FIXTURES = Path(__file__).parent / "fixtures" / "pypi"
 
@@ -62,16 +62,23 @@ def _bin(tmp_path: Path, **links: str) -> Path:
 
 
 def test_find_python_matches_the_request_among_the_hosts_interpreters(tmp_path, monkeypatch):
-    """Only what is in the search path counts; the newest match wins; no match is None."""
-    me = f"{sys.version_info[0]}.{sys.version_info[1]}"
-    monkeypatch.setenv(pythons.ENV_SEARCH, str(_bin(tmp_path, **{f"python{me}": sys.executable})))
+    """Only what is in the search path counts; the newest match wins; no match is None.
+    The interpreter is one of the host's own (hostbuilt.host_python), not the test's."""
+    host = hostbuilt.host_python()
+    full = subprocess.run(
+        [host, "-c", "import platform; print(platform.python_version())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    major, minor = (int(x) for x in full.split(".")[:2])
+    me = f"{major}.{minor}"
+    monkeypatch.setenv(pythons.ENV_SEARCH, str(_bin(tmp_path, **{f"python{me}": host})))
     found = pythons.op_find_python({"spec": me, "root": str(tmp_path / "root")})
     assert found["python"] == str(tmp_path / "bin" / f"python{me}")
     assert found["brought"] is False and found["platform"]["os"] == "linux"
-    none = pythons.op_find_python({"spec": f">={sys.version_info[0]}.{sys.version_info[1] + 1}"})
-    assert none["python"] is None and [p["version"] for p in none["pythons"]] == [
-        ".".join(map(str, sys.version_info[:3]))
-    ]
+    none = pythons.op_find_python({"spec": f">={major}.{minor + 1}"})
+    assert none["python"] is None and [p["version"] for p in none["pythons"]] == [full]
 
 
 def _claimed_root(tmp_path: Path) -> Path:
@@ -314,7 +321,7 @@ def test_a_failed_uv_install_is_one_line_with_the_resolvers_last_lines(tmp_path,
     request = {
         "root": str(root),
         "key": "k",
-        "python": sys.executable,
+        "python": hostbuilt.host_python(),  # the host's own, not the test's
         "requirements": str(reqs),
         "uv": shutil.which("uv"),
     }

@@ -19,22 +19,24 @@ import yaml
 
 from remotemac.journal import Journal
 from tests.conftest import LINES_PROJECT, remotemac
-from tests.harness import ramstores
+from tests.harness import hostbuilt, ramstores
 
 pytestmark = pytest.mark.timeout(300)
 COLS = {"COLUMNS": "80"}
 
 
 def lines_playbook(folder: Path, name: str = "lines", **overrides) -> Path:
-    """The ``lines`` workload on the host ``local`` with a preinstalled environment (this
-    machine's interpreter, as tests.conftest.make_playbook says why): the CLI's output
-    is what these tests are about, not how the host builds an environment."""
+    """The ``lines`` workload, torch-free, on the host ``local``: ``environment`` asks
+    for Python 3.11 and names no requirements, so the host matches a 3.11 of its own
+    (``hostbuilt.host_env``: never the test venv) and builds an empty venv in the run's
+    root, the way it builds one with torch (tests/harness/hostbuilt.py), in a fraction
+    of a second. The CLI's output is what these tests are about."""
     data = {
         "name": name,
         "host": "local",
         "remote_root": str(folder / "host-root"),
         "project": {"path": str(LINES_PROJECT), "exclude": ["data/"]},
-        "environment": {"python": sys.executable, "venv": False},
+        "environment": {"python": hostbuilt.PYTHON_VERSION},
         "data": {"path": str(LINES_PROJECT / "data"), "classification": "public"},
         "workload": {
             "command": "python3 emit.py --device {device} --data {data_dir} "
@@ -58,7 +60,7 @@ def finished(tmp_path_factory):
     of the module the manual one is wiped (its RAM store in /dev/shm would outlive the
     tests), by the product's ``wipe``, and by hand if that failed."""
     folder = tmp_path_factory.mktemp("cli-ux")
-    env = {"REMOTEMAC_HOME": str(folder / "home")}
+    env = {"REMOTEMAC_HOME": str(folder / "home"), **hostbuilt.host_env()}
     ids = {}
     try:
         for name, extra in (("auto", {}), ("manual", {"wipe": "manual"})):
@@ -71,6 +73,15 @@ def finished(tmp_path_factory):
         if "manual" in ids:
             remotemac("wipe", ids["manual"], "--yes", cwd=folder, env=env)
         ramstores.remove_stores(ramstores.run_ids_under(folder), {os.geteuid()})
+
+
+@pytest.mark.e2e  # the finished fixture: two whole CLI runs
+def test_the_runs_ran_in_a_venv_the_host_built(finished):
+    """What the CLI's runs here stand on: the host matched a 3.11 and built the venv."""
+    for name in ("auto", "manual"):
+        (path,) = finished["folder"].rglob(f"{finished[name]}/acceptance.json")
+        record = json.loads(path.read_text())
+        hostbuilt.assert_host_built(record, finished["folder"] / "host-root", torch=False)
 
 
 def cli(ctx, *args: str, env: dict | None = None):

@@ -4,13 +4,14 @@ The pipeline tests run a nanoGPT-shaped trainer (tests/fixtures/projects/gpttrac
 tied embedding, SDPA attention, MLPs, one dropout module reused by every block)
 through ``remotemac run`` on host ``local``, reference and target both on the CPU;
 the target alone is perturbed (TRACE_SCALE / TRACE_NAN, read when the output dir is
-the target's), and ``workload.trace: {steps: 2}`` turns the trace on.
+the target's), and ``workload.trace: {steps: 2}`` turns the trace on. On ``local``
+the project carries a lock file and asks for Python 3.11: the trainer runs in the venv
+the host built (conftest's ``host_built``), never in the test runner's interpreter.
 """
 
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ import pytest
 from remotemac.acceptance.divergence import load_trace
 from remotemac.acceptance.record import validate_record
 from tests.conftest import REPO, remotemac
+from tests.harness.hostbuilt import HostBuilt, assert_host_built
 
 pytestmark = pytest.mark.e2e
 
@@ -34,11 +36,14 @@ def _run(
     trace: dict | None = None,
     cli: tuple[str, ...] = (),
     *,
+    built: HostBuilt | None = None,
     host: str = "local",
-    python: str = sys.executable,
+    python: str | None = None,
     root: Path | None = None,
     options: tuple[str, ...] = (),
 ) -> tuple[int, dict, Path]:
+    """One run; ``built``: on ``local`` in the host-built environment, else (over sshd)
+    the preinstalled ``python`` in a root under ``root``."""
     import yaml
 
     workload = {
@@ -53,9 +58,9 @@ def _run(
     data = {
         "name": f"trace-{tag}",
         "host": host,
-        "remote_root": str((root or tmp_path) / f"host-root-{tag}"),
-        "project": {"path": str(PROJECT)},
-        "environment": {"python": python, "venv": False},
+        "remote_root": str(built.root if built else (root or tmp_path) / f"host-root-{tag}"),
+        "project": {"path": str(built.project(PROJECT) if built else PROJECT)},
+        "environment": built.environment() if built else {"python": python, "venv": False},
         "workload": workload,
         "outputs": {"path": ".", "compare": [RULE]},
         "stop_when": {"memory_growth": False},
@@ -67,14 +72,20 @@ def _run(
     assert (out / "acceptance.json").exists(), proc.stdout + proc.stderr
     record = json.loads((out / "acceptance.json").read_text())
     assert validate_record(record) == []
+    if built:
+        assert_host_built(record, built.root)
     return proc.returncode, record, out
 
 
 # ---------------------------------------------------------------- through the pipeline
 
 
-def test_a_perturbed_mlp_is_named_as_the_first_divergence_not_the_layers_after(tmp_path):
-    code, record, out = _run(tmp_path, "e3", {"TRACE_SCALE": "1e-3"}, {"steps": 2})
+def test_a_perturbed_mlp_is_named_as_the_first_divergence_not_the_layers_after(
+    tmp_path, host_built
+):
+    code, record, out = _run(
+        tmp_path, "e3", {"TRACE_SCALE": "1e-3"}, {"steps": 2}, built=host_built
+    )
     assert code == 1 and record["verdict"] == "rejected"
     div = record["divergence"]
     assert div["traced"] is True and div["kind"] == "divergence", div["detail"]
@@ -109,19 +120,29 @@ def test_a_perturbed_mlp_is_named_as_the_first_divergence_not_the_layers_after(t
     assert isinstance(drill["input_sha256"], str) and len(drill["input_sha256"]) == 64
     assert f"- first differing op: `aten::mul` in `{PERTURBED}`" in md
     # the traces, the op traces and the saved input hold the data: gone with the wipe
-    host = tmp_path / "host-root-e3"
-    assert not [*host.rglob("*.trace.jsonl"), *host.rglob("*.drill.jsonl"), *host.rglob("*.pt")]
+    # (the root is the worker's: its venv and the other tests' runs are not this run's)
+    others = {"envs", "runtime", "runs"}
+    mine = [p for p in host_built.root.iterdir() if p.name not in others]
+    mine.append(host_built.root / "runs" / record["run_id"])
+    assert mine[-1].is_dir()
+    left = [
+        f
+        for top in mine
+        for pat in ("*.trace.jsonl", "*.drill.jsonl", "*.pt")
+        for f in top.rglob(pat)
+    ]
+    assert not left, left
     # the traces came back beside the logs, and are nothing but JSON
     for label in ("cpu", "cpu-target"):
         header, rows = load_trace(out / "logs" / f"{label}.trace.jsonl")
         assert header["steps"] == 2 and {r["step"] for r in rows} == {0, 1}
 
 
-def test_drill_false_names_the_module_and_starts_no_drill_pass(tmp_path):
+def test_drill_false_names_the_module_and_starts_no_drill_pass(tmp_path, host_built):
     """``workload.trace: {drill: false}``: the compare still names the perturbed MLP, but
     no job is started again (no op trace, no saved input) and the record says no drill."""
     code, record, out = _run(
-        tmp_path, "nodrill", {"TRACE_SCALE": "1e-3"}, {"steps": 1, "drill": False}
+        tmp_path, "nodrill", {"TRACE_SCALE": "1e-3"}, {"steps": 1, "drill": False}, built=host_built
     )
     assert code == 1 and record["verdict"] == "rejected"
     div = record["divergence"]
@@ -153,8 +174,10 @@ def test_over_sshd_the_traces_come_back_and_name_the_perturbed_mlp(
     assert (out / "logs" / "cpu-target.trace.jsonl").is_file()
 
 
-def test_a_float32_rounding_perturbation_is_accepted_and_the_trace_shows_noise(tmp_path):
-    code, record, _ = _run(tmp_path, "e7", {"TRACE_SCALE": "1e-7"}, {"steps": 2})
+def test_a_float32_rounding_perturbation_is_accepted_and_the_trace_shows_noise(
+    tmp_path, host_built
+):
+    code, record, _ = _run(tmp_path, "e7", {"TRACE_SCALE": "1e-7"}, {"steps": 2}, built=host_built)
     assert code == 0 and record["verdict"] == "accepted", record["stopping_conditions"]
     div = record["divergence"]
     assert div["kind"] == "noise" and div["first"] is None, div["detail"]
@@ -163,9 +186,11 @@ def test_a_float32_rounding_perturbation_is_accepted_and_the_trace_shows_noise(t
     assert all(g["growth"] < div["growth_factor"] for g in div["growths"])
 
 
-def test_a_nan_made_on_the_target_is_named_with_its_module(tmp_path):
+def test_a_nan_made_on_the_target_is_named_with_its_module(tmp_path, host_built):
     # turned on with run --trace this time, not in the playbook
-    code, record, out = _run(tmp_path, "nan", {"TRACE_NAN": "1"}, cli=("--trace", "1"))
+    code, record, out = _run(
+        tmp_path, "nan", {"TRACE_NAN": "1"}, cli=("--trace", "1"), built=host_built
+    )
     assert code == 1 and record["verdict"] == "rejected"
     div = record["divergence"]
     assert div["kind"] == "nan"
@@ -191,10 +216,12 @@ def test_a_nan_made_on_the_target_is_named_with_its_module(tmp_path):
     assert "transformer.h.1.attn" in (out / "acceptance.md").read_text()
 
 
-def test_a_backward_only_perturbation_is_named_as_that_layers_backward(tmp_path):
+def test_a_backward_only_perturbation_is_named_as_that_layers_backward(tmp_path, host_built):
     """Block 1's MLP hands its input a gradient scaled by 1 + 1e-3 on the target (a
     custom autograd Function): every forward call matches, the backward names it."""
-    code, record, out = _run(tmp_path, "grad", {"TRACE_GRAD_SCALE": "1e-3"}, {"steps": 2})
+    code, record, out = _run(
+        tmp_path, "grad", {"TRACE_GRAD_SCALE": "1e-3"}, {"steps": 2}, built=host_built
+    )
     assert code == 1 and record["verdict"] == "rejected"
     div = record["divergence"]
     assert div["kind"] == "backward-divergence", div["detail"]
@@ -219,8 +246,8 @@ def test_a_backward_only_perturbation_is_named_as_that_layers_backward(tmp_path)
     assert f"- first backward divergence: `{PERTURBED}` (call 0, step 0, MLP" in md
 
 
-def test_no_trace_and_no_divergence_section_when_tracing_is_off(tmp_path):
-    code, record, out = _run(tmp_path, "off", {"TRACE_SCALE": "1e-3"})
+def test_no_trace_and_no_divergence_section_when_tracing_is_off(tmp_path, host_built):
+    code, record, out = _run(tmp_path, "off", {"TRACE_SCALE": "1e-3"}, built=host_built)
     assert code == 1 and "divergence" not in record
     assert not list((out / "logs").glob("*.trace.jsonl"))
     assert "First divergence" not in (out / "acceptance.md").read_text()

@@ -18,10 +18,12 @@ def _error_lines(stderr: str) -> list[str]:
 
 
 def test_not_enough_disk_on_the_host_is_exit_6_host_environment(
-    make_playbook, rm_home: Path, tmp_path: Path
+    make_preinstalled_playbook, rm_home: Path, tmp_path: Path
 ):
     """The host's real free space (statvfs) is below what the run asks to keep free."""
-    book = make_playbook("disk", stop_when={"memory_growth": False, "min_free_disk": "1000TiB"})
+    book = make_preinstalled_playbook(
+        "disk", stop_when={"memory_growth": False, "min_free_disk": "1000TiB"}
+    )
     proc = remotemac("run", str(book), cwd=tmp_path)
     assert proc.returncode == 6, proc.stdout + proc.stderr
     [line] = _error_lines(proc.stderr)
@@ -29,9 +31,9 @@ def test_not_enough_disk_on_the_host_is_exit_6_host_environment(
 
 
 def test_a_host_name_that_does_not_resolve_leaves_no_run_behind(
-    make_playbook, rm_home: Path, tmp_path: Path
+    make_preinstalled_playbook, rm_home: Path, tmp_path: Path
 ):
-    book = make_playbook("typo")
+    book = make_preinstalled_playbook("typo")
     work = tmp_path / "cwd"
     work.mkdir()
     proc = remotemac("run", str(book), "--host", "labmc", cwd=work)
@@ -55,13 +57,13 @@ def test_a_host_name_that_does_not_resolve_leaves_no_run_behind(
 
 
 def test_a_failed_reference_does_not_launch_the_target_and_the_last_line_says_why(
-    make_playbook, rm_home: Path, tmp_path: Path
+    make_preinstalled_playbook, rm_home: Path, tmp_path: Path
 ):
     """A typo'd script: python exits 2 on the reference. The target's result would be
     meaningless (nothing to compare it with), so it is not launched, not by the laptop
     and not by the host's chain; compare and record are not shown as successes; the
     last line says why the run is rejected."""
-    book = make_playbook(
+    book = make_preinstalled_playbook(
         "typo",
         workload={"command": "python3 emitt.py --device {device} --out {output_dir}"},
     )

@@ -8,6 +8,7 @@ recorded on real Macs (tests/fixtures/macos/pytorch_mps_*, sources in the
 
 from __future__ import annotations
 
+import functools
 import glob
 import json
 import os
@@ -65,8 +66,9 @@ class Started:
         opts: tuple[str, ...] = (),
         env: dict[str, str] | None = None,
         cwd: Path | None = None,
-        python: str = sys.executable,
+        python: str = "",
     ) -> None:
+        assert python, "the workload's interpreter: conftest's workload_python (host-built)"
         tmp.mkdir(parents=True, exist_ok=True)
         self.obs, self.metrics = tmp / "obs.json", tmp / "metrics.jsonl"
         self.out, self.err = tmp / "stdout", tmp / "stderr"
@@ -100,36 +102,39 @@ def _probe_env(tmp: Path, inherited: str | None) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Run]:
+def runs(tmp_path_factory: pytest.TempPathFactory, workload_python: str) -> dict[str, Run]:
     """All runs that need no signal, started together: each pays torch's import, and
-    the workloads' sleeps overlap. Timing-sensitive assertions are relative."""
+    the workloads' sleeps overlap. Timing-sensitive assertions are relative. Under the
+    workload's venv that the host built (conftest's ``workload_python``), as the runner
+    starts the harness."""
     base = tmp_path_factory.mktemp("runs")
+    start = functools.partial(Started, python=workload_python)
     fast = ("--interval", "0.1")
     started = {
-        "warn": Started(
+        "warn": start(
             base / "warn",
             messages("warn", f"{FALLBACK_2024}:3", f"{FALLBACK_2022}:4", f"{FALLBACK_CONDA}:1"),
         ),
-        "notimpl": Started(base / "notimpl", messages("raise-notimpl", str(NOTIMPL[1]))),
-        "dtype": Started(base / "dtype", messages("raise-dtype", FLOAT64)),
-        "oom": Started(base / "oom", messages("raise-oom", str(OOM[0]))),
-        "cpu": Started(base / "cpu", [str(WORK / "device_work.py"), "cpu", "1.5"], opts=fast),
-        "mps": Started(base / "mps", [str(WORK / "device_work.py"), "cpu", "0.1"], device="mps"),
-        "leak": Started(base / "leak", [str(WORK / "memory.py"), "leak", "3"], opts=fast),
-        "steady": Started(base / "steady", [str(WORK / "memory.py"), "steady", "3"], opts=fast),
-        "env-diagnostic": Started(
+        "notimpl": start(base / "notimpl", messages("raise-notimpl", str(NOTIMPL[1]))),
+        "dtype": start(base / "dtype", messages("raise-dtype", FLOAT64)),
+        "oom": start(base / "oom", messages("raise-oom", str(OOM[0]))),
+        "cpu": start(base / "cpu", [str(WORK / "device_work.py"), "cpu", "1.5"], opts=fast),
+        "mps": start(base / "mps", [str(WORK / "device_work.py"), "cpu", "0.1"], device="mps"),
+        "leak": start(base / "leak", [str(WORK / "memory.py"), "leak", "3"], opts=fast),
+        "steady": start(base / "steady", [str(WORK / "memory.py"), "steady", "3"], opts=fast),
+        "env-diagnostic": start(
             base / "env-diagnostic",
             [str(WORK / "envprobe.py")],
             opts=("--fallback", "diagnostic"),
             env=_probe_env(base / "env-diagnostic", None),
         ),
-        "env-off": Started(
+        "env-off": start(
             base / "env-off",
             [str(WORK / "envprobe.py")],
             opts=("--fallback", "off"),
             env=_probe_env(base / "env-off", "1"),
         ),
-        "module": Started(base / "module", ["-m", "modwork", "a", "--b"], cwd=WORK),
+        "module": start(base / "module", ["-m", "modwork", "a", "--b"], cwd=WORK),
     }
     done = {name: s.wait(timeout=120) for name, s in started.items()}
     for name in ("env-diagnostic", "env-off"):
@@ -350,10 +355,12 @@ def test_module_mode_and_exit_code(runs: dict[str, Run]) -> None:
 
 
 @pytest.mark.e2e
-def test_sigterm_writes_the_final_record(tmp_path: Path) -> None:
+def test_sigterm_writes_the_final_record(tmp_path: Path, workload_python: str) -> None:
     """While running, a provisional record exists (finished false); SIGTERM ends the run
     with 143 and a final record naming the signal."""
-    started = Started(tmp_path, [str(WORK / "sleeper.py")], opts=("--interval", "0.1"))
+    started = Started(
+        tmp_path, [str(WORK / "sleeper.py")], opts=("--interval", "0.1"), python=workload_python
+    )
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         if "ready" in started.out.read_text() and started.obs.exists():

@@ -339,8 +339,10 @@ def test_disk_falls_back_to_df(tmp_path, monkeypatch) -> None:
 
 
 @pytest.mark.slow
-def test_mps_probe_real_torch(tmp_path) -> None:
-    """The MPS probe run for real with this interpreter (a Linux torch has no MPS)."""
+def test_mps_probe_real_torch_in_a_preinstalled_python(tmp_path) -> None:
+    """The MPS probe run for real with this interpreter, a preinstalled environment
+    with torch (a Linux torch has no MPS); the probe of a venv the host built under
+    remote_root/envs is test_venv_found_under_remote_root's."""
     facts = hf.collect_facts(
         remote_root=str(tmp_path), venv_python=sys.executable, search_path=str(tmp_path)
     )

@@ -25,9 +25,9 @@ pytestmark = pytest.mark.e2e
 
 @pytest.mark.timeout(240)
 def test_status_after_ctrl_c_says_interrupted_not_failed_or_finished(
-    make_playbook, rm_home: Path, tmp_path: Path
+    make_preinstalled_playbook, rm_home: Path, tmp_path: Path
 ):
-    pb = make_playbook(
+    pb = make_preinstalled_playbook(
         workload={
             "command": "python3 emit.py --device {device} --data {data_dir} "
             "--out {output_dir} --lines 40 --seconds 6 --torch",

@@ -171,8 +171,13 @@ def test_runner_warns_between_the_thresholds_and_lets_the_job_finish(tmp_path: P
     assert status["disk"]["root"]["min_free_seen"] <= free + (64 << 20)
 
 
-def test_drift_comparison_on_a_real_fingerprint():
-    """torch is a stopping condition; another package is a warning; a dead venv is torch's."""
+def test_drift_comparison_on_the_real_fingerprint_of_a_preinstalled_python():
+    """torch is a stopping condition; another package is a warning; a dead venv is torch's.
+
+    The fingerprint is the test runner's own interpreter's (a preinstalled environment
+    with torch: the comparison needs real packages and a real torch, not a build); the
+    fingerprint of a venv the host built is in every record of
+    tests/test_pipeline_local.py (``environment.<side>``: torch, lock_hash)."""
     raw = agent("env_fingerprint", {"python": sys.executable})["result"]
     assert raw["packages"] and raw["lock_hash"] and raw["os_version"]
     before = Fingerprint.from_json(raw)

@@ -54,7 +54,7 @@ def test_a_damaged_journal_names_its_path_and_says_move_it_aside(journal_file: P
 
 
 def test_a_journal_held_by_another_process_says_it_waits_and_who_holds_it(
-    journal_file: Path, make_playbook
+    journal_file: Path, make_preinstalled_playbook
 ):
     holder = subprocess.Popen(
         [
@@ -74,7 +74,10 @@ def test_a_journal_held_by_another_process_says_it_waits_and_who_holds_it(
         assert holder.stdout is not None and holder.stdout.readline() == "held\n"
         started = time.monotonic()
         proc = remotemac(
-            "run", str(make_playbook()), env={"REMOTEMAC_JOURNAL_WAIT": "3"}, timeout=60
+            "run",
+            str(make_preinstalled_playbook()),
+            env={"REMOTEMAC_JOURNAL_WAIT": "3"},
+            timeout=60,
         )
         took = time.monotonic() - started
     finally:

@@ -7,12 +7,15 @@
 * started as ``cd src && python train.py`` and as ``bash run.sh``: tensors on device,
   operators and memory are observed, and the memory figure is within 20 % of the
   job's real peak RSS (the trainer writes its VmHWM to peak.json).
+
+On ``local`` the project carries a lock file and asks for Python 3.11: the trainer runs
+in the venv the host built (conftest's ``host_built``); over sshd, in the lab host's
+preinstalled torch (``host_torch_python``).
 """
 
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,6 +23,7 @@ import yaml
 
 from remotemac.acceptance.record import validate_record
 from tests.conftest import REPO, remotemac
+from tests.harness.hostbuilt import HostBuilt, assert_host_built
 
 pytestmark = pytest.mark.e2e
 
@@ -39,7 +43,7 @@ RULE = {"file": "ckpt.pt", "rtol": 1e-5, "atol": 1e-7}
 def _run(
     tmp_path: Path,
     host: str,
-    python: str,
+    python: str | HostBuilt,
     command: str,
     *,
     env: dict | None = None,
@@ -48,12 +52,22 @@ def _run(
     root: Path | None = None,
 ) -> tuple[int, dict, Path]:
     name = f"gpt-{tag or 'run'}"
+    if isinstance(python, HostBuilt):  # on local: the host builds the venv
+        where = {
+            "remote_root": str(python.root),
+            "project": {"path": str(python.project(PROJECT))},
+            "environment": python.environment(),
+        }
+    else:
+        where = {
+            "remote_root": str((root or tmp_path) / f"host-root-{tag}"),
+            "project": {"path": str(PROJECT)},
+            "environment": {"python": python, "venv": False},
+        }
     data = {
         "name": name,
         "host": host,
-        "remote_root": str((root or tmp_path) / f"host-root-{tag}"),
-        "project": {"path": str(PROJECT)},
-        "environment": {"python": python, "venv": False},
+        **where,
         "workload": {
             "command": command,
             "reference": {"device": "cpu"},
@@ -71,6 +85,8 @@ def _run(
     assert record_path.exists(), proc.stdout + proc.stderr
     record = json.loads(record_path.read_text())
     assert validate_record(record) == []
+    if isinstance(python, HostBuilt):
+        assert_host_built(record, python.root)
     return proc.returncode, record, out
 
 
@@ -113,22 +129,22 @@ def _assert_rejected_naming_key(code: int, record: dict) -> None:
 # ---------------------------------------------------------------- local
 
 
-def test_gpt_shell_command_local_accepted_and_observed(tmp_path):
-    code, record, out = _run(tmp_path, "local", sys.executable, SHELL_CMD, tag="sh")
+def test_gpt_shell_command_local_accepted_and_observed(tmp_path, host_built):
+    code, record, out = _run(tmp_path, "local", host_built, SHELL_CMD, tag="sh")
     _assert_accepted_and_observed(code, record, out)
 
 
-def test_gpt_run_sh_local_accepted_and_observed(tmp_path):
-    code, record, out = _run(tmp_path, "local", sys.executable, RUN_SH, tag="runsh")
+def test_gpt_run_sh_local_accepted_and_observed(tmp_path, host_built):
+    code, record, out = _run(tmp_path, "local", host_built, RUN_SH, tag="runsh")
     _assert_accepted_and_observed(code, record, out)
     assert "run.sh: done" in (out / "logs" / "cpu-target.log").read_text()
 
 
-def test_gpt_perturbed_weight_local_rejected_naming_key(tmp_path):
+def test_gpt_perturbed_weight_local_rejected_naming_key(tmp_path, host_built):
     code, record, _ = _run(
         tmp_path,
         "local",
-        sys.executable,
+        host_built,
         NO_HOLD_CMD,
         tag="bad",
         env={"GPT_PERTURB": PERTURBED, "GPT_PERTURB_WHEN": "cpu-target", "GPT_HOLD": "0"},

@@ -1,4 +1,9 @@
-"""The whole pipeline on the embedded host ``local`` (this machine), through the real CLI."""
+"""The whole pipeline on the embedded host ``local`` (this machine), through the real CLI.
+
+The workload's environment is the one the host builds (conftest's ``make_playbook``:
+``python: "3.11"`` and a lock file with torch, a venv built by uv in this worker's
+root and reused); the records say so (``hostbuilt.assert_host_built``).
+"""
 
 from __future__ import annotations
 
@@ -13,6 +18,7 @@ import pytest
 from remotemac.engine.pull import safe_relpath
 from remotemac.errors import UnsafePath
 from tests.conftest import remotemac
+from tests.harness.hostbuilt import assert_host_built
 
 pytestmark = pytest.mark.e2e
 
@@ -36,6 +42,8 @@ def test_run_local_end_to_end(make_playbook, rm_home: Path, tmp_path: Path):
     assert finished and finished[-1]["verdict"] == "accepted"
     record = json.loads((out / "acceptance.json").read_text())
     assert record["verdict"] == "accepted"
+    # both sides ran in the venv the host built (python 3.11 matched, torch by uv)
+    assert_host_built(record, make_playbook.root)
     assert record["observations"]["results"]["within_tolerance"] is True
     assert record["dataset"]["files"] == 2 and record["dataset"]["encrypted"] is True
     assert (out / "acceptance.md").read_text().startswith("# Acceptance")
@@ -63,7 +71,8 @@ def test_run_local_end_to_end(make_playbook, rm_home: Path, tmp_path: Path):
         "wipe",
     ]
     # wipe: the run's data is gone on the host, the key is destroyed
-    run_dir = next((tmp_path / "host-root" / "runs").iterdir())
+    run_dir = make_playbook.root / "runs" / finished[-1]["run_id"]
+    assert run_dir.is_dir()
     assert not (run_dir / "data").exists() and not (run_dir / "out").exists()
     assert record["wipe"]["done"] is True
     assert not list((rm_home / "keys").glob("*.key"))
@@ -84,6 +93,7 @@ def test_rejected_when_target_differs(make_playbook, rm_home: Path, tmp_path: Pa
     assert proc.returncode == 1, proc.stdout + proc.stderr
     record = json.loads((out / "acceptance.json").read_text())
     assert record["verdict"] == "rejected"
+    assert_host_built(record, make_playbook.root)
     assert any(
         c["code"] == "results_outside_tolerance" and "result.json" in c["detail"]
         for c in record["stopping_conditions"]
@@ -111,6 +121,11 @@ def test_failed_workload_is_a_stopping_condition(make_playbook, rm_home: Path, t
 
 def test_dry_run_touches_nothing(make_playbook, rm_home: Path, tmp_path: Path):
     pb = make_playbook()
+    root = make_playbook.root
+    before = (
+        sorted(p.name for p in root.iterdir()),
+        sorted(p.name for p in (root / "runs").iterdir()),
+    )
     proc = remotemac("run", str(pb), "--dry-run", "--json")
     assert proc.returncode == 0, proc.stderr
     plan = json.loads(proc.stdout)
@@ -118,7 +133,11 @@ def test_dry_run_touches_nothing(make_playbook, rm_home: Path, tmp_path: Path):
     assert {f["path"] for f in plan["data"]["files"]} == {"one.csv", "two.txt"}
     assert plan["bytes_to_send"] > 0
     assert "emit.py" in plan["commands"]["target"]["command"]
-    assert not (tmp_path / "host-root").exists()
+    after = (
+        sorted(p.name for p in root.iterdir()),
+        sorted(p.name for p in (root / "runs").iterdir()),
+    )
+    assert after == before
     assert not (rm_home / "journal.sqlite3").exists()
     human = remotemac("run", str(pb), "--dry-run")
     assert human.returncode == 0 and "dry run" in human.stdout
@@ -215,6 +234,7 @@ def test_detach_then_live_status_then_attach(make_playbook, rm_home: Path, tmp_p
         assert [x for x in lines if x.startswith("line ")] == [
             f"line {i:06d} of 30" for i in range(1, 31)
         ]
+    assert_host_built(json.loads((out / "acceptance.json").read_text()), make_playbook.root)
 
 
 def test_a_run_has_one_driver_at_a_time(make_playbook, rm_home: Path, tmp_path: Path):

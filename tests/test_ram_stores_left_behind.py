@@ -33,13 +33,13 @@ def _only_run(rm_home: Path) -> str:
 
 @pytest.mark.e2e
 def test_a_manual_wipe_run_keeps_its_store_and_the_local_teardown_finds_it(
-    make_playbook, rm_home: Path, tmp_path: Path
+    make_preinstalled_playbook, rm_home: Path, tmp_path: Path
 ):
     """``wipe: manual`` keeps the RAM store after the run (by design); the run's id is
     found from what the test made (its journal and its host root's ``runs/``), and
-    removing the stores of those ids (make_playbook's teardown) leaves nothing."""
+    removing the stores of those ids (make_preinstalled_playbook's teardown) leaves nothing."""
     out = tmp_path / "out"
-    proc = remotemac("run", str(make_playbook(wipe="manual")), "--out", str(out))
+    proc = remotemac("run", str(make_preinstalled_playbook(wipe="manual")), "--out", str(out))
     assert proc.returncode == 0, proc.stderr
     run_id = _only_run(rm_home)
     assert run_id in ramstores.run_ids_under(tmp_path / "host-root")
@@ -53,13 +53,13 @@ def test_a_manual_wipe_run_keeps_its_store_and_the_local_teardown_finds_it(
 @pytest.mark.e2e
 @pytest.mark.timeout(300)
 def test_a_lost_jobs_run_keeps_its_data_for_attach_and_its_wipe_removes_the_ram_store(
-    make_playbook, rm_home: Path, tmp_path: Path
+    make_preinstalled_playbook, rm_home: Path, tmp_path: Path
 ):
     """The job's tmux server killed mid-run: ``job-lost``, exit 4 ("attach, or run
     again": the run's data stays on the host for that, its RAM store included, as after
     Ctrl-C). The product's own ``remotemac wipe RUN`` of that lost run then removes the
     RAM store with the rest (the leftover seen on CI was such a run no one wiped)."""
-    pb = make_playbook(
+    pb = make_preinstalled_playbook(
         workload={
             "command": "python3 emit.py --device {device} --data {data_dir} "
             "--out {output_dir} --lines 2000 --seconds 60",

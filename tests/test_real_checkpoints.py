@@ -53,14 +53,15 @@ def _record(results: dict, tmp_path: Path) -> tuple[dict, str]:
 
 
 @pytest.fixture(scope="module")
-def wordlm(tmp_path_factory) -> dict[str, Path]:
-    """Three runs of the word-language-model example: two alike, one with another seed."""
+def wordlm(tmp_path_factory, workload_python: str) -> dict[str, Path]:
+    """Three runs of the word-language-model example: two alike, one with another seed;
+    in the venv the host built, as its job would run."""
     root = tmp_path_factory.mktemp("wordlm")
     runs = {"ref": 1111, "same": 1111, "other": 2222}
     procs = {
         name: subprocess.Popen(
             [
-                sys.executable,
+                workload_python,
                 "main.py",
                 "--seed",
                 str(seed),
@@ -111,17 +112,19 @@ def test_whole_model_not_converted_is_not_compared_incomplete_naming_the_class(w
 
 
 @pytest.mark.slow  # three runs of the example (the module fixture)
-def test_whole_model_converted_on_the_host_is_compared_as_tensors(wordlm, tmp_path, monkeypatch):
-    """The runner's converter, under the workload's interpreter in the job's directory,
-    writes each side's state_dict; the laptop compares those with weights_only=True only
-    (a real difference: another seed, named by key), and the record says what was
-    converted."""
+def test_whole_model_converted_on_the_host_is_compared_as_tensors(
+    wordlm, tmp_path, monkeypatch, workload_python
+):
+    """The runner's converter, under the workload's interpreter in the job's directory
+    (the venv the host built: conftest's ``workload_python``), writes each side's
+    state_dict; the laptop compares those with weights_only=True only (a real
+    difference: another seed, named by key), and the record says what was converted."""
     for side in ("ref", "other"):
         got = runner.convert_checkpoints(
             runner.JobSpec.from_json(
                 {
                     "convert": {
-                        "python": sys.executable,
+                        "python": workload_python,
                         "dir": str(wordlm[side]),
                         "patterns": ["*.pt"],
                     },

@@ -6,7 +6,9 @@ torch (CPU), the record is built from what they wrote. The workloads are small
 reproductions of public training code, written here (tests/fixtures/projects):
 ``mnist`` (PyTorch's examples/mnist on synthetic images) and ``vision`` (an
 ImageNet-style trainer: memory-mapped dataset, two forked DataLoader workers, AMP on
-CPU, ``last.pth.tar`` with its argparse ``args``).
+CPU, ``last.pth.tar`` with its argparse ``args``). Each project carries a lock file (torch,
+numpy) and asks for Python 3.11: the host builds the venv the job runs in
+(conftest's ``make_playbook``), and each record is checked to say so.
 
 The machine is shared with other sessions: a "3 s" job can take 30 s here. So where a
 test says "too short to tell" it says it where the run left too few samples after its
@@ -23,6 +25,7 @@ import pytest
 
 from remotemac.acceptance.decide import MIN_TREND_SAMPLES, MIN_TREND_SECONDS
 from tests.conftest import REPO, remotemac
+from tests.harness.hostbuilt import assert_host_built
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -78,6 +81,7 @@ def test_short_jobs_with_matching_results_are_accepted_with_their_peak(
         MNIST_RULE,
     )
     record = _run(pb, tmp_path / "out")
+    assert_host_built(record, make_playbook.root)
     mem = record["observations"]["memory"]
     assert record["verdict"] == "accepted", (record["missing_observations"], mem["reason"])
     assert mem["peak_bytes"] > 50 * 2**20  # torch and a CNN: tens of MiB at least
@@ -105,6 +109,7 @@ def test_the_same_short_job_ten_times_gets_one_verdict(make_playbook, rm_home, t
     verdicts, trends = [], []
     for i in range(10):
         record = _run(pb, tmp_path / f"out{i}")
+        assert_host_built(record, make_playbook.root)
         verdicts.append(record["verdict"])
         mem = record["observations"]["memory"]
         trends.append(
@@ -133,6 +138,7 @@ def test_vision_trainer_with_two_dataloader_workers_is_accepted(make_playbook, r
     )
     out = tmp_path / "out"
     record = _run(pb, out)
+    assert_host_built(record, make_playbook.root)
     mem = record["observations"]["memory"]
     assert record["verdict"] == "accepted", (record["stopping_conditions"], mem["reason"])
     assert mem["source"] == "process-tree-pss"

@@ -10,7 +10,6 @@ import io
 import json
 import os
 import struct
-import sys
 import threading
 import time
 from pathlib import Path
@@ -18,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from remotemac.agent import hostagent, resident
+from tests.harness import hostbuilt
 
 AGENT = Path(__file__).resolve().parent.parent / "remotemac" / "agent"
 
@@ -179,7 +179,7 @@ def test_freeze_env_is_cached_per_environment_and_redone_when_it_changes(
     real = envfreeze._probe
     monkeypatch.setattr(envfreeze, "_probe", lambda p, r: probes.append(p) or real(p, r))
     cache = str(tmp_path / "envs" / "key.freeze.json")
-    req = {"python": sys.executable, "cache": cache}
+    req = {"python": hostbuilt.host_python(), "cache": cache}  # the host's own Python
     first = envfreeze.op_freeze_env(dict(req))
     second = envfreeze.op_freeze_env(dict(req))
     assert (first["freeze_cached"], second["freeze_cached"]) == (False, True)

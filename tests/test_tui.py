@@ -96,8 +96,12 @@ def run_screen(app: RemotemacApp) -> RunScreen:
 
 @pytest.mark.e2e
 @pytest.mark.asyncio
-async def test_quickstart_on_local_shows_log_and_verdict(make_playbook, rm_home, tmp_path):
-    pb = make_playbook()  # the quickstart-like run: 40 lines, a tensor on cpu, accepted
+async def test_quickstart_on_local_shows_log_and_verdict(
+    make_preinstalled_playbook, rm_home, tmp_path
+):
+    pb = (
+        make_preinstalled_playbook()
+    )  # the quickstart-like run: 40 lines, a tensor on cpu, accepted
     app = make_app(rm_home, tmp_path, [pb])
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press("r")  # the picker lists the PLAYBOOK args
@@ -132,11 +136,11 @@ async def test_quickstart_on_local_shows_log_and_verdict(make_playbook, rm_home,
 
 @pytest.mark.asyncio
 async def test_link_cut_badge_reconnects_and_no_line_is_lost(
-    sshd, fault_proxy, ssh_env, make_playbook, tmp_path
+    sshd, fault_proxy, ssh_env, make_preinstalled_playbook, tmp_path
 ):
     proxy = fault_proxy(sshd)
     home, cfg, alias = ssh_env(sshd, proxy)
-    pb = make_playbook(
+    pb = make_preinstalled_playbook(
         host=alias,
         # 4 s a side: the cut comes 0.3 s into the target's run, the outage lasts ~1.5 s
         workload=fast_workload(300, 4),
@@ -181,8 +185,8 @@ async def test_link_cut_badge_reconnects_and_no_line_is_lost(
 
 @pytest.mark.e2e
 @pytest.mark.asyncio
-async def test_wipe_asks_first_and_wipes_on_yes(make_playbook, rm_home, tmp_path):
-    pb = make_playbook(workload=fast_workload(5, 0.1))
+async def test_wipe_asks_first_and_wipes_on_yes(make_preinstalled_playbook, rm_home, tmp_path):
+    pb = make_preinstalled_playbook(workload=fast_workload(5, 0.1))
     app = make_app(rm_home, tmp_path, [pb])
     async with app.run_test(size=SIZE) as pilot:
         run_id = app.driver.start(str(pb), keep_data=True)
@@ -224,9 +228,11 @@ async def test_wipe_asks_first_and_wipes_on_yes(make_playbook, rm_home, tmp_path
 
 @pytest.mark.e2e
 @pytest.mark.asyncio
-async def test_quit_keeps_the_job_and_reopening_reattaches(make_playbook, rm_home, tmp_path):
+async def test_quit_keeps_the_job_and_reopening_reattaches(
+    make_preinstalled_playbook, rm_home, tmp_path
+):
     # 12 s: the job must outlast the quit on a loaded machine (at 4 s it ended first in CI)
-    pb = make_playbook(workload=fast_workload(120, 12))
+    pb = make_preinstalled_playbook(workload=fast_workload(120, 12))
     app = make_app(rm_home, tmp_path, [pb])
     async with app.run_test(size=SIZE) as pilot:
         run_id = app.driver.start(str(pb))
@@ -477,7 +483,7 @@ async def test_fleet_screen_shows_every_host_of_the_summary(rm_home, tmp_path):
 @pytest.mark.e2e
 @pytest.mark.asyncio
 async def test_runs_screen_shows_what_the_host_says_about_a_detached_run(
-    make_playbook, rm_home, tmp_path
+    make_preinstalled_playbook, rm_home, tmp_path
 ):
     """A run driven by nobody here (detached from the CLI): the state column asks its host."""
     import json
@@ -486,7 +492,7 @@ async def test_runs_screen_shows_what_the_host_says_about_a_detached_run(
 
     # long enough that the screen often finds the reference side still running (either
     # answer comes from the host); attach then waits out both sides, so no longer
-    pb = make_playbook(workload=fast_workload(lines=20, seconds=3))
+    pb = make_preinstalled_playbook(workload=fast_workload(lines=20, seconds=3))
     proc = remotemac("run", str(pb), "--out", str(tmp_path / "out"), "--detach", "--json")
     assert proc.returncode == 0, proc.stderr
     run_id = json.loads(proc.stdout.splitlines()[-1])["run_id"]

@@ -28,11 +28,11 @@ pytestmark = pytest.mark.timeout(180)
 
 @pytest.mark.asyncio
 async def test_tui_drill_cuts_the_link_through_the_transport_and_the_record_counts_it(
-    sshd, ssh_env, make_playbook, tmp_path
+    sshd, ssh_env, make_preinstalled_playbook, tmp_path
 ):
     home, cfg, alias = ssh_env(sshd)
     # remote_root in the sshd session's own HOME: the lab user cannot write the test's tmp
-    pb = make_playbook(
+    pb = make_preinstalled_playbook(
         host=alias,
         # 3 s a side: the drill cuts 0.3 s into the target's run, the reconnect takes ~1 s
         workload=fast_workload(200, 3),

@@ -95,8 +95,8 @@ async def _quit_mid_run(app, pilot, run_id: str, key: str, run_dir: Path) -> lis
 
 @pytest.mark.e2e
 @pytest.mark.asyncio
-async def test_stop_and_quit_ends_the_jobs_processes(make_playbook, rm_home, tmp_path):
-    pb = make_playbook(workload=fast_workload(60, 30))
+async def test_stop_and_quit_ends_the_jobs_processes(make_preinstalled_playbook, rm_home, tmp_path):
+    pb = make_preinstalled_playbook(workload=fast_workload(60, 30))
     app = make_app(rm_home, tmp_path, [pb])
     async with app.run_test(size=SIZE) as pilot:
         run_id = app.driver.start(str(pb))
@@ -128,8 +128,10 @@ async def wait_for_gone(pids: list[int], timeout: float = 15.0) -> None:
 
 @pytest.mark.e2e
 @pytest.mark.asyncio
-async def test_keep_running_and_quit_leaves_the_jobs_processes(make_playbook, rm_home, tmp_path):
-    pb = make_playbook(workload=fast_workload(60, 30))
+async def test_keep_running_and_quit_leaves_the_jobs_processes(
+    make_preinstalled_playbook, rm_home, tmp_path
+):
+    pb = make_preinstalled_playbook(workload=fast_workload(60, 30))
     app = make_app(rm_home, tmp_path, [pb])
     async with app.run_test(size=SIZE) as pilot:
         run_id = app.driver.start(str(pb))

@@ -160,8 +160,8 @@ async def test_palette_entries_act_on_their_screen(rm_home, tmp_path):
 
 @pytest.mark.e2e
 @pytest.mark.asyncio
-async def test_tui_with_a_playbook_runs_it(make_playbook, rm_home, tmp_path):
-    pb = make_playbook(
+async def test_tui_with_a_playbook_runs_it(make_preinstalled_playbook, rm_home, tmp_path):
+    pb = make_preinstalled_playbook(
         workload={
             "command": "python3 emit.py --device {device} --data "
             "{data_dir} --out {output_dir} --lines 5 "
@@ -185,10 +185,10 @@ async def test_tui_with_a_playbook_runs_it(make_playbook, rm_home, tmp_path):
 
 @pytest.mark.e2e
 @pytest.mark.asyncio
-async def test_run_dialog_dry_run_and_host_override(make_playbook, rm_home, tmp_path):
+async def test_run_dialog_dry_run_and_host_override(make_preinstalled_playbook, rm_home, tmp_path):
     # the promise is the dialog's dry run and host override, not the verdict: a small
     # torch-free workload (two torch imports cost ~10 s of this test on a loaded machine)
-    pb = make_playbook(
+    pb = make_preinstalled_playbook(
         host="mac-nowhere.invalid",
         workload={
             "command": "python3 emit.py --device {device} --data {data_dir} "

@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from remotemac.agent.shared import agent_argv
+from tests.harness import hostbuilt
 
 AGENT = Path(__file__).resolve().parent.parent / "remotemac" / "agent" / "hostagent.py"
 
@@ -100,14 +101,18 @@ def test_same_name_two_interpreters_two_venvs(tmp_path: Path):
     assert first["env_dir"] != second["env_dir"]
     again = ensure_venv(tmp_path / "root", "python3", path=f"{a}:{base_path}")["result"]
     assert again["env_dir"] == first["env_dir"] and again["reused"] is True
+    # who built it is said on the reuse too (the record's environment.<side>.interpreter)
+    assert first["installer"] == "pip" and again["installer"] == "pip"
 
 
 def test_runs_starting_together_build_the_venv_once(tmp_path: Path):
-    """Three runs on one host at once: one builds, the others reuse (no half-made venv)."""
+    """Three runs on one host at once: one builds, the others reuse (no half-made venv),
+    from a Python of the host's own."""
+    host_python = hostbuilt.host_python()
     with ThreadPoolExecutor(3) as pool:
         answers = list(
             pool.map(
-                lambda _: ensure_venv(tmp_path / "root", sys.executable, system_site=False),
+                lambda _: ensure_venv(tmp_path / "root", host_python, system_site=False),
                 range(3),
             )
         )

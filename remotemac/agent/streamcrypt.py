@@ -122,11 +122,14 @@ def iter_encrypt(
     and that the header was made for this ``version`` of the file (see new_header).
     """
     if resume is None:
-        header = new_header(data_key, relpath, chunk_size, version)
+        # the keys derived for the header seal the chunks too (opening the header just
+        # made would derive them again: 4 of a small file's 10 HMACs, ~20 us per file)
+        header, payload_key = _fresh_header(data_key, relpath, chunk_size, version)
         yield header
-        resume = (header, 0)
-    payload_key, chunk_size = open_header(data_key, relpath, resume[0])
-    counter = resume[1]
+        counter = 0
+    else:
+        payload_key, chunk_size = open_header(data_key, relpath, resume[0])
+        counter = resume[1]
     aead = new_aead(payload_key)
     current = _read_exact(src, chunk_size)
     while True:
@@ -152,14 +155,21 @@ def new_header(
     and it authenticates). Only :func:`header_fits` tells the laptop the header was
     made for the file as it is now, so the same nonces never seal other plaintext.
     """
+    return _fresh_header(data_key, relpath, chunk_size, version)[0]
+
+
+def _fresh_header(
+    data_key: bytes, relpath: str, chunk_size: int, version: bytes | None
+) -> tuple[bytes, bytes]:
+    """(:func:`new_header`'s header, the payload key it opens to)."""
     _check_chunk_size(chunk_size)
     if version is None:
         salt = os.urandom(SALT_LEN)
     else:
         salt = _bound_salt(data_key, relpath, version, os.urandom(SALT_LEN - _BIND_LEN))
-    _, mac_key = _derive(data_key, salt, relpath)
+    payload_key, mac_key = _derive(data_key, salt, relpath)
     prefix = MAGIC + chunk_size.to_bytes(4, "big") + salt
-    return prefix + hmac.new(mac_key, prefix, hashlib.sha256).digest()
+    return prefix + hmac.new(mac_key, prefix, hashlib.sha256).digest(), payload_key
 
 
 def header_fits(data_key: bytes, relpath: str, header: bytes, version: bytes) -> bool:

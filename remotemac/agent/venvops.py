@@ -321,6 +321,16 @@ def op_ensure_venv(request: JsonObject) -> JsonObject:
         return _ensure_locked(req, ident, described, root_id).to_json()
 
 
+def _ready_installer(ready: str) -> Optional[str]:
+    """The installer a ready venv was built with (its ready file; None if unsaid)."""
+    try:
+        with open(ready) as fh:
+            installer = json.load(fh).get("installer")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return installer if isinstance(installer, str) else None
+
+
 def _ensure_locked(
     req: VenvRequest, ident: InterpreterIdentity, described: VenvAnswer, root_id: Optional[str]
 ) -> VenvAnswer:
@@ -329,6 +339,8 @@ def _ensure_locked(
     ready = os.path.join(env_dir, READY)
     if os.path.exists(ready) and os.path.exists(python):
         described.reused = True
+        # the record says who built it, on the run that reuses it too
+        described.installer = _ready_installer(ready)
         return described
     started = time.time()
     if safefs.marker_of(env_dir) is not None:  # a venv that never got ready: ours?

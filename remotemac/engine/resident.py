@@ -137,15 +137,22 @@ class ResidentAgent:
             self._reader = asyncio.ensure_future(self._read_loop(proc))
             return proc
 
-    def adopt(self, proc: RemoteProcess) -> None:
+    async def adopt(self, proc: RemoteProcess) -> bool:
         """Take ``proc`` as this link's agent: a process started another way that is
         the resident agent now (the claim's, agentclient._claim_then_resident), its
-        hello still to come."""
-        if self._proc is not None or self.closed:
-            raise HostError(f"the agent on {self.transport.name} is running already")
-        self._proc = proc
-        self.starts += 1
-        self._reader = asyncio.ensure_future(self._read_loop(proc))
+        hello still to come. False when the link has its agent already, or one is
+        being started: another lease of a pooled link may have started it since the
+        claim looked; the caller closes ``proc``, its claim stands. It takes the start
+        lock, so it never overwrites an agent :meth:`_ensure` is starting."""
+        async with self._start_lock:
+            if self.closed:
+                raise HostError(f"the agent on {self.transport.name} was closed")
+            if self._proc is not None:
+                return False
+            self._proc = proc
+            self.starts += 1
+            self._reader = asyncio.ensure_future(self._read_loop(proc))
+            return True
 
     async def _read_loop(self, proc: RemoteProcess) -> None:
         why: BaseException = AgentGone("the resident agent ended")

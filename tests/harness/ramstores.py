@@ -3,9 +3,10 @@
 Why: /dev/shm is machine-global and survives the test. A run left unwiped on purpose
 (``wipe: manual``, a lost host, a job kept running after Ctrl-C) keeps its decrypted
 dataset there, and after a few sessions the machine held 1.3 GB of them. A host's
-teardown (the lab's ``HostDirs.remove``, the local host's ``make_playbook``) removes
-the stores of the runs under its own root; the session guard in tests/conftest.py
-looks for any that still escaped.
+teardown (the lab's ``HostDirs.remove``, the local host's ``make_playbook`` and
+``make_preinstalled_playbook``) removes the stores of the runs under its own root or
+in its journal; the session guard in tests/conftest.py looks for any that still
+escaped.
 
 Which runs are a test's own is read from what the test made, never from a listing of
 /dev/shm (other sessions share it): the run dirs under a host root (``runs/<id>``)

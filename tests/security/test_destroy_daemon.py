@@ -56,9 +56,9 @@ def wait_gone(path: Path, seconds: float = 10) -> list[int]:
 
 
 @pytest.fixture
-def daemon_book(make_playbook, rm_home: Path, tmp_path: Path):
+def daemon_book(make_preinstalled_playbook, rm_home: Path, tmp_path: Path):
     def make(**extra):
-        return make_playbook(
+        return make_preinstalled_playbook(
             "daemon",
             workload={"command": DAEMON, "reference": None, "target": {"device": "cpu"}},
             outputs={"path": ".", "compare": []},

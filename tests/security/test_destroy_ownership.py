@@ -9,7 +9,6 @@ same as over SSH, the host side runs the same agent code from memory, and
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,6 +17,7 @@ import yaml
 from remotemac.agent import cleanupops
 from remotemac.journal import Journal
 from tests.conftest import LINES_PROJECT, remotemac
+from tests.harness import hostbuilt
 from tests.hostlayout import make_run, mark_root
 
 
@@ -39,7 +39,13 @@ def env(tmp_path: Path) -> dict:
         "home": home,
         "rm_home": rm_home,
         "cwd": tmp_path,
-        "vars": {"HOME": str(home), "REMOTEMAC_HOME": str(rm_home), "TMUX_TMPDIR": str(tmux)},
+        # the host's own interpreters, not the test venv (tests/harness/hostbuilt.py)
+        "vars": {
+            "HOME": str(home),
+            "REMOTEMAC_HOME": str(rm_home),
+            "TMUX_TMPDIR": str(tmux),
+            **hostbuilt.host_env(),
+        },
     }
 
 
@@ -49,7 +55,8 @@ def playbook(tmp_path: Path, root: str, name: str = "own", **extra) -> Path:
         "host": "local",
         "remote_root": root,
         "project": {"path": str(LINES_PROJECT), "exclude": ["data/"]},
-        "environment": {"python": sys.executable, "venv": False},
+        # torch-free: the host builds an empty venv from a 3.11 it has
+        "environment": {"python": hostbuilt.PYTHON_VERSION},
         "data": {"path": str(LINES_PROJECT / "data"), "classification": "public", "encrypt": True},
         "workload": {
             "command": "python3 emit.py --device {device} --data {data_dir} "

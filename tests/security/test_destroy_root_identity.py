@@ -26,9 +26,9 @@ QUICK = {
 
 
 @pytest.fixture
-def first_root(make_playbook, rm_home: Path, tmp_path: Path) -> Path:
+def first_root(make_preinstalled_playbook, rm_home: Path, tmp_path: Path) -> Path:
     """A remote_root made by a real run (marker, agent/, runs/)."""
-    book = make_playbook("first", workload=QUICK, outputs={"path": ".", "compare": []})
+    book = make_preinstalled_playbook("first", workload=QUICK, outputs={"path": ".", "compare": []})
     proc = remotemac("run", str(book), "--out", str(tmp_path / "out1"), cwd=tmp_path)
     assert proc.returncode in (0, 1), proc.stdout + proc.stderr
     root = tmp_path / "host-root"
@@ -43,10 +43,10 @@ def _one_error(proc) -> str:
 
 
 def test_a_root_inside_another_root_is_refused_before_anything_is_written(
-    first_root: Path, make_playbook, tmp_path: Path
+    first_root: Path, make_preinstalled_playbook, tmp_path: Path
 ):
     inner = first_root / "inner"
-    book = make_playbook(
+    book = make_preinstalled_playbook(
         "nested",
         remote_root=str(inner),
         workload=QUICK,
@@ -62,19 +62,21 @@ def test_a_root_inside_another_root_is_refused_before_anything_is_written(
 
 
 def test_a_copied_marker_does_not_make_a_directory_of_user_files_a_root(
-    first_root: Path, make_playbook, tmp_path: Path
+    first_root: Path, make_preinstalled_playbook, tmp_path: Path
 ):
     mine = tmp_path / "my-project-files"
     mine.mkdir()
     (mine / "thesis.tex").write_text("three years of work\n")
     shutil.copy2(first_root / ".remotemac-owned", mine / ".remotemac-owned")
-    book = make_playbook(
+    book = make_preinstalled_playbook(
         "copied", remote_root=str(mine), workload=QUICK, outputs={"path": ".", "compare": []}
     )
     line = _one_error(remotemac("run", str(book), "--out", str(tmp_path / "o3"), cwd=tmp_path))
     assert str(mine) in line and "copied" in line, line
     assert sorted(p.name for p in mine.iterdir()) == [".remotemac-owned", "thesis.tex"]
     # the real root is still accepted by the next run (its marker is its own)
-    again = make_playbook("again", workload=QUICK, outputs={"path": ".", "compare": []})
+    again = make_preinstalled_playbook(
+        "again", workload=QUICK, outputs={"path": ".", "compare": []}
+    )
     proc = remotemac("run", str(again), "--out", str(tmp_path / "o4"), cwd=tmp_path)
     assert proc.returncode in (0, 1), proc.stdout + proc.stderr

@@ -15,6 +15,7 @@ AGENT = Path(__file__).resolve().parents[2] / "remotemac" / "agent"
 
 from remotemac.agent import agentruntime as art  # noqa: E402
 from remotemac.agent.shared import agent_argv  # noqa: E402
+from tests.harness import hostbuilt  # noqa: E402
 
 
 def test_a_runtime_dir_in_the_way_that_is_not_ours_is_left_alone(tmp_path: Path):
@@ -35,10 +36,12 @@ def test_an_unready_venv_marked_as_something_else_is_left_alone(tmp_path: Path):
         capture_output=True,
     )
     assert json.loads(claim.stdout)["ok"], claim.stdout
-    # what the identity of this interpreter makes the env dir: ask the op once, then plant
+    # what the identity of the host's own interpreter makes the env dir: ask the op
+    # once, then plant
+    host_python = hostbuilt.host_python()
     first = subprocess.run(
         agent_argv(sys.executable, str(AGENT), "hostagent", "ensure_venv", site=True),
-        input=json.dumps({"root": str(root), "key": "k", "python": sys.executable}).encode(),
+        input=json.dumps({"root": str(root), "key": "k", "python": host_python}).encode(),
         capture_output=True,
     )
     env_dir = Path(json.loads(first.stdout)["result"]["env_dir"])
@@ -49,7 +52,7 @@ def test_an_unready_venv_marked_as_something_else_is_left_alone(tmp_path: Path):
     (env_dir / "keep.txt").write_text("not the venv's")
     again = subprocess.run(
         agent_argv(sys.executable, str(AGENT), "hostagent", "ensure_venv", site=True),
-        input=json.dumps({"root": str(root), "key": "k", "python": sys.executable}).encode(),
+        input=json.dumps({"root": str(root), "key": "k", "python": host_python}).encode(),
         capture_output=True,
     )
     answer = json.loads(again.stdout)

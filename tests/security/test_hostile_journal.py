@@ -19,9 +19,9 @@ from tests.conftest import remotemac
 
 @pytest.mark.e2e
 def test_a_foreign_exception_marks_the_run_failed_with_phase_and_error(
-    make_playbook, rm_home: Path, tmp_path: Path
+    make_preinstalled_playbook, rm_home: Path, tmp_path: Path
 ):
-    book = make_playbook(
+    book = make_preinstalled_playbook(
         "foreign",
         workload={
             "command": "python3 emit.py --device {device} "

@@ -9,7 +9,7 @@ and a bidi override. ``remotemac run`` and ``remotemac logs`` show them escaped;
 from __future__ import annotations
 
 import io
-import sys
+import json
 from pathlib import Path
 
 import pytest
@@ -18,6 +18,7 @@ import yaml
 from remotemac.events import LogLine, Warning
 from remotemac.termsafe import escape_controls
 from tests.conftest import remotemac
+from tests.harness import hostbuilt
 
 HOSTILE = (
     "\x1b]52;c;aGFja2VkIGNsaXBib2FyZA==\x07",
@@ -50,7 +51,8 @@ def escape_book(tmp_path: Path) -> Path:
         "host": "local",
         "remote_root": str(tmp_path / "host-root"),
         "project": {"path": str(project)},
-        "environment": {"python": sys.executable, "venv": False},
+        # torch-free: the host builds an empty venv from a 3.11 it has
+        "environment": {"python": hostbuilt.PYTHON_VERSION},
         "data": {"path": str(project / "data"), "classification": "public"},
         "workload": {
             "command": "python3 esc.py {output_dir}",
@@ -67,7 +69,9 @@ def escape_book(tmp_path: Path) -> Path:
 
 
 @pytest.mark.e2e
-def test_run_and_logs_escape_the_jobs_terminal_controls_and_raw_keeps_them(tmp_path, rm_home):
+def test_run_and_logs_escape_the_jobs_terminal_controls_and_raw_keeps_them(
+    tmp_path, rm_home, host_pythons
+):
     book = escape_book(tmp_path)
     run = remotemac("run", str(book), "--out", str(tmp_path / "out"), timeout=240)
     assert run.returncode in (0, 1), run.stdout + run.stderr
@@ -75,6 +79,8 @@ def test_run_and_logs_escape_the_jobs_terminal_controls_and_raw_keeps_them(tmp_p
         assert control not in run.stdout, f"run printed {control!r}"
     assert "\\x1b]52;c;" in run.stdout and "\\x1b[2J" in run.stdout
     run_id = next(line.split()[1] for line in run.stdout.splitlines() if line.startswith("run "))
+    record = json.loads((tmp_path / "out" / "acceptance.json").read_text())
+    hostbuilt.assert_host_built(record, tmp_path / "host-root", ("target",), torch=False)
 
     logs = remotemac("logs", run_id)
     assert logs.returncode == 0, logs.stderr

@@ -13,13 +13,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
 from tests.conftest import LINES_PROJECT, remotemac
+from tests.harness import hostbuilt
 
 MARKER = b"PLAINTEXT-MARKER-7f3a9c"
 
@@ -35,7 +35,8 @@ def readme_layout(tmp_path: Path, **data_extra) -> Path:
         "host": "local",
         "remote_root": str(tmp_path / "host-root"),
         "project": {"path": "."},
-        "environment": {"python": sys.executable, "venv": False},
+        # torch-free: the host builds an empty venv from a 3.11 it has
+        "environment": {"python": hostbuilt.PYTHON_VERSION},
         "data": {
             "path": "./data",
             "classification": "sensitive",
@@ -68,7 +69,9 @@ def files_with_marker(root: Path) -> list[str]:
 
 
 @pytest.mark.e2e
-def test_dataset_inside_the_project_never_lands_on_the_host_in_clear(tmp_path, rm_home):
+def test_dataset_inside_the_project_never_lands_on_the_host_in_clear(
+    tmp_path, rm_home, host_pythons
+):
     book = readme_layout(tmp_path)
     out = tmp_path / "out"
     proc = remotemac("run", str(book), "--out", str(out), "--keep-data")
@@ -79,7 +82,9 @@ def test_dataset_inside_the_project_never_lands_on_the_host_in_clear(tmp_path, r
     assert (run_dir / "project" / "emit.py").exists()
     # with the data kept (no wipe), the only plaintext is in the RAM store, never on disk
     assert files_with_marker(host) == []
-    assert json.loads((out / "acceptance.json").read_text())["dataset"]["encrypted"] is True
+    record = json.loads((out / "acceptance.json").read_text())
+    assert record["dataset"]["encrypted"] is True
+    hostbuilt.assert_host_built(record, host, ("target",), torch=False)
     assert remotemac("wipe", run_dir.name, "--yes").returncode == 0  # the RAM store goes too
     assert files_with_marker(host) == []
 

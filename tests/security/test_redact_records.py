@@ -64,8 +64,8 @@ COMMAND = (
 SECRETS = (TOKEN_ENV, INLINE, "abcDEF123456xyz", "hunter2pw", "Passw0rdX", "hunter3pw")
 
 
-def secret_book(make_playbook):
-    return make_playbook(
+def secret_book(make_preinstalled_playbook):
+    return make_preinstalled_playbook(
         "secrets",
         workload={
             "command": COMMAND,
@@ -81,10 +81,10 @@ def secret_book(make_playbook):
 
 @pytest.mark.e2e
 def test_records_redact_the_command_and_env_and_the_wipe_scrubs_host_specs(
-    make_playbook, rm_home: Path, tmp_path: Path
+    make_preinstalled_playbook, rm_home: Path, tmp_path: Path
 ):
     out = tmp_path / "out"
-    proc = remotemac("run", str(secret_book(make_playbook)), "--out", str(out))
+    proc = remotemac("run", str(secret_book(make_preinstalled_playbook)), "--out", str(out))
     assert proc.returncode in (0, 1), proc.stdout + proc.stderr
     for path in [
         out / "acceptance.json",
@@ -109,9 +109,13 @@ def test_records_redact_the_command_and_env_and_the_wipe_scrubs_host_specs(
 
 
 @pytest.mark.e2e
-def test_show_secrets_keeps_them_in_the_records(make_playbook, rm_home: Path, tmp_path: Path):
+def test_show_secrets_keeps_them_in_the_records(
+    make_preinstalled_playbook, rm_home: Path, tmp_path: Path
+):
     out = tmp_path / "out"
-    proc = remotemac("run", str(secret_book(make_playbook)), "--out", str(out), "--show-secrets")
+    proc = remotemac(
+        "run", str(secret_book(make_preinstalled_playbook)), "--out", str(out), "--show-secrets"
+    )
     assert proc.returncode in (0, 1), proc.stdout + proc.stderr
     target = json.loads((out / "env" / "target.json").read_text())
     assert target["command"] == COMMAND
