@@ -306,6 +306,7 @@ class Bench(BenchHost):
         self.peak_rss = 0.0
         self.streams: int | None = None  # --streams: forced, else sized by the round trip
         self.connect_s = 0.0  # the last sync's SSH connection set-up
+        self.close_s = 0.0  # and its close, after the sync's answer
         self.proxy_pid: int | None = None
 
     def ends(self) -> EndsCPU:
@@ -356,7 +357,9 @@ class Bench(BenchHost):
                 max_attempts=max_attempts,
                 streams=self.streams,
             )
+            synced = time.perf_counter()
         seconds = time.perf_counter() - start
+        self.close_s = seconds - (synced - start)
         self.peak_rss = max(self.peak_rss, peak_rss_mib())
         if answer["mismatches"]:
             raise SystemExit(f"sync verification failed: {answer['mismatches'][:1]}")
@@ -461,6 +464,7 @@ async def cold_round(
         + (f", {stats.spare_streams} on a second connection" if stats.spare_streams else "")
         + f", rtt {stats.rtt_ms} ms, streams ran {stats.stream_s:.2f} s"
         + f", load {os.getloadavg()[0]:.1f}"
+        + f", connect {bench.connect_s:.2f} s, then {stats.steps_text()}, link closed +{bench.close_s:.2f}"
         + (f", {stats.split_files} split into pieces" if stats.split_files else "")
         + (f")  scp {rate(size, t_scp)}" if cap else ")  scp not run")
         + (f" (> {cap:.0f} s)" if t_scp is None and cap else "")

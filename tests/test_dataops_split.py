@@ -536,3 +536,92 @@ def test_a_fifo_planted_at_a_kept_splits_file_does_not_hang_the_next_start(
         worker.join(10)
         assert refused and isinstance(refused[0], datarecords.DataError), refused
         assert refused[0].code == "unsafe-path"
+
+
+def _hint(big: _File, header: bytes | None = None) -> bytes:
+    """An ``H`` frame: hash what tiles so far (the laptop sends it as pieces land)."""
+    from remotemac.agent.dataops import FRAME
+
+    body = json.dumps({"header": (header or big.header).hex()}).encode()
+    return FRAME.pack(b"H", 0, len(body)) + body
+
+
+def _hashed(monkeypatch) -> list[tuple[int, int]]:
+    """The plaintext ranges the receiver hashes for a split (hash_ahead, then the join)."""
+    from remotemac.agent import datasplit
+
+    ranges: list[tuple[int, int]] = []
+    extend = datasplit.Prefix.extend
+
+    def spy(self, part: str, end: int) -> None:
+        if end > self.at:
+            ranges.append((self.at, end))
+        extend(self, part, end)
+
+    monkeypatch.setattr(datasplit.Prefix, "extend", spy)
+    return ranges
+
+
+def test_hints_hash_the_pieces_that_tile_and_the_join_only_the_rest(dataops, tmp_path, monkeypatch):
+    """Pieces 0 and 2 are in: a hint hashes piece 0 only (piece 2 does not tile from the
+    start, and is never hashed before piece 1); piece 1 and a hint: up to the end; the
+    join hashes nothing more, and the file is verified, in place and recorded as before."""
+    ranges = _hashed(monkeypatch)
+    big = _File(tmp_path / "data", os.urandom(32))
+    (p0, n0), (p1, n1), (p2, n2) = PIECES
+    stream = (
+        _line(big.hello())
+        + big.piece(p0, n0)
+        + big.piece(p2, n2)
+        + _hint(big)
+        + big.piece(p1, n1)
+        + _hint(big)
+        + _hint(big)  # (nothing new: nothing hashed)
+        + big.assemble()
+        + _end(big)
+    )
+    code, lines = _run(dataops, stream)
+    assert code == 0 and lines[-1]["result"]["mismatches"] == [], lines
+    # (the hints run on the write-behind thread: piece 1 may be noted before the first
+    # one runs, and then it hashes the whole file at once)
+    assert ranges in ([(0, n0 * CS), (n0 * CS, SIZE)], [(0, SIZE)]), ranges
+    _assert_whole(dataops, tmp_path, big)
+
+
+@pytest.mark.parametrize("other", ["another key", "another split of the file"])
+def test_a_hint_that_is_not_the_splits_is_ignored(dataops, tmp_path, monkeypatch, other):
+    """A hint under a header that does not authenticate, or one of a split that has no
+    piece here: no error, nothing hashed for it; the join completes from what the
+    split's own hints hashed."""
+    ranges = _hashed(monkeypatch)
+    big = _File(tmp_path / "data", os.urandom(32))
+    key = os.urandom(32) if other == "another key" else big.key
+    stranger = streamcrypt.new_header(key, REL, CS)
+    stream = (
+        _line(big.hello())
+        + b"".join(big.piece(*p) for p in PIECES)
+        + _hint(big)
+        + _hint(big, header=stranger)
+        + big.assemble()
+        + _end(big)
+    )
+    code, lines = _run(dataops, stream)
+    assert code == 0 and lines[-1]["result"]["mismatches"] == [], lines
+    assert ranges == [(0, SIZE)]
+    _assert_whole(dataops, tmp_path, big)
+
+
+def test_a_join_after_hints_still_refuses_a_hash_that_differs(dataops, tmp_path, monkeypatch):
+    """The whole file hashed ahead, then a join whose SHA-256 is not the plaintext's: one
+    integrity line, nothing recorded or in place, none of the split's files left."""
+    ranges = _hashed(monkeypatch)
+    big = _File(tmp_path / "data", os.urandom(32))
+    pieces = b"".join(big.piece(*p) for p in PIECES)
+    stream = _line(big.hello()) + pieces + _hint(big) + big.assemble(sha256="0" * 64) + _end()
+    code, lines = _run(dataops, stream)
+    assert ranges == [(0, SIZE)]
+    assert code == 1 and lines[-1]["code"] == "integrity", lines
+    assert "differs from the laptop's" in lines[-1]["error"]
+    src = tmp_path / "run" / "data"
+    assert datarecords.load_records(str(src)) == {}
+    assert not (tmp_path / "ram" / REL).exists() and _split_files(tmp_path) == []

@@ -30,7 +30,8 @@ the hello is on its way):
    "prefix_sha256", "header", "size", "mtime_ns"}``, ``chunks`` being the whole
    chunks that authenticate and ``offset`` their plaintext length;
 3. laptop → ``b"P" 0 0`` (optional, any number): the host answers ``{"ok": true,
-   "pong": true}`` (the laptop sizes its streams by this round trip);
+   "pong": true}`` (the laptop sizes its streams by this round trip where its link
+   cannot measure one; a worker's frames follow its hello at once, before its answer);
 4. laptop → frames ``b"F" index:u32 length:u64`` + ``length`` bytes (ciphertext,
    or plaintext for public data) + the 32-byte SHA-256 of the plaintext, or
    ``b"R" index:u32 length:u64`` + ``meta_len:u32`` + ``{"partial", "chunks",
@@ -59,7 +60,10 @@ process): ``b"S" index length`` + ``meta_len:u32`` + ``{"header", "first", "coun
 would hold there): the host writes them into one ciphertext under
 ``.remotemac-partial/<sha256(path)[:32]>-s<sid>.rmenc`` (``sid`` from the header) and
 their plaintext into ``.<name>.split-<sid>`` beside the file in RAM, notes the piece
-in ``…-s<sid>.json`` and answers ``{"piece": [index, first]}`` at once; then
+in ``…-s<sid>.json`` and answers ``{"piece": [index, first]}`` at once; meanwhile
+``b"H" index length`` + ``{"header"}`` (a hint, any number, on the first channel) makes
+the host hash the plaintext of the pieces noted so far that tile from the file's start
+(:meth:`Receiver.hash_ahead`), so that the join has only the rest to hash; then
 ``b"J" index length`` + ``{"sha256", "header"}`` once every piece is in: the pieces
 must tile the file, the plaintext must hash as said, and the file is renamed into
 place, recorded and acknowledged like any other. A start answer lists kept splits as
@@ -231,6 +235,9 @@ def _frames(stdin: BinaryIO, receiver: Receiver, behind: WriteBehind, lines: Lin
         elif kind == SyncFrame.JOIN:  # after the files before it: records and acks stay in order
             req = _small_json(stdin, length)
             behind.submit(functools.partial(receiver.assemble, index, req))
+        elif kind == SyncFrame.HASH:  # off the reading thread, before the join it shortens
+            req = _small_json(stdin, length)
+            behind.submit(functools.partial(receiver.hash_ahead, index, req))
         elif kind == SyncFrame.PING:
             lines.say({"ok": True, "pong": True})
         elif kind == SyncFrame.DONE:  # one of several streams is done: the first one finishes

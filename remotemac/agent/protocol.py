@@ -167,6 +167,7 @@ class SyncFrame:
     PARTIAL = b"R"  # the rest of a file the host holds part of (+ meta)
     PIECE = b"S"  # one piece of a split file (+ meta)
     JOIN = b"J"  # every piece of a split file is in: join them
+    HASH = b"H"  # hash the pieces of a split file noted so far (the join hashes the rest)
     PING = b"P"  # a round trip, answered at once (sizes the channel window)
     DONE = b"D"  # this stream has nothing more
     END = b"E"  # the first stream's last frame: the manifest, once every stream is done

@@ -279,6 +279,7 @@ async def sync_slice(
     # the host opens the channel and starts its receiver while the slice is stat'ed here
     # (on a re-sync of thousands of unchanged files both are a good part of the time)
     argv = receiver_argv(python, agent.agent_dir, runtime_dir if key is not None else None)
+    began = time.monotonic()
     opening = asyncio.ensure_future(transport.open_process(argv))
     try:
         files = await asyncio.to_thread(stat_all, Path(root), paths, cache)
@@ -286,6 +287,7 @@ async def sync_slice(
         await discard(opening)
         raise
     stats.files, stats.bytes = len(files), sum(f.size for f in files)
+    stats.mark("stat", began=began)
     if ram_bytes is None:
         ram_bytes = max(stats.bytes * 2, 64 << 20)
     session = Session(

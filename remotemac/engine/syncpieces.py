@@ -65,14 +65,18 @@ def read_pieces(
     halted: Callable[[], bool] = lambda: False,
     splits: dict[int, syncsplit.Split] | None = None,
     log: syncsplit.SealLog | None = None,
+    hints: collections.deque[bytes] | None = None,
 ) -> Iterator[Any]:
     """Yield (bytes, plaintext bytes covered) to send, and a FileDone after each file.
 
     Takes the next file from ``work`` (shared by every stream) only when ready for it.
     A piece of a split file (``splits``) yields no FileDone: the assemble frame ends it.
-    ``log`` (the session's) refuses a chunk sealed again with other bytes.
+    ``log`` (the session's) refuses a chunk sealed again with other bytes. ``hints``:
+    frames another task queues for this stream, sent between two files' frames.
     """
     while not halted():
+        while hints:
+            yield hints.popleft(), 0
         try:
             job = work.popleft()
         except IndexError:

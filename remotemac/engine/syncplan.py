@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import os
 import stat
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -119,9 +120,24 @@ class SyncStats:
     #: file to the last one done): the rest of a push is set-up, the host's answers and
     #: the end (the split files put together and checked)
     stream_s: float = 0.0
+    #: [step, seconds since the sync began] of the last attempt: where a push's time
+    #: outside its streams goes (channel open, start answer, round trip, ..., the end)
+    steps: list[list[Any]] = field(default_factory=list)
+    _began: float = field(default=0.0, repr=False)
     acked: list[str] = field(default_factory=list)
     #: bytes written into the channel by each attempt (a cut link starts a new one)
     per_attempt: list[int] = field(default_factory=list)
+
+    def mark(self, step: str, began: float | None = None) -> None:
+        """Note ``step`` at the time since the attempt began (``began``: it begins now)."""
+        now = time.monotonic()
+        if began is not None:
+            self._began, self.steps = began, []
+        self.steps.append([step, round(now - self._began, 3)])
+
+    def steps_text(self) -> str:
+        """The steps as the bench prints them: ``open 0.16, start 0.33, ...``."""
+        return ", ".join(f"{step} {at:.2f}" for step, at in self.steps)
 
     def streams_text(self) -> str:
         """The streams as a user reads them: ``5 streams``, or adapted ``streams 6→8→6``."""
@@ -134,6 +150,7 @@ class SyncStats:
         """The sync result's ``transfer`` figures (every field but the paths acked)."""
         data = dict(self.__dict__)
         data.pop("acked")
+        data.pop("_began", None)
         return data
 
 

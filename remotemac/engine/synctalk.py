@@ -64,6 +64,8 @@ RECEIVER_BOOT = AGENT_BOOT
 
 #: how long closing a channel no stream took may take (a dead link: give up)
 CLOSE_UNUSED_S = 5.0
+#: how often the first channel, its files all sent, looks for hints to pass on
+HINT_PUMP_S = 0.02
 
 
 def receiver_argv(python: str, agent_dir: str, runtime_dir: str | None = None) -> list[str]:
@@ -164,6 +166,14 @@ class ReceiverLine(Message):
         return {int(i): PartialTransfer.from_json(info) for i, info in self.partial}
 
 
+async def link_round_trip(transport: Transport, probes: int = 2) -> float | None:
+    """The fastest of a few round trips of the link itself (Transport.round_trip), sent
+    together (known one round trip after the sync began); None where the link cannot
+    say."""
+    took = await asyncio.gather(*(transport.round_trip() for _ in range(probes)))
+    return min((t for t in took if t is not None), default=None)
+
+
 async def discard(opening: asyncio.Future) -> None:
     """Close a channel opened ahead that will not be used (or stop its opening)."""
     opening.cancel()
@@ -227,6 +237,14 @@ class Session:
         self._tuner: StreamTuner | None = None
         self._target = 1
         self._argv: list[str] = []
+        #: the link's round trip, measured by sshd's own answers while the first channel
+        #: opens (Transport.round_trip; None: pinged through the channel instead)
+        self._link_rtt: asyncio.Future[float | None] | None = None
+        #: an attempt's workers opened before the start answer (a push the laptop can
+        #: tell is large: files it has no hash of), and the channels whose receiver has
+        #: its hello but has not answered it yet (their lane reads the answer first)
+        self._early: asyncio.Future[list[RemoteProcess]] | None = None
+        self._starting: set[RemoteProcess] = set()
 
     def manifest(self) -> Manifest:
         if self._manifest is None:
@@ -246,11 +264,19 @@ class Session:
         code: int | None = None
         try:
             opening, self._opening = self._opening, None
+            if self._link_rtt is None or self._link_rtt.cancelled():
+                self._link_rtt = asyncio.ensure_future(link_round_trip(self.transport))
+            hello = self._hello()
+            # (while the first channel opens: by the round trip, they may be wanted)
+            self._early = asyncio.ensure_future(self._open_early(argv, hello))
             procs.append(await (opening or self.transport.open_process(argv)))
-            answer = await self._talk(argv, procs)
+            self.stats.mark("open")
+            answer = await self._talk(argv, procs, hello)
             code = await procs[0].wait(timeout=60)
+            self.stats.mark("exit")
             return answer
         finally:
+            await self._drop_early()
             if self._late is not None:
                 self._late.cancel()
                 with contextlib.suppress(BaseException):
@@ -263,6 +289,7 @@ class Session:
             for spare in spares:
                 with contextlib.suppress(Exception):
                     await spare.close()
+            self.stats.mark("closed")
             self.agent.ledger.append(
                 self.transport.name,
                 " ".join(argv) + _streams_note(self.stats, len(procs)),
@@ -285,19 +312,24 @@ class Session:
             runtime_dir=self.runtime_dir,
         )
 
-    async def _talk(self, argv: list[str], procs: list[RemoteProcess]) -> JsonObject:
+    async def _talk(
+        self, argv: list[str], procs: list[RemoteProcess], hello: SyncHello
+    ) -> JsonObject:
         main = procs[0]
         self._argv, self._tuner, self._target = argv, None, 1
         self.stats.stream_steps = []
-        hello = self._hello()
         await main.write(json.dumps(hello.to_json()).encode() + b"\n")
+        self.stats.mark("hello")
         self.stats.per_attempt.append(0)
         self._done, self._halt = 0, False
         self._split_files.drop()
         plan, rest, ahead_ok, todo_bytes = await self._start(main)
+        self.stats.mark("start")
         skipped = len(self.files) - len(plan)
         if rest:
             rest = await self._open_streams(argv, hello, rest, procs)
+        else:
+            await self._drop_early()
         self.stats.streams, self.stats.spare_streams = 0, 0
         self.emit(
             PhaseProgress(
@@ -361,7 +393,8 @@ class Session:
         if self.streams is None and choose_streams(1.0, rest_bytes, jobs) == 1:
             wanted = cap = 1  # one stream even on a 1 s round trip: no ping
         elif self.streams is None:
-            rtt = await self._rtt(procs[0])
+            rtt = await self._round_trip(procs[0])
+            self.stats.mark("rtt")
             self.stats.rtt_ms = round(rtt * 1000, 2)
             window = choose_streams(rtt, rest_bytes, jobs)
             wanted = min(window, LINK_STREAMS)
@@ -377,8 +410,12 @@ class Session:
         if spare:  # its handshake overlaps the first connection's streams
             self._late = asyncio.ensure_future(self._spare_lanes(argv, hello, spare))
         self._target = wanted
-        await self._open_workers(argv, hello, first - 1, procs)
+        early = await self._take_early(first - 1)
+        procs.extend(early)
+        await self._open_workers(argv, hello, first - 1 - len(early), procs)
+        self.stats.mark("workers")
         rest = await self._split(rest, cap)
+        self.stats.mark("split")
         if cap > 1:  # largest first, so no channel is left with a big file at the end
             rest.sort(key=lambda j: -self._job_bytes(j))
         return rest
@@ -405,6 +442,7 @@ class Session:
 
         def start(proc: RemoteProcess, spare: bool = False) -> None:
             lane = _Lane(proc, asyncio.Queue(), spare=spare)
+            first = not lanes  # (the channel that ends the push: hints go on it)
             lane.reader = asyncio.ensure_future(self._read_acks(proc, lane.queue))
             target = max(self._target, len(lanes) + 1)
             lane.sender = asyncio.ensure_future(
@@ -416,6 +454,7 @@ class Session:
                     halted=lambda: self._halt or lane.retired,
                     batches=max(1, min(QUEUE_BATCHES, QUEUE_BATCHES_TOTAL // target)),
                     batch_bytes=BATCH_BYTES if target <= LINK_STREAMS else MANY_STREAMS_BATCH_BYTES,
+                    hints=self._split_files.hints if first else None,
                 )
             )
             lanes.append(lane)
@@ -427,6 +466,7 @@ class Session:
             start(proc)
         began = time.monotonic()
         late, self._late = self._late, None
+        pump = asyncio.ensure_future(self._pump_hints(lanes[0]))
         try:
             while True:
                 if late is not None and late.done():
@@ -462,6 +502,7 @@ class Session:
                     opening = self._tune(tuner, lanes, todo_bytes, argv, hello, late is None)
                     late = opening or late
             self._record_steps(tuner)
+            self.stats.mark("streams")
             self.stats.stream_s = round(time.monotonic() - began, 3)
             sent = [lane.sender.result() for lane in lanes if lane.ended is None]
             self.emit(PhaseProgress(self.run_id, phase="sync", done=self._done, total=todo_bytes))
@@ -472,15 +513,23 @@ class Session:
                         await lane.proc.write(pack_frame("D", 0, 0))
             await _all([self._final(lane.reader, lane.queue) for lane in active[1:]])
             await _all(list(ending))
+            self.stats.mark("workers done")
+            pump.cancel()
+            with contextlib.suppress(BaseException):
+                await pump
             if ahead_ok and all(sent):
                 await self._finish(procs[0], hello)
-            return await self._final(lanes[0].reader, lanes[0].queue)
+                self.stats.mark("end sent")
+            final = await self._final(lanes[0].reader, lanes[0].queue)
+            self.stats.mark("final")
+            return final
         finally:
             self._split_files.drop()
             pending: list[asyncio.Future[Any]] = [
                 *(lane.sender for lane in lanes),
                 *(lane.reader for lane in lanes),
                 *ending,
+                pump,
             ]
             if late is not None:
                 if late.done() and not late.cancelled() and late.exception() is None:
@@ -491,6 +540,20 @@ class Session:
             for task in pending:
                 with contextlib.suppress(BaseException):
                     await task
+
+    async def _pump_hints(self, main: _Lane) -> None:
+        """Once the first stream has sent its last file, the hints (syncsplitfiles.py)
+        go straight onto its channel while the other streams finish: no file's frame can
+        be cut by one now, and the host hashes the split files' last pieces as they land
+        instead of after the end (the join then hashes what the last hint did not see)."""
+        with contextlib.suppress(Exception):
+            if not await main.sender:
+                return
+            hints = self._split_files.hints
+            while True:
+                while hints:
+                    await main.proc.write(hints.popleft())
+                await asyncio.sleep(HINT_PUMP_S)
 
     @staticmethod
     def _live(lanes: list[_Lane]) -> list[_Lane]:
@@ -597,6 +660,69 @@ class Session:
         self._manifest = None
         self.manifest()
 
+    async def _round_trip(self, proc: RemoteProcess) -> float:
+        """The round trip the streams are sized by: the link's own (measured while the
+        first channel opened), else pings through ``proc``."""
+        measured = await self._link_rtt if self._link_rtt is not None else None
+        return measured if measured is not None else await self._rtt(proc)
+
+    async def _open_early(self, argv: list[str], hello: SyncHello) -> list[RemoteProcess]:
+        """Workers opened while the host answers the hello, when the files the laptop has
+        no hash of (new or changed since the last sync: the host cannot hold them as
+        the hello says) would get more than one stream by the link's round trip.
+
+        Why: each worker costs a channel open, an exec and a python start on the host
+        (~4 round trips after the start answer, 0.3 s at 80 ms); opened now, they are
+        up when the start answer comes. Those the plan does not want are ended unused
+        (:meth:`_take_early`); a re-sync the cache knows opens none."""
+        rtt = await self._link_rtt if self._link_rtt is not None else None
+        new = [Job(i, None, None) for i, f in enumerate(self.files) if f.sha256 is None]
+        new_bytes = sum(self.files[job.index].size for job in new)
+        jobs = self._split_files.units(self.files, new)
+        if self.streams is not None:
+            wanted = max(1, min(self.streams, MAX_STREAMS, jobs))
+        elif rtt is None or choose_streams(1.0, new_bytes, jobs) == 1:
+            return []
+        else:
+            wanted = min(choose_streams(rtt, new_bytes, jobs), LINK_STREAMS)
+        procs: list[RemoteProcess] = []
+        try:
+            await self._open_workers(argv, hello, streams_per_link(wanted)[0] - 1, procs)
+        except BaseException:
+            await self._end_unused(procs)
+            raise
+        return procs
+
+    async def _take_early(self, count: int) -> list[RemoteProcess]:
+        """Up to ``count`` of the workers opened early; the others are ended unused."""
+        early, self._early = self._early, None
+        if early is None:
+            return []
+        try:
+            procs = await early
+        except (HostError, TransientHostError):
+            return []  # opened again below, where a failure says what it is
+        await self._end_unused(procs[count:])
+        return procs[:count]
+
+    async def _drop_early(self) -> None:
+        """End the workers opened early that no stream took (or stop their opening)."""
+        early, self._early = self._early, None
+        if early is None:
+            return
+        early.cancel()
+        with contextlib.suppress(BaseException):
+            await self._end_unused(await early)
+
+    async def _end_unused(self, procs: list[RemoteProcess]) -> None:
+        """End workers that took no file: their end frame (the receiver answers it and
+        exits having written nothing), then their channel closed."""
+        for proc in procs:
+            self._starting.discard(proc)
+            with contextlib.suppress(Exception):
+                await proc.write(pack_frame("D", 0, 0))
+        await _close_all(procs)
+
     async def _rtt(self, proc: RemoteProcess, probes: int = 2) -> float:
         """The round trip through the channel (the fastest of a few pings)."""
         best = math.inf
@@ -627,11 +753,17 @@ class Session:
             except HostError:
                 return False  # MaxSessions reached: go on with the channels we have
             procs.append(proc)
-            await proc.write(line)
-            await self._answer(proc, "start")
+            await self._hello_worker(proc, line)
             return True
 
         await _all([one() for _ in range(count)])  # together: each costs round trips
+
+    async def _hello_worker(self, proc: RemoteProcess, line: bytes) -> None:
+        """A worker's hello; its start answer is read by its lane (:meth:`_read_acks`)
+        while its first files are already on their way: a receiver that refuses
+        answers an error the lane raises, as any other line that is not an ack."""
+        self._starting.add(proc)
+        await proc.write(line)
 
     async def _spare_lanes(
         self, argv: list[str], hello: SyncHello, count: int
@@ -662,8 +794,7 @@ class Session:
         async def one() -> RemoteProcess:
             proc = await spare.open_process(argv)
             try:
-                await proc.write(line)
-                await self._answer(proc, "start")
+                await self._hello_worker(proc, line)
             except BaseException:
                 await proc.close()
                 raise
@@ -689,9 +820,10 @@ class Session:
         halted: Callable[[], bool] | None = None,
         batches: int = QUEUE_BATCHES,
         batch_bytes: int = BATCH_BYTES,
+        hints: collections.deque[bytes] | None = None,
     ) -> bool:
         try:
-            return await self._send(proc, work, total, acks, halted, batches, batch_bytes)
+            return await self._send(proc, work, total, acks, halted, batches, batch_bytes, hints)
         except (BrokenPipeError, ConnectionResetError):
             self._halt = True
             return False  # the agent stopped reading: its last line says why
@@ -705,11 +837,13 @@ class Session:
         halted: Callable[[], bool] | None = None,
         batches: int = QUEUE_BATCHES,
         batch_bytes: int = BATCH_BYTES,
+        hints: collections.deque[bytes] | None = None,
     ) -> bool:
         """Producer (thread: read, hash, seal) → bounded queue → consumer (the channel).
 
         Returns False when the agent spoke up early (an error line is waiting).
         ``halted``: this stream takes no more files (by default: when the agent spoke).
+        ``hints``: frames for the host sent between files (the first channel's).
         """
         queue: asyncio.Queue[Any] = asyncio.Queue(maxsize=batches)
         pieces = read_pieces(
@@ -720,6 +854,7 @@ class Session:
             halted or (lambda: self._halt),
             self._split_files.splits,
             self._sealed,
+            hints,
         )
 
         async def produce() -> None:
@@ -841,6 +976,14 @@ class Session:
         )
 
     async def _read_acks(self, proc: RemoteProcess, acks: asyncio.Queue[ReceiverLine]) -> None:
+        if proc in self._starting:  # a worker's start answer comes first (_hello_worker)
+            try:
+                await self._answer(proc, "start")
+            except Exception:
+                self._halt = True  # no stream takes another file: the attempt ends
+                raise
+            finally:
+                self._starting.discard(proc)
         while True:
             msg = ReceiverLine.read(await proc.readline())
             if msg.eof:
@@ -850,9 +993,9 @@ class Session:
                 for index in msg.acks:
                     self._verified(int(index))
                 continue
-            if (
-                msg.piece is not None
-            ):  # a piece of a split file is in (the assemble checks them all)
+            if msg.piece is not None:  # a piece of a split file is in: the host may hash ahead
+                with contextlib.suppress(TypeError, ValueError, IndexError):
+                    self._split_files.piece_in(int(msg.piece[0]), int(msg.piece[1]))
                 continue
             await acks.put(msg)
 

@@ -170,6 +170,16 @@ class Transport(abc.ABC):
         """SHA256 fingerprint of the key the host showed on this link; None without one."""
         return None
 
+    async def round_trip(self) -> float | None:
+        """Seconds for one round trip of the link itself, answered by the host's SSH
+        server (no process started); None where there is no such link (``local``) or
+        it cannot be measured now.
+
+        Why: a push sizes its streams by the round trip, and a ping through a channel
+        waits for a receiver to start on the host first; this one runs while the
+        channel opens (engine/synctalk.py)."""
+        return None
+
     @contextlib.contextmanager
     def reconnect_wait_capped(self, seconds: float) -> Iterator[None]:
         """Wait at most ``seconds`` between reconnect attempts inside this block.

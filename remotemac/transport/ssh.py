@@ -75,6 +75,9 @@ SFTP_READS_IN_FLIGHT = 64
 #: is 32 KiB): a pull's host sends 1 MiB frames, and each packet costs the laptop's
 #: event loop a decrypt and a dispatch in Python
 PULL_PACKET = 256 << 10
+#: how long a round-trip measurement waits for sshd's answer (a link this slow is
+#: measured through a channel instead, or not at all)
+ROUND_TRIP_WAIT_S = 5.0
 
 
 def _no_passphrase(_path: Path) -> str | None:
@@ -208,6 +211,20 @@ class SSHTransport(Transport):
             return None
         key = conn.get_server_host_key()
         return key.get_fingerprint("sha256") if key is not None else None
+
+    async def round_trip(self) -> float | None:
+        """One keepalive request sshd answers itself (see Transport.round_trip); None
+        without a live link, or should asyncssh's (private) global request go away."""
+        conn = self._conn
+        request = getattr(conn, "_make_global_request", None)
+        if conn is None or conn.is_closed() or request is None:
+            return None
+        started = time.monotonic()
+        try:
+            await asyncio.wait_for(request(b"keepalive@openssh.com"), ROUND_TRIP_WAIT_S)
+        except Exception:
+            return None
+        return time.monotonic() - started
 
     @contextlib.contextmanager
     def reconnect_wait_capped(self, seconds: float) -> Iterator[None]:
