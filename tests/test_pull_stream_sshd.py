@@ -196,3 +196,61 @@ async def test_a_cut_mid_file_resumes_over_the_stream_from_the_bytes_held(
     assert (dest / "big.bin").read_bytes() == payload and not part.exists()
     assert result["bytes"] == {"total": len(payload), "moved": len(payload) - had, "reused": had}
     assert wire < len(payload) - had + (1 << 20)  # the held prefix did not travel again
+
+
+@pytest.mark.asyncio
+async def test_a_far_pull_grows_its_one_channel_window_in_place_and_a_cut_loses_nothing(
+    sshd, fault_proxy, host_factory, tmp_path
+):
+    """Issue 36: over a 100 ms round trip the sender's channel opens once, its window is
+    raised in place to what the round trip needs (no second channel, no second Python
+    start on the host), and a cut mid-file after that resumes from the bytes held: every
+    byte lands once, verified."""
+    from remotemac.engine.pullstream import BASE_WINDOW, choose_window
+
+    proxy = fault_proxy(sshd)
+    host = await host_factory(sshd, proxy)
+    remote_out = Path(host.run_dir, "out", "cpu")
+    remote_out.mkdir(parents=True)
+    payload = os.urandom(48 << 20)
+    (remote_out / "model.bin").write_bytes(payload)
+    await host.agent.install()
+    opened: list[int | None] = []
+    grown: list[int] = []
+    real_open = host.transport.open_process
+
+    async def counting_open(argv: list[str], **kwargs: object):  # type: ignore[no-untyped-def]
+        proc = await real_open(argv, **kwargs)  # type: ignore[arg-type]
+        if "pullops.py" in " ".join(argv):
+            opened.append(kwargs.get("window"))  # type: ignore[arg-type]
+            real_grow = proc.grow_window
+
+            def grow(size: int) -> bool:
+                grown.append(size)
+                return real_grow(size)
+
+            proc.grow_window = grow  # type: ignore[method-assign]
+        return proc
+
+    host.transport.open_process = counting_open  # type: ignore[method-assign]
+    dest = tmp_path / "out"
+    part = dest / f".model.bin{PART}"
+    proxy.rtt(0.1)
+    proxy.throttle(30e6)
+    try:
+        task = asyncio.ensure_future(pull_dir(host.transport, host.agent, str(remote_out), dest))
+        while not (part.exists() and part.stat().st_size >= 16 << 20):
+            assert not task.done(), "the pull ended before the cut"
+            await asyncio.sleep(0.01)
+        assert await asyncio.to_thread(proxy.reset)
+        result = (await asyncio.wait_for(task, 90)).to_json()
+    finally:
+        await host.transport.close()
+    assert (dest / "model.bin").read_bytes() == payload and not part.exists()
+    assert result["files"] == [{"path": "model.bin", "size": len(payload), "sha256": sha(payload)}]
+    # each byte landed once: the held prefix was kept across the cut
+    assert result["bytes"] == {"total": len(payload), "moved": len(payload), "reused": 0}
+    assert host.transport.reconnects >= 1
+    # first channel: the small window, raised in place once; after the cut: opened with it
+    assert len(grown) == 1 and grown[0] >= choose_window(0.1) > BASE_WINDOW, grown
+    assert opened == [BASE_WINDOW, grown[0]], opened

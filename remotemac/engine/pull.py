@@ -20,6 +20,7 @@ import contextlib
 import os
 import re
 import stat
+import time
 import unicodedata
 from collections.abc import Awaitable, Callable
 from pathlib import Path, PurePosixPath
@@ -251,7 +252,9 @@ async def pull_dir(
     a hashed listing instead.
     """
     emit = emit or (lambda _e: None)
+    started = time.monotonic()
     entries = await _listing(transport, agent, remote_dir, {"hash": False})
+    listed_in = time.monotonic() - started  # a round trip and the host's listing
     sums: _Sums | None = None
     sender: list[str] | None = None
     if not sftp and _can_stream(transport) and not _small(entries):
@@ -278,6 +281,7 @@ async def pull_dir(
             max_bytes=max_bytes,
             sender=sender,
             budget=budget,
+            rtt_hint=listed_in,
         )
     finally:
         if sums is not None:
@@ -368,6 +372,7 @@ async def _pull_listed(
     max_bytes: int | None,
     sender: list[str] | None = None,
     budget: SharedBudget | None = None,
+    rtt_hint: float | None = None,
 ) -> PulledSide:
     """Validate the listing, then fetch what it names: streamed (``sender``, the host's
     command) or over SFTP checked against ``sums``."""
@@ -415,7 +420,9 @@ async def _pull_listed(
     outcome: list[PulledFile | str | None] = [None] * len(wanted)
     if sums is None:
         assert sender is not None
-        await _streamed(transport, sender, remote_dir, dest_root, wanted, outcome, progress)
+        await _streamed(
+            transport, sender, remote_dir, dest_root, wanted, outcome, progress, rtt_hint
+        )
     else:
         await _sftp(transport, sums, remote_dir, dest_root, wanted, kinds, outcome, progress)
     for (rel, _entry), got in zip(wanted, outcome, strict=True):
@@ -460,6 +467,7 @@ async def _streamed(
     wanted: list[tuple[PurePosixPath, ListingEntry]],
     outcome: list[PulledFile | str | None],
     progress: _Progress,
+    rtt_hint: float | None = None,
 ) -> None:
     """Every wanted file down the host's sender; ``outcome`` gets each result or why not."""
     files = []
@@ -479,7 +487,7 @@ async def _streamed(
                 key=_same_file(rel),
             )
         )
-    await pull_streamed(transport, sender, remote_dir, files, progress)
+    await pull_streamed(transport, sender, remote_dir, files, progress, rtt_hint=rtt_hint)
     for f in files:
         rel = wanted[f.index][0]
         outcome[f.index] = f.why or PulledFile(str(rel), f.size, str(f.sha256))

@@ -318,8 +318,10 @@ async def pull_streamed(
     files: list[StreamFile],
     progress: ProgressSink,
     streams: int | None = None,
+    rtt_hint: float | None = None,
 ) -> None:
     """Fetch ``files`` over up to ``streams`` channels; each ends with ``sha256`` or ``why``.
+    ``rtt_hint``: an upper bound of the round trip (the listing's call), if known.
 
     Raises IntegrityError on a checksum failure or a host breaking the protocol, and
     TransientHostError when the link stays down past the reconnect deadline (every
@@ -329,7 +331,9 @@ async def pull_streamed(
         f.plan(progress, f.key not in seen)
         seen.add(f.key)
     groups = split_streams(files, streams)
-    runs = [_Stream(transport, argv, remote_dir, g, progress, len(groups)) for g in groups]
+    runs = [
+        _Stream(transport, argv, remote_dir, g, progress, len(groups), rtt_hint) for g in groups
+    ]
     try:
         await run_all([run.run() for run in runs])
     finally:
@@ -359,6 +363,7 @@ class _Stream:
         files: list[StreamFile],
         progress: ProgressSink,
         streams: int = 1,
+        rtt_hint: float | None = None,
     ) -> None:
         self.t, self.argv, self.remote_dir, self.progress = transport, argv, remote_dir, progress
         self.streams = streams  # how many share the link (their windows add up)
@@ -366,6 +371,7 @@ class _Stream:
         self.asked = 0  # files at the queue's head that the current request covers
         self.last = time.monotonic()  # the last time bytes or a verdict arrived
         self.window: int | None = None  # chosen on the first channel by its round trip
+        self.rtt_hint = rtt_hint  # a round trip's upper bound measured before (or None)
         self.backlog: Backlog = collections.deque()  # blocks waiting for the pull's threads
         #: files whose last frame came, being checked and renamed on the pull's threads
         self.finishing: collections.deque[tuple[StreamFile, asyncio.Future[Any]]] = (
@@ -419,13 +425,17 @@ class _Stream:
 
     async def _once(self, reconnect_within: float) -> None:
         window = self.window or BASE_WINDOW
+        started = time.monotonic()
         proc = await self.t.open_process(
             self.argv, reconnect_within=reconnect_within, window=window
         )
         try:
             if self.window is None:
-                self.window = choose_window(await self._rtt(proc), self.streams)
-                if self.window > window:
+                # the channel's opening (open and exec, each answered by sshd) took two
+                # round trips: no ping through the host's Python start (issue 36)
+                rtt = min((time.monotonic() - started) / 2, self.rtt_hint or float("inf"))
+                self.window = choose_window(rtt, self.streams)
+                if self.window > window and not proc.grow_window(self.window):
                     return  # asked again on a channel with the bigger window
             request = {
                 "dir": self.remote_dir,
@@ -478,18 +488,6 @@ class _Stream:
                     await self._verify(head, (await self._read(proc, 32)).hex())
         finally:
             await proc.close()
-
-    async def _rtt(self, proc: RemoteProcess, probes: int = 2) -> float:
-        """The round trip through the channel and the host's sender (the fastest ping)."""
-        best = float("inf")
-        for _ in range(probes):
-            started = time.monotonic()
-            await proc.write(b'{"ping": true}\n')
-            kind, _index, length = FRAME.unpack(await self._read(proc, FRAME.size))
-            if kind != PullFrame.PING or length:
-                raise self._broken(f"a {kind!r} frame for a ping", None)
-            best = min(best, time.monotonic() - started)
-        return best
 
     async def _read(self, proc: RemoteProcess, size: int) -> bytes:
         data = await proc.readexactly(size)
