@@ -254,3 +254,59 @@ async def test_a_far_pull_grows_its_one_channel_window_in_place_and_a_cut_loses_
     # first channel: the small window, raised in place once; after the cut: opened with it
     assert len(grown) == 1 and grown[0] >= choose_window(0.1) > BASE_WINDOW, grown
     assert opened == [BASE_WINDOW, grown[0]], opened
+
+
+@pytest.mark.asyncio
+async def test_a_pull_over_max_bytes_closes_the_sender_channel_it_opened_early(
+    sshd, host_factory, tmp_path
+):
+    """The sender's channel opens while the listing is checked (issue 36): here while
+    the side waits for the run's other side to list (``outputs.max_bytes`` is shared),
+    which then leaves it too little; the pull is refused before a byte moves, the
+    channel it opened is closed, and nothing is written."""
+    from remotemac.engine.pull import OutputsTooLarge, SharedBudget
+
+    host = await host_factory(sshd)
+    remote_out = Path(host.run_dir, "out", "cpu")
+    remote_out.mkdir(parents=True)
+    (remote_out / "model.bin").write_bytes(os.urandom(2 << 20))
+    await host.agent.install()
+    opened, closed = [], []
+    real_open = host.transport.open_process
+
+    async def counting_open(argv: list[str], **kwargs: object):  # type: ignore[no-untyped-def]
+        proc = await real_open(argv, **kwargs)  # type: ignore[arg-type]
+        if "pullops.py" in " ".join(argv):
+            opened.append(proc)
+            real_close = proc.close
+
+            async def close() -> None:
+                closed.append(proc)
+                await real_close()
+
+            proc.close = close  # type: ignore[method-assign]
+        return proc
+
+    host.transport.open_process = counting_open  # type: ignore[method-assign]
+    dest = tmp_path / "out"
+    budget = SharedBudget(3 << 20, ["mps", "cpu"])
+    try:
+        task = asyncio.ensure_future(
+            pull_dir(host.transport, host.agent, str(remote_out), dest, label="cpu", budget=budget)
+        )
+        for _ in range(500):  # the sender's channel opens while the side waits
+            if opened or task.done():
+                break
+            await asyncio.sleep(0.01)
+        assert len(opened) == 1 and not closed and not task.done()
+        budget.note("mps", 2 << 20)  # the other side listed: 1 MiB is left for this one
+        with pytest.raises(OutputsTooLarge) as caught:
+            await task
+        assert caught.value.exit_code == EXIT_INTEGRITY
+        assert closed == opened  # opened early, closed unused
+        assert not [p for p in dest.rglob("*") if p.is_file()]
+        # the link is fine afterwards: the same pull within the limit goes through
+        result = (await pull_dir(host.transport, host.agent, str(remote_out), dest)).to_json()
+    finally:
+        await host.transport.close()
+    assert [f["path"] for f in result["files"]] == ["model.bin"] and len(opened) == 2

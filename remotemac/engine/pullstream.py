@@ -311,6 +311,39 @@ def split_streams(files: list[StreamFile], streams: int | None = None) -> list[l
     return [g for g in groups if g]
 
 
+class EarlyChannel:
+    """The sender's first channel, opened while the laptop checks the listing's names.
+
+    Why: opening it (open and exec, each a round trip) and the laptop's work on a long
+    listing (each name validated, its directories made, its ``.rmpart`` looked for:
+    0.28 s for 2,000 files at load 6) need not wait for each other (issue 36). Not
+    taken by a stream (a pull that fails first, or has nothing to fetch), it is closed.
+    """
+
+    def __init__(self, transport: Transport, argv: list[str]) -> None:
+        self.argv = argv
+        self.started = time.monotonic()
+        self._task: asyncio.Future[RemoteProcess] | None = asyncio.ensure_future(
+            transport.open_process(
+                argv, reconnect_within=transport.reconnect_deadline, window=BASE_WINDOW
+            )
+        )
+
+    def take(self) -> asyncio.Future[RemoteProcess] | None:
+        """The opening, to the first stream that asks (None after)."""
+        task, self._task = self._task, None
+        return task
+
+    async def close(self) -> None:
+        """Close the channel if no stream took it."""
+        task, self._task = self._task, None
+        if task is None:
+            return
+        task.cancel()
+        with contextlib.suppress(BaseException):
+            await (await task).close()
+
+
 async def pull_streamed(
     transport: Transport,
     argv: list[str],
@@ -319,9 +352,11 @@ async def pull_streamed(
     progress: ProgressSink,
     streams: int | None = None,
     rtt_hint: float | None = None,
+    early: EarlyChannel | None = None,
 ) -> None:
     """Fetch ``files`` over up to ``streams`` channels; each ends with ``sha256`` or ``why``.
-    ``rtt_hint``: an upper bound of the round trip (the listing's call), if known.
+    ``rtt_hint``: an upper bound of the round trip (the listing's call), if known;
+    ``early``: the first channel, already opening (the caller closes it if not taken).
 
     Raises IntegrityError on a checksum failure or a host breaking the protocol, and
     TransientHostError when the link stays down past the reconnect deadline (every
@@ -334,6 +369,8 @@ async def pull_streamed(
     runs = [
         _Stream(transport, argv, remote_dir, g, progress, len(groups), rtt_hint) for g in groups
     ]
+    if runs and early is not None and early.argv == argv:
+        runs[0].early = early
     try:
         await run_all([run.run() for run in runs])
     finally:
@@ -372,6 +409,7 @@ class _Stream:
         self.last = time.monotonic()  # the last time bytes or a verdict arrived
         self.window: int | None = None  # chosen on the first channel by its round trip
         self.rtt_hint = rtt_hint  # a round trip's upper bound measured before (or None)
+        self.early: EarlyChannel | None = None  # its first channel, opened by the caller
         self.backlog: Backlog = collections.deque()  # blocks waiting for the pull's threads
         #: files whose last frame came, being checked and renamed on the pull's threads
         self.finishing: collections.deque[tuple[StreamFile, asyncio.Future[Any]]] = (
@@ -426,9 +464,17 @@ class _Stream:
     async def _once(self, reconnect_within: float) -> None:
         window = self.window or BASE_WINDOW
         started = time.monotonic()
-        proc = await self.t.open_process(
-            self.argv, reconnect_within=reconnect_within, window=window
-        )
+        early, self.early = self.early, None
+        opening = early.take() if early is not None else None
+        if early is not None and opening is not None:  # opened with BASE_WINDOW
+            started = early.started
+            proc = await opening
+            if self.window is not None and not proc.grow_window(self.window):
+                window = BASE_WINDOW
+        else:
+            proc = await self.t.open_process(
+                self.argv, reconnect_within=reconnect_within, window=window
+            )
         try:
             if self.window is None:
                 # the channel's opening (open and exec, each answered by sshd) took two
