@@ -123,6 +123,10 @@ async def test_the_stream_pulls_with_one_listing_and_no_sftp(
     finally:
         await host.transport.close()
     assert host.agent.calls - calls == 1
+    # the listing (every result's name) is not kept in the agent's call store, outside
+    # the run dir and past its wipe
+    store = Path(str(host.agent.store))
+    assert store.is_dir() and not any(b"s000.npy" in p.read_bytes() for p in store.iterdir())
     assert {f["path"]: f["sha256"] for f in result["files"]} == want
     assert {str(p.relative_to(dest)): sha(p.read_bytes()) for p in files_under(dest)} == want
     assert result["bytes"]["moved"] == sum(len(b) for b in [big]) + sum(
