@@ -309,8 +309,17 @@ async def test_a_pull_over_max_bytes_closes_the_sender_channel_it_opened_early(
         assert caught.value.exit_code == EXIT_INTEGRITY
         assert closed == opened  # opened early, closed unused
         assert not [p for p in dest.rglob("*") if p.is_file()]
+        # refused at once (no shared budget to wait for): the channel, still opening
+        # then, is closed once it is open, never cut off half-way
+        with pytest.raises(OutputsTooLarge):
+            await pull_dir(host.transport, host.agent, str(remote_out), dest, max_bytes=1 << 20)
+        for _ in range(500):
+            if len(closed) == 2:
+                break
+            await asyncio.sleep(0.01)
+        assert len(opened) == 2 and closed == opened
         # the link is fine afterwards: the same pull within the limit goes through
         result = (await pull_dir(host.transport, host.agent, str(remote_out), dest)).to_json()
     finally:
         await host.transport.close()
-    assert [f["path"] for f in result["files"]] == ["model.bin"] and len(opened) == 2
+    assert [f["path"] for f in result["files"]] == ["model.bin"] and len(opened) == 3

@@ -335,13 +335,32 @@ class EarlyChannel:
         return task
 
     async def close(self) -> None:
-        """Close the channel if no stream took it."""
+        """Close the channel if no stream took it: at once when it is open, else once it
+        is (never cancelled half-way: a channel cut off mid-opening would keep its
+        slot on the connection)."""
         task, self._task = self._task, None
         if task is None:
             return
-        task.cancel()
-        with contextlib.suppress(BaseException):
-            await (await task).close()
+        if task.done():
+            await _close_opened(task)
+        else:
+            task.add_done_callback(_close_when_opened)
+
+
+#: closings started from a callback: held here so none is collected before it ran
+_CLOSING: set[asyncio.Future[None]] = set()
+
+
+def _close_when_opened(task: asyncio.Future[RemoteProcess]) -> None:
+    closing = asyncio.ensure_future(_close_opened(task))
+    _CLOSING.add(closing)
+    closing.add_done_callback(_CLOSING.discard)
+
+
+async def _close_opened(task: asyncio.Future[RemoteProcess]) -> None:
+    """Close what ``task`` opened, if it opened anything."""
+    if not task.cancelled() and task.exception() is None:
+        await task.result().close()
 
 
 async def pull_streamed(
