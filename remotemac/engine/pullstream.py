@@ -341,12 +341,20 @@ class EarlyChannel:
         task, self._task = self._task, None
         if task is None:
             return
+        if not task.done():
+            try:  # two round trips, or a Python start on a local host
+                await asyncio.wait({task}, timeout=EARLY_CLOSE_WAIT_S)
+            except asyncio.CancelledError:
+                task.add_done_callback(_close_when_opened)
+                raise
         if task.done():
             await _close_opened(task)
-        else:
+        else:  # still opening (a link down): closed once it is open
             task.add_done_callback(_close_when_opened)
 
 
+#: how long a failed pull waits for its early channel's opening, to close it
+EARLY_CLOSE_WAIT_S = 10.0
 #: closings started from a callback: held here so none is collected before it ran
 _CLOSING: set[asyncio.Future[None]] = set()
 
