@@ -38,8 +38,10 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+#: the checkout whose remotemac is measured (an A/B runs this bench on main's code)
+sys.path.insert(0, os.environ.get("RM_BENCH_CODE") or str(ROOT))
 
+import remotemac  # noqa: E402
 from remotemac.engine.agentclient import AgentClient  # noqa: E402
 from remotemac.engine.pull import PART, pull_dir  # noqa: E402
 from remotemac.transport.options import SSHOptions  # noqa: E402
@@ -86,10 +88,11 @@ def make_proxy(server: SSHD, rtt: float, rate: float) -> ProxyProcess:
 
 
 class Bench(BenchHost):
-    def __init__(self, tmp: Path, server: SSHD) -> None:
+    def __init__(self, tmp: Path, server: SSHD, agent_start: str = "claim") -> None:
         super().__init__(tmp, server)
         self.links: dict[str, Link] = {"loopback": self.loopback}
         self.host_root = str(server.home / "host-root")
+        self.agent_start = agent_start
 
     def add_proxy(self, name: str, port: int) -> None:
         self.links[name] = self.proxied(port, name)
@@ -104,21 +107,32 @@ class Bench(BenchHost):
 
     async def pull(
         self, link: str, src: Path, dest: Path, *, stop_at: float | None = None
-    ) -> tuple[float, float, Any]:
-        """(seconds with a fresh connection, peak RSS MiB, pull result) of one pull: the
-        side pulled (a PulledSide), or ``{"part": bytes}`` when stopped half-way.
+    ) -> tuple[float, float, float, Any]:
+        """(seconds with a fresh connection, of them the set-up's, peak RSS MiB, pull
+        result) of one pull: the side pulled (a PulledSide), or ``{"part": bytes}`` when
+        stopped half-way.
+
+        The set-up is the connection and, with ``agent_start`` "claim", the agent
+        started as ``remotemac pull RUN`` and a run start it (the root's claim, whose
+        process goes on as the resident agent); with "call" the pull's first call
+        starts it (a claim, then the resident agent on a second channel), inside the
+        pull's own time.
 
         ``stop_at``: cancel the pull once that share of the (single) file is in its
         ``.rmpart``, as a laptop that loses power would leave it."""
         reset_peak_rss()
         start = time.perf_counter()
         async with self.transport(link) as t:
-            job = pull_dir(t, AgentClient(t, self.host_root), str(src), dest)
+            agent = AgentClient(t, self.host_root)
+            if self.agent_start == "claim":
+                await agent.claim(then_resident=True)
+            setup = time.perf_counter() - start
+            job = pull_dir(t, agent, str(src), dest)
             if stop_at is None:
                 result = await job
             else:
                 result = await stop_when_half(job, dest, src, stop_at)
-        return time.perf_counter() - start, peak_rss_mib(), result
+        return time.perf_counter() - start, setup, peak_rss_mib(), result
 
     def scp(self, link: str, src: Path, dest: Path, *extra: str) -> float:
         """OpenSSH's scp: the SFTP protocol (its default since 9.0; one file at a time)."""
@@ -188,6 +202,13 @@ async def main() -> int:
     parser.add_argument("--rate", type=float, default=100e6, help="proxy bytes/s (100e6)")
     parser.add_argument("--links", default="loopback,proxy", help="loopback,proxy")
     parser.add_argument(
+        "--agent-start",
+        choices=("claim", "call"),
+        default="claim",
+        help="claim: the agent started as `remotemac pull RUN` starts it (default); "
+        "call: by the pull's first call, on a second channel (the bench before issue 36)",
+    )
+    parser.add_argument(
         "--compare",
         default="scp,scp-O,rsync",
         help="tools to compare with, of scp (SFTP mode), scp-O (legacy), rsync; or none",
@@ -200,7 +221,7 @@ async def main() -> int:
         server = SSHD(tmp / "sshd").start()
         proxy = None
         try:
-            bench = Bench(tmp, server)
+            bench = Bench(tmp, server, args.agent_start)
             shapes = make_results(server.home / "results", args.size, args.files)
             owner = server.home.stat()
             for path in [server.home / "results", *(server.home / "results").rglob("*")]:
@@ -213,24 +234,35 @@ async def main() -> int:
                 f"results: {args.size / 2**20:.0f} MiB as one file and as {args.files} files; "
                 f"{os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}; proxy: "
                 f"{args.rtt * 1000:.0f} ms RTT, {args.rate / 1e6:.0f} MB/s "
-                f"(its own process); medians of {args.repeat}",
+                f"(its own process); medians of {args.repeat}; agent start: {args.agent_start}; "
+                f"remotemac of {Path(remotemac.__file__).parent.parent}",
                 flush=True,
             )
             local = tmp / "local"
             for link in links:
                 for shape, src in shapes.items():
-                    rm_times, rss, rm_cpu = [], [], []
+                    rm_times, setups, rss, rm_cpu = [], [], [], []
                     for _ in range(args.repeat):
                         shutil.rmtree(local, ignore_errors=True)
                         before = machine_cpu_s()
-                        seconds, peak, _ = await bench.pull(link, src, local)
+                        seconds, setup, peak, _ = await bench.pull(link, src, local)
                         rm_cpu.append(machine_cpu_s() - before)
                         rm_times.append(seconds)
+                        setups.append(setup)
                         rss.append(peak)
                     t_rm = statistics.median(rm_times)
+                    t_set = statistics.median(setups)
+                    t_own = statistics.median(a - b for a, b in zip(rm_times, setups, strict=True))
+                    limit = (
+                        f" = {args.size / t_rm / args.rate:.2f}x the link"
+                        if link != "loopback"
+                        else ""
+                    )
+                    own = f" = {args.size / t_own / args.rate:.2f}x" if link != "loopback" else ""
                     print(
-                        f"{link:8} {shape:11} remotemac {fmt(t_rm, args.size)}  "
-                        f"peak RSS {max(rss):.0f} MiB; CPU of both ends "
+                        f"{link:8} {shape:11} remotemac {fmt(t_rm, args.size)}{limit}  "
+                        f"(set-up {t_set:.2f} s, the pull itself {fmt(t_own, args.size).strip()}"
+                        f"{own}); peak RSS {max(rss):.0f} MiB; CPU of both ends "
                         f"{statistics.median(rm_cpu):.2f} s",
                         flush=True,
                     )
@@ -248,8 +280,8 @@ async def main() -> int:
             for link in links:
                 src = shapes["one file"]
                 shutil.rmtree(local, ignore_errors=True)
-                _, _, half = await bench.pull(link, src, local, stop_at=0.5)
-                seconds, peak, result = await bench.pull(link, src, local)
+                _, _, _, half = await bench.pull(link, src, local, stop_at=0.5)
+                seconds, _, peak, result = await bench.pull(link, src, local)
                 moved = result.bytes.moved or 0  # a PulledSide (engine.phaseresults)
                 print(
                     f"{link:8} resume: stopped with {half['part'] / args.size:.0%} in .rmpart; "

@@ -123,6 +123,10 @@ async def test_the_stream_pulls_with_one_listing_and_no_sftp(
     finally:
         await host.transport.close()
     assert host.agent.calls - calls == 1
+    # the listing (every result's name) is not kept in the agent's call store, outside
+    # the run dir and past its wipe
+    store = Path(str(host.agent.store))
+    assert store.is_dir() and not any(b"s000.npy" in p.read_bytes() for p in store.iterdir())
     assert {f["path"]: f["sha256"] for f in result["files"]} == want
     assert {str(p.relative_to(dest)): sha(p.read_bytes()) for p in files_under(dest)} == want
     assert result["bytes"]["moved"] == sum(len(b) for b in [big]) + sum(
@@ -196,3 +200,126 @@ async def test_a_cut_mid_file_resumes_over_the_stream_from_the_bytes_held(
     assert (dest / "big.bin").read_bytes() == payload and not part.exists()
     assert result["bytes"] == {"total": len(payload), "moved": len(payload) - had, "reused": had}
     assert wire < len(payload) - had + (1 << 20)  # the held prefix did not travel again
+
+
+@pytest.mark.asyncio
+async def test_a_far_pull_grows_its_one_channel_window_in_place_and_a_cut_loses_nothing(
+    sshd, fault_proxy, host_factory, tmp_path
+):
+    """Issue 36: over a 100 ms round trip the sender's channel opens once, its window is
+    raised in place to what the round trip needs (no second channel, no second Python
+    start on the host), and a cut mid-file after that resumes from the bytes held: every
+    byte lands once, verified."""
+    from remotemac.engine.pullstream import BASE_WINDOW, choose_window
+
+    proxy = fault_proxy(sshd)
+    host = await host_factory(sshd, proxy)
+    remote_out = Path(host.run_dir, "out", "cpu")
+    remote_out.mkdir(parents=True)
+    payload = os.urandom(48 << 20)
+    (remote_out / "model.bin").write_bytes(payload)
+    await host.agent.install()
+    opened: list[int | None] = []
+    grown: list[int] = []
+    real_open = host.transport.open_process
+
+    async def counting_open(argv: list[str], **kwargs: object):  # type: ignore[no-untyped-def]
+        proc = await real_open(argv, **kwargs)  # type: ignore[arg-type]
+        if "pullops.py" in " ".join(argv):
+            opened.append(kwargs.get("window"))  # type: ignore[arg-type]
+            real_grow = proc.grow_window
+
+            def grow(size: int) -> bool:
+                grown.append(size)
+                return real_grow(size)
+
+            proc.grow_window = grow  # type: ignore[method-assign]
+        return proc
+
+    host.transport.open_process = counting_open  # type: ignore[method-assign]
+    dest = tmp_path / "out"
+    part = dest / f".model.bin{PART}"
+    proxy.rtt(0.1)
+    proxy.throttle(30e6)
+    try:
+        task = asyncio.ensure_future(pull_dir(host.transport, host.agent, str(remote_out), dest))
+        while not (part.exists() and part.stat().st_size >= 16 << 20):
+            assert not task.done(), "the pull ended before the cut"
+            await asyncio.sleep(0.01)
+        assert await asyncio.to_thread(proxy.reset)
+        result = (await asyncio.wait_for(task, 90)).to_json()
+    finally:
+        await host.transport.close()
+    assert (dest / "model.bin").read_bytes() == payload and not part.exists()
+    assert result["files"] == [{"path": "model.bin", "size": len(payload), "sha256": sha(payload)}]
+    # each byte landed once: the held prefix was kept across the cut
+    assert result["bytes"] == {"total": len(payload), "moved": len(payload), "reused": 0}
+    assert host.transport.reconnects >= 1
+    # first channel: the small window, raised in place once; after the cut: opened with it
+    assert len(grown) == 1 and grown[0] >= choose_window(0.1) > BASE_WINDOW, grown
+    assert opened == [BASE_WINDOW, grown[0]], opened
+
+
+@pytest.mark.asyncio
+async def test_a_pull_over_max_bytes_closes_the_sender_channel_it_opened_early(
+    sshd, host_factory, tmp_path
+):
+    """The sender's channel opens while the listing is checked (issue 36): here while
+    the side waits for the run's other side to list (``outputs.max_bytes`` is shared),
+    which then leaves it too little; the pull is refused before a byte moves, the
+    channel it opened is closed, and nothing is written."""
+    from remotemac.engine.pull import OutputsTooLarge, SharedBudget
+
+    host = await host_factory(sshd)
+    remote_out = Path(host.run_dir, "out", "cpu")
+    remote_out.mkdir(parents=True)
+    (remote_out / "model.bin").write_bytes(os.urandom(2 << 20))
+    await host.agent.install()
+    opened, closed = [], []
+    real_open = host.transport.open_process
+
+    async def counting_open(argv: list[str], **kwargs: object):  # type: ignore[no-untyped-def]
+        proc = await real_open(argv, **kwargs)  # type: ignore[arg-type]
+        if "pullops.py" in " ".join(argv):
+            opened.append(proc)
+            real_close = proc.close
+
+            async def close() -> None:
+                closed.append(proc)
+                await real_close()
+
+            proc.close = close  # type: ignore[method-assign]
+        return proc
+
+    host.transport.open_process = counting_open  # type: ignore[method-assign]
+    dest = tmp_path / "out"
+    budget = SharedBudget(3 << 20, ["mps", "cpu"])
+    try:
+        task = asyncio.ensure_future(
+            pull_dir(host.transport, host.agent, str(remote_out), dest, label="cpu", budget=budget)
+        )
+        for _ in range(500):  # the sender's channel opens while the side waits
+            if opened or task.done():
+                break
+            await asyncio.sleep(0.01)
+        assert len(opened) == 1 and not closed and not task.done()
+        budget.note("mps", 2 << 20)  # the other side listed: 1 MiB is left for this one
+        with pytest.raises(OutputsTooLarge) as caught:
+            await task
+        assert caught.value.exit_code == EXIT_INTEGRITY
+        assert closed == opened  # opened early, closed unused
+        assert not [p for p in dest.rglob("*") if p.is_file()]
+        # refused at once (no shared budget to wait for): the channel, still opening
+        # then, is closed once it is open, never cut off half-way
+        with pytest.raises(OutputsTooLarge):
+            await pull_dir(host.transport, host.agent, str(remote_out), dest, max_bytes=1 << 20)
+        for _ in range(500):
+            if len(closed) == 2:
+                break
+            await asyncio.sleep(0.01)
+        assert len(opened) == 2 and closed == opened
+        # the link is fine afterwards: the same pull within the limit goes through
+        result = (await pull_dir(host.transport, host.agent, str(remote_out), dest)).to_json()
+    finally:
+        await host.transport.close()
+    assert [f["path"] for f in result["files"]] == ["model.bin"] and len(opened) == 3

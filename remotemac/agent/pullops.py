@@ -9,7 +9,8 @@ trip between them, and a file cut part-way is asked for again from an offset.
 ``python3 -S pullops.py send`` speaks this protocol on stdin/stdout:
 
 0. laptop → ``{"ping": true}`` lines (optional, any number), each answered by a
-   ``b"P" 0 0`` frame: the laptop sizes its channel window by this round trip;
+   ``b"P" 0 0`` frame (the laptop sends none now: it reads the round trip from the
+   channel's opening and writes its request at once, issue 36);
 1. laptop → one JSON line ``{"dir": output dir, "files": [[index, name_hex, offset,
    limit], ...]}``: ``name_hex`` is the file's path below ``dir`` as bytes (the name
    the listing gave), ``offset`` what the laptop already holds of it, ``limit`` the

@@ -144,8 +144,10 @@ class AgentEnvironmentError(HostEnvironmentError, AgentError):
 #: read-only ops whose answers the resident agent does not record in its call store:
 #: one asked again after a drop is simply answered again. ``status`` carries the job's
 #: log bytes (every follow poll): recorded, they would pile up under ``agent/calls``
-#: outside the run dir, past its wipe, with whatever the job printed.
-UNRECORDED = frozenset({Op.STATUS})
+#: outside the run dir, past its wipe, with whatever the job printed. ``list_outputs``
+#: carries every result's name (and, hashed, its sha256): the same, and writing the
+#: answer (250 KB for 2,000 results) held the pull's first byte back (issue 36).
+UNRECORDED = frozenset({Op.STATUS, Op.LIST_OUTPUTS})
 
 
 class AgentClient:

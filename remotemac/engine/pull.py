@@ -20,6 +20,7 @@ import contextlib
 import os
 import re
 import stat
+import time
 import unicodedata
 from collections.abc import Awaitable, Callable
 from pathlib import Path, PurePosixPath
@@ -42,6 +43,7 @@ from remotemac.engine.pulled import (
 from remotemac.engine.pullstream import (
     LOCAL_REFUSALS,
     PART,
+    EarlyChannel,
     StreamFile,
     part_path,
     pull_streamed,
@@ -251,11 +253,15 @@ async def pull_dir(
     a hashed listing instead.
     """
     emit = emit or (lambda _e: None)
+    started = time.monotonic()
     entries = await _listing(transport, agent, remote_dir, {"hash": False})
+    listed_in = time.monotonic() - started  # a round trip and the host's listing
     sums: _Sums | None = None
     sender: list[str] | None = None
+    early: EarlyChannel | None = None
     if not sftp and _can_stream(transport) and not _small(entries):
         sender = sender_argv(agent.python, agent.agent_dir)
+        early = EarlyChannel(transport, sender)  # opens while the names are checked
     else:
         # the host hashes each file up to the size just listed (a file still growing is
         # verified as it was listed) while the bytes move
@@ -278,10 +284,14 @@ async def pull_dir(
             max_bytes=max_bytes,
             sender=sender,
             budget=budget,
+            rtt_hint=listed_in,
+            early=early,
         )
     finally:
         if sums is not None:
             await sums.close()
+        if early is not None:
+            await early.close()
 
 
 #: a pull this small goes over SFTP (a hashed listing, then each file read on the SFTP
@@ -368,6 +378,8 @@ async def _pull_listed(
     max_bytes: int | None,
     sender: list[str] | None = None,
     budget: SharedBudget | None = None,
+    rtt_hint: float | None = None,
+    early: EarlyChannel | None = None,
 ) -> PulledSide:
     """Validate the listing, then fetch what it names: streamed (``sender``, the host's
     command) or over SFTP checked against ``sums``."""
@@ -415,7 +427,9 @@ async def _pull_listed(
     outcome: list[PulledFile | str | None] = [None] * len(wanted)
     if sums is None:
         assert sender is not None
-        await _streamed(transport, sender, remote_dir, dest_root, wanted, outcome, progress)
+        await _streamed(
+            transport, sender, remote_dir, dest_root, wanted, outcome, progress, rtt_hint, early
+        )
     else:
         await _sftp(transport, sums, remote_dir, dest_root, wanted, kinds, outcome, progress)
     for (rel, _entry), got in zip(wanted, outcome, strict=True):
@@ -460,11 +474,14 @@ async def _streamed(
     wanted: list[tuple[PurePosixPath, ListingEntry]],
     outcome: list[PulledFile | str | None],
     progress: _Progress,
+    rtt_hint: float | None = None,
+    early: EarlyChannel | None = None,
 ) -> None:
     """Every wanted file down the host's sender; ``outcome`` gets each result or why not."""
     files = []
+    made: set[Path] = set()
     for index, (rel, entry) in enumerate(wanted):
-        why = _local_parents(dest_root, rel)
+        why = _local_parents(dest_root, rel, made)
         if why is not None:
             outcome[index] = why
             continue
@@ -479,7 +496,9 @@ async def _streamed(
                 key=_same_file(rel),
             )
         )
-    await pull_streamed(transport, sender, remote_dir, files, progress)
+    await pull_streamed(
+        transport, sender, remote_dir, files, progress, rtt_hint=rtt_hint, early=early
+    )
     for f in files:
         rel = wanted[f.index][0]
         outcome[f.index] = f.why or PulledFile(str(rel), f.size, str(f.sha256))
@@ -677,11 +696,18 @@ class _RemoteKinds:
         return None
 
 
-def _local_parents(dest_root: Path, rel: PurePosixPath) -> str | None:
-    """Create the local directories of ``rel`` ourselves; refuse anything else in the way."""
+def _local_parents(
+    dest_root: Path, rel: PurePosixPath, made: set[Path] | None = None
+) -> str | None:
+    """Create the local directories of ``rel`` ourselves; refuse anything else in the way.
+
+    ``made``: the directories this pull made or found plain already (one ``mkdir`` a
+    directory, not one for each of its files: 2,000 files in 20 directories)."""
     current = dest_root
     for part in rel.parts[:-1]:
         current = current / part
+        if made is not None and current in made:
+            continue
         try:
             os.mkdir(current, 0o700)
         except FileExistsError:
@@ -691,6 +717,8 @@ def _local_parents(dest_root: Path, rel: PurePosixPath) -> str | None:
             if exc.errno not in LOCAL_REFUSALS:
                 raise
             return f"cannot be written here: {exc.strerror}"
+        if made is not None:
+            made.add(current)
     final = current / rel.parts[-1]
     with_part = part_path(final)
     for path in (final, with_part):

@@ -121,6 +121,15 @@ class RemoteProcess(abc.ABC):
         queues, and a stream added fills its window at once, which reads as a gain."""
         return None
 
+    def grow_window(self, size: int) -> bool:
+        """Let the host send up to ``size`` bytes of stdout ahead of what was read, from
+        now on; False when this link cannot (the caller then opens a new channel).
+
+        Why: a pull chooses its channel's window by the round trip its opening took;
+        raising it in place spares a second channel and a second start of the host's
+        sender (two round trips and a Python start, issue 36)."""
+        return False
+
 
 class Transport(abc.ABC):
     """One host. Implementations: :mod:`.local` and :mod:`.ssh`."""

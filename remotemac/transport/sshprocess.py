@@ -16,6 +16,8 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 import asyncssh
+from asyncssh.constants import MSG_CHANNEL_WINDOW_ADJUST
+from asyncssh.packet import UInt32
 
 from remotemac.errors import TransientHostError
 from remotemac.transport.base import RemoteProcess
@@ -95,6 +97,27 @@ class SSHProcess(RemoteProcess):
         if window is None or self._window0 is None or not isinstance(waiting, int):
             return None
         return max(0, self._written - waiting + window - self._window0)
+
+    def grow_window(self, size: int) -> bool:
+        """The channel's receive window raised to ``size`` at once (a window adjust sent
+        now, and every later adjust tops it up to ``size``). asyncssh sets the window
+        only when a channel opens, hence its channel's (private) counters; False should
+        they ever be missing, or when the window is already as big."""
+        chan = getattr(self._proc, "channel", None)
+        init = getattr(chan, "_init_recv_window", None)
+        left = getattr(chan, "_recv_window", None)
+        send = getattr(chan, "send_packet", None)
+        if not (isinstance(init, int) and isinstance(left, int) and callable(send)):
+            return False
+        if size <= init:
+            return size == init
+        try:
+            send(MSG_CHANNEL_WINDOW_ADJUST, UInt32(size - init))
+        except LINK_ERRORS:
+            return False  # the link dropped: the caller's next read says so
+        chan._init_recv_window = size  # type: ignore[union-attr]
+        chan._recv_window = left + size - init  # type: ignore[union-attr]
+        return True
 
     async def write_eof(self) -> None:
         try:
