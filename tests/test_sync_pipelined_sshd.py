@@ -25,6 +25,7 @@ import pytest
 from remotemac.engine import syncsplitfiles, synctalk
 from remotemac.engine.sync import SyncStats
 from remotemac.errors import HostError
+from remotemac.transport import ssh as ssh_transport
 from tests.test_sync_sshd import _partials, _receivers_under, files_under
 from tests.test_sync_sshd import host_factory as host_factory  # the fixtures, shared
 from tests.test_sync_sshd import runtime_dir as runtime_dir
@@ -232,3 +233,46 @@ def _only_verified_visible(host) -> None:
         assert (
             held.get(str(rel.relative_to(rel.parts[0]))) == digest or held.get(str(rel)) == digest
         ), f"{rel} is visible in RAM and not verified"
+
+
+@pytest.mark.asyncio
+async def test_early_workers_of_a_push_that_fails_are_ended_once_open_and_keep_no_slot(
+    sshd, fault_proxy, host_factory, tmp_path, monkeypatch
+):
+    """The first channel's start answer is a refusal (made so here: ``_start`` raises
+    as it does for a host's error line) while the workers opened early are still
+    opening (each held 1 s inside its channel open, on the real transport). They are
+    ended once open, not cancelled half-way: every one of the link's channel slots is
+    free after the push, and no receiver is left on the host. (Cancelled mid-open, as
+    before the review of issue 36, each kept a slot for good: a pooled link then
+    waited forever for a channel.)"""
+    data = _dataset(tmp_path / "data", small=12, big=[24 * MiB])
+    proxy = fault_proxy(sshd)
+    host = await host_factory(sshd, proxy)
+    transport = host.transport
+    opens = [0]
+    real = ssh_transport.refused_session_retried
+
+    async def slow_workers(conn, start, *args, **kw):
+        opens[0] += 1
+        if opens[0] > 1:  # the first channel opens at once; the workers are slow
+            await asyncio.sleep(1.0)
+        return await real(conn, start, *args, **kw)
+
+    async def refused(self, main):
+        raise HostError("the host refused the push (simulated start answer)")
+
+    try:
+        await transport.connect()
+        full = transport._channels._value  # every slot free before the push
+        monkeypatch.setattr(ssh_transport, "refused_session_retried", slow_workers)
+        monkeypatch.setattr(synctalk.Session, "_start", refused)
+        proxy.latency(0.04)
+        with pytest.raises(HostError, match="refused the push"):
+            await host.sync(data, os.urandom(32), max_attempts=1)
+        assert opens[0] > 1, "no worker was opened early: the case is not exercised"
+        await asyncio.sleep(0.5)  # the ended workers' channels close
+        assert transport._channels._value == full, (transport._channels._value, full)
+        await _receivers_gone(host)
+    finally:
+        await transport.close()

@@ -262,7 +262,7 @@ class SplitPieces:
                 if not os.path.exists(sp.base + ".json"):
                     prefixes.pop(sid, None)
                     return
-                upto, _ = _tiled(self._split_meta(sp)["pieces"])
+                upto, _ = _tiled(self._split_meta(sp).get("pieces"))
             prefix = prefixes.setdefault(sid, Prefix())
             end = min(max(upto, 0) * sp.chunk_size, sp.size)
             if end > prefix.at:

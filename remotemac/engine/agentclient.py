@@ -292,12 +292,14 @@ class AgentClient:
         self.ledger.append_steps(self.transport.name, "cleanup:op_claim_root", ledger_steps)
         claimed = ClaimAnswer.from_json(answer)
         adopted = False
-        if claimed.agent_ready and not claimed.refused and claimed.real_root == self.root:
-            self.agent_dir = agent_dir  # the process is the resident agent now
-            # False: another lease of this link started its agent meanwhile; use that one
-            adopted = await self.session().adopt(proc)
-        if not adopted:
-            await proc.close()  # it ended after its answer, or is an agent too many
+        try:
+            if claimed.agent_ready and not claimed.refused and claimed.real_root == self.root:
+                self.agent_dir = agent_dir  # the process is the resident agent now
+                # False: another lease of this link started its agent meanwhile: that one
+                adopted = await self.session().adopt(proc)
+        finally:
+            if not adopted:  # it ended after its answer, or is an agent too many
+                await proc.close()
         return answer
 
     async def install(self) -> str:

@@ -76,7 +76,11 @@ def read_pieces(
     """
     while not halted():
         while hints:
-            yield hints.popleft(), 0
+            try:  # (the loop's teardown may clear the queue under this thread)
+                hint = hints.popleft()
+            except IndexError:
+                break
+            yield hint, 0
         try:
             job = work.popleft()
         except IndexError:

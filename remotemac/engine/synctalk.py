@@ -66,6 +66,10 @@ RECEIVER_BOOT = AGENT_BOOT
 CLOSE_UNUSED_S = 5.0
 #: how often the first channel, its files all sent, looks for hints to pass on
 HINT_PUMP_S = 0.02
+#: how long a push that took none of its early workers waits for their opening, to end them
+EARLY_CLOSE_WAIT_S = 10.0
+#: endings started from a done callback: held here so none is collected before it ran
+_ENDING: set[asyncio.Future[None]] = set()
 
 
 def receiver_argv(python: str, agent_dir: str, runtime_dir: str | None = None) -> list[str]:
@@ -706,13 +710,33 @@ class Session:
         return procs[:count]
 
     async def _drop_early(self) -> None:
-        """End the workers opened early that no stream took (or stop their opening)."""
+        """End the workers opened early that no stream took: at once when they are
+        open, else once they are. Never cancelled half-way: a channel cut off while it
+        opens keeps its slot of the link's channels and, once its exec went out, a
+        receiver on the host until the connection closes (review of issue 36)."""
         early, self._early = self._early, None
         if early is None:
             return
-        early.cancel()
-        with contextlib.suppress(BaseException):
-            await self._end_unused(await early)
+        if not early.done():
+            try:  # each opening is a round trip or two, or a Python start on a local host
+                await asyncio.wait({early}, timeout=EARLY_CLOSE_WAIT_S)
+            except asyncio.CancelledError:
+                early.add_done_callback(self._end_when_opened)
+                raise
+        if early.done():
+            if not early.cancelled() and early.exception() is None:
+                with contextlib.suppress(Exception):
+                    await self._end_unused(early.result())
+        else:  # still opening (a link down): ended once they are open
+            early.add_done_callback(self._end_when_opened)
+
+    def _end_when_opened(self, early: asyncio.Future[list[RemoteProcess]]) -> None:
+        """Done callback: end the workers ``early`` opened, if it opened any."""
+        if early.cancelled() or early.exception() is not None:
+            return
+        ending = asyncio.ensure_future(self._end_unused(early.result()))
+        _ENDING.add(ending)
+        ending.add_done_callback(_ENDING.discard)
 
     async def _end_unused(self, procs: list[RemoteProcess]) -> None:
         """End workers that took no file: their end frame (the receiver answers it and

@@ -50,17 +50,18 @@ def drop_cbc_ignores(conn: asyncssh.SSHClientConnection) -> None:
     original = conn.send_packet
     skipping = [False]
 
-    def send_packet(pkttype: int, *args: bytes, handler: Any = None) -> None:
+    def send_packet(pkttype: int, *args: bytes, **kwargs: Any) -> None:
+        # (keywords passed through as given: a later asyncssh may add some)
         if pkttype == MSG_IGNORE and skipping[0]:
             skipping[0] = False  # the one asyncssh inserts before the packet being sent
             return
         if pkttype > MSG_KEX_LAST and conn.get_extra_info("send_cipher") in NO_CHAINED_IV:
             skipping[0] = True
             try:
-                original(pkttype, *args, handler=handler)
+                original(pkttype, *args, **kwargs)
             finally:
                 skipping[0] = False
             return
-        original(pkttype, *args, handler=handler)
+        original(pkttype, *args, **kwargs)
 
     conn.send_packet = send_packet  # type: ignore[method-assign]

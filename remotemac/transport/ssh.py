@@ -224,6 +224,8 @@ class SSHTransport(Transport):
             await asyncio.wait_for(request(b"keepalive@openssh.com"), ROUND_TRIP_WAIT_S)
         except Exception:
             return None
+        if conn.is_closed() or self._conn is not conn:
+            return None  # a dropped link fails pending requests at once: no round trip
         return time.monotonic() - started
 
     @contextlib.contextmanager
@@ -637,6 +639,9 @@ class SSHTransport(Transport):
             self._channels.release()
             self._mark_dead(conn, f"{type(exc).__name__}: {exc}".strip())
             raise TransientHostError(f"the link to {self.name} dropped") from None
+        except BaseException:  # cancelled while it opened: its slot is not kept
+            self._channels.release()
+            raise
         return SSHProcess(
             self.name,
             conn,
