@@ -323,3 +323,44 @@ async def test_a_pull_over_max_bytes_closes_the_sender_channel_it_opened_early(
     finally:
         await host.transport.close()
     assert [f["path"] for f in result["files"]] == ["model.bin"] and len(opened) == 3
+
+
+@pytest.mark.asyncio
+async def test_a_channel_whose_window_cannot_grow_in_place_is_asked_again_on_a_wider_one(
+    sshd, fault_proxy, host_factory, tmp_path
+):
+    """The fallback of the in-place window (it reads asyncssh's private channel
+    counters): should ``grow_window`` say it cannot, the pull asks again on a second
+    channel opened with the window the round trip needs, and every byte lands once."""
+    from remotemac.engine.pullstream import BASE_WINDOW, choose_window
+
+    proxy = fault_proxy(sshd)
+    host = await host_factory(sshd, proxy)
+    remote_out = Path(host.run_dir, "out", "cpu")
+    remote_out.mkdir(parents=True)
+    payload = os.urandom(8 << 20)
+    (remote_out / "model.bin").write_bytes(payload)
+    await host.agent.install()
+    opened: list[int | None] = []
+    real_open = host.transport.open_process
+
+    async def no_growing_open(argv: list[str], **kwargs: object):  # type: ignore[no-untyped-def]
+        proc = await real_open(argv, **kwargs)  # type: ignore[arg-type]
+        if "pullops.py" in " ".join(argv):
+            opened.append(kwargs.get("window"))  # type: ignore[arg-type]
+            proc.grow_window = lambda size: False  # type: ignore[method-assign]
+        return proc
+
+    host.transport.open_process = no_growing_open  # type: ignore[method-assign]
+    dest = tmp_path / "out"
+    proxy.rtt(0.1)
+    try:
+        result = (
+            await asyncio.wait_for(pull_dir(host.transport, host.agent, str(remote_out), dest), 90)
+        ).to_json()
+    finally:
+        await host.transport.close()
+    assert (dest / "model.bin").read_bytes() == payload
+    assert result["bytes"] == {"total": len(payload), "moved": len(payload), "reused": 0}
+    assert len(opened) == 2 and opened[0] == BASE_WINDOW, opened
+    assert opened[1] is not None and opened[1] >= choose_window(0.1) > BASE_WINDOW, opened

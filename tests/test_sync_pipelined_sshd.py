@@ -276,3 +276,37 @@ async def test_early_workers_of_a_push_that_fails_are_ended_once_open_and_keep_n
         await _receivers_gone(host)
     finally:
         await transport.close()
+
+
+@pytest.mark.asyncio
+async def test_without_the_links_own_round_trip_the_push_pings_through_its_channel(
+    sshd, fault_proxy, host_factory, tmp_path, monkeypatch
+):
+    """The fallback of ``Transport.round_trip`` (it uses asyncssh's private global
+    request): should it give None, the round trip is pinged through the first channel,
+    the streams are still sized by it at 80 ms, and every file is verified once."""
+    pinged: list[float] = []
+    rtt = synctalk.Session._rtt
+
+    async def spy(self, proc, probes=2):
+        pinged.append(await rtt(self, proc, probes))
+        return pinged[-1]
+
+    async def no_round_trip(self):
+        return None
+
+    monkeypatch.setattr(synctalk.Session, "_rtt", spy)
+    monkeypatch.setattr(ssh_transport.SSHTransport, "round_trip", no_round_trip)
+    data = _dataset(tmp_path / "data", small=8, big=[24 * MiB])
+    proxy = fault_proxy(sshd)
+    host = await host_factory(sshd, proxy)
+    proxy.latency(0.04)
+    proxy.throttle(24_000_000)
+    try:
+        manifest, answer, stats = await host.sync(data, os.urandom(32))
+    finally:
+        await host.transport.close()
+    assert pinged and min(pinged) >= 0.07, pinged
+    assert stats.rtt_ms is not None and stats.rtt_ms >= 70
+    assert stats.streams >= 2
+    _check_all_held(host, manifest, answer, stats)
