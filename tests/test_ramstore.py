@@ -263,3 +263,45 @@ def test_default_runner_runs_without_shell() -> None:
         "err\n",
     )
     assert ramstore.default_run(["no-such-command-remotemac"])[0] == 127
+
+
+def test_macos_two_receivers_making_the_store_at_once_attach_one_ram_disk(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Simulation (replayed outputs; the volume counts as mounted once ``diskutil
+    erasevolume`` finished, as on a Mac): a push's streams are separate receivers that
+    each make the store on their hello, and its workers' hellos come together (issue 36).
+    Under the run dir's lock the second finds the first's volume and reuses it; without
+    it both attached a RAM disk (the second mounting as "remotemac-ID 1")."""
+    import threading
+    import time
+
+    mounted: set[str] = set()
+    monkeypatch.setattr(ramstore.os.path, "ismount", lambda p: p in mounted)
+    mac = ReplayMac()
+
+    def slow_mac(argv: list[str]) -> tuple[int, str, str]:
+        if argv[:2] == ["hdiutil", "attach"]:
+            time.sleep(0.3)  # both receivers past the check before either attached
+        out = mac(argv)
+        if argv[:2] == ["diskutil", "erasevolume"]:
+            mounted.add(f"/Volumes/{argv[3]}")
+        return out
+
+    infos: list[dict[str, object]] = []
+    threads = [
+        threading.Thread(
+            target=lambda: infos.append(
+                create_ram_store(str(tmp_path), GIB2, "r1", run=slow_mac, platform="darwin")
+            )
+        )
+        for _ in range(2)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    attaches = [c for c in mac.calls if c[:2] == ["hdiutil", "attach"]]
+    assert len(attaches) == 1, mac.calls
+    assert len(infos) == 2 and {i["path"] for i in infos} == {"/Volumes/remotemac-r1"}
+    assert sorted(bool(i.get("reused")) for i in infos) == [False, True]

@@ -18,6 +18,7 @@ Python 3.9, standard library only (this module runs on the host).
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import re
 import shutil
@@ -25,7 +26,7 @@ import stat
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from . import safefs
 
@@ -79,10 +80,39 @@ def create_ram_store(
     run = run or default_run
     platform = platform or sys.platform
     if platform == "darwin":
-        return _create_ramdisk(size_bytes, run_id, run, run_dir)
+        with _run_dir_locked(run_dir):
+            return _create_ramdisk(size_bytes, run_id, run, run_dir)
     if platform.startswith("linux") and os.path.isdir(shm_root):
         return _create_shm(shm_root, size_bytes, run_id)
     return _create_tmp(run_dir, run_id, platform)
+
+
+#: the lock file in the run dir that makes a RAM disk's check and creation one step
+CREATE_LOCK = ".ramstore.lock"
+
+
+@contextlib.contextmanager
+def _run_dir_locked(run_dir: str) -> Iterator[None]:
+    """Hold the run dir's RAM store lock. Why: a push's streams are separate receiver
+    processes, and each makes the store on its hello; since the workers open with the
+    first channel (issue 36) their hellos come together. Without it two could each
+    find no volume mounted and attach a RAM disk: the second ``erasevolume`` mounts as
+    "remotemac-ID 1", and the record names the wrong device. Where the run dir cannot
+    hold the lock (a test's bare dir) it goes on without one, as before."""
+    try:
+        fd = os.open(
+            os.path.join(run_dir, CREATE_LOCK),
+            os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0),
+            0o600,
+        )
+    except OSError:
+        yield
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 def volume_refusal(mount: str, device: str | None) -> str | None:
