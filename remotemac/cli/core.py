@@ -95,6 +95,23 @@ def declined(no: Declined, as_json: bool) -> None:
     sys.exit(0)
 
 
+def stdout_reader_gone() -> bool:
+    """Whether stdout is a pipe whose reader went away (``| head``).
+
+    Why ask: a BrokenPipeError may also come from a host's channel (a command that
+    exited before taking its stdin); taken for a closed stdout, a failed run ended
+    exit 0 with nothing said (review of issue 36). The write end of a pipe whose
+    reader is gone polls POLLERR; a terminal or a file never does."""
+    import select
+
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(ev & (select.POLLERR | select.POLLHUP) for _, ev in poller.poll(0))
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 def quiet_broken_pipe() -> None:
     """The reader went away (``| head``): stop quietly, as cat and git do."""
     import os
@@ -125,8 +142,10 @@ class Group(click.Group):
         except KeyboardInterrupt:
             click.echo("remotemac: stopped", err=True)
             sys.exit(EXIT_INTERRUPTED)
-        except BrokenPipeError:
-            quiet_broken_pipe()
+        except BrokenPipeError as err:
+            if stdout_reader_gone():
+                quiet_broken_pipe()
+            fail(err, bool(ctx.obj and ctx.obj.verbose), bool(ctx.meta.get(JSON_WANTED)))
         except Declined as no:
             declined(no, bool(ctx.meta.get(JSON_WANTED)))
         except Exception as err:

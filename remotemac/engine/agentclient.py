@@ -269,7 +269,9 @@ class AgentClient:
             proc = await open_in_memory_then(
                 self.transport, self.python, "rootclaim", Op.CLAIM_ROOT.function, request, argv
             )
-        except (NotImplementedError, TransientHostError):
+        except (NotImplementedError, TransientHostError, BrokenPipeError, ConnectionResetError):
+            # (BrokenPipeError: the command ended before it took the agent: no such
+            # python on the host; the ordinary claim says so, exit 6)
             return None
         try:
             line = await asyncio.wait_for(proc.readline(), 120)
