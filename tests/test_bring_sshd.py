@@ -72,6 +72,17 @@ async def test_a_python_brought_online_from_a_mirror_is_used_listed_and_cleaned_
         assert run.exit_code == 0 and run.stdout.decode().strip() == f"{got.dir}/python"
         again = await agent.call("find_python", {"root": str(root), "spec": ">=3.10"})
         assert again["python"] == got.python and again["brought"] is True
+        # a later run finds it: its record still names what remotemac brought
+        reused = await ensure_python(
+            agent,
+            "3.11",
+            home=tmp_path / "rmhome",
+            method="online",
+            emit=lambda e: None,
+            run_id="bring-online-2",
+        )
+        assert (reused.python, reused.dir, reused.reused) == (got.python, got.dir, True)
+        assert reused.as_brought()["dir"] == got.dir
     finally:
         await transport.close()
     ledger = (tmp_path / "ledger.jsonl").read_text()

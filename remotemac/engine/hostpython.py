@@ -10,6 +10,7 @@ venv, comes the same way; when it cannot come, pip builds it (with a warning).
 
 from __future__ import annotations
 
+import posixpath
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -102,6 +103,12 @@ class HostPython:
         }
 
 
+def brought_dir_of(python: str) -> str:
+    """The directory remotemac brought an interpreter into, from its executable:
+    ``<root>/runtime/python-<key>/python/bin/python3.X`` (agent/bring.py's layout)."""
+    return posixpath.dirname(posixpath.dirname(posixpath.dirname(python)))
+
+
 def plan_python(found: FindPythonAnswer, request: str, home: Path | None) -> PythonPlan:
     """Judge the agent's ``find_python`` answer; pick what to bring when nothing matches."""
     plan = PythonPlan(request, found)
@@ -138,7 +145,16 @@ async def ensure_python(
     found = FindPythonAnswer.from_json(await agent.call(Op.FIND_PYTHON, asked.to_json()))
     plan = plan_python(found, request, home)
     if plan.python:
-        return HostPython(plan.python, plan.version, found.brought)
+        if found.brought:  # an interpreter an earlier run brought: the record names it too
+            return HostPython(
+                plan.python,
+                plan.version,
+                True,
+                dir=brought_dir_of(plan.python),
+                reused=True,
+                label=f"CPython {plan.version} (brought earlier)",
+            )
+        return HostPython(plan.python, plan.version, False)
     if plan.bring is None:
         listed = found.pythons
         seen = ", ".join(f"{p['version']} ({p['path']})" for p in listed)
