@@ -625,3 +625,69 @@ def test_a_join_after_hints_still_refuses_a_hash_that_differs(dataops, tmp_path,
     src = tmp_path / "run" / "data"
     assert datarecords.load_records(str(src)) == {}
     assert not (tmp_path / "ram" / REL).exists() and _split_files(tmp_path) == []
+
+
+def _other_bytes(big: _File, first: int, count: int) -> bytes:
+    """Piece ``first``+``count`` sealed under the split's own header and nonces but over
+    other plaintext: what a laptop that resealed a chunk index with new bytes sends."""
+    kept = big.data
+    big.data = kept[: first * CS] + os.urandom(count * CS) + kept[(first + count) * CS :]
+    try:
+        return big.piece(first, count)
+    finally:
+        big.data = kept
+
+
+def test_a_piece_written_again_after_a_hint_makes_the_join_hash_the_whole_file(
+    dataops, tmp_path, monkeypatch
+):
+    """Piece 0 is hashed ahead, then written again over other plaintext (its chunks
+    authenticate: same key, header and nonces). The join must not trust what it hashed
+    before: it hashes the whole file, finds it differs from the laptop's SHA-256 and
+    keeps nothing. Before: it hashed only the pieces after the hint and accepted a file
+    whose first 5 chunks in RAM had never been checked."""
+    ranges = _hashed(monkeypatch)
+    big = _File(tmp_path / "data", os.urandom(32))
+    (p0, n0), (p1, n1), (p2, n2) = PIECES
+    stream = (
+        _line(big.hello())
+        + big.piece(p0, n0)
+        + _hint(big)
+        + _other_bytes(big, p0, n0)
+        + big.piece(p1, n1)
+        + big.piece(p2, n2)
+        + _hint(big)  # marked rewritten: no hashing ahead
+        + big.assemble()
+        + _end(big)
+    )
+    code, lines = _run(dataops, stream)
+    assert ranges[-1] == (0, SIZE), ranges  # the join hashed it all
+    assert code == 1 and lines[-1]["code"] == "integrity", lines
+    assert "differs from the laptop's" in lines[-1]["error"]
+    assert datarecords.load_records(str(tmp_path / "run" / "data")) == {}
+    assert not (tmp_path / "ram" / REL).exists() and _split_files(tmp_path) == []
+
+
+def test_a_piece_sent_again_with_the_same_bytes_is_verified_by_a_whole_hash(
+    dataops, tmp_path, monkeypatch
+):
+    """A resend of a noted piece with the same bytes (as after a cut): the file is
+    verified, in place and recorded as usual, by a hash of the whole file at the join."""
+    ranges = _hashed(monkeypatch)
+    big = _File(tmp_path / "data", os.urandom(32))
+    (p0, n0), (p1, n1), (p2, n2) = PIECES
+    stream = (
+        _line(big.hello())
+        + big.piece(p0, n0)
+        + _hint(big)
+        + big.piece(p0, n0)
+        + big.piece(p1, n1)
+        + big.piece(p2, n2)
+        + _hint(big)
+        + big.assemble()
+        + _end(big)
+    )
+    code, lines = _run(dataops, stream)
+    assert code == 0 and lines[-1]["result"]["mismatches"] == [], lines
+    assert ranges[-1] == (0, SIZE), ranges
+    _assert_whole(dataops, tmp_path, big)

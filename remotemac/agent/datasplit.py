@@ -153,7 +153,10 @@ class SplitPieces:
         self._make_parents(self.dest, sp.rel)
         with flocked(sp.base + ".lock"):
             meta = self._split_meta(sp)
-            if not os.path.exists(sp.base + ".json"):  # found by partials/finish if cut
+            if _overlaps(meta.get("pieces"), first, count) and not meta.get("rewritten"):
+                meta["rewritten"] = True  # what was hashed ahead may no longer hold
+                write_meta(sp.base, meta)
+            elif not os.path.exists(sp.base + ".json"):  # found by partials/finish if cut
                 write_meta(sp.base, meta)
         self._splits_open.add(sp.sid)
         try:
@@ -224,6 +227,9 @@ class SplitPieces:
                 return
             meta = self._split_meta(sp)
             if any(p[0] == first and p[1] >= count for p in meta["pieces"]):
+                if not meta.get("rewritten"):  # chunks written twice: see _overlaps
+                    meta["rewritten"] = True
+                    write_meta(sp.base, meta)
                 return
             pieces = [p for p in meta["pieces"] if p[0] != first]
             meta["pieces"] = sorted(pieces + [[first, count, sha]])
@@ -262,7 +268,11 @@ class SplitPieces:
                 if not os.path.exists(sp.base + ".json"):
                     prefixes.pop(sid, None)
                     return
-                upto, _ = _tiled(self._split_meta(sp).get("pieces"))
+                meta = self._split_meta(sp)
+                if meta.get("rewritten"):  # the join hashes it all
+                    prefixes.pop(sid, None)
+                    return
+                upto, _ = _tiled(meta.get("pieces"))
             prefix = prefixes.setdefault(sid, Prefix())
             end = min(max(upto, 0) * sp.chunk_size, sp.size)
             if end > prefix.at:
@@ -313,7 +323,9 @@ class SplitPieces:
                     "integrity",
                 )
             recorded = backdate(sp.part)  # before hashing: see datarecords.SETTLE_NS
-            prefix = self._hashed_ahead().pop(sp.sid, None) or Prefix()
+            prefix = self._hashed_ahead().pop(sp.sid, None)
+            if prefix is None or meta.get("rewritten"):
+                prefix = Prefix()  # chunks written again since: hash it all
             prefix.extend(sp.part, sp.size)
             self._check_digest(sp.rel, prefix.digest.hexdigest(), claimed)
             enc_size = streamcrypt.ciphertext_size(sp.size, sp.chunk_size)
@@ -376,6 +388,26 @@ def _tiled(pieces: Any) -> Tuple[int, bool]:
     except (TypeError, ValueError):
         return -1, False
     return at, True
+
+
+def _overlaps(pieces: Any, first: int, count: int) -> bool:
+    """Whether chunks ``first`` .. ``first + count - 1`` were noted before (by any
+    stream): a piece written again.
+
+    Why it matters: :meth:`SplitPieces.hash_ahead` hashes noted pieces before the join,
+    trusting that nothing writes there again but the same plaintext (a laptop's piece
+    sent twice under the same header and nonces). The laptop's seal log holds to that;
+    the host does not take it on trust: a split with a chunk written twice is marked
+    ``rewritten`` in its notes, and the join then hashes the whole file, as it did
+    before hints (a resend after a cut, a straggler of a cut session: rare, and only
+    slower). Malformed notes count as an overlap."""
+    try:
+        return any(
+            p_first < first + count and first < p_first + p_count
+            for p_first, p_count, _ in pieces or ()
+        )
+    except (TypeError, ValueError):
+        return True
 
 
 def _piece_range(sp: Split, desc: Dict[str, Any], length: int) -> Tuple[int, int]:
