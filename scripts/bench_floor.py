@@ -487,6 +487,14 @@ def print_shape_a(
         f"{floor:.2f} s: **{floor / rs_ends:.2f}x rsync's CPU** (goal <= 1.5x); over {cores} "
         f"cores >= {floor_wall:.2f} s: best possible {min(1.0, p_wall / floor_wall):.2f}x rsync"
     )
+    if args.pin:  # one core an end: the slower end's floor is the least time
+        slow = max(floor_end, key=lambda e: floor_end[e])
+        floor_pinned = max(floor_end[slow], p_wall)
+        print(
+            f"  pinned: floor by end laptop {floor_end['laptop']:.2f} s, host "
+            f"{floor_end['host']:.2f} s: the {slow} sets it, {floor_pinned:.2f} s: best "
+            f"possible {p_wall / floor_pinned:.2f}x rsync; measured {p_wall / r_wall:.2f}x"
+        )
     saved = work["rest_files"] - work["rest_pack"]
     print(
         f"  at rest (not promised; on the host's disk, this process): the ciphertext a file "
