@@ -136,7 +136,7 @@ def test_small_and_large_files_arrive_verified_with_acks_in_few_lines(
         assert (
             stored.startswith(b"remotemac-enc/v1") and (root / rel).read_bytes()[:64] not in stored
         )
-    # the small files' ciphertext rests in packs of ~1 MiB groups, the large file's on its own
+    # the small files' ciphertext rests in a pack per group, the large file's on its own
     packs = list((src / datarecords.PACKS).iterdir())
     assert 1 <= len(packs) <= len(paths) // 4 and not list(src.rglob("s*.bin.rmenc"))
     assert {records[p].get("pack") is None for p in paths} == {False, True}

@@ -334,7 +334,7 @@ async def test_resync_unchanged_sends_under_one_percent(sshd, host_factory, tmp_
 
 @pytest.mark.asyncio
 async def test_packed_small_files_resync_prune_and_decrypt_again(sshd, host_factory, tmp_path):
-    """Small files' ciphertext rests in packs (one per ~1 MiB group, each file sealed on
+    """Small files' ciphertext rests in packs (one per write-behind group, each file sealed on
     its own, the record naming pack, offset and length). A re-sync that rewrites every
     file records them in new packs and removes the packs no record names any more; a
     file that leaves the slice leaves its pack to the files still in it; after a
