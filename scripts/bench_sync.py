@@ -377,10 +377,16 @@ class Bench(BenchHost):
         owner = self.server.home.stat()
         os.chown(dest, owner.st_uid, owner.st_gid)
 
+    def drop_copy(self, tool: str) -> None:
+        """Remove what :meth:`copy` wrote (after its timing: remotemac's run is dropped
+        after its own, and deleting 1,916 files is no part of a copy)."""
+        shutil.rmtree(self.server.home / f"{tool}-dest", ignore_errors=True)
+
     def copy(self, tool: str, data: Path, link: Link, cap: float | None) -> float | None:
-        """Seconds for ``scp -r`` or ``rsync -a`` of ``data``; None when stopped at ``cap``."""
+        """Seconds for ``scp -r`` or ``rsync -a`` of ``data``; None when stopped at ``cap``
+        (the destination stays for :meth:`drop_copy`)."""
         dest = self.server.home / f"{tool}-dest"
-        shutil.rmtree(dest, ignore_errors=True)
+        self.drop_copy(tool)
         self.host_dir(dest)
         if tool == "scp":
             argv = ["scp", "-q", "-r", "-F", str(link.cfg), "-c", CIPHER]
@@ -396,8 +402,6 @@ class Bench(BenchHost):
             os.killpg(proc.pid, signal.SIGTERM)
             proc.wait()
             return None
-        finally:
-            shutil.rmtree(dest, ignore_errors=True)
         if proc.returncode:
             raise SystemExit(f"{tool} failed ({proc.returncode})")
         return time.perf_counter() - start
@@ -434,6 +438,7 @@ async def cold_round(
     versus = None
     if args.versus_streams and int(tag[1:]) % 2:  # odd rounds: the fixed count first
         versus = await fixed_sync(bench, data, paths, link, f"{tag}f", args.versus_streams)
+    await bench.prepare(run_id)  # the provision phase's login and run dir: not counted
     cpu, ends = machine_cpu_s(), bench.ends()
     t_rm, stats = await bench.sync(data, paths, run_id, link)
     cpu_rm, ends_rm = machine_cpu_s() - cpu, ends.stop()
@@ -443,10 +448,12 @@ async def cold_round(
     cpu, ends = machine_cpu_s(), bench.ends()
     t_rsync = bench.copy("rsync", data, link, None)
     cpu_rsync, ends_rsync = machine_cpu_s() - cpu, ends.stop()
+    bench.drop_copy("rsync")
     # scp of thousands of files over a far link waits a round trip per file: stop it
     # once it is clearly the slower tool (its time is then only a lower bound)
     cap = max(args.scp_cap * min(t_rm, t_rsync or t_rm), 20.0)
     t_scp = None if args.no_scp else bench.copy("scp", data, link, cap)
+    bench.drop_copy("scp")
     if args.no_scp:
         cap = 0.0
     faster = min(t for t in (t_scp, t_rsync) if t is not None)
@@ -491,6 +498,7 @@ async def fixed_sync(
     """The same cold push with the stream count fixed (``--versus-streams``): seconds and
     each end's CPU, in the same minute as the adaptive one."""
     run_id = f"bench-{os.getpid()}-{tag}"  # (/dev/shm is shared with other benches)
+    await bench.prepare(run_id)  # not counted, as in cold_round
     ends = bench.ends()
     bench.streams = streams
     try:

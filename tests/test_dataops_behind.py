@@ -95,6 +95,14 @@ def _run(dataops, stream: bytes) -> tuple[int, list[dict]]:
     return code, [json.loads(x) for x in out.getvalue().splitlines()]
 
 
+def _stored(src: Path, rec: dict) -> bytes:
+    """A record's stored ciphertext: its span of a pack, or its own ``.rmenc``."""
+    path, off, length = datarecords.stored_span(str(src), rec, True)
+    with open(path, "rb") as fh:
+        fh.seek(off)
+        return fh.read(-1 if length is None else length)
+
+
 def _leftovers(*dirs: Path) -> list[str]:
     return sorted(str(p) for d in dirs for p in d.rglob("*") if ".part" in p.name)
 
@@ -121,13 +129,17 @@ def test_small_and_large_files_arrive_verified_with_acks_in_few_lines(
     assert sorted(acked) == list(range(len(paths)))
     assert len([line for line in lines if "acks" in line]) <= 3
     ram, src = tmp_path / "ram", tmp_path / "run" / "data"
+    records = datarecords.load_records(str(src))
     for rel in paths:
         assert (ram / rel).read_bytes() == (root / rel).read_bytes()
-        stored = (src / (rel + ".rmenc")).read_bytes()
+        stored = _stored(src, records[rel])
         assert (
             stored.startswith(b"remotemac-enc/v1") and (root / rel).read_bytes()[:64] not in stored
         )
-    records = datarecords.load_records(str(src))
+    # the small files' ciphertext rests in a pack per group, the large file's on its own
+    packs = list((src / datarecords.PACKS).iterdir())
+    assert 1 <= len(packs) <= len(paths) // 4 and not list(src.rglob("s*.bin.rmenc"))
+    assert {records[p].get("pack") is None for p in paths} == {False, True}
     assert {r["sha256"] for r in records.values()} == {
         hashlib.sha256((root / p).read_bytes()).hexdigest() for p in paths
     }
@@ -230,27 +242,38 @@ def test_a_resync_looks_at_the_ram_copies_on_a_thread_and_redecrypts_what_change
         assert (ram / rel).read_bytes() == (root / rel).read_bytes()
 
 
-@pytest.mark.parametrize("where", ["ram", "src"])
-def test_a_hard_link_planted_at_a_part_name_is_never_written_through(dataops, tmp_path, where):
-    """A file arrives under ``.<name>.part-<pid>`` (plaintext, in RAM) or
-    ``<name>.rmenc.part-<pid>`` (ciphertext), names anyone on the host can guess (pids
-    are few). A hard link planted there to a file outside remote_root had the file's
-    plaintext (on a disk) or ciphertext written into it, then was renamed into place.
-    Before: written through (O_TRUNC on the existing name)."""
+def test_a_hard_link_planted_at_a_part_name_is_never_written_through(dataops, tmp_path):
+    """A file arrives under ``.<name>.part-<pid>`` (plaintext, in RAM), a name anyone on
+    the host can guess (pids are few). A hard link planted there to a file outside
+    remote_root had the file's plaintext (on a disk) written into it, then was renamed
+    into place. Before: written through (O_TRUNC on the existing name)."""
     root = tmp_path / "data"
     paths = _slice(root, {"d/f.bin": 5000})
     victim = tmp_path / "victim"
     victim.write_bytes(b"precious")
-    if where == "ram":
-        part = tmp_path / "ram" / "d" / f".f.bin.part-{os.getpid()}"
-    else:
-        part = tmp_path / "run" / "data" / "d" / f"f.bin.rmenc.part-{os.getpid()}"
+    part = tmp_path / "ram" / "d" / f".f.bin.part-{os.getpid()}"
     part.parent.mkdir(parents=True)
     os.link(victim, part)
     code, lines = _run(dataops, _stream(root, paths, os.urandom(32)))
     assert victim.read_bytes() == b"precious"
     assert code == 0 and lines[-1]["result"]["mismatches"] == [], lines
     assert (tmp_path / "ram" / "d" / "f.bin").read_bytes() == (root / "d" / "f.bin").read_bytes()
+
+
+def test_a_link_planted_at_the_packs_folder_is_refused(dataops, tmp_path):
+    """Small files' ciphertext goes into packs under ``<src>/.remotemac-packs/`` (a name
+    anyone can read in the code): a symlink planted there to a folder outside
+    remote_root is refused, and nothing is written through it."""
+    root = tmp_path / "data"
+    paths = _slice(root, {"d/f.bin": 5000})
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    src = tmp_path / "run" / "data"
+    src.mkdir(parents=True)
+    (src / datarecords.PACKS).symlink_to(outside)
+    code, lines = _run(dataops, _stream(root, paths, os.urandom(32)))
+    assert list(outside.iterdir()) == []
+    assert code != 0 and lines[-1]["code"] == "unsafe-path", lines
 
 
 class _AckWatch(io.BytesIO):

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from remotemac.agent import datarecords
 from remotemac.data.manifest import MemoryHashCache
 from remotemac.engine.agentclient import AgentClient
 from remotemac.engine.pull import pull_dir
@@ -208,8 +209,15 @@ async def test_round_trip_plaintext_only_in_ram_key_nowhere(
             ram_copy = Path(answer["data_dir"], entry.path).read_bytes()
             assert ram_copy == (data / entry.path).read_bytes()
         # the host's disk has ciphertext only; neither the plaintext nor the key is there
-        stored = [p for p in files_under(host.root / "runs") if p.name.endswith(".rmenc")]
-        assert len(stored) == 32
+        src = Path(host.run_dir, "data")
+        records = datarecords.load_records(str(src))
+        assert sorted(records) == sorted(e.path for e in manifest.entries)
+        # small files rest packed (each sealed on its own), large ones as <path>.rmenc
+        packs = list((src / datarecords.PACKS).iterdir())
+        own = [p for p in files_under(host.root / "runs") if p.name.endswith(".rmenc")]
+        assert len(own) == len([r for r in records.values() if not r.get("pack")])
+        assert 1 <= len(packs) < len(records) - len(own)
+        assert grep_tree(src / datarecords.PACKS, SENTINEL) == []
         assert grep_tree(host.root, SENTINEL) == []
         assert grep_tree(host.root, key.hex().encode()) == [] and grep_tree(host.root, key) == []
         # nor in any process's argv or environment, nor tmux's global environment
@@ -313,7 +321,7 @@ async def test_resync_unchanged_sends_under_one_percent(sshd, host_factory, tmp_
         (data / "d1" / "s001.bin").unlink()
         manifest, answer, third = await host.sync(data, key, cache=cache)
         assert third.sent_files == 1 and third.acked == ["d0/s000.bin"]
-        assert answer["pruned"] == 2  # its ciphertext and its RAM copy
+        assert answer["pruned"] == 1  # its RAM copy (its ciphertext: a span of a pack in use)
         assert sorted(p.name for p in Path(answer["data_dir"]).rglob("*") if p.is_file()) == sorted(
             Path(e.path).name for e in manifest.entries
         )
@@ -325,16 +333,76 @@ async def test_resync_unchanged_sends_under_one_percent(sshd, host_factory, tmp_
 
 
 @pytest.mark.asyncio
+async def test_packed_small_files_resync_prune_and_decrypt_again(sshd, host_factory, tmp_path):
+    """Small files' ciphertext rests in packs (one per write-behind group, each file sealed on
+    its own, the record naming pack, offset and length). A re-sync that rewrites every
+    file records them in new packs and removes the packs no record names any more; a
+    file that leaves the slice leaves its pack to the files still in it; after a
+    "reboot" (RAM emptied) every file is decrypted again from its span of a pack, and
+    the full check (prepare_data) reads the same spans."""
+    data = make_slice(tmp_path / "data", small=60, small_size=30_000, big=0, sentinel=False)
+    key = os.urandom(32)
+    host = await host_factory(sshd)
+    src = Path(host.run_dir, "data")
+    try:
+        manifest, answer, cold = await host.sync(data, key)
+        records = datarecords.load_records(str(src))
+        first = {r["pack"] for r in records.values()}
+        assert all(records.values()) and 2 <= len(first) <= 6 and len(records) == 61
+        assert not [p for p in files_under(src) if p.name.endswith(".rmenc")]
+        # every file rewritten: new packs, the old ones gone (no record names them)
+        for path in data.rglob("*.bin"):
+            path.write_bytes(os.urandom(30_000))
+        manifest, answer, again = await host.sync(data, key)
+        assert again.sent_files == 60 and answer["mismatches"] == []
+        now = {p.name for p in (src / datarecords.PACKS).iterdir()}
+        records = datarecords.load_records(str(src))
+        assert now & first == {"".join(sorted(first & now))} - {""}  # at most empty.txt's
+        assert {r["pack"] for r in records.values()} == now
+        # one file leaves: its RAM copy goes, its pack stays for the others in it
+        leaver = records["d1/s001.bin"]["pack"]
+        (data / "d1" / "s001.bin").unlink()
+        manifest, answer, _ = await host.sync(data, key)
+        assert answer["pruned"] == 1 and (src / datarecords.PACKS / leaver).exists()
+        # the host "rebooted": every file is decrypted again from its span of a pack
+        shutil.rmtree(answer["data_dir"])
+        manifest, answer, after = await host.sync(data, key)
+        assert after.sent_files == 0 and answer["redecrypted"] == len(manifest.entries) == 60
+        for entry in manifest.entries:
+            assert (
+                Path(answer["data_dir"], entry.path).read_bytes()
+                == (data / entry.path).read_bytes()
+            )
+        full = await host.agent.call(
+            "prepare_data",
+            {
+                "run_dir": host.run_dir,
+                "run_id": host.run_id,
+                "src": str(src),
+                "encrypted": True,
+                "key_hex": key.hex(),
+                "runtime_dir": host.runtime_dir,
+                "manifest": [e.__dict__ for e in manifest.entries],
+            },
+        )
+        assert full["mismatches"] == []
+    finally:
+        await host.transport.close()
+
+
+@pytest.mark.asyncio
 async def test_tampered_ciphertext_on_host_is_exit_5(sshd, host_factory, tmp_path):
     data = make_slice(tmp_path / "data", small=5, big=0)
     key = os.urandom(32)
     host = await host_factory(sshd)
     try:
         manifest, answer, _ = await host.sync(data, key)
-        victim = Path(host.run_dir, "data", "d1", "s001.bin.rmenc")
-        blob = bytearray(victim.read_bytes())
-        blob[200] ^= 0x01
-        victim.write_bytes(bytes(blob))
+        src = Path(host.run_dir, "data")
+        rec = datarecords.load_records(str(src))["d1/s001.bin"]
+        victim, off, _ = datarecords.stored_span(str(src), rec, True)
+        blob = bytearray(Path(victim).read_bytes())
+        blob[off + 200] ^= 0x01  # one byte inside its span of the pack
+        Path(victim).write_bytes(bytes(blob))
         # the full check (prepare_data) decrypts the stored ciphertext again
         full = await host.agent.call(
             "prepare_data",

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from remotemac.agent import streamcrypt
+from remotemac.agent import datarecords, streamcrypt
 from remotemac.data.keys import load_data_key
 from remotemac.errors import IntegrityError
 from tests.test_cleanup_sshd import make_target, write_playbook
@@ -33,11 +33,13 @@ def test_wipe_after_run_shreds_data_and_key(tmp_path: Path, sshd_factory, ssh_en
     # a copy of the ciphertext taken before the wipe, and the key as it was
     copies = tmp_path / "stolen"
     shutil.copytree(run_dir / "data", copies)
-    blobs = sorted(copies.rglob("*.rmenc"))
-    assert blobs
+    records = datarecords.load_records(str(copies))
+    assert records
     key = load_data_key(t.rm_home, run_id)
-    rel = str(blobs[0].relative_to(copies))[: -len(".rmenc")]
-    streamcrypt.decrypt_file(key, rel, str(blobs[0]), str(tmp_path / "plain-before"))
+    rel = sorted(records)[0]
+    # its stored ciphertext: a span of a pack (small files) or a file of its own
+    span = datarecords.stored_span(str(copies), records[rel], True)
+    streamcrypt.decrypt_file(key, rel, span[0], str(tmp_path / "plain-before"), *span[1:])
     assert (tmp_path / "plain-before").read_bytes() == (
         Path(__file__).parent / "fixtures/projects/lines/data" / rel
     ).read_bytes()
@@ -60,7 +62,7 @@ def test_wipe_after_run_shreds_data_and_key(tmp_path: Path, sshd_factory, ssh_en
     with pytest.raises(IntegrityError):
         load_data_key(t.rm_home, run_id)
     with pytest.raises(streamcrypt.DecryptError):
-        streamcrypt.decrypt_file(os.urandom(32), rel, str(blobs[0]), str(tmp_path / "p2"))
+        streamcrypt.decrypt_file(os.urandom(32), rel, span[0], str(tmp_path / "p2"), *span[1:])
     assert not (tmp_path / "p2").exists()
     record = json.loads((out / "acceptance.json").read_text())
     wipe = record["wipe"]

@@ -16,9 +16,9 @@ import json
 import os
 import stat
 import threading
-from typing import BinaryIO, Callable, Iterator, List, Optional
+from typing import BinaryIO, Callable, Iterator, List, Optional, Tuple
 
-from .datarecords import NOFOLLOW, DataError
+from .datarecords import NOFOLLOW, PACKS, DataError, pack_path
 from .protocol import JsonObject
 from .writebehind import WriteBehind
 
@@ -82,6 +82,49 @@ class Pieces:
     def write(self, data: bytes) -> int:
         self.pieces.append(data)
         return len(data)
+
+
+class Pack:
+    """One group of small files' ciphertext, appended to one file at rest (see
+    datarecords.PACKS): each file is sealed on its own, the record names its span.
+
+    Why: a file on the host's disk for each small file cost more CPU than the rest of
+    storing it (shape A, 1,916 files over loopback, rounds 2-3: the host's CPU 1.90-2.09 s
+    a file each, 1.10-1.29 s packed per group). Made on the first append, O_EXCL and
+    never through a link; its name (pid, a random token, a count) is never reused."""
+
+    def __init__(self, src: str, name: str) -> None:
+        self.src = src
+        self.name = name
+        self._fd = -1
+        self._size = 0
+
+    def append(self, data: bytes) -> Tuple[str, int]:
+        """Write ``data`` at the pack's end: (the pack's name, where it starts)."""
+        if self._fd < 0:
+            self._fd = _create_pack(self.src, self.name)
+        off = self._size
+        write_all(self._fd, [data])
+        self._size += len(data)
+        return self.name, off
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+def _create_pack(src: str, name: str) -> int:
+    """A new pack's fd, in ``<src>/.remotemac-packs/`` (made 0700, refused if it is a
+    link or a file)."""
+    folder = os.path.join(src, PACKS)
+    try:
+        os.mkdir(folder, 0o700)
+    except FileExistsError:
+        if not stat.S_ISDIR(os.lstat(folder).st_mode):
+            raise DataError("%s is in the way (not a directory)" % folder, "unsafe-path") from None
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW
+    return os.open(pack_path(src, name), flags, 0o600)
 
 
 class Lines:

@@ -12,6 +12,7 @@ from typing import Any, Dict, List, Optional
 
 from .datafiles import HashSink, unlink_quietly
 from .datarecords import (
+    PACKS,
     PARTIAL,
     READ,
     RECORD,
@@ -29,6 +30,7 @@ from .datarecords import (
     regular_lstat,
     stamp,
     stored_ok,
+    stored_span,
 )
 from .datasplit import split_sid
 
@@ -106,6 +108,8 @@ class Finish:
             if not other_alive(meta.get("pid")) and split_sid(base) not in self._splits_open:
                 self._drop_meta(base, meta)
         live = {p: r for p, r in self.records.items() if p in wanted}
+        if self.encrypted:  # packs none of the slice's records names (receiver.py)
+            self.drop_dead_packs(live)
         if (
             redecrypted
             or self._resettled
@@ -134,7 +138,8 @@ class Finish:
         self.writing()
         make_parents(self.dest, rel)
         try:
-            streamcrypt.decrypt_file(self.key, rel, inside(self.src, rel) + ".rmenc", plain)
+            path, off, length = stored_span(self.src, self.records.get(rel) or rec, True)
+            streamcrypt.decrypt_file(self.key, rel, path, plain, off, length)
         except streamcrypt.DecryptError as exc:
             return "stored ciphertext failed authentication (tampered or damaged): %s" % exc
         except OSError as exc:
@@ -185,7 +190,7 @@ class Finish:
                 prefix = below + "/" if below else ""
                 top_of_src = not prefix and base == self.src
                 if top_of_src:
-                    dirs[:] = [d for d in dirs if not d.startswith(PARTIAL)]
+                    dirs[:] = [d for d in dirs if not d.startswith((PARTIAL, PACKS))]
                 for name in files:
                     if ".part-" in name:
                         pid = name.rsplit(".part-", 1)[1]

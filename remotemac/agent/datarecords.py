@@ -31,6 +31,10 @@ RECORD = ".verified.jsonl"
 #: ``.json``, ``.lock``, their plaintext ``.<name>.split-<sid>`` beside the file in RAM
 PARTIAL = ".remotemac-partial"
 SPLIT_PART = re.compile(r"\..+\.split-[0-9a-f]{16}\Z")
+#: small files' ciphertext at rest, each file sealed on its own and written packed per
+#: group (see Receiver.hand_over): ``<src>/.remotemac-packs/<pid>-<token>-<n>``; a
+#: record with ``pack`` names its pack, ``off`` and ``enc_size`` its span there
+PACKS = ".remotemac-packs"
 #: ``<src>/.remotemac-writing-<pid>``: made before a session's first write into the
 #: data dirs, removed when it ends cleanly. One left by another process means that
 #: session was cut (or still runs) and may have left debris: finish then walks both
@@ -245,9 +249,37 @@ def rehash_ok(path: str, rec: Dict[str, Any], key: str) -> bool:
     return True
 
 
+def pack_path(src: str, name: Any) -> str:
+    """The pack a record names, below ``<src>/.remotemac-packs/`` (a bare name only)."""
+    if not isinstance(name, str) or not name or "/" in name or name.startswith("."):
+        raise DataError("a record names a pack that is not one of remotemac's: %r" % (name,))
+    return os.path.join(src, PACKS, name)
+
+
+def stored_span(src: str, rec: Dict[str, Any], encrypted: bool) -> Tuple[str, int, Optional[int]]:
+    """Where a record's stored copy is: (file, offset, length; None: the whole file)."""
+    if rec.get("pack"):
+        return pack_path(src, rec["pack"]), int(rec["off"]), int(rec["enc_size"])
+    return inside(src, rec["path"]) + (".rmenc" if encrypted else ""), 0, None
+
+
+def packed_as(st: Optional[os.stat_result], rec: Dict[str, Any]) -> bool:
+    """The pack ``st`` still holds the record's whole span (packs are only appended to)."""
+    off, size = rec.get("off"), rec.get("enc_size")
+    if st is None or not stat.S_ISREG(st.st_mode) or not isinstance(off, int):
+        return False
+    return isinstance(size, int) and off >= 0 and size > 0 and st.st_size >= off + size
+
+
 def stored_ok(src: str, rec: Dict[str, Any], encrypted: bool) -> bool:
     """Quick check (like rsync's): the stored copy still has the size it was verified
-    with (public data: and the mtime, if the record is settled, else its hash)."""
+    with (public data: and the mtime, if the record is settled, else its hash); a
+    packed one, that its pack still holds its span."""
+    if rec.get("pack"):
+        try:
+            return packed_as(regular_lstat(pack_path(src, rec["pack"])), rec)
+        except DataError:
+            return False
     path = inside(src, rec["path"]) + (".rmenc" if encrypted else "")
     st = regular_lstat(path)
     if stored_as(st, rec, encrypted):

@@ -20,6 +20,7 @@ from typing import Any, BinaryIO, Callable, Dict, List, Optional, Tuple
 from .datafiles import (
     HashSink,
     Lines,
+    Pack,
     Pieces,
     Tee,
     create_new,
@@ -32,6 +33,7 @@ from .datafinish import Finish
 from .datapartial import PartialTransfers
 from .datarecords import (
     NOFOLLOW,
+    PACKS,
     READ,
     RESUMABLE,
     WRITING,
@@ -42,6 +44,9 @@ from .datarecords import (
     check_rel,
     inside,
     make_parents,
+    other_alive,
+    pack_path,
+    packed_as,
     read_records,
     rehash_ok,
     same_as,
@@ -120,7 +125,11 @@ class Receiver(PartialTransfers, SplitPieces, Finish):
         self.lines: Optional[Lines] = None
         self._made: set = set()
         #: small files read whole, not yet handed to the write-behind thread (hand_over)
-        self._small: List[Callable[[], None]] = []
+        self._small: List[Callable[[Pack], None]] = []
+        #: the packs this session writes small files' ciphertext into, one per group:
+        #: named by pid, a token no one can guess and a count (see datarecords.PACKS)
+        self._pack_token = os.urandom(6).hex()
+        self._packs = 0
         self._small_bytes = 0
         #: sids of the splits this process wrote pieces of and has not assembled or
         #: dropped: their files are in flight (finish and its prune leave them)
@@ -171,10 +180,16 @@ class Receiver(PartialTransfers, SplitPieces, Finish):
         records, seen, encrypted = self.records, self._stored_seen, self.encrypted
         base = self.src if self.src.endswith("/") else self.src + "/"
         suffix = ".rmenc" if encrypted else ""
+        packs: Dict[str, Optional[os.stat_result]] = {}
         for index, entry in enumerate(self.entries):
             path = entry["path"]  # checked when the hello was read
             rec = records.get(path)
             if rec is None or (entry.get("size") is not None and rec.get("size") != entry["size"]):
+                continue
+            if rec.get("pack"):  # one lstat per pack, not per file
+                if self._pack_ok(rec, packs):
+                    out.append((index, str(rec["sha256"])))
+                    seen.add(path)
                 continue
             # stored_ok, inlined: this loop runs for every file of the slice
             try:
@@ -188,6 +203,38 @@ class Receiver(PartialTransfers, SplitPieces, Finish):
                 out.append((index, str(rec["sha256"])))
                 seen.add(path)
         return out
+
+    def _pack_ok(self, rec: Dict[str, Any], packs: Dict[str, Optional[os.stat_result]]) -> bool:
+        """datarecords.stored_ok of a packed record, its pack's lstat kept in ``packs``."""
+        name = rec["pack"]
+        if name not in packs:
+            try:
+                st = os.lstat(pack_path(self.src, name))
+            except (OSError, DataError):
+                st = None
+            packs[name] = st
+        return packed_as(packs[name], rec)
+
+    def drop_dead_packs(self, live: Dict[str, Dict[str, Any]]) -> int:
+        """Remove the packs no record in ``live`` names (every file in them was
+        rewritten or left the slice, or was never recorded: its session was cut),
+        unless another receiver that may still record into it runs. Called by
+        :meth:`finish` once every stream is done; a pack's space is freed with its
+        last file (re-syncs that change a few files leave the rest of a pack in use)."""
+        folder = os.path.join(self.src, PACKS)
+        try:
+            names = os.listdir(folder)
+        except OSError:
+            return 0
+        used = {rec.get("pack") for rec in live.values()}
+        dropped = 0
+        for name in names:
+            pid = name.partition("-")[0]
+            if name in used or (pid.isdigit() and other_alive(int(pid))):
+                continue
+            unlink_quietly(os.path.join(folder, name))
+            dropped += 1
+        return dropped
 
     def _rehash(self, path: str, rec: Dict[str, Any]) -> bool:
         """datarecords.rehash_ok of a public stored copy, counting what it settles."""
@@ -403,7 +450,8 @@ class Receiver(PartialTransfers, SplitPieces, Finish):
         behind: WriteBehind,
     ) -> None:
         """An encrypted file below RESUMABLE bytes: read and decrypt it here (in memory),
-        and leave storing, hashing, checking and renaming to the write-behind thread.
+        and leave storing (its ciphertext into its group's pack), hashing, checking and
+        renaming to the write-behind thread.
 
         A cut link leaves nothing of it (it is resent whole)."""
         self.cipher()
@@ -419,14 +467,9 @@ class Receiver(PartialTransfers, SplitPieces, Finish):
                 "dataset file %s failed decryption on the host: %s" % (rel, exc), "integrity"
             ) from None
 
-        def store() -> None:
-            part = "%s.part-%d" % (stored, self._pid)
+        def store(pack: Pack) -> None:
             try:
-                fd = create_new(part)
-                try:
-                    write_all(fd, [sealed])
-                finally:
-                    os.close(fd)
+                name, off = pack.append(sealed)
                 digest = hashlib.sha256()
                 for piece in pieces:
                     digest.update(piece)
@@ -437,25 +480,30 @@ class Receiver(PartialTransfers, SplitPieces, Finish):
                     recorded, mtime = backdate_fd(fd)  # see datarecords.SETTLE_NS
                 finally:
                     os.close(fd)
-                os.replace(part, stored)
                 os.replace(plain_part, plain)
             except BaseException:
-                unlink_quietly(part, plain_part)
+                unlink_quietly(plain_part)
                 raise
-            # (size, mtime) as written: the stored copy is the ciphertext just written
-            # whole (O_EXCL), the RAM copy the fd's, renamed with its inode
+            old = self.records.get(rel)
+            if old is None or not old.get("pack"):  # an earlier copy stored on its own
+                unlink_quietly(stored)
+            # the stored copy is its span of the pack, written whole (the pack's size
+            # is checked, see datarecords.packed_as); the RAM copy the fd's, renamed
+            # with its inode
             rec: Dict[str, Any] = {
                 "path": rel,
                 "sha256": claimed,
                 "size": size,
                 "enc_size": len(sealed),
+                "pack": name,
+                "off": off,
                 "plain_mtime_ns": mtime,
             }
             if recorded is not None:
                 rec["recorded_ns"] = recorded
             self._verified(index, rec, flush=False)  # (the group writes its lines: hand_over)
 
-        self._small.append(store)
+        self._small.append(store)  # (run by hand_over's group with its pack)
         self._small_bytes += 2 * length
         if self._small_bytes >= SMALL_BATCH_BYTES:
             self.hand_over(behind)
@@ -468,21 +516,28 @@ class Receiver(PartialTransfers, SplitPieces, Finish):
         9,000 context switches for 1,916 files). Called before any other frame is
         handled and when the session ends (also when it is cut: what was read whole is
         still stored), so the order of files, records and acks stays the order read.
+        The group's ciphertext goes into one pack (datafiles.Pack, see
+        datarecords.PACKS: a file at rest per small file cost the host more CPU than the
+        rest of storing it), each file sealed on its own, its record naming its span.
         The group's record lines are written in one block once it is stored (before
         its acks: datafiles.Lines), so a SIGKILL can leave unrecorded only files of the
-        group being stored, none acknowledged: the next session stores them again. A
+        group being stored, none acknowledged: the next session stores them again (a
+        pack no record names goes at the next final check: drop_dead_packs). A
         file in a group that fails: the group's later files create nothing (its error
         ends the session, as a task's did), the earlier ones are recorded."""
         if not self._small:
             return
         tasks, self._small = self._small, []
         nbytes, self._small_bytes = self._small_bytes, 0
+        self._packs += 1
+        pack = Pack(self.src, "%d-%s-%d" % (self._pid, self._pack_token, self._packs))
 
         def run() -> None:
             try:
                 for task in tasks:
-                    task()
+                    task(pack)
             finally:  # the group's record lines in one write (those stored before a failure too)
+                pack.close()  # (before: a record never names a pack still being written)
                 assert self.recorder is not None
                 self.recorder.flush()
 

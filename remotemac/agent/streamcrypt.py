@@ -347,17 +347,29 @@ def decrypt_stream(
         current = following
 
 
-def decrypt_file(data_key: bytes, relpath: str, src_path: str, dst_path: str) -> int:
+def decrypt_file(
+    data_key: bytes,
+    relpath: str,
+    src_path: str,
+    dst_path: str,
+    offset: int = 0,
+    length: int | None = None,
+) -> int:
     """Decrypt to ``dst_path`` all-or-nothing; return the plaintext size.
 
     Plaintext goes to a 0600 temp file in the destination directory and is
     renamed into place only after the last chunk verified, so a failure never
-    leaves a half-decrypted file that a workload could read.
+    leaves a half-decrypted file that a workload could read. ``offset`` and
+    ``length``: the file's ciphertext is that span of ``src_path`` (a pack of small
+    files, see agent/datarecords.py PACKS), not all of it.
     """
-    with open(src_path, "rb") as src:
+    fd = os.open(src_path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    with os.fdopen(fd, "rb") as src:
+        if offset:
+            src.seek(offset)
 
         def fill(dst: BinaryIO) -> int:
-            return decrypt_stream(data_key, relpath, src, dst)
+            return decrypt_stream(data_key, relpath, src, dst, limit=length)
 
         return _atomic_write(dst_path, fill)
 
