@@ -276,6 +276,118 @@ def test_a_link_planted_at_the_packs_folder_is_refused(dataops, tmp_path):
     assert code != 0 and lines[-1]["code"] == "unsafe-path", lines
 
 
+def test_a_link_swapped_in_for_the_packs_folder_deletes_nothing_it_leads_to(dataops, tmp_path):
+    """The job (same user as the agent) moves the packs away and puts a link to a
+    folder of the user's in their place. The next re-sync, with nothing to send, goes
+    straight to the final check, which drops packs no record names: it listed and
+    unlinked through the link, and the user's files went. Now the folder is opened
+    without following a link: nothing there is touched, and the check says why."""
+    root = tmp_path / "data"
+    paths = _slice(root, {"d/a.bin": 5000, "d/b.bin": 7000})
+    key = os.urandom(32)
+    code, lines = _run(dataops, _stream(root, paths, key))
+    assert code == 0, lines
+    packs = tmp_path / "run" / "data" / datarecords.PACKS
+    outside = tmp_path / "users-files"
+    packs.rename(outside)
+    (outside / "thesis.tex").write_text("precious")
+    packs.symlink_to(outside)
+    code, lines = _run(dataops, _resync_stream(root, paths, key))
+    assert (outside / "thesis.tex").read_text() == "precious"
+    assert len(list(outside.iterdir())) == 2  # the pack and thesis.tex: nothing removed
+    assert packs.is_symlink()
+
+
+def test_only_packs_are_removed_from_the_packs_folder(dataops, tmp_path):
+    """Names that are not a pack's (a pid too large for kill(), a digit that is not
+    ASCII, a folder, a link) crashed the final check or could be removed as packs; now
+    they are left where they are, and a dead writer's unnamed pack still goes."""
+    root = tmp_path / "data"
+    paths = _slice(root, {"d/a.bin": 5000})
+    key = os.urandom(32)
+    assert _run(dataops, _stream(root, paths, key))[0] == 0
+    packs = tmp_path / "run" / "data" / datarecords.PACKS
+    strangers = ["99999999999999999999-x", "\u00b2-x", "notes.txt"]
+    for name in strangers:
+        (packs / name).write_text("not a pack")
+    (packs / "1-aaaaaaaaaaaa-1").mkdir()
+    (packs / "2-aaaaaaaaaaaa-1").symlink_to(tmp_path / "data" / "d" / "a.bin")
+    dead = os.fork()
+    if dead == 0:
+        os._exit(0)
+    os.waitpid(dead, 0)  # a writer that is gone
+    (packs / f"{dead}-abcdefabcdef-1").write_bytes(b"an unrecorded group")
+    code, lines = _run(dataops, _resync_stream(root, paths, key))
+    assert code == 0 and lines[-1]["result"]["mismatches"] == [], lines
+    left = sorted(p.name for p in packs.iterdir())
+    assert f"{dead}-abcdefabcdef-1" not in left
+    assert set(strangers) | {"1-aaaaaaaaaaaa-1", "2-aaaaaaaaaaaa-1"} <= set(left)
+    assert (tmp_path / "data" / "d" / "a.bin").exists()
+
+
+def test_a_group_recorded_by_a_writer_that_ends_during_the_final_check_keeps_its_pack(
+    dataops, tmp_path, monkeypatch
+):
+    """Another receiver (a cut session's straggler) records a group and ends after the
+    final check read the record but before it dropped unnamed packs: its pack was
+    removed while the record on disk named it. Now the writers are judged gone first
+    and the record read again before anything is removed."""
+    import shutil
+
+    root = tmp_path / "data"
+    paths = _slice(root, {f"d/f{i}.bin": 40_000 for i in range(8)})
+    key = os.urandom(32)
+    assert _run(dataops, _stream(root, paths, key))[0] == 0
+    src = tmp_path / "run" / "data"
+    gone = os.fork()
+    if gone == 0:
+        os._exit(0)
+    os.waitpid(gone, 0)
+    drop = dataops.Receiver.drop_dead_packs
+
+    def straggler_records_then_ends(self, live):
+        recs = datarecords.load_records(str(src))
+        old = next(iter(recs.values()))["pack"]
+        new = f"{gone}-abcdefabcdef-1"
+        shutil.copy(src / datarecords.PACKS / old, src / datarecords.PACKS / new)
+        with open(src / datarecords.RECORD, "a") as fh:
+            for rec in recs.values():
+                if rec["pack"] == old:
+                    fh.write(json.dumps(dict(rec, pack=new), sort_keys=True) + "\n")
+        return drop(self, live)
+
+    monkeypatch.setattr(dataops.Receiver, "drop_dead_packs", straggler_records_then_ends)
+    code, lines = _run(dataops, _resync_stream(root, paths, key))
+    assert code == 0 and lines[-1]["result"]["mismatches"] == [], lines
+    recs = datarecords.load_records(str(src))
+    assert [p for p, r in recs.items() if not (src / datarecords.PACKS / r["pack"]).exists()] == []
+
+
+@pytest.mark.parametrize(
+    "rel", [".remotemac-packs/big.bin", ".verified.jsonl", ".REMOTEMAC-partial/x", ".remotemac-x"]
+)
+def test_a_slice_path_under_a_name_the_host_keeps_is_refused_on_both_ends(dataops, tmp_path, rel):
+    """A dataset folder named ``.remotemac-packs`` put a large file's ciphertext among
+    the packs, where the final check removed it as an unnamed pack (counted present,
+    never held); ``.verified.jsonl`` would be the record itself. The laptop refuses
+    such a path before it sends anything, in one line; the host refuses a hello that
+    names one (an older laptop), and stores nothing."""
+    from remotemac.engine.syncplan import stat_all
+    from remotemac.errors import BadInput
+
+    root = tmp_path / "data"
+    _slice(root, {rel: 3000})
+    with pytest.raises(BadInput, match="kept for remotemac's own files"):
+        stat_all(root, [rel], None)
+    entry = {"path": rel, "size": 3000, "sha256": None, "mtime_ns": 1}
+    code, lines = _run(dataops, json.dumps(_hello(root, os.urandom(32), [entry])).encode() + b"\n")
+    assert code != 0 and lines[-1]["code"] == "unsafe-path", lines
+    assert rel in lines[-1]["error"]
+    assert not (tmp_path / "run" / "data").exists() or not any(
+        p.is_file() for p in (tmp_path / "run" / "data").rglob("*")
+    )
+
+
 class _AckWatch(io.BytesIO):
     """The receiver's stdout: at every acks line, which acked files the record on disk
     did not hold yet (it must hold every one: the laptop trusts an ack)."""

@@ -18,7 +18,7 @@ import stat
 import threading
 from typing import BinaryIO, Callable, Iterator, List, Optional, Tuple
 
-from .datarecords import NOFOLLOW, PACKS, DataError, pack_path
+from .datarecords import NOFOLLOW, DataError, open_packs_dir, pack_path
 from .protocol import JsonObject
 from .writebehind import WriteBehind
 
@@ -116,15 +116,15 @@ class Pack:
 
 def _create_pack(src: str, name: str) -> int:
     """A new pack's fd, in ``<src>/.remotemac-packs/`` (made 0700, refused if it is a
-    link or a file)."""
-    folder = os.path.join(src, PACKS)
+    link or a file), created through the folder's own fd: a link swapped in for the
+    folder after it was checked cannot move the pack elsewhere."""
+    pack_path(src, name)  # (refuses a name that is not a pack's)
+    folder = open_packs_dir(src, create=True)
     try:
-        os.mkdir(folder, 0o700)
-    except FileExistsError:
-        if not stat.S_ISDIR(os.lstat(folder).st_mode):
-            raise DataError("%s is in the way (not a directory)" % folder, "unsafe-path") from None
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW
-    return os.open(pack_path(src, name), flags, 0o600)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW
+        return os.open(name, flags, 0o600, dir_fd=folder)
+    finally:
+        os.close(folder)
 
 
 class Lines:

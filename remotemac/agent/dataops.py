@@ -281,8 +281,10 @@ def _answer_error(lines: Lines, message: str, code: str) -> None:
 def op_prepare_data(req: Dict[str, Any]) -> Dict[str, Any]:
     """Full check: decrypt (or hash) every manifest entry from what is stored on the host.
 
-    Slower than the sync session's quick check, and independent of its record: a
-    ciphertext edited on the host since it was received is caught here.
+    Slower than the sync session's quick check: every stored copy is decrypted and
+    hashed again, so a ciphertext edited on the host since it was received is caught
+    here. Small files' copies are found through the record (their pack and span); a
+    file of 8 MiB or more by its own ``.rmenc``.
     """
     try:
         receiver = Receiver(dict(req, entries=[]))

@@ -10,6 +10,7 @@ Standard library only, Python 3.9.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import functools
 import hashlib
@@ -35,6 +36,9 @@ SPLIT_PART = re.compile(r"\..+\.split-[0-9a-f]{16}\Z")
 #: group (see Receiver.hand_over): ``<src>/.remotemac-packs/<pid>-<token>-<n>``; a
 #: record with ``pack`` names its pack, ``off`` and ``enc_size`` its span there
 PACKS = ".remotemac-packs"
+#: a pack's own name: the writer's pid, a 12-hex token, a count (nothing else in the
+#: packs folder is one of remotemac's: left where it is, never deleted)
+PACK_NAME = re.compile(r"([1-9][0-9]{0,9})-[0-9a-f]{12}-[0-9]{1,10}\Z")
 #: ``<src>/.remotemac-writing-<pid>``: made before a session's first write into the
 #: data dirs, removed when it ends cleanly. One left by another process means that
 #: session was cut (or still runs) and may have left debris: finish then walks both
@@ -250,10 +254,36 @@ def rehash_ok(path: str, rec: Dict[str, Any], key: str) -> bool:
 
 
 def pack_path(src: str, name: Any) -> str:
-    """The pack a record names, below ``<src>/.remotemac-packs/`` (a bare name only)."""
-    if not isinstance(name, str) or not name or "/" in name or name.startswith("."):
+    """The pack a record names, below ``<src>/.remotemac-packs/`` (a pack's name only)."""
+    if not isinstance(name, str) or not PACK_NAME.match(name):
         raise DataError("a record names a pack that is not one of remotemac's: %r" % (name,))
     return os.path.join(src, PACKS, name)
+
+
+def pack_writer(name: str) -> Optional[int]:
+    """The pid in a pack's name, or None when ``name`` is not a pack's (see PACK_NAME)."""
+    match = PACK_NAME.match(name)
+    if match is None:
+        return None
+    pid = int(match.group(1))
+    return pid if pid < 2**31 else None
+
+
+def open_packs_dir(src: str, create: bool) -> int:
+    """An fd of ``<src>/.remotemac-packs`` (made 0700 when ``create``), opened without
+    following a link: creating, listing and removing packs go through it, so a link
+    put in its place (by the job, which runs as the same user) leads nowhere.
+    OSError when it is absent; DataError unsafe-path when something else is there."""
+    folder = os.path.join(src, PACKS)
+    if create:
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(folder, 0o700)
+    try:
+        return os.open(folder, os.O_RDONLY | NOFOLLOW | getattr(os, "O_DIRECTORY", 0))
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise DataError("%s is in the way (not a directory)" % folder, "unsafe-path") from None
+        raise
 
 
 def stored_span(src: str, rec: Dict[str, Any], encrypted: bool) -> Tuple[str, int, Optional[int]]:

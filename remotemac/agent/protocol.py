@@ -159,6 +159,17 @@ FRAME = struct.Struct(">cIQ")
 #: the length of a sync ``R``/``S`` frame's JSON meta, after the header
 META_LEN = struct.Struct(">I")
 
+#: first path parts a dataset slice may not use: the host keeps its own files there
+#: (the record ``.verified.jsonl``, partial and split files, packs, writing markers,
+#: agent/datarecords.py); compared case-folded, as an APFS volume compares names
+RESERVED_DATA_NAMES = (".remotemac-", ".verified.jsonl")
+
+
+def reserved_data_path(rel: Any) -> bool:
+    """Whether a slice's path starts with a name the host keeps for itself: refused on
+    the laptop before anything is sent (engine/syncplan.py) and by the receiver."""
+    return isinstance(rel, str) and rel.split("/", 1)[0].casefold().startswith(RESERVED_DATA_NAMES)
+
 
 class SyncFrame:
     """Frame kinds laptop → host on a sync stream (agent/dataops.py receives them)."""

@@ -33,7 +33,6 @@ from .datafinish import Finish
 from .datapartial import PartialTransfers
 from .datarecords import (
     NOFOLLOW,
-    PACKS,
     READ,
     RESUMABLE,
     WRITING,
@@ -44,8 +43,10 @@ from .datarecords import (
     check_rel,
     inside,
     make_parents,
+    open_packs_dir,
     other_alive,
     pack_path,
+    pack_writer,
     packed_as,
     read_records,
     rehash_ok,
@@ -55,6 +56,7 @@ from .datarecords import (
     stored_as,
 )
 from .datasplit import SplitPieces
+from .protocol import reserved_data_path
 from .writebehind import WriteBehind
 
 #: small files read and decrypted, handed to the write-behind thread together once they
@@ -75,7 +77,22 @@ def use_runtime(path: Optional[str]) -> None:
 
 
 def hello_entries(req: Dict[str, Any]) -> List[Dict[str, Any]]:
-    """The hello's entries: ``columns`` (one list per field, as the laptop sends them:
+    """The hello's entries (see :func:`_hello_entries`); DataError unsafe-path for a path
+    under a name the host keeps for its own files (protocol.RESERVED_DATA_NAMES): stored
+    there, a dataset file would be taken for the host's own, or removed as one."""
+    entries = _hello_entries(req)
+    for entry in entries:
+        if reserved_data_path(entry.get("path")):
+            raise DataError(
+                "dataset path %r: remotemac keeps names starting with .remotemac- or "
+                ".verified.jsonl for its own files on the host" % (entry.get("path"),),
+                "unsafe-path",
+            )
+    return entries
+
+
+def _hello_entries(req: Dict[str, Any]) -> List[Dict[str, Any]]:
+    """The hello's entries as sent: ``columns`` (one list per field, as the laptop sends them:
     much cheaper to encode and parse) or ``entries`` (a list of dicts)."""
     cols = req.get("columns")
     if not cols:
@@ -220,21 +237,40 @@ class Receiver(PartialTransfers, SplitPieces, Finish):
         rewritten or left the slice, or was never recorded: its session was cut),
         unless another receiver that may still record into it runs. Called by
         :meth:`finish` once every stream is done; a pack's space is freed with its
-        last file (re-syncs that change a few files leave the rest of a pack in use)."""
-        folder = os.path.join(self.src, PACKS)
+        last file (re-syncs that change a few files leave the rest of a pack in use).
+
+        Only regular files named as packs are removed, through the folder's own fd
+        (never a link's target). The writers are judged gone first and the record read
+        again after: a writer that recorded a group and ended meanwhile keeps its pack."""
         try:
-            names = os.listdir(folder)
-        except OSError:
+            folder = open_packs_dir(self.src, create=False)
+        except (OSError, DataError):
             return 0
-        used = {rec.get("pack") for rec in live.values()}
-        dropped = 0
-        for name in names:
-            pid = name.partition("-")[0]
-            if name in used or (pid.isdigit() and other_alive(int(pid))):
-                continue
-            unlink_quietly(os.path.join(folder, name))
-            dropped += 1
-        return dropped
+        try:
+            used = {rec.get("pack") for rec in live.values()}
+            dead = []
+            for name in os.listdir(folder):
+                pid = pack_writer(name)
+                if pid is None or name in used or other_alive(pid):
+                    continue  # not a pack (left as it is), in use, or its writer runs
+                dead.append(name)
+            if not dead:
+                return 0
+            self._record_end, lines = read_records(self.src, self._record_end, self.records)
+            self._record_lines += lines
+            named = {rec.get("pack") for rec in self.records.values()}
+            dropped = 0
+            for name in dead:
+                try:
+                    st = os.stat(name, dir_fd=folder, follow_symlinks=False)
+                    if name not in named and stat.S_ISREG(st.st_mode):
+                        os.unlink(name, dir_fd=folder)
+                        dropped += 1
+                except OSError:
+                    continue
+            return dropped
+        finally:
+            os.close(folder)
 
     def _rehash(self, path: str, rec: Dict[str, Any]) -> bool:
         """datarecords.rehash_ok of a public stored copy, counting what it settles."""

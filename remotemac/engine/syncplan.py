@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from remotemac.agent.protocol import JsonObject, Message, SyncFrame
+from remotemac.agent.protocol import JsonObject, Message, SyncFrame, reserved_data_path
 from remotemac.data.manifest import HashCache, check_relpath
 from remotemac.engine import syncsplit
 from remotemac.errors import BadInput
@@ -168,6 +168,11 @@ def stat_all(root: Path, paths: list[str], cache: HashCache | None) -> list[Loca
     out = []
     for rel in sorted(set(paths)):
         check_relpath(rel)
+        if reserved_data_path(rel):  # the host would take it for its own file
+            raise BadInput(
+                f"data file {rel!r}: names starting with .remotemac- or .verified.jsonl are "
+                "kept for remotemac's own files on the host; rename it or leave it out of data.include"
+            )
         full = base + rel
         try:
             st = os.lstat(full)
