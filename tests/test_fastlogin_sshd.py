@@ -136,3 +136,26 @@ async def test_an_agent_key_is_still_queried_before_it_signs(sshd, ssh_env, tmp_
         ]
     finally:
         os.kill(pid, 15)
+
+
+@pytest.mark.asyncio
+async def test_an_rsa_key_signs_with_sha2_when_the_login_follows_the_service_request(
+    fresh_host_lab, ssh_env, tmp_path
+):
+    """The first login request goes before the service is accepted, but only once the
+    host's extension info is read: sshd 8.8+ refuses RSA signed with SHA-1, the
+    algorithm asyncssh falls back on when it has no ``server-sig-algs``."""
+    private = tmp_path / "rsa" / "id_rsa"
+    private.parent.mkdir()
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", "rsa", "-b", "2048", "-N", "", "-f", str(private)],
+        check=True,
+        stdin=subprocess.DEVNULL,
+    )
+    rsa = ClientKey(private=private, public=Path(f"{private}.pub"))
+    with ChattySSHD(tmp_path / "sshd", client_key=rsa) as server:
+        home, cfg, alias = ssh_env(server)
+        async with SSHTransport(alias, home_dir=home, options=SSHOptions(ssh_config=cfg)) as t:
+            assert (await t.exec(["true"])).ok
+        assert requests(server) == ["method publickey", "Accepted"]
+        assert re.search(r"Accepted publickey for \S+ from .* ssh2: RSA SHA256:", server.log())

@@ -311,7 +311,7 @@ async def _connect_hop(
 
 
 class LoginClient(VerifyingClient):
-    """The host-key check of VerifyingClient, and a login two round trips shorter
+    """The host-key check of VerifyingClient, and a login three round trips shorter
     (fastlogin.py), set on the connection before its login starts."""
 
     def connection_made(self, conn: asyncssh.SSHClientConnection) -> None:
