@@ -50,6 +50,14 @@ def requests(server: SSHD) -> list[str]:
     return [f"method {m[1]}" if m[1] else m[2] for m in REQUEST.finditer(server.log())]
 
 
+async def login_requests(server: SSHD, home: Path, cfg: Path, alias: str) -> list[str]:
+    """Log in (a command run to be sure) and return what sshd logged of the login."""
+    before = len(requests(server))
+    async with SSHTransport(alias, home_dir=home, options=SSHOptions(ssh_config=cfg)) as t:
+        assert (await t.exec(["true"])).ok
+    return requests(server)[before:]
+
+
 def config_with_keys(server: SSHD, path: Path, alias: str, keys: list[Path], **kw: object) -> Path:
     """An ssh_config block for ``server`` whose IdentityFile lines are ``keys``, in order."""
     block = server.ssh_config_block(alias, **kw)  # type: ignore[arg-type]
@@ -61,11 +69,8 @@ def config_with_keys(server: SSHD, path: Path, alias: str, keys: list[Path], **k
 @pytest.mark.asyncio
 async def test_a_key_file_logs_in_with_one_signed_request(sshd, ssh_env):
     home, cfg, alias = ssh_env(sshd)
-    before = requests(sshd)
-    async with SSHTransport(alias, home_dir=home, options=SSHOptions(ssh_config=cfg)) as t:
-        assert (await t.exec(["true"])).ok
     # asyncssh's own: method none, method publickey, Postponed, method publickey, Accepted
-    assert requests(sshd)[len(before) :] == ["method publickey", "Accepted"]
+    assert await login_requests(sshd, home, cfg, alias) == ["method publickey", "Accepted"]
 
 
 @pytest.mark.asyncio
@@ -79,10 +84,7 @@ async def test_a_refused_key_is_passed_over_for_the_next(sshd, ssh_env, tmp_path
         [stranger.private, sshd.client_key.private],
         known_hosts=tmp_path / "user_known_hosts",
     )
-    before = requests(sshd)
-    async with SSHTransport("twokeys", home_dir=home, options=SSHOptions(ssh_config=cfg)) as t:
-        assert (await t.exec(["true"])).ok
-    assert requests(sshd)[len(before) :] == [
+    assert await login_requests(sshd, home, cfg, "twokeys") == [
         "method publickey",
         "Failed",
         "method publickey",
@@ -124,11 +126,8 @@ async def test_an_agent_key_is_still_queried_before_it_signs(sshd, ssh_env, tmp_
             env={**os.environ, "SSH_AUTH_SOCK": str(tmp_path / "agent.sock")},
         )
         home, cfg, alias = ssh_env(sshd)
-        before = requests(sshd)
-        async with SSHTransport(alias, home_dir=home, options=SSHOptions(ssh_config=cfg)) as t:
-            assert (await t.exec(["true"])).ok
-        # no "Failed none": the configured method goes first for agent keys too
-        assert requests(sshd)[len(before) :] == [
+        # no "method none": the configured method goes first for agent keys too
+        assert await login_requests(sshd, home, cfg, alias) == [
             "method publickey",
             "Postponed",
             "method publickey",
@@ -155,7 +154,5 @@ async def test_an_rsa_key_signs_with_sha2_when_the_login_follows_the_service_req
     rsa = ClientKey(private=private, public=Path(f"{private}.pub"))
     with ChattySSHD(tmp_path / "sshd", client_key=rsa) as server:
         home, cfg, alias = ssh_env(server)
-        async with SSHTransport(alias, home_dir=home, options=SSHOptions(ssh_config=cfg)) as t:
-            assert (await t.exec(["true"])).ok
-        assert requests(server) == ["method publickey", "Accepted"]
+        assert await login_requests(server, home, cfg, alias) == ["method publickey", "Accepted"]
         assert re.search(r"Accepted publickey for \S+ from .* ssh2: RSA SHA256:", server.log())
