@@ -22,6 +22,7 @@ import asyncssh
 
 from remotemac.errors import AuthError, HostError, HostKeyError, TransientHostError
 from remotemac.transport.coalesce import DirectConnector
+from remotemac.transport.fastlogin import fast_login
 from remotemac.transport.hostkeys import HostKeyPolicy, KeyCheck, VerifyingClient
 from remotemac.transport.ignorepackets import drop_cbc_ignores
 from remotemac.transport.options import (
@@ -256,7 +257,7 @@ async def _connect_hop(
     clients: list[VerifyingClient] = []
 
     def make_client() -> VerifyingClient:
-        clients.append(VerifyingClient(check))
+        clients.append(LoginClient(check))
         return clients[-1]
 
     kwargs["client_factory"] = make_client
@@ -307,6 +308,14 @@ async def _connect_hop(
         raise TransientHostError(
             f"cannot connect to {where}: {reason}", hint="check the network and the host"
         ) from None
+
+
+class LoginClient(VerifyingClient):
+    """The host-key check of VerifyingClient, and a login three round trips shorter
+    (fastlogin.py), set on the connection before its login starts."""
+
+    def connection_made(self, conn: asyncssh.SSHClientConnection) -> None:
+        fast_login(conn)
 
 
 class _Probed(Exception):

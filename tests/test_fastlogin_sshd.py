@@ -1,0 +1,158 @@
+"""The login's requests as a real OpenSSH sshd sees them (transport/fastlogin.py).
+
+sshd at LogLevel DEBUG1 logs every user-auth request it reads (``userauth-request
+for user U service ssh-connection method M``), and at VERBOSE how it answered
+publickey ones: ``Postponed publickey`` for an unsigned query it would take,
+``Failed publickey`` for a key it refuses (query or signed), ``Accepted publickey``
+for the signed login. Each request waits for its answer, one round trip on the link
+each, so these lines count the login's round trips after the key exchange (asyncssh's
+own login: none, query, signed = 3; now 1 for a key file).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from remotemac.errors import AuthError
+from remotemac.transport.options import SSHOptions
+from remotemac.transport.ssh import SSHTransport
+from tests.harness.sshd import SSHD, ClientKey
+
+pytestmark = pytest.mark.timeout(60)
+
+REQUEST = re.compile(
+    r"userauth-request for user \S+ service \S+ method (\S+)"
+    r"|\b(Failed|Postponed|Accepted) publickey for "
+)
+
+
+class ChattySSHD(SSHD):
+    """The lab's sshd, logging each user-auth request (command line beats the config)."""
+
+    def _popen_argv(self) -> list[str]:
+        return [*super()._popen_argv(), "-o", "LogLevel=DEBUG1"]
+
+
+@pytest.fixture
+def sshd(fresh_host_lab, client_key, tmp_path):
+    with ChattySSHD(tmp_path / "sshd", client_key=client_key) as server:
+        yield server
+
+
+def requests(server: SSHD) -> list[str]:
+    """The user-auth requests sshd read ("method M") and its verdicts on publickey
+    ones ("Verdict"), in order."""
+    return [f"method {m[1]}" if m[1] else m[2] for m in REQUEST.finditer(server.log())]
+
+
+async def login_requests(server: SSHD, home: Path, cfg: Path, alias: str) -> list[str]:
+    """Log in (a command run to be sure) and return what sshd logged of the login."""
+    before = len(requests(server))
+    async with SSHTransport(alias, home_dir=home, options=SSHOptions(ssh_config=cfg)) as t:
+        assert (await t.exec(["true"])).ok
+    return requests(server)[before:]
+
+
+def config_with_keys(server: SSHD, path: Path, alias: str, keys: list[Path], **kw: object) -> Path:
+    """An ssh_config block for ``server`` whose IdentityFile lines are ``keys``, in order."""
+    block = server.ssh_config_block(alias, **kw)  # type: ignore[arg-type]
+    ours = f"  IdentityFile {server.client_key.private}\n"
+    path.write_text(block.replace(ours, "".join(f"  IdentityFile {k}\n" for k in keys)))
+    return path
+
+
+@pytest.mark.asyncio
+async def test_a_key_file_logs_in_with_one_signed_request(sshd, ssh_env):
+    home, cfg, alias = ssh_env(sshd)
+    # asyncssh's own: method none, method publickey, Postponed, method publickey, Accepted
+    assert await login_requests(sshd, home, cfg, alias) == ["method publickey", "Accepted"]
+
+
+@pytest.mark.asyncio
+async def test_a_refused_key_is_passed_over_for_the_next(sshd, ssh_env, tmp_path):
+    stranger = ClientKey.generate(tmp_path / "stranger")
+    home, _cfg, _alias = ssh_env(sshd)
+    cfg = config_with_keys(
+        sshd,
+        tmp_path / "two_keys",
+        "twokeys",
+        [stranger.private, sshd.client_key.private],
+        known_hosts=tmp_path / "user_known_hosts",
+    )
+    assert await login_requests(sshd, home, cfg, "twokeys") == [
+        "method publickey",
+        "Failed",
+        "method publickey",
+        "Accepted",
+    ]
+
+
+@pytest.mark.asyncio
+async def test_only_refused_keys_still_end_in_one_clear_line(sshd, ssh_env, tmp_path):
+    strangers = [ClientKey.generate(tmp_path / f"stranger{i}").private for i in range(2)]
+    home, _cfg, _alias = ssh_env(sshd)
+    cfg = config_with_keys(
+        sshd, tmp_path / "strangers", "strangers", strangers, known_hosts=tmp_path / "ukh"
+    )
+    before = requests(sshd)
+    with pytest.raises(AuthError) as err:
+        await SSHTransport("strangers", home_dir=home, options=SSHOptions(ssh_config=cfg)).connect()
+    assert f"authentication failed for {sshd.user}@127.0.0.1:{sshd.port}" in err.value.line()
+    assert "\n" not in err.value.line()
+    assert requests(sshd)[len(before) :] == ["method publickey", "Failed"] * 2
+
+
+@pytest.mark.asyncio
+async def test_an_agent_key_is_still_queried_before_it_signs(sshd, ssh_env, tmp_path, monkeypatch):
+    """A signature from an agent may ask the user (ssh-add -c, a security key): the
+    unsigned query spares that for a key the host would refuse, so agent keys keep it."""
+    agent = subprocess.run(
+        ["ssh-agent", "-s", "-a", str(tmp_path / "agent.sock")],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    pid = int(re.search(r"SSH_AGENT_PID=(\d+)", agent)[1])  # type: ignore[index]
+    try:
+        monkeypatch.setenv("SSH_AUTH_SOCK", str(tmp_path / "agent.sock"))
+        subprocess.run(
+            ["ssh-add", "-q", str(sshd.client_key.private)],
+            check=True,
+            env={**os.environ, "SSH_AUTH_SOCK": str(tmp_path / "agent.sock")},
+        )
+        home, cfg, alias = ssh_env(sshd)
+        # no "method none": the configured method goes first for agent keys too
+        assert await login_requests(sshd, home, cfg, alias) == [
+            "method publickey",
+            "Postponed",
+            "method publickey",
+            "Accepted",
+        ]
+    finally:
+        os.kill(pid, 15)
+
+
+@pytest.mark.asyncio
+async def test_an_rsa_key_signs_with_sha2_when_the_login_follows_the_service_request(
+    fresh_host_lab, ssh_env, tmp_path
+):
+    """The first login request goes before the service is accepted, but only once the
+    host's extension info is read: sshd 8.8+ refuses RSA signed with SHA-1, the
+    algorithm asyncssh falls back on when it has no ``server-sig-algs``."""
+    private = tmp_path / "rsa" / "id_rsa"
+    private.parent.mkdir()
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", "rsa", "-b", "2048", "-N", "", "-f", str(private)],
+        check=True,
+        stdin=subprocess.DEVNULL,
+    )
+    rsa = ClientKey(private=private, public=Path(f"{private}.pub"))
+    with ChattySSHD(tmp_path / "sshd", client_key=rsa) as server:
+        home, cfg, alias = ssh_env(server)
+        assert await login_requests(server, home, cfg, alias) == ["method publickey", "Accepted"]
+        assert re.search(r"Accepted publickey for \S+ from .* ssh2: RSA SHA256:", server.log())
