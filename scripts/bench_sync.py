@@ -55,6 +55,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+#: the checkout whose remotemac is measured (an A/B runs this bench on main's code)
+sys.path.insert(0, os.environ.get("RM_BENCH_CODE") or str(ROOT))
 
 from remotemac.data.manifest import MemoryHashCache  # noqa: E402
 from remotemac.engine.agentclient import AgentClient  # noqa: E402
@@ -446,17 +448,18 @@ async def cold_round(
     if args.versus_streams and versus is None:
         versus = await fixed_sync(bench, data, paths, link, f"{tag}f", args.versus_streams)
     cpu, ends = machine_cpu_s(), bench.ends()
-    t_rsync = bench.copy("rsync", data, link, None)
+    t_rsync = None if args.no_peers else bench.copy("rsync", data, link, None)
     cpu_rsync, ends_rsync = machine_cpu_s() - cpu, ends.stop()
     bench.drop_copy("rsync")
     # scp of thousands of files over a far link waits a round trip per file: stop it
     # once it is clearly the slower tool (its time is then only a lower bound)
     cap = max(args.scp_cap * min(t_rm, t_rsync or t_rm), 20.0)
-    t_scp = None if args.no_scp else bench.copy("scp", data, link, cap)
+    t_scp = None if args.no_scp or args.no_peers else bench.copy("scp", data, link, cap)
     bench.drop_copy("scp")
-    if args.no_scp:
+    if args.no_scp or args.no_peers:
         cap = 0.0
-    faster = min(t for t in (t_scp, t_rsync) if t is not None)
+    # (no peer run: the far link's own time for the bytes stands in for the faster)
+    faster = min((t for t in (t_scp, t_rsync) if t is not None), default=size / args.rate)
     row = {"rm": t_rm, "scp": t_scp, "rsync": t_rsync, "ratio": faster / t_rm}
     row["fixed"] = versus[0] if versus else None
     row.update(cpu_rm=cpu_rm, cpu_rsync=cpu_rsync)
@@ -600,6 +603,11 @@ async def main() -> int:
     )
     parser.add_argument("--no-scp", action="store_true", help="leave scp out (rsync only)")
     parser.add_argument(
+        "--no-peers",
+        action="store_true",
+        help="far link only: run neither scp nor rsync (the ratio is to the link's rate)",
+    )
+    parser.add_argument(
         "--pin", action="store_true", help="laptop side on core 0, sshd and its children on 1"
     )
     parser.add_argument("--changed", type=float, default=0.01, help="re-sync: share changed")
@@ -609,6 +617,8 @@ async def main() -> int:
         help="which figures: cold, resync, resume (comma-separated; all by default)",
     )
     args = parser.parse_args()
+    if args.no_peers and args.links != "far":
+        parser.error("--no-peers is for --links far (its ratio is to the link's rate)")
     links = args.links.split(",")
     parts = set(args.parts.split(","))
     with tempfile.TemporaryDirectory(prefix="rm-bench-sync-", dir=os.environ.get("TMPDIR")) as t:

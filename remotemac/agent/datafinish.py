@@ -8,7 +8,8 @@ that is a job of its own, mixed into :class:`receiver.Receiver`. Python 3.9, std
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, List, Optional
+import time
+from typing import Any, Callable, Dict, Iterable, List, Optional
 
 from .datafiles import HashSink, unlink_quietly
 from .datarecords import (
@@ -34,6 +35,13 @@ from .datarecords import (
 )
 from .datasplit import split_sid
 
+#: the end frame can come while the other streams still store their last files (the
+#: laptop sends it with their end frames, not after their answers): the first channel
+#: looks for their record lines this often, and gives up waiting (its check then says
+#: which are missing) when none has come for this long
+OTHERS_POLL_S = 0.003
+OTHERS_IDLE_S = 30.0
+
 
 class Finish:
     """The final steps of :class:`receiver.Receiver` (see its attributes)."""
@@ -51,7 +59,12 @@ class Finish:
             out.append({"path": entry["path"], "size": size, "sha256": sha})
         return out
 
-    def finish(self, manifest: List[Dict[str, Any]]) -> Dict[str, Any]:
+    def finish(
+        self,
+        manifest: List[Dict[str, Any]],
+        pending: Optional[Iterable[int]] = None,
+        gone: Callable[[], bool] = lambda: False,
+    ) -> Dict[str, Any]:
         """Check every manifest entry before launch; prune what left the slice.
 
         Per unchanged file this costs no syscall: its plaintext (the job reads it: it
@@ -62,6 +75,14 @@ class Finish:
         has grown to twice its live lines. Both trees are walked for debris only when
         another session's WRITING marker says it did not end cleanly (a clean session
         leaves nothing its record does not list).
+
+        ``pending``: entries (indexes) the laptop sent whose acknowledgement had not
+        come when it sent the end frame: the other streams may still be storing them
+        (:meth:`_await_others`; ``gone`` says the laptop closed the channel meanwhile).
+        A line the other streams appended to the record during this session is a file
+        one of them verified, stored and put in place moments ago: it is trusted as
+        this session's own writes are (no second look at either copy), unless the
+        record was rewritten under this session (:meth:`_record_replaced`).
         """
         if self._ram_check is not None:
             self._ram_check.join()
@@ -71,12 +92,29 @@ class Finish:
         if self.recorder is not None:  # this session's last lines (kept for a block)
             self.recorder.flush()
         # with what the other streams verified
-        self._record_end, lines = read_records(self.src, self._record_end, self.records)
-        self._record_lines += lines
-        for entry in manifest:
-            rel = check_rel(entry["path"])
+        fresh = self._await_others(manifest, pending or (), gone)
+        if not self._record_replaced():
+            for rel in fresh:
+                rec = self.records[rel]
+                self._stored_seen.add(rel)
+                if self.encrypted and "plain_mtime_ns" in rec:
+                    self._ram_seen[rel] = rec["plain_mtime_ns"]
+        records, seen, ram_seen = self.records, self._stored_seen, self._ram_seen
+        encrypted, entries = self.encrypted, self.entries
+        for i, entry in enumerate(manifest):
+            path = entry["path"]
+            # (the hello's own paths were checked when it was read)
+            rel = path if i < len(entries) and path is entries[i]["path"] else check_rel(path)
             wanted[rel] = entry
-            rec = self.records.get(rel)
+            rec = records.get(rel)
+            if (
+                rec is not None
+                and rel in seen
+                and (not encrypted or ram_seen.get(rel, -1) == rec.get("plain_mtime_ns"))
+            ):  # both copies seen or written this session: only the version to compare
+                if rec["sha256"] != entry["sha256"] or rec["size"] != entry["size"]:
+                    mismatches.append({"path": rel, "why": "the host holds another version"})
+                continue
             was = rec and rec.get("recorded_ns")  # a hash below may settle it
             if rec is None or (
                 rel not in self._stored_seen and not stored_ok(self.src, rec, self.encrypted)
@@ -110,7 +148,11 @@ class Finish:
         live = {p: r for p, r in self.records.items() if p in wanted}
         if self.encrypted:  # packs none of the slice's records names (receiver.py)
             self.drop_dead_packs(live)
-        if (
+        # Not after waiting for the other streams' lines: a receiver of a cut attempt
+        # (the link blackholed, so no close reached it) can get here on lines the next
+        # attempt's receivers wrote, while they go on appending to the record; a rewrite
+        # now would drop their later lines. The next session without pending files does it.
+        if not pending and (
             redecrypted
             or self._resettled
             or len(live) < len(self.records)
@@ -127,6 +169,66 @@ class Finish:
             "redecrypted": redecrypted,
             "pruned": pruned,
         }
+
+    def _read_fresh(self, fresh: set) -> int:
+        """Add the record lines appended since the last read to ``records`` and their
+        paths to ``fresh``; how many lines there were."""
+        new: Dict[str, Dict[str, Any]] = {}
+        self._record_end, lines = read_records(self.src, self._record_end, new)
+        self._record_lines += lines
+        self.records.update(new)
+        fresh.update(new)
+        return lines
+
+    def _await_others(
+        self, manifest: List[Dict[str, Any]], pending: Iterable[int], gone: Callable[[], bool]
+    ) -> set:
+        """Read what the other streams recorded during this session (the paths), first
+        waiting until each ``pending`` entry has a line of this session's as the
+        manifest describes it.
+
+        Why wait here: the laptop sends the end frame together with the other streams'
+        end frames once it has written its last file (engine/synctalk.py), instead of
+        after their answers: a round trip less, and this check overlaps their last
+        groups. A line only from before this session (the host held another copy, or
+        this one until a look at it failed) does not count. The laptop closing the
+        channel meanwhile (a stream failed, or a cut) ends the session here as a cut
+        does (EOFError); when no line has come for OTHERS_IDLE_S, the check below says
+        what is missing.
+        """
+        fresh: set = set()
+        waiting = {}
+        for index in pending:
+            if isinstance(index, int) and 0 <= index < len(manifest):
+                entry = manifest[index]
+                waiting[check_rel(entry["path"])] = entry
+        last = time.monotonic()
+        while True:
+            if self._read_fresh(fresh):
+                last = time.monotonic()
+            for rel in [rel for rel in waiting if rel in fresh]:
+                rec, entry = self.records[rel], waiting[rel]
+                if (rec.get("sha256"), rec.get("size")) == (entry["sha256"], entry["size"]):
+                    del waiting[rel]
+            if not waiting or self._record_replaced():
+                return fresh
+            if gone():
+                raise EOFError("the laptop left while the other streams stored their last files")
+            if time.monotonic() - last > OTHERS_IDLE_S:
+                return fresh
+            time.sleep(OTHERS_POLL_S)
+
+    def _record_replaced(self) -> bool:
+        """Whether the record this session appends to is no longer the one at its path
+        (another session's compaction rewrote it): the lines read past this session's
+        offset are then not all new, and none is trusted as such."""
+        fd = getattr(self.recorder, "_fd", None)
+        try:
+            mine = os.fstat(fd) if isinstance(fd, int) else None
+            now = os.lstat(os.path.join(self.src, RECORD))
+        except OSError:
+            return True
+        return mine is None or (mine.st_dev, mine.st_ino) != (now.st_dev, now.st_ino)
 
     def _redecrypt(self, rec: Dict[str, Any]) -> Optional[str]:
         """RAM lost the plaintext (reboot, workload edit): decrypt the stored copy again."""
@@ -162,9 +264,12 @@ class Finish:
         nothing in the data dirs that its record does not list.
         """
         pruned = 0
+        left = [rel for rel in self.records if rel not in wanted]
+        if not left:  # (a cold push: every record is wanted)
+            return 0
         keys = {name_key(rel) for rel in wanted}
-        for rel in self.records:
-            if rel in wanted or name_key(rel) in keys:
+        for rel in left:
+            if name_key(rel) in keys:
                 continue
             paths = [inside(self.src, rel) + (".rmenc" if self.encrypted else "")]
             if self.encrypted:

@@ -44,12 +44,15 @@ the hello is on its way):
    pipe and are read once the answer is out, like any other;
    A file too large for one channel's window comes as pieces over several streams
    (see ``S``/``J`` below and :meth:`Receiver.receive_piece`);
-5. a worker gets ``b"D" 0 0`` and answers ``{"ok": true, "result": {"received"}}``;
-   the first channel, once every worker is done, ``b"E" 0:u32 length:u64`` + the
-   final manifest as JSON (``{"changed": [[index, size, sha256], ...]}``, the entries
-   whose size or hash differ from the hello's, or a whole list): the host checks every
-   entry against its record
-   (re-decrypting from the stored ciphertext what is missing from RAM, e.g. after a
+5. a worker gets ``b"D" 0 0`` right behind its last file and answers ``{"ok": true,
+   "result": {"received"}}``; the first channel, once every stream has sent its last
+   file (once every worker is done when a split file's pieces are still on their
+   way), ``b"E" 0:u32 length:u64`` + the final manifest as JSON (``{"changed":
+   [[index, size, sha256], ...]}``, the entries whose size or hash differ from the
+   hello's, and ``"pending"``: the files sent whose acknowledgement the laptop did
+   not have yet; or a whole list): the host first waits until the other streams have
+   recorded the pending files (datafinish.py), then checks every entry against its
+   record (re-decrypting from the stored ciphertext what is missing from RAM, e.g. after a
    reboot), removes files that left the slice (those its record lists; after a cut
    session, any file the manifest does not list) and kept cut transfers, and answers
    ``{"ok": true, "result": {...}}``.
@@ -249,7 +252,10 @@ def _frames(stdin: BinaryIO, receiver: Receiver, behind: WriteBehind, lines: Lin
             final = json.loads(read_exact(stdin, length).decode("utf-8"))
             behind.drain()
             manifest = receiver.final_manifest(final)
-            lines.say({"ok": True, "result": receiver.finish(manifest)})
+            pending = final.get("pending") if isinstance(final, dict) else None
+            # (nothing follows the end frame: input now means the laptop closed the channel)
+            result = receiver.finish(manifest, pending, functools.partial(_waiting, stdin))
+            lines.say({"ok": True, "result": result})
             return 0
         else:
             raise DataError("unknown frame %r" % kind)

@@ -95,6 +95,12 @@ class SplitFiles:
         self.hints.clear()
         self._waiting, self._unhinted = {}, {}
 
+    def all_in(self) -> bool:
+        """Whether the host has stored every piece of this attempt's split files (each
+        piece's line came back): the join frames may go without waiting for the
+        workers' answers."""
+        return not any(self._waiting.values())
+
     def piece_in(self, index: int, first: int) -> None:
         """The host stored and opened piece ``first`` of split file ``index`` (its
         ``{"piece"}`` line): after HINT_BYTES more of that file, or its last piece, a

@@ -68,6 +68,8 @@ CLOSE_UNUSED_S = 5.0
 HINT_PUMP_S = 0.02
 #: how long a push that took none of its early workers waits for their opening, to end them
 EARLY_CLOSE_WAIT_S = 10.0
+#: jobs this small are sent in the slice's order, after the larger ones (see _open_streams)
+TAIL_BYTES = 512 << 10
 #: endings started from a done callback: held here so none is collected before it ran
 _ENDING: set[asyncio.Future[None]] = set()
 
@@ -191,7 +193,7 @@ class Session:
 
     The first channel says what the host holds and finishes the sync; when one
     channel's window cannot fill the link (long round trip), more are opened and
-    every channel takes the next file from one shared queue (largest first).
+    every channel takes the next file from one shared queue (the large first).
     """
 
     def __init__(
@@ -420,8 +422,12 @@ class Session:
         self.stats.mark("workers")
         rest = await self._split(rest, cap)
         self.stats.mark("split")
-        if cap > 1:  # largest first, so no channel is left with a big file at the end
-            rest.sort(key=lambda j: -self._job_bytes(j))
+        if cap > 1:
+            # the large first, so no channel is left with one at the end; those below
+            # TAIL_BYTES after them as they come (stable): sorted too, the push ended
+            # on hundreds of the very smallest, the host's per-file work after the
+            # link's last byte
+            rest.sort(key=lambda j: -max(self._job_bytes(j), TAIL_BYTES))
         return rest
 
     async def _stream(
@@ -481,8 +487,8 @@ class Session:
                     late = None
                     if tuner is not None and len(self._live(lanes)) < tuner.level:
                         tuner.refused(len(self._live(lanes)))
-                for lane in lanes:  # retired and its last file written: end it
-                    if lane.retired and lane.ended is None and lane.sender.done():
+                for lane in lanes[1:]:  # its last file written (or retired): end it now
+                    if lane.ended is None and _sent_all(lane):
                         lane.ended = asyncio.ensure_future(self._end_lane(lane))
                         ending.append(lane.ended)
                 waiting: list[asyncio.Future[Any]] = [
@@ -508,23 +514,34 @@ class Session:
             self._record_steps(tuner)
             self.stats.mark("streams")
             self.stats.stream_s = round(time.monotonic() - began, 3)
-            sent = [lane.sender.result() for lane in lanes if lane.ended is None]
             self.emit(PhaseProgress(self.run_id, phase="sync", done=self._done, total=todo_bytes))
-            active = [lane for lane in lanes if lane.ended is None]
-            for lane, ok in zip(active[1:], sent[1:], strict=True):
-                if ok:
-                    with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-                        await lane.proc.write(pack_frame("D", 0, 0))
-            await _all([self._final(lane.reader, lane.queue) for lane in active[1:]])
-            await _all(list(ending))
-            self.stats.mark("workers done")
-            pump.cancel()
-            with contextlib.suppress(BaseException):
-                await pump
-            if ahead_ok and all(sent):
+            # (every other stream has its end frame now; one that failed raises below)
+            whole = ahead_ok and all(lane.sender.result() for lane in lanes)
+            main = lanes[0]
+            if whole and self._split_files.all_in():
+                # nothing is on its way but files: the end frame goes now, right behind
+                # the workers' D frames, and the host waits there for their last files'
+                # record lines (agent/datafinish.py), rather than the laptop waiting for
+                # their answers and then sending it (a round trip, and the host's check
+                # after their last groups instead of with them)
+                await self._stop_hints(pump, main)
                 await self._finish(procs[0], hello)
                 self.stats.mark("end sent")
-            final = await self._final(lanes[0].reader, lanes[0].queue)
+
+                async def workers() -> None:
+                    await _all(list(ending))
+                    self.stats.mark("workers done")
+
+                final, _ = await _all([self._final(main.reader, main.queue), workers()])
+                self.stats.mark("final")
+                return final  # type: ignore[no-any-return]
+            await _all(list(ending))
+            self.stats.mark("workers done")
+            await self._stop_hints(pump, main)
+            if whole:
+                await self._finish(procs[0], hello)
+                self.stats.mark("end sent")
+            final = await self._final(main.reader, main.queue)
             self.stats.mark("final")
             return final
         finally:
@@ -544,6 +561,17 @@ class Session:
             for task in pending:
                 with contextlib.suppress(BaseException):
                     await task
+
+    async def _stop_hints(self, pump: asyncio.Future[None], main: _Lane) -> None:
+        """Stop the hint pump and send the hints it had not sent yet (the host hashes
+        them before the join frames that follow)."""
+        pump.cancel()
+        with contextlib.suppress(BaseException):
+            await pump
+        hints = self._split_files.hints
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            while hints and main.sender.result():
+                await main.proc.write(hints.popleft())
 
     async def _pump_hints(self, main: _Lane) -> None:
         """Once the first stream has sent its last file, the hints (syncsplitfiles.py)
@@ -625,7 +653,9 @@ class Session:
         return out
 
     async def _end_lane(self, lane: _Lane) -> None:
-        """A retired stream: its end frame, its receiver's last acks and answer, closed."""
+        """A stream that sent its last file (or was retired): its end frame right
+        behind that file (the receiver stores its last group on it), its receiver's
+        last acks and answer, closed."""
         if lane.sender.result():
             with contextlib.suppress(BrokenPipeError, ConnectionResetError):
                 await lane.proc.write(pack_frame("D", 0, 0))
@@ -655,7 +685,10 @@ class Session:
                     [i, f.size, f.sha256]
                     for i, f in enumerate(self.files)
                     if (f.size, f.sha256) != (hello.sizes[i], hello.sha256s[i])
-                ]
+                ],
+                # sent, not yet acknowledged: the host waits for them (another stream
+                # may still be storing them)
+                "pending": sorted(self._unacked),
             }
         ).encode()
         with contextlib.suppress(BrokenPipeError, ConnectionResetError):
@@ -1101,6 +1134,13 @@ def _delivered(lanes: list[_Lane], stats: SyncStats) -> int:
     if any(n is None for n in taken):
         return stats.sent_bytes
     return sum(n for n in taken if n is not None)
+
+
+def _sent_all(lane: _Lane) -> bool:
+    """Whether the stream's sender has ended (its last file written, or it stopped
+    taking files) without raising: its end frame may go."""
+    sender = lane.sender
+    return sender.done() and not sender.cancelled() and sender.exception() is None
 
 
 async def _close_all(procs: list[RemoteProcess]) -> None:
