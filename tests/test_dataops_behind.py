@@ -388,6 +388,36 @@ def test_a_slice_path_under_a_name_the_host_keeps_is_refused_on_both_ends(dataop
     )
 
 
+def _with_pending(stream: bytes, pending: list[int]) -> bytes:
+    """``stream`` with its end frame naming ``pending`` (files sent, not yet acked)."""
+    from remotemac.engine.syncpieces import pack_frame
+
+    at = stream.rindex(b'{"changed"')
+    final = json.loads(stream[at:])
+    body = json.dumps(dict(final, pending=pending)).encode()
+    return stream[: at - 13] + pack_frame("E", 0, len(body)) + body
+
+
+def test_a_finish_that_waited_for_pending_files_does_not_rewrite_the_record(dataops, tmp_path):
+    """A file left the slice, so the record would be compacted. A finish that waited
+    for pending files' lines (as a cut attempt's receiver can, on the next attempt's
+    lines, while that attempt goes on appending) leaves the record as it is; the next
+    finish without pending files compacts it."""
+    root = tmp_path / "data"
+    paths = _slice(root, {"a.bin": 5000, "b.bin": 6000})
+    key = os.urandom(32)
+    assert _run(dataops, _stream(root, paths, key))[0] == 0
+    record = tmp_path / "run" / "data" / datarecords.RECORD
+    (root / "b.bin").unlink()
+    (root / "a.bin").write_bytes(os.urandom(5000))  # sent again: its line is pending
+    code, lines = _run(dataops, _with_pending(_stream(root, ["a.bin"], key), [0]))
+    assert code == 0 and lines[-1]["result"]["mismatches"] == [], lines
+    assert '"b.bin"' in record.read_text()  # not rewritten
+    code, lines = _run(dataops, _resync_stream(root, ["a.bin"], key))
+    assert code == 0 and lines[-1]["result"]["mismatches"] == [], lines
+    assert '"b.bin"' not in record.read_text()  # compacted
+
+
 class _AckWatch(io.BytesIO):
     """The receiver's stdout: at every acks line, which acked files the record on disk
     did not hold yet (it must hold every one: the laptop trusts an ack)."""
