@@ -156,3 +156,26 @@ async def test_an_rsa_key_signs_with_sha2_when_the_login_follows_the_service_req
         home, cfg, alias = ssh_env(server)
         assert await login_requests(server, home, cfg, alias) == ["method publickey", "Accepted"]
         assert re.search(r"Accepted publickey for \S+ from .* ssh2: RSA SHA256:", server.log())
+
+
+@pytest.mark.asyncio
+async def test_the_login_starts_before_the_service_is_accepted(sshd, ssh_env, caplog):
+    """Against an OpenSSH host, the first login request follows the service request at
+    once (after the host's extension info), not after its acceptance: asyncssh's own
+    debug log says "Trying public key auth" before "Request for service ... accepted".
+    (A review found the other tests pass with this part switched off.)"""
+    import logging
+
+    import asyncssh
+
+    asyncssh.set_debug_level(2)
+    caplog.set_level(logging.DEBUG, logger="asyncssh")
+    try:
+        home, cfg, alias = ssh_env(sshd)
+        assert await login_requests(sshd, home, cfg, alias) == ["method publickey", "Accepted"]
+    finally:
+        asyncssh.set_debug_level(1)
+    msgs = [r.getMessage() for r in caplog.records]
+    tried = next(i for i, m in enumerate(msgs) if "Trying public key auth" in m)
+    accepted = next(i for i, m in enumerate(msgs) if "service" in m.lower() and "accepted" in m)
+    assert tried < accepted, msgs[: accepted + 3]
