@@ -4,7 +4,10 @@ chained IV, kept under CBC (transport/ignorepackets.py).
 Both tests push 8 MiB through an exec channel of a real OpenSSH sshd (the project's
 connection path, SSHTransport) and count the packets that reach asyncssh's own
 ``send_packet`` by type; the second one makes sshd and the laptop agree on
-aes128-cbc, the one case where the IGNORE packet is a countermeasure.
+aes128-cbc, the one case where the IGNORE packet is a countermeasure. Channel data
+under AES-GCM normally goes by transport/fastdata.py's short path, which never sends
+an IGNORE; here it is switched off so that every packet takes asyncssh's path, the
+one this module's rule is for (its own tests: test_fastdata_sshd.py).
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ async def _push(
         real(self, pkttype, *args, handler=handler)
 
     monkeypatch.setattr(asyncssh.connection.SSHConnection, "send_packet", counting)
+    monkeypatch.setattr(sshconnect, "send_data_directly", lambda conn: False)
     async with SSHTransport(alias, home_dir=home, options=SSHOptions(ssh_config=cfg)) as t:
         proc = await t.open_process(["sha256sum"])
         counts.clear()

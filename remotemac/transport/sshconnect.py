@@ -22,6 +22,7 @@ import asyncssh
 
 from remotemac.errors import AuthError, HostError, HostKeyError, TransientHostError
 from remotemac.transport.coalesce import DirectConnector
+from remotemac.transport.fastdata import receive_data_directly, send_data_directly
 from remotemac.transport.fastlogin import fast_login
 from remotemac.transport.hostkeys import HostKeyPolicy, KeyCheck, VerifyingClient
 from remotemac.transport.ignorepackets import drop_cbc_ignores
@@ -264,6 +265,8 @@ async def _connect_hop(
     try:
         conn = await asyncssh.connect(**kwargs)
         drop_cbc_ignores(conn)  # half the packets of a push (see ignorepackets.py)
+        send_data_directly(conn)  # fewer copies per data packet (see fastdata.py)
+        receive_data_directly(conn)
         _CLIENTS[conn] = clients[-1]
         return conn
     except asyncssh.HostKeyNotVerifiable as exc:

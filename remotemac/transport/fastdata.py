@@ -1,0 +1,275 @@
+"""Channel data sealed or opened in one step under AES-GCM: fewer copies per SSH packet.
+
+Why: a push is tens of thousands of SSH packets (sshd takes at most 32 KiB of channel
+data per packet: 32,768 per GiB), and on the laptop each went through asyncssh's
+general ``send_packet``: the payload joined, padded by two concatenations, sealed by a
+new ``AESGCM`` object (its key schedule set up again for every packet), the sealed
+bytes split from their tag and joined again with the length and then with the tag:
+six copies of the payload past the channel's own, with their Python around them. On
+loopback that path was the laptop's largest cost above OpenSSH's C client (1.4–1.55 s
+per GiB against its 0.9 s, docs/figures.md "The floor for one large file"). Here a
+``SSH_MSG_CHANNEL_DATA`` packet is built with one join and sealed with one call of an
+``AESGCM`` kept per key, and the length and the sealed bytes go to the transport as
+they are: the bytes on the wire are the same as asyncssh's (RFC 5647 as OpenSSH does
+it: the length in clear as associated data, a fresh random padding of 4–19 bytes).
+
+It plugs in per connection like :mod:`ignorepackets` (asyncssh's code is untouched)
+and takes a packet only when asyncssh itself would send it straight away with nothing
+else to do: key exchange and authentication complete, no re-key due, no compression,
+an ``aes*-gcm@openssh.com`` cipher object of the shape this module knows. Anything
+else (a re-key starting, which asyncssh's own call sends first, another cipher, an
+asyncssh whose internals differ) goes through asyncssh's path as before, so the
+sequence numbers, the invocation counter and the re-key byte count stay asyncssh's.
+
+Receiving is the same in reverse. asyncssh appends every read to a ``bytes`` buffer,
+slices the header and then the rest off it (copying what follows each time), joins
+the parts again to open them, slices the payload out and then the string out of that:
+a pull on loopback cost the laptop 1.5x OpenSSH's client. Here whole packets are
+opened straight from one ``bytearray`` (the GCM tag checked by the same call that
+decrypts: a packet that fails it is never handed on; asyncssh's path is given it to
+fail it) and a channel data packet goes to its channel as the payload asyncssh's own
+reader would make of it. Every other packet (key exchange, window adjusts, replies)
+and everything after it in that read goes to asyncssh as it came; the short path
+takes over again at the next read where asyncssh stands at a packet's start or
+inside one whose first block it holds as it came (GCM sends the length in clear).
+Measured: ``scripts/bench_packets.py``, docs/figures.md "The SSH packet path".
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import asyncssh
+
+MSG_CHANNEL_DATA = 94
+#: GCM in SSH (RFC 5647 section 7.2): the padded part is a multiple of 16 bytes
+GCM_BLOCK = 16
+GCM_TAG = 16
+#: what asyncssh's connection must have for this path to stand in for its own
+_NEEDS = (
+    "_send_encryption",
+    "_send_seq",
+    "_rekey_bytes",
+    "_rekey_bytes_sent",
+    "_rekey_seconds",
+    "_rekey_time",
+    "_kex_complete",
+    "_auth_complete",
+    "_compressor",
+    "_transport",
+)
+
+#: and for receiving
+_RECV_NEEDS = (
+    "_recv_encryption",
+    "_recv_seq",
+    "_recv_handler",
+    "_recv_pkthdr",
+    "_recv_packet",
+    "_packet",
+    "_inpbuf",
+    "_decompressor",
+    "_max_recv_pktlen",
+    "_channels",
+    "_auth_final",
+    "_kex_complete",
+    "_auth_complete",
+    "_transport",
+    "_reset_keepalive_timer",
+    "_send_disconnect",
+    "_force_close",
+    "internal_error",
+)
+
+
+def _packet_shape_known() -> bool:
+    """asyncssh's packet reader keeps its place in ``_idx`` and its end in ``_len``."""
+    packet = asyncssh.packet.SSHPacket(b"\x00\x00\x00\x01x")
+    if not (hasattr(packet, "_idx") and hasattr(packet, "_len")):
+        return False
+    packet._len = 4
+    return packet.get_uint32() == 1 and not packet
+
+
+def _gcm_cipher(conn: Any, which: str = "_send_encryption") -> Any:
+    """asyncssh's GCM cipher object for one direction, or None when its shape is not known."""
+    encryption = getattr(conn, which)
+    cipher = getattr(encryption, "_cipher", None)
+    if type(encryption).__name__ != "GCMEncryption" or cipher is None:
+        return None
+    if not all(hasattr(cipher, a) for a in ("_key", "_iv", "_update_iv")):
+        return None
+    return cipher
+
+
+def send_data_directly(conn: asyncssh.SSHClientConnection) -> bool:
+    """Send ``conn``'s channel data packets through the short path while it applies;
+    False (nothing changed) when this asyncssh does not have the internals it relies on."""
+    if not all(hasattr(conn, a) for a in _NEEDS):
+        return False
+    try:
+        from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+    except ImportError:  # pragma: no cover - asyncssh requires cryptography
+        return False
+    original = conn.send_packet
+    sealer: list[Any] = [None, None]  # (key, AESGCM for it): set up again only on a re-key
+
+    def direct(args: tuple[bytes, ...], handler: Any) -> bool:
+        c: Any = conn
+        if not (c._kex_complete and c._auth_complete) or c._compressor is not None:
+            return False
+        if c._rekey_bytes_sent >= c._rekey_bytes or (
+            c._rekey_seconds and time.monotonic() >= c._rekey_time
+        ):
+            return False  # asyncssh's own call starts the re-key first
+        cipher = _gcm_cipher(c)
+        transport = c._transport
+        if cipher is None or transport is None:
+            return False
+        key = cipher._key
+        if sealer[0] is not key:
+            sealer[0], sealer[1] = key, AESGCM(key)
+        size = 1 + sum(len(a) for a in args)  # the message type, then its fields
+        pad = -(1 + size) % GCM_BLOCK
+        if pad < 4:
+            pad += GCM_BLOCK
+        length = (1 + size + pad).to_bytes(4, "big")
+        plain = b"".join((bytes((pad, MSG_CHANNEL_DATA)), *args, os.urandom(pad)))
+        sealed = sealer[1].encrypt(cipher._iv, plain, length)
+        cipher._update_iv()
+        try:
+            transport.write(length)
+            transport.write(sealed)
+        except ConnectionError:  # as asyncssh's _send: the loss is reported by the transport
+            pass
+        seq = c._send_seq
+        c._send_seq = (seq + 1) & 0xFFFFFFFF
+        c._rekey_bytes_sent += 1 + size + pad
+        logger = handler or c  # as asyncssh's: the channel logs its own packets
+        if getattr(logger.logger, "_debug_level", 3) >= 3:  # asyncssh's packet log is on
+            logger.log_sent_packet(MSG_CHANNEL_DATA, seq, plain[1 : 1 + size])
+        return True
+
+    def send_packet(pkttype: int, *args: bytes, **kwargs: Any) -> None:
+        # (asyncssh's channels pass only ``handler``; anything more goes the long way)
+        if (
+            pkttype == MSG_CHANNEL_DATA
+            and kwargs.keys() <= {"handler"}
+            and direct(args, kwargs.get("handler"))
+        ):
+            return
+        original(pkttype, *args, **kwargs)
+
+    conn.send_packet = send_packet  # type: ignore[method-assign]
+    return True
+
+
+def receive_data_directly(conn: asyncssh.SSHClientConnection) -> bool:
+    """Open and hand on ``conn``'s incoming channel data packets through the short path
+    while it applies; False (nothing changed) when this asyncssh lacks what it uses."""
+    if not all(hasattr(conn, a) for a in _RECV_NEEDS) or not _packet_shape_known():
+        return False
+    from cryptography.exceptions import InvalidTag
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+    original = conn.data_received
+    held = bytearray()  # the bytes past the last whole packet, while the path applies
+    opener: list[Any] = [None, None]
+
+    def ours(c: Any) -> Any:
+        """The GCM cipher when asyncssh can hand its place over: between packets, or
+        inside one whose first block it holds as it came (GCM leaves the length in
+        clear, so that block is the wire's bytes); else None."""
+        if c._decompressor is not None or not (c._kex_complete and c._auth_complete):
+            return None
+        if c._transport is None:
+            return None
+        if c._recv_handler != c._recv_pkthdr and c._recv_handler != c._recv_packet:
+            return None  # (a packet being processed by a task: asyncssh holds the rest)
+        return _gcm_cipher(c, "_recv_encryption")
+
+    def adopt(c: Any) -> None:
+        """Take what asyncssh holds of the packet it is reading, and its place."""
+        if c._recv_handler == c._recv_packet:
+            held[:0] = c._packet + c._inpbuf
+        elif c._inpbuf:
+            held[:0] = c._inpbuf
+        c._packet, c._inpbuf, c._recv_handler = b"", b"", c._recv_pkthdr
+
+    def take(c: Any, cipher: Any, view: memoryview, pos: int, end: int) -> bool:
+        """Open the packet in ``view[pos:end]`` and give its data to its channel; False
+        (nothing done) when it is anything else, for asyncssh's path to take."""
+        key = cipher._key
+        if opener[0] is not key:
+            opener[0], opener[1] = key, AESGCM(key)
+        try:
+            plain = opener[1].decrypt(cipher._iv, view[pos + 4 : end], view[pos : pos + 4])
+        except InvalidTag:
+            return False  # asyncssh opens it again and says so (MACError)
+        pad = plain[0]
+        channel = c._channels.get(int.from_bytes(plain[2:6], "big"))
+        if plain[1] != MSG_CHANNEL_DATA or channel is None or len(plain) < pad + 6:
+            return False
+        cipher._update_iv()
+        seq = c._recv_seq
+        c._recv_seq = (seq + 1) & 0xFFFFFFFF
+        c._auth_final = True
+        packet = asyncssh.packet.SSHPacket(plain)
+        packet._idx, packet._len = 6, len(plain) - pad  # past the type and the channel
+        if getattr(channel.logger, "_debug_level", 3) >= 3:  # asyncssh's packet log is on
+            channel.log_received_packet(MSG_CHANNEL_DATA, seq, plain[1 : len(plain) - pad])
+        try:
+            channel.process_packet(MSG_CHANNEL_DATA, seq, packet)
+        except asyncssh.packet.PacketDecodeError as exc:
+            raise asyncssh.ProtocolError(str(exc)) from None
+        return True
+
+    def data_received(data: bytes, datatype: Any = None) -> None:
+        c: Any = conn
+        cipher = ours(c)
+        if cipher is None:
+            if held:  # (the link is closing: asyncssh gets what was held first)
+                data, held[:] = bytes(held) + data, b""
+            original(data)
+            return
+        adopt(c)
+        held.extend(data)
+        c._reset_keepalive_timer()
+        pos, whole = 0, True
+        try:
+            with memoryview(held) as view:
+                while len(held) - pos >= 4:
+                    size = int.from_bytes(view[pos : pos + 4], "big")
+                    end = pos + 4 + size + GCM_TAG
+                    if size > c._max_recv_pktlen:
+                        break  # asyncssh refuses it (max packet size exceeded)
+                    if end > len(held):
+                        whole = False
+                        break
+                    if not take(c, cipher, view, pos, end):
+                        break
+                    pos = end
+                    if ours(c) is not cipher:
+                        break
+                else:
+                    whole = False
+        except asyncssh.DisconnectError as exc:  # as asyncssh's _recv_data
+            held[:] = b""
+            c._send_disconnect(exc.code, exc.reason, exc.lang)
+            c._force_close(exc)
+            return
+        except Exception:
+            held[:] = b""
+            c.internal_error()
+            return
+        del held[:pos]
+        if held and not whole and ours(c) is cipher:
+            return  # the beginning of a packet: kept for the bytes still to come
+        rest, held[:] = bytes(held), b""
+        if rest:
+            original(rest)
+
+    conn.data_received = data_received  # type: ignore[method-assign]
+    return True
