@@ -260,6 +260,35 @@ def test_a_hard_link_planted_at_a_part_name_is_never_written_through(dataops, tm
     assert (tmp_path / "ram" / "d" / "f.bin").read_bytes() == (root / "d" / "f.bin").read_bytes()
 
 
+def test_a_wanted_file_named_like_a_part_file_keeps_its_plaintext(dataops, tmp_path):
+    """After a cut session finish walks the RAM store and the stored copies for debris:
+    it removed any name holding ``.part-<digits>`` of a dead pid, so the decrypted copy
+    of a slice file named ``weights.part-<n>`` (or ``.cache.part-<n>``) went, and the
+    job found it missing. Now only a name the slice does not want, in the exact form
+    the receiver writes there (``.<name>.part-<pid>`` in RAM), is debris."""
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    dead = proc.pid
+    root = tmp_path / "data"
+    paths = _slice(root, {f"d/weights.part-{dead}": 5000, f".cache.part-{dead}": 300})
+    key = os.urandom(32)
+    code, lines = _run(dataops, _stream(root, paths, key))
+    assert code == 0 and lines[-1]["result"]["mismatches"] == [], lines
+    ram, src = tmp_path / "ram", tmp_path / "run" / "data"
+    (src / (datarecords.WRITING + str(dead))).touch()  # a session cut, since dead
+    debris = ram / "d" / f".f.bin.part-{dead}"
+    debris.write_bytes(b"half")
+    code, lines = _run(dataops, _resync_stream(root, paths, key))
+    assert code == 0 and lines[-1]["result"]["mismatches"] == [], lines
+    for rel in paths:
+        assert (ram / rel).read_bytes() == (root / rel).read_bytes()
+    assert not debris.exists()  # real debris of the dead session still goes
+    assert not (src / (datarecords.WRITING + str(dead))).exists()
+
+
 def test_a_link_planted_at_the_packs_folder_is_refused(dataops, tmp_path):
     """Small files' ciphertext goes into packs under ``<src>/.remotemac-packs/`` (a name
     anyone can read in the code): a symlink planted there to a folder outside

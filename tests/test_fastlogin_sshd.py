@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -56,6 +57,15 @@ async def login_requests(server: SSHD, home: Path, cfg: Path, alias: str) -> lis
     async with SSHTransport(alias, home_dir=home, options=SSHOptions(ssh_config=cfg)) as t:
         assert (await t.exec(["true"])).ok
     return requests(server)[before:]
+
+
+def wait_for_log(server: SSHD, text: str) -> None:
+    """Wait until sshd has logged ``text`` (it logs a login's end as it closes: the line
+    may trail the client's error)."""
+    deadline = time.monotonic() + 5
+    while text not in server.log():
+        assert time.monotonic() < deadline, server.log()[-2000:]
+        time.sleep(0.05)
 
 
 def config_with_keys(server: SSHD, path: Path, alias: str, keys: list[Path], **kw: object) -> Path:
@@ -105,6 +115,83 @@ async def test_only_refused_keys_still_end_in_one_clear_line(sshd, ssh_env, tmp_
     assert f"authentication failed for {sshd.user}@127.0.0.1:{sshd.port}" in err.value.line()
     assert "\n" not in err.value.line()
     assert requests(sshd)[len(before) :] == ["method publickey", "Failed"] * 2
+
+
+@pytest.mark.asyncio
+async def test_a_host_at_its_max_auth_tries_is_an_auth_error_not_a_link_error(
+    fresh_host_lab, client_key, ssh_env, tmp_path
+):
+    """sshd with ``MaxAuthTries 1`` and a wrong key offered first ends the login with
+    a disconnect ("Too many authentication failures", a protocol-error code), which
+    came out as a transient link error ("retry"), one a reconnect kept retrying until
+    its deadline. It is an AuthError now, in one line saying which setting to fix; with
+    the host's key offered first, the same host logs in."""
+    stranger = ClientKey.generate(tmp_path / "stranger").private
+    with ChattySSHD(
+        tmp_path / "sshd", client_key=client_key, extra_config=["MaxAuthTries 1"]
+    ) as server:
+        home, _cfg, _alias = ssh_env(server)
+        cfg = config_with_keys(
+            server,
+            tmp_path / "wrong_first",
+            "wrongfirst",
+            [stranger, client_key.private],
+            known_hosts=tmp_path / "ukh",
+        )
+        before = requests(server)
+        with pytest.raises(AuthError) as err:
+            await SSHTransport(
+                "wrongfirst", home_dir=home, options=SSHOptions(ssh_config=cfg)
+            ).connect()
+        line = err.value.line()
+        assert f"authentication failed for {server.user}@127.0.0.1:{server.port}" in line
+        assert "MaxAuthTries" in line and "IdentitiesOnly yes" in line and "\n" not in line
+        wait_for_log(server, "maximum authentication attempts exceeded")
+        assert requests(server)[len(before) :] == ["method publickey", "Failed"]
+        right = config_with_keys(
+            server,
+            tmp_path / "right_first",
+            "rightfirst",
+            [client_key.private, stranger],
+            known_hosts=tmp_path / "ukh",
+        )
+        assert await login_requests(server, home, right, "rightfirst") == [
+            "method publickey",
+            "Accepted",
+        ]
+
+
+@pytest.mark.asyncio
+async def test_a_reconnect_refused_at_max_auth_tries_stops_at_once(
+    fresh_host_lab, client_key, ssh_env, tmp_path
+):
+    """The link drops and the host's sshd comes back with ``MaxAuthTries 1`` (a wrong key
+    is offered first): the reconnect took that for link trouble and kept logging in
+    until the reconnect deadline, to fail as a lost link. Now the first refusal ends it
+    as an AuthError."""
+    stranger = ClientKey.generate(tmp_path / "stranger").private
+    with ChattySSHD(tmp_path / "sshd", client_key=client_key) as server:
+        home, _cfg, _alias = ssh_env(server)
+        cfg = config_with_keys(
+            server,
+            tmp_path / "wrong_first",
+            "wrongfirst",
+            [stranger, client_key.private],
+            known_hosts=tmp_path / "ukh",
+        )
+        opts = SSHOptions(ssh_config=cfg, reconnect_deadline=20)
+        async with SSHTransport("wrongfirst", home_dir=home, options=opts) as t:
+            assert (await t.exec(["true"])).ok  # the default MaxAuthTries (6) lets it in
+            server.extra_config.append("MaxAuthTries 1")
+            server.restart()
+            before = requests(server)
+            started = time.monotonic()
+            with pytest.raises(AuthError, match="MaxAuthTries"):
+                await t.exec(["true"], idempotent=True)
+            took = time.monotonic() - started
+        assert took < 5, took
+        wait_for_log(server, "maximum authentication attempts exceeded")
+        assert requests(server)[len(before) :] == ["method publickey", "Failed"]
 
 
 @pytest.mark.asyncio

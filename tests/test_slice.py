@@ -173,3 +173,51 @@ def test_to_dict_lists_files_and_reasons(tree: Path) -> None:
     data = select_slice(tree, ["**/*.csv"], [], None, None, 0).to_dict()
     assert data["files"][0] == {"path": "b.csv", "size": 20, "reason": "matched **/*.csv"}
     assert data["total_bytes"] == 30
+
+
+RESERVED = [".remotemac-notes/a.npy", ".Verified.jsonl", ".remotemac-x.npy"]
+
+
+@pytest.mark.parametrize("include", [[], ["**"], ["**/*.npy", "*.jsonl"], [".remotemac-*/"]])
+def test_a_reserved_name_only_a_pattern_picked_is_left_out_with_a_warning(tree, include):
+    """A file under a name the host keeps for its own files (``.remotemac-*``,
+    ``.verified.jsonl``) that only a pattern picked up failed the whole sync in
+    stat_all (BadInput). It is left out of the slice now, and the sync phase warns
+    with its name; the rest of the slice goes."""
+    from remotemac.engine.sync import show_selection
+    from remotemac.engine.syncplan import stat_all
+    from remotemac.events import Warning
+
+    make_tree(tree, {rel: 9 for rel in RESERVED})
+    sel = select_slice(tree, include, [], None, None, 0)
+    chosen = [f.path for f in sel.files]
+    assert not set(RESERVED) & set(chosen)
+    assert [f.path for f in stat_all(tree, chosen, None)] == sorted(chosen)  # no BadInput
+    events: list = []
+    show_selection(events.append, "r", sel)
+    warned = [e for e in events if isinstance(e, Warning) and e.code == "data-reserved"]
+    assert len(warned) == 1
+    picked = [rel for rel in RESERVED if any(glob_match(rel, p) for p in include or ["**"])]
+    assert picked and all(rel in warned[0].message for rel in picked)
+    assert "rename" in warned[0].message
+
+
+@pytest.mark.parametrize(
+    "files,include", [([".remotemac-notes/a.npy"], []), (None, ["**", ".Verified.jsonl"])]
+)
+def test_a_reserved_name_written_out_still_fails_the_sync_in_one_line(tree, files, include):
+    """Named outright (data.files, or an include that is the path itself, no glob):
+    the user asked for that file, so the sync refuses it with the one-line why."""
+    from remotemac.engine.sync import show_selection
+    from remotemac.engine.syncplan import stat_all
+
+    make_tree(tree, {rel: 9 for rel in RESERVED})
+    sel = select_slice(tree, include, [], None, None, 0, files=files)
+    named = (files or include[1:])[0]
+    assert named in [f.path for f in sel.files]
+    events: list = []
+    show_selection(events.append, "r", sel)
+    assert not any(named in getattr(e, "message", "") for e in events)
+    with pytest.raises(BadInput, match="kept for remotemac's own files on the host") as err:
+        stat_all(tree, [f.path for f in sel.files], None)
+    assert named in str(err.value) and "\n" not in str(err.value)

@@ -126,6 +126,32 @@ def test_a_cut_session_leaves_a_marker_and_the_next_finish_walks(tmp_path):
         live.wait()
 
 
+def test_a_wanted_file_named_like_a_part_file_survives_the_walk(tmp_path):
+    """The walk after a cut session removed every name holding ``.part-<digits>`` whose
+    pid was dead, so slice files named ``weights.part-<n>`` and ``.cache.part-<n>`` went
+    after the final check had passed them. Now a name is debris only if the slice does
+    not want it and it has the exact in-flight form (``<name>.part-<pid>`` here)."""
+    src = str(tmp_path / "data")
+    dead = _dead_pid()
+    blobs, entries = _slice()
+    blobs[f"d0/weights.part-{dead}"] = b"wanted weights"
+    blobs[f".cache.part-{dead}"] = b"wanted cache"
+    entries = [
+        {"path": p, "size": len(b), "sha256": hashlib.sha256(b).hexdigest(), "mtime_ns": 1}
+        for p, b in sorted(blobs.items())
+    ]
+    _session(src, entries, _frames(blobs, entries))
+    Path(src, datarecords.WRITING + str(dead)).touch()  # a session cut, since dead
+    debris = Path(src, "d1", f"f001.bin.part-{dead}")
+    debris.write_bytes(b"half")
+    result = _session(src, entries, b"")["final"]["result"]
+    assert result["mismatches"] == []
+    assert Path(src, "d0", f"weights.part-{dead}").read_bytes() == b"wanted weights"
+    assert Path(src, f".cache.part-{dead}").read_bytes() == b"wanted cache"
+    assert not debris.exists()  # real debris of the dead session still goes
+    assert not Path(src, datarecords.WRITING + str(dead)).exists()
+
+
 def test_receiver_imports_the_runtime_named_in_argv_before_the_hello(monkeypatch):
     """The cipher's import (tens of ms) overlaps the laptop's stat of the slice."""
     order: list[str] = []

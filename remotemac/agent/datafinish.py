@@ -285,10 +285,11 @@ class Finish:
         compared by :func:`name_key`: a Mac lists what it stores in its own form)."""
         pruned = 0
         wanted = {name_key(rel) for rel in wanted}
-        roots = [(self.src, ".rmenc" if self.encrypted else "")]
+        # (root, its copies' extension, whether it holds decrypted copies)
+        roots = [(self.src, ".rmenc" if self.encrypted else "", False)]
         if self.encrypted:
-            roots.append((self.dest, ""))
-        for base, ext in roots:
+            roots.append((self.dest, "", True))
+        for base, ext, plain in roots:
             prefix_len = len(base.rstrip(os.sep)) + 1
             for dirpath, dirs, files in os.walk(base):
                 below = dirpath[prefix_len:]  # os.walk joins below base with "/"
@@ -297,12 +298,12 @@ class Finish:
                 if top_of_src:
                     dirs[:] = [d for d in dirs if not d.startswith((PARTIAL, PACKS))]
                 for name in files:
-                    if ".part-" in name:
-                        pid = name.rsplit(".part-", 1)[1]
-                        if pid.isdigit() and not other_alive(int(pid)):
-                            unlink_quietly(
-                                dirpath + "/" + name
-                            )  # debris of a session killed mid-file
+                    # a wanted file is never debris, whatever its name looks like
+                    kept = name_key(prefix + _drop(name, ext)) in wanted
+                    pid = _in_flight_pid(name, ext, plain)
+                    if pid is not None and not kept:
+                        if not other_alive(pid):  # debris of a session killed mid-file
+                            unlink_quietly(dirpath + "/" + name)
                         continue  # else a live session's file in flight
                     if SPLIT_PART.match(name) and name_key(prefix + name) not in wanted:
                         # a split file's plaintext part (see receive_piece): debris of a
@@ -312,10 +313,34 @@ class Finish:
                         continue
                     if top_of_src and name.startswith((RECORD, PARTIAL, WRITING)):
                         continue
-                    rel = prefix + name
-                    if ext:  # a stored copy is "<path>.rmenc"; anything else there goes
-                        rel = rel[: -len(ext)] if rel.endswith(ext) else ""
-                    if name_key(rel) not in wanted:
+                    if not kept:
                         unlink_quietly(dirpath + "/" + name)
                         pruned += 1
         return pruned
+
+
+def _drop(name: str, ext: str) -> str:
+    """The path part of a stored copy's name (``<name><ext>``); "" for any other name
+    under a root whose copies carry ``ext`` (nothing else belongs there)."""
+    if not ext:
+        return name
+    return name[: -len(ext)] if name.endswith(ext) else ""
+
+
+def _in_flight_pid(name: str, ext: str, plain: bool) -> Optional[int]:
+    """The pid in ``name`` if it has the form a receiver writes a file in flight under
+    (receiver.py ``receive``): ``.<name>.part-<pid>`` for a decrypted copy (``plain``,
+    the RAM store), ``<name><ext>.part-<pid>`` for a stored one; else None.
+
+    Why this exact form: any name holding ``.part-<digits>`` with a dead pid was
+    unlinked after a cut session, so a slice file literally named ``weights.part-12``
+    or ``.cache.part-7`` went (the caller also keeps a name the slice wants).
+    """
+    head, sep, pid = name.rpartition(".part-")
+    if not sep or not pid.isdigit() or not pid.isascii():
+        return None
+    if plain:
+        ok = head.startswith(".") and len(head) > 1
+    else:
+        ok = head.endswith(ext) and len(head) > len(ext)
+    return int(pid) if ok else None

@@ -25,8 +25,13 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
+from remotemac.agent.protocol import reserved_data_path
 from remotemac.data.names import refuse_collisions
 from remotemac.errors import BadInput
+
+#: why a file a pattern picked up stays on the laptop: the host keeps these names for
+#: its own files (the sync would refuse it); the sync phase warns with each one
+RESERVED_SKIP = "skipped: a name the host keeps for remotemac's own files"
 
 
 @dataclass(frozen=True)
@@ -84,6 +89,11 @@ def _candidates(
             matched = _first_match(rel, include) if include else "**"
             if matched is None:
                 selection.skipped.append((rel, "skipped: matches no include pattern"))
+                continue
+            if reserved_data_path(rel) and not any(_names(p, rel) for p in include):
+                # only a pattern picked it up: leave it out (a warning says so) rather
+                # than fail the sync; a path named outright still fails with why
+                selection.skipped.append((rel, RESERVED_SKIP))
                 continue
             reason = f"matched {matched}" if include else "all files (no include patterns)"
             candidates.append((rel, size, reason))
@@ -204,6 +214,11 @@ def _compile(pattern: str) -> re.Pattern[str]:
             out.append(re.escape(pat[i]))
             i += 1
     return re.compile("".join(out))
+
+
+def _names(pattern: str, rel: str) -> bool:
+    """Whether include ``pattern`` is ``rel`` itself, written out (no glob)."""
+    return _normalise_listed(pattern.strip()) == rel
 
 
 def _normalise_listed(rel: str) -> str:

@@ -198,8 +198,24 @@ def _progress(stats: SyncStats) -> int:
 
 
 def show_selection(emit: Emit, run_id: str, selection: Any) -> None:
-    """Say which files will travel and why, before any byte is sent (unit ``files``)."""
+    """Say which files will travel and why, before any byte is sent (unit ``files``);
+    warn of files a pattern picked up under a name the host keeps (left out)."""
+    from remotemac.data.slice import RESERVED_SKIP
     from remotemac.units import format_size
+
+    reserved = [rel for rel, why in selection.skipped if why == RESERVED_SKIP]
+    if reserved:
+        emit(
+            Warning(
+                run_id,
+                code="data-reserved",
+                message=f"data: {len(reserved)} file(s) left out, their names are kept for "
+                f"remotemac's own files on the host (.remotemac-*, .verified.jsonl): "
+                f"{', '.join(reserved[:3])}"
+                + (" …" if len(reserved) > 3 else "")
+                + "; rename them to send them",
+            )
+        )
 
     files = selection.files
     emit(

@@ -55,6 +55,10 @@ CHANNEL_WINDOW = 16 << 20
 #: the per-packet Python work of a pull (sshd sends SFTP read answers in packets this
 #: big) by four; on loopback it took download_to from ~0.7x to ~1x scp's rate
 CHANNEL_MAX_PACKET = 128 << 10
+#: what OpenSSH's sshd says when it ends a login at its ``MaxAuthTries`` (auth.c,
+#: ``auth_maxtries_exceeded``): a disconnect with a protocol-error code, not a refusal,
+#: so asyncssh raises it as a plain DisconnectError
+TOO_MANY_AUTH_TRIES = "too many authentication failures"
 
 
 _CLIENTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -302,6 +306,16 @@ async def _connect_hop(
             hint="check ProxyJump and the HostName/Port behind it",
         ) from None
     except asyncssh.DisconnectError as exc:
+        if TOO_MANY_AUTH_TRIES in exc.reason.lower():
+            # every key offered before the right one counts: a retry offers the same
+            # keys in the same order and is refused the same way (was a transient
+            # error, so a reconnect kept trying until its deadline)
+            raise AuthError(
+                f"authentication failed for {where}: it ended the login after too many "
+                "keys were offered (its sshd's MaxAuthTries; ssh-agent keys go first)",
+                hint="offer only this host's key: IdentityFile KEY and IdentitiesOnly yes "
+                "in its Host block of the ssh config",
+            ) from None
         raise TransientHostError(
             f"{where} closed the connection: {exc.reason}",
             hint="retry; check the host's sshd logs if it persists",
