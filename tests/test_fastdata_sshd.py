@@ -209,10 +209,14 @@ class FlippingRelay:
 @pytest.mark.sshd
 @pytest.mark.asyncio
 @pytest.mark.timeout(90)
-async def test_a_flipped_byte_ends_the_link_and_never_reaches_the_reader(sshd, ssh_env):
+async def test_a_flipped_byte_ends_the_link_and_never_reaches_the_reader(
+    sshd, ssh_env, monkeypatch
+):
     """One bit flipped 6 MiB into what sshd sends during a 16 MiB pull: the packet
     fails its GCM tag, the link ends with an error, and what the reader got before is
-    exactly the start of the file (the flipped packet's bytes never delivered)."""
+    exactly the start of the file (the flipped packet's bytes never delivered); the
+    short path carried the data up to it."""
+    counts = AsyncsshCounts(monkeypatch)
     data = os.urandom(16 * MiB)
     path = host_file(sshd, "pull.bin", data)
     relay = FlippingRelay(sshd, at=6 * MiB)
@@ -229,3 +233,4 @@ async def test_a_flipped_byte_ends_the_link_and_never_reaches_the_reader(sshd, s
     assert relay.flipped
     assert len(got) < 6 * MiB
     assert bytes(got) == data[: len(got)]
+    assert counts.received.get(MSG_CHANNEL_DATA, 0) <= 2, counts.received

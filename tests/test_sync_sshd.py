@@ -586,6 +586,50 @@ async def test_several_streams_keep_one_consistent_record(sshd, host_factory, tm
 
 
 @pytest.mark.asyncio
+async def test_a_push_right_after_a_login_sizes_its_streams_by_the_links_round_trip(
+    sshd, host_factory, tmp_path, monkeypatch
+):
+    """A fresh login then at once a push of one 48 MiB file on loopback: one stream,
+    sized by a sub-millisecond round trip. Right after a login sshd's last packets sit
+    behind Nagle (it sets TCP_NODELAY only for interactive sessions) until the laptop
+    acknowledges, and a laptop that delays its ACK made every probe sent then read
+    43 ms: six streams and the file split in pieces on loopback. Both guards are
+    checked: the ACK sent at once (transport/coalesce.py), and, with that switched off,
+    the one more probe sent behind the first ones (engine/synctalk.py)."""
+    from remotemac.transport import coalesce
+
+    (tmp_path / "data").mkdir()
+    data = make_slice(tmp_path / "data", small=0, big=1, big_size=48 << 20)
+    for quickack in (coalesce.TCP_QUICKACK, None):
+        monkeypatch.setattr(coalesce, "TCP_QUICKACK", quickack)
+        host = await host_factory(sshd)
+        agent_dir = host.agent.agent_dir or await host.agent.install()
+        await host.transport.close()
+        t = host.transport
+        fresh = SSHTransport(t.spec, home_dir=t.home_dir, options=t.options)
+        host.transport, host.agent = fresh, AgentClient(fresh, str(host.root))
+        host.agent.agent_dir = agent_dir
+        try:
+            await fresh.connect()  # and the sync at once, as a run's first push does
+            _, answer, stats = await host.sync(data, os.urandom(32))
+        finally:
+            await fresh.close()
+        assert answer["mismatches"] == []
+        assert stats.rtt_ms is not None and stats.rtt_ms < 20, (quickack, stats.rtt_ms)
+        assert stats.streams == 1, (quickack, stats.streams)
+
+
+@pytest.mark.asyncio
+async def test_a_round_trip_right_after_a_login_is_the_links_own(sshd, ssh_env):
+    """The first keepalive round trip after a login on loopback takes milliseconds,
+    not the 40 ms of a delayed ACK (see the test above; transport/coalesce.py)."""
+    home, cfg, alias = ssh_env(sshd)
+    async with SSHTransport(alias, home_dir=home, options=SSHOptions(ssh_config=cfg)) as t:
+        first = await t.round_trip()
+    assert first is not None and first < 0.03, first
+
+
+@pytest.mark.asyncio
 async def test_long_round_trip_opens_more_streams(sshd, fault_proxy, host_factory, tmp_path):
     """At ~80 ms RTT one channel's 2 MiB window caps it near 13-25 MB/s: auto opens more
     (as many as 40 MiB of files pays for: 8 MiB a stream; too short a push for the

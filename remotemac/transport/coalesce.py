@@ -101,20 +101,43 @@ class CoalescingTransport(asyncio.Transport):
         return self._inner.get_protocol()
 
 
+#: Linux's "acknowledge now" socket option (None elsewhere: there the kernel decides)
+TCP_QUICKACK: int | None = getattr(socket, "TCP_QUICKACK", None)
+
+
 class _Relay(asyncio.Protocol):
     """The TCP connection's protocol: passes every event on to the SSH session, which
-    writes through a CoalescingTransport."""
+    writes through a CoalescingTransport.
+
+    Every read also asks the kernel to acknowledge at once (``TCP_QUICKACK``, which
+    Linux clears again by itself). Why: sshd sets ``TCP_NODELAY`` only for interactive
+    sessions, so when it sends two small packets in a row (the login's success, then its
+    host keys; a channel's confirmation, then its first data) Nagle holds the second
+    until the first is acknowledged, and the laptop, with nothing to send, delays that
+    ACK by 40 ms. Measured on loopback: the first round trip after a login took 43.6 ms
+    (so a push sized its streams for a 43 ms link); with this 2.1 ms. One ``setsockopt``
+    per read, 0.3 µs here (about 1 ms per GiB pulled).
+    """
 
     def __init__(self, session: asyncio.Protocol) -> None:
         self.session = session
         self.transport: CoalescingTransport | None = None
+        self._sock: socket.socket | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
+        sock = transport.get_extra_info("socket")
+        if TCP_QUICKACK is not None and sock is not None:
+            self._sock = sock
         self.transport = CoalescingTransport(transport, asyncio.get_running_loop())
         self.session.connection_made(self.transport)
 
     def data_received(self, data: bytes) -> None:
+        if self._sock is not None:
+            try:
+                self._sock.setsockopt(socket.IPPROTO_TCP, TCP_QUICKACK, 1)  # type: ignore[arg-type]
+            except OSError:
+                self._sock = None  # (not a TCP socket after all: leave it to the kernel)
         self.session.data_received(data)
 
     def eof_received(self) -> bool | None:

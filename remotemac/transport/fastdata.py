@@ -37,16 +37,21 @@ Measured: ``scripts/bench_packets.py``, docs/figures.md "The SSH packet path".
 
 from __future__ import annotations
 
+import functools
+import inspect
 import os
 import time
 from typing import Any
 
 import asyncssh
 
+from remotemac.transport.coalesce import CoalescingTransport
+
 MSG_CHANNEL_DATA = 94
 #: GCM in SSH (RFC 5647 section 7.2): the padded part is a multiple of 16 bytes
 GCM_BLOCK = 16
 GCM_TAG = 16
+GCM_NONCE = 12
 #: what asyncssh's connection must have for this path to stand in for its own
 _NEEDS = (
     "_send_encryption",
@@ -73,7 +78,8 @@ _RECV_NEEDS = (
     "_decompressor",
     "_max_recv_pktlen",
     "_channels",
-    "_auth_final",
+    "_finish_recv_packet",
+    "create_task",
     "_kex_complete",
     "_auth_complete",
     "_transport",
@@ -101,13 +107,49 @@ def _gcm_cipher(conn: Any, which: str = "_send_encryption") -> Any:
         return None
     if not all(hasattr(cipher, a) for a in ("_key", "_iv", "_update_iv")):
         return None
+    if not isinstance(cipher._iv, bytes) or len(cipher._iv) != GCM_NONCE:
+        return None
     return cipher
+
+
+_SHAPE_OK: list[bool] = []
+
+
+def _gcm_shape_known() -> bool:
+    """Once per process: asyncssh's GCM packets are what this module makes of the same
+    key, nonce and packet (its ``encrypt_packet`` against ours), its nonce counts up
+    as RFC 5647 says, and its header step hands back the block as it came (which
+    ``adopt`` relies on). Any difference and both short paths stay off."""
+    if not _SHAPE_OK:
+        _SHAPE_OK.append(_check_gcm_shape())
+    return _SHAPE_OK[0]
+
+
+def _check_gcm_shape() -> bool:
+    try:
+        from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+        key, nonce = bytes(range(16)), bytes(range(100, 112))
+        enc = asyncssh.encryption.get_encryption(b"aes128-gcm@openssh.com", key, nonce)
+        cipher = enc._cipher  # type: ignore[attr-defined]
+        plain = bytes((4, MSG_CHANNEL_DATA)) + bytes(range(10)) + b"\0" * 4
+        length = len(plain).to_bytes(4, "big")
+        theirs, tag = enc.encrypt_packet(0, length, plain)
+        ours = length + AESGCM(key).encrypt(nonce, plain, length)
+        block = ours[:GCM_BLOCK]
+        return (
+            theirs + tag == ours
+            and cipher._iv == nonce[:4] + (int.from_bytes(nonce[4:], "big") + 1).to_bytes(8, "big")
+            and enc.decrypt_header(0, block, 4) == (block, block[:4])
+        )
+    except Exception:  # an asyncssh shaped otherwise: its own path it is
+        return False
 
 
 def send_data_directly(conn: asyncssh.SSHClientConnection) -> bool:
     """Send ``conn``'s channel data packets through the short path while it applies;
     False (nothing changed) when this asyncssh does not have the internals it relies on."""
-    if not all(hasattr(conn, a) for a in _NEEDS):
+    if not all(hasattr(conn, a) for a in _NEEDS) or not _gcm_shape_known():
         return False
     try:
         from cryptography.hazmat.primitives.ciphers.aead import AESGCM
@@ -140,8 +182,11 @@ def send_data_directly(conn: asyncssh.SSHClientConnection) -> bool:
         sealed = sealer[1].encrypt(cipher._iv, plain, length)
         cipher._update_iv()
         try:
-            transport.write(length)
-            transport.write(sealed)
+            if isinstance(transport, CoalescingTransport):
+                transport.write(length)  # (joined with the turn's other writes anyway)
+                transport.write(sealed)
+            else:  # a jump host's channel: every write would be a packet of its own
+                transport.write(length + sealed)
         except ConnectionError:  # as asyncssh's _send: the loss is reported by the transport
             pass
         seq = c._send_seq
@@ -170,6 +215,8 @@ def receive_data_directly(conn: asyncssh.SSHClientConnection) -> bool:
     """Open and hand on ``conn``'s incoming channel data packets through the short path
     while it applies; False (nothing changed) when this asyncssh lacks what it uses."""
     if not all(hasattr(conn, a) for a in _RECV_NEEDS) or not _packet_shape_known():
+        return False
+    if not _gcm_shape_known():
         return False
     from cryptography.exceptions import InvalidTag
     from cryptography.hazmat.primitives.ciphers.aead import AESGCM
@@ -209,36 +256,46 @@ def receive_data_directly(conn: asyncssh.SSHClientConnection) -> bool:
         except InvalidTag:
             return False  # asyncssh opens it again and says so (MACError)
         pad = plain[0]
+        # (RFC 4253 section 6: 4 bytes of padding at least; GCM pads to 16 bytes; the
+        # type, the channel and the data's length are 9 bytes)
+        if pad < 4 or len(plain) % GCM_BLOCK or len(plain) < pad + 10:
+            return False
         channel = c._channels.get(int.from_bytes(plain[2:6], "big"))
-        if plain[1] != MSG_CHANNEL_DATA or channel is None or len(plain) < pad + 6:
+        if plain[1] != MSG_CHANNEL_DATA or channel is None:
             return False
         cipher._update_iv()
         seq = c._recv_seq
-        c._recv_seq = (seq + 1) & 0xFFFFFFFF
-        c._auth_final = True
         packet = asyncssh.packet.SSHPacket(plain)
         packet._idx, packet._len = 6, len(plain) - pad  # past the type and the channel
         if getattr(channel.logger, "_debug_level", 3) >= 3:  # asyncssh's packet log is on
             channel.log_received_packet(MSG_CHANNEL_DATA, seq, plain[1 : len(plain) - pad])
         try:
-            channel.process_packet(MSG_CHANNEL_DATA, seq, packet)
+            result = channel.process_packet(MSG_CHANNEL_DATA, seq, packet)
         except asyncssh.packet.PacketDecodeError as exc:
             raise asyncssh.ProtocolError(str(exc)) from None
+        if inspect.isawaitable(result):  # as asyncssh's reader: the rest waits for it
+            c._recv_handler = lambda: False
+            task = c.create_task(result)
+            task.add_done_callback(
+                functools.partial(c._finish_recv_packet, MSG_CHANNEL_DATA, seq, is_async=True)
+            )
+        else:
+            c._finish_recv_packet(MSG_CHANNEL_DATA, seq)
         return True
 
     def data_received(data: bytes, datatype: Any = None) -> None:
         c: Any = conn
         cipher = ours(c)
         if cipher is None:
-            if held:  # (the link is closing: asyncssh gets what was held first)
+            if held:  # (asyncssh gets what was held first)
                 data, held[:] = bytes(held) + data, b""
             original(data)
             return
-        adopt(c)
-        held.extend(data)
-        c._reset_keepalive_timer()
         pos, whole = 0, True
         try:
+            adopt(c)
+            held.extend(data)
+            c._reset_keepalive_timer()
             with memoryview(held) as view:
                 while len(held) - pos >= 4:
                     size = int.from_bytes(view[pos : pos + 4], "big")
@@ -249,9 +306,12 @@ def receive_data_directly(conn: asyncssh.SSHClientConnection) -> bool:
                         whole = False
                         break
                     if not take(c, cipher, view, pos, end):
-                        break
+                        # anything else goes asyncssh's way alone, as it came: a key
+                        # exchange, a window adjust, a reply (or a packet that fails)
+                        original(bytes(view[pos:end]))
                     pos = end
-                    if ours(c) is not cipher:
+                    cipher = ours(c)
+                    if cipher is None:
                         break
                 else:
                     whole = False
@@ -265,7 +325,10 @@ def receive_data_directly(conn: asyncssh.SSHClientConnection) -> bool:
             c.internal_error()
             return
         del held[:pos]
-        if held and not whole and ours(c) is cipher:
+        if c._transport is None:  # closed (a packet failed, or the session ended it)
+            held[:] = b""
+            return
+        if held and not whole and cipher is not None:
             return  # the beginning of a packet: kept for the bytes still to come
         rest, held[:] = bytes(held), b""
         if rest:
