@@ -41,17 +41,40 @@ import functools
 import inspect
 import os
 import time
+import weakref
 from typing import Any
 
 import asyncssh
 
 from remotemac.transport.coalesce import CoalescingTransport
 
+MSG_CHANNEL_WINDOW_ADJUST = 93
 MSG_CHANNEL_DATA = 94
+MSG_CHANNEL_EXTENDED_DATA = 95
+#: what the short receive path opens and hands to the channel: its data (and stderr),
+#: and the window credits a push gets back (7,748 packets from sshd per 256 MiB pushed
+#: into ``cat``, about one per data packet; through asyncssh's reader they cost more of
+#: the laptop's CPU than sealing the data: scripts/bench_packets.py)
+CHANNEL_TRAFFIC = frozenset(
+    {MSG_CHANNEL_WINDOW_ADJUST, MSG_CHANNEL_DATA, MSG_CHANNEL_EXTENDED_DATA}
+)
 #: GCM in SSH (RFC 5647 section 7.2): the padded part is a multiple of 16 bytes
 GCM_BLOCK = 16
 GCM_TAG = 16
 GCM_NONCE = 12
+#: a channel data packet's first two bytes by its padding's length
+_PREFIX = [bytes((pad, MSG_CHANNEL_DATA)) for pad in range(GCM_BLOCK + 4)]
+#: each connection's short send (send_data_directly), for its channels' flush
+_SENDERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+#: what asyncssh's channel must have for flush_channel_directly
+_CHANNEL_NEEDS = (
+    "_flush_send_buf",
+    "_send_buf",
+    "_send_buf_len",
+    "_send_window",
+    "_send_pktsize",
+    "_send_chan",
+)
 #: what asyncssh's connection must have for this path to stand in for its own
 _NEEDS = (
     "_send_encryption",
@@ -157,8 +180,11 @@ def send_data_directly(conn: asyncssh.SSHClientConnection) -> bool:
         return False
     original = conn.send_packet
     sealer: list[Any] = [None, None]  # (key, AESGCM for it): set up again only on a re-key
+    checked: list[Any] = [None, None]  # (asyncssh's encryption object, its GCM cipher)
 
-    def direct(args: tuple[bytes, ...], handler: Any) -> bool:
+    def direct(parts: tuple[Any, ...], size: int, handler: Any) -> bool:
+        """Seal and send one channel data packet whose payload after the type is
+        ``parts`` (``size`` bytes with the type); False when asyncssh must send it."""
         c: Any = conn
         if not (c._kex_complete and c._auth_complete) or c._compressor is not None:
             return False
@@ -166,19 +192,20 @@ def send_data_directly(conn: asyncssh.SSHClientConnection) -> bool:
             c._rekey_seconds and time.monotonic() >= c._rekey_time
         ):
             return False  # asyncssh's own call starts the re-key first
-        cipher = _gcm_cipher(c)
-        transport = c._transport
+        encryption, transport = c._send_encryption, c._transport
+        if checked[0] is not encryption:  # (a new one at each re-key)
+            checked[0], checked[1] = encryption, _gcm_cipher(c)
+        cipher = checked[1]
         if cipher is None or transport is None:
             return False
         key = cipher._key
         if sealer[0] is not key:
             sealer[0], sealer[1] = key, AESGCM(key)
-        size = 1 + sum(len(a) for a in args)  # the message type, then its fields
         pad = -(1 + size) % GCM_BLOCK
         if pad < 4:
             pad += GCM_BLOCK
         length = (1 + size + pad).to_bytes(4, "big")
-        plain = b"".join((bytes((pad, MSG_CHANNEL_DATA)), *args, os.urandom(pad)))
+        plain = b"".join((_PREFIX[pad], *parts, os.urandom(pad)))
         sealed = sealer[1].encrypt(cipher._iv, plain, length)
         cipher._update_iv()
         try:
@@ -202,12 +229,55 @@ def send_data_directly(conn: asyncssh.SSHClientConnection) -> bool:
         if (
             pkttype == MSG_CHANNEL_DATA
             and kwargs.keys() <= {"handler"}
-            and direct(args, kwargs.get("handler"))
+            and direct(args, 1 + sum(map(len, args)), kwargs.get("handler"))
         ):
             return
         original(pkttype, *args, **kwargs)
 
     conn.send_packet = send_packet  # type: ignore[method-assign]
+    _SENDERS[conn] = direct
+    return True
+
+
+def flush_channel_directly(conn: asyncssh.SSHClientConnection, channel: Any) -> bool:
+    """Send ``channel``'s buffered data in packets sealed straight from its buffer.
+
+    Why: asyncssh's channel slices each packet's data out of its buffer, copies it
+    into a length-prefixed string and that behind the channel number, before the
+    connection's send (above) joins it once more: three copies and five Python calls
+    per 32 KiB that this path does without. What it leaves to asyncssh's own flush:
+    everything it does not take (extended data, a closed channel, a packet the
+    connection's short path refuses, such as the one that finds a re-key due) and the
+    end of each flush (flow control's pause and resume, a pending EOF or close). False
+    (nothing changed) when ``conn`` has no short send path or the channel lacks what
+    this relies on."""
+    direct = _SENDERS.get(conn)
+    if direct is None or not all(hasattr(channel, a) for a in _CHANNEL_NEEDS):
+        return False
+    original = channel._flush_send_buf
+
+    def flush() -> None:
+        ch: Any = channel
+        pending = ch._send_buf
+        while pending and ch._send_window and ch._send_chan is not None:
+            buf, datatype = pending[0]
+            if datatype is not None:
+                break
+            n = min(ch._send_window, ch._send_pktsize, len(buf))
+            with memoryview(buf) as view:
+                head = ch._send_chan.to_bytes(4, "big") + n.to_bytes(4, "big")
+                sent = _SENDERS[conn]((head, view[:n]), 9 + n, ch)
+            if not sent:
+                break
+            if n == len(buf):
+                del pending[0]
+            else:
+                del buf[:n]
+            ch._send_buf_len -= n
+            ch._send_window -= n
+        original()  # the rest its own way, and flow control and a pending EOF or close
+
+    channel._flush_send_buf = flush
     return True
 
 
@@ -257,30 +327,31 @@ def receive_data_directly(conn: asyncssh.SSHClientConnection) -> bool:
             return False  # asyncssh opens it again and says so (MACError)
         pad = plain[0]
         # (RFC 4253 section 6: 4 bytes of padding at least; GCM pads to 16 bytes; the
-        # type, the channel and the data's length are 9 bytes)
+        # type, the channel and the data's length or the window's credit are 9 bytes)
         if pad < 4 or len(plain) % GCM_BLOCK or len(plain) < pad + 10:
             return False
+        pkttype = plain[1]
         channel = c._channels.get(int.from_bytes(plain[2:6], "big"))
-        if plain[1] != MSG_CHANNEL_DATA or channel is None:
+        if pkttype not in CHANNEL_TRAFFIC or channel is None:
             return False
         cipher._update_iv()
         seq = c._recv_seq
         packet = asyncssh.packet.SSHPacket(plain)
         packet._idx, packet._len = 6, len(plain) - pad  # past the type and the channel
         if getattr(channel.logger, "_debug_level", 3) >= 3:  # asyncssh's packet log is on
-            channel.log_received_packet(MSG_CHANNEL_DATA, seq, plain[1 : len(plain) - pad])
+            channel.log_received_packet(pkttype, seq, plain[1 : len(plain) - pad])
         try:
-            result = channel.process_packet(MSG_CHANNEL_DATA, seq, packet)
+            result = channel.process_packet(pkttype, seq, packet)
         except asyncssh.packet.PacketDecodeError as exc:
             raise asyncssh.ProtocolError(str(exc)) from None
         if inspect.isawaitable(result):  # as asyncssh's reader: the rest waits for it
             c._recv_handler = lambda: False
             task = c.create_task(result)
             task.add_done_callback(
-                functools.partial(c._finish_recv_packet, MSG_CHANNEL_DATA, seq, is_async=True)
+                functools.partial(c._finish_recv_packet, pkttype, seq, is_async=True)
             )
         else:
-            c._finish_recv_packet(MSG_CHANNEL_DATA, seq)
+            c._finish_recv_packet(pkttype, seq)
         return True
 
     def data_received(data: bytes, datatype: Any = None) -> None:

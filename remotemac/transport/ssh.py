@@ -40,6 +40,7 @@ from remotemac.transport.base import (
     RemoteStat,
     Transport,
 )
+from remotemac.transport.fastdata import flush_channel_directly
 from remotemac.transport.options import SSHOptions
 from remotemac.transport.reconnect import reconnect
 from remotemac.transport.sshconfig import resolve
@@ -653,6 +654,7 @@ class SSHTransport(Transport):
         except BaseException:  # cancelled while it opened: its slot is not kept
             self._channels.release()
             raise
+        flush_channel_directly(conn, proc.channel)  # (see fastdata.py)
         return SSHProcess(
             self.name,
             conn,
