@@ -25,10 +25,11 @@ import asyncssh.packet
 import pytest
 
 from remotemac.errors import RemotemacError
-from remotemac.transport import sshconnect
+from remotemac.transport import fastdata, sshconnect
 from remotemac.transport.options import SSHOptions
 from remotemac.transport.ssh import SSHTransport
 
+MSG_CHANNEL_WINDOW_ADJUST = 93
 MSG_CHANNEL_DATA = 94
 MSG_KEXINIT = 20
 MiB = 1 << 20
@@ -69,6 +70,36 @@ def rekey_every(monkeypatch: Any, size: int) -> None:
     monkeypatch.setattr(sshconnect, "_connect_kwargs", with_rekey)
 
 
+class BufferCounts:
+    """Data packets sealed straight from a channel's buffer (fastdata's flush), and
+    those that reached the connection's send_packet instead (asyncssh's flush: one
+    that found a re-key due, those written while it ran)."""
+
+    def __init__(self, monkeypatch: Any) -> None:
+        self.buffer = self.other = 0
+        install = sshconnect.send_data_directly
+
+        def counting(conn: Any) -> bool:
+            if not install(conn):
+                return False
+            sealer, send = fastdata._SENDERS[conn], conn.send_packet
+
+            def from_buffer(parts: Any, size: int, handler: Any) -> bool:
+                sent = sealer(parts, size, handler)
+                self.buffer += sent
+                return sent
+
+            def other(pkttype: int, *args: Any, **kwargs: Any) -> None:
+                self.other += pkttype == MSG_CHANNEL_DATA
+                send(pkttype, *args, **kwargs)
+
+            fastdata._SENDERS[conn] = from_buffer
+            conn.send_packet = other
+            return True
+
+        monkeypatch.setattr(sshconnect, "send_data_directly", counting)
+
+
 async def push(alias: str, home: Path, cfg: Path, payload: bytes) -> tuple[str, str]:
     """(the host's sha256sum of what arrived, the cipher) for ``payload`` pushed in MiBs."""
     async with SSHTransport(alias, home_dir=home, options=SSHOptions(ssh_config=cfg)) as t:
@@ -106,9 +137,11 @@ async def test_a_push_goes_the_short_way_across_our_rekeys(sshd, ssh_env, monkey
     """24 MiB pushed with a re-key started every 4 MiB: every byte arrives in order
     (the host's SHA-256), asyncssh's own send_packet carried next to none of the 768
     or more data packets, and it did start the re-keys (the short path hands the
-    packet that is due for one to asyncssh, which re-keys first)."""
+    packet that is due for one to asyncssh, which re-keys first); most packets were
+    sealed straight from the channel's buffer, and sshd's window credits came through
+    the short reader."""
     rekey_every(monkeypatch, 4 * MiB)
-    counts = AsyncsshCounts(monkeypatch)
+    counts, sealed = AsyncsshCounts(monkeypatch), BufferCounts(monkeypatch)
     home, cfg, alias = ssh_env(sshd)
     payload = os.urandom(24 * MiB)
     digest, cipher = await push(alias, home, cfg, payload)
@@ -118,6 +151,12 @@ async def test_a_push_goes_the_short_way_across_our_rekeys(sshd, ssh_env, monkey
     # a re-key's own few go asyncssh's way: the packet that finds it due, and those
     # written while it runs (asyncssh holds them back until the new keys)
     assert counts.sent.get(MSG_CHANNEL_DATA, 0) < 24 * MiB // (32 << 10) // 8, counts.sent
+    # most straight from the channel's buffer; sshd's window credits (about one per
+    # data packet) opened by the short reader, not asyncssh's
+    assert sealed.buffer >= 0.85 * (sealed.buffer + sealed.other), vars(sealed)
+    assert counts.received.get(MSG_CHANNEL_WINDOW_ADJUST, 0) < 24 * MiB // (32 << 10) // 8, (
+        counts.received
+    )
 
 
 @pytest.mark.sshd

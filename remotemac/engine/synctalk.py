@@ -174,14 +174,13 @@ class ReceiverLine(Message):
 
 async def link_round_trip(transport: Transport, probes: int = 2) -> float | None:
     """The fastest of a few round trips of the link itself (Transport.round_trip), sent
-    together (known one round trip after the sync began), and of those seen on it
-    before; None where the link cannot say.
+    together (known one round trip after the sync began); None where the link cannot
+    say.
 
     Probes sent together wait together: right after a login sshd's last packets (its
     host keys) sit behind Nagle until the laptop's delayed ACK, 40 ms, and all of them
     read 43 ms on loopback. Session._round_trip takes one more, sent behind them."""
     took = await asyncio.gather(*(transport.round_trip() for _ in range(probes)))
-    took.append(transport.best_round_trip())
     return min((t for t in took if t is not None), default=None)
 
 
@@ -251,7 +250,7 @@ class Session:
         #: the link's round trip, measured by sshd's own answers while the first channel
         #: opens (Transport.round_trip; None: pinged through the channel instead)
         self._link_rtt: asyncio.Future[float | None] | None = None
-        self._rtt_again: asyncio.Future[None] | None = None
+        self._rtt_again: asyncio.Future[float | None] | None = None
         #: an attempt's workers opened before the start answer (a push the laptop can
         #: tell is large: files it has no hash of), and the channels whose receiver has
         #: its hello but has not answered it yet (their lane reads the answer first)
@@ -278,7 +277,8 @@ class Session:
             opening, self._opening = self._opening, None
             if self._link_rtt is None or self._link_rtt.cancelled():
                 self._link_rtt = asyncio.ensure_future(link_round_trip(self.transport))
-                self._rtt_again = asyncio.ensure_future(self._probe_again(self._link_rtt))
+            # (each attempt: after a cut it is a new connection's)
+            self._rtt_again = asyncio.ensure_future(self._probe_again(self._link_rtt))
             hello = self._hello()
             # (while the first channel opens: by the round trip, they may be wanted)
             self._early = asyncio.ensure_future(self._open_early(argv, hello))
@@ -716,16 +716,21 @@ class Session:
         if again is not None and not again.done():  # (sent behind the first ones: due by now)
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(asyncio.shield(again), measured)
-        best = self.transport.best_round_trip()
-        return measured if best is None else min(measured, best)
+        second = (
+            again.result() if again is not None and again.done() and not again.cancelled() else None
+        )
+        return measured if second is None else min(measured, second)
 
-    async def _probe_again(self, first: asyncio.Future) -> None:
-        """One more round trip, sent once the first ones are answered: they can all
-        have waited behind the same stall (see link_round_trip); this one seldom does.
-        The transport keeps the fastest (Transport.best_round_trip)."""
+    async def _probe_again(self, first: asyncio.Future) -> float | None:
+        """One more round trip, sent once the first ones are answered (at once when
+        they were, on a run again after a cut): they can all have waited behind the
+        same stall (see link_round_trip); this one seldom does."""
         with contextlib.suppress(Exception):
             await asyncio.shield(first)
-            await self.transport.round_trip()
+        try:
+            return await self.transport.round_trip()
+        except Exception:
+            return None
 
     async def _open_early(self, argv: list[str], hello: SyncHello) -> list[RemoteProcess]:
         """Workers opened while the host answers the hello, when the files the laptop has

@@ -189,14 +189,6 @@ class Transport(abc.ABC):
         channel opens (engine/synctalk.py)."""
         return None
 
-    def best_round_trip(self) -> float | None:
-        """The fastest :meth:`round_trip` seen on the current link; None without one.
-
-        Why: a round trip measured while the host's SSH server is busy starting a
-        session is the link's plus that wait; the least seen is the closest to the
-        link's own."""
-        return None
-
     @contextlib.contextmanager
     def reconnect_wait_capped(self, seconds: float) -> Iterator[None]:
         """Wait at most ``seconds`` between reconnect attempts inside this block.

@@ -264,9 +264,11 @@ def flush_channel_directly(conn: asyncssh.SSHClientConnection, channel: Any) -> 
             if datatype is not None:
                 break
             n = min(ch._send_window, ch._send_pktsize, len(buf))
-            with memoryview(buf) as view:
-                head = ch._send_chan.to_bytes(4, "big") + n.to_bytes(4, "big")
-                sent = _SENDERS[conn]((head, view[:n]), 9 + n, ch)
+            head = ch._send_chan.to_bytes(4, "big") + n.to_bytes(4, "big")
+            with memoryview(buf) as view, view[:n] as part:
+                # (released on the way out even when the send raises: a traceback
+                # holding the slice would lock the buffer against the del below)
+                sent = _SENDERS[conn]((head, part), 9 + n, ch)
             if not sent:
                 break
             if n == len(buf):

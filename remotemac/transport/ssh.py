@@ -119,8 +119,6 @@ class SSHTransport(Transport):
         self._closed = False
         self._home: str | None = None
         self._watch: asyncio.Task | None = None
-        #: the fastest round trip seen on the current connection (see best_round_trip)
-        self._best_rtt: float | None = None
         #: counts for the acceptance record's ``continuity`` section
         self.disconnects = 0
         self.reconnects = 0
@@ -169,7 +167,6 @@ class SSHTransport(Transport):
         self._conn, self._jumps, self._sftp = conn, jumps, None
         self._generation += 1
         self._watch = asyncio.ensure_future(self._watch_link(conn, self._generation))
-        self._best_rtt = None
 
     async def _watch_link(self, conn: asyncssh.SSHClientConnection, generation: int) -> None:
         """Notice a dead link even when no operation is running (keepalive, RST)."""
@@ -230,15 +227,7 @@ class SSHTransport(Transport):
             return None
         if conn.is_closed() or self._conn is not conn:
             return None  # a dropped link fails pending requests at once: no round trip
-        took = time.monotonic() - started
-        if self._best_rtt is None or took < self._best_rtt:
-            self._best_rtt = took
-        return took
-
-    def best_round_trip(self) -> float | None:
-        """The fastest round trip measured on this connection so far (one is measured
-        as it opens); None before any."""
-        return self._best_rtt
+        return time.monotonic() - started
 
     @contextlib.contextmanager
     def reconnect_wait_capped(self, seconds: float) -> Iterator[None]:
