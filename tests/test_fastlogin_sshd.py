@@ -162,6 +162,36 @@ async def test_a_host_at_its_max_auth_tries_is_an_auth_error_not_a_link_error(
 
 
 @pytest.mark.asyncio
+async def test_identities_only_limits_the_agent_to_the_named_key_it_holds(
+    fresh_host_lab, client_key, ssh_env, tmp_path, monkeypatch
+):
+    """The MaxAuthTries hint's own remedy, with the named key in ssh-agent behind
+    another: sshd at ``MaxAuthTries 1``, the agent holding a stranger's key first and
+    the host's key second, the ssh_config naming the host's key with ``IdentitiesOnly
+    yes``. The key file is left to the agent (no passphrase asked), and the agent may
+    offer only that key: one request, accepted. Before, the agent offered its keys
+    unrestricted and the stranger's ended the login."""
+    stranger = ClientKey.generate(tmp_path / "stranger").private
+    sock = tmp_path / "agent.sock"
+    agent = subprocess.run(
+        ["ssh-agent", "-s", "-a", str(sock)], check=True, capture_output=True, text=True
+    ).stdout
+    pid = int(re.search(r"SSH_AGENT_PID=(\d+)", agent)[1])  # type: ignore[index]
+    try:
+        monkeypatch.setenv("SSH_AUTH_SOCK", str(sock))
+        for key in (stranger, client_key.private):  # the agent lists them in this order
+            subprocess.run(["ssh-add", "-q", str(key)], check=True, env={**os.environ})
+        with ChattySSHD(
+            tmp_path / "sshd", client_key=client_key, extra_config=["MaxAuthTries 1"]
+        ) as server:
+            home, cfg, alias = ssh_env(server)  # IdentityFile the host's key, IdentitiesOnly yes
+            assert (await login_requests(server, home, cfg, alias))[-1] == "Accepted"
+            assert "Failed" not in requests(server)
+    finally:
+        os.kill(pid, 15)
+
+
+@pytest.mark.asyncio
 async def test_a_reconnect_refused_at_max_auth_tries_stops_at_once(
     fresh_host_lab, client_key, ssh_env, tmp_path
 ):

@@ -202,6 +202,24 @@ def test_a_reserved_name_only_a_pattern_picked_is_left_out_with_a_warning(tree, 
     assert "rename" in warned[0].message
 
 
+def test_a_reserved_name_the_user_excluded_is_excluded_without_a_warning(tree):
+    """``exclude: [".remotemac-*", ...]`` (what the old error said to do)
+    leaves those files out as excluded, and the sync does not warn about them on
+    every run."""
+    from remotemac.engine.sync import show_selection
+    from remotemac.events import Warning
+
+    make_tree(tree, {rel: 9 for rel in RESERVED})
+    sel = select_slice(
+        tree, [], [".remotemac-*", ".remotemac-*/**", ".Verified.jsonl"], None, None, 0
+    )
+    why = dict(sel.skipped)
+    assert all(why[rel].startswith("skipped: excluded by") for rel in RESERVED), why
+    events: list = []
+    show_selection(events.append, "r", sel)
+    assert not [e for e in events if isinstance(e, Warning) and e.code == "data-reserved"]
+
+
 @pytest.mark.parametrize(
     "files,include", [([".remotemac-notes/a.npy"], []), (None, ["**", ".Verified.jsonl"])]
 )

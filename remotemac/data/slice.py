@@ -32,6 +32,8 @@ from remotemac.errors import BadInput
 #: why a file a pattern picked up stays on the laptop: the host keeps these names for
 #: its own files (the sync would refuse it); the sync phase warns with each one
 RESERVED_SKIP = "skipped: a name the host keeps for remotemac's own files"
+#: a candidate's reason while it waits for the excludes (see _candidates)
+_PICKED_RESERVED = "\0picked by a pattern, reserved"
 
 
 @dataclass(frozen=True)
@@ -91,9 +93,9 @@ def _candidates(
                 selection.skipped.append((rel, "skipped: matches no include pattern"))
                 continue
             if reserved_data_path(rel) and not any(_names(p, rel) for p in include):
-                # only a pattern picked it up: leave it out (a warning says so) rather
-                # than fail the sync; a path named outright still fails with why
-                selection.skipped.append((rel, RESERVED_SKIP))
+                # only a pattern picked it up: left out after the excludes (a warning
+                # says so) rather than fail the sync; a path named outright still fails
+                candidates.append((rel, size, _PICKED_RESERVED))
                 continue
             reason = f"matched {matched}" if include else "all files (no include patterns)"
             candidates.append((rel, size, reason))
@@ -137,6 +139,8 @@ def select_slice(
         excluded = _first_match(rel, exclude)
         if excluded is not None:
             selection.skipped.append((rel, f"skipped: excluded by {excluded}"))
+        elif reason == _PICKED_RESERVED:  # (after the excludes: one excluded needs no warning)
+            selection.skipped.append((rel, RESERVED_SKIP))
         else:
             kept.append((rel, size, reason))
 

@@ -130,12 +130,14 @@ def _recv_exact(conn: socket.socket, size: int) -> bytes:
 
 
 def load_client_keys(
-    params: HostParams, prompt: PassphrasePrompt | None
+    params: HostParams, prompt: PassphrasePrompt | None, held: list[bytes] | None = None
 ) -> tuple[list[asyncssh.SSHKeyPair], list[str]]:
     """Load identity files; prompt for passphrases of keys the agent does not hold.
 
     Returns the key pairs and notes about keys that were skipped (for the auth
-    error message). Passphrases are used once and dropped.
+    error message). Passphrases are used once and dropped. The public blobs of
+    identity files left to the agent go into ``held`` (with IdentitiesOnly the agent
+    may offer only those: see _connect_kwargs).
     """
     files = list(params.identity_files)
     if not files and not params.identities_only:
@@ -151,7 +153,10 @@ def load_client_keys(
         pub = Path(f"{path}.pub")
         if agent and pub.is_file():
             try:
-                if asyncssh.read_public_key(pub).public_data in agent:
+                blob = asyncssh.read_public_key(pub).public_data
+                if blob in agent:
+                    if held is not None:
+                        held.append(blob)
                     continue  # the agent signs with it: no passphrase needed
             except (OSError, asyncssh.KeyImportError):
                 pass
@@ -202,6 +207,7 @@ def _connect_kwargs(
     tunnel: asyncssh.SSHClientConnection | None,
     known_hosts: Any,
     client_keys: list[Any],
+    held: list[bytes] = (),  # type: ignore[assignment]
 ) -> tuple[dict, float]:
     """asyncssh.connect's arguments for one hop, and its connect timeout."""
     keepalive = _first(
@@ -235,8 +241,11 @@ def _connect_kwargs(
         connect_timeout=timeout,
         login_timeout=timeout,
     )
-    if params.identities_only and client_keys:
-        kwargs["agent_identities"] = [k.public_data for k in client_keys]
+    if params.identities_only and (client_keys or held):
+        # the agent offers only the named keys, those it holds among them too (asyncssh
+        # offers the agent's keys first: unrestricted, a user with many keys there hits
+        # sshd's MaxAuthTries before the named one, which is what the hint says to set)
+        kwargs["agent_identities"] = [k.public_data for k in client_keys] + list(held)
     return kwargs, timeout
 
 
@@ -256,8 +265,11 @@ async def _connect_hop(
         def known_hosts(_h: str, _a: str, _p: int | None) -> tuple:  # noqa: F811
             return [], [], []
 
-    client_keys, notes = ([], []) if probe else load_client_keys(params, opts.passphrase_prompt)
-    kwargs, timeout = _connect_kwargs(params, opts, tunnel, known_hosts, client_keys)
+    held: list[bytes] = []
+    client_keys, notes = (
+        ([], []) if probe else load_client_keys(params, opts.passphrase_prompt, held)
+    )
+    kwargs, timeout = _connect_kwargs(params, opts, tunnel, known_hosts, client_keys, held)
     where = params.display
     clients: list[VerifyingClient] = []
 
