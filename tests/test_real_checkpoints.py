@@ -22,7 +22,7 @@ import torch
 
 from remotemac.acceptance.compare import CONVERTED_DIR, compare_outputs
 from remotemac.acceptance.record import build_record, write_record
-from remotemac.agent import runner
+from remotemac.agent import ckptconvert, runner
 from remotemac.playbook import CompareRule, PlaybookErrors, load_playbook
 from tests.conftest import REPO
 
@@ -246,3 +246,89 @@ def test_control_bytes_from_a_checkpoint_never_reach_the_record(tmp_path):
     res = compare_outputs(ref, tgt, [CompareRule(file="m.json", strict=True)])
     rec, md = _record(res.to_dict(), tmp_path)
     assert "\\x1b[2J" in md
+
+
+def _convert_without_an_interpreter(out_dir: Path) -> dict:
+    """The runner's converter step over ``out_dir`` with an interpreter that cannot
+    start: its answer has an ``error`` exactly when the runner tried to start it."""
+    spec = runner.JobSpec.from_json(
+        {"convert": {"python": str(out_dir / "no-such-python"), "dir": str(out_dir)}}
+    )
+    return runner.convert_checkpoints(spec, {"PATH": "/usr/bin:/bin"})
+
+
+def _plain_checkpoints() -> dict[str, object]:
+    """What torch.save writes for a state_dict, an optimizer's state, tensors of each
+    storage type and a dict of numbers, strings and tuples: the safe loader reads all."""
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv2d(1, 4, 3), torch.nn.Flatten(), torch.nn.Linear(4, 2))
+    opt = torch.optim.Adam(net[2].parameters(), betas=(0.9, 0.95))
+    net[2](torch.randn(3, 4)).sum().backward()
+    opt.step()
+    dtypes = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64]
+    dtypes += [torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool]
+    dtypes += [torch.complex64, torch.complex128]
+    return {
+        "state_dict.pt": net.state_dict(),
+        "ckpt.pt": {
+            "model": net.state_dict(),
+            "optimizer": opt.state_dict(),
+            "iter_num": 3,
+            "best_val_loss": 1.5,
+            "config": {"name": "gpt", "bias": False, "dropout": None, "shape": (2, 3)},
+            "big": 2**70,
+        },
+        "dtypes.pth": {str(d): torch.ones(3, dtype=d) for d in dtypes},
+        "params.ckpt": [torch.nn.Parameter(torch.randn(2)), torch.arange(6).view(2, 3)[:, 1]],
+    }
+
+
+def test_plain_checkpoints_are_read_as_they_are_and_no_converter_starts(tmp_path):
+    """A state_dict (mnist's ``mnist_cnn.pt``) and the like need no converter: the host
+    tells so from the pickle's opcodes without torch, and the runner starts no
+    interpreter (before, it imported torch only to find that out: 2-3 s after each
+    side's job). Each file said plain is one the safe loader does read."""
+    for name, obj in _plain_checkpoints().items():
+        torch.save(obj, tmp_path / name)
+        assert ckptconvert.reads_safely_as_is(str(tmp_path / name)), name
+        torch.load(tmp_path / name, weights_only=True)  # the laptop's loader agrees
+    (tmp_path / "notes.txt").write_text("not a checkpoint")
+    assert _convert_without_an_interpreter(tmp_path) == {"converted": [], "failed": {}}
+
+
+def _refused_or_unsure(tmp_path: Path) -> dict[str, Path]:
+    """Files the host must not call plain: the safe loader refuses some (a whole model,
+    argparse.Namespace, a set, bytes), the rest are not torch.save's plain zip at
+    protocol 2 (legacy format, protocol 4, not a zip, cut short)."""
+    made: dict[str, Path] = {}
+    tmp_path.mkdir()
+
+    def save(name: str, obj: object, **kwargs) -> None:
+        made[name] = tmp_path / name
+        torch.save(obj, made[name], **kwargs)
+
+    save("model.pt", torch.nn.Linear(2, 2))
+    _vision_checkpoint(tmp_path / "last.pth.tar", "/runs/cpu")
+    made["last.pth.tar"] = tmp_path / "last.pth.tar"
+    save("set.pt", {"seen": {1, 2}})
+    save("bytes.pt", {"blob": b"\x00\x01"})
+    save("legacy.pt", {"w": torch.ones(2)}, _use_new_zipfile_serialization=False)
+    save("proto4.pt", {"w": torch.ones(2)}, pickle_protocol=4)
+    made["text.pt"] = tmp_path / "text.pt"
+    made["text.pt"].write_text("not a checkpoint")
+    whole = (tmp_path / "set.pt").read_bytes()
+    made["cut.pt"] = tmp_path / "cut.pt"
+    made["cut.pt"].write_bytes(whole[: len(whole) // 2])
+    return made
+
+
+def test_a_checkpoint_the_safe_loader_may_refuse_still_goes_to_the_converter(tmp_path):
+    """Only a sure "plain" skips the converter: each of these is left to it (the
+    runner does try to start the workload's interpreter), alone in its dir."""
+    for name, path in _refused_or_unsure(tmp_path / "made").items():
+        assert not ckptconvert.reads_safely_as_is(str(path)), name
+        alone = tmp_path / name
+        alone.mkdir()
+        path.rename(alone / name)
+        got = _convert_without_an_interpreter(alone)
+        assert "error" in got and got["converted"] == [], (name, got)
