@@ -11,11 +11,14 @@ own login: none, query, signed = 3; now 1 for a key file).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -76,6 +79,34 @@ def config_with_keys(server: SSHD, path: Path, alias: str, keys: list[Path], **k
     return path
 
 
+def wrong_key_first(server: SSHD, tmp_path: Path, stranger: Path) -> Path:
+    """ssh_config for host alias ``wrongfirst``: ``stranger``'s key offered before the host's."""
+    return config_with_keys(
+        server,
+        tmp_path / "wrong_first",
+        "wrongfirst",
+        [stranger, server.client_key.private],
+        known_hosts=tmp_path / "ukh",
+    )
+
+
+@contextlib.contextmanager
+def ssh_agent(tmp_path: Path, monkeypatch: Any, *keys: Path) -> Iterator[None]:
+    """A real ssh-agent holding ``keys`` (listed in this order), as SSH_AUTH_SOCK."""
+    sock = tmp_path / "agent.sock"
+    out = subprocess.run(
+        ["ssh-agent", "-s", "-a", str(sock)], check=True, capture_output=True, text=True
+    ).stdout
+    pid = int(re.search(r"SSH_AGENT_PID=(\d+)", out)[1])  # type: ignore[index]
+    try:
+        monkeypatch.setenv("SSH_AUTH_SOCK", str(sock))
+        for key in keys:
+            subprocess.run(["ssh-add", "-q", str(key)], check=True, env={**os.environ})
+        yield
+    finally:
+        os.kill(pid, 15)
+
+
 @pytest.mark.asyncio
 async def test_a_key_file_logs_in_with_one_signed_request(sshd, ssh_env):
     home, cfg, alias = ssh_env(sshd)
@@ -131,13 +162,7 @@ async def test_a_host_at_its_max_auth_tries_is_an_auth_error_not_a_link_error(
         tmp_path / "sshd", client_key=client_key, extra_config=["MaxAuthTries 1"]
     ) as server:
         home, _cfg, _alias = ssh_env(server)
-        cfg = config_with_keys(
-            server,
-            tmp_path / "wrong_first",
-            "wrongfirst",
-            [stranger, client_key.private],
-            known_hosts=tmp_path / "ukh",
-        )
+        cfg = wrong_key_first(server, tmp_path, stranger)
         before = requests(server)
         with pytest.raises(AuthError) as err:
             await SSHTransport(
@@ -172,23 +197,16 @@ async def test_identities_only_limits_the_agent_to_the_named_key_it_holds(
     offer only that key: one request, accepted. Before, the agent offered its keys
     unrestricted and the stranger's ended the login."""
     stranger = ClientKey.generate(tmp_path / "stranger").private
-    sock = tmp_path / "agent.sock"
-    agent = subprocess.run(
-        ["ssh-agent", "-s", "-a", str(sock)], check=True, capture_output=True, text=True
-    ).stdout
-    pid = int(re.search(r"SSH_AGENT_PID=(\d+)", agent)[1])  # type: ignore[index]
-    try:
-        monkeypatch.setenv("SSH_AUTH_SOCK", str(sock))
-        for key in (stranger, client_key.private):  # the agent lists them in this order
-            subprocess.run(["ssh-add", "-q", str(key)], check=True, env={**os.environ})
-        with ChattySSHD(
+    # the agent lists them in this order
+    with (
+        ssh_agent(tmp_path, monkeypatch, stranger, client_key.private),
+        ChattySSHD(
             tmp_path / "sshd", client_key=client_key, extra_config=["MaxAuthTries 1"]
-        ) as server:
-            home, cfg, alias = ssh_env(server)  # IdentityFile the host's key, IdentitiesOnly yes
-            assert (await login_requests(server, home, cfg, alias))[-1] == "Accepted"
-            assert "Failed" not in requests(server)
-    finally:
-        os.kill(pid, 15)
+        ) as server,
+    ):
+        home, cfg, alias = ssh_env(server)  # IdentityFile the host's key, IdentitiesOnly yes
+        assert (await login_requests(server, home, cfg, alias))[-1] == "Accepted"
+        assert "Failed" not in requests(server)
 
 
 @pytest.mark.asyncio
@@ -202,13 +220,7 @@ async def test_a_reconnect_refused_at_max_auth_tries_stops_at_once(
     stranger = ClientKey.generate(tmp_path / "stranger").private
     with ChattySSHD(tmp_path / "sshd", client_key=client_key) as server:
         home, _cfg, _alias = ssh_env(server)
-        cfg = config_with_keys(
-            server,
-            tmp_path / "wrong_first",
-            "wrongfirst",
-            [stranger, client_key.private],
-            known_hosts=tmp_path / "ukh",
-        )
+        cfg = wrong_key_first(server, tmp_path, stranger)
         opts = SSHOptions(ssh_config=cfg, reconnect_deadline=20)
         async with SSHTransport("wrongfirst", home_dir=home, options=opts) as t:
             assert (await t.exec(["true"])).ok  # the default MaxAuthTries (6) lets it in
@@ -228,20 +240,7 @@ async def test_a_reconnect_refused_at_max_auth_tries_stops_at_once(
 async def test_an_agent_key_is_still_queried_before_it_signs(sshd, ssh_env, tmp_path, monkeypatch):
     """A signature from an agent may ask the user (ssh-add -c, a security key): the
     unsigned query spares that for a key the host would refuse, so agent keys keep it."""
-    agent = subprocess.run(
-        ["ssh-agent", "-s", "-a", str(tmp_path / "agent.sock")],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout
-    pid = int(re.search(r"SSH_AGENT_PID=(\d+)", agent)[1])  # type: ignore[index]
-    try:
-        monkeypatch.setenv("SSH_AUTH_SOCK", str(tmp_path / "agent.sock"))
-        subprocess.run(
-            ["ssh-add", "-q", str(sshd.client_key.private)],
-            check=True,
-            env={**os.environ, "SSH_AUTH_SOCK": str(tmp_path / "agent.sock")},
-        )
+    with ssh_agent(tmp_path, monkeypatch, sshd.client_key.private):
         home, cfg, alias = ssh_env(sshd)
         # no "method none": the configured method goes first for agent keys too
         assert await login_requests(sshd, home, cfg, alias) == [
@@ -250,8 +249,6 @@ async def test_an_agent_key_is_still_queried_before_it_signs(sshd, ssh_env, tmp_
             "method publickey",
             "Accepted",
         ]
-    finally:
-        os.kill(pid, 15)
 
 
 @pytest.mark.asyncio
