@@ -20,7 +20,7 @@ minus shape B per 1,000 files, are the receiver's per-file cost.
 nothing in for the host's SHA-256 of each small file's plaintext and takes the laptop's
 claim: the difference is what the host's second hash costs (docs/figures.md). Shape A
 only (its files all take the small-file path). Since the receiver no longer hashes a
-file received whole in one encrypted stream (docs/contract.md, "Data"), it changes
+file received whole in one encrypted stream (docs/contract.md, "Promises"), it changes
 nothing on this code; it is kept for A/B runs against older checkouts.
 
 cryptography for the host's interpreter comes from ``--runtime-path`` (a ``pip

@@ -154,7 +154,7 @@ def test_a_whole_file_whose_ciphertext_was_altered_on_the_way_is_an_integrity_er
     dataops, tmp_path, big
 ):
     """A file received whole is checked by its authenticated decryption, not by a second
-    hash on the host (docs/contract.md, "Data"): one flipped ciphertext byte ends the
+    hash on the host (docs/contract.md, "Promises"): one flipped ciphertext byte ends the
     session with one integrity line, the file is neither recorded nor left in RAM (nor
     its part file), and no file after it is recorded as verified. The files before it
     (small ones still queued for the write-behind thread) are kept."""

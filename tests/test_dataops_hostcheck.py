@@ -1,4 +1,4 @@
-"""What the host checks before the job sees a file (docs/contract.md, "Data"), in process.
+"""What the host checks before the job sees a file (docs/contract.md, "Promises"), in process.
 
 A file received whole in one encrypted stream is checked by its authenticated
 decryption of the bytes the laptop hashed; a resumed transfer (its kept prefix comes

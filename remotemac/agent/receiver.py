@@ -456,7 +456,7 @@ class Receiver(PartialTransfers, SplitPieces, Finish):
         SHA-256 is of the very bytes it sealed (engine/syncpieces.py HashingReader).
         Its record carries that SHA-256. A resumed transfer's kept prefix comes from
         this host's disk, and public data has no AEAD: those are hashed and compared
-        (docs/contract.md, "Data").
+        (docs/contract.md, "Promises").
 
         ``got``: the plaintext's file, its sink and the laptop's SHA-256; ``cipher``:
         the part it arrived in, where it goes, its cut-transfer note (or None);
