@@ -368,14 +368,15 @@ class Receiver(PartialTransfers, SplitPieces, Finish):
         """Read one framed file; store, decrypt and verify it (partly on ``behind``).
 
         The job never sees a partial file. An encrypted file below RESUMABLE bytes is
-        read and decrypted in memory here, then stored, hashed, checked and renamed
-        into place on the write-behind thread, in groups (:meth:`hand_over`), while
-        the next ones are read. A larger one
-        streams (its plaintext written and hashed on that thread) and arrives under
-        ``.remotemac-partial/``, where it stays when the link is cut (see
+        read and decrypted in memory here, then stored and renamed into place on the
+        write-behind thread, in groups (:meth:`hand_over`), while the next ones are
+        read. A larger one streams (its plaintext written on that thread) and arrives
+        under ``.remotemac-partial/``, where it stays when the link is cut (see
         :meth:`partials`); ``resume`` continues such a one (the frame carries chunks
-        ``resume["chunks"]`` on). Plaintext only ever goes to a hidden part file in
-        RAM, renamed into place once verified.
+        ``resume["chunks"]`` on). A file received whole is verified by its
+        decryption; a resumed one and public data are hashed on that thread and
+        compared (see :meth:`_store_streamed`). Plaintext only ever goes to a hidden
+        part file in RAM, renamed into place once verified.
         """
         if not 0 <= index < len(self.entries):
             raise DataError("frame for unknown entry %d" % index)
