@@ -19,7 +19,9 @@ minus shape B per 1,000 files, are the receiver's per-file cost.
 ``--no-host-hash`` (bench only: never a product switch) stands a hasher that does
 nothing in for the host's SHA-256 of each small file's plaintext and takes the laptop's
 claim: the difference is what the host's second hash costs (docs/figures.md). Shape A
-only (its files all take the small-file path).
+only (its files all take the small-file path). Since the receiver no longer hashes a
+file received whole in one encrypted stream (docs/contract.md, "Promises"), it changes
+nothing on this code; it is kept for A/B runs against older checkouts.
 
 cryptography for the host's interpreter comes from ``--runtime-path`` (a ``pip
 install --target`` dir), or is installed into a temp dir first.

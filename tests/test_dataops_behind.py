@@ -61,7 +61,8 @@ def _hello(root: Path, key: bytes, entries: list[dict]) -> dict:
 
 def _stream(root: Path, paths: list[str], key: bytes, tamper: int | None = None) -> bytes:
     """hello + the laptop's frames for every file (+ the E frame); ``tamper``: the
-    index of a file whose claimed SHA-256 is flipped."""
+    index of a file one byte of whose last sealed chunk is flipped on the way (a
+    streamed file's earlier chunks are then written before it fails)."""
     from remotemac.engine.syncpieces import FileDone, pack_frame, read_pieces
     from remotemac.engine.syncplan import Job, stat_all
 
@@ -73,7 +74,7 @@ def _stream(root: Path, paths: list[str], key: bytes, tamper: int | None = None)
     )
     out = [json.dumps(hello).encode() + b"\n"]
     work = collections.deque(Job(i, None, None) for i in range(len(files)))
-    current = -1
+    current = last = -1
     for item in read_pieces(root, files, work, key):
         if isinstance(item, FileDone):
             files[item.index] = item.local
@@ -81,9 +82,11 @@ def _stream(root: Path, paths: list[str], key: bytes, tamper: int | None = None)
         data = item[0]
         if len(data) == 13 and item[1] == 0:  # a frame (a header is 84 bytes, a chunk
             current = int.from_bytes(data[1:5], "big")  # covers plaintext)
-        if tamper is not None and current == tamper and len(data) == 32 and item[1] == 0:
-            data = bytes(32)  # the claimed SHA-256 of that file
+        if current == tamper and item[1] > 0:
+            last = len(out)  # (a sealed chunk: it covers plaintext)
         out.append(data)
+    if last >= 0:
+        out[last] = out[last][:-20] + bytes([out[last][-20] ^ 1]) + out[last][-19:]
     final = json.dumps({"changed": [[i, f.size, f.sha256] for i, f in enumerate(files)]}).encode()
     out.append(pack_frame("E", 0, len(final)) + final)
     return b"".join(out)
@@ -146,18 +149,28 @@ def test_small_and_large_files_arrive_verified_with_acks_in_few_lines(
     assert _leftovers(ram, src) == []
 
 
-def test_a_small_file_that_does_not_hash_as_claimed_is_an_integrity_error(dataops, tmp_path):
-    """The check moved to the write-behind thread: its failure still ends the session
-    with one integrity line, the bad file is neither recorded nor left in RAM, and no
-    file after it is recorded as verified."""
+@pytest.mark.parametrize("big", [False, True], ids=["small", "streamed"])
+def test_a_whole_file_whose_ciphertext_was_altered_on_the_way_is_an_integrity_error(
+    dataops, tmp_path, big
+):
+    """A file received whole is checked by its authenticated decryption, not by a second
+    hash on the host (docs/contract.md, "Promises"): one flipped ciphertext byte ends the
+    session with one integrity line, the file is neither recorded nor left in RAM (nor
+    its part file), and no file after it is recorded as verified. The files before it
+    (small ones still queued for the write-behind thread) are kept."""
     root = tmp_path / "data"
-    paths = _slice(root, {f"f{i:02d}.bin": 5000 + i for i in range(12)})
+    sizes = {f"f{i:02d}.bin": 5000 + i for i in range(12)}
+    if big:
+        sizes["f05.bin"] = datarecords.RESUMABLE + 300_000
+    paths = _slice(root, sizes)
     code, lines = _run(dataops, _stream(root, paths, os.urandom(32), tamper=5))
     assert code == 1
     assert lines[-1]["code"] == "integrity" and paths[5] in lines[-1]["error"]
+    assert "failed decryption" in lines[-1]["error"]
     records = datarecords.load_records(str(tmp_path / "run" / "data"))
     assert paths[5] not in records
     assert not any(p > paths[5] for p in records)
+    assert sorted(records) == paths[:5]
     assert not (tmp_path / "ram" / paths[5]).exists()
     assert _leftovers(tmp_path / "ram", tmp_path / "run" / "data") == []
 

@@ -46,12 +46,19 @@ class Tee:
 
 class HashSink:
     """Writes plaintext to ``dst`` and hashes it on the way; with ``behind``, both happen
-    on the write-behind thread (the caller reads ``digest`` only after it drained)."""
+    on the write-behind thread (the caller reads ``digest`` only after it drained).
 
-    def __init__(self, dst: Optional[BinaryIO], behind: Optional[WriteBehind] = None) -> None:
+    ``hashing=False``: writes only (``digest`` stays the hash of nothing). For an
+    encrypted file received whole in one stream, whose authenticated decryption is its
+    check (see Receiver.receive and docs/contract.md)."""
+
+    def __init__(
+        self, dst: Optional[BinaryIO], behind: Optional[WriteBehind] = None, hashing: bool = True
+    ) -> None:
         self._dst = dst
         self._behind = behind
         self.digest = hashlib.sha256()
+        self.hashing = hashing
         self.size = 0
 
     def write(self, data: bytes) -> int:
@@ -63,7 +70,8 @@ class HashSink:
         return len(data)
 
     def _write(self, data: bytes) -> None:
-        self.digest.update(data)
+        if self.hashing:
+            self.digest.update(data)
         if self._dst is not None:
             self._dst.write(data)
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import hashlib
 import io
 import os
 import stat
@@ -369,14 +368,15 @@ class Receiver(PartialTransfers, SplitPieces, Finish):
         """Read one framed file; store, decrypt and verify it (partly on ``behind``).
 
         The job never sees a partial file. An encrypted file below RESUMABLE bytes is
-        read and decrypted in memory here, then stored, hashed, checked and renamed
-        into place on the write-behind thread, in groups (:meth:`hand_over`), while
-        the next ones are read. A larger one
-        streams (its plaintext written and hashed on that thread) and arrives under
-        ``.remotemac-partial/``, where it stays when the link is cut (see
+        read and decrypted in memory here, then stored and renamed into place on the
+        write-behind thread, in groups (:meth:`hand_over`), while the next ones are
+        read. A larger one streams (its plaintext written on that thread) and arrives
+        under ``.remotemac-partial/``, where it stays when the link is cut (see
         :meth:`partials`); ``resume`` continues such a one (the frame carries chunks
-        ``resume["chunks"]`` on). Plaintext only ever goes to a hidden part file in
-        RAM, renamed into place once verified.
+        ``resume["chunks"]`` on). A file received whole is verified by its
+        decryption; a resumed one and public data are hashed on that thread and
+        compared (see :meth:`_store_streamed`). Plaintext only ever goes to a hidden
+        part file in RAM, renamed into place once verified.
         """
         if not 0 <= index < len(self.entries):
             raise DataError("frame for unknown entry %d" % index)
@@ -404,7 +404,10 @@ class Receiver(PartialTransfers, SplitPieces, Finish):
             part = "%s.part-%d" % (stored, self._pid)
         keep_partial = False
         out = open_new(plain_part if plain_part is not None else part)
-        sink = HashSink(out, behind)
+        # an encrypted file received whole from its first byte is checked by its
+        # authenticated decryption (see _store_streamed); a resumed one and public data
+        # are hashed here
+        sink = HashSink(out, behind, hashing=not (self.encrypted and resume is None))
         try:
             if self.encrypted:
                 self._receive_sealed(stdin, rel, length, part, sink, resume)
@@ -448,14 +451,24 @@ class Receiver(PartialTransfers, SplitPieces, Finish):
         """On the write-behind thread, once a streamed file is read whole: check its
         hash, rename its stored copy (and its plaintext in RAM) into place, record it.
 
+        An encrypted file received whole in this stream is not hashed here (its sink
+        does not hash): every chunk to the final one opened under this path, a fresh
+        salt and the run's key, so it is what the laptop sealed, and the laptop's
+        SHA-256 is of the very bytes it sealed (engine/syncpieces.py HashingReader).
+        Its record carries that SHA-256. A resumed transfer's kept prefix comes from
+        this host's disk, and public data has no AEAD: those are hashed and compared
+        (docs/contract.md, "Promises").
+
         ``got``: the plaintext's file, its sink and the laptop's SHA-256; ``cipher``:
         the part it arrived in, where it goes, its cut-transfer note (or None);
         ``plaintext``: the RAM part and its place (None, None for public data)."""
         (out, sink, claimed), (part, stored, meta), (plain_part, plain) = got, cipher, plaintext
         try:
             out.close()
-            digest = sink.digest.hexdigest()
-            self._check_digest(rel, digest, claimed)
+            digest = claimed
+            if sink.hashing:
+                digest = sink.digest.hexdigest()
+                self._check_digest(rel, digest, claimed)
             rec: Dict[str, Any] = {"path": rel, "sha256": digest, "size": sink.size}
             if plain is not None and plain_part is not None:
                 recorded = backdate(plain_part)  # see datarecords.SETTLE_NS
@@ -486,10 +499,14 @@ class Receiver(PartialTransfers, SplitPieces, Finish):
         behind: WriteBehind,
     ) -> None:
         """An encrypted file below RESUMABLE bytes: read and decrypt it here (in memory),
-        and leave storing (its ciphertext into its group's pack), hashing, checking and
-        renaming to the write-behind thread.
+        and leave storing (its ciphertext into its group's pack) and renaming to the
+        write-behind thread.
 
-        A cut link leaves nothing of it (it is resent whole)."""
+        Not hashed on the host: it decrypted whole (every chunk to the final one, under
+        this path, a fresh salt and the run's key), so its plaintext is what the laptop
+        sealed, and the laptop's SHA-256 is of those very bytes; its record carries
+        that SHA-256 (see :meth:`_store_streamed`, docs/contract.md). A cut link leaves
+        nothing of it (it is resent whole)."""
         self.cipher()
         from . import streamcrypt
 
@@ -506,10 +523,6 @@ class Receiver(PartialTransfers, SplitPieces, Finish):
         def store(pack: Pack) -> None:
             try:
                 name, off = pack.append(sealed)
-                digest = hashlib.sha256()
-                for piece in pieces:
-                    digest.update(piece)
-                self._check_digest(rel, digest.hexdigest(), claimed)
                 fd = create_new(plain_part)
                 try:
                     size = write_all(fd, pieces)
