@@ -126,7 +126,8 @@ def machine_cpu_s() -> float:
     """CPU seconds all processes of this machine have used so far (Linux /proc/stat).
 
     Both ends run here, so the difference over one copy is what it cost laptop and host
-    together: remotemac hashes on both ends and encrypts, scp and rsync do neither, and
+    together: remotemac hashes (on the laptop; on the host too
+    for resumed and split files) and encrypts, scp and rsync do neither, and
     on 2 shared cores that sum, not one process, sets the time of a large file."""
     with open("/proc/stat") as fh:
         ticks = [int(x) for x in fh.readline().split()[1:]]

@@ -76,6 +76,8 @@ class HashSink:
             self._dst.write(data)
 
     def hexdigest(self) -> str:
+        if not self.hashing:  # (the hash of nothing must never be recorded or compared)
+            raise RuntimeError("this sink does not hash")
         if self._behind is not None:
             self._behind.drain()
         return self.digest.hexdigest()

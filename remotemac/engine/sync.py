@@ -3,8 +3,9 @@
 Why a stream: each file is read once; while it is read it is hashed and sealed
 (streamcrypt's chunked AEAD) in a worker thread, the event loop writes the sealed
 chunks into an SSH channel, and on the host ``agent/dataops.py sync`` stores the
-ciphertext, decrypts it into RAM-backed storage and checks the SHA-256, all at
-the same time. A bounded queue between the stages keeps memory flat (a few MiB in
+ciphertext and decrypts it into RAM-backed storage (its authenticated decryption is
+the check of a file sent whole; a resumed or split one is hashed again), all at the
+same time. A bounded queue between the stages keeps memory flat (a few MiB in
 flight per stream whatever the slice size).
 
 Why several streams on a far link: sshd gives each channel a 2 MiB window, so one
@@ -12,7 +13,7 @@ channel carries at most WINDOW_BYTES per round trip (~25 MB/s at 80 ms). The fir
 channel pings the agent; :func:`choose_streams` turns that round trip into a number
 of channels, which take files from one shared queue, largest first. Many small files
 get a few channels even on a near link: each receiver on the host creates, stores and
-hashes its own files (there, the host's per-file cost is the limit, not the window).
+decrypts its own files (there, the host's per-file cost is the limit, not the window).
 
 Why it resumes and is incremental: the host acknowledges each file once it is
 verified and keeps a record keyed by (relative path, plaintext SHA-256); a later
