@@ -24,8 +24,6 @@ import time
 import unicodedata
 from typing import Any, Dict, List, Optional, Tuple
 
-from .agentutil import pid_alive
-
 RECORD = ".verified.jsonl"
 #: cut transfers kept for resuming: ``<sha256(path)[:32]>-<pid>.rmenc`` + ``.json``, and
 #: split files (see Receiver.receive_piece): ``<sha256(path)[:32]>-s<sid>`` + ``.rmenc``,
@@ -408,6 +406,12 @@ def other_alive(pid: Any, wait: float = 0.0) -> bool:
     """Whether process ``pid`` (another receiver on this host) still runs; waits up to
     ``wait`` seconds for it to end (a session cut by the link exits at its next read)."""
     import time
+
+    # (here, not at the top: agentutil brings procid, subprocess, shutil and signal, 5-6 ms
+    # of every receiver's start on the lab's python3.9, six at once in a far push; this
+    # runs only where another session left a marker, a kept transfer or a file in
+    # flight: after a cut)
+    from .agentutil import pid_alive
 
     if not isinstance(pid, int) or pid <= 0 or pid == os.getpid():
         return False
