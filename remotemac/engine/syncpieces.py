@@ -160,9 +160,8 @@ def _sealed_small(
     next_batch, had cost more than sealing it: ~10 us a file)."""
     from remotemac.agent.streamcrypt import DEFAULT_CHUNK, ciphertext_size, iter_encrypt
 
-    header, *chunks = iter_encrypt(
-        key, path, reader, DEFAULT_CHUNK, version=syncsplit.file_version(before)
-    )  # type: ignore[arg-type]
+    version = syncsplit.file_version(before)
+    header, *chunks = iter_encrypt(key, path, reader, DEFAULT_CHUNK, version=version)  # type: ignore[arg-type]
     if log is not None:
         for counter, sealed in enumerate(chunks):
             log.check(header, counter, sealed, path)
