@@ -81,8 +81,10 @@ def _stream(root: Path, paths: list[str], key: bytes, tamper: int | None = None)
             continue
         data = item[0]
         if isinstance(data, list):  # a small file whole: frame, header, chunk, SHA-256
-            if tamper is not None and int.from_bytes(data[0][1:5], "big") == tamper:
-                data = [*data[:-1], bytes(32)]
+            if int.from_bytes(data[0][1:5], "big") == tamper:
+                sealed = data[-2]
+                sealed = sealed[:-20] + bytes([sealed[-20] ^ 1]) + sealed[-19:]
+                data = [*data[:-2], sealed, data[-1]]
             out += data
             continue
         if len(data) == 13 and item[1] == 0:  # a frame (a header is 84 bytes, a chunk
