@@ -80,6 +80,13 @@ def _stream(root: Path, paths: list[str], key: bytes, tamper: int | None = None)
             files[item.index] = item.local
             continue
         data = item[0]
+        if isinstance(data, list):  # a small file whole: frame, header, chunk, SHA-256
+            if int.from_bytes(data[0][1:5], "big") == tamper:
+                sealed = data[-2]
+                sealed = sealed[:-20] + bytes([sealed[-20] ^ 1]) + sealed[-19:]
+                data = [*data[:-2], sealed, data[-1]]
+            out += data
+            continue
         if len(data) == 13 and item[1] == 0:  # a frame (a header is 84 bytes, a chunk
             current = int.from_bytes(data[1:5], "big")  # covers plaintext)
         if current == tamper and item[1] > 0:

@@ -256,3 +256,21 @@ def test_a_journal_from_before_the_ctime_opens_and_hashes_again(tmp_path: Path) 
     journal.put("a.bin", 3, 7, 9, 11, "1" * 64)
     assert journal.get("a.bin", 3, 7, 9, 11) == "1" * 64
     assert journal.get("a.bin", 3, 7, 9, 12) is None
+
+
+@pytest.mark.parametrize("kind", ["journal", "memory"])
+def test_put_many_keeps_every_row_as_put_would(tmp_path: Path, kind: str) -> None:
+    """A sync's hashes go into the cache in one write (engine/sync.py): every row is
+    there after it, the last row of a path wins, and a file of another identity
+    misses, as one ``put`` per row would leave it."""
+    from remotemac.journal import Journal
+
+    cache = Journal(tmp_path / "j.sqlite") if kind == "journal" else MemoryHashCache()
+    cache.put("old.bin", 1, 1, 1, 1, "0" * 64)
+    rows = [(f"d/{i:04d}.bin", i, 10 + i, 20 + i, 30 + i, f"{i:064x}") for i in range(500)]
+    cache.put_many(iter(rows + [("old.bin", 2, 2, 2, 2, "f" * 64)]))
+    for path, *identity, sha in rows:
+        assert cache.get(path, *identity) == sha
+    assert cache.get("old.bin", 2, 2, 2, 2) == "f" * 64
+    assert cache.get("old.bin", 1, 1, 1, 1) is None
+    assert cache.get("d/0007.bin", 7, 17, 27, 38) is None

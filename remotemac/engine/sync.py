@@ -325,10 +325,12 @@ async def sync_slice(
         send_ahead=cache is not None,
     )
     answer = await _run_resuming(session, transport, stats, emit, run_id, max_attempts)
-    if cache is not None:
-        for f in files:
-            if f.sha256 is not None:
-                cache.put(f.path, f.size, f.mtime_ns, f.inode, f.ctime_ns, f.sha256)
+    if cache is not None:  # (one write for the slice: a commit per file cost ~25 us)
+        cache.put_many(
+            (f.path, f.size, f.mtime_ns, f.inode, f.ctime_ns, f.sha256)
+            for f in files
+            if f.sha256 is not None
+        )
     manifest = session.manifest()
     _refuse_mismatches(transport, answer)
     return manifest, answer, stats
