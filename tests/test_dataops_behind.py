@@ -61,8 +61,10 @@ def _hello(root: Path, key: bytes, entries: list[dict]) -> dict:
 
 def _stream(root: Path, paths: list[str], key: bytes, tamper: int | None = None) -> bytes:
     """hello + the laptop's frames for every file (+ the E frame); ``tamper``: the
-    index of a file one byte of whose last sealed chunk is flipped on the way (a
-    streamed file's earlier chunks are then written before it fails)."""
+    index of a file one byte of one of whose sealed chunks is flipped on the way: a
+    small file's only chunk; for a streamed file the last chunk the reader yields with
+    plaintext in it, a few before its final one (its earlier chunks are then written
+    before it fails; a bad final chunk: tests/test_streamcrypt.py)."""
     from remotemac.engine.syncpieces import FileDone, pack_frame, read_pieces
     from remotemac.engine.syncplan import Job, stat_all
 
