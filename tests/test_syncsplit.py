@@ -304,3 +304,77 @@ def test_a_resumed_single_stream_never_sends_a_chunk_sealed_again_with_other_byt
             sent.append(item[0])
     assert sent[1:] == first_time[2 + chunks : 2 + chunks + len(sent) - 1]
     assert pack_frame("R", 0, 0)[:1] == sent[0][:1]
+
+
+@pytest.mark.parametrize("change", ["grows", "rewritten", "touched"])
+def test_a_small_file_changed_while_it_is_read_sends_nothing(tmp_path, monkeypatch, change):
+    """A small file goes as one piece only once it is known unchanged after its read
+    (engine/syncpieces.py): the host records the laptop's SHA-256 of a file received
+    whole without hashing it again, so a file torn by a writer must never leave. The
+    writer here acts between the read and the check, as a training job appending to a
+    log in the dataset would."""
+    import collections
+
+    from remotemac.engine import syncpieces
+    from remotemac.engine.syncplan import Job, stat_all
+
+    (tmp_path / "d").mkdir()
+    path = tmp_path / "d" / "labels.csv"
+    path.write_bytes(b"a,b\n" * 250)
+    files = stat_all(tmp_path, ["d/labels.csv"], None)
+    real_read = syncpieces.HashingReader.read
+
+    def read_then_write(self, n):
+        data = real_read(self, n)
+        if data:
+            st = os.stat(path)
+            if change == "grows":
+                with open(path, "ab") as fh:
+                    fh.write(b"c,d\n")
+            elif change == "rewritten":  # same size, other bytes, a later mtime
+                path.write_bytes(b"x,y\n" * 250)
+                os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+            else:  # the bytes as they were, only the times
+                os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+        return data
+
+    monkeypatch.setattr(syncpieces.HashingReader, "read", read_then_write)
+    sent = []
+    with pytest.raises(IntegrityError, match="changed while it was sent"):
+        for item in syncpieces.read_pieces(
+            tmp_path, files, collections.deque([Job(0, None, None)]), KEY
+        ):
+            sent.append(item)
+    assert sent == []
+
+
+def test_batches_of_small_files_count_every_byte_and_stay_near_their_limit(tmp_path):
+    """next_batch over small files sent as one piece each: the batches together carry
+    the whole stream and every file's plaintext (progress and resume accounting read
+    ``plain``), each stays within one small file of its limit, and a file's FileDone
+    comes in the batch that carries its last byte or the next."""
+    import collections
+
+    from remotemac.agent.streamcrypt import ciphertext_size
+    from remotemac.engine import syncpieces
+    from remotemac.engine.syncplan import Job, stat_all
+
+    sizes = [0, 1, 1000, DEFAULT_CHUNK - 1, DEFAULT_CHUNK] + [4096 + 17 * i for i in range(60)]
+    (tmp_path / "d").mkdir()
+    for i, size in enumerate(sizes):
+        (tmp_path / "d" / f"f{i:03d}.bin").write_bytes(os.urandom(size))
+    files = stat_all(tmp_path, [f"d/f{i:03d}.bin" for i in range(len(sizes))], None)
+    pieces = syncpieces.read_pieces(
+        tmp_path, files, collections.deque(Job(i, None, None) for i in range(len(files))), KEY
+    )
+    limit = 64 << 10
+    batches = []
+    while (batch := syncpieces.next_batch(pieces, limit)).data or batch.done:
+        batches.append(batch)
+    # frame 13 bytes, the ciphertext (header and sealed chunks), SHA-256 32 bytes per file
+    want = sum(13 + ciphertext_size(size, DEFAULT_CHUNK) + 32 for size in sizes)
+    assert sum(len(b.data) for b in batches) == want
+    assert sum(b.plain for b in batches) == sum(sizes)
+    assert [d.index for b in batches for d in b.done] == list(range(len(sizes)))
+    biggest = 13 + ciphertext_size(DEFAULT_CHUNK, DEFAULT_CHUNK) + 32
+    assert all(len(b.data) < limit + biggest for b in batches)
