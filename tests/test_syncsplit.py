@@ -378,3 +378,24 @@ def test_batches_of_small_files_count_every_byte_and_stay_near_their_limit(tmp_p
     assert [d.index for b in batches for d in b.done] == list(range(len(sizes)))
     biggest = 13 + ciphertext_size(DEFAULT_CHUNK, DEFAULT_CHUNK) + 32
     assert all(len(b.data) < limit + biggest for b in batches)
+
+
+def test_small_files_leave_nothing_in_the_seal_log_and_a_large_one_its_tags(tmp_path):
+    """The seal log guards chunks sealed again under one nonce (a continued transfer);
+    a small file is never continued, so its entry would only grow the laptop's memory
+    with the file count (~240 bytes a file). A large file sent whole keeps its tags."""
+    import collections
+
+    from remotemac.engine import syncpieces
+    from remotemac.engine.syncplan import Job, stat_all
+
+    (tmp_path / "d").mkdir()
+    names = [f"d/s{i:03d}.bin" for i in range(50)] + ["d/big.bin"]
+    for name in names[:-1]:
+        (tmp_path / name).write_bytes(os.urandom(3000))
+    (tmp_path / "d" / "big.bin").write_bytes(os.urandom(3 * DEFAULT_CHUNK + 5))
+    files = stat_all(tmp_path, names, None)
+    log = syncsplit.SealLog()
+    work = collections.deque(Job(i, None, None) for i in range(len(files)))
+    list(syncpieces.read_pieces(tmp_path, files, work, KEY, log=log))
+    assert [len(tags) for tags in log._tags.values()] == [4 * 16]
