@@ -21,28 +21,13 @@ import pytest
 
 from remotemac.agent import datafiles, datarecords, receiver
 from remotemac.agent import streamcrypt as sc
-from tests.test_dataops_behind import AGENT, _hello, _run, _slice, _stream
+from tests import test_dataops_behind as behind
+from tests.test_dataops_behind import _hello, _run, _slice, _stream
+
+dataops = behind.dataops  # the fixture: the receiver module, runtime and RAM store faked
 
 #: a file that streams (and is kept when cut): RESUMABLE and a few chunks more
 BIG = datarecords.RESUMABLE + 5 * sc.DEFAULT_CHUNK + 1234
-
-
-@pytest.fixture
-def dataops(monkeypatch, tmp_path):
-    """agent/dataops.py with the runtime's activation and the RAM store faked (as
-    tests/test_dataops_behind.py does)."""
-    monkeypatch.syspath_prepend(str(AGENT))
-    from remotemac.agent import dataops, ramstore
-
-    ram = tmp_path / "ram"
-
-    def fake_store(run_dir, size, run_id):
-        ram.mkdir(exist_ok=True)
-        return {"path": str(ram), "kind": "shm", "device": None, "warning": None, "steps": []}
-
-    monkeypatch.setattr(receiver, "use_runtime", lambda path: None)
-    monkeypatch.setattr(ramstore, "create_ram_store", fake_store)
-    return dataops
 
 
 class _Counting:
