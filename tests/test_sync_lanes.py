@@ -119,6 +119,60 @@ def test_without_lanes_the_pieces_carry_no_marks(tmp_path):
     assert not any(type(item) is Lane for item in items)
 
 
+def test_files_the_host_holds_make_batches_bounded_by_what_was_read(tmp_path):
+    """Files the host already holds are read and hashed and send nothing: made on the
+    loop, a run of them is cut into batches by the bytes read (and tiny files by the
+    count), so no one batch holds the loop for the whole slice."""
+    sizes = [100_000] * 50
+    files = _files(tmp_path, sizes)
+    held = [hashlib.sha256((tmp_path / f.path).read_bytes()).hexdigest() for f in files]
+    pieces = read_pieces(
+        tmp_path, files, collections.deque(Job(i, held[i], None) for i in range(50)), KEY,
+        lanes=True,
+    )  # fmt: skip
+    batches = [next_batch(pieces, MiB, Lane.LOOP)]
+    while not batches[-1].ended:
+        batches.append(next_batch(pieces, MiB, Lane.LOOP))
+    assert [d.index for b in batches for d in b.done] == list(range(50))
+    assert all(not d.sent for b in batches for d in b.done)
+    assert max(sum(d.local.size for d in b.done) for b in batches) <= MiB + 100_000
+    assert len(batches) >= 5
+
+    tiny = _files(tmp_path / "tiny", [0] * 600)
+    pieces = read_pieces(
+        tmp_path / "tiny", tiny, collections.deque(Job(i, None, None) for i in range(600)), KEY,
+        lanes=True,
+    )  # fmt: skip
+    counts = []
+    while True:
+        batch = next_batch(pieces, MiB, Lane.LOOP)
+        counts.append(len(batch.done))
+        if batch.ended:
+            break
+    assert sum(counts) == 600 and max(counts) == syncpieces.BATCH_FILES
+
+
+def test_a_file_grown_past_small_since_the_scan_is_read_in_the_thread(tmp_path, monkeypatch):
+    """The lane is chosen from the scan's size, and checked again once the file is open:
+    a file small when scanned and 2 MiB now turns the lane to the thread before it is
+    read, and back after it."""
+    files = _files(tmp_path, [5000, 5000, 5000])
+    (tmp_path / files[1].path).write_bytes(os.urandom(2 * MiB))
+    reads = _reads_by_file(monkeypatch)
+    pieces = read_pieces(
+        tmp_path, files, collections.deque(Job(i, None, None) for i in range(3)), KEY,
+        lanes=True,
+    )  # fmt: skip
+    first = next_batch(pieces, 64 * MiB, Lane.LOOP)
+    assert [d.index for d in first.done] == [0] and first.lane is Lane.THREAD
+    assert {path for path, _ in reads} == {"d/f00.bin"}
+    grown = next_batch(pieces, 64 * MiB, Lane.THREAD)
+    assert [d.index for d in grown.done] == [1] and grown.lane is Lane.LOOP
+    assert "d/f02.bin" not in {path for path, _ in reads}
+    last = next_batch(pieces, 64 * MiB, Lane.LOOP)
+    assert [d.index for d in last.done] == [2] and last.ended
+
+
 @pytest.mark.asyncio
 async def test_a_push_reads_small_files_on_the_loop_and_large_ones_in_a_thread(
     sshd, host_factory, tmp_path, monkeypatch
@@ -141,6 +195,7 @@ async def test_a_push_reads_small_files_on_the_loop_and_large_ones_in_a_thread(
     finally:
         await host.transport.close()
     assert answer["mismatches"] == []
+    assert stats.attempts == 1 and stats.sent_files == 42  # (no file lost at a lane's turn)
     assert sorted(e.path for e in manifest.entries) == [f"d/f{i:02d}.bin" for i in range(42)]
     for entry in manifest.entries:
         held = (Path(answer["data_dir"]) / entry.path).read_bytes()

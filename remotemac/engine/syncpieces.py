@@ -125,21 +125,33 @@ def read_pieces(
             yield from syncsplit.sealed_piece(
                 root, splits[job.index], job.piece, key, pack_frame, log
             )
-        else:
-            yield from _file_pieces(top, files[job.index], job, key, log)
+        else:  # (a file grown past SMALL_BYTES since the scan turns to the thread itself)
+            large |= yield from _file_pieces(
+                top, files[job.index], job, key, log, lanes and not large
+            )
         if large:
             yield Lane.LOOP
 
 
 def _file_pieces(
-    top: str, f: LocalFile, job: Job, key: bytes | None, log: syncsplit.SealLog | None
-) -> Iterator[Any]:
-    """One whole file's pieces and its FileDone (read_pieces)."""
+    top: str,
+    f: LocalFile,
+    job: Job,
+    key: bytes | None,
+    log: syncsplit.SealLog | None,
+    on_loop: bool = False,
+) -> Generator[Any, None, bool]:
+    """One whole file's pieces and its FileDone (read_pieces). ``on_loop``: the file
+    was small when scanned; if it is large now, yield ``Lane.THREAD`` before reading
+    it and return True (the caller turns back to the loop after it)."""
     full = os.path.join(top, f.path)
     fd = os.open(full, _OPEN_FLAGS)
     with io.FileIO(fd, "rb") as fh:
         before = os.fstat(fh.fileno())
         size = before.st_size
+        grown = on_loop and size > SMALL_BYTES
+        if grown:
+            yield Lane.THREAD
         if job.host_sha is not None and f.sha256 is None:
             # the host holds a verified copy of this path: hash first, maybe skip sending
             sha = _hash_all(fh, size, f.path)
@@ -148,7 +160,7 @@ def _file_pieces(
             )
             if sha == job.host_sha and _unchanged(fh, before):
                 yield FileDone(job.index, local, sent=False)
-                return
+                return grown
             fh.seek(0)
         reader = HashingReader(fh, size, f.path)
         resumed = 0
@@ -179,6 +191,7 @@ def _file_pieces(
             sent=True,
             resumed=resumed,
         )
+    return grown
 
 
 def _sealed_small(
@@ -327,8 +340,15 @@ class Batch:
     ended: bool = False  # the pieces ran out: no batch follows
 
 
+#: files in one batch at most: a batch made on the loop holds the loop for as long as
+#: it takes, and ~7,000 empty files fit in 1 MiB (~0.1 s warm, seconds from a cold disk)
+BATCH_FILES = 256
+
+
 def next_batch(pieces: Iterator[Any], limit: int = BATCH_BYTES, lane: Lane | None = None) -> Batch:
-    """The next batch of pieces, about ``limit`` bytes.
+    """The next batch of pieces, about ``limit`` bytes read, sent or not, or
+    BATCH_FILES files (files the host already holds are read and hashed, and send
+    nothing: on the loop, a run of them must not make one endless batch).
 
     ``lane``: where this batch is being made, for pieces that carry ``Lane`` marks: it
     stops at a mark for the other lane, before a large file's first read on the loop
@@ -344,6 +364,10 @@ def next_batch(pieces: Iterator[Any], limit: int = BATCH_BYTES, lane: Lane | Non
             continue
         if isinstance(item, FileDone):
             done.append(item)
+            if not item.sent:
+                size += item.local.size  # (read and hashed, not sent)
+            if size >= limit or len(done) >= BATCH_FILES:
+                return Batch(b"".join(parts), plain, done, lane or Lane.THREAD)
             continue
         data, covered = item
         if type(data) is list:  # a small file whole (read_pieces)

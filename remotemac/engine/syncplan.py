@@ -217,7 +217,9 @@ def choose_streams(
     receiver more is one more process for the cores: on loopback, both ends on the same
     2 cores, 1 GiB of 7,681 files, `bench_sync.py --streams N`, 9 rounds each at load
     1-3.5, small files' batches made on the loop: 0.96x rsync on two streams, 0.98x on
-    one, 0.88x on three (medians). Links past ~17 ms get more from their window sizing.
+    one, 0.88x on three (medians). One was as fast here; two keep a second receiver
+    for a host whose per-file work is slower than this machine's. Links past ~17 ms
+    get more from their window sizing.
     A few large files stay on one stream there: more measured no faster.
 
     Such small files also stay on one connection's LINK_STREAMS on a far link: there
