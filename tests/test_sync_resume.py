@@ -96,14 +96,14 @@ def test_streams_follow_the_round_trip():
 
 
 def test_many_small_files_get_several_receivers_even_on_a_near_link():
-    """Each receiver creates and hashes its own files: 1 GiB in 16-256 KiB files is
+    """Each receiver creates and decrypts its own files: 1 GiB in 16-256 KiB files is
     spread over SMALL_FILE_STREAMS on loopback; the far link's own count still wins, up
     to one connection's LINK_STREAMS."""
     many = 1 << 30
     assert choose_streams(0.0002, many, 7681) == SMALL_FILE_STREAMS
     # far, small files: one connection's streams (the host's per-file work holds them)
     assert choose_streams(0.08, many, 7681) == LINK_STREAMS
-    assert choose_streams(0.0002, 16 << 20, 200) == 2  # 8 MiB per stream at least
+    assert choose_streams(0.0002, 12 << 20, 200) == 1  # 8 MiB per stream at least
 
 
 def _session(src: str, entries: list[dict], frames: bytes) -> dict:

@@ -1,7 +1,8 @@
 """Sync: choose the dataset slice, then hash, encrypt and send it in pipelined streams.
 
 Why a stream: each file is read once; while it is read it is hashed and sealed
-(streamcrypt's chunked AEAD) in a worker thread, the event loop writes the sealed
+(streamcrypt's chunked AEAD), small files on the event loop and large ones in a
+worker thread (engine/syncpieces.Lane), the event loop writes the sealed
 chunks into an SSH channel, and on the host ``agent/dataops.py sync`` stores the
 ciphertext and decrypts it into RAM-backed storage (its authenticated decryption is
 the check of a file sent whole; a resumed or split one is hashed again), all at the

@@ -57,7 +57,7 @@ MIN_STREAM_BYTES = 8 << 20
 #: a slice of files this small on average is spread over SMALL_FILE_STREAMS receivers
 #: even on a near link (see choose_streams)
 SMALL_FILE_BYTES = 1 << 20
-SMALL_FILE_STREAMS = 3
+SMALL_FILE_STREAMS = 2
 #: the host keeps a cut file this big for resuming (agent/dataops.py RESUMABLE)
 PARTIAL_MIN_BYTES = 8 << 20
 #: files the laptop knows it must send (no hash cached: new or changed since the
@@ -211,9 +211,15 @@ def choose_streams(
     (:func:`streams_per_link`).
 
     Files under SMALL_FILE_BYTES on average get SMALL_FILE_STREAMS even on a near link:
-    each receiver creates, stores, decrypts and hashes its own files, and creating a
-    file costs the host 0.1-1 ms (measured on loopback, both ends on the same 2 busy
-    cores, 1,916 files of 16-256 KiB: 41 MB/s on one stream, 62 on three, median of 5).
+    each receiver creates, stores and decrypts its own files, and once creating a file
+    cost the host 0.1-1 ms (1,916 files of 16-256 KiB: 41 MB/s on one stream, 62 on
+    three). Since the host's per-file work fell (issue 36) two are enough, and each
+    receiver more is one more process for the cores: on loopback, both ends on the same
+    2 cores, 1 GiB of 7,681 files, `bench_sync.py --streams N`, 9 rounds each at load
+    1-3.5, small files' batches made on the loop: 0.96x rsync on two streams, 0.98x on
+    one, 0.88x on three (medians). One was as fast here; two keep a second receiver
+    for a host whose per-file work is slower than this machine's. Links past ~17 ms
+    get more from their window sizing.
     A few large files stay on one stream there: more measured no faster.
 
     Such small files also stay on one connection's LINK_STREAMS on a far link: there

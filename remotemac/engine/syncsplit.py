@@ -95,8 +95,8 @@ class SealLog:
     only at the moments it is taken, and a writer at work on the file changes bytes
     between two reads. Under one key and nonce the same plaintext gives the same tag
     and another plaintext (all but surely) another: a chunk whose tag differs from the
-    one sealed before is never sent. 16 bytes per 256 KiB chunk; the streams' threads
-    share it."""
+    one sealed before is never sent. 16 bytes per 256 KiB chunk; the streams' producers
+    share it (on the loop and in threads)."""
 
     def __init__(self) -> None:
         self._tags: dict[bytes, bytearray] = {}

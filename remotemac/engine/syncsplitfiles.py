@@ -49,7 +49,7 @@ class SplitFiles:
         self.splits: dict[int, syncsplit.Split] = {}
         self.digests: dict[int, asyncio.Future[str]] = {}
         #: ``H`` frames for the first channel to send at its next frame boundary
-        #: (engine/syncpieces.read_pieces); the streams' threads take them
+        #: (engine/syncpieces.read_pieces); the streams' producers take them
         self.hints: collections.deque[bytes] = collections.deque()
         #: each split file's pieces not yet stored on the host (first chunk: plaintext
         #: bytes), and what was stored since its last hint

@@ -23,7 +23,14 @@ from remotemac.engine import syncsplit
 from remotemac.engine.agentclient import AgentClient
 from remotemac.engine.agentship import AGENT_BOOT, agent_argv
 from remotemac.engine.streamtuner import StreamTuner, probe_cap
-from remotemac.engine.syncpieces import Batch, FileDone, next_batch, pack_frame, read_pieces
+from remotemac.engine.syncpieces import (
+    Batch,
+    FileDone,
+    Lane,
+    next_batch,
+    pack_frame,
+    read_pieces,
+)
 from remotemac.engine.syncplan import (
     AHEAD_BYTES,
     AHEAD_MISS_SHARE,
@@ -925,7 +932,7 @@ class Session:
         batch_bytes: int = BATCH_BYTES,
         hints: collections.deque[bytes] | None = None,
     ) -> bool:
-        """Producer (thread: read, hash, seal) → bounded queue → consumer (the channel).
+        """Producer (read, hash, seal: ``produce``) → bounded queue → consumer (the channel).
 
         Returns False when the agent spoke up early (an error line is waiting).
         ``halted``: this stream takes no more files (by default: when the agent spoke).
@@ -941,14 +948,24 @@ class Session:
             self._split_files.splits,
             self._sealed,
             hints,
+            lanes=True,
         )
 
         async def produce() -> None:
+            """Small files' batches on the loop, a large file's in a thread (``Lane``)."""
+            lane = Lane.LOOP
             try:
                 while True:
-                    batch = await asyncio.to_thread(next_batch, pieces, batch_bytes)
-                    await queue.put(batch if batch.data or batch.done else None)
-                    if not (batch.data or batch.done):
+                    if lane is Lane.LOOP:
+                        batch = next_batch(pieces, batch_bytes, lane)
+                        await asyncio.sleep(0)  # (the channel's writes and timers between)
+                    else:
+                        batch = await asyncio.to_thread(next_batch, pieces, batch_bytes, lane)
+                    lane = batch.lane
+                    if batch.data or batch.done:
+                        await queue.put(batch)
+                    if batch.ended:
+                        await queue.put(None)
                         return
             except Exception as exc:  # handed to the consumer, which raises it
                 await queue.put(exc)
