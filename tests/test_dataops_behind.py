@@ -59,12 +59,21 @@ def _hello(root: Path, key: bytes, entries: list[dict]) -> dict:
     }
 
 
-def _stream(root: Path, paths: list[str], key: bytes, tamper: int | None = None) -> bytes:
+def _stream(
+    root: Path,
+    paths: list[str],
+    key: bytes,
+    tamper: int | None = None,
+    zero_claim: int | None = None,
+) -> bytes:
     """hello + the laptop's frames for every file (+ the E frame); ``tamper``: the
     index of a file one byte of one of whose sealed chunks is flipped on the way: a
     small file's only chunk; for a streamed file the last chunk the reader yields with
     plaintext in it, a few before its final one (its earlier chunks are then written
-    before it fails; a bad final chunk: tests/test_streamcrypt.py)."""
+    before it fails; a bad final chunk: tests/test_streamcrypt.py). ``zero_claim``:
+    the index of a file whose SHA-256 sent after its ciphertext is zeroed (a laptop
+    whose claim and sealed bytes came from different reads); the E frame keeps the
+    digest the laptop's reader took, as the laptop's final frame does."""
     from remotemac.engine.syncpieces import FileDone, pack_frame, read_pieces
     from remotemac.engine.syncplan import Job, stat_all
 
@@ -83,14 +92,19 @@ def _stream(root: Path, paths: list[str], key: bytes, tamper: int | None = None)
             continue
         data = item[0]
         if isinstance(data, list):  # a small file whole: frame, header, chunk, SHA-256
-            if int.from_bytes(data[0][1:5], "big") == tamper:
+            index = int.from_bytes(data[0][1:5], "big")
+            if index == tamper:
                 sealed = data[-2]
                 sealed = sealed[:-20] + bytes([sealed[-20] ^ 1]) + sealed[-19:]
                 data = [*data[:-2], sealed, data[-1]]
+            if index == zero_claim:
+                data = [*data[:-1], bytes(32)]
             out += data
             continue
         if len(data) == 13 and item[1] == 0:  # a frame (a header is 84 bytes, a chunk
             current = int.from_bytes(data[1:5], "big")  # covers plaintext)
+        elif current == zero_claim and len(data) == 32 and item[1] == 0:  # the claim
+            data = bytes(32)
         if current == tamper and item[1] > 0:
             last = len(out)  # (a sealed chunk: it covers plaintext)
         out.append(data)

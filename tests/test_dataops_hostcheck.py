@@ -222,41 +222,6 @@ def test_the_laptops_claim_is_the_digest_of_the_very_bytes_it_sealed(tmp_path):
     assert got == plain and claim == hashlib.sha256(plain).digest()
 
 
-def _stream_with_claim_zeroed(root: Path, paths: list[str], key: bytes, bad: int) -> bytes:
-    """The laptop's frames for ``paths`` (as tests/test_dataops_behind.py ``_stream``),
-    with the SHA-256 sent after file ``bad``'s ciphertext zeroed: a simulation of a
-    laptop whose claim and sealed bytes came from different reads. The E frame keeps
-    the digest the laptop's reader took (its FileDone), as the laptop's final frame does."""
-    from remotemac.engine.syncpieces import FileDone, pack_frame, read_pieces
-    from remotemac.engine.syncplan import Job, stat_all
-
-    files = stat_all(root, paths, None)
-    entries = [
-        {"path": f.path, "size": f.size, "sha256": None, "mtime_ns": f.mtime_ns} for f in files
-    ]
-    out = [json.dumps(_hello(root, key, entries)).encode() + b"\n"]
-    work = collections.deque(Job(i, None, None) for i in range(len(files)))
-    current = -1
-    for item in read_pieces(root, files, work, key):
-        if isinstance(item, FileDone):
-            files[item.index] = item.local
-            continue
-        data = item[0]
-        if isinstance(data, list):  # a small file whole: frame, header, chunk, SHA-256
-            if int.from_bytes(data[0][1:5], "big") == bad:
-                data = [*data[:-1], bytes(32)]
-            out += data
-            continue
-        if len(data) == 13 and item[1] == 0:  # a frame: its file's index
-            current = int.from_bytes(data[1:5], "big")
-        elif current == bad and len(data) == 32 and item[1] == 0:  # the claim
-            data = bytes(32)
-        out.append(data)
-    final = json.dumps({"changed": [[i, f.size, f.sha256] for i, f in enumerate(files)]}).encode()
-    out.append(pack_frame("E", 0, len(final)) + final)
-    return b"".join(out)
-
-
 @pytest.mark.parametrize("big", [False, True], ids=["small", "streamed"])
 def test_a_claim_that_is_not_the_sealed_bytes_digest_fails_the_final_check(dataops, tmp_path, big):
     """Without the host's second hash, a whole file's claim is not compared with its
@@ -269,7 +234,7 @@ def test_a_claim_that_is_not_the_sealed_bytes_digest_fails_the_final_check(datao
     if big:
         sizes["f01.bin"] = BIG
     paths = _slice(root, sizes)
-    code, lines = _run(dataops, _stream_with_claim_zeroed(root, paths, os.urandom(32), 1))
+    code, lines = _run(dataops, _stream(root, paths, os.urandom(32), zero_claim=1))
     assert code == 0, lines
     result = lines[-1]["result"]
     assert [m["path"] for m in result["mismatches"]] == ["f01.bin"]
